@@ -1,0 +1,127 @@
+"""Derived numbers a plan carries, each with its basis (plan.derived["basis"][key]).
+
+`shape` needs only the config (the levers read it); `estimates` also needs the decisions. Estimates
+are first-order: attention = 4*S^2*H_local*D / TFLOP/s, GEMM = 2*rows*params / TFLOP/s, all-to-all =
+bytes leaving a rank / one-direction NVLink bandwidth, with TFLOP/s measured where the hardware has a
+measurement, else an assumed fraction of the vendor dense peak, else unavailable (None).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .levers.base import nearest_point
+
+INT32_LIMIT = 2**31
+ORDER = (
+    "seq_len", "batch", "ulysses_degree", "heads_per_rank", "padded_len", "padding_rows", "local_rows",
+    "a2a_bytes_per_block_per_rank", "a2a_bytes_leaving_rank_per_block", "a2a_ms_per_block_est",
+    "max_elements_per_rank_tensor", "int64_indexing_required", "int64_boundary_tokens_per_rank",
+    "attention_tflops_used", "attention_ms_per_block_est", "block_linear_params", "gemm_tflops_used", "gemm_ms_per_block_est",
+)
+
+
+def block_linear_params(dc: Mapping[str, Any]) -> int:
+    hid, inner, ffn = dc["hidden_size"], dc["num_attention_heads"] * dc["attention_head_dim"], dc["ffn_dim"]
+    return 3 * hid * inner + inner * hid + hid * 2 * ffn + ffn * hid
+
+
+def shape(sections: Mapping[str, Any]) -> dict[str, Any]:
+    dc, p = sections["model"]["diffusers_config"], sections["parallel"]
+    heads, d, ffn = dc["num_attention_heads"], dc["attention_head_dim"], dc["ffn_dim"]
+    u, s, b = p["ulysses"], p["seq_len"], p["batch"]
+    padded = -(-s // u) * u
+    local = padded // u
+    tensors = {"q/k/v per rank (B, S/U, H, D)": b * local * heads * d, "ffn gate+up per rank (B, S/U, 2F)": b * local * 2 * ffn}
+    biggest = max(tensors, key=tensors.get)
+    boundary = -(-INT32_LIMIT // (heads * d))
+    return {
+        "batch": b,
+        "seq_len": s,
+        "ulysses_degree": u,
+        "heads_per_rank": heads // u,
+        "padded_len": padded,
+        "padding_rows": padded - s,
+        "local_rows": local,
+        "max_elements_per_rank_tensor": tensors[biggest],
+        "int64_indexing_required": tensors[biggest] >= INT32_LIMIT,
+        "int64_boundary_tokens_per_rank": boundary,
+        "basis": {
+            "heads_per_rank": f"{heads} heads / Ulysses degree {u}",
+            "padded_len": f"seq_len rounded up to a multiple of the degree {u}",
+            "local_rows": "padded_len / degree: rows each rank holds outside attention",
+            "max_elements_per_rank_tensor": f"largest per-rank tensor a kernel indexes: {biggest}",
+            "int64_indexing_required": f"max_elements_per_rank_tensor >= 2**31 (int32 offsets wrap; fastvideo seed: {heads} x {d} heads "
+                                       f"wrap from {boundary:,} tokens per rank, the seed rounds this to 299,593); h3plan kernels index in int64 anyway",
+        },
+    }
+
+
+def _throughput(hw: Mapping[str, Any], kind: str, dtype: str, point_key: tuple[int, int] | None = None, backend: str | None = None):
+    """(TFLOP/s, basis) from measurement, else peak x assumed efficiency, else (None, why)."""
+    m = hw["measured"]
+    if kind == "attention" and backend:
+        p = nearest_point(hw, point_key[0], point_key[1], backend)
+        if p is not None:
+            return float(p[backend]), f"{backend} measured {p[backend]:g} TFLOP/s on {hw['name']} at {p['seq_len']:,} x {p['heads']} heads (nearest measured shape; {m['source']})"
+    if kind == "gemm" and m["gemm_tflops"].get(dtype) is not None:
+        v = m["gemm_tflops"][dtype]
+        return float(v), f"{dtype} GEMM measured {v:g} TFLOP/s on {hw['name']} ({m['source']})"
+    peak, eff = hw["peak_dense_tflops"].get(dtype), hw["efficiency"][kind]
+    if peak is not None and eff is not None:
+        return peak * eff, (f"assumed {eff:g} x vendor dense {dtype} peak {peak:g} TFLOP/s ({hw['efficiency']['source']}; "
+                            f"{hw['peak_dense_tflops']['source']}); never measured on {hw['name']}")
+    return None, f"no {dtype} {kind} throughput for {hw['name']}: {hw['peak_dense_tflops']['source']}; {hw['efficiency']['source']}"
+
+
+def estimates(sections: Mapping[str, Any], shp: Mapping[str, Any], decisions: Mapping[str, Any]) -> dict[str, Any]:
+    hw, dc = sections["hardware"], sections["model"]["diffusers_config"]
+    d, heads = dc["attention_head_dim"], dc["num_attention_heads"]
+    b, u, local, hl = shp["batch"], shp["ulysses_degree"], shp["local_rows"], shp["heads_per_rank"]
+    backend = decisions["attention"].setting
+    att_len = shp["padded_len"] if decisions["ulysses_padding"].setting == "padded" else shp["seq_len"]
+    att_dtype = "fp8" if backend == "cudnn_fp8" else "bf16"
+    att_tf, att_basis = _throughput(hw, "attention", att_dtype, (att_len, hl), backend)
+    att_flops = 4 * b * att_len**2 * hl * d
+    gq = decisions["gemm_quant"].setting
+    gemm_dtype = {"bf16": "bf16", "dequant_bf16": "bf16", "fp8": "fp8", "nvfp4": "nvfp4"}[gq]
+    gemm_tf, gemm_basis = _throughput(hw, "gemm", gemm_dtype)
+    params = block_linear_params(dc)
+    gemm_flops = 2 * b * local * params
+    codes = decisions["a2a_fp8_codes"].setting == "on"
+    per_tensor = b * local * heads * d
+    a2a_bytes = 0 if u == 1 else per_tensor * (3 * (1 if codes else 2) + 2)
+    leaving = a2a_bytes * (u - 1) // u if u > 1 else 0
+    nv = hw["device"]["nvlink_gbps"]
+    a2a_ms = None if (u == 1 or nv is None) else round(leaving / (nv / 2 * 1e9) * 1e3, 3)
+
+    def ms(flops, tf):
+        return None if tf is None else round(flops / (tf * 1e12) * 1e3, 3)
+
+    return {
+        "attention_tflops_used": None if att_tf is None else round(att_tf, 1),
+        "attention_ms_per_block_est": ms(att_flops, att_tf),
+        "block_linear_params": params,
+        "gemm_tflops_used": None if gemm_tf is None else round(gemm_tf, 1),
+        "gemm_ms_per_block_est": ms(gemm_flops, gemm_tf),
+        "a2a_bytes_per_block_per_rank": a2a_bytes,
+        "a2a_bytes_leaving_rank_per_block": leaving,
+        "a2a_ms_per_block_est": a2a_ms,
+        "basis": {
+            "attention_ms_per_block_est": f"4*S^2*H_local*D*B / TFLOP/s with S={att_len:,}, H_local={hl}, D={d}, B={b}; {att_basis}",
+            "block_linear_params": "to_q/k/v 3*hidden*inner + to_out inner*hidden + ff hidden*2*ffn + ffn*hidden (AdaLN projections excluded: per timestep, not per token)",
+            "gemm_ms_per_block_est": f"2*rows*params / TFLOP/s with rows=B*local_rows={b * local:,}, {gemm_dtype} GEMMs; {gemm_basis}",
+            "a2a_bytes_per_block_per_rank": "bytes one rank passes to all_to_all per block: Q, K, V (B x S/U x H x D each, "
+                                            f"{'e4m3, 1 byte' if codes else 'bf16, 2 bytes'}) before attention and O (bf16) after; 0 at degree 1",
+            "a2a_bytes_leaving_rank_per_block": "(U-1)/U of a2a_bytes_per_block_per_rank: the share sent to other ranks",
+            "a2a_ms_per_block_est": ("degree 1: no all-to-all" if u == 1 else
+                                     f"bytes leaving a rank / one-direction NVLink {nv}/2 GB/s ({hw['device']['source']}); no latency term"),
+        },
+    }
+
+
+def merge(shp: Mapping[str, Any], est: Mapping[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in shp.items() if k != "basis"}
+    out.update({k: v for k, v in est.items() if k != "basis"})
+    out["basis"] = {**shp["basis"], **est["basis"]}
+    return out

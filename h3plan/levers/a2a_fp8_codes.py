@@ -1,0 +1,52 @@
+"""Send the fused cast's e4m3 codes through the Ulysses all-to-all instead of BF16 (Q, K, V: 37.5%
+fewer bytes with the BF16 output exchange); bit-identical given FP8 attention (receiver-exact scales).
+
+auto: on with qk_norm_rope=fused_fp8 at degree > 1 when the scales are static (no amax all-reduce)
+or the length reaches fp8_codes_dynamic_min_seq_len; off otherwise (TRT-LLM seed: the dynamic pairing loses
+at 19k and pays at 104k).
+"""
+
+from __future__ import annotations
+
+from .base import Context, resolve
+
+LEVER = "a2a_fp8_codes"
+LOSSLESS = {"off": True, "on": True}
+
+
+def blockers(ctx: Context, s: str) -> list[str]:
+    if s == "off":
+        return []
+    out = []
+    if ctx.degree == 1:
+        out.append("Ulysses degree 1: there is no all-to-all")
+    if ctx.setting("qk_norm_rope") != "fused_fp8":
+        out.append(f"qk_norm_rope is {ctx.setting('qk_norm_rope')}: the codes come from the fused FP8 cast (fused_fp8)")
+    return out
+
+
+def auto(ctx: Context):
+    if ctx.degree == 1:
+        return "off", ["Ulysses degree 1: no all-to-all"], {}
+    if ctx.setting("qk_norm_rope") != "fused_fp8":
+        return "off", [f"qk_norm_rope is {ctx.setting('qk_norm_rope')}: no e4m3 codes before the all-to-all"], {}
+    save = "e4m3 codes cut the all-to-all bytes by 37.5%, bit-identical with receiver-exact scales (TRT-LLM seed)"
+    if ctx.setting("fp8_scales") == "static":
+        return "on", [f"static scales need no amax all-reduce: {save}"], {}
+    thr = ctx.tuning["fp8_codes_dynamic_min_seq_len"]
+    rule = "hardware.tuning.fp8_codes_dynamic_min_seq_len, interpolated between 19k and 104k"
+    if ctx.seq_len >= thr:
+        return "on", [f"dynamic scales at {ctx.seq_len:,} >= {thr:,} tokens ({rule}): the pairing pays at 104k; {save}"], {}
+    return "off", [f"dynamic scales at {ctx.seq_len:,} < {thr:,} tokens ({rule}): the FP8-codes pairing loses at 19k "
+                   "(~150 small all-reduces per step, TRT-LLM seed)"], {}
+
+
+def decide(ctx: Context):
+    return resolve(ctx, LEVER, lossless=LOSSLESS, blockers=blockers, auto=auto)
+
+
+def install(builder, decision) -> None:
+    if decision.setting == "on":
+        builder.set_attention_option(LEVER, "a2a_fp8_codes", True)
+    else:
+        builder.skip(LEVER, decision.reasons[0])

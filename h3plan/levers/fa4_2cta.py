@@ -1,0 +1,53 @@
+"""FA4's 2-CTA kernel for the transformer blocks (not the token refiner); only with attention=fa4.
+
+auto: on where the hardware has it and it does not regress long sequences (SM103, SM107); off on
+SM100 (exists, regresses long sequences) and SM90 (1-CTA only). Exact given the backend.
+"""
+
+from __future__ import annotations
+
+from .base import Context, resolve
+
+LEVER = "fa4_2cta"
+LOSSLESS = {"off": True, "on": True}
+
+
+def blockers(ctx: Context, s: str) -> list[str]:
+    if s == "off":
+        return []
+    out = []
+    if ctx.setting("attention") != "fa4":
+        out.append(f"attention is {ctx.setting('attention')}: 2-CTA is an FA4 kernel")
+    if not ctx.hardware["fa4"]["two_cta"]:
+        out.append(f"{ctx.hw} has no FA4 2-CTA kernel ({ctx.hardware['fa4']['source']})")
+    return out
+
+
+def auto(ctx: Context):
+    fa4 = ctx.hardware["fa4"]
+    if ctx.setting("attention") != "fa4":
+        return "off", [f"attention is {ctx.setting('attention')}, not fa4"], params(ctx, "off")
+    if not fa4["two_cta"]:
+        return "off", [f"{ctx.hw}: FA4 runs 1-CTA only ({fa4['source']})"], params(ctx, "off")
+    if fa4["two_cta_regresses_long"]:
+        return "off", [f"{ctx.hw}: FA4 2-CTA exists but regresses long sequences ({fa4['source']})"], params(ctx, "off")
+    return "on", [f"{ctx.hw}: FA4 2-CTA is the faster BF16 attention at H3 clip lengths ({fa4['source']})",
+                  "set per call around the transformer blocks (FA4 reads FA_DISABLE_2CTA once at import); an explicit FA_DISABLE_2CTA wins"], params(ctx, "on")
+
+
+def params(ctx: Context, s: str) -> dict:
+    p = {"attention": ctx.setting("attention")}
+    if s == "on":
+        p["scope"] = "transformer_blocks"
+    return p
+
+
+def decide(ctx: Context):
+    return resolve(ctx, LEVER, lossless=LOSSLESS, blockers=blockers, auto=auto, params=params)
+
+
+def install(builder, decision) -> None:
+    if decision.param("attention") == "fa4":
+        builder.set_attention_option(LEVER, "fa4_2cta", decision.setting == "on")
+    else:
+        builder.skip(LEVER, decision.reasons[0])

@@ -1,0 +1,72 @@
+"""Checkpoint quantization: the block linears (to_q/k/v, to_out.0, ff) as BF16, FP8 or NVFP4 GEMMs.
+
+fp8 runs an FP8 checkpoint, or BF16 weights quantized once at install; nvfp4 needs the NVFP4
+checkpoint and SM100+; dequant_bf16 runs a quantized checkpoint's weights dequantised to BF16
+GEMMs (the only way to run an NVFP4 checkpoint on SM90, and only when asked for explicitly).
+AdaLN projections, norms and output heads keep diffusers' dtypes. fp8/nvfp4 are lossy.
+"""
+
+from __future__ import annotations
+
+from .base import Context, LeverError, resolve
+
+LEVER = "gemm_quant"
+LOSSLESS = {"bf16": True, "fp8": False, "nvfp4": False, "dequant_bf16": True}
+LINEARS = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "ff.net.0.proj", "ff.net.2"]
+
+
+def blockers(ctx: Context, s: str) -> list[str]:
+    ck, gemm = ctx.recipe["checkpoint"], ctx.hardware["gemm"]
+    out = []
+    if s == "bf16" and ck != "bf16":
+        out.append(f"the checkpoint is {ck}: its block linears are not BF16 (dequant_bf16 runs them dequantised)")
+    if s == "dequant_bf16" and ck == "bf16":
+        out.append("the checkpoint is bf16: there is nothing to dequantise")
+    if s == "fp8":
+        if ck == "nvfp4":
+            out.append("an NVFP4 checkpoint is not re-quantised to FP8 (choose nvfp4 or dequant_bf16)")
+        if not gemm["fp8"]:
+            out.append(f"{ctx.hw} has no FP8 GEMMs ({gemm['source']})")
+    if s == "nvfp4":
+        if ck != "nvfp4":
+            out.append(f"the checkpoint is {ck}: NVFP4 GEMMs need the calibrated NVFP4 checkpoint")
+        if not gemm["nvfp4"]:
+            out.append(f"{ctx.hw} has no NVFP4 GEMMs: they need SM100+ ({gemm['source']})")
+    return out
+
+
+def auto(ctx: Context):
+    ck, name = ctx.recipe["checkpoint"], ctx.recipe["name"]
+    if ck == "bf16":
+        return "bf16", [f"recipe {name}: BF16 checkpoint, the block linears keep diffusers' BF16 GEMMs"], {}
+    if ctx.lossless_only:
+        return "dequant_bf16", [f"recipe {name} has policy lossless: {ck} GEMMs are lossy, the {ck} weights run dequantised to BF16"], {}
+    problems = blockers(ctx, ck)
+    if problems:
+        raise LeverError(LEVER, "auto", [f"recipe {name} needs {ck} GEMMs"] + problems
+                         + [f"to run this checkpoint dequantised to BF16 set levers.{LEVER}=dequant_bf16"])
+    return ck, [f"recipe {name}: the block linears run as {ck} GEMMs ({ctx.hardware['gemm']['source']})", ctx.budget_text()], params(ctx, ck)
+
+
+def params(ctx: Context, s: str) -> dict:
+    if s in ("fp8", "nvfp4"):
+        weights = "checkpoint" if ctx.recipe["checkpoint"] == s else "quantized once at install"
+        return {"linears": LINEARS, "weights": weights, "activations": "per tensor"}
+    return {}
+
+
+def explain(ctx: Context, s: str) -> list[str]:
+    if s == "dequant_bf16":
+        return [f"the {ctx.recipe['checkpoint']} checkpoint's weights are dequantised to BF16; the GEMMs add no loss beyond the checkpoint's own"]
+    return []
+
+
+def decide(ctx: Context):
+    return resolve(ctx, LEVER, lossless=LOSSLESS, blockers=blockers, auto=auto, params=params, explain=explain)
+
+
+def install(builder, decision) -> None:
+    if decision.setting in ("fp8", "nvfp4"):
+        builder.quantize_linears(LEVER, decision.setting, decision.to_dict()["params"])
+    else:
+        builder.skip(LEVER, decision.reasons[0])

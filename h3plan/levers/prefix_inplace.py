@@ -1,0 +1,49 @@
+"""cuDNN on a padded sequence: allocate the padded output once, write the valid prefix through a
+strided view (no pad + cat copies). Exact: same values, fewer copies.
+
+auto: on with cuDNN attention and ulysses_padding=fixed_valid when there are padding rows; the seed
+drops it when the length divides by the degree (nothing to write around).
+"""
+
+from __future__ import annotations
+
+from .base import Context, resolve
+
+LEVER = "prefix_inplace"
+LOSSLESS = {"off": True, "on": True}
+
+
+def blockers(ctx: Context, s: str) -> list[str]:
+    if s == "off":
+        return []
+    out = []
+    if not ctx.setting("attention").startswith("cudnn"):
+        out.append(f"attention is {ctx.setting('attention')}: the prefix write is a cuDNN output view")
+    if not ctx.shape["padding_rows"]:
+        out.append(f"{ctx.seq_len:,} tokens divide by {ctx.degree}: no padded output")
+    elif ctx.setting("ulysses_padding") != "fixed_valid":
+        out.append(f"ulysses_padding is {ctx.setting('ulysses_padding')}: only fixed_valid keeps a padded output")
+    return out
+
+
+def auto(ctx: Context):
+    if not ctx.setting("attention").startswith("cudnn"):
+        return "off", [f"attention is {ctx.setting('attention')}, not cuDNN"], {}
+    if not ctx.shape["padding_rows"]:
+        return "off", [f"{ctx.seq_len:,} tokens divide by {ctx.degree}: nothing to pad (the TRT-LLM seed drops "
+                       "H3_CUDNN_PREFIX_INPLACE when the shape divides by U)"], {}
+    if ctx.setting("ulysses_padding") != "fixed_valid":
+        return "off", [f"ulysses_padding is {ctx.setting('ulysses_padding')}: no padded output"], {}
+    return "on", [f"{ctx.shape['padding_rows']} padding rows at degree {ctx.degree}: padded output allocated once, "
+                  "prefix written in place (TRT-LLM seed, pays at Ulysses 4)"], {}
+
+
+def decide(ctx: Context):
+    return resolve(ctx, LEVER, lossless=LOSSLESS, blockers=blockers, auto=auto)
+
+
+def install(builder, decision) -> None:
+    if decision.setting == "on":
+        builder.set_attention_option(LEVER, "prefix_inplace", True)
+    else:
+        builder.skip(LEVER, decision.reasons[0])

@@ -1,0 +1,60 @@
+"""Per-head RMSNorm + partial RoPE for Q and K in one kernel (+ Ulysses destination-major pack at
+degree > 1); fused_fp8 also casts Q, K, V to e4m3 with the fp8_scales decision's scales.
+
+auto: fused_fp8 with cuDNN FP8 attention when the rows per rank reach the hardware's
+step_fusions_min_rows_per_rank (the TRT-LLM seed turns the FP8 scale fusion off at U8 19k);
+otherwise fused, which keeps eager's BF16 rounding (exact, telefuser seed).
+"""
+
+from __future__ import annotations
+
+from .base import Context, resolve
+
+LEVER = "qk_norm_rope"
+LOSSLESS = {"eager": True, "fused": True, "fused_fp8": False}
+
+
+def blockers(ctx: Context, s: str) -> list[str]:
+    if s == "fused_fp8" and ctx.setting("attention") != "cudnn_fp8":
+        return [f"attention is {ctx.setting('attention')}: the FP8 cast feeds cudnn_fp8 only"]
+    return []
+
+
+def step_fusions_on(ctx: Context) -> tuple[bool, str]:
+    rows, thr = ctx.rows_per_rank, ctx.tuning["step_fusions_min_rows_per_rank"]
+    on = rows >= thr
+    why = (f"{rows:,} rows per rank {'>=' if on else '<'} {thr:,} (hardware.tuning.step_fusions_min_rows_per_rank, "
+           "interpolated: the TRT-LLM seed turns the step fusions off at U8 19k = 2,375 rows, on at U4 19k = 4,750)")
+    return on, why
+
+
+def auto(ctx: Context):
+    pack = " with the Ulysses destination-major pack" if ctx.degree > 1 else ""
+    exact = f"per-head RMSNorm + partial RoPE{pack} in one kernel, eager's BF16 rounding kept (telefuser seed: bit-exact)"
+    if ctx.setting("attention") == "cudnn_fp8":
+        on, why = step_fusions_on(ctx)
+        if on:
+            return "fused_fp8", [f"QK-norm + RoPE + FP8 cast fused with {ctx.setting('fp8_scales')} scales{pack} "
+                                 "(TRT-LLM seed lever 8, recipe rows U1/U4 'dynamic fused scales')", why, ctx.budget_text()], params(ctx, "fused_fp8")
+        return "fused", [f"FP8 scale fusion off: {why}; the attention backend casts to FP8", exact], params(ctx, "fused")
+    return "fused", [exact], params(ctx, "fused")
+
+
+def params(ctx: Context, s: str) -> dict:
+    if s == "eager":
+        return {}
+    p = {"rope_channels": 2 * 3 * ctx.model["diffusers_config"]["rope_freq_dim"], "ulysses_pack": ctx.degree > 1}
+    if s == "fused_fp8":
+        p["scales"] = ctx.setting("fp8_scales")
+    return p
+
+
+def decide(ctx: Context):
+    return resolve(ctx, LEVER, lossless=LOSSLESS, blockers=blockers, auto=auto, params=params)
+
+
+def install(builder, decision) -> None:
+    if decision.setting == "eager":
+        builder.skip(LEVER, decision.reasons[0])
+    else:
+        builder.set_attention_option(LEVER, "qk_norm_rope", decision.setting)

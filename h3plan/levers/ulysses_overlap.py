@@ -1,0 +1,68 @@
+"""Overlap the Ulysses all-to-all with attention: local heads in `attention_chunks` chunks, attention
+on chunk i while chunk i+1 is exchanged (exact: the same per-head math).
+
+auto: on at degree > 1 with >= 2 chunks once the length reaches the hardware's overlap_min_seq_len
+(TRT-LLM seed: async Ulysses loses at 19k, gains a little at 104k; telefuser: a gain on H100), and
+never with a dynamic-scale FP8 cast (an async arm with the FP8 cast uses static scales).
+"""
+
+from __future__ import annotations
+
+from .base import Context, resolve
+
+LEVER = "ulysses_overlap"
+LOSSLESS = {"off": True, "on": True}
+
+
+def chunk_heads(heads: int, chunks: int) -> list[int]:
+    """Even split, larger chunks first: 7 heads in 2 chunks -> [4, 3]."""
+    q, r = divmod(heads, chunks)
+    return [q + 1] * r + [q] * (chunks - r)
+
+
+def blockers(ctx: Context, s: str) -> list[str]:
+    if s == "off":
+        return []
+    out = []
+    if ctx.degree == 1:
+        out.append("Ulysses degree 1: there is no all-to-all to overlap")
+    c, hl = ctx.parallel["attention_chunks"], ctx.shape["heads_per_rank"]
+    if c < 2:
+        out.append(f"parallel.attention_chunks={c}: overlap needs 2 or more chunks")
+    if c > hl:
+        out.append(f"parallel.attention_chunks={c} exceeds the {hl} heads per rank")
+    return out
+
+
+def auto(ctx: Context):
+    if ctx.degree == 1:
+        return "off", ["Ulysses degree 1: no all-to-all"], {}
+    c, hl = ctx.parallel["attention_chunks"], ctx.shape["heads_per_rank"]
+    if c < 2 or c > hl:
+        return "off", [f"parallel.attention_chunks={c} with {hl} heads per rank: no head chunks to overlap"], {}
+    if ctx.setting("qk_norm_rope") == "fused_fp8" and ctx.setting("fp8_scales") == "dynamic":
+        return "off", ["an async Ulysses arm with the FP8 cast uses static scales and these are dynamic "
+                       "(TRT-LLM seed: the dynamic pairing loses at 19k, ~150 small all-reduces per step)"], {}
+    thr = ctx.tuning["overlap_min_seq_len"]
+    rule = f"hardware.tuning.overlap_min_seq_len = {thr:,} ({ctx.hardware['tuning']['source']})"
+    if ctx.seq_len < thr:
+        return "off", [f"{ctx.seq_len:,} tokens < {thr:,}: the overlap loses at short lengths; {rule}"], {}
+    return "on", [f"{ctx.seq_len:,} tokens >= {thr:,}: attention on one head chunk overlaps the next chunk's all-to-all; {rule}"], params(ctx, "on")
+
+
+def params(ctx: Context, s: str) -> dict:
+    if s == "off":
+        return {}
+    c = ctx.parallel["attention_chunks"]
+    return {"chunks": c, "chunk_heads": chunk_heads(ctx.shape["heads_per_rank"], c)}
+
+
+def decide(ctx: Context):
+    return resolve(ctx, LEVER, lossless=LOSSLESS, blockers=blockers, auto=auto, params=params)
+
+
+def install(builder, decision) -> None:
+    if decision.setting == "on":
+        builder.set_attention_option(LEVER, "ulysses_chunks", int(decision.param("chunks")))
+    else:
+        builder.skip(LEVER, decision.reasons[0])

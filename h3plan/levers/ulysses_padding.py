@@ -1,0 +1,56 @@
+"""How a sequence that does not divide by the Ulysses degree is padded (all modes exact).
+
+none: nothing to pad (degree 1, or the length divides). fixed_valid: attention on the valid prefix,
+padded output kept (cuDNN's key-padding path, TRT-LLM seed). valid_only: the tail is never
+restored and the merge writes a zero tail (telefuser seed). padded: attention over the padded rows
+with masked keys (more work; only when asked for). parallel.padding fixes the mode for auto.
+"""
+
+from __future__ import annotations
+
+from .base import Context, resolve
+
+LEVER = "ulysses_padding"
+LOSSLESS = {"none": True, "padded": True, "fixed_valid": True, "valid_only": True}
+
+
+def blockers(ctx: Context, s: str) -> list[str]:
+    pad, fixed = ctx.shape["padding_rows"], ctx.parallel["padding"]
+    out = []
+    if ctx.degree == 1 and s != "none":
+        out.append("Ulysses degree 1: the sequence is not split, there is nothing to pad")
+    if ctx.degree > 1 and s == "none" and pad:
+        out.append(f"{ctx.seq_len:,} tokens do not divide by {ctx.degree}: {pad} padding rows need a mode")
+    if ctx.degree > 1 and fixed != "auto" and s != fixed and not (s == "none" and not pad):
+        out.append(f"parallel.padding={fixed} fixes the mode")
+    return out
+
+
+def auto(ctx: Context):
+    pad, u = ctx.shape["padding_rows"], ctx.degree
+    if u == 1:
+        return "none", ["Ulysses degree 1: no sequence split"], params(ctx, "none")
+    if not pad:
+        return "none", [f"{ctx.seq_len:,} tokens divide by {u}: no padding rows"], params(ctx, "none")
+    head = f"{ctx.seq_len:,} tokens pad to {ctx.shape['padded_len']:,} ({pad} rows) at degree {u}"
+    if ctx.parallel["padding"] != "auto":
+        return ctx.parallel["padding"], [head, f"parallel.padding={ctx.parallel['padding']}"], params(ctx, ctx.parallel["padding"])
+    if ctx.setting("attention").startswith("cudnn"):
+        return "fixed_valid", [head, "cuDNN runs on the valid prefix and writes a padded output (TRT-LLM seed key_padding_mask path)"], params(ctx, "fixed_valid")
+    return "valid_only", [head, "attention on the valid prefix, tail never restored, zero tail in the fused merge (telefuser seed)"], params(ctx, "valid_only")
+
+
+def params(ctx: Context, s: str) -> dict:
+    return {"degree": ctx.degree, "valid_len": ctx.seq_len, "padded_len": ctx.shape["padded_len"], "padding_rows": ctx.shape["padding_rows"]}
+
+
+def decide(ctx: Context):
+    return resolve(ctx, LEVER, lossless=LOSSLESS, blockers=blockers, auto=auto, params=params)
+
+
+def install(builder, decision) -> None:
+    if decision.param("degree", 1) == 1:
+        builder.skip(LEVER, decision.reasons[0])
+        return
+    builder.set_attention_option(LEVER, "ulysses_degree", int(decision.param("degree")))
+    builder.set_attention_option(LEVER, "ulysses_padding", decision.setting)

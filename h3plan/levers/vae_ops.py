@@ -1,0 +1,38 @@
+"""VAE decoder ops: FP16 weight materialisation, fused FP16 QK-norm + RoPE, SwiGLU, scaled residual,
+exact (vllm-omni VAE seed). Only where the hardware's op set is registered; an unregistered
+architecture is reported in the plan as eager, never silently skipped.
+"""
+
+from __future__ import annotations
+
+from .base import Context, resolve
+
+LEVER = "vae_ops"
+LOSSLESS = {"eager": True, "fused": True}
+OPS = ["fp16_weights", "qk_norm_rope", "swiglu", "scaled_residual"]
+
+
+def blockers(ctx: Context, s: str) -> list[str]:
+    v = ctx.hardware["vae_ops"]
+    if s == "fused" and not v["registered"]:
+        return [f"{ctx.hw} (compute capability {ctx.hardware['compute_capability']}) has no registered VAE decoder op set ({v['source']})"]
+    return []
+
+
+def auto(ctx: Context):
+    v, cc = ctx.hardware["vae_ops"], ctx.hardware["compute_capability"]
+    if v["registered"]:
+        return "fused", [f"compute capability {cc} has a registered exact VAE decoder op set ({v['source']})"], {"ops": OPS}
+    return "eager", [f"compute capability {cc} has no registered VAE decoder op set: the decoder keeps diffusers' ops "
+                     f"(reported, not silently skipped; {v['source']})"], {}
+
+
+def decide(ctx: Context):
+    return resolve(ctx, LEVER, lossless=LOSSLESS, blockers=blockers, auto=auto, params=lambda c, s: {"ops": OPS} if s == "fused" else {})
+
+
+def install(builder, decision) -> None:
+    if decision.setting == "fused":
+        builder.set_vae_option(LEVER, "vae_ops", True)
+    else:
+        builder.skip(LEVER, decision.reasons[0])

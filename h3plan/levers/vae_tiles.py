@@ -1,0 +1,55 @@
+"""VAE decode tile geometry. default: diffusers' released geometry (256 px, overlap 64; the released
+frames are the blended-tile ones, so any other geometry changes the output). fp8_tiles: the TRT-LLM
+seed's FP8 tiled decoder at 288x272 (overlap 32), lossy. custom: vae.custom_tile, lossy for the same
+reason as any non-default geometry.
+"""
+
+from __future__ import annotations
+
+from .base import Context, resolve
+
+LEVER = "vae_tiles"
+LOSSLESS = {"default": True, "fp8_tiles": False, "custom": False}
+TILE_OF = {"default": "default_tile", "fp8_tiles": "fp8_tile", "custom": "custom_tile"}
+
+
+def blockers(ctx: Context, s: str) -> list[str]:
+    out = []
+    if s == "fp8_tiles" and not ctx.hardware["gemm"]["fp8"]:
+        out.append(f"{ctx.hw} has no FP8 GEMMs for the FP8 decoder ({ctx.hardware['gemm']['source']})")
+    if s == "custom" and any(ctx.vae["custom_tile"][k] is None for k in ("height", "width", "overlap")):
+        out.append("set vae.custom_tile.height, .width and .overlap (pixels, multiples of 16)")
+    return out
+
+
+def auto(ctx: Context):
+    name = ctx.recipe["name"]
+    keep = "diffusers' released tile geometry (256 px, overlap 64): any other geometry changes the blended frames"
+    if ctx.recipe["vae"] == "fp8":
+        if ctx.lossless_only:
+            return "default", [f"recipe {name} asks for FP8 VAE tiles but its policy is lossless", keep], params(ctx, "default")
+        if not ctx.hardware["gemm"]["fp8"]:
+            return "default", [f"recipe {name} asks for FP8 VAE tiles but {ctx.hw} has no FP8 GEMMs", keep], params(ctx, "default")
+        t = ctx.vae["fp8_tile"]
+        return "fp8_tiles", [f"recipe {name}: FP8 tiled VAE decoder {t['height']}x{t['width']}, overlap {t['overlap']} ({t['source']})",
+                             ctx.budget_text()], params(ctx, "fp8_tiles")
+    return "default", [keep], params(ctx, "default")
+
+
+def params(ctx: Context, s: str) -> dict:
+    t = ctx.vae[TILE_OF[s]]
+    p = {"tile": {k: t[k] for k in ("height", "width", "frames", "overlap")}}
+    if s == "fp8_tiles":
+        p["dtype"] = "fp8"
+    return p
+
+
+def decide(ctx: Context):
+    return resolve(ctx, LEVER, lossless=LOSSLESS, blockers=blockers, auto=auto, params=params)
+
+
+def install(builder, decision) -> None:
+    if decision.setting == "default":
+        builder.skip(LEVER, decision.reasons[-1])
+    else:
+        builder.set_vae_option(LEVER, "tile", dict(decision.param("tile")))

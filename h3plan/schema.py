@@ -1,0 +1,532 @@
+"""Structured configs: the dataclasses and enums that every config group is merged onto.
+
+Scope: types and the checks that types cannot express (divisibility, positive lengths, known lever
+names). Hydra merges each group's YAML onto these typed nodes, so an unknown key or a value outside
+an enum fails during composition; `validate` runs after composition and raises `ConfigError` with
+one line naming the key and what is allowed. No torch, no logic about what is fast: that lives in
+h3plan/levers/.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+# Lever names and settings (docs/architecture.md, "Levers"); registry order = install order.
+LEVER_SETTINGS: dict[str, tuple[str, ...]] = {
+    "gemm_quant": ("bf16", "fp8", "nvfp4", "dequant_bf16"),
+    "attention": ("sdpa", "cudnn_bf16", "cudnn_fp8", "fa4"),
+    "fa4_2cta": ("off", "on"),
+    "fp8_scales": ("off", "dynamic", "static"),
+    "qk_norm_rope": ("eager", "fused", "fused_fp8"),
+    "modulation": ("eager", "exact", "fp32"),
+    "gated_residual": ("off", "on"),
+    "swiglu": ("off", "on"),
+    "ulysses_padding": ("none", "padded", "fixed_valid", "valid_only"),
+    "ulysses_overlap": ("off", "on"),
+    "a2a_fp8_codes": ("off", "on"),
+    "prefix_inplace": ("off", "on"),
+    "nvfp4_producer_quant": ("off", "on"),
+    "nvfp4_out_quant": ("off", "on"),
+    "vae_tiles": ("default", "fp8_tiles", "custom"),
+    "vae_ops": ("eager", "fused"),
+}
+
+
+def _setting_enum(lever: str) -> type[Enum]:
+    name = "".join(p.capitalize() for p in lever.split("_")) + "Setting"
+    return Enum(name, {s: s for s in ("auto",) + LEVER_SETTINGS[lever]}, type=str, module=__name__)
+
+
+LEVER_ENUMS: dict[str, type[Enum]] = {lever: _setting_enum(lever) for lever in LEVER_SETTINGS}
+for _enum in LEVER_ENUMS.values():
+    globals()[_enum.__name__] = _enum  # picklable by name (joblib / submitit launchers)
+
+
+class Action(str, Enum):
+    plan = "plan"
+    verify = "verify"
+    bench = "bench"
+
+
+class Format(str, Enum):
+    table = "table"
+    yaml = "yaml"
+    json = "json"
+
+
+class Checkpoint(str, Enum):
+    bf16 = "bf16"
+    fp8 = "fp8"
+    nvfp4 = "nvfp4"
+
+
+class Precision(str, Enum):
+    bf16 = "bf16"
+    fp8 = "fp8"
+
+
+class Policy(str, Enum):
+    lossless = "lossless"
+    budget = "budget"
+
+
+class ScaleMode(str, Enum):
+    auto = "auto"
+    static = "static"
+    dynamic = "dynamic"
+
+
+class PaddingMode(str, Enum):
+    auto = "auto"
+    padded = "padded"
+    fixed_valid = "fixed_valid"
+    valid_only = "valid_only"
+
+
+class VaePrecision(str, Enum):
+    fp16 = "fp16"
+    fp8 = "fp8"
+
+
+# ---------------------------------------------------------------- hardware
+
+
+@dataclass
+class DeviceFacts:
+    sm_count: Optional[int] = MISSING
+    memory_gb: Optional[float] = MISSING
+    hbm_tbps: Optional[float] = MISSING
+    nvlink_gbps: Optional[float] = MISSING
+    """NVLink bandwidth per GPU, both directions together (vendor convention); one direction is half."""
+    source: str = MISSING
+
+
+@dataclass
+class PeakFacts:
+    """Vendor dense (no sparsity) tensor-core peaks in TFLOP/s; null where no source publishes one."""
+
+    bf16: Optional[float] = MISSING
+    fp8: Optional[float] = MISSING
+    nvfp4: Optional[float] = MISSING
+    source: str = MISSING
+
+
+@dataclass
+class Fa4Facts:
+    bf16: bool = MISSING
+    one_cta: bool = MISSING
+    two_cta: bool = MISSING
+    fp8: bool = MISSING
+    two_cta_regresses_long: bool = MISSING
+    source: str = MISSING
+
+
+@dataclass
+class CudnnFacts:
+    version: Optional[str] = MISSING
+    """The cuDNN version the plan assumes is installed (override to match yours)."""
+    bf16: bool = MISSING
+    fp8: bool = MISSING
+    fp8_output_dtypes: List[str] = MISSING
+    fp8_min_version: str = MISSING
+    fp8_excluded_versions: List[str] = field(default_factory=list)
+    bf16_output_min_version: Optional[str] = None
+    fp8_requires: List[str] = field(default_factory=list)
+    fp8_output_note: Optional[str] = None
+    source: str = MISSING
+
+
+@dataclass
+class GemmFacts:
+    fp8: bool = MISSING
+    nvfp4: bool = MISSING
+    source: str = MISSING
+
+
+@dataclass
+class VaeOpsFacts:
+    registered: bool = MISSING
+    source: str = MISSING
+
+
+@dataclass
+class AttentionRank:
+    order: List[str] = MISSING
+    """BF16 attention backends, fastest first."""
+    measured: bool = MISSING
+    source: str = MISSING
+    fp8_source: str = MISSING
+    """Why (or on what evidence) cuDNN FP8 is the FP8 attention on this hardware."""
+
+
+@dataclass
+class AttentionPoint:
+    """Measured attention TFLOP/s (4*S^2*H*D / time) at one per-rank shape; null = not measured."""
+
+    seq_len: int = MISSING
+    heads: int = MISSING
+    sdpa: Optional[float] = None
+    cudnn_bf16: Optional[float] = None
+    fa4: Optional[float] = None
+    cudnn_fp8: Optional[float] = None
+
+
+@dataclass
+class GemmThroughput:
+    bf16: Optional[float] = None
+    fp8: Optional[float] = None
+    nvfp4: Optional[float] = None
+
+
+@dataclass
+class BlockPoint:
+    """One diffusers MiniMaxH3TransformerBlock forward at real width, one GPU (eager; torch.compile)."""
+
+    seq_len: int = MISSING
+    eager_ms: Optional[float] = None
+    eager_attention_ms: Optional[float] = None
+    compile_ms: Optional[float] = None
+    compile_rel_err: Optional[float] = None
+
+
+@dataclass
+class VaeDecodeFacts:
+    """diffusers AutoencoderKLMiniMaxH3.decode, default config, FP16 autocast."""
+
+    latent: List[int] = field(default_factory=list)
+    output: List[int] = field(default_factory=list)
+    seconds_min: Optional[float] = None
+    seconds_max: Optional[float] = None
+    peak_gib: Optional[float] = None
+
+
+@dataclass
+class MeasuredFacts:
+    on_hardware: bool = MISSING
+    hbm_copy_tbps: Optional[float] = None
+    gemm_tflops: GemmThroughput = field(default_factory=GemmThroughput)
+    attention: List[AttentionPoint] = field(default_factory=list)
+    block: List[BlockPoint] = field(default_factory=list)
+    vae_decode: VaeDecodeFacts = field(default_factory=VaeDecodeFacts)
+    modulation_eager_x_hbm_floor: List[float] = field(default_factory=list)
+    """Eager RMSNorm + indexed modulation time over the HBM floor (min, max); compiled below."""
+    modulation_compile_x_hbm_floor: Optional[float] = None
+    never_measured: List[str] = field(default_factory=list)
+    source: str = MISSING
+
+
+@dataclass
+class Efficiency:
+    """Assumed fraction of the dense peak reached, for estimates on hardware never measured here."""
+
+    attention: Optional[float] = None
+    gemm: Optional[float] = None
+    source: str = MISSING
+
+
+@dataclass
+class TuningFacts:
+    """Thresholds between measured points (interpolations; each YAML says so)."""
+
+    step_fusions_min_rows_per_rank: int = MISSING
+    static_scales_min_degree: int = MISSING
+    static_scales_min_seq_len: int = MISSING
+    overlap_min_seq_len: int = MISSING
+    fp8_codes_dynamic_min_seq_len: int = MISSING
+    source: str = MISSING
+
+
+@dataclass
+class VerifiedFacts:
+    """Which lever settings h3plan has run on real hardware of this kind."""
+
+    max_ulysses_degree: int = 0
+    settings: Dict[str, List[str]] = field(default_factory=dict)
+    source: str = MISSING
+
+
+@dataclass
+class HardwareConfig:
+    name: str = MISSING
+    arch: str = MISSING
+    compute_capability: str = MISSING
+    products: List[str] = MISSING
+    source: str = MISSING
+    device: DeviceFacts = field(default_factory=DeviceFacts)
+    peak_dense_tflops: PeakFacts = field(default_factory=PeakFacts)
+    fa4: Fa4Facts = field(default_factory=Fa4Facts)
+    cudnn: CudnnFacts = field(default_factory=CudnnFacts)
+    gemm: GemmFacts = field(default_factory=GemmFacts)
+    vae_ops: VaeOpsFacts = field(default_factory=VaeOpsFacts)
+    attention_rank: AttentionRank = field(default_factory=AttentionRank)
+    measured: MeasuredFacts = field(default_factory=MeasuredFacts)
+    efficiency: Efficiency = field(default_factory=Efficiency)
+    tuning: TuningFacts = field(default_factory=TuningFacts)
+    verified: VerifiedFacts = field(default_factory=VerifiedFacts)
+
+
+# ---------------------------------------------------------------- recipe / parallel
+
+
+@dataclass
+class Budget:
+    psnr_db_min: Optional[float] = None
+    ssim_min: Optional[float] = None
+    source: Optional[str] = None
+
+
+@dataclass
+class RecipeConfig:
+    name: str = MISSING
+    checkpoint: Checkpoint = MISSING
+    """Quantization of the block linears in the checkpoint."""
+    attention: Precision = MISSING
+    """Attention precision the recipe asks for."""
+    policy: Policy = MISSING
+    """lossless: no lossy lever, forced or auto; budget: lossy levers allowed within `budget`."""
+    budget: Budget = field(default_factory=Budget)
+    fp8_scale_mode: ScaleMode = ScaleMode.auto
+    fp8_static_table: Optional[str] = None
+    fp8_static_margin: float = 1.0
+    vae: VaePrecision = VaePrecision.fp16
+    source: str = MISSING
+
+
+@dataclass
+class ParallelConfig:
+    name: str = MISSING
+    ulysses: int = MISSING
+    """Ulysses degree (GPUs sharing one sequence); must divide the attention heads."""
+    seq_len: int = MISSING
+    """Packed sequence length in tokens (text + audio + video rows)."""
+    batch: int = 1
+    attention_chunks: int = 1
+    """Chunks of local heads for the overlapped all-to-all (1 = no overlap)."""
+    padding: PaddingMode = PaddingMode.auto
+    source: str = MISSING
+
+
+# ---------------------------------------------------------------- model / vae
+
+
+@dataclass
+class TransformerKwargs:
+    """diffusers MiniMaxH3Transformer3DModel.__init__ keyword arguments (diffusers 0.42.1)."""
+
+    num_attention_heads: int = MISSING
+    attention_head_dim: int = MISSING
+    hidden_size: int = MISSING
+    num_layers: int = MISSING
+    num_refiner_layers: int = MISSING
+    ffn_dim: int = MISSING
+    in_channels: int = MISSING
+    audio_in_channels: int = MISSING
+    patch_size: List[int] = MISSING
+    text_dim: int = MISSING
+    freq_dim: int = MISSING
+    time_embed_hidden_dim: int = MISSING
+    time_embed_dim: int = MISSING
+    rope_freq_dim: int = MISSING
+    rope_theta: float = MISSING
+    norm_eps: float = MISSING
+    qk_norm_eps: float = MISSING
+    final_norm_eps: float = MISSING
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    diffusers_config: TransformerKwargs = field(default_factory=TransformerKwargs)
+    source: str = MISSING
+
+
+@dataclass
+class VaeKwargs:
+    """diffusers AutoencoderKLMiniMaxH3.__init__ keyword arguments (latents_mean/std left at diffusers' defaults)."""
+
+    in_channels: int = MISSING
+    out_channels: int = MISSING
+    latent_channels: int = MISSING
+    block_out_channels: List[int] = MISSING
+    layers_per_block: int = MISSING
+    spatial_downsample_factors: List[int] = MISSING
+    temporal_downsample_factors: List[int] = MISSING
+    norm_num_groups: int = MISSING
+    norm_eps: float = MISSING
+    spatial_padding_mode: str = MISSING
+    decoder_num_layers: int = MISSING
+    decoder_num_attention_heads: int = MISSING
+    decoder_attention_head_dim: int = MISSING
+    decoder_num_register_tokens: int = MISSING
+    decoder_ffn_mult: int = MISSING
+    decoder_rope_theta: float = MISSING
+    decoder_rope_dim_ratio: float = MISSING
+    decoder_norm_eps: float = MISSING
+    clip_length: int = MISSING
+    token_drop: int = MISSING
+
+
+@dataclass
+class Tile:
+    """Spatial decode tile in pixels (diffusers' enable_tiling); frames: null = diffusers' temporal chunks."""
+
+    height: Optional[int] = None
+    width: Optional[int] = None
+    overlap: Optional[int] = None
+    frames: Optional[int] = None
+    source: Optional[str] = None
+
+
+@dataclass
+class VaeConfig:
+    name: str = MISSING
+    diffusers_config: VaeKwargs = field(default_factory=VaeKwargs)
+    default_tile: Tile = field(default_factory=Tile)
+    fp8_tile: Tile = field(default_factory=Tile)
+    custom_tile: Tile = field(default_factory=Tile)
+    source: str = MISSING
+
+
+# ---------------------------------------------------------------- top level
+
+
+def _levers_dataclass() -> type:
+    from dataclasses import make_dataclass
+
+    return make_dataclass(
+        "LeversConfig",
+        [(lever, LEVER_ENUMS[lever], field(default=LEVER_ENUMS[lever]["auto"])) for lever in LEVER_SETTINGS],
+        namespace={"__module__": __name__, "__doc__": "Every lever: `auto` or one of its settings."},
+    )
+
+
+LeversConfig = _levers_dataclass()
+
+
+@dataclass
+class VerifyConfig:
+    blocks: int = 2
+    seq_len: Optional[int] = None
+    seed: int = 0
+    device: str = "auto"
+    dtype: str = "bf16"
+
+
+@dataclass
+class BenchConfig:
+    seq_lens: List[int] = field(default_factory=lambda: [19000, 37820])
+    blocks: List[int] = field(default_factory=lambda: [1, 4])
+    warmup: int = 3
+    iters: int = 10
+    out_dir: str = "benchmarks/results"
+    tag: Optional[str] = None
+
+
+@dataclass
+class H3PlanConfig:
+    action: Action = Action.plan
+    format: Format = Format.table
+    out: Optional[str] = None
+    strict: bool = False
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    vae: VaeConfig = field(default_factory=VaeConfig)
+    levers: LeversConfig = field(default_factory=LeversConfig)
+    verify: VerifyConfig = field(default_factory=VerifyConfig)
+    bench: BenchConfig = field(default_factory=BenchConfig)
+
+
+SCHEMA_NAME = "h3plan_schema"
+PLAN_SECTIONS = ("hardware", "recipe", "parallel", "model", "vae", "levers")
+
+
+def register() -> None:
+    """Store the schema in Hydra's ConfigStore (config.yaml lists it first in its defaults)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=H3PlanConfig)
+
+
+class ConfigError(ValueError):
+    """A configuration value the schema's types cannot rule out; str() is one line."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"{key}: {message}")
+        self.key = key
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def to_plain(cfg: DictConfig | dict) -> dict[str, Any]:
+    """The composed config as plain dicts (enums as their names); a MISSING value raises ConfigError."""
+    from omegaconf.errors import MissingMandatoryValue
+
+    if isinstance(cfg, dict):
+        cfg = OmegaConf.merge(OmegaConf.structured(H3PlanConfig), cfg)
+    try:
+        return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True, throw_on_missing=True)
+    except MissingMandatoryValue as e:
+        raise ConfigError(str(e.full_key), "missing value: the schema requires it (set it in your YAML or on the command line)") from None
+
+
+def validate(cfg: DictConfig | dict) -> dict[str, Any]:
+    """Check what types cannot; return the plan sections as plain dicts. Raises ConfigError."""
+    c = to_plain(cfg)
+    heads = c["model"]["diffusers_config"]["num_attention_heads"]
+    head_dim = c["model"]["diffusers_config"]["attention_head_dim"]
+    p = c["parallel"]
+    u = p["ulysses"]
+    if u < 1 or heads % u:
+        raise ConfigError(
+            f"parallel.ulysses={u}",
+            f"the Ulysses degree must divide the {heads} attention heads of model {c['model']['name']}; allowed: "
+            + ", ".join(map(str, _divisors(heads))),
+        )
+    if p["seq_len"] < 1:
+        raise ConfigError(f"parallel.seq_len={p['seq_len']}", "must be a positive number of tokens")
+    if p["batch"] < 1:
+        raise ConfigError(f"parallel.batch={p['batch']}", "must be >= 1")
+    if p["seq_len"] < u:
+        raise ConfigError(f"parallel.seq_len={p['seq_len']}", f"must be at least the Ulysses degree {u} (one row per rank)")
+    if p["attention_chunks"] < 1:
+        raise ConfigError(f"parallel.attention_chunks={p['attention_chunks']}", "must be >= 1 (1 = no overlap)")
+    rope = 2 * 3 * c["model"]["diffusers_config"]["rope_freq_dim"]
+    if rope > head_dim:
+        raise ConfigError("model.diffusers_config.rope_freq_dim", f"2*3*rope_freq_dim = {rope} exceeds attention_head_dim {head_dim}")
+    r = c["recipe"]
+    if r["fp8_static_margin"] <= 0:
+        raise ConfigError(f"recipe.fp8_static_margin={r['fp8_static_margin']}", "must be > 0")
+    if r["policy"] == "budget" and (r["budget"]["psnr_db_min"] is None or r["budget"]["ssim_min"] is None):
+        raise ConfigError("recipe.budget", "a budget policy needs psnr_db_min and ssim_min")
+    vae = c["vae"]["diffusers_config"]
+    ratio = 1
+    for f in vae["spatial_downsample_factors"]:
+        ratio *= f
+    for tile_name in ("default_tile", "fp8_tile", "custom_tile"):
+        tile = c["vae"][tile_name]
+        for k in ("height", "width", "overlap"):
+            v = tile[k]
+            if v is not None and (v <= 0 or v % ratio):
+                raise ConfigError(f"vae.{tile_name}.{k}={v}", f"must be a positive multiple of the spatial compression {ratio}")
+    verified = c["hardware"]["verified"]["settings"]
+    for lever, settings in verified.items():
+        if lever not in LEVER_SETTINGS:
+            raise ConfigError(f"hardware.verified.settings.{lever}", "unknown lever; allowed: " + ", ".join(LEVER_SETTINGS))
+        bad = [s for s in settings if s not in LEVER_SETTINGS[lever]]
+        if bad:
+            raise ConfigError(f"hardware.verified.settings.{lever}", f"unknown setting {bad[0]!r}; allowed: " + ", ".join(LEVER_SETTINGS[lever]))
+    for backend in c["hardware"]["attention_rank"]["order"]:
+        if backend not in ("sdpa", "cudnn_bf16", "fa4"):
+            raise ConfigError("hardware.attention_rank.order", f"unknown BF16 backend {backend!r}; allowed: sdpa, cudnn_bf16, fa4")
+    for dt in c["hardware"]["cudnn"]["fp8_output_dtypes"]:
+        if dt not in ("fp8", "bf16", "fp16"):
+            raise ConfigError("hardware.cudnn.fp8_output_dtypes", f"unknown dtype {dt!r}; allowed: fp8, bf16, fp16")
+    return {k: c[k] for k in PLAN_SECTIONS}

@@ -1,0 +1,161 @@
+"""Sweeps (`python -m h3plan -m hardware=sm90,sm107 recipe=bf16,nvfp4 ...`).
+
+Each job resolves its plan and writes plan.yaml (or the reason it is invalid) and result.json into
+its own job directory; it never raises, so an invalid combination cannot abort the sweep. The
+SweepSummary callback runs once in the launching process after all jobs, reads every result.json
+from the sweep directory (files, not process state, so the joblib and submitit launchers work the
+same), prints one table and writes summary.json and summary.csv beside the jobs. With strict=true
+an invalid or failed combination makes the sweep exit 1 (through `strict_failure`). In a sweep
+`format` and `out` are ignored: every plan goes to its job directory.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+
+from .schema import LEVER_SETTINGS
+
+GROUPS = ("hardware", "recipe", "parallel", "model", "vae")
+KEY_LEVERS = ("gemm_quant", "attention", "fa4_2cta", "fp8_scales", "qk_norm_rope", "ulysses_overlap",
+              "a2a_fp8_codes", "prefix_inplace", "nvfp4_producer_quant", "vae_tiles", "vae_ops")
+SHORT = {"nvfp4_producer_quant": "nvfp4_fuse", "ulysses_overlap": "overlap", "a2a_fp8_codes": "a2a_fp8",
+         "qk_norm_rope": "qk_rope", "prefix_inplace": "prefix", "fp8_scales": "scales", "gemm_quant": "gemm"}
+
+
+# Set by SweepSummary in the launching process (Hydra turns a callback's exception into a warning);
+# h3plan.cli.run reads it for the exit code.
+strict_failure: str | None = None
+
+
+def run_job(cfg, hc) -> dict[str, Any]:
+    """One sweep job: plan.yaml + result.json in the job's output dir. Never raises."""
+    from . import planner
+    from .schema import ConfigError
+
+    out = Path(hc.runtime.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rec: dict[str, Any] = {
+        "job": int(hc.job.num),
+        "overrides": list(hc.overrides.task),
+        "choices": {g: hc.runtime.choices.get(g) for g in GROUPS},
+    }
+    try:
+        plan = planner.resolve(cfg)
+        (out / "plan.yaml").write_text(plan.to_yaml())
+        rec.update(status="ok", plan="plan.yaml", lossless=plan.lossless,
+                   decisions={d.lever: d.setting for d in plan.decisions},
+                   hardware_verified=all(d.hardware_verified for d in plan.decisions),
+                   attention_ms=plan.derived_value("attention_ms_per_block_est"),
+                   gemm_ms=plan.derived_value("gemm_ms_per_block_est"))
+        if cfg.action.name != "plan":
+            from .cli import run_action
+
+            rec["action_rc"] = run_action(cfg, plan)
+            if rec["action_rc"]:
+                rec.update(status="failed", reason=f"action={cfg.action.name} returned {rec['action_rc']}")
+    except (planner.PlanningError, ConfigError) as e:
+        rec.update(status="invalid", reason=str(e))
+    except Exception as e:  # noqa: BLE001 - recorded; the sweep goes on
+        from .cli import condense
+
+        line, code = condense(e)
+        rec.update(status="invalid" if code == 2 else "failed", reason=line)
+    (out / "result.json").write_text(json.dumps(rec, indent=1) + "\n")
+    return rec
+
+
+def collect(sweep_dir: Path) -> list[dict[str, Any]]:
+    rows = []
+    for job_dir in sorted((p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith(".")),
+                          key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name)):
+        f = job_dir / "result.json"
+        if f.exists():
+            rows.append(json.loads(f.read_text()))
+        else:
+            rows.append({"job": job_dir.name, "overrides": [], "choices": {}, "status": "failed",
+                         "reason": f"no result.json in {job_dir.name} (the job did not finish)"})
+    return rows
+
+
+def _label(row: dict[str, Any], common: frozenset = frozenset()) -> str:
+    """hardware/recipe/parallel choices plus the overrides that differ between jobs."""
+    ch = row.get("choices") or {}
+    base = " ".join(f"{g}={ch[g]}" for g in ("hardware", "recipe", "parallel") if ch.get(g))
+    rest = [o for o in row.get("overrides", [])
+            if o not in common and o.split("=", 1)[0].lstrip("+~") not in ("hardware", "recipe", "parallel")]
+    return " ".join([base] + rest).strip() or str(row.get("job"))
+
+
+def _common(rows: list[dict[str, Any]]) -> frozenset:
+    sets = [set(r.get("overrides", [])) for r in rows]
+    return frozenset(set.intersection(*sets)) if sets else frozenset()
+
+
+def render(rows: list[dict[str, Any]]) -> str:
+    head = ["#", "combination", "status"] + [SHORT.get(k, k) for k in KEY_LEVERS] + ["lossless", "attn_ms", "gemm_ms"]
+    table, common = [], _common(rows)
+    for r in rows:
+        cells = [str(r["job"]), _label(r, common)]
+        if r["status"] == "ok":
+            d = r["decisions"]
+            cells += ["ok"] + [d[k] for k in KEY_LEVERS] + [
+                "yes" if r["lossless"] else "no",
+                "n/a" if r.get("attention_ms") is None else f"{r['attention_ms']:.1f}",
+                "n/a" if r.get("gemm_ms") is None else f"{r['gemm_ms']:.1f}"]
+        else:
+            cells += [f"{r['status']}: {r.get('reason', '')}"]
+        table.append(cells)
+    widths = [max([len(head[i])] + [len(c[i]) for c in table if len(c) > i and not (i == 2 and c[i] != "ok")])
+              for i in range(len(head))]
+
+    def line(cells):
+        if len(cells) == 3 and cells[2] != "ok" and cells[2] != head[2]:
+            return f"{cells[0]:<{widths[0]}}  {cells[1]:<{widths[1]}}  {cells[2]}"
+        return "  ".join(f"{c:<{w}}" for c, w in zip(cells, widths)).rstrip()
+
+    n_bad = sum(r["status"] != "ok" for r in rows)
+    return "\n".join([line(head)] + [line(c) for c in table]
+                     + [f"{len(rows)} combinations, {len(rows) - n_bad} valid, {n_bad} invalid or failed"]) + "\n"
+
+
+def write_summary(sweep_dir: Path, rows: list[dict[str, Any]]) -> None:
+    (sweep_dir / "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
+    levers, common = list(LEVER_SETTINGS), _common(rows)
+    with open(sweep_dir / "summary.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["job", "combination", *GROUPS, "status", "reason", *levers, "lossless", "hardware_verified",
+                    "attention_ms_per_block_est", "gemm_ms_per_block_est", "plan"])
+        for r in rows:
+            ch, d = r.get("choices") or {}, r.get("decisions") or {}
+            w.writerow([r["job"], _label(r, common), *(ch.get(g, "") for g in GROUPS), r["status"], r.get("reason", ""),
+                        *(d.get(k, "") for k in levers), r.get("lossless", ""), r.get("hardware_verified", ""),
+                        r.get("attention_ms", ""), r.get("gemm_ms", ""),
+                        f"{r['job']}/{r['plan']}" if r.get("plan") else ""])
+
+
+class SweepSummary(Callback):
+    """Hydra callback (conf/config.yaml, hydra.callbacks.sweep_summary): the sweep's one summary."""
+
+    sweep_dir: str | None = None
+
+    def on_multirun_start(self, config, **kwargs: Any) -> None:
+        # resolved once, before the launcher resolves it (Hydra caches ${now:} on this config)
+        self.sweep_dir = str(config.hydra.sweep.dir)
+
+    def on_multirun_end(self, config, **kwargs: Any) -> None:
+        sweep_dir = Path(self.sweep_dir or str(config.hydra.sweep.dir))
+        if not sweep_dir.is_dir():
+            return
+        rows = collect(sweep_dir)
+        write_summary(sweep_dir, rows)
+        print(render(rows), end="")
+        print(f"plans and summary (summary.json, summary.csv) in {sweep_dir}")
+        global strict_failure
+        bad = [r for r in rows if r["status"] != "ok"]
+        if config.get("strict") and bad:
+            strict_failure = f"strict=true: {len(bad)} of {len(rows)} combinations are invalid or failed (see {sweep_dir / 'summary.csv'})"
