@@ -67,6 +67,46 @@ def round_to(x, IS_BF16: tl.constexpr):
         return round_to_fp16(x)
 
 
+@triton.jit
+def round_hw(x, IS_BF16: tl.constexpr, HW: tl.constexpr):
+    """Like `round_to`, but with HW (on the GPU) through the hardware cvt.rn.{bf16,f16}.f32, the instruction
+    torch's CUDA casts use (NaN -> canonical NaN like theirs) and a fraction of the emulation's integer ops;
+    without HW (interpreter, whose casts truncate) through `round_to`. Same bits for every non-NaN input."""
+    if HW:
+        if IS_BF16:
+            return x.to(tl.bfloat16).to(tl.float32)
+        else:
+            return x.to(tl.float16).to(tl.float32)
+    else:
+        return round_to(x, IS_BF16)
+
+
+@triton.jit
+def to_f32(x, HW: tl.constexpr):
+    """Exact upcast to fp32. The interpreter's bf16 -> fp32 cast mangles subnormals, so without HW a bf16
+    value is widened through its bits (a 16-bit shift, which is all the cast is)."""
+    if HW:
+        return x.to(tl.float32)
+    elif x.dtype != tl.bfloat16:
+        return x.to(tl.float32)
+    else:
+        bits = x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16
+        return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def from_f32(x, dtype: tl.constexpr, HW: tl.constexpr):
+    """Cast an fp32 value that is exactly representable in `dtype` (a `round_hw` result) to `dtype`. The
+    interpreter's fp32 -> bf16 cast mangles subnormals, so without HW bf16 takes the high 16 bits."""
+    if HW:
+        return x.to(dtype)
+    elif dtype != tl.bfloat16:
+        return x.to(dtype)
+    else:
+        bits = (x.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16)
+        return bits.to(tl.bfloat16, bitcast=True)
+
+
 def guard(checks) -> str | None:
     """First failing check's message, or None. `checks` is an iterable of (ok, message)."""
     for ok, msg in checks:

@@ -25,6 +25,9 @@ import triton.language as tl
 
 THREADS = 128  # 32 lanes x 4 warps, torch's launch for this kernel
 VEC = 4
+# Globals read inside @triton.jit must be constexpr.
+_THREADS = tl.constexpr(THREADS)
+_VEC = tl.constexpr(VEC)
 
 
 def cuda_rms_iters(n: int) -> int:
@@ -47,13 +50,13 @@ def cuda_rms_sumsq(x_ptr, row_offsets, row_mask, N, NITER: tl.constexpr, ROWS: t
 
     x_ptr + row_offsets[r] is the first element of row r (int64 offsets); row_mask masks absent rows.
     """
-    t = tl.arange(0, THREADS)
-    acc = tl.zeros([ROWS, THREADS], dtype=tl.float32)
+    t = tl.arange(0, _THREADS)
+    acc = tl.zeros([ROWS, _THREADS], dtype=tl.float32)
     for j in tl.static_range(NITER):
-        base = (j * THREADS + t) * VEC  # [THREADS]
+        base = (j * _THREADS + t) * _VEC  # [_THREADS]
         ok = (base < N)[None, :] & row_mask[:, None]
         ptrs = x_ptr + row_offsets[:, None] + base[None, :]
-        for ii in tl.static_range(VEC):
+        for ii in tl.static_range(_VEC):
             v = tl.load(ptrs + ii, mask=ok, other=0.0).to(tl.float32)
             acc = acc + v * v
     # lanes: [ROWS, 4 warps, 32 lanes] -> tree over lanes
