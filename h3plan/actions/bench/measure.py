@@ -1,0 +1,376 @@
+"""The measuring half of `action=bench`: options, models, inputs, one (S, blocks) configuration, run().
+
+See the package docstring for what is timed and compared. Models: one seeded diffusers model with
+max(bench.blocks) blocks (h3plan.actions.inputs), a deep copy with the plan installed, and (for a
+lossless attention backend) a deep copy with only the plan's attention levers installed, the bitwise
+reference. Inputs: the model's own forward is run up to its first block on a realistic packed sequence
+and stopped there, so the blocks see exactly what diffusers hands them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import os
+import re
+import signal
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Mapping
+
+from .records import (LOSSLESS_BACKENDS, BlockRecord, _one_line, load_doc, merge_record, summary_table, write_chart,
+                      write_doc)
+from .timing import BackendTimer, Clock, Progress, back_to_back, interleaved, median
+
+@dataclass(frozen=True)
+class BenchOptions:
+    seq_lens: tuple[int, ...]
+    blocks: tuple[int, ...]
+    warmup: int
+    iters: int
+    out_dir: str
+    tag: str | None
+
+
+def _usage(message: str) -> Exception:
+    from h3plan.cli import UsageError  # the CLI prints it as one line, exit 2
+
+    return UsageError(message)
+
+
+def options(cfg) -> BenchOptions:
+    """`cfg.bench` checked; a UsageError (ValueError) with one line naming the key on bad values."""
+    b = cfg["bench"] if isinstance(cfg, Mapping) else cfg.bench
+
+    def ints(key):
+        vals = b[key]
+        vals = [vals] if isinstance(vals, int) else list(vals)
+        if not vals or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in vals):
+            raise _usage(f"bench.{key}={vals}: must be a non-empty list of positive integers")
+        return tuple(vals)
+
+    warmup, iters = b["warmup"], b["iters"]
+    if not isinstance(warmup, int) or warmup < 0:
+        raise _usage(f"bench.warmup={warmup}: must be an integer >= 0")
+    if not isinstance(iters, int) or iters < 1:
+        raise _usage(f"bench.iters={iters}: must be an integer >= 1")
+    tag = b.get("tag") if hasattr(b, "get") else None
+    if tag is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", str(tag)):
+        raise _usage(f"bench.tag={tag!r}: letters, digits, '_', '.', '-' only (it names the output files)")
+    return BenchOptions(ints("seq_lens"), ints("blocks"), warmup, iters, str(b["out_dir"]), tag)
+
+
+def plan_label(plan) -> str:
+    """`sm90/bf16/u1`, plus `+lever=setting` for every lever the user forced."""
+    hw, recipe, par = plan.get("hardware"), plan.get("recipe"), plan.get("parallel")
+    u = par.get("ulysses", 1)
+    label = f"{hw.get('name', '?')}/{recipe.get('name', '?')}/{par.get('name') or f'u{u}'}"
+    forced = [f"+{d.lever}={d.setting}" for d in plan.decisions if d.forced]
+    return " ".join([label] + forced)
+
+
+def device_tag(device_name: str) -> str:
+    """Short lower-case name for file names: 'NVIDIA H200' -> 'h200', 'cpu' -> 'cpu'."""
+    if device_name.lower().startswith("cpu"):
+        return "cpu"
+    models = re.findall(r"\b([A-Z]{1,3}\d{2,4}[A-Za-z]?)\b", device_name)
+    return models[-1].lower() if models else re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
+
+
+# ---------------------------------------------------------------- models and inputs
+
+
+class _Captured(Exception):
+    pass
+
+
+def capture_block_inputs(torch, model, model_inputs: Mapping[str, Any]) -> tuple:
+    """(hidden_states, temb, adaln_indices, rotary_emb) exactly as the model hands them to its first
+    block: the model's own forward runs up to block 0 and a pre-hook stops it there."""
+    box = {}
+
+    def hook(module, args, kwargs):
+        names = ("hidden_states", "temb", "adaln_indices", "rotary_emb")
+        vals = dict(zip(names, args))
+        vals.update({k: v for k, v in kwargs.items() if k in names})
+        box["inputs"] = tuple(vals[n] for n in names)
+        raise _Captured
+
+    handle = model.transformer_blocks[0].register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            model(**model_inputs)
+    except _Captured:
+        pass
+    finally:
+        handle.remove()
+    if "inputs" not in box:
+        raise RuntimeError("the model's forward never reached transformer_blocks[0]")
+    return box["inputs"]
+
+
+def run_stack(blocks, hidden_states, temb, adaln_indices, rotary_emb):
+    for block in blocks:
+        hidden_states = block(hidden_states, temb, adaln_indices, rotary_emb)
+    return hidden_states
+
+
+def same_backend_plan(plan):
+    """The plan cut down to its attention levers (verify's reference R): diffusers' eager blocks running
+    the plan's attention backend, which a lossless plan must match bit for bit."""
+    from h3plan.actions.verify import BASE_LEVERS
+
+    return dataclasses.replace(plan, decisions=tuple(d for d in plan.decisions if d.lever in BASE_LEVERS))
+
+
+def rel_error(torch, out, ref) -> tuple[float, float]:
+    """(||out - ref|| / ||ref||, max |out - ref|), fp32 Frobenius."""
+    d = out.float() - ref.float()
+    return (d.norm() / ref.float().norm().clamp_min(1e-30)).item(), d.abs().max().item()
+
+
+def _free(torch):
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------- the run
+
+
+@dataclass
+class _Session:
+    torch: Any
+    device: Any
+    clock: Clock
+    opts: BenchOptions
+    progress: Progress
+    label: str
+    recipe: str
+    lossless: bool
+    backend_name: str
+    eager: Any
+    plan: Any
+    same: Any
+    same_note: str
+    backend: Any
+    timer: BackendTimer
+    heads: int
+    head_dim: int
+    model_inputs: Callable[[int], Mapping[str, Any]]
+
+
+def _plan_backend(model):
+    """The AttentionBackend the installed processors call (one object shared by the blocks), or None."""
+    from h3plan.attention.base import AttentionBackend
+
+    for block in model.transformer_blocks:
+        backend = getattr(block.attn.processor, "backend", None)
+        if isinstance(backend, AttentionBackend):
+            return backend
+    return None
+
+
+def _setup(torch, cfg, plan, opts: BenchOptions, device, progress: Progress) -> _Session:
+    import copy
+
+    from h3plan.actions import inputs
+    from h3plan.install import install
+
+    n = max(opts.blocks)
+    dc = cfg["model"]["diffusers_config"]
+    eager = inputs.build_model(dc, blocks=n, device=device, dtype="bf16", seed=0)
+    plan_model = copy.deepcopy(eager)
+    report = install(plan_model, plan)
+    progress.write(f"installed {plan_label(plan)}:\n{report}")
+    backend_name = plan.decision("attention").setting
+    if backend_name in LOSSLESS_BACKENDS:
+        same = copy.deepcopy(eager)
+        install(same, same_backend_plan(plan))
+        same_note = f"diffusers eager blocks with the {backend_name} backend, every other lever off"
+    else:
+        same, same_note = None, f"none: {backend_name} is lossy, no eager block runs it"
+    timer = BackendTimer(torch, device.type == "cuda")
+    backend = _plan_backend(plan_model)
+    if backend is not None:
+        timer.attach(backend)
+    recipe = plan.get("recipe")
+    return _Session(torch, device, Clock(torch, device), opts, progress, plan_label(plan), str(recipe.get("name", "")),
+                    bool(plan.lossless), backend_name, eager, plan_model, same, same_note, backend, timer,
+                    int(dc["num_attention_heads"]) // int(plan.get("parallel").get("ulysses", 1)),
+                    int(dc["attention_head_dim"]),
+                    lambda S: inputs.packed_inputs(dc, S, seed=0, device=device))
+
+
+def _attention_alone(s: _Session, S: int) -> dict:
+    """The plan's backend against diffusers' default dispatch on random bf16 (1, S, H, D) q/k/v."""
+    torch = s.torch
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+    shape = (1, S, s.heads, s.head_dim)
+    g = torch.Generator(device=s.device).manual_seed(S)
+    q, k, v = (torch.randn(shape, generator=g, device=s.device, dtype=torch.bfloat16) for _ in range(3))
+    fns = {"default": lambda: dispatch_attention_fn(q, k, v, dropout_p=0.0, is_causal=False)}
+    why = "the plan installed no attention backend" if s.backend is None else s.backend.unavailable_reason(q, k, v)
+    if why is None:
+        call = s.timer.original(s.backend)
+        fns["plan"] = lambda: call(q, k, v)
+    with torch.no_grad():
+        times = interleaved(s.clock, fns, s.opts.warmup, s.opts.iters, s.progress, f"S={S} attention")
+    if why is not None:
+        s.progress.write(f"S={S}: {s.backend_name} not timed alone: {why}")
+    return {"attention_shape": list(shape), "attention_default_ms": median(times["default"]),
+            "attention_ms": median(times.get("plan", [])), "attention_note": why}
+
+
+def _stack_record(s: _Session, S: int, n: int, block_in: tuple, attn: dict) -> BlockRecord:
+    torch = s.torch
+    from h3plan.install import counters, reset_counters
+
+    eb, pb = s.eager.transformer_blocks[:n], s.plan.transformer_blocks[:n]
+    run_e = lambda: run_stack(eb, *block_in)  # noqa: E731
+    run_p = lambda: run_stack(pb, *block_in)  # noqa: E731
+    rec = BlockRecord(S=S, blocks=n, plan=s.label, eager_ms=None, plan_ms=None, speedup=None,
+                      attention_ms=attn["attention_ms"], attention_backend=s.backend_name, bitwise_equal=None,
+                      rel_error=None, recipe=s.recipe, lossless=s.lossless, device=_device_name(torch, s.device),
+                      timing=s.clock.kind, attention_shape=attn["attention_shape"],
+                      attention_default_ms=attn["attention_default_ms"], bitwise_reference=s.same_note)
+    pristine = block_in[0].clone()  # every repetition must see the same input: nothing may write into it
+    with torch.no_grad():
+        ref = run_e()
+        s.timer.capture = True
+        out = run_p()
+        rec.rel_error, rec.max_abs_error = rel_error(torch, out, ref)
+        if s.same is not None:
+            same = run_stack(s.same.transformer_blocks[:n], *block_in)
+            rec.bitwise_equal = bool(torch.equal(out, same))
+            rec.backend_rel_error = rel_error(torch, same, ref)[0]
+            del same
+        del out, ref
+        s.progress.step(f"S={S} x{n} correctness")
+        interleaved(s.clock, {"eager": run_e, "plan": run_p}, s.opts.warmup, 0, s.progress, f"S={S} x{n} blocks")
+        s.timer.drain_ms()
+        reset_counters()
+        times = interleaved(s.clock, {"eager": run_e, "plan": run_p}, 0, s.opts.iters, s.progress, f"S={S} x{n} blocks")
+        rec.counters = counters()
+        in_plan = s.timer.drain_ms()
+        rec.eager_ms, rec.plan_ms = median(times["eager"]), median(times["plan"])
+        rec.eager_ms_range = [min(times["eager"]), max(times["eager"])]
+        rec.plan_ms_range = [min(times["plan"]), max(times["plan"])]
+        rec.speedup = rec.eager_ms / rec.plan_ms if rec.plan_ms else None
+        rec.attention_in_plan_ms = median(in_plan)
+        cap, s.timer.captured, s.timer.capture = s.timer.captured, None, False
+        if cap is not None:
+            backend, args, kwargs = cap
+            call = s.timer.original(backend)
+            alone = back_to_back(s.clock, lambda: call(*args, **kwargs), s.opts.warmup, s.opts.iters, s.progress,
+                                 f"S={S} x{n} attention standalone")
+            rec.attention_standalone_ms = median(alone)
+            del args, kwargs, cap
+        else:
+            s.progress.step(f"S={S} x{n}: the plan never called its backend", s.opts.warmup + s.opts.iters)
+        if rec.attention_standalone_ms and rec.attention_in_plan_ms:
+            rec.attention_in_plan_fraction = rec.attention_standalone_ms / rec.attention_in_plan_ms
+        if not torch.equal(pristine, block_in[0]):
+            raise RuntimeError("the block input changed during the repetitions (an in-place write): times and errors invalid")
+    fallbacks = {k: v for k, v in rec.counters.items() if k.endswith(".fallback")}
+    if fallbacks:
+        s.progress.write(f"S={S} x{n}: guarded calls fell back while timed: {fallbacks}")
+    return rec
+
+
+def _on_sigterm(signum, frame):
+    raise KeyboardInterrupt("SIGTERM (timeout?): writing what was measured")
+
+
+def _device_name(torch, device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def _steps(opts: BenchOptions) -> int:
+    r = opts.warmup + opts.iters
+    return len(opts.seq_lens) * (r + len(opts.blocks) * (1 + 2 * r))
+
+
+def _run_meta(torch, device, label, opts) -> dict:
+    import diffusers
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+    meta = {"plan": label, "device": _device_name(torch, device), "torch": torch.__version__,
+            "cuda": torch.version.cuda, "diffusers": diffusers.__version__,
+            "diffusers_attention": str(_AttentionBackendRegistry._active_backend.value),
+            "warmup": opts.warmup, "iters": opts.iters, "seq_lens": list(opts.seq_lens), "blocks": list(opts.blocks),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    if device.type == "cuda":
+        meta["cudnn"] = torch.backends.cudnn.version()
+    return meta
+
+
+def run(cfg, plan) -> int:
+    """Entry point of `python -m h3plan action=bench`; 0 when every configuration ran, 1 otherwise."""
+    opts = options(cfg)
+    u = int(plan.get("parallel").get("ulysses", 1))
+    if u != 1:
+        raise _usage(f"parallel.ulysses={u}: action=bench times one device; use parallel=u1")
+    import torch
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    name = _device_name(torch, device)
+    tag = opts.tag or device_tag(name)
+    os.makedirs(opts.out_dir, exist_ok=True)
+    stem = os.path.join(opts.out_dir, f"block-{tag}")
+    json_path, md_path, png_path = stem + ".json", stem + ".md", stem + ".png"
+    doc = load_doc(json_path)
+    label = plan_label(plan)
+    if device.type != "cuda":
+        print("bench: no CUDA device: host clock on the CPU; these times mean nothing (plumbing only)", flush=True)
+    doc["runs"] = doc["runs"][-9:] + [_run_meta(torch, device, label, opts)]
+    progress = Progress(_steps(opts), f"bench {label}")
+    failed = 0
+    # `timeout` sends SIGTERM: turn it into an exception so the finally below still writes the files.
+    prev = signal.signal(signal.SIGTERM, _on_sigterm) if threading.current_thread() is threading.main_thread() else None
+    try:
+        s = _setup(torch, cfg, plan, opts, device, progress)
+        for S in opts.seq_lens:
+            block_in = attn = None
+            try:
+                block_in = capture_block_inputs(torch, s.eager, s.model_inputs(S))
+                attn = _attention_alone(s, S)
+            except Exception as exc:  # noqa: BLE001 -- recorded, the other lengths still run
+                err = _one_line(exc)
+                for n in opts.blocks:
+                    merge_record(doc, asdict(BlockRecord(S, n, label, None, None, None, None, s.backend_name, None, None,
+                                                         recipe=s.recipe, lossless=s.lossless, device=name, error=err)))
+                failed += len(opts.blocks)
+                progress.write(f"S={S}: failed: {err}")
+            for n in opts.blocks if attn is not None else ():
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+                try:
+                    rec = _stack_record(s, S, n, block_in, attn)
+                    if device.type == "cuda":
+                        rec.peak_mem_gib = torch.cuda.max_memory_allocated(device) / 2**30
+                except Exception as exc:  # noqa: BLE001 -- recorded, the other configurations still run
+                    err = _one_line(exc)
+                    rec = BlockRecord(S, n, label, None, None, None, attn["attention_ms"], s.backend_name, None, None,
+                                      recipe=s.recipe, lossless=s.lossless, device=name, error=err)
+                    s.timer.captured, s.timer.capture = None, False
+                    s.timer.events = []
+                    failed += 1
+                    progress.write(f"S={S} x{n}: failed: {err}")
+                merge_record(doc, asdict(rec))
+                write_doc(doc, json_path, md_path)
+                _free(torch)
+            del block_in
+            _free(torch)
+        s.timer.detach()
+    finally:
+        if prev is not None:
+            signal.signal(signal.SIGTERM, prev)
+        progress.close()
+        write_doc(doc, json_path, md_path)
+        why = write_chart(doc["records"], png_path)
+    print(summary_table([r for r in doc["records"] if r["plan"] == label and r.get("device") == name]))
+    print(f"wrote {json_path}, {md_path}" + (f", {png_path}" if why is None else f" ({why})"))
+    return 1 if failed else 0

@@ -1,0 +1,286 @@
+"""Block benchmark records: the schema, the results file (JSON), the markdown table and the chart hook.
+
+Pure Python (no torch): the file format of `action=bench` and how it reads. A results file is
+{"schema_version": 1, "runs": [...], "records": [...]}; records are merged by (plan, S, blocks, device),
+so invocations with different plans append to one file. Targets (issue 4, on the H200): a lossless
+plan's single block >= 1.25x diffusers eager, an FP8 plan >= 1.5x, attention inside the plan >= 95% of
+its backend standalone; the markdown says met / not met for every GPU record.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+SCHEMA_VERSION = 1
+# diffusers eager MiniMaxH3TransformerBlock on the H200, bf16, default attention (DESIGN.md, anchors/h200-diffusers-block.json)
+ANCHOR_EAGER_MS = {19000: 46.5, 37820: 130.7}
+TARGET_LOSSLESS_SPEEDUP = 1.25
+TARGET_FP8_SPEEDUP = 1.5
+TARGET_ATTENTION_FRACTION = 0.95
+REQUIRED_KEYS = ("S", "blocks", "plan", "eager_ms", "plan_ms", "speedup", "attention_ms", "attention_backend",
+                 "bitwise_equal", "rel_error")
+LOSSLESS_BACKENDS = ("sdpa", "cudnn_bf16", "fa4")
+
+
+@dataclass
+class BlockRecord:
+    """One (plan, S, blocks) measurement. The first ten fields are the issue's record; times in ms.
+
+    eager_ms / plan_ms: median block-stack forward (diffusers eager / plan installed); speedup = eager / plan.
+    attention_ms: the plan's backend alone at the per-rank shape; attention_default_ms: diffusers'
+    default dispatch there; attention_in_plan_ms: that backend's calls inside the plan's forward, and
+    attention_standalone_ms: the backend on clones of those very arguments; fraction = standalone / in plan.
+    bitwise_equal: plan output == diffusers eager with the plan's attention backend (None: no such
+    reference, see bitwise_reference); rel_error: ||plan - eager|| / ||eager|| against default attention.
+    """
+
+    S: int
+    blocks: int
+    plan: str
+    eager_ms: float | None
+    plan_ms: float | None
+    speedup: float | None
+    attention_ms: float | None
+    attention_backend: str
+    bitwise_equal: bool | None
+    rel_error: float | None
+    recipe: str = ""
+    lossless: bool = False
+    device: str = ""
+    timing: str = "cuda-events"
+    eager_ms_range: list = field(default_factory=list)
+    plan_ms_range: list = field(default_factory=list)
+    attention_shape: list = field(default_factory=list)
+    attention_default_ms: float | None = None
+    attention_in_plan_ms: float | None = None
+    attention_standalone_ms: float | None = None
+    attention_in_plan_fraction: float | None = None
+    bitwise_reference: str = ""
+    backend_rel_error: float | None = None
+    max_abs_error: float | None = None
+    peak_mem_gib: float | None = None
+    counters: dict = field(default_factory=dict)
+    error: str | None = None
+
+
+# ---------------------------------------------------------------- results file, markdown, chart
+
+
+def new_doc() -> dict:
+    return {"schema_version": SCHEMA_VERSION, "runs": [], "records": []}
+
+
+def load_doc(path: str) -> dict:
+    """The results file at `path`, or a new one; a file that is not ours is an error, never overwritten."""
+    if not os.path.exists(path):
+        return new_doc()
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except ValueError as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc}); move it away or pick another bench.out_dir") from exc
+    if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION or not isinstance(doc.get("records"), list):
+        raise ValueError(f"{path} is not a block benchmark file (schema_version {SCHEMA_VERSION}); move it away")
+    check_records(doc["records"])
+    doc.setdefault("runs", [])
+    return doc
+
+
+def check_records(records: Iterable[Mapping]) -> None:
+    for i, r in enumerate(records):
+        missing = [k for k in REQUIRED_KEYS if k not in r]
+        if missing:
+            raise ValueError(f"record {i} lacks {missing}")
+
+
+def record_key(r: Mapping) -> tuple:
+    return (r["plan"], r["S"], r["blocks"], r.get("device", ""))
+
+
+def merge_record(doc: dict, record: Mapping) -> None:
+    """Replace the record with the same (plan, S, blocks, device), else append."""
+    rec = dict(record)
+    check_records([rec])
+    doc["records"] = [r for r in doc["records"] if record_key(r) != record_key(rec)] + [rec]
+
+
+def write_doc(doc: dict, json_path: str, md_path: str) -> None:
+    for path, text in ((json_path, json.dumps(doc, indent=1) + "\n"), (md_path, render_markdown(doc))):
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+
+
+def _f(x, fmt="{:.2f}", none="-"):
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return none if x is None else "NaN"
+    return fmt.format(x)
+
+
+def _bitwise(r) -> str:
+    return "-" if r.get("bitwise_equal") is None else ("yes" if r["bitwise_equal"] else "**no**")
+
+
+def fallbacks(r: Mapping) -> int:
+    """Guarded calls that took diffusers' path during the timed repetitions (0: every fused path ran)."""
+    return sum(v for k, v in (r.get("counters") or {}).items() if k.endswith(".fallback"))
+
+
+def _tflops(shape, ms):
+    if not shape or not ms:
+        return None
+    B, S, H, D = shape
+    return 4.0 * B * S * S * H * D / (ms * 1e-3) / 1e12
+
+
+def _sorted(records):
+    return sorted(records, key=lambda r: (r["plan"], r["S"], r["blocks"], r.get("device", "")))
+
+
+def _is_fp8(r) -> bool:
+    return r.get("recipe") == "fp8"
+
+
+def target_lines(records: Sequence[Mapping]) -> list[str]:
+    """One line per target and (plan, S): the measured value and met / not met. Single-block records only."""
+    lines = []
+    for r in _sorted(records):
+        if r["blocks"] != 1 or r.get("error") or r.get("timing") != "cuda-events":
+            continue
+        sp = r.get("speedup")
+        if r.get("lossless"):
+            goal, what = TARGET_LOSSLESS_SPEEDUP, "lossless plan block"
+        elif _is_fp8(r):
+            goal, what = TARGET_FP8_SPEEDUP, "FP8 plan block"
+        else:
+            goal, what = None, "plan block"
+        if goal is not None:
+            verdict = "met" if sp is not None and sp >= goal else "**not met**"
+            extra = f", rel. error vs BF16 eager {_f(r.get('rel_error'), '{:.2e}')}" if not r.get("lossless") else ""
+            if r.get("lossless") and r.get("bitwise_equal") is False:
+                extra += ", **not bitwise equal to eager with the same backend**"
+            if fallbacks(r):
+                extra += f", {fallbacks(r)} guarded calls fell back"
+            lines.append(f"- {what} >= {goal}x diffusers eager, `{r['plan']}` S={r['S']}: {_f(sp)}x{extra} -> {verdict}")
+        frac = r.get("attention_in_plan_fraction")
+        if frac is not None:
+            verdict = "met" if frac >= TARGET_ATTENTION_FRACTION else "**not met**"
+            lines.append(f"- attention inside the plan >= {TARGET_ATTENTION_FRACTION:.0%} of `{r['attention_backend']}` "
+                         f"standalone, `{r['plan']}` S={r['S']}: {frac:.1%} -> {verdict}")
+    for S, anchor in sorted(ANCHOR_EAGER_MS.items()):
+        eager = [r["eager_ms"] for r in records if r["S"] == S and r["blocks"] == 1 and r.get("eager_ms")
+                 and r.get("timing") == "cuda-events" and "h200" in r.get("device", "").lower()]
+        if eager:
+            lines.append(f"- (context) diffusers eager block at S={S}: {', '.join(f'{e:.1f}' for e in eager)} ms "
+                         f"in these runs; anchor {anchor} ms (DESIGN.md)")
+    return lines
+
+
+COLUMN_NOTES = """\
+## What each column compares
+
+- **eager ms**: diffusers' own `MiniMaxH3TransformerBlock.forward` (default attention dispatch), `blocks`
+  blocks in a row, bf16, one GPU; median of the timed repetitions (CUDA events, synchronized).
+- **plan ms**: the same blocks, same weights and inputs, after `h3plan.install(model, plan)`;
+  repetitions interleaved with eager in the same process. **speedup** = eager ms / plan ms.
+- **bitwise**: the plan's output `torch.equal` to diffusers' eager blocks run with the *plan's attention
+  backend* (every other lever off): what "lossless" promises. `-` where no such reference exists
+  (a lossy attention backend such as cudnn_fp8).
+- **rel. error**: ||plan - eager|| / ||eager|| (Frobenius, fp32) against diffusers' eager blocks with
+  their *default* attention; for a lossless plan it is the attention backend's own difference.
+- **guard fallbacks**: guarded calls (h3plan.install counters) that routed to diffusers' own code
+  during the timed plan repetitions; 0 means every installed fused path really ran.
+- **attention**: random bf16 q/k/v of the per-rank shape (B, S, heads, head_dim): the plan's backend
+  called directly against diffusers' default `dispatch_attention_fn`; TFLOP/s = 4*S^2*H*D / time.
+- **in plan** / **standalone**: device events around the backend's calls inside the plan's forward,
+  and the same backend on clones of those very arguments; **in-plan speed** = standalone / in plan.
+"""
+
+
+def render_markdown(doc: Mapping) -> str:
+    recs = _sorted(doc.get("records", []))
+    devices = sorted({r.get("device", "") for r in recs}) or ["(none)"]
+    out = [f"# Block benchmark: diffusers eager vs h3plan plans ({', '.join(devices)})", ""]
+    if any(r.get("timing") != "cuda-events" for r in recs):
+        out += ["**Host-clock (CPU) records below: their times are meaningless; they only show the plumbing "
+                "(files, correctness columns).**", ""]
+    out += ["| plan | S | blocks | eager ms | plan ms | speedup | bitwise (same attention) | rel. error vs eager "
+            "| guard fallbacks | peak GiB |", "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+    for r in recs:
+        if r.get("error"):
+            out.append(f"| {r['plan']} | {r['S']} | {r['blocks']} | failed: {r['error'][:160]} | | | | | | |")
+            continue
+        out.append(f"| {r['plan']} | {r['S']} | {r['blocks']} | {_f(r['eager_ms'])} | {_f(r['plan_ms'])} | "
+                   f"{_f(r['speedup'])}x | {_bitwise(r)} | {_f(r['rel_error'], '{:.2e}')} | {fallbacks(r)} | "
+                   f"{_f(r.get('peak_mem_gib'), '{:.1f}')} |")
+    out += ["", "## Attention at the per-rank shape", "",
+            "| plan | S | blocks | shape | backend | backend ms | TFLOP/s | diffusers default ms | TFLOP/s | in plan ms | standalone ms | in-plan speed |",
+            "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in recs:
+        if r.get("error"):
+            continue
+        shape = r.get("attention_shape") or []
+        out.append(f"| {r['plan']} | {r['S']} | {r['blocks']} | {'x'.join(map(str, shape)) or '-'} | {r['attention_backend']} | "
+                   f"{_f(r['attention_ms'])} | {_f(_tflops(shape, r['attention_ms']), '{:.0f}')} | "
+                   f"{_f(r.get('attention_default_ms'))} | {_f(_tflops(shape, r.get('attention_default_ms')), '{:.0f}')} | "
+                   f"{_f(r.get('attention_in_plan_ms'))} | {_f(r.get('attention_standalone_ms'))} | "
+                   f"{_f(r.get('attention_in_plan_fraction'), '{:.1%}')} |")
+    lines = target_lines(recs)
+    out += ["", "## Targets (H200, one GPU, real width, bf16 activations)", ""]
+    out += lines or ["- no GPU single-block records yet: no target can be judged"]
+    runs = doc.get("runs", [])
+    if runs:
+        out += ["", "## Runs", "", "| plan | device | torch | diffusers | warmup | iters | started |", "|---|---|---|---|---:|---:|---|"]
+        for run_ in runs:
+            out.append(f"| {run_.get('plan')} | {run_.get('device')} | {run_.get('torch')} | {run_.get('diffusers')} | "
+                       f"{run_.get('warmup')} | {run_.get('iters')} | {run_.get('started')} |")
+    notes = sorted({(r["plan"], r.get("bitwise_reference", "")) for r in recs if r.get("bitwise_reference")})
+    if notes:
+        out += ["", "Bitwise references: " + "; ".join(f"`{p}`: {n}" for p, n in notes)]
+    out += ["", COLUMN_NOTES]
+    return "\n".join(out)
+
+
+def write_chart(records: Sequence[Mapping], path: str) -> str | None:
+    """The PNG through benchmarks/plot.py of this checkout (matplotlib, both loaded lazily).
+
+    Returns None when written, else the one-line reason it was not (no checkout, no matplotlib, no data).
+    """
+    import importlib.util
+
+    root = os.path.abspath(__file__)
+    for _ in range(4):  # records.py -> bench -> actions -> h3plan -> the checkout
+        root = os.path.dirname(root)
+    here = os.path.join(root, "benchmarks", "plot.py")
+    if not os.path.exists(here):
+        return f"{here} not found (h3plan installed without its repository): PNG skipped"
+    try:
+        spec = importlib.util.spec_from_file_location("h3plan_bench_plot", here)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod.write_chart(records, path)
+    except Exception as exc:  # noqa: BLE001 -- the JSON and markdown are the results; the PNG is a view
+        return f"PNG failed: {_one_line(exc)}"
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:300]}" if text else type(exc).__name__
+
+
+def summary_table(records: Sequence[Mapping]) -> str:
+    rows = [f"{'plan':<22} {'S':>6} {'blk':>3} {'eager ms':>9} {'plan ms':>9} {'speedup':>7} {'attn ms':>8} "
+            f"{'in-plan':>7} {'bitwise':>7} {'rel err':>9}"]
+    for r in _sorted(records):
+        if r.get("error"):
+            rows.append(f"{r['plan']:<22} {r['S']:>6} {r['blocks']:>3}  failed: {r['error'][:80]}")
+            continue
+        rows.append(f"{r['plan']:<22} {r['S']:>6} {r['blocks']:>3} {_f(r['eager_ms']):>9} {_f(r['plan_ms']):>9} "
+                    f"{_f(r['speedup']):>7} {_f(r['attention_ms']):>8} {_f(r.get('attention_in_plan_fraction'), '{:.0%}'):>7} "
+                    f"{_bitwise(r).strip('*'):>7} {_f(r['rel_error'], '{:.2e}'):>9}")
+    return "\n".join(rows)

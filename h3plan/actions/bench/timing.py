@@ -1,0 +1,184 @@
+"""Timing for the block benchmark: a progress bar, a clock, interleaved and back-to-back repetitions,
+and a timer that rides inside an installed attention backend.
+
+On a GPU every time is device time between two CUDA events; on a CPU the host clock stands in (the
+bench action says those numbers mean nothing). Medians, never means: one slow repetition (a clock
+ramp, an allocator hiccup) does not move the result.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+class Progress:
+    """tqdm when installed, else a printed line at most every 2 s (and at the end)."""
+
+    def __init__(self, total: int, desc: str):
+        self.total, self.n, self._last = total, 0, 0.0
+        try:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=desc, mininterval=1.0, ascii=True, file=sys.stderr)
+        except ImportError:
+            self.bar = None
+            print(f"{desc}: {total} steps", flush=True)
+
+    def step(self, what: str, n: int = 1) -> None:
+        self.n += n
+        if self.bar is not None:
+            self.bar.set_postfix_str(what, refresh=False)
+            self.bar.update(n)
+            return
+        now = time.monotonic()
+        if now - self._last >= 2.0 or self.n >= self.total:
+            self._last = now
+            print(f"  [{self.n}/{self.total}] {what}", flush=True)
+
+    def write(self, msg: str) -> None:
+        if self.bar is not None:
+            self.bar.write(msg)
+        else:
+            print(msg, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class Clock:
+    """Times one call in ms: CUDA events (synchronized) on a GPU, the host clock elsewhere."""
+
+    def __init__(self, torch, device):
+        self.torch, self.cuda = torch, device.type == "cuda"
+        self.kind = "cuda-events" if self.cuda else "host-clock"
+
+    def sync(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def __call__(self, fn: Callable[[], Any]) -> float:
+        if self.cuda:
+            a, b = (self.torch.cuda.Event(enable_timing=True) for _ in range(2))
+            a.record()
+            fn()
+            b.record()
+            self.torch.cuda.synchronize()
+            return a.elapsed_time(b)
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e3
+
+
+def interleaved(clock: Clock, fns: Mapping[str, Callable[[], Any]], warmup: int, iters: int,
+                progress: Progress | None = None, what: str = "") -> dict[str, list[float]]:
+    """Per name, `iters` times; rounds alternate the order (a b, b a, ...) so neither side always goes first."""
+    names = list(fns)
+    for i in range(warmup):
+        for n in names:
+            fns[n]()
+        clock.sync()
+        if progress:
+            progress.step(f"{what} warmup {i + 1}/{warmup}")
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for i in range(iters):
+        for n in (names if i % 2 == 0 else names[::-1]):
+            times[n].append(clock(fns[n]))
+        if progress:
+            progress.step(f"{what} {i + 1}/{iters}")
+    return times
+
+
+def back_to_back(clock: Clock, fn: Callable[[], Any], warmup: int, iters: int, progress: Progress | None = None,
+                 what: str = "") -> list[float]:
+    """Per-call ms of `iters` calls issued back to back, events around each and one sync at the end: the
+    way the plan's forward issues its attention calls (the host runs ahead, launch overhead is hidden)."""
+    for i in range(warmup):
+        fn()
+        if progress:
+            progress.step(f"{what} warmup {i + 1}/{warmup}")
+    clock.sync()
+    if clock.cuda:
+        events = []
+        for _ in range(iters):
+            a, b = (clock.torch.cuda.Event(enable_timing=True) for _ in range(2))
+            a.record()
+            fn()
+            b.record()
+            events.append((a, b))
+        clock.sync()
+        ts = [a.elapsed_time(b) for a, b in events]
+    else:
+        ts = [clock(fn) for _ in range(iters)]
+    if progress:
+        progress.step(f"{what} {iters} calls", iters)
+    return ts
+
+
+def median(ts: Sequence[float]) -> float | None:
+    return statistics.median(ts) if ts else None
+
+
+# ---------------------------------------------------------------- attention inside the plan
+
+
+class BackendTimer:
+    """Device events around every call of an installed attention backend, no sync inside.
+
+    `attach` gives the backend object a subclass of its own class whose `__call__` is timed (so
+    isinstance checks in the processor still hold); `detach` puts the class back. With `capture` set,
+    the first call's tensor arguments are cloned, so the backend can later be timed standalone on
+    exactly what the plan handed it.
+    """
+
+    def __init__(self, torch, cuda: bool):
+        self.torch, self.cuda = torch, cuda
+        self.events: list = []
+        self.captured = None
+        self.capture = False
+        self._attached: list = []
+
+    def attach(self, backend) -> None:
+        cls, timer = type(backend), self
+
+        def __call__(self_, *args, **kwargs):
+            return timer.call(cls.__call__, self_, args, kwargs)
+
+        backend.__class__ = type(f"Timed{cls.__name__}", (cls,), {"__call__": __call__, "__module__": cls.__module__})
+        self._attached.append((backend, cls))
+
+    def detach(self) -> None:
+        for backend, cls in self._attached:
+            backend.__class__ = cls
+        self._attached = []
+
+    def original(self, backend):
+        """The backend's untimed __call__ (bound)."""
+        for b, cls in self._attached:
+            if b is backend:
+                return lambda *a, **k: cls.__call__(b, *a, **k)
+        return backend
+
+    def call(self, fn, backend, args, kwargs):
+        if self.capture and self.captured is None:
+            clone = lambda x: x.detach().clone() if isinstance(x, self.torch.Tensor) else x  # noqa: E731
+            self.captured = (backend, tuple(clone(a) for a in args), {k: clone(v) for k, v in kwargs.items()})
+        if not self.cuda:
+            t = time.perf_counter()
+            out = fn(backend, *args, **kwargs)
+            self.events.append((t, time.perf_counter()))
+            return out
+        a, b = (self.torch.cuda.Event(enable_timing=True) for _ in range(2))
+        a.record()
+        out = fn(backend, *args, **kwargs)
+        b.record()
+        self.events.append((a, b))
+        return out
+
+    def drain_ms(self) -> list[float]:
+        """Per-call ms of the calls since the last drain (the caller has synchronized)."""
+        ts = [a.elapsed_time(b) for a, b in self.events] if self.cuda else [(b - a) * 1e3 for a, b in self.events]
+        self.events = []
+        return ts

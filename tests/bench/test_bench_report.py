@@ -1,0 +1,125 @@
+"""The bench action's pure parts: options, labels, the record schema, merging, JSON and markdown."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from h3plan.actions import bench
+from h3plan.plan import make_decision, make_plan
+
+from bench_fake import record, records
+
+
+def _cfg(**over):
+    b = {"seq_lens": [19000, 37820], "blocks": [1, 4], "warmup": 3, "iters": 10, "out_dir": "x", "tag": None}
+    b.update(over)
+    return {"bench": b}
+
+
+def test_options_accepts_the_defaults():
+    o = bench.options(_cfg())
+    assert (o.seq_lens, o.blocks, o.warmup, o.iters, o.tag) == ((19000, 37820), (1, 4), 3, 10, None)
+
+
+@pytest.mark.parametrize("over, key", [
+    ({"iters": 0}, "bench.iters"), ({"warmup": -1}, "bench.warmup"), ({"seq_lens": []}, "bench.seq_lens"),
+    ({"blocks": [0]}, "bench.blocks"), ({"blocks": [True]}, "bench.blocks"), ({"tag": "a/b"}, "bench.tag"),
+])
+def test_options_reject_bad_values_with_one_line(over, key):
+    with pytest.raises(ValueError) as e:
+        bench.options(_cfg(**over))
+    assert str(e.value).startswith(key) and "\n" not in str(e.value)
+
+
+def test_plan_label_names_groups_and_forced_levers():
+    decisions = [make_decision("attention", "cudnn_bf16", True, ["forced"], forced=True),
+                 make_decision("modulation", "exact", True, ["auto"])]
+    plan = make_plan({"hardware": {"name": "sm90"}, "recipe": {"name": "bf16"}, "parallel": {"name": "u1", "ulysses": 1}},
+                     {}, decisions)
+    assert bench.plan_label(plan) == "sm90/bf16/u1 +attention=cudnn_bf16"
+
+
+@pytest.mark.parametrize("name, tag", [("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100"),
+                                       ("NVIDIA B200", "b200"), ("cpu", "cpu"), ("Weird Card", "weird-card")])
+def test_device_tag(name, tag):
+    assert bench.device_tag(name) == tag
+
+
+def test_same_backend_plan_keeps_only_the_attention_levers():
+    ds = [make_decision("gemm_quant", "bf16", True, ["r"]), make_decision("attention", "fa4", True, ["r"]),
+          make_decision("fa4_2cta", "off", True, ["r"]), make_decision("modulation", "exact", True, ["r"]),
+          make_decision("swiglu", "on", True, ["r"])]
+    plan = make_plan({"recipe": {"name": "bf16"}}, {}, ds)
+    ref = bench.same_backend_plan(plan)
+    assert [(d.lever, d.setting) for d in ref.decisions] == [("attention", "fa4"), ("fa4_2cta", "off")]
+    assert ref.config == plan.config
+
+
+def test_record_has_the_issue_keys_in_order():
+    r = record()
+    assert tuple(r)[:10] == bench.REQUIRED_KEYS
+    bench.check_records([r])
+    with pytest.raises(ValueError, match="lacks"):
+        bench.check_records([{k: v for k, v in r.items() if k != "rel_error"}])
+
+
+def test_merge_replaces_the_same_key_and_appends_others():
+    doc = bench.new_doc()
+    bench.merge_record(doc, record(plan_ms=40.0))
+    bench.merge_record(doc, record(plan="sm90/fp8/u1", recipe="fp8", lossless=False))
+    bench.merge_record(doc, record(plan_ms=30.0))  # same (plan, S, blocks, device): replaces
+    assert [(r["plan"], r["plan_ms"]) for r in doc["records"]] == [("sm90/fp8/u1", 35.0), ("sm90/bf16/u1", 30.0)]
+
+
+def test_write_and_load_round_trip(tmp_path):
+    doc = bench.new_doc()
+    for r in records():
+        bench.merge_record(doc, r)
+    j, md = tmp_path / "block-h200.json", tmp_path / "block-h200.md"
+    bench.write_doc(doc, str(j), str(md))
+    assert bench.load_doc(str(j)) == json.loads(json.dumps(doc))
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+@pytest.mark.parametrize("text", ["not json", "[1, 2]", '{"schema_version": 99, "records": []}',
+                                  '{"schema_version": 1, "records": [{"S": 1}]}'])
+def test_load_refuses_a_foreign_file(tmp_path, text):
+    p = tmp_path / "block-h200.json"
+    p.write_text(text)
+    with pytest.raises(ValueError):
+        bench.load_doc(str(p))
+    assert p.read_text() == text
+
+
+def test_markdown_rows_targets_and_column_notes():
+    doc = bench.new_doc()
+    for r in records():
+        bench.merge_record(doc, r)
+    md = bench.render_markdown(doc)
+    assert "| sm90/bf16/u1 | 19000 | 1 | 46.50 | 35.00 | 1.33x | yes | 3.10e-03 | 0 |" in md
+    assert "| sm90/fp8/u1 | 19000 | 1 | 46.50 | 29.00 | 1.60x | - | 2.10e-02 | 0 |" in md
+    lines = [x for x in md.splitlines() if x.startswith("- ") and "diffusers eager, `" in x]
+    assert lines == [
+        "- lossless plan block >= 1.25x diffusers eager, `sm90/bf16/u1` S=19000: 1.33x -> met",
+        "- lossless plan block >= 1.25x diffusers eager, `sm90/bf16/u1` S=37820: 1.09x -> **not met**",
+        "- FP8 plan block >= 1.5x diffusers eager, `sm90/fp8/u1` S=19000: 1.60x, rel. error vs BF16 eager 2.10e-02 -> met",
+        "- FP8 plan block >= 1.5x diffusers eager, `sm90/fp8/u1` S=37820: 1.38x, rel. error vs BF16 eager 2.40e-02 -> **not met**",
+    ]
+    assert "`sm90/fp8/u1` S=37820: 90.0% -> **not met**" in md and "`sm90/bf16/u1` S=19000: 98.0% -> met" in md
+    assert "## What each column compares" in md and "Host-clock" not in md
+
+
+def test_markdown_flags_cpu_records_failures_and_fallbacks():
+    doc = bench.new_doc()
+    bench.merge_record(doc, record(timing="host-clock", device="cpu"))
+    bench.merge_record(doc, record(S=37820, eager=None, plan_ms=1.0, speedup=None, error="OutOfMemoryError: CUDA out of memory"))
+    bench.merge_record(doc, record(plan="p2", bitwise=False, counters={"attention.fallback": 3, "swiglu.fused": 2}))
+    md = bench.render_markdown(doc)
+    assert "Host-clock (CPU) records below: their times are meaningless" in md
+    assert "failed: OutOfMemoryError: CUDA out of memory" in md
+    assert "| **no** | 3.10e-03 | 3 |" in md
+    line = [x for x in md.splitlines() if "`p2` S=19000: 1.33x" in x][0]
+    assert "not bitwise equal" in line and "3 guarded calls fell back" in line
+    assert not any("S=19000" in x and "`sm90/bf16/u1`" in x for x in bench.target_lines(doc["records"]))
