@@ -1,0 +1,25 @@
+"""Ulysses sequence parallelism: all-to-all attention, row sharding, traffic sizes.
+
+The size helpers (sizes.py) are torch-free; the rest imports torch on first use.
+"""
+
+from .sizes import a2a_bytes, padded_len, shard_len, valid_rows
+
+_LAZY = {
+    "UlyssesAttention": ".ulysses",
+    "PADDING_MODES": ".ulysses",
+    "shard_rows": ".comm",
+    "gather_rows": ".comm",
+    "amax_allreduce_hook": ".comm",
+    "degree_rank": ".comm",
+}
+
+__all__ = ["a2a_bytes", "padded_len", "shard_len", "valid_rows", *_LAZY]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
