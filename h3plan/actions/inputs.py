@@ -1,0 +1,120 @@
+"""Seeded MiniMax-H3 transformers and realistic packed inputs, shared by verify and bench.
+
+`build_model(diffusers_config, blocks=, device=, dtype=, seed=)`: `MiniMaxH3Transformer3DModel.from_config`
+with seeded random weights (diffusers' own initialisation, created directly on the device), cast like
+the released mixed-precision checkpoint: everything in `dtype` except `_keep_in_fp32_modules`
+(proj_in / proj_out / audio heads, time_embedder, rope), which stay fp32 as from_pretrained keeps them.
+
+`packed_inputs(config, seq_len, ...)`: one packed sequence laid out as diffusers' own H3 test and
+pipelines pack it (tests/models/transformers/test_models_transformer_minimax_h3.py): text rows, then
+audio rows, then video rows; token_tags 0 video / 1 text / 2 audio; two distinct timesteps
+([0.7, 0.3]) with the audio rows on the second; position_ids (S, 3) = (t, h, w): video rows walk a
+(frames, h, w) patch grid, text and audio rows advance t with h = w = 0. Latents/conditioning are
+standard normal from a CPU generator (identical on every device).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+          "fp32": torch.float32, "float32": torch.float32}
+
+
+def resolve_dtype(name) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    if str(name) not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; use one of {sorted(DTYPES)}")
+    return DTYPES[str(name)]
+
+
+def _plain(config: Mapping[str, Any]) -> dict:
+    try:
+        from omegaconf import OmegaConf
+
+        if OmegaConf.is_config(config):
+            return OmegaConf.to_container(config, resolve=True)
+    except ImportError:
+        pass
+    return dict(config)
+
+
+def build_model(diffusers_config: Mapping[str, Any], *, blocks: int | None = None, device="cpu",
+                dtype=torch.bfloat16, seed: int = 0):
+    from diffusers import MiniMaxH3Transformer3DModel
+
+    cfg = _plain(diffusers_config)
+    if "patch_size" in cfg:
+        cfg["patch_size"] = tuple(cfg["patch_size"])
+    if blocks is not None:
+        cfg["num_layers"] = int(blocks)
+    torch.manual_seed(seed)
+    if torch.device(device).type == "cuda":
+        torch.cuda.manual_seed(seed)
+    with torch.device(device):
+        model = MiniMaxH3Transformer3DModel.from_config(cfg)
+    dtype = resolve_dtype(dtype)
+    keep = tuple(model._keep_in_fp32_modules or ())
+    with torch.no_grad():
+        for name, p in list(model.named_parameters()) + list(model.named_buffers()):
+            if p.is_floating_point() and not any(k in name for k in keep):
+                p.data = p.data.to(dtype)
+    return model.eval().requires_grad_(False)
+
+
+def layout(seq_len: int, *, n_text: int | None = None, n_audio: int | None = None) -> tuple[int, int, int]:
+    """(text, audio, video) row counts of a packed sequence of seq_len rows."""
+    if n_text is None:
+        n_text = max(4, min(512, seq_len // 12))
+    if n_audio is None:
+        n_audio = max(6, seq_len // 8 if seq_len < 4096 else seq_len // 40)
+    n_video = seq_len - n_text - n_audio
+    if n_video < 1:
+        raise ValueError(f"seq_len={seq_len} leaves no video rows after {n_text} text and {n_audio} audio rows")
+    return n_text, n_audio, n_video
+
+
+def packed_layout(seq_len: int, *, device="cpu", grid_hw: tuple[int, int] | None = None, **counts) -> dict:
+    """The structural forward arguments of one packed sequence (see the module docstring)."""
+    n_text, n_audio, n_video = layout(seq_len, **counts)
+    if grid_hw is None:  # 544x960 px -> 34x60 latents -> 17x30 patches per frame at real size
+        grid_hw = (17, 30) if seq_len >= 4096 else (2, 4)
+    gh, gw = grid_hw
+    text = torch.arange(n_text)
+    audio = torch.arange(n_text, n_text + n_audio)
+    video = torch.arange(n_text + n_audio, seq_len)
+    tags = torch.empty(seq_len, dtype=torch.long)
+    tags[text], tags[audio], tags[video] = 1, 2, 0
+    tidx = torch.zeros(seq_len, dtype=torch.long)
+    tidx[audio] = 1
+    pos = torch.zeros(seq_len, 3, dtype=torch.float32)
+    pos[text, 0] = torch.arange(n_text, dtype=torch.float32)
+    pos[audio, 0] = torch.arange(n_audio, dtype=torch.float32)
+    i = torch.arange(n_video)
+    pos[video, 0] = (i // (gh * gw)).float()
+    pos[video, 1] = ((i // gw) % gh).float()
+    pos[video, 2] = (i % gw).float()
+    out = {"timestep": torch.tensor([0.7, 0.3]), "timestep_indices": tidx, "token_tags": tags, "position_ids": pos,
+           "video_indices": video, "audio_indices": audio, "text_indices": text}
+    return {k: v.to(device) for k, v in out.items()}
+
+
+def packed_inputs(config: Mapping[str, Any], seq_len: int, *, batch: int = 1, seed: int = 0, device="cpu",
+                  **layout_kwargs) -> dict:
+    """Keyword arguments of MiniMaxH3Transformer3DModel.forward for one packed sequence."""
+    cfg = _plain(config)
+    structure = packed_layout(seq_len, device=device, **layout_kwargs)
+    n_text, n_audio, n_video = (len(structure[k]) for k in ("text_indices", "audio_indices", "video_indices"))
+    p = cfg.get("patch_size", (1, 2, 2))
+    video_dim = cfg.get("in_channels", 24) * p[0] * p[1] * p[2]
+    g = torch.Generator("cpu").manual_seed(seed)
+    rand = lambda *shape: torch.randn(*shape, generator=g).to(device)  # noqa: E731
+    return {
+        "hidden_states": rand(batch, n_video, video_dim),
+        "audio_hidden_states": rand(batch, n_audio, cfg.get("audio_in_channels", 32)),
+        "encoder_hidden_states": rand(batch, n_text, cfg.get("text_dim", 5120)),
+        **structure,
+    }

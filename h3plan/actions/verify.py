@@ -1,0 +1,324 @@
+"""`python -m h3plan action=verify ...`: prove an installed plan against diffusers' eager forward.
+
+Builds a seeded model (`model=h3_tiny` on the CPU, where the Triton kernels run in the interpreter;
+real width with `verify.blocks` blocks on a GPU) and one realistic packed sequence (actions/inputs.py),
+then runs:
+
+1. diffusers eager, untouched (its own processor and attention dispatch);
+2. the reference R: the plan's attention backend alone (attention, fa4_2cta, fp8_scales decisions), every
+   other op diffusers' eager code. With sdpa, R must equal (1) bit for bit (the processor is diffusers'
+   math); with another backend (1) vs R is that backend's error. Lossless levers are judged against R:
+   bitwise equality holds *given the same attention backend*.
+   If the backend cannot run on this device (FA4/cuDNN on the CPU), sdpa replaces it on both sides, and
+   the output says so;
+3. per lever: R's decisions + that one lever; lossless -> bitwise equal to R, lossy -> within the recipe's
+   budget (recipe.budget.psnr_db_min) against R;
+4. the whole plan, against R (bitwise when the plan is lossless) and against (1) (the budget for lossy plans).
+
+Compared: the final hidden state (input of norm_out), the video and audio velocity outputs; max abs,
+relative (||a - b|| / ||b||) and PSNR (peak = max |reference|). Every run prints its call counters; a
+lever that installed swaps but never took its fused path fails, except FP8/NVFP4 GEMMs on hardware
+that lacks them, whose counted emulation is reported as such. Returns 0 only when every check passes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+
+BASE_LEVERS = ("attention", "fa4_2cta", "fp8_scales")
+# A lever's fused counter; a fallback reason starting with one of these is a platform limit (emulated).
+FUSED_KEY = {"gemm_quant": "gemm_quant", "qk_norm_rope": "qk_norm_rope", "modulation": "modulation",
+             "gated_residual": "gated_residual", "swiglu": "swiglu", "fa4_2cta": "fa4_2cta", "attention": "attention"}
+PLATFORM_LIMITS = ("FP8 GEMM needs CUDA", "FP8 GEMM needs SM89", "NVFP4 GEMMs need SM100+")
+OUTPUTS = ("hidden", "video", "audio")
+
+
+def _cfg_get(cfg, key, default=None):
+    try:
+        val = cfg.get(key, default)
+    except AttributeError:
+        val = getattr(cfg, key, default)
+    return default if val is None else val
+
+
+def _prepare_device(name: str):
+    """Pick the device; on a CPU-only machine Triton must run in its interpreter (set before import)."""
+    if name in (None, "auto"):
+        import torch
+
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        if "h3plan.kernels._common" in sys.modules:
+            raise RuntimeError("verify on the CPU needs TRITON_INTERPRET=1 before h3plan.kernels is imported")
+        os.environ["TRITON_INTERPRET"] = "1"
+    return name
+
+
+@dataclass
+class Run:
+    outputs: dict
+    counters: dict
+    reasons: dict
+    swapped: list = field(default_factory=list)
+    skipped: list = field(default_factory=list)
+
+
+def compare(a, b) -> dict:
+    """a vs reference b: bitwise, max_abs, rel (Frobenius), psnr_db (peak = max |b|)."""
+    import torch
+
+    if a.shape != b.shape:
+        raise ValueError(f"shape mismatch {tuple(a.shape)} vs {tuple(b.shape)}")
+    bitwise = a.dtype == b.dtype and torch.equal(a, b)
+    d = a.double() - b.double()
+    mse = float((d * d).mean())
+    peak = float(b.double().abs().max())
+    ref_norm = float(b.double().norm())
+    return {"bitwise": bitwise, "max_abs": float(d.abs().max()), "rel": float(d.norm()) / ref_norm if ref_norm else math.inf,
+            "psnr_db": math.inf if mse == 0 else 10 * math.log10(peak * peak / mse) if peak else -math.inf}
+
+
+def _fmt(m: dict) -> str:
+    if m["bitwise"]:
+        return "bitwise"
+    return f"max {m['max_abs']:.3g} rel {m['rel']:.3g} psnr {m['psnr_db']:.1f}dB"
+
+
+class Verifier:
+    def __init__(self, model, inputs, registry=None):
+        self.model, self.inputs, self.registry = model, inputs, registry
+        self._hidden = None
+        self.hook = model.norm_out.register_forward_pre_hook(self._capture)
+
+    def _capture(self, module, args):
+        self._hidden = args[0].detach().clone()
+
+    def run(self, plan=None) -> Run:
+        import torch
+
+        from h3plan.install import fallback_reasons, install, reset_counters, uninstall
+        from h3plan.install import counters as get_counters
+
+        report = install(self.model, plan, registry=self.registry) if plan is not None else None
+        try:
+            reset_counters()
+            with torch.no_grad():
+                out = self.model(**self.inputs)
+            outputs = {"hidden": self._hidden, "video": out.sample, "audio": out.audio_sample}
+            return Run(outputs, get_counters(), fallback_reasons(), report.swapped_levers() if report else [],
+                       list(report.skipped) if report else [])
+        finally:
+            uninstall(self.model)
+
+
+def _subplan(plan, decisions):
+    from h3plan.plan import Plan
+
+    return Plan(config=plan.config, derived=plan.derived, decisions=tuple(decisions), notes=plan.notes)
+
+
+def _substitute_backend(plan, backend, reason):
+    """The plan with `backend` for attention (and the backend-only levers dropped)."""
+    from h3plan.plan import make_decision
+
+    out = []
+    for d in plan.decisions:
+        if d.lever == "attention":
+            out.append(make_decision("attention", backend, True, [f"verify: {reason}"]))
+        elif d.lever in ("fa4_2cta", "fp8_scales") or (d.lever == "qk_norm_rope" and d.setting == "fused_fp8"):
+            continue
+        else:
+            out.append(d)
+    return _subplan(plan, out)
+
+
+ULYSSES_LEVERS = ("ulysses_padding", "ulysses_overlap", "a2a_fp8_codes", "prefix_inplace")
+
+
+def _single_process(plan):
+    """A plan for Ulysses degree U > 1 verified in one process: the Ulysses levers are dropped (their
+    exactness is proven by tests/parallel over gloo and the NCCL suite); everything else is kept."""
+    degree = int((plan.get("parallel") or {}).get("ulysses", 1))
+    try:
+        import torch.distributed as dist
+
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    except Exception:
+        world = 1
+    if degree == 1 or world == degree:
+        return plan
+    print(f"plan is for Ulysses degree {degree}, this is one process: verifying without "
+          f"{', '.join(ULYSSES_LEVERS)} (proven over gloo by tests/parallel and tests/install/test_install_ulysses.py)")
+    return _subplan(plan, [d for d in plan.decisions if d.lever not in ULYSSES_LEVERS])
+
+
+def _backend_of(plan):
+    for d in plan.decisions:
+        if d.lever == "attention":
+            return d.setting
+    return "sdpa"
+
+
+def _availability(backend, model, device, dtype):
+    import torch
+
+    from h3plan.attention import get_backend
+
+    attn = model.transformer_blocks[0].attn
+    q = torch.zeros(1, 16, attn.heads, attn.head_dim, device=device, dtype=dtype)
+    return get_backend(backend).unavailable_reason(q, q, q)
+
+
+def _budget(plan):
+    recipe = plan.get("recipe") or {}
+    budget = recipe.get("budget") or {}
+    return budget.get("psnr_db_min")
+
+
+class Report:
+    def __init__(self):
+        self.ok = True
+        self.lines: list[str] = []
+
+    def line(self, name, verdict, metrics=None, counters=None, ok=True):
+        self.ok &= ok
+        parts = [f"{'PASS' if ok else 'FAIL'}  {name:<34} {verdict}"]
+        if metrics:
+            parts.append("  " + "; ".join(f"{k} {_fmt(m)}" for k, m in metrics.items()))
+        text = "".join(parts)
+        if counters:
+            text += "\n        counters: " + counters
+        self.lines.append(text)
+        print(text, flush=True)
+
+
+def _counter_text(run: Run, levers) -> str:
+    parts = []
+    for lever in levers:
+        f, fb = run.counters.get(f"{lever}.fused", 0), run.counters.get(f"{lever}.fallback", 0)
+        if f or fb:
+            why = run.reasons.get(lever)
+            parts.append(f"{lever} fused {f} fallback {fb}" + (f" ({'; '.join(why)})" if why else ""))
+    return ", ".join(parts) or "(no guarded calls)"
+
+
+def _engaged(run: Run, lever: str) -> tuple[bool, str]:
+    key = FUSED_KEY.get(lever)
+    if key is None:
+        return True, "no per-call counter"
+    if run.counters.get(f"{key}.fused", 0) > 0:
+        return True, "fused path ran"
+    reasons = run.reasons.get(key, {})
+    if reasons and all(r.startswith(PLATFORM_LIMITS) for r in reasons):
+        return True, "emulated here: " + "; ".join(reasons)
+    return False, "fused path never ran: " + ("; ".join(reasons) or "no calls")
+
+
+def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, header=None) -> int:
+    """Run the checks of the module docstring on a built model and inputs; prints them; 0 = all pass."""
+    import torch
+
+    dtype = dtype or torch.bfloat16
+    rep = Report()
+    if header:
+        print(header)
+    plan = _single_process(plan)
+    v = Verifier(model, inputs, registry)
+    eager = v.run(None)
+    backend = _backend_of(plan)
+    why = _availability(backend, model, device, dtype)
+    if why is not None:
+        print(f"attention backend {backend!r} cannot run here ({why}): sdpa replaces it on both sides")
+        plan = _substitute_backend(plan, "sdpa", f"{backend} unavailable: {why}")
+        backend = "sdpa"
+    print(f"lossless levers are judged against the reference R: attention={backend} on both sides, every "
+          "other op diffusers' eager code")
+    base = [d for d in plan.decisions if d.lever in BASE_LEVERS]
+    if not any(d.lever == "attention" for d in base):
+        from h3plan.plan import make_decision
+
+        base.insert(0, make_decision("attention", "sdpa", True, ["verify: the plan names no backend"]))
+    ref = v.run(_subplan(plan, base))
+    budget = _budget(plan)
+    m = {k: compare(ref.outputs[k], eager.outputs[k]) for k in OUTPUTS}
+    same = all(x["bitwise"] for x in m.values())
+    if backend == "sdpa":
+        rep.line("R (attention=sdpa) vs diffusers", "bitwise equal" if same else "DIFFERS", None if same else m,
+                 _counter_text(ref, ["attention"]), ok=same)
+    else:
+        lossy = any(not d.lossless for d in base)
+        ok = True if not lossy else budget is not None and min(x["psnr_db"] for x in m.values()) >= budget
+        rep.line(f"R (attention={backend}) vs diffusers", "backend error" + (f" (budget {budget} dB)" if lossy else ""),
+                 m, _counter_text(ref, ["attention", "fa4_2cta"]), ok=ok)
+        rep.ok &= ref.counters.get("attention.fused", 0) > 0
+
+    for d in plan.decisions:
+        if d.lever in BASE_LEVERS:
+            continue
+        if not d.enabled:
+            print(f"SKIP  {d.lever + '=' + d.setting:<34} off in the plan")
+            continue
+        run = v.run(_subplan(plan, base + [d]))
+        name = f"{d.lever}={d.setting}"
+        if d.lever not in run.swapped:
+            why = next((r for lv, r in run.skipped if d.lever in lv), "nothing to install on this model")
+            print(f"SKIP  {name:<34} {why}")
+            continue
+        engaged, how = _engaged(run, d.lever)
+        m = {k: compare(run.outputs[k], ref.outputs[k]) for k in OUTPUTS}
+        if d.lossless:
+            same = all(x["bitwise"] for x in m.values())
+            rep.line(name, ("bitwise equal to R" if same else "NOT bitwise equal to R") + f"; {how}",
+                     None if same else m, _counter_text(run, [d.lever]), ok=same and engaged)
+        else:
+            psnr = min(x["psnr_db"] for x in m.values())
+            ok = budget is not None and psnr >= budget and engaged
+            rep.line(name, f"lossy vs R, budget psnr >= {budget} dB; {how}", m, _counter_text(run, [d.lever]), ok=ok)
+
+    whole = v.run(plan)
+    levers = [d.lever for d in plan.decisions]
+    m_ref = {k: compare(whole.outputs[k], ref.outputs[k]) for k in OUTPUTS}
+    m_eager = {k: compare(whole.outputs[k], eager.outputs[k]) for k in OUTPUTS}
+    if plan.lossless:
+        same = all(x["bitwise"] for x in m_ref.values())
+        rep.line("whole plan vs R", "bitwise equal" if same else "NOT bitwise equal", None if same else m_ref,
+                 _counter_text(whole, levers), ok=same)
+    else:
+        psnr = min(x["psnr_db"] for x in m_eager.values())
+        rep.line("whole plan vs diffusers eager", f"lossy, budget psnr >= {budget} dB", m_eager,
+                 _counter_text(whole, levers), ok=budget is not None and psnr >= budget)
+        rep.line("whole plan vs R", "error against the same backend", m_ref, ok=True)
+    v.hook.remove()
+    print(f"verify: {'PASS' if rep.ok else 'FAIL'}")
+    return 0 if rep.ok else 1
+
+
+def run(cfg, plan, *, registry=None) -> int:
+    """CLI entry: cfg is the composed config (cfg.model.diffusers_config, cfg.verify.*), plan the resolved Plan.
+    registry: lever installers (default h3plan.levers.REGISTRY)."""
+    vcfg = _cfg_get(cfg, "verify", {})
+    device = _prepare_device(_cfg_get(vcfg, "device", "auto"))
+    import torch
+
+    from .inputs import build_model, layout, packed_inputs, resolve_dtype
+
+    dcfg = cfg.model.diffusers_config
+    dtype = resolve_dtype(_cfg_get(vcfg, "dtype", "bf16"))
+    seed = int(_cfg_get(vcfg, "seed", 0))
+    if device == "cpu" and int(dcfg["hidden_size"]) > 1024:
+        raise ValueError("verify on the CPU needs a small model: pass model=h3_tiny (real width needs a GPU)")
+    default_len = 48 if device == "cpu" else int(_cfg_get(_cfg_get(cfg, "parallel", {}), "seq_len", 19000))
+    seq_len = int(_cfg_get(vcfg, "seq_len", default_len))
+    blocks = _cfg_get(vcfg, "blocks", None)
+    model = build_model(dcfg, blocks=blocks, device=device, dtype=dtype, seed=seed)
+    inputs = packed_inputs(dcfg, seq_len, seed=seed, device=device)
+    n_text, n_audio, n_video = layout(seq_len)
+    a = model.transformer_blocks[0].attn
+    where = "Triton interpreter" if device == "cpu" else torch.cuda.get_device_name(device)
+    header = (f"verify: {len(model.transformer_blocks)} blocks, hidden {model.config.hidden_size}, {a.heads}x{a.head_dim} "
+              f"heads; S={seq_len} (text {n_text}, audio {n_audio}, video {n_video}); {device} ({where}); "
+              f"{dtype}; seed {seed}")
+    return verify(model, inputs, plan, registry=registry, device=device, dtype=dtype, header=header)

@@ -1,0 +1,99 @@
+"""FlashAttention-4 (`flash_attn.cute.flash_attn_func`, flash-attn-4 4.0.0b36) forward.
+
+SM90 dispatches FA4's FlashAttentionForwardSm90 (1-CTA only); the SM100 family (10.x, and 11.x which
+FA4 treats alike) may use the 2-CTA tcgen05 kernel. FA4 reads FA_DISABLE_2CTA once, at import of
+`flash_attn.cute.utils`, into the module flag `_fa_disable_2cta_enabled`; `interface._flash_attn_fwd`
+reads that flag on every call. So a per-call 2-CTA switch sets the flag around the forward and puts it
+back (`two_cta=True` allows 2-CTA, FA4's heuristics still decide per shape; `False` forces 1-CTA;
+None leaves FA4's default). An explicit FA_DISABLE_2CTA in the environment always wins: the flag is
+never touched then. FA4 also disables the 2-CTA forward on CUDA 12 (`_fa_disable_2cta_cuda12`).
+
+Numerics: FA4's own (fp32 accumulation, bf16 output); not bitwise equal to SDPA (relative error about
+3e-3 at H3 shapes, DESIGN.md anchors). Hardware: FA4's SM90 forward ran on the H200 (anchors/probe2.py)
+and this wrapper is proven by tests/gpu/test_install_gpu.py; the 2-CTA switch on SM100+ never ran on
+hardware here (no Blackwell machine).
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+
+import torch
+
+from .base import AttentionBackend, cuda_reason, device_cc, shape_reason, write_out
+from .facts import fa4_requirements
+
+ENV = "FA_DISABLE_2CTA"
+
+
+def _import():
+    from flash_attn.cute import flash_attn_func
+    from flash_attn.cute import utils
+
+    return flash_attn_func, utils
+
+
+class FA4Backend(AttentionBackend):
+    name = "fa4"
+
+    def __init__(self, two_cta: bool | None = None):
+        self.two_cta = two_cta
+        self.hardware_verified = not two_cta
+
+    @staticmethod
+    def requirements(facts) -> list[str]:
+        return fa4_requirements(facts)
+
+    def unavailable_reason(self, q, k=None, v=None) -> str | None:
+        reason = shape_reason(q, k, v) or cuda_reason(q, "FA4")
+        if reason:
+            return reason
+        cc = device_cc(q)
+        if cc[0] not in (9, 10, 11):
+            return f"FA4 forward needs SM90 or the SM100 family (device is SM{cc[0]}{cc[1]})"
+        if q.dtype not in (torch.bfloat16, torch.float16):
+            return f"FA4 takes bf16/fp16 q/k/v, got {q.dtype}"
+        D = q.shape[-1]
+        hi = 256 if cc[0] == 9 else 128
+        if not (8 <= D <= hi and D % 8 == 0):
+            return f"FA4 on SM{cc[0]}{cc[1]} needs head_dim in [8, {hi}] divisible by 8, got {D}"
+        try:
+            _import()
+        except Exception as exc:
+            return f"flash_attn.cute import failed ({type(exc).__name__}: {exc})"
+        return None
+
+    def two_cta_reason(self, q) -> str | None:
+        """None when this call lets FA4 use its 2-CTA kernel; else why not."""
+        if ENV in os.environ:
+            return f"{ENV}={os.environ[ENV]} in the environment wins over the plan"
+        cc = device_cc(q)
+        if cc[0] not in (10, 11):
+            return f"FA4 2-CTA needs SM100+ (device is SM{cc[0]}{cc[1]})"
+        _, utils = _import()
+        if getattr(utils, "_fa_disable_2cta_cuda12", False):
+            return "FA4 disables its 2-CTA forward on CUDA 12"
+        return None
+
+    @contextmanager
+    def _cta_switch(self, utils):
+        if self.two_cta is None or ENV in os.environ or not hasattr(utils, "_fa_disable_2cta_enabled"):
+            yield
+            return
+        prev = utils._fa_disable_2cta_enabled
+        utils._fa_disable_2cta_enabled = not self.two_cta
+        try:
+            yield
+        finally:
+            utils._fa_disable_2cta_enabled = prev
+
+    def __call__(self, q, k, v, out=None):
+        flash_attn_func, utils = _import()
+        q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+        with self._cta_switch(utils):
+            o, _lse = flash_attn_func(q, k, v, softmax_scale=None, causal=False)
+        return write_out(o, out)
+
+    def __repr__(self) -> str:
+        return f"FA4Backend(two_cta={self.two_cta})"

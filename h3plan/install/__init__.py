@@ -1,0 +1,44 @@
+"""Install a resolved Plan into diffusers' MiniMaxH3Transformer3DModel (see installer.py).
+
+Public: install(model, plan) -> InstallReport, uninstall(model), counters(), reset_counters(),
+fallback_reasons(), Builder. The heavy modules (diffusers, kernels) load on the first install.
+This package is itself callable, `h3plan.install(model, plan)`, so the name works whether `h3plan.install`
+resolves to this subpackage (as Python's import system makes it once imported) or to the function.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+from .builder import Builder
+from .counters import counters, fallback_reasons, format_counters, reset_counters
+
+
+def install(model, plan, **kwargs):
+    from .installer import install as _install
+
+    return _install(model, plan, **kwargs)
+
+
+def uninstall(model) -> bool:
+    from .installer import uninstall as _uninstall
+
+    return _uninstall(model)
+
+
+def installed_plan(model):
+    from .installer import installed_plan as _installed_plan
+
+    return _installed_plan(model)
+
+
+class _CallablePackage(types.ModuleType):
+    def __call__(self, model, plan, **kwargs):
+        return install(model, plan, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallablePackage
+
+__all__ = ["Builder", "install", "uninstall", "installed_plan", "counters", "reset_counters",
+           "fallback_reasons", "format_counters"]

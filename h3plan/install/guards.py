@@ -1,0 +1,36 @@
+"""Per-call routing shared by the patched block forward and the attention processor.
+
+`run_guarded(lever, check, fused, eager, grad_tensors)` calls `check()` (the kernel's `<op>_check`)
+unless autograd needs the op (the kernels have no backward: reason "grad enabled"); None -> the fused
+function runs and `<lever>.fused` counts; a reason -> diffusers' eager function runs and
+`<lever>.fallback` counts with that reason. A check that raises counts as a fallback with the error.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .counters import fallback as count_fallback, fused as count_fused
+
+GRAD_REASON = "grad enabled"
+
+
+def needs_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+def run_guarded(lever: str, check: Callable[[], str | None], fused: Callable, eager: Callable, grad_tensors=()):
+    if needs_grad(*grad_tensors):
+        reason = GRAD_REASON
+    else:
+        try:
+            reason = check()
+        except Exception as exc:  # a guard must never take the forward down
+            reason = f"{type(exc).__name__} in check: {exc}"
+    if reason is None:
+        count_fused(lever)
+        return fused()
+    count_fallback(lever, reason)
+    return eager()

@@ -1,0 +1,317 @@
+"""Install a Plan into diffusers' MiniMaxH3Transformer3DModel, and take it out again.
+
+`install(model, plan)`: recognise the model (class and the submodules the swaps touch; anything else is
+refused with one ValueError), let every lever of the plan record its options on a Builder (plan order,
+`h3plan.levers.REGISTRY[lever].install(builder, decision)`), then swap, in this order: the six block
+linears (gemm_quant), each transformer block's attention processor (attention levers), each block's
+forward (block levers; also Ulysses sharding). The token refiner keeps diffusers' processor. Every swap
+is logged as `lever: fqn Old -> New` and listed in the returned InstallReport with the levers skipped.
+
+State-dict layout: processor and forward swaps add no parameters or buffers, so a bf16 plan leaves
+`model.state_dict()` keys, shapes and dtypes unchanged; gemm_quant replaces the linears' `weight` with
+quantised buffers (plus their scales) while installed. `uninstall(model)` restores the original
+forwards, processors and nn.Linear objects (the originals are kept while installed). Installing the
+same plan again returns the existing report; a different plan is installed after an uninstall.
+Install after moving / copying the model (the kept originals stay where they were; a deep copy of an
+installed model shares its undo list with the original).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import types
+from dataclasses import dataclass, field
+
+import torch
+
+from h3plan.plan import Plan
+
+from .block import BlockOptions, block_kernels, load_kernel, plan_block_forward
+from .builder import Builder
+from .processor import AttentionOptions, H3PlanAttnProcessor
+from .report import InstallReport, Swap
+
+logger = logging.getLogger("h3plan.install")
+
+_NOTHING = ("off", "eager", "none", "bf16")
+
+
+@dataclass
+class _State:
+    plan: Plan
+    report: InstallReport
+    undo: list = field(default_factory=list)  # callables, applied in reverse order
+
+
+def _classes():
+    from diffusers import MiniMaxH3Transformer3DModel
+    from diffusers.models.transformers import transformer_minimax_h3 as h3
+
+    return MiniMaxH3Transformer3DModel, h3.MiniMaxH3TransformerBlock, h3.MiniMaxH3Attention
+
+
+def recognise(model) -> None:
+    """Raise one ValueError unless `model` is a diffusers MiniMax-H3 transformer with the expected parts."""
+    Model, Block, Attention = _classes()
+    name = f"{type(model).__module__}.{type(model).__qualname__}"
+    if hasattr(model, "_orig_mod"):
+        raise ValueError(f"h3plan.install got a torch.compile wrapper ({name}); install into the model, then compile")
+    if not isinstance(model, Model):
+        raise ValueError(f"h3plan.install supports diffusers' MiniMaxH3Transformer3DModel only; got {name}")
+    problems = []
+    blocks = getattr(model, "transformer_blocks", None)
+    if not isinstance(blocks, torch.nn.ModuleList) or len(blocks) == 0:
+        problems.append("transformer_blocks is missing or empty")
+    for i, b in enumerate(blocks or ()):
+        if not isinstance(b, Block):
+            problems.append(f"transformer_blocks.{i} is {type(b).__name__}")
+            continue
+        if not isinstance(getattr(b, "attn", None), Attention):
+            problems.append(f"transformer_blocks.{i}.attn is not MiniMaxH3Attention")
+        for path in ("norm1", "norm2", "adaln_proj", "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
+                     "attn.norm_q", "attn.norm_k", "ff.net.0.proj", "ff.net.2"):
+            try:
+                b.get_submodule(path)
+            except AttributeError:
+                problems.append(f"transformer_blocks.{i}.{path} is missing")
+        own = getattr(b.__dict__.get("forward"), "__func__", None) is plan_block_forward
+        if "forward" in b.__dict__ and not own:
+            problems.append(f"transformer_blocks.{i} already has an instance forward (a hook?); install before hooks")
+    if problems:
+        raise ValueError("h3plan.install: unexpected MiniMaxH3Transformer3DModel layout: " + "; ".join(problems[:5]))
+
+
+def collect(plan: Plan, registry=None) -> Builder:
+    """Run every lever's install(builder, decision) in plan order."""
+    if registry is None:
+        from h3plan.levers import REGISTRY as registry
+    builder = Builder()
+    for d in plan.decisions:
+        if d.lever not in registry:
+            raise ValueError(f"plan lever {d.lever!r} has no installer in h3plan.levers.REGISTRY ({sorted(registry)})")
+        entry = registry[d.lever]
+        getattr(entry, "install", entry)(builder, d)
+    return builder
+
+
+def _swap(report: InstallReport, lever: str, fqn: str, old: str, new: str) -> None:
+    s = Swap(lever, fqn, old, new)
+    report.swaps.append(s)
+    logger.info("%s", s)
+
+
+def _quantize(model, builder, state) -> None:
+    from h3plan.quant import BLOCK_LINEARS, quantized_linear
+
+    lever, fmt, params = builder.quant
+    for i, block in enumerate(model.transformer_blocks):
+        if block.attn.fused_projections:
+            raise ValueError(f"gemm_quant: transformer_blocks.{i}.attn uses fused QKV projections; call "
+                             "model.unfuse_qkv_projections() before installing (to_qkv is not quantised)")
+        for path in BLOCK_LINEARS:
+            parent_path, _, name = path.rpartition(".")
+            parent = block.get_submodule(parent_path)
+            old = getattr(parent, name)
+            if not isinstance(old, torch.nn.Linear):
+                state.report.skipped.append((lever, f"transformer_blocks.{i}.{path} is already {type(old).__name__} "
+                                                    "(a pre-quantised checkpoint): kept as loaded"))
+                continue
+            new = quantized_linear(old, fmt, params)
+            setattr(parent, name, new)
+            state.undo.append(lambda p=parent, n=name, o=old: setattr(p, n, o))
+            _swap(state.report, lever, f"transformer_blocks.{i}.{path}", type(old).__name__, type(new).__name__)
+    if fmt == "nvfp4":
+        state.report.notes.append("gemm_quant=nvfp4: the NVFP4 GEMM needs SM100+ and never ran on hardware; "
+                                  "off Blackwell every call runs the counted emulation")
+
+
+def _attention_options(builder, report) -> AttentionOptions:
+    opts = dict(builder.attention)
+    if "backend" not in opts:
+        opts["backend"] = "sdpa"
+        report.notes.append("no attention backend in the plan: the processor uses sdpa (diffusers' native math)")
+    a = AttentionOptions(**opts)
+    problems = []
+    if a.qk_norm_rope == "fused_fp8" and a.backend != "cudnn_fp8":
+        problems.append("qk_norm_rope=fused_fp8 feeds cudnn_fp8 only")
+    if a.fa4_2cta and a.backend != "fa4":
+        problems.append("fa4_2cta=True needs backend fa4")
+    if a.fp8_scales == "static" and not a.scale_table:
+        problems.append("fp8_scales=static needs a scale_table")
+    if a.a2a_fp8_codes and a.qk_norm_rope != "fused_fp8":
+        problems.append("a2a_fp8_codes sends the codes of qk_norm_rope=fused_fp8")
+    if problems:
+        raise ValueError("inconsistent attention options: " + "; ".join(problems))
+    return a
+
+
+def _static_descales(opts: AttentionOptions, fqns: list[str]) -> dict[str, torch.Tensor]:
+    """scale_table JSON: {"<attn fqn>" or "default": {"q": amax, "k": amax, "v": amax}} -> descales
+    (descale = amax * margin / 448, the inverse of the kernel's scale)."""
+    from h3plan.attention.fp8 import scale_from_amax
+
+    with open(opts.scale_table) as f:
+        table = json.load(f)
+    out = {}
+    for fqn in fqns:
+        row = table.get(fqn, table.get("default"))
+        if row is None:
+            raise ValueError(f"scale table {opts.scale_table} has no entry for {fqn} and no 'default'")
+        amax = torch.tensor([row["q"], row["k"], row["v"]], dtype=torch.float32)
+        if not bool((amax > 0).all()):
+            raise ValueError(f"scale table {opts.scale_table}: {fqn} amax must be > 0, got {amax.tolist()}")
+        out[fqn] = 1.0 / scale_from_amax(amax, opts.scale_margin)
+    return out
+
+
+def _ulysses(model, opts, group, report):
+    if opts.ulysses_degree == 1:
+        if opts.prefix_inplace or opts.a2a_fp8_codes or opts.ulysses_chunks > 1:
+            report.skipped.append(("ulysses", "Ulysses degree 1: no sequence sharding, padding or exchange to tune"))
+        return None, None
+    from h3plan.parallel.comm import degree_rank
+    from h3plan.parallel.ulysses import UlyssesAttention
+
+    from .shard import SequenceShard
+
+    degree, _ = degree_rank(group)
+    if degree != opts.ulysses_degree:
+        raise ValueError(f"plan ulysses_degree={opts.ulysses_degree} but the process group has {degree} ranks "
+                         "(initialise torch.distributed with that many ranks, or pass group=)")
+    padding = "none" if opts.ulysses_padding == "none" else opts.ulysses_padding
+    ua = UlyssesAttention(group, chunks=opts.ulysses_chunks, padding=padding, fp8_codes=opts.a2a_fp8_codes,
+                          prefix_inplace=opts.prefix_inplace)
+    return SequenceShard(group, degree, 0, len(model.transformer_blocks) - 1), ua
+
+
+def _processors(model, builder, state, group):
+    from h3plan.attention import get_backend
+
+    report = state.report
+    opts = _attention_options(builder, report)
+    backend = get_backend(opts.backend, two_cta=opts.fa4_2cta) if opts.backend == "fa4" else get_backend(opts.backend)
+    kernels = {}
+    if opts.qk_norm_rope == "fused":
+        kernels["qk_norm_rope"] = load_kernel("qk_norm_rope")
+    elif opts.qk_norm_rope == "fused_fp8":
+        kernels["qk_norm_rope_fp8"] = load_kernel("qk_norm_rope_fp8")
+        if opts.ulysses_degree > 1 and not opts.a2a_fp8_codes:  # bf16 travels; cudnn_fp8 casts after it
+            kernels["qk_norm_rope"] = load_kernel("qk_norm_rope")
+    fqns = [f"transformer_blocks.{i}.attn" for i in range(len(model.transformer_blocks))]
+    descales = _static_descales(opts, fqns) if opts.fp8_scales == "static" and opts.backend == "cudnn_fp8" else {}
+    shard, ua = _ulysses(model, opts, group, report)
+    lever = builder.lever_of("attention", "backend")
+    for fqn, block in zip(fqns, model.transformer_blocks):
+        attn = block.attn
+        old = attn.processor
+        proc = H3PlanAttnProcessor(opts, backend, kernels, old, static_descales=descales.get(fqn), shard=shard, ulysses=ua)
+        attn.set_processor(proc)
+        state.undo.append(lambda a=attn, o=old: a.set_processor(o))
+        _swap(report, lever, f"{fqn}.processor", type(old).__name__, repr(proc))
+        if opts.qk_norm_rope != "eager":
+            _swap(report, builder.lever_of("attention", "qk_norm_rope"), f"{fqn}.norm_q/norm_k+rope", "eager",
+                  opts.qk_norm_rope)
+        if opts.fa4_2cta and opts.backend == "fa4":
+            _swap(report, builder.lever_of("attention", "fa4_2cta"), fqn, "fa4 default CTA mode", "2-CTA allowed per call")
+    if opts.backend == "fa4" and opts.fa4_2cta:
+        report.notes.append("fa4_2cta: the per-call 2-CTA switch never ran on Blackwell hardware here")
+    if opts.backend == "cudnn_fp8":
+        report.notes.append("cudnn_fp8 BF16 output (SM100+, cuDNN >= 9.13) never ran on hardware; SM90 writes FP8 and dequantises")
+    return shard
+
+
+def _forwards(model, builder, state, shard):
+    opts = BlockOptions(**builder.block)
+    if not opts.enabled and shard is None:
+        return
+    kernels = block_kernels(opts)
+    for i, block in enumerate(model.transformer_blocks):
+        fwd = types.MethodType(plan_block_forward, block)
+        block._h3plan_block = (opts, kernels, shard)
+        block._h3plan_index = i
+        block.forward = fwd
+
+        def undo(b=block):
+            for attr in ("forward", "_h3plan_block", "_h3plan_index"):
+                b.__dict__.pop(attr, None)
+
+        state.undo.append(undo)
+        fqn = f"transformer_blocks.{i}"
+        if opts.modulation != "eager":
+            _swap(state.report, builder.lever_of("block", "modulation"), f"{fqn}.norm1/norm2+modulate", "eager", opts.modulation)
+        if opts.gated_residual:
+            _swap(state.report, builder.lever_of("block", "gated_residual"), f"{fqn} gated residual", "eager", "fused")
+        if opts.swiglu:
+            _swap(state.report, builder.lever_of("block", "swiglu"), f"{fqn}.ff.net.0 swiglu", "eager", "fused")
+        if shard is not None:
+            _swap(state.report, "ulysses", f"{fqn}.forward", "full sequence", f"1/{shard.degree} sequence shard")
+
+
+def _skips(plan, builder, report):
+    touched = set(builder.source.values()) | ({builder.quant[0]} if builder.quant else set())
+    report.skipped.extend(builder.skipped)
+    skipped = {lever for lever, _ in builder.skipped}
+    for d in plan.decisions:
+        if d.lever not in touched and d.lever not in skipped and not d.enabled:
+            report.skipped.append((d.lever, f"setting {d.setting!r}: nothing to install"))
+        if d.enabled and d.lever not in touched and d.lever not in skipped:
+            report.notes.append(f"{d.lever}={d.setting} is enabled but its install recorded no option")
+        if not d.hardware_verified and d.enabled:
+            report.notes.append(f"{d.lever}={d.setting} has never run on hardware of the planned kind")
+    if builder.vae:
+        levers = sorted({builder.lever_of("vae", k) for k in builder.vae})
+        report.skipped.append((", ".join(levers), "VAE options apply to AutoencoderKLMiniMaxH3, not to the transformer"))
+
+
+def install(model, plan: Plan, *, registry=None, group=None) -> InstallReport:
+    """Install `plan` into a diffusers MiniMaxH3Transformer3DModel; returns the InstallReport.
+
+    registry: lever name -> object with install(builder, decision) (default h3plan.levers.REGISTRY).
+    group: the torch.distributed group for Ulysses (None: the default group).
+    """
+    recognise(model)
+    if not isinstance(plan, Plan):
+        raise TypeError(f"install expects an h3plan Plan, got {type(plan).__name__}")
+    current = model.__dict__.get("_h3plan_state")
+    if current is not None:
+        if current.plan == plan:
+            logger.info("plan already installed; nothing to do")
+            return current.report
+        uninstall(model)
+    builder = collect(plan, registry)
+    report = InstallReport(levers=[d.lever for d in plan.decisions],
+                           options={"block": dict(builder.block), "attention": dict(builder.attention),
+                                    "vae": dict(builder.vae), "quant": builder.quant and builder.quant[1:]})
+    state = _State(plan, report)
+    try:
+        if builder.quant is not None:
+            _quantize(model, builder, state)
+        shard = _processors(model, builder, state, group) if builder.attention else None
+        _forwards(model, builder, state, shard)
+    except BaseException:
+        _undo(state)
+        raise
+    _skips(plan, builder, report)
+    model._h3plan_state = state
+    return report
+
+
+def _undo(state: _State) -> None:
+    while state.undo:
+        state.undo.pop()()
+
+
+def uninstall(model) -> bool:
+    """Restore the model exactly as it was before install; False when nothing was installed."""
+    state = model.__dict__.pop("_h3plan_state", None)
+    if state is None:
+        return False
+    _undo(state)
+    logger.info("uninstalled %d swaps", len(state.report.swaps))
+    return True
+
+
+def installed_plan(model) -> Plan | None:
+    state = model.__dict__.get("_h3plan_state")
+    return None if state is None else state.plan

@@ -1,0 +1,266 @@
+"""The plan's attention processor for the transformer blocks' MiniMaxH3Attention.
+
+Mathematically diffusers' `MiniMaxH3AttnProcessor` (0.42.1): Q/K/V projections, per-head RMSNorm of Q
+and K, partial rotate-half RoPE, non-causal unmasked attention, `flatten(2, 3).type_as(query)`,
+`to_out`. The plan picks:
+
+- QK-norm + RoPE (`qk_norm_rope`): eager (diffusers' modules), `fused` (one Triton kernel, exact),
+  `fused_fp8` (the same + e4m3 cast with per-tensor scales, feeding cudnn_fp8 directly);
+- the backend (`h3plan.attention`): sdpa / fa4 / cudnn_bf16 / cudnn_fp8, with FA4's per-call 2-CTA
+  switch and FP8 scales (dynamic amax, or a static per-layer table);
+- Ulysses (`ulysses_degree` > 1): h3plan.parallel.ulysses.UlyssesAttention over the installer's
+  sequence shards, with its padding mode, head chunks, FP8 codes and prefix-in-place output.
+
+Guards per call: a refused kernel check, an unavailable backend, an attention mask or autograd route
+that step to diffusers' own code and count `<lever>.fallback` with the reason. The backend's
+runtime verdict is cached per (shapes, strides, dtype, device).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+from diffusers.models.attention_dispatch import dispatch_attention_fn
+from diffusers.models.transformers.transformer_minimax_h3 import _apply_rotary_emb
+
+from h3plan.quant.fp8 import shared_activation
+
+from .counters import fallback as count_fallback, fused as count_fused
+from .guards import GRAD_REASON, needs_grad, run_guarded
+
+
+@dataclass(frozen=True)
+class AttentionOptions:
+    backend: str = "sdpa"
+    fa4_2cta: bool | None = None
+    qk_norm_rope: str = "eager"
+    fp8_scales: str = "dynamic"
+    scale_table: str | None = None
+    scale_margin: float = 1.0
+    ulysses_degree: int = 1
+    ulysses_padding: str = "none"
+    ulysses_chunks: int = 1
+    a2a_fp8_codes: bool = False
+    prefix_inplace: bool = False
+
+    def describe(self) -> str:
+        parts = [f"backend={self.backend}", f"qk_norm_rope={self.qk_norm_rope}"]
+        if self.backend == "fa4" and self.fa4_2cta is not None:
+            parts.append(f"2cta={self.fa4_2cta}")
+        if self.backend == "cudnn_fp8":
+            parts.append(f"fp8_scales={self.fp8_scales}")
+        if self.ulysses_degree > 1:
+            parts.append(f"ulysses={self.ulysses_degree}/{self.ulysses_padding}/chunks={self.ulysses_chunks}"
+                         f"{'/fp8_codes' if self.a2a_fp8_codes else ''}{'/prefix_inplace' if self.prefix_inplace else ''}")
+        return ", ".join(parts)
+
+
+def _sig(*ts) -> tuple:
+    return tuple((tuple(t.shape), tuple(t.stride()), t.dtype, t.device) for t in ts)
+
+
+class H3PlanAttnProcessor:
+    """One instance per transformer-block attention (it holds that layer's static FP8 scales)."""
+
+    def __init__(self, opts: AttentionOptions, backend, kernels: dict, original, *, static_descales=None,
+                 shard=None, ulysses=None):
+        self.opts, self.backend, self.kernels, self.original = opts, backend, kernels, original
+        self.static_descales = static_descales  # (3,) fp32 descales of q, k, v (static FP8 scales)
+        self.static_scales = None if static_descales is None else tuple((1.0 / static_descales).tolist())
+        self.shard, self.ulysses = shard, ulysses  # installer's sequence-shard context, UlyssesAttention
+        self._act_dtype = None  # the activations' dtype of the current call (dequantised FP8 fallbacks)
+        self._reasons = backend._h3plan_reasons if hasattr(backend, "_h3plan_reasons") else {}
+        backend._h3plan_reasons = self._reasons  # shared by every layer using this backend object
+
+    def __repr__(self) -> str:
+        return f"H3PlanAttnProcessor[{self.opts.describe()}]"
+
+    # ---- pieces -------------------------------------------------------------------------------------
+
+    def _diffusers_attention(self, q, k, v):
+        return dispatch_attention_fn(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,
+                                     backend=self.original._attention_backend,
+                                     parallel_config=self.original._parallel_config)
+
+    def _backend_reason(self, q, k, v) -> str | None:
+        if needs_grad(q, k, v):
+            return GRAD_REASON
+        key = _sig(q, k, v)
+        if key not in self._reasons:
+            self._reasons[key] = self.backend.unavailable_reason(q, k, v)
+        return self._reasons[key]
+
+    def _count_2cta(self, q):
+        if self.opts.backend == "fa4" and self.opts.fa4_2cta:
+            why = self.backend.two_cta_reason(q)
+            count_fused("fa4_2cta") if why is None else count_fallback("fa4_2cta", why)
+
+    def attend(self, q, k, v, out=None, descales=None):
+        """Backend attention on (B, Sq, H, D) / (B, Skv, H, D); diffusers' dispatch when refused."""
+        reason = self._backend_reason(q, k, v)
+        if reason is None:
+            count_fused("attention")
+            self._count_2cta(q)
+            if self.opts.backend == "cudnn_fp8":
+                d = descales if descales is not None else self._static(q)
+                return self.backend(q, k, v, out=out, descales=d)
+            return self.backend(q, k, v, out=out)
+        count_fallback("attention", reason)
+        if q.dtype == torch.float8_e4m3fn:  # codes from the fused FP8 kernel: dequantise for the eager path
+            dtype = self._act_dtype or torch.bfloat16
+            q, k, v = (t.float().mul(d).to(dtype) for t, d in zip((q, k, v), descales))
+        o = self._diffusers_attention(q, k, v)
+        if out is not None:
+            out.copy_(o)
+            return out
+        return o
+
+    def _static(self, q):
+        if self.opts.fp8_scales != "static":
+            return None
+        if self.static_descales.device != q.device:
+            self.static_descales = self.static_descales.to(q.device)
+        return self.static_descales
+
+    @staticmethod
+    def _eager_norm_rope(attn, q, k, rotary_emb):
+        q, k = attn.norm_q(q), attn.norm_k(k)
+        if rotary_emb is not None:
+            q, k = _apply_rotary_emb(q, *rotary_emb), _apply_rotary_emb(k, *rotary_emb)
+        return q, k
+
+    def _norm_rope(self, attn, q, k, v, rotary_emb):
+        """(q, k) normed + roped, eager or fused (degree 1)."""
+
+        def eager():
+            return self._eager_norm_rope(attn, q, k, rotary_emb)
+
+        if self.opts.qk_norm_rope == "eager":
+            return eager()
+        fn, check = self.kernels["qk_norm_rope"]
+        wq, wk = attn.norm_q.weight, attn.norm_k.weight
+
+        def guard():
+            if rotary_emb is None:
+                return "no rotary embedding passed"
+            if attn.norm_q.eps != attn.norm_k.eps or attn.norm_q.eps is None or wq is None or wk is None:
+                return "norm_q/norm_k differ in eps or lack an affine weight"
+            return check(q, k, wq, wk, *rotary_emb, attn.norm_q.eps)
+
+        return run_guarded("qk_norm_rope", guard, lambda: fn(q, k, wq, wk, *rotary_emb, attn.norm_q.eps), eager,
+                           (q, k, wq, wk))
+
+    # ---- call ---------------------------------------------------------------------------------------
+
+    def __call__(self, attn, hidden_states, rotary_emb=None, attention_mask=None):
+        if attention_mask is not None:
+            count_fallback("attention", "attention mask given (MiniMax-H3 packs no mask)")
+            return self.original(attn, hidden_states, rotary_emb, attention_mask)
+        if attn.fused_projections:
+            query, key, value = attn.to_qkv(hidden_states).chunk(3, dim=-1)
+        else:
+            with shared_activation(hidden_states):  # FP8 linears quantise the shared input once
+                query, key, value = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
+        query = query.unflatten(-1, (attn.heads, -1))
+        key = key.unflatten(-1, (attn.heads, -1))
+        value = value.unflatten(-1, (attn.heads, -1))
+        out_dtype = self._act_dtype = query.dtype
+
+        if self.ulysses is not None:
+            out = self._ulysses_call(attn, query, key, value, rotary_emb)
+        elif self.opts.qk_norm_rope == "fused_fp8":
+            out = self._fused_fp8(attn, query, key, value, rotary_emb)
+        else:
+            query, key = self._norm_rope(attn, query, key, value, rotary_emb)
+            out = self.attend(query, key, value).flatten(2, 3)
+        hidden_states = out.to(out_dtype) if out.dtype != out_dtype else out
+        hidden_states = attn.to_out[0](hidden_states)
+        hidden_states = attn.to_out[1](hidden_states)
+        return hidden_states
+
+    def _attn_fn(self, descales=None):
+        def attn_fn(q, k, v, out=None):
+            return self.attend(q, k, v, out=out, descales=descales)
+
+        attn_fn.out_dtype = self.backend.out_dtype
+        return attn_fn
+
+    def _fp8_args(self, attn, q, k, v, rotary_emb):
+        wq, wk, eps = attn.norm_q.weight, attn.norm_k.weight, attn.norm_q.eps
+        scales = self.static_scales if self.opts.fp8_scales == "static" else None  # host floats: no sync
+        return wq, wk, eps, scales
+
+    def _fp8_guard(self, attn, check, q, k, v, rotary_emb, **kw):
+        if rotary_emb is None:
+            return "no rotary embedding passed"
+        if attn.norm_q.eps != attn.norm_k.eps or attn.norm_q.weight is None or attn.norm_k.weight is None:
+            return "norm_q/norm_k differ in eps or lack an affine weight"
+        return call_check(check, q, k, v, attn.norm_q.weight, attn.norm_k.weight, *rotary_emb, attn.norm_q.eps, **kw)
+
+    def _fused_fp8(self, attn, q, k, v, rotary_emb):
+        """Degree 1: norm + RoPE + e4m3 cast in one kernel, codes straight into cudnn_fp8."""
+        fn, check = self.kernels["qk_norm_rope_fp8"]
+        wq, wk, eps, scales = self._fp8_args(attn, q, k, v, rotary_emb)
+
+        def eager():
+            return (*self._eager_norm_rope(attn, q, k, rotary_emb), v, None)
+
+        q8, k8, v8, descales = run_guarded(
+            "qk_norm_rope", lambda: self._fp8_guard(attn, check, q, k, v, rotary_emb, scales=scales),
+            lambda: fn(q, k, v, wq, wk, *rotary_emb, eps, scales=scales), eager, (q, k, v, wq, wk))
+        return self.attend(q8, k8, v8, descales=descales).flatten(2, 3)
+
+    def _ulysses_call(self, attn, q, k, v, rotary_emb):
+        """Degree U > 1: this rank's rows in, (B, S_loc, H*D) out (h3plan.parallel.ulysses)."""
+        from h3plan.parallel.sizes import valid_rows
+
+        U, S, mode = self.opts.ulysses_degree, self.shard.seq_len, self.opts.qk_norm_rope
+        ua = self.ulysses
+        if mode == "fused_fp8" and self.opts.a2a_fp8_codes:
+            from h3plan.kernels.qk_norm_rope import qk_norm_rope_fp8_ref
+
+            fn, check = self.kernels["qk_norm_rope_fp8"]
+            wq, wk, eps, scales = self._fp8_args(attn, q, k, v, rotary_emb)
+            vr = valid_rows(S, U, ua.rank)
+            kw = dict(scales=scales, valid_len=vr, amax_hook=self._amax_hook, ulysses_degree=U)
+            packed, descales = run_guarded(
+                "qk_norm_rope", lambda: self._fp8_guard(attn, check, q, k, v, rotary_emb, **kw),
+                lambda: fn(q, k, v, wq, wk, *rotary_emb, eps, **kw),
+                lambda: qk_norm_rope_fp8_ref(q, k, v, wq, wk, *rotary_emb, eps, **kw), (q, k, v, wq, wk))
+            return ua(None, None, None, self._attn_fn(descales), seq_len=S, packed=packed)
+        if mode in ("fused", "fused_fp8"):
+            fn, check = self.kernels["qk_norm_rope"]
+            wq, wk, eps = attn.norm_q.weight, attn.norm_k.weight, attn.norm_q.eps
+
+            def guard():
+                if rotary_emb is None or attn.norm_q.eps != attn.norm_k.eps or wq is None or wk is None:
+                    return "no rotary embedding, or norm_q/norm_k differ in eps or lack a weight"
+                return check(q, k, wq, wk, *rotary_emb, eps, v=v, ulysses_degree=U)
+
+            packed = run_guarded("qk_norm_rope", guard, lambda: fn(q, k, wq, wk, *rotary_emb, eps, v=v, ulysses_degree=U),
+                                 lambda: None, (q, k, wq, wk))
+            if packed is not None:
+                return ua(None, None, None, self._attn_fn(), seq_len=S, packed=packed)
+        qq, kk = self._eager_norm_rope(attn, q, k, rotary_emb)
+        return ua(qq, kk, v.contiguous(), self._attn_fn(), seq_len=S)
+
+    @property
+    def _amax_hook(self):
+        if getattr(self, "_hook", None) is None:
+            from h3plan.parallel.comm import amax_allreduce_hook
+
+            self._hook = amax_allreduce_hook(self.ulysses.group)
+        return self._hook
+
+
+def call_check(check, *args, **kwargs):
+    """Call a kernel's `<op>_check` with the keyword arguments its signature takes."""
+    try:
+        params = inspect.signature(check).parameters
+    except (TypeError, ValueError):
+        return check(*args, **kwargs)
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        kwargs = {k: v for k, v in kwargs.items() if k in params}
+    return check(*args, **kwargs)

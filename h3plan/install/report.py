@@ -1,0 +1,51 @@
+"""What an install did: every module swap (`lever: fqn Old -> New`), every lever skipped and why."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Swap:
+    lever: str
+    fqn: str
+    old: str
+    new: str
+
+    def __str__(self) -> str:
+        return f"{self.lever}: {self.fqn} {self.old} -> {self.new}"
+
+
+@dataclass
+class InstallReport:
+    """levers: the plan's levers in order; options: what the levers recorded (block / attention / vae /
+    quant); swaps: module swaps in the order applied; skipped: (lever, reason) for levers with nothing
+    to install on this model; notes: anything else a user must know (e.g. a path never run on hardware)."""
+
+    levers: list[str] = field(default_factory=list)
+    options: dict[str, Any] = field(default_factory=dict)
+    swaps: list[Swap] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def swapped_levers(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for s in self.swaps:
+            seen.setdefault(s.lever, None)
+        return list(seen)
+
+    def summary(self, max_swaps: int = 12) -> str:
+        lines = [f"installed levers: {', '.join(self.swapped_levers()) or '(none)'}; {len(self.swaps)} swaps"]
+        for s in self.swaps[:max_swaps]:
+            lines.append(f"  {s}")
+        if len(self.swaps) > max_swaps:
+            lines.append(f"  ... {len(self.swaps) - max_swaps} more swaps")
+        for lever, reason in self.skipped:
+            lines.append(f"  skipped {lever}: {reason}")
+        for note in self.notes:
+            lines.append(f"  note: {note}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()

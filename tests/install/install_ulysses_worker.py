@@ -1,0 +1,42 @@
+"""Worker of test_install_ulysses.py: one gloo rank running the installed tiny model at Ulysses degree U."""
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+
+def worker(rank, world, port, outdir, S):
+    os.environ["TRITON_INTERPRET"] = "1"
+    sys.path.insert(0, os.path.dirname(__file__))
+    from install_helpers import LEVERS, forward, tiny_inputs, tiny_model
+
+    from h3plan.install import counters, install, reset_counters
+    from h3plan.plan import make_decision, make_plan
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        levers = dict(LEVERS, ulysses_padding=lambda b, d: (b.set_attention_option("ulysses_padding", "ulysses_degree", world),
+                                                            b.set_attention_option("ulysses_padding", "ulysses_padding", d.setting)))
+        inputs = tiny_inputs(S)
+        ref = forward(tiny_model(), inputs)
+        res = {}
+        for padding, qk in (("padded", "fused"), ("fixed_valid", "eager")):
+            model = tiny_model()
+            ds = [make_decision("attention", "sdpa", True, ["t"]), make_decision("qk_norm_rope", qk, True, ["t"]),
+                  make_decision("modulation", "exact", True, ["t"]), make_decision("gated_residual", "on", True, ["t"]),
+                  make_decision("swiglu", "on", True, ["t"]), make_decision("ulysses_padding", padding, True, ["t"])]
+            install(model, make_plan({}, {}, ds), registry=levers)
+            reset_counters()
+            out = forward(model, inputs)
+            res[f"{padding}-{qk}"] = {
+                "max_abs": max(float((a.float() - b.float()).abs().max()) for a, b in zip(out, ref)),
+                "bitwise": all(torch.equal(a, b) for a, b in zip(out, ref)),
+                "counters": counters(),
+            }
+        with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
+            json.dump(res, f)
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,90 @@
+"""`action=verify` on the tiny model in the Triton interpreter (1 block, S=48).
+
+Contract: the lossless plan is bitwise equal to the reference with the same attention backend (sdpa
+on both sides here: FA4 cannot run on the CPU and verify says so); a kernel that changes one bit, or a
+guard that never lets the fused path run, makes verify fail (exit status 1).
+"""
+
+import math
+
+import pytest
+from install_helpers import LEVERS, ROOT, plan
+from omegaconf import OmegaConf
+
+from h3plan.actions import get_action
+from h3plan.actions.verify import compare
+
+
+def _cfg(**verify):
+    v = {"blocks": 1, "seq_len": 48, "seed": 0, "device": "cpu", "dtype": "bf16", **verify}
+    return OmegaConf.create({"model": OmegaConf.load(ROOT / "conf/model/h3_tiny.yaml"), "verify": v,
+                             "parallel": {"seq_len": 19000}})
+
+
+LOSSLESS_FA4 = dict(attention="fa4", qk_norm_rope="fused", modulation="exact", gated_residual="on", swiglu="on")
+
+
+def test_verify_lossless_plan_passes_bitwise(capsys):
+    rc = get_action("verify")(_cfg(), plan(**LOSSLESS_FA4), registry=LEVERS)
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "attention backend 'fa4' cannot run here (FA4 needs a CUDA device (tensors on cpu)): sdpa replaces it" in out
+    assert "PASS  R (attention=sdpa) vs diffusers    bitwise equal" in out
+    for lever in ("qk_norm_rope=fused", "modulation=exact", "gated_residual=on", "swiglu=on"):
+        assert f"PASS  {lever:<34} bitwise equal to R; fused path ran" in out
+    assert "PASS  whole plan vs R                    bitwise equal" in out
+    assert "modulation fused 2 fallback 0" in out and out.rstrip().endswith("verify: PASS")
+
+
+def test_verify_fails_on_a_one_bit_change(monkeypatch, capsys):
+    import torch
+
+    import h3plan.kernels.gated_residual as gr
+
+    real = gr.gated_residual
+
+    def off_by_one_ulp(h, gate, index, y):
+        out = real(h, gate, index, y)
+        bits = out.view(torch.int16).clone()
+        bits[0, 0, 0] += 1
+        return bits.view(torch.bfloat16)
+
+    monkeypatch.setattr(gr, "gated_residual", off_by_one_ulp)
+    rc = get_action("verify")(_cfg(), plan(attention="sdpa", gated_residual="on"), registry=LEVERS)
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "FAIL  gated_residual=on                  NOT bitwise equal to R" in out
+
+
+def test_verify_fails_when_the_fused_path_never_runs(monkeypatch, capsys):
+    import h3plan.kernels.swiglu as sw
+
+    monkeypatch.setattr(sw, "swiglu_check", lambda x: "regressed guard")
+    rc = get_action("verify")(_cfg(), plan(attention="sdpa", swiglu="on"), registry=LEVERS)
+    out = capsys.readouterr().out
+    assert rc == 1 and "fused path never ran: regressed guard" in out
+
+
+def test_verify_lossy_plan_reports_error_within_budget(capsys):
+    rc = get_action("verify")(_cfg(), plan(attention="sdpa", gemm_quant="fp8"), registry=LEVERS)
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "emulated here: FP8 GEMM needs CUDA (input on cpu)" in out and "psnr" in out
+
+
+def test_verify_refuses_real_width_on_cpu():
+    cfg = _cfg()
+    cfg.model = OmegaConf.load(ROOT / "conf/model/h3.yaml")
+    with pytest.raises(ValueError, match="model=h3_tiny"):
+        get_action("verify")(cfg, plan(attention="sdpa"), registry=LEVERS)
+
+
+def test_compare_metrics():
+    import torch
+
+    b = torch.tensor([1.0, -2.0, 4.0])
+    assert compare(b.clone(), b)["bitwise"] and compare(b.clone(), b)["psnr_db"] == float("inf")
+    m = compare(torch.tensor([1.0, -2.0, 3.0]), b)
+    assert not m["bitwise"] and m["max_abs"] == 1.0
+    assert abs(m["psnr_db"] - 10 * math.log10(16.0 / (1 / 3))) < 1e-9  # peak max|b| = 4, mse 1/3
+    assert abs(m["rel"] - 1 / 21 ** 0.5) < 1e-12
