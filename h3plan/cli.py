@@ -115,6 +115,17 @@ def _plan_and_act(cfg) -> int:
     return 0
 
 
+def compose_config(overrides: list[str]):
+    """The packaged config composed with `overrides` (Hydra syntax), for use from Python."""
+    from hydra import compose, initialize_config_dir
+
+    from . import schema
+
+    schema.register()
+    with initialize_config_dir(config_dir=CONFIG_PATH, version_base="1.3"):
+        return compose(config_name=CONFIG_NAME, overrides=list(overrides))
+
+
 def write_plan(plan, path: str) -> None:
     text = plan.to_json() + "\n" if str(path).endswith(".json") else plan.to_yaml()
     try:
