@@ -22,6 +22,8 @@ import math
 
 import torch
 
+from h3plan.quant.cast import dequantize, dequantize_check, dequantize_ref
+
 from . import fp8 as f8
 from .base import AttentionBackend, cuda_reason, shape_reason, write_out
 from .facts import CUDNN_FP8_BROKEN, CUDNN_FP8_MIN, cudnn_bf16_requirements, cudnn_fp8_requirements, fp8_bf16_output
@@ -250,7 +252,9 @@ class CudnnFP8Backend(AttentionBackend):
         if direct:
             return out
         if o.dtype == f8.E4M3:  # SM90: dequantise with descale_o = 1 / scale_o = descale_v
-            res = (o.float() * descales[2]).to(torch.bfloat16)
+            d = descales[2:3]
+            fused = dequantize_check(o, d) is None  # one pass instead of torch's three
+            res = dequantize(o, d) if fused else dequantize_ref(o, d)
             return write_out(res, out)
         return write_out(o, out)
 
