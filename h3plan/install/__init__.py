@@ -1,4 +1,4 @@
-"""Install a resolved Plan into diffusers' MiniMaxH3Transformer3DModel (see installer.py).
+"""Install a resolved Plan into diffusers' MiniMaxH3Transformer3DModel or AutoencoderKLMiniMaxH3 (see installer.py).
 
 Public: install(model, plan) -> InstallReport, uninstall(model), counters(), reset_counters(),
 fallback_reasons(), Builder. The heavy modules (diffusers, kernels) load on the first install.

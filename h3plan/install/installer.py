@@ -1,4 +1,4 @@
-"""Install a Plan into diffusers' MiniMaxH3Transformer3DModel, and take it out again.
+"""Install a Plan into diffusers' MiniMaxH3Transformer3DModel (or its VAE), and take it out again.
 
 `install(model, plan)`: recognise the model (class and the submodules the swaps touch; anything else is
 refused with one ValueError), let every lever of the plan record its options on a Builder (plan order,
@@ -14,6 +14,9 @@ forwards, processors and nn.Linear objects (the originals are kept while install
 same plan again returns the existing report; a different plan is installed after an uninstall.
 Install after moving / copying the model (the kept originals stay where they were; a deep copy of an
 installed model shares its undo list with the original).
+
+An AutoencoderKLMiniMaxH3 takes the plan's VAE levers (vae_ops, vae_tiles) through install/vae.py, with
+the same report, idempotence and uninstall; each model reports the other model's levers as skipped.
 """
 
 from __future__ import annotations
@@ -58,7 +61,8 @@ def recognise(model) -> None:
     if hasattr(model, "_orig_mod"):
         raise ValueError(f"h3plan.install got a torch.compile wrapper ({name}); install into the model, then compile")
     if not isinstance(model, Model):
-        raise ValueError(f"h3plan.install supports diffusers' MiniMaxH3Transformer3DModel only; got {name}")
+        raise ValueError("h3plan.install supports the MiniMax-H3 VAE (diffusers' AutoencoderKLMiniMaxH3) and otherwise "
+                         f"supports diffusers' MiniMaxH3Transformer3DModel only; got {name}")
     problems = []
     blocks = getattr(model, "transformer_blocks", None)
     if not isinstance(blocks, torch.nn.ModuleList) or len(blocks) == 0:
@@ -261,16 +265,24 @@ def _skips(plan, builder, report):
             report.notes.append(f"{d.lever}={d.setting} has never run on hardware of the planned kind")
     if builder.vae:
         levers = sorted({builder.lever_of("vae", k) for k in builder.vae})
-        report.skipped.append((", ".join(levers), "VAE options apply to AutoencoderKLMiniMaxH3, not to the transformer"))
+        report.skipped.append((", ".join(levers), "VAE options apply to AutoencoderKLMiniMaxH3, not to the transformer "
+                                                  "(install the plan into the VAE too)"))
 
 
 def install(model, plan: Plan, *, registry=None, group=None) -> InstallReport:
-    """Install `plan` into a diffusers MiniMaxH3Transformer3DModel; returns the InstallReport.
+    """Install `plan` into a diffusers MiniMaxH3Transformer3DModel or AutoencoderKLMiniMaxH3; returns the
+    InstallReport.
 
     registry: lever name -> object with install(builder, decision) (default h3plan.levers.REGISTRY).
-    group: the torch.distributed group for Ulysses (None: the default group).
+    group: the torch.distributed group for Ulysses (None: the default group; not used by the VAE).
     """
-    recognise(model)
+    from . import vae as _vae
+
+    is_vae = _vae.is_vae(model)
+    if is_vae:
+        _vae.recognise(model)
+    else:
+        recognise(model)
     if not isinstance(plan, Plan):
         raise TypeError(f"install expects an h3plan Plan, got {type(plan).__name__}")
     current = model.__dict__.get("_h3plan_state")
@@ -285,14 +297,22 @@ def install(model, plan: Plan, *, registry=None, group=None) -> InstallReport:
                                     "vae": dict(builder.vae), "quant": builder.quant and builder.quant[1:]})
     state = _State(plan, report)
     try:
-        if builder.quant is not None:
-            _quantize(model, builder, state)
-        shard = _processors(model, builder, state, group) if builder.attention else None
-        _forwards(model, builder, state, shard)
+        if is_vae:
+            _vae.apply(model, plan, builder, state)
+        else:
+            if builder.quant is not None:
+                _quantize(model, builder, state)
+            shard = _processors(model, builder, state, group) if builder.attention else None
+            _forwards(model, builder, state, shard)
     except BaseException:
         _undo(state)
         raise
-    _skips(plan, builder, report)
+    if is_vae:
+        _vae.skips(plan, builder, report)
+        if group is not None:
+            report.notes.append("group= is for the transformer's Ulysses attention; the VAE install ignores it")
+    else:
+        _skips(plan, builder, report)
     model._h3plan_state = state
     return report
 

@@ -1,0 +1,243 @@
+"""VAE decode benchmark: diffusers eager vs an h3plan plan in AutoencoderKLMiniMaxH3, one GPU.
+
+    python benchmarks/vae.py --out benchmarks/results                     # H200: vae-h200.json / .md
+    python benchmarks/vae.py --out /tmp/r --latents 1x24x4x48x84 --plans "hardware=sm90 recipe=bf16"
+
+The released config (conf/vae/h3.yaml) with seeded fp32 weights: diffusers' initialisation, except the
+residual scales and register tokens (zeros in diffusers' init, so the blocks would change nothing) drawn
+from N(0, 0.1). `requires_grad_(False)` and decode in `torch.no_grad()` under `torch.autocast(fp16)`.
+Per (latent, plan): the eager side is diffusers' decode with the plan's tile geometry (a tiles-only
+plan), the plan side is `h3plan.install(vae, plan)`; times are medians of CUDA-event timed decodes after
+`--warmup` untimed ones (eager first, then the plan); `bitwise_equal` compares the two last outputs;
+`peak_GiB` is max_memory_allocated over one decode, weights included (the plan's float16 copies too).
+`--device cpu --config tiny` is a plumbing smoke run in the Triton interpreter (host clock, no meaning).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's h3plan
+
+TINY = dict(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=[8, 16], layers_per_block=1,
+            spatial_downsample_factors=[2, 2], temporal_downsample_factors=[1, 2], norm_num_groups=4,
+            decoder_num_layers=2, decoder_num_attention_heads=2, decoder_attention_head_dim=32,
+            decoder_num_register_tokens=2, decoder_ffn_mult=2, clip_length=3, token_drop=1)
+TILING = ("use_tiling", "tile_sample_min_height", "tile_sample_min_width", "tile_sample_min_overlap_height",
+          "tile_sample_min_overlap_width")
+
+
+def vae_config(name: str) -> dict:
+    if name == "tiny":
+        return dict(TINY)
+    from omegaconf import OmegaConf
+
+    path = ROOT / "conf" / "vae" / f"{name}.yaml"
+    return OmegaConf.to_container(OmegaConf.load(path).diffusers_config, resolve=True)
+
+
+def build_vae(config: dict, device="cuda", seed: int = 0, scale_std: float = 0.1):
+    """AutoencoderKLMiniMaxH3.from_config on `device` with seeded weights (fp32, as released)."""
+    import torch
+    from diffusers import AutoencoderKLMiniMaxH3
+
+    cfg = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
+    torch.manual_seed(seed)
+    if torch.device(device).type == "cuda":
+        torch.cuda.manual_seed(seed)
+    with torch.device(device):
+        vae = AutoencoderKLMiniMaxH3.from_config(cfg)
+    with torch.no_grad():
+        for name, p in vae.named_parameters():
+            if "scale" in name or "register_tokens" in name:
+                p.normal_(0.0, scale_std)
+    return vae.eval().requires_grad_(False)
+
+
+def parse_latent(s: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in s.lower().split("x"))
+
+
+def resolve_plan(spec: str):
+    from h3plan import resolve_config
+
+    return resolve_config(**dict(kv.split("=", 1) for kv in spec.split()))
+
+
+def tiles_only(plan):
+    """The plan's vae_tiles decision alone: diffusers' ops at the plan's tile geometry (the eager side)."""
+    from h3plan.plan import make_plan
+
+    return make_plan({}, {}, [d for d in plan.decisions if d.lever == "vae_tiles"])
+
+
+def geometry(vae) -> str:
+    if not vae.use_tiling:
+        return "off"
+    return (f"{vae.tile_sample_min_height}x{vae.tile_sample_min_width}/"
+            f"{vae.tile_sample_min_overlap_height}")
+
+
+def decoder_calls(vae, latent) -> int:
+    """Decoder forwards in one decode: spatial tiles x temporal chunks (diffusers' own split)."""
+    td, n = vae.config.token_drop, vae.tokens_chunk_size
+    tokens = latent[2] + td
+    chunks = (tokens + (-tokens) % n) // n - int(td > 0)
+    if not vae.use_tiling:
+        return chunks
+    r = vae.spatial_compression_ratio
+    ys = vae._split_tiles(latent[3] * r, vae.tile_sample_min_height, vae.tile_sample_min_overlap_height)[0]
+    xs = vae._split_tiles(latent[4] * r, vae.tile_sample_min_width, vae.tile_sample_min_overlap_width)[0]
+    return chunks * len(ys) * len(xs)
+
+
+class Decoder:
+    """Timed `vae.decode` under autocast(fp16) and no_grad: CUDA events on a GPU, the host clock elsewhere."""
+
+    def __init__(self, vae, z):
+        import torch
+
+        self.torch, self.vae, self.z = torch, vae, z
+        self.cuda = z.device.type == "cuda"
+
+    def __call__(self):
+        t = self.torch
+        with t.no_grad(), t.autocast(self.z.device.type, dtype=t.float16):
+            return self.vae.decode(self.z).sample
+
+    def timed(self, warmup: int, iters: int):
+        t = self.torch
+        for _ in range(warmup):
+            self()
+        times, out = [], None
+        for i in range(iters):
+            if self.cuda:
+                t.cuda.synchronize()
+                if i == iters - 1:
+                    t.cuda.reset_peak_memory_stats()
+                a, b = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
+                a.record()
+                out = self()
+                b.record()
+                t.cuda.synchronize()
+                times.append(a.elapsed_time(b))
+            else:
+                s = time.perf_counter()
+                out = self()
+                times.append((time.perf_counter() - s) * 1e3)
+        peak = t.cuda.max_memory_allocated() / 2**30 if self.cuda else None
+        return statistics.median(times), out, peak
+
+
+def measure(vae, plan, spec: str, latent, warmup: int, iters: int, seed: int = 1) -> dict:
+    import torch
+
+    from h3plan.install import counters, install, reset_counters, uninstall
+
+    device = next(vae.parameters()).device
+    z = torch.randn(latent, generator=torch.Generator().manual_seed(seed)).to(device)
+    run = Decoder(vae, z)
+    uninstall(vae)
+    install(vae, tiles_only(plan))
+    tiles = geometry(vae)
+    eager_ms, ref, eager_peak = run.timed(warmup, iters)
+    ref = ref.cpu()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    report = install(vae, plan)
+    reset_counters()
+    plan_ms, out, plan_peak = run.timed(warmup, iters)
+    calls, n_calls = counters(), decoder_calls(vae, latent)
+    uninstall(vae)
+    setting = {d.lever: d.setting for d in plan.decisions}
+    return {"latent": list(latent), "tiles": tiles, "plan": spec, "vae_ops": setting.get("vae_ops"),
+            "vae_tiles": setting.get("vae_tiles"), "eager_ms": round(eager_ms, 2), "plan_ms": round(plan_ms, 2),
+            "speedup": round(eager_ms / plan_ms, 3), "bitwise_equal": bool(torch.equal(out.cpu(), ref)),
+            "peak_GiB": {"eager": _r(eager_peak), "plan": _r(plan_peak)},
+            "decoder_calls": n_calls,
+            "counters": calls, "skipped": [f"{lv}: {r}" for lv, r in report.skipped if lv.startswith("vae")]}
+
+
+def _r(x):
+    return None if x is None else round(x, 2)
+
+
+def markdown(meta: dict, records: list[dict]) -> str:
+    lines = [f"# VAE decode: diffusers eager vs h3plan plan ({meta['device']})", "",
+             f"AutoencoderKLMiniMaxH3 `{meta['config']}` config, seeded fp32 weights, decode under "
+             f"torch.autocast(float16), no_grad, requires_grad False; medians of {meta['iters']} timed decodes "
+             f"({meta['clock']}) after {meta['warmup']} warm-up; eager runs diffusers' ops at the plan's tile "
+             "geometry. Fused block calls: `vae_ops.qk_norm_rope.fused` over the plan's decode.", "",
+             "| latent | tiles | plan | vae_ops | decoder calls | eager ms | plan ms | speedup | bitwise | peak GiB eager / plan | fused block calls |",
+             "|---|---|---|---|---:|---:|---:|---:|---|---|---:|"]
+    for r in records:
+        if "error" in r:
+            lines.append(f"| {'x'.join(map(str, r['latent']))} | - | {r['plan']} | - | - | - | - | - | - | - | {r['error']} |")
+            continue
+        pk = r["peak_GiB"]
+        lines.append(f"| {'x'.join(map(str, r['latent']))} | {r['tiles']} | {r['plan']} | {r['vae_ops']} | "
+                     f"{r['decoder_calls']} | {r['eager_ms']:.1f} | {r['plan_ms']:.1f} | {r['speedup']:.2f}x | "
+                     f"{'yes' if r['bitwise_equal'] else 'NO'} | {pk['eager']} / {pk['plan']} | "
+                     f"{r['counters'].get('vae_ops.qk_norm_rope.fused', 0)} |")
+    notes = sorted({s for r in records for s in r.get("skipped", ())})
+    if notes:
+        lines += ["", "Skipped by the installer:", *[f"- {s}" for s in notes]]
+    lines += ["", f"torch {meta['torch']}, diffusers {meta['diffusers']}; {meta['seconds']:.0f} s in all."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--latents", default="1x24x4x48x84,1x24x12x48x84")
+    ap.add_argument("--plans", nargs="+", default=["hardware=sm90 recipe=bf16", "hardware=sm90 recipe=fp8"])
+    ap.add_argument("--config", default="h3", help="conf/vae/<name>.yaml, or 'tiny'")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--tag", default="h200")
+    ap.add_argument("--budget-s", type=float, default=85.0, help="skip the remaining records past this")
+    args = ap.parse_args(argv)
+    if args.device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    start = time.monotonic()
+    import diffusers
+    import torch
+
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("vae bench: no CUDA device (use --device cpu --config tiny for a plumbing run)", file=sys.stderr)
+        return 2
+    vae = build_vae(vae_config(args.config), device=args.device)
+    plans = [(spec, resolve_plan(spec)) for spec in args.plans]
+    records = []
+    for latent in map(parse_latent, args.latents.split(",")):
+        for spec, plan in plans:
+            if time.monotonic() - start > args.budget_s:
+                records.append({"latent": list(latent), "plan": spec, "error": f"skipped: past --budget-s {args.budget_s:.0f}"})
+                continue
+            rec = measure(vae, plan, spec, latent, args.warmup, args.iters)
+            records.append(rec)
+            print(f"[vae] latent {latent} tiles {rec['tiles']} {spec}: eager {rec['eager_ms']:.1f} ms, plan "
+                  f"{rec['plan_ms']:.1f} ms, {rec['speedup']:.2f}x, bitwise {rec['bitwise_equal']}, peak GiB "
+                  f"{rec['peak_GiB']}", flush=True)
+    dev = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu (Triton interpreter)"
+    meta = {"device": dev, "torch": torch.__version__, "diffusers": diffusers.__version__, "config": args.config,
+            "autocast": "float16", "requires_grad": False, "warmup": args.warmup, "iters": args.iters,
+            "clock": "CUDA events" if args.device.startswith("cuda") else "host clock",
+            "seconds": round(time.monotonic() - start, 1)}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"vae-{args.tag}.json").write_text(json.dumps({**meta, "records": records}, indent=1) + "\n")
+    (args.out / f"vae-{args.tag}.md").write_text(markdown(meta, records))
+    print(f"[vae] wrote {args.out}/vae-{args.tag}.json and .md in {meta['seconds']:.0f} s")
+    return 0 if all(r.get("bitwise_equal", True) for r in records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

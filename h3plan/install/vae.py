@@ -1,0 +1,232 @@
+"""Install a Plan's VAE levers into diffusers' AutoencoderKLMiniMaxH3 (the installer dispatches here).
+
+- `vae_ops` (builder option `vae_ops=True`; the decision's `params.ops` picks the ops, default all of
+  vae_block.OPS): every ViT decoder block gets the plan forward of vae_block.py. `fp16_weights` makes
+  float16 copies of the six block linears' weights and biases once. The originals stay registered,
+  untouched, in float32: the state dict, `save_pretrained`, uninstall and every call outside FP16
+  autocast keep diffusers' parameters and numerics; the price is the copies' memory (reported; 4.8 GB
+  at the released config) beside the originals, which the per-call guard needs as its exact fallback.
+  A block whose linears are already float16 (a float16 `torch_dtype`) has nothing to materialise.
+- `vae_tiles` (builder option `tile`): the geometry goes through diffusers' own
+  `enable_tiling(tile_sample_min_height, tile_sample_min_width, tile_sample_min_overlap_height,
+  tile_sample_min_overlap_width)`; diffusers tiles spatially only, so `tile.frames` is reported, not
+  applied. `fp8_tiles`: h3plan has no FP8 tiled decoder: the geometry is installed, every tile decodes
+  with diffusers' ops, and the report says the FP8 decode never ran. `default` leaves the model's
+  tiling as it is.
+
+Transformer levers in the plan are reported skipped (they install into MiniMaxH3Transformer3DModel).
+Uninstall (installer.uninstall) restores the block forwards and the tiling attributes exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+import types
+
+import torch
+
+from .report import Swap
+from .vae_block import LINEARS, OPS, Fp16Copies, VaeBlockState, load_kernels, plan_vae_block_forward
+
+logger = logging.getLogger("h3plan.install")
+
+VAE_LEVERS = ("vae_tiles", "vae_ops")
+TILING = ("use_tiling", "tile_sample_min_height", "tile_sample_min_width", "tile_sample_min_overlap_height",
+          "tile_sample_min_overlap_width")
+RELEASED = (True, 256, 256, 64, 64)  # diffusers' AutoencoderKLMiniMaxH3.__init__ tiling
+FP16 = torch.float16
+AUTOCAST_CASTS = {torch.float32, torch.bfloat16, torch.float16}  # autocast casts these to float16, not float64
+
+
+def _classes():
+    from diffusers import AutoencoderKLMiniMaxH3
+    from diffusers.models import activations
+    from diffusers.models.autoencoders import autoencoder_kl_minimax_h3 as am
+
+    return AutoencoderKLMiniMaxH3, am.MiniMaxH3VideoTransformerBlock, am.MiniMaxH3VideoAttention, activations.SwiGLU
+
+
+def is_vae(model) -> bool:
+    return isinstance(model, _classes()[0])
+
+
+def _hooked(m) -> bool:
+    return bool("forward" in m.__dict__ or m._forward_hooks or m._forward_pre_hooks
+                or hasattr(m, "_diffusers_hook") or hasattr(m, "_hf_hook"))
+
+
+def recognise(model) -> None:
+    """Raise one ValueError unless the VAE's decoder blocks have the parts the plan forward uses."""
+    _, Block, Attention, SwiGLU = _classes()
+    problems = []
+    blocks = getattr(getattr(model, "decoder", None), "transformer_blocks", None)
+    if not isinstance(blocks, torch.nn.ModuleList) or len(blocks) == 0:
+        problems.append("decoder.transformer_blocks is missing or empty")
+    for i, b in enumerate(blocks or ()):
+        fqn = f"decoder.transformer_blocks.{i}"
+        if not isinstance(b, Block):
+            problems.append(f"{fqn} is {type(b).__name__}")
+            continue
+        if not isinstance(getattr(b, "attn", None), Attention):
+            problems.append(f"{fqn}.attn is not MiniMaxH3VideoAttention")
+            continue
+        for path in ("norm1", "norm2", "attn.norm_q", "attn.norm_k", *LINEARS):
+            try:
+                b.get_submodule(path)
+            except AttributeError:
+                problems.append(f"{fqn}.{path} is missing")
+        problems += [f"{fqn}.{n} is missing" for n in ("scale1", "scale2") if not isinstance(getattr(b, n, None), torch.Tensor)]
+        if problems:
+            continue
+        for path in LINEARS:
+            if not isinstance(b.get_submodule(path), torch.nn.Linear):
+                problems.append(f"{fqn}.{path} is {type(b.get_submodule(path)).__name__}, not nn.Linear")
+        if not isinstance(b.ff.net[0], SwiGLU):
+            problems.append(f"{fqn}.ff.net.0 is {type(b.ff.net[0]).__name__}, not SwiGLU")
+        if b.attn.norm_q.weight is not None or b.attn.norm_k.weight is not None:
+            problems.append(f"{fqn}.attn norm_q/norm_k have an affine weight (diffusers' VAE has none)")
+        own = getattr(b.__dict__.get("forward"), "__func__", None) is plan_vae_block_forward
+        if "forward" in b.__dict__ and not own:
+            problems.append(f"{fqn} already has an instance forward (a hook?); install before hooks")
+        for path in ("attn", "ff", "ff.net.0", *LINEARS):
+            if _hooked(b.get_submodule(path)):
+                problems.append(f"{fqn}.{path} carries hooks (offloading, layerwise casting?); install before them")
+    if problems:
+        raise ValueError("h3plan.install: unexpected AutoencoderKLMiniMaxH3 layout: " + "; ".join(problems[:5]))
+
+
+def _swap(report, lever, fqn, old, new) -> None:
+    s = Swap(lever, fqn, old, new)
+    report.swaps.append(s)
+    logger.info("%s", s)
+
+
+def _decision(plan, lever):
+    return next((d for d in plan.decisions if d.lever == lever), None)
+
+
+def _ops(plan) -> tuple[str, ...]:
+    d = _decision(plan, "vae_ops")
+    ops = tuple(d.param("ops") or OPS) if d is not None else OPS
+    unknown = sorted(set(ops) - set(OPS))
+    if unknown:
+        raise ValueError(f"vae_ops: unknown ops {unknown}; known: {list(OPS)}")
+    return ops
+
+
+def _install_ops(model, plan, builder, state) -> None:
+    lever = builder.lever_of("vae", "vae_ops")
+    ops = _ops(plan)
+    kernels = load_kernels(ops)
+    report = state.report
+    blocks = model.decoder.transformer_blocks
+    weight_dtypes = {b.get_submodule(p).weight.dtype for b in blocks for p in LINEARS}
+    materialise = "fp16_weights" in ops and weight_dtypes != {FP16}
+    if materialise and not weight_dtypes <= AUTOCAST_CASTS:
+        materialise = False
+        report.skipped.append((f"{lever}.fp16_weights", f"decoder block linears are {sorted(map(str, weight_dtypes))}: "
+                                                         "autocast would not cast them to float16"))
+    elif "fp16_weights" in ops and not materialise:
+        report.skipped.append((f"{lever}.fp16_weights", "decoder block linears are already float16: nothing to materialise"))
+    nbytes = 0
+    for i, block in enumerate(blocks):
+        copies = Fp16Copies.make(block, FP16) if materialise else None
+        nbytes += copies.nbytes if copies else 0
+        block._h3plan_vae = VaeBlockState(frozenset(ops), kernels, copies)
+        block.forward = types.MethodType(plan_vae_block_forward, block)
+
+        def undo(b=block):
+            for attr in ("forward", "_h3plan_vae"):
+                b.__dict__.pop(attr, None)
+
+        state.undo.append(undo)
+        fqn = f"decoder.transformer_blocks.{i}"
+        if copies is not None:
+            old = "/".join(sorted(str(d).replace("torch.", "") for d in weight_dtypes))
+            _swap(report, lever, f"{fqn} linears ({len(LINEARS)})", f"{old} + autocast casts", "float16 copies under FP16 autocast")
+        if "qk_norm_rope" in ops:
+            _swap(report, lever, f"{fqn}.attn.norm_q/norm_k+rope", "eager", "fused")
+        if "swiglu" in ops:
+            _swap(report, lever, f"{fqn}.ff.net.0 swiglu", "eager", "fused")
+        if "scaled_residual" in ops:
+            _swap(report, lever, f"{fqn} scaled residual", "eager", "fused")
+    if materialise:
+        report.notes.append(f"vae_ops.fp16_weights: float16 copies of {len(blocks) * len(LINEARS)} decoder-block linears "
+                            f"take {nbytes / 2**30:.3f} GiB beside the original parameters (kept for the state dict, "
+                            "uninstall and calls outside FP16 autocast)")
+
+
+def _geometry(model) -> str:
+    if not model.use_tiling:
+        return "tiling off"
+    return (f"{model.tile_sample_min_height}x{model.tile_sample_min_width} px, overlap "
+            f"{model.tile_sample_min_overlap_height}x{model.tile_sample_min_overlap_width}")
+
+
+def _check_tile(model, tile: dict) -> tuple[int, int, int]:
+    r = model.spatial_compression_ratio
+    h, w, o = (tile.get(k) for k in ("height", "width", "overlap"))
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (h, w, o)):
+        raise ValueError(f"vae_tiles: tile height/width/overlap must be ints, got {tile}")
+    if any(v % r for v in (h, w, o)) or o < r or o >= min(h, w):
+        raise ValueError(f"vae_tiles: tile {h}x{w}, overlap {o} must be multiples of the VAE's spatial compression "
+                         f"{r} with {r} <= overlap < min(height, width) (diffusers' _split_tiles needs it)")
+    return h, w, o
+
+
+def _install_tiles(model, plan, builder, state) -> None:
+    lever = builder.lever_of("vae", "tile")
+    tile = builder.vae["tile"]
+    h, w, o = _check_tile(model, tile)
+    before, old = {a: getattr(model, a) for a in TILING}, _geometry(model)
+    model.enable_tiling(tile_sample_min_height=h, tile_sample_min_width=w, tile_sample_min_overlap_height=o,
+                        tile_sample_min_overlap_width=o)
+    state.undo.append(lambda: [setattr(model, a, v) for a, v in before.items()])
+    got = tuple(getattr(model, a) for a in TILING)
+    if got != (True, h, w, o, o):
+        raise ValueError(f"vae_tiles: enable_tiling left {dict(zip(TILING, got))}, asked for {h}x{w} overlap {o}")
+    _swap(state.report, lever, "tiling", old, _geometry(model))
+    if tile.get("frames") is not None:
+        state.report.notes.append(f"vae_tiles: tile.frames={tile['frames']} not applied: diffusers tiles spatially "
+                                  "only (temporal chunks follow clip_length)")
+    d = _decision(plan, lever)
+    if d is not None and (d.setting == "fp8_tiles" or d.param("dtype") == "fp8"):
+        state.report.skipped.append((f"{lever}.fp8_decode", f"{d.setting}: h3plan has no FP8 tiled decoder kernel; the "
+                                     f"{h}x{w}/{o} geometry is installed and every tile decodes with diffusers' ops at "
+                                     "the autocast dtype: the FP8 decode never ran"))
+
+
+def apply(model, plan, builder, state) -> None:
+    """Swap what the builder's VAE options ask for; every swap is undoable through state.undo."""
+    if builder.vae.get("vae_ops"):
+        _install_ops(model, plan, builder, state)
+    if builder.vae.get("tile") is not None:
+        _install_tiles(model, plan, builder, state)
+    d = _decision(plan, "vae_tiles")
+    if d is not None and d.setting == "default" and tuple(getattr(model, a) for a in TILING) != RELEASED:
+        state.report.notes.append(f"vae_tiles=default leaves the model's tiling as set ({_geometry(model)}), not "
+                                  "diffusers' released 256x256 px, overlap 64x64")
+
+
+def skips(plan, builder, report) -> None:
+    """Report every plan lever that installed nothing here, with its reason (never silently)."""
+    vae_levers = set(VAE_LEVERS) | {builder.lever_of("vae", k) for k in builder.vae}
+    other = [d.lever for d in plan.decisions if d.lever not in vae_levers]
+    if other:
+        report.skipped.append((", ".join(other), "transformer levers apply to MiniMaxH3Transformer3DModel, not to "
+                                                 "the VAE (install the plan into the transformer too)"))
+    report.skipped.extend((lv, r) for lv, r in builder.skipped if lv in vae_levers)
+    touched = {builder.lever_of("vae", k) for k in builder.vae}
+    skipped = {lv for lv, _ in builder.skipped}
+    for d in plan.decisions:
+        if d.lever not in vae_levers:
+            continue
+        if d.lever not in touched and d.lever not in skipped:
+            if d.enabled:
+                report.notes.append(f"{d.lever}={d.setting} is enabled but its install recorded no option")
+            else:
+                report.skipped.append((d.lever, f"setting {d.setting!r}: nothing to install"))
+        if not d.hardware_verified and d.enabled:
+            report.notes.append(f"{d.lever}={d.setting} has never run on hardware of the planned kind")
+    if not any(d.lever in vae_levers for d in plan.decisions):
+        report.notes.append("the plan has no VAE levers: nothing installed into the VAE")

@@ -1,0 +1,230 @@
+"""The plan-driven forward of diffusers' MiniMaxH3VideoTransformerBlock (the VAE's ViT decoder blocks).
+
+Mathematically diffusers' `MiniMaxH3VideoTransformerBlock.forward` with `MiniMaxH3VideoAttnProcessor`
+inlined (diffusers 0.42.1), op for op. The `vae_ops` ops it can route:
+
+- fp16_weights: the six block linears (attn.to_q/k/v, attn.to_out.0, ff.net.0.proj, ff.net.2) run on
+  float16 copies made once at install instead of the casts FP16 autocast makes on every call. Exact:
+  autocast casts input, weight and bias to float16 and runs the same GEMM; the copies are that cast done
+  once, and the normed activation is cast to float16 once instead of once per linear (same rounding).
+  Taken only under autocast on the input's device with dtype float16, without autograd, with unchanged
+  originals; otherwise the modules' own parameters run (diffusers' code).
+- qk_norm_rope, swiglu, scaled_residual: h3plan.kernels (vae_qk_norm_rope, swiglu, scaled_residual)
+  behind their `<op>_check`; a refused call runs diffusers' expression.
+
+Counters, per block call: one `vae_ops.<op>.fused` or `.fallback` (with the reason) for fp16_weights,
+qk_norm_rope and swiglu, two for scaled_residual. Every fallback is diffusers' own code, so it is exact.
+Module hooks on the bypassed submodules (attn, the linears, ff) do not fire on fused paths; the
+installer refuses blocks that carry hooks.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from .counters import fallback as count_fallback
+from .guards import run_guarded
+
+OPS = ("fp16_weights", "qk_norm_rope", "swiglu", "scaled_residual")
+LINEARS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "ff.net.0.proj", "ff.net.2")
+KERNELS = {  # op -> (module, public fn, check fn)
+    "qk_norm_rope": ("h3plan.kernels.vae", "vae_qk_norm_rope", "vae_qk_norm_rope_check"),
+    "swiglu": ("h3plan.kernels.swiglu", "swiglu", "swiglu_check"),
+    "scaled_residual": ("h3plan.kernels.vae", "scaled_residual", "scaled_residual_check"),
+}
+
+
+def load_kernels(ops) -> dict[str, tuple[Callable, Callable]]:
+    out = {}
+    for op in ops:
+        if op not in KERNELS:
+            continue
+        mod_name, fn, check = KERNELS[op]
+        try:
+            mod = importlib.import_module(mod_name)
+        except Exception as exc:
+            raise ImportError(f"vae_ops.{op}: cannot import {mod_name} ({type(exc).__name__}: {exc})") from exc
+        out[op] = (getattr(mod, fn), getattr(mod, check))
+    return out
+
+
+def _am():
+    import diffusers.models.autoencoders.autoencoder_kl_minimax_h3 as am
+
+    return am
+
+
+@dataclass
+class Fp16Copies:
+    """One block's linear weights/biases cast once; `sources` pins the originals they were cast from."""
+
+    dtype: torch.dtype
+    device: torch.device
+    tensors: dict = field(default_factory=dict)  # nn.Linear -> (weight, bias or None)
+    sources: list = field(default_factory=list)  # (original tensor, _version, data_ptr)
+
+    @classmethod
+    def make(cls, block, dtype=torch.float16) -> "Fp16Copies":
+        first = block.get_submodule(LINEARS[0]).weight
+        c = cls(dtype, first.device)
+        with torch.no_grad():
+            for path in LINEARS:
+                lin = block.get_submodule(path)
+                b = lin.bias
+                c.tensors[lin] = (lin.weight.detach().to(dtype), None if b is None else b.detach().to(dtype))
+                c.sources += [(t, t._version, t.data_ptr()) for t in (lin.weight, b) if t is not None]
+        return c
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for pair in self.tensors.values() for t in pair if t is not None)
+
+    def params(self) -> list[torch.Tensor]:
+        return [t for t, _, _ in self.sources]
+
+    def check(self, x: torch.Tensor) -> str | None:
+        dev = x.device.type
+        if not torch.is_autocast_enabled(dev):
+            return f"autocast is off on {dev}: the float16 copies stand in for autocast's casts only"
+        ad = torch.get_autocast_dtype(dev)
+        if ad != self.dtype:
+            return f"autocast dtype {ad} != materialised {self.dtype}"
+        if x.device != self.device:
+            return f"input on {x.device}, float16 copies on {self.device} (install after moving the model)"
+        for t, version, ptr in self.sources:
+            if t._version != version or t.data_ptr() != ptr:
+                return "block linear weights changed after install (moved, cast or reloaded): reinstall to refresh the copies"
+        return None
+
+
+@dataclass
+class VaeBlockState:
+    ops: frozenset
+    kernels: dict[str, Any]
+    copies: Fp16Copies | None = None
+
+
+def processor_reason(attn) -> str | None:
+    proc = attn.processor
+    if type(proc) is not _am().MiniMaxH3VideoAttnProcessor:
+        return f"attention processor is {type(proc).__name__}, not diffusers' MiniMaxH3VideoAttnProcessor"
+    if getattr(proc, "_parallel_config", None) is not None:
+        return "context-parallel attention (processor._parallel_config) keeps diffusers' processor"
+    return None
+
+
+def _weights(st: VaeBlockState, x, reason):
+    """The float16 copies for this block call, or None (the modules' own parameters); one counted event."""
+    c = st.copies
+    if c is None:
+        return None
+    return run_guarded("vae_ops.fp16_weights", lambda: reason or c.check(x), lambda: c.tensors, lambda: None,
+                       c.params())
+
+
+def _linear(module, x, w):
+    if w is not None and module in w:
+        weight, bias = w[module]
+        return F.linear(x, weight, bias)
+    return module(x)
+
+
+def _rope(x, cos, sin):
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    r = cos.shape[-1]
+    rot, rest = x[..., :r], x[..., r:]
+    first, second = rot.chunk(2, dim=-1)
+    return torch.cat([rot * cos + torch.cat([-second, first], dim=-1) * sin, rest], dim=-1)
+
+
+def _qk(st, attn, q, k, rotary_emb):
+    def eager():
+        qn = attn.norm_q(q.float()).to(q.dtype)
+        kn = attn.norm_k(k.float()).to(k.dtype)
+        if rotary_emb is None:
+            return qn, kn
+        return _rope(qn, *rotary_emb), _rope(kn, *rotary_emb)
+
+    if "qk_norm_rope" not in st.ops:
+        return eager()
+    fn, check = st.kernels["qk_norm_rope"]
+    eps = attn.norm_q.eps
+
+    def guard():
+        if rotary_emb is None:
+            return "no rotary embedding"
+        if eps is None or attn.norm_k.eps != eps:
+            return f"norm_q/norm_k eps {eps!r}/{attn.norm_k.eps!r}: the kernel takes one explicit eps"
+        return check(q, k, rotary_emb[0], rotary_emb[1], eps)
+
+    return run_guarded("vae_ops.qk_norm_rope", guard, lambda: fn(q, k, rotary_emb[0], rotary_emb[1], eps), eager, (q, k))
+
+
+def _attention(st, attn, x, rotary_emb, w, reason):
+    if reason is not None or ("qk_norm_rope" not in st.ops and w is None):
+        if reason is not None and "qk_norm_rope" in st.ops:
+            count_fallback("vae_ops.qk_norm_rope", reason)
+        return attn(x, rotary_emb)
+    proc = attn.processor
+    # (B, S, dim) -> (B, S, H, D) views of the projections, as the processor makes them
+    q = _linear(attn.to_q, x, w).unflatten(2, (attn.heads, -1))
+    k = _linear(attn.to_k, x, w).unflatten(2, (attn.heads, -1))
+    v = _linear(attn.to_v, x, w).unflatten(2, (attn.heads, -1))
+    q, k = _qk(st, attn, q, k, rotary_emb)
+    out = _am().dispatch_attention_fn(q, k, v, attn_mask=None, backend=proc._attention_backend,
+                                      parallel_config=proc._parallel_config)
+    return _linear(attn.to_out[0], out.flatten(2, 3), w)
+
+
+def _feed_forward(st, ff, x, w):
+    if "swiglu" not in st.ops and w is None:
+        return ff(x)
+    act = ff.net[0]
+    proj = _linear(act.proj, x, w)
+
+    def eager():
+        hidden, gate = proj.chunk(2, dim=-1)
+        return hidden * act.activation(gate)
+
+    if "swiglu" in st.ops:
+        fn, check = st.kernels["swiglu"]
+        h = run_guarded("vae_ops.swiglu", lambda: check(proj), lambda: fn(proj), eager, (proj,))
+    else:
+        h = eager()
+    for module in ff.net[1:]:
+        h = _linear(module, h, w) if isinstance(module, torch.nn.Linear) else module(h)
+    return h
+
+
+def _residual(st, h, y, scale):
+    def eager():
+        return h + y * scale
+
+    if "scaled_residual" not in st.ops:
+        return eager()
+    fn, check = st.kernels["scaled_residual"]
+    return run_guarded("vae_ops.scaled_residual", lambda: check(h, y, scale), lambda: fn(h, y, scale), eager,
+                       (h, y, scale))
+
+
+def plan_vae_block_forward(self, hidden_states: torch.Tensor, rotary_emb=None) -> torch.Tensor:
+    """Bound to a decoder block as its instance `forward` by the installer; options in `self._h3plan_vae`."""
+    from diffusers.models.modeling_utils import get_parameter_dtype
+
+    st: VaeBlockState = self._h3plan_vae
+    needs_proc = st.copies is not None or "qk_norm_rope" in st.ops
+    reason = processor_reason(self.attn) if needs_proc else None
+    w = _weights(st, hidden_states, reason)
+    compute_dtype = st.copies.dtype if w is not None else get_parameter_dtype(self.attn.to_q)
+
+    norm_hidden_states = self.norm1(hidden_states.float()).to(compute_dtype)
+    y = _attention(st, self.attn, norm_hidden_states, rotary_emb, w, reason)
+    hidden_states = _residual(st, hidden_states, y, self.scale1)
+    norm_hidden_states = self.norm2(hidden_states.float()).to(compute_dtype)
+    y = _feed_forward(st, self.ff, norm_hidden_states, w)
+    return _residual(st, hidden_states, y, self.scale2)
