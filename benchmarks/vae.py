@@ -1,7 +1,7 @@
 """VAE decode benchmark: diffusers eager vs an h3plan plan in AutoencoderKLMiniMaxH3, one GPU.
 
     python benchmarks/vae.py --out benchmarks/results                     # H200: vae-h200.json / .md
-    python benchmarks/vae.py --out /tmp/r --latents 1x24x4x48x84 --plans "hardware=sm90 recipe=bf16"
+    python benchmarks/vae.py --out /tmp/r --latents 1x24x4x48x84 --plans "hardware=sm90 recipe=bf16 levers.vae_ops=fused"
 
 The released config (conf/vae/h3.yaml) with seeded fp32 weights: diffusers' initialisation, except the
 residual scales and register tokens (zeros in diffusers' init, so the blocks would change nothing) drawn
@@ -197,7 +197,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--latents", default="1x24x4x48x84,1x24x12x48x84")
-    ap.add_argument("--plans", nargs="+", default=["hardware=sm90 recipe=bf16", "hardware=sm90 recipe=fp8"])
+    ap.add_argument("--plans", nargs="+", default=["hardware=sm90 recipe=bf16 levers.vae_ops=fused", "hardware=sm90 recipe=fp8 levers.vae_ops=fused"])
     ap.add_argument("--config", default="h3", help="conf/vae/<name>.yaml, or 'tiny'")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--warmup", type=int, default=1)

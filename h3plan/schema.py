@@ -151,6 +151,9 @@ class GemmFacts:
 class VaeOpsFacts:
     registered: bool = MISSING
     source: str = MISSING
+    h3plan_speedup: Optional[List[float]] = None
+    """[min, max] end-to-end decode speedup of h3plan's fused path over diffusers eager on this GPU; null: never measured."""
+    h3plan_source: Optional[str] = None
 
 
 @dataclass

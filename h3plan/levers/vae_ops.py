@@ -21,10 +21,17 @@ def blockers(ctx: Context, s: str) -> list[str]:
 
 def auto(ctx: Context):
     v, cc = ctx.hardware["vae_ops"], ctx.hardware["compute_capability"]
-    if v["registered"]:
-        return "fused", [f"compute capability {cc} has a registered exact VAE decoder op set ({v['source']})"], {"ops": OPS}
-    return "eager", [f"compute capability {cc} has no registered VAE decoder op set: the decoder keeps diffusers' ops "
-                     f"(reported, not silently skipped; {v['source']})"], {}
+    if not v["registered"]:
+        return "eager", [f"compute capability {cc} has no registered VAE decoder op set: the decoder keeps diffusers' ops "
+                         f"(reported, not silently skipped; {v['source']})"], {}
+    sp = v.get("h3plan_speedup")
+    if sp and min(sp) >= 1.0:
+        return "fused", [f"compute capability {cc} has a registered exact VAE decoder op set ({v['source']}); h3plan's "
+                         f"fused decode measured {sp[0]:.2f}-{sp[1]:.2f}x ({v['h3plan_source']})"], {"ops": OPS}
+    why = (f"measured {sp[0]:.2f}-{sp[1]:.2f}x of diffusers eager end to end ({v['h3plan_source']})" if sp else
+           "never measured on this GPU, and measured slower than diffusers eager on the H200 (benchmarks/results/vae-h200.md)")
+    return "eager", [f"compute capability {cc} has a registered exact VAE decoder op set ({v['source']}), but h3plan's "
+                     f"fused decode was {why}: auto keeps diffusers' ops; levers.vae_ops=fused forces it (bitwise equal)"], {}
 
 
 def decide(ctx: Context):

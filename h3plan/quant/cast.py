@@ -98,7 +98,8 @@ def _dequant_kernel(c_ptr, d_ptr, out_ptr, N, BLOCK: tl.constexpr, IS_BF16: tl.c
     f = b & 7
     pow2 = ((e - 10 + 127) << 23).to(tl.float32, bitcast=True)  # 2^(e-10), exact
     mag = tl.where(e == 0, f.to(tl.float32) * 0.001953125, (f + 8).to(tl.float32) * pow2)  # both exact
-    x = tl.where((b & 0x80) != 0, -mag, mag)
+    # the sign through its bit: Triton's `-x` of +0.0 gives +0.0 on the GPU, and code 0x80 is -0.0
+    x = (mag.to(tl.uint32, bitcast=True) | ((b & 0x80).to(tl.uint32) << 24)).to(tl.float32, bitcast=True)
     x = tl.where((e == 15) & (f == 7), float("nan"), x)
     y = round_hw(x * tl.load(d_ptr), IS_BF16, HW)  # one fp32 rounding, then one to the output dtype
     tl.store(out_ptr + offs, from_f32(y, out_ptr.dtype.element_ty, HW), mask=m)

@@ -46,7 +46,7 @@ def interpreter_order(monkeypatch):
 
 @pytest.fixture(scope="module")
 def sm90():
-    return h3plan.resolve_config(hardware="sm90", recipe="bf16")
+    return h3plan.resolve_config(hardware="sm90", recipe="bf16", **{"levers.vae_ops": "fused"})
 
 
 @pytest.fixture(scope="module")
@@ -334,14 +334,14 @@ def test_benchmark_script_plumbing_on_cpu(tmp_path):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     rc = bench.main(["--out", str(tmp_path), "--device", "cpu", "--config", "tiny", "--latents", "1x4x3x6x6",
-                     "--plans", "hardware=sm90 recipe=bf16", "--warmup", "0", "--iters", "1", "--tag", "cpu"])
+                     "--plans", "hardware=sm90 recipe=bf16 levers.vae_ops=fused", "--warmup", "0", "--iters", "1", "--tag", "cpu"])
     assert rc == 0
     (rec,) = json.loads((tmp_path / "vae-cpu.json").read_text())["records"]
     assert {"latent", "tiles", "plan", "eager_ms", "plan_ms", "speedup", "bitwise_equal", "peak_GiB"} <= set(rec)
     assert rec["bitwise_equal"] and rec["tiles"] == "256x256/64" and rec["decoder_calls"] == 1
     assert rec["counters"] == {"vae_ops.fp16_weights.fused": 2, "vae_ops.qk_norm_rope.fused": 2,
                                "vae_ops.swiglu.fused": 2, "vae_ops.scaled_residual.fused": 4}
-    assert "| 1x4x3x6x6 | 256x256/64 | hardware=sm90 recipe=bf16 | fused | 1 |" in (tmp_path / "vae-cpu.md").read_text()
+    assert "| 1x4x3x6x6 | 256x256/64 | hardware=sm90 recipe=bf16 levers.vae_ops=fused | fused | 1 |" in (tmp_path / "vae-cpu.md").read_text()
 
 
 def test_fp16_checkpoint_has_nothing_to_materialise_and_still_fuses():
