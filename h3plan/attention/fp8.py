@@ -19,14 +19,7 @@ import math
 
 import torch
 
-E4M3 = torch.float8_e4m3fn
-E4M3_MAX = 448.0
-
-
-def scale_from_amax(amax: torch.Tensor, margin: float = 1.0) -> torch.Tensor:
-    """fp32 scale(s) = 448 / (amax * margin), 1 where amax == 0."""
-    a = amax.float() * margin
-    return torch.where(a > 0, torch.full_like(a, E4M3_MAX) / a, torch.ones_like(a))
+from h3plan.quant.cast import E4M3, E4M3_MAX, scale_from_amax  # noqa: F401  (one convention, re-exported)
 
 
 def amax(x: torch.Tensor) -> torch.Tensor:

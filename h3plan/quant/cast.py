@@ -44,8 +44,10 @@ def _cast_kernel(x_ptr, scale_ptr, out_ptr, N, BLOCK: tl.constexpr, HW: tl.const
     tl.store(out_ptr + offs, round_to_e4m3(y).to(tl.float8e4nv), mask=m)
 
 
-def scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
-    return torch.where(amax > 0, torch.full_like(amax, E4M3_MAX) / amax, torch.ones_like(amax))
+def scale_from_amax(amax: torch.Tensor, margin: float = 1.0) -> torch.Tensor:
+    """fp32 scale(s) = 448 / (amax * margin), 1 where amax == 0 (the one FP8 scale convention of h3plan)."""
+    a = amax.float() * margin
+    return torch.where(a > 0, torch.full_like(a, E4M3_MAX) / a, torch.ones_like(a))
 
 
 def quantize_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
