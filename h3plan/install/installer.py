@@ -21,7 +21,6 @@ the same report, idempotence and uninstall; each model reports the other model's
 
 from __future__ import annotations
 
-import json
 import logging
 import types
 from dataclasses import dataclass, field
@@ -151,22 +150,14 @@ def _attention_options(builder, report) -> AttentionOptions:
 
 
 def _static_descales(opts: AttentionOptions, fqns: list[str]) -> dict[str, torch.Tensor]:
-    """scale_table JSON: {"<attn fqn>" or "default": {"q": amax, "k": amax, "v": amax}} -> descales
-    (descale = amax * margin / 448, the inverse of the kernel's scale)."""
+    """Per-layer (q, k, v) descales from the static table (h3plan/scale_table.py): descale = amax * margin / 448,
+    the inverse of the kernel's scale."""
     from h3plan.attention.fp8 import scale_from_amax
+    from h3plan.scale_table import load, row_for
 
-    with open(opts.scale_table) as f:
-        table = json.load(f)
-    out = {}
-    for fqn in fqns:
-        row = table.get(fqn, table.get("default"))
-        if row is None:
-            raise ValueError(f"scale table {opts.scale_table} has no entry for {fqn} and no 'default'")
-        amax = torch.tensor([row["q"], row["k"], row["v"]], dtype=torch.float32)
-        if not bool((amax > 0).all()):
-            raise ValueError(f"scale table {opts.scale_table}: {fqn} amax must be > 0, got {amax.tolist()}")
-        out[fqn] = 1.0 / scale_from_amax(amax, opts.scale_margin)
-    return out
+    table = load(opts.scale_table)
+    return {fqn: 1.0 / scale_from_amax(torch.tensor(row_for(table, fqn, opts.scale_table), dtype=torch.float32),
+                                       opts.scale_margin) for fqn in fqns}
 
 
 def _ulysses(model, opts, group, report):

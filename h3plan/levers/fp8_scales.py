@@ -71,7 +71,22 @@ def _scale_o_reason(ctx: Context, s: str) -> list[str]:
     return []
 
 
+def _check_table(ctx: Context) -> None:
+    """A configured table must load, whatever the setting: a malformed one is an error, never ignored."""
+    path = ctx.recipe["fp8_static_table"]
+    if path:
+        from h3plan.scale_table import ScaleTableError, load
+
+        try:
+            load(path)
+        except ScaleTableError as e:
+            from .base import LeverError
+
+            raise LeverError(LEVER, ctx.requested(LEVER), [f"recipe.fp8_static_table: {e}"]) from None
+
+
 def decide(ctx: Context):
+    _check_table(ctx)
     d = resolve(ctx, LEVER, lossless=LOSSLESS, blockers=blockers, auto=auto, params=params)
     extra = _scale_o_reason(ctx, d.setting)
     if extra:

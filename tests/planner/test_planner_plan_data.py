@@ -1,9 +1,13 @@
 """Plan data: derived numbers (exact integer arithmetic; estimates to the formula), round trips,
 determinism, the install protocol's option keys, and the sources of every capability fact."""
 
+from pathlib import Path
+
 import pytest
 
 from h3plan.plan import Plan
+
+TABLE = str(Path(__file__).parent / "data" / "scales-synthetic.json")  # synthetic, format only
 
 
 def test_derived_shape_numbers(plan):
@@ -79,7 +83,7 @@ class RecordingBuilder:
         self.calls.append(("skip", lever, None, reason))
 
 
-@pytest.mark.parametrize("ov", [["hardware=sm90"], ["hardware=sm107", "recipe=nvfp4", "parallel=u8", "recipe.fp8_static_table=t.json"],
+@pytest.mark.parametrize("ov", [["hardware=sm90"], ["hardware=sm107", "recipe=nvfp4", "parallel=u8", "recipe.fp8_static_table=" + TABLE],
                                 ["hardware=sm90", "recipe=fp8", "parallel=u4"]])
 def test_install_records_contract_options(plan, ov):
     from h3plan.levers import REGISTRY
@@ -105,7 +109,7 @@ def test_installer_builder_accepts_every_plan(plan):
     from h3plan.levers import REGISTRY
 
     for ov in (["hardware=sm90"], ["hardware=sm90", "recipe=fp8", "parallel=u8"], ["hardware=sm107", "recipe=nvfp4", "parallel=u8",
-               "recipe.fp8_static_table=t.json"], ["hardware=sm107", "recipe=bf16", "parallel=u4", "parallel.seq_len=104076"]):
+               "recipe.fp8_static_table=" + TABLE], ["hardware=sm107", "recipe=bf16", "parallel=u4", "parallel.seq_len=104076"]):
         b = builder_mod.Builder()
         for d in plan(*ov).decisions:
             REGISTRY[d.lever].install(b, d)
@@ -115,8 +119,8 @@ def test_static_install_options(plan):
     from h3plan.levers import fp8_scales
 
     b = RecordingBuilder()
-    fp8_scales.install(b, plan("hardware=sm107", "recipe=nvfp4", "parallel=u8", "recipe.fp8_static_table=t.json").decision("fp8_scales"))
-    assert [c[2:] for c in b.calls] == [("fp8_scales", "static"), ("scale_table", "t.json"), ("scale_margin", 1.0)]
+    fp8_scales.install(b, plan("hardware=sm107", "recipe=nvfp4", "parallel=u8", "recipe.fp8_static_table=" + TABLE).decision("fp8_scales"))
+    assert [c[2:] for c in b.calls] == [("fp8_scales", "static"), ("scale_table", TABLE), ("scale_margin", 1.0)]
 
 
 @pytest.mark.parametrize("hw", ["sm90", "sm100", "sm103", "sm107"])
