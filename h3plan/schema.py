@@ -20,6 +20,7 @@ LEVER_SETTINGS: dict[str, tuple[str, ...]] = {
     "gemm_quant": ("bf16", "fp8", "nvfp4", "dequant_bf16"),
     "attention": ("sdpa", "cudnn_bf16", "cudnn_fp8", "fa4"),
     "fa4_2cta": ("off", "on"),
+    "fa4_tile": ("default", "tuned"),
     "fp8_scales": ("off", "dynamic", "static"),
     "qk_norm_rope": ("eager", "fused", "fused_fp8"),
     "modulation": ("eager", "exact", "fp32"),
@@ -116,6 +117,32 @@ class PeakFacts:
 
 
 @dataclass
+class Fa4TileSpeed:
+    """FA4-default time / tile time at one attention shape, one entry per measuring run."""
+
+    seq_len: int = MISSING
+    heads: int = MISSING
+    speedups: List[float] = MISSING
+
+
+@dataclass
+class Fa4Tile:
+    """A measured forward tile for FA4 on this hardware, by head dim (FA4's `_flash_attn_fwd` arguments)."""
+
+    head_dim: int = MISSING
+    tile_m: int = MISSING
+    tile_n: int = MISSING
+    mma_pv_is_rs: bool = MISSING
+    intra_wg_overlap: bool = MISSING
+    bitwise_vs_default: bool = MISSING
+    """The tile's output is bit-identical to FA4's own default tile at the measured shapes."""
+    measured: List[Fa4TileSpeed] = MISSING
+    """Where the tile was timed against FA4's default; auto uses it at the nearest sequence length only
+    when every run there measured it faster."""
+    source: str = MISSING
+
+
+@dataclass
 class Fa4Facts:
     bf16: bool = MISSING
     one_cta: bool = MISSING
@@ -123,6 +150,8 @@ class Fa4Facts:
     fp8: bool = MISSING
     two_cta_regresses_long: bool = MISSING
     source: str = MISSING
+    tuned_tiles: List[Fa4Tile] = field(default_factory=list)
+    """Measured tiles that beat FA4's default (empty: FA4's own heuristic is all there is)."""
 
 
 @dataclass

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 BASE_LEVERS = ("attention", "fa4_2cta", "fp8_scales")
 # A lever's fused counter; a fallback reason starting with one of these is a platform limit (emulated).
 FUSED_KEY = {"gemm_quant": "gemm_quant", "qk_norm_rope": "qk_norm_rope", "modulation": "modulation",
-             "gated_residual": "gated_residual", "swiglu": "swiglu", "fa4_2cta": "fa4_2cta", "attention": "attention"}
+             "gated_residual": "gated_residual", "swiglu": "swiglu", "fa4_2cta": "fa4_2cta", "fa4_tile": "fa4_tile",
+             "attention": "attention"}
 PLATFORM_LIMITS = ("FP8 GEMM needs CUDA", "FP8 GEMM needs SM89", "NVFP4 GEMMs need SM100+")
 OUTPUTS = ("hidden", "video", "audio")
 
@@ -128,7 +129,7 @@ def _substitute_backend(plan, backend, reason):
     for d in plan.decisions:
         if d.lever == "attention":
             out.append(make_decision("attention", backend, True, [f"verify: {reason}"]))
-        elif d.lever in ("fa4_2cta", "fp8_scales") or (d.lever == "qk_norm_rope" and d.setting == "fused_fp8"):
+        elif d.lever in ("fa4_2cta", "fa4_tile", "fp8_scales") or (d.lever == "qk_norm_rope" and d.setting == "fused_fp8"):
             continue
         else:
             out.append(d)

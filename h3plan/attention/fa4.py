@@ -8,6 +8,13 @@ back (`two_cta=True` allows 2-CTA, FA4's heuristics still decide per shape; `Fal
 None leaves FA4's default). An explicit FA_DISABLE_2CTA in the environment always wins: the flag is
 never touched then. FA4 also disables the 2-CTA forward on CUDA 12 (`_fa_disable_2cta_cuda12`).
 
+Tile (`tile=`, the fa4_tile lever): a measured SM90 forward tile {tile_m, tile_n, mma_pv_is_rs,
+intra_wg_overlap} passed to FA4's `interface._flash_attn_fwd` (the function `flash_attn_func` wraps; it
+takes these as keyword arguments). `tile_reason(q)` says per call why the tile cannot apply (not SM9x,
+an FA4 build whose `_flash_attn_fwd` lacks those arguments); the call then runs FA4's default tile and
+the processor counts `fa4_tile.fallback` with that reason. The H200 tile (192, 128, no RS) was probed
+bit-identical to FA4's default (benchmarks/results/probes/attention-tuning-h200.json).
+
 Numerics: FA4's own (fp32 accumulation, bf16 output); not bitwise equal to SDPA (relative error about
 3e-3 at H3 shapes, DESIGN.md anchors). Hardware: FA4's SM90 forward ran on the H200 (anchors/probe2.py)
 and this wrapper is proven by tests/gpu/test_install_gpu.py; the 2-CTA switch on SM100+ never ran on
@@ -16,6 +23,7 @@ hardware here (no Blackwell machine).
 
 from __future__ import annotations
 
+import inspect
 import os
 from contextlib import contextmanager
 
@@ -25,6 +33,25 @@ from .base import AttentionBackend, cuda_reason, device_cc, shape_reason, write_
 from .facts import fa4_requirements
 
 ENV = "FA_DISABLE_2CTA"
+TILE_ARGS = ("tile_mn", "mma_pv_is_rs", "intra_wg_overlap")
+_TILE_FN: list = []  # [(fn or None, reason or None)], resolved once per process
+
+
+def _tile_fn():
+    """(FA4's `_flash_attn_fwd`, None) when it takes the tile arguments, else (None, why not)."""
+    if not _TILE_FN:
+        try:
+            from flash_attn.cute import interface
+
+            fn = getattr(interface, "_flash_attn_fwd", None)
+            if fn is None:
+                _TILE_FN.append((None, "this flash_attn.cute has no interface._flash_attn_fwd"))
+            else:
+                missing = [a for a in TILE_ARGS if a not in inspect.signature(fn).parameters]
+                _TILE_FN.append((None, f"this FA4's _flash_attn_fwd lacks {missing}") if missing else (fn, None))
+        except Exception as exc:
+            _TILE_FN.append((None, f"flash_attn.cute.interface import failed ({type(exc).__name__}: {exc})"))
+    return _TILE_FN[0]
 
 
 def _import():
@@ -37,8 +64,9 @@ def _import():
 class FA4Backend(AttentionBackend):
     name = "fa4"
 
-    def __init__(self, two_cta: bool | None = None):
+    def __init__(self, two_cta: bool | None = None, tile: dict | None = None):
         self.two_cta = two_cta
+        self.tile = dict(tile) if tile else None
         self.hardware_verified = not two_cta
 
     @staticmethod
@@ -76,6 +104,15 @@ class FA4Backend(AttentionBackend):
             return "FA4 disables its 2-CTA forward on CUDA 12"
         return None
 
+    def tile_reason(self, q) -> str | None:
+        """None when this call runs the planned tile; else why FA4's default tile runs instead."""
+        if not self.tile:
+            return "no tile planned"
+        cc = device_cc(q)
+        if cc[0] != 9:
+            return f"the tile was measured for FA4's SM90 kernel (device is SM{cc[0]}{cc[1]})"
+        return _tile_fn()[1]
+
     @contextmanager
     def _cta_switch(self, utils):
         if self.two_cta is None or ENV in os.environ or not hasattr(utils, "_fa_disable_2cta_enabled"):
@@ -91,9 +128,15 @@ class FA4Backend(AttentionBackend):
     def __call__(self, q, k, v, out=None):
         flash_attn_func, utils = _import()
         q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+        if self.tile and self.tile_reason(q) is None:
+            t = self.tile
+            o = _tile_fn()[0](q, k, v, softmax_scale=None, causal=False, tile_mn=(t["tile_m"], t["tile_n"]),
+                              mma_pv_is_rs=t["mma_pv_is_rs"], intra_wg_overlap=t["intra_wg_overlap"])[0]
+            return write_out(o, out)
         with self._cta_switch(utils):
             o, _lse = flash_attn_func(q, k, v, softmax_scale=None, causal=False)
         return write_out(o, out)
 
     def __repr__(self) -> str:
-        return f"FA4Backend(two_cta={self.two_cta})"
+        tile = f", tile={self.tile['tile_m']}x{self.tile['tile_n']}" if self.tile else ""
+        return f"FA4Backend(two_cta={self.two_cta}{tile})"

@@ -12,6 +12,12 @@ from typing import Any
 
 BACKENDS = ("sdpa", "cudnn_bf16", "cudnn_fp8", "fa4")
 
+def _is_tile(v: Any) -> bool:
+    return (isinstance(v, dict) and set(v) == {"tile_m", "tile_n", "mma_pv_is_rs", "intra_wg_overlap"}
+            and all(isinstance(v[k], int) and not isinstance(v[k], bool) and v[k] > 0 for k in ("tile_m", "tile_n"))
+            and all(isinstance(v[k], bool) for k in ("mma_pv_is_rs", "intra_wg_overlap")))
+
+
 # key -> validator (value -> bool) with a description of the allowed values.
 BLOCK_KEYS = {
     "modulation": (lambda v: v in ("eager", "exact", "fp32"), "'eager' | 'exact' | 'fp32'"),
@@ -21,6 +27,7 @@ BLOCK_KEYS = {
 ATTENTION_KEYS = {
     "backend": (lambda v: v in BACKENDS, " | ".join(repr(b) for b in BACKENDS)),
     "fa4_2cta": (lambda v: isinstance(v, bool), "bool"),
+    "fa4_tile": (lambda v: v is None or _is_tile(v), "None or dict(tile_m, tile_n: int; mma_pv_is_rs, intra_wg_overlap: bool)"),
     "qk_norm_rope": (lambda v: v in ("eager", "fused", "fused_fp8"), "'eager' | 'fused' | 'fused_fp8'"),
     "fp8_scales": (lambda v: v in ("off", "dynamic", "static"), "'off' | 'dynamic' | 'static'"),
     "scale_table": (lambda v: v is None or isinstance(v, str), "path or None"),

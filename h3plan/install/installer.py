@@ -140,6 +140,8 @@ def _attention_options(builder, report) -> AttentionOptions:
         problems.append("qk_norm_rope=fused_fp8 feeds cudnn_fp8 only")
     if a.fa4_2cta and a.backend != "fa4":
         problems.append("fa4_2cta=True needs backend fa4")
+    if a.fa4_tile and a.backend != "fa4":
+        problems.append("fa4_tile needs backend fa4")
     if a.fp8_scales == "static" and not a.scale_table:
         problems.append("fp8_scales=static needs a scale_table")
     if a.a2a_fp8_codes and a.qk_norm_rope != "fused_fp8":
@@ -185,7 +187,8 @@ def _processors(model, builder, state, group):
 
     report = state.report
     opts = _attention_options(builder, report)
-    backend = get_backend(opts.backend, two_cta=opts.fa4_2cta) if opts.backend == "fa4" else get_backend(opts.backend)
+    backend = (get_backend(opts.backend, two_cta=opts.fa4_2cta, tile=opts.fa4_tile) if opts.backend == "fa4"
+               else get_backend(opts.backend))
     kernels = {}
     if opts.qk_norm_rope == "fused":
         kernels["qk_norm_rope"] = load_kernel("qk_norm_rope")
@@ -209,6 +212,10 @@ def _processors(model, builder, state, group):
                   opts.qk_norm_rope)
         if opts.fa4_2cta and opts.backend == "fa4":
             _swap(report, builder.lever_of("attention", "fa4_2cta"), fqn, "fa4 default CTA mode", "2-CTA allowed per call")
+        if opts.fa4_tile and opts.backend == "fa4":
+            t = opts.fa4_tile
+            _swap(report, builder.lever_of("attention", "fa4_tile"), fqn, "fa4 default tile",
+                  f"tile {t['tile_m']}x{t['tile_n']} (mma_pv_is_rs={t['mma_pv_is_rs']})")
     if opts.backend == "fa4" and opts.fa4_2cta:
         report.notes.append("fa4_2cta: the per-call 2-CTA switch never ran on Blackwell hardware here")
     if opts.backend == "cudnn_fp8":

@@ -35,6 +35,7 @@ from .guards import GRAD_REASON, needs_grad, run_guarded
 class AttentionOptions:
     backend: str = "sdpa"
     fa4_2cta: bool | None = None
+    fa4_tile: dict | None = None  # {tile_m, tile_n, mma_pv_is_rs, intra_wg_overlap}; None: FA4's own pick
     qk_norm_rope: str = "eager"
     fp8_scales: str = "dynamic"
     scale_table: str | None = None
@@ -49,6 +50,8 @@ class AttentionOptions:
         parts = [f"backend={self.backend}", f"qk_norm_rope={self.qk_norm_rope}"]
         if self.backend == "fa4" and self.fa4_2cta is not None:
             parts.append(f"2cta={self.fa4_2cta}")
+        if self.backend == "fa4" and self.fa4_tile:
+            parts.append(f"tile={self.fa4_tile['tile_m']}x{self.fa4_tile['tile_n']}")
         if self.backend == "cudnn_fp8":
             parts.append(f"fp8_scales={self.fp8_scales}")
         if self.ulysses_degree > 1:
@@ -96,6 +99,9 @@ class H3PlanAttnProcessor:
         if self.opts.backend == "fa4" and self.opts.fa4_2cta:
             why = self.backend.two_cta_reason(q)
             count_fused("fa4_2cta") if why is None else count_fallback("fa4_2cta", why)
+        if self.opts.backend == "fa4" and self.opts.fa4_tile:
+            why = self.backend.tile_reason(q)
+            count_fused("fa4_tile") if why is None else count_fallback("fa4_tile", why)
 
     def attend(self, q, k, v, out=None, descales=None):
         """Backend attention on (B, Sq, H, D) / (B, Skv, H, D); diffusers' dispatch when refused."""

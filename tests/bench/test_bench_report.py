@@ -102,12 +102,12 @@ def test_markdown_rows_targets_and_column_notes():
     assert "| sm90/fp8/u1 | 19000 | 1 | 46.50 | 29.00 | 1.60x | - | 2.10e-02 | 0 |" in md
     lines = [x for x in md.splitlines() if x.startswith("- ") and "diffusers eager, `" in x]
     assert lines == [
-        "- lossless plan block >= 1.25x diffusers eager, `sm90/bf16/u1` S=19000: 1.33x -> met",
-        "- lossless plan block >= 1.25x diffusers eager, `sm90/bf16/u1` S=37820: 1.09x -> **not met**",
-        "- FP8 plan block >= 1.5x diffusers eager, `sm90/fp8/u1` S=19000: 1.60x, rel. error vs BF16 eager 2.10e-02 -> met",
-        "- FP8 plan block >= 1.5x diffusers eager, `sm90/fp8/u1` S=37820: 1.38x, rel. error vs BF16 eager 2.40e-02 -> **not met**",
+        "- lossless plan block >= 1.25x diffusers eager, `sm90/bf16/u1` S=19000 x1: 1.329x -> met",
+        "- lossless plan block >= 1.25x diffusers eager, `sm90/bf16/u1` S=37820 x1: 1.089x -> **not met**",
+        "- FP8 plan block >= 1.5x diffusers eager, `sm90/fp8/u1` S=19000 x1: 1.603x, rel. error vs BF16 eager 2.10e-02 -> met",
+        "- FP8 plan block >= 1.5x diffusers eager, `sm90/fp8/u1` S=37820 x1: 1.376x, rel. error vs BF16 eager 2.40e-02 -> **not met**",
     ]
-    assert "`sm90/fp8/u1` S=37820: 90.0% -> **not met**" in md and "`sm90/bf16/u1` S=19000: 98.0% -> met" in md
+    assert "`sm90/fp8/u1` S=37820 x1: 90.0% -> **not met**" in md and "`sm90/bf16/u1` S=19000 x1: 98.0% -> met" in md
     assert "## What each column compares" in md and "Host-clock" not in md
 
 
@@ -120,6 +120,6 @@ def test_markdown_flags_cpu_records_failures_and_fallbacks():
     assert "Host-clock (CPU) records below: their times are meaningless" in md
     assert "failed: OutOfMemoryError: CUDA out of memory" in md
     assert "| **no** | 3.10e-03 | 3 |" in md
-    line = [x for x in md.splitlines() if "`p2` S=19000: 1.33x" in x][0]
+    line = [x for x in md.splitlines() if "`p2` S=19000 x1: 1.3" in x][0]
     assert "not bitwise equal" in line and "3 guarded calls fell back" in line
     assert not any("S=19000" in x and "`sm90/bf16/u1`" in x for x in bench.target_lines(doc["records"]))

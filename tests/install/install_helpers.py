@@ -30,6 +30,7 @@ LEVERS = {
     "gemm_quant": _gemm,
     "attention": lambda b, d: b.set_attention_option("attention", "backend", d.setting),
     "fa4_2cta": lambda b, d: b.set_attention_option("fa4_2cta", "fa4_2cta", d.setting == "on"),
+    "fa4_tile": lambda b, d: b.set_attention_option("fa4_tile", "fa4_tile", d.param("tile") if d.setting == "tuned" else None),
     "fp8_scales": lambda b, d: (b.set_attention_option("fp8_scales", "fp8_scales", d.setting),
                                 b.set_attention_option("fp8_scales", "scale_table", d.param("scale_table")),
                                 b.set_attention_option("fp8_scales", "scale_margin", float(d.param("scale_margin", 1.0)))),

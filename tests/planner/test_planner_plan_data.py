@@ -56,7 +56,7 @@ def test_tiny_model_plans(plan):
 
 CONTRACT = {
     "block": {"modulation", "gated_residual", "swiglu"},
-    "attention": {"backend", "fa4_2cta", "qk_norm_rope", "fp8_scales", "scale_table", "scale_margin", "ulysses_degree",
+    "attention": {"backend", "fa4_2cta", "fa4_tile", "qk_norm_rope", "fp8_scales", "scale_table", "scale_margin", "ulysses_degree",
                   "ulysses_padding", "ulysses_chunks", "a2a_fp8_codes", "prefix_inplace"},
     "vae": {"vae_ops", "tile"},
 }
@@ -98,7 +98,7 @@ def test_install_records_contract_options(plan, ov):
     assert set(by_lever) == set(REGISTRY)  # every lever records something or says why it skips
     for d in p.decisions:
         kinds = {k for k, _, _ in by_lever[d.lever]}
-        if d.setting in ("off", "eager", "default", "bf16") and d.lever not in ("fa4_2cta", "ulysses_padding"):
+        if d.setting in ("off", "eager", "default", "bf16") and d.lever not in ("fa4_2cta", "fa4_tile", "ulysses_padding"):
             assert kinds == {"skip"}, d.lever
     assert ("attention", "backend", p.decision("attention").setting) in by_lever["attention"]
 

@@ -166,12 +166,13 @@ def target_lines(records: Sequence[Mapping]) -> list[str]:
                 extra += ", **not bitwise equal to eager with the same backend**"
             if fallbacks(r):
                 extra += f", {fallbacks(r)} guarded calls fell back"
-            lines.append(f"- {what} >= {goal}x diffusers eager, `{r['plan']}` S={r['S']}: {_f(sp)}x{extra} -> {verdict}")
+            lines.append(f"- {what} >= {goal}x diffusers eager, `{r['plan']}` S={r['S']} x{r['blocks']}: "
+                         f"{_f(sp, '{:.3f}')}x{extra} -> {verdict}")
         frac = r.get("attention_in_plan_fraction")
         if frac is not None:
             verdict = "met" if frac >= TARGET_ATTENTION_FRACTION else "**not met**"
             lines.append(f"- attention inside the plan >= {TARGET_ATTENTION_FRACTION:.0%} of `{r['attention_backend']}` "
-                         f"standalone, `{r['plan']}` S={r['S']}: {frac:.1%} -> {verdict}")
+                         f"standalone, `{r['plan']}` S={r['S']} x{r['blocks']}: {frac:.1%} -> {verdict}")
     for S, anchor in sorted(ANCHOR_EAGER_MS.items()):
         eager = [r["eager_ms"] for r in records if r["S"] == S and r["blocks"] == 1 and r.get("eager_ms")
                  and r.get("timing") == "cuda-events" and "h200" in r.get("device", "").lower()]

@@ -1,0 +1,89 @@
+"""FA4's forward tile for the transformer blocks; only with attention=fa4.
+
+`default` leaves the tile to FA4's own heuristic. `tuned` passes a tile measured on this hardware
+(`hardware.fa4.tuned_tiles`, by head dim) to FA4's forward. auto: tuned where the hardware lists a tile
+for the model's head dim and every run at the nearest measured sequence length timed it faster than
+FA4's default; else default (the reason names the runs). A tile whose output is not bit-identical to FA4's default is
+lossy for this project's promise (a lossless plan matches diffusers' eager block given the *same*
+backend), so under a lossless recipe only a `bitwise_vs_default` tile may be chosen.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from .base import Context, resolve
+
+LEVER = "fa4_tile"
+LOSSLESS = {"default": True, "tuned": True}  # a tile that changes the bits is blocked below instead
+
+
+def tile_for(ctx: Context) -> Mapping[str, Any] | None:
+    d = ctx.model["diffusers_config"]["attention_head_dim"]
+    return next((t for t in ctx.hardware["fa4"].get("tuned_tiles") or [] if t["head_dim"] == d), None)
+
+
+def nearest_speed(ctx: Context, t: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The measured point nearest the plan's sequence length (log scale), then nearest in heads."""
+    heads = ctx.shape["heads_per_rank"]
+    return min(t["measured"], key=lambda m: (abs(math.log(m["seq_len"] / ctx.seq_len)), abs(math.log(m["heads"] / heads))))
+
+
+def _describe(t: Mapping[str, Any]) -> str:
+    pv = "P in registers" if t["mma_pv_is_rs"] else "P through shared memory"
+    return f"({t['tile_m']}, {t['tile_n']}), {pv}"
+
+
+def blockers(ctx: Context, s: str) -> list[str]:
+    if s == "default":
+        return []
+    out = []
+    if ctx.setting("attention") != "fa4":
+        out.append(f"attention is {ctx.setting('attention')}: the tile is an FA4 option")
+    t = tile_for(ctx)
+    if t is None:
+        d = ctx.model["diffusers_config"]["attention_head_dim"]
+        out.append(f"{ctx.hw} lists no measured FA4 tile for head_dim {d} (hardware.fa4.tuned_tiles)")
+    elif ctx.lossless_only and not t["bitwise_vs_default"]:
+        out.append(f"recipe {ctx.recipe['name']} has policy lossless and the {ctx.hw} tile {_describe(t)} changes FA4's bits")
+    return out
+
+
+def auto(ctx: Context):
+    if ctx.setting("attention") != "fa4":
+        return "default", [f"attention is {ctx.setting('attention')}, not fa4"], params(ctx, "default")
+    t = tile_for(ctx)
+    if t is None:
+        return "default", [f"{ctx.hw}: no measured FA4 tile for this head dim; FA4's own heuristic picks"], params(ctx, "default")
+    if ctx.lossless_only and not t["bitwise_vs_default"]:
+        return "default", [f"{ctx.hw}: the measured tile {_describe(t)} changes FA4's bits and the recipe is lossless"], params(ctx, "default")
+    m = nearest_speed(ctx, t)
+    runs = ", ".join(f"{x:.3f}x" for x in m["speedups"])
+    where = f"{m['seq_len']:,} x {m['heads']}"
+    same = "bit-identical to FA4's default tile" if t["bitwise_vs_default"] else "not bit-identical to FA4's default tile"
+    if min(m["speedups"]) < 1.0:
+        return "default", [f"{ctx.hw}: tile {_describe(t)} against FA4's default at {where} (nearest measured shape): "
+                           f"{runs} over the runs, not faster in every run; FA4's default kept ({t['source']})"], params(ctx, "default")
+    return "tuned", [f"{ctx.hw}: tile {_describe(t)} is {same} and faster in every run at {where} (nearest measured shape): "
+                     f"{runs} ({t['source']})"], params(ctx, "tuned")
+
+
+def params(ctx: Context, s: str) -> dict:
+    p: dict[str, Any] = {"attention": ctx.setting("attention")}
+    t = tile_for(ctx) if s == "tuned" else None
+    if t is not None:
+        p["tile"] = {k: t[k] for k in ("tile_m", "tile_n", "mma_pv_is_rs", "intra_wg_overlap")}
+    return p
+
+
+def decide(ctx: Context):
+    return resolve(ctx, LEVER, lossless=LOSSLESS, blockers=blockers, auto=auto, params=params)
+
+
+def install(builder, decision) -> None:
+    if decision.param("attention") != "fa4":
+        builder.skip(LEVER, decision.reasons[0])
+        return
+    tile = decision.param("tile") if decision.setting == "tuned" else None
+    builder.set_attention_option(LEVER, "fa4_tile", dict(tile) if tile else None)

@@ -1,0 +1,67 @@
+"""The fa4_tile lever: tuned where the hardware lists a measured tile for the model's head dim and
+attention is fa4; default everywhere else; a forced `tuned` that cannot apply is a one-line error."""
+
+import pytest
+
+from conftest import _hydra_compose
+
+from h3plan.planner import PlanningError, resolve
+
+TILE = {"tile_m": 192, "tile_n": 128, "mma_pv_is_rs": False, "intra_wg_overlap": True}
+
+
+def test_sm90_bf16_picks_the_measured_tile(plan):
+    d = plan("hardware=sm90", "recipe=bf16").decision("fa4_tile")
+    assert (d.setting, d.lossless, d.forced) == ("tuned", True, False)
+    assert d.param("tile") == TILE and d.param("attention") == "fa4"
+    assert "bit-identical to FA4's default tile" in d.reasons[0] and "attention-tuning-h200.json" in d.reasons[0]
+    assert "faster in every run at 19,000 x 56 (nearest measured shape): 1.054x, 1.042x" in d.reasons[0]
+    assert d.hardware_verified  # the H200 GPU suite and bench ran it
+
+
+def test_sm90_keeps_the_default_where_the_runs_disagree(plan):
+    d = plan("hardware=sm90", "parallel.seq_len=37820").decision("fa4_tile")
+    assert d.setting == "default" and "1.031x, 0.972x over the runs, not faster in every run" in d.reasons[0]
+    forced = plan("hardware=sm90", "parallel.seq_len=37820", "levers.fa4_tile=tuned").decision("fa4_tile")
+    assert forced.setting == "tuned" and forced.forced and forced.param("tile") == TILE
+
+
+@pytest.mark.parametrize("overrides, why", [
+    (["hardware=sm100"], "sm100: no measured FA4 tile"),
+    (["hardware=sm107", "recipe=bf16"], "sm107: no measured FA4 tile"),
+    (["hardware=sm90", "recipe=fp8"], "attention is cudnn_fp8, not fa4"),
+    (["hardware=sm90", "levers.attention=sdpa"], "attention is sdpa, not fa4"),
+    (["hardware=sm90", "model.diffusers_config.attention_head_dim=64",
+      "model.diffusers_config.rope_freq_dim=8"], "no measured FA4 tile for this head dim"),
+])
+def test_default_elsewhere(plan, overrides, why):
+    d = plan(*overrides).decision("fa4_tile")
+    assert d.setting == "default" and why in d.reasons[0] and d.param("tile") is None
+
+
+@pytest.mark.parametrize("overrides, why", [
+    (["hardware=sm90", "levers.attention=cudnn_bf16"], "attention is cudnn_bf16: the tile is an FA4 option"),
+    (["hardware=sm103"], "sm103 lists no measured FA4 tile for head_dim 128"),
+])
+def test_forced_tuned_that_cannot_apply(plan, overrides, why):
+    with pytest.raises(PlanningError, match="levers.fa4_tile=tuned cannot apply: " + why):
+        plan(*overrides, "levers.fa4_tile=tuned")
+
+
+LOSSY_TILE = ("hardware.fa4.tuned_tiles=[{head_dim:128,tile_m:128,tile_n:176,mma_pv_is_rs:true,intra_wg_overlap:true,"
+              "bitwise_vs_default:false,measured:[{seq_len:19000,heads:56,speedups:[1.01,1.02]}],source:test}]")
+
+
+def test_a_tile_that_changes_the_bits_stays_off_under_a_lossless_recipe():
+    d = resolve(_hydra_compose("hardware=sm90", LOSSY_TILE)).decision("fa4_tile")
+    assert d.setting == "default" and "changes FA4's bits and the recipe is lossless" in d.reasons[0]
+    with pytest.raises(PlanningError, match="policy lossless and the sm90 tile \\(128, 176\\), P in registers changes"):
+        resolve(_hydra_compose("hardware=sm90", LOSSY_TILE, "levers.fa4_tile=tuned"))
+    budget = resolve(_hydra_compose("hardware=sm90", LOSSY_TILE, "recipe=fp8", "levers.attention=fa4")).decision("fa4_tile")
+    assert budget.setting == "tuned" and "not bit-identical" in budget.reasons[0]
+
+
+def test_forced_default_and_unverified_hardware(plan):
+    d = plan("hardware=sm90", "levers.fa4_tile=default").decision("fa4_tile")
+    assert d.setting == "default" and d.forced and d.hardware_verified
+    assert not plan("hardware=sm100").decision("fa4_tile").hardware_verified
