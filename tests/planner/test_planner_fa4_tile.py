@@ -3,9 +3,19 @@ attention is fa4; default everywhere else; a forced `tuned` that cannot apply is
 
 import pytest
 
-from conftest import _hydra_compose
-
 from h3plan.planner import PlanningError, resolve
+
+
+def _hydra_compose(*overrides):
+    """Hydra's own compose: a list of structured tiles is an override the shared fixture cannot merge."""
+    from hydra import compose, initialize_config_dir
+
+    from h3plan import schema
+    from h3plan.cli import CONFIG_PATH
+
+    schema.register()
+    with initialize_config_dir(config_dir=CONFIG_PATH, version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
 
 TILE = {"tile_m": 192, "tile_n": 128, "mma_pv_is_rs": False, "intra_wg_overlap": True}
 
