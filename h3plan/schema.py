@@ -33,6 +33,7 @@ LEVER_SETTINGS: dict[str, tuple[str, ...]] = {
     "nvfp4_producer_quant": ("off", "on"),
     "nvfp4_out_quant": ("off", "on"),
     "vae_tiles": ("default", "fp8_tiles", "custom"),
+    "vae_graphs": ("off", "on"),
     "vae_ops": ("eager", "fused"),
 }
 
@@ -183,6 +184,11 @@ class VaeOpsFacts:
     h3plan_speedup: Optional[List[float]] = None
     """[min, max] end-to-end decode speedup of h3plan's fused path over diffusers eager on this GPU; null: never measured."""
     h3plan_source: Optional[str] = None
+    graphs_speedup: Optional[List[float]] = None
+    """[min, max] decode speedup over diffusers eager with vae_graphs=on and diffusers' ops; null: never measured."""
+    graphs_fused_speedup: Optional[List[float]] = None
+    """[min, max] decode speedup over diffusers eager with vae_graphs=on and the fused ops; null: never measured."""
+    graphs_source: Optional[str] = None
 
 
 @dataclass

@@ -40,6 +40,7 @@ ATTENTION_KEYS = {
 }
 VAE_KEYS = {
     "vae_ops": (lambda v: isinstance(v, bool), "bool"),
+    "graphs": (lambda v: isinstance(v, bool), "bool"),
     "tile": (lambda v: v is None or isinstance(v, dict), "dict(height, width, frames, overlap) or None"),
 }
 QUANT_FORMATS = ("fp8", "nvfp4")

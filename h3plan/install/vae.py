@@ -7,6 +7,9 @@
   autocast keep diffusers' parameters and numerics; the price is the copies' memory (reported; 4.8 GB
   at the released config) beside the originals, which the per-call guard needs as its exact fallback.
   A block whose linears are already float16 (a float16 `torch_dtype`) has nothing to materialise.
+- `vae_graphs` (builder option `graphs=True`): `decoder.forward` becomes a GraphedDecoder
+  (vae_graph.py) that replays the whole ViT decoder forward from one CUDA graph per input signature,
+  with a counted per-call guard that runs diffusers' forward when a graph cannot apply.
 - `vae_tiles` (builder option `tile`): the geometry goes through diffusers' own
   `enable_tiling(tile_sample_min_height, tile_sample_min_width, tile_sample_min_overlap_height,
   tile_sample_min_overlap_width)`; diffusers tiles spatially only, so `tile.frames` is reported, not
@@ -27,10 +30,11 @@ import torch
 
 from .report import Swap
 from .vae_block import LINEARS, OPS, Fp16Copies, VaeBlockState, load_kernels, plan_vae_block_forward
+from .vae_graph import GraphedDecoder
 
 logger = logging.getLogger("h3plan.install")
 
-VAE_LEVERS = ("vae_tiles", "vae_ops")
+VAE_LEVERS = ("vae_tiles", "vae_graphs", "vae_ops")
 TILING = ("use_tiling", "tile_sample_min_height", "tile_sample_min_width", "tile_sample_min_overlap_height",
           "tile_sample_min_overlap_width")
 RELEASED = (True, 256, 256, 64, 64)  # diffusers' AutoencoderKLMiniMaxH3.__init__ tiling
@@ -156,6 +160,32 @@ def _install_ops(model, plan, builder, state) -> None:
                             "uninstall and calls outside FP16 autocast)")
 
 
+def _install_graphs(model, builder, state) -> None:
+    lever = builder.lever_of("vae", "graphs")
+    dec = model.decoder
+    own = isinstance(dec.__dict__.get("forward"), GraphedDecoder)
+    if (_hooked(dec) and not own) or any(_hooked(m) for m in dec.modules() if m is not dec and not _plan_block(m)):
+        state.report.skipped.append((lever, "the ViT decoder or one of its modules carries hooks or an instance forward "
+                                            "(offloading?): a CUDA graph would freeze what they do; diffusers' forward kept"))
+        return
+    gd = GraphedDecoder(dec, dec.forward)
+    dec.forward = gd
+
+    def undo():
+        dec.__dict__.pop("forward", None)
+        gd.release()
+
+    state.undo.append(undo)
+    _swap(state.report, lever, "decoder.forward", type(dec).__name__ + ".forward",
+          "CUDA graph replay, one graph per input signature (diffusers' forward when a guard refuses)")
+
+
+def _plan_block(m) -> bool:
+    """A decoder block whose only instance attribute is the plan forward vae_ops installed."""
+    f = m.__dict__.get("forward")
+    return getattr(f, "__func__", None) is plan_vae_block_forward and not (m._forward_hooks or m._forward_pre_hooks)
+
+
 def _geometry(model) -> str:
     if not model.use_tiling:
         return "tiling off"
@@ -202,6 +232,8 @@ def apply(model, plan, builder, state) -> None:
         _install_ops(model, plan, builder, state)
     if builder.vae.get("tile") is not None:
         _install_tiles(model, plan, builder, state)
+    if builder.vae.get("graphs"):
+        _install_graphs(model, builder, state)
     d = _decision(plan, "vae_tiles")
     if d is not None and d.setting == "default" and tuple(getattr(model, a) for a in TILING) != RELEASED:
         state.report.notes.append(f"vae_tiles=default leaves the model's tiling as set ({_geometry(model)}), not "

@@ -20,6 +20,7 @@ from . import (
     swiglu,
     ulysses_overlap,
     ulysses_padding,
+    vae_graphs,
     vae_ops,
     vae_tiles,
 )
@@ -42,6 +43,7 @@ REGISTRY = {
     "nvfp4_producer_quant": nvfp4_producer_quant,
     "nvfp4_out_quant": nvfp4_out_quant,
     "vae_tiles": vae_tiles,
+    "vae_graphs": vae_graphs,
     "vae_ops": vae_ops,
 }
 

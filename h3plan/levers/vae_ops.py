@@ -24,6 +24,16 @@ def auto(ctx: Context):
     if not v["registered"]:
         return "eager", [f"compute capability {cc} has no registered VAE decoder op set: the decoder keeps diffusers' ops "
                          f"(reported, not silently skipped; {v['source']})"], {}
+    if ctx.setting("vae_graphs") == "on":
+        fs, gs, src = v.get("graphs_fused_speedup"), v.get("graphs_speedup"), v.get("graphs_source")
+        if fs and gs:
+            if min(fs) >= 1.0 and min(fs) >= min(gs):
+                return "fused", [f"compute capability {cc} has a registered exact VAE decoder op set ({v['source']}); with "
+                                 f"vae_graphs=on the fused decode measured {fs[0]:.2f}-{fs[1]:.2f}x of diffusers eager, "
+                                 f"diffusers' ops under graphs {gs[0]:.2f}-{gs[1]:.2f}x ({src})"], {"ops": OPS}
+            return "eager", [f"with vae_graphs=on the fused decode measured {fs[0]:.2f}-{fs[1]:.2f}x of diffusers eager and "
+                             f"diffusers' ops under graphs {gs[0]:.2f}-{gs[1]:.2f}x ({src}): auto keeps diffusers' ops; "
+                             "levers.vae_ops=fused forces the fused ones (bitwise equal)"], {}
     sp = v.get("h3plan_speedup")
     if sp and min(sp) >= 1.0:
         return "fused", [f"compute capability {cc} has a registered exact VAE decoder op set ({v['source']}); h3plan's "

@@ -8,6 +8,8 @@ Contracts (rtol=0, atol=0, against unmodified CUDA eager; no emulation anywhere)
 - the sm90 bf16 plan (vae_ops=fused: float16 weight copies, fused QK-norm+RoPE, SwiGLU, scaled residual;
   vae_tiles=default) decodes latent [1, 24, 4, 48, 84] to frames at 768x1344 bit for bit, with every
   op fused in every block of every tile (28 tiles) and no fallback; after uninstall eager bits return;
+- vae_graphs=on (with diffusers' ops and with the fused ops) replays every decoder call from a CUDA graph
+  and decodes bit for bit like eager; a second decode captures nothing new;
 - the fp8 recipe's plan installs the 288x272 / overlap 32 geometry through enable_tiling, reports the
   FP8 decode as never run, and equals eager at that geometry.
 Times (CUDA events, one warm-up, one timed decode each) are printed, not asserted.
@@ -56,7 +58,7 @@ def _fused_only(c, n):
 
 
 def test_sm90_plan_decode_is_bitwise_eager_with_every_op_fused(bench, vae, z):
-    plan = h3plan.resolve_config(hardware="sm90", recipe="bf16", **{"levers.vae_ops": "fused"})
+    plan = h3plan.resolve_config(hardware="sm90", recipe="bf16", **{"levers.vae_ops": "fused", "levers.vae_graphs": "off"})
     run = bench.Decoder(vae, z)
     eager_ms, ref, eager_peak = run.timed(1, 1)
     eager_peak = None if eager_peak is None else round(eager_peak, 1)
@@ -83,7 +85,7 @@ def test_sm90_plan_decode_is_bitwise_eager_with_every_op_fused(bench, vae, z):
 
 
 def test_fp8_recipe_installs_the_tile_geometry_only_and_stays_exact(bench, vae, z):
-    plan = h3plan.resolve_config(hardware="sm90", recipe="fp8", **{"levers.vae_ops": "fused"})
+    plan = h3plan.resolve_config(hardware="sm90", recipe="fp8", **{"levers.vae_ops": "fused", "levers.vae_graphs": "off"})
     run = bench.Decoder(vae, z)
     install(vae, bench.tiles_only(plan))
     eager_ms, ref, _ = run.timed(1, 1)
@@ -105,3 +107,31 @@ def test_fp8_recipe_installs_the_tile_geometry_only_and_stays_exact(bench, vae, 
           f"{eager_ms:.0f} ms, plan {plan_ms:.0f} ms, {eager_ms / plan_ms:.2f}x; bitwise equal {same}; FP8 decode "
           "not implemented (reported)")
     assert same
+
+
+@pytest.mark.parametrize("ops", ["eager", "fused"])
+def test_graphs_replay_every_decoder_call_bit_for_bit(bench, vae, z, ops):
+    plan = h3plan.resolve_config(hardware="sm90", recipe="bf16", **{"levers.vae_ops": ops, "levers.vae_graphs": "on"})
+    run = bench.Decoder(vae, z)
+    eager_ms, ref, eager_peak = run.timed(1, 1)
+    report = install(vae, plan)
+    try:
+        reset_counters()
+        plan_ms, out, plan_peak = run.timed(1, 2)  # the warm-up decode captures, the timed ones replay
+        c, why = counters(), fallback_reasons()
+        gd = vae.decoder.forward
+        captures, signatures = gd.captures, len(gd.graphs)
+        calls = bench.decoder_calls(vae, LATENT)
+    finally:
+        uninstall(vae)
+    blocks = len(vae.decoder.transformer_blocks)
+    assert "vae_graphs" in report.swapped_levers() and "forward" not in vae.decoder.__dict__
+    assert c.get("vae_graphs.fused") == 3 * calls and "vae_graphs.fallback" not in c, (c, why)
+    assert captures == signatures and 1 <= signatures <= calls
+    if ops == "fused":  # the inner kernels run in the warm-up and capture runs only
+        assert c["vae_ops.qk_norm_rope.fused"] == 2 * signatures * blocks, c
+    same = torch.equal(out, ref)
+    print(f"\n[gpu] vae decode {list(LATENT)} vae_graphs=on vae_ops={ops}: {calls} decoder calls, {signatures} graphs; "
+          f"eager {eager_ms:.0f} ms, plan {plan_ms:.0f} ms, {eager_ms / plan_ms:.2f}x; bitwise equal {same}; peak GiB "
+          f"{eager_peak and round(eager_peak, 1)} / {plan_peak and round(plan_peak, 1)}")
+    assert same, f"max abs diff {(out.float() - ref.float()).abs().max().item()}"

@@ -58,7 +58,7 @@ CONTRACT = {
     "block": {"modulation", "gated_residual", "swiglu"},
     "attention": {"backend", "fa4_2cta", "fa4_tile", "qk_norm_rope", "fp8_scales", "scale_table", "scale_margin", "ulysses_degree",
                   "ulysses_padding", "ulysses_chunks", "a2a_fp8_codes", "prefix_inplace"},
-    "vae": {"vae_ops", "tile"},
+    "vae": {"vae_ops", "tile", "graphs"},
 }
 
 

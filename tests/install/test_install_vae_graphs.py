@@ -1,0 +1,180 @@
+"""vae_graphs on the CPU: the decoder wrapper's routing, signature cache, recapture and refusals with a
+stand-in capture (a "graph" that replays by calling the forward on its static input), the per-call
+fallback on a CPU tensor, install / uninstall, and the planner's decisions. The real CUDA capture and its
+bit-identity are GPU facts: tests/gpu/test_install_vae_gpu.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import h3plan
+from h3plan.install import counters, fallback_reasons, install, reset_counters, uninstall
+from h3plan.install.vae_graph import GraphedDecoder, _Entry
+
+from test_install_vae import decode, latent, tiny_vae
+
+
+def fake_capture(fn, x):
+    static_in = x.detach().clone()
+    static_out = fn(static_in)
+
+    class Graph:
+        replays = 0
+
+        def replay(self):
+            Graph.replays += 1
+            static_out.copy_(fn(static_in))
+
+    return _Entry(Graph(), static_in, static_out, ())
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    reset_counters()
+
+
+def _wrapped(capture=fake_capture, cpu_ok=True, **kw):
+    vae = tiny_vae().requires_grad_(False)
+    dec = vae.decoder
+    gd = GraphedDecoder(dec, dec.forward, capture=capture, **kw)
+    if cpu_ok:
+        gd.device_reason = lambda x: None  # the stand-in capture runs anywhere
+    return vae, dec, gd
+
+
+def _x(frames=2, hw=3, seed=0):
+    return torch.randn(1, 4, frames, hw, hw, generator=torch.Generator().manual_seed(seed))
+
+
+def test_cpu_input_falls_back_with_the_reason():
+    _, dec, gd = _wrapped(cpu_ok=False)
+    x = _x()
+    with torch.no_grad():
+        torch.testing.assert_close(gd(x), dec(x), rtol=0, atol=0)
+    assert counters() == {"vae_graphs.fallback": 1}
+    assert fallback_reasons() == {"vae_graphs": {"CUDA graphs need a CUDA device (input on cpu)": 1}}
+    assert gd.captures == 0
+
+
+def test_one_capture_per_signature_then_replays():
+    _, dec, gd = _wrapped()
+    a, b = _x(seed=1), _x(seed=2)
+    with torch.no_grad():
+        ref_a, ref_b = dec(a), dec(b)
+        torch.testing.assert_close(gd(a), ref_a, rtol=0, atol=0)
+        torch.testing.assert_close(gd(b), ref_b, rtol=0, atol=0)  # same signature: replay with new values
+        out = gd(_x(hw=4))
+    assert gd.captures == 2 and len(gd.graphs) == 2 and out.shape[-1] != ref_a.shape[-1]
+    assert counters() == {"vae_graphs.fused": 3}
+
+
+def test_results_are_copies_not_the_static_buffer():
+    _, dec, gd = _wrapped()
+    with torch.no_grad():
+        first = gd(_x(seed=1))
+        keep = first.clone()
+        gd(_x(seed=2))
+    torch.testing.assert_close(first, keep, rtol=0, atol=0)
+
+
+def test_replaced_weights_are_recaptured():
+    _, dec, gd = _wrapped()
+    x = _x()
+    with torch.no_grad():
+        gd(x)
+        w = dec.proj_in.weight
+        dec.proj_in.weight = torch.nn.Parameter(w.detach() * 2)
+        out = gd(x)
+        ref = dec(x)
+    assert gd.captures == 2 and len(gd.graphs) == 1
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+
+
+def test_failed_capture_is_refused_once_and_remembered():
+    calls = []
+
+    def boom(fn, x):
+        calls.append(1)
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    _, dec, gd = _wrapped(capture=boom)
+    x = _x()
+    with torch.no_grad():
+        gd(x)
+        torch.testing.assert_close(gd(x), dec(x), rtol=0, atol=0)
+    assert len(calls) == 1 and counters() == {"vae_graphs.fallback": 2}
+    assert list(fallback_reasons()["vae_graphs"]) == [
+        "capture failed (RuntimeError: operation not permitted when stream is capturing)"]
+
+
+def test_full_cache_falls_back():
+    _, dec, gd = _wrapped(max_graphs=1)
+    with torch.no_grad():
+        gd(_x())
+        gd(_x(hw=4))
+    assert fallback_reasons()["vae_graphs"] == {"graph cache full (1 input signatures)": 1}
+
+
+def test_autograd_and_extra_arguments_fall_back():
+    _, dec, gd = _wrapped()
+    x = _x().requires_grad_()
+    with torch.enable_grad():
+        gd(x)
+    with torch.no_grad(), pytest.raises(TypeError):
+        gd(_x(), "extra")  # diffusers' forward takes no extra argument: it raises, as it would unwrapped
+    assert fallback_reasons()["vae_graphs"] == {"autograd is recording: the graph keeps no backward": 1,
+                                                "extra forward arguments: only decoder(hidden_states) is graphed": 1}
+    assert gd.captures == 0
+
+
+def test_autocast_weight_cache_with_trainable_weights_falls_back():
+    _, dec, gd = _wrapped()
+    dec.requires_grad_(True)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        gd(_x())
+    assert list(fallback_reasons()["vae_graphs"]) == [
+        "autocast's weight cache is on and decoder parameters require grad (cached casts would go stale)"]
+
+
+def test_key_includes_the_autocast_state():
+    _, dec, gd = _wrapped()
+    x = _x()
+    with torch.no_grad():
+        gd(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            gd(x)
+    assert gd.captures == 2
+
+
+def test_install_swaps_the_decoder_forward_and_uninstall_restores_it():
+    vae, z = tiny_vae(), latent()
+    ref = decode(vae, z)
+    plan = h3plan.resolve_config(hardware="sm90", recipe="bf16", **{"levers.vae_graphs": "on", "levers.vae_ops": "eager"})
+    report = install(vae, plan)
+    assert isinstance(vae.decoder.__dict__["forward"], GraphedDecoder)
+    assert report.swapped_levers() == ["vae_graphs"]
+    assert str(report.swaps[0]).startswith("vae_graphs: decoder.forward MiniMaxH3VideoViTDecoder3d.forward -> CUDA graph replay")
+    torch.testing.assert_close(decode(vae, z), ref, rtol=0, atol=0)  # CPU: counted fallback, diffusers' forward
+    assert counters()["vae_graphs.fallback"] == 1
+    assert install(vae, plan) is report  # idempotent
+    assert uninstall(vae) and "forward" not in vae.decoder.__dict__
+
+
+def test_hooked_decoder_is_skipped_with_the_reason():
+    vae = tiny_vae()
+    vae.decoder.register_forward_hook(lambda m, i, o: None)
+    plan = h3plan.resolve_config(hardware="sm90", recipe="bf16", **{"levers.vae_graphs": "on", "levers.vae_ops": "eager"})
+    report = install(vae, plan)
+    assert "forward" not in vae.decoder.__dict__
+    assert "carries hooks" in dict(report.skipped)["vae_graphs"]
+    uninstall(vae)
+
+
+def test_planner_decisions():
+    p = h3plan.resolve_config(hardware="sm90", recipe="bf16")
+    g = p.decision("vae_graphs")
+    assert g.setting == "on" and g.lossless and "bit-identical" in g.reasons[0]
+    off = h3plan.resolve_config(hardware="sm90", recipe="bf16", **{"levers.vae_graphs": "off"}).decision("vae_graphs")
+    assert off.setting == "off" and off.forced
+    assert not h3plan.resolve_config(hardware="sm103").decision("vae_graphs").hardware_verified
