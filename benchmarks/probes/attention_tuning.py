@@ -34,6 +34,12 @@ def save():
         json.dump(RESULT, f, indent=1)
 
 
+def emit(section: str, rec: dict) -> None:
+    print(section, rec, flush=True)
+    RESULT.setdefault(section, []).append(rec)
+    save()
+
+
 def left() -> float:
     return BUDGET - (time.monotonic() - T0)
 
@@ -96,9 +102,7 @@ def fa4_sweep():
                 rec["tflops"] = tflops(S, rec["ms"])
             except Exception as exc:
                 rec["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
-            print("fa4", rec, flush=True)
-            RESULT["fa4"].append(rec)
-            save()
+            emit("fa4", rec)
         del q, k, v, ref
 
 
@@ -219,9 +223,7 @@ def cudnn_plans():
                         rec["tflops"] = tflops(S, rec["ms"])
                     except Exception as exc:
                         rec["error"] = f"{type(exc).__name__}: {str(exc).strip()[:200]}"
-                    print("cudnn", rec, flush=True)
-                    RESULT["cudnn"].append(rec)
-                    save()
+                    emit("cudnn", rec)
             except Exception as exc:
                 RESULT["cudnn"].append({"S": S, "kind": kind, "error": f"{type(exc).__name__}: {str(exc).strip()[:300]}"})
                 save()
@@ -266,9 +268,7 @@ def power_probe():
             rec = {"attention": name, "S": S, "preceded_by": pre,
                    "ms": statistics.median(a.elapsed_time(b) for a, b in ts),
                    "t": round(time.monotonic() - T0, 2)}
-            print("power", rec, flush=True)
-            RESULT["power"].append(rec)
-            save()
+            emit("power", rec)
 
 
 def report(doc: dict) -> str:
