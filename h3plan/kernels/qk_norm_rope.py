@@ -72,6 +72,17 @@ def round_to_e4m3(x):
 
 
 @triton.jit
+def e4m3_ready(x, HW: tl.constexpr):
+    """x (clamped to +-448) for `.to(tl.float8e4nv)`. On the GPU that conversion rounds to nearest even
+    itself (tt.fp_to_fp rtne -> cvt.rn.satfinite.e4m3x2.f32), so x goes as it is; the interpreter's
+    conversion does not round that way, so there x is rounded first (round_to_e4m3, exact either way)."""
+    if HW:
+        return x
+    else:
+        return round_to_e4m3(x)
+
+
+@triton.jit
 def _sumsq_rows(x, ROWS: tl.constexpr, D_PAD: tl.constexpr, P: tl.constexpr, REDUCTION: tl.constexpr):
     """x (ROWS, D_PAD) fp32, zero past D -> (ROWS,) sum of squares."""
     sq = x * x
@@ -128,7 +139,7 @@ def _norm_rope(x_ptr, off, poff, m, mp, w, wp, cb, sb, c, eps,
 
 @triton.jit
 def _emit(y, out_ptr, oo, m, valid, amax_ptr, IDX: tl.constexpr, sc, MODE: tl.constexpr,
-          OUT_BF16: tl.constexpr):
+          OUT_BF16: tl.constexpr, HW: tl.constexpr):
     """MODE 0: store y; 1: atomic amax of |y| over valid elements (NaN propagates); 2: store e4m3(y*sc)."""
     if MODE == 0:
         if OUT_BF16:
@@ -143,7 +154,7 @@ def _emit(y, out_ptr, oo, m, valid, amax_ptr, IDX: tl.constexpr, sc, MODE: tl.co
     else:
         z = y * sc
         z = tl.where(z > 448.0, 448.0, tl.where(z < -448.0, -448.0, z))  # NaN passes, as torch.clamp
-        code = round_to_e4m3(z).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+        code = e4m3_ready(z, HW).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
         # The GPU's fp32 -> e4m3 conversion drops the sign of a zero (H200: benchmarks/probes/fp8_diag.py);
         # torch keeps it (-0.0 -> 0x80). Set the sign bit from z itself; NaN codes keep their own.
         neg = ((z.to(tl.uint32, bitcast=True) >> 31) << 7).to(tl.uint8)
@@ -220,11 +231,11 @@ def _qk_norm_rope_kernel(
     y = _norm_rope(q_ptr, b3 * sqb + s3 * sqs + h3 * sqh + c, b3 * sqb + s3 * sqs + h3 * sqh + pc,
                    m, mp, wq, wqp, cb, sb, c, eps, BT, BH, D, D_PAD, P, HALF, R, HAS_W, IS_BF16, RSQRT,
                    REDUCTION, HW)
-    _emit(y, oq_ptr, oo, m, valid, amax_ptr, 0, sc_q, MODE, IS_BF16)
+    _emit(y, oq_ptr, oo, m, valid, amax_ptr, 0, sc_q, MODE, IS_BF16, HW)
     y = _norm_rope(k_ptr, b3 * skb + s3 * sks + h3 * skh + c, b3 * skb + s3 * sks + h3 * skh + pc,
                    m, mp, wk, wkp, cb, sb, c, eps, BT, BH, D, D_PAD, P, HALF, R, HAS_W, IS_BF16, RSQRT,
                    REDUCTION, HW)
-    _emit(y, ok_ptr, oo, m, valid, amax_ptr, 1, sc_k, MODE, IS_BF16)
+    _emit(y, ok_ptr, oo, m, valid, amax_ptr, 1, sc_k, MODE, IS_BF16, HW)
     if HAS_V:
         vv = tl.load(v_ptr + b3 * svb + s3 * svs + h3 * svh + c, mask=m, other=0.0)
         if MODE == 0:
@@ -233,7 +244,7 @@ def _qk_norm_rope_kernel(
             sc_v = _scale(amax_ptr, 2, sc_v, DYNAMIC)
             if MODE == 2:
                 tl.store(descale_ptr + 2, tl.math.div_rn(1.0, sc_v), mask=first)
-            _emit(to_f32(vv, HW), ov_ptr, oo, m, valid, amax_ptr, 2, sc_v, MODE, IS_BF16)
+            _emit(to_f32(vv, HW), ov_ptr, oo, m, valid, amax_ptr, 2, sc_v, MODE, IS_BF16, HW)
 
 
 # ---------------------------------------------------------------------------------------------- launch

@@ -6,7 +6,7 @@
 the convention of h3plan.kernels.qk_norm_rope's FP8 cast and h3plan.attention.fp8. Pass 1 writes one
 partial max per program (no atomics; the tiny final max and the IEEE scale division run in torch);
 pass 2 scales in fp32 (one rounding) and rounds to nearest even through an explicit e4m3 rounding
-(`round_to_e4m3`), so the codes are identical on the GPU, in the interpreter and in `quantize_ref`.
+(`round_to_e4m3` in the interpreter, the conversion's own round-to-nearest-even on the GPU), so the codes are identical on the GPU, in the interpreter and in `quantize_ref`.
 Versus torch's own ops this reads x twice and writes 1 byte per element (torch: an fp32 copy and three
 elementwise passes). Refused inputs (`quantize_check`) go to `quantize_ref`.
 """
@@ -19,7 +19,7 @@ import triton.language as tl
 
 from h3plan.kernels._common import INTERPRET, LAUNCH_OPTS, from_f32, guard, round_hw, tensor_checks, to_f32
 from h3plan.kernels._registry import custom_op
-from h3plan.kernels.qk_norm_rope import round_to_e4m3
+from h3plan.kernels.qk_norm_rope import e4m3_ready
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
@@ -41,7 +41,7 @@ def _cast_kernel(x_ptr, scale_ptr, out_ptr, N, BLOCK: tl.constexpr, HW: tl.const
     m = offs < N
     x = to_f32(tl.load(x_ptr + offs, mask=m, other=0.0), HW)
     y = tl.minimum(tl.maximum(x * tl.load(scale_ptr), -448.0), 448.0)
-    tl.store(out_ptr + offs, round_to_e4m3(y).to(tl.float8e4nv), mask=m)
+    tl.store(out_ptr + offs, e4m3_ready(y, HW).to(tl.float8e4nv), mask=m)
 
 
 def scale_from_amax(amax: torch.Tensor, margin: float = 1.0) -> torch.Tensor:

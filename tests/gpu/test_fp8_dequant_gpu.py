@@ -22,3 +22,27 @@ def test_dequantize_every_code_and_real_size(dtype):
             bad += int((got.isnan() != nan).sum()) + int((got.view(torch.int16) != ref.view(torch.int16))[~nan].sum())
     print(f"\n[gpu] fp8 dequantize {dtype}: {bad} differ")
     assert bad == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_quantize_codes_match_torch(dtype):
+    """The GEMM-activation cast (amax pass + cast pass, the conversion's own round-to-nearest-even on the
+    GPU) gives torch's codes for every value: random rows at the FP8 GEMM's real size, every e4m3 midpoint
+    and its neighbours, signed zeros, subnormals, +-448."""
+    from h3plan.quant.cast import quantize, quantize_ref
+
+    g = torch.Generator("cuda").manual_seed(3)
+    grid = torch.arange(256, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn).float()
+    grid = grid[grid.isfinite()].unique()
+    mids = (grid[1:] + grid[:-1]) / 2
+    special = torch.cat([grid, mids, mids.nextafter(torch.tensor(float("inf"), device="cuda")),
+                         mids.nextafter(torch.tensor(float("-inf"), device="cuda")),
+                         torch.tensor([0.0, -0.0, 448.0, -448.0, 2.0 ** -10, -(2.0 ** -10)], device="cuda")])
+    # amax 448 -> scale exactly 1, so the midpoints stay midpoints after scaling
+    cases = [torch.randn(19000, 5376, generator=g, device="cuda").to(dtype), special.to(dtype)]
+    bad = 0
+    for x in cases:
+        (c, d), (cr, dr) = quantize(x), quantize_ref(x)
+        bad += int((c.view(torch.uint8) != cr.view(torch.uint8)).sum()) + int(not torch.equal(d, dr))
+    print(f"\n[gpu] fp8 quantize {dtype}: {bad} codes or descales differ")
+    assert bad == 0
