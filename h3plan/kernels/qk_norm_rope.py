@@ -155,8 +155,9 @@ def _emit(y, out_ptr, oo, m, valid, amax_ptr, IDX: tl.constexpr, sc, MODE: tl.co
         z = y * sc
         z = tl.where(z > 448.0, 448.0, tl.where(z < -448.0, -448.0, z))  # NaN passes, as torch.clamp
         code = e4m3_ready(z, HW).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-        # The GPU's fp32 -> e4m3 conversion drops the sign of a zero (H200: benchmarks/probes/fp8_diag.py);
-        # torch keeps it (-0.0 -> 0x80). Set the sign bit from z itself; NaN codes keep their own.
+        # A value that rounds to zero keeps its sign in torch (-0.0 -> 0x80). On the GPU Triton's unary minus
+        # of +0.0 gives +0.0, which lost that sign inside round_to_e4m3 (H200: benchmarks/probes/fp8_diag.py,
+        # from before the GPU path converted directly). Set the sign bit from z itself; NaN codes keep theirs.
         neg = ((z.to(tl.uint32, bitcast=True) >> 31) << 7).to(tl.uint8)
         code = tl.where(z != z, code, code | neg)
         tl.store(out_ptr + oo, code.to(tl.float8e4nv, bitcast=True), mask=m)
