@@ -32,6 +32,14 @@ def round_to_bf16(x):
 
 
 @triton.jit
+def negate(x):
+    """-x for fp32 x by flipping the sign bit, as torch's neg does for every non-NaN value. Triton's unary
+    minus gives +0.0 for +0.0 on the GPU (torch: -0.0), which changes the sign of a zero that later survives
+    an addition (H200: tests/kernels/test_negate.py prints it). NaN stays NaN (payload unspecified)."""
+    return (x.to(tl.uint32, bitcast=True) ^ 0x80000000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def round_to_fp16(x):
     """fp32 -> nearest-even fp16 value (subnormals and overflow to inf included), kept in fp32."""
     ax = tl.abs(x)

@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import INTERPRET, LAUNCH_OPTS, guard, next_pow2, round_hw, to_f32
+from ._common import INTERPRET, LAUNCH_OPTS, guard, negate, next_pow2, round_hw, to_f32
 from ._registry import custom_op
 
 E4M3_MAX = 448.0
@@ -131,7 +131,7 @@ def _norm_rope(x_ptr, off, poff, m, mp, w, wp, cb, sb, c, eps,
         npart = wp * npart
     n = round_hw(n, IS_BF16, HW)
     npart = round_hw(npart, IS_BF16, HW)
-    rot = tl.where(c < HALF, -npart, npart)
+    rot = tl.where(c < HALF, negate(npart), npart)
     t1 = round_hw(n * cb, IS_BF16, HW)
     t2 = round_hw(rot * sb, IS_BF16, HW)
     return tl.where(c < R, round_hw(t1 + t2, IS_BF16, HW), n)

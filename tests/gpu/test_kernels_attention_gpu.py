@@ -141,13 +141,16 @@ def test_qk_norm_rope_over_2_31_elements(tm):
 
 @torch.no_grad()
 def test_qk_norm_rope_special_rows(tm):
-    """Zero rows, rows of one large value, fp32-underflowing squares: exact vs eager."""
+    """Zero rows (at position 0 and where the angles are non-trivial: the sign of each zero), rows of one
+    large value, fp32-underflowing squares: exact vs eager, bit for bit."""
     S = 64
     x = torch.randn(2, S, H * D, device=DEV).bfloat16()
     x[0, 0] = 0.0
     x[0, 1] = 3e4
     x[1, 2] = 1e-20
     x[1, 3, ::7] = -2e5
+    x[0, 37] = 0.0  # a zero row where cos < 0 < sin: t1 = -0, and rotate-half must give -0 * sin too
+    x[1, 50] = -0.0
     wq, wk = _weights(3)
     cos, sin = _rope(tm, S)
     qo, ko = m.qk_norm_rope(x, x, wq, wk, cos, sin, 1e-5)
