@@ -19,6 +19,7 @@ import sys
 import time
 
 import torch
+from _cuda_timing import median_ms
 
 OUT = os.environ.get("OUT", ".")
 BUDGET = float(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1] != "--report" else 420.0
@@ -45,18 +46,7 @@ def left() -> float:
 
 
 def time_ms(fn, warmup=2, iters=8):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ev = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        ev.append((a, b))
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) for a, b in ev)
+    return median_ms(fn, warmup, iters)
 
 
 def tflops(S, ms):
@@ -251,22 +241,10 @@ def power_probe():
         for pre in ("none", "bf16", "fp8"):
             if left() < 20:
                 return
-            for _ in range(3):
-                fn()
-            torch.cuda.synchronize()
-            ts = []
-            for _ in range(8):
-                if pre != "none":
-                    for _ in range(6):
-                        gemm[pre]()
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                fn()
-                b.record()
-                ts.append((a, b))
-            torch.cuda.synchronize()
+            burst = None if pre == "none" else (lambda g=gemm[pre]: [g() for _ in range(6)])
+            ms = median_ms(fn, warmup=3, iters=8, before=burst)
             rec = {"attention": name, "S": S, "preceded_by": pre,
-                   "ms": statistics.median(a.elapsed_time(b) for a, b in ts),
+                   "ms": ms,
                    "t": round(time.monotonic() - T0, 2)}
             emit("power", rec)
 

@@ -1,28 +1,12 @@
 """Probe (H200): do the block's BF16 GEMMs give the same bits, and the same speed, through torch's
 cuBLASLt path (torch.backends.cuda.preferred_blas_library("cublaslt")) as through its default? A lossless
 plan may only use a GEMM path that keeps eager's bits. Shapes: the H3 block's linears at S = 37,820."""
-import statistics
-
 import torch
 import torch.nn.functional as F
+from _cuda_timing import median_ms
 
 S = 37820
 SHAPES = {"to_q/k/v": (5376, 7168), "to_out": (7168, 5376), "ff.proj": (5376, 28672), "ff.out": (14336, 5376)}
-
-
-def timed(fn, n=8):
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(n):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        ts.append((a, b))
-    torch.cuda.synchronize()
-    return statistics.median(x.elapsed_time(y) for x, y in ts)
 
 
 g = torch.Generator(device="cuda").manual_seed(0)
@@ -36,7 +20,7 @@ for name, (k, n) in SHAPES.items():
     for lib in ("cublas", "cublaslt"):
         torch.backends.cuda.preferred_blas_library(lib)
         y = F.linear(x, w, b)
-        ms = timed(lambda: F.linear(x, w, b))
+        ms = median_ms(lambda: F.linear(x, w, b))
         res[lib] = (y, ms)
     torch.backends.cuda.preferred_blas_library(default)
     same = torch.equal(res["cublas"][0], res["cublaslt"][0])
