@@ -12,7 +12,7 @@ import h3plan
 from h3plan.install import counters, fallback_reasons, install, reset_counters, uninstall
 from h3plan.install.vae_graph import GraphedDecoder, _Entry
 
-from test_install_vae import decode, latent, tiny_vae
+from test_install_vae import decode, interpreter_order, latent, tiny_vae  # noqa: F401 (autouse: CPU reference orders)
 
 
 def fake_capture(fn, x):
@@ -178,3 +178,19 @@ def test_planner_decisions():
     off = h3plan.resolve_config(hardware="sm90", recipe="bf16", **{"levers.vae_graphs": "off"}).decision("vae_graphs")
     assert off.setting == "off" and off.forced
     assert not h3plan.resolve_config(hardware="sm103").decision("vae_graphs").hardware_verified
+
+
+def test_graphs_install_over_the_fused_block_forwards():
+    """vae_ops' block forwards are instance attributes too: the graph install accepts them (and only them)."""
+    vae, z = tiny_vae(), latent()
+    ref = decode(vae, z)
+    plan = h3plan.resolve_config(hardware="sm90", recipe="bf16", **{"levers.vae_graphs": "on", "levers.vae_ops": "fused"})
+    report = install(vae, plan)
+    assert isinstance(vae.decoder.__dict__["forward"], GraphedDecoder)
+    assert report.swapped_levers() == ["vae_ops", "vae_graphs"]
+    torch.testing.assert_close(decode(vae, z), ref, rtol=0, atol=0)
+    c = counters()
+    assert c["vae_graphs.fallback"] == 1 and c["vae_ops.qk_norm_rope.fused"] == len(vae.decoder.transformer_blocks)
+    uninstall(vae)
+    assert "forward" not in vae.decoder.__dict__
+    assert all("forward" not in b.__dict__ for b in vae.decoder.transformer_blocks)
