@@ -163,8 +163,7 @@ def _install_ops(model, plan, builder, state) -> None:
 def _install_graphs(model, builder, state) -> None:
     lever = builder.lever_of("vae", "graphs")
     dec = model.decoder
-    own = isinstance(dec.__dict__.get("forward"), GraphedDecoder)
-    if (_hooked(dec) and not own) or any(_hooked(m) for m in dec.modules() if m is not dec and not _plan_block(m)):
+    if _hooked(dec) or any(_hooked(m) for m in dec.modules() if m is not dec and not _plan_block(m)):
         state.report.skipped.append((lever, "the ViT decoder or one of its modules carries hooks or an instance forward "
                                             "(offloading?): a CUDA graph would freeze what they do; diffusers' forward kept"))
         return
@@ -181,7 +180,7 @@ def _install_graphs(model, builder, state) -> None:
 
 
 def _plan_block(m) -> bool:
-    """A decoder block whose only instance attribute is the plan forward vae_ops installed."""
+    """A decoder block whose instance forward is the one vae_ops installed, with no hooks on it."""
     f = m.__dict__.get("forward")
     return getattr(f, "__func__", None) is plan_vae_block_forward and not (m._forward_hooks or m._forward_pre_hooks)
 
