@@ -29,6 +29,10 @@ def fake_capture(fn, x):
     return _Entry(Graph(), static_in, static_out, ())
 
 
+def graphs_plan(ops):
+    return h3plan.resolve_config(hardware="sm90", recipe="bf16", **{"levers.vae_graphs": "on", "levers.vae_ops": ops})
+
+
 @pytest.fixture(autouse=True)
 def fresh():
     reset_counters()
@@ -150,7 +154,7 @@ def test_key_includes_the_autocast_state():
 def test_install_swaps_the_decoder_forward_and_uninstall_restores_it():
     vae, z = tiny_vae(), latent()
     ref = decode(vae, z)
-    plan = h3plan.resolve_config(hardware="sm90", recipe="bf16", **{"levers.vae_graphs": "on", "levers.vae_ops": "eager"})
+    plan = graphs_plan("eager")
     report = install(vae, plan)
     assert isinstance(vae.decoder.__dict__["forward"], GraphedDecoder)
     assert report.swapped_levers() == ["vae_graphs"]
@@ -164,7 +168,7 @@ def test_install_swaps_the_decoder_forward_and_uninstall_restores_it():
 def test_hooked_decoder_is_skipped_with_the_reason():
     vae = tiny_vae()
     vae.decoder.register_forward_hook(lambda m, i, o: None)
-    plan = h3plan.resolve_config(hardware="sm90", recipe="bf16", **{"levers.vae_graphs": "on", "levers.vae_ops": "eager"})
+    plan = graphs_plan("eager")
     report = install(vae, plan)
     assert "forward" not in vae.decoder.__dict__
     assert "carries hooks" in dict(report.skipped)["vae_graphs"]
@@ -184,7 +188,7 @@ def test_graphs_install_over_the_fused_block_forwards():
     """vae_ops' block forwards are instance attributes too: the graph install accepts them (and only them)."""
     vae, z = tiny_vae(), latent()
     ref = decode(vae, z)
-    plan = h3plan.resolve_config(hardware="sm90", recipe="bf16", **{"levers.vae_graphs": "on", "levers.vae_ops": "fused"})
+    plan = graphs_plan("fused")
     report = install(vae, plan)
     assert isinstance(vae.decoder.__dict__["forward"], GraphedDecoder)
     assert report.swapped_levers() == ["vae_ops", "vae_graphs"]
