@@ -124,6 +124,9 @@ class Fa4TileSpeed:
     seq_len: int = MISSING
     heads: int = MISSING
     speedups: List[float] = MISSING
+    block_speedups: List[float] = field(default_factory=list)
+    """The whole lossless block with the tile against the same plan with FA4's default tile (plan A / plan
+    B interleaved in one process), one entry per run: what the tile buys where it is used."""
 
 
 @dataclass

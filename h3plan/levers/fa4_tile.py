@@ -2,8 +2,9 @@
 
 `default` leaves the tile to FA4's own heuristic. `tuned` passes a tile measured on this hardware
 (`hardware.fa4.tuned_tiles`, by head dim) to FA4's forward. auto: tuned where the hardware lists a tile
-for the model's head dim and every run at the nearest measured sequence length timed it faster than
-FA4's default; else default (the reason names the runs). A tile whose output is not bit-identical to FA4's default is
+for the model's head dim and, at the nearest measured sequence length, every run timed it faster than
+FA4's default: attention alone (`speedups`) and the whole block (`block_speedups`, where measured);
+else default (the reason names the runs). A tile whose output is not bit-identical to FA4's default is
 lossy for this project's promise (a lossless plan matches diffusers' eager block given the *same*
 backend), so under a lossless recipe only a `bitwise_vs_default` tile may be chosen.
 """
@@ -59,10 +60,12 @@ def auto(ctx: Context):
     if ctx.lossless_only and not t["bitwise_vs_default"]:
         return "default", [f"{ctx.hw}: the measured tile {_describe(t)} changes FA4's bits and the recipe is lossless"], params(ctx, "default")
     m = nearest_speed(ctx, t)
-    runs = ", ".join(f"{x:.3f}x" for x in m["speedups"])
+    block = list(m.get("block_speedups") or [])
+    runs = ", ".join(f"{x:.3f}x" for x in m["speedups"]) + (
+        f" attention alone; {', '.join(f'{x:.3f}x' for x in block)} whole block" if block else "")
     where = f"{m['seq_len']:,} x {m['heads']}"
     same = "bit-identical to FA4's default tile" if t["bitwise_vs_default"] else "not bit-identical to FA4's default tile"
-    if min(m["speedups"]) < 1.0:
+    if min(m["speedups"] + block) <= 1.0:
         return "default", [f"{ctx.hw}: tile {_describe(t)} against FA4's default at {where} (nearest measured shape): "
                            f"{runs} over the runs, not faster in every run; FA4's default kept ({t['source']})"], params(ctx, "default")
     return "tuned", [f"{ctx.hw}: tile {_describe(t)} is {same} and faster in every run at {where} (nearest measured shape): "

@@ -27,5 +27,6 @@ def records():
         record(plan="sm90/fp8/u1", recipe="fp8", lossless=False, backend="cudnn_fp8", bitwise=None, rel=2.1e-2,
                plan_ms=29.0),                                # FP8 1.60x: met
         record(plan="sm90/fp8/u1", S=37820, recipe="fp8", lossless=False, backend="cudnn_fp8", bitwise=None,
-               rel=2.4e-2, eager=130.7, plan_ms=95.0, attention_in_plan_fraction=0.90),  # 1.38x: not met
+               rel=2.4e-2, eager=130.7, plan_ms=95.0, attention_in_plan_fraction=0.90,  # 1.38x: not met
+               attention_after_forward_ms=14.85, attention_in_plan_fraction_matched=0.99),
     ]

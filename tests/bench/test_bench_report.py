@@ -107,8 +107,19 @@ def test_markdown_rows_targets_and_column_notes():
         "- FP8 plan block >= 1.5x diffusers eager, `sm90/fp8/u1` S=19000 x1: 1.603x, rel. error vs BF16 eager 2.10e-02 -> met",
         "- FP8 plan block >= 1.5x diffusers eager, `sm90/fp8/u1` S=37820 x1: 1.376x, rel. error vs BF16 eager 2.40e-02 -> **not met**",
     ]
-    assert "`sm90/fp8/u1` S=37820 x1: 90.0% -> **not met**" in md and "`sm90/bf16/u1` S=19000 x1: 98.0% -> met" in md
+    assert "`sm90/fp8/u1` S=37820 x1: 90.0% -> **not met**" in md and "`sm90/bf16/u1` S=19000 x1: 98.0% -> met\n" in md
     assert "## What each column compares" in md and "Host-clock" not in md
+
+
+def test_matched_attention_speed_is_context_and_never_changes_the_verdict():
+    doc = bench.new_doc()
+    for r in records():
+        bench.merge_record(doc, r)
+    md = bench.render_markdown(doc)
+    assert ("`sm90/fp8/u1` S=37820 x1: 90.0% -> **not met** (context, not the target: 99.0% of the same call made "
+            "right after a plan forward)") in md
+    assert "| 15.00 | 14.70 | 90.0% | 14.85 | 99.0% |" in md  # in plan, standalone, speed, after a forward, matched
+    assert "| 15.00 | 14.70 | 98.0% | - | - |" in md  # records without the matched measurement (older files)
 
 
 def test_markdown_flags_cpu_records_failures_and_fallbacks():

@@ -68,6 +68,7 @@ def test_bench_on_cpu_writes_well_formed_files_and_appends(tmp_path):
         assert r["attention_ms"] is None  # neither FA4 nor cuDNN runs on a CPU
         assert r["attention_default_ms"] > 0 and r["attention_shape"] == [1, 48, 4, 32]
         assert r["counters"].get("attention.fallback", 0) > 0 and r["attention_in_plan_ms"] is None
+        assert r["attention_after_forward_ms"] is None and r["attention_in_plan_fraction_matched"] is None
     bf16, fp8 = doc["records"][0], doc["records"][2]
     # every fused path refuses the CPU (no interpreter), so the bf16 plan is diffusers' own code: rtol=0, atol=0
     assert bf16["attention_backend"] == "fa4" and bf16["bitwise_equal"] is True and bf16["rel_error"] == 0.0
@@ -81,3 +82,15 @@ def test_bench_on_cpu_writes_well_formed_files_and_appends(tmp_path):
         assert png.read_bytes()[:4] == b"\x89PNG"
     else:
         assert not png.exists() and "matplotlib is not installed" in res.stdout
+
+
+def test_bench_times_a_cpu_backend_standalone_and_after_a_forward(tmp_path):
+    """SDPA runs on the CPU, so the standalone columns are filled: back to back and after a plan forward."""
+    res = _bench_twice(tmp_path, "bench.blocks=[1] levers.attention=sdpa")
+    assert res.returncode == 0 and res.stdout.count("RC 0") == 1, res.stdout[-1500:] + res.stderr[-2000:]
+    (r,) = json.loads((tmp_path / "block-cpu.json").read_text())["records"]
+    assert r["attention_backend"] == "sdpa" and r["counters"]["attention.fused"] > 0
+    for key in ("attention_in_plan_ms", "attention_standalone_ms", "attention_after_forward_ms"):
+        assert r[key] > 0, key
+    assert r["attention_in_plan_fraction"] == r["attention_standalone_ms"] / r["attention_in_plan_ms"]
+    assert r["attention_in_plan_fraction_matched"] == r["attention_after_forward_ms"] / r["attention_in_plan_ms"]

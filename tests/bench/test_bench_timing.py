@@ -42,6 +42,13 @@ def test_back_to_back_counts_calls_and_progress(monkeypatch, capsys):
     assert len(calls) == 5 and len(ts) == 3 and all(t >= 0 for t in ts) and p.n == 5
 
 
+def test_back_to_back_runs_before_ahead_of_each_timed_call_only():
+    calls = []
+    ts = bench.back_to_back(bench.Clock(torch, torch.device("cpu")), lambda: calls.append("c"), 1, 3,
+                            before=lambda: calls.append("b"))
+    assert len(ts) == 3 and calls == ["c", "b", "c", "b", "c", "b", "c"]  # warmup alone, then before + call
+
+
 def test_host_clock_times_in_ms():
     clock = bench.Clock(torch, torch.device("cpu"))
     assert clock.kind == "host-clock"
@@ -83,10 +90,11 @@ def test_progress_without_tqdm_prints_lines(monkeypatch, capsys):
 
 def test_steps_match_the_progress_updates_of_a_run():
     # per S: attention (w + i); per block count: correctness 1 + stack (w + i) + standalone (w + i)
+    # + standalone after a plan forward (i)
     o = bench.BenchOptions((19000, 37820), (1, 4), 3, 10, "x", None)
     from h3plan.actions.bench.measure import _steps
 
-    assert _steps(o) == 2 * (13 + 2 * (1 + 26))
+    assert _steps(o) == 2 * (13 + 2 * (1 + 26 + 10))
 
 
 @pytest.fixture(scope="module")
@@ -159,6 +167,9 @@ def test_cuda_code_paths_with_fake_events():
     assert len(times["a"]) == 3 and len(syncs) == 1 + 6  # one per warmup round, one per timed call
     ts = bench.back_to_back(clock, lambda: calls.append("c"), 2, 4)
     assert len(ts) == 4 and len(syncs) == 7 + 2  # after the warmup, after the timed calls
+    calls.clear()
+    ts = bench.back_to_back(clock, lambda: calls.append("c"), 0, 2, before=lambda: calls.append("b"))
+    assert len(ts) == 2 and calls == ["b", "c", "b", "c"] and len(syncs) == 9 + 2
     timer = bench.BackendTimer(fake, cuda=True)
     backend = SDPABackend()
     timer.attach(backend)

@@ -70,17 +70,20 @@ def _runs(model, inputs, plan):
     return eager, ref, whole
 
 
-@pytest.mark.parametrize("backend,S", [("sdpa", 19000), ("sdpa", 37820), ("fa4", 19000), ("fa4", 37820),
-                                       ("cudnn_bf16", 19000), ("cudnn_bf16", 37820)])
-def test_lossless_plan_bitwise_real_width(real, inputs, backend, S):
+@pytest.mark.parametrize("backend,S,tile", [("sdpa", 19000, "auto"), ("sdpa", 37820, "auto"), ("fa4", 19000, "auto"),
+                                            ("fa4", 37820, "auto"), ("fa4", 19000, "tuned"), ("fa4", 37820, "tuned"),
+                                            ("cudnn_bf16", 19000, "auto"), ("cudnn_bf16", 37820, "auto")])
+def test_lossless_plan_bitwise_real_width(real, inputs, backend, S, tile):
     model = real[0]
+    tiles = [] if tile == "auto" else [f"levers.fa4_tile={tile}"]
     plan = resolve(f"levers.attention={backend}", "levers.qk_norm_rope=fused", "levers.modulation=exact",
-                   "levers.gated_residual=on", "levers.swiglu=on")
+                   "levers.gated_residual=on", "levers.swiglu=on", *tiles)
     assert plan.lossless
     eager, ref, whole = _runs(model, inputs[S], plan)
     same = {k: torch.equal(whole.outputs[k], ref.outputs[k]) for k in OUTPUTS}
     c = whole.counters
-    print(f"[install-gpu] S={S} attention={backend}: lossless plan vs same-backend reference bitwise {same}; "
+    print(f"[install-gpu] S={S} attention={backend} fa4_tile={plan.decision('fa4_tile').setting}: lossless plan vs "
+          f"same-backend reference bitwise {same}; "
           f"counters {c}; fallbacks {whole.reasons}")
     assert all(same.values()), {k: compare(whole.outputs[k], ref.outputs[k]) for k in OUTPUTS}
     want = {"attention.fused": 1, "qk_norm_rope.fused": 1, "modulation.fused": 2, "gated_residual.fused": 2,
@@ -180,9 +183,10 @@ def test_fa4_two_cta_switch_is_inert_on_sm90():
 
 @pytest.mark.parametrize("S,H", [(19000, 56), (37820, 14), (37820, 7), (1000, 56), (4097, 8)])
 def test_fa4_planned_tile_keeps_the_bits(S, H):
-    """The sm90 plan's FA4 tile against FA4's default tile: bit-identical (the fa4_tile lever's claim), at
-    the measured shapes and at unmeasured ones (Ulysses per-rank heads, a ragged last tile)."""
-    tile = resolve("hardware=sm90").decision("fa4_tile").param("tile")
+    """The sm90 FA4 tile (forced: auto keeps FA4's default on the H200) against FA4's default tile:
+    bit-identical (the fa4_tile lever's claim), at the measured shapes and at unmeasured ones (Ulysses
+    per-rank heads, a ragged last tile)."""
+    tile = resolve("hardware=sm90", "levers.fa4_tile=tuned").decision("fa4_tile").param("tile")
     q, k, v = _qkv(S, H, seed=S)
     be = get_backend("fa4", tile=tile)
     assert be.tile_reason(q) is None

@@ -1,5 +1,6 @@
-"""The fa4_tile lever: tuned where the hardware lists a measured tile for the model's head dim and
-attention is fa4; default everywhere else; a forced `tuned` that cannot apply is a one-line error."""
+"""The fa4_tile lever: tuned where the hardware lists a measured tile for the model's head dim, attention
+is fa4 and every measured run (attention alone, whole block) timed it faster; default everywhere else; a
+forced `tuned` that cannot apply is a one-line error."""
 
 import pytest
 
@@ -20,20 +21,42 @@ def _hydra_compose(*overrides):
 TILE = {"tile_m": 192, "tile_n": 128, "mma_pv_is_rs": False, "intra_wg_overlap": True}
 
 
-def test_sm90_bf16_picks_the_measured_tile(plan):
-    d = plan("hardware=sm90", "recipe=bf16").decision("fa4_tile")
+def _tile_yaml(measured: str, bitwise: str = "true") -> str:
+    return ("hardware.fa4.tuned_tiles=[{head_dim:128,tile_m:192,tile_n:128,mma_pv_is_rs:false,intra_wg_overlap:true,"
+            f"bitwise_vs_default:{bitwise},measured:[{measured}],source:probe-x}}]")
+
+
+def test_tuned_where_attention_and_block_runs_all_timed_it_faster():
+    cfg = _hydra_compose("hardware=sm90", _tile_yaml("{seq_len:19000,heads:56,speedups:[1.05,1.04],block_speedups:[1.01]}"))
+    d = resolve(cfg).decision("fa4_tile")
     assert (d.setting, d.lossless, d.forced) == ("tuned", True, False)
     assert d.param("tile") == TILE and d.param("attention") == "fa4"
-    assert "bit-identical to FA4's default tile" in d.reasons[0] and "attention-tuning-h200.json" in d.reasons[0]
-    assert "faster in every run at 19,000 x 56 (nearest measured shape): 1.054x, 1.042x" in d.reasons[0]
-    assert d.hardware_verified  # the H200 GPU suite and bench ran it
+    assert ("bit-identical to FA4's default tile and faster in every run at 19,000 x 56 (nearest measured shape): "
+            "1.050x, 1.040x attention alone; 1.010x whole block (probe-x)") in d.reasons[0]
 
 
-def test_sm90_keeps_the_default_where_the_runs_disagree(plan):
+def test_tuned_on_attention_runs_alone_when_no_block_run_exists():
+    d = resolve(_hydra_compose("hardware=sm90", _tile_yaml("{seq_len:19000,heads:56,speedups:[1.05]}"))).decision("fa4_tile")
+    assert d.setting == "tuned" and "1.050x (probe-x)" in d.reasons[0]
+
+
+def test_a_slower_block_run_keeps_the_default():
+    cfg = _hydra_compose("hardware=sm90", _tile_yaml("{seq_len:19000,heads:56,speedups:[1.05,1.04],block_speedups:[0.99]}"))
+    d = resolve(cfg).decision("fa4_tile")
+    assert d.setting == "default" and "0.990x whole block over the runs, not faster in every run" in d.reasons[0]
+
+
+def test_sm90_keeps_the_default_at_both_measured_lengths(plan):
+    """The H200 record: faster alone at 19,000 but not in the whole block; the runs disagree at 37,820."""
+    d = plan("hardware=sm90", "recipe=bf16").decision("fa4_tile")
+    assert d.setting == "default" and d.param("tile") is None
+    assert "1.054x, 1.042x attention alone; 0.991x whole block over the runs, not faster in every run" in d.reasons[0]
+    assert "attention-tuning-h200.json" in d.reasons[0] and "block-ab-h200.json" in d.reasons[0]
     d = plan("hardware=sm90", "parallel.seq_len=37820").decision("fa4_tile")
-    assert d.setting == "default" and "1.031x, 0.972x over the runs, not faster in every run" in d.reasons[0]
+    assert d.setting == "default" and "1.031x, 0.972x attention alone; 1.008x whole block" in d.reasons[0]
     forced = plan("hardware=sm90", "parallel.seq_len=37820", "levers.fa4_tile=tuned").decision("fa4_tile")
     assert forced.setting == "tuned" and forced.forced and forced.param("tile") == TILE
+    assert forced.hardware_verified  # the H200 GPU suite and the block A/B ran it
 
 
 @pytest.mark.parametrize("overrides, why", [

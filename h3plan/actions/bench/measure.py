@@ -267,11 +267,18 @@ def _stack_record(s: _Session, S: int, n: int, block_in: tuple, attn: dict) -> B
             alone = back_to_back(s.clock, lambda: call(*args, **kwargs), s.opts.warmup, s.opts.iters, s.progress,
                                  f"S={S} x{n} attention standalone")
             rec.attention_standalone_ms = median(alone)
+            # the same call with a whole plan forward (untimed) just ahead of each: the GPU in the state
+            # (clock, power, caches) that the plan's own attention call meets
+            after = back_to_back(s.clock, lambda: call(*args, **kwargs), 0, s.opts.iters, s.progress,
+                                 f"S={S} x{n} attention after a plan forward", before=run_p)
+            rec.attention_after_forward_ms = median(after)
             del args, kwargs, cap
         else:
-            s.progress.step(f"S={S} x{n}: the plan never called its backend", s.opts.warmup + s.opts.iters)
+            s.progress.step(f"S={S} x{n}: the plan never called its backend", s.opts.warmup + 2 * s.opts.iters)
         if rec.attention_standalone_ms and rec.attention_in_plan_ms:
             rec.attention_in_plan_fraction = rec.attention_standalone_ms / rec.attention_in_plan_ms
+        if rec.attention_after_forward_ms and rec.attention_in_plan_ms:
+            rec.attention_in_plan_fraction_matched = rec.attention_after_forward_ms / rec.attention_in_plan_ms
         if not torch.equal(pristine, block_in[0]):
             raise RuntimeError("the block input changed during the repetitions (an in-place write): times and errors invalid")
     fallbacks = {k: v for k, v in rec.counters.items() if k.endswith(".fallback")}
@@ -290,7 +297,7 @@ def _device_name(torch, device) -> str:
 
 def _steps(opts: BenchOptions) -> int:
     r = opts.warmup + opts.iters
-    return len(opts.seq_lens) * (r + len(opts.blocks) * (1 + 2 * r))
+    return len(opts.seq_lens) * (r + len(opts.blocks) * (1 + 2 * r + opts.iters))
 
 
 def _run_meta(torch, device, label, opts) -> dict:

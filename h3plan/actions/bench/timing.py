@@ -92,9 +92,10 @@ def interleaved(clock: Clock, fns: Mapping[str, Callable[[], Any]], warmup: int,
 
 
 def back_to_back(clock: Clock, fn: Callable[[], Any], warmup: int, iters: int, progress: Progress | None = None,
-                 what: str = "") -> list[float]:
+                 what: str = "", before: Callable[[], Any] | None = None) -> list[float]:
     """Per-call ms of `iters` calls issued back to back, events around each and one sync at the end: the
-    way the plan's forward issues its attention calls (the host runs ahead, launch overhead is hidden)."""
+    way the plan's forward issues its attention calls (the host runs ahead, launch overhead is hidden).
+    `before` (untimed, outside the events) runs ahead of every timed call: the work the call should follow."""
     for i in range(warmup):
         fn()
         if progress:
@@ -103,6 +104,8 @@ def back_to_back(clock: Clock, fn: Callable[[], Any], warmup: int, iters: int, p
     if clock.cuda:
         events = []
         for _ in range(iters):
+            if before is not None:
+                before()
             a, b = (clock.torch.cuda.Event(enable_timing=True) for _ in range(2))
             a.record()
             fn()
@@ -111,7 +114,11 @@ def back_to_back(clock: Clock, fn: Callable[[], Any], warmup: int, iters: int, p
         clock.sync()
         ts = [a.elapsed_time(b) for a, b in events]
     else:
-        ts = [clock(fn) for _ in range(iters)]
+        ts = []
+        for _ in range(iters):
+            if before is not None:
+                before()
+            ts.append(clock(fn))
     if progress:
         progress.step(f"{what} {iters} calls", iters)
     return ts
