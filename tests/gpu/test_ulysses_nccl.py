@@ -18,23 +18,15 @@ stays at one split, so a row's key loop is the same in every call.
 
 from __future__ import annotations
 
-import os
-import socket
-from datetime import timedelta
-
 import pytest
 import torch
 import torch.distributed as dist
+from nccl_launch import N_GPU, NEEDS_2_GPUS, run_check, torchrun_world
 
 from h3plan.parallel import (UlyssesAttention, a2a_bytes, amax_allreduce_hook, padded_len, shard_len,
                              shard_rows, valid_rows)
 
-N_GPU = torch.cuda.device_count() if torch.cuda.is_available() else 0
-TORCHRUN = "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(N_GPU < 2 and not TORCHRUN, reason=f"needs >= 2 CUDA GPUs for NCCL Ulysses (found {N_GPU})"),
-]
+pytestmark = [pytest.mark.gpu, NEEDS_2_GPUS]
 E4M3 = torch.float8_e4m3fn
 
 
@@ -216,42 +208,11 @@ CHECKS = {f.__name__: f for f in (check_exact_small, check_flash_h3_shape, check
 
 # ---- launch ---------------------------------------------------------------------------------------------
 
-def _init(rank, world_size, init_method="env://"):
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
-    dist.init_process_group("nccl", init_method=init_method, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=120))
-
-
-def _spawned(rank, world_size, port, name):
-    _init(rank, world_size, f"tcp://127.0.0.1:{port}")
-    try:
-        CHECKS[name]()
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.fixture(scope="module")
 def torchrun_group():
-    if not TORCHRUN:
-        yield None
-        return
-    if not dist.is_initialized():
-        _init(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
-    if dist.get_world_size() < 2:
-        pytest.skip("torchrun world size 1: needs >= 2 processes")
-    yield dist.group.WORLD
+    yield torchrun_world()
 
 
 @pytest.mark.parametrize("name", list(CHECKS))
 def test_ulysses_nccl(name, torchrun_group):
-    if TORCHRUN:
-        CHECKS[name]()
-        dist.barrier()
-        return
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_spawned, args=(min(N_GPU, 8), port, name), nprocs=min(N_GPU, 8))
+    run_check(CHECKS, name, min(N_GPU, 8))
