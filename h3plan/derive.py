@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .levers.base import nearest_point
+from .levers.base import nearest_point, nearest_ulysses_point
 
 INT32_LIMIT = 2**31
 ORDER = (
@@ -94,6 +94,15 @@ def estimates(sections: Mapping[str, Any], shp: Mapping[str, Any], decisions: Ma
     leaving = a2a_bytes * (u - 1) // u if u > 1 else 0
     nv = hw["device"]["nvlink_gbps"]
     a2a_ms = None if (u == 1 or nv is None) else round(leaving / (nv / 2 * 1e9) * 1e3, 3)
+    a2a_basis = ("degree 1: no all-to-all" if u == 1 else
+                 f"bytes leaving a rank / one-direction NVLink {nv}/2 GB/s ({hw['device']['source']}); no latency term; "
+                 f"all-to-all never measured at degree {u} on {hw['name']}")
+    m = nearest_ulysses_point(hw, "a2a", u, shp["seq_len"]) if u > 1 else None
+    if m is not None:
+        gbps = m["gbps_leaving_rank"]
+        a2a_ms = round(leaving / (gbps * 1e9) * 1e3, 3)
+        a2a_basis = (f"bytes leaving a rank / {gbps:g} GB/s, all_to_all_single measured on {hw['name']} at degree {u}, "
+                     f"{m['seq_len']:,} tokens (nearest measured length; {hw['measured']['ulysses']['source']})")
 
     def ms(flops, tf):
         return None if tf is None else round(flops / (tf * 1e12) * 1e3, 3)
@@ -114,8 +123,7 @@ def estimates(sections: Mapping[str, Any], shp: Mapping[str, Any], decisions: Ma
             "a2a_bytes_per_block_per_rank": "bytes one rank passes to all_to_all per block: Q, K, V (B x S/U x H x D each, "
                                             f"{'e4m3, 1 byte' if codes else 'bf16, 2 bytes'}) before attention and O (bf16) after; 0 at degree 1",
             "a2a_bytes_leaving_rank_per_block": "(U-1)/U of a2a_bytes_per_block_per_rank: the share sent to other ranks",
-            "a2a_ms_per_block_est": ("degree 1: no all-to-all" if u == 1 else
-                                     f"bytes leaving a rank / one-direction NVLink {nv}/2 GB/s ({hw['device']['source']}); no latency term"),
+            "a2a_ms_per_block_est": a2a_basis,
         },
     }
 

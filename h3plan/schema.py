@@ -246,6 +246,34 @@ class VaeDecodeFacts:
 
 
 @dataclass
+class A2aPoint:
+    """dist.all_to_all_single of one per-rank (S/U, H, D) bf16 tensor at Ulysses degree U (median)."""
+
+    degree: int = MISSING
+    seq_len: int = MISSING
+    tensor_ms: float = MISSING
+    gbps_leaving_rank: float = MISSING
+    """(U-1)/U of the tensor's bytes / tensor_ms: what one rank sends to the others per second."""
+
+
+@dataclass
+class OverlapPoint:
+    """The installed plan's block stack at degree U with ulysses_overlap on against off (off time / on time),
+    one entry per interleaved run."""
+
+    degree: int = MISSING
+    seq_len: int = MISSING
+    speedups: List[float] = MISSING
+
+
+@dataclass
+class UlyssesMeasured:
+    a2a: List[A2aPoint] = field(default_factory=list)
+    overlap: List[OverlapPoint] = field(default_factory=list)
+    source: str = ""
+
+
+@dataclass
 class MeasuredFacts:
     on_hardware: bool = MISSING
     hbm_copy_tbps: Optional[float] = None
@@ -256,6 +284,8 @@ class MeasuredFacts:
     modulation_eager_x_hbm_floor: List[float] = field(default_factory=list)
     """Eager RMSNorm + indexed modulation time over the HBM floor (min, max); compiled below."""
     modulation_compile_x_hbm_floor: Optional[float] = None
+    ulysses: UlyssesMeasured = field(default_factory=UlyssesMeasured)
+    """Multi-GPU measurements by Ulysses degree (empty: estimates from NVLink bandwidth, borrowed rules)."""
     never_measured: List[str] = field(default_factory=list)
     source: str = MISSING
 

@@ -126,6 +126,15 @@ def resolve(
     return make_decision(lever, setting, lossless[setting], reasons, forced=forced, params=extra, hardware_verified=ok)
 
 
+def nearest_ulysses_point(hardware: Mapping[str, Any], kind: str, degree: int, seq_len: int) -> Mapping[str, Any] | None:
+    """hardware.measured.ulysses.<kind> ("a2a" or "overlap") at exactly this degree, nearest in log S; None
+    when this degree was never measured (another degree's numbers are not borrowed)."""
+    import math
+
+    points = [p for p in hardware["measured"]["ulysses"][kind] if p["degree"] == degree]
+    return min(points, key=lambda p: (abs(math.log(p["seq_len"] / seq_len)), p["seq_len"])) if points else None
+
+
 def nearest_point(hardware: Mapping[str, Any], seq_len: int, heads: int, backend: str) -> Mapping[str, Any] | None:
     """The measured attention point closest in (log S, log heads) that has a value for `backend`."""
     import math

@@ -1,14 +1,16 @@
 """Overlap the Ulysses all-to-all with attention: local heads in `attention_chunks` chunks, attention
 on chunk i while chunk i+1 is exchanged (exact: the same per-head math).
 
-auto: on at degree > 1 with >= 2 chunks once the length reaches the hardware's overlap_min_seq_len
-(TRT-LLM seed: async Ulysses loses at 19k, gains a little at 104k; telefuser: a gain on H100), and
-never with a dynamic-scale FP8 cast (an async arm with the FP8 cast uses static scales).
+auto: off with a dynamic-scale FP8 cast (an async arm with the FP8 cast uses static scales). Where the
+hardware has measured the installed plan with overlap on against off at this Ulysses degree
+(`measured.ulysses.overlap`, nearest length), on only if every run there timed it faster. Otherwise on
+with >= 2 chunks once the length reaches the hardware's overlap_min_seq_len (TRT-LLM seed: async
+Ulysses loses at 19k, gains a little at 104k; telefuser: a gain on H100).
 """
 
 from __future__ import annotations
 
-from .base import Context, resolve
+from .base import Context, nearest_ulysses_point, resolve
 
 LEVER = "ulysses_overlap"
 LOSSLESS = {"off": True, "on": True}
@@ -43,8 +45,17 @@ def auto(ctx: Context):
     if ctx.setting("qk_norm_rope") == "fused_fp8" and ctx.setting("fp8_scales") == "dynamic":
         return "off", ["an async Ulysses arm with the FP8 cast uses static scales and these are dynamic "
                        "(TRT-LLM seed: the dynamic pairing loses at 19k, ~150 small all-reduces per step)"], {}
+    m = nearest_ulysses_point(ctx.hardware, "overlap", ctx.degree, ctx.seq_len)
+    if m is not None:
+        runs = ", ".join(f"{x:.3f}x" for x in m["speedups"])
+        where = (f"{ctx.hw} at degree {ctx.degree}, {m['seq_len']:,} tokens (nearest measured length): overlap on vs "
+                 f"off {runs} ({ctx.hardware['measured']['ulysses']['source']})")
+        if min(m["speedups"]) <= 1.0:
+            return "off", [f"measured {where}: not faster in every run"], {}
+        return "on", [f"measured {where}: faster in every run"], params(ctx, "on")
     thr = ctx.tuning["overlap_min_seq_len"]
-    rule = f"hardware.tuning.overlap_min_seq_len = {thr:,} ({ctx.hardware['tuning']['source']})"
+    rule = (f"hardware.tuning.overlap_min_seq_len = {thr:,} ({ctx.hardware['tuning']['source']}); "
+            f"never measured at degree {ctx.degree} on {ctx.hw}")
     if ctx.seq_len < thr:
         return "off", [f"{ctx.seq_len:,} tokens < {thr:,}: the overlap loses at short lengths; {rule}"], {}
     return "on", [f"{ctx.seq_len:,} tokens >= {thr:,}: attention on one head chunk overlaps the next chunk's all-to-all; {rule}"], params(ctx, "on")

@@ -8,37 +8,20 @@ only change how many rows a call sees. S = 47 makes the last shard padded (47 = 
 
 import json
 import os
-import socket
 import tempfile
-import time
 
 import pytest
-import torch.multiprocessing as mp
+from gloo_spawn import spawn
 
 import install_ulysses_worker as W
 
 TIMEOUT_S = 300
 
 
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_ulysses_degree_2_matches_single_process():
     outdir = tempfile.mkdtemp(prefix="h3plan_install_u2_")
-    ctx = mp.spawn(W.worker, args=(2, _port(), outdir, 47), nprocs=2, join=False)
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while not ctx.join(timeout=5):
-            if time.monotonic() > deadline:
-                raise TimeoutError("gloo workers still running")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
+    spawn(W.worker, 2, outdir, 47, timeout_s=TIMEOUT_S)
     for rank in (0, 1):
         with open(os.path.join(outdir, f"rank{rank}.json")) as f:
             res = json.load(f)

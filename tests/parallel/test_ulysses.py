@@ -9,12 +9,10 @@ from __future__ import annotations
 import functools
 import json
 import os
-import socket
 import tempfile
-import time
 
 import pytest
-import torch.multiprocessing as mp
+from gloo_spawn import spawn
 
 import ulysses_cases as C
 
@@ -22,26 +20,11 @@ WORLDS = (2, 3, 4)
 TIMEOUT_S = 240
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @functools.lru_cache(maxsize=None)
 def _results(world_size: int):
     """Spawn `world_size` gloo workers once; {rank: {case: "ok" | "skip: ..." | "FAIL ..."}}."""
     outdir = tempfile.mkdtemp(prefix=f"ulysses_u{world_size}_")
-    ctx = mp.spawn(C.worker, args=(world_size, _free_port(), outdir), nprocs=world_size, join=False)
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while not ctx.join(timeout=5):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"gloo workers (world {world_size}) still running after {TIMEOUT_S} s")
-    finally:
-        for p in ctx.processes:  # only our own workers, by handle
-            if p.is_alive():
-                p.kill()
+    spawn(C.worker, world_size, outdir, timeout_s=TIMEOUT_S)
     out = {}
     for r in range(world_size):
         with open(os.path.join(outdir, f"rank{r}.json")) as f:

@@ -1,0 +1,58 @@
+"""Multi-GPU measurements in the hardware config (`measured.ulysses`): the overlap A/B and the all-to-all
+rate at a Ulysses degree drive that degree's plans; a degree never measured keeps the borrowed rule and
+the NVLink estimate, and says so."""
+
+import pytest
+
+from h3plan.planner import resolve
+
+
+def _hydra(*overrides):
+    from hydra import compose, initialize_config_dir
+
+    from h3plan import schema
+    from h3plan.cli import CONFIG_PATH
+
+    schema.register()
+    with initialize_config_dir(config_dir=CONFIG_PATH, version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def test_sm90_degree_2_turns_the_overlap_off_on_the_measured_runs(plan):
+    for S, runs in ((37820, "0.995x"), (19000, "0.962x"), (104076, "0.995x")):
+        d = plan("hardware=sm90", "recipe=bf16", "parallel=u2", f"parallel.seq_len={S}").decision("ulysses_overlap")
+        assert d.setting == "off" and not d.forced
+        assert f"overlap on vs off {runs}" in d.reasons[0] and "not faster in every run" in d.reasons[0]
+        assert "ulysses-h200x2.json" in d.reasons[0]
+
+
+def test_a_degree_never_measured_keeps_the_borrowed_rule(plan):
+    d = plan("hardware=sm90", "recipe=bf16", "parallel=u4").decision("ulysses_overlap")
+    assert d.setting == "on" and "never measured at degree 4 on sm90" in d.reasons[0]
+
+
+def test_forcing_the_overlap_on_still_works_where_measured_slower(plan):
+    d = plan("hardware=sm90", "recipe=bf16", "parallel=u2", "levers.ulysses_overlap=on").decision("ulysses_overlap")
+    assert d.setting == "on" and d.forced and d.param("chunks") == 2 and d.param("chunk_heads") == [14, 14]
+
+
+def test_a_measured_faster_overlap_turns_it_on():
+    over = ("hardware.measured.ulysses.overlap=[{degree:2,seq_len:37820,speedups:[1.02,1.01]}]")
+    d = resolve(_hydra("hardware=sm90", "parallel=u2", over)).decision("ulysses_overlap")
+    assert d.setting == "on" and "overlap on vs off 1.020x, 1.010x" in d.reasons[0] and "faster in every run" in d.reasons[0]
+
+
+def test_the_all_to_all_estimate_uses_the_measured_rate_at_that_degree_only(plan):
+    p2 = plan("hardware=sm90", "recipe=bf16", "parallel=u2")
+    leaving = p2.derived_value("a2a_bytes_leaving_rank_per_block")
+    assert p2.derived_value("a2a_ms_per_block_est") == pytest.approx(leaving / 238.1e9 * 1e3, abs=1e-3)
+    assert "238.1 GB/s, all_to_all_single measured on sm90 at degree 2" in p2.derived_value("basis")["a2a_ms_per_block_est"]
+    p4 = plan("hardware=sm90", "recipe=bf16", "parallel=u4")
+    leaving4 = p4.derived_value("a2a_bytes_leaving_rank_per_block")
+    assert p4.derived_value("a2a_ms_per_block_est") == pytest.approx(leaving4 / 450e9 * 1e3, abs=1e-3)
+    assert "never measured at degree 4 on sm90" in p4.derived_value("basis")["a2a_ms_per_block_est"]
+
+
+def test_other_hardware_has_no_ulysses_measurements(plan):
+    d = plan("hardware=sm107", "recipe=bf16", "parallel=u2").decision("ulysses_overlap")
+    assert "never measured at degree 2 on sm107" in d.reasons[0]
