@@ -1,6 +1,7 @@
 """Probe (2+ GPUs, torchrun): what Ulysses buys per block, and what the all-to-all costs.
 
-    torchrun --standalone --nproc-per-node=2 benchmarks/probes/ulysses_x2.py OUT_DIR
+    torchrun --standalone --nproc-per-node=U benchmarks/probes/ulysses_scaling.py OUT_DIR   # writes ulysses-xU.json
+    python benchmarks/probes/ulysses_scaling.py --report RESULTS_DIR    # ulysses-h200.md from every ulysses-h200x*.json
 
 Per sequence length, one process per GPU, a stack of two real-width blocks (the first shards the
 sequence, the last gathers it), interleaved rounds of: diffusers eager on one GPU (every rank runs its
@@ -107,5 +108,60 @@ def main():
     dist.destroy_process_group()
 
 
+READING = """
+## Reading
+
+- The lossless plan's blocks scale with the GPUs: 1.73-1.84x on two and 3.09-3.47x on four against the
+  same plan on one GPU (2.24x and 3.96-4.28x against diffusers' eager block on one GPU), bitwise equal to one GPU
+  (the bf16 outputs here, and tests/gpu/test_install_ulysses_nccl.py at degrees 2 and 4).
+- The all-to-all moves 200-238 GB/s out of each rank, about half the 450 GB/s one-direction NVLink figure
+  the plan estimated with; a block's exchange is 3.6% (two GPUs) to 5.0% (four) of its time at 37,820.
+- Overlapping the exchange with attention in two head chunks does not pay on the H200: 0.94-0.995x.
+  Likely cause, not profiled: two half-size FA4 calls lose about what the hidden exchange saves.
+  `conf/hardware/sm90.yaml` records the runs, so sm90 plans at degrees 2 and 4 turn the overlap off and
+  estimate the exchange from the measured rate. Degree 8 never ran and keeps the borrowed rule.
+- One interleaved run per (degree, length).
+""".splitlines()
+
+
+def report(results_dir):
+    """ulysses-h200.md: one table per measured degree, from the committed ulysses-h200x<U>.json files."""
+    import glob
+
+    docs = [json.load(open(f)) for f in sorted(glob.glob(os.path.join(results_dir, "ulysses-h200x*.json")))]
+    d0 = docs[0]
+    nccl = ".".join(d0["nccl"].strip("()").replace(" ", "").split(","))
+    lines = [f"# Ulysses on several H200s ({d0['device']}, torch {d0['torch']}, NCCL {nccl})", "",
+             "`torchrun --standalone --nproc-per-node=U benchmarks/probes/ulysses_scaling.py OUT`: one process per GPU, a "
+             f"stack of {d0['blocks']} real-width blocks (the first shards the sequence, the last gathers it), bf16 plans "
+             f"(FA4), {d0['rounds']} interleaved rounds, rank 0's CUDA-event medians; `eager u1` and `plan u1` run on one GPU.",
+             "", "Speedups use the overlap-off time: what sm90 plans pick at these degrees since this measurement.", "",
+             "| GPUs | S | diffusers eager, 1 GPU ms | plan u1, 1 GPU ms | plan uU, overlap on ms | plan uU, overlap off ms "
+             "| uU vs plan u1 | uU vs eager u1 | overlap on vs off | uU bitwise vs u1 |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for d in docs:
+        U = d["gpus"]
+        for r in sorted(d["stack"], key=lambda r: r["S"]):
+            t = r["ms_per_stack"]
+            off = t[f"plan_u{U}_no_overlap"]
+            lines.append(f"| {U} | {r['S']} | {t['eager_u1']:.2f} | {t['plan_u1']:.2f} | {t[f'plan_u{U}']:.2f} | "
+                         f"{off:.2f} | {t['plan_u1'] / off:.2f}x | {t['eager_u1'] / off:.2f}x | "
+                         f"{r['overlap_on_vs_off']:.3f}x | {'yes' if r['bitwise_u_vs_u1'] else 'no'} |")
+    lines += ["", "## The all-to-all", "", "| GPUs | S | per-rank tensor | one tensor ms | four tensors (a block's q, k, v, o) ms "
+              "| GB/s leaving a rank | NVLink estimate per block ms |", "|---:|---:|---|---:|---:|---:|---:|"]
+    for d in docs:
+        est = {r["S"]: r["a2a_ms_per_block_est"] for r in d["stack"]}
+        for r in sorted(d["a2a"], key=lambda r: r["S"]):
+            lines.append(f"| {d['gpus']} | {r['S']} | {' x '.join(map(str, r['tensor']))} bf16 | {r['one_ms']:.3f} | "
+                         f"{r['block_ms']:.3f} | {r['gbps_leaving_rank']:.0f} | {est[r['S']]:.3f} |")
+    return "\n".join(lines + READING) + "\n"
+
+
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 2 and sys.argv[1] == "--report":
+        text = report(sys.argv[2])
+        with open(os.path.join(sys.argv[2], "ulysses-h200.md"), "w") as f:
+            f.write(text)
+        print(text)
+    else:
+        main()
