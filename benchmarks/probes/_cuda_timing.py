@@ -20,3 +20,29 @@ def median_ms(fn, warmup=2, iters=8, before=None):
         ev.append((a, b))
     torch.cuda.synchronize()
     return statistics.median(a.elapsed_time(b) for a, b in ev)
+
+
+def events(fn):
+    """(start, end) CUDA events recorded around one call of `fn` (read them after a synchronize)."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    return a, b
+
+
+def interleaved_ms(fns: dict, rounds: int, warmup: int = 2, before=None) -> dict:
+    """{name: [ms per round]}: every round calls each of `fns` once, in order, with CUDA events around
+    each call; `before` (untimed, e.g. a barrier) runs ahead of every timed call."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    torch.cuda.synchronize()
+    ev = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            if before is not None:
+                before()
+            ev[k].append(events(fn))
+    torch.cuda.synchronize()
+    return {k: [a.elapsed_time(b) for a, b in v] for k, v in ev.items()}

@@ -19,6 +19,7 @@ import sys
 import time
 
 import torch
+from _cuda_timing import events, interleaved_ms
 
 from h3plan.actions import inputs
 from h3plan.actions.bench.measure import _plan_backend, capture_block_inputs, run_stack
@@ -43,25 +44,8 @@ def plan_for(*overrides):
     return cfg, resolve(cfg)
 
 
-def ev_ms(fn):
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    fn()
-    b.record()
-    return a, b
-
-
 def interleave(fns: dict, rounds=ROUNDS):
-    for fn in fns.values():
-        for _ in range(WARM):
-            fn()
-    torch.cuda.synchronize()
-    ev = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            ev[k].append(ev_ms(fn))
-        torch.cuda.synchronize()
-    return {k: [a.elapsed_time(b) for a, b in v] for k, v in ev.items()}
+    return interleaved_ms(fns, rounds, WARM)
 
 
 def med(x):
@@ -119,9 +103,9 @@ def placement(cfg, eager, S, recipe):
         for _ in range(ROUNDS):  # round: forward (in-plan event), forward + standalone call, 3 calls back to back
             fwd()
             fwd()
-            after.append(ev_ms(alone))
+            after.append(events(alone))
             for _ in range(3):
-                b2b.append(ev_ms(alone))
+                b2b.append(events(alone))
             torch.cuda.synchronize()
         ts = timer.drain_ms()
         in_plan = ts[1::2]  # the second forward of each round: it follows a whole forward, like `after`

@@ -13,30 +13,14 @@ import sys
 
 import torch
 import torch.nn.functional as F
+from _cuda_timing import interleaved_ms
 
 D, INNER, FF2, FF = 5376, 7168, 28672, 14336
 E4M3 = torch.float8_e4m3fn
 
 
-def events(fn):
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    fn()
-    b.record()
-    return a, b
-
-
 def ab(variants: dict, rounds=10, warmup=2):
-    for fn in variants.values():
-        for _ in range(warmup):
-            fn()
-    torch.cuda.synchronize()
-    ev = {k: [] for k in variants}
-    for _ in range(rounds):
-        for k, fn in variants.items():
-            ev[k].append(events(fn))
-    torch.cuda.synchronize()
-    return {k: statistics.median(a.elapsed_time(b) for a, b in v) for k, v in ev.items()}
+    return {k: statistics.median(v) for k, v in interleaved_ms(variants, rounds, warmup).items()}
 
 
 def bits_equal(a, b):

@@ -18,6 +18,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from _cuda_timing import interleaved_ms
 
 from h3plan.actions import inputs
 from h3plan.actions.bench.measure import capture_block_inputs, run_stack
@@ -34,26 +35,9 @@ def plan(U, S, *extra):
     return resolve(compose_config(["hardware=sm90", f"parallel=u{U}", "recipe=bf16", f"parallel.seq_len={S}", *extra]))
 
 
-def timed(fn):
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    fn()
-    b.record()
-    return a, b
-
-
 def interleave(fns):
-    for fn in fns.values():
-        for _ in range(WARM):
-            fn()
-    torch.cuda.synchronize()
-    ev = {k: [] for k in fns}
-    for _ in range(ROUNDS):
-        for k, fn in fns.items():
-            dist.barrier()
-            ev[k].append(timed(fn))
-    torch.cuda.synchronize()
-    return {k: statistics.median(a.elapsed_time(b) for a, b in v) for k, v in ev.items()}
+    t = interleaved_ms(fns, ROUNDS, WARM, before=dist.barrier)  # ranks start each timed call together
+    return {k: statistics.median(v) for k, v in t.items()}
 
 
 def main():
