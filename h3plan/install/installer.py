@@ -129,6 +129,25 @@ def _quantize(model, builder, state) -> None:
                                   "off Blackwell every call runs the counted emulation")
 
 
+def _sequence_amax(model, shard, state) -> None:
+    """Under Ulysses every FP8 linear of the blocks (quantised here or loaded pre-quantised) scales its
+    activation by the amax of the whole sequence (h3plan.quant.fp8.SequenceAmax), as at degree 1."""
+    from h3plan.quant import BLOCK_LINEARS
+    from h3plan.quant.fp8 import FP8Linear, SequenceAmax
+
+    fn, n = SequenceAmax(shard), 0
+    for block in model.transformer_blocks:
+        for path in BLOCK_LINEARS:
+            lin = block.get_submodule(path)
+            if isinstance(lin, FP8Linear):
+                prev, lin.amax_fn = lin.amax_fn, fn
+                state.undo.append(lambda m=lin, p=prev: setattr(m, "amax_fn", p))
+                n += 1
+    if n:
+        state.report.notes.append(f"gemm_quant: {n} FP8 linears take their activation amax over the whole sequence "
+                                  f"(MAX all-reduce over the Ulysses group, padding rows excluded)")
+
+
 def _attention_options(builder, report) -> AttentionOptions:
     opts = dict(builder.attention)
     if "backend" not in opts:
@@ -301,6 +320,8 @@ def install(model, plan: Plan, *, registry=None, group=None) -> InstallReport:
             if builder.quant is not None:
                 _quantize(model, builder, state)
             shard = _processors(model, builder, state, group) if builder.attention else None
+            if shard is not None:
+                _sequence_amax(model, shard, state)
             _forwards(model, builder, state, shard)
     except BaseException:
         _undo(state)

@@ -50,9 +50,10 @@ def scale_from_amax(amax: torch.Tensor, margin: float = 1.0) -> torch.Tensor:
     return torch.where(a > 0, torch.full_like(a, E4M3_MAX) / a, torch.ones_like(a))
 
 
-def quantize_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Oracle and fallback: (codes e4m3 shaped like x, descale fp32 0-dim)."""
-    scale = scale_from_amax(x.abs().amax().float())
+def quantize_ref(x: torch.Tensor, amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Oracle and fallback: (codes e4m3 shaped like x, descale fp32 0-dim); `amax` (fp32 0-dim) replaces
+    x's own when the scale must cover more than x (a sequence split over ranks)."""
+    scale = scale_from_amax(x.abs().amax().float() if amax is None else amax)
     codes = (x.float() * scale).clamp_(-E4M3_MAX, E4M3_MAX).to(E4M3)
     return codes, torch.ones_like(scale) / scale
 
@@ -69,24 +70,48 @@ def _fake(x):
     return torch.empty_like(x, dtype=E4M3), x.new_empty((), dtype=torch.float32)
 
 
-@custom_op("fp8_quantize_per_tensor", fake=_fake)
-def _quantize_op(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _amax_fake(x):
+    return x.new_empty((), dtype=torch.float32)
+
+
+def _cast_fake(x, amax):
+    return _fake(x)
+
+
+@custom_op("fp8_amax_per_tensor", fake=_amax_fake)
+def _amax_op(x: torch.Tensor) -> torch.Tensor:
     n = x.numel()
     grid = (triton.cdiv(n, BLOCK),)
     part = torch.empty(grid[0], device=x.device, dtype=torch.float32)
     _partial_amax_kernel[grid](x, part, n, BLOCK=BLOCK, HW=not INTERPRET, num_warps=8, **LAUNCH_OPTS)
-    scale = scale_from_amax(part.amax())
+    return part.amax()
+
+
+@custom_op("fp8_cast_per_tensor", fake=_cast_fake)
+def _cast_op(x: torch.Tensor, amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    scale = scale_from_amax(amax)
     out = torch.empty_like(x, dtype=E4M3)
-    _cast_kernel[grid](x, scale, out, n, BLOCK=BLOCK, HW=not INTERPRET, num_warps=8, **LAUNCH_OPTS)
+    _cast_kernel[(triton.cdiv(x.numel(), BLOCK),)](x, scale, out, x.numel(), BLOCK=BLOCK, HW=not INTERPRET, num_warps=8,
+                                                 **LAUNCH_OPTS)
     return out, torch.ones_like(scale) / scale
 
 
-def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes, descale) of a contiguous bf16/fp16 tensor; raises ValueError(reason) on refused inputs."""
+def amax(x: torch.Tensor) -> torch.Tensor:
+    """max |x| (fp32 0-dim) of a contiguous bf16/fp16 tensor, pass 1 alone; ValueError(reason) on refused inputs."""
     reason = quantize_check(x)
     if reason:
         raise ValueError(reason)
-    return torch.ops.h3plan.fp8_quantize_per_tensor(x)
+    return torch.ops.h3plan.fp8_amax_per_tensor(x)
+
+
+def quantize(x: torch.Tensor, amax_fn=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes, descale) of a contiguous bf16/fp16 tensor; raises ValueError(reason) on refused inputs.
+    `amax_fn(x) -> fp32 0-dim` replaces pass 1 (an amax over the whole sequence across ranks)."""
+    reason = quantize_check(x)
+    if reason:
+        raise ValueError(reason)
+    a = torch.ops.h3plan.fp8_amax_per_tensor(x) if amax_fn is None else amax_fn(x)
+    return torch.ops.h3plan.fp8_cast_per_tensor(x, a)
 
 
 # ---------------------------------------------------------------------------------------------- dequantise

@@ -10,7 +10,11 @@ expanded to (M, 1). `scaling="tensor"` keeps one weight scale (cuBLAS tensorwise
 Activations: per-tensor dynamic e4m3 on the device each call (h3plan.quant.cast: scale = 448 / amax,
 codes = e4m3(x * scale), descale = 1 / scale; a two-pass Triton kernel on CUDA, the same bits as its
 torch reference). to_q, to_k and to_v receive the same input tensor: inside `shared_activation(x)` (the
-installer's attention processor wraps the three projections in it) its codes are computed once.
+installer's attention processor wraps the three projections in it) its codes are computed once. Under
+Ulysses (degree U > 1) "per tensor" means the whole sequence, as at degree 1: the installer gives each
+FP8Linear a `SequenceAmax`, which takes the amax over this rank's valid rows and MAX-all-reduces it over
+the group (one 4-byte all-reduce per shared input, four per block), so no row's codes depend on the
+degree or on the padding rows of the last shard.
 
 A user's already-quantised checkpoint (e4m3 weight + weight_scale as a scalar, (N,) or (N, 1)) loads
 into the same module with `FP8Linear.from_quantized`. State-dict keys: `weight` (e4m3), `weight_scale`
@@ -74,8 +78,9 @@ def shared_activation(x: torch.Tensor):
         _SHARED.clear()
 
 
-def quantize_activation(x: torch.Tensor, kernel: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes e4m3 (M, K), descale fp32 0-dim) of x (..., K), per tensor."""
+def quantize_activation(x: torch.Tensor, kernel: bool = False, amax_fn=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes e4m3 (M, K), descale fp32 0-dim) of x (..., K), per tensor. `amax_fn(x)` (fp32 0-dim), when
+    given, is the amax the scale covers instead of x's own (SequenceAmax under Ulysses)."""
     shared = _SHARED.get("x") is x
     if shared and "codes" in _SHARED:
         return _SHARED["codes"]
@@ -83,18 +88,50 @@ def quantize_activation(x: torch.Tensor, kernel: bool = False) -> tuple[torch.Te
     if kernel:
         from .cast import quantize, quantize_check
 
-        codes = quantize(x2d) if quantize_check(x2d) is None else _cast_ref(x2d)
+        fn = None if amax_fn is None else (lambda _: amax_fn(x))
+        codes = quantize(x2d, fn) if quantize_check(x2d) is None else _cast_ref(x2d, x, amax_fn)
     else:
-        codes = _cast_ref(x2d)
+        codes = _cast_ref(x2d, x, amax_fn)
     if shared:
         _SHARED["codes"] = codes
     return codes
 
 
-def _cast_ref(x2d):
+def _cast_ref(x2d, x, amax_fn):
     from .cast import quantize_ref
 
-    return quantize_ref(x2d)
+    return quantize_ref(x2d, None if amax_fn is None else amax_fn(x))
+
+
+class SequenceAmax:
+    """The amax of a Ulysses rank's activation over the whole sequence: this rank's valid rows (padding
+    rows excluded: they hold modulated zeros, not data), then a MAX all-reduce over the group. With it an
+    FP8 linear's per-tensor scale is the one degree 1 computes, so the codes do not depend on the degree.
+    `shard` is the installer's SequenceShard (seq_len of the current forward, group, degree)."""
+
+    def __init__(self, shard):
+        from h3plan.parallel.comm import amax_allreduce_hook, degree_rank
+
+        self.shard = shard
+        self.rank = degree_rank(shard.group)[1]
+        self.reduce = amax_allreduce_hook(shard.group)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        from h3plan.parallel.sizes import valid_rows
+
+        if x.dim() != 3:
+            raise ValueError(f"SequenceAmax expects (B, S_loc, K) activations, got {tuple(x.shape)}")
+        from .cast import amax, quantize_check
+
+        vr = valid_rows(self.shard.seq_len, self.shard.degree, self.rank)
+        xv = x[:, :vr]
+        if vr == 0:
+            a = torch.zeros((), device=x.device, dtype=torch.float32)
+        elif x.is_cuda and quantize_check(xv) is None:
+            a = amax(xv)  # the Triton pass 1 (a max is exact in any order: the same value as torch's)
+        else:
+            a = xv.abs().amax().float()
+        return self.reduce(a.reshape(()).clone())
 
 
 def fp8_gemm_reason(x: torch.Tensor, n_out: int) -> str | None:
@@ -131,6 +168,7 @@ class FP8Linear(nn.Module):
         self.register_buffer("weight_scale", ws.contiguous())
         self.register_buffer("bias", None if bias is None else bias.detach())
         self.fast_accum = bool(fast_accum)
+        self.amax_fn = None  # SequenceAmax under Ulysses (set by the installer); None: this tensor's own amax
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, scaling: str = "channel", fast_accum: bool = False) -> "FP8Linear":
@@ -158,7 +196,7 @@ class FP8Linear(nn.Module):
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def _gemm(self, x):
-        x8, xs = quantize_activation(x, kernel=x.is_cuda)
+        x8, xs = quantize_activation(x, kernel=x.is_cuda, amax_fn=self.amax_fn)
         if self.weight_scale.dim() == 0:
             sa, sb = xs, self.weight_scale
         else:
@@ -169,7 +207,7 @@ class FP8Linear(nn.Module):
                                 use_fast_accum=self.fast_accum)
 
     def _emulate(self, x):
-        x8, xs = quantize_activation(x)
+        x8, xs = quantize_activation(x, amax_fn=self.amax_fn)
         out = (x8.float() * xs) @ dequantize_weight(self.weight, self.weight_scale).t()
         if self.bias is not None:
             out = out + self.bias.float()

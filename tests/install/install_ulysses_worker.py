@@ -8,6 +8,13 @@ import torch
 import torch.distributed as dist
 
 
+def _result(out, ref):
+    from h3plan.install import counters
+
+    return {"max_abs": max(float((a.float() - b.float()).abs().max()) for a, b in zip(out, ref)),
+            "bitwise": all(torch.equal(a, b) for a, b in zip(out, ref)), "counters": counters()}
+
+
 def worker(rank, world, port, outdir, S):
     os.environ["TRITON_INTERPRET"] = "1"
     sys.path.insert(0, os.path.dirname(__file__))
@@ -31,11 +38,19 @@ def worker(rank, world, port, outdir, S):
             install(model, make_plan({}, {}, ds), registry=levers)
             reset_counters()
             out = forward(model, inputs)
-            res[f"{padding}-{qk}"] = {
-                "max_abs": max(float((a.float() - b.float()).abs().max()) for a, b in zip(out, ref)),
-                "bitwise": all(torch.equal(a, b) for a, b in zip(out, ref)),
-                "counters": counters(),
-            }
+            res[f"{padding}-{qk}"] = _result(out, ref)
+        # FP8 linears: the degree-1 model with the same FP8 linears is the reference (per-tensor activation
+        # scales over the whole sequence, padding rows excluded, make the codes independent of the degree)
+        fp8 = [make_decision("gemm_quant", "fp8", False, ["t"], params={"scaling": "channel"}),
+               make_decision("attention", "sdpa", True, ["t"])]
+        one = tiny_model()
+        install(one, make_plan({}, {}, fp8), registry=levers)
+        ref8 = forward(one, inputs)
+        for padding in ("padded", "fixed_valid"):
+            model = tiny_model()
+            install(model, make_plan({}, {}, fp8 + [make_decision("ulysses_padding", padding, True, ["t"])]), registry=levers)
+            reset_counters()
+            res[f"fp8-{padding}"] = _result(forward(model, inputs), ref8)
         with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
             json.dump(res, f)
     finally:

@@ -105,6 +105,48 @@ def test_activation_codes_kernel_and_cache():
     assert q8.quantize_activation(x) is not once
 
 
+def test_activation_cast_with_a_given_amax_kernel_and_reference_agree():
+    """quantize(x, amax_fn) / quantize_ref(x, amax): the scale covers the given amax, not x's own (a
+    sequence split over ranks); the Triton pass 1 alone (`amax`) is exact."""
+    from h3plan.quant import cast
+
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(40, 96, generator=g) * 3).to(torch.bfloat16)
+    assert torch.equal(cast.amax(x), x.abs().amax().float())
+    big = torch.tensor(float(x.abs().amax()) * 4)
+    a, da = cast.quantize(x, lambda t: big)
+    b, db = cast.quantize_ref(x, big)
+    assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)) and torch.equal(da, db)
+    assert torch.equal(da, big / 448.0) and not torch.equal(da, cast.quantize_ref(x)[1])
+    assert float(a.float().abs().max()) <= 448.0 / 4 + 16  # codes use a quarter of the e4m3 range
+
+
+def test_sequence_amax_excludes_padding_rows_and_empty_shards():
+    """SequenceAmax on a rank: the amax of its valid rows only (S = 5 over 2 ranks: 3 + 2 valid), 0 for a
+    rank holding only padding; without a process group the all-reduce is the identity."""
+    from types import SimpleNamespace
+
+    shard = SimpleNamespace(group=None, degree=2, seq_len=5)
+    fn = q8.SequenceAmax(shard)
+    x = torch.zeros(1, 3, 8, dtype=torch.bfloat16)
+    x[0, :2] = 1.0
+    x[0, 2] = -7.0  # rank 1's third row is padding (a modulated zero row: not data)
+    fn.rank = 0
+    assert float(fn(x)) == 7.0
+    fn.rank = 1
+    assert float(fn(x)) == 1.0
+    shard.degree, fn.rank = 4, 3  # 5 rows over 4 ranks: 2 + 2 + 1 + 0 valid, the last rank only padding
+    assert float(fn(x)) == 0.0
+    with pytest.raises(ValueError, match=r"expects \(B, S_loc, K\) activations"):
+        fn(x[0])
+    lin = q8.FP8Linear.from_linear(torch.nn.Linear(8, 16, bias=False).to(torch.bfloat16))
+    lin.amax_fn = lambda t: torch.tensor(70.0)
+    ref = q8.FP8Linear.from_linear(torch.nn.Linear(8, 16, bias=False).to(torch.bfloat16))
+    ref.load_state_dict(lin.state_dict())
+    xin = torch.full((1, 3, 8), 0.5, dtype=torch.bfloat16)
+    assert not torch.equal(lin(xin), ref(xin))  # the emulation quantises with the given amax
+
+
 def test_fp8_gemm_guards():
     x = torch.zeros(4, 64, dtype=torch.bfloat16)
     assert q8.fp8_gemm_reason(x, 32) == "FP8 GEMM needs CUDA (input on cpu)"
