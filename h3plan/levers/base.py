@@ -126,6 +126,16 @@ def resolve(
     return make_decision(lever, setting, lossless[setting], reasons, forced=forced, params=extra, hardware_verified=ok)
 
 
+def speedup_runs(xs) -> str:
+    """Measured A/B speedups as the reasons print them: "1.054x, 1.042x"."""
+    return ", ".join(f"{x:.3f}x" for x in xs)
+
+
+def faster_in_every_run(xs) -> bool:
+    """The measured levers' rule: a setting wins only if every recorded run timed it faster (> 1.0x)."""
+    return min(xs) > 1.0
+
+
 def nearest_ulysses_point(hardware: Mapping[str, Any], kind: str, degree: int, seq_len: int) -> Mapping[str, Any] | None:
     """hardware.measured.ulysses.<kind> ("a2a" or "overlap") at exactly this degree, nearest in log S; None
     when this degree was never measured (another degree's numbers are not borrowed)."""

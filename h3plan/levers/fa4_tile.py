@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from .base import Context, resolve
+from .base import Context, faster_in_every_run, resolve, speedup_runs
 
 LEVER = "fa4_tile"
 LOSSLESS = {"default": True, "tuned": True}  # a tile that changes the bits is blocked below instead
@@ -61,11 +61,10 @@ def auto(ctx: Context):
         return "default", [f"{ctx.hw}: the measured tile {_describe(t)} changes FA4's bits and the recipe is lossless"], params(ctx, "default")
     m = nearest_speed(ctx, t)
     block = list(m.get("block_speedups") or [])
-    runs = ", ".join(f"{x:.3f}x" for x in m["speedups"]) + (
-        f" attention alone; {', '.join(f'{x:.3f}x' for x in block)} whole block" if block else "")
+    runs = speedup_runs(m["speedups"]) + (f" attention alone; {speedup_runs(block)} whole block" if block else "")
     where = f"{m['seq_len']:,} x {m['heads']}"
     same = "bit-identical to FA4's default tile" if t["bitwise_vs_default"] else "not bit-identical to FA4's default tile"
-    if min(m["speedups"] + block) <= 1.0:
+    if not faster_in_every_run(m["speedups"] + block):
         return "default", [f"{ctx.hw}: tile {_describe(t)} against FA4's default at {where} (nearest measured shape): "
                            f"{runs} over the runs, not faster in every run; FA4's default kept ({t['source']})"], params(ctx, "default")
     return "tuned", [f"{ctx.hw}: tile {_describe(t)} is {same} and faster in every run at {where} (nearest measured shape): "

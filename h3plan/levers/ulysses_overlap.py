@@ -10,7 +10,7 @@ Ulysses loses at 19k, gains a little at 104k; telefuser: a gain on H100).
 
 from __future__ import annotations
 
-from .base import Context, nearest_ulysses_point, resolve
+from .base import Context, faster_in_every_run, nearest_ulysses_point, resolve, speedup_runs
 
 LEVER = "ulysses_overlap"
 LOSSLESS = {"off": True, "on": True}
@@ -47,10 +47,10 @@ def auto(ctx: Context):
                        "(TRT-LLM seed: the dynamic pairing loses at 19k, ~150 small all-reduces per step)"], {}
     m = nearest_ulysses_point(ctx.hardware, "overlap", ctx.degree, ctx.seq_len)
     if m is not None:
-        runs = ", ".join(f"{x:.3f}x" for x in m["speedups"])
+        runs = speedup_runs(m["speedups"])
         where = (f"{ctx.hw} at degree {ctx.degree}, {m['seq_len']:,} tokens (nearest measured length): overlap on vs "
                  f"off {runs} ({ctx.hardware['measured']['ulysses']['source']})")
-        if min(m["speedups"]) <= 1.0:
+        if not faster_in_every_run(m["speedups"]):
             return "off", [f"measured {where}: not faster in every run"], {}
         return "on", [f"measured {where}: faster in every run"], params(ctx, "on")
     thr = ctx.tuning["overlap_min_seq_len"]

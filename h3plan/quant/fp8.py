@@ -111,24 +111,24 @@ class SequenceAmax:
 
     def __init__(self, shard):
         from h3plan.parallel.comm import amax_allreduce_hook, degree_rank
+        from h3plan.parallel.sizes import valid_rows
+
+        from .cast import amax, quantize_check
 
         self.shard = shard
         self.rank = degree_rank(shard.group)[1]
         self.reduce = amax_allreduce_hook(shard.group)
+        self._valid_rows, self._amax, self._check = valid_rows, amax, quantize_check  # resolved once, not per call
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        from h3plan.parallel.sizes import valid_rows
-
         if x.dim() != 3:
             raise ValueError(f"SequenceAmax expects (B, S_loc, K) activations, got {tuple(x.shape)}")
-        from .cast import amax, quantize_check
-
-        vr = valid_rows(self.shard.seq_len, self.shard.degree, self.rank)
+        vr = self._valid_rows(self.shard.seq_len, self.shard.degree, self.rank)
         xv = x[:, :vr]
         if vr == 0:
             a = torch.zeros((), device=x.device, dtype=torch.float32)
-        elif x.is_cuda and quantize_check(xv) is None:
-            a = amax(xv)  # the Triton pass 1 (a max is exact in any order: the same value as torch's)
+        elif x.is_cuda and self._check(xv) is None:
+            a = self._amax(xv)  # the Triton pass 1 (a max is exact in any order: the same value as torch's)
         else:
             a = xv.abs().amax().float()
         return self.reduce(a.reshape(()).clone())
