@@ -4,21 +4,27 @@
     plan = resolve_config(hardware="sm90", recipe="bf16", parallel="u1")   # torch-free
     report = install(transformer, plan)                                   # swaps kernels in place
 
-Importing h3plan loads neither torch nor Hydra; the names below load on first use.
+Importing h3plan loads neither torch nor Hydra; the names below load on first use. Every mistake a
+user can make raises an `H3PlanError` (one line, the same text the CLI prints).
 """
 
+from h3plan.errors import ConfigError, H3PlanError, InstallError, PlanFileError, PlanningError, UsageError
 from h3plan.plan import Decision, Plan
 
-__all__ = ["Decision", "Plan", "resolve", "resolve_config", "PlanningError", "install", "uninstall", "counters",
-           "reset_counters"]
+__version__ = "0.2.0"
+
+__all__ = ["Decision", "Plan", "resolve", "resolve_config", "install", "uninstall", "installed_plan", "counters",
+           "reset_counters", "fallback_reasons", "H3PlanError", "ConfigError", "PlanningError", "PlanFileError",
+           "UsageError", "InstallError", "__version__"]
 
 _LAZY = {
     "resolve": ("h3plan.planner", "resolve"),
-    "PlanningError": ("h3plan.levers.base", "PlanningError"),
     "install": ("h3plan.install", None),  # the package is callable: install(model, plan)
     "uninstall": ("h3plan.install", "uninstall"),
-    "counters": ("h3plan.install", "counters"),
-    "reset_counters": ("h3plan.install", "reset_counters"),
+    "installed_plan": ("h3plan.install", "installed_plan"),
+    "counters": ("h3plan.runtime.counters", "counters"),
+    "reset_counters": ("h3plan.runtime.counters", "reset_counters"),
+    "fallback_reasons": ("h3plan.runtime.counters", "fallback_reasons"),
 }
 
 
@@ -36,9 +42,11 @@ def resolve_config(**groups):
     """Compose the packaged config with group choices and overrides, then resolve it.
 
     resolve_config(hardware="sm107", recipe="nvfp4", parallel="u8", **{"parallel.seq_len": 104076})
+
+    Raises H3PlanError (ConfigError, PlanningError) with the CLI's one-line message on bad input.
     """
-    from h3plan.cli import compose_config
+    from h3plan.config import compose
     from h3plan.planner import resolve
 
     overrides = [f"{k}={v}" for k, v in groups.items()]
-    return resolve(compose_config(overrides))
+    return resolve(compose(overrides))

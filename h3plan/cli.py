@@ -18,16 +18,12 @@ import sys
 import textwrap
 from typing import Any
 
-# conf/ beside this file (h3plan/conf links to the repository's conf/; installs copy it in).
-CONFIG_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")
-CONFIG_NAME = "config"
+from .config import CONFIG_NAME, CONFIG_PATH, condense
+from .errors import UsageError
+
 PROG = "h3plan"
 _rc = 0
 _failure: BaseException | None = None
-
-
-class UsageError(ValueError):
-    """Bad command-line input; str() is the one line to print."""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -105,6 +101,8 @@ def _plan_and_act(cfg) -> int:
     if cfg.out:
         write_plan(plan, cfg.out)
     if action != "plan":
+        from .actions import run_action
+
         _rc = run_action(cfg, plan)
         return _rc
     fmt = cfg.format.name
@@ -115,17 +113,6 @@ def _plan_and_act(cfg) -> int:
     return 0
 
 
-def compose_config(overrides: list[str]):
-    """The packaged config composed with `overrides` (Hydra syntax), for use from Python."""
-    from hydra import compose, initialize_config_dir
-
-    from . import schema
-
-    schema.register()
-    with initialize_config_dir(config_dir=CONFIG_PATH, version_base="1.3"):
-        return compose(config_name=CONFIG_NAME, overrides=list(overrides))
-
-
 def write_plan(plan, path: str) -> None:
     text = plan.to_json() + "\n" if str(path).endswith(".json") else plan.to_yaml()
     try:
@@ -133,97 +120,6 @@ def write_plan(plan, path: str) -> None:
             f.write(text)
     except OSError as e:
         raise UsageError(f"out={path}: cannot write the plan ({e.strerror})") from None
-
-
-def run_action(cfg, plan) -> int:
-    import importlib
-
-    action = cfg.action.name
-    name = f"h3plan.actions.{action}"
-    try:
-        module = importlib.import_module(name)
-    except ModuleNotFoundError as e:
-        if e.name in (name, "h3plan.actions"):
-            raise UsageError(f"action={action}: {name} is not part of this h3plan install") from None
-        raise UsageError(f"action={action} needs the module {e.name!r}: pip install 'h3plan[runtime]'") from None
-    return int(module.run(cfg, plan) or 0)
-
-
-# ---------------------------------------------------------------- errors
-
-
-def _chain(e: BaseException):
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        yield e
-        e = e.__cause__ or e.__context__
-
-
-def allowed_keys(full_key: str) -> list[str]:
-    """Field names of the schema node that holds `full_key` ([] when it is not a structured node)."""
-    import dataclasses
-    import typing
-
-    from . import schema
-
-    node: Any = schema.H3PlanConfig
-    for part in full_key.split(".")[:-1]:
-        if not dataclasses.is_dataclass(node):
-            return []
-        hints = typing.get_type_hints(node)
-        if part not in hints:
-            return []
-        node = hints[part]
-    return [f.name for f in dataclasses.fields(node)] if dataclasses.is_dataclass(node) else []
-
-
-def _omegaconf_line(e) -> str:
-    key = str(getattr(e, "full_key", "") or "")
-    msg = str(getattr(e, "msg", e)).splitlines()[0]
-    if re.match(r"Key '.*' not in '.*'", msg):
-        allowed = allowed_keys(key)
-        return f"{key}: unknown key" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
-    m = re.match(r"Invalid value '(.*)', expected one of \[(.*)\]", msg)
-    if m:
-        hint = " (write 'on'/'off' in quotes in YAML)" if m.group(1) in ("True", "False") else ""
-        return f"{key}={m.group(1)}: not allowed; allowed: {m.group(2)}{hint}"
-    return f"{key}: {msg}" if key else msg
-
-
-def condense(e: BaseException) -> tuple[str, int]:
-    """(one line, exit code): 2 for bad input, 1 for anything else (an h3plan bug)."""
-    import yaml
-    from hydra.errors import HydraException, MissingConfigException, OverrideParseException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from .planner import PlanningError
-    from .schema import ConfigError
-
-    def one(s: str) -> str:
-        return " ".join(str(s).split())
-
-    for x in _chain(e):
-        if isinstance(x, (UsageError, PlanningError, ConfigError)):
-            return one(x), 2
-        if isinstance(x, MissingConfigException):
-            missing = x.missing_cfg_file or ""
-            if "/" in missing and x.options is not None:
-                group, _, name = missing.rpartition("/")
-                hint = " (the joblib and submitit launchers: pip install 'h3plan[sweep]')" if group == "hydra/launcher" else ""
-                return f"{group}={name}: no such option; available: {', '.join(sorted(x.options))}{hint}", 2
-            return one(str(x).splitlines()[0]), 2
-        if isinstance(x, OverrideParseException):
-            return f"cannot parse the override: {one(str(x).splitlines()[0])}", 2
-        if isinstance(x, yaml.YAMLError):
-            mark = getattr(x, "problem_mark", None)
-            where = f" in {mark.name}, line {mark.line + 1}" if mark is not None else ""
-            return f"malformed YAML{where}: {one(getattr(x, 'problem', None) or x)}", 2
-        if isinstance(x, OmegaConfBaseException):
-            return _omegaconf_line(x), 2
-    if isinstance(e, HydraException):
-        return one(str(e).splitlines()[0] if str(e) else type(e).__name__), 2
-    return f"internal error: {type(e).__name__}: {one(e)} (set HYDRA_FULL_ERROR=1 for the traceback)", 1
 
 
 # ---------------------------------------------------------------- table

@@ -11,18 +11,11 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from . import derive, schema
+from .errors import ConfigError, PlanningError
 from .levers import REGISTRY, Context, LeverError
 from .plan import Plan, make_plan
 
 __all__ = ["PlanningError", "resolve", "context"]
-
-
-class PlanningError(ValueError):
-    """No valid plan for this config; str() is one line, `.reasons` lists every reason."""
-
-    def __init__(self, message: str, reasons: list[str] | None = None):
-        super().__init__(message)
-        self.reasons = list(reasons or [message])
 
 
 def context(sections: Mapping[str, Any], decisions: Mapping[str, Any] | None = None) -> Context:
@@ -53,7 +46,7 @@ def resolve(cfg) -> Plan:
     """cfg: the composed Hydra config (DictConfig) or a plain dict with the same sections."""
     try:
         sections = schema.validate(cfg)
-    except schema.ConfigError as e:
+    except ConfigError as e:
         raise PlanningError(str(e)) from None
     ctx = context(sections)
     decisions: dict[str, Any] = {}

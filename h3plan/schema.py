@@ -15,6 +15,8 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from .errors import ConfigError
+
 # Lever names and settings (docs/architecture.md, "Levers"); registry order = install order.
 LEVER_SETTINGS: dict[str, tuple[str, ...]] = {
     "gemm_quant": ("bf16", "fp8", "nvfp4", "dequant_bf16"),
@@ -522,14 +524,6 @@ def register() -> None:
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(name=SCHEMA_NAME, node=H3PlanConfig)
-
-
-class ConfigError(ValueError):
-    """A configuration value the schema's types cannot rule out; str() is one line."""
-
-    def __init__(self, key: str, message: str):
-        super().__init__(f"{key}: {message}")
-        self.key = key
 
 
 def _divisors(n: int) -> list[int]:

@@ -35,7 +35,7 @@ strict_failure: str | None = None
 def run_job(cfg, hc) -> dict[str, Any]:
     """One sweep job: plan.yaml + result.json in the job's output dir. Never raises."""
     from . import planner
-    from .schema import ConfigError
+    from .errors import H3PlanError
 
     out = Path(hc.runtime.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -53,15 +53,15 @@ def run_job(cfg, hc) -> dict[str, Any]:
                    attention_ms=plan.derived_value("attention_ms_per_block_est"),
                    gemm_ms=plan.derived_value("gemm_ms_per_block_est"))
         if cfg.action.name != "plan":
-            from .cli import run_action
+            from .actions import run_action
 
             rec["action_rc"] = run_action(cfg, plan)
             if rec["action_rc"]:
                 rec.update(status="failed", reason=f"action={cfg.action.name} returned {rec['action_rc']}")
-    except (planner.PlanningError, ConfigError) as e:
+    except H3PlanError as e:
         rec.update(status="invalid", reason=str(e))
     except Exception as e:  # noqa: BLE001 - recorded; the sweep goes on
-        from .cli import condense
+        from .config import condense
 
         line, code = condense(e)
         rec.update(status="invalid" if code == 2 else "failed", reason=line)

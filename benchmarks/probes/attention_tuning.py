@@ -148,7 +148,7 @@ def cudnn_plans():
     import cudnn
 
     from h3plan.attention import cudnn as hc
-    from h3plan.quant.cast import quantize as cast
+    from h3plan.kernels.fp8 import quantize as cast
 
     handle = hc._handle(torch.device("cuda"))
     for S in (19000, 37820):
@@ -224,7 +224,7 @@ def power_probe():
     """Attention after attention vs attention right after ~10 ms of GEMMs (what precedes it in a block)."""
     from h3plan.attention.cudnn import CudnnFP8Backend
     from h3plan.attention.fa4 import FA4Backend
-    from h3plan.quant.cast import quantize as cast
+    from h3plan.kernels.fp8 import quantize as cast
 
     S = 37820
     q, k, v = qkv(S, 7)

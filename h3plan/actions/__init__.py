@@ -1,21 +1,43 @@
-"""Actions behind `python -m h3plan action=...` other than plan: verify and bench.
+"""Actions behind `python -m h3plan action=...` other than plan: verify, bench (and calibrate).
 
 Each action module has `run(cfg, plan) -> int` (the exit status). Imported lazily: the plan path stays
-torch-free.
+torch-free. A missing runtime package (torch, triton, diffusers) is the user's install, not a bug: it
+becomes a UsageError naming the package and the install command.
 """
 
 from __future__ import annotations
 
 import importlib
 
+from h3plan.errors import UsageError
+
 ACTIONS = {"verify": "h3plan.actions.verify", "bench": "h3plan.actions.bench"}
+RUNTIME_PACKAGES = ("torch", "triton", "diffusers", "numpy", "matplotlib", "tqdm")
 
 
 def get_action(name: str):
     """The `run(cfg, plan) -> int` of an action."""
     if name not in ACTIONS:
-        raise ValueError(f"unknown action {name!r}; known: plan, {', '.join(ACTIONS)}")
+        raise UsageError(f"unknown action {name!r}; known: plan, {', '.join(ACTIONS)}")
     return importlib.import_module(ACTIONS[name]).run
 
 
-__all__ = ["ACTIONS", "get_action"]
+def _missing_package(e: ModuleNotFoundError) -> str | None:
+    top = (e.name or "").split(".")[0]
+    return top if top in RUNTIME_PACKAGES else None
+
+
+def run_action(cfg, plan) -> int:
+    """Run `cfg.action` on `plan`; a missing runtime package raises UsageError with the install hint."""
+    action = cfg.action.name
+    try:
+        return int(get_action(action)(cfg, plan) or 0)
+    except ModuleNotFoundError as e:
+        pkg = _missing_package(e)
+        if pkg is None:
+            raise
+        raise UsageError(f"action={action} needs {pkg!r}, which is not installed: pip install -e '.[runtime]' "
+                         "(CPU: add 'torch==2.13.0' to the same command)") from None
+
+
+__all__ = ["ACTIONS", "get_action", "run_action"]

@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from h3plan.quant.cast import dequantize, dequantize_check, dequantize_ref
+from h3plan.kernels.fp8 import dequantize, dequantize_check, dequantize_ref
 
 from . import fp8 as f8
 from .base import AttentionBackend, cuda_reason, shape_reason, write_out

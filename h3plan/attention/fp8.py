@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from h3plan.quant.cast import E4M3, E4M3_MAX, scale_from_amax  # noqa: F401  (one convention, re-exported)
+from h3plan.kernels.fp8 import E4M3, E4M3_MAX, scale_from_amax  # noqa: F401  (one convention, re-exported)
 
 
 def amax(x: torch.Tensor) -> torch.Tensor:
@@ -33,10 +33,10 @@ def quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 def quantize_qkv(q, k, v, descales: torch.Tensor | None = None):
     """(q8, k8, v8, descales (3,) fp32): dynamic per-tensor scales unless `descales` is given. Dynamic
-    scales on contiguous CUDA tensors use the two-pass Triton cast (h3plan.quant.cast, same bits)."""
+    scales on contiguous CUDA tensors use the two-pass Triton cast (h3plan.kernels.fp8, same bits)."""
     if descales is None:
         if q.is_cuda and all(t.is_contiguous() for t in (q, k, v)):
-            from h3plan.quant.cast import quantize as cast
+            from h3plan.kernels.fp8 import quantize as cast
 
             (q8, dq), (k8, dk), (v8, dv) = cast(q), cast(k), cast(v)
             return q8, k8, v8, torch.stack([dq, dk, dv])

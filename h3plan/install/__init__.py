@@ -12,7 +12,7 @@ import sys
 import types
 
 from .builder import Builder
-from .counters import counters, fallback_reasons, format_counters, reset_counters
+from h3plan.runtime.counters import counters, fallback_reasons, format_counters, reset_counters
 
 
 def install(model, plan, **kwargs):

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from .guards import run_guarded
+from h3plan.runtime.guards import run_guarded
 
 
 @dataclass(frozen=True)

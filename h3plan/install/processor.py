@@ -27,8 +27,8 @@ from diffusers.models.transformers.transformer_minimax_h3 import _apply_rotary_e
 
 from h3plan.quant.fp8 import shared_activation
 
-from .counters import fallback as count_fallback, fused as count_fused
-from .guards import GRAD_REASON, needs_grad, run_guarded
+from h3plan.runtime.counters import fallback as count_fallback, fused as count_fused
+from h3plan.runtime.guards import GRAD_REASON, needs_grad, run_guarded
 
 
 @dataclass(frozen=True)

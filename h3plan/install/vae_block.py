@@ -27,8 +27,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from .counters import fallback as count_fallback
-from .guards import run_guarded
+from h3plan.runtime.counters import fallback as count_fallback
+from h3plan.runtime.guards import run_guarded
 
 OPS = ("fp16_weights", "qk_norm_rope", "swiglu", "scaled_residual")
 LINEARS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "ff.net.0.proj", "ff.net.2")

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import torch
 
-from .counters import fallback as count_fallback, fused as count_fused
+from h3plan.runtime.counters import fallback as count_fallback, fused as count_fused
 
 LEVER = "vae_graphs"
 MAX_GRAPHS = 32

@@ -7,7 +7,7 @@ rowwise scales the scale multiplies the output column in the GEMM epilogue at no
 torch 2.11 runs rowwise-scaled FP8 GEMMs on SM90 (cuBLAS >= 12.9, else its CUTLASS kernel) with bf16
 output. torch's rowwise recipe needs both operands rowwise, so the per-tensor activation scale is
 expanded to (M, 1). `scaling="tensor"` keeps one weight scale (cuBLAS tensorwise path) instead.
-Activations: per-tensor dynamic e4m3 on the device each call (h3plan.quant.cast: scale = 448 / amax,
+Activations: per-tensor dynamic e4m3 on the device each call (h3plan.kernels.fp8: scale = 448 / amax,
 codes = e4m3(x * scale), descale = 1 / scale; a two-pass Triton kernel on CUDA, the same bits as its
 torch reference). to_q, to_k and to_v receive the same input tensor: inside `shared_activation(x)` (the
 installer's attention processor wraps the three projections in it) its codes are computed once. Under
@@ -34,11 +34,11 @@ from contextlib import contextmanager
 import torch
 import torch.nn as nn
 
-from h3plan.install.counters import fallback as count_fallback, fused as count_fused
-from h3plan.install.guards import GRAD_REASON, needs_grad
+from h3plan.runtime.counters import fallback as count_fallback, fused as count_fused
+from h3plan.runtime.guards import GRAD_REASON, needs_grad
 
-E4M3 = torch.float8_e4m3fn
-E4M3_MAX = 448.0
+from h3plan.kernels.fp8 import E4M3, E4M3_MAX
+
 LEVER = "gemm_quant"
 
 
@@ -86,7 +86,7 @@ def quantize_activation(x: torch.Tensor, kernel: bool = False, amax_fn=None) -> 
         return _SHARED["codes"]
     x2d = x.reshape(-1, x.shape[-1])
     if kernel:
-        from .cast import quantize, quantize_check
+        from h3plan.kernels.fp8 import quantize, quantize_check
 
         fn = None if amax_fn is None else (lambda _: amax_fn(x))
         codes = quantize(x2d, fn) if quantize_check(x2d) is None else _cast_ref(x2d, x, amax_fn)
@@ -98,7 +98,7 @@ def quantize_activation(x: torch.Tensor, kernel: bool = False, amax_fn=None) -> 
 
 
 def _cast_ref(x2d, x, amax_fn):
-    from .cast import quantize_ref
+    from h3plan.kernels.fp8 import quantize_ref
 
     return quantize_ref(x2d, None if amax_fn is None else amax_fn(x))
 
@@ -113,7 +113,7 @@ class SequenceAmax:
         from h3plan.parallel.comm import amax_allreduce_hook, degree_rank
         from h3plan.parallel.sizes import valid_rows
 
-        from .cast import amax, quantize_check
+        from h3plan.kernels.fp8 import amax, quantize_check
 
         self.shard = shard
         self.rank = degree_rank(shard.group)[1]

@@ -19,13 +19,12 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from h3plan.install.counters import fallback as count_fallback, fused as count_fused
-from h3plan.install.guards import GRAD_REASON, needs_grad
+from h3plan.runtime.counters import fallback as count_fallback, fused as count_fused
+from h3plan.kernels.fp8 import E4M3, E4M3_MAX
+from h3plan.runtime.guards import GRAD_REASON, needs_grad
 
 BLOCK = 16
 E2M1_MAX = 6.0
-E4M3_MAX = 448.0
-E4M3 = torch.float8_e4m3fn
 _GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 _MIDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 SM100_REASON = "NVFP4 GEMMs need SM100+"

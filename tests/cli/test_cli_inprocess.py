@@ -46,10 +46,24 @@ def test_action_dispatch(capsys, monkeypatch):
     assert capsys.readouterr().out == ""
 
 
-def test_missing_action_module():
+def test_unknown_action_module():
+    from h3plan.actions import run_action
+    from h3plan.errors import UsageError
+
     cfg = types.SimpleNamespace(action=types.SimpleNamespace(name="nonexistent"))
-    with pytest.raises(cli.UsageError, match="h3plan.actions.nonexistent is not part of this h3plan install"):
-        cli.run_action(cfg, None)
+    with pytest.raises(UsageError, match="unknown action 'nonexistent'"):
+        run_action(cfg, None)
+
+
+def test_missing_torch_is_an_install_hint_not_an_internal_error(capsys, monkeypatch):
+    def needs_torch(cfg, plan):
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
+
+    monkeypatch.setitem(sys.modules, "h3plan.actions.verify", types.SimpleNamespace(run=needs_torch))
+    assert cli.run(["action=verify"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("h3plan: error: action=verify needs 'torch', which is not installed: pip install -e '.[runtime]'")
+    assert "internal error" not in err and len(err.splitlines()) == 1
 
 
 def test_table_marks_unverified_and_keeps_order(capsys):

@@ -88,7 +88,7 @@ def test_fp8_scaled_mm_call_matches_emulation(scaling):
 def test_activation_codes_kernel_and_cache():
     """The Triton cast (interpreter here) gives the torch reference's codes bit for bit; inside
     shared_activation(x) the codes of that tensor are computed once (to_q / to_k / to_v)."""
-    from h3plan.quant import cast
+    from h3plan.kernels import fp8 as cast
 
     g = torch.Generator().manual_seed(6)
     x = (torch.randn(3, 40, 96, generator=g) * 5).to(torch.bfloat16)
@@ -108,7 +108,7 @@ def test_activation_codes_kernel_and_cache():
 def test_activation_cast_with_a_given_amax_kernel_and_reference_agree():
     """quantize(x, amax_fn) / quantize_ref(x, amax): the scale covers the given amax, not x's own (a
     sequence split over ranks); the Triton pass 1 alone (`amax`) is exact."""
-    from h3plan.quant import cast
+    from h3plan.kernels import fp8 as cast
 
     g = torch.Generator().manual_seed(7)
     x = (torch.randn(40, 96, generator=g) * 3).to(torch.bfloat16)

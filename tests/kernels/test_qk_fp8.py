@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from h3plan.kernels import fp8
 from h3plan.kernels import qk_norm_rope as m
 
 E4M3 = torch.float8_e4m3fn
@@ -51,7 +52,7 @@ def _e4m3_probe(x_ptr, o_ptr, N, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     z = tl.load(x_ptr + i, mask=i < N, other=0.0)
     z = tl.where(z > 448.0, 448.0, tl.where(z < -448.0, -448.0, z))
-    tl.store(o_ptr + i, m.round_to_e4m3(z).to(tl.float8e4nv), mask=i < N)
+    tl.store(o_ptr + i, fp8.round_to_e4m3(z).to(tl.float8e4nv), mask=i < N)
 
 
 def test_e4m3_rne_helper_exhaustive():

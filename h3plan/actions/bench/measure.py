@@ -34,7 +34,7 @@ class BenchOptions:
 
 
 def _usage(message: str) -> Exception:
-    from h3plan.cli import UsageError  # the CLI prints it as one line, exit 2
+    from h3plan.errors import UsageError  # the CLI prints it as one line, exit 2
 
     return UsageError(message)
 

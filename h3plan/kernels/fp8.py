@@ -19,11 +19,40 @@ import triton.language as tl
 
 from h3plan.kernels._common import INTERPRET, LAUNCH_OPTS, from_f32, guard, round_hw, tensor_checks, to_f32
 from h3plan.kernels._registry import custom_op
-from h3plan.kernels.qk_norm_rope import e4m3_ready
 
 E4M3 = torch.float8_e4m3fn
-E4M3_MAX = 448.0
+E4M3_MAX = 448.0  # largest finite e4m3fn value: the one FP8 range constant of h3plan
 BLOCK = 4096
+
+
+@triton.jit
+def round_to_e4m3(x):
+    """fp32 -> nearest-even e4m3fn value, kept in fp32 (exactly representable, so the final cast is exact
+    on the GPU and in the interpreter). Callers clamp to +-448 first; NaN stays NaN, -0.0 stays -0.0."""
+    ax = tl.abs(x)
+    e = ((ax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    e = tl.maximum(e, -6)  # below 2^-6 the e4m3 grid is the subnormal quantum 2^-9
+    q = ((e - 3 + 127) << 23).to(tl.float32, bitcast=True)  # grid step 2^(e-3)
+    inv_q = ((127 - e + 3) << 23).to(tl.float32, bitcast=True)
+    y = ax * inv_q  # exact: power-of-two scaling, y < 16
+    f = tl.floor(y)
+    rem = y - f
+    odd = (f - 2.0 * tl.floor(f * 0.5)) == 1.0
+    f = tl.where((rem > 0.5) | ((rem == 0.5) & odd), f + 1.0, f)
+    r = f * q
+    r = tl.where((x.to(tl.int32, bitcast=True) >> 31) != 0, -r, r)
+    return tl.where(x != x, x, r)
+
+
+@triton.jit
+def e4m3_ready(x, HW: tl.constexpr):
+    """x (clamped to +-448) for `.to(tl.float8e4nv)`. On the GPU that conversion rounds to nearest even
+    itself (tt.fp_to_fp rtne -> cvt.rn.satfinite.e4m3x2.f32), so x goes as it is; the interpreter's
+    conversion does not round that way, so there x is rounded first (round_to_e4m3, exact either way)."""
+    if HW:
+        return x
+    else:
+        return round_to_e4m3(x)
 
 
 @triton.jit

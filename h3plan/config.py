@@ -1,0 +1,118 @@
+"""The packaged config, composed from Python or the CLI, and the one-line translation of every error.
+
+`compose(overrides)` composes conf/ (beside this package) with Hydra overrides; `condense(exc)` turns any
+exception from composition, validation or planning into (one line, exit code): 2 for bad input, 1 for
+an h3plan bug. The CLI prints that line; the Python API raises `ConfigError(line)` instead of Hydra's
+own exceptions. Torch-free.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from .errors import ConfigError, H3PlanError
+
+# conf/ beside this file (h3plan/conf links to the repository's conf/; installs copy it in).
+CONFIG_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")
+CONFIG_NAME = "config"
+
+
+def compose(overrides: list[str]):
+    """The packaged config composed with `overrides` (Hydra syntax); bad input raises an H3PlanError with the
+    CLI's one-line message."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    from . import schema
+
+    schema.register()
+    try:
+        with initialize_config_dir(config_dir=CONFIG_PATH, version_base="1.3"):
+            return hydra_compose(config_name=CONFIG_NAME, overrides=list(overrides))
+    except H3PlanError:
+        raise
+    except Exception as e:  # noqa: BLE001 - Hydra's and OmegaConf's errors become one line
+        line, code = condense(e)
+        if code != 2:
+            raise
+        raise _config_error(line) from None
+
+
+def _config_error(line: str) -> H3PlanError:
+    """The CLI's line as an exception whose str() is that very line (ConfigError when it starts with a key)."""
+    key, sep, msg = line.partition(": ")
+    return ConfigError(key, msg) if sep and " " not in key else H3PlanError(line)
+
+
+def _chain(e: BaseException):
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+def allowed_keys(full_key: str) -> list[str]:
+    """Field names of the schema node that holds `full_key` ([] when it is not a structured node)."""
+    import dataclasses
+    import typing
+
+    from . import schema
+
+    node: Any = schema.H3PlanConfig
+    for part in full_key.split(".")[:-1]:
+        if not dataclasses.is_dataclass(node):
+            return []
+        hints = typing.get_type_hints(node)
+        if part not in hints:
+            return []
+        node = hints[part]
+    return [f.name for f in dataclasses.fields(node)] if dataclasses.is_dataclass(node) else []
+
+
+def _omegaconf_line(e) -> str:
+    key = str(getattr(e, "full_key", "") or "")
+    msg = str(getattr(e, "msg", e)).splitlines()[0]
+    if re.match(r"Key '.*' not in '.*'", msg):
+        allowed = allowed_keys(key)
+        return f"{key}: unknown key" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
+    m = re.match(r"Invalid value '(.*)', expected one of \[(.*)\]", msg)
+    if m:
+        hint = " (write 'on'/'off' in quotes in YAML)" if m.group(1) in ("True", "False") else ""
+        return f"{key}={m.group(1)}: not allowed; allowed: {m.group(2)}{hint}"
+    return f"{key}: {msg}" if key else msg
+
+
+def condense(e: BaseException) -> tuple[str, int]:
+    """(one line, exit code): 2 for bad input, 1 for anything else (an h3plan bug)."""
+    import yaml
+    from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from .errors import H3PlanError
+
+    def one(s: str) -> str:
+        return " ".join(str(s).split())
+
+    for x in _chain(e):
+        if isinstance(x, H3PlanError):
+            return one(x), 2
+        if isinstance(x, MissingConfigException):
+            missing = x.missing_cfg_file or ""
+            if "/" in missing and x.options is not None:
+                group, _, name = missing.rpartition("/")
+                hint = " (the joblib and submitit launchers: pip install -e '.[sweep]' in a checkout)" if group == "hydra/launcher" else ""
+                return f"{group}={name}: no such option; available: {', '.join(sorted(x.options))}{hint}", 2
+            return one(str(x).splitlines()[0]), 2
+        if isinstance(x, OverrideParseException):
+            return f"cannot parse the override: {one(str(x).splitlines()[0])}", 2
+        if isinstance(x, yaml.YAMLError):
+            mark = getattr(x, "problem_mark", None)
+            where = f" in {mark.name}, line {mark.line + 1}" if mark is not None else ""
+            return f"malformed YAML{where}: {one(getattr(x, 'problem', None) or x)}", 2
+        if isinstance(x, OmegaConfBaseException):
+            return _omegaconf_line(x), 2
+    if isinstance(e, HydraException):
+        return one(str(e).splitlines()[0] if str(e) else type(e).__name__), 2
+    return f"internal error: {type(e).__name__}: {one(e)} (set HYDRA_FULL_ERROR=1 for the traceback)", 1

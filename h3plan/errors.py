@@ -1,0 +1,45 @@
+"""h3plan's errors: every mistake a user can make surfaces as one of these, with a one-line message.
+
+The CLI prints `h3plan: error: <message>` and exits 2 for any H3PlanError; the Python API raises them
+as they are. Anything else that escapes is a bug in h3plan ("internal error", exit 1). Torch-free.
+"""
+
+from __future__ import annotations
+
+
+class H3PlanError(ValueError):
+    """Bad input from the user (config, plan file, request, model); str() is one line."""
+
+    def __init__(self, message: str):
+        super().__init__(" ".join(str(message).split()))
+
+
+class ConfigError(H3PlanError):
+    """A configuration value that composition or the schema rules out; names the key."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"{key}: {message}")
+        self.key = key
+
+
+class PlanningError(H3PlanError):
+    """No valid plan for this config; `.reasons` lists every reason of the failing lever."""
+
+    def __init__(self, message: str, reasons: list[str] | None = None):
+        super().__init__(message)
+        self.reasons = list(reasons or [str(self)])
+
+
+class PlanFileError(H3PlanError):
+    """A plan file (YAML / JSON) that cannot be read back as a Plan; names the file."""
+
+
+class UsageError(H3PlanError):
+    """A command or call that cannot run as given (wrong action for this machine, missing package ...)."""
+
+
+class InstallError(H3PlanError):
+    """A plan that does not fit the model it is installed into (other widths, other heads, another class)."""
+
+
+__all__ = ["H3PlanError", "ConfigError", "PlanningError", "PlanFileError", "UsageError", "InstallError"]
