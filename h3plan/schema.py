@@ -17,27 +17,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from .errors import ConfigError
 
-# Lever names and settings (docs/architecture.md, "Levers"); registry order = install order.
-LEVER_SETTINGS: dict[str, tuple[str, ...]] = {
-    "gemm_quant": ("bf16", "fp8", "nvfp4", "dequant_bf16"),
-    "attention": ("sdpa", "cudnn_bf16", "cudnn_fp8", "fa4"),
-    "fa4_2cta": ("off", "on"),
-    "fa4_tile": ("default", "tuned"),
-    "fp8_scales": ("off", "dynamic", "static"),
-    "qk_norm_rope": ("eager", "fused", "fused_fp8"),
-    "modulation": ("eager", "exact", "fp32"),
-    "gated_residual": ("off", "on"),
-    "swiglu": ("off", "on"),
-    "ulysses_padding": ("none", "padded", "fixed_valid", "valid_only"),
-    "ulysses_overlap": ("off", "on"),
-    "a2a_fp8_codes": ("off", "on"),
-    "prefix_inplace": ("off", "on"),
-    "nvfp4_producer_quant": ("off", "on"),
-    "nvfp4_out_quant": ("off", "on"),
-    "vae_tiles": ("default", "fp8_tiles", "custom"),
-    "vae_graphs": ("off", "on"),
-    "vae_ops": ("eager", "fused"),
-}
+from .levers import LEVER_SETTINGS  # declared by each lever module (SPEC), registry order
 
 
 def _setting_enum(lever: str) -> type[Enum]:

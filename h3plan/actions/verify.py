@@ -28,11 +28,9 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-BASE_LEVERS = ("attention", "fa4_2cta", "fp8_scales")
-# A lever's fused counter; a fallback reason starting with one of these is a platform limit (emulated).
-FUSED_KEY = {"gemm_quant": "gemm_quant", "qk_norm_rope": "qk_norm_rope", "modulation": "modulation",
-             "gated_residual": "gated_residual", "swiglu": "swiglu", "fa4_2cta": "fa4_2cta", "fa4_tile": "fa4_tile",
-             "attention": "attention"}
+from h3plan.levers import COUNTERS, REFERENCE_LEVERS, SPECS, ULYSSES_LEVERS
+
+# A fallback reason starting with one of these is a platform limit: the lever's counted emulation ran.
 PLATFORM_LIMITS = ("FP8 GEMM needs CUDA", "FP8 GEMM needs SM89", "NVFP4 GEMMs need SM100+")
 OUTPUTS = ("hidden", "video", "audio")
 
@@ -122,21 +120,19 @@ def _subplan(plan, decisions):
 
 
 def _substitute_backend(plan, backend, reason):
-    """The plan with `backend` for attention (and the backend-only levers dropped)."""
+    """The plan with `backend` for attention; decisions whose setting needs another backend (the levers'
+    SPEC.backends) are dropped, so their levers install nothing."""
     from h3plan.plan import make_decision
 
     out = []
     for d in plan.decisions:
         if d.lever == "attention":
             out.append(make_decision("attention", backend, True, [f"verify: {reason}"]))
-        elif d.lever in ("fa4_2cta", "fa4_tile", "fp8_scales") or (d.lever == "qk_norm_rope" and d.setting == "fused_fp8"):
+        elif backend not in SPECS[d.lever].backends.get(d.setting, (backend,)):
             continue
         else:
             out.append(d)
     return _subplan(plan, out)
-
-
-ULYSSES_LEVERS = ("ulysses_padding", "ulysses_overlap", "a2a_fp8_codes", "prefix_inplace")
 
 
 def _single_process(plan):
@@ -207,7 +203,7 @@ def _counter_text(run: Run, levers) -> str:
 
 
 def _engaged(run: Run, lever: str) -> tuple[bool, str]:
-    key = FUSED_KEY.get(lever)
+    key = COUNTERS.get(lever)
     if key is None:
         return True, "no per-call counter"
     if run.counters.get(f"{key}.fused", 0) > 0:
@@ -237,7 +233,7 @@ def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, head
         backend = "sdpa"
     print(f"lossless levers are judged against the reference R: attention={backend} on both sides, every "
           "other op diffusers' eager code")
-    base = [d for d in plan.decisions if d.lever in BASE_LEVERS]
+    base = [d for d in plan.decisions if d.lever in REFERENCE_LEVERS]
     if not any(d.lever == "attention" for d in base):
         from h3plan.plan import make_decision
 
@@ -257,7 +253,7 @@ def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, head
         rep.ok &= ref.counters.get("attention.fused", 0) > 0
 
     for d in plan.decisions:
-        if d.lever in BASE_LEVERS:
+        if d.lever in REFERENCE_LEVERS:
             continue
         if not d.enabled:
             print(f"SKIP  {d.lever + '=' + d.setting:<34} off in the plan")

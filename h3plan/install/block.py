@@ -10,7 +10,6 @@ lever on this forward is bitwise equal to diffusers'; `modulation="fp32"` single
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -18,33 +17,12 @@ import torch
 from h3plan.runtime.guards import run_guarded
 
 
-@dataclass(frozen=True)
-class BlockOptions:
-    modulation: str = "eager"  # "eager" | "exact" | "fp32"
-    gated_residual: bool = False
-    swiglu: bool = False
-
-    @property
-    def enabled(self) -> bool:
-        return self.modulation != "eager" or self.gated_residual or self.swiglu
-
-    def describe(self) -> str:
-        return f"modulation={self.modulation}, gated_residual={self.gated_residual}, swiglu={self.swiglu}"
-
-
-# option -> (kernel module, public function, check function)
-KERNELS = {
-    "modulation": ("h3plan.kernels.modulation", "rmsnorm_modulate", "rmsnorm_modulate_check"),
-    "gated_residual": ("h3plan.kernels.gated_residual", "gated_residual", "gated_residual_check"),
-    "swiglu": ("h3plan.kernels.swiglu", "swiglu", "swiglu_check"),
-    "qk_norm_rope": ("h3plan.kernels.qk_norm_rope", "qk_norm_rope", "qk_norm_rope_check"),
-    "qk_norm_rope_fp8": ("h3plan.kernels.qk_norm_rope", "qk_norm_rope_fp8", "qk_norm_rope_fp8_check"),
-}
-
-
 def load_kernel(op: str) -> tuple[Callable, Callable]:
-    """(public fn, check fn) of a kernel op; raises ImportError naming the missing piece."""
-    mod_name, fn_name, check_name = KERNELS[op]
+    """(public fn, check fn) of a kernel op the levers declare (h3plan.levers.KERNELS, "module:fn:check");
+    raises ImportError naming the missing piece."""
+    from h3plan.levers import KERNELS
+
+    mod_name, fn_name, check_name = KERNELS[op].split(":")
     try:
         mod = importlib.import_module(mod_name)
     except Exception as exc:
@@ -55,7 +33,7 @@ def load_kernel(op: str) -> tuple[Callable, Callable]:
     return getattr(mod, fn_name), getattr(mod, check_name)
 
 
-def modulate(kernels, opts: BlockOptions, norm, x, scale, shift, index):
+def modulate(kernels, opts, norm, x, scale, shift, index):
     """norm(x) * (1 + scale[index]) + shift[index]; scale/shift are (R, D) row views of the AdaLN output."""
 
     def eager():
@@ -77,7 +55,7 @@ def modulate(kernels, opts: BlockOptions, norm, x, scale, shift, index):
     )
 
 
-def gate(kernels, opts: BlockOptions, h, g, index, y):
+def gate(kernels, opts, h, g, index, y):
     """h + g[index] * y."""
 
     def eager():
@@ -89,7 +67,7 @@ def gate(kernels, opts: BlockOptions, h, g, index, y):
     return run_guarded("gated_residual", lambda: check(h, g, index, y), lambda: fn(h, g, index, y), eager, (h, g, y))
 
 
-def feed_forward(kernels, opts: BlockOptions, ff, x):
+def feed_forward(kernels, opts, ff, x):
     """diffusers FeedForward(activation_fn="swiglu"): net = [SwiGLU(proj), Dropout, Linear(, Dropout)]."""
     if not opts.swiglu:
         return ff(x)
@@ -135,12 +113,9 @@ def plan_block_forward(
     return hidden_states
 
 
-def block_kernels(opts: BlockOptions) -> dict[str, Any]:
-    ops = []
-    if opts.modulation != "eager":
-        ops.append("modulation")
-    if opts.gated_residual:
-        ops.append("gated_residual")
-    if opts.swiglu:
-        ops.append("swiglu")
+def block_kernels(opts) -> dict[str, Any]:
+    """The kernels of every block option the plan changes (each lever's SPEC.kernels)."""
+    from h3plan.levers import OPTIONS, SPECS
+
+    ops = [op for key in opts.non_default() for op in SPECS[OPTIONS[key][0]].kernels]
     return {op: load_kernel(op) for op in ops}

@@ -29,14 +29,13 @@ import torch
 
 from h3plan.plan import Plan
 
-from .block import BlockOptions, block_kernels, load_kernel, plan_block_forward
+from .block import block_kernels, load_kernel, plan_block_forward
 from .builder import Builder
-from .processor import AttentionOptions, H3PlanAttnProcessor
+from .options import AttentionOptions, BlockOptions
+from .processor import H3PlanAttnProcessor
 from .report import InstallReport, Swap
 
 logger = logging.getLogger("h3plan.install")
-
-_NOTHING = ("off", "eager", "none", "bf16")
 
 
 @dataclass
@@ -94,6 +93,7 @@ def collect(plan: Plan, registry=None) -> Builder:
         if d.lever not in registry:
             raise ValueError(f"plan lever {d.lever!r} has no installer in h3plan.levers.REGISTRY ({sorted(registry)})")
         entry = registry[d.lever]
+        builder.settings[d.lever] = d.setting
         getattr(entry, "install", entry)(builder, d)
     return builder
 
@@ -107,7 +107,8 @@ def _swap(report: InstallReport, lever: str, fqn: str, old: str, new: str) -> No
 def _quantize(model, builder, state) -> None:
     from h3plan.quant import BLOCK_LINEARS, quantized_linear
 
-    lever, fmt, params = builder.quant
+    lever, quant = builder.lever_of("quant"), builder.values["quant"]
+    fmt, params = quant["format"], quant.get("params") or {}
     for i, block in enumerate(model.transformer_blocks):
         if block.attn.fused_projections:
             raise ValueError(f"gemm_quant: transformer_blocks.{i}.attn uses fused QKV projections; call "
@@ -149,25 +150,45 @@ def _sequence_amax(model, shard, state) -> None:
 
 
 def _attention_options(builder, report) -> AttentionOptions:
-    opts = dict(builder.attention)
+    opts = builder.recorded("attention")
     if "backend" not in opts:
-        opts["backend"] = "sdpa"
         report.notes.append("no attention backend in the plan: the processor uses sdpa (diffusers' native math)")
     a = AttentionOptions(**opts)
-    problems = []
-    if a.qk_norm_rope == "fused_fp8" and a.backend != "cudnn_fp8":
-        problems.append("qk_norm_rope=fused_fp8 feeds cudnn_fp8 only")
-    if a.fa4_2cta and a.backend != "fa4":
-        problems.append("fa4_2cta=True needs backend fa4")
-    if a.fa4_tile and a.backend != "fa4":
-        problems.append("fa4_tile needs backend fa4")
-    if a.fp8_scales == "static" and not a.scale_table:
+    problems = backend_problems(builder, a.backend)
+    if a.fp8_scales == "static" and a.backend == "cudnn_fp8" and not a.scale_table:
         problems.append("fp8_scales=static needs a scale_table")
     if a.a2a_fp8_codes and a.qk_norm_rope != "fused_fp8":
         problems.append("a2a_fp8_codes sends the codes of qk_norm_rope=fused_fp8")
     if problems:
         raise ValueError("inconsistent attention options: " + "; ".join(problems))
     return a
+
+
+def backend_problems(builder, backend: str) -> list[str]:
+    """Recorded options whose lever setting needs another attention backend (the levers' SPEC.backends)."""
+    from h3plan.levers import OPTIONS, SPECS
+
+    out = []
+    for key, value in builder.recorded("attention").items():
+        lever, opt = OPTIONS[key]
+        setting = builder.settings.get(lever)
+        need = SPECS[lever].backends.get(setting) if setting is not None else None
+        if need and backend not in need and value != opt.default:
+            out.append(f"{lever}={setting} needs attention {' or '.join(need)}, the plan's backend is {backend}")
+    return out
+
+
+def _option_swaps(report, builder, scope: str, values: dict, fqn: str) -> None:
+    """One swap per non-default option of `scope` whose lever declared how it is logged (Option.swap)."""
+    from h3plan.levers import scope_options
+
+    for key, opt in scope_options(scope).items():
+        if opt.swap is None or key not in values:
+            continue
+        logged = opt.swap(values[key])
+        if logged is not None:
+            suffix, old, new = logged
+            _swap(report, builder.lever_of(key), f"{fqn}{suffix}", old, str(new))
 
 
 def _static_descales(opts: AttentionOptions, fqns: list[str]) -> dict[str, torch.Tensor]:
@@ -218,7 +239,8 @@ def _processors(model, builder, state, group):
     fqns = [f"transformer_blocks.{i}.attn" for i in range(len(model.transformer_blocks))]
     descales = _static_descales(opts, fqns) if opts.fp8_scales == "static" and opts.backend == "cudnn_fp8" else {}
     shard, ua = _ulysses(model, opts, group, report)
-    lever = builder.lever_of("attention", "backend")
+    lever = builder.lever_of("backend")
+    recorded = builder.recorded("attention")
     for fqn, block in zip(fqns, model.transformer_blocks):
         attn = block.attn
         old = attn.processor
@@ -226,15 +248,7 @@ def _processors(model, builder, state, group):
         attn.set_processor(proc)
         state.undo.append(lambda a=attn, o=old: a.set_processor(o))
         _swap(report, lever, f"{fqn}.processor", type(old).__name__, repr(proc))
-        if opts.qk_norm_rope != "eager":
-            _swap(report, builder.lever_of("attention", "qk_norm_rope"), f"{fqn}.norm_q/norm_k+rope", "eager",
-                  opts.qk_norm_rope)
-        if opts.fa4_2cta and opts.backend == "fa4":
-            _swap(report, builder.lever_of("attention", "fa4_2cta"), fqn, "fa4 default CTA mode", "2-CTA allowed per call")
-        if opts.fa4_tile and opts.backend == "fa4":
-            t = opts.fa4_tile
-            _swap(report, builder.lever_of("attention", "fa4_tile"), fqn, "fa4 default tile",
-                  f"tile {t['tile_m']}x{t['tile_n']} (mma_pv_is_rs={t['mma_pv_is_rs']})")
+        _option_swaps(report, builder, "attention", recorded, fqn)
     if opts.backend == "fa4" and opts.fa4_2cta:
         report.notes.append("fa4_2cta: the per-call 2-CTA switch never ran on Blackwell hardware here")
     if opts.backend == "cudnn_fp8":
@@ -243,7 +257,7 @@ def _processors(model, builder, state, group):
 
 
 def _forwards(model, builder, state, shard):
-    opts = BlockOptions(**builder.block)
+    opts = BlockOptions(**builder.recorded("block"))
     if not opts.enabled and shard is None:
         return
     kernels = block_kernels(opts)
@@ -259,18 +273,13 @@ def _forwards(model, builder, state, shard):
 
         state.undo.append(undo)
         fqn = f"transformer_blocks.{i}"
-        if opts.modulation != "eager":
-            _swap(state.report, builder.lever_of("block", "modulation"), f"{fqn}.norm1/norm2+modulate", "eager", opts.modulation)
-        if opts.gated_residual:
-            _swap(state.report, builder.lever_of("block", "gated_residual"), f"{fqn} gated residual", "eager", "fused")
-        if opts.swiglu:
-            _swap(state.report, builder.lever_of("block", "swiglu"), f"{fqn}.ff.net.0 swiglu", "eager", "fused")
+        _option_swaps(state.report, builder, "block", builder.recorded("block"), fqn)
         if shard is not None:
             _swap(state.report, "ulysses", f"{fqn}.forward", "full sequence", f"1/{shard.degree} sequence shard")
 
 
 def _skips(plan, builder, report):
-    touched = set(builder.source.values()) | ({builder.quant[0]} if builder.quant else set())
+    touched = builder.touched
     report.skipped.extend(builder.skipped)
     skipped = {lever for lever, _ in builder.skipped}
     for d in plan.decisions:
@@ -280,8 +289,8 @@ def _skips(plan, builder, report):
             report.notes.append(f"{d.lever}={d.setting} is enabled but its install recorded no option")
         if not d.hardware_verified and d.enabled:
             report.notes.append(f"{d.lever}={d.setting} has never run on hardware of the planned kind")
-    if builder.vae:
-        levers = sorted({builder.lever_of("vae", k) for k in builder.vae})
+    if builder.recorded("vae"):
+        levers = sorted({builder.lever_of(k) for k in builder.recorded("vae")})
         report.skipped.append((", ".join(levers), "VAE options apply to AutoencoderKLMiniMaxH3, not to the transformer "
                                                   "(install the plan into the VAE too)"))
 
@@ -310,16 +319,15 @@ def install(model, plan: Plan, *, registry=None, group=None) -> InstallReport:
         uninstall(model)
     builder = collect(plan, registry)
     report = InstallReport(levers=[d.lever for d in plan.decisions],
-                           options={"block": dict(builder.block), "attention": dict(builder.attention),
-                                    "vae": dict(builder.vae), "quant": builder.quant and builder.quant[1:]})
+                           options={scope: builder.recorded(scope) for scope in ("linears", "block", "attention", "vae")})
     state = _State(plan, report)
     try:
         if is_vae:
-            _vae.apply(model, plan, builder, state)
+            _vae.apply(model, builder, state)
         else:
-            if builder.quant is not None:
+            if builder.recorded("linears").get("quant") is not None:
                 _quantize(model, builder, state)
-            shard = _processors(model, builder, state, group) if builder.attention else None
+            shard = _processors(model, builder, state, group) if builder.recorded("attention") else None
             if shard is not None:
                 _sequence_amax(model, shard, state)
             _forwards(model, builder, state, shard)

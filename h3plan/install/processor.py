@@ -19,7 +19,6 @@ runtime verdict is cached per (shapes, strides, dtype, device).
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
 
 import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
@@ -31,35 +30,6 @@ from h3plan.runtime.counters import fallback as count_fallback, fused as count_f
 from h3plan.runtime.guards import GRAD_REASON, needs_grad, run_guarded
 
 
-@dataclass(frozen=True)
-class AttentionOptions:
-    backend: str = "sdpa"
-    fa4_2cta: bool | None = None
-    fa4_tile: dict | None = None  # {tile_m, tile_n, mma_pv_is_rs, intra_wg_overlap}; None: FA4's own pick
-    qk_norm_rope: str = "eager"
-    fp8_scales: str = "dynamic"
-    scale_table: str | None = None
-    scale_margin: float = 1.0
-    ulysses_degree: int = 1
-    ulysses_padding: str = "none"
-    ulysses_chunks: int = 1
-    a2a_fp8_codes: bool = False
-    prefix_inplace: bool = False
-
-    def describe(self) -> str:
-        parts = [f"backend={self.backend}", f"qk_norm_rope={self.qk_norm_rope}"]
-        if self.backend == "fa4" and self.fa4_2cta is not None:
-            parts.append(f"2cta={self.fa4_2cta}")
-        if self.backend == "fa4" and self.fa4_tile:
-            parts.append(f"tile={self.fa4_tile['tile_m']}x{self.fa4_tile['tile_n']}")
-        if self.backend == "cudnn_fp8":
-            parts.append(f"fp8_scales={self.fp8_scales}")
-        if self.ulysses_degree > 1:
-            parts.append(f"ulysses={self.ulysses_degree}/{self.ulysses_padding}/chunks={self.ulysses_chunks}"
-                         f"{'/fp8_codes' if self.a2a_fp8_codes else ''}{'/prefix_inplace' if self.prefix_inplace else ''}")
-        return ", ".join(parts)
-
-
 def _sig(*ts) -> tuple:
     return tuple((tuple(t.shape), tuple(t.stride()), t.dtype, t.device) for t in ts)
 
@@ -67,7 +37,7 @@ def _sig(*ts) -> tuple:
 class H3PlanAttnProcessor:
     """One instance per transformer-block attention (it holds that layer's static FP8 scales)."""
 
-    def __init__(self, opts: AttentionOptions, backend, kernels: dict, original, *, static_descales=None,
+    def __init__(self, opts, backend, kernels: dict, original, *, static_descales=None,
                  shard=None, ulysses=None):
         self.opts, self.backend, self.kernels, self.original = opts, backend, kernels, original
         self.static_descales = static_descales  # (3,) fp32 descales of q, k, v (static FP8 scales)

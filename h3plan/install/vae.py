@@ -29,12 +29,14 @@ import types
 import torch
 
 from .report import Swap
-from .vae_block import LINEARS, OPS, Fp16Copies, VaeBlockState, load_kernels, plan_vae_block_forward
+from .vae_block import LINEARS, Fp16Copies, VaeBlockState, load_kernels, plan_vae_block_forward
 from .vae_graph import GraphedDecoder
 
 logger = logging.getLogger("h3plan.install")
 
-VAE_LEVERS = ("vae_tiles", "vae_graphs", "vae_ops")
+from h3plan.levers import SPECS
+
+VAE_LEVERS = tuple(name for name, s in SPECS.items() if s.model == "vae")
 TILING = ("use_tiling", "tile_sample_min_height", "tile_sample_min_width", "tile_sample_min_overlap_height",
           "tile_sample_min_overlap_width")
 RELEASED = (True, 256, 256, 64, 64)  # diffusers' AutoencoderKLMiniMaxH3.__init__ tiling
@@ -105,22 +107,9 @@ def _swap(report, lever, fqn, old, new) -> None:
     logger.info("%s", s)
 
 
-def _decision(plan, lever):
-    return next((d for d in plan.decisions if d.lever == lever), None)
-
-
-def _ops(plan) -> tuple[str, ...]:
-    d = _decision(plan, "vae_ops")
-    ops = tuple(d.param("ops") or OPS) if d is not None else OPS
-    unknown = sorted(set(ops) - set(OPS))
-    if unknown:
-        raise ValueError(f"vae_ops: unknown ops {unknown}; known: {list(OPS)}")
-    return ops
-
-
-def _install_ops(model, plan, builder, state) -> None:
-    lever = builder.lever_of("vae", "vae_ops")
-    ops = _ops(plan)
+def _install_ops(model, builder, state) -> None:
+    lever = builder.lever_of("ops")
+    ops = builder.values["ops"]
     kernels = load_kernels(ops)
     report = state.report
     blocks = model.decoder.transformer_blocks
@@ -161,7 +150,7 @@ def _install_ops(model, plan, builder, state) -> None:
 
 
 def _install_graphs(model, builder, state) -> None:
-    lever = builder.lever_of("vae", "graphs")
+    lever = builder.lever_of("graphs")
     dec = model.decoder
     if _hooked(dec) or any(_hooked(m) for m in dec.modules() if m is not dec and not _plan_block(m)):
         state.report.skipped.append((lever, "the ViT decoder or one of its modules carries hooks or an instance forward "
@@ -203,9 +192,9 @@ def _check_tile(model, tile: dict) -> tuple[int, int, int]:
     return h, w, o
 
 
-def _install_tiles(model, plan, builder, state) -> None:
-    lever = builder.lever_of("vae", "tile")
-    tile = builder.vae["tile"]
+def _install_tiles(model, builder, state) -> None:
+    lever = builder.lever_of("tile")
+    tile = builder.values["tile"]
     h, w, o = _check_tile(model, tile)
     before, old = {a: getattr(model, a) for a in TILING}, _geometry(model)
     model.enable_tiling(tile_sample_min_height=h, tile_sample_min_width=w, tile_sample_min_overlap_height=o,
@@ -218,36 +207,35 @@ def _install_tiles(model, plan, builder, state) -> None:
     if tile.get("frames") is not None:
         state.report.notes.append(f"vae_tiles: tile.frames={tile['frames']} not applied: diffusers tiles spatially "
                                   "only (temporal chunks follow clip_length)")
-    d = _decision(plan, lever)
-    if d is not None and (d.setting == "fp8_tiles" or d.param("dtype") == "fp8"):
-        state.report.skipped.append((f"{lever}.fp8_decode", f"{d.setting}: h3plan has no FP8 tiled decoder kernel; the "
+    if builder.values.get("tile_dtype") == "fp8":
+        state.report.skipped.append((f"{lever}.fp8_decode", f"{builder.settings.get(lever)}: h3plan has no FP8 tiled decoder kernel; the "
                                      f"{h}x{w}/{o} geometry is installed and every tile decodes with diffusers' ops at "
                                      "the autocast dtype: the FP8 decode never ran"))
 
 
-def apply(model, plan, builder, state) -> None:
+def apply(model, builder, state) -> None:
     """Swap what the builder's VAE options ask for; every swap is undoable through state.undo."""
-    if builder.vae.get("vae_ops"):
-        _install_ops(model, plan, builder, state)
-    if builder.vae.get("tile") is not None:
-        _install_tiles(model, plan, builder, state)
-    if builder.vae.get("graphs"):
+    opts = builder.options("vae")
+    if opts["ops"]:
+        _install_ops(model, builder, state)
+    if opts["tile"] is not None:
+        _install_tiles(model, builder, state)
+    if opts["graphs"]:
         _install_graphs(model, builder, state)
-    d = _decision(plan, "vae_tiles")
-    if d is not None and d.setting == "default" and tuple(getattr(model, a) for a in TILING) != RELEASED:
+    if "vae_tiles" in builder.settings and opts["tile"] is None and tuple(getattr(model, a) for a in TILING) != RELEASED:
         state.report.notes.append(f"vae_tiles=default leaves the model's tiling as set ({_geometry(model)}), not "
                                   "diffusers' released 256x256 px, overlap 64x64")
 
 
 def skips(plan, builder, report) -> None:
     """Report every plan lever that installed nothing here, with its reason (never silently)."""
-    vae_levers = set(VAE_LEVERS) | {builder.lever_of("vae", k) for k in builder.vae}
+    vae_levers = set(VAE_LEVERS) | {builder.lever_of(k) for k in builder.recorded("vae")}
     other = [d.lever for d in plan.decisions if d.lever not in vae_levers]
     if other:
         report.skipped.append((", ".join(other), "transformer levers apply to MiniMaxH3Transformer3DModel, not to "
                                                  "the VAE (install the plan into the transformer too)"))
     report.skipped.extend((lv, r) for lv, r in builder.skipped if lv in vae_levers)
-    touched = {builder.lever_of("vae", k) for k in builder.vae}
+    touched = {builder.lever_of(k) for k in builder.recorded("vae")}
     skipped = {lv for lv, _ in builder.skipped}
     for d in plan.decisions:
         if d.lever not in vae_levers:

@@ -20,7 +20,6 @@ installer refuses blocks that carry hooks.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -30,27 +29,18 @@ import torch.nn.functional as F
 from h3plan.runtime.counters import fallback as count_fallback
 from h3plan.runtime.guards import run_guarded
 
-OPS = ("fp16_weights", "qk_norm_rope", "swiglu", "scaled_residual")
+from h3plan.levers.vae_ops import OPS  # noqa: F401 (the ops vae_ops installs, declared with the lever)
+
 LINEARS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "ff.net.0.proj", "ff.net.2")
-KERNELS = {  # op -> (module, public fn, check fn)
-    "qk_norm_rope": ("h3plan.kernels.vae", "vae_qk_norm_rope", "vae_qk_norm_rope_check"),
-    "swiglu": ("h3plan.kernels.swiglu", "swiglu", "swiglu_check"),
-    "scaled_residual": ("h3plan.kernels.vae", "scaled_residual", "scaled_residual_check"),
-}
 
 
 def load_kernels(ops) -> dict[str, tuple[Callable, Callable]]:
-    out = {}
-    for op in ops:
-        if op not in KERNELS:
-            continue
-        mod_name, fn, check = KERNELS[op]
-        try:
-            mod = importlib.import_module(mod_name)
-        except Exception as exc:
-            raise ImportError(f"vae_ops.{op}: cannot import {mod_name} ({type(exc).__name__}: {exc})") from exc
-        out[op] = (getattr(mod, fn), getattr(mod, check))
-    return out
+    """op -> (fn, check) for the ops with a kernel (vae_ops' SPEC.kernels, keyed `vae_<op>`)."""
+    from h3plan.levers import KERNELS
+
+    from .block import load_kernel
+
+    return {op: load_kernel(f"vae_{op}") for op in ops if f"vae_{op}" in KERNELS}
 
 
 def _am():

@@ -1,8 +1,19 @@
-"""Lever registry: a plain dict filled by explicit imports, keyed by the config names, in install order.
+"""Lever registry: a plain dict filled by explicit imports, keyed by the config names, in decision and
+install order. Each module declares `SPEC` (settings, losslessness, install options, counter, kernels),
+`decide(ctx) -> Decision` (pure, no torch) and `install(builder, decision)` (records options on the
+builder). Every table other code needs about levers is derived here, once:
 
-Each module: `decide(ctx) -> Decision` (pure, no torch) and `install(builder, decision)` (records
-options on the builder; see docs/architecture.md, "Lever install protocol").
+    LEVER_SETTINGS   lever -> its settings             (the config schema, --help, plan validation)
+    OPTIONS          option key -> (owner lever, Option) (the builder's validation, the installer's defaults)
+    KERNELS          op -> "module:function:check"      (the installed forward's kernels)
+    ULYSSES_LEVERS, REFERENCE_LEVERS, COUNTERS          (hardware-verified rule, verify)
+
+Adding a lever: docs/architecture.md, "How to add a lever".
 """
+
+from __future__ import annotations
+
+from types import MappingProxyType
 
 from . import (
     a2a_fp8_codes,
@@ -24,27 +35,51 @@ from . import (
     vae_ops,
     vae_tiles,
 )
-from .base import Context, LeverError
+from .base import Context, LeverError, Option, Spec
 
-REGISTRY = {
-    "gemm_quant": gemm_quant,
-    "attention": attention,
-    "fa4_2cta": fa4_2cta,
-    "fa4_tile": fa4_tile,
-    "fp8_scales": fp8_scales,
-    "qk_norm_rope": qk_norm_rope,
-    "modulation": modulation,
-    "gated_residual": gated_residual,
-    "swiglu": swiglu,
-    "ulysses_padding": ulysses_padding,
-    "ulysses_overlap": ulysses_overlap,
-    "a2a_fp8_codes": a2a_fp8_codes,
-    "prefix_inplace": prefix_inplace,
-    "nvfp4_producer_quant": nvfp4_producer_quant,
-    "nvfp4_out_quant": nvfp4_out_quant,
-    "vae_tiles": vae_tiles,
-    "vae_graphs": vae_graphs,
-    "vae_ops": vae_ops,
-}
+_MODULES = (gemm_quant, attention, fa4_2cta, fa4_tile, fp8_scales, qk_norm_rope, modulation, gated_residual, swiglu,
+            ulysses_padding, ulysses_overlap, a2a_fp8_codes, prefix_inplace, nvfp4_producer_quant, nvfp4_out_quant,
+            vae_tiles, vae_graphs, vae_ops)
 
-__all__ = ["REGISTRY", "Context", "LeverError"]
+REGISTRY = {m.SPEC.name: m for m in _MODULES}
+if len(REGISTRY) != len(_MODULES):
+    raise ImportError("two lever modules declare the same SPEC.name")
+SPECS: dict[str, Spec] = {name: m.SPEC for name, m in REGISTRY.items()}
+
+LEVER_SETTINGS: dict[str, tuple[str, ...]] = {name: tuple(s.settings) for name, s in SPECS.items()}
+ULYSSES_LEVERS = tuple(name for name, s in SPECS.items() if s.ulysses)
+REFERENCE_LEVERS = tuple(name for name, s in SPECS.items() if s.reference)
+COUNTERS = MappingProxyType({name: s.counter for name, s in SPECS.items() if s.counter})
+
+
+def _options() -> dict[str, tuple[str, Option]]:
+    out: dict[str, tuple[str, Option]] = {}
+    for name, s in SPECS.items():
+        for o in s.options:
+            if o.key in out:
+                raise ImportError(f"levers {out[o.key][0]!r} and {name!r} both declare the install option {o.key!r}")
+            out[o.key] = (name, o)
+    return out
+
+
+def _kernels() -> dict[str, str]:
+    out: dict[str, str] = {}
+    for s in SPECS.values():
+        for op, ref in s.kernels.items():
+            if op in out:
+                raise ImportError(f"kernel op {op!r} declared by two levers")
+            out[op] = ref
+    return out
+
+
+OPTIONS = MappingProxyType(_options())
+KERNELS = MappingProxyType(_kernels())
+
+
+def scope_options(scope: str) -> dict[str, Option]:
+    """key -> Option of one install scope ("linears", "block", "attention", "vae"), in registry order."""
+    return {k: o for k, (_, o) in OPTIONS.items() if o.scope == scope}
+
+
+__all__ = ["REGISTRY", "SPECS", "LEVER_SETTINGS", "OPTIONS", "KERNELS", "ULYSSES_LEVERS", "REFERENCE_LEVERS",
+           "COUNTERS", "Context", "LeverError", "Option", "Spec", "scope_options"]

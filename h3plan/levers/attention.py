@@ -7,10 +7,16 @@ on the hardware (version gate, output dtypes); otherwise the fastest BF16 backen
 
 from __future__ import annotations
 
-from .base import Context, nearest_point, resolve
+from .base import Context, Option, Spec, nearest_point, one_of, resolve
 
-LEVER = "attention"
-LOSSLESS = {"sdpa": True, "cudnn_bf16": True, "fa4": True, "cudnn_fp8": False}
+SPEC = Spec(
+    name="attention",
+    settings={"sdpa": True, "cudnn_bf16": True, "cudnn_fp8": False, "fa4": True},
+    summary="attention backend of the transformer blocks (BF16 backends exact given the backend; cudnn_fp8 lossy)",
+    reference=True,
+    counter="attention",
+    options=(Option("attention", "backend", *one_of("sdpa", "cudnn_bf16", "cudnn_fp8", "fa4"), default="sdpa"),),
+)
 
 
 def _version(v: str) -> tuple[int, ...]:
@@ -95,12 +101,12 @@ def params(ctx: Context, s: str) -> dict:
 
 
 def explain(ctx: Context, s: str) -> list[str]:
-    return [f"{s} is exact given the backend" if LOSSLESS[s] else ctx.budget_text()]
+    return [f"{s} is exact given the backend" if SPEC.settings[s] else ctx.budget_text()]
 
 
 def decide(ctx: Context):
-    return resolve(ctx, LEVER, lossless=LOSSLESS, blockers=blockers, auto=auto, params=params, explain=explain)
+    return resolve(ctx, SPEC, blockers=blockers, auto=auto, params=params, explain=explain)
 
 
 def install(builder, decision) -> None:
-    builder.set_attention_option(LEVER, "backend", decision.setting)
+    builder.set(SPEC.name, "backend", decision.setting)

@@ -1,10 +1,15 @@
-"""What every lever shares: the decision context, forced-vs-auto resolution, the lossless policy and
-the hardware-verified flag.
+"""What every lever shares: its declaration (Spec, Option), the decision context, forced-vs-auto
+resolution, the lossless policy and the hardware-verified flag.
 
-A lever module supplies `blockers(ctx, setting) -> [reason, ...]` (why a setting cannot apply; empty
-when it can) and `auto(ctx) -> (setting, reasons, params)`; `resolve` turns them into a Decision.
-A forced setting with blockers raises LeverError listing them; `auto` must never pick a blocked or
-(under a lossless policy) lossy setting, which `resolve` asserts. Pure: no torch, no GPU imports.
+A lever module declares `SPEC = Spec(...)` once: its settings and which are lossless, the install
+options it records (scope, key, allowed values, default, how a swap is logged), the attention backends a
+setting needs, its per-call counter, its kernels. Everything else (the config schema, the builder's
+validation, the swap log, verify's keys, --help) is derived from the registry of SPECs
+(h3plan/levers/__init__.py). The module also supplies `blockers(ctx, setting) -> [reason, ...]` (why a
+setting cannot apply; empty when it can) and `auto(ctx) -> (setting, reasons, params)`; `resolve`
+turns them into a Decision. A forced setting with blockers raises LeverError listing them; `auto`
+must never pick a blocked or (under a lossless policy) lossy setting, which `resolve` asserts.
+Pure: no torch, no GPU imports.
 """
 
 from __future__ import annotations
@@ -14,9 +19,78 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from ..plan import Decision, make_decision
-from ..schema import LEVER_SETTINGS
 
-ULYSSES_LEVERS = ("ulysses_padding", "ulysses_overlap", "a2a_fp8_codes")
+SCOPES = ("linears", "block", "attention", "vae")
+MODELS = ("transformer", "vae")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One install option a lever records on the builder (h3plan.install.builder): the installer's input.
+
+    scope: "linears" (the block linears' GEMMs), "block" (the patched block forward), "attention" (the
+        attention processor) or "vae".
+    check / allowed: the values it takes (a predicate and its one-line description).
+    default: the value when no lever sets it (the installed model then runs diffusers' own op there).
+    swap: value -> (fqn suffix, old, new) logged once per transformer block for a non-default value, or None.
+    """
+
+    scope: str
+    key: str
+    check: Callable[[Any], bool]
+    allowed: str
+    default: Any = None
+    swap: Callable[[Any], tuple[str, str, str] | None] | None = None
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A lever's declaration: the one place its settings, losslessness and install options are written.
+
+    settings: every setting -> lossless (keeps eager's bits given the attention backend); config order.
+    summary: one line for --help.
+    model: the model class it installs into ("transformer" or "vae").
+    ulysses: a Ulysses lever (hardware-verified only up to hardware.verified.max_ulysses_degree).
+    reference: part of the attention backend: verify's reference R keeps it (attention, fa4_2cta, fp8_scales).
+    counter: the per-call counter (h3plan.runtime.counters) whose `.fused` proves the path ran, or None.
+    backends: setting -> the attention backends that setting needs (checked when planning, installing and
+        when verify swaps an unavailable backend for sdpa).
+    options: the install options this lever owns (no other lever may set them).
+    kernels: op -> "module:function:check" of the kernels the installed forward calls for this lever.
+    """
+
+    name: str
+    settings: Mapping[str, bool]
+    summary: str
+    model: str = "transformer"
+    ulysses: bool = False
+    reference: bool = False
+    counter: str | None = None
+    backends: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    options: tuple[Option, ...] = ()
+    kernels: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.model not in MODELS:
+            raise ValueError(f"lever {self.name}: model must be one of {MODELS}")
+        for o in self.options:
+            if o.scope not in SCOPES:
+                raise ValueError(f"lever {self.name}: option {o.key} has scope {o.scope!r}; allowed: {SCOPES}")
+        unknown = set(self.backends) - set(self.settings)
+        if unknown:
+            raise ValueError(f"lever {self.name}: backends names unknown settings {sorted(unknown)}")
+
+    def lossless(self, setting: str) -> bool:
+        return self.settings[setting]
+
+
+def backend_blockers(ctx: Context, spec: Spec, setting: str) -> list[str]:
+    """The attention backends `setting` needs (Spec.backends) against the plan's attention decision."""
+    need = spec.backends.get(setting)
+    if not need or "attention" not in ctx.decisions:
+        return []
+    att = ctx.setting("attention")
+    return [] if att in need else [f"attention is {att}: {spec.name}={setting} needs {' or '.join(need)}"]
 
 
 class LeverError(ValueError):
@@ -79,51 +153,68 @@ class Context:
         return f"recipe {self.recipe['name']} allows lossy levers within PSNR >= {b['psnr_db_min']} dB, SSIM >= {b['ssim_min']}"
 
 
-def policy_blockers(ctx: Context, lever: str, setting: str, lossless: Mapping[str, bool]) -> list[str]:
-    if ctx.lossless_only and not lossless[setting]:
-        return [f"recipe {ctx.recipe['name']} has policy lossless and {lever}={setting} is lossy"]
+def policy_blockers(ctx: Context, spec: Spec, setting: str) -> list[str]:
+    if ctx.lossless_only and not spec.lossless(setting):
+        return [f"recipe {ctx.recipe['name']} has policy lossless and {spec.name}={setting} is lossy"]
     return []
 
 
-def hardware_verified(ctx: Context, lever: str, setting: str) -> tuple[bool, str | None]:
+def hardware_verified(ctx: Context, spec: Spec, setting: str) -> tuple[bool, str | None]:
     v = ctx.hardware["verified"]
-    if setting not in v["settings"].get(lever, []):
+    if setting not in v["settings"].get(spec.name, []):
         return False, f"not hardware-verified: {setting} has never run on {ctx.hw} by h3plan (hardware.verified)"
-    if lever in ULYSSES_LEVERS and ctx.degree > v["max_ulysses_degree"]:
+    if spec.ulysses and ctx.degree > v["max_ulysses_degree"]:
         return False, f"not hardware-verified: Ulysses degree {ctx.degree} has never run on {ctx.hw} (at most {v['max_ulysses_degree']})"
     return True, None
 
 
+def no_blockers(ctx: Context, setting: str) -> list[str]:
+    return []
+
+
 def resolve(
     ctx: Context,
-    lever: str,
+    spec: Spec,
     *,
-    lossless: Mapping[str, bool],
-    blockers: Callable[[Context, str], list[str]],
     auto: Callable[[Context], tuple[str, list[str], dict]],
+    blockers: Callable[[Context, str], list[str]] = no_blockers,
     params: Callable[[Context, str], dict] | None = None,
     explain: Callable[[Context, str], list[str]] | None = None,
 ) -> Decision:
     """Forced: validate and explain. Auto: pick, then assert the pick is allowed."""
+    lever = spec.name
     requested = ctx.requested(lever)
+
+    def problems_of(s: str) -> list[str]:
+        return backend_blockers(ctx, spec, s) + blockers(ctx, s) + policy_blockers(ctx, spec, s)
+
     if requested != "auto":
-        if requested not in LEVER_SETTINGS[lever]:
-            raise LeverError(lever, requested, ["allowed: auto, " + ", ".join(LEVER_SETTINGS[lever])])
-        problems = blockers(ctx, requested) + policy_blockers(ctx, lever, requested, lossless)
+        if requested not in spec.settings:
+            raise LeverError(lever, requested, ["allowed: auto, " + ", ".join(spec.settings)])
+        problems = problems_of(requested)
         if problems:
-            raise LeverError(lever, requested, problems)
+            raise LeverError(lever, requested, list(dict.fromkeys(problems)))
         setting, forced = requested, True
         reasons = [f"forced by levers.{lever}={requested}"] + (explain(ctx, requested) if explain else [])
         extra = params(ctx, requested) if params else {}
     else:
         setting, reasons, extra = auto(ctx)
         forced = False
-        problems = blockers(ctx, setting) + policy_blockers(ctx, lever, setting, lossless)
+        problems = problems_of(setting)
         assert not problems, f"internal: auto picked {lever}={setting} that cannot apply: {problems}"
-    ok, why = hardware_verified(ctx, lever, setting)
+    ok, why = hardware_verified(ctx, spec, setting)
     if why:
         reasons = list(reasons) + [why]
-    return make_decision(lever, setting, lossless[setting], reasons, forced=forced, params=extra, hardware_verified=ok)
+    return make_decision(lever, setting, spec.lossless(setting), reasons, forced=forced, params=extra, hardware_verified=ok)
+
+
+def is_bool(v: Any) -> bool:
+    return isinstance(v, bool)
+
+
+def one_of(*values: str) -> tuple[Callable[[Any], bool], str]:
+    """(check, allowed) for an option that takes one of `values`."""
+    return (lambda v: v in values), " | ".join(repr(x) for x in values)
 
 
 def speedup_runs(xs) -> str:

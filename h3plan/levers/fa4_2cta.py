@@ -6,18 +6,24 @@ SM100 (exists, regresses long sequences) and SM90 (1-CTA only). Exact given the 
 
 from __future__ import annotations
 
-from .base import Context, resolve
+from .base import Context, Option, Spec, resolve
 
-LEVER = "fa4_2cta"
-LOSSLESS = {"off": True, "on": True}
+SPEC = Spec(
+    name="fa4_2cta",
+    settings={"off": True, "on": True},
+    summary="FA4's 2-CTA kernel for the transformer blocks (Blackwell; exact given the backend)",
+    reference=True,
+    counter="fa4_2cta",
+    backends={"on": ("fa4",)},
+    options=(Option("attention", "fa4_2cta", lambda v: v is None or isinstance(v, bool), "bool or None", None,
+                    swap=lambda v: ("", "fa4 default CTA mode", "2-CTA allowed per call") if v else None),),
+)
 
 
 def blockers(ctx: Context, s: str) -> list[str]:
     if s == "off":
         return []
     out = []
-    if ctx.setting("attention") != "fa4":
-        out.append(f"attention is {ctx.setting('attention')}: 2-CTA is an FA4 kernel")
     if not ctx.hardware["fa4"]["two_cta"]:
         out.append(f"{ctx.hw} has no FA4 2-CTA kernel ({ctx.hardware['fa4']['source']})")
     return out
@@ -43,11 +49,11 @@ def params(ctx: Context, s: str) -> dict:
 
 
 def decide(ctx: Context):
-    return resolve(ctx, LEVER, lossless=LOSSLESS, blockers=blockers, auto=auto, params=params)
+    return resolve(ctx, SPEC, blockers=blockers, auto=auto, params=params)
 
 
 def install(builder, decision) -> None:
     if decision.param("attention") == "fa4":
-        builder.set_attention_option(LEVER, "fa4_2cta", decision.setting == "on")
+        builder.set(SPEC.name, "fa4_2cta", decision.setting == "on")
     else:
-        builder.skip(LEVER, decision.reasons[0])
+        builder.skip(SPEC.name, decision.reasons[0])

@@ -14,10 +14,26 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from .base import Context, faster_in_every_run, resolve, speedup_runs
+from .base import Context, Option, Spec, faster_in_every_run, resolve, speedup_runs
 
-LEVER = "fa4_tile"
-LOSSLESS = {"default": True, "tuned": True}  # a tile that changes the bits is blocked below instead
+def is_tile(v: Any) -> bool:
+    """An FA4 forward tile as the installer takes it: {tile_m, tile_n: int > 0; mma_pv_is_rs, intra_wg_overlap: bool}."""
+    return (isinstance(v, dict) and set(v) == {"tile_m", "tile_n", "mma_pv_is_rs", "intra_wg_overlap"}
+            and all(isinstance(v[k], int) and not isinstance(v[k], bool) and v[k] > 0 for k in ("tile_m", "tile_n"))
+            and all(isinstance(v[k], bool) for k in ("mma_pv_is_rs", "intra_wg_overlap")))
+
+
+SPEC = Spec(
+    name="fa4_tile",
+    settings={"default": True, "tuned": True},  # a tile that changes the bits is blocked below instead
+    summary="FA4's forward tile: FA4's own heuristic or a tile measured on this hardware",
+    counter="fa4_tile",
+    backends={"tuned": ("fa4",)},
+    options=(Option("attention", "fa4_tile", lambda v: v is None or is_tile(v),
+                    "None or dict(tile_m, tile_n: int; mma_pv_is_rs, intra_wg_overlap: bool)", None,
+                    swap=lambda t: ("", "fa4 default tile", f"tile {t['tile_m']}x{t['tile_n']} (mma_pv_is_rs={t['mma_pv_is_rs']})")
+                    if t else None),),
+)
 
 
 def tile_for(ctx: Context) -> Mapping[str, Any] | None:
@@ -40,8 +56,6 @@ def blockers(ctx: Context, s: str) -> list[str]:
     if s == "default":
         return []
     out = []
-    if ctx.setting("attention") != "fa4":
-        out.append(f"attention is {ctx.setting('attention')}: the tile is an FA4 option")
     t = tile_for(ctx)
     if t is None:
         d = ctx.model["diffusers_config"]["attention_head_dim"]
@@ -80,12 +94,12 @@ def params(ctx: Context, s: str) -> dict:
 
 
 def decide(ctx: Context):
-    return resolve(ctx, LEVER, lossless=LOSSLESS, blockers=blockers, auto=auto, params=params)
+    return resolve(ctx, SPEC, blockers=blockers, auto=auto, params=params)
 
 
 def install(builder, decision) -> None:
     if decision.param("attention") != "fa4":
-        builder.skip(LEVER, decision.reasons[0])
+        builder.skip(SPEC.name, decision.reasons[0])
         return
     tile = decision.param("tile") if decision.setting == "tuned" else None
-    builder.set_attention_option(LEVER, "fa4_tile", dict(tile) if tile else None)
+    builder.set(SPEC.name, "fa4_tile", dict(tile) if tile else None)

@@ -10,10 +10,19 @@ FP8 output (SM90) the decision also records how scale_o is chosen.
 from __future__ import annotations
 
 from .attention import fp8_output_dtype
-from .base import Context, resolve
+from .base import Context, Option, Spec, one_of, resolve
 
-LEVER = "fp8_scales"
-LOSSLESS = {"off": True, "dynamic": False, "static": False}
+SPEC = Spec(
+    name="fp8_scales",
+    settings={"off": True, "dynamic": False, "static": False},
+    summary="FP8 attention scales: dynamic per-tensor amax or a static calibrated table (lossy)",
+    reference=True,
+    backends={"dynamic": ("cudnn_fp8",), "static": ("cudnn_fp8",)},
+    options=(Option("attention", "fp8_scales", *one_of("off", "dynamic", "static"), default="dynamic"),
+             Option("attention", "scale_table", lambda v: v is None or isinstance(v, str), "path or None", None),
+             Option("attention", "scale_margin", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,
+                    "float > 0", 1.0)),
+)
 
 
 def blockers(ctx: Context, s: str) -> list[str]:
@@ -21,8 +30,6 @@ def blockers(ctx: Context, s: str) -> list[str]:
     if s == "off":
         return ["cuDNN FP8 attention needs scales (dynamic or static)"] if att == "cudnn_fp8" else []
     out = []
-    if att != "cudnn_fp8":
-        out.append(f"attention is {att}: FP8 scales belong to cudnn_fp8")
     if r["fp8_scale_mode"] not in ("auto", s):
         out.append(f"recipe {r['name']} fixes recipe.fp8_scale_mode={r['fp8_scale_mode']}")
     if s == "static" and not r["fp8_static_table"]:
@@ -38,7 +45,7 @@ def auto(ctx: Context):
         if not r["fp8_static_table"]:
             from .base import LeverError
 
-            raise LeverError(LEVER, "auto", ["recipe.fp8_scale_mode=static needs recipe.fp8_static_table=PATH"])
+            raise LeverError(SPEC.name, "auto", ["recipe.fp8_scale_mode=static needs recipe.fp8_static_table=PATH"])
         return "static", [f"recipe {r['name']} fixes static scales (recipe.fp8_scale_mode)"], params(ctx, "static")
     if r["fp8_scale_mode"] == "dynamic":
         return "dynamic", [f"recipe {r['name']} fixes dynamic scales (recipe.fp8_scale_mode; the static table never)"], params(ctx, "dynamic")
@@ -82,12 +89,12 @@ def _check_table(ctx: Context) -> None:
         except ScaleTableError as e:
             from .base import LeverError
 
-            raise LeverError(LEVER, ctx.requested(LEVER), [f"recipe.fp8_static_table: {e}"]) from None
+            raise LeverError(SPEC.name, ctx.requested(SPEC.name), [f"recipe.fp8_static_table: {e}"]) from None
 
 
 def decide(ctx: Context):
     _check_table(ctx)
-    d = resolve(ctx, LEVER, lossless=LOSSLESS, blockers=blockers, auto=auto, params=params)
+    d = resolve(ctx, SPEC, blockers=blockers, auto=auto, params=params)
     extra = _scale_o_reason(ctx, d.setting)
     if extra:
         from dataclasses import replace
@@ -98,8 +105,8 @@ def decide(ctx: Context):
 
 def install(builder, decision) -> None:
     if decision.setting == "off":
-        builder.skip(LEVER, decision.reasons[0])
+        builder.skip(SPEC.name, decision.reasons[0])
         return
-    builder.set_attention_option(LEVER, "fp8_scales", decision.setting)
-    builder.set_attention_option(LEVER, "scale_table", decision.param("scale_table"))
-    builder.set_attention_option(LEVER, "scale_margin", float(decision.param("scale_margin", 1.0)))
+    builder.set(SPEC.name, "fp8_scales", decision.setting)
+    builder.set(SPEC.name, "scale_table", decision.param("scale_table"))
+    builder.set(SPEC.name, "scale_margin", float(decision.param("scale_margin", 1.0)))

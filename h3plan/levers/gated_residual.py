@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
-from .base import Context, resolve
+from .base import Context, Option, Spec, is_bool, resolve
 
-LEVER = "gated_residual"
-LOSSLESS = {"off": True, "on": True}
+SPEC = Spec(
+    name="gated_residual",
+    settings={"off": True, "on": True},
+    summary="h + gate[idx] * y fused (exact)",
+    counter="gated_residual",
+    options=(Option("block", "gated_residual", is_bool, "bool", False,
+                    swap=lambda v: (" gated residual", "eager", "fused") if v else None),),
+    kernels={"gated_residual": "h3plan.kernels.gated_residual:gated_residual:gated_residual_check"},
+)
 
 
 def decide(ctx: Context):
-    return resolve(ctx, LEVER, lossless=LOSSLESS, blockers=lambda c, s: [],
+    return resolve(ctx, SPEC, blockers=lambda c, s: [],
                    auto=lambda c: ("on", ["h + gate[idx] * y fused, eager's rounding kept (exact; vllm-omni VAE seed pattern)"], {}))
 
 
 def install(builder, decision) -> None:
     if decision.setting == "on":
-        builder.set_block_option(LEVER, "gated_residual", True)
+        builder.set(SPEC.name, "gated_residual", True)
     else:
-        builder.skip(LEVER, decision.reasons[0])
+        builder.skip(SPEC.name, decision.reasons[0])

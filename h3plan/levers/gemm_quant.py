@@ -8,10 +8,16 @@ AdaLN projections, norms and output heads keep diffusers' dtypes. fp8/nvfp4 are 
 
 from __future__ import annotations
 
-from .base import Context, LeverError, resolve
+from .base import Context, LeverError, Option, Spec, resolve
 
-LEVER = "gemm_quant"
-LOSSLESS = {"bf16": True, "fp8": False, "nvfp4": False, "dequant_bf16": True}
+SPEC = Spec(
+    name="gemm_quant",
+    settings={"bf16": True, "fp8": False, "nvfp4": False, "dequant_bf16": True},
+    summary="the block linears as BF16, FP8 or NVFP4 GEMMs (fp8/nvfp4 lossy)",
+    counter="gemm_quant",
+    options=(Option("linears", "quant", lambda v: v is None or (isinstance(v, dict) and v.get("format") in ("fp8", "nvfp4")),
+                    "None or dict(format: 'fp8' | 'nvfp4', params: dict)", None),),
+)
 LINEARS = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "ff.net.0.proj", "ff.net.2"]
 
 
@@ -43,8 +49,8 @@ def auto(ctx: Context):
         return "dequant_bf16", [f"recipe {name} has policy lossless: {ck} GEMMs are lossy, the {ck} weights run dequantised to BF16"], {}
     problems = blockers(ctx, ck)
     if problems:
-        raise LeverError(LEVER, "auto", [f"recipe {name} needs {ck} GEMMs"] + problems
-                         + [f"to run this checkpoint dequantised to BF16 set levers.{LEVER}=dequant_bf16"])
+        raise LeverError(SPEC.name, "auto", [f"recipe {name} needs {ck} GEMMs"] + problems
+                         + [f"to run this checkpoint dequantised to BF16 set levers.{SPEC.name}=dequant_bf16"])
     return ck, [f"recipe {name}: the block linears run as {ck} GEMMs ({ctx.hardware['gemm']['source']})", ctx.budget_text()], params(ctx, ck)
 
 
@@ -62,11 +68,11 @@ def explain(ctx: Context, s: str) -> list[str]:
 
 
 def decide(ctx: Context):
-    return resolve(ctx, LEVER, lossless=LOSSLESS, blockers=blockers, auto=auto, params=params, explain=explain)
+    return resolve(ctx, SPEC, blockers=blockers, auto=auto, params=params, explain=explain)
 
 
 def install(builder, decision) -> None:
     if decision.setting in ("fp8", "nvfp4"):
-        builder.quantize_linears(LEVER, decision.setting, decision.to_dict()["params"])
+        builder.set(SPEC.name, "quant", {"format": decision.setting, "params": decision.to_dict()["params"]})
     else:
-        builder.skip(LEVER, decision.reasons[0])
+        builder.skip(SPEC.name, decision.reasons[0])

@@ -6,10 +6,17 @@ seed: PSNR 39.55 dB, SSIM 0.975) and is only used when forced under a budget pol
 
 from __future__ import annotations
 
-from .base import Context, resolve
+from .base import Context, Option, Spec, one_of, resolve
 
-LEVER = "modulation"
-LOSSLESS = {"eager": True, "exact": True, "fp32": False}
+SPEC = Spec(
+    name="modulation",
+    settings={"eager": True, "exact": True, "fp32": False},
+    summary="RMSNorm + indexed AdaLN modulation in one kernel (exact keeps eager's rounding; fp32 lossy)",
+    counter="modulation",
+    options=(Option("block", "modulation", *one_of("eager", "exact", "fp32"), default="eager",
+                    swap=lambda v: (".norm1/norm2+modulate", "eager", v) if v != "eager" else None),),
+    kernels={"modulation": "h3plan.kernels.modulation:rmsnorm_modulate:rmsnorm_modulate_check"},
+)
 
 
 def blockers(ctx: Context, s: str) -> list[str]:
@@ -26,11 +33,11 @@ def explain(ctx: Context, s: str) -> list[str]:
 
 
 def decide(ctx: Context):
-    return resolve(ctx, LEVER, lossless=LOSSLESS, blockers=blockers, auto=auto, explain=explain)
+    return resolve(ctx, SPEC, blockers=blockers, auto=auto, explain=explain)
 
 
 def install(builder, decision) -> None:
     if decision.setting == "eager":
-        builder.skip(LEVER, decision.reasons[0])
+        builder.skip(SPEC.name, decision.reasons[0])
     else:
-        builder.set_block_option(LEVER, "modulation", decision.setting)
+        builder.set(SPEC.name, "modulation", decision.setting)

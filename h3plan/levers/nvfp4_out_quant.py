@@ -3,15 +3,18 @@ nvfp4_producer_quant: on with NVFP4 GEMMs unless the step fusions are off (U8 19
 
 from __future__ import annotations
 
-from .base import Context, resolve
+from .base import Context, Spec, resolve
 from .nvfp4_producer_quant import nvfp4_auto, nvfp4_blockers
 
-LEVER = "nvfp4_out_quant"
-LOSSLESS = {"off": True, "on": False}
+SPEC = Spec(
+    name="nvfp4_out_quant",
+    settings={"off": True, "on": False},
+    summary="attention output quantized to NVFP4 for to_out.0 (Blackwell; planned, no kernel yet)",
+)
 
 
 def decide(ctx: Context):
-    return resolve(ctx, LEVER, lossless=LOSSLESS, blockers=nvfp4_blockers,
+    return resolve(ctx, SPEC, blockers=nvfp4_blockers,
                    auto=lambda c: nvfp4_auto(c, "attention output quantized to NVFP4 for to_out.0"))
 
 
@@ -20,4 +23,4 @@ def install(builder, decision) -> None:
     decision stays in the plan and the install report says it was not applied."""
     reason = decision.reasons[0] if decision.setting == "off" else \
         "on in the plan, not installed: h3plan has no NVFP4 attention-output quantize kernel; the NVFP4 GEMMs quantize their own inputs"
-    builder.skip(LEVER, reason)
+    builder.skip(SPEC.name, reason)

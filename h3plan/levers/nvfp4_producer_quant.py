@@ -6,11 +6,14 @@ TRT-LLM seed turns the step fusions off at U8 19k); off otherwise.
 
 from __future__ import annotations
 
-from .base import Context, resolve
+from .base import Context, Spec, resolve
 from .qk_norm_rope import step_fusions_on
 
-LEVER = "nvfp4_producer_quant"
-LOSSLESS = {"off": True, "on": False}
+SPEC = Spec(
+    name="nvfp4_producer_quant",
+    settings={"off": True, "on": False},
+    summary="NVFP4 quantize fused into the producer kernel with the residual fold (Blackwell; planned, no kernel yet)",
+)
 
 
 def nvfp4_blockers(ctx: Context, s: str) -> list[str]:
@@ -31,7 +34,7 @@ def nvfp4_auto(ctx: Context, what: str):
 
 
 def decide(ctx: Context):
-    return resolve(ctx, LEVER, lossless=LOSSLESS, blockers=nvfp4_blockers,
+    return resolve(ctx, SPEC, blockers=nvfp4_blockers,
                    auto=lambda c: nvfp4_auto(c, "NVFP4 quantize fused into the producer kernel, residual folded"),
                    params=lambda c, s: {"residual_fold": True} if s == "on" else {})
 
@@ -41,4 +44,4 @@ def install(builder, decision) -> None:
     decision stays in the plan and the install report says it was not applied."""
     reason = decision.reasons[0] if decision.setting == "off" else \
         "on in the plan, not installed: h3plan has no NVFP4 producer-quantize fusion kernel; the NVFP4 GEMMs quantize their own inputs"
-    builder.skip(LEVER, reason)
+    builder.skip(SPEC.name, reason)

@@ -7,18 +7,22 @@ drops it when the length divides by the degree (nothing to write around).
 
 from __future__ import annotations
 
-from .base import Context, resolve
+from .base import Context, Option, Spec, is_bool, resolve
 
-LEVER = "prefix_inplace"
-LOSSLESS = {"off": True, "on": True}
+SPEC = Spec(
+    name="prefix_inplace",
+    settings={"off": True, "on": True},
+    summary="cuDNN on a padded sequence writes the valid prefix into a padded output allocated once (exact)",
+    ulysses=True,
+    backends={"on": ("cudnn_bf16", "cudnn_fp8")},
+    options=(Option("attention", "prefix_inplace", is_bool, "bool", False),),
+)
 
 
 def blockers(ctx: Context, s: str) -> list[str]:
     if s == "off":
         return []
     out = []
-    if not ctx.setting("attention").startswith("cudnn"):
-        out.append(f"attention is {ctx.setting('attention')}: the prefix write is a cuDNN output view")
     if not ctx.shape["padding_rows"]:
         out.append(f"{ctx.seq_len:,} tokens divide by {ctx.degree}: no padded output")
     elif ctx.setting("ulysses_padding") != "fixed_valid":
@@ -39,11 +43,11 @@ def auto(ctx: Context):
 
 
 def decide(ctx: Context):
-    return resolve(ctx, LEVER, lossless=LOSSLESS, blockers=blockers, auto=auto)
+    return resolve(ctx, SPEC, blockers=blockers, auto=auto)
 
 
 def install(builder, decision) -> None:
     if decision.setting == "on":
-        builder.set_attention_option(LEVER, "prefix_inplace", True)
+        builder.set(SPEC.name, "prefix_inplace", True)
     else:
-        builder.skip(LEVER, decision.reasons[0])
+        builder.skip(SPEC.name, decision.reasons[0])

@@ -8,16 +8,19 @@ otherwise fused, which keeps eager's BF16 rounding (exact, telefuser seed).
 
 from __future__ import annotations
 
-from .base import Context, resolve
+from .base import Context, Option, Spec, one_of, resolve
 
-LEVER = "qk_norm_rope"
-LOSSLESS = {"eager": True, "fused": True, "fused_fp8": False}
-
-
-def blockers(ctx: Context, s: str) -> list[str]:
-    if s == "fused_fp8" and ctx.setting("attention") != "cudnn_fp8":
-        return [f"attention is {ctx.setting('attention')}: the FP8 cast feeds cudnn_fp8 only"]
-    return []
+SPEC = Spec(
+    name="qk_norm_rope",
+    settings={"eager": True, "fused": True, "fused_fp8": False},
+    summary="per-head RMSNorm + partial RoPE of Q and K in one kernel (+ FP8 cast: fused_fp8, lossy)",
+    counter="qk_norm_rope",
+    backends={"fused_fp8": ("cudnn_fp8",)},
+    options=(Option("attention", "qk_norm_rope", *one_of("eager", "fused", "fused_fp8"), default="eager",
+                    swap=lambda v: (".norm_q/norm_k+rope", "eager", v) if v != "eager" else None),),
+    kernels={"qk_norm_rope": "h3plan.kernels.qk_norm_rope:qk_norm_rope:qk_norm_rope_check",
+             "qk_norm_rope_fp8": "h3plan.kernels.qk_norm_rope:qk_norm_rope_fp8:qk_norm_rope_fp8_check"},
+)
 
 
 def step_fusions_on(ctx: Context) -> tuple[bool, str]:
@@ -50,11 +53,11 @@ def params(ctx: Context, s: str) -> dict:
 
 
 def decide(ctx: Context):
-    return resolve(ctx, LEVER, lossless=LOSSLESS, blockers=blockers, auto=auto, params=params)
+    return resolve(ctx, SPEC, auto=auto, params=params)
 
 
 def install(builder, decision) -> None:
     if decision.setting == "eager":
-        builder.skip(LEVER, decision.reasons[0])
+        builder.skip(SPEC.name, decision.reasons[0])
     else:
-        builder.set_attention_option(LEVER, "qk_norm_rope", decision.setting)
+        builder.set(SPEC.name, "qk_norm_rope", decision.setting)

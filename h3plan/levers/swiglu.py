@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
-from .base import Context, resolve
+from .base import Context, Option, Spec, is_bool, resolve
 
-LEVER = "swiglu"
-LOSSLESS = {"off": True, "on": True}
+SPEC = Spec(
+    name="swiglu",
+    settings={"off": True, "on": True},
+    summary="x[..., :F] * silu(x[..., F:]) in one kernel (exact)",
+    counter="swiglu",
+    options=(Option("block", "swiglu", is_bool, "bool", False,
+                    swap=lambda v: (".ff.net.0 swiglu", "eager", "fused") if v else None),),
+    kernels={"swiglu": "h3plan.kernels.swiglu:swiglu:swiglu_check"},
+)
 
 
 def decide(ctx: Context):
-    return resolve(ctx, LEVER, lossless=LOSSLESS, blockers=lambda c, s: [],
+    return resolve(ctx, SPEC, blockers=lambda c, s: [],
                    auto=lambda c: ("on", ["x[..., :F] * silu(x[..., F:]) in one kernel, exact (vllm-omni VAE seed: torch.equal)"], {}))
 
 
 def install(builder, decision) -> None:
     if decision.setting == "on":
-        builder.set_block_option(LEVER, "swiglu", True)
+        builder.set(SPEC.name, "swiglu", True)
     else:
-        builder.skip(LEVER, decision.reasons[0])
+        builder.skip(SPEC.name, decision.reasons[0])

@@ -10,10 +10,16 @@ Ulysses loses at 19k, gains a little at 104k; telefuser: a gain on H100).
 
 from __future__ import annotations
 
-from .base import Context, faster_in_every_run, nearest_ulysses_point, resolve, speedup_runs
+from .base import Context, Option, Spec, faster_in_every_run, nearest_ulysses_point, resolve, speedup_runs
 
-LEVER = "ulysses_overlap"
-LOSSLESS = {"off": True, "on": True}
+SPEC = Spec(
+    name="ulysses_overlap",
+    settings={"off": True, "on": True},
+    summary="overlap the Ulysses all-to-all with attention over head chunks (exact)",
+    ulysses=True,
+    options=(Option("attention", "ulysses_chunks", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+                    "int >= 1", 1),),
+)
 
 
 def chunk_heads(heads: int, chunks: int) -> list[int]:
@@ -69,11 +75,11 @@ def params(ctx: Context, s: str) -> dict:
 
 
 def decide(ctx: Context):
-    return resolve(ctx, LEVER, lossless=LOSSLESS, blockers=blockers, auto=auto, params=params)
+    return resolve(ctx, SPEC, blockers=blockers, auto=auto, params=params)
 
 
 def install(builder, decision) -> None:
     if decision.setting == "on":
-        builder.set_attention_option(LEVER, "ulysses_chunks", int(decision.param("chunks")))
+        builder.set(SPEC.name, "ulysses_chunks", int(decision.param("chunks")))
     else:
-        builder.skip(LEVER, decision.reasons[0])
+        builder.skip(SPEC.name, decision.reasons[0])

@@ -8,10 +8,17 @@ with masked keys (more work; only when asked for). parallel.padding fixes the mo
 
 from __future__ import annotations
 
-from .base import Context, resolve
+from .base import Context, Option, Spec, one_of, resolve
 
-LEVER = "ulysses_padding"
-LOSSLESS = {"none": True, "padded": True, "fixed_valid": True, "valid_only": True}
+SPEC = Spec(
+    name="ulysses_padding",
+    settings={"none": True, "padded": True, "fixed_valid": True, "valid_only": True},
+    summary="how a sequence that does not divide by the Ulysses degree is padded (all modes exact)",
+    ulysses=True,
+    options=(Option("attention", "ulysses_degree", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+                    "int >= 1", 1),
+             Option("attention", "ulysses_padding", *one_of("none", "padded", "fixed_valid", "valid_only"), default="none")),
+)
 
 
 def blockers(ctx: Context, s: str) -> list[str]:
@@ -45,12 +52,12 @@ def params(ctx: Context, s: str) -> dict:
 
 
 def decide(ctx: Context):
-    return resolve(ctx, LEVER, lossless=LOSSLESS, blockers=blockers, auto=auto, params=params)
+    return resolve(ctx, SPEC, blockers=blockers, auto=auto, params=params)
 
 
 def install(builder, decision) -> None:
     if decision.param("degree", 1) == 1:
-        builder.skip(LEVER, decision.reasons[0])
+        builder.skip(SPEC.name, decision.reasons[0])
         return
-    builder.set_attention_option(LEVER, "ulysses_degree", int(decision.param("degree")))
-    builder.set_attention_option(LEVER, "ulysses_padding", decision.setting)
+    builder.set(SPEC.name, "ulysses_degree", int(decision.param("degree")))
+    builder.set(SPEC.name, "ulysses_padding", decision.setting)

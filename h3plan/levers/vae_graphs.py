@@ -9,10 +9,16 @@ it, elsewhere it says it was not. Guards per call fall back to diffusers' forwar
 
 from __future__ import annotations
 
-from .base import Context, resolve
+from .base import Context, Option, Spec, is_bool, resolve
 
-LEVER = "vae_graphs"
-LOSSLESS = {"off": True, "on": True}
+SPEC = Spec(
+    name="vae_graphs",
+    settings={"off": True, "on": True},
+    summary="the VAE's ViT decoder replayed from one CUDA graph per input signature (exact)",
+    model="vae",
+    counter="vae_graphs",
+    options=(Option("vae", "graphs", is_bool, "bool", False),),
+)
 
 
 def blockers(ctx: Context, s: str) -> list[str]:
@@ -31,11 +37,11 @@ def auto(ctx: Context):
 
 
 def decide(ctx: Context):
-    return resolve(ctx, LEVER, lossless=LOSSLESS, blockers=blockers, auto=auto)
+    return resolve(ctx, SPEC, blockers=blockers, auto=auto)
 
 
 def install(builder, decision) -> None:
     if decision.setting == "on":
-        builder.set_vae_option(LEVER, "graphs", True)
+        builder.set(SPEC.name, "graphs", True)
     else:
-        builder.skip(LEVER, decision.reasons[0])
+        builder.skip(SPEC.name, decision.reasons[0])

@@ -5,11 +5,20 @@ architecture is reported in the plan as eager, never silently skipped.
 
 from __future__ import annotations
 
-from .base import Context, resolve
+from .base import Context, Option, Spec, resolve
 
-LEVER = "vae_ops"
-LOSSLESS = {"eager": True, "fused": True}
-OPS = ["fp16_weights", "qk_norm_rope", "swiglu", "scaled_residual"]
+OPS = ("fp16_weights", "qk_norm_rope", "swiglu", "scaled_residual")  # what `fused` installs, in install order
+SPEC = Spec(
+    name="vae_ops",
+    settings={"eager": True, "fused": True},
+    summary="VAE decoder ops: FP16 weights, fused QK-norm + RoPE, SwiGLU, scaled residual (exact)",
+    model="vae",
+    counter="vae_ops",
+    options=(Option("vae", "ops", lambda v: isinstance(v, tuple) and set(v) <= set(OPS), "tuple of " + ", ".join(OPS), ()),),
+    kernels={"vae_qk_norm_rope": "h3plan.kernels.vae:vae_qk_norm_rope:vae_qk_norm_rope_check",
+             "vae_swiglu": "h3plan.kernels.swiglu:swiglu:swiglu_check",
+             "vae_scaled_residual": "h3plan.kernels.vae:scaled_residual:scaled_residual_check"},
+)
 
 
 def blockers(ctx: Context, s: str) -> list[str]:
@@ -45,11 +54,11 @@ def auto(ctx: Context):
 
 
 def decide(ctx: Context):
-    return resolve(ctx, LEVER, lossless=LOSSLESS, blockers=blockers, auto=auto, params=lambda c, s: {"ops": OPS} if s == "fused" else {})
+    return resolve(ctx, SPEC, blockers=blockers, auto=auto, params=lambda c, s: {"ops": OPS} if s == "fused" else {})
 
 
 def install(builder, decision) -> None:
     if decision.setting == "fused":
-        builder.set_vae_option(LEVER, "vae_ops", True)
+        builder.set(SPEC.name, "ops", tuple(decision.param("ops") or OPS))
     else:
-        builder.skip(LEVER, decision.reasons[0])
+        builder.skip(SPEC.name, decision.reasons[0])

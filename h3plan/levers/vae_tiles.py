@@ -6,10 +6,17 @@ reason as any non-default geometry.
 
 from __future__ import annotations
 
-from .base import Context, resolve
+from .base import Context, Option, Spec, one_of, resolve
 
-LEVER = "vae_tiles"
-LOSSLESS = {"default": True, "fp8_tiles": False, "custom": False}
+SPEC = Spec(
+    name="vae_tiles",
+    settings={"default": True, "fp8_tiles": False, "custom": False},
+    summary="VAE decode tile geometry (any geometry but diffusers' released one changes the frames)",
+    model="vae",
+    options=(Option("vae", "tile", lambda v: v is None or (isinstance(v, dict) and {"height", "width", "overlap"} <= set(v)),
+                    "None (keep the model's tiling) or dict(height, width, overlap, frames)", None),
+             Option("vae", "tile_dtype", *one_of("fp16", "fp8"), default="fp16")),
+)
 TILE_OF = {"default": "default_tile", "fp8_tiles": "fp8_tile", "custom": "custom_tile"}
 
 
@@ -45,11 +52,13 @@ def params(ctx: Context, s: str) -> dict:
 
 
 def decide(ctx: Context):
-    return resolve(ctx, LEVER, lossless=LOSSLESS, blockers=blockers, auto=auto, params=params)
+    return resolve(ctx, SPEC, blockers=blockers, auto=auto, params=params)
 
 
 def install(builder, decision) -> None:
     if decision.setting == "default":
-        builder.skip(LEVER, decision.reasons[-1])
+        builder.skip(SPEC.name, decision.reasons[-1])
     else:
-        builder.set_vae_option(LEVER, "tile", dict(decision.param("tile")))
+        builder.set(SPEC.name, "tile", dict(decision.param("tile")))
+        if decision.param("dtype") == "fp8":
+            builder.set(SPEC.name, "tile_dtype", "fp8")

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from h3plan.actions.inputs import build_model, packed_inputs
-from h3plan.actions.verify import BASE_LEVERS, OUTPUTS, Verifier, _subplan, compare
+from h3plan.actions.verify import REFERENCE_LEVERS, OUTPUTS, Verifier, _subplan, compare
 from h3plan.attention import get_backend
 from h3plan.install import counters, fallback_reasons, install, reset_counters, uninstall
 
@@ -63,7 +63,7 @@ def _runs(model, inputs, plan):
     v = Verifier(model, inputs)
     try:
         eager = v.run(None)
-        ref = v.run(_subplan(plan, [d for d in plan.decisions if d.lever in BASE_LEVERS]))
+        ref = v.run(_subplan(plan, [d for d in plan.decisions if d.lever in REFERENCE_LEVERS]))
         whole = v.run(plan)
     finally:
         v.hook.remove()

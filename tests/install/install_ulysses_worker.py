@@ -25,8 +25,8 @@ def worker(rank, world, port, outdir, S):
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        levers = dict(LEVERS, ulysses_padding=lambda b, d: (b.set_attention_option("ulysses_padding", "ulysses_degree", world),
-                                                            b.set_attention_option("ulysses_padding", "ulysses_padding", d.setting)))
+        levers = dict(LEVERS, ulysses_padding=lambda b, d: (b.set("ulysses_padding", "ulysses_degree", world),
+                                                            b.set("ulysses_padding", "ulysses_padding", d.setting)))
         inputs = tiny_inputs(S)
         ref = forward(tiny_model(), inputs)
         res = {}

@@ -97,12 +97,12 @@ def test_tile_refused_by_an_fa4_without_tile_arguments(fake_fa4):
 def test_builder_rejects_a_malformed_tile():
     b = Builder()
     with pytest.raises(ValueError, match="fa4_tile=.*allowed: None or dict"):
-        b.set_attention_option("fa4_tile", "fa4_tile", {"tile_m": 192, "tile_n": "128", "mma_pv_is_rs": False,
+        b.set("fa4_tile", "fa4_tile", {"tile_m": 192, "tile_n": "128", "mma_pv_is_rs": False,
                                                         "intra_wg_overlap": True})
     with pytest.raises(ValueError, match="allowed: None or dict"):
-        b.set_attention_option("fa4_tile", "fa4_tile", {"tile_m": 192})
-    b.set_attention_option("fa4_tile", "fa4_tile", dict(TILE))
-    assert b.attention["fa4_tile"] == TILE
+        b.set("fa4_tile", "fa4_tile", {"tile_m": 192})
+    b.set("fa4_tile", "fa4_tile", dict(TILE))
+    assert b.recorded("attention")["fa4_tile"] == TILE
 
 
 def _install_and_run(monkeypatch, p):
@@ -140,5 +140,5 @@ def test_processor_counts_the_fallback_with_its_reason(fake_fa4, monkeypatch):
 
 def test_tile_without_fa4_is_refused_at_install():
     p = plan(attention="sdpa", fa4_tile="tuned", params={"fa4_tile": {"attention": "fa4", "tile": TILE}})
-    with pytest.raises(ValueError, match="fa4_tile needs backend fa4"):
+    with pytest.raises(ValueError, match="fa4_tile=tuned needs attention fa4, the plan.s backend is sdpa"):
         install(tiny_model(), p)

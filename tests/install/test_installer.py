@@ -120,21 +120,22 @@ def test_refuses_unknown_models(bad):
 
 def test_builder_contract():
     b = Builder()
-    b.set_block_option("modulation", "modulation", "exact")
-    with pytest.raises(ValueError, match="unknown block option 'modulatoin'"):
-        b.set_block_option("modulation", "modulatoin", "exact")
+    b.set("modulation", "modulation", "exact")
+    with pytest.raises(ValueError, match="unknown install option 'modulatoin'"):
+        b.set("modulation", "modulatoin", "exact")
     with pytest.raises(ValueError, match="allowed: 'eager' | 'exact' | 'fp32'"):
-        b.set_block_option("modulation", "modulation", "fast")
-    b.set_attention_option("attention", "backend", "fa4")
-    with pytest.raises(ValueError, match="levers 'attention' and 'other' disagree"):
-        b.set_attention_option("other", "backend", "sdpa")
-    with pytest.raises(ValueError, match="format 'int8'"):
-        b.quantize_linears("gemm_quant", "int8")
+        b.set("modulation", "modulation", "fast")
+    b.set("attention", "backend", "fa4")
+    with pytest.raises(ValueError, match="lever 'other' set install option 'backend', which lever 'attention' owns"):
+        b.set("other", "backend", "sdpa")
+    with pytest.raises(ValueError, match="quant=.*allowed: None or dict\\(format: 'fp8' | 'nvfp4'"):
+        b.set("gemm_quant", "quant", {"format": "int8"})
+    assert b.options("block") == {"modulation": "exact", "gated_residual": False, "swiglu": False}
 
 
 def test_inconsistent_options_and_unknown_lever_raise_and_leave_model_untouched():
     model = tiny_model()
-    with pytest.raises(ValueError, match="fused_fp8 feeds cudnn_fp8 only"):
+    with pytest.raises(ValueError, match="qk_norm_rope=fused_fp8 needs attention cudnn_fp8, the plan's backend is sdpa"):
         install(model, plan(attention="sdpa", qk_norm_rope="fused_fp8"), registry=LEVERS)
     with pytest.raises(ValueError, match="no installer"):
         install(model, plan(attention="sdpa"), registry={})
@@ -144,8 +145,8 @@ def test_inconsistent_options_and_unknown_lever_raise_and_leave_model_untouched(
 
 def test_ulysses_degree_above_one_needs_a_matching_group():
     model = tiny_model()
-    levers = dict(LEVERS, ulysses_padding=lambda b, d: (b.set_attention_option("u", "ulysses_degree", 2),
-                                                        b.set_attention_option("u", "ulysses_padding", d.setting)))
+    levers = dict(LEVERS, ulysses_padding=lambda b, d: (b.set("ulysses_padding", "ulysses_degree", 2),
+                                                        b.set("ulysses_padding", "ulysses_padding", d.setting)))
     p = plan(attention="sdpa")
     from h3plan.plan import make_decision, make_plan
 

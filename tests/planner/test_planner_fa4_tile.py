@@ -73,7 +73,7 @@ def test_default_elsewhere(plan, overrides, why):
 
 
 @pytest.mark.parametrize("overrides, why", [
-    (["hardware=sm90", "levers.attention=cudnn_bf16"], "attention is cudnn_bf16: the tile is an FA4 option"),
+    (["hardware=sm90", "levers.attention=cudnn_bf16"], "attention is cudnn_bf16: fa4_tile=tuned needs fa4"),
     (["hardware=sm103"], "sm103 lists no measured FA4 tile for head_dim 128"),
 ])
 def test_forced_tuned_that_cannot_apply(plan, overrides, why):

@@ -54,29 +54,18 @@ def test_tiny_model_plans(plan):
     assert p.derived_value("heads_per_rank") == 1
 
 
-CONTRACT = {
-    "block": {"modulation", "gated_residual", "swiglu"},
-    "attention": {"backend", "fa4_2cta", "fa4_tile", "qk_norm_rope", "fp8_scales", "scale_table", "scale_margin", "ulysses_degree",
-                  "ulysses_padding", "ulysses_chunks", "a2a_fp8_codes", "prefix_inplace"},
-    "vae": {"vae_ops", "tile", "graphs"},
-}
-
-
 class RecordingBuilder:
+    """Records what each lever's install sets; checks every key against the levers' declared options."""
+
     def __init__(self):
         self.calls = []
 
-    def _opt(kind):
-        def f(self, lever, key, value):
-            assert key in CONTRACT[kind], (kind, key)
-            self.calls.append((kind, lever, key, value))
-        return f
+    def set(self, lever, key, value):
+        from h3plan.levers import OPTIONS
 
-    set_block_option, set_attention_option, set_vae_option = _opt("block"), _opt("attention"), _opt("vae")
-
-    def quantize_linears(self, lever, fmt, params):
-        assert fmt in ("fp8", "nvfp4")
-        self.calls.append(("quantize", lever, fmt, params))
+        owner, opt = OPTIONS[key]
+        assert owner == lever and opt.check(value), (lever, key, value)
+        self.calls.append((opt.scope, lever, key, value))
 
     def skip(self, lever, reason):
         assert reason

@@ -119,9 +119,9 @@ def run_stack(blocks, hidden_states, temb, adaln_indices, rotary_emb):
 def same_backend_plan(plan):
     """The plan cut down to its attention levers (verify's reference R): diffusers' eager blocks running
     the plan's attention backend, which a lossless plan must match bit for bit."""
-    from h3plan.actions.verify import BASE_LEVERS
+    from h3plan.levers import REFERENCE_LEVERS
 
-    return dataclasses.replace(plan, decisions=tuple(d for d in plan.decisions if d.lever in BASE_LEVERS))
+    return dataclasses.replace(plan, decisions=tuple(d for d in plan.decisions if d.lever in REFERENCE_LEVERS))
 
 
 def rel_error(torch, out, ref) -> tuple[float, float]:

@@ -1,0 +1,55 @@
+"""The installer's typed view of the builder's options, one frozen dataclass per scope.
+
+The fields are not written here: they are the install options the levers declare (`SPEC.options`,
+h3plan.levers.OPTIONS), with their declared defaults, so a new option needs no edit in this file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields, make_dataclass
+from dataclasses import field as dc_field
+from typing import Any
+
+
+def _options_class(scope: str, name: str, namespace: dict):
+    from h3plan.levers import scope_options
+
+    spec = [(k, Any, dc_field(default=o.default)) for k, o in scope_options(scope).items()]
+    cls = make_dataclass(name, spec, frozen=True, namespace={"__module__": __name__, **namespace})
+    return cls
+
+
+def _non_default(self) -> dict[str, Any]:
+    """{key: value} of every option that differs from its declared default (what the plan changes)."""
+    from h3plan.levers import scope_options
+
+    opts = scope_options(self.SCOPE)
+    return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != opts[f.name].default}
+
+
+def _describe_block(self) -> str:
+    return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
+
+
+def _describe_attention(self) -> str:
+    parts = [f"backend={self.backend}", f"qk_norm_rope={self.qk_norm_rope}"]
+    if self.backend == "fa4" and self.fa4_2cta is not None:
+        parts.append(f"2cta={self.fa4_2cta}")
+    if self.backend == "fa4" and self.fa4_tile:
+        parts.append(f"tile={self.fa4_tile['tile_m']}x{self.fa4_tile['tile_n']}")
+    if self.backend == "cudnn_fp8":
+        parts.append(f"fp8_scales={self.fp8_scales}")
+    if self.ulysses_degree > 1:
+        parts.append(f"ulysses={self.ulysses_degree}/{self.ulysses_padding}/chunks={self.ulysses_chunks}"
+                     f"{'/fp8_codes' if self.a2a_fp8_codes else ''}{'/prefix_inplace' if self.prefix_inplace else ''}")
+    return ", ".join(parts)
+
+
+BlockOptions = _options_class("block", "BlockOptions", {
+    "SCOPE": "block", "non_default": _non_default, "describe": _describe_block,
+    "enabled": property(lambda self: bool(self.non_default()))})
+AttentionOptions = _options_class("attention", "AttentionOptions", {
+    "SCOPE": "attention", "non_default": _non_default, "describe": _describe_attention})
+VaeOptions = _options_class("vae", "VaeOptions", {"SCOPE": "vae", "non_default": _non_default})
+
+__all__ = ["BlockOptions", "AttentionOptions", "VaeOptions"]
