@@ -12,6 +12,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
+from .errors import PlanFileError
+
 SCHEMA_VERSION = 1
 
 
@@ -71,6 +73,11 @@ class Decision:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Decision":
+        if not isinstance(d, Mapping):
+            raise PlanFileError(f"a decision must be a mapping, got {type(d).__name__}")
+        missing = [k for k in ("lever", "setting", "lossless") if k not in d]
+        if missing:
+            raise PlanFileError(f"decision {d.get('lever', '?')!r} lacks {', '.join(missing)}")
         return cls(
             lever=str(d["lever"]),
             setting=str(d["setting"]),
@@ -124,15 +131,28 @@ class Plan:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Plan":
-        version = int(d.get("schema_version", SCHEMA_VERSION))
+        """A Plan from its dict form; anything that is not one raises PlanFileError (one line)."""
+        if not isinstance(d, Mapping):
+            raise PlanFileError(f"a plan must be a mapping with 'decisions', got {type(d).__name__}")
+        try:
+            version = int(d.get("schema_version", SCHEMA_VERSION))
+        except (TypeError, ValueError):
+            raise PlanFileError(f"schema_version must be an integer, got {d.get('schema_version')!r}") from None
         if version != SCHEMA_VERSION:
-            raise ValueError(f"plan schema_version {version} is not supported (this h3plan reads {SCHEMA_VERSION})")
+            raise PlanFileError(f"plan schema_version {version} is not supported (this h3plan reads {SCHEMA_VERSION})")
+        if not isinstance(d.get("decisions"), list) or not d["decisions"]:
+            raise PlanFileError("a plan needs a non-empty 'decisions' list (write one with `python -m h3plan out=plan.yaml`)")
+        for key in ("config", "derived"):
+            if not isinstance(d.get(key) or {}, Mapping):
+                raise PlanFileError(f"plan '{key}' must be a mapping")
+        decisions = tuple(Decision.from_dict(x) for x in d["decisions"])
+        _check_levers(decisions)
         return cls(
             config=_freeze(dict(d.get("config", {}) or {})),
             derived=_freeze(dict(d.get("derived", {}) or {})),
-            decisions=tuple(Decision.from_dict(x) for x in d["decisions"]),
+            decisions=decisions,
             schema_version=version,
-            notes=tuple(str(n) for n in d.get("notes", ())),
+            notes=tuple(str(n) for n in d.get("notes", ()) or ()),
         )
 
     def to_json(self) -> str:
@@ -155,9 +175,41 @@ class Plan:
 
     @classmethod
     def load(cls, path: str) -> "Plan":
-        with open(path) as f:
-            text = f.read()
-        return cls.from_json(text) if path.endswith(".json") else cls.from_yaml(text)
+        """Read a plan file (.json, else YAML); a missing, unreadable or malformed file raises PlanFileError
+        naming the file."""
+        import yaml
+
+        path = str(path)
+        try:
+            with open(path) as f:
+                text = f.read()
+        except OSError as e:
+            raise PlanFileError(f"plan file {path}: {e.strerror or e}") from None
+        try:
+            if path.endswith(".json"):
+                raw = json.loads(text)
+            else:
+                raw = yaml.safe_load(text)
+        except json.JSONDecodeError as e:
+            raise PlanFileError(f"plan file {path}: not JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            raise PlanFileError(f"plan file {path}: malformed YAML{where}: {getattr(e, 'problem', None) or e}") from None
+        try:
+            return cls.from_dict(raw)
+        except PlanFileError as e:
+            raise PlanFileError(f"plan file {path}: {e}") from None
+
+
+def _check_levers(decisions) -> None:
+    from .levers import LEVER_SETTINGS
+
+    for d in decisions:
+        if d.lever not in LEVER_SETTINGS:
+            raise PlanFileError(f"unknown lever {d.lever!r}; known: {', '.join(LEVER_SETTINGS)}")
+        if d.setting not in LEVER_SETTINGS[d.lever]:
+            raise PlanFileError(f"{d.lever}={d.setting} is not one of its settings: {', '.join(LEVER_SETTINGS[d.lever])}")
 
 
 def make_plan(config: Mapping[str, Any], derived: Mapping[str, Any], decisions, notes=()) -> Plan:

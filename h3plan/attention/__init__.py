@@ -1,14 +1,13 @@
 """Attention backends behind one interface (see base.py): sdpa, fa4, cudnn_bf16, cudnn_fp8.
 
-`requirements(name, facts)` is torch-free (planning); `get_backend(name, **options)` imports torch
-and the backend module (installing).
+`get_backend(name, **options)` imports torch and the backend module (installing). What each backend
+needs from the hardware is a fact of conf/hardware/*.yaml, read by the planner's levers and, per call,
+by the backends themselves (h3plan.hardware).
 """
 
 from __future__ import annotations
 
 import importlib
-
-from .facts import requirements
 
 BACKENDS = {
     "sdpa": ("h3plan.attention.sdpa", "SDPABackend"),
@@ -30,4 +29,4 @@ def get_backend(name: str, **options):
     return backend_class(name)(**options)
 
 
-__all__ = ["BACKENDS", "backend_class", "get_backend", "requirements"]
+__all__ = ["BACKENDS", "backend_class", "get_backend"]

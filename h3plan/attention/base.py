@@ -3,9 +3,8 @@
 A backend computes non-causal, unmasked softmax attention with scale 1/sqrt(D) on (B, S, H, D)
 tensors (the layout diffusers' processors hand to `dispatch_attention_fn`) and returns (B, Sq, H, D):
 
-- `requirements(facts) -> list[str]`: static, torch-free: what the planned hardware lacks (empty list:
-  the backend can run there). The planner turns a non-empty list into a PlanningError.
-- `unavailable_reason(q, k, v) -> str | None`: runtime: import, device capability, dtype, head dim.
+- `unavailable_reason(q, k, v) -> str | None`: runtime: import, the device's hardware facts (the same
+  conf/hardware YAML the planner reads, picked by compute capability: h3plan.hardware), dtype, head dim.
   The installer's processor calls it per call and routes a refused call to diffusers' own attention.
 - `__call__(q, k, v, out=None)`: the attention. Sq may be smaller than Skv (Ulysses padded queries).
   `out` (optional, (B, Sq, H, D), any strides with a unit last stride) receives the result in place
@@ -19,7 +18,7 @@ from typing import Any, Mapping
 
 import torch
 
-from .facts import capability
+from h3plan.hardware import for_capability
 
 
 class AttentionBackend:
@@ -27,10 +26,6 @@ class AttentionBackend:
     lossless = True  # keeps the bits a diffusers eager forward with this same backend would produce
     out_dtype = None
     hardware_verified = True  # False where a path never ran on real hardware (see the docstring)
-
-    @staticmethod
-    def requirements(facts: Mapping[str, Any]) -> list[str]:
-        return []
 
     def unavailable_reason(self, q, k=None, v=None) -> str | None:
         return shape_reason(q, k, v)
@@ -71,6 +66,14 @@ def device_cc(q) -> tuple[int, int]:
     return torch.cuda.get_device_capability(q.device)
 
 
+def device_facts(cc: tuple[int, int]) -> tuple[Mapping[str, Any] | None, str | None]:
+    """(the hardware facts of a device of compute capability `cc`, None) or (None, why there are none)."""
+    facts = for_capability(cc)
+    if facts is None:
+        return None, f"h3plan has no hardware facts for SM{cc[0]}{cc[1]} (conf/hardware)"
+    return facts, None
+
+
 def write_out(result: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     if out is None:
         return result
@@ -80,4 +83,4 @@ def write_out(result: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     return out
 
 
-__all__ = ["AttentionBackend", "shape_reason", "cuda_reason", "device_cc", "write_out", "capability"]
+__all__ = ["AttentionBackend", "shape_reason", "cuda_reason", "device_cc", "device_facts", "write_out"]

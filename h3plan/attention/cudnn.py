@@ -25,8 +25,9 @@ import torch
 from h3plan.kernels.fp8 import dequantize, dequantize_check, dequantize_ref
 
 from . import fp8 as f8
-from .base import AttentionBackend, cuda_reason, shape_reason, write_out
-from .facts import CUDNN_FP8_BROKEN, CUDNN_FP8_MIN, cudnn_bf16_requirements, cudnn_fp8_requirements, fp8_bf16_output
+from h3plan.hardware import cudnn_fp8_bf16_output, cudnn_fp8_version_problem, for_capability
+
+from .base import AttentionBackend, cuda_reason, device_cc, device_facts, shape_reason, write_out
 
 _HANDLES: dict[int, object] = {}
 _GRAPHS: dict[tuple, "_Graph"] = {}
@@ -144,10 +145,16 @@ def _fp8_graph(q8, k8, v8, o) -> _Graph:
     return _GRAPHS[key]
 
 
-def _runtime_reason(q, name, min_cc, dtypes) -> str | None:
-    reason = shape_reason(q) or cuda_reason(q, name, min_cc)
+def _runtime_reason(q, name, flag, dtypes) -> str | None:
+    """Device, hardware facts (conf/hardware: cudnn.<flag>), dtype, head dim, the frontend import."""
+    reason = shape_reason(q) or cuda_reason(q, name)
     if reason:
         return reason
+    facts, why = device_facts(device_cc(q))
+    if facts is None:
+        return f"{name}: {why}"
+    if not facts["cudnn"][flag]:
+        return f"{name} is not available on {facts['name']} (hardware.cudnn.{flag}=false; {facts['cudnn']['source']})"
     if q.dtype not in dtypes:
         return f"{name} takes {sorted(str(d) for d in dtypes)} q/k/v, got {q.dtype}"
     D = q.shape[-1]
@@ -171,14 +178,10 @@ def _build_reason(build) -> str | None:
 class CudnnBF16Backend(AttentionBackend):
     name = "cudnn_bf16"
 
-    @staticmethod
-    def requirements(facts) -> list[str]:
-        return cudnn_bf16_requirements(facts)
-
     def unavailable_reason(self, q, k=None, v=None) -> str | None:
         k = q if k is None else k
         v = k if v is None else v
-        return (shape_reason(q, k, v) or _runtime_reason(q, "cuDNN BF16 SDPA", (8, 0), (torch.bfloat16, torch.float16))
+        return (shape_reason(q, k, v) or _runtime_reason(q, "cuDNN BF16 SDPA", "bf16", (torch.bfloat16, torch.float16))
                 or _build_reason(lambda: _bf16_graph(_bhsd(q), _bhsd(k), _bhsd(v), _bhsd(torch.empty_like(q)))))
 
     def __call__(self, q, k, v, out=None):
@@ -198,27 +201,25 @@ class CudnnFP8Backend(AttentionBackend):
     lossless = False
     out_dtype = torch.bfloat16
 
-    @staticmethod
-    def requirements(facts) -> list[str]:
-        return cudnn_fp8_requirements(facts)
-
     _bf16_out: dict = {}
 
     @classmethod
     def bf16_output(cls, device) -> bool:
-        """BF16 output only on SM100+ with cuDNN >= 9.13 (never ran on hardware); FP8 output elsewhere."""
+        """BF16 output where the device's hardware facts allow it with the runtime cuDNN (SM100+, >= 9.13; never ran
+        on hardware); FP8 output elsewhere."""
         if device not in cls._bf16_out:
-            cls._bf16_out[device] = fp8_bf16_output(torch.cuda.get_device_capability(device), _cudnn().backend_version())
+            facts = for_capability(torch.cuda.get_device_capability(device))
+            cls._bf16_out[device] = facts is not None and cudnn_fp8_bf16_output(facts, _cudnn().backend_version())
         return cls._bf16_out[device]
 
     def unavailable_reason(self, q, k=None, v=None) -> str | None:
         reason = shape_reason(q, k, v) or _runtime_reason(
-            q, "cuDNN FP8 SDPA", (9, 0), (torch.bfloat16, torch.float16, f8.E4M3))
+            q, "cuDNN FP8 SDPA", "fp8", (torch.bfloat16, torch.float16, f8.E4M3))
         if reason:
             return reason
-        ver = _cudnn().backend_version()
-        if ver < CUDNN_FP8_MIN or ver in CUDNN_FP8_BROKEN:
-            return f"cuDNN FP8 SDPA needs cuDNN >= 9.1 and not 9.10.0 (runtime has {ver})"
+        why = cudnn_fp8_version_problem(device_facts(device_cc(q))[0], _cudnn().backend_version())
+        if why:
+            return f"runtime {why}"
         k = q if k is None else k
         v = k if v is None else v
         e = lambda t: torch.empty(t.shape, dtype=f8.E4M3, device=t.device)  # noqa: E731

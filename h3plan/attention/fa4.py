@@ -29,8 +29,7 @@ from contextlib import contextmanager
 
 import torch
 
-from .base import AttentionBackend, cuda_reason, device_cc, shape_reason, write_out
-from .facts import fa4_requirements
+from .base import AttentionBackend, cuda_reason, device_cc, device_facts, shape_reason, write_out
 
 ENV = "FA_DISABLE_2CTA"
 TILE_ARGS = ("tile_mn", "mma_pv_is_rs", "intra_wg_overlap")
@@ -69,17 +68,16 @@ class FA4Backend(AttentionBackend):
         self.tile = dict(tile) if tile else None
         self.hardware_verified = not two_cta
 
-    @staticmethod
-    def requirements(facts) -> list[str]:
-        return fa4_requirements(facts)
-
     def unavailable_reason(self, q, k=None, v=None) -> str | None:
         reason = shape_reason(q, k, v) or cuda_reason(q, "FA4")
         if reason:
             return reason
         cc = device_cc(q)
-        if cc[0] not in (9, 10, 11):
-            return f"FA4 forward needs SM90 or the SM100 family (device is SM{cc[0]}{cc[1]})"
+        facts, why = device_facts(device_cc(q))
+        if facts is None:
+            return f"FA4: {why}"
+        if not facts["fa4"]["bf16"]:
+            return f"FA4 has no forward on {facts['name']} (hardware.fa4.bf16=false; {facts['fa4']['source']})"
         if q.dtype not in (torch.bfloat16, torch.float16):
             return f"FA4 takes bf16/fp16 q/k/v, got {q.dtype}"
         D = q.shape[-1]
@@ -96,9 +94,11 @@ class FA4Backend(AttentionBackend):
         """None when this call lets FA4 use its 2-CTA kernel; else why not."""
         if ENV in os.environ:
             return f"{ENV}={os.environ[ENV]} in the environment wins over the plan"
-        cc = device_cc(q)
-        if cc[0] not in (10, 11):
-            return f"FA4 2-CTA needs SM100+ (device is SM{cc[0]}{cc[1]})"
+        facts, why = device_facts(device_cc(q))
+        if facts is None:
+            return f"FA4 2-CTA: {why}"
+        if not facts["fa4"]["two_cta"]:
+            return f"FA4 has no 2-CTA kernel on {facts['name']} (hardware.fa4.two_cta=false; {facts['fa4']['source']})"
         _, utils = _import()
         if getattr(utils, "_fa_disable_2cta_cuda12", False):
             return "FA4 disables its 2-CTA forward on CUDA 12"
@@ -108,9 +108,12 @@ class FA4Backend(AttentionBackend):
         """None when this call runs the planned tile; else why FA4's default tile runs instead."""
         if not self.tile:
             return "no tile planned"
-        cc = device_cc(q)
-        if cc[0] != 9:
-            return f"the tile was measured for FA4's SM90 kernel (device is SM{cc[0]}{cc[1]})"
+        facts, why = device_facts(device_cc(q))
+        keys = ("tile_m", "tile_n", "mma_pv_is_rs", "intra_wg_overlap")
+        listed = [{k: t[k] for k in keys} for t in (facts or {}).get("fa4", {}).get("tuned_tiles") or []]
+        if facts is None or {k: self.tile[k] for k in keys} not in listed:
+            where = why or f"{facts['name']} (hardware.fa4.tuned_tiles)"
+            return f"the tile was not measured on this device: {where}"
         return _tile_fn()[1]
 
     @contextmanager

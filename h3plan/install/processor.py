@@ -31,7 +31,25 @@ from h3plan.runtime.guards import GRAD_REASON, needs_grad, run_guarded
 
 
 def _sig(*ts) -> tuple:
-    return tuple((tuple(t.shape), tuple(t.stride()), t.dtype, t.device) for t in ts)
+    return tuple((tuple(int(x) for x in t.shape), tuple(int(x) for x in t.stride()), t.dtype, t.device) for t in ts)
+
+
+_BACKENDS: list = []  # backend objects by index, for the trace-time verdict below
+_VERDICTS: dict = {}  # (backend index, signature) -> reason or None
+
+
+def _verdict(index: int, sig: tuple) -> str | None:
+    """The backend's runtime verdict for tensors of this signature (shapes, strides, dtype, device), computed
+    once on empty tensors of that signature. Under torch.compile it runs at trace time and its result is a
+    constant of the graph (the guards on the input's shape, dtype and device keep it valid)."""
+    key = (index, sig)
+    if key not in _VERDICTS:
+        ts = [torch.empty_strided(shape, stride, dtype=dtype, device=device) for shape, stride, dtype, device in sig]
+        _VERDICTS[key] = _BACKENDS[index].unavailable_reason(*ts)
+    return _VERDICTS[key]
+
+
+_traced_verdict = torch.compiler.assume_constant_result(_verdict)
 
 
 class H3PlanAttnProcessor:
@@ -44,8 +62,9 @@ class H3PlanAttnProcessor:
         self.static_scales = None if static_descales is None else tuple((1.0 / static_descales).tolist())
         self.shard, self.ulysses = shard, ulysses  # installer's sequence-shard context, UlyssesAttention
         self._act_dtype = None  # the activations' dtype of the current call (dequantised FP8 fallbacks)
-        self._reasons = backend._h3plan_reasons if hasattr(backend, "_h3plan_reasons") else {}
-        backend._h3plan_reasons = self._reasons  # shared by every layer using this backend object
+        if not any(b is backend for b in _BACKENDS):
+            _BACKENDS.append(backend)
+        self._backend_index = next(i for i, b in enumerate(_BACKENDS) if b is backend)
 
     def __repr__(self) -> str:
         return f"H3PlanAttnProcessor[{self.opts.describe()}]"
@@ -60,10 +79,9 @@ class H3PlanAttnProcessor:
     def _backend_reason(self, q, k, v) -> str | None:
         if needs_grad(q, k, v):
             return GRAD_REASON
-        key = _sig(q, k, v)
-        if key not in self._reasons:
-            self._reasons[key] = self.backend.unavailable_reason(q, k, v)
-        return self._reasons[key]
+        if torch.compiler.is_compiling():
+            return _traced_verdict(self._backend_index, _sig(q, k, v))
+        return _verdict(self._backend_index, _sig(q, k, v))
 
     def _count_2cta(self, q):
         if self.opts.backend == "fa4" and self.opts.fa4_2cta:

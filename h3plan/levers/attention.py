@@ -7,6 +7,7 @@ on the hardware (version gate, output dtypes); otherwise the fastest BF16 backen
 
 from __future__ import annotations
 
+from ..hardware import cudnn_fp8_bf16_output, cudnn_fp8_version_problem
 from .base import Context, Option, Spec, nearest_point, one_of, resolve
 
 SPEC = Spec(
@@ -19,30 +20,17 @@ SPEC = Spec(
 )
 
 
-def _version(v: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in v.split("."))
-
-
 def cudnn_fp8_problems(ctx: Context) -> list[str]:
     c = ctx.hardware["cudnn"]
     if not c["fp8"]:
         return [f"{ctx.hw} has no cuDNN FP8 attention (hardware.cudnn.fp8=false; {c['source']})"]
-    v = c["version"]
-    if v is not None:
-        if _version(v) < _version(c["fp8_min_version"]):
-            return [f"cuDNN {v} is older than {c['fp8_min_version']}, the first with FP8 SDPA ({c['source']})"]
-        if v in c["fp8_excluded_versions"]:
-            return [f"cuDNN {v} is excluded for FP8 SDPA ({c['source']})"]
-    return []
+    why = cudnn_fp8_version_problem(ctx.hardware, c["version"]) if c["version"] is not None else None
+    return [why] if why else []
 
 
 def fp8_output_dtype(ctx: Context) -> str:
     """bf16 where the hardware and cuDNN allow it (Blackwell, >= 9.13), else fp8 (Hopper)."""
-    c = ctx.hardware["cudnn"]
-    v, need = c["version"], c["bf16_output_min_version"]
-    if "bf16" in c["fp8_output_dtypes"] and need and (v is None or _version(v) >= _version(need)):
-        return "bf16"
-    return "fp8"
+    return "bf16" if cudnn_fp8_bf16_output(ctx.hardware, None) else "fp8"
 
 
 def blockers(ctx: Context, s: str) -> list[str]:

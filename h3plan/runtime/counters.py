@@ -4,6 +4,12 @@ Every guarded call site records exactly one event: `<lever>.fused` when the fuse
 `<lever>.fallback` (with its one-line reason) when a guard routed the call to diffusers' own eager
 path. Tests and `action=verify` read them to prove the fused path ran (a guard that always falls
 back cannot pass). Process-global and not thread-safe: inference runs one forward at a time.
+
+Compile safety: inside a region torch.compile traces, the event goes through the custom op
+`h3plan::count` instead of the Python dicts. The op is opaque to dynamo (nothing in the graph reads or
+guards on the counts) and runs at every call of the compiled graph, so counting stays exact and the
+graph never recompiles because a count changed. It mutates a one-element token tensor only so that no
+compiler pass drops it as dead code.
 """
 
 from __future__ import annotations
@@ -14,18 +20,58 @@ _COUNTS: Counter = Counter()
 _REASONS: dict[str, Counter] = defaultdict(Counter)
 
 
+def _record(lever: str, reason: str | None) -> None:
+    if reason is None:
+        _COUNTS[f"{lever}.fused"] += 1
+    else:
+        _COUNTS[f"{lever}.fallback"] += 1
+        _REASONS[lever][reason] += 1
+
+
+def _compiling() -> bool:
+    import sys
+
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.compiler.is_compiling()
+
+
+def _count_op():
+    from .count_op import TOKEN, count  # registered on import, before any tracing (runtime/guards imports it)
+
+    return count, TOKEN
+
+
 def fused(lever: str) -> None:
-    _COUNTS[f"{lever}.fused"] += 1
+    if _compiling():
+        op, token = _count_op()
+        op(token, lever, "", True)
+    else:
+        _record(lever, None)
 
 
 def fallback(lever: str, reason: str) -> None:
-    _COUNTS[f"{lever}.fallback"] += 1
-    _REASONS[lever][reason] += 1
+    if _compiling():
+        op, token = _count_op()
+        op(token, lever, str(reason), False)
+    else:
+        _record(lever, str(reason))
 
 
-def counters() -> dict[str, int]:
-    """{"<lever>.fused": n, "<lever>.fallback": n, ...} since the last reset (sorted by key)."""
-    return dict(sorted(_COUNTS.items()))
+class Counts(dict):
+    """{"<lever>.fused": n, "<lever>.fallback": n, ...} (sorted by key), with `.reasons` {lever: {reason: n}};
+    str() prints one line per lever with its fallback reasons."""
+
+    def __init__(self, counts, reasons):
+        super().__init__(counts)
+        self.reasons = reasons
+
+    def __str__(self) -> str:
+        return format_counters(dict(self), self.reasons)
+
+
+def counters() -> Counts:
+    """The counts since the last reset, with the reasons of every fallback (`.reasons`; str() shows both)."""
+    return Counts(sorted(_COUNTS.items()), fallback_reasons())
 
 
 def fallback_reasons() -> dict[str, dict[str, int]]:
@@ -40,7 +86,7 @@ def reset_counters() -> None:
 
 def format_counters(counts: dict[str, int] | None = None, reasons: dict[str, dict[str, int]] | None = None) -> str:
     """One line per lever: `lever: fused n, fallback m (reason x k; ...)`."""
-    counts = counters() if counts is None else counts
+    counts = dict(counters()) if counts is None else counts
     reasons = fallback_reasons() if reasons is None else reasons
     levers = sorted({k.rsplit(".", 1)[0] for k in counts})
     lines = []

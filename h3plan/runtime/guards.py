@@ -12,6 +12,7 @@ from typing import Callable
 
 import torch
 
+from . import count_op  # noqa: F401 (registers h3plan::count before any compiled call site runs)
 from .counters import fallback as count_fallback, fused as count_fused
 
 GRAD_REASON = "grad enabled"

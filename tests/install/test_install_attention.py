@@ -1,4 +1,4 @@
-"""Attention backends: the interface, static requirements against the hardware YAML, FA4's per-call
+"""Attention backends: the interface, the per-call rules read from the hardware YAML, FA4's per-call
 2-CTA switch (with a stand-in flash_attn.cute), the FP8 scale bookkeeping. FA4 and cuDNN kernels
 themselves run only in the GPU suite (tests/gpu/test_install_gpu.py).
 
@@ -12,13 +12,11 @@ import types
 
 import pytest
 import torch
-import yaml
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from install_helpers import ROOT
 
-from h3plan.attention import get_backend, requirements
 from h3plan.attention import fp8 as f8
-from h3plan.attention.facts import fa4_2cta_requirements, fp8_bf16_output
+from h3plan.attention import get_backend
 
 
 def _qkv(B=1, Sq=40, Skv=40, H=3, D=32, dtype=torch.bfloat16, seed=0):
@@ -41,25 +39,31 @@ def test_sdpa_is_diffusers_native_dispatch(sq):
     assert not buf[:, sq:].any()
 
 
-def test_requirements_follow_the_hardware_yaml():
-    facts = {hw: yaml.safe_load(open(ROOT / f"conf/hardware/{hw}.yaml")) for hw in ("sm90", "sm100", "sm103", "sm107")}
-    for hw, f in facts.items():
-        for name in ("sdpa", "fa4", "cudnn_bf16", "cudnn_fp8"):
-            assert requirements(name, f) == [], (hw, name)
-    assert fa4_2cta_requirements(facts["sm90"])[0].startswith("FA4 2-CTA is a Blackwell tcgen05 kernel")
-    assert fa4_2cta_requirements(facts["sm103"]) == []
-    assert requirements("fa4", {"compute_capability": "8.0"})[0].startswith("FA4 (flash_attn.cute) forward needs SM90")
-    assert "not 9.10.0" in requirements("cudnn_fp8", {"sm": "sm_90a", "cudnn": {"version": "9.10.0"}})[0]
-    no_fp8 = {"name": "x", "compute_capability": "9.0", "cudnn": {"version": "9.19.0", "fp8": False, "source": "s"}}
-    assert requirements("cudnn_fp8", no_fp8) == ["hardware facts: cuDNN FP8 SDPA is not available on x (s)"]
-    with pytest.raises(ValueError, match="unknown attention backend"):
-        requirements("flash3", {})
+def test_runtime_rules_read_the_hardware_yaml():
+    """One source: the backends' per-call rules and the planner read conf/hardware/*.yaml (h3plan.hardware)."""
+    from h3plan import hardware as hw
+
+    assert hw.for_capability((9, 0))["name"] == "sm90" and hw.for_capability((8, 0)) is None
+    assert {hw.for_capability(hw.capability(hw.load(n)))["name"] for n in hw.names()} == set(hw.names())
+    sm90 = hw.load("sm90")
+    assert hw.cudnn_fp8_version_problem(sm90, "9.19.0") is None
+    assert hw.cudnn_fp8_version_problem(sm90, 91000).startswith("cuDNN 9.10.0 is excluded for FP8 SDPA")
+    assert hw.cudnn_fp8_version_problem(sm90, "9.0.0").startswith("cuDNN 9.0.0 is older than 9.1.0")
+    assert not hw.cudnn_fp8_bf16_output(sm90, 91900)  # Hopper: FP8 output only
+    sm100 = hw.load("sm100")
+    assert hw.cudnn_fp8_bf16_output(sm100, 91300) and not hw.cudnn_fp8_bf16_output(sm100, 91200)
+    with pytest.raises(KeyError, match="no hardware facts 'sm80'"):
+        hw.load("sm80")
 
 
-def test_fp8_bf16_output_rule():
-    assert not fp8_bf16_output((9, 0), 91900)  # Hopper: FP8 output only
-    assert not fp8_bf16_output((10, 0), 91200)
-    assert fp8_bf16_output((10, 3), 91300)
+def test_backends_refuse_a_device_without_facts(monkeypatch):
+    q, k, v = _qkv()
+    fa4 = sys.modules[type(get_backend("fa4")).__module__]
+    monkeypatch.setattr(fa4, "cuda_reason", lambda q, name, min_cc=None: None)
+    monkeypatch.setattr(fa4, "device_cc", lambda q: (8, 0))
+    assert get_backend("fa4").unavailable_reason(q, k, v) == "FA4: h3plan has no hardware facts for SM80 (conf/hardware)"
+    monkeypatch.setattr(fa4, "device_cc", lambda q: (9, 0))
+    assert get_backend("fa4").two_cta_reason(q).startswith("FA4 has no 2-CTA kernel on sm90 (hardware.fa4.two_cta=false")
 
 
 def test_runtime_reasons_on_cpu():

@@ -75,7 +75,7 @@ def test_tile_refused_off_sm90(fake_fa4, monkeypatch):
     monkeypatch.setattr(fa4_mod, "device_cc", lambda q: (10, 0))
     q, k, v = _qkv()
     be = get_backend("fa4", tile=TILE)
-    assert be.tile_reason(q) == "the tile was measured for FA4's SM90 kernel (device is SM100)"
+    assert be.tile_reason(q) == "the tile was not measured on this device: sm100 (hardware.fa4.tuned_tiles)"
     be(q, k, v)
     assert calls == [("default", None)]
 
