@@ -194,8 +194,9 @@ class CudnnBF16Backend(AttentionBackend):
 
 
 class CudnnFP8Backend(AttentionBackend):
-    """FP8 attention. `__call__(q, k, v, out=None, descales=None)`: bf16 q/k/v are quantised here
-    (dynamic amax scales, or `descales` (3,) fp32 for static ones); e4m3 codes need `descales`."""
+    """FP8 attention. `__call__(q, k, v, out=None, descales=None, amax=None)`: bf16 q/k/v are quantised here
+    (dynamic scales from their own amax or from `amax` (3,) fp32, the whole sequence's under Ulysses; or
+    `descales` (3,) fp32 for static ones); e4m3 codes need `descales`."""
 
     name = "cudnn_fp8"
     lossless = False
@@ -229,13 +230,13 @@ class CudnnFP8Backend(AttentionBackend):
         dtype = torch.bfloat16 if self.bf16_output(q.device) else f8.E4M3
         return torch.empty(q.shape, dtype=dtype, device=q.device)
 
-    def __call__(self, q, k, v, out=None, descales=None):
+    def __call__(self, q, k, v, out=None, descales=None, amax=None):
         if q.dtype == f8.E4M3:
             if descales is None:
                 raise ValueError("cudnn_fp8: e4m3 q/k/v need their descales (3,) fp32")
             q8, k8, v8 = q, k, v
         else:
-            q8, k8, v8, descales = f8.quantize_qkv(q, k, v, descales)
+            q8, k8, v8, descales = f8.quantize_qkv(q, k, v, descales, amax=amax)
         descales = descales.to(device=q.device, dtype=torch.float32).reshape(3)
         o = self._o(q)
         direct = o.dtype == torch.bfloat16 and out is not None and out.dtype == o.dtype and out.stride(-1) == 1

@@ -22,7 +22,7 @@ import torch
 from h3plan.kernels.fp8 import E4M3, E4M3_MAX, scale_from_amax  # noqa: F401  (one convention, re-exported)
 
 
-def amax(x: torch.Tensor) -> torch.Tensor:
+def _amax(x: torch.Tensor) -> torch.Tensor:
     return x.abs().amax().float()
 
 
@@ -31,23 +31,27 @@ def quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (x.float() * scale).clamp_(-E4M3_MAX, E4M3_MAX).to(E4M3)
 
 
-def quantize_qkv(q, k, v, descales: torch.Tensor | None = None):
-    """(q8, k8, v8, descales (3,) fp32): dynamic per-tensor scales unless `descales` is given. Dynamic
-    scales on contiguous CUDA tensors use the two-pass Triton cast (h3plan.kernels.fp8, same bits)."""
+def quantize_qkv(q, k, v, descales: torch.Tensor | None = None, amax: torch.Tensor | None = None):
+    """(q8, k8, v8, descales (3,) fp32): dynamic per-tensor scales from the tensors' own amax, or from `amax`
+    (3,) fp32 when given (the amax over more than these tensors: the whole sequence under Ulysses), unless
+    `descales` (static) is given. Dynamic scales on contiguous CUDA tensors use the Triton cast
+    (h3plan.kernels.fp8, same bits as the torch path)."""
     if descales is None:
         if q.is_cuda and all(t.is_contiguous() for t in (q, k, v)):
             from h3plan.kernels.fp8 import quantize as cast
 
-            (q8, dq), (k8, dk), (v8, dv) = cast(q), cast(k), cast(v)
+            fns = [None] * 3 if amax is None else [(lambda x, a=a: a) for a in amax.float().unbind(0)]
+            (q8, dq), (k8, dk), (v8, dv) = (cast(t, fn) for t, fn in zip((q, k, v), fns))
             return q8, k8, v8, torch.stack([dq, dk, dv])
-        scales = scale_from_amax(torch.stack([amax(q), amax(k), amax(v)]))
+        own = torch.stack([_amax(q), _amax(k), _amax(v)]) if amax is None else amax.float()
+        scales = scale_from_amax(own)
     else:
         scales = torch.ones_like(descales) / descales
     d = torch.ones_like(scales) / scales
     return quantize(q, scales[0]), quantize(k, scales[1]), quantize(v, scales[2]), d
 
 
-def emulate(q, k, v, descales=None, scale_o: float | torch.Tensor | None = None, out_dtype=torch.bfloat16):
+def emulate(q, k, v, descales=None, scale_o: float | torch.Tensor | None = None, out_dtype=torch.bfloat16, amax=None):
     """What cuDNN's FP8 forward computes, in torch, for CPU tests of the scale bookkeeping (not bits).
 
     q, k, v (B, S, H, D). P is flash-style unnormalised exp(s - rowmax) in [0, 1], quantised with
@@ -55,7 +59,10 @@ def emulate(q, k, v, descales=None, scale_o: float | torch.Tensor | None = None,
     1 / descale_v, see the module docstring) and dequantised. cuDNN's internal order is not published:
     results agree with it to rounding, not bit for bit.
     """
-    q8, k8, v8, d = quantize_qkv(q, k, v, descales)
+    if q.dtype == E4M3:
+        q8, k8, v8, d = q, k, v, descales
+    else:
+        q8, k8, v8, d = quantize_qkv(q, k, v, descales, amax=amax)
     qf, kf, vf = (t.float().permute(0, 2, 1, 3) for t in (q8, k8, v8))
     s = (qf @ kf.transpose(-1, -2)) * (d[0] * d[1] / math.sqrt(q.shape[-1]))
     p = torch.exp(s - s.amax(-1, keepdim=True))

@@ -91,15 +91,16 @@ class H3PlanAttnProcessor:
             why = self.backend.tile_reason(q)
             count_fused("fa4_tile") if why is None else count_fallback("fa4_tile", why)
 
-    def attend(self, q, k, v, out=None, descales=None):
-        """Backend attention on (B, Sq, H, D) / (B, Skv, H, D); diffusers' dispatch when refused."""
+    def attend(self, q, k, v, out=None, descales=None, amax=None):
+        """Backend attention on (B, Sq, H, D) / (B, Skv, H, D); diffusers' dispatch when refused. `amax` (3,):
+        the q/k/v amax cudnn_fp8 scales bf16 inputs by (the whole sequence's, under Ulysses)."""
         reason = self._backend_reason(q, k, v)
         if reason is None:
             count_fused("attention")
             self._count_2cta(q)
             if self.opts.backend == "cudnn_fp8":
                 d = descales if descales is not None else self._static(q)
-                return self.backend(q, k, v, out=out, descales=d)
+                return self.backend(q, k, v, out=out, descales=d, amax=amax if d is None else None)
             return self.backend(q, k, v, out=out)
         count_fallback("attention", reason)
         if q.dtype == torch.float8_e4m3fn:  # codes from the fused FP8 kernel: dequantise for the eager path
@@ -174,9 +175,9 @@ class H3PlanAttnProcessor:
         hidden_states = attn.to_out[1](hidden_states)
         return hidden_states
 
-    def _attn_fn(self, descales=None):
+    def _attn_fn(self, descales=None, amax=None):
         def attn_fn(q, k, v, out=None):
-            return self.attend(q, k, v, out=out, descales=descales)
+            return self.attend(q, k, v, out=out, descales=descales, amax=amax)
 
         attn_fn.out_dtype = self.backend.out_dtype
         return attn_fn
@@ -236,9 +237,26 @@ class H3PlanAttnProcessor:
             packed = run_guarded("qk_norm_rope", guard, lambda: fn(q, k, wq, wk, *rotary_emb, eps, v=v, ulysses_degree=U),
                                  lambda: None, (q, k, wq, wk))
             if packed is not None:
-                return ua(None, None, None, self._attn_fn(), seq_len=S, packed=packed)
+                amax = self._sequence_amax(packed.unbind(1), row_dim=2)  # (U, B, S_loc, H/U, D) each
+                return ua(None, None, None, self._attn_fn(amax=amax), seq_len=S, packed=packed)
         qq, kk = self._eager_norm_rope(attn, q, k, rotary_emb)
-        return ua(qq, kk, v.contiguous(), self._attn_fn(), seq_len=S)
+        amax = self._sequence_amax((qq, kk, v), row_dim=1)
+        return ua(qq, kk, v.contiguous(), self._attn_fn(amax=amax), seq_len=S)
+
+    def _sequence_amax(self, qkv, row_dim: int):
+        """Dynamic FP8 attention under Ulysses with BF16 on the wire: the per-tensor amax of q, k, v over the
+        whole sequence and every head (this rank's valid rows, MAX all-reduced over the group), as degree 1
+        takes it over its whole tensors; the backend casts with it after the exchange. Without it each rank
+        would scale by the amax of its own heads only, and no code would match degree 1. None when the
+        backend takes no FP8 scales from here (BF16 backends, static tables, FP8 codes on the wire)."""
+        if self.opts.backend != "cudnn_fp8" or self.opts.fp8_scales != "dynamic":
+            return None
+        from h3plan.parallel.sizes import valid_rows
+
+        vr = valid_rows(self.shard.seq_len, self.opts.ulysses_degree, self.ulysses.rank)
+        amax = torch.stack([t.narrow(row_dim, 0, vr).abs().amax().float() if vr > 0 else
+                            torch.zeros((), device=t.device) for t in qkv])
+        return self._amax_hook(amax)
 
     @property
     def _amax_hook(self):

@@ -21,6 +21,7 @@ def worker(rank, world, port, outdir, S):
     from install_helpers import LEVERS, forward, tiny_inputs, tiny_model
 
     from h3plan.install import counters, install, reset_counters
+    from h3plan.levers import REGISTRY
     from h3plan.plan import make_decision, make_plan
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -51,6 +52,25 @@ def worker(rank, world, port, outdir, S):
             install(model, make_plan({}, {}, fp8 + [make_decision("ulysses_padding", padding, True, ["t"])]), registry=levers)
             reset_counters()
             res[f"fp8-{padding}"] = _result(forward(model, inputs), ref8)
+        # FP8 attention (the cuDNN FP8 stand-in): BF16 on the wire and the cast after the exchange, or the
+        # fused cast's e4m3 codes on the wire; dynamic scales over the whole sequence must give degree 1's bits
+        import fp8_attention_standin
+
+        fp8_attention_standin.register()
+        att8 = [make_decision("attention", "cudnn_fp8", False, ["t"]),
+                make_decision("fp8_scales", "dynamic", False, ["t"])]
+        for qk, codes in (("fused", False), ("fused_fp8", False), ("fused_fp8", True)):
+            base = att8 + [make_decision("qk_norm_rope", qk, qk == "fused", ["t"])]
+            one = tiny_model()
+            install(one, make_plan({}, {}, base), registry=levers)
+            ref8 = forward(one, inputs)
+            extra = [make_decision("ulysses_padding", "fixed_valid", True, ["t"])]
+            if codes:
+                extra.append(make_decision("a2a_fp8_codes", "on", True, ["t"]))
+            model = tiny_model()
+            install(model, make_plan({}, {}, base + extra), registry=dict(levers, a2a_fp8_codes=REGISTRY["a2a_fp8_codes"].install))
+            reset_counters()
+            res[f"fp8att-{qk}{'-codes' if codes else ''}"] = _result(forward(model, inputs), ref8)
         with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
             json.dump(res, f)
     finally:
