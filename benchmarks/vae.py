@@ -10,7 +10,7 @@ Per (latent, plan): the eager side is diffusers' decode with the plan's tile geo
 plan), the plan side is `h3plan.install(vae, plan)`; times are medians of CUDA-event timed decodes after
 `--warmup` untimed ones (eager first, then the plan); `bitwise_equal` compares the two last outputs;
 `peak_GiB` is max_memory_allocated over one decode, weights included (the plan's float16 copies too).
-`--device cpu --config tiny` is a plumbing smoke run in the Triton interpreter (host clock, no meaning).
+`--device cpu --config h3_tiny` is a plumbing smoke run in the Triton interpreter (host clock, no meaning).
 """
 
 from __future__ import annotations
@@ -26,17 +26,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's h3plan
 
-TINY = dict(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=[8, 16], layers_per_block=1,
-            spatial_downsample_factors=[2, 2], temporal_downsample_factors=[1, 2], norm_num_groups=4,
-            decoder_num_layers=2, decoder_num_attention_heads=2, decoder_attention_head_dim=32,
-            decoder_num_register_tokens=2, decoder_ffn_mult=2, clip_length=3, token_drop=1)
 TILING = ("use_tiling", "tile_sample_min_height", "tile_sample_min_width", "tile_sample_min_overlap_height",
           "tile_sample_min_overlap_width")
 
 
 def vae_config(name: str) -> dict:
-    if name == "tiny":
-        return dict(TINY)
     from omegaconf import OmegaConf
 
     path = ROOT / "conf" / "vae" / f"{name}.yaml"
@@ -65,10 +59,11 @@ def parse_latent(s: str) -> tuple[int, ...]:
     return tuple(int(x) for x in s.lower().split("x"))
 
 
-def resolve_plan(spec: str):
+def resolve_plan(spec: str, vae: str):
+    """The plan for `spec` ("key=value ..."), resolved for the VAE config being timed."""
     from h3plan import resolve_config
 
-    return resolve_config(**dict(kv.split("=", 1) for kv in spec.split()))
+    return resolve_config(**{"vae": vae, **dict(kv.split("=", 1) for kv in spec.split())})
 
 
 def tiles_only(plan):
@@ -200,7 +195,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--latents", default="1x24x4x48x84,1x24x12x48x84")
     ap.add_argument("--plans", nargs="+", default=["hardware=sm90 recipe=bf16 levers.vae_ops=fused", "hardware=sm90 recipe=fp8 levers.vae_ops=fused"])
-    ap.add_argument("--config", default="h3", help="conf/vae/<name>.yaml, or 'tiny'")
+    ap.add_argument("--config", default="h3", help="conf/vae/<name>.yaml (h3, h3_tiny)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--iters", type=int, default=3)
@@ -214,10 +209,10 @@ def main(argv=None) -> int:
     import torch
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        print("vae bench: no CUDA device (use --device cpu --config tiny for a plumbing run)", file=sys.stderr)
+        print("vae bench: no CUDA device (use --device cpu --config h3_tiny for a plumbing run)", file=sys.stderr)
         return 2
     vae = build_vae(vae_config(args.config), device=args.device)
-    plans = [(spec, resolve_plan(spec)) for spec in args.plans]
+    plans = [(spec, resolve_plan(spec, args.config)) for spec in args.plans]
     records = []
     for latent in map(parse_latent, args.latents.split(",")):
         for spec, plan in plans:

@@ -33,6 +33,14 @@ def main(argv: list[str] | None = None) -> None:
 def run(argv: list[str]) -> int:
     """Run the CLI in-process and return its exit code (never a traceback unless HYDRA_FULL_ERROR=1)."""
     global _rc, _failure
+    if "--version" in argv or "-V" in argv:
+        from . import __version__
+
+        print(f"{PROG} {__version__}")
+        return 0
+    if "--help" in argv or "-h" in argv:
+        sys.stdout.write(help_text())
+        return 0
     from hydra._internal.utils import _run_hydra, get_args_parser
 
     from . import schema, sweep
@@ -111,6 +119,35 @@ def _plan_and_act(cfg) -> int:
     if cfg.out and fmt == "table":
         print(f"plan written to {cfg.out}")
     return 0
+
+
+def help_text(width: int = 110) -> str:
+    """--help: usage, the config groups and their options, every lever with its settings (from the registry)."""
+    from .config import CONFIG_PATH
+    from .levers import SPECS
+
+    groups = sorted(d for d in os.listdir(CONFIG_PATH) if os.path.isdir(os.path.join(CONFIG_PATH, d)))
+    lines = [f"usage: python -m {PROG} [group=option ...] [key=value ...] [-m] [--help] [--version]", "",
+             "Resolve a plan for MiniMax-H3 inference and print it (every lever, its setting and why).", "",
+             "config groups (group=option):"]
+    for g in groups:
+        opts = sorted(f[:-5] for f in os.listdir(os.path.join(CONFIG_PATH, g)) if f.endswith(".yaml"))
+        lines.append(f"  {g + '=':<12} {' | '.join(opts)}")
+    lines += ["", "levers (levers.<name>=<setting>; auto, the default, decides and says why; lossy settings marked *):"]
+    for name, spec in SPECS.items():
+        settings = " | ".join(s + ("" if lossless else "*") for s, lossless in spec.settings.items())
+        lines.append(f"  {name:<21} auto | {settings}")
+        lines += [" " * 24 + w for w in _wrap(spec.summary, width, 24)]
+    lines += ["", "other keys:",
+              "  action=plan|verify|bench     verify: prove the plan against diffusers' eager forward; bench: time it",
+              "  format=table|yaml|json       out=PATH writes the plan (.json -> JSON, else YAML)",
+              "  verify.* bench.*             see h3plan/schema.py (VerifyConfig, BenchConfig)",
+              "  -m a=x,y b=z                 sweep every combination (strict=true: exit 1 if any is invalid)",
+              "", f"examples:\n  python -m {PROG} hardware=sm107 recipe=nvfp4 parallel=u8\n"
+              f"  python -m {PROG} recipe=fp8 levers.attention=fa4 format=yaml\n"
+              f"  python -m {PROG} action=verify model=h3_tiny", "",
+              "Hydra's own options: --hydra-help, --cfg job, --info."]
+    return "\n".join(lines) + "\n"
 
 
 def write_plan(plan, path: str) -> None:

@@ -51,7 +51,7 @@ def shape(sections: Mapping[str, Any]) -> dict[str, Any]:
             "padded_len": f"seq_len rounded up to a multiple of the degree {u}",
             "local_rows": "padded_len / degree: rows each rank holds outside attention",
             "max_elements_per_rank_tensor": f"largest per-rank tensor a kernel indexes: {biggest}",
-            "int64_indexing_required": f"max_elements_per_rank_tensor >= 2**31 (int32 offsets wrap; fastvideo seed: {heads} x {d} heads "
+            "int64_indexing_required": f"max_elements_per_rank_tensor >= 2**31 (int32 offsets wrap; fastvideo seed (docs/sources.md#fastvideo-seed): {heads} x {d} heads "
                                        f"wrap from {boundary:,} tokens per rank, the seed rounds this to 299,593); h3plan kernels index in int64 anyway",
         },
     }

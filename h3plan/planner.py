@@ -11,7 +11,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from . import derive, schema
-from .errors import ConfigError, PlanningError
+from .errors import PlanningError
 from .levers import REGISTRY, Context, LeverError
 from .plan import Plan, make_plan
 
@@ -44,10 +44,7 @@ def _notes(sections: Mapping[str, Any], decisions) -> list[str]:
 
 def resolve(cfg) -> Plan:
     """cfg: the composed Hydra config (DictConfig) or a plain dict with the same sections."""
-    try:
-        sections = schema.validate(cfg)
-    except ConfigError as e:
-        raise PlanningError(str(e)) from None
+    sections = schema.validate(cfg)  # ConfigError (an H3PlanError) on values the schema rules out
     ctx = context(sections)
     decisions: dict[str, Any] = {}
     for lever, module in REGISTRY.items():

@@ -462,21 +462,30 @@ LeversConfig = _levers_dataclass()
 
 @dataclass
 class VerifyConfig:
+    """action=verify (h3plan/actions/verify.py)."""
+
     blocks: int = 2
+    """Transformer blocks to build (real width on a GPU; the tiny model on the CPU)."""
     seq_len: Optional[int] = None
+    """Packed rows; null: parallel.seq_len on a GPU, 48 on the CPU."""
     seed: int = 0
     device: str = "auto"
+    """auto | cpu | cuda | cuda:N"""
     dtype: str = "bf16"
+    """bf16 | fp16 | fp32"""
 
 
 @dataclass
 class BenchConfig:
+    """action=bench (h3plan/actions/bench/): eager vs the plan, side by side in one process."""
+
     seq_lens: List[int] = field(default_factory=lambda: [19000, 37820])
     blocks: List[int] = field(default_factory=lambda: [1, 4])
     warmup: int = 3
     iters: int = 10
     out_dir: str = "benchmarks/results"
     tag: Optional[str] = None
+    """Output file suffix (block-<tag>.json); null: the device's short name (h200, cpu)."""
 
 
 @dataclass
@@ -522,9 +531,43 @@ def to_plain(cfg: DictConfig | dict) -> dict[str, Any]:
         raise ConfigError(str(e.full_key), "missing value: the schema requires it (set it in your YAML or on the command line)") from None
 
 
+def _positive_ints(key: str, vals) -> None:
+    vals = [vals] if isinstance(vals, int) else list(vals or [])
+    if not vals or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in vals):
+        raise ConfigError(f"{key}={vals}", "must be a non-empty list of positive integers")
+
+
+VERIFY_DEVICES = r"auto|cpu|cuda(:\d+)?"
+DTYPES = ("bf16", "fp16", "fp32")
+
+
+def validate_actions(c: dict[str, Any]) -> None:
+    """verify.* and bench.*: the values the actions would otherwise stumble on. Raises ConfigError."""
+    import re
+
+    v, b = c["verify"], c["bench"]
+    if v["blocks"] is not None and v["blocks"] < 1:
+        raise ConfigError(f"verify.blocks={v['blocks']}", "must be >= 1 (the number of transformer blocks to build)")
+    if v["seq_len"] is not None and v["seq_len"] < 4:
+        raise ConfigError(f"verify.seq_len={v['seq_len']}", "must be >= 4 (text, audio and video rows)")
+    if not re.fullmatch(VERIFY_DEVICES, v["device"]):
+        raise ConfigError(f"verify.device={v['device']}", "allowed: auto, cpu, cuda, cuda:N")
+    if v["dtype"] not in DTYPES:
+        raise ConfigError(f"verify.dtype={v['dtype']}", "allowed: " + ", ".join(DTYPES))
+    _positive_ints("bench.seq_lens", b["seq_lens"])
+    _positive_ints("bench.blocks", b["blocks"])
+    if b["warmup"] < 0:
+        raise ConfigError(f"bench.warmup={b['warmup']}", "must be an integer >= 0")
+    if b["iters"] < 1:
+        raise ConfigError(f"bench.iters={b['iters']}", "must be an integer >= 1")
+    if b["tag"] is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", str(b["tag"])):
+        raise ConfigError(f"bench.tag={b['tag']!r}", "letters, digits, '_', '.', '-' only (it names the output files)")
+
+
 def validate(cfg: DictConfig | dict) -> dict[str, Any]:
     """Check what types cannot; return the plan sections as plain dicts. Raises ConfigError."""
     c = to_plain(cfg)
+    validate_actions(c)
     heads = c["model"]["diffusers_config"]["num_attention_heads"]
     head_dim = c["model"]["diffusers_config"]["attention_head_dim"]
     p = c["parallel"]

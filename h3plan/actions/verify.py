@@ -306,7 +306,9 @@ def run(cfg, plan, *, registry=None) -> int:
     dtype = resolve_dtype(_cfg_get(vcfg, "dtype", "bf16"))
     seed = int(_cfg_get(vcfg, "seed", 0))
     if device == "cpu" and int(dcfg["hidden_size"]) > 1024:
-        raise ValueError("verify on the CPU needs a small model: pass model=h3_tiny (real width needs a GPU)")
+        from h3plan.errors import UsageError
+
+        raise UsageError("verify on the CPU needs a small model: pass model=h3_tiny (real width needs a GPU)")
     default_len = 48 if device == "cpu" else int(_cfg_get(_cfg_get(cfg, "parallel", {}), "seq_len", 19000))
     seq_len = int(_cfg_get(vcfg, "seq_len", default_len))
     blocks = _cfg_get(vcfg, "blocks", None)

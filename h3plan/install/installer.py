@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from h3plan.errors import InstallError
+
 from h3plan.plan import Plan
 
 from .block import block_kernels, load_kernel, plan_block_forward
@@ -57,9 +59,9 @@ def recognise(model) -> None:
     Model, Block, Attention = _classes()
     name = f"{type(model).__module__}.{type(model).__qualname__}"
     if hasattr(model, "_orig_mod"):
-        raise ValueError(f"h3plan.install got a torch.compile wrapper ({name}); install into the model, then compile")
+        raise InstallError(f"h3plan.install got a torch.compile wrapper ({name}); install into the model, then compile")
     if not isinstance(model, Model):
-        raise ValueError("h3plan.install supports the MiniMax-H3 VAE (diffusers' AutoencoderKLMiniMaxH3) and otherwise "
+        raise InstallError("h3plan.install supports the MiniMax-H3 VAE (diffusers' AutoencoderKLMiniMaxH3) and otherwise "
                          f"supports diffusers' MiniMaxH3Transformer3DModel only; got {name}")
     problems = []
     blocks = getattr(model, "transformer_blocks", None)
@@ -81,7 +83,30 @@ def recognise(model) -> None:
         if "forward" in b.__dict__ and not own:
             problems.append(f"transformer_blocks.{i} already has an instance forward (a hook?); install before hooks")
     if problems:
-        raise ValueError("h3plan.install: unexpected MiniMaxH3Transformer3DModel layout: " + "; ".join(problems[:5]))
+        raise InstallError("h3plan.install: unexpected MiniMaxH3Transformer3DModel layout: " + "; ".join(problems[:5]))
+
+
+# The model facts a plan was resolved for that must match the model it is installed into (num_layers may
+# differ: verify and bench build a few blocks of the same width).
+MODEL_FACTS = {"transformer": ("model", ("num_attention_heads", "attention_head_dim", "hidden_size", "ffn_dim",
+                                         "rope_freq_dim")),
+               "vae": ("vae", ("latent_channels", "decoder_num_attention_heads", "decoder_attention_head_dim",
+                               "decoder_ffn_mult"))}
+
+
+def check_model_facts(model, plan: Plan, kind: str) -> None:
+    """InstallError (one line) when the plan's model facts differ from `model.config` (a plan for 56 heads into
+    a 4-head model, say); plans without a model section (hand-built ones in tests) are not checked."""
+    from h3plan.errors import InstallError
+
+    section, keys = MODEL_FACTS[kind]
+    planned = (plan.get(section) or {}).get("diffusers_config") or {}
+    config = getattr(model, "config", {}) or {}
+    wrong = [f"{k} {planned[k]} (model: {config.get(k)})" for k in keys if k in planned and config.get(k) != planned[k]]
+    if wrong:
+        name = (plan.get(section) or {}).get("name", "?")
+        raise InstallError(f"the plan was resolved for {section}={name}, which does not match this {type(model).__name__}: "
+                           + ", ".join(wrong) + f"; resolve the plan with the model's config ({section}=... or overrides)")
 
 
 def collect(plan: Plan, registry=None) -> Builder:
@@ -91,7 +116,7 @@ def collect(plan: Plan, registry=None) -> Builder:
     builder = Builder()
     for d in plan.decisions:
         if d.lever not in registry:
-            raise ValueError(f"plan lever {d.lever!r} has no installer in h3plan.levers.REGISTRY ({sorted(registry)})")
+            raise InstallError(f"plan lever {d.lever!r} has no installer in h3plan.levers.REGISTRY ({sorted(registry)})")
         entry = registry[d.lever]
         builder.settings[d.lever] = d.setting
         getattr(entry, "install", entry)(builder, d)
@@ -111,7 +136,7 @@ def _quantize(model, builder, state) -> None:
     fmt, params = quant["format"], quant.get("params") or {}
     for i, block in enumerate(model.transformer_blocks):
         if block.attn.fused_projections:
-            raise ValueError(f"gemm_quant: transformer_blocks.{i}.attn uses fused QKV projections; call "
+            raise InstallError(f"gemm_quant: transformer_blocks.{i}.attn uses fused QKV projections; call "
                              "model.unfuse_qkv_projections() before installing (to_qkv is not quantised)")
         for path in BLOCK_LINEARS:
             parent_path, _, name = path.rpartition(".")
@@ -160,7 +185,7 @@ def _attention_options(builder, report) -> AttentionOptions:
     if a.a2a_fp8_codes and a.qk_norm_rope != "fused_fp8":
         problems.append("a2a_fp8_codes sends the codes of qk_norm_rope=fused_fp8")
     if problems:
-        raise ValueError("inconsistent attention options: " + "; ".join(problems))
+        raise InstallError("inconsistent attention options: " + "; ".join(problems))
     return a
 
 
@@ -214,7 +239,7 @@ def _ulysses(model, opts, group, report):
 
     degree, _ = degree_rank(group)
     if degree != opts.ulysses_degree:
-        raise ValueError(f"plan ulysses_degree={opts.ulysses_degree} but the process group has {degree} ranks "
+        raise InstallError(f"plan ulysses_degree={opts.ulysses_degree} but the process group has {degree} ranks "
                          "(initialise torch.distributed with that many ranks, or pass group=)")
     padding = "none" if opts.ulysses_padding == "none" else opts.ulysses_padding
     ua = UlyssesAttention(group, chunks=opts.ulysses_chunks, padding=padding, fp8_codes=opts.a2a_fp8_codes,
@@ -310,7 +335,10 @@ def install(model, plan: Plan, *, registry=None, group=None) -> InstallReport:
     else:
         recognise(model)
     if not isinstance(plan, Plan):
-        raise TypeError(f"install expects an h3plan Plan, got {type(plan).__name__}")
+        from h3plan.errors import InstallError
+
+        raise InstallError(f"install expects an h3plan Plan, got {type(plan).__name__}")
+    check_model_facts(model, plan, "vae" if is_vae else "transformer")
     current = model.__dict__.get("_h3plan_state")
     if current is not None:
         if current.plan == plan:

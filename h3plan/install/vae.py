@@ -28,6 +28,8 @@ import types
 
 import torch
 
+from h3plan.errors import InstallError
+
 from .report import Swap
 from .vae_block import LINEARS, Fp16Copies, VaeBlockState, load_kernels, plan_vae_block_forward
 from .vae_graph import GraphedDecoder
@@ -98,7 +100,7 @@ def recognise(model) -> None:
             if _hooked(b.get_submodule(path)):
                 problems.append(f"{fqn}.{path} carries hooks (offloading, layerwise casting?); install before them")
     if problems:
-        raise ValueError("h3plan.install: unexpected AutoencoderKLMiniMaxH3 layout: " + "; ".join(problems[:5]))
+        raise InstallError("h3plan.install: unexpected AutoencoderKLMiniMaxH3 layout: " + "; ".join(problems[:5]))
 
 
 def _swap(report, lever, fqn, old, new) -> None:
@@ -185,9 +187,9 @@ def _check_tile(model, tile: dict) -> tuple[int, int, int]:
     r = model.spatial_compression_ratio
     h, w, o = (tile.get(k) for k in ("height", "width", "overlap"))
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (h, w, o)):
-        raise ValueError(f"vae_tiles: tile height/width/overlap must be ints, got {tile}")
+        raise InstallError(f"vae_tiles: tile height/width/overlap must be ints, got {tile}")
     if any(v % r for v in (h, w, o)) or o < r or o >= min(h, w):
-        raise ValueError(f"vae_tiles: tile {h}x{w}, overlap {o} must be multiples of the VAE's spatial compression "
+        raise InstallError(f"vae_tiles: tile {h}x{w}, overlap {o} must be multiples of the VAE's spatial compression "
                          f"{r} with {r} <= overlap < min(height, width) (diffusers' _split_tiles needs it)")
     return h, w, o
 

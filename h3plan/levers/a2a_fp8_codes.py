@@ -2,7 +2,7 @@
 fewer bytes with the BF16 output exchange); bit-identical given FP8 attention (receiver-exact scales).
 
 auto: on with qk_norm_rope=fused_fp8 at degree > 1 when the scales are static (no amax all-reduce)
-or the length reaches fp8_codes_dynamic_min_seq_len; off otherwise (TRT-LLM seed: the dynamic pairing loses
+or the length reaches fp8_codes_dynamic_min_seq_len; off otherwise (TRT-LLM seed (docs/sources.md#trtllm-seed): the dynamic pairing loses
 at 19k and pays at 104k).
 """
 
@@ -36,7 +36,7 @@ def auto(ctx: Context):
         return "off", ["Ulysses degree 1: no all-to-all"], {}
     if ctx.setting("qk_norm_rope") != "fused_fp8":
         return "off", [f"qk_norm_rope is {ctx.setting('qk_norm_rope')}: no e4m3 codes before the all-to-all"], {}
-    save = "e4m3 codes cut the all-to-all bytes by 37.5%, bit-identical with receiver-exact scales (TRT-LLM seed)"
+    save = "e4m3 codes cut the all-to-all bytes by 37.5%, bit-identical with receiver-exact scales (TRT-LLM seed (docs/sources.md#trtllm-seed))"
     if ctx.setting("fp8_scales") == "static":
         return "on", [f"static scales need no amax all-reduce: {save}"], {}
     thr = ctx.tuning["fp8_codes_dynamic_min_seq_len"]
@@ -44,7 +44,7 @@ def auto(ctx: Context):
     if ctx.seq_len >= thr:
         return "on", [f"dynamic scales at {ctx.seq_len:,} >= {thr:,} tokens ({rule}): the pairing pays at 104k; {save}"], {}
     return "off", [f"dynamic scales at {ctx.seq_len:,} < {thr:,} tokens ({rule}): the FP8-codes pairing loses at 19k "
-                   "(~150 small all-reduces per step, TRT-LLM seed)"], {}
+                   "(~150 small all-reduces per step, TRT-LLM seed (docs/sources.md#trtllm-seed))"], {}
 
 
 def decide(ctx: Context):

@@ -69,7 +69,7 @@ def auto(ctx: Context):
                     r.append(f"measured TFLOP/s at the nearest shape: {speed}")
                 return "cudnn_fp8", r + [ctx.budget_text()], params(ctx, "cudnn_fp8")
             reasons.append(f"recipe {name} asks for FP8 attention but cuDNN FP8 cannot run: {'; '.join(problems)}; "
-                           "BF16 attention instead (the TRT-LLM seed's fallback row)")
+                           "BF16 attention instead (the TRT-LLM seed (docs/sources.md#trtllm-seed)'s fallback row)")
     else:
         reasons.append(f"recipe {name} asks for BF16 attention")
     order = [b for b in hw["attention_rank"]["order"] if not blockers(ctx, b)] + ["sdpa"]

@@ -2,7 +2,7 @@
 Ulysses group) or a static calibrated table with a margin. Part of cuDNN FP8 attention, so lossy.
 
 auto follows recipe.fp8_scale_mode; in `auto` mode static only at Ulysses degree >= the hardware's
-static_scales_min_degree and length >= static_scales_min_seq_len (the TRT-LLM seed's U8-at-104k row)
+static_scales_min_degree and length >= static_scales_min_seq_len (the TRT-LLM seed (docs/sources.md#trtllm-seed)'s U8-at-104k row)
 and only with a calibrated table (recipe.fp8_static_table); otherwise dynamic. Where cuDNN writes
 FP8 output (SM90) the decision also records how scale_o is chosen.
 """
@@ -51,12 +51,12 @@ def auto(ctx: Context):
         return "dynamic", [f"recipe {r['name']} fixes dynamic scales (recipe.fp8_scale_mode; the static table never)"], params(ctx, "dynamic")
     long_row = ctx.degree >= t["static_scales_min_degree"] and ctx.seq_len >= t["static_scales_min_seq_len"]
     rule = (f"Ulysses {ctx.degree} >= {t['static_scales_min_degree']} and {ctx.seq_len:,} >= {t['static_scales_min_seq_len']:,} tokens "
-            "(hardware.tuning.static_scales_min_*, interpolated between measured rows): the TRT-LLM seed's U8-at-104k row")
+            "(hardware.tuning.static_scales_min_*, interpolated between measured rows): the TRT-LLM seed (docs/sources.md#trtllm-seed)'s U8-at-104k row")
     if long_row and r["fp8_static_table"]:
         return "static", [rule + f" uses static scales (held-out table, margin {r['fp8_static_margin']:g}) instead of dynamic"], params(ctx, "static")
     if long_row:
         return "dynamic", [rule + " uses static scales, but recipe.fp8_static_table is null: dynamic kept (calibrate a held-out table and set it)"], params(ctx, "dynamic")
-    return "dynamic", ["dynamic per-tensor amax scales (TRT-LLM seed rows U1/U4 and short U8)"], params(ctx, "dynamic")
+    return "dynamic", ["dynamic per-tensor amax scales (TRT-LLM seed (docs/sources.md#trtllm-seed) rows U1/U4 and short U8)"], params(ctx, "dynamic")
 
 
 def params(ctx: Context, s: str) -> dict:

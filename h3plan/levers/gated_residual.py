@@ -17,7 +17,7 @@ SPEC = Spec(
 
 def decide(ctx: Context):
     return resolve(ctx, SPEC, blockers=lambda c, s: [],
-                   auto=lambda c: ("on", ["h + gate[idx] * y fused, eager's rounding kept (exact; vllm-omni VAE seed pattern)"], {}))
+                   auto=lambda c: ("on", ["h + gate[idx] * y fused, eager's rounding kept (exact; vllm-omni VAE seed (docs/sources.md#vllm-omni-vae-seed) pattern)"], {}))
 
 
 def install(builder, decision) -> None:

@@ -1,6 +1,6 @@
 """norm1/norm2 RMSNorm + indexed AdaLN scale/shift in one kernel.
 
-exact keeps eager's BF16 rounding points (telefuser seed: bit-exact); fp32 single-rounds (vllm-omni
+exact keeps eager's BF16 rounding points (telefuser seed (docs/sources.md#telefuser-seed): bit-exact); fp32 single-rounds (vllm-omni
 seed: PSNR 39.55 dB, SSIM 0.975) and is only used when forced under a budget policy.
 """
 
@@ -24,12 +24,12 @@ def blockers(ctx: Context, s: str) -> list[str]:
 
 
 def auto(ctx: Context):
-    return "exact", ["RMSNorm + indexed modulation fused with eager's BF16 rounding points (telefuser seed: bit-exact MP4)",
-                     "fp32 single-rounds (PSNR 39.55 dB in the vllm-omni seed) with no measured speed advantage over exact: not picked"], {}
+    return "exact", ["RMSNorm + indexed modulation fused with eager's BF16 rounding points (telefuser seed (docs/sources.md#telefuser-seed): bit-exact MP4)",
+                     "fp32 single-rounds (PSNR 39.55 dB in the vllm-omni seed (docs/sources.md#vllm-omni-modulation-seed)) with no measured speed advantage over exact: not picked"], {}
 
 
 def explain(ctx: Context, s: str) -> list[str]:
-    return {"fp32": ["single rounding in fp32 (vllm-omni seed: PSNR 39.55 dB, SSIM 0.975)", ctx.budget_text()]}.get(s, [])
+    return {"fp32": ["single rounding in fp32 (vllm-omni seed (docs/sources.md#vllm-omni-modulation-seed): PSNR 39.55 dB, SSIM 0.975)", ctx.budget_text()]}.get(s, [])
 
 
 def decide(ctx: Context):

@@ -19,7 +19,7 @@ def decide(ctx: Context):
 
 
 def install(builder, decision) -> None:
-    """No h3plan kernel implements the NVFP4 attention-output quantize (the TRT-LLM seed's, Blackwell only): the
+    """No h3plan kernel implements the NVFP4 attention-output quantize (the TRT-LLM seed (docs/sources.md#trtllm-seed)'s, Blackwell only): the
     decision stays in the plan and the install report says it was not applied."""
     reason = decision.reasons[0] if decision.setting == "off" else \
         "on in the plan, not installed: h3plan has no NVFP4 attention-output quantize kernel; the NVFP4 GEMMs quantize their own inputs"

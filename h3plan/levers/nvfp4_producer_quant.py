@@ -1,7 +1,7 @@
 """NVFP4 producer-side quantize fusion with the residual fold (Blackwell, recipe nvfp4; lossy).
 
 auto: on with gemm_quant=nvfp4 when the rows per rank reach step_fusions_min_rows_per_rank (the
-TRT-LLM seed turns the step fusions off at U8 19k); off otherwise.
+TRT-LLM seed (docs/sources.md#trtllm-seed) turns the step fusions off at U8 19k); off otherwise.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ def nvfp4_blockers(ctx: Context, s: str) -> list[str]:
 def nvfp4_auto(ctx: Context, what: str):
     gq = ctx.setting("gemm_quant")
     if gq != "nvfp4":
-        why = " (the TRT-LLM seed's FP8 option: NVFP4 fusions off)" if gq == "fp8" else ""
+        why = " (the TRT-LLM seed (docs/sources.md#trtllm-seed)'s FP8 option: NVFP4 fusions off)" if gq == "fp8" else ""
         return "off", [f"gemm_quant is {gq}: no NVFP4 GEMMs{why}"], {}
     on, why = step_fusions_on(ctx)
     if not on:
         return "off", [f"step fusions off: {why}"], {}
-    return "on", [f"{what} (TRT-LLM seed recipe rows U1/U4: every step fusion on)", why, ctx.budget_text()], {}
+    return "on", [f"{what} (TRT-LLM seed (docs/sources.md#trtllm-seed) recipe rows U1/U4: every step fusion on)", why, ctx.budget_text()], {}
 
 
 def decide(ctx: Context):
@@ -40,7 +40,7 @@ def decide(ctx: Context):
 
 
 def install(builder, decision) -> None:
-    """No h3plan kernel implements the NVFP4 producer-quantize fusion (the TRT-LLM seed's, Blackwell only): the
+    """No h3plan kernel implements the NVFP4 producer-quantize fusion (the TRT-LLM seed (docs/sources.md#trtllm-seed)'s, Blackwell only): the
     decision stays in the plan and the install report says it was not applied."""
     reason = decision.reasons[0] if decision.setting == "off" else \
         "on in the plan, not installed: h3plan has no NVFP4 producer-quantize fusion kernel; the NVFP4 GEMMs quantize their own inputs"

@@ -2,8 +2,8 @@
 degree > 1); fused_fp8 also casts Q, K, V to e4m3 with the fp8_scales decision's scales.
 
 auto: fused_fp8 with cuDNN FP8 attention when the rows per rank reach the hardware's
-step_fusions_min_rows_per_rank (the TRT-LLM seed turns the FP8 scale fusion off at U8 19k);
-otherwise fused, which keeps eager's BF16 rounding (exact, telefuser seed).
+step_fusions_min_rows_per_rank (the TRT-LLM seed (docs/sources.md#trtllm-seed) turns the FP8 scale fusion off at U8 19k);
+otherwise fused, which keeps eager's BF16 rounding (exact, telefuser seed (docs/sources.md#telefuser-seed)).
 """
 
 from __future__ import annotations
@@ -27,18 +27,18 @@ def step_fusions_on(ctx: Context) -> tuple[bool, str]:
     rows, thr = ctx.rows_per_rank, ctx.tuning["step_fusions_min_rows_per_rank"]
     on = rows >= thr
     why = (f"{rows:,} rows per rank {'>=' if on else '<'} {thr:,} (hardware.tuning.step_fusions_min_rows_per_rank, "
-           "interpolated: the TRT-LLM seed turns the step fusions off at U8 19k = 2,375 rows, on at U4 19k = 4,750)")
+           "interpolated: the TRT-LLM seed (docs/sources.md#trtllm-seed) turns the step fusions off at U8 19k = 2,375 rows, on at U4 19k = 4,750)")
     return on, why
 
 
 def auto(ctx: Context):
     pack = " with the Ulysses destination-major pack" if ctx.degree > 1 else ""
-    exact = f"per-head RMSNorm + partial RoPE{pack} in one kernel, eager's BF16 rounding kept (telefuser seed: bit-exact)"
+    exact = f"per-head RMSNorm + partial RoPE{pack} in one kernel, eager's BF16 rounding kept (telefuser seed (docs/sources.md#telefuser-seed): bit-exact)"
     if ctx.setting("attention") == "cudnn_fp8":
         on, why = step_fusions_on(ctx)
         if on:
             return "fused_fp8", [f"QK-norm + RoPE + FP8 cast fused with {ctx.setting('fp8_scales')} scales{pack} "
-                                 "(TRT-LLM seed lever 8, recipe rows U1/U4 'dynamic fused scales')", why, ctx.budget_text()], params(ctx, "fused_fp8")
+                                 "(TRT-LLM seed (docs/sources.md#trtllm-seed) lever 8, recipe rows U1/U4 'dynamic fused scales')", why, ctx.budget_text()], params(ctx, "fused_fp8")
         return "fused", [f"FP8 scale fusion off: {why}; the attention backend casts to FP8", exact], params(ctx, "fused")
     return "fused", [exact], params(ctx, "fused")
 

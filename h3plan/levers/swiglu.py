@@ -17,7 +17,7 @@ SPEC = Spec(
 
 def decide(ctx: Context):
     return resolve(ctx, SPEC, blockers=lambda c, s: [],
-                   auto=lambda c: ("on", ["x[..., :F] * silu(x[..., F:]) in one kernel, exact (vllm-omni VAE seed: torch.equal)"], {}))
+                   auto=lambda c: ("on", ["x[..., :F] * silu(x[..., F:]) in one kernel, exact (vllm-omni VAE seed (docs/sources.md#vllm-omni-vae-seed): torch.equal)"], {}))
 
 
 def install(builder, decision) -> None:

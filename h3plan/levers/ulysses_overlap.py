@@ -4,7 +4,7 @@ on chunk i while chunk i+1 is exchanged (exact: the same per-head math).
 auto: off with a dynamic-scale FP8 cast (an async arm with the FP8 cast uses static scales). Where the
 hardware has measured the installed plan with overlap on against off at this Ulysses degree
 (`measured.ulysses.overlap`, nearest length), on only if every run there timed it faster. Otherwise on
-with >= 2 chunks once the length reaches the hardware's overlap_min_seq_len (TRT-LLM seed: async
+with >= 2 chunks once the length reaches the hardware's overlap_min_seq_len (TRT-LLM seed (docs/sources.md#trtllm-seed): async
 Ulysses loses at 19k, gains a little at 104k; telefuser: a gain on H100).
 """
 
@@ -50,7 +50,7 @@ def auto(ctx: Context):
         return "off", [f"parallel.attention_chunks={c} with {hl} heads per rank: no head chunks to overlap"], {}
     if ctx.setting("qk_norm_rope") == "fused_fp8" and ctx.setting("fp8_scales") == "dynamic":
         return "off", ["an async Ulysses arm with the FP8 cast uses static scales and these are dynamic "
-                       "(TRT-LLM seed: the dynamic pairing loses at 19k, ~150 small all-reduces per step)"], {}
+                       "(TRT-LLM seed (docs/sources.md#trtllm-seed): the dynamic pairing loses at 19k, ~150 small all-reduces per step)"], {}
     m = nearest_ulysses_point(ctx.hardware, "overlap", ctx.degree, ctx.seq_len)
     if m is not None:
         runs = speedup_runs(m["speedups"])

@@ -1,8 +1,8 @@
 """How a sequence that does not divide by the Ulysses degree is padded (all modes exact).
 
 none: nothing to pad (degree 1, or the length divides). fixed_valid: attention on the valid prefix,
-padded output kept (cuDNN's key-padding path, TRT-LLM seed). valid_only: the tail is never
-restored and the merge writes a zero tail (telefuser seed). padded: attention over the padded rows
+padded output kept (cuDNN's key-padding path, TRT-LLM seed (docs/sources.md#trtllm-seed)). valid_only: the tail is never
+restored and the merge writes a zero tail (telefuser seed (docs/sources.md#telefuser-seed)). padded: attention over the padded rows
 with masked keys (more work; only when asked for). parallel.padding fixes the mode for auto.
 """
 
@@ -43,8 +43,8 @@ def auto(ctx: Context):
     if ctx.parallel["padding"] != "auto":
         return ctx.parallel["padding"], [head, f"parallel.padding={ctx.parallel['padding']}"], params(ctx, ctx.parallel["padding"])
     if ctx.setting("attention").startswith("cudnn"):
-        return "fixed_valid", [head, "cuDNN runs on the valid prefix and writes a padded output (TRT-LLM seed key_padding_mask path)"], params(ctx, "fixed_valid")
-    return "valid_only", [head, "attention on the valid prefix, tail never restored, zero tail in the fused merge (telefuser seed)"], params(ctx, "valid_only")
+        return "fixed_valid", [head, "cuDNN runs on the valid prefix and writes a padded output (TRT-LLM seed (docs/sources.md#trtllm-seed) key_padding_mask path)"], params(ctx, "fixed_valid")
+    return "valid_only", [head, "attention on the valid prefix, tail never restored, zero tail in the fused merge (telefuser seed (docs/sources.md#telefuser-seed))"], params(ctx, "valid_only")
 
 
 def params(ctx: Context, s: str) -> dict:

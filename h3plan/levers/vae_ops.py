@@ -1,5 +1,5 @@
 """VAE decoder ops: FP16 weight materialisation, fused FP16 QK-norm + RoPE, SwiGLU, scaled residual,
-exact (vllm-omni VAE seed). Only where the hardware's op set is registered; an unregistered
+exact (vllm-omni VAE seed (docs/sources.md#vllm-omni-vae-seed)). Only where the hardware's op set is registered; an unregistered
 architecture is reported in the plan as eager, never silently skipped.
 """
 

@@ -61,9 +61,9 @@ class Counts(dict):
     """{"<lever>.fused": n, "<lever>.fallback": n, ...} (sorted by key), with `.reasons` {lever: {reason: n}};
     str() prints one line per lever with its fallback reasons."""
 
-    def __init__(self, counts, reasons):
+    def __init__(self, counts=(), reasons=None):
         super().__init__(counts)
-        self.reasons = reasons
+        self.reasons = dict(reasons or {})
 
     def __str__(self) -> str:
         return format_counters(dict(self), self.reasons)

@@ -24,12 +24,15 @@ def test_options_accepts_the_defaults():
 
 
 @pytest.mark.parametrize("over, key", [
-    ({"iters": 0}, "bench.iters"), ({"warmup": -1}, "bench.warmup"), ({"seq_lens": []}, "bench.seq_lens"),
-    ({"blocks": [0]}, "bench.blocks"), ({"blocks": [True]}, "bench.blocks"), ({"tag": "a/b"}, "bench.tag"),
+    ("iters=0", "bench.iters"), ("warmup=-1", "bench.warmup"), ("seq_lens=[]", "bench.seq_lens"),
+    ("blocks=[0]", "bench.blocks"), ("tag=a/b", "bench.tag"),
 ])
-def test_options_reject_bad_values_with_one_line(over, key):
-    with pytest.raises(ValueError) as e:
-        bench.options(_cfg(**over))
+def test_bad_bench_values_are_one_line_config_errors(over, key):
+    """Checked with the config (h3plan.schema.validate_actions), before any action runs."""
+    import h3plan
+
+    with pytest.raises(h3plan.ConfigError) as e:
+        h3plan.resolve_config(**{f"bench.{over.split('=')[0]}": over.split("=", 1)[1]})
     assert str(e.value).startswith(key) and "\n" not in str(e.value)
 
 

@@ -17,12 +17,11 @@ from h3plan.install import counters, fallback_reasons, install, installed_plan, 
 from h3plan.install.vae_block import OPS, plan_vae_block_forward
 from h3plan.kernels import qk_norm_rope as qm
 from h3plan.plan import make_decision, make_plan
+from install_helpers import ROOT
+from omegaconf import OmegaConf
 
-TINY = dict(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 16), layers_per_block=1,
-            spatial_downsample_factors=(2, 2), temporal_downsample_factors=(1, 2), norm_num_groups=4,
-            decoder_num_layers=2, decoder_num_attention_heads=2, decoder_attention_head_dim=32,
-            decoder_num_register_tokens=2, decoder_ffn_mult=2, clip_length=3, token_drop=1,
-            latents_mean=(0.0,) * 4, latents_std=(1.0,) * 4)
+TINY = {**OmegaConf.to_container(OmegaConf.load(ROOT / "conf/vae/h3_tiny.yaml").diffusers_config),
+        "latents_mean": (0.0,) * 4, "latents_std": (1.0,) * 4}
 BLOCKS = TINY["decoder_num_layers"]
 TILING = ("use_tiling", "tile_sample_min_height", "tile_sample_min_width", "tile_sample_min_overlap_height",
           "tile_sample_min_overlap_width")
@@ -46,12 +45,12 @@ def interpreter_order(monkeypatch):
 
 @pytest.fixture(scope="module")
 def sm90():
-    return h3plan.resolve_config(hardware="sm90", recipe="bf16", **{"levers.vae_ops": "fused", "levers.vae_graphs": "off"})
+    return h3plan.resolve_config(hardware="sm90", recipe="bf16", vae="h3_tiny", **{"levers.vae_ops": "fused", "levers.vae_graphs": "off"})
 
 
 @pytest.fixture(scope="module")
 def sm107():
-    return h3plan.resolve_config(hardware="sm107", recipe="nvfp4")
+    return h3plan.resolve_config(hardware="sm107", recipe="nvfp4", vae="h3_tiny")
 
 
 def tiny_vae(seed=0):
@@ -334,7 +333,7 @@ def test_benchmark_script_plumbing_on_cpu(tmp_path):
     spec = importlib.util.spec_from_file_location("bench_vae", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    rc = bench.main(["--out", str(tmp_path), "--device", "cpu", "--config", "tiny", "--latents", "1x4x3x6x6",
+    rc = bench.main(["--out", str(tmp_path), "--device", "cpu", "--config", "h3_tiny", "--latents", "1x4x3x6x6",
                      "--plans", "hardware=sm90 recipe=bf16 levers.vae_ops=fused", "--warmup", "0", "--iters", "1", "--tag", "cpu"])
     assert rc == 0
     (rec,) = json.loads((tmp_path / "vae-cpu.json").read_text())["records"]

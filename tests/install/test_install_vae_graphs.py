@@ -30,7 +30,7 @@ def fake_capture(fn, x):
 
 
 def graphs_plan(ops):
-    return h3plan.resolve_config(hardware="sm90", recipe="bf16", **{"levers.vae_graphs": "on", "levers.vae_ops": ops})
+    return h3plan.resolve_config(hardware="sm90", recipe="bf16", vae="h3_tiny", **{"levers.vae_graphs": "on", "levers.vae_ops": ops})
 
 
 @pytest.fixture(autouse=True)
