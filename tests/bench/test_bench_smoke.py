@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -54,6 +55,7 @@ def test_bench_refuses_bad_options_with_one_line(tmp_path, capsys):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow  # two subprocess bench runs
 def test_bench_on_cpu_writes_well_formed_files_and_appends(tmp_path):
     res = _bench_twice(tmp_path, "bench.blocks=[1,2]", "bench.blocks=[1] recipe=fp8")
     assert res.returncode == 0 and res.stdout.count("RC 0") == 2, res.stdout[-1500:] + res.stderr[-2000:]
@@ -84,6 +86,7 @@ def test_bench_on_cpu_writes_well_formed_files_and_appends(tmp_path):
         assert not png.exists() and "matplotlib is not installed" in res.stdout
 
 
+@pytest.mark.slow
 def test_bench_times_a_cpu_backend_standalone_and_after_a_forward(tmp_path):
     """SDPA runs on the CPU, so the standalone columns are filled: back to back and after a plan forward."""
     res = _bench_twice(tmp_path, "bench.blocks=[1] levers.attention=sdpa")

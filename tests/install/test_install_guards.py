@@ -135,6 +135,7 @@ def test_each_block_lever_alone_is_bitwise(lever):
     assert counters()[f"{lever}.fused"] > 0 and f"{lever}.fallback" not in counters()
 
 
+@pytest.mark.slow  # the FP8 fused kernel in the interpreter at every block
 def test_fused_fp8_codes_fall_back_to_diffusers_attention_when_cudnn_cannot_run():
     """qk_norm_rope=fused_fp8 runs its kernel; cudnn_fp8 cannot run on the CPU, so the codes are
     dequantised (code * descale) and diffusers' attention runs, counted with cuDNN's reason. Tolerance:

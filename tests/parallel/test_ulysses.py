@@ -36,6 +36,7 @@ PARAMS = [pytest.param(u, name, id=f"U{u}-{name}")
           for name, (worlds, _) in C.CASES.items() for u in WORLDS if u in worlds]
 
 
+@pytest.mark.slow  # multi-process gloo worlds
 @pytest.mark.parametrize("world_size,name", PARAMS)
 def test_ulysses_case(world_size, name):
     res = _results(world_size)
