@@ -1,0 +1,420 @@
+"""Peak GPU memory per rank of one MiniMax-H3 request under a plan: weights, activations, VAE decode.
+
+`estimate(sections, shape, settings)` counts, from the model dims, what is live at the two peaks of a
+request and returns GiB per item with the basis of each; `fit(estimate, memory_gb, reserve_fraction)`
+says whether it fits and, when not, which nearest change does (each one re-estimated).
+
+- Weights: diffusers' dtypes (bf16 blocks; proj_in/out, audio heads and the timestep MLP float32:
+  `_keep_in_fp32_modules`). gemm_quant fp8: the six block linears 1 byte + a float32 scale per output
+  channel; nvfp4: 0.5 byte + an e4m3 scale per 16 weights + a float32 global scale. Quantised at install
+  (the checkpoint is not in that format) the installer keeps the bf16 originals for uninstall: both count.
+- Denoise step (no_grad, per rank, L = ceil(S/U) rows): the residual stream plus the larger of the
+  attention phase and the FFN phase of one block forward, and the full-S tensors outside the stack
+  (every rank embeds and gathers the whole sequence). Counted as diffusers' eager code keeps them alive
+  (the basis lists each tensor); not yet calibrated on a GPU (tests/gpu/test_memory_gpu.py measures it).
+- VAE decode (h3plan's setup: FP16 autocast, no_grad): weights (float32 as released), the float16
+  copies of vae_ops and an autocast weight cache where they exist, one CUDA-graph pool per tile shape,
+  and the decode's own peak: the decoded chunks and their final torch.cat, or the last clip's tiles
+  being stitched; then diffusers' MiniMaxH3VideoDecodeStep postprocess (float32 copies). Calibrated on
+  the H200 anchors (DESIGN.md, benchmarks/results/vae-h200.md): within 10% for one decode, within 3% when
+  the harness's previous output (alive during its timed decode) is added.
+Not counted: the CUDA context, cuBLAS/NCCL workspaces, allocator fragmentation (reserve_fraction covers
+them), attention LSE buffers (B x H x S float32), the audio decode; the text encoder is not resident
+(prompt_embeds given). Torch-free.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .errors import ConfigError
+from .request import VideoRequest, pipeline_defaults, request_from, tokens, vae_geometry
+from .request import diffusers_kwargs as _dc
+
+GiB = 2**30
+TRANSFORMER_FP32 = ("proj_in", "audio_proj_in", "time_embedder", "proj_out", "audio_proj_out")  # _keep_in_fp32_modules
+QUANT_BYTES = {"fp8": "1 byte + a float32 scale per output channel", "nvfp4": "0.5 byte + an e4m3 scale per 16 + a float32 global"}
+OFFLOAD = ("none", "model")
+VAE_DTYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass
+class MemoryConfig:
+    """The optional `memory` section: how the pipeline holds its models (estimate's assumptions)."""
+
+    offload: str = "none"
+    """none: transformer, VAE and audio VAE all stay on the GPU (pipe.to('cuda')); model: one model on the
+    GPU at a time (enable_model_cpu_offload: the transformer while denoising, the VAEs while decoding)."""
+    vae_dtype: str = "fp32"
+    """The VAEs' weight dtype: fp32 as released; bf16/fp16 keep diffusers' _keep_in_fp32_modules in fp32."""
+    autocast_weight_cache: bool = False
+    """VAE parameters require grad, so FP16 autocast caches float16 casts of the decoder linears during a
+    decode (the DESIGN.md eager anchor's setup); false: requires_grad_(False), as h3plan's README does."""
+    max_ulysses: int = 8
+    """fit: the largest Ulysses degree it suggests (one NVLink node)."""
+
+
+def _setting(settings: Mapping[str, Any], lever: str, default: str) -> str:
+    v = settings.get(lever, default)
+    return str(getattr(v, "setting", v))
+
+
+def transformer_params(dc: Mapping[str, Any]) -> dict[str, int]:
+    """Parameter counts of MiniMaxH3Transformer3DModel by what their dtype follows."""
+    h, heads, d, f = dc["hidden_size"], dc["num_attention_heads"], dc["attention_head_dim"], dc["ffn_dim"]
+    inner, ted, n, r = heads * d, dc["time_embed_dim"], dc["num_layers"], dc["num_refiner_layers"]
+    vpd = dc["in_channels"] * math.prod(dc["patch_size"])
+    lin = 3 * h * inner + inner * h + h * 2 * f + f * h
+    norms = 2 * h + 2 * d
+    fp32 = ((vpd + 1) * h + (dc["audio_in_channels"] + 1) * h + dc["freq_dim"] * dc["time_embed_hidden_dim"]
+            + dc["time_embed_hidden_dim"] + dc["time_embed_hidden_dim"] * ted + ted + (h + 1) * vpd + (h + 1) * dc["audio_in_channels"])
+    rest = (n * (norms + (ted + 1) * 18 * h) + r * (lin + norms) + h
+            + (dc["text_dim"] + 1) * h + h + (ted + 1) * 2 * h)
+    return {"block_linears": n * lin, "block_linear_rows": n * (3 * inner + 2 * h + 2 * f), "bf16_other": rest, "fp32": fp32}
+
+
+def vae_params(vae_dc: Mapping[str, Any]) -> dict[str, int]:
+    """Parameter counts of AutoencoderKLMiniMaxH3: decoder block linears, the float32-kept part, the rest."""
+    v = vae_dc
+    c, lat, k3 = list(v["block_out_channels"]), v["latent_channels"], 27
+    enc = v["in_channels"] * c[0] * k3 + c[0]
+    ins = [c[0]] + c[:-1]
+    for i, cout in enumerate(c):
+        for j in range(v["layers_per_block"]):
+            cin = ins[i] if j == 0 else cout
+            enc += 2 * cin + cin * cout * k3 + cout + 2 * cout + cout * cout * k3 + cout + (cin * cout + cout if cin != cout else 0)
+        if v["temporal_downsample_factors"][i] * v["spatial_downsample_factors"][i] > 1:
+            enc += cout * cout * k3 + cout
+    enc += 2 * c[-1] + c[-1] * 2 * lat * k3 + 2 * lat
+    quant = 2 * lat * 2 * lat + 2 * lat
+    dim = v["decoder_num_attention_heads"] * v["decoder_attention_head_dim"]
+    ffi = dim * v["decoder_ffn_mult"]
+    n = v["decoder_num_layers"]
+    linears = n * (4 * (dim * dim + dim) + dim * 2 * ffi + 2 * ffi + ffi * dim + dim)
+    g = vae_geometry(v)
+    pix = v["out_channels"] * g["temporal"] * g["spatial"] ** 2
+    kept = enc + quant + n * 4 * dim + 2 * dim  # encoder, quant_conv, norm1/norm2/scale1/scale2, norm_out
+    rest = lat * lat + lat + (lat + 1) * dim + v["decoder_num_register_tokens"] * dim + (dim + 1) * pix
+    return {"decoder_linears": linears, "fp32_kept": kept, "other": rest, "dim": dim, "ffn_inner": ffi, "pixels_per_token": pix}
+
+
+def split_tiles(length: int, tile: int, min_overlap: int, step: int) -> tuple[int, int]:
+    """AutoencoderKLMiniMaxH3._split_tiles: (number of tiles, tile length) over `length` pixels."""
+    if tile >= length:
+        return 1, length
+    n = math.ceil(length / tile)
+    while tile * n - min_overlap * (n - 1) - length < 0:
+        n += 1
+    return n, tile
+
+
+def decoded_frames(latent_frames: int, g: Mapping[str, int]) -> int:
+    """Pixel frames AutoencoderKLMiniMaxH3._decode returns for `latent_frames` latent frames."""
+    chunk, drop, t, pre = g["tokens_chunk_size"], g["token_drop"], g["temporal"], g["frame_pre_padding"]
+    num_tokens = latent_frames + drop
+    pad = (-num_tokens) % chunk
+    chunks = (num_tokens + pad) // chunk - int(drop > 0)
+    clip_px = (chunk + g["token_overlap"]) * t
+    frames = chunks * (chunk * t - pre) + (max(min(clip_px, 2 * chunk * t) - chunk * t - pre, 0) if drop > 0 else 0)
+    tail = g["clip_length"] % t
+    frames -= sum(tail if tail and (latent_frames + k) % chunk == 0 else t for k in range(pad))
+    return frames
+
+
+def vae_decode(vae_dc, latent_frames: int, latent_h: int, latent_w: int, tile: Mapping[str, Any], *, batch: int = 1,
+               fused: bool = False, fp16_weights: bool = True) -> dict[str, Any]:
+    """Bytes of one `vae.decode` under FP16 autocast at these latents and tile geometry (pixels; frames:
+    diffusers' temporal chunks of tokens_chunk_size + token_overlap latent frames, the only ones it has).
+    fused: vae_ops's fused SwiGLU (no silu temporary); fp16_weights: no per-call autocast weight casts."""
+    g, p = vae_geometry(vae_dc), vae_params(vae_dc)
+    ratio, dim, ffi = g["spatial"], p["dim"], p["ffn_inner"]
+    H, W = latent_h * ratio, latent_w * ratio
+    ov = tile.get("overlap") or 0
+    ny, th = split_tiles(H, tile.get("height") or H, ov, ratio)
+    nx, tw = split_tiles(W, tile.get("width") or W, ov, ratio)
+    clip_lat = g["tokens_chunk_size"] + (g["token_overlap"] if g["token_drop"] > 0 else 0)
+    clip_px = clip_lat * g["temporal"]
+    T = clip_lat * (th // ratio) * (tw // ratio) + vae_dc["decoder_num_register_tokens"] + 1
+    # One decoder call, FFN moment of the heaviest block: fp32 residual, fp16 normed input, proj (2F),
+    # silu(gate) (F, eager only), product (F); proj_out's output and its contiguous permute.
+    per_token = 4 * dim + 2 * dim + 2 * 2 * ffi + (0 if fused else 2 * ffi) + 2 * ffi
+    cast = 0 if fp16_weights else 2 * (dim * 2 * ffi + 2 * ffi)  # autocast's float16 cast of ff.net.0.proj
+    call = batch * (T * per_token + 2 * T * p["pixels_per_token"] * 2) + cast
+    frames = decoded_frames(latent_frames, g)
+    px = batch * 3 * H * W * 2  # one fp16 frame of video
+    out, clip_out, tiles = frames * px, clip_px * px, ny * nx * batch * 3 * clip_px * th * tw * 2
+    final_cat, stitch = 2 * out + clip_out, out + tiles + 2 * clip_out + call
+    return {"call": call, "tokens_per_call": T, "tiles": (ny, nx), "tile_px": (th, tw), "frames": frames, "clip_frames": clip_px,
+            "output": out, "peak": max(final_cat, stitch), "peak_at": "final torch.cat" if final_cat >= stitch else "last clip's stitching",
+            "postprocess": 5 * out}
+
+
+def _gib(b: float) -> float:
+    return round(b / GiB, 3)
+
+
+def _geometry(sections) -> tuple[dict, str]:
+    video = sections.get("video")
+    if video is not None:
+        par = sections.get("parallel") or {}
+        return tokens(request_from(video, par.get("batch") or 1), sections["model"], sections["vae"], sections.get("pipeline")), f"video={video.get('name', 'custom')}"
+    t = tokens(VideoRequest(text_tokens=1), sections["model"], sections["vae"], sections.get("pipeline"))
+    return t, "no video section: the pipeline's default request (768x1344, 124 frames)"
+
+
+def _options(sections) -> dict[str, Any]:
+    m = {**MemoryConfig().__dict__, **(sections.get("memory") or {})}
+    if m["offload"] not in OFFLOAD:
+        raise ConfigError(f"memory.offload={m['offload']}", f"allowed: {', '.join(OFFLOAD)}")
+    if m["vae_dtype"] not in VAE_DTYPES:
+        raise ConfigError(f"memory.vae_dtype={m['vae_dtype']}", f"allowed: {', '.join(VAE_DTYPES)}")
+    return m
+
+
+def _shape(shape: Mapping[str, Any]) -> tuple[int, int, int, int]:
+    s, u, b = int(shape["seq_len"]), int(shape.get("ulysses_degree", 1)), int(shape.get("batch", 1))
+    local = int(shape.get("local_rows") or -(-s // u))
+    return s, u, b, local
+
+
+class _Items:
+    """GiB per item and its basis, in the order they were counted."""
+
+    def __init__(self):
+        self.gib: dict[str, float] = {}
+        self.basis: dict[str, str] = {}
+
+    def add(self, name: str, nbytes: float, why: str) -> None:
+        self.gib[name], self.basis[name] = _gib(nbytes), why
+
+
+def _weights(it: _Items, sections, settings, opts) -> None:
+    dc, vdc = _dc(sections["model"]), _dc(sections["vae"])
+    pipe = sections.get("pipeline") or pipeline_defaults()
+    tp = transformer_params(dc)
+    gq = _setting(settings, "gemm_quant", "bf16")
+    checkpoint = (sections.get("recipe") or {}).get("checkpoint", gq)
+    base = 2 * (tp["block_linears"] + tp["bf16_other"]) + 4 * tp["fp32"]
+    quant = {"fp8": tp["block_linears"] + 4 * tp["block_linear_rows"],
+             "nvfp4": tp["block_linears"] // 2 + tp["block_linears"] // 16 + 4 * 6 * dc["num_layers"]}.get(gq)
+    if quant is not None and checkpoint == gq:
+        it.add("transformer_weights", base - 2 * tp["block_linears"] + quant,
+               f"{gq} checkpoint: {tp['block_linears']:,} block-linear weights at {QUANT_BYTES[gq]}; {tp['bf16_other']:,} other bf16, "
+               f"{tp['fp32']:,} float32 ({', '.join(TRANSFORMER_FP32)})")
+    else:
+        it.add("transformer_weights", base, f"{tp['block_linears'] + tp['bf16_other']:,} bf16 + {tp['fp32']:,} float32 parameters "
+                                            f"({', '.join(TRANSFORMER_FP32)}: _keep_in_fp32_modules)")
+        if quant is not None:
+            it.add("transformer_quant_copies", quant, f"gemm_quant={gq} quantised at install from the {checkpoint} checkpoint: "
+                                                      f"{QUANT_BYTES[gq]} per block-linear weight beside the kept bf16 originals (uninstall)")
+    vb, vp = VAE_DTYPES[opts["vae_dtype"]], vae_params(vdc)
+    it.add("vae_weights", 4 * vp["fp32_kept"] + vb * (vp["decoder_linears"] + vp["other"]),
+           f"AutoencoderKLMiniMaxH3 {vp['decoder_linears'] + vp['fp32_kept'] + vp['other']:,} parameters, {opts['vae_dtype']}"
+           + ("" if vb == 4 else " (encoder, quant_conv, norms and scales kept float32)"))
+    it.add("audio_vae_weights", vb * pipe["audio_vae"]["params"],
+           f"AutoencoderKLMiniMaxH3Audio {pipe['audio_vae']['params']:,} parameters, {opts['vae_dtype']}")
+    it.add("text_encoder", 0, "not resident: prompt_embeds given (Qwen3-VL runs before, or elsewhere)")
+    if _setting(settings, "vae_ops", "eager") == "fused" and opts["vae_dtype"] != "fp16":
+        it.add("vae_fp16_copies", 2 * vp["decoder_linears"], f"vae_ops fp16_weights: float16 copies of {vp['decoder_linears']:,} "
+                                                             "decoder-linear weights and biases beside the originals (install/vae.py)")
+
+
+def _block_terms(dc, U: int, settings) -> tuple[list, list]:
+    """(attention-phase, FFN-phase) live tensors of one block forward: (name, bytes per local row)."""
+    h, f, inner = dc["hidden_size"], dc["ffn_dim"], dc["num_attention_heads"] * dc["attention_head_dim"]
+    qkr = _setting(settings, "qk_norm_rope", "eager")
+    ob = 1 if _setting(settings, "attention", "sdpa") == "cudnn_fp8" else 2  # cuDNN FP8 writes FP8 on Hopper
+    att = [("residual", 2 * h), ("modulated norm1", 2 * h), ("q/k/v projections", 3 * 2 * inner)]
+    if U == 1:
+        att += [("eager QK-norm/RoPE temporary", 2 * inner)] if qkr == "eager" else []
+        att += [("q/k/v e4m3 codes", 3 * inner)] if qkr == "fused_fp8" else []
+        att += [("attention output", ob * inner)] + ([("output cast to bf16", 2 * inner)] if ob == 1 else [])
+    else:
+        w = 1 if qkr == "fused_fp8" else 2
+        att += [("all-to-all send (U,3,B,L,H/U,D)", 3 * w * inner), ("all-to-all receive", 3 * w * inner),
+                ("sequence-major q/k/v", 3 * w * inner), ("attention output (U*L rows, H/U heads)", ob * inner)]
+    ffn = [("residual", 2 * h), ("modulated norm2", 2 * h), ("ff proj (2F)", 2 * 2 * f)]
+    ffn += ([] if _setting(settings, "swiglu", "off") == "on" else [("silu(gate) (F)", 2 * f)]) + [("swiglu product (F)", 2 * f)]
+    return att, ffn
+
+
+def _denoise(it: _Items, sections, shape, settings, geo, geo_src) -> None:
+    dc = _dc(sections["model"])
+    S, U, B, L = _shape(shape)
+    h = dc["hidden_size"]
+    vpd, a, rope = dc["in_channels"] * math.prod(dc["patch_size"]), dc["audio_in_channels"], 2 * 3 * dc["rope_freq_dim"]
+    step = (B * S * (3 * 8 + 4 * 8 + 2 * rope * 4 + (vpd + a) * 4) + B * (geo["video_rows"] * vpd + geo["audio_rows"] * a) * 8
+            + B * geo["text_rows"] * dc["text_dim"] * 2)
+    it.add("step_inputs", step, f"per row: position_ids fp64, 4 int64 index/tag rows, RoPE cos/sin ({rope} fp32 each), both heads' "
+                                f"fp32 outputs; latents + velocity fp32 per video/audio row; prompt_embeds bf16 ({geo_src})")
+    att, ffn = _block_terms(dc, U, settings)
+    a_row, f_row = sum(b for _, b in att), sum(b for _, b in ffn)
+    which, row, listed = ("attention", a_row, att) if a_row >= f_row else ("FFN", f_row, ffn)
+    it.add("block_activations", B * L * row,
+           f"one block forward, {which} phase at {B} x {L:,} rows per rank (U={U}): " + " + ".join(f"{n} {b:,}" for n, b in listed)
+           + f" bytes per row (the other phase {min(a_row, f_row):,}; diffusers' eager liveness)")
+    it.add("stack_boundary", 10 * B * S * h, f"full S={S:,} on every rank outside the block stack: fp32 input projections + bf16 casts "
+                                             "+ the packed buffer and its index_copy, or the gathered stream + norm_out + the fp32 cast "
+                                             f"for the heads: 10 bytes per element of (B, S, {h})")
+
+
+def _decode(it: _Items, sections, settings, opts, geo, geo_src, B: int) -> None:
+    vdc = _dc(sections["vae"])
+    tile_name = {"fp8_tiles": "fp8_tile", "custom": "custom_tile"}.get(_setting(settings, "vae_tiles", "default"), "default_tile")
+    tile = sections["vae"].get(tile_name) or {"height": 256, "width": 256, "overlap": 64}
+    fused = _setting(settings, "vae_ops", "eager") == "fused"
+    fp16_w = "vae_fp16_copies" in it.gib or opts["vae_dtype"] == "fp16"
+    d = vae_decode(vdc, geo["latent_frames"], geo["latent_height"], geo["latent_width"], tile, batch=B, fused=fused, fp16_weights=fp16_w)
+    th, tw = d["tile_px"]
+    if _setting(settings, "vae_graphs", "off") == "on":
+        it.add("vae_graph_pools", d["call"], f"vae_graphs: one CUDA-graph pool per tile shape (1 here, {th}x{tw} px), the size of one "
+                                             "decoder call's activations; held between decodes")
+    if opts["autocast_weight_cache"] and opts["vae_dtype"] == "fp32" and not fp16_w:
+        it.add("vae_autocast_cache", 2 * vae_params(vdc)["decoder_linears"], "FP16 autocast caches float16 casts of the decoder "
+                                                                             "linears of a requires-grad VAE during the decode")
+    it.add("vae_decode", d["peak"], f"vae.decode of [{B}, {vdc['latent_channels']}, {geo['latent_frames']}, {geo['latent_height']}, "
+                                    f"{geo['latent_width']}] -> {d['frames']} frames fp16: peak at the {d['peak_at']} (2 x output + "
+                                    f"one {d['clip_frames']}-frame clip, or output + {d['tiles'][0]}x{d['tiles'][1]} tiles of "
+                                    f"{th}x{tw} px + 2 clips + one decoder call of {d['tokens_per_call']:,} tokens); "
+                                    f"H200 anchors: within 10% for one decode ({geo_src})")
+    it.add("video_postprocess", d["postprocess"], "MiniMaxH3VideoDecodeStep: (video.float() * std + mean).clamp(0, 1): the fp16 "
+                                                  "video + two float32 temporaries, 10 bytes per output element")
+
+
+def estimate(sections: Mapping[str, Any], shape: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Peak GiB per GPU. sections: plain config sections (model, vae; optional recipe, hardware, video,
+    pipeline, memory); shape: derive.shape's numbers (seq_len, ulysses_degree, batch[, local_rows]);
+    settings: lever -> setting (or Decision). Returns peak_gib, peak_phase, phases, breakdown (GiB per
+    item), basis (per item), summary and the inputs fit() re-estimates from."""
+    opts = _options(sections)
+    geo, geo_src = _geometry(sections)
+    it = _Items()
+    _weights(it, sections, settings, opts)
+    _denoise(it, sections, shape, settings, geo, geo_src)
+    _decode(it, sections, settings, opts, geo, geo_src, _shape(shape)[2])
+    g = it.gib
+    vae_res = ["vae_weights", "audio_vae_weights"] + [k for k in ("vae_fp16_copies", "vae_graph_pools") if k in g]
+    tr_res = ["transformer_weights"] + [k for k in ("transformer_quant_copies",) if k in g]
+    both = opts["offload"] == "none"
+    denoise = tr_res + (vae_res if both else []) + ["step_inputs", max(("block_activations", "stack_boundary"), key=g.get)]
+    decode = (vae_res + (tr_res if both else []) + [k for k in ("vae_autocast_cache",) if k in g]
+              + [max(("vae_decode", "video_postprocess"), key=g.get)])
+    phases = {name: {"gib": round(sum(g[k] for k in keys), 3), "items": keys} for name, keys in (("denoise", denoise), ("decode", decode))}
+    peak_phase = max(phases, key=lambda k: phases[k]["gib"])
+    return {
+        "peak_gib": phases[peak_phase]["gib"], "peak_phase": peak_phase, "phases": phases, "breakdown": g, "basis": it.basis,
+        "summary": (f"peak = the larger phase ({peak_phase}); offload={opts['offload']}: "
+                    + ("every model stays resident in both phases" if both else "the transformer while denoising, the VAEs while decoding")),
+        "inputs": {"sections": copy.deepcopy(dict(sections)), "shape": dict(shape),
+                   "settings": {k: str(getattr(v, "setting", v)) for k, v in settings.items()}},
+    }
+
+
+# ---- fit ---------------------------------------------------------------------------------------------
+
+
+def _reshape(shape, seq_len=None, degree=None) -> dict[str, Any]:
+    s = dict(shape)
+    S, U = int(seq_len or s["seq_len"]), int(degree or s.get("ulysses_degree", 1))
+    padded = -(-S // U) * U
+    s.update(seq_len=S, ulysses_degree=U, padded_len=padded, local_rows=padded // U)
+    return s
+
+
+def _again(est, *, sections=None, shape=None, settings=None) -> dict[str, Any]:
+    i = est["inputs"]
+    return estimate(sections or i["sections"], shape or i["shape"], settings or i["settings"])
+
+
+def _candidates(est, usable: float) -> list[tuple[str, dict]]:
+    """(change, re-estimate) for each kind of change that fits, in order of least change: more Ulysses
+    ranks (the fewest that fit), offload, smaller weights from a checkpoint, a shorter clip."""
+    i = est["inputs"]
+    sec, shp, st = i["sections"], i["shape"], i["settings"]
+    opts, dc = _options(sec), _dc(sec["model"])
+    out = []
+    u = int(shp.get("ulysses_degree", 1))
+    for d in (d for d in range(u + 1, opts["max_ulysses"] + 1) if dc["num_attention_heads"] % d == 0):
+        e = _again(est, shape=_reshape(shp, degree=d))
+        if e["peak_gib"] <= usable:
+            out.append((f"parallel.ulysses={d}", e))
+            break
+    if opts["offload"] == "none":
+        s = copy.deepcopy(sec)
+        s["memory"] = {**(s.get("memory") or {}), "offload": "model"}
+        out.append(("memory.offload=model", _again(est, sections=s)))
+    gemm = (sec.get("hardware") or {}).get("gemm") or {"fp8": True, "nvfp4": False}
+    gq, ck = st.get("gemm_quant", "bf16"), (sec.get("recipe") or {}).get("checkpoint")
+    for fmt in ("nvfp4", "fp8") if gq in ("fp8", "nvfp4") else ("fp8",):
+        if gemm.get(fmt) and not (gq == fmt and ck in (fmt, None)):
+            s = copy.deepcopy(sec)
+            s["recipe"] = {**(s.get("recipe") or {}), "checkpoint": fmt}
+            out.append((f"recipe={fmt} ({fmt} checkpoint)", _again(est, sections=s, settings={**st, "gemm_quant": fmt})))
+            break
+    out = [(w, e) for w, e in out if e["peak_gib"] <= usable]
+    shorter = _shorter(est, usable)
+    return out + ([shorter] if shorter is not None else [])
+
+
+def _shorter(est, usable: float):
+    """The longest shorter clip at the same canvas that fits, or the largest seq_len when S was explicit."""
+    i = est["inputs"]
+    sec, shp = i["sections"], i["shape"]
+    video, par = sec.get("video"), sec.get("parallel") or {}
+    if video is not None and par.get("seq_len") is None:
+        pipe = sec.get("pipeline") or pipeline_defaults()
+        clip = vae_geometry(sec["vae"])["clip_length"]
+        frames = tokens(request_from(video), sec["model"], sec["vae"], pipe)["frames"]
+        for fr in range(frames - clip, 0, -clip):
+            if fr / pipe["fps"] < pipe["min_seconds"]:
+                break
+            s = copy.deepcopy(sec)
+            s["video"] = {**video, "frames": fr, "seconds": None}
+            S = tokens(request_from(s["video"]), sec["model"], sec["vae"], pipe)["seq_len"]
+            e = _again(est, sections=s, shape=_reshape(shp, seq_len=S))
+            if e["peak_gib"] <= usable:
+                return f"video.frames={fr} ({fr / pipe['fps']:.2f} s, S={S:,})", e
+        return None
+    lo, hi, best = 1, int(shp["seq_len"]) - 1, None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        e = _again(est, shape=_reshape(shp, seq_len=mid))
+        if e["peak_gib"] <= usable:
+            best, lo = (mid, e), mid + 1
+        else:
+            hi = mid - 1
+    return None if best is None else (f"parallel.seq_len<={best[0]:,}", best[1])
+
+
+def fit(est: Mapping[str, Any], hardware_memory_gb: float, reserve_fraction: float) -> str | None:
+    """None when the estimate fits hardware_memory_gb (vendor GB, 1e9 bytes) less reserve_fraction;
+    otherwise one line: the peak against the usable size, its largest items, and the nearest change that
+    fits (more Ulysses ranks that divide the heads, offload, smaller weights, a shorter clip), each
+    re-estimated."""
+    if not hardware_memory_gb or hardware_memory_gb <= 0:
+        raise ConfigError(f"hardware.device.memory_gb={hardware_memory_gb}", "must be a positive number of GB")
+    if not 0 <= reserve_fraction < 1:
+        raise ConfigError(f"reserve_fraction={reserve_fraction}", "must be in [0, 1)")
+    usable = hardware_memory_gb * 1e9 / GiB * (1 - reserve_fraction)
+    if est["peak_gib"] <= usable:
+        return None
+    ph = est["phases"][est["peak_phase"]]
+    top = sorted(ph["items"], key=lambda k: -est["breakdown"][k])[:3]
+    largest = ", ".join(f"{k} {est['breakdown'][k]:.1f}" for k in top)
+    doing = "denoising" if est["peak_phase"] == "denoise" else "decoding"
+    head = (f"peak {est['peak_gib']:.1f} GiB while {doing} ({largest}) > {usable:.1f} GiB usable "
+            f"({hardware_memory_gb:g} GB x (1 - {reserve_fraction:g}))")
+    fits = _candidates(est, usable)
+    if not fits:
+        return head + "; nothing tried fits (more Ulysses ranks, offload=model, smaller weights, a shorter clip)"
+    (what, e), rest = fits[0], fits[1:]
+    line = f"{head}; nearest fit: {what} ({e['peak_gib']:.1f} GiB)"
+    if rest:
+        line += "; also: " + ", ".join(f"{w} ({x['peak_gib']:.1f} GiB)" for w, x in rest)
+    return line
+
+
+__all__ = ["MemoryConfig", "estimate", "fit", "transformer_params", "vae_params", "vae_decode", "decoded_frames", "split_tiles"]

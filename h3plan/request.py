@@ -1,0 +1,308 @@
+"""A video request -> the packed sequence MiniMax-H3's transformer sees (text + audio + video rows).
+
+Scope: diffusers 0.42.1's `t2va` workflow (text only; keyframe and reference conditioning rows of
+`fl2va` / `ref2va` are not planned). Each step mirrors diffusers' own arithmetic, named where it is used:
+
+1. canvas: no height/width -> `resolve_canvas_size(16, 9, canvas_multiple, short_edge, max_pixels)`;
+   given ones must be multiples of `MiniMaxH3ModularPipeline.canvas_multiple` = VAE spatial compression
+   x transformer patch width (32 for the released checkpoint), as `MiniMaxH3PrepareLayoutStep` checks.
+2. frames: `seconds` becomes round(seconds * fps) frames (the rounding diffusers' docs prescribe for a
+   soundtrack's length); `align_num_frames` snaps up to `clip_length * n + tokens_chunk_size`
+   (17n+5), and the aligned duration must lie in [min_duration, max_duration] (5-15 s at 24 fps).
+3. latents: `video_latent_num_frames` = (frames - tokens_chunk_size) // clip_length *
+   tokens_chunk_size + 2; that 2 is tokens_chunk_size - token_drop of the VAE's `_encode` (checked);
+   latent height/width = pixels // spatial compression; `audio_latent_num_frames` =
+   int(round(frames / fps * 40)).
+4. rows (`MiniMaxH3PrepareLayoutStep.build_packed_sequence`): video = latent frames x (latent_h //
+   patch_h) x (latent_w // patch_w); audio = audio latents x 2 channels; text = the prompt's tokens
+   (`MiniMaxH3TextEncoderStep`: no template, no special tokens); S = text + audio + video. The
+   transformer adds no register tokens and no padding (its docstring: "the packed sequence carries no
+   padding"); the VAE decoder's 4 register tokens + 1 and `token_drop` only reach S through step 3.
+
+`audio=False` plans the transformer without audio rows (it takes an empty `audio_indices`); diffusers'
+`t2va` pipeline itself always generates the stereo soundtrack. Steps: `num_inference_steps` (50 by
+default) sigma points drive 49 transformer forwards (`MiniMaxH3Scheduler.set_timesteps`: the terminal
+0 is one of the points). Torch-free; bad requests raise ConfigError naming the key.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, List, Mapping, Optional
+
+from .errors import ConfigError
+
+PIPELINE_YAML = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf", "pipeline", "h3.yaml")
+
+
+@dataclass(frozen=True)
+class VideoRequest:
+    """One `t2va` request (None: the pipeline's default)."""
+
+    height: Optional[int] = None
+    """Pixels, a multiple of the canvas multiple (32); None with width None: the 16:9 default canvas."""
+    width: Optional[int] = None
+    """Pixels, as height."""
+    seconds: Optional[float] = None
+    """Clip length; becomes round(seconds * fps) frames, then aligned. None: `frames` (or the default)."""
+    frames: Optional[int] = None
+    """Frames asked for; aligned up to clip_length * n + tokens_chunk_size. Set with `seconds`, both must align alike."""
+    fps: Optional[float] = None
+    """Must be the pipeline's fixed rate (24); None: that rate."""
+    audio: bool = True
+    """False: no audio rows (transformer-only shape; diffusers' pipeline always generates audio)."""
+    text_tokens: Optional[int] = None
+    """Rows of prompt_embeds: the prompt's Qwen tokens (no chat template, no special tokens)."""
+    batch: int = 1
+    """Sequences per transformer call; every item shares the layout (diffusers' pipeline runs 1)."""
+
+
+@dataclass
+class VideoConfig:
+    """The `video` config group (Hydra structured node); the same fields as VideoRequest, less batch
+    (parallel.batch holds it)."""
+
+    name: str = "custom"
+    height: Optional[int] = None
+    """Pixels, a multiple of 32; null with width null: the pipeline's 16:9 canvas (768 x 1344)."""
+    width: Optional[int] = None
+    """Pixels, a multiple of 32."""
+    seconds: Optional[float] = None
+    """Clip length in seconds (frames = round(seconds * fps), aligned up to 17n+5); null: frames."""
+    frames: Optional[int] = None
+    """Frame count (aligned up to 17n+5); null: seconds, or the pipeline's default 124."""
+    fps: Optional[float] = None
+    """The pipeline's fixed 24 fps; anything else is refused. null: 24."""
+    audio: bool = True
+    """Generate the stereo soundtrack (false: a transformer-only shape without audio rows)."""
+    text_tokens: Optional[int] = None
+    """Prompt length in tokens (rows of prompt_embeds); required when S comes from the request."""
+    source: Optional[str] = None
+
+
+@dataclass
+class CanvasFacts:
+    short_edge: int = 768
+    max_pixels: int = 1032192
+    aspect: List[int] = field(default_factory=lambda: [16, 9])
+
+
+@dataclass
+class AudioFacts:
+    latents_per_second: int = 40
+    channels: int = 2
+
+
+@dataclass
+class AudioVaeFacts:
+    params: int = 151321489
+    sampling_rate: int = 32000
+    hop_length: int = 800
+
+
+@dataclass
+class PipelineConfig:
+    """The `pipeline` config group: diffusers MiniMaxH3ModularPipeline facts (conf/pipeline/h3.yaml holds
+    the values and their sources; these defaults only type the node)."""
+
+    name: str = "h3"
+    fps: float = 24
+    min_seconds: float = 5.0
+    max_seconds: float = 15.0
+    default_num_frames: int = 124
+    num_inference_steps: int = 50
+    canvas: CanvasFacts = field(default_factory=CanvasFacts)
+    audio: AudioFacts = field(default_factory=AudioFacts)
+    audio_vae: AudioVaeFacts = field(default_factory=AudioVaeFacts)
+    source: Optional[str] = None
+
+
+def pipeline_defaults() -> dict[str, Any]:
+    """conf/pipeline/h3.yaml as a plain dict (for callers whose sections have no `pipeline`)."""
+    import yaml
+
+    with open(PIPELINE_YAML) as f:
+        return yaml.safe_load(f)
+
+
+def diffusers_kwargs(section: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A config section (with `diffusers_config`) or the diffusers kwargs themselves."""
+    return section["diffusers_config"] if "diffusers_config" in section else section
+
+
+def vae_geometry(vae_cfg: Mapping[str, Any]) -> dict[str, int]:
+    """AutoencoderKLMiniMaxH3.__init__'s derived chunking: compression ratios, tokens_chunk_size, overlaps."""
+    v = diffusers_kwargs(vae_cfg)
+    spatial, temporal = math.prod(v["spatial_downsample_factors"]), math.prod(v["temporal_downsample_factors"])
+    clip, drop = v["clip_length"], v["token_drop"]
+    chunk = math.ceil(clip / temporal)
+    return {"spatial": spatial, "temporal": temporal, "clip_length": clip, "token_drop": drop,
+            "tokens_chunk_size": chunk, "token_overlap": (-drop) % chunk, "frame_pre_padding": (-clip) % temporal}
+
+
+def align_frames(frames: int, clip_length: int, chunk: int) -> int:
+    """diffusers `align_num_frames`: the next count of the form clip_length * n + chunk."""
+    return frames + (chunk - frames) % clip_length
+
+
+def _positive(key: str, value, kind=int) -> None:
+    """None passes (the default applies); otherwise a positive int (kind int) or finite number."""
+    if value is None:
+        return
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not number or value <= 0 or (kind is int and not float(value).is_integer()):
+        raise ConfigError(f"{key}={value}", f"must be a positive {'integer' if kind is int else 'number'}")
+
+
+def _canvas(req: VideoRequest, multiple: int, pipe: Mapping[str, Any]) -> tuple[int, int, str]:
+    if (req.height is None) != (req.width is None):
+        missing = "video.width" if req.width is None else "video.height"
+        raise ConfigError(missing, "height and width go together (both set, or both null for the default canvas)")
+    if req.height is None:
+        c = pipe["canvas"]
+        ratio = c["aspect"][0] / c["aspect"][1]
+        w, h = (c["short_edge"] * ratio, float(c["short_edge"])) if ratio >= 1 else (float(c["short_edge"]), c["short_edge"] / ratio)
+        if w * h > c["max_pixels"]:
+            s = (c["max_pixels"] / (w * h)) ** 0.5
+            w, h = w * s, h * s
+        height, width = max(multiple, round(h / multiple) * multiple), max(multiple, round(w / multiple) * multiple)
+        return height, width, f"pipeline default canvas: resolve_canvas_size({c['aspect'][0]}, {c['aspect'][1]}, {multiple}, {c['short_edge']}, {c['max_pixels']})"
+    for key, v in (("video.height", req.height), ("video.width", req.width)):
+        _positive(key, v)
+        if v % multiple:
+            raise ConfigError(f"{key}={v}", f"must be a multiple of {multiple} (VAE spatial compression x patch width; "
+                                            f"MiniMaxH3PrepareLayoutStep refuses it); nearest: {max(multiple, round(v / multiple) * multiple)}")
+    return req.height, req.width, f"requested, a multiple of {multiple}"
+
+
+def _frames(req: VideoRequest, fps: float, g: Mapping[str, int], pipe: Mapping[str, Any]) -> tuple[int, int, str]:
+    """(requested frames, aligned frames, key that set them)."""
+    clip, chunk = g["clip_length"], g["tokens_chunk_size"]
+    _positive("video.seconds", req.seconds, float)
+    _positive("video.frames", req.frames)
+    from_seconds = None if req.seconds is None else int(round(req.seconds * fps))
+    if from_seconds is not None and from_seconds < 1:
+        raise ConfigError(f"video.seconds={req.seconds}", f"is under one frame at {fps:g} fps")
+    if from_seconds is not None and req.frames is not None:
+        a, b = align_frames(from_seconds, clip, chunk), align_frames(int(req.frames), clip, chunk)
+        if a != b:
+            raise ConfigError(f"video.frames={req.frames}", f"disagrees with video.seconds={req.seconds} ({from_seconds} frames at "
+                                                           f"{fps:g} fps): they align to {b} and {a} frames; set one of them (the other null)")
+    if req.frames is not None:
+        asked, key = int(req.frames), "video.frames"
+    elif from_seconds is not None:
+        asked, key = from_seconds, "video.seconds"
+    else:
+        asked, key = int(pipe["default_num_frames"]), "pipeline.default_num_frames"
+    aligned = align_frames(asked, clip, chunk)
+    lo, hi = pipe["min_seconds"], pipe["max_seconds"]
+    if not lo <= aligned / fps <= hi:
+        value = req.frames if key == "video.frames" else req.seconds
+        raise ConfigError(f"{key}={value}", f"aligns to {aligned} frames = {aligned / fps:.3f} s at {fps:g} fps; the pipeline generates "
+                                            f"{lo:g}-{hi:g} s, i.e. {clip}n+{chunk} frames from {align_frames(math.ceil(lo * fps), clip, chunk)} "
+                                            f"to {_aligned_max(hi * fps, clip, chunk)}")
+    return asked, aligned, key
+
+
+def _aligned_max(max_frames: float, clip: int, chunk: int) -> int:
+    n = (int(max_frames) - chunk) // clip
+    return clip * n + chunk
+
+
+def tokens(request: VideoRequest, model_cfg: Mapping[str, Any], vae_cfg: Mapping[str, Any],
+           pipeline_cfg: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The packed sequence of one request: rows per modality, S, the geometry behind them, and a basis
+    string per key under "basis". model_cfg / vae_cfg: the `model` / `vae` sections or their
+    `diffusers_config`; pipeline_cfg: the `pipeline` section (None: conf/pipeline/h3.yaml)."""
+    pipe = pipeline_cfg or pipeline_defaults()
+    m, g = diffusers_kwargs(model_cfg), vae_geometry(vae_cfg)
+    pt, ph, pw = m["patch_size"]
+    if pt != 1:
+        raise ConfigError(f"model.diffusers_config.patch_size={list(m['patch_size'])}",
+                          "build_packed_sequence counts latent frames, not temporal patches: diffusers' layout needs patch t = 1")
+    tail = g["tokens_chunk_size"] - g["token_drop"]
+    if tail != 2:
+        raise ConfigError("vae.diffusers_config.token_drop", f"diffusers' video_latent_num_frames adds 2 latent frames, but this VAE's "
+                                                            f"_encode leaves tokens_chunk_size - token_drop = {tail}")
+    fps = pipe["fps"] if request.fps is None else request.fps
+    _positive("video.fps", request.fps, float)
+    if fps != pipe["fps"]:
+        raise ConfigError(f"video.fps={request.fps}", f"MiniMax-H3 generates at {pipe['fps']:g} fps only (MINIMAX_H3_FPS; no fps input)")
+    if request.text_tokens is None:
+        raise ConfigError("video.text_tokens", "required: the prompt's length in tokens (rows of prompt_embeds)")
+    _positive("video.text_tokens", request.text_tokens)
+    _positive("video.batch", request.batch)
+
+    multiple = g["spatial"] * pw
+    height, width, canvas = _canvas(request, multiple, pipe)
+    asked, frames, frames_key = _frames(request, fps, g, pipe)
+    clip, chunk = g["clip_length"], g["tokens_chunk_size"]
+    latent_frames = (frames - chunk) // clip * chunk + tail
+    lh, lw = height // g["spatial"], width // g["spatial"]
+    rows_per_frame = (lh // ph) * (lw // pw)
+    audio_latents = int(round(frames / fps * pipe["audio"]["latents_per_second"])) if request.audio else 0
+    channels = pipe["audio"]["channels"]
+    text, audio, video = int(request.text_tokens), audio_latents * channels, latent_frames * rows_per_frame
+    steps = int(pipe["num_inference_steps"])
+    return {
+        "height": height, "width": width, "frames_requested": asked, "frames": frames, "seconds": frames / fps, "fps": fps,
+        "latent_frames": latent_frames, "latent_height": lh, "latent_width": lw, "rows_per_frame": rows_per_frame,
+        "audio_latents": audio_latents, "text_rows": text, "audio_rows": audio, "video_rows": video,
+        "seq_len": text + audio + video, "batch": int(request.batch),
+        "num_inference_steps": steps, "transformer_forwards": steps - 1,
+        "basis": {
+            "height": canvas, "width": canvas,
+            "frames": f"{frames_key}: {asked} frames aligned up to {clip}n+{chunk} (align_num_frames), "
+                      f"{frames / fps:.3f} s within {pipe['min_seconds']:g}-{pipe['max_seconds']:g} s",
+            "latent_frames": f"video_latent_num_frames: ({frames} - {chunk}) // {clip} * {chunk} + {tail}",
+            "rows_per_frame": f"(latent {lh} // patch {ph}) x (latent {lw} // patch {pw}); latent = pixels // {g['spatial']}",
+            "text_rows": "prompt tokens, no template or special tokens (MiniMaxH3TextEncoderStep)",
+            "audio_rows": (f"audio_latent_num_frames: round({frames} / {fps:g} * {pipe['audio']['latents_per_second']}) = {audio_latents} "
+                           f"latents x {channels} channels" if request.audio else "audio off: no audio rows (transformer-only shape)"),
+            "video_rows": f"{latent_frames} latent frames x {rows_per_frame} rows (build_packed_sequence)",
+            "seq_len": "text + audio + video rows: one packed sequence, no padding, no register tokens",
+            "transformer_forwards": f"MiniMaxH3Scheduler.set_timesteps({steps}): {steps} sigma points, the terminal 0 included, "
+                                    f"drive {steps - 1} forwards (num_inference_steps default {steps}: INPUT_PARAM_TEMPLATES)",
+        },
+    }
+
+
+def request_from(video: Mapping[str, Any], batch: int = 1) -> VideoRequest:
+    """The `video` section (plain dict) as a VideoRequest."""
+    kw = {k: video.get(k) for k in ("height", "width", "seconds", "frames", "fps", "text_tokens")}
+    if video.get("audio") is not None:
+        kw["audio"] = bool(video["audio"])
+    return VideoRequest(**kw, batch=batch)
+
+
+def sequence(sections: Mapping[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """(seq_len, breakdown, basis) for the planner. An explicit parallel.seq_len wins (the breakdown says
+    so and shows what the video request would give); otherwise S comes from `video`. Sections are
+    plain dicts: video (optional), model, vae, parallel, pipeline (optional: conf/pipeline/h3.yaml)."""
+    par, video = sections.get("parallel") or {}, sections.get("video")
+    explicit = par.get("seq_len")
+    derived = None
+    if video is not None:
+        derived = tokens(request_from(video, par.get("batch") or 1), sections["model"], sections["vae"], sections.get("pipeline"))
+    name = (video or {}).get("name", "custom")
+    if explicit is not None:
+        _positive("parallel.seq_len", explicit)
+        breakdown = {"source": "parallel.seq_len", "seq_len": int(explicit)}
+        why = f"parallel.seq_len={explicit} set explicitly: it wins over the video request"
+        if derived is not None:
+            breakdown["video_request_seq_len"] = derived["seq_len"]
+            why += f" (video={name} would give {derived['seq_len']:,})"
+        return int(explicit), breakdown, {"seq_len": why}
+    if derived is None:
+        raise ConfigError("parallel.seq_len", "not set, and no video request to derive it from (set video=<preset> or parallel.seq_len)")
+    basis = dict(derived["basis"])
+    breakdown = {k: v for k, v in derived.items() if k != "basis"}
+    breakdown["source"] = f"video={name}"
+    basis["seq_len"] = f"video={name}: {derived['text_rows']:,} text + {derived['audio_rows']:,} audio + {derived['video_rows']:,} video rows; " + basis["seq_len"]
+    return derived["seq_len"], breakdown, basis
+
+
+__all__ = ["VideoRequest", "VideoConfig", "PipelineConfig", "tokens", "sequence", "request_from", "vae_geometry",
+           "align_frames", "pipeline_defaults", "diffusers_kwargs"]
