@@ -1,6 +1,7 @@
-"""Ulysses sequence parallelism: all-to-all attention, row sharding, traffic sizes.
+"""Sequence parallelism: Ulysses (all-to-all attention), ring x Ulysses, row sharding, traffic sizes.
 
-The size helpers (sizes.py) are torch-free; the rest imports torch on first use.
+The size and ring-planning helpers (sizes.py, ring_plan.py) are torch-free; the rest imports torch
+on first use.
 """
 
 from .sizes import a2a_bytes, padded_len, shard_len, valid_rows
@@ -12,6 +13,11 @@ _LAZY = {
     "gather_rows": ".comm",
     "amax_allreduce_hook": ".comm",
     "degree_rank": ".comm",
+    "RingAttention": ".ring",
+    "RingUlysses": ".ring",
+    "ring_ulysses_groups": ".ring",
+    "attention_with_lse": ".lse",
+    "pick_lse_backend": ".lse",
 }
 
 __all__ = ["a2a_bytes", "padded_len", "shard_len", "valid_rows", *_LAZY]
