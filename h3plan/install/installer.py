@@ -150,9 +150,31 @@ def _quantize(model, builder, state) -> None:
             setattr(parent, name, new)
             state.undo.append(lambda p=parent, n=name, o=old: setattr(p, n, o))
             _swap(state.report, lever, f"transformer_blocks.{i}.{path}", type(old).__name__, type(new).__name__)
+    if fmt == "fp8" and params.get("input_scales") == "static":
+        _static_inputs(model, params, state)
     if fmt == "nvfp4":
         state.report.notes.append("gemm_quant=nvfp4: the NVFP4 GEMM needs SM100+ and never ran on hardware; "
                                   "off Blackwell every call runs the counted emulation")
+
+
+def _static_inputs(model, params, state) -> None:
+    """gemm_quant=fp8 with a calibrated table (params input_scales=static): every FP8 block linear quantises its
+    input with the table's amax * margin (h3plan.scale_table), one pass and no amax, instead of dynamically."""
+    from h3plan.quant import BLOCK_LINEARS
+    from h3plan.quant.fp8 import FP8Linear
+    from h3plan.scale_table import linear_amax, load_table
+
+    table, margin, n = load_table(params["scale_table"], model_config=model.config), float(params["scale_margin"]), 0
+    for i, block in enumerate(model.transformer_blocks):
+        for path in BLOCK_LINEARS:
+            lin = block.get_submodule(path)
+            if isinstance(lin, FP8Linear):
+                prev = lin.input_amax
+                lin.set_static_input(linear_amax(table, f"transformer_blocks.{i}.{path}"), margin)
+                state.undo.append(lambda m=lin, p=prev: setattr(m, "input_amax", p))
+                n += 1
+    state.report.notes.append(f"gemm_quant: {n} FP8 linears quantise their input with static scales from "
+                              f"{params['scale_table']} (margin {margin:g})")
 
 
 def _sequence_amax(model, shard, state) -> None:

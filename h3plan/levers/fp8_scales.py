@@ -85,7 +85,7 @@ def _check_table(ctx: Context) -> None:
         from h3plan.scale_table import ScaleTableError, load
 
         try:
-            load(path)
+            load(path, model_config=ctx.model["diffusers_config"])  # a table of another model is refused
         except ScaleTableError as e:
             from .base import LeverError
 

@@ -54,10 +54,22 @@ def auto(ctx: Context):
     return ck, [f"recipe {name}: the block linears run as {ck} GEMMs ({ctx.hardware['gemm']['source']})", ctx.budget_text()], params(ctx, ck)
 
 
+def _static_inputs(ctx: Context) -> bool:
+    """FP8 linears take static input scales only when the recipe fixes static scales and the table has linear
+    rows (a version-1 table does not); a bad table is fp8_scales' error to report."""
+    from h3plan.scale_table import has_linears
+
+    return ctx.recipe["fp8_scale_mode"] == "static" and has_linears(ctx.recipe["fp8_static_table"])
+
+
 def params(ctx: Context, s: str) -> dict:
     if s in ("fp8", "nvfp4"):
         weights = "checkpoint" if ctx.recipe["checkpoint"] == s else "quantized once at install"
-        return {"linears": LINEARS, "weights": weights, "activations": "per tensor"}
+        p = {"linears": LINEARS, "weights": weights, "activations": "per tensor"}
+        if s == "fp8" and _static_inputs(ctx):
+            p.update(activations="per tensor, static amax from recipe.fp8_static_table (one pass)", input_scales="static",
+                     scale_table=ctx.recipe["fp8_static_table"], scale_margin=float(ctx.recipe["fp8_static_margin"]))
+        return p
     return {}
 
 

@@ -9,8 +9,11 @@ output. torch's rowwise recipe needs both operands rowwise, so the per-tensor ac
 expanded to (M, 1). `scaling="tensor"` keeps one weight scale (cuBLAS tensorwise path) instead.
 Activations: per-tensor dynamic e4m3 on the device each call (h3plan.kernels.fp8: scale = 448 / amax,
 codes = e4m3(x * scale), descale = 1 / scale; a two-pass Triton kernel on CUDA, the same bits as its
-torch reference). to_q, to_k and to_v receive the same input tensor: inside `shared_activation(x)` (the
-installer's attention processor wraps the three projections in it) its codes are computed once. Under
+torch reference), or static: `set_static_input(amax, margin)` (a calibrated table, h3plan.scale_table)
+fixes the activation scale to 448 / (amax * margin), so the cast is one pass with no amax (values beyond
+amax * margin saturate at +-448). to_q, to_k and to_v receive the same input tensor: inside
+`shared_activation(x)` (the installer's attention processor wraps the three projections in it) its codes
+are computed once. Under
 Ulysses (degree U > 1) "per tensor" means the whole sequence, as at degree 1: the installer gives each
 FP8Linear a `SequenceAmax`, which takes the amax over this rank's valid rows and MAX-all-reduces it over
 the group (one 4-byte all-reduce per shared input, four per block), so no row's codes depend on the
@@ -169,6 +172,7 @@ class FP8Linear(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.detach())
         self.fast_accum = bool(fast_accum)
         self.amax_fn = None  # SequenceAmax under Ulysses (set by the installer); None: this tensor's own amax
+        self.register_buffer("input_amax", None)  # static: calibrated amax * margin (fp32 0-dim); wins over amax_fn
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, scaling: str = "channel", fast_accum: bool = False) -> "FP8Linear":
@@ -180,6 +184,18 @@ class FP8Linear(nn.Module):
                        *, fast_accum: bool = False) -> "FP8Linear":
         """Load a pre-quantised checkpoint tensor pair (weight e4m3 (N, K), dequant scale 1 or N values)."""
         return cls(weight_fp8, weight_scale, bias, fast_accum=fast_accum)
+
+    def set_static_input(self, amax: float | None, margin: float = 1.0) -> None:
+        """Quantise every input with the calibrated `amax * margin` instead of its own amax; None: dynamic again.
+        The same on every Ulysses rank, so it replaces the SequenceAmax all-reduce too."""
+        self.input_amax = None if amax is None else torch.tensor(
+            float(amax) * float(margin), dtype=torch.float32, device=self.weight.device)
+
+    def _static_amax(self, x: torch.Tensor) -> torch.Tensor:
+        return self.input_amax
+
+    def _amax_source(self):
+        return self.amax_fn if self.input_amax is None else self._static_amax
 
     @property
     def scaling(self) -> str:
@@ -196,7 +212,7 @@ class FP8Linear(nn.Module):
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def _gemm(self, x):
-        x8, xs = quantize_activation(x, kernel=x.is_cuda, amax_fn=self.amax_fn)
+        x8, xs = quantize_activation(x, kernel=x.is_cuda, amax_fn=self._amax_source())
         if self.weight_scale.dim() == 0:
             sa, sb = xs, self.weight_scale
         else:
@@ -207,11 +223,13 @@ class FP8Linear(nn.Module):
                                 use_fast_accum=self.fast_accum)
 
     def _emulate(self, x):
-        x8, xs = quantize_activation(x, amax_fn=self.amax_fn)
+        x8, xs = quantize_activation(x, amax_fn=self._amax_source())
         out = (x8.float() * xs) @ dequantize_weight(self.weight, self.weight_scale).t()
         if self.bias is not None:
             out = out + self.bias.float()
         return out.to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, scaling={self.scaling}, bias={self.bias is not None}"
+        inp = "dynamic" if self.input_amax is None else f"static amax {float(self.input_amax):g}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, scaling={self.scaling}, "
+                f"input={inp}, bias={self.bias is not None}")
