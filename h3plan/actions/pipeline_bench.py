@@ -19,7 +19,8 @@ installed on entering its turn and uninstalled on leaving it (an FP8 plan's quan
 only meanwhile). Regional compile is applied once; its compiled callables are kept aside and switched on
 (`block._compiled_call_impl`) for the best setting's turn and off otherwise, so eager and the plan run the
 plain blocks and the compiled code is reused without recompiling. Context parallelism cannot be undone
-(diffusers has no disable_parallelism), so at U > 1 the best setting runs after the others.
+(diffusers has no disable_parallelism), so at U > 1 the best setting runs after the others. The settings'
+enter / exit: pipeline_settings.py.
 
 Order and timing: `rounds` rounds; in each, every setting runs one denoise call of `warmup + steps` transformer
 forwards (num_inference_steps = warmup + steps + 1: MiniMaxH3Scheduler counts the terminal sigma); the
