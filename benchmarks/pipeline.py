@@ -1,0 +1,69 @@
+"""The pipeline benchmark (h3plan/actions/pipeline_bench.py) without the CLI's config schema.
+
+    python benchmarks/pipeline.py recipe=fp8 --video 768x1344x124 --out benchmarks/results --tag h200
+    python benchmarks/pipeline.py model=h3_tiny vae=h3_tiny_pipe --video 32x32x124 --out /tmp/r     # CPU smoke
+
+Positional arguments are Hydra overrides of the packaged config (hardware, recipe, parallel, model, vae,
+levers.*); the options below are `video` and `bench.pipeline.*` of
+`python -m h3plan action=bench target=pipeline video=... bench.pipeline.<key>=...`, which runs the same code.
+Multi-GPU (Ulysses degree U): torchrun --nproc-per-node=U benchmarks/pipeline.py parallel=uU ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's h3plan
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. recipe=fp8 levers.attention=sdpa")
+    ap.add_argument("--video", default=None, help="HEIGHTxWIDTHxFRAMES (default: the pipeline's own request)")
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--tag", default=None, help="file name tag (default: the device, e.g. h200)")
+    ap.add_argument("--steps", type=int, help="timed denoise steps per call")
+    ap.add_argument("--warmup", type=int, help="untimed steps at the start of every call")
+    ap.add_argument("--rounds", type=int, help="calls per setting, order reversed every round")
+    ap.add_argument("--decode-warmup", type=int)
+    ap.add_argument("--text-tokens", type=int)
+    ap.add_argument("--layers", type=int, help="transformer layers (default: all of the model config's)")
+    ap.add_argument("--e2e-steps", type=int, help="transformer forwards of a generation (default: the pipeline's)")
+    ap.add_argument("--compile-backend", help="torch.compile backend of the best setting (default inductor)")
+    ap.add_argument("--cp-backend", help="diffusers attention backend for context parallelism (default _native_cudnn)")
+    ap.add_argument("--vae", choices=("auto", "fp16_autocast", "bf16", "fp32"))
+    ap.add_argument("--no-audio", action="store_true", help="do not run the audio decode")
+    ap.add_argument("--no-best", action="store_true", help="skip diffusers' best setting")
+    a = ap.parse_args(argv)
+
+    from omegaconf import OmegaConf
+
+    from h3plan.actions.pipeline_bench import run
+    from h3plan.config import compose
+    from h3plan.errors import H3PlanError
+    from h3plan.planner import resolve
+
+    pipeline = {k: getattr(a, k) for k in ("steps", "warmup", "rounds", "decode_warmup", "text_tokens", "layers",
+                                           "e2e_steps", "compile_backend", "cp_backend", "vae")
+                if getattr(a, k) is not None}
+    if a.no_audio:
+        pipeline["audio"] = False
+    if a.no_best:
+        pipeline["best"] = False
+    try:
+        c = compose(a.overrides)
+        plan = resolve(c)
+        cfg = OmegaConf.to_container(c, resolve=True, enum_to_str=True)
+        cfg.update(action="bench", target="pipeline", video=a.video)
+        cfg["bench"].update(out_dir=a.out, tag=a.tag, pipeline=pipeline)
+        return run(cfg, plan)
+    except H3PlanError as e:
+        print(f"pipeline.py: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""Install a Plan into diffusers' MiniMaxH3ModularPipeline: every component the plan has levers for.
+
+A thin layer over installer.install / uninstall, nothing of its own: `install_pipeline(pipe, plan)`
+recognises the pipeline (anything else is one InstallError line), then installs the plan into each loaded
+component in this order and returns one PipelineReport:
+- `transformer` and `transformer_ref` (the t2va/fl2va and ref2va checkpoint partitions; either may be
+  absent): the transformer levers, Ulysses with `group`;
+- `vae` (AutoencoderKLMiniMaxH3): the VAE levers (tiles, fused decoder ops, CUDA-graph replay);
+- `audio_vae` (AutoencoderKLMiniMaxH3Audio) is reported, never touched: a DAC encoder and a BigVGAN
+  convolutional decoder, none of whose ops any h3plan lever targets.
+A component that is not loaded (None) is reported as such. All or nothing: when one component refuses the
+plan, the components this call installed are uninstalled again (one that carried another plan before is
+left with none: install replaces a plan by uninstalling it first) and the error names the component.
+Installing the same plan again returns each component's existing report; `uninstall_pipeline(pipe)`
+restores every component this pipeline's install touched (even one since replaced in the pipeline).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from h3plan.errors import InstallError
+from h3plan.plan import Plan
+
+from .report import InstallReport
+
+TRANSFORMERS = ("transformer", "transformer_ref")
+COMPONENTS = TRANSFORMERS + ("vae", "audio_vae")
+NO_LEVER = {"audio_vae": "no lever applies: AutoencoderKLMiniMaxH3Audio is a DAC encoder + BigVGAN convolutional "
+                         "decoder; h3plan's levers target the transformer blocks and the video VAE's ViT decoder"}
+_STATE = "_h3plan_pipeline"
+
+
+@dataclass
+class PipelineReport:
+    """reports: component name -> its InstallReport (install order); skipped: component -> why nothing was installed."""
+
+    pipeline: str = ""
+    reports: dict[str, InstallReport] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> InstallReport:
+        return self.reports[name]
+
+    @property
+    def components(self) -> list[str]:
+        return list(self.reports) + list(self.skipped)
+
+    def swapped_levers(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for r in self.reports.values():
+            for lever in r.swapped_levers():
+                seen.setdefault(lever, None)
+        return list(seen)
+
+    def summary(self, max_swaps: int = 12) -> str:
+        lines = [f"{self.pipeline}: plan installed into {', '.join(self.reports) or '(no component)'}"]
+        for name, r in self.reports.items():
+            lines.append(f"[{name}] " + r.summary(max_swaps).replace("\n", "\n  "))
+        for name, why in self.skipped.items():
+            lines.append(f"[{name}] skipped: {why}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def _pipeline_class():
+    from diffusers.modular_pipelines.minimax_h3.modular_pipeline import MiniMaxH3ModularPipeline
+
+    return MiniMaxH3ModularPipeline
+
+
+def is_pipeline(obj) -> bool:
+    """A diffusers ModularPipeline of any model (cheap: no diffusers import for other objects)."""
+    return any(c.__name__ == "ModularPipeline" and c.__module__.startswith("diffusers.") for c in type(obj).__mro__)
+
+
+def recognise(pipe) -> None:
+    name = f"{type(pipe).__module__}.{type(pipe).__qualname__}"
+    if not is_pipeline(pipe):
+        raise InstallError(f"h3plan.install_pipeline expects diffusers' MiniMaxH3ModularPipeline; got {name}")
+    try:
+        cls = _pipeline_class()
+    except ImportError as e:  # diffusers' MiniMax-H3 modular pipeline needs transformers
+        raise InstallError(f"cannot import diffusers' MiniMaxH3ModularPipeline ({e}); pip install transformers") from None
+    if not isinstance(pipe, cls):
+        raise InstallError(f"h3plan.install_pipeline supports diffusers' MiniMaxH3ModularPipeline only; got {name}")
+
+
+def install_pipeline(pipe, plan: Plan, group=None, *, registry=None) -> PipelineReport:
+    """Install `plan` into every component of a MiniMaxH3ModularPipeline it has levers for (module docstring).
+    group: the torch.distributed group for the transformers' Ulysses attention (None: the default group);
+    registry: lever installers, as installer.install takes them (None: h3plan.levers.REGISTRY)."""
+    from .installer import install, installed_plan, uninstall
+
+    recognise(pipe)
+    if not isinstance(plan, Plan):
+        raise InstallError(f"install_pipeline expects an h3plan Plan, got {type(plan).__name__}")
+    report = PipelineReport(pipeline=type(pipe).__name__)
+    touched, fresh = {}, []
+    try:
+        for name in COMPONENTS:
+            comp = getattr(pipe, name, None) if name in pipe.component_names else None
+            if name in NO_LEVER:
+                report.skipped[name] = NO_LEVER[name] if comp is not None else "not loaded"
+                continue
+            if comp is None:
+                report.skipped[name] = "not loaded" if name in pipe.component_names else "not a component of these blocks"
+                continue
+            was = installed_plan(comp)
+            try:
+                kw = {"group": group} if name in TRANSFORMERS else {}
+                report.reports[name] = install(comp, plan, registry=registry, **kw)
+            except ValueError as e:  # the installer's one-line refusals (H3PlanError is a ValueError too)
+                raise InstallError(f"{name}: {e}") from e
+            touched[name] = comp
+            if was != plan:
+                fresh.append(comp)
+    except BaseException:
+        for comp in reversed(fresh):
+            uninstall(comp)
+        raise
+    # every component ever installed through this pipeline, also one replaced since (update_components)
+    kept = pipe.__dict__.get(_STATE, [])
+    pipe.__dict__[_STATE] = kept + [c for c in touched.values() if all(c is not k for k in kept)]
+    return report
+
+
+def uninstall_pipeline(pipe) -> bool:
+    """Restore every component the pipeline's installs touched, and any loaded component that carries a plan;
+    False when none was installed."""
+    from .installer import uninstall
+
+    recognise(pipe)
+    comps = list(pipe.__dict__.pop(_STATE, None) or [])
+    comps += [getattr(pipe, n, None) for n in COMPONENTS if n in pipe.component_names]
+    done, seen = False, set()
+    for comp in comps:
+        if comp is None or id(comp) in seen:
+            continue
+        seen.add(id(comp))
+        done = uninstall(comp) or done
+    return done
+
+
+def installed_pipeline_plan(pipe) -> dict[str, Plan | None]:
+    """Component name -> the plan installed in it (None: nothing installed), for the loaded components."""
+    from .installer import installed_plan
+
+    recognise(pipe)
+    return {n: installed_plan(getattr(pipe, n)) for n in COMPONENTS
+            if n in pipe.component_names and getattr(pipe, n, None) is not None and n not in NO_LEVER}
