@@ -19,7 +19,7 @@ Components:
   does. fp32 by default, as the released checkpoint; another `vae_dtype` is cast the way
   `from_pretrained(torch_dtype=...)` casts it (`_keep_in_fp32_modules` stay fp32).
 - audio_vae: `AutoencoderKLMiniMaxH3Audio`, diffusers' defaults (the release) for the `h3` VAE config,
-  AUDIO_VAE_CONFIGS["h3_tiny"] for the tiny one; fp32 (diffusers keeps the whole BigVGAN stack in fp32).
+  AUDIO_VAE_CONFIGS["h3_tiny_pipe"] for the tiny one; fp32 (diffusers keeps the whole BigVGAN stack in fp32).
 - scheduler / audio_scheduler: `MiniMaxH3Scheduler(shift=12.0)` / `(shift=3.0)` (the pipeline's
   documented video and audio shifts).
 
@@ -45,7 +45,7 @@ AUDIO_VAE_CONFIGS: dict[str, dict] = {
     "h3": {},  # diffusers' AutoencoderKLMiniMaxH3Audio defaults are the released audio VAE
     # latent_channels = h3_tiny's audio_in_channels; decoder_dim 128 halves to 1 channel over 7 upsamplers;
     # the rates keep the release's 800-sample hop (40 latents/s at 32 kHz, which the pipeline assumes)
-    "h3_tiny": dict(encoder_dim=8, encoder_rates=(2, 4, 4, 5, 5), latent_dim=32, latent_channels=8,
+    "h3_tiny_pipe": dict(encoder_dim=8, encoder_rates=(2, 4, 4, 5, 5), latent_dim=32, latent_channels=8,
                     num_attention_heads=2, decoder_dim=128, decoder_rates=(5, 5, 2, 2, 2, 2, 2),
                     decoder_kernel_sizes=(9, 9, 4, 4, 4, 4, 4), resblock_kernel_sizes=(3,),
                     resblock_dilation_sizes=((1,),)),

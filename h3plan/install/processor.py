@@ -24,6 +24,7 @@ import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_minimax_h3 import _apply_rotary_emb
 
+from h3plan.attention import ops as attention_ops
 from h3plan.quant.fp8 import shared_activation
 
 from h3plan.runtime.counters import fallback as count_fallback, fused as count_fused
@@ -62,6 +63,7 @@ class H3PlanAttnProcessor:
         self.static_scales = None if static_descales is None else tuple((1.0 / static_descales).tolist())
         self.shard, self.ulysses = shard, ulysses  # installer's sequence-shard context, UlyssesAttention
         self._act_dtype = None  # the activations' dtype of the current call (dequantised FP8 fallbacks)
+        attention_ops.register(backend)
         if not any(b is backend for b in _BACKENDS):
             _BACKENDS.append(backend)
         self._backend_index = next(i for i, b in enumerate(_BACKENDS) if b is backend)
@@ -100,8 +102,8 @@ class H3PlanAttnProcessor:
             self._count_2cta(q)
             if self.opts.backend == "cudnn_fp8":
                 d = descales if descales is not None else self._static(q)
-                return self.backend(q, k, v, out=out, descales=d, amax=amax if d is None else None)
-            return self.backend(q, k, v, out=out)
+                return attention_ops.call(self.backend, q, k, v, out=out, descales=d, amax=amax if d is None else None)
+            return attention_ops.call(self.backend, q, k, v, out=out)
         count_fallback("attention", reason)
         if q.dtype == torch.float8_e4m3fn:  # codes from the fused FP8 kernel: dequantise for the eager path
             dtype = self._act_dtype or torch.bfloat16

@@ -45,6 +45,7 @@ def test_plan_load_names_the_file(tmp_path):
 
 def test_public_names_resolve():
     assert issubclass(h3plan.PlanningError, H3PlanError)
+    h3plan.reset_counters()
     c = h3plan.counters()
     assert isinstance(c, dict) and c.reasons == h3plan.fallback_reasons()
     assert str(c) == "(no guarded calls)"

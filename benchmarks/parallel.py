@@ -1,0 +1,206 @@
+"""h3plan's Ulysses plans against diffusers' own context parallelism, side by side in one run.
+
+    torchrun --standalone --nproc-per-node=2 benchmarks/parallel.py --out DIR [--seq-lens 19000,37820] [--blocks 2]
+
+A whole MiniMaxH3Transformer3DModel at real width with `--blocks` blocks (seeded weights, the packed layout
+of h3plan's verify), the same on every rank. Settings, timed in interleaved rounds (CUDA events, median;
+a barrier before each call so the ranks start together):
+
+  eager_1gpu           diffusers' default model on one GPU (every rank runs it alone)
+  plan_u1_<recipe>     the sm90 plan at degree 1 on one GPU
+  diffusers_cp         diffusers' best multi-GPU setting: set_attention_backend("_native_cudnn"),
+                       enable_parallelism(ContextParallelConfig(ulysses_degree=U)), compile_repeated_blocks(fullgraph=True)
+  plan_u<U>_<recipe>   the sm90 plan at degree U over the world group
+  plan_u1_bf16+compile diffusers' regional compile over the installed degree-1 bf16 plan (the compile lever's
+                       evidence; `--no-compile-plans` leaves it out)
+
+Writes parallel-<tag>.json ({"records": [{gpus, S, plan, plan_ms, plan_u1_ms, diffusers_cp_ms,
+diffusers_cp_config, scaling_vs_u1, speedup_vs_diffusers_cp, speedup_vs_eager_1gpu, bitwise_vs_u1,
+rel_vs_u1}], "times": {...}}) and a markdown table. Rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CP_CONFIG = "ContextParallelConfig(ulysses_degree={U}) + set_attention_backend('_native_cudnn') + compile_repeated_blocks(fullgraph=True)"
+
+
+def _plan(recipe, U, S):
+    import h3plan
+
+    return h3plan.resolve_config(recipe=recipe, parallel=f"u{U}", **{"parallel.seq_len": S})
+
+
+def _settings(base, S, U, group, recipes, compile_plans):
+    """name -> model (built on the shared base by deepcopy), and name -> setup note."""
+    import torch
+
+    import h3plan
+
+    made, notes = {}, {}
+
+    def add(name, make):
+        t0 = time.time()
+        try:
+            made[name] = make()
+            notes[name] = f"setup {time.time() - t0:.1f} s"
+        except Exception as e:  # noqa: BLE001 - recorded, the other settings still run
+            notes[name] = "FAILED: " + "".join(traceback.format_exception_only(e)).strip()[:300]
+
+    add("eager_1gpu", lambda: base)
+
+    def plan(recipe, u, compiled=False):
+        m = copy.deepcopy(base)
+        h3plan.install(m, _plan(recipe, u, S), **({"group": group} if u > 1 else {}))
+        if compiled:
+            m.compile_repeated_blocks(fullgraph=True)
+        return m
+
+    for r in recipes:
+        add(f"plan_u1_{r}", lambda r=r: plan(r, 1))
+    if compile_plans:
+        add("plan_u1_bf16+compile", lambda: plan("bf16", 1, True))
+
+    def cp():
+        from diffusers import ContextParallelConfig
+
+        m = copy.deepcopy(base)
+        m.set_attention_backend("_native_cudnn")
+        m.enable_parallelism(config=ContextParallelConfig(ulysses_degree=U))
+        m.compile_repeated_blocks(fullgraph=True)
+        return m
+
+    add("diffusers_cp", cp)
+    for r in recipes:
+        add(f"plan_u{U}_{r}", lambda r=r: plan(r, U))
+    torch.cuda.synchronize()
+    return made, notes
+
+
+def _time(fns, rounds, warm, barrier):
+    import torch
+
+    ms = {k: [] for k in fns}
+    for r in range(rounds + warm):
+        order = list(fns) if r % 2 == 0 else list(reversed(fns))
+        for k in order:
+            barrier()
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fns[k]()
+            e.record()
+            torch.cuda.synchronize()
+            if r >= warm:
+                ms[k].append(s.elapsed_time(e))
+    return {k: statistics.median(v) for k, v in ms.items()}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seq-lens", default="19000,37820")
+    ap.add_argument("--blocks", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--recipes", default="bf16,fp8")
+    ap.add_argument("--no-compile-plans", action="store_true")
+    ap.add_argument("--tag", default="h200")
+    args = ap.parse_args(argv)
+
+    import torch
+    import torch.distributed as dist
+
+    from h3plan.actions.inputs import build_model, packed_inputs
+
+    dist.init_process_group("nccl")
+    rank, U = dist.get_rank(), dist.get_world_size()
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    group = dist.group.WORLD
+    recipes = args.recipes.split(",")
+    dc = _plan("bf16", 1, 19000).get("model")["diffusers_config"]
+    base = build_model(dc, blocks=args.blocks, device="cuda", dtype="bf16", seed=0)
+    doc = {"gpus": U, "blocks": args.blocks, "rounds": args.rounds, "device": torch.cuda.get_device_name(),
+           "torch": torch.__version__, "records": [], "times": {}, "notes": {}}
+    for S in (int(s) for s in args.seq_lens.split(",")):
+        models, notes = _settings(base, S, U, group, recipes, not args.no_compile_plans)
+        x = packed_inputs(dc, S, seed=1234, device="cuda")
+        fns, outs = {}, {}
+        with torch.no_grad():
+            for k, m in models.items():
+                try:
+                    outs[k] = m(**x).sample  # also the compile warm-up
+                    fns[k] = (lambda m=m: m(**x).sample)
+                except Exception as e:  # noqa: BLE001
+                    notes[k] = "RUN FAILED: " + "".join(traceback.format_exception_only(e)).strip()[:300]
+            t = _time(fns, args.rounds, args.warmup, dist.barrier)
+        doc["times"][S], doc["notes"][S] = t, notes
+        if "plan_u1_bf16+compile" in t and "plan_u1_bf16" in t:
+            a, b = outs["plan_u1_bf16+compile"], outs["plan_u1_bf16"]
+            doc.setdefault("compile", []).append({"S": S, "plan_ms": round(t["plan_u1_bf16"], 3),
+                                                  "compiled_ms": round(t["plan_u1_bf16+compile"], 3),
+                                                  "speedup": round(t["plan_u1_bf16"] / t["plan_u1_bf16+compile"], 3),
+                                                  "bitwise": bool(torch.equal(a, b)),
+                                                  "rel": float((a.float() - b.float()).norm() / b.float().norm())})
+        cp = t.get("diffusers_cp")
+        for r in recipes:
+            one = t.get(f"plan_u1_{r}")
+            for name in (f"plan_u{U}_{r}",):
+                if name not in t:
+                    continue
+                a, b = outs[name], outs[f"plan_u1_{r}"] if f"plan_u1_{r}" in outs else None
+                rec = {"gpus": U, "S": S, "plan": f"sm90/{r}/u{U}" + (" +compile" if name.endswith("compile") else ""),
+                       "plan_ms": round(t[name], 3), "plan_u1_ms": one and round(one, 3),
+                       "eager_1gpu_ms": round(t["eager_1gpu"], 3), "diffusers_cp_ms": cp and round(cp, 3),
+                       "diffusers_cp_config": CP_CONFIG.format(U=U),
+                       "scaling_vs_u1": one and round(one / t[name], 3),
+                       "speedup_vs_diffusers_cp": cp and round(cp / t[name], 3),
+                       "speedup_vs_eager_1gpu": round(t["eager_1gpu"] / t[name], 3),
+                       "bitwise_vs_u1": b is not None and bool(torch.equal(a, b)),
+                       "rel_vs_u1": None if b is None else float((a.float() - b.float()).norm() / b.float().norm())}
+                doc["records"].append(rec)
+                if rank == 0:
+                    print(json.dumps(rec), flush=True)
+        del models, fns, outs
+        torch.cuda.empty_cache()
+    if rank == 0:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"parallel-{args.tag}.json").write_text(json.dumps(doc, indent=1) + "\n")
+        (out / f"parallel-{args.tag}.md").write_text(markdown(doc))
+        print(markdown(doc))
+    dist.destroy_process_group()
+    return 0
+
+
+def markdown(doc) -> str:
+    lines = [f"# Ulysses plans vs diffusers' context parallel ({doc['gpus']} x {doc['device']}, {doc['blocks']} real-width "
+             f"blocks, median of {doc['rounds']} interleaved rounds)", "",
+             "| S | plan | plan ms | plan u1 ms | diffusers CP ms | eager 1 GPU ms | scaling vs u1 | vs diffusers CP | "
+             "vs eager 1 GPU | bitwise vs u1 |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in doc["records"]:
+        f = (lambda v, d=1: "n/a" if v is None else f"{v:.{d}f}")
+        lines.append(f"| {r['S']:,} | {r['plan']} | {f(r['plan_ms'])} | {f(r['plan_u1_ms'])} | {f(r['diffusers_cp_ms'])} | "
+                     f"{f(r['eager_1gpu_ms'])} | {f(r['scaling_vs_u1'], 2)}x | {f(r['speedup_vs_diffusers_cp'], 2)}x | "
+                     f"{f(r['speedup_vs_eager_1gpu'], 2)}x | {'yes' if r['bitwise_vs_u1'] else 'no (rel %.1e)' % (r['rel_vs_u1'] or 0)} |")
+    lines += ["", f"diffusers CP: {CP_CONFIG.format(U=doc['gpus'])}.", ""]
+    for S, notes in doc["notes"].items():
+        bad = {k: v for k, v in notes.items() if "FAIL" in v}
+        if bad:
+            lines.append(f"- S={S}: " + "; ".join(f"{k}: {v}" for k, v in bad.items()))
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# This session's measurements on two H200s of one host (nvidia-h200-x2; GPU 0 serves the one-GPU runs), one
+# device call per phase, from the repository root after the GPU wheels are installed (shared/gpu/README.md):
+#
+#   . /tmp/h3site/env.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash benchmarks/run_h200_x2.sh PHASE
+#
+#   parallel   NCCL: the installed transformer at degree 2 vs degree 1, bf16 and fp8 (every FP8 scale over the
+#              whole sequence); compile safety on one GPU; h3plan's Ulysses plans vs diffusers' context
+#              parallel (benchmarks/parallel.py); one VAE decode over two GPUs (benchmarks/probes/vae_parallel.py)
+#   pipeline   the MiniMax-H3 pipeline end to end, bf16 and fp8 recipes (benchmarks/pipeline_h200.sh)
+#   fp8        the producer-fused FP8 kernels and the lean q/k/v cast (GPU tests, probe)
+#
+# Every step runs under `timeout` inside H3_BUDGET_S (default 560 s); logs and results land in $OUT (at most 8
+# files come back: each phase writes fewer).
+set -u
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+OUT=${OUT:?OUT must name the folder that comes back from the device call}
+mkdir -p "$OUT"
+START=$(date +%s)
+BUDGET=${H3_BUDGET_S:-560}
+LOG="$OUT/$1.log"
+left() { echo $(( BUDGET - 10 - ($(date +%s) - START) )); }
+step() {  # step NAME CAP command...
+  local name=$1 cap=$2; shift 2
+  local t; t=$(left); (( t > cap )) && t=$cap
+  if (( t < 20 )); then echo "=== $name: skipped (budget spent)" | tee -a "$LOG"; return; fi
+  echo "=== $name (timeout ${t}s)" | tee -a "$LOG"
+  local s; s=$(date +%s)
+  timeout --kill-after=10 "$t" "$@" 2>&1 | tee -a "$LOG"
+  echo "=== $name: exit ${PIPESTATUS[0]} after $(( $(date +%s) - s ))s" | tee -a "$LOG"
+}
+nvidia-smi --query-gpu=name,power.limit,clocks.max.sm --format=csv,noheader | tee -a "$LOG"
+case "$1" in
+  parallel)
+    step nccl-install 140 torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_install_ulysses_nccl.py \
+      -q -rA -s -p no:cacheprovider
+    step compile 90 python -m pytest tests/gpu/test_compile_gpu.py -k regional -q -rA -s -p no:cacheprovider
+    step parallel-bench 230 torchrun --standalone --nproc-per-node=2 benchmarks/parallel.py --out "$OUT" --tag h200x2
+    step vae-parallel 130 python benchmarks/probes/vae_parallel.py --out "$OUT/vae-parallel-h200x2.json"
+    ;;
+  pipeline)
+    H3_T_RECIPE=${H3_T_RECIPE:-270} OUT="$OUT" H3_RECIPES="bf16 fp8" bash benchmarks/pipeline_h200.sh >> "$LOG" 2>&1
+    tail -40 "$LOG"
+    ;;
+  fp8)
+    step fp8-gpu-tests 150 python -m pytest tests/gpu/test_fp8_producers_gpu.py -q -rA -s -p no:cacheprovider
+    step fp8-probe 330 python benchmarks/probes/fp8_producers.py "$OUT" --sections kernels,qk,block --rounds 8
+    ;;
+  *) echo "unknown phase $1 (parallel | pipeline | fp8)"; exit 2 ;;
+esac
+echo "=== done in $(( $(date +%s) - START ))s; files:" | tee -a "$LOG"
+ls -l "$OUT" | tee -a "$LOG"
