@@ -41,7 +41,7 @@ for recipe in ${H3_RECIPES:-bf16 fp8}; do
   s=$(date +%s)
   # shellcheck disable=SC2086  # H3_PIPELINE_ARGS is a word list
   timeout --kill-after=15 "$CAP" python benchmarks/pipeline.py hardware=sm90 parallel=u1 "recipe=$recipe" \
-    --video 768x1344x124 --text-tokens 110 --rounds 2 --warmup 1 --steps 1 --decode-warmup 1 \
+    --video 768x1344x124 --text-tokens 110 --rounds 2 --warmup 2 --steps 1 --decode-warmup 1 \
     --out "$OUT" --tag h200 ${H3_PIPELINE_ARGS:-} 2>&1 | tee -a "$LOG"
   rc=${PIPESTATUS[0]}
   what="exit $rc"

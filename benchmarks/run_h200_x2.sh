@@ -8,7 +8,9 @@
 #              whole sequence); compile safety on one GPU; h3plan's Ulysses plans vs diffusers' context
 #              parallel (benchmarks/parallel.py); one VAE decode over two GPUs (benchmarks/probes/vae_parallel.py)
 #   pipeline   the MiniMax-H3 pipeline end to end, bf16 and fp8 recipes (benchmarks/pipeline_h200.sh)
-#   fp8        the producer-fused FP8 kernels and the lean q/k/v cast (GPU tests, probe)
+#   fp8        the producer-fused FP8 kernels and the lean q/k/v cast (GPU tests, probe); the VAE over two GPUs
+#   final      the pipeline again (two untimed steps per call: diffusers' first step has another temb shape, so
+#              regional compile traces twice) and the GPU suite
 #
 # Every step runs under `timeout` inside H3_BUDGET_S (default 560 s); logs and results land in $OUT (at most 8
 # files come back: each phase writes fewer).
@@ -44,8 +46,15 @@ case "$1" in
     tail -40 "$LOG"
     ;;
   fp8)
-    step fp8-gpu-tests 150 python -m pytest tests/gpu/test_fp8_producers_gpu.py -q -rA -s -p no:cacheprovider
-    step fp8-probe 330 python benchmarks/probes/fp8_producers.py "$OUT" --sections kernels,qk,block --rounds 8
+    step fp8-gpu-tests 120 python -m pytest tests/gpu/test_fp8_producers_gpu.py -q -rA -s -p no:cacheprovider
+    step fp8-probe 260 python benchmarks/probes/fp8_producers.py "$OUT" --sections kernels,qk,block --rounds 6
+    step vae-parallel 140 python benchmarks/probes/vae_parallel.py --out "$OUT/vae-parallel-h200x2.json"
+    ;;
+  final)
+    H3_T_RECIPE=${H3_T_RECIPE:-230} OUT="$OUT" H3_RECIPES="bf16 fp8" bash benchmarks/pipeline_h200.sh >> "$LOG" 2>&1
+    grep -E "^=== |exit |pipeline bench" "$LOG" | tail -8
+    step gpu-suite 400 python -m pytest tests/gpu -m gpu -q -rA -p no:cacheprovider --deselect \
+      tests/gpu/test_install_ulysses_nccl.py --deselect tests/gpu/test_compile_gpu.py
     ;;
   *) echo "unknown phase $1 (parallel | pipeline | fp8)"; exit 2 ;;
 esac

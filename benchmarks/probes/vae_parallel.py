@@ -98,7 +98,7 @@ def worker(rank, world, port, args):
         for name, spec in (("diffusers-ops", None), ("plan-fused-graphs", PLAN)):
             uninstall(vae)
             if spec:
-                install(vae, bench.resolve_plan(spec))
+                install(vae, bench.resolve_plan(spec, "h3"))
             torch.cuda.empty_cache()
             one_ms, one_wall, one, one_peak = _timed(run, args.warmup, args.iters, lambda: None, torch)
             one = one.cpu()  # held off the GPU: the peaks below count only what a decode holds
