@@ -150,6 +150,34 @@ def help_text(width: int = 110) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _request_lines(plan, width: int) -> list[str]:
+    """`request` (where S comes from) and `memory` (the peak per GPU) lines of the table header."""
+    seq = plan.derived_value("sequence") or {}
+    if seq.get("source") == "parallel.seq_len":
+        other = seq.get("video_request_seq_len")
+        req = f"parallel.seq_len={seq['seq_len']:,} set explicitly" + (f" (the video request would give {other:,})" if other else "")
+    elif seq:
+        audio = f"{seq['audio_rows']:,} audio + " if seq.get("audio_rows") else "no audio + "
+        req = (f"{seq['source']}: {seq['height']}x{seq['width']} px, {seq['frames']} frames ({seq['seconds']:.2f} s at "
+               f"{seq['fps']:g} fps); {seq['text_rows']:,} text + {audio}{seq['video_rows']:,} video rows = "
+               f"{seq['seq_len']:,} tokens; {seq['transformer_forwards']} transformer forwards "
+               f"(num_inference_steps {seq['num_inference_steps']})")
+    else:
+        return []
+    texts = ["request  " + req]
+    peak, breakdown = plan.derived_value("memory_peak_gib_per_gpu"), plan.derived_value("memory_breakdown_gib") or {}
+    if peak is not None:
+        top = ", ".join(f"{k} {v:g}" for k, v in sorted(breakdown.items(), key=lambda kv: -kv[1])[:3])
+        gb = plan.get("hardware").get("device", {}).get("memory_gb")
+        phase = {"denoise": "denoising", "decode": "decoding"}.get(plan.derived_value("memory_peak_phase"), "running")
+        texts.append(f"memory   peak {peak:.1f} GiB per GPU while {phase} (GiB: {top}) of {gb} GB")
+    out = []
+    for t in texts:
+        w = _wrap(t, width, 9)
+        out += [w[0]] + [" " * 9 + x for x in w[1:]]
+    return out
+
+
 def write_plan(plan, path: str) -> None:
     text = plan.to_json() + "\n" if str(path).endswith(".json") else plan.to_yaml()
     try:
@@ -172,6 +200,7 @@ def render_table(plan, width: int = 120) -> str:
     lines = [
         f"h3plan  hardware={hw['name']} ({hw['arch']}, {hw['compute_capability']})  recipe={r['name']} ({policy})  "
         f"parallel={p['name']} (Ulysses {p['ulysses']}, {p['seq_len']:,} tokens)  model={m['name']}",
+        *_request_lines(plan, width),
         "",
         f"{'lever':<21} {'setting':<12} {'lossless':<8}   why",
     ]
@@ -190,6 +219,8 @@ def render_table(plan, width: int = 120) -> str:
     basis, derived = plan.derived_value("basis", {}), plan.to_dict()["derived"]
     for k in [k for k in ORDER if k in derived] + sorted(set(derived) - set(ORDER) - {"basis"}):
         v = derived[k]
+        if isinstance(v, dict):  # the request and the memory breakdown: the header lines above, full in yaml/json
+            continue
         val = f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else ("n/a" if v is None else str(v))
         body = _wrap(basis.get(k, ""), width, 48)
         lines.append(f"{k:<32} {val:<14} {body[0]}".rstrip())

@@ -16,7 +16,7 @@ says whether it fits and, when not, which nearest change does (each one re-estim
   copies of vae_ops and an autocast weight cache where they exist, one CUDA-graph pool per tile shape,
   and the decode's own peak: the decoded chunks and their final torch.cat, or the last clip's tiles
   being stitched; then diffusers' MiniMaxH3VideoDecodeStep postprocess (float32 copies). Calibrated on
-  the H200 anchors (DESIGN.md, benchmarks/results/vae-h200.md): within 10% for one decode, within 3% when
+  the H200 anchors (docs/sources.md#h200-anchors, benchmarks/results/vae-h200.md): within 10% for one decode, within 3% when
   the harness's previous output (alive during its timed decode) is added.
 Not counted: the CUDA context, cuBLAS/NCCL workspaces, allocator fragmentation (reserve_fraction covers
 them), attention LSE buffers (B x H x S float32), the audio decode; the text encoder is not resident
@@ -52,9 +52,14 @@ class MemoryConfig:
     """The VAEs' weight dtype: fp32 as released; bf16/fp16 keep diffusers' _keep_in_fp32_modules in fp32."""
     autocast_weight_cache: bool = False
     """VAE parameters require grad, so FP16 autocast caches float16 casts of the decoder linears during a
-    decode (the DESIGN.md eager anchor's setup); false: requires_grad_(False), as h3plan's README does."""
+    decode (the eager anchor (docs/sources.md#h200-anchors)'s setup); false: requires_grad_(False), as h3plan's README does."""
     max_ulysses: int = 8
     """fit: the largest Ulysses degree it suggests (one NVLink node)."""
+    reserve_fraction: float = 0.08
+    """Share of the GPU's memory kept free for what the estimate does not count (CUDA context, cuBLAS/NCCL
+    workspaces, allocator fragmentation)."""
+    check: bool = True
+    """Refuse a plan whose estimated peak does not fit (false: only report it)."""
 
 
 def _setting(settings: Mapping[str, Any], lever: str, default: str) -> str:

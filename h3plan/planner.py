@@ -18,12 +18,15 @@ from .plan import Plan, make_plan
 __all__ = ["PlanningError", "resolve", "context"]
 
 
-def context(sections: Mapping[str, Any], decisions: Mapping[str, Any] | None = None) -> Context:
+def context(sections: Mapping[str, Any], decisions: Mapping[str, Any] | None = None,
+            request: Mapping[str, Any] | None = None) -> Context:
     shp = derive.shape(sections)
+    req = dict(request or {})
     return Context(
         hardware=sections["hardware"], recipe=sections["recipe"], parallel=sections["parallel"],
         model=sections["model"], vae=sections["vae"], levers=MappingProxyType(dict(sections["levers"])),
         shape=MappingProxyType(shp), decisions=MappingProxyType(dict(decisions or {})),
+        request=MappingProxyType(req if req.get("source", "").startswith("video") else {}),
     )
 
 
@@ -42,18 +45,42 @@ def _notes(sections: Mapping[str, Any], decisions) -> list[str]:
     return notes
 
 
+def _memory(sections, shape, decisions) -> tuple[dict[str, Any], dict[str, str]]:
+    """The peak-memory estimate per GPU (h3plan/memory.py) against the hardware's memory; a plan that cannot
+    fit raises PlanningError with the numbers and the nearest option that fits."""
+    from . import memory
+
+    est = memory.estimate(sections, shape, decisions)
+    hw, m = sections["hardware"], sections["memory"]
+    gb = hw["device"]["memory_gb"]
+    values = {"memory_peak_gib_per_gpu": est["peak_gib"], "memory_peak_phase": est["peak_phase"],
+              "memory_breakdown_gib": {k: round(v, 2) for k, v in est["breakdown"].items()}}
+    basis = {"memory_peak_gib_per_gpu": est["summary"] + f"; against {gb} GB ({hw['name']} hardware.device.memory_gb) less "
+                                        f"memory.reserve_fraction {m['reserve_fraction']:g}",
+             "memory_breakdown_gib": "; ".join(f"{k}: {v}" for k, v in est["basis"].items())}
+    if gb and m["check"]:
+        why = memory.fit(est, gb, m["reserve_fraction"])
+        if why:
+            raise PlanningError(f"the plan does not fit one {hw['name']} GPU: {why}")
+    return values, basis
+
+
 def resolve(cfg) -> Plan:
     """cfg: the composed Hydra config (DictConfig) or a plain dict with the same sections."""
     sections = schema.validate(cfg)  # ConfigError (an H3PlanError) on values the schema rules out
-    ctx = context(sections)
+    sequence, sequence_basis = sections.pop("sequence"), sections.pop("sequence_basis")
+    ctx = context(sections, request=sequence)
     decisions: dict[str, Any] = {}
     for lever, module in REGISTRY.items():
         try:
             decisions[lever] = module.decide(ctx)
         except LeverError as e:
             raise PlanningError(str(e), e.reasons) from None
-        ctx = context(sections, decisions)
+        ctx = context(sections, decisions, sequence)
         if sections["recipe"]["policy"] == "lossless" and not decisions[lever].lossless:
             raise AssertionError(f"internal: lossy {lever}={decisions[lever].setting} under a lossless policy")
     derived = derive.merge(ctx.shape, derive.estimates(sections, ctx.shape, decisions))
+    mem, mem_basis = _memory(sections, ctx.shape, decisions)
+    derived.update(mem, sequence=sequence)
+    derived["basis"] = {**derived["basis"], **mem_basis, "sequence": "; ".join(f"{k}: {v}" for k, v in sequence_basis.items())}
     return make_plan(sections, derived, decisions.values(), notes=_notes(sections, decisions.values()))

@@ -285,7 +285,12 @@ def sequence(sections: Mapping[str, Any]) -> tuple[int, dict[str, Any], dict[str
     explicit = par.get("seq_len")
     derived = None
     if video is not None:
-        derived = tokens(request_from(video, par.get("batch") or 1), sections["model"], sections["vae"], sections.get("pipeline"))
+        try:
+            derived = tokens(request_from(video, par.get("batch") or 1), sections["model"], sections["vae"], sections.get("pipeline"))
+        except ConfigError:
+            if explicit is None:
+                raise
+            # an explicit length needs no request: a model or VAE the request arithmetic does not fit is fine
     name = (video or {}).get("name", "custom")
     if explicit is not None:
         _positive("parallel.seq_len", explicit)

@@ -15,7 +15,10 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from .actions.calibrate_config import CalibrateConfig
 from .errors import ConfigError
+from .memory import MemoryConfig
+from .request import PipelineConfig, VideoConfig, sequence
 
 from .levers import LEVER_SETTINGS  # declared by each lever module (SPEC), registry order
 
@@ -34,6 +37,12 @@ class Action(str, Enum):
     plan = "plan"
     verify = "verify"
     bench = "bench"
+    calibrate = "calibrate"
+
+
+class Target(str, Enum):
+    block = "block"
+    pipeline = "pipeline"
 
 
 class Format(str, Enum):
@@ -256,6 +265,17 @@ class UlyssesMeasured:
 
 
 @dataclass
+class CompilePoint:
+    """diffusers' regional compile over the installed plan against the same plan uncompiled (plain time /
+    compiled time), one entry per interleaved run."""
+
+    recipe: str = MISSING
+    seq_len: int = MISSING
+    speedups: List[float] = MISSING
+    source: str = MISSING
+
+
+@dataclass
 class MeasuredFacts:
     on_hardware: bool = MISSING
     hbm_copy_tbps: Optional[float] = None
@@ -267,6 +287,8 @@ class MeasuredFacts:
     """Eager RMSNorm + indexed modulation time over the HBM floor (min, max); compiled below."""
     modulation_compile_x_hbm_floor: Optional[float] = None
     ulysses: UlyssesMeasured = field(default_factory=UlyssesMeasured)
+    compile: List[CompilePoint] = field(default_factory=list)
+    """The compile lever's evidence (empty: never measured, auto keeps it off)."""
     """Multi-GPU measurements by Ulysses degree (empty: estimates from NVLink bandwidth, borrowed rules)."""
     never_measured: List[str] = field(default_factory=list)
     source: str = MISSING
@@ -354,8 +376,9 @@ class ParallelConfig:
     name: str = MISSING
     ulysses: int = MISSING
     """Ulysses degree (GPUs sharing one sequence); must divide the attention heads."""
-    seq_len: int = MISSING
-    """Packed sequence length in tokens (text + audio + video rows)."""
+    seq_len: Optional[int] = None
+    """Packed sequence length in tokens (text + audio + video rows); null: derived from the `video` request.
+    Set it to plan for a length no request gives (it wins, and the plan says so)."""
     batch: int = 1
     attention_chunks: int = 1
     """Chunks of local heads for the overlapped all-to-all (1 = no overlap)."""
@@ -476,6 +499,34 @@ class VerifyConfig:
 
 
 @dataclass
+class PipelineBenchConfig:
+    """bench.target=pipeline (h3plan/actions/pipeline_bench.py): diffusers' modular pipeline end to end."""
+
+    text_tokens: int = 110
+    """Rows of the random prompt_embeds when the video request names none."""
+    warmup: int = 2
+    """Untimed denoise steps at the start of every call (diffusers' first step has another temb shape, so a
+    compiled setting traces twice: two untimed steps keep both traces out of the timed ones)."""
+    steps: int = 1
+    """Timed denoise steps per call."""
+    rounds: int = 2
+    """Calls per setting, the order of the settings reversed every round."""
+    decode_warmup: int = 1
+    audio: bool = True
+    best: bool = True
+    """Time diffusers' best setting (regional compile; context parallel + compile at degree > 1)."""
+    compile_backend: str = "inductor"
+    cp_backend: str = "_native_cudnn"
+    e2e_steps: Optional[int] = None
+    """Transformer forwards of one generation (null: the pipeline's num_inference_steps - 1)."""
+    layers: Optional[int] = None
+    """Transformer layers (null: the model config's)."""
+    vae: str = "auto"
+    """auto | fp16_autocast | bf16 | fp32"""
+    seed: int = 0
+
+
+@dataclass
 class BenchConfig:
     """action=bench (h3plan/actions/bench/): eager vs the plan, side by side in one process."""
 
@@ -486,6 +537,10 @@ class BenchConfig:
     out_dir: str = "benchmarks/results"
     tag: Optional[str] = None
     """Output file suffix (block-<tag>.json); null: the device's short name (h200, cpu)."""
+    target: Target = Target.block
+    """block: transformer blocks (eager, the plan); pipeline: diffusers' MiniMaxH3ModularPipeline end to end for
+    the `video` request (eager, diffusers' best setting, the plan)."""
+    pipeline: PipelineBenchConfig = field(default_factory=PipelineBenchConfig)
 
 
 @dataclass
@@ -499,13 +554,17 @@ class H3PlanConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     vae: VaeConfig = field(default_factory=VaeConfig)
+    video: VideoConfig = field(default_factory=VideoConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
     levers: LeversConfig = field(default_factory=LeversConfig)
     verify: VerifyConfig = field(default_factory=VerifyConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
+    calibrate: CalibrateConfig = field(default_factory=CalibrateConfig)
 
 
 SCHEMA_NAME = "h3plan_schema"
-PLAN_SECTIONS = ("hardware", "recipe", "parallel", "model", "vae", "levers")
+PLAN_SECTIONS = ("hardware", "recipe", "parallel", "model", "vae", "video", "pipeline", "memory", "levers")
 
 
 def register() -> None:
@@ -578,10 +637,9 @@ def validate(cfg: DictConfig | dict) -> dict[str, Any]:
             f"the Ulysses degree must divide the {heads} attention heads of model {c['model']['name']}; allowed: "
             + ", ".join(map(str, _divisors(heads))),
         )
-    if p["seq_len"] < 1:
-        raise ConfigError(f"parallel.seq_len={p['seq_len']}", "must be a positive number of tokens")
     if p["batch"] < 1:
         raise ConfigError(f"parallel.batch={p['batch']}", "must be >= 1")
+    p["seq_len"], c["sequence"], c["sequence_basis"] = sequence(c)  # explicit parallel.seq_len, else the video request
     if p["seq_len"] < u:
         raise ConfigError(f"parallel.seq_len={p['seq_len']}", f"must be at least the Ulysses degree {u} (one row per rank)")
     if p["attention_chunks"] < 1:
@@ -617,4 +675,6 @@ def validate(cfg: DictConfig | dict) -> dict[str, Any]:
     for dt in c["hardware"]["cudnn"]["fp8_output_dtypes"]:
         if dt not in ("fp8", "bf16", "fp16"):
             raise ConfigError("hardware.cudnn.fp8_output_dtypes", f"unknown dtype {dt!r}; allowed: fp8, bf16, fp16")
-    return {k: c[k] for k in PLAN_SECTIONS}
+    out = {k: c[k] for k in PLAN_SECTIONS}
+    out["sequence"], out["sequence_basis"] = c["sequence"], c["sequence_basis"]
+    return out

@@ -22,9 +22,6 @@ from typing import Any, Mapping
 
 from .errors import PlanningError
 
-LEVER = "vae_parallel"
-SETTINGS = ("off", "tiles")
-LOSSLESS = {"off": True, "tiles": True}  # the same decoder calls on the same inputs, stitched by diffusers' code
 MIN_SPEEDUP = 1.05
 HEADER_BYTES = 16  # a rank's status words at the head of its gather slot (install/vae_parallel.py)
 ALIGN = 16         # every decoded item starts at a multiple of this in the slot (any dtype can view it)
@@ -160,7 +157,7 @@ class Anchor:
 H200_EAGER = Anchor((62, 48, 84), (11.1, 12.4), RELEASED,
                     "diffusers eager decode, FP16 autocast, one H200 (conf/hardware/sm90.yaml measured.vae_decode)")
 H200_PLAN = Anchor((62, 48, 84), (6.723, 6.723), RELEASED,
-                   "h3plan's VAE plan (vae_ops fused + vae_graphs), one H200 (DESIGN.md: 12,335 -> 6,723 ms)")
+                   "h3plan's VAE plan (vae_ops fused + vae_graphs), one H200 (docs/sources.md#h200-anchors: 12,335 -> 6,723 ms)")
 # all_to_all_single per-rank rates over NVLink at degrees 2 and 4 (conf/hardware/sm90.yaml measured.ulysses.a2a)
 H200_GATHER_GBPS = 200.1
 
@@ -218,8 +215,6 @@ def estimate(latent: tuple[int, int, int], degree: int, g: Geometry = RELEASED, 
 
 def blockers(setting: str, latent: tuple[int, int, int], degree: int, g: Geometry = RELEASED) -> list[str]:
     """Why `setting` cannot apply (empty: it can)."""
-    if setting not in SETTINGS:
-        return [f"unknown setting {setting!r}; allowed: auto, {', '.join(SETTINGS)}"]
     if setting == "off":
         return []
     out = []
@@ -252,16 +247,3 @@ def auto(latent: tuple[int, int, int], degree: int, g: Geometry = RELEASED, *, a
                      f"gather buffer {e.buffer_bytes_per_rank / 2**30:.2f} GiB per rank", *e.basis], params
 
 
-def decide(requested: str, latent: tuple[int, int, int], degree: int, g: Geometry = RELEASED,
-           **kw) -> tuple[str, list[str], dict]:
-    """auto -> `auto(...)`; a forced setting that cannot apply raises PlanningError with every reason."""
-    if requested == "auto":
-        return auto(latent, degree, g, **kw)
-    why = blockers(requested, latent, degree, g)
-    if why:
-        raise PlanningError(f"levers.{LEVER}={requested} cannot apply: " + "; ".join(why), why)
-    reasons = [f"forced by levers.{LEVER}={requested}"]
-    if requested == "tiles":
-        e = estimate(latent, degree, g, **{k: v for k, v in kw.items() if k != "min_speedup"})
-        reasons += [f"estimated {_span(*e.speedup)}x at degree {degree}", *e.basis]
-    return requested, reasons, {}

@@ -6,7 +6,7 @@ two schedules, the denoise loop, unpack - and `MiniMaxH3DecodeStep`), seeded ran
 text encoder), in one process, for three settings on ONE transformer instance:
 - eager: diffusers as it ships;
 - best: diffusers' best setting for the same GPUs. One GPU: `transformer.compile_repeated_blocks(fullgraph=True)`
-  (regional compile; diffusers' default attention, which on one GPU is as fast as `_native_cudnn`: DESIGN.md).
+  (regional compile; diffusers' default attention, which on one GPU is as fast as `_native_cudnn`: docs/sources.md#h200-anchors).
   Ulysses degree U > 1: `set_attention_backend(cp_backend)` (a backend diffusers registers for context
   parallelism, `_native_cudnn` by default), `enable_parallelism(config=ContextParallelConfig(ulysses_degree=U,
   ulysses_anything=S % U != 0))`, then the regional compile. The VAE as diffusers leaves it (eager), so
@@ -29,7 +29,7 @@ between consecutive transformer calls of diffusers' loop (device events from a f
 transformer; the last one ends when the denoise step returns), so it includes the scheduler updates; the
 first `warmup` steps of every call are dropped; medians over steps x rounds. The video decode is timed in
 round one after `decode_warmup` untimed decodes (the plan's first decode captures its CUDA graphs), under
-FP16 autocast on a GPU (VAE weights fp32 as released: the decode DESIGN.md and benchmarks/vae.py measure;
+FP16 autocast on a GPU (VAE weights fp32 as released: the decode docs/sources.md#h200-anchors and benchmarks/vae.py measure;
 `vae=bf16` casts like `load_components(dtype=torch.bfloat16)` and decodes without autocast).
 End to end: overhead (layout, noise) + steps_e2e x step + decode (+ the audio decode, the same code for
 all), steps_e2e = transformer forwards at the pipeline's default num_inference_steps (50, diffusers'
@@ -70,8 +70,15 @@ from .bench.records import _one_line
 from .bench.timing import Progress
 from .pipeline_settings import Best, Eager, PlanSetting, Reference, Setting
 
-DEFAULTS = dict(text_tokens=110, warmup=1, steps=1, rounds=2, decode_warmup=1, audio=True, best=True,
-                compile_backend="inductor", cp_backend="_native_cudnn", e2e_steps=None, layers=None, vae="auto", seed=0)
+def _defaults() -> dict[str, Any]:
+    from dataclasses import fields
+
+    from h3plan.schema import PipelineBenchConfig  # bench.pipeline.*: one definition, the schema's
+
+    return {f.name: f.default for f in fields(PipelineBenchConfig)}
+
+
+DEFAULTS = _defaults()
 VAE_MODES = ("auto", "fp16_autocast", "bf16", "fp32")
 CPU_MAX_HIDDEN = 1024  # wider transformers are real width: GPU only
 CPU_MAX_TOKENS = 16384
@@ -108,9 +115,10 @@ def _get(node, key, default=None):
     return default if v is None and default is not None else v
 
 
-def options(cfg) -> PipelineBenchOptions:
-    """`video` (top level) and `bench.pipeline.*` (defaults: DEFAULTS), `bench.out_dir` / `bench.tag`; one UsageError
-    line naming the key on a bad value."""
+def options(cfg, plan=None) -> PipelineBenchOptions:
+    """`video` and `bench.pipeline.*` (defaults: DEFAULTS), `bench.out_dir` / `bench.tag`; one UsageError
+    line naming the key on a bad value. `video` is "HxWxF", or the config group (a mapping): then the plan's
+    request (plan.derived sequence) gives the size, the frame count and the prompt rows."""
     bench = _get(cfg, "bench")
     p = _get(bench, "pipeline") or {}
     vals = {k: _get(p, k, d) for k, d in DEFAULTS.items()}
@@ -126,6 +134,11 @@ def options(cfg) -> PipelineBenchOptions:
     if vals["vae"] not in VAE_MODES:
         raise UsageError(f"bench.pipeline.vae={vals['vae']}: one of {', '.join(VAE_MODES)}")
     video = _get(cfg, "video")
+    seq = plan.derived_value("sequence") if plan is not None else None
+    if hasattr(video, "keys"):  # the `video` config group
+        video = None
+        if seq and str(seq.get("source", "")).startswith("video"):
+            video, vals["text_tokens"] = f"{seq['height']}x{seq['width']}x{seq['frames']}", int(seq["text_rows"])
     if video is not None:
         from .pipeline_build import Request
 
@@ -488,7 +501,7 @@ class _Quiet:
 
 def run(cfg, plan) -> int:
     """Entry point of `python -m h3plan action=bench target=pipeline`; 0 when eager and the plan ran, 1 otherwise."""
-    opts = options(cfg)
+    opts = options(cfg, plan)
     degree = int(plan.get("parallel").get("ulysses", 1))
     import torch
 

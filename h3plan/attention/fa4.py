@@ -16,7 +16,7 @@ the processor counts `fa4_tile.fallback` with that reason. The H200 tile (192, 1
 bit-identical to FA4's default (benchmarks/results/probes/attention-tuning-h200.json).
 
 Numerics: FA4's own (fp32 accumulation, bf16 output); not bitwise equal to SDPA (relative error about
-3e-3 at H3 shapes, DESIGN.md anchors). Hardware: FA4's SM90 forward ran on the H200 (anchors/probe2.py)
+3e-3 at H3 shapes, docs/sources.md#h200-anchors). Hardware: FA4's SM90 forward ran on the H200 (benchmarks/anchors/probe2.py)
 and this wrapper is proven by tests/gpu/test_install_gpu.py; the 2-CTA switch on SM100+ never ran on
 hardware here (no Blackwell machine).
 """

@@ -349,8 +349,11 @@ def install(model, plan: Plan, *, registry=None, group=None) -> InstallReport:
     registry: lever name -> object with install(builder, decision) (default h3plan.levers.REGISTRY).
     group: the torch.distributed group for Ulysses (None: the default group; not used by the VAE).
     """
+    from . import pipeline as _pipeline
     from . import vae as _vae
 
+    if _pipeline.is_pipeline(model):
+        return _pipeline.install_pipeline(model, plan, group=group, registry=registry)
     is_vae = _vae.is_vae(model)
     if is_vae:
         _vae.recognise(model)
@@ -373,7 +376,7 @@ def install(model, plan: Plan, *, registry=None, group=None) -> InstallReport:
     state = _State(plan, report)
     try:
         if is_vae:
-            _vae.apply(model, builder, state)
+            _vae.apply(model, builder, state, group)
         else:
             if builder.recorded("linears").get("quant") is not None:
                 _quantize(model, builder, state)
@@ -381,17 +384,34 @@ def install(model, plan: Plan, *, registry=None, group=None) -> InstallReport:
             if shard is not None:
                 _sequence_amax(model, shard, state)
             _forwards(model, builder, state, shard)
+            if builder.values.get("compile") == "regional":
+                _compile(model, builder, state)
     except BaseException:
         _undo(state)
         raise
     if is_vae:
         _vae.skips(plan, builder, report)
-        if group is not None:
-            report.notes.append("group= is for the transformer's Ulysses attention; the VAE install ignores it")
+        if group is not None and not builder.values.get("parallel"):
+            report.notes.append("group= is for the transformer's Ulysses attention and vae_parallel; this plan uses neither on the VAE")
     else:
         _skips(plan, builder, report)
     model._h3plan_state = state
     return report
+
+
+def _compile(model, builder, state) -> None:
+    """compile=regional: diffusers' compile_repeated_blocks(fullgraph=True) over the installed blocks; uninstall
+    drops the compiled callables (the blocks run uncompiled again)."""
+    model.compile_repeated_blocks(fullgraph=True)
+    blocks = [m for m in model.modules() if type(m).__name__ in (model._repeated_blocks or ())]
+
+    def undo():
+        for b in blocks:
+            b._compiled_call_impl = None
+
+    state.undo.append(undo)
+    _swap(state.report, builder.lever_of("compile"), "transformer_blocks", "eager forward",
+          f"torch.compile regional, fullgraph ({len(blocks)} blocks)")
 
 
 def _undo(state: _State) -> None:
@@ -401,6 +421,10 @@ def _undo(state: _State) -> None:
 
 def uninstall(model) -> bool:
     """Restore the model exactly as it was before install; False when nothing was installed."""
+    from . import pipeline as _pipeline
+
+    if _pipeline.is_pipeline(model):
+        return _pipeline.uninstall_pipeline(model)
     state = model.__dict__.pop("_h3plan_state", None)
     if state is None:
         return False

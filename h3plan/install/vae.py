@@ -215,8 +215,9 @@ def _install_tiles(model, builder, state) -> None:
                                      "the autocast dtype: the FP8 decode never ran"))
 
 
-def apply(model, builder, state) -> None:
-    """Swap what the builder's VAE options ask for; every swap is undoable through state.undo."""
+def apply(model, builder, state, group=None) -> None:
+    """Swap what the builder's VAE options ask for; every swap is undoable through state.undo. `group`: the
+    process group vae_parallel spreads the decode over (None: the default group)."""
     opts = builder.options("vae")
     if opts["ops"]:
         _install_ops(model, builder, state)
@@ -224,6 +225,10 @@ def apply(model, builder, state) -> None:
         _install_tiles(model, builder, state)
     if opts["graphs"]:
         _install_graphs(model, builder, state)
+    if opts["parallel"]:
+        from . import vae_parallel
+
+        vae_parallel.apply(model, group, state)
     if "vae_tiles" in builder.settings and opts["tile"] is None and tuple(getattr(model, a) for a in TILING) != RELEASED:
         state.report.notes.append(f"vae_tiles=default leaves the model's tiling as set ({_geometry(model)}), not "
                                   "diffusers' released 256x256 px, overlap 64x64")

@@ -45,7 +45,10 @@ import torch.distributed as dist
 from h3plan.errors import InstallError
 from h3plan.parallel.comm import degree_rank, device_reason
 from h3plan.runtime.counters import fallback as count_fallback, fused as count_fused
-from h3plan.vae_parallel_plan import HEADER_BYTES, LEVER, Geometry, aligned, chunk_layout, shares
+from h3plan.levers.vae_parallel import SPEC
+from h3plan.vae_parallel_plan import HEADER_BYTES, Geometry, aligned, chunk_layout, shares
+
+LEVER = SPEC.name  # the counters' name
 
 from .report import Swap
 

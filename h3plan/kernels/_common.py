@@ -1,6 +1,6 @@
 """Shared pieces of the Triton kernels: explicit rounding, launch options, guard helpers.
 
-Numerics contract (DESIGN.md, "Numerics you will meet"): kernels do fp32 math and round to the storage
+Numerics contract (docs/numerics.md): kernels do fp32 math and round to the storage
 dtype only where eager rounds, through `round_to_bf16` / `round_to_fp16` below. Those helpers produce an
 fp32 value that is exactly representable in the target dtype, so the final `.to(dtype)` is exact both on
 the GPU and in Triton's CPU interpreter (whose fp32->bf16 cast truncates). Kernels launch with

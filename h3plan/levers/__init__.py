@@ -18,6 +18,7 @@ from types import MappingProxyType
 from . import (
     a2a_fp8_codes,
     attention,
+    compile,
     fa4_2cta,
     fa4_tile,
     fp8_scales,
@@ -33,13 +34,14 @@ from . import (
     ulysses_padding,
     vae_graphs,
     vae_ops,
+    vae_parallel,
     vae_tiles,
 )
 from .base import Context, LeverError, Option, Spec
 
 _MODULES = (gemm_quant, attention, fa4_2cta, fa4_tile, fp8_scales, qk_norm_rope, modulation, gated_residual, swiglu,
             ulysses_padding, ulysses_overlap, a2a_fp8_codes, prefix_inplace, nvfp4_producer_quant, nvfp4_out_quant,
-            vae_tiles, vae_graphs, vae_ops)
+            compile, vae_tiles, vae_graphs, vae_ops, vae_parallel)
 
 REGISTRY = {m.SPEC.name: m for m in _MODULES}
 if len(REGISTRY) != len(_MODULES):

@@ -113,6 +113,9 @@ class Context:
     levers: Mapping[str, str]
     shape: Mapping[str, Any]
     decisions: Mapping[str, Decision] = field(default_factory=lambda: MappingProxyType({}))
+    request: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    """The video request's numbers (h3plan/request.py: rows, latent frames and size); empty when
+    parallel.seq_len was set explicitly."""
 
     def requested(self, lever: str) -> str:
         return str(self.levers.get(lever, "auto"))

@@ -25,7 +25,7 @@ import h3plan.install.vae_parallel as vp
 from h3plan.install.vae_parallel import REPLAY, ParallelDecode, _Replay, geometry, install_parallel
 from h3plan.runtime.counters import counters, fallback_reasons, reset_counters
 
-LEVER = vpp.LEVER
+LEVER = vp.LEVER
 
 
 @pytest.fixture
@@ -215,9 +215,15 @@ def test_auto_declines_when_the_gather_costs_more_than_it_saves():
 
 
 def test_forced_tiles_that_cannot_apply_raise_with_every_reason():
-    with pytest.raises(PlanningError, match="degree 1.*0 decoder calls"):
-        vpp.decide("tiles", (1, 8, 8), 1)
-    assert vpp.decide("tiles", RELEASED, 2)[0] == "tiles" and vpp.decide("off", RELEASED, 2)[0] == "off"
+    import h3plan
+
+    with pytest.raises(PlanningError, match="levers.vae_parallel=tiles cannot apply: Ulysses degree 1"):
+        h3plan.resolve_config(**{"levers.vae_parallel": "tiles"})
+    p = h3plan.resolve_config(parallel="u2", **{"levers.vae_parallel": "tiles"})
+    assert p.decision("vae_parallel").setting == "tiles" and p.decision("vae_parallel").forced
+    assert h3plan.resolve_config(parallel="u2").decision("vae_parallel").setting == "tiles"  # the released request
+    assert h3plan.resolve_config(parallel="u2", **{"parallel.seq_len": 37820}).decision("vae_parallel").setting == "off"
+    assert vpp.blockers("tiles", (1, 8, 8), 1)
     tiled_off = vpp.Geometry(tiling=False)
     assert vpp.auto(RELEASED, 2, tiled_off)[0] == "off"
 

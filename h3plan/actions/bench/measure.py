@@ -306,6 +306,12 @@ def _run_meta(torch, device, label, opts) -> dict:
 
 def run(cfg, plan) -> int:
     """Entry point of `python -m h3plan action=bench`; 0 when every configuration ran, 1 otherwise."""
+    b = cfg["bench"] if isinstance(cfg, Mapping) else cfg.bench
+    t = b.get("target", "block") if hasattr(b, "get") else getattr(b, "target", "block")
+    if str(getattr(t, "value", t)) == "pipeline":
+        from h3plan.actions.pipeline_bench import run as run_pipeline
+
+        return run_pipeline(cfg, plan)
     opts = options(cfg)
     u = int(plan.get("parallel").get("ulysses", 1))
     if u != 1:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 SCHEMA_VERSION = 1
-# diffusers eager MiniMaxH3TransformerBlock on the H200, bf16, default attention (DESIGN.md, anchors/h200-diffusers-block.json)
+# diffusers eager MiniMaxH3TransformerBlock on the H200, bf16, default attention (benchmarks/anchors/h200-diffusers-block.json)
 ANCHOR_EAGER_MS = {19000: 46.5, 37820: 130.7}
 TARGET_LOSSLESS_SPEEDUP = 1.25
 TARGET_FP8_SPEEDUP = 1.5
@@ -185,7 +185,7 @@ def target_lines(records: Sequence[Mapping]) -> list[str]:
                  and r.get("timing") == "cuda-events" and "h200" in r.get("device", "").lower()]
         if eager:
             lines.append(f"- (context) diffusers eager block at S={S}: {', '.join(f'{e:.1f}' for e in eager)} ms "
-                         f"in these runs; anchor {anchor} ms (DESIGN.md)")
+                         f"in these runs; anchor {anchor} ms (benchmarks/anchors/h200-diffusers-block.json)")
     return lines
 
 

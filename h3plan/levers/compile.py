@@ -1,0 +1,52 @@
+"""diffusers' regional compile (`compile_repeated_blocks(fullgraph=True)`) over the installed plan.
+
+The installed blocks survive torch.compile: the kernels and attention backends are opaque custom ops, the
+counters go through `h3plan::count`, nothing recompiles call after call (tests/gpu/test_compile_gpu.py on the
+H200). Inductor then fuses what lies around h3plan's kernels (AdaLN projections, GEMM epilogues) and rounds it
+its own way: not eager's bits (2.6e-4 relative to the uncompiled plan on the H200), so `regional` is lossy.
+
+auto: regional only where the hardware measured the compiled plan of this recipe against the plain plan
+(`hardware.measured.compile`, nearest length) and every run timed it faster; off otherwise, with the runs.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .base import Context, Option, Spec, faster_in_every_run, one_of, resolve, speedup_runs
+
+SPEC = Spec(
+    name="compile",
+    settings={"off": True, "regional": False},
+    summary="diffusers' regional torch.compile over the installed blocks (not eager's bits: lossy)",
+    options=(Option("block", "compile", *one_of("off", "regional"), default="off",
+                    swap=lambda v: (".forward", "eager", "torch.compile (regional, fullgraph)") if v != "off" else None),),
+)
+
+
+def _measured(ctx: Context):
+    pts = [p for p in ctx.hardware["measured"].get("compile") or [] if p["recipe"] == ctx.recipe["name"]]
+    return min(pts, key=lambda p: abs(math.log(p["seq_len"] / ctx.seq_len))) if pts else None
+
+
+def auto(ctx: Context):
+    if ctx.lossless_only:
+        return "off", [f"recipe {ctx.recipe['name']} is lossless and a compiled block rounds its own way (not eager's bits)"], {}
+    m = _measured(ctx)
+    if m is None:
+        return "off", [f"never measured on {ctx.hw} for recipe {ctx.recipe['name']}: the plan's own kernels run uncompiled"], {}
+    runs = f"{speedup_runs(m['speedups'])} at {m['seq_len']:,} tokens (nearest measured length; {m['source']})"
+    if faster_in_every_run(m["speedups"]):
+        return "regional", [f"compiled plan faster in every run: {runs}", ctx.budget_text()], {}
+    return "off", [f"compiled plan not faster in every run: {runs}"], {}
+
+
+def decide(ctx: Context):
+    return resolve(ctx, SPEC, auto=auto)
+
+
+def install(builder, decision) -> None:
+    if decision.setting == "regional":
+        builder.set(SPEC.name, "compile", "regional")
+    else:
+        builder.skip(SPEC.name, decision.reasons[0])
