@@ -34,7 +34,8 @@ def vae_config(name: str) -> dict:
     from omegaconf import OmegaConf
 
     path = ROOT / "conf" / "vae" / f"{name}.yaml"
-    return OmegaConf.to_container(OmegaConf.load(path).diffusers_config, resolve=True)
+    cfg = OmegaConf.load(path)
+    return OmegaConf.to_container(cfg.get("vae", cfg).diffusers_config, resolve=True)  # h3_tiny nests under vae: (@package _global_)
 
 
 def build_vae(config: dict, device="cuda", seed: int = 0, scale_std: float = 0.1):

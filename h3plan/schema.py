@@ -662,6 +662,9 @@ def validate(cfg: DictConfig | dict) -> dict[str, Any]:
             v = tile[k]
             if v is not None and (v <= 0 or v % ratio):
                 raise ConfigError(f"vae.{tile_name}.{k}={v}", f"must be a positive multiple of the spatial compression {ratio}")
+        if None not in (tile["height"], tile["width"], tile["overlap"]) and tile["overlap"] >= min(tile["height"], tile["width"]):
+            raise ConfigError(f"vae.{tile_name}.overlap={tile['overlap']}",
+                              f"must be smaller than the tile ({tile['height']}x{tile['width']} px): diffusers lays no such tiles")
     verified = c["hardware"]["verified"]["settings"]
     for lever, settings in verified.items():
         if lever not in LEVER_SETTINGS:

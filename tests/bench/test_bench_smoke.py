@@ -17,7 +17,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-COMMON = ["action=bench", "model=h3_tiny", "vae=h3_tiny", "bench.seq_lens=[48]", "bench.warmup=0", "bench.iters=1"]
+COMMON = ["action=bench", "model=h3_tiny", "vae=h3_tiny", "parallel.seq_len=48", "bench.seq_lens=[48]", "bench.warmup=0", "bench.iters=1"]
 # Two CLI invocations in one fresh process (torch imported once); TRITON_INTERPRET unset, as for a CPU user:
 # the fused kernels' guards then refuse the CPU and count fallbacks, so the run stays fast and deterministic.
 DRIVER = """

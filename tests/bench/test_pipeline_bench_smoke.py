@@ -134,7 +134,7 @@ def test_options_refuse_bad_values_in_one_line():
             options(cfg)
         assert str(e.value).startswith(msg) and "\n" not in str(e.value)
     o = options({"video": "768x1344x124", "bench": {"out_dir": "x"}})
-    assert (o.video, o.steps, o.rounds, o.warmup, o.text_tokens, o.best) == ("768x1344x124", 1, 2, 1, 110, True)
+    assert (o.video, o.steps, o.rounds, o.warmup, o.text_tokens, o.best) == ("768x1344x124", 1, 2, 2, 110, True)
 
 
 def test_cpu_refuses_real_width_with_the_smoke_form():

@@ -12,7 +12,7 @@ BAD = [
     (["hardware=sm200"], "hardware=sm200: no such option; available: sm100, sm103, sm107, sm90"),
     (["levers.attention=fa5"], "levers.attention=fa5: not allowed; allowed: auto, sdpa, cudnn_bf16, cudnn_fp8, fa4"),
     (["levers.atention=fa4"], "levers.atention: unknown key; allowed: gemm_quant, attention,"),
-    (["parallel.seq_len=-5"], "parallel.seq_len=-5: must be a positive number of tokens"),
+    (["parallel.seq_len=-5"], "parallel.seq_len=-5: must be a positive integer"),
     (["parallel.seq_len=abc"], "parallel.seq_len: Value 'abc'"),
     (["model=h3_tiny", "parallel=u8"], "must divide the 4 attention heads of model h3_tiny; allowed: 1, 2, 4"),
     (["levers.fa4_2cta=on"], "levers.fa4_2cta=on cannot apply: sm90 has no FA4 2-CTA kernel"),

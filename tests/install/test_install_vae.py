@@ -20,7 +20,7 @@ from h3plan.plan import make_decision, make_plan
 from install_helpers import ROOT
 from omegaconf import OmegaConf
 
-TINY = {**OmegaConf.to_container(OmegaConf.load(ROOT / "conf/vae/h3_tiny.yaml").diffusers_config),
+TINY = {**OmegaConf.to_container(OmegaConf.load(ROOT / "conf/vae/h3_tiny.yaml").vae.diffusers_config),
         "latents_mean": (0.0,) * 4, "latents_std": (1.0,) * 4}
 BLOCKS = TINY["decoder_num_layers"]
 TILING = ("use_tiling", "tile_sample_min_height", "tile_sample_min_width", "tile_sample_min_overlap_height",

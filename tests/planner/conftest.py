@@ -11,7 +11,7 @@ import functools
 
 import pytest
 
-GROUPS = ("hardware", "recipe", "parallel", "model", "vae")
+GROUPS = ("hardware", "recipe", "parallel", "model", "vae", "video", "pipeline")
 
 
 @functools.lru_cache(maxsize=None)
@@ -19,7 +19,7 @@ def _hydra_compose(*overrides):
     from hydra import compose, initialize_config_dir
 
     from h3plan import schema
-    from h3plan.cli import CONFIG_PATH
+    from h3plan.config import CONFIG_PATH
 
     schema.register()
     with initialize_config_dir(config_dir=CONFIG_PATH, version_base="1.3"):

@@ -19,11 +19,11 @@ ROWS = [
     pytest.param(["hardware=sm107", "recipe=nvfp4", "parallel=u4", "parallel.seq_len=37822"],
                  dict(NVFP4_U1_U4, ulysses_padding="fixed_valid", prefix_inplace="on"), id="sm107-nvfp4-u4-padded"),
     # U8 at 104k: static scales (held-out table, margin 1.0); the async arm with the FP8 cast runs on static scales
-    pytest.param(["hardware=sm107", "recipe=nvfp4", "parallel=u8", f"recipe.fp8_static_table={TABLE}"],
+    pytest.param(["hardware=sm107", "recipe=nvfp4", "parallel=u8", "video=t2v_768x1344_14s", f"recipe.fp8_static_table={TABLE}"],
                  dict(NVFP4_U1_U4, fp8_scales="static", ulysses_padding="fixed_valid", prefix_inplace="on",
                       ulysses_overlap="on", a2a_fp8_codes="on"), id="sm107-nvfp4-u8-104k"),
     # U8 at 104k without a calibrated table: dynamic kept (and so no async arm with the FP8 cast)
-    pytest.param(["hardware=sm107", "recipe=nvfp4", "parallel=u8"],
+    pytest.param(["hardware=sm107", "recipe=nvfp4", "parallel=u8", "video=t2v_768x1344_14s"],
                  dict(NVFP4_U1_U4, fp8_scales="dynamic", ulysses_overlap="off", a2a_fp8_codes="on"), id="sm107-nvfp4-u8-104k-notable"),
     # U8 at 19k: step fusions off (producer quantize, out quantize, fold, FP8 scale fusion)
     pytest.param(["hardware=sm107", "recipe=nvfp4", "parallel=u8", "parallel.seq_len=19000"],
@@ -105,12 +105,12 @@ def test_sm90_cudnn_fp8_needs_fp8_output_and_a_chosen_scale_o(plan):
 
 
 def test_static_row_records_table_and_margin(plan):
-    p = plan("hardware=sm107", "recipe=nvfp4", "parallel=u8", f"recipe.fp8_static_table={TABLE}")
+    p = plan("hardware=sm107", "recipe=nvfp4", "parallel=u8", "video=t2v_768x1344_14s", f"recipe.fp8_static_table={TABLE}")
     s = p.decision("fp8_scales")
     assert (s.param("scale_table"), s.param("scale_margin")) == (TABLE, 1.0)
     assert "static_scales_min" in s.reasons[0] and "interpolated" in s.reasons[0]
     assert p.decision("ulysses_overlap").param("chunk_heads") == [4, 3]
-    notable = plan("hardware=sm107", "recipe=nvfp4", "parallel=u8").decision("fp8_scales")
+    notable = plan("hardware=sm107", "recipe=nvfp4", "parallel=u8", "video=t2v_768x1344_14s").decision("fp8_scales")
     assert "fp8_static_table is null" in notable.reasons[0]
 
 

@@ -23,7 +23,7 @@ ERRORS = [
     (["levers.vae_tiles=custom", "recipe.policy=budget", "recipe.budget.psnr_db_min=34", "recipe.budget.ssim_min=0.97"], ["vae.custom_tile"]),
     (["parallel.ulysses=3"], ["must divide the 56 attention heads"]),
     (["model=h3_tiny", "parallel=u8"], ["must divide the 4 attention heads"]),
-    (["parallel.seq_len=-5"], ["positive number of tokens"]),
+    (["parallel.seq_len=-5"], ["parallel.seq_len=-5: must be a positive integer"]),
     (["parallel=u8", "parallel.attention_chunks=8", "levers.ulysses_overlap=on"], ["exceeds the 7 heads per rank"]),
     (["parallel.attention_chunks=0"], ["must be >= 1"]),
     (["vae.custom_tile.height=100"], ["multiple of the spatial compression 16"]),

@@ -11,7 +11,7 @@ TABLE = str(Path(__file__).parent / "data" / "scales-synthetic.json")  # synthet
 
 
 def test_derived_shape_numbers(plan):
-    d = plan("hardware=sm107", "recipe=nvfp4", "parallel=u8").to_dict()["derived"]
+    d = plan("hardware=sm107", "recipe=nvfp4", "parallel=u8", "video=t2v_768x1344_14s").to_dict()["derived"]
     assert (d["heads_per_rank"], d["padded_len"], d["padding_rows"], d["local_rows"]) == (7, 104080, 4, 13010)
     # Q, K, V as e4m3 codes (a2a_fp8_codes on) + O in bf16: 13,010 rows x 56 x 128 x (3 + 2) bytes
     assert d["a2a_bytes_per_block_per_rank"] == 13010 * 56 * 128 * 5
@@ -27,12 +27,12 @@ def test_int64_boundary(plan, seq_len, required):
 
 
 def test_estimates_follow_the_anchors(plan):
-    d = plan("hardware=sm90", "recipe=bf16", "parallel=u1").to_dict()["derived"]
+    d = plan("hardware=sm90", "recipe=bf16", "parallel=u1", "parallel.seq_len=19000").to_dict()["derived"]
     assert d["attention_ms_per_block_est"] == round(4 * 19000**2 * 56 * 128 / 704e12 * 1e3, 3)  # FA4 704 TFLOP/s
     params = 3 * 5376 * 7168 + 7168 * 5376 + 5376 * 2 * 14336 + 14336 * 5376
     assert d["block_linear_params"] == params
     assert d["gemm_ms_per_block_est"] == round(2 * 19000 * params / 770e12 * 1e3, 3)  # BF16 GEMM 770 TFLOP/s
-    u8 = plan("hardware=sm90", "recipe=fp8", "parallel=u8").to_dict()["derived"]
+    u8 = plan("hardware=sm90", "recipe=fp8", "parallel=u8", "video=t2v_768x1344_14s").to_dict()["derived"]
     assert u8["attention_tflops_used"] == 841.0  # cuDNN FP8 at 104,076 x 7
     assert plan("hardware=sm107", "recipe=nvfp4").derived_value("attention_ms_per_block_est") is None
     assert plan("hardware=sm100").derived_value("attention_tflops_used") == round(2250 * 0.71, 1)
@@ -108,7 +108,7 @@ def test_static_install_options(plan):
     from h3plan.levers import fp8_scales
 
     b = RecordingBuilder()
-    fp8_scales.install(b, plan("hardware=sm107", "recipe=nvfp4", "parallel=u8", "recipe.fp8_static_table=" + TABLE).decision("fp8_scales"))
+    fp8_scales.install(b, plan("hardware=sm107", "recipe=nvfp4", "parallel=u8", "video=t2v_768x1344_14s", "recipe.fp8_static_table=" + TABLE).decision("fp8_scales"))
     assert [c[2:] for c in b.calls] == [("fp8_scales", "static"), ("scale_table", TABLE), ("scale_margin", 1.0)]
 
 
