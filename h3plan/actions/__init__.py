@@ -11,7 +11,7 @@ import importlib
 
 from h3plan.errors import UsageError
 
-ACTIONS = {"verify": "h3plan.actions.verify", "bench": "h3plan.actions.bench"}
+ACTIONS = {"verify": "h3plan.actions.verify", "bench": "h3plan.actions.bench", "calibrate": "h3plan.actions.calibrate"}
 RUNTIME_PACKAGES = ("torch", "triton", "diffusers", "numpy", "matplotlib", "tqdm")
 
 
