@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from .bench.records import _f, _one_line
+from .results_file import ResultsFile, write_atomic
 
 SCHEMA_VERSION = 1
 KIND = "pipeline"
@@ -93,48 +93,12 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def new_doc() -> dict:
-    return {"schema_version": SCHEMA_VERSION, "kind": KIND, "runs": [], "records": []}
-
-
-def check_records(records) -> None:
-    for i, r in enumerate(records):
-        missing = [k for k in REQUIRED_KEYS if k not in r]
-        if missing:
-            raise ValueError(f"record {i} lacks {missing}")
-
-
-def load_doc(path: str) -> dict:
-    """The results file at `path`, or a new one; a file that is not a pipeline results file is an error."""
-    if not os.path.exists(path):
-        return new_doc()
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-    except ValueError as exc:
-        raise ValueError(f"{path} is not valid JSON ({exc}); move it away or pick another bench.out_dir") from exc
-    if not isinstance(doc, dict) or doc.get("kind") != KIND or doc.get("schema_version") != SCHEMA_VERSION:
-        raise ValueError(f"{path} is not a pipeline benchmark file (schema_version {SCHEMA_VERSION}); move it away")
-    check_records(doc.get("records", []))
-    doc.setdefault("runs", [])
-    return doc
-
-
 def record_key(r: Mapping) -> tuple:
     return (r["video"], r["gpus"], r["plan"], r.get("device", ""))
 
 
-def merge_record(doc: dict, record: Mapping) -> None:
-    rec = dict(record)
-    check_records([rec])
-    doc["records"] = [r for r in doc["records"] if record_key(r) != record_key(rec)] + [rec]
-
-
-def _write(path: str, text: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+FILE = ResultsFile(SCHEMA_VERSION, REQUIRED_KEYS, record_key, "a pipeline benchmark file", kind=KIND)
+new_doc, load_doc, check_records, merge_record = FILE.new_doc, FILE.load_doc, FILE.check_records, FILE.merge_record
 
 
 def _finite(x):
@@ -150,8 +114,8 @@ def _finite(x):
 
 def write_doc(doc: dict, json_path: str, md_path: str) -> None:
     doc["records"] = [_finite(r) for r in doc["records"]]
-    _write(json_path, json.dumps(_finite(doc), indent=1, allow_nan=False) + "\n")
-    _write(md_path, render_markdown(doc))
+    write_atomic(json_path, json.dumps(_finite(doc), indent=1, allow_nan=False) + "\n")
+    write_atomic(md_path, render_markdown(doc))
 
 
 def _sorted(records):

@@ -13,7 +13,9 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Mapping, Sequence
+
+from ..results_file import ResultsFile, write_atomic
 
 SCHEMA_VERSION = 1
 # diffusers eager MiniMaxH3TransformerBlock on the H200, bf16, default attention (benchmarks/anchors/h200-diffusers-block.json)
@@ -74,50 +76,17 @@ class BlockRecord:
 # ---------------------------------------------------------------- results file, markdown, chart
 
 
-def new_doc() -> dict:
-    return {"schema_version": SCHEMA_VERSION, "runs": [], "records": []}
-
-
-def load_doc(path: str) -> dict:
-    """The results file at `path`, or a new one; a file that is not ours is an error, never overwritten."""
-    if not os.path.exists(path):
-        return new_doc()
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-    except ValueError as exc:
-        raise ValueError(f"{path} is not valid JSON ({exc}); move it away or pick another bench.out_dir") from exc
-    if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION or not isinstance(doc.get("records"), list):
-        raise ValueError(f"{path} is not a block benchmark file (schema_version {SCHEMA_VERSION}); move it away")
-    check_records(doc["records"])
-    doc.setdefault("runs", [])
-    return doc
-
-
-def check_records(records: Iterable[Mapping]) -> None:
-    for i, r in enumerate(records):
-        missing = [k for k in REQUIRED_KEYS if k not in r]
-        if missing:
-            raise ValueError(f"record {i} lacks {missing}")
-
-
 def record_key(r: Mapping) -> tuple:
     return (r["plan"], r["S"], r["blocks"], r.get("device", ""))
 
 
-def merge_record(doc: dict, record: Mapping) -> None:
-    """Replace the record with the same (plan, S, blocks, device), else append."""
-    rec = dict(record)
-    check_records([rec])
-    doc["records"] = [r for r in doc["records"] if record_key(r) != record_key(rec)] + [rec]
+FILE = ResultsFile(SCHEMA_VERSION, REQUIRED_KEYS, record_key, "a block benchmark file")
+new_doc, load_doc, check_records, merge_record = FILE.new_doc, FILE.load_doc, FILE.check_records, FILE.merge_record
 
 
 def write_doc(doc: dict, json_path: str, md_path: str) -> None:
-    for path, text in ((json_path, json.dumps(doc, indent=1) + "\n"), (md_path, render_markdown(doc))):
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
+    write_atomic(json_path, json.dumps(doc, indent=1) + "\n")
+    write_atomic(md_path, render_markdown(doc))
 
 
 def _f(x, fmt="{:.2f}", none="-"):

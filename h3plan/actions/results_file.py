@@ -1,0 +1,63 @@
+"""A committed benchmark results file (JSON beside its markdown): one shape for every bench.
+
+`ResultsFile(...)` knows its schema version, its required record keys, the key that identifies a record (a
+rerun replaces the record with the same key) and, optionally, its `kind`. `load_doc` refuses a file that is not
+its own (never overwritten); writes are atomic (a temporary file, then a rename), so a run cut off by a
+timeout keeps the last complete file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping
+
+
+def write_atomic(path: str, text: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class ResultsFile:
+    schema_version: int
+    required: tuple[str, ...]
+    key: Callable[[Mapping], tuple]
+    what: str  # "a block benchmark file", in the refusal
+    kind: str | None = None
+
+    def new_doc(self) -> dict:
+        kind = {} if self.kind is None else {"kind": self.kind}
+        return {"schema_version": self.schema_version, **kind, "runs": [], "records": []}
+
+    def check_records(self, records: Iterable[Mapping]) -> None:
+        for i, r in enumerate(records):
+            missing = [k for k in self.required if k not in r]
+            if missing:
+                raise ValueError(f"record {i} lacks {missing}")
+
+    def load_doc(self, path: str) -> dict:
+        """The results file at `path`, or a new one; a file that is not ours is an error, never overwritten."""
+        if not os.path.exists(path):
+            return self.new_doc()
+        try:
+            with open(path) as f:
+                doc = json.load(f)
+        except ValueError as exc:
+            raise ValueError(f"{path} is not valid JSON ({exc}); move it away or pick another bench.out_dir") from exc
+        ours = (isinstance(doc, dict) and doc.get("schema_version") == self.schema_version
+                and isinstance(doc.get("records"), list) and (self.kind is None or doc.get("kind") == self.kind))
+        if not ours:
+            raise ValueError(f"{path} is not {self.what} (schema_version {self.schema_version}); move it away")
+        self.check_records(doc["records"])
+        doc.setdefault("runs", [])
+        return doc
+
+    def merge_record(self, doc: dict, record: Mapping) -> None:
+        """Replace the record with the same key, else append."""
+        rec = dict(record)
+        self.check_records([rec])
+        doc["records"] = [r for r in doc["records"] if self.key(r) != self.key(rec)] + [rec]
