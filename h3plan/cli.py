@@ -13,7 +13,6 @@ The plan path imports no torch.
 from __future__ import annotations
 
 import os
-import re
 import sys
 import textwrap
 from typing import Any

@@ -99,3 +99,16 @@ def amax_allreduce_hook(group):
         return amax
 
     return hook
+
+
+def check_qkv(q, k, v, layout: str, error=ValueError) -> None:
+    """q, k, v: 4-dim tensors of one shape, dtype and device; else `error` with one line (layout names the dims)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise error(f"{name} must be a 4-dim {layout} tensor")
+    if not q.shape == k.shape == v.shape:
+        raise error(f"q, k, v shapes differ: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise error(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if not q.device == k.device == v.device:
+        raise error(f"q, k, v devices differ: {q.device}, {k.device}, {v.device}")

@@ -57,7 +57,7 @@ import torch.distributed as dist
 
 from h3plan.errors import UsageError
 
-from .comm import backend_name, degree_rank, device_reason, wire
+from .comm import backend_name, check_qkv, degree_rank, device_reason, wire
 from .lse import LseMerge, attention_with_lse, check_lse_result
 from .ring_plan import degree_reasons, mesh_ranks
 from .sizes import shard_len, valid_rows
@@ -97,15 +97,7 @@ class RingAttention:
         self.trace: list | None = None
 
     def _check(self, q, k, v, seq_len):
-        for name, t in (("q", q), ("k", k), ("v", v)):
-            if not isinstance(t, torch.Tensor) or t.dim() != 4:
-                raise UsageError(f"{name} must be a 4-dim (B, L, h, D) tensor")
-        if not q.shape == k.shape == v.shape:
-            raise UsageError(f"q, k, v shapes differ: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-        if not q.dtype == k.dtype == v.dtype:
-            raise UsageError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
-        if not q.device == k.device == v.device:
-            raise UsageError(f"q, k, v devices differ: {q.device}, {k.device}, {v.device}")
+        check_qkv(q, k, v, "(B, L, h, D)", UsageError)
         if not q.dtype.is_floating_point or torch.finfo(q.dtype).bits == 8:
             raise UsageError(f"ring attention takes bf16/fp16/fp32 q/k/v, got {q.dtype}")
         L = q.shape[1]

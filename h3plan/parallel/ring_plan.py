@@ -139,9 +139,9 @@ def ring_ulysses_cost(seq_len: int, *, ring: int, ulysses: int, heads: int = HEA
     t_blk = None if attention_tflops is None else 4 * B * L * L * h * D / (attention_tflops * 1e12)
     t_xfer = None if (ring_gbps is None or R == 1) else block / (ring_gbps * 1e9)
     if R == 1:
-        t_xfer_eff, exp_p2p, exp_ag, hidden = 0.0, 0.0, 0.0, None
+        exp_p2p, exp_ag, hidden = 0.0, 0.0, None
     elif t_blk is None or t_xfer is None:
-        t_xfer_eff = exp_p2p = exp_ag = hidden = None
+        exp_p2p = exp_ag = hidden = None
     else:
         exp_p2p = (R - 1) * max(0.0, t_xfer - t_blk)
         exp_ag = max(0.0, (R - 1) * t_xfer - t_blk)

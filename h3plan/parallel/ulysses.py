@@ -66,7 +66,7 @@ from collections import Counter
 
 import torch
 
-from .comm import all_to_all, backend_name, degree_rank, device_reason, wire
+from .comm import all_to_all, backend_name, check_qkv, degree_rank, device_reason, wire
 from .sizes import shard_len, valid_rows
 
 PADDING_MODES = ("none", "padded", "fixed_valid", "valid_only")
@@ -158,15 +158,7 @@ class UlyssesAttention:
             return B, S_loc, U * h, D, packed.dtype, packed.device
         if any(t is None for t in (q, k, v)):
             raise ValueError("q, k and v are all required when packed is None")
-        for name, t in (("q", q), ("k", k), ("v", v)):
-            if not isinstance(t, torch.Tensor) or t.dim() != 4:
-                raise ValueError(f"{name} must be a 4-dim (B, S_loc, H, D) tensor")
-        if not q.shape == k.shape == v.shape:
-            raise ValueError(f"q, k, v shapes differ: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-        if not q.dtype == k.dtype == v.dtype:
-            raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
-        if not q.device == k.device == v.device:
-            raise ValueError(f"q, k, v devices differ: {q.device}, {k.device}, {v.device}")
+        check_qkv(q, k, v, "(B, S_loc, H, D)")
         return (*q.shape, q.dtype, q.device)
 
     def _check(self, B, S_loc, H, D, dtype, device, seq_len):
