@@ -11,8 +11,8 @@ a barrier before each call so the ranks start together):
   diffusers_cp         diffusers' best multi-GPU setting: set_attention_backend("_native_cudnn"),
                        enable_parallelism(ContextParallelConfig(ulysses_degree=U)), compile_repeated_blocks(fullgraph=True)
   plan_u<U>_<recipe>   the sm90 plan at degree U over the world group
-  plan_u1_bf16+compile diffusers' regional compile over the installed degree-1 bf16 plan (the compile lever's
-                       evidence; `--no-compile-plans` leaves it out)
+  plan_u1_<r>+compile  diffusers' regional compile over the installed degree-1 plan of each recipe (the compile
+                       lever's evidence; `--no-compile-plans` leaves it out)
 
 Writes parallel-<tag>.json ({"records": [{gpus, S, plan, plan_ms, plan_u1_ms, diffusers_cp_ms,
 diffusers_cp_config, scaling_vs_u1, speedup_vs_diffusers_cp, speedup_vs_eager_1gpu, bitwise_vs_u1,
@@ -71,7 +71,8 @@ def _settings(base, S, U, group, recipes, compile_plans):
     for r in recipes:
         add(f"plan_u1_{r}", lambda r=r: plan(r, 1))
     if compile_plans:
-        add("plan_u1_bf16+compile", lambda: plan("bf16", 1, True))
+        for r in recipes:
+            add(f"plan_u1_{r}+compile", lambda r=r: plan(r, 1, True))
 
     def cp():
         from diffusers import ContextParallelConfig
@@ -117,6 +118,8 @@ def main(argv=None) -> int:
     ap.add_argument("--recipes", default="bf16,fp8")
     ap.add_argument("--no-compile-plans", action="store_true")
     ap.add_argument("--tag", default="h200")
+    ap.add_argument("--profile", action="store_true",
+                    help="also profile one forward of every plan (per-category GPU time, benchmarks/probes/block_profile.py)")
     args = ap.parse_args(argv)
 
     import torch
@@ -146,13 +149,24 @@ def main(argv=None) -> int:
                     notes[k] = "RUN FAILED: " + "".join(traceback.format_exception_only(e)).strip()[:300]
             t = _time(fns, args.rounds, args.warmup, dist.barrier)
         doc["times"][S], doc["notes"][S] = t, notes
-        if "plan_u1_bf16+compile" in t and "plan_u1_bf16" in t:
-            a, b = outs["plan_u1_bf16+compile"], outs["plan_u1_bf16"]
-            doc.setdefault("compile", []).append({"S": S, "plan_ms": round(t["plan_u1_bf16"], 3),
-                                                  "compiled_ms": round(t["plan_u1_bf16+compile"], 3),
-                                                  "speedup": round(t["plan_u1_bf16"] / t["plan_u1_bf16+compile"], 3),
-                                                  "bitwise": bool(torch.equal(a, b)),
-                                                  "rel": float((a.float() - b.float()).norm() / b.float().norm())})
+        if args.profile:
+            sys.path.insert(0, str(ROOT / "benchmarks" / "probes"))
+            from block_profile import profiled_call
+
+            for k in [k for k in fns if k.startswith("plan_") and not k.endswith("+compile")]:
+                dist.barrier()
+                doc.setdefault("profile", {}).setdefault(str(S), {})[k] = prof = profiled_call(fns[k])
+                if rank == 0:
+                    print(f"profile S={S} {k}: busy {prof['busy_ms']:.2f} ms, span {prof['span_ms']:.2f} ms; "
+                          + ", ".join(f"{c} {v:.2f}" for c, v in prof["by_category_ms"].items()), flush=True)
+        for r in recipes:
+            c, p = f"plan_u1_{r}+compile", f"plan_u1_{r}"
+            if c in t and p in t:
+                a, b = outs[c], outs[p]
+                doc.setdefault("compile", []).append({"recipe": r, "S": S, "plan_ms": round(t[p], 3),
+                                                      "compiled_ms": round(t[c], 3), "speedup": round(t[p] / t[c], 3),
+                                                      "bitwise": bool(torch.equal(a, b)),
+                                                      "rel": float((a.float() - b.float()).norm() / b.float().norm())})
         cp = t.get("diffusers_cp")
         for r in recipes:
             one = t.get(f"plan_u1_{r}")
@@ -195,6 +209,12 @@ def markdown(doc) -> str:
                      f"{f(r['eager_1gpu_ms'])} | {f(r['scaling_vs_u1'], 2)}x | {f(r['speedup_vs_diffusers_cp'], 2)}x | "
                      f"{f(r['speedup_vs_eager_1gpu'], 2)}x | {'yes' if r['bitwise_vs_u1'] else 'no (rel %.1e)' % (r['rel_vs_u1'] or 0)} |")
     lines += ["", f"diffusers CP: {CP_CONFIG.format(U=doc['gpus'])}.", ""]
+    if doc.get("compile"):
+        lines += ["Regional compile over the installed degree-1 plan (the `compile` lever's evidence):", "",
+                  "| recipe | S | plan ms | compiled ms | plain / compiled | bitwise |", "|---|---:|---:|---:|---:|---|"]
+        lines += [f"| {c.get('recipe', 'bf16')} | {c['S']:,} | {c['plan_ms']:.1f} | {c['compiled_ms']:.1f} | {c['speedup']:.3f}x | "
+                  f"{'yes' if c['bitwise'] else 'no (rel %.1e)' % c['rel']} |" for c in doc["compile"]]
+        lines.append("")
     for S, notes in doc["notes"].items():
         bad = {k: v for k, v in notes.items() if "FAIL" in v}
         if bad:

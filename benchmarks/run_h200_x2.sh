@@ -9,6 +9,11 @@
 #              parallel (benchmarks/parallel.py); one VAE decode over two GPUs (benchmarks/probes/vae_parallel.py)
 #   pipeline   the MiniMax-H3 pipeline end to end, bf16 and fp8 recipes (benchmarks/pipeline_h200.sh)
 #   fp8        the producer-fused FP8 kernels and the lean q/k/v cast (GPU tests, probe); the VAE over two GPUs
+#   u2pipe     the MiniMax-H3 pipeline end to end at Ulysses degree 2 (bf16, fp8), appended to the committed
+#              pipeline-h200.json (records are keyed by GPUs, so the one-GPU rows stay)
+#   profile    where the FP8 block's time goes (benchmarks/probes/block_profile.py), the parallel bench again with
+#              per-category profiles and regional compile over every recipe's plan; the GPU tests that never
+#              ran (pipeline, ring and VAE over NCCL, calibrate at real width, the FA4 2-CTA message)
 #   final      the pipeline again (two untimed steps per call: diffusers' first step has another temb shape, so
 #              regional compile traces twice) and the GPU suite
 #
@@ -50,13 +55,32 @@ case "$1" in
     step fp8-probe 260 python benchmarks/probes/fp8_producers.py "$OUT" --sections kernels,qk,block --rounds 6
     step vae-parallel 140 python benchmarks/probes/vae_parallel.py --out "$OUT/vae-parallel-h200x2.json"
     ;;
+  u2pipe)
+    cp benchmarks/results/pipeline-h200.json "$OUT/pipeline-h200.json"
+    for recipe in ${H3_RECIPES:-bf16 fp8}; do
+      step "pipeline-u2-$recipe" "${H3_T_RECIPE:-280}" torchrun --standalone --nproc-per-node=2 benchmarks/pipeline.py \
+        hardware=sm90 parallel=u2 "recipe=$recipe" --video 768x1344x124 --text-tokens 110 --rounds 2 --warmup 2 \
+        --steps 1 --decode-warmup 1 --out "$OUT" --tag h200 ${H3_PIPELINE_ARGS:-}
+    done
+    rm -f "$OUT"/*.tmp
+    ;;
+  profile)
+    step block-profile 120 python benchmarks/probes/block_profile.py --out "$OUT" fp8:19000 fp8:37820 bf16:37820
+    step parallel-bench 260 torchrun --standalone --nproc-per-node=2 benchmarks/parallel.py --out "$OUT" --tag h200x2 \
+      --rounds 4 --profile
+    step ring-nccl 60 torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_ring_nccl.py -q -rA -p no:cacheprovider
+    step vae-parallel-nccl 60 torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_vae_parallel_nccl.py -q -rA \
+      -p no:cacheprovider
+    step gpu-rest 200 python -m pytest -q -rA -p no:cacheprovider tests/gpu/test_calibrate_gpu.py tests/gpu/test_pipeline_gpu.py \
+      tests/gpu/test_install_gpu.py -k "calibrate or static or verify or plan_frames or two_cta"
+    ;;
   final)
     H3_T_RECIPE=${H3_T_RECIPE:-230} OUT="$OUT" H3_RECIPES="bf16 fp8" bash benchmarks/pipeline_h200.sh >> "$LOG" 2>&1
     grep -E "^=== |exit |pipeline bench" "$LOG" | tail -8
     step gpu-suite 400 python -m pytest tests/gpu -m gpu -q -rA -p no:cacheprovider --deselect \
       tests/gpu/test_install_ulysses_nccl.py --deselect tests/gpu/test_compile_gpu.py
     ;;
-  *) echo "unknown phase $1 (parallel | pipeline | fp8)"; exit 2 ;;
+  *) echo "unknown phase $1 (parallel | pipeline | u2pipe | fp8 | final)"; exit 2 ;;
 esac
 echo "=== done in $(( $(date +%s) - START ))s; files:" | tee -a "$LOG"
 ls -l "$OUT" | tee -a "$LOG"

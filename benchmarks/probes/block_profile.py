@@ -1,6 +1,17 @@
-"""Probe (H200): where does a planned block spend its time? Profiles one block forward of the bf16
-(S=37,820) and fp8 (S=19,000) plans and prints GPU busy time, the idle gaps between kernels (with the
-kernels on either side), host-device syncs, and the top kernels. Usage: python block_profile.py"""
+"""Probe (H200): where does a block spend its time, and what bound does that put on a plan's speedup?
+
+    python benchmarks/probes/block_profile.py [--out DIR] SPEC...     SPEC = recipe:S[:override,...]
+    e.g. fp8:37820 fp8:19000 bf16:37820 fp8:37820:levers.fp8_act_quant=row
+
+For each SPEC: diffusers' eager block and the installed plan (one real-width block, the bench's inputs), each
+profiled over one forward after three warm-ups. Printed: GPU busy time and span, the largest idle gaps, the
+top kernels, and the busy time by category (attention, GEMM, FP8 quantisation, h3plan's fused kernels,
+torch elementwise/copies). `bound` = eager block / (the plan's attention + GEMM time): the speedup the plan
+would reach if everything else cost nothing, at the rates these kernels ran. JSON to DIR/block-profile.json.
+"""
+import argparse
+import json
+import os
 import sys
 
 import torch
@@ -10,42 +21,97 @@ import h3plan
 from h3plan.actions.bench.measure import capture_block_inputs, run_stack
 from h3plan.actions.inputs import build_model, packed_inputs
 
+# First match wins: a kernel name's lower-case text -> category.
+CATEGORIES = (
+    ("communication", ("nccl", "all_to_all", "alltoall")),
+    ("attention", ("sdpa", "fmha", "flash", "attention")),
+    ("gemm", ("nvjet", "gemm", "cutlass", "xmma", "sm90_")),
+    ("fp8_quant", ("cast", "amax", "fp8", "quant", "scale")),
+    ("h3plan_fused", ("_kernel",)),
+    ("torch_elementwise", ("elementwise", "copy", "memset", "reduce", "cat", "norm")),
+)
 
-def profile_plan(recipe: str, S: int):
-    plan = h3plan.resolve_config(hardware="sm90", recipe=recipe, parallel="u1")
-    cfg = plan.get("model")["diffusers_config"]
-    model = build_model(cfg, blocks=1, device="cuda")
-    x = capture_block_inputs(torch, model, packed_inputs(cfg, S, device="cuda"))
-    h3plan.install(model, plan)
-    blocks = model.transformer_blocks
+
+def category(name: str) -> str:
+    low = name.lower()
+    for cat, keys in CATEGORIES:
+        if any(k in low for k in keys):
+            return cat
+    return "other"
+
+
+def profiled(blocks, x) -> dict:
+    return profiled_call(lambda: run_stack(blocks, *x))
+
+
+def profiled_call(fn) -> dict:
+    """fn() profiled once after three warm-ups: busy time by category, top kernels, largest gaps."""
     with torch.no_grad():
         for _ in range(3):
-            run_stack(blocks, *x)
+            fn()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            run_stack(blocks, *x)
+            fn()
             torch.cuda.synchronize()
     ev = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.elapsed_us() > 0]
     ev.sort(key=lambda e: e.time_range.start)
-    busy = sum(e.time_range.elapsed_us() for e in ev)
-    span = ev[-1].time_range.end - ev[0].time_range.start
-    print(f"\n== {recipe} S={S}: {len(ev)} GPU ops, busy {busy / 1e3:.2f} ms, span {span / 1e3:.2f} ms")
-    gaps = []
-    for a, b in zip(ev, ev[1:]):
-        g = b.time_range.start - a.time_range.end
-        if g > 50:
-            gaps.append((g, a.name[:60], b.name[:60]))
-    for g, a, b in sorted(gaps, reverse=True)[:10]:
-        print(f"  gap {g / 1e3:7.3f} ms  after {a}  before {b}")
-    syncs = [e for e in prof.events() if any(s in e.name for s in ("Synchronize", "cudaMemcpy", "item", "_local_scalar"))]
-    for e in syncs[:15]:
-        print(f"  host sync-ish: {e.name} {e.cpu_time_total / 1e3:.3f} ms")
-    for e in sorted(ev, key=lambda e: -e.time_range.elapsed_us())[:12]:
-        print(f"  {e.time_range.elapsed_us() / 1e3:8.3f} ms  {e.name[:110]}")
+    by_cat, by_kernel = {}, {}
+    for e in ev:
+        us = e.time_range.elapsed_us()
+        by_cat[category(e.name)] = by_cat.get(category(e.name), 0.0) + us / 1e3
+        by_kernel[e.name[:110]] = by_kernel.get(e.name[:110], 0.0) + us / 1e3
+    gaps = sorted(((b.time_range.start - a.time_range.end) / 1e3, a.name[:50], b.name[:50]) for a, b in zip(ev, ev[1:]))
+    return {"ops": len(ev), "busy_ms": sum(by_cat.values()), "span_ms": (ev[-1].time_range.end - ev[0].time_range.start) / 1e3,
+            "by_category_ms": dict(sorted(by_cat.items(), key=lambda kv: -kv[1])),
+            "top_kernels_ms": dict(sorted(by_kernel.items(), key=lambda kv: -kv[1])[:12]),
+            "largest_gaps_ms": [list(g) for g in gaps[::-1][:6]]}
+
+
+def profile_spec(spec: str) -> dict:
+    recipe, S, *over = spec.split(":")
+    S = int(S)
+    overrides = [o for part in over for o in part.split(",") if o]
+    plan = h3plan.resolve_config(hardware="sm90", recipe=recipe, parallel="u1", **{"parallel.seq_len": S},
+                                 **dict(o.split("=", 1) for o in overrides))
+    cfg = plan.get("model")["diffusers_config"]
+    model = build_model(cfg, blocks=1, device="cuda")
+    x = capture_block_inputs(torch, model, packed_inputs(cfg, S, device="cuda"))
+    eager = profiled(model.transformer_blocks, x)
+    h3plan.install(model, plan)
+    planned = profiled(model.transformer_blocks, x)
     h3plan.uninstall(model)
     del model
     torch.cuda.empty_cache()
+    floor = planned["by_category_ms"].get("attention", 0.0) + planned["by_category_ms"].get("gemm", 0.0)
+    rec = {"spec": spec, "recipe": recipe, "S": S, "overrides": overrides, "eager": eager, "plan": planned,
+           "speedup_busy": eager["busy_ms"] / planned["busy_ms"], "attention_plus_gemm_ms": floor,
+           "bound_if_rest_free": eager["busy_ms"] / floor if floor else None}
+    print(f"\n== {spec}: eager busy {eager['busy_ms']:.2f} ms; plan busy {planned['busy_ms']:.2f} ms, span "
+          f"{planned['span_ms']:.2f} ms ({planned['ops']} GPU ops); speedup (busy) {rec['speedup_busy']:.3f}x; "
+          f"attention+GEMM {floor:.2f} ms -> bound {rec['bound_if_rest_free']:.3f}x")
+    for side in ("eager", "plan"):
+        cats = ", ".join(f"{k} {v:.2f}" for k, v in rec[side]["by_category_ms"].items())
+        print(f"  {side:5s} by category (ms): {cats}")
+    for name, ms in planned["top_kernels_ms"].items():
+        print(f"  plan {ms:8.3f} ms  {name}")
+    for g, a, b in planned["largest_gaps_ms"][:4]:
+        print(f"  plan gap {g:.3f} ms after {a} before {b}")
+    return rec
 
 
-profile_plan("bf16", int(sys.argv[1]) if len(sys.argv) > 1 else 37820)
-profile_plan("fp8", 19000)
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("specs", nargs="*", default=["bf16:37820", "fp8:19000", "fp8:37820"])
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    recs = [profile_spec(s) for s in a.specs]
+    if a.out:
+        os.makedirs(a.out, exist_ok=True)
+        doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "records": recs}
+        with open(os.path.join(a.out, "block-profile.json"), "w") as f:
+            json.dump(doc, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
