@@ -9,11 +9,13 @@
 #   suite    python -m pytest tests/gpu -m gpu -q -rA                      -> gpu-suite.log
 #   kernels  python benchmarks/kernels.py --out $OUT                       -> kernels-h200.json/.md
 #   block    python -m h3plan action=bench ... once per plan in H3_BLOCK_PLANS (default: the bf16 and the
-#            fp8 recipe, two processes appending to one JSON)              -> block-h200.json/.md/.png
+#            fp8 recipe, two processes appending to one JSON): diffusers eager, diffusers' best (regional
+#            compile, bench.best=on; its compile ~10-20 s per S, timed apart) and the plan -> block-h200.json/.md/.png
 #   summary  exit code and time of every step, the targets, the files in $OUT
 # Skip a step with H3_SKIP_ENV / H3_SKIP_SUITE / H3_SKIP_KERNELS / H3_SKIP_BLOCK =1; per-step caps
 # H3_T_SUITE, H3_T_KERNELS, H3_T_BLOCK (seconds, each block plan); H3_BENCH_ARGS adds overrides to every
-# block run (e.g. 'bench.seq_lens=[37820]'); H3_APPEND=1 starts the block JSON from
+# block run (e.g. 'bench.seq_lens=[37820]'; 'bench.blocks=[1]' keeps only the issue's single-block rows, the
+# quick form of the block step); H3_APPEND=1 starts the block JSON from
 # benchmarks/results/block-h200.json (to add a plan to committed results). $OUT comes back with at most
 # 8 files: this script writes 7. The PNG needs matplotlib; without it, draw it afterwards on any machine:
 #   python benchmarks/plot.py benchmarks/results/block-h200.json --md
@@ -94,7 +96,7 @@ if [ "${H3_APPEND:-0}" = 1 ] && [ -f benchmarks/results/block-h200.json ]; then
 fi
 for p in "${PLANS[@]}"; do
   # shellcheck disable=SC2086  # H3_BENCH_ARGS and the plan overrides are word lists
-  step "block[$p]" H3_SKIP_BLOCK "${H3_T_BLOCK:-120}" "$LOG" \
+  step "block[$p]" H3_SKIP_BLOCK "${H3_T_BLOCK:-150}" "$LOG" \
     python -m h3plan action=bench hardware=sm90 parallel=u1 $p bench.tag=h200 "bench.out_dir=$OUT" ${H3_BENCH_ARGS:-}
 done
 

@@ -537,6 +537,9 @@ class BenchConfig:
     out_dir: str = "benchmarks/results"
     tag: Optional[str] = None
     """Output file suffix (block-<tag>.json); null: the device's short name (h200, cpu)."""
+    best: bool = True
+    """on | off: also time diffusers' best one-GPU setting (a copy of the eager blocks under
+    `compile_repeated_blocks(fullgraph=True)`), interleaved with eager and the plan; its compile is timed apart."""
     target: Target = Target.block
     """block: transformer blocks (eager, the plan); pipeline: diffusers' MiniMaxH3ModularPipeline end to end for
     the `video` request (eager, diffusers' best setting, the plan)."""

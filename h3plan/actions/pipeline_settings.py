@@ -5,7 +5,8 @@ diffusers built them (except Best at U > 1, which diffusers cannot undo and the 
 - PlanSetting: install_pipeline / uninstall_pipeline; the install report is printed once.
 - Reference: the plan's attention levers only, in the transformer (diffusers eager with the plan's attention
   backend): the lossless plan's bitwise frames reference.
-- Best: diffusers' best setting; `config` is the one line the record carries. U = 1: regional compile once,
+- Best: diffusers' best setting (the regional compile: diffusers_best.py, shared with the block bench); `config`
+  is the one line the record carries. U = 1: regional compile once,
   its compiled callables switched on (`block._compiled_call_impl`) for Best's turns and off otherwise, so no
   turn recompiles. U > 1: set_attention_backend(cp_backend) + enable_parallelism(ContextParallelConfig(
   ulysses_degree=U, ulysses_anything=S % U != 0)) + the regional compile.
@@ -14,6 +15,7 @@ diffusers built them (except Best at U > 1, which diffusers cannot undo and the 
 from __future__ import annotations
 
 from .bench.measure import same_backend_plan
+from .diffusers_best import compile_call, regional_compile
 
 
 class Setting:
@@ -76,7 +78,7 @@ class Best(Setting):
         self.pipe, self.degree, self.opts = pipe, degree, opts
         self.anything = degree > 1 and seq_len % degree != 0
         self.blocks, self.compiled = None, None
-        compile_ = f"transformer.compile_repeated_blocks(fullgraph=True{self._backend_arg()})"
+        compile_ = compile_call("transformer", opts.compile_backend)
         if degree == 1:
             self.config = f"{compile_}; diffusers' default attention; VAE: diffusers eager"
         else:
@@ -84,9 +86,6 @@ class Best(Setting):
             self.config = (f"transformer.set_attention_backend({opts.cp_backend!r}) + enable_parallelism(config="
                            f"ContextParallelConfig(ulysses_degree={degree}{any_})) + {compile_}; VAE: diffusers eager "
                            "on every rank")
-
-    def _backend_arg(self) -> str:
-        return "" if self.opts.compile_backend == "inductor" else f", backend={self.opts.compile_backend!r}"
 
     def enter(self):
         t = self.pipe.transformer
@@ -101,9 +100,7 @@ class Best(Setting):
                 t.set_attention_backend(self.opts.cp_backend)
                 t.enable_parallelism(config=ContextParallelConfig(ulysses_degree=self.degree,
                                                                   ulysses_anything=self.anything))
-            kw = {} if self.opts.compile_backend == "inductor" else {"backend": self.opts.compile_backend}
-            t.compile_repeated_blocks(fullgraph=True, **kw)
-            self.blocks = [m for m in t.modules() if type(m).__name__ in t._repeated_blocks]
+            self.blocks = regional_compile(t, self.opts.compile_backend)
             self.compiled = [b._compiled_call_impl for b in self.blocks]
         else:
             for b, c in zip(self.blocks, self.compiled):

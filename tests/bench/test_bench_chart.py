@@ -23,12 +23,16 @@ def test_chart_without_matplotlib_says_why(tmp_path, monkeypatch):
     assert why and "matplotlib is not installed" in why and not (tmp_path / "c.png").exists()
 
 
-def test_chart_is_a_png_of_the_expected_size(tmp_path):
+@pytest.mark.parametrize("best", [False, True], ids=["older-records", "with-diffusers-best"])
+def test_chart_is_a_png_of_the_expected_size(tmp_path, best):
+    """With best_ms in the records the time panel gets diffusers' best as a fourth bar (write_chart returns the
+    reason instead of None on any drawing error)."""
     pytest.importorskip("matplotlib", reason="matplotlib draws the PNG (pip install 'h3plan[bench]')")
     from matplotlib.image import imread
 
     path = tmp_path / "block-h200.png"
-    assert bench.write_chart(records(), str(path)) is None
+    recs = [dict(r, best_ms=r["eager_ms"] * 0.85) if best and r["blocks"] == 1 else r for r in records()]
+    assert bench.write_chart(recs, str(path)) is None
     assert path.read_bytes()[:8] == PNG_MAGIC
     h, w = imread(str(path)).shape[:2]
     assert (w, h) == (16 * 110, int(4.8 * 110))  # figsize x dpi

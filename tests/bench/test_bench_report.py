@@ -20,12 +20,23 @@ def _cfg(**over):
 
 def test_options_accepts_the_defaults():
     o = bench.options(_cfg())
-    assert (o.seq_lens, o.blocks, o.warmup, o.iters, o.tag) == ((19000, 37820), (1, 4), 3, 10, None)
+    assert (o.seq_lens, o.blocks, o.warmup, o.iters, o.tag, o.best) == ((19000, 37820), (1, 4), 3, 10, None, True)
+
+
+@pytest.mark.parametrize("value, best", [("on", True), ("off", False), ("true", True), ("false", False)])
+def test_bench_best_is_an_on_off_switch_defaulting_on(value, best):
+    import h3plan
+    from h3plan.config import compose
+
+    assert compose([])["bench"]["best"] is True
+    cfg = compose([f"bench.best={value}"])
+    assert bench.options(cfg).best is best
+    h3plan.resolve_config(**{"bench.best": value})  # validates like every bench.* key
 
 
 @pytest.mark.parametrize("over, key", [
     ("iters=0", "bench.iters"), ("warmup=-1", "bench.warmup"), ("seq_lens=[]", "bench.seq_lens"),
-    ("blocks=[0]", "bench.blocks"), ("tag=a/b", "bench.tag"),
+    ("blocks=[0]", "bench.blocks"), ("tag=a/b", "bench.tag"), ("best=maybe", "bench.best"),
 ])
 def test_bad_bench_values_are_one_line_config_errors(over, key):
     """Checked with the config (h3plan.schema.validate_actions), before any action runs."""
@@ -101,8 +112,8 @@ def test_markdown_rows_targets_and_column_notes():
     for r in records():
         bench.merge_record(doc, r)
     md = bench.render_markdown(doc)
-    assert "| sm90/bf16/u1 | 19000 | 1 | 46.50 | 35.00 | 1.33x | yes | 3.10e-03 | 0 |" in md
-    assert "| sm90/fp8/u1 | 19000 | 1 | 46.50 | 29.00 | 1.60x | - | 2.10e-02 | 0 |" in md
+    assert "| sm90/bf16/u1 | 19000 | 1 | 46.50 | - | 35.00 | 1.33x | - | yes | 3.10e-03 | 0 |" in md
+    assert "| sm90/fp8/u1 | 19000 | 1 | 46.50 | - | 29.00 | 1.60x | - | - | 2.10e-02 | 0 |" in md
     lines = [x for x in md.splitlines() if x.startswith("- ") and "diffusers eager, `" in x]
     assert lines == [
         "- lossless plan block >= 1.25x diffusers eager, `sm90/bf16/u1` S=19000 x1: 1.329x -> met",
@@ -137,3 +148,47 @@ def test_markdown_flags_cpu_records_failures_and_fallbacks():
     line = [x for x in md.splitlines() if "`p2` S=19000 x1: 1.3" in x][0]
     assert "not bitwise equal" in line and "3 guarded calls fell back" in line
     assert not any("S=19000" in x and "`sm90/bf16/u1`" in x for x in bench.target_lines(doc["records"]))
+
+
+BEST = dict(best_config="model.compile_repeated_blocks(fullgraph=True, dynamic=False); diffusers' default attention "
+                        "(native)", best_first_call_s=21.3, best_rel_error=2.7e-3, best_max_abs_error=0.0625)
+
+
+def test_markdown_with_diffusers_best():
+    """best ms and vs best (= best / plan) in the table; every target line also against the best; its own section."""
+    doc = bench.new_doc()
+    bench.merge_record(doc, record(best_ms=39.5, best_ms_range=[39.1, 40.2], speedup_vs_best=39.5 / 35.0, **BEST))
+    bench.merge_record(doc, record(S=37820, eager=130.7, plan_ms=120.0, best_error="BackendCompilerFailed: no cc",
+                                   **BEST))
+    bench.merge_record(doc, record(plan="p2", best_config="not run (bench.best=off)"))
+    md = bench.render_markdown(doc)
+    assert "| eager ms | best ms | plan ms | speedup | vs best |" in md
+    assert "| sm90/bf16/u1 | 19000 | 1 | 46.50 | 39.50 | 35.00 | 1.33x | 1.13x | yes |" in md
+    assert "| sm90/bf16/u1 | 37820 | 1 | 130.70 | - | 120.00 | 1.09x | - | yes |" in md
+    assert "| sm90/bf16/u1 | 19000 | 1 | 39.50 (39.10-40.20) | 21.3 | 2.70e-03 | 6.25e-02 |" in md
+    assert "| sm90/bf16/u1 | 37820 | 1 | failed: BackendCompilerFailed: no cc | 21.3 | 2.70e-03 | 6.25e-02 |" in md
+    assert "Best settings: `p2`: `not run (bench.best=off)`; `sm90/bf16/u1`: `model.compile_repeated_blocks(" in md
+    lines = [x for x in md.splitlines() if x.startswith("- ") and "diffusers eager, `" in x]
+    assert lines == [
+        "- lossless plan block >= 1.25x diffusers eager, `p2` S=19000 x1: 1.329x -> met; diffusers' best: not run "
+        "(bench.best=off)",
+        "- lossless plan block >= 1.25x diffusers eager, `sm90/bf16/u1` S=19000 x1: 1.329x -> met; 1.129x diffusers' best",
+        "- lossless plan block >= 1.25x diffusers eager, `sm90/bf16/u1` S=37820 x1: 1.089x -> **not met**; diffusers' "
+        "best: BackendCompilerFailed: no cc",
+    ]
+    summary = bench.summary_table(doc["records"]).splitlines()
+    assert summary[0].split()[3:8] == ["eager", "ms", "best", "ms", "plan"] and "vs best" in summary[0]
+    assert summary[2].split()[3:8] == ["46.50", "39.50", "35.00", "1.33", "1.13"]
+
+
+def test_records_from_before_the_best_columns_load_and_render_dashes(tmp_path):
+    """A results file written before the best setting existed (no best_* keys at all) loads and renders '-'."""
+    old = {k: v for k, v in record().items() if not k.startswith("best") and k != "speedup_vs_best"}
+    p = tmp_path / "block-h200.json"
+    p.write_text(json.dumps({"schema_version": 1, "runs": [], "records": [old]}))
+    doc = bench.load_doc(str(p))
+    md = bench.render_markdown(doc)
+    assert "| sm90/bf16/u1 | 19000 | 1 | 46.50 | - | 35.00 | 1.33x | - | yes |" in md
+    assert "## diffusers' best setting" not in md
+    assert "1.329x -> met\n" in md  # no best clause on an old record's target line
+    assert bench.summary_table(doc["records"]).splitlines()[1].split()[3:8] == ["46.50", "-", "35.00", "1.33", "-"]

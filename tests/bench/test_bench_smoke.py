@@ -1,14 +1,16 @@
 """`python -m h3plan action=bench` end to end on the CPU with the tiny model: well-formed files.
 
 Timing on a CPU is meaningless (host clock, everything a GPU kernel would do falls back to diffusers'
-code): this proves the plumbing only -- model build, install, inputs capture, interleaved repetitions,
-correctness columns, JSON/markdown/PNG, and that a second plan appends to the same JSON.
+code): this proves the plumbing only -- model build, install, diffusers' best (regional compile with
+Inductor, a few seconds per length on the CPU), inputs capture, interleaved repetitions, correctness columns,
+JSON/markdown/PNG, and that a second plan appends to the same JSON.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -71,6 +73,12 @@ def test_bench_on_cpu_writes_well_formed_files_and_appends(tmp_path):
         assert r["attention_default_ms"] > 0 and r["attention_shape"] == [1, 48, 4, 32]
         assert r["counters"].get("attention.fallback", 0) > 0 and r["attention_in_plan_ms"] is None
         assert r["attention_after_forward_ms"] is None and r["attention_in_plan_fraction_matched"] is None
+        # diffusers' best (bench.best defaults on): timed in the same rounds, its compile apart
+        assert r["best_config"].startswith("model.compile_repeated_blocks(fullgraph=True, dynamic=False)")
+        assert r["best_error"] is None and 0 < r["best_ms"] < math.inf and r["best_ms_range"][0] <= r["best_ms"]
+        assert r["speedup_vs_best"] == r["best_ms"] / r["plan_ms"] and math.isfinite(r["best_first_call_s"])
+        # Inductor fuses and reorders the bf16 block: not eager's bits, but within bf16 rounding of a few ops
+        assert 0 < r["best_rel_error"] < 2 ** -6 and r["best_max_abs_error"] > 0
     bf16, fp8 = doc["records"][0], doc["records"][2]
     # every fused path refuses the CPU (no interpreter), so the bf16 plan is diffusers' own code: rtol=0, atol=0
     assert bf16["attention_backend"] == "fa4" and bf16["bitwise_equal"] is True and bf16["rel_error"] == 0.0
@@ -79,6 +87,8 @@ def test_bench_on_cpu_writes_well_formed_files_and_appends(tmp_path):
     assert 0 < fp8["rel_error"] < 2 ** -4 and fp8["counters"].get("gemm_quant.fallback", 0) > 0
     md = (tmp_path / "block-cpu.md").read_text()
     assert "their times are meaningless" in md and "| sm90/bf16/u1 | 48 | 2 |" in md and "| sm90/fp8/u1 | 48 | 1 |" in md
+    assert "| best ms | plan ms | speedup | vs best |" in md and "## diffusers' best setting" in md
+    assert "vs best" in res.stdout  # the printed summary
     png = tmp_path / "block-cpu.png"
     if importlib.util.find_spec("matplotlib") is not None:
         assert png.read_bytes()[:4] == b"\x89PNG"
@@ -89,11 +99,45 @@ def test_bench_on_cpu_writes_well_formed_files_and_appends(tmp_path):
 @pytest.mark.slow
 def test_bench_times_a_cpu_backend_standalone_and_after_a_forward(tmp_path):
     """SDPA runs on the CPU, so the standalone columns are filled: back to back and after a plan forward."""
-    res = _bench_twice(tmp_path, "bench.blocks=[1] levers.attention=sdpa")
+    res = _bench_twice(tmp_path, "bench.blocks=[1] levers.attention=sdpa bench.best=off")
     assert res.returncode == 0 and res.stdout.count("RC 0") == 1, res.stdout[-1500:] + res.stderr[-2000:]
     (r,) = json.loads((tmp_path / "block-cpu.json").read_text())["records"]
+    assert r["best_config"] == "not run (bench.best=off)" and r["best_ms"] is None and r["speedup_vs_best"] is None
+    assert r["best_first_call_s"] is None and r["best_rel_error"] is None
     assert r["attention_backend"] == "sdpa" and r["counters"]["attention.fused"] > 0
     for key in ("attention_in_plan_ms", "attention_standalone_ms", "attention_after_forward_ms"):
         assert r[key] > 0, key
     assert r["attention_in_plan_fraction"] == r["attention_standalone_ms"] / r["attention_in_plan_ms"]
     assert r["attention_in_plan_fraction_matched"] == r["attention_after_forward_ms"] / r["attention_in_plan_ms"]
+
+
+@pytest.mark.slow  # a whole in-process bench run (~10 s on two cores)
+def test_a_failing_best_compile_is_recorded_and_eager_and_the_plan_still_run(tmp_path, monkeypatch):
+    """diffusers' best is a peer, not the subject: its failure is one line in the record, exit 0, no best_ms."""
+    import copy
+
+    import torch
+
+    from h3plan import cli
+    from h3plan.actions.bench import measure
+    from h3plan.actions.diffusers_best import regional_compile
+
+    def no_compiler(gm, example_inputs):
+        raise RuntimeError("no C++ compiler on this host")
+
+    def broken(copy_mod, eager, lengths):
+        best = copy.deepcopy(eager)
+        regional_compile(best, backend=no_compiler)
+        return best, "regional compile with a backend that fails"
+
+    monkeypatch.setattr(measure, "_best_model", broken)
+    try:
+        assert cli.run(COMMON + ["bench.blocks=[1]", f"bench.out_dir={tmp_path}"]) == 0
+    finally:
+        torch._dynamo.reset()
+    (r,) = json.loads((tmp_path / "block-cpu.json").read_text())["records"]
+    assert r["error"] is None and r["eager_ms"] > 0 and r["plan_ms"] > 0
+    assert r["best_ms"] is None and r["speedup_vs_best"] is None and r["best_first_call_s"] is None
+    assert "no C++ compiler on this host" in r["best_error"] and "\n" not in r["best_error"]
+    md = (tmp_path / "block-cpu.md").read_text()
+    assert "| 48 | 1 | failed: " in md and "no C++ compiler" in md

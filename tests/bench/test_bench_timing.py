@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import pytest
@@ -90,11 +91,12 @@ def test_progress_without_tqdm_prints_lines(monkeypatch, capsys):
 
 def test_steps_match_the_progress_updates_of_a_run():
     # per S: attention (w + i); per block count: correctness 1 + stack (w + i) + standalone (w + i)
-    # + standalone after a plan forward (i)
-    o = bench.BenchOptions((19000, 37820), (1, 4), 3, 10, "x", None)
+    # + standalone after a plan forward (i) + diffusers' best first call (1, bench.best only)
+    o = bench.BenchOptions((19000, 37820), (1, 4), 3, 10, "x", None, best=False)
     from h3plan.actions.bench.measure import _steps
 
     assert _steps(o) == 2 * (13 + 2 * (1 + 26 + 10))
+    assert _steps(dataclasses.replace(o, best=True)) == 2 * (13 + 2 * (1 + 1 + 26 + 10))
 
 
 @pytest.fixture(scope="module")

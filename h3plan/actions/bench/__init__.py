@@ -1,13 +1,19 @@
 """`action=bench`: diffusers eager against the installed plan, side by side in one process.
 
-Scope: one device, Ulysses degree 1. For every S in `bench.seq_lens`:
+Scope: one device, Ulysses degree 1 (degree > 1 is refused; benchmarks/parallel.py times diffusers' context
+parallelism against the plan there). For every S in `bench.seq_lens`:
   - attention alone at the per-rank shape (1, S, heads, head_dim), random bf16 q/k/v: the plan's
     backend called directly against diffusers' default `dispatch_attention_fn`;
   - a stack of n transformer blocks for every n in `bench.blocks` (real width from `model`): diffusers'
     eager blocks against the same blocks with the plan installed, same inputs, repetitions
     interleaved (eager, plan, plan, eager, ...), `bench.warmup` untimed rounds, median of
     `bench.iters`; while the plan runs, device events around its backend calls give the time of
-    attention inside the plan, compared with that backend on clones of the same arguments.
+    attention inside the plan, compared with that backend on clones of the same arguments;
+  - with `bench.best` (on by default): diffusers' best one-GPU setting in the same rounds, a deep copy of the
+    eager blocks under `compile_repeated_blocks(fullgraph=True)` (actions/diffusers_best.py, the pipeline
+    bench's best too; static shapes per S). Its first call at each (S, blocks) compiles and is timed apart
+    (best_first_call_s), the warm-up rounds follow, then best_ms; speedup_vs_best = best_ms / plan_ms. A
+    failing compile is recorded (best_error) and eager and the plan are timed without it.
 Correctness rides along: the plan's stack output against diffusers eager with the plan's attention
 backend (bitwise; lossless attention backends only) and against diffusers' default eager (relative
 Frobenius error, fp32). Timing: CUDA events around each repetition, synchronized. On a CPU the same

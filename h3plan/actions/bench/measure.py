@@ -1,10 +1,11 @@
 """The measuring half of `action=bench`: options, models, inputs, one (S, blocks) configuration, run().
 
 See the package docstring for what is timed and compared. Models: one seeded diffusers model with
-max(bench.blocks) blocks (h3plan.actions.inputs), a deep copy with the plan installed, and (for a
-lossless attention backend) a deep copy with only the plan's attention levers installed, the bitwise
-reference. Inputs: the model's own forward is run up to its first block on a realistic packed sequence
-and stopped there, so the blocks see exactly what diffusers hands them.
+max(bench.blocks) blocks (h3plan.actions.inputs), a deep copy with the plan installed, (for a lossless
+attention backend) a deep copy with only the plan's attention levers installed, the bitwise reference,
+and (bench.best) a deep copy regionally compiled, diffusers' best (actions/diffusers_best.py). Inputs:
+the model's own forward is run up to its first block on a realistic packed sequence and stopped there,
+so the blocks see exactly what diffusers hands them.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ class BenchOptions:
     iters: int
     out_dir: str
     tag: str | None
+    best: bool = True
+    """Time diffusers' best setting (regional compile of a deep copy of the eager model) beside eager and the plan."""
 
 
 def _usage(message: str) -> Exception:
@@ -48,7 +51,9 @@ def options(cfg) -> BenchOptions:
         return (vals,) if isinstance(vals, int) else tuple(vals)
 
     tag = b.get("tag") if hasattr(b, "get") else None
-    return BenchOptions(ints("seq_lens"), ints("blocks"), int(b["warmup"]), int(b["iters"]), str(b["out_dir"]), tag)
+    best = b.get("best", True) if hasattr(b, "get") else True
+    return BenchOptions(ints("seq_lens"), ints("blocks"), int(b["warmup"]), int(b["iters"]), str(b["out_dir"]), tag,
+                        bool(best))
 
 
 def plan_label(plan) -> str:
@@ -149,6 +154,8 @@ class _Session:
     heads: int
     head_dim: int
     model_inputs: Callable[[int], Mapping[str, Any]]
+    best: Any = None
+    best_config: str = ""
 
 
 def _plan_backend(model):
@@ -185,12 +192,34 @@ def _setup(torch, cfg, plan, opts: BenchOptions, device, progress: Progress) -> 
     backend = _plan_backend(plan_model)
     if backend is not None:
         timer.attach(backend)
+    best, best_config = (None, "not run (bench.best=off)")
+    if opts.best:
+        best, best_config = _best_model(copy, eager, len(opts.seq_lens))
     recipe = plan.get("recipe")
     return _Session(torch, device, Clock(torch, device), opts, progress, plan_label(plan), str(recipe.get("name", "")),
                     bool(plan.lossless), backend_name, eager, plan_model, same, same_note, backend, timer,
                     int(dc["num_attention_heads"]) // int(plan.get("parallel").get("ulysses", 1)),
                     int(dc["attention_head_dim"]),
-                    lambda S: inputs.packed_inputs(dc, S, seed=0, device=device))
+                    lambda S: inputs.packed_inputs(dc, S, seed=0, device=device), best, best_config)
+
+
+def _best_model(copy, eager, lengths: int) -> tuple[Any, str]:
+    """diffusers' best one-GPU setting: a deep copy of the eager model, its blocks regionally compiled.
+
+    dynamic=False: every S gets the static graph a user generating at that one length gets (without it, the
+    second length of a run would recompile with symbolic shapes: another program than the first length's).
+    One graph per S, so dynamo's recompile limit is raised to cover them: past it dynamo would run the
+    blocks uncompiled, unannounced, and eager would be timed under the best's name."""
+    import torch
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+    from ..diffusers_best import compile_call, regional_compile
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, lengths + 1)
+    best = copy.deepcopy(eager)
+    regional_compile(best, dynamic=False)
+    attention = _AttentionBackendRegistry._active_backend.value
+    return best, f"{compile_call('model', dynamic=False)}; diffusers' default attention ({attention})"
 
 
 def _attention_alone(s: _Session, S: int) -> dict:
@@ -225,7 +254,8 @@ def _stack_record(s: _Session, S: int, n: int, block_in: tuple, attn: dict) -> B
                       attention_ms=attn["attention_ms"], attention_backend=s.backend_name, bitwise_equal=None,
                       rel_error=None, recipe=s.recipe, lossless=s.lossless, device=_device_name(torch, s.device),
                       timing=s.clock.kind, attention_shape=attn["attention_shape"],
-                      attention_default_ms=attn["attention_default_ms"], bitwise_reference=s.same_note)
+                      attention_default_ms=attn["attention_default_ms"], bitwise_reference=s.same_note,
+                      best_config=s.best_config)
     pristine = block_in[0].clone()  # every repetition must see the same input: nothing may write into it
     with torch.no_grad():
         ref = run_e()
@@ -237,18 +267,26 @@ def _stack_record(s: _Session, S: int, n: int, block_in: tuple, attn: dict) -> B
             rec.bitwise_equal = bool(torch.equal(out, same))
             rec.backend_rel_error = rel_error(torch, same, ref)[0]
             del same
-        del out, ref
         s.progress.step(f"S={S} x{n} correctness")
-        interleaved(s.clock, {"eager": run_e, "plan": run_p}, s.opts.warmup, 0, s.progress, f"S={S} x{n} blocks")
+        fns = {"eager": run_e, "plan": run_p}
+        if s.best is not None:
+            run_b = _first_best_call(s, rec, S, n, block_in, ref)
+            if run_b is not None:
+                fns["best"] = run_b
+        del out, ref
+        interleaved(s.clock, fns, s.opts.warmup, 0, s.progress, f"S={S} x{n} blocks")
         s.timer.drain_ms()
         reset_counters()
-        times = interleaved(s.clock, {"eager": run_e, "plan": run_p}, 0, s.opts.iters, s.progress, f"S={S} x{n} blocks")
+        times = interleaved(s.clock, fns, 0, s.opts.iters, s.progress, f"S={S} x{n} blocks")
         rec.counters = counters()
         in_plan = s.timer.drain_ms()
         rec.eager_ms, rec.plan_ms = median(times["eager"]), median(times["plan"])
         rec.eager_ms_range = [min(times["eager"]), max(times["eager"])]
         rec.plan_ms_range = [min(times["plan"]), max(times["plan"])]
         rec.speedup = rec.eager_ms / rec.plan_ms if rec.plan_ms else None
+        if "best" in times:
+            rec.best_ms, rec.best_ms_range = median(times["best"]), [min(times["best"]), max(times["best"])]
+            rec.speedup_vs_best = rec.best_ms / rec.plan_ms if rec.plan_ms else None
         rec.attention_in_plan_ms = median(in_plan)
         cap, s.timer.captured, s.timer.capture = s.timer.captured, None, False
         if cap is not None:
@@ -277,6 +315,27 @@ def _stack_record(s: _Session, S: int, n: int, block_in: tuple, attn: dict) -> B
     return rec
 
 
+def _first_best_call(s: _Session, rec: BlockRecord, S: int, n: int, block_in: tuple, ref):
+    """diffusers' best, first call at this (S, n): its time (the compile, or a recompile for a new S, included)
+    and its error against eager. Returns the timed callable, or None when it failed: the failure is recorded
+    (best_error) and eager and the plan are timed without it."""
+    bb = s.best.transformer_blocks[:n]
+    run_b = lambda: run_stack(bb, *block_in)  # noqa: E731
+    try:
+        box = {}
+        rec.best_first_call_s = s.clock(lambda: box.setdefault("out", run_b())) / 1e3
+        rec.best_rel_error, rec.best_max_abs_error = rel_error(s.torch, box.pop("out"), ref)
+    except Exception as exc:  # noqa: BLE001 -- recorded; the plan is judged against eager without it
+        inner = getattr(exc, "inner_exception", None)  # dynamo's BackendCompilerFailed puts the cause on line 2
+        rec.best_error = _one_line(exc) + ("" if inner is None else f" {_one_line(inner)}")
+        s.progress.write(f"S={S} x{n}: diffusers' best failed: {rec.best_error}")
+        return None
+    finally:
+        s.progress.step(f"S={S} x{n} best first call (compile)")
+    s.progress.write(f"S={S} x{n}: diffusers' best first call (compile included) {rec.best_first_call_s:.1f} s")
+    return run_b
+
+
 def _on_sigterm(signum, frame):
     raise KeyboardInterrupt("SIGTERM (timeout?): writing what was measured")
 
@@ -287,7 +346,7 @@ def _device_name(torch, device) -> str:
 
 def _steps(opts: BenchOptions) -> int:
     r = opts.warmup + opts.iters
-    return len(opts.seq_lens) * (r + len(opts.blocks) * (1 + 2 * r + opts.iters))
+    return len(opts.seq_lens) * (r + len(opts.blocks) * (1 + int(opts.best) + 2 * r + opts.iters))
 
 
 def _run_meta(torch, device, label, opts) -> dict:
@@ -298,6 +357,7 @@ def _run_meta(torch, device, label, opts) -> dict:
             "cuda": torch.version.cuda, "diffusers": diffusers.__version__,
             "diffusers_attention": str(_AttentionBackendRegistry._active_backend.value),
             "warmup": opts.warmup, "iters": opts.iters, "seq_lens": list(opts.seq_lens), "blocks": list(opts.blocks),
+            "best": opts.best,
             "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     if device.type == "cuda":
         meta["cudnn"] = torch.backends.cudnn.version()

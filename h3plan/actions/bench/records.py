@@ -4,7 +4,9 @@ Pure Python (no torch): the file format of `action=bench` and how it reads. A re
 {"schema_version": 1, "runs": [...], "records": [...]}; records are merged by (plan, S, blocks, device),
 so invocations with different plans append to one file. Targets (issue 4, on the H200): a lossless
 plan's single block >= 1.25x diffusers eager, an FP8 plan >= 1.5x, attention inside the plan >= 95% of
-its backend standalone; the markdown says met / not met for every GPU record.
+its backend standalone; the markdown says met / not met for every GPU record, each speedup also against
+diffusers' best one-GPU setting (regional compile). Fields added later default to None, so older files
+load and render them as "-".
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ class BlockRecord:
     forward, so in the power and clock state the plan's own call meets; fraction_matched = that / in plan.
     bitwise_equal: plan output == diffusers eager with the plan's attention backend (None: no such
     reference, see bitwise_reference); rel_error: ||plan - eager|| / ||eager|| against default attention.
+    best_*: diffusers' best one-GPU setting (`best_config`: regional compile of the eager blocks), timed
+    interleaved with eager and the plan; speedup_vs_best = best_ms / plan_ms; best_first_call_s: its first
+    call at this (S, blocks), compile included, excluded from best_ms; best_rel_error: against eager as
+    rel_error. None everywhere (and "" config) in records written before the best setting existed.
     """
 
     S: int
@@ -71,6 +77,14 @@ class BlockRecord:
     peak_mem_gib: float | None = None
     counters: dict = field(default_factory=dict)
     error: str | None = None
+    best_config: str = ""
+    best_ms: float | None = None
+    best_ms_range: list = field(default_factory=list)
+    speedup_vs_best: float | None = None
+    best_first_call_s: float | None = None
+    best_rel_error: float | None = None
+    best_max_abs_error: float | None = None
+    best_error: str | None = None
 
 
 # ---------------------------------------------------------------- results file, markdown, chart
@@ -102,6 +116,14 @@ def _bitwise(r) -> str:
 def fallbacks(r: Mapping) -> int:
     """Guarded calls that took diffusers' path during the timed repetitions (0: every fused path ran)."""
     return sum(v for k, v in (r.get("counters") or {}).items() if k.endswith(".fallback"))
+
+
+def _vs_best(r) -> str:
+    """'; 1.050x diffusers' best' for the target lines; why not where it did not run; '' in older records."""
+    if r.get("speedup_vs_best") is not None:
+        return f"; {r['speedup_vs_best']:.3f}x diffusers' best"
+    why = r.get("best_error") or r.get("best_config")
+    return f"; diffusers' best: {why}" if why else ""
 
 
 def _tflops(shape, ms):
@@ -140,7 +162,7 @@ def target_lines(records: Sequence[Mapping]) -> list[str]:
             if fallbacks(r):
                 extra += f", {fallbacks(r)} guarded calls fell back"
             lines.append(f"- {what} >= {goal}x diffusers eager, `{r['plan']}` S={r['S']} x{r['blocks']}: "
-                         f"{_f(sp, '{:.3f}')}x{extra} -> {verdict}")
+                         f"{_f(sp, '{:.3f}')}x{extra} -> {verdict}{_vs_best(r)}")
         frac = r.get("attention_in_plan_fraction")
         if frac is not None:
             verdict = "met" if frac >= TARGET_ATTENTION_FRACTION else "**not met**"
@@ -165,6 +187,10 @@ COLUMN_NOTES = """\
   blocks in a row, bf16, one GPU; median of the timed repetitions (CUDA events, synchronized).
 - **plan ms**: the same blocks, same weights and inputs, after `h3plan.install(model, plan)`;
   repetitions interleaved with eager in the same process. **speedup** = eager ms / plan ms.
+- **best ms**: diffusers' best one-GPU setting, a copy of the eager blocks compiled the way diffusers users
+  do (`compile_repeated_blocks(fullgraph=True)`, static shapes per S), timed interleaved with the other two
+  after its own warm-up; the first call (the compile) is reported apart. **vs best** = best ms / plan ms.
+  `-`: not run (`bench.best=off`) or a record from before the column existed.
 - **bitwise**: the plan's output `torch.equal` to diffusers' eager blocks run with the *plan's attention
   backend* (every other lever off): what "lossless" promises. `-` where no such reference exists
   (a lossy attention backend such as cudnn_fp8).
@@ -191,15 +217,16 @@ def render_markdown(doc: Mapping) -> str:
     if any(r.get("timing") != "cuda-events" for r in recs):
         out += ["**Host-clock (CPU) records below: their times are meaningless; they only show the plumbing "
                 "(files, correctness columns).**", ""]
-    out += ["| plan | S | blocks | eager ms | plan ms | speedup | bitwise (same attention) | rel. error vs eager "
-            "| guard fallbacks | peak GiB |", "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+    out += ["| plan | S | blocks | eager ms | best ms | plan ms | speedup | vs best | bitwise (same attention) "
+            "| rel. error vs eager | guard fallbacks | peak GiB |", "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
     for r in recs:
         if r.get("error"):
-            out.append(f"| {r['plan']} | {r['S']} | {r['blocks']} | failed: {r['error'][:160]} | | | | | | |")
+            out.append(f"| {r['plan']} | {r['S']} | {r['blocks']} | failed: {r['error'][:160]} | | | | | | | | |")
             continue
-        out.append(f"| {r['plan']} | {r['S']} | {r['blocks']} | {_f(r['eager_ms'])} | {_f(r['plan_ms'])} | "
-                   f"{_f(r['speedup'])}x | {_bitwise(r)} | {_f(r['rel_error'], '{:.2e}')} | {fallbacks(r)} | "
-                   f"{_f(r.get('peak_mem_gib'), '{:.1f}')} |")
+        out.append(f"| {r['plan']} | {r['S']} | {r['blocks']} | {_f(r['eager_ms'])} | {_f(r.get('best_ms'))} | "
+                   f"{_f(r['plan_ms'])} | {_f(r['speedup'])}x | {_f(r.get('speedup_vs_best'), '{:.2f}x')} | {_bitwise(r)} | "
+                   f"{_f(r['rel_error'], '{:.2e}')} | {fallbacks(r)} | {_f(r.get('peak_mem_gib'), '{:.1f}')} |")
+    out += _best_section(recs)
     out += ["", "## Attention at the per-rank shape", "",
             "| plan | S | blocks | shape | backend | backend ms | TFLOP/s | diffusers default ms | TFLOP/s | in plan ms "
             "| standalone ms | in-plan speed | after a forward ms | in-plan speed (matched) |",
@@ -230,6 +257,23 @@ def render_markdown(doc: Mapping) -> str:
     return "\n".join(out)
 
 
+def _best_section(recs) -> list[str]:
+    """diffusers' best per record: its first call (compile included) and its error; [] when no record has it."""
+    rows = [r for r in recs if not r.get("error") and r.get("best_config")]
+    if not rows:
+        return []
+    out = ["", "## diffusers' best setting", "", "| plan | S | blocks | best ms (min-max) | first call s (compile) "
+           "| rel. error vs eager | max abs error |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lo_hi = r.get("best_ms_range") or []
+        spread = f" ({lo_hi[0]:.2f}-{lo_hi[1]:.2f})" if len(lo_hi) == 2 else ""
+        ms = f"failed: {r['best_error'][:120]}" if r.get("best_error") else _f(r.get("best_ms")) + spread
+        out.append(f"| {r['plan']} | {r['S']} | {r['blocks']} | {ms} | {_f(r.get('best_first_call_s'), '{:.1f}')} | "
+                   f"{_f(r.get('best_rel_error'), '{:.2e}')} | {_f(r.get('best_max_abs_error'), '{:.2e}')} |")
+    configs = sorted({(r["plan"], r["best_config"]) for r in rows})
+    return out + ["", "Best settings: " + "; ".join(f"`{p}`: `{c}`" for p, c in configs)]
+
+
 def write_chart(records: Sequence[Mapping], path: str) -> str | None:
     """The PNG through benchmarks/plot.py of this checkout (matplotlib, both loaded lazily).
 
@@ -258,13 +302,14 @@ def _one_line(exc: BaseException) -> str:
 
 
 def summary_table(records: Sequence[Mapping]) -> str:
-    rows = [f"{'plan':<22} {'S':>6} {'blk':>3} {'eager ms':>9} {'plan ms':>9} {'speedup':>7} {'attn ms':>8} "
-            f"{'in-plan':>7} {'bitwise':>7} {'rel err':>9}"]
+    rows = [f"{'plan':<22} {'S':>6} {'blk':>3} {'eager ms':>9} {'best ms':>9} {'plan ms':>9} {'speedup':>7} "
+            f"{'vs best':>7} {'attn ms':>8} {'in-plan':>7} {'bitwise':>7} {'rel err':>9}"]
     for r in _sorted(records):
         if r.get("error"):
             rows.append(f"{r['plan']:<22} {r['S']:>6} {r['blocks']:>3}  failed: {r['error'][:80]}")
             continue
-        rows.append(f"{r['plan']:<22} {r['S']:>6} {r['blocks']:>3} {_f(r['eager_ms']):>9} {_f(r['plan_ms']):>9} "
-                    f"{_f(r['speedup']):>7} {_f(r['attention_ms']):>8} {_f(r.get('attention_in_plan_fraction'), '{:.0%}'):>7} "
+        rows.append(f"{r['plan']:<22} {r['S']:>6} {r['blocks']:>3} {_f(r['eager_ms']):>9} {_f(r.get('best_ms')):>9} "
+                    f"{_f(r['plan_ms']):>9} {_f(r['speedup']):>7} {_f(r.get('speedup_vs_best')):>7} "
+                    f"{_f(r['attention_ms']):>8} {_f(r.get('attention_in_plan_fraction'), '{:.0%}'):>7} "
                     f"{_bitwise(r).strip('*'):>7} {_f(r['rel_error'], '{:.2e}'):>9}")
     return "\n".join(rows)
