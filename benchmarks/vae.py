@@ -9,7 +9,8 @@ from N(0, 0.1). `requires_grad_(False)` and decode in `torch.no_grad()` under `t
 Per (latent, plan): the eager side is diffusers' decode with the plan's tile geometry (a tiles-only
 plan), the plan side is `h3plan.install(vae, plan)`; times are medians of CUDA-event timed decodes after
 `--warmup` untimed ones (eager first, then the plan); `bitwise_equal` compares the two last outputs;
-`peak_GiB` is max_memory_allocated over one decode, weights included (the plan's float16 copies too).
+`peak_GiB` is max_memory_allocated over one decode, weights included (with vae_ops fused the decoder-block
+linears are float16 on the device, their float32 masters on the host).
 `--device cpu --config h3_tiny` is a plumbing smoke run in the Triton interpreter (host clock, no meaning).
 """
 
