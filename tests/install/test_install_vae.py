@@ -409,7 +409,7 @@ def test_benchmark_script_plumbing_on_cpu(tmp_path):
                      "--plans", "hardware=sm90 recipe=bf16 levers.vae_ops=fused", "--warmup", "0", "--iters", "1", "--tag", "cpu"])
     assert rc == 0
     (rec,) = json.loads((tmp_path / "vae-cpu.json").read_text())["records"]
-    assert {"latent", "tiles", "plan", "eager_ms", "plan_ms", "speedup", "bitwise_equal", "peak_GiB"} <= set(rec)
+    assert {"latent", "tiles", "plan", "eager_ms", "plan_ms", "speedup", "bitwise_equal", "peak_GiB", "peak_ratio"} <= set(rec)
     assert rec["bitwise_equal"] and rec["tiles"] == "256x256/64" and rec["decoder_calls"] == 1
     assert rec["counters"] == {"vae_ops.fp16_weights.fused": 2, "vae_ops.qk_norm_rope.fused": 2,
                                "vae_ops.swiglu.fused": 2, "vae_ops.scaled_residual.fused": 4, "vae_graphs.fallback": 1}
