@@ -9,7 +9,8 @@ from N(0, 0.1). `requires_grad_(False)` and decode in `torch.no_grad()` under `t
 Per (latent, plan): the eager side is diffusers' decode with the plan's tile geometry (a tiles-only
 plan), the plan side is `h3plan.install(vae, plan)`; times are medians of CUDA-event timed decodes after
 `--warmup` untimed ones (eager first, then the plan); `bitwise_equal` compares the two last outputs;
-`peak_GiB` is max_memory_allocated over one decode, weights included (the plan's float16 copies too).
+`peak_GiB` is max_memory_allocated over one decode, weights included (with vae_ops fused the decoder-block
+linears are float16 on the device, their float32 masters on the host).
 `--device cpu --config h3_tiny` is a plumbing smoke run in the Triton interpreter (host clock, no meaning).
 """
 
@@ -158,6 +159,7 @@ def measure(vae, plan, spec: str, latent, warmup: int, iters: int, seed: int = 1
             "vae_tiles": setting.get("vae_tiles"), "eager_ms": round(eager_ms, 2), "plan_ms": round(plan_ms, 2),
             "speedup": round(eager_ms / plan_ms, 3), "bitwise_equal": bool(torch.equal(out.cpu(), ref)),
             "peak_GiB": {"eager": _r(eager_peak), "plan": _r(plan_peak)},
+            "peak_ratio": None if eager_peak is None else round(plan_peak / eager_peak, 3),
             "decoder_calls": n_calls,
             "counters": calls, "skipped": [f"{lv}: {r}" for lv, r in report.skipped if lv.startswith("vae")]}
 
@@ -173,16 +175,17 @@ def markdown(meta: dict, records: list[dict]) -> str:
              f"({meta['clock']}) after {meta['warmup']} warm-up; eager runs diffusers' ops at the plan's tile "
              "geometry. Fused block calls: `vae_ops.qk_norm_rope.fused` over the plan's decode (with vae_graphs "
              "only the warm-up and capture runs count: replays run no Python); graph replays: `vae_graphs.fused`.", "",
-             "| latent | tiles | plan | vae_graphs | vae_ops | decoder calls | eager ms | plan ms | speedup | bitwise | peak GiB eager / plan | fused block calls | graph replays |",
+             "| latent | tiles | plan | vae_graphs | vae_ops | decoder calls | eager ms | plan ms | speedup | bitwise | peak GiB eager / plan (plan/eager) | fused block calls | graph replays |",
              "|---|---|---|---|---|---:|---:|---:|---:|---|---|---:|---:|"]
     for r in records:
         if "error" in r:
             lines.append(f"| {'x'.join(map(str, r['latent']))} | - | {r['plan']} | - | - | - | - | - | - | - | - | {r['error']} | - |")
             continue
         pk = r["peak_GiB"]
+        ratio = "" if r.get("peak_ratio") is None else f" ({r['peak_ratio']:.2f}x)"
         lines.append(f"| {'x'.join(map(str, r['latent']))} | {r['tiles']} | {r['plan']} | {r.get('vae_graphs') or '-'} | {r['vae_ops']} | "
                      f"{r['decoder_calls']} | {r['eager_ms']:.1f} | {r['plan_ms']:.1f} | {r['speedup']:.2f}x | "
-                     f"{'yes' if r['bitwise_equal'] else 'NO'} | {pk['eager']} / {pk['plan']} | "
+                     f"{'yes' if r['bitwise_equal'] else 'NO'} | {pk['eager']} / {pk['plan']}{ratio} | "
                      f"{r['counters'].get('vae_ops.qk_norm_rope.fused', 0)} | {r['counters'].get('vae_graphs.fused', 0)} |")
     notes = sorted({s for r in records for s in r.get("skipped", ())})
     if notes:

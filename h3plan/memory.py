@@ -12,9 +12,10 @@ says whether it fits and, when not, which nearest change does (each one re-estim
   attention phase and the FFN phase of one block forward, and the full-S tensors outside the stack
   (every rank embeds and gathers the whole sequence). Counted as diffusers' eager code keeps them alive
   (the basis lists each tensor); not yet calibrated on a GPU (tests/gpu/test_memory_gpu.py measures it).
-- VAE decode (h3plan's setup: FP16 autocast, no_grad): weights (float32 as released), the float16
-  copies of vae_ops and an autocast weight cache where they exist, one CUDA-graph pool per tile shape,
-  and the decode's own peak: the decoded chunks and their final torch.cat, or the last clip's tiles
+- VAE decode (h3plan's setup: FP16 autocast, no_grad): weights (float32 as released; with vae_ops fused
+  the decoder-block linears are float16 on the device, their float32 masters on the host), an autocast
+  weight cache where one exists, vae_graphs' one CUDA-graph pool (shared by every tile shape, sized by
+  one decoder call), and the decode's own peak: the decoded chunks and their final torch.cat, or the last clip's tiles
   being stitched; then diffusers' MiniMaxH3VideoDecodeStep postprocess (float32 copies). Calibrated on
   the H200 anchors (docs/sources.md#h200-anchors, benchmarks/results/vae-h200.md): within 10% for one decode, within 3% when
   the harness's previous output (alive during its timed decode) is added.
@@ -216,15 +217,15 @@ def _weights(it: _Items, sections, settings, opts) -> None:
             it.add("transformer_quant_copies", quant, f"gemm_quant={gq} quantised at install from the {checkpoint} checkpoint: "
                                                       f"{QUANT_BYTES[gq]} per block-linear weight beside the kept bf16 originals (uninstall)")
     vb, vp = VAE_DTYPES[opts["vae_dtype"]], vae_params(vdc)
-    it.add("vae_weights", 4 * vp["fp32_kept"] + vb * (vp["decoder_linears"] + vp["other"]),
+    lb = 2 if _setting(settings, "vae_ops", "eager") == "fused" else vb  # fp16_weights: float16 on the device
+    it.add("vae_weights", 4 * vp["fp32_kept"] + lb * vp["decoder_linears"] + vb * vp["other"],
            f"AutoencoderKLMiniMaxH3 {vp['decoder_linears'] + vp['fp32_kept'] + vp['other']:,} parameters, {opts['vae_dtype']}"
-           + ("" if vb == 4 else " (encoder, quant_conv, norms and scales kept float32)"))
+           + ("" if vb == 4 else " (encoder, quant_conv, norms and scales kept float32)")
+           + (f"; vae_ops fp16_weights: the {vp['decoder_linears']:,} decoder-block linear weights and biases float16 "
+              "on the device, the originals on the host (install/vae_weights.py)" if lb != vb else ""))
     it.add("audio_vae_weights", vb * pipe["audio_vae"]["params"],
            f"AutoencoderKLMiniMaxH3Audio {pipe['audio_vae']['params']:,} parameters, {opts['vae_dtype']}")
     it.add("text_encoder", 0, "not resident: prompt_embeds given (Qwen3-VL runs before, or elsewhere)")
-    if _setting(settings, "vae_ops", "eager") == "fused" and opts["vae_dtype"] != "fp16":
-        it.add("vae_fp16_copies", 2 * vp["decoder_linears"], f"vae_ops fp16_weights: float16 copies of {vp['decoder_linears']:,} "
-                                                             "decoder-linear weights and biases beside the originals (install/vae.py)")
 
 
 def _block_terms(dc, U: int, settings) -> tuple[list, list]:
@@ -272,11 +273,11 @@ def _decode(it: _Items, sections, settings, opts, geo, geo_src, B: int) -> None:
     tile_name = {"fp8_tiles": "fp8_tile", "custom": "custom_tile"}.get(_setting(settings, "vae_tiles", "default"), "default_tile")
     tile = sections["vae"].get(tile_name) or {"height": 256, "width": 256, "overlap": 64}
     fused = _setting(settings, "vae_ops", "eager") == "fused"
-    fp16_w = "vae_fp16_copies" in it.gib or opts["vae_dtype"] == "fp16"
+    fp16_w = fused or opts["vae_dtype"] == "fp16"
     d = vae_decode(vdc, geo["latent_frames"], geo["latent_height"], geo["latent_width"], tile, batch=B, fused=fused, fp16_weights=fp16_w)
     th, tw = d["tile_px"]
     if _setting(settings, "vae_graphs", "off") == "on":
-        it.add("vae_graph_pools", d["call"], f"vae_graphs: one CUDA-graph pool per tile shape (1 here, {th}x{tw} px), the size of one "
+        it.add("vae_graph_pools", d["call"], f"vae_graphs: one CUDA-graph pool shared by every tile shape ({th}x{tw} px here), the size of one "
                                              "decoder call's activations; held between decodes")
     if opts["autocast_weight_cache"] and opts["vae_dtype"] == "fp32" and not fp16_w:
         it.add("vae_autocast_cache", 2 * vae_params(vdc)["decoder_linears"], "FP16 autocast caches float16 casts of the decoder "
@@ -309,7 +310,7 @@ def estimate(sections: Mapping[str, Any], shape: Mapping[str, Any], settings: Ma
         it.add("vae_decode", 0, geo_src)
         it.add("video_postprocess", 0, geo_src)
     g = it.gib
-    vae_res = ["vae_weights", "audio_vae_weights"] + [k for k in ("vae_fp16_copies", "vae_graph_pools") if k in g]
+    vae_res = ["vae_weights", "audio_vae_weights"] + [k for k in ("vae_graph_pools",) if k in g]
     tr_res = ["transformer_weights"] + [k for k in ("transformer_quant_copies",) if k in g]
     both = opts["offload"] == "none"
     denoise = tr_res + (vae_res if both else []) + ["step_inputs", max(("block_activations", "stack_boundary"), key=g.get)]

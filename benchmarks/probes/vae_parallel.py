@@ -11,7 +11,7 @@ vae_parallel installed over all ranks (ranks start each timed decode together af
 the U-GPU video bitwise against its one-GPU video and against diffusers' one-GPU decode. Times are CUDA
 events (median of --iters after --warmup) with the host wall clock beside them; the parallel decode is
 split into its gather (the two all_gathers, including any wait for a slower rank) and its stitch
-(diffusers' _decode answered from the gather), the rest being this rank's decoder calls. Peak memory: max_memory_allocated over one decode, per rank (weights, the plan's float16 weight copies and
+(diffusers' _decode answered from the gather), the rest being this rank's decoder calls. Peak memory: max_memory_allocated over one decode, per rank (weights, with the plan's decoder-block linears in float16, and
 the latent included; the reference videos are held on the host).
 Rank 0 writes the JSON (every rank's record).
 """

@@ -1,12 +1,15 @@
 """Install a Plan's VAE levers into diffusers' AutoencoderKLMiniMaxH3 (the installer dispatches here).
 
 - `vae_ops` (builder option `vae_ops=True`; the decision's `params.ops` picks the ops, default all of
-  vae_block.OPS): every ViT decoder block gets the plan forward of vae_block.py. `fp16_weights` makes
-  float16 copies of the six block linears' weights and biases once. The originals stay registered,
-  untouched, in float32: the state dict, `save_pretrained`, uninstall and every call outside FP16
-  autocast keep diffusers' parameters and numerics; the price is the copies' memory (reported; 4.8 GB
-  at the released config) beside the originals, which the per-call guard needs as its exact fallback.
-  A block whose linears are already float16 (a float16 `torch_dtype`) has nothing to materialise.
+  vae_block.OPS): every ViT decoder block gets the plan forward of vae_block.py. `fp16_weights` replaces
+  the six block linears' weights and biases on the device by their float16 casts (autocast's cast, made
+  once) and moves the originals to host memory as masters (vae_weights.py): the device holds 2 bytes
+  per weight of those linears instead of 4 (4.5 GiB less at the released config, where float16 copies
+  beside the originals used to add 4.5 GiB). While
+  installed the state dict, `parameters()` and `save_pretrained` see float16 there (the report says so);
+  every call outside FP16 autocast computes on the masters, counted; uninstall puts the originals back
+  bit for bit. A float16 `torch_dtype` has nothing to swap; float64, meta or split devices are skipped
+  with the reason.
 - `vae_graphs` (builder option `graphs=True`): `decoder.forward` becomes a GraphedDecoder
   (vae_graph.py) that replays the whole ViT decoder forward from one CUDA graph per input signature,
   with a counted per-call guard that runs diffusers' forward when a graph cannot apply.
@@ -18,7 +21,8 @@
   tiling as it is.
 
 Transformer levers in the plan are reported skipped (they install into MiniMaxH3Transformer3DModel).
-Uninstall (installer.uninstall) restores the block forwards and the tiling attributes exactly.
+Uninstall (installer.uninstall) restores the block forwards, the block linears' parameters and the tiling
+attributes exactly.
 """
 
 from __future__ import annotations
@@ -31,8 +35,9 @@ import torch
 from h3plan.errors import InstallError
 
 from .report import Swap
-from .vae_block import LINEARS, Fp16Copies, VaeBlockState, load_kernels, plan_vae_block_forward
+from .vae_block import LINEARS, VaeBlockState, load_kernels, plan_vae_block_forward
 from .vae_graph import GraphedDecoder
+from .vae_weights import FP16, Fp16Weights, is_guarded_linear
 
 logger = logging.getLogger("h3plan.install")
 
@@ -42,7 +47,6 @@ VAE_LEVERS = tuple(name for name, s in SPECS.items() if s.model == "vae")
 TILING = ("use_tiling", "tile_sample_min_height", "tile_sample_min_width", "tile_sample_min_overlap_height",
           "tile_sample_min_overlap_width")
 RELEASED = (True, 256, 256, 64, 64)  # diffusers' AutoencoderKLMiniMaxH3.__init__ tiling
-FP16 = torch.float16
 AUTOCAST_CASTS = {torch.float32, torch.bfloat16, torch.float16}  # autocast casts these to float16, not float64
 
 
@@ -58,8 +62,13 @@ def is_vae(model) -> bool:
     return isinstance(model, _classes()[0])
 
 
+def _ours(m) -> bool:
+    """An instance forward this installer put there (a plan block forward, a guarded fp16 linear)."""
+    return getattr(m.__dict__.get("forward"), "__func__", None) is plan_vae_block_forward or is_guarded_linear(m)
+
+
 def _hooked(m) -> bool:
-    return bool("forward" in m.__dict__ or m._forward_hooks or m._forward_pre_hooks
+    return bool(("forward" in m.__dict__ and not _ours(m)) or m._forward_hooks or m._forward_pre_hooks
                 or hasattr(m, "_diffusers_hook") or hasattr(m, "_hf_hook"))
 
 
@@ -109,25 +118,40 @@ def _swap(report, lever, fqn, old, new) -> None:
     logger.info("%s", s)
 
 
+def _fp16_blocker(blocks) -> str | None:
+    """Why fp16_weights has nothing to swap in these blocks (None: swap)."""
+    params = [t for b in blocks for p in LINEARS for t in (b.get_submodule(p).weight, b.get_submodule(p).bias) if t is not None]
+    dtypes, devices = {t.dtype for t in params}, {t.device for t in params}
+    if dtypes == {FP16}:
+        return "decoder block linears are already float16: nothing to swap"
+    if not dtypes <= AUTOCAST_CASTS:
+        return f"decoder block linears are {sorted(map(str, dtypes))}: autocast would not cast them to float16"
+    if len(devices) != 1 or next(iter(devices)).type == "meta":
+        return f"decoder block linears on {sorted(map(str, devices))}: float16 weights need them loaded on one device"
+    return None
+
+
 def _install_ops(model, builder, state) -> None:
     lever = builder.lever_of("ops")
     ops = builder.values["ops"]
     kernels = load_kernels(ops)
     report = state.report
     blocks = model.decoder.transformer_blocks
-    weight_dtypes = {b.get_submodule(p).weight.dtype for b in blocks for p in LINEARS}
-    materialise = "fp16_weights" in ops and weight_dtypes != {FP16}
-    if materialise and not weight_dtypes <= AUTOCAST_CASTS:
-        materialise = False
-        report.skipped.append((f"{lever}.fp16_weights", f"decoder block linears are {sorted(map(str, weight_dtypes))}: "
-                                                         "autocast would not cast them to float16"))
-    elif "fp16_weights" in ops and not materialise:
-        report.skipped.append((f"{lever}.fp16_weights", "decoder block linears are already float16: nothing to materialise"))
-    nbytes = 0
+    blocker = _fp16_blocker(blocks) if "fp16_weights" in ops else None
+    if blocker:
+        report.skipped.append((f"{lever}.fp16_weights", blocker))
+    swap = "fp16_weights" in ops and blocker is None
+    old = "/".join(sorted({str(b.get_submodule(p).weight.dtype).replace("torch.", "") for b in blocks for p in LINEARS}))
+    moved = []
     for i, block in enumerate(blocks):
-        copies = Fp16Copies.make(block, FP16) if materialise else None
-        nbytes += copies.nbytes if copies else 0
-        block._h3plan_vae = VaeBlockState(frozenset(ops), kernels, copies)
+        fqn = f"decoder.transformer_blocks.{i}"
+        weights = None
+        if swap:
+            weights = Fp16Weights.swap(fqn, [block.get_submodule(p) for p in LINEARS])
+            state.undo.append(weights.restore)
+            weights.guard_linears()
+            moved.append(weights)
+        block._h3plan_vae = VaeBlockState(frozenset(ops), kernels, weights)
         block.forward = types.MethodType(plan_vae_block_forward, block)
 
         def undo(b=block):
@@ -135,30 +159,35 @@ def _install_ops(model, builder, state) -> None:
                 b.__dict__.pop(attr, None)
 
         state.undo.append(undo)
-        fqn = f"decoder.transformer_blocks.{i}"
-        if copies is not None:
-            old = "/".join(sorted(str(d).replace("torch.", "") for d in weight_dtypes))
-            _swap(report, lever, f"{fqn} linears ({len(LINEARS)})", f"{old} + autocast casts", "float16 copies under FP16 autocast")
+        if weights is not None:
+            _swap(report, lever, f"{fqn} linears ({len(LINEARS)})", f"{old} + autocast casts",
+                  "float16 on the device (float32 masters on the host)")
         if "qk_norm_rope" in ops:
             _swap(report, lever, f"{fqn}.attn.norm_q/norm_k+rope", "eager", "fused")
         if "swiglu" in ops:
             _swap(report, lever, f"{fqn}.ff.net.0 swiglu", "eager", "fused")
         if "scaled_residual" in ops:
             _swap(report, lever, f"{fqn} scaled residual", "eager", "fused")
-    if materialise:
-        report.notes.append(f"vae_ops.fp16_weights: float16 copies of {len(blocks) * len(LINEARS)} decoder-block linears "
-                            f"take {nbytes / 2**30:.3f} GiB beside the original parameters (kept for the state dict, "
-                            "uninstall and calls outside FP16 autocast)")
+    if moved:
+        n = sum(len(w.swapped) for w in moved)
+        host, saved = sum(w.host_bytes for w in moved), sum(w.saved_bytes for w in moved)
+        where = "pinned host memory" if moved[0].pinned else "host memory"
+        report.notes.append(
+            f"vae_ops.fp16_weights: {n} decoder-block linear weights/biases ({len(blocks)} blocks x {len(LINEARS)} linears) "
+            f"are float16 on {moved[0].device} while installed; their {old} originals ({host / 2**30:.3f} GiB) moved to "
+            f"{where} as masters: the device saves {saved / 2**30:.3f} GiB. state_dict(), parameters() and "
+            "save_pretrained see float16 there (vae.dtype does not change); uninstall restores the originals bit for bit")
 
 
 def _install_graphs(model, builder, state) -> None:
     lever = builder.lever_of("graphs")
     dec = model.decoder
-    if _hooked(dec) or any(_hooked(m) for m in dec.modules() if m is not dec and not _plan_block(m)):
+    if _hooked(dec) or any(_hooked(m) for m in dec.modules() if m is not dec):
         state.report.skipped.append((lever, "the ViT decoder or one of its modules carries hooks or an instance forward "
                                             "(offloading?): a CUDA graph would freeze what they do; diffusers' forward kept"))
         return
-    gd = GraphedDecoder(dec, dec.forward)
+    swapped = [w for b in dec.transformer_blocks if (w := getattr(getattr(b, "_h3plan_vae", None), "weights", None))]
+    gd = GraphedDecoder(dec, dec.forward, validate=(lambda: [w.verify() for w in swapped]) if swapped else None)
     dec.forward = gd
 
     def undo():
@@ -168,12 +197,6 @@ def _install_graphs(model, builder, state) -> None:
     state.undo.append(undo)
     _swap(state.report, lever, "decoder.forward", type(dec).__name__ + ".forward",
           "CUDA graph replay, one graph per input signature (diffusers' forward when a guard refuses)")
-
-
-def _plan_block(m) -> bool:
-    """A decoder block whose instance forward is the one vae_ops installed, with no hooks on it."""
-    f = m.__dict__.get("forward")
-    return getattr(f, "__func__", None) is plan_vae_block_forward and not (m._forward_hooks or m._forward_pre_hooks)
 
 
 def _geometry(model) -> str:

@@ -3,24 +3,27 @@
 Mathematically diffusers' `MiniMaxH3VideoTransformerBlock.forward` with `MiniMaxH3VideoAttnProcessor`
 inlined (diffusers 0.42.1), op for op. The `vae_ops` ops it can route:
 
-- fp16_weights: the six block linears (attn.to_q/k/v, attn.to_out.0, ff.net.0.proj, ff.net.2) run on
-  float16 copies made once at install instead of the casts FP16 autocast makes on every call. Exact:
-  autocast casts input, weight and bias to float16 and runs the same GEMM; the copies are that cast done
-  once, and the normed activation is cast to float16 once instead of once per linear (same rounding).
-  Taken only under autocast on the input's device with dtype float16, without autograd, with unchanged
-  originals; otherwise the modules' own parameters run (diffusers' code).
+- fp16_weights: the six block linears (attn.to_q/k/v, attn.to_out.0, ff.net.0.proj, ff.net.2) hold
+  float16 on the device, cast once at install (vae_weights.py: the float32 originals wait on the host).
+  Under FP16 autocast on their device the block runs them directly, and casts the normed activation to
+  float16 once instead of autocast doing it once per linear (same rounding); any other call (autocast
+  off or at another dtype, another device, autograd for the input) runs the float32 masters copied to
+  the device for that call, with diffusers' compute dtype: exact either way, counted either way.
+  Changed parameters, or autograd reaching them, raise InstallError (vae_weights.py says why).
 - qk_norm_rope, swiglu, scaled_residual: h3plan.kernels (vae_qk_norm_rope, swiglu, scaled_residual)
   behind their `<op>_check`; a refused call runs diffusers' expression.
 
 Counters, per block call: one `vae_ops.<op>.fused` or `.fallback` (with the reason) for fp16_weights,
-qk_norm_rope and swiglu, two for scaled_residual. Every fallback is diffusers' own code, so it is exact.
+qk_norm_rope and swiglu, two for scaled_residual; plus one fp16_weights event per call that reaches a
+linear through its module (a custom attention processor). Every fallback is diffusers' own code (on the
+original float32 weights), so it is exact.
 Module hooks on the bypassed submodules (attn, the linears, ff) do not fire on fused paths; the
 installer refuses blocks that carry hooks.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -28,6 +31,8 @@ import torch.nn.functional as F
 
 from h3plan.runtime.counters import fallback as count_fallback
 from h3plan.runtime.guards import run_guarded
+
+from .vae_weights import FP16, Fp16Weights
 
 from h3plan.levers.vae_ops import OPS  # noqa: F401 (the ops vae_ops installs, declared with the lever)
 
@@ -50,53 +55,10 @@ def _am():
 
 
 @dataclass
-class Fp16Copies:
-    """One block's linear weights/biases cast once; `sources` pins the originals they were cast from."""
-
-    dtype: torch.dtype
-    device: torch.device
-    tensors: dict = field(default_factory=dict)  # nn.Linear -> (weight, bias or None)
-    sources: list = field(default_factory=list)  # (original tensor, _version, data_ptr)
-
-    @classmethod
-    def make(cls, block, dtype=torch.float16) -> "Fp16Copies":
-        first = block.get_submodule(LINEARS[0]).weight
-        c = cls(dtype, first.device)
-        with torch.no_grad():
-            for path in LINEARS:
-                lin = block.get_submodule(path)
-                b = lin.bias
-                c.tensors[lin] = (lin.weight.detach().to(dtype), None if b is None else b.detach().to(dtype))
-                c.sources += [(t, t._version, t.data_ptr()) for t in (lin.weight, b) if t is not None]
-        return c
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for pair in self.tensors.values() for t in pair if t is not None)
-
-    def params(self) -> list[torch.Tensor]:
-        return [t for t, _, _ in self.sources]
-
-    def check(self, x: torch.Tensor) -> str | None:
-        dev = x.device.type
-        if not torch.is_autocast_enabled(dev):
-            return f"autocast is off on {dev}: the float16 copies stand in for autocast's casts only"
-        ad = torch.get_autocast_dtype(dev)
-        if ad != self.dtype:
-            return f"autocast dtype {ad} != materialised {self.dtype}"
-        if x.device != self.device:
-            return f"input on {x.device}, float16 copies on {self.device} (install after moving the model)"
-        for t, version, ptr in self.sources:
-            if t._version != version or t.data_ptr() != ptr:
-                return "block linear weights changed after install (moved, cast or reloaded): reinstall to refresh the copies"
-        return None
-
-
-@dataclass
 class VaeBlockState:
     ops: frozenset
     kernels: dict[str, Any]
-    copies: Fp16Copies | None = None
+    weights: Fp16Weights | None = None  # fp16_weights: the block's linears as swapped at install
 
 
 def processor_reason(attn) -> str | None:
@@ -108,13 +70,14 @@ def processor_reason(attn) -> str | None:
     return None
 
 
-def _weights(st: VaeBlockState, x, reason):
-    """The float16 copies for this block call, or None (the modules' own parameters); one counted event."""
-    c = st.copies
-    if c is None:
-        return None
-    return run_guarded("vae_ops.fp16_weights", lambda: reason or c.check(x), lambda: c.tensors, lambda: None,
-                       c.params())
+def _weights(st: VaeBlockState, block, x):
+    """(tensors for the six linears, or None for the modules' own parameters; the normed inputs' dtype)."""
+    if st.weights is None:
+        from diffusers.models.modeling_utils import get_parameter_dtype
+
+        return None, get_parameter_dtype(block.attn.to_q)
+    w, fused = st.weights.route(x)
+    return w, FP16 if fused else st.weights.compute_dtype
 
 
 def _linear(module, x, w):
@@ -204,13 +167,10 @@ def _residual(st, h, y, scale):
 
 def plan_vae_block_forward(self, hidden_states: torch.Tensor, rotary_emb=None) -> torch.Tensor:
     """Bound to a decoder block as its instance `forward` by the installer; options in `self._h3plan_vae`."""
-    from diffusers.models.modeling_utils import get_parameter_dtype
-
     st: VaeBlockState = self._h3plan_vae
-    needs_proc = st.copies is not None or "qk_norm_rope" in st.ops
+    needs_proc = st.weights is not None or "qk_norm_rope" in st.ops
     reason = processor_reason(self.attn) if needs_proc else None
-    w = _weights(st, hidden_states, reason)
-    compute_dtype = st.copies.dtype if w is not None else get_parameter_dtype(self.attn.to_q)
+    w, compute_dtype = _weights(st, self, hidden_states)
 
     norm_hidden_states = self.norm1(hidden_states.float()).to(compute_dtype)
     y = _attention(st, self.attn, norm_hidden_states, rotary_emb, w, reason)

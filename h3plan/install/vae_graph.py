@@ -16,9 +16,20 @@ a call that runs diffusers' forward instead:
 - the capture of this signature failed (the reason is kept and the signature is never retried);
 - the cache already holds `max_graphs` signatures.
 A graph is dropped and recaptured when a decoder parameter or buffer was replaced or moved since its
-capture (a new data pointer); in-place updates need nothing (the graph reads the same memory).
-Memory: each graph keeps a private pool the size of one decoder call's activations, plus its static
-input and output. Inner fused-op counters (vae_ops.*) count only the warm-up and capture runs.
+capture (a new data pointer); in-place updates need nothing (the graph reads the same memory), except
+where `validate` (the installer passes vae_ops' float16 weights check) raises first: their float32
+masters on the host would be stale.
+
+Memory: all graphs of one GraphedDecoder capture into one shared pool (torch.cuda.graph_pool_handle,
+made at the first capture), so the pool is sized by the largest signature's decoder call, not the sum
+over tile shapes; each graph's static output stays allocated in it and its static input outside it.
+Sharing is safe because the graphs never overlap: each call replays one graph on the caller's current
+stream and clones its output on that stream before returning, all graphs capture on torch.cuda.graph's
+one capture stream, and no graph reads another's memory (an intermediate freed at the end of one
+capture may be reused by the next capture, and every replay rewrites its intermediates before reading
+them). Decodes interleaved on two streams without synchronisation are unsupported (they would also
+share one graph's static buffers). Inner fused-op counters (vae_ops.*) count only the warm-up and
+capture runs.
 """
 
 from __future__ import annotations
@@ -41,6 +52,7 @@ class _Entry:
     static_in: torch.Tensor
     static_out: torch.Tensor
     pointers: tuple
+    pool: Any = None  # the graph memory pool it captured into
 
 
 def _autocast_state(device_type: str) -> tuple:
@@ -49,8 +61,9 @@ def _autocast_state(device_type: str) -> tuple:
     return (True, torch.get_autocast_dtype(device_type), torch.is_autocast_cache_enabled())
 
 
-def cuda_capture(fn: Callable, x: torch.Tensor) -> _Entry:
-    """Warm up `fn` on a side stream, then capture fn(static copy of x) into a CUDA graph."""
+def cuda_capture(fn: Callable, x: torch.Tensor, pool=None) -> _Entry:
+    """Warm up `fn` on a side stream, then capture fn(static copy of x) into a CUDA graph in `pool` (None: a
+    new pool, from torch.cuda.graph_pool_handle, returned in the entry for the next captures to share)."""
     static_in = x.detach().clone()
     side = torch.cuda.Stream(device=x.device)
     side.wait_stream(torch.cuda.current_stream(x.device))
@@ -59,17 +72,21 @@ def cuda_capture(fn: Callable, x: torch.Tensor) -> _Entry:
             fn(static_in)
     torch.cuda.current_stream(x.device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    pool = torch.cuda.graph_pool_handle() if pool is None else pool
+    with torch.cuda.graph(graph, pool=pool):
         static_out = fn(static_in)
-    return _Entry(graph, static_in, static_out, ())
+    return _Entry(graph, static_in, static_out, (), pool)
 
 
 class GraphedDecoder:
-    """Callable standing in for `decoder.forward`; `original` is the module's own bound forward."""
+    """Callable standing in for `decoder.forward`; `original` is the module's own bound forward; `validate`
+    (optional) runs before every call and raises when the model may no longer be replayed."""
 
     def __init__(self, module: torch.nn.Module, original: Callable, *, capture: Callable = cuda_capture,
-                 max_graphs: int = MAX_GRAPHS):
+                 max_graphs: int = MAX_GRAPHS, validate: Callable[[], None] | None = None):
         self.module, self.original, self.capture, self.max_graphs = module, original, capture, max_graphs
+        self.validate = validate
+        self.pool = None  # shared by every capture (set by the first)
         self.graphs: dict[tuple, _Entry] = {}
         self.refused: dict[tuple, str] = {}
         self.captures = 0
@@ -119,17 +136,20 @@ class GraphedDecoder:
             if len(self.graphs) >= self.max_graphs:
                 return f"graph cache full ({self.max_graphs} input signatures)"
             try:
-                e = self.capture(self.original, x)
+                e = self.capture(self.original, x, self.pool)
             except Exception as exc:  # a failed capture must not take the decode down
                 msg = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
                 self.refused[key] = f"capture failed ({type(exc).__name__}: {msg})"
                 return self.refused[key]
             e.pointers = ptrs
+            self.pool = e.pool if self.pool is None else self.pool
             self.graphs[key] = e
             self.captures += 1
         return e
 
     def __call__(self, hidden_states, *args, **kwargs):
+        if self.validate is not None:
+            self.validate()
         if args or kwargs:
             count_fallback(LEVER, "extra forward arguments: only decoder(hidden_states) is graphed")
             return self.original(hidden_states, *args, **kwargs)
@@ -150,3 +170,4 @@ class GraphedDecoder:
     def release(self) -> None:
         self.graphs.clear()
         self.refused.clear()
+        self.pool = None

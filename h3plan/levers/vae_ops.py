@@ -1,4 +1,4 @@
-"""VAE decoder ops: FP16 weight materialisation, fused FP16 QK-norm + RoPE, SwiGLU, scaled residual,
+"""VAE decoder ops: FP16 block-linear weights on the device (float32 masters on the host), fused FP16 QK-norm + RoPE, SwiGLU, scaled residual,
 exact (vllm-omni VAE seed (docs/sources.md#vllm-omni-vae-seed)). Only where the hardware's op set is registered; an unregistered
 architecture is reported in the plan as eager, never silently skipped.
 """

@@ -5,11 +5,13 @@ no_grad under torch.autocast("cuda", float16). Each test prints one line.
     . /tmp/h3site/env.sh && python -m pytest tests/gpu/test_install_vae_gpu.py -m gpu -q -rA -s
 
 Contracts (rtol=0, atol=0, against unmodified CUDA eager; no emulation anywhere):
-- the sm90 bf16 plan (vae_ops=fused: float16 weight copies, fused QK-norm+RoPE, SwiGLU, scaled residual;
-  vae_tiles=default) decodes latent [1, 24, 4, 48, 84] to frames at 768x1344 bit for bit, with every
-  op fused in every block of every tile (28 tiles) and no fallback; after uninstall eager bits return;
+- the sm90 bf16 plan (vae_ops=fused: float16 block linears on the GPU with pinned host masters, fused
+  QK-norm+RoPE, SwiGLU, scaled residual; vae_tiles=default) decodes latent [1, 24, 4, 48, 84] to frames
+  at 768x1344 bit for bit, with every op fused in every block of every tile (28 tiles) and no fallback,
+  below eager's peak memory; after uninstall the float32 parameters and eager bits return;
 - vae_graphs=on (with diffusers' ops and with the fused ops) replays every decoder call from a CUDA graph
-  and decodes bit for bit like eager; a second decode captures nothing new;
+  and decodes bit for bit like eager, at most 10% above eager's peak memory; a second decode captures
+  nothing new;
 - the fp8 recipe's plan installs the 288x272 / overlap 32 geometry through enable_tiling, reports the
   FP8 decode as never run, and equals eager at that geometry.
 Times (CUDA events, one warm-up, one timed decode each) are printed, not asserted.
@@ -64,6 +66,9 @@ def test_sm90_plan_decode_is_bitwise_eager_with_every_op_fused(bench, vae, z):
     eager_peak = None if eager_peak is None else round(eager_peak, 1)
     report = install(vae, plan)
     try:
+        w = vae.decoder.transformer_blocks[0]._h3plan_vae.weights
+        assert w.pinned and vae.decoder.transformer_blocks[0].ff.net[2].weight.dtype == torch.float16
+        assert all(s.master.is_pinned() and s.master.dtype == torch.float32 for s in w.swapped)
         reset_counters()
         plan_ms, out, plan_peak = run.timed(1, 1)
         plan_peak = None if plan_peak is None else round(plan_peak, 1)
@@ -81,6 +86,8 @@ def test_sm90_plan_decode_is_bitwise_eager_with_every_op_fused(bench, vae, z):
           f"{eager_ms:.0f} ms, plan {plan_ms:.0f} ms, {eager_ms / plan_ms:.2f}x; bitwise equal {same}; peak GiB "
           f"{eager_peak} / {plan_peak}")
     assert same, f"max abs diff {(out.float() - ref.float()).abs().max().item()}"
+    assert plan_peak < eager_peak, (plan_peak, eager_peak)  # the block linears hold 2 bytes a weight, not 4
+    assert all(p.dtype == torch.float32 for p in vae.parameters())
     assert torch.equal(run(), ref)  # uninstalled: eager again
 
 
@@ -135,3 +142,4 @@ def test_graphs_replay_every_decoder_call_bit_for_bit(bench, vae, z, ops):
           f"eager {eager_ms:.0f} ms, plan {plan_ms:.0f} ms, {eager_ms / plan_ms:.2f}x; bitwise equal {same}; peak GiB "
           f"{eager_peak and round(eager_peak, 1)} / {plan_peak and round(plan_peak, 1)}")
     assert same, f"max abs diff {(out.float() - ref.float()).abs().max().item()}"
+    assert plan_peak <= 1.10 * eager_peak, (plan_peak, eager_peak)

@@ -15,7 +15,11 @@ from h3plan.install.vae_graph import GraphedDecoder, _Entry
 from test_install_vae import decode, interpreter_order, latent, tiny_vae  # noqa: F401 (autouse: CPU reference orders)
 
 
-def fake_capture(fn, x):
+POOLS = []  # the pool each stand-in capture was given
+
+
+def fake_capture(fn, x, pool=None):
+    POOLS.append(pool)
     static_in = x.detach().clone()
     static_out = fn(static_in)
 
@@ -26,7 +30,7 @@ def fake_capture(fn, x):
             Graph.replays += 1
             static_out.copy_(fn(static_in))
 
-    return _Entry(Graph(), static_in, static_out, ())
+    return _Entry(Graph(), static_in, static_out, (), pool if pool is not None else object())
 
 
 def graphs_plan(ops):
@@ -36,6 +40,7 @@ def graphs_plan(ops):
 @pytest.fixture(autouse=True)
 def fresh():
     reset_counters()
+    POOLS.clear()
 
 
 def _wrapped(capture=fake_capture, cpu_ok=True, **kw):
@@ -73,6 +78,18 @@ def test_one_capture_per_signature_then_replays():
     assert counters() == {"vae_graphs.fused": 3}
 
 
+def test_every_capture_shares_the_first_captures_pool():
+    _, dec, gd = _wrapped()
+    with torch.no_grad():
+        for hw in (3, 4, 5):
+            gd(_x(hw=hw))
+    first = gd.graphs[next(iter(gd.graphs))].pool
+    assert POOLS[0] is None and POOLS[1:] == [first, first] and gd.pool is first
+    assert all(e.pool is first for e in gd.graphs.values())
+    gd.release()
+    assert gd.pool is None and not gd.graphs
+
+
 def test_results_are_copies_not_the_static_buffer():
     _, dec, gd = _wrapped()
     with torch.no_grad():
@@ -98,7 +115,7 @@ def test_replaced_weights_are_recaptured():
 def test_failed_capture_is_refused_once_and_remembered():
     calls = []
 
-    def boom(fn, x):
+    def boom(fn, x, pool=None):
         calls.append(1)
         raise RuntimeError("operation not permitted when stream is capturing")
 
@@ -157,12 +174,27 @@ def test_install_swaps_the_decoder_forward_and_uninstall_restores_it():
     plan = graphs_plan("eager")
     report = install(vae, plan)
     assert isinstance(vae.decoder.__dict__["forward"], GraphedDecoder)
+    assert vae.decoder.__dict__["forward"].validate is None  # no float16 weights to check
     assert report.swapped_levers() == ["vae_graphs"]
     assert str(report.swaps[0]).startswith("vae_graphs: decoder.forward MiniMaxH3VideoViTDecoder3d.forward -> CUDA graph replay")
     torch.testing.assert_close(decode(vae, z), ref, rtol=0, atol=0)  # CPU: counted fallback, diffusers' forward
     assert counters()["vae_graphs.fallback"] == 1
     assert install(vae, plan) is report  # idempotent
     assert uninstall(vae) and "forward" not in vae.decoder.__dict__
+
+
+def test_graph_replays_refuse_float16_weights_edited_after_install():
+    """A replay skips the block forwards' checks, so the decoder wrapper runs vae_ops' check first."""
+    vae = tiny_vae()
+    install(vae, graphs_plan("fused"))
+    gd = vae.decoder.__dict__["forward"]
+    assert gd.validate is not None
+    gd.validate()  # unchanged: nothing raised
+    with torch.no_grad():
+        vae.decoder.transformer_blocks[0].attn.to_v.bias.add_(1)
+    with pytest.raises(h3plan.errors.InstallError, match=r"transformer_blocks\.0 linear bias was moved, cast or edited"):
+        gd(torch.zeros(1, 4, 2, 3, 3))
+    assert uninstall(vae) and vae.decoder.transformer_blocks[0].attn.to_v.bias.dtype == torch.float32
 
 
 def test_hooked_decoder_is_skipped_with_the_reason():
