@@ -41,8 +41,10 @@ def _linear_rows(x, lin):
     return out.reshape(*x.shape[:-1], lin.out_features)
 
 
-def reference_block(blk, hs, temb, idx, rope):
-    """The row plan's block as a plain chain (plan: sdpa, qk_norm_rope eager, gated_residual off)."""
+def reference_block(blk, hs, temb, idx, rope, linear_rows=_linear_rows):
+    """The row plan's block as a plain chain (plan: sdpa, qk_norm_rope eager, gated_residual off);
+    `linear_rows(x, lin)`: per-row quantize + GEMM (the GPU suite passes torch._scaled_mm's)."""
+    _linear_rows = linear_rows
     shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = blk.adaln_proj(temb)
     a = blk.attn
     y = rmsnorm_modulate(hs, blk.norm1.weight, scale_msa, shift_msa, idx, blk.norm1.eps, mode="exact")
