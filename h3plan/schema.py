@@ -276,6 +276,21 @@ class CompilePoint:
 
 
 @dataclass
+class ActQuantPoint:
+    """The installed FP8 block with fp8_act_quant=row against tensor (tensor time / row time), one entry per
+    interleaved A/B run."""
+
+    seq_len: int = MISSING
+    speedups: List[float] = MISSING
+
+
+@dataclass
+class ActQuantMeasured:
+    block: List[ActQuantPoint] = field(default_factory=list)
+    source: str = ""
+
+
+@dataclass
 class MeasuredFacts:
     on_hardware: bool = MISSING
     hbm_copy_tbps: Optional[float] = None
@@ -289,6 +304,8 @@ class MeasuredFacts:
     ulysses: UlyssesMeasured = field(default_factory=UlyssesMeasured)
     compile: List[CompilePoint] = field(default_factory=list)
     """The compile lever's evidence (empty: never measured, auto keeps it off)."""
+    fp8_act_quant: ActQuantMeasured = field(default_factory=ActQuantMeasured)
+    """fp8_act_quant's evidence: row vs tensor on the whole FP8 block (empty: never measured, auto keeps tensor)."""
     """Multi-GPU measurements by Ulysses degree (empty: estimates from NVLink bandwidth, borrowed rules)."""
     never_measured: List[str] = field(default_factory=list)
     source: str = MISSING

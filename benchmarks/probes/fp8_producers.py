@@ -288,7 +288,7 @@ def block_section(args):
     cfg = compose_config(["hardware=sm90", "parallel=u1", "recipe=fp8"])
     eager = inputs.build_model(cfg["model"]["diffusers_config"], blocks=1, device="cuda", dtype="bf16", seed=0)
     for S in args.seqs:
-        cfg = compose_config(["hardware=sm90", "parallel=u1", "recipe=fp8", f"parallel.seq_len={S}"])
+        cfg = compose_config(["hardware=sm90", "parallel=u1", "recipe=fp8", f"parallel.seq_len={S}", "levers.fp8_act_quant=tensor"])
         plan = resolve(cfg)
         model = copy.deepcopy(eager)
         install(model, plan)

@@ -5,6 +5,13 @@ plan enables a lever, that op goes through its Triton kernel (h3plan/kernels) be
 `<op>_check`; a refused call, or one autograd needs, runs diffusers' eager expression instead and is
 counted as a fallback. The exact-mode kernels keep eager's bf16 rounding points, so with every lossless
 lever on this forward is bitwise equal to diffusers'; `modulation="fp32"` single-rounds and is lossy.
+
+fp8_act_quant=row (the block linears are FP8RowLinear, install/fp8_rows.py): the kernels that produce the
+FP8 GEMM inputs write e4m3 with one scale per row (h3plan/kernels/fp8_producers.py) and hand the linears
+`RowCodes` -- norm1 + AdaLN -> to_q/k/v (one set of codes), norm2 + AdaLN -> ff.net.0.proj, SwiGLU ->
+ff.net.2; to_out.0 casts the attention output per row itself. Each producer call is guarded under
+`fp8_act_quant`; a refused one runs the bf16 producer above instead and the linear casts that output per row
+(quant/fp8_rowwise.quantize_activation_rows): the same codes, so a fallback changes no bits.
 """
 
 from __future__ import annotations
@@ -55,6 +62,54 @@ def modulate(kernels, opts, norm, x, scale, shift, index):
     )
 
 
+def _row_consumers_reason(linears) -> str | None:
+    """None when every linear takes the same per-row codes (FP8RowLinear, one static scale or none)."""
+    from h3plan.quant.fp8_rowwise import FP8RowLinear
+
+    for lin in linears:
+        if not isinstance(lin, FP8RowLinear):
+            return f"the consumer is {type(lin).__name__}, not an FP8RowLinear"
+    if len({lin.act_scale for lin in linears}) > 1:
+        return "to_q/to_k/to_v have different static scales: each casts its own input"
+    return None
+
+
+def modulate_rows(kernels, opts, norm, x, scale, shift, index, linears, refuse=None):
+    """The input of `linears` (to_q/k/v or ff.net.0.proj): with fp8_act_quant=row and a fused modulation,
+    rmsnorm_modulate_fp8's per-row codes (RowCodes, the linears' static scale if they have one); else, or
+    when refused (`refuse`: a reason the caller found, e.g. an attention mask), `modulate`'s bf16 output."""
+    if opts.fp8_act_quant != "row" or opts.modulation == "eager":
+        return modulate(kernels, opts, norm, x, scale, shift, index)
+    from h3plan.quant.fp8_rowwise import RowCodes
+
+    fn, check = kernels["rmsnorm_modulate_fp8"]
+    eps, w, mode = norm.eps, norm.weight, opts.modulation
+    act_scale = getattr(linears[0], "act_scale", None)
+
+    def guard():
+        why = refuse or _row_consumers_reason(linears)
+        if why is None and (eps is None or w is None):
+            why = "RMSNorm without eps or affine weight"
+        return why or check(x, w, scale, shift, index, eps, mode=mode, act_scale=act_scale)
+
+    return run_guarded("fp8_act_quant", guard,
+                       lambda: RowCodes(*fn(x, w, scale, shift, index, eps, mode=mode, act_scale=act_scale), x.dtype),
+                       lambda: modulate(kernels, opts, norm, x, scale, shift, index), (x, w, scale, shift))
+
+
+def _attention_refuses(attn, attention_mask) -> str | None:
+    """Why to_q/k/v cannot take codes from the block: only the plan's processor passes them on."""
+    from .processor import H3PlanAttnProcessor
+
+    if attention_mask is not None:
+        return "attention mask given: diffusers' processor takes the bf16 input"
+    if not isinstance(attn.processor, H3PlanAttnProcessor):
+        return f"the attention processor is {type(attn.processor).__name__}, not the plan's"
+    if attn.fused_projections:
+        return "fused QKV projections (to_qkv is not an FP8 row linear)"
+    return None
+
+
 def gate(kernels, opts, h, g, index, y):
     """h + g[index] * y."""
 
@@ -79,9 +134,40 @@ def feed_forward(kernels, opts, ff, x):
         return a * act.activation(g)
 
     fn, check = kernels["swiglu"]
-    h = run_guarded("swiglu", lambda: check(proj), lambda: fn(proj), eager, (proj,))
+
+    def bf16():
+        return run_guarded("swiglu", lambda: check(proj), lambda: fn(proj), eager, (proj,))
+
+    if opts.fp8_act_quant == "row":
+        return _swiglu_rows(kernels, ff, proj, bf16)
+    h = bf16()
     for module in ff.net[1:]:
         h = module(h)
+    return h
+
+
+def _swiglu_rows(kernels, ff, proj, bf16):
+    """fp8_act_quant=row: swiglu_fp8's per-row codes straight into ff.net.2 (the dropouts around it must be
+    inactive: they cannot take codes); refused: the bf16 SwiGLU, which ff.net.2 casts per row itself."""
+    from h3plan.quant.fp8_rowwise import RowCodes
+
+    fn, check = kernels["swiglu_fp8"]
+    out = ff.net[2]
+    act_scale = getattr(out, "act_scale", None)
+    dropouts = [m for i, m in enumerate(ff.net) if i not in (0, 2)]
+
+    def guard():
+        why = _row_consumers_reason([out])
+        if why is None and (len(ff.net) < 3 or not all(isinstance(m, torch.nn.Dropout) for m in dropouts)):
+            why = "FeedForward layout is not [SwiGLU, Dropout, Linear(, Dropout)]"
+        if why is None and any(m.training and m.p > 0 for m in dropouts):
+            why = "dropout active (training mode)"
+        return why or check(proj, act_scale=act_scale)
+
+    h = run_guarded("fp8_act_quant", guard, lambda: RowCodes(*fn(proj, act_scale=act_scale), proj.dtype), bf16, (proj,))
+    for module in ff.net[1:]:
+        if not (isinstance(h, RowCodes) and isinstance(module, torch.nn.Dropout)):  # inactive (the guard saw to it)
+            h = module(h)
     return h
 
 
@@ -99,13 +185,20 @@ def plan_block_forward(
         hidden_states, adaln_indices, rotary_emb = shard.enter(self, hidden_states, adaln_indices, rotary_emb)
     shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.adaln_proj(temb)
 
+    attn, ff = self.attn, self.ff
     residual = hidden_states
-    norm_hidden_states = modulate(kernels, opts, self.norm1, hidden_states, scale_msa, shift_msa, adaln_indices)
-    attn_output = self.attn(norm_hidden_states, rotary_emb, attention_mask)
+    refuse = _attention_refuses(attn, attention_mask) if opts.fp8_act_quant == "row" else None
+    norm_hidden_states = modulate_rows(kernels, opts, self.norm1, hidden_states, scale_msa, shift_msa, adaln_indices,
+                                       (attn.to_q, attn.to_k, attn.to_v), refuse)
+    attn_output = attn(norm_hidden_states, rotary_emb, attention_mask)
     hidden_states = gate(kernels, opts, residual, gate_msa, adaln_indices, attn_output)
 
     residual = hidden_states
-    norm_hidden_states = modulate(kernels, opts, self.norm2, hidden_states, scale_mlp, shift_mlp, adaln_indices)
+    if opts.swiglu:  # else diffusers' FeedForward runs, on bf16 only
+        norm_hidden_states = modulate_rows(kernels, opts, self.norm2, hidden_states, scale_mlp, shift_mlp,
+                                           adaln_indices, (ff.net[0].proj,))
+    else:
+        norm_hidden_states = modulate(kernels, opts, self.norm2, hidden_states, scale_mlp, shift_mlp, adaln_indices)
     ff_output = feed_forward(kernels, opts, self.ff, norm_hidden_states)
     hidden_states = gate(kernels, opts, residual, gate_mlp, adaln_indices, ff_output)
     if shard is not None:

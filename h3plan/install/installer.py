@@ -33,6 +33,7 @@ from h3plan.plan import Plan
 
 from .block import block_kernels, load_kernel, plan_block_forward
 from .builder import Builder
+from .fp8_rows import install_rows
 from .options import AttentionOptions, BlockOptions
 from .processor import H3PlanAttnProcessor
 from .report import InstallReport, Swap
@@ -178,8 +179,9 @@ def _static_inputs(model, params, state) -> None:
 
 
 def _sequence_amax(model, shard, state) -> None:
-    """Under Ulysses every FP8 linear of the blocks (quantised here or loaded pre-quantised) scales its
-    activation by the amax of the whole sequence (h3plan.quant.fp8.SequenceAmax), as at degree 1."""
+    """Under Ulysses every per-tensor FP8 linear of the blocks (quantised here or loaded pre-quantised) scales
+    its activation by the amax of the whole sequence (h3plan.quant.fp8.SequenceAmax), as at degree 1. Per-row
+    linears (fp8_act_quant=row) need none: a row's scale is the same at every degree."""
     from h3plan.quant import BLOCK_LINEARS
     from h3plan.quant.fp8 import FP8Linear, SequenceAmax
 
@@ -187,7 +189,7 @@ def _sequence_amax(model, shard, state) -> None:
     for block in model.transformer_blocks:
         for path in BLOCK_LINEARS:
             lin = block.get_submodule(path)
-            if isinstance(lin, FP8Linear):
+            if type(lin) is FP8Linear:
                 prev, lin.amax_fn = lin.amax_fn, fn
                 state.undo.append(lambda m=lin, p=prev: setattr(m, "amax_fn", p))
                 n += 1
@@ -303,8 +305,11 @@ def _processors(model, builder, state, group):
     return shard
 
 
-def _forwards(model, builder, state, shard):
-    opts = BlockOptions(**builder.recorded("block"))
+def _forwards(model, builder, state, shard, act_quant="tensor"):
+    recorded = builder.recorded("block")
+    if "fp8_act_quant" in recorded:  # row needs FP8 linears to feed (install/fp8_rows.py)
+        recorded["fp8_act_quant"] = act_quant
+    opts = BlockOptions(**recorded)
     if not opts.enabled and shard is None:
         return
     kernels = block_kernels(opts)
@@ -320,7 +325,7 @@ def _forwards(model, builder, state, shard):
 
         state.undo.append(undo)
         fqn = f"transformer_blocks.{i}"
-        _option_swaps(state.report, builder, "block", builder.recorded("block"), fqn)
+        _option_swaps(state.report, builder, "block", recorded, fqn)
         if shard is not None:
             _swap(state.report, "ulysses", f"{fqn}.forward", "full sequence", f"1/{shard.degree} sequence shard")
 
@@ -380,10 +385,11 @@ def install(model, plan: Plan, *, registry=None, group=None) -> InstallReport:
         else:
             if builder.recorded("linears").get("quant") is not None:
                 _quantize(model, builder, state)
+            act_quant = install_rows(model, builder, state, lambda *a: _swap(state.report, *a))
             shard = _processors(model, builder, state, group) if builder.recorded("attention") else None
             if shard is not None:
                 _sequence_amax(model, shard, state)
-            _forwards(model, builder, state, shard)
+            _forwards(model, builder, state, shard, act_quant)
             if builder.values.get("compile") == "regional":
                 _compile(model, builder, state)
     except BaseException:

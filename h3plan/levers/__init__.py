@@ -21,6 +21,7 @@ from . import (
     compile,
     fa4_2cta,
     fa4_tile,
+    fp8_act_quant,
     fp8_scales,
     gated_residual,
     gemm_quant,
@@ -40,8 +41,8 @@ from . import (
 from .base import Context, LeverError, Option, Spec
 
 _MODULES = (gemm_quant, attention, fa4_2cta, fa4_tile, fp8_scales, qk_norm_rope, modulation, gated_residual, swiglu,
-            ulysses_padding, ulysses_overlap, a2a_fp8_codes, prefix_inplace, nvfp4_producer_quant, nvfp4_out_quant,
-            compile, vae_tiles, vae_graphs, vae_ops, vae_parallel)
+            fp8_act_quant, ulysses_padding, ulysses_overlap, a2a_fp8_codes, prefix_inplace, nvfp4_producer_quant,
+            nvfp4_out_quant, compile, vae_tiles, vae_graphs, vae_ops, vae_parallel)
 
 REGISTRY = {m.SPEC.name: m for m in _MODULES}
 if len(REGISTRY) != len(_MODULES):

@@ -20,6 +20,10 @@ a fallback never changes the numbers. Inside h3plan.quant.fp8.shared_activation(
 input) the codes are computed once. `fp8_linear_rows(x, lin)` chains the two; `FP8RowLinear` is an
 FP8Linear whose forward does that.
 
+A producer's codes travel to the linear as `RowCodes(codes, descale, dtype)` (dtype: the bf16/fp16 dtype the
+producer's plain output would have, the GEMM's output dtype): `FP8RowLinear` takes either that or a bf16
+tensor, so a call site whose producer fell back hands the linear its bf16 output and gets the same bits.
+
 Per-row scales need no amax pass and no all-reduce: a row's scale depends on that row alone, so the
 codes and the GEMM's rows are the same at every Ulysses degree (GEMM row shards keep their bits:
 benchmarks/results/probes/fp8-splits-h200.json). A static scale (`act_scale`, a calibration-table number)
@@ -27,6 +31,8 @@ gives every row the same fp32 scale.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -41,6 +47,15 @@ from .fp8 import FP8Linear, dequantize_weight
 LEVER = _fp8.LEVER  # "gemm_quant"
 ACT_LEVER = "fp8_act_quant"  # the activation cast of a linear whose producer did not quantise its input
 _ROW_KEY = "row_codes"  # shared_activation's cache entry for per-row codes
+
+
+class RowCodes(NamedTuple):
+    """An FP8 linear's input as a producer wrote it: codes (..., K) e4m3, descale (..., 1) fp32 (row r ~=
+    codes[r] * descale[r]), and the dtype of the bf16/fp16 tensor it stands for (the GEMM's output dtype)."""
+
+    codes: torch.Tensor
+    descale: torch.Tensor
+    dtype: torch.dtype
 
 
 def _check_operands(codes, row_descale, lin):
@@ -156,7 +171,9 @@ class FP8RowLinear(FP8Linear):
         new.act_scale = act_scale
         return new
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | RowCodes) -> torch.Tensor:
+        if isinstance(x, RowCodes):
+            return fp8_linear_codes(x.codes, x.descale, self, x.dtype)
         return fp8_linear_rows(x, self, self.act_scale)
 
     def extra_repr(self) -> str:
@@ -164,5 +181,5 @@ class FP8RowLinear(FP8Linear):
         return super().extra_repr() + f", activations={mode}"
 
 
-__all__ = ["ACT_LEVER", "FP8RowLinear", "emulate_rows", "fp8_linear_codes", "fp8_linear_rows",
+__all__ = ["ACT_LEVER", "FP8RowLinear", "RowCodes", "emulate_rows", "fp8_linear_codes", "fp8_linear_rows",
            "quantize_activation_rows", "rowwise_gemm_reason"]

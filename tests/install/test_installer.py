@@ -130,7 +130,8 @@ def test_builder_contract():
         b.set("other", "backend", "sdpa")
     with pytest.raises(ValueError, match="quant=.*allowed: None or dict\\(format: 'fp8' | 'nvfp4'"):
         b.set("gemm_quant", "quant", {"format": "int8"})
-    assert b.options("block") == {"modulation": "exact", "gated_residual": False, "swiglu": False, "compile": "off"}
+    assert b.options("block") == {"modulation": "exact", "gated_residual": False, "swiglu": False, "fp8_act_quant": "tensor",
+                                  "compile": "off"}
 
 
 def test_inconsistent_options_and_unknown_lever_raise_and_leave_model_untouched():

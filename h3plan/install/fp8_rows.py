@@ -1,0 +1,58 @@
+"""fp8_act_quant=row at install: the FP8 block linears take per-row e4m3 inputs.
+
+Every FP8Linear among the six block linears (quantised by gemm_quant's install or loaded pre-quantised)
+becomes an FP8RowLinear sharing its weight buffers (h3plan/quant/fp8_rowwise.py): it takes a producer's
+`RowCodes` as they are, and quantises a bf16 input one scale per row itself (cast_rows_fp8, or its reference),
+the same codes the producer writes, so a producer that falls back changes no bits. With a static input
+table (gemm_quant's `input_scales: static`) each linear keeps its calibrated scale, 448 / (amax * margin) in
+fp32 exactly as FP8Linear computes it, and the producers write with it (their static mode): the same codes
+as tensor's static cast. The patched block forward (install/block.py) then calls the producers.
+"""
+
+from __future__ import annotations
+
+LEVER = "fp8_act_quant"
+
+
+def row_linears(model, state, swap) -> int:
+    """Swap every FP8Linear block linear for an FP8RowLinear (undo restores it); returns how many were swapped.
+    `swap(lever, fqn, old, new)` logs one swap."""
+    from h3plan.kernels.fp8 import scale_from_amax
+    from h3plan.quant import BLOCK_LINEARS
+    from h3plan.quant.fp8 import FP8Linear
+    from h3plan.quant.fp8_rowwise import FP8RowLinear
+
+    n = 0
+    for i, block in enumerate(model.transformer_blocks):
+        for path in BLOCK_LINEARS:
+            parent_path, _, name = path.rpartition(".")
+            parent = block.get_submodule(parent_path)
+            old = getattr(parent, name)
+            if type(old) is not FP8Linear:
+                continue
+            static = old.input_amax
+            act_scale = None if static is None else float(scale_from_amax(static.detach().cpu()))
+            new = FP8RowLinear.from_fp8(old, act_scale)
+            new.input_amax = static
+            setattr(parent, name, new)
+            state.undo.append(lambda p=parent, k=name, o=old: setattr(p, k, o))
+            swap(LEVER, f"transformer_blocks.{i}.{path}", "FP8Linear",
+                 "FP8RowLinear (per-row input codes)" if act_scale is None else f"FP8RowLinear (static scale {act_scale:g})")
+            n += 1
+    return n
+
+
+def install_rows(model, builder, state, swap) -> str:
+    """The fp8_act_quant setting the block forward runs: "row" when the plan records it and FP8 block linears
+    exist to feed, else "tensor" (with the reason in the report's skipped list)."""
+    if builder.values.get("fp8_act_quant") != "row":
+        return "tensor"
+    if not row_linears(model, state, swap):
+        state.report.skipped.append((LEVER, "row: the block linears are not FP8 (gemm_quant is not fp8 here): "
+                                            "no FP8 GEMM input to write per row"))
+        return "tensor"
+    mod, sw = builder.values.get("modulation", "eager"), builder.values.get("swiglu", False)
+    if mod == "eager" or not sw:
+        state.report.notes.append(f"fp8_act_quant=row with modulation={mod}, swiglu={sw}: where no fused producer runs, "
+                                  "the FP8 linear casts its bf16 input per row itself (same codes, one more pass)")
+    return "row"
