@@ -14,6 +14,10 @@
 #   profile    where the FP8 block's time goes (benchmarks/probes/block_profile.py), the parallel bench again with
 #              per-category profiles and regional compile over every recipe's plan; the GPU tests that never
 #              ran (pipeline, ring and VAE over NCCL, calibrate at real width, the FA4 2-CTA message)
+#   measure    the block bench with diffusers' best (regional compile) as a peer row, bf16 and fp8, one block at
+#              19,000 and 37,820; fp8_act_quant tensor vs row (probe + GPU test)
+#   vae        the released-shape VAE decode (eager vs plan: time, bitwise, peak), the VAE over NCCL, the block
+#              profiles again
 #   final      the pipeline again (two untimed steps per call: diffusers' first step has another temb shape, so
 #              regional compile traces twice) and the GPU suite
 #
@@ -73,6 +77,22 @@ case "$1" in
       -p no:cacheprovider
     step gpu-rest 200 python -m pytest -q -rA -p no:cacheprovider tests/gpu/test_calibrate_gpu.py tests/gpu/test_pipeline_gpu.py \
       tests/gpu/test_install_gpu.py -k "calibrate or static or verify or plan_frames or two_cta"
+    ;;
+  measure)
+    for recipe in bf16 fp8; do
+      step "block-$recipe" 150 python -m h3plan action=bench hardware=sm90 parallel=u1 "recipe=$recipe" bench.tag=h200 \
+        "bench.out_dir=$OUT" 'bench.seq_lens=[19000,37820]' 'bench.blocks=[1]'
+    done
+    step fp8-act-quant-ab 120 python benchmarks/probes/fp8_act_quant_ab.py "$OUT" 19000 37820
+    step fp8-act-quant-gpu 90 python -m pytest tests/gpu/test_fp8_act_quant_gpu.py -m gpu -q -rA -p no:cacheprovider
+    ;;
+  vae)
+    step vae-released 240 python benchmarks/vae.py --out "$OUT" --latents 1x24x62x48x84 --plans "hardware=sm90 recipe=bf16" \
+      --warmup 1 --iters 2 --tag h200-released --budget-s 220
+    step vae-parallel-nccl 60 torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_vae_parallel_nccl.py -q -rA \
+      -p no:cacheprovider
+    step block-profile 120 python benchmarks/probes/block_profile.py --out "$OUT" fp8:19000 fp8:37820 bf16:37820 \
+      fp8:37820:levers.fp8_act_quant=tensor
     ;;
   final)
     H3_T_RECIPE=${H3_T_RECIPE:-230} OUT="$OUT" H3_RECIPES="bf16 fp8" bash benchmarks/pipeline_h200.sh >> "$LOG" 2>&1

@@ -66,7 +66,7 @@ def main():
         blk = mods[0]
     x = torch.randn(1, S, 2048, device=dev, generator=g)
     rope = (cos, sin)
-    plan = resolve_plan("hardware=sm90 recipe=bf16 levers.vae_ops=fused")
+    plan = resolve_plan("hardware=sm90 recipe=bf16 levers.vae_ops=fused", "h3")
     for label, p in (("eager", None), ("fused", plan)):
         uninstall(vae)
         if p is not None:

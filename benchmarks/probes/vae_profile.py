@@ -56,7 +56,7 @@ def main():
     vae = build_vae(vae_config("h3"), device="cuda")
     z = torch.randn(latent, generator=torch.Generator().manual_seed(1)).to("cuda")
     run = Decoder(vae, z)
-    plan = resolve_plan("hardware=sm90 recipe=bf16 levers.vae_ops=fused")
+    plan = resolve_plan("hardware=sm90 recipe=bf16 levers.vae_ops=fused", "h3")
     for label, p in (("eager", tiles_only(plan)), ("fused", plan)):
         uninstall(vae)
         install(vae, p)

@@ -52,7 +52,7 @@ def check_case(name):
     run = bench.Decoder(vae, z)
     ref = run()  # diffusers alone, this GPU
     if plan_spec:
-        install(vae, bench.resolve_plan(plan_spec))
+        install(vae, bench.resolve_plan(plan_spec, "h3"))
     undo = install_parallel(vae, dist.group.WORLD)
     try:
         run()  # warm-up (vae_graphs captures here)
