@@ -7,8 +7,11 @@ The released config (conf/vae/h3.yaml) with seeded fp32 weights: diffusers' init
 residual scales and register tokens (zeros in diffusers' init, so the blocks would change nothing) drawn
 from N(0, 0.1). `requires_grad_(False)` and decode in `torch.no_grad()` under `torch.autocast(fp16)`.
 Per (latent, plan): the eager side is diffusers' decode with the plan's tile geometry (a tiles-only
-plan), the plan side is `h3plan.install(vae, plan)`; times are medians of CUDA-event timed decodes after
-`--warmup` untimed ones (eager first, then the plan); `bitwise_equal` compares the two last outputs;
+plan: the geometry only, without fp8_tiles' FP8 GEMMs, so a lossy plan's comparison isolates its ops), the
+plan side is `h3plan.install(vae, plan)`; times are medians of CUDA-event timed decodes after
+`--warmup` untimed ones (eager first, then the plan); `bitwise_equal` compares the two last outputs; `psnr_db` (lossy plans: any lossy decision) is
+h3plan.actions.quality.psnr of the plan's frames against eager's, both mapped to [0, 1] as diffusers'
+postprocessing does ((x + 1) / 2, clamped), null when identical; `budget_psnr_db` is the recipe's bound;
 `peak_GiB` is max_memory_allocated over one decode, weights included (with vae_ops fused the decoder-block
 linears are float16 on the device, their float32 masters on the host).
 `--device cpu --config h3_tiny` is a plumbing smoke run in the Triton interpreter (host clock, no meaning).
@@ -69,10 +72,20 @@ def resolve_plan(spec: str, vae: str):
 
 
 def tiles_only(plan):
-    """The plan's vae_tiles decision alone: diffusers' ops at the plan's tile geometry (the eager side)."""
+    """The plan's vae_tiles decision alone, its tile dtype dropped: diffusers' ops at the plan's tile geometry
+    (the eager side; fp8_tiles' FP8 GEMMs stay on the plan side)."""
+    import dataclasses
+
     from h3plan.plan import make_plan
 
-    return make_plan({}, {}, [d for d in plan.decisions if d.lever == "vae_tiles"])
+    ds = [dataclasses.replace(d, params=tuple(kv for kv in d.params if kv[0] != "dtype"))
+          for d in plan.decisions if d.lever == "vae_tiles"]
+    return make_plan({}, {}, ds)
+
+
+def frames01(x):
+    """Decoded frames in [-1, 1] -> [0, 1], as diffusers' VideoProcessor postprocesses them."""
+    return ((x.float() + 1) / 2).clamp(0, 1)
 
 
 def geometry(vae) -> str:
@@ -154,18 +167,47 @@ def measure(vae, plan, spec: str, latent, warmup: int, iters: int, seed: int = 1
     calls, n_calls = counters(), decoder_calls(vae, latent)
     uninstall(vae)
     setting = {d.lever: d.setting for d in plan.decisions}
+    lossy = not plan.lossless
+    psnr_db = None
+    if lossy:
+        from h3plan.actions.quality import psnr
+
+        psnr_db = psnr(frames01(out.cpu()), frames01(ref))
+        psnr_db = None if psnr_db is None else round(psnr_db, 2)
     return {"latent": list(latent), "tiles": tiles, "plan": spec, "vae_ops": setting.get("vae_ops"),
             "vae_graphs": setting.get("vae_graphs"),
             "vae_tiles": setting.get("vae_tiles"), "eager_ms": round(eager_ms, 2), "plan_ms": round(plan_ms, 2),
             "speedup": round(eager_ms / plan_ms, 3), "bitwise_equal": bool(torch.equal(out.cpu(), ref)),
+            "lossy": lossy, "psnr_db": psnr_db, "budget_psnr_db": budget_psnr(plan) if lossy else None,
             "peak_GiB": {"eager": _r(eager_peak), "plan": _r(plan_peak)},
             "peak_ratio": None if eager_peak is None else round(plan_peak / eager_peak, 3),
             "decoder_calls": n_calls,
             "counters": calls, "skipped": [f"{lv}: {r}" for lv, r in report.skipped if lv.startswith("vae")]}
 
 
+def budget_psnr(plan):
+    """The recipe's PSNR bound (dB) from the plan's config, None where the plan carries none."""
+    return (plan.get("recipe").get("budget") or {}).get("psnr_db_min")
+
+
 def _r(x):
     return None if x is None else round(x, 2)
+
+
+def _psnr(r) -> str:
+    if not r.get("lossy"):
+        return "-"
+    v = "identical" if r["psnr_db"] is None else f"{r['psnr_db']:.2f}"
+    return v if r.get("budget_psnr_db") is None else f"{v} (>= {r['budget_psnr_db']})"
+
+
+def ok(r: dict) -> bool:
+    """A lossless plan must be bitwise equal to eager; a lossy one within its recipe's PSNR budget."""
+    if "error" in r:
+        return True
+    if not r.get("lossy"):
+        return r["bitwise_equal"]
+    return r["psnr_db"] is None or r["budget_psnr_db"] is None or r["psnr_db"] >= r["budget_psnr_db"]
 
 
 def markdown(meta: dict, records: list[dict]) -> str:
@@ -175,17 +217,17 @@ def markdown(meta: dict, records: list[dict]) -> str:
              f"({meta['clock']}) after {meta['warmup']} warm-up; eager runs diffusers' ops at the plan's tile "
              "geometry. Fused block calls: `vae_ops.qk_norm_rope.fused` over the plan's decode (with vae_graphs "
              "only the warm-up and capture runs count: replays run no Python); graph replays: `vae_graphs.fused`.", "",
-             "| latent | tiles | plan | vae_graphs | vae_ops | decoder calls | eager ms | plan ms | speedup | bitwise | peak GiB eager / plan (plan/eager) | fused block calls | graph replays |",
-             "|---|---|---|---|---|---:|---:|---:|---:|---|---|---:|---:|"]
+             "| latent | tiles | plan | vae_graphs | vae_ops | decoder calls | eager ms | plan ms | speedup | bitwise | PSNR dB (budget) | peak GiB eager / plan (plan/eager) | fused block calls | graph replays |",
+             "|---|---|---|---|---|---:|---:|---:|---:|---|---|---|---:|---:|"]
     for r in records:
         if "error" in r:
-            lines.append(f"| {'x'.join(map(str, r['latent']))} | - | {r['plan']} | - | - | - | - | - | - | - | - | {r['error']} | - |")
+            lines.append(f"| {'x'.join(map(str, r['latent']))} | - | {r['plan']} | - | - | - | - | - | - | - | - | - | {r['error']} | - |")
             continue
         pk = r["peak_GiB"]
         ratio = "" if r.get("peak_ratio") is None else f" ({r['peak_ratio']:.2f}x)"
         lines.append(f"| {'x'.join(map(str, r['latent']))} | {r['tiles']} | {r['plan']} | {r.get('vae_graphs') or '-'} | {r['vae_ops']} | "
                      f"{r['decoder_calls']} | {r['eager_ms']:.1f} | {r['plan_ms']:.1f} | {r['speedup']:.2f}x | "
-                     f"{'yes' if r['bitwise_equal'] else 'NO'} | {pk['eager']} / {pk['plan']}{ratio} | "
+                     f"{'yes' if r['bitwise_equal'] else 'NO'} | {_psnr(r)} | {pk['eager']} / {pk['plan']}{ratio} | "
                      f"{r['counters'].get('vae_ops.qk_norm_rope.fused', 0)} | {r['counters'].get('vae_graphs.fused', 0)} |")
     notes = sorted({s for r in records for s in r.get("skipped", ())})
     if notes:
@@ -226,7 +268,7 @@ def main(argv=None) -> int:
             rec = measure(vae, plan, spec, latent, args.warmup, args.iters)
             records.append(rec)
             print(f"[vae] latent {latent} tiles {rec['tiles']} {spec}: eager {rec['eager_ms']:.1f} ms, plan "
-                  f"{rec['plan_ms']:.1f} ms, {rec['speedup']:.2f}x, bitwise {rec['bitwise_equal']}, peak GiB "
+                  f"{rec['plan_ms']:.1f} ms, {rec['speedup']:.2f}x, bitwise {rec['bitwise_equal']}, PSNR {_psnr(rec)}, peak GiB "
                   f"{rec['peak_GiB']}", flush=True)
     dev = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu (Triton interpreter)"
     meta = {"device": dev, "torch": torch.__version__, "diffusers": diffusers.__version__, "config": args.config,
@@ -237,7 +279,7 @@ def main(argv=None) -> int:
     (args.out / f"vae-{args.tag}.json").write_text(json.dumps({**meta, "records": records}, indent=1) + "\n")
     (args.out / f"vae-{args.tag}.md").write_text(markdown(meta, records))
     print(f"[vae] wrote {args.out}/vae-{args.tag}.json and .md in {meta['seconds']:.0f} s")
-    return 0 if all(r.get("bitwise_equal", True) for r in records) else 1
+    return 0 if all(ok(r) for r in records) else 1
 
 
 if __name__ == "__main__":

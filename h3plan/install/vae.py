@@ -16,9 +16,11 @@
 - `vae_tiles` (builder option `tile`): the geometry goes through diffusers' own
   `enable_tiling(tile_sample_min_height, tile_sample_min_width, tile_sample_min_overlap_height,
   tile_sample_min_overlap_width)`; diffusers tiles spatially only, so `tile.frames` is reported, not
-  applied. `fp8_tiles`: h3plan has no FP8 tiled decoder: the geometry is installed, every tile decodes
-  with diffusers' ops, and the report says the FP8 decode never ran. `default` leaves the model's
-  tiling as it is.
+  applied. `fp8_tiles` (`tile_dtype` fp8) also makes every decoder block's six linears FP8 GEMMs
+  (vae_fp8.py: per-channel e4m3 weights quantised once here, per-row e4m3 activations, float16 out;
+  lossy), with or without vae_ops: a block without vae_ops gets the plan forward with no ops, which is
+  diffusers' block op for op apart from those GEMMs. Float64, meta or split-device linears are skipped
+  with the reason. `default` leaves the model's tiling as it is.
 
 Transformer levers in the plan are reported skipped (they install into MiniMaxH3Transformer3DModel).
 Uninstall (installer.uninstall) restores the block forwards, the block linears' parameters and the tiling
@@ -36,6 +38,7 @@ from h3plan.errors import InstallError
 
 from .report import Swap
 from .vae_block import LINEARS, VaeBlockState, load_kernels, plan_vae_block_forward
+from .vae_fp8 import Fp8Gemms
 from .vae_graph import GraphedDecoder
 from .vae_weights import FP16, Fp16Weights, is_guarded_linear
 
@@ -232,10 +235,41 @@ def _install_tiles(model, builder, state) -> None:
     if tile.get("frames") is not None:
         state.report.notes.append(f"vae_tiles: tile.frames={tile['frames']} not applied: diffusers tiles spatially "
                                   "only (temporal chunks follow clip_length)")
-    if builder.values.get("tile_dtype") == "fp8":
-        state.report.skipped.append((f"{lever}.fp8_decode", f"{builder.settings.get(lever)}: h3plan has no FP8 tiled decoder kernel; the "
-                                     f"{h}x{w}/{o} geometry is installed and every tile decodes with diffusers' ops at "
-                                     "the autocast dtype: the FP8 decode never ran"))
+
+
+def _install_fp8(model, builder, state) -> None:
+    lever = builder.lever_of("tile_dtype")
+    blocks = model.decoder.transformer_blocks
+    blocker = _fp16_blocker(blocks)
+    if blocker and "already float16" not in blocker:
+        state.report.skipped.append((f"{lever}.fp8_gemm", blocker.replace("float16 weights", "FP8 codes")
+                                     .replace("to float16", "to float16 for the FP8 GEMMs")))
+        return
+    added = 0
+    for i, block in enumerate(blocks):
+        fqn = f"decoder.transformer_blocks.{i}"
+        gemms = Fp8Gemms(fqn, [block.get_submodule(p) for p in LINEARS])
+        added += gemms.code_bytes
+        st = getattr(block, "_h3plan_vae", None)
+        if st is None:
+            block._h3plan_vae = VaeBlockState(frozenset(), {}, fp8=gemms)
+            block.forward = types.MethodType(plan_vae_block_forward, block)
+
+            def undo(b=block):
+                for attr in ("forward", "_h3plan_vae"):
+                    b.__dict__.pop(attr, None)
+        else:
+            st.fp8 = gemms
+
+            def undo(st=st):
+                st.fp8 = None
+        state.undo.append(undo)
+        _swap(state.report, lever, f"{fqn} linears ({len(LINEARS)})", "float16 GEMMs (FP16 autocast)",
+              "FP8 e4m3 GEMMs: per-channel weight scales, per-row activation scales, float16 out (lossy)")
+    state.report.notes.append(
+        f"vae_tiles.fp8: {len(blocks)} blocks x {len(LINEARS)} decoder-block linears run as FP8 GEMMs under FP16 "
+        f"autocast (torch._scaled_mm on CUDA SM89+, an fp32 emulation elsewhere, counted); their e4m3 codes add "
+        f"{added / 2**30:.3f} GiB on the device beside the unchanged parameters; uninstall drops them")
 
 
 def apply(model, builder, state, group=None) -> None:
@@ -246,6 +280,8 @@ def apply(model, builder, state, group=None) -> None:
         _install_ops(model, builder, state)
     if opts["tile"] is not None:
         _install_tiles(model, builder, state)
+    if opts["tile_dtype"] == "fp8":
+        _install_fp8(model, builder, state)
     if opts["graphs"]:
         _install_graphs(model, builder, state)
     if opts["parallel"]:

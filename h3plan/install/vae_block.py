@@ -10,13 +10,17 @@ inlined (diffusers 0.42.1), op for op. The `vae_ops` ops it can route:
   off or at another dtype, another device, autograd for the input) runs the float32 masters copied to
   the device for that call, with diffusers' compute dtype: exact either way, counted either way.
   Changed parameters, or autograd reaching them, raise InstallError (vae_weights.py says why).
+- vae_tiles' FP8 decode (`tile_dtype` fp8, vae_fp8.py; with or without vae_ops): under FP16 autocast
+  the six linears run as FP8 GEMMs (e4m3 rows x per-channel e4m3 weights, float16 out; lossy); any
+  other call takes the paths above, exact, counted as a `vae_tiles.fp8_gemm` fallback.
 - qk_norm_rope, swiglu, scaled_residual: h3plan.kernels (vae_qk_norm_rope, swiglu, scaled_residual)
   behind their `<op>_check`; a refused call runs diffusers' expression.
 
 Counters, per block call: one `vae_ops.<op>.fused` or `.fallback` (with the reason) for fp16_weights,
 qk_norm_rope and swiglu, two for scaled_residual; plus one fp16_weights event per call that reaches a
-linear through its module (a custom attention processor). Every fallback is diffusers' own code (on the
-original float32 weights), so it is exact.
+linear through its module (a custom attention processor); a block call that runs FP8 GEMMs counts
+`vae_tiles.fp8_gemm` / `vae_tiles.fp8_rows` per linear instead of fp16_weights. Every vae_ops fallback is
+diffusers' own code (on the original float32 weights), so it is exact.
 Module hooks on the bypassed submodules (attn, the linears, ff) do not fire on fused paths; the
 installer refuses blocks that carry hooks.
 """
@@ -32,6 +36,9 @@ import torch.nn.functional as F
 from h3plan.runtime.counters import fallback as count_fallback
 from h3plan.runtime.guards import run_guarded
 
+from h3plan.quant.fp8 import FP8Linear
+
+from .vae_fp8 import COUNTER as FP8_COUNTER, Fp8Gemms, fp8_linear
 from .vae_weights import FP16, Fp16Weights
 
 from h3plan.levers.vae_ops import OPS  # noqa: F401 (the ops vae_ops installs, declared with the lever)
@@ -59,6 +66,7 @@ class VaeBlockState:
     ops: frozenset
     kernels: dict[str, Any]
     weights: Fp16Weights | None = None  # fp16_weights: the block's linears as swapped at install
+    fp8: Fp8Gemms | None = None  # vae_tiles tile_dtype fp8: the block's linears as FP8 GEMMs
 
 
 def processor_reason(attn) -> str | None:
@@ -71,7 +79,10 @@ def processor_reason(attn) -> str | None:
 
 
 def _weights(st: VaeBlockState, block, x):
-    """(tensors for the six linears, or None for the modules' own parameters; the normed inputs' dtype)."""
+    """(per linear: (weight, bias) tensors or an FP8Linear; None for the modules' own parameters; the normed
+    inputs' dtype)."""
+    if st.fp8 is not None and (gemms := st.fp8.route(x)) is not None:
+        return gemms, FP16
     if st.weights is None:
         from diffusers.models.modeling_utils import get_parameter_dtype
 
@@ -82,6 +93,8 @@ def _weights(st: VaeBlockState, block, x):
 
 def _linear(module, x, w):
     if w is not None and module in w:
+        if isinstance(w[module], FP8Linear):
+            return fp8_linear(x, w[module])
         weight, bias = w[module]
         return F.linear(x, weight, bias)
     return module(x)
@@ -122,6 +135,8 @@ def _attention(st, attn, x, rotary_emb, w, reason):
     if reason is not None or ("qk_norm_rope" not in st.ops and w is None):
         if reason is not None and "qk_norm_rope" in st.ops:
             count_fallback("vae_ops.qk_norm_rope", reason)
+        if reason is not None and w is not None and isinstance(w.get(attn.to_q), FP8Linear):
+            count_fallback(FP8_COUNTER, reason)  # the attention's four linears keep their module forwards
         return attn(x, rotary_emb)
     proc = attn.processor
     # (B, S, dim) -> (B, S, H, D) views of the projections, as the processor makes them
@@ -168,7 +183,7 @@ def _residual(st, h, y, scale):
 def plan_vae_block_forward(self, hidden_states: torch.Tensor, rotary_emb=None) -> torch.Tensor:
     """Bound to a decoder block as its instance `forward` by the installer; options in `self._h3plan_vae`."""
     st: VaeBlockState = self._h3plan_vae
-    needs_proc = st.weights is not None or "qk_norm_rope" in st.ops
+    needs_proc = st.weights is not None or st.fp8 is not None or "qk_norm_rope" in st.ops
     reason = processor_reason(self.attn) if needs_proc else None
     w, compute_dtype = _weights(st, self, hidden_states)
 

@@ -122,18 +122,7 @@ class Fp16Weights:
 
     def reason(self, x) -> str | None:
         """None: the float16 parameters compute this call exactly; else why the masters must."""
-        if not isinstance(x, torch.Tensor):
-            return f"input is {type(x).__name__}, not a tensor"
-        dev = x.device.type
-        if not torch.is_autocast_enabled(dev):
-            return f"autocast is off on {dev}: float16 weights stand in for autocast's float16 casts only"
-        if torch.get_autocast_dtype(dev) != FP16:
-            return f"autocast dtype {torch.get_autocast_dtype(dev)} != float16"
-        if x.device != self.device:
-            return f"input on {x.device}, weights on {self.device}"
-        if torch.is_grad_enabled() and x.requires_grad:
-            return GRAD_REASON
-        return None
+        return fp16_autocast_reason(x, self.device)
 
     def route(self, x, modules=None) -> tuple[dict, bool]:
         """({linear: (weight, bias)} for this call, fused?): one counted event; InstallError when refused."""
@@ -177,6 +166,23 @@ class Fp16Weights:
         for m in self.modules:
             for attr in ("forward", "_h3plan_fp16"):
                 m.__dict__.pop(attr, None)
+
+
+def fp16_autocast_reason(x, device: torch.device) -> str | None:
+    """None when x is a tensor on `device` under FP16 autocast with no autograd for it: the call the
+    block linears' float16 weights (and the FP8 GEMMs quantised from them, vae_fp8.py) stand in for."""
+    if not isinstance(x, torch.Tensor):
+        return f"input is {type(x).__name__}, not a tensor"
+    dev = x.device.type
+    if not torch.is_autocast_enabled(dev):
+        return f"autocast is off on {dev}: float16 weights stand in for autocast's float16 casts only"
+    if torch.get_autocast_dtype(dev) != FP16:
+        return f"autocast dtype {torch.get_autocast_dtype(dev)} != float16"
+    if x.device != device:
+        return f"input on {x.device}, weights on {device}"
+    if torch.is_grad_enabled() and x.requires_grad:
+        return GRAD_REASON
+    return None
 
 
 def guarded_linear_forward(self, x: torch.Tensor) -> torch.Tensor:

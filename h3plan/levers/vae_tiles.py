@@ -1,12 +1,15 @@
 """VAE decode tile geometry. default: diffusers' released geometry (256 px, overlap 64; the released
 frames are the blended-tile ones, so any other geometry changes the output). fp8_tiles: the TRT-LLM
-seed's FP8 tiled decoder at 288x272 (overlap 32), lossy. custom: vae.custom_tile, lossy for the same
-reason as any non-default geometry.
+seed's FP8 tiled decoder at 288x272 (overlap 32), lossy: the geometry, plus the ViT decoder blocks'
+six linears as FP8 GEMMs (install/vae_fp8.py; per-channel e4m3 weights, per-row e4m3 activations,
+float16 out; an fp32 emulation, counted, where torch's FP8 GEMM cannot run). Only a budget recipe with
+vae: fp8 on hardware with FP8 GEMMs gets it; a lossless recipe never does. custom: vae.custom_tile, lossy
+for the same reason as any non-default geometry.
 """
 
 from __future__ import annotations
 
-from .base import Context, Option, Spec, one_of, resolve
+from .base import Context, Option, Spec, hardware_verified, one_of, resolve
 
 SPEC = Spec(
     name="vae_tiles",
@@ -39,8 +42,19 @@ def auto(ctx: Context):
             return "default", [f"recipe {name} asks for FP8 VAE tiles but {ctx.hw} has no FP8 GEMMs", keep], params(ctx, "default")
         t = ctx.vae["fp8_tile"]
         return "fp8_tiles", [f"recipe {name}: FP8 tiled VAE decoder {t['height']}x{t['width']}, overlap {t['overlap']} ({t['source']})",
-                             ctx.budget_text()], params(ctx, "fp8_tiles")
+                             *explain(ctx, "fp8_tiles")], params(ctx, "fp8_tiles")
     return "default", [keep], params(ctx, "default")
+
+
+def explain(ctx: Context, s: str) -> list[str]:
+    if s != "fp8_tiles":
+        return []
+    ran = hardware_verified(ctx, SPEC, s)[0]
+    return ["FP8 decode: the ViT decoder blocks' six linears run as FP8 GEMMs under FP16 autocast (e4m3 weights with "
+            "one scale per output channel, quantised once at install; e4m3 activations with one scale per row; "
+            "torch._scaled_mm to float16 on SM89+): lossy, e4m3 keeps 3 mantissa bits (relative rounding error "
+            "<= 2^-4 per operand); " + ctx.budget_text() + "; benchmarks/vae.py measures the frames' PSNR against eager"
+            + ("" if ran else f"; the FP8 VAE GEMMs never ran on {ctx.hw} hardware (no measurement recorded)")]
 
 
 def params(ctx: Context, s: str) -> dict:
@@ -52,7 +66,7 @@ def params(ctx: Context, s: str) -> dict:
 
 
 def decide(ctx: Context):
-    return resolve(ctx, SPEC, blockers=blockers, auto=auto, params=params)
+    return resolve(ctx, SPEC, blockers=blockers, auto=auto, params=params, explain=explain)
 
 
 def install(builder, decision) -> None:

@@ -7,10 +7,11 @@ codes (..., K) e4m3 and row_descale (..., 1) fp32 come from h3plan.kernels.fp8_p
 activation ~= codes[r] * row_descale[r]). On CUDA SM89+ (bf16 output, K and N multiples of 16) this is
 torch's rowwise-scaled FP8 GEMM, `torch._scaled_mm(codes (M, K), weight.t(),
 scale_a=row_descale (M, 1), scale_b=weight_scale (1, N), bias, out_dtype=bf16)` (torch 2.11 runs it on
-SM90); a per-tensor weight scale is expanded to (1, N). Elsewhere the call falls back to an fp32
+SM90; float16 output and bias since torch 2.10, pytorch#166744: the VAE's FP8 decoder GEMMs, install/vae_fp8.py);
+a per-tensor weight scale is expanded to (1, N). Elsewhere the call falls back to an fp32
 emulation of the same numerics: both operands dequantised to fp32 (one rounding each), multiplied in
-fp32, the bias added, rounded once; it differs from the GEMM only in accumulation order. Every call counts
-`gemm_quant.fused` or `gemm_quant.fallback` (with the reason), as FP8Linear.forward does.
+fp32 (autocast off), the bias added, rounded once; it differs from the GEMM only in accumulation order. Every
+call counts `<counter>.fused` or `.fallback` (with the reason); counter `gemm_quant` unless the caller names its own.
 
 For inputs that no producer kernel quantised (a refused producer, a bf16 tensor from elsewhere):
 `quantize_activation_rows(x)` is FP8Linear's input quantisation with one scale per row -- the one-pass
@@ -46,6 +47,7 @@ from .fp8 import FP8Linear, dequantize_weight
 
 LEVER = _fp8.LEVER  # "gemm_quant"
 ACT_LEVER = "fp8_act_quant"  # the activation cast of a linear whose producer did not quantise its input
+FP16_OUT_TORCH = "2.10"  # pytorch#166744: rowwise _scaled_mm with float16 output and bias (CUTLASS, SM90)
 _ROW_KEY = "row_codes"  # shared_activation's cache entry for per-row codes
 
 
@@ -82,8 +84,10 @@ def rowwise_gemm_reason(codes: torch.Tensor, lin: FP8Linear, out_dtype=torch.bfl
     cc = torch.cuda.get_device_capability(codes.device)
     if cc < (8, 9):
         return f"FP8 GEMM needs SM89+ (device is SM{cc[0]}{cc[1]})"
-    if out_dtype != torch.bfloat16:
-        return f"torch's rowwise-scaled FP8 GEMM writes bf16, asked for {out_dtype}"
+    if out_dtype not in (torch.bfloat16, torch.float16):
+        return f"torch's rowwise-scaled FP8 GEMM writes bf16 or float16, asked for {out_dtype}"
+    if out_dtype == torch.float16 and torch.torch_version.TorchVersion(torch.__version__) < FP16_OUT_TORCH:
+        return f"torch {torch.__version__}'s rowwise-scaled FP8 GEMM writes bf16 only (float16 since torch {FP16_OUT_TORCH})"
     if lin.in_features % 16 or lin.out_features % 16:
         return f"FP8 GEMM needs K and N divisible by 16, got K={lin.in_features}, N={lin.out_features}"
     if lin.weight.device != codes.device:
@@ -99,7 +103,7 @@ def _weight_scale_row(lin: FP8Linear) -> torch.Tensor:
 
 
 def fp8_linear_codes(codes: torch.Tensor, row_descale: torch.Tensor, lin: FP8Linear,
-                     out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+                     out_dtype: torch.dtype = torch.bfloat16, counter: str = LEVER) -> torch.Tensor:
     """lin's GEMM on pre-quantised rows: codes (..., K) e4m3, row_descale (..., 1) fp32 -> (..., N) out_dtype.
     UsageError on operands that do not fit the linear; see the module docstring for the paths."""
     _check_operands(codes, row_descale, lin)
@@ -108,14 +112,14 @@ def fp8_linear_codes(codes: torch.Tensor, row_descale: torch.Tensor, lin: FP8Lin
     sa = row_descale.reshape(-1, 1)
     reason = rowwise_gemm_reason(codes, lin, out_dtype)
     if reason is None:
-        count_fused(LEVER)
+        count_fused(counter)
         if a.shape[0] == 0:
             return codes.new_empty(lead + (N,), dtype=out_dtype)
         bias = None if lin.bias is None else lin.bias.to(out_dtype)
         out = torch._scaled_mm(a.contiguous(), lin.weight.t(), scale_a=sa.contiguous(), scale_b=_weight_scale_row(lin),
                                bias=bias, out_dtype=out_dtype, use_fast_accum=lin.fast_accum)
     else:
-        count_fallback(LEVER, reason)
+        count_fallback(counter, reason)
         out = emulate_rows(a, sa, lin, out_dtype)
     return out.reshape(lead + (N,))
 
@@ -124,16 +128,18 @@ def emulate_rows(codes2d: torch.Tensor, descale2d: torch.Tensor, lin: FP8Linear,
                  out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """The rowwise GEMM's numerics in fp32 (FP8Linear's emulation with one activation scale per row)."""
     w = dequantize_weight(lin.weight, lin.weight_scale).to(codes2d.device)
-    out = (codes2d.float() * descale2d.float()) @ w.t()
+    with torch.autocast(codes2d.device.type, enabled=False):  # autocast would run the fp32 product at its dtype
+        out = (codes2d.float() * descale2d.float()) @ w.t()
     if lin.bias is not None:
         out = out + lin.bias.float().to(out.device)
     return out.to(out_dtype)
 
 
-def quantize_activation_rows(x: torch.Tensor, act_scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_activation_rows(x: torch.Tensor, act_scale: float | None = None,
+                             counter: str = ACT_LEVER) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes (..., K) e4m3, row_descale (..., 1) fp32) of a bf16/fp16 activation, one scale per row (or the
     static `act_scale`): kernels.fp8_producers.cast_rows_fp8 where its check passes, else its reference
-    (counted under fp8_act_quant). Computed once per tensor inside h3plan.quant.fp8.shared_activation(x)."""
+    (counted under `counter`, fp8_act_quant unless named). Computed once per tensor inside h3plan.quant.fp8.shared_activation(x)."""
     from h3plan.kernels.fp8_producers import cast_rows_fp8, cast_rows_fp8_check, cast_rows_fp8_ref
 
     shared = _fp8._SHARED.get("x") is x
@@ -142,10 +148,10 @@ def quantize_activation_rows(x: torch.Tensor, act_scale: float | None = None) ->
         return _fp8._SHARED[key]
     reason = GRAD_REASON if needs_grad(x) else cast_rows_fp8_check(x, act_scale)
     if reason is None:
-        count_fused(ACT_LEVER)
+        count_fused(counter)
         out = cast_rows_fp8(x, act_scale)
     else:
-        count_fallback(ACT_LEVER, reason)
+        count_fallback(counter, reason)
         out = cast_rows_fp8_ref(x, act_scale)
     if shared:
         _fp8._SHARED[key] = out
