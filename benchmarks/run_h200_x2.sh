@@ -18,6 +18,8 @@
 #              19,000 and 37,820; fp8_act_quant tensor vs row (probe + GPU test)
 #   vae        the released-shape VAE decode (eager vs plan: time, bitwise, peak), the VAE over NCCL, the block
 #              profiles again
+#   vae2       fp8 plans at degree 2 with fp8_act_quant=row (NCCL) and under regional compile; the FP8 VAE at the
+#              released latent (time, PSNR, peak); the VAE decode profile; the VAE over NCCL
 #   final      the pipeline again (two untimed steps per call: diffusers' first step has another temb shape, so
 #              regional compile traces twice) and the GPU suite
 #
@@ -93,6 +95,16 @@ case "$1" in
       -p no:cacheprovider
     step block-profile 120 python benchmarks/probes/block_profile.py --out "$OUT" fp8:19000 fp8:37820 bf16:37820 \
       fp8:37820:levers.fp8_act_quant=tensor
+    ;;
+  vae2)
+    step nccl-install-fp8 150 torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_install_ulysses_nccl.py \
+      -q -rA -p no:cacheprovider -k fp8
+    step vae-fp8-released 170 python benchmarks/vae.py --out "$OUT" --latents 1x24x62x48x84 --plans "hardware=sm90 recipe=fp8" \
+      --warmup 1 --iters 2 --tag h200-fp8 --budget-s 150
+    step vae-profile 90 python benchmarks/probes/vae_profile.py 1x24x12x48x84 --out "$OUT"
+    step vae-parallel-nccl 60 torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_vae_parallel_nccl.py -q -rA \
+      -p no:cacheprovider
+    step compile 90 python -m pytest tests/gpu/test_compile_gpu.py -k regional -q -rA -p no:cacheprovider
     ;;
   final)
     H3_T_RECIPE=${H3_T_RECIPE:-230} OUT="$OUT" H3_RECIPES="bf16 fp8" bash benchmarks/pipeline_h200.sh >> "$LOG" 2>&1

@@ -21,6 +21,9 @@ import h3plan
 from h3plan.actions.bench.measure import capture_block_inputs, run_stack
 from h3plan.actions.inputs import build_model, packed_inputs
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _profile  # noqa: E402
+
 # First match wins: a kernel name's lower-case text -> category.
 CATEGORIES = (
     ("communication", ("ncclDevKernel", "ncclKernel")),
@@ -30,15 +33,10 @@ CATEGORIES = (
     ("fp8_quant", ("cast", "amax", "fp8", "quant", "scale")),
     ("h3plan_fused", ("_kernel",)),
 )
-SKIP = ("nccl:",)  # profiler ranges drawn on the GPU timeline over the NCCL kernels: counted once, as their kernels
 
 
 def category(name: str) -> str:
-    low = name.lower()
-    for cat, keys in CATEGORIES:
-        if any(k.lower() in low for k in keys):
-            return cat
-    return "other"
+    return _profile.category(name, CATEGORIES)
 
 
 def profiled(blocks, x) -> dict:
@@ -54,19 +52,9 @@ def profiled_call(fn) -> dict:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             fn()
             torch.cuda.synchronize()
-    ev = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.elapsed_us() > 0
-          and not e.name.startswith(SKIP)]
-    ev.sort(key=lambda e: e.time_range.start)
-    by_cat, by_kernel = {}, {}
-    for e in ev:
-        us = e.time_range.elapsed_us()
-        by_cat[category(e.name)] = by_cat.get(category(e.name), 0.0) + us / 1e3
-        by_kernel[e.name[:110]] = by_kernel.get(e.name[:110], 0.0) + us / 1e3
-    gaps = sorted(((b.time_range.start - a.time_range.end) / 1e3, a.name[:50], b.name[:50]) for a, b in zip(ev, ev[1:]))
-    return {"ops": len(ev), "busy_ms": sum(by_cat.values()), "span_ms": (ev[-1].time_range.end - ev[0].time_range.start) / 1e3,
-            "by_category_ms": dict(sorted(by_cat.items(), key=lambda kv: -kv[1])),
-            "top_kernels_ms": dict(sorted(by_kernel.items(), key=lambda kv: -kv[1])[:12]),
-            "largest_gaps_ms": [list(g) for g in gaps[::-1][:6]]}
+    out = _profile.summary(prof, CATEGORIES)
+    out["top_kernels_ms"] = {k: v[0] for k, v in out["top_kernels_ms"].items()}
+    return out
 
 
 def profile_spec(spec: str) -> dict:

@@ -1,12 +1,18 @@
-"""Probe (H200): why is the fused VAE decode slower than diffusers' eager decode?
+"""Probe (H200): where does the VAE decode spend its time, eager and planned, and what bounds the plan?
 
-Profiles one decode of a 1x24x4x48x84 latent (the released 256/64 tiles, 28 decoder calls) twice:
-diffusers eager, then h3plan's `vae_ops=fused` plan. For each: GPU busy time and span, the largest idle
-gaps with their neighbours, the top GPU kernels by total time, and the top host ops by self time.
-Usage: python vae_profile.py [latent]
+    python benchmarks/probes/vae_profile.py [LATENT] [--plan "hardware=sm90 recipe=bf16"] [--out DIR]
+
+One decode of LATENT (default 1x24x12x48x84: two chunks, 56 decoder calls at the released 256/64 tiles) under
+FP16 autocast, timed (median of 3 after a warm-up) and profiled once: diffusers eager at the plan's tile
+geometry, then the plan (its auto VAE levers: fused ops, CUDA graphs). Per side: busy / span / idle, GPU time by
+category (GEMM, attention, conv, norms, h3plan's fused kernels, copies and cats, other elementwise), the top
+kernels. `bound` = eager decode / (the plan's GEMM + attention time): the plan's speedup if everything else
+cost nothing; the lossless plan keeps eager's GEMM and attention kernels (bitwise), so it cannot pass it.
 """
+import argparse
+import json
+import os
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -15,62 +21,75 @@ from torch.profiler import ProfilerActivity, profile
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _profile  # noqa: E402
 
 from vae import Decoder, build_vae, parse_latent, resolve_plan, tiles_only, vae_config  # noqa: E402
 
 from h3plan.install import counters, install, reset_counters, uninstall  # noqa: E402
 
 
-def summarize(prof, label):
-    ev = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.elapsed_us() > 0]
-    ev.sort(key=lambda e: e.time_range.start)
-    busy = sum(e.time_range.elapsed_us() for e in ev)
-    span = ev[-1].time_range.end - ev[0].time_range.start
-    print(f"\n== {label}: {len(ev)} GPU ops, busy {busy / 1e3:.1f} ms, span {span / 1e3:.1f} ms")
-    gaps = sorted(((b.time_range.start - a.time_range.end, a.name[:50], b.name[:50]) for a, b in zip(ev, ev[1:])),
-                  reverse=True)
-    idle = sum(g for g, _, _ in gaps if g > 0)
-    print(f"  idle between GPU ops: {idle / 1e3:.1f} ms; gaps > 20 us: {sum(1 for g, _, _ in gaps if g > 20)}")
-    for g, a, b in gaps[:6]:
-        print(f"  gap {g / 1e3:7.3f} ms  after {a}  before {b}")
-    tot, n = defaultdict(float), defaultdict(int)
-    for e in ev:
-        tot[e.name[:90]] += e.time_range.elapsed_us()
-        n[e.name[:90]] += 1
-    print("  top GPU kernels (total ms, calls):")
-    for k, v in sorted(tot.items(), key=lambda kv: -kv[1])[:14]:
-        print(f"    {v / 1e3:9.2f} ms  {n[k]:6d}  {k}")
-    cpu = defaultdict(float)
-    cn = defaultdict(int)
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CPU:
-            cpu[e.name[:70]] += e.self_cpu_time_total
-            cn[e.name[:70]] += 1
-    print("  top host ops by self time (ms, calls):")
-    for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])[:14]:
-        print(f"    {v / 1e3:9.2f} ms  {cn[k]:6d}  {k}")
+# First match wins: a kernel name's lower-case text -> category.
+CATEGORIES = (
+    ("attention", ("sdpa", "fmha", "flash", "attention")),
+    ("gemm", ("nvjet", "gemm", "xmma")),
+    ("conv", ("conv", "implicit", "winograd", "fft")),
+    ("norm", ("layer_norm", "rms_norm", "norm_kernel")),
+    ("h3plan_fused", ("_qk_norm", "_swiglu", "_scaled_residual", "_rows", "_cast")),
+    ("copy_cat", ("copy", "cat", "memset", "memcpy")),
+    ("elementwise", ("elementwise", "reduce")),
+)
 
 
-def main():
-    latent = parse_latent(sys.argv[1] if len(sys.argv) > 1 else "1x24x4x48x84")
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("latent", nargs="?", default="1x24x12x48x84")
+    ap.add_argument("--plan", default="hardware=sm90 recipe=bf16", help="the plan spec (its auto VAE levers)")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    latent = parse_latent(a.latent)
     vae = build_vae(vae_config("h3"), device="cuda")
     z = torch.randn(latent, generator=torch.Generator().manual_seed(1)).to("cuda")
     run = Decoder(vae, z)
-    plan = resolve_plan("hardware=sm90 recipe=bf16 levers.vae_ops=fused", "h3")
-    for label, p in (("eager", tiles_only(plan)), ("fused", plan)):
+    plan = resolve_plan(a.plan, "h3")
+    doc = {"latent": list(latent), "plan": a.plan, "device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    for label, p in (("eager", tiles_only(plan)), ("plan", plan)):
         uninstall(vae)
         install(vae, p)
         ms, _, peak = run.timed(1, 3)
-        print(f"{label}: decode {ms:.1f} ms (median of 3), peak {peak:.2f} GiB", flush=True)
         reset_counters()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             run()
             torch.cuda.synchronize()
-        print(f"{label} counters: {counters()}")
-        summarize(prof, label)
+        c = counters()
+        s = _profile.summary(prof, CATEGORIES)
+        calls = s["top_kernels_ms"] and sum(n for k, (_, n) in s["top_kernels_ms"].items() if category(k) == "attention")
+        doc[label] = {"decode_ms": ms, "peak_gib": peak, "counters": c, "decoder_block_calls": calls, **s}
+        print(f"\n== {label}: decode {ms:.1f} ms (median of 3), peak {peak:.2f} GiB; profiled: busy {s['busy_ms']:.1f} ms, "
+              f"span {s['span_ms']:.1f} ms, idle {s['idle_ms']:.1f} ms, {s['ops']} GPU ops", flush=True)
+        print("   by category (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in s["by_category_ms"].items()))
+        for k, (v, n) in s["top_kernels_ms"].items():
+            print(f"   {v:9.2f} ms {n:6d}  {k}")
     uninstall(vae)
+    pc = doc["plan"]["by_category_ms"]
+    floor = pc.get("gemm", 0.0) + pc.get("attention", 0.0)
+    doc["gemm_plus_attention_ms"] = floor
+    doc["bound_if_rest_free"] = doc["eager"]["decode_ms"] / floor if floor else None
+    doc["speedup"] = doc["eager"]["decode_ms"] / doc["plan"]["decode_ms"]
+    print(f"\nspeedup {doc['speedup']:.2f}x; the plan's GEMM + attention {floor:.1f} ms: bound {doc['bound_if_rest_free']:.2f}x "
+          "if every other kernel and gap cost nothing (the GEMMs and attention keep eager's kernels: bitwise)")
+    if a.out:
+        os.makedirs(a.out, exist_ok=True)
+        with open(os.path.join(a.out, "vae-profile.json"), "w") as f:
+            json.dump(doc, f, indent=1)
+    return 0
+
+
+def category(name: str) -> str:
+    return _profile.category(name, CATEGORIES)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
