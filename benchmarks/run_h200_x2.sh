@@ -20,6 +20,7 @@
 #              profiles again
 #   vae2       fp8 plans at degree 2 with fp8_act_quant=row (NCCL) and under regional compile; the FP8 VAE at the
 #              released latent (time, PSNR, peak); the VAE decode profile; the VAE over NCCL
+#   recheck    the two NCCL checks of vae2 again after their fixes (no compile at degree > 1; a contiguous gather)
 #   final      the pipeline again (two untimed steps per call: diffusers' first step has another temb shape, so
 #              regional compile traces twice) and the GPU suite
 #
@@ -105,6 +106,12 @@ case "$1" in
     step vae-parallel-nccl 60 torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_vae_parallel_nccl.py -q -rA \
       -p no:cacheprovider
     step compile 90 python -m pytest tests/gpu/test_compile_gpu.py -k regional -q -rA -p no:cacheprovider
+    ;;
+  recheck)
+    step nccl-install-fp8 150 torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_install_ulysses_nccl.py \
+      -q -rA -p no:cacheprovider -k fp8
+    step vae-parallel-nccl 60 torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_vae_parallel_nccl.py -q -rA \
+      -p no:cacheprovider
     ;;
   final)
     H3_T_RECIPE=${H3_T_RECIPE:-230} OUT="$OUT" H3_RECIPES="bf16 fp8" bash benchmarks/pipeline_h200.sh >> "$LOG" 2>&1

@@ -5,6 +5,10 @@ counters go through `h3plan::count`, nothing recompiles call after call (tests/g
 H200). Inductor then fuses what lies around h3plan's kernels (AdaLN projections, GEMM epilogues) and rounds it
 its own way: not eager's bits (2.6e-4 relative to the uncompiled plan on the H200), so `regional` is lossy.
 
+Not at Ulysses degree > 1: dynamo cannot trace the exchange's asynchronous all-to-all wait (the installed fp8
+plan at degree 2 under regional compile failed in tests/gpu/test_install_ulysses_nccl.py on two H200s,
+benchmarks/results/logs/vae2-h200x2.log), so a compiled Ulysses plan is refused, and auto stays off there.
+
 auto: regional only where the hardware measured the compiled plan of this recipe against the plain plan
 (`hardware.measured.compile`, nearest length) and every run timed it faster; off otherwise, with the runs.
 """
@@ -29,7 +33,19 @@ def _measured(ctx: Context):
     return min(pts, key=lambda p: abs(math.log(p["seq_len"] / ctx.seq_len))) if pts else None
 
 
+ULYSSES_WHY = ("dynamo cannot trace the Ulysses exchange's asynchronous all-to-all wait: a compiled Ulysses plan failed on two "
+               "H200s (benchmarks/results/logs/vae2-h200x2.log)")
+
+
+def blockers(ctx: Context, s: str) -> list[str]:
+    if s == "regional" and ctx.degree > 1:
+        return [f"Ulysses degree {ctx.degree}: {ULYSSES_WHY}"]
+    return []
+
+
 def auto(ctx: Context):
+    if ctx.degree > 1:
+        return "off", [f"Ulysses degree {ctx.degree}: {ULYSSES_WHY}; the compiled plan was measured at degree 1 only"], {}
     if ctx.lossless_only:
         return "off", [f"recipe {ctx.recipe['name']} is lossless and a compiled block rounds its own way (not eager's bits)"], {}
     m = _measured(ctx)
@@ -42,7 +58,7 @@ def auto(ctx: Context):
 
 
 def decide(ctx: Context):
-    return resolve(ctx, SPEC, auto=auto)
+    return resolve(ctx, SPEC, auto=auto, blockers=blockers)
 
 
 def install(builder, decision) -> None:

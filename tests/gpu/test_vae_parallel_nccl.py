@@ -64,7 +64,7 @@ def check_case(name):
         undo()
         uninstall(vae)
     gathered = [torch.empty_like(out) for _ in range(world)]
-    dist.all_gather(gathered, out)
+    dist.all_gather(gathered, out.contiguous())
     same = torch.equal(out, ref)
     same_ranks = all(torch.equal(g, gathered[0]) for g in gathered)
     print(f"[vae-parallel] rank {rank}/{world} {name}: {last['items']} items, shares {last['shares']}, gather "
