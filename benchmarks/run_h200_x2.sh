@@ -99,7 +99,7 @@ case "$1" in
     ;;
   vae2)
     step nccl-install-fp8 150 torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_install_ulysses_nccl.py \
-      -q -rA -p no:cacheprovider -k fp8
+      -q -rA -p no:cacheprovider -k "${H3_K:-fp8}"
     step vae-fp8-released 170 python benchmarks/vae.py --out "$OUT" --latents 1x24x62x48x84 --plans "hardware=sm90 recipe=fp8" \
       --warmup 1 --iters 2 --tag h200-fp8 --budget-s 150
     step vae-profile 90 python benchmarks/probes/vae_profile.py 1x24x12x48x84 --out "$OUT"
@@ -109,7 +109,7 @@ case "$1" in
     ;;
   recheck)
     step nccl-install-fp8 150 torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_install_ulysses_nccl.py \
-      -q -rA -p no:cacheprovider -k fp8
+      -q -rA -p no:cacheprovider -k "${H3_K:-fp8}"
     step vae-parallel-nccl 60 torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_vae_parallel_nccl.py -q -rA \
       -p no:cacheprovider
     ;;
