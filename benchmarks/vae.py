@@ -182,7 +182,13 @@ def measure(vae, plan, spec: str, latent, warmup: int, iters: int, seed: int = 1
             "peak_GiB": {"eager": _r(eager_peak), "plan": _r(plan_peak)},
             "peak_ratio": None if eager_peak is None else round(plan_peak / eager_peak, 3),
             "decoder_calls": n_calls,
-            "counters": calls, "skipped": [f"{lv}: {r}" for lv, r in report.skipped if lv.startswith("vae")]}
+            "counters": calls, "skipped": [f"{lv}: {r}" for lv, r in report.skipped if lv.startswith("vae")],
+            **summary_fields(1, torch.equal(out.cpu(), ref), eager_peak, plan_peak)}
+
+
+def summary_fields(gpus: int, bitwise: bool, eager_peak, plan_peak) -> dict:
+    """The flat fields every vae-<tag>.json record carries (issue 13's schema) beside the detailed ones."""
+    return {"gpus": gpus, "bitwise": bool(bitwise), "peak_GiB_eager": _r(eager_peak), "peak_GiB_plan": _r(plan_peak)}
 
 
 def budget_psnr(plan):
@@ -217,21 +223,21 @@ def markdown(meta: dict, records: list[dict]) -> str:
              f"({meta['clock']}) after {meta['warmup']} warm-up; eager runs diffusers' ops at the plan's tile "
              "geometry. Fused block calls: `vae_ops.qk_norm_rope.fused` over the plan's decode (with vae_graphs "
              "only the warm-up and capture runs count: replays run no Python); graph replays: `vae_graphs.fused`.", "",
-             "| latent | tiles | plan | vae_graphs | vae_ops | decoder calls | eager ms | plan ms | speedup | bitwise | PSNR dB (budget) | peak GiB eager / plan (plan/eager) | fused block calls | graph replays |",
-             "|---|---|---|---|---|---:|---:|---:|---:|---|---|---|---:|---:|"]
+             "| latent | GPUs | tiles | plan | vae_graphs | vae_ops | decoder calls | eager ms | plan ms | speedup | bitwise | PSNR dB (budget) | peak GiB eager / plan (plan/eager) | fused block calls | graph replays |",
+             "|---|---:|---|---|---|---|---:|---:|---:|---:|---|---|---|---:|---:|"]
     for r in records:
         if "error" in r:
-            lines.append(f"| {'x'.join(map(str, r['latent']))} | - | {r['plan']} | - | - | - | - | - | - | - | - | - | {r['error']} | - |")
+            lines.append(f"| {'x'.join(map(str, r['latent']))} | - | - | {r['plan']} | - | - | - | - | - | - | - | - | - | {r['error']} | - |")
             continue
         pk = r["peak_GiB"]
         ratio = "" if r.get("peak_ratio") is None else f" ({r['peak_ratio']:.2f}x)"
-        lines.append(f"| {'x'.join(map(str, r['latent']))} | {r['tiles']} | {r['plan']} | {r.get('vae_graphs') or '-'} | {r['vae_ops']} | "
+        lines.append(f"| {'x'.join(map(str, r['latent']))} | {r.get('gpus', 1)} | {r['tiles']} | {r['plan']} | {r.get('vae_graphs') or '-'} | {r['vae_ops']} | "
                      f"{r['decoder_calls']} | {r['eager_ms']:.1f} | {r['plan_ms']:.1f} | {r['speedup']:.2f}x | "
                      f"{'yes' if r['bitwise_equal'] else 'NO'} | {_psnr(r)} | {pk['eager']} / {pk['plan']}{ratio} | "
                      f"{r['counters'].get('vae_ops.qk_norm_rope.fused', 0)} | {r['counters'].get('vae_graphs.fused', 0)} |")
-    notes = sorted({s for r in records for s in r.get("skipped", ())})
+    notes = sorted({s for r in records for s in (*r.get("skipped", ()), *r.get("notes", ()))})
     if notes:
-        lines += ["", "Skipped by the installer:", *[f"- {s}" for s in notes]]
+        lines += ["", "Notes (the installer's skips, the records' own notes):", *[f"- {s}" for s in notes]]
     lines += ["", f"torch {meta['torch']}, diffusers {meta['diffusers']}; {meta['seconds']:.0f} s in all."]
     return "\n".join(lines) + "\n"
 

@@ -291,6 +291,17 @@ class ActQuantMeasured:
 
 
 @dataclass
+class VaeFp8Point:
+    latent: List[int] = MISSING
+    speedup: float = MISSING
+    """diffusers eager at the same tile geometry / the FP8 plan's decode."""
+    psnr_db: float = MISSING
+    """The plan's decoded frames against that eager decode."""
+    peak_ratio: float = MISSING
+    source: str = MISSING
+
+
+@dataclass
 class MeasuredFacts:
     on_hardware: bool = MISSING
     hbm_copy_tbps: Optional[float] = None
@@ -302,11 +313,13 @@ class MeasuredFacts:
     """Eager RMSNorm + indexed modulation time over the HBM floor (min, max); compiled below."""
     modulation_compile_x_hbm_floor: Optional[float] = None
     ulysses: UlyssesMeasured = field(default_factory=UlyssesMeasured)
+    """Multi-GPU measurements by Ulysses degree (empty: estimates from NVLink bandwidth, borrowed rules)."""
     compile: List[CompilePoint] = field(default_factory=list)
     """The compile lever's evidence (empty: never measured, auto keeps it off)."""
     fp8_act_quant: ActQuantMeasured = field(default_factory=ActQuantMeasured)
     """fp8_act_quant's evidence: row vs tensor on the whole FP8 block (empty: never measured, auto keeps tensor)."""
-    """Multi-GPU measurements by Ulysses degree (empty: estimates from NVLink bandwidth, borrowed rules)."""
+    vae_fp8: List[VaeFp8Point] = field(default_factory=list)
+    """The FP8 VAE decode (vae_tiles=fp8_tiles) against diffusers eager at the same tiles (empty: never measured)."""
     never_measured: List[str] = field(default_factory=list)
     source: str = MISSING
 

@@ -54,7 +54,13 @@ def explain(ctx: Context, s: str) -> list[str]:
             "one scale per output channel, quantised once at install; e4m3 activations with one scale per row; "
             "torch._scaled_mm to float16 on SM89+): lossy, e4m3 keeps 3 mantissa bits (relative rounding error "
             "<= 2^-4 per operand); " + ctx.budget_text() + "; benchmarks/vae.py measures the frames' PSNR against eager"
-            + ("" if ran else f"; the FP8 VAE GEMMs never ran on {ctx.hw} hardware (no measurement recorded)")]
+            + ("" if ran else f"; the FP8 VAE GEMMs never ran on {ctx.hw} hardware (no measurement recorded)")] + _measured(ctx)
+
+
+def _measured(ctx: Context) -> list[str]:
+    return [f"measured on {ctx.hw}: latent {'x'.join(map(str, m['latent']))}, {m['speedup']:.2f}x diffusers eager at the same "
+            f"tiles, PSNR {m['psnr_db']:.1f} dB, peak {m['peak_ratio']:.2f}x eager's ({m['source']})"
+            for m in ctx.hardware["measured"].get("vae_fp8") or []]
 
 
 def params(ctx: Context, s: str) -> dict:

@@ -414,7 +414,8 @@ def test_benchmark_script_plumbing_on_cpu(tmp_path):
     assert rec["bitwise_equal"] and rec["tiles"] == "256x256/64" and rec["decoder_calls"] == 1
     assert rec["counters"] == {"vae_ops.fp16_weights.fused": 2, "vae_ops.qk_norm_rope.fused": 2,
                                "vae_ops.swiglu.fused": 2, "vae_ops.scaled_residual.fused": 4, "vae_graphs.fallback": 1}
-    assert "| 1x4x3x6x6 | 256x256/64 | hardware=sm90 recipe=bf16 levers.vae_ops=fused | on | fused | 1 |" in (tmp_path / "vae-cpu.md").read_text()
+    assert rec["gpus"] == 1 and rec["bitwise"] and rec["peak_GiB_eager"] == rec["peak_GiB"]["eager"]
+    assert "| 1x4x3x6x6 | 1 | 256x256/64 | hardware=sm90 recipe=bf16 levers.vae_ops=fused | on | fused | 1 |" in (tmp_path / "vae-cpu.md").read_text()
 
 
 def test_fp16_checkpoint_has_nothing_to_materialise_and_still_fuses():
