@@ -10,7 +10,7 @@ plan at degree 2 under regional compile failed in tests/gpu/test_install_ulysses
 benchmarks/results/logs/vae2-h200x2.log), so a compiled Ulysses plan is refused, and auto stays off there.
 
 auto: regional only where the hardware measured the compiled plan of this recipe against the plain plan
-(`hardware.measured.compile`, nearest length) and every run timed it faster; off otherwise, with the runs.
+(`hardware.measured.compile`, the nearest length within a factor of 2) and every run timed it faster; off otherwise, with the runs.
 """
 
 from __future__ import annotations
@@ -28,8 +28,12 @@ SPEC = Spec(
 )
 
 
+NEAR = 2.0  # a measured length stands for lengths within this factor of it; further away compile is unmeasured
+
+
 def _measured(ctx: Context):
-    pts = [p for p in ctx.hardware["measured"].get("compile") or [] if p["recipe"] == ctx.recipe["name"]]
+    pts = [p for p in ctx.hardware["measured"].get("compile") or [] if p["recipe"] == ctx.recipe["name"]
+           and abs(math.log(p["seq_len"] / ctx.seq_len)) <= math.log(NEAR)]
     return min(pts, key=lambda p: abs(math.log(p["seq_len"] / ctx.seq_len))) if pts else None
 
 
@@ -50,7 +54,8 @@ def auto(ctx: Context):
         return "off", [f"recipe {ctx.recipe['name']} is lossless and a compiled block rounds its own way (not eager's bits)"], {}
     m = _measured(ctx)
     if m is None:
-        return "off", [f"never measured on {ctx.hw} for recipe {ctx.recipe['name']}: the plan's own kernels run uncompiled"], {}
+        return "off", [f"never measured on {ctx.hw} for recipe {ctx.recipe['name']} within {NEAR:g}x of {ctx.seq_len:,} tokens: "
+                       "the plan's own kernels run uncompiled"], {}
     runs = f"{speedup_runs(m['speedups'])} at {m['seq_len']:,} tokens (nearest measured length; {m['source']})"
     if faster_in_every_run(m["speedups"]):
         return "regional", [f"compiled plan faster in every run: {runs}", ctx.budget_text()], {}
