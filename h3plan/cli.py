@@ -196,9 +196,10 @@ def _wrap(text: str, width: int, indent: int) -> list[str]:
 def render_table(plan, width: int = 120) -> str:
     hw, r, p, m = (plan.get(k) for k in ("hardware", "recipe", "parallel", "model"))
     policy = "lossless" if r["policy"] == "lossless" else f"budget PSNR>={r['budget']['psnr_db_min']} dB SSIM>={r['budget']['ssim_min']}"
+    ring = "" if p.get("ring", 1) == 1 else f" x ring {p['ring']}"
     lines = [
         f"h3plan  hardware={hw['name']} ({hw['arch']}, {hw['compute_capability']})  recipe={r['name']} ({policy})  "
-        f"parallel={p['name']} (Ulysses {p['ulysses']}, {p['seq_len']:,} tokens)  model={m['name']}",
+        f"parallel={p['name']} (Ulysses {p['ulysses']}{ring}, {p['seq_len']:,} tokens)  model={m['name']}",
         *_request_lines(plan, width),
         "",
         f"{'lever':<21} {'setting':<12} {'lossless':<8}   why",

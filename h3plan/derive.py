@@ -14,7 +14,7 @@ from .levers.base import nearest_point, nearest_ulysses_point
 
 INT32_LIMIT = 2**31
 ORDER = (
-    "seq_len", "batch", "ulysses_degree", "heads_per_rank", "padded_len", "padding_rows", "local_rows",
+    "seq_len", "batch", "ulysses_degree", "ring_degree", "world", "heads_per_rank", "padded_len", "padding_rows", "local_rows",
     "a2a_bytes_per_block_per_rank", "a2a_bytes_leaving_rank_per_block", "a2a_ms_per_block_est",
     "max_elements_per_rank_tensor", "int64_indexing_required", "int64_boundary_tokens_per_rank",
     "attention_tflops_used", "attention_ms_per_block_est", "block_linear_params", "gemm_tflops_used", "gemm_ms_per_block_est",
@@ -30,8 +30,10 @@ def shape(sections: Mapping[str, Any]) -> dict[str, Any]:
     dc, p = sections["model"]["diffusers_config"], sections["parallel"]
     heads, d, ffn = dc["num_attention_heads"], dc["attention_head_dim"], dc["ffn_dim"]
     u, s, b = p["ulysses"], p["seq_len"], p["batch"]
-    padded = -(-s // u) * u
-    local = padded // u
+    ring = p.get("ring", 1)
+    world = ring * u  # the sequence is sharded over every rank (ring_plan.py)
+    padded = -(-s // world) * world
+    local = padded // world
     tensors = {"q/k/v per rank (B, S/U, H, D)": b * local * heads * d, "ffn gate+up per rank (B, S/U, 2F)": b * local * 2 * ffn}
     biggest = max(tensors, key=tensors.get)
     boundary = -(-INT32_LIMIT // (heads * d))
@@ -39,6 +41,8 @@ def shape(sections: Mapping[str, Any]) -> dict[str, Any]:
         "batch": b,
         "seq_len": s,
         "ulysses_degree": u,
+        "ring_degree": ring,
+        "world": world,
         "heads_per_rank": heads // u,
         "padded_len": padded,
         "padding_rows": padded - s,
@@ -48,8 +52,8 @@ def shape(sections: Mapping[str, Any]) -> dict[str, Any]:
         "int64_boundary_tokens_per_rank": boundary,
         "basis": {
             "heads_per_rank": f"{heads} heads / Ulysses degree {u}",
-            "padded_len": f"seq_len rounded up to a multiple of the degree {u}",
-            "local_rows": "padded_len / degree: rows each rank holds outside attention",
+            "padded_len": f"seq_len rounded up to a multiple of the world ring {ring} x ulysses {u}",
+            "local_rows": "padded_len / world: rows each rank holds outside attention",
             "max_elements_per_rank_tensor": f"largest per-rank tensor a kernel indexes: {biggest}",
             "int64_indexing_required": f"max_elements_per_rank_tensor >= 2**31 (int32 offsets wrap; fastvideo seed (docs/sources.md#fastvideo-seed): {heads} x {d} heads "
                                        f"wrap from {boundary:,} tokens per rank, the seed rounds this to 299,593); h3plan kernels index in int64 anyway",

@@ -95,6 +95,9 @@ class DeviceFacts:
     hbm_tbps: Optional[float] = MISSING
     nvlink_gbps: Optional[float] = MISSING
     """NVLink bandwidth per GPU, both directions together (vendor convention); one direction is half."""
+    nic_gbps: Optional[float] = None
+    """Network GB/s one way per GPU between nodes (the ring's P2P); null: never measured, the ring lever assumes
+    one 400 Gb/s NIC per GPU and says so."""
     source: str = MISSING
 
 
@@ -406,6 +409,9 @@ class ParallelConfig:
     name: str = MISSING
     ulysses: int = MISSING
     """Ulysses degree (GPUs sharing one sequence); must divide the attention heads."""
+    ring: int = 1
+    """Ring degree: ring blocks of the sequence whose keys/values rotate between Ulysses groups (across nodes);
+    world = ring x ulysses ranks (h3plan/parallel/ring_plan.py). 1: no ring."""
     seq_len: Optional[int] = None
     """Packed sequence length in tokens (text + audio + video rows); null: derived from the `video` request.
     Set it to plan for a length no request gives (it wins, and the plan says so)."""
@@ -672,9 +678,13 @@ def validate(cfg: DictConfig | dict) -> dict[str, Any]:
         )
     if p["batch"] < 1:
         raise ConfigError(f"parallel.batch={p['batch']}", "must be >= 1")
+    if isinstance(p["ring"], bool) or not isinstance(p["ring"], int) or p["ring"] < 1:
+        raise ConfigError(f"parallel.ring={p['ring']}", "must be an integer >= 1 (1 = no ring)")
+    world = p["ring"] * u
     p["seq_len"], c["sequence"], c["sequence_basis"] = sequence(c)  # explicit parallel.seq_len, else the video request
-    if p["seq_len"] < u:
-        raise ConfigError(f"parallel.seq_len={p['seq_len']}", f"must be at least the Ulysses degree {u} (one row per rank)")
+    if p["seq_len"] < world:
+        raise ConfigError(f"parallel.seq_len={p['seq_len']}", f"must be at least ring {p['ring']} x ulysses {u} = {world} "
+                          "(one row per rank)")
     if p["attention_chunks"] < 1:
         raise ConfigError(f"parallel.attention_chunks={p['attention_chunks']}", "must be >= 1 (1 = no overlap)")
     rope = 2 * 3 * c["model"]["diffusers_config"]["rope_freq_dim"]

@@ -252,6 +252,10 @@ def _static_descales(opts: AttentionOptions, fqns: list[str]) -> dict[str, torch
 
 
 def _ulysses(model, opts, group, report):
+    if opts.ring_degree > 1:  # RingUlysses in the ulysses slot's place (install/ring.py)
+        from .ring import build
+
+        return build(model, opts, group)
     if opts.ulysses_degree == 1:
         if opts.prefix_inplace or opts.a2a_fp8_codes or opts.ulysses_chunks > 1:
             report.skipped.append(("ulysses", "Ulysses degree 1: no sequence sharding, padding or exchange to tune"))
@@ -288,12 +292,14 @@ def _processors(model, builder, state, group):
     fqns = [f"transformer_blocks.{i}.attn" for i in range(len(model.transformer_blocks))]
     descales = _static_descales(opts, fqns) if opts.fp8_scales == "static" and opts.backend == "cudnn_fp8" else {}
     shard, ua = _ulysses(model, opts, group, report)
+    ring, ua = (ua, None) if opts.ring_degree > 1 else (None, ua)
     lever = builder.lever_of("backend")
     recorded = builder.recorded("attention")
     for fqn, block in zip(fqns, model.transformer_blocks):
         attn = block.attn
         old = attn.processor
-        proc = H3PlanAttnProcessor(opts, backend, kernels, old, static_descales=descales.get(fqn), shard=shard, ulysses=ua)
+        proc = H3PlanAttnProcessor(opts, backend, kernels, old, static_descales=descales.get(fqn), shard=shard, ulysses=ua,
+                                   ring=ring)
         attn.set_processor(proc)
         state.undo.append(lambda a=attn, o=old: a.set_processor(o))
         _swap(report, lever, f"{fqn}.processor", type(old).__name__, repr(proc))

@@ -9,7 +9,9 @@ and K, partial rotate-half RoPE, non-causal unmasked attention, `flatten(2, 3).t
 - the backend (`h3plan.attention`): sdpa / fa4 / cudnn_bf16 / cudnn_fp8, with FA4's per-call 2-CTA
   switch and FP8 scales (dynamic amax, or a static per-layer table);
 - Ulysses (`ulysses_degree` > 1): h3plan.parallel.ulysses.UlyssesAttention over the installer's
-  sequence shards, with its padding mode, head chunks, FP8 codes and prefix-in-place output.
+  sequence shards, with its padding mode, head chunks, FP8 codes and prefix-in-place output;
+- ring x Ulysses (`ring_degree` > 1): h3plan.parallel.ring.RingUlysses over the world's sequence shards
+  (install/ring.py: block attention with log-sum-exp, counted `ring.fused` / `ring.fallback`).
 
 Guards per call: a refused kernel check, an unavailable backend, an attention mask or autograd route
 that step to diffusers' own code and count `<lever>.fallback` with the reason. The backend's
@@ -57,11 +59,12 @@ class H3PlanAttnProcessor:
     """One instance per transformer-block attention (it holds that layer's static FP8 scales)."""
 
     def __init__(self, opts, backend, kernels: dict, original, *, static_descales=None,
-                 shard=None, ulysses=None):
+                 shard=None, ulysses=None, ring=None):
         self.opts, self.backend, self.kernels, self.original = opts, backend, kernels, original
         self.static_descales = static_descales  # (3,) fp32 descales of q, k, v (static FP8 scales)
         self.static_scales = None if static_descales is None else tuple((1.0 / static_descales).tolist())
         self.shard, self.ulysses = shard, ulysses  # installer's sequence-shard context, UlyssesAttention
+        self.ring = ring  # RingUlysses when ring_degree > 1 (then ulysses is None)
         self._act_dtype = None  # the activations' dtype of the current call (dequantised FP8 fallbacks)
         attention_ops.register(backend)
         if not any(b is backend for b in _BACKENDS):
@@ -165,7 +168,9 @@ class H3PlanAttnProcessor:
         value = value.unflatten(-1, (attn.heads, -1))
         out_dtype = self._act_dtype = query.dtype
 
-        if self.ulysses is not None:
+        if self.ring is not None:
+            out = self._ring_call(attn, query, key, value, rotary_emb)
+        elif self.ulysses is not None:
             out = self._ulysses_call(attn, query, key, value, rotary_emb)
         elif self.opts.qk_norm_rope == "fused_fp8":
             out = self._fused_fp8(attn, query, key, value, rotary_emb)
@@ -228,22 +233,43 @@ class H3PlanAttnProcessor:
                 lambda: qk_norm_rope_fp8_ref(q, k, v, wq, wk, *rotary_emb, eps, **kw), (q, k, v, wq, wk))
             return ua(None, None, None, self._attn_fn(descales), seq_len=S, packed=packed)
         if mode in ("fused", "fused_fp8"):
-            fn, check = self.kernels["qk_norm_rope"]
-            wq, wk, eps = attn.norm_q.weight, attn.norm_k.weight, attn.norm_q.eps
-
-            def guard():
-                if rotary_emb is None or attn.norm_q.eps != attn.norm_k.eps or wq is None or wk is None:
-                    return "no rotary embedding, or norm_q/norm_k differ in eps or lack a weight"
-                return check(q, k, wq, wk, *rotary_emb, eps, v=v, ulysses_degree=U)
-
-            packed = run_guarded("qk_norm_rope", guard, lambda: fn(q, k, wq, wk, *rotary_emb, eps, v=v, ulysses_degree=U),
-                                 lambda: None, (q, k, wq, wk))
+            packed = self._packed_norm_rope(attn, q, k, v, rotary_emb, U)
             if packed is not None:
                 amax = self._sequence_amax(packed.unbind(1), row_dim=2)  # (U, B, S_loc, H/U, D) each
                 return ua(None, None, None, self._attn_fn(amax=amax), seq_len=S, packed=packed)
         qq, kk = self._eager_norm_rope(attn, q, k, rotary_emb)
         amax = self._sequence_amax((qq, kk, v), row_dim=1)
         return ua(qq, kk, v.contiguous(), self._attn_fn(amax=amax), seq_len=S)
+
+    def _packed_norm_rope(self, attn, q, k, v, rotary_emb, U):
+        """Fused norm + RoPE packed destination-major for the all-to-all, (U, 3, B, S_loc, H/U, D); None when
+        the guard refused it (counted, the caller runs eager)."""
+        fn, check = self.kernels["qk_norm_rope"]
+        wq, wk, eps = attn.norm_q.weight, attn.norm_k.weight, attn.norm_q.eps
+
+        def guard():
+            if rotary_emb is None or attn.norm_q.eps != attn.norm_k.eps or wq is None or wk is None:
+                return "no rotary embedding, or norm_q/norm_k differ in eps or lack a weight"
+            return check(q, k, wq, wk, *rotary_emb, eps, v=v, ulysses_degree=U)
+
+        return run_guarded("qk_norm_rope", guard, lambda: fn(q, k, wq, wk, *rotary_emb, eps, v=v, ulysses_degree=U),
+                           lambda: None, (q, k, wq, wk))
+
+    def _ring_call(self, attn, q, k, v, rotary_emb):
+        """ring > 1: this rank's world-shard rows in, (B, S_loc, H*D) out (h3plan.parallel.ring.RingUlysses)."""
+        ru, S, U = self.ring, self.shard.seq_len, self.ring.ulysses_degree
+        block = ru.ring.attn
+        why = block.reason(q)
+        count_fused("ring") if why is None else count_fallback("ring", f"{block.name}: {why}; fp32 reference blocks")
+        if self.opts.qk_norm_rope == "fused" and U > 1:
+            packed = self._packed_norm_rope(attn, q, k, v, rotary_emb, U)
+            if packed is not None:
+                return ru(None, None, None, seq_len=S, packed=packed)
+        if U == 1:
+            q, k = self._norm_rope(attn, q, k, v, rotary_emb)
+        else:
+            q, k = self._eager_norm_rope(attn, q, k, rotary_emb)
+        return ru(q, k, v.contiguous(), seq_len=S)
 
     def _sequence_amax(self, qkv, row_dim: int):
         """Dynamic FP8 attention under Ulysses with BF16 on the wire: the per-tensor amax of q, k, v over the

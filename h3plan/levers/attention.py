@@ -3,6 +3,8 @@
 auto: FP8 attention when the recipe asks for it, the policy allows lossy levers and cuDNN FP8 can run
 on the hardware (version gate, output dtypes); otherwise the fastest BF16 backend of the hardware's
 `attention_rank`. BF16 backends are exact given the backend (not bitwise equal to one another).
+At parallel.ring > 1 no cudnn_fp8: the ring merges key blocks through their log-sum-exp, which FP8
+attention does not return here (h3plan/parallel/lse.py).
 """
 
 from __future__ import annotations
@@ -40,8 +42,16 @@ def blockers(ctx: Context, s: str) -> list[str]:
     if s == "fa4" and not hw["fa4"]["bf16"]:
         return [f"{ctx.hw} has no FA4 BF16 forward ({hw['fa4']['source']})"]
     if s == "cudnn_fp8":
-        return cudnn_fp8_problems(ctx)
+        return cudnn_fp8_problems(ctx) + ring_problems(ctx)
     return []
+
+
+def ring_problems(ctx: Context) -> list[str]:
+    ring = ctx.ring
+    if ring == 1:
+        return []
+    return [f"parallel.ring={ring}: the ring merges key blocks through their log-sum-exp and FP8 attention returns "
+            "none here (h3plan/parallel/lse.py)"]
 
 
 def _speeds(ctx: Context, backends) -> str:
@@ -60,6 +70,8 @@ def auto(ctx: Context):
     if ctx.recipe["attention"] == "fp8":
         if ctx.lossless_only:
             reasons.append(f"recipe {name} asks for FP8 attention but its policy is lossless: BF16 attention")
+        elif ring_problems(ctx):
+            reasons.append(f"recipe {name} asks for FP8 attention but {ring_problems(ctx)[0]}: BF16 attention")
         else:
             problems = cudnn_fp8_problems(ctx)
             if not problems:

@@ -140,6 +140,11 @@ class Context:
         return self.parallel["ulysses"]
 
     @property
+    def ring(self) -> int:
+        """parallel.ring: ring blocks of the sequence (world = ring x Ulysses degree); 1 without a ring."""
+        return self.parallel.get("ring", 1)
+
+    @property
     def seq_len(self) -> int:
         return self.parallel["seq_len"]
 

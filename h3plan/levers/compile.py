@@ -41,13 +41,21 @@ ULYSSES_WHY = ("dynamo cannot trace the Ulysses exchange's asynchronous all-to-a
                "H200s (benchmarks/results/logs/vae2-h200x2.log)")
 
 
+RING_WHY = "the ring's P2P rotation is not traceable (h3plan/parallel/ring.py: not under torch.compile)"
+
+
 def blockers(ctx: Context, s: str) -> list[str]:
+    out = []
     if s == "regional" and ctx.degree > 1:
-        return [f"Ulysses degree {ctx.degree}: {ULYSSES_WHY}"]
-    return []
+        out.append(f"Ulysses degree {ctx.degree}: {ULYSSES_WHY}")
+    if s == "regional" and ctx.ring > 1:
+        out.append(f"parallel.ring={ctx.ring}: {RING_WHY}")
+    return out
 
 
 def auto(ctx: Context):
+    if ctx.ring > 1:
+        return "off", [f"parallel.ring={ctx.ring}: {RING_WHY}"], {}
     if ctx.degree > 1:
         return "off", [f"Ulysses degree {ctx.degree}: {ULYSSES_WHY}; the compiled plan was measured at degree 1 only"], {}
     if ctx.lossless_only:

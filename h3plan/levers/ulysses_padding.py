@@ -4,6 +4,8 @@ none: nothing to pad (degree 1, or the length divides). fixed_valid: attention o
 padded output kept (cuDNN's key-padding path, TRT-LLM seed (docs/sources.md#trtllm-seed)). valid_only: the tail is never
 restored and the merge writes a zero tail (telefuser seed (docs/sources.md#telefuser-seed)). padded: attention over the padded rows
 with masked keys (more work; only when asked for). parallel.padding fixes the mode for auto.
+At parallel.ring > 1 only none: the ring skips padded keys through its per-block valid counts and Ulysses
+inside a ring block sees full blocks (h3plan/parallel/ring.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ SPEC = Spec(
 
 def blockers(ctx: Context, s: str) -> list[str]:
     pad, fixed = ctx.shape["padding_rows"], ctx.parallel["padding"]
+    ring = ctx.ring
+    if ring > 1:
+        return [] if s == "none" else [RING_WHY.format(ring=ring)]
     out = []
     if ctx.degree == 1 and s != "none":
         out.append("Ulysses degree 1: the sequence is not split, there is nothing to pad")
@@ -33,8 +38,17 @@ def blockers(ctx: Context, s: str) -> list[str]:
     return out
 
 
+RING_WHY = ("parallel.ring={ring}: the ring skips padding keys by its per-block valid counts and Ulysses inside a "
+            "ring block sees full blocks, so no Ulysses padding mode applies")
+
+
 def auto(ctx: Context):
     pad, u = ctx.shape["padding_rows"], ctx.degree
+    if ctx.ring > 1:
+        why = RING_WHY.format(ring=ctx.ring)
+        if ctx.parallel["padding"] not in ("auto", "none"):
+            why += f" (parallel.padding={ctx.parallel['padding']} does not apply)"
+        return "none", [why], params(ctx, "none")
     if u == 1:
         return "none", ["Ulysses degree 1: no sequence split"], params(ctx, "none")
     if not pad:
