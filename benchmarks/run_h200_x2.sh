@@ -21,6 +21,7 @@
 #   vae2       fp8 plans at degree 2 with fp8_act_quant=row (NCCL) and under regional compile; the FP8 VAE at the
 #              released latent (time, PSNR, peak); the VAE decode profile; the VAE over NCCL
 #   recheck    the two NCCL checks of vae2 again after their fixes (no compile at degree > 1; a contiguous gather)
+#   ring       the installed ring plan (ring 2 x Ulysses 1) over NCCL against degree 1 (never ran yet)
 #   final      the pipeline again (two untimed steps per call: diffusers' first step has another temb shape, so
 #              regional compile traces twice) and the GPU suite
 #
@@ -112,6 +113,10 @@ case "$1" in
       -q -rA -p no:cacheprovider -k "${H3_K:-fp8}"
     step vae-parallel-nccl 60 torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_vae_parallel_nccl.py -q -rA \
       -p no:cacheprovider
+    ;;
+  ring)
+    step ring-install-nccl 200 torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_install_ring_nccl.py -q -rA \
+      -s -p no:cacheprovider
     ;;
   final)
     H3_T_RECIPE=${H3_T_RECIPE:-230} OUT="$OUT" H3_RECIPES="bf16 fp8" bash benchmarks/pipeline_h200.sh >> "$LOG" 2>&1
