@@ -14,13 +14,12 @@ or plainly with pytest, which spawns one process per GPU (two here).
 
 from __future__ import annotations
 
-import copy
 import functools
 
 import pytest
-import torch
 import torch.distributed as dist
 from nccl_launch import NEEDS_2_GPUS, run_check, torchrun_world
+from test_install_ulysses_nccl import _plan, run_pair
 
 pytestmark = [pytest.mark.gpu, NEEDS_2_GPUS]
 BLOCKS = 2
@@ -31,38 +30,14 @@ BUDGET = ("recipe.policy=budget", "recipe.budget.psnr_db_min=34.0", "recipe.budg
 CASES = {"bf16-budget-37820-r2": ("bf16", 37820, 2, BUDGET), "fp8-19001-r2": ("fp8", 19001, 2, ())}
 
 
-def _plan(recipe, S, ring, extra=()):
-    from h3plan.config import compose as compose_config
-    from h3plan.planner import resolve
-
-    cfg = compose_config(["hardware=sm90", "parallel=u1", f"recipe={recipe}", f"parallel.seq_len={S}",
-                          f"parallel.ring={ring}", *extra])
-    return cfg, resolve(cfg)
-
-
 def check_case(name):
-    from h3plan.actions.inputs import build_model, packed_inputs
-    from h3plan.install import counters, install, reset_counters
-
     recipe, S, R, extra = CASES[name]
     rank = dist.get_rank()
-    _, pr = _plan(recipe, S, R, extra)
+    _, pr = _plan(recipe, S, 1, (f"parallel.ring={R}", *extra))
     # degree 1 with the ring plan's levers where they differ only because of the ring (attention, compile)
     same = tuple(f"levers.{lv}={pr.decision(lv).setting}" for lv in ("attention", "compile"))
-    cfg, p1 = _plan(recipe, S, 1, extra + same)
-    dc = cfg["model"]["diffusers_config"]
-    eager = build_model(dc, blocks=BLOCKS, device="cuda", dtype="bf16", seed=0)
-    inputs = packed_inputs(dc, S, seed=0, device="cuda")
-    one, many = copy.deepcopy(eager), eager
-    install(one, p1)
-    install(many, pr, group=dist.group.WORLD)
-    with torch.no_grad():
-        ref = one(**inputs)
-        reset_counters()
-        out = many(**inputs)
-    c = counters()
-    pairs = {"video": (out.sample, ref.sample), "audio": (out.audio_sample, ref.audio_sample)}
-    rel = {k: float((a.float() - b.float()).norm() / b.float().norm()) for k, (a, b) in pairs.items()}
+    cfg, p1 = _plan(recipe, S, 1, (*extra, *same))
+    _, rel, c = run_pair(cfg, p1, pr, S, BLOCKS)
     print(f"[ring-install] rank {rank} {name}: attention {pr.decision('attention').setting}; rel vs degree 1 {rel}; "
           f"counters {c}", flush=True)
     assert c.get("ring.fused", 0) >= BLOCKS and not c.get("ring.fallback"), c

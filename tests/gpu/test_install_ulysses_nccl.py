@@ -47,16 +47,30 @@ def _plan(recipe, S, U, extra=()):
 
 
 def check_case(name):
-    from h3plan.actions.inputs import build_model, packed_inputs
-    from h3plan.install import counters, install, reset_counters
-
     recipe, S, extra = CASES[name]
     U, rank = dist.get_world_size(), dist.get_rank()
     _, pu = _plan(recipe, S, U, extra)
     # the same levers at degree 1: compile is off at U > 1 (levers/compile.py), and a compiled block rounds its own way
     cfg, p1 = _plan(recipe, S, 1, (f"levers.compile={pu.decision('compile').setting}",))
+    pairs, rel, c = run_pair(cfg, p1, pu, S)
+    same = {k: torch.equal(a, b) for k, (a, b) in pairs.items()}
+    settings = {lv: pu.decision(lv).setting for lv in ("attention", "ulysses_padding", "ulysses_overlap", "a2a_fp8_codes")}
+    print(f"[ulysses-install] rank {rank}/{U} {name}: {settings}; bitwise vs degree 1 {same}; rel {rel}; counters {c}",
+          flush=True)
+    assert c.get("attention.fused", 0) >= BLOCKS, c  # one call per block and head chunk
+    assert not {k: v for k, v in c.items() if k.endswith(".fallback")}, c
+    for k, (a, b) in pairs.items():
+        assert_bits(a, b, f"{name} {k}")
+
+
+def run_pair(cfg, p1, pu, S, blocks=BLOCKS):
+    """The seeded real-width model with `p1` on this GPU alone and with `pu` over the world group, on the same
+    packed inputs: ({"video"|"audio": (out, ref)}, relative errors, the counters of the group's forward)."""
+    from h3plan.actions.inputs import build_model, packed_inputs
+    from h3plan.install import counters, install, reset_counters
+
     dc = cfg["model"]["diffusers_config"]
-    eager = build_model(dc, blocks=BLOCKS, device="cuda", dtype="bf16", seed=0)
+    eager = build_model(dc, blocks=blocks, device="cuda", dtype="bf16", seed=0)
     inputs = packed_inputs(dc, S, seed=0, device="cuda")
     one, many = copy.deepcopy(eager), eager
     install(one, p1)
@@ -68,14 +82,7 @@ def check_case(name):
     c = counters()
     pairs = {"video": (out.sample, ref.sample), "audio": (out.audio_sample, ref.audio_sample)}
     rel = {k: float((a.float() - b.float()).norm() / b.float().norm()) for k, (a, b) in pairs.items()}
-    same = {k: torch.equal(a, b) for k, (a, b) in pairs.items()}
-    settings = {lv: pu.decision(lv).setting for lv in ("attention", "ulysses_padding", "ulysses_overlap", "a2a_fp8_codes")}
-    print(f"[ulysses-install] rank {rank}/{U} {name}: {settings}; bitwise vs degree 1 {same}; rel {rel}; counters {c}",
-          flush=True)
-    assert c.get("attention.fused", 0) >= BLOCKS, c  # one call per block and head chunk
-    assert not {k: v for k, v in c.items() if k.endswith(".fallback")}, c
-    for k, (a, b) in pairs.items():
-        assert_bits(a, b, f"{name} {k}")
+    return pairs, rel, c
 
 
 CHECKS = {name: functools.partial(check_case, name) for name in CASES}
