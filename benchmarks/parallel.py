@@ -11,6 +11,7 @@ a barrier before each call so the ranks start together):
   diffusers_cp         diffusers' best multi-GPU setting: set_attention_backend("_native_cudnn"),
                        enable_parallelism(ContextParallelConfig(ulysses_degree=U)), compile_repeated_blocks(fullgraph=True)
   plan_u<U>_<recipe>   the sm90 plan at degree U over the world group
+  plan_r<R>u<U/R>_<r>  with --ring R: ring R x Ulysses U/R over the same ranks (lossy: budget recipes)
   plan_u1_<r>+compile  diffusers' regional compile over the installed degree-1 plan of each recipe (the compile
                        lever's evidence; `--no-compile-plans` leaves it out)
 
@@ -37,13 +38,13 @@ sys.path.insert(0, str(ROOT))
 CP_CONFIG = "ContextParallelConfig(ulysses_degree={U}) + set_attention_backend('_native_cudnn') + compile_repeated_blocks(fullgraph=True)"
 
 
-def _plan(recipe, U, S):
+def _plan(recipe, U, S, ring=1):
     import h3plan
 
-    return h3plan.resolve_config(recipe=recipe, parallel=f"u{U}", **{"parallel.seq_len": S})
+    return h3plan.resolve_config(recipe=recipe, parallel=f"u{U}", **{"parallel.seq_len": S, "parallel.ring": ring})
 
 
-def _settings(base, S, U, group, recipes, compile_plans):
+def _settings(base, S, U, group, recipes, compile_plans, ring=1):
     """name -> model (built on the shared base by deepcopy), and name -> setup note."""
     import torch
 
@@ -61,9 +62,9 @@ def _settings(base, S, U, group, recipes, compile_plans):
 
     add("eager_1gpu", lambda: base)
 
-    def plan(recipe, u, compiled=False):
+    def plan(recipe, u, compiled=False, r=1):
         m = copy.deepcopy(base)
-        h3plan.install(m, _plan(recipe, u, S), **({"group": group} if u > 1 else {}))
+        h3plan.install(m, _plan(recipe, u, S, r), **({"group": group} if u * r > 1 else {}))
         if compiled:
             m.compile_repeated_blocks(fullgraph=True)
         return m
@@ -79,13 +80,16 @@ def _settings(base, S, U, group, recipes, compile_plans):
 
         m = copy.deepcopy(base)
         m.set_attention_backend("_native_cudnn")
-        m.enable_parallelism(config=ContextParallelConfig(ulysses_degree=U))
+        # a length the degree does not divide needs diffusers' ulysses_anything (as the pipeline bench's best)
+        m.enable_parallelism(config=ContextParallelConfig(ulysses_degree=U, **({"ulysses_anything": True} if S % U else {})))
         m.compile_repeated_blocks(fullgraph=True)
         return m
 
     add("diffusers_cp", cp)
     for r in recipes:
         add(f"plan_u{U}_{r}", lambda r=r: plan(r, U))
+        if ring > 1:  # ring x Ulysses over the same world: lossy, so budget recipes only (the plan refuses bf16)
+            add(f"plan_r{ring}u{U // ring}_{r}", lambda r=r: plan(r, U // ring, r=ring))
     torch.cuda.synchronize()
     return made, notes
 
@@ -118,6 +122,7 @@ def main(argv=None) -> int:
     ap.add_argument("--recipes", default="bf16,fp8")
     ap.add_argument("--no-compile-plans", action="store_true")
     ap.add_argument("--tag", default="h200")
+    ap.add_argument("--ring", type=int, default=1, help="also time ring R x Ulysses U/R over the same ranks (R > 1)")
     ap.add_argument("--profile", action="store_true",
                     help="also profile one forward of every plan (per-category GPU time, benchmarks/probes/block_profile.py)")
     args = ap.parse_args(argv)
@@ -137,7 +142,7 @@ def main(argv=None) -> int:
     doc = {"gpus": U, "blocks": args.blocks, "rounds": args.rounds, "device": torch.cuda.get_device_name(),
            "torch": torch.__version__, "records": [], "times": {}, "notes": {}}
     for S in (int(s) for s in args.seq_lens.split(",")):
-        models, notes = _settings(base, S, U, group, recipes, not args.no_compile_plans)
+        models, notes = _settings(base, S, U, group, recipes, not args.no_compile_plans, args.ring)
         x = packed_inputs(dc, S, seed=1234, device="cuda")
         fns, outs = {}, {}
         with torch.no_grad():
@@ -170,14 +175,14 @@ def main(argv=None) -> int:
         cp = t.get("diffusers_cp")
         for r in recipes:
             one = t.get(f"plan_u1_{r}")
-            for name in (f"plan_u{U}_{r}",):
+            for name in (f"plan_u{U}_{r}", f"plan_r{args.ring}u{U // args.ring}_{r}"):
                 if name not in t:
                     continue
                 a, b = outs[name], outs[f"plan_u1_{r}"] if f"plan_u1_{r}" in outs else None
-                rec = {"gpus": U, "S": S, "plan": f"sm90/{r}/u{U}" + (" +compile" if name.endswith("compile") else ""),
+                rec = {"gpus": U, "S": S, "plan": f"sm90/{r}/" + name.split("_")[1],
                        "plan_ms": round(t[name], 3), "plan_u1_ms": one and round(one, 3),
                        "eager_1gpu_ms": round(t["eager_1gpu"], 3), "diffusers_cp_ms": cp and round(cp, 3),
-                       "diffusers_cp_config": CP_CONFIG.format(U=U),
+                       "diffusers_cp_config": CP_CONFIG.format(U=U) + (" with ulysses_anything=True" if S % U else ""),
                        "scaling_vs_u1": one and round(one / t[name], 3),
                        "speedup_vs_diffusers_cp": cp and round(cp / t[name], 3),
                        "speedup_vs_eager_1gpu": round(t["eager_1gpu"] / t[name], 3),

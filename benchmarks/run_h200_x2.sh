@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# This session's measurements on two H200s of one host (nvidia-h200-x2; GPU 0 serves the one-GPU runs), one
-# device call per phase, from the repository root after the GPU wheels are installed (shared/gpu/README.md):
+# Measurements on the H200s of one host (nvidia-h200-x2 unless a phase says otherwise; GPU 0 serves the one-GPU
+# runs), one device call per phase, from the repository root after the GPU wheels are installed (shared/gpu/README.md):
 #
 #   . /tmp/h3site/env.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash benchmarks/run_h200_x2.sh PHASE
 #
@@ -22,6 +22,10 @@
 #              released latent (time, PSNR, peak); the VAE decode profile; the VAE over NCCL
 #   recheck    the two NCCL checks of vae2 again after their fixes (no compile at degree > 1; a contiguous gather)
 #   ring       the installed ring plan (ring 2 x Ulysses 1) over NCCL against degree 1 (never ran yet)
+#   many       issue 14 on H3_NPROC GPUs (8 or 4): Ulysses and installed-Ulysses NCCL tests at that degree, the
+#              installed ring 2 x Ulysses N/2, the scaling probe at 37,820 and 104,076, the parallel bench against
+#              diffusers' context parallel with a ring 2 x Ulysses N/2 arm (one device call may not hold all of it:
+#              the steps run in order under H3_BUDGET_S; rerun with the rest)
 #   final      the pipeline again (two untimed steps per call: diffusers' first step has another temb shape, so
 #              regional compile traces twice) and the GPU suite
 #
@@ -118,13 +122,25 @@ case "$1" in
     step ring-install-nccl 200 torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_install_ring_nccl.py -q -rA \
       -s -p no:cacheprovider
     ;;
+  many)  # H3_NPROC GPUs (default 8; 4 works too): issue 14's runs, ring x Ulysses against Ulysses at the same world
+    N=${H3_NPROC:-8}
+    step "ulysses-nccl-x$N" 120 torchrun --standalone --nproc-per-node="$N" -m pytest tests/gpu/test_ulysses_nccl.py -q -rA \
+      -p no:cacheprovider
+    step "install-nccl-x$N" 150 torchrun --standalone --nproc-per-node="$N" -m pytest tests/gpu/test_install_ulysses_nccl.py \
+      -q -rA -s -p no:cacheprovider
+    step "ring-install-x$N" 120 torchrun --standalone --nproc-per-node="$N" -m pytest tests/gpu/test_install_ring_nccl.py -q -rA \
+      -s -p no:cacheprovider
+    step "scaling-x$N" 200 torchrun --standalone --nproc-per-node="$N" benchmarks/probes/ulysses_scaling.py "$OUT" 37820 104076
+    step "parallel-bench-x$N" 240 torchrun --standalone --nproc-per-node="$N" benchmarks/parallel.py --out "$OUT" \
+      --tag "h200x$N" --seq-lens 37820,104076 --rounds 4 --no-compile-plans --ring 2
+    ;;
   final)
     H3_T_RECIPE=${H3_T_RECIPE:-230} OUT="$OUT" H3_RECIPES="bf16 fp8" bash benchmarks/pipeline_h200.sh >> "$LOG" 2>&1
     grep -E "^=== |exit |pipeline bench" "$LOG" | tail -8
     step gpu-suite 400 python -m pytest tests/gpu -m gpu -q -rA -p no:cacheprovider --deselect \
       tests/gpu/test_install_ulysses_nccl.py --deselect tests/gpu/test_compile_gpu.py
     ;;
-  *) echo "unknown phase $1 (parallel | pipeline | u2pipe | fp8 | final)"; exit 2 ;;
+  *) echo "unknown phase $1 (parallel | pipeline | u2pipe | profile | measure | vae | vae2 | recheck | ring | many | fp8 | final)"; exit 2 ;;
 esac
 echo "=== done in $(( $(date +%s) - START ))s; files:" | tee -a "$LOG"
 ls -l "$OUT" | tee -a "$LOG"

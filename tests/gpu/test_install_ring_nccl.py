@@ -1,5 +1,6 @@
-"""A whole installed transformer with ring x Ulysses over NCCL (>= 2 GPUs): real width, two blocks, the plan that
-`parallel.ring=R` resolves (world = R x U), against the same model with the degree-1 plan on one GPU.
+"""A whole installed transformer with ring x Ulysses over NCCL (2, 4 or 8 GPUs): real width, two blocks, the plan
+that `parallel.ring=2` resolves with Ulysses world/2 (r2u1, r2u2, r2u4), against the same model with the degree-1
+plan on one GPU.
 
 Numeric contract (h3plan/parallel/ring_plan.NUMERICS): not bitwise. Each key block's attention is merged in fp32
 through its log-sum-exp; bf16 block outputs are rounded once per block before the merge, so the ring differs
@@ -9,7 +10,7 @@ data). Bound used here: 1e-2 relative (Frobenius) on the video and audio outputs
 
     torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_install_ring_nccl.py -q -s -p no:cacheprovider
 
-or plainly with pytest, which spawns one process per GPU (two here).
+or plainly with pytest, which spawns one process per GPU (2, 4 or 8).
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ import functools
 
 import pytest
 import torch.distributed as dist
-from nccl_launch import NEEDS_2_GPUS, run_check, torchrun_world
+from nccl_launch import N_GPU, NEEDS_2_GPUS, run_check, torchrun_world
 from test_install_ulysses_nccl import _plan, run_pair
 
 pytestmark = [pytest.mark.gpu, NEEDS_2_GPUS]
 BLOCKS = 2
 REL_BOUND = 1e-2
-# (recipe, S, ring, extra overrides); world 2: ring 2 x ulysses 1. 19,001 rows do not divide by 2. The ring is
+# (recipe, S, ring, extra overrides); ring 2 x Ulysses world/2 (world 2, 4 or 8). 19,001 rows do not divide. The ring is
 # lossy, so the bf16 case takes a budget policy (bf16 itself is lossless and refuses it).
 BUDGET = ("recipe.policy=budget", "recipe.budget.psnr_db_min=34.0", "recipe.budget.ssim_min=0.97")
 CASES = {"bf16-budget-37820-r2": ("bf16", 37820, 2, BUDGET), "fp8-19001-r2": ("fp8", 19001, 2, ())}
@@ -32,8 +33,8 @@ CASES = {"bf16-budget-37820-r2": ("bf16", 37820, 2, BUDGET), "fp8-19001-r2": ("f
 
 def check_case(name):
     recipe, S, R, extra = CASES[name]
-    rank = dist.get_rank()
-    _, pr = _plan(recipe, S, 1, (f"parallel.ring={R}", *extra))
+    rank, U = dist.get_rank(), dist.get_world_size() // R
+    _, pr = _plan(recipe, S, U, (f"parallel.ring={R}", *extra))
     # degree 1 with the ring plan's levers where they differ only because of the ring (attention, compile)
     same = tuple(f"levers.{lv}={pr.decision(lv).setting}" for lv in ("attention", "compile"))
     cfg, p1 = _plan(recipe, S, 1, (*extra, *same))
@@ -49,9 +50,9 @@ CHECKS = {name: functools.partial(check_case, name) for name in CASES}
 
 @pytest.fixture(scope="module")
 def torchrun_group():
-    yield torchrun_world(allowed=(2,))
+    yield torchrun_world(allowed=(2, 4, 8))
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_installed_transformer_ring_nccl(name, torchrun_group):
-    run_check(CHECKS, name, 2)
+    run_check(CHECKS, name, 8 if N_GPU >= 8 else 4 if N_GPU >= 4 else 2)
