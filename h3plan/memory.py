@@ -210,12 +210,15 @@ def _weights(it: _Items, sections, settings, opts) -> None:
         it.add("transformer_weights", base - 2 * tp["block_linears"] + quant,
                f"{gq} checkpoint: {tp['block_linears']:,} block-linear weights at {QUANT_BYTES[gq]}; {tp['bf16_other']:,} other bf16, "
                f"{tp['fp32']:,} float32 ({', '.join(TRANSFORMER_FP32)})")
+    elif quant is not None:
+        it.add("transformer_weights", base - 2 * tp["block_linears"],
+               f"{tp['bf16_other']:,} bf16 + {tp['fp32']:,} float32 parameters on the device; the {tp['block_linears']:,} bf16 "
+               "block-linear weights wait in pinned host memory until uninstall (install/parking.py)")
+        it.add("transformer_quant_copies", quant, f"gemm_quant={gq} quantised at install from the {checkpoint} checkpoint: "
+                                                  f"{QUANT_BYTES[gq]} per block-linear weight")
     else:
         it.add("transformer_weights", base, f"{tp['block_linears'] + tp['bf16_other']:,} bf16 + {tp['fp32']:,} float32 parameters "
                                             f"({', '.join(TRANSFORMER_FP32)}: _keep_in_fp32_modules)")
-        if quant is not None:
-            it.add("transformer_quant_copies", quant, f"gemm_quant={gq} quantised at install from the {checkpoint} checkpoint: "
-                                                      f"{QUANT_BYTES[gq]} per block-linear weight beside the kept bf16 originals (uninstall)")
     vb, vp = VAE_DTYPES[opts["vae_dtype"]], vae_params(vdc)
     lb = 2 if _setting(settings, "vae_ops", "eager") == "fused" else vb  # fp16_weights: float16 on the device
     it.add("vae_weights", 4 * vp["fp32_kept"] + lb * vp["decoder_linears"] + vb * vp["other"],

@@ -133,8 +133,11 @@ def _swap(report: InstallReport, lever: str, fqn: str, old: str, new: str) -> No
 def _quantize(model, builder, state) -> None:
     from h3plan.quant import BLOCK_LINEARS, quantized_linear
 
+    from .parking import park
+
     lever, quant = builder.lever_of("quant"), builder.values["quant"]
     fmt, params = quant["format"], quant.get("params") or {}
+    replaced = []
     for i, block in enumerate(model.transformer_blocks):
         if block.attn.fused_projections:
             raise InstallError(f"gemm_quant: transformer_blocks.{i}.attn uses fused QKV projections; call "
@@ -151,6 +154,14 @@ def _quantize(model, builder, state) -> None:
             setattr(parent, name, new)
             state.undo.append(lambda p=parent, n=name, o=old: setattr(p, n, o))
             _swap(state.report, lever, f"transformer_blocks.{i}.{path}", type(old).__name__, type(new).__name__)
+            replaced.append(old)
+    if replaced:  # the originals wait on the host until uninstall (install/parking.py)
+        parked = park(replaced)
+        state.undo.append(parked.unpark)
+        where = (f"{parked.nbytes / 2**30:.2f} GiB moved to pinned host memory" if parked.nbytes
+                 else "already on the CPU: nothing to move")
+        state.report.notes.append(f"{lever}: the {len(replaced)} replaced linears wait on the host until uninstall "
+                                  f"({where}); uninstall copies them back bit for bit")
     if fmt == "fp8" and params.get("input_scales") == "static":
         _static_inputs(model, params, state)
     if fmt == "nvfp4":

@@ -37,6 +37,8 @@ from h3plan.errors import InstallError
 from h3plan.runtime.counters import fallback as count_fallback, fused as count_fused
 from h3plan.runtime.guards import GRAD_REASON
 
+from .parking import host_copy
+
 logger = logging.getLogger("h3plan.install")
 COUNTER = "vae_ops.fp16_weights"
 FP16 = torch.float16
@@ -51,13 +53,6 @@ class _Slot:
     ptr: int  # the float16 device data the parameter must still hold
     version: int
 
-
-def _host(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """A host copy of t: pinned when t is on CUDA, plain CPU memory otherwise; (copy, pinned)."""
-    pin = t.device.type == "cuda"
-    host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
-    host.copy_(t)
-    return host, pin
 
 
 class Fp16Weights:
@@ -81,7 +76,7 @@ class Fp16Weights:
                             continue
                         master = None
                         if p.dtype != FP16:
-                            master, w.pinned = _host(p.detach())
+                            master, w.pinned = host_copy(p.detach())
                             p.data = p.detach().to(FP16)  # the old device tensor is freed here
                         w.slots.append(_Slot(lin, name, p, master, p.data_ptr(), p._version))
         except BaseException:

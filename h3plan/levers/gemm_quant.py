@@ -64,7 +64,8 @@ def _static_inputs(ctx: Context) -> bool:
 
 def params(ctx: Context, s: str) -> dict:
     if s in ("fp8", "nvfp4"):
-        weights = "checkpoint" if ctx.recipe["checkpoint"] == s else "quantized once at install"
+        weights = ("checkpoint" if ctx.recipe["checkpoint"] == s else
+                   "quantized once at install; the bf16 originals wait in pinned host memory until uninstall")
         p = {"linears": LINEARS, "weights": weights, "activations": "per tensor"}
         if s == "fp8" and _static_inputs(ctx):
             p.update(activations="per tensor, static amax from recipe.fp8_static_table (one pass)", input_scales="static",

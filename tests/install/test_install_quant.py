@@ -262,3 +262,41 @@ def test_prequantized_checkpoint_loads_and_install_keeps_it():
     got = forward(dst, inputs)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_install_time_quantisation_parks_the_replaced_linears(monkeypatch):
+    """The replaced bf16 linears leave the device while the plan is installed and come back bit for bit. On a CPU
+    there is no device to free, so CPU stands in for one here (parking.STAY): every original weight gets new
+    (host) storage, the installed model never reads it, and uninstall restores the same Parameter objects."""
+    from h3plan.install import parking
+
+    monkeypatch.setattr(parking, "STAY", ("meta",))
+    model, fresh = tiny_model(), tiny_model()
+    originals = {p: model.transformer_blocks[0].get_submodule(p) for p in BLOCK_LINEARS}
+    params = {p: m.weight for p, m in originals.items()}
+    ptrs = {p: w.data_ptr() for p, w in params.items()}
+    report = install(model, plan(attention="sdpa", gemm_quant="fp8"), registry=LEVERS)
+    note = [n for n in report.notes if "wait on the host" in n]
+    assert len(note) == 1 and f"the {6 * len(model.transformer_blocks)} replaced linears" in note[0], report.notes
+    assert all(params[p].data_ptr() != ptrs[p] for p in params)  # parked: new storage
+    for p, w in params.items():  # poison the parked copies: the installed model must not read them
+        w.data.fill_(float("nan"))
+    reset_counters()
+    out = forward(model, tiny_inputs())
+    assert all(torch.isfinite(o).all() for o in out)
+    for p, w in params.items():
+        w.data.copy_(fresh.transformer_blocks[0].get_submodule(p).weight)  # undo the poison for the round trip
+    uninstall(model)
+    for p, m in originals.items():
+        assert model.transformer_blocks[0].get_submodule(p) is m and m.weight is params[p]
+    fsd = fresh.state_dict()
+    assert all(torch.equal(v, fsd[k]) and v.device == fsd[k].device for k, v in model.state_dict().items())
+
+
+def test_park_leaves_cpu_tensors_and_counts_bytes():
+    from h3plan.install.parking import park
+
+    lin = torch.nn.Linear(8, 4)
+    ptr = lin.weight.data_ptr()
+    parked = park([lin])
+    assert parked.nbytes == 0 and parked.params == [] and lin.weight.data_ptr() == ptr

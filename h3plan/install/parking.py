@@ -1,0 +1,53 @@
+"""Tensors a plan does not compute with while installed, parked in host memory until uninstall.
+
+gemm_quant quantises the block linears at install (a BF16 checkpoint under an FP8 or NVFP4 plan) and keeps
+the replaced nn.Linear modules for uninstall. Left on the device they would hold 2 bytes per weight beside
+the quantised copies (about 37 GB for the 50-layer transformer). Nothing reads them while the plan is
+installed (the quantised modules hold their own weights; a bias they share keeps its device storage alive
+through the quantised module, so only what is no longer referenced there is freed), so `park` moves every
+parameter of those modules to host memory and `unpark` copies the same bits back into the same Parameter
+objects on their devices. Host copies are pinned when the tensor is on CUDA (the copy back is a DMA); a
+module already on the CPU, or on the meta device, is left where it is (nothing to free).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+STAY = ("cpu", "meta")  # device types whose tensors stay put: nothing to free there
+
+
+def host_copy(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """A host copy of t: pinned when t is on CUDA, plain CPU memory otherwise; (copy, pinned)."""
+    pin = t.device.type == "cuda"
+    host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
+    host.copy_(t)
+    return host, pin
+
+
+@dataclass
+class Parked:
+    params: list  # (Parameter, its device) whose data now lives on the host
+    nbytes: int  # the device bytes moved (weights and biases)
+
+    def unpark(self) -> None:
+        for p, device in self.params:
+            p.data = p.data.to(device, non_blocking=False)
+        self.params = []
+
+
+def park(modules) -> Parked:
+    """Move every parameter of `modules` that lives on an accelerator to host memory."""
+    out, nbytes = [], 0
+    for m in modules:
+        for p in m.parameters(recurse=True):
+            if p.device.type in STAY:
+                continue
+            device = p.device
+            p.data = host_copy(p.data)[0]
+            out.append((p, device))
+            nbytes += p.numel() * p.element_size()
+    return Parked(out, nbytes)
