@@ -88,8 +88,12 @@ def _settings(base, S, U, group, recipes, compile_plans, ring=1):
     add("diffusers_cp", cp)
     for r in recipes:
         add(f"plan_u{U}_{r}", lambda r=r: plan(r, U))
-        if ring > 1:  # ring x Ulysses over the same world: lossy, so budget recipes only (the plan refuses bf16)
-            add(f"plan_r{ring}u{U // ring}_{r}", lambda r=r: plan(r, U // ring, r=ring))
+        if ring > 1:  # ring x Ulysses over the same world: lossy, so budget recipes only
+            name = f"plan_r{ring}u{U // ring}_{r}"
+            if _plan(r, 1, S).lossless:
+                notes[name] = f"skipped: recipe {r} is lossless and the ring is not bitwise (the plan refuses it)"
+            else:
+                add(name, lambda r=r: plan(r, U // ring, r=ring))
     torch.cuda.synchronize()
     return made, notes
 
