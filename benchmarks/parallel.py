@@ -38,13 +38,26 @@ sys.path.insert(0, str(ROOT))
 CP_CONFIG = "ContextParallelConfig(ulysses_degree={U}) + set_attention_backend('_native_cudnn') + compile_repeated_blocks(fullgraph=True)"
 
 
-def _plan(recipe, U, S, ring=1):
+def _plan(recipe, U, S, ring=1, **over):
     import h3plan
 
-    return h3plan.resolve_config(recipe=recipe, parallel=f"u{U}", **{"parallel.seq_len": S, "parallel.ring": ring})
+    return h3plan.resolve_config(recipe=recipe, parallel=f"u{U}", **{"parallel.seq_len": S, "parallel.ring": ring}, **over)
 
 
-def _settings(base, S, U, group, recipes, compile_plans, ring=1):
+def _allows(recipe, U, S, **over) -> bool:
+    from h3plan.errors import PlanningError
+
+    try:
+        _plan(recipe, U, S, **over)
+        return True
+    except PlanningError:
+        return False
+
+
+PROJECTION = {"levers.ulysses_exchange": "projection", "levers.ulysses_overlap": "off"}
+
+
+def _settings(base, S, U, group, recipes, compile_plans, ring=1, exchange_arm=False):
     """name -> model (built on the shared base by deepcopy), and name -> setup note."""
     import torch
 
@@ -62,9 +75,9 @@ def _settings(base, S, U, group, recipes, compile_plans, ring=1):
 
     add("eager_1gpu", lambda: base)
 
-    def plan(recipe, u, compiled=False, r=1):
+    def plan(recipe, u, compiled=False, r=1, **over):
         m = copy.deepcopy(base)
-        h3plan.install(m, _plan(recipe, u, S, r), **({"group": group} if u * r > 1 else {}))
+        h3plan.install(m, _plan(recipe, u, S, r, **over), **({"group": group} if u * r > 1 else {}))
         if compiled:
             m.compile_repeated_blocks(fullgraph=True)
         return m
@@ -88,6 +101,14 @@ def _settings(base, S, U, group, recipes, compile_plans, ring=1):
     add("diffusers_cp", cp)
     for r in recipes:
         add(f"plan_u{U}_{r}", lambda r=r: plan(r, U))
+        if exchange_arm:  # the projection exchange forced, where the recipe allows it (the plan's pick may differ)
+            name = f"plan_u{U}_{r}+projection"
+            if _plan(r, U, S).decision("ulysses_exchange").setting == "projection":
+                notes[name] = "skipped: the plan already runs the projection exchange"
+            elif not _allows(r, U, S, **PROJECTION):
+                notes[name] = f"skipped: recipe {r} refuses ulysses_exchange=projection"
+            else:
+                add(name, lambda r=r: plan(r, U, **PROJECTION))
         if ring > 1:  # ring x Ulysses over the same world: lossy, so budget recipes only
             name = f"plan_r{ring}u{U // ring}_{r}"
             if _plan(r, 1, S).lossless:
@@ -127,6 +148,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-compile-plans", action="store_true")
     ap.add_argument("--tag", default="h200")
     ap.add_argument("--ring", type=int, default=1, help="also time ring R x Ulysses U/R over the same ranks (R > 1)")
+    ap.add_argument("--exchange-arm", action="store_true",
+                    help="also time each recipe's degree-U plan with ulysses_exchange=projection forced")
     ap.add_argument("--profile", action="store_true",
                     help="also profile one forward of every plan (per-category GPU time, benchmarks/probes/block_profile.py)")
     args = ap.parse_args(argv)
@@ -146,7 +169,7 @@ def main(argv=None) -> int:
     doc = {"gpus": U, "blocks": args.blocks, "rounds": args.rounds, "device": torch.cuda.get_device_name(),
            "torch": torch.__version__, "records": [], "times": {}, "notes": {}}
     for S in (int(s) for s in args.seq_lens.split(",")):
-        models, notes = _settings(base, S, U, group, recipes, not args.no_compile_plans, args.ring)
+        models, notes = _settings(base, S, U, group, recipes, not args.no_compile_plans, args.ring, args.exchange_arm)
         x = packed_inputs(dc, S, seed=1234, device="cuda")
         fns, outs = {}, {}
         with torch.no_grad():
@@ -179,11 +202,12 @@ def main(argv=None) -> int:
         cp = t.get("diffusers_cp")
         for r in recipes:
             one = t.get(f"plan_u1_{r}")
-            for name in (f"plan_u{U}_{r}", f"plan_r{args.ring}u{U // args.ring}_{r}"):
+            for name in (f"plan_u{U}_{r}", f"plan_u{U}_{r}+projection", f"plan_r{args.ring}u{U // args.ring}_{r}"):
                 if name not in t:
                     continue
                 a, b = outs[name], outs[f"plan_u1_{r}"] if f"plan_u1_{r}" in outs else None
-                rec = {"gpus": U, "S": S, "plan": f"sm90/{r}/" + name.split("_")[1],
+                label = name.split("_")[1] + ("+projection" if name.endswith("+projection") else "")
+                rec = {"gpus": U, "S": S, "plan": f"sm90/{r}/{label}",
                        "plan_ms": round(t[name], 3), "plan_u1_ms": one and round(one, 3),
                        "eager_1gpu_ms": round(t["eager_1gpu"], 3), "diffusers_cp_ms": cp and round(cp, 3),
                        "diffusers_cp_config": CP_CONFIG.format(U=U) + (" with ulysses_anything=True" if S % U else ""),

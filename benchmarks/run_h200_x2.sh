@@ -21,6 +21,10 @@
 #   vae2       fp8 plans at degree 2 with fp8_act_quant=row (NCCL) and under regional compile; the FP8 VAE at the
 #              released latent (time, PSNR, peak); the VAE decode profile; the VAE over NCCL
 #   recheck    the two NCCL checks of vae2 again after their fixes (no compile at degree > 1; a contiguous gather)
+#   overlap    where degree 2 loses against half of degree 1 (benchmarks/probes/ulysses_overlap.py: profiles,
+#              exchange layouts, query-split attention with its output exchange overlapped), then the ring phase
+#   exchange   ulysses_exchange=projection: the NCCL install test (bitwise vs degree 1) and the parallel bench with
+#              the projection arm next to each recipe's plan and diffusers' context parallel, profiled
 #   ring       the installed ring plan (ring 2 x Ulysses 1) over NCCL against degree 1 (never ran yet)
 #   many       issue 14 on H3_NPROC GPUs (8 or 4): Ulysses and installed-Ulysses NCCL tests at that degree, the
 #              installed ring 2 x Ulysses N/2, the scaling probe at 37,820 and 104,076, the parallel bench against
@@ -118,6 +122,17 @@ case "$1" in
     step vae-parallel-nccl 60 torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_vae_parallel_nccl.py -q -rA \
       -p no:cacheprovider
     ;;
+  overlap)
+    step ulysses-overlap 300 torchrun --standalone --nproc-per-node=2 benchmarks/probes/ulysses_overlap.py "$OUT" 37820
+    step ring-install-nccl 200 torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_install_ring_nccl.py -q -rA \
+      -s -p no:cacheprovider
+    ;;
+  exchange)
+    step nccl-install 150 torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_install_ulysses_nccl.py \
+      -q -rA -s -p no:cacheprovider -k "${H3_K:-projection or bf16-37820}"
+    step parallel-bench 380 torchrun --standalone --nproc-per-node=2 benchmarks/parallel.py --out "$OUT" --tag h200x2 \
+      --rounds 6 --exchange-arm --profile
+    ;;
   ring)
     step ring-install-nccl 200 torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_install_ring_nccl.py -q -rA \
       -s -p no:cacheprovider
@@ -140,7 +155,7 @@ case "$1" in
     step gpu-suite 400 python -m pytest tests/gpu -m gpu -q -rA -p no:cacheprovider --deselect \
       tests/gpu/test_install_ulysses_nccl.py --deselect tests/gpu/test_compile_gpu.py
     ;;
-  *) echo "unknown phase $1 (parallel | pipeline | u2pipe | profile | measure | vae | vae2 | recheck | ring | many | fp8 | final)"; exit 2 ;;
+  *) echo "unknown phase $1 (parallel | pipeline | u2pipe | profile | measure | vae | vae2 | recheck | overlap | exchange | ring | many | fp8 | final)"; exit 2 ;;
 esac
 echo "=== done in $(( $(date +%s) - START ))s; files:" | tee -a "$LOG"
 ls -l "$OUT" | tee -a "$LOG"

@@ -108,6 +108,10 @@ def estimates(sections: Mapping[str, Any], shp: Mapping[str, Any], decisions: Ma
         a2a_basis = (f"bytes leaving a rank / {gbps:g} GB/s, all_to_all_single measured on {hw['name']} at degree {u}, "
                      f"{m['seq_len']:,} tokens (nearest measured length; {hw['measured']['ulysses']['source']})")
 
+    if u > 1 and "ulysses_exchange" in decisions and decisions["ulysses_exchange"].setting == "projection":
+        a2a_basis += ("; ulysses_exchange=projection: Q, K, V travel as send/recv while the next destination's "
+                      "projections run (mostly hidden), O's exchange stays exposed")
+
     def ms(flops, tf):
         return None if tf is None else round(flops / (tf * 1e12) * 1e3, 3)
 

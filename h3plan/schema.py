@@ -261,9 +261,20 @@ class OverlapPoint:
 
 
 @dataclass
+class ExchangePoint:
+    """The installed plan's block stack at degree U with ulysses_exchange=projection against packed (packed
+    time / projection time), one entry per interleaved run."""
+
+    degree: int = MISSING
+    seq_len: int = MISSING
+    speedups: List[float] = MISSING
+
+
+@dataclass
 class UlyssesMeasured:
     a2a: List[A2aPoint] = field(default_factory=list)
     overlap: List[OverlapPoint] = field(default_factory=list)
+    exchange: List[ExchangePoint] = field(default_factory=list)
     source: str = ""
 
 

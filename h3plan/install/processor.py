@@ -158,6 +158,10 @@ class H3PlanAttnProcessor:
         if attention_mask is not None:
             count_fallback("attention", "attention mask given (MiniMax-H3 packs no mask)")
             return self.original(attn, hidden_states, rotary_emb, attention_mask)
+        if self.ulysses is not None and self.opts.ulysses_exchange == "projection":
+            out = self._projection_call(attn, hidden_states, rotary_emb)
+            if out is not None:
+                return self._project_out(attn, out, hidden_states.dtype)
         if attn.fused_projections:
             query, key, value = attn.to_qkv(hidden_states).chunk(3, dim=-1)
         else:
@@ -177,6 +181,10 @@ class H3PlanAttnProcessor:
         else:
             query, key = self._norm_rope(attn, query, key, value, rotary_emb)
             out = self.attend(query, key, value).flatten(2, 3)
+        return self._project_out(attn, out, out_dtype)
+
+    @staticmethod
+    def _project_out(attn, out, out_dtype):
         hidden_states = out.to(out_dtype) if out.dtype != out_dtype else out
         hidden_states = attn.to_out[0](hidden_states)
         hidden_states = attn.to_out[1](hidden_states)
@@ -240,6 +248,65 @@ class H3PlanAttnProcessor:
         qq, kk = self._eager_norm_rope(attn, q, k, rotary_emb)
         amax = self._sequence_amax((qq, kk, v), row_dim=1)
         return ua(qq, kk, v.contiguous(), self._attn_fn(amax=amax), seq_len=S)
+
+    def _projection_reason(self, attn, x, rotary_emb) -> str | None:
+        """Why the projection exchange cannot run this call (the same answer on every rank: it reads only
+        shapes, types and dtypes, which the ranks share), or None."""
+        if needs_grad(x, attn.to_q.weight, attn.to_k.weight, attn.to_v.weight, attn.norm_q.weight, attn.norm_k.weight):
+            return GRAD_REASON
+        if attn.fused_projections:
+            return "fused q/k/v projections (to_qkv): no per-destination weight rows"
+        lins = (attn.to_q, attn.to_k, attn.to_v)
+        if any(type(m) is not torch.nn.Linear for m in lins):
+            return "to_q/to_k/to_v are not plain nn.Linear (a quantised linear is not sliced per destination)"
+        if any(m.weight.dtype != x.dtype for m in lins):
+            return f"linear weights are not in the activations' dtype {x.dtype}"
+        if x.dim() != 3 or x.shape[0] != 1:
+            return f"hidden states {tuple(x.shape)}: the projection exchange takes batch 1"
+        if rotary_emb is None or attn.norm_q.eps != attn.norm_k.eps or attn.norm_q.weight is None or attn.norm_k.weight is None:
+            return "no rotary embedding, or norm_q/norm_k differ in eps or lack a weight"
+        U, H = self.ulysses.degree, attn.heads
+        if H % U or attn.to_q.out_features % H:
+            return f"{H} heads do not split over degree {U}"
+        h, D = H // U, attn.to_q.out_features // H
+        if attn.to_k.out_features != H * D or attn.to_v.out_features != H * D:
+            return "k/v projections differ in width from q (grouped heads)"
+        _, check = self.kernels["qk_norm_rope"]
+        chunk = x.new_empty((1, x.shape[1], h * D))
+        try:
+            return check(chunk, chunk, attn.norm_q.weight, attn.norm_k.weight, *rotary_emb, attn.norm_q.eps)
+        except Exception as exc:  # a guard must never take the forward down
+            return f"{type(exc).__name__} in the qk_norm_rope check: {exc}"
+
+    def _projection_call(self, attn, x, rotary_emb):
+        """ulysses_exchange=projection: each destination's heads projected, normed + roped and sent while the
+        next destination's project (UlyssesAttention.exchange_projected); None when refused (counted, the
+        caller runs the packed exchange)."""
+        why = self._projection_reason(attn, x, rotary_emb)
+        if why is not None:
+            count_fallback("ulysses_exchange", why)
+            return None
+        ua, S = self.ulysses, self.shard.seq_len
+        U, H = ua.degree, attn.heads
+        D = attn.to_q.out_features // H
+        h = H // U
+        fn, _ = self.kernels["qk_norm_rope"]
+        wq, wk, eps = attn.norm_q.weight, attn.norm_k.weight, attn.norm_q.eps
+
+        def rows(m, d):
+            sl = slice(d * h * D, (d + 1) * h * D)
+            return torch.nn.functional.linear(x, m.weight[sl], None if m.bias is None else m.bias[sl])
+
+        def produce(d):
+            qd, kd, vd = rows(attn.to_q, d), rows(attn.to_k, d), rows(attn.to_v, d)
+            qn, kn = fn(qd, kd, wq, wk, *rotary_emb, eps)
+            return qn, kn, vd.view(1, x.shape[1], h, D)
+
+        gathered = ua.exchange_projected(produce, seq_len=S, shape=(1, x.shape[1], H, D), dtype=x.dtype, device=x.device)
+        count_fused("ulysses_exchange")
+        count_fused("qk_norm_rope")
+        self._act_dtype = x.dtype
+        return ua(None, None, None, self._attn_fn(), seq_len=S, gathered=gathered)
 
     def _packed_norm_rope(self, attn, q, k, v, rotary_emb, U):
         """Fused norm + RoPE packed destination-major for the all-to-all, (U, 3, B, S_loc, H/U, D); None when

@@ -32,6 +32,7 @@ from . import (
     qk_norm_rope,
     ring,
     swiglu,
+    ulysses_exchange,
     ulysses_overlap,
     ulysses_padding,
     vae_graphs,
@@ -42,7 +43,8 @@ from . import (
 from .base import Context, LeverError, Option, Spec
 
 _MODULES = (gemm_quant, attention, fa4_2cta, fa4_tile, fp8_scales, qk_norm_rope, modulation, gated_residual, swiglu,
-            fp8_act_quant, ulysses_padding, ulysses_overlap, a2a_fp8_codes, prefix_inplace, ring, nvfp4_producer_quant,
+            fp8_act_quant, ulysses_padding, ulysses_overlap, a2a_fp8_codes, prefix_inplace, ring, ulysses_exchange,
+            nvfp4_producer_quant,
             nvfp4_out_quant, compile, vae_tiles, vae_graphs, vae_ops, vae_parallel)
 
 REGISTRY = {m.SPEC.name: m for m in _MODULES}

@@ -206,12 +206,21 @@ class UlyssesAttention:
             wire(send)[:, t].copy_(wire(x).unflatten(2, (self.degree, h))[:, :, :, c0:c1].permute(2, 0, 1, 3, 4))
         return send
 
+    def _query_rows(self, S, S_pad):
+        return S if self.padding in ("fixed_valid", "valid_only") else S_pad
+
     def _attend(self, attn_fn, recv, S, S_pad, c):
-        """Attention for one chunk; returns the output exchange's pieces (see _post_fixed)."""
-        mode = self.padding
-        _, _, B, S_loc, hc, D = recv.shape
-        rq = S if mode in ("fixed_valid", "valid_only") else S_pad
+        """Attention for one chunk of the exchanged (U, 3, B, S_loc, hc, D); see _attend_rows."""
+        rq = self._query_rows(S, S_pad)
         qf, kf, vf = _seq_major(recv[:, 0], rq), _seq_major(recv[:, 1], S), _seq_major(recv[:, 2], S)
+        return self._attend_rows(attn_fn, qf, kf, vf, S, S_pad, c)
+
+    def _attend_rows(self, attn_fn, qf, kf, vf, S, S_pad, c):
+        """Attention on seq-major (B, rq, hc, D) queries and (B, S, hc, D) keys/values; returns the output
+        exchange's pieces (see _post_fixed)."""
+        mode = self.padding
+        B, rq, hc, D = qf.shape
+        S_loc = S_pad // self.degree
         if self.trace is not None:
             self.trace.append(f"attn{c}")
         if self.prefix_inplace:
@@ -297,9 +306,110 @@ class UlyssesAttention:
         o5[:, vr:].zero_()
         return out
 
+    # ---- the projection exchange -------------------------------------------------------------------
+
+    def exchange_projected(self, produce, *, seq_len: int, shape, dtype, device):
+        """Gather this rank's heads over every row while the other ranks' heads are still being produced.
+
+        `produce(d)` returns (q, k, v) of destination rank d's H/U heads over this rank's rows, each a
+        contiguous (1, S_loc, H/U, D) tensor (normed + roped q and k). It is called for d = rank+1, ...,
+        rank+U-1 (mod U), and each result is sent to d (send/recv with that peer, in flight while the next
+        destination's heads are produced), then for this rank, whose own result is copied into place.
+        Returns seq-major (q, k, v), each (1, U*S_loc, H/U, D): the same tensors the packed exchange gives
+        `attn_fn`, without its (U, 3, ...) send buffer and the three seq-major copies after it.
+        `shape` = (B, S_loc, H, D) of this rank's q; batch 1 only (a row block of a larger batch is not
+        contiguous). Guards as `__call__`, plus chunks == 1 and BF16 on the wire (ValueError, one line).
+        """
+        import torch.distributed as dist
+
+        B, S_loc, H, D = shape
+        self._check(B, S_loc, H, D, dtype, device, seq_len)
+        if B != 1:
+            raise ValueError(f"the projection exchange takes batch 1, got B={B}")
+        if self.chunks != 1 or self.fp8_codes:
+            raise ValueError("the projection exchange runs with chunks=1 and fp8_codes=False")
+        U, r, h = self.degree, self.rank, H // self.degree
+        full = torch.empty((3, 1, U * S_loc, h, D), dtype=dtype, device=device)
+        if U == 1:
+            for t, p in enumerate(self._produced(produce, r, (1, S_loc, h, D), dtype, device)):
+                full[t].copy_(p)
+            return full.unbind(0)
+
+        def rows(src):
+            return full[:, :, src * S_loc:(src + 1) * S_loc]
+
+        works, keep, sent = [], [], 0
+        for j in range(1, U):
+            dst, src = (r + j) % U, (r - j) % U
+            parts = self._produced(produce, dst, (1, S_loc, h, D), dtype, device)
+            dest = rows(src)
+            ops = []
+            for t, p in enumerate(parts):
+                ops.append(dist.P2POp(dist.isend, wire(p), group=self.group, group_peer=dst))
+                ops.append(dist.P2POp(dist.irecv, wire(dest[t]), group=self.group, group_peer=src))
+                sent += p.numel() * p.element_size()
+            works += dist.batch_isend_irecv(ops)
+            keep.append(parts)  # the send buffers stay referenced until their works are waited on
+            self.stats["p2p_async"] += 1
+            if self.trace is not None:
+                self.trace.append(f"p2p{j}")
+        for t, p in enumerate(self._produced(produce, r, (1, S_loc, h, D), dtype, device)):
+            rows(r)[t].copy_(p)
+        for w in works:
+            w.wait()
+        del keep
+        self.stats["projection_exchange"] += 1
+        self.last_bytes = {"pre": sent, "post": 0}
+        return full.unbind(0)
+
+    @staticmethod
+    def _produced(produce, d, shape, dtype, device):
+        parts = produce(d)
+        if not isinstance(parts, (tuple, list)) or len(parts) != 3:
+            raise ValueError(f"produce({d}) must return (q, k, v), got {type(parts).__name__}")
+        for name, p in zip("qkv", parts):
+            if (not isinstance(p, torch.Tensor) or tuple(p.shape) != shape or p.dtype != dtype or p.device != device
+                    or not p.is_contiguous()):
+                got = (tuple(p.shape), p.dtype, p.device) if isinstance(p, torch.Tensor) else type(p).__name__
+                raise ValueError(f"produce({d}) gave {name} {got}, expected a contiguous {shape} {dtype} on {device}")
+        return parts
+
+    def _call_gathered(self, gathered, attn_fn, S):
+        """Attention and the output exchange on exchange_projected's (q, k, v)."""
+        if not isinstance(gathered, (tuple, list)) or len(gathered) != 3:
+            raise ValueError("gathered must be exchange_projected's (q, k, v)")
+        qf, kf, vf = gathered
+        check_qkv(qf, kf, vf, "(1, U*S_loc, H/U, D)")
+        B, S_pad, h, D = qf.shape
+        U = self.degree
+        if S_pad % U:
+            raise ValueError(f"gathered rows {S_pad} are not U*S_loc at degree {U}")
+        self._check(B, S_pad // U, U * h, D, qf.dtype, qf.device, seq_len=S)
+        self.stats["calls"] += 1
+        if U == 1:
+            o = attn_fn(qf[:, :S], kf[:, :S], vf[:, :S])
+            self._check_out(o, (B, S, h, D))
+            return o.reshape(B, S, h * D)
+        S_loc = S_pad // U
+        rq = self._query_rows(S, S_pad)
+        r_out, r_merge, s_out, out_splits, in_splits = self._attend_rows(attn_fn, qf[:, :rq], kf[:, :S], vf[:, :S],
+                                                                         S, S_pad, 0)
+        w = self._exchange(r_out, s_out, async_op=False, tag="post0", out_splits=out_splits, in_splits=in_splits)
+        if w is not None:
+            w.wait()
+        if in_splits is None:
+            self.last_bytes["post"] = s_out.numel() * s_out.element_size() * (U - 1) // U
+        else:
+            self.last_bytes["post"] = (sum(in_splits) - in_splits[self.rank]) * s_out.element_size()
+        return self._merge([(r_merge, 0, h)], B, S_loc, U * h, D, valid_rows(S, U, self.rank))
+
     # ---- call --------------------------------------------------------------------------------------
 
-    def __call__(self, q, k, v, attn_fn, *, seq_len: int, packed=None) -> torch.Tensor:
+    def __call__(self, q, k, v, attn_fn, *, seq_len: int, packed=None, gathered=None) -> torch.Tensor:
+        if gathered is not None:
+            if any(t is not None for t in (q, k, v, packed)):
+                raise ValueError("pass gathered alone (from exchange_projected), not with q, k, v or packed")
+            return self._call_gathered(gathered, attn_fn, seq_len)
         B, S_loc, H, D, dtype, device = self._shapes(q, k, v, packed)
         self._check(B, S_loc, H, D, dtype, device, seq_len)
         U, S = self.degree, seq_len

@@ -35,6 +35,9 @@ CASES = {
     "fp8-37820": ("fp8", 37820, ()),
     "fp8-19001": ("fp8", 19001, ()),  # padding rows on the last rank: excluded from every amax
     "fp8-37820-codes": ("fp8", 37820, ("levers.a2a_fp8_codes=on",)),  # e4m3 codes through the all-to-all
+    # per-destination projections sent while the next project: the sliced GEMMs must keep the whole GEMM's bits
+    "bf16-37820-projection": ("bf16", 37820, ("levers.ulysses_overlap=off", "levers.ulysses_exchange=projection")),
+    "bf16-19001-projection": ("bf16", 19001, ("levers.ulysses_overlap=off", "levers.ulysses_exchange=projection")),
 }
 
 
@@ -54,11 +57,14 @@ def check_case(name):
     cfg, p1 = _plan(recipe, S, 1, (f"levers.compile={pu.decision('compile').setting}",))
     pairs, rel, c = run_pair(cfg, p1, pu, S)
     same = {k: torch.equal(a, b) for k, (a, b) in pairs.items()}
-    settings = {lv: pu.decision(lv).setting for lv in ("attention", "ulysses_padding", "ulysses_overlap", "a2a_fp8_codes")}
+    settings = {lv: pu.decision(lv).setting for lv in ("attention", "ulysses_padding", "ulysses_overlap", "a2a_fp8_codes",
+                                                       "ulysses_exchange")}
     print(f"[ulysses-install] rank {rank}/{U} {name}: {settings}; bitwise vs degree 1 {same}; rel {rel}; counters {c}",
           flush=True)
     assert c.get("attention.fused", 0) >= BLOCKS, c  # one call per block and head chunk
     assert not {k: v for k, v in c.items() if k.endswith(".fallback")}, c
+    if settings["ulysses_exchange"] == "projection":
+        assert c.get("ulysses_exchange.fused", 0) == BLOCKS, c
     for k, (a, b) in pairs.items():
         assert_bits(a, b, f"{name} {k}")
 

@@ -40,6 +40,15 @@ def worker(rank, world, port, outdir, S):
             reset_counters()
             out = forward(model, inputs)
             res[f"{padding}-{qk}"] = _result(out, ref)
+        # the projection exchange: per-destination projections sent while the next project, received seq-major
+        for padding in ("padded", "fixed_valid"):
+            model = tiny_model()
+            ds = [make_decision("attention", "sdpa", True, ["t"]), make_decision("qk_norm_rope", "fused", True, ["t"]),
+                  make_decision("ulysses_padding", padding, True, ["t"]),
+                  make_decision("ulysses_exchange", "projection", True, ["t"])]
+            install(model, make_plan({}, {}, ds), registry=dict(levers, ulysses_exchange=REGISTRY["ulysses_exchange"].install))
+            reset_counters()
+            res[f"projection-{padding}"] = _result(forward(model, inputs), ref)
         # FP8 linears: the degree-1 model with the same FP8 linears is the reference (per-tensor activation
         # scales over the whole sequence, padding rows excluded, make the codes independent of the degree)
         fp8 = [make_decision("gemm_quant", "fp8", False, ["t"], params={"scaling": "channel"}),

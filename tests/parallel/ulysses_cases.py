@@ -195,6 +195,79 @@ def _():
             run_exact(2, 4 * U - 1, 4 * U, padding=padding, chunks=chunks, packed=True)
 
 
+# ---- the projection exchange ----------------------------------------------------------------------------
+
+def _projection_case(padding, kind):
+    def fn():
+        U, r = world()
+        S, H = lengths(U)[kind], 4 * U
+        h = H // U
+        q, k, v = full_qkv(1, S, H, seed=5)
+        want = shard_rows(reference(q, k, v), G.group)
+        ql, kl, vl = (shard_rows(t, G.group) for t in (q, k, v))
+        order = []
+
+        def produce(d):  # destination d's heads over this rank's rows
+            order.append(d)
+            return tuple(t[:, :, d * h:(d + 1) * h].contiguous() for t in (ql, kl, vl))
+
+        ua = UlyssesAttention(G.group, padding=padding)
+        ua.trace = []
+        gathered = ua.exchange_projected(produce, seq_len=S, shape=tuple(ql.shape), dtype=ql.dtype, device=ql.device)
+        # every remote destination first, this rank last; the exchanges are in flight before attention
+        assert order == [(r + j) % U for j in range(1, U)] + [r], order
+        for t, full in zip((q, k, v), gathered):
+            rows = padded_len(S, U)
+            assert tuple(full.shape) == (1, rows, h, D) and full.is_contiguous(), full.shape
+            assert_bits(full[:, :S], t[:, :, r * h:(r + 1) * h].contiguous(), "gathered heads")
+        rec = Recorder()
+        got = ua(None, None, None, rec, seq_len=S, gathered=gathered)
+        assert_bits(got, want, f"U={U} rank {r} S={S} {padding} projection exchange")
+        assert ua.trace == [f"p2p{j}" for j in range(1, U)] + ["attn0", "post0"], ua.trace
+        assert ua.stats["p2p_async"] == U - 1 and ua.stats["a2a_sync"] == 1, dict(ua.stats)
+        rq = S if padding in ("fixed_valid", "valid_only") else padded_len(S, U)
+        assert [(c[0][1], c[1][1]) for c in rec.calls] == [(rq, S)], rec.calls
+        per = shard_len(S, U) * h * D * 2  # one (S_loc, h, D) bf16 tensor
+        assert ua.last_bytes["pre"] == 3 * per * (U - 1), ua.last_bytes
+    return fn
+
+
+for _p in ("padded", "fixed_valid", "valid_only"):
+    for _k in ("div", "nondiv", "allpad"):
+        case(f"projection-{_p}-{_k}")(_projection_case(_p, _k))
+
+
+@case("projection-errors")
+def _():
+    U, r = world()
+    S, H = 4 * U - 1, 4 * U
+    h = H // U
+    ql, kl, vl = (shard_rows(t, G.group) for t in full_qkv(1, S, H))
+    ua = UlyssesAttention(G.group)
+    shape = tuple(ql.shape)
+
+    def good(d):
+        return tuple(t[:, :, d * h:(d + 1) * h].contiguous() for t in (ql, kl, vl))
+
+    _raises(lambda: ua.exchange_projected(good, seq_len=S, shape=(2, *shape[1:]), dtype=ql.dtype, device=ql.device),
+            "takes batch 1")
+    _raises(lambda: UlyssesAttention(G.group, chunks=2).exchange_projected(good, seq_len=S, shape=shape, dtype=ql.dtype,
+                                                                            device=ql.device), "chunks=1")
+    _raises(lambda: ua.exchange_projected(lambda d: good(d)[:2], seq_len=S, shape=shape, dtype=ql.dtype,
+                                          device=ql.device), "must return (q, k, v)")
+    _raises(lambda: ua.exchange_projected(lambda d: (good(d)[0][:, :-1], *good(d)[1:]), seq_len=S, shape=shape,
+                                          dtype=ql.dtype, device=ql.device), "expected a contiguous")
+    _raises(lambda: ua.exchange_projected(good, seq_len=S + U, shape=shape, dtype=ql.dtype, device=ql.device),
+            "rows per rank")
+    g = ua.exchange_projected(good, seq_len=S, shape=shape, dtype=ql.dtype, device=ql.device)
+    _raises(lambda: ua(ql, None, None, attn64, seq_len=S, gathered=g), "pass gathered alone")
+    _raises(lambda: ua(None, None, None, attn64, seq_len=S, gathered=g[:2]), "exchange_projected's")
+    _raises(lambda: ua(None, None, None, attn64, seq_len=S, gathered=(g[0][:, :-1], g[1][:, :-1], g[2][:, :-1])),
+            "U*S_loc")
+    dist.barrier(group=G.group)
+    ua(None, None, None, attn64, seq_len=S, gathered=g)  # the group still works after the refused calls
+
+
 # ---- prefix in place -----------------------------------------------------------------------------------
 
 @case("prefix-inplace-out-kw")

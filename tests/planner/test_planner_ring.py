@@ -32,7 +32,7 @@ def test_ring_is_on_lossy_with_its_cost_and_numerics(plan, preset, ring, U):
     assert "ASSUMED 50 GB/s one way" in text and "never measured" in text
     assert ("235 GB/s leaving a rank, measured at degree 4" in text) == (U == 4)
     assert "numerics: " + NUMERICS in d.reasons
-    assert "ran on GPUs: the ring module alone (RingAttention, ring 2 x ulysses 1" in text
+    assert "the installed ring plan at ring 2 x ulysses 1 (tests/gpu/test_install_ring_nccl.py" in text
     assert "not hardware-verified: on has never run on sm90" in text
     assert p.decision("attention").setting == "fa4"  # cudnn_fp8 gives no log-sum-exp
     assert "FP8 attention returns none here" in p.decision("attention").reasons[0]

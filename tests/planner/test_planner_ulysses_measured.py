@@ -60,3 +60,45 @@ def test_the_all_to_all_estimate_uses_the_measured_rate_at_that_degree_only(plan
 def test_other_hardware_has_no_ulysses_measurements(plan):
     d = plan("hardware=sm107", "recipe=bf16", "parallel=u2").decision("ulysses_overlap")
     assert "never measured at degree 2 on sm107" in d.reasons[0]
+
+
+# ---- ulysses_exchange: packed or per-destination projections ----------------------------------------------
+
+@pytest.mark.parametrize("S, runs", [(37820, "1.034x"), (19000, "1.070x"), (104076, "1.034x")])
+def test_sm90_measured_projection_exchange_is_picked_for_bf16_at_degree_2(plan, S, runs):
+    d = plan("hardware=sm90", "recipe=bf16", "parallel=u2", f"parallel.seq_len={S}").decision("ulysses_exchange")
+    assert d.setting == "projection" and not d.forced and d.lossless and d.hardware_verified
+    assert f"projection vs packed {runs}" in d.reasons[0] and "faster in every run" in d.reasons[0]
+    assert "parallel-exchange-h200x2.json" in d.reasons[0]
+
+
+def test_projection_exchange_is_not_borrowed_by_an_unmeasured_degree_or_hardware(plan):
+    d = plan("hardware=sm90", "recipe=bf16", "parallel=u4").decision("ulysses_exchange")
+    assert d.setting == "packed" and "never measured at degree 4 on sm90" in d.reasons[0]
+    d = plan("hardware=sm100", "recipe=bf16", "parallel=u2").decision("ulysses_exchange")
+    assert d.setting == "packed" and "never measured at degree 2 on sm100" in d.reasons[0]
+    d = plan("hardware=sm90", "recipe=bf16", "parallel=u1").decision("ulysses_exchange")
+    assert d.setting == "packed" and "degree 1" in d.reasons[0]
+
+
+def test_a_measured_slower_projection_exchange_stays_packed():
+    over = "hardware.measured.ulysses.exchange=[{degree:2,seq_len:37820,speedups:[1.02,0.99]}]"
+    d = resolve(_hydra("hardware=sm90", "recipe=bf16", "parallel=u2", over)).decision("ulysses_exchange")
+    assert d.setting == "packed" and "1.020x, 0.990x" in d.reasons[0] and "not faster in every run" in d.reasons[0]
+
+
+@pytest.mark.parametrize("overrides, text", [
+    (("recipe=fp8",), "qk_norm_rope is fused_fp8"),
+    (("levers.qk_norm_rope=eager",), "qk_norm_rope is eager"),
+    (("levers.ulysses_overlap=on",), "ulysses_overlap is on"),
+    (("recipe=fp8", "levers.qk_norm_rope=fused", "levers.attention=fa4"), "gemm_quant is fp8"),
+])
+def test_projection_exchange_picks_packed_where_it_cannot_run_and_refuses_when_forced(plan, overrides, text):
+    from h3plan.errors import PlanningError
+
+    d = plan("hardware=sm90", "recipe=bf16", "parallel=u2", *overrides).decision("ulysses_exchange")
+    assert d.setting == "packed" and text in d.reasons[0]
+    with pytest.raises(PlanningError, match="levers.ulysses_exchange=projection cannot apply: .*" + text):
+        plan("hardware=sm90", "recipe=bf16", "parallel=u2", *overrides, "levers.ulysses_exchange=projection")
+    with pytest.raises(PlanningError, match="Ulysses degree 1: there is no exchange"):
+        plan("hardware=sm90", "recipe=bf16", "parallel=u1", "levers.ulysses_exchange=projection")
