@@ -55,6 +55,18 @@ def _allows(recipe, U, S, **over) -> bool:
 
 
 PROJECTION = {"levers.ulysses_exchange": "projection", "levers.ulysses_overlap": "off"}
+PACKED = {"levers.ulysses_exchange": "packed"}
+ARMS = ("+projection", "+packed")
+
+
+def _exchange(name, recipe, U, S) -> str | None:
+    if name.endswith("+projection"):
+        return "projection"
+    if name.endswith("+packed"):
+        return "packed"
+    if name.startswith("plan_r"):
+        return None
+    return _plan(recipe, U, S).decision("ulysses_exchange").setting
 
 
 def _settings(base, S, U, group, recipes, compile_plans, ring=1, exchange_arm=False):
@@ -101,14 +113,13 @@ def _settings(base, S, U, group, recipes, compile_plans, ring=1, exchange_arm=Fa
     add("diffusers_cp", cp)
     for r in recipes:
         add(f"plan_u{U}_{r}", lambda r=r: plan(r, U))
-        if exchange_arm:  # the projection exchange forced, where the recipe allows it (the plan's pick may differ)
-            name = f"plan_u{U}_{r}+projection"
+        if exchange_arm:  # the exchange the plan did not pick, forced (where the recipe allows the projection one)
             if _plan(r, U, S).decision("ulysses_exchange").setting == "projection":
-                notes[name] = "skipped: the plan already runs the projection exchange"
+                add(f"plan_u{U}_{r}+packed", lambda r=r: plan(r, U, **PACKED))
             elif not _allows(r, U, S, **PROJECTION):
-                notes[name] = f"skipped: recipe {r} refuses ulysses_exchange=projection"
+                notes[f"plan_u{U}_{r}+projection"] = f"skipped: recipe {r} refuses ulysses_exchange=projection"
             else:
-                add(name, lambda r=r: plan(r, U, **PROJECTION))
+                add(f"plan_u{U}_{r}+projection", lambda r=r: plan(r, U, **PROJECTION))
         if ring > 1:  # ring x Ulysses over the same world: lossy, so budget recipes only
             name = f"plan_r{ring}u{U // ring}_{r}"
             if _plan(r, 1, S).lossless:
@@ -202,12 +213,13 @@ def main(argv=None) -> int:
         cp = t.get("diffusers_cp")
         for r in recipes:
             one = t.get(f"plan_u1_{r}")
-            for name in (f"plan_u{U}_{r}", f"plan_u{U}_{r}+projection", f"plan_r{args.ring}u{U // args.ring}_{r}"):
+            for name in (f"plan_u{U}_{r}", *(f"plan_u{U}_{r}{a}" for a in ARMS), f"plan_r{args.ring}u{U // args.ring}_{r}"):
                 if name not in t:
                     continue
                 a, b = outs[name], outs[f"plan_u1_{r}"] if f"plan_u1_{r}" in outs else None
-                label = name.split("_")[1] + ("+projection" if name.endswith("+projection") else "")
+                label = name.split("_")[1] + next((a for a in ARMS if name.endswith(a)), "")
                 rec = {"gpus": U, "S": S, "plan": f"sm90/{r}/{label}",
+                       "exchange": None if U == 1 else _exchange(name, r, U, S),
                        "plan_ms": round(t[name], 3), "plan_u1_ms": one and round(one, 3),
                        "eager_1gpu_ms": round(t["eager_1gpu"], 3), "diffusers_cp_ms": cp and round(cp, 3),
                        "diffusers_cp_config": CP_CONFIG.format(U=U) + (" with ulysses_anything=True" if S % U else ""),
@@ -234,14 +246,18 @@ def main(argv=None) -> int:
 def markdown(doc) -> str:
     lines = [f"# Ulysses plans vs diffusers' context parallel ({doc['gpus']} x {doc['device']}, {doc['blocks']} real-width "
              f"blocks, median of {doc['rounds']} interleaved rounds)", "",
-             "| S | plan | plan ms | plan u1 ms | diffusers CP ms | eager 1 GPU ms | scaling vs u1 | vs diffusers CP | "
-             "vs eager 1 GPU | bitwise vs u1 |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| S | plan | exchange | plan ms | plan u1 ms | diffusers CP ms | eager 1 GPU ms | scaling vs u1 | vs diffusers CP | "
+             "vs eager 1 GPU | bitwise vs u1 |", "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in doc["records"]:
         f = (lambda v, d=1: "n/a" if v is None else f"{v:.{d}f}")
-        lines.append(f"| {r['S']:,} | {r['plan']} | {f(r['plan_ms'])} | {f(r['plan_u1_ms'])} | {f(r['diffusers_cp_ms'])} | "
+        lines.append(f"| {r['S']:,} | {r['plan']} | {r.get('exchange') or 'n/a'} | {f(r['plan_ms'])} | {f(r['plan_u1_ms'])} | {f(r['diffusers_cp_ms'])} | "
                      f"{f(r['eager_1gpu_ms'])} | {f(r['scaling_vs_u1'], 2)}x | {f(r['speedup_vs_diffusers_cp'], 2)}x | "
                      f"{f(r['speedup_vs_eager_1gpu'], 2)}x | {'yes' if r['bitwise_vs_u1'] else 'no (rel %.1e)' % (r['rel_vs_u1'] or 0)} |")
     lines += ["", f"diffusers CP: {CP_CONFIG.format(U=doc['gpus'])}.", ""]
+    if any(r["plan_u1_ms"] and not r["bitwise_vs_u1"] for r in doc["records"] if not r["plan"].split("/")[-1].startswith("r")):
+        lines += ["A Ulysses row that is not bitwise vs u1 here has a degree-1 plan that compiles (the `compile` lever: "
+                  "regional where measured faster); degree > 1 never compiles, and compiled blocks round their own way. "
+                  "With the same compile setting the degrees agree bit for bit (tests/gpu/test_install_ulysses_nccl.py).", ""]
     if doc.get("compile"):
         lines += ["Regional compile over the installed degree-1 plan (the `compile` lever's evidence):", "",
                   "| recipe | S | plan ms | compiled ms | plain / compiled | bitwise |", "|---|---:|---:|---:|---:|---|"]

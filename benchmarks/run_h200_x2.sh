@@ -25,6 +25,8 @@
 #              exchange layouts, query-split attention with its output exchange overlapped), then the ring phase
 #   exchange   ulysses_exchange=projection: the NCCL install test (bitwise vs degree 1) and the parallel bench with
 #              the projection arm next to each recipe's plan and diffusers' context parallel, profiled
+#   scale      every installed-Ulysses NCCL case (bitwise vs degree 1), the parallel bench with the other exchange as
+#              an arm, the bf16 pipeline at degree 2 (appended to the committed pipeline-h200.json)
 #   ring       the installed ring plan (ring 2 x Ulysses 1) over NCCL against degree 1 (never ran yet)
 #   many       issue 14 on H3_NPROC GPUs (8 or 4): Ulysses and installed-Ulysses NCCL tests at that degree, the
 #              installed ring 2 x Ulysses N/2, the scaling probe at 37,820 and 104,076, the parallel bench against
@@ -133,6 +135,17 @@ case "$1" in
     step parallel-bench 380 torchrun --standalone --nproc-per-node=2 benchmarks/parallel.py --out "$OUT" --tag h200x2 \
       --rounds 6 --exchange-arm --profile
     ;;
+  scale)
+    step nccl-install 150 torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_install_ulysses_nccl.py \
+      -q -rA -s -p no:cacheprovider
+    step parallel-bench 230 torchrun --standalone --nproc-per-node=2 benchmarks/parallel.py --out "$OUT" --tag h200x2 \
+      --rounds 6 --exchange-arm --profile
+    cp benchmarks/results/pipeline-h200.json "$OUT/pipeline-h200.json"
+    step pipeline-u2-bf16 230 torchrun --standalone --nproc-per-node=2 benchmarks/pipeline.py hardware=sm90 parallel=u2 \
+      recipe=bf16 --video 768x1344x124 --text-tokens 110 --rounds 2 --warmup 2 --steps 1 --decode-warmup 1 --out "$OUT" \
+      --tag h200
+    rm -f "$OUT"/*.tmp
+    ;;
   ring)
     step ring-install-nccl 200 torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_install_ring_nccl.py -q -rA \
       -s -p no:cacheprovider
@@ -155,7 +168,7 @@ case "$1" in
     step gpu-suite 400 python -m pytest tests/gpu -m gpu -q -rA -p no:cacheprovider --deselect \
       tests/gpu/test_install_ulysses_nccl.py --deselect tests/gpu/test_compile_gpu.py
     ;;
-  *) echo "unknown phase $1 (parallel | pipeline | u2pipe | profile | measure | vae | vae2 | recheck | overlap | exchange | ring | many | fp8 | final)"; exit 2 ;;
+  *) echo "unknown phase $1 (parallel | pipeline | u2pipe | profile | measure | vae | vae2 | recheck | overlap | exchange | scale | ring | many | fp8 | final)"; exit 2 ;;
 esac
 echo "=== done in $(( $(date +%s) - START ))s; files:" | tee -a "$LOG"
 ls -l "$OUT" | tee -a "$LOG"

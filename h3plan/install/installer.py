@@ -83,6 +83,9 @@ def recognise(model) -> None:
         own = getattr(b.__dict__.get("forward"), "__func__", None) is plan_block_forward
         if "forward" in b.__dict__ and not own:
             problems.append(f"transformer_blocks.{i} already has an instance forward (a hook?); install before hooks")
+    for path in ("norm_out", "proj_out", "audio_proj_out"):  # the output heads (sharded under Ulysses, install/shard.py)
+        if not isinstance(getattr(model, path, None), torch.nn.Module):
+            problems.append(f"{path} is missing")
     if problems:
         raise InstallError("h3plan.install: unexpected MiniMaxH3Transformer3DModel layout: " + "; ".join(problems[:5]))
 
@@ -345,6 +348,13 @@ def _forwards(model, builder, state, shard, act_quant="tensor"):
         _option_swaps(state.report, builder, "block", recorded, fqn)
         if shard is not None:
             _swap(state.report, "ulysses", f"{fqn}.forward", "full sequence", f"1/{shard.degree} sequence shard")
+    if shard is not None:
+        from .shard import shard_heads
+
+        state.undo.append(shard_heads(model, shard))
+        for fqn in ("norm_out", "proj_out", "audio_proj_out"):
+            _swap(state.report, "ulysses", f"{fqn}.forward", "full sequence",
+                  f"1/{shard.degree} sequence shard" + (", outputs gathered" if fqn != "norm_out" else ""))
 
 
 def _skips(plan, builder, report):

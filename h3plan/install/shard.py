@@ -2,8 +2,13 @@
 rows (h3plan.parallel: shard_rows pads the tail with zero rows, gather_rows restores the sequence).
 
 The first block shards the hidden states; every block shards its own copies of the per-row inputs
-(AdaLN table indices, RoPE cos/sin), which diffusers passes unsharded to each block; the last block
-all-gathers its output rows and trims the padding, so `norm_out` and the heads see the full sequence.
+(AdaLN table indices, RoPE cos/sin), which diffusers passes unsharded to each block. The output side
+(`shard_heads`): the last block keeps its rows, `norm_out` runs on them (its per-row timestep indices
+sharded like the blocks'), and `proj_out` / `audio_proj_out` all-gather their small float32 outputs and
+trim the padding, so diffusers' row selection after them sees the full sequence. Every op there is per
+row, so the bits do not change; what changes is that the float32 head GEMMs and the norm run on S/U rows,
+not S, and the gather moves the heads' outputs (S x 192 and S x 128 float32 rows at MiniMax-H3's width)
+instead of the (S x hidden) bf16 hidden states. Without `shard_heads` the last block gathers its rows.
 The attention processor reads `seq_len` (the unpadded S) for UlyssesAttention. Padding rows carry zero
 inputs (index 0, angle 0); their outputs are computed and dropped.
 """
@@ -15,6 +20,7 @@ class SequenceShard:
     def __init__(self, group, degree: int, first: int, last: int):
         self.group, self.degree, self.first, self.last = group, degree, first, last
         self.seq_len: int | None = None
+        self.heads = False  # set by shard_heads: the last block keeps its rows for the sharded output heads
 
     def enter(self, block, hidden_states, adaln_indices, rotary_emb):
         from h3plan.parallel.comm import shard_rows
@@ -30,8 +36,45 @@ class SequenceShard:
         return hidden_states, idx, (cos, sin)
 
     def exit(self, block, hidden_states):
-        if block._h3plan_index != self.last:
+        if block._h3plan_index != self.last or self.heads:
             return hidden_states
         from h3plan.parallel.comm import gather_rows
 
         return gather_rows(hidden_states, self.group, dim=1, seq_len=self.seq_len)
+
+
+def shard_heads(model, shard: SequenceShard):
+    """Run `norm_out`, `proj_out` and `audio_proj_out` on this rank's rows (see the module docstring).
+    Returns the undo (restores the three forwards and the last block's gather)."""
+    from h3plan.parallel.comm import gather_rows, shard_rows
+    from h3plan.parallel.sizes import shard_len
+
+    def sharded(rows: int) -> bool:  # this call carries the shard's rows (a full-sequence call passes through)
+        return shard.seq_len is not None and rows == shard_len(shard.seq_len, shard.degree) != shard.seq_len
+
+    norm = model.norm_out
+    norm_forward = norm.forward
+
+    def norm_out(hidden_states, temb, timestep_indices):
+        if sharded(hidden_states.shape[1]) and timestep_indices.shape[0] == shard.seq_len:
+            timestep_indices = shard_rows(timestep_indices, shard.group, dim=0)
+        return norm_forward(hidden_states, temb, timestep_indices)
+
+    def head(forward):
+        def fwd(x):
+            y = forward(x)
+            return gather_rows(y, shard.group, dim=1, seq_len=shard.seq_len) if sharded(x.shape[1]) else y
+        return fwd
+
+    mods = (norm, model.proj_out, model.audio_proj_out)
+    norm.forward = norm_out
+    model.proj_out.forward = head(model.proj_out.forward)
+    model.audio_proj_out.forward = head(model.audio_proj_out.forward)
+    shard.heads = True
+
+    def undo():
+        for m in mods:
+            m.__dict__.pop("forward", None)
+        shard.heads = False
+
+    return undo

@@ -37,9 +37,21 @@ def worker(rank, world, port, outdir, S):
                   make_decision("modulation", "exact", True, ["t"]), make_decision("gated_residual", "on", True, ["t"]),
                   make_decision("swiglu", "on", True, ["t"]), make_decision("ulysses_padding", padding, True, ["t"])]
             install(model, make_plan({}, {}, ds), registry=levers)
+            rows = []  # the output heads run on this rank's rows (install/shard.py shard_heads)
+            hooks = [m.register_forward_pre_hook(lambda mod, args: rows.append(args[0].shape[1]))
+                     for m in (model.norm_out, model.proj_out, model.audio_proj_out)]
             reset_counters()
             out = forward(model, inputs)
             res[f"{padding}-{qk}"] = _result(out, ref)
+            res[f"{padding}-{qk}"]["head_rows"] = rows
+            for h in hooks:
+                h.remove()
+            from h3plan.install import uninstall
+
+            uninstall(model)
+            res[f"{padding}-{qk}"]["restored"] = not any("forward" in m.__dict__ for m in
+                                                         (model.norm_out, model.proj_out, model.audio_proj_out))
+            res[f"{padding}-{qk}"]["after_uninstall_bitwise"] = _result(forward(model, inputs), ref)["bitwise"]
         # the projection exchange: per-destination projections sent while the next project, received seq-major
         for padding in ("padded", "fixed_valid"):
             model = tiny_model()

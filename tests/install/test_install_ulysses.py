@@ -48,4 +48,7 @@ def test_ulysses_degree_2_matches_single_process():
                 assert c["gemm_quant.fallback"] == 2 * 6 and "gemm_quant.fused" not in c, (rank, case, c)
                 continue
             assert c["modulation.fused"] == 4, (rank, case, c)
+            # norm_out and both output heads ran on this rank's 24 rows (47 = 24 + 23, padded), not all 47;
+            # uninstall put their forwards back
+            assert r["head_rows"] == [24, 24, 24] and r["restored"] and r["after_uninstall_bitwise"], (rank, case, r)
             assert c.get("qk_norm_rope.fused", 0) == (2 if case.endswith("fused") else 0), (rank, case, c)
