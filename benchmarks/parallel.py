@@ -54,16 +54,16 @@ def _allows(recipe, U, S, **over) -> bool:
         return False
 
 
-PROJECTION = {"levers.ulysses_exchange": "projection", "levers.ulysses_overlap": "off"}
-PACKED = {"levers.ulysses_exchange": "packed"}
-ARMS = ("+projection", "+packed")
+EXCHANGES = {"packed": {"levers.ulysses_exchange": "packed"},
+             "projection": {"levers.ulysses_exchange": "projection", "levers.ulysses_overlap": "off"},
+             "projection_split": {"levers.ulysses_exchange": "projection_split", "levers.ulysses_overlap": "off"}}
+ARMS = tuple(f"+{k}" for k in sorted(EXCHANGES, key=len, reverse=True))  # longest first: suffixes overlap
 
 
 def _exchange(name, recipe, U, S) -> str | None:
-    if name.endswith("+projection"):
-        return "projection"
-    if name.endswith("+packed"):
-        return "packed"
+    for a in ARMS:
+        if name.endswith(a):
+            return a[1:]
     if name.startswith("plan_r"):
         return None
     return _plan(recipe, U, S).decision("ulysses_exchange").setting
@@ -113,13 +113,16 @@ def _settings(base, S, U, group, recipes, compile_plans, ring=1, exchange_arm=Fa
     add("diffusers_cp", cp)
     for r in recipes:
         add(f"plan_u{U}_{r}", lambda r=r: plan(r, U))
-        if exchange_arm:  # the exchange the plan did not pick, forced (where the recipe allows the projection one)
-            if _plan(r, U, S).decision("ulysses_exchange").setting == "projection":
-                add(f"plan_u{U}_{r}+packed", lambda r=r: plan(r, U, **PACKED))
-            elif not _allows(r, U, S, **PROJECTION):
-                notes[f"plan_u{U}_{r}+projection"] = f"skipped: recipe {r} refuses ulysses_exchange=projection"
-            else:
-                add(f"plan_u{U}_{r}+projection", lambda r=r: plan(r, U, **PROJECTION))
+        if exchange_arm:  # every exchange the plan did not pick, forced where the recipe allows it
+            picked = _plan(r, U, S).decision("ulysses_exchange").setting
+            for setting, over in EXCHANGES.items():
+                name = f"plan_u{U}_{r}+{setting}"
+                if setting == picked:
+                    continue
+                if not _allows(r, U, S, **over):
+                    notes[name] = f"skipped: recipe {r} refuses ulysses_exchange={setting}"
+                else:
+                    add(name, lambda r=r, over=over: plan(r, U, **over))
         if ring > 1:  # ring x Ulysses over the same world: lossy, so budget recipes only
             name = f"plan_r{ring}u{U // ring}_{r}"
             if _plan(r, 1, S).lossless:

@@ -27,6 +27,7 @@
 #              the projection arm next to each recipe's plan and diffusers' context parallel, profiled
 #   scale      every installed-Ulysses NCCL case (bitwise vs degree 1), the parallel bench with the other exchange as
 #              an arm, the bf16 pipeline at degree 2 (appended to the committed pipeline-h200.json)
+#   split      ulysses_exchange=projection_split: its NCCL install cases and the parallel bench with every exchange
 #   ring       the installed ring plan (ring 2 x Ulysses 1) over NCCL against degree 1 (never ran yet)
 #   many       issue 14 on H3_NPROC GPUs (8 or 4): Ulysses and installed-Ulysses NCCL tests at that degree, the
 #              installed ring 2 x Ulysses N/2, the scaling probe at 37,820 and 104,076, the parallel bench against
@@ -146,6 +147,12 @@ case "$1" in
       --tag h200
     rm -f "$OUT"/*.tmp
     ;;
+  split)
+    step nccl-install 150 torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_install_ulysses_nccl.py \
+      -q -rA -s -p no:cacheprovider -k "${H3_K:-split or projection or bf16-37820}"
+    step parallel-bench 300 torchrun --standalone --nproc-per-node=2 benchmarks/parallel.py --out "$OUT" --tag h200x2 \
+      --rounds 8 --exchange-arm --profile
+    ;;
   ring)
     step ring-install-nccl 200 torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_install_ring_nccl.py -q -rA \
       -s -p no:cacheprovider
@@ -168,7 +175,7 @@ case "$1" in
     step gpu-suite 400 python -m pytest tests/gpu -m gpu -q -rA -p no:cacheprovider --deselect \
       tests/gpu/test_install_ulysses_nccl.py --deselect tests/gpu/test_compile_gpu.py
     ;;
-  *) echo "unknown phase $1 (parallel | pipeline | u2pipe | profile | measure | vae | vae2 | recheck | overlap | exchange | scale | ring | many | fp8 | final)"; exit 2 ;;
+  *) echo "unknown phase $1 (parallel | pipeline | u2pipe | profile | measure | vae | vae2 | recheck | overlap | exchange | scale | split | ring | many | fp8 | final)"; exit 2 ;;
 esac
 echo "=== done in $(( $(date +%s) - START ))s; files:" | tee -a "$LOG"
 ls -l "$OUT" | tee -a "$LOG"

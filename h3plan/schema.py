@@ -262,9 +262,10 @@ class OverlapPoint:
 
 @dataclass
 class ExchangePoint:
-    """The installed plan's block stack at degree U with ulysses_exchange=projection against packed (packed
-    time / projection time), one entry per interleaved run."""
+    """The installed plan's block stack at degree U with ulysses_exchange=<setting> against packed (packed
+    time / that setting's time), one entry per interleaved run."""
 
+    setting: str = "projection"
     degree: int = MISSING
     seq_len: int = MISSING
     speedups: List[float] = MISSING

@@ -284,8 +284,14 @@ def _ulysses(model, opts, group, report):
         raise InstallError(f"plan ulysses_degree={opts.ulysses_degree} but the process group has {degree} ranks "
                          "(initialise torch.distributed with that many ranks, or pass group=)")
     padding = "none" if opts.ulysses_padding == "none" else opts.ulysses_padding
+    split = opts.ulysses_exchange == "projection_split"
+    post = None
+    if split:
+        from h3plan.parallel.comm import high_priority_group
+
+        post = high_priority_group(group)
     ua = UlyssesAttention(group, chunks=opts.ulysses_chunks, padding=padding, fp8_codes=opts.a2a_fp8_codes,
-                          prefix_inplace=opts.prefix_inplace)
+                          prefix_inplace=opts.prefix_inplace, split_output=split, post_group=post)
     return SequenceShard(group, degree, 0, len(model.transformer_blocks) - 1), ua
 
 

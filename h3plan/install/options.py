@@ -42,7 +42,7 @@ def _describe_attention(self) -> str:
     if self.ulysses_degree > 1:
         parts.append(f"ulysses={self.ulysses_degree}/{self.ulysses_padding}/chunks={self.ulysses_chunks}"
                      f"{'/fp8_codes' if self.a2a_fp8_codes else ''}{'/prefix_inplace' if self.prefix_inplace else ''}"
-                     f"{'/projection_exchange' if self.ulysses_exchange == 'projection' else ''}")
+                     f"{'' if self.ulysses_exchange == 'packed' else '/' + self.ulysses_exchange + '_exchange'}")
     return ", ".join(parts)
 
 

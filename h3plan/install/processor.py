@@ -158,7 +158,7 @@ class H3PlanAttnProcessor:
         if attention_mask is not None:
             count_fallback("attention", "attention mask given (MiniMax-H3 packs no mask)")
             return self.original(attn, hidden_states, rotary_emb, attention_mask)
-        if self.ulysses is not None and self.opts.ulysses_exchange == "projection":
+        if self.ulysses is not None and self.opts.ulysses_exchange in ("projection", "projection_split"):
             out = self._projection_call(attn, hidden_states, rotary_emb)
             if out is not None:
                 return self._project_out(attn, out, hidden_states.dtype)

@@ -8,15 +8,19 @@
   heads go last and are copied into place. The exchange hides behind the projection GEMMs and the
   seq-major copies are gone. Per-head math is unchanged; the sliced GEMMs must give the whole GEMM's bits,
   which the NCCL install test asserts (tests/gpu/test_install_ulysses_nccl.py).
+- `projection_split`: `projection`, and the output exchange per destination too: attention over each
+  other rank's query rows first, each result sent (on a high-priority NCCL stream, parallel/comm.py) while
+  the next rows attend, this rank's rows last. Needs padding none or padded (whole destination row
+  blocks). Exact given attention rows that do not depend on the other query rows of the call.
 
 Needs: the fused BF16 norm + RoPE (qk_norm_rope=fused), plain BF16 linears (gemm_quant=bf16: a quantised
 linear does not slice per destination here), BF16 on the wire (a2a_fp8_codes off), no head chunks
 (ulysses_overlap off), no sequence-wide FP8 amax (cudnn_fp8 with dynamic scales), no ring. At run time
 batch 1 (else the packed exchange runs, counted with the reason).
 
-auto: `projection` where the hardware measured the installed plan with it against `packed` at this degree
-(`measured.ulysses.exchange`, nearest length) faster in every run; `packed` otherwise (never measured:
-the proven path).
+auto: among the settings the hardware measured against `packed` at this degree (`measured.ulysses.exchange`,
+each setting's nearest length), the fastest (median) of those faster in every run and allowed here;
+`packed` otherwise (never measured: the proven path).
 """
 
 from __future__ import annotations
@@ -25,11 +29,11 @@ from .base import Context, Option, Spec, faster_in_every_run, nearest_ulysses_po
 
 SPEC = Spec(
     name="ulysses_exchange",
-    settings={"packed": True, "projection": True},
+    settings={"packed": True, "projection": True, "projection_split": True},
     summary="Ulysses q/k/v exchange: one packed all-to-all, or per-destination projections sent while the next project (exact)",
     ulysses=True,
-    options=(Option("attention", "ulysses_exchange", lambda v: v in ("packed", "projection"),
-                    "'packed' or 'projection'", "packed"),),
+    options=(Option("attention", "ulysses_exchange", lambda v: v in ("packed", "projection", "projection_split"),
+                    "'packed', 'projection' or 'projection_split'", "packed"),),
     counter="ulysses_exchange",
 )
 
@@ -53,8 +57,30 @@ def _needs(ctx: Context) -> list[str]:
     return out
 
 
+def _split_needs(ctx: Context) -> list[str]:
+    out = []
+    if ctx.setting("ulysses_padding") not in ("none", "padded"):
+        out.append(f"ulysses_padding is {ctx.setting('ulysses_padding')}: the split output exchange sends whole "
+                   "destination row blocks (padding none or padded)")
+    if ctx.setting("prefix_inplace") == "on":
+        out.append("prefix_inplace is on: the split output exchange writes no padded prefix")
+    return out
+
+
 def blockers(ctx: Context, s: str) -> list[str]:
-    return [] if s == "packed" else _needs(ctx)
+    if s == "packed":
+        return []
+    return _needs(ctx) + (_split_needs(ctx) if s == "projection_split" else [])
+
+
+WHY = {"projection": "the q/k/v exchange hides behind the projection GEMMs and the seq-major copies are gone",
+       "projection_split": "the q/k/v exchange hides behind the projection GEMMs, the output exchange behind this "
+                           "rank's own rows' attention"}
+
+
+def _point(ctx: Context, setting: str):
+    points = [p for p in ctx.hardware["measured"]["ulysses"]["exchange"] if p.get("setting", "projection") == setting]
+    return nearest_ulysses_point({"measured": {"ulysses": {"exchange": points}}}, "exchange", ctx.degree, ctx.seq_len)
 
 
 def auto(ctx: Context):
@@ -63,16 +89,29 @@ def auto(ctx: Context):
     needs = _needs(ctx)
     if needs:
         return "packed", [needs[0]], {}
-    m = nearest_ulysses_point(ctx.hardware, "exchange", ctx.degree, ctx.seq_len)
-    if m is None:
-        return "packed", [f"the projection exchange was never measured at degree {ctx.degree} on {ctx.hw}: "
+    src = ctx.hardware["measured"]["ulysses"]["source"]
+    seen, wins = [], []
+    for s in ("projection", "projection_split"):
+        m = _point(ctx, s)
+        if m is None:
+            continue
+        text = (f"{s} vs packed {speedup_runs(m['speedups'])} at {m['seq_len']:,} tokens (nearest measured length)")
+        why = blockers(ctx, s)
+        if why:
+            seen.append(f"{text}, but {why[0]}")
+        elif not faster_in_every_run(m["speedups"]):
+            seen.append(f"{text}: not faster in every run")
+        else:
+            seen.append(f"{text}: faster in every run")
+            wins.append((sorted(m["speedups"])[len(m["speedups"]) // 2], s))
+    if not seen:
+        return "packed", [f"the projection exchanges were never measured at degree {ctx.degree} on {ctx.hw}: "
                           "the packed exchange is the proven path"], {}
-    where = (f"{ctx.hw} at degree {ctx.degree}, {m['seq_len']:,} tokens (nearest measured length): projection vs "
-             f"packed {speedup_runs(m['speedups'])} ({ctx.hardware['measured']['ulysses']['source']})")
-    if not faster_in_every_run(m["speedups"]):
-        return "packed", [f"measured {where}: not faster in every run"], {}
-    return "projection", [f"measured {where}: faster in every run; the exchange hides behind the projection GEMMs "
-                          "and the seq-major copies are gone"], {}
+    where = f"measured {ctx.hw} at degree {ctx.degree}: " + "; ".join(seen) + f" ({src})"
+    if not wins:
+        return "packed", [where], {}
+    best = max(wins)[1]
+    return best, [f"{where}; {best}: {WHY[best]}"], {}
 
 
 def decide(ctx: Context):
@@ -80,7 +119,7 @@ def decide(ctx: Context):
 
 
 def install(builder, decision) -> None:
-    if decision.setting == "projection":
-        builder.set(SPEC.name, "ulysses_exchange", "projection")
+    if decision.setting != "packed":
+        builder.set(SPEC.name, "ulysses_exchange", decision.setting)
     else:
         builder.skip(SPEC.name, decision.reasons[0])

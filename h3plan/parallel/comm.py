@@ -49,6 +49,21 @@ def all_to_all(recv: torch.Tensor, send: torch.Tensor, group, *, out_splits=None
     )
 
 
+def high_priority_group(group):
+    """A group over `group`'s ranks, in its order, whose NCCL stream has high priority: its kernels take SMs
+    as soon as any frees up instead of queueing behind a running compute kernel (what lets an exchange
+    overlap FA4). Other backends have no stream priority: `group` itself. Members call it (local sync)."""
+    if backend_name(group) != "nccl":
+        return group
+    opts = dist.ProcessGroupNCCL.Options()
+    opts.is_high_priority_stream = True
+    ranks = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
+    kw = dict(ranks=ranks, backend="nccl", pg_options=opts, use_local_synchronization=True)
+    if ranks != sorted(ranks):  # keep the group's rank order (group_peer numbers must mean the same ranks)
+        kw["sort_ranks"] = False
+    return dist.new_group(**kw)
+
+
 def shard_rows(x: torch.Tensor, group, dim: int = 1) -> torch.Tensor:
     """This rank's rows of the full sequence `x` (same on every rank), zero-padded at the tail.
 

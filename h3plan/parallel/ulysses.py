@@ -49,6 +49,12 @@ attn_fn writes into it through `out=` (a view of the prefix in fixed_valid) when
 q's dtype. An attn_fn without `out` is called plainly and its result copied into the buffer.
 At batch 1 the padded output is already the output exchange's send buffer (no relayout copy).
 
+`exchange_projected` + `gathered=` (the ulysses_exchange lever's projection settings): q, k, v arrive per
+destination as send/recv while the caller produces the next destination's heads, straight into
+seq-major buffers (see the method). `split_output=True` (gathered calls; padding none or padded): the
+output exchange too runs per destination, each other rank's query rows attended and sent (on
+`post_group`, e.g. a high-priority NCCL stream from comm.high_priority_group) while the next rows attend.
+
 NCCL: every exchange is all_to_all_single on contiguous buffers; async works are waited on before
 their buffers are read, and their send buffers stay referenced until then. Ranks must call with
 identical shapes, modes and attn_fn (collectives are issued in the same order on every rank).
@@ -125,14 +131,18 @@ class UlyssesAttention:
     """
 
     def __init__(self, group, *, chunks: int = 1, padding: str = "padded", fp8_codes: bool = False,
-                 prefix_inplace: bool = False):
+                 prefix_inplace: bool = False, split_output: bool = False, post_group=None):
         if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
             raise ValueError(f"chunks must be an int >= 1, got {chunks!r}")
         if padding not in PADDING_MODES:
             raise ValueError(f"padding must be one of {PADDING_MODES}, got {padding!r}")
         if prefix_inplace and padding == "valid_only":
             raise ValueError("prefix_inplace needs a padded output (padding padded or fixed_valid), not valid_only")
+        if split_output and (padding not in ("none", "padded") or prefix_inplace or chunks != 1 or fp8_codes):
+            raise ValueError("split_output needs padding none or padded, chunks=1, no prefix_inplace and no fp8_codes")
         self.group = group
+        self.split_output = bool(split_output)
+        self.post_group = group if post_group is None else post_group
         self.degree, self.rank = degree_rank(group)
         self.chunks = chunks
         self.padding = padding
@@ -391,6 +401,8 @@ class UlyssesAttention:
             self._check_out(o, (B, S, h, D))
             return o.reshape(B, S, h * D)
         S_loc = S_pad // U
+        if self.split_output:
+            return self._split_output(qf, kf[:, :S], vf[:, :S], attn_fn, S)
         rq = self._query_rows(S, S_pad)
         r_out, r_merge, s_out, out_splits, in_splits = self._attend_rows(attn_fn, qf[:, :rq], kf[:, :S], vf[:, :S],
                                                                          S, S_pad, 0)
@@ -402,6 +414,49 @@ class UlyssesAttention:
         else:
             self.last_bytes["post"] = (sum(in_splits) - in_splits[self.rank]) * s_out.element_size()
         return self._merge([(r_merge, 0, h)], B, S_loc, U * h, D, valid_rows(S, U, self.rank))
+
+    def _split_output(self, qf, kf, vf, attn_fn, S):
+        """split_output: attention over each other rank's query rows first, each result sent to that rank
+        (send/recv on `post_group`) while the next block of rows attends, this rank's own rows last, written
+        into the merge's input. Each attention call sees whole rows and every key, so the rows are bitwise
+        those of one call (given an attn_fn whose rows do not depend on the other rows in the call)."""
+        import torch.distributed as dist
+
+        U, r = self.degree, self.rank
+        B, S_pad, h, D = qf.shape
+        S_loc = S_pad // U
+        recv, works, keep, sent = None, [], [], 0
+
+        def attend(d):
+            if self.trace is not None:
+                self.trace.append(f"attn-rows{d}")
+            o = attn_fn(qf[:, d * S_loc:(d + 1) * S_loc], kf, vf)
+            self._check_out(o, (B, S_loc, h, D))
+            return o.contiguous()
+
+        for j in range(1, U):
+            d, src = (r + j) % U, (r - j) % U
+            o = attend(d)
+            if recv is None:
+                recv = torch.empty((U, B, S_loc, h, D), dtype=o.dtype, device=o.device)
+            works += dist.batch_isend_irecv([dist.P2POp(dist.isend, wire(o), group=self.post_group, group_peer=d),
+                                             dist.P2POp(dist.irecv, wire(recv[src]), group=self.post_group,
+                                                        group_peer=src)])
+            keep.append(o)
+            sent += o.numel() * o.element_size()
+            self.stats["p2p_async"] += 1
+            if self.trace is not None:
+                self.trace.append(f"post-p2p{j}")
+        o = attend(r)
+        if o.dtype != recv.dtype:
+            raise ValueError(f"attn_fn returned {o.dtype} for this rank's rows and {recv.dtype} for the others")
+        wire(recv[r]).copy_(wire(o))
+        for w in works:
+            w.wait()
+        del keep
+        self.stats["split_output"] += 1
+        self.last_bytes["post"] = sent
+        return self._merge([(recv, 0, h)], B, S_loc, U * h, D, valid_rows(S, U, r))
 
     # ---- call --------------------------------------------------------------------------------------
 
@@ -461,4 +516,5 @@ class UlyssesAttention:
     def __repr__(self):
         be = backend_name(self.group) if self.degree > 1 else "local"
         return (f"UlyssesAttention(degree={self.degree}, rank={self.rank}, backend={be}, chunks={self.chunks}, "
-                f"padding={self.padding!r}, fp8_codes={self.fp8_codes}, prefix_inplace={self.prefix_inplace})")
+                f"padding={self.padding!r}, fp8_codes={self.fp8_codes}, prefix_inplace={self.prefix_inplace}, "
+                f"split_output={self.split_output})")

@@ -38,6 +38,10 @@ CASES = {
     # per-destination projections sent while the next project: the sliced GEMMs must keep the whole GEMM's bits
     "bf16-37820-projection": ("bf16", 37820, ("levers.ulysses_overlap=off", "levers.ulysses_exchange=projection")),
     "bf16-19001-projection": ("bf16", 19001, ("levers.ulysses_overlap=off", "levers.ulysses_exchange=projection")),
+    # and the output exchange per destination row block (a high-priority NCCL group), padded at 19,001
+    "bf16-37820-split": ("bf16", 37820, ("levers.ulysses_overlap=off", "levers.ulysses_exchange=projection_split")),
+    "bf16-19001-split": ("bf16", 19001, ("levers.ulysses_overlap=off", "levers.ulysses_padding=padded",
+                                         "levers.ulysses_exchange=projection_split")),
 }
 
 
@@ -63,7 +67,7 @@ def check_case(name):
           flush=True)
     assert c.get("attention.fused", 0) >= BLOCKS, c  # one call per block and head chunk
     assert not {k: v for k, v in c.items() if k.endswith(".fallback")}, c
-    if settings["ulysses_exchange"] == "projection":
+    if settings["ulysses_exchange"].startswith("projection"):
         assert c.get("ulysses_exchange.fused", 0) == BLOCKS, c
     for k, (a, b) in pairs.items():
         assert_bits(a, b, f"{name} {k}")

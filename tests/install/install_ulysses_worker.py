@@ -53,14 +53,14 @@ def worker(rank, world, port, outdir, S):
                                                          (model.norm_out, model.proj_out, model.audio_proj_out))
             res[f"{padding}-{qk}"]["after_uninstall_bitwise"] = _result(forward(model, inputs), ref)["bitwise"]
         # the projection exchange: per-destination projections sent while the next project, received seq-major
-        for padding in ("padded", "fixed_valid"):
+        for padding, exchange in (("padded", "projection"), ("fixed_valid", "projection"), ("padded", "projection_split")):
             model = tiny_model()
             ds = [make_decision("attention", "sdpa", True, ["t"]), make_decision("qk_norm_rope", "fused", True, ["t"]),
                   make_decision("ulysses_padding", padding, True, ["t"]),
-                  make_decision("ulysses_exchange", "projection", True, ["t"])]
+                  make_decision("ulysses_exchange", exchange, True, ["t"])]
             install(model, make_plan({}, {}, ds), registry=dict(levers, ulysses_exchange=REGISTRY["ulysses_exchange"].install))
             reset_counters()
-            res[f"projection-{padding}"] = _result(forward(model, inputs), ref)
+            res[f"{exchange}-{padding}"] = _result(forward(model, inputs), ref)
         # FP8 linears: the degree-1 model with the same FP8 linears is the reference (per-tensor activation
         # scales over the whole sequence, padding rows excluded, make the codes independent of the degree)
         fp8 = [make_decision("gemm_quant", "fp8", False, ["t"], params={"scaling": "channel"}),

@@ -197,7 +197,7 @@ def _():
 
 # ---- the projection exchange ----------------------------------------------------------------------------
 
-def _projection_case(padding, kind):
+def _projection_case(padding, kind, split=False):
     def fn():
         U, r = world()
         S, H = lengths(U)[kind], 4 * U
@@ -211,7 +211,7 @@ def _projection_case(padding, kind):
             order.append(d)
             return tuple(t[:, :, d * h:(d + 1) * h].contiguous() for t in (ql, kl, vl))
 
-        ua = UlyssesAttention(G.group, padding=padding)
+        ua = UlyssesAttention(G.group, padding=padding, split_output=split)
         ua.trace = []
         gathered = ua.exchange_projected(produce, seq_len=S, shape=tuple(ql.shape), dtype=ql.dtype, device=ql.device)
         # every remote destination first, this rank last; the exchanges are in flight before attention
@@ -222,8 +222,17 @@ def _projection_case(padding, kind):
             assert_bits(full[:, :S], t[:, :, r * h:(r + 1) * h].contiguous(), "gathered heads")
         rec = Recorder()
         got = ua(None, None, None, rec, seq_len=S, gathered=gathered)
-        assert_bits(got, want, f"U={U} rank {r} S={S} {padding} projection exchange")
-        assert ua.trace == [f"p2p{j}" for j in range(1, U)] + ["attn0", "post0"], ua.trace
+        assert_bits(got, want, f"U={U} rank {r} S={S} {padding} projection exchange split={split}")
+        pre = [f"p2p{j}" for j in range(1, U)]
+        if split:  # the other ranks' rows attend and leave first, this rank's rows last
+            S_loc = shard_len(S, U)
+            post = [x for j in range(1, U) for x in (f"attn-rows{(r + j) % U}", f"post-p2p{j}")]
+            assert ua.trace == pre + post + [f"attn-rows{r}"], ua.trace
+            assert [(c[0][1], c[1][1]) for c in rec.calls] == [(S_loc, S)] * U, rec.calls
+            assert ua.stats["p2p_async"] == 2 * (U - 1) and ua.stats["a2a_sync"] == 0, dict(ua.stats)
+            assert ua.last_bytes["post"] == S_loc * h * D * 2 * (U - 1), ua.last_bytes
+            return
+        assert ua.trace == pre + ["attn0", "post0"], ua.trace
         assert ua.stats["p2p_async"] == U - 1 and ua.stats["a2a_sync"] == 1, dict(ua.stats)
         rq = S if padding in ("fixed_valid", "valid_only") else padded_len(S, U)
         assert [(c[0][1], c[1][1]) for c in rec.calls] == [(rq, S)], rec.calls
@@ -235,6 +244,9 @@ def _projection_case(padding, kind):
 for _p in ("padded", "fixed_valid", "valid_only"):
     for _k in ("div", "nondiv", "allpad"):
         case(f"projection-{_p}-{_k}")(_projection_case(_p, _k))
+for _k in ("div", "nondiv", "allpad"):
+    case(f"projection-split-padded-{_k}")(_projection_case("padded", _k, split=True))
+case("projection-split-none-div")(_projection_case("none", "div", split=True))
 
 
 @case("projection-errors")
@@ -251,6 +263,8 @@ def _():
 
     _raises(lambda: ua.exchange_projected(good, seq_len=S, shape=(2, *shape[1:]), dtype=ql.dtype, device=ql.device),
             "takes batch 1")
+    for kw in (dict(padding="valid_only"), dict(padding="fixed_valid"), dict(chunks=2), dict(fp8_codes=True)):
+        _raises(lambda: UlyssesAttention(G.group, split_output=True, **kw), "split_output needs")
     _raises(lambda: UlyssesAttention(G.group, chunks=2).exchange_projected(good, seq_len=S, shape=shape, dtype=ql.dtype,
                                                                             device=ql.device), "chunks=1")
     _raises(lambda: ua.exchange_projected(lambda d: good(d)[:2], seq_len=S, shape=shape, dtype=ql.dtype,
