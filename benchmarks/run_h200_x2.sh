@@ -28,6 +28,8 @@
 #   scale      every installed-Ulysses NCCL case (bitwise vs degree 1), the parallel bench with the other exchange as
 #              an arm, the bf16 pipeline at degree 2 (appended to the committed pipeline-h200.json)
 #   split      ulysses_exchange=projection_split: its NCCL install cases and the parallel bench with every exchange
+#   last       the parallel bench at 8 blocks (bf16, 37,820, every exchange), the install-time parking GPU test,
+#              the fp8 pipeline on one GPU again (appended to the committed pipeline-h200.json)
 #   ring       the installed ring plan (ring 2 x Ulysses 1) over NCCL against degree 1 (never ran yet)
 #   many       issue 14 on H3_NPROC GPUs (8 or 4): Ulysses and installed-Ulysses NCCL tests at that degree, the
 #              installed ring 2 x Ulysses N/2, the scaling probe at 37,820 and 104,076, the parallel bench against
@@ -153,6 +155,13 @@ case "$1" in
     step parallel-bench 300 torchrun --standalone --nproc-per-node=2 benchmarks/parallel.py --out "$OUT" --tag h200x2 \
       --rounds 8 --exchange-arm --profile
     ;;
+  last)
+    step parallel-8blocks 220 torchrun --standalone --nproc-per-node=2 benchmarks/parallel.py --out "$OUT" \
+      --tag h200x2-8blocks --seq-lens 37820 --blocks 8 --recipes bf16 --no-compile-plans --exchange-arm --rounds 6
+    step parking-gpu 90 python -m pytest tests/gpu/test_install_gpu.py -k parks -q -rA -p no:cacheprovider
+    H3_T_RECIPE=$(( $(left) - 5 )) OUT="$OUT" H3_RECIPES=fp8 H3_APPEND=1 bash benchmarks/pipeline_h200.sh >> "$LOG" 2>&1
+    grep -E "^=== |exit " "$OUT/pipeline-h200.log" | tail -4
+    ;;
   ring)
     step ring-install-nccl 200 torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_install_ring_nccl.py -q -rA \
       -s -p no:cacheprovider
@@ -175,7 +184,7 @@ case "$1" in
     step gpu-suite 400 python -m pytest tests/gpu -m gpu -q -rA -p no:cacheprovider --deselect \
       tests/gpu/test_install_ulysses_nccl.py --deselect tests/gpu/test_compile_gpu.py
     ;;
-  *) echo "unknown phase $1 (parallel | pipeline | u2pipe | profile | measure | vae | vae2 | recheck | overlap | exchange | scale | split | ring | many | fp8 | final)"; exit 2 ;;
+  *) echo "unknown phase $1 (parallel | pipeline | u2pipe | profile | measure | vae | vae2 | recheck | overlap | exchange | scale | split | last | ring | many | fp8 | final)"; exit 2 ;;
 esac
 echo "=== done in $(( $(date +%s) - START ))s; files:" | tee -a "$LOG"
 ls -l "$OUT" | tee -a "$LOG"

@@ -64,12 +64,33 @@ def test_other_hardware_has_no_ulysses_measurements(plan):
 
 # ---- ulysses_exchange: packed or per-destination projections ----------------------------------------------
 
-@pytest.mark.parametrize("S, runs", [(37820, "1.034x"), (19000, "1.070x"), (104076, "1.034x")])
-def test_sm90_measured_projection_exchange_is_picked_for_bf16_at_degree_2(plan, S, runs):
+@pytest.mark.parametrize("S, pick", [(37820, "projection"), (104076, "projection"), (19000, "projection_split")])
+def test_sm90_measured_exchanges_pick_the_fastest_for_bf16_at_degree_2(plan, S, pick):
     d = plan("hardware=sm90", "recipe=bf16", "parallel=u2", f"parallel.seq_len={S}").decision("ulysses_exchange")
-    assert d.setting == "projection" and not d.forced and d.lossless and d.hardware_verified
-    assert f"projection vs packed {runs}" in d.reasons[0] and "faster in every run" in d.reasons[0]
-    assert "parallel-exchange-h200x2.json" in d.reasons[0]
+    assert d.setting == pick and not d.forced and d.lossless and d.hardware_verified
+    runs = {37820: ("1.034x, 1.011x, 1.050x", "1.025x"), 104076: ("1.034x, 1.011x, 1.050x", "1.025x"),
+            19000: ("1.070x, 1.030x, 1.064x", "1.086x")}[S]
+    assert f"projection vs packed {runs[0]}" in d.reasons[0] and f"projection_split vs packed {runs[1]}" in d.reasons[0]
+    assert d.reasons[0].count("faster in every run") == 2 and "parallel-exchange-h200x2.json" in d.reasons[0]
+    assert d.reasons[0].endswith(f"; {pick}: " + ("the q/k/v exchange hides behind the projection GEMMs and the "
+                                                  "seq-major copies are gone" if pick == "projection" else
+                                                  "the q/k/v exchange hides behind the projection GEMMs, the output "
+                                                  "exchange behind this rank's own rows' attention"))
+
+
+def test_the_split_exchange_needs_whole_destination_row_blocks(plan):
+    from h3plan.errors import PlanningError
+
+    # 19,001 tokens pad: the bf16 plan's padding is valid_only, so the split exchange is passed over
+    d = plan("hardware=sm90", "recipe=bf16", "parallel=u2", "parallel.seq_len=19001").decision("ulysses_exchange")
+    assert d.setting == "projection" and "projection_split vs packed 1.086x" in d.reasons[0]
+    assert "but ulysses_padding is valid_only: the split output exchange sends whole destination row blocks" in d.reasons[0]
+    with pytest.raises(PlanningError, match="ulysses_padding is valid_only: the split output exchange"):
+        plan("hardware=sm90", "recipe=bf16", "parallel=u2", "parallel.seq_len=19001",
+             "levers.ulysses_exchange=projection_split")
+    d = plan("hardware=sm90", "recipe=bf16", "parallel=u2", "parallel.seq_len=19001", "levers.ulysses_padding=padded",
+             "levers.ulysses_exchange=projection_split").decision("ulysses_exchange")
+    assert d.setting == "projection_split" and d.forced and d.hardware_verified
 
 
 def test_projection_exchange_is_not_borrowed_by_an_unmeasured_degree_or_hardware(plan):
@@ -85,6 +106,7 @@ def test_a_measured_slower_projection_exchange_stays_packed():
     over = "hardware.measured.ulysses.exchange=[{degree:2,seq_len:37820,speedups:[1.02,0.99]}]"
     d = resolve(_hydra("hardware=sm90", "recipe=bf16", "parallel=u2", over)).decision("ulysses_exchange")
     assert d.setting == "packed" and "1.020x, 0.990x" in d.reasons[0] and "not faster in every run" in d.reasons[0]
+    assert "projection_split" not in d.reasons[0]  # the override replaced every measured exchange
 
 
 @pytest.mark.parametrize("overrides, text", [
