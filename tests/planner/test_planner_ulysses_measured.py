@@ -68,7 +68,7 @@ def test_other_hardware_has_no_ulysses_measurements(plan):
 def test_sm90_measured_exchanges_pick_the_fastest_for_bf16_at_degree_2(plan, S, pick):
     d = plan("hardware=sm90", "recipe=bf16", "parallel=u2", f"parallel.seq_len={S}").decision("ulysses_exchange")
     assert d.setting == pick and not d.forced and d.lossless and d.hardware_verified
-    runs = {37820: ("1.034x, 1.011x, 1.050x", "1.025x"), 104076: ("1.034x, 1.011x, 1.050x", "1.025x"),
+    runs = {37820: ("1.034x, 1.011x, 1.050x, 1.021x", "1.025x, 1.027x"), 104076: ("1.034x, 1.011x, 1.050x, 1.021x", "1.025x, 1.027x"),
             19000: ("1.070x, 1.030x, 1.064x", "1.086x")}[S]
     assert f"projection vs packed {runs[0]}" in d.reasons[0] and f"projection_split vs packed {runs[1]}" in d.reasons[0]
     assert d.reasons[0].count("faster in every run") == 2 and "parallel-exchange-h200x2.json" in d.reasons[0]
