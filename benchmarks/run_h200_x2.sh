@@ -30,6 +30,7 @@
 #   split      ulysses_exchange=projection_split: its NCCL install cases and the parallel bench with every exchange
 #   last       the parallel bench at 8 blocks (bf16, 37,820, every exchange), the install-time parking GPU test,
 #              the fp8 pipeline on one GPU again (appended to the committed pipeline-h200.json)
+#   post       the output exchange as send/recv plus a local copy: its NCCL cases and the bf16 bench, 10 rounds
 #   ring       the installed ring plan (ring 2 x Ulysses 1) over NCCL against degree 1 (never ran yet)
 #   many       issue 14 on H3_NPROC GPUs (8 or 4): Ulysses and installed-Ulysses NCCL tests at that degree, the
 #              installed ring 2 x Ulysses N/2, the scaling probe at 37,820 and 104,076, the parallel bench against
@@ -162,6 +163,12 @@ case "$1" in
     H3_T_RECIPE=$(( $(left) - 5 )) OUT="$OUT" H3_RECIPES=fp8 H3_APPEND=1 bash benchmarks/pipeline_h200.sh >> "$LOG" 2>&1
     grep -E "^=== |exit " "$OUT/pipeline-h200.log" | tail -4
     ;;
+  post)
+    step nccl-install 110 torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_install_ulysses_nccl.py \
+      -q -rA -s -p no:cacheprovider -k "projection or split or bf16-37820"
+    step parallel-bench 200 torchrun --standalone --nproc-per-node=2 benchmarks/parallel.py --out "$OUT" --tag h200x2-bf16 \
+      --recipes bf16 --no-compile-plans --exchange-arm --rounds 10
+    ;;
   ring)
     step ring-install-nccl 200 torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_install_ring_nccl.py -q -rA \
       -s -p no:cacheprovider
@@ -184,7 +191,7 @@ case "$1" in
     step gpu-suite 400 python -m pytest tests/gpu -m gpu -q -rA -p no:cacheprovider --deselect \
       tests/gpu/test_install_ulysses_nccl.py --deselect tests/gpu/test_compile_gpu.py
     ;;
-  *) echo "unknown phase $1 (parallel | pipeline | u2pipe | profile | measure | vae | vae2 | recheck | overlap | exchange | scale | split | last | ring | many | fp8 | final)"; exit 2 ;;
+  *) echo "unknown phase $1 (parallel | pipeline | u2pipe | profile | measure | vae | vae2 | recheck | overlap | exchange | scale | split | last | post | ring | many | fp8 | final)"; exit 2 ;;
 esac
 echo "=== done in $(( $(date +%s) - START ))s; files:" | tee -a "$LOG"
 ls -l "$OUT" | tee -a "$LOG"

@@ -406,14 +406,36 @@ class UlyssesAttention:
         rq = self._query_rows(S, S_pad)
         r_out, r_merge, s_out, out_splits, in_splits = self._attend_rows(attn_fn, qf[:, :rq], kf[:, :S], vf[:, :S],
                                                                          S, S_pad, 0)
-        w = self._exchange(r_out, s_out, async_op=False, tag="post0", out_splits=out_splits, in_splits=in_splits)
-        if w is not None:
-            w.wait()
+        if in_splits is None:  # whole (U, B, S_loc, h, D) blocks: the remote ones as send/recv, this rank's as a copy
+            self._blocks_exchange(r_out, s_out, tag="post0")
+        else:
+            w = self._exchange(r_out, s_out, async_op=False, tag="post0", out_splits=out_splits, in_splits=in_splits)
+            if w is not None:
+                w.wait()
         if in_splits is None:
             self.last_bytes["post"] = s_out.numel() * s_out.element_size() * (U - 1) // U
         else:
             self.last_bytes["post"] = (sum(in_splits) - in_splits[self.rank]) * s_out.element_size()
         return self._merge([(r_merge, 0, h)], B, S_loc, U * h, D, valid_rows(S, U, self.rank))
+
+    def _blocks_exchange(self, recv, send, *, tag):
+        """all_to_all of (U, ...) blocks without NCCL's copy of this rank's own block: one batch of send/recv with
+        every other rank, this rank's block copied by the device meanwhile. Same bytes in the same places."""
+        import torch.distributed as dist
+
+        U, r = self.degree, self.rank
+        ops = []
+        for j in range(1, U):
+            d, src = (r + j) % U, (r - j) % U
+            ops += [dist.P2POp(dist.isend, wire(send[d]), group=self.group, group_peer=d),
+                    dist.P2POp(dist.irecv, wire(recv[src]), group=self.group, group_peer=src)]
+        works = dist.batch_isend_irecv(ops)
+        wire(recv[r]).copy_(wire(send[r]))
+        for w in works:
+            w.wait()
+        self.stats["p2p_sync"] += 1
+        if self.trace is not None:
+            self.trace.append(tag)
 
     def _split_output(self, qf, kf, vf, attn_fn, S):
         """split_output: attention over each other rank's query rows first, each result sent to that rank
