@@ -61,6 +61,19 @@ def worker(rank, world, port, outdir, S):
             install(model, make_plan({}, {}, ds), registry=dict(levers, ulysses_exchange=REGISTRY["ulysses_exchange"].install))
             reset_counters()
             res[f"{exchange}-{padding}"] = _result(forward(model, inputs), ref)
+            if exchange == "projection" and padding == "padded":
+                # a linear the exchange cannot slice (here a subclass of nn.Linear): every rank takes the packed
+                # exchange for that call, counted with the reason, and the output keeps its bits
+                class Sub(torch.nn.Linear):
+                    pass
+
+                for blk in model.transformer_blocks:
+                    blk.attn.to_q.__class__ = Sub
+                reset_counters()
+                res["projection-refused"] = _result(forward(model, inputs), ref)
+                from h3plan.install import fallback_reasons
+
+                res["projection-refused"]["reasons"] = fallback_reasons().get("ulysses_exchange", {})
         # FP8 linears: the degree-1 model with the same FP8 linears is the reference (per-tensor activation
         # scales over the whole sequence, padding rows excluded, make the codes independent of the degree)
         fp8 = [make_decision("gemm_quant", "fp8", False, ["t"], params={"scaling": "channel"}),

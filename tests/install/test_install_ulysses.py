@@ -33,12 +33,17 @@ def test_ulysses_degree_2_matches_single_process():
             res = json.load(f)
         assert sorted(res) == ["fixed_valid-eager", "fp8-fixed_valid", "fp8-padded", "fp8att-fused", "fp8att-fused_fp8",
                                "fp8att-fused_fp8-codes", "padded-fused", "projection-fixed_valid", "projection-padded",
-                               "projection_split-padded"]
+                               "projection-refused", "projection_split-padded"]
         for case, r in res.items():
             assert r["bitwise"], (rank, case, r)
             c = r["counters"]
             # one attention call per block (per destination's query rows with the split output exchange)
             assert c["attention.fused"] == (4 if case.startswith("projection_split") else 2), (rank, case, c)
+            if case == "projection-refused":
+                assert c["ulysses_exchange.fallback"] == 2 and "ulysses_exchange.fused" not in c, (rank, case, c)
+                assert list(r["reasons"]) == ["to_q/to_k/to_v are not plain nn.Linear (a quantised linear is not "
+                                              "sliced per destination)"], r
+                continue
             if case.startswith("projection"):  # every call took the projection exchange
                 assert c["ulysses_exchange.fused"] == 2 and "ulysses_exchange.fallback" not in c, (rank, case, c)
                 assert c["qk_norm_rope.fused"] == 2, (rank, case, c)

@@ -280,6 +280,9 @@ def _():
     _raises(lambda: ua(None, None, None, attn64, seq_len=S, gathered=g[:2]), "exchange_projected's")
     _raises(lambda: ua(None, None, None, attn64, seq_len=S, gathered=(g[0][:, :-1], g[1][:, :-1], g[2][:, :-1])),
             "U*S_loc")
+    from h3plan.parallel.comm import high_priority_group
+
+    assert high_priority_group(G.group) is G.group  # gloo has no stream priority: the group itself
     dist.barrier(group=G.group)
     ua(None, None, None, attn64, seq_len=S, gathered=g)  # the group still works after the refused calls
 
