@@ -23,8 +23,6 @@
 #   recheck    the two NCCL checks of vae2 again after their fixes (no compile at degree > 1; a contiguous gather)
 #   overlap    where degree 2 loses against half of degree 1 (benchmarks/probes/ulysses_overlap.py: profiles,
 #              exchange layouts, query-split attention with its output exchange overlapped), then the ring phase
-#   exchange   ulysses_exchange=projection: the NCCL install test (bitwise vs degree 1) and the parallel bench with
-#              the projection arm next to each recipe's plan and diffusers' context parallel, profiled
 #   scale      every installed-Ulysses NCCL case (bitwise vs degree 1), the parallel bench with the other exchange as
 #              an arm, the bf16 pipeline at degree 2 (appended to the committed pipeline-h200.json)
 #   split      ulysses_exchange=projection_split: its NCCL install cases and the parallel bench with every exchange
@@ -58,6 +56,15 @@ step() {  # step NAME CAP command...
   local s; s=$(date +%s)
   timeout --kill-after=10 "$t" "$@" 2>&1 | tee -a "$LOG"
   echo "=== $name: exit ${PIPESTATUS[0]} after $(( $(date +%s) - s ))s" | tee -a "$LOG"
+}
+nccl_install() {  # nccl_install CAP K: the installed-Ulysses NCCL test on two GPUs, cases matching K ("" = all)
+  local cap=$1 k=$2
+  step nccl-install "$cap" torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_install_ulysses_nccl.py \
+    -q -rA -s -p no:cacheprovider ${k:+-k "$k"}
+}
+parallel_bench() {  # parallel_bench CAP ARGS...: benchmarks/parallel.py on two GPUs, results in $OUT
+  local cap=$1; shift
+  step parallel-bench "$cap" torchrun --standalone --nproc-per-node=2 benchmarks/parallel.py --out "$OUT" "$@"
 }
 nvidia-smi --query-gpu=name,power.limit,clocks.max.sm --format=csv,noheader | tee -a "$LOG"
 case "$1" in
@@ -133,17 +140,9 @@ case "$1" in
     step ring-install-nccl 200 torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_install_ring_nccl.py -q -rA \
       -s -p no:cacheprovider
     ;;
-  exchange)
-    step nccl-install 150 torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_install_ulysses_nccl.py \
-      -q -rA -s -p no:cacheprovider -k "${H3_K:-projection or bf16-37820}"
-    step parallel-bench 380 torchrun --standalone --nproc-per-node=2 benchmarks/parallel.py --out "$OUT" --tag h200x2 \
-      --rounds 6 --exchange-arm --profile
-    ;;
   scale)
-    step nccl-install 150 torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_install_ulysses_nccl.py \
-      -q -rA -s -p no:cacheprovider
-    step parallel-bench 230 torchrun --standalone --nproc-per-node=2 benchmarks/parallel.py --out "$OUT" --tag h200x2 \
-      --rounds 6 --exchange-arm --profile
+    nccl_install 150 ""
+    parallel_bench 230 --tag h200x2 --rounds 6 --exchange-arm --profile
     cp benchmarks/results/pipeline-h200.json "$OUT/pipeline-h200.json"
     step pipeline-u2-bf16 230 torchrun --standalone --nproc-per-node=2 benchmarks/pipeline.py hardware=sm90 parallel=u2 \
       recipe=bf16 --video 768x1344x124 --text-tokens 110 --rounds 2 --warmup 2 --steps 1 --decode-warmup 1 --out "$OUT" \
@@ -151,23 +150,19 @@ case "$1" in
     rm -f "$OUT"/*.tmp
     ;;
   split)
-    step nccl-install 150 torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_install_ulysses_nccl.py \
-      -q -rA -s -p no:cacheprovider -k "${H3_K:-split or projection or bf16-37820}"
-    step parallel-bench 300 torchrun --standalone --nproc-per-node=2 benchmarks/parallel.py --out "$OUT" --tag h200x2 \
-      --rounds 8 --exchange-arm --profile
+    nccl_install 150 "${H3_K:-split or projection or bf16-37820}"
+    parallel_bench 300 --tag h200x2 --rounds 8 --exchange-arm --profile
     ;;
   last)
-    step parallel-8blocks 220 torchrun --standalone --nproc-per-node=2 benchmarks/parallel.py --out "$OUT" \
-      --tag h200x2-8blocks --seq-lens 37820 --blocks 8 --recipes bf16 --no-compile-plans --exchange-arm --rounds 6
+    parallel_bench 220 --tag h200x2-8blocks --seq-lens 37820 --blocks 8 --recipes bf16 --no-compile-plans --exchange-arm \
+      --rounds 6
     step parking-gpu 90 python -m pytest tests/gpu/test_install_gpu.py -k parks -q -rA -p no:cacheprovider
     H3_T_RECIPE=$(( $(left) - 5 )) OUT="$OUT" H3_RECIPES=fp8 H3_APPEND=1 bash benchmarks/pipeline_h200.sh >> "$LOG" 2>&1
     grep -E "^=== |exit " "$OUT/pipeline-h200.log" | tail -4
     ;;
   post)
-    step nccl-install 110 torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_install_ulysses_nccl.py \
-      -q -rA -s -p no:cacheprovider -k "projection or split or bf16-37820"
-    step parallel-bench 200 torchrun --standalone --nproc-per-node=2 benchmarks/parallel.py --out "$OUT" --tag h200x2-bf16 \
-      --recipes bf16 --no-compile-plans --exchange-arm --rounds 10
+    nccl_install 110 "projection or split or bf16-37820"
+    parallel_bench 200 --tag h200x2-bf16 --recipes bf16 --no-compile-plans --exchange-arm --rounds 10
     ;;
   ring)
     step ring-install-nccl 200 torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_install_ring_nccl.py -q -rA \
@@ -191,7 +186,7 @@ case "$1" in
     step gpu-suite 400 python -m pytest tests/gpu -m gpu -q -rA -p no:cacheprovider --deselect \
       tests/gpu/test_install_ulysses_nccl.py --deselect tests/gpu/test_compile_gpu.py
     ;;
-  *) echo "unknown phase $1 (parallel | pipeline | u2pipe | profile | measure | vae | vae2 | recheck | overlap | exchange | scale | split | last | post | ring | many | fp8 | final)"; exit 2 ;;
+  *) echo "unknown phase $1 (parallel | pipeline | u2pipe | profile | measure | vae | vae2 | recheck | overlap | scale | split | last | post | ring | many | fp8 | final)"; exit 2 ;;
 esac
 echo "=== done in $(( $(date +%s) - START ))s; files:" | tee -a "$LOG"
 ls -l "$OUT" | tee -a "$LOG"
