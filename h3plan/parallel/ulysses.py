@@ -318,6 +318,26 @@ class UlyssesAttention:
 
     # ---- the projection exchange -------------------------------------------------------------------
 
+    def _peers(self):
+        """(step j, destination, source) for j = 1..U-1: at step j this rank sends to rank+j and receives from
+        rank-j, so every send meets its receive in the same step on the peer."""
+        U, r = self.degree, self.rank
+        return [(j, (r + j) % U, (r - j) % U) for j in range(1, U)]
+
+    @staticmethod
+    def _pair(send, dst, recv, src, group):
+        """The P2P ops of one step: `send` to group rank dst, `recv` from group rank src."""
+        import torch.distributed as dist
+
+        return [dist.P2POp(dist.isend, wire(send), group=group, group_peer=dst),
+                dist.P2POp(dist.irecv, wire(recv), group=group, group_peer=src)]
+
+    def _post_bytes(self, send, in_splits) -> int:
+        """Bytes the output exchange sends to the other ranks (whole blocks, or the valid_only splits)."""
+        if in_splits is None:
+            return send.numel() * send.element_size() * (self.degree - 1) // self.degree
+        return (sum(in_splits) - in_splits[self.rank]) * send.element_size()
+
     def exchange_projected(self, produce, *, seq_len: int, shape, dtype, device):
         """Gather this rank's heads over every row while the other ranks' heads are still being produced.
 
@@ -349,14 +369,12 @@ class UlyssesAttention:
             return full[:, :, src * S_loc:(src + 1) * S_loc]
 
         works, keep, sent = [], [], 0
-        for j in range(1, U):
-            dst, src = (r + j) % U, (r - j) % U
+        for j, dst, src in self._peers():
             parts = self._produced(produce, dst, (1, S_loc, h, D), dtype, device)
             dest = rows(src)
             ops = []
             for t, p in enumerate(parts):
-                ops.append(dist.P2POp(dist.isend, wire(p), group=self.group, group_peer=dst))
-                ops.append(dist.P2POp(dist.irecv, wire(dest[t]), group=self.group, group_peer=src))
+                ops += self._pair(p, dst, dest[t], src, self.group)
                 sent += p.numel() * p.element_size()
             works += dist.batch_isend_irecv(ops)
             keep.append(parts)  # the send buffers stay referenced until their works are waited on
@@ -412,10 +430,7 @@ class UlyssesAttention:
             w = self._exchange(r_out, s_out, async_op=False, tag="post0", out_splits=out_splits, in_splits=in_splits)
             if w is not None:
                 w.wait()
-        if in_splits is None:
-            self.last_bytes["post"] = s_out.numel() * s_out.element_size() * (U - 1) // U
-        else:
-            self.last_bytes["post"] = (sum(in_splits) - in_splits[self.rank]) * s_out.element_size()
+        self.last_bytes["post"] = self._post_bytes(s_out, in_splits)
         return self._merge([(r_merge, 0, h)], B, S_loc, U * h, D, valid_rows(S, U, self.rank))
 
     def _blocks_exchange(self, recv, send, *, tag):
@@ -423,12 +438,8 @@ class UlyssesAttention:
         every other rank, this rank's block copied by the device meanwhile. Same bytes in the same places."""
         import torch.distributed as dist
 
-        U, r = self.degree, self.rank
-        ops = []
-        for j in range(1, U):
-            d, src = (r + j) % U, (r - j) % U
-            ops += [dist.P2POp(dist.isend, wire(send[d]), group=self.group, group_peer=d),
-                    dist.P2POp(dist.irecv, wire(recv[src]), group=self.group, group_peer=src)]
+        r = self.rank
+        ops = [op for _, d, src in self._peers() for op in self._pair(send[d], d, recv[src], src, self.group)]
         works = dist.batch_isend_irecv(ops)
         wire(recv[r]).copy_(wire(send[r]))
         for w in works:
@@ -456,14 +467,11 @@ class UlyssesAttention:
             self._check_out(o, (B, S_loc, h, D))
             return o.contiguous()
 
-        for j in range(1, U):
-            d, src = (r + j) % U, (r - j) % U
+        for j, d, src in self._peers():
             o = attend(d)
             if recv is None:
                 recv = torch.empty((U, B, S_loc, h, D), dtype=o.dtype, device=o.device)
-            works += dist.batch_isend_irecv([dist.P2POp(dist.isend, wire(o), group=self.post_group, group_peer=d),
-                                             dist.P2POp(dist.irecv, wire(recv[src]), group=self.post_group,
-                                                        group_peer=src)])
+            works += dist.batch_isend_irecv(self._pair(o, d, recv[src], src, self.post_group))
             keep.append(o)
             sent += o.numel() * o.element_size()
             self.stats["p2p_async"] += 1
@@ -522,10 +530,7 @@ class UlyssesAttention:
                 pending = issue_pre(c + 1)  # in flight while chunk c attends
             r_out, r_merge, s_out, out_splits, in_splits = self._attend(attn_fn, recv, S, S_pad, c)
             del send, recv
-            if in_splits is None:
-                post_bytes += s_out.numel() * s_out.element_size() * (U - 1) // U
-            else:
-                post_bytes += (sum(in_splits) - in_splits[self.rank]) * s_out.element_size()
+            post_bytes += self._post_bytes(s_out, in_splits)
             w = self._exchange(r_out, s_out, async_op=async_op, tag=f"post{c}",
                                out_splits=out_splits, in_splits=in_splits)
             posts.append((r_merge, s_out, w, c0, c1))
