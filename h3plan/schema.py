@@ -261,14 +261,11 @@ class OverlapPoint:
 
 
 @dataclass
-class ExchangePoint:
+class ExchangePoint(OverlapPoint):
     """The installed plan's block stack at degree U with ulysses_exchange=<setting> against packed (packed
     time / that setting's time), one entry per interleaved run."""
 
     setting: str = "projection"
-    degree: int = MISSING
-    seq_len: int = MISSING
-    speedups: List[float] = MISSING
 
 
 @dataclass
