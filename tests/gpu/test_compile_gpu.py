@@ -25,12 +25,17 @@ def _rel(a, b):
 
 @pytest.mark.parametrize("recipe", ["bf16", "fp8"])
 @pytest.mark.parametrize("how", ["regional", "whole"])
-def test_compiled_plan_never_recompiles_and_counts_exactly(monkeypatch, recipe, how):
+def test_compiled_plan_never_recompiles_and_counts_exactly(recipe, how):
     import h3plan
     from h3plan.actions.inputs import build_model, packed_inputs
 
     torch._dynamo.reset()
-    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        _compiled_run(h3plan, build_model, packed_inputs, recipe, how)
+    torch._dynamo.reset()
+
+
+def _compiled_run(h3plan, build_model, packed_inputs, recipe, how):
     plan = h3plan.resolve_config(recipe=recipe, **{"parallel.seq_len": S})
     dc = plan.get("model")["diffusers_config"]
     model = build_model(dc, blocks=BLOCKS, device="cuda", dtype="bf16", seed=0)
@@ -53,4 +58,3 @@ def test_compiled_plan_never_recompiles_and_counts_exactly(monkeypatch, recipe, 
             rel = _rel(out, ref)
             print(f"{how} {recipe} call {i}: rel vs uncompiled plan {rel:.2e}")
             assert rel < BOUND
-    torch._dynamo.reset()

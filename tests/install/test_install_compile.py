@@ -20,10 +20,12 @@ FP8 = dict(LOSSLESS, gemm_quant="fp8")
 
 
 @pytest.fixture
-def no_recompiles(monkeypatch):
+def no_recompiles():
+    # config.patch, not monkeypatch: dynamo's config module is no plain attribute holder, and undoing a
+    # monkeypatched entry deletes it under newer pytest (the later cases then fail on a missing attribute)
     torch._dynamo.reset()
-    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
-    yield
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        yield
     torch._dynamo.reset()
 
 
