@@ -5,15 +5,18 @@
 
 The released config (conf/vae/h3.yaml) with seeded fp32 weights: diffusers' initialisation, except the
 residual scales and register tokens (zeros in diffusers' init, so the blocks would change nothing) drawn
-from N(0, 0.1). `requires_grad_(False)` and decode in `torch.no_grad()` under `torch.autocast(fp16)`.
+from N(0, 0.1). `requires_grad_(False)` and `vae.decode(z)` in `torch.no_grad()`, no autocast: the decode as
+diffusers' pipeline runs it, the VAE in its own dtype.
 Per (latent, plan): the eager side is diffusers' decode with the plan's tile geometry (a tiles-only
-plan: the geometry only, without fp8_tiles' FP8 GEMMs, so a lossy plan's comparison isolates its ops), the
-plan side is `h3plan.install(vae, plan)`; times are medians of CUDA-event timed decodes after
-`--warmup` untimed ones (eager first, then the plan); `bitwise_equal` compares the two last outputs; `psnr_db` (lossy plans: any lossy decision) is
-h3plan.actions.quality.psnr of the plan's frames against eager's, both mapped to [0, 1] as diffusers'
-postprocessing does ((x + 1) / 2, clamped), null when identical; `budget_psnr_db` is the recipe's bound;
-`peak_GiB` is max_memory_allocated over one decode, weights included (with vae_ops fused the decoder-block
-linears are float16 on the device, their float32 masters on the host).
+plan: the geometry only, without fp8_tiles' FP8 GEMMs, so a lossy plan's comparison isolates its ops) and
+the VAE in the plan's decode precision (vae_precision; cast as from_pretrained(torch_dtype=...) casts it);
+the plan side is `h3plan.install(vae, plan)` into the float32 VAE; `eager_fp32_ms` times diffusers' default
+(float32) decode at the same tiles. Times are medians of CUDA-event timed decodes after `--warmup` untimed
+ones (eager first, then the plan); `bitwise_equal` compares the two last outputs; `psnr_db` (lossy plans)
+is h3plan.actions.quality.psnr of the plan's frames against eager's at the same precision, `psnr_vs_fp32_db`
+against the float32 decode, both mapped to [0, 1] as diffusers' postprocessing does ((x + 1) / 2,
+clamped), null when identical; `budget_psnr_db` is the recipe's bound; `peak_GiB` is max_memory_allocated
+over one decode, weights included.
 `--device cpu --config h3_tiny` is a plumbing smoke run in the Triton interpreter (host clock, no meaning).
 """
 
@@ -109,7 +112,7 @@ def decoder_calls(vae, latent) -> int:
 
 
 class Decoder:
-    """Timed `vae.decode` under autocast(fp16) and no_grad: CUDA events on a GPU, the host clock elsewhere."""
+    """Timed `vae.decode` under no_grad (no autocast): CUDA events on a GPU, the host clock elsewhere."""
 
     def __init__(self, vae, z):
         import torch
@@ -119,7 +122,7 @@ class Decoder:
 
     def __call__(self):
         t = self.torch
-        with t.no_grad(), t.autocast(self.z.device.type, dtype=t.float16):
+        with t.no_grad():
             return self.vae.decode(self.z).sample
 
     def timed(self, warmup: int, iters: int):
@@ -146,10 +149,15 @@ class Decoder:
         return statistics.median(times), out, peak
 
 
+def precision(plan) -> str:
+    return next((d.setting for d in plan.decisions if d.lever == "vae_precision"), "fp32")
+
+
 def measure(vae, plan, spec: str, latent, warmup: int, iters: int, seed: int = 1) -> dict:
     import torch
 
     from h3plan.install import counters, install, reset_counters, uninstall
+    from h3plan.install.vae_weights import DTYPES, PrecisionCast
 
     device = next(vae.parameters()).device
     z = torch.randn(latent, generator=torch.Generator().manual_seed(seed)).to(device)
@@ -157,8 +165,16 @@ def measure(vae, plan, spec: str, latent, warmup: int, iters: int, seed: int = 1
     uninstall(vae)
     install(vae, tiles_only(plan))
     tiles = geometry(vae)
-    eager_ms, ref, eager_peak = run.timed(warmup, iters)
+    p = precision(plan)
+    fp32_ms, ref32, _ = run.timed(warmup, iters)
+    ref32 = ref32.cpu()
+    cast = PrecisionCast.apply(vae, DTYPES[p]) if p != "fp32" else None
+    eager_ms, ref, eager_peak = run.timed(warmup, iters) if cast is not None else (fp32_ms, ref32, _)
+    if cast is not None:
+        cast.restore()
     ref = ref.cpu()
+    if eager_peak is None and device.type == "cuda":
+        eager_peak = torch.cuda.max_memory_allocated() / 2**30
     if device.type == "cuda":
         torch.cuda.empty_cache()
     report = install(vae, plan)
@@ -168,17 +184,20 @@ def measure(vae, plan, spec: str, latent, warmup: int, iters: int, seed: int = 1
     uninstall(vae)
     setting = {d.lever: d.setting for d in plan.decisions}
     lossy = not plan.lossless
-    psnr_db = None
-    if lossy:
-        from h3plan.actions.quality import psnr
+    from h3plan.actions.quality import psnr
 
-        psnr_db = psnr(frames01(out.cpu()), frames01(ref))
-        psnr_db = None if psnr_db is None else round(psnr_db, 2)
-    return {"latent": list(latent), "tiles": tiles, "plan": spec, "vae_ops": setting.get("vae_ops"),
+    def db(a, b):
+        v = psnr(frames01(a.float()), frames01(b.float()))
+        return None if v is None else round(v, 2)
+
+    psnr_db = db(out.cpu(), ref) if lossy else None
+    return {"latent": list(latent), "tiles": tiles, "plan": spec, "vae": p, "vae_ops": setting.get("vae_ops"),
             "vae_graphs": setting.get("vae_graphs"),
             "vae_tiles": setting.get("vae_tiles"), "eager_ms": round(eager_ms, 2), "plan_ms": round(plan_ms, 2),
-            "speedup": round(eager_ms / plan_ms, 3), "bitwise_equal": bool(torch.equal(out.cpu(), ref)),
-            "lossy": lossy, "psnr_db": psnr_db, "budget_psnr_db": budget_psnr(plan) if lossy else None,
+            "eager_fp32_ms": round(fp32_ms, 2), "speedup": round(eager_ms / plan_ms, 3),
+            "speedup_vs_fp32": round(fp32_ms / plan_ms, 3), "bitwise_equal": bool(torch.equal(out.cpu(), ref)),
+            "lossy": lossy, "psnr_db": psnr_db, "psnr_vs_fp32_db": db(out.cpu(), ref32) if p != "fp32" else None,
+            "budget_psnr_db": budget_psnr(plan) if lossy else None,
             "peak_GiB": {"eager": _r(eager_peak), "plan": _r(plan_peak)},
             "peak_ratio": None if eager_peak is None else round(plan_peak / eager_peak, 3),
             "decoder_calls": n_calls,
@@ -208,32 +227,35 @@ def _psnr(r) -> str:
 
 
 def ok(r: dict) -> bool:
-    """A lossless plan must be bitwise equal to eager; a lossy one within its recipe's PSNR budget."""
+    """A plan lossless but for its decode precision must be bitwise eager at that precision; a lossy one within
+    its recipe's PSNR budget."""
     if "error" in r:
         return True
-    if not r.get("lossy"):
+    if not r.get("lossy") or r.get("budget_psnr_db") is None:
         return r["bitwise_equal"]
     return r["psnr_db"] is None or r["budget_psnr_db"] is None or r["psnr_db"] >= r["budget_psnr_db"]
 
 
 def markdown(meta: dict, records: list[dict]) -> str:
     lines = [f"# VAE decode: diffusers eager vs h3plan plan ({meta['device']})", "",
-             f"AutoencoderKLMiniMaxH3 `{meta['config']}` config, seeded fp32 weights, decode under "
-             f"torch.autocast(float16), no_grad, requires_grad False; medians of {meta['iters']} timed decodes "
+             f"AutoencoderKLMiniMaxH3 `{meta['config']}` config, seeded fp32 weights, `vae.decode(z)` as diffusers' "
+             f"pipeline runs it (no autocast), no_grad, requires_grad False; medians of {meta['iters']} timed decodes "
              f"({meta['clock']}) after {meta['warmup']} warm-up; eager runs diffusers' ops at the plan's tile "
-             "geometry. Fused block calls: `vae_ops.qk_norm_rope.fused` over the plan's decode (with vae_graphs "
+             "geometry with the VAE in the plan's decode precision (`VAE`); `fp32 ms` is diffusers' default decode. Fused block calls: `vae_ops.qk_norm_rope.fused` over the plan's decode (with vae_graphs "
              "only the warm-up and capture runs count: replays run no Python); graph replays: `vae_graphs.fused`.", "",
-             "| latent | GPUs | tiles | plan | vae_graphs | vae_ops | decoder calls | eager ms | plan ms | speedup | bitwise | PSNR dB (budget) | peak GiB eager / plan (plan/eager) | fused block calls | graph replays |",
-             "|---|---:|---|---|---|---|---:|---:|---:|---:|---|---|---|---:|---:|"]
+             "| latent | GPUs | tiles | plan | VAE | vae_graphs | vae_ops | decoder calls | fp32 ms | eager ms | plan ms | speedup | vs fp32 | bitwise | PSNR dB (budget) | PSNR vs fp32 | peak GiB eager / plan (plan/eager) | fused block calls | graph replays |",
+             "|---|---:|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---|---|---|---|---:|---:|"]
     for r in records:
         if "error" in r:
-            lines.append(f"| {'x'.join(map(str, r['latent']))} | - | - | {r['plan']} | - | - | - | - | - | - | - | - | - | {r['error']} | - |")
+            lines.append(f"| {'x'.join(map(str, r['latent']))} | - | - | {r['plan']} | - | - | - | - | - | - | - | - | - | - | - | - | - | {r['error']} | - |")
             continue
         pk = r["peak_GiB"]
         ratio = "" if r.get("peak_ratio") is None else f" ({r['peak_ratio']:.2f}x)"
-        lines.append(f"| {'x'.join(map(str, r['latent']))} | {r.get('gpus', 1)} | {r['tiles']} | {r['plan']} | {r.get('vae_graphs') or '-'} | {r['vae_ops']} | "
-                     f"{r['decoder_calls']} | {r['eager_ms']:.1f} | {r['plan_ms']:.1f} | {r['speedup']:.2f}x | "
-                     f"{'yes' if r['bitwise_equal'] else 'NO'} | {_psnr(r)} | {pk['eager']} / {pk['plan']}{ratio} | "
+        v32 = r.get("psnr_vs_fp32_db")
+        lines.append(f"| {'x'.join(map(str, r['latent']))} | {r.get('gpus', 1)} | {r['tiles']} | {r['plan']} | {r.get('vae', 'fp32')} | {r.get('vae_graphs') or '-'} | {r['vae_ops']} | "
+                     f"{r['decoder_calls']} | {r.get('eager_fp32_ms', r['eager_ms']):.1f} | {r['eager_ms']:.1f} | {r['plan_ms']:.1f} | {r['speedup']:.2f}x | "
+                     f"{r.get('speedup_vs_fp32', r['speedup']):.2f}x | {'yes' if r['bitwise_equal'] else 'NO'} | {_psnr(r)} | "
+                     f"{'-' if v32 is None else f'{v32:.2f}'} | {pk['eager']} / {pk['plan']}{ratio} | "
                      f"{r['counters'].get('vae_ops.qk_norm_rope.fused', 0)} | {r['counters'].get('vae_graphs.fused', 0)} |")
     notes = sorted({s for r in records for s in (*r.get("skipped", ()), *r.get("notes", ()))})
     if notes:
@@ -278,7 +300,7 @@ def main(argv=None) -> int:
                   f"{rec['peak_GiB']}", flush=True)
     dev = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu (Triton interpreter)"
     meta = {"device": dev, "torch": torch.__version__, "diffusers": diffusers.__version__, "config": args.config,
-            "autocast": "float16", "requires_grad": False, "warmup": args.warmup, "iters": args.iters,
+            "autocast": None, "requires_grad": False, "warmup": args.warmup, "iters": args.iters,
             "clock": "CUDA events" if args.device.startswith("cuda") else "host clock",
             "seconds": round(time.monotonic() - start, 1)}
     args.out.mkdir(parents=True, exist_ok=True)

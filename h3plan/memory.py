@@ -12,9 +12,9 @@ says whether it fits and, when not, which nearest change does (each one re-estim
   attention phase and the FFN phase of one block forward, and the full-S tensors outside the stack
   (every rank embeds and gathers the whole sequence). Counted as diffusers' eager code keeps them alive
   (the basis lists each tensor); not yet calibrated on a GPU (tests/gpu/test_memory_gpu.py measures it).
-- VAE decode (h3plan's setup: FP16 autocast, no_grad): weights (float32 as released; with vae_ops fused
-  the decoder-block linears are float16 on the device, their float32 masters on the host), an autocast
-  weight cache where one exists, vae_graphs' one CUDA-graph pool (shared by every tile shape, sized by
+- VAE decode (diffusers' decode step: no autocast, no_grad, the VAE in its dtype): weights (float32 as
+  released; vae_precision fp16/bf16 casts all but diffusers' _keep_in_fp32_modules, the float32 originals
+  on the host), activations and frames in the decode's dtype, vae_graphs' one CUDA-graph pool (shared by every tile shape, sized by
   one decoder call), and the decode's own peak: the decoded chunks and their final torch.cat, or the last clip's tiles
   being stitched; then diffusers' MiniMaxH3VideoDecodeStep postprocess (float32 copies). Calibrated on
   the H200 anchors (docs/sources.md#h200-anchors, benchmarks/results/vae-h200.md): within 10% for one decode, within 3% when
@@ -131,10 +131,11 @@ def decoded_frames(latent_frames: int, g: Mapping[str, int]) -> int:
 
 
 def vae_decode(vae_dc, latent_frames: int, latent_h: int, latent_w: int, tile: Mapping[str, Any], *, batch: int = 1,
-               fused: bool = False, fp16_weights: bool = True) -> dict[str, Any]:
-    """Bytes of one `vae.decode` under FP16 autocast at these latents and tile geometry (pixels; frames:
-    diffusers' temporal chunks of tokens_chunk_size + token_overlap latent frames, the only ones it has).
-    fused: vae_ops's fused SwiGLU (no silu temporary); fp16_weights: no per-call autocast weight casts."""
+               fused: bool = False, fp16_weights: bool = True, act: int = 2) -> dict[str, Any]:
+    """Bytes of one `vae.decode` at these latents and tile geometry (pixels; frames: diffusers' temporal chunks
+    of tokens_chunk_size + token_overlap latent frames, the only ones it has). act: bytes of the decode's
+    activations and frames (2: float16 / bfloat16, 4: float32); fused: vae_ops's fused SwiGLU (no silu
+    temporary); fp16_weights False: FP16 autocast casts ff.net.0.proj's weight per call (a float32 VAE under autocast)."""
     g, p = vae_geometry(vae_dc), vae_params(vae_dc)
     ratio, dim, ffi = g["spatial"], p["dim"], p["ffn_inner"]
     H, W = latent_h * ratio, latent_w * ratio
@@ -146,16 +147,16 @@ def vae_decode(vae_dc, latent_frames: int, latent_h: int, latent_w: int, tile: M
     T = clip_lat * (th // ratio) * (tw // ratio) + vae_dc["decoder_num_register_tokens"] + 1
     # One decoder call, FFN moment of the heaviest block: fp32 residual, fp16 normed input, proj (2F),
     # silu(gate) (F, eager only), product (F); proj_out's output and its contiguous permute.
-    per_token = 4 * dim + 2 * dim + 2 * 2 * ffi + (0 if fused else 2 * ffi) + 2 * ffi
+    per_token = 4 * dim + act * dim + act * 2 * ffi + (0 if fused else act * ffi) + act * ffi
     cast = 0 if fp16_weights else 2 * (dim * 2 * ffi + 2 * ffi)  # autocast's float16 cast of ff.net.0.proj
-    call = batch * (T * per_token + 2 * T * p["pixels_per_token"] * 2) + cast
+    call = batch * (T * per_token + 2 * T * p["pixels_per_token"] * act) + cast
     frames = decoded_frames(latent_frames, g)
-    px = batch * 3 * H * W * 2  # one fp16 frame of video
+    px = batch * 3 * H * W * act  # one frame of video in the decode's dtype
     out, clip_out, tiles = frames * px, clip_px * px, ny * nx * batch * 3 * clip_px * th * tw * 2
     final_cat, stitch = 2 * out + clip_out, out + tiles + 2 * clip_out + call
     return {"call": call, "tokens_per_call": T, "tiles": (ny, nx), "tile_px": (th, tw), "frames": frames, "clip_frames": clip_px,
             "output": out, "peak": max(final_cat, stitch), "peak_at": "final torch.cat" if final_cat >= stitch else "last clip's stitching",
-            "postprocess": 5 * out}
+            "postprocess": out + 2 * (out // act) * 4}
 
 
 def _gib(b: float) -> float:
@@ -220,12 +221,13 @@ def _weights(it: _Items, sections, settings, opts) -> None:
         it.add("transformer_weights", base, f"{tp['block_linears'] + tp['bf16_other']:,} bf16 + {tp['fp32']:,} float32 parameters "
                                             f"({', '.join(TRANSFORMER_FP32)}: _keep_in_fp32_modules)")
     vb, vp = VAE_DTYPES[opts["vae_dtype"]], vae_params(vdc)
-    lb = 2 if _setting(settings, "vae_ops", "eager") == "fused" else vb  # fp16_weights: float16 on the device
-    it.add("vae_weights", 4 * vp["fp32_kept"] + lb * vp["decoder_linears"] + vb * vp["other"],
-           f"AutoencoderKLMiniMaxH3 {vp['decoder_linears'] + vp['fp32_kept'] + vp['other']:,} parameters, {opts['vae_dtype']}"
-           + ("" if vb == 4 else " (encoder, quant_conv, norms and scales kept float32)")
-           + (f"; vae_ops fp16_weights: the {vp['decoder_linears']:,} decoder-block linear weights and biases float16 "
-              "on the device, the originals on the host (install/vae_weights.py)" if lb != vb else ""))
+    vd = decode_dtype(settings, opts)
+    lb = VAE_DTYPES[vd]
+    it.add("vae_weights", 4 * vp["fp32_kept"] + lb * (vp["decoder_linears"] + vp["other"]),
+           f"AutoencoderKLMiniMaxH3 {vp['decoder_linears'] + vp['fp32_kept'] + vp['other']:,} parameters, {vd}"
+           + ("" if lb == 4 else " (encoder, quant_conv, norms and scales kept float32)")
+           + (f"; vae_precision={vd}: cast at install, the float32 originals on the host (install/vae_weights.py)"
+              if vd != opts["vae_dtype"] else ""))
     it.add("audio_vae_weights", vb * pipe["audio_vae"]["params"],
            f"AutoencoderKLMiniMaxH3Audio {pipe['audio_vae']['params']:,} parameters, {opts['vae_dtype']}")
     it.add("text_encoder", 0, "not resident: prompt_embeds given (Qwen3-VL runs before, or elsewhere)")
@@ -271,13 +273,21 @@ def _denoise(it: _Items, sections, shape, settings, geo, geo_src) -> None:
                                              f"for the heads: 10 bytes per element of (B, S, {h})")
 
 
+def decode_dtype(settings, opts) -> str:
+    """The decode's dtype: the plan's vae_precision where it casts a float32 VAE, else the VAE as loaded."""
+    p = _setting(settings, "vae_precision", "fp32")
+    return p if p != "fp32" and opts["vae_dtype"] == "fp32" else opts["vae_dtype"]
+
+
 def _decode(it: _Items, sections, settings, opts, geo, geo_src, B: int) -> None:
     vdc = _dc(sections["vae"])
     tile_name = {"fp8_tiles": "fp8_tile", "custom": "custom_tile"}.get(_setting(settings, "vae_tiles", "default"), "default_tile")
     tile = sections["vae"].get(tile_name) or {"height": 256, "width": 256, "overlap": 64}
     fused = _setting(settings, "vae_ops", "eager") == "fused"
-    fp16_w = fused or opts["vae_dtype"] == "fp16"
-    d = vae_decode(vdc, geo["latent_frames"], geo["latent_height"], geo["latent_width"], tile, batch=B, fused=fused, fp16_weights=fp16_w)
+    vd = decode_dtype(settings, opts)
+    fp16_w = True  # diffusers' decode step runs no autocast: no per-call weight casts
+    d = vae_decode(vdc, geo["latent_frames"], geo["latent_height"], geo["latent_width"], tile, batch=B, fused=fused,
+                   fp16_weights=fp16_w, act=VAE_DTYPES[vd])
     th, tw = d["tile_px"]
     if _setting(settings, "vae_graphs", "off") == "on":
         it.add("vae_graph_pools", d["call"], f"vae_graphs: one CUDA-graph pool shared by every tile shape ({th}x{tw} px here), the size of one "
@@ -286,12 +296,12 @@ def _decode(it: _Items, sections, settings, opts, geo, geo_src, B: int) -> None:
         it.add("vae_autocast_cache", 2 * vae_params(vdc)["decoder_linears"], "FP16 autocast caches float16 casts of the decoder "
                                                                              "linears of a requires-grad VAE during the decode")
     it.add("vae_decode", d["peak"], f"vae.decode of [{B}, {vdc['latent_channels']}, {geo['latent_frames']}, {geo['latent_height']}, "
-                                    f"{geo['latent_width']}] -> {d['frames']} frames fp16: peak at the {d['peak_at']} (2 x output + "
+                                    f"{geo['latent_width']}] -> {d['frames']} frames {vd}: peak at the {d['peak_at']} (2 x output + "
                                     f"one {d['clip_frames']}-frame clip, or output + {d['tiles'][0]}x{d['tiles'][1]} tiles of "
                                     f"{th}x{tw} px + 2 clips + one decoder call of {d['tokens_per_call']:,} tokens); "
                                     f"H200 anchors: within 10% for one decode ({geo_src})")
-    it.add("video_postprocess", d["postprocess"], "MiniMaxH3VideoDecodeStep: (video.float() * std + mean).clamp(0, 1): the fp16 "
-                                                  "video + two float32 temporaries, 10 bytes per output element")
+    it.add("video_postprocess", d["postprocess"], f"MiniMaxH3VideoDecodeStep: (video.float() * std + mean).clamp(0, 1): the {vd} "
+                                                  "video + two float32 temporaries")
 
 
 def estimate(sections: Mapping[str, Any], shape: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:

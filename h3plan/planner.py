@@ -34,7 +34,10 @@ def _notes(sections: Mapping[str, Any], decisions) -> list[str]:
     hw, r = sections["hardware"], sections["recipe"]
     lossy = [d.lever for d in decisions if not d.lossless]
     notes = []
-    if lossy:
+    if lossy and r["policy"] == "lossless":
+        notes.append(f"lossy by the recipe's own choice: {', '.join(lossy)} (each line gives its measured error); every "
+                     "other lever keeps eager's bits given the attention backend")
+    elif lossy:
         notes.append(f"lossy levers: {', '.join(lossy)}; budget PSNR >= {r['budget']['psnr_db_min']} dB, SSIM >= {r['budget']['ssim_min']} "
                      "(action=verify reports the measured error against diffusers' eager forward)")
     else:
@@ -65,6 +68,12 @@ def _memory(sections, shape, decisions) -> tuple[dict[str, Any], dict[str, str]]
     return values, basis
 
 
+def _recipe_choice(module, ctx: Context, d) -> bool:
+    """A lossy setting a lossless recipe asks for itself (a lever's own `policy`, e.g. recipe.vae=fp16)."""
+    policy = getattr(module, "policy", None)
+    return policy is not None and not policy(ctx, d.setting)
+
+
 def resolve(cfg) -> Plan:
     """cfg: the composed Hydra config (DictConfig) or a plain dict with the same sections."""
     sections = schema.validate(cfg)  # ConfigError (an H3PlanError) on values the schema rules out
@@ -77,7 +86,7 @@ def resolve(cfg) -> Plan:
         except LeverError as e:
             raise PlanningError(str(e), e.reasons) from None
         ctx = context(sections, decisions, sequence)
-        if sections["recipe"]["policy"] == "lossless" and not decisions[lever].lossless:
+        if sections["recipe"]["policy"] == "lossless" and not decisions[lever].lossless and not _recipe_choice(module, ctx, decisions[lever]):
             raise AssertionError(f"internal: lossy {lever}={decisions[lever].setting} under a lossless policy")
     derived = derive.merge(ctx.shape, derive.estimates(sections, ctx.shape, decisions))
     mem, mem_basis = _memory(sections, ctx.shape, decisions)

@@ -81,7 +81,10 @@ class PaddingMode(str, Enum):
 
 
 class VaePrecision(str, Enum):
+    """recipe.vae: the decode precision (levers/vae_precision.py); fp8: FP8 decoder GEMMs around fp16."""
+    fp32 = "fp32"
     fp16 = "fp16"
+    bf16 = "bf16"
     fp8 = "fp8"
 
 
@@ -314,6 +317,19 @@ class VaeFp8Point:
 
 
 @dataclass
+class VaePrecisionPoint:
+    precision: str = MISSING
+    """fp16 | bf16: the decode precision (levers/vae_precision.py) measured against the fp32 decode."""
+    latent: List[int] = MISSING
+    psnr_db: float = MISSING
+    """Its decoded frames against the fp32 decode's (peak 2: the VAE's normalized range)."""
+    ssim: float = MISSING
+    speedup: float = MISSING
+    """The fp32 eager decode's time / this precision's eager decode time, in the same run."""
+    source: str = MISSING
+
+
+@dataclass
 class MeasuredFacts:
     on_hardware: bool = MISSING
     hbm_copy_tbps: Optional[float] = None
@@ -332,6 +348,8 @@ class MeasuredFacts:
     """fp8_act_quant's evidence: row vs tensor on the whole FP8 block (empty: never measured, auto keeps tensor)."""
     vae_fp8: List[VaeFp8Point] = field(default_factory=list)
     """The FP8 VAE decode (vae_tiles=fp8_tiles) against diffusers eager at the same tiles (empty: never measured)."""
+    vae_precision: List[VaePrecisionPoint] = field(default_factory=list)
+    """The fp16 / bf16 decodes against the fp32 decode (empty: never measured; the plan says so)."""
     never_measured: List[str] = field(default_factory=list)
     source: str = MISSING
 
@@ -409,7 +427,8 @@ class RecipeConfig:
     fp8_scale_mode: ScaleMode = ScaleMode.auto
     fp8_static_table: Optional[str] = None
     fp8_static_margin: float = 1.0
-    vae: VaePrecision = VaePrecision.fp16
+    vae: VaePrecision = VaePrecision.fp32
+    """The VAE decode: fp32 (diffusers' default, lossless), fp16 / bf16 (lossy), fp8 (FP8 tiles, fp16 around them)."""
     source: str = MISSING
 
 
@@ -545,19 +564,19 @@ class VerifyConfig:
 
 @dataclass
 class PipelineBenchConfig:
-    """bench.target=pipeline (h3plan/actions/pipeline_bench.py): diffusers' modular pipeline end to end."""
+    """bench.target=pipeline (h3plan/actions/pipeline_bench.py): diffusers' `pipe(...)` as users call it."""
 
     text_tokens: int = 110
     """Rows of the random prompt_embeds when the video request names none."""
     warmup: int = 2
-    """Untimed denoise steps at the start of every call (diffusers' first step has another temb shape, so a
-    compiled setting traces twice: two untimed steps keep both traces out of the timed ones)."""
+    """Untimed transformer forwards at the start of every call (diffusers' first step has another temb shape, so
+    a compiled setting traces twice: two untimed forwards keep both traces out of the timed ones)."""
     steps: int = 1
-    """Timed denoise steps per call."""
-    rounds: int = 2
-    """Calls per setting, the order of the settings reversed every round."""
+    """Timed transformer forwards per call."""
+    rounds: int = 1
+    """Timed calls per row, the row order reversed every round."""
     decode_warmup: int = 1
-    audio: bool = True
+    """Untimed decodes of a short latent with the request's tile and clip shapes before a row's first call."""
     best: bool = True
     """Time diffusers' best setting (regional compile; context parallel + compile at degree > 1)."""
     compile_backend: str = "inductor"
@@ -567,7 +586,12 @@ class PipelineBenchConfig:
     layers: Optional[int] = None
     """Transformer layers (null: the model config's)."""
     vae: str = "auto"
-    """auto | fp16_autocast | bf16 | fp32"""
+    """The VAE precisions of the eager and best rows: auto (fp32, diffusers' default, plus each plan's own) or a
+    comma list of fp32, fp16, bf16."""
+    plans: List[str] = field(default_factory=list)
+    """More plans in the same run, each an override string resolved beside the main plan ("recipe=fp8")."""
+    reference: bool = True
+    """Also run diffusers eager with a lossless plan's attention backend and VAE precision (the bitwise check)."""
     seed: int = 0
 
 

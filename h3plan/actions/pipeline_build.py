@@ -101,11 +101,11 @@ def cast_like_from_pretrained(model, dtype):
     """Floating parameters and buffers to `dtype`, except `_keep_in_fp32_modules` (what from_pretrained does)."""
     import torch
 
-    keep = tuple(model._keep_in_fp32_modules or ())
+    from h3plan.install.vae_weights import castable
+
     with torch.no_grad():
-        for name, p in list(model.named_parameters()) + list(model.named_buffers()):
-            if p.is_floating_point() and not any(k in name.split(".") for k in keep):
-                p.data = p.data.to(dtype)
+        for _, t in castable(model):
+            t.data = t.data.to(dtype)
     return model
 
 

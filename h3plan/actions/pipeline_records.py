@@ -1,8 +1,9 @@
 """Pipeline benchmark records: the schema, the results file (JSON), the markdown and the chart.
 
 Pure Python (no torch; matplotlib only for the PNG, loaded lazily). A results file is
-{"schema_version": 1, "runs": [...], "records": [...]}; records are merged by (video, gpus, plan, device),
-so invocations with other plans or requests append to one file (S follows from the request). Times are seconds.
+{"schema_version": 2, "kind": "pipeline-call", "runs": [...], "records": [...]}: one record per row of one run
+(a setting - diffusers eager, diffusers' best, an h3plan plan, the bitwise reference - at one VAE precision),
+keyed by (run, setting, label, vae); a new run appends its rows. Times are seconds.
 """
 
 from __future__ import annotations
@@ -15,78 +16,65 @@ from typing import Mapping, Sequence
 from .bench.records import _f, _one_line
 from .results_file import ResultsFile, write_atomic
 
-SCHEMA_VERSION = 1
-KIND = "pipeline"
-REQUIRED_KEYS = ("video", "S", "gpus", "plan", "steps_timed", "steps_e2e", "eager_step_s", "best_step_s",
-                 "plan_step_s", "eager_decode_s", "best_decode_s", "plan_decode_s", "e2e_speedup_vs_eager",
-                 "e2e_speedup_vs_best", "best_config", "frames_bitwise", "frames_psnr_db")
-SETTINGS = ("eager", "best", "plan")
+SCHEMA_VERSION = 2
+KIND = "pipeline-call"
+REQUIRED_KEYS = ("run", "video", "S", "gpus", "setting", "label", "vae", "forward_s", "rest_s", "wall_s", "e2e_s",
+                 "steps_e2e", "speedup_vs_eager", "speedup_vs_best", "speedup_vs_best_fp32", "frames")
+SETTINGS = ("eager", "best", "plan", "reference")
 
 
 @dataclass
-class PipelineRecord:
-    """One (request, plan, GPUs) measurement; the first seventeen fields are the issue's record.
+class CallRecord:
+    """One row: one setting's call `pipe(prompt_embeds=..., height=, width=, num_frames=, num_inference_steps=,
+    output_type="pt", output="videos")`, as diffusers documents it (no autocast; the VAE in `vae`).
 
-    *_step_s: median time of one denoise step (one transformer forward and the two scheduler updates) in
-    diffusers' own loop, after the warm-up steps; *_decode_s: diffusers' video decode step (VAE decode,
-    denormalisation, postprocess), best = diffusers' VAE as it ships (= eager); steps_e2e: transformer forwards
-    of one generation at the pipeline's default num_inference_steps; *_e2e_s = overhead_s + steps_e2e * step
-    + decode (+ audio_decode_s): a whole generation without the text encoder, compile and capture excluded.
-    frames_bitwise: the plan's frames torch.equal to `frames_reference` (None: lossy plan, no such reference);
-    frames_psnr_db / frames_ssim: the plan's frames against diffusers eager's (PSNR None: identical).
+    forward_s: median of the timed transformer forwards (CUDA events around each forward; the first `warmup`
+    forwards of the call are dropped: compile, JIT); wall_s: the whole call by wall clock (synchronised);
+    rest_s: wall_s minus every forward (layout, noise, scheduler updates, the video and audio decode, the
+    postprocess); e2e_s = steps_e2e x forward_s + rest_s, one generation at the pipeline's default
+    num_inference_steps. speedup_vs_eager / _vs_best: e2e of diffusers eager / best with the same VAE precision
+    over this row's; speedup_vs_best_fp32: against diffusers' best with diffusers' default fp32 VAE.
+    frames: {"against": row, "bitwise": bool | None, "psnr_db", "ssim", "max_abs"}: against diffusers eager
+    with the same VAE precision; for a plan with a reference row, bitwise against that reference.
     """
 
+    run: str
     video: str
     S: int
     gpus: int
-    plan: str
-    steps_timed: int
+    setting: str
+    label: str
+    vae: str
+    forward_s: float | None
+    rest_s: float | None
+    wall_s: float | None
+    e2e_s: float | None
     steps_e2e: int
-    eager_step_s: float | None
-    best_step_s: float | None
-    plan_step_s: float | None
-    eager_decode_s: float | None
-    best_decode_s: float | None
-    plan_decode_s: float | None
-    e2e_speedup_vs_eager: float | None
-    e2e_speedup_vs_best: float | None
-    best_config: str
-    frames_bitwise: bool | None
-    frames_psnr_db: float | None
-    frames_ssim: float | None = None
-    frames_max_abs: float | None = None
-    frames_reference: str = ""
-    recipe: str = ""
-    lossless: bool = False
+    speedup_vs_eager: float | None = None
+    speedup_vs_best: float | None = None
+    speedup_vs_best_fp32: float | None = None
+    frames: dict = field(default_factory=dict)
+    forwards_s: list = field(default_factory=list)
+    first_forward_s: float | None = None
+    peak_gib: float | None = None
+    counters: dict = field(default_factory=dict)
     device: str = ""
     timing: str = "cuda-events"
     layers: int | None = None
     num_inference_steps: int | None = None
-    steps_per_call: int | None = None
-    warmup_steps: int | None = None
-    rounds: int | None = None
-    order: str = ""
-    audio: bool = False
-    audio_decode_s: float | None = None
-    vae_precision: str = ""
-    overhead_s: float | None = None
-    eager_e2e_s: float | None = None
-    best_e2e_s: float | None = None
-    plan_e2e_s: float | None = None
-    step_s_ranges: dict = field(default_factory=dict)
-    latents_rel_error: dict = field(default_factory=dict)
-    peak_mem_gib: dict = field(default_factory=dict)
-    first_step_s: dict = field(default_factory=dict)
-    counters: dict = field(default_factory=dict)
+    forwards_per_call: int | None = None
+    warmup_forwards: int | None = None
+    recipe: str = ""
+    lossless: bool | None = None
+    config: str = ""
     notes: list = field(default_factory=list)
     error: str | None = None
 
 
-def e2e(overhead: float | None, steps: int, step_s: float | None, decode_s: float | None,
-        audio_s: float | None = None) -> float | None:
-    if step_s is None or decode_s is None:
+def e2e(steps: int, forward_s: float | None, rest_s: float | None) -> float | None:
+    if forward_s is None or rest_s is None:
         return None
-    return (overhead or 0.0) + steps * step_s + decode_s + (audio_s or 0.0)
+    return steps * forward_s + rest_s
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -94,10 +82,10 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 def record_key(r: Mapping) -> tuple:
-    return (r["video"], r["gpus"], r["plan"], r.get("device", ""))
+    return (r["run"], r["setting"], r["label"], r["vae"])
 
 
-FILE = ResultsFile(SCHEMA_VERSION, REQUIRED_KEYS, record_key, "a pipeline benchmark file", kind=KIND)
+FILE = ResultsFile(SCHEMA_VERSION, REQUIRED_KEYS, record_key, "a pipeline (user call) benchmark file", kind=KIND)
 new_doc, load_doc, check_records, merge_record = FILE.new_doc, FILE.load_doc, FILE.check_records, FILE.merge_record
 
 
@@ -118,101 +106,116 @@ def write_doc(doc: dict, json_path: str, md_path: str) -> None:
     write_atomic(md_path, render_markdown(doc))
 
 
-def _sorted(records):
-    return sorted(records, key=lambda r: (r["plan"], r["gpus"], r["S"], r["video"], r.get("device", "")))
+def fill_speedups(rows: list[dict]) -> None:
+    """Each row's ratios against diffusers eager / best of the same run and VAE precision, and best at fp32."""
+    def find(setting, vae):
+        return next((r for r in rows if r["setting"] == setting and r["vae"] == vae and r.get("e2e_s")), None)
+
+    for r in rows:
+        e, b, b32 = find("eager", r["vae"]), find("best", r["vae"]), find("best", "fp32")
+        r["speedup_vs_eager"] = ratio(e and e["e2e_s"], r.get("e2e_s"))
+        r["speedup_vs_best"] = ratio(b and b["e2e_s"], r.get("e2e_s"))
+        r["speedup_vs_best_fp32"] = ratio(b32 and b32["e2e_s"], r.get("e2e_s"))
 
 
-def _frames(r) -> str:
-    if r.get("frames_bitwise"):
-        return "bitwise"
-    psnr, ssim = r.get("frames_psnr_db"), r.get("frames_ssim")
-    head = "" if r.get("frames_bitwise") is None else "**not bitwise**, "
-    return f"{head}PSNR {_f(psnr, '{:.1f}', none='inf')} dB, SSIM {_f(ssim, '{:.4f}')}"
+def frames_text(f: Mapping) -> str:
+    if not f:
+        return ""
+    if f.get("bitwise"):
+        return f"bitwise vs {f.get('against')}"
+    head = "" if f.get("bitwise") is None else "**not bitwise**, "
+    return f"{head}PSNR {_f(f.get('psnr_db'), '{:.1f}', none='inf')} dB, SSIM {_f(f.get('ssim'), '{:.5f}')} vs {f.get('against')}"
+
+
+def _runs(records):
+    order = []
+    for r in records:
+        if r["run"] not in order:
+            order.append(r["run"])
+    return order
 
 
 COLUMN_NOTES = """\
-## What each column compares
+## What each column means
 
-- Every setting runs diffusers' own modular pipeline blocks (`MiniMaxH3CoreDenoiseStep`: layout, noise, the two
-  schedules and the denoise loop; `MiniMaxH3VideoDecodeStep`), seeded random weights, the same request and seed,
-  in one process on one transformer instance.
-- **eager**: diffusers as it ships. **best**: diffusers' best setting for these GPUs (`best config`): regional
-  compile on one GPU; context-parallel Ulysses with a context-parallel attention backend, compiled, on several;
-  the VAE as diffusers leaves it, so its decode time is eager's. **plan**: `h3plan.install(pipe, plan)`.
-- **step s**: median of the timed denoise steps (device events between consecutive transformer calls of
-  diffusers' loop), after the warm-up steps of every call. **decode s**: the video decode step after one
-  untimed decode (the plan's first decode captures its CUDA graphs).
-- **e2e s**: overhead + steps e2e x step + decode (+ audio decode): one generation at the pipeline's default
-  `num_inference_steps`, text encoder, compile and graph capture excluded. **vs eager / vs best**: e2e ratios.
-- **frames**: the plan's decoded frames against the reference named in the JSON (`frames_reference`):
-  bitwise for a lossless plan (diffusers eager with the plan's attention backend); PSNR / SSIM against diffusers
-  eager otherwise. Random weights and a few steps: the frames are noise, so PSNR/SSIM say how far the numerics
-  moved, not how a video looks.
+- Every row is one call of the pipeline exactly as diffusers documents it: `pipe(prompt_embeds=..., height=...,
+  width=..., num_frames=..., num_inference_steps=N, output_type="pt", output="videos")` on diffusers'
+  `MiniMaxH3ModularPipeline` blocks (`MiniMaxH3CoreDenoiseStep` + `MiniMaxH3DecodeStep`: the video and the
+  audio decode), seeded random weights, the same request and seed, one process, one transformer instance. No
+  autocast anywhere: the VAE decodes in its own dtype, as diffusers' decode step runs it.
+- **VAE**: fp32 is diffusers' default (the released checkpoint); fp16 / bf16 is the VAE cast as
+  `from_pretrained(torch_dtype=...)` casts it (eager, best) or the plan's `vae_precision` (plan).
+- **eager**: diffusers as it ships. **best**: `transformer.compile_repeated_blocks(fullgraph=True)` (context
+  parallel + compile on several GPUs). **plan**: `h3plan.install(pipe, plan)`. **reference**: diffusers eager with
+  the plan's attention backend and VAE precision, for the bitwise check.
+- **forward s**: median transformer forward (CUDA events), the first forwards of the call dropped (compile, JIT).
+  **rest s**: the call's wall clock minus its forwards (decodes, scheduler, layout). **E2E s** = steps x forward +
+  rest: one generation at the pipeline's default `num_inference_steps` (49 forwards), text encoder excluded.
+- **vs eager / vs best**: E2E ratio against diffusers eager / best with the same VAE; **vs best (fp32 VAE)**:
+  against diffusers' best with its default VAE.
+- **frames**: against diffusers eager with the same VAE, or bitwise against the reference row. Random weights:
+  PSNR/SSIM say how far the numerics moved, not how a video looks.
 """
 
 
 def render_markdown(doc: Mapping) -> str:
-    recs = _sorted(doc.get("records", []))
+    recs = doc.get("records", [])
     devices = sorted({r.get("device", "") for r in recs}) or ["(none)"]
-    out = [f"# Pipeline benchmark: diffusers eager, diffusers' best and h3plan plans ({', '.join(devices)})", ""]
+    out = [f"# The call users make: diffusers' `pipe(...)` with and without an h3plan plan ({', '.join(devices)})", ""]
     if any(r.get("timing") != "cuda-events" for r in recs):
-        out += ["**Host-clock (CPU) records below: their times are meaningless; they only show the plumbing.**", ""]
-    out += ["| plan | video | S | GPUs | layers | eager step s | best step s | plan step s | eager decode s | plan decode s "
-            "| steps e2e | eager e2e s | best e2e s | plan e2e s | vs eager | vs best | frames |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for r in recs:
-        if r.get("error"):
-            out.append(f"| {r['plan']} | {r['video']} | {r['S']} | {r['gpus']} | | failed: {r['error'][:160]} "
-                       "| | | | | | | | | | | |")
-            continue
-        out.append(f"| {r['plan']} | {r['video']} | {r['S']} | {r['gpus']} | {_f(r.get('layers'), '{}')} | "
-                   f"{_f(r['eager_step_s'], '{:.3f}')} | {_f(r['best_step_s'], '{:.3f}')} | {_f(r['plan_step_s'], '{:.3f}')} | "
-                   f"{_f(r['eager_decode_s'], '{:.2f}')} | {_f(r['plan_decode_s'], '{:.2f}')} | {r['steps_e2e']} | "
-                   f"{_f(r.get('eager_e2e_s'), '{:.1f}')} | {_f(r.get('best_e2e_s'), '{:.1f}')} | "
-                   f"{_f(r.get('plan_e2e_s'), '{:.1f}')} | {_f(r['e2e_speedup_vs_eager'], '{:.3f}')}x | "
-                   f"{_f(r['e2e_speedup_vs_best'], '{:.3f}')}x | {_frames(r)} |")
-    out += ["", "## Settings", ""]
-    for r in recs:
-        if r.get("error"):
-            continue
-        mem = ", ".join(f"{k} {v:.1f}" for k, v in (r.get("peak_mem_gib") or {}).items() if v is not None)
-        fb = {k: v for k, v in (r.get("counters") or {}).items() if k.endswith(".fallback")}
-        out.append(f"- `{r['plan']}` {r['video']} ({r['S']:,} tokens, {r['gpus']} GPU{'s' if r['gpus'] > 1 else ''}): "
-                   f"best = {r['best_config']}; {r['steps_timed']} timed steps per setting ({r.get('order', '')}); "
-                   f"steps e2e {r['steps_e2e']} (num_inference_steps={r.get('num_inference_steps')}); VAE "
-                   f"{r.get('vae_precision', '')}; frames vs {r.get('frames_reference', '')}"
-                   + (f"; peak GiB: {mem}" if mem else "") + (f"; guarded fallbacks while timed: {fb}" if fb else ""))
-        for note in r.get("notes") or []:
-            out.append(f"  - {note}")
+        out += ["**Host-clock (CPU) rows below: their times are meaningless; they only show the plumbing.**", ""]
+    for run in _runs(recs):
+        rows = [r for r in recs if r["run"] == run]
+        r0 = rows[0]
+        out += [f"## Run {run}: {r0['video']} ({r0['S']:,} tokens), {r0['gpus']} GPU(s), {r0.get('layers')} layers, "
+                f"{r0['steps_e2e']} forwards end to end", "",
+                "| setting | VAE | forward s | rest s | E2E s | vs eager | vs best | vs best (fp32 VAE) | frames | peak GiB |",
+                "|---|---|---:|---:|---:|---:|---:|---:|---|---:|"]
+        for r in rows:
+            if r.get("error"):
+                out.append(f"| {r['label']} | {r['vae']} | failed: {r['error'][:160]} | | | | | | | |")
+                continue
+            out.append(f"| {r['label']} | {r['vae']} | {_f(r['forward_s'], '{:.3f}')} | {_f(r['rest_s'], '{:.2f}')} | "
+                       f"{_f(r['e2e_s'], '{:.1f}')} | {_f(r['speedup_vs_eager'], '{:.3f}')}x | {_f(r['speedup_vs_best'], '{:.3f}')}x | "
+                       f"{_f(r['speedup_vs_best_fp32'], '{:.3f}')}x | {frames_text(r.get('frames') or {})} | "
+                       f"{_f(r.get('peak_gib'), '{:.1f}')} |")
+        out.append("")
+        for r in rows:
+            fb = {k: v for k, v in (r.get("counters") or {}).items() if k.endswith(".fallback")}
+            extra = [f"config: {r['config']}"] if r.get("config") else []
+            extra += [f"guarded fallbacks in the timed call: {fb}"] if fb else []
+            extra += list(r.get("notes") or [])
+            if extra:
+                out.append(f"- {r['label']} ({r['vae']} VAE): " + "; ".join(extra))
+        out.append("")
     runs = doc.get("runs", [])
     if runs:
-        out += ["", "## Runs", "", "| plan | video | device | GPUs | torch | diffusers | started |",
-                "|---|---|---|---:|---|---|---|"]
+        out += ["## Runs", "", "| run | device | GPUs | torch | diffusers | started |", "|---|---|---:|---|---|---|"]
         for run_ in runs:
-            out.append(f"| {run_.get('plan')} | {run_.get('video')} | {run_.get('device')} | {run_.get('gpus')} | "
-                       f"{run_.get('torch')} | {run_.get('diffusers')} | {run_.get('started')} |")
-    out += ["", COLUMN_NOTES]
+            out.append(f"| {run_.get('run')} | {run_.get('device')} | {run_.get('gpus')} | {run_.get('torch')} | "
+                       f"{run_.get('diffusers')} | {run_.get('started')} |")
+        out.append("")
+    out += [COLUMN_NOTES]
     return "\n".join(out)
 
 
 def summary_table(records: Sequence[Mapping]) -> str:
-    rows = [f"{'plan':<22} {'video':<14} {'S':>6} {'gpu':>3} {'eager/step':>10} {'best/step':>10} {'plan/step':>10} "
-            f"{'vs eager':>8} {'vs best':>8}  frames"]
-    for r in _sorted(records):
+    rows = [f"{'setting':<40} {'vae':<5} {'forward':>8} {'rest':>8} {'e2e':>8} {'vs eager':>8} {'vs best':>8} "
+            f"{'vs best32':>9}  frames"]
+    for r in records:
         if r.get("error"):
-            rows.append(f"{r['plan']:<22} {r['video']:<14} {r['S']:>6} {r['gpus']:>3}  failed: {r['error'][:80]}")
+            rows.append(f"{r['label'][:40]:<40} {r['vae']:<5}  failed: {r['error'][:80]}")
             continue
-        rows.append(f"{r['plan']:<22} {r['video']:<14} {r['S']:>6} {r['gpus']:>3} {_f(r['eager_step_s'], '{:.3f}'):>10} "
-                    f"{_f(r['best_step_s'], '{:.3f}'):>10} {_f(r['plan_step_s'], '{:.3f}'):>10} "
-                    f"{_f(r['e2e_speedup_vs_eager'], '{:.3f}'):>8} {_f(r['e2e_speedup_vs_best'], '{:.3f}'):>8}  "
-                    f"{_frames(r).replace('**', '')}")
+        rows.append(f"{r['label'][:40]:<40} {r['vae']:<5} {_f(r['forward_s'], '{:.3f}'):>8} {_f(r['rest_s'], '{:.2f}'):>8} "
+                    f"{_f(r['e2e_s'], '{:.1f}'):>8} {_f(r['speedup_vs_eager'], '{:.3f}'):>8} {_f(r['speedup_vs_best'], '{:.3f}'):>8} "
+                    f"{_f(r['speedup_vs_best_fp32'], '{:.3f}'):>9}  {frames_text(r.get('frames') or {}).replace('**', '')}")
     return "\n".join(rows)
 
 
 def write_chart(records: Sequence[Mapping], path: str) -> str | None:
-    """Stacked bars per record (denoise = steps e2e x step, decode) for eager / best / plan; None when written,
-    else the one-line reason it was not."""
-    recs = [r for r in _sorted(records) if not r.get("error") and r.get("eager_step_s") is not None]
+    """Stacked bars per row of the last run (forwards, rest); None when written, else the one-line reason."""
+    runs = _runs(records)
+    recs = [r for r in records if runs and r["run"] == runs[-1] and not r.get("error") and r.get("e2e_s")]
     if not recs:
         return "no finished records: PNG skipped"
     try:
@@ -223,30 +226,18 @@ def write_chart(records: Sequence[Mapping], path: str) -> str | None:
     except ImportError:
         return "matplotlib is not installed: PNG skipped"
     try:
-        fig, ax = plt.subplots(figsize=(max(6.0, 2.6 * len(recs)), 4.2))
-        width, labels = 0.26, []
+        fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(recs)), 4.2))
         for i, r in enumerate(recs):
-            for j, s in enumerate(SETTINGS):
-                step, dec = r.get(f"{s}_step_s"), r.get(f"{s}_decode_s")
-                if step is None:
-                    continue
-                x = i + (j - 1) * width
-                denoise = r["steps_e2e"] * step + (r.get("overhead_s") or 0.0)
-                ax.bar(x, denoise, width, color=("#888888", "#4c72b0", "#dd8452")[j], label=s if i == 0 else None)
-                top = (dec or 0.0) + (r.get("audio_decode_s") or 0.0)
-                ax.bar(x, top, width, bottom=denoise, color=("#bbbbbb", "#8fa8d6", "#f0b48a")[j],
-                       label=f"{s} decode" if i == 0 else None)
-                if s == "plan":
-                    ax.annotate(f"{_f(r.get('e2e_speedup_vs_eager'))}x eager\n{_f(r.get('e2e_speedup_vs_best'))}x best",
-                                (x, denoise + top), ha="center", va="bottom", fontsize=7)
-            labels.append(f"{r['plan']}\n{r['video']} U{r['gpus']}")
-        ax.set_xticks(range(len(recs)), labels, fontsize=8)
-        ax.set_xlim(-0.6, len(recs) - 0.4)
-        ax.margins(y=0.15)
-        ax.set_ylabel("seconds per generation (estimate)")
-        unit = "host clock: meaningless" if any(r.get("timing") != "cuda-events" for r in recs) else recs[0].get("device", "")
-        ax.set_title(f"MiniMax-H3 pipeline, {recs[0]['steps_e2e']} steps + decode ({unit})", fontsize=10)
-        ax.legend(fontsize=7, ncol=3)
+            den = r["steps_e2e"] * r["forward_s"]
+            ax.bar(i, den, 0.6, color="#4c72b0", label="forwards" if i == 0 else None)
+            ax.bar(i, r["rest_s"], 0.6, bottom=den, color="#dd8452", label="rest (decode)" if i == 0 else None)
+            if r.get("speedup_vs_best_fp32"):
+                ax.annotate(f"{r['speedup_vs_best_fp32']:.2f}x", (i, den + r["rest_s"]), ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(range(len(recs)), [f"{r['setting']}\n{r['vae']}" for r in recs], fontsize=7)
+        ax.set_ylabel("seconds per generation")
+        ax.set_title(f"pipe(...) end to end, {recs[0]['video']}, {recs[0]['steps_e2e']} forwards "
+                     f"(x: vs diffusers' best with fp32 VAE)", fontsize=9)
+        ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(path, dpi=120)
         plt.close(fig)

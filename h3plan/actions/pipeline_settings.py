@@ -1,25 +1,60 @@
 """The settings of the pipeline bench, each switched in place on the ONE pipeline they share (why: the memory
 paragraph of pipeline_bench.py). `enter()` before a setting's turn, `exit()` after it, leaving the modules as
 diffusers built them (except Best at U > 1, which diffusers cannot undo and the bench runs last):
-- Eager: nothing (diffusers as it ships).
-- PlanSetting: install_pipeline / uninstall_pipeline; the install report is printed once.
-- Reference: the plan's attention levers only, in the transformer (diffusers eager with the plan's attention
-  backend): the lossless plan's bitwise frames reference.
-- Best: diffusers' best setting (the regional compile: diffusers_best.py, shared with the block bench); `config`
-  is the one line the record carries. U = 1: regional compile once,
-  its compiled callables switched on (`block._compiled_call_impl`) for Best's turns and off otherwise, so no
-  turn recompiles. U > 1: set_attention_backend(cp_backend) + enable_parallelism(ContextParallelConfig(
-  ulysses_degree=U, ulysses_anything=S % U != 0)) + the regional compile.
+- Eager(vae): diffusers as it ships, the VAE in `vae` (fp32: as built; fp16 / bf16: cast the way
+  `from_pretrained(torch_dtype=...)` casts it, `_keep_in_fp32_modules` kept, and cast back on exit).
+- PlanSetting(plan): install_pipeline / uninstall_pipeline (the plan casts the VAE itself: vae_precision).
+- Reference(plan): the plan's attention levers only, in the transformer, and the VAE in the plan's decode
+  precision: diffusers eager with the plan's attention backend and VAE dtype, which a plan whose other levers
+  are lossless must match bit for bit.
+- Best(vae): diffusers' best setting (the regional compile: diffusers_best.py, shared with the block bench),
+  the VAE as Eager(vae). U = 1: regional compile once, its compiled callables switched on
+  (`block._compiled_call_impl`) for Best's turns and off otherwise, so no turn recompiles. U > 1:
+  set_attention_backend(cp_backend) + enable_parallelism(ContextParallelConfig(ulysses_degree=U,
+  ulysses_anything=S % U != 0)) + the regional compile.
 """
 
 from __future__ import annotations
 
-from .bench.measure import same_backend_plan
+from .bench.measure import plan_label, same_backend_plan
 from .diffusers_best import compile_call, regional_compile
+
+
+def plan_precision(plan) -> str:
+    try:
+        return plan.decision("vae_precision").setting
+    except (KeyError, ValueError):
+        return "fp32"
+
+
+def row_label(plan) -> str:
+    """The plan's label with its decode precision where it is not diffusers' fp32 (recipe.vae is no forced lever)."""
+    p = plan_precision(plan)
+    return plan_label(plan) + ("" if p == "fp32" else f" +vae={p}")
+
+
+class VaeCast:
+    """The VAE in `precision` for a turn: from_pretrained(torch_dtype)'s cast (install/vae_weights.py), undone on exit."""
+
+    def __init__(self, pipe, precision: str):
+        self.pipe, self.precision, self.cast = pipe, precision, None
+
+    def enter(self):
+        if self.precision != "fp32":
+            from h3plan.install.vae_weights import DTYPES, PrecisionCast
+
+            self.cast = PrecisionCast.apply(self.pipe.vae, DTYPES[self.precision])
+
+    def exit(self):
+        if self.cast is not None:
+            self.cast.restore()
+            self.cast = None
 
 
 class Setting:
     name = ""
+    label = ""
+    vae = "fp32"
 
     def enter(self) -> None:
         pass
@@ -30,6 +65,16 @@ class Setting:
 
 class Eager(Setting):
     name = "eager"
+    label = "diffusers eager"
+
+    def __init__(self, pipe, vae: str = "fp32"):
+        self.vae, self._cast = vae, VaeCast(pipe, vae)
+
+    def enter(self):
+        self._cast.enter()
+
+    def exit(self):
+        self._cast.exit()
 
 
 class PlanSetting(Setting):
@@ -37,6 +82,7 @@ class PlanSetting(Setting):
 
     def __init__(self, pipe, plan, group, progress):
         self.pipe, self.plan, self.group, self.progress, self.report = pipe, plan, group, progress, None
+        self.label, self.vae = row_label(plan), plan_precision(plan)
 
     def enter(self):
         from h3plan.install.pipeline import install_pipeline
@@ -53,43 +99,50 @@ class PlanSetting(Setting):
 
 
 class Reference(Setting):
-    """diffusers eager with the plan's attention levers only (the lossless plan's bitwise reference)."""
+    """diffusers eager with the plan's attention levers and the plan's VAE dtype (a lossless plan's bitwise reference)."""
 
     name = "reference"
 
     def __init__(self, pipe, plan):
         self.pipe, self.plan = pipe, same_backend_plan(plan)
+        self.vae, self.label = plan_precision(plan), "eager with " + row_label(plan) + "'s attention"
+        self._cast = VaeCast(pipe, self.vae)
 
     def enter(self):
         from h3plan.install import install
 
         install(self.pipe.transformer, self.plan)
+        self._cast.enter()
 
     def exit(self):
         from h3plan.install import uninstall
 
+        self._cast.exit()
         uninstall(self.pipe.transformer)
 
 
 class Best(Setting):
     name = "best"
 
-    def __init__(self, pipe, degree: int, seq_len: int, opts):  # opts: pipeline_bench.PipelineBenchOptions
-        self.pipe, self.degree, self.opts = pipe, degree, opts
+    def __init__(self, pipe, degree: int, seq_len: int, opts, vae: str = "fp32", shared: "Best | None" = None):
+        # opts: pipeline_bench.PipelineBenchOptions; shared: the Best of another VAE dtype whose compile this reuses
+        self.pipe, self.degree, self.opts, self.vae = pipe, degree, opts, vae
+        self._cast = VaeCast(pipe, vae)
         self.anything = degree > 1 and seq_len % degree != 0
-        self.blocks, self.compiled = None, None
+        self.state = shared.state if shared is not None else {"blocks": None, "compiled": None}
         compile_ = compile_call("transformer", opts.compile_backend)
         if degree == 1:
-            self.config = f"{compile_}; diffusers' default attention; VAE: diffusers eager"
+            self.config = f"{compile_}; diffusers' default attention; the VAE as Eager's ({vae})"
         else:
             any_ = ", ulysses_anything=True" if self.anything else ""
             self.config = (f"transformer.set_attention_backend({opts.cp_backend!r}) + enable_parallelism(config="
-                           f"ContextParallelConfig(ulysses_degree={degree}{any_})) + {compile_}; VAE: diffusers eager "
-                           "on every rank")
+                           f"ContextParallelConfig(ulysses_degree={degree}{any_})) + {compile_}; the VAE as Eager's "
+                           f"({vae}) on every rank")
+        self.label = "diffusers " + compile_.split(";")[0]
 
     def enter(self):
-        t = self.pipe.transformer
-        if self.compiled is None:
+        t, st = self.pipe.transformer, self.state
+        if st["compiled"] is None:
             if self.degree > 1:
                 import torch
                 from diffusers import ContextParallelConfig
@@ -100,13 +153,15 @@ class Best(Setting):
                 t.set_attention_backend(self.opts.cp_backend)
                 t.enable_parallelism(config=ContextParallelConfig(ulysses_degree=self.degree,
                                                                   ulysses_anything=self.anything))
-            self.blocks = regional_compile(t, self.opts.compile_backend)
-            self.compiled = [b._compiled_call_impl for b in self.blocks]
+            st["blocks"] = regional_compile(t, self.opts.compile_backend)
+            st["compiled"] = [b._compiled_call_impl for b in st["blocks"]]
         else:
-            for b, c in zip(self.blocks, self.compiled):
+            for b, c in zip(st["blocks"], st["compiled"]):
                 b._compiled_call_impl = c
+        self._cast.enter()
 
     def exit(self):
-        if self.degree == 1 and self.blocks:  # the plain blocks again for the other settings; the code is kept
-            for b in self.blocks:
+        self._cast.exit()
+        if self.degree == 1 and self.state["blocks"]:  # the plain blocks again for the other settings; the code is kept
+            for b in self.state["blocks"]:
                 b._compiled_call_impl = None

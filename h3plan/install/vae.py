@@ -1,15 +1,12 @@
 """Install a Plan's VAE levers into diffusers' AutoencoderKLMiniMaxH3 (the installer dispatches here).
 
-- `vae_ops` (builder option `vae_ops=True`; the decision's `params.ops` picks the ops, default all of
-  vae_block.OPS): every ViT decoder block gets the plan forward of vae_block.py. `fp16_weights` replaces
-  the six block linears' weights and biases on the device by their float16 casts (autocast's cast, made
-  once) and moves the originals to host memory as masters (vae_weights.py): the device holds 2 bytes
-  per weight of those linears instead of 4 (4.5 GiB less at the released config, where float16 copies
-  beside the originals used to add 4.5 GiB). While
-  installed the state dict, `parameters()` and `save_pretrained` see float16 there (the report says so);
-  every call outside FP16 autocast computes on the masters, counted; uninstall puts the originals back
-  bit for bit. A float16 `torch_dtype` has nothing to swap; float64, meta or split devices are skipped
-  with the reason.
+- `vae_precision` (builder option `precision`): fp16 / bf16 cast the VAE as `from_pretrained(torch_dtype=)`
+  does (vae_weights.py; `_keep_in_fp32_modules` stay float32), originals in pinned host memory for uninstall
+  only. diffusers' decode step (`vae.decode` casts the latents to post_quant_conv's dtype) then runs the
+  planned precision with no autocast. fp32, or a VAE loaded in another dtype, is left as it is (reported).
+- `vae_ops` (builder option `ops`): every ViT decoder block gets the plan forward of vae_block.py, with the
+  fused ops whose kernel takes the dtype the decode runs in (the block linears' dtype after the cast); the
+  others keep diffusers' expressions, reported at install (never a per-call fallback of a planned decode).
 - `vae_graphs` (builder option `graphs=True`): `decoder.forward` becomes a GraphedDecoder
   (vae_graph.py) that replays the whole ViT decoder forward from one CUDA graph per input signature,
   with a counted per-call guard that runs diffusers' forward when a graph cannot apply.
@@ -18,12 +15,12 @@
   tile_sample_min_overlap_width)`; diffusers tiles spatially only, so `tile.frames` is reported, not
   applied. `fp8_tiles` (`tile_dtype` fp8) also makes every decoder block's six linears FP8 GEMMs
   (vae_fp8.py: per-channel e4m3 weights quantised once here, per-row e4m3 activations, float16 out;
-  lossy), with or without vae_ops: a block without vae_ops gets the plan forward with no ops, which is
-  diffusers' block op for op apart from those GEMMs. Float64, meta or split-device linears are skipped
-  with the reason. `default` leaves the model's tiling as it is.
+  lossy) where the decoder computes in float16, with or without vae_ops: a block without vae_ops gets the
+  plan forward with no ops, which is diffusers' block op for op apart from those GEMMs. Float64, meta or
+  split-device linears are skipped with the reason. `default` leaves the model's tiling as it is.
 
 Transformer levers in the plan are reported skipped (they install into MiniMaxH3Transformer3DModel).
-Uninstall (installer.uninstall) restores the block forwards, the block linears' parameters and the tiling
+Uninstall (installer.uninstall) restores the block forwards, the VAE's dtype and bits and the tiling
 attributes exactly.
 """
 
@@ -40,7 +37,7 @@ from .report import Swap
 from .vae_block import LINEARS, VaeBlockState, load_kernels, plan_vae_block_forward
 from .vae_fp8 import Fp8Gemms
 from .vae_graph import GraphedDecoder
-from .vae_weights import FP16, Fp16Weights, is_guarded_linear
+from .vae_weights import DTYPES, FP16, PrecisionCast, blocker as cast_blocker
 
 logger = logging.getLogger("h3plan.install")
 
@@ -50,7 +47,14 @@ VAE_LEVERS = tuple(name for name, s in SPECS.items() if s.model == "vae")
 TILING = ("use_tiling", "tile_sample_min_height", "tile_sample_min_width", "tile_sample_min_overlap_height",
           "tile_sample_min_overlap_width")
 RELEASED = (True, 256, 256, 64, 64)  # diffusers' AutoencoderKLMiniMaxH3.__init__ tiling
-AUTOCAST_CASTS = {torch.float32, torch.bfloat16, torch.float16}  # autocast casts these to float16, not float64
+FP8_SOURCES = {torch.float32, torch.bfloat16, torch.float16}  # linears the FP8 codes are quantised from (no float64)
+
+
+def op_dtypes() -> dict[str, tuple]:
+    """vae_ops op -> the activation dtypes its kernel takes (declared beside each kernel)."""
+    from h3plan.kernels import swiglu, vae as kvae
+
+    return {"qk_norm_rope": kvae.QK_DTYPES, "swiglu": swiglu.DTYPES, "scaled_residual": kvae.RESIDUAL_DTYPES}
 
 
 def _classes():
@@ -66,8 +70,8 @@ def is_vae(model) -> bool:
 
 
 def _ours(m) -> bool:
-    """An instance forward this installer put there (a plan block forward, a guarded fp16 linear)."""
-    return getattr(m.__dict__.get("forward"), "__func__", None) is plan_vae_block_forward or is_guarded_linear(m)
+    """An instance forward this installer put there (a plan block forward)."""
+    return getattr(m.__dict__.get("forward"), "__func__", None) is plan_vae_block_forward
 
 
 def _hooked(m) -> bool:
@@ -121,40 +125,67 @@ def _swap(report, lever, fqn, old, new) -> None:
     logger.info("%s", s)
 
 
-def _fp16_blocker(blocks) -> str | None:
-    """Why fp16_weights has nothing to swap in these blocks (None: swap)."""
+def _fp8_blocker(blocks) -> str | None:
+    """Why the block linears cannot be quantised to FP8 codes (None: they can)."""
     params = [t for b in blocks for p in LINEARS for t in (b.get_submodule(p).weight, b.get_submodule(p).bias) if t is not None]
     dtypes, devices = {t.dtype for t in params}, {t.device for t in params}
-    if dtypes == {FP16}:
-        return "decoder block linears are already float16: nothing to swap"
-    if not dtypes <= AUTOCAST_CASTS:
-        return f"decoder block linears are {sorted(map(str, dtypes))}: autocast would not cast them to float16"
+    if not dtypes <= FP8_SOURCES:
+        return f"decoder block linears are {sorted(map(str, dtypes))}: the FP8 codes are quantised from float16 casts of float32/16 weights"
     if len(devices) != 1 or next(iter(devices)).type == "meta":
-        return f"decoder block linears on {sorted(map(str, devices))}: float16 weights need them loaded on one device"
+        return f"decoder block linears on {sorted(map(str, devices))}: FP8 codes need them loaded on one device"
     return None
 
 
-def _install_ops(model, builder, state) -> None:
-    lever = builder.lever_of("ops")
-    ops = builder.values["ops"]
-    kernels = load_kernels(ops)
+def _install_precision(model, builder, state) -> None:
+    lever = builder.lever_of("precision")
+    name = builder.values["precision"]
+    dtype = DTYPES[name]
     report = state.report
+    if name == "fp32":
+        why = cast_blocker(model, torch.float32)
+        if why:
+            report.skipped.append((lever, why.replace("its decode stays", "the plan's fp32 decode needs the float32 "
+                                                      "checkpoint; its decode stays")))
+        else:
+            report.skipped.append((lever, "fp32: the VAE decodes in float32 as diffusers loads it (nothing to cast)"))
+        return
+    why = cast_blocker(model, dtype)
+    if why:
+        report.skipped.append((lever, why))
+        return
+    cast = PrecisionCast.apply(model, dtype)
+    state.undo.append(cast.restore)
+    if not cast.slots:
+        report.skipped.append((lever, f"the VAE is {dtype} already (loaded with torch_dtype): nothing to cast"))
+        return
+    _swap(report, lever, f"vae ({len(cast.slots)} tensors)", "float32",
+          f"{str(dtype).replace('torch.', '')} (from_pretrained(torch_dtype)'s cast; _keep_in_fp32_modules float32)")
+    where = "pinned host memory" if cast.pinned else "host memory"
+    report.notes.append(
+        f"vae_precision={name}: {len(cast.slots)} VAE tensors are {str(dtype).replace('torch.', '')} while installed "
+        f"({cast.device_bytes / 2**30:.3f} GiB on the device, {cast.host_bytes / 2**30 - cast.device_bytes / 2**30:.3f} GiB "
+        f"less); their float32 originals ({cast.host_bytes / 2**30:.3f} GiB) wait in {where} for uninstall only, never "
+        "read by a call. state_dict(), parameters(), vae.dtype and save_pretrained see the cast dtype; uninstall "
+        "restores the originals bit for bit")
+
+
+def _install_ops(model, builder, state) -> None:
+    from diffusers.models.modeling_utils import get_parameter_dtype
+
+    lever = builder.lever_of("ops")
     blocks = model.decoder.transformer_blocks
-    blocker = _fp16_blocker(blocks) if "fp16_weights" in ops else None
-    if blocker:
-        report.skipped.append((f"{lever}.fp16_weights", blocker))
-    swap = "fp16_weights" in ops and blocker is None
-    old = "/".join(sorted({str(b.get_submodule(p).weight.dtype).replace("torch.", "") for b in blocks for p in LINEARS}))
-    moved = []
+    dtype = get_parameter_dtype(blocks[0].attn.to_q)
+    supported = op_dtypes()
+    ops = [op for op in builder.values["ops"] if dtype in supported[op]]
+    for op in builder.values["ops"]:
+        if op not in ops:
+            state.report.skipped.append((f"{lever}.{op}", f"the decoder computes in {dtype} and the {op} kernel takes "
+                                                           f"{'/'.join(str(d).replace('torch.', '') for d in supported[op])}: "
+                                                           "diffusers' expression kept (no per-call fallback)"))
+    kernels = load_kernels(ops)
     for i, block in enumerate(blocks):
         fqn = f"decoder.transformer_blocks.{i}"
-        weights = None
-        if swap:
-            weights = Fp16Weights.swap(fqn, [block.get_submodule(p) for p in LINEARS])
-            state.undo.append(weights.restore)
-            weights.guard_linears()
-            moved.append(weights)
-        block._h3plan_vae = VaeBlockState(frozenset(ops), kernels, weights)
+        block._h3plan_vae = VaeBlockState(frozenset(ops), kernels)
         block.forward = types.MethodType(plan_vae_block_forward, block)
 
         def undo(b=block):
@@ -162,24 +193,12 @@ def _install_ops(model, builder, state) -> None:
                 b.__dict__.pop(attr, None)
 
         state.undo.append(undo)
-        if weights is not None:
-            _swap(report, lever, f"{fqn} linears ({len(LINEARS)})", f"{old} + autocast casts",
-                  "float16 on the device (float32 masters on the host)")
         if "qk_norm_rope" in ops:
-            _swap(report, lever, f"{fqn}.attn.norm_q/norm_k+rope", "eager", "fused")
+            _swap(state.report, lever, f"{fqn}.attn.norm_q/norm_k+rope", "eager", "fused")
         if "swiglu" in ops:
-            _swap(report, lever, f"{fqn}.ff.net.0 swiglu", "eager", "fused")
+            _swap(state.report, lever, f"{fqn}.ff.net.0 swiglu", "eager", "fused")
         if "scaled_residual" in ops:
-            _swap(report, lever, f"{fqn} scaled residual", "eager", "fused")
-    if moved:
-        n = sum(len(w.swapped) for w in moved)
-        host, saved = sum(w.host_bytes for w in moved), sum(w.saved_bytes for w in moved)
-        where = "pinned host memory" if moved[0].pinned else "host memory"
-        report.notes.append(
-            f"vae_ops.fp16_weights: {n} decoder-block linear weights/biases ({len(blocks)} blocks x {len(LINEARS)} linears) "
-            f"are float16 on {moved[0].device} while installed; their {old} originals ({host / 2**30:.3f} GiB) moved to "
-            f"{where} as masters: the device saves {saved / 2**30:.3f} GiB. state_dict(), parameters() and "
-            "save_pretrained see float16 there (vae.dtype does not change); uninstall restores the originals bit for bit")
+            _swap(state.report, lever, f"{fqn} scaled residual", "eager", "fused")
 
 
 def _install_graphs(model, builder, state) -> None:
@@ -189,8 +208,8 @@ def _install_graphs(model, builder, state) -> None:
         state.report.skipped.append((lever, "the ViT decoder or one of its modules carries hooks or an instance forward "
                                             "(offloading?): a CUDA graph would freeze what they do; diffusers' forward kept"))
         return
-    swapped = [w for b in dec.transformer_blocks if (w := getattr(getattr(b, "_h3plan_vae", None), "weights", None))]
-    gd = GraphedDecoder(dec, dec.forward, validate=(lambda: [w.verify() for w in swapped]) if swapped else None)
+    gemms = [g for b in dec.transformer_blocks if (g := getattr(getattr(b, "_h3plan_vae", None), "fp8", None))]
+    gd = GraphedDecoder(dec, dec.forward, validate=(lambda: [g.verify() for g in gemms]) if gemms else None)
     dec.forward = gd
 
     def undo():
@@ -240,10 +259,9 @@ def _install_tiles(model, builder, state) -> None:
 def _install_fp8(model, builder, state) -> None:
     lever = builder.lever_of("tile_dtype")
     blocks = model.decoder.transformer_blocks
-    blocker = _fp16_blocker(blocks)
-    if blocker and "already float16" not in blocker:
-        state.report.skipped.append((f"{lever}.fp8_gemm", blocker.replace("float16 weights", "FP8 codes")
-                                     .replace("to float16", "to float16 for the FP8 GEMMs")))
+    blocker = _fp8_blocker(blocks)
+    if blocker:
+        state.report.skipped.append((f"{lever}.fp8_gemm", blocker))
         return
     added = 0
     for i, block in enumerate(blocks):
@@ -264,11 +282,11 @@ def _install_fp8(model, builder, state) -> None:
             def undo(st=st):
                 st.fp8 = None
         state.undo.append(undo)
-        _swap(state.report, lever, f"{fqn} linears ({len(LINEARS)})", "float16 GEMMs (FP16 autocast)",
+        _swap(state.report, lever, f"{fqn} linears ({len(LINEARS)})", "float16 GEMMs",
               "FP8 e4m3 GEMMs: per-channel weight scales, per-row activation scales, float16 out (lossy)")
     state.report.notes.append(
-        f"vae_tiles.fp8: {len(blocks)} blocks x {len(LINEARS)} decoder-block linears run as FP8 GEMMs under FP16 "
-        f"autocast (torch._scaled_mm on CUDA SM89+, an fp32 emulation elsewhere, counted); their e4m3 codes add "
+        f"vae_tiles.fp8: {len(blocks)} blocks x {len(LINEARS)} decoder-block linears run as FP8 GEMMs where the decoder "
+        f"computes in float16 (torch._scaled_mm on CUDA SM89+, an fp32 emulation elsewhere, counted); their e4m3 codes add "
         f"{added / 2**30:.3f} GiB on the device beside the unchanged parameters; uninstall drops them")
 
 
@@ -276,6 +294,8 @@ def apply(model, builder, state, group=None) -> None:
     """Swap what the builder's VAE options ask for; every swap is undoable through state.undo. `group`: the
     process group vae_parallel spreads the decode over (None: the default group)."""
     opts = builder.options("vae")
+    if "precision" in builder.recorded("vae"):
+        _install_precision(model, builder, state)
     if opts["ops"]:
         _install_ops(model, builder, state)
     if opts["tile"] is not None:

@@ -1,26 +1,22 @@
 """The plan-driven forward of diffusers' MiniMaxH3VideoTransformerBlock (the VAE's ViT decoder blocks).
 
 Mathematically diffusers' `MiniMaxH3VideoTransformerBlock.forward` with `MiniMaxH3VideoAttnProcessor`
-inlined (diffusers 0.42.1), op for op. The `vae_ops` ops it can route:
+inlined (diffusers 0.42.1), op for op, in the dtype the block's linears hold (float32 as released, or the
+dtype vae_precision cast them to at install) and under whatever autocast the caller runs. What it routes:
 
-- fp16_weights: the six block linears (attn.to_q/k/v, attn.to_out.0, ff.net.0.proj, ff.net.2) hold
-  float16 on the device, cast once at install (vae_weights.py: the float32 originals wait on the host).
-  Under FP16 autocast on their device the block runs them directly, and casts the normed activation to
-  float16 once instead of autocast doing it once per linear (same rounding); any other call (autocast
-  off or at another dtype, another device, autograd for the input) runs the float32 masters copied to
-  the device for that call, with diffusers' compute dtype: exact either way, counted either way.
-  Changed parameters, or autograd reaching them, raise InstallError (vae_weights.py says why).
-- vae_tiles' FP8 decode (`tile_dtype` fp8, vae_fp8.py; with or without vae_ops): under FP16 autocast
-  the six linears run as FP8 GEMMs (e4m3 rows x per-channel e4m3 weights, float16 out; lossy); any
-  other call takes the paths above, exact, counted as a `vae_tiles.fp8_gemm` fallback.
-- qk_norm_rope, swiglu, scaled_residual: h3plan.kernels (vae_qk_norm_rope, swiglu, scaled_residual)
-  behind their `<op>_check`; a refused call runs diffusers' expression.
+- vae_tiles' FP8 decode (`tile_dtype` fp8, vae_fp8.py; with or without vae_ops): where the decoder
+  computes in float16 (float16 linears, or FP16 autocast) the six linears run as FP8 GEMMs (e4m3 rows x
+  per-channel e4m3 weights, float16 out; lossy); any other call runs the linears as they are, exact,
+  counted as a `vae_tiles.fp8_gemm` fallback.
+- qk_norm_rope, swiglu, scaled_residual (vae_ops): h3plan.kernels (vae_qk_norm_rope, swiglu,
+  scaled_residual) behind their `<op>_check`; a refused call runs diffusers' expression. The installer
+  installs only the ops whose kernel takes the dtype the decode runs in (vae.py), so a planned decode
+  never falls back per call.
 
-Counters, per block call: one `vae_ops.<op>.fused` or `.fallback` (with the reason) for fp16_weights,
-qk_norm_rope and swiglu, two for scaled_residual; plus one fp16_weights event per call that reaches a
-linear through its module (a custom attention processor); a block call that runs FP8 GEMMs counts
-`vae_tiles.fp8_gemm` / `vae_tiles.fp8_rows` per linear instead of fp16_weights. Every vae_ops fallback is
-diffusers' own code (on the original float32 weights), so it is exact.
+Counters, per block call: one `vae_ops.<op>.fused` or `.fallback` (with the reason) for qk_norm_rope and
+swiglu, two for scaled_residual; a block call that runs FP8 GEMMs counts `vae_tiles.fp8_gemm` /
+`vae_tiles.fp8_rows` per linear. Every fallback is diffusers' own code on the parameters as they are:
+exact, and at diffusers' speed (nothing is read from host memory).
 Module hooks on the bypassed submodules (attn, the linears, ff) do not fire on fused paths; the
 installer refuses blocks that carry hooks.
 """
@@ -39,7 +35,7 @@ from h3plan.runtime.guards import run_guarded
 from h3plan.quant.fp8 import FP8Linear
 
 from .vae_fp8 import COUNTER as FP8_COUNTER, Fp8Gemms, fp8_linear
-from .vae_weights import FP16, Fp16Weights
+from .vae_weights import FP16
 
 from h3plan.levers.vae_ops import OPS  # noqa: F401 (the ops vae_ops installs, declared with the lever)
 
@@ -65,7 +61,6 @@ def _am():
 class VaeBlockState:
     ops: frozenset
     kernels: dict[str, Any]
-    weights: Fp16Weights | None = None  # fp16_weights: the block's linears as swapped at install
     fp8: Fp8Gemms | None = None  # vae_tiles tile_dtype fp8: the block's linears as FP8 GEMMs
 
 
@@ -79,24 +74,17 @@ def processor_reason(attn) -> str | None:
 
 
 def _weights(st: VaeBlockState, block, x):
-    """(per linear: (weight, bias) tensors or an FP8Linear; None for the modules' own parameters; the normed
-    inputs' dtype)."""
+    """(per linear an FP8Linear, or None for the modules' own parameters; the normed inputs' dtype)."""
     if st.fp8 is not None and (gemms := st.fp8.route(x)) is not None:
         return gemms, FP16
-    if st.weights is None:
-        from diffusers.models.modeling_utils import get_parameter_dtype
+    from diffusers.models.modeling_utils import get_parameter_dtype
 
-        return None, get_parameter_dtype(block.attn.to_q)
-    w, fused = st.weights.route(x)
-    return w, FP16 if fused else st.weights.compute_dtype
+    return None, get_parameter_dtype(block.attn.to_q)
 
 
 def _linear(module, x, w):
     if w is not None and module in w:
-        if isinstance(w[module], FP8Linear):
-            return fp8_linear(x, w[module])
-        weight, bias = w[module]
-        return F.linear(x, weight, bias)
+        return fp8_linear(x, w[module])
     return module(x)
 
 
@@ -183,7 +171,7 @@ def _residual(st, h, y, scale):
 def plan_vae_block_forward(self, hidden_states: torch.Tensor, rotary_emb=None) -> torch.Tensor:
     """Bound to a decoder block as its instance `forward` by the installer; options in `self._h3plan_vae`."""
     st: VaeBlockState = self._h3plan_vae
-    needs_proc = st.weights is not None or st.fp8 is not None or "qk_norm_rope" in st.ops
+    needs_proc = st.fp8 is not None or "qk_norm_rope" in st.ops
     reason = processor_reason(self.attn) if needs_proc else None
     w, compute_dtype = _weights(st, self, hidden_states)
 

@@ -1,22 +1,22 @@
 """vae_tiles' FP8 decode (`tile_dtype` fp8): the ViT decoder blocks' six linears as FP8 GEMMs. Lossy.
 
 Scope: vae_block.LINEARS of every MiniMaxH3VideoTransformerBlock; the rest of the decoder keeps its dtype.
-Install quantises each weight once, from the float16 tensor FP16 autocast would compute with
-(`weight.to(float16)` on the weight's device; with vae_ops' fp16_weights that is the parameter itself):
+Install quantises each weight once, from the float16 tensor the float16 decode computes with
+(`weight.to(float16)` on the weight's device; after vae_precision's fp16 cast that is the parameter itself):
 e4m3 codes with one fp32 scale per output channel (quant.fp8.quantize_weight: scale = amax/448, codes =
 w/scale), the bias as its float16 cast. The module parameters stay as they are (float32, or float16
-under fp16_weights), so the device holds 1 byte per weight more; uninstall drops the codes and nothing
+after the fp16 cast), so the device holds 1 byte per weight more; uninstall drops the codes and nothing
 else changed.
 
-Per block call, `route(x)`: under FP16 autocast on the weights' device with no autograd for x
-(vae_weights.fp16_autocast_reason) the block runs every linear as `fp8_linear(x, lin)`: x (float16) cast
+Per block call, `route(x)`: where the decoder computes in float16 on the weights' device with no autograd
+for x (float16 linears without autocast, or FP16 autocast: vae_weights.fp16_compute_reason) the block runs every linear as `fp8_linear(x, lin)`: x (float16) cast
 to e4m3 with one scale per row (scale = 448/amax of the row, 1 where amax is 0; the one-pass Triton cast
 where its check passes, its torch reference otherwise, same codes: counted `vae_tiles.fp8_rows`), then
 quant.fp8_rowwise's rowwise GEMM, `torch._scaled_mm(codes, w.t(), scale_a (M, 1), scale_b (1, N), bias,
 out_dtype=float16)` on CUDA SM89+ with torch >= 2.10, else its fp32 emulation of the same numerics (one
 fp16 rounding at the end; counted `vae_tiles.fp8_gemm.fused` / `.fallback` with the reason, per GEMM).
-Any other call (autocast off or at another dtype, another device, autograd) runs the block's float16 or
-diffusers' path, exact, counted once per block call as a `vae_tiles.fp8_gemm` fallback.
+Any other call (float32 compute, autocast at another dtype, another device, autograd) runs diffusers'
+path on the parameters as they are, exact, counted once per block call as a `vae_tiles.fp8_gemm` fallback.
 Error: every e4m3 operand carries a relative rounding error <= 2^-4 (3 mantissa bits); the plan states
 the recipe's PSNR/SSIM budget and benchmarks/vae.py measures the decoded frames' PSNR against eager.
 Changed linear parameters (replaced, moved, cast, edited) while installed raise InstallError: the codes
@@ -32,7 +32,7 @@ from h3plan.quant.fp8 import FP8Linear, quantize_weight
 from h3plan.quant.fp8_rowwise import fp8_linear_codes, quantize_activation_rows
 from h3plan.runtime.counters import fallback as count_fallback
 
-from .vae_weights import FP16, fp16_autocast_reason
+from .vae_weights import FP16, fp16_compute_reason
 
 COUNTER = "vae_tiles.fp8_gemm"
 ROWS_COUNTER = "vae_tiles.fp8_rows"
@@ -57,7 +57,7 @@ class Fp8Gemms:
 
     def __init__(self, fqn: str, linears: list[torch.nn.Linear]):
         self.fqn = fqn
-        self.device = linears[0].weight.device
+        self.device, self.dtype = linears[0].weight.device, linears[0].weight.dtype
         self.gemms = {m: quantize_linear(m) for m in linears}
         self._seen = [(m, n, m._parameters[n], m._parameters[n].data_ptr(), m._parameters[n]._version)
                       for m in linears for n in ("weight", "bias") if m._parameters.get(n) is not None]
@@ -77,7 +77,7 @@ class Fp8Gemms:
     def route(self, x) -> dict | None:
         """{linear: FP8Linear} when this block call runs FP8 GEMMs; else None, counted as a fallback."""
         self.verify()
-        why = fp16_autocast_reason(x, self.device)
+        why = fp16_compute_reason(x, self.device, self.dtype)
         if why is None and torch.is_grad_enabled() and any(p.requires_grad for _, _, p, _, _ in self._seen):
             why = "autograd is recording and the linears require grad: FP8 codes give no weight gradients"
         if why is None:

@@ -27,6 +27,7 @@ SWEEP_CONFIGS = [(2, 1024, 4), (1, 1024, 4), (4, 1024, 8), (4, 512, 4), (8, 256,
 # exp used on the GPU: "libdevice" (expf, what torch calls) or "tl" (Triton's exp2-based approximation).
 # The interpreter always uses numpy's exp.
 EXP = "libdevice"
+DTYPES = (torch.bfloat16, torch.float16)  # x the kernel takes
 
 
 def _config(F: int):
@@ -64,7 +65,7 @@ def swiglu_ref(x):
 def swiglu_check(x) -> str | None:
     """None if the kernel takes x, else the one-line reason."""
     def checks():
-        yield from tensor_checks("x", x, (torch.bfloat16, torch.float16))
+        yield from tensor_checks("x", x, DTYPES)
         yield x.dim() >= 1 and x.shape[-1] % 2 == 0, f"x last dim {tuple(x.shape)[-1:]} is not even"
     return guard(checks())
 

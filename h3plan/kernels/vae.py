@@ -29,12 +29,16 @@ from ._registry import custom_op
 from .qk_norm_rope import _launch, _norm_rope_checks, _out_buffers
 
 
+QK_DTYPES = (torch.float16, torch.bfloat16)  # q/k the fused norm + RoPE takes
+RESIDUAL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # y (the attention / FFN output) scaled_residual takes
+
+
 # ---------------------------------------------------------------------------------------------- qk norm + rope
 def vae_qk_norm_rope_check(q, k, cos, sin, eps) -> str | None:
     """None when the kernel takes these inputs, else the one-line reason."""
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
         return f"q must be a (B, S, H, D) tensor, got {getattr(q, 'shape', type(q).__name__)}"
-    return guard(_norm_rope_checks(q, k, [], cos, sin, eps, (torch.float16, torch.bfloat16), head_dim=int(q.shape[-1])))
+    return guard(_norm_rope_checks(q, k, [], cos, sin, eps, QK_DTYPES, head_dim=int(q.shape[-1])))
 
 
 def vae_qk_norm_rope_ref(q, k, cos, sin, eps):
@@ -94,7 +98,7 @@ def scaled_residual_check(h, y, scale) -> str | None:
         dev = h.device
         yield dev.type == "cuda" or (INTERPRET and dev.type == "cpu"), f"h is on {dev.type}; Triton needs CUDA (or TRITON_INTERPRET=1 on the CPU)"
         yield h.dtype in (torch.float32, torch.float16, torch.bfloat16), f"h dtype {h.dtype} not supported"
-        yield y.dtype in (torch.float16, torch.bfloat16, torch.float32), f"y dtype {y.dtype} not supported"
+        yield y.dtype in RESIDUAL_DTYPES, f"y dtype {y.dtype} not supported"
         yield scale.dtype == torch.float32, f"scale dtype {scale.dtype} must be float32 (diffusers keeps scale1/scale2 in fp32)"
         yield y.device == dev and scale.device == dev, "h, y and scale must be on one device"
         yield h.dim() >= 1 and y.shape == h.shape, f"y shape {tuple(y.shape)} != h shape {tuple(h.shape)}"

@@ -38,6 +38,7 @@ from . import (
     vae_graphs,
     vae_ops,
     vae_parallel,
+    vae_precision,
     vae_tiles,
 )
 from .base import Context, LeverError, Option, Spec
@@ -45,7 +46,7 @@ from .base import Context, LeverError, Option, Spec
 _MODULES = (gemm_quant, attention, fa4_2cta, fa4_tile, fp8_scales, qk_norm_rope, modulation, gated_residual, swiglu,
             fp8_act_quant, ulysses_padding, ulysses_overlap, a2a_fp8_codes, prefix_inplace, ring, ulysses_exchange,
             nvfp4_producer_quant,
-            nvfp4_out_quant, compile, vae_tiles, vae_graphs, vae_ops, vae_parallel)
+            nvfp4_out_quant, compile, vae_precision, vae_tiles, vae_graphs, vae_ops, vae_parallel)
 
 REGISTRY = {m.SPEC.name: m for m in _MODULES}
 if len(REGISTRY) != len(_MODULES):

@@ -188,13 +188,16 @@ def resolve(
     blockers: Callable[[Context, str], list[str]] = no_blockers,
     params: Callable[[Context, str], dict] | None = None,
     explain: Callable[[Context, str], list[str]] | None = None,
+    policy: Callable[[Context, str], list[str]] | None = None,
 ) -> Decision:
-    """Forced: validate and explain. Auto: pick, then assert the pick is allowed."""
+    """Forced: validate and explain. Auto: pick, then assert the pick is allowed. `policy`: the lever's own
+    reading of the recipe policy (default: a lossless recipe refuses every lossy setting)."""
     lever = spec.name
     requested = ctx.requested(lever)
 
     def problems_of(s: str) -> list[str]:
-        return backend_blockers(ctx, spec, s) + blockers(ctx, s) + policy_blockers(ctx, spec, s)
+        pol = policy(ctx, s) if policy else policy_blockers(ctx, spec, s)
+        return backend_blockers(ctx, spec, s) + blockers(ctx, s) + pol
 
     if requested != "auto":
         if requested not in spec.settings:

@@ -1,4 +1,4 @@
-"""VAE decoder ops: FP16 block-linear weights on the device (float32 masters on the host), fused FP16 QK-norm + RoPE, SwiGLU, scaled residual,
+"""VAE decoder ops: fused QK-norm + RoPE, SwiGLU, scaled residual in the dtype the decode runs in (vae_precision),
 exact (vllm-omni VAE seed (docs/sources.md#vllm-omni-vae-seed)). Only where the hardware's op set is registered; an unregistered
 architecture is reported in the plan as eager, never silently skipped.
 """
@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from .base import Context, Option, Spec, resolve
 
-OPS = ("fp16_weights", "qk_norm_rope", "swiglu", "scaled_residual")  # what `fused` installs, in install order
+OPS = ("qk_norm_rope", "swiglu", "scaled_residual")  # what `fused` may install (the installer keeps the ops whose kernel takes the decode's dtype)
 SPEC = Spec(
     name="vae_ops",
     settings={"eager": True, "fused": True},
-    summary="VAE decoder ops: FP16 weights, fused QK-norm + RoPE, SwiGLU, scaled residual (exact)",
+    summary="VAE decoder ops: fused QK-norm + RoPE, SwiGLU, scaled residual (exact)",
     model="vae",
     counter="vae_ops",
     options=(Option("vae", "ops", lambda v: isinstance(v, tuple) and set(v) <= set(OPS), "tuple of " + ", ".join(OPS), ()),),

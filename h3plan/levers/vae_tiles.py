@@ -27,6 +27,9 @@ def blockers(ctx: Context, s: str) -> list[str]:
     out = []
     if s == "fp8_tiles" and not ctx.hardware["gemm"]["fp8"]:
         out.append(f"{ctx.hw} has no FP8 GEMMs for the FP8 decoder ({ctx.hardware['gemm']['source']})")
+    if s == "fp8_tiles" and "vae_precision" in ctx.decisions and ctx.setting("vae_precision") != "fp16":
+        out.append(f"vae_precision is {ctx.setting('vae_precision')}: the FP8 decoder GEMMs take and give float16 "
+                   "(vae_precision=fp16)")
     if s == "custom" and any(ctx.vae["custom_tile"][k] is None for k in ("height", "width", "overlap")):
         out.append("set vae.custom_tile.height, .width and .overlap (pixels, multiples of 16)")
     return out
@@ -40,6 +43,9 @@ def auto(ctx: Context):
             return "default", [f"recipe {name} asks for FP8 VAE tiles but its policy is lossless", keep], params(ctx, "default")
         if not ctx.hardware["gemm"]["fp8"]:
             return "default", [f"recipe {name} asks for FP8 VAE tiles but {ctx.hw} has no FP8 GEMMs", keep], params(ctx, "default")
+        if ctx.setting("vae_precision") != "fp16":
+            return "default", [f"recipe {name} asks for FP8 VAE tiles but vae_precision is {ctx.setting('vae_precision')} "
+                               "(the FP8 decoder GEMMs need fp16)", keep], params(ctx, "default")
         t = ctx.vae["fp8_tile"]
         return "fp8_tiles", [f"recipe {name}: FP8 tiled VAE decoder {t['height']}x{t['width']}, overlap {t['overlap']} ({t['source']})",
                              *explain(ctx, "fp8_tiles")], params(ctx, "fp8_tiles")
@@ -50,7 +56,7 @@ def explain(ctx: Context, s: str) -> list[str]:
     if s != "fp8_tiles":
         return []
     ran = hardware_verified(ctx, SPEC, s)[0]
-    return ["FP8 decode: the ViT decoder blocks' six linears run as FP8 GEMMs under FP16 autocast (e4m3 weights with "
+    return ["FP8 decode: the ViT decoder blocks' six linears run as FP8 GEMMs where the decoder computes in float16 (e4m3 weights with "
             "one scale per output channel, quantised once at install; e4m3 activations with one scale per row; "
             "torch._scaled_mm to float16 on SM89+): lossy, e4m3 keeps 3 mantissa bits (relative rounding error "
             "<= 2^-4 per operand); " + ctx.budget_text() + "; benchmarks/vae.py measures the frames' PSNR against eager"

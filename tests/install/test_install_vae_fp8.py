@@ -13,7 +13,7 @@ from h3plan.actions.quality import psnr
 from h3plan.errors import H3PlanError
 from h3plan.install import counters, fallback_reasons, install, reset_counters, uninstall
 from h3plan.install.vae_fp8 import Fp8Gemms, fp8_linear, quantize_linear
-from test_install_vae import BLOCKS, TILING, decode, latent, tiny_vae
+from test_install_vae import BLOCKS, TILING, cast, decode, latent, tiny_vae
 
 E4M3, MAX = torch.float8_e4m3fn, 448.0
 # e4m3 has 3 mantissa bits: each operand's relative rounding error is <= 2^-4, so a GEMM output is within
@@ -61,8 +61,8 @@ def test_fp8_linear_is_its_reference_bit_for_bit_in_the_fallback(autocast):
 def test_fp8_plan_decodes_within_the_e4m3_bound_and_counts_every_gemm():
     plan = fp8_plan()
     assert plan.decision("vae_tiles").setting == "fp8_tiles"
-    vae, ref_vae, z = tiny_vae(), tiny_vae(), latent()
-    ref_vae.enable_tiling(288, 272, 32, 32)  # the plan's geometry: the comparison isolates the FP8 GEMMs
+    vae, ref_vae, z = tiny_vae(), cast(tiny_vae()), latent()  # the plan decodes in fp16 (vae_precision)
+    ref_vae.enable_tiling(288, 272, 32, 32)  # the plan's geometry and precision: the comparison isolates the FP8 GEMMs
     ref = decode(ref_vae, z)
     report = install(vae, plan)
     assert all(isinstance(b._h3plan_vae.fp8, Fp8Gemms) for b in vae.decoder.transformer_blocks)
@@ -75,9 +75,10 @@ def test_fp8_plan_decodes_within_the_e4m3_bound_and_counts_every_gemm():
     p = psnr(((out.float() + 1) / 2).clamp(0, 1), ((ref.float() + 1) / 2).clamp(0, 1))
     assert p is not None and PSNR_MIN_DB <= p, (p, PSNR_MIN_DB)  # lossy (not identical), within the bound
     reset_counters()
-    torch.testing.assert_close(decode(vae, z, autocast=None), decode(ref_vae, z, autocast=None), rtol=0, atol=0)
-    assert counters() == {"vae_tiles.fp8_gemm.fallback": BLOCKS}  # autocast off: diffusers' path, one per block
-    assert "autocast is off" in " | ".join(fallback_reasons()["vae_tiles.fp8_gemm"])
+    bf16 = torch.bfloat16  # a user's bfloat16 autocast: diffusers' path (exact), one fallback per block
+    torch.testing.assert_close(decode(vae, z, autocast=bf16), decode(ref_vae, z, autocast=bf16), rtol=0, atol=0)
+    assert counters() == {"vae_tiles.fp8_gemm.fallback": BLOCKS}
+    assert "autocast dtype torch.bfloat16 != float16" in " | ".join(fallback_reasons()["vae_tiles.fp8_gemm"])
 
 
 @pytest.mark.parametrize("vae_ops", ["eager", "fused"])

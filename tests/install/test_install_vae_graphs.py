@@ -174,7 +174,7 @@ def test_install_swaps_the_decoder_forward_and_uninstall_restores_it():
     plan = graphs_plan("eager")
     report = install(vae, plan)
     assert isinstance(vae.decoder.__dict__["forward"], GraphedDecoder)
-    assert vae.decoder.__dict__["forward"].validate is None  # no float16 weights to check
+    assert vae.decoder.__dict__["forward"].validate is None  # no FP8 codes to check
     assert report.swapped_levers() == ["vae_graphs"]
     assert str(report.swaps[0]).startswith("vae_graphs: decoder.forward MiniMaxH3VideoViTDecoder3d.forward -> CUDA graph replay")
     torch.testing.assert_close(decode(vae, z), ref, rtol=0, atol=0)  # CPU: counted fallback, diffusers' forward
@@ -183,16 +183,16 @@ def test_install_swaps_the_decoder_forward_and_uninstall_restores_it():
     assert uninstall(vae) and "forward" not in vae.decoder.__dict__
 
 
-def test_graph_replays_refuse_float16_weights_edited_after_install():
-    """A replay skips the block forwards' checks, so the decoder wrapper runs vae_ops' check first."""
+def test_graph_replays_refuse_linears_edited_after_their_fp8_codes_were_made():
+    """A replay skips the block forwards' checks, so the decoder wrapper runs the FP8 codes' check first."""
     vae = tiny_vae()
-    install(vae, graphs_plan("fused"))
+    install(vae, h3plan.resolve_config(hardware="sm90", recipe="fp8", vae="h3_tiny", **{"levers.vae_graphs": "on"}))
     gd = vae.decoder.__dict__["forward"]
     assert gd.validate is not None
     gd.validate()  # unchanged: nothing raised
     with torch.no_grad():
         vae.decoder.transformer_blocks[0].attn.to_v.bias.add_(1)
-    with pytest.raises(h3plan.errors.InstallError, match=r"transformer_blocks\.0 linear bias was moved, cast or edited"):
+    with pytest.raises(h3plan.errors.InstallError, match=r"transformer_blocks\.0 linear bias was replaced, moved, cast or edited"):
         gd(torch.zeros(1, 4, 2, 3, 3))
     assert uninstall(vae) and vae.decoder.transformer_blocks[0].attn.to_v.bias.dtype == torch.float32
 
@@ -226,7 +226,8 @@ def test_graphs_install_over_the_fused_block_forwards():
     assert report.swapped_levers() == ["vae_ops", "vae_graphs"]
     torch.testing.assert_close(decode(vae, z), ref, rtol=0, atol=0)
     c = counters()
-    assert c["vae_graphs.fallback"] == 1 and c["vae_ops.qk_norm_rope.fused"] == len(vae.decoder.transformer_blocks)
+    # the fp32 decode (diffusers' default) installs the op whose kernel takes float32
+    assert c["vae_graphs.fallback"] == 1 and c["vae_ops.scaled_residual.fused"] == 2 * len(vae.decoder.transformer_blocks)
     uninstall(vae)
     assert "forward" not in vae.decoder.__dict__
     assert all("forward" not in b.__dict__ for b in vae.decoder.transformer_blocks)

@@ -130,15 +130,19 @@ def test_vae_decode_reproduces_the_h200_anchors(t, ops, graphs, tile, cache, mea
 
 
 def test_estimate_carries_the_decode_of_the_request():
-    e = estimate("t2v_768x1344_5s", settings={"vae_ops": "fused", "vae_graphs": "on"})
-    d = M.vae_decode(VAE["diffusers_config"], 37, 48, 84, VAE["default_tile"], fused=True, fp16_weights=True)
+    e = estimate("t2v_768x1344_5s", settings={"vae_ops": "fused", "vae_graphs": "on"})  # no vae_precision: fp32
+    d = M.vae_decode(VAE["diffusers_config"], 37, 48, 84, VAE["default_tile"], fused=True, fp16_weights=True, act=4)
     assert e["breakdown"]["vae_decode"] == round(d["peak"] / GiB, 3) and d["frames"] == 124
     assert e["breakdown"]["text_encoder"] == 0 and "vae_fp16_copies" not in e["breakdown"]
-    # fp16_weights: the decoder-block linears float16 on the device instead of float32 (nothing beside them)
-    eager = estimate("t2v_768x1344_5s", settings={"vae_ops": "eager", "vae_graphs": "on"})
-    assert round(eager["breakdown"]["vae_weights"] - e["breakdown"]["vae_weights"], 3) == 4.502
-    assert "float16 on the device, the originals on the host" in e["basis"]["vae_weights"]
-    assert "float16" not in eager["basis"]["vae_weights"]
+    # vae_precision=fp16: every castable VAE tensor float16 on the device instead of float32 (nothing beside them)
+    half = estimate("t2v_768x1344_5s", settings={"vae_ops": "fused", "vae_graphs": "on", "vae_precision": "fp16"})
+    vp = M.vae_params(VAE["diffusers_config"])
+    saved = e["breakdown"]["vae_weights"] - half["breakdown"]["vae_weights"]
+    assert abs(saved - 2 * (vp["decoder_linears"] + vp["other"]) / GiB) < 2e-3  # breakdown rounds each to 1e-3 GiB
+    assert "vae_precision=fp16: cast at install, the float32 originals on the host" in half["basis"]["vae_weights"]
+    assert "fp16" not in e["basis"]["vae_weights"]
+    # the fp16 decode's activations and frames are half the fp32 decode's
+    assert half["breakdown"]["vae_decode"] < e["breakdown"]["vae_decode"]
     assert "prompt_embeds" in e["basis"]["text_encoder"]
     assert all(e["basis"][k] for k in e["breakdown"])
 
