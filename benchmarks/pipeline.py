@@ -34,8 +34,10 @@ def main(argv=None) -> int:
     ap.add_argument("--e2e-steps", type=int, help="transformer forwards of a generation (default: the pipeline's)")
     ap.add_argument("--compile-backend", help="torch.compile backend of the best setting (default inductor)")
     ap.add_argument("--cp-backend", help="diffusers attention backend for context parallelism (default _native_cudnn)")
-    ap.add_argument("--vae", choices=("auto", "fp16_autocast", "bf16", "fp32"))
-    ap.add_argument("--no-audio", action="store_true", help="do not run the audio decode")
+    ap.add_argument("--vae", help="VAE precisions of the eager and best rows: auto, or a comma list of fp32, fp16, bf16")
+    ap.add_argument("--plan", action="append", dest="plans", help="another plan in the same run: an override string, "
+                                                                   "e.g. --plan 'recipe=fp8' (repeatable)")
+    ap.add_argument("--no-reference", action="store_true", help="skip the bitwise reference rows")
     ap.add_argument("--no-best", action="store_true", help="skip diffusers' best setting")
     a = ap.parse_args(argv)
 
@@ -47,17 +49,18 @@ def main(argv=None) -> int:
     from h3plan.planner import resolve
 
     pipeline = {k: getattr(a, k) for k in ("steps", "warmup", "rounds", "decode_warmup", "text_tokens", "layers",
-                                           "e2e_steps", "compile_backend", "cp_backend", "vae")
+                                           "e2e_steps", "compile_backend", "cp_backend", "vae", "plans")
                 if getattr(a, k) is not None}
-    if a.no_audio:
-        pipeline["audio"] = False
+    if a.no_reference:
+        pipeline["reference"] = False
     if a.no_best:
         pipeline["best"] = False
     try:
         c = compose(a.overrides)
         plan = resolve(c)
         cfg = OmegaConf.to_container(c, resolve=True, enum_to_str=True)
-        cfg.update(action="bench", target="pipeline", video=a.video)
+        cfg.update(action="bench", video=a.video)
+        cfg["bench"]["target"] = "pipeline"
         cfg["bench"].update(out_dir=a.out, tag=a.tag, pipeline=pipeline)
         return run(cfg, plan)
     except H3PlanError as e:

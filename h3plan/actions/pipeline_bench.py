@@ -337,7 +337,7 @@ def _distributed(torch, degree: int):
     return dist.get_rank(), None, device
 
 
-SMOKE = "python -m h3plan action=bench bench.target=pipeline model=h3_tiny vae=h3_tiny_pipe video=h3_tiny_pipe"
+SMOKE = "python -m h3plan action=bench bench.target=pipeline model=h3_tiny vae=h3_tiny_pipe video.height=32 video.width=32"
 
 
 def _check_size(cfg, device, pipe_tokens: int | None = None, video: str | None = None) -> None:

@@ -1,11 +1,12 @@
-"""`action=bench target=pipeline` on the CPU with the tiny pipeline: well-formed files, the frames contract.
+"""`action=bench bench.target=pipeline` on the CPU with the tiny pipeline: well-formed files, the frames contract.
 
 Times on a CPU are meaningless (host clock; TRITON_INTERPRET unset as for a CPU user, so every fused kernel's
 guard refuses the CPU and counts a fallback, which keeps the run fast): this proves the plumbing - the
-pipeline build, the three settings on one transformer (plan installed and removed, regional compile switched
-on and off: `backend=eager` here, dynamo without Inductor's minutes of C++ compiles), step and decode timing,
-frames compared, JSON / markdown / PNG. The config keys `target` / `video` / `bench.pipeline` are passed as
-a plain dict (run(cfg, plan) reads them with defaults), so this does not depend on the CLI schema.
+pipeline build, diffusers' own `pipe(...)` called for every row on one transformer (plans installed and removed,
+regional compile switched on and off: `backend=eager` here, dynamo without Inductor's minutes of C++ compiles,
+the VAE cast per row and back), forward and wall-clock timing, frames compared, JSON / markdown / PNG. The
+config keys `bench.target` / `video` / `bench.pipeline` are passed as a plain dict (run(cfg, plan) reads them
+with defaults), so this does not depend on the CLI schema.
 """
 
 from __future__ import annotations
@@ -19,9 +20,8 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-REQUIRED = ("video", "S", "gpus", "plan", "steps_timed", "steps_e2e", "eager_step_s", "best_step_s", "plan_step_s",
-            "eager_decode_s", "best_decode_s", "plan_decode_s", "e2e_speedup_vs_eager", "e2e_speedup_vs_best",
-            "best_config", "frames_bitwise", "frames_psnr_db")
+REQUIRED = ("run", "video", "S", "gpus", "setting", "label", "vae", "forward_s", "rest_s", "wall_s", "e2e_s",
+            "steps_e2e", "speedup_vs_eager", "speedup_vs_best", "speedup_vs_best_fp32", "frames")
 # One fresh process per invocation list; each run: composed config -> plain dict + the pipeline keys.
 DRIVER = """
 import json, sys
@@ -35,11 +35,11 @@ for spec in runs:
     c = compose(["model=h3_tiny", "vae=h3_tiny_pipe"] + spec["overrides"])
     plan = resolve(c)
     cfg = OmegaConf.to_container(c, resolve=True, enum_to_str=True)
-    cfg.update(target="pipeline", video=spec.get("video", "32x32x124"))
-    cfg["bench"].update(out_dir=out, pipeline=spec["pipeline"])
+    cfg.update(video=spec.get("video", "32x32x124"))
+    cfg["bench"].update(target="pipeline", out_dir=out, pipeline=spec["pipeline"])
     print("RC", pipeline_bench.run(cfg, plan), flush=True)
 """
-FAST = {"compile_backend": "eager", "rounds": 1, "warmup": 0, "steps": 1, "audio": False, "decode_warmup": 0}
+FAST = {"compile_backend": "eager", "rounds": 1, "warmup": 0, "steps": 1, "decode_warmup": 0}
 
 
 def _bench(out_dir, *runs):
@@ -47,7 +47,11 @@ def _bench(out_dir, *runs):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), CUDA_VISIBLE_DEVICES="")
     return subprocess.run([sys.executable, "-c", DRIVER, str(out_dir), *map(json.dumps, runs)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=900)
+
+
+def _rows(doc):
+    return {(r["setting"], r["vae"], r["label"]): r for r in doc["records"]}
 
 
 def _check(r):
@@ -56,54 +60,68 @@ def _check(r):
     assert r["error"] is None and r["device"] == "cpu" and r["timing"] == "host-clock"
     # 110 text rows + 2 x 207 audio latents + 37 latent frames x (32/4/2)^2 patches
     assert r["video"] == "32x32x124" and r["S"] == 110 + 414 + 37 * 16 and r["gpus"] == 1 and r["layers"] == 2
-    assert r["steps_e2e"] == 49 and r["num_inference_steps"] == 50
-    for s in ("eager", "best", "plan"):
-        assert r[f"{s}_step_s"] > 0 and r[f"{s}_e2e_s"] > 0
-    assert r["best_decode_s"] == r["eager_decode_s"] > 0 and r["plan_decode_s"] > 0
-    assert math.isclose(r["e2e_speedup_vs_eager"], r["eager_e2e_s"] / r["plan_e2e_s"])
-    assert math.isclose(r["e2e_speedup_vs_best"], r["best_e2e_s"] / r["plan_e2e_s"])
-    assert r["best_config"].startswith("transformer.compile_repeated_blocks(fullgraph=True, backend='eager')")
-    assert r["latents_rel_error"]["best"] == 0.0  # dynamo with the eager backend runs diffusers' ops as they are
+    assert r["steps_e2e"] == 49 and r["num_inference_steps"] == 50 and r["forwards_per_call"] == 1
+    assert r["forward_s"] > 0 and r["rest_s"] > 0
+    assert math.isclose(r["e2e_s"], 49 * r["forward_s"] + r["rest_s"])
+    assert math.isclose(r["wall_s"], r["rest_s"] + sum(r["forwards_s"]))
 
 
-def test_pipeline_bench_on_cpu_writes_files_and_lossless_frames_are_bitwise(tmp_path):
-    res = _bench(tmp_path, {"overrides": ["levers.attention=sdpa"], "pipeline": FAST})
+@pytest.mark.slow
+def test_pipeline_bench_times_the_users_call_per_vae_precision(tmp_path):
+    """The lossless plan (fp32 VAE, diffusers' default) and the recipe's fp16 decode in one run: eager and best at
+    both precisions, each plan bitwise against its same-backend reference, the fp16 decode against fp32 by PSNR."""
+    res = _bench(tmp_path, {"overrides": ["levers.attention=sdpa"],
+                            "pipeline": dict(FAST, plans=["recipe.vae=fp16 levers.attention=sdpa"])})
     assert res.returncode == 0 and res.stdout.count("RC 0") == 1, res.stdout[-2000:] + res.stderr[-3000:]
     doc = json.loads((tmp_path / "pipeline-cpu.json").read_text())
-    assert doc["kind"] == "pipeline" and doc["schema_version"] == 1 and len(doc["runs"]) == 1
-    (r,) = doc["records"]
-    _check(r)
-    assert r["plan"] == "sm90/bf16/u1 +attention=sdpa" and r["steps_timed"] == 1 and r["lossless"]
-    # the plan's frames against diffusers eager, whose SDPA call is the plan's backend: bit for bit
-    assert r["frames_bitwise"] is True and r["frames_psnr_db"] is None and r["frames_ssim"] == 1.0
-    assert r["latents_rel_error"]["plan"] == 0.0 and "sdpa" in r["frames_reference"]
-    assert r["counters"].get("modulation.fallback", 0) > 0  # the CPU refused the fused kernels, counted
+    assert doc["kind"] == "pipeline-call" and doc["schema_version"] == 2 and len(doc["runs"]) == 1
+    rows = _rows(doc)
+    assert [(r["setting"], r["vae"]) for r in doc["records"]] == [
+        ("eager", "fp32"), ("best", "fp32"), ("plan", "fp32"), ("reference", "fp32"),
+        ("eager", "fp16"), ("best", "fp16"), ("plan", "fp16"), ("reference", "fp16")]
+    for r in doc["records"]:
+        _check(r)
+    plan32 = rows[("plan", "fp32", "sm90/bf16/u1 +attention=sdpa")]
+    plan16 = rows[("plan", "fp16", "sm90/bf16/u1 +attention=sdpa +vae=fp16")]
+    for p in (plan32, plan16):
+        assert p["frames"]["bitwise"] is True and p["frames"]["against"].startswith("eager with")
+        assert p["counters"].get("modulation.fallback", 0) > 0  # the CPU refused the fused kernels, counted
+        e, b, b32 = (next(r for r in doc["records"] if r["setting"] == s and r["vae"] == v)
+                     for s, v in (("eager", p["vae"]), ("best", p["vae"]), ("best", "fp32")))
+        assert math.isclose(p["speedup_vs_eager"], e["e2e_s"] / p["e2e_s"])
+        assert math.isclose(p["speedup_vs_best"], b["e2e_s"] / p["e2e_s"])
+        assert math.isclose(p["speedup_vs_best_fp32"], b32["e2e_s"] / p["e2e_s"])
+    assert plan32["lossless"] and not plan16["lossless"] and plan16["counters"].get("vae_ops.qk_norm_rope.fallback")
+    best = rows[("best", "fp32", next(k[2] for k in rows if k[0] == "best"))]
+    assert best["config"].startswith("transformer.compile_repeated_blocks(fullgraph=True, backend='eager')")
+    assert best["frames"]["bitwise"] is True  # dynamo with the eager backend runs diffusers' ops as they are
+    e16 = next(r for r in doc["records"] if r["setting"] == "eager" and r["vae"] == "fp16")
+    assert e16["frames"]["bitwise"] is False and e16["frames"]["psnr_db"] > 40 and "fp32 VAE" in e16["frames"]["against"]
     md = (tmp_path / "pipeline-cpu.md").read_text()
-    assert "their times are meaningless" in md and "| sm90/bf16/u1 +attention=sdpa | 32x32x124 | 1116 | 1 | 2 |" in md
-    assert "| bitwise |" in md
+    assert "their times are meaningless" in md and "| sm90/bf16/u1 +attention=sdpa +vae=fp16 | fp16 |" in md
+    assert "bitwise vs eager with" in md and "autocast anywhere: the VAE decodes in its own dtype" in md
     if pytest.importorskip("matplotlib", reason="PNG needs matplotlib"):
         assert (tmp_path / "pipeline-cpu.png").stat().st_size > 0
 
 
 @pytest.mark.slow
-def test_lossy_plan_reports_psnr_and_appends_with_audio(tmp_path):
-    """An FP8 plan (the CPU emulation still quantises): no bitwise claim, PSNR / SSIM against eager; a second
-    plan appends to the same file; audio on; two interleaved rounds; the default attention fa4 runs a
-    same-backend reference (on the CPU it falls back to diffusers' processor: bitwise)."""
-    fast2 = dict(FAST, rounds=2, audio=True)
-    res = _bench(tmp_path, {"overrides": ["recipe=fp8"], "pipeline": fast2}, {"overrides": [], "pipeline": fast2})
+def test_lossy_plan_reports_psnr_and_a_second_run_appends(tmp_path):
+    """An FP8 plan (the CPU emulation still quantises): no bitwise claim, PSNR / SSIM against eager with its own
+    fp16 VAE; a second run appends to the same file; two interleaved rounds."""
+    fast2 = dict(FAST, rounds=2)
+    res = _bench(tmp_path, {"overrides": ["recipe=fp8"], "pipeline": fast2}, {"overrides": ["levers.attention=sdpa"],
+                                                                              "pipeline": dict(FAST, best=False)})
     assert res.returncode == 0 and res.stdout.count("RC 0") == 2, res.stdout[-2000:] + res.stderr[-3000:]
     doc = json.loads((tmp_path / "pipeline-cpu.json").read_text())
-    fp8, bf16 = doc["records"]
-    for r in (fp8, bf16):
-        _check(r)
-        assert r["steps_timed"] == 2 and r["audio"] and r["audio_decode_s"] > 0
-        assert r["eager_e2e_s"] == pytest.approx(r["overhead_s"] + 49 * r["eager_step_s"] + r["eager_decode_s"]
-                                                 + r["audio_decode_s"])
-    assert fp8["plan"] == "sm90/fp8/u1" and not fp8["lossless"] and fp8["frames_bitwise"] is None
-    assert 0 < fp8["latents_rel_error"]["plan"] < 2 ** -4 and fp8["frames_psnr_db"] > 20 and fp8["frames_ssim"] < 1
-    assert bf16["plan"] == "sm90/bf16/u1" and bf16["frames_bitwise"] is True
-    assert "fa4" in bf16["frames_reference"] and "reference" in bf16["latents_rel_error"]
+    assert len(doc["runs"]) == 2
+    first = [r for r in doc["records"] if r["run"] == doc["runs"][0]["run"]]
+    fp8 = next(r for r in first if r["setting"] == "plan")
+    assert fp8["label"] == "sm90/fp8/u1 +vae=fp16" and fp8["vae"] == "fp16" and not fp8["lossless"]
+    assert len(fp8["forwards_s"]) == 2  # two rounds, one timed forward each
+    assert fp8["frames"]["bitwise"] is None and fp8["frames"]["psnr_db"] > 20 and fp8["frames"]["ssim"] < 1
+    assert "fp16 VAE" in fp8["frames"]["against"] and not any(r["setting"] == "reference" for r in first)
+    second = [r for r in doc["records"] if r["run"] == doc["runs"][1]["run"]]
+    assert [r["setting"] for r in second] == ["eager", "plan", "reference"]
 
 
 def test_quality_closed_forms():
@@ -128,13 +146,30 @@ def test_options_refuse_bad_values_in_one_line():
     from h3plan.errors import UsageError
 
     for cfg, msg in (({"bench": {"pipeline": {"steps": 0}}}, "bench.pipeline.steps=0: must be an integer >= 1"),
-                     ({"bench": {"pipeline": {"vae": "fp64"}}}, "bench.pipeline.vae=fp64: one of auto, fp16_autocast"),
+                     ({"bench": {"pipeline": {"vae": "fp64"}}}, "bench.pipeline.vae=fp64: auto or a list of fp32, fp16, bf16"),
+                     ({"bench": {"pipeline": {"reference": "yes"}}}, "bench.pipeline.reference=yes: true or false"),
                      ({"video": "768x1344"}, "video='768x1344': expected HEIGHTxWIDTHxFRAMES")):
         with pytest.raises(UsageError) as e:
             options(cfg)
         assert str(e.value).startswith(msg) and "\n" not in str(e.value)
-    o = options({"video": "768x1344x124", "bench": {"out_dir": "x"}})
-    assert (o.video, o.steps, o.rounds, o.warmup, o.text_tokens, o.best) == ("768x1344x124", 1, 2, 2, 110, True)
+    o = options({"video": "768x1344x124", "bench": {"out_dir": "x", "pipeline": {"vae": "fp16,fp32,fp16"}}})
+    assert (o.video, o.steps, o.rounds, o.warmup, o.text_tokens, o.best, o.vae) == ("768x1344x124", 1, 1, 2, 110, True, ("fp16", "fp32"))
+
+
+def test_warm_decode_latent_makes_the_requests_clip_shapes():
+    """The untimed warm-up decode: the fewest latent frames with the same decoder clip lengths as the request."""
+    from h3plan.actions.pipeline_bench import clip_lengths, warm_latent_frames
+
+    class V:  # the released VAE's temporal chunking (AutoencoderKLMiniMaxH3: clip_length 17, token_drop 3)
+        tokens_chunk_size, token_overlap = 5, 3
+
+        class config:
+            token_drop = 3
+
+    assert clip_lengths(V, 37) == {8, 7} and warm_latent_frames(V, 37) < 37
+    assert clip_lengths(V, warm_latent_frames(V, 37)) == clip_lengths(V, 37)
+    for t in range(1, 70):
+        assert clip_lengths(V, warm_latent_frames(V, t)) == clip_lengths(V, t)
 
 
 def test_cpu_refuses_real_width_with_the_smoke_form():
@@ -153,27 +188,27 @@ def test_cpu_refuses_real_width_with_the_smoke_form():
     cfg = OmegaConf.to_container(c, resolve=True, enum_to_str=True)
     with pytest.raises(UsageError) as e:
         run(cfg, resolve(c))
-    assert "needs a CUDA GPU" in str(e.value) and "model=h3_tiny vae=h3_tiny_pipe video=32x32x124" in str(e.value)
+    assert "needs a CUDA GPU" in str(e.value) and "model=h3_tiny vae=h3_tiny_pipe video.height=32 video.width=32" in str(e.value)
 
 
 @pytest.mark.slow
 def test_ulysses_two_ranks_on_gloo(tmp_path):
     """parallel=u2 under torchrun on two CPU processes (gloo): eager on every rank, the plan's Ulysses install over
     the group, the lossless frames bitwise; diffusers' context parallelism needs an accelerator, so the best
-    setting is recorded as failed and the record says why (rank 0 writes the files)."""
+    row is recorded as failed and says why (rank 0 writes the files)."""
     pytest.importorskip("transformers", reason="diffusers' MiniMaxH3ModularPipeline imports transformers")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), CUDA_VISIBLE_DEVICES="")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            os.path.join(ROOT, "benchmarks", "pipeline.py"), "model=h3_tiny", "vae=h3_tiny_pipe", "parallel=u2",
            "levers.attention=sdpa", "--video", "32x32x124", "--out", str(tmp_path), "--rounds", "1", "--warmup", "0",
-           "--decode-warmup", "0", "--no-audio", "--compile-backend", "eager", "--cp-backend", "native"]
-    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+           "--decode-warmup", "0", "--compile-backend", "eager", "--cp-backend", "native"]
+    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
-    (r,) = json.loads((tmp_path / "pipeline-cpu.json").read_text())["records"]
-    assert r["gpus"] == 2 and r["plan"] == "sm90/bf16/u2 +attention=sdpa" and r["error"] is None
-    assert r["frames_bitwise"] is True and r["latents_rel_error"]["plan"] == 0.0
-    assert r["best_step_s"] is None and r["e2e_speedup_vs_best"] is None
-    assert r["best_config"].startswith("transformer.set_attention_backend('native') + enable_parallelism(")
-    assert any(n.startswith("best failed: RuntimeError: diffusers' enable_parallelism needs an accelerator")
-               for n in r["notes"])
+    rows = json.loads((tmp_path / "pipeline-cpu.json").read_text())["records"]
+    plan = next(r for r in rows if r["setting"] == "plan")
+    assert plan["gpus"] == 2 and plan["label"] == "sm90/bf16/u2 +attention=sdpa" and plan["error"] is None
+    assert plan["frames"]["bitwise"] is True and plan["speedup_vs_best"] is None
+    best = next(r for r in rows if r["setting"] == "best")
+    assert best["error"].startswith("RuntimeError: diffusers' enable_parallelism needs an accelerator")
+    assert [r["setting"] for r in rows][-1] == "best"  # context parallelism cannot be undone: last
