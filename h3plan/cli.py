@@ -12,6 +12,7 @@ The plan path imports no torch.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import textwrap
@@ -58,7 +59,8 @@ def run(argv: list[str]) -> int:
     _rc, _failure = 0, None
     try:
         args = parser.parse_args(argv)
-        _run_hydra(args=args, args_parser=parser, task_function=_task, config_path=CONFIG_PATH, config_name=CONFIG_NAME)
+        with _one_composition(args):
+            _run_hydra(args=args, args_parser=parser, task_function=_task, config_path=CONFIG_PATH, config_name=CONFIG_NAME)
         if _failure is not None:
             raise _failure
         if sweep.strict_failure:
@@ -81,6 +83,30 @@ def run(argv: list[str]) -> int:
         else:
             os.environ["HYDRA_FULL_ERROR"] = user_full
     return _rc
+
+
+@contextlib.contextmanager
+def _one_composition(args):
+    """Hydra 1.3 composes the whole config once only to read `hydra.mode` (`Hydra.get_mode`), then again to run:
+    a plan paid for two compositions. h3plan's config leaves hydra.mode unset (tests/cli/test_cli_speed.py checks
+    that), and for such a config Hydra's own answer is None ("what -m says"), so it is answered without
+    composing unless the command line could set the mode: an override of hydra.mode, a hydra/ group or the
+    search path, or another config (--config-dir, --config-name)."""
+    from hydra._internal.hydra import Hydra
+
+    def could_set_mode(o: str) -> bool:
+        key = o.lstrip("+~")
+        return key.startswith(("hydra.mode", "hydra/", "hydra.searchpath", "hydra="))
+
+    if args.config_dir is not None or args.config_name is not None or any(map(could_set_mode, args.overrides)):
+        yield
+        return
+    original = Hydra.get_mode
+    Hydra.get_mode = lambda self, config_name, overrides: None
+    try:
+        yield
+    finally:
+        Hydra.get_mode = original
 
 
 def _task(cfg) -> Any:

@@ -616,10 +616,13 @@ PLAN_SECTIONS = ("hardware", "recipe", "parallel", "model", "vae", "video", "pip
 
 
 def register() -> None:
-    """Store the schema in Hydra's ConfigStore (config.yaml lists it first in its defaults)."""
+    """Store the schema in Hydra's ConfigStore (config.yaml lists it first in its defaults), once per process:
+    building the structured node costs as much as a fifth of a composition."""
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=H3PlanConfig)
+    store = ConfigStore.instance()
+    if f"{SCHEMA_NAME}.yaml" not in store.repo:
+        store.store(name=SCHEMA_NAME, node=H3PlanConfig)
 
 
 def _divisors(n: int) -> list[int]:
