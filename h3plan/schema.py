@@ -51,6 +51,11 @@ class Format(str, Enum):
     json = "json"
 
 
+class Detail(str, Enum):
+    summary = "summary"
+    full = "full"
+
+
 class Checkpoint(str, Enum):
     bf16 = "bf16"
     fp8 = "fp8"
@@ -595,6 +600,9 @@ class BenchConfig:
 class H3PlanConfig:
     action: Action = Action.plan
     format: Format = Format.table
+    detail: Detail = Detail.summary
+    """format=table: `summary` leads with what runs, what is lossy, what has no kernel or never ran, then one line
+    per lever; `full` prints every reason with its sources and the derived numbers."""
     out: Optional[str] = None
     strict: bool = False
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
