@@ -1,4 +1,4 @@
-"""Decision tables: the TRT-LLM seed's recipe rows (SM107, DESIGN.md 'Recipe rules') and the SM90
+"""Decision tables: the TRT-LLM seed's recipe rows (SM107, docs/sources.md#trtllm-seed) and the SM90
 plans that follow from the H200 anchors. Each row lists the settings it pins; the rest is free."""
 
 from pathlib import Path
