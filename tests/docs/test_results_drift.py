@@ -3,7 +3,8 @@
 - README tables between `<!-- generated: ... -->` markers are what benchmarks/readme_tables.py writes from
   benchmarks/results/*.json (after a bench: `python benchmarks/readme_tables.py`, commit both);
 - every results .md with a generator is that generator's output of its .json;
-- every decimal in the README's measured section appears in the results files its paragraph cites;
+- every decimal in the README's measured section, and in a docs/ paragraph that cites a results file, appears
+  in the results files it cites;
 - every measurement in conf/hardware/*.yaml whose source cites a results file appears in that file (a run
   kept from git history is allowed where the source names its commit; the last run must be in the file);
 - nothing cites a file outside the repository.
@@ -130,6 +131,18 @@ def test_readme_numbers_are_in_the_files_they_cite():
         body = re.sub(r"<!-- generated: .*?<!-- /generated -->", "", text, flags=re.S)  # checked above
         cited, nums = _cited_text(refs)
         missing += [(n, refs) for n in DECIMAL.findall(body) if n not in cited and n not in nums]
+    assert not missing, missing
+
+
+@pytest.mark.parametrize("doc", sorted(p.name for p in (ROOT / "docs").glob("*.md")))
+def test_docs_numbers_are_in_the_results_they_cite(doc):
+    cite = re.compile(r"(?:benchmarks/results/)?((?:[\w-]+/)*[\w.-]+-h200(?:x\d)?\.(?:md|json|log))")
+    missing = []
+    for para in re.split(r"\n\s*\n", (ROOT / "docs" / doc).read_text()):
+        refs = cite.findall(para)
+        if refs:
+            cited, nums = _cited_text(refs)
+            missing += [(n, refs) for n in DECIMAL.findall(para) if n not in cited and n not in nums]
     assert not missing, missing
 
 
