@@ -264,17 +264,19 @@ def _short(reasons: list[str], room: int) -> str:
 
 
 def _unsourced(text: str) -> str:
-    """`text` without the parentheses that cite a source (a path, a config key, a seed, a datasheet)."""
-    out, stack = [], []  # stack: start index in `out` of each open parenthesis
+    """`text` without the parentheses that cite a source (a path, a config key, a datasheet, a measurement), and
+    without those that enclose one."""
+    out, stack = [], []  # stack: [start index in `out`, encloses a source] per open parenthesis
     for ch in text:
         out.append(ch)
         if ch == "(":
-            stack.append(len(out) - 1)
+            stack.append([len(out) - 1, False])
         elif ch == ")" and stack:
-            start = stack.pop()
-            inner = "".join(out[start:])
-            if re.search(r"/|hardware\.|seed|datasheet|measured|anchors", inner):
+            start, inner_source = stack.pop()
+            if inner_source or re.search(r"/|hardware\.|seed|datasheet|measured|anchors", "".join(out[start:])):
                 del out[start:]
+                if stack:
+                    stack[-1][1] = True
     return "".join(out)
 
 
