@@ -23,7 +23,11 @@ def test_quick_start_prints_the_plan_fast_and_writes_nothing(cli):
         assert lever in out
     assert len(out.splitlines()) <= 50  # the summary, read in a minute
     assert "untested h3plan has never run on sm107" in out
-    assert "kernel   nvfp4_producer_quant=on has no kernel yet: install skips it" in out
+    from h3plan import resolve_config
+    from h3plan.levers import not_installed
+
+    for d in resolve_config(hardware="sm107", recipe="nvfp4", parallel="u8").decisions:
+        assert (f"kernel   {d.lever}={d.setting} has no kernel yet: install skips it" in out) == bool(not_installed(d))
     assert "detail=full" in out
     assert os.listdir(cli.cwd) == []  # no outputs/, no .hydra/, no log file
     assert p.wall < 5.0, p.wall  # generous for a loaded 2-core CI machine; ~0.6 s here

@@ -2,13 +2,15 @@
 The `kernel` lines are derived from the lever registry (a SPEC with no install option), not a list."""
 
 import dataclasses
+import types
 
 import pytest
 
 import h3plan
-from h3plan import cli, levers
+from h3plan import cli
 from h3plan.install.builder import Builder
-from h3plan.levers import REGISTRY, SPECS, Option, not_installed
+from h3plan.levers import REGISTRY, SPECS, Option, Spec, not_installed
+from h3plan.plan import make_decision
 
 HEADLINE = dict(hardware="sm107", recipe="nvfp4", parallel="u8")
 
@@ -40,23 +42,39 @@ def test_summary_is_short_and_says_what_matters(hw, recipe, par):
     assert "docs/sources.md" not in out  # sources: detail=full
 
 
+def _kernel_levers(out: str) -> list[str]:
+    return [x.split()[1].split("=")[0] for x in _lines(out, "kernel")]
+
+
 def test_no_kernel_lines_come_from_the_registry(monkeypatch):
     plan = h3plan.resolve_config(**HEADLINE)
     out = cli.render_summary(plan)
     expected = [d.lever for d in plan.decisions if d.enabled and not SPECS[d.lever].installs]
-    assert expected == ["nvfp4_producer_quant", "nvfp4_out_quant"]  # today's headline plan; issue 23 adds their kernels
-    kernel = _lines(out, "kernel")
-    assert [x.split()[1].split("=")[0] for x in kernel] == expected
-    assert "h3plan has no NVFP4 producer-quantize fusion kernel" in " ".join(out.split())
+    assert _kernel_levers(out) == expected
     for lever in expected:
         row = next(x for x in out.splitlines() if x.startswith(lever + " "))
         assert "no kernel" in row
-    # give the lever an install option (what adding its kernel does) and the caveat goes
-    spec = SPECS["nvfp4_producer_quant"]
-    opt = Option("block", "nvfp4_producer_quant_test", lambda v: True, "any")
-    monkeypatch.setitem(SPECS, "nvfp4_producer_quant", dataclasses.replace(spec, options=(opt,)))
-    out = cli.render_summary(plan)
-    assert [x.split()[1].split("=")[0] for x in _lines(out, "kernel")] == ["nvfp4_out_quant"]
+        assert not_installed(plan.decision(lever)) in " ".join(out.split())  # the lever's own skip reason
+    # a lever that declares no install option, on in the plan: its own line, with what install will say
+    fake = types.SimpleNamespace(SPEC=Spec("fake_fusion", {"off": True, "on": False}, "a fusion with no kernel"),
+                                 install=lambda b, d: b.skip("fake_fusion", "h3plan has no fake-fusion kernel"))
+    monkeypatch.setitem(SPECS, "fake_fusion", fake.SPEC)
+    monkeypatch.setitem(REGISTRY, "fake_fusion", fake)
+    extra = dataclasses.replace(plan, decisions=plan.decisions + (make_decision("fake_fusion", "on", False, ["planned"]),))
+    out = cli.render_summary(extra)
+    assert _kernel_levers(out) == expected + ["fake_fusion"]
+    assert "kernel   fake_fusion=on has no kernel yet: install skips it (h3plan has no fake-fusion kernel)" in out
+    # give it an install option (what adding its kernel does) and the line goes
+    opt = Option("block", "fake_fusion_test", lambda v: True, "any")
+    monkeypatch.setitem(SPECS, "fake_fusion", dataclasses.replace(fake.SPEC, options=(opt,)))
+    assert _kernel_levers(cli.render_summary(extra)) == expected
+
+
+def test_todays_headline_plan_has_two_settings_without_a_kernel():
+    # issue 23 adds these kernels (and their install options): then this list empties and the README excerpt changes
+    plan = h3plan.resolve_config(**HEADLINE)
+    assert [d.lever for d in plan.decisions if not_installed(d)] == ["nvfp4_producer_quant", "nvfp4_out_quant"]
+    assert "h3plan has no NVFP4 producer-quantize fusion kernel" in " ".join(cli.render_summary(plan).split())
 
 
 def test_a_lever_with_no_install_option_only_skips():
