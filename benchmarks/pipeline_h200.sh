@@ -13,7 +13,7 @@
 # steps per setting; the video decode once after one untimed decode (eager and plan; best decodes as eager);
 # the audio decode once; the lossless bf16 plan's frames also against diffusers eager with its FA4 backend
 # (2 more steps and a decode). End to end = 49 steps (num_inference_steps 50) + decode, estimated.
-# Expected per recipe (DESIGN.md anchors: a step 6.4 s eager, 5.9 s compiled, 5.3 s plan; decode ~7 s at 37
+# Expected per recipe (docs/sources.md#h200-anchors: a step 6.4 s eager, 5.9 s compiled, 5.3 s plan; decode ~7 s at 37
 # latent frames): model build ~1 min, regional compile ~1-2 min, the steps ~1.5 min, decodes ~0.5 min:
 # 4-6 minutes; each recipe is capped at H3_T_RECIPE seconds (default 480). A device call allows 600 s, so
 # run one recipe per call, the second appending to the first one's committed results:

@@ -243,28 +243,44 @@ def markdown(meta: dict, records: list[dict]) -> str:
              f"({meta['clock']}) after {meta['warmup']} warm-up; eager runs diffusers' ops at the plan's tile "
              "geometry with the VAE in the plan's decode precision (`VAE`); `fp32 ms` is diffusers' default decode. Fused block calls: `vae_ops.qk_norm_rope.fused` over the plan's decode (with vae_graphs "
              "only the warm-up and capture runs count: replays run no Python); graph replays: `vae_graphs.fused`.", "",
-             "| latent | GPUs | tiles | plan | VAE | vae_graphs | vae_ops | decoder calls | fp32 ms | eager ms | plan ms | speedup | vs fp32 | bitwise | PSNR dB (budget) | PSNR vs fp32 | peak GiB eager / plan (plan/eager) | fused block calls | graph replays |",
-             "|---|---:|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---|---|---|---|---:|---:|"]
-    for r in records:
+             "| # | latent | GPUs | tiles | plan | VAE | vae_graphs | vae_ops | decoder calls | fp32 ms | eager ms | plan ms | speedup | vs fp32 | bitwise | PSNR dB (budget) | PSNR vs fp32 | peak GiB eager / plan (plan/eager) | fused block calls | graph replays |",
+             "|---:|---|---:|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---|---|---|---|---:|---:|"]
+    for i, r in enumerate(records, 1):
         if "error" in r:
-            lines.append(f"| {'x'.join(map(str, r['latent']))} | - | - | {r['plan']} | - | - | - | - | - | - | - | - | - | - | - | - | - | {r['error']} | - |")
+            lines.append(f"| {i} | {'x'.join(map(str, r['latent']))} | - | - | {r['plan']} | - | - | - | - | - | - | - | - | - | - | - | - | - | {r['error']} | - |")
             continue
         pk = r["peak_GiB"]
         ratio = "" if r.get("peak_ratio") is None else f" ({r['peak_ratio']:.2f}x)"
         v32 = r.get("psnr_vs_fp32_db")
-        lines.append(f"| {'x'.join(map(str, r['latent']))} | {r.get('gpus', 1)} | {r['tiles']} | {r['plan']} | {r.get('vae', 'fp32')} | {r.get('vae_graphs') or '-'} | {r['vae_ops']} | "
+        lines.append(f"| {i} | {'x'.join(map(str, r['latent']))} | {r.get('gpus', 1)} | {r['tiles']} | {r['plan']} | {r.get('vae', 'fp32')} | {r.get('vae_graphs') or '-'} | {r['vae_ops']} | "
                      f"{r['decoder_calls']} | {r.get('eager_fp32_ms', r['eager_ms']):.1f} | {r['eager_ms']:.1f} | {r['plan_ms']:.1f} | {r['speedup']:.2f}x | "
                      f"{r.get('speedup_vs_fp32', r['speedup']):.2f}x | {'yes' if r['bitwise_equal'] else 'NO'} | {_psnr(r)} | "
                      f"{'-' if v32 is None else f'{v32:.2f}'} | {pk['eager']} / {pk['plan']}{ratio} | "
                      f"{r['counters'].get('vae_ops.qk_norm_rope.fused', 0)} | {r['counters'].get('vae_graphs.fused', 0)} |")
-    notes = sorted({s for r in records for s in (*r.get("skipped", ()), *r.get("notes", ()))})
-    if notes:
-        lines += ["", "Notes (the installer's skips, the records' own notes):", *[f"- {s}" for s in notes]]
+    rows: dict[str, list[int]] = {}  # note -> the rows (#) it belongs to; a note of every row names none
+    for i, r in enumerate(records, 1):
+        for s in dict.fromkeys((*r.get("skipped", ()), *r.get("notes", ()))):
+            rows.setdefault(s, []).append(i)
+    if rows:
+        lines += ["", "Notes (the installer's skips and the records' own notes, with the rows they belong to):"]
+        for s in sorted(rows):
+            where = "" if len(rows[s]) == len(records) else f" (row{'s' if len(rows[s]) > 1 else ''} {', '.join(map(str, rows[s]))})"
+            lines.append(f"- {s}{where}")
     lines += ["", f"torch {meta['torch']}, diffusers {meta['diffusers']}; {meta['seconds']:.0f} s in all."]
     return "\n".join(lines) + "\n"
 
 
+def rerender(path: Path) -> None:
+    """Rewrite the .md beside a committed vae-<tag>.json from its records (no GPU, no torch)."""
+    doc = json.loads(path.read_text())
+    path.with_suffix(".md").write_text(markdown(doc, doc["records"]))
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--markdown"]:  # python benchmarks/vae.py --markdown benchmarks/results/vae-h200.json
+        rerender(Path(argv[1]))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--latents", default="1x24x4x48x84,1x24x12x48x84")

@@ -12,7 +12,9 @@ The plan path imports no torch.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import sys
 import textwrap
 from typing import Any
@@ -58,7 +60,8 @@ def run(argv: list[str]) -> int:
     _rc, _failure = 0, None
     try:
         args = parser.parse_args(argv)
-        _run_hydra(args=args, args_parser=parser, task_function=_task, config_path=CONFIG_PATH, config_name=CONFIG_NAME)
+        with _one_composition(args):
+            _run_hydra(args=args, args_parser=parser, task_function=_task, config_path=CONFIG_PATH, config_name=CONFIG_NAME)
         if _failure is not None:
             raise _failure
         if sweep.strict_failure:
@@ -81,6 +84,30 @@ def run(argv: list[str]) -> int:
         else:
             os.environ["HYDRA_FULL_ERROR"] = user_full
     return _rc
+
+
+@contextlib.contextmanager
+def _one_composition(args):
+    """Hydra 1.3 composes the whole config once only to read `hydra.mode` (`Hydra.get_mode`), then again to run:
+    a plan paid for two compositions. h3plan's config leaves hydra.mode unset (tests/cli/test_cli_speed.py checks
+    that), and for such a config Hydra's own answer is None ("what -m says"), so it is answered without
+    composing unless the command line could set the mode: an override of hydra.mode, a hydra/ group or the
+    search path, or another config (--config-dir, --config-name)."""
+    from hydra._internal.hydra import Hydra
+
+    def could_set_mode(o: str) -> bool:
+        key = o.lstrip("+~")
+        return key.startswith(("hydra.mode", "hydra/", "hydra.searchpath", "hydra="))
+
+    if args.config_dir is not None or args.config_name is not None or any(map(could_set_mode, args.overrides)):
+        yield
+        return
+    original = Hydra.get_mode
+    Hydra.get_mode = lambda self, config_name, overrides: None
+    try:
+        yield
+    finally:
+        Hydra.get_mode = original
 
 
 def _task(cfg) -> Any:
@@ -113,7 +140,8 @@ def _plan_and_act(cfg) -> int:
         _rc = run_action(cfg, plan)
         return _rc
     fmt = cfg.format.name
-    text = plan.to_yaml() if fmt == "yaml" else plan.to_json() + "\n" if fmt == "json" else render_table(plan)
+    table = render_table if cfg.detail.name == "full" else render_summary
+    text = plan.to_yaml() if fmt == "yaml" else plan.to_json() + "\n" if fmt == "json" else table(plan)
     sys.stdout.write(text)
     if cfg.out and fmt == "table":
         print(f"plan written to {cfg.out}")
@@ -140,6 +168,8 @@ def help_text(width: int = 110) -> str:
     lines += ["", "other keys:",
               "  action=plan|verify|bench     verify: prove the plan against diffusers' eager forward; bench: time it",
               "  format=table|yaml|json       out=PATH writes the plan (.json -> JSON, else YAML)",
+              "  detail=summary|full          table: the summary and one line per lever (default), or every reason,",
+              "                               its sources and the derived numbers",
               "  verify.* bench.*             see h3plan/schema.py (VerifyConfig, BenchConfig)",
               "  -m a=x,y b=z                 sweep every combination (strict=true: exit 1 if any is invalid)",
               "", f"examples:\n  python -m {PROG} hardware=sm107 recipe=nvfp4 parallel=u8\n"
@@ -193,21 +223,123 @@ def _wrap(text: str, width: int, indent: int) -> list[str]:
     return textwrap.wrap(text, width=max(40, width - indent), break_long_words=False, break_on_hyphens=False) or [""]
 
 
-def render_table(plan, width: int = 120) -> str:
+def _header(plan) -> str:
     hw, r, p, m = (plan.get(k) for k in ("hardware", "recipe", "parallel", "model"))
     policy = "lossless" if r["policy"] == "lossless" else f"budget PSNR>={r['budget']['psnr_db_min']} dB SSIM>={r['budget']['ssim_min']}"
     ring = "" if p.get("ring", 1) == 1 else f" x ring {p['ring']}"
+    return (f"h3plan  hardware={hw['name']} ({hw['arch']}, {hw['compute_capability']})  recipe={r['name']} ({policy})  "
+            f"parallel={p['name']} (Ulysses {p['ulysses']}{ring}, {p['seq_len']:,} tokens)  model={m['name']}")
+
+
+def _labelled(label: str, text: str, width: int) -> list[str]:
+    w = _wrap(text, width, 9)
+    return [f"{label:<8} {w[0]}"] + [" " * 9 + x for x in w[1:]]
+
+
+def _speed_text(plan) -> str:
+    """First-order time per transformer block from the plan's estimates, and what they rest on."""
+    hw = plan.get("hardware")
+    att, gemm, a2a = (plan.derived_value(k) for k in ("attention_ms_per_block_est", "gemm_ms_per_block_est", "a2a_ms_per_block_est"))
+    if att is None or gemm is None:
+        return (f"no estimate on {hw['name']}: no measured or published dense throughput for its attention or GEMMs "
+                "(detail=full shows the basis)")
+    parts = [f"attention {att:.1f} ms", f"block linears {gemm:.1f} ms"] + ([f"all-to-all {a2a:.1f} ms"] if a2a else [])
+    basis = (f"TFLOP/s measured on {hw['name']}" if hw.get("measured", {}).get("on_hardware")
+             else f"an assumed share of {hw['name']}'s vendor peak: never measured there")
+    text = f"{' + '.join(parts)} per transformer block per GPU ({basis}; elementwise work not counted)"
+    seq = plan.derived_value("sequence") or {}
+    layers = plan.get("model").get("diffusers_config", {}).get("num_layers")
+    if seq.get("transformer_forwards") and layers:
+        total = (att + gemm + (a2a or 0)) * layers * seq["transformer_forwards"] / 1e3
+        text += f"; x {layers} blocks x {seq['transformer_forwards']} forwards = {total:,.0f} s of denoising at that rate"
+    return text
+
+
+def _short(reasons: list[str], room: int) -> str:
+    """The reasons without their parenthesised sources, cut to `room` characters at a word."""
+    text = re.sub(r"\s+([;:,])(?=\s|$)", r"\1", " ".join("; ".join(_unsourced(x) for x in reasons).split()))
+    if len(text) <= room:
+        return text
+    return text[: room - 3].rsplit(" ", 1)[0].rstrip(";,:") + "..."
+
+
+def _unsourced(text: str) -> str:
+    """`text` without the parentheses that cite a source (a path, a config key, a datasheet, a measurement), and
+    without those that enclose one."""
+    out, stack = [], []  # stack: [start index in `out`, encloses a source] per open parenthesis
+    for ch in text:
+        out.append(ch)
+        if ch == "(":
+            stack.append([len(out) - 1, False])
+        elif ch == ")" and stack:
+            start, inner_source = stack.pop()
+            if inner_source or re.search(r"/|hardware\.|seed|datasheet|measured|anchors", "".join(out[start:])):
+                del out[start:]
+                if stack:
+                    stack[-1][1] = True
+    return "".join(out)
+
+
+def _shown_reasons(d) -> list[str]:
+    # the header and the summary carry the budget and the hardware-verified marker
+    return [x for x in d.reasons if not x.startswith("not hardware-verified") and " allows lossy levers within " not in x] or list(d.reasons[:1])
+
+
+def render_summary(plan, width: int = 120) -> str:
+    """The default table: what runs, what is lossy and its budget, what has no kernel, what never ran on this
+    hardware, the memory and speed estimates, then one line per lever (detail=full: every reason, its sources
+    and the derived numbers)."""
+    from .levers import not_installed
+
+    hw, r = plan.get("hardware"), plan.get("recipe")
+    ds = plan.decisions
+    lines = [_header(plan), *_request_lines(plan, width)]
+    lines += _labelled("speed", _speed_text(plan), width)
+    runs = [f"{d.lever}={d.setting}" for d in ds if d.enabled and d.setting != "default"]
+    lines += _labelled("runs", ", ".join(runs) or "diffusers' own ops only", width)
+    lossy = [d.lever for d in ds if not d.lossless]
+    if lossy:
+        b = r["budget"]
+        lines += _labelled("lossy", f"{', '.join(lossy)}: the output may differ from diffusers' eager output within "
+                                    f"PSNR >= {b['psnr_db_min']} dB, SSIM >= {b['ssim_min']} (action=verify measures it)", width)
+    else:
+        lines += _labelled("lossless", "every lever keeps diffusers' eager bits, given the attention backend", width)
+    missing = {d.lever: not_installed(d) for d in ds}
+    for d in ds:
+        if missing[d.lever]:
+            lines += _labelled("kernel", f"{d.lever}={d.setting} has no kernel yet: install skips it ({missing[d.lever]})", width)
+    unverified = [d for d in ds if not d.hardware_verified]
+    if len(unverified) == len(ds):
+        never = f"h3plan has never run on {hw['name']}: every setting here is a prediction (marked *)"
+    elif unverified:
+        never = f"{', '.join(f'{d.lever}={d.setting}' for d in unverified)}: never run on {hw['name']} by h3plan (marked *)"
+    else:
+        never = f"every setting here passed h3plan's GPU suite on {hw['name']} (hardware.verified)"
+    lines += _labelled("untested" if unverified else "verified", never, width)
+    forced = [f"levers.{d.lever}={d.setting}" for d in ds if d.forced]
+    if forced:
+        lines += _labelled("forced", ", ".join(forced) + " (asked for, and checked that it can apply)", width)
+    lines += ["", f"{'lever':<21} {'setting':<12} {'note':<9}   why (detail=full: every reason and its source)"]
+    pad = 21 + 1 + 12 + 1 + 9 + 3
+    for d in ds:
+        flag = "no kernel" if missing[d.lever] else "" if d.lossless else "lossy"
+        mark = "*" if not d.hardware_verified else " "
+        lines.append(f"{d.lever:<21} {d.setting:<12} {flag:<9} {mark} {_short(_shown_reasons(d), width - pad)}".rstrip())
+    lines += ["", "every reason with its sources, and the derived numbers: detail=full; for machines: format=yaml|json"]
+    return "\n".join(lines) + "\n"
+
+
+def render_table(plan, width: int = 120) -> str:
+    """detail=full: every decision with all its reasons and sources, every derived number with its basis."""
     lines = [
-        f"h3plan  hardware={hw['name']} ({hw['arch']}, {hw['compute_capability']})  recipe={r['name']} ({policy})  "
-        f"parallel={p['name']} (Ulysses {p['ulysses']}{ring}, {p['seq_len']:,} tokens)  model={m['name']}",
+        _header(plan),
         *_request_lines(plan, width),
         "",
         f"{'lever':<21} {'setting':<12} {'lossless':<8}   why",
     ]
     pad = 21 + 1 + 12 + 1 + 8 + 3
     for d in plan.decisions:
-        # the header and the notes carry the budget and the hardware-verified marker
-        reasons = [x for x in d.reasons if not x.startswith("not hardware-verified") and " allows lossy levers within " not in x] or list(d.reasons[:1])
+        reasons = _shown_reasons(d)
         mark = "*" if not d.hardware_verified else " "
         head = f"{d.lever:<21} {d.setting:<12} {'yes' if d.lossless else 'no':<8} {mark} "
         body = [w for x in reasons for w in _wrap(("- " if len(reasons) > 1 else "") + x, width, pad)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from .levers.base import nearest_point, nearest_ulysses_point
+from .sources import cite
 
 INT32_LIMIT = 2**31
 ORDER = (
@@ -55,8 +56,8 @@ def shape(sections: Mapping[str, Any]) -> dict[str, Any]:
             "padded_len": f"seq_len rounded up to a multiple of the world ring {ring} x ulysses {u}",
             "local_rows": "padded_len / world: rows each rank holds outside attention",
             "max_elements_per_rank_tensor": f"largest per-rank tensor a kernel indexes: {biggest}",
-            "int64_indexing_required": f"max_elements_per_rank_tensor >= 2**31 (int32 offsets wrap; fastvideo seed (docs/sources.md#fastvideo-seed): {heads} x {d} heads "
-                                       f"wrap from {boundary:,} tokens per rank, the seed rounds this to 299,593); h3plan kernels index in int64 anyway",
+            "int64_indexing_required": f"max_elements_per_rank_tensor >= 2**31 (int32 offsets wrap; {cite('fastvideo-seed')}: {heads} x {d} heads "
+                                       f"wrap from {boundary:,} tokens per rank, which it rounds to 299,593); h3plan kernels index in int64 anyway",
         },
     }
 

@@ -51,6 +51,11 @@ class Format(str, Enum):
     json = "json"
 
 
+class Detail(str, Enum):
+    summary = "summary"
+    full = "full"
+
+
 class Checkpoint(str, Enum):
     bf16 = "bf16"
     fp8 = "fp8"
@@ -619,6 +624,9 @@ class BenchConfig:
 class H3PlanConfig:
     action: Action = Action.plan
     format: Format = Format.table
+    detail: Detail = Detail.summary
+    """format=table: `summary` leads with what runs, what is lossy, what has no kernel or never ran, then one line
+    per lever; `full` prints every reason with its sources and the derived numbers."""
     out: Optional[str] = None
     strict: bool = False
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
@@ -640,10 +648,13 @@ PLAN_SECTIONS = ("hardware", "recipe", "parallel", "model", "vae", "video", "pip
 
 
 def register() -> None:
-    """Store the schema in Hydra's ConfigStore (config.yaml lists it first in its defaults)."""
+    """Store the schema in Hydra's ConfigStore (config.yaml lists it first in its defaults), once per process:
+    building the structured node costs as much as a fifth of a composition."""
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=H3PlanConfig)
+    store = ConfigStore.instance()
+    if f"{SCHEMA_NAME}.yaml" not in store.repo:
+        store.store(name=SCHEMA_NAME, node=H3PlanConfig)
 
 
 def _divisors(n: int) -> list[int]:

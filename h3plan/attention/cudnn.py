@@ -6,7 +6,7 @@ each call only binds pointers and executes on torch's current stream. Q/K/V/O ar
 output view of a larger padded buffer (prefix in place) is written directly through its strides.
 
 - `CudnnBF16Backend`: `sdpa(is_inference=True, attn_scale=1/sqrt(D))`, fp32 softmax/accumulation,
-  bf16/fp16 output. The same graph calls ran on the H200 in /work/shared/anchors/probe2.py (cuDNN 9.19,
+  bf16/fp16 output. The same graph calls ran on the H200 in benchmarks/anchors/probe2.py (cuDNN 9.19,
   frontend 1.32); this module's own path is proven there by tests/gpu/test_install_gpu.py.
 - `CudnnFP8Backend`: `sdpa_fp8` on e4m3 Q/K/V with per-tensor descales (dynamic from amax, static
   from a table, or pre-quantised codes from the fused QK-norm+RoPE+FP8 kernel), scale_s = 448 for P.

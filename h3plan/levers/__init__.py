@@ -88,5 +88,21 @@ def scope_options(scope: str) -> dict[str, Option]:
     return {k: o for k, (_, o) in OPTIONS.items() if o.scope == scope}
 
 
+def not_installed(decision) -> str | None:
+    """Why install will skip this decision for want of a kernel (the lever's own skip reason), or None: only an
+    enabled setting of a lever whose SPEC declares no install option (`Spec.installs`). Runs the lever's
+    install against a recorder, which is all install does with a builder."""
+    if not decision.enabled or SPECS[decision.lever].installs:
+        return None
+    reasons: list[str] = []
+
+    class _Skips:
+        def skip(self, lever: str, reason: str) -> None:
+            reasons.append(reason)
+
+    REGISTRY[decision.lever].install(_Skips(), decision)
+    return "; ".join(reasons) or f"{decision.lever} declares no install option: nothing is installed"
+
+
 __all__ = ["REGISTRY", "SPECS", "LEVER_SETTINGS", "OPTIONS", "KERNELS", "ULYSSES_LEVERS", "REFERENCE_LEVERS",
-           "COUNTERS", "Context", "LeverError", "Option", "Spec", "scope_options"]
+           "COUNTERS", "Context", "LeverError", "Option", "Spec", "not_installed", "scope_options"]

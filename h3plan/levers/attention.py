@@ -9,6 +9,7 @@ attention does not return here (h3plan/parallel/lse.py).
 
 from __future__ import annotations
 
+from ..sources import cite
 from ..hardware import cudnn_fp8_bf16_output, cudnn_fp8_version_problem
 from .base import Context, Option, Spec, nearest_point, one_of, resolve
 
@@ -81,7 +82,7 @@ def auto(ctx: Context):
                     r.append(f"measured TFLOP/s at the nearest shape: {speed}")
                 return "cudnn_fp8", r + [ctx.budget_text()], params(ctx, "cudnn_fp8")
             reasons.append(f"recipe {name} asks for FP8 attention but cuDNN FP8 cannot run: {'; '.join(problems)}; "
-                           "BF16 attention instead (the TRT-LLM seed (docs/sources.md#trtllm-seed)'s fallback row)")
+                           f"BF16 attention instead, the fallback of {cite('trtllm-seed')}")
     else:
         reasons.append(f"recipe {name} asks for BF16 attention")
     order = [b for b in hw["attention_rank"]["order"] if not blockers(ctx, b)] + ["sdpa"]

@@ -83,6 +83,13 @@ class Spec:
     def lossless(self, setting: str) -> bool:
         return self.settings[setting]
 
+    @property
+    def installs(self) -> bool:
+        """Whether install can put anything into the model. The builder takes only the option keys a SPEC
+        declares, so a lever that declares none can only skip: its settings are planned with no kernel behind
+        them (the plan says so on a line of its own), until a kernel and its option are added here."""
+        return bool(self.options)
+
 
 def backend_blockers(ctx: Context, spec: Spec, setting: str) -> list[str]:
     """The attention backends `setting` needs (Spec.backends) against the plan's attention decision."""

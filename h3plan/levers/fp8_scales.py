@@ -9,8 +9,10 @@ FP8 output (SM90) the decision also records how scale_o is chosen.
 
 from __future__ import annotations
 
+from ..sources import cite
 from .attention import fp8_output_dtype
 from .base import Context, Option, Spec, one_of, resolve
+
 
 SPEC = Spec(
     name="fp8_scales",
@@ -51,12 +53,12 @@ def auto(ctx: Context):
         return "dynamic", [f"recipe {r['name']} fixes dynamic scales (recipe.fp8_scale_mode; the static table never)"], params(ctx, "dynamic")
     long_row = ctx.degree >= t["static_scales_min_degree"] and ctx.seq_len >= t["static_scales_min_seq_len"]
     rule = (f"Ulysses {ctx.degree} >= {t['static_scales_min_degree']} and {ctx.seq_len:,} >= {t['static_scales_min_seq_len']:,} tokens "
-            "(hardware.tuning.static_scales_min_*, interpolated between measured rows): the TRT-LLM seed (docs/sources.md#trtllm-seed)'s U8-at-104k row")
+            f"(hardware.tuning.static_scales_min_*, interpolated between measured rows): {cite('trtllm-seed')} at Ulysses 8 and 104k tokens")
     if long_row and r["fp8_static_table"]:
         return "static", [rule + f" uses static scales (held-out table, margin {r['fp8_static_margin']:g}) instead of dynamic"], params(ctx, "static")
     if long_row:
         return "dynamic", [rule + " uses static scales, but recipe.fp8_static_table is null: dynamic kept (calibrate a held-out table and set it)"], params(ctx, "dynamic")
-    return "dynamic", ["dynamic per-tensor amax scales (TRT-LLM seed (docs/sources.md#trtllm-seed) rows U1/U4 and short U8)"], params(ctx, "dynamic")
+    return "dynamic", [f"dynamic per-tensor amax scales, as {cite('trtllm-seed')} runs at Ulysses 1 and 4 and on short Ulysses 8 clips"], params(ctx, "dynamic")
 
 
 def params(ctx: Context, s: str) -> dict:

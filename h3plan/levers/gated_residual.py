@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..sources import cite
 from .base import Context, Option, Spec, is_bool, resolve
 
 SPEC = Spec(
@@ -17,7 +18,7 @@ SPEC = Spec(
 
 def decide(ctx: Context):
     return resolve(ctx, SPEC, blockers=lambda c, s: [],
-                   auto=lambda c: ("on", ["h + gate[idx] * y fused, eager's rounding kept (exact; vllm-omni VAE seed (docs/sources.md#vllm-omni-vae-seed) pattern)"], {}))
+                   auto=lambda c: ("on", [f"h + gate[idx] * y in one kernel, eager's rounding kept (exact; the pattern of {cite('vllm-omni-vae-seed')})"], {}))
 
 
 def install(builder, decision) -> None:

@@ -6,6 +6,7 @@ seed: PSNR 39.55 dB, SSIM 0.975) and is only used when forced under a budget pol
 
 from __future__ import annotations
 
+from ..sources import cite
 from .base import Context, Option, Spec, one_of, resolve
 
 SPEC = Spec(
@@ -24,12 +25,12 @@ def blockers(ctx: Context, s: str) -> list[str]:
 
 
 def auto(ctx: Context):
-    return "exact", ["RMSNorm + indexed modulation fused with eager's BF16 rounding points (telefuser seed (docs/sources.md#telefuser-seed): bit-exact MP4)",
-                     "fp32 single-rounds (PSNR 39.55 dB in the vllm-omni seed (docs/sources.md#vllm-omni-modulation-seed)) with no measured speed advantage over exact: not picked"], {}
+    return "exact", [f"RMSNorm + indexed modulation in one kernel with eager's BF16 rounding points ({cite('telefuser-seed')}: bit-identical videos)",
+                     f"fp32 rounds once (PSNR 39.55 dB in {cite('vllm-omni-modulation-seed')}) and was never measured faster than exact: not picked"], {}
 
 
 def explain(ctx: Context, s: str) -> list[str]:
-    return {"fp32": ["single rounding in fp32 (vllm-omni seed (docs/sources.md#vllm-omni-modulation-seed): PSNR 39.55 dB, SSIM 0.975)", ctx.budget_text()]}.get(s, [])
+    return {"fp32": [f"one rounding in fp32 ({cite('vllm-omni-modulation-seed')}: PSNR 39.55 dB, SSIM 0.975)", ctx.budget_text()]}.get(s, [])
 
 
 def decide(ctx: Context):

@@ -6,6 +6,7 @@ TRT-LLM seed (docs/sources.md#trtllm-seed) turns the step fusions off at U8 19k)
 
 from __future__ import annotations
 
+from ..sources import cite
 from .base import Context, Spec, resolve
 from .qk_norm_rope import step_fusions_on
 
@@ -25,12 +26,12 @@ def nvfp4_blockers(ctx: Context, s: str) -> list[str]:
 def nvfp4_auto(ctx: Context, what: str):
     gq = ctx.setting("gemm_quant")
     if gq != "nvfp4":
-        why = " (the TRT-LLM seed (docs/sources.md#trtllm-seed)'s FP8 option: NVFP4 fusions off)" if gq == "fp8" else ""
+        why = f" ({cite('trtllm-seed')} turns the NVFP4 fusions off with an FP8 checkpoint)" if gq == "fp8" else ""
         return "off", [f"gemm_quant is {gq}: no NVFP4 GEMMs{why}"], {}
     on, why = step_fusions_on(ctx)
     if not on:
         return "off", [f"step fusions off: {why}"], {}
-    return "on", [f"{what} (TRT-LLM seed (docs/sources.md#trtllm-seed) recipe rows U1/U4: every step fusion on)", why, ctx.budget_text()], {}
+    return "on", [f"{what}, as {cite('trtllm-seed')} runs every step fusion at Ulysses 1 and 4", why, ctx.budget_text()], {}
 
 
 def decide(ctx: Context):

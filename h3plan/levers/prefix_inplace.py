@@ -7,6 +7,7 @@ drops it when the length divides by the degree (nothing to write around).
 
 from __future__ import annotations
 
+from ..sources import cite
 from .base import Context, Option, Spec, is_bool, resolve
 
 SPEC = Spec(
@@ -34,12 +35,12 @@ def auto(ctx: Context):
     if not ctx.setting("attention").startswith("cudnn"):
         return "off", [f"attention is {ctx.setting('attention')}, not cuDNN"], {}
     if not ctx.shape["padding_rows"]:
-        return "off", [f"{ctx.seq_len:,} tokens divide by {ctx.degree}: nothing to pad (the TRT-LLM seed (docs/sources.md#trtllm-seed) drops "
-                       "H3_CUDNN_PREFIX_INPLACE when the shape divides by U)"], {}
+        return "off", [f"{ctx.seq_len:,} tokens divide by {ctx.degree}: nothing to pad ({cite('trtllm-seed')} writes the "
+                       "prefix in place only when the length does not divide by the degree)"], {}
     if ctx.setting("ulysses_padding") != "fixed_valid":
         return "off", [f"ulysses_padding is {ctx.setting('ulysses_padding')}: no padded output"], {}
     return "on", [f"{ctx.shape['padding_rows']} padding rows at degree {ctx.degree}: padded output allocated once, "
-                  "prefix written in place (TRT-LLM seed (docs/sources.md#trtllm-seed), pays at Ulysses 4)"], {}
+                  f"prefix written in place ({cite('trtllm-seed')}: it pays at Ulysses 4)"], {}
 
 
 def decide(ctx: Context):

@@ -8,7 +8,9 @@ otherwise fused, which keeps eager's BF16 rounding (exact, telefuser seed (docs/
 
 from __future__ import annotations
 
+from ..sources import cite
 from .base import Context, Option, Spec, one_of, resolve
+
 
 SPEC = Spec(
     name="qk_norm_rope",
@@ -29,18 +31,19 @@ def step_fusions_on(ctx: Context) -> tuple[bool, str]:
     rows, thr = ctx.rows_per_rank, ctx.tuning["step_fusions_min_rows_per_rank"]
     on = rows >= thr
     why = (f"{rows:,} rows per rank {'>=' if on else '<'} {thr:,} (hardware.tuning.step_fusions_min_rows_per_rank, "
-           "interpolated: the TRT-LLM seed (docs/sources.md#trtllm-seed) turns the step fusions off at U8 19k = 2,375 rows, on at U4 19k = 4,750)")
+           f"midway between {cite('trtllm-seed')} turning the step fusions off at Ulysses 8 and 19k tokens, 2,375 rows, "
+           "and on at Ulysses 4 and 19k, 4,750)")
     return on, why
 
 
 def auto(ctx: Context):
     pack = " with the Ulysses destination-major pack" if ctx.degree > 1 else ""
-    exact = f"per-head RMSNorm + partial RoPE{pack} in one kernel, eager's BF16 rounding kept (telefuser seed (docs/sources.md#telefuser-seed): bit-exact)"
+    exact = f"per-head RMSNorm + partial RoPE{pack} in one kernel, eager's BF16 rounding kept ({cite('telefuser-seed')}: bit-exact)"
     if ctx.setting("attention") == "cudnn_fp8":
         on, why = step_fusions_on(ctx)
         if on:
-            return "fused_fp8", [f"QK-norm + RoPE + FP8 cast fused with {ctx.setting('fp8_scales')} scales{pack} "
-                                 "(TRT-LLM seed (docs/sources.md#trtllm-seed) lever 8, recipe rows U1/U4 'dynamic fused scales')", why, ctx.budget_text()], params(ctx, "fused_fp8")
+            return "fused_fp8", [f"QK-norm, RoPE and the FP8 cast in one kernel with {ctx.setting('fp8_scales')} scales{pack}, "
+                                 f"as {cite('trtllm-seed')} runs it at Ulysses 1 and 4", why, ctx.budget_text()], params(ctx, "fused_fp8")
         return "fused", [f"FP8 scale fusion off: {why}; the attention backend casts to FP8", exact], params(ctx, "fused")
     return "fused", [exact], params(ctx, "fused")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..sources import cite
 from .base import Context, Option, Spec, is_bool, resolve
 
 SPEC = Spec(
@@ -17,7 +18,7 @@ SPEC = Spec(
 
 def decide(ctx: Context):
     return resolve(ctx, SPEC, blockers=lambda c, s: [],
-                   auto=lambda c: ("on", ["x[..., :F] * silu(x[..., F:]) in one kernel, exact (vllm-omni VAE seed (docs/sources.md#vllm-omni-vae-seed): torch.equal)"], {}))
+                   auto=lambda c: ("on", [f"x[..., :F] * silu(x[..., F:]) in one kernel, exact ({cite('vllm-omni-vae-seed')}: torch.equal)"], {}))
 
 
 def install(builder, decision) -> None:

@@ -10,7 +10,9 @@ Ulysses loses at 19k, gains a little at 104k; telefuser: a gain on H100).
 
 from __future__ import annotations
 
+from ..sources import cite
 from .base import Context, Option, Spec, faster_in_every_run, nearest_ulysses_point, resolve, speedup_runs
+
 
 SPEC = Spec(
     name="ulysses_overlap",
@@ -50,7 +52,7 @@ def auto(ctx: Context):
         return "off", [f"parallel.attention_chunks={c} with {hl} heads per rank: no head chunks to overlap"], {}
     if ctx.setting("qk_norm_rope") == "fused_fp8" and ctx.setting("fp8_scales") == "dynamic":
         return "off", ["an async Ulysses arm with the FP8 cast uses static scales and these are dynamic "
-                       "(TRT-LLM seed (docs/sources.md#trtllm-seed): the dynamic pairing loses at 19k, ~150 small all-reduces per step)"], {}
+                       f"({cite('trtllm-seed')}: with dynamic scales it was slower at 19k tokens, about 150 small all-reduces per step)"], {}
     m = nearest_ulysses_point(ctx.hardware, "overlap", ctx.degree, ctx.seq_len)
     if m is not None:
         runs = speedup_runs(m["speedups"])

@@ -10,7 +10,9 @@ inside a ring block sees full blocks (h3plan/parallel/ring.py).
 
 from __future__ import annotations
 
+from ..sources import cite
 from .base import Context, Option, Spec, one_of, resolve
+
 
 SPEC = Spec(
     name="ulysses_padding",
@@ -57,8 +59,8 @@ def auto(ctx: Context):
     if ctx.parallel["padding"] != "auto":
         return ctx.parallel["padding"], [head, f"parallel.padding={ctx.parallel['padding']}"], params(ctx, ctx.parallel["padding"])
     if ctx.setting("attention").startswith("cudnn"):
-        return "fixed_valid", [head, "cuDNN runs on the valid prefix and writes a padded output (TRT-LLM seed (docs/sources.md#trtllm-seed) key_padding_mask path)"], params(ctx, "fixed_valid")
-    return "valid_only", [head, "attention on the valid prefix, tail never restored, zero tail in the fused merge (telefuser seed (docs/sources.md#telefuser-seed))"], params(ctx, "valid_only")
+        return "fixed_valid", [head, f"cuDNN runs on the valid prefix and writes a padded output (the key-padding path of {cite('trtllm-seed')})"], params(ctx, "fixed_valid")
+    return "valid_only", [head, f"attention on the valid prefix, tail never restored, zero tail in the fused merge ({cite('telefuser-seed')})"], params(ctx, "valid_only")
 
 
 def params(ctx: Context, s: str) -> dict:

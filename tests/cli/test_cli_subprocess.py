@@ -19,11 +19,22 @@ def test_quick_start_prints_the_plan_fast_and_writes_nothing(cli):
     assert p.returncode == 0, p.stderr
     assert p.stderr == ""
     out = p.stdout
-    for lever in ("gemm_quant", "attention", "fp8_scales", "vae_ops", "a2a_bytes_per_block_per_rank", "int64_indexing_required"):
+    for lever in ("gemm_quant", "attention", "fp8_scales", "vae_ops"):
         assert lever in out
-    assert "never run on sm107 hardware" in out
+    assert len(out.splitlines()) <= 50  # the summary, read in a minute
+    assert "untested h3plan has never run on sm107" in out
+    from h3plan import resolve_config
+    from h3plan.levers import not_installed
+
+    for d in resolve_config(hardware="sm107", recipe="nvfp4", parallel="u8").decisions:
+        assert (f"kernel   {d.lever}={d.setting} has no kernel yet: install skips it" in out) == bool(not_installed(d))
+    assert "detail=full" in out
     assert os.listdir(cli.cwd) == []  # no outputs/, no .hydra/, no log file
-    assert p.wall < 5.0, p.wall  # generous for a loaded 2-core CI machine; ~1 s here
+    assert p.wall < 5.0, p.wall  # generous for a loaded 2-core CI machine; ~0.6 s here
+    full = cli("hardware=sm107", "recipe=nvfp4", "parallel=u8", "detail=full").stdout
+    for key in ("a2a_bytes_per_block_per_rank", "int64_indexing_required", "docs/sources.md#trtllm-seed"):
+        assert key in full and key not in out
+    assert "never run on sm107 hardware" in full
 
 
 def test_json_and_out_round_trip(cli):

@@ -104,9 +104,9 @@ def test_tiles_and_frames_follow_diffusers(meta_models):
 # kept float16 copies beside the float32 block linears (2 bytes per decoder-linear weight more than an
 # autocast-cache-free eager); the test below counts them that way, to check the decode's own terms.
 ANCHORS = [
-    (62, "eager", "off", "default_tile", True, 18.09, "shared/anchors/h200-vae-decode.json (DESIGN.md: 18.1 GiB)"),
-    (62, "eager", "off", "default_tile", False, 13.58, "shared/anchors/h200-h3plan-vae-official-shape.json eager"),
-    (62, "fused", "on", "default_tile", False, 18.15, "same file, the plan (DESIGN.md: 18.15 GiB)"),
+    (62, "eager", "off", "default_tile", True, 18.09, "benchmarks/anchors/h200-vae-decode.json (18.1 GiB)"),
+    (62, "eager", "off", "default_tile", False, 13.58, "benchmarks/anchors/h200-h3plan-vae-official-shape.json eager"),
+    (62, "fused", "on", "default_tile", False, 18.15, "same file, the plan (18.15 GiB)"),
     (4, "eager", "off", "default_tile", False, 10.55, "benchmarks/results/vae-h200.md"),
     (12, "eager", "off", "default_tile", False, 10.94, "benchmarks/results/vae-h200.md"),
     (4, "eager", "on", "default_tile", False, 10.63, "benchmarks/results/vae-h200.md"),

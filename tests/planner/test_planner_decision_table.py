@@ -1,4 +1,4 @@
-"""Decision tables: the TRT-LLM seed's recipe rows (SM107, DESIGN.md 'Recipe rules') and the SM90
+"""Decision tables: the TRT-LLM seed's recipe rows (SM107, docs/sources.md#trtllm-seed) and the SM90
 plans that follow from the H200 anchors. Each row lists the settings it pins; the rest is free."""
 
 from pathlib import Path
@@ -121,7 +121,7 @@ def test_step_fusion_threshold_is_cited(plan):
 
 def test_fallback_reason_names_the_missing_capability(plan):
     att = plan("hardware=sm107", "recipe=nvfp4", "hardware.cudnn.version=9.10.0").decision("attention")
-    assert "cuDNN 9.10.0 is excluded" in att.reasons[0] and "fallback row" in att.reasons[0]
+    assert "cuDNN 9.10.0 is excluded" in att.reasons[0] and "BF16 attention instead, the fallback of" in att.reasons[0]
 
 
 def test_vae_ops_per_capability_never_silent(plan):

@@ -123,7 +123,7 @@ def test_other_geometry_matches_diffusers(layout, height, width, frames, text):
 
 
 def test_measured_shapes_and_defaults():
-    """DESIGN.md's 37,820 and 104,076-token clips are diffusers requests with a 110-token prompt; the
+    """The H200 anchors' 37,820 and 104,076-token clips are diffusers requests with a 110-token prompt; the
     seed's "19k" canvas gives 19,394; 50 steps (49 forwards) and 768x1344x124 are the pipeline defaults."""
     s = lambda **kw: tokens(VideoRequest(text_tokens=110, **kw), MODEL, VAE)["seq_len"]  # noqa: E731
     assert (s(), s(height=768, width=1344, seconds=14), s(height=544, width=960, seconds=5)) == (37820, 104076, 19394)

@@ -1,0 +1,103 @@
+"""The README's measured tables, written from the committed results JSON (no GPU, no torch).
+
+    python benchmarks/readme_tables.py            # rewrite every generated table in README.md
+    python benchmarks/readme_tables.py --check    # exit 1 (and show the diff) when README.md differs
+
+A generated table sits between `<!-- generated: NAME (...) -->` and `<!-- /generated -->`; NAME picks the
+function below and the results file it reads. After a bench rewrites benchmarks/results/*.json, run this and
+commit README.md with the results; tests/docs/test_results_drift.py fails until they agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+MARK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) .*?-->\n)(?P<body>.*?)(<!-- /generated -->)", re.S)
+
+
+def _load(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+def _recipe(plan: str) -> str:
+    return plan.split("/")[1].split("+")[0]
+
+
+def pipeline() -> list[str]:
+    """pipeline-h200.json: the pipeline end to end, one row per plan (one GPU first)."""
+    rows = ["| plan | GPUs | eager step | best step | plan step | eager decode | plan decode | e2e vs eager | e2e vs best | frames |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    recs = [r for r in _load("pipeline-h200.json")["records"] if not r.get("error")]
+    for r in sorted(recs, key=lambda r: (r["gpus"], _recipe(r["plan"]), r["S"])):
+        frames = ("bitwise (same attention)" if r["frames_bitwise"] else
+                  f"PSNR {r['frames_psnr_db']:.1f} dB, SSIM {r['frames_ssim']:.4f}")
+        rows.append(f"| {r['plan']} | {r['gpus']} | {r['eager_step_s']:.3f} s | {r['best_step_s']:.3f} s | {r['plan_step_s']:.3f} s "
+                    f"| {r['eager_decode_s']:.2f} s | {r['plan_decode_s']:.2f} s | {r['e2e_speedup_vs_eager']:.3f}x "
+                    f"| {r['e2e_speedup_vs_best']:.3f}x | {frames} |")
+    return rows
+
+
+def blocks() -> list[str]:
+    """block-h200.json: one real-width block, eager / diffusers' best / the plan."""
+    rows = ["| plan | S | eager | diffusers' best | plan | vs eager | vs best |", "|---|---:|---:|---:|---:|---:|---:|"]
+    recs = [r for r in _load("block-h200.json")["records"] if r["blocks"] == 1 and not r.get("error")]
+    for r in sorted(recs, key=lambda r: (r["plan"], r["S"])):
+        rows.append(f"| {r['plan']} | {r['S']:,} | {r['eager_ms']:.1f} ms | {r['best_ms']:.1f} ms | {r['plan_ms']:.1f} ms "
+                    f"| {r['speedup']:.2f}x | {r['speedup_vs_best']:.2f}x |")
+    return rows
+
+
+def parallel() -> list[str]:
+    """parallel-h200.json: two GPUs, each Ulysses plan against the same plan on one GPU and diffusers' CP."""
+    rows = ["| S | plan | exchange | plan ms | same plan, 1 GPU | diffusers CP | vs diffusers CP | scaling | bitwise vs 1 GPU |",
+            "|---:|---|---|---:|---:|---:|---:|---:|---|"]
+    for r in _load("parallel-h200.json")["records"]:
+        same = "yes" if r["bitwise_vs_u1"] else f"no (rel {r['rel_vs_u1']:.1e})"
+        rows.append(f"| {r['S']:,} | {r['plan'].split('+')[0]} | {r['exchange']} | {r['plan_ms']:.1f} | {r['plan_u1_ms']:.1f} "
+                    f"| {r['diffusers_cp_ms']:.1f} | {r['speedup_vs_diffusers_cp']:.2f}x | {r['scaling_vs_u1']:.2f}x | {same} |")
+    return rows
+
+
+def compile_runs() -> list[str]:
+    """parallel-h200.json `compile`: regional compile over the installed degree-1 plans (the last run)."""
+    rows = ["| recipe | S | plan ms | compiled ms | plain / compiled | bitwise |", "|---|---:|---:|---:|---:|---|"]
+    for c in _load("parallel-h200.json")["compile"]:
+        rows.append(f"| {c['recipe']} | {c['S']:,} | {c['plan_ms']:.1f} | {c['compiled_ms']:.1f} | {c['speedup']:.3f}x "
+                    f"| {'yes' if c['bitwise'] else 'no'} |")
+    return rows
+
+
+TABLES = {"pipeline": pipeline, "blocks": blocks, "parallel": parallel, "compile": compile_runs}
+
+
+def render(text: str) -> str:
+    """`text` with every generated table rewritten from the results; an unknown NAME raises KeyError."""
+    return MARK.sub(lambda m: m.group(1) + "\n".join(TABLES[m.group("name")]()) + "\n" + m.group(4), text)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 when README.md differs from the results")
+    ap.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    a = ap.parse_args(argv)
+    old = a.readme.read_text()
+    new = render(old)
+    if a.check:
+        if new != old:
+            sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), new.splitlines(True), "README.md", "generated"))
+            return 1
+        return 0
+    a.readme.write_text(new)
+    print(f"{a.readme}: {len(MARK.findall(new))} tables written from {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

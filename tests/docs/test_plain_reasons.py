@@ -1,0 +1,42 @@
+"""Reasons in plain words: an outside source is named by what it is (h3plan/sources.py, one place) with its
+docs/sources.md anchor, never by internal shorthand ("the TRT-LLM seed", "recipe rows U1/U4")."""
+
+import itertools
+import re
+from pathlib import Path
+
+import pytest
+
+import h3plan
+from h3plan.errors import H3PlanError
+from h3plan.sources import NAMES, cite
+
+ROOT = Path(__file__).resolve().parents[2]
+ANCHORS = set(re.findall(r"^## ([\w-]+)\s*$", (ROOT / "docs/sources.md").read_text(), re.M))
+SHORTHAND = re.compile(r"\bseed\b(?![\w-]*\))|\bU[1248](?:/U\d)?\b|\brecipe rows\b|\blever \d")
+
+
+def test_every_named_source_has_its_section():
+    assert set(NAMES) <= ANCHORS
+    assert cite("trtllm-seed") == "TensorRT-LLM's MiniMax-H3 deployment on SM107 (docs/sources.md#trtllm-seed)"
+    with pytest.raises(KeyError):
+        cite("no-such-source")
+
+
+def _plans():
+    for hw, recipe, par in itertools.product(["sm90", "sm100", "sm103", "sm107"], ["bf16", "fp8", "nvfp4"], ["u1", "u2", "u4", "u8"]):
+        try:
+            yield h3plan.resolve_config(hardware=hw, recipe=recipe, parallel=par)
+        except H3PlanError:
+            continue
+
+
+def test_no_reason_speaks_in_shorthand():
+    bad = set()
+    for plan in _plans():
+        texts = [r for d in plan.decisions for r in d.reasons] + list(plan.notes) + list(plan.derived_value("basis").values())
+        for t in texts:
+            # a docs/sources.md#...-seed anchor is a link, not shorthand
+            if SHORTHAND.search(re.sub(r"docs/sources\.md#[\w-]+", "", t)):
+                bad.add(t)
+    assert not bad, sorted(bad)[:5]
