@@ -9,7 +9,6 @@ which every installed call site uses.
 """
 
 import torch
-from torch._library.effects import EffectType
 
 from .counters import _record
 
@@ -24,4 +23,11 @@ def _(lever, reason, fused):
     return None
 
 
-count.register_effect(EffectType.ORDERED)
+if hasattr(count, "register_effect"):  # torch.library's effect registry (torch 2.13 here)
+    from torch._library.effects import EffectType
+
+    count.register_effect(EffectType.ORDERED)
+else:  # older torch: the same registry through its with_effects module (untested here)
+    from torch._higher_order_ops.effects import _EffectType, _register_effectful_op
+
+    _register_effectful_op(torch.ops.h3plan.count.default, _EffectType.ORDERED)
