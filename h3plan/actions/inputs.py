@@ -5,6 +5,9 @@ with seeded random weights (diffusers' own initialisation, created directly on t
 the released mixed-precision checkpoint: everything in `dtype` except `_keep_in_fp32_modules`
 (proj_in / proj_out / audio heads, time_embedder, rope), which stay fp32 as from_pretrained keeps them.
 
+`load_model(path, blocks=, device=, dtype=)`: the same from a local checkpoint folder (`model.path`), with
+`from_pretrained`.
+
 `packed_inputs(config, seq_len, ...)`: one packed sequence laid out as diffusers' own H3 test and
 pipelines pack it (tests/models/transformers/test_models_transformer_minimax_h3.py): text rows, then
 audio rows, then video rows; token_tags 0 video / 1 text / 2 audio; two distinct timesteps
@@ -63,6 +66,27 @@ def build_model(diffusers_config: Mapping[str, Any], *, blocks: int | None = Non
             if p.is_floating_point() and not any(k in name for k in keep):
                 p.data = p.data.to(dtype)
     return model.eval().requires_grad_(False)
+
+
+def load_model(path, *, blocks: int | None = None, device="cpu", dtype=torch.bfloat16):
+    """`model.path=DIR`: MiniMaxH3Transformer3DModel.from_pretrained of a local checkpoint folder (a pipeline's,
+    with transformer/, or the transformer's own) in `dtype`, which from_pretrained applies as build_model does
+    (`_keep_in_fp32_modules` stay fp32); blocks: keep the first `blocks` transformer blocks (as build_model
+    builds that many). An unreadable folder is one UsageError."""
+    from diffusers import MiniMaxH3Transformer3DModel
+
+    from h3plan.checkpoint import transformer_folder
+    from h3plan.errors import UsageError
+
+    folder, sub, _ = transformer_folder(path)
+    try:
+        model = MiniMaxH3Transformer3DModel.from_pretrained(folder, subfolder=sub, torch_dtype=resolve_dtype(dtype))
+    except (OSError, ValueError, RuntimeError) as e:
+        raise UsageError(f"model.path={path}: cannot load a MiniMaxH3Transformer3DModel "
+                         f"({str(e).strip().splitlines()[0][:200]})") from None
+    if blocks is not None:
+        del model.transformer_blocks[int(blocks):]
+    return model.to(device).eval().requires_grad_(False)
 
 
 def layout(seq_len: int, *, n_text: int | None = None, n_audio: int | None = None) -> tuple[int, int, int]:
