@@ -48,6 +48,9 @@ def detect(device: str | None = None) -> tuple[str, dict[str, Any]]:
 
 
 def _refuse_read_keys(overrides: dict[str, Any], comps: checkpoint.Components) -> None:
+    if "model.path" in overrides:
+        raise UsageError(f"h3plan.plan_for reads the model you pass it; pass the folder itself instead of "
+                         f"model.path={overrides['model.path']}")
     for key in overrides:
         section = key.split(".", 1)[0]
         if section in comps.configs and (key == section or key.startswith(f"{section}.diffusers_config")):

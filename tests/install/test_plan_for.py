@@ -146,6 +146,11 @@ def test_unreadable_folders_are_one_line(tmp_path, layout, message):
 def test_other_objects_and_missing_folders_are_one_line(tmp_path):
     with pytest.raises(UsageError, match=r"plan_for reads a MiniMaxH3Transformer3DModel, .* got builtins.object$"):
         h3plan.plan_for(object(), hardware="sm90")
+    with pytest.raises(UsageError, match=r"pass the folder itself instead of model.path=/x$"):
+        h3plan.plan_for(tiny_model(), hardware="sm90", **{"model.path": "/x"})
+    with pytest.raises(UsageError, match=r"reads model.diffusers_config from MiniMaxH3Transformer3DModel.config; drop "
+                                         r"model.diffusers_config.hidden_size=64$"):
+        h3plan.plan_for(tiny_model(), hardware="sm90", **{"model.diffusers_config.hidden_size": 64})
     with pytest.raises(UsageError, match=r"missing: no such folder"):
         h3plan.plan_for(str(tmp_path / "missing"), hardware="sm90")
     vae_only = tmp_path / "vae_only"
