@@ -68,8 +68,9 @@ def _memory(sections, shape, decisions) -> tuple[dict[str, Any], dict[str, str]]
 
 def resolve(cfg) -> Plan:
     """cfg: the composed Hydra config (DictConfig) or a plain dict with the same sections."""
-    # model.path: the checkpoint's config.json files are the one input read from outside the config (torch-free)
-    sections = schema.validate(checkpoint.with_model_path(cfg))  # ConfigError (an H3PlanError) on values the schema rules out
+    # model.path: the checkpoint's config.json files, the one input read from outside the config (torch-free);
+    # ConfigError (an H3PlanError) on values the schema rules out
+    sections = schema.validate(checkpoint.with_model_path(cfg))
     sequence, sequence_basis = sections.pop("sequence"), sections.pop("sequence_basis")
     ctx = context(sections, request=sequence)
     decisions: dict[str, Any] = {}

@@ -1,7 +1,7 @@
 """Install a resolved Plan into diffusers' MiniMaxH3Transformer3DModel or AutoencoderKLMiniMaxH3 (see installer.py).
 
-Public: install(model, plan) -> InstallReport (or install(model, recipe=...): plan_for the model first), uninstall(model), counters(), reset_counters(),
-fallback_reasons(), Builder. The heavy modules (diffusers, kernels) load on the first install.
+Public: install(model, plan) -> InstallReport (install(model, recipe=...): h3plan.plan_for the model first),
+uninstall(model), counters(), reset_counters(), fallback_reasons(), Builder. The heavy modules (diffusers, kernels) load on the first install.
 This package is itself callable, `h3plan.install(model, plan)`, so the name works whether `h3plan.install`
 resolves to this subpackage (as Python's import system makes it once imported) or to the function.
 """

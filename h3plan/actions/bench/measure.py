@@ -1,8 +1,9 @@
 """The measuring half of `action=bench`: options, models, inputs, one (S, blocks) configuration, run().
 
 See the package docstring for what is timed and compared. Models: one seeded diffusers model with
-max(bench.blocks) blocks (h3plan.actions.inputs; with model.path, the checkpoint's first blocks), a deep copy with the plan installed, (for a lossless
-attention backend) a deep copy with only the plan's attention levers installed, the bitwise reference,
+max(bench.blocks) blocks (h3plan.actions.inputs; with model.path, the checkpoint's first blocks), a deep
+copy with the plan installed, (for a lossless attention backend) a deep copy with only the plan's attention
+levers installed, the bitwise reference,
 and (bench.best) a deep copy regionally compiled, diffusers' best (actions/diffusers_best.py). Inputs:
 the model's own forward is run up to its first block on a realistic packed sequence and stopped there,
 so the blocks see exactly what diffusers hands them.
