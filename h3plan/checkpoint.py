@@ -20,6 +20,8 @@ from .errors import ConfigError, UsageError
 
 CLASSES = {"MiniMaxH3Transformer3DModel": "model", "AutoencoderKLMiniMaxH3": "vae"}
 SUBFOLDERS = {"model": "transformer", "vae": "vae"}  # diffusers' pipeline folder layout
+# a pipeline's components; transformer_ref: the ref2va checkpoint partition (install/pipeline.py), same widths
+ATTRS = {"model": ("transformer", "transformer_ref"), "vae": ("vae",)}
 WHAT = ("a MiniMaxH3Transformer3DModel, an AutoencoderKLMiniMaxH3, a pipeline holding them as .transformer / .vae, "
         "or a local diffusers checkpoint folder")
 CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")
@@ -117,14 +119,16 @@ def read_object(obj) -> Components:
     if _kind(obj) is not None:
         found[_kind(obj)] = (obj, type(obj).__name__)
     else:
-        for section, attr in SUBFOLDERS.items():
-            try:
-                comp = getattr(obj, attr, None)
-            except Exception:  # noqa: BLE001 - an attribute that raises is no component
-                comp = None
-            comp = getattr(comp, "_orig_mod", comp)
-            if comp is not None and _kind(comp) == section:
-                found[section] = (comp, f"{type(obj).__name__}.{attr}")
+        for section, attrs in ATTRS.items():
+            for attr in attrs:
+                try:
+                    comp = getattr(obj, attr, None)
+                except Exception:  # noqa: BLE001 - an attribute that raises is no component
+                    comp = None
+                comp = getattr(comp, "_orig_mod", comp)
+                if comp is not None and _kind(comp) == section:
+                    found[section] = (comp, f"{type(obj).__name__}.{attr}")
+                    break
     if not found:
         raise UsageError(f"h3plan.plan_for reads {WHAT}; got {type(obj).__module__}.{type(obj).__qualname__}")
     configs = {s: dict(comp.config) for s, (comp, _) in found.items()}

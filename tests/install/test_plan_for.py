@@ -30,6 +30,8 @@ def _vae_cfg():
 def test_a_model_with_packaged_widths_gets_the_packaged_plan():
     plan = h3plan.plan_for(tiny_model(), hardware="sm90")
     assert plan == h3plan.resolve_config(model="h3_tiny")
+    # any object holding the components: a ref2va pipeline carries its transformer as transformer_ref
+    assert h3plan.plan_for(SimpleNamespace(transformer=None, transformer_ref=tiny_model()), hardware="sm90") == plan
     assert h3plan.plan_for(tiny_model(), "fp8", "u2", hardware="sm100") == h3plan.resolve_config(
         model="h3_tiny", recipe="fp8", parallel="u2", hardware="sm100")
 
