@@ -1,8 +1,10 @@
 """h3plan: declarative execution plans for MiniMax-H3 inference.
 
-    from h3plan import resolve_config, install, uninstall
+    from h3plan import resolve_config, plan_for, install, uninstall
     plan = resolve_config(hardware="sm90", recipe="bf16", parallel="u1")   # torch-free
     report = install(transformer, plan)                                   # swaps kernels in place
+    plan = plan_for(pipe, recipe="fp8")      # widths from the components' configs, hardware from the device
+    report = install(pipe, recipe="fp8")     # plan_for and install in one call
 
 Importing h3plan loads neither torch nor Hydra; the names below load on first use. Every mistake a
 user can make raises an `H3PlanError` (one line, the same text the CLI prints).
@@ -13,12 +15,13 @@ from h3plan.plan import Decision, Plan
 
 __version__ = "0.2.0"
 
-__all__ = ["Decision", "Plan", "resolve", "resolve_config", "install", "uninstall", "installed_plan", "counters",
+__all__ = ["Decision", "Plan", "resolve", "resolve_config", "plan_for", "install", "uninstall", "installed_plan", "counters",
            "reset_counters", "fallback_reasons", "H3PlanError", "ConfigError", "PlanningError", "PlanFileError",
            "UsageError", "InstallError", "__version__"]
 
 _LAZY = {
     "resolve": ("h3plan.planner", "resolve"),
+    "plan_for": ("h3plan.from_model", "plan_for"),
     "install": ("h3plan.install", None),  # the package is callable: install(model, plan)
     "uninstall": ("h3plan.install", "uninstall"),
     "installed_plan": ("h3plan.install", "installed_plan"),

@@ -1,7 +1,8 @@
 """resolve(config) -> Plan: validate the composed config, derive the shape numbers, let every lever
 decide in registry order (each sees the decisions before it), then add the estimates.
 
-Deterministic and pure (no torch, no clock, no environment). A forced lever that cannot apply, or an
+Deterministic and pure (no torch, no clock, no environment; `model.path` names the one file input: the
+checkpoint's config.json files, read for its widths). A forced lever that cannot apply, or an
 `auto` with no allowed setting, raises PlanningError (one line, every reason of the failing lever).
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from . import derive, schema
+from . import checkpoint, derive, schema
 from .errors import PlanningError
 from .levers import REGISTRY, Context, LeverError
 from .plan import Plan, make_plan
@@ -76,7 +77,9 @@ def _recipe_choice(module, ctx: Context, d) -> bool:
 
 def resolve(cfg) -> Plan:
     """cfg: the composed Hydra config (DictConfig) or a plain dict with the same sections."""
-    sections = schema.validate(cfg)  # ConfigError (an H3PlanError) on values the schema rules out
+    # model.path: the checkpoint's config.json files, the one input read from outside the config (torch-free);
+    # ConfigError (an H3PlanError) on values the schema rules out
+    sections = schema.validate(checkpoint.with_model_path(cfg))
     sequence, sequence_basis = sections.pop("sequence"), sections.pop("sequence_basis")
     ctx = context(sections, request=sequence)
     decisions: dict[str, Any] = {}

@@ -487,6 +487,10 @@ class ModelConfig:
     name: str = MISSING
     diffusers_config: TransformerKwargs = field(default_factory=TransformerKwargs)
     source: str = MISSING
+    path: Optional[str] = None
+    """A local diffusers checkpoint folder (a pipeline's, with transformer/ and vae/, or the transformer's own):
+    the plan takes its widths from the folder's config.json files (h3plan/checkpoint.py), and action=verify /
+    action=bench load its weights with from_pretrained instead of seeding them. null: seeded weights."""
 
 
 @dataclass

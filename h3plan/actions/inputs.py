@@ -5,6 +5,9 @@ with seeded random weights (diffusers' own initialisation, created directly on t
 the released mixed-precision checkpoint: everything in `dtype` except `_keep_in_fp32_modules`
 (proj_in / proj_out / audio heads, time_embedder, rope), which stay fp32 as from_pretrained keeps them.
 
+`load_model(path, blocks=, device=, dtype=)`: the same from a local checkpoint folder (`model.path`), with
+`from_pretrained`.
+
 `packed_inputs(config, seq_len, ...)`: one packed sequence laid out as diffusers' own H3 test and
 pipelines pack it (tests/models/transformers/test_models_transformer_minimax_h3.py): text rows, then
 audio rows, then video rows; token_tags 0 video / 1 text / 2 audio; two distinct timesteps
@@ -15,6 +18,8 @@ standard normal from a CPU generator (identical on every device).
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from typing import Any, Mapping
 
 import torch
@@ -56,13 +61,69 @@ def build_model(diffusers_config: Mapping[str, Any], *, blocks: int | None = Non
         torch.cuda.manual_seed(seed)
     with torch.device(device):
         model = MiniMaxH3Transformer3DModel.from_config(cfg)
-    dtype = resolve_dtype(dtype)
+    return _cast(model, resolve_dtype(dtype)).eval().requires_grad_(False)
+
+
+def _load_without_accelerate(cls, folder: str, config: Mapping[str, Any]):
+    """What from_pretrained does without accelerate's empty-weight init: from_config (float32, 4 bytes a parameter
+    on the host), then the folder's safetensors (one file or an index of shards), every key required. The stored
+    values arrive exactly (a bf16 -> fp32 -> bf16 round trip is exact)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    index = os.path.join(folder, "diffusion_pytorch_model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = ["diffusion_pytorch_model.safetensors"]
+    missing = [f for f in files if not os.path.isfile(os.path.join(folder, f))]
+    if missing:
+        raise OSError(f"no {missing[0]} in {folder} (h3plan reads safetensors checkpoints)")
+    model = cls.from_config(config)
+    state = {}
+    for f in files:
+        state.update(load_file(os.path.join(folder, f)))
+    model.load_state_dict(state, strict=True)
+    return model
+
+
+def _cast(model, dtype):
+    """Every floating parameter and buffer to `dtype` except `_keep_in_fp32_modules`' (from_pretrained's rule)."""
     keep = tuple(model._keep_in_fp32_modules or ())
     with torch.no_grad():
         for name, p in list(model.named_parameters()) + list(model.named_buffers()):
             if p.is_floating_point() and not any(k in name for k in keep):
                 p.data = p.data.to(dtype)
-    return model.eval().requires_grad_(False)
+    return model
+
+
+def load_model(path, *, blocks: int | None = None, device="cpu", dtype=torch.bfloat16):
+    """`model.path=DIR`: MiniMaxH3Transformer3DModel.from_pretrained of a local checkpoint folder (a pipeline's,
+    with transformer/, or the transformer's own) in `dtype`, which from_pretrained applies as build_model does
+    (`_keep_in_fp32_modules` stay fp32); blocks: keep the first `blocks` transformer blocks (as build_model
+    builds that many). diffusers 0.42.1 loads this class only with accelerate installed; without it the
+    safetensors are read into `from_config`'s model (_load_without_accelerate), with the same result. An
+    unreadable folder is one UsageError."""
+    from diffusers import MiniMaxH3Transformer3DModel
+
+    from h3plan.checkpoint import transformer_folder
+    from h3plan.errors import UsageError
+
+    folder, sub, config = transformer_folder(path)
+    dtype = resolve_dtype(dtype)
+    try:
+        if importlib.util.find_spec("accelerate") is not None:
+            model = MiniMaxH3Transformer3DModel.from_pretrained(folder, subfolder=sub, torch_dtype=dtype)
+        else:  # diffusers loads a model with _keep_in_fp32_modules only through accelerate
+            model = _cast(_load_without_accelerate(MiniMaxH3Transformer3DModel, os.path.join(folder, sub or ""), config), dtype)
+    except (OSError, ValueError, RuntimeError, KeyError) as e:
+        raise UsageError(f"model.path={path}: cannot load a MiniMaxH3Transformer3DModel "
+                         f"({str(e).strip().splitlines()[0][:200]})") from None
+    if blocks is not None:
+        del model.transformer_blocks[int(blocks):]
+    return model.to(device).eval().requires_grad_(False)
 
 
 def layout(seq_len: int, *, n_text: int | None = None, n_audio: int | None = None) -> tuple[int, int, int]:

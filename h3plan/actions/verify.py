@@ -300,9 +300,15 @@ def run(cfg, plan, *, registry=None) -> int:
     device = _prepare_device(_cfg_get(vcfg, "device", "auto"))
     import torch
 
-    from .inputs import build_model, layout, packed_inputs, resolve_dtype
+    from .inputs import build_model, layout, load_model, packed_inputs, resolve_dtype
 
-    dcfg = cfg.model.diffusers_config
+    path = _cfg_get(cfg.model, "path", None)  # model.path: a checkpoint's weights instead of seeded ones
+    if path:
+        from h3plan.checkpoint import transformer_folder
+
+        dcfg = transformer_folder(path)[2]
+    else:
+        dcfg = cfg.model.diffusers_config
     dtype = resolve_dtype(_cfg_get(vcfg, "dtype", "bf16"))
     seed = int(_cfg_get(vcfg, "seed", 0))
     if device == "cpu" and int(dcfg["hidden_size"]) > 1024:
@@ -312,12 +318,15 @@ def run(cfg, plan, *, registry=None) -> int:
     default_len = 48 if device == "cpu" else int(_cfg_get(_cfg_get(cfg, "parallel", {}), "seq_len", 19000))
     seq_len = int(_cfg_get(vcfg, "seq_len", default_len))
     blocks = _cfg_get(vcfg, "blocks", None)
-    model = build_model(dcfg, blocks=blocks, device=device, dtype=dtype, seed=seed)
+    if path:
+        model = load_model(path, blocks=blocks, device=device, dtype=dtype)
+    else:
+        model = build_model(dcfg, blocks=blocks, device=device, dtype=dtype, seed=seed)
     inputs = packed_inputs(dcfg, seq_len, seed=seed, device=device)
     n_text, n_audio, n_video = layout(seq_len)
     a = model.transformer_blocks[0].attn
     where = "Triton interpreter" if device == "cpu" else torch.cuda.get_device_name(device)
     header = (f"verify: {len(model.transformer_blocks)} blocks, hidden {model.config.hidden_size}, {a.heads}x{a.head_dim} "
               f"heads; S={seq_len} (text {n_text}, audio {n_audio}, video {n_video}); {device} ({where}); "
-              f"{dtype}; seed {seed}")
+              f"{dtype}; " + (f"weights from {path}; input seed {seed}" if path else f"seed {seed}"))
     return verify(model, inputs, plan, registry=registry, device=device, dtype=dtype, header=header)

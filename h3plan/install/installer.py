@@ -109,8 +109,11 @@ def check_model_facts(model, plan: Plan, kind: str) -> None:
     wrong = [f"{k} {planned[k]} (model: {config.get(k)})" for k in keys if k in planned and config.get(k) != planned[k]]
     if wrong:
         name = (plan.get(section) or {}).get("name", "?")
+        obj = "vae" if kind == "vae" else "model"
         raise InstallError(f"the plan was resolved for {section}={name}, which does not match this {type(model).__name__}: "
-                           + ", ".join(wrong) + f"; resolve the plan with the model's config ({section}=... or overrides)")
+                           + ", ".join(wrong) + f"; plan from what you have: h3plan.plan_for({obj}, recipe=..., parallel=...) "
+                           f"reads the widths from its config (a pipeline or a checkpoint folder works too), or "
+                           f"h3plan.install({obj}, recipe=...) plans and installs in one call")
 
 
 def collect(plan: Plan, registry=None) -> Builder:

@@ -8,8 +8,8 @@ back cannot pass). Process-global and not thread-safe: inference runs one forwar
 Compile safety: inside a region torch.compile traces, the event goes through the custom op
 `h3plan::count` instead of the Python dicts. The op is opaque to dynamo (nothing in the graph reads or
 guards on the counts) and runs at every call of the compiled graph, so counting stays exact and the
-graph never recompiles because a count changed. It mutates a one-element token tensor only so that no
-compiler pass drops it as dead code.
+graph never recompiles because a count changed. It mutates nothing (count_op.py: an op with an ordered
+effect, which no compiler pass drops as dead code), so torch.export and functionalization take it too.
 """
 
 from __future__ import annotations
@@ -36,23 +36,21 @@ def _compiling() -> bool:
 
 
 def _count_op():
-    from .count_op import TOKEN, count  # registered on import, before any tracing (runtime/guards imports it)
+    from .count_op import count  # registered on import, before any tracing (runtime/guards imports it)
 
-    return count, TOKEN
+    return count
 
 
 def fused(lever: str) -> None:
     if _compiling():
-        op, token = _count_op()
-        op(token, lever, "", True)
+        _count_op()(lever, "", True)
     else:
         _record(lever, None)
 
 
 def fallback(lever: str, reason: str) -> None:
     if _compiling():
-        op, token = _count_op()
-        op(token, lever, str(reason), False)
+        _count_op()(lever, str(reason), False)
     else:
         _record(lever, str(reason))
 

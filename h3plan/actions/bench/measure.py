@@ -1,8 +1,9 @@
 """The measuring half of `action=bench`: options, models, inputs, one (S, blocks) configuration, run().
 
 See the package docstring for what is timed and compared. Models: one seeded diffusers model with
-max(bench.blocks) blocks (h3plan.actions.inputs), a deep copy with the plan installed, (for a lossless
-attention backend) a deep copy with only the plan's attention levers installed, the bitwise reference,
+max(bench.blocks) blocks (h3plan.actions.inputs; with model.path, the checkpoint's first blocks), a deep
+copy with the plan installed, (for a lossless attention backend) a deep copy with only the plan's attention
+levers installed, the bitwise reference,
 and (bench.best) a deep copy regionally compiled, diffusers' best (actions/diffusers_best.py). Inputs:
 the model's own forward is run up to its first block on a realistic packed sequence and stopped there,
 so the blocks see exactly what diffusers hands them.
@@ -176,8 +177,13 @@ def _setup(torch, cfg, plan, opts: BenchOptions, device, progress: Progress) -> 
     from h3plan.install import install
 
     n = max(opts.blocks)
-    dc = cfg["model"]["diffusers_config"]
-    eager = inputs.build_model(dc, blocks=n, device=device, dtype="bf16", seed=0)
+    path = cfg["model"].get("path")  # model.path: the checkpoint's weights, loaded with from_pretrained
+    if path:
+        eager = inputs.load_model(path, blocks=n, device=device, dtype="bf16")
+        dc = dict(eager.config)
+    else:
+        dc = cfg["model"]["diffusers_config"]
+        eager = inputs.build_model(dc, blocks=n, device=device, dtype="bf16", seed=0)
     plan_model = copy.deepcopy(eager)
     report = install(plan_model, plan)
     progress.write(f"installed {plan_label(plan)}:\n{report}")
