@@ -71,12 +71,22 @@ def allowed_keys(full_key: str) -> list[str]:
     return [f.name for f in dataclasses.fields(node)] if dataclasses.is_dataclass(node) else []
 
 
+def unknown_key_line(key: str, allowed: list[str]) -> str:
+    """`key: unknown key (did you mean <near>?); allowed: ...` (the near miss only when one is close)."""
+    import difflib
+
+    leaf = key.rpartition(".")[2]
+    near = difflib.get_close_matches(leaf, allowed, n=1, cutoff=0.75)
+    parent = key.rpartition(".")[0]
+    hint = f" (did you mean {parent + '.' if parent else ''}{near[0]}?)" if near else ""
+    return f"{key}: unknown key{hint}" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
+
+
 def _omegaconf_line(e) -> str:
     key = str(getattr(e, "full_key", "") or "")
     msg = str(getattr(e, "msg", e)).splitlines()[0]
     if re.match(r"Key '.*' not in '.*'", msg):
-        allowed = allowed_keys(key)
-        return f"{key}: unknown key" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
+        return unknown_key_line(key, allowed_keys(key))
     m = re.match(r"Invalid value '(.*)', expected one of \[(.*)\]", msg)
     if m:
         hint = " (write 'on'/'off' in quotes in YAML)" if m.group(1) in ("True", "False") else ""

@@ -644,6 +644,52 @@ def _positive_ints(key: str, vals) -> None:
         raise ConfigError(f"{key}={vals}", "must be a non-empty list of positive integers")
 
 
+def _hints(node: type) -> dict[str, Any]:
+    import typing
+
+    cached = _HINTS.get(node)
+    if cached is None:
+        cached = _HINTS[node] = typing.get_type_hints(node)
+    return cached
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _structured(tp) -> tuple[type | None, bool]:
+    """(the dataclass a field holds, whether it is a list of them); (None, False) for anything else."""
+    import dataclasses
+    import typing
+
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if typing.get_origin(tp) is typing.Union and len(args) == 1:
+        tp, args = args[0], list(typing.get_args(args[0]))
+    if dataclasses.is_dataclass(tp):
+        return tp, False
+    if typing.get_origin(tp) in (list, List) and args and dataclasses.is_dataclass(args[0]):
+        return args[0], True
+    return None, False
+
+
+def check_keys(c: dict[str, Any], node: type = None, prefix: str = "") -> None:
+    """Every key of the composed config is a schema field. Composition already refuses `key=value` on an
+    unknown key; `+key=value` adds it past the struct check, so this walk catches it. Raises ConfigError."""
+    from .config import unknown_key_line
+
+    hints = _hints(node or H3PlanConfig)
+    for k, v in c.items():
+        key = f"{prefix}{k}"
+        if k not in hints:
+            raise ConfigError(key, unknown_key_line(key, list(hints)).partition(": ")[2])
+        inner, many = _structured(hints[k])
+        if inner is not None and many and isinstance(v, list):
+            for i, item in enumerate(v):
+                if isinstance(item, dict):
+                    check_keys(item, inner, f"{key}[{i}].")
+        elif inner is not None and isinstance(v, dict):
+            check_keys(v, inner, f"{key}.")
+
+
 VERIFY_DEVICES = r"auto|cpu|cuda(:\d+)?"
 DTYPES = ("bf16", "fp16", "fp32")
 
@@ -674,6 +720,7 @@ def validate_actions(c: dict[str, Any]) -> None:
 def validate(cfg: DictConfig | dict) -> dict[str, Any]:
     """Check what types cannot; return the plan sections as plain dicts. Raises ConfigError."""
     c = to_plain(cfg)
+    check_keys(c)
     validate_actions(c)
     heads = c["model"]["diffusers_config"]["num_attention_heads"]
     head_dim = c["model"]["diffusers_config"]["attention_head_dim"]

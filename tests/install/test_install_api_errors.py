@@ -11,7 +11,7 @@ from h3plan.errors import ConfigError, H3PlanError, InstallError, PlanFileError,
 
 
 @pytest.mark.parametrize("kwargs, cls, message", [
-    (dict(hardwre="sm90"), ConfigError, "hardwre: unknown key; allowed: "),
+    (dict(hardwre="sm90"), ConfigError, "hardwre: unknown key (did you mean hardware?); allowed: "),
     (dict(hardware="sm91"), ConfigError, "hardware=sm91: no such option; available: sm100, sm103, sm107, sm90"),
     ({"recipe": "bf16", "levers.attention": "cudnn_fp8"}, PlanningError,
      "levers.attention=cudnn_fp8 cannot apply: recipe bf16 has policy lossless and attention=cudnn_fp8 is lossy"),
