@@ -58,6 +58,9 @@ def run(argv: list[str]) -> int:
     _rc, _failure = 0, None
     try:
         args = parser.parse_args(argv)
+        from .request import video_overrides
+
+        args.overrides = video_overrides(args.overrides)
         _run_hydra(args=args, args_parser=parser, task_function=_task, config_path=CONFIG_PATH, config_name=CONFIG_NAME)
         if _failure is not None:
             raise _failure
@@ -73,6 +76,8 @@ def run(argv: list[str]) -> int:
         if user_full == "1":
             raise
         line, code = condense(e)
+        if code == 2:
+            line += _fixed_command(argv, e)
         print(f"{PROG}: error: {line}" if code == 2 else f"{PROG}: {line}", file=sys.stderr)
         return code
     finally:
@@ -81,6 +86,45 @@ def run(argv: list[str]) -> int:
         else:
             os.environ["HYDRA_FULL_ERROR"] = user_full
     return _rc
+
+
+def _fix_of(e: BaseException) -> dict[str, str]:
+    while e is not None:
+        if getattr(e, "fix", None):
+            return e.fix
+        e = e.__cause__ or e.__context__
+    return {}
+
+
+def _fixed_command(argv: list[str], e: BaseException, tries: int = 4) -> str:
+    """`; this works: python -m h3plan ...`: argv with the error's fix applied, planned here to prove it (each
+    further error's fix applied in turn); "" when there is no fix, or the fixed command still fails."""
+    import re
+    import shlex
+
+    from .config import compose
+    from .errors import H3PlanError
+    from .planner import resolve
+
+    fix, args = _fix_of(e), list(argv)
+    if not fix or any(a.startswith("-") for a in args):  # plain overrides only: no sweep, no Hydra flags
+        return ""
+    for _ in range(tries):
+        for key, value in fix.items():
+            hit = [i for i, a in enumerate(args) if re.match(rf"(\+\+|\+)?{re.escape(key)}=", a)]
+            for i in hit:
+                args[i] = f"{args[i].partition('=')[0]}={value}"
+            if not hit:
+                args.append(f"{key}={value}")
+        try:
+            resolve(compose(args))
+        except H3PlanError as again:
+            fix = _fix_of(again)
+            if not fix:
+                return ""
+            continue
+        return f"; this works: python -m {PROG} {shlex.join(args)}"
+    return ""
 
 
 def _task(cfg) -> Any:

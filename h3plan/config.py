@@ -25,11 +25,12 @@ def compose(overrides: list[str]):
     from hydra import compose as hydra_compose, initialize_config_dir
 
     from . import schema
+    from .request import video_overrides
 
     schema.register()
     try:
         with initialize_config_dir(config_dir=CONFIG_PATH, version_base="1.3"):
-            return hydra_compose(config_name=CONFIG_NAME, overrides=list(overrides))
+            return hydra_compose(config_name=CONFIG_NAME, overrides=video_overrides(list(overrides)))
     except H3PlanError:
         raise
     except Exception as e:  # noqa: BLE001 - Hydra's and OmegaConf's errors become one line

@@ -86,3 +86,14 @@ def test_table_marks_unverified_and_keeps_order(capsys):
     out = capsys.readouterr().out
     att = next(line for line in out.splitlines() if line.startswith("attention "))
     assert " * " in att  # nothing ever ran on sm107
+
+
+def test_off_grid_request_gives_the_command_that_works(capsys):
+    """video.height=720 is refused in one line that ends with a command; that command plans (exit 0)."""
+    assert cli.run(["video.height=720", "video.seconds=10"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "nearest: 704 or 736" in err
+    head, sep, command = err.partition("; this works: python -m h3plan ")
+    assert sep and command == "video.height=704 video.seconds=10"
+    assert cli.run(command.split()) == 0
+    assert "request  video=t2v_768x1344_5s with video.height=704 video.seconds=10: 704x1344 px, 243 frames" in capsys.readouterr().out
