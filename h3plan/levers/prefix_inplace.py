@@ -8,6 +8,7 @@ drops it when the length divides by the degree (nothing to write around).
 from __future__ import annotations
 
 from .base import Context, Option, Spec, is_bool, resolve
+from .ring import excluded
 
 SPEC = Spec(
     name="prefix_inplace",
@@ -27,7 +28,8 @@ def blockers(ctx: Context, s: str) -> list[str]:
         out.append(f"{ctx.seq_len:,} tokens divide by {ctx.degree}: no padded output")
     elif ctx.setting("ulysses_padding") != "fixed_valid":
         out.append(f"ulysses_padding is {ctx.setting('ulysses_padding')}: only fixed_valid keeps a padded output")
-    return out
+    ring = excluded(ctx, SPEC.name, s)
+    return out + ([ring] if ring else [])
 
 
 def auto(ctx: Context):
@@ -38,6 +40,9 @@ def auto(ctx: Context):
                        "H3_CUDNN_PREFIX_INPLACE when the shape divides by U)"], {}
     if ctx.setting("ulysses_padding") != "fixed_valid":
         return "off", [f"ulysses_padding is {ctx.setting('ulysses_padding')}: no padded output"], {}
+    ring = excluded(ctx, SPEC.name, "on")
+    if ring:
+        return "off", [ring], {}
     return "on", [f"{ctx.shape['padding_rows']} padding rows at degree {ctx.degree}: padded output allocated once, "
                   "prefix written in place (TRT-LLM seed (docs/sources.md#trtllm-seed), pays at Ulysses 4)"], {}
 
