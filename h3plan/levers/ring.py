@@ -54,14 +54,14 @@ def blockers(ctx: Context, s: str) -> list[str]:
     return out
 
 
-# What the ring's block call cannot take, by earlier lever: lever -> (setting, what that lever falls back to, why).
+# What the ring's block call cannot take, by earlier lever: lever -> (setting, why).
 # Those levers decide before this one, so they yield to parallel.ring themselves (auto picks the fallback, a
 # forced setting is refused naming parallel.ring): the ring never refuses a plan over another lever's auto pick.
 EXCLUDES = {
-    "fa4_2cta": ("on", "off", "the ring's FA4 block call (h3plan/parallel/lse.py) takes no 2-CTA switch"),
-    "fa4_tile": ("tuned", "default", "the ring's FA4 block call (h3plan/parallel/lse.py) takes no tile"),
-    "a2a_fp8_codes": ("on", "off", "e4m3 codes on the wire feed FP8 attention; the ring takes bf16 q/k/v"),
-    "prefix_inplace": ("on", "off", "RingUlysses' Ulysses exchange writes no padded prefix in place"),
+    "fa4_2cta": ("on", "the ring's FA4 block call (h3plan/parallel/lse.py) takes no 2-CTA switch"),
+    "fa4_tile": ("tuned", "the ring's FA4 block call (h3plan/parallel/lse.py) takes no tile"),
+    "a2a_fp8_codes": ("on", "e4m3 codes on the wire feed FP8 attention; the ring takes bf16 q/k/v"),
+    "prefix_inplace": ("on", "RingUlysses' Ulysses exchange writes no padded prefix in place"),
 }
 
 
@@ -69,7 +69,7 @@ def excluded(ctx: Context, lever: str, setting: str) -> str | None:
     """Why parallel.ring > 1 rules out `lever=setting` (a reason naming parallel.ring), or None."""
     x = EXCLUDES.get(lever)
     if ctx.ring > 1 and x is not None and x[0] == setting:
-        return f"parallel.ring={ctx.ring}: {x[2]}"
+        return f"parallel.ring={ctx.ring}: {x[1]}"
     return None
 
 
