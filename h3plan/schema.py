@@ -579,7 +579,9 @@ class BenchConfig:
     blocks: List[int] = field(default_factory=lambda: [1, 4])
     warmup: int = 3
     iters: int = 10
-    out_dir: str = "benchmarks/results"
+    out_dir: Optional[str] = None
+    """Where the results go (records merge with a results file already there: bench.out_dir=benchmarks/results adds
+    to the committed tables); null: a folder of this run's own, outputs/<date>/<time> (a sweep: the job's folder)."""
     tag: Optional[str] = None
     """Output file suffix (block-<tag>.json); null: the device's short name (h200, cpu)."""
     best: bool = True

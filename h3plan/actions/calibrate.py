@@ -24,7 +24,7 @@ import os
 from h3plan.errors import UsageError
 
 from .calibrate_config import CalibrateConfig
-from .verify import _cfg_get, _prepare_device
+from .verify import CPU_MAX_ROWS, _cfg_get, _prepare_device
 
 
 def settings(cfg) -> CalibrateConfig:
@@ -170,7 +170,7 @@ def run(cfg, plan) -> int:
     margin = float(c.margin if c.margin is not None else recipe.get("fp8_static_margin", 1.0))
     if not margin > 0:
         raise UsageError(f"calibrate.margin={margin}: must be > 0")
-    device = _prepare_device(c.device)
+    device = _prepare_device(c.device, "calibrate.device")
     import torch
 
     from h3plan.calibration import calibrate, say
@@ -184,6 +184,9 @@ def run(cfg, plan) -> int:
     dtype = resolve_dtype(c.dtype)
     default_len = 48 if device == "cpu" else int(_cfg_get(_cfg_get(cfg, "parallel", {}), "seq_len", 19000))
     seq_len = int(c.seq_len if c.seq_len is not None else default_len)
+    if device == "cpu" and seq_len > CPU_MAX_ROWS:
+        raise UsageError(f"calibrate.seq_len={seq_len}: at most {CPU_MAX_ROWS} rows on the CPU (the Triton interpreter; "
+                         "longer runs need a GPU): python -m h3plan action=calibrate recipe=fp8 model=h3_tiny")
     model, weights = _model(cfg, c, device, dtype)
     calib, held, calib_prov, held_prov, request = _inputs(cfg, c, device, seq_len)
     att, lin, why = fp8_sites(plan)

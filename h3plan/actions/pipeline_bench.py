@@ -1,4 +1,4 @@
-"""`python -m h3plan action=bench target=pipeline video=HxWxF`: diffusers' MiniMaxH3ModularPipeline end to end.
+"""`python -m h3plan action=bench bench.target=pipeline video=...`: diffusers' MiniMaxH3ModularPipeline end to end.
 
 What runs: diffusers' own modular blocks (pipeline_build.py: `MiniMaxH3CoreDenoiseStep` - layout, noise, the
 two schedules, the denoise loop, unpack - and `MiniMaxH3DecodeStep`), seeded random weights, one request
@@ -46,8 +46,9 @@ dict config works too); `bench.out_dir`, `bench.tag`.
 
 Output (rank 0), in bench.out_dir: pipeline-<tag>.json (records merged by video, gpus, plan, device),
 .md and .png (pipeline_records.py). U > 1: launch U processes with torchrun
-(`torchrun --nproc_per_node=U -m h3plan action=bench target=pipeline parallel=uU ...`).
-On a CPU only the tiny smoke form runs (model=h3_tiny vae=h3_tiny_pipe video=32x32x124): host clock, plumbing only.
+(`torchrun --nproc_per_node=U -m h3plan action=bench bench.target=pipeline parallel=uU ...`).
+On a CPU only the tiny smoke form runs (CPU_SMOKE: model=h3_tiny vae=h3_tiny_pipe on a 32x32 canvas): host clock,
+plumbing only.
 """
 
 from __future__ import annotations
@@ -82,6 +83,10 @@ DEFAULTS = _defaults()
 VAE_MODES = ("auto", "fp16_autocast", "bf16", "fp32")
 CPU_MAX_HIDDEN = 1024  # wider transformers are real width: GPU only
 CPU_MAX_TOKENS = 16384
+# The CPU form that runs (tests/bench/test_pipeline_bench_smoke.py runs it): the tiny pipeline on a 32x32 canvas,
+# one round, dynamo without Inductor's C++ compiles.
+CPU_SMOKE = ("python -m h3plan action=bench bench.target=pipeline model=h3_tiny vae=h3_tiny_pipe video.height=32 "
+             "video.width=32 bench.pipeline.rounds=1 bench.pipeline.warmup=0 bench.pipeline.compile_backend=eager")
 
 
 @dataclass(frozen=True)
@@ -146,8 +151,10 @@ def options(cfg, plan=None) -> PipelineBenchOptions:
     tag = _get(bench, "tag")
     if tag is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", str(tag)):
         raise UsageError(f"bench.tag={tag!r}: letters, digits, '_', '.', '-' only (it names the output files)")
-    return PipelineBenchOptions(video=None if video is None else str(video), out_dir=str(_get(bench, "out_dir",
-                                "benchmarks/results")), tag=tag, **vals)
+    from .results_file import run_folder
+
+    return PipelineBenchOptions(video=None if video is None else str(video), out_dir=run_folder(_get(bench, "out_dir")),
+                                tag=tag, **vals)
 
 
 # ---------------------------------------------------------------- timing
@@ -300,7 +307,7 @@ def _distributed(torch, degree: int):
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world != degree:
         raise UsageError(f"parallel.ulysses={degree}: launch {degree} processes, e.g. torchrun --nproc_per_node={degree} "
-                         f"-m h3plan action=bench target=pipeline parallel=u{degree} ... (WORLD_SIZE is {world})")
+                         f"-m h3plan action=bench bench.target=pipeline parallel=u{degree} ... (WORLD_SIZE is {world})")
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
         device = torch.device("cuda", local)
@@ -313,14 +320,14 @@ def _distributed(torch, degree: int):
 
 
 def _check_size(cfg, device, pipe_tokens: int | None = None, video: str | None = None) -> None:
-    smoke = "python -m h3plan action=bench target=pipeline model=h3_tiny vae=h3_tiny_pipe video=32x32x124"
+    smoke = CPU_SMOKE
     if device.type == "cuda":
         return
     hidden = int(cfg["model"]["diffusers_config"]["hidden_size"])
     vae = cfg["vae"]["diffusers_config"]
     vae_width = int(vae["decoder_num_attention_heads"]) * int(vae["decoder_attention_head_dim"])
     if pipe_tokens is None and (hidden > CPU_MAX_HIDDEN or vae_width > CPU_MAX_HIDDEN):
-        raise UsageError(f"target=pipeline at real width (hidden {hidden}, VAE decoder width {vae_width}) needs a CUDA "
+        raise UsageError(f"bench.target=pipeline at real width (hidden {hidden}, VAE decoder width {vae_width}) needs a CUDA "
                          f"GPU; on the CPU run the tiny smoke form: {smoke}")
     if pipe_tokens is not None and pipe_tokens > CPU_MAX_TOKENS:
         raise UsageError(f"video={video}: {pipe_tokens:,} tokens is too long for the CPU smoke form (at most "
