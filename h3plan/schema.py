@@ -18,6 +18,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from .actions.calibrate_config import CalibrateConfig
 from .errors import ConfigError
 from .memory import MemoryConfig
+from .plan import PLAN_SECTIONS
 from .request import PipelineConfig, VideoConfig, sequence
 
 from .levers import LEVER_SETTINGS  # declared by each lever module (SPEC), registry order
@@ -614,7 +615,6 @@ class H3PlanConfig:
 
 
 SCHEMA_NAME = "h3plan_schema"
-PLAN_SECTIONS = ("hardware", "recipe", "parallel", "model", "vae", "video", "pipeline", "memory", "levers")
 
 
 def register() -> None:
@@ -721,6 +721,8 @@ def validate_actions(c: dict[str, Any]) -> None:
 
 def validate(cfg: DictConfig | dict) -> dict[str, Any]:
     """Check what types cannot; return the plan sections as plain dicts. Raises ConfigError."""
+    import re
+
     c = to_plain(cfg)
     check_keys(c)
     validate_actions(c)
@@ -766,6 +768,14 @@ def validate(cfg: DictConfig | dict) -> dict[str, Any]:
         if None not in (tile["height"], tile["width"], tile["overlap"]) and tile["overlap"] >= min(tile["height"], tile["width"]):
             raise ConfigError(f"vae.{tile_name}.overlap={tile['overlap']}",
                               f"must be smaller than the tile ({tile['height']}x{tile['width']} px): diffusers lays no such tiles")
+    hw = c["hardware"]
+    m = re.fullmatch(r"sm(\d+)", str(hw["name"]))
+    cc = str(hw["compute_capability"])
+    if m and cc.replace(".", "") != m.group(1):
+        raise ConfigError(f"hardware.name={hw['name']}", f"disagrees with hardware.compute_capability={cc} (sm{cc.replace('.', '')}): "
+                          "an smNN name is its compute capability (name a custom GPU otherwise)")
+    if not re.fullmatch(r"\d+\.\d+", cc):
+        raise ConfigError(f"hardware.compute_capability={cc}", "must be major.minor, e.g. 9.0")
     verified = c["hardware"]["verified"]["settings"]
     for lever, settings in verified.items():
         if lever not in LEVER_SETTINGS:

@@ -1,6 +1,6 @@
 """Install a resolved Plan into diffusers' MiniMaxH3Transformer3DModel or AutoencoderKLMiniMaxH3 (see installer.py).
 
-Public: install(model, plan) -> InstallReport, uninstall(model), counters(), reset_counters(),
+Public: install(model, plan or plan-file path) -> InstallReport, uninstall(model), counters(), reset_counters(),
 fallback_reasons(), Builder. The heavy modules (diffusers, kernels) load on the first install.
 This package is itself callable, `h3plan.install(model, plan)`, so the name works whether `h3plan.install`
 resolves to this subpackage (as Python's import system makes it once imported) or to the function.
@@ -16,8 +16,15 @@ from h3plan.runtime.counters import counters, fallback_reasons, format_counters,
 
 
 def install(model, plan, **kwargs):
+    """install(model, plan): `plan` is a Plan or the path of a plan file (Plan.load reads it)."""
+    import os
+
     from .installer import install as _install
 
+    if isinstance(plan, (str, os.PathLike)):
+        from h3plan.plan import Plan
+
+        plan = Plan.load(plan)
     return _install(model, plan, **kwargs)
 
 

@@ -97,3 +97,57 @@ def test_off_grid_request_gives_the_command_that_works(capsys):
     assert sep and command == "video.height=704 video.seconds=10"
     assert cli.run(command.split()) == 0
     assert "request  video=t2v_768x1344_5s with video.height=704 video.seconds=10: 704x1344 px, 243 frames" in capsys.readouterr().out
+
+
+def test_help_lists_every_action_and_request_key(capsys):
+    assert cli.run(["--help"]) == 0
+    out = capsys.readouterr().out
+    for key in ("action=plan|verify|bench|calibrate", "memory.offload", "memory.check", "video.height=", "video.seconds=",
+                "video.frames=", "parallel.seq_len=N", "calibrate.*"):
+        assert key in out, key
+    examples = [x.split()[3:] for x in out.splitlines() if x.startswith("  python -m h3plan ")]
+    assert len(examples) >= 4
+    for argv in examples:
+        if not any(a.startswith("action=") for a in argv):  # the actions' own tests run those
+            assert cli.run(argv) == 0, argv
+    capsys.readouterr()
+
+
+def test_a_sweep_value_without_m_keeps_hydras_hint(capsys):
+    assert cli.run(["hardware=sm90,sm100"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.endswith("To sweep over it, add --multirun to your command line"), err
+    assert "key='value1,value2'" in err
+
+
+def test_a_missing_search_path_is_one_warning_line(capsys, tmp_path):
+    assert cli.run([f"hydra.searchpath=[file://{tmp_path}/none]"]) == 0
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [f"h3plan: warning: provider=hydra.searchpath in command-line, path={tmp_path}/none is not "
+                                "available."]
+    assert out.startswith("h3plan  hardware=sm90")
+
+
+@pytest.mark.parametrize("fmt", ["json", "yaml"])
+def test_sweep_honours_format(capsys, monkeypatch, tmp_path, fmt):
+    import json
+
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    assert cli.run(["-m", "hardware=sm90,sm100", "recipe=bf16", f"format={fmt}"]) == 0
+    out, err = capsys.readouterr()
+    rows = json.loads(out) if fmt == "json" else yaml.safe_load(out)
+    assert [(r["choices"]["hardware"], r["status"]) for r in rows] == [("sm90", "ok"), ("sm100", "ok")]
+    assert "plans and summary (summary.json, summary.csv) in multirun/" in err
+
+
+def test_out_writes_json_for_any_case_of_the_extension(capsys, tmp_path):
+    import json
+
+    from h3plan import Plan
+
+    path = tmp_path / "p.JSON"
+    assert cli.run([f"out={path}"]) == 0
+    capsys.readouterr()
+    assert json.loads(path.read_text())["schema_version"] == 1 and Plan.load(str(path)).get("hardware")["name"] == "sm90"
