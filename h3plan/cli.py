@@ -111,7 +111,6 @@ def _fixed_command(argv: list[str], e: BaseException, tries: int = 4) -> str:
     import shlex
 
     from .config import compose
-    from .errors import H3PlanError
     from .planner import resolve
 
     fix, args = _fix_of(e), list(argv)

@@ -236,7 +236,7 @@ def is_json_path(path) -> bool:
 
 
 class SectionError(PlanFileError, KeyError):
-    """Plan.get of a section the plan does not hold: an H3PlanError, and a KeyError for `except KeyError`."""
+    """Plan.get of a name that is no config section: an H3PlanError, and a KeyError for `except KeyError`."""
 
     def __str__(self) -> str:  # KeyError would quote the message
         return self.args[0]
