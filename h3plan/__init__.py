@@ -48,8 +48,7 @@ def resolve_config(**groups):
 
     Raises H3PlanError (ConfigError, PlanningError) with the CLI's one-line message on bad input.
     """
-    from h3plan.config import compose
+    from h3plan.config import compose, override
     from h3plan.planner import resolve
 
-    overrides = [f"{k}={v}" for k, v in groups.items()]
-    return resolve(compose(overrides))
+    return resolve(compose([override(k, v) for k, v in groups.items()]))

@@ -20,7 +20,7 @@ import textwrap
 from typing import Any
 
 from .config import CONFIG_NAME, CONFIG_PATH, condense
-from .errors import UsageError
+from .errors import H3PlanError, UsageError
 
 PROG = "h3plan"
 _rc = 0
@@ -55,11 +55,21 @@ def run(argv: list[str]) -> int:
         raise UsageError(f"{message} (usage: python -m h3plan [key=value ...] [-m] [--help])")
 
     parser.error = _error
+    import warnings
+
+    def _one_line_warning(message, category, filename, lineno, file=None, line=None):
+        print(f"{PROG}: warning: {' '.join(str(message).split())}", file=sys.stderr)
+
+    warnings_were = warnings.showwarning
+    warnings.showwarning = _one_line_warning  # Hydra's UserWarnings (a missing hydra.searchpath entry): one line
     user_full = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises; this function reports
     _rc, _failure = 0, None
     try:
         args = parser.parse_args(argv)
+        from .request import video_overrides
+
+        args.overrides = video_overrides(args.overrides)
         with _one_composition(args):
             _run_hydra(args=args, args_parser=parser, task_function=_task, config_path=CONFIG_PATH, config_name=CONFIG_NAME)
         if _failure is not None:
@@ -76,9 +86,12 @@ def run(argv: list[str]) -> int:
         if user_full == "1":
             raise
         line, code = condense(e)
+        if code == 2:
+            line += _fixed_command(argv, e)
         print(f"{PROG}: error: {line}" if code == 2 else f"{PROG}: {line}", file=sys.stderr)
         return code
     finally:
+        warnings.showwarning = warnings_were
         if user_full is None:
             os.environ.pop("HYDRA_FULL_ERROR", None)
         else:
@@ -108,6 +121,44 @@ def _one_composition(args):
         yield
     finally:
         Hydra.get_mode = original
+
+
+def _fix_of(e: BaseException) -> dict[str, str]:
+    while e is not None:
+        if getattr(e, "fix", None):
+            return e.fix
+        e = e.__cause__ or e.__context__
+    return {}
+
+
+def _fixed_command(argv: list[str], e: BaseException, tries: int = 4) -> str:
+    """`; this works: python -m h3plan ...`: argv with the error's fix applied, planned here to prove it (each
+    further error's fix applied in turn); "" when there is no fix, or the fixed command still fails."""
+    import re
+    import shlex
+
+    from .config import compose
+    from .planner import resolve
+
+    fix, args = _fix_of(e), list(argv)
+    if not fix or any(a.startswith("-") for a in args):  # plain overrides only: no sweep, no Hydra flags
+        return ""
+    for _ in range(tries):
+        for key, value in fix.items():
+            hit = [i for i, a in enumerate(args) if re.match(rf"(\+\+|\+)?{re.escape(key)}=", a)]
+            for i in hit:
+                args[i] = f"{args[i].partition('=')[0]}={value}"
+            if not hit:
+                args.append(f"{key}={value}")
+        try:
+            resolve(compose(args))
+        except H3PlanError as again:
+            fix = _fix_of(again)
+            if not fix:
+                return ""
+            continue
+        return f"; this works: python -m {PROG} {shlex.join(args)}"
+    return ""
 
 
 def _task(cfg) -> Any:
@@ -165,16 +216,41 @@ def help_text(width: int = 110) -> str:
         settings = " | ".join(s + ("" if lossless else "*") for s, lossless in spec.settings.items())
         lines.append(f"  {name:<21} auto | {settings}")
         lines += [" " * 24 + w for w in _wrap(spec.summary, width, 24)]
-    lines += ["", "other keys:",
-              "  action=plan|verify|bench     verify: prove the plan against diffusers' eager forward; bench: time it",
-              "  format=table|yaml|json       out=PATH writes the plan (.json -> JSON, else YAML)",
-              "  detail=summary|full          table: the summary and one line per lever (default), or every reason,",
-              "                               its sources and the derived numbers",
-              "  verify.* bench.*             see h3plan/schema.py (VerifyConfig, BenchConfig)",
-              "  -m a=x,y b=z                 sweep every combination (strict=true: exit 1 if any is invalid)",
-              "", f"examples:\n  python -m {PROG} hardware=sm107 recipe=nvfp4 parallel=u8\n"
+    import dataclasses
+
+    from .actions import ACTIONS
+    from .memory import MemoryConfig
+    from .request import FIELDS
+
+    memory = " ".join(f"memory.{f.name}" for f in dataclasses.fields(MemoryConfig))
+    keys = [(f"action=plan|{'|'.join(ACTIONS)}", "verify: prove the plan against diffusers' eager forward; bench: time it; "
+                                                 "calibrate: a static FP8 scale table, checked on held-out inputs"),
+            ("format=table|yaml|json", "out=PATH writes the plan (.json -> JSON, else YAML); a sweep prints its summary in "
+                                       "that format"),
+            (" ".join(f"video.{k}=" for k in FIELDS), "the request over the video preset: S (text + audio + video rows) "
+                                                      "comes from it (video.seconds or video.frames: the other is nulled)"),
+            ("parallel.seq_len=N", "plan for N tokens directly; it wins over the video request, and the plan says so"),
+            (memory, "how the pipeline holds its models, for the peak-memory estimate (h3plan/memory.py MemoryConfig)"),
+            ("detail=summary|full", "table: the summary and one line per lever (default), or every reason, its sources "
+                                    "and the derived numbers"),
+            ("verify.* bench.* calibrate.*", "see h3plan/schema.py (VerifyConfig, BenchConfig) and "
+                                             "h3plan/actions/calibrate_config.py"),
+            ("-m a=x,y b=z", "sweep every combination (strict=true: exit 1 if any is invalid)")]
+    lines += ["", "other keys:"]
+    for key, what in keys:
+        body = _wrap(what, width, 31)
+        if len(key) <= 28:
+            lines.append(f"  {key:<28} {body[0]}")
+            body = body[1:]
+        else:
+            lines += ["  " + k for k in _wrap(key, width, 2)]
+        lines += [" " * 31 + w for w in body]
+    lines += ["",
+              f"examples:\n  python -m {PROG} hardware=sm107 recipe=nvfp4 parallel=u8\n"
               f"  python -m {PROG} recipe=fp8 levers.attention=fa4 format=yaml\n"
-              f"  python -m {PROG} action=verify model=h3_tiny", "",
+              f"  python -m {PROG} video.height=704 video.width=1280 video.seconds=10 parallel=u2\n"
+              f"  python -m {PROG} action=verify model=h3_tiny\n"
+              f"  python -m {PROG} action=calibrate recipe=fp8 model=h3_tiny", "",
               "Hydra's own options: --hydra-help, --cfg job, --info."]
     return "\n".join(lines) + "\n"
 
@@ -208,12 +284,12 @@ def _request_lines(plan, width: int) -> list[str]:
 
 
 def write_plan(plan, path: str) -> None:
-    text = plan.to_json() + "\n" if str(path).endswith(".json") else plan.to_yaml()
+    """out=PATH: Plan.save (JSON for .json in any case, else YAML); an unwritable path is one line naming out=."""
     try:
-        with open(path, "w") as f:
-            f.write(text)
-    except OSError as e:
-        raise UsageError(f"out={path}: cannot write the plan ({e.strerror})") from None
+        plan.save(path)
+    except H3PlanError as e:
+        why = getattr(e.__cause__, "strerror", None) or e
+        raise UsageError(f"out={path}: cannot write the plan ({why})") from None
 
 
 # ---------------------------------------------------------------- table

@@ -25,11 +25,12 @@ def compose(overrides: list[str]):
     from hydra import compose as hydra_compose, initialize_config_dir
 
     from . import schema
+    from .request import video_overrides
 
     schema.register()
     try:
         with initialize_config_dir(config_dir=CONFIG_PATH, version_base="1.3"):
-            return hydra_compose(config_name=CONFIG_NAME, overrides=list(overrides))
+            return hydra_compose(config_name=CONFIG_NAME, overrides=video_overrides(list(overrides)))
     except H3PlanError:
         raise
     except Exception as e:  # noqa: BLE001 - Hydra's and OmegaConf's errors become one line
@@ -37,6 +38,43 @@ def compose(overrides: list[str]):
         if code != 2:
             raise
         raise _config_error(line) from None
+
+
+def groups() -> dict[str, list[str]]:
+    """Config group -> its packaged options (conf/<group>/*.yaml)."""
+    return {g: sorted(f[:-5] for f in os.listdir(os.path.join(CONFIG_PATH, g)) if f.endswith(".yaml"))
+            for g in sorted(os.listdir(CONFIG_PATH)) if os.path.isdir(os.path.join(CONFIG_PATH, g))}
+
+
+def _literal(v: Any) -> str:
+    """A Python value as a Hydra override value: None -> null, bools lower case, lists and dicts in Hydra's syntax,
+    strings quoted where Hydra's grammar would split or convert them."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(_literal(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{k}:{_literal(x)}" for k, x in v.items()) + "}"
+    s = str(v)
+    return s if re.fullmatch(r"[\w./:+-]*", s) and s.lower() not in ("null", "true", "false") else "'" + s.replace("'", "\\'") + "'"
+
+
+def override(key: str, value: Any) -> str:
+    """One `key=value` override from a Python keyword argument (resolve_config). A config group takes one option
+    name: anything else (a number, a list of options) is a ConfigError naming what is allowed."""
+    if key in groups() and not isinstance(value, str):
+        options = groups()[key]
+        if isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}={list(value)}", f"one plan per call: pick one option ({', '.join(options)}); to "
+                              f"plan several, call once per option or sweep: python -m h3plan -m {key}={','.join(map(str, value))}")
+        near = [o for o in options if o == f"sm{value}"]
+        raise ConfigError(f"{key}={value!r}", "a config group takes an option name as a string"
+                          + (f" ({key}={near[0]!r})" if near else "") + f"; available: {', '.join(options)}")
+    return f"{key}={_literal(value)}"
 
 
 def _config_error(line: str) -> H3PlanError:
@@ -71,12 +109,22 @@ def allowed_keys(full_key: str) -> list[str]:
     return [f.name for f in dataclasses.fields(node)] if dataclasses.is_dataclass(node) else []
 
 
+def unknown_key_line(key: str, allowed: list[str]) -> str:
+    """`key: unknown key (did you mean <near>?); allowed: ...` (the near miss only when one is close)."""
+    import difflib
+
+    leaf = key.rpartition(".")[2]
+    near = difflib.get_close_matches(leaf, allowed, n=1, cutoff=0.75)
+    parent = key.rpartition(".")[0]
+    hint = f" (did you mean {parent + '.' if parent else ''}{near[0]}?)" if near else ""
+    return f"{key}: unknown key{hint}" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
+
+
 def _omegaconf_line(e) -> str:
     key = str(getattr(e, "full_key", "") or "")
     msg = str(getattr(e, "msg", e)).splitlines()[0]
     if re.match(r"Key '.*' not in '.*'", msg):
-        allowed = allowed_keys(key)
-        return f"{key}: unknown key" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
+        return unknown_key_line(key, allowed_keys(key))
     m = re.match(r"Invalid value '(.*)', expected one of \[(.*)\]", msg)
     if m:
         hint = " (write 'on'/'off' in quotes in YAML)" if m.group(1) in ("True", "False") else ""
@@ -114,5 +162,10 @@ def condense(e: BaseException) -> tuple[str, int]:
         if isinstance(x, OmegaConfBaseException):
             return _omegaconf_line(x), 2
     if isinstance(e, HydraException):
-        return one(str(e).splitlines()[0] if str(e) else type(e).__name__), 2
+        lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+        if not lines:
+            return type(e).__name__, 2
+        # Hydra's numbered hints ("3. To sweep over it, add --multirun ...") carry the fix: keep them on the line
+        hints = [re.sub(r"^\d+\.\s*", "", x) for x in lines[1:] if re.match(r"\d+\.\s", x)]
+        return one("; ".join([lines[0]] + hints).replace("\\'", "'")), 2
     return f"internal error: {type(e).__name__}: {one(e)} (set HYDRA_FULL_ERROR=1 for the traceback)", 1

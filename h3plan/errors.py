@@ -15,11 +15,13 @@ class H3PlanError(ValueError):
 
 
 class ConfigError(H3PlanError):
-    """A configuration value that composition or the schema rules out; names the key."""
+    """A configuration value that composition or the schema rules out; names the key. `fix`: overrides
+    (key -> value) that mend it, where one is clear; the CLI turns them into the command that works."""
 
-    def __init__(self, key: str, message: str):
+    def __init__(self, key: str, message: str, fix: dict[str, str] | None = None):
         super().__init__(f"{key}: {message}")
         self.key = key
+        self.fix = dict(fix or {})
 
 
 class PlanningError(H3PlanError):

@@ -4,6 +4,11 @@ A Plan is the whole contract between planning (CPU, no torch) and installing (GP
 configuration it was resolved from (as plain dicts), the derived numbers a user needs, and one
 Decision per lever in installation order. `Plan.from_dict(plan.to_dict()) == plan` and the YAML /
 JSON round trips are the identity, so a plan resolved on a laptop installs unchanged on a cluster.
+
+A plan read back (`from_dict`, `load`) is planned again from its own config: what is derivable (losslessness,
+params, the derived numbers, notes) comes from the planner, not the file; a decision the config does not give
+is planned as forced (and must apply); anything else (a lever missing, twice or unknown, a lossless flag the
+lever registry contradicts, params the planner does not derive, a config that does not plan) is a PlanFileError.
 """
 
 from __future__ import annotations
@@ -15,11 +20,19 @@ from typing import Any, Mapping
 from .errors import PlanFileError
 
 SCHEMA_VERSION = 1
+PLAN_SECTIONS = ("hardware", "recipe", "parallel", "model", "vae", "video", "pipeline", "memory", "levers")
+"""The config sections a plan holds (the composed config's, less the action's own)."""
+
+
+class _EmptyMapping(tuple):
+    """A frozen empty mapping: () to compare and hash, {} when thawed (an empty list thaws to [])."""
 
 
 def _freeze(value: Any) -> Any:
     """Mappings -> sorted tuples of pairs, lists -> tuples, recursively (hashable, order-stable)."""
     if isinstance(value, Mapping):
+        if not value:
+            return _EmptyMapping()
         return tuple((str(k), _freeze(v)) for k, v in sorted(value.items(), key=lambda kv: str(kv[0])))
     if isinstance(value, (list, tuple)):
         return tuple(_freeze(v) for v in value)
@@ -27,6 +40,8 @@ def _freeze(value: Any) -> Any:
 
 
 def _thaw(value: Any) -> Any:
+    if isinstance(value, _EmptyMapping):
+        return {}
     if isinstance(value, tuple) and all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) for p in value) and value:
         return {k: _thaw(v) for k, v in value}
     if isinstance(value, tuple):
@@ -106,7 +121,15 @@ class Plan:
         raise KeyError(f"plan has no decision for lever {lever!r}; levers: {[d.lever for d in self.decisions]}")
 
     def get(self, section: str) -> dict[str, Any]:
-        """A config section (hardware, recipe, parallel, model, vae) as a plain dict."""
+        """A config section (hardware, recipe, parallel, model, vae, video, pipeline, memory, levers) as a plain
+        dict ({} when a hand-built plan lacks it); a name that is no section raises SectionError (an H3PlanError and
+        a KeyError) with the near miss."""
+        if section not in PLAN_SECTIONS:
+            import difflib
+
+            near = difflib.get_close_matches(str(section), PLAN_SECTIONS, n=1)
+            raise SectionError(f"Plan.get({section!r}): no such config section" + (f" (did you mean {near[0]!r}?)" if near else "")
+                               + f"; sections: {', '.join(PLAN_SECTIONS)}")
         cfg = _thaw(self.config) if self.config else {}
         return cfg.get(section, {})
 
@@ -147,13 +170,7 @@ class Plan:
                 raise PlanFileError(f"plan '{key}' must be a mapping")
         decisions = tuple(Decision.from_dict(x) for x in d["decisions"])
         _check_levers(decisions)
-        return cls(
-            config=_freeze(dict(d.get("config", {}) or {})),
-            derived=_freeze(dict(d.get("derived", {}) or {})),
-            decisions=decisions,
-            schema_version=version,
-            notes=tuple(str(n) for n in d.get("notes", ()) or ()),
-        )
+        return _replan(dict(d.get("config", {}) or {}), dict(d.get("derived", {}) or {}), decisions)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False)
@@ -173,10 +190,21 @@ class Plan:
 
         return cls.from_dict(yaml.safe_load(text))
 
+    def save(self, path: str) -> None:
+        """Write the plan file `Plan.load` reads: JSON for a .json path (any case), else YAML. An unwritable path
+        raises PlanFileError naming it."""
+        path = str(path)
+        text = self.to_json() + "\n" if is_json_path(path) else self.to_yaml()
+        try:
+            with open(path, "w") as f:
+                f.write(text)
+        except OSError as e:
+            raise PlanFileError(f"plan file {path}: cannot write it ({e.strerror or e})") from e
+
     @classmethod
     def load(cls, path: str) -> "Plan":
-        """Read a plan file (.json, else YAML); a missing, unreadable or malformed file raises PlanFileError
-        naming the file."""
+        """Read a plan file (.json in any case, else YAML); a missing, unreadable or malformed file raises
+        PlanFileError naming the file."""
         import yaml
 
         path = str(path)
@@ -186,7 +214,7 @@ class Plan:
         except OSError as e:
             raise PlanFileError(f"plan file {path}: {e.strerror or e}") from None
         try:
-            if path.endswith(".json"):
+            if is_json_path(path):
                 raw = json.loads(text)
             else:
                 raw = yaml.safe_load(text)
@@ -202,14 +230,89 @@ class Plan:
             raise PlanFileError(f"plan file {path}: {e}") from None
 
 
-def _check_levers(decisions) -> None:
-    from .levers import LEVER_SETTINGS
+def is_json_path(path) -> bool:
+    """A plan path is JSON when it ends in .json, in any case (p.JSON too); anything else is YAML."""
+    return str(path).lower().endswith(".json")
 
+
+class SectionError(PlanFileError, KeyError):
+    """Plan.get of a name that is no config section: an H3PlanError, and a KeyError for `except KeyError`."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return self.args[0]
+
+
+def _check_levers(decisions) -> None:
+    """Every lever of the registry once, each setting one of its own, its lossless flag the registry's."""
+    from .levers import LEVER_SETTINGS, SPECS
+
+    seen: set[str] = set()
     for d in decisions:
         if d.lever not in LEVER_SETTINGS:
             raise PlanFileError(f"unknown lever {d.lever!r}; known: {', '.join(LEVER_SETTINGS)}")
+        if d.lever in seen:
+            raise PlanFileError(f"decision {d.lever!r} appears twice")
+        seen.add(d.lever)
         if d.setting not in LEVER_SETTINGS[d.lever]:
             raise PlanFileError(f"{d.lever}={d.setting} is not one of its settings: {', '.join(LEVER_SETTINGS[d.lever])}")
+        if d.lossless != SPECS[d.lever].lossless(d.setting):
+            truth = "lossless" if SPECS[d.lever].lossless(d.setting) else "lossy"
+            raise PlanFileError(f"decision {d.lever}={d.setting} says lossless: {str(d.lossless).lower()}, but "
+                                f"{d.lever}={d.setting} is {truth} (h3plan/levers/{d.lever}.py SPEC)")
+    missing = [lever for lever in LEVER_SETTINGS if lever not in seen]
+    if missing:
+        raise PlanFileError(f"a plan needs a decision for every lever; missing: {', '.join(missing)} (write the plan with "
+                            "`python -m h3plan out=plan.yaml`)")
+
+
+def _replan(config: dict[str, Any], derived: dict[str, Any], decisions: tuple[Decision, ...]) -> "Plan":
+    """The plan its config gives, with the file's settings (those the config does not pick are planned as forced);
+    the file's params must be the planner's. Raises PlanFileError (one line)."""
+    import copy
+
+    from .errors import H3PlanError
+    from .planner import resolve
+
+    lacking = [s for s in PLAN_SECTIONS if not isinstance(config.get(s), Mapping)]
+    if lacking:
+        raise PlanFileError(f"plan 'config' lacks the section(s) {', '.join(lacking)} (write the plan with "
+                            "`python -m h3plan out=plan.yaml`)")
+    unknown = sorted(set(config) - set(PLAN_SECTIONS))
+    if unknown:
+        raise PlanFileError(f"plan 'config' has unknown section {unknown[0]!r}; sections: {', '.join(PLAN_SECTIONS)}")
+    sections = copy.deepcopy(config)
+    seq_len = sections["parallel"].get("seq_len")
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        raise PlanFileError(f"parallel.seq_len={seq_len}: must be a positive integer")
+    from_request = (derived.get("sequence") or {}).get("source") != "parallel.seq_len"
+    if from_request:
+        sections["parallel"]["seq_len"] = None  # the video request gives it: planned again, then compared
+    want = {d.lever: d for d in decisions}
+    for _ in range(3):  # forcing one setting can change a later auto pick: at most a few rounds
+        try:
+            fresh = resolve(copy.deepcopy(sections))
+        except H3PlanError as e:
+            raise PlanFileError(f"its config and decisions do not plan: {e}") from None
+        off = [d.lever for d in fresh.decisions if d.setting != want[d.lever].setting]
+        if not off:
+            break
+        sections["levers"].update({lever: want[lever].setting for lever in off})
+    else:
+        raise PlanFileError(f"decisions {', '.join(off)} do not follow from the plan's config")
+    if from_request and fresh.get("parallel")["seq_len"] != seq_len:
+        raise PlanFileError(f"parallel.seq_len={seq_len}, but its video request gives {fresh.get('parallel')['seq_len']:,} "
+                            "tokens (set parallel.seq_len when planning to plan for another length)")
+    for d in fresh.decisions:
+        mine, theirs = dict(want[d.lever].params), dict(d.params)
+        extra = sorted(set(mine) - set(theirs))
+        if extra:
+            raise PlanFileError(f"decision {d.lever}: unknown params {', '.join(extra)}"
+                                + (f"; the planner gives: {', '.join(theirs)}" if theirs else "; the planner gives none"))
+        for k, v in mine.items():
+            if v != theirs[k]:
+                raise PlanFileError(f"decision {d.lever}: params.{k} is {_thaw(v)!r}, but its config gives {_thaw(theirs[k])!r} "
+                                    "(change the config and plan again)")
+    return fresh
 
 
 def make_plan(config: Mapping[str, Any], derived: Mapping[str, Any], decisions, notes=()) -> Plan:

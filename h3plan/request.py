@@ -80,6 +80,46 @@ class VideoConfig:
     text_tokens: Optional[int] = None
     """Prompt length in tokens (rows of prompt_embeds); required when S comes from the request."""
     source: Optional[str] = None
+    overrides: List[str] = field(default_factory=list)
+    """The fields set over the preset by `video.<field>=` overrides (filled in by `video_overrides`; the plan
+    names them beside the preset)."""
+
+
+FIELDS = ("height", "width", "seconds", "frames", "fps", "audio", "text_tokens")
+PAIRED = {"seconds": "frames", "frames": "seconds"}  # two ways to give the length: an override of one nulls the other
+
+
+def video_overrides(overrides: list[str]) -> list[str]:
+    """Hydra overrides with the request's own rules added: `video.seconds=` over a preset that gives
+    `frames` nulls the preset's frames (and the other way round) unless both are set, and the fields set
+    are recorded in `video.overrides` so the plan names them beside the preset."""
+    import re
+
+    seen: list[str] = []
+    for o in overrides:
+        m = re.match(r"(?:\+\+|\+|~)?video\.(\w+)(?:=|$)", o)
+        if m and m.group(1) in FIELDS and m.group(1) not in seen:
+            seen.append(m.group(1))
+    if not seen:
+        return list(overrides)
+    out = list(overrides) + [f"video.{PAIRED[k]}=null" for k in seen if k in PAIRED and PAIRED[k] not in seen]
+    return out + [f"video.overrides=[{','.join(seen)}]"]
+
+
+def _value(v) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return str(v).lower()
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def request_label(video: Mapping[str, Any] | None) -> str:
+    """`video=<preset>`, or `video=<preset> with video.seconds=10 ...` after overrides of its fields."""
+    video = video or {}
+    label = f"video={video.get('name', 'custom')}"
+    fields = [k for k in video.get("overrides") or () if k in FIELDS]
+    return label + (" with " + " ".join(f"video.{k}={_value(video.get(k))}" for k in fields) if fields else "")
 
 
 @dataclass
@@ -172,8 +212,11 @@ def _canvas(req: VideoRequest, multiple: int, pipe: Mapping[str, Any]) -> tuple[
     for key, v in (("video.height", req.height), ("video.width", req.width)):
         _positive(key, v)
         if v % multiple:
+            lo, hi = v // multiple * multiple, (v // multiple + 1) * multiple
+            near = hi if lo == 0 or hi - v < v - lo else lo
             raise ConfigError(f"{key}={v}", f"must be a multiple of {multiple} (VAE spatial compression x patch width; "
-                                            f"MiniMaxH3PrepareLayoutStep refuses it); nearest: {max(multiple, round(v / multiple) * multiple)}")
+                                            f"MiniMaxH3PrepareLayoutStep refuses it); nearest: "
+                                            + (f"{lo} or {hi}" if lo else f"{hi}"), fix={key: str(near)})
     return req.height, req.width, f"requested, a multiple of {multiple}"
 
 
@@ -291,23 +334,24 @@ def sequence(sections: Mapping[str, Any]) -> tuple[int, dict[str, Any], dict[str
             if explicit is None:
                 raise
             # an explicit length needs no request: a model or VAE the request arithmetic does not fit is fine
-    name = (video or {}).get("name", "custom")
+    name = request_label(video)
     if explicit is not None:
         _positive("parallel.seq_len", explicit)
         breakdown = {"source": "parallel.seq_len", "seq_len": int(explicit)}
         why = f"parallel.seq_len={explicit} set explicitly: it wins over the video request"
         if derived is not None:
             breakdown["video_request_seq_len"] = derived["seq_len"]
-            why += f" (video={name} would give {derived['seq_len']:,})"
+            why += f" ({name} would give {derived['seq_len']:,})"
         return int(explicit), breakdown, {"seq_len": why}
     if derived is None:
         raise ConfigError("parallel.seq_len", "not set, and no video request to derive it from (set video=<preset> or parallel.seq_len)")
     basis = dict(derived["basis"])
     breakdown = {k: v for k, v in derived.items() if k != "basis"}
-    breakdown["source"] = f"video={name}"
-    basis["seq_len"] = f"video={name}: {derived['text_rows']:,} text + {derived['audio_rows']:,} audio + {derived['video_rows']:,} video rows; " + basis["seq_len"]
+    breakdown["source"] = name
+    basis["seq_len"] = f"{name}: {derived['text_rows']:,} text + {derived['audio_rows']:,} audio + {derived['video_rows']:,} video rows; " + basis["seq_len"]
     return derived["seq_len"], breakdown, basis
 
 
 __all__ = ["VideoRequest", "VideoConfig", "PipelineConfig", "tokens", "sequence", "request_from", "vae_geometry",
+           "video_overrides", "request_label",
            "align_frames", "pipeline_defaults", "diffusers_kwargs"]

@@ -18,6 +18,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from .actions.calibrate_config import CalibrateConfig
 from .errors import ConfigError
 from .memory import MemoryConfig
+from .plan import PLAN_SECTIONS
 from .request import PipelineConfig, VideoConfig, sequence
 
 from .levers import LEVER_SETTINGS  # declared by each lever module (SPEC), registry order
@@ -612,7 +613,9 @@ class BenchConfig:
     blocks: List[int] = field(default_factory=lambda: [1, 4])
     warmup: int = 3
     iters: int = 10
-    out_dir: str = "benchmarks/results"
+    out_dir: Optional[str] = None
+    """Where the results go (records merge with a results file already there: bench.out_dir=benchmarks/results adds
+    to the committed tables); null: a folder of this run's own, outputs/<date>/<time> (a sweep: the job's folder)."""
     tag: Optional[str] = None
     """Output file suffix (block-<tag>.json); null: the device's short name (h200, cpu)."""
     best: bool = True
@@ -648,7 +651,6 @@ class H3PlanConfig:
 
 
 SCHEMA_NAME = "h3plan_schema"
-PLAN_SECTIONS = ("hardware", "recipe", "parallel", "model", "vae", "video", "pipeline", "memory", "levers")
 
 
 def register() -> None:
@@ -683,6 +685,52 @@ def _positive_ints(key: str, vals) -> None:
         raise ConfigError(f"{key}={vals}", "must be a non-empty list of positive integers")
 
 
+def _hints(node: type) -> dict[str, Any]:
+    import typing
+
+    cached = _HINTS.get(node)
+    if cached is None:
+        cached = _HINTS[node] = typing.get_type_hints(node)
+    return cached
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _structured(tp) -> tuple[type | None, bool]:
+    """(the dataclass a field holds, whether it is a list of them); (None, False) for anything else."""
+    import dataclasses
+    import typing
+
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if typing.get_origin(tp) is typing.Union and len(args) == 1:
+        tp, args = args[0], list(typing.get_args(args[0]))
+    if dataclasses.is_dataclass(tp):
+        return tp, False
+    if typing.get_origin(tp) in (list, List) and args and dataclasses.is_dataclass(args[0]):
+        return args[0], True
+    return None, False
+
+
+def check_keys(c: dict[str, Any], node: type = None, prefix: str = "") -> None:
+    """Every key of the composed config is a schema field. Composition already refuses `key=value` on an
+    unknown key; `+key=value` adds it past the struct check, so this walk catches it. Raises ConfigError."""
+    from .config import unknown_key_line
+
+    hints = _hints(node or H3PlanConfig)
+    for k, v in c.items():
+        key = f"{prefix}{k}"
+        if k not in hints:
+            raise ConfigError(key, unknown_key_line(key, list(hints)).partition(": ")[2])
+        inner, many = _structured(hints[k])
+        if inner is not None and many and isinstance(v, list):
+            for i, item in enumerate(v):
+                if isinstance(item, dict):
+                    check_keys(item, inner, f"{key}[{i}].")
+        elif inner is not None and isinstance(v, dict):
+            check_keys(v, inner, f"{key}.")
+
+
 VERIFY_DEVICES = r"auto|cpu|cuda(:\d+)?"
 DTYPES = ("bf16", "fp16", "fp32")
 
@@ -712,7 +760,10 @@ def validate_actions(c: dict[str, Any]) -> None:
 
 def validate(cfg: DictConfig | dict) -> dict[str, Any]:
     """Check what types cannot; return the plan sections as plain dicts. Raises ConfigError."""
+    import re
+
     c = to_plain(cfg)
+    check_keys(c)
     validate_actions(c)
     heads = c["model"]["diffusers_config"]["num_attention_heads"]
     head_dim = c["model"]["diffusers_config"]["attention_head_dim"]
@@ -756,6 +807,14 @@ def validate(cfg: DictConfig | dict) -> dict[str, Any]:
         if None not in (tile["height"], tile["width"], tile["overlap"]) and tile["overlap"] >= min(tile["height"], tile["width"]):
             raise ConfigError(f"vae.{tile_name}.overlap={tile['overlap']}",
                               f"must be smaller than the tile ({tile['height']}x{tile['width']} px): diffusers lays no such tiles")
+    hw = c["hardware"]
+    m = re.fullmatch(r"sm(\d+)", str(hw["name"]))
+    cc = str(hw["compute_capability"])
+    if m and cc.replace(".", "") != m.group(1):
+        raise ConfigError(f"hardware.name={hw['name']}", f"disagrees with hardware.compute_capability={cc} (sm{cc.replace('.', '')}): "
+                          "an smNN name is its compute capability (name a custom GPU otherwise)")
+    if not re.fullmatch(r"\d+\.\d+", cc):
+        raise ConfigError(f"hardware.compute_capability={cc}", "must be major.minor, e.g. 9.0")
     verified = c["hardware"]["verified"]["settings"]
     for lever, settings in verified.items():
         if lever not in LEVER_SETTINGS:

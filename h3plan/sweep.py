@@ -5,14 +5,16 @@ its own job directory; it never raises, so an invalid combination cannot abort t
 SweepSummary callback runs once in the launching process after all jobs, reads every result.json
 from the sweep directory (files, not process state, so the joblib and submitit launchers work the
 same), prints one table and writes summary.json and summary.csv beside the jobs. With strict=true
-an invalid or failed combination makes the sweep exit 1 (through `strict_failure`). In a sweep
-`format` and `out` are ignored: every plan goes to its job directory.
+an invalid or failed combination makes the sweep exit 1 (through `strict_failure`). In a sweep `out` is
+ignored (every plan goes to its job directory); `format=json|yaml` prints the summary rows (summary.json's)
+in that format on stdout instead of the table, the closing line going to stderr.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -153,8 +155,19 @@ class SweepSummary(Callback):
             return
         rows = collect(sweep_dir)
         write_summary(sweep_dir, rows)
-        print(render(rows), end="")
-        print(f"plans and summary (summary.json, summary.csv) in {sweep_dir}")
+        fmt = getattr(config.get("format"), "name", config.get("format")) or "table"
+        where = f"plans and summary (summary.json, summary.csv) in {sweep_dir}"
+        if fmt == "json":
+            print(json.dumps(rows, indent=1))
+            print(where, file=sys.stderr)
+        elif fmt == "yaml":
+            import yaml
+
+            print(yaml.safe_dump(rows, sort_keys=False, width=120), end="")
+            print(where, file=sys.stderr)
+        else:
+            print(render(rows), end="")
+            print(where)
         global strict_failure
         bad = [r for r in rows if r["status"] != "ok"]
         if config.get("strict") and bad:

@@ -11,7 +11,8 @@ shift 3, as diffusers' MiniMax-H3 pipeline sets them), held out: `heldout_seeds`
 The FP8 sites of the check are the plan's (attention=cudnn_fp8, gemm_quant=fp8); a plan with neither checks
 both. The table passes when the static scales' worst PSNR against the BF16 eager forward is at least
 recipe.budget.psnr_db_min and, on the blocks' own update, they lose at most calibrate.max_loss_db to dynamic
-scales (h3plan.calibration.heldout_check); it is then written to `calibrate.out` and the last line names it. Otherwise it
+scales (h3plan.calibration.heldout_check); it is then written to `calibrate.out` and the last line names it with the
+command whose plan reads it (table_overrides, planned before it is printed). Otherwise it
 goes to <stem>.rejected.json (its provenance marks it rejected, so it never loads) and the command exits 2
 with one line. Returns 0 on success.
 """
@@ -24,7 +25,7 @@ import os
 from h3plan.errors import UsageError
 
 from .calibrate_config import CalibrateConfig
-from .verify import _cfg_get, _prepare_device
+from .verify import CPU_MAX_ROWS, _cfg_get, _prepare_device
 
 
 def settings(cfg) -> CalibrateConfig:
@@ -150,6 +151,46 @@ def _inputs(cfg, c: CalibrateConfig, device, seq_len):
     return calib, held, seeded(c.seeds, steps), seeded(c.heldout_seeds, held_steps), request
 
 
+def table_overrides(plan, out: str) -> list[str]:
+    """The overrides that plan what `plan` planned with the table `out` read: its presets, an explicit
+    parallel.seq_len, its forced levers, then static scales from the table (recipe.fp8_scale_mode=static: auto keeps
+    dynamic scales outside the long U8 row even with a table)."""
+    over = [f"{k}={plan.get(k)['name']}" for k in ("hardware", "recipe", "parallel", "model")]
+    seq = plan.derived_value("sequence") or {}
+    if seq.get("source") == "parallel.seq_len":
+        over.append(f"parallel.seq_len={seq['seq_len']}")
+    over += [f"levers.{d.lever}={d.setting}" for d in plan.decisions if d.forced]
+    return over + ["recipe.fp8_scale_mode=static", f"recipe.fp8_static_table={out}"]
+
+
+def uses_table(plan) -> bool:
+    """The plan reads a static scale table: FP8 attention with static scales, or FP8 linears with static inputs."""
+    d = {x.lever: x for x in plan.decisions}
+    att = d["fp8_scales"].setting == "static"
+    lin = d["gemm_quant"].setting == "fp8" and d["gemm_quant"].param("input_scales") == "static"
+    return att or lin
+
+
+def _closing_line(plan, out: str, summary: str) -> str:
+    """The last line: the table and a command whose plan uses it (planned here first, so the hint is proven)."""
+    import shlex
+
+    from h3plan.config import compose
+    from h3plan.errors import H3PlanError
+    from h3plan.planner import resolve
+
+    over = table_overrides(plan, out)
+    head = f"calibrate: table {out}; held-out check PASS: {summary}"
+    try:
+        ok = uses_table(resolve(compose(over)))
+    except H3PlanError as e:
+        return f"{head}; planning with it fails: {e}"
+    if not ok:
+        return f"{head}; no FP8 site of this plan reads a static table (attention {plan.decision('attention').setting}, " \
+               f"gemm_quant {plan.decision('gemm_quant').setting})"
+    return f"{head}; plan with it: python -m h3plan {shlex.join(over)}"
+
+
 def rejected_path(out: str) -> str:
     stem, ext = os.path.splitext(out)
     return f"{stem}.rejected{ext or '.json'}"
@@ -170,7 +211,7 @@ def run(cfg, plan) -> int:
     margin = float(c.margin if c.margin is not None else recipe.get("fp8_static_margin", 1.0))
     if not margin > 0:
         raise UsageError(f"calibrate.margin={margin}: must be > 0")
-    device = _prepare_device(c.device)
+    device = _prepare_device(c.device, "calibrate.device")
     import torch
 
     from h3plan.calibration import calibrate, say
@@ -184,6 +225,9 @@ def run(cfg, plan) -> int:
     dtype = resolve_dtype(c.dtype)
     default_len = 48 if device == "cpu" else int(_cfg_get(_cfg_get(cfg, "parallel", {}), "seq_len", 19000))
     seq_len = int(c.seq_len if c.seq_len is not None else default_len)
+    if device == "cpu" and seq_len > CPU_MAX_ROWS:
+        raise UsageError(f"calibrate.seq_len={seq_len}: at most {CPU_MAX_ROWS} rows on the CPU (the Triton interpreter; "
+                         "longer runs need a GPU): python -m h3plan action=calibrate recipe=fp8 model=h3_tiny")
     model, weights = _model(cfg, c, device, dtype)
     calib, held, calib_prov, held_prov, request = _inputs(cfg, c, device, seq_len)
     att, lin, why = fp8_sites(plan)
@@ -205,5 +249,5 @@ def run(cfg, plan) -> int:
         raise ScaleTableError(f"scale table {out}: refused by the held-out check ({check['summary']}); not written, "
                               f"the rejected table is {bad}")
     write(out, table)
-    say(f"calibrate: table {out}; held-out check PASS: {check['summary']}; use it with recipe.fp8_static_table={out}")
+    say(_closing_line(plan, out, check["summary"]))
     return 0

@@ -36,7 +36,8 @@ config works too); `bench.out_dir`, `bench.tag`.
 Output (rank 0), in bench.out_dir: pipeline-<tag>.json (one record per row, a new run appends), .md and .png
 (pipeline_records.py), rewritten after every row. U > 1: launch U processes with torchrun
 (`torchrun --nproc_per_node=U -m h3plan action=bench bench.target=pipeline parallel=uU ...`).
-On a CPU only the tiny smoke form runs (model=h3_tiny vae=h3_tiny_pipe video=32x32x124): host clock, plumbing only.
+On a CPU only the tiny smoke form runs (CPU_SMOKE: model=h3_tiny vae=h3_tiny_pipe on a 32x32 canvas): host clock,
+plumbing only.
 """
 
 from __future__ import annotations
@@ -71,6 +72,10 @@ DEFAULTS = _defaults()
 VAE_PRECISIONS = ("fp32", "fp16", "bf16")
 CPU_MAX_HIDDEN = 1024  # wider transformers are real width: GPU only
 CPU_MAX_TOKENS = 16384
+# The CPU form that runs (tests/bench/test_pipeline_bench_smoke.py runs it): the tiny pipeline on a 32x32 canvas,
+# one round, dynamo without Inductor's C++ compiles.
+CPU_SMOKE = ("python -m h3plan action=bench bench.target=pipeline model=h3_tiny vae=h3_tiny_pipe video.height=32 "
+             "video.width=32 bench.pipeline.rounds=1 bench.pipeline.warmup=0 bench.pipeline.compile_backend=eager")
 
 
 @dataclass(frozen=True)
@@ -155,8 +160,10 @@ def options(cfg, plan=None) -> PipelineBenchOptions:
     tag = _get(bench, "tag")
     if tag is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", str(tag)):
         raise UsageError(f"bench.tag={tag!r}: letters, digits, '_', '.', '-' only (it names the output files)")
-    return PipelineBenchOptions(video=None if video is None else str(video), out_dir=str(_get(bench, "out_dir",
-                                "benchmarks/results")), tag=tag, **vals)
+    from .results_file import run_folder
+
+    return PipelineBenchOptions(video=None if video is None else str(video), out_dir=run_folder(_get(bench, "out_dir")),
+                                tag=tag, **vals)
 
 
 def extra_plans(cfg, opts: PipelineBenchOptions) -> list:
@@ -337,9 +344,6 @@ def _distributed(torch, degree: int):
     return dist.get_rank(), None, device
 
 
-SMOKE = "python -m h3plan action=bench bench.target=pipeline model=h3_tiny vae=h3_tiny_pipe video.height=32 video.width=32"
-
-
 def _check_size(cfg, device, pipe_tokens: int | None = None, video: str | None = None) -> None:
     if device.type == "cuda":
         return
@@ -348,10 +352,10 @@ def _check_size(cfg, device, pipe_tokens: int | None = None, video: str | None =
     vae_width = int(vae["decoder_num_attention_heads"]) * int(vae["decoder_attention_head_dim"])
     if pipe_tokens is None and (hidden > CPU_MAX_HIDDEN or vae_width > CPU_MAX_HIDDEN):
         raise UsageError(f"bench.target=pipeline at real width (hidden {hidden}, VAE decoder width {vae_width}) needs a "
-                         f"CUDA GPU; on the CPU run the tiny smoke form: {SMOKE}")
+                         f"CUDA GPU; on the CPU run the tiny smoke form: {CPU_SMOKE}")
     if pipe_tokens is not None and pipe_tokens > CPU_MAX_TOKENS:
         raise UsageError(f"video={video}: {pipe_tokens:,} tokens is too long for the CPU smoke form (at most "
-                         f"{CPU_MAX_TOKENS:,}); use a small canvas, e.g. {SMOKE}")
+                         f"{CPU_MAX_TOKENS:,}); use a small canvas, e.g. {CPU_SMOKE}")
 
 
 def _on_sigterm(signum, frame):

@@ -14,6 +14,27 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
 
+def run_folder(out_dir: str | None) -> str:
+    """Where a bench writes: `bench.out_dir` as given, else a run folder of its own -- the job's folder in a sweep
+    (-m), otherwise outputs/<date>/<time> under the working directory (Hydra's default run folder; h3plan's
+    plain runs set hydra.run.dir=. so that a plan writes nothing). Never a shared folder by default: a killed
+    run's records must not merge into the next run's table."""
+    if out_dir:
+        return str(out_dir)
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+            return str(HydraConfig.get().runtime.output_dir)
+    except ImportError:
+        pass
+    import time
+
+    now = time.localtime()
+    return os.path.join("outputs", time.strftime("%Y-%m-%d", now), time.strftime("%H-%M-%S", now))
+
+
 def write_atomic(path: str, text: str) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as f:

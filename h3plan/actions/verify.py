@@ -43,12 +43,28 @@ def _cfg_get(cfg, key, default=None):
     return default if val is None else val
 
 
-def _prepare_device(name: str):
-    """Pick the device; on a CPU-only machine Triton must run in its interpreter (set before import)."""
-    if name in (None, "auto"):
-        import torch
+# On the CPU every Triton kernel runs in the interpreter: 48 rows take about half a minute, 384 rows minutes.
+CPU_MAX_ROWS = 256
+CPU_MAX_BLOCKS = 4
+CPU_SMOKE = "python -m h3plan action=verify model=h3_tiny"
 
+
+def _prepare_device(name: str, key: str = "verify.device"):
+    """Pick the device; on a CPU-only machine Triton must run in its interpreter (set before import). A CUDA
+    device this machine lacks is the user's request, refused in one line (UsageError)."""
+    import torch
+
+    if name in (None, "auto"):
         name = "cuda" if torch.cuda.is_available() else "cpu"
+    if str(name).startswith("cuda"):
+        from h3plan.errors import UsageError
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = int(name.partition(":")[2] or 0)
+        if index >= count:
+            have = f"{count} CUDA device(s)" if count else "no CUDA device (torch.cuda.is_available() is False)"
+            raise UsageError(f"{key}={name}: this machine has {have}; on the CPU use {key}=cpu (or auto) with "
+                             f"model=h3_tiny: {CPU_SMOKE}")
     if name == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         if "h3plan.kernels._common" in sys.modules:
             raise RuntimeError("verify on the CPU needs TRITON_INTERPRET=1 before h3plan.kernels is imported")
@@ -293,6 +309,18 @@ def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, head
     return 0 if rep.ok else 1
 
 
+def _cpu_size(seq_len: int, blocks: int | None) -> None:
+    """Refuse a CPU verify that would run for many minutes in the Triton interpreter, with the smoke form."""
+    from h3plan.errors import UsageError
+
+    if seq_len > CPU_MAX_ROWS:
+        raise UsageError(f"verify.seq_len={seq_len}: at most {CPU_MAX_ROWS} rows on the CPU (the Triton interpreter "
+                         f"takes minutes per few hundred rows; longer runs need a GPU): {CPU_SMOKE}")
+    if blocks is not None and int(blocks) > CPU_MAX_BLOCKS:
+        raise UsageError(f"verify.blocks={blocks}: at most {CPU_MAX_BLOCKS} blocks on the CPU (the Triton interpreter; "
+                         f"more need a GPU): {CPU_SMOKE}")
+
+
 def run(cfg, plan, *, registry=None) -> int:
     """CLI entry: cfg is the composed config (cfg.model.diffusers_config, cfg.verify.*), plan the resolved Plan.
     registry: lever installers (default h3plan.levers.REGISTRY)."""
@@ -314,10 +342,12 @@ def run(cfg, plan, *, registry=None) -> int:
     if device == "cpu" and int(dcfg["hidden_size"]) > 1024:
         from h3plan.errors import UsageError
 
-        raise UsageError("verify on the CPU needs a small model: pass model=h3_tiny (real width needs a GPU)")
+        raise UsageError(f"verify on the CPU needs a small model: pass model=h3_tiny (real width needs a GPU): {CPU_SMOKE}")
     default_len = 48 if device == "cpu" else int(_cfg_get(_cfg_get(cfg, "parallel", {}), "seq_len", 19000))
     seq_len = int(_cfg_get(vcfg, "seq_len", default_len))
     blocks = _cfg_get(vcfg, "blocks", None)
+    if device == "cpu":
+        _cpu_size(seq_len, blocks)
     if path:
         model = load_model(path, blocks=blocks, device=device, dtype=dtype)
     else:

@@ -1,7 +1,8 @@
 """Install a resolved Plan into diffusers' MiniMaxH3Transformer3DModel or AutoencoderKLMiniMaxH3 (see installer.py).
 
-Public: install(model, plan) -> InstallReport (install(model, recipe=...): h3plan.plan_for the model first),
-uninstall(model), counters(), reset_counters(), fallback_reasons(), Builder. The heavy modules (diffusers, kernels) load on the first install.
+Public: install(model, plan or plan-file path) -> InstallReport (install(model, recipe=...): h3plan.plan_for the
+model first), uninstall(model), counters(), reset_counters(), fallback_reasons(), Builder. The heavy modules
+(diffusers, kernels) load on the first install.
 This package is itself callable, `h3plan.install(model, plan)`, so the name works whether `h3plan.install`
 resolves to this subpackage (as Python's import system makes it once imported) or to the function.
 """
@@ -16,9 +17,12 @@ from h3plan.runtime.counters import counters, fallback_reasons, format_counters,
 
 
 def install(model, plan=None, *, recipe=None, parallel=None, video=None, hardware=None, overrides=None, **kwargs):
-    """install(model, plan), or install(model, recipe="bf16", ...) to plan for the model first:
-    h3plan.plan_for(model, recipe, parallel, video, hardware=hardware, **(overrides or {})) reads its widths from
-    its config and the hardware from its device. kwargs: the installer's (registry=, group=)."""
+    """install(model, plan): `plan` is a Plan or the path of a plan file (Plan.load reads it); or
+    install(model, recipe="bf16", ...) to plan for the model first: h3plan.plan_for(model, recipe, parallel, video,
+    hardware=hardware, **(overrides or {})) reads its widths from its config and the hardware from its device.
+    kwargs: the installer's (registry=, group=)."""
+    import os
+
     from .installer import install as _install
 
     planning = {"recipe": recipe, "parallel": parallel, "video": video, "hardware": hardware, "overrides": overrides}
@@ -32,6 +36,10 @@ def install(model, plan=None, *, recipe=None, parallel=None, video=None, hardwar
         given = ", ".join(f"{k}=" for k, v in planning.items() if v is not None)
         raise InstallError(f"install got a plan and {given}: pass the plan, or {given} for h3plan.plan_for to plan "
                            "from the model, not both")
+    if isinstance(plan, (str, os.PathLike)):
+        from h3plan.plan import Plan
+
+        plan = Plan.load(plan)
     return _install(model, plan, **kwargs)
 
 

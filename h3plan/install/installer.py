@@ -403,7 +403,7 @@ def install(model, plan: Plan, *, registry=None, group=None) -> InstallReport:
     if not isinstance(plan, Plan):
         from h3plan.errors import InstallError
 
-        raise InstallError(f"install expects an h3plan Plan, got {type(plan).__name__}")
+        raise InstallError(f"install expects an h3plan Plan or a plan file path, got {type(plan).__name__}")
     check_model_facts(model, plan, "vae" if is_vae else "transformer")
     current = model.__dict__.get("_h3plan_state")
     if current is not None:

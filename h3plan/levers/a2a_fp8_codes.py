@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..sources import cite
 from .base import Context, Option, Spec, is_bool, resolve
+from .ring import excluded
 
 TRT = cite("trtllm-seed")
 
@@ -31,7 +32,8 @@ def blockers(ctx: Context, s: str) -> list[str]:
         out.append("Ulysses degree 1: there is no all-to-all")
     if ctx.setting("qk_norm_rope") != "fused_fp8":
         out.append(f"qk_norm_rope is {ctx.setting('qk_norm_rope')}: the codes come from the fused FP8 cast (fused_fp8)")
-    return out
+    ring = excluded(ctx, SPEC.name, s)
+    return out + ([ring] if ring else [])
 
 
 def auto(ctx: Context):
@@ -39,6 +41,9 @@ def auto(ctx: Context):
         return "off", ["Ulysses degree 1: no all-to-all"], {}
     if ctx.setting("qk_norm_rope") != "fused_fp8":
         return "off", [f"qk_norm_rope is {ctx.setting('qk_norm_rope')}: no e4m3 codes before the all-to-all"], {}
+    ring = excluded(ctx, SPEC.name, "on")
+    if ring:
+        return "off", [ring], {}
     save = f"e4m3 codes cut the all-to-all bytes by 37.5%, bit-identical with receiver-exact scales ({TRT})"
     if ctx.setting("fp8_scales") == "static":
         return "on", [f"static scales need no amax all-reduce: {save}"], {}

@@ -7,6 +7,7 @@ SM100 (exists, regresses long sequences) and SM90 (1-CTA only). Exact given the 
 from __future__ import annotations
 
 from .base import Context, Option, Spec, resolve
+from .ring import excluded
 
 SPEC = Spec(
     name="fa4_2cta",
@@ -26,7 +27,8 @@ def blockers(ctx: Context, s: str) -> list[str]:
     out = []
     if not ctx.hardware["fa4"]["two_cta"]:
         out.append(f"{ctx.hw} has no FA4 2-CTA kernel ({ctx.hardware['fa4']['source']})")
-    return out
+    ring = excluded(ctx, SPEC.name, s)
+    return out + ([ring] if ring else [])
 
 
 def auto(ctx: Context):
@@ -37,6 +39,9 @@ def auto(ctx: Context):
         return "off", [f"{ctx.hw}: FA4 runs 1-CTA only ({fa4['source']})"], params(ctx, "off")
     if fa4["two_cta_regresses_long"]:
         return "off", [f"{ctx.hw}: FA4 2-CTA exists but regresses long sequences ({fa4['source']})"], params(ctx, "off")
+    ring = excluded(ctx, SPEC.name, "on")
+    if ring:
+        return "off", [ring + f"; FA4 runs its default CTA mode (2-CTA would be the faster on {ctx.hw} without the ring)"], params(ctx, "off")
     return "on", [f"{ctx.hw}: FA4 2-CTA is the faster BF16 attention at H3 clip lengths ({fa4['source']})",
                   "set per call around the transformer blocks (FA4 reads FA_DISABLE_2CTA once at import); an explicit FA_DISABLE_2CTA wins"], params(ctx, "on")
 

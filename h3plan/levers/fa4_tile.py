@@ -15,6 +15,7 @@ import math
 from typing import Any, Mapping
 
 from .base import Context, Option, Spec, faster_in_every_run, resolve, speedup_runs
+from .ring import excluded
 
 def is_tile(v: Any) -> bool:
     """An FA4 forward tile as the installer takes it: {tile_m, tile_n: int > 0; mma_pv_is_rs, intra_wg_overlap: bool}."""
@@ -62,12 +63,16 @@ def blockers(ctx: Context, s: str) -> list[str]:
         out.append(f"{ctx.hw} lists no measured FA4 tile for head_dim {d} (hardware.fa4.tuned_tiles)")
     elif ctx.lossless_only and not t["bitwise_vs_default"]:
         out.append(f"recipe {ctx.recipe['name']} has policy lossless and the {ctx.hw} tile {_describe(t)} changes FA4's bits")
-    return out
+    ring = excluded(ctx, SPEC.name, s)
+    return out + ([ring] if ring else [])
 
 
 def auto(ctx: Context):
     if ctx.setting("attention") != "fa4":
         return "default", [f"attention is {ctx.setting('attention')}, not fa4"], params(ctx, "default")
+    ring = excluded(ctx, SPEC.name, "tuned")
+    if ring:
+        return "default", [ring + "; FA4's own heuristic picks"], params(ctx, "default")
     t = tile_for(ctx)
     if t is None:
         return "default", [f"{ctx.hw}: no measured FA4 tile for this head dim; FA4's own heuristic picks"], params(ctx, "default")

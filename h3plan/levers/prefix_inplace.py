@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..sources import cite
 from .base import Context, Option, Spec, is_bool, resolve
+from .ring import excluded
 
 SPEC = Spec(
     name="prefix_inplace",
@@ -28,7 +29,8 @@ def blockers(ctx: Context, s: str) -> list[str]:
         out.append(f"{ctx.seq_len:,} tokens divide by {ctx.degree}: no padded output")
     elif ctx.setting("ulysses_padding") != "fixed_valid":
         out.append(f"ulysses_padding is {ctx.setting('ulysses_padding')}: only fixed_valid keeps a padded output")
-    return out
+    ring = excluded(ctx, SPEC.name, s)
+    return out + ([ring] if ring else [])
 
 
 def auto(ctx: Context):
@@ -39,6 +41,9 @@ def auto(ctx: Context):
                        "prefix in place only when the length does not divide by the degree)"], {}
     if ctx.setting("ulysses_padding") != "fixed_valid":
         return "off", [f"ulysses_padding is {ctx.setting('ulysses_padding')}: no padded output"], {}
+    ring = excluded(ctx, SPEC.name, "on")
+    if ring:
+        return "off", [ring], {}
     return "on", [f"{ctx.shape['padding_rows']} padding rows at degree {ctx.degree}: padded output allocated once, "
                   f"prefix written in place ({cite('trtllm-seed')}: it pays at Ulysses 4)"], {}
 

@@ -9,7 +9,8 @@ Settings: off (parallel.ring = 1) and on (parallel.ring > 1); neither is a choic
 so auto follows parallel.ring and a plan whose ring cannot run fails with the reasons. on is lossy
 (ring_plan.NUMERICS: not bitwise equal to one GPU, within a stated bound), so a lossless recipe refuses it.
 Blocked with on: FP8 attention (no log-sum-exp), FP8 codes on the wire, prefix-in-place, FA4's 2-CTA switch and
-tuned tiles (the ring's FA4 block call takes neither), regional compile (compile.py).
+tuned tiles (the ring's FA4 block call takes neither), regional compile (compile.py). Those levers decide first and
+yield to parallel.ring (EXCLUDES, `excluded`): auto picks what the ring takes, a forced setting is refused.
 
 Cost: ring_plan.ring_ulysses_cost at the plan's shape with the hardware's rates: block attention TFLOP/s
 measured at the nearest shape (else vendor peak x assumed efficiency), the all-to-all rate measured at this
@@ -50,14 +51,26 @@ def blockers(ctx: Context, s: str) -> list[str]:
     att = ctx.setting("attention")
     if att == "cudnn_fp8":
         out.append("attention is cudnn_fp8: FP8 attention returns no log-sum-exp here (h3plan/parallel/lse.py)")
-    why = {"a2a_fp8_codes": ("on", "e4m3 codes on the wire feed FP8 attention; the ring takes bf16 q/k/v"),
-           "prefix_inplace": ("on", "RingUlysses' Ulysses exchange writes no padded prefix in place"),
-           "fa4_2cta": ("on", "the ring's FA4 block call (lse.py) takes no 2-CTA switch"),
-           "fa4_tile": ("tuned", "the ring's FA4 block call (lse.py) takes no tile")}
-    for lever, (setting, reason) in why.items():
-        if lever in ctx.decisions and ctx.setting(lever) == setting:
-            out.append(f"{lever}={setting}: {reason} (set levers.{lever}=off/default)")
     return out
+
+
+# What the ring's block call cannot take, by earlier lever: lever -> (setting, why).
+# Those levers decide before this one, so they yield to parallel.ring themselves (auto picks the fallback, a
+# forced setting is refused naming parallel.ring): the ring never refuses a plan over another lever's auto pick.
+EXCLUDES = {
+    "fa4_2cta": ("on", "the ring's FA4 block call (h3plan/parallel/lse.py) takes no 2-CTA switch"),
+    "fa4_tile": ("tuned", "the ring's FA4 block call (h3plan/parallel/lse.py) takes no tile"),
+    "a2a_fp8_codes": ("on", "e4m3 codes on the wire feed FP8 attention; the ring takes bf16 q/k/v"),
+    "prefix_inplace": ("on", "RingUlysses' Ulysses exchange writes no padded prefix in place"),
+}
+
+
+def excluded(ctx: Context, lever: str, setting: str) -> str | None:
+    """Why parallel.ring > 1 rules out `lever=setting` (a reason naming parallel.ring), or None."""
+    x = EXCLUDES.get(lever)
+    if ctx.ring > 1 and x is not None and x[0] == setting:
+        return f"parallel.ring={ctx.ring}: {x[1]}"
+    return None
 
 
 def rates(ctx: Context) -> tuple[dict, list[str]]:

@@ -49,6 +49,51 @@ def test_module_entry_point_refuses_ulysses(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+def test_cpu_refuses_gpu_lengths_with_the_smoke_form(tmp_path, capsys):
+    """`action=bench model=h3_tiny` alone would time 19,000 and 37,820 rows on the CPU for many minutes: refused in
+    one line that ends with the smoke form, before any file is written."""
+    import torch
+
+    from h3plan import cli
+    from h3plan.actions.bench.measure import CPU_SMOKE
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU runs the default lengths")
+    assert cli.run(["action=bench", "model=h3_tiny", f"bench.out_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("h3plan: error: bench.seq_lens=[19000, 37820]: at most 1,024 rows on the CPU (the defaults are GPU "
+                   f"lengths, minutes to hours here): the smoke form is {CPU_SMOKE}")
+    assert not list(tmp_path.iterdir())
+
+
+def test_results_go_to_a_run_folder_of_their_own():
+    """No bench.out_dir: outputs/<date>/<time> (Hydra's run-folder layout), never the shared ./benchmarks/results."""
+    from h3plan.actions.bench import options
+
+    cfg = {"bench": {"seq_lens": [48], "blocks": [1], "warmup": 0, "iters": 1, "out_dir": None, "tag": None}}
+    parts = options(cfg).out_dir.split(os.sep)
+    assert parts[0] == "outputs" and len(parts) == 3 and len(parts[1]) == 10 and len(parts[2]) == 8
+    cfg["bench"]["out_dir"] = "somewhere"
+    assert options(cfg).out_dir == "somewhere"
+
+
+@pytest.mark.slow
+def test_the_cpu_smoke_form_runs(tmp_path):
+    """The refusal's command as a user types it, in an empty folder: exit 0, files under outputs/<date>/<time>."""
+    import shlex
+
+    from h3plan.actions.bench.measure import CPU_SMOKE
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), CUDA_VISIBLE_DEVICES="")
+    r = subprocess.run([sys.executable, *shlex.split(CPU_SMOKE)[1:]], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    (path,) = tmp_path.glob("outputs/*/*/block-cpu.json")
+    assert [rec["S"] for rec in json.loads(path.read_text())["records"]] == [64]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outputs"]
+
+
 def test_bench_refuses_bad_options_with_one_line(tmp_path, capsys):
     from h3plan import cli
 

@@ -188,7 +188,43 @@ def test_cpu_refuses_real_width_with_the_smoke_form():
     cfg = OmegaConf.to_container(c, resolve=True, enum_to_str=True)
     with pytest.raises(UsageError) as e:
         run(cfg, resolve(c))
-    assert "needs a CUDA GPU" in str(e.value) and "model=h3_tiny vae=h3_tiny_pipe video.height=32 video.width=32" in str(e.value)
+    from h3plan.actions.pipeline_bench import CPU_SMOKE
+
+    assert "needs a CUDA GPU" in str(e.value) and str(e.value).endswith(CPU_SMOKE)
+
+
+def test_the_cpu_smoke_form_composes_to_the_tiny_request():
+    """The hint's command is valid CLI input: it plans, and the pipeline bench reads a 32x32x124 request from it."""
+    import shlex
+
+    from h3plan.actions.pipeline_bench import CPU_SMOKE, options
+    from h3plan.config import compose
+    from h3plan.planner import resolve
+
+    argv = shlex.split(CPU_SMOKE)
+    assert argv[:3] == ["python", "-m", "h3plan"]
+    c = compose(argv[3:])
+    o = options(c, resolve(c))
+    assert (o.video, o.rounds, o.warmup, o.compile_backend) == ("32x32x124", 1, 0, "eager")
+
+
+@pytest.mark.slow
+def test_the_cpu_smoke_form_runs(tmp_path):
+    """The hint's command as a user types it, in an empty folder: it runs, and writes under outputs/<date>/<time>
+    (no bench.out_dir given), never into ./benchmarks/results."""
+    import shlex
+
+    pytest.importorskip("transformers", reason="diffusers' MiniMaxH3ModularPipeline imports transformers")
+    from h3plan.actions.pipeline_bench import CPU_SMOKE
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), CUDA_VISIBLE_DEVICES="")
+    res = subprocess.run([sys.executable, *shlex.split(CPU_SMOKE)[1:]], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    (path,) = tmp_path.glob("outputs/*/*/pipeline-cpu.json")
+    assert json.loads(path.read_text())["records"][0]["video"] == "32x32x124"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outputs"]
 
 
 @pytest.mark.slow

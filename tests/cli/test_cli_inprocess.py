@@ -11,7 +11,7 @@ from h3plan import cli
 BAD = [
     (["hardware=sm200"], "hardware=sm200: no such option; available: sm100, sm103, sm107, sm90"),
     (["levers.attention=fa5"], "levers.attention=fa5: not allowed; allowed: auto, sdpa, cudnn_bf16, cudnn_fp8, fa4"),
-    (["levers.atention=fa4"], "levers.atention: unknown key; allowed: gemm_quant, attention,"),
+    (["levers.atention=fa4"], "levers.atention: unknown key (did you mean levers.attention?); allowed: gemm_quant, attention,"),
     (["parallel.seq_len=-5"], "parallel.seq_len=-5: must be a positive integer"),
     (["parallel.seq_len=abc"], "parallel.seq_len: Value 'abc'"),
     (["model=h3_tiny", "parallel=u8"], "must divide the 4 attention heads of model h3_tiny; allowed: 1, 2, 4"),
@@ -20,6 +20,12 @@ BAD = [
     (["parallel.seq_len=["], "cannot parse the override"),
     (["--bogus"], "unrecognized arguments: --bogus"),
     (["format=xml"], "format=xml: not allowed; allowed: table, yaml, json"),
+    # `+key=` adds a key past Hydra's struct check: the schema walk refuses it (with the near miss)
+    (["+levers.attentoin=cudnn_fp8"], "levers.attentoin: unknown key (did you mean levers.attention?); allowed: gemm_quant,"),
+    (["+video.fpss=30"], "video.fpss: unknown key (did you mean video.fps?); allowed: name, height"),
+    (["+hardware.foo=1"], "hardware.foo: unknown key; allowed: name, arch,"),
+    (["+foo=1"], "foo: unknown key; allowed: action, format,"),
+    (["++verify.sead=1"], "verify.sead: unknown key (did you mean verify.seed?)"),
 ]
 
 
@@ -80,3 +86,68 @@ def test_table_marks_unverified_and_keeps_order(capsys):
     out = capsys.readouterr().out
     att = next(line for line in out.splitlines() if line.startswith("attention "))
     assert " * " in att  # nothing ever ran on sm107
+
+
+def test_off_grid_request_gives_the_command_that_works(capsys):
+    """video.height=720 is refused in one line that ends with a command; that command plans (exit 0)."""
+    assert cli.run(["video.height=720", "video.seconds=10"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "nearest: 704 or 736" in err
+    head, sep, command = err.partition("; this works: python -m h3plan ")
+    assert sep and command == "video.height=704 video.seconds=10"
+    assert cli.run(command.split()) == 0
+    assert "request  video=t2v_768x1344_5s with video.height=704 video.seconds=10: 704x1344 px, 243 frames" in capsys.readouterr().out
+
+
+def test_help_lists_every_action_and_request_key(capsys):
+    assert cli.run(["--help"]) == 0
+    out = capsys.readouterr().out
+    for key in ("action=plan|verify|bench|calibrate", "memory.offload", "memory.check", "video.height=", "video.seconds=",
+                "video.frames=", "parallel.seq_len=N", "calibrate.*"):
+        assert key in out, key
+    examples = [x.split()[3:] for x in out.splitlines() if x.startswith("  python -m h3plan ")]
+    assert len(examples) >= 4
+    for argv in examples:
+        if not any(a.startswith("action=") for a in argv):  # the actions' own tests run those
+            assert cli.run(argv) == 0, argv
+    capsys.readouterr()
+
+
+def test_a_sweep_value_without_m_keeps_hydras_hint(capsys):
+    assert cli.run(["hardware=sm90,sm100"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.endswith("To sweep over it, add --multirun to your command line"), err
+    assert "key='value1,value2'" in err
+
+
+def test_a_missing_search_path_is_one_warning_line(capsys, tmp_path):
+    assert cli.run([f"hydra.searchpath=[file://{tmp_path}/none]"]) == 0
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [f"h3plan: warning: provider=hydra.searchpath in command-line, path={tmp_path}/none is not "
+                                "available."]
+    assert out.startswith("h3plan  hardware=sm90")
+
+
+@pytest.mark.parametrize("fmt", ["json", "yaml"])
+def test_sweep_honours_format(capsys, monkeypatch, tmp_path, fmt):
+    import json
+
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    assert cli.run(["-m", "hardware=sm90,sm100", "recipe=bf16", f"format={fmt}"]) == 0
+    out, err = capsys.readouterr()
+    rows = json.loads(out) if fmt == "json" else yaml.safe_load(out)
+    assert [(r["choices"]["hardware"], r["status"]) for r in rows] == [("sm90", "ok"), ("sm100", "ok")]
+    assert "plans and summary (summary.json, summary.csv) in multirun/" in err
+
+
+def test_out_writes_json_for_any_case_of_the_extension(capsys, tmp_path):
+    import json
+
+    from h3plan import Plan
+
+    path = tmp_path / "p.JSON"
+    assert cli.run([f"out={path}"]) == 0
+    capsys.readouterr()
+    assert json.loads(path.read_text())["schema_version"] == 1 and Plan.load(str(path)).get("hardware")["name"] == "sm90"

@@ -64,7 +64,7 @@ def _one_error_line(p):
 
 def test_bad_input_exits_2_with_one_line(cli):
     assert "parallel.ulysses=3" in _one_error_line(cli("parallel.ulysses=3"))
-    assert "parallel.ulysess: unknown key; allowed: name, ulysses, ring, seq_len" in _one_error_line(cli("parallel.ulysess=3"))
+    assert "parallel.ulysess: unknown key (did you mean parallel.ulysses?); allowed: name, ulysses, ring, seq_len" in _one_error_line(cli("parallel.ulysess=3"))
     assert "levers.gemm_quant=dequant_bf16" in _one_error_line(cli("hardware=sm90", "recipe=nvfp4"))
     assert os.listdir(cli.cwd) == []
 

@@ -81,6 +81,27 @@ def test_calibrate_writes_a_table_that_loads(calibrated):
     assert 0 < pct <= t.linears["transformer_blocks.0.ff.net.2"] * 2 ** (1 / 16)
 
 
+def test_closing_hint_plans_with_the_table(calibrated):
+    """The last line's command, planned as written, reads the table statically (FP8 attention scales and the FP8
+    linears' inputs); recipe.fp8_static_table alone would leave both dynamic."""
+    import shlex
+
+    from h3plan.actions.calibrate import uses_table
+    from h3plan.config import compose
+    from h3plan.planner import resolve
+
+    _, out, lines = calibrated
+    head, sep, command = lines[-1].partition("; plan with it: python -m h3plan ")
+    assert sep, lines[-1]
+    argv = shlex.split(command)
+    assert argv[:4] == ["hardware=sm90", "recipe=fp8", "parallel=u1", "model=h3_tiny"] and argv[-1] == f"recipe.fp8_static_table={out}"
+    p = resolve(compose(argv))
+    assert uses_table(p) and p.decision("fp8_scales").setting == "static"
+    assert p.decision("gemm_quant").param("input_scales") == "static"
+    alone = _plan(f"recipe.fp8_static_table={out}")
+    assert not uses_table(alone) and alone.decision("fp8_scales").setting == "dynamic"
+
+
 def test_linear_amax_is_the_max_over_the_calibration_inputs(calibrated):
     """Independent hooks on the plain model over the same seeded inputs give the table's linear amax."""
     from h3plan.calibration import schedule, seeded_inputs

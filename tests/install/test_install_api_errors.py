@@ -11,7 +11,7 @@ from h3plan.errors import ConfigError, H3PlanError, InstallError, PlanFileError,
 
 
 @pytest.mark.parametrize("kwargs, cls, message", [
-    (dict(hardwre="sm90"), ConfigError, "hardwre: unknown key; allowed: "),
+    (dict(hardwre="sm90"), ConfigError, "hardwre: unknown key (did you mean hardware?); allowed: "),
     (dict(hardware="sm91"), ConfigError, "hardware=sm91: no such option; available: sm100, sm103, sm107, sm90"),
     ({"recipe": "bf16", "levers.attention": "cudnn_fp8"}, PlanningError,
      "levers.attention=cudnn_fp8 cannot apply: recipe bf16 has policy lossless and attention=cudnn_fp8 is lossy"),
@@ -58,3 +58,19 @@ def test_a_plan_for_other_widths_is_refused():
         h3plan.install(model, h3plan.resolve_config())
     h3plan.install(model, h3plan.resolve_config(model="h3_tiny"))
     assert h3plan.uninstall(model)
+
+
+def test_install_takes_a_plan_file_path(tmp_path):
+    """install(model, "plan.yaml") loads the file (Plan.load: planned again from its config) and installs it; a
+    path that is no plan file is a PlanFileError naming it."""
+    model = tiny_model()
+    plan = h3plan.resolve_config(model="h3_tiny")
+    path = tmp_path / "plan.yaml"
+    plan.save(str(path))
+    h3plan.install(model, str(path))
+    assert h3plan.installed_plan(model) == plan
+    assert h3plan.uninstall(model)
+    h3plan.install(model, path)  # a pathlib.Path too
+    assert h3plan.uninstall(model)
+    with pytest.raises(PlanFileError, match=r"^plan file .*none.yaml: No such file"):
+        h3plan.install(model, str(tmp_path / "none.yaml"))

@@ -1,6 +1,7 @@
 """install_pipeline / uninstall_pipeline on a tiny diffusers MiniMaxH3ModularPipeline (CPU, no forward runs:
 installing swaps modules and forwards only; the numerics are the installer's own tests)."""
 
+import dataclasses
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -99,8 +100,9 @@ def test_fp8_plan_round_trip_restores_the_linears(pipe):
 
 def test_a_component_that_refuses_leaves_the_pipeline_untouched(pipe):
     before = _snapshot(pipe)
-    # overlap >= tile: diffusers' tiling cannot lay such tiles. The planner refuses it; a hand-edited plan file gets
-    # as far as the install, where the VAE refuses after the transformer's
+    # overlap >= tile: diffusers' tiling cannot lay such tiles. The planner refuses it, and so does Plan.from_dict (a
+    # plan file's params must be the planner's); a Plan edited in Python gets as far as the install, where the VAE
+    # refuses after the transformer's
     with pytest.raises(h3plan.ConfigError, match="vae.custom_tile.overlap=64: must be smaller than the tile"):
         h3plan.resolve_config(model="h3_tiny", vae="h3_tiny_pipe", **{"levers.vae_tiles": "custom",
                               "vae.custom_tile.height": 64, "vae.custom_tile.width": 64, "vae.custom_tile.overlap": 64})
@@ -108,7 +110,12 @@ def test_a_component_that_refuses_leaves_the_pipeline_untouched(pipe):
         "levers.vae_tiles": "custom", "vae.custom_tile.height": 64, "vae.custom_tile.width": 64,
         "vae.custom_tile.overlap": 32}).to_dict()
     next(x for x in d["decisions"] if x["lever"] == "vae_tiles")["params"]["tile"]["overlap"] = 64
-    plan = h3plan.Plan.from_dict(d)
+    with pytest.raises(h3plan.PlanFileError, match=r"decision vae_tiles: params.tile is .*'overlap': 64.*, but its config gives"):
+        h3plan.Plan.from_dict(d)
+    p = h3plan.resolve_config(model="h3_tiny", vae="h3_tiny_pipe", recipe="fp8", **{
+        "levers.vae_tiles": "custom", "vae.custom_tile.height": 64, "vae.custom_tile.width": 64,
+        "vae.custom_tile.overlap": 32})
+    plan = dataclasses.replace(p, decisions=tuple(h3plan.Decision.from_dict(x) for x in d["decisions"]))
     with pytest.raises(InstallError) as e:
         install_pipeline(pipe, plan)
     assert str(e.value).startswith("vae: vae_tiles: tile 64x64, overlap 64") and "\n" not in str(e.value)

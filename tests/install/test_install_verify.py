@@ -88,3 +88,24 @@ def test_compare_metrics():
     assert not m["bitwise"] and m["max_abs"] == 1.0
     assert abs(m["psnr_db"] - 10 * math.log10(16.0 / (1 / 3))) < 1e-9  # peak max|b| = 4, mse 1/3
     assert abs(m["rel"] - 1 / 21 ** 0.5) < 1e-12
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["verify.device=cuda"], "verify.device=cuda: this machine has no CUDA device (torch.cuda.is_available() is False); "
+                             "on the CPU use verify.device=cpu (or auto) with model=h3_tiny: python -m h3plan action=verify model=h3_tiny"),
+    (["verify.seq_len=100000"], "verify.seq_len=100000: at most 256 rows on the CPU (the Triton interpreter takes minutes "
+                                "per few hundred rows; longer runs need a GPU): python -m h3plan action=verify model=h3_tiny"),
+    (["verify.blocks=50"], "verify.blocks=50: at most 4 blocks on the CPU"),
+])
+def test_cpu_mistakes_are_one_line_user_errors(capsys, argv, message):
+    """On a machine without CUDA: a CUDA device, or a length the interpreter would take many minutes over, is the
+    user's request: exit 2, one line with the command that runs here (never `internal error: AssertionError`)."""
+    import torch
+
+    from h3plan import cli
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert cli.run(["action=verify", "model=h3_tiny", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("h3plan: error: " + message), err

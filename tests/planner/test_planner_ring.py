@@ -55,7 +55,8 @@ def test_a_measured_network_rate_replaces_the_assumption(plan):
     (("levers.compile=regional",), "parallel.ring=2: the ring's P2P rotation is not traceable"),
     (("levers.ulysses_padding=fixed_valid", "parallel.seq_len=37822"), "levers.ulysses_padding=fixed_valid cannot apply: "
                                                                        "parallel.ring=2: the ring skips padding keys"),
-    (("levers.fa4_tile=tuned",), "levers.ring=on cannot apply: fa4_tile=tuned: the ring's FA4 block call (lse.py) takes no tile"),
+    (("levers.fa4_tile=tuned",), "levers.fa4_tile=tuned cannot apply: parallel.ring=2: the ring's FA4 block call "
+                                 "(h3plan/parallel/lse.py) takes no tile"),
 ])
 def test_refusals_are_one_line_planning_errors(plan, overrides, message):
     with pytest.raises(PlanningError) as e:
@@ -77,3 +78,16 @@ def test_bad_parallel_values_are_one_line_config_errors(plan, overrides, message
     with pytest.raises(ConfigError) as e:
         plan("hardware=sm90", "recipe=fp8", "parallel=u4", *overrides)
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("hw", ["sm103", "sm107"])
+def test_levers_yield_to_the_ring(plan, hw):
+    """Where FA4 2-CTA is auto's pick (sm103, sm107), a ring plan keeps FA4's default CTA mode instead of refusing
+    itself; forcing 2-CTA is refused naming parallel.ring."""
+    assert plan(f"hardware={hw}", "recipe=fp8", "parallel=u4", "levers.attention=fa4").decision("fa4_2cta").setting == "on"
+    p = plan(f"hardware={hw}", "recipe=fp8", "parallel=r2u4")
+    d = p.decision("fa4_2cta")
+    assert (p.decision("attention").setting, d.setting, p.decision("ring").setting) == ("fa4", "off", "on")
+    assert d.reasons[0].startswith("parallel.ring=2: the ring's FA4 block call (h3plan/parallel/lse.py) takes no 2-CTA switch")
+    with pytest.raises(PlanningError, match=r"^levers.fa4_2cta=on cannot apply: parallel.ring=2: the ring's FA4 block call"):
+        plan(f"hardware={hw}", "recipe=fp8", "parallel=r2u4", "levers.fa4_2cta=on")

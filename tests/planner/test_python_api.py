@@ -30,3 +30,24 @@ def test_unknown_name_is_an_attribute_error():
 
 def test_lazy_installer_names():
     assert callable(h3plan.install) and callable(h3plan.uninstall) and callable(h3plan.counters)
+
+
+def test_resolve_config_refuses_what_is_no_group_option():
+    """A number or a list for a config group is an H3PlanError naming the fix, not Hydra's bare ValueError, and a
+    list never quietly plans its last option."""
+    import pytest
+
+    with pytest.raises(h3plan.ConfigError) as e:
+        h3plan.resolve_config(hardware=90)
+    assert str(e.value) == ("hardware=90: a config group takes an option name as a string (hardware='sm90'); available: "
+                            "sm100, sm103, sm107, sm90")
+    with pytest.raises(h3plan.ConfigError) as e:
+        h3plan.resolve_config(hardware=["sm90", "sm100"])
+    assert str(e.value).startswith("hardware=['sm90', 'sm100']: one plan per call") and "-m hardware=sm90,sm100" in str(e.value)
+
+
+def test_resolve_config_values_keep_their_python_types():
+    p = h3plan.resolve_config(**{"video.seconds": 10.0, "video.audio": False, "memory.check": True,
+                                 "bench.seq_lens": [64, 128], "parallel.seq_len": None})
+    seq = p.derived_value("sequence")
+    assert seq["frames"] == 243 and seq["audio_rows"] == 0 and seq["source"].endswith("video.seconds=10 video.audio=false")

@@ -19,8 +19,8 @@ backend (bitwise; lossless attention backends only) and against diffusers' defau
 Frobenius error, fp32). Timing: CUDA events around each repetition, synchronized. On a CPU the same
 code runs with host clocks, the files say the times mean nothing, and only the plumbing is proven.
 
-Output, in `bench.out_dir`: block-<tag>.json (records merged by (plan, S, blocks, device), so a second
-invocation with another recipe appends), block-<tag>.md and block-<tag>.png (matplotlib; without it the
+Output, in `bench.out_dir` (null: outputs/<date>/<time>, a folder of the run's own): block-<tag>.json (records
+merged by (plan, S, blocks, device), so a second invocation with another recipe into the same folder appends), block-<tag>.md and block-<tag>.png (matplotlib; without it the
 PNG is skipped with a message and `benchmarks/plot.py` draws it later from the JSON). <tag>:
 `bench.tag`, else the device's short name (`h200`, `cpu`). JSON and markdown are rewritten after
 every configuration, so a run cut off by a timeout keeps what it measured.

@@ -21,9 +21,15 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping
 
+from ..results_file import run_folder
 from .records import (LOSSLESS_BACKENDS, BlockRecord, _one_line, load_doc, merge_record, summary_table, write_chart,
                       write_doc)
 from .timing import BackendTimer, Clock, Progress, back_to_back, interleaved, median
+
+CPU_MAX_HIDDEN = 1024  # wider is real width: GPU only
+CPU_MAX_ROWS = 1024
+CPU_SMOKE = "python -m h3plan action=bench model=h3_tiny 'bench.seq_lens=[64]' 'bench.blocks=[1]' bench.iters=1 bench.warmup=0"
+
 
 @dataclass(frozen=True)
 class BenchOptions:
@@ -53,7 +59,8 @@ def options(cfg) -> BenchOptions:
 
     tag = b.get("tag") if hasattr(b, "get") else None
     best = b.get("best", True) if hasattr(b, "get") else True
-    return BenchOptions(ints("seq_lens"), ints("blocks"), int(b["warmup"]), int(b["iters"]), str(b["out_dir"]), tag,
+    out = b.get("out_dir") if hasattr(b, "get") else None
+    return BenchOptions(ints("seq_lens"), ints("blocks"), int(b["warmup"]), int(b["iters"]), run_folder(out), tag,
                         bool(best))
 
 
@@ -386,9 +393,12 @@ def run(cfg, plan) -> int:
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     hidden = int(plan.get("model")["diffusers_config"]["hidden_size"])
-    if device.type != "cuda" and hidden > 1024:
+    if device.type != "cuda" and hidden > CPU_MAX_HIDDEN:
         raise _usage(f"action=bench on the CPU needs a small model (hidden {hidden:,} would run for hours): the smoke form "
-                     "is `model=h3_tiny bench.seq_lens=[64] bench.blocks=[1] bench.iters=1 bench.warmup=0`; real width needs a GPU")
+                     f"is {CPU_SMOKE}; real width needs a GPU")
+    if device.type != "cuda" and max(opts.seq_lens) > CPU_MAX_ROWS:
+        raise _usage(f"bench.seq_lens={list(opts.seq_lens)}: at most {CPU_MAX_ROWS:,} rows on the CPU (the defaults are "
+                     f"GPU lengths, minutes to hours here): the smoke form is {CPU_SMOKE}")
     name = _device_name(torch, device)
     tag = opts.tag or device_tag(name)
     os.makedirs(opts.out_dir, exist_ok=True)

@@ -1,0 +1,108 @@
+"""Plan files read back: planned again from their own config, so what is derivable (losslessness, params, the
+derived numbers) is the planner's and the rest is refused in one line (PlanFileError); Plan.save matches
+Plan.load (JSON for .json in any case, else YAML); Plan.get refuses a name that is no section."""
+
+import copy
+import json
+
+import pytest
+
+from h3plan import H3PlanError, Plan, PlanFileError
+from h3plan.levers import LEVER_SETTINGS
+
+
+@pytest.fixture(scope="module")
+def fp8(plan):
+    return plan("hardware=sm90", "recipe=fp8", "parallel=u1")
+
+
+def _edit(p, fn):
+    d = copy.deepcopy(p.to_dict())
+    fn(d)
+    return d
+
+
+def _decision(d, lever):
+    return next(x for x in d["decisions"] if x["lever"] == lever)
+
+
+def _drop(d, n):
+    d["decisions"] = d["decisions"][:n]
+
+
+REFUSED = [
+    ("lossy marked lossless", lambda d: _decision(d, "attention").update(lossless=True),
+     "decision attention=cudnn_fp8 says lossless: true, but attention=cudnn_fp8 is lossy (h3plan/levers/attention.py SPEC)"),
+    ("duplicated decision", lambda d: d["decisions"].append(copy.deepcopy(d["decisions"][3])), "appears twice"),
+    ("unknown params", lambda d: _decision(d, "attention")["params"].update(bogus=1),
+     "decision attention: unknown params bogus"),
+    ("edited params", lambda d: _decision(d, "ring").update(params={"ring": 4}), "decision ring: unknown params ring; the planner gives none"),
+    ("5 of the decisions", lambda d: _drop(d, 5), "a plan needs a decision for every lever; missing: qk_norm_rope, modulation,"),
+    ("seq_len -1", lambda d: d["config"]["parallel"].update(seq_len=-1), "parallel.seq_len=-1: must be a positive integer"),
+    ("seq_len off its request", lambda d: d["config"]["parallel"].update(seq_len=1000),
+     "parallel.seq_len=1000, but its video request gives 37,820 tokens"),
+    ("hardware sm999", lambda d: d["config"]["hardware"].update(name="sm999"),
+     "hardware.name=sm999: disagrees with hardware.compute_capability=9.0"),
+    ("no hardware section", lambda d: d["config"].pop("hardware"), "plan 'config' lacks the section(s) hardware"),
+    ("a setting the config refuses", lambda d: _decision(d, "fa4_2cta").update(setting="on"),
+     "its config and decisions do not plan: levers.fa4_2cta=on cannot apply: attention is cudnn_fp8: fa4_2cta=on needs fa4"),
+    ("a setting the other decisions refuse", lambda d: _decision(d, "swiglu").update(setting="off"),
+     "levers.fp8_act_quant=row cannot apply: swiglu is off"),
+]
+
+
+@pytest.mark.parametrize("name, edit, message", REFUSED, ids=[r[0] for r in REFUSED])
+def test_refused_in_one_line(fp8, tmp_path, name, edit, message):
+    d = _edit(fp8, edit)
+    with pytest.raises(PlanFileError) as e:
+        Plan.from_dict(d)
+    assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(d))
+    with pytest.raises(PlanFileError, match=r"^plan file .*plan.json: "):
+        Plan.load(str(path))
+
+
+def test_derived_numbers_and_notes_are_recomputed(fp8):
+    d = _edit(fp8, lambda d: (d["derived"].update(memory_peak_gib_per_gpu=1.0, seq_len=5), d.update(notes=["lossless!"])))
+    p = Plan.from_dict(d)
+    assert p == fp8 and p.derived_value("memory_peak_gib_per_gpu") == fp8.derived_value("memory_peak_gib_per_gpu")
+    assert not p.lossless and p.notes == fp8.notes
+
+
+def test_a_hand_chosen_setting_is_planned_as_forced(plan, fp8):
+    """A setting the config did not pick, but allows, loads as if forced on the command line."""
+    d = _edit(fp8, lambda d: _decision(d, "gated_residual").update(setting="off"))
+    p = Plan.from_dict(d)
+    want = plan("hardware=sm90", "recipe=fp8", "parallel=u1", "levers.gated_residual=off")
+    assert p == want and p.decision("gated_residual").forced and p.get("levers")["gated_residual"] == "off"
+
+
+def test_round_trips_every_packaged_hardware(plan, tmp_path):
+    for hw in ("sm90", "sm100", "sm103", "sm107"):
+        p = plan(f"hardware={hw}", "recipe=fp8", "parallel=u4")
+        assert Plan.from_dict(p.to_dict()) == p and [d.lever for d in p.decisions] == list(LEVER_SETTINGS)
+
+
+@pytest.mark.parametrize("name, fmt", [("p.yaml", "yaml"), ("p.yml", "yaml"), ("p.json", "json"), ("p.JSON", "json"),
+                                       ("plan", "yaml")])
+def test_save_matches_load(fp8, tmp_path, name, fmt):
+    path = tmp_path / name
+    fp8.save(str(path))
+    text = path.read_text()
+    assert (text.lstrip().startswith("{") and json.loads(text)["schema_version"] == 1) if fmt == "json" else text.startswith("schema_version: 1")
+    assert Plan.load(str(path)) == fp8 and Plan.load(path) == fp8
+
+
+def test_save_to_an_unwritable_path(fp8, tmp_path):
+    with pytest.raises(PlanFileError, match=r"plan file .*/nope/p.yaml: cannot write it \(No such file or directory\)"):
+        fp8.save(str(tmp_path / "nope" / "p.yaml"))
+
+
+def test_get_refuses_a_name_that_is_no_section(fp8):
+    assert fp8.get("hardware")["name"] == "sm90"
+    with pytest.raises(KeyError) as e:
+        fp8.get("hardwre")
+    assert isinstance(e.value, H3PlanError)
+    assert str(e.value) == ("Plan.get('hardwre'): no such config section (did you mean 'hardware'?); sections: hardware, "
+                            "recipe, parallel, model, vae, video, pipeline, memory, levers")
