@@ -204,6 +204,8 @@ def _weights(it: _Items, sections, settings, opts) -> None:
     gq = _setting(settings, "gemm_quant", "bf16")
     checkpoint = (sections.get("recipe") or {}).get("checkpoint", gq)
     base = 2 * (tp["block_linears"] + tp["bf16_other"]) + 4 * tp["fp32"]
+    tables = _adaln_plan(sections, dc, pipe) if _setting(settings, "adaln_table", "off") == "on" else None
+    base -= tables["weight_bytes"] if tables else 0
     quant = {"fp8": tp["block_linears"] + 4 * tp["block_linear_rows"],
              "nvfp4": tp["block_linears"] // 2 + tp["block_linears"] // 16 + 4 * 6 * dc["num_layers"]}.get(gq)
     if quant is not None and checkpoint == gq:
@@ -219,6 +221,13 @@ def _weights(it: _Items, sections, settings, opts) -> None:
     else:
         it.add("transformer_weights", base, f"{tp['block_linears'] + tp['bf16_other']:,} bf16 + {tp['fp32']:,} float32 parameters "
                                             f"({', '.join(TRANSFORMER_FP32)}: _keep_in_fp32_modules)")
+    if tables:
+        p = tables
+        it.basis["transformer_weights"] += (f"; adaln_table: the {p['linears']} AdaLN linears' {p['parameters']:,} bf16 parameters "
+                                            "wait in pinned host memory (install/adaln_table.py)")
+        it.add("adaln_tables", p["table_bytes"], f"adaln_table: {p['rows']} rows ({p['vectors']} timestep vectors at "
+                                                 f"num_inference_steps {', '.join(map(str, p['steps']))}) x {p['linears']} "
+                                                 "linears' outputs, bf16")
     vb, vp = VAE_DTYPES[opts["vae_dtype"]], vae_params(vdc)
     lb = 2 if _setting(settings, "vae_ops", "eager") == "fused" else vb  # fp16_weights: float16 on the device
     it.add("vae_weights", 4 * vp["fp32_kept"] + lb * vp["decoder_linears"] + vb * vp["other"],
@@ -229,6 +238,13 @@ def _weights(it: _Items, sections, settings, opts) -> None:
     it.add("audio_vae_weights", vb * pipe["audio_vae"]["params"],
            f"AutoencoderKLMiniMaxH3Audio {pipe['audio_vae']['params']:,} parameters, {opts['vae_dtype']}")
     it.add("text_encoder", 0, "not resident: prompt_embeds given (Qwen3-VL runs before, or elsewhere)")
+
+
+def _adaln_plan(sections, dc, pipe) -> dict[str, Any]:
+    """adaln_table=on: the AdaLN linears' weights leave the device (pinned host memory), their table stays."""
+    from .levers.adaln_table import table_plan
+
+    return table_plan(dc, pipe, audio=bool((sections.get("video") or {}).get("audio", True)))
 
 
 def _block_terms(dc, U: int, settings) -> tuple[list, list]:
@@ -314,7 +330,7 @@ def estimate(sections: Mapping[str, Any], shape: Mapping[str, Any], settings: Ma
         it.add("video_postprocess", 0, geo_src)
     g = it.gib
     vae_res = ["vae_weights", "audio_vae_weights"] + [k for k in ("vae_graph_pools",) if k in g]
-    tr_res = ["transformer_weights"] + [k for k in ("transformer_quant_copies",) if k in g]
+    tr_res = ["transformer_weights"] + [k for k in ("transformer_quant_copies", "adaln_tables") if k in g]
     both = opts["offload"] == "none"
     denoise = tr_res + (vae_res if both else []) + ["step_inputs", max(("block_activations", "stack_boundary"), key=g.get)]
     decode = (vae_res + (tr_res if both else []) + [k for k in ("vae_autocast_cache",) if k in g]
@@ -353,6 +369,10 @@ def _candidates(est, usable: float) -> list[tuple[str, dict]]:
     sec, shp, st = i["sections"], i["shape"], i["settings"]
     opts, dc = _options(sec), _dc(sec["model"])
     out = []
+    if st.get("adaln_table") == "off":  # a plan that has the lever: the tables are the least change (lossless)
+        e = _again(est, settings={**st, "adaln_table": "on"})
+        if e["peak_gib"] <= usable:
+            return [("levers.adaln_table=on", e)]
     u = int(shp.get("ulysses_degree", 1))
     for d in (d for d in range(u + 1, opts["max_ulysses"] + 1) if dc["num_attention_heads"] % d == 0):
         e = _again(est, shape=_reshape(shp, degree=d))
