@@ -8,6 +8,9 @@ says whether it fits and, when not, which nearest change does (each one re-estim
   `_keep_in_fp32_modules`). gemm_quant fp8: the six block linears 1 byte + a float32 scale per output
   channel; nvfp4: 0.5 byte + an e4m3 scale per 16 weights + a float32 global scale. Quantised at install
   (the checkpoint is not in that format) the installer keeps the bf16 originals for uninstall: both count.
+- adaln_table=on: the AdaLN linears (every block's adaln_proj and norm_out.linear, bf16) wait in pinned host
+  memory; their table stays on every rank: rows (levers/adaln_table.table_plan: the request's timestep vectors)
+  x their output features, bf16. `fit` offers levers.adaln_table=on first to a plan that has the lever off.
 - Denoise step (no_grad, per rank, L = ceil(S/U) rows): the residual stream plus the larger of the
   attention phase and the FFN phase of one block forward, and the full-S tensors outside the stack
   (every rank embeds and gathers the whole sequence). Counted as diffusers' eager code keeps them alive

@@ -9,7 +9,8 @@ is logged as `lever: fqn Old -> New` and listed in the returned InstallReport wi
 
 State-dict layout: processor and forward swaps add no parameters or buffers, so a bf16 plan leaves
 `model.state_dict()` keys, shapes and dtypes unchanged; gemm_quant replaces the linears' `weight` with
-quantised buffers (plus their scales) while installed. `uninstall(model)` restores the original
+quantised buffers (plus their scales) while installed; adaln_table keeps the AdaLN linears' keys, dtypes and
+bits, their tensors on the host (pinned) while installed (install/adaln_table.py). `uninstall(model)` restores the original
 forwards, processors and nn.Linear objects (the originals are kept while installed). Installing the
 same plan again returns the existing report; a different plan is installed after an uninstall.
 Install after moving / copying the model (the kept originals stay where they were; a deep copy of an
