@@ -99,7 +99,7 @@ def test_plan_decode_is_bitwise_eager_and_every_fused_path_ran(sm90):
                                     "float16 on the device (float32 masters on the host)")
     skipped = dict(report.skipped)
     assert skipped["vae_tiles"].startswith("diffusers' released tile geometry")
-    transformer = next(k for k in skipped if k.startswith("gemm_quant, attention"))
+    transformer = next(k for k in skipped if k.startswith("gemm_quant, adaln_table, attention"))
     assert "not to the VAE" in skipped[transformer] and "vae_ops" not in transformer
     note = next(n for n in report.notes if n.startswith("vae_ops.fp16_weights"))
     n = 6 * 2 * BLOCKS  # six linears, weight + bias each
