@@ -106,6 +106,8 @@ FIT = [
     (48, ["parallel=u2"], "recipe=fp8"),
     (64, ["levers.adaln_table=off", "memory.offload=model"], "levers.adaln_table=on"),
     (40, ["recipe=fp8"], None),
+    (64, [], None),                                                  # VAE decode without offload on a 64 GB card
+    (56, [], "parallel.ulysses=2"),                                  # the next option once the tables are on
 ]
 
 
@@ -129,3 +131,13 @@ def test_the_plan_prints_the_per_gpu_peak_the_tables_give_at_each_degree(plan, u
 
     text = render_table(p)
     assert "memory_peak_gib_tables_off" in text and "the tables free 23.4 GiB" in " ".join(text.split())
+
+
+def test_memory_gib_override(plan):
+    p = plan("hardware.device.memory_gib=80")
+    assert p.get("hardware")["device"]["memory_gb"] == pytest.approx(85.899, abs=1e-3)
+    assert p.derived_value("memory_peak_gib_per_gpu") < 80 * 0.92
+    from h3plan.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^hardware.device.memory_gib=0.0: must be a positive number of GiB$"):
+        plan("hardware.device.memory_gib=0")
