@@ -270,3 +270,22 @@ def test_compiled_tables_hit_miss_and_never_recompile(pair, no_recompiles, how):
         c = counters()
         assert c.get("adaln_table.fused" if hit else "adaln_table.fallback") == 3, (ts, c)
         assert all(torch.equal(a, b) for a, b in zip(got, forward(eager, x)))
+
+
+@pytest.mark.slow
+def test_ulysses_degree_2_with_tables_matches_single_process():
+    import json
+    import os
+    import tempfile
+
+    import adaln_table_ulysses_worker as W
+    from gloo_spawn import spawn
+
+    outdir = tempfile.mkdtemp(prefix="h3plan_adaln_u2_")
+    spawn(W.worker, 2, outdir, 47, timeout_s=300)
+    for rank in (0, 1):
+        with open(os.path.join(outdir, f"rank{rank}.json")) as f:
+            r = json.load(f)
+        c = r["counters"]
+        assert r["bitwise"] and r["after_uninstall_bitwise"], (rank, r)
+        assert c["adaln_table.fused"] == 3 and "adaln_table.fallback" not in c and c["attention.fused"] == 2, (rank, c)
