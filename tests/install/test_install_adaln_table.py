@@ -289,3 +289,11 @@ def test_ulysses_degree_2_with_tables_matches_single_process():
         c = r["counters"]
         assert r["bitwise"] and r["after_uninstall_bitwise"], (rank, r)
         assert c["adaln_table.fused"] == 3 and "adaln_table.fallback" not in c and c["attention.fused"] == 2, (rank, c)
+
+
+def test_install_takes_more_step_counts(pair):
+    _, model, _ = pair
+    report = install(model, table_plan(), registry=REG, num_inference_steps=[7, 5])
+    tables = A.tables_of(model)
+    assert tables.spec["steps"] == [5, 7] and len(tables.vectors) == len(A.timestep_vectors([5, 7], **SPEC)) == 8
+    assert any("num_inference_steps 5, 7" in n for n in report.notes)
