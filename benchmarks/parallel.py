@@ -74,6 +74,7 @@ def _settings(base, S, U, group, recipes, compile_plans, ring=1, exchange_arm=Fa
     import torch
 
     import h3plan
+    from h3plan.actions.inputs import TIMESTEP
 
     made, notes = {}, {}
 
@@ -90,6 +91,7 @@ def _settings(base, S, U, group, recipes, compile_plans, ring=1, exchange_arm=Fa
     def plan(recipe, u, compiled=False, r=1, **over):
         m = copy.deepcopy(base)
         h3plan.install(m, _plan(recipe, u, S, r, **over), **({"group": group} if u * r > 1 else {}))
+        h3plan.prepare(m, timesteps=[TIMESTEP])  # adaln_table: packed_inputs' timesteps (no-op without a table)
         if compiled:
             m.compile_repeated_blocks(fullgraph=True)
         return m

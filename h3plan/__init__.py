@@ -15,7 +15,7 @@ from h3plan.plan import Decision, Plan
 
 __version__ = "0.2.0"
 
-__all__ = ["Decision", "Plan", "resolve", "resolve_config", "plan_for", "install", "uninstall", "installed_plan", "counters",
+__all__ = ["Decision", "Plan", "resolve", "resolve_config", "plan_for", "install", "uninstall", "installed_plan", "prepare", "counters",
            "reset_counters", "fallback_reasons", "H3PlanError", "ConfigError", "PlanningError", "PlanFileError",
            "UsageError", "InstallError", "__version__"]
 
@@ -25,6 +25,7 @@ _LAZY = {
     "install": ("h3plan.install", None),  # the package is callable: install(model, plan)
     "uninstall": ("h3plan.install", "uninstall"),
     "installed_plan": ("h3plan.install", "installed_plan"),
+    "prepare": ("h3plan.install.adaln_table", "prepare"),
     "counters": ("h3plan.runtime.counters", "counters"),
     "reset_counters": ("h3plan.runtime.counters", "reset_counters"),
     "fallback_reasons": ("h3plan.runtime.counters", "fallback_reasons"),

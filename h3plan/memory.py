@@ -8,6 +8,9 @@ says whether it fits and, when not, which nearest change does (each one re-estim
   `_keep_in_fp32_modules`). gemm_quant fp8: the six block linears 1 byte + a float32 scale per output
   channel; nvfp4: 0.5 byte + an e4m3 scale per 16 weights + a float32 global scale. Quantised at install
   (the checkpoint is not in that format) the installer keeps the bf16 originals for uninstall: both count.
+- adaln_table=on: the AdaLN linears (every block's adaln_proj and norm_out.linear, bf16) wait in pinned host
+  memory; their table stays on every rank: rows (levers/adaln_table.table_plan: the request's timestep vectors)
+  x their output features, bf16. `fit` offers levers.adaln_table=on first to a plan that has the lever off.
 - Denoise step (no_grad, per rank, L = ceil(S/U) rows): the residual stream plus the larger of the
   attention phase and the FFN phase of one block forward, and the full-S tensors outside the stack
   (every rank embeds and gathers the whole sequence). Counted as diffusers' eager code keeps them alive
@@ -205,6 +208,8 @@ def _weights(it: _Items, sections, settings, opts) -> None:
     gq = _setting(settings, "gemm_quant", "bf16")
     checkpoint = (sections.get("recipe") or {}).get("checkpoint", gq)
     base = 2 * (tp["block_linears"] + tp["bf16_other"]) + 4 * tp["fp32"]
+    tables = _adaln_plan(sections, dc, pipe) if _setting(settings, "adaln_table", "off") == "on" else None
+    base -= tables["weight_bytes"] if tables else 0
     quant = {"fp8": tp["block_linears"] + 4 * tp["block_linear_rows"],
              "nvfp4": tp["block_linears"] // 2 + tp["block_linears"] // 16 + 4 * 6 * dc["num_layers"]}.get(gq)
     if quant is not None and checkpoint == gq:
@@ -220,6 +225,13 @@ def _weights(it: _Items, sections, settings, opts) -> None:
     else:
         it.add("transformer_weights", base, f"{tp['block_linears'] + tp['bf16_other']:,} bf16 + {tp['fp32']:,} float32 parameters "
                                             f"({', '.join(TRANSFORMER_FP32)}: _keep_in_fp32_modules)")
+    if tables:
+        p = tables
+        it.basis["transformer_weights"] += (f"; adaln_table: the {p['linears']} AdaLN linears' {p['parameters']:,} bf16 parameters "
+                                            "wait in pinned host memory (install/adaln_table.py)")
+        it.add("adaln_tables", p["table_bytes"], f"adaln_table: {p['rows']} rows ({p['vectors']} timestep vectors at "
+                                                 f"num_inference_steps {', '.join(map(str, p['steps']))}) x {p['linears']} "
+                                                 "linears' outputs, bf16")
     vb, vp = VAE_DTYPES[opts["vae_dtype"]], vae_params(vdc)
     vd = decode_dtype(settings, opts)
     lb = VAE_DTYPES[vd]
@@ -231,6 +243,13 @@ def _weights(it: _Items, sections, settings, opts) -> None:
     it.add("audio_vae_weights", vb * pipe["audio_vae"]["params"],
            f"AutoencoderKLMiniMaxH3Audio {pipe['audio_vae']['params']:,} parameters, {opts['vae_dtype']}")
     it.add("text_encoder", 0, "not resident: prompt_embeds given (Qwen3-VL runs before, or elsewhere)")
+
+
+def _adaln_plan(sections, dc, pipe) -> dict[str, Any]:
+    """adaln_table=on: the AdaLN linears' weights leave the device (pinned host memory), their table stays."""
+    from .levers.adaln_table import table_plan
+
+    return table_plan(dc, pipe, audio=bool((sections.get("video") or {}).get("audio", True)))
 
 
 def _block_terms(dc, U: int, settings) -> tuple[list, list]:
@@ -324,7 +343,7 @@ def estimate(sections: Mapping[str, Any], shape: Mapping[str, Any], settings: Ma
         it.add("video_postprocess", 0, geo_src)
     g = it.gib
     vae_res = ["vae_weights", "audio_vae_weights"] + [k for k in ("vae_graph_pools",) if k in g]
-    tr_res = ["transformer_weights"] + [k for k in ("transformer_quant_copies",) if k in g]
+    tr_res = ["transformer_weights"] + [k for k in ("transformer_quant_copies", "adaln_tables") if k in g]
     both = opts["offload"] == "none"
     denoise = tr_res + (vae_res if both else []) + ["step_inputs", max(("block_activations", "stack_boundary"), key=g.get)]
     decode = (vae_res + (tr_res if both else []) + [k for k in ("vae_autocast_cache",) if k in g]
@@ -363,6 +382,10 @@ def _candidates(est, usable: float) -> list[tuple[str, dict]]:
     sec, shp, st = i["sections"], i["shape"], i["settings"]
     opts, dc = _options(sec), _dc(sec["model"])
     out = []
+    if st.get("adaln_table") == "off":  # a plan that has the lever: the tables are the least change (lossless)
+        e = _again(est, settings={**st, "adaln_table": "on"})
+        if e["peak_gib"] <= usable:
+            return [("levers.adaln_table=on", e)]
     u = int(shp.get("ulysses_degree", 1))
     for d in (d for d in range(u + 1, opts["max_ulysses"] + 1) if dc["num_attention_heads"] % d == 0):
         e = _again(est, shape=_reshape(shp, degree=d))

@@ -28,6 +28,7 @@ def context(sections: Mapping[str, Any], decisions: Mapping[str, Any] | None = N
         model=sections["model"], vae=sections["vae"], levers=MappingProxyType(dict(sections["levers"])),
         shape=MappingProxyType(shp), decisions=MappingProxyType(dict(decisions or {})),
         request=MappingProxyType(req if req.get("source", "").startswith("video") else {}),
+        pipeline=MappingProxyType(dict(sections.get("pipeline") or {})),
     )
 
 
@@ -62,6 +63,12 @@ def _memory(sections, shape, decisions) -> tuple[dict[str, Any], dict[str, str]]
     basis = {"memory_peak_gib_per_gpu": est["summary"] + f"; against {gb} GB ({hw['name']} hardware.device.memory_gb) less "
                                         f"memory.reserve_fraction {m['reserve_fraction']:g}",
              "memory_breakdown_gib": "; ".join(f"{k}: {v}" for k, v in est["basis"].items())}
+    if getattr(decisions.get("adaln_table"), "setting", None) == "on":  # where the freed memory goes
+        off = memory.estimate(sections, shape, {**decisions, "adaln_table": "off"})
+        values["memory_peak_gib_tables_off"] = off["peak_gib"]
+        basis["memory_peak_gib_tables_off"] = (
+            f"the same plan with levers.adaln_table=off ({off['peak_phase']}): the tables free "
+            f"{off['peak_gib'] - est['peak_gib']:.1f} GiB of this GPU's peak")
     if gb and m["check"]:
         why = memory.fit(est, gb, m["reserve_fraction"])
         if why:

@@ -143,6 +143,12 @@ class AudioVaeFacts:
 
 
 @dataclass
+class SchedulerFacts:
+    video_shift: float = 12.0
+    audio_shift: float = 3.0
+
+
+@dataclass
 class PipelineConfig:
     """The `pipeline` config group: diffusers MiniMaxH3ModularPipeline facts (conf/pipeline/h3.yaml holds
     the values and their sources; these defaults only type the node)."""
@@ -153,6 +159,8 @@ class PipelineConfig:
     max_seconds: float = 15.0
     default_num_frames: int = 124
     num_inference_steps: int = 50
+    schedulers: SchedulerFacts = field(default_factory=SchedulerFacts)
+    keyframe_noise_aug: float = 0.999
     canvas: CanvasFacts = field(default_factory=CanvasFacts)
     audio: AudioFacts = field(default_factory=AudioFacts)
     audio_vae: AudioVaeFacts = field(default_factory=AudioVaeFacts)

@@ -101,6 +101,9 @@ class VaePrecision(str, Enum):
 class DeviceFacts:
     sm_count: Optional[int] = MISSING
     memory_gb: Optional[float] = MISSING
+    memory_gib: Optional[float] = None
+    """The device's memory in GiB (2^30 bytes), as torch.cuda reports it; set, it replaces memory_gb (which
+    validate() then holds in vendor GB), e.g. hardware.device.memory_gib=80 for an 80 GiB card."""
     hbm_tbps: Optional[float] = MISSING
     nvlink_gbps: Optional[float] = MISSING
     """NVLink bandwidth per GPU, both directions together (vendor convention); one direction is half."""
@@ -815,6 +818,11 @@ def validate(cfg: DictConfig | dict) -> dict[str, Any]:
                           "an smNN name is its compute capability (name a custom GPU otherwise)")
     if not re.fullmatch(r"\d+\.\d+", cc):
         raise ConfigError(f"hardware.compute_capability={cc}", "must be major.minor, e.g. 9.0")
+    dev = c["hardware"]["device"]
+    if dev.get("memory_gib") is not None:
+        if dev["memory_gib"] <= 0:
+            raise ConfigError(f"hardware.device.memory_gib={dev['memory_gib']}", "must be a positive number of GiB")
+        dev["memory_gb"] = round(dev["memory_gib"] * 2**30 / 1e9, 3)
     verified = c["hardware"]["verified"]["settings"]
     for lever, settings in verified.items():
         if lever not in LEVER_SETTINGS:

@@ -28,6 +28,8 @@ DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.floa
           "fp32": torch.float32, "float32": torch.float32}
 
 
+TIMESTEP = (0.7, 0.3)  # the two distinct timesteps of packed_inputs (adaln_table plans: h3plan.prepare(model, timesteps=[TIMESTEP]))
+
 def resolve_dtype(name) -> torch.dtype:
     if isinstance(name, torch.dtype):
         return name
@@ -158,7 +160,7 @@ def packed_layout(seq_len: int, *, device="cpu", grid_hw: tuple[int, int] | None
     pos[video, 0] = (i // (gh * gw)).float()
     pos[video, 1] = ((i // gw) % gh).float()
     pos[video, 2] = (i % gw).float()
-    out = {"timestep": torch.tensor([0.7, 0.3]), "timestep_indices": tidx, "token_tags": tags, "position_ids": pos,
+    out = {"timestep": torch.tensor(TIMESTEP), "timestep_indices": tidx, "token_tags": tags, "position_ids": pos,
            "video_indices": video, "audio_indices": audio, "text_indices": text}
     return {k: v.to(device) for k, v in out.items()}
 

@@ -118,6 +118,10 @@ class Verifier:
         from h3plan.install import counters as get_counters
 
         report = install(self.model, plan, registry=self.registry) if plan is not None else None
+        if report is not None:  # adaln_table: these inputs' timestep vector in the table too (no-op without one)
+            from h3plan.install.adaln_table import prepare
+
+            prepare(self.model, timesteps=[self.inputs["timestep"]])
         try:
             reset_counters()
             with torch.no_grad():

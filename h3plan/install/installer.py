@@ -9,7 +9,8 @@ is logged as `lever: fqn Old -> New` and listed in the returned InstallReport wi
 
 State-dict layout: processor and forward swaps add no parameters or buffers, so a bf16 plan leaves
 `model.state_dict()` keys, shapes and dtypes unchanged; gemm_quant replaces the linears' `weight` with
-quantised buffers (plus their scales) while installed. `uninstall(model)` restores the original
+quantised buffers (plus their scales) while installed; adaln_table keeps the AdaLN linears' keys, dtypes and
+bits, their tensors on the host (pinned) while installed (install/adaln_table.py). `uninstall(model)` restores the original
 forwards, processors and nn.Linear objects (the originals are kept while installed). Installing the
 same plan again returns the existing report; a different plan is installed after an uninstall.
 Install after moving / copying the model (the kept originals stay where they were; a deep copy of an
@@ -383,18 +384,19 @@ def _skips(plan, builder, report):
                                                   "(install the plan into the VAE too)"))
 
 
-def install(model, plan: Plan, *, registry=None, group=None) -> InstallReport:
+def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps=None) -> InstallReport:
     """Install `plan` into a diffusers MiniMaxH3Transformer3DModel or AutoencoderKLMiniMaxH3; returns the
     InstallReport.
 
     registry: lever name -> object with install(builder, decision) (default h3plan.levers.REGISTRY).
     group: the torch.distributed group for Ulysses (None: the default group; not used by the VAE).
+    num_inference_steps: step counts the adaln_table lever tables beside the plan's (an int or a list).
     """
     from . import pipeline as _pipeline
     from . import vae as _vae
 
     if _pipeline.is_pipeline(model):
-        return _pipeline.install_pipeline(model, plan, group=group, registry=registry)
+        return _pipeline.install_pipeline(model, plan, group=group, registry=registry, num_inference_steps=num_inference_steps)
     is_vae = _vae.is_vae(model)
     if is_vae:
         _vae.recognise(model)
@@ -421,6 +423,11 @@ def install(model, plan: Plan, *, registry=None, group=None) -> InstallReport:
         else:
             if builder.recorded("linears").get("quant") is not None:
                 _quantize(model, builder, state)
+            if builder.recorded("linears").get("adaln_table") is not None:  # install/adaln_table.py
+                from .adaln_table import build as _adaln_tables
+
+                steps = [num_inference_steps] if isinstance(num_inference_steps, int) else num_inference_steps
+                _adaln_tables(model, builder.values["adaln_table"], state, lambda *a: _swap(state.report, *a), steps)
             act_quant = install_rows(model, builder, state, lambda *a: _swap(state.report, *a))
             shard = _processors(model, builder, state, group) if builder.recorded("attention") else None
             if shard is not None:

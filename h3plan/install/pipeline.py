@@ -88,7 +88,7 @@ def recognise(pipe) -> None:
         raise InstallError(f"h3plan.install_pipeline supports diffusers' MiniMaxH3ModularPipeline only; got {name}")
 
 
-def install_pipeline(pipe, plan: Plan, group=None, *, registry=None) -> PipelineReport:
+def install_pipeline(pipe, plan: Plan, group=None, *, registry=None, num_inference_steps=None) -> PipelineReport:
     """Install `plan` into every component of a MiniMaxH3ModularPipeline it has levers for (module docstring).
     group: the torch.distributed group for the transformers' Ulysses attention (None: the default group);
     registry: lever installers, as installer.install takes them (None: h3plan.levers.REGISTRY)."""
@@ -110,13 +110,18 @@ def install_pipeline(pipe, plan: Plan, group=None, *, registry=None) -> Pipeline
                 continue
             was = installed_plan(comp)
             try:
-                kw = {"group": group} if name in TRANSFORMERS else {}
+                kw = {"group": group, "num_inference_steps": num_inference_steps} if name in TRANSFORMERS else {}
                 report.reports[name] = install(comp, plan, registry=registry, **kw)
             except ValueError as e:  # the installer's one-line refusals (H3PlanError is a ValueError too)
                 raise InstallError(f"{name}: {e}") from e
             touched[name] = comp
             if was != plan:
                 fresh.append(comp)
+        from .adaln_table import prepare, tables_of  # adaln_table: the keys of the pipeline's own schedulers too
+
+        tabled = [c for n, c in touched.items() if n in TRANSFORMERS and tables_of(c) is not None]
+        if tabled:
+            prepare(pipe, num_inference_steps=tables_of(tabled[0]).spec["steps"])
     except BaseException:
         for comp in reversed(fresh):
             uninstall(comp)

@@ -17,6 +17,7 @@ from types import MappingProxyType
 
 from . import (
     a2a_fp8_codes,
+    adaln_table,
     attention,
     compile,
     fa4_2cta,
@@ -43,7 +44,7 @@ from . import (
 )
 from .base import Context, LeverError, Option, Spec
 
-_MODULES = (gemm_quant, attention, fa4_2cta, fa4_tile, fp8_scales, qk_norm_rope, modulation, gated_residual, swiglu,
+_MODULES = (gemm_quant, adaln_table, attention, fa4_2cta, fa4_tile, fp8_scales, qk_norm_rope, modulation, gated_residual, swiglu,
             fp8_act_quant, ulysses_padding, ulysses_overlap, a2a_fp8_codes, prefix_inplace, ring, ulysses_exchange,
             nvfp4_producer_quant,
             nvfp4_out_quant, compile, vae_precision, vae_tiles, vae_graphs, vae_ops, vae_parallel)

@@ -123,6 +123,8 @@ class Context:
     request: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     """The video request's numbers (h3plan/request.py: rows, latent frames and size); empty when
     parallel.seq_len was set explicitly."""
+    pipeline: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    """The `pipeline` section: diffusers' pipeline facts (steps, scheduler shifts; conf/pipeline/h3.yaml)."""
 
     def requested(self, lever: str) -> str:
         return str(self.levers.get(lever, "auto"))

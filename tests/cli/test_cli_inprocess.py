@@ -11,7 +11,7 @@ from h3plan import cli
 BAD = [
     (["hardware=sm200"], "hardware=sm200: no such option; available: sm100, sm103, sm107, sm90"),
     (["levers.attention=fa5"], "levers.attention=fa5: not allowed; allowed: auto, sdpa, cudnn_bf16, cudnn_fp8, fa4"),
-    (["levers.atention=fa4"], "levers.atention: unknown key (did you mean levers.attention?); allowed: gemm_quant, attention,"),
+    (["levers.atention=fa4"], "levers.atention: unknown key (did you mean levers.attention?); allowed: gemm_quant, adaln_table, attention,"),
     (["parallel.seq_len=-5"], "parallel.seq_len=-5: must be a positive integer"),
     (["parallel.seq_len=abc"], "parallel.seq_len: Value 'abc'"),
     (["model=h3_tiny", "parallel=u8"], "must divide the 4 attention heads of model h3_tiny; allowed: 1, 2, 4"),

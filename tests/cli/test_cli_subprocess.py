@@ -82,10 +82,11 @@ def test_user_search_path_hardware_and_malformed_yaml(cli, tmp_path_factory):
         """))
     (conf / "hardware" / "broken.yaml").write_text("name: broken\nproducts: [H100\n")
     sp = f"hydra.searchpath=[file://{conf}]"
-    # the released model with the VAE resident does not fit 80 GB: the plan says so and names what fits
-    refused = _one_error_line(cli("hardware=h100", sp))
-    assert refused.startswith("h3plan: error: the plan does not fit one h100 GPU: peak ") and "nearest fit: memory.offload=model" in refused
-    p = cli("hardware=h100", sp, "memory.offload=model", "format=json")
+    # without the AdaLN tables the released model with the VAE resident does not fit 80 GB: the plan says so and
+    # names what fits; with them (auto) it fits
+    refused = _one_error_line(cli("hardware=h100", sp, "levers.adaln_table=off"))
+    assert refused.startswith("h3plan: error: the plan does not fit one h100 GPU: peak ") and "nearest fit: levers.adaln_table=on" in refused
+    p = cli("hardware=h100", sp, "format=json")
     assert p.returncode == 0, p.stderr
     hw = json.loads(p.stdout)["config"]["hardware"]
     assert (hw["name"], hw["device"]["memory_gb"], hw["device"]["sm_count"]) == ("h100", 80.0, 132)

@@ -118,7 +118,7 @@ def test_fp16_plan_decode_is_bitwise_the_fp16_loaded_vae_and_every_fused_path_ra
     assert str(report.swaps[0]).startswith("vae_precision: vae (") and "-> float16 (from_pretrained(torch_dtype)'s cast" in str(report.swaps[0])
     skipped = dict(report.skipped)
     assert skipped["vae_tiles"].startswith("diffusers' released tile geometry")
-    transformer = next(k for k in skipped if k.startswith("gemm_quant, attention"))
+    transformer = next(k for k in skipped if k.startswith("gemm_quant, adaln_table, attention"))
     assert "not to the VAE" in skipped[transformer] and "vae_ops" not in transformer
     note = next(n for n in report.notes if n.startswith("vae_precision=fp16"))
     assert "never read by a call" in note and "uninstall restores the originals bit for bit" in note

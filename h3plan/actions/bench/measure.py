@@ -193,6 +193,9 @@ def _setup(torch, cfg, plan, opts: BenchOptions, device, progress: Progress) -> 
         eager = inputs.build_model(dc, blocks=n, device=device, dtype="bf16", seed=0)
     plan_model = copy.deepcopy(eager)
     report = install(plan_model, plan)
+    from h3plan.install.adaln_table import prepare
+
+    prepare(plan_model, timesteps=[inputs.TIMESTEP])  # adaln_table: the bench inputs' timesteps (no-op without a table)
     progress.write(f"installed {plan_label(plan)}:\n{report}")
     backend_name = plan.decision("attention").setting
     if backend_name in LOSSLESS_BACKENDS:
