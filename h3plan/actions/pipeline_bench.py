@@ -394,7 +394,7 @@ def _rows(pipe, specs, opts, degree, S, group, progress) -> list[_Row]:
             s = Best(pipe, degree, S, opts, v, shared)
             shared = shared or s
         elif kind == "plan":
-            s = PlanSetting(pipe, p, group, progress)
+            s = PlanSetting(pipe, p, group, progress, num_inference_steps=opts.warmup + opts.steps + 1)
         else:
             s = Reference(pipe, p)
         rows.append(_Row(s, [], []))

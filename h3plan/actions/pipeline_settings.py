@@ -80,14 +80,18 @@ class Eager(Setting):
 class PlanSetting(Setting):
     name = "plan"
 
-    def __init__(self, pipe, plan, group, progress):
+    def __init__(self, pipe, plan, group, progress, num_inference_steps=None):
         self.pipe, self.plan, self.group, self.progress, self.report = pipe, plan, group, progress, None
         self.label, self.vae = row_label(plan), plan_precision(plan)
+        self.steps = num_inference_steps  # the bench's short calls: their timesteps join an adaln table too
 
     def enter(self):
+        from h3plan.install.adaln_table import prepare
         from h3plan.install.pipeline import install_pipeline
 
         report = install_pipeline(self.pipe, self.plan, group=self.group)
+        if self.steps is not None:
+            prepare(self.pipe, num_inference_steps=self.steps)
         if self.report is None:
             self.progress.write(str(report))
         self.report = report

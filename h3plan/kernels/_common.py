@@ -90,6 +90,15 @@ def round_hw(x, IS_BF16: tl.constexpr, HW: tl.constexpr):
 
 
 @triton.jit
+def round_st(x, IS_BF16: tl.constexpr, IS_F32: tl.constexpr, HW: tl.constexpr):
+    """`round_hw` to the storage dtype, or nothing where that dtype is float32 (every fp32 op already rounded)."""
+    if IS_F32:
+        return x
+    else:
+        return round_hw(x, IS_BF16, HW)
+
+
+@triton.jit
 def to_f32(x, HW: tl.constexpr):
     """Exact upcast to fp32. The interpreter's bf16 -> fp32 cast mangles subnormals, so without HW a bf16
     value is widened through its bits (a 16-bit shift, which is all the cast is)."""

@@ -124,14 +124,14 @@ def _lean_kernel(
 
     y = _qk._norm_rope(q_ptr, b3 * sqb + s3 * sqs + h3 * sqh + c, b3 * sqb + s3 * sqs + h3 * sqh + pc,
                        m, mp, wq, wqp, cb, sb, c, eps, BT, BH, D, D_PAD, P, HALF, R, HAS_W, IS_BF16, RSQRT,
-                       REDUCTION, HW)
+                       REDUCTION, HW, False)
     if AMAX:
         tl.store(part + 0, _amax_bits(y, valid))
     else:
         _emit(y, oq_ptr, oo, m, sc_q, HW)
     y = _qk._norm_rope(k_ptr, b3 * skb + s3 * sks + h3 * skh + c, b3 * skb + s3 * sks + h3 * skh + pc,
                        m, mp, wk, wkp, cb, sb, c, eps, BT, BH, D, D_PAD, P, HALF, R, HAS_W, IS_BF16, RSQRT,
-                       REDUCTION, HW)
+                       REDUCTION, HW, False)
     if AMAX:
         tl.store(part + 1, _amax_bits(y, valid))
     else:

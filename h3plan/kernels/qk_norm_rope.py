@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import INTERPRET, LAUNCH_OPTS, guard, negate, next_pow2, round_hw, to_f32
+from ._common import INTERPRET, LAUNCH_OPTS, guard, negate, next_pow2, round_st, to_f32
 from ._registry import custom_op
 from .fp8 import E4M3_MAX, e4m3_ready
 
@@ -82,7 +82,7 @@ def _sumsq_rows(x, ROWS: tl.constexpr, D_PAD: tl.constexpr, P: tl.constexpr, RED
 def _norm_rope(x_ptr, off, poff, m, mp, w, wp, cb, sb, c, eps,
                BT: tl.constexpr, BH: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, P: tl.constexpr,
                HALF: tl.constexpr, R: tl.constexpr, HAS_W: tl.constexpr, IS_BF16: tl.constexpr,
-               RSQRT: tl.constexpr, REDUCTION: tl.constexpr, HW: tl.constexpr):
+               RSQRT: tl.constexpr, REDUCTION: tl.constexpr, HW: tl.constexpr, IS_F32: tl.constexpr):
     """(BT, BH, D_PAD) tile of head rows -> normed + rotated values (exact storage-dtype values in fp32)."""
     x = to_f32(tl.load(x_ptr + off, mask=m, other=0.0), HW)
     # rotate-half partner (c + R/2 or c - R/2), reloaded (L1 hit) rather than permuted in registers
@@ -99,20 +99,22 @@ def _norm_rope(x_ptr, off, poff, m, mp, w, wp, cb, sb, c, eps,
     if HAS_W:
         n = w * n
         npart = wp * npart
-    n = round_hw(n, IS_BF16, HW)
-    npart = round_hw(npart, IS_BF16, HW)
+    n = round_st(n, IS_BF16, IS_F32, HW)
+    npart = round_st(npart, IS_BF16, IS_F32, HW)
     rot = tl.where(c < HALF, negate(npart), npart)
-    t1 = round_hw(n * cb, IS_BF16, HW)
-    t2 = round_hw(rot * sb, IS_BF16, HW)
-    return tl.where(c < R, round_hw(t1 + t2, IS_BF16, HW), n)
+    t1 = round_st(n * cb, IS_BF16, IS_F32, HW)
+    t2 = round_st(rot * sb, IS_BF16, IS_F32, HW)
+    return tl.where(c < R, round_st(t1 + t2, IS_BF16, IS_F32, HW), n)
 
 
 @triton.jit
 def _emit(y, out_ptr, oo, m, valid, amax_ptr, IDX: tl.constexpr, sc, MODE: tl.constexpr,
-          OUT_BF16: tl.constexpr, HW: tl.constexpr):
+          OUT_BF16: tl.constexpr, HW: tl.constexpr, OUT_F32: tl.constexpr):
     """MODE 0: store y; 1: atomic amax of |y| over valid elements (NaN propagates); 2: store e4m3(y*sc)."""
     if MODE == 0:
-        if OUT_BF16:
+        if OUT_F32:
+            tl.store(out_ptr + oo, y, mask=m)
+        elif OUT_BF16:
             tl.store(out_ptr + oo, y.to(tl.bfloat16), mask=m)
         else:
             tl.store(out_ptr + oo, y.to(tl.float16), mask=m)
@@ -155,6 +157,7 @@ def _qk_norm_rope_kernel(
     BT: tl.constexpr, BH: tl.constexpr,
     HAS_V: tl.constexpr, HAS_W: tl.constexpr, IS_BF16: tl.constexpr,
     MODE: tl.constexpr, DYNAMIC: tl.constexpr, RSQRT: tl.constexpr, REDUCTION: tl.constexpr, HW: tl.constexpr,
+    IS_F32: tl.constexpr,
 ):
     HALF: tl.constexpr = R // 2
     pid_t = tl.program_id(0).to(tl.int64)
@@ -178,8 +181,8 @@ def _qk_norm_rope_kernel(
     oo = u[None, :, None] * sou + b3 * sob + s3 * sos + hl[None, :, None] * D + c
 
     cm = tok_ok & (c < R)
-    cb = round_hw(tl.load(cos_ptr + b3 * scb + s3 * scs + c, mask=cm, other=0.0), IS_BF16, HW)
-    sb = round_hw(tl.load(sin_ptr + b3 * ssb + s3 * sss + c, mask=cm, other=0.0), IS_BF16, HW)
+    cb = round_st(tl.load(cos_ptr + b3 * scb + s3 * scs + c, mask=cm, other=0.0), IS_BF16, IS_F32, HW)
+    sb = round_st(tl.load(sin_ptr + b3 * ssb + s3 * sss + c, mask=cm, other=0.0), IS_BF16, IS_F32, HW)
 
     first = (pid_t == 0) & (pid_h == 0)
     sc_q = _scale(amax_ptr, 0, sc_q, DYNAMIC)
@@ -201,12 +204,12 @@ def _qk_norm_rope_kernel(
 
     y = _norm_rope(q_ptr, b3 * sqb + s3 * sqs + h3 * sqh + c, b3 * sqb + s3 * sqs + h3 * sqh + pc,
                    m, mp, wq, wqp, cb, sb, c, eps, BT, BH, D, D_PAD, P, HALF, R, HAS_W, IS_BF16, RSQRT,
-                   REDUCTION, HW)
-    _emit(y, oq_ptr, oo, m, valid, amax_ptr, 0, sc_q, MODE, IS_BF16, HW)
+                   REDUCTION, HW, IS_F32)
+    _emit(y, oq_ptr, oo, m, valid, amax_ptr, 0, sc_q, MODE, IS_BF16, HW, IS_F32)
     y = _norm_rope(k_ptr, b3 * skb + s3 * sks + h3 * skh + c, b3 * skb + s3 * sks + h3 * skh + pc,
                    m, mp, wk, wkp, cb, sb, c, eps, BT, BH, D, D_PAD, P, HALF, R, HAS_W, IS_BF16, RSQRT,
-                   REDUCTION, HW)
-    _emit(y, ok_ptr, oo, m, valid, amax_ptr, 1, sc_k, MODE, IS_BF16, HW)
+                   REDUCTION, HW, IS_F32)
+    _emit(y, ok_ptr, oo, m, valid, amax_ptr, 1, sc_k, MODE, IS_BF16, HW, IS_F32)
     if HAS_V:
         vv = tl.load(v_ptr + b3 * svb + s3 * svs + h3 * svh + c, mask=m, other=0.0)
         if MODE == 0:
@@ -215,7 +218,7 @@ def _qk_norm_rope_kernel(
             sc_v = _scale(amax_ptr, 2, sc_v, DYNAMIC)
             if MODE == 2:
                 tl.store(descale_ptr + 2, tl.math.div_rn(1.0, sc_v), mask=first)
-            _emit(to_f32(vv, HW), ov_ptr, oo, m, valid, amax_ptr, 2, sc_v, MODE, IS_BF16, HW)
+            _emit(to_f32(vv, HW), ov_ptr, oo, m, valid, amax_ptr, 2, sc_v, MODE, IS_BF16, HW, IS_F32)
 
 
 # ---------------------------------------------------------------------------------------------- launch
@@ -277,7 +280,7 @@ def _launch(q, k, v, wq, wk, cos, sin, eps, *, U, mode, views, ostr, amax=None, 
         D=D, D_PAD=D_PAD, P=D_PAD // 4, R=R, BT=BT, BH=BH,
         HAS_V=v4 is not None, HAS_W=has_w, IS_BF16=q.dtype == torch.bfloat16,
         MODE=mode, DYNAMIC=amax is not None and mode == 2, RSQRT=_RSQRT[numerics["rsqrt"]],
-        REDUCTION=_REDUCTION[numerics["reduction"]], HW=not INTERPRET,
+        REDUCTION=_REDUCTION[numerics["reduction"]], HW=not INTERPRET, IS_F32=q.dtype == torch.float32,
         num_warps=num_warps, **LAUNCH_OPTS,
     )
 

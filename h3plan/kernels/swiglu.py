@@ -2,11 +2,13 @@
 
     hidden, gate = x.chunk(2, dim=-1); out = hidden * silu(gate)
 
-x: (..., 2F) bf16 or fp16 (the VAE decoder runs it in fp16 under autocast), contiguous; out (..., F).
+x: (..., 2F) bf16, fp16 or fp32 (the VAE decoder runs it in its decode precision), contiguous; out (..., F).
 
 Numerics: torch's silu on a bf16/fp16 tensor computes `x / (1 + exp(-x))` in fp32 (expf, IEEE division)
 and rounds once; the product then rounds again. The kernel does the same fp32 operations -- libdevice
-`expf` (the function torch's CUDA kernel calls) and `div_rn` -- and rounds at those two points. Because
+`expf` (the function torch's CUDA kernel calls) and `div_rn` -- and rounds at those two points. On fp32
+x torch's silu and product are those fp32 operations with no rounding step, so neither has the kernel (the
+GPU suite checks the bits; exhaustive proof covers the 16-bit gates only). Because
 silu depends only on the 16-bit gate, its exactness is proven exhaustively over all 65,536 gate values
 (tests/kernels/test_swiglu.py in the interpreter, tests/gpu on the H200). Fallback: `swiglu_ref`.
 """
@@ -18,7 +20,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from h3plan.kernels._common import INTERPRET, LAUNCH_OPTS, from_f32, guard, round_hw, tensor_checks, to_f32
+from h3plan.kernels._common import INTERPRET, LAUNCH_OPTS, from_f32, guard, round_st, tensor_checks, to_f32
 from h3plan.kernels._registry import custom_op
 
 # (rows per program, output columns per program, warps). Columns: the largest power of two <= 1024
@@ -27,7 +29,7 @@ SWEEP_CONFIGS = [(2, 1024, 4), (1, 1024, 4), (4, 1024, 8), (4, 512, 4), (8, 256,
 # exp used on the GPU: "libdevice" (expf, what torch calls) or "tl" (Triton's exp2-based approximation).
 # The interpreter always uses numpy's exp.
 EXP = "libdevice"
-DTYPES = (torch.bfloat16, torch.float16)  # x the kernel takes
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # x the kernel takes (fp32: silu and the product unrounded)
 
 
 def _config(F: int):
@@ -37,7 +39,7 @@ def _config(F: int):
 
 @triton.jit
 def _swiglu_kernel(x_ptr, out_ptr, M, F, ROWS: tl.constexpr, BLOCK_F: tl.constexpr,
-                   IS_BF16: tl.constexpr, HW: tl.constexpr, LIBDEVICE_EXP: tl.constexpr):
+                   IS_BF16: tl.constexpr, HW: tl.constexpr, LIBDEVICE_EXP: tl.constexpr, IS_F32: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     m = (rows < M)[:, None] & (cols < F)[None, :]
@@ -51,8 +53,8 @@ def _swiglu_kernel(x_ptr, out_ptr, M, F, ROWS: tl.constexpr, BLOCK_F: tl.constex
     # Some Triton versions lower div_rn to div.rn.ftz, which would flush the fp32-subnormal quotients of
     # |g| < 2^-125 that torch keeps. For |g| < 1e-30, exp(-g) is exactly 1: torch's quotient is exactly g / 2.
     s = tl.where(tl.abs(g) < 1e-30, g * 0.5, tl.math.div_rn(g, 1.0 + e))
-    s = round_hw(s, IS_BF16, HW)
-    out = round_hw(a * s, IS_BF16, HW)
+    s = round_st(s, IS_BF16, IS_F32, HW)
+    out = round_st(a * s, IS_BF16, IS_F32, HW)
     tl.store(out_ptr + rows[:, None] * F + cols[None, :], from_f32(out, out_ptr.dtype.element_ty, HW), mask=m)
 
 
@@ -80,6 +82,7 @@ def _launch(x, config=None, exp=None):
     grid = (triton.cdiv(M, rows), triton.cdiv(F, block_f))
     _swiglu_kernel[grid](x, out, M, F, ROWS=rows, BLOCK_F=block_f, IS_BF16=x.dtype == torch.bfloat16,
                          HW=not INTERPRET, LIBDEVICE_EXP=(exp or EXP) == "libdevice" and not INTERPRET,
+                         IS_F32=x.dtype == torch.float32,
                          num_warps=warps, **LAUNCH_OPTS)
     return out
 

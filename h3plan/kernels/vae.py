@@ -3,7 +3,8 @@
 `vae_qk_norm_rope(q, k, cos, sin, eps)`: what `MiniMaxH3VideoAttnProcessor` does between `to_q`/`to_k` and
 attention: `norm_q(q.float()).to(q.dtype)` (RMSNorm without affine, in fp32) then rotate-half RoPE over
 the first R = cos.shape[-1] channels (48 of 64 at the default config) with cos/sin cast to q's dtype.
-q, k (B, S, H, D) fp16 (bf16 accepted) with any batch/row/head strides and a contiguous last dim;
+q, k (B, S, H, D) in the decode's dtype (fp16, bf16 or fp32: no rounding step there) with any batch/row/head
+strides and a contiguous last dim;
 cos/sin fp32 (B, S, 1, R) as `MiniMaxH3VideoRotaryPosEmbed` returns them (or (S, R)). Returns
 (q, k) (B, S, H, D) contiguous.
 
@@ -29,7 +30,7 @@ from ._registry import custom_op
 from .qk_norm_rope import _launch, _norm_rope_checks, _out_buffers
 
 
-QK_DTYPES = (torch.float16, torch.bfloat16)  # q/k the fused norm + RoPE takes
+QK_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # q/k the fused norm + RoPE takes (fp32: no rounding step)
 RESIDUAL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # y (the attention / FFN output) scaled_residual takes
 
 

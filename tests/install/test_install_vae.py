@@ -124,17 +124,28 @@ def test_fp16_plan_decode_is_bitwise_the_fp16_loaded_vae_and_every_fused_path_ra
     assert "never read by a call" in note and "uninstall restores the originals bit for bit" in note
 
 
-def test_fp32_plan_keeps_diffusers_default_decode_bit_for_bit_with_the_float32_ops_only(sm90_fp32):
+def test_fp32_plan_keeps_diffusers_default_decode_bit_for_bit_with_the_fused_ops(sm90_fp32):
     vae, z = tiny_vae(), latent()
     ref = decode(tiny_vae(), z)
     report = install(vae, sm90_fp32)
     assert vae.dtype == torch.float32
     assert_bits(decode(vae, z), ref)
-    assert counters() == {"vae_ops.scaled_residual.fused": 2 * BLOCKS}  # no per-call fallback of a planned decode
-    skipped = dict(report.skipped)
-    assert "fp32: the VAE decodes in float32 as diffusers loads it" in skipped["vae_precision"]
-    for op in ("qk_norm_rope", "swiglu"):
-        assert "the decoder computes in torch.float32" in skipped[f"vae_ops.{op}"] and "no per-call fallback" in skipped[f"vae_ops.{op}"]
+    assert counters() == FUSED  # every op's kernel takes float32: no rounding step, the fp32 ops as eager runs them
+    assert "fp32: the VAE decodes in float32 as diffusers loads it" in dict(report.skipped)["vae_precision"]
+    assert not [k for k, _ in report.skipped if k.startswith("vae_ops.")]
+
+
+def test_an_op_whose_kernel_does_not_take_the_decode_dtype_is_settled_at_install(sm90_fp32, monkeypatch):
+    import h3plan.kernels.vae as kv
+
+    monkeypatch.setattr(kv, "QK_DTYPES", (torch.float16, torch.bfloat16))
+    vae, z = tiny_vae(), latent()
+    ref = decode(tiny_vae(), z)
+    report = install(vae, sm90_fp32)
+    assert_bits(decode(vae, z), ref)
+    assert counters() == {k: v for k, v in FUSED.items() if "qk_norm_rope" not in k}  # no per-call fallback
+    why = dict(report.skipped)["vae_ops.qk_norm_rope"]
+    assert "the decoder computes in torch.float32" in why and "no per-call fallback" in why
 
 
 @pytest.mark.parametrize("autocast", [torch.float16, torch.bfloat16])
