@@ -51,7 +51,8 @@ def auto(ctx: Context):
     if problems:
         raise LeverError(SPEC.name, "auto", [f"recipe {name} needs {ck} GEMMs"] + problems
                          + [f"to run this checkpoint dequantised to BF16 set levers.{SPEC.name}=dequant_bf16"])
-    return ck, [f"recipe {name}: the block linears run as {ck} GEMMs ({ctx.hardware['gemm']['source']})", ctx.budget_text()], params(ctx, ck)
+    return ck, [f"recipe {name}: the block linears run as {ck} GEMMs ({ctx.hardware['gemm']['source']})",
+                *explain(ctx, ck), ctx.budget_text()], params(ctx, ck)
 
 
 def _static_inputs(ctx: Context) -> bool:
@@ -75,6 +76,10 @@ def params(ctx: Context, s: str) -> dict:
 
 
 def explain(ctx: Context, s: str) -> list[str]:
+    if s == "nvfp4":
+        from .nvfp4_producer_quant import nvfp4_evidence
+
+        return nvfp4_evidence(ctx, SPEC.name, s)
     if s == "dequant_bf16":
         return [f"the {ctx.recipe['checkpoint']} checkpoint's weights are dequantised to BF16; the GEMMs add no loss beyond the checkpoint's own"]
     return []

@@ -198,3 +198,74 @@ def test_unreadable_checkpoint(tmp_path: Path):
     bad.write_bytes(b"not a checkpoint")
     with pytest.raises(UsageError, match="cannot read it"):
         load_nvfp4_checkpoint(tiny_model(), bad)
+
+
+# ---------------------------------------------------------------------------------------------- the installed plan
+NVFP4_PLAN = dict(attention="sdpa", gemm_quant="nvfp4", modulation="exact", gated_residual="on", swiglu="on")
+
+
+def run(model, p, inputs):
+    install(model, p)
+    try:
+        reset_counters()
+        out = forward(model, inputs)
+        from h3plan.install import counters
+
+        return out, counters(), fallback_reasons(), model._h3plan_state.report
+    finally:
+        uninstall(model)
+
+
+def small(static=True):
+    """One block, 16 rows (the interpreter runs a program per row); NVFP4 linears loaded from a ModelOpt export,
+    so with static input scales (one producer pass), or quantized at install (dynamic: two passes)."""
+    from h3plan.actions.inputs import build_model
+    from install_helpers import TINY
+
+    model = build_model(TINY, blocks=1)
+    if static:
+        load_nvfp4_checkpoint(model, modelopt_export(model))
+    return model, tiny_inputs(seq_len=16)
+
+
+@pytest.mark.parametrize("static", [True, pytest.param(False, marks=pytest.mark.slow)])
+def test_producers_and_out_cast_give_the_linears_own_bits(static):
+    """nvfp4_producer_quant + nvfp4_out_quant write the same codes the NVFP4 linears compute from bf16 inputs."""
+    model, inputs = small(static)
+    want, c0, _, _ = run(model, plan(**NVFP4_PLAN), inputs)
+    got, c, reasons, report = run(model, plan(**NVFP4_PLAN, nvfp4_producer_quant="on", nvfp4_out_quant="on"), inputs)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert c["nvfp4_producer_quant.fused"] == 3 and "nvfp4_producer_quant.fallback" not in c  # norm1, fold, swiglu
+    assert c["nvfp4_out_quant.fused"] == 1 and c["gemm_quant.fallback"] == c0["gemm_quant.fallback"] == 6
+    assert reasons["gemm_quant"] == {"NVFP4 GEMMs need SM100+": 6}
+    logged = {(s.lever, s.fqn) for s in report.swaps}
+    assert ("nvfp4_out_quant", "transformer_blocks.0.attn.to_out.0") in logged
+    assert any(lv == "nvfp4_producer_quant" for lv, _ in logged)
+
+
+def test_a_refused_producer_falls_back_with_the_same_bits(monkeypatch):
+    from h3plan.kernels import nvfp4_producers as npd
+
+    model, inputs = small()
+    want, *_ = run(model, plan(**NVFP4_PLAN), inputs)
+    monkeypatch.setattr(npd, "gated_residual_modulate_nvfp4_check", lambda *a, **k: "refused by the test")
+    got, c, reasons, _ = run(model, plan(**NVFP4_PLAN, nvfp4_producer_quant="on"), inputs)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert reasons["nvfp4_producer_quant"] == {"refused by the test": 1}
+    assert c["nvfp4_producer_quant.fused"] == 3  # norm1, swiglu, and norm2 through the unfolded producer
+
+
+def test_nvfp4_levers_without_nvfp4_linears_are_skipped():
+    model, inputs = small(static=False)
+    p = plan(attention="sdpa", modulation="exact", swiglu="on", nvfp4_producer_quant="on", nvfp4_out_quant="on")
+    report = install(model, p)
+    try:
+        skipped = dict(report.skipped)
+        assert "not NVFP4" in skipped["nvfp4_producer_quant"] and "not NVFP4" in skipped["nvfp4_out_quant"]
+        reset_counters()
+        forward(model, inputs)
+        from h3plan.install import counters
+
+        assert not any(k.startswith("nvfp4") for k in counters())
+    finally:
+        uninstall(model)
