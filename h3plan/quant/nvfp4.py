@@ -75,7 +75,7 @@ def scaled_mm_args(codes: NVFP4Codes, lin: "NVFP4Linear") -> tuple[tuple, dict]:
     fp4 = torch.float4_e2m1fn_x2
     a = codes.packed.reshape(-1, lin.in_features // 2).view(fp4)
     b = lin.weight.view(fp4).t()
-    return (a, b), dict(scale_a=codes.scales, scale_b=lin.weight_scale_blocked(), out_dtype=torch.float32)
+    return (a, b), dict(scale_a=codes.scales, scale_b=lin.weight_scale_swizzled, out_dtype=torch.float32)
 
 
 def _gemm(codes: NVFP4Codes, lin: "NVFP4Linear") -> torch.Tensor:  # never ran on hardware (SM100+ only)
@@ -146,19 +146,14 @@ class NVFP4Linear(nn.Module):
         self.register_buffer("input_scale", None if input_scale is None else input_scale.float().reshape(()))
         self.register_buffer("bias", None if bias is None else bias.detach())
         self.input_kernel = False
-        self._blocked = None  # (weight_scale version key, swizzled copy) for the GEMM
+        # the GEMM's copy of weight_scale in the swizzled layout; refreshed when a state dict is loaded
+        self.register_buffer("weight_scale_swizzled", to_blocked(weight_scale), persistent=False)
+        self.register_load_state_dict_post_hook(lambda m, _: m.weight_scale_swizzled.copy_(to_blocked(m.weight_scale)))
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> "NVFP4Linear":
         packed, bs, g = quantize_ref(linear.weight)
         return cls(packed, bs, g, linear.bias)
-
-    def weight_scale_blocked(self) -> torch.Tensor:
-        """The weight's block scales in the swizzled layout (flat e4m3), computed once per weight_scale."""
-        key = (self.weight_scale.data_ptr(), self.weight_scale._version, self.weight_scale.device)
-        if self._blocked is None or self._blocked[0] != key:
-            self._blocked = (key, to_blocked(self.weight_scale))
-        return self._blocked[1]
 
     def quantize(self, x: torch.Tensor) -> NVFP4Codes:
         """x's codes with this linear's input scale (static) or its own amax (dynamic); computed once per tensor
