@@ -18,7 +18,7 @@ Quantizer (`quantize_ref`), torchao 0.18's `nvfp4_quantize` with a per-tensor sc
            _f32_to_floatx_unpacked do)
 Scales clamp below at 2^-6 = torch.finfo(float8_e4m3fn).tiny like torchao (no subnormal scale is emitted:
 a tiny block next to a large one loses its low bits rather than take a subnormal scale; TRT-LLM's
-cvt_warp_fp16_to_fp4 instead lets a scale reach 0 and writes 0 codes). Deviation from torchao: an
+cvt_warp_fp16_to_fp4 does not clamp below and uses approximate reciprocals: docs/numerics.md). Deviation from torchao: an
 all-zero tensor gets g = 1 (torchao divides by a zero per-tensor scale and writes NaN scales). Non-finite
 inputs are outside the contract. Dequantize: value(code) * s_b * g.
 
