@@ -62,12 +62,12 @@ def consumers_scale(linears) -> tuple[str | None, torch.Tensor | None]:
     for lin in linears:
         if not isinstance(lin, NVFP4Linear):
             return f"the consumer is {type(lin).__name__}, not an NVFP4Linear", None
-    scales = [lin.input_scale for lin in linears]
-    if any(s is None for s in scales):
-        return (None, None) if all(s is None for s in scales) else ("some consumers have a static input_scale, some not", None)
-    if len({float(s) for s in scales}) > 1:
+    values = [lin.input_scale_value for lin in linears]  # Python floats: no host read in the forward
+    if any(v is None for v in values):
+        return (None, None) if all(v is None for v in values) else ("some consumers have a static input_scale, some not", None)
+    if len(set(values)) > 1:
         return "to_q/to_k/to_v have different static input scales: each quantizes its own input", None
-    return None, scales[0].float().reshape(1)
+    return None, linears[0].input_scale.float().reshape(1)
 
 
 def _codes(out, dtype):

@@ -9,7 +9,8 @@ plan is such a checkpoint and `load_nvfp4_checkpoint` (h3plan.quant) reads one b
     weight_scale    e4m3  (N, K/16)    block scales, the linear (row-major) layout
     weight_scale_2  fp32  ()           the weight's global scale g_w
     input_scale     fp32  () or None   the activation's global scale g_x (static, calibrated); None: dynamic,
-                                       g_x = amax(x) / 2688 of each input tensor (of this rank's rows)
+                                       g_x = amax(x) / 2688 of each input tensor (of this rank's rows); its value
+                                       is mirrored in `input_scale_value` (set it by assignment, not in place)
 The activation reaches the linear either as `NVFP4Codes` from a producer kernel (kernels/nvfp4_producers.py)
 or as a bf16/fp16 tensor the linear quantizes itself -- `input_kernel` False: the torch reference
 (`cast_nvfp4_ref`), True: the one-pass Triton cast (`cast_nvfp4`, counted under nvfp4_out_quant, the lever
@@ -144,11 +145,23 @@ class NVFP4Linear(nn.Module):
         self.register_buffer("weight_scale", weight_scale)
         self.register_buffer("weight_scale_2", weight_scale_2.float().reshape(()))
         self.register_buffer("input_scale", None if input_scale is None else input_scale.float().reshape(()))
+        self.input_scale_value = None if input_scale is None else float(input_scale)
         self.register_buffer("bias", None if bias is None else bias.detach())
         self.input_kernel = False
         # the GEMM's copy of weight_scale in the swizzled layout; refreshed when a state dict is loaded
         self.register_buffer("weight_scale_swizzled", to_blocked(weight_scale), persistent=False)
-        self.register_load_state_dict_post_hook(lambda m, _: m.weight_scale_swizzled.copy_(to_blocked(m.weight_scale)))
+        self.register_load_state_dict_post_hook(NVFP4Linear._refresh)
+
+    def __setattr__(self, name, value):
+        super().__setattr__(name, value)
+        if name == "input_scale":  # a Python copy, so no forward reads the buffer's value on the host
+            super().__setattr__("input_scale_value", None if value is None else float(value))
+
+    @staticmethod
+    def _refresh(module, _incompatible=None) -> None:
+        """After load_state_dict: the swizzled weight scales and input_scale_value follow the loaded tensors."""
+        module.weight_scale_swizzled.copy_(to_blocked(module.weight_scale))
+        module.input_scale = module.input_scale
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> "NVFP4Linear":
@@ -161,7 +174,7 @@ class NVFP4Linear(nn.Module):
         from . import fp8 as _fp8
 
         g = self.input_scale
-        key = (_SHARED_KEY, None if g is None else float(g), self.input_kernel)
+        key = (_SHARED_KEY, self.input_scale_value, self.input_kernel)
         shared = _fp8._SHARED.get("x") is x
         if shared and key in _fp8._SHARED:
             return _fp8._SHARED[key]
@@ -176,7 +189,7 @@ class NVFP4Linear(nn.Module):
         return nvfp4_linear_codes(x, self)
 
     def extra_repr(self) -> str:
-        act = "dynamic" if self.input_scale is None else f"static input_scale {float(self.input_scale):g}"
+        act = "dynamic" if self.input_scale_value is None else f"static input_scale {self.input_scale_value:g}"
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, input={act}"
 
 
