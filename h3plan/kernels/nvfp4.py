@@ -161,8 +161,7 @@ def abs_max(o):
 def quantize_store(o, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles, C0: tl.constexpr, W: tl.constexpr,
                    N: tl.constexpr):
     """Codes and swizzled block scales of o (fp32 values of columns C0..C0+W of `row`, 0 past N; C0 % 16 == 0)."""
-    NB: tl.constexpr = W // 16
-    y = tl.reshape(o, (NB, 16))
+    y = tl.reshape(o, (W // 16, 16))
     bmax = tl.max(tl.abs(y), axis=1)
     s = tl.math.div_rn(tl.math.div_rn(bmax, 6.0), g)
     s = tl.clamp(s, 0.015625, 448.0, propagate_nan=tl.PropagateNan.ALL)
@@ -172,7 +171,7 @@ def quantize_store(o, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles, C0: tl.con
     lo, hi = tl.split(tl.reshape(e2m1_code(v), (W // 2, 2)))
     byte = (lo | (hi << 4)).to(tl.uint8)
     pcols = C0 // 2 + tl.arange(0, W // 2)
-    c = C0 // 16 + tl.arange(0, NB)
+    c = C0 // 16 + tl.arange(0, W // 16)
     off = ((row // 128) * n_col_tiles + c // 4) * 512 + (row % 32) * 16 + ((row // 32) % 4) * 4 + c % 4
     if C0 + W <= N:
         tl.store(packed_ptr + row * (N // 2) + pcols, byte)
