@@ -269,3 +269,13 @@ def test_nvfp4_levers_without_nvfp4_linears_are_skipped():
         assert not any(k.startswith("nvfp4") for k in counters())
     finally:
         uninstall(model)
+
+
+def test_verify_video_ssim():
+    """verify's SSIM of the video output: 1 for identical outputs, lower as the error grows."""
+    from h3plan.actions.verify import video_ssim
+
+    ref = torch.randn(1, 4, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    near, far = ref + 0.01 * torch.randn_like(ref), ref + 0.5 * torch.randn_like(ref)
+    assert video_ssim(ref, ref) == pytest.approx(1.0)
+    assert 1.0 > video_ssim(near, ref) > video_ssim(far, ref) > 0.0
