@@ -279,3 +279,26 @@ def test_verify_video_ssim():
     near, far = ref + 0.01 * torch.randn_like(ref), ref + 0.5 * torch.randn_like(ref)
     assert video_ssim(ref, ref) == pytest.approx(1.0)
     assert 1.0 > video_ssim(near, ref) > video_ssim(far, ref) > 0.0
+
+
+def test_installed_nvfp4_block_compiles_fullgraph(monkeypatch):
+    """The producers, the fold, the out cast and the emulated GEMM trace as one graph (custom ops, counters
+    through h3plan::count): no graph break, no recompile on the second call, the eager bits."""
+    import torch._dynamo
+
+    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
+    model, inputs = small()
+    install(model, plan(**NVFP4_PLAN, nvfp4_producer_quant="on", nvfp4_out_quant="on"))
+    try:
+        want = forward(model, inputs)
+        block = model.transformer_blocks[0]
+        block.forward = torch.compile(block.forward, fullgraph=True, backend="eager")
+        reset_counters()
+        got = [forward(model, inputs) for _ in range(2)]
+        from h3plan.install import counters
+
+        assert all(torch.equal(a, b) for g in got for a, b in zip(g, want))
+        assert counters()["nvfp4_producer_quant.fused"] == 6 and counters()["nvfp4_out_quant.fused"] == 2
+    finally:
+        torch._dynamo.reset()
+        uninstall(model)
