@@ -162,3 +162,22 @@ def test_cast_opcheck():
     x = spread((3, 64), 1).bfloat16()
     torch.library.opcheck(torch.ops.h3plan.cast_nvfp4.default, (x, None))
     torch.library.opcheck(torch.ops.h3plan.cast_nvfp4.default, (x, torch.tensor([0.5])))
+
+
+@pytest.mark.slow
+def test_every_nvfp4_kernel_compiles_for_sm90_without_spills():
+    """The GPU compile (Triton -> cubin with triton's ptxas, no GPU needed) of every launch at H3 widths."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
+    p = subprocess.run([sys.executable, str(root / "benchmarks/probes/nvfp4_compile.py"), "--arch", "90"], env=env,
+                       capture_output=True, text=True, timeout=600)
+    records = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    assert p.returncode == 0 and len(records) == 12, p.stdout[-2000:] + p.stderr[-2000:]
+    assert all(r["spill_stores"] == 0 and r["spill_loads"] == 0 for r in records), records
