@@ -223,8 +223,14 @@ def _cast_kernel(x_ptr, packed_ptr, sf_ptr, amax_ptr, g_ptr, n_col_tiles, N: tl.
 
 
 # ---------------------------------------------------------------------------------------------- launch helpers
-def launch_opts(n: int) -> dict:
-    return dict(LAUNCH_OPTS, num_warps=4 if n <= 8192 else 8)
+# Warps per launch, keyed by (kernel kind, row width). Untimed defaults: the H200 suite (tests/gpu/test_nvfp4_gpu.py
+# test_bandwidth_report) times each producer at 2, 4 and 8 warps and should replace them.
+WARPS: dict[tuple[str, int], int] = {}
+SWEEP_WARPS = (2, 4, 8)
+
+
+def launch_opts(kind: str, n: int) -> dict:
+    return dict(LAUNCH_OPTS, num_warps=WARPS.get((kind, n)) or (4 if n <= 8192 else 8))
 
 
 def outputs(rows: int, n: int, lead: tuple, device):
@@ -276,7 +282,7 @@ def _launch_cast(x, global_scale=None):
     M = x.numel() // N
     packed, sf, nct = outputs(M, N, tuple(x.shape[:-1]), x.device)
     w = chunks(N)
-    common = dict(N=N, W0=w[0], W1=w[1], W2=w[2], W3=w[3], HW=not INTERPRET, **launch_opts(N))
+    common = dict(N=N, W0=w[0], W1=w[1], W2=w[2], W3=w[3], HW=not INTERPRET, **launch_opts("cast", N))
     row_amax = None
     if global_scale is None:
         row_amax = torch.empty(M, dtype=torch.float32, device=x.device)

@@ -180,7 +180,7 @@ def _launch_modulate(x, weight, scale, shift, index, eps, mode, g, fold=None, rs
     h, gate, y = fold if fold is not None else (x, scale, x)
     common = dict(N=D, HAS_W=weight is not None, EXACT=mode == "exact", NITER=cuda_rms_iters(triton.cdiv(D, VEC) * VEC),
                   W0=w[0], W1=w[1], W2=w[2], W3=w[3], IEEE_RSQRT=(rsqrt or _mod.RSQRT) == "ieee", HW=not INTERPRET,
-                  **launch_opts(D))
+                  **launch_opts("fold" if fold is not None else "modulation", D))
 
     def launch(amax_or_g, amax_only, with_fold):
         _modulate_nvfp4_kernel[(M,)](
@@ -204,7 +204,7 @@ def _launch_swiglu(x, g, exp=None):
     packed, sf, nct = outputs(M, F, tuple(x.shape[:-1]), x.device)
     w = chunks(F)
     common = dict(F=F, W0=w[0], W1=w[1], W2=w[2], W3=w[3], IS_BF16=x.dtype == torch.bfloat16, HW=not INTERPRET,
-                  LIBDEVICE_EXP=(exp or _sw.EXP) == "libdevice" and not INTERPRET, **launch_opts(F))
+                  LIBDEVICE_EXP=(exp or _sw.EXP) == "libdevice" and not INTERPRET, **launch_opts("swiglu", F))
     row_amax = None
     if g is None:
         row_amax = torch.empty(M, dtype=torch.float32, device=x.device)
