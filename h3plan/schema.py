@@ -390,6 +390,10 @@ class VerifiedFacts:
 
     max_ulysses_degree: int = 0
     settings: Dict[str, List[str]] = field(default_factory=dict)
+    kernels_checked_on: Optional[str] = None
+    """The GPU where the kernels of `kernels_checked` passed their GPU tests against their references (their
+    settings never ran on this hardware: the NVFP4 levers on Blackwell, checked on sm90)."""
+    kernels_checked: Dict[str, List[str]] = field(default_factory=dict)
     source: str = MISSING
 
 
@@ -823,13 +827,15 @@ def validate(cfg: DictConfig | dict) -> dict[str, Any]:
         if dev["memory_gib"] <= 0:
             raise ConfigError(f"hardware.device.memory_gib={dev['memory_gib']}", "must be a positive number of GiB")
         dev["memory_gb"] = round(dev["memory_gib"] * 2**30 / 1e9, 3)
-    verified = c["hardware"]["verified"]["settings"]
-    for lever, settings in verified.items():
-        if lever not in LEVER_SETTINGS:
-            raise ConfigError(f"hardware.verified.settings.{lever}", "unknown lever; allowed: " + ", ".join(LEVER_SETTINGS))
-        bad = [s for s in settings if s not in LEVER_SETTINGS[lever]]
-        if bad:
-            raise ConfigError(f"hardware.verified.settings.{lever}", f"unknown setting {bad[0]!r}; allowed: " + ", ".join(LEVER_SETTINGS[lever]))
+    for part in ("settings", "kernels_checked"):
+        for lever, settings in (c["hardware"]["verified"].get(part) or {}).items():
+            if lever not in LEVER_SETTINGS:
+                raise ConfigError(f"hardware.verified.{part}.{lever}", "unknown lever; allowed: " + ", ".join(LEVER_SETTINGS))
+            bad = [s for s in settings if s not in LEVER_SETTINGS[lever]]
+            if bad:
+                raise ConfigError(f"hardware.verified.{part}.{lever}", f"unknown setting {bad[0]!r}; allowed: " + ", ".join(LEVER_SETTINGS[lever]))
+    if c["hardware"]["verified"].get("kernels_checked") and not c["hardware"]["verified"].get("kernels_checked_on"):
+        raise ConfigError("hardware.verified.kernels_checked", "needs kernels_checked_on: the GPU the kernels were checked on")
     for backend in c["hardware"]["attention_rank"]["order"]:
         if backend not in ("sdpa", "cudnn_bf16", "fa4"):
             raise ConfigError("hardware.attention_rank.order", f"unknown BF16 backend {backend!r}; allowed: sdpa, cudnn_bf16, fa4")

@@ -12,6 +12,9 @@ FP8 GEMM inputs write e4m3 with one scale per row (h3plan/kernels/fp8_producers.
 ff.net.2; to_out.0 casts the attention output per row itself. Each producer call is guarded under
 `fp8_act_quant`; a refused one runs the bf16 producer above instead and the linear casts that output per row
 (quant/fp8_rowwise.quantize_activation_rows): the same codes, so a fallback changes no bits.
+
+nvfp4_producer_quant (install/nvfp4_inputs.py): the same call sites hand NVFP4Linear consumers `NVFP4Codes`, and
+the attention's gated residual is folded into norm2's producer (one kernel writes the next residual and the codes).
 """
 
 from __future__ import annotations
@@ -78,6 +81,11 @@ def modulate_rows(kernels, opts, norm, x, scale, shift, index, linears, refuse=N
     """The input of `linears` (to_q/k/v or ff.net.0.proj): with fp8_act_quant=row and a fused modulation,
     rmsnorm_modulate_fp8's per-row codes (RowCodes, the linears' static scale if they have one); else, or
     when refused (`refuse`: a reason the caller found, e.g. an attention mask), `modulate`'s bf16 output."""
+    if opts.nvfp4_producer_quant and opts.modulation != "eager":  # NVFP4Codes (install/nvfp4_inputs.py)
+        from .nvfp4_inputs import modulate_nvfp4
+
+        return modulate_nvfp4(kernels, opts, norm, x, scale, shift, index, linears, refuse,
+                              lambda: modulate(kernels, opts, norm, x, scale, shift, index))
     if opts.fp8_act_quant != "row" or opts.modulation == "eager":
         return modulate(kernels, opts, norm, x, scale, shift, index)
     from h3plan.quant.fp8_rowwise import RowCodes
@@ -138,6 +146,10 @@ def feed_forward(kernels, opts, ff, x):
     def bf16():
         return run_guarded("swiglu", lambda: check(proj), lambda: fn(proj), eager, (proj,))
 
+    if opts.nvfp4_producer_quant:
+        from .nvfp4_inputs import swiglu_nvfp4_rows
+
+        return swiglu_nvfp4_rows(kernels, ff, proj, bf16)
     if opts.fp8_act_quant == "row":
         return _swiglu_rows(kernels, ff, proj, bf16)
     h = bf16()
@@ -171,6 +183,12 @@ def _swiglu_rows(kernels, ff, proj, bf16):
     return h
 
 
+def _ffn_input(kernels, opts, ff, h, norm, scale, shift, index):
+    if opts.swiglu:  # else diffusers' FeedForward runs, on bf16 only
+        return modulate_rows(kernels, opts, norm, h, scale, shift, index, (ff.net[0].proj,))
+    return modulate(kernels, opts, norm, h, scale, shift, index)
+
+
 def plan_block_forward(
     self,
     hidden_states: torch.Tensor,
@@ -187,18 +205,26 @@ def plan_block_forward(
 
     attn, ff = self.attn, self.ff
     residual = hidden_states
-    refuse = _attention_refuses(attn, attention_mask) if opts.fp8_act_quant == "row" else None
+    codes_in = opts.fp8_act_quant == "row" or opts.nvfp4_producer_quant
+    refuse = _attention_refuses(attn, attention_mask) if codes_in else None
     norm_hidden_states = modulate_rows(kernels, opts, self.norm1, hidden_states, scale_msa, shift_msa, adaln_indices,
                                        (attn.to_q, attn.to_k, attn.to_v), refuse)
     attn_output = attn(norm_hidden_states, rotary_emb, attention_mask)
-    hidden_states = gate(kernels, opts, residual, gate_msa, adaln_indices, attn_output)
+    ffn_in = (self.norm2, scale_mlp, shift_mlp, adaln_indices)
+    if opts.nvfp4_producer_quant and opts.swiglu and opts.modulation != "eager":
+        # the residual fold: the gated residual, norm2 + AdaLN and the NVFP4 cast in one kernel
+        from .nvfp4_inputs import fold_nvfp4
 
-    residual = hidden_states
-    if opts.swiglu:  # else diffusers' FeedForward runs, on bf16 only
-        norm_hidden_states = modulate_rows(kernels, opts, self.norm2, hidden_states, scale_mlp, shift_mlp,
-                                           adaln_indices, (ff.net[0].proj,))
+        def unfused():
+            h = gate(kernels, opts, residual, gate_msa, adaln_indices, attn_output)
+            return h, _ffn_input(kernels, opts, ff, h, *ffn_in)
+
+        hidden_states, norm_hidden_states = fold_nvfp4(kernels, opts, self.norm2, residual, gate_msa, adaln_indices,
+                                                       attn_output, scale_mlp, shift_mlp, (ff.net[0].proj,), unfused)
     else:
-        norm_hidden_states = modulate(kernels, opts, self.norm2, hidden_states, scale_mlp, shift_mlp, adaln_indices)
+        hidden_states = gate(kernels, opts, residual, gate_msa, adaln_indices, attn_output)
+        norm_hidden_states = _ffn_input(kernels, opts, ff, hidden_states, *ffn_in)
+    residual = hidden_states
     ff_output = feed_forward(kernels, opts, self.ff, norm_hidden_states)
     hidden_states = gate(kernels, opts, residual, gate_mlp, adaln_indices, ff_output)
     if shard is not None:

@@ -35,6 +35,7 @@ from h3plan.plan import Plan
 from .block import block_kernels, load_kernel, plan_block_forward
 from .builder import Builder
 from .fp8_rows import install_rows
+from .nvfp4_inputs import install_nvfp4
 from .options import AttentionOptions, BlockOptions
 from .processor import H3PlanAttnProcessor
 from .report import InstallReport, Swap
@@ -335,10 +336,12 @@ def _processors(model, builder, state, group):
     return shard
 
 
-def _forwards(model, builder, state, shard, act_quant="tensor"):
+def _forwards(model, builder, state, shard, act_quant="tensor", nvfp4=False):
     recorded = builder.recorded("block")
     if "fp8_act_quant" in recorded:  # row needs FP8 linears to feed (install/fp8_rows.py)
         recorded["fp8_act_quant"] = act_quant
+    if "nvfp4_producer_quant" in recorded:  # needs NVFP4 linears to feed (install/nvfp4_inputs.py)
+        recorded["nvfp4_producer_quant"] = nvfp4
     opts = BlockOptions(**recorded)
     if not opts.enabled and shard is None:
         return
@@ -429,10 +432,11 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
                 steps = [num_inference_steps] if isinstance(num_inference_steps, int) else num_inference_steps
                 _adaln_tables(model, builder.values["adaln_table"], state, lambda *a: _swap(state.report, *a), steps)
             act_quant = install_rows(model, builder, state, lambda *a: _swap(state.report, *a))
+            nvfp4 = install_nvfp4(model, builder, state, lambda *a: _swap(state.report, *a))
             shard = _processors(model, builder, state, group) if builder.recorded("attention") else None
             if shard is not None:
                 _sequence_amax(model, shard, state)
-            _forwards(model, builder, state, shard, act_quant)
+            _forwards(model, builder, state, shard, act_quant, nvfp4)
             if builder.values.get("compile") == "regional":
                 _compile(model, builder, state)
     except BaseException:

@@ -18,6 +18,10 @@ SPEC = Spec(
     options=(Option("linears", "quant", lambda v: v is None or (isinstance(v, dict) and v.get("format") in ("fp8", "nvfp4")),
                     "None or dict(format: 'fp8' | 'nvfp4', params: dict)", None),),
 )
+# NVFP4 rounding (docs/numerics.md): why the block scales clamp as torchao does and not as TRT-LLM's kernel
+QUANTIZER = ("torchao nvfp4_quantize, bit for bit: codes by reciprocal multiply x * ((1 / g) / s), -0 kept, block "
+             "scales clamped to [2^-6, 448]; TRT-LLM's cvt_warp_fp16_to_fp4 keeps subnormal scales and approximate "
+             "reciprocals, torchao's exact chain is the reference the kernels are tested against")
 LINEARS = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "ff.net.0.proj", "ff.net.2"]
 
 
@@ -51,7 +55,8 @@ def auto(ctx: Context):
     if problems:
         raise LeverError(SPEC.name, "auto", [f"recipe {name} needs {ck} GEMMs"] + problems
                          + [f"to run this checkpoint dequantised to BF16 set levers.{SPEC.name}=dequant_bf16"])
-    return ck, [f"recipe {name}: the block linears run as {ck} GEMMs ({ctx.hardware['gemm']['source']})", ctx.budget_text()], params(ctx, ck)
+    return ck, [f"recipe {name}: the block linears run as {ck} GEMMs ({ctx.hardware['gemm']['source']})",
+                *explain(ctx, ck), ctx.budget_text()], params(ctx, ck)
 
 
 def _static_inputs(ctx: Context) -> bool:
@@ -67,6 +72,8 @@ def params(ctx: Context, s: str) -> dict:
         weights = ("checkpoint" if ctx.recipe["checkpoint"] == s else
                    "quantized once at install; the bf16 originals wait in pinned host memory until uninstall")
         p = {"linears": LINEARS, "weights": weights, "activations": "per tensor"}
+        if s == "nvfp4":
+            p["quantizer"] = QUANTIZER
         if s == "fp8" and _static_inputs(ctx):
             p.update(activations="per tensor, static amax from recipe.fp8_static_table (one pass)", input_scales="static",
                      scale_table=ctx.recipe["fp8_static_table"], scale_margin=float(ctx.recipe["fp8_static_margin"]))
@@ -75,6 +82,10 @@ def params(ctx: Context, s: str) -> dict:
 
 
 def explain(ctx: Context, s: str) -> list[str]:
+    if s == "nvfp4":
+        from .nvfp4_producer_quant import nvfp4_evidence
+
+        return nvfp4_evidence(ctx, SPEC.name, s)
     if s == "dequant_bf16":
         return [f"the {ctx.recipe['checkpoint']} checkpoint's weights are dequantised to BF16; the GEMMs add no loss beyond the checkpoint's own"]
     return []

@@ -1,26 +1,33 @@
-"""Attention-output quantize to NVFP4 for to_out.0 (Blackwell, recipe nvfp4; lossy). Same rule as
-nvfp4_producer_quant: on with NVFP4 GEMMs unless the step fusions are off (U8 19k)."""
+"""Attention-output quantize to NVFP4 for to_out.0 (recipe nvfp4; lossy).
+
+on: to_out.0's NVFP4Linear casts the attention output with the one-pass Triton kernel (kernels/nvfp4.py
+`cast_nvfp4`: packed codes + swizzled block scales, one pass with a static input scale, amax + cast without)
+instead of the torch reference chain; the same codes (install/nvfp4_inputs.py). Same rule as nvfp4_producer_quant:
+on with NVFP4 GEMMs unless the step fusions are off (U8 19k)."""
 
 from __future__ import annotations
 
-from .base import Context, Spec, resolve
-from .nvfp4_producer_quant import nvfp4_auto, nvfp4_blockers
+from .base import Context, Option, Spec, is_bool, resolve
+from .nvfp4_producer_quant import nvfp4_auto, nvfp4_blockers, nvfp4_evidence
 
 SPEC = Spec(
     name="nvfp4_out_quant",
     settings={"off": True, "on": False},
-    summary="attention output quantized to NVFP4 for to_out.0 (Blackwell; planned, no kernel yet)",
+    summary="attention output quantized to NVFP4 for to_out.0 by one Triton cast",
+    counter="nvfp4_out_quant",
+    options=(Option("linears", "nvfp4_out_quant", is_bool, "bool", False),),
+    kernels={"cast_nvfp4": "h3plan.kernels.nvfp4:cast_nvfp4:cast_nvfp4_check"},
 )
 
 
 def decide(ctx: Context):
     return resolve(ctx, SPEC, blockers=nvfp4_blockers,
-                   auto=lambda c: nvfp4_auto(c, "attention output quantized to NVFP4 for to_out.0"))
+                   auto=lambda c: nvfp4_auto(c, SPEC.name, "attention output quantized to NVFP4 for to_out.0"),
+                   explain=lambda c, s: nvfp4_evidence(c, SPEC.name, s) if s == "on" else [])
 
 
 def install(builder, decision) -> None:
-    """No h3plan kernel implements the NVFP4 attention-output quantize (the TRT-LLM seed (docs/sources.md#trtllm-seed)'s, Blackwell only): the
-    decision stays in the plan and the install report says it was not applied."""
-    reason = decision.reasons[0] if decision.setting == "off" else \
-        "on in the plan, not installed: h3plan has no NVFP4 attention-output quantize kernel; the NVFP4 GEMMs quantize their own inputs"
-    builder.skip(SPEC.name, reason)
+    if decision.setting == "on":
+        builder.set(SPEC.name, "nvfp4_out_quant", True)
+    else:
+        builder.skip(SPEC.name, decision.reasons[0])

@@ -54,4 +54,88 @@ def load_fp8_checkpoint(model, state_dict) -> list[str]:
     return done
 
 
-__all__ = ["BLOCK_LINEARS", "quantized_linear", "load_fp8_checkpoint"]
+NVFP4_KEYS = ("weight", "weight_scale", "weight_scale_2", "input_scale")  # a ModelOpt NVFP4 linear (+ bias)
+
+
+def read_state_dict(source) -> dict:
+    """A state dict, or one read from a .safetensors file (safetensors) or a torch.save file (weights only)."""
+    import os
+
+    from h3plan.errors import UsageError
+
+    if isinstance(source, dict):
+        return source
+    path = os.fspath(source)
+    if not os.path.isfile(path):
+        raise UsageError(f"checkpoint {path}: no such file")
+    try:
+        if path.endswith(".safetensors"):
+            from safetensors.torch import load_file
+
+            return load_file(path)
+        import torch
+
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except ImportError:
+        raise UsageError(f"checkpoint {path}: reading .safetensors needs the safetensors package") from None
+    except Exception as exc:
+        raise UsageError(f"checkpoint {path}: cannot read it ({type(exc).__name__}: {exc})") from None
+
+
+def _nvfp4_linear(fqn: str, sd: dict, old):
+    """NVFP4Linear from one ModelOpt NVFP4 linear's tensors; InstallError naming the first malformed tensor."""
+    import torch
+
+    from h3plan.errors import InstallError
+    from h3plan.kernels.nvfp4 import BLOCK, E4M3
+
+    from .nvfp4 import NVFP4Linear
+
+    N, K = old.out_features, old.in_features
+    want = {"weight": (torch.uint8, (N, K // 2)), "weight_scale": (E4M3, (N, K // BLOCK)),
+            "weight_scale_2": (torch.float32, ()), "input_scale": (torch.float32, ())}
+    got = {}
+    for key, (dtype, shape) in want.items():
+        t = sd.get(f"{fqn}.{key}")
+        if not isinstance(t, torch.Tensor):
+            raise InstallError(f"NVFP4 checkpoint: {fqn}.{key} missing (a ModelOpt NVFP4 linear has {', '.join(NVFP4_KEYS)})")
+        scalar = shape == () and t.numel() == 1
+        if t.dtype != dtype or not (scalar or tuple(t.shape) == shape):
+            raise InstallError(f"NVFP4 checkpoint: {fqn}.{key} is {t.dtype} {tuple(t.shape)}, expected {dtype} "
+                               f"{shape or '1 element'} for a ({N}, {K}) linear")
+        if scalar and not (torch.isfinite(t).all() and (t > 0).all()):
+            raise InstallError(f"NVFP4 checkpoint: {fqn}.{key} = {t.reshape(-1)[0].item()!r} is not finite and > 0")
+        got[key] = t
+    if K % (2 * BLOCK):
+        raise InstallError(f"NVFP4 checkpoint: {fqn} has K={K}, not a multiple of {2 * BLOCK}")
+    bias = sd.get(f"{fqn}.bias")
+    if (bias is None) != (old.bias is None) or (bias is not None and tuple(bias.shape) != (N,)):
+        raise InstallError(f"NVFP4 checkpoint: {fqn}.bias {'missing' if bias is None else tuple(bias.shape)}, the model's linear "
+                           f"has {'no bias' if old.bias is None else f'a bias of {N}'}")
+    dev = old.weight.device
+    return NVFP4Linear(got["weight"].to(dev), got["weight_scale"].to(dev), got["weight_scale_2"].to(dev),
+                       None if bias is None else bias.to(dev, old.bias.dtype), got["input_scale"].to(dev))
+
+
+def load_nvfp4_checkpoint(model, source) -> list[str]:
+    """Swap each block linear of a MiniMaxH3Transformer3DModel for an NVFP4Linear read from a ModelOpt NVFP4
+    export: per linear `<fqn>.weight` (uint8 (N, K/2), packed e2m1), `.weight_scale` (e4m3 (N, K/16)),
+    `.weight_scale_2` (fp32, 1 element), `.input_scale` (fp32, 1 element: the activation's static global scale),
+    `.bias` if the model's linear has one. source: a state dict or a .safetensors / torch.save file. Every tensor
+    is checked before any module is swapped; a malformed checkpoint raises InstallError (one line). Returns the
+    swapped fqns. A later install of a gemm_quant=nvfp4 plan keeps these modules."""
+    sd = read_state_dict(source)
+    new = []
+    for i, block in enumerate(model.transformer_blocks):
+        for path in BLOCK_LINEARS:
+            parent_path, _, name = path.rpartition(".")
+            parent = block.get_submodule(parent_path)
+            fqn = f"transformer_blocks.{i}.{path}"
+            new.append((parent, name, fqn, _nvfp4_linear(fqn, sd, getattr(parent, name))))
+    for parent, name, _, lin in new:
+        setattr(parent, name, lin)
+    return [fqn for _, _, fqn, _ in new]
+
+
+__all__ = ["BLOCK_LINEARS", "NVFP4_KEYS", "quantized_linear", "load_fp8_checkpoint", "load_nvfp4_checkpoint",
+           "read_state_dict"]

@@ -1,9 +1,9 @@
-"""Checkpoint quantization: FP8 / NVFP4 numerics (plain torch, exact on the CPU), guards, install.
+"""Checkpoint quantization: FP8 numerics (plain torch, exact on the CPU), guards, install. NVFP4: the format
+in tests/kernels/test_nvfp4.py, the linears and their checkpoints in tests/install/test_install_nvfp4.py.
 
 Contracts: e4m3 round to nearest even has relative error <= 2^-4 for normal values and absolute
 error <= 2^-10 (half the smallest subnormal 2^-9) below 2^-6, both times the scale; values on the grid
-round-trip exactly. e2m1 (grid 0, .5, 1, 1.5, 2, 3, 4, 6) rounds to nearest with ties to the even
-code: error <= half the grid step at |x|/t (t = block scale * global scale), saturating at 6.
+round-trip exactly.
 """
 
 import pytest
@@ -13,7 +13,6 @@ from install_helpers import LEVERS, forward, plan, tiny_inputs, tiny_model
 from h3plan.install import counters, fallback_reasons, install, reset_counters, uninstall
 from h3plan.quant import BLOCK_LINEARS
 from h3plan.quant import fp8 as q8
-from h3plan.quant import nvfp4 as q4
 
 E4M3 = torch.float8_e4m3fn
 
@@ -182,63 +181,6 @@ def test_fp8_install_quantizes_block_linears_only_and_uninstall_restores():
         assert model.transformer_blocks[0].get_submodule(p) is m
     fsd = fresh.state_dict()
     assert all(torch.equal(v, fsd[k]) and v.dtype == fsd[k].dtype for k, v in model.state_dict().items())
-
-
-def test_e2m1_codes_ties_saturation_and_packing():
-    vals = torch.tensor([0.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 7.0, -0.75, -5.0, 0.26, -0.2, 6.0])
-    expect = torch.tensor([0.0, 0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 6.0, -1.0, -4.0, 0.5, 0.0, 6.0])
-    torch.testing.assert_close(q4.e2m1_values(q4.e2m1_codes(vals)), expect, rtol=0, atol=0)
-    codes = torch.arange(16, dtype=torch.uint8)
-    assert q4.e2m1_values(codes).tolist() == [0, .5, 1, 1.5, 2, 3, 4, 6, -0.0, -.5, -1, -1.5, -2, -3, -4, -6]
-    packed = q4.pack(torch.tensor([[1, 2, 15, 0]], dtype=torch.uint8))
-    assert packed.tolist() == [[0x21, 0x0F]]  # element 2i in the low nibble
-    torch.testing.assert_close(q4.unpack(packed), torch.tensor([[1, 2, 15, 0]], dtype=torch.uint8), rtol=0, atol=0)
-
-
-def test_nvfp4_round_trip_exact_on_grid_and_error_bound():
-    grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0] * 2)
-    x = torch.stack([grid * 0.125, -grid * 2.0])  # block amax 6 * power of two: scales exact in e4m3
-    g = torch.tensor(1.0 / 32)  # block scales amax / 6 / g = 4 and 64: exact in e4m3
-    torch.testing.assert_close(q4.dequantize(*q4.quantize(x, g)), x, rtol=0, atol=0)
-    gen = torch.Generator().manual_seed(3)
-    x = torch.randn(8, 64, generator=gen) * torch.logspace(-2, 1, 8)[:, None]
-    packed, bs, gs = q4.quantize(x)
-    assert packed.shape == (8, 32) and packed.dtype == torch.uint8 and bs.shape == (8, 4) and bs.dtype == E4M3
-    torch.testing.assert_close(gs, x.abs().amax() / (6 * 448), rtol=0, atol=0)
-    blocks = x.unflatten(-1, (4, 16))
-    torch.testing.assert_close(bs, (blocks.abs().amax(-1) / (6 * gs)).to(E4M3), rtol=0, atol=0)
-    t = bs.float()[..., None] * gs
-    r = (blocks / t).abs()
-    half_step = torch.where(r < 2, 0.25, torch.where(r < 4, 0.5, 1.0))
-    bound = torch.where(r > 6, r - 6, half_step) * t
-    err = (q4.dequantize(packed, bs, gs).unflatten(-1, (4, 16)) - blocks).abs()
-    assert bool((err <= bound + 1e-6 * blocks.abs()).all())  # slack: fp32 rounding of the bound itself
-
-
-def test_nvfp4_linear_guards_and_emulation():
-    lin = torch.nn.Linear(64, 32, bias=True).to(torch.bfloat16)
-    nl = q4.NVFP4Linear.from_linear(lin)
-    x = torch.randn(3, 64).to(torch.bfloat16)
-    reset_counters()
-    y = nl(x)
-    assert fallback_reasons() == {"gemm_quant": {"NVFP4 GEMMs need SM100+": 1}}
-    manual = q4.dequantize(*q4.quantize(x)) @ q4.dequantize(nl.weight, nl.weight_block_scale, nl.weight_global_scale).t()
-    torch.testing.assert_close(y, (manual + lin.bias.float()).to(torch.bfloat16), rtol=0, atol=0)
-    assert q4.nvfp4_gemm_reason(x) == "NVFP4 GEMMs need SM100+"
-    with pytest.raises(ValueError, match="divisible by 16"):
-        q4.quantize(torch.zeros(2, 20))
-
-
-def test_blocked_scale_layout():
-    rows, cols = 130, 5
-    s = torch.arange(rows * cols, dtype=torch.float32).view(rows, cols)
-    out = q4.to_blocked(s)
-    assert out.numel() == 256 * 8  # padded to 2 x 2 tiles of 128 x 4
-    r, c = 37, 2  # tile (0, 0): byte (r % 32) * 16 + (r // 32) * 4 + c
-    assert out[(r % 32) * 16 + (r // 32) * 4 + c] == s[r, c]
-    r, c = 129, 4  # tile (1, 1) = 4th tile (row-major over tiles), 512 entries each
-    assert out[3 * 512 + (r % 128 % 32) * 16 + (r % 128 // 32) * 4 + c % 4] == s[r, c]
-    assert out[3 * 512 + 5 * 16] == 0  # padding row 133 does not exist: zero
 
 
 def test_prequantized_checkpoint_loads_and_install_keeps_it():

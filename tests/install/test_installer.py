@@ -131,7 +131,7 @@ def test_builder_contract():
     with pytest.raises(ValueError, match="quant=.*allowed: None or dict\\(format: 'fp8' | 'nvfp4'"):
         b.set("gemm_quant", "quant", {"format": "int8"})
     assert b.options("block") == {"modulation": "exact", "gated_residual": False, "swiglu": False, "fp8_act_quant": "tensor",
-                                  "compile": "off"}
+                                  "nvfp4_producer_quant": False, "compile": "off"}
 
 
 def test_inconsistent_options_and_unknown_lever_raise_and_leave_model_untouched():

@@ -1,0 +1,313 @@
+"""NVFP4: the one home of the format, its torch reference quantizer and the one-pass Triton cast.
+
+    cast_nvfp4(x, global_scale=None) -> (packed uint8 (..., K/2), block scales e4m3 swizzled (flat), g fp32 0-dim)
+
+Format (NVIDIA NVFP4, as torch's float4_e2m1fn_x2 and torch._scaled_mm on SM100 take it): e2m1 codes (magnitudes
+0, 0.5, 1, 1.5, 2, 3, 4, 6; bit 3 the sign), two a byte, element 2i in the low nibble; one e4m3 scale per 16
+consecutive values along K; one fp32 global scale g per tensor. The block scales are stored in cuBLAS's
+swizzled layout: 128 x 4 tiles (rows x scale columns) in row-major tile order, row r of a tile at byte
+(r % 32) * 16 + (r // 32) * 4 (+ column), zero padding to whole tiles (torchao's `to_blocked`, pytorch's
+test_scaled_matmul_cuda.py `to_blocked`).
+
+Quantizer (`quantize_ref`), torchao 0.18's `nvfp4_quantize` with a per-tensor scale, operation for operation:
+    g   = amax(x) / (448 * 6)                     (torchao per_tensor_amax_to_scale; 1 where amax is 0, below)
+    s_b = e4m3(clamp((amax_b / 6) / g, 2^-6, 448)) (two IEEE divisions; e4m3 round to nearest even)
+    v   = clamp(x * ((1 / g) / s_b), -6, 6)       (the reciprocal multiply of torchao, MSLK and TRT-LLM)
+    code = e2m1 round to nearest, ties to the even code, sign from v's sign bit (-0.0 and negative values
+           that round to 0 give code 8, as the hardware cvt.rn.satfinite.e2m1x2.f32 and torchao's
+           _f32_to_floatx_unpacked do)
+Scales clamp below at 2^-6 = torch.finfo(float8_e4m3fn).tiny like torchao (no subnormal scale is emitted:
+a tiny block next to a large one loses its low bits rather than take a subnormal scale; TRT-LLM's
+cvt_warp_fp16_to_fp4 does not clamp below and uses approximate reciprocals: docs/numerics.md). Deviation from torchao: an
+all-zero tensor gets g = 1 (torchao divides by a zero per-tensor scale and writes NaN scales). Non-finite
+inputs are outside the contract. Dequantize: value(code) * s_b * g.
+
+Kernel numerics: fp32 math with correctly rounded divisions (`div_rn`), the e4m3 and e2m1 roundings done
+in integer/compare arithmetic (`round_to_e4m3`, `e2m1_code`) so the interpreter and the GPU give the same
+bits as `quantize_ref`; products are single multiplies (no FMA question). One program owns one row
+(up to four power-of-two chunks, kernels/fp8_producers.py `chunks`). With a given global scale the cast is
+one pass; without, a row-amax pass, g on the device (no host sync), then the cast pass. Refused inputs
+(`cast_nvfp4_check`) go to `cast_nvfp4_ref`.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from h3plan.kernels._common import INTERPRET, LAUNCH_OPTS, guard, tensor_checks
+from h3plan.kernels._registry import custom_op
+from h3plan.kernels.fp8 import E4M3, E4M3_MAX, round_to_e4m3
+from h3plan.kernels.fp8_producers import MAX_WIDTH, _load_chunk, chunks
+
+BLOCK = 16  # values per e4m3 block scale
+E2M1_MAX = 6.0
+E4M3_TINY = 2.0 ** -6  # torch.finfo(torch.float8_e4m3fn).tiny: torchao's lower clamp of the block scales
+GLOBAL_DIV = E4M3_MAX * E2M1_MAX  # 2688: g = amax / 2688 lets a block scale reach 448 when amax_b = amax
+TILE_ROWS, TILE_COLS = 128, 4  # a swizzled scale tile: 128 rows x 4 scale columns, 512 bytes
+_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+# e2m1 magnitude code of |v| = number of thresholds passed; ">" at a midpoint whose lower neighbour has the even
+# code (0.25, 1.25, 2.5, 5), ">=" where the upper one has (0.75, 1.75, 3.5): round to nearest, ties to even
+_UP = (0.25, 1.25, 2.5, 5.0)
+_UP_EQ = (0.75, 1.75, 3.5)
+
+
+# ---------------------------------------------------------------------------------------------- torch reference
+def global_scale(amax: torch.Tensor) -> torch.Tensor:
+    """fp32 g = amax / 2688 (torchao per_tensor_amax_to_scale), 1 where amax is 0."""
+    a = amax.float()
+    return torch.where(a > 0, a / GLOBAL_DIV, torch.ones_like(a))
+
+
+def e2m1_codes(v: torch.Tensor) -> torch.Tensor:
+    """uint8 codes 0..15 of fp32 values already clamped to [-6, 6] (see the module docstring)."""
+    a = v.abs()
+    mag = sum((a > t).to(torch.uint8) for t in _UP) + sum((a >= t).to(torch.uint8) for t in _UP_EQ)
+    sign = ((v.view(torch.int32) >> 31) & 1).to(torch.uint8)
+    return mag | (sign << 3)
+
+
+def e2m1_values(codes: torch.Tensor) -> torch.Tensor:
+    grid = torch.tensor(_GRID, dtype=torch.float32, device=codes.device)
+    mag = grid[(codes & 7).long()]
+    return torch.where((codes & 8) > 0, -mag, mag)
+
+
+def pack(codes: torch.Tensor) -> torch.Tensor:
+    """(..., K) codes -> (..., K/2) bytes, element 2i in the low nibble (float4_e2m1fn_x2)."""
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def unpack(packed: torch.Tensor) -> torch.Tensor:
+    return torch.stack((packed & 0xF, packed >> 4), dim=-1).flatten(-2)
+
+
+def blocked_numel(rows: int, cols: int) -> int:
+    """Entries of the swizzled layout of a (rows, cols) scale matrix: whole 128 x 4 tiles."""
+    return -(-rows // TILE_ROWS) * TILE_ROWS * -(-cols // TILE_COLS) * TILE_COLS
+
+
+def to_blocked(scales: torch.Tensor) -> torch.Tensor:
+    """(rows, cols) block scales -> the flat swizzled layout (module docstring), zero padding."""
+    rows, cols = scales.shape
+    rt, ct = -(-rows // TILE_ROWS), -(-cols // TILE_COLS)
+    padded = torch.zeros((rt * TILE_ROWS, ct * TILE_COLS), dtype=scales.dtype, device=scales.device)
+    padded[:rows, :cols] = scales
+    return padded.view(rt, 4, 32, ct, 4).permute(0, 3, 2, 1, 4).reshape(-1)
+
+
+def from_blocked(flat: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """The inverse of `to_blocked`: the (rows, cols) scales."""
+    rt, ct = -(-rows // TILE_ROWS), -(-cols // TILE_COLS)
+    return flat.view(rt, ct, 32, 4, 4).permute(0, 3, 2, 1, 4).reshape(rt * TILE_ROWS, ct * TILE_COLS)[:rows, :cols]
+
+
+def quantize_ref(x: torch.Tensor, g: torch.Tensor | None = None):
+    """x (..., K), K % 16 == 0 -> (packed uint8 (..., K/2), block scales e4m3 (..., K/16), g fp32 0-dim):
+    torchao's two-level quantizer (module docstring); g from x's amax when not given."""
+    if x.shape[-1] % BLOCK:
+        raise ValueError(f"NVFP4 needs the last dim divisible by {BLOCK}, got {x.shape[-1]}")
+    xf = x.detach().float()
+    g = global_scale(xf.abs().amax() if xf.numel() else xf.new_zeros(())) if g is None else g.float().reshape(())
+    blocks = xf.unflatten(-1, (-1, BLOCK))
+    bs = ((blocks.abs().amax(-1) / E2M1_MAX) / g).clamp(E4M3_TINY, E4M3_MAX).to(E4M3)
+    r = (1.0 / g) / bs.float()
+    v = (blocks * r[..., None]).clamp(-E2M1_MAX, E2M1_MAX)
+    return pack(e2m1_codes(v).flatten(-2)), bs, g
+
+
+def dequantize_ref(packed: torch.Tensor, block_scales: torch.Tensor, g: torch.Tensor | None = None) -> torch.Tensor:
+    """fp32 value(code) * s_b (* g when given); block_scales (..., K/16) in the linear layout."""
+    vals = e2m1_values(unpack(packed)).unflatten(-1, (-1, BLOCK))
+    out = (vals * block_scales.float()[..., None]).flatten(-2)
+    return out if g is None else out * g.float()
+
+
+def cast_nvfp4_ref(x: torch.Tensor, global_scale: torch.Tensor | None = None):
+    """Oracle and fallback of `cast_nvfp4`: (packed (..., K/2), swizzled scales e4m3 (flat), g fp32 0-dim)."""
+    K = x.shape[-1]
+    packed, bs, g = quantize_ref(x, global_scale)
+    return packed, to_blocked(bs.reshape(-1, K // BLOCK)), g
+
+
+# ---------------------------------------------------------------------------------------------- jit pieces
+@triton.jit
+def e2m1_code(v):
+    """int32 e2m1 code of fp32 v in [-6, 6]: `e2m1_codes` in compares (sign from the sign bit, so -0.0 -> 8)."""
+    a = tl.abs(v)
+    m = (a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32) + (a >= 1.75).to(tl.int32)
+    m = m + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32) + (a > 5.0).to(tl.int32)
+    return m | (((v.to(tl.int32, bitcast=True) >> 31) & 1) << 3)
+
+
+@triton.jit
+def e4m3_normal_byte(s):
+    """The e4m3fn byte of s, an e4m3 value in [2^-6, 448] (a normal number) or NaN (0x7F)."""
+    u = s.to(tl.int32, bitcast=True)
+    b = ((((u >> 23) & 0xFF) - 120) << 3) | ((u >> 20) & 7)  # exponent bias 127 -> 7
+    return tl.where(s != s, 0x7F, b).to(tl.uint8)
+
+
+@triton.jit
+def abs_max(o):
+    """max |o| as fp32 (NaN bits lie above +inf's, so a NaN wins as in torch's amax)."""
+    return tl.max(o.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=0).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def quantize_store(o, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles, C0: tl.constexpr, W: tl.constexpr,
+                   N: tl.constexpr):
+    """Codes and swizzled block scales of o (fp32 values of columns C0..C0+W of `row`, 0 past N; C0 % 16 == 0)."""
+    y = tl.reshape(o, (W // 16, 16))
+    bmax = tl.max(tl.abs(y), axis=1)
+    s = tl.math.div_rn(tl.math.div_rn(bmax, 6.0), g)
+    s = tl.clamp(s, 0.015625, 448.0, propagate_nan=tl.PropagateNan.ALL)
+    s = round_to_e4m3(s)
+    r = tl.math.div_rn(inv_g, s)
+    v = tl.clamp(y * r[:, None], -6.0, 6.0, propagate_nan=tl.PropagateNan.ALL)
+    lo, hi = tl.split(tl.reshape(e2m1_code(v), (W // 2, 2)))
+    byte = (lo | (hi << 4)).to(tl.uint8)
+    pcols = C0 // 2 + tl.arange(0, W // 2)
+    c = C0 // 16 + tl.arange(0, W // 16)
+    off = ((row // 128) * n_col_tiles + c // 4) * 512 + (row % 32) * 16 + ((row // 32) % 4) * 4 + c % 4
+    if C0 + W <= N:
+        tl.store(packed_ptr + row * (N // 2) + pcols, byte)
+        tl.store(sf_ptr + off, e4m3_normal_byte(s))
+    else:
+        tl.store(packed_ptr + row * (N // 2) + pcols, byte, mask=pcols < N // 2)
+        tl.store(sf_ptr + off, e4m3_normal_byte(s), mask=c < N // 16)
+
+
+@triton.jit
+def finish_chunk(o, a, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles, C0: tl.constexpr, W: tl.constexpr,
+                 N: tl.constexpr, AMAX_ONLY: tl.constexpr):
+    """AMAX_ONLY: the running row amax a, updated with o's; else o quantized and stored (a unchanged)."""
+    if AMAX_ONLY:
+        a = tl.maximum(a, abs_max(o))
+    else:
+        quantize_store(o, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles, C0, W, N)
+    return a
+
+
+@triton.jit
+def load_global(g_ptr):
+    """(g, 1 / g) from a 1-element fp32 buffer; 1 / g correctly rounded like torch's `1.0 / g`."""
+    g = tl.load(g_ptr)
+    return g, tl.math.div_rn(1.0, g)
+
+
+@triton.jit
+def _cast_kernel(x_ptr, packed_ptr, sf_ptr, amax_ptr, g_ptr, n_col_tiles, N: tl.constexpr,
+                 W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W3: tl.constexpr,
+                 AMAX_ONLY: tl.constexpr, HW: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * N
+    g, inv_g = load_global(g_ptr)
+    a = tl.zeros((1,), tl.float32).sum(axis=0)
+    a = finish_chunk(_load_chunk(x_row, 0, W0, N, HW), a, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles,
+                     0, W0, N, AMAX_ONLY)
+    if W1 > 0:
+        a = finish_chunk(_load_chunk(x_row, W0, W1, N, HW), a, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles,
+                         W0, W1, N, AMAX_ONLY)
+    if W2 > 0:
+        a = finish_chunk(_load_chunk(x_row, W0 + W1, W2, N, HW), a, g, inv_g, packed_ptr, sf_ptr, row,
+                         n_col_tiles, W0 + W1, W2, N, AMAX_ONLY)
+    if W3 > 0:
+        a = finish_chunk(_load_chunk(x_row, W0 + W1 + W2, W3, N, HW), a, g, inv_g, packed_ptr, sf_ptr, row,
+                         n_col_tiles, W0 + W1 + W2, W3, N, AMAX_ONLY)
+    if AMAX_ONLY:
+        tl.store(amax_ptr + row, a)
+
+
+# ---------------------------------------------------------------------------------------------- launch helpers
+# Warps per launch, keyed by (kernel kind, row width). Untimed defaults: the H200 suite (tests/gpu/test_nvfp4_gpu.py
+# test_bandwidth_report) times each producer at 2, 4 and 8 warps and should replace them.
+WARPS: dict[tuple[str, int], int] = {}
+SWEEP_WARPS = (2, 4, 8)
+
+
+def launch_opts(kind: str, n: int) -> dict:
+    return dict(LAUNCH_OPTS, num_warps=WARPS.get((kind, n)) or (4 if n <= 8192 else 8))
+
+
+def outputs(rows: int, n: int, lead: tuple, device):
+    """(packed (lead..., n/2) uint8, swizzled scales (flat) uint8 zeros, n_col_tiles)."""
+    packed = torch.empty(lead + (n // 2,), dtype=torch.uint8, device=device)
+    sf = torch.zeros(blocked_numel(rows, n // BLOCK), dtype=torch.uint8, device=device)
+    return packed, sf, -(-(n // BLOCK) // TILE_COLS)
+
+
+def global_buffer(g: torch.Tensor | None, row_amax: torch.Tensor | None, device) -> torch.Tensor:
+    """The kernels' 1-element g: the given one (fp32) or `global_scale` of the row amaxes' max (on the device)."""
+    if g is not None:
+        return g.float().reshape(1).to(device).clone()  # a custom op's output may not alias its input
+    return global_scale(row_amax.amax() if row_amax.numel() else row_amax.new_zeros(())).reshape(1)
+
+
+def global_scale_reason(g, device) -> str | None:
+    """None when g is None (dynamic) or a 1-element fp32 tensor on `device`."""
+    if g is None:
+        return None
+    if not isinstance(g, torch.Tensor) or g.numel() != 1 or g.dtype != torch.float32:
+        return "global_scale must be a 1-element fp32 tensor"
+    if g.device != device:
+        return f"global_scale is on {g.device}, the input on {device}"
+    return None
+
+
+def width_checks(name: str, n: int):
+    yield n % BLOCK == 0, f"{name} row length {n} is not a multiple of {BLOCK} (NVFP4 blocks)"
+    yield 0 < n <= MAX_WIDTH, f"{name} row length {n} outside [1, {MAX_WIDTH}] (a whole row lives in registers)"
+
+
+def fake_outputs(like: torch.Tensor, rows: int, n: int, lead: tuple):
+    return (like.new_empty(lead + (n // 2,), dtype=torch.uint8), like.new_empty((blocked_numel(rows, n // BLOCK),), dtype=E4M3),
+            like.new_empty((), dtype=torch.float32))
+
+
+# ---------------------------------------------------------------------------------------------- the cast
+def cast_nvfp4_check(x, global_scale=None) -> str | None:
+    def checks():
+        yield from tensor_checks("x", x, (torch.bfloat16, torch.float16))
+        yield x.dim() >= 1, "x is 0-dim"
+        yield from width_checks("x", x.shape[-1] if x.dim() else 0)
+    return guard(checks()) or global_scale_reason(global_scale, x.device)
+
+
+def _launch_cast(x, global_scale=None):
+    N = x.shape[-1]
+    M = x.numel() // N
+    packed, sf, nct = outputs(M, N, tuple(x.shape[:-1]), x.device)
+    w = chunks(N)
+    common = dict(N=N, W0=w[0], W1=w[1], W2=w[2], W3=w[3], HW=not INTERPRET, **launch_opts("cast", N))
+    row_amax = None
+    if global_scale is None:
+        row_amax = torch.empty(M, dtype=torch.float32, device=x.device)
+        if M:
+            _cast_kernel[(M,)](x, packed, sf, row_amax, row_amax, nct, AMAX_ONLY=True, **common)
+    g = global_buffer(global_scale, row_amax, x.device)
+    if M:
+        _cast_kernel[(M,)](x, packed, sf, g, g, nct, AMAX_ONLY=False, **common)
+    return packed, sf.view(E4M3), g.reshape(())
+
+
+@custom_op("cast_nvfp4", fake=lambda x, g: fake_outputs(x, x.numel() // x.shape[-1], x.shape[-1], tuple(x.shape[:-1])))
+def _cast_op(x: torch.Tensor, g: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    reason = cast_nvfp4_check(x, g)
+    if reason is not None:
+        raise ValueError(reason)
+    return _launch_cast(x, g)
+
+
+def cast_nvfp4(x: torch.Tensor, global_scale: torch.Tensor | None = None):
+    """NVFP4 codes of a contiguous bf16/fp16 tensor (..., K): (packed uint8 (..., K/2), swizzled block scales
+    e4m3 (flat, rows = the product of the leading dims), g fp32 0-dim), bit-identical to `cast_nvfp4_ref`.
+    global_scale: a 1-element fp32 tensor (a checkpoint's input_scale) or None (from x's amax).
+    ValueError(reason) on inputs `cast_nvfp4_check` refuses."""
+    reason = cast_nvfp4_check(x, global_scale)
+    if reason is not None:
+        raise ValueError(reason)
+    return torch.ops.h3plan.cast_nvfp4(x, global_scale)

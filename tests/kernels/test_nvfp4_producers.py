@@ -1,0 +1,106 @@
+"""NVFP4 producers (kernels/nvfp4_producers.py), Triton interpreter.
+
+Contract: packed codes, swizzled scales, g (and the fold's h') bit-identical (rtol=0, atol=0) to the unfused
+chain: the producer's bf16 output as eager computes it on CUDA (modulation: the CUDA-order emulation of
+test_modulation.py; SwiGLU and the gated residual: CPU eager, exact in the interpreter), then `cast_nvfp4_ref`.
+"""
+
+import pytest
+import torch
+
+from h3plan.kernels import gated_residual as gr
+from h3plan.kernels import modulation as mm
+from h3plan.kernels import nvfp4 as n4
+from h3plan.kernels import nvfp4_producers as npd
+from h3plan.kernels import swiglu as sw
+
+from test_modulation import emulate_exact, make, wide_range  # noqa: E402  (same folder: CUDA-order emulation)
+from test_nvfp4 import assert_same  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy on inf/nan inputs
+EPS = 1e-5
+
+
+def modulation_inputs(B, S, D, seed):
+    x, w, scale, shift, index = make(B, S, D, seed=seed)
+    x = x * wide_range((B, S, D), seed=1)  # spread magnitudes: the statistic's order matters
+    scale, shift = scale.clone(), shift.clone()
+    x[0, 0, :16] = 0.0  # a zero block in, with a zero table row a zero output block
+    return x, w, scale, shift, index
+
+
+@pytest.mark.parametrize("B,S,D,static", [(2, 3, 96, False), (1, 3, 96, True), (1, 2, 1040, False),
+                                          (1, 2, 5376, True)])
+def test_modulation_exact(B, S, D, static):
+    x, w, scale, shift, index = modulation_inputs(B, S, D, seed=D)
+    g = torch.tensor([0.004]) if static else None
+    got = npd.rmsnorm_modulate_nvfp4(x, w, scale, shift, index, EPS, "exact", g)
+    y = emulate_exact(x, w, scale, shift, index, EPS)  # eager on CUDA, in CUDA order
+    assert torch.equal(y.view(torch.int16), mm._launch(x, w, scale, shift, index, EPS, "exact").view(torch.int16))
+    assert_same(got, n4.cast_nvfp4_ref(y, g))
+    assert got[0].shape == (B, S, D // 2)
+
+
+def test_modulation_fp32_mode():
+    x, w, scale, shift, index = modulation_inputs(1, 3, 96, seed=7)
+    got = npd.rmsnorm_modulate_nvfp4(x, w, scale, shift, index, EPS, "fp32")
+    assert_same(got, n4.cast_nvfp4_ref(mm._launch(x, w, scale, shift, index, EPS, "fp32")))
+
+
+@pytest.mark.parametrize("D,static", [(96, False), (96, True), (1040, False)])
+def test_residual_fold(D, static):
+    B, S = 2, 3
+    x, w, scale, shift, index = modulation_inputs(B, S, D, seed=D + 3)
+    gen = torch.Generator().manual_seed(D)
+    y = (torch.randn(B, S, D, generator=gen) * 4).bfloat16()
+    gate = (torch.randn(7, 3 * D, generator=gen)).bfloat16()[:, D:2 * D]  # a row-strided view, as chunk() gives
+    g = torch.tensor([0.01]) if static else None
+    got = npd.gated_residual_modulate_nvfp4(x, gate, y, w, scale, shift, index, EPS, "exact", g)
+    h2 = gr.gated_residual_ref(x, gate, index, y)
+    assert torch.equal(got[0].view(torch.int16), h2.view(torch.int16))
+    assert_same(got[1:], n4.cast_nvfp4_ref(emulate_exact(h2, w, scale, shift, index, EPS), g))
+
+
+@pytest.mark.parametrize("shape,static", [((2, 3, 64), False), ((2, 3, 64), True), ((3, 2080), False),
+                                          ((1, 2 * 14336), False)])
+def test_swiglu(shape, static):
+    gen = torch.Generator().manual_seed(shape[-1])
+    x = (torch.randn(shape, generator=gen) * 3).bfloat16()
+    F = shape[-1] // 2
+    x.view(-1, 2 * F)[0, :16] = 0.0
+    g = torch.tensor([0.02]) if static else None
+    got = npd.swiglu_nvfp4(x, g)
+    assert torch.equal(sw.swiglu_ref(x).view(torch.int16), sw._launch(x).view(torch.int16))
+    assert_same(got, npd.swiglu_nvfp4_ref(x, g))
+
+
+def test_swiglu_fp16():
+    x = (torch.randn(3, 2 * 96, generator=torch.Generator().manual_seed(2)) * 3).half()
+    assert_same(npd.swiglu_nvfp4(x), n4.cast_nvfp4_ref(sw._launch(x)))  # the kernel's own fp16 values
+
+
+def test_references_are_the_unfused_chain():
+    x, w, scale, shift, index = make(1, 3, 64, seed=9)
+    y = mm.rmsnorm_modulate_ref(x, w, scale, shift, index, EPS, "exact")
+    assert_same(npd.rmsnorm_modulate_nvfp4_ref(x, w, scale, shift, index, EPS), n4.cast_nvfp4_ref(y))
+
+
+def test_guards():
+    x, w, scale, shift, index = make(1, 4, 96)
+    assert npd.rmsnorm_modulate_nvfp4_check(x, w, scale, shift, index, EPS) is None
+    assert "multiple of 16" in npd.rmsnorm_modulate_nvfp4_check(x[..., :88].contiguous(), None, scale[:, :88],
+                                                                shift[:, :88], index, EPS)
+    assert "global_scale" in npd.rmsnorm_modulate_nvfp4_check(x, w, scale, shift, index, EPS, "exact", torch.ones(()).double())
+    assert "not even" in npd.swiglu_nvfp4_check(torch.randn(2, 7).bfloat16())
+    assert "multiple of 16" in npd.swiglu_nvfp4_check(torch.randn(2, 40).bfloat16())
+    assert "y shape" in npd.gated_residual_modulate_nvfp4_check(x, scale, x[:, :2], w, scale, shift, index, EPS)
+    with pytest.raises(ValueError, match="not even"):
+        npd.swiglu_nvfp4(torch.randn(2, 7).bfloat16())
+
+
+def test_opcheck_ops():
+    x, w, scale, shift, index = make(1, 3, 64, seed=6)
+    torch.library.opcheck(torch.ops.h3plan.rmsnorm_modulate_nvfp4.default, (x, w, scale, shift, index, EPS, "exact", None))
+    torch.library.opcheck(torch.ops.h3plan.gated_residual_modulate_nvfp4.default,
+                          (x, scale, x, w, scale, shift, index, EPS, "exact", torch.tensor([0.5])))
+    torch.library.opcheck(torch.ops.h3plan.swiglu_nvfp4.default, (torch.randn(2, 64).bfloat16(), None))
