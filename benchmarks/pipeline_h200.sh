@@ -14,7 +14,9 @@
 #                  (eager with the plan's FA4) - about 7 minutes;
 #   H3_PHASE=fp16: eager and best with the fp32 VAE again (the same-run anchor) and with the VAE in fp16, the
 #                  bf16 plan with the recipe's fp16 decode (recipe.vae=fp16) and its reference, the fp8 plan (its
-#                  decode is fp16 + FP8 VAE GEMMs) - about 8 minutes.
+#                  decode is fp16 + FP8 VAE GEMMs) - about 8 minutes;
+#   H3_PHASE=all:  every row of both but the references (eager and best at fp32 and fp16, the bf16 plan with each
+#                  decode, the fp8 plan) - about 8 minutes.
 # Output in $OUT (default benchmarks/results): pipeline-h200.json (rows of every run), .md, .png, pipeline-h200.log.
 # H3_APPEND=1 starts from the committed benchmarks/results/pipeline-h200.json.
 set -u
@@ -33,7 +35,9 @@ common=(--video 768x1344x124 --text-tokens 110 --rounds 1 --warmup 2 --steps 1
 case "${H3_PHASE:-fp32}" in
   fp32) args=(hardware=sm90 parallel=u1 recipe=bf16 --vae fp32) ;;
   fp16) args=(hardware=sm90 parallel=u1 recipe=bf16 recipe.vae=fp16 --vae fp32,fp16 --plan "recipe=fp8") ;;
-  *) echo "H3_PHASE: fp32 or fp16" >&2; exit 2 ;;
+  all) args=(hardware=sm90 parallel=u1 recipe=bf16 --vae fp32,fp16 --plan "recipe=bf16 recipe.vae=fp16"
+             --plan "recipe=fp8" --no-reference) ;;
+  *) echo "H3_PHASE: fp32, fp16 or all" >&2; exit 2 ;;
 esac
 echo "=== phase ${H3_PHASE:-fp32} (timeout ${CAP}s)" | tee -a "$LOG"
 s=$(date +%s)

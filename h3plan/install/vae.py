@@ -54,7 +54,7 @@ def op_dtypes() -> dict[str, tuple]:
     """vae_ops op -> the activation dtypes its kernel takes (declared beside each kernel)."""
     from h3plan.kernels import swiglu, vae as kvae
 
-    return {"qk_norm_rope": kvae.QK_DTYPES, "swiglu": swiglu.DTYPES, "scaled_residual": kvae.RESIDUAL_DTYPES}
+    return {"qk_norm_rope": kvae.QK_DTYPES, "swiglu": swiglu.VAE_DTYPES, "scaled_residual": kvae.RESIDUAL_DTYPES}
 
 
 def _classes():

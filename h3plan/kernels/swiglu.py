@@ -29,7 +29,8 @@ SWEEP_CONFIGS = [(2, 1024, 4), (1, 1024, 4), (4, 1024, 8), (4, 512, 4), (8, 256,
 # exp used on the GPU: "libdevice" (expf, what torch calls) or "tl" (Triton's exp2-based approximation).
 # The interpreter always uses numpy's exp.
 EXP = "libdevice"
-DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # x the kernel takes (fp32: silu and the product unrounded)
+DTYPES = (torch.bfloat16, torch.float16)  # x the transformer's fused SwiGLU takes (its blocks are bf16)
+VAE_DTYPES = DTYPES + (torch.float32,)  # the VAE decoder's too: its fp32 decode (silu and the product unrounded)
 
 
 def _config(F: int):
@@ -64,10 +65,10 @@ def swiglu_ref(x):
     return hidden * torch.nn.functional.silu(gate)
 
 
-def swiglu_check(x) -> str | None:
-    """None if the kernel takes x, else the one-line reason."""
+def swiglu_check(x, dtypes=DTYPES) -> str | None:
+    """None if the kernel takes x, else the one-line reason (dtypes: DTYPES for the transformer, VAE_DTYPES)."""
     def checks():
-        yield from tensor_checks("x", x, DTYPES)
+        yield from tensor_checks("x", x, dtypes)
         yield x.dim() >= 1 and x.shape[-1] % 2 == 0, f"x last dim {tuple(x.shape)[-1:]} is not even"
     return guard(checks())
 
@@ -93,7 +94,7 @@ def _fake(x):
 
 @custom_op("swiglu", fake=_fake)
 def _swiglu_op(x: torch.Tensor) -> torch.Tensor:
-    reason = swiglu_check(x)
+    reason = swiglu_check(x, VAE_DTYPES)
     if reason is not None:
         raise ValueError(reason)
     return _launch(x)
@@ -101,7 +102,12 @@ def _swiglu_op(x: torch.Tensor) -> torch.Tensor:
 
 def swiglu(x):
     """`hidden * silu(gate)` of x = [hidden | gate] in one pass, bit-identical to eager; ValueError if refused."""
-    reason = swiglu_check(x)
+    reason = swiglu_check(x, VAE_DTYPES)
     if reason is not None:
         raise ValueError(reason)
     return torch.ops.h3plan.swiglu(x)
+
+
+def vae_swiglu_check(x) -> str | None:
+    """swiglu_check for the VAE decoder, whose decode may run in float32."""
+    return swiglu_check(x, VAE_DTYPES)

@@ -70,11 +70,11 @@ def test_no_kernel_lines_come_from_the_registry(monkeypatch):
     assert _kernel_levers(cli.render_summary(extra)) == expected
 
 
-def test_todays_headline_plan_has_two_settings_without_a_kernel():
-    # issue 23 adds these kernels (and their install options): then this list empties and the README excerpt changes
+def test_todays_headline_plan_has_a_kernel_for_every_setting():
+    # issue 23 added the NVFP4 producers' kernels (and their install options): no setting is left without one
     plan = h3plan.resolve_config(**HEADLINE)
-    assert [d.lever for d in plan.decisions if not_installed(d)] == ["nvfp4_producer_quant", "nvfp4_out_quant"]
-    assert "h3plan has no NVFP4 producer-quantize fusion kernel" in " ".join(cli.render_summary(plan).split())
+    assert [d.lever for d in plan.decisions if not_installed(d)] == []
+    assert "no NVFP4 producer-quantize fusion kernel" not in " ".join(cli.render_summary(plan).split())
 
 
 def test_a_lever_with_no_install_option_only_skips():

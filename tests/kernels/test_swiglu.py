@@ -80,6 +80,11 @@ def test_guards(x, reason):
         swiglu(x)
 
 
+def test_float32_is_the_vaes_only():
+    x = torch.randn(2, 8)
+    assert "x dtype" in swiglu_check(x) and sw.vae_swiglu_check(x) is None
+
+
 def test_custom_op_traces():
     from torch.fx.experimental.proxy_tensor import make_fx
 

@@ -37,7 +37,7 @@ REFUSED = [
     ("unknown params", lambda d: _decision(d, "attention")["params"].update(bogus=1),
      "decision attention: unknown params bogus"),
     ("edited params", lambda d: _decision(d, "ring").update(params={"ring": 4}), "decision ring: unknown params ring; the planner gives none"),
-    ("5 of the decisions", lambda d: _drop(d, 5), "a plan needs a decision for every lever; missing: qk_norm_rope, modulation,"),
+    ("5 of the decisions", lambda d: _drop(d, 5), "a plan needs a decision for every lever; missing: fp8_scales, qk_norm_rope, modulation,"),
     ("seq_len -1", lambda d: d["config"]["parallel"].update(seq_len=-1), "parallel.seq_len=-1: must be a positive integer"),
     ("seq_len off its request", lambda d: d["config"]["parallel"].update(seq_len=1000),
      "parallel.seq_len=1000, but its video request gives 37,820 tokens"),

@@ -94,7 +94,7 @@ def test_without_tables_80_gb_is_refused_naming_the_tables(plan):
     with pytest.raises(PlanningError) as e:
         plan("hardware.device.memory_gb=80", "levers.adaln_table=off")
     msg = str(e.value)
-    assert "\n" not in msg and "nearest fit: levers.adaln_table=on (48.1 GiB)" in msg and "> 68.5 GiB usable" in msg
+    assert "\n" not in msg and "nearest fit: levers.adaln_table=on (53.1 GiB)" in msg and "> 68.5 GiB usable" in msg
 
 
 # (hardware GB, plan overrides, None = fits, or the nearest change that fits)
@@ -107,7 +107,7 @@ FIT = [
     (64, ["levers.adaln_table=off", "memory.offload=model"], "levers.adaln_table=on"),
     (40, ["recipe=fp8"], None),
     (64, [], None),                                                  # VAE decode without offload on a 64 GB card
-    (56, [], "parallel.ulysses=2"),                                  # the next option once the tables are on
+    (56, [], "memory.offload=model"),  # tables on: the fp32 decode (53.1 GiB) peaks, which no Ulysses degree shrinks
 ]
 
 
