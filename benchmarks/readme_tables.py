@@ -31,16 +31,20 @@ def _recipe(plan: str) -> str:
 
 
 def pipeline() -> list[str]:
-    """pipeline-h200.json: the pipeline end to end, one row per plan (one GPU first)."""
-    rows = ["| plan | GPUs | eager step | best step | plan step | eager decode | plan decode | e2e vs eager | e2e vs best | frames |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    recs = [r for r in _load("pipeline-h200.json")["records"] if not r.get("error")]
-    for r in sorted(recs, key=lambda r: (r["gpus"], _recipe(r["plan"]), r["S"])):
-        frames = ("bitwise (same attention)" if r["frames_bitwise"] else
-                  f"PSNR {r['frames_psnr_db']:.1f} dB, SSIM {r['frames_ssim']:.4f}")
-        rows.append(f"| {r['plan']} | {r['gpus']} | {r['eager_step_s']:.3f} s | {r['best_step_s']:.3f} s | {r['plan_step_s']:.3f} s "
-                    f"| {r['eager_decode_s']:.2f} s | {r['plan_decode_s']:.2f} s | {r['e2e_speedup_vs_eager']:.3f}x "
-                    f"| {r['e2e_speedup_vs_best']:.3f}x | {frames} |")
+    """pipeline-h200.json: diffusers' own pipe(...) per row of each run (the user's call; no autocast)."""
+    rows = ["| run | setting | VAE | forward | rest of the call | E2E | vs eager | vs best (same VAE) | vs best (fp32 VAE) | frames |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in _load("pipeline-h200.json")["records"]:
+        if r.get("error") or r["setting"] == "reference":
+            continue
+        f = r.get("frames") or {}
+        frames = ("bitwise vs the same attention" if f.get("bitwise") else "" if not f else
+                  f"PSNR {f['psnr_db']:.1f} dB vs eager {f['against'].rsplit('(', 1)[-1].split()[0]} VAE")
+        if r["setting"] == "plan" and not r.get("lossless", True) and r["recipe"] == "bf16" and r["vae"] == "fp32":
+            frames += " (withdrawn fp32 QK kernel, see notes)"
+        rows.append(f"| {r['run'][11:16]} | {r['label']} | {r['vae']} | {r['forward_s']:.3f} s | {r['rest_s']:.2f} s "
+                    f"| {r['e2e_s']:.1f} s | {r['speedup_vs_eager']:.3f}x | {r['speedup_vs_best']:.3f}x "
+                    f"| {r['speedup_vs_best_fp32']:.3f}x | {frames} |")
     return rows
 
 

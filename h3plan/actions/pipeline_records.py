@@ -111,8 +111,11 @@ def fill_speedups(rows: list[dict]) -> None:
     def find(setting, vae):
         return next((r for r in rows if r["setting"] == setting and r["vae"] == vae and r.get("e2e_s")), None)
 
+    e32 = find("eager", "fp32")
     for r in rows:
         e, b, b32 = find("eager", r["vae"]), find("best", r["vae"]), find("best", "fp32")
+        if r["setting"] == "eager" and r["vae"] != "fp32" and r.get("rest_s"):  # the decode precision's own speed
+            r["rest_speedup_vs_fp32"] = ratio(e32 and e32["rest_s"], r["rest_s"])
         r["speedup_vs_eager"] = ratio(e and e["e2e_s"], r.get("e2e_s"))
         r["speedup_vs_best"] = ratio(b and b["e2e_s"], r.get("e2e_s"))
         r["speedup_vs_best_fp32"] = ratio(b32 and b32["e2e_s"], r.get("e2e_s"))

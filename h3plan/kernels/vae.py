@@ -30,7 +30,7 @@ from ._registry import custom_op
 from .qk_norm_rope import _launch, _norm_rope_checks, _out_buffers
 
 
-QK_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # q/k the fused norm + RoPE takes (fp32: no rounding step)
+QK_DTYPES = (torch.float16, torch.bfloat16)  # q/k the fused norm + RoPE takes (fp32: torch reduces in another order, benchmarks/probes/vae_fp32_ops.py)
 RESIDUAL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # y (the attention / FFN output) scaled_residual takes
 
 

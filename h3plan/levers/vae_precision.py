@@ -45,7 +45,7 @@ def _measured(ctx: Context, s: str) -> list[str]:
     if not pts:
         return [f"the {s} decode's error against the fp32 decode was never measured on {ctx.hw}"]
     return [f"measured on {ctx.hw}: {s} decode against the fp32 decode at latent {'x'.join(map(str, p['latent']))}: "
-            f"PSNR {p['psnr_db']:.1f} dB, SSIM {p['ssim']:.5f}, {p['speedup']:.2f}x the fp32 decode's speed ({p['source']})"
+            f"PSNR {p['psnr_db']:.1f} dB, SSIM {p['ssim']}, {p['speedup']:.2f}x the fp32 decode's speed ({p['source']})"
             for p in pts]
 
 

@@ -74,7 +74,7 @@ def test_readme_tables_are_written_from_the_results():
 def test_a_changed_result_fails_the_check(tmp_path, monkeypatch):
     tables = _module("readme_tables")
     doc = _json("pipeline-h200.json")
-    doc["records"][0]["plan_step_s"] += 1.0
+    doc["records"][0]["forward_s"] += 1.0
     (tmp_path / "pipeline-h200.json").write_text(json.dumps(doc))
     for name in ("block-h200.json", "parallel-h200.json"):
         (tmp_path / name).write_text((RESULTS / name).read_text())
