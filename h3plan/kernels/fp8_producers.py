@@ -140,6 +140,20 @@ def _finish(out_ptr, desc_ptr, row, out_off, static_scale, o0, o1, o2, o3,
 
 
 @triton.jit
+def row_rstd(x_ptr, row, N, eps, NITER: tl.constexpr, IEEE_RSQRT: tl.constexpr, HW: tl.constexpr):
+    """1 / rms of row `row` of x (N wide) as a scalar: torch's CUDA RMSNorm order (the modulation kernel's
+    statistic), or IEEE division and sqrt."""
+    rows = row + tl.arange(0, 1).to(tl.int64)  # the statistic's helper works on [ROWS] rows
+    ss = _mod._sumsq_vec(x_ptr, rows * N, rows >= 0, N, NITER, 1, HW)
+    if IEEE_RSQRT:
+        ms = tl.math.div_rn(ss, tl.full(ss.shape, N, tl.float32))
+        rstd = tl.math.div_rn(tl.full(ss.shape, 1.0, tl.float32), tl.math.sqrt_rn(ms + eps))
+    else:
+        rstd = cuda_rms_rstd(ss, N, eps)
+    return tl.sum(rstd, axis=0)  # the one row's value as a scalar (a sum of one element: exact)
+
+
+@triton.jit
 def _load_chunk(ptr, C0: tl.constexpr, W: tl.constexpr, N: tl.constexpr, HW: tl.constexpr):
     """Columns C0..C0+W of a row (0 past N) in fp32."""
     cols = C0 + tl.arange(0, W)
@@ -176,14 +190,7 @@ def _modulate_fp8_kernel(x_ptr, w_ptr, scale_ptr, shift_ptr, idx_ptr, out_ptr, d
                          W3: tl.constexpr, IEEE_RSQRT: tl.constexpr, HW: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     row_off = row * N
-    rows = row + tl.arange(0, 1).to(tl.int64)  # the statistic's helper works on [ROWS] rows
-    ss = _mod._sumsq_vec(x_ptr, rows * N, rows >= 0, N, NITER, 1, HW)
-    if IEEE_RSQRT:
-        ms = tl.math.div_rn(ss, tl.full(ss.shape, N, tl.float32))
-        rstd = tl.math.div_rn(tl.full(ss.shape, 1.0, tl.float32), tl.math.sqrt_rn(ms + eps))
-    else:
-        rstd = cuda_rms_rstd(ss, N, eps)
-    rstd = tl.sum(rstd, axis=0)  # the one row's value as a scalar (a sum of one element: exact)
+    rstd = row_rstd(x_ptr, row, N, eps, NITER, IEEE_RSQRT, HW)
     idx = tl.load(idx_ptr + row % S)
     x_row = x_ptr + row_off
     sc_row = scale_ptr + idx * scale_stride

@@ -39,8 +39,8 @@ from h3plan.kernels import modulation as _mod
 from h3plan.kernels import swiglu as _sw
 from h3plan.kernels._common import INTERPRET, from_f32, guard, round_hw, tensor_checks
 from h3plan.kernels._registry import custom_op
-from h3plan.kernels._rmsnorm import VEC, cuda_rms_iters, cuda_rms_rstd
-from h3plan.kernels.fp8_producers import _load_chunk, _modulate_chunk, _swiglu_chunk, chunks
+from h3plan.kernels._rmsnorm import VEC, cuda_rms_iters
+from h3plan.kernels.fp8_producers import _load_chunk, _modulate_chunk, _swiglu_chunk, chunks, row_rstd
 from h3plan.kernels.nvfp4 import (cast_nvfp4_ref, fake_outputs, finish_chunk, global_buffer, global_scale_reason,
                                   launch_opts, load_global, outputs, width_checks)
 from h3plan.kernels.nvfp4 import E4M3
@@ -79,14 +79,7 @@ def _modulate_nvfp4_kernel(x_ptr, w_ptr, scale_ptr, shift_ptr, idx_ptr, packed_p
         if W3 > 0:
             _fold_chunk(h_ptr + row_off, gate_row, y_ptr + row_off, x_row, W0 + W1 + W2, W3, N, HW)
         tl.debug_barrier()
-    rows = row + tl.arange(0, 1).to(tl.int64)
-    ss = _mod._sumsq_vec(x_ptr, rows * N, rows >= 0, N, NITER, 1, HW)
-    if IEEE_RSQRT:
-        ms = tl.math.div_rn(ss, tl.full(ss.shape, N, tl.float32))
-        rstd = tl.math.div_rn(tl.full(ss.shape, 1.0, tl.float32), tl.math.sqrt_rn(ms + eps))
-    else:
-        rstd = cuda_rms_rstd(ss, N, eps)
-    rstd = tl.sum(rstd, axis=0)  # the one row's value as a scalar (a sum of one element: exact)
+    rstd = row_rstd(x_ptr, row, N, eps, NITER, IEEE_RSQRT, HW)
     sc_row = scale_ptr + idx * scale_stride
     sh_row = shift_ptr + idx * shift_stride
     g, inv_g = load_global(g_ptr)
