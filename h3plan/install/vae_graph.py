@@ -17,8 +17,8 @@ a call that runs diffusers' forward instead:
 - the cache already holds `max_graphs` signatures.
 A graph is dropped and recaptured when a decoder parameter or buffer was replaced or moved since its
 capture (a new data pointer); in-place updates need nothing (the graph reads the same memory), except
-where `validate` (the installer passes vae_ops' float16 weights check) raises first: their float32
-masters on the host would be stale.
+where `validate` (the installer passes the FP8 VAE GEMMs' check) raises first: their e4m3 codes would be
+stale.
 
 Memory: all graphs of one GraphedDecoder capture into one shared pool (torch.cuda.graph_pool_handle,
 made at the first capture), so the pool is sized by the largest signature's decoder call, not the sum
