@@ -130,21 +130,23 @@ def test_fp32_plan_keeps_diffusers_default_decode_bit_for_bit_with_the_fused_ops
     report = install(vae, sm90_fp32)
     assert vae.dtype == torch.float32
     assert_bits(decode(vae, z), ref)
-    assert counters() == FUSED  # every op's kernel takes float32: no rounding step, the fp32 ops as eager runs them
+    # SwiGLU and the scaled residual take float32 (no rounding step); the QK norm does not: torch's fp32 RMSNorm
+    # reduces in another order (benchmarks/results/probes/vae-fp32-ops-h200.json), settled at install
+    assert counters() == {k: v for k, v in FUSED.items() if "qk_norm_rope" not in k}
     assert "fp32: the VAE decodes in float32 as diffusers loads it" in dict(report.skipped)["vae_precision"]
-    assert not [k for k, _ in report.skipped if k.startswith("vae_ops.")]
+    assert [k for k, _ in report.skipped if k.startswith("vae_ops.")] == ["vae_ops.qk_norm_rope"]
 
 
 def test_an_op_whose_kernel_does_not_take_the_decode_dtype_is_settled_at_install(sm90_fp32, monkeypatch):
-    import h3plan.kernels.vae as kv
+    import h3plan.kernels.swiglu as ks
 
-    monkeypatch.setattr(kv, "QK_DTYPES", (torch.float16, torch.bfloat16))
+    monkeypatch.setattr(ks, "VAE_DTYPES", ks.DTYPES)  # as if the SwiGLU kernel took 16-bit inputs only
     vae, z = tiny_vae(), latent()
     ref = decode(tiny_vae(), z)
     report = install(vae, sm90_fp32)
     assert_bits(decode(vae, z), ref)
-    assert counters() == {k: v for k, v in FUSED.items() if "qk_norm_rope" not in k}  # no per-call fallback
-    why = dict(report.skipped)["vae_ops.qk_norm_rope"]
+    assert counters() == {"vae_ops.scaled_residual.fused": 2 * BLOCKS}  # no per-call fallback
+    why = dict(report.skipped)["vae_ops.swiglu"]
     assert "the decoder computes in torch.float32" in why and "no per-call fallback" in why
 
 

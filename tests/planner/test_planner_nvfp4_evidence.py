@@ -7,6 +7,7 @@ from h3plan.errors import ConfigError
 
 NVFP4 = ("gemm_quant", "nvfp4_producer_quant", "nvfp4_out_quant")
 HEADLINE = ["hardware=sm107", "recipe=nvfp4", "parallel=u8"]
+UNCHECKED = ["hardware.verified.kernels_checked_on=null", "hardware.verified.kernels_checked={}"]
 CHECKED = ["hardware.verified.kernels_checked_on=sm90",
            "hardware.verified.kernels_checked={gemm_quant: [nvfp4], nvfp4_producer_quant: ['on'], nvfp4_out_quant: ['on']}"]
 
@@ -15,14 +16,15 @@ def reasons(plan, lever):
     return next(d for d in plan.decisions if d.lever == lever).reasons
 
 
-def test_before_the_gpu_run_the_plan_claims_the_interpreter_only(plan):
-    p = plan(*HEADLINE)
+def test_without_the_gpu_fact_the_plan_claims_the_interpreter_only(plan):
+    p = plan(*HEADLINE, *UNCHECKED)
     for lever in NVFP4:
         assert "kernel checked against the reference in the CPU interpreter only, never on a GPU; FP4 GEMM never ran" \
             in reasons(p, lever), lever
 
 
 def test_the_yaml_fact_names_the_gpu(plan):
+    assert "kernel checked on sm90 against the reference; FP4 GEMM never ran" in reasons(plan(*HEADLINE), "gemm_quant")
     p = plan(*HEADLINE, *CHECKED)
     for lever in NVFP4:
         assert "kernel checked on sm90 against the reference; FP4 GEMM never ran" in reasons(p, lever), lever
@@ -44,7 +46,7 @@ def test_kernels_checked_is_validated(plan):
     with pytest.raises(ConfigError, match="kernels_checked.nvfp4_out_quant"):
         plan(*HEADLINE, "hardware.verified.kernels_checked_on=sm90", "hardware.verified.kernels_checked={nvfp4_out_quant: [fast]}")
     with pytest.raises(ConfigError, match="needs kernels_checked_on"):
-        plan(*HEADLINE, "hardware.verified.kernels_checked={nvfp4_out_quant: ['on']}")
+        plan(*HEADLINE, "hardware.verified.kernels_checked_on=null", "hardware.verified.kernels_checked={nvfp4_out_quant: ['on']}")
 
 
 def test_producer_blockers(plan):
