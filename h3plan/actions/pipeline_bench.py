@@ -49,7 +49,7 @@ import statistics
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from h3plan.errors import UsageError
 

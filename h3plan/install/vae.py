@@ -37,7 +37,7 @@ from .report import Swap
 from .vae_block import LINEARS, VaeBlockState, load_kernels, plan_vae_block_forward
 from .vae_fp8 import Fp8Gemms
 from .vae_graph import GraphedDecoder
-from .vae_weights import DTYPES, FP16, PrecisionCast, blocker as cast_blocker
+from .vae_weights import DTYPES, PrecisionCast, blocker as cast_blocker
 
 logger = logging.getLogger("h3plan.install")
 

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 
 from h3plan.runtime.counters import fallback as count_fallback
 from h3plan.runtime.guards import run_guarded

@@ -61,10 +61,10 @@ def explain(ctx: Context, s: str) -> list[str]:
 
 def auto(ctx: Context):
     s, name, v = _wanted(ctx), ctx.recipe["name"], ctx.recipe["vae"]
-    why = (f"recipe {name} asks for vae={v}" + ("" if v == s else f": its FP8 VAE GEMMs take and give float16, so the "
+    why = (f"recipe {name} asks for vae={v}" + ("" if v == s else ": its FP8 VAE GEMMs take and give float16, so the "
                                                  "decode runs in fp16"))
     if s != "fp32" and ctx.lossless_only:
-        why += f"; the transformer stays lossless under policy lossless, the decode is the recipe's lossy choice"
+        why += "; the transformer stays lossless under policy lossless, the decode is the recipe's lossy choice"
     return s, [why, *explain(ctx, s)], {}
 
 
