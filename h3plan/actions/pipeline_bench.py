@@ -57,7 +57,7 @@ from . import pipeline_records as records
 from .bench.measure import device_tag
 from .bench.records import _one_line
 from .bench.timing import Progress
-from .pipeline_settings import Best, Eager, PlanSetting, Reference, Setting, plan_precision, row_label
+from .pipeline_settings import Best, Eager, PlanSetting, Reference, Setting, plan_precision
 
 
 def _defaults() -> dict[str, Any]:
@@ -397,6 +397,7 @@ def _rows(pipe, specs, opts, degree, S, group, progress) -> list[_Row]:
             s = PlanSetting(pipe, p, group, progress, num_inference_steps=opts.warmup + opts.steps + 1)
         else:
             s = Reference(pipe, p)
+            s.of = rows[-1].setting  # the plan row right before it (row_specs' order)
         rows.append(_Row(s, [], []))
     return rows
 
@@ -437,8 +438,7 @@ def _record(torch, device, run_id, request, S, degree, layers, n_sched, steps_e2
     # frames: a plan against its reference (bitwise), every other row against eager with the same VAE
     against = None
     if s.name == "plan":
-        against = next((r for r in rows if r.setting.name == "reference" and r.setting.plan.get("recipe") == plan.get("recipe")
-                        and r.setting.vae == s.vae and row_label_of(r.setting).endswith(row_label(plan) + "'s attention")), None)
+        against = next((r for r in rows if r.setting.name == "reference" and r.setting.of is s), None)
     if against is None and s.name != "eager":
         against = next((r for r in rows if r.setting.name == "eager" and r.setting.vae == s.vae), None)
     if s.name == "eager" and s.vae != "fp32":  # the lossy decode precision against diffusers' default

@@ -106,6 +106,7 @@ class Reference(Setting):
     """diffusers eager with the plan's attention levers and the plan's VAE dtype (a lossless plan's bitwise reference)."""
 
     name = "reference"
+    of = None  # the PlanSetting this row checks
 
     def __init__(self, pipe, plan):
         self.pipe, self.plan = pipe, same_backend_plan(plan)
