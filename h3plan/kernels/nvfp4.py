@@ -247,6 +247,21 @@ def global_buffer(g: torch.Tensor | None, row_amax: torch.Tensor | None, device)
     return global_scale(row_amax.amax() if row_amax.numel() else row_amax.new_zeros(())).reshape(1)
 
 
+def two_pass(launch, M: int, g: torch.Tensor | None, device) -> torch.Tensor:
+    """A producer's launches: with a static g the quantize pass only (launch(g, False)); dynamic (g None) first the
+    amax pass into per-row amaxes (launch(row_amax, True)), then the quantize pass on their global scale. Returns
+    the 1-element g the codes were made with."""
+    row_amax = None
+    if g is None:
+        row_amax = torch.empty(M, dtype=torch.float32, device=device)
+        if M:
+            launch(row_amax, True)
+    gb = global_buffer(g, row_amax, device)
+    if M:
+        launch(gb, False)
+    return gb
+
+
 def global_scale_reason(g, device) -> str | None:
     """None when g is None (dynamic) or a 1-element fp32 tensor on `device`."""
     if g is None:
@@ -283,14 +298,8 @@ def _launch_cast(x, global_scale=None):
     packed, sf, nct = outputs(M, N, tuple(x.shape[:-1]), x.device)
     w = chunks(N)
     common = dict(N=N, W0=w[0], W1=w[1], W2=w[2], W3=w[3], HW=not INTERPRET, **launch_opts("cast", N))
-    row_amax = None
-    if global_scale is None:
-        row_amax = torch.empty(M, dtype=torch.float32, device=x.device)
-        if M:
-            _cast_kernel[(M,)](x, packed, sf, row_amax, row_amax, nct, AMAX_ONLY=True, **common)
-    g = global_buffer(global_scale, row_amax, x.device)
-    if M:
-        _cast_kernel[(M,)](x, packed, sf, g, g, nct, AMAX_ONLY=False, **common)
+    g = two_pass(lambda buf, amax_only: _cast_kernel[(M,)](x, packed, sf, buf, buf, nct, AMAX_ONLY=amax_only, **common),
+                 M, global_scale, x.device)
     return packed, sf.view(E4M3), g.reshape(())
 
 

@@ -41,7 +41,7 @@ from h3plan.kernels._common import INTERPRET, from_f32, guard, round_hw, tensor_
 from h3plan.kernels._registry import custom_op
 from h3plan.kernels._rmsnorm import VEC, cuda_rms_iters
 from h3plan.kernels.fp8_producers import _load_chunk, _modulate_chunk, _swiglu_chunk, chunks, row_rstd
-from h3plan.kernels.nvfp4 import (cast_nvfp4_ref, fake_outputs, finish_chunk, global_buffer, global_scale_reason,
+from h3plan.kernels.nvfp4 import (cast_nvfp4_ref, fake_outputs, finish_chunk, two_pass, global_scale_reason,
                                   launch_opts, load_global, outputs, width_checks)
 from h3plan.kernels.nvfp4 import E4M3
 
@@ -175,19 +175,14 @@ def _launch_modulate(x, weight, scale, shift, index, eps, mode, g, fold=None, rs
                   W0=w[0], W1=w[1], W2=w[2], W3=w[3], IEEE_RSQRT=(rsqrt or _mod.RSQRT) == "ieee", HW=not INTERPRET,
                   **launch_opts("fold" if fold is not None else "modulation", D))
 
-    def launch(amax_or_g, amax_only, with_fold):
+    def launch(amax_or_g, amax_only):
+        # the fold writes h' once: in the amax pass when there is one, else in the quantize pass
+        with_fold = fold is not None and (amax_only or g is not None)
         _modulate_nvfp4_kernel[(M,)](
             x, x if weight is None else weight, scale, shift, index, packed, sf, amax_or_g, amax_or_g, h, gate, y,
             S, scale.stride(0), shift.stride(0), gate.stride(0), eps, nct, AMAX_ONLY=amax_only, FOLD=with_fold, **common)
 
-    row_amax = None
-    if g is None:
-        row_amax = torch.empty(M, dtype=torch.float32, device=x.device)
-        if M:
-            launch(row_amax, True, fold is not None)
-    gb = global_buffer(g, row_amax, x.device)
-    if M:
-        launch(gb, False, fold is not None and g is not None)
+    gb = two_pass(launch, M, g, x.device)
     return packed, sf.view(E4M3), gb.reshape(())
 
 
@@ -198,14 +193,8 @@ def _launch_swiglu(x, g, exp=None):
     w = chunks(F)
     common = dict(F=F, W0=w[0], W1=w[1], W2=w[2], W3=w[3], IS_BF16=x.dtype == torch.bfloat16, HW=not INTERPRET,
                   LIBDEVICE_EXP=(exp or _sw.EXP) == "libdevice" and not INTERPRET, **launch_opts("swiglu", F))
-    row_amax = None
-    if g is None:
-        row_amax = torch.empty(M, dtype=torch.float32, device=x.device)
-        if M:
-            _swiglu_nvfp4_kernel[(M,)](x, packed, sf, row_amax, row_amax, nct, AMAX_ONLY=True, **common)
-    gb = global_buffer(g, row_amax, x.device)
-    if M:
-        _swiglu_nvfp4_kernel[(M,)](x, packed, sf, gb, gb, nct, AMAX_ONLY=False, **common)
+    gb = two_pass(lambda buf, amax_only: _swiglu_nvfp4_kernel[(M,)](x, packed, sf, buf, buf, nct, AMAX_ONLY=amax_only,
+                                                                     **common), M, g, x.device)
     return packed, sf.view(E4M3), gb.reshape(())
 
 
