@@ -37,6 +37,7 @@ from typing import Any, Mapping
 from .errors import ConfigError
 from .request import VideoRequest, pipeline_defaults, request_from, tokens, vae_geometry
 from .request import diffusers_kwargs as _dc
+from h3plan.vae.tiling import RELEASED_TILE, Geometry, decoded_frames, tile_span
 
 GiB = 2**30
 TRANSFORMER_FP32 = ("proj_in", "audio_proj_in", "time_embedder", "proj_out", "audio_proj_out")  # _keep_in_fp32_modules
@@ -110,43 +111,20 @@ def vae_params(vae_dc: Mapping[str, Any]) -> dict[str, int]:
     return {"decoder_linears": linears, "fp32_kept": kept, "other": rest, "dim": dim, "ffn_inner": ffi, "pixels_per_token": pix}
 
 
-def split_tiles(length: int, tile: int, min_overlap: int, step: int) -> tuple[int, int]:
-    """AutoencoderKLMiniMaxH3._split_tiles: (number of tiles, tile length) over `length` pixels."""
-    if tile >= length:
-        return 1, length
-    n = math.ceil(length / tile)
-    while tile * n - min_overlap * (n - 1) - length < 0:
-        n += 1
-    return n, tile
-
-
-def decoded_frames(latent_frames: int, g: Mapping[str, int]) -> int:
-    """Pixel frames AutoencoderKLMiniMaxH3._decode returns for `latent_frames` latent frames."""
-    chunk, drop, t, pre = g["tokens_chunk_size"], g["token_drop"], g["temporal"], g["frame_pre_padding"]
-    num_tokens = latent_frames + drop
-    pad = (-num_tokens) % chunk
-    chunks = (num_tokens + pad) // chunk - int(drop > 0)
-    clip_px = (chunk + g["token_overlap"]) * t
-    frames = chunks * (chunk * t - pre) + (max(min(clip_px, 2 * chunk * t) - chunk * t - pre, 0) if drop > 0 else 0)
-    tail = g["clip_length"] % t
-    frames -= sum(tail if tail and (latent_frames + k) % chunk == 0 else t for k in range(pad))
-    return frames
-
-
 def vae_decode(vae_dc, latent_frames: int, latent_h: int, latent_w: int, tile: Mapping[str, Any], *, batch: int = 1,
                fused: bool = False, fp16_weights: bool = True, act: int = 2) -> dict[str, Any]:
     """Bytes of one `vae.decode` at these latents and tile geometry (pixels; frames: diffusers' temporal chunks
     of tokens_chunk_size + token_overlap latent frames, the only ones it has). act: bytes of the decode's
     activations and frames (2: float16 / bfloat16, 4: float32); fused: vae_ops's fused SwiGLU (no silu
     temporary); fp16_weights False: FP16 autocast casts ff.net.0.proj's weight per call (a float32 VAE under autocast)."""
-    g, p = vae_geometry(vae_dc), vae_params(vae_dc)
-    ratio, dim, ffi = g["spatial"], p["dim"], p["ffn_inner"]
+    g, p = Geometry.from_config(vae_dc), vae_params(vae_dc)
+    ratio, dim, ffi = g.spatial_ratio, p["dim"], p["ffn_inner"]
     H, W = latent_h * ratio, latent_w * ratio
     ov = tile.get("overlap") or 0
-    ny, th = split_tiles(H, tile.get("height") or H, ov, ratio)
-    nx, tw = split_tiles(W, tile.get("width") or W, ov, ratio)
-    clip_lat = g["tokens_chunk_size"] + (g["token_overlap"] if g["token_drop"] > 0 else 0)
-    clip_px = clip_lat * g["temporal"]
+    ny, th = tile_span(H, tile.get("height") or H, ov)
+    nx, tw = tile_span(W, tile.get("width") or W, ov)
+    clip_lat = g.clip_latent_frames
+    clip_px = clip_lat * g.temporal_ratio
     T = clip_lat * (th // ratio) * (tw // ratio) + vae_dc["decoder_num_register_tokens"] + 1
     # One decoder call, FFN moment of the heaviest block: fp32 residual, fp16 normed input, proj (2F),
     # silu(gate) (F, eager only), product (F); proj_out's output and its contiguous permute.
@@ -238,7 +216,7 @@ def _weights(it: _Items, sections, settings, opts) -> None:
     it.add("vae_weights", 4 * vp["fp32_kept"] + lb * (vp["decoder_linears"] + vp["other"]),
            f"AutoencoderKLMiniMaxH3 {vp['decoder_linears'] + vp['fp32_kept'] + vp['other']:,} parameters, {vd}"
            + ("" if lb == 4 else " (encoder, quant_conv, norms and scales kept float32)")
-           + (f"; vae_precision={vd}: cast at install, the float32 originals on the host (install/vae_weights.py)"
+           + (f"; vae_precision={vd}: cast at install, the float32 originals on the host (vae/weights.py)"
               if vd != opts["vae_dtype"] else ""))
     it.add("audio_vae_weights", vb * pipe["audio_vae"]["params"],
            f"AutoencoderKLMiniMaxH3Audio {pipe['audio_vae']['params']:,} parameters, {opts['vae_dtype']}")
@@ -301,7 +279,7 @@ def decode_dtype(settings, opts) -> str:
 def _decode(it: _Items, sections, settings, opts, geo, geo_src, B: int) -> None:
     vdc = _dc(sections["vae"])
     tile_name = {"fp8_tiles": "fp8_tile", "custom": "custom_tile"}.get(_setting(settings, "vae_tiles", "default"), "default_tile")
-    tile = sections["vae"].get(tile_name) or {"height": 256, "width": 256, "overlap": 64}
+    tile = sections["vae"].get(tile_name) or RELEASED_TILE
     fused = _setting(settings, "vae_ops", "eager") == "fused"
     vd = decode_dtype(settings, opts)
     fp16_w = True  # diffusers' decode step runs no autocast: no per-call weight casts
@@ -467,4 +445,4 @@ def fit(est: Mapping[str, Any], hardware_memory_gb: float, reserve_fraction: flo
     return line
 
 
-__all__ = ["MemoryConfig", "estimate", "fit", "transformer_params", "vae_params", "vae_decode", "decoded_frames", "split_tiles"]
+__all__ = ["MemoryConfig", "estimate", "fit", "transformer_params", "vae_params", "vae_decode"]

@@ -20,6 +20,7 @@ from .errors import ConfigError
 from .memory import MemoryConfig
 from .plan import PLAN_SECTIONS
 from .request import PipelineConfig, VideoConfig, sequence
+from h3plan.vae.tiling import tile_rule
 
 from .levers import LEVER_SETTINGS  # declared by each lever module (SPEC), registry order
 
@@ -807,13 +808,9 @@ def validate(cfg: DictConfig | dict) -> dict[str, Any]:
         ratio *= f
     for tile_name in ("default_tile", "fp8_tile", "custom_tile"):
         tile = c["vae"][tile_name]
-        for k in ("height", "width", "overlap"):
-            v = tile[k]
-            if v is not None and (v <= 0 or v % ratio):
-                raise ConfigError(f"vae.{tile_name}.{k}={v}", f"must be a positive multiple of the spatial compression {ratio}")
-        if None not in (tile["height"], tile["width"], tile["overlap"]) and tile["overlap"] >= min(tile["height"], tile["width"]):
-            raise ConfigError(f"vae.{tile_name}.overlap={tile['overlap']}",
-                              f"must be smaller than the tile ({tile['height']}x{tile['width']} px): diffusers lays no such tiles")
+        broken = tile_rule(tile["height"], tile["width"], tile["overlap"], ratio)
+        if broken:
+            raise ConfigError(f"vae.{tile_name}.{broken[0]}={tile[broken[0]]}", broken[1])
     hw = c["hardware"]
     m = re.fullmatch(r"sm(\d+)", str(hw["name"]))
     cc = str(hw["compute_capability"])

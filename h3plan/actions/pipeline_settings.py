@@ -34,14 +34,14 @@ def row_label(plan) -> str:
 
 
 class VaeCast:
-    """The VAE in `precision` for a turn: from_pretrained(torch_dtype)'s cast (install/vae_weights.py), undone on exit."""
+    """The VAE in `precision` for a turn: from_pretrained(torch_dtype)'s cast (h3plan/vae/weights.py), undone on exit."""
 
     def __init__(self, pipe, precision: str):
         self.pipe, self.precision, self.cast = pipe, precision, None
 
     def enter(self):
         if self.precision != "fp32":
-            from h3plan.install.vae_weights import DTYPES, PrecisionCast
+            from h3plan.vae.weights import DTYPES, PrecisionCast
 
             self.cast = PrecisionCast.apply(self.pipe.vae, DTYPES[self.precision])
 

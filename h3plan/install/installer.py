@@ -16,7 +16,7 @@ same plan again returns the existing report; a different plan is installed after
 Install after moving / copying the model (the kept originals stay where they were; a deep copy of an
 installed model shares its undo list with the original).
 
-An AutoencoderKLMiniMaxH3 takes the plan's VAE levers (vae_ops, vae_tiles) through install/vae.py, with
+An AutoencoderKLMiniMaxH3 takes the plan's VAE levers (vae_ops, vae_tiles) through h3plan/vae/install.py, with
 the same report, idempotence and uninstall; each model reports the other model's levers as skipped.
 """
 
@@ -396,7 +396,7 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
     num_inference_steps: step counts the adaln_table lever tables beside the plan's (an int or a list).
     """
     from . import pipeline as _pipeline
-    from . import vae as _vae
+    from h3plan.vae import install as _vae
 
     if _pipeline.is_pipeline(model):
         return _pipeline.install_pipeline(model, plan, group=group, registry=registry, num_inference_steps=num_inference_steps)

@@ -1,16 +1,18 @@
 """One video decode spread over the plan's Ulysses ranks: each rank decodes its share of the (temporal chunk,
 spatial tile) decoder calls, the decoded tiles are gathered, and every rank stitches them with diffusers' own
-code, so the frames are bitwise the one-GPU decode (h3plan/install/vae_parallel.py).
+code, so the frames are bitwise the one-GPU decode (h3plan/vae/parallel.py).
 
 auto: tiles at Ulysses degree > 1 when the request's latent decodes in several calls and the estimate
-(h3plan/vae_parallel_plan.py: the one-GPU decode divided over the ranks, plus the gather at the measured
+(h3plan/vae/parallel_plan.py: the one-GPU decode divided over the ranks, plus the gather at the measured
 all-to-all rate) promises >= 1.05x; off otherwise, with the numbers.
 """
 
 from __future__ import annotations
 
-from .. import vae_parallel_plan as vpp
+from ..vae import parallel_plan as vpp
+from ..vae.tiling import Geometry
 from .base import Context, Option, Spec, is_bool, resolve
+from .vae_tiles import TILE_OF
 
 SPEC = Spec(
     name="vae_parallel",
@@ -30,9 +32,9 @@ def _latent(ctx: Context) -> tuple[int, int, int] | None:
     return int(r["latent_frames"]), int(r["latent_height"]), int(r["latent_width"])
 
 
-def _geometry(ctx: Context) -> vpp.Geometry:
-    tile = ctx.vae[{"default": "default_tile", "fp8_tiles": "fp8_tile", "custom": "custom_tile"}[ctx.setting("vae_tiles")]]
-    return vpp.Geometry.from_config(ctx.vae["diffusers_config"], tile if tile.get("height") else None)
+def _geometry(ctx: Context) -> Geometry:
+    tile = ctx.vae[TILE_OF[ctx.setting("vae_tiles")]]
+    return Geometry.from_config(ctx.vae["diffusers_config"], tile if tile.get("height") else None)
 
 
 def _gather_gbps(ctx: Context) -> float:

@@ -7,7 +7,7 @@ codes (..., K) e4m3 and row_descale (..., 1) fp32 come from h3plan.kernels.fp8_p
 activation ~= codes[r] * row_descale[r]). On CUDA SM89+ (bf16 output, K and N multiples of 16) this is
 torch's rowwise-scaled FP8 GEMM, `torch._scaled_mm(codes (M, K), weight.t(),
 scale_a=row_descale (M, 1), scale_b=weight_scale (1, N), bias, out_dtype=bf16)` (torch 2.11 runs it on
-SM90; float16 output and bias since torch 2.10, pytorch#166744: the VAE's FP8 decoder GEMMs, install/vae_fp8.py);
+SM90; float16 output and bias since torch 2.10, pytorch#166744: the VAE's FP8 decoder GEMMs, h3plan/vae/fp8.py);
 a per-tensor weight scale is expanded to (1, N). Elsewhere the call falls back to an fp32
 emulation of the same numerics: both operands dequantised to fp32 (one rounding each), multiplied in
 fp32 (autocast off), the bias added, rounded once; it differs from the GEMM only in accumulation order. Every

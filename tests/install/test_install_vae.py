@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import h3plan
 from h3plan.install import counters, fallback_reasons, install, installed_plan, reset_counters, uninstall
-from h3plan.install.vae_block import OPS, plan_vae_block_forward
+from h3plan.vae.block import OPS, plan_vae_block_forward
 from h3plan.kernels import qk_norm_rope as qm
 from h3plan.plan import make_decision, make_plan
 from install_helpers import ROOT
@@ -197,7 +197,7 @@ def test_round_trip_restores_the_original_parameters_bit_for_bit(sm90):
     buffers = [n for n, _ in vae.named_buffers()]
     install(vae, sm90)
     sd = vae.state_dict()  # installed: same keys; the castable tensors float16, the _keep_in_fp32_modules float32
-    from h3plan.install.vae_weights import keeps_fp32
+    from h3plan.vae.weights import keeps_fp32
 
     cast_keys = {k for k in before if not keeps_fp32(vae, k) and before[k].is_floating_point()}
     assert cast_keys and list(sd) == list(before)

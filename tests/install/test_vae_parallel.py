@@ -1,5 +1,5 @@
-"""vae_parallel: one VAE decode spread over gloo ranks (h3plan/install/vae_parallel.py), and its planning
-numbers (h3plan/vae_parallel_plan.py).
+"""vae_parallel: one VAE decode spread over gloo ranks (h3plan/vae/parallel.py), and its planning
+numbers (h3plan/vae/parallel_plan.py).
 
 Contract: rtol=0, atol=0 against diffusers' single-process decode of the same tiny AutoencoderKLMiniMaxH3
 (16 px tiles, 8 px overlap: several tiles and temporal chunks), at degree 2 and 3 (uneven shares): the
@@ -18,11 +18,12 @@ import torch
 from gloo_spawn import spawn
 from test_install_vae import tiny_vae
 
-import h3plan.vae_parallel_plan as vpp
+import h3plan.vae.parallel_plan as vpp
+import h3plan.vae.tiling as tiling
 import vae_parallel_worker as W
 from h3plan.errors import InstallError, PlanningError
-import h3plan.install.vae_parallel as vp
-from h3plan.install.vae_parallel import REPLAY, ParallelDecode, _Replay, geometry, install_parallel
+import h3plan.vae.parallel as vp
+from h3plan.vae.parallel import REPLAY, ParallelDecode, _Replay, geometry, install_parallel
 from h3plan.runtime.counters import counters, fallback_reasons, reset_counters
 
 LEVER = vp.LEVER
@@ -62,7 +63,7 @@ def test_tile_count_is_diffusers_split_tiles(vae):
     for tile, overlap in ((16, 8), (16, 4), (32, 12), (256, 64)):
         vae.enable_tiling(tile, tile, overlap, overlap)
         for length in range(4, 400, 4):
-            assert vpp.tile_count(length, tile, overlap) == len(vae._split_tiles(length, tile, overlap)[0]), (tile, overlap, length)
+            assert tiling.tile_count(length, tile, overlap) == len(vae._split_tiles(length, tile, overlap)[0]), (tile, overlap, length)
 
 
 # ---------------------------------------------------------------- guards, install, replay
@@ -224,7 +225,7 @@ def test_forced_tiles_that_cannot_apply_raise_with_every_reason():
     assert h3plan.resolve_config(parallel="u2").decision("vae_parallel").setting == "tiles"  # the released request
     assert h3plan.resolve_config(parallel="u2", **{"parallel.seq_len": 37820}).decision("vae_parallel").setting == "off"
     assert vpp.blockers("tiles", (1, 8, 8), 1)
-    tiled_off = vpp.Geometry(tiling=False)
+    tiled_off = tiling.Geometry(tiling=False)
     assert vpp.auto(RELEASED, 2, tiled_off)[0] == "off"
 
 
@@ -233,6 +234,6 @@ def test_geometry_from_the_vae_config_and_torch_free_import():
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
     conf = OmegaConf.to_container(OmegaConf.load(os.path.join(root, "conf/vae/h3.yaml")), resolve=True)
-    assert vpp.Geometry.from_config(conf["diffusers_config"], conf["default_tile"]) == vpp.RELEASED
-    code = "import sys, h3plan.vae_parallel_plan as v; v.auto((62, 48, 84), 2); assert 'torch' not in sys.modules"
+    assert tiling.Geometry.from_config(conf["diffusers_config"], conf["default_tile"]) == tiling.RELEASED
+    code = "import sys, h3plan.vae.parallel_plan as v; v.auto((62, 48, 84), 2); assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=root)

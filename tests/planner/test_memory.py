@@ -9,6 +9,7 @@ import yaml
 from h3plan import memory as M
 from h3plan.errors import ConfigError
 from h3plan.request import sequence
+from h3plan.vae import tiling
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*weight_norm:FutureWarning")  # diffusers' audio VAE constructor
 CONF = os.path.join(os.path.dirname(__file__), "..", "..", "conf")
@@ -84,7 +85,7 @@ def test_tiles_and_frames_follow_diffusers(meta_models):
     _, vae, _ = meta_models
     for length, tile, ov in [(1344, 256, 64), (768, 256, 64), (768, 288, 32), (1344, 272, 32), (200, 256, 64), (512, 256, 64)]:
         starts, lengths, _ = vae._split_tiles(length, tile, ov)
-        assert M.split_tiles(length, tile, ov, 16) == (len(starts), lengths[0])
+        assert tiling.tile_span(length, tile, ov) == (len(starts), lengths[0])
     # Decoded frame counts: a small VAE with the released temporal geometry (17-frame clips, x4, drop 3).
     small = dict(VAE["diffusers_config"], latent_channels=4, block_out_channels=[8], layers_per_block=1,
                  spatial_downsample_factors=[1], temporal_downsample_factors=[4], norm_num_groups=4,
@@ -92,11 +93,11 @@ def test_tiles_and_frames_follow_diffusers(meta_models):
     torch.manual_seed(0)
     tiny = AutoencoderKLMiniMaxH3(**small).eval()
     tiny.disable_tiling()
-    g = M.vae_geometry(small)
+    g = tiling.Geometry.from_config(small)
     for t in (3, 4, 8, 12, 37):  # fewer than 3 latent frames make no chunk: diffusers' torch.cat fails
         with torch.no_grad():
             frames = tiny.decode(torch.randn(1, 4, t, 2, 2)).sample.shape[2]
-        assert M.decoded_frames(t, g) == frames, t
+        assert tiling.decoded_frames(t, g) == frames, t
 
 
 # H200 anchors, max_memory_allocated of a timed decode (weights included) at latent [1, 24, T, 48, 84]:

@@ -1,6 +1,6 @@
 """vae_tiles' FP8 decode (`tile_dtype` fp8): the ViT decoder blocks' six linears as FP8 GEMMs. Lossy.
 
-Scope: vae_block.LINEARS of every MiniMaxH3VideoTransformerBlock; the rest of the decoder keeps its dtype.
+Scope: block.LINEARS of every MiniMaxH3VideoTransformerBlock; the rest of the decoder keeps its dtype.
 Install quantises each weight once, from the float16 tensor the float16 decode computes with
 (`weight.to(float16)` on the weight's device; after vae_precision's fp16 cast that is the parameter itself):
 e4m3 codes with one fp32 scale per output channel (quant.fp8.quantize_weight: scale = amax/448, codes =
@@ -9,7 +9,7 @@ after the fp16 cast), so the device holds 1 byte per weight more; uninstall drop
 else changed.
 
 Per block call, `route(x)`: where the decoder computes in float16 on the weights' device with no autograd
-for x (float16 linears without autocast, or FP16 autocast: vae_weights.fp16_compute_reason) the block runs every linear as `fp8_linear(x, lin)`: x (float16) cast
+for x (float16 linears without autocast, or FP16 autocast: weights.fp16_compute_reason) the block runs every linear as `fp8_linear(x, lin)`: x (float16) cast
 to e4m3 with one scale per row (scale = 448/amax of the row, 1 where amax is 0; the one-pass Triton cast
 where its check passes, its torch reference otherwise, same codes: counted `vae_tiles.fp8_rows`), then
 quant.fp8_rowwise's rowwise GEMM, `torch._scaled_mm(codes, w.t(), scale_a (M, 1), scale_b (1, N), bias,
@@ -32,7 +32,7 @@ from h3plan.quant.fp8 import FP8Linear, quantize_weight
 from h3plan.quant.fp8_rowwise import fp8_linear_codes, quantize_activation_rows
 from h3plan.runtime.counters import fallback as count_fallback
 
-from .vae_weights import FP16, fp16_compute_reason
+from .weights import FP16, fp16_compute_reason
 
 COUNTER = "vae_tiles.fp8_gemm"
 ROWS_COUNTER = "vae_tiles.fp8_rows"

@@ -33,8 +33,8 @@ from h3plan.runtime.guards import run_guarded
 
 from h3plan.quant.fp8 import FP8Linear
 
-from .vae_fp8 import COUNTER as FP8_COUNTER, Fp8Gemms, fp8_linear
-from .vae_weights import FP16
+from .fp8 import COUNTER as FP8_COUNTER, Fp8Gemms, fp8_linear
+from .weights import FP16
 
 from h3plan.levers.vae_ops import OPS  # noqa: F401 (the ops vae_ops installs, declared with the lever)
 
@@ -45,7 +45,7 @@ def load_kernels(ops) -> dict[str, tuple[Callable, Callable]]:
     """op -> (fn, check) for the ops with a kernel (vae_ops' SPEC.kernels, keyed `vae_<op>`)."""
     from h3plan.levers import KERNELS
 
-    from .block import load_kernel
+    from h3plan.install.block import load_kernel
 
     return {op: load_kernel(f"vae_{op}") for op in ops if f"vae_{op}" in KERNELS}
 

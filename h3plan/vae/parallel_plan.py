@@ -2,9 +2,9 @@
 
 diffusers' AutoencoderKLMiniMaxH3 (0.42.1) decodes a latent [B, C, frames, h, w] as `chunks` temporal
 chunks (`_decode`: `clip_length`, `token_drop`) times `rows x cols` spatial tiles per chunk (`_decode_clip`,
-`_split_tiles`): one ViT-decoder call per (chunk, tile) work item, then stitching. The vae_parallel lever
-(`off | tiles`; h3plan/install/vae_parallel.py) gives each rank a contiguous share of the items
-(`shares`), all-gathers the decoded tiles and stitches on every rank, bitwise equal to one GPU.
+`_split_tiles`; both laid out by tiling.py): one ViT-decoder call per (chunk, tile) work item, then
+stitching. The vae_parallel lever (`off | tiles`; h3plan/vae/parallel.py) gives each rank a contiguous
+share of the items (`shares`), all-gathers the decoded tiles and stitches on every rank, bitwise equal to one GPU.
 
 This module counts the items, the bytes a rank gathers and a first-order time: per-item decode time
 from a measured whole decode (the anchor) divided by its item count, scaled by decoder tokens per item
@@ -18,74 +18,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
 
-from .errors import PlanningError
+from h3plan.errors import PlanningError
+
+from .tiling import RELEASED, Geometry, chunk_layout, tile_span
 
 MIN_SPEEDUP = 1.05
-HEADER_BYTES = 16  # a rank's status words at the head of its gather slot (install/vae_parallel.py)
+HEADER_BYTES = 16  # a rank's status words at the head of its gather slot (vae/parallel.py)
 ALIGN = 16         # every decoded item starts at a multiple of this in the slot (any dtype can view it)
-
-
-@dataclass(frozen=True)
-class Geometry:
-    """What sets the work items: the VAE config's compression and chunking, and the tiling.
-
-    Pixel tile sizes as diffusers' `enable_tiling` takes them; `tiling=False` decodes each chunk whole."""
-
-    spatial_ratio: int = 16
-    temporal_ratio: int = 4
-    clip_length: int = 17
-    token_drop: int = 3
-    out_channels: int = 3
-    tile_height: int = 256
-    tile_width: int = 256
-    overlap_height: int = 64
-    overlap_width: int = 64
-    tiling: bool = True
-
-    @property
-    def tokens_chunk_size(self) -> int:
-        """Latent frames a chunk advances by (diffusers: ceil(clip_length / temporal ratio))."""
-        return -(-self.clip_length // self.temporal_ratio)
-
-    @property
-    def token_overlap(self) -> int:
-        """Extra latent frames each chunk's decoder call sees (diffusers: -token_drop mod tokens_chunk_size)."""
-        return (-self.token_drop) % self.tokens_chunk_size
-
-    @classmethod
-    def from_config(cls, diffusers_config: Mapping[str, Any], tile: Mapping[str, Any] | None = None) -> "Geometry":
-        """From conf/vae/<name>.yaml's diffusers_config and a tile dict (height, width, overlap); None: released."""
-        dc = diffusers_config
-        t = tile or {"height": 256, "width": 256, "overlap": 64}
-        return cls(spatial_ratio=math.prod(dc["spatial_downsample_factors"]),
-                   temporal_ratio=math.prod(dc["temporal_downsample_factors"]), clip_length=dc["clip_length"],
-                   token_drop=dc["token_drop"], out_channels=dc["out_channels"], tile_height=t["height"],
-                   tile_width=t["width"], overlap_height=t["overlap"], overlap_width=t["overlap"])
-
-
-RELEASED = Geometry()
-
-
-def tile_count(length: int, tile: int, overlap: int) -> int:
-    """Tiles diffusers' `_split_tiles` lays over `length` pixels: the fewest `tile`-wide tiles that cover it
-    with every overlap >= `overlap` (n*tile - (n-1)*overlap >= length), one when the tile covers it all."""
-    if tile >= length:
-        return 1
-    if not 0 <= overlap < tile:
-        raise PlanningError(f"tile {tile} px with overlap {overlap} px: the overlap must be smaller than the tile")
-    return -(-(length - overlap) // (tile - overlap))
-
-
-def chunk_layout(frames: int, g: Geometry = RELEASED) -> tuple[int, list[tuple[int, int]]]:
-    """(pad, [(start, stop), ...]): diffusers' `_decode` repeats the last latent frame `pad` times, then
-    decodes latent frames [start, stop) of the padded latent per chunk, in this order."""
-    n, drop = g.tokens_chunk_size, g.token_drop
-    tokens = frames + drop
-    pad = (-tokens) % n
-    chunks = (tokens + pad) // n - int(drop > 0)
-    return pad, [(i * n, i * n + n + g.token_overlap) for i in range(chunks)]
 
 
 @dataclass(frozen=True)
@@ -112,12 +52,11 @@ def work(latent: tuple[int, int, int], g: Geometry = RELEASED) -> Work:
     if min(frames, h, w) < 1:
         raise PlanningError(f"latent (frames, height, width) = {tuple(latent)}: every size must be positive")
     _, chunks = chunk_layout(frames, g)
-    t = chunks[0][1] - chunks[0][0] if chunks else 0
+    t = g.clip_latent_frames if chunks else 0
     H, W = h * g.spatial_ratio, w * g.spatial_ratio
     if not g.tiling:
         return Work(len(chunks), 1, 1, (g.out_channels, t * g.temporal_ratio, H, W))
-    rows, cols = tile_count(H, g.tile_height, g.overlap_height), tile_count(W, g.tile_width, g.overlap_width)
-    th, tw = (H if rows == 1 else g.tile_height), (W if cols == 1 else g.tile_width)
+    (rows, th), (cols, tw) = tile_span(H, g.tile_height, g.overlap_height), tile_span(W, g.tile_width, g.overlap_width)
     return Work(len(chunks), rows, cols, (g.out_channels, t * g.temporal_ratio, th, tw))
 
 

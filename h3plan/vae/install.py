@@ -1,20 +1,20 @@
 """Install a Plan's VAE levers into diffusers' AutoencoderKLMiniMaxH3 (the installer dispatches here).
 
 - `vae_precision` (builder option `precision`): fp16 / bf16 cast the VAE as `from_pretrained(torch_dtype=)`
-  does (vae_weights.py; `_keep_in_fp32_modules` stay float32), originals in pinned host memory for uninstall
+  does (weights.py; `_keep_in_fp32_modules` stay float32), originals in pinned host memory for uninstall
   only. diffusers' decode step (`vae.decode` casts the latents to post_quant_conv's dtype) then runs the
   planned precision with no autocast. fp32, or a VAE loaded in another dtype, is left as it is (reported).
-- `vae_ops` (builder option `ops`): every ViT decoder block gets the plan forward of vae_block.py, with the
+- `vae_ops` (builder option `ops`): every ViT decoder block gets the plan forward of block.py, with the
   fused ops whose kernel takes the dtype the decode runs in (the block linears' dtype after the cast); the
   others keep diffusers' expressions, reported at install (never a per-call fallback of a planned decode).
 - `vae_graphs` (builder option `graphs=True`): `decoder.forward` becomes a GraphedDecoder
-  (vae_graph.py) that replays the whole ViT decoder forward from one CUDA graph per input signature,
+  (graph.py) that replays the whole ViT decoder forward from one CUDA graph per input signature,
   with a counted per-call guard that runs diffusers' forward when a graph cannot apply.
 - `vae_tiles` (builder option `tile`): the geometry goes through diffusers' own
   `enable_tiling(tile_sample_min_height, tile_sample_min_width, tile_sample_min_overlap_height,
   tile_sample_min_overlap_width)`; diffusers tiles spatially only, so `tile.frames` is reported, not
   applied. `fp8_tiles` (`tile_dtype` fp8) also makes every decoder block's six linears FP8 GEMMs
-  (vae_fp8.py: per-channel e4m3 weights quantised once here, per-row e4m3 activations, float16 out;
+  (fp8.py: per-channel e4m3 weights quantised once here, per-row e4m3 activations, float16 out;
   lossy) where the decoder computes in float16, with or without vae_ops: a block without vae_ops gets the
   plan forward with no ops, which is diffusers' block op for op apart from those GEMMs. Float64, meta or
   split-device linears are skipped with the reason. `default` leaves the model's tiling as it is.
@@ -33,11 +33,12 @@ import torch
 
 from h3plan.errors import InstallError
 
-from .report import Swap
-from .vae_block import LINEARS, VaeBlockState, load_kernels, plan_vae_block_forward
-from .vae_fp8 import Fp8Gemms
-from .vae_graph import GraphedDecoder
-from .vae_weights import DTYPES, PrecisionCast, blocker as cast_blocker
+from h3plan.install.report import Swap
+from .block import LINEARS, VaeBlockState, load_kernels, plan_vae_block_forward
+from .fp8 import Fp8Gemms
+from .graph import GraphedDecoder
+from .tiling import RELEASED_TILE, tile_rule
+from .weights import DTYPES, PrecisionCast, blocker as cast_blocker
 
 logger = logging.getLogger("h3plan.install")
 
@@ -46,7 +47,7 @@ from h3plan.levers import SPECS
 VAE_LEVERS = tuple(name for name, s in SPECS.items() if s.model == "vae")
 TILING = ("use_tiling", "tile_sample_min_height", "tile_sample_min_width", "tile_sample_min_overlap_height",
           "tile_sample_min_overlap_width")
-RELEASED = (True, 256, 256, 64, 64)  # diffusers' AutoencoderKLMiniMaxH3.__init__ tiling
+RELEASED = (True, RELEASED_TILE["height"], RELEASED_TILE["width"], RELEASED_TILE["overlap"], RELEASED_TILE["overlap"])
 FP8_SOURCES = {torch.float32, torch.bfloat16, torch.float16}  # linears the FP8 codes are quantised from (no float64)
 
 
@@ -233,7 +234,7 @@ def _check_tile(model, tile: dict) -> tuple[int, int, int]:
     h, w, o = (tile.get(k) for k in ("height", "width", "overlap"))
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (h, w, o)):
         raise InstallError(f"vae_tiles: tile height/width/overlap must be ints, got {tile}")
-    if any(v % r for v in (h, w, o)) or o < r or o >= min(h, w):
+    if tile_rule(h, w, o, r):
         raise InstallError(f"vae_tiles: tile {h}x{w}, overlap {o} must be multiples of the VAE's spatial compression "
                          f"{r} with {r} <= overlap < min(height, width) (diffusers' _split_tiles needs it)")
     return h, w, o
@@ -305,7 +306,7 @@ def apply(model, builder, state, group=None) -> None:
     if opts["graphs"]:
         _install_graphs(model, builder, state)
     if opts["parallel"]:
-        from . import vae_parallel
+        from . import parallel as vae_parallel
 
         vae_parallel.apply(model, group, state)
     if "vae_tiles" in builder.settings and opts["tile"] is None and tuple(getattr(model, a) for a in TILING) != RELEASED:

@@ -24,7 +24,7 @@ import torch
 
 from h3plan.runtime.guards import GRAD_REASON
 
-from .parking import host_copy
+from h3plan.install.parking import host_copy
 
 logger = logging.getLogger("h3plan.install")
 FP16 = torch.float16
@@ -106,7 +106,7 @@ class PrecisionCast:
 def fp16_compute_reason(x, device: torch.device, weight_dtype: torch.dtype) -> str | None:
     """None when the decoder blocks compute this call in float16 on `device` with no autograd for x: FP16
     autocast is on, or autocast is off and the block linears are float16 (the VAE loaded in, or cast to,
-    float16). The FP8 GEMMs (vae_fp8.py) stand in for those float16 GEMMs only."""
+    float16). The FP8 GEMMs (fp8.py) stand in for those float16 GEMMs only."""
     if not isinstance(x, torch.Tensor):
         return f"input is {type(x).__name__}, not a tensor"
     dev = x.device.type

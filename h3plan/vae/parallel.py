@@ -7,9 +7,9 @@ a latent as temporal chunks; `_decode_clip` cuts each chunk into spatial tiles (
 independent; only the stitching reads several. Installed, `vae._decode` becomes a ParallelDecode that:
 
 1. lists the (chunk, tile) work items in diffusers' call order. Mirrored from diffusers: the chunk loop of
-   `_decode` (the token padding, `tokens_chunk_size`, `token_overlap`: vae_parallel_plan.chunk_layout) and
+   `_decode` (the token padding, `tokens_chunk_size`, `token_overlap`: tiling.chunk_layout) and
    the tile slicing of `_decode_clip`; the tile grid itself comes from diffusers' `_split_tiles`;
-2. decodes this rank's contiguous share (vae_parallel_plan.shares; counts differ by at most one) with the
+2. decodes this rank's contiguous share (parallel_plan.shares; counts differ by at most one) with the
    model's own `decoder(post_quant_conv(tile))` (whatever decoder forward is installed: vae_graphs' replay,
    vae_ops' blocks), each output copied into this rank's slot of one byte buffer;
 3. all-gathers that buffer in place (the slot is the send buffer): bytes, so every dtype keeps its bits on
@@ -46,11 +46,12 @@ from h3plan.errors import InstallError
 from h3plan.parallel.comm import degree_rank, device_reason
 from h3plan.runtime.counters import fallback as count_fallback, fused as count_fused
 from h3plan.levers.vae_parallel import SPEC
-from h3plan.vae_parallel_plan import HEADER_BYTES, Geometry, aligned, chunk_layout, shares
+from .parallel_plan import HEADER_BYTES, aligned, shares
+from .tiling import Geometry, chunk_layout
 
 LEVER = SPEC.name  # the counters' name
 
-from .report import Swap
+from h3plan.install.report import Swap
 
 logger = logging.getLogger("h3plan.install")
 
@@ -353,7 +354,7 @@ def install_parallel(vae, group=None, *, report=None, check_inputs: bool = False
 
 
 def apply(vae, group, state) -> None:
-    """The installer's hook (install/vae.py's pattern): install and queue the undo on `state`."""
+    """The installer's hook (install.py's pattern): install and queue the undo on `state`."""
     state.undo.append(install_parallel(vae, group, report=state.report))
 
 
