@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, List, Mapping, Optional
 
 from .errors import ConfigError
+from h3plan.vae.tiling import Geometry
 
 PIPELINE_YAML = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf", "pipeline", "h3.yaml")
 
@@ -181,13 +182,12 @@ def diffusers_kwargs(section: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def vae_geometry(vae_cfg: Mapping[str, Any]) -> dict[str, int]:
-    """AutoencoderKLMiniMaxH3.__init__'s derived chunking: compression ratios, tokens_chunk_size, overlaps."""
-    v = diffusers_kwargs(vae_cfg)
-    spatial, temporal = math.prod(v["spatial_downsample_factors"]), math.prod(v["temporal_downsample_factors"])
-    clip, drop = v["clip_length"], v["token_drop"]
-    chunk = math.ceil(clip / temporal)
-    return {"spatial": spatial, "temporal": temporal, "clip_length": clip, "token_drop": drop,
-            "tokens_chunk_size": chunk, "token_overlap": (-drop) % chunk, "frame_pre_padding": (-clip) % temporal}
+    """AutoencoderKLMiniMaxH3.__init__'s derived chunking (h3plan/vae/tiling.py): compression ratios,
+    tokens_chunk_size, overlaps."""
+    g = Geometry.from_config(diffusers_kwargs(vae_cfg))
+    return {"spatial": g.spatial_ratio, "temporal": g.temporal_ratio, "clip_length": g.clip_length,
+            "token_drop": g.token_drop, "tokens_chunk_size": g.tokens_chunk_size, "token_overlap": g.token_overlap,
+            "frame_pre_padding": g.frame_pre_padding}
 
 
 def align_frames(frames: int, clip_length: int, chunk: int) -> int:
