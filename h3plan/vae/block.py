@@ -4,13 +4,13 @@ Mathematically diffusers' `MiniMaxH3VideoTransformerBlock.forward` with `MiniMax
 inlined (diffusers 0.42.1), op for op, in the dtype the block's linears hold (float32 as released, or the
 dtype vae_precision cast them to at install) and under whatever autocast the caller runs. What it routes:
 
-- vae_tiles' FP8 decode (`tile_dtype` fp8, vae_fp8.py; with or without vae_ops): where the decoder
+- vae_tiles' FP8 decode (`tile_dtype` fp8, fp8.py; with or without vae_ops): where the decoder
   computes in float16 (float16 linears, or FP16 autocast) the six linears run as FP8 GEMMs (e4m3 rows x
   per-channel e4m3 weights, float16 out; lossy); any other call runs the linears as they are, exact,
   counted as a `vae_tiles.fp8_gemm` fallback.
 - qk_norm_rope, swiglu, scaled_residual (vae_ops): h3plan.kernels (vae_qk_norm_rope, swiglu,
   scaled_residual) behind their `<op>_check`; a refused call runs diffusers' expression. The installer
-  installs only the ops whose kernel takes the dtype the decode runs in (vae.py), so a planned decode
+  installs only the ops whose kernel takes the dtype the decode runs in (install.py), so a planned decode
   never falls back per call.
 
 Counters, per block call: one `vae_ops.<op>.fused` or `.fallback` (with the reason) for qk_norm_rope and
