@@ -121,14 +121,11 @@ def _run(torch, pipe, plan, args, prompt, *, decode, cap=None, keep=False):
             torch.cuda.empty_cache()
 
 
-def _cap_row(args, recipe, ref):
+def _cap_row(args, recipe, frames_path: Path):
     """The tables-on plan resolved for hardware.device.memory_gb=cap (the planner's fit check), then the whole
     pipe(...) in a child process capped from its first allocation (it builds the pipeline on the device, installs,
-    calls): passed, or the OOM text; frames against the tables-off row's."""
+    calls; nothing else holds the device then): passed, or the OOM text; its frames go to frames_path."""
     import subprocess
-    import tempfile
-
-    import torch
 
     row = {"recipe": recipe, "adaln_table": "on", "cap_gb": args.cap_gb, "steps": args.steps, "decode": True}
     try:
@@ -136,22 +133,17 @@ def _cap_row(args, recipe, ref):
         row.update(estimate_peak_gib=plan.derived_value("memory_peak_gib_per_gpu"), estimate_phase_gib=_phase_estimate(plan, True))
     except Exception as e:  # noqa: BLE001 - the planner's refusal is the result
         return {**row, "cap_passed": False, "error": "".join(traceback.format_exception_only(e)).strip()[:400]}
-    with tempfile.TemporaryDirectory() as tmp:
-        frames_path = Path(tmp) / "frames.pt"
-        cmd = [sys.executable, __file__, "--cap-child", recipe, "--steps", str(args.steps), "--video", "x".join(map(str, args.video)),
-               "--text-tokens", str(args.text_tokens), "--cap-gb", str(args.cap_gb), "--frames-out", str(frames_path)]
-        if args.layers:
-            cmd += ["--layers", str(args.layers)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-        if proc.returncode or not lines:
-            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            return {**row, "cap_passed": False, "error": tail[:400]}
-        r = json.loads(lines[-1])
-        row.update(r, cap_passed=True, estimate_ratio=round(row["estimate_phase_gib"] / r["peak_gib"], 3))
-        if ref is not None:
-            row["bitwise_vs_tables_off"] = bool(torch.equal(torch.load(frames_path), ref))
-    return row
+    cmd = [sys.executable, __file__, "--cap-child", recipe, "--steps", str(args.steps), "--video", "x".join(map(str, args.video)),
+           "--text-tokens", str(args.text_tokens), "--cap-gb", str(args.cap_gb), "--frames-out", str(frames_path)]
+    if args.layers:
+        cmd += ["--layers", str(args.layers)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode or not lines:
+        tail = [ln for ln in proc.stderr.strip().splitlines() if "Error" in ln] or proc.stderr.strip().splitlines() or ["no output"]
+        return {**row, "cap_passed": False, "error": tail[-1][:400]}
+    r = json.loads(lines[-1])
+    return {**row, **r, "cap_passed": True, "estimate_ratio": round(row["estimate_phase_gib"] / r["peak_gib"], 3)}
 
 
 def _cap_child(args) -> int:
@@ -187,6 +179,8 @@ def main(argv=None) -> int:
                     help="one denoise call per recipe (tables off, 2 steps) before the rows")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--tag", default="h200")
+    ap.add_argument("--cap-references", action="store_true",
+                    help="after the cap runs, only the tables-off rows (the frames the cap runs are checked against)")
     ap.add_argument("--cap-child", metavar="RECIPE", help=argparse.SUPPRESS)  # one capped call in a fresh process
     ap.add_argument("--frames-out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -199,11 +193,21 @@ def main(argv=None) -> int:
     from h3plan.actions.pipeline_build import build_pipeline, prompt_inputs
     from h3plan.config import compose
 
+    import tempfile
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    meta = {"device": torch.cuda.get_device_name(0), "total_gib": round(total / GiB, 2), "video": "x".join(map(str, args.video)),
+            "layers": args.layers or 50, "text_tokens": args.text_tokens, "steps": args.steps, "script": "benchmarks/memory.py"}
+    tmp = Path(tempfile.mkdtemp())
+    caps = {}
+    if args.decode != "none":  # each cap run first, in a fresh process, as a user's 80 GB card starts (nothing else on it)
+        for recipe in args.recipes:
+            caps[recipe] = _cap_row(args, recipe, tmp / f"{recipe}.pt")
+            print(json.dumps(caps[recipe]), flush=True)
     c = compose([])
     pipe = build_pipeline(OmegaConf.to_container(c.model.diffusers_config), OmegaConf.to_container(c.vae.diffusers_config),
                           layers=args.layers, device="cuda")
     prompt = prompt_inputs(pipe, args.text_tokens)
-    total = torch.cuda.get_device_properties(0).total_memory
     if args.warmup:  # the first call compiles and autotunes; every row after it runs warm
         h, w, f = args.video
         from h3plan.actions.pipeline_build import run_block
@@ -216,12 +220,10 @@ def main(argv=None) -> int:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
     rows = []
-    meta = {"device": torch.cuda.get_device_name(0), "total_gib": round(total / GiB, 2), "video": "x".join(map(str, args.video)),
-            "layers": args.layers or 50, "text_tokens": args.text_tokens, "steps": args.steps, "script": "benchmarks/memory.py"}
     refs = {}
     for recipe in args.recipes:
         ref = None
-        for tables in ("off", "on"):
+        for tables in ("off",) if args.cap_references else ("off", "on"):
             plan = _plan(recipe, args.steps, tables)
             decode = args.decode == "all"
             row = {"recipe": recipe, "adaln_table": tables, "cap_gb": None, "steps": args.steps, "decode": decode,
@@ -243,14 +245,13 @@ def main(argv=None) -> int:
             print(json.dumps(row), flush=True)
             _write(args, meta, rows)
         refs[recipe] = ref
-    if args.decode != "none":  # each cap run in a fresh process, as a user's 80 GB card starts: this one lets go first
-        del pipe, prompt
-        torch.cuda.empty_cache()
-        for recipe in args.recipes:
-            row = _cap_row(args, recipe, refs.get(recipe) if args.decode == "all" else None)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-            _write(args, meta, rows)
+    for recipe, row in caps.items():
+        f = tmp / f"{recipe}.pt"
+        if args.decode == "all" and refs.get(recipe) is not None and f.exists():  # against the tables-off row's frames
+            row["bitwise_vs_tables_off"] = bool(torch.equal(torch.load(f), refs[recipe]))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    _write(args, meta, rows)
     return 0 if all("error" not in r for r in rows) else 1
 
 
