@@ -1,15 +1,19 @@
 """Peak GPU memory of diffusers' MiniMaxH3ModularPipeline under h3plan plans, with and without adaln_table, against
 h3plan.memory's estimate, and the 80 GB fit under a per-process cap (one GPU).
 
-    . /tmp/h3site/env.sh && python benchmarks/memory.py --steps 3 --out benchmarks/results --tag h200
+    . /tmp/h3site/env.sh && python benchmarks/memory.py --steps 3 --decode all --out benchmarks/results --tag h200
 
 Per recipe (bf16, fp8), on one pipeline at real width (seeded weights, benchmarks' usual build):
 - tables off / on: `h3plan.install(pipe, plan)`, diffusers' denoise step (run_block "denoise") for `--steps`
   (num_inference_steps; steps - 1 forwards), torch.cuda.max_memory_allocated over the call, wall time, the
   adaln_table counters, latents bitwise against the tables-off row; `--decode all` adds the decode (frames too);
-- cap: the tables-on plan resolved for `hardware.device.memory_gb=<cap>` (the planner's fit check), the whole
-  `pipe(...)` (denoise + decode, output_type="pt") under torch.cuda.set_per_process_memory_fraction(cap GB /
-  the device's memory): passed or the OOM text.
+- cap: the tables-on plan resolved for `hardware.device.memory_gb=<cap>` (the planner's fit check), then the whole
+  `pipe(...)` (denoise + decode, output_type="pt") in a fresh process held to
+  torch.cuda.set_per_process_memory_fraction(cap GB / the device's memory) from its first allocation, as an 80 GB
+  card is: it builds the pipeline on the device (the model as loaded, AdaLN weights included), installs, calls;
+  passed or the OOM text, frames bitwise against the tables-off row with `--decode all`.
+The resting memory before install, after install, the denoise peak and the whole call's peak are recorded per row;
+the transformer forwards are timed by CUDA events (a warm-up call per recipe first).
 Rows go to <out>/memory-<tag>.json and .md: plan, estimate (the plan's peak and the phase estimate of what ran),
 measured peak, time, counters, cap run. Cheap by default: 3 steps (2 forwards) per row, one decode per recipe.
 """
@@ -48,35 +52,118 @@ def _estimate(plan, phase):
     return e["peak_gib"], e["phases"][phase]["gib"]
 
 
-def _run(torch, pipe, plan, args, prompt, *, decode):
+def _phase_estimate(plan, decode):
+    """The estimate of what ran: the denoise phase, or the whole call's peak (the largest phase) with the decode."""
+    return max(_estimate(plan, p)[1] for p in (("denoise", "decode") if decode else ("denoise",)))
+
+
+def _run(torch, pipe, plan, args, prompt, *, decode, cap=None, keep=False):
+    """One call under `plan`. cap: a per-process memory fraction held from before install (an 80 GB card holds the
+    model as the user loaded it, then installs) until after the call; it is lifted before uninstall, which puts
+    the parked weights back (a state only the bench returns to). keep: leave the plan installed (a child that
+    exits after its one call)."""
     import h3plan
     from h3plan.actions.pipeline_build import run_block
     from h3plan.runtime.counters import counters, reset_counters
 
     h, w, f = args.video
-    h3plan.install(pipe, plan)
+    if cap is not None:
+        torch.cuda.empty_cache()
+        torch.cuda.set_per_process_memory_fraction(cap)
+    resting = torch.cuda.memory_allocated() / GiB
+    events, denoise_peak = [], [0.0]
     try:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        reset_counters()
-        t0 = time.perf_counter()
-        gen = torch.Generator("cpu").manual_seed(0)
-        if decode:
-            frames = pipe(**prompt, height=h, width=w, num_frames=f, num_inference_steps=args.steps, generator=gen,
-                          output_type="pt", output="videos")
-            latents = None
-        else:
-            st = run_block(pipe, "denoise", **prompt, height=h, width=w, num_frames=f, num_inference_steps=args.steps,
-                           generator=gen)
-            latents, frames = st.get("latents"), None
-        torch.cuda.synchronize()
-        seconds = time.perf_counter() - t0
+        h3plan.install(pipe, plan)
+        t = pipe.transformer
+
+        def pre(*_):
+            events.append([torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)])
+            events[-1][0].record()
+
+        def post(*_):
+            events[-1][1].record()
+            denoise_peak[0] = torch.cuda.max_memory_allocated() / GiB
+
+        handles = [t.register_forward_pre_hook(pre), t.register_forward_hook(post)]
+        try:
+            torch.cuda.synchronize()
+            installed = torch.cuda.memory_allocated() / GiB
+            torch.cuda.reset_peak_memory_stats()
+            reset_counters()
+            t0 = time.perf_counter()
+            gen = torch.Generator("cpu").manual_seed(0)
+            if decode:
+                frames = pipe(**prompt, height=h, width=w, num_frames=f, num_inference_steps=args.steps, generator=gen,
+                              output_type="pt", output="videos")
+                latents = None
+            else:
+                st = run_block(pipe, "denoise", **prompt, height=h, width=w, num_frames=f,
+                               num_inference_steps=args.steps, generator=gen)
+                latents, frames = st.get("latents"), None
+            torch.cuda.synchronize()
+            seconds = time.perf_counter() - t0
+        finally:
+            for hd in handles:
+                hd.remove()
         c = {k: v for k, v in counters().items() if k.startswith("adaln_table")}
-        return {"seconds": round(seconds, 3), "peak_gib": round(torch.cuda.max_memory_allocated() / GiB, 3),
+        fwd = [a.elapsed_time(b) / 1e3 for a, b in events]
+        return {"seconds": round(seconds, 3), "forward_s": [round(x, 4) for x in fwd],
+                "resting_gib": round(resting, 3), "installed_gib": round(installed, 3),
+                "denoise_peak_gib": round(denoise_peak[0], 3),
+                "peak_gib": round(torch.cuda.max_memory_allocated() / GiB, 3),
                 "reserved_gib": round(torch.cuda.max_memory_reserved() / GiB, 3), "counters": c,
                 "latents": None if latents is None else latents.cpu(), "frames": None if frames is None else frames.cpu()}
     finally:
-        h3plan.uninstall(pipe)
+        if cap is not None:
+            torch.cuda.set_per_process_memory_fraction(1.0)
+        if not keep:
+            h3plan.uninstall(pipe)
+            torch.cuda.empty_cache()
+
+
+def _cap_row(args, recipe, frames_path: Path):
+    """The tables-on plan resolved for hardware.device.memory_gb=cap (the planner's fit check), then the whole
+    pipe(...) in a child process capped from its first allocation (it builds the pipeline on the device, installs,
+    calls; nothing else holds the device then): passed, or the OOM text; its frames go to frames_path."""
+    import subprocess
+
+    row = {"recipe": recipe, "adaln_table": "on", "cap_gb": args.cap_gb, "steps": args.steps, "decode": True}
+    try:
+        plan = _plan(recipe, args.steps, "on", gb=args.cap_gb)
+        row.update(estimate_peak_gib=plan.derived_value("memory_peak_gib_per_gpu"), estimate_phase_gib=_phase_estimate(plan, True))
+    except Exception as e:  # noqa: BLE001 - the planner's refusal is the result
+        return {**row, "cap_passed": False, "error": "".join(traceback.format_exception_only(e)).strip()[:400]}
+    cmd = [sys.executable, __file__, "--cap-child", recipe, "--steps", str(args.steps), "--video", "x".join(map(str, args.video)),
+           "--text-tokens", str(args.text_tokens), "--cap-gb", str(args.cap_gb), "--frames-out", str(frames_path)]
+    if args.layers:
+        cmd += ["--layers", str(args.layers)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode or not lines:
+        tail = [ln for ln in proc.stderr.strip().splitlines() if "Error" in ln] or proc.stderr.strip().splitlines() or ["no output"]
+        return {**row, "cap_passed": False, "error": tail[-1][:400]}
+    r = json.loads(lines[-1])
+    return {**row, **r, "cap_passed": True, "estimate_ratio": round(row["estimate_phase_gib"] / r["peak_gib"], 3)}
+
+
+def _cap_child(args) -> int:
+    import torch
+    from omegaconf import OmegaConf
+
+    from h3plan.actions.pipeline_build import build_pipeline, prompt_inputs
+    from h3plan.config import compose
+
+    torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gb * 1e9 / torch.cuda.get_device_properties(0).total_memory))
+    c = compose([])
+    pipe = build_pipeline(OmegaConf.to_container(c.model.diffusers_config), OmegaConf.to_container(c.vae.diffusers_config),
+                          layers=args.layers, device="cuda")
+    prompt = prompt_inputs(pipe, args.text_tokens)
+    plan = _plan(args.cap_child, args.steps, "on", gb=args.cap_gb)
+    r = _run(torch, pipe, plan, args, prompt, decode=True, keep=True)
+    r.pop("latents")
+    torch.save(r.pop("frames"), args.frames_out)
+    print(json.dumps(r), flush=True)
+    return 0
 
 
 def main(argv=None) -> int:
@@ -88,9 +175,17 @@ def main(argv=None) -> int:
     ap.add_argument("--text-tokens", type=int, default=110)
     ap.add_argument("--cap-gb", type=float, default=80.0, help="per-process cap in vendor GB (1e9 bytes)")
     ap.add_argument("--decode", choices=("cap", "all", "none"), default="cap")
+    ap.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                    help="one denoise call per recipe (tables off, 2 steps) before the rows")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--tag", default="h200")
+    ap.add_argument("--cap-references", action="store_true",
+                    help="after the cap runs, only the tables-off rows (the frames the cap runs are checked against)")
+    ap.add_argument("--cap-child", metavar="RECIPE", help=argparse.SUPPRESS)  # one capped call in a fresh process
+    ap.add_argument("--frames-out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.cap_child:
+        return _cap_child(args)
 
     import torch
     from omegaconf import OmegaConf
@@ -98,20 +193,42 @@ def main(argv=None) -> int:
     from h3plan.actions.pipeline_build import build_pipeline, prompt_inputs
     from h3plan.config import compose
 
+    import tempfile
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    meta = {"device": torch.cuda.get_device_name(0), "total_gib": round(total / GiB, 2), "video": "x".join(map(str, args.video)),
+            "layers": args.layers or 50, "text_tokens": args.text_tokens, "steps": args.steps, "script": "benchmarks/memory.py"}
+    tmp = Path(tempfile.mkdtemp())
+    caps = {}
+    if args.decode != "none":  # each cap run first, in a fresh process, as a user's 80 GB card starts (nothing else on it)
+        for recipe in args.recipes:
+            caps[recipe] = _cap_row(args, recipe, tmp / f"{recipe}.pt")
+            print(json.dumps(caps[recipe]), flush=True)
     c = compose([])
     pipe = build_pipeline(OmegaConf.to_container(c.model.diffusers_config), OmegaConf.to_container(c.vae.diffusers_config),
                           layers=args.layers, device="cuda")
     prompt = prompt_inputs(pipe, args.text_tokens)
-    total = torch.cuda.get_device_properties(0).total_memory
+    if args.warmup:  # the first call compiles and autotunes; every row after it runs warm
+        h, w, f = args.video
+        from h3plan.actions.pipeline_build import run_block
+        import h3plan
+        for recipe in args.recipes:
+            h3plan.install(pipe, _plan(recipe, 2, "off"))
+            run_block(pipe, "denoise", **prompt, height=h, width=w, num_frames=f, num_inference_steps=2,
+                      generator=torch.Generator("cpu").manual_seed(0))
+            h3plan.uninstall(pipe)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
     rows = []
+    refs = {}
     for recipe in args.recipes:
         ref = None
-        for tables in ("off", "on"):
+        for tables in ("off",) if args.cap_references else ("off", "on"):
             plan = _plan(recipe, args.steps, tables)
             decode = args.decode == "all"
             row = {"recipe": recipe, "adaln_table": tables, "cap_gb": None, "steps": args.steps, "decode": decode,
                    "estimate_peak_gib": plan.derived_value("memory_peak_gib_per_gpu"),
-                   "estimate_phase_gib": _estimate(plan, "decode" if decode else "denoise")[1]}
+                   "estimate_phase_gib": _phase_estimate(plan, decode)}
             try:
                 r = _run(torch, pipe, plan, args, prompt, decode=decode)
                 out = r.pop("latents") if r["latents"] is not None else r.pop("frames")
@@ -126,42 +243,38 @@ def main(argv=None) -> int:
                 row["error"] = "".join(traceback.format_exception_only(e)).strip()[:400]
             rows.append(row)
             print(json.dumps(row), flush=True)
-        if args.decode == "none":
-            continue
-        row = {"recipe": recipe, "adaln_table": "on", "cap_gb": args.cap_gb, "steps": args.steps, "decode": True}
-        try:
-            plan = _plan(recipe, args.steps, "on", gb=args.cap_gb)
-            row.update(estimate_peak_gib=plan.derived_value("memory_peak_gib_per_gpu"),
-                       estimate_phase_gib=max(_estimate(plan, p)[1] for p in ("denoise", "decode")))
-            torch.cuda.empty_cache()
-            torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gb * 1e9 / total))
-            r = _run(torch, pipe, plan, args, prompt, decode=True)
-            r.pop("latents"), r.pop("frames")
-            row.update(r, cap_passed=True, estimate_ratio=round(row["estimate_phase_gib"] / r["peak_gib"], 3))
-        except Exception as e:  # noqa: BLE001 - an OOM under the cap is the result
-            row.update(cap_passed=False, error="".join(traceback.format_exception_only(e)).strip()[:400])
-        finally:
-            torch.cuda.set_per_process_memory_fraction(1.0)
-            torch.cuda.empty_cache()
+            _write(args, meta, rows)
+        refs[recipe] = ref
+    for recipe, row in caps.items():
+        f = tmp / f"{recipe}.pt"
+        if args.decode == "all" and refs.get(recipe) is not None and f.exists():  # against the tables-off row's frames
+            row["bitwise_vs_tables_off"] = bool(torch.equal(torch.load(f), refs[recipe]))
         rows.append(row)
         print(json.dumps(row), flush=True)
+    _write(args, meta, rows)
+    return 0 if all("error" not in r for r in rows) else 1
 
+
+def _write(args, meta, rows):
+    """<out>/memory-<tag>.json and .md, rewritten after every row (a run cut short keeps its rows)."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"device": torch.cuda.get_device_name(0), "total_gib": round(total / GiB, 2), "video": "x".join(map(str, args.video)),
-            "layers": args.layers or 50, "text_tokens": args.text_tokens, "script": "benchmarks/memory.py"}
     (out / f"memory-{args.tag}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     lines = [f"# Peak memory of pipe(...) per plan ({meta['device']}, {meta['video']}, {meta['layers']} layers, {args.steps} steps)", "",
-             "| recipe | adaln_table | cap | what ran | estimate (plan peak / phase) GiB | measured peak GiB | ratio | time s | "
-             "adaln_table counters | bitwise vs tables off | cap run |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "Ratio: the estimate of what ran over the measured peak (torch.cuda.max_memory_allocated over the call). "
+             "Forwards: the transformer forwards by CUDA events.", "",
+             "| recipe | adaln_table | cap | what ran | estimate (plan peak / phase) GiB | resting / installed GiB | "
+             "denoise peak GiB | measured peak GiB | ratio | time s | forwards s | "
+             "adaln_table counters | bitwise vs tables off | cap run |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['recipe']} | {r['adaln_table']} | {r['cap_gb'] or '-'} | {'pipe(...)' if r['decode'] else 'denoise'} | "
-                     f"{r.get('estimate_peak_gib', '-')} / {r.get('estimate_phase_gib', '-')} | {r.get('peak_gib', '-')} | "
-                     f"{r.get('estimate_ratio', '-')} | {r.get('seconds', '-')} | {r.get('counters', '-')} | "
+                     f"{r.get('estimate_peak_gib', '-')} / {r.get('estimate_phase_gib', '-')} | "
+                     f"{r.get('resting_gib', '-')} / {r.get('installed_gib', '-')} | {r.get('denoise_peak_gib', '-')} | {r.get('peak_gib', '-')} | "
+                     f"{r.get('estimate_ratio', '-')} | {r.get('seconds', '-')} | {round(sum(r.get('forward_s') or [0]), 3)} | "
+                     f"{r.get('counters', '-')} | "
                      f"{r.get('bitwise_vs_tables_off', '-')} | {r.get('cap_passed', '-') if r['cap_gb'] else '-'} "
                      f"{('(' + r['error'][:120] + ')') if r.get('error') else ''}|")
     (out / f"memory-{args.tag}.md").write_text("\n".join(lines) + "\n")
-    return 0 if all("error" not in r for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -286,6 +286,11 @@ def _decode(it: _Items, sections, settings, opts, geo, geo_src, B: int) -> None:
     d = vae_decode(vdc, geo["latent_frames"], geo["latent_height"], geo["latent_width"], tile, batch=B, fused=fused,
                    fp16_weights=fp16_w, act=VAE_DTYPES[vd])
     th, tw = d["tile_px"]
+    if _setting(settings, "vae_tiles", "default") == "fp8_tiles":  # install/vae.py makes the codes from any float VAE
+        vp = vae_params(vdc)
+        it.add("vae_fp8_gemms", vp["decoder_linears"], f"vae_tiles=fp8_tiles: e4m3 copies of the {vdc['decoder_num_layers']} decoder "
+                                                       f"blocks' six linears ({vp['decoder_linears']:,} codes) beside the fp16 "
+                                                       "weights, made at install (install/vae_fp8.py)")
     if _setting(settings, "vae_graphs", "off") == "on":
         it.add("vae_graph_pools", d["call"], f"vae_graphs: one CUDA-graph pool shared by every tile shape ({th}x{tw} px here), the size of one "
                                              "decoder call's activations; held between decodes")
@@ -320,10 +325,12 @@ def estimate(sections: Mapping[str, Any], shape: Mapping[str, Any], settings: Ma
         it.add("vae_decode", 0, geo_src)
         it.add("video_postprocess", 0, geo_src)
     g = it.gib
-    vae_res = ["vae_weights", "audio_vae_weights"] + [k for k in ("vae_graph_pools",) if k in g]
+    vae_res = ["vae_weights", "audio_vae_weights"] + [k for k in ("vae_fp8_gemms", "vae_graph_pools") if k in g]
     tr_res = ["transformer_weights"] + [k for k in ("transformer_quant_copies", "adaln_tables") if k in g]
     both = opts["offload"] == "none"
-    denoise = tr_res + (vae_res if both else []) + ["step_inputs", max(("block_activations", "stack_boundary"), key=g.get)]
+    # the stack's full-S inputs stay referenced while the blocks run (H200: the denoise peak less the resident
+    # weights is block_activations + stack_boundary + step_inputs within 1%, benchmarks/results/memory-h200.md)
+    denoise = tr_res + (vae_res if both else []) + ["step_inputs", "block_activations", "stack_boundary"]
     decode = (vae_res + (tr_res if both else []) + [k for k in ("vae_autocast_cache",) if k in g]
               + [max(("vae_decode", "video_postprocess"), key=g.get)])
     phases = {name: {"gib": round(sum(g[k] for k in keys), 3), "items": keys} for name, keys in (("denoise", denoise), ("decode", decode))}

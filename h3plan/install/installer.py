@@ -145,11 +145,12 @@ def _quantize(model, builder, state) -> None:
 
     lever, quant = builder.lever_of("quant"), builder.values["quant"]
     fmt, params = quant["format"], quant.get("params") or {}
-    replaced = []
+    replaced, parked = [], []
     for i, block in enumerate(model.transformer_blocks):
         if block.attn.fused_projections:
             raise InstallError(f"gemm_quant: transformer_blocks.{i}.attn uses fused QKV projections; call "
                              "model.unfuse_qkv_projections() before installing (to_qkv is not quantised)")
+        news = []
         for path in BLOCK_LINEARS:
             parent_path, _, name = path.rpartition(".")
             parent = block.get_submodule(parent_path)
@@ -163,10 +164,14 @@ def _quantize(model, builder, state) -> None:
             state.undo.append(lambda p=parent, n=name, o=old: setattr(p, n, o))
             _swap(state.report, lever, f"transformer_blocks.{i}.{path}", type(old).__name__, type(new).__name__)
             replaced.append(old)
-    if replaced:  # the originals wait on the host until uninstall (install/parking.py)
-        parked = park(replaced)
-        state.undo.append(parked.unpark)
-        where = (f"{parked.nbytes / 2**30:.2f} GiB moved to pinned host memory" if parked.nbytes
+            news.append(old)
+        # the originals wait on the host until uninstall (install/parking.py), parked block by block so that
+        # install needs one block's quantised copies beyond the model as loaded (an 80 GB card holds no more)
+        parked.append(park(news))
+        state.undo.append(parked[-1].unpark)
+    if replaced:
+        nbytes = sum(p.nbytes for p in parked)
+        where = (f"{nbytes / 2**30:.2f} GiB moved to pinned host memory" if nbytes
                  else "already on the CPU: nothing to move")
         state.report.notes.append(f"{lever}: the {len(replaced)} replaced linears wait on the host until uninstall "
                                   f"({where}); uninstall copies them back bit for bit")
