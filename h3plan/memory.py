@@ -286,11 +286,11 @@ def _decode(it: _Items, sections, settings, opts, geo, geo_src, B: int) -> None:
     d = vae_decode(vdc, geo["latent_frames"], geo["latent_height"], geo["latent_width"], tile, batch=B, fused=fused,
                    fp16_weights=fp16_w, act=VAE_DTYPES[vd])
     th, tw = d["tile_px"]
-    if _setting(settings, "vae_tiles", "default") == "fp8_tiles":  # install/vae.py makes the codes from any float VAE
+    if _setting(settings, "vae_tiles", "default") == "fp8_tiles":  # vae/install.py makes the codes from any float VAE
         vp = vae_params(vdc)
         it.add("vae_fp8_gemms", vp["decoder_linears"], f"vae_tiles=fp8_tiles: e4m3 copies of the {vdc['decoder_num_layers']} decoder "
                                                        f"blocks' six linears ({vp['decoder_linears']:,} codes) beside the fp16 "
-                                                       "weights, made at install (install/vae_fp8.py)")
+                                                       "weights, made at install (vae/fp8.py)")
     if _setting(settings, "vae_graphs", "off") == "on":
         it.add("vae_graph_pools", d["call"], f"vae_graphs: one CUDA-graph pool shared by every tile shape ({th}x{tw} px here), the size of one "
                                              "decoder call's activations; held between decodes")
