@@ -11,13 +11,13 @@ load and render them as "-".
 
 from __future__ import annotations
 
-import json
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from ..results_file import ResultsFile, write_atomic
+from .results_file import ResultsFile, runs_table
+from .results_file import fmt as _f
+from .results_file import one_line as _one_line
 
 SCHEMA_VERSION = 1
 # diffusers eager MiniMaxH3TransformerBlock on the H200, bf16, default attention (benchmarks/anchors/h200-diffusers-block.json)
@@ -99,14 +99,7 @@ new_doc, load_doc, check_records, merge_record = FILE.new_doc, FILE.load_doc, FI
 
 
 def write_doc(doc: dict, json_path: str, md_path: str) -> None:
-    write_atomic(json_path, json.dumps(doc, indent=1) + "\n")
-    write_atomic(md_path, render_markdown(doc))
-
-
-def _f(x, fmt="{:.2f}", none="-"):
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return none if x is None else "NaN"
-    return fmt.format(x)
+    FILE.write_doc(doc, json_path, md_path, render_markdown)
 
 
 def _bitwise(r) -> str:
@@ -180,6 +173,9 @@ def target_lines(records: Sequence[Mapping]) -> list[str]:
     return lines
 
 
+RUN_COLUMNS = (("plan", "plan", "l"), ("device", "device", "l"), ("torch", "torch", "l"), ("diffusers", "diffusers", "l"),
+               ("warmup", "warmup", "r"), ("iters", "iters", "r"), ("started", "started", "l"))
+
 COLUMN_NOTES = """\
 ## What each column compares
 
@@ -246,10 +242,7 @@ def render_markdown(doc: Mapping) -> str:
     out += lines or ["- no GPU single-block records yet: no target can be judged"]
     runs = doc.get("runs", [])
     if runs:
-        out += ["", "## Runs", "", "| plan | device | torch | diffusers | warmup | iters | started |", "|---|---|---|---|---:|---:|---|"]
-        for run_ in runs:
-            out.append(f"| {run_.get('plan')} | {run_.get('device')} | {run_.get('torch')} | {run_.get('diffusers')} | "
-                       f"{run_.get('warmup')} | {run_.get('iters')} | {run_.get('started')} |")
+        out += ["", "## Runs", ""] + runs_table(runs, RUN_COLUMNS)
     notes = sorted({(r["plan"], r.get("bitwise_reference", "")) for r in recs if r.get("bitwise_reference")})
     if notes:
         out += ["", "Bitwise references: " + "; ".join(f"`{p}`: {n}" for p, n in notes)]
@@ -294,11 +287,6 @@ def write_chart(records: Sequence[Mapping], path: str) -> str | None:
         return mod.write_chart(records, path)
     except Exception as exc:  # noqa: BLE001 -- the JSON and markdown are the results; the PNG is a view
         return f"PNG failed: {_one_line(exc)}"
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0][:300]}" if text else type(exc).__name__
 
 
 def summary_table(records: Sequence[Mapping]) -> str:

@@ -3,15 +3,48 @@
 `ResultsFile(...)` knows its schema version, its required record keys, the key that identifies a record (a
 rerun replaces the record with the same key) and, optionally, its `kind`. `load_doc` refuses a file that is not
 its own (never overwritten); writes are atomic (a temporary file, then a rename), so a run cut off by a
-timeout keeps the last complete file.
+timeout keeps the last complete file. `fmt` and `one_line` are how every bench's tables print a value and an
+error.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
+
+
+def fmt(x, spec="{:.2f}", none="-"):
+    """A table cell: `spec` applied, `none` for a missing value, NaN as "NaN"."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return none if x is None else "NaN"
+    return spec.format(x)
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line of a record or a table: its type and the first line of its message."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:300]}" if text else type(exc).__name__
+
+
+def runs_table(runs: Iterable[Mapping], columns: Iterable[tuple[str, str, str]]) -> list[str]:
+    """The markdown lines of a file's runs: a column per (title, key of the run entry, "l" or "r" aligned)."""
+    columns = list(columns)
+    out = ["| " + " | ".join(t for t, _, _ in columns) + " |", "|" + "|".join("---:" if a == "r" else "---" for *_, a in columns) + "|"]
+    return out + ["| " + " | ".join(str(run.get(k)) for _, k, _ in columns) + " |" for run in runs]
+
+
+def finite(x):
+    """NaN / inf (a diverged run) become null, in nested dicts and lists too: the file stays standard JSON."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite(v) for v in x]
+    return x
 
 
 def run_folder(out_dir: str | None) -> str:
@@ -49,6 +82,8 @@ class ResultsFile:
     key: Callable[[Mapping], tuple]
     what: str  # "a block benchmark file", in the refusal
     kind: str | None = None
+    finite: bool = False
+    """Write NaN / inf as null (standard JSON); off: json's NaN, as the block bench's files have it."""
 
     def new_doc(self) -> dict:
         kind = {} if self.kind is None else {"kind": self.kind}
@@ -76,6 +111,16 @@ class ResultsFile:
         self.check_records(doc["records"])
         doc.setdefault("runs", [])
         return doc
+
+    def write_doc(self, doc: dict, json_path: str, md_path: str, markdown: Callable[[Mapping], str]) -> None:
+        """The JSON and its markdown (`markdown(doc)`), each written atomically."""
+        if self.finite:
+            doc["records"] = [finite(r) for r in doc["records"]]
+            text = json.dumps(finite(doc), indent=1, allow_nan=False)
+        else:
+            text = json.dumps(doc, indent=1)
+        write_atomic(json_path, text + "\n")
+        write_atomic(md_path, markdown(doc))
 
     def merge_record(self, doc: dict, record: Mapping) -> None:
         """Replace the record with the same key, else append."""

@@ -1,5 +1,5 @@
-"""The settings of the pipeline bench, each switched in place on the ONE pipeline they share (why: the memory
-paragraph of pipeline_bench.py). `enter()` before a setting's turn, `exit()` after it, leaving the modules as
+"""The settings of the pipeline bench, each switched in place on the ONE pipeline they share (one pipeline in
+memory for the whole run: pipeline.py). `enter()` before a setting's turn, `exit()` after it, leaving the modules as
 diffusers built them (except Best at U > 1, which diffusers cannot undo and the bench runs last):
 - Eager(vae): diffusers as it ships, the VAE in `vae` (fp32: as built; fp16 / bf16: cast the way
   `from_pretrained(torch_dtype=...)` casts it, `_keep_in_fp32_modules` kept, and cast back on exit).
@@ -16,8 +16,8 @@ diffusers built them (except Best at U > 1, which diffusers cannot undo and the 
 
 from __future__ import annotations
 
-from .bench.measure import plan_label, same_backend_plan
 from .diffusers_best import compile_call, regional_compile
+from .harness import plan_label, same_backend_plan
 
 
 def plan_precision(plan) -> str:
@@ -130,7 +130,7 @@ class Best(Setting):
     name = "best"
 
     def __init__(self, pipe, degree: int, seq_len: int, opts, vae: str = "fp32", shared: "Best | None" = None):
-        # opts: pipeline_bench.PipelineBenchOptions; shared: the Best of another VAE dtype whose compile this reuses
+        # opts: pipeline.PipelineBenchOptions; shared: the Best of another VAE dtype whose compile this reuses
         self.pipe, self.degree, self.opts, self.vae = pipe, degree, opts, vae
         self._cast = VaeCast(pipe, vae)
         self.anything = degree > 1 and seq_len % degree != 0

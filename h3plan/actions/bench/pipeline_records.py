@@ -8,13 +8,10 @@ keyed by (run, setting, label, vae); a new run appends its rows. Times are secon
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from .bench.records import _f, _one_line
-from .results_file import ResultsFile, write_atomic
+from .results_file import ResultsFile, fmt, one_line, runs_table
 
 SCHEMA_VERSION = 2
 KIND = "pipeline-call"
@@ -85,25 +82,14 @@ def record_key(r: Mapping) -> tuple:
     return (r["run"], r["setting"], r["label"], r["vae"])
 
 
-FILE = ResultsFile(SCHEMA_VERSION, REQUIRED_KEYS, record_key, "a pipeline (user call) benchmark file", kind=KIND)
+FILE = ResultsFile(SCHEMA_VERSION, REQUIRED_KEYS, record_key, "a pipeline (user call) benchmark file", kind=KIND,
+                   finite=True)
 new_doc, load_doc, check_records, merge_record = FILE.new_doc, FILE.load_doc, FILE.check_records, FILE.merge_record
 
 
-def _finite(x):
-    """NaN / inf (a diverged run) become null: the file stays standard JSON."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
-    return x
-
-
 def write_doc(doc: dict, json_path: str, md_path: str) -> None:
-    doc["records"] = [_finite(r) for r in doc["records"]]
-    write_atomic(json_path, json.dumps(_finite(doc), indent=1, allow_nan=False) + "\n")
-    write_atomic(md_path, render_markdown(doc))
+    """NaN / inf (a diverged run) are written as null: the file stays standard JSON."""
+    FILE.write_doc(doc, json_path, md_path, render_markdown)
 
 
 def fill_speedups(rows: list[dict]) -> None:
@@ -127,7 +113,7 @@ def frames_text(f: Mapping) -> str:
     if f.get("bitwise"):
         return f"bitwise vs {f.get('against')}"
     head = "" if f.get("bitwise") is None else "**not bitwise**, "
-    return f"{head}PSNR {_f(f.get('psnr_db'), '{:.1f}', none='inf')} dB, SSIM {_f(f.get('ssim'), '{:.5f}')} vs {f.get('against')}"
+    return f"{head}PSNR {fmt(f.get('psnr_db'), '{:.1f}', none='inf')} dB, SSIM {fmt(f.get('ssim'), '{:.5f}')} vs {f.get('against')}"
 
 
 def _runs(records):
@@ -137,6 +123,9 @@ def _runs(records):
             order.append(r["run"])
     return order
 
+
+RUN_COLUMNS = (("run", "run", "l"), ("device", "device", "l"), ("GPUs", "gpus", "r"), ("torch", "torch", "l"),
+               ("diffusers", "diffusers", "l"), ("started", "started", "l"))
 
 COLUMN_NOTES = """\
 ## What each column means
@@ -178,10 +167,10 @@ def render_markdown(doc: Mapping) -> str:
             if r.get("error"):
                 out.append(f"| {r['label']} | {r['vae']} | failed: {r['error'][:160]} | | | | | | | |")
                 continue
-            out.append(f"| {r['label']} | {r['vae']} | {_f(r['forward_s'], '{:.3f}')} | {_f(r['rest_s'], '{:.2f}')} | "
-                       f"{_f(r['e2e_s'], '{:.1f}')} | {_f(r['speedup_vs_eager'], '{:.3f}')}x | {_f(r['speedup_vs_best'], '{:.3f}')}x | "
-                       f"{_f(r['speedup_vs_best_fp32'], '{:.3f}')}x | {frames_text(r.get('frames') or {})} | "
-                       f"{_f(r.get('peak_gib'), '{:.1f}')} |")
+            out.append(f"| {r['label']} | {r['vae']} | {fmt(r['forward_s'], '{:.3f}')} | {fmt(r['rest_s'], '{:.2f}')} | "
+                       f"{fmt(r['e2e_s'], '{:.1f}')} | {fmt(r['speedup_vs_eager'], '{:.3f}')}x | {fmt(r['speedup_vs_best'], '{:.3f}')}x | "
+                       f"{fmt(r['speedup_vs_best_fp32'], '{:.3f}')}x | {frames_text(r.get('frames') or {})} | "
+                       f"{fmt(r.get('peak_gib'), '{:.1f}')} |")
         out.append("")
         for r in rows:
             fb = {k: v for k, v in (r.get("counters") or {}).items() if k.endswith(".fallback")}
@@ -193,11 +182,7 @@ def render_markdown(doc: Mapping) -> str:
         out.append("")
     runs = doc.get("runs", [])
     if runs:
-        out += ["## Runs", "", "| run | device | GPUs | torch | diffusers | started |", "|---|---|---:|---|---|---|"]
-        for run_ in runs:
-            out.append(f"| {run_.get('run')} | {run_.get('device')} | {run_.get('gpus')} | {run_.get('torch')} | "
-                       f"{run_.get('diffusers')} | {run_.get('started')} |")
-        out.append("")
+        out += ["## Runs", ""] + runs_table(runs, RUN_COLUMNS) + [""]
     out += [COLUMN_NOTES]
     return "\n".join(out)
 
@@ -209,9 +194,9 @@ def summary_table(records: Sequence[Mapping]) -> str:
         if r.get("error"):
             rows.append(f"{r['label'][:40]:<40} {r['vae']:<5}  failed: {r['error'][:80]}")
             continue
-        rows.append(f"{r['label'][:40]:<40} {r['vae']:<5} {_f(r['forward_s'], '{:.3f}'):>8} {_f(r['rest_s'], '{:.2f}'):>8} "
-                    f"{_f(r['e2e_s'], '{:.1f}'):>8} {_f(r['speedup_vs_eager'], '{:.3f}'):>8} {_f(r['speedup_vs_best'], '{:.3f}'):>8} "
-                    f"{_f(r['speedup_vs_best_fp32'], '{:.3f}'):>9}  {frames_text(r.get('frames') or {}).replace('**', '')}")
+        rows.append(f"{r['label'][:40]:<40} {r['vae']:<5} {fmt(r['forward_s'], '{:.3f}'):>8} {fmt(r['rest_s'], '{:.2f}'):>8} "
+                    f"{fmt(r['e2e_s'], '{:.1f}'):>8} {fmt(r['speedup_vs_eager'], '{:.3f}'):>8} {fmt(r['speedup_vs_best'], '{:.3f}'):>8} "
+                    f"{fmt(r['speedup_vs_best_fp32'], '{:.3f}'):>9}  {frames_text(r.get('frames') or {}).replace('**', '')}")
     return "\n".join(rows)
 
 
@@ -245,5 +230,5 @@ def write_chart(records: Sequence[Mapping], path: str) -> str | None:
         fig.savefig(path, dpi=120)
         plt.close(fig)
     except Exception as exc:  # noqa: BLE001 -- the JSON and markdown are the results; the PNG is a view
-        return f"PNG failed: {_one_line(exc)}"
+        return f"PNG failed: {one_line(exc)}"
     return None
