@@ -46,7 +46,8 @@ from .diffusers_best import compile_call, regional_compile
 from .harness import (CPU_MAX_HIDDEN, HOST_CLOCK_NOTE, Output, Session, device_name, device_tag, free, plan_label,
                       run_meta, same_backend_plan, sigterm_as_interrupt)
 from .records import LOSSLESS_BACKENDS, BlockRecord, merge_record
-from .results_file import one_line, run_folder
+from .results_file import run_folder
+from .tables import one_line
 from .timing import BackendTimer, Progress, back_to_back, interleaved, median
 
 CPU_MAX_ROWS = 1024

@@ -58,7 +58,8 @@ from . import pipeline_records as records
 from .harness import (CPU_MAX_HIDDEN, HOST_CLOCK_NOTE, Output, Session, device_name, device_tag, run_meta,
                       sigterm_as_interrupt)
 from .pipeline_settings import Best, Eager, PlanSetting, Reference, Setting, plan_precision
-from .results_file import one_line, run_folder
+from .results_file import run_folder
+from .tables import one_line
 from .timing import ForwardTimer, Progress, Quiet
 
 

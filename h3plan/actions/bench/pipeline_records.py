@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from .results_file import ResultsFile, fmt, one_line, runs_table
+from .results_file import ResultsFile
+from .tables import cell, fmt, md_table, one_line, text_table
 
 SCHEMA_VERSION = 2
 KIND = "pipeline-call"
@@ -124,8 +125,25 @@ def _runs(records):
     return order
 
 
-RUN_COLUMNS = (("run", "run", "l"), ("device", "device", "l"), ("GPUs", "gpus", "r"), ("torch", "torch", "l"),
-               ("diffusers", "diffusers", "l"), ("started", "started", "l"))
+def _x(key: str):
+    """A ratio cell: 1.234x."""
+    return lambda r: f"{fmt(r[key], '{:.3f}')}x"
+
+
+RECORD_COLUMNS = (("setting", "l", cell("label")), ("VAE", "l", cell("vae")),
+                  ("forward s", "r", lambda r: fmt(r["forward_s"], "{:.3f}")), ("rest s", "r", lambda r: fmt(r["rest_s"], "{:.2f}")),
+                  ("E2E s", "r", lambda r: fmt(r["e2e_s"], "{:.1f}")), ("vs eager", "r", _x("speedup_vs_eager")),
+                  ("vs best", "r", _x("speedup_vs_best")), ("vs best (fp32 VAE)", "r", _x("speedup_vs_best_fp32")),
+                  ("frames", "l", lambda r: frames_text(r.get("frames") or {})),
+                  ("peak GiB", "r", lambda r: fmt(r.get("peak_gib"), "{:.1f}")))
+RUN_COLUMNS = (("run", "l", cell("run")), ("device", "l", cell("device")), ("GPUs", "r", cell("gpus")),
+               ("torch", "l", cell("torch")), ("diffusers", "l", cell("diffusers")), ("started", "l", cell("started")))
+SUMMARY_COLUMNS = (("setting", "<40", lambda r: r["label"][:40]), ("vae", "<5", cell("vae")),
+                   ("forward", ">8", lambda r: fmt(r["forward_s"], "{:.3f}")), ("rest", ">8", lambda r: fmt(r["rest_s"], "{:.2f}")),
+                   ("e2e", ">8", lambda r: fmt(r["e2e_s"], "{:.1f}")),
+                   ("vs eager", ">8", lambda r: fmt(r["speedup_vs_eager"], "{:.3f}")),
+                   ("vs best", ">8", lambda r: fmt(r["speedup_vs_best"], "{:.3f}")),
+                   ("vs best32", ">9", lambda r: fmt(r["speedup_vs_best_fp32"], "{:.3f}")))
 
 COLUMN_NOTES = """\
 ## What each column means
@@ -160,18 +178,8 @@ def render_markdown(doc: Mapping) -> str:
         rows = [r for r in recs if r["run"] == run]
         r0 = rows[0]
         out += [f"## Run {run}: {r0['video']} ({r0['S']:,} tokens), {r0['gpus']} GPU(s), {r0.get('layers')} layers, "
-                f"{r0['steps_e2e']} forwards end to end", "",
-                "| setting | VAE | forward s | rest s | E2E s | vs eager | vs best | vs best (fp32 VAE) | frames | peak GiB |",
-                "|---|---|---:|---:|---:|---:|---:|---:|---|---:|"]
-        for r in rows:
-            if r.get("error"):
-                out.append(f"| {r['label']} | {r['vae']} | failed: {r['error'][:160]} | | | | | | | |")
-                continue
-            out.append(f"| {r['label']} | {r['vae']} | {fmt(r['forward_s'], '{:.3f}')} | {fmt(r['rest_s'], '{:.2f}')} | "
-                       f"{fmt(r['e2e_s'], '{:.1f}')} | {fmt(r['speedup_vs_eager'], '{:.3f}')}x | {fmt(r['speedup_vs_best'], '{:.3f}')}x | "
-                       f"{fmt(r['speedup_vs_best_fp32'], '{:.3f}')}x | {frames_text(r.get('frames') or {})} | "
-                       f"{fmt(r.get('peak_gib'), '{:.1f}')} |")
-        out.append("")
+                f"{r0['steps_e2e']} forwards end to end", ""]
+        out += md_table(RECORD_COLUMNS, rows, lead=2) + [""]
         for r in rows:
             fb = {k: v for k, v in (r.get("counters") or {}).items() if k.endswith(".fallback")}
             extra = [f"config: {r['config']}"] if r.get("config") else []
@@ -182,22 +190,14 @@ def render_markdown(doc: Mapping) -> str:
         out.append("")
     runs = doc.get("runs", [])
     if runs:
-        out += ["## Runs", ""] + runs_table(runs, RUN_COLUMNS) + [""]
+        out += ["## Runs", ""] + md_table(RUN_COLUMNS, runs) + [""]
     out += [COLUMN_NOTES]
     return "\n".join(out)
 
 
 def summary_table(records: Sequence[Mapping]) -> str:
-    rows = [f"{'setting':<40} {'vae':<5} {'forward':>8} {'rest':>8} {'e2e':>8} {'vs eager':>8} {'vs best':>8} "
-            f"{'vs best32':>9}  frames"]
-    for r in records:
-        if r.get("error"):
-            rows.append(f"{r['label'][:40]:<40} {r['vae']:<5}  failed: {r['error'][:80]}")
-            continue
-        rows.append(f"{r['label'][:40]:<40} {r['vae']:<5} {fmt(r['forward_s'], '{:.3f}'):>8} {fmt(r['rest_s'], '{:.2f}'):>8} "
-                    f"{fmt(r['e2e_s'], '{:.1f}'):>8} {fmt(r['speedup_vs_eager'], '{:.3f}'):>8} {fmt(r['speedup_vs_best'], '{:.3f}'):>8} "
-                    f"{fmt(r['speedup_vs_best_fp32'], '{:.3f}'):>9}  {frames_text(r.get('frames') or {}).replace('**', '')}")
-    return "\n".join(rows)
+    return text_table(SUMMARY_COLUMNS, records, lead=2,
+                      free=("frames", lambda r: frames_text(r.get("frames") or {}).replace("**", "")))
 
 
 def write_chart(records: Sequence[Mapping], path: str) -> str | None:

@@ -3,8 +3,7 @@
 `ResultsFile(...)` knows its schema version, its required record keys, the key that identifies a record (a
 rerun replaces the record with the same key) and, optionally, its `kind`. `load_doc` refuses a file that is not
 its own (never overwritten); writes are atomic (a temporary file, then a rename), so a run cut off by a
-timeout keeps the last complete file. `fmt` and `one_line` are how every bench's tables print a value and an
-error.
+timeout keeps the last complete file.
 """
 
 from __future__ import annotations
@@ -14,26 +13,6 @@ import math
 import os
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
-
-
-def fmt(x, spec="{:.2f}", none="-"):
-    """A table cell: `spec` applied, `none` for a missing value, NaN as "NaN"."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return none if x is None else "NaN"
-    return spec.format(x)
-
-
-def one_line(exc: BaseException) -> str:
-    """An exception as one line of a record or a table: its type and the first line of its message."""
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0][:300]}" if text else type(exc).__name__
-
-
-def runs_table(runs: Iterable[Mapping], columns: Iterable[tuple[str, str, str]]) -> list[str]:
-    """The markdown lines of a file's runs: a column per (title, key of the run entry, "l" or "r" aligned)."""
-    columns = list(columns)
-    out = ["| " + " | ".join(t for t, _, _ in columns) + " |", "|" + "|".join("---:" if a == "r" else "---" for *_, a in columns) + "|"]
-    return out + ["| " + " | ".join(str(run.get(k)) for _, k, _ in columns) + " |" for run in runs]
 
 
 def finite(x):
