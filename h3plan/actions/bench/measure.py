@@ -36,10 +36,12 @@ realistic packed sequence and stopped there, so the blocks see exactly what diff
 
 from __future__ import annotations
 
+import copy
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping
 
 from h3plan.errors import UsageError
+from h3plan.install import counters, install, reset_counters
 
 from . import records
 from .diffusers_best import compile_call, regional_compile
@@ -150,7 +152,7 @@ class _Session(Session):
     best_config: str = ""
 
 
-def _plan_backend(model):
+def plan_backend(model):
     """The AttentionBackend the installed processors call (one object shared by the blocks), or None."""
     from h3plan.attention.base import AttentionBackend
 
@@ -162,10 +164,7 @@ def _plan_backend(model):
 
 
 def _setup(torch, cfg, plan, opts: BenchOptions, device, progress: Progress) -> _Session:
-    import copy
-
     from h3plan.actions import inputs
-    from h3plan.install import install
 
     n = max(opts.blocks)
     path = cfg["model"].get("path")  # model.path: the checkpoint's weights, loaded with from_pretrained
@@ -189,7 +188,7 @@ def _setup(torch, cfg, plan, opts: BenchOptions, device, progress: Progress) -> 
     else:
         same, same_note = None, f"none: {backend_name} is lossy, no eager block runs it"
     timer = BackendTimer(torch, device.type == "cuda")
-    backend = _plan_backend(plan_model)
+    backend = plan_backend(plan_model)
     if backend is not None:
         timer.attach(backend)
     best, best_config = (None, "not run (bench.best=off)")
@@ -243,8 +242,6 @@ def _attention_alone(s: _Session, S: int) -> dict:
 
 def _stack_record(s: _Session, S: int, n: int, block_in: tuple, attn: dict) -> BlockRecord:
     torch = s.torch
-    from h3plan.install import counters, reset_counters
-
     eb, pb = s.eager.transformer_blocks[:n], s.plan.transformer_blocks[:n]
     run_e = lambda: run_stack(eb, *block_in)  # noqa: E731
     run_p = lambda: run_stack(pb, *block_in)  # noqa: E731

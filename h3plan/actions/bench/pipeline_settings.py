@@ -16,6 +16,9 @@ diffusers built them (except Best at U > 1, which diffusers cannot undo and the 
 
 from __future__ import annotations
 
+from h3plan.install import install, uninstall
+from h3plan.install.pipeline import install_pipeline, uninstall_pipeline
+
 from .diffusers_best import compile_call, regional_compile
 from .harness import plan_label, same_backend_plan
 
@@ -87,7 +90,6 @@ class PlanSetting(Setting):
 
     def enter(self):
         from h3plan.install.adaln_table import prepare
-        from h3plan.install.pipeline import install_pipeline
 
         report = install_pipeline(self.pipe, self.plan, group=self.group)
         if self.steps is not None:
@@ -97,8 +99,6 @@ class PlanSetting(Setting):
         self.report = report
 
     def exit(self):
-        from h3plan.install.pipeline import uninstall_pipeline
-
         uninstall_pipeline(self.pipe)
 
 
@@ -114,14 +114,10 @@ class Reference(Setting):
         self._cast = VaeCast(pipe, self.vae)
 
     def enter(self):
-        from h3plan.install import install
-
         install(self.pipe.transformer, self.plan)
         self._cast.enter()
 
     def exit(self):
-        from h3plan.install import uninstall
-
         self._cast.exit()
         uninstall(self.pipe.transformer)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
@@ -41,8 +42,6 @@ def run_folder(out_dir: str | None) -> str:
             return str(HydraConfig.get().runtime.output_dir)
     except ImportError:
         pass
-    import time
-
     now = time.localtime()
     return os.path.join("outputs", time.strftime("%Y-%m-%d", now), time.strftime("%H-%M-%S", now))
 
