@@ -28,7 +28,7 @@ import json, sys
 from omegaconf import OmegaConf
 from h3plan.config import compose
 from h3plan.planner import resolve
-from h3plan.actions.bench import pipeline as pipeline_bench
+from h3plan.actions.bench import pipeline
 out, *runs = sys.argv[1:]
 for spec in runs:
     spec = json.loads(spec)
@@ -37,7 +37,7 @@ for spec in runs:
     cfg = OmegaConf.to_container(c, resolve=True, enum_to_str=True)
     cfg.update(video=spec.get("video", "32x32x124"))
     cfg["bench"].update(target="pipeline", out_dir=out, pipeline=spec["pipeline"])
-    print("RC", pipeline_bench.run(cfg, plan), flush=True)
+    print("RC", pipeline.run(cfg, plan), flush=True)
 """
 FAST = {"compile_backend": "eager", "rounds": 1, "warmup": 0, "steps": 1, "decode_warmup": 0}
 

@@ -1,6 +1,6 @@
 """`python -m h3plan action=bench bench.target=pipeline`: the call users make, timed as they make it.
 
-What runs: diffusers' MiniMaxH3ModularPipeline (pipeline_build.py: diffusers' own `MiniMaxH3CoreDenoiseStep`
+What runs: diffusers' MiniMaxH3ModularPipeline (actions/pipeline_build.py: diffusers' own `MiniMaxH3CoreDenoiseStep`
 and `MiniMaxH3DecodeStep`, seeded random weights), called exactly as diffusers documents it:
 
     pipe(prompt_embeds=..., text_token_tags=..., height=H, width=W, num_frames=F, num_inference_steps=N,
