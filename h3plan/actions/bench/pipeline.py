@@ -178,7 +178,7 @@ def extra_plans(cfg, opts: PipelineBenchOptions) -> list:
     return out
 
 
-# ---------------------------------------------------------------- timing
+# ---------------------------------------------------------------- rows, clips, the session
 
 
 @dataclass

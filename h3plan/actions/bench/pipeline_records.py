@@ -84,7 +84,7 @@ def record_key(r: Mapping) -> tuple:
 
 
 FILE = ResultsFile(SCHEMA_VERSION, REQUIRED_KEYS, record_key, "a pipeline (user call) benchmark file", kind=KIND,
-                   finite=True)
+                   nan_as_null=True)
 new_doc, load_doc, check_records, merge_record = FILE.new_doc, FILE.load_doc, FILE.check_records, FILE.merge_record
 
 

@@ -60,7 +60,7 @@ class ResultsFile:
     key: Callable[[Mapping], tuple]
     what: str  # "a block benchmark file", in the refusal
     kind: str | None = None
-    finite: bool = False
+    nan_as_null: bool = False
     """Write NaN / inf as null (standard JSON); off: json's NaN, as the block bench's files have it."""
 
     def new_doc(self) -> dict:
@@ -92,7 +92,7 @@ class ResultsFile:
 
     def write_doc(self, doc: dict, json_path: str, md_path: str, markdown: Callable[[Mapping], str]) -> None:
         """The JSON and its markdown (`markdown(doc)`), each written atomically."""
-        if self.finite:
+        if self.nan_as_null:
             doc["records"] = [finite(r) for r in doc["records"]]
             text = json.dumps(finite(doc), indent=1, allow_nan=False)
         else:
