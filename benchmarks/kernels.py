@@ -82,7 +82,8 @@ def load_cases(smoke: bool, sweep: bool):
     return out
 
 
-def _time_gpu(fn, reps, warmup):
+def time_gpu(fn, reps, warmup):
+    """Median ms of `reps` calls of `fn` (CUDA events, a 256 MiB buffer zeroed before each to flush L2)."""
     import torch
 
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
@@ -98,7 +99,7 @@ def _time_gpu(fn, reps, warmup):
     return statistics.median(a.elapsed_time(b) for a, b in ev)
 
 
-def _time_cpu(fn, reps, warmup):
+def time_cpu(fn, reps, warmup):
     for _ in range(warmup):
         fn()
     ts = []
@@ -172,7 +173,7 @@ def main(argv=None):
             raise SystemExit("no CUDA device: run with --smoke for a CPU sanity run")
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels import triton
     device = "cuda" if cuda else "cpu"
-    timer = (lambda f: _time_gpu(f, a.reps, a.warmup)) if cuda else (lambda f: _time_cpu(f, 1, 0))
+    timer = (lambda f: time_gpu(f, a.reps, a.warmup)) if cuda else (lambda f: time_cpu(f, 1, 0))
     copy_tbps = copy_bandwidth(device, timer, (2 << 30) if cuda else (1 << 20))
     name = a.name or ("kernels-smoke" if a.smoke else "kernels-h200-sweep" if a.sweep else "kernels-h200")
     records = []

@@ -1,4 +1,4 @@
-"""The pipeline benchmark (h3plan/actions/pipeline_bench.py) without the CLI's config schema.
+"""The pipeline benchmark (h3plan/actions/bench/pipeline.py) without the CLI's config schema.
 
     python benchmarks/pipeline.py recipe=fp8 --video 768x1344x124 --out benchmarks/results --tag h200
     python benchmarks/pipeline.py model=h3_tiny vae=h3_tiny_pipe --video 32x32x124 --out /tmp/r     # CPU smoke
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
 
     from omegaconf import OmegaConf
 
-    from h3plan.actions.pipeline_bench import run
+    from h3plan.actions.bench.pipeline import run
     from h3plan.config import compose
     from h3plan.errors import H3PlanError
     from h3plan.planner import resolve

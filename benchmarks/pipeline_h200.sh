@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The call users make, on one H200: diffusers' own `pipe(prompt_embeds=..., height=768, width=1344, num_frames=124,
 # num_inference_steps=N, output_type="pt", output="videos")`, no autocast, the VAE in its own dtype, for diffusers
-# eager, diffusers' best (compile_repeated_blocks(fullgraph=True)) and h3plan plans (h3plan/actions/pipeline_bench.py),
+# eager, diffusers' best (compile_repeated_blocks(fullgraph=True)) and h3plan plans (h3plan/actions/bench/pipeline.py),
 # from the repository root after the GPU wheels are installed (shared/gpu/README.md):
 #
 #   . /tmp/h3site/env.sh && export PYTHONPATH=$PWD:$PYTHONPATH && H3_PHASE=fp32 bash benchmarks/pipeline_h200.sh

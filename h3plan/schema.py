@@ -582,7 +582,7 @@ class VerifyConfig:
 
 @dataclass
 class PipelineBenchConfig:
-    """bench.target=pipeline (h3plan/actions/pipeline_bench.py): diffusers' `pipe(...)` as users call it."""
+    """bench.target=pipeline (h3plan/actions/bench/pipeline.py): diffusers' `pipe(...)` as users call it."""
 
     text_tokens: int = 110
     """Rows of the random prompt_embeds when the video request names none."""

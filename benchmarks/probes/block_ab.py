@@ -22,7 +22,7 @@ import torch
 from _cuda_timing import events, interleaved_ms
 
 from h3plan.actions import inputs
-from h3plan.actions.bench.measure import _plan_backend, capture_block_inputs, run_stack
+from h3plan.actions.bench.measure import capture_block_inputs, plan_backend, run_stack
 from h3plan.actions.bench.timing import BackendTimer
 from h3plan.config import compose as compose_config
 from h3plan.install import install
@@ -83,7 +83,7 @@ def placement(cfg, eager, S, recipe):
     _, plan = plan_for(f"recipe={recipe}", f"parallel.seq_len={S}")
     m = copy.deepcopy(eager)
     install(m, plan)
-    backend = _plan_backend(m)
+    backend = plan_backend(m)
     timer = BackendTimer(torch, True)
     timer.attach(backend)
     block_in = capture_block_inputs(torch, eager, inputs.packed_inputs(cfg["model"]["diffusers_config"], S, device="cuda"))

@@ -155,9 +155,9 @@ def calibrate(block, block_in):
 # ---------------------------------------------------------------------------------------------- sections
 def _timer(reps):
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from kernels import _time_gpu
+    from kernels import time_gpu
 
-    return lambda f: _time_gpu(f, reps, 5)
+    return lambda f: time_gpu(f, reps, 5)
 
 
 def _codes_equal(got, ref) -> bool:

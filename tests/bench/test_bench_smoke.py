@@ -165,7 +165,7 @@ def test_a_failing_best_compile_is_recorded_and_eager_and_the_plan_still_run(tmp
 
     from h3plan import cli
     from h3plan.actions.bench import measure
-    from h3plan.actions.diffusers_best import regional_compile
+    from h3plan.actions.bench.diffusers_best import regional_compile
 
     def no_compiler(gm, example_inputs):
         raise RuntimeError("no C++ compiler on this host")

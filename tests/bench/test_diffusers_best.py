@@ -1,10 +1,10 @@
-"""diffusers' best one-GPU setting (h3plan/actions/diffusers_best.py), shared by the block and pipeline benches."""
+"""diffusers' best one-GPU setting (h3plan/actions/bench/diffusers_best.py), shared by the block and pipeline benches."""
 
 from __future__ import annotations
 
 import pytest
 
-from h3plan.actions.diffusers_best import compile_call, regional_compile
+from h3plan.actions.bench.diffusers_best import compile_call, regional_compile
 
 
 @pytest.mark.parametrize("args, text", [

@@ -28,7 +28,7 @@ import json, sys
 from omegaconf import OmegaConf
 from h3plan.config import compose
 from h3plan.planner import resolve
-from h3plan.actions import pipeline_bench
+from h3plan.actions.bench import pipeline
 out, *runs = sys.argv[1:]
 for spec in runs:
     spec = json.loads(spec)
@@ -37,7 +37,7 @@ for spec in runs:
     cfg = OmegaConf.to_container(c, resolve=True, enum_to_str=True)
     cfg.update(video=spec.get("video", "32x32x124"))
     cfg["bench"].update(target="pipeline", out_dir=out, pipeline=spec["pipeline"])
-    print("RC", pipeline_bench.run(cfg, plan), flush=True)
+    print("RC", pipeline.run(cfg, plan), flush=True)
 """
 FAST = {"compile_backend": "eager", "rounds": 1, "warmup": 0, "steps": 1, "decode_warmup": 0}
 
@@ -142,7 +142,7 @@ def test_quality_closed_forms():
 
 
 def test_options_refuse_bad_values_in_one_line():
-    from h3plan.actions.pipeline_bench import options
+    from h3plan.actions.bench.pipeline import options
     from h3plan.errors import UsageError
 
     for cfg, msg in (({"bench": {"pipeline": {"steps": 0}}}, "bench.pipeline.steps=0: must be an integer >= 1"),
@@ -158,7 +158,7 @@ def test_options_refuse_bad_values_in_one_line():
 
 def test_warm_decode_latent_makes_the_requests_clip_shapes():
     """The untimed warm-up decode: the fewest latent frames with the same decoder clip lengths as the request."""
-    from h3plan.actions.pipeline_bench import clip_lengths, warm_latent_frames
+    from h3plan.actions.bench.pipeline import clip_lengths, warm_latent_frames
 
     class V:  # the released VAE's temporal chunking (AutoencoderKLMiniMaxH3: clip_length 17, token_drop 3)
         tokens_chunk_size, token_overlap = 5, 3
@@ -177,7 +177,7 @@ def test_cpu_refuses_real_width_with_the_smoke_form():
     import torch
     from omegaconf import OmegaConf
 
-    from h3plan.actions.pipeline_bench import run
+    from h3plan.actions.bench.pipeline import run
     from h3plan.config import compose
     from h3plan.errors import UsageError
     from h3plan.planner import resolve
@@ -188,7 +188,7 @@ def test_cpu_refuses_real_width_with_the_smoke_form():
     cfg = OmegaConf.to_container(c, resolve=True, enum_to_str=True)
     with pytest.raises(UsageError) as e:
         run(cfg, resolve(c))
-    from h3plan.actions.pipeline_bench import CPU_SMOKE
+    from h3plan.actions.bench.pipeline import CPU_SMOKE
 
     assert "needs a CUDA GPU" in str(e.value) and str(e.value).endswith(CPU_SMOKE)
 
@@ -197,7 +197,7 @@ def test_the_cpu_smoke_form_composes_to_the_tiny_request():
     """The hint's command is valid CLI input: it plans, and the pipeline bench reads a 32x32x124 request from it."""
     import shlex
 
-    from h3plan.actions.pipeline_bench import CPU_SMOKE, options
+    from h3plan.actions.bench.pipeline import CPU_SMOKE, options
     from h3plan.config import compose
     from h3plan.planner import resolve
 
@@ -215,7 +215,7 @@ def test_the_cpu_smoke_form_runs(tmp_path):
     import shlex
 
     pytest.importorskip("transformers", reason="diffusers' MiniMaxH3ModularPipeline imports transformers")
-    from h3plan.actions.pipeline_bench import CPU_SMOKE
+    from h3plan.actions.bench.pipeline import CPU_SMOKE
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), CUDA_VISIBLE_DEVICES="")

@@ -83,7 +83,7 @@ def test_a_changed_result_fails_the_check(tmp_path, monkeypatch):
 
 
 GENERATED = [
-    ("pipeline-h200", lambda doc: __import__("h3plan.actions.pipeline_records", fromlist=["x"]).render_markdown(doc)),
+    ("pipeline-h200", lambda doc: __import__("h3plan.actions.bench.pipeline_records", fromlist=["x"]).render_markdown(doc)),
     ("block-h200", lambda doc: __import__("h3plan.actions.bench.records", fromlist=["x"]).render_markdown(doc)),
     ("parallel-h200", lambda doc: _module("parallel").markdown(doc)),
     ("parallel-8blocks-h200", lambda doc: _module("parallel").markdown(doc)),

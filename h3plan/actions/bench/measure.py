@@ -1,32 +1,57 @@
-"""The measuring half of `action=bench`: options, models, inputs, one (S, blocks) configuration, run().
+"""The block bench (`action=bench`, bench.target=block): diffusers eager against the installed plan, side by side
+in one process; options, models, inputs, one (S, blocks) configuration, run().
 
-See the package docstring for what is timed and compared. Models: one seeded diffusers model with
-max(bench.blocks) blocks (h3plan.actions.inputs; with model.path, the checkpoint's first blocks), a deep
-copy with the plan installed, (for a lossless attention backend) a deep copy with only the plan's attention
-levers installed, the bitwise reference,
-and (bench.best) a deep copy regionally compiled, diffusers' best (actions/diffusers_best.py). Inputs:
-the model's own forward is run up to its first block on a realistic packed sequence and stopped there,
-so the blocks see exactly what diffusers hands them.
+Scope: one device, Ulysses degree 1 (degree > 1 is refused; benchmarks/parallel.py times diffusers' context
+parallelism against the plan there). For every S in `bench.seq_lens`:
+  - attention alone at the per-rank shape (1, S, heads, head_dim), random bf16 q/k/v: the plan's
+    backend called directly against diffusers' default `dispatch_attention_fn`;
+  - a stack of n transformer blocks for every n in `bench.blocks` (real width from `model`): diffusers'
+    eager blocks against the same blocks with the plan installed, same inputs, repetitions
+    interleaved (eager, plan, plan, eager, ...), `bench.warmup` untimed rounds, median of
+    `bench.iters`; while the plan runs, device events around its backend calls give the time of
+    attention inside the plan, compared with that backend on clones of the same arguments;
+  - with `bench.best` (on by default): diffusers' best one-GPU setting in the same rounds, a deep copy of the
+    eager blocks under `compile_repeated_blocks(fullgraph=True)` (diffusers_best.py, the pipeline
+    bench's best too; static shapes per S). Its first call at each (S, blocks) compiles and is timed apart
+    (best_first_call_s), the warm-up rounds follow, then best_ms; speedup_vs_best = best_ms / plan_ms. A
+    failing compile is recorded (best_error) and eager and the plan are timed without it.
+Correctness rides along: the plan's stack output against diffusers eager with the plan's attention
+backend (bitwise; lossless attention backends only) and against diffusers' default eager (relative
+Frobenius error, fp32). Timing: CUDA events around each repetition, synchronized. On a CPU the same
+code runs with host clocks, the files say the times mean nothing, and only the plumbing is proven.
+
+Output, in `bench.out_dir` (null: outputs/<date>/<time>, a folder of the run's own): block-<tag>.json (records
+merged by (plan, S, blocks, device), so a second invocation with another recipe into the same folder appends),
+block-<tag>.md and block-<tag>.png (matplotlib; without it the PNG is skipped with a message and
+`benchmarks/plot.py` draws it later from the JSON). <tag>: `bench.tag`, else the device's short name (`h200`,
+`cpu`). JSON and markdown are rewritten after every configuration, so a run cut off by a timeout keeps what it
+measured.
+
+Models: one seeded diffusers model with max(bench.blocks) blocks (h3plan.actions.inputs; with model.path, the
+checkpoint's first blocks), a deep copy with the plan installed, (for a lossless attention backend) a deep copy
+with only the plan's attention levers installed, the bitwise reference, and (bench.best) a deep copy regionally
+compiled, diffusers' best (diffusers_best.py). Inputs: the model's own forward is run up to its first block on a
+realistic packed sequence and stopped there, so the blocks see exactly what diffusers hands them.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import gc
-import os
-import re
-import signal
-import threading
-import time
+import copy
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping
 
-from ..results_file import run_folder
-from .records import (LOSSLESS_BACKENDS, BlockRecord, _one_line, load_doc, merge_record, summary_table, write_chart,
-                      write_doc)
-from .timing import BackendTimer, Clock, Progress, back_to_back, interleaved, median
+from h3plan.errors import UsageError
+from h3plan.install import counters, install, reset_counters
 
-CPU_MAX_HIDDEN = 1024  # wider is real width: GPU only
+from . import records
+from .diffusers_best import compile_call, regional_compile
+from .harness import (CPU_MAX_HIDDEN, HOST_CLOCK_NOTE, Output, Session, device_name, device_tag, free, plan_label,
+                      run_meta, same_backend_plan, sigterm_as_interrupt)
+from .records import LOSSLESS_BACKENDS, BlockRecord, merge_record
+from .results_file import run_folder
+from .tables import one_line
+from .timing import BackendTimer, Progress, back_to_back, interleaved, median
+
 CPU_MAX_ROWS = 1024
 CPU_SMOKE = "python -m h3plan action=bench model=h3_tiny 'bench.seq_lens=[64]' 'bench.blocks=[1]' bench.iters=1 bench.warmup=0"
 
@@ -43,12 +68,6 @@ class BenchOptions:
     """Time diffusers' best setting (regional compile of a deep copy of the eager model) beside eager and the plan."""
 
 
-def _usage(message: str) -> Exception:
-    from h3plan.errors import UsageError  # the CLI prints it as one line, exit 2
-
-    return UsageError(message)
-
-
 def options(cfg) -> BenchOptions:
     """`cfg.bench` as BenchOptions (the values were checked with the config: h3plan.schema.validate_actions)."""
     b = cfg["bench"] if isinstance(cfg, Mapping) else cfg.bench
@@ -62,23 +81,6 @@ def options(cfg) -> BenchOptions:
     out = b.get("out_dir") if hasattr(b, "get") else None
     return BenchOptions(ints("seq_lens"), ints("blocks"), int(b["warmup"]), int(b["iters"]), run_folder(out), tag,
                         bool(best))
-
-
-def plan_label(plan) -> str:
-    """`sm90/bf16/u1`, plus `+lever=setting` for every lever the user forced."""
-    hw, recipe, par = plan.get("hardware"), plan.get("recipe"), plan.get("parallel")
-    u = par.get("ulysses", 1)
-    label = f"{hw.get('name', '?')}/{recipe.get('name', '?')}/{par.get('name') or f'u{u}'}"
-    forced = [f"+{d.lever}={d.setting}" for d in plan.decisions if d.forced]
-    return " ".join([label] + forced)
-
-
-def device_tag(device_name: str) -> str:
-    """Short lower-case name for file names: 'NVIDIA H200' -> 'h200', 'cpu' -> 'cpu'."""
-    if device_name.lower().startswith("cpu"):
-        return "cpu"
-    models = re.findall(r"\b([A-Z]{1,3}\d{2,4}[A-Za-z]?)\b", device_name)
-    return models[-1].lower() if models else re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
 
 
 # ---------------------------------------------------------------- models and inputs
@@ -119,36 +121,20 @@ def run_stack(blocks, hidden_states, temb, adaln_indices, rotary_emb):
     return hidden_states
 
 
-def same_backend_plan(plan):
-    """The plan cut down to its attention levers (verify's reference R): diffusers' eager blocks running
-    the plan's attention backend, which a lossless plan must match bit for bit."""
-    from h3plan.levers import REFERENCE_LEVERS
-
-    return dataclasses.replace(plan, decisions=tuple(d for d in plan.decisions if d.lever in REFERENCE_LEVERS))
-
-
 def rel_error(torch, out, ref) -> tuple[float, float]:
     """(||out - ref|| / ||ref||, max |out - ref|), fp32 Frobenius."""
     d = out.float() - ref.float()
     return (d.norm() / ref.float().norm().clamp_min(1e-30)).item(), d.abs().max().item()
 
 
-def _free(torch):
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
 # ---------------------------------------------------------------- the run
 
 
 @dataclass
-class _Session:
-    torch: Any
-    device: Any
-    clock: Clock
-    opts: BenchOptions
-    progress: Progress
+class _Session(Session):
+    """The block bench's session: the models (eager, the plan, the bitwise reference, diffusers' best) and the
+    in-plan attention timer."""
+
     label: str
     recipe: str
     lossless: bool
@@ -166,7 +152,7 @@ class _Session:
     best_config: str = ""
 
 
-def _plan_backend(model):
+def plan_backend(model):
     """The AttentionBackend the installed processors call (one object shared by the blocks), or None."""
     from h3plan.attention.base import AttentionBackend
 
@@ -178,10 +164,7 @@ def _plan_backend(model):
 
 
 def _setup(torch, cfg, plan, opts: BenchOptions, device, progress: Progress) -> _Session:
-    import copy
-
     from h3plan.actions import inputs
-    from h3plan.install import install
 
     n = max(opts.blocks)
     path = cfg["model"].get("path")  # model.path: the checkpoint's weights, loaded with from_pretrained
@@ -205,14 +188,14 @@ def _setup(torch, cfg, plan, opts: BenchOptions, device, progress: Progress) -> 
     else:
         same, same_note = None, f"none: {backend_name} is lossy, no eager block runs it"
     timer = BackendTimer(torch, device.type == "cuda")
-    backend = _plan_backend(plan_model)
+    backend = plan_backend(plan_model)
     if backend is not None:
         timer.attach(backend)
     best, best_config = (None, "not run (bench.best=off)")
     if opts.best:
         best, best_config = _best_model(copy, eager, len(opts.seq_lens))
     recipe = plan.get("recipe")
-    return _Session(torch, device, Clock(torch, device), opts, progress, plan_label(plan), str(recipe.get("name", "")),
+    return _Session(torch, device, opts, progress, plan_label(plan), str(recipe.get("name", "")),
                     bool(plan.lossless), backend_name, eager, plan_model, same, same_note, backend, timer,
                     int(dc["num_attention_heads"]) // int(plan.get("parallel").get("ulysses", 1)),
                     int(dc["attention_head_dim"]),
@@ -228,8 +211,6 @@ def _best_model(copy, eager, lengths: int) -> tuple[Any, str]:
     blocks uncompiled, unannounced, and eager would be timed under the best's name."""
     import torch
     from diffusers.models.attention_dispatch import _AttentionBackendRegistry
-
-    from ..diffusers_best import compile_call, regional_compile
 
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, lengths + 1)
     best = copy.deepcopy(eager)
@@ -261,14 +242,12 @@ def _attention_alone(s: _Session, S: int) -> dict:
 
 def _stack_record(s: _Session, S: int, n: int, block_in: tuple, attn: dict) -> BlockRecord:
     torch = s.torch
-    from h3plan.install import counters, reset_counters
-
     eb, pb = s.eager.transformer_blocks[:n], s.plan.transformer_blocks[:n]
     run_e = lambda: run_stack(eb, *block_in)  # noqa: E731
     run_p = lambda: run_stack(pb, *block_in)  # noqa: E731
     rec = BlockRecord(S=S, blocks=n, plan=s.label, eager_ms=None, plan_ms=None, speedup=None,
                       attention_ms=attn["attention_ms"], attention_backend=s.backend_name, bitwise_equal=None,
-                      rel_error=None, recipe=s.recipe, lossless=s.lossless, device=_device_name(torch, s.device),
+                      rel_error=None, recipe=s.recipe, lossless=s.lossless, device=device_name(torch, s.device),
                       timing=s.clock.kind, attention_shape=attn["attention_shape"],
                       attention_default_ms=attn["attention_default_ms"], bitwise_reference=s.same_note,
                       best_config=s.best_config)
@@ -343,7 +322,7 @@ def _first_best_call(s: _Session, rec: BlockRecord, S: int, n: int, block_in: tu
         rec.best_rel_error, rec.best_max_abs_error = rel_error(s.torch, box.pop("out"), ref)
     except Exception as exc:  # noqa: BLE001 -- recorded; the plan is judged against eager without it
         inner = getattr(exc, "inner_exception", None)  # dynamo's BackendCompilerFailed puts the cause on line 2
-        rec.best_error = _one_line(exc) + ("" if inner is None else f" {_one_line(inner)}")
+        rec.best_error = one_line(exc) + ("" if inner is None else f" {one_line(inner)}")
         s.progress.write(f"S={S} x{n}: diffusers' best failed: {rec.best_error}")
         return None
     finally:
@@ -352,111 +331,93 @@ def _first_best_call(s: _Session, rec: BlockRecord, S: int, n: int, block_in: tu
     return run_b
 
 
-def _on_sigterm(signum, frame):
-    raise KeyboardInterrupt("SIGTERM (timeout?): writing what was measured")
-
-
-def _device_name(torch, device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-
-
 def _steps(opts: BenchOptions) -> int:
     r = opts.warmup + opts.iters
     return len(opts.seq_lens) * (r + len(opts.blocks) * (1 + int(opts.best) + 2 * r + opts.iters))
 
 
 def _run_meta(torch, device, label, opts) -> dict:
-    import diffusers
     from diffusers.models.attention_dispatch import _AttentionBackendRegistry
 
-    meta = {"plan": label, "device": _device_name(torch, device), "torch": torch.__version__,
-            "cuda": torch.version.cuda, "diffusers": diffusers.__version__,
-            "diffusers_attention": str(_AttentionBackendRegistry._active_backend.value),
-            "warmup": opts.warmup, "iters": opts.iters, "seq_lens": list(opts.seq_lens), "blocks": list(opts.blocks),
-            "best": opts.best,
-            "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    meta = run_meta(torch, device, {"plan": label},
+                    {"diffusers_attention": str(_AttentionBackendRegistry._active_backend.value),
+                     "warmup": opts.warmup, "iters": opts.iters, "seq_lens": list(opts.seq_lens),
+                     "blocks": list(opts.blocks), "best": opts.best})
     if device.type == "cuda":
         meta["cudnn"] = torch.backends.cudnn.version()
     return meta
 
 
-def run(cfg, plan) -> int:
-    """Entry point of `python -m h3plan action=bench`; 0 when every configuration ran, 1 otherwise."""
-    b = cfg["bench"] if isinstance(cfg, Mapping) else cfg.bench
-    t = b.get("target", "block") if hasattr(b, "get") else getattr(b, "target", "block")
-    if str(getattr(t, "value", t)) == "pipeline":
-        from h3plan.actions.pipeline_bench import run as run_pipeline
+def _measure(torch, cfg, plan, opts: BenchOptions, device, progress: Progress, out: Output, label: str, name: str) -> int:
+    """Every (S, blocks) configuration, each record merged and the files rewritten after it; the failures."""
+    doc, failed = out.doc, 0
+    s = _setup(torch, cfg, plan, opts, device, progress)
+    for S in opts.seq_lens:
+        block_in = attn = None
+        try:
+            block_in = capture_block_inputs(torch, s.eager, s.model_inputs(S))
+            attn = _attention_alone(s, S)
+        except Exception as exc:  # noqa: BLE001 -- recorded, the other lengths still run
+            err = one_line(exc)
+            for n in opts.blocks:
+                merge_record(doc, asdict(BlockRecord(S, n, label, None, None, None, None, s.backend_name, None, None,
+                                                     recipe=s.recipe, lossless=s.lossless, device=name, error=err)))
+            failed += len(opts.blocks)
+            progress.write(f"S={S}: failed: {err}")
+        for n in opts.blocks if attn is not None else ():
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            try:
+                rec = _stack_record(s, S, n, block_in, attn)
+                if device.type == "cuda":
+                    rec.peak_mem_gib = torch.cuda.max_memory_allocated(device) / 2**30
+            except Exception as exc:  # noqa: BLE001 -- recorded, the other configurations still run
+                err = one_line(exc)
+                rec = BlockRecord(S, n, label, None, None, None, attn["attention_ms"], s.backend_name, None, None,
+                                  recipe=s.recipe, lossless=s.lossless, device=name, error=err)
+                s.timer.captured, s.timer.capture = None, False
+                s.timer.events = []
+                failed += 1
+                progress.write(f"S={S} x{n}: failed: {err}")
+            merge_record(doc, asdict(rec))
+            out.write()
+            free(torch)
+        del block_in
+        free(torch)
+    s.timer.detach()
+    return failed
 
-        return run_pipeline(cfg, plan)
+
+def run(cfg, plan) -> int:
+    """The block bench (`python -m h3plan action=bench`, bench.target=block); 0 when every configuration ran,
+    1 otherwise."""
     opts = options(cfg)
     u = int(plan.get("parallel").get("ulysses", 1))
     if u != 1:
-        raise _usage(f"parallel.ulysses={u}: action=bench times one device; use parallel=u1")
+        raise UsageError(f"parallel.ulysses={u}: action=bench times one device; use parallel=u1")
     import torch
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     hidden = int(plan.get("model")["diffusers_config"]["hidden_size"])
     if device.type != "cuda" and hidden > CPU_MAX_HIDDEN:
-        raise _usage(f"action=bench on the CPU needs a small model (hidden {hidden:,} would run for hours): the smoke form "
-                     f"is {CPU_SMOKE}; real width needs a GPU")
+        raise UsageError(f"action=bench on the CPU needs a small model (hidden {hidden:,} would run for hours): the "
+                         f"smoke form is {CPU_SMOKE}; real width needs a GPU")
     if device.type != "cuda" and max(opts.seq_lens) > CPU_MAX_ROWS:
-        raise _usage(f"bench.seq_lens={list(opts.seq_lens)}: at most {CPU_MAX_ROWS:,} rows on the CPU (the defaults are "
-                     f"GPU lengths, minutes to hours here): the smoke form is {CPU_SMOKE}")
-    name = _device_name(torch, device)
-    tag = opts.tag or device_tag(name)
-    os.makedirs(opts.out_dir, exist_ok=True)
-    stem = os.path.join(opts.out_dir, f"block-{tag}")
-    json_path, md_path, png_path = stem + ".json", stem + ".md", stem + ".png"
-    doc = load_doc(json_path)
+        raise UsageError(f"bench.seq_lens={list(opts.seq_lens)}: at most {CPU_MAX_ROWS:,} rows on the CPU (the defaults "
+                         f"are GPU lengths, minutes to hours here): the smoke form is {CPU_SMOKE}")
+    name = device_name(torch, device)
+    out = Output(records, opts.out_dir, "block", opts.tag or device_tag(name))
     label = plan_label(plan)
     if device.type != "cuda":
-        print("bench: no CUDA device: host clock on the CPU; these times mean nothing (plumbing only)", flush=True)
-    doc["runs"] = doc["runs"][-9:] + [_run_meta(torch, device, label, opts)]
+        print(HOST_CLOCK_NOTE, flush=True)
+    out.add_run(_run_meta(torch, device, label, opts))
     progress = Progress(_steps(opts), f"bench {label}")
-    failed = 0
-    # `timeout` sends SIGTERM: turn it into an exception so the finally below still writes the files.
-    prev = signal.signal(signal.SIGTERM, _on_sigterm) if threading.current_thread() is threading.main_thread() else None
-    try:
-        s = _setup(torch, cfg, plan, opts, device, progress)
-        for S in opts.seq_lens:
-            block_in = attn = None
-            try:
-                block_in = capture_block_inputs(torch, s.eager, s.model_inputs(S))
-                attn = _attention_alone(s, S)
-            except Exception as exc:  # noqa: BLE001 -- recorded, the other lengths still run
-                err = _one_line(exc)
-                for n in opts.blocks:
-                    merge_record(doc, asdict(BlockRecord(S, n, label, None, None, None, None, s.backend_name, None, None,
-                                                         recipe=s.recipe, lossless=s.lossless, device=name, error=err)))
-                failed += len(opts.blocks)
-                progress.write(f"S={S}: failed: {err}")
-            for n in opts.blocks if attn is not None else ():
-                if device.type == "cuda":
-                    torch.cuda.reset_peak_memory_stats(device)
-                try:
-                    rec = _stack_record(s, S, n, block_in, attn)
-                    if device.type == "cuda":
-                        rec.peak_mem_gib = torch.cuda.max_memory_allocated(device) / 2**30
-                except Exception as exc:  # noqa: BLE001 -- recorded, the other configurations still run
-                    err = _one_line(exc)
-                    rec = BlockRecord(S, n, label, None, None, None, attn["attention_ms"], s.backend_name, None, None,
-                                      recipe=s.recipe, lossless=s.lossless, device=name, error=err)
-                    s.timer.captured, s.timer.capture = None, False
-                    s.timer.events = []
-                    failed += 1
-                    progress.write(f"S={S} x{n}: failed: {err}")
-                merge_record(doc, asdict(rec))
-                write_doc(doc, json_path, md_path)
-                _free(torch)
-            del block_in
-            _free(torch)
-        s.timer.detach()
-    finally:
-        if prev is not None:
-            signal.signal(signal.SIGTERM, prev)
-        progress.close()
-        write_doc(doc, json_path, md_path)
-        why = write_chart(doc["records"], png_path)
-    print(summary_table([r for r in doc["records"] if r["plan"] == label and r.get("device") == name]))
-    print(f"wrote {json_path}, {md_path}" + (f", {png_path}" if why is None else f" ({why})"))
+    with sigterm_as_interrupt():
+        try:
+            failed = _measure(torch, cfg, plan, opts, device, progress, out, label, name)
+        finally:
+            progress.close()
+            out.write()
+            why = out.chart()
+    out.report([r for r in out.doc["records"] if r["plan"] == label and r.get("device") == name], why)
     return 1 if failed else 0

@@ -11,13 +11,14 @@ load and render them as "-".
 
 from __future__ import annotations
 
-import json
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from ..results_file import ResultsFile, write_atomic
+from .results_file import ResultsFile
+from .tables import cell, md_table, text_table
+from .tables import fmt as _f
+from .tables import one_line as _one_line
 
 SCHEMA_VERSION = 1
 # diffusers eager MiniMaxH3TransformerBlock on the H200, bf16, default attention (benchmarks/anchors/h200-diffusers-block.json)
@@ -99,14 +100,7 @@ new_doc, load_doc, check_records, merge_record = FILE.new_doc, FILE.load_doc, FI
 
 
 def write_doc(doc: dict, json_path: str, md_path: str) -> None:
-    write_atomic(json_path, json.dumps(doc, indent=1) + "\n")
-    write_atomic(md_path, render_markdown(doc))
-
-
-def _f(x, fmt="{:.2f}", none="-"):
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return none if x is None else "NaN"
-    return fmt.format(x)
+    FILE.write_doc(doc, json_path, md_path, render_markdown)
 
 
 def _bitwise(r) -> str:
@@ -180,6 +174,15 @@ def target_lines(records: Sequence[Mapping]) -> list[str]:
     return lines
 
 
+RECORD_COLUMNS = (("plan", "l", cell("plan")), ("S", "r", cell("S")), ("blocks", "r", cell("blocks")),
+                  ("eager ms", "r", lambda r: _f(r["eager_ms"])), ("best ms", "r", lambda r: _f(r.get("best_ms"))),
+                  ("plan ms", "r", lambda r: _f(r["plan_ms"])), ("speedup", "r", lambda r: f"{_f(r['speedup'])}x"),
+                  ("vs best", "r", lambda r: _f(r.get("speedup_vs_best"), "{:.2f}x")),
+                  ("bitwise (same attention)", "l", _bitwise), ("rel. error vs eager", "r", lambda r: _f(r["rel_error"], "{:.2e}")),
+                  ("guard fallbacks", "r", fallbacks), ("peak GiB", "r", lambda r: _f(r.get("peak_mem_gib"), "{:.1f}")))
+RUN_COLUMNS = tuple((k, a, cell(k)) for k, a in (("plan", "l"), ("device", "l"), ("torch", "l"), ("diffusers", "l"),
+                                                  ("warmup", "r"), ("iters", "r"), ("started", "l")))
+
 COLUMN_NOTES = """\
 ## What each column compares
 
@@ -217,15 +220,7 @@ def render_markdown(doc: Mapping) -> str:
     if any(r.get("timing") != "cuda-events" for r in recs):
         out += ["**Host-clock (CPU) records below: their times are meaningless; they only show the plumbing "
                 "(files, correctness columns).**", ""]
-    out += ["| plan | S | blocks | eager ms | best ms | plan ms | speedup | vs best | bitwise (same attention) "
-            "| rel. error vs eager | guard fallbacks | peak GiB |", "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
-    for r in recs:
-        if r.get("error"):
-            out.append(f"| {r['plan']} | {r['S']} | {r['blocks']} | failed: {r['error'][:160]} | | | | | | | | |")
-            continue
-        out.append(f"| {r['plan']} | {r['S']} | {r['blocks']} | {_f(r['eager_ms'])} | {_f(r.get('best_ms'))} | "
-                   f"{_f(r['plan_ms'])} | {_f(r['speedup'])}x | {_f(r.get('speedup_vs_best'), '{:.2f}x')} | {_bitwise(r)} | "
-                   f"{_f(r['rel_error'], '{:.2e}')} | {fallbacks(r)} | {_f(r.get('peak_mem_gib'), '{:.1f}')} |")
+    out += md_table(RECORD_COLUMNS, recs, lead=3)
     out += _best_section(recs)
     out += ["", "## Attention at the per-rank shape", "",
             "| plan | S | blocks | shape | backend | backend ms | TFLOP/s | diffusers default ms | TFLOP/s | in plan ms "
@@ -246,10 +241,7 @@ def render_markdown(doc: Mapping) -> str:
     out += lines or ["- no GPU single-block records yet: no target can be judged"]
     runs = doc.get("runs", [])
     if runs:
-        out += ["", "## Runs", "", "| plan | device | torch | diffusers | warmup | iters | started |", "|---|---|---|---|---:|---:|---|"]
-        for run_ in runs:
-            out.append(f"| {run_.get('plan')} | {run_.get('device')} | {run_.get('torch')} | {run_.get('diffusers')} | "
-                       f"{run_.get('warmup')} | {run_.get('iters')} | {run_.get('started')} |")
+        out += ["", "## Runs", ""] + md_table(RUN_COLUMNS, runs)
     notes = sorted({(r["plan"], r.get("bitwise_reference", "")) for r in recs if r.get("bitwise_reference")})
     if notes:
         out += ["", "Bitwise references: " + "; ".join(f"`{p}`: {n}" for p, n in notes)]
@@ -296,20 +288,13 @@ def write_chart(records: Sequence[Mapping], path: str) -> str | None:
         return f"PNG failed: {_one_line(exc)}"
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0][:300]}" if text else type(exc).__name__
+SUMMARY_COLUMNS = (("plan", "<22", cell("plan")), ("S", ">6", cell("S")), ("blk", ">3", cell("blocks")),
+                   ("eager ms", ">9", lambda r: _f(r["eager_ms"])), ("best ms", ">9", lambda r: _f(r.get("best_ms"))),
+                   ("plan ms", ">9", lambda r: _f(r["plan_ms"])), ("speedup", ">7", lambda r: _f(r["speedup"])),
+                   ("vs best", ">7", lambda r: _f(r.get("speedup_vs_best"))), ("attn ms", ">8", lambda r: _f(r["attention_ms"])),
+                   ("in-plan", ">7", lambda r: _f(r.get("attention_in_plan_fraction"), "{:.0%}")),
+                   ("bitwise", ">7", lambda r: _bitwise(r).strip("*")), ("rel err", ">9", lambda r: _f(r["rel_error"], "{:.2e}")))
 
 
 def summary_table(records: Sequence[Mapping]) -> str:
-    rows = [f"{'plan':<22} {'S':>6} {'blk':>3} {'eager ms':>9} {'best ms':>9} {'plan ms':>9} {'speedup':>7} "
-            f"{'vs best':>7} {'attn ms':>8} {'in-plan':>7} {'bitwise':>7} {'rel err':>9}"]
-    for r in _sorted(records):
-        if r.get("error"):
-            rows.append(f"{r['plan']:<22} {r['S']:>6} {r['blocks']:>3}  failed: {r['error'][:80]}")
-            continue
-        rows.append(f"{r['plan']:<22} {r['S']:>6} {r['blocks']:>3} {_f(r['eager_ms']):>9} {_f(r.get('best_ms')):>9} "
-                    f"{_f(r['plan_ms']):>9} {_f(r['speedup']):>7} {_f(r.get('speedup_vs_best')):>7} "
-                    f"{_f(r['attention_ms']):>8} {_f(r.get('attention_in_plan_fraction'), '{:.0%}'):>7} "
-                    f"{_bitwise(r).strip('*'):>7} {_f(r['rel_error'], '{:.2e}'):>9}")
-    return "\n".join(rows)
+    return text_table(SUMMARY_COLUMNS, _sorted(records), lead=3)

@@ -1,5 +1,6 @@
-"""Timing for the block benchmark: a progress bar, a clock, interleaved and back-to-back repetitions,
-and a timer that rides inside an installed attention backend.
+"""Timing for both benches: a progress bar, a clock, interleaved and back-to-back repetitions, a timer that
+rides inside an installed attention backend (the block bench) and one around every forward of a module (the
+pipeline bench).
 
 On a GPU every time is device time between two CUDA events; on a CPU the host clock stands in (the
 bench action says those numbers mean nothing). Medians, never means: one slow repetition (a clock
@@ -12,6 +13,21 @@ import statistics
 import sys
 import time
 from typing import Any, Callable, Mapping, Sequence
+
+
+def _stamp(torch, cuda: bool):
+    """A point in time: a recorded CUDA event on a GPU (no sync), the host clock elsewhere."""
+    if not cuda:
+        return time.perf_counter()
+    e = torch.cuda.Event(enable_timing=True)
+    e.record()
+    return e
+
+
+def _ms(a, b, cuda: bool) -> float:
+    """ms between two stamps (the caller has synchronized)."""
+    return a.elapsed_time(b) if cuda else (b - a) * 1e3
+
 
 class Progress:
     """tqdm when installed, else a printed line at most every 2 s (and at the end)."""
@@ -46,6 +62,19 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+class Quiet:
+    """Progress that says nothing (the ranks other than 0)."""
+
+    def step(self, what: str, n: int = 1) -> None:
+        pass
+
+    def write(self, msg: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 class Clock:
@@ -172,20 +201,40 @@ class BackendTimer:
         if self.capture and self.captured is None:
             clone = lambda x: x.detach().clone() if isinstance(x, self.torch.Tensor) else x  # noqa: E731
             self.captured = (backend, tuple(clone(a) for a in args), {k: clone(v) for k, v in kwargs.items()})
-        if not self.cuda:
-            t = time.perf_counter()
-            out = fn(backend, *args, **kwargs)
-            self.events.append((t, time.perf_counter()))
-            return out
-        a, b = (self.torch.cuda.Event(enable_timing=True) for _ in range(2))
-        a.record()
+        a = _stamp(self.torch, self.cuda)
         out = fn(backend, *args, **kwargs)
-        b.record()
-        self.events.append((a, b))
+        self.events.append((a, _stamp(self.torch, self.cuda)))
         return out
 
     def drain_ms(self) -> list[float]:
         """Per-call ms of the calls since the last drain (the caller has synchronized)."""
-        ts = [a.elapsed_time(b) for a, b in self.events] if self.cuda else [(b - a) * 1e3 for a, b in self.events]
+        ts = [_ms(a, b, self.cuda) for a, b in self.events]
         self.events = []
         return ts
+
+
+# ---------------------------------------------------------------- every forward of a module
+
+
+class ForwardTimer:
+    """Each forward of a module between two stamps, while `on`: `module.register_forward_pre_hook(t.pre)` and
+    `register_forward_hook(t.post)`. CUDA events on a GPU (no sync until `seconds`), else the host clock."""
+
+    def __init__(self, torch, cuda: bool):
+        self.torch, self.cuda, self.spans, self.on = torch, cuda, [], False
+
+    def pre(self, module, args, kwargs=None):
+        if self.on:
+            self.spans.append([_stamp(self.torch, self.cuda), None])
+
+    def post(self, module, args, out):
+        if self.on and self.spans and self.spans[-1][1] is None:
+            self.spans[-1][1] = _stamp(self.torch, self.cuda)
+
+    def sync(self):
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def seconds(self) -> list[float]:
+        self.sync()
+        return [_ms(a, b, self.cuda) / 1e3 for a, b in self.spans]

@@ -1,6 +1,6 @@
 """`python -m h3plan action=bench bench.target=pipeline`: the call users make, timed as they make it.
 
-What runs: diffusers' MiniMaxH3ModularPipeline (pipeline_build.py: diffusers' own `MiniMaxH3CoreDenoiseStep`
+What runs: diffusers' MiniMaxH3ModularPipeline (actions/pipeline_build.py: diffusers' own `MiniMaxH3CoreDenoiseStep`
 and `MiniMaxH3DecodeStep`, seeded random weights), called exactly as diffusers documents it:
 
     pipe(prompt_embeds=..., text_token_tags=..., height=H, width=W, num_frames=F, num_inference_steps=N,
@@ -44,20 +44,23 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import statistics
-import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from h3plan.errors import UsageError
+from h3plan.runtime.counters import counters, reset_counters
 
+from ..pipeline_build import (Request, build_pipeline, default_request, default_steps, prompt_inputs,
+                              require_transformers, resolved, sequence_length)
 from . import pipeline_records as records
-from .bench.measure import device_tag
-from .bench.records import _one_line
-from .bench.timing import Progress
+from .harness import (CPU_MAX_HIDDEN, HOST_CLOCK_NOTE, Output, Session, device_name, device_tag, run_meta,
+                      sigterm_as_interrupt)
 from .pipeline_settings import Best, Eager, PlanSetting, Reference, Setting, plan_precision
+from .results_file import run_folder
+from .tables import one_line
+from .timing import ForwardTimer, Progress, Quiet
 
 
 def _defaults() -> dict[str, Any]:
@@ -70,7 +73,6 @@ def _defaults() -> dict[str, Any]:
 
 DEFAULTS = _defaults()
 VAE_PRECISIONS = ("fp32", "fp16", "bf16")
-CPU_MAX_HIDDEN = 1024  # wider transformers are real width: GPU only
 CPU_MAX_TOKENS = 16384
 # The CPU form that runs (tests/bench/test_pipeline_bench_smoke.py runs it): the tiny pipeline on a 32x32 canvas,
 # one round, dynamo without Inductor's C++ compiles.
@@ -154,14 +156,10 @@ def options(cfg, plan=None) -> PipelineBenchOptions:
         if seq and str(seq.get("source", "")).startswith("video"):
             video, vals["text_tokens"] = f"{seq['height']}x{seq['width']}x{seq['frames']}", int(seq["text_rows"])
     if video is not None:
-        from .pipeline_build import Request
-
         Request.parse(video)
     tag = _get(bench, "tag")
     if tag is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", str(tag)):
         raise UsageError(f"bench.tag={tag!r}: letters, digits, '_', '.', '-' only (it names the output files)")
-    from .results_file import run_folder
-
     return PipelineBenchOptions(video=None if video is None else str(video), out_dir=run_folder(_get(bench, "out_dir")),
                                 tag=tag, **vals)
 
@@ -180,37 +178,7 @@ def extra_plans(cfg, opts: PipelineBenchOptions) -> list:
     return out
 
 
-# ---------------------------------------------------------------- timing
-
-
-class _Forwards:
-    """Each transformer forward between two timestamps (pre-hook, hook): CUDA events, else the host clock."""
-
-    def __init__(self, torch, device):
-        self.torch, self.cuda, self.spans, self.on = torch, device.type == "cuda", [], False
-
-    def now(self):
-        if self.cuda:
-            e = self.torch.cuda.Event(enable_timing=True)
-            e.record()
-            return e
-        return time.perf_counter()
-
-    def pre(self, module, args, kwargs=None):
-        if self.on:
-            self.spans.append([self.now(), None])
-
-    def post(self, module, args, out):
-        if self.on and self.spans and self.spans[-1][1] is None:
-            self.spans[-1][1] = self.now()
-
-    def sync(self):
-        if self.cuda:
-            self.torch.cuda.synchronize()
-
-    def seconds(self) -> list[float]:
-        self.sync()
-        return [a.elapsed_time(b) / 1e3 if self.cuda else b - a for a, b in self.spans]
+# ---------------------------------------------------------------- rows, clips, the session
 
 
 @dataclass
@@ -241,14 +209,15 @@ def warm_latent_frames(vae, latent_frames: int) -> int:
     return next((t for t in range(1, latent_frames + 1) if clip_lengths(vae, t) == want), latent_frames)
 
 
-class _Session:
-    def __init__(self, torch, pipe, request, opts, device, progress):
-        from .pipeline_build import prompt_inputs, resolved
+class _Session(Session):
+    """The pipeline bench's session: the one pipeline, the request, the prompt, a timer on every transformer
+    forward; `turn` runs one row's call."""
 
-        self.torch, self.pipe, self.request, self.opts, self.device = torch, pipe, request, opts, device
-        self.progress = progress
+    def __init__(self, torch, pipe, request, opts, device, progress):
+        super().__init__(torch, device, opts, progress)
+        self.pipe, self.request = pipe, request
         self.prompt = prompt_inputs(pipe, opts.text_tokens, seed=opts.seed)
-        self.fw = _Forwards(torch, device)
+        self.fw = ForwardTimer(torch, device.type == "cuda")
         t = pipe.transformer
         self.handles = [t.register_forward_pre_hook(self.fw.pre), t.register_forward_hook(self.fw.post)]
         self.calls = opts.warmup + opts.steps
@@ -293,8 +262,6 @@ class _Session:
         try:
             if first_turn and self.opts.decode_warmup:
                 self.warm_decode()
-            from h3plan.runtime.counters import counters, reset_counters
-
             reset_counters()
             frames, secs, wall = self.call()
             row.counters = dict(counters()) if s.name == "plan" else None
@@ -358,10 +325,6 @@ def _check_size(cfg, device, pipe_tokens: int | None = None, video: str | None =
                          f"{CPU_MAX_TOKENS:,}); use a small canvas, e.g. {CPU_SMOKE}")
 
 
-def _on_sigterm(signum, frame):
-    raise KeyboardInterrupt("SIGTERM (timeout?): writing what was measured")
-
-
 def _lossless_but_vae(plan) -> bool:
     """Every lever keeps eager's bits given the attention backend and the decode precision."""
     return all(d.lossless or d.lever == "vae_precision" for d in plan.decisions)
@@ -403,7 +366,7 @@ def _rows(pipe, specs, opts, degree, S, group, progress) -> list[_Row]:
 
 
 def _compare(torch, device, frames, ref) -> dict:
-    from .quality import compare
+    from ..quality import compare
 
     if frames is None or ref is None:
         return {}
@@ -424,7 +387,7 @@ def _record(torch, device, run_id, request, S, degree, layers, n_sched, steps_e2
         run=run_id, video=request.label, S=S, gpus=degree, setting=s.name, label=row_label_of(s), vae=s.vae,
         forward_s=fwd, rest_s=rest, wall_s=(rest + sum(row.forwards) if rest is not None else None),
         e2e_s=records.e2e(steps_e2e, fwd, rest), steps_e2e=steps_e2e, forwards_s=list(row.forwards),
-        first_forward_s=row.first, peak_gib=row.peak_gib, counters=row.counters or {}, device=_device_name(torch, device),
+        first_forward_s=row.first, peak_gib=row.peak_gib, counters=row.counters or {}, device=device_name(torch, device),
         timing="cuda-events" if device.type == "cuda" else "host-clock", layers=layers, num_inference_steps=n_sched,
         forwards_per_call=opts.warmup + opts.steps, warmup_forwards=opts.warmup,
         recipe=str(plan.get("recipe").get("name", "")) if plan is not None else "",
@@ -453,8 +416,6 @@ def _record(torch, device, run_id, request, S, degree, layers, n_sched, steps_e2
 
 
 def _measure(torch, cfg, plans, opts, device, rank, group, progress, write) -> int:
-    from .pipeline_build import Request, build_pipeline, default_request, default_steps, sequence_length
-
     plan = plans[0]
     degree = int(plan.get("parallel").get("ulysses", 1))
     pipe = build_pipeline(cfg["model"]["diffusers_config"], cfg["vae"]["diffusers_config"], vae_name=cfg["vae"]["name"],
@@ -483,7 +444,7 @@ def _measure(torch, cfg, plans, opts, device, rank, group, progress, write) -> i
                 except (KeyboardInterrupt, MemoryError):
                     raise
                 except Exception as exc:  # noqa: BLE001 -- recorded; the other rows still run
-                    row.error = _one_line(exc)
+                    row.error = one_line(exc)
                     progress.write(f"{row_label_of(row.setting)} ({row.setting.vae}): failed: {row.error}")
                     failed += row.setting.name in ("eager", "plan")
                 if rank == 0:
@@ -497,82 +458,50 @@ def _measure(torch, cfg, plans, opts, device, rank, group, progress, write) -> i
     return failed
 
 
-def _device_name(torch, device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-
-
-class _Quiet:
-    def step(self, *a, **k):
-        pass
-
-    def write(self, *a, **k):
-        pass
-
-    def close(self):
-        pass
-
-
 def run(cfg, plan) -> int:
-    """Entry point of `python -m h3plan action=bench bench.target=pipeline`; 0 when every eager and plan row ran."""
+    """The pipeline bench (`python -m h3plan action=bench bench.target=pipeline`); 0 when every eager and plan
+    row ran."""
     opts = options(cfg, plan)
     degree = int(plan.get("parallel").get("ulysses", 1))
     import torch
-
-    from .pipeline_build import require_transformers
 
     require_transformers()
     rank, group, device = _distributed(torch, degree)
     _check_size(cfg, device)
     plans = [plan] + extra_plans(cfg, opts)
-    name = _device_name(torch, device)
-    tag = opts.tag or device_tag(name)
-    stem = os.path.join(opts.out_dir, f"pipeline-{tag}")
-    json_path, md_path, png_path = stem + ".json", stem + ".md", stem + ".png"
-    doc = None
+    out = None
     if rank == 0:
-        os.makedirs(opts.out_dir, exist_ok=True)
-        doc = records.load_doc(json_path)
+        out = Output(records, opts.out_dir, "pipeline", opts.tag or device_tag(device_name(torch, device)))
         if device.type != "cuda":
-            print("bench: no CUDA device: host clock on the CPU; these times mean nothing (plumbing only)", flush=True)
+            print(HOST_CLOCK_NOTE, flush=True)
     n_rows = len(row_specs(plans, opts, degree))
-    progress = Progress(n_rows * opts.rounds, "pipeline bench (the user's call)") if rank == 0 else _Quiet()
-    prev = signal.signal(signal.SIGTERM, _on_sigterm) if threading.current_thread() is threading.main_thread() else None
+    progress = Progress(n_rows * opts.rounds, "pipeline bench (the user's call)") if rank == 0 else Quiet()
     done: list[dict] = []
 
     def write(recs):
         if rank != 0 or not recs:
             return
         records.fill_speedups(recs)
-        base = [r for r in doc["records"] if r["run"] != recs[0]["run"]]
-        doc["records"] = base + recs
+        doc = out.doc
+        doc["records"] = [r for r in doc["records"] if r["run"] != recs[0]["run"]] + recs
         if not any(r.get("run") == recs[0]["run"] for r in doc["runs"]):
-            doc["runs"] = doc["runs"][-9:] + [_run_meta(torch, device, recs[0]["run"], opts, degree)]
-        records.write_doc(doc, json_path, md_path)
+            out.add_run(run_meta(torch, device, {"run": recs[0]["run"]},
+                                 {"gpus": degree, "options": {k: v for k, v in asdict(opts).items()
+                                                              if k not in ("out_dir", "tag")}}))
+        out.write()
         done[:] = recs
 
-    try:
-        failed = _measure(torch, cfg, plans, opts, device, rank, group, progress, write)
-    except UsageError:
-        raise
-    except Exception as exc:  # noqa: BLE001 -- printed; rows measured so far are written
-        failed = 1
-        progress.write(f"failed: {_one_line(exc)}")
-    finally:
-        if prev is not None:
-            signal.signal(signal.SIGTERM, prev)
-        progress.close()
+    with sigterm_as_interrupt():
+        try:
+            failed = _measure(torch, cfg, plans, opts, device, rank, group, progress, write)
+        except UsageError:
+            raise
+        except Exception as exc:  # noqa: BLE001 -- printed; rows measured so far are written
+            failed = 1
+            progress.write(f"failed: {one_line(exc)}")
+        finally:
+            progress.close()
     if rank != 0:
         return 1 if failed else 0
-    why = records.write_chart(doc["records"], png_path)
-    print(records.summary_table(done))
-    print(f"wrote {json_path}, {md_path}" + (f", {png_path}" if why is None else f" ({why})"))
+    out.report(done, out.chart())
     return 1 if failed or not done else 0
-
-
-def _run_meta(torch, device, run_id, opts, degree: int) -> dict:
-    import diffusers
-
-    return {"run": run_id, "device": _device_name(torch, device), "gpus": degree,
-            "torch": torch.__version__, "cuda": torch.version.cuda, "diffusers": diffusers.__version__,
-            "options": {k: v for k, v in asdict(opts).items() if k not in ("out_dir", "tag")},
-            "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}

@@ -8,13 +8,11 @@ keyed by (run, setting, label, vae); a new run appends its rows. Times are secon
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from .bench.records import _f, _one_line
-from .results_file import ResultsFile, write_atomic
+from .results_file import ResultsFile
+from .tables import cell, fmt, md_table, one_line, text_table
 
 SCHEMA_VERSION = 2
 KIND = "pipeline-call"
@@ -85,25 +83,14 @@ def record_key(r: Mapping) -> tuple:
     return (r["run"], r["setting"], r["label"], r["vae"])
 
 
-FILE = ResultsFile(SCHEMA_VERSION, REQUIRED_KEYS, record_key, "a pipeline (user call) benchmark file", kind=KIND)
+FILE = ResultsFile(SCHEMA_VERSION, REQUIRED_KEYS, record_key, "a pipeline (user call) benchmark file", kind=KIND,
+                   nan_as_null=True)
 new_doc, load_doc, check_records, merge_record = FILE.new_doc, FILE.load_doc, FILE.check_records, FILE.merge_record
 
 
-def _finite(x):
-    """NaN / inf (a diverged run) become null: the file stays standard JSON."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
-    return x
-
-
 def write_doc(doc: dict, json_path: str, md_path: str) -> None:
-    doc["records"] = [_finite(r) for r in doc["records"]]
-    write_atomic(json_path, json.dumps(_finite(doc), indent=1, allow_nan=False) + "\n")
-    write_atomic(md_path, render_markdown(doc))
+    """NaN / inf (a diverged run) are written as null: the file stays standard JSON."""
+    FILE.write_doc(doc, json_path, md_path, render_markdown)
 
 
 def fill_speedups(rows: list[dict]) -> None:
@@ -127,7 +114,7 @@ def frames_text(f: Mapping) -> str:
     if f.get("bitwise"):
         return f"bitwise vs {f.get('against')}"
     head = "" if f.get("bitwise") is None else "**not bitwise**, "
-    return f"{head}PSNR {_f(f.get('psnr_db'), '{:.1f}', none='inf')} dB, SSIM {_f(f.get('ssim'), '{:.5f}')} vs {f.get('against')}"
+    return f"{head}PSNR {fmt(f.get('psnr_db'), '{:.1f}', none='inf')} dB, SSIM {fmt(f.get('ssim'), '{:.5f}')} vs {f.get('against')}"
 
 
 def _runs(records):
@@ -137,6 +124,26 @@ def _runs(records):
             order.append(r["run"])
     return order
 
+
+def _x(key: str):
+    """A ratio cell: 1.234x."""
+    return lambda r: f"{fmt(r[key], '{:.3f}')}x"
+
+
+RECORD_COLUMNS = (("setting", "l", cell("label")), ("VAE", "l", cell("vae")),
+                  ("forward s", "r", lambda r: fmt(r["forward_s"], "{:.3f}")), ("rest s", "r", lambda r: fmt(r["rest_s"], "{:.2f}")),
+                  ("E2E s", "r", lambda r: fmt(r["e2e_s"], "{:.1f}")), ("vs eager", "r", _x("speedup_vs_eager")),
+                  ("vs best", "r", _x("speedup_vs_best")), ("vs best (fp32 VAE)", "r", _x("speedup_vs_best_fp32")),
+                  ("frames", "l", lambda r: frames_text(r.get("frames") or {})),
+                  ("peak GiB", "r", lambda r: fmt(r.get("peak_gib"), "{:.1f}")))
+RUN_COLUMNS = (("run", "l", cell("run")), ("device", "l", cell("device")), ("GPUs", "r", cell("gpus")),
+               ("torch", "l", cell("torch")), ("diffusers", "l", cell("diffusers")), ("started", "l", cell("started")))
+SUMMARY_COLUMNS = (("setting", "<40", lambda r: r["label"][:40]), ("vae", "<5", cell("vae")),
+                   ("forward", ">8", lambda r: fmt(r["forward_s"], "{:.3f}")), ("rest", ">8", lambda r: fmt(r["rest_s"], "{:.2f}")),
+                   ("e2e", ">8", lambda r: fmt(r["e2e_s"], "{:.1f}")),
+                   ("vs eager", ">8", lambda r: fmt(r["speedup_vs_eager"], "{:.3f}")),
+                   ("vs best", ">8", lambda r: fmt(r["speedup_vs_best"], "{:.3f}")),
+                   ("vs best32", ">9", lambda r: fmt(r["speedup_vs_best_fp32"], "{:.3f}")))
 
 COLUMN_NOTES = """\
 ## What each column means
@@ -171,18 +178,8 @@ def render_markdown(doc: Mapping) -> str:
         rows = [r for r in recs if r["run"] == run]
         r0 = rows[0]
         out += [f"## Run {run}: {r0['video']} ({r0['S']:,} tokens), {r0['gpus']} GPU(s), {r0.get('layers')} layers, "
-                f"{r0['steps_e2e']} forwards end to end", "",
-                "| setting | VAE | forward s | rest s | E2E s | vs eager | vs best | vs best (fp32 VAE) | frames | peak GiB |",
-                "|---|---|---:|---:|---:|---:|---:|---:|---|---:|"]
-        for r in rows:
-            if r.get("error"):
-                out.append(f"| {r['label']} | {r['vae']} | failed: {r['error'][:160]} | | | | | | | |")
-                continue
-            out.append(f"| {r['label']} | {r['vae']} | {_f(r['forward_s'], '{:.3f}')} | {_f(r['rest_s'], '{:.2f}')} | "
-                       f"{_f(r['e2e_s'], '{:.1f}')} | {_f(r['speedup_vs_eager'], '{:.3f}')}x | {_f(r['speedup_vs_best'], '{:.3f}')}x | "
-                       f"{_f(r['speedup_vs_best_fp32'], '{:.3f}')}x | {frames_text(r.get('frames') or {})} | "
-                       f"{_f(r.get('peak_gib'), '{:.1f}')} |")
-        out.append("")
+                f"{r0['steps_e2e']} forwards end to end", ""]
+        out += md_table(RECORD_COLUMNS, rows, lead=2) + [""]
         for r in rows:
             fb = {k: v for k, v in (r.get("counters") or {}).items() if k.endswith(".fallback")}
             extra = [f"config: {r['config']}"] if r.get("config") else []
@@ -193,26 +190,14 @@ def render_markdown(doc: Mapping) -> str:
         out.append("")
     runs = doc.get("runs", [])
     if runs:
-        out += ["## Runs", "", "| run | device | GPUs | torch | diffusers | started |", "|---|---|---:|---|---|---|"]
-        for run_ in runs:
-            out.append(f"| {run_.get('run')} | {run_.get('device')} | {run_.get('gpus')} | {run_.get('torch')} | "
-                       f"{run_.get('diffusers')} | {run_.get('started')} |")
-        out.append("")
+        out += ["## Runs", ""] + md_table(RUN_COLUMNS, runs) + [""]
     out += [COLUMN_NOTES]
     return "\n".join(out)
 
 
 def summary_table(records: Sequence[Mapping]) -> str:
-    rows = [f"{'setting':<40} {'vae':<5} {'forward':>8} {'rest':>8} {'e2e':>8} {'vs eager':>8} {'vs best':>8} "
-            f"{'vs best32':>9}  frames"]
-    for r in records:
-        if r.get("error"):
-            rows.append(f"{r['label'][:40]:<40} {r['vae']:<5}  failed: {r['error'][:80]}")
-            continue
-        rows.append(f"{r['label'][:40]:<40} {r['vae']:<5} {_f(r['forward_s'], '{:.3f}'):>8} {_f(r['rest_s'], '{:.2f}'):>8} "
-                    f"{_f(r['e2e_s'], '{:.1f}'):>8} {_f(r['speedup_vs_eager'], '{:.3f}'):>8} {_f(r['speedup_vs_best'], '{:.3f}'):>8} "
-                    f"{_f(r['speedup_vs_best_fp32'], '{:.3f}'):>9}  {frames_text(r.get('frames') or {}).replace('**', '')}")
-    return "\n".join(rows)
+    return text_table(SUMMARY_COLUMNS, records, lead=2,
+                      free=("frames", lambda r: frames_text(r.get("frames") or {}).replace("**", "")))
 
 
 def write_chart(records: Sequence[Mapping], path: str) -> str | None:
@@ -245,5 +230,5 @@ def write_chart(records: Sequence[Mapping], path: str) -> str | None:
         fig.savefig(path, dpi=120)
         plt.close(fig)
     except Exception as exc:  # noqa: BLE001 -- the JSON and markdown are the results; the PNG is a view
-        return f"PNG failed: {_one_line(exc)}"
+        return f"PNG failed: {one_line(exc)}"
     return None

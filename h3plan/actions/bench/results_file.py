@@ -9,9 +9,22 @@ timeout keeps the last complete file.
 from __future__ import annotations
 
 import json
+import math
 import os
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
+
+
+def finite(x):
+    """NaN / inf (a diverged run) become null, in nested dicts and lists too: the file stays standard JSON."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite(v) for v in x]
+    return x
 
 
 def run_folder(out_dir: str | None) -> str:
@@ -29,8 +42,6 @@ def run_folder(out_dir: str | None) -> str:
             return str(HydraConfig.get().runtime.output_dir)
     except ImportError:
         pass
-    import time
-
     now = time.localtime()
     return os.path.join("outputs", time.strftime("%Y-%m-%d", now), time.strftime("%H-%M-%S", now))
 
@@ -49,6 +60,8 @@ class ResultsFile:
     key: Callable[[Mapping], tuple]
     what: str  # "a block benchmark file", in the refusal
     kind: str | None = None
+    nan_as_null: bool = False
+    """Write NaN / inf as null (standard JSON); off: json's NaN, as the block bench's files have it."""
 
     def new_doc(self) -> dict:
         kind = {} if self.kind is None else {"kind": self.kind}
@@ -76,6 +89,16 @@ class ResultsFile:
         self.check_records(doc["records"])
         doc.setdefault("runs", [])
         return doc
+
+    def write_doc(self, doc: dict, json_path: str, md_path: str, markdown: Callable[[Mapping], str]) -> None:
+        """The JSON and its markdown (`markdown(doc)`), each written atomically."""
+        if self.nan_as_null:
+            doc["records"] = [finite(r) for r in doc["records"]]
+            text = json.dumps(finite(doc), indent=1, allow_nan=False)
+        else:
+            text = json.dumps(doc, indent=1)
+        write_atomic(json_path, text + "\n")
+        write_atomic(md_path, markdown(doc))
 
     def merge_record(self, doc: dict, record: Mapping) -> None:
         """Replace the record with the same key, else append."""

@@ -1,5 +1,5 @@
-"""The settings of the pipeline bench, each switched in place on the ONE pipeline they share (why: the memory
-paragraph of pipeline_bench.py). `enter()` before a setting's turn, `exit()` after it, leaving the modules as
+"""The settings of the pipeline bench, each switched in place on the ONE pipeline they share (one pipeline in
+memory for the whole run: pipeline.py). `enter()` before a setting's turn, `exit()` after it, leaving the modules as
 diffusers built them (except Best at U > 1, which diffusers cannot undo and the bench runs last):
 - Eager(vae): diffusers as it ships, the VAE in `vae` (fp32: as built; fp16 / bf16: cast the way
   `from_pretrained(torch_dtype=...)` casts it, `_keep_in_fp32_modules` kept, and cast back on exit).
@@ -16,8 +16,11 @@ diffusers built them (except Best at U > 1, which diffusers cannot undo and the 
 
 from __future__ import annotations
 
-from .bench.measure import plan_label, same_backend_plan
+from h3plan.install import install, uninstall
+from h3plan.install.pipeline import install_pipeline, uninstall_pipeline
+
 from .diffusers_best import compile_call, regional_compile
+from .harness import plan_label, same_backend_plan
 
 
 def plan_precision(plan) -> str:
@@ -87,7 +90,6 @@ class PlanSetting(Setting):
 
     def enter(self):
         from h3plan.install.adaln_table import prepare
-        from h3plan.install.pipeline import install_pipeline
 
         report = install_pipeline(self.pipe, self.plan, group=self.group)
         if self.steps is not None:
@@ -97,8 +99,6 @@ class PlanSetting(Setting):
         self.report = report
 
     def exit(self):
-        from h3plan.install.pipeline import uninstall_pipeline
-
         uninstall_pipeline(self.pipe)
 
 
@@ -114,14 +114,10 @@ class Reference(Setting):
         self._cast = VaeCast(pipe, self.vae)
 
     def enter(self):
-        from h3plan.install import install
-
         install(self.pipe.transformer, self.plan)
         self._cast.enter()
 
     def exit(self):
-        from h3plan.install import uninstall
-
         self._cast.exit()
         uninstall(self.pipe.transformer)
 
@@ -130,7 +126,7 @@ class Best(Setting):
     name = "best"
 
     def __init__(self, pipe, degree: int, seq_len: int, opts, vae: str = "fp32", shared: "Best | None" = None):
-        # opts: pipeline_bench.PipelineBenchOptions; shared: the Best of another VAE dtype whose compile this reuses
+        # opts: pipeline.PipelineBenchOptions; shared: the Best of another VAE dtype whose compile this reuses
         self.pipe, self.degree, self.opts, self.vae = pipe, degree, opts, vae
         self._cast = VaeCast(pipe, vae)
         self.anything = degree > 1 and seq_len % degree != 0

@@ -2,7 +2,7 @@
 
 Scope: the regional compile (diffusers' ModelMixin: `torch.compile` of every module named in the model's
 `_repeated_blocks`, here MiniMaxH3TransformerBlock) with diffusers' default attention. Shared by the block
-bench (a deep copy of its eager model, bench/measure.py) and the pipeline bench's `Best` setting (the one
+bench (a deep copy of its eager model, measure.py) and the pipeline bench's `Best` setting (the one
 transformer the settings share, pipeline_settings.py); the context-parallel part of Best at U > 1 stays there.
 Nothing falls back: a compile error is the caller's to record. Numerics: Inductor fuses and reorders, so the
 output is not eager's bits (2.7e-3 relative on the H200: benchmarks/anchors/h200-torch-compile-block.json);
