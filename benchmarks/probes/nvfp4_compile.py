@@ -40,12 +40,16 @@ TYPES = {"x_ptr": "*bf16", "xw_ptr": "*i32", "w_ptr": "*i32", "scale_ptr": "*i32
          "shift_stride": "i32", "gate_stride": "i32", "eps": "fp32", **OUTS}
 
 
+def warps(kind: str, n: int) -> int:
+    return n4.launch_opts(kind, n)["num_warps"]
+
+
 def variants():
     """(name, jit function, constexprs, warps) for every launch the public functions make at H3 widths."""
     w = chunks(INNER)
     for amax in (False, True):
         yield (f"cast_nvfp4 N={INNER} {'amax' if amax else 'quantize'}", n4._cast_kernel,
-               dict(N=INNER, W0=w[0], W1=w[1], W2=w[2], W3=w[3], KIND=0, AMAX_ONLY=amax, HW=True), 4)
+               dict(N=INNER, W0=w[0], W1=w[1], W2=w[2], W3=w[3], KIND=0, AMAX_ONLY=amax, HW=True), warps("cast", INNER))
     w = chunks(HIDDEN)
     for mode in ("exact", "fp32"):
         for fold in (False, True):
@@ -54,12 +58,13 @@ def variants():
                        npd._modulate_nvfp4_kernel,
                        dict(N=HIDDEN, HAS_W=True, EXACT=mode == "exact", AMAX_ONLY=amax, FOLD=fold,
                             NITER=cuda_rms_iters(triton.cdiv(HIDDEN, VEC) * VEC), W0=w[0], W1=w[1], W2=w[2], W3=w[3],
-                            KIND=0, IEEE_RSQRT=False, HW=True), 4)
+                            KIND=0, X2=n4.BF16X2, IEEE_RSQRT=False, HW=True),
+                       warps("fold" if fold else "modulation", HIDDEN))
     w = chunks(FFN)
     for amax in (False, True):
         yield (f"swiglu_nvfp4 F={FFN} {'amax' if amax else 'quantize'}", npd._swiglu_nvfp4_kernel,
-               dict(F=FFN, W0=w[0], W1=w[1], W2=w[2], W3=w[3], KIND=0, AMAX_ONLY=amax, IS_BF16=True, HW=True,
-                    LIBDEVICE_EXP=False), 8)
+               dict(F=FFN, W0=w[0], W1=w[1], W2=w[2], W3=w[3], KIND=0, X2=n4.BF16X2, AMAX_ONLY=amax, IS_BF16=True,
+                    HW=True, LIBDEVICE_EXP=False), warps("swiglu", FFN))
 
 
 def compile_one(fn, consts, warps, arch):
@@ -67,7 +72,8 @@ def compile_one(fn, consts, warps, arch):
     types = dict(TYPES, x_ptr="*bf16" if fn is npd._modulate_nvfp4_kernel else "*i32")  # the others read words only
     sig = {p: ("constexpr" if p in consts else types[p]) for p in params}
     # what the launch's specialization tells the compiler: 16-byte aligned tensors, row strides of H3 widths
-    aligned = [(i,) for i, p in enumerate(params) if p not in consts and (sig[p].startswith("*") or p.endswith("_stride"))]
+    aligned = [(i,) for i, p in enumerate(params)
+               if p not in consts and (sig[p].startswith("*") or p.endswith("_stride"))]
     src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs={k: [["tt.divisibility", 16]] for k in aligned})
     k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps, "enable_fp_fusion": False})
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:

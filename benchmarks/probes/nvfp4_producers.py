@@ -1,6 +1,6 @@
 """H200 probe of the NVFP4 producers: time, fraction of copy bandwidth and bits of every producer at H3 width.
 
-    PYTHONPATH=. python benchmarks/probes/nvfp4_producers.py [OUT_DIR] [--rows 19000] [--warps cast=2,4,8 ...]
+    PYTHONPATH=. python benchmarks/probes/nvfp4_producers.py [OUT_DIR] [--rows 19000] [--configs cast=2,4,8 ...]
 
 For each producer (kernels/nvfp4_producers.py rmsnorm_modulate_nvfp4, gated_residual_modulate_nvfp4,
 swiglu_nvfp4; kernels/nvfp4.py cast_nvfp4) in static (a given global scale: one pass) and dynamic mode (amax pass,
@@ -12,8 +12,9 @@ fraction of copy bandwidth over the bytes one pass must move (inputs read once, 
 fold also writes h'). Dynamic mode reads its inputs twice, so its fraction is bounded by one pass's bytes over
 two passes' (about 0.56 for the cast and modulation, 0.53 for SwiGLU, 0.77 for the fold).
 
-The best bit-exact candidate is the record's `ms`; `ms_by_warps` and `bytes_differing_by_warps` hold all of
-them. Writes OUT_DIR/nvfp4-producers-h200.json (the schema of tests/gpu/test_nvfp4_gpu.py's report) and exits 1
+Candidates (`--configs kind=c1,c2`, defaults CANDIDATES): warps, with the suffix "f" the fp32 arithmetic instead of
+the bf16x2 instructions (kernels/nvfp4.py BF16X2). The best bit-exact candidate is the record's `ms` (`best_warps`:
+its name); `ms_by_warps` and `bytes_differing_by_warps` hold all of them. Writes OUT_DIR/nvfp4-producers-h200.json (the schema of tests/gpu/test_nvfp4_gpu.py's report) and exits 1
 if any candidate wrote a byte that differs from the reference. Kernels are compiled first in parallel worker
 processes (the Triton cache), so the run stays near a minute.
 """
@@ -43,7 +44,9 @@ HIDDEN, FFN, INNER, EPS = 5376, 14336, 7168, 1e-5
 STATIC = 0.004  # a static global scale (a checkpoint's input_scale), as the GPU suite's
 TARGET = 0.7
 OUT_BYTES = 0.5 + 1 / 16  # per element: half a byte of codes, 1/16 of a scale byte
-WARPS = {"modulation": (2, 4), "fold": (2, 4), "swiglu": (4, 8), "cast": (2, 4, 8)}
+# candidate configs per launch kind: warps, "f" for the fp32 arithmetic instead of the bf16x2 instructions (nvfp4.BF16X2)
+CANDIDATES = {"modulation": ("2", "4", "1", "2f"), "fold": ("2", "4", "1", "2f"), "swiglu": ("4", "8", "4f"),
+              "cast": ("2", "4", "8")}
 # name, launch kind (kernels/nvfp4.py WARPS key), width, input bytes per element, extra output bytes per element
 OPS = [("rmsnorm_modulate_nvfp4", "modulation", HIDDEN, 2, 0), ("gated_residual_modulate_nvfp4", "fold", HIDDEN, 4, 2),
        ("swiglu_nvfp4", "swiglu", FFN, 4, 0), ("cast_nvfp4", "cast", INNER, 2, 0)]
@@ -112,40 +115,57 @@ def ms(fn, reps=20):
     return statistics.median(a.elapsed_time(b) for a, b in ev)
 
 
-def _warm(rows: int, name: str, kind: str, warps: int) -> str:
-    """Worker: compile one (op, warps) in both modes on a few rows whose count specializes like `rows` (mod 16)."""
-    n4.WARPS[(kind, dict((o[0], o[2]) for o in OPS)[name])] = warps
+def copy_tbps() -> float:
+    src = torch.empty(1 << 31, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * src.numel() / (ms(lambda: dst.copy_(src)) * 1e-3) / 1e12
+
+
+class config:
+    """A candidate in force: its warps in kernels/nvfp4.py WARPS and its arithmetic in BF16X2."""
+
+    def __init__(self, kind: str, width: int, cand: str):
+        self.key, self.warps, self.x2 = (kind, width), int(cand.rstrip("f")), not cand.endswith("f")
+
+    def __enter__(self):
+        n4.WARPS[self.key], n4.BF16X2 = self.warps, self.x2
+
+    def __exit__(self, *exc):
+        n4.WARPS.pop(self.key, None)
+        n4.BF16X2 = True
+
+
+def _warm(rows: int, name: str, kind: str, width: int, cand: str) -> str:
+    """Worker: compile one (op, candidate) in both modes on a few rows whose count specializes like `rows` (mod 16)."""
     fn = calls(inputs(128 + rows % 16))[name][0]
-    with torch.no_grad():
+    with torch.no_grad(), config(kind, width, cand):
         fn(torch.tensor([STATIC], device="cuda"))
         fn(None)
     torch.cuda.synchronize()
-    return f"{name} {warps}"
+    return f"{name} {cand}"
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", nargs="?", default=os.environ.get("OUT"))
     p.add_argument("--rows", type=int, default=19000)
-    p.add_argument("--warps", nargs="*", default=[], help="kind=w1,w2,... (kinds: modulation fold swiglu cast)")
+    p.add_argument("--configs", nargs="*", default=[],
+                   help="kind=c1,c2,... (kinds: modulation fold swiglu cast; c: warps, 'f' suffix: no bf16x2)")
     p.add_argument("--ops", nargs="*", default=[o[0] for o in OPS])
-    p.add_argument("--jobs", type=int, default=8, help="parallel compile workers (0: compile in the timed process)")
+    p.add_argument("--jobs", type=int, default=12, help="parallel compile workers (0: compile in the timed process)")
     args = p.parse_args(argv)
-    cand = dict(WARPS)
-    for spec in args.warps:
+    cand = dict(CANDIDATES)
+    for spec in args.configs:
         k, v = spec.split("=")
-        cand[k] = tuple(int(w) for w in v.split(","))
+        cand[k] = tuple(v.split(","))
     ops = [o for o in OPS if o[0] in args.ops]
     if args.jobs:
         with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as ex:
-            jobs = [ex.submit(_warm, args.rows, name, kind, w) for name, kind, _n, _i, _e in ops for w in cand[kind]]
+            jobs = [ex.submit(_warm, args.rows, name, kind, n, c) for name, kind, n, _i, _e in ops for c in cand[kind]]
             for j in jobs:
                 print(f"[probe] compiled {j.result()}", flush=True)
 
-    src = torch.empty(1 << 31, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    copy = 2 * src.numel() / (ms(lambda: dst.copy_(src)) * 1e-3) / 1e12
-    del src, dst
+    copy = copy_tbps()
     S = args.rows
     fns = calls(inputs(S))
     records, bad = [], 0
@@ -156,15 +176,12 @@ def main(argv=None) -> int:
             for mode, g in (("static", torch.tensor([STATIC], device="cuda")), ("dynamic", None)):
                 want = ref(g)
                 by_warps, diff = {}, {}
-                for warps in cand[kind]:
-                    n4.WARPS[(kind, width)] = warps
-                    try:
-                        diff[warps] = ndiff(kernel(g), want)
-                        by_warps[warps] = ms(lambda: kernel(g))
-                    finally:
-                        n4.WARPS.pop((kind, width), None)
+                for c in cand[kind]:
+                    with config(kind, width, c):
+                        diff[c] = ndiff(kernel(g), want)
+                        by_warps[c] = ms(lambda: kernel(g))
                 exact = {w: t for w, t in by_warps.items() if diff[w] == 0}
-                bad += sum(d > 0 for d in diff.values())
+                bad += sum(d > 0 for d in diff.values())  # every candidate must be exact, the fastest reported
                 best = min(exact or by_warps, key=(exact or by_warps).get)
                 t, chain_ms = by_warps[best], ms(lambda: chain(g))
                 frac = n * (inb + extra + OUT_BYTES) / (t * 1e-3) / 1e12 / copy

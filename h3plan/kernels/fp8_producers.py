@@ -228,13 +228,18 @@ def _swiglu_chunk(x_row, C0: tl.constexpr, W: tl.constexpr, F: tl.constexpr, IS_
 @triton.jit
 def swiglu_values(a, g, IS_BF16: tl.constexpr, HW: tl.constexpr, LIBDEVICE_EXP: tl.constexpr):
     """hidden * silu(gate) from fp32 values (elementwise): the operations and roundings of kernels/swiglu.py."""
+    s = round_hw(silu_values(g, LIBDEVICE_EXP), IS_BF16, HW)
+    return round_hw(a * s, IS_BF16, HW)
+
+
+@triton.jit
+def silu_values(g, LIBDEVICE_EXP: tl.constexpr):
+    """silu(g) in fp32 before its rounding, as kernels/swiglu.py computes it."""
     if LIBDEVICE_EXP:
         e = libdevice.exp(-g)
     else:
         e = tl.exp(-g)
-    s = tl.where(tl.abs(g) < 1e-30, g * 0.5, tl.math.div_rn(g, 1.0 + e))  # see kernels/swiglu.py
-    s = round_hw(s, IS_BF16, HW)
-    return round_hw(a * s, IS_BF16, HW)
+    return tl.where(tl.abs(g) < 1e-30, g * 0.5, tl.math.div_rn(g, 1.0 + e))  # see kernels/swiglu.py
 
 
 @triton.jit

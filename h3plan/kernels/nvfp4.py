@@ -149,6 +149,23 @@ def word_offsets(W: tl.constexpr):
 
 
 @triton.jit
+def load_words(ptr, base, C0: tl.constexpr, HALF: tl.constexpr, W: tl.constexpr, N: tl.constexpr):
+    """The int32 words (two 16-bit elements each) of half HALF of columns C0..C0+W (0 past N) of the row starting at
+    word `base` of an int32 view."""
+    w = C0 // 2 + HALF * 4 + word_offsets(W)
+    if C0 + W <= N:
+        return tl.load(ptr + base + w)
+    else:
+        return tl.load(ptr + base + w, mask=w < N // 2, other=0)
+
+
+@triton.jit
+def bf16x2_unpack(u):
+    """(even, odd) fp32 values of words holding two bf16 elements (exact: the bits shifted into place)."""
+    return (u << 16).to(tl.float32, bitcast=True), (u & -65536).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def load_pairs(ptr, base, C0: tl.constexpr, HALF: tl.constexpr, W: tl.constexpr, N: tl.constexpr,
                KIND: tl.constexpr, HW: tl.constexpr):
     """(even, odd) fp32 elements of half HALF of columns C0..C0+W (0 past N) of the row starting at `base`.
@@ -163,12 +180,9 @@ def load_pairs(ptr, base, C0: tl.constexpr, HALF: tl.constexpr, W: tl.constexpr,
             m = w < N // 2
             return to_f32(tl.load(e, mask=m, other=0.0), HW), to_f32(tl.load(e + 1, mask=m, other=0.0), HW)
     else:
-        if C0 + W <= N:
-            u = tl.load(ptr + base + w)
-        else:
-            u = tl.load(ptr + base + w, mask=w < N // 2, other=0)
+        u = load_words(ptr, base, C0, HALF, W, N)
         if KIND == 0:
-            return (u << 16).to(tl.float32, bitcast=True), (u & -65536).to(tl.float32, bitcast=True)
+            return bf16x2_unpack(u)
         else:
             lo = (u & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
             return lo, (u >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
@@ -210,7 +224,8 @@ def e4m3_normal_byte(s):
 def abs_max(lo0, hi0, lo1, hi1):
     """max |.| of a chunk's four tiles as fp32 (NaN bits lie above +inf's, so a NaN wins as in torch's amax)."""
     m = tl.maximum(lo0.to(tl.int32, bitcast=True) & 0x7FFFFFFF, hi0.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
-    m = tl.maximum(m, tl.maximum(lo1.to(tl.int32, bitcast=True) & 0x7FFFFFFF, hi1.to(tl.int32, bitcast=True) & 0x7FFFFFFF))
+    m = tl.maximum(m, lo1.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
+    m = tl.maximum(m, hi1.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
     return tl.max(tl.max(tl.max(m, axis=2), axis=1), axis=0).to(tl.float32, bitcast=True)
 
 
@@ -253,7 +268,7 @@ def quantize_store(lo0, hi0, lo1, hi1, g, inv_g, packed_ptr, sf_ptr, row, n_col_
 @triton.jit
 def finish_chunk(lo0, hi0, lo1, hi1, a, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles, C0: tl.constexpr,
                  W: tl.constexpr, N: tl.constexpr, AMAX_ONLY: tl.constexpr, HW: tl.constexpr):
-    """AMAX_ONLY: the running row amax a, updated with the chunk's; else the chunk quantized and stored (a unchanged)."""
+    """AMAX_ONLY: the running row amax a, updated with the chunk's; else the chunk quantized and stored (a as it is)."""
     if AMAX_ONLY:
         a = tl.maximum(a, abs_max(lo0, hi0, lo1, hi1))
     else:
@@ -297,15 +312,50 @@ def _cast_kernel(x_ptr, packed_ptr, sf_ptr, amax_ptr, g_ptr, n_col_tiles, N: tl.
         tl.store(amax_ptr + row, a)
 
 
+# bf16 products and sums of two bf16 values as PTX bf16x2 instructions (sm_90+), two elements an instruction, where
+# the bf16 kernels compute them in fp32 and round to bf16: the same bits. A product of two bf16 values is exact in
+# fp32, so its one rounding is the correctly rounded bf16 product; an fp32 sum of two bf16 values rounded again to
+# bf16 is the correctly rounded bf16 sum (24 >= 2 * 8 + 2 bits: double rounding is innocuous, Figueroa 1995).
+@triton.jit
+def bf16x2_round_mul(lo, hi, b):
+    """Words of bf16(bf16(lo, hi) * b): fp32 (lo, hi) rounded to a bf16 pair, times the bf16 pair b, rounded."""
+    return tl.inline_asm_elementwise("{ .reg .b32 t; cvt.rn.bf16x2.f32 t, $2, $1; mul.rn.bf16x2 $0, t, $3; }",
+                                     "=r,f,f,r", [lo, hi, b], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def bf16x2_mul_add(a, b, c):
+    """Words of bf16(c + bf16(a * b)) for bf16 pairs a, b, c."""
+    return tl.inline_asm_elementwise("{ .reg .b32 t; mul.rn.bf16x2 t, $1, $2; add.rn.bf16x2 $0, $3, t; }",
+                                     "=r,r,r,r", [a, b, c], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def bf16x2_modulate(lo, hi, sc, sh):
+    """Words of bf16(bf16(bf16(lo, hi) * bf16(1 + sc)) + sh): exact-mode modulation after the fp32 norm products."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b32 t, c; cvt.rn.bf16x2.f32 t, $2, $1; mov.b32 c, 0x3F803F80; add.rn.bf16x2 c, $3, c; "
+        "mul.rn.bf16x2 t, t, c; add.rn.bf16x2 $0, t, $4; }",
+        "=r,f,f,r,r", [lo, hi, sc, sh], dtype=tl.int32, is_pure=True, pack=1)
+
+
 # ---------------------------------------------------------------------------------------------- launch helpers
-# Warps per launch, keyed by (kernel kind, row width). Untimed defaults: the H200 suite (tests/gpu/test_nvfp4_gpu.py
-# test_bandwidth_report) times each producer at 2, 4 and 8 warps and should replace them.
+# Warps per launch, keyed by (kernel kind, row width); else `launch_opts`'s rule. Untimed: the H200 probe
+# (benchmarks/probes/nvfp4_producers.py) times each producer's candidates and should fill this table.
 WARPS: dict[tuple[str, int], int] = {}
 SWEEP_WARPS = (2, 4, 8)
+BF16X2 = True  # the bf16x2 instructions above on the GPU for bf16 inputs (False: the fp32 arithmetic and roundings)
+
+
+def use_bf16x2(kind: int) -> bool:
+    """The X2 constexpr of a launch: `BF16X2` on the GPU, for bf16 data read as words (pair_args KIND 0)."""
+    return BF16X2 and kind == 0 and not INTERPRET
 
 
 def launch_opts(kind: str, n: int) -> dict:
-    return dict(LAUNCH_OPTS, num_warps=WARPS.get((kind, n)) or (4 if n <= 8192 else 8))
+    """Warps from WARPS, else as many as fill the largest chunk twice (a warp owns 512 columns a pass, 16 a thread)
+    within [2, 8]: the smaller chunks then repeat over fewer threads (5376: 2 warps, 14336: 4)."""
+    return dict(LAUNCH_OPTS, num_warps=WARPS.get((kind, n)) or max(2, min(8, group_chunks(n)[0] // 2048)))
 
 
 def group_chunks(n: int) -> tuple[int, int, int, int]:
@@ -399,8 +449,8 @@ def _launch_cast(x, global_scale=None):
     w = group_chunks(N)
     xw, kind = pair_args(x)
     common = dict(N=N, W0=w[0], W1=w[1], W2=w[2], W3=w[3], KIND=kind, HW=not INTERPRET, **launch_opts("cast", N))
-    g = two_pass(lambda buf, amax_only: _cast_kernel[(M,)](xw, packed, sf, buf, buf, nct, AMAX_ONLY=amax_only, **common),
-                 M, global_scale, x.device)
+    g = two_pass(lambda buf, amax_only: _cast_kernel[(M,)](xw, packed, sf, buf, buf, nct, AMAX_ONLY=amax_only,
+                                                           **common), M, global_scale, x.device)
     return packed, sf.view(E4M3), g.reshape(())
 
 
