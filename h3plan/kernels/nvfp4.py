@@ -22,12 +22,15 @@ cvt_warp_fp16_to_fp4 does not clamp below and uses approximate reciprocals: docs
 all-zero tensor gets g = 1 (torchao divides by a zero per-tensor scale and writes NaN scales). Non-finite
 inputs are outside the contract. Dequantize: value(code) * s_b * g.
 
-Kernel numerics: fp32 math with correctly rounded divisions (`div_rn`), the e4m3 and e2m1 roundings done
-in integer/compare arithmetic (`round_to_e4m3`, `e2m1_code`) so the interpreter and the GPU give the same
-bits as `quantize_ref`; products are single multiplies (no FMA question). One program owns one row
-(up to four power-of-two chunks, kernels/fp8_producers.py `chunks`). With a given global scale the cast is
-one pass; without, a row-amax pass, g on the device (no host sync), then the cast pass. Refused inputs
-(`cast_nvfp4_check`) go to `cast_nvfp4_ref`.
+Kernel numerics: fp32 math with correctly rounded divisions (`div_rn`, per block only), the e2m1 rounding in
+integer and one-add arithmetic (`e2m1_code`: a multiply, a clamp and a few integer ops per element, no compare
+chain), the e4m3 scale by the hardware conversion on the GPU and `round_to_e4m3` in the interpreter (the same
+bits), so both give the bits of `quantize_ref`; products are single multiplies (no FMA question). One program owns
+one row (up to four power-of-two chunks of whole 64-column groups, `group_chunks`), held as (W/64, 4, 4) tiles of
+even and odd elements read from int32 words (`load_pairs`): each thread owns whole blocks, so the block amax, the
+divisions and the nibble packing need no layout change. With a given global scale the cast is one pass; without,
+a row-amax pass, g on the device (no host sync), then the cast pass. Refused inputs (`cast_nvfp4_check`) go to
+`cast_nvfp4_ref`.
 """
 
 from __future__ import annotations

@@ -199,7 +199,8 @@ def test_e2m1_code_jit_matches_the_reference_everywhere():
     bits = grid.view(torch.int32)
     near = torch.cat([grid, (bits + 1).view(torch.float32), (bits - 1).clamp(min=0).view(torch.float32)])
     sub = torch.tensor([1, 2, 0x7FFFFF], dtype=torch.int32).view(torch.float32)  # fp32 subnormals
-    v = torch.cat([near, sub, torch.tensor([float("inf")]), torch.rand(200, generator=torch.Generator().manual_seed(3)) * 7])
+    rand = torch.rand(200, generator=torch.Generator().manual_seed(3)) * 7
+    v = torch.cat([near, sub, torch.tensor([float("inf")]), rand])
     v = torch.cat([v, -v])
     out = torch.empty(v.numel(), dtype=torch.int32)
     codes_kernel[(1,)](v, out, v.numel(), BLOCK=triton.next_power_of_2(v.numel()))
