@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from concurrent.futures import ProcessPoolExecutor
 import multiprocessing as mp
@@ -33,7 +32,9 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tests", "gpu"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from _cuda_timing import median_ms  # noqa: E402
 from h3plan.kernels import gated_residual as gr  # noqa: E402
 from h3plan.kernels import modulation as mm  # noqa: E402
 from h3plan.kernels import nvfp4 as n4  # noqa: E402
@@ -50,6 +51,12 @@ CANDIDATES = {"modulation": ("2", "4", "1", "2f"), "fold": ("2", "4", "1", "2f")
 # name, launch kind (kernels/nvfp4.py WARPS key), width, input bytes per element, extra output bytes per element
 OPS = [("rmsnorm_modulate_nvfp4", "modulation", HIDDEN, 2, 0), ("gated_residual_modulate_nvfp4", "fold", HIDDEN, 4, 2),
        ("swiglu_nvfp4", "swiglu", FFN, 4, 0), ("cast_nvfp4", "cast", INNER, 2, 0)]
+
+
+def ndiff(got, want) -> int:
+    from test_nvfp4_gpu import ndiff as bytes_differing  # bytes of the outputs that differ (bitwise)
+
+    return bytes_differing(got, want)
 
 
 def inputs(rows: int):
@@ -89,30 +96,10 @@ def calls(t):
     }
 
 
-def ndiff(got, ref) -> int:
-    """Bytes that differ (bitwise) over every output; a shape or dtype mismatch counts as every byte."""
-    n = 0
-    for a, b in zip(got, ref):
-        if a.shape != b.shape or a.dtype != b.dtype:
-            return max(a.numel(), b.numel()) * a.element_size() or 1
-        n += int((a.reshape(-1).view(torch.uint8) != b.reshape(-1).view(torch.uint8)).sum())
-    return n
-
-
 def ms(fn, reps=20):
+    """Median of `reps` timed calls, each after a 256 MiB write that flushes the L2 (tests/gpu/test_nvfp4_gpu.py's)."""
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    for _ in range(3):
-        fn()
-    ev = []
-    for _ in range(reps):
-        flush.zero_()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        ev.append((a, b))
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) for a, b in ev)
+    return median_ms(fn, warmup=3, iters=reps, before=flush.zero_)
 
 
 def copy_tbps() -> float:
@@ -178,7 +165,7 @@ def main(argv=None) -> int:
                 by_warps, diff = {}, {}
                 for c in cand[kind]:
                     with config(kind, width, c):
-                        diff[c] = ndiff(kernel(g), want)
+                        diff[c] = ndiff(kernel(g), want)  # asserts shapes and dtypes
                         by_warps[c] = ms(lambda: kernel(g))
                 exact = {w: t for w, t in by_warps.items() if diff[w] == 0}
                 bad += sum(d > 0 for d in diff.values())  # every candidate must be exact, the fastest reported
