@@ -46,8 +46,8 @@ STATIC = 0.004  # a static global scale (a checkpoint's input_scale), as the GPU
 TARGET = 0.7
 OUT_BYTES = 0.5 + 1 / 16  # per element: half a byte of codes, 1/16 of a scale byte
 # candidate configs per launch kind: warps, "f" for the fp32 arithmetic instead of the bf16x2 instructions (nvfp4.BF16X2)
-CANDIDATES = {"modulation": ("2", "4", "1", "2f"), "fold": ("2", "4", "1", "2f"), "swiglu": ("4", "8", "4f"),
-              "cast": ("2", "4", "8")}
+CANDIDATES = {"modulation": ("4", "2", "8", "4f"), "fold": ("4", "2", "8", "4f"), "swiglu": ("8", "4", "8f"),
+              "cast": ("4", "2", "8")}
 # name, launch kind (kernels/nvfp4.py WARPS key), width, input bytes per element, extra output bytes per element
 OPS = [("rmsnorm_modulate_nvfp4", "modulation", HIDDEN, 2, 0), ("gated_residual_modulate_nvfp4", "fold", HIDDEN, 4, 2),
        ("swiglu_nvfp4", "swiglu", FFN, 4, 0), ("cast_nvfp4", "cast", INNER, 2, 0)]

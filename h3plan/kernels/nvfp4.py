@@ -356,9 +356,10 @@ def use_bf16x2(kind: int) -> bool:
 
 
 def launch_opts(kind: str, n: int) -> dict:
-    """Warps from WARPS, else as many as fill the largest chunk twice (a warp owns 512 columns a pass, 16 a thread)
-    within [2, 8]: the smaller chunks then repeat over fewer threads (5376: 2 warps, 14336: 4)."""
-    return dict(LAUNCH_OPTS, num_warps=WARPS.get((kind, n)) or max(2, min(8, group_chunks(n)[0] // 2048)))
+    """Warps from WARPS, else 4 up to 8192 columns, 8 above. Fewer warps repeat the small chunks over fewer threads
+    (a warp owns 512 columns a pass, 16 a thread) but hold more registers a thread (modulation at 2 warps: 152,
+    at 4: 72; sm90 ptxas), so fewer programs fit an SM: the probe decides."""
+    return dict(LAUNCH_OPTS, num_warps=WARPS.get((kind, n)) or (4 if n <= 8192 else 8))
 
 
 def group_chunks(n: int) -> tuple[int, int, int, int]:
