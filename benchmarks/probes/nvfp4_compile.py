@@ -31,13 +31,17 @@ from triton.compiler import ASTSource  # noqa: E402
 from h3plan.kernels import nvfp4 as n4  # noqa: E402
 from h3plan.kernels import nvfp4_producers as npd  # noqa: E402
 from h3plan.kernels._rmsnorm import VEC, cuda_rms_iters  # noqa: E402
-from h3plan.kernels.fp8_producers import chunks  # noqa: E402
+from h3plan.kernels.nvfp4 import group_chunks as chunks  # noqa: E402  (the launches' chunks)
 
 HIDDEN, INNER, FFN = 5376, 7168, 14336
 OUTS = {"packed_ptr": "*u8", "sf_ptr": "*u8", "amax_ptr": "*fp32", "g_ptr": "*fp32", "n_col_tiles": "i32"}
-TYPES = {"x_ptr": "*bf16", "w_ptr": "*bf16", "scale_ptr": "*bf16", "shift_ptr": "*bf16", "idx_ptr": "*i64",
-         "h_ptr": "*bf16", "gate_ptr": "*bf16", "y_ptr": "*bf16", "S": "i32", "scale_stride": "i32",
+TYPES = {"x_ptr": "*bf16", "xw_ptr": "*i32", "w_ptr": "*i32", "scale_ptr": "*i32", "shift_ptr": "*i32",
+         "idx_ptr": "*i64", "h_ptr": "*i32", "gate_ptr": "*i32", "y_ptr": "*i32", "S": "i32", "scale_stride": "i32",
          "shift_stride": "i32", "gate_stride": "i32", "eps": "fp32", **OUTS}
+
+
+def warps(kind: str, n: int) -> int:
+    return n4.launch_opts(kind, n)["num_warps"]
 
 
 def variants():
@@ -45,7 +49,7 @@ def variants():
     w = chunks(INNER)
     for amax in (False, True):
         yield (f"cast_nvfp4 N={INNER} {'amax' if amax else 'quantize'}", n4._cast_kernel,
-               dict(N=INNER, W0=w[0], W1=w[1], W2=w[2], W3=w[3], AMAX_ONLY=amax, HW=True), 4)
+               dict(N=INNER, W0=w[0], W1=w[1], W2=w[2], W3=w[3], KIND=0, AMAX_ONLY=amax, HW=True), warps("cast", INNER))
     w = chunks(HIDDEN)
     for mode in ("exact", "fp32"):
         for fold in (False, True):
@@ -54,18 +58,23 @@ def variants():
                        npd._modulate_nvfp4_kernel,
                        dict(N=HIDDEN, HAS_W=True, EXACT=mode == "exact", AMAX_ONLY=amax, FOLD=fold,
                             NITER=cuda_rms_iters(triton.cdiv(HIDDEN, VEC) * VEC), W0=w[0], W1=w[1], W2=w[2], W3=w[3],
-                            IEEE_RSQRT=False, HW=True), 4)
+                            KIND=0, X2=n4.BF16X2, IEEE_RSQRT=False, HW=True),
+                       warps("fold" if fold else "modulation", HIDDEN))
     w = chunks(FFN)
     for amax in (False, True):
         yield (f"swiglu_nvfp4 F={FFN} {'amax' if amax else 'quantize'}", npd._swiglu_nvfp4_kernel,
-               dict(F=FFN, W0=w[0], W1=w[1], W2=w[2], W3=w[3], AMAX_ONLY=amax, IS_BF16=True, HW=True,
-                    LIBDEVICE_EXP=False), 8)
+               dict(F=FFN, W0=w[0], W1=w[1], W2=w[2], W3=w[3], KIND=0, X2=n4.BF16X2, AMAX_ONLY=amax, IS_BF16=True,
+                    HW=True, LIBDEVICE_EXP=False), warps("swiglu", FFN))
 
 
 def compile_one(fn, consts, warps, arch):
     params = list(inspect.signature(fn.fn).parameters)
-    sig = {p: ("constexpr" if p in consts else TYPES[p]) for p in params}
-    src = ASTSource(fn=fn, signature=sig, constexprs=consts)
+    types = dict(TYPES, x_ptr="*bf16" if fn is npd._modulate_nvfp4_kernel else "*i32")  # the others read words only
+    sig = {p: ("constexpr" if p in consts else types[p]) for p in params}
+    # what the launch's specialization tells the compiler: 16-byte aligned tensors, row strides of H3 widths
+    aligned = [(i,) for i, p in enumerate(params)
+               if p not in consts and (sig[p].startswith("*") or p.endswith("_stride"))]
+    src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs={k: [["tt.divisibility", 16]] for k in aligned})
     k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps, "enable_fp_fusion": False})
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(k.asm["ptx"])

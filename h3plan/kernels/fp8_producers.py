@@ -167,13 +167,21 @@ def _load_chunk(ptr, C0: tl.constexpr, W: tl.constexpr, N: tl.constexpr, HW: tl.
 @triton.jit
 def _modulate_chunk(x_row, w_ptr, sc_row, sh_row, rstd, C0: tl.constexpr, W: tl.constexpr, N: tl.constexpr,
                     HAS_W: tl.constexpr, EXACT: tl.constexpr, HW: tl.constexpr):
-    """Columns C0..C0+W of rmsnorm_modulate's output, bf16 values in fp32: the operations and rounding
-    points of kernels/modulation.py's `_rmsnorm_modulate_kernel`, in its order."""
-    y = rstd * _load_chunk(x_row, C0, W, N, HW)
+    """Columns C0..C0+W of rmsnorm_modulate's output, bf16 values in fp32 (`modulate_values`)."""
+    w = rstd
     if HAS_W:
-        y = _load_chunk(w_ptr, C0, W, N, HW) * y
-    sc = _load_chunk(sc_row, C0, W, N, HW)
-    sh = _load_chunk(sh_row, C0, W, N, HW)
+        w = _load_chunk(w_ptr, C0, W, N, HW)
+    return modulate_values(_load_chunk(x_row, C0, W, N, HW), w, _load_chunk(sc_row, C0, W, N, HW),
+                           _load_chunk(sh_row, C0, W, N, HW), rstd, HAS_W, EXACT, HW)
+
+
+@triton.jit
+def modulate_values(x, w, sc, sh, rstd, HAS_W: tl.constexpr, EXACT: tl.constexpr, HW: tl.constexpr):
+    """rmsnorm_modulate's output from fp32 x, weight, scale and shift values (elementwise), bf16 values in fp32:
+    the operations and rounding points of kernels/modulation.py's `_rmsnorm_modulate_kernel`, in its order."""
+    y = rstd * x
+    if HAS_W:
+        y = w * y
     if EXACT:
         n = round_hw(y, True, HW)
         o = round_hw(n * round_hw(1.0 + sc, True, HW), True, HW) + sh
@@ -212,16 +220,26 @@ def _modulate_fp8_kernel(x_ptr, w_ptr, scale_ptr, shift_ptr, idx_ptr, out_ptr, d
 @triton.jit
 def _swiglu_chunk(x_row, C0: tl.constexpr, W: tl.constexpr, F: tl.constexpr, IS_BF16: tl.constexpr,
                   HW: tl.constexpr, LIBDEVICE_EXP: tl.constexpr):
-    """Columns C0..C0+W of hidden * silu(gate): the operations and roundings of kernels/swiglu.py."""
-    a = _load_chunk(x_row, C0, W, F, HW)
-    g = _load_chunk(x_row + F, C0, W, F, HW)
+    """Columns C0..C0+W of hidden * silu(gate) (`swiglu_values`)."""
+    return swiglu_values(_load_chunk(x_row, C0, W, F, HW), _load_chunk(x_row + F, C0, W, F, HW), IS_BF16, HW,
+                         LIBDEVICE_EXP)
+
+
+@triton.jit
+def swiglu_values(a, g, IS_BF16: tl.constexpr, HW: tl.constexpr, LIBDEVICE_EXP: tl.constexpr):
+    """hidden * silu(gate) from fp32 values (elementwise): the operations and roundings of kernels/swiglu.py."""
+    s = round_hw(silu_values(g, LIBDEVICE_EXP), IS_BF16, HW)
+    return round_hw(a * s, IS_BF16, HW)
+
+
+@triton.jit
+def silu_values(g, LIBDEVICE_EXP: tl.constexpr):
+    """silu(g) in fp32 before its rounding, as kernels/swiglu.py computes it."""
     if LIBDEVICE_EXP:
         e = libdevice.exp(-g)
     else:
         e = tl.exp(-g)
-    s = tl.where(tl.abs(g) < 1e-30, g * 0.5, tl.math.div_rn(g, 1.0 + e))  # see kernels/swiglu.py
-    s = round_hw(s, IS_BF16, HW)
-    return round_hw(a * s, IS_BF16, HW)
+    return tl.where(tl.abs(g) < 1e-30, g * 0.5, tl.math.div_rn(g, 1.0 + e))  # see kernels/swiglu.py
 
 
 @triton.jit

@@ -22,12 +22,15 @@ cvt_warp_fp16_to_fp4 does not clamp below and uses approximate reciprocals: docs
 all-zero tensor gets g = 1 (torchao divides by a zero per-tensor scale and writes NaN scales). Non-finite
 inputs are outside the contract. Dequantize: value(code) * s_b * g.
 
-Kernel numerics: fp32 math with correctly rounded divisions (`div_rn`), the e4m3 and e2m1 roundings done
-in integer/compare arithmetic (`round_to_e4m3`, `e2m1_code`) so the interpreter and the GPU give the same
-bits as `quantize_ref`; products are single multiplies (no FMA question). One program owns one row
-(up to four power-of-two chunks, kernels/fp8_producers.py `chunks`). With a given global scale the cast is
-one pass; without, a row-amax pass, g on the device (no host sync), then the cast pass. Refused inputs
-(`cast_nvfp4_check`) go to `cast_nvfp4_ref`.
+Kernel numerics: fp32 math with correctly rounded divisions (`div_rn`, per block only), the e2m1 rounding in
+integer and one-add arithmetic (`e2m1_code`: a multiply, a clamp and a few integer ops per element, no compare
+chain), the e4m3 scale by the hardware conversion on the GPU and `round_to_e4m3` in the interpreter (the same
+bits), so both give the bits of `quantize_ref`; products are single multiplies (no FMA question). One program owns
+one row (up to four power-of-two chunks of whole 64-column groups, `group_chunks`), held as (W/64, 4, 4) tiles of
+even and odd elements read from int32 words (`load_pairs`): each thread owns whole blocks, so the block amax, the
+divisions and the nibble packing need no layout change. With a given global scale the cast is one pass; without,
+a row-amax pass, g on the device (no host sync), then the cast pass. Refused inputs (`cast_nvfp4_check`) go to
+`cast_nvfp4_ref`.
 """
 
 from __future__ import annotations
@@ -38,10 +41,10 @@ import torch
 import triton
 import triton.language as tl
 
-from h3plan.kernels._common import INTERPRET, LAUNCH_OPTS, guard, tensor_checks
+from h3plan.kernels._common import INTERPRET, LAUNCH_OPTS, guard, tensor_checks, to_f32
 from h3plan.kernels._registry import custom_op
 from h3plan.kernels.fp8 import E4M3, E4M3_MAX, round_to_e4m3
-from h3plan.kernels.fp8_producers import MAX_WIDTH, _load_chunk, chunks
+from h3plan.kernels.fp8_producers import MAX_WIDTH, chunks
 
 BLOCK = 16  # values per e4m3 block scale
 E2M1_MAX = 6.0
@@ -134,13 +137,82 @@ def cast_nvfp4_ref(x: torch.Tensor, global_scale: torch.Tensor | None = None):
 
 
 # ---------------------------------------------------------------------------------------------- jit pieces
+# A chunk of W columns (W a power of two >= 64) is held as four fp32 tiles of shape (W // 64, 4, 4): group q of
+# four blocks (one 4-byte word of swizzled scales), block c, word j of the block's first (half 0) or second
+# (half 1) eight 4-byte words, each word two 16-bit elements (even: `lo`, odd: `hi`). Triton gives each thread
+# the four words of a (q, c) in both halves, so a thread owns whole blocks: the block amax is a register
+# reduction, the per-block divisions run once per block, the code pairs pack without a layout change, and every
+# thread stores 4 contiguous code bytes per half.
+@triton.jit
+def word_offsets(W: tl.constexpr):
+    """Word offsets (W // 64, 4, 4) of half 0 of a W-wide chunk (half 1: + 4)."""
+    q = tl.arange(0, W // 64)[:, None, None]
+    c = tl.arange(0, 4)[None, :, None]
+    return (q * 4 + c) * 8 + tl.arange(0, 4)[None, None, :]
+
+
+@triton.jit
+def load_words(ptr, base, C0: tl.constexpr, HALF: tl.constexpr, W: tl.constexpr, N: tl.constexpr):
+    """The int32 words (two 16-bit elements each) of half HALF of columns C0..C0+W (0 past N) of the row starting at
+    word `base` of an int32 view."""
+    w = C0 // 2 + HALF * 4 + word_offsets(W)
+    if C0 + W <= N:
+        return tl.load(ptr + base + w)
+    else:
+        return tl.load(ptr + base + w, mask=w < N // 2, other=0)
+
+
+@triton.jit
+def bf16x2_unpack(u):
+    """(even, odd) fp32 values of words holding two bf16 elements (exact: the bits shifted into place)."""
+    return (u << 16).to(tl.float32, bitcast=True), (u & -65536).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def load_pairs(ptr, base, C0: tl.constexpr, HALF: tl.constexpr, W: tl.constexpr, N: tl.constexpr,
+               KIND: tl.constexpr, HW: tl.constexpr):
+    """(even, odd) fp32 elements of half HALF of columns C0..C0+W (0 past N) of the row starting at `base`.
+    KIND 0/1: ptr is an int32 view of bf16/fp16 data, base counts words (exact widening through the bits); 2: ptr is
+    the 16-bit data itself, base counts elements (each element loaded on its own). `row_base` gives base."""
+    w = C0 // 2 + HALF * 4 + word_offsets(W)
+    if KIND == 2:
+        e = ptr + base + 2 * w
+        if C0 + W <= N:
+            return to_f32(tl.load(e), HW), to_f32(tl.load(e + 1), HW)
+        else:
+            m = w < N // 2
+            return to_f32(tl.load(e, mask=m, other=0.0), HW), to_f32(tl.load(e + 1, mask=m, other=0.0), HW)
+    else:
+        u = load_words(ptr, base, C0, HALF, W, N)
+        if KIND == 0:
+            return bf16x2_unpack(u)
+        else:
+            lo = (u & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+            return lo, (u >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def row_base(row, stride: tl.constexpr, KIND: tl.constexpr):
+    """`load_pairs`'s base of row `row` of a tensor with an (even) row stride in elements: in words (KIND 0/1, a
+    constexpr multiple, so the loads vectorize) or elements (KIND 2)."""
+    if KIND == 2:
+        return row * stride
+    else:
+        return row * (stride // 2)
+
+
 @triton.jit
 def e2m1_code(v):
-    """int32 e2m1 code of fp32 v in [-6, 6]: `e2m1_codes` in compares (sign from the sign bit, so -0.0 -> 8)."""
-    a = tl.abs(v)
-    m = (a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32) + (a >= 1.75).to(tl.int32)
-    m = m + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32) + (a > 5.0).to(tl.int32)
-    return m | (((v.to(tl.int32, bitcast=True) >> 31) & 1) << 3)
+    """int32 e2m1 code of fp32 v: `e2m1_codes` of clamp(v, -6, 6), sign from v's sign bit (so -0.0 -> 8), in integer
+    and one-add arithmetic (no compare chain): a = min(|v|, 6) in binade [2^e, 2^(e+1)) (e >= 0; below 1 as e = 0);
+    a + C with C = 2^(e + 22) rounds a to the e2m1 step 2^(e-1) (nearest, ties to even), so bits(a + C) - bits(C) = k,
+    the rounded a in steps (ties to the even k, the even code), and the code is k + 2e. NaN gives code 7 with its
+    sign (fmin, like the interpreter's; the reference's 0 would cost a select per element: non-finite inputs are
+    outside the contract)."""
+    a = tl.minimum(tl.abs(v), 6.0)
+    cb = tl.maximum(a.to(tl.int32, bitcast=True) & 0x7F800000, 0x3F800000) + 0x0B000000
+    m = (a + cb.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True) - cb + (cb >> 22) - 298
+    return m | ((v.to(tl.int32, bitcast=True) >> 28) & 8)
 
 
 @triton.jit
@@ -152,43 +224,58 @@ def e4m3_normal_byte(s):
 
 
 @triton.jit
-def abs_max(o):
-    """max |o| as fp32 (NaN bits lie above +inf's, so a NaN wins as in torch's amax)."""
-    return tl.max(o.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=0).to(tl.float32, bitcast=True)
+def abs_max(lo0, hi0, lo1, hi1):
+    """max |.| of a chunk's four tiles as fp32 (NaN bits lie above +inf's, so a NaN wins as in torch's amax)."""
+    m = tl.maximum(lo0.to(tl.int32, bitcast=True) & 0x7FFFFFFF, hi0.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
+    m = tl.maximum(m, lo1.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
+    m = tl.maximum(m, hi1.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
+    return tl.max(tl.max(tl.max(m, axis=2), axis=1), axis=0).to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def quantize_store(o, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles, C0: tl.constexpr, W: tl.constexpr,
-                   N: tl.constexpr):
-    """Codes and swizzled block scales of o (fp32 values of columns C0..C0+W of `row`, 0 past N; C0 % 16 == 0)."""
-    y = tl.reshape(o, (W // 16, 16))
-    bmax = tl.max(tl.abs(y), axis=1)
+def _store_half(packed_ptr, lo, hi, r, row, C0: tl.constexpr, HALF: tl.constexpr, W: tl.constexpr, N: tl.constexpr):
+    """The code bytes of one half: e2m1(lo * r) | e2m1(hi * r) << 4 (element 2i in the low nibble)."""
+    byte = (e2m1_code(lo * r[:, :, None]) | (e2m1_code(hi * r[:, :, None]) << 4)).to(tl.uint8)
+    w = C0 // 2 + HALF * 4 + word_offsets(W)
+    if C0 + W <= N:
+        tl.store(packed_ptr + row * (N // 2) + w, byte)
+    else:
+        tl.store(packed_ptr + row * (N // 2) + w, byte, mask=w < N // 2)
+
+
+@triton.jit
+def quantize_store(lo0, hi0, lo1, hi1, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles, C0: tl.constexpr,
+                   W: tl.constexpr, N: tl.constexpr, HW: tl.constexpr):
+    """Codes and swizzled block scales of a chunk's four tiles (columns C0..C0+W of `row`, 0 past N; C0 % 64 == 0)."""
+    bmax = tl.max(tl.maximum(tl.maximum(tl.abs(lo0), tl.abs(hi0)), tl.maximum(tl.abs(lo1), tl.abs(hi1))), axis=2)
     s = tl.math.div_rn(tl.math.div_rn(bmax, 6.0), g)
     s = tl.clamp(s, 0.015625, 448.0, propagate_nan=tl.PropagateNan.ALL)
-    s = round_to_e4m3(s)
-    r = tl.math.div_rn(inv_g, s)
-    v = tl.clamp(y * r[:, None], -6.0, 6.0, propagate_nan=tl.PropagateNan.ALL)
-    lo, hi = tl.split(tl.reshape(e2m1_code(v), (W // 2, 2)))
-    byte = (lo | (hi << 4)).to(tl.uint8)
-    pcols = C0 // 2 + tl.arange(0, W // 2)
-    c = C0 // 16 + tl.arange(0, W // 16)
-    off = ((row // 128) * n_col_tiles + c // 4) * 512 + (row % 32) * 16 + ((row // 32) % 4) * 4 + c % 4
-    if C0 + W <= N:
-        tl.store(packed_ptr + row * (N // 2) + pcols, byte)
-        tl.store(sf_ptr + off, e4m3_normal_byte(s))
+    if HW:  # cvt.rn.satfinite.e4m3x2.f32: round to nearest even, NaN -> 0x7F (kernels/fp8.py e4m3_ready)
+        s8 = s.to(tl.float8e4nv)
+        sbyte = s8.to(tl.uint8, bitcast=True)
+        s = s8.to(tl.float32)
     else:
-        tl.store(packed_ptr + row * (N // 2) + pcols, byte, mask=pcols < N // 2)
-        tl.store(sf_ptr + off, e4m3_normal_byte(s), mask=c < N // 16)
+        s = round_to_e4m3(s)
+        sbyte = e4m3_normal_byte(s)
+    r = tl.math.div_rn(inv_g, s)
+    _store_half(packed_ptr, lo0, hi0, r, row, C0, 0, W, N)
+    _store_half(packed_ptr, lo1, hi1, r, row, C0, 1, W, N)
+    col = C0 // 16 + tl.arange(0, W // 64)[:, None] * 4 + tl.arange(0, 4)[None, :]
+    off = ((row // 128) * n_col_tiles + col // 4) * 512 + (row % 32) * 16 + ((row // 32) % 4) * 4 + col % 4
+    if C0 + W <= N:
+        tl.store(sf_ptr + off, sbyte)
+    else:
+        tl.store(sf_ptr + off, sbyte, mask=col < N // 16)
 
 
 @triton.jit
-def finish_chunk(o, a, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles, C0: tl.constexpr, W: tl.constexpr,
-                 N: tl.constexpr, AMAX_ONLY: tl.constexpr):
-    """AMAX_ONLY: the running row amax a, updated with o's; else o quantized and stored (a unchanged)."""
+def finish_chunk(lo0, hi0, lo1, hi1, a, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles, C0: tl.constexpr,
+                 W: tl.constexpr, N: tl.constexpr, AMAX_ONLY: tl.constexpr, HW: tl.constexpr):
+    """AMAX_ONLY: the running row amax a, updated with the chunk's; else the chunk quantized and stored (a as it is)."""
     if AMAX_ONLY:
-        a = tl.maximum(a, abs_max(o))
+        a = tl.maximum(a, abs_max(lo0, hi0, lo1, hi1))
     else:
-        quantize_store(o, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles, C0, W, N)
+        quantize_store(lo0, hi0, lo1, hi1, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles, C0, W, N, HW)
     return a
 
 
@@ -200,37 +287,104 @@ def load_global(g_ptr):
 
 
 @triton.jit
+def _cast_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles, C0: tl.constexpr, W: tl.constexpr,
+                N: tl.constexpr, KIND: tl.constexpr, AMAX_ONLY: tl.constexpr, HW: tl.constexpr):
+    lo0, hi0 = load_pairs(x_ptr, base, C0, 0, W, N, KIND, HW)
+    lo1, hi1 = load_pairs(x_ptr, base, C0, 1, W, N, KIND, HW)
+    return finish_chunk(lo0, hi0, lo1, hi1, a, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles, C0, W, N, AMAX_ONLY, HW)
+
+
+@triton.jit
 def _cast_kernel(x_ptr, packed_ptr, sf_ptr, amax_ptr, g_ptr, n_col_tiles, N: tl.constexpr,
-                 W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W3: tl.constexpr,
+                 W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W3: tl.constexpr, KIND: tl.constexpr,
                  AMAX_ONLY: tl.constexpr, HW: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * N
+    base = row_base(row, N, KIND)
     g, inv_g = load_global(g_ptr)
     a = tl.zeros((1,), tl.float32).sum(axis=0)
-    a = finish_chunk(_load_chunk(x_row, 0, W0, N, HW), a, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles,
-                     0, W0, N, AMAX_ONLY)
+    a = _cast_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles, 0, W0, N, KIND, AMAX_ONLY, HW)
     if W1 > 0:
-        a = finish_chunk(_load_chunk(x_row, W0, W1, N, HW), a, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles,
-                         W0, W1, N, AMAX_ONLY)
+        a = _cast_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles, W0, W1, N, KIND, AMAX_ONLY, HW)
     if W2 > 0:
-        a = finish_chunk(_load_chunk(x_row, W0 + W1, W2, N, HW), a, g, inv_g, packed_ptr, sf_ptr, row,
-                         n_col_tiles, W0 + W1, W2, N, AMAX_ONLY)
+        a = _cast_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles, W0 + W1, W2, N, KIND,
+                        AMAX_ONLY, HW)
     if W3 > 0:
-        a = finish_chunk(_load_chunk(x_row, W0 + W1 + W2, W3, N, HW), a, g, inv_g, packed_ptr, sf_ptr, row,
-                         n_col_tiles, W0 + W1 + W2, W3, N, AMAX_ONLY)
+        a = _cast_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles, W0 + W1 + W2, W3, N, KIND,
+                        AMAX_ONLY, HW)
     if AMAX_ONLY:
         tl.store(amax_ptr + row, a)
 
 
+# bf16 products and sums of two bf16 values as PTX bf16x2 instructions (sm_90+), two elements an instruction, where
+# the bf16 kernels compute them in fp32 and round to bf16: the same bits. A product of two bf16 values is exact in
+# fp32, so its one rounding is the correctly rounded bf16 product; an fp32 sum of two bf16 values rounded again to
+# bf16 is the correctly rounded bf16 sum (24 >= 2 * 8 + 2 bits: double rounding is innocuous, Figueroa 1995).
+@triton.jit
+def bf16x2_round_mul(lo, hi, b):
+    """Words of bf16(bf16(lo, hi) * b): fp32 (lo, hi) rounded to a bf16 pair, times the bf16 pair b, rounded."""
+    return tl.inline_asm_elementwise("{ .reg .b32 t; cvt.rn.bf16x2.f32 t, $2, $1; mul.rn.bf16x2 $0, t, $3; }",
+                                     "=r,f,f,r", [lo, hi, b], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def bf16x2_mul_add(a, b, c):
+    """Words of bf16(c + bf16(a * b)) for bf16 pairs a, b, c."""
+    return tl.inline_asm_elementwise("{ .reg .b32 t; mul.rn.bf16x2 t, $1, $2; add.rn.bf16x2 $0, $3, t; }",
+                                     "=r,r,r,r", [a, b, c], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def bf16x2_modulate(lo, hi, sc, sh):
+    """Words of bf16(bf16(bf16(lo, hi) * bf16(1 + sc)) + sh): exact-mode modulation after the fp32 norm products."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b32 t, c; cvt.rn.bf16x2.f32 t, $2, $1; mov.b32 c, 0x3F803F80; add.rn.bf16x2 c, $3, c; "
+        "mul.rn.bf16x2 t, t, c; add.rn.bf16x2 $0, t, $4; }",
+        "=r,f,f,r,r", [lo, hi, sc, sh], dtype=tl.int32, is_pure=True, pack=1)
+
+
 # ---------------------------------------------------------------------------------------------- launch helpers
-# Warps per launch, keyed by (kernel kind, row width). Untimed defaults: the H200 suite (tests/gpu/test_nvfp4_gpu.py
-# test_bandwidth_report) times each producer at 2, 4 and 8 warps and should replace them.
+# Warps per launch, keyed by (kernel kind, row width); else `launch_opts`'s rule. Untimed: the H200 probe
+# (benchmarks/probes/nvfp4_producers.py) times each producer's candidates and should fill this table.
 WARPS: dict[tuple[str, int], int] = {}
 SWEEP_WARPS = (2, 4, 8)
+BF16X2 = True  # the bf16x2 instructions above on the GPU for bf16 inputs (False: the fp32 arithmetic and roundings)
+
+
+def use_bf16x2(kind: int) -> bool:
+    """The X2 constexpr of a launch: `BF16X2` on the GPU, for bf16 data read as words (pair_args KIND 0)."""
+    return BF16X2 and kind == 0 and not INTERPRET
 
 
 def launch_opts(kind: str, n: int) -> dict:
+    """Warps from WARPS, else 4 up to 8192 columns, 8 above. Fewer warps repeat the small chunks over fewer threads
+    (a warp owns 512 columns a pass, 16 a thread) but hold more registers a thread (modulation at 2 warps: 152,
+    at 4: 72; sm90 ptxas), so fewer programs fit an SM: the probe decides."""
     return dict(LAUNCH_OPTS, num_warps=WARPS.get((kind, n)) or (4 if n <= 8192 else 8))
+
+
+def group_chunks(n: int) -> tuple[int, int, int, int]:
+    """`chunks` of n rounded up to whole groups of 64 columns: every chunk a power of two >= 64, starting at a
+    multiple of 64 (the (W // 64, 4, 4) tiles of the jit pieces); the last one masked past n."""
+    return chunks(-(-n // 64) * 64)
+
+
+def _words_ok(t: torch.Tensor) -> bool:
+    return (t.dtype in (torch.bfloat16, torch.float16) and t.dim() >= 1 and t.stride(-1) == 1 and t.shape[-1] % 2 == 0
+            and t.storage_offset() % 2 == 0 and t.data_ptr() % 4 == 0 and all(s % 2 == 0 for s in t.stride()[:-1]))
+
+
+def stride_arg(stride: int, kind: int) -> int:
+    """A runtime row stride in `load_pairs`'s base units: words (KIND 0/1; even there) or elements."""
+    return stride if kind == 2 else stride // 2
+
+
+def pair_args(*tensors: torch.Tensor) -> tuple:
+    """(kernel arguments..., KIND) for 16-bit tensors read in element pairs (`load_pairs`): their int32 views
+    (KIND 0 bf16, 1 fp16) where every pair of every tensor is one aligned 4-byte word, else the tensors themselves
+    (KIND 2). Row strides passed to the kernels: `stride_arg`."""
+    if all(_words_ok(t) for t in tensors) and len({t.dtype for t in tensors}) == 1:
+        return (*(t.view(torch.int32) for t in tensors), 0 if tensors[0].dtype == torch.bfloat16 else 1)
+    return (*tensors, 2)
 
 
 def outputs(rows: int, n: int, lead: tuple, device):
@@ -296,10 +450,11 @@ def _launch_cast(x, global_scale=None):
     N = x.shape[-1]
     M = x.numel() // N
     packed, sf, nct = outputs(M, N, tuple(x.shape[:-1]), x.device)
-    w = chunks(N)
-    common = dict(N=N, W0=w[0], W1=w[1], W2=w[2], W3=w[3], HW=not INTERPRET, **launch_opts("cast", N))
-    g = two_pass(lambda buf, amax_only: _cast_kernel[(M,)](x, packed, sf, buf, buf, nct, AMAX_ONLY=amax_only, **common),
-                 M, global_scale, x.device)
+    w = group_chunks(N)
+    xw, kind = pair_args(x)
+    common = dict(N=N, W0=w[0], W1=w[1], W2=w[2], W3=w[3], KIND=kind, HW=not INTERPRET, **launch_opts("cast", N))
+    g = two_pass(lambda buf, amax_only: _cast_kernel[(M,)](xw, packed, sf, buf, buf, nct, AMAX_ONLY=amax_only,
+                                                           **common), M, global_scale, x.device)
     return packed, sf.view(E4M3), g.reshape(())
 
 

@@ -181,3 +181,45 @@ def test_every_nvfp4_kernel_compiles_for_sm90_without_spills():
     records = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
     assert p.returncode == 0 and len(records) == 12, p.stdout[-2000:] + p.stderr[-2000:]
     assert all(r["spill_stores"] == 0 and r["spill_loads"] == 0 for r in records), records
+
+
+def test_e2m1_code_jit_matches_the_reference_everywhere():
+    """The kernels' one-add e2m1 rounding (`e2m1_code`) against the compare-chain reference (`e2m1_codes` of the
+    clamped value) on every rounding tie and its fp32 neighbours, +-0, subnormals, saturating values and inf."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def codes_kernel(v_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        i = tl.arange(0, BLOCK)
+        v = tl.load(v_ptr + i, mask=i < n, other=0.0)
+        tl.store(out_ptr + i, n4.e2m1_code(v), mask=i < n)
+
+    grid = torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0, 8.0, 1e30])
+    bits = grid.view(torch.int32)
+    near = torch.cat([grid, (bits + 1).view(torch.float32), (bits - 1).clamp(min=0).view(torch.float32)])
+    sub = torch.tensor([1, 2, 0x7FFFFF], dtype=torch.int32).view(torch.float32)  # fp32 subnormals
+    rand = torch.rand(200, generator=torch.Generator().manual_seed(3)) * 7
+    v = torch.cat([near, sub, torch.tensor([float("inf")]), rand])
+    v = torch.cat([v, -v])
+    out = torch.empty(v.numel(), dtype=torch.int32)
+    codes_kernel[(1,)](v, out, v.numel(), BLOCK=triton.next_power_of_2(v.numel()))
+    want = n4.e2m1_codes(v.clamp(-n4.E2M1_MAX, n4.E2M1_MAX)).to(torch.int32)
+    assert torch.equal(out, want), v[out != want]
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_cast_odd_width_rows_and_word_fallback(static):
+    """A width that ends inside a 64-column group (208: one 256-column chunk, its last 48 columns masked), 130 rows
+    (two row tiles, the second nearly empty), tiny, zero, -0 and saturating blocks (static g: scales clamp at 448),
+    and the same data at an odd storage offset (no int32 view: the element-pair loads). 133 rows in fp16:
+    test_cast_fp16_and_swizzle_past_one_tile."""
+    x = special_blocks(spread((130 if static else 6, 208), 11)).bfloat16()  # the interpreter runs a program a row
+    x[5, 64:80] = 1e-30  # a tiny block: its scale clamps at 2^-6
+    g = torch.tensor([1e-4]) if static else None  # static: most blocks saturate (amax / 6 / g > 448)
+    assert_same(n4.cast_nvfp4(x, g), n4.cast_nvfp4_ref(x, g))
+    x = x[:6].contiguous()
+    odd = torch.empty(x.numel() + 1, dtype=x.dtype)[1:].view(x.shape)
+    odd.copy_(x)
+    assert n4.pair_args(odd)[-1] == 2 and n4.pair_args(x)[-1] == 0
+    assert_same(n4.cast_nvfp4(odd, g), n4.cast_nvfp4_ref(x, g))

@@ -104,3 +104,23 @@ def test_opcheck_ops():
     torch.library.opcheck(torch.ops.h3plan.gated_residual_modulate_nvfp4.default,
                           (x, scale, x, w, scale, shift, index, EPS, "exact", torch.tensor([0.5])))
     torch.library.opcheck(torch.ops.h3plan.swiglu_nvfp4.default, (torch.randn(2, 64).bfloat16(), None))
+
+
+def test_element_pair_fallback_and_masked_tail():
+    """Tables whose rows start at odd elements (no int32 view: every tensor read as elements, KIND 2) and a width
+    ending in a masked 64-column group (80 = 64 + 16), for the modulation, the fold and SwiGLU."""
+    B, S, D = 1, 5, 80
+    x, w, _, _, index = make(B, S, D, seed=4)
+    gen = torch.Generator().manual_seed(5)
+    table = (torch.randn(7, 3 * D + 1, generator=gen) * 0.5).bfloat16()
+    shift, scale, gate = table[:, 1:D + 1], table[:, D + 1:2 * D + 1], table[:, 2 * D + 1:]
+    assert npd.pair_args(x, scale)[-1] == 2
+    got = npd.rmsnorm_modulate_nvfp4(x, w, scale, shift, index, EPS, "exact", torch.tensor([0.003]))
+    assert_same(got, n4.cast_nvfp4_ref(emulate_exact(x, w, scale, shift, index, EPS), torch.tensor([0.003])))
+    y = (torch.randn(B, S, D, generator=gen) * 4).bfloat16()
+    got = npd.gated_residual_modulate_nvfp4(x, gate, y, w, scale, shift, index, EPS, "exact")
+    h2 = gr.gated_residual_ref(x, gate, index, y)
+    assert torch.equal(got[0].view(torch.int16), h2.view(torch.int16))
+    assert_same(got[1:], n4.cast_nvfp4_ref(emulate_exact(h2, w, scale, shift, index, EPS)))
+    xs = (torch.randn(3, 2 * D, generator=gen) * 3).bfloat16()
+    assert_same(npd.swiglu_nvfp4(xs), npd.swiglu_nvfp4_ref(xs))
