@@ -54,9 +54,9 @@ def select(order: Sequence[str], hardware: Mapping[str, Any], hw: str | None = N
     return DEFAULT, passed
 
 
-def missing_facts(hardware: Mapping[str, Any]) -> list[str]:
-    """`hardware.<path> (backend)` for every capability fact a registered backend needs that these facts lack."""
-    return [f"{path} ({name})" for name, s in BACKENDS.items() for path in _spec.missing_facts(s, hardware)]
+def missing_facts(hardware: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(`hardware.<path>`, backend) for every capability fact a registered backend needs that these facts lack."""
+    return [(path, name) for name, s in BACKENDS.items() for path in _spec.missing_facts(s, hardware)]
 
 
 def untested_notes(opts) -> list[str]:
