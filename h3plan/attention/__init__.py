@@ -13,6 +13,8 @@ from __future__ import annotations
 import importlib
 from typing import Any, Mapping, Sequence
 
+from h3plan.hardware import never_ran
+
 from . import spec as _spec
 from .spec import BackendSpec
 from .specs import cudnn_bf16, cudnn_fp8, fa4, sdpa
@@ -62,8 +64,6 @@ def missing_facts(hardware: Mapping[str, Any]) -> list[tuple[str, str]]:
 def untested_notes(opts) -> list[str]:
     """The installer's notes on the paths of the options' backend that never ran where they would run, from the
     hardware facts (each `Untested.on`) and their hardware.verified.settings."""
-    from h3plan.hardware import never_ran
-
     s, out = spec(opts.backend), []
     for u in s.untested:
         if u.option is not None and not getattr(opts, u.option):

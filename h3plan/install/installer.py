@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from h3plan.attention import spec as backend_spec
+from h3plan.attention import for_options, spec as backend_spec, untested_notes
 from h3plan.errors import InstallError
+from h3plan.hardware import never_ran
 
 from h3plan.plan import Plan
 
@@ -179,8 +180,6 @@ def _quantize(model, builder, state) -> None:
     if fmt == "fp8" and params.get("input_scales") == "static":
         _static_inputs(model, params, state)
     if fmt == "nvfp4":
-        from h3plan.hardware import never_ran
-
         never, _ = never_ran(lever, "nvfp4", lambda f: f["gemm"]["nvfp4"])
         if never:
             state.report.notes.append(f"gemm_quant=nvfp4: the NVFP4 GEMM (hardware.gemm.nvfp4) never ran on "
@@ -312,8 +311,6 @@ def _ulysses(model, opts, group, report):
 
 
 def _processors(model, builder, state, group):
-    from h3plan.attention import for_options, untested_notes
-
     report = state.report
     opts = _attention_options(builder, report)
     backend = for_options(opts)

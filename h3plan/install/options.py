@@ -10,6 +10,8 @@ from dataclasses import fields, make_dataclass
 from dataclasses import field as dc_field
 from typing import Any
 
+from h3plan.attention import spec
+
 
 def _options_class(scope: str, name: str, namespace: dict):
     from h3plan.levers import scope_options
@@ -32,8 +34,6 @@ def _describe_block(self) -> str:
 
 
 def _describe_attention(self) -> str:
-    from h3plan.attention import spec
-
     parts = [f"backend={self.backend}", f"qk_norm_rope={self.qk_norm_rope}"]
     for o in spec(self.backend).options:  # the options the backend reads, as it describes them
         part = o.describe(getattr(self, o.key)) if o.describe else None

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import torch
 
+from h3plan.attention import BACKENDS, load
 from h3plan.errors import UsageError
 
 MAX_SCORE_BYTES = 256 << 20
@@ -55,8 +56,6 @@ def attention_with_lse(q, k, v, *, scale: float | None = None, max_score_bytes: 
 
 
 def _lse_backends() -> tuple[dict, dict]:
-    from h3plan.attention import BACKENDS, load
-
     fns, reasons = {"reference": attention_with_lse}, {}
     for b in BACKENDS.values():
         if b.lse:
