@@ -1,7 +1,8 @@
 """Attention backends: one registry of declarations (torch-free), one runtime interface (base.py).
 
 `BACKENDS` maps each backend's name to its `BackendSpec` (h3plan/attention/specs/<name>.py, see spec.py);
-the tuple below is the registry and its order is the config's (levers.attention's settings). Everything that
+the `_DECLARED` tuple below is the registry and its order is the config's (levers.attention's settings). The
+declarations are imported by name, so `h3plan.attention.fa4` stays the implementation module. Everything that
 names a backend reads it: the attention lever, the schema, the installer and its processor, the ring's
 log-sum-exp backends, the bench. `get_backend(name, **options)` imports torch and the backend's `impl`
 (installing). What each backend needs from the hardware is a fact of conf/hardware/*.yaml, read by the planner
@@ -17,9 +18,8 @@ from h3plan.hardware import never_ran
 
 from . import spec as _spec
 from .spec import BackendSpec
-from .specs import cudnn_bf16, cudnn_fp8, fa4, sdpa
-
-BACKENDS: dict[str, BackendSpec] = {m.SPEC.name: m.SPEC for m in (sdpa, cudnn_bf16, cudnn_fp8, fa4)}
+_DECLARED = ("sdpa", "cudnn_bf16", "cudnn_fp8", "fa4")  # the registry: specs/<name>.py, in config order
+BACKENDS: dict[str, BackendSpec] = {n: importlib.import_module(f"{__name__}.specs.{n}").SPEC for n in _DECLARED}
 DEFAULT = "sdpa"  # diffusers' native math: what runs where no backend is planned or a call is refused
 
 BF16 = tuple(n for n, s in BACKENDS.items() if s.precision == "bf16")  # what hardware.attention_rank.order ranks
@@ -27,7 +27,7 @@ LOSSLESS = tuple(n for n, s in BACKENDS.items() if s.lossless)
 LSE_OF = {n: s.lse for n, s in BACKENDS.items() if s.lse}  # backend -> its log-sum-exp block function (the ring's)
 
 
-def spec(name: str) -> BackendSpec:
+def backend_spec(name: str) -> BackendSpec:
     if name not in BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; known: {sorted(BACKENDS)}")
     return BACKENDS[name]
@@ -41,7 +41,7 @@ def load(ref: str):
 
 def supports(name: str, hardware: Mapping[str, Any], hw: str | None = None) -> list[str]:
     """Why backend `name` cannot run on this hardware by its facts; [] when it can."""
-    return _spec.supports(spec(name), hardware, hw)
+    return _spec.supports(backend_spec(name), hardware, hw)
 
 
 def select(order: Sequence[str], hardware: Mapping[str, Any], hw: str | None = None) -> tuple[str, dict[str, list[str]]]:
@@ -64,7 +64,7 @@ def missing_facts(hardware: Mapping[str, Any]) -> list[tuple[str, str]]:
 def untested_notes(opts) -> list[str]:
     """The installer's notes on the paths of the options' backend that never ran where they would run, from the
     hardware facts (each `Untested.on`) and their hardware.verified.settings."""
-    s, out = spec(opts.backend), []
+    s, out = backend_spec(opts.backend), []
     for u in s.untested:
         if u.option is not None and not getattr(opts, u.option):
             continue
@@ -77,7 +77,7 @@ def untested_notes(opts) -> list[str]:
 
 
 def backend_class(name: str):
-    return load(spec(name).impl)
+    return load(backend_spec(name).impl)
 
 
 def get_backend(name: str, **options):
@@ -87,9 +87,9 @@ def get_backend(name: str, **options):
 
 def for_options(opts):
     """The backend of installed attention options (their `backend`), built with the options it reads."""
-    s = spec(opts.backend)
+    s = backend_spec(opts.backend)
     return get_backend(s.name, **{o.kwarg: getattr(opts, o.key) for o in s.options if o.kwarg})
 
 
-__all__ = ["BACKENDS", "DEFAULT", "BF16", "LOSSLESS", "LSE_OF", "BackendSpec", "spec", "load", "supports", "select",
+__all__ = ["BACKENDS", "DEFAULT", "BF16", "LOSSLESS", "LSE_OF", "BackendSpec", "backend_spec", "load", "supports", "select",
            "missing_facts", "untested_notes", "backend_class", "get_backend", "for_options"]

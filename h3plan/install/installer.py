@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from h3plan.attention import for_options, spec as backend_spec, untested_notes
+from h3plan.attention import backend_spec, for_options, untested_notes
 from h3plan.errors import InstallError
 from h3plan.hardware import never_ran
 

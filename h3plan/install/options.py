@@ -10,7 +10,7 @@ from dataclasses import fields, make_dataclass
 from dataclasses import field as dc_field
 from typing import Any
 
-from h3plan.attention import spec
+from h3plan.attention import backend_spec
 
 
 def _options_class(scope: str, name: str, namespace: dict):
@@ -35,7 +35,7 @@ def _describe_block(self) -> str:
 
 def _describe_attention(self) -> str:
     parts = [f"backend={self.backend}", f"qk_norm_rope={self.qk_norm_rope}"]
-    for o in spec(self.backend).options:  # the options the backend reads, as it describes them
+    for o in backend_spec(self.backend).options:  # the options the backend reads, as it describes them
         part = o.describe(getattr(self, o.key)) if o.describe else None
         if part:
             parts.append(part)

@@ -27,7 +27,7 @@ from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_minimax_h3 import _apply_rotary_emb
 
 from h3plan.attention import ops as attention_ops
-from h3plan.attention import spec as backend_spec
+from h3plan.attention import backend_spec
 from h3plan.quant.fp8 import shared_activation
 
 from h3plan.runtime.counters import fallback as count_fallback, fused as count_fused

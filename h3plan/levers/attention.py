@@ -9,23 +9,23 @@ attention does not return here (h3plan/parallel/lse.py).
 
 from __future__ import annotations
 
-from .. import attention as backends
+from ..attention import BACKENDS, DEFAULT, select, supports
 from ..sources import cite
 from .base import Context, Option, Spec, nearest_point, one_of, resolve
 
 SPEC = Spec(
     name="attention",
-    settings={name: b.lossless for name, b in backends.BACKENDS.items()},
+    settings={name: b.lossless for name, b in BACKENDS.items()},
     summary="attention backend of the transformer blocks (BF16 backends exact given the backend; cudnn_fp8 lossy)",
     reference=True,
     counter="attention",
-    options=(Option("attention", "backend", *one_of(*backends.BACKENDS), default=backends.DEFAULT),),
+    options=(Option("attention", "backend", *one_of(*BACKENDS), default=DEFAULT),),
 )
-FP8 = next(name for name, b in backends.BACKENDS.items() if b.precision == "fp8")  # the recipe's FP8 attention
+FP8 = next(name for name, b in BACKENDS.items() if b.precision == "fp8")  # the recipe's FP8 attention
 
 
 def fp8_problems(ctx: Context) -> list[str]:
-    return backends.supports(FP8, ctx.hardware, ctx.hw)
+    return supports(FP8, ctx.hardware, ctx.hw)
 
 
 def fp8_output_dtype(ctx: Context) -> str:
@@ -34,11 +34,11 @@ def fp8_output_dtype(ctx: Context) -> str:
 
 
 def blockers(ctx: Context, s: str) -> list[str]:
-    return backends.supports(s, ctx.hardware, ctx.hw) + ring_problems(ctx, s)
+    return supports(s, ctx.hardware, ctx.hw) + ring_problems(ctx, s)
 
 
 def ring_problems(ctx: Context, s: str = FP8) -> list[str]:
-    ring, b = ctx.ring, backends.BACKENDS[s]
+    ring, b = ctx.ring, BACKENDS[s]
     if ring == 1 or b.lse:
         return []
     return [f"parallel.ring={ring}: the ring merges key blocks through their log-sum-exp and {b.precision.upper()} "
@@ -75,7 +75,7 @@ def auto(ctx: Context):
                            f"BF16 attention instead, the fallback of {cite('trtllm-seed')}")
     else:
         reasons.append(f"recipe {name} asks for BF16 attention")
-    pick, _ = backends.select(hw["attention_rank"]["order"], hw, ctx.hw)
+    pick, _ = select(hw["attention_rank"]["order"], hw, ctx.hw)
     reasons.append(f"{pick} is the fastest BF16 attention on {ctx.hw} (hardware.attention_rank: "
                    f"{' > '.join(hw['attention_rank']['order'])}; {hw['attention_rank']['source']})")
     speed = _speeds(ctx, hw["attention_rank"]["order"])
@@ -85,7 +85,7 @@ def auto(ctx: Context):
 
 
 def params(ctx: Context, s: str) -> dict:
-    b = backends.BACKENDS[s]
+    b = BACKENDS[s]
     return b.params(ctx.hardware) if b.params else {}
 
 
