@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from .attention import BACKENDS
 from .levers.base import nearest_point, nearest_ulysses_point
 from .sources import cite
 
@@ -85,7 +86,7 @@ def estimates(sections: Mapping[str, Any], shp: Mapping[str, Any], decisions: Ma
     b, u, local, hl = shp["batch"], shp["ulysses_degree"], shp["local_rows"], shp["heads_per_rank"]
     backend = decisions["attention"].setting
     att_len = shp["padded_len"] if decisions["ulysses_padding"].setting == "padded" else shp["seq_len"]
-    att_dtype = "fp8" if backend == "cudnn_fp8" else "bf16"
+    att_dtype = BACKENDS[backend].precision
     att_tf, att_basis = _throughput(hw, "attention", att_dtype, (att_len, hl), backend)
     att_flops = 4 * b * att_len**2 * hl * d
     gq = decisions["gemm_quant"].setting

@@ -74,3 +74,16 @@ def cudnn_fp8_bf16_output(facts: Mapping[str, Any], version: str | int | None) -
     v = c.get("version") if version is None else version
     return "bf16" in (c.get("fp8_output_dtypes") or ()) and bool(need) and (
         v is None or version_tuple(v) >= version_tuple(need))
+
+
+def never_ran(lever: str, setting: str, on=lambda facts: True) -> tuple[list[str], list[str]]:
+    """(the packaged hardware whose facts take a path (`on(facts)`) and whose hardware.verified.settings lack
+    lever=setting, the packaged hardware where lever=setting ran): the installer's "never ran" notes."""
+    never, ran = [], []
+    for n in names():
+        f = load(n)
+        if setting in ((f.get("verified") or {}).get("settings") or {}).get(lever, []):
+            ran.append(n)
+        elif on(f):
+            never.append(n)
+    return never, ran

@@ -9,13 +9,14 @@ h3plan/levers/.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from enum import Enum
 from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from .actions.calibrate_config import CalibrateConfig
+from .attention import BACKENDS, BF16, missing_facts
 from .errors import ConfigError
 from .memory import MemoryConfig
 from .plan import PLAN_SECTIONS
@@ -211,16 +212,11 @@ class AttentionRank:
     """Why (or on what evidence) cuDNN FP8 is the FP8 attention on this hardware."""
 
 
-@dataclass
-class AttentionPoint:
-    """Measured attention TFLOP/s (4*S^2*H*D / time) at one per-rank shape; null = not measured."""
-
-    seq_len: int = MISSING
-    heads: int = MISSING
-    sdpa: Optional[float] = None
-    cudnn_bf16: Optional[float] = None
-    fa4: Optional[float] = None
-    cudnn_fp8: Optional[float] = None
+AttentionPoint = make_dataclass(  # one TFLOP/s field per attention backend (h3plan.attention), BF16 ones first
+    "AttentionPoint", [("seq_len", int, field(default=MISSING)), ("heads", int, field(default=MISSING))]
+    + [(name, Optional[float], field(default=None)) for name in sorted(BACKENDS, key=lambda n: n not in BF16)],
+    namespace={"__doc__": "Measured attention TFLOP/s (4*S^2*H*D / time) at one per-rank shape; null = not measured.",
+               "__module__": __name__})
 
 
 @dataclass
@@ -834,8 +830,10 @@ def validate(cfg: DictConfig | dict) -> dict[str, Any]:
     if c["hardware"]["verified"].get("kernels_checked") and not c["hardware"]["verified"].get("kernels_checked_on"):
         raise ConfigError("hardware.verified.kernels_checked", "needs kernels_checked_on: the GPU the kernels were checked on")
     for backend in c["hardware"]["attention_rank"]["order"]:
-        if backend not in ("sdpa", "cudnn_bf16", "fa4"):
-            raise ConfigError("hardware.attention_rank.order", f"unknown BF16 backend {backend!r}; allowed: sdpa, cudnn_bf16, fa4")
+        if backend not in BF16:
+            raise ConfigError("hardware.attention_rank.order", f"unknown BF16 backend {backend!r}; allowed: {', '.join(BF16)}")
+    for path, backend in missing_facts(c["hardware"]):
+        raise ConfigError(path, f"missing: attention backend {backend} needs this capability fact (conf/hardware/*.yaml)")
     for dt in c["hardware"]["cudnn"]["fp8_output_dtypes"]:
         if dt not in ("fp8", "bf16", "fp16"):
             raise ConfigError("hardware.cudnn.fp8_output_dtypes", f"unknown dtype {dt!r}; allowed: fp8, bf16, fp16")

@@ -10,6 +10,9 @@ tensors (the layout diffusers' processors hand to `dispatch_attention_fn`) and r
   `out` (optional, (B, Sq, H, D), any strides with a unit last stride) receives the result in place
   where the backend can write through a strided view (cuDNN); other backends copy into it.
 - `out_dtype`: dtype of the result (None: q's dtype).
+
+What a backend takes and needs is declared once, in its `BackendSpec` (h3plan/attention/specs/); the runtime
+checks here read that declaration (`facts_reason`, `dtype_reason`) against the device's hardware facts.
 """
 
 from __future__ import annotations
@@ -21,11 +24,12 @@ import torch
 from h3plan.hardware import for_capability
 
 
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "e4m3": torch.float8_e4m3fn}
+
+
 class AttentionBackend:
     name = "base"
-    lossless = True  # keeps the bits a diffusers eager forward with this same backend would produce
     out_dtype = None
-    hardware_verified = True  # False where a path never ran on real hardware (see the docstring)
 
     def unavailable_reason(self, q, k=None, v=None) -> str | None:
         return shape_reason(q, k, v)
@@ -74,6 +78,21 @@ def device_facts(cc: tuple[int, int]) -> tuple[Mapping[str, Any] | None, str | N
     return facts, None
 
 
+def facts_reason(spec, facts: Mapping[str, Any]) -> str | None:
+    """The first capability fact `spec` needs (BackendSpec.needs) that the device's hardware facts deny, as a reason."""
+    for f in spec.needs:
+        if not f.value(facts):
+            return f"{spec.label} is not available on {facts['name']} (hardware.{f.path}=false; {f.source(facts)})"
+    return None
+
+
+def dtype_reason(spec, q) -> str | None:
+    """q's dtype against the dtypes `spec` takes (BackendSpec.dtypes)."""
+    if q.dtype not in {DTYPES[d] for d in spec.dtypes}:
+        return f"{spec.label} takes {'/'.join(spec.dtypes)} q/k/v, got {q.dtype}"
+    return None
+
+
 def write_out(result: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     if out is None:
         return result
@@ -83,4 +102,5 @@ def write_out(result: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     return out
 
 
-__all__ = ["AttentionBackend", "shape_reason", "cuda_reason", "device_cc", "device_facts", "write_out"]
+__all__ = ["DTYPES", "AttentionBackend", "shape_reason", "cuda_reason", "device_cc", "device_facts", "facts_reason",
+           "dtype_reason", "write_out"]

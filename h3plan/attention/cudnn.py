@@ -11,9 +11,12 @@ output view of a larger padded buffer (prefix in place) is written directly thro
 - `CudnnFP8Backend`: `sdpa_fp8` on e4m3 Q/K/V with per-tensor descales (dynamic from amax, static
   from a table, or pre-quantised codes from the fused QK-norm+RoPE+FP8 kernel), scale_s = 448 for P.
   On SM90 the output must be FP8: scale_o = 1 / descale_v (see h3plan.attention.fp8) and the result is
-  dequantised to bf16 (the probe ran FP8 output with scale_o = 1). BF16 output is used only on SM100+
-  with cuDNN >= 9.13 -- that path never ran on hardware (no Blackwell machine here). Lossy: budgeted by
-  the recipe.
+  dequantised to bf16 (the probe ran FP8 output with scale_o = 1). BF16 output is used where the hardware
+  facts allow it (hardware.cudnn.fp8_output_dtypes, bf16_output_min_version: SM100+ with cuDNN >= 9.13);
+  where that path ran is the YAML's verified facts (specs/cudnn_fp8.py's `untested`, the installer's note).
+  Lossy: budgeted by the recipe.
+
+What each takes and needs from the hardware facts is declared in specs/cudnn_bf16.py and specs/cudnn_fp8.py.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from h3plan.kernels.fp8 import dequantize, dequantize_check, dequantize_ref
 from . import fp8 as f8
 from h3plan.hardware import cudnn_fp8_bf16_output, cudnn_fp8_version_problem, for_capability
 
-from .base import AttentionBackend, cuda_reason, device_cc, device_facts, shape_reason, write_out
+from .base import AttentionBackend, cuda_reason, device_cc, device_facts, dtype_reason, facts_reason, shape_reason, write_out
+from .specs import cudnn_bf16, cudnn_fp8
 
 _HANDLES: dict[int, object] = {}
 _GRAPHS: dict[tuple, "_Graph"] = {}
@@ -145,21 +149,20 @@ def _fp8_graph(q8, k8, v8, o) -> _Graph:
     return _GRAPHS[key]
 
 
-def _runtime_reason(q, name, flag, dtypes) -> str | None:
-    """Device, hardware facts (conf/hardware: cudnn.<flag>), dtype, head dim, the frontend import."""
-    reason = shape_reason(q) or cuda_reason(q, name)
+def _runtime_reason(q, spec) -> str | None:
+    """Device, hardware facts (the spec's needs), dtype, head dim, the frontend import."""
+    reason = shape_reason(q) or cuda_reason(q, spec.label)
     if reason:
         return reason
     facts, why = device_facts(device_cc(q))
     if facts is None:
-        return f"{name}: {why}"
-    if not facts["cudnn"][flag]:
-        return f"{name} is not available on {facts['name']} (hardware.cudnn.{flag}=false; {facts['cudnn']['source']})"
-    if q.dtype not in dtypes:
-        return f"{name} takes {sorted(str(d) for d in dtypes)} q/k/v, got {q.dtype}"
+        return f"{spec.label}: {why}"
+    reason = facts_reason(spec, facts) or dtype_reason(spec, q)
+    if reason:
+        return reason
     D = q.shape[-1]
     if not (D <= 256 and D % 8 == 0):
-        return f"{name} needs head_dim <= 256 divisible by 8, got {D}"
+        return f"{spec.label} needs head_dim <= 256 divisible by 8, got {D}"
     try:
         _cudnn()
     except Exception as exc:
@@ -181,7 +184,7 @@ class CudnnBF16Backend(AttentionBackend):
     def unavailable_reason(self, q, k=None, v=None) -> str | None:
         k = q if k is None else k
         v = k if v is None else v
-        return (shape_reason(q, k, v) or _runtime_reason(q, "cuDNN BF16 SDPA", "bf16", (torch.bfloat16, torch.float16))
+        return (shape_reason(q, k, v) or _runtime_reason(q, cudnn_bf16.SPEC)
                 or _build_reason(lambda: _bf16_graph(_bhsd(q), _bhsd(k), _bhsd(v), _bhsd(torch.empty_like(q)))))
 
     def __call__(self, q, k, v, out=None):
@@ -199,23 +202,21 @@ class CudnnFP8Backend(AttentionBackend):
     `descales` (3,) fp32 for static ones); e4m3 codes need `descales`."""
 
     name = "cudnn_fp8"
-    lossless = False
     out_dtype = torch.bfloat16
 
     _bf16_out: dict = {}
 
     @classmethod
     def bf16_output(cls, device) -> bool:
-        """BF16 output where the device's hardware facts allow it with the runtime cuDNN (SM100+, >= 9.13; never ran
-        on hardware); FP8 output elsewhere."""
+        """BF16 output where the device's hardware facts allow it with the runtime cuDNN (SM100+, >= 9.13); FP8
+        output elsewhere."""
         if device not in cls._bf16_out:
             facts = for_capability(torch.cuda.get_device_capability(device))
             cls._bf16_out[device] = facts is not None and cudnn_fp8_bf16_output(facts, _cudnn().backend_version())
         return cls._bf16_out[device]
 
     def unavailable_reason(self, q, k=None, v=None) -> str | None:
-        reason = shape_reason(q, k, v) or _runtime_reason(
-            q, "cuDNN FP8 SDPA", "fp8", (torch.bfloat16, torch.float16, f8.E4M3))
+        reason = shape_reason(q, k, v) or _runtime_reason(q, cudnn_fp8.SPEC)
         if reason:
             return reason
         why = cudnn_fp8_version_problem(device_facts(device_cc(q))[0], _cudnn().backend_version())

@@ -15,10 +15,14 @@ an FA4 build whose `_flash_attn_fwd` lacks those arguments); the call then runs 
 the processor counts `fa4_tile.fallback` with that reason. The H200 tile (192, 128, no RS) was probed
 bit-identical to FA4's default (benchmarks/results/probes/attention-tuning-h200.json).
 
+Ring block (`fa4_lse`): `flash_attn_func(..., return_lse=True)` returns (out, lse (B, h, Lq) fp32); builds
+without `return_lse` return lse only when autograd needs it, so a missing lse is an error there. The 2-CTA
+switch and tuned tiles are not applied to it (the plan blocks them under the ring).
+
 Numerics: FA4's own (fp32 accumulation, bf16 output); not bitwise equal to SDPA (relative error about
 3e-3 at H3 shapes, docs/sources.md#h200-anchors). Hardware: FA4's SM90 forward ran on the H200 (benchmarks/anchors/probe2.py)
-and this wrapper is proven by tests/gpu/test_install_gpu.py; the 2-CTA switch on SM100+ never ran on
-hardware here (no Blackwell machine).
+and this wrapper is proven by tests/gpu/test_install_gpu.py; where the 2-CTA switch ran is the hardware YAML's
+verified.settings.fa4_2cta (specs/fa4.py's `untested`, the installer's note).
 """
 
 from __future__ import annotations
@@ -27,9 +31,11 @@ import inspect
 import os
 from contextlib import contextmanager
 
-import torch
 
-from .base import AttentionBackend, cuda_reason, device_cc, device_facts, shape_reason, write_out
+from h3plan.errors import UsageError
+
+from .base import AttentionBackend, cuda_reason, device_cc, device_facts, dtype_reason, facts_reason, shape_reason, write_out
+from .specs.fa4 import SPEC
 
 ENV = "FA_DISABLE_2CTA"
 TILE_ARGS = ("tile_mn", "mma_pv_is_rs", "intra_wg_overlap")
@@ -60,30 +66,32 @@ def _import():
     return flash_attn_func, utils
 
 
+def _device_reason(q) -> str | None:
+    """This device's facts (specs/fa4.py's needs), q's dtype, and FA4's head-dim rule (SM9x: up to 256, else 128)."""
+    cc = device_cc(q)
+    facts, why = device_facts(cc)
+    if facts is None:
+        return f"FA4: {why}"
+    reason = facts_reason(SPEC, facts) or dtype_reason(SPEC, q)
+    if reason:
+        return reason
+    D, hi = q.shape[-1], 256 if cc[0] == 9 else 128
+    if not (8 <= D <= hi and D % 8 == 0):
+        return f"FA4 on SM{cc[0]}{cc[1]} needs head_dim in [8, {hi}] divisible by 8, got {D}"
+    return None
+
+
 class FA4Backend(AttentionBackend):
     name = "fa4"
 
     def __init__(self, two_cta: bool | None = None, tile: dict | None = None):
         self.two_cta = two_cta
         self.tile = dict(tile) if tile else None
-        self.hardware_verified = not two_cta
 
     def unavailable_reason(self, q, k=None, v=None) -> str | None:
-        reason = shape_reason(q, k, v) or cuda_reason(q, "FA4")
+        reason = shape_reason(q, k, v) or cuda_reason(q, "FA4") or _device_reason(q)
         if reason:
             return reason
-        cc = device_cc(q)
-        facts, why = device_facts(device_cc(q))
-        if facts is None:
-            return f"FA4: {why}"
-        if not facts["fa4"]["bf16"]:
-            return f"FA4 has no forward on {facts['name']} (hardware.fa4.bf16=false; {facts['fa4']['source']})"
-        if q.dtype not in (torch.bfloat16, torch.float16):
-            return f"FA4 takes bf16/fp16 q/k/v, got {q.dtype}"
-        D = q.shape[-1]
-        hi = 256 if cc[0] == 9 else 128
-        if not (8 <= D <= hi and D % 8 == 0):
-            return f"FA4 on SM{cc[0]}{cc[1]} needs head_dim in [8, {hi}] divisible by 8, got {D}"
         try:
             _import()
         except Exception as exc:
@@ -143,3 +151,42 @@ class FA4Backend(AttentionBackend):
     def __repr__(self) -> str:
         tile = f", tile={self.tile['tile_m']}x{self.tile['tile_n']}" if self.tile else ""
         return f"FA4Backend(two_cta={self.two_cta}{tile})"
+
+
+_LSE_FN: list = []  # [(flash_attn_func, takes return_lse) or (None, reason)], resolved once
+
+
+def _lse_fn():
+    if not _LSE_FN:
+        try:
+            from flash_attn.cute import flash_attn_func
+
+            try:
+                takes = "return_lse" in inspect.signature(flash_attn_func).parameters
+            except (TypeError, ValueError):
+                takes = False
+            _LSE_FN.append((flash_attn_func, takes))
+        except Exception as exc:  # ImportError, or a CUDA/cutlass error raised at import
+            _LSE_FN.append((None, f"flash_attn.cute import failed ({type(exc).__name__}: {exc})"))
+    return _LSE_FN[0]
+
+
+def fa4_lse_reason(q) -> str | None:
+    """Why the ring's FA4 block call cannot run on CUDA tensors like q (h3plan/parallel/lse.py checks the rest)."""
+    reason = _device_reason(q)
+    if reason:
+        return reason
+    fn, why = _lse_fn()
+    return why if fn is None else None
+
+
+def fa4_lse(q, k, v):
+    """Ring block attention: (out (B, Lq, h, D), lse (B, h, Lq) fp32)."""
+    fn, takes = _lse_fn()
+    if fn is None:
+        raise UsageError(takes)
+    kw = {"return_lse": True} if takes else {}
+    o, lse = fn(q, k, v, softmax_scale=None, causal=False, **kw)
+    if lse is None:
+        raise UsageError("this flash_attn.cute returned no lse (no return_lse argument): use sdpa_flash")
+    return o, lse

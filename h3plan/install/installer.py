@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from h3plan.attention import backend_spec, for_options, untested_notes
 from h3plan.errors import InstallError
+from h3plan.hardware import never_ran
 
 from h3plan.plan import Plan
 
@@ -178,8 +180,11 @@ def _quantize(model, builder, state) -> None:
     if fmt == "fp8" and params.get("input_scales") == "static":
         _static_inputs(model, params, state)
     if fmt == "nvfp4":
-        state.report.notes.append("gemm_quant=nvfp4: the NVFP4 GEMM needs SM100+ and never ran on hardware; "
-                                  "off Blackwell every call runs the counted emulation")
+        never, _ = never_ran(lever, "nvfp4", lambda f: f["gemm"]["nvfp4"])
+        if never:
+            state.report.notes.append(f"gemm_quant=nvfp4: the NVFP4 GEMM (hardware.gemm.nvfp4) never ran on "
+                                      f"{', '.join(never)} (hardware.verified.settings.gemm_quant); where the device "
+                                      "has no FP4 GEMM every call runs the counted emulation")
 
 
 def _static_inputs(model, params, state) -> None:
@@ -228,7 +233,7 @@ def _attention_options(builder, report) -> AttentionOptions:
         report.notes.append("no attention backend in the plan: the processor uses sdpa (diffusers' native math)")
     a = AttentionOptions(**opts)
     problems = backend_problems(builder, a.backend)
-    if a.fp8_scales == "static" and a.backend == "cudnn_fp8" and not a.scale_table:
+    if a.fp8_scales == "static" and backend_spec(a.backend).fp8_inputs and not a.scale_table:
         problems.append("fp8_scales=static needs a scale_table")
     if a.a2a_fp8_codes and a.qk_norm_rope != "fused_fp8":
         problems.append("a2a_fp8_codes sends the codes of qk_norm_rope=fused_fp8")
@@ -306,12 +311,9 @@ def _ulysses(model, opts, group, report):
 
 
 def _processors(model, builder, state, group):
-    from h3plan.attention import get_backend
-
     report = state.report
     opts = _attention_options(builder, report)
-    backend = (get_backend(opts.backend, two_cta=opts.fa4_2cta, tile=opts.fa4_tile) if opts.backend == "fa4"
-               else get_backend(opts.backend))
+    backend = for_options(opts)
     kernels = {}
     if opts.qk_norm_rope == "fused":
         kernels["qk_norm_rope"] = load_kernel("qk_norm_rope")
@@ -320,7 +322,8 @@ def _processors(model, builder, state, group):
         if opts.ulysses_degree > 1 and not opts.a2a_fp8_codes:  # bf16 travels; cudnn_fp8 casts after it
             kernels["qk_norm_rope"] = load_kernel("qk_norm_rope")
     fqns = [f"transformer_blocks.{i}.attn" for i in range(len(model.transformer_blocks))]
-    descales = _static_descales(opts, fqns) if opts.fp8_scales == "static" and opts.backend == "cudnn_fp8" else {}
+    static = opts.fp8_scales == "static" and backend_spec(opts.backend).fp8_inputs
+    descales = _static_descales(opts, fqns) if static else {}
     shard, ua = _ulysses(model, opts, group, report)
     ring, ua = (ua, None) if opts.ring_degree > 1 else (None, ua)
     lever = builder.lever_of("backend")
@@ -334,10 +337,7 @@ def _processors(model, builder, state, group):
         state.undo.append(lambda a=attn, o=old: a.set_processor(o))
         _swap(report, lever, f"{fqn}.processor", type(old).__name__, repr(proc))
         _option_swaps(report, builder, "attention", recorded, fqn)
-    if opts.backend == "fa4" and opts.fa4_2cta:
-        report.notes.append("fa4_2cta: the per-call 2-CTA switch never ran on Blackwell hardware here")
-    if opts.backend == "cudnn_fp8":
-        report.notes.append("cudnn_fp8 BF16 output (SM100+, cuDNN >= 9.13) never ran on hardware; SM90 writes FP8 and dequantises")
+    report.notes.extend(untested_notes(opts))  # the backend's paths that never ran, from hardware.verified
     return shard
 
 

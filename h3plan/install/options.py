@@ -10,6 +10,8 @@ from dataclasses import fields, make_dataclass
 from dataclasses import field as dc_field
 from typing import Any
 
+from h3plan.attention import backend_spec
+
 
 def _options_class(scope: str, name: str, namespace: dict):
     from h3plan.levers import scope_options
@@ -33,12 +35,10 @@ def _describe_block(self) -> str:
 
 def _describe_attention(self) -> str:
     parts = [f"backend={self.backend}", f"qk_norm_rope={self.qk_norm_rope}"]
-    if self.backend == "fa4" and self.fa4_2cta is not None:
-        parts.append(f"2cta={self.fa4_2cta}")
-    if self.backend == "fa4" and self.fa4_tile:
-        parts.append(f"tile={self.fa4_tile['tile_m']}x{self.fa4_tile['tile_n']}")
-    if self.backend == "cudnn_fp8":
-        parts.append(f"fp8_scales={self.fp8_scales}")
+    for o in backend_spec(self.backend).options:  # the options the backend reads, as it describes them
+        part = o.describe(getattr(self, o.key)) if o.describe else None
+        if part:
+            parts.append(part)
     if self.ulysses_degree > 1:
         parts.append(f"ulysses={self.ulysses_degree}/{self.ulysses_padding}/chunks={self.ulysses_chunks}"
                      f"{'/fp8_codes' if self.a2a_fp8_codes else ''}{'/prefix_inplace' if self.prefix_inplace else ''}"

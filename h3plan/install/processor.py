@@ -27,6 +27,7 @@ from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_minimax_h3 import _apply_rotary_emb
 
 from h3plan.attention import ops as attention_ops
+from h3plan.attention import backend_spec
 from h3plan.quant.fp8 import shared_activation
 
 from h3plan.runtime.counters import fallback as count_fallback, fused as count_fused
@@ -61,6 +62,7 @@ class H3PlanAttnProcessor:
     def __init__(self, opts, backend, kernels: dict, original, *, static_descales=None,
                  shard=None, ulysses=None, ring=None):
         self.opts, self.backend, self.kernels, self.original = opts, backend, kernels, original
+        self.spec = backend_spec(opts.backend)  # what the backend declares (h3plan/attention/specs/)
         self.static_descales = static_descales  # (3,) fp32 descales of q, k, v (static FP8 scales)
         self.static_scales = None if static_descales is None else tuple((1.0 / static_descales).tolist())
         self.shard, self.ulysses = shard, ulysses  # installer's sequence-shard context, UlyssesAttention
@@ -88,13 +90,12 @@ class H3PlanAttnProcessor:
             return _traced_verdict(self._backend_index, _sig(q, k, v))
         return _verdict(self._backend_index, _sig(q, k, v))
 
-    def _count_2cta(self, q):
-        if self.opts.backend == "fa4" and self.opts.fa4_2cta:
-            why = self.backend.two_cta_reason(q)
-            count_fused("fa4_2cta") if why is None else count_fallback("fa4_2cta", why)
-        if self.opts.backend == "fa4" and self.opts.fa4_tile:
-            why = self.backend.tile_reason(q)
-            count_fused("fa4_tile") if why is None else count_fallback("fa4_tile", why)
+    def _count_options(self, q):
+        """Per call, each set option the backend checks (BackendOption.reason: FA4's 2-CTA switch and tile)."""
+        for o in self.spec.options:
+            if o.reason is not None and getattr(self.opts, o.key):
+                why = getattr(self.backend, o.reason)(q)
+                count_fused(o.key) if why is None else count_fallback(o.key, why)
 
     def attend(self, q, k, v, out=None, descales=None, amax=None):
         """Backend attention on (B, Sq, H, D) / (B, Skv, H, D); diffusers' dispatch when refused. `amax` (3,):
@@ -102,8 +103,8 @@ class H3PlanAttnProcessor:
         reason = self._backend_reason(q, k, v)
         if reason is None:
             count_fused("attention")
-            self._count_2cta(q)
-            if self.opts.backend == "cudnn_fp8":
+            self._count_options(q)
+            if self.spec.fp8_inputs:
                 d = descales if descales is not None else self._static(q)
                 return attention_ops.call(self.backend, q, k, v, out=out, descales=d, amax=amax if d is None else None)
             return attention_ops.call(self.backend, q, k, v, out=out)
@@ -344,7 +345,7 @@ class H3PlanAttnProcessor:
         takes it over its whole tensors; the backend casts with it after the exchange. Without it each rank
         would scale by the amax of its own heads only, and no code would match degree 1. None when the
         backend takes no FP8 scales from here (BF16 backends, static tables, FP8 codes on the wire)."""
-        if self.opts.backend != "cudnn_fp8" or self.opts.fp8_scales != "dynamic":
+        if not self.spec.fp8_inputs or self.opts.fp8_scales != "dynamic":
             return None
         from h3plan.parallel.sizes import valid_rows
 

@@ -6,7 +6,7 @@ stack runs on world shards (install/shard.py over the world: rank g holds rows g
 attention call runs h3plan.parallel.ring.RingUlysses: Ulysses inside each ring block, the key/value blocks
 rotating over the ring.
 
-Block attention (`RingBlock`): the log-sum-exp backend of the plan's backend family (h3plan/parallel/lse.py:
+Block attention (`RingBlock`): the log-sum-exp backend the plan's backend declares (h3plan.attention.LSE_OF:
 fa4 -> fa4, sdpa -> sdpa_flash, cudnn_bf16 -> torch's cuDNN sdpa_cudnn; FA4's 2-CTA switch and tiles are not
 applied, the plan blocks them). Per call, `reason(q)` (device, dtype, head_dim; cached) routes a refused
 input to the fp32 reference `attention_with_lse`, counted `ring.fallback` with the reason; else `ring.fused`.
@@ -18,9 +18,8 @@ merge within ~1e-6 relative and round once to bf16; bf16 block outputs add one b
 
 from __future__ import annotations
 
+from h3plan.attention import LSE_OF
 from h3plan.errors import InstallError
-
-LSE_OF = {"fa4": "fa4", "sdpa": "sdpa_flash", "cudnn_bf16": "sdpa_cudnn"}
 
 
 class RingBlock:

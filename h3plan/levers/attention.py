@@ -9,50 +9,40 @@ attention does not return here (h3plan/parallel/lse.py).
 
 from __future__ import annotations
 
+from ..attention import BACKENDS, DEFAULT, select, supports
 from ..sources import cite
-from ..hardware import cudnn_fp8_bf16_output, cudnn_fp8_version_problem
 from .base import Context, Option, Spec, nearest_point, one_of, resolve
 
 SPEC = Spec(
     name="attention",
-    settings={"sdpa": True, "cudnn_bf16": True, "cudnn_fp8": False, "fa4": True},
+    settings={name: b.lossless for name, b in BACKENDS.items()},
     summary="attention backend of the transformer blocks (BF16 backends exact given the backend; cudnn_fp8 lossy)",
     reference=True,
     counter="attention",
-    options=(Option("attention", "backend", *one_of("sdpa", "cudnn_bf16", "cudnn_fp8", "fa4"), default="sdpa"),),
+    options=(Option("attention", "backend", *one_of(*BACKENDS), default=DEFAULT),),
 )
+FP8 = next(name for name, b in BACKENDS.items() if b.precision == "fp8")  # the recipe's FP8 attention
 
 
-def cudnn_fp8_problems(ctx: Context) -> list[str]:
-    c = ctx.hardware["cudnn"]
-    if not c["fp8"]:
-        return [f"{ctx.hw} has no cuDNN FP8 attention (hardware.cudnn.fp8=false; {c['source']})"]
-    why = cudnn_fp8_version_problem(ctx.hardware, c["version"]) if c["version"] is not None else None
-    return [why] if why else []
+def fp8_problems(ctx: Context) -> list[str]:
+    return supports(FP8, ctx.hardware, ctx.hw)
 
 
 def fp8_output_dtype(ctx: Context) -> str:
     """bf16 where the hardware and cuDNN allow it (Blackwell, >= 9.13), else fp8 (Hopper)."""
-    return "bf16" if cudnn_fp8_bf16_output(ctx.hardware, None) else "fp8"
+    return params(ctx, FP8)["o_dtype"]
 
 
 def blockers(ctx: Context, s: str) -> list[str]:
-    hw = ctx.hardware
-    if s == "cudnn_bf16" and not hw["cudnn"]["bf16"]:
-        return [f"{ctx.hw} has no cuDNN BF16 attention ({hw['cudnn']['source']})"]
-    if s == "fa4" and not hw["fa4"]["bf16"]:
-        return [f"{ctx.hw} has no FA4 BF16 forward ({hw['fa4']['source']})"]
-    if s == "cudnn_fp8":
-        return cudnn_fp8_problems(ctx) + ring_problems(ctx)
-    return []
+    return supports(s, ctx.hardware, ctx.hw) + ring_problems(ctx, s)
 
 
-def ring_problems(ctx: Context) -> list[str]:
-    ring = ctx.ring
-    if ring == 1:
+def ring_problems(ctx: Context, s: str = FP8) -> list[str]:
+    ring, b = ctx.ring, BACKENDS[s]
+    if ring == 1 or b.lse:
         return []
-    return [f"parallel.ring={ring}: the ring merges key blocks through their log-sum-exp and FP8 attention returns "
-            "none here (h3plan/parallel/lse.py)"]
+    return [f"parallel.ring={ring}: the ring merges key blocks through their log-sum-exp and {b.precision.upper()} "
+            "attention returns none here (h3plan/parallel/lse.py)"]
 
 
 def _speeds(ctx: Context, backends) -> str:
@@ -74,19 +64,18 @@ def auto(ctx: Context):
         elif ring_problems(ctx):
             reasons.append(f"recipe {name} asks for FP8 attention but {ring_problems(ctx)[0]}: BF16 attention")
         else:
-            problems = cudnn_fp8_problems(ctx)
+            problems = fp8_problems(ctx)
             if not problems:
-                speed = _speeds(ctx, ["cudnn_fp8", "fa4"])
+                speed = _speeds(ctx, [FP8, "fa4"])
                 r = [f"recipe {name} asks for FP8 attention; cuDNN FP8 with FP8 Q/K/V ({hw['attention_rank']['fp8_source']})"]
                 if speed:
                     r.append(f"measured TFLOP/s at the nearest shape: {speed}")
-                return "cudnn_fp8", r + [ctx.budget_text()], params(ctx, "cudnn_fp8")
+                return FP8, r + [ctx.budget_text()], params(ctx, FP8)
             reasons.append(f"recipe {name} asks for FP8 attention but cuDNN FP8 cannot run: {'; '.join(problems)}; "
                            f"BF16 attention instead, the fallback of {cite('trtllm-seed')}")
     else:
         reasons.append(f"recipe {name} asks for BF16 attention")
-    order = [b for b in hw["attention_rank"]["order"] if not blockers(ctx, b)] + ["sdpa"]
-    pick = order[0]
+    pick, _ = select(hw["attention_rank"]["order"], hw, ctx.hw)
     reasons.append(f"{pick} is the fastest BF16 attention on {ctx.hw} (hardware.attention_rank: "
                    f"{' > '.join(hw['attention_rank']['order'])}; {hw['attention_rank']['source']})")
     speed = _speeds(ctx, hw["attention_rank"]["order"])
@@ -96,9 +85,8 @@ def auto(ctx: Context):
 
 
 def params(ctx: Context, s: str) -> dict:
-    if s == "cudnn_fp8":
-        return {"o_dtype": fp8_output_dtype(ctx), "requires": list(ctx.hardware["cudnn"]["fp8_requires"])}
-    return {}
+    b = BACKENDS[s]
+    return b.params(ctx.hardware) if b.params else {}
 
 
 def explain(ctx: Context, s: str) -> list[str]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
+from ..attention import BACKENDS
 from ..plan import Decision, make_decision
 
 SCOPES = ("linears", "block", "attention", "vae")
@@ -79,6 +80,9 @@ class Spec:
         unknown = set(self.backends) - set(self.settings)
         if unknown:
             raise ValueError(f"lever {self.name}: backends names unknown settings {sorted(unknown)}")
+        bad = sorted({b for need in self.backends.values() for b in need} - set(BACKENDS))
+        if bad:
+            raise ValueError(f"lever {self.name}: backends names unknown attention backends {bad}; known: {list(BACKENDS)}")
 
     def lossless(self, setting: str) -> bool:
         return self.settings[setting]

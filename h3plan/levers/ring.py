@@ -22,6 +22,7 @@ backend family computed the blocks) or `ring.fallback` (the fp32 reference did, 
 
 from __future__ import annotations
 
+from ..attention import BACKENDS
 from ..parallel.ring_plan import degree_reasons, describe, ring_ulysses_cost
 from .base import Context, LeverError, Option, Spec, nearest_point, nearest_ulysses_point, resolve
 
@@ -48,9 +49,10 @@ def blockers(ctx: Context, s: str) -> list[str]:
                                   "rotation is required (set parallel.ring=1 for none)"]
     out = [] if R > 1 else ["parallel.ring=1: one ring block, nothing to rotate"]
     out += degree_reasons(R * U, R, U, heads=ctx.model["diffusers_config"]["num_attention_heads"])
-    att = ctx.setting("attention")
-    if att == "cudnn_fp8":
-        out.append("attention is cudnn_fp8: FP8 attention returns no log-sum-exp here (h3plan/parallel/lse.py)")
+    att = BACKENDS[ctx.setting("attention")]
+    if not att.lse:
+        out.append(f"attention is {att.name}: {att.precision.upper()} attention returns no log-sum-exp here "
+                   "(h3plan/parallel/lse.py)")
     return out
 
 

@@ -12,17 +12,11 @@ Backends here (`LSE_BACKENDS`; `lse_reason(name, q)` says why one cannot run on 
 
 - `reference`: `attention_with_lse`, torch on any device, fp32 math and an fp32 output; query rows in
   chunks so the fp32 score matrix stays under `max_score_bytes`. The CPU oracle and the CPU path.
-- `sdpa_flash`: torch's flash kernel (`aten._scaled_dot_product_flash_attention`), which returns its
-  (B, h, Lq) fp32 logsumexp; CUDA, bf16/fp16, head_dim <= 256; output in q's dtype.
-- `sdpa_cudnn`: torch's cuDNN kernel (`aten._scaled_dot_product_cudnn_attention`, compute_log_sumexp);
-  some torch versions give the lse as (B, h, Lq, 1): it is reshaped.
-- `fa4`: FlashAttention-4, `flash_attn.cute.flash_attn_func(..., return_lse=True)` returns
-  (out, lse (B, h, Lq) fp32); builds without `return_lse` return lse only when autograd needs it, so
-  a missing lse is an error there. 2-CTA switches and tuned tiles (h3plan.attention.fa4) are not
-  applied here: the lead's hook is to wrap FA4Backend the same way (see ring.py's docstring).
-- cuDNN through cudnn-frontend (h3plan.attention.cudnn) can emit the same statistic: `sdpa(...,
-  generate_stats=True)` (`is_inference=False` before frontend 1.13) adds a Stats output (B, h, Lq, 1)
-  fp32. Not wired here; FP8 attention with LSE is not covered.
+- every attention backend's own, as its declaration names it (h3plan.attention.BACKENDS: `lse`, `lse_impl`,
+  its per-call check `<fn>_reason` beside it): `sdpa_flash` and `sdpa_cudnn` (torch's flash and cuDNN
+  kernels, h3plan/attention/sdpa.py) for sdpa and cudnn_bf16, `fa4` (h3plan/attention/fa4.py). Output in q's
+  dtype; CUDA, bf16/fp16 (checked here). cuDNN through cudnn-frontend can emit the same statistic
+  (`sdpa(..., generate_stats=True)`), not wired; FP8 attention with LSE is not covered (cudnn_fp8 has none).
 
 Merge (`LseMerge`): running fp32 accumulator `acc` (B, Lq, h, D) and running `lse` (B, h, Lq);
 adding a block (o_t, lse_t):  new = logaddexp(lse, lse_t);  acc = acc*exp(lse-new) + o_t*exp(lse_t-new).
@@ -34,10 +28,9 @@ bf16 rounding per block before the merge: see ring_plan.NUMERICS for the error t
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 
+from h3plan.attention import BACKENDS, load
 from h3plan.errors import UsageError
 
 MAX_SCORE_BYTES = 256 << 20
@@ -62,49 +55,15 @@ def attention_with_lse(q, k, v, *, scale: float | None = None, max_score_bytes: 
     return out.transpose(1, 2), lse
 
 
-def _sdpa_flash(q, k, v):
-    o, lse = torch.ops.aten._scaled_dot_product_flash_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.0, False, False)[:2]
-    return o.transpose(1, 2), lse.float()
+def _lse_backends() -> tuple[dict, dict]:
+    fns, reasons = {"reference": attention_with_lse}, {}
+    for b in BACKENDS.values():
+        if b.lse:
+            fns[b.lse], reasons[b.lse] = load(b.lse_impl), load(b.lse_impl + "_reason")
+    return fns, reasons
 
 
-def _sdpa_cudnn(q, k, v):
-    o, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, True, 0.0, False, False)[:2]
-    B, Lq, h, _ = q.shape
-    return o.transpose(1, 2), lse.float().reshape(B, h, Lq)
-
-
-_FA4: list = []  # [(flash_attn_func, takes return_lse) or (None, reason)], resolved once
-
-
-def _fa4_fn():
-    if not _FA4:
-        try:
-            from flash_attn.cute import flash_attn_func
-
-            try:
-                takes = "return_lse" in inspect.signature(flash_attn_func).parameters
-            except (TypeError, ValueError):
-                takes = False
-            _FA4.append((flash_attn_func, takes))
-        except Exception as exc:  # ImportError, or a CUDA/cutlass error raised at import
-            _FA4.append((None, f"flash_attn.cute import failed ({type(exc).__name__}: {exc})"))
-    return _FA4[0]
-
-
-def _fa4(q, k, v):
-    fn, takes = _fa4_fn()
-    if fn is None:
-        raise UsageError(takes)
-    kw = {"return_lse": True} if takes else {}
-    o, lse = fn(q, k, v, softmax_scale=None, causal=False, **kw)
-    if lse is None:
-        raise UsageError("this flash_attn.cute returned no lse (no return_lse argument): use sdpa_flash")
-    return o, lse
-
-
-LSE_BACKENDS = {"reference": attention_with_lse, "sdpa_flash": _sdpa_flash, "sdpa_cudnn": _sdpa_cudnn, "fa4": _fa4}
+LSE_BACKENDS, _REASONS = _lse_backends()
 
 
 def lse_reason(name: str, q: torch.Tensor) -> str | None:
@@ -117,24 +76,7 @@ def lse_reason(name: str, q: torch.Tensor) -> str | None:
         return f"{name} needs CUDA tensors (q is on {q.device.type})"
     if q.dtype not in (torch.bfloat16, torch.float16):
         return f"{name} takes bf16/fp16 q/k/v, got {q.dtype}"
-    D = q.shape[-1]
-    if name == "fa4":
-        cc = torch.cuda.get_device_capability(q.device)
-        if cc[0] not in (9, 10, 11):
-            return f"FA4 forward needs SM90 or the SM100 family (device is SM{cc[0]}{cc[1]})"
-        if not (8 <= D <= (256 if cc[0] == 9 else 128) and D % 8 == 0):
-            return f"FA4 on SM{cc[0]}{cc[1]} does not take head_dim {D}"
-        fn, why = _fa4_fn()
-        return why if fn is None else None
-    if D > 256 or D % 8:
-        return f"{name} needs head_dim <= 256 and a multiple of 8, got {D}"
-    if name == "sdpa_cudnn":
-        op = getattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention", None)
-        if op is None or "compute_log_sumexp" not in str(op.default._schema):
-            return "this torch has no _scaled_dot_product_cudnn_attention with compute_log_sumexp"
-        if not torch.backends.cudnn.is_available():
-            return "cuDNN is not available to torch"
-    return None
+    return _REASONS[name](q)
 
 
 def pick_lse_backend(q: torch.Tensor, prefer=("fa4", "sdpa_flash", "reference")) -> tuple[str, list[str]]:

@@ -4,6 +4,8 @@ the e4m3 codes instead of the cuDNN graph. Rows and heads are independent in the
 degree 1 give the same bits exactly when they quantise with the same scales: what the FP8 Ulysses tests
 need to see. Install with `use_standin(monkeypatch)` or `register()` (in a worker process)."""
 
+import dataclasses
+
 import torch
 
 from h3plan.attention import BACKENDS
@@ -26,4 +28,4 @@ class EmulatedCudnnFP8(CudnnFP8Backend):
 
 
 def register():
-    BACKENDS["cudnn_fp8"] = (__name__, "EmulatedCudnnFP8")
+    BACKENDS["cudnn_fp8"] = dataclasses.replace(BACKENDS["cudnn_fp8"], impl=f"{__name__}:EmulatedCudnnFP8")
