@@ -128,7 +128,7 @@ def test_a_missing_search_path_is_one_warning_line(capsys, tmp_path):
     assert out.startswith("h3plan  hardware=sm90")
 
 
-@pytest.mark.parametrize("fmt", ["json", "yaml"])
+@pytest.mark.parametrize("fmt", [pytest.param("json", marks=pytest.mark.slow), "yaml"])  # json: ~3 s
 def test_sweep_honours_format(capsys, monkeypatch, tmp_path, fmt):
     import json
 

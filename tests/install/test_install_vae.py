@@ -289,6 +289,7 @@ def test_bad_tile_geometry_is_refused_and_the_model_untouched(tile, msg):
     assert all("forward" not in b.__dict__ for b in vae.decoder.transformer_blocks)
 
 
+@pytest.mark.slow  # FP8 GEMMs over a whole VAE decode (~8 s)
 def test_unregistered_arch_skips_vae_ops_with_the_reason_and_fp8_tiles_install_geometry_and_fp8_gemms(sm107):
     vae, ref_vae, z = tiny_vae(), cast(tiny_vae()), latent()
     report = install(vae, sm107)

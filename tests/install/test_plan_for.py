@@ -90,6 +90,7 @@ def _save(tmp_path, transformer=None, vae=None):
     return tmp_path
 
 
+@pytest.mark.slow  # saves and loads a checkpoint folder (~3 s)
 def test_plan_for_a_checkpoint_folder(tmp_path):
     from h3plan.actions.pipeline_build import build_vae
 

@@ -120,6 +120,7 @@ def test_destination_major_pack(cuda_order, U, with_v):
     assert_bits(packed, m.qk_norm_rope_ref(q, k, wq, wk, cos, sin, 1e-5, v=v if with_v else None, ulysses_degree=U))
 
 
+@pytest.mark.slow  # diffusers' processor against the kernel in the interpreter (~3 s)
 def test_matches_diffusers_attention_processor(cuda_order, monkeypatch):
     """The real MiniMaxH3Attention processor (to_q/k -> unflatten -> norm_q/k -> _apply_rotary_emb), with its
     attention call captured, against the kernel on the same projections."""
@@ -166,6 +167,7 @@ def test_vs_cpu_eager_within_one_ulp():
     assert d.max().item() <= 1 and (d > 0).float().mean().item() <= 1e-4
 
 
+@pytest.mark.slow  # torch.library.opcheck (~4 s)
 def test_opcheck_fake_impl():
     q, k, v, wq, wk, cos, sin = inputs(1, 3, 4, 32, 24)
     torch.library.opcheck(torch.ops.h3plan.qk_norm_rope.default, (q, k, wq, wk, cos, sin, 1e-5, v, 2))
