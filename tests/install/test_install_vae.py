@@ -217,6 +217,7 @@ def test_round_trip_restores_the_original_parameters_bit_for_bit(sm90):
     assert counters() == {}
 
 
+@pytest.mark.slow  # VAE decodes in the interpreter (~2 s)
 def test_the_originals_are_on_the_host_and_only_uninstall_reads_them(sm90, monkeypatch):
     vae, z = tiny_vae(), latent()
     report = install(vae, sm90)

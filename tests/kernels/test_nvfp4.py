@@ -159,6 +159,7 @@ def test_cast_guards():
         n4.cast_nvfp4(torch.zeros(2, 24, dtype=torch.bfloat16))
 
 
+@pytest.mark.slow  # torch.library.opcheck
 def test_cast_opcheck():
     x = spread((3, 64), 1).bfloat16()
     torch.library.opcheck(torch.ops.h3plan.cast_nvfp4.default, (x, None))
