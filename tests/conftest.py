@@ -1,7 +1,10 @@
 """Test setup: on a machine without a CUDA GPU, Triton kernels run in the CPU interpreter and the
-GPU suite (marker `gpu`) is skipped with that reason."""
+GPU suite (marker `gpu`) is skipped with that reason; a run whose `-m` deselects `gpu` there (both CI lanes)
+does not import tests/gpu at all (torch._dynamo and the NCCL helpers: seconds of collection for nothing).
+Session fixtures share what several test files would each rebuild (the 48 preset plans)."""
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +20,23 @@ if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+TESTS = Path(__file__).resolve().parent
+
+
+def _deselects_gpu(config) -> bool:
+    """`-m` is a plain conjunction with `not gpu` among its terms (e.g. "not gpu and not slow"): no test
+    marked gpu can run."""
+    expr = " ".join((config.getoption("markexpr") or "").split())
+    return "(" not in expr and " or " not in expr and "not gpu" in expr.split(" and ")
+
+
+def pytest_ignore_collect(collection_path, config):
+    # every test under tests/gpu is marked gpu (module pytestmark)
+    if not HAS_CUDA and collection_path == TESTS / "gpu" and _deselects_gpu(config):
+        return True
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     if HAS_CUDA:
         return
@@ -24,3 +44,24 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+GRID = (("sm90", "sm100", "sm103", "sm107"), ("bf16", "fp8", "nvfp4"), ("u1", "u2", "u4", "u8"))
+
+
+@pytest.fixture(scope="session")
+def preset_plans():
+    """Every hardware x recipe x Ulysses preset of GRID through the public h3plan.resolve_config, in GRID order:
+    (hw, recipe, parallel) -> its Plan, for the combinations that plan (tests/docs reads their texts)."""
+    import itertools
+
+    import h3plan
+    from h3plan.errors import H3PlanError
+
+    out = {}
+    for hw, recipe, par in itertools.product(*GRID):
+        try:
+            out[hw, recipe, par] = h3plan.resolve_config(hardware=hw, recipe=recipe, parallel=par)
+        except H3PlanError:
+            continue
+    return out

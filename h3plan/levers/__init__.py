@@ -1,5 +1,6 @@
 """Lever registry: a plain dict filled by explicit imports, keyed by the config names, in decision and
-install order. Each module declares `SPEC` (settings, losslessness, install options, counter, kernels),
+install order. `NAMES` is the registry: one module name per lever, each `h3plan/levers/<name>.py`, imported
+here in that order. Each module declares `SPEC` (settings, losslessness, install options, counter, kernels),
 `decide(ctx) -> Decision` (pure, no torch) and `install(builder, decision)` (records options on the
 builder). Every table other code needs about levers is derived here, once:
 
@@ -13,45 +14,23 @@ Adding a lever: docs/architecture.md, "How to add a lever".
 
 from __future__ import annotations
 
+from importlib import import_module
 from types import MappingProxyType
 
-from . import (
-    a2a_fp8_codes,
-    adaln_table,
-    attention,
-    compile,
-    fa4_2cta,
-    fa4_tile,
-    fp8_act_quant,
-    fp8_scales,
-    gated_residual,
-    gemm_quant,
-    modulation,
-    nvfp4_out_quant,
-    nvfp4_producer_quant,
-    prefix_inplace,
-    qk_norm_rope,
-    ring,
-    swiglu,
-    ulysses_exchange,
-    ulysses_overlap,
-    ulysses_padding,
-    vae_graphs,
-    vae_ops,
-    vae_parallel,
-    vae_precision,
-    vae_tiles,
-)
 from .base import Context, LeverError, Option, Spec
 
-_MODULES = (gemm_quant, adaln_table, attention, fa4_2cta, fa4_tile, fp8_scales, qk_norm_rope, modulation, gated_residual, swiglu,
-            fp8_act_quant, ulysses_padding, ulysses_overlap, a2a_fp8_codes, prefix_inplace, ring, ulysses_exchange,
-            nvfp4_producer_quant,
-            nvfp4_out_quant, compile, vae_precision, vae_tiles, vae_graphs, vae_ops, vae_parallel)
+NAMES = ("gemm_quant", "adaln_table", "attention", "fa4_2cta", "fa4_tile", "fp8_scales", "qk_norm_rope", "modulation",
+         "gated_residual", "swiglu", "fp8_act_quant", "ulysses_padding", "ulysses_overlap", "a2a_fp8_codes",
+         "prefix_inplace", "ring", "ulysses_exchange", "nvfp4_producer_quant", "nvfp4_out_quant", "compile",
+         "vae_precision", "vae_tiles", "vae_graphs", "vae_ops", "vae_parallel")
 
-REGISTRY = {m.SPEC.name: m for m in _MODULES}
-if len(REGISTRY) != len(_MODULES):
-    raise ImportError("two lever modules declare the same SPEC.name")
+REGISTRY = {name: import_module(f"{__name__}.{name}") for name in NAMES}
+if len(REGISTRY) != len(NAMES):
+    raise ImportError("a lever is named twice in h3plan.levers.NAMES")
+for _name, _module in REGISTRY.items():
+    if _module.SPEC.name != _name:
+        raise ImportError(f"h3plan/levers/{_name}.py declares SPEC.name {_module.SPEC.name!r}; the module is the config name")
+del _name, _module
 SPECS: dict[str, Spec] = {name: m.SPEC for name, m in REGISTRY.items()}
 
 LEVER_SETTINGS: dict[str, tuple[str, ...]] = {name: tuple(s.settings) for name, s in SPECS.items()}
@@ -105,5 +84,5 @@ def not_installed(decision) -> str | None:
     return "; ".join(reasons) or f"{decision.lever} declares no install option: nothing is installed"
 
 
-__all__ = ["REGISTRY", "SPECS", "LEVER_SETTINGS", "OPTIONS", "KERNELS", "ULYSSES_LEVERS", "REFERENCE_LEVERS",
+__all__ = ["NAMES", "REGISTRY", "SPECS", "LEVER_SETTINGS", "OPTIONS", "KERNELS", "ULYSSES_LEVERS", "REFERENCE_LEVERS",
            "COUNTERS", "Context", "LeverError", "Option", "Spec", "not_installed", "scope_options"]

@@ -23,7 +23,8 @@ def test_options_accepts_the_defaults():
     assert (o.seq_lens, o.blocks, o.warmup, o.iters, o.tag, o.best) == ((19000, 37820), (1, 4), 3, 10, None, True)
 
 
-@pytest.mark.parametrize("value, best", [("on", True), ("off", False), ("true", True), ("false", False)])
+@pytest.mark.parametrize("value, best", [("on", True), ("off", False), pytest.param("true", True, marks=pytest.mark.slow),
+                                         pytest.param("false", False, marks=pytest.mark.slow)])  # a CPU bench run a case (~1 s)
 def test_bench_best_is_an_on_off_switch_defaulting_on(value, best):
     import h3plan
     from h3plan.config import compose

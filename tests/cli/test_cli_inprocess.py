@@ -128,6 +128,7 @@ def test_a_missing_search_path_is_one_warning_line(capsys, tmp_path):
     assert out.startswith("h3plan  hardware=sm90")
 
 
+@pytest.mark.slow  # an in-process sweep (~2-3 s a case)
 @pytest.mark.parametrize("fmt", ["json", "yaml"])
 def test_sweep_honours_format(capsys, monkeypatch, tmp_path, fmt):
     import json

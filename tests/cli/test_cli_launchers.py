@@ -5,7 +5,10 @@ import json
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.slow  # a joblib launcher sweep in a subprocess (~4 s)
 def test_joblib_launcher_sweep(cli, tmp_path):
     sweep = tmp_path / "sweep"
     p = cli("-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "hardware=sm90,sm107", "recipe=bf16,nvfp4",

@@ -47,6 +47,7 @@ def test_the_config_leaves_hydra_mode_unset():
     assert cfg.hydra.mode is None
 
 
+@pytest.mark.slow  # a Hydra multirun sweep (~2 s)
 def test_a_hydra_mode_override_still_sweeps(monkeypatch, capsys, tmp_path):
     calls = _count_compositions(monkeypatch)
     rc = cli.run(["hydra.mode=MULTIRUN", "recipe=bf16,fp8", f"hydra.sweep.dir={tmp_path}"])

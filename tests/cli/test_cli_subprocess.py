@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from h3plan.plan import Plan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,6 +64,7 @@ def _one_error_line(p):
     return lines[0]
 
 
+@pytest.mark.slow  # CLI subprocesses (~2 s)
 def test_bad_input_exits_2_with_one_line(cli):
     assert "parallel.ulysses=3" in _one_error_line(cli("parallel.ulysses=3"))
     assert "parallel.ulysess: unknown key (did you mean parallel.ulysses?); allowed: name, ulysses, ring, seq_len" in _one_error_line(cli("parallel.ulysess=3"))
@@ -69,6 +72,7 @@ def test_bad_input_exits_2_with_one_line(cli):
     assert os.listdir(cli.cwd) == []
 
 
+@pytest.mark.slow  # three CLI subprocesses (~4 s)
 def test_user_search_path_hardware_and_malformed_yaml(cli, tmp_path_factory):
     conf = tmp_path_factory.mktemp("userconf")
     (conf / "hardware").mkdir()
@@ -93,6 +97,7 @@ def test_user_search_path_hardware_and_malformed_yaml(cli, tmp_path_factory):
     assert "malformed YAML in " in _one_error_line(cli("hardware=broken", sp))
 
 
+@pytest.mark.slow  # a subprocess sweep (~4 s)
 def test_sweep_summary_and_plans(cli):
     p = cli("-m", "hardware=sm90,sm107", "recipe=bf16,nvfp4", "hydra.sweep.dir=sweep")
     assert p.returncode == 0, p.stderr
@@ -108,6 +113,7 @@ def test_sweep_summary_and_plans(cli):
     assert sorted(os.listdir(cli.cwd)) == ["sweep"]
 
 
+@pytest.mark.slow  # a subprocess sweep (~4 s)
 def test_strict_sweep_exits_nonzero(cli):
     p = cli("-m", "hardware=sm90", "recipe=bf16,nvfp4", "strict=true", "hydra.sweep.dir=sweep")
     assert p.returncode == 1

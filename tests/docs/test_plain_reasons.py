@@ -1,14 +1,11 @@
 """Reasons in plain words: an outside source is named by what it is (h3plan/sources.py, one place) with its
 docs/sources.md anchor, never by internal shorthand ("the TRT-LLM seed", "recipe rows U1/U4")."""
 
-import itertools
 import re
 from pathlib import Path
 
 import pytest
 
-import h3plan
-from h3plan.errors import H3PlanError
 from h3plan.sources import NAMES, cite
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,17 +20,9 @@ def test_every_named_source_has_its_section():
         cite("no-such-source")
 
 
-def _plans():
-    for hw, recipe, par in itertools.product(["sm90", "sm100", "sm103", "sm107"], ["bf16", "fp8", "nvfp4"], ["u1", "u2", "u4", "u8"]):
-        try:
-            yield h3plan.resolve_config(hardware=hw, recipe=recipe, parallel=par)
-        except H3PlanError:
-            continue
-
-
-def test_no_reason_speaks_in_shorthand():
+def test_no_reason_speaks_in_shorthand(preset_plans):
     bad = set()
-    for plan in _plans():
+    for plan in preset_plans.values():
         texts = [r for d in plan.decisions for r in d.reasons] + list(plan.notes) + list(plan.derived_value("basis").values())
         for t in texts:
             # a docs/sources.md#...-seed anchor is a link, not shorthand

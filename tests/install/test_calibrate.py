@@ -176,6 +176,7 @@ def test_static_fp8_linear_input():
     torch.testing.assert_close(lin(x), dynamic, rtol=0, atol=0)
 
 
+@pytest.mark.slow  # install and verify in the interpreter (~2 s)
 def test_plan_with_the_table_installs_and_verifies(calibrated, capsys):
     """recipe=fp8 with recipe.fp8_scale_mode=static and the table: fp8_scales=static, the FP8 linears take the
     table's input amax through the real lever registry, and action=verify passes (cudnn_fp8 cannot run on the

@@ -103,7 +103,8 @@ def test_every_entry_is_the_eager_linear_bitwise(pair):
                 assert got.dtype == want.dtype == torch.bfloat16 and torch.equal(got, want)
 
 
-@pytest.mark.parametrize("others", [LOSSLESS, {}], ids=["lossless-plan", "tables-only"])
+@pytest.mark.parametrize("others", [pytest.param(LOSSLESS, marks=pytest.mark.slow), {}],  # lossless-plan: ~29 s of interpreter
+                         ids=["lossless-plan", "tables-only"])
 def test_forward_at_every_planned_vector_hits_and_is_bitwise(pair, others):
     eager, model, inputs = pair
     install(model, table_plan(steps=(6,), others=others), registry=REG)
@@ -122,6 +123,7 @@ def test_forward_at_every_planned_vector_hits_and_is_bitwise(pair, others):
 # ---- misses ---------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # three interpreter forwards of the tiny model (~6 s)
 def test_miss_is_counted_exact_and_added(pair):
     eager, model, inputs = pair
     install(model, table_plan(), registry=REG)
@@ -138,6 +140,7 @@ def test_miss_is_counted_exact_and_added(pair):
     assert counters().get("adaln_table.fused") == 3 and all(torch.equal(a, b) for a, b in zip(again, want))
 
 
+@pytest.mark.slow  # interpreter forwards of the tiny model (~5 s)
 def test_prepare_adds_step_counts_and_vectors(pair):
     import h3plan
 
@@ -159,6 +162,7 @@ def test_prepare_adds_step_counts_and_vectors(pair):
         h3plan.prepare(model, num_inference_steps=1)
 
 
+@pytest.mark.slow  # interpreter forwards of the tiny model (~3 s)
 def test_weights_changed_after_install_are_served_from_the_new_weights(pair):
     eager, model, inputs = pair
     install(model, table_plan(), registry=REG)

@@ -42,6 +42,7 @@ def _same_counts(got, expected):
     assert dict(got) == dict(expected) and got.reasons == expected.reasons
 
 
+@pytest.mark.slow  # torch.export of the installed tiny model (~18 s a case)
 @pytest.mark.parametrize("settings", [LOSSLESS, FP8], ids=["bf16", "fp8"])
 def test_exported_plan_keeps_the_bits_and_counts_exactly(settings):
     model, inputs, ref, expected = _installed(settings)

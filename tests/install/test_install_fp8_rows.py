@@ -65,6 +65,7 @@ def row_model():
     return model, block_in, report
 
 
+@pytest.mark.slow  # the FP8 row chain in the interpreter (~6 s)
 def test_installed_row_block_equals_the_reference_chain(row_model):
     model, block_in, report = row_model
     blk = model.transformer_blocks[0]

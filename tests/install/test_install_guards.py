@@ -33,6 +33,7 @@ def test_fp32_model_falls_back_with_dtype_reasons():
     assert c["attention.fused"] == 2  # sdpa takes fp32 too
 
 
+@pytest.mark.slow  # the lossless block in the interpreter (~3 s)
 def test_non_contiguous_block_input_falls_back():
     model, ref_model = tiny_model(), tiny_model()
     install(model, plan(**LOSSLESS), registry=LEVERS)

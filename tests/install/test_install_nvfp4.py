@@ -228,7 +228,8 @@ def small(static=True):
     return model, tiny_inputs(seq_len=16)
 
 
-@pytest.mark.parametrize("static", [True, pytest.param(False, marks=pytest.mark.slow)])
+@pytest.mark.slow  # NVFP4 producers over the tiny model in the interpreter (~4 s a case)
+@pytest.mark.parametrize("static", [True, False])
 def test_producers_and_out_cast_give_the_linears_own_bits(static):
     """nvfp4_producer_quant + nvfp4_out_quant write the same codes the NVFP4 linears compute from bf16 inputs."""
     model, inputs = small(static)
@@ -243,6 +244,7 @@ def test_producers_and_out_cast_give_the_linears_own_bits(static):
     assert any(lv == "nvfp4_producer_quant" for lv, _ in logged)
 
 
+@pytest.mark.slow  # NVFP4 forwards in the interpreter (~4 s)
 def test_a_refused_producer_falls_back_with_the_same_bits(monkeypatch):
     from h3plan.kernels import nvfp4_producers as npd
 
@@ -281,6 +283,7 @@ def test_verify_video_ssim():
     assert 1.0 > video_ssim(near, ref) > video_ssim(far, ref) > 0.0
 
 
+@pytest.mark.slow  # torch.compile of an installed block (~10 s)
 def test_installed_nvfp4_block_compiles_fullgraph(monkeypatch):
     """The producers, the fold, the out cast and the emulated GEMM trace as one graph (custom ops, counters
     through h3plan::count): no graph break, no recompile on the second call, the eager bits."""

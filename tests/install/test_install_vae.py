@@ -162,6 +162,7 @@ def test_a_user_autocast_is_honoured_bit_for_bit(precision, autocast):
     assert counters().get("vae_ops.scaled_residual.fused") == 2 * BLOCKS
 
 
+@pytest.mark.slow  # VAE decodes in the interpreter (~1 s a case)
 @pytest.mark.parametrize("loaded", [torch.float16, torch.bfloat16])
 def test_a_vae_loaded_in_another_dtype_keeps_it_and_still_fuses(loaded):
     """torch_dtype=float16 or bfloat16 at load: nothing to cast (fp16 plan) or nothing castable (bf16 VAE); the kernels run."""
@@ -179,6 +180,7 @@ def test_a_vae_loaded_in_another_dtype_keeps_it_and_still_fuses(loaded):
     assert vae.dtype == loaded
 
 
+@pytest.mark.slow  # a VAE decode per op in the interpreter (~1 s)
 def test_each_op_alone_is_exact_and_counted():
     for op in OPS:
         vae, z = tiny_vae(), latent()
@@ -217,6 +219,7 @@ def test_round_trip_restores_the_original_parameters_bit_for_bit(sm90):
     assert counters() == {}
 
 
+@pytest.mark.slow  # VAE decodes in the interpreter (~2 s)
 def test_the_originals_are_on_the_host_and_only_uninstall_reads_them(sm90, monkeypatch):
     vae, z = tiny_vae(), latent()
     report = install(vae, sm90)
@@ -259,6 +262,7 @@ def test_install_is_idempotent_and_a_new_plan_replaces_the_old(sm90):
     assert counters() == {"vae_ops.swiglu.fused": BLOCKS}
 
 
+@pytest.mark.slow  # VAE decodes in the interpreter (~1-2 s a case)
 @pytest.mark.parametrize("tiling_before", ["released", "off"])
 def test_tile_geometry_goes_through_enable_tiling_and_is_restored(tiling_before):
     vae, ref_vae, z = tiny_vae(), cast(tiny_vae()), latent()
@@ -289,6 +293,7 @@ def test_bad_tile_geometry_is_refused_and_the_model_untouched(tile, msg):
     assert all("forward" not in b.__dict__ for b in vae.decoder.transformer_blocks)
 
 
+@pytest.mark.slow  # FP8 GEMMs over a whole VAE decode (~8 s)
 def test_unregistered_arch_skips_vae_ops_with_the_reason_and_fp8_tiles_install_geometry_and_fp8_gemms(sm107):
     vae, ref_vae, z = tiny_vae(), cast(tiny_vae()), latent()
     report = install(vae, sm107)
@@ -356,6 +361,7 @@ def test_cpu_without_the_interpreter_falls_back(monkeypatch):
         assert counters()[f"vae_ops.{op}.fallback"] > 0 and "Triton needs CUDA" in _reasons(op), op
 
 
+@pytest.mark.slow  # VAE decodes in the interpreter (~1 s a case)
 @pytest.mark.parametrize("change", ["edit", "replace", "move"])
 def test_weights_changed_after_install_decode_as_changed_and_uninstall_restores_the_originals(change, caplog):
     vae, ref_vae, z = tiny_vae(), cast(tiny_vae()), latent()
@@ -385,6 +391,7 @@ def test_weights_changed_after_install_decode_as_changed_and_uninstall_restores_
                if not (change == "replace" and k == replaced))
 
 
+@pytest.mark.slow  # VAE decodes in the interpreter (~1 s)
 def test_custom_attention_processor_keeps_diffusers_attention():
     import diffusers.models.autoencoders.autoencoder_kl_minimax_h3 as am
 
@@ -448,6 +455,7 @@ def test_the_transformer_still_reports_vae_levers_skipped():
     assert report.swaps == []
 
 
+@pytest.mark.slow  # the VAE bench script on CPU (~1 s)
 def test_benchmark_script_plumbing_on_cpu(tmp_path):
     """benchmarks/vae.py end to end on the tiny config (host clock; only the plumbing and records mean anything)."""
     import importlib.util

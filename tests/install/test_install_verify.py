@@ -24,6 +24,7 @@ def _cfg(**verify):
 LOSSLESS_FA4 = dict(attention="fa4", qk_norm_rope="fused", modulation="exact", gated_residual="on", swiglu="on")
 
 
+@pytest.mark.slow  # verify in the interpreter over the tiny model (~9 s)
 def test_verify_lossless_plan_passes_bitwise(capsys):
     rc = get_action("verify")(_cfg(), plan(**LOSSLESS_FA4), registry=LEVERS)
     out = capsys.readouterr().out

@@ -14,6 +14,7 @@ from install_helpers import LEVERS, LOSSLESS, TINY, forward, plan, tiny_inputs, 
 
 from h3plan.install import Builder, counters, install, installed_plan, reset_counters, uninstall
 from h3plan.install.processor import H3PlanAttnProcessor
+from h3plan.levers import OPTIONS, scope_options
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +31,7 @@ def _sd(model):
     return {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
 
 
+@pytest.mark.slow  # five interpreter kernels over the whole tiny model (~10 s)
 def test_lossless_plan_bitwise_and_every_fused_path_ran(inputs, eager):
     model = tiny_model()
     install(model, plan(**LOSSLESS), registry=LEVERS)
@@ -130,8 +132,18 @@ def test_builder_contract():
         b.set("other", "backend", "sdpa")
     with pytest.raises(ValueError, match="quant=.*allowed: None or dict\\(format: 'fp8' | 'nvfp4'"):
         b.set("gemm_quant", "quant", {"format": "int8"})
-    assert b.options("block") == {"modulation": "exact", "gated_residual": False, "swiglu": False, "fp8_act_quant": "tensor",
-                                  "nvfp4_producer_quant": False, "compile": "off"}
+    # every block option the registry declares, in registry order: the recorded value, else its default
+    # (derived, so a new lever's option adds a key here instead of breaking the test)
+    block = scope_options("block")
+    opts = b.options("block")
+    assert list(opts) == list(block)
+    assert opts == {k: "exact" if k == "modulation" else o.default for k, o in block.items()}
+    assert all(b.lever_of(k) == OPTIONS[k][0] for k in opts)
+    # the block options this test pins: the value set, the defaults, and each one's owner
+    pinned = {"modulation": "exact", "gated_residual": False, "swiglu": False, "fp8_act_quant": "tensor",
+              "nvfp4_producer_quant": False, "compile": "off"}
+    assert {k: opts[k] for k in pinned} == pinned
+    assert {k: b.lever_of(k) for k in pinned} == {k: k for k in pinned}
 
 
 def test_inconsistent_options_and_unknown_lever_raise_and_leave_model_untouched():

@@ -40,6 +40,7 @@ def test_load_model_refuses_a_folder_it_cannot_load(tmp_path):
         load_model(tmp_path)
 
 
+@pytest.mark.slow  # verify of a saved checkpoint in the interpreter (~8 s)
 def test_verify_on_a_checkpoint_folder(checkpoint, capsys):
     folder, _ = checkpoint
     # model= stays the default (h3): the widths come from the folder

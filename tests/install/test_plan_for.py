@@ -27,6 +27,7 @@ def _vae_cfg():
     return OmegaConf.to_container(OmegaConf.load(ROOT / "conf/vae/h3_tiny_pipe.yaml").diffusers_config)
 
 
+@pytest.mark.slow  # builds and installs a model at packaged widths (~1.3 s)
 def test_a_model_with_packaged_widths_gets_the_packaged_plan():
     plan = h3plan.plan_for(tiny_model(), hardware="sm90")
     assert plan == h3plan.resolve_config(model="h3_tiny")
@@ -36,6 +37,7 @@ def test_a_model_with_packaged_widths_gets_the_packaged_plan():
         model="h3_tiny", recipe="fp8", parallel="u2", hardware="sm100")
 
 
+@pytest.mark.slow  # installs and runs a model of other widths (~1 s)
 def test_other_widths_are_read_from_the_model_and_install():
     from h3plan.actions.inputs import build_model
 
@@ -90,6 +92,7 @@ def _save(tmp_path, transformer=None, vae=None):
     return tmp_path
 
 
+@pytest.mark.slow  # saves and loads a checkpoint folder (~3 s)
 def test_plan_for_a_checkpoint_folder(tmp_path):
     from h3plan.actions.pipeline_build import build_vae
 

@@ -191,6 +191,7 @@ def test_guards():
         fp.swiglu_fp8(torch.randn(2, 7).bfloat16())
 
 
+@pytest.mark.slow  # torch.library.opcheck
 def test_opcheck_ops():
     x, w, scale, shift, index = make(1, 3, 96, seed=6)
     torch.library.opcheck(torch.ops.h3plan.rmsnorm_modulate_fp8.default, (x, w, scale, shift, index, EPS, "exact", None))

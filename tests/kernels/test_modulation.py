@@ -112,6 +112,7 @@ def test_exact_matches_cuda_emulation(B, S, D, config, weight):
     assert torch.equal(bits(out), bits(want))
 
 
+@pytest.mark.slow  # interpreter at a larger shape (~3 s)
 def test_exact_vs_cpu_eager():
     x, w, scale, shift, index = make(2, 6, 5376, seed=3)
     zeros = torch.zeros_like(scale)
@@ -130,6 +131,7 @@ def _ulp(t):
     return torch.exp2(e - 7)
 
 
+@pytest.mark.slow  # interpreter at a larger shape (~2 s)
 def test_fp32_mode_error_bound():
     x, w, scale, shift, index = make(2, 5, 5376, seed=5)
     exact = mm._launch(x, w, scale, shift, index, EPS, "exact")

@@ -140,6 +140,7 @@ def test_cast_matches_reference(shape, static):
     assert got[0].shape == shape[:-1] + (shape[-1] // 2,)
 
 
+@pytest.mark.slow  # interpreter past one swizzle tile (~4 s)
 def test_cast_fp16_and_swizzle_past_one_tile():
     x = special_blocks(spread((133, 48), 5)).half()  # 133 rows: two row tiles; 3 scale columns: padded to 4
     got = n4.cast_nvfp4(x)
@@ -158,6 +159,7 @@ def test_cast_guards():
         n4.cast_nvfp4(torch.zeros(2, 24, dtype=torch.bfloat16))
 
 
+@pytest.mark.slow  # torch.library.opcheck
 def test_cast_opcheck():
     x = spread((3, 64), 1).bfloat16()
     torch.library.opcheck(torch.ops.h3plan.cast_nvfp4.default, (x, None))

@@ -98,6 +98,7 @@ def test_guards():
         npd.swiglu_nvfp4(torch.randn(2, 7).bfloat16())
 
 
+@pytest.mark.slow  # torch.library.opcheck (~3 s)
 def test_opcheck_ops():
     x, w, scale, shift, index = make(1, 3, 64, seed=6)
     torch.library.opcheck(torch.ops.h3plan.rmsnorm_modulate_nvfp4.default, (x, w, scale, shift, index, EPS, "exact", None))

@@ -75,6 +75,7 @@ def test_e4m3_rne_helper_exhaustive():
     assert torch.equal(codes(out), codes(ref)), f"{(codes(out) != codes(ref)).sum().item()} codes differ"
 
 
+@pytest.mark.slow  # interpreter at a larger shape (~2 s)
 def test_dynamic_excludes_padding_rows():
     q, k, v, wq, wk, cos, sin = inputs()
     valid = 5
@@ -94,6 +95,7 @@ def test_dynamic_excludes_padding_rows():
     assert (inflated > amax[[0, 2]]).all()  # the padding would have moved both scales
 
 
+@pytest.mark.slow  # interpreter at a larger shape (~3 s)
 def test_amax_hook_sees_and_sets_the_amax():
     q, k, v, wq, wk, cos, sin = inputs(seed=1)
     calls = []
@@ -128,6 +130,7 @@ def test_static_scales_and_saturation():
     assert not (codes(got[2]) & 0x7F == 0x7F).any()
 
 
+@pytest.mark.slow  # interpreter at both Ulysses degrees (~4-5 s a case)
 @pytest.mark.parametrize("U", [2, 4])
 def test_fp8_destination_major(U):
     q, k, v, wq, wk, cos, sin = inputs(H=8, seed=U)
@@ -143,6 +146,7 @@ def test_fp8_destination_major(U):
     assert torch.equal(codes(packed), codes(ref[0]))
 
 
+@pytest.mark.slow  # interpreter at a larger shape (~3 s)
 def test_quantisation_error_budget():
     q, k, v, wq, wk, cos, sin = inputs(seed=3)
     *f8, descale = m.qk_norm_rope_fp8(q, k, v, wq, wk, cos, sin, 1e-5)
@@ -185,6 +189,7 @@ def test_fp8_guards():
         m.qk_norm_rope_fp8(q, k, None, wq, wk, cos, sin, 1e-5)
 
 
+@pytest.mark.slow  # torch.library.opcheck (~5 s)
 def test_opcheck_fp8_ops():
     q, k, v, wq, wk, cos, sin = inputs(B=1, S=3)
     torch.library.opcheck(torch.ops.h3plan.qk_norm_rope_fp8_amax.default, (q, k, v, wq, wk, cos, sin, 1e-5, 2))

@@ -20,6 +20,7 @@ def cuda_order(monkeypatch):
     monkeypatch.setattr(F, "rms_norm", lambda x, shape, w=None, eps=None: m.emulate_cuda_rms_norm(x, w, eps))
 
 
+@pytest.mark.slow  # two FP8 kernels in the interpreter (~3 s)
 def test_same_bits_as_qk_norm_rope_fp8():
     q, k, v, wq, wk, cos, sin = inputs(B=1, seed=1)
     q[0, 1, 5] = 40.0  # one large value: it sets q's scale
@@ -65,6 +66,7 @@ def test_destination_major():
     assert torch.equal(codes(packed), codes(ref)) and torch.equal(d, rd)
 
 
+@pytest.mark.slow  # torch.library.opcheck (~4 s)
 def test_guards_and_opcheck():
     q, k, v, wq, wk, cos, sin = inputs(B=1, S=3)
     with pytest.raises(ValueError, match="v is required"):

@@ -56,7 +56,8 @@ def assert_bits(a, b):
     assert torch.equal(bits(a), bits(b)), f"{(bits(a) != bits(b)).sum().item()} of {a.numel()} differ"
 
 
-@pytest.mark.parametrize("B,S,H,D,R", [(2, 7, 4, 32, 24), (1, 3, 8, 128, 96), (1, 2, 3, 64, 48), (1, 5, 2, 96, 96)])
+@pytest.mark.parametrize("B,S,H,D,R", [pytest.param(2, 7, 4, 32, 24, marks=pytest.mark.slow), (1, 3, 8, 128, 96),  # B=2: ~2 s
+                                       (1, 2, 3, 64, 48), (1, 5, 2, 96, 96)])
 def test_exact_vs_cuda_order(cuda_order, B, S, H, D, R):
     q, k, v, wq, wk, cos, sin = inputs(B, S, H, D, R)
     got = m.qk_norm_rope(q, k, wq, wk, cos, sin, 1e-5, v=v)
@@ -120,6 +121,7 @@ def test_destination_major_pack(cuda_order, U, with_v):
     assert_bits(packed, m.qk_norm_rope_ref(q, k, wq, wk, cos, sin, 1e-5, v=v if with_v else None, ulysses_degree=U))
 
 
+@pytest.mark.slow  # diffusers' processor against the kernel in the interpreter (~3 s)
 def test_matches_diffusers_attention_processor(cuda_order, monkeypatch):
     """The real MiniMaxH3Attention processor (to_q/k -> unflatten -> norm_q/k -> _apply_rotary_emb), with its
     attention call captured, against the kernel on the same projections."""
@@ -166,6 +168,7 @@ def test_vs_cpu_eager_within_one_ulp():
     assert d.max().item() <= 1 and (d > 0).float().mean().item() <= 1e-4
 
 
+@pytest.mark.slow  # torch.library.opcheck (~4 s)
 def test_opcheck_fake_impl():
     q, k, v, wq, wk, cos, sin = inputs(1, 3, 4, 32, 24)
     torch.library.opcheck(torch.ops.h3plan.qk_norm_rope.default, (q, k, wq, wk, cos, sin, 1e-5, v, 2))

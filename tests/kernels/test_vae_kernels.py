@@ -34,7 +34,8 @@ def bits(t):
     return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
 
 
-@pytest.mark.parametrize("B,S,H,D,R,dtype", [(2, 9, 4, 64, 48, torch.float16), (1, 5, 3, 32, 24, torch.float16),
+@pytest.mark.parametrize("B,S,H,D,R,dtype", [pytest.param(2, 9, 4, 64, 48, torch.float16, marks=pytest.mark.slow),  # ~3 s
+                                             (1, 5, 3, 32, 24, torch.float16),
                                              (1, 4, 2, 64, 48, torch.bfloat16)])
 def test_vae_qk_exact(cuda_order, B, S, H, D, R, dtype):
     g = torch.Generator().manual_seed(S)
@@ -52,6 +53,7 @@ def test_vae_qk_exact(cuda_order, B, S, H, D, R, dtype):
     assert torch.equal(bits(got2[0]), bits(got[0][:1]))
 
 
+@pytest.mark.slow  # a diffusers VAE block in the interpreter (~5 s)
 def test_matches_diffusers_vae_block(cuda_order, monkeypatch):
     """diffusers' MiniMaxH3VideoTransformerBlock with FP16 attention/FFN and fp32 norms and scales (what
     autocast or an fp16 torch_dtype gives): the processor's q/k after norm + RoPE, and the residual
@@ -134,6 +136,7 @@ def test_vae_guards():
             scaled_residual(*args)
 
 
+@pytest.mark.slow  # torch.library.opcheck of every VAE op (~2 s)
 def test_opcheck_vae_ops():
     q = torch.randn(1, 3, 2, 32).half()
     cos, sin = vae_rope(1, 3, 24)

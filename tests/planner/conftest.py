@@ -51,3 +51,25 @@ def plan():
     from h3plan.planner import resolve
 
     return lambda *overrides: resolve(compose_config(*overrides))
+
+
+@pytest.fixture(scope="session")
+def preset(plan):
+    """preset(hw, recipe, parallel): the plan of three group presets, nothing forced, resolved once a session
+    (the presets table, the forced-policy grid and the plan-file round trips share them); the H3PlanError
+    a combination raises is raised again."""
+    from h3plan.errors import H3PlanError
+
+    memo = {}
+
+    def _preset(hw, recipe, par):
+        if (hw, recipe, par) not in memo:
+            try:
+                memo[hw, recipe, par] = plan(f"hardware={hw}", f"recipe={recipe}", f"parallel={par}")
+            except H3PlanError as e:
+                memo[hw, recipe, par] = e
+        if isinstance(memo[hw, recipe, par], H3PlanError):
+            raise memo[hw, recipe, par]
+        return memo[hw, recipe, par]
+
+    return _preset

@@ -78,9 +78,9 @@ def test_a_hand_chosen_setting_is_planned_as_forced(plan, fp8):
     assert p == want and p.decision("gated_residual").forced and p.get("levers")["gated_residual"] == "off"
 
 
-def test_round_trips_every_packaged_hardware(plan, tmp_path):
+def test_round_trips_every_packaged_hardware(preset, tmp_path):
     for hw in ("sm90", "sm100", "sm103", "sm107"):
-        p = plan(f"hardware={hw}", "recipe=fp8", "parallel=u4")
+        p = preset(hw, "fp8", "u4")
         assert Plan.from_dict(p.to_dict()) == p and [d.lever for d in p.decisions] == list(LEVER_SETTINGS)
 
 

@@ -38,6 +38,7 @@ def test_estimates_follow_the_anchors(plan):
     assert plan("hardware=sm100").derived_value("attention_tflops_used") == round(2250 * 0.71, 1)
 
 
+@pytest.mark.slow  # nine plans and their round trips (~7 s)
 def test_round_trips_and_determinism(plan):
     for ov in (["hardware=sm107", "recipe=nvfp4", "parallel=u8"], ["hardware=sm90"], ["hardware=sm90", "recipe=fp8", "parallel=u4"]):
         p = plan(*ov)

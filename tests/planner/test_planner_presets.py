@@ -26,12 +26,12 @@ def test_every_preset_is_covered():
 
 
 @pytest.mark.parametrize("hw", HARDWARE)
-def test_presets_plan_or_refuse_naming_a_user_choice(plan, hw):
+def test_presets_plan_or_refuse_naming_a_user_choice(preset, hw):
     valid = 0
     for recipe in RECIPES:
         for par in PARALLEL:
             try:
-                p = plan(f"hardware={hw}", f"recipe={recipe}", f"parallel={par}")
+                p = preset(hw, recipe, par)
             except H3PlanError as e:
                 msg = str(e)
                 where = f"{hw} {recipe} {par}: {msg}"
