@@ -20,7 +20,7 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
-from .schema import LEVER_SETTINGS
+from .planning.schema import LEVER_SETTINGS
 
 GROUPS = ("hardware", "recipe", "parallel", "model", "vae")
 KEY_LEVERS = ("gemm_quant", "attention", "fa4_2cta", "fp8_scales", "qk_norm_rope", "ulysses_overlap",
@@ -63,7 +63,7 @@ def run_job(cfg, hc) -> dict[str, Any]:
     except H3PlanError as e:
         rec.update(status="invalid", reason=str(e))
     except Exception as e:  # noqa: BLE001 - recorded; the sweep goes on
-        from .config import condense
+        from .planning.config import condense
 
         line, code = condense(e)
         rec.update(status="invalid" if code == 2 else "failed", reason=line)

@@ -26,10 +26,11 @@ import torch
 import torch.distributed as dist
 from _cuda_timing import interleaved_ms, median_ms
 
-from h3plan.parallel import UlyssesAttention, shard_rows, valid_rows
+from h3plan.parallel import UlyssesAttention, shard_rows
+from h3plan.planning.sizes import valid_rows
 from h3plan.parallel.lse import LSE_BACKENDS, LseMerge, attention_with_lse, pick_lse_backend
 from h3plan.parallel.ring import RingAttention, RingUlysses, ring_ulysses_groups
-from h3plan.parallel.ring_plan import NUMERICS, describe, ring_ulysses_cost
+from h3plan.planning.ring_plan import NUMERICS, describe, ring_ulysses_cost
 
 H, D, ROUNDS, WARM = 56, 128, 8, 2
 OUT = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("OUT", ".")

@@ -2,7 +2,7 @@
 
 `get_backend(name, **options)` imports torch and the backend module (installing). What each backend
 needs from the hardware is a fact of conf/hardware/*.yaml, read by the planner's levers and, per call,
-by the backends themselves (h3plan.hardware).
+by the backends themselves (h3plan.planning.hardware).
 """
 
 from __future__ import annotations

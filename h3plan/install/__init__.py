@@ -37,7 +37,7 @@ def install(model, plan=None, *, recipe=None, parallel=None, video=None, hardwar
         raise InstallError(f"install got a plan and {given}: pass the plan, or {given} for h3plan.plan_for to plan "
                            "from the model, not both")
     if isinstance(plan, (str, os.PathLike)):
-        from h3plan.plan import Plan
+        from h3plan.planner import Plan
 
         plan = Plan.load(plan)
     return _install(model, plan, **kwargs)

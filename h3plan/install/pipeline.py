@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from h3plan.errors import InstallError
-from h3plan.plan import Plan
+from h3plan.planner import Plan
 
 from .report import InstallReport
 

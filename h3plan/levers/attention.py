@@ -10,7 +10,7 @@ attention does not return here (h3plan/parallel/lse.py).
 from __future__ import annotations
 
 from ..sources import cite
-from ..hardware import cudnn_fp8_bf16_output, cudnn_fp8_version_problem
+from ..planning.hardware import cudnn_fp8_bf16_output, cudnn_fp8_version_problem
 from .base import Context, Option, Spec, nearest_point, one_of, resolve
 
 SPEC = Spec(

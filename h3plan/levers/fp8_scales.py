@@ -84,7 +84,7 @@ def _check_table(ctx: Context) -> None:
     """A configured table must load, whatever the setting: a malformed one is an error, never ignored."""
     path = ctx.recipe["fp8_static_table"]
     if path:
-        from h3plan.scale_table import ScaleTableError, load
+        from h3plan.planning.scale_table import ScaleTableError, load
 
         try:
             load(path, model_config=ctx.model["diffusers_config"])  # a table of another model is refused

@@ -62,7 +62,7 @@ def auto(ctx: Context):
 def _static_inputs(ctx: Context) -> bool:
     """FP8 linears take static input scales only when the recipe fixes static scales and the table has linear
     rows (a version-1 table does not); a bad table is fp8_scales' error to report."""
-    from h3plan.scale_table import has_linears
+    from h3plan.planning.scale_table import has_linears
 
     return ctx.recipe["fp8_scale_mode"] == "static" and has_linears(ctx.recipe["fp8_static_table"])
 

@@ -9,7 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from h3plan.plan import Plan
+from h3plan.planner import Plan
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -516,7 +516,7 @@ def calibrate(model, inputs: list[CalibInput], heldout: list[CalibInput], *, mar
     """Observe, build the version-2 table, run the held-out check; returns the table dict (written or not by
     the caller: provenance.heldout.check.passed says whether it may be used)."""
     from h3plan import __version__
-    from h3plan.scale_table import FORMAT, VERSION, values_hash
+    from h3plan.planning.scale_table import FORMAT, VERSION, values_hash
 
     if not inputs:
         raise UsageError("calibrate: the calibration set is empty")

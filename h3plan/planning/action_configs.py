@@ -1,6 +1,6 @@
 """The `calibrate:` config section of `python -m h3plan action=calibrate` (h3plan/actions/calibrate.py).
 
-A plain dataclass (no torch, no omegaconf) so h3plan/schema.py can type the section as it types
+A plain dataclass (no torch, no omegaconf) so h3plan/planning/schema.py can type the section as it types
 `verify:` and `bench:`.
 """
 
@@ -17,7 +17,7 @@ class CalibrateConfig:
     loadable: its provenance says it failed) and the command exits 2."""
     inputs: Optional[str] = None
     """Captured inputs: a .pt file (one dict of MiniMaxH3Transformer3DModel.forward keyword arguments, or a list
-    of them) or a directory of such files (h3plan.calibration.capture_inputs writes one). null: seeded
+    of them) or a directory of such files (h3plan.actions.calibration.capture_inputs writes one). null: seeded
     synthetic inputs (seeds x steps below)."""
     heldout_inputs: Optional[str] = None
     """Captured held-out inputs (same forms). null with `inputs` set: the last quarter (at least one) of the

@@ -15,13 +15,15 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from .actions.calibrate_config import CalibrateConfig
-from .errors import ConfigError
+from h3plan.errors import ConfigError, unknown_key_line
+from h3plan.levers import LEVER_SETTINGS  # declared by each lever module (SPEC), registry order
+
+from .action_configs import CalibrateConfig
 from .memory import MemoryConfig
-from .plan import PLAN_SECTIONS
 from .request import PipelineConfig, VideoConfig, sequence
 
-from .levers import LEVER_SETTINGS  # declared by each lever module (SPEC), registry order
+PLAN_SECTIONS = ("hardware", "recipe", "parallel", "model", "vae", "video", "pipeline", "memory", "levers")
+"""The config sections a plan holds (the composed config's, less the action's own)."""
 
 
 def _setting_enum(lever: str) -> type[Enum]:
@@ -452,7 +454,7 @@ class ParallelConfig:
     """Ulysses degree (GPUs sharing one sequence); must divide the attention heads."""
     ring: int = 1
     """Ring degree: ring blocks of the sequence whose keys/values rotate between Ulysses groups (across nodes);
-    world = ring x ulysses ranks (h3plan/parallel/ring_plan.py). 1: no ring."""
+    world = ring x ulysses ranks (h3plan/planning/ring_plan.py). 1: no ring."""
     seq_len: Optional[int] = None
     """Packed sequence length in tokens (text + audio + video rows); null: derived from the `video` request.
     Set it to plan for a length no request gives (it wins, and the plan says so)."""
@@ -497,7 +499,7 @@ class ModelConfig:
     source: str = MISSING
     path: Optional[str] = None
     """A local diffusers checkpoint folder (a pipeline's, with transformer/ and vae/, or the transformer's own):
-    the plan takes its widths from the folder's config.json files (h3plan/checkpoint.py), and action=verify /
+    the plan takes its widths from the folder's config.json files (h3plan/planning/checkpoint.py), and action=verify /
     action=bench load its weights with from_pretrained instead of seeding them. null: seeded weights."""
 
 
@@ -722,8 +724,6 @@ def _structured(tp) -> tuple[type | None, bool]:
 def check_keys(c: dict[str, Any], node: type = None, prefix: str = "") -> None:
     """Every key of the composed config is a schema field. Composition already refuses `key=value` on an
     unknown key; `+key=value` adds it past the struct check, so this walk catches it. Raises ConfigError."""
-    from .config import unknown_key_line
-
     hints = _hints(node or H3PlanConfig)
     for k, v in c.items():
         key = f"{prefix}{k}"
