@@ -395,11 +395,8 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
     group: the torch.distributed group for Ulysses (None: the default group; not used by the VAE).
     num_inference_steps: step counts the adaln_table lever tables beside the plan's (an int or a list).
     """
-    from . import pipeline as _pipeline
     from . import vae as _vae
 
-    if _pipeline.is_pipeline(model):
-        return _pipeline.install_pipeline(model, plan, group=group, registry=registry, num_inference_steps=num_inference_steps)
     is_vae = _vae.is_vae(model)
     if is_vae:
         _vae.recognise(model)
@@ -474,10 +471,6 @@ def _undo(state: _State) -> None:
 
 def uninstall(model) -> bool:
     """Restore the model exactly as it was before install; False when nothing was installed."""
-    from . import pipeline as _pipeline
-
-    if _pipeline.is_pipeline(model):
-        return _pipeline.uninstall_pipeline(model)
     state = model.__dict__.pop("_h3plan_state", None)
     if state is None:
         return False
