@@ -234,8 +234,8 @@ def help_text(width: int = 110) -> str:
             (memory, "how the pipeline holds its models, for the peak-memory estimate (h3plan/planning/memory.py MemoryConfig)"),
             ("detail=summary|full", "table: the summary and one line per lever (default), or every reason, its sources "
                                     "and the derived numbers"),
-            ("verify.* bench.* calibrate.*", "see h3plan/planning/schema.py (VerifyConfig, BenchConfig) and "
-                                             "h3plan/planning/action_configs.py"),
+            ("verify.* bench.* calibrate.*", "see h3plan/planning/action_configs.py (VerifyConfig, BenchConfig, "
+                                             "CalibrateConfig)"),
             ("-m a=x,y b=z", "sweep every combination (strict=true: exit 1 if any is invalid)")]
     lines += ["", "other keys:"]
     for key, what in keys:

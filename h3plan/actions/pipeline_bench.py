@@ -63,7 +63,7 @@ from .pipeline_settings import Best, Eager, PlanSetting, Reference, Setting, pla
 def _defaults() -> dict[str, Any]:
     from dataclasses import MISSING, fields
 
-    from h3plan.planning.schema import PipelineBenchConfig  # bench.pipeline.*: one definition, the schema's
+    from h3plan.planning.action_configs import PipelineBenchConfig  # bench.pipeline.*: one definition, the schema's
 
     return {f.name: f.default if f.default_factory is MISSING else f.default_factory() for f in fields(PipelineBenchConfig)}
 

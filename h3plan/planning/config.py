@@ -128,8 +128,6 @@ def condense(e: BaseException) -> tuple[str, int]:
     from hydra.errors import HydraException, MissingConfigException, OverrideParseException
     from omegaconf.errors import OmegaConfBaseException
 
-    from h3plan.errors import H3PlanError
-
     def one(s: str) -> str:
         return " ".join(str(s).split())
 

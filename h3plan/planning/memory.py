@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from h3plan.errors import ConfigError
+from h3plan.levers.adaln_table import table_plan
+
 from .request import VideoRequest, pipeline_defaults, request_from, tokens, vae_geometry
 from .request import diffusers_kwargs as _dc
 
@@ -247,8 +249,6 @@ def _weights(it: _Items, sections, settings, opts) -> None:
 
 def _adaln_plan(sections, dc, pipe) -> dict[str, Any]:
     """adaln_table=on: the AdaLN linears' weights leave the device (pinned host memory), their table stays."""
-    from h3plan.levers.adaln_table import table_plan
-
     return table_plan(dc, pipe, audio=bool((sections.get("video") or {}).get("audio", True)))
 
 

@@ -50,7 +50,7 @@ def _usage(message: str) -> Exception:
 
 
 def options(cfg) -> BenchOptions:
-    """`cfg.bench` as BenchOptions (the values were checked with the config: h3plan.planning.schema.validate_actions)."""
+    """`cfg.bench` as BenchOptions (the values were checked with the config: h3plan.planning.action_configs.validate_actions)."""
     b = cfg["bench"] if isinstance(cfg, Mapping) else cfg.bench
 
     def ints(key):
