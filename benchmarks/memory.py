@@ -1,5 +1,5 @@
 """Peak GPU memory of diffusers' MiniMaxH3ModularPipeline under h3plan plans, with and without adaln_table, against
-h3plan.memory's estimate, and the 80 GB fit under a per-process cap (one GPU).
+h3plan.planning.memory's estimate, and the 80 GB fit under a per-process cap (one GPU).
 
     . /tmp/h3site/env.sh && python benchmarks/memory.py --steps 3 --decode all --out benchmarks/results --tag h200
 
@@ -44,7 +44,7 @@ def _plan(recipe, steps, tables, gb=None, extra=()):
 
 
 def _estimate(plan, phase):
-    from h3plan import memory
+    from h3plan.planning import memory
 
     sections = {k: plan.get(k) for k in ("model", "vae", "recipe", "hardware", "video", "pipeline", "memory", "parallel")}
     shape = {k: plan.derived_value(k) for k in ("seq_len", "ulysses_degree", "batch", "local_rows")}
@@ -151,7 +151,7 @@ def _cap_child(args) -> int:
     from omegaconf import OmegaConf
 
     from h3plan.actions.pipeline_build import build_pipeline, prompt_inputs
-    from h3plan.config import compose
+    from h3plan.planning.config import compose
 
     torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gb * 1e9 / torch.cuda.get_device_properties(0).total_memory))
     c = compose([])
@@ -191,7 +191,7 @@ def main(argv=None) -> int:
     from omegaconf import OmegaConf
 
     from h3plan.actions.pipeline_build import build_pipeline, prompt_inputs
-    from h3plan.config import compose
+    from h3plan.planning.config import compose
 
     import tempfile
 

@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     from omegaconf import OmegaConf
 
     from h3plan.actions.bench.pipeline import run
-    from h3plan.config import compose
+    from h3plan.planning.config import compose
     from h3plan.errors import H3PlanError
     from h3plan.planner import resolve
 

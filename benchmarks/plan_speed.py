@@ -4,7 +4,7 @@
 
 Prints the median and the fastest wall time of `runs` fresh interpreters and their median CPU time, the Hydra compositions one plan
 pays for (Hydra 1.3 on its own composes twice; h3plan's CLI once) and `python -X importtime`'s cumulative
-import cost of h3plan.cli and h3plan.schema. On a loaded machine compare two trees measured the same way,
+import cost of h3plan.cli and h3plan.planning.schema. On a loaded machine compare two trees measured the same way,
 one after the other, rather than against a number taken elsewhere.
 """
 
@@ -61,7 +61,7 @@ def main() -> None:
                                       text=True, check=True).stdout.split()
     print(f"python -m h3plan {' '.join(a.overrides)}: median {statistics.median(walls):.3f} s, fastest {min(walls):.3f} s "
           f"over {a.runs} cold runs (CPU {statistics.median(cpus):.3f} s, less sensitive to a loaded machine); {compositions} Hydra composition(s) per plan (exit {rc}); import h3plan.cli "
-          f"{_import_us('h3plan.cli') / 1e3:.0f} ms, h3plan.schema {_import_us('h3plan.schema') / 1e3:.0f} ms (cumulative)")
+          f"{_import_us('h3plan.cli') / 1e3:.0f} ms, h3plan.planning.schema {_import_us('h3plan.planning.schema') / 1e3:.0f} ms (cumulative)")
 
 
 if __name__ == "__main__":

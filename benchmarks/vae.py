@@ -79,7 +79,7 @@ def tiles_only(plan):
     (the eager side; fp8_tiles' FP8 GEMMs stay on the plan side)."""
     import dataclasses
 
-    from h3plan.plan import make_plan
+    from h3plan.planner import make_plan
 
     ds = [dataclasses.replace(d, params=tuple(kv for kv in d.params if kv[0] != "dtype"))
           for d in plan.decisions if d.lever == "vae_tiles"]

@@ -11,7 +11,7 @@ user can make raises an `H3PlanError` (one line, the same text the CLI prints).
 """
 
 from h3plan.errors import ConfigError, H3PlanError, InstallError, PlanFileError, PlanningError, UsageError
-from h3plan.plan import Decision, Plan
+from h3plan.planning.decision import Decision
 
 __version__ = "0.2.0"
 
@@ -20,6 +20,7 @@ __all__ = ["Decision", "Plan", "resolve", "resolve_config", "plan_for", "install
            "UsageError", "InstallError", "__version__"]
 
 _LAZY = {
+    "Plan": ("h3plan.planner", "Plan"),
     "resolve": ("h3plan.planner", "resolve"),
     "plan_for": ("h3plan.from_model", "plan_for"),
     "install": ("h3plan.install", None),  # the package is callable: install(model, plan)
@@ -49,7 +50,7 @@ def resolve_config(**groups):
 
     Raises H3PlanError (ConfigError, PlanningError) with the CLI's one-line message on bad input.
     """
-    from h3plan.config import compose, override
+    from h3plan.planning.config import compose, override
     from h3plan.planner import resolve
 
     return resolve(compose([override(k, v) for k, v in groups.items()]))

@@ -19,7 +19,7 @@ import sys
 import textwrap
 from typing import Any
 
-from .config import CONFIG_NAME, CONFIG_PATH, condense
+from .planning.config import CONFIG_NAME, CONFIG_PATH, condense
 from .errors import H3PlanError, UsageError
 
 PROG = "h3plan"
@@ -44,7 +44,8 @@ def run(argv: list[str]) -> int:
         return 0
     from hydra._internal.utils import _run_hydra, get_args_parser
 
-    from . import schema, sweep
+    from . import sweep
+    from .planning import schema
 
     schema.register()
     sweep.strict_failure = None
@@ -67,7 +68,7 @@ def run(argv: list[str]) -> int:
     _rc, _failure = 0, None
     try:
         args = parser.parse_args(argv)
-        from .request import video_overrides
+        from .planning.request import video_overrides
 
         args.overrides = video_overrides(args.overrides)
         with _one_composition(args):
@@ -137,7 +138,7 @@ def _fixed_command(argv: list[str], e: BaseException, tries: int = 4) -> str:
     import re
     import shlex
 
-    from .config import compose
+    from .planning.config import compose
     from .planner import resolve
 
     fix, args = _fix_of(e), list(argv)
@@ -201,7 +202,7 @@ def _plan_and_act(cfg) -> int:
 
 def help_text(width: int = 110) -> str:
     """--help: usage, the config groups and their options, every lever with its settings (from the registry)."""
-    from .config import CONFIG_PATH
+    from .planning.config import CONFIG_PATH
     from .levers import SPECS
 
     groups = sorted(d for d in os.listdir(CONFIG_PATH) if os.path.isdir(os.path.join(CONFIG_PATH, d)))
@@ -219,8 +220,8 @@ def help_text(width: int = 110) -> str:
     import dataclasses
 
     from .actions import ACTIONS
-    from .memory import MemoryConfig
-    from .request import FIELDS
+    from .planning.memory import MemoryConfig
+    from .planning.request import FIELDS
 
     memory = " ".join(f"memory.{f.name}" for f in dataclasses.fields(MemoryConfig))
     keys = [(f"action=plan|{'|'.join(ACTIONS)}", "verify: prove the plan against diffusers' eager forward; bench: time it; "
@@ -230,11 +231,11 @@ def help_text(width: int = 110) -> str:
             (" ".join(f"video.{k}=" for k in FIELDS), "the request over the video preset: S (text + audio + video rows) "
                                                       "comes from it (video.seconds or video.frames: the other is nulled)"),
             ("parallel.seq_len=N", "plan for N tokens directly; it wins over the video request, and the plan says so"),
-            (memory, "how the pipeline holds its models, for the peak-memory estimate (h3plan/memory.py MemoryConfig)"),
+            (memory, "how the pipeline holds its models, for the peak-memory estimate (h3plan/planning/memory.py MemoryConfig)"),
             ("detail=summary|full", "table: the summary and one line per lever (default), or every reason, its sources "
                                     "and the derived numbers"),
-            ("verify.* bench.* calibrate.*", "see h3plan/schema.py (VerifyConfig, BenchConfig) and "
-                                             "h3plan/actions/calibrate_config.py"),
+            ("verify.* bench.* calibrate.*", "see h3plan/planning/action_configs.py (VerifyConfig, BenchConfig, "
+                                             "CalibrateConfig)"),
             ("-m a=x,y b=z", "sweep every combination (strict=true: exit 1 if any is invalid)")]
     lines += ["", "other keys:"]
     for key, what in keys:
@@ -422,7 +423,7 @@ def render_table(plan, width: int = 120) -> str:
         lines.append(head + body[0])
         lines += [" " * pad + w for w in body[1:]]
     lines += ["", f"{'derived':<32} {'value':<14} basis"]
-    from .derive import ORDER
+    from .planning.derive import ORDER
 
     basis, derived = plan.derived_value("basis", {}), plan.to_dict()["derived"]
     for k in [k for k in ORDER if k in derived] + sorted(set(derived) - set(ORDER) - {"basis"}):

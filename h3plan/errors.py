@@ -45,3 +45,14 @@ class InstallError(H3PlanError):
 
 
 __all__ = ["H3PlanError", "ConfigError", "PlanningError", "PlanFileError", "UsageError", "InstallError"]
+
+
+def unknown_key_line(key: str, allowed: list[str]) -> str:
+    """`key: unknown key (did you mean <near>?); allowed: ...` (the near miss only when one is close)."""
+    import difflib
+
+    leaf = key.rpartition(".")[2]
+    near = difflib.get_close_matches(leaf, allowed, n=1, cutoff=0.75)
+    parent = key.rpartition(".")[0]
+    hint = f" (did you mean {parent + '.' if parent else ''}{near[0]}?)" if near else ""
+    return f"{key}: unknown key{hint}" + (f"; allowed: {', '.join(allowed)}" if allowed else "")

@@ -1,6 +1,6 @@
 """`h3plan.plan_for(what_you_have, recipe=..., parallel=..., video=...)`: a plan for the model you hold.
 
-The widths come from the components' own configs (h3plan/checkpoint.py: a MiniMaxH3Transformer3DModel, an
+The widths come from the components' own configs (h3plan/planning/checkpoint.py: a MiniMaxH3Transformer3DModel, an
 AutoencoderKLMiniMaxH3, a pipeline holding them, or a local checkpoint folder); a component whose config is a
 packaged option's (conf/model/h3_tiny.yaml ...) plans under that option's name. The hardware comes from the
 device: its compute capability picks the packaged `hardware` group (conf/hardware/*.yaml
@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import checkpoint, hardware as hw
 from .errors import UsageError
+from .planner import resolve
+from .planning import checkpoint, hardware as hw
+from .planning.config import compose
 
 SECTIONS = ("model", "vae")
 
@@ -62,9 +64,6 @@ def plan_for(obj, recipe: str | None = None, parallel: str | None = None, video:
              hardware: str | None = None, device: str | None = None, **overrides):
     """The Plan for `obj` (module docstring). device: the CUDA device to read (default: where obj's weights
     are, else the current device). Raises H3PlanError (one line) on anything it cannot read or plan."""
-    from .config import compose
-    from .planner import resolve
-
     comps = checkpoint.read(obj)
     _refuse_read_keys(overrides, comps)
     choices = {"hardware": hardware, "recipe": recipe, "parallel": parallel, "video": video}

@@ -20,7 +20,10 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
-from .schema import LEVER_SETTINGS
+from . import planner
+from .errors import H3PlanError
+from .planning.config import condense
+from .planning.schema import LEVER_SETTINGS
 
 GROUPS = ("hardware", "recipe", "parallel", "model", "vae")
 KEY_LEVERS = ("gemm_quant", "attention", "fa4_2cta", "fp8_scales", "qk_norm_rope", "ulysses_overlap",
@@ -36,9 +39,6 @@ strict_failure: str | None = None
 
 def run_job(cfg, hc) -> dict[str, Any]:
     """One sweep job: plan.yaml + result.json in the job's output dir. Never raises."""
-    from . import planner
-    from .errors import H3PlanError
-
     out = Path(hc.runtime.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     rec: dict[str, Any] = {
@@ -63,8 +63,6 @@ def run_job(cfg, hc) -> dict[str, Any]:
     except H3PlanError as e:
         rec.update(status="invalid", reason=str(e))
     except Exception as e:  # noqa: BLE001 - recorded; the sweep goes on
-        from .config import condense
-
         line, code = condense(e)
         rec.update(status="invalid" if code == 2 else "failed", reason=line)
     (out / "result.json").write_text(json.dumps(rec, indent=1) + "\n")

@@ -24,7 +24,7 @@ from _cuda_timing import events, interleaved_ms
 from h3plan.actions import inputs
 from h3plan.actions.bench.measure import capture_block_inputs, plan_backend, run_stack
 from h3plan.actions.bench.timing import BackendTimer
-from h3plan.config import compose as compose_config
+from h3plan.planning.config import compose as compose_config
 from h3plan.install import install
 from h3plan.planner import resolve
 

@@ -26,7 +26,7 @@ from _cuda_timing import interleaved_ms  # noqa: E402
 
 from h3plan.actions import inputs  # noqa: E402
 from h3plan.actions.bench.measure import capture_block_inputs, rel_error, run_stack  # noqa: E402
-from h3plan.config import compose  # noqa: E402
+from h3plan.planning.config import compose  # noqa: E402
 from h3plan.install import install  # noqa: E402
 from h3plan.planner import resolve  # noqa: E402
 from h3plan.runtime.counters import format_counters, reset_counters  # noqa: E402

@@ -13,7 +13,7 @@ import sys
 import torch
 
 from h3plan.attention import get_backend
-from h3plan.parallel.sizes import shard_len
+from h3plan.planning.sizes import shard_len
 
 E4M3 = torch.float8_e4m3fn
 OUT = sys.argv[1] if len(sys.argv) > 1 else "."

@@ -22,7 +22,7 @@ from _cuda_timing import interleaved_ms
 
 from h3plan.actions import inputs
 from h3plan.actions.bench.measure import capture_block_inputs, run_stack
-from h3plan.config import compose as compose_config
+from h3plan.planning.config import compose as compose_config
 from h3plan.install import install
 from h3plan.planner import resolve
 

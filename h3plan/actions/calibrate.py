@@ -1,9 +1,9 @@
 """`python -m h3plan action=calibrate ...`: make the static FP8 scale table that recipes read
-(recipe.fp8_static_table; format in h3plan/scale_table.py).
+(recipe.fp8_static_table; format in h3plan/planning/scale_table.py).
 
 Builds the model (`calibrate.checkpoint` through diffusers' from_pretrained, else seeded random weights as
 action=verify does: model=h3_tiny on the CPU with the Triton interpreter, real width on a GPU), runs the
-calibration inputs with observers at every FP8 site, then the held-out check (h3plan/calibration.py) on a
+calibration inputs with observers at every FP8 site, then the held-out check (h3plan/actions/calibration.py) on a
 disjoint set. Inputs: `calibrate.inputs` (captured forward kwargs: a .pt file or a directory) or seeded
 synthetic requests, `seeds` x `steps` of diffusers' MiniMaxH3Scheduler schedules (video shift 12, audio
 shift 3, as diffusers' MiniMax-H3 pipeline sets them), held out: `heldout_seeds` x the steps between.
@@ -11,7 +11,7 @@ shift 3, as diffusers' MiniMax-H3 pipeline sets them), held out: `heldout_seeds`
 The FP8 sites of the check are the plan's (attention=cudnn_fp8, gemm_quant=fp8); a plan with neither checks
 both. The table passes when the static scales' worst PSNR against the BF16 eager forward is at least
 recipe.budget.psnr_db_min and, on the blocks' own update, they lose at most calibrate.max_loss_db to dynamic
-scales (h3plan.calibration.heldout_check); it is then written to `calibrate.out` and the last line names it with the
+scales (h3plan.actions.calibration.heldout_check); it is then written to `calibrate.out` and the last line names it with the
 command whose plan reads it (table_overrides, planned before it is printed). Otherwise it
 goes to <stem>.rejected.json (its provenance marks it rejected, so it never loads) and the command exits 2
 with one line. Returns 0 on success.
@@ -24,7 +24,7 @@ import os
 
 from h3plan.errors import UsageError
 
-from .calibrate_config import CalibrateConfig
+from h3plan.planning.action_configs import CalibrateConfig
 from .verify import CPU_MAX_ROWS, _cfg_get, _prepare_device
 
 
@@ -79,7 +79,7 @@ def _check_steps(name: str, steps, n_eval: int) -> list[int]:
 
 
 def _model(cfg, c: CalibrateConfig, device, dtype):
-    from h3plan.scale_table import config_hash
+    from h3plan.planning.scale_table import config_hash
 
     from .inputs import build_model
 
@@ -104,7 +104,7 @@ def _model(cfg, c: CalibrateConfig, device, dtype):
 
 def _inputs(cfg, c: CalibrateConfig, device, seq_len):
     """(calibration inputs, held-out inputs, provenance of each, request)."""
-    from h3plan.calibration import load_inputs, schedule, seeded_inputs
+    from h3plan.actions.calibration import load_inputs, schedule, seeded_inputs
 
     from .inputs import layout
 
@@ -175,7 +175,7 @@ def _closing_line(plan, out: str, summary: str) -> str:
     """The last line: the table and a command whose plan uses it (planned here first, so the hint is proven)."""
     import shlex
 
-    from h3plan.config import compose
+    from h3plan.planning.config import compose
     from h3plan.errors import H3PlanError
     from h3plan.planner import resolve
 
@@ -214,8 +214,8 @@ def run(cfg, plan) -> int:
     device = _prepare_device(c.device, "calibrate.device")
     import torch
 
-    from h3plan.calibration import calibrate, say
-    from h3plan.scale_table import ScaleTableError, config_hash, write
+    from h3plan.actions.calibration import calibrate, say
+    from h3plan.planning.scale_table import ScaleTableError, config_hash, write
 
     from .inputs import resolve_dtype
 

@@ -110,7 +110,7 @@ def load_model(path, *, blocks: int | None = None, device="cpu", dtype=torch.bfl
     unreadable folder is one UsageError."""
     from diffusers import MiniMaxH3Transformer3DModel
 
-    from h3plan.checkpoint import transformer_folder
+    from h3plan.planning.checkpoint import transformer_folder
     from h3plan.errors import UsageError
 
     folder, sub, config = transformer_folder(path)

@@ -150,7 +150,7 @@ class Verifier:
 
 
 def _subplan(plan, decisions):
-    from h3plan.plan import Plan
+    from h3plan.planner import Plan
 
     return Plan(config=plan.config, derived=plan.derived, decisions=tuple(decisions), notes=plan.notes)
 
@@ -158,7 +158,7 @@ def _subplan(plan, decisions):
 def _substitute_backend(plan, backend, reason):
     """The plan with `backend` for attention; decisions whose setting needs another backend (the levers'
     SPEC.backends) are dropped, so their levers install nothing."""
-    from h3plan.plan import make_decision
+    from h3plan.planning.decision import make_decision
 
     out = []
     for d in plan.decisions:
@@ -271,7 +271,7 @@ def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, head
           "other op diffusers' eager code")
     base = [d for d in plan.decisions if d.lever in REFERENCE_LEVERS]
     if not any(d.lever == "attention" for d in base):
-        from h3plan.plan import make_decision
+        from h3plan.planning.decision import make_decision
 
         base.insert(0, make_decision("attention", "sdpa", True, ["verify: the plan names no backend"]))
     ref = v.run(_subplan(plan, base))
@@ -356,7 +356,7 @@ def run(cfg, plan, *, registry=None) -> int:
 
     path = _cfg_get(cfg.model, "path", None)  # model.path: a checkpoint's weights instead of seeded ones
     if path:
-        from h3plan.checkpoint import transformer_folder
+        from h3plan.planning.checkpoint import transformer_folder
 
         dcfg = transformer_folder(path)[2]
     else:

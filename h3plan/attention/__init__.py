@@ -6,7 +6,7 @@ declarations are imported by name, so `h3plan.attention.fa4` stays the implement
 names a backend reads it: the attention lever, the schema, the installer and its processor, the ring's
 log-sum-exp backends, the bench. `get_backend(name, **options)` imports torch and the backend's `impl`
 (installing). What each backend needs from the hardware is a fact of conf/hardware/*.yaml, read by the planner
-through `supports` / `select` and, per call, by the backends themselves (h3plan.hardware).
+through `supports` / `select` and, per call, by the backends themselves (h3plan.planning.hardware).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Mapping, Sequence
 
-from h3plan.hardware import never_ran
+from h3plan.planning.hardware import never_ran
 
 from . import spec as _spec
 from .spec import BackendSpec

@@ -4,7 +4,7 @@ A backend computes non-causal, unmasked softmax attention with scale 1/sqrt(D) o
 tensors (the layout diffusers' processors hand to `dispatch_attention_fn`) and returns (B, Sq, H, D):
 
 - `unavailable_reason(q, k, v) -> str | None`: runtime: import, the device's hardware facts (the same
-  conf/hardware YAML the planner reads, picked by compute capability: h3plan.hardware), dtype, head dim.
+  conf/hardware YAML the planner reads, picked by compute capability: h3plan.planning.hardware), dtype, head dim.
   The installer's processor calls it per call and routes a refused call to diffusers' own attention.
 - `__call__(q, k, v, out=None)`: the attention. Sq may be smaller than Skv (Ulysses padded queries).
   `out` (optional, (B, Sq, H, D), any strides with a unit last stride) receives the result in place
@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 import torch
 
-from h3plan.hardware import for_capability
+from h3plan.planning.hardware import for_capability
 
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "e4m3": torch.float8_e4m3fn}

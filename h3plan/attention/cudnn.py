@@ -28,7 +28,7 @@ import torch
 from h3plan.kernels.fp8 import dequantize, dequantize_check, dequantize_ref
 
 from . import fp8 as f8
-from h3plan.hardware import cudnn_fp8_bf16_output, cudnn_fp8_version_problem, for_capability
+from h3plan.planning.hardware import cudnn_fp8_bf16_output, cudnn_fp8_version_problem, for_capability
 
 from .base import AttentionBackend, cuda_reason, device_cc, device_facts, dtype_reason, facts_reason, shape_reason, write_out
 from .specs import cudnn_bf16, cudnn_fp8

@@ -13,6 +13,7 @@ import sys
 import types
 
 from .builder import Builder
+from .components import is_pipeline
 from h3plan.runtime.counters import counters, fallback_reasons, format_counters, reset_counters
 
 
@@ -37,13 +38,21 @@ def install(model, plan=None, *, recipe=None, parallel=None, video=None, hardwar
         raise InstallError(f"install got a plan and {given}: pass the plan, or {given} for h3plan.plan_for to plan "
                            "from the model, not both")
     if isinstance(plan, (str, os.PathLike)):
-        from h3plan.plan import Plan
+        from h3plan.planner import Plan
 
         plan = Plan.load(plan)
+    if is_pipeline(model):
+        from .pipeline import install_pipeline
+
+        return install_pipeline(model, plan, **kwargs)
     return _install(model, plan, **kwargs)
 
 
 def uninstall(model) -> bool:
+    if is_pipeline(model):
+        from .pipeline import uninstall_pipeline
+
+        return uninstall_pipeline(model)
     from .installer import uninstall as _uninstall
 
     return _uninstall(model)

@@ -44,6 +44,8 @@ from h3plan.runtime import count_op  # noqa: F401 (h3plan::count before any comp
 from h3plan.runtime.counters import fallback as count_fallback, fused as count_fused
 from h3plan.runtime.guards import needs_grad
 
+from .components import TRANSFORMERS, is_pipeline
+
 LEVER = "adaln_table"
 _SLOTS: dict[int, "_Slot"] = {}  # weight.data_ptr() of a parked linear -> its slot (the op's lookup)
 
@@ -327,13 +329,11 @@ def prepare(obj, num_inference_steps=None, *, timesteps=None, condition_video=No
     schedulers, else the plan's shifts) and/or explicit `timesteps` vectors (each as the transformer's `timestep`
     argument). obj: a transformer with adaln_table installed, or a MiniMaxH3ModularPipeline (both transformers).
     Returns the number of vectors added; 0 where no table is installed."""
-    from . import pipeline as _pipeline
-
-    if _pipeline.is_pipeline(obj):
+    if is_pipeline(obj):
         added = 0
         schedulers = (getattr(obj, "scheduler", None), getattr(obj, "audio_scheduler", None))
         aug = getattr(obj, "keyframe_noise_aug", None)
-        for name in _pipeline.TRANSFORMERS:
+        for name in TRANSFORMERS:
             model = getattr(obj, name, None) if name in obj.component_names else None
             if model is not None:
                 added += _prepare(model, num_inference_steps, timesteps, condition_video, condition_audio,

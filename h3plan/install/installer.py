@@ -30,9 +30,9 @@ import torch
 
 from h3plan.attention import backend_spec, for_options, untested_notes
 from h3plan.errors import InstallError
-from h3plan.hardware import never_ran
+from h3plan.planning.hardware import never_ran
 
-from h3plan.plan import Plan
+from h3plan.planner import Plan
 
 from .block import block_kernels, load_kernel, plan_block_forward
 from .builder import Builder
@@ -189,10 +189,10 @@ def _quantize(model, builder, state) -> None:
 
 def _static_inputs(model, params, state) -> None:
     """gemm_quant=fp8 with a calibrated table (params input_scales=static): every FP8 block linear quantises its
-    input with the table's amax * margin (h3plan.scale_table), one pass and no amax, instead of dynamically."""
+    input with the table's amax * margin (h3plan.planning.scale_table), one pass and no amax, instead of dynamically."""
     from h3plan.quant import BLOCK_LINEARS
     from h3plan.quant.fp8 import FP8Linear
-    from h3plan.scale_table import linear_amax, load_table
+    from h3plan.planning.scale_table import linear_amax, load_table
 
     table, margin, n = load_table(params["scale_table"], model_config=model.config), float(params["scale_margin"]), 0
     for i, block in enumerate(model.transformer_blocks):
@@ -270,10 +270,10 @@ def _option_swaps(report, builder, scope: str, values: dict, fqn: str) -> None:
 
 
 def _static_descales(opts: AttentionOptions, fqns: list[str]) -> dict[str, torch.Tensor]:
-    """Per-layer (q, k, v) descales from the static table (h3plan/scale_table.py): descale = amax * margin / 448,
+    """Per-layer (q, k, v) descales from the static table (h3plan/planning/scale_table.py): descale = amax * margin / 448,
     the inverse of the kernel's scale."""
     from h3plan.attention.fp8 import scale_from_amax
-    from h3plan.scale_table import load, row_for
+    from h3plan.planning.scale_table import load, row_for
 
     table = load(opts.scale_table)
     return {fqn: 1.0 / scale_from_amax(torch.tensor(row_for(table, fqn, opts.scale_table), dtype=torch.float32),
@@ -400,11 +400,8 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
     group: the torch.distributed group for Ulysses (None: the default group; not used by the VAE).
     num_inference_steps: step counts the adaln_table lever tables beside the plan's (an int or a list).
     """
-    from . import pipeline as _pipeline
     from h3plan.vae import install as _vae
 
-    if _pipeline.is_pipeline(model):
-        return _pipeline.install_pipeline(model, plan, group=group, registry=registry, num_inference_steps=num_inference_steps)
     is_vae = _vae.is_vae(model)
     if is_vae:
         _vae.recognise(model)
@@ -479,10 +476,6 @@ def _undo(state: _State) -> None:
 
 def uninstall(model) -> bool:
     """Restore the model exactly as it was before install; False when nothing was installed."""
-    from . import pipeline as _pipeline
-
-    if _pipeline.is_pipeline(model):
-        return _pipeline.uninstall_pipeline(model)
     state = model.__dict__.pop("_h3plan_state", None)
     if state is None:
         return False

@@ -20,14 +20,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from h3plan.errors import InstallError
-from h3plan.plan import Plan
+from h3plan.planner import Plan
 
+from .adaln_table import prepare, tables_of
+from .components import COMPONENTS, NO_LEVER, TRANSFORMERS, is_pipeline
+from .installer import install, installed_plan, uninstall
 from .report import InstallReport
 
-TRANSFORMERS = ("transformer", "transformer_ref")
-COMPONENTS = TRANSFORMERS + ("vae", "audio_vae")
-NO_LEVER = {"audio_vae": "no lever applies: AutoencoderKLMiniMaxH3Audio is a DAC encoder + BigVGAN convolutional "
-                         "decoder; h3plan's levers target the transformer blocks and the video VAE's ViT decoder"}
 _STATE = "_h3plan_pipeline"
 
 
@@ -71,11 +70,6 @@ def _pipeline_class():
     return MiniMaxH3ModularPipeline
 
 
-def is_pipeline(obj) -> bool:
-    """A diffusers ModularPipeline of any model (cheap: no diffusers import for other objects)."""
-    return any(c.__name__ == "ModularPipeline" and c.__module__.startswith("diffusers.") for c in type(obj).__mro__)
-
-
 def recognise(pipe) -> None:
     name = f"{type(pipe).__module__}.{type(pipe).__qualname__}"
     if not is_pipeline(pipe):
@@ -92,8 +86,6 @@ def install_pipeline(pipe, plan: Plan, group=None, *, registry=None, num_inferen
     """Install `plan` into every component of a MiniMaxH3ModularPipeline it has levers for (module docstring).
     group: the torch.distributed group for the transformers' Ulysses attention (None: the default group);
     registry: lever installers, as installer.install takes them (None: h3plan.levers.REGISTRY)."""
-    from .installer import install, installed_plan, uninstall
-
     recognise(pipe)
     if not isinstance(plan, Plan):
         raise InstallError(f"install_pipeline expects an h3plan Plan, got {type(plan).__name__}")
@@ -117,8 +109,7 @@ def install_pipeline(pipe, plan: Plan, group=None, *, registry=None, num_inferen
             touched[name] = comp
             if was != plan:
                 fresh.append(comp)
-        from .adaln_table import prepare, tables_of  # adaln_table: the keys of the pipeline's own schedulers too
-
+        # adaln_table: the keys of the pipeline's own schedulers too
         tabled = [c for n, c in touched.items() if n in TRANSFORMERS and tables_of(c) is not None]
         if tabled:
             prepare(pipe, num_inference_steps=tables_of(tabled[0]).spec["steps"])
@@ -135,8 +126,6 @@ def install_pipeline(pipe, plan: Plan, group=None, *, registry=None, num_inferen
 def uninstall_pipeline(pipe) -> bool:
     """Restore every component the pipeline's installs touched, and any loaded component that carries a plan;
     False when none was installed."""
-    from .installer import uninstall
-
     recognise(pipe)
     comps = list(pipe.__dict__.pop(_STATE, None) or [])
     comps += [getattr(pipe, n, None) for n in COMPONENTS if n in pipe.component_names]
@@ -151,8 +140,6 @@ def uninstall_pipeline(pipe) -> bool:
 
 def installed_pipeline_plan(pipe) -> dict[str, Plan | None]:
     """Component name -> the plan installed in it (None: nothing installed), for the loaded components."""
-    from .installer import installed_plan
-
     recognise(pipe)
     return {n: installed_plan(getattr(pipe, n)) for n in COMPONENTS
             if n in pipe.component_names and getattr(pipe, n, None) is not None and n not in NO_LEVER}

@@ -225,7 +225,7 @@ class H3PlanAttnProcessor:
 
     def _ulysses_call(self, attn, q, k, v, rotary_emb):
         """Degree U > 1: this rank's rows in, (B, S_loc, H*D) out (h3plan.parallel.ulysses)."""
-        from h3plan.parallel.sizes import valid_rows
+        from h3plan.planning.sizes import valid_rows
 
         U, S, mode = self.opts.ulysses_degree, self.shard.seq_len, self.opts.qk_norm_rope
         ua = self.ulysses
@@ -347,7 +347,7 @@ class H3PlanAttnProcessor:
         backend takes no FP8 scales from here (BF16 backends, static tables, FP8 codes on the wire)."""
         if not self.spec.fp8_inputs or self.opts.fp8_scales != "dynamic":
             return None
-        from h3plan.parallel.sizes import valid_rows
+        from h3plan.planning.sizes import valid_rows
 
         vr = valid_rows(self.shard.seq_len, self.opts.ulysses_degree, self.ulysses.rank)
         amax = torch.stack([t.narrow(row_dim, 0, vr).abs().amax().float() if vr > 0 else

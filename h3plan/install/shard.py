@@ -47,7 +47,7 @@ def shard_heads(model, shard: SequenceShard):
     """Run `norm_out`, `proj_out` and `audio_proj_out` on this rank's rows (see the module docstring).
     Returns the undo (restores the three forwards and the last block's gather)."""
     from h3plan.parallel.comm import gather_rows, shard_rows
-    from h3plan.parallel.sizes import shard_len
+    from h3plan.planning.sizes import shard_len
 
     def sharded(rows: int) -> bool:  # this call carries the shard's rows (a full-sequence call passes through)
         return shard.seq_len is not None and rows == shard_len(shard.seq_len, shard.degree) != shard.seq_len

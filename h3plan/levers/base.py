@@ -19,7 +19,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from ..attention import BACKENDS
-from ..plan import Decision, make_decision
+from ..planning.decision import Decision, make_decision
 
 SCOPES = ("linears", "block", "attention", "vae")
 MODELS = ("transformer", "vae")
@@ -125,7 +125,7 @@ class Context:
     shape: Mapping[str, Any]
     decisions: Mapping[str, Decision] = field(default_factory=lambda: MappingProxyType({}))
     request: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
-    """The video request's numbers (h3plan/request.py: rows, latent frames and size); empty when
+    """The video request's numbers (h3plan/planning/request.py: rows, latent frames and size); empty when
     parallel.seq_len was set explicitly."""
     pipeline: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     """The `pipeline` section: diffusers' pipeline facts (steps, scheduler shifts; conf/pipeline/h3.yaml)."""

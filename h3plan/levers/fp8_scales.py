@@ -9,9 +9,10 @@ FP8 output (SM90) the decision also records how scale_o is chosen.
 
 from __future__ import annotations
 
+from ..planning.scale_table import ScaleTableError, load
 from ..sources import cite
 from .attention import fp8_output_dtype
-from .base import Context, Option, Spec, one_of, resolve
+from .base import Context, LeverError, Option, Spec, one_of, resolve
 
 
 SPEC = Spec(
@@ -45,8 +46,6 @@ def auto(ctx: Context):
         return "off", [f"attention is {ctx.setting('attention')}: no FP8 attention scales"], {}
     if r["fp8_scale_mode"] == "static":
         if not r["fp8_static_table"]:
-            from .base import LeverError
-
             raise LeverError(SPEC.name, "auto", ["recipe.fp8_scale_mode=static needs recipe.fp8_static_table=PATH"])
         return "static", [f"recipe {r['name']} fixes static scales (recipe.fp8_scale_mode)"], params(ctx, "static")
     if r["fp8_scale_mode"] == "dynamic":
@@ -84,13 +83,9 @@ def _check_table(ctx: Context) -> None:
     """A configured table must load, whatever the setting: a malformed one is an error, never ignored."""
     path = ctx.recipe["fp8_static_table"]
     if path:
-        from h3plan.scale_table import ScaleTableError, load
-
         try:
             load(path, model_config=ctx.model["diffusers_config"])  # a table of another model is refused
         except ScaleTableError as e:
-            from .base import LeverError
-
             raise LeverError(SPEC.name, ctx.requested(SPEC.name), [f"recipe.fp8_static_table: {e}"]) from None
 
 

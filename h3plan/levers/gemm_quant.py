@@ -8,7 +8,9 @@ AdaLN projections, norms and output heads keep diffusers' dtypes. fp8/nvfp4 are 
 
 from __future__ import annotations
 
+from ..planning.scale_table import has_linears
 from .base import Context, LeverError, Option, Spec, resolve
+from .nvfp4_producer_quant import nvfp4_evidence
 
 SPEC = Spec(
     name="gemm_quant",
@@ -62,8 +64,6 @@ def auto(ctx: Context):
 def _static_inputs(ctx: Context) -> bool:
     """FP8 linears take static input scales only when the recipe fixes static scales and the table has linear
     rows (a version-1 table does not); a bad table is fp8_scales' error to report."""
-    from h3plan.scale_table import has_linears
-
     return ctx.recipe["fp8_scale_mode"] == "static" and has_linears(ctx.recipe["fp8_static_table"])
 
 
@@ -83,8 +83,6 @@ def params(ctx: Context, s: str) -> dict:
 
 def explain(ctx: Context, s: str) -> list[str]:
     if s == "nvfp4":
-        from .nvfp4_producer_quant import nvfp4_evidence
-
         return nvfp4_evidence(ctx, SPEC.name, s)
     if s == "dequant_bf16":
         return [f"the {ctx.recipe['checkpoint']} checkpoint's weights are dequantised to BF16; the GEMMs add no loss beyond the checkpoint's own"]

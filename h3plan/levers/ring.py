@@ -23,7 +23,7 @@ backend family computed the blocks) or `ring.fallback` (the fp32 reference did, 
 from __future__ import annotations
 
 from ..attention import BACKENDS
-from ..parallel.ring_plan import degree_reasons, describe, ring_ulysses_cost
+from ..planning.ring_plan import degree_reasons, describe, ring_ulysses_cost
 from .base import Context, LeverError, Option, Spec, nearest_point, nearest_ulysses_point, resolve
 
 SPEC = Spec(

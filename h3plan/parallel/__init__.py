@@ -1,10 +1,8 @@
-"""Sequence parallelism: Ulysses (all-to-all attention), ring x Ulysses, row sharding, traffic sizes.
+"""Sequence parallelism: Ulysses (all-to-all attention), ring x Ulysses, row sharding.
 
-The size and ring-planning helpers (sizes.py, ring_plan.py) are torch-free; the rest imports torch
-on first use.
+Each name imports torch on first use; the traffic sizes and the ring's planning math are torch-free
+(h3plan/planning/sizes.py, h3plan/planning/ring_plan.py).
 """
-
-from .sizes import a2a_bytes, padded_len, shard_len, valid_rows
 
 _LAZY = {
     "UlyssesAttention": ".ulysses",
@@ -20,7 +18,7 @@ _LAZY = {
     "pick_lse_backend": ".lse",
 }
 
-__all__ = ["a2a_bytes", "padded_len", "shard_len", "valid_rows", *_LAZY]
+__all__ = [*_LAZY]
 
 
 def __getattr__(name):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .sizes import padded_len, shard_len
+from h3plan.planning.sizes import padded_len, shard_len
 
 
 def degree_rank(group) -> tuple[int, int]:

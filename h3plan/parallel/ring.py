@@ -59,8 +59,8 @@ from h3plan.errors import UsageError
 
 from .comm import backend_name, check_qkv, degree_rank, device_reason, wire
 from .lse import LseMerge, attention_with_lse, check_lse_result
-from .ring_plan import degree_reasons, mesh_ranks
-from .sizes import shard_len, valid_rows
+from h3plan.planning.ring_plan import degree_reasons, mesh_ranks
+from h3plan.planning.sizes import shard_len, valid_rows
 from .ulysses import UlyssesAttention
 
 _GROUP_PEER = "group_peer" in inspect.signature(dist.P2POp.__init__).parameters

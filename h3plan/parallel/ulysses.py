@@ -73,7 +73,7 @@ from collections import Counter
 import torch
 
 from .comm import all_to_all, backend_name, check_qkv, degree_rank, device_reason, wire
-from .sizes import shard_len, valid_rows
+from h3plan.planning.sizes import shard_len, valid_rows
 
 PADDING_MODES = ("none", "padded", "fixed_valid", "valid_only")
 FP8_CODES = (torch.float8_e4m3fn,)

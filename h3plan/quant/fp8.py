@@ -9,7 +9,7 @@ output. torch's rowwise recipe needs both operands rowwise, so the per-tensor ac
 expanded to (M, 1). `scaling="tensor"` keeps one weight scale (cuBLAS tensorwise path) instead.
 Activations: per-tensor dynamic e4m3 on the device each call (h3plan.kernels.fp8: scale = 448 / amax,
 codes = e4m3(x * scale), descale = 1 / scale; a two-pass Triton kernel on CUDA, the same bits as its
-torch reference), or static: `set_static_input(amax, margin)` (a calibrated table, h3plan.scale_table)
+torch reference), or static: `set_static_input(amax, margin)` (a calibrated table, h3plan.planning.scale_table)
 fixes the activation scale to 448 / (amax * margin), so the cast is one pass with no amax (values beyond
 amax * margin saturate at +-448). to_q, to_k and to_v receive the same input tensor: inside
 `shared_activation(x)` (the installer's attention processor wraps the three projections in it) its codes
@@ -114,7 +114,7 @@ class SequenceAmax:
 
     def __init__(self, shard):
         from h3plan.parallel.comm import amax_allreduce_hook, degree_rank
-        from h3plan.parallel.sizes import valid_rows
+        from h3plan.planning.sizes import valid_rows
 
         from h3plan.kernels.fp8 import amax, quantize_check
 

@@ -10,12 +10,12 @@ which every installed call site uses.
 
 import torch
 
-from .counters import _record
+from .tally import record
 
 
 @torch.library.custom_op("h3plan::count", mutates_args=())
 def count(lever: str, reason: str, fused: bool) -> None:
-    _record(lever, None if fused else reason)
+    record(lever, None if fused else reason)
 
 
 @count.register_fake

@@ -14,18 +14,7 @@ effect, which no compiler pass drops as dead code), so torch.export and function
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
-
-_COUNTS: Counter = Counter()
-_REASONS: dict[str, Counter] = defaultdict(Counter)
-
-
-def _record(lever: str, reason: str | None) -> None:
-    if reason is None:
-        _COUNTS[f"{lever}.fused"] += 1
-    else:
-        _COUNTS[f"{lever}.fallback"] += 1
-        _REASONS[lever][reason] += 1
+from .tally import COUNTS as _COUNTS, REASONS as _REASONS, record as _record
 
 
 def _compiling() -> bool:

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from h3plan.actions import bench
-from h3plan.plan import make_decision, make_plan
+from h3plan.planner import make_plan
+from h3plan.planning.decision import make_decision
 
 from bench_fake import record, records
 
@@ -27,7 +28,7 @@ def test_options_accepts_the_defaults():
                                          pytest.param("false", False, marks=pytest.mark.slow)])  # a CPU bench run a case (~1 s)
 def test_bench_best_is_an_on_off_switch_defaulting_on(value, best):
     import h3plan
-    from h3plan.config import compose
+    from h3plan.planning.config import compose
 
     assert compose([])["bench"]["best"] is True
     cfg = compose([f"bench.best={value}"])
@@ -40,7 +41,7 @@ def test_bench_best_is_an_on_off_switch_defaulting_on(value, best):
     ("blocks=[0]", "bench.blocks"), ("tag=a/b", "bench.tag"), ("best=maybe", "bench.best"),
 ])
 def test_bad_bench_values_are_one_line_config_errors(over, key):
-    """Checked with the config (h3plan.schema.validate_actions), before any action runs."""
+    """Checked with the config (h3plan.planning.schema.validate_actions), before any action runs."""
     import h3plan
 
     with pytest.raises(h3plan.ConfigError) as e:

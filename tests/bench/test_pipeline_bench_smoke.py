@@ -26,7 +26,7 @@ REQUIRED = ("run", "video", "S", "gpus", "setting", "label", "vae", "forward_s",
 DRIVER = """
 import json, sys
 from omegaconf import OmegaConf
-from h3plan.config import compose
+from h3plan.planning.config import compose
 from h3plan.planner import resolve
 from h3plan.actions.bench import pipeline
 out, *runs = sys.argv[1:]
@@ -178,7 +178,7 @@ def test_cpu_refuses_real_width_with_the_smoke_form():
     from omegaconf import OmegaConf
 
     from h3plan.actions.bench.pipeline import run
-    from h3plan.config import compose
+    from h3plan.planning.config import compose
     from h3plan.errors import UsageError
     from h3plan.planner import resolve
 
@@ -198,7 +198,7 @@ def test_the_cpu_smoke_form_composes_to_the_tiny_request():
     import shlex
 
     from h3plan.actions.bench.pipeline import CPU_SMOKE, options
-    from h3plan.config import compose
+    from h3plan.planning.config import compose
     from h3plan.planner import resolve
 
     argv = shlex.split(CPU_SMOKE)

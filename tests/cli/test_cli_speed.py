@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from hydra._internal.hydra import Hydra
 
-from h3plan import cli, schema
-from h3plan.config import CONFIG_NAME, CONFIG_PATH
+from h3plan import cli
+from h3plan.planning import schema
+from h3plan.planning.config import CONFIG_NAME, CONFIG_PATH
 
 REPO = Path(__file__).resolve().parents[2]
 

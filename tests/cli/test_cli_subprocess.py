@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from h3plan.plan import Plan
+from h3plan.planner import Plan
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -22,7 +22,7 @@ GiB = 2**30
 def setup():
     import h3plan
     from h3plan.actions.inputs import build_model, packed_inputs
-    from h3plan.config import compose
+    from h3plan.planning.config import compose
     from omegaconf import OmegaConf
 
     dc = OmegaConf.to_container(compose([]).model.diffusers_config)

@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 from h3plan import resolve_config
 from h3plan.actions import calibrate as action
-from h3plan.scale_table import load_table
+from h3plan.planning.scale_table import load_table
 
 pytestmark = pytest.mark.gpu
 

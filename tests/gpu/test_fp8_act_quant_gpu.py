@@ -55,7 +55,7 @@ def test_tiny_row_block_equals_the_reference_chain_with_scaled_mm():
 def test_real_width_row_plan_fused_and_within_tensor_error():
     from h3plan.actions import inputs
     from h3plan.actions.bench.measure import capture_block_inputs, rel_error, run_stack
-    from h3plan.config import compose
+    from h3plan.planning.config import compose
     from h3plan.install import counters, install, reset_counters
     from h3plan.planner import resolve
 

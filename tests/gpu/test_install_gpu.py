@@ -33,7 +33,7 @@ def compose(*overrides):
     from hydra import compose as hcompose
     from hydra import initialize_config_dir
 
-    from h3plan import schema
+    from h3plan.planning import schema
     from h3plan.cli import CONFIG_PATH
 
     schema.register()

@@ -46,7 +46,7 @@ CASES = {
 
 
 def _plan(recipe, S, U, extra=()):
-    from h3plan.config import compose as compose_config
+    from h3plan.planning.config import compose as compose_config
     from h3plan.planner import resolve
 
     cfg = compose_config(["hardware=sm90", f"parallel=u{U}", f"recipe={recipe}", f"parallel.seq_len={S}", *extra])

@@ -1,4 +1,4 @@
-"""H200: h3plan.memory's transformer terms against torch.cuda.max_memory_allocated, one real-width block
+"""H200: h3plan.planning.memory's transformer terms against torch.cuda.max_memory_allocated, one real-width block
 (+ the 2 refiner blocks and the heads), eager and with the sm90 bf16 plan installed, S = 19,000 and 37,820.
 Each test prints one line: the estimate, the measurement and their ratio.
 
@@ -16,7 +16,7 @@ import pytest
 import torch
 import yaml
 
-from h3plan import memory as M
+from h3plan.planning import memory as M
 from h3plan.actions.inputs import build_model, packed_inputs
 
 pytestmark = pytest.mark.gpu

@@ -18,7 +18,7 @@ def _run(tmp_path, recipe, extra=()):
     from omegaconf import OmegaConf
 
     from h3plan.actions.bench.pipeline import run
-    from h3plan.config import compose
+    from h3plan.planning.config import compose
     from h3plan.planner import resolve
 
     c = compose(["hardware=sm90", f"recipe={recipe}", *extra])

@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 from nccl_launch import N_GPU, NEEDS_2_GPUS, run_check, torchrun_world
 
-from h3plan.parallel import (UlyssesAttention, a2a_bytes, amax_allreduce_hook, padded_len, shard_len,
-                             shard_rows, valid_rows)
+from h3plan.parallel import UlyssesAttention, amax_allreduce_hook, shard_rows
+from h3plan.planning.sizes import a2a_bytes, padded_len, shard_len, valid_rows
 
 pytestmark = [pytest.mark.gpu, NEEDS_2_GPUS]
 E4M3 = torch.float8_e4m3fn

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from h3plan import resolve_config
 from h3plan.actions import calibrate as action
-from h3plan.scale_table import ScaleTableError, load_table
+from h3plan.planning.scale_table import ScaleTableError, load_table
 
 FAST = {"seeds": [0], "count": 2, "heldout_seeds": [7], "device": "cpu", "percentile": 99.9}
 
@@ -33,7 +33,7 @@ def _plan(*extra):
 def calibrated(tmp_path_factory):
     out = tmp_path_factory.mktemp("cal") / "scales.json"
     lines = []
-    import h3plan.calibration as cal
+    import h3plan.actions.calibration as cal
 
     real = cal.say
     cal.say = lines.append
@@ -45,7 +45,7 @@ def calibrated(tmp_path_factory):
 
 
 def test_observer_forward_is_diffusers_bitwise():
-    from h3plan.calibration import _Run, _Stats
+    from h3plan.actions.calibration import _Run, _Stats
 
     model, inputs = tiny_model(), tiny_inputs()
     want = forward(model, inputs)
@@ -87,7 +87,7 @@ def test_closing_hint_plans_with_the_table(calibrated):
     import shlex
 
     from h3plan.actions.calibrate import uses_table
-    from h3plan.config import compose
+    from h3plan.planning.config import compose
     from h3plan.planner import resolve
 
     _, out, lines = calibrated
@@ -104,7 +104,7 @@ def test_closing_hint_plans_with_the_table(calibrated):
 
 def test_linear_amax_is_the_max_over_the_calibration_inputs(calibrated):
     """Independent hooks on the plain model over the same seeded inputs give the table's linear amax."""
-    from h3plan.calibration import schedule, seeded_inputs
+    from h3plan.actions.calibration import schedule, seeded_inputs
 
     _, out, _ = calibrated
     t = load_table(str(out))
@@ -134,7 +134,7 @@ def test_tampered_or_stale_table_is_refused(calibrated, tmp_path):
 
 
 def test_heldout_check_refuses_a_table_that_clips(monkeypatch, calibrated, tmp_path):
-    import h3plan.calibration as cal
+    import h3plan.actions.calibration as cal
 
     real = cal.rows
 
@@ -205,7 +205,7 @@ def test_plan_with_the_table_installs_and_verifies(calibrated, capsys):
 
 
 def test_captured_inputs_round_trip(tmp_path):
-    from h3plan.calibration import capture_inputs, load_inputs
+    from h3plan.actions.calibration import capture_inputs, load_inputs
     from h3plan.errors import UsageError
 
     model, inputs = tiny_model(), tiny_inputs()

@@ -12,7 +12,8 @@ from h3plan.install import install, uninstall
 from h3plan.install import adaln_table as A
 from h3plan.levers import REGISTRY
 from h3plan.levers import adaln_table as lever
-from h3plan.plan import make_decision, make_plan
+from h3plan.planner import make_plan
+from h3plan.planning.decision import make_decision
 from h3plan.runtime.counters import counters, fallback_reasons, reset_counters
 
 REG = dict(LEVERS, adaln_table=REGISTRY["adaln_table"].install)

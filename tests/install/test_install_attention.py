@@ -40,8 +40,8 @@ def test_sdpa_is_diffusers_native_dispatch(sq):
 
 
 def test_runtime_rules_read_the_hardware_yaml():
-    """One source: the backends' per-call rules and the planner read conf/hardware/*.yaml (h3plan.hardware)."""
-    from h3plan import hardware as hw
+    """One source: the backends' per-call rules and the planner read conf/hardware/*.yaml (h3plan.planning.hardware)."""
+    from h3plan.planning import hardware as hw
 
     assert hw.for_capability((9, 0))["name"] == "sm90" and hw.for_capability((8, 0)) is None
     assert {hw.for_capability(hw.capability(hw.load(n)))["name"] for n in hw.names()} == set(hw.names())

@@ -120,7 +120,7 @@ def test_grad_routes_every_producer_to_the_bf16_path(row_model):
 def _static_table(tmp_path):
     import json
 
-    from h3plan.scale_table import FORMAT, VERSION, config_hash, values_hash
+    from h3plan.planning.scale_table import FORMAT, VERSION, config_hash, values_hash
 
     lin = {f"transformer_blocks.{i}.{p}": a for i in range(2) for p, a in
            (("attn.to_q", 3.0), ("attn.to_k", 3.0), ("attn.to_v", 3.0), ("attn.to_out.0", 0.5 + i), ("ff.net.0.proj", 2.5),

@@ -53,7 +53,8 @@ def test_a_ring_plan_needs_a_world_of_ring_x_ulysses_ranks():
     from h3plan.errors import InstallError
     from h3plan.install import install
     from h3plan.levers import REGISTRY
-    from h3plan.plan import make_decision, make_plan
+    from h3plan.planner import make_plan
+    from h3plan.planning.decision import make_decision
 
     ds = [make_decision("attention", "sdpa", True, ["t"]),
           make_decision("ring", "on", False, ["t"], params={"ring": 2, "ulysses": 1})]

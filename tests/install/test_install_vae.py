@@ -17,7 +17,8 @@ import h3plan
 from h3plan.install import counters, fallback_reasons, install, installed_plan, reset_counters, uninstall
 from h3plan.vae.block import OPS, plan_vae_block_forward
 from h3plan.kernels import qk_norm_rope as qm
-from h3plan.plan import make_decision, make_plan
+from h3plan.planner import make_plan
+from h3plan.planning.decision import make_decision
 from install_helpers import ROOT
 from omegaconf import OmegaConf
 

@@ -313,7 +313,7 @@ def test_probe_rowwise_block_forward():
 
     from h3plan.actions import inputs
     from h3plan.actions.bench.measure import capture_block_inputs, rel_error, run_stack
-    from h3plan.config import compose
+    from h3plan.planning.config import compose
     from h3plan.install import install
     from h3plan.kernels import qk_fp8_lean as lean
     from h3plan.planner import resolve

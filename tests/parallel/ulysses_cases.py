@@ -19,8 +19,8 @@ from fractions import Fraction
 import torch
 import torch.distributed as dist
 
-from h3plan.parallel import (UlyssesAttention, a2a_bytes, amax_allreduce_hook, gather_rows, padded_len,
-                             shard_len, shard_rows, valid_rows)
+from h3plan.parallel import UlyssesAttention, amax_allreduce_hook, gather_rows, shard_rows
+from h3plan.planning.sizes import a2a_bytes, padded_len, shard_len, valid_rows
 from h3plan.parallel.comm import device_reason
 
 E4M3 = torch.float8_e4m3fn

@@ -18,8 +18,8 @@ GROUPS = ("hardware", "recipe", "parallel", "model", "vae", "video", "pipeline")
 def _hydra_compose(*overrides):
     from hydra import compose, initialize_config_dir
 
-    from h3plan import schema
-    from h3plan.config import CONFIG_PATH
+    from h3plan.planning import schema
+    from h3plan.planning.config import CONFIG_PATH
 
     schema.register()
     with initialize_config_dir(config_dir=CONFIG_PATH, version_base="1.3"):

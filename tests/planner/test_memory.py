@@ -1,4 +1,4 @@
-"""h3plan.memory: weight counts against diffusers' models (meta device), the VAE decode arithmetic against
+"""h3plan.planning.memory: weight counts against diffusers' models (meta device), the VAE decode arithmetic against
 diffusers' own tiling / chunking and the H200 anchors, and fit() as a decision table."""
 
 import os
@@ -6,9 +6,9 @@ import os
 import pytest
 import yaml
 
-from h3plan import memory as M
+from h3plan.planning import memory as M
 from h3plan.errors import ConfigError
-from h3plan.request import sequence
+from h3plan.planning.request import sequence
 from h3plan.vae import tiling
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*weight_norm:FutureWarning")  # diffusers' audio VAE constructor

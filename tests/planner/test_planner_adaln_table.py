@@ -3,7 +3,7 @@ frees in the estimate, and the 80 GB fit (fits with the tables, refused without 
 
 import pytest
 
-from h3plan import memory as M
+from h3plan.planning import memory as M
 from h3plan.errors import PlanningError
 from h3plan.levers import adaln_table as L
 
@@ -66,8 +66,8 @@ def test_planned_counts_match_diffusers(steps):
 
 
 def test_estimate_moves_the_adaln_weights_off_the_device(compose):
-    from h3plan import schema
-    from h3plan.derive import shape
+    from h3plan.planning import schema
+    from h3plan.planning.derive import shape
 
     s = schema.validate(compose())
     shp = shape(s)

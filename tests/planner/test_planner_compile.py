@@ -22,7 +22,7 @@ def test_decision_table(plan, overrides, setting, says):
 
 @pytest.mark.parametrize("seq_len", [19000, 26000])  # 26,000 is 1.37x away from the measured 19,000
 def test_regional_where_every_run_was_faster(seq_len):
-    from h3plan.config import compose
+    from h3plan.planning.config import compose
     from h3plan.planner import resolve
 
     faster = "hardware.measured.compile=[{recipe:fp8,seq_len:19000,speedups:[1.032],source:test}]"

@@ -80,7 +80,7 @@ def test_row(plan, overrides, expected):
 
 def test_every_lever_decided_in_registry_order(plan):
     from h3plan.levers import REGISTRY
-    from h3plan.schema import LEVER_SETTINGS
+    from h3plan.planning.schema import LEVER_SETTINGS
 
     assert list(REGISTRY) == list(LEVER_SETTINGS)
     p = plan("hardware=sm107", "recipe=nvfp4", "parallel=u8")

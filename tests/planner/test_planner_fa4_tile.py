@@ -11,7 +11,7 @@ def _hydra_compose(*overrides):
     """Hydra's own compose: a list of structured tiles is an override the shared fixture cannot merge."""
     from hydra import compose, initialize_config_dir
 
-    from h3plan import schema
+    from h3plan.planning import schema
     from h3plan.cli import CONFIG_PATH
 
     schema.register()

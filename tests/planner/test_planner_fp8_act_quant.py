@@ -52,7 +52,7 @@ def test_unmeasured_hardware_keeps_tensor_and_says_row_never_ran(plan):
 def _hydra(*overrides):
     from hydra import compose, initialize_config_dir
 
-    from h3plan import schema
+    from h3plan.planning import schema
     from h3plan.cli import CONFIG_PATH
 
     schema.register()

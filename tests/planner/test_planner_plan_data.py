@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from h3plan.plan import Plan
+from h3plan.planner import Plan
 
 TABLE = str(Path(__file__).parent / "data" / "scales-synthetic.json")  # synthetic, format only
 

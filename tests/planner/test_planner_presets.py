@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from h3plan.config import CONFIG_PATH
+from h3plan.planning.config import CONFIG_PATH
 from h3plan.errors import H3PlanError
 from h3plan.levers import LEVER_SETTINGS
 

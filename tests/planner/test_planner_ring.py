@@ -5,7 +5,7 @@ import re
 import pytest
 
 from h3plan.errors import ConfigError, PlanningError
-from h3plan.parallel.ring_plan import NUMERICS, ring_ulysses_cost
+from h3plan.planning.ring_plan import NUMERICS, ring_ulysses_cost
 
 
 def test_no_ring_is_off_and_hardware_verified(plan):

@@ -10,7 +10,7 @@ from h3plan.planner import resolve
 def _hydra(*overrides):
     from hydra import compose, initialize_config_dir
 
-    from h3plan import schema
+    from h3plan.planning import schema
     from h3plan.cli import CONFIG_PATH
 
     schema.register()

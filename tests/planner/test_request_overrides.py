@@ -1,10 +1,10 @@
 """A `video.<field>=` override over a preset wins over the preset's other way to give the same thing (seconds vs
-frames), and the plan names the overrides beside the preset (h3plan.request.video_overrides / request_label)."""
+frames), and the plan names the overrides beside the preset (h3plan.planning.request.video_overrides / request_label)."""
 
 import pytest
 
 from h3plan import ConfigError, resolve_config
-from h3plan.request import request_label, video_overrides
+from h3plan.planning.request import request_label, video_overrides
 
 
 def test_video_overrides_null_the_other_length_field():

@@ -1,4 +1,4 @@
-"""h3plan.request against diffusers' own MiniMax-H3 pipeline code (CPU, no downloads).
+"""h3plan.planning.request against diffusers' own MiniMax-H3 pipeline code (CPU, no downloads).
 
 The oracle is diffusers 0.42.1's `MiniMaxH3PrepareLayoutStep` run as a pipeline (its canvas, frame
 alignment, duration check, latent and audio counts and `build_packed_sequence`), with the VAE and
@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from h3plan.errors import ConfigError
-from h3plan.request import VideoConfig, PipelineConfig, VideoRequest, pipeline_defaults, sequence, tokens
+from h3plan.planning.request import VideoConfig, PipelineConfig, VideoRequest, pipeline_defaults, sequence, tokens
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("diffusers")
@@ -257,7 +257,7 @@ def test_torch_free_import():
     import subprocess
     import sys
 
-    code = "import sys, h3plan.request, h3plan.memory; print(sorted(m for m in ('torch', 'diffusers', 'triton') if m in sys.modules))"
+    code = "import sys, h3plan.planning.request, h3plan.planning.memory; print(sorted(m for m in ('torch', 'diffusers', 'triton') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=os.path.join(CONF, ".."), env={**os.environ, "PYTHONPATH": os.path.join(CONF, "..")})
     assert out.stdout.strip() == "[]"

@@ -66,7 +66,7 @@ from .timing import ForwardTimer, Progress, Quiet
 def _defaults() -> dict[str, Any]:
     from dataclasses import MISSING, fields
 
-    from h3plan.schema import PipelineBenchConfig  # bench.pipeline.*: one definition, the schema's
+    from h3plan.planning.action_configs import PipelineBenchConfig  # bench.pipeline.*: one definition, the schema's
 
     return {f.name: f.default if f.default_factory is MISSING else f.default_factory() for f in fields(PipelineBenchConfig)}
 
@@ -167,7 +167,7 @@ def options(cfg, plan=None) -> PipelineBenchOptions:
 def extra_plans(cfg, opts: PipelineBenchOptions) -> list:
     """bench.pipeline.plans: each an override string ("recipe=fp8", "recipe.vae=fp16 levers.vae_graphs=off")
     resolved from the packaged config with the run's own hardware, parallel, model and vae choices."""
-    from h3plan.config import compose
+    from h3plan.planning.config import compose
     from h3plan.planner import resolve
 
     base = [f"{g}={_get(_get(cfg, g), 'name')}" for g in ("hardware", "parallel", "model", "vae")

@@ -1,7 +1,7 @@
 """cudnn_fp8: cuDNN's per-tensor FP8 flash attention (h3plan/attention/cudnn.py); lossy, no log-sum-exp here.
 
 The version gate and the output dtype are hardware facts (hardware.cudnn: fp8_min_version, fp8_excluded_versions,
-fp8_output_dtypes, bf16_output_min_version), read through h3plan.hardware.
+fp8_output_dtypes, bf16_output_min_version), read through h3plan.planning.hardware.
 """
 
 from ...hardware import cudnn_fp8_bf16_output, cudnn_fp8_version_problem

@@ -12,10 +12,11 @@ import os
 import re
 from typing import Any
 
-from .errors import ConfigError, H3PlanError
+from h3plan.errors import ConfigError, H3PlanError, unknown_key_line
 
-# conf/ beside this file (h3plan/conf links to the repository's conf/; installs copy it in).
-CONFIG_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")
+from . import CONF
+
+CONFIG_PATH = CONF
 CONFIG_NAME = "config"
 
 
@@ -109,17 +110,6 @@ def allowed_keys(full_key: str) -> list[str]:
     return [f.name for f in dataclasses.fields(node)] if dataclasses.is_dataclass(node) else []
 
 
-def unknown_key_line(key: str, allowed: list[str]) -> str:
-    """`key: unknown key (did you mean <near>?); allowed: ...` (the near miss only when one is close)."""
-    import difflib
-
-    leaf = key.rpartition(".")[2]
-    near = difflib.get_close_matches(leaf, allowed, n=1, cutoff=0.75)
-    parent = key.rpartition(".")[0]
-    hint = f" (did you mean {parent + '.' if parent else ''}{near[0]}?)" if near else ""
-    return f"{key}: unknown key{hint}" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
-
-
 def _omegaconf_line(e) -> str:
     key = str(getattr(e, "full_key", "") or "")
     msg = str(getattr(e, "msg", e)).splitlines()[0]
@@ -137,8 +127,6 @@ def condense(e: BaseException) -> tuple[str, int]:
     import yaml
     from hydra.errors import HydraException, MissingConfigException, OverrideParseException
     from omegaconf.errors import OmegaConfBaseException
-
-    from .errors import H3PlanError
 
     def one(s: str) -> str:
         return " ".join(str(s).split())

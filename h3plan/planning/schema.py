@@ -15,15 +15,17 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from .actions.calibrate_config import CalibrateConfig
-from .attention import BACKENDS, BF16, missing_facts
-from .errors import ConfigError
+from h3plan.attention import BACKENDS, BF16, missing_facts
+from h3plan.errors import ConfigError, unknown_key_line
+from h3plan.levers import LEVER_SETTINGS  # declared by each lever module (SPEC), registry order
+
+from .action_configs import BenchConfig, CalibrateConfig, VerifyConfig, validate_actions
 from .memory import MemoryConfig
-from .plan import PLAN_SECTIONS
 from .request import PipelineConfig, VideoConfig, sequence
 from h3plan.vae.tiling import tile_rule
 
-from .levers import LEVER_SETTINGS  # declared by each lever module (SPEC), registry order
+PLAN_SECTIONS = ("hardware", "recipe", "parallel", "model", "vae", "video", "pipeline", "memory", "levers")
+"""The config sections a plan holds (the composed config's, less the action's own)."""
 
 
 def _setting_enum(lever: str) -> type[Enum]:
@@ -41,11 +43,6 @@ class Action(str, Enum):
     verify = "verify"
     bench = "bench"
     calibrate = "calibrate"
-
-
-class Target(str, Enum):
-    block = "block"
-    pipeline = "pipeline"
 
 
 class Format(str, Enum):
@@ -449,7 +446,7 @@ class ParallelConfig:
     """Ulysses degree (GPUs sharing one sequence); must divide the attention heads."""
     ring: int = 1
     """Ring degree: ring blocks of the sequence whose keys/values rotate between Ulysses groups (across nodes);
-    world = ring x ulysses ranks (h3plan/parallel/ring_plan.py). 1: no ring."""
+    world = ring x ulysses ranks (h3plan/planning/ring_plan.py). 1: no ring."""
     seq_len: Optional[int] = None
     """Packed sequence length in tokens (text + audio + video rows); null: derived from the `video` request.
     Set it to plan for a length no request gives (it wins, and the plan says so)."""
@@ -494,7 +491,7 @@ class ModelConfig:
     source: str = MISSING
     path: Optional[str] = None
     """A local diffusers checkpoint folder (a pipeline's, with transformer/ and vae/, or the transformer's own):
-    the plan takes its widths from the folder's config.json files (h3plan/checkpoint.py), and action=verify /
+    the plan takes its widths from the folder's config.json files (h3plan/planning/checkpoint.py), and action=verify /
     action=bench load its weights with from_pretrained instead of seeding them. null: seeded weights."""
 
 
@@ -562,76 +559,6 @@ LeversConfig = _levers_dataclass()
 
 
 @dataclass
-class VerifyConfig:
-    """action=verify (h3plan/actions/verify.py)."""
-
-    blocks: int = 2
-    """Transformer blocks to build (real width on a GPU; the tiny model on the CPU)."""
-    seq_len: Optional[int] = None
-    """Packed rows; null: parallel.seq_len on a GPU, 48 on the CPU."""
-    seed: int = 0
-    device: str = "auto"
-    """auto | cpu | cuda | cuda:N"""
-    dtype: str = "bf16"
-    """bf16 | fp16 | fp32"""
-
-
-@dataclass
-class PipelineBenchConfig:
-    """bench.target=pipeline (h3plan/actions/bench/pipeline.py): diffusers' `pipe(...)` as users call it."""
-
-    text_tokens: int = 110
-    """Rows of the random prompt_embeds when the video request names none."""
-    warmup: int = 2
-    """Untimed transformer forwards at the start of every call (diffusers' first step has another temb shape, so
-    a compiled setting traces twice: two untimed forwards keep both traces out of the timed ones)."""
-    steps: int = 1
-    """Timed transformer forwards per call."""
-    rounds: int = 1
-    """Timed calls per row, the row order reversed every round."""
-    decode_warmup: int = 1
-    """Untimed decodes of a short latent with the request's tile and clip shapes before a row's first call."""
-    best: bool = True
-    """Time diffusers' best setting (regional compile; context parallel + compile at degree > 1)."""
-    compile_backend: str = "inductor"
-    cp_backend: str = "_native_cudnn"
-    e2e_steps: Optional[int] = None
-    """Transformer forwards of one generation (null: the pipeline's num_inference_steps - 1)."""
-    layers: Optional[int] = None
-    """Transformer layers (null: the model config's)."""
-    vae: str = "auto"
-    """The VAE precisions of the eager and best rows: auto (fp32, diffusers' default, plus each plan's own) or a
-    comma list of fp32, fp16, bf16."""
-    plans: List[str] = field(default_factory=list)
-    """More plans in the same run, each an override string resolved beside the main plan ("recipe=fp8")."""
-    reference: bool = True
-    """Also run diffusers eager with a lossless plan's attention backend and VAE precision (the bitwise check)."""
-    seed: int = 0
-
-
-@dataclass
-class BenchConfig:
-    """action=bench (h3plan/actions/bench/): eager vs the plan, side by side in one process."""
-
-    seq_lens: List[int] = field(default_factory=lambda: [19000, 37820])
-    blocks: List[int] = field(default_factory=lambda: [1, 4])
-    warmup: int = 3
-    iters: int = 10
-    out_dir: Optional[str] = None
-    """Where the results go (records merge with a results file already there: bench.out_dir=benchmarks/results adds
-    to the committed tables); null: a folder of this run's own, outputs/<date>/<time> (a sweep: the job's folder)."""
-    tag: Optional[str] = None
-    """Output file suffix (block-<tag>.json); null: the device's short name (h200, cpu)."""
-    best: bool = True
-    """on | off: also time diffusers' best one-GPU setting (a copy of the eager blocks under
-    `compile_repeated_blocks(fullgraph=True)`), interleaved with eager and the plan; its compile is timed apart."""
-    target: Target = Target.block
-    """block: transformer blocks (eager, the plan); pipeline: diffusers' MiniMaxH3ModularPipeline end to end for
-    the `video` request (eager, diffusers' best setting, the plan)."""
-    pipeline: PipelineBenchConfig = field(default_factory=PipelineBenchConfig)
-
-
-@dataclass
 class H3PlanConfig:
     action: Action = Action.plan
     format: Format = Format.table
@@ -683,12 +610,6 @@ def to_plain(cfg: DictConfig | dict) -> dict[str, Any]:
         raise ConfigError(str(e.full_key), "missing value: the schema requires it (set it in your YAML or on the command line)") from None
 
 
-def _positive_ints(key: str, vals) -> None:
-    vals = [vals] if isinstance(vals, int) else list(vals or [])
-    if not vals or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in vals):
-        raise ConfigError(f"{key}={vals}", "must be a non-empty list of positive integers")
-
-
 def _hints(node: type) -> dict[str, Any]:
     import typing
 
@@ -719,8 +640,6 @@ def _structured(tp) -> tuple[type | None, bool]:
 def check_keys(c: dict[str, Any], node: type = None, prefix: str = "") -> None:
     """Every key of the composed config is a schema field. Composition already refuses `key=value` on an
     unknown key; `+key=value` adds it past the struct check, so this walk catches it. Raises ConfigError."""
-    from .config import unknown_key_line
-
     hints = _hints(node or H3PlanConfig)
     for k, v in c.items():
         key = f"{prefix}{k}"
@@ -733,33 +652,6 @@ def check_keys(c: dict[str, Any], node: type = None, prefix: str = "") -> None:
                     check_keys(item, inner, f"{key}[{i}].")
         elif inner is not None and isinstance(v, dict):
             check_keys(v, inner, f"{key}.")
-
-
-VERIFY_DEVICES = r"auto|cpu|cuda(:\d+)?"
-DTYPES = ("bf16", "fp16", "fp32")
-
-
-def validate_actions(c: dict[str, Any]) -> None:
-    """verify.* and bench.*: the values the actions would otherwise stumble on. Raises ConfigError."""
-    import re
-
-    v, b = c["verify"], c["bench"]
-    if v["blocks"] is not None and v["blocks"] < 1:
-        raise ConfigError(f"verify.blocks={v['blocks']}", "must be >= 1 (the number of transformer blocks to build)")
-    if v["seq_len"] is not None and v["seq_len"] < 4:
-        raise ConfigError(f"verify.seq_len={v['seq_len']}", "must be >= 4 (text, audio and video rows)")
-    if not re.fullmatch(VERIFY_DEVICES, v["device"]):
-        raise ConfigError(f"verify.device={v['device']}", "allowed: auto, cpu, cuda, cuda:N")
-    if v["dtype"] not in DTYPES:
-        raise ConfigError(f"verify.dtype={v['dtype']}", "allowed: " + ", ".join(DTYPES))
-    _positive_ints("bench.seq_lens", b["seq_lens"])
-    _positive_ints("bench.blocks", b["blocks"])
-    if b["warmup"] < 0:
-        raise ConfigError(f"bench.warmup={b['warmup']}", "must be an integer >= 0")
-    if b["iters"] < 1:
-        raise ConfigError(f"bench.iters={b['iters']}", "must be an integer >= 1")
-    if b["tag"] is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", str(b["tag"])):
-        raise ConfigError(f"bench.tag={b['tag']!r}", "letters, digits, '_', '.', '-' only (it names the output files)")
 
 
 def validate(cfg: DictConfig | dict) -> dict[str, Any]:

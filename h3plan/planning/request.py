@@ -32,10 +32,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, List, Mapping, Optional
 
-from .errors import ConfigError
+from h3plan.errors import ConfigError
 from h3plan.vae.tiling import Geometry
 
-PIPELINE_YAML = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf", "pipeline", "h3.yaml")
+from . import CONF
+
+PIPELINE_YAML = os.path.join(CONF, "pipeline", "h3.yaml")
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .attention import BACKENDS
-from .levers.base import nearest_point, nearest_ulysses_point
-from .sources import cite
+from h3plan.attention import BACKENDS
+from h3plan.levers.base import nearest_point, nearest_ulysses_point
+from h3plan.sources import cite
 
 INT32_LIMIT = 2**31
 ORDER = (

@@ -14,7 +14,9 @@ import os
 import re
 from typing import Any, Mapping
 
-CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf", "hardware")
+from . import CONF as CONF_DIR
+
+CONF = os.path.join(CONF_DIR, "hardware")
 
 
 def names() -> list[str]:

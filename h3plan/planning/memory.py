@@ -34,7 +34,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .errors import ConfigError
+from h3plan.errors import ConfigError
+from h3plan.levers.adaln_table import table_plan
+
 from .request import VideoRequest, pipeline_defaults, request_from, tokens, vae_geometry
 from .request import diffusers_kwargs as _dc
 from h3plan.vae.tiling import RELEASED_TILE, Geometry, decoded_frames, tile_span
@@ -225,8 +227,6 @@ def _weights(it: _Items, sections, settings, opts) -> None:
 
 def _adaln_plan(sections, dc, pipe) -> dict[str, Any]:
     """adaln_table=on: the AdaLN linears' weights leave the device (pinned host memory), their table stays."""
-    from .levers.adaln_table import table_plan
-
     return table_plan(dc, pipe, audio=bool((sections.get("video") or {}).get("audio", True)))
 
 

@@ -16,7 +16,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .errors import ConfigError, UsageError
+from h3plan.errors import ConfigError, UsageError
+
+from . import CONF, schema
 
 CLASSES = {"MiniMaxH3Transformer3DModel": "model", "AutoencoderKLMiniMaxH3": "vae"}
 SUBFOLDERS = {"model": "transformer", "vae": "vae"}  # diffusers' pipeline folder layout
@@ -24,7 +26,6 @@ SUBFOLDERS = {"model": "transformer", "vae": "vae"}  # diffusers' pipeline folde
 ATTRS = {"model": ("transformer", "transformer_ref"), "vae": ("vae",)}
 WHAT = ("a MiniMaxH3Transformer3DModel, an AutoencoderKLMiniMaxH3, a pipeline holding them as .transformer / .vae, "
         "or a local diffusers checkpoint folder")
-CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")
 
 
 @dataclass(frozen=True)
@@ -39,8 +40,6 @@ class Components:
 
 
 def schema_keys(section: str) -> tuple[str, ...]:
-    from . import schema
-
     node = {"model": schema.TransformerKwargs, "vae": schema.VaeKwargs}[section]
     return tuple(f.name for f in dataclasses.fields(node))
 

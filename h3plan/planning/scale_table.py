@@ -233,7 +233,7 @@ def has_linears(path: str | None) -> bool:
 
 
 def write(path: str, table: dict) -> None:
-    """Write a table dict (as built by h3plan.calibration) atomically: a temporary file, then a rename."""
+    """Write a table dict (as built by h3plan.actions.calibration) atomically: a temporary file, then a rename."""
     path = str(path)
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, exist_ok=True)

@@ -40,7 +40,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
+import torch
+
+from h3plan.actions.inputs import packed_inputs
+from h3plan.actions.verify import compare
+from h3plan.attention import get_backend
+from h3plan.attention.fp8 import emulate
 from h3plan.errors import UsageError
+from h3plan.install.installer import installed_plan, recognise
+from h3plan.kernels.fp8 import scale_from_amax
+from h3plan.planning.scale_table import FORMAT, VERSION, values_hash
+from h3plan.quant import BLOCK_LINEARS, quantized_linear
 
 LINEAR_SITES = ("attn.to_q", "attn.to_out.0", "ff.net.0.proj", "ff.net.2")  # to_k/to_v: to_q's input
 SHARED_WITH_TO_Q = ("attn.to_k", "attn.to_v")
@@ -80,10 +90,6 @@ def seeded_inputs(config, seq_len: int, seeds, steps, pairs, *, device="cpu", ro
     """seeds x steps packed requests; step i uses timestep = [video t, audio t] of `pairs[i]` (video and text rows
     on the first, audio rows on the second: packed_layout's timestep_indices). Latents and conditioning are drawn
     from seed * 1000003 + step, so every (seed, step) is its own input."""
-    import torch
-
-    from h3plan.actions.inputs import packed_inputs
-
     out = []
     for seed in seeds:
         for step in steps:
@@ -122,8 +128,6 @@ def load_inputs(path: str, *, device="cpu") -> list[CalibInput]:
     """Captured inputs: a .pt file holding one dict of MiniMaxH3Transformer3DModel.forward keyword arguments
     (or a list of them), or a directory of such files (sorted by name). Refused in one line: a file torch cannot
     load, a missing or unknown key, a non-tensor value."""
-    import torch
-
     out = []
     for f in input_files(path):
         try:
@@ -158,8 +162,6 @@ def load_inputs(path: str, *, device="cpu") -> list[CalibInput]:
 def capture_inputs(model, directory: str):
     """Save the keyword arguments of every forward of `model` (a MiniMaxH3Transformer3DModel inside a running
     pipeline) as directory/input_NNNNN.pt, CPU tensors, for `calibrate.inputs=directory`."""
-    import torch
-
     os.makedirs(directory, exist_ok=True)
     names = list(inspect.signature(type(model).forward).parameters)[1:]
     count = [len([f for f in os.listdir(directory) if f.endswith(".pt")])]
@@ -191,8 +193,6 @@ class _Stats:
         self.total: dict = {}
 
     def observe(self, site, x):
-        import torch
-
         a = x.detach().abs()
         m = a.amax().float()
         self.amax[site] = m if site not in self.amax else torch.maximum(self.amax[site], m)
@@ -223,8 +223,6 @@ class _Run:
     (`fp8_attention`, `fp8_linears`) with dynamic or the table's static scales (static counts clipping)."""
 
     def __init__(self, model, stats: _Stats, *, fp8_attention=False, fp8_linears=False):
-        from h3plan.install.installer import installed_plan, recognise
-
         recognise(model)
         if installed_plan(model) is not None:
             raise UsageError("calibrate runs on the plain diffusers model: uninstall the h3plan plan first")
@@ -273,10 +271,6 @@ class _Run:
     def set_table(self, attention: dict, linears: dict, margin: float):
         """Static scales of the check: descale = amax * margin / 448 per attention (the installer's rule), and
         FP8 linears quantising with amax * margin."""
-        import torch
-
-        from h3plan.kernels.fp8 import scale_from_amax
-
         dev = next(self.model.parameters()).device
         for fqn, row in attention.items():
             a = torch.tensor([row[c] for c in QKV], dtype=torch.float32, device=dev)
@@ -289,8 +283,6 @@ class _Run:
     def _swap_linears(self, on: bool):
         """FP8 block linears in (quantised once, kept), or the originals back."""
         if on and not self._fp8:
-            from h3plan.quant import BLOCK_LINEARS, quantized_linear
-
             for i, block in enumerate(self.model.transformer_blocks):
                 for path in BLOCK_LINEARS:
                     parent_path, _, name = path.rpartition(".")
@@ -311,8 +303,6 @@ class _Run:
 
     # ---- forwards
     def forward(self, kwargs, mode: str) -> dict:
-        import torch
-
         self.mode = mode
         fp8 = mode in ("dynamic", "static") and self.fp8_linears
         if self.fp8_linears:
@@ -334,10 +324,6 @@ class _Run:
                     self.stats.clip((fqn, c), x, self.limits[(fqn, c)])
                 d = self.descales[fqn]
             else:
-                import torch
-
-                from h3plan.kernels.fp8 import scale_from_amax
-
                 d = 1.0 / scale_from_amax(torch.stack([x.abs().amax().float() for x in (q, k, v)]))
             return self._fp8_attention(q, k, v, d)
         from diffusers.models.attention_dispatch import dispatch_attention_fn
@@ -346,11 +332,7 @@ class _Run:
                                      backend=original._attention_backend, parallel_config=original._parallel_config)
 
     def _fp8_attention(self, q, k, v, descales):
-        import torch
-
         if q.is_cuda and self._cudnn is None:
-            from h3plan.attention import get_backend
-
             backend = get_backend("cudnn_fp8")
             why = backend.unavailable_reason(q, k, v)
             self._cudnn = backend if why is None else False
@@ -359,8 +341,6 @@ class _Run:
             return self._cudnn(q, k, v, descales=descales)
         if self.attention_impl is None:
             self.attention_impl = "torch emulation of cuDNN FP8 (h3plan.attention.fp8.emulate)"
-        from h3plan.attention.fp8 import emulate
-
         B, S, H, _ = q.shape
         step = max(1, SCORE_BYTES // max(1, 4 * B * S * S))
         outs = [emulate(q[:, :, h:h + step], k[:, :, h:h + step], v[:, :, h:h + step], descales, out_dtype=q.dtype)
@@ -453,8 +433,6 @@ def heldout_check(model, inputs: list[CalibInput], attention: dict, linears: dic
     there because a residual stream much larger than the blocks' updates (random weights, early layers) hides
     the blocks' error in (1); and e4m3 is a float format, so a scale only moves its range: what a good table
     costs over dynamic scales is clipping and underflow, near 0 dB."""
-    from h3plan.actions.verify import compare
-
     progress = progress or say
     if not inputs:
         raise UsageError("calibrate: the held-out set is empty (calibrate.heldout_seeds / heldout_inputs)")
@@ -516,8 +494,6 @@ def calibrate(model, inputs: list[CalibInput], heldout: list[CalibInput], *, mar
     """Observe, build the version-2 table, run the held-out check; returns the table dict (written or not by
     the caller: provenance.heldout.check.passed says whether it may be used)."""
     from h3plan import __version__
-    from h3plan.scale_table import FORMAT, VERSION, values_hash
-
     if not inputs:
         raise UsageError("calibrate: the calibration set is empty")
     stats = observe(model, inputs, percentile=percentile, progress=progress)
