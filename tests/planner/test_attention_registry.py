@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from h3plan import attention, hardware
+from h3plan import attention
+from h3plan.planning import hardware
 from h3plan.attention.spec import BackendSpec, Fact, supports
 from h3plan.errors import H3PlanError
 from h3plan.levers import LEVER_SETTINGS, OPTIONS, SPECS
