@@ -4,7 +4,7 @@ The version gate and the output dtype are hardware facts (hardware.cudnn: fp8_mi
 fp8_output_dtypes, bf16_output_min_version), read through h3plan.planning.hardware.
 """
 
-from ...hardware import cudnn_fp8_bf16_output, cudnn_fp8_version_problem
+from ...planning.hardware import cudnn_fp8_bf16_output, cudnn_fp8_version_problem
 from ..spec import BackendOption, BackendSpec, Fact, Untested
 
 
