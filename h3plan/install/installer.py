@@ -29,18 +29,30 @@ from dataclasses import dataclass, field
 import torch
 
 from h3plan.attention import backend_spec, for_options, untested_notes
+from h3plan.attention.fp8 import scale_from_amax
+from h3plan.levers import OPTIONS, REGISTRY, SPECS, scope_options
+from h3plan.parallel.comm import degree_rank, high_priority_group
+from h3plan.parallel.ulysses import UlyssesAttention
+from h3plan.planning.scale_table import linear_amax, load, load_table, row_for
+from h3plan.quant import BLOCK_LINEARS, quantized_linear
+from h3plan.quant.fp8 import FP8Linear, SequenceAmax
+from h3plan.vae import install as _vae
 from h3plan.errors import InstallError
 from h3plan.planning.hardware import never_ran
 
 from h3plan.planner import Plan
 
+from .adaln_table import build as build_adaln_tables
 from .block import block_kernels, load_kernel, plan_block_forward
 from .builder import Builder
 from .fp8_rows import install_rows
 from .nvfp4_inputs import install_nvfp4
+from .parking import park
 from .options import AttentionOptions, BlockOptions
 from .processor import H3PlanAttnProcessor
 from .report import InstallReport, Swap
+from .ring import build as build_ring
+from .shard import SequenceShard, shard_heads
 
 logger = logging.getLogger("h3plan.install")
 
@@ -105,7 +117,6 @@ MODEL_FACTS = {"transformer": ("model", ("num_attention_heads", "attention_head_
 def check_model_facts(model, plan: Plan, kind: str) -> None:
     """InstallError (one line) when the plan's model facts differ from `model.config` (a plan for 56 heads into
     a 4-head model, say); plans without a model section (hand-built ones in tests) are not checked."""
-    from h3plan.errors import InstallError
 
     section, keys = MODEL_FACTS[kind]
     planned = (plan.get(section) or {}).get("diffusers_config") or {}
@@ -123,7 +134,7 @@ def check_model_facts(model, plan: Plan, kind: str) -> None:
 def collect(plan: Plan, registry=None) -> Builder:
     """Run every lever's install(builder, decision) in plan order."""
     if registry is None:
-        from h3plan.levers import REGISTRY as registry
+        registry = REGISTRY
     builder = Builder()
     for d in plan.decisions:
         if d.lever not in registry:
@@ -141,9 +152,7 @@ def _swap(report: InstallReport, lever: str, fqn: str, old: str, new: str) -> No
 
 
 def _quantize(model, builder, state) -> None:
-    from h3plan.quant import BLOCK_LINEARS, quantized_linear
 
-    from .parking import park
 
     lever, quant = builder.lever_of("quant"), builder.values["quant"]
     fmt, params = quant["format"], quant.get("params") or {}
@@ -190,9 +199,6 @@ def _quantize(model, builder, state) -> None:
 def _static_inputs(model, params, state) -> None:
     """gemm_quant=fp8 with a calibrated table (params input_scales=static): every FP8 block linear quantises its
     input with the table's amax * margin (h3plan.planning.scale_table), one pass and no amax, instead of dynamically."""
-    from h3plan.quant import BLOCK_LINEARS
-    from h3plan.quant.fp8 import FP8Linear
-    from h3plan.planning.scale_table import linear_amax, load_table
 
     table, margin, n = load_table(params["scale_table"], model_config=model.config), float(params["scale_margin"]), 0
     for i, block in enumerate(model.transformer_blocks):
@@ -211,8 +217,6 @@ def _sequence_amax(model, shard, state) -> None:
     """Under Ulysses every per-tensor FP8 linear of the blocks (quantised here or loaded pre-quantised) scales
     its activation by the amax of the whole sequence (h3plan.quant.fp8.SequenceAmax), as at degree 1. Per-row
     linears (fp8_act_quant=row) need none: a row's scale is the same at every degree."""
-    from h3plan.quant import BLOCK_LINEARS
-    from h3plan.quant.fp8 import FP8Linear, SequenceAmax
 
     fn, n = SequenceAmax(shard), 0
     for block in model.transformer_blocks:
@@ -244,7 +248,6 @@ def _attention_options(builder, report) -> AttentionOptions:
 
 def backend_problems(builder, backend: str) -> list[str]:
     """Recorded options whose lever setting needs another attention backend (the levers' SPEC.backends)."""
-    from h3plan.levers import OPTIONS, SPECS
 
     out = []
     for key, value in builder.recorded("attention").items():
@@ -258,7 +261,6 @@ def backend_problems(builder, backend: str) -> list[str]:
 
 def _option_swaps(report, builder, scope: str, values: dict, fqn: str) -> None:
     """One swap per non-default option of `scope` whose lever declared how it is logged (Option.swap)."""
-    from h3plan.levers import scope_options
 
     for key, opt in scope_options(scope).items():
         if opt.swap is None or key not in values:
@@ -272,8 +274,6 @@ def _option_swaps(report, builder, scope: str, values: dict, fqn: str) -> None:
 def _static_descales(opts: AttentionOptions, fqns: list[str]) -> dict[str, torch.Tensor]:
     """Per-layer (q, k, v) descales from the static table (h3plan/planning/scale_table.py): descale = amax * margin / 448,
     the inverse of the kernel's scale."""
-    from h3plan.attention.fp8 import scale_from_amax
-    from h3plan.planning.scale_table import load, row_for
 
     table = load(opts.scale_table)
     return {fqn: 1.0 / scale_from_amax(torch.tensor(row_for(table, fqn, opts.scale_table), dtype=torch.float32),
@@ -282,17 +282,13 @@ def _static_descales(opts: AttentionOptions, fqns: list[str]) -> dict[str, torch
 
 def _ulysses(model, opts, group, report):
     if opts.ring_degree > 1:  # RingUlysses in the ulysses slot's place (install/ring.py)
-        from .ring import build
 
-        return build(model, opts, group)
+        return build_ring(model, opts, group)
     if opts.ulysses_degree == 1:
         if opts.prefix_inplace or opts.a2a_fp8_codes or opts.ulysses_chunks > 1:
             report.skipped.append(("ulysses", "Ulysses degree 1: no sequence sharding, padding or exchange to tune"))
         return None, None
-    from h3plan.parallel.comm import degree_rank
-    from h3plan.parallel.ulysses import UlyssesAttention
 
-    from .shard import SequenceShard
 
     degree, _ = degree_rank(group)
     if degree != opts.ulysses_degree:
@@ -302,7 +298,6 @@ def _ulysses(model, opts, group, report):
     split = opts.ulysses_exchange == "projection_split"
     post = None
     if split:
-        from h3plan.parallel.comm import high_priority_group
 
         post = high_priority_group(group)
     ua = UlyssesAttention(group, chunks=opts.ulysses_chunks, padding=padding, fp8_codes=opts.a2a_fp8_codes,
@@ -367,7 +362,6 @@ def _forwards(model, builder, state, shard, act_quant="tensor", nvfp4=False):
         if shard is not None:
             _swap(state.report, "ulysses", f"{fqn}.forward", "full sequence", f"1/{shard.degree} sequence shard")
     if shard is not None:
-        from .shard import shard_heads
 
         state.undo.append(shard_heads(model, shard))
         for fqn in ("norm_out", "proj_out", "audio_proj_out"):
@@ -400,7 +394,6 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
     group: the torch.distributed group for Ulysses (None: the default group; not used by the VAE).
     num_inference_steps: step counts the adaln_table lever tables beside the plan's (an int or a list).
     """
-    from h3plan.vae import install as _vae
 
     is_vae = _vae.is_vae(model)
     if is_vae:
@@ -408,7 +401,6 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
     else:
         recognise(model)
     if not isinstance(plan, Plan):
-        from h3plan.errors import InstallError
 
         raise InstallError(f"install expects an h3plan Plan or a plan file path, got {type(plan).__name__}")
     check_model_facts(model, plan, "vae" if is_vae else "transformer")
@@ -429,10 +421,9 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
             if builder.recorded("linears").get("quant") is not None:
                 _quantize(model, builder, state)
             if builder.recorded("linears").get("adaln_table") is not None:  # install/adaln_table.py
-                from .adaln_table import build as _adaln_tables
 
                 steps = [num_inference_steps] if isinstance(num_inference_steps, int) else num_inference_steps
-                _adaln_tables(model, builder.values["adaln_table"], state, lambda *a: _swap(state.report, *a), steps)
+                build_adaln_tables(model, builder.values["adaln_table"], state, lambda *a: _swap(state.report, *a), steps)
             act_quant = install_rows(model, builder, state, lambda *a: _swap(state.report, *a))
             nvfp4 = install_nvfp4(model, builder, state, lambda *a: _swap(state.report, *a))
             shard = _processors(model, builder, state, group) if builder.recorded("attention") else None
