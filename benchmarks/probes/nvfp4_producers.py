@@ -115,10 +115,12 @@ class config:
         self.key, self.warps, self.x2 = (kind, width), int(cand.rstrip("f")), not cand.endswith("f")
 
     def __enter__(self):
+        self.planned = dict(n4.WARPS)
         n4.WARPS[self.key], n4.BF16X2 = self.warps, self.x2
 
     def __exit__(self, *exc):
-        n4.WARPS.pop(self.key, None)
+        n4.WARPS.clear()
+        n4.WARPS.update(self.planned)
         n4.BF16X2 = True
 
 

@@ -343,9 +343,11 @@ def bf16x2_modulate(lo, hi, sc, sh):
 
 
 # ---------------------------------------------------------------------------------------------- launch helpers
-# Warps per launch, keyed by (kernel kind, row width); else `launch_opts`'s rule. Untimed: the H200 probe
-# (benchmarks/probes/nvfp4_producers.py) times each producer's candidates and should fill this table.
-WARPS: dict[tuple[str, int], int] = {}
+# Warps per launch, keyed by (kernel kind, row width); else `launch_opts`'s rule. From the H200 probe
+# (benchmarks/probes/nvfp4_producers.py, results/probes/nvfp4-producers-h200.json: every candidate bit-exact):
+# 2 warps won static and dynamic for the fold (0.518 / 0.771 ms against 0.539 / 0.797 at 4) and the cast
+# (0.143 / 0.238 against 0.145 / 0.245); modulation split (2 static, 4 dynamic) and SwiGLU kept the rule.
+WARPS: dict[tuple[str, int], int] = {("fold", 5376): 2, ("cast", 7168): 2}
 SWEEP_WARPS = (2, 4, 8)
 BF16X2 = True  # the bf16x2 instructions above on the GPU for bf16 inputs (False: the fp32 arithmetic and roundings)
 

@@ -202,13 +202,15 @@ def test_bandwidth_report(block):
     for name, key, n, inb, extra, fn in cases:
         for mode, gg in (("static", g), ("dynamic", None)):
             want, by_warps = fn(gg), {}
+            planned = dict(n4.WARPS)
             for warps in n4.SWEEP_WARPS:  # launch warps (kernels/nvfp4.py WARPS): same bits, the time may differ
                 n4.WARPS[key] = warps
                 try:
                     bad += ndiff(fn(gg), want)
                     by_warps[warps] = _ms(lambda: fn(gg))
                 finally:
-                    n4.WARPS.pop(key, None)
+                    n4.WARPS.clear()
+                    n4.WARPS.update(planned)
             best = min(by_warps, key=by_warps.get)
             ms, ref_ms = by_warps[best], _ms(lambda: unfused[name](gg))
             frac = n * (inb + extra + out) / (ms * 1e-3) / 1e12 / copy
