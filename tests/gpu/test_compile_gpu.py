@@ -42,10 +42,11 @@ def _compiled_run(h3plan, build_model, packed_inputs, recipe, how):
     x = packed_inputs(dc, S, seed=1, device="cuda")
     h3plan.install(model, plan)
     with torch.no_grad():
+        model(**x)  # the inputs' random timestep is an adaln_table miss: served, counted, then tabled
         h3plan.reset_counters()
         ref = model(**x).sample
         expected = dict(h3plan.counters())
-        assert expected.get("attention.fused") == BLOCKS, expected
+        assert expected.get("attention.fused") == BLOCKS and "adaln_table.fallback" not in expected, expected
         compiled = model
         if how == "regional":
             model.compile_repeated_blocks(fullgraph=True)

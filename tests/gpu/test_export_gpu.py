@@ -33,9 +33,10 @@ def _installed(recipe):
     x = packed_inputs(dc, S, seed=1, device="cuda")
     h3plan.install(model, plan)
     with torch.no_grad():
+        model(**x)  # the inputs' random timestep is an adaln_table miss: served, counted, then tabled
         h3plan.reset_counters()
         ref = (model(**x).sample, dict(h3plan.counters()))
-    assert ref[1].get("attention.fused") == BLOCKS, ref[1]
+    assert ref[1].get("attention.fused") == BLOCKS and "adaln_table.fallback" not in ref[1], ref[1]
     return h3plan, model, x, ref
 
 
@@ -57,6 +58,10 @@ def test_aoti_package_of_a_plan(tmp_path):
     ep = torch.export.export(model, args=(), kwargs=x)
     path = torch._inductor.aoti_compile_and_package(ep, package_path=os.path.join(tmp_path, "h3.pt2"))
     model.forward = load_package(path, run_single_threaded=True)
+    # The package holds the AdaLN linears' weights as its own constants: the table op sees weights it did not
+    # table, so each of its calls is a counted miss served by the exact GEMM (the H200 run of 2026-12-01).
+    expected = {k: v for k, v in expected.items() if not k.startswith("adaln_table.")}
+    expected["adaln_table.fallback"] = BLOCKS + 1
     for i in range(2):
         with torch.no_grad():
             h3plan.reset_counters()
