@@ -101,6 +101,11 @@ def _cast(model, dtype):
     return model
 
 
+def has_accelerate() -> bool:
+    """Whether diffusers' own from_pretrained can load MiniMaxH3Transformer3DModel here (it needs accelerate)."""
+    return importlib.util.find_spec("accelerate") is not None
+
+
 def load_model(path, *, blocks: int | None = None, device="cpu", dtype=torch.bfloat16):
     """`model.path=DIR`: MiniMaxH3Transformer3DModel.from_pretrained of a local checkpoint folder (a pipeline's,
     with transformer/, or the transformer's own) in `dtype`, which from_pretrained applies as build_model does
@@ -116,7 +121,7 @@ def load_model(path, *, blocks: int | None = None, device="cpu", dtype=torch.bfl
     folder, sub, config = transformer_folder(path)
     dtype = resolve_dtype(dtype)
     try:
-        if importlib.util.find_spec("accelerate") is not None:
+        if has_accelerate():
             model = MiniMaxH3Transformer3DModel.from_pretrained(folder, subfolder=sub, torch_dtype=dtype)
         else:  # diffusers loads a model with _keep_in_fp32_modules only through accelerate
             model = _cast(_load_without_accelerate(MiniMaxH3Transformer3DModel, os.path.join(folder, sub or ""), config), dtype)

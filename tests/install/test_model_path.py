@@ -21,7 +21,16 @@ def checkpoint(tmp_path_factory):
     return folder, model
 
 
-def test_load_model_gives_the_saved_weights_in_their_dtypes(checkpoint):
+@pytest.mark.parametrize("loader", ["from_pretrained", "safetensors"])
+def test_load_model_gives_the_saved_weights_in_their_dtypes(checkpoint, loader, monkeypatch):
+    """Both branches: diffusers' from_pretrained (accelerate installed: the test extra has it) and h3plan's
+    safetensors read into from_config's model (a machine without accelerate)."""
+    import h3plan.actions.inputs as inputs
+
+    if loader == "from_pretrained":
+        import accelerate  # noqa: F401 (the test extra installs it; without it this case fails, it does not skip)
+    else:
+        monkeypatch.setattr(inputs, "has_accelerate", lambda: False)
     folder, saved = checkpoint
     for path in (folder, folder / "transformer"):
         model = load_model(path, blocks=1)
