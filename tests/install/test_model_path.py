@@ -28,7 +28,7 @@ def test_load_model_gives_the_saved_weights_in_their_dtypes(checkpoint, loader, 
     import h3plan.actions.inputs as inputs
 
     if loader == "from_pretrained":
-        import accelerate  # noqa: F401 (the test extra installs it; without it this case fails, it does not skip)
+        assert inputs.has_accelerate(), "the test extra installs accelerate: this case fails without it, it does not skip"
     else:
         monkeypatch.setattr(inputs, "has_accelerate", lambda: False)
     folder, saved = checkpoint
