@@ -89,16 +89,59 @@ def profile_spec(spec: str) -> dict:
     return rec
 
 
+def profile_forward(spec: str, layers: int) -> dict:
+    """The installed plan's whole transformer forward (`layers` blocks, the model's own forward with its embeddings,
+    AdaLN and output head), profiled once after three warm-ups, and timed by CUDA events over three more: is the
+    GPU ever idle inside a forward, which a one-block profile cannot tell (its host runs only one block ahead)?"""
+    recipe, S, *over = spec.split(":")
+    S = int(S)
+    overrides = [o for part in over for o in part.split(",") if o]
+    plan = h3plan.resolve_config(hardware="sm90", recipe=recipe, parallel="u1", **{"parallel.seq_len": S},
+                                 **dict(o.split("=", 1) for o in overrides))
+    cfg = plan.get("model")["diffusers_config"]
+    model = build_model(cfg, blocks=layers, device="cuda")
+    x = packed_inputs(cfg, S, device="cuda")
+    h3plan.install(model, plan)
+    h3plan.reset_counters()
+    rec = profiled_call(lambda: model(**x))
+    counts = dict(h3plan.counters())
+    with torch.no_grad():
+        ev = []
+        for _ in range(3):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            model(**x)
+            b.record()
+            ev.append((a, b))
+        torch.cuda.synchronize()
+    h3plan.uninstall(model)
+    model.to("meta")  # free its device memory before the next spec builds
+    torch.cuda.empty_cache()
+    rec.update(spec=spec, layers=layers, forward_ms=sorted(a.elapsed_time(b) for a, b in ev)[1], counters=counts)
+    print(f"\n== forward {spec} x{layers}: {rec['forward_ms']:.1f} ms (CUDA events, median of 3); profiled busy "
+          f"{rec['busy_ms']:.1f} ms, span {rec['span_ms']:.1f} ms, idle {rec['idle_ms']:.2f} ms ({rec['ops']} GPU ops)")
+    print("  by category (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in rec["by_category_ms"].items()))
+    for g, a_, b_ in rec["largest_gaps_ms"]:
+        print(f"  gap {g:.3f} ms after {a_} before {b_}")
+    return rec
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("specs", nargs="*", default=["bf16:37820", "fp8:19000", "fp8:37820"])
     ap.add_argument("--out", default=None)
+    ap.add_argument("--forward", type=int, default=0, metavar="LAYERS",
+                    help="profile the plan's whole forward of LAYERS blocks instead (block-profile-forward.json)")
     a = ap.parse_args(argv)
-    recs = [profile_spec(s) for s in a.specs]
+    if a.forward:
+        recs = [profile_forward(s, a.forward) for s in a.specs]
+    else:
+        recs = [profile_spec(s) for s in a.specs]
     if a.out:
         os.makedirs(a.out, exist_ok=True)
         doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "records": recs}
-        with open(os.path.join(a.out, "block-profile.json"), "w") as f:
+        name = "block-profile-forward.json" if a.forward else "block-profile.json"
+        with open(os.path.join(a.out, name), "w") as f:
             json.dump(doc, f, indent=1)
     return 0
 

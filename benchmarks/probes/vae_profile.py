@@ -2,8 +2,9 @@
 
     python benchmarks/probes/vae_profile.py [LATENT] [--plan "hardware=sm90 recipe=bf16"] [--out DIR]
 
-One decode of LATENT (default 1x24x12x48x84: two chunks, 56 decoder calls at the released 256/64 tiles) under
-FP16 autocast, timed (median of 3 after a warm-up) and profiled once: diffusers eager at the plan's tile
+One decode of LATENT (default 1x24x12x48x84: two chunks, 56 decoder calls at the released 256/64 tiles) in the
+VAE's own dtype with no autocast, as diffusers' decode step runs it (benchmarks/vae.py's Decoder; the 2026-11-29 log,
+results/probes/vae-profile-h200.log, ran under FP16 autocast, before that changed), timed (median of 3 after a warm-up) and profiled once: diffusers eager at the plan's tile
 geometry, then the plan (its auto VAE levers: fused ops, CUDA graphs). Per side: busy / span / idle, GPU time by
 category (GEMM, attention, conv, norms, h3plan's fused kernels, copies and cats, other elementwise), the top
 kernels. `bound` = eager decode / (the plan's GEMM + attention time): the plan's speedup if everything else
@@ -47,6 +48,7 @@ def main(argv=None) -> int:
     ap.add_argument("latent", nargs="?", default="1x24x12x48x84")
     ap.add_argument("--plan", default="hardware=sm90 recipe=bf16", help="the plan spec (its auto VAE levers)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--name", default="vae-profile.json", help="the JSON file written under --out")
     a = ap.parse_args(argv)
     latent = parse_latent(a.latent)
     vae = build_vae(vae_config("h3"), device="cuda")
@@ -82,7 +84,7 @@ def main(argv=None) -> int:
           "if every other kernel and gap cost nothing (the GEMMs and attention keep eager's kernels: bitwise)")
     if a.out:
         os.makedirs(a.out, exist_ok=True)
-        with open(os.path.join(a.out, "vae-profile.json"), "w") as f:
+        with open(os.path.join(a.out, a.name), "w") as f:
             json.dump(doc, f, indent=1)
     return 0
 
