@@ -22,7 +22,8 @@ copy. A vector not in the table, or weights changed, moved or replaced since ins
 to temb's device (the block's 2 x 18 x hidden x time_embed_dim bytes over PCIe), and added to the table.
 Grad mode and autocast run that streamed eager expression outside the op (counted). A direct call of a
 parked linear streams its weights (counted). Compile: the op is opaque with a fake; the counters it
-records run at call time.
+records run at call time. The timestep embedding that makes temb runs as opaque ops too (install/adaln_temb.py), so
+a whole-model torch.compile keeps eager's temb bits and hits the table.
 
 State dict while installed: the same keys, shapes, dtypes and bits; the AdaLN linears' tensors are the
 pinned host copies (device cpu). `uninstall` copies them back into the same Parameter objects and restores
@@ -44,6 +45,7 @@ from h3plan.runtime import count_op  # noqa: F401 (h3plan::count before any comp
 from h3plan.runtime.counters import fallback as count_fallback, fused as count_fused
 from h3plan.runtime.guards import needs_grad
 
+from . import adaln_temb
 from .components import TRANSFORMERS, is_pipeline
 
 LEVER = "adaln_table"
@@ -311,12 +313,18 @@ def build(model, value: dict[str, Any], state, swap, num_inference_steps=None) -
         state.undo.append(lambda m=mod, l=lin: (m.__dict__.pop("forward", None), l.__dict__.pop("forward", None)))
         swap(LEVER, f"{fqn}.linear", "Linear", f"table ({len(tables.vectors)} timestep vectors, {tables.rows} rows)")
     model._h3plan_adaln = tables
+    temb_why = adaln_temb.install(model, state)
     where = (f"{parked.nbytes / 2**30:.2f} GiB moved to pinned host memory" if parked.nbytes
              else "already on the CPU: nothing moved")
     state.report.notes.append(
         f"adaln_table: {len(mods)} AdaLN linears served from a {tables.nbytes / 2**30:.3f} GiB table on {_device(model)} "
         f"({len(tables.vectors)} timestep vectors at num_inference_steps {', '.join(map(str, steps))}); their weights wait on "
         f"the host ({where}); state_dict() shows those host copies (same keys, dtypes and bits) until uninstall copies them back")
+    state.report.notes.append(
+        "adaln_table: the timestep embedding runs as opaque ops (install/adaln_temb.py), so a whole-model torch.compile "
+        "keeps eager's temb and its table hits" if temb_why is None else
+        f"adaln_table: the timestep embedding keeps its forward ({temb_why}): under a whole-model torch.compile its temb "
+        "may miss the table (counted, served by streaming the weights)")
     return tables
 
 
