@@ -4,10 +4,14 @@ Each test prints one line: the estimate, the measurement and their ratio.
 
     . /tmp/h3site/env.sh && python -m pytest tests/gpu/test_memory_gpu.py -m gpu -q -rA -s
 
-Contracts: the weights of the built model within 1% of the estimate's count at num_layers=1; the forward's
-peak above the weights and inputs within 35% of max(block_activations, stack_boundary) (the estimate
-counts diffusers' eager liveness from the dims; this is its first calibration, so the bound is loose and
-the printed ratio is the result to record in the memory module's docstring).
+Contracts (the estimate's own accounting, h3plan/planning/memory.py's denoise phase): the weights resident after
+install (eager: as built; the plan: the AdaLN linears parked on the host, their tables on the device) within 1% of
+`transformer_weights` + `adaln_tables`; the forward's whole peak (weights, inputs and the forward's own tensors) within
+5% of the denoise phase's transformer items, `transformer_weights` + `adaln_tables` + `step_inputs` +
+`block_activations` + `stack_boundary` (the issue's 5%, benchmarks/memory.py checks the pipeline's). The 2026-12-01
+run measured eager's forward at 0.947 of block_activations + stack_boundary at both lengths (it printed the ratio
+against the larger term alone, this test's former contract: 1.32), about 0.96 of the phase total; the plan rows were
+xfail then, failing on the weights (measured before install, against an estimate with the linears parked).
 """
 
 import os
@@ -27,9 +31,7 @@ GiB = 2**30
 
 
 @pytest.mark.parametrize("S", (19000, 37820))
-@pytest.mark.parametrize("which", ("eager", pytest.param("sm90-bf16-u1", marks=pytest.mark.xfail(
-    strict=False, reason="failed on the H200 on 2026-11-30 (benchmarks/results/logs/gpu-final-x2.log): the activation "
-    "estimate counts eager's tensors, not the installed plan's; not yet calibrated for plans"))))
+@pytest.mark.parametrize("which", ("eager", "sm90-bf16-u1"))
 def test_transformer_memory_estimate(S, which):
     import h3plan
     from h3plan.install import install, uninstall
@@ -38,15 +40,17 @@ def test_transformer_memory_estimate(S, which):
     torch.cuda.empty_cache()
     start = torch.cuda.memory_allocated()
     model = build_model(MODEL["diffusers_config"], blocks=1, device="cuda", seed=0)
-    weights = (torch.cuda.memory_allocated() - start) / GiB
     settings = {}
     if which != "eager":
         plan = h3plan.resolve_config(hardware="sm90", recipe="bf16", parallel="u1", **{"parallel.seq_len": S})
         settings = {d.lever: d.setting for d in plan.decisions}
         install(model, plan)
+    torch.cuda.synchronize()
+    weights = (torch.cuda.memory_allocated() - start) / GiB
     e = M.estimate({"model": {"diffusers_config": dc1}, "vae": VAE}, {"seq_len": S, "ulysses_degree": 1, "batch": 1}, settings)
     b = e["breakdown"]
-    assert abs(weights - b["transformer_weights"]) / b["transformer_weights"] < 0.01, (weights, b["transformer_weights"])
+    est_w = b["transformer_weights"] + b.get("adaln_tables", 0.0)
+    assert abs(weights - est_w) / est_w < 0.01, (weights, est_w)
     inputs = packed_inputs(MODEL["diffusers_config"], S, seed=0, device="cuda")
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
@@ -54,12 +58,14 @@ def test_transformer_memory_estimate(S, which):
     with torch.no_grad():
         out = model(**inputs)
     torch.cuda.synchronize()
+    peak = (torch.cuda.max_memory_allocated() - start) / GiB
     measured = (torch.cuda.max_memory_allocated() - before) / GiB
-    expected = max(b["block_activations"], b["stack_boundary"])
-    print(f"memory S={S} {which}: weights {weights:.3f} GiB (est {b['transformer_weights']:.3f}); forward peak over weights+inputs "
-          f"{measured:.3f} GiB, est block {b['block_activations']:.3f} / boundary {b['stack_boundary']:.3f} -> ratio {measured / expected:.3f}",
-          flush=True)
+    expected = b["block_activations"] + b["stack_boundary"]
+    phase = est_w + b["step_inputs"] + expected
+    print(f"memory S={S} {which}: weights {weights:.3f} GiB (est {est_w:.3f}); forward peak over weights+inputs "
+          f"{measured:.3f} GiB, est block {b['block_activations']:.3f} + boundary {b['stack_boundary']:.3f} -> ratio {measured / expected:.3f}; "
+          f"whole peak {peak:.3f} GiB, estimate {phase:.3f} -> ratio {peak / phase:.3f}", flush=True)
     del out
     if which != "eager":
         uninstall(model)
-    assert 0.65 < measured / expected < 1.35, (measured, expected, e["basis"]["block_activations"])
+    assert 0.95 < peak / phase < 1.05, (peak, phase, measured, expected, e["basis"]["block_activations"])
