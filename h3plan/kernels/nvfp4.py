@@ -23,7 +23,7 @@ all-zero tensor gets g = 1 (torchao divides by a zero per-tensor scale and write
 inputs are outside the contract. Dequantize: value(code) * s_b * g.
 
 Kernel numerics: fp32 math with correctly rounded divisions (`div_rn`, per block only), the e2m1 rounding in
-integer and one-add arithmetic (`e2m1_code`: a multiply, a clamp and a few integer ops per element, no compare
+integer and one-fma arithmetic (`e2m1_code`: a multiply, a clamp and a few integer ops per element, no compare
 chain), the e4m3 scale by the hardware conversion on the GPU and `round_to_e4m3` in the interpreter (the same
 bits), so both give the bits of `quantize_ref`; products are single multiplies (no FMA question). One program owns
 one row (up to four power-of-two chunks of whole 64-column groups, `group_chunks`), held as (W/64, 4, 4) tiles of
@@ -204,14 +204,16 @@ def row_base(row, stride: tl.constexpr, KIND: tl.constexpr):
 @triton.jit
 def e2m1_code(v):
     """int32 e2m1 code of fp32 v: `e2m1_codes` of clamp(v, -6, 6), sign from v's sign bit (so -0.0 -> 8), in integer
-    and one-add arithmetic (no compare chain): a = min(|v|, 6) in binade [2^e, 2^(e+1)) (e >= 0; below 1 as e = 0);
-    a + C with C = 2^(e + 22) rounds a to the e2m1 step 2^(e-1) (nearest, ties to even), so bits(a + C) - bits(C) = k,
-    the rounded a in steps (ties to the even k, the even code), and the code is k + 2e. NaN gives code 7 with its
-    sign (fmin, like the interpreter's; the reference's 0 would cost a select per element: non-finite inputs are
-    outside the contract)."""
+    and one-fma arithmetic (no compare chain): a = min(|v|, 6) in binade [2^e, 2^(e+1)) (e >= 0; below 1 as e = 0);
+    E = 2^e (max(a, 1) with its mantissa cleared), a + E * 2^22 (one fma: the product is exact, so one rounding, as
+    the add of C = 2^(e + 22) would) rounds a to the e2m1 step 2^(e-1) (nearest, ties to even), so
+    bits(a + C) - bits(C) = k, the rounded a in steps (ties to the even k, the even code), and the code is k + 2e,
+    2e = bits(E) >> 22 - 254. NaN gives code 7 with its sign (fmin, like the interpreter's; the reference's 0 would
+    cost a select per element: non-finite inputs are outside the contract)."""
     a = tl.minimum(tl.abs(v), 6.0)
-    cb = tl.maximum(a.to(tl.int32, bitcast=True) & 0x7F800000, 0x3F800000) + 0x0B000000
-    m = (a + cb.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True) - cb + (cb >> 22) - 298
+    eb = tl.maximum(a, 1.0).to(tl.int32, bitcast=True) & 0x7F800000
+    t = tl.fma(eb.to(tl.float32, bitcast=True), 4194304.0, a)
+    m = t.to(tl.int32, bitcast=True) - eb + (eb >> 22) - (0x0B000000 + 254)
     return m | ((v.to(tl.int32, bitcast=True) >> 28) & 8)
 
 

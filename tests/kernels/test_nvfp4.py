@@ -186,7 +186,7 @@ def test_every_nvfp4_kernel_compiles_for_sm90_without_spills():
 
 
 def test_e2m1_code_jit_matches_the_reference_everywhere():
-    """The kernels' one-add e2m1 rounding (`e2m1_code`) against the compare-chain reference (`e2m1_codes` of the
+    """The kernels' one-fma e2m1 rounding (`e2m1_code`) against the compare-chain reference (`e2m1_codes` of the
     clamped value) on every rounding tie and its fp32 neighbours, +-0, subnormals, saturating values and inf."""
     import triton
     import triton.language as tl
