@@ -25,11 +25,14 @@ inputs are outside the contract. Dequantize: value(code) * s_b * g.
 Kernel numerics: fp32 math with correctly rounded divisions (`div_rn`, per block only), the e2m1 rounding in
 integer and one-fma arithmetic (`e2m1_code`: a multiply, a clamp and a few integer ops per element, no compare
 chain), the e4m3 scale by the hardware conversion on the GPU and `round_to_e4m3` in the interpreter (the same
-bits), so both give the bits of `quantize_ref`; products are single multiplies (no FMA question). One program owns
-one row (up to four power-of-two chunks of whole 64-column groups, `group_chunks`), held as (W/64, 4, 4) tiles of
-even and odd elements read from int32 words (`load_pairs`): each thread owns whole blocks, so the block amax, the
-divisions and the nibble packing need no layout change. With a given global scale the cast is one pass; without,
-a row-amax pass, g on the device (no host sync), then the cast pass. Refused inputs (`cast_nvfp4_check`) go to
+bits), so both give the bits of `quantize_ref`; products are single multiplies (no FMA question; the one fma of
+`e2m1_code` has an exact product). One program owns ROWS rows (`program_rows`; lanes past the last row repeat it)
+and walks them in chunks (`row_plan`: a loop of CH-column chunks, then up to three power-of-two tails of whole
+64-column groups, the last masked), each held as (ROWS, W/64, 4, 4) tiles of even and odd elements read from int32
+words (`load_pairs`): each thread owns whole blocks, so the block amax, the divisions and the nibble packing need
+no layout change. The launch layout (rows, warps, chunk) per kernel and width is `launch_config` (TUNED, from the
+H200 probe). With a given global scale the cast is one pass; without, a row-amax pass, g on the device (no host
+sync), then the cast pass. Refused inputs (`cast_nvfp4_check`) go to
 `cast_nvfp4_ref`.
 """
 
@@ -137,7 +140,8 @@ def cast_nvfp4_ref(x: torch.Tensor, global_scale: torch.Tensor | None = None):
 
 
 # ---------------------------------------------------------------------------------------------- jit pieces
-# A chunk of W columns (W a power of two >= 64) is held as four fp32 tiles of shape (W // 64, 4, 4): group q of
+# A chunk of W columns (W a power of two >= 64) of ROWS rows is held as four fp32 tiles of shape
+# (ROWS, W // 64, 4, 4) (`word_offsets` gives the column part; the row bases broadcast over it): group q of
 # four blocks (one 4-byte word of swizzled scales), block c, word j of the block's first (half 0) or second
 # (half 1) eight 4-byte words, each word two 16-bit elements (even: `lo`, odd: `hi`). Triton gives each thread
 # the four words of a (q, c) in both halves, so a thread owns whole blocks: the block amax is a register

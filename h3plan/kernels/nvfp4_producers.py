@@ -20,7 +20,9 @@ chain: the bf16 reference, then `cast_nvfp4_ref`. Bit-identical to it in the int
 that modulation's sum of squares follows torch's CUDA order (kernels/_rmsnorm.py), so CPU tests compare against
 the CUDA-order emulation. Global scale: given (a checkpoint's input_scale: one pass) or from the output's amax
 (a row-amax pass, g on the device, then the quantize pass: the producer computes y twice, reading its inputs
-twice; the fold writes h' in the first pass and the second pass reads h').
+twice; the fold writes h' in the first pass and the second pass reads h'; the modulation's row statistic is
+stored by the first pass and loaded by the second, not summed again). Launch layouts: kernels/nvfp4.py
+`launch_config`.
 
 Fallback: `<op>_check` names the reason an input is refused; the public functions raise ValueError(reason) and
 callers route refused inputs to `<op>_ref` (the same bits).
