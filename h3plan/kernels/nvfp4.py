@@ -378,17 +378,17 @@ def bf16x2_modulate(lo, hi, sc, sh):
 TUNED: dict[tuple[str, int], tuple[int, int, int]] = {
     ("modulation", 5376): (8, 4, 256), ("fold", 5376): (8, 4, 256), ("swiglu", 14336): (4, 4, 512),
     ("cast", 7168): (8, 4, 256)}
-# The probe's candidates per kind (the interpreter tests check every one bit-exact at small shapes). (1, w, 0):
-# the one-row layout (chunk 0: the largest power of two in the row, as before), for comparison.
+# The probe's candidates per kind (the interpreter tests check every one bit-exact at small shapes): each tile at
+# least one block a thread (ROWS * CH / 16 >= 32 * warps). (1, w, 0): the one-row layout (chunk 0: the largest power
+# of two in the row, as before), for comparison.
+_ROWS_LAYOUTS = ((1, 4, 0), (1, 2, 0), (4, 4, 512), (8, 4, 256), (4, 2, 256), (8, 2, 256), (8, 8, 512), (2, 4, 1024),
+                 (8, 4, 512), (4, 4, 1024))
 SWEEP: dict[str, tuple[tuple[int, int, int], ...]] = {
-    "modulation": ((1, 4, 0), (1, 2, 0), (2, 4, 512), (4, 4, 256), (4, 4, 512), (8, 4, 256), (4, 2, 256),
-                   (8, 8, 256), (8, 8, 512), (2, 4, 1024)),
-    "fold": ((1, 4, 0), (1, 2, 0), (2, 4, 512), (4, 4, 256), (4, 4, 512), (8, 4, 256), (4, 2, 256), (8, 8, 256),
-             (8, 8, 512), (2, 4, 1024)),
-    "swiglu": ((1, 8, 0), (2, 4, 512), (4, 4, 512), (2, 8, 1024), (4, 8, 1024), (8, 8, 512), (2, 4, 1024),
-               (4, 8, 512)),
-    "cast": ((1, 2, 0), (1, 4, 0), (2, 4, 512), (4, 4, 512), (2, 4, 1024), (4, 8, 1024), (8, 8, 512), (4, 2, 256),
-             (8, 4, 256)),
+    "modulation": _ROWS_LAYOUTS,
+    "fold": _ROWS_LAYOUTS,
+    "swiglu": ((1, 8, 0), (4, 4, 512), (8, 4, 256), (4, 8, 1024), (8, 8, 512), (2, 4, 1024), (8, 4, 512),
+               (4, 4, 1024)),
+    "cast": _ROWS_LAYOUTS,
 }
 BF16X2 = True  # the bf16x2 instructions above on the GPU for bf16 inputs (False: the fp32 arithmetic and roundings)
 

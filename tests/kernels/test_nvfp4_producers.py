@@ -174,6 +174,15 @@ def test_every_sweep_layout_is_bit_exact(kind, cfg):
     assert n4.launch_config(kind, n) == (1, 4, 0)  # the planned table is back
 
 
+def test_sweep_layouts_give_every_thread_a_block():
+    """No SWEEP candidate (bar the one-row layout) has fewer blocks a tile than threads (they would repeat work)."""
+    for kind, layouts in n4.SWEEP.items():
+        assert len(set(layouts)) == len(layouts), kind
+        for rows, warps, chunk in layouts:
+            assert (rows == 1 and chunk == 0) or rows * chunk // 16 >= 32 * warps, (kind, rows, warps, chunk)
+        assert all(n4.launch_config(k, n) in n4.SWEEP[k] for k, n in n4.TUNED)
+
+
 def test_row_plan_covers_the_row():
     """Chunks whole inside the row, then tails covering it to the next 64 columns; bad chunks refused."""
     for n in (16, 80, 96, 1040, 5376, 7168, 14336):
