@@ -240,7 +240,8 @@ def abs_max(lo0, hi0, lo1, hi1):
 
 
 @triton.jit
-def _store_half(packed_ptr, lo, hi, r, rows, C0, HALF: tl.constexpr, W: tl.constexpr, N: tl.constexpr, MASK: tl.constexpr):
+def _store_half(packed_ptr, lo, hi, r, rows, C0, HALF: tl.constexpr, W: tl.constexpr, N: tl.constexpr,
+                MASK: tl.constexpr):
     """The code bytes of one half: e2m1(lo * r) | e2m1(hi * r) << 4 (element 2i in the low nibble)."""
     byte = (e2m1_code(lo * r[:, :, :, None]) | (e2m1_code(hi * r[:, :, :, None]) << 4)).to(tl.uint8)
     w = C0 // 2 + HALF * 4 + word_offsets(W)
@@ -308,8 +309,8 @@ def _cast_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles,
                 N: tl.constexpr, MASK: tl.constexpr, KIND: tl.constexpr, AMAX_ONLY: tl.constexpr, HW: tl.constexpr):
     lo0, hi0 = load_pairs(x_ptr, base, C0, 0, W, N, MASK, KIND, HW)
     lo1, hi1 = load_pairs(x_ptr, base, C0, 1, W, N, MASK, KIND, HW)
-    return finish_chunk(lo0, hi0, lo1, hi1, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, C0, W, N, MASK, AMAX_ONLY,
-                        HW)
+    return finish_chunk(lo0, hi0, lo1, hi1, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, C0, W, N, MASK,
+                        AMAX_ONLY, HW)
 
 
 @triton.jit
@@ -325,14 +326,16 @@ def _cast_kernel(x_ptr, packed_ptr, sf_ptr, amax_ptr, g_ptr, M, n_col_tiles, N: 
         a = _cast_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, i * CH, CH, N, False, KIND,
                         AMAX_ONLY, HW)
     if T0 > 0:
-        a = _cast_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, NFULL * CH, T0, N, NFULL * CH + T0 > N, KIND,
+        a = _cast_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, NFULL * CH, T0, N,
+                        NFULL * CH + T0 > N, KIND,
                         AMAX_ONLY, HW)
     if T1 > 0:
-        a = _cast_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, NFULL * CH + T0, T1, N, NFULL * CH + T0 + T1 > N, KIND,
+        a = _cast_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, NFULL * CH + T0, T1, N,
+                        NFULL * CH + T0 + T1 > N, KIND,
                         AMAX_ONLY, HW)
     if T2 > 0:
-        a = _cast_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, NFULL * CH + T0 + T1, T2, N, NFULL * CH + T0 + T1 + T2 > N,
-                        KIND, AMAX_ONLY, HW)
+        a = _cast_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, NFULL * CH + T0 + T1, T2, N,
+                        NFULL * CH + T0 + T1 + T2 > N, KIND, AMAX_ONLY, HW)
     if AMAX_ONLY:
         tl.store(amax_ptr + rows, a)
 

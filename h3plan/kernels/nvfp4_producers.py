@@ -53,12 +53,14 @@ from h3plan.kernels.nvfp4 import E4M3
 # ---------------------------------------------------------------------------------------------- modulation (+ fold)
 @triton.jit
 def _fold_half(h_ptr, gate_ptr, gate_base, y_ptr, out_ptr, base, C0, HALF: tl.constexpr,
-               W: tl.constexpr, N: tl.constexpr, MASK: tl.constexpr, KIND: tl.constexpr, X2: tl.constexpr, HW: tl.constexpr):
+               W: tl.constexpr, N: tl.constexpr, MASK: tl.constexpr, KIND: tl.constexpr, X2: tl.constexpr,
+               HW: tl.constexpr):
     """One half (kernels/nvfp4.py `load_pairs`) of h + gate * y, kernels/gated_residual.py's roundings, stored as
     bf16 (two values a word; KIND 0) or one by one (KIND 2). X2: in bf16x2 instructions on the words."""
     w = C0 // 2 + HALF * 4 + word_offsets(W)
     if X2:
-        word = bf16x2_mul_add(load_words(gate_ptr, gate_base, C0, HALF, W, N, MASK), load_words(y_ptr, base, C0, HALF, W, N, MASK),
+        word = bf16x2_mul_add(load_words(gate_ptr, gate_base, C0, HALF, W, N, MASK), load_words(y_ptr, base, C0, HALF,
+                                                                                                W, N, MASK),
                               load_words(h_ptr, base, C0, HALF, W, N, MASK))
         if not MASK:
             tl.store(out_ptr + base + w, word)
@@ -101,7 +103,8 @@ def _fold_chunk(h_ptr, gate_ptr, gate_base, y_ptr, out_ptr, base, C0, W: tl.cons
 
 @triton.jit
 def _modulate_half(x_ptr, base, w_ptr, sc_ptr, sc_base, sh_ptr, sh_base, rstd, C0, HALF: tl.constexpr,
-                   W: tl.constexpr, N: tl.constexpr, MASK: tl.constexpr, HAS_W: tl.constexpr, EXACT: tl.constexpr, KIND: tl.constexpr,
+                   W: tl.constexpr, N: tl.constexpr, MASK: tl.constexpr, HAS_W: tl.constexpr, EXACT: tl.constexpr,
+                   KIND: tl.constexpr,
                    X2: tl.constexpr, HW: tl.constexpr):
     """One half of rmsnorm_modulate's output (kernels/fp8_producers.py `modulate_values`), even and odd columns.
     X2 (exact mode): the fp32 norm products, then the bf16 modulation in bf16x2 instructions on the table words."""
@@ -129,12 +132,14 @@ def _modulate_chunk(x_ptr, base, w_ptr, sc_ptr, sc_base, sh_ptr, sh_base, rstd, 
                     n_col_tiles, C0, W: tl.constexpr, N: tl.constexpr, MASK: tl.constexpr, HAS_W: tl.constexpr,
                     EXACT: tl.constexpr, KIND: tl.constexpr, X2: tl.constexpr, AMAX_ONLY: tl.constexpr,
                     HW: tl.constexpr):
-    lo0, hi0 = _modulate_half(x_ptr, base, w_ptr, sc_ptr, sc_base, sh_ptr, sh_base, rstd, C0, 0, W, N, MASK, HAS_W, EXACT,
+    lo0, hi0 = _modulate_half(x_ptr, base, w_ptr, sc_ptr, sc_base, sh_ptr, sh_base, rstd, C0, 0, W, N, MASK, HAS_W,
+                              EXACT,
                               KIND, X2, HW)
-    lo1, hi1 = _modulate_half(x_ptr, base, w_ptr, sc_ptr, sc_base, sh_ptr, sh_base, rstd, C0, 1, W, N, MASK, HAS_W, EXACT,
+    lo1, hi1 = _modulate_half(x_ptr, base, w_ptr, sc_ptr, sc_base, sh_ptr, sh_base, rstd, C0, 1, W, N, MASK, HAS_W,
+                              EXACT,
                               KIND, X2, HW)
-    return finish_chunk(lo0, hi0, lo1, hi1, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, C0, W, N, MASK, AMAX_ONLY,
-                        HW)
+    return finish_chunk(lo0, hi0, lo1, hi1, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, C0, W, N, MASK,
+                        AMAX_ONLY, HW)
 
 
 @triton.jit
@@ -157,11 +162,14 @@ def _modulate_nvfp4_kernel(x_ptr, xw_ptr, w_ptr, scale_ptr, shift_ptr, idx_ptr, 
         for i in range(NFULL):  # a loop, not unrolled: compile time and code size
             _fold_chunk(h_ptr, gate_ptr, gate_base, y_ptr, xw_ptr, base, i * CH, CH, N, False, KIND, X2, HW)
         if T0 > 0:
-            _fold_chunk(h_ptr, gate_ptr, gate_base, y_ptr, xw_ptr, base, NFULL * CH, T0, N, NFULL * CH + T0 > N, KIND, X2, HW)
+            _fold_chunk(h_ptr, gate_ptr, gate_base, y_ptr, xw_ptr, base, NFULL * CH, T0, N, NFULL * CH + T0 > N, KIND,
+                        X2, HW)
         if T1 > 0:
-            _fold_chunk(h_ptr, gate_ptr, gate_base, y_ptr, xw_ptr, base, NFULL * CH + T0, T1, N, NFULL * CH + T0 + T1 > N, KIND, X2, HW)
+            _fold_chunk(h_ptr, gate_ptr, gate_base, y_ptr, xw_ptr, base, NFULL * CH + T0, T1, N,
+                        NFULL * CH + T0 + T1 > N, KIND, X2, HW)
         if T2 > 0:
-            _fold_chunk(h_ptr, gate_ptr, gate_base, y_ptr, xw_ptr, base, NFULL * CH + T0 + T1, T2, N, NFULL * CH + T0 + T1 + T2 > N, KIND, X2, HW)
+            _fold_chunk(h_ptr, gate_ptr, gate_base, y_ptr, xw_ptr, base, NFULL * CH + T0 + T1, T2, N,
+                        NFULL * CH + T0 + T1 + T2 > N, KIND, X2, HW)
         tl.debug_barrier()
     if RSTD == 2:
         rstd = tl.load(rstd_ptr + rows)
@@ -176,20 +184,20 @@ def _modulate_nvfp4_kernel(x_ptr, xw_ptr, w_ptr, scale_ptr, shift_ptr, idx_ptr, 
     a = tl.zeros((ROWS,), tl.float32)
     for i in range(NFULL):  # a loop, not unrolled: compile time and code size
         a = _modulate_chunk(xw_ptr, base, w_ptr, scale_ptr, sc_base, shift_ptr, sh_base, rstd, a, g, inv_g,
-                            packed_ptr, sf_ptr, rows, n_col_tiles, i * CH, CH, N, False, HAS_W, EXACT, KIND, X2, AMAX_ONLY,
-                            HW)
+                            packed_ptr, sf_ptr, rows, n_col_tiles, i * CH, CH, N, False, HAS_W, EXACT, KIND, X2,
+                            AMAX_ONLY, HW)
     if T0 > 0:
         a = _modulate_chunk(xw_ptr, base, w_ptr, scale_ptr, sc_base, shift_ptr, sh_base, rstd, a, g, inv_g,
-                            packed_ptr, sf_ptr, rows, n_col_tiles, NFULL * CH, T0, N, NFULL * CH + T0 > N, HAS_W, EXACT, KIND, X2,
-                            AMAX_ONLY, HW)
+                            packed_ptr, sf_ptr, rows, n_col_tiles, NFULL * CH, T0, N, NFULL * CH + T0 > N, HAS_W,
+                            EXACT, KIND, X2, AMAX_ONLY, HW)
     if T1 > 0:
         a = _modulate_chunk(xw_ptr, base, w_ptr, scale_ptr, sc_base, shift_ptr, sh_base, rstd, a, g, inv_g,
-                            packed_ptr, sf_ptr, rows, n_col_tiles, NFULL * CH + T0, T1, N, NFULL * CH + T0 + T1 > N, HAS_W, EXACT, KIND, X2,
-                            AMAX_ONLY, HW)
+                            packed_ptr, sf_ptr, rows, n_col_tiles, NFULL * CH + T0, T1, N, NFULL * CH + T0 + T1 > N,
+                            HAS_W, EXACT, KIND, X2, AMAX_ONLY, HW)
     if T2 > 0:
         a = _modulate_chunk(xw_ptr, base, w_ptr, scale_ptr, sc_base, shift_ptr, sh_base, rstd, a, g, inv_g,
-                            packed_ptr, sf_ptr, rows, n_col_tiles, NFULL * CH + T0 + T1, T2, N, NFULL * CH + T0 + T1 + T2 > N, HAS_W, EXACT, KIND,
-                            X2, AMAX_ONLY, HW)
+                            packed_ptr, sf_ptr, rows, n_col_tiles, NFULL * CH + T0 + T1, T2, N,
+                            NFULL * CH + T0 + T1 + T2 > N, HAS_W, EXACT, KIND, X2, AMAX_ONLY, HW)
     if AMAX_ONLY:
         tl.store(amax_ptr + rows, a)
 
@@ -203,8 +211,8 @@ def _swiglu_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tile
     gate = base + row_base(1, F, KIND)  # the gate half's row
     lo0, hi0 = _swiglu_half(x_ptr, base, gate, C0, 0, W, F, MASK, KIND, X2, IS_BF16, HW, LIBDEVICE_EXP)
     lo1, hi1 = _swiglu_half(x_ptr, base, gate, C0, 1, W, F, MASK, KIND, X2, IS_BF16, HW, LIBDEVICE_EXP)
-    return finish_chunk(lo0, hi0, lo1, hi1, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, C0, W, F, MASK, AMAX_ONLY,
-                        HW)
+    return finish_chunk(lo0, hi0, lo1, hi1, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, C0, W, F, MASK,
+                        AMAX_ONLY, HW)
 
 
 @triton.jit
@@ -232,17 +240,19 @@ def _swiglu_nvfp4_kernel(x_ptr, packed_ptr, sf_ptr, amax_ptr, g_ptr, M, n_col_ti
     g, inv_g = load_global(g_ptr)
     a = tl.zeros((ROWS,), tl.float32)
     for i in range(NFULL):  # a loop, not unrolled: compile time and code size
-        a = _swiglu_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, i * CH, CH, F, False, KIND, X2,
+        a = _swiglu_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, i * CH, CH, F, False, KIND,
+                          X2,
                           AMAX_ONLY, IS_BF16, HW, LIBDEVICE_EXP)
     if T0 > 0:
-        a = _swiglu_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, NFULL * CH, T0, F, NFULL * CH + T0 > F, KIND, X2,
+        a = _swiglu_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, NFULL * CH, T0, F,
+                          NFULL * CH + T0 > F, KIND, X2,
                           AMAX_ONLY, IS_BF16, HW, LIBDEVICE_EXP)
     if T1 > 0:
-        a = _swiglu_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, NFULL * CH + T0, T1, F, NFULL * CH + T0 + T1 > F,
-                          KIND, X2, AMAX_ONLY, IS_BF16, HW, LIBDEVICE_EXP)
+        a = _swiglu_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, NFULL * CH + T0, T1, F,
+                          NFULL * CH + T0 + T1 > F, KIND, X2, AMAX_ONLY, IS_BF16, HW, LIBDEVICE_EXP)
     if T2 > 0:
-        a = _swiglu_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, NFULL * CH + T0 + T1, T2, F, NFULL * CH + T0 + T1 + T2 > F,
-                          KIND, X2, AMAX_ONLY, IS_BF16, HW, LIBDEVICE_EXP)
+        a = _swiglu_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, NFULL * CH + T0 + T1, T2, F,
+                          NFULL * CH + T0 + T1 + T2 > F, KIND, X2, AMAX_ONLY, IS_BF16, HW, LIBDEVICE_EXP)
     if AMAX_ONLY:
         tl.store(amax_ptr + rows, a)
 
