@@ -1,11 +1,13 @@
 """Offline GPU compile of every NVFP4 kernel variant at H3 widths (no GPU needed): registers and spills per variant.
 
-    python benchmarks/probes/nvfp4_compile.py [OUT_DIR] [--arch 90 100]
+    python benchmarks/probes/nvfp4_compile.py [OUT_DIR] [--arch 90 100] [--sweep]
 
 Compiles kernels/nvfp4.py's cast and kernels/nvfp4_producers.py's modulation (exact / fp32, with and without
-the residual fold, amax pass and quantize pass) and SwiGLU kernels through Triton to cubin for each arch with
-triton's own ptxas, and prints `ptxas --verbose`'s registers and spill bytes. Exit 1 if any variant fails to
-compile. With OUT_DIR it writes nvfp4-compile.json there. Must run without TRITON_INTERPRET (the interpreter
+the residual fold; static quantize pass, dynamic amax and quantize passes) and SwiGLU kernels through Triton to
+cubin for each arch with triton's own ptxas, at the planned launch layout (kernels/nvfp4.py TUNED) or, with
+--sweep, at every SWEEP layout, and prints `ptxas --verbose`'s registers and spill bytes and the SASS
+thread-instructions per row element (`sass_counts`; where LLVM unrolls a chunk loop, the amax passes', it
+over-counts). Exit 1 if any variant fails to compile. With OUT_DIR it writes nvfp4-compile.json there. Must run without TRITON_INTERPRET (the interpreter
 replaces the jit functions).
 """
 
