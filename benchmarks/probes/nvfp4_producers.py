@@ -1,10 +1,12 @@
 """H200 probe of the NVFP4 producers: time, fraction of copy bandwidth and bits of every producer at H3 width.
 
-    PYTHONPATH=. python benchmarks/probes/nvfp4_producers.py [OUT_DIR] [--rows 19000] [--configs cast=2,4,8 ...]
+    PYTHONPATH=. python benchmarks/probes/nvfp4_producers.py [OUT_DIR] [--rows 19000] [--configs cast=r4w4c512,r1w2c0 ...]
 
 For each producer (kernels/nvfp4_producers.py rmsnorm_modulate_nvfp4, gated_residual_modulate_nvfp4,
 swiglu_nvfp4; kernels/nvfp4.py cast_nvfp4) in static (a given global scale: one pass) and dynamic mode (amax pass,
-then the quantize pass), at every candidate warps count (kernels/nvfp4.py WARPS): the packed codes, swizzled
+then the quantize pass), at every candidate launch layout (kernels/nvfp4.py SWEEP: rows a program, warps, chunk
+columns, named like r4w4c512; c0 the one-row layout's chunks), and the planned layout without the bf16x2
+instructions (suffix "f"): the packed codes, swizzled
 scales, g (and the fold's h') compared byte for byte with the reference chain on the GPU (`<op>_ref`: the bf16
 reference, then `cast_nvfp4_ref`), on inputs holding zero, -0, tiny, saturating blocks and every e2m1 tie
 (tests/gpu/test_nvfp4_gpu.py `special_blocks`), then the median time (20 launches, L2 flushed) and its
@@ -12,11 +14,11 @@ fraction of copy bandwidth over the bytes one pass must move (inputs read once, 
 fold also writes h'). Dynamic mode reads its inputs twice, so its fraction is bounded by one pass's bytes over
 two passes' (about 0.56 for the cast and modulation, 0.53 for SwiGLU, 0.77 for the fold).
 
-Candidates (`--configs kind=c1,c2`, defaults CANDIDATES): warps, with the suffix "f" the fp32 arithmetic instead of
-the bf16x2 instructions (kernels/nvfp4.py BF16X2). The best bit-exact candidate is the record's `ms` (`best_warps`:
-its name); `ms_by_warps` and `bytes_differing_by_warps` hold all of them. Writes OUT_DIR/nvfp4-producers-h200.json (the schema of tests/gpu/test_nvfp4_gpu.py's report) and exits 1
-if any candidate wrote a byte that differs from the reference. Kernels are compiled first in parallel worker
-processes (the Triton cache), so the run stays near a minute.
+The best bit-exact candidate is the record's `ms` (`best`: its name); `ms_by_config` and
+`bytes_differing_by_config` hold all of them. The last lines print the kernels/nvfp4.py TUNED table the results
+select (the layout with the least static + dynamic time per kind: paste it over TUNED). Writes
+OUT_DIR/nvfp4-producers-h200.json and exits 1 if any candidate wrote a byte that differs from the reference.
+Kernels are compiled first in parallel worker processes (the Triton cache), so the run stays near two minutes.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from concurrent.futures import ProcessPoolExecutor
 import multiprocessing as mp
@@ -45,10 +48,7 @@ HIDDEN, FFN, INNER, EPS = 5376, 14336, 7168, 1e-5
 STATIC = 0.004  # a static global scale (a checkpoint's input_scale), as the GPU suite's
 TARGET = 0.7
 OUT_BYTES = 0.5 + 1 / 16  # per element: half a byte of codes, 1/16 of a scale byte
-# candidate configs per launch kind: warps, "f" for the fp32 arithmetic instead of the bf16x2 instructions (nvfp4.BF16X2)
-CANDIDATES = {"modulation": ("4", "2", "8", "4f"), "fold": ("4", "2", "8", "4f"), "swiglu": ("8", "4", "8f"),
-              "cast": ("4", "2", "8")}
-# name, launch kind (kernels/nvfp4.py WARPS key), width, input bytes per element, extra output bytes per element
+# name, launch kind (kernels/nvfp4.py TUNED key), width, input bytes per element, extra output bytes per element
 OPS = [("rmsnorm_modulate_nvfp4", "modulation", HIDDEN, 2, 0), ("gated_residual_modulate_nvfp4", "fold", HIDDEN, 4, 2),
        ("swiglu_nvfp4", "swiglu", FFN, 4, 0), ("cast_nvfp4", "cast", INNER, 2, 0)]
 
@@ -108,20 +108,24 @@ def copy_tbps() -> float:
     return 2 * src.numel() / (ms(lambda: dst.copy_(src)) * 1e-3) / 1e12
 
 
-class config:
-    """A candidate in force: its warps in kernels/nvfp4.py WARPS and its arithmetic in BF16X2."""
+def candidates(kind: str, width: int) -> list[str]:
+    """kernels/nvfp4.py SWEEP's layouts for the kind, then the planned one without the bf16x2 instructions."""
+    names = [n4.config_name(c) for c in n4.SWEEP[kind]]
+    return names + [n4.config_name(n4.launch_config(kind, width), bf16x2=False)]
 
-    def __init__(self, kind: str, width: int, cand: str):
-        self.key, self.warps, self.x2 = (kind, width), int(cand.rstrip("f")), not cand.endswith("f")
 
-    def __enter__(self):
-        self.planned = dict(n4.WARPS)
-        n4.WARPS[self.key], n4.BF16X2 = self.warps, self.x2
+def parse(name: str) -> tuple[tuple[int, int, int], bool]:
+    """'r4w4c512' / 'r4w4c512f' -> ((rows, warps, chunk), bf16x2)."""
+    m = re.fullmatch(r"r(\d+)w(\d+)c(\d+)(f?)", name)
+    if not m:
+        raise SystemExit(f"nvfp4_producers.py: bad config {name!r} (want like r4w4c512, suffix f: no bf16x2)")
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3))), not m.group(4)
 
-    def __exit__(self, *exc):
-        n4.WARPS.clear()
-        n4.WARPS.update(self.planned)
-        n4.BF16X2 = True
+
+def config(kind: str, width: int, name: str):
+    """A candidate in force (kernels/nvfp4.py `tuned`)."""
+    layout, x2 = parse(name)
+    return n4.tuned(kind, width, layout, x2)
 
 
 def _warm(rows: int, name: str, kind: str, width: int, cand: str) -> str:
@@ -134,19 +138,32 @@ def _warm(rows: int, name: str, kind: str, width: int, cand: str) -> str:
     return f"{name} {cand}"
 
 
+def tuned_table(totals: dict, widths: dict) -> dict:
+    """{(kind, width): (rows, warps, chunk)}: per kind the bf16x2 layout, bit-exact in both modes, with the least
+    static + dynamic time."""
+    table = {}
+    for kind, by_cfg in totals.items():
+        both = {c: sum(v) for c, v in by_cfg.items() if len(v) == 2 and parse(c)[1]}
+        if both:
+            table[(kind, widths[kind])] = parse(min(both, key=both.get))[0]
+    return table
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", nargs="?", default=os.environ.get("OUT"))
     p.add_argument("--rows", type=int, default=19000)
     p.add_argument("--configs", nargs="*", default=[],
-                   help="kind=c1,c2,... (kinds: modulation fold swiglu cast; c: warps, 'f' suffix: no bf16x2)")
+                   help="kind=c1,c2,... (kinds: modulation fold swiglu cast; c like r4w4c512, 'f' suffix: no bf16x2)")
     p.add_argument("--ops", nargs="*", default=[o[0] for o in OPS])
     p.add_argument("--jobs", type=int, default=12, help="parallel compile workers (0: compile in the timed process)")
     args = p.parse_args(argv)
-    cand = dict(CANDIDATES)
+    cand = {kind: candidates(kind, width) for _name, kind, width, _i, _e in OPS}
     for spec in args.configs:
         k, v = spec.split("=")
-        cand[k] = tuple(v.split(","))
+        cand[k] = v.split(",")
+        for c in cand[k]:
+            parse(c)  # refuses a malformed name before any GPU work
     ops = [o for o in OPS if o[0] in args.ops]
     if args.jobs:
         with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as ex:
@@ -157,39 +174,51 @@ def main(argv=None) -> int:
     copy = copy_tbps()
     S = args.rows
     fns = calls(inputs(S))
-    records, bad = [], 0
+    records, bad, totals = [], 0, {}
     with torch.no_grad():
         for name, kind, width, inb, extra in ops:
             kernel, ref, chain = fns[name]
             n = S * width
             for mode, g in (("static", torch.tensor([STATIC], device="cuda")), ("dynamic", None)):
                 want = ref(g)
-                by_warps, diff = {}, {}
+                by_cfg, diff = {}, {}
                 for c in cand[kind]:
                     with config(kind, width, c):
                         diff[c] = ndiff(kernel(g), want)  # asserts shapes and dtypes
-                        by_warps[c] = ms(lambda: kernel(g))
-                exact = {w: t for w, t in by_warps.items() if diff[w] == 0}
+                        by_cfg[c] = ms(lambda: kernel(g))
+                    if diff[c] == 0:
+                        totals.setdefault(kind, {}).setdefault(c, []).append(by_cfg[c])
+                exact = {w: t for w, t in by_cfg.items() if diff[w] == 0}
                 bad += sum(d > 0 for d in diff.values())  # every candidate must be exact, the fastest reported
-                best = min(exact or by_warps, key=(exact or by_warps).get)
-                t, chain_ms = by_warps[best], ms(lambda: chain(g))
-                frac = n * (inb + extra + OUT_BYTES) / (t * 1e-3) / 1e12 / copy
-                records.append(dict(op=name, mode=mode, rows=S, elements=n, ms=t, best_warps=best, ms_by_warps=by_warps,
-                                    bytes_differing_by_warps=diff, bit_exact=bool(exact) and len(exact) == len(diff),
+                best = min(exact or by_cfg, key=(exact or by_cfg).get)
+                t, chain_ms = by_cfg[best], ms(lambda: chain(g))
+                one = n * (inb + extra + OUT_BYTES)  # bytes one pass must move
+                frac = one / (t * 1e-3) / 1e12 / copy
+                records.append(dict(op=name, mode=mode, rows=S, elements=n, bytes_one_pass=one, ms=t, best=best,
+                                    planned=n4.config_name(n4.launch_config(kind, width)), ms_by_config=by_cfg,
+                                    fraction_of_copy_by_config={c: one / (v * 1e-3) / 1e12 / copy
+                                                                for c, v in by_cfg.items()},
+                                    bytes_differing_by_config=diff, bit_exact=bool(exact) and len(exact) == len(diff),
                                     fraction_of_copy=frac, torch_chain_ms=chain_ms,
                                     speedup_vs_torch_chain=chain_ms / t, target=TARGET, meets_target=frac >= TARGET))
-                print(f"[probe] {name} {mode}: {t:.4f} ms at {best} warps = {frac:.2f} of copy ({copy:.2f} TB/s); "
-                      f"by warps {({w: round(v, 4) for w, v in by_warps.items()})}; bytes differing {diff}; "
-                      f"torch chain {chain_ms:.3f} ms", flush=True)
+                ranked = sorted(by_cfg, key=by_cfg.get)
+                print(f"[probe] {name} {mode}: {t:.4f} ms at {best} = {frac:.2f} of copy ({copy:.2f} TB/s, "
+                      f"{one / 1e6:.0f} MB a pass); by config (fastest first) "
+                      f"{({c: (round(by_cfg[c], 4), round(one / (by_cfg[c] * 1e-3) / 1e12 / copy, 2)) for c in ranked})}; "
+                      f"bytes differing {({c: d for c, d in diff.items() if d})}; torch chain {chain_ms:.3f} ms",
+                      flush=True)
+    table = tuned_table(totals, {kind: width for _n, kind, width, _i, _e in ops})
+    print(f"[probe] selected (least static + dynamic ms, bit-exact, bf16x2): TUNED = {table}")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         path = os.path.join(args.out, "nvfp4-producers-h200.json")
         with open(path, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_tbps": copy,
-                       "candidates": {k: list(v) for k, v in cand.items()}, "records": records}, f, indent=1)
+                       "candidates": {k: list(v) for k, v in cand.items()}, "records": records,
+                       "selected_tuned": {f"{k[0]},{k[1]}": list(v) for k, v in table.items()}}, f, indent=1)
         print(f"[probe] wrote {path}")
     if bad:
-        print(f"[probe] NOT BIT-EXACT: {bad} (op, mode, warps) candidates wrote bytes that differ from the reference")
+        print(f"[probe] NOT BIT-EXACT: {bad} (op, mode, config) candidates wrote bytes that differ from the reference")
         return 1
     print("[probe] every candidate bit-exact against the reference chain")
     return 0

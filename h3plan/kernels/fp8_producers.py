@@ -140,16 +140,21 @@ def _finish(out_ptr, desc_ptr, row, out_off, static_scale, o0, o1, o2, o3,
 
 
 @triton.jit
-def row_rstd(x_ptr, row, N, eps, NITER: tl.constexpr, IEEE_RSQRT: tl.constexpr, HW: tl.constexpr):
-    """1 / rms of row `row` of x (N wide) as a scalar: torch's CUDA RMSNorm order (the modulation kernel's
-    statistic), or IEEE division and sqrt."""
-    rows = row + tl.arange(0, 1).to(tl.int64)  # the statistic's helper works on [ROWS] rows
-    ss = _mod._sumsq_vec(x_ptr, rows * N, rows >= 0, N, NITER, 1, HW)
+def rows_rstd(x_ptr, rows, N, eps, NITER: tl.constexpr, ROWS: tl.constexpr, IEEE_RSQRT: tl.constexpr,
+              HW: tl.constexpr):
+    """[ROWS] 1 / rms of rows `rows` (int64 [ROWS]) of x (N wide): torch's CUDA RMSNorm order (the modulation
+    kernel's statistic), or IEEE division and sqrt."""
+    ss = _mod._sumsq_vec(x_ptr, rows * N, rows >= 0, N, NITER, ROWS, HW)
     if IEEE_RSQRT:
         ms = tl.math.div_rn(ss, tl.full(ss.shape, N, tl.float32))
-        rstd = tl.math.div_rn(tl.full(ss.shape, 1.0, tl.float32), tl.math.sqrt_rn(ms + eps))
-    else:
-        rstd = cuda_rms_rstd(ss, N, eps)
+        return tl.math.div_rn(tl.full(ss.shape, 1.0, tl.float32), tl.math.sqrt_rn(ms + eps))
+    return cuda_rms_rstd(ss, N, eps)
+
+
+@triton.jit
+def row_rstd(x_ptr, row, N, eps, NITER: tl.constexpr, IEEE_RSQRT: tl.constexpr, HW: tl.constexpr):
+    """`rows_rstd` of the one row `row` as a scalar."""
+    rstd = rows_rstd(x_ptr, row + tl.arange(0, 1).to(tl.int64), N, eps, NITER, 1, IEEE_RSQRT, HW)
     return tl.sum(rstd, axis=0)  # the one row's value as a scalar (a sum of one element: exact)
 
 

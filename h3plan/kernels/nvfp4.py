@@ -23,13 +23,16 @@ all-zero tensor gets g = 1 (torchao divides by a zero per-tensor scale and write
 inputs are outside the contract. Dequantize: value(code) * s_b * g.
 
 Kernel numerics: fp32 math with correctly rounded divisions (`div_rn`, per block only), the e2m1 rounding in
-integer and one-add arithmetic (`e2m1_code`: a multiply, a clamp and a few integer ops per element, no compare
+integer and one-fma arithmetic (`e2m1_code`: a multiply, a clamp and a few integer ops per element, no compare
 chain), the e4m3 scale by the hardware conversion on the GPU and `round_to_e4m3` in the interpreter (the same
-bits), so both give the bits of `quantize_ref`; products are single multiplies (no FMA question). One program owns
-one row (up to four power-of-two chunks of whole 64-column groups, `group_chunks`), held as (W/64, 4, 4) tiles of
-even and odd elements read from int32 words (`load_pairs`): each thread owns whole blocks, so the block amax, the
-divisions and the nibble packing need no layout change. With a given global scale the cast is one pass; without,
-a row-amax pass, g on the device (no host sync), then the cast pass. Refused inputs (`cast_nvfp4_check`) go to
+bits), so both give the bits of `quantize_ref`; products are single multiplies (no FMA question; the one fma of
+`e2m1_code` has an exact product). One program owns ROWS rows (`program_rows`; lanes past the last row repeat it)
+and walks them in chunks (`row_plan`: a loop of CH-column chunks, then up to three power-of-two tails of whole
+64-column groups, the last masked), each held as (ROWS, W/64, 4, 4) tiles of even and odd elements read from int32
+words (`load_pairs`): each thread owns whole blocks, so the block amax, the divisions and the nibble packing need
+no layout change. The launch layout (rows, warps, chunk) per kernel and width is `launch_config` (TUNED, from the
+H200 probe). With a given global scale the cast is one pass; without, a row-amax pass, g on the device (no host
+sync), then the cast pass. Refused inputs (`cast_nvfp4_check`) go to
 `cast_nvfp4_ref`.
 """
 
@@ -137,7 +140,8 @@ def cast_nvfp4_ref(x: torch.Tensor, global_scale: torch.Tensor | None = None):
 
 
 # ---------------------------------------------------------------------------------------------- jit pieces
-# A chunk of W columns (W a power of two >= 64) is held as four fp32 tiles of shape (W // 64, 4, 4): group q of
+# A chunk of W columns (W a power of two >= 64) of ROWS rows is held as four fp32 tiles of shape
+# (ROWS, W // 64, 4, 4) (`word_offsets` gives the column part; the row bases broadcast over it): group q of
 # four blocks (one 4-byte word of swizzled scales), block c, word j of the block's first (half 0) or second
 # (half 1) eight 4-byte words, each word two 16-bit elements (even: `lo`, odd: `hi`). Triton gives each thread
 # the four words of a (q, c) in both halves, so a thread owns whole blocks: the block amax is a register
@@ -152,11 +156,11 @@ def word_offsets(W: tl.constexpr):
 
 
 @triton.jit
-def load_words(ptr, base, C0: tl.constexpr, HALF: tl.constexpr, W: tl.constexpr, N: tl.constexpr):
+def load_words(ptr, base, C0, HALF: tl.constexpr, W: tl.constexpr, N: tl.constexpr, MASK: tl.constexpr):
     """The int32 words (two 16-bit elements each) of half HALF of columns C0..C0+W (0 past N) of the row starting at
     word `base` of an int32 view."""
     w = C0 // 2 + HALF * 4 + word_offsets(W)
-    if C0 + W <= N:
+    if not MASK:
         return tl.load(ptr + base + w)
     else:
         return tl.load(ptr + base + w, mask=w < N // 2, other=0)
@@ -169,7 +173,7 @@ def bf16x2_unpack(u):
 
 
 @triton.jit
-def load_pairs(ptr, base, C0: tl.constexpr, HALF: tl.constexpr, W: tl.constexpr, N: tl.constexpr,
+def load_pairs(ptr, base, C0, HALF: tl.constexpr, W: tl.constexpr, N: tl.constexpr, MASK: tl.constexpr,
                KIND: tl.constexpr, HW: tl.constexpr):
     """(even, odd) fp32 elements of half HALF of columns C0..C0+W (0 past N) of the row starting at `base`.
     KIND 0/1: ptr is an int32 view of bf16/fp16 data, base counts words (exact widening through the bits); 2: ptr is
@@ -177,13 +181,13 @@ def load_pairs(ptr, base, C0: tl.constexpr, HALF: tl.constexpr, W: tl.constexpr,
     w = C0 // 2 + HALF * 4 + word_offsets(W)
     if KIND == 2:
         e = ptr + base + 2 * w
-        if C0 + W <= N:
+        if not MASK:
             return to_f32(tl.load(e), HW), to_f32(tl.load(e + 1), HW)
         else:
             m = w < N // 2
             return to_f32(tl.load(e, mask=m, other=0.0), HW), to_f32(tl.load(e + 1, mask=m, other=0.0), HW)
     else:
-        u = load_words(ptr, base, C0, HALF, W, N)
+        u = load_words(ptr, base, C0, HALF, W, N, MASK)
         if KIND == 0:
             return bf16x2_unpack(u)
         else:
@@ -204,14 +208,16 @@ def row_base(row, stride: tl.constexpr, KIND: tl.constexpr):
 @triton.jit
 def e2m1_code(v):
     """int32 e2m1 code of fp32 v: `e2m1_codes` of clamp(v, -6, 6), sign from v's sign bit (so -0.0 -> 8), in integer
-    and one-add arithmetic (no compare chain): a = min(|v|, 6) in binade [2^e, 2^(e+1)) (e >= 0; below 1 as e = 0);
-    a + C with C = 2^(e + 22) rounds a to the e2m1 step 2^(e-1) (nearest, ties to even), so bits(a + C) - bits(C) = k,
-    the rounded a in steps (ties to the even k, the even code), and the code is k + 2e. NaN gives code 7 with its
-    sign (fmin, like the interpreter's; the reference's 0 would cost a select per element: non-finite inputs are
-    outside the contract)."""
+    and one-fma arithmetic (no compare chain): a = min(|v|, 6) in binade [2^e, 2^(e+1)) (e >= 0; below 1 as e = 0);
+    E = 2^e (max(a, 1) with its mantissa cleared), a + E * 2^22 (one fma: the product is exact, so one rounding, as
+    the add of C = 2^(e + 22) would) rounds a to the e2m1 step 2^(e-1) (nearest, ties to even), so
+    bits(a + C) - bits(C) = k, the rounded a in steps (ties to the even k, the even code), and the code is k + 2e,
+    2e = bits(E) >> 22 - 254. NaN gives code 7 with its sign (fmin, like the interpreter's; the reference's 0 would
+    cost a select per element: non-finite inputs are outside the contract)."""
     a = tl.minimum(tl.abs(v), 6.0)
-    cb = tl.maximum(a.to(tl.int32, bitcast=True) & 0x7F800000, 0x3F800000) + 0x0B000000
-    m = (a + cb.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True) - cb + (cb >> 22) - 298
+    eb = tl.maximum(a, 1.0).to(tl.int32, bitcast=True) & 0x7F800000
+    t = tl.fma(eb.to(tl.float32, bitcast=True), 4194304.0, a)
+    m = t.to(tl.int32, bitcast=True) - eb + (eb >> 22) - (0x0B000000 + 254)
     return m | ((v.to(tl.int32, bitcast=True) >> 28) & 8)
 
 
@@ -225,29 +231,32 @@ def e4m3_normal_byte(s):
 
 @triton.jit
 def abs_max(lo0, hi0, lo1, hi1):
-    """max |.| of a chunk's four tiles as fp32 (NaN bits lie above +inf's, so a NaN wins as in torch's amax)."""
+    """[ROWS] max |.| of each row of a chunk's four tiles as fp32 (NaN bits lie above +inf's, so a NaN wins as in
+    torch's amax)."""
     m = tl.maximum(lo0.to(tl.int32, bitcast=True) & 0x7FFFFFFF, hi0.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
     m = tl.maximum(m, lo1.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
     m = tl.maximum(m, hi1.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
-    return tl.max(tl.max(tl.max(m, axis=2), axis=1), axis=0).to(tl.float32, bitcast=True)
+    return tl.max(tl.max(tl.max(m, axis=3), axis=2), axis=1).to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def _store_half(packed_ptr, lo, hi, r, row, C0: tl.constexpr, HALF: tl.constexpr, W: tl.constexpr, N: tl.constexpr):
+def _store_half(packed_ptr, lo, hi, r, rows, C0, HALF: tl.constexpr, W: tl.constexpr, N: tl.constexpr,
+                MASK: tl.constexpr):
     """The code bytes of one half: e2m1(lo * r) | e2m1(hi * r) << 4 (element 2i in the low nibble)."""
-    byte = (e2m1_code(lo * r[:, :, None]) | (e2m1_code(hi * r[:, :, None]) << 4)).to(tl.uint8)
+    byte = (e2m1_code(lo * r[:, :, :, None]) | (e2m1_code(hi * r[:, :, :, None]) << 4)).to(tl.uint8)
     w = C0 // 2 + HALF * 4 + word_offsets(W)
-    if C0 + W <= N:
-        tl.store(packed_ptr + row * (N // 2) + w, byte)
+    p = packed_ptr + rows[:, None, None, None] * (N // 2) + w
+    if not MASK:
+        tl.store(p, byte)
     else:
-        tl.store(packed_ptr + row * (N // 2) + w, byte, mask=w < N // 2)
+        tl.store(p, byte, mask=w < N // 2)
 
 
 @triton.jit
-def quantize_store(lo0, hi0, lo1, hi1, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles, C0: tl.constexpr,
-                   W: tl.constexpr, N: tl.constexpr, HW: tl.constexpr):
-    """Codes and swizzled block scales of a chunk's four tiles (columns C0..C0+W of `row`, 0 past N; C0 % 64 == 0)."""
-    bmax = tl.max(tl.maximum(tl.maximum(tl.abs(lo0), tl.abs(hi0)), tl.maximum(tl.abs(lo1), tl.abs(hi1))), axis=2)
+def quantize_store(lo0, hi0, lo1, hi1, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, C0,
+                   W: tl.constexpr, N: tl.constexpr, MASK: tl.constexpr, HW: tl.constexpr):
+    """Codes and swizzled block scales of a chunk's four tiles (columns C0..C0+W of `rows`, 0 past N; C0 % 64 == 0)."""
+    bmax = tl.max(tl.maximum(tl.maximum(tl.abs(lo0), tl.abs(hi0)), tl.maximum(tl.abs(lo1), tl.abs(hi1))), axis=3)
     s = tl.math.div_rn(tl.math.div_rn(bmax, 6.0), g)
     s = tl.clamp(s, 0.015625, 448.0, propagate_nan=tl.PropagateNan.ALL)
     if HW:  # cvt.rn.satfinite.e4m3x2.f32: round to nearest even, NaN -> 0x7F (kernels/fp8.py e4m3_ready)
@@ -258,25 +267,34 @@ def quantize_store(lo0, hi0, lo1, hi1, g, inv_g, packed_ptr, sf_ptr, row, n_col_
         s = round_to_e4m3(s)
         sbyte = e4m3_normal_byte(s)
     r = tl.math.div_rn(inv_g, s)
-    _store_half(packed_ptr, lo0, hi0, r, row, C0, 0, W, N)
-    _store_half(packed_ptr, lo1, hi1, r, row, C0, 1, W, N)
-    col = C0 // 16 + tl.arange(0, W // 64)[:, None] * 4 + tl.arange(0, 4)[None, :]
+    _store_half(packed_ptr, lo0, hi0, r, rows, C0, 0, W, N, MASK)
+    _store_half(packed_ptr, lo1, hi1, r, rows, C0, 1, W, N, MASK)
+    col = (C0 // 16 + tl.arange(0, W // 64)[:, None] * 4 + tl.arange(0, 4)[None, :])[None, :, :]
+    row = rows[:, None, None]
     off = ((row // 128) * n_col_tiles + col // 4) * 512 + (row % 32) * 16 + ((row // 32) % 4) * 4 + col % 4
-    if C0 + W <= N:
+    if not MASK:
         tl.store(sf_ptr + off, sbyte)
     else:
         tl.store(sf_ptr + off, sbyte, mask=col < N // 16)
 
 
 @triton.jit
-def finish_chunk(lo0, hi0, lo1, hi1, a, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles, C0: tl.constexpr,
-                 W: tl.constexpr, N: tl.constexpr, AMAX_ONLY: tl.constexpr, HW: tl.constexpr):
-    """AMAX_ONLY: the running row amax a, updated with the chunk's; else the chunk quantized and stored (a as it is)."""
+def finish_chunk(lo0, hi0, lo1, hi1, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, C0,
+                 W: tl.constexpr, N: tl.constexpr, MASK: tl.constexpr, AMAX_ONLY: tl.constexpr, HW: tl.constexpr):
+    """AMAX_ONLY: the running row amaxes a ([ROWS]), updated with the chunk's; else the chunk quantized and stored
+    (a as it is)."""
     if AMAX_ONLY:
         a = tl.maximum(a, abs_max(lo0, hi0, lo1, hi1))
     else:
-        quantize_store(lo0, hi0, lo1, hi1, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles, C0, W, N, HW)
+        quantize_store(lo0, hi0, lo1, hi1, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, C0, W, N, MASK, HW)
     return a
+
+
+@triton.jit
+def program_rows(M, ROWS: tl.constexpr):
+    """This program's ROWS row indices (int64 [ROWS]), those past the last row clamped to it: a clamped lane
+    recomputes the last row and writes the same bytes to the same places, so no row mask is needed."""
+    return tl.minimum(tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64), M - 1)
 
 
 @triton.jit
@@ -287,32 +305,39 @@ def load_global(g_ptr):
 
 
 @triton.jit
-def _cast_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles, C0: tl.constexpr, W: tl.constexpr,
-                N: tl.constexpr, KIND: tl.constexpr, AMAX_ONLY: tl.constexpr, HW: tl.constexpr):
-    lo0, hi0 = load_pairs(x_ptr, base, C0, 0, W, N, KIND, HW)
-    lo1, hi1 = load_pairs(x_ptr, base, C0, 1, W, N, KIND, HW)
-    return finish_chunk(lo0, hi0, lo1, hi1, a, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles, C0, W, N, AMAX_ONLY, HW)
+def _cast_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, C0, W: tl.constexpr,
+                N: tl.constexpr, MASK: tl.constexpr, KIND: tl.constexpr, AMAX_ONLY: tl.constexpr, HW: tl.constexpr):
+    lo0, hi0 = load_pairs(x_ptr, base, C0, 0, W, N, MASK, KIND, HW)
+    lo1, hi1 = load_pairs(x_ptr, base, C0, 1, W, N, MASK, KIND, HW)
+    return finish_chunk(lo0, hi0, lo1, hi1, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, C0, W, N, MASK,
+                        AMAX_ONLY, HW)
 
 
 @triton.jit
-def _cast_kernel(x_ptr, packed_ptr, sf_ptr, amax_ptr, g_ptr, n_col_tiles, N: tl.constexpr,
-                 W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W3: tl.constexpr, KIND: tl.constexpr,
-                 AMAX_ONLY: tl.constexpr, HW: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    base = row_base(row, N, KIND)
+def _cast_kernel(x_ptr, packed_ptr, sf_ptr, amax_ptr, g_ptr, M, n_col_tiles, N: tl.constexpr, ROWS: tl.constexpr,
+                 CH: tl.constexpr, NFULL: tl.constexpr, T0: tl.constexpr, T1: tl.constexpr, T2: tl.constexpr,
+                 KIND: tl.constexpr, AMAX_ONLY: tl.constexpr, HW: tl.constexpr):
+    """ROWS rows a program, each in NFULL chunks of CH columns, then tail chunks T0, T1, T2 (`row_plan`)."""
+    rows = program_rows(M, ROWS)
+    base = row_base(rows[:, None, None, None], N, KIND)
     g, inv_g = load_global(g_ptr)
-    a = tl.zeros((1,), tl.float32).sum(axis=0)
-    a = _cast_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles, 0, W0, N, KIND, AMAX_ONLY, HW)
-    if W1 > 0:
-        a = _cast_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles, W0, W1, N, KIND, AMAX_ONLY, HW)
-    if W2 > 0:
-        a = _cast_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles, W0 + W1, W2, N, KIND,
+    a = tl.zeros((ROWS,), tl.float32)
+    for i in range(NFULL):  # a loop, not unrolled: compile time and code size
+        a = _cast_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, i * CH, CH, N, False, KIND,
                         AMAX_ONLY, HW)
-    if W3 > 0:
-        a = _cast_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles, W0 + W1 + W2, W3, N, KIND,
+    if T0 > 0:
+        a = _cast_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, NFULL * CH, T0, N,
+                        NFULL * CH + T0 > N, KIND,
                         AMAX_ONLY, HW)
+    if T1 > 0:
+        a = _cast_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, NFULL * CH + T0, T1, N,
+                        NFULL * CH + T0 + T1 > N, KIND,
+                        AMAX_ONLY, HW)
+    if T2 > 0:
+        a = _cast_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, NFULL * CH + T0 + T1, T2, N,
+                        NFULL * CH + T0 + T1 + T2 > N, KIND, AMAX_ONLY, HW)
     if AMAX_ONLY:
-        tl.store(amax_ptr + row, a)
+        tl.store(amax_ptr + rows, a)
 
 
 # bf16 products and sums of two bf16 values as PTX bf16x2 instructions (sm_90+), two elements an instruction, where
@@ -343,12 +368,31 @@ def bf16x2_modulate(lo, hi, sc, sh):
 
 
 # ---------------------------------------------------------------------------------------------- launch helpers
-# Warps per launch, keyed by (kernel kind, row width); else `launch_opts`'s rule. From the H200 probe
-# (benchmarks/probes/nvfp4_producers.py, results/probes/nvfp4-producers-h200.json: every candidate bit-exact):
-# 2 warps won static and dynamic for the fold (0.518 / 0.771 ms against 0.539 / 0.797 at 4) and the cast
-# (0.143 / 0.238 against 0.145 / 0.245); modulation split (2 static, 4 dynamic) and SwiGLU kept the rule.
-WARPS: dict[tuple[str, int], int] = {("fold", 5376): 2, ("cast", 7168): 2}
-SWEEP_WARPS = (2, 4, 8)
+# A launch's layout per (kernel kind, row width): (rows a program, warps, chunk columns). A program owns ROWS rows
+# (`program_rows`) and walks them in chunks of CH columns (`row_plan`), each chunk one (ROWS, CH // 64, 4, 4) tile of
+# whole blocks a thread: ROWS * CH / 16 blocks over 32 * warps threads, so the blocks a thread holds (registers)
+# stay the same whatever the width, and no thread repeats another's blocks (they do where the tile has fewer blocks
+# than threads: the one-row layout's 256-column tail at 4 warps ran 8 copies). The H200 probe
+# (benchmarks/probes/nvfp4_producers.py) times every SWEEP candidate, checks each bit-exact, and prints the
+# winners as this table's line.
+# PROVISIONAL, NOT MEASURED: chosen offline from the sm90 SASS (benchmarks/probes/nvfp4_compile.py --sweep:
+# fewest thread-instructions per element in the static quantize kernel at <= 56 registers, no spills; the
+# one-row layout it replaces: modulation 44.8 at 4 warps, cast 18.9 at 2) until the probe's winners replace them.
+TUNED: dict[tuple[str, int], tuple[int, int, int]] = {
+    ("modulation", 5376): (8, 4, 256), ("fold", 5376): (8, 4, 256), ("swiglu", 14336): (4, 4, 512),
+    ("cast", 7168): (8, 4, 256)}
+# The probe's candidates per kind (the interpreter tests check every one bit-exact at small shapes): each tile at
+# least one block a thread (ROWS * CH / 16 >= 32 * warps). (1, w, 0): the one-row layout (chunk 0: the largest power
+# of two in the row, as before), for comparison.
+_ROWS_LAYOUTS = ((1, 4, 0), (1, 2, 0), (4, 4, 512), (8, 4, 256), (4, 2, 256), (8, 2, 256), (8, 8, 512), (2, 4, 1024),
+                 (8, 4, 512), (4, 4, 1024))
+SWEEP: dict[str, tuple[tuple[int, int, int], ...]] = {
+    "modulation": _ROWS_LAYOUTS,
+    "fold": _ROWS_LAYOUTS,
+    "swiglu": ((1, 8, 0), (4, 4, 512), (8, 4, 256), (4, 8, 1024), (8, 8, 512), (2, 4, 1024), (8, 4, 512),
+               (4, 4, 1024)),
+    "cast": _ROWS_LAYOUTS,
+}
 BF16X2 = True  # the bf16x2 instructions above on the GPU for bf16 inputs (False: the fp32 arithmetic and roundings)
 
 
@@ -357,17 +401,53 @@ def use_bf16x2(kind: int) -> bool:
     return BF16X2 and kind == 0 and not INTERPRET
 
 
-def launch_opts(kind: str, n: int) -> dict:
-    """Warps from WARPS, else 4 up to 8192 columns, 8 above. Fewer warps repeat the small chunks over fewer threads
-    (a warp owns 512 columns a pass, 16 a thread) but hold more registers a thread (modulation at 2 warps: 152,
-    at 4: 72; sm90 ptxas), so fewer programs fit an SM: the probe decides."""
-    return dict(LAUNCH_OPTS, num_warps=WARPS.get((kind, n)) or (4 if n <= 8192 else 8))
+def launch_config(kind: str, n: int) -> tuple[int, int, int]:
+    """(rows, warps, chunk) of a launch: TUNED, else one row a program at 4 warps up to 8192 columns, 8 above."""
+    return TUNED.get((kind, n)) or (1, 4 if n <= 8192 else 8, 0)
 
 
-def group_chunks(n: int) -> tuple[int, int, int, int]:
-    """`chunks` of n rounded up to whole groups of 64 columns: every chunk a power of two >= 64, starting at a
-    multiple of 64 (the (W // 64, 4, 4) tiles of the jit pieces); the last one masked past n."""
-    return chunks(-(-n // 64) * 64)
+def row_plan(n: int, chunk: int) -> dict:
+    """A row of n columns as NFULL chunks of CH columns, then up to three power-of-two tail chunks T0 >= T1 >= T2
+    (whole groups of 64 columns, the last masked past n). chunk 0: CH the largest power of two <= n (the one-row
+    layout: 5376 -> 4096 + 1024 + 256)."""
+    n64 = -(-n // 64) * 64
+    ch = chunk or max(64, 1 << (n.bit_length() - 1))
+    if ch < 64 or ch & (ch - 1):
+        raise ValueError(f"NVFP4 chunk {chunk} is not a power of two >= 64")
+    nfull = n // ch  # unmasked: whole inside the row
+    t = chunks(n64 - nfull * ch, 3)
+    return dict(CH=ch, NFULL=nfull, T0=t[0], T1=t[1], T2=t[2])
+
+
+def launch_opts(kind: str, n: int) -> tuple[int, dict]:
+    """(rows a program, the launch's constexprs and options: ROWS, `row_plan`, warps) for (kind, width)."""
+    rows, warps, chunk = launch_config(kind, n)
+    return rows, dict(LAUNCH_OPTS, ROWS=rows, num_warps=warps, **row_plan(n, chunk))
+
+
+class tuned:
+    """`with tuned(kind, n, (rows, warps, chunk), bf16x2)`: that launch layout (and BF16X2) in force, the planned
+    table restored after (the probe's and the GPU sweep's candidates)."""
+
+    def __init__(self, kind: str, n: int, config: tuple[int, int, int], bf16x2: bool = True):
+        self.key, self.config, self.bf16x2 = (kind, n), tuple(config), bf16x2
+
+    def __enter__(self):
+        global BF16X2
+        self.planned, self.planned_x2 = dict(TUNED), BF16X2
+        TUNED[self.key], BF16X2 = self.config, self.bf16x2
+        return self
+
+    def __exit__(self, *exc):
+        global BF16X2
+        TUNED.clear()
+        TUNED.update(self.planned)
+        BF16X2 = self.planned_x2
+
+
+def config_name(config: tuple[int, int, int], bf16x2: bool = True) -> str:
+    """'r4w4c512' (rows, warps, chunk; c0: the one-row layout's chunks), 'f' appended without bf16x2."""
+    return "r{}w{}c{}".format(*config) + ("" if bf16x2 else "f")
 
 
 def _words_ok(t: torch.Tensor) -> bool:
@@ -452,11 +532,12 @@ def _launch_cast(x, global_scale=None):
     N = x.shape[-1]
     M = x.numel() // N
     packed, sf, nct = outputs(M, N, tuple(x.shape[:-1]), x.device)
-    w = group_chunks(N)
     xw, kind = pair_args(x)
-    common = dict(N=N, W0=w[0], W1=w[1], W2=w[2], W3=w[3], KIND=kind, HW=not INTERPRET, **launch_opts("cast", N))
-    g = two_pass(lambda buf, amax_only: _cast_kernel[(M,)](xw, packed, sf, buf, buf, nct, AMAX_ONLY=amax_only,
-                                                           **common), M, global_scale, x.device)
+    rows, opts = launch_opts("cast", N)
+    grid = (triton.cdiv(M, rows),)
+    g = two_pass(lambda buf, amax_only: _cast_kernel[grid](xw, packed, sf, buf, buf, M, nct, N=N, KIND=kind,
+                                                           AMAX_ONLY=amax_only, HW=not INTERPRET, **opts),
+                 M, global_scale, x.device)
     return packed, sf.view(E4M3), g.reshape(())
 
 

@@ -20,7 +20,9 @@ chain: the bf16 reference, then `cast_nvfp4_ref`. Bit-identical to it in the int
 that modulation's sum of squares follows torch's CUDA order (kernels/_rmsnorm.py), so CPU tests compare against
 the CUDA-order emulation. Global scale: given (a checkpoint's input_scale: one pass) or from the output's amax
 (a row-amax pass, g on the device, then the quantize pass: the producer computes y twice, reading its inputs
-twice; the fold writes h' in the first pass and the second pass reads h').
+twice; the fold writes h' in the first pass and the second pass reads h'; the modulation's row statistic is
+stored by the first pass and loaded by the second, not summed again). Launch layouts: kernels/nvfp4.py
+`launch_config`.
 
 Fallback: `<op>_check` names the reason an input is refused; the public functions raise ValueError(reason) and
 callers route refused inputs to `<op>_ref` (the same bits).
@@ -40,43 +42,45 @@ from h3plan.kernels import swiglu as _sw
 from h3plan.kernels._common import INTERPRET, from_f32, guard, round_hw, tensor_checks
 from h3plan.kernels._registry import custom_op
 from h3plan.kernels._rmsnorm import VEC, cuda_rms_iters
-from h3plan.kernels.fp8_producers import modulate_values, row_rstd, silu_values, swiglu_values
+from h3plan.kernels.fp8_producers import modulate_values, rows_rstd, silu_values, swiglu_values
 from h3plan.kernels.nvfp4 import (bf16x2_modulate, bf16x2_mul_add, bf16x2_round_mul, bf16x2_unpack, cast_nvfp4_ref,
-                                  fake_outputs, finish_chunk, global_scale_reason, group_chunks, launch_opts,
-                                  load_global, load_pairs, load_words, outputs, pair_args, row_base, stride_arg,
+                                  fake_outputs, finish_chunk, global_scale_reason, launch_opts, load_global,
+                                  load_pairs, load_words, outputs, pair_args, program_rows, row_base, stride_arg,
                                   two_pass, use_bf16x2, width_checks, word_offsets)
 from h3plan.kernels.nvfp4 import E4M3
 
 
 # ---------------------------------------------------------------------------------------------- modulation (+ fold)
 @triton.jit
-def _fold_half(h_ptr, gate_ptr, gate_base, y_ptr, out_ptr, base, C0: tl.constexpr, HALF: tl.constexpr,
-               W: tl.constexpr, N: tl.constexpr, KIND: tl.constexpr, X2: tl.constexpr, HW: tl.constexpr):
+def _fold_half(h_ptr, gate_ptr, gate_base, y_ptr, out_ptr, base, C0, HALF: tl.constexpr,
+               W: tl.constexpr, N: tl.constexpr, MASK: tl.constexpr, KIND: tl.constexpr, X2: tl.constexpr,
+               HW: tl.constexpr):
     """One half (kernels/nvfp4.py `load_pairs`) of h + gate * y, kernels/gated_residual.py's roundings, stored as
     bf16 (two values a word; KIND 0) or one by one (KIND 2). X2: in bf16x2 instructions on the words."""
     w = C0 // 2 + HALF * 4 + word_offsets(W)
     if X2:
-        word = bf16x2_mul_add(load_words(gate_ptr, gate_base, C0, HALF, W, N), load_words(y_ptr, base, C0, HALF, W, N),
-                              load_words(h_ptr, base, C0, HALF, W, N))
-        if C0 + W <= N:
+        word = bf16x2_mul_add(load_words(gate_ptr, gate_base, C0, HALF, W, N, MASK), load_words(y_ptr, base, C0, HALF,
+                                                                                                W, N, MASK),
+                              load_words(h_ptr, base, C0, HALF, W, N, MASK))
+        if not MASK:
             tl.store(out_ptr + base + w, word)
         else:
             tl.store(out_ptr + base + w, word, mask=w < N // 2)
     else:
-        _fold_half_f32(h_ptr, gate_ptr, gate_base, y_ptr, out_ptr, base, w, C0, HALF, W, N, KIND, HW)
+        _fold_half_f32(h_ptr, gate_ptr, gate_base, y_ptr, out_ptr, base, w, C0, HALF, W, N, MASK, KIND, HW)
 
 
 @triton.jit
-def _fold_half_f32(h_ptr, gate_ptr, gate_base, y_ptr, out_ptr, base, w, C0: tl.constexpr, HALF: tl.constexpr,
-                   W: tl.constexpr, N: tl.constexpr, KIND: tl.constexpr, HW: tl.constexpr):
-    hl, hh = load_pairs(h_ptr, base, C0, HALF, W, N, KIND, HW)
-    gl, gh = load_pairs(gate_ptr, gate_base, C0, HALF, W, N, KIND, HW)
-    yl, yh = load_pairs(y_ptr, base, C0, HALF, W, N, KIND, HW)
+def _fold_half_f32(h_ptr, gate_ptr, gate_base, y_ptr, out_ptr, base, w, C0, HALF: tl.constexpr,
+                   W: tl.constexpr, N: tl.constexpr, MASK: tl.constexpr, KIND: tl.constexpr, HW: tl.constexpr):
+    hl, hh = load_pairs(h_ptr, base, C0, HALF, W, N, MASK, KIND, HW)
+    gl, gh = load_pairs(gate_ptr, gate_base, C0, HALF, W, N, MASK, KIND, HW)
+    yl, yh = load_pairs(y_ptr, base, C0, HALF, W, N, MASK, KIND, HW)
     lo = round_hw(hl + round_hw(gl * yl, True, HW), True, HW)
     hi = round_hw(hh + round_hw(gh * yh, True, HW), True, HW)
     if KIND == 2:  # base counts elements
         e = out_ptr + base + 2 * w
-        if C0 + W <= N:
+        if not MASK:
             tl.store(e, from_f32(lo, tl.bfloat16, HW))
             tl.store(e + 1, from_f32(hi, tl.bfloat16, HW))
         else:
@@ -84,146 +88,173 @@ def _fold_half_f32(h_ptr, gate_ptr, gate_base, y_ptr, out_ptr, base, w, C0: tl.c
             tl.store(e + 1, from_f32(hi, tl.bfloat16, HW), mask=w < N // 2)
     else:  # lo, hi are bf16 values: their fp32 bits end in 16 zeros
         word = (hi.to(tl.int32, bitcast=True) & -65536) | ((lo.to(tl.int32, bitcast=True) >> 16) & 0xFFFF)
-        if C0 + W <= N:
+        if not MASK:
             tl.store(out_ptr + base + w, word)
         else:
             tl.store(out_ptr + base + w, word, mask=w < N // 2)
 
 
 @triton.jit
-def _fold_chunk(h_ptr, gate_ptr, gate_base, y_ptr, out_ptr, base, C0: tl.constexpr, W: tl.constexpr,
-                N: tl.constexpr, KIND: tl.constexpr, X2: tl.constexpr, HW: tl.constexpr):
-    _fold_half(h_ptr, gate_ptr, gate_base, y_ptr, out_ptr, base, C0, 0, W, N, KIND, X2, HW)
-    _fold_half(h_ptr, gate_ptr, gate_base, y_ptr, out_ptr, base, C0, 1, W, N, KIND, X2, HW)
+def _fold_chunk(h_ptr, gate_ptr, gate_base, y_ptr, out_ptr, base, C0, W: tl.constexpr,
+                N: tl.constexpr, MASK: tl.constexpr, KIND: tl.constexpr, X2: tl.constexpr, HW: tl.constexpr):
+    _fold_half(h_ptr, gate_ptr, gate_base, y_ptr, out_ptr, base, C0, 0, W, N, MASK, KIND, X2, HW)
+    _fold_half(h_ptr, gate_ptr, gate_base, y_ptr, out_ptr, base, C0, 1, W, N, MASK, KIND, X2, HW)
 
 
 @triton.jit
-def _modulate_half(x_ptr, base, w_ptr, sc_ptr, sc_base, sh_ptr, sh_base, rstd, C0: tl.constexpr, HALF: tl.constexpr,
-                   W: tl.constexpr, N: tl.constexpr, HAS_W: tl.constexpr, EXACT: tl.constexpr, KIND: tl.constexpr,
+def _modulate_half(x_ptr, base, w_ptr, sc_ptr, sc_base, sh_ptr, sh_base, rstd, C0, HALF: tl.constexpr,
+                   W: tl.constexpr, N: tl.constexpr, MASK: tl.constexpr, HAS_W: tl.constexpr, EXACT: tl.constexpr,
+                   KIND: tl.constexpr,
                    X2: tl.constexpr, HW: tl.constexpr):
     """One half of rmsnorm_modulate's output (kernels/fp8_producers.py `modulate_values`), even and odd columns.
     X2 (exact mode): the fp32 norm products, then the bf16 modulation in bf16x2 instructions on the table words."""
-    xl, xh = load_pairs(x_ptr, base, C0, HALF, W, N, KIND, HW)
+    xl, xh = load_pairs(x_ptr, base, C0, HALF, W, N, MASK, KIND, HW)
     wl = rstd
     wh = rstd
     if HAS_W:
-        wl, wh = load_pairs(w_ptr, 0, C0, HALF, W, N, KIND, HW)
+        wl, wh = load_pairs(w_ptr, 0, C0, HALF, W, N, MASK, KIND, HW)
     if X2 and EXACT:
         yl = rstd * xl
         yh = rstd * xh
         if HAS_W:
             yl = wl * yl
             yh = wh * yh
-        return bf16x2_unpack(bf16x2_modulate(yl, yh, load_words(sc_ptr, sc_base, C0, HALF, W, N),
-                                             load_words(sh_ptr, sh_base, C0, HALF, W, N)))
-    scl, sch = load_pairs(sc_ptr, sc_base, C0, HALF, W, N, KIND, HW)
-    shl, shh = load_pairs(sh_ptr, sh_base, C0, HALF, W, N, KIND, HW)
+        return bf16x2_unpack(bf16x2_modulate(yl, yh, load_words(sc_ptr, sc_base, C0, HALF, W, N, MASK),
+                                             load_words(sh_ptr, sh_base, C0, HALF, W, N, MASK)))
+    scl, sch = load_pairs(sc_ptr, sc_base, C0, HALF, W, N, MASK, KIND, HW)
+    shl, shh = load_pairs(sh_ptr, sh_base, C0, HALF, W, N, MASK, KIND, HW)
     return (modulate_values(xl, wl, scl, shl, rstd, HAS_W, EXACT, HW),
             modulate_values(xh, wh, sch, shh, rstd, HAS_W, EXACT, HW))
 
 
 @triton.jit
-def _modulate_chunk(x_ptr, base, w_ptr, sc_ptr, sc_base, sh_ptr, sh_base, rstd, a, g, inv_g, packed_ptr, sf_ptr, row,
-                    n_col_tiles, C0: tl.constexpr, W: tl.constexpr, N: tl.constexpr, HAS_W: tl.constexpr,
+def _modulate_chunk(x_ptr, base, w_ptr, sc_ptr, sc_base, sh_ptr, sh_base, rstd, a, g, inv_g, packed_ptr, sf_ptr, rows,
+                    n_col_tiles, C0, W: tl.constexpr, N: tl.constexpr, MASK: tl.constexpr, HAS_W: tl.constexpr,
                     EXACT: tl.constexpr, KIND: tl.constexpr, X2: tl.constexpr, AMAX_ONLY: tl.constexpr,
                     HW: tl.constexpr):
-    lo0, hi0 = _modulate_half(x_ptr, base, w_ptr, sc_ptr, sc_base, sh_ptr, sh_base, rstd, C0, 0, W, N, HAS_W, EXACT,
+    lo0, hi0 = _modulate_half(x_ptr, base, w_ptr, sc_ptr, sc_base, sh_ptr, sh_base, rstd, C0, 0, W, N, MASK, HAS_W,
+                              EXACT,
                               KIND, X2, HW)
-    lo1, hi1 = _modulate_half(x_ptr, base, w_ptr, sc_ptr, sc_base, sh_ptr, sh_base, rstd, C0, 1, W, N, HAS_W, EXACT,
+    lo1, hi1 = _modulate_half(x_ptr, base, w_ptr, sc_ptr, sc_base, sh_ptr, sh_base, rstd, C0, 1, W, N, MASK, HAS_W,
+                              EXACT,
                               KIND, X2, HW)
-    return finish_chunk(lo0, hi0, lo1, hi1, a, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles, C0, W, N, AMAX_ONLY, HW)
+    return finish_chunk(lo0, hi0, lo1, hi1, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, C0, W, N, MASK,
+                        AMAX_ONLY, HW)
 
 
 @triton.jit
 def _modulate_nvfp4_kernel(x_ptr, xw_ptr, w_ptr, scale_ptr, shift_ptr, idx_ptr, packed_ptr, sf_ptr, amax_ptr, g_ptr,
-                           h_ptr, gate_ptr, y_ptr, S, scale_stride, shift_stride, gate_stride, eps, n_col_tiles,
-                           N: tl.constexpr, HAS_W: tl.constexpr, EXACT: tl.constexpr, AMAX_ONLY: tl.constexpr,
-                           FOLD: tl.constexpr, NITER: tl.constexpr, W0: tl.constexpr, W1: tl.constexpr,
-                           W2: tl.constexpr, W3: tl.constexpr, KIND: tl.constexpr, X2: tl.constexpr,
+                           rstd_ptr, h_ptr, gate_ptr, y_ptr, M, S, scale_stride, shift_stride, gate_stride, eps,
+                           n_col_tiles, N: tl.constexpr, HAS_W: tl.constexpr, EXACT: tl.constexpr,
+                           AMAX_ONLY: tl.constexpr, FOLD: tl.constexpr, RSTD: tl.constexpr, NITER: tl.constexpr,
+                           ROWS: tl.constexpr, CH: tl.constexpr, NFULL: tl.constexpr, T0: tl.constexpr,
+                           T1: tl.constexpr, T2: tl.constexpr, KIND: tl.constexpr, X2: tl.constexpr,
                            IEEE_RSQRT: tl.constexpr, HW: tl.constexpr):
     """x_ptr: x (bf16 elements, the statistic's loads); xw_ptr, w_ptr, scale_ptr, shift_ptr, h_ptr, gate_ptr, y_ptr:
-    as `pair_args` gives them (KIND), the strides as `stride_arg` does."""
-    row = tl.program_id(0).to(tl.int64)
-    base = row_base(row, N, KIND)
-    idx = tl.load(idx_ptr + row % S)
+    as `pair_args` gives them (KIND), the strides as `stride_arg` does. ROWS rows a program in `row_plan`'s chunks.
+    RSTD 0: the rows' statistic computed; 1: computed and stored to rstd_ptr (the amax pass); 2: loaded from it (the
+    quantize pass after that amax pass: the same bits, the sum of squares not read and reduced again)."""
+    rows = program_rows(M, ROWS)
+    base = row_base(rows[:, None, None, None], N, KIND)
+    idx = tl.load(idx_ptr + rows % S)[:, None, None, None]
     if FOLD:  # xw_ptr is h' (written here, read back below by this program's threads)
         gate_base = idx * gate_stride
-        _fold_chunk(h_ptr, gate_ptr, gate_base, y_ptr, xw_ptr, base, 0, W0, N, KIND, X2, HW)
-        if W1 > 0:
-            _fold_chunk(h_ptr, gate_ptr, gate_base, y_ptr, xw_ptr, base, W0, W1, N, KIND, X2, HW)
-        if W2 > 0:
-            _fold_chunk(h_ptr, gate_ptr, gate_base, y_ptr, xw_ptr, base, W0 + W1, W2, N, KIND, X2, HW)
-        if W3 > 0:
-            _fold_chunk(h_ptr, gate_ptr, gate_base, y_ptr, xw_ptr, base, W0 + W1 + W2, W3, N, KIND, X2, HW)
+        for i in range(NFULL):  # a loop, not unrolled: compile time and code size
+            _fold_chunk(h_ptr, gate_ptr, gate_base, y_ptr, xw_ptr, base, i * CH, CH, N, False, KIND, X2, HW)
+        if T0 > 0:
+            _fold_chunk(h_ptr, gate_ptr, gate_base, y_ptr, xw_ptr, base, NFULL * CH, T0, N, NFULL * CH + T0 > N, KIND,
+                        X2, HW)
+        if T1 > 0:
+            _fold_chunk(h_ptr, gate_ptr, gate_base, y_ptr, xw_ptr, base, NFULL * CH + T0, T1, N,
+                        NFULL * CH + T0 + T1 > N, KIND, X2, HW)
+        if T2 > 0:
+            _fold_chunk(h_ptr, gate_ptr, gate_base, y_ptr, xw_ptr, base, NFULL * CH + T0 + T1, T2, N,
+                        NFULL * CH + T0 + T1 + T2 > N, KIND, X2, HW)
         tl.debug_barrier()
-    rstd = row_rstd(x_ptr, row, N, eps, NITER, IEEE_RSQRT, HW)
+    if RSTD == 2:
+        rstd = tl.load(rstd_ptr + rows)
+    else:
+        rstd = rows_rstd(x_ptr, rows, N, eps, NITER, ROWS, IEEE_RSQRT, HW)
+        if RSTD == 1:
+            tl.store(rstd_ptr + rows, rstd)
+    rstd = rstd[:, None, None, None]
     sc_base = idx * scale_stride
     sh_base = idx * shift_stride
     g, inv_g = load_global(g_ptr)
-    a = tl.zeros((1,), tl.float32).sum(axis=0)
-    a = _modulate_chunk(xw_ptr, base, w_ptr, scale_ptr, sc_base, shift_ptr, sh_base, rstd, a, g, inv_g, packed_ptr,
-                        sf_ptr, row, n_col_tiles, 0, W0, N, HAS_W, EXACT, KIND, X2, AMAX_ONLY, HW)
-    if W1 > 0:
-        a = _modulate_chunk(xw_ptr, base, w_ptr, scale_ptr, sc_base, shift_ptr, sh_base, rstd, a, g, inv_g, packed_ptr,
-                            sf_ptr, row, n_col_tiles, W0, W1, N, HAS_W, EXACT, KIND, X2, AMAX_ONLY, HW)
-    if W2 > 0:
-        a = _modulate_chunk(xw_ptr, base, w_ptr, scale_ptr, sc_base, shift_ptr, sh_base, rstd, a, g, inv_g, packed_ptr,
-                            sf_ptr, row, n_col_tiles, W0 + W1, W2, N, HAS_W, EXACT, KIND, X2, AMAX_ONLY, HW)
-    if W3 > 0:
-        a = _modulate_chunk(xw_ptr, base, w_ptr, scale_ptr, sc_base, shift_ptr, sh_base, rstd, a, g, inv_g, packed_ptr,
-                            sf_ptr, row, n_col_tiles, W0 + W1 + W2, W3, N, HAS_W, EXACT, KIND, X2, AMAX_ONLY, HW)
+    a = tl.zeros((ROWS,), tl.float32)
+    for i in range(NFULL):  # a loop, not unrolled: compile time and code size
+        a = _modulate_chunk(xw_ptr, base, w_ptr, scale_ptr, sc_base, shift_ptr, sh_base, rstd, a, g, inv_g,
+                            packed_ptr, sf_ptr, rows, n_col_tiles, i * CH, CH, N, False, HAS_W, EXACT, KIND, X2,
+                            AMAX_ONLY, HW)
+    if T0 > 0:
+        a = _modulate_chunk(xw_ptr, base, w_ptr, scale_ptr, sc_base, shift_ptr, sh_base, rstd, a, g, inv_g,
+                            packed_ptr, sf_ptr, rows, n_col_tiles, NFULL * CH, T0, N, NFULL * CH + T0 > N, HAS_W,
+                            EXACT, KIND, X2, AMAX_ONLY, HW)
+    if T1 > 0:
+        a = _modulate_chunk(xw_ptr, base, w_ptr, scale_ptr, sc_base, shift_ptr, sh_base, rstd, a, g, inv_g,
+                            packed_ptr, sf_ptr, rows, n_col_tiles, NFULL * CH + T0, T1, N, NFULL * CH + T0 + T1 > N,
+                            HAS_W, EXACT, KIND, X2, AMAX_ONLY, HW)
+    if T2 > 0:
+        a = _modulate_chunk(xw_ptr, base, w_ptr, scale_ptr, sc_base, shift_ptr, sh_base, rstd, a, g, inv_g,
+                            packed_ptr, sf_ptr, rows, n_col_tiles, NFULL * CH + T0 + T1, T2, N,
+                            NFULL * CH + T0 + T1 + T2 > N, HAS_W, EXACT, KIND, X2, AMAX_ONLY, HW)
     if AMAX_ONLY:
-        tl.store(amax_ptr + row, a)
+        tl.store(amax_ptr + rows, a)
 
 
 # ---------------------------------------------------------------------------------------------- swiglu
 @triton.jit
-def _swiglu_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles, C0: tl.constexpr, W: tl.constexpr,
-                  F: tl.constexpr, KIND: tl.constexpr, X2: tl.constexpr, AMAX_ONLY: tl.constexpr,
+def _swiglu_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, C0, W: tl.constexpr,
+                  F: tl.constexpr, MASK: tl.constexpr, KIND: tl.constexpr, X2: tl.constexpr, AMAX_ONLY: tl.constexpr,
                   IS_BF16: tl.constexpr, HW: tl.constexpr, LIBDEVICE_EXP: tl.constexpr):
     """Columns C0..C0+W of hidden * silu(gate) (kernels/fp8_producers.py `swiglu_values`), then `finish_chunk`."""
     gate = base + row_base(1, F, KIND)  # the gate half's row
-    lo0, hi0 = _swiglu_half(x_ptr, base, gate, C0, 0, W, F, KIND, X2, IS_BF16, HW, LIBDEVICE_EXP)
-    lo1, hi1 = _swiglu_half(x_ptr, base, gate, C0, 1, W, F, KIND, X2, IS_BF16, HW, LIBDEVICE_EXP)
-    return finish_chunk(lo0, hi0, lo1, hi1, a, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles, C0, W, F, AMAX_ONLY, HW)
+    lo0, hi0 = _swiglu_half(x_ptr, base, gate, C0, 0, W, F, MASK, KIND, X2, IS_BF16, HW, LIBDEVICE_EXP)
+    lo1, hi1 = _swiglu_half(x_ptr, base, gate, C0, 1, W, F, MASK, KIND, X2, IS_BF16, HW, LIBDEVICE_EXP)
+    return finish_chunk(lo0, hi0, lo1, hi1, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, C0, W, F, MASK,
+                        AMAX_ONLY, HW)
 
 
 @triton.jit
-def _swiglu_half(x_ptr, base, gate, C0: tl.constexpr, HALF: tl.constexpr, W: tl.constexpr, F: tl.constexpr,
+def _swiglu_half(x_ptr, base, gate, C0, HALF: tl.constexpr, W: tl.constexpr, F: tl.constexpr, MASK: tl.constexpr,
                  KIND: tl.constexpr, X2: tl.constexpr, IS_BF16: tl.constexpr, HW: tl.constexpr,
                  LIBDEVICE_EXP: tl.constexpr):
     """One half of hidden * silu(gate), even and odd columns. X2: silu in fp32 as `swiglu_values`, then its bf16
     rounding and the product with the hidden words in bf16x2 instructions."""
-    gl, gh = load_pairs(x_ptr, gate, C0, HALF, W, F, KIND, HW)
+    gl, gh = load_pairs(x_ptr, gate, C0, HALF, W, F, MASK, KIND, HW)
     if X2:
         return bf16x2_unpack(bf16x2_round_mul(silu_values(gl, LIBDEVICE_EXP), silu_values(gh, LIBDEVICE_EXP),
-                                              load_words(x_ptr, base, C0, HALF, W, F)))
-    al, ah = load_pairs(x_ptr, base, C0, HALF, W, F, KIND, HW)
+                                              load_words(x_ptr, base, C0, HALF, W, F, MASK)))
+    al, ah = load_pairs(x_ptr, base, C0, HALF, W, F, MASK, KIND, HW)
     return swiglu_values(al, gl, IS_BF16, HW, LIBDEVICE_EXP), swiglu_values(ah, gh, IS_BF16, HW, LIBDEVICE_EXP)
 
 
 @triton.jit
-def _swiglu_nvfp4_kernel(x_ptr, packed_ptr, sf_ptr, amax_ptr, g_ptr, n_col_tiles, F: tl.constexpr,
-                         W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W3: tl.constexpr, KIND: tl.constexpr,
-                         X2: tl.constexpr, AMAX_ONLY: tl.constexpr, IS_BF16: tl.constexpr, HW: tl.constexpr,
+def _swiglu_nvfp4_kernel(x_ptr, packed_ptr, sf_ptr, amax_ptr, g_ptr, M, n_col_tiles, F: tl.constexpr,
+                         ROWS: tl.constexpr, CH: tl.constexpr, NFULL: tl.constexpr, T0: tl.constexpr,
+                         T1: tl.constexpr, T2: tl.constexpr, KIND: tl.constexpr, X2: tl.constexpr,
+                         AMAX_ONLY: tl.constexpr, IS_BF16: tl.constexpr, HW: tl.constexpr,
                          LIBDEVICE_EXP: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    base = row_base(row, 2 * F, KIND)
+    rows = program_rows(M, ROWS)
+    base = row_base(rows[:, None, None, None], 2 * F, KIND)
     g, inv_g = load_global(g_ptr)
-    a = tl.zeros((1,), tl.float32).sum(axis=0)
-    a = _swiglu_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles, 0, W0, F, KIND, X2, AMAX_ONLY,
-                      IS_BF16, HW, LIBDEVICE_EXP)
-    if W1 > 0:
-        a = _swiglu_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles, W0, W1, F, KIND, X2,
+    a = tl.zeros((ROWS,), tl.float32)
+    for i in range(NFULL):  # a loop, not unrolled: compile time and code size
+        a = _swiglu_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, i * CH, CH, F, False, KIND,
+                          X2,
                           AMAX_ONLY, IS_BF16, HW, LIBDEVICE_EXP)
-    if W2 > 0:
-        a = _swiglu_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles, W0 + W1, W2, F, KIND, X2,
+    if T0 > 0:
+        a = _swiglu_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, NFULL * CH, T0, F,
+                          NFULL * CH + T0 > F, KIND, X2,
                           AMAX_ONLY, IS_BF16, HW, LIBDEVICE_EXP)
-    if W3 > 0:
-        a = _swiglu_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, row, n_col_tiles, W0 + W1 + W2, W3, F, KIND,
-                          X2, AMAX_ONLY, IS_BF16, HW, LIBDEVICE_EXP)
+    if T1 > 0:
+        a = _swiglu_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, NFULL * CH + T0, T1, F,
+                          NFULL * CH + T0 + T1 > F, KIND, X2, AMAX_ONLY, IS_BF16, HW, LIBDEVICE_EXP)
+    if T2 > 0:
+        a = _swiglu_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, NFULL * CH + T0 + T1, T2, F,
+                          NFULL * CH + T0 + T1 + T2 > F, KIND, X2, AMAX_ONLY, IS_BF16, HW, LIBDEVICE_EXP)
     if AMAX_ONLY:
-        tl.store(amax_ptr + row, a)
+        tl.store(amax_ptr + rows, a)
 
 
 # ---------------------------------------------------------------------------------------------- references
@@ -271,23 +302,24 @@ def _launch_modulate(x, weight, scale, shift, index, eps, mode, g, fold=None, rs
     B, S, D = x.shape
     M = B * S
     packed, sf, nct = outputs(M, D, (B, S), x.device)
-    w = group_chunks(D)
     eps = torch.finfo(torch.float32).eps if eps is None else float(eps)
     h, gate, y = fold if fold is not None else (x, scale, x)
     *words, kind = pair_args(x, x if weight is None else weight, scale, shift, h, gate, y)
+    rows, opts = launch_opts("fold" if fold is not None else "modulation", D)
     common = dict(N=D, HAS_W=weight is not None, EXACT=mode == "exact", NITER=cuda_rms_iters(triton.cdiv(D, VEC) * VEC),
-                  W0=w[0], W1=w[1], W2=w[2], W3=w[3], KIND=kind, X2=use_bf16x2(kind),
-                  IEEE_RSQRT=(rsqrt or _mod.RSQRT) == "ieee", HW=not INTERPRET,
-                  **launch_opts("fold" if fold is not None else "modulation", D))
+                  KIND=kind, X2=use_bf16x2(kind), IEEE_RSQRT=(rsqrt or _mod.RSQRT) == "ieee", HW=not INTERPRET, **opts)
+    # dynamic: the amax pass stores each row's statistic, the quantize pass loads it (RSTD 1, 2)
+    rstd = torch.empty(M if g is None else 0, dtype=torch.float32, device=x.device)
 
     def launch(amax_or_g, amax_only):
         # the fold writes h' once: in the amax pass when there is one, else in the quantize pass
         with_fold = fold is not None and (amax_only or g is not None)
         xw, wt, sc, sh, hw, gw, yw = words
-        _modulate_nvfp4_kernel[(M,)](
-            x, xw, wt, sc, sh, index, packed, sf, amax_or_g, amax_or_g, hw, gw, yw,
-            S, stride_arg(scale.stride(0), kind), stride_arg(shift.stride(0), kind), stride_arg(gate.stride(0), kind),
-            eps, nct, AMAX_ONLY=amax_only, FOLD=with_fold, **common)
+        _modulate_nvfp4_kernel[(triton.cdiv(M, rows),)](
+            x, xw, wt, sc, sh, index, packed, sf, amax_or_g, amax_or_g, rstd if g is None else amax_or_g, hw, gw, yw,
+            M, S, stride_arg(scale.stride(0), kind), stride_arg(shift.stride(0), kind),
+            stride_arg(gate.stride(0), kind), eps, nct, AMAX_ONLY=amax_only, FOLD=with_fold,
+            RSTD=0 if g is not None else 1 if amax_only else 2, **common)
 
     gb = two_pass(launch, M, g, x.device)
     return packed, sf.view(E4M3), gb.reshape(())
@@ -297,14 +329,13 @@ def _launch_swiglu(x, g, exp=None):
     F = x.shape[-1] // 2
     M = x.numel() // (2 * F)
     packed, sf, nct = outputs(M, F, tuple(x.shape[:-1]), x.device)
-    w = group_chunks(F)
     xw, kind = pair_args(x)
-    common = dict(F=F, W0=w[0], W1=w[1], W2=w[2], W3=w[3], KIND=kind, X2=use_bf16x2(kind),
-                  IS_BF16=x.dtype == torch.bfloat16,
-                  HW=not INTERPRET, LIBDEVICE_EXP=(exp or _sw.EXP) == "libdevice" and not INTERPRET,
-                  **launch_opts("swiglu", F))
-    gb = two_pass(lambda buf, amax_only: _swiglu_nvfp4_kernel[(M,)](xw, packed, sf, buf, buf, nct, AMAX_ONLY=amax_only,
-                                                                     **common), M, g, x.device)
+    rows, opts = launch_opts("swiglu", F)
+    common = dict(F=F, KIND=kind, X2=use_bf16x2(kind), IS_BF16=x.dtype == torch.bfloat16,
+                  HW=not INTERPRET, LIBDEVICE_EXP=(exp or _sw.EXP) == "libdevice" and not INTERPRET, **opts)
+    grid = (triton.cdiv(M, rows),)
+    gb = two_pass(lambda buf, amax_only: _swiglu_nvfp4_kernel[grid](xw, packed, sf, buf, buf, M, nct,
+                                                                     AMAX_ONLY=amax_only, **common), M, g, x.device)
     return packed, sf.view(E4M3), gb.reshape(())
 
 

@@ -125,3 +125,72 @@ def test_element_pair_fallback_and_masked_tail():
     assert_same(got[1:], n4.cast_nvfp4_ref(emulate_exact(h2, w, scale, shift, index, EPS)))
     xs = (torch.randn(3, 2 * D, generator=gen) * 3).bfloat16()
     assert_same(npd.swiglu_nvfp4(xs), npd.swiglu_nvfp4_ref(xs))
+
+
+def _sweep_cases():
+    """(kind, (rows, warps, chunk)) of every SWEEP layout, one per (rows, chunk): warps do not change the
+    interpreter's arithmetic (the H200 probe checks each warps count on the device). The planned layout (TUNED at
+    H3 width) runs in the fast lane, the others in the slow one."""
+    widths = {"modulation": 5376, "fold": 5376, "swiglu": 14336, "cast": 7168}
+    for kind in widths:
+        seen = set()
+        for cfg in n4.SWEEP[kind]:
+            if (cfg[0], cfg[2]) not in seen:
+                seen.add((cfg[0], cfg[2]))
+                planned = cfg == n4.launch_config(kind, widths[kind])
+                yield pytest.param(kind, cfg, id=f"{kind}-{n4.config_name(cfg)}",
+                                   marks=() if planned else pytest.mark.slow)
+
+
+@pytest.mark.parametrize("kind,cfg", list(_sweep_cases()))
+def test_every_sweep_layout_is_bit_exact(kind, cfg):
+    """Every launch layout the H200 probe may pick (kernels/nvfp4.py SWEEP: rows a program, chunk), static and
+    dynamic, against the unfused chain: a width of two whole chunks and a masked 80-column tail, and one row more
+    than a program holds (the last program's clamped lanes)."""
+    rows, _warps, chunk = cfg
+    n = 2 * (chunk or 128) + 80
+    gen = torch.Generator().manual_seed(rows * 7 + chunk)
+    with n4.tuned(kind, n, cfg):
+        for g in (torch.tensor([0.004]), None):
+            if kind == "cast":
+                x = (torch.randn(rows + 1, n, generator=gen) * 3).bfloat16()
+                x[0, :16] = 0.0
+                assert_same(n4.cast_nvfp4(x, g), n4.cast_nvfp4_ref(x, g))
+            elif kind == "swiglu":
+                x = (torch.randn(rows + 1, 2 * n, generator=gen) * 3).bfloat16()
+                assert_same(npd.swiglu_nvfp4(x, g), npd.swiglu_nvfp4_ref(x, g))
+            else:
+                x, w, scale, shift, index = modulation_inputs(1, rows + 1, n, seed=n + rows)
+                if kind == "modulation":
+                    got = npd.rmsnorm_modulate_nvfp4(x, w, scale, shift, index, EPS, "exact", g)
+                    assert_same(got, n4.cast_nvfp4_ref(emulate_exact(x, w, scale, shift, index, EPS), g))
+                    continue
+                y = (torch.randn(1, rows + 1, n, generator=gen) * 4).bfloat16()
+                gate = torch.randn(7, 3 * n, generator=gen).bfloat16()[:, n:2 * n]
+                got = npd.gated_residual_modulate_nvfp4(x, gate, y, w, scale, shift, index, EPS, "exact", g)
+                h2 = gr.gated_residual_ref(x, gate, index, y)
+                assert torch.equal(got[0].view(torch.int16), h2.view(torch.int16))
+                assert_same(got[1:], n4.cast_nvfp4_ref(emulate_exact(h2, w, scale, shift, index, EPS), g))
+    assert n4.launch_config(kind, n) == (1, 4, 0)  # the planned table is back
+
+
+def test_sweep_layouts_give_every_thread_a_block():
+    """No SWEEP candidate (bar the one-row layout) has fewer blocks a tile than threads (they would repeat work)."""
+    for kind, layouts in n4.SWEEP.items():
+        assert len(set(layouts)) == len(layouts), kind
+        for rows, warps, chunk in layouts:
+            assert (rows == 1 and chunk == 0) or rows * chunk // 16 >= 32 * warps, (kind, rows, warps, chunk)
+        assert all(n4.launch_config(k, n) in n4.SWEEP[k] for k, n in n4.TUNED)
+
+
+def test_row_plan_covers_the_row():
+    """Chunks whole inside the row, then tails covering it to the next 64 columns; bad chunks refused."""
+    for n in (16, 80, 96, 1040, 5376, 7168, 14336):
+        for chunk in (0, 64, 256, 512, 1024, 8192):
+            p = n4.row_plan(n, chunk)
+            assert p["NFULL"] * p["CH"] <= n < p["NFULL"] * p["CH"] + p["T0"] + p["T1"] + p["T2"] + 64
+            assert p["NFULL"] * p["CH"] + p["T0"] + p["T1"] + p["T2"] >= n
+    assert n4.row_plan(5376, 0) == dict(CH=4096, NFULL=1, T0=1024, T1=256, T2=0)  # the one-row layout
+    assert n4.row_plan(5376, 256) == dict(CH=256, NFULL=21, T0=0, T1=0, T2=0)
+    with pytest.raises(ValueError, match="power of two"):
+        n4.row_plan(96, 96)
