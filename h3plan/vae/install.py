@@ -155,15 +155,8 @@ def _install_precision(model, builder, state) -> None:
     if why:
         report.skipped.append((lever, why))
         return
-    placement, move = getattr(state, "placement", None), None
-    if placement is not None:  # install(..., device=): each tensor streamed to the device just before its cast
-        where = {id(t): w for t, w in slots_of(model, cast_tensors(model, builder))}
-
-        def move(t):
-            placement.move_tensor(t, where[id(t)])
-            return placement.current(t)
-
-    cast = PrecisionCast.apply(model, dtype, move)
+    placement = getattr(state, "placement", None)
+    cast = PrecisionCast.apply(model, dtype, None if placement is None else _streamer(model, builder, placement))
     state.undo.append(cast.restore)
     if not cast.slots:
         report.skipped.append((lever, f"the VAE is {dtype} already (loaded with torch_dtype): nothing to cast"))
@@ -300,6 +293,17 @@ def _install_fp8(model, builder, state) -> None:
         f"vae_tiles.fp8: {len(blocks)} blocks x {len(LINEARS)} decoder-block linears run as FP8 GEMMs where the decoder "
         f"computes in float16 (torch._scaled_mm on CUDA SM89+, an fp32 emulation elsewhere, counted); their e4m3 codes add "
         f"{added / 2**30:.3f} GiB on the device beside the unchanged parameters; uninstall drops them")
+
+
+def _streamer(model, builder, placement):
+    """install(..., device=): t -> t on the device, moved just before its cast (one float32 tensor staged at a time)."""
+    where = {id(t): w for t, w in slots_of(model, cast_tensors(model, builder))}
+
+    def move(t):
+        placement.move_tensor(t, where[id(t)])
+        return placement.current(t)
+
+    return move
 
 
 def cast_tensors(model, builder) -> list:
