@@ -22,6 +22,11 @@ says whether it fits and, when not, which nearest change does (each one re-estim
   being stitched; then diffusers' MiniMaxH3VideoDecodeStep postprocess (float32 copies). Calibrated on
   the H200 anchors (docs/sources.md#h200-anchors, benchmarks/results/vae-h200.md): within 10% for one decode, within 3% when
   the harness's previous output (alive during its timed decode) is added.
+- Install (a pipeline loaded on the host, `h3plan.install(pipe, plan, device="cuda")`, install/placement.py): the
+  resident weights as installed plus the largest tensor it stages at a time (one AdaLN linear streamed for its
+  entries, a block linear streamed and quantised with its float32 temporaries, a VAE tensor streamed for its cast);
+  a phase of the peak, so the fit check covers it. `loaded_gib`: the pipeline as loaded, on the device before
+  install (what a pipeline loaded on the GPU first holds; the plan line says when it does not fit).
 Not counted: the CUDA context, cuBLAS/NCCL workspaces, allocator fragmentation (reserve_fraction covers
 them), attention LSE buffers (B x H x S float32), the audio decode; the text encoder is not resident
 (prompt_embeds given). Torch-free.
