@@ -23,8 +23,8 @@ host memory as from a device-loaded model), the block linears gemm_quant quantis
 quantised on the device; the bf16 originals stay on the host) and the VAE tensors vae_precision casts (each
 streamed and cast on the device; the float32 originals stay on the host). The device then holds at most the
 installed footprint and one tensor being staged. `uninstall` moves everything back where it was (the host), bit
-for bit. device=None: install where the model is (nothing moved). `report.placement` says what moved and what
-stayed on the host.
+for bit. device=None: install where the model is (nothing moved; a model installed with device= takes a new plan
+on that device). `report.placement` says what moved and what stayed on the host.
 
 An AutoencoderKLMiniMaxH3 takes the plan's VAE levers (vae_ops, vae_tiles) through h3plan/vae/install.py, with
 the same report, idempotence and uninstall; each model reports the other model's levers as skipped.
@@ -468,9 +468,11 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
         raise InstallError(f"install expects an h3plan Plan or a plan file path, got {type(plan).__name__}")
     check_model_facts(model, plan, "vae" if is_vae else "transformer")
     device = _placement.target(device)
+    current = model.__dict__.get("_h3plan_state")
+    if device is None and current is not None and current.placement is not None:
+        device = current.placement.device  # a new plan for a model installed with device=: it stays on that device
     if device is not None:
         _placement.check(model, device, type(model).__name__)
-    current = model.__dict__.get("_h3plan_state")
     if current is not None:
         if current.plan == plan:
             logger.info("plan already installed; nothing to do")

@@ -83,6 +83,9 @@ def test_placement_and_round_trip(quant):
     assert list(host) == (["gemm_quant: the replaced bf16 block linears"] if quant else []) + ["adaln_table: the AdaLN linears"]
     note = next(n for n in report.notes if n.startswith("placement: "))
     assert "moved from the host to lazy" in note and note.endswith("uninstall moves everything back to the host")
+    if not quant:  # another plan without device=: uninstalled to the host, installed on the same device again
+        install(model, plan(swiglu="on"), registry=LEVERS)
+        assert {t.device.type for t in model.state_dict().values()} == {"lazy"} and A.tables_of(model) is None
     if quant:
         from h3plan.quant.fp8 import FP8Linear
 
