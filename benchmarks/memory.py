@@ -8,14 +8,23 @@ Per recipe (bf16, fp8), on one pipeline at real width (seeded weights, benchmark
   (num_inference_steps; steps - 1 forwards), torch.cuda.max_memory_allocated over the call, wall time, the
   adaln_table counters, latents bitwise against the tables-off row; `--decode all` adds the decode (frames too);
 - cap: the tables-on plan resolved for `hardware.device.memory_gb=<cap>` (the planner's fit check), then the whole
-  `pipe(...)` (denoise + decode, output_type="pt") in a fresh process held to
-  torch.cuda.set_per_process_memory_fraction(cap GB / the device's memory) from its first allocation, as an 80 GB
-  card is: it builds the pipeline on the device (the model as loaded, AdaLN weights included), installs, calls;
-  passed or the OOM text, frames bitwise against the tables-off row with `--decode all`.
+  `pipe(...)` (denoise + decode, output_type="pt") in a fresh process, as an 80 GB card runs it: the pipeline rests
+  on the host (as diffusers' from_pretrained loads it; an 80 GB card cannot hold it as loaded, 72.7 GiB of 74.5),
+  and `h3plan.install(pipe, plan, device="cuda")` moves it to the device at install, a tensor at a time (the AdaLN
+  linears only streamed, then parked in pinned host memory). The child builds the pipeline exactly as the rows
+  above do (on the device, uncapped: the same CUDA-seeded weights, so the frames compare bitwise), moves every
+  component to the host, empties the device (nothing allocated, the cache released), and only then holds itself
+  to torch.cuda.set_per_process_memory_fraction(cap GB / the device's memory) for the install and the call:
+  passed or the OOM text, the install's device peak against the plan's, frames bitwise against the tables-off
+  row with `--decode all`.
 The resting memory before install, after install, the denoise peak and the whole call's peak are recorded per row;
 the transformer forwards are timed by CUDA events (a warm-up call per recipe first).
 Rows go to <out>/memory-<tag>.json and .md: plan, estimate (the plan's peak and the phase estimate of what ran),
 measured peak, time, counters, cap run. Cheap by default: 3 steps (2 forwards) per row, one decode per recipe.
+
+The cap rows with their tables-off references only (about 7 minutes on one H200; one recipe about 4):
+
+    python benchmarks/memory.py --steps 3 --decode all --cap-references --no-warmup --out benchmarks/results/logs --tag h200-cap-run
 """
 
 from __future__ import annotations
@@ -57,11 +66,11 @@ def _phase_estimate(plan, decode):
     return max(_estimate(plan, p)[1] for p in (("denoise", "decode") if decode else ("denoise",)))
 
 
-def _run(torch, pipe, plan, args, prompt, *, decode, cap=None, keep=False):
-    """One call under `plan`. cap: a per-process memory fraction held from before install (an 80 GB card holds the
-    model as the user loaded it, then installs) until after the call; it is lifted before uninstall, which puts
-    the parked weights back (a state only the bench returns to). keep: leave the plan installed (a child that
-    exits after its one call)."""
+def _run(torch, pipe, plan, args, prompt, *, decode, cap=None, keep=False, device=None):
+    """One call under `plan`. cap: a per-process memory fraction held from before install until after the call;
+    it is lifted before uninstall, which puts the parked weights back (a state only the bench returns to). keep:
+    leave the plan installed (a child that exits after its one call). device: install(pipe, plan, device=) of a
+    pipeline resting on the host."""
     import h3plan
     from h3plan.actions.pipeline_build import run_block
     from h3plan.runtime.counters import counters, reset_counters
@@ -73,7 +82,11 @@ def _run(torch, pipe, plan, args, prompt, *, decode, cap=None, keep=False):
     resting = torch.cuda.memory_allocated() / GiB
     events, denoise_peak = [], [0.0]
     try:
-        h3plan.install(pipe, plan)
+        torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        h3plan.install(pipe, plan, device=device)
+        torch.cuda.synchronize()
+        install_s, install_peak = time.perf_counter() - t0, torch.cuda.max_memory_allocated() / GiB
         t = pipe.transformer
 
         def pre(*_):
@@ -109,6 +122,7 @@ def _run(torch, pipe, plan, args, prompt, *, decode, cap=None, keep=False):
         fwd = [a.elapsed_time(b) / 1e3 for a, b in events]
         return {"seconds": round(seconds, 3), "forward_s": [round(x, 4) for x in fwd],
                 "resting_gib": round(resting, 3), "installed_gib": round(installed, 3),
+                "install_peak_gib": round(install_peak, 3), "install_s": round(install_s, 2),
                 "denoise_peak_gib": round(denoise_peak[0], 3),
                 "peak_gib": round(torch.cuda.max_memory_allocated() / GiB, 3),
                 "reserved_gib": round(torch.cuda.max_memory_reserved() / GiB, 3), "counters": c,
@@ -123,14 +137,15 @@ def _run(torch, pipe, plan, args, prompt, *, decode, cap=None, keep=False):
 
 def _cap_row(args, recipe, frames_path: Path):
     """The tables-on plan resolved for hardware.device.memory_gb=cap (the planner's fit check), then the whole
-    pipe(...) in a child process capped from its first allocation (it builds the pipeline on the device, installs,
-    calls; nothing else holds the device then): passed, or the OOM text; its frames go to frames_path."""
+    pipe(...) in a child process (module docstring: the pipeline on the host, the cap from before install, nothing
+    else on the device): passed, or the OOM text; its frames go to frames_path."""
     import subprocess
 
     row = {"recipe": recipe, "adaln_table": "on", "cap_gb": args.cap_gb, "steps": args.steps, "decode": True}
     try:
         plan = _plan(recipe, args.steps, "on", gb=args.cap_gb)
-        row.update(estimate_peak_gib=plan.derived_value("memory_peak_gib_per_gpu"), estimate_phase_gib=_phase_estimate(plan, True))
+        row.update(estimate_peak_gib=plan.derived_value("memory_peak_gib_per_gpu"), estimate_phase_gib=_phase_estimate(plan, True),
+                   estimate_install_gib=plan.derived_value("memory_install_gib"))
     except Exception as e:  # noqa: BLE001 - the planner's refusal is the result
         return {**row, "cap_passed": False, "error": "".join(traceback.format_exception_only(e)).strip()[:400]}
     cmd = [sys.executable, __file__, "--cap-child", recipe, "--steps", str(args.steps), "--video", "x".join(map(str, args.video)),
@@ -153,13 +168,21 @@ def _cap_child(args) -> int:
     from h3plan.actions.pipeline_build import build_pipeline, prompt_inputs
     from h3plan.planning.config import compose
 
-    torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gb * 1e9 / torch.cuda.get_device_properties(0).total_memory))
     c = compose([])
+    # the rows' own build (CUDA-seeded weights: the frames compare bitwise), uncapped; then the pipeline rests on the
+    # host as from_pretrained loads it, and the device holds nothing but the prompt (1 MB) when the cap begins
     pipe = build_pipeline(OmegaConf.to_container(c.model.diffusers_config), OmegaConf.to_container(c.vae.diffusers_config),
                           layers=args.layers, device="cuda")
     prompt = prompt_inputs(pipe, args.text_tokens)
+    for name in ("transformer", "vae", "audio_vae"):
+        getattr(pipe, name).to("cpu")
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
     plan = _plan(args.cap_child, args.steps, "on", gb=args.cap_gb)
-    r = _run(torch, pipe, plan, args, prompt, decode=True, keep=True)
+    cap = min(1.0, args.cap_gb * 1e9 / torch.cuda.get_device_properties(0).total_memory)
+    reserved = torch.cuda.memory_reserved() / GiB
+    r = _run(torch, pipe, plan, args, prompt, decode=True, cap=cap, keep=True, device="cuda")
+    r["reserved_before_install_gib"] = round(reserved, 3)
     r.pop("latents")
     torch.save(r.pop("frames"), args.frames_out)
     print(json.dumps(r), flush=True)
@@ -264,12 +287,13 @@ def _write(args, meta, rows):
              "Ratio: the estimate of what ran over the measured peak (torch.cuda.max_memory_allocated over the call). "
              "Forwards: the transformer forwards by CUDA events.", "",
              "| recipe | adaln_table | cap | what ran | estimate (plan peak / phase) GiB | resting / installed GiB | "
-             "denoise peak GiB | measured peak GiB | ratio | time s | forwards s | "
-             "adaln_table counters | bitwise vs tables off | cap run |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "install peak GiB (estimate) | denoise peak GiB | measured peak GiB | ratio | time s | forwards s | "
+             "adaln_table counters | bitwise vs tables off | cap run |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['recipe']} | {r['adaln_table']} | {r['cap_gb'] or '-'} | {'pipe(...)' if r['decode'] else 'denoise'} | "
                      f"{r.get('estimate_peak_gib', '-')} / {r.get('estimate_phase_gib', '-')} | "
-                     f"{r.get('resting_gib', '-')} / {r.get('installed_gib', '-')} | {r.get('denoise_peak_gib', '-')} | {r.get('peak_gib', '-')} | "
+                     f"{r.get('resting_gib', '-')} / {r.get('installed_gib', '-')} | "
+                     f"{r.get('install_peak_gib', '-')} ({r.get('estimate_install_gib', '-')}) | {r.get('denoise_peak_gib', '-')} | {r.get('peak_gib', '-')} | "
                      f"{r.get('estimate_ratio', '-')} | {r.get('seconds', '-')} | {round(sum(r.get('forward_s') or [0]), 3)} | "
                      f"{r.get('counters', '-')} | "
                      f"{r.get('bitwise_vs_tables_off', '-')} | {r.get('cap_passed', '-') if r['cap_gb'] else '-'} "

@@ -5,6 +5,7 @@
     report = install(transformer, plan)                                   # swaps kernels in place
     plan = plan_for(pipe, recipe="fp8")      # widths from the components' configs, hardware from the device
     report = install(pipe, recipe="fp8")     # plan_for and install in one call
+    report = install(pipe, plan, device="cuda")   # a pipeline loaded on the host (an 80 GB card): moved at install
 
 Importing h3plan loads neither torch nor Hydra; the names below load on first use. Every mistake a
 user can make raises an `H3PlanError` (one line, the same text the CLI prints).

@@ -273,10 +273,18 @@ def _request_lines(plan, width: int) -> list[str]:
     texts = ["request  " + req]
     peak, breakdown = plan.derived_value("memory_peak_gib_per_gpu"), plan.derived_value("memory_breakdown_gib") or {}
     if peak is not None:
-        top = ", ".join(f"{k} {v:g}" for k, v in sorted(breakdown.items(), key=lambda kv: -kv[1])[:3])
+        items = plan.derived_value("memory_peak_items") or list(breakdown)
+        top = ", ".join(f"{k} {breakdown[k]:g}" for k in sorted(items, key=lambda k: -breakdown[k])[:3])
         gb = plan.get("hardware").get("device", {}).get("memory_gb")
-        phase = {"denoise": "denoising", "decode": "decoding"}.get(plan.derived_value("memory_peak_phase"), "running")
-        texts.append(f"memory   peak {peak:.1f} GiB per GPU while {phase} (GiB: {top}) of {gb} GB")
+        phase = {"denoise": "denoising", "decode": "decoding", "install": "installing"}.get(
+            plan.derived_value("memory_peak_phase"), "running")
+        line = f"memory   peak {peak:.1f} GiB per GPU while {phase} (GiB: {top}) of {gb} GB"
+        inst, loaded = plan.derived_value("memory_install_gib"), plan.derived_value("memory_loaded_gib")
+        if inst is not None and loaded is not None:
+            usable = gb * 1e9 / 2**30 * (1 - plan.get("memory")["reserve_fraction"]) if gb else None
+            line += (f"; install from the host {inst:.1f} GiB (install(pipe, plan, device=\"cuda\")), loaded on the GPU first "
+                     f"{loaded:.1f} GiB" + (" (does not fit: load on the host)" if usable is not None and loaded > usable else ""))
+        texts.append(line)
     out = []
     for t in texts:
         w = _wrap(t, width, 9)

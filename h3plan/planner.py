@@ -282,10 +282,17 @@ def _memory(sections, shape, decisions) -> tuple[dict[str, Any], dict[str, str]]
     hw, m = sections["hardware"], sections["memory"]
     gb = hw["device"]["memory_gb"]
     values = {"memory_peak_gib_per_gpu": est["peak_gib"], "memory_peak_phase": est["peak_phase"],
-              "memory_breakdown_gib": {k: round(v, 2) for k, v in est["breakdown"].items()}}
+              "memory_peak_items": list(est["phases"][est["peak_phase"]]["items"]),
+              "memory_breakdown_gib": {k: round(v, 2) for k, v in est["breakdown"].items()},
+              "memory_install_gib": est["install_gib"], "memory_loaded_gib": est["loaded_gib"]}
     basis = {"memory_peak_gib_per_gpu": est["summary"] + f"; against {gb} GB ({hw['name']} hardware.device.memory_gb) less "
                                         f"memory.reserve_fraction {m['reserve_fraction']:g}",
-             "memory_breakdown_gib": "; ".join(f"{k}: {v}" for k, v in est["basis"].items())}
+             "memory_breakdown_gib": "; ".join(f"{k}: {v}" for k, v in est["basis"].items()),
+             "memory_peak_items": f"the items of the peak phase ({est['peak_phase']})",
+             "memory_install_gib": ("the install's device peak for a pipeline loaded on the host, h3plan.install(pipe, plan, "
+                                    "device=\"cuda\"): " + " + ".join(est["phases"]["install"]["items"])),
+             "memory_loaded_gib": ("the pipeline as loaded, before install, on the device (what a pipeline loaded on the GPU "
+                                   "first holds; more than the plan's peak when the plan parks or quantises weights)")}
     if getattr(decisions.get("adaln_table"), "setting", None) == "on":  # where the freed memory goes
         off = memory.estimate(sections, shape, {**decisions, "adaln_table": "off"})
         values["memory_peak_gib_tables_off"] = off["peak_gib"]

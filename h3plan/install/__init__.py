@@ -1,7 +1,7 @@
 """Install a resolved Plan into diffusers' MiniMaxH3Transformer3DModel or AutoencoderKLMiniMaxH3 (see installer.py).
 
-Public: install(model, plan or plan-file path) -> InstallReport (install(model, recipe=...): h3plan.plan_for the
-model first), uninstall(model), counters(), reset_counters(), fallback_reasons(), Builder. The heavy modules
+Public: install(model, plan or plan-file path, device=None) -> InstallReport (install(model, recipe=...): h3plan.plan_for
+the model first; device="cuda": a model loaded on the host moved there at install), uninstall(model), counters(), reset_counters(), fallback_reasons(), Builder. The heavy modules
 (diffusers, kernels) load on the first install.
 This package is itself callable, `h3plan.install(model, plan)`, so the name works whether `h3plan.install`
 resolves to this subpackage (as Python's import system makes it once imported) or to the function.
@@ -17,20 +17,34 @@ from .components import is_pipeline
 from h3plan.runtime.counters import counters, fallback_reasons, format_counters, reset_counters
 
 
-def install(model, plan=None, *, recipe=None, parallel=None, video=None, hardware=None, overrides=None, **kwargs):
+def install(model, plan=None, *, recipe=None, parallel=None, video=None, hardware=None, overrides=None, device=None,
+            **kwargs):
     """install(model, plan): `plan` is a Plan or the path of a plan file (Plan.load reads it); or
     install(model, recipe="bf16", ...) to plan for the model first: h3plan.plan_for(model, recipe, parallel, video,
-    hardware=hardware, **(overrides or {})) reads its widths from its config and the hardware from its device.
-    kwargs: the installer's (registry=, group=)."""
+    hardware=hardware, **(overrides or {})) reads its widths from its config and the hardware from its device
+    (`device`'s, when given).
+
+    device: where the model runs, for a model (or pipeline) loaded on the host, as an 80 GB card needs it:
+    install(pipe, plan, device="cuda") moves every component the plan runs on the GPU there at install, a tensor
+    at a time, and never moves what the plan parks or replaces (the AdaLN linears under adaln_table, the bf16
+    block linears that gemm_quant quantises at install, the VAE's float32 tensors that vae_precision casts):
+    those are streamed to the device one at a time and stay on the host (installer.py). The device peak is
+    the installed footprint plus one staged tensor. uninstall moves everything back to the host, bit for bit.
+    None (default): install where the model is, moving nothing (a model on the GPU stays there; one on the
+    host stays there, and the report says how to move it).
+    kwargs: the installer's (registry=, group=, num_inference_steps=)."""
     import os
 
     from .installer import install as _install
+    from .placement import target
 
     planning = {"recipe": recipe, "parallel": parallel, "video": video, "hardware": hardware, "overrides": overrides}
+    dev = target(device)
     if plan is None:
         from h3plan.from_model import plan_for
 
-        plan = plan_for(model, recipe, parallel, video, hardware=hardware, **(overrides or {}))
+        read = str(dev) if dev is not None and dev.type == "cuda" else None
+        plan = plan_for(model, recipe, parallel, video, hardware=hardware, device=read, **(overrides or {}))
     elif any(v is not None for v in planning.values()):
         from h3plan.errors import InstallError
 
@@ -44,8 +58,8 @@ def install(model, plan=None, *, recipe=None, parallel=None, video=None, hardwar
     if is_pipeline(model):
         from .pipeline import install_pipeline
 
-        return install_pipeline(model, plan, **kwargs)
-    return _install(model, plan, **kwargs)
+        return install_pipeline(model, plan, device=dev, **kwargs)
+    return _install(model, plan, device=dev, **kwargs)
 
 
 def uninstall(model) -> bool:
@@ -65,7 +79,7 @@ def installed_plan(model):
 
 
 class _CallablePackage(types.ModuleType):
-    def __call__(self, model, plan=None, **kwargs):
+    def __call__(self, model, plan=None, **kwargs):  # install(model, plan, device=..., ...)
         return install(model, plan, **kwargs)
 
 

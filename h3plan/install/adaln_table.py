@@ -11,7 +11,10 @@ Install (`build`): the timestep vectors of the plan's request come from diffuser
 the pipeline's own schedulers when installing into a pipeline (install/pipeline.py). For each vector, temb is
 computed by the model's own `time_proj` / `time_embedder` on its device, as its forward does, and each
 linear's entry is `F.linear(F.silu(temb).to(w.dtype), w, b)`: the forward's very GEMM (same shapes, dtypes,
-device), hence its bits. Then the linears' parameters move to pinned host memory (install/parking.py).
+device), hence its bits. Then the linears' parameters move to pinned host memory (install/parking.py). A model
+loaded on the host and installed with `device=` (install/placement.py) keeps these linears off the device: each
+one's weights are streamed to it for its entries (the same GEMM on the same device, so the same bits), and its
+host tensors are copied into pinned memory (CUDA) for the misses; uninstall leaves them on the host, pageable.
 
 Forward: `adaln_proj.forward` and `norm_out.forward` become diffusers' own code around the custom op
 `h3plan::adaln_table(temb, weight, bias)` = `linear(silu(temb).to(weight.dtype))`, which looks the entry up
@@ -258,8 +261,9 @@ def _linears(model) -> list[tuple[str, torch.nn.Module, torch.nn.Linear]]:
     return out
 
 
-def _add(tables: Tables, model, vectors: list[torch.Tensor], streamed: bool) -> int:
-    """Compute the entries of `vectors` not yet in the table; streamed: the weights are parked on the host."""
+def _add(tables: Tables, model, vectors: list[torch.Tensor]) -> int:
+    """Compute the entries of `vectors` not yet in the table, each linear's weights on temb's device (streamed there
+    once per linear when they rest on the host: parked, or a host-loaded model installed with device=)."""
     device = _device(model)
     with torch.no_grad():
         todo = []
@@ -273,8 +277,7 @@ def _add(tables: Tables, model, vectors: list[torch.Tensor], streamed: bool) -> 
             if not todo:
                 break
             w, b = slot.linear.weight, slot.linear.bias
-            if streamed:
-                w, b = w.to(device), None if b is None else b.to(device)
+            w, b = w.to(device), None if b is None else b.to(device)
             for kid, temb in todo:
                 slot.entries[kid] = linear_of(temb, w, b)
     return len(todo)
@@ -292,8 +295,10 @@ def build(model, value: dict[str, Any], state, swap, num_inference_steps=None) -
     tables = Tables({**kw, "steps": steps})
     mods = _linears(model)
     tables.slots = [_Slot(fqn + ".linear", lin, tables) for fqn, _, lin in mods]
-    _add(tables, model, vectors, streamed=False)
-    parked = park([lin for _, _, lin in mods])
+    _add(tables, model, vectors)
+    placement = getattr(state, "placement", None)  # install(..., device=) of a host-loaded model: the linears rest on the host
+    host_loaded = placement is not None and all(p.device.type == "cpu" for _, _, lin in mods for p in lin.parameters())
+    parked = park([lin for _, _, lin in mods], pin_host=host_loaded and placement.device.type == "cuda")
     state.undo.append(parked.unpark)
     for slot in tables.slots:
         slot.seal()
@@ -314,8 +319,14 @@ def build(model, value: dict[str, Any], state, swap, num_inference_steps=None) -
         swap(LEVER, f"{fqn}.linear", "Linear", f"table ({len(tables.vectors)} timestep vectors, {tables.rows} rows)")
     model._h3plan_adaln = tables
     temb_why = adaln_temb.install(model, state)
-    where = (f"{parked.nbytes / 2**30:.2f} GiB moved to pinned host memory" if parked.nbytes
-             else "already on the CPU: nothing moved")
+    if host_loaded:  # each linear streamed for its entries, never on the device whole
+        where = (f"loaded there, each streamed to {placement.device} once for its entries; "
+                 + (f"{parked.pinned / 2**30:.2f} GiB copied into pinned host memory" if parked.pinned else "kept as loaded"))
+        kept = sum(p.numel() * p.element_size() for _, _, lin in mods for p in lin.parameters())
+        state.report.placement.setdefault("host", {})[f"{LEVER}: the AdaLN linears" + (" (pinned)" if parked.pinned else "")] = kept
+    else:
+        where = (f"{parked.nbytes / 2**30:.2f} GiB moved to pinned host memory" if parked.nbytes
+                 else "already on the CPU: nothing moved")
     state.report.notes.append(
         f"adaln_table: {len(mods)} AdaLN linears served from a {tables.nbytes / 2**30:.3f} GiB table on {_device(model)} "
         f"({len(tables.vectors)} timestep vectors at num_inference_steps {', '.join(map(str, steps))}); their weights wait on "
@@ -368,7 +379,7 @@ def _prepare(model, steps, timesteps, condition_video, condition_audio, schedule
         s["steps"] = s["steps"] + [n for n in steps if n not in s["steps"]]
     for t in timesteps or ():
         vectors.append(torch.as_tensor(t, dtype=torch.float32).detach().cpu().reshape(-1))
-    return _add(tables, model, vectors, streamed=True)
+    return _add(tables, model, vectors)
 
 
 __all__ = ["Tables", "build", "prepare", "tables_of", "timestep_vectors", "adaln_table"]

@@ -16,6 +16,16 @@ same plan again returns the existing report; a different plan is installed after
 Install after moving / copying the model (the kept originals stay where they were; a deep copy of an
 installed model shares its undo list with the original).
 
+`install(model, plan, device=...)`: a model resting on the host goes to `device` at install (placement.py): every
+parameter and buffer the plan computes with is moved there first, one tensor at a time, except what a lever
+replaces or parks: the AdaLN linears (adaln_table: streamed per linear for their entries, then parked in pinned
+host memory as from a device-loaded model), the block linears gemm_quant quantises at install (each streamed and
+quantised on the device; the bf16 originals stay on the host) and the VAE tensors vae_precision casts (each
+streamed and cast on the device; the float32 originals stay on the host). The device then holds at most the
+installed footprint and one tensor being staged. `uninstall` moves everything back where it was (the host), bit
+for bit. device=None: install where the model is (nothing moved; a model installed with device= takes a new plan
+on that device). `report.placement` says what moved and what stayed on the host.
+
 An AutoencoderKLMiniMaxH3 takes the plan's VAE levers (vae_ops, vae_tiles) through h3plan/vae/install.py, with
 the same report, idempotence and uninstall; each model reports the other model's levers as skipped.
 """
@@ -48,6 +58,7 @@ from .builder import Builder
 from .fp8_rows import install_rows
 from .nvfp4_inputs import install_nvfp4
 from .parking import park
+from . import placement as _placement
 from .options import AttentionOptions, BlockOptions
 from .processor import H3PlanAttnProcessor
 from .report import InstallReport, Swap
@@ -62,6 +73,7 @@ class _State:
     plan: Plan
     report: InstallReport
     undo: list = field(default_factory=list)  # callables, applied in reverse order
+    placement: _placement.Placement | None = None  # install(..., device=): what went to the device
 
 
 def _classes():
@@ -156,7 +168,7 @@ def _quantize(model, builder, state) -> None:
 
     lever, quant = builder.lever_of("quant"), builder.values["quant"]
     fmt, params = quant["format"], quant.get("params") or {}
-    replaced, parked = [], []
+    replaced, parked, streamed = [], [], []
     for i, block in enumerate(model.transformer_blocks):
         if block.attn.fused_projections:
             raise InstallError(f"gemm_quant: transformer_blocks.{i}.attn uses fused QKV projections; call "
@@ -170,7 +182,12 @@ def _quantize(model, builder, state) -> None:
                 state.report.skipped.append((lever, f"transformer_blocks.{i}.{path} is already {type(old).__name__} "
                                                     "(a pre-quantised checkpoint): kept as loaded"))
                 continue
-            new = quantized_linear(old, fmt, params)
+            src = old
+            if state.placement is not None and not _placement.same(old.weight.device, state.placement.device):
+                src = _placement.stage(old, state.placement.device)  # streamed: the bf16 original stays on the host
+                streamed.append(old)
+            new = quantized_linear(src, fmt, params)
+            del src
             setattr(parent, name, new)
             state.undo.append(lambda p=parent, n=name, o=old: setattr(p, n, o))
             _swap(state.report, lever, f"transformer_blocks.{i}.{path}", type(old).__name__, type(new).__name__)
@@ -182,10 +199,17 @@ def _quantize(model, builder, state) -> None:
         state.undo.append(parked[-1].unpark)
     if replaced:
         nbytes = sum(p.nbytes for p in parked)
-        where = (f"{nbytes / 2**30:.2f} GiB moved to pinned host memory" if nbytes
-                 else "already on the CPU: nothing to move")
+        kept = sum(_placement.nbytes(m) for m in streamed)
+        if streamed:
+            where = (f"{kept / 2**30:.2f} GiB, where the model was loaded: each was streamed to "
+                     f"{state.placement.device} and quantised there")
+            _on_host(state, f"{lever}: the replaced bf16 block linears", kept)
+        else:
+            where = (f"{nbytes / 2**30:.2f} GiB moved to pinned host memory" if nbytes
+                     else "already on the CPU: nothing to move")
+        back = "puts them back" if streamed else "copies them back"
         state.report.notes.append(f"{lever}: the {len(replaced)} replaced linears wait on the host until uninstall "
-                                  f"({where}); uninstall copies them back bit for bit")
+                                  f"({where}); uninstall {back} bit for bit")
     if fmt == "fp8" and params.get("input_scales") == "static":
         _static_inputs(model, params, state)
     if fmt == "nvfp4":
@@ -386,13 +410,52 @@ def _skips(plan, builder, report):
                                                   "(install the plan into the VAE too)"))
 
 
-def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps=None) -> InstallReport:
+def _on_host(state, what: str, nbytes: int) -> None:
+    """Record what a device install left on the host (report.placement)."""
+    if state.placement is not None and nbytes:
+        state.report.placement.setdefault("host", {})[what] = nbytes
+
+
+def _streamed(model, builder, is_vae) -> set[int]:
+    """ids of the tensors a lever replaces or parks: they reach the device only staged, one at a time."""
+    if is_vae:
+        return {id(t) for t in _vae.cast_tensors(model, builder)}
+    lin = builder.recorded("linears")
+    mods = []
+    if lin.get("adaln_table") is not None:
+        mods += [getattr(b.adaln_proj, "linear", None) for b in model.transformer_blocks] + [getattr(model.norm_out, "linear", None)]
+    if lin.get("quant") is not None:
+        mods += [b.get_submodule(p) for b in model.transformer_blocks for p in BLOCK_LINEARS]
+    return {id(t) for m in mods if type(m) is torch.nn.Linear for t in m.parameters()}
+
+
+def _place(model, builder, state, device) -> None:
+    """install(..., device=): everything but the streamed tensors to the device (placement.py)."""
+    placement = _placement.Placement(device)
+    state.placement = placement
+    state.undo.append(placement.restore)
+    placement.move(model, _streamed(model, builder, _vae.is_vae(model)))
+    state.report.placement = {"device": str(device), "moved": placement.nbytes, "tensors": len(placement.moved)}
+
+
+def _placement_note(model, state) -> None:
+    p = state.report.placement
+    host = p.get("host", {})
+    left = sum(t.numel() * t.element_size() for _, t in _placement.tensors(model) if t.device.type == "cpu")
+    listed = ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in host.items()) or "nothing"
+    state.report.notes.append(
+        f"placement: {p['moved'] / 2**30:.2f} GiB ({p['tensors']} tensors) moved from the host to {p['device']}; on the host: "
+        f"{listed} ({left / 2**30:.2f} GiB of them in state_dict()); uninstall moves everything back to the host")
+
+
+def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps=None, device=None) -> InstallReport:
     """Install `plan` into a diffusers MiniMaxH3Transformer3DModel or AutoencoderKLMiniMaxH3; returns the
     InstallReport.
 
     registry: lever name -> object with install(builder, decision) (default h3plan.levers.REGISTRY).
     group: the torch.distributed group for Ulysses (None: the default group; not used by the VAE).
     num_inference_steps: step counts the adaln_table lever tables beside the plan's (an int or a list).
+    device: move a model resting on the host there at install (module docstring); None: install where it is.
     """
 
     is_vae = _vae.is_vae(model)
@@ -404,7 +467,12 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
 
         raise InstallError(f"install expects an h3plan Plan or a plan file path, got {type(plan).__name__}")
     check_model_facts(model, plan, "vae" if is_vae else "transformer")
+    device = _placement.target(device)
     current = model.__dict__.get("_h3plan_state")
+    if device is None and current is not None and current.placement is not None:
+        device = current.placement.device  # a new plan for a model installed with device=: it stays on that device
+    if device is not None:
+        _placement.check(model, device, type(model).__name__)
     if current is not None:
         if current.plan == plan:
             logger.info("plan already installed; nothing to do")
@@ -415,6 +483,8 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
                            options={scope: builder.recorded(scope) for scope in ("linears", "block", "attention", "vae")})
     state = _State(plan, report)
     try:
+        if device is not None:
+            _place(model, builder, state, device)
         if is_vae:
             _vae.apply(model, builder, state, group)
         else:
@@ -441,8 +511,17 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
             report.notes.append("group= is for the transformer's Ulysses attention and vae_parallel; this plan uses neither on the VAE")
     else:
         _skips(plan, builder, report)
+    if device is not None:
+        _placement_note(model, state)
+    elif _rests_on_host(model):
+        report.notes.append("the model rests on the host and stays there: install(model, plan, device=\"cuda\") moves "
+                            "it to the GPU at install, a tensor at a time (what an 80 GB card needs)")
     model._h3plan_state = state
     return report
+
+
+def _rests_on_host(model) -> bool:
+    return torch.cuda.is_available() and all(t.device.type == "cpu" for _, t in _placement.tensors(model))
 
 
 def _compile(model, builder, state) -> None:

@@ -7,7 +7,10 @@ installed (the quantised modules hold their own weights; a bias they share keeps
 through the quantised module, so only what is no longer referenced there is freed), so `park` moves every
 parameter of those modules to host memory and `unpark` copies the same bits back into the same Parameter
 objects on their devices. Host copies are pinned when the tensor is on CUDA (the copy back is a DMA); a
-module already on the CPU, or on the meta device, is left where it is (nothing to free).
+module already on the CPU, or on the meta device, is left where it is (nothing to free), unless `pin_host`:
+then a CPU tensor is copied into pinned memory too (adaln_table into a model loaded on the host and installed
+to CUDA with install(..., device=): misses stream from there as from a device-loaded model's parked weights),
+and unpark copies it back into pageable memory, as it was.
 """
 
 from __future__ import annotations
@@ -22,32 +25,46 @@ STAY = ("cpu", "meta")  # device types whose tensors stay put: nothing to free t
 
 def host_copy(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """A host copy of t: pinned when t is on CUDA, plain CPU memory otherwise; (copy, pinned)."""
-    pin = t.device.type == "cuda"
-    host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
+    if t.device.type != "cuda":
+        return t.to("cpu", copy=True), False
+    host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
     host.copy_(t)
-    return host, pin
+    return host, True
 
 
 @dataclass
 class Parked:
     params: list  # (Parameter, its device) whose data now lives on the host
     nbytes: int  # the device bytes moved (weights and biases)
+    pinned: int = 0  # the bytes of host tensors copied into pinned memory (pin_host)
 
     def unpark(self) -> None:
         for p, device in self.params:
-            p.data = p.data.to(device, non_blocking=False)
+            if device.type == "cpu":  # pinned by pin_host: back into pageable memory
+                p.data = torch.empty(p.shape, dtype=p.dtype, device="cpu").copy_(p.data)
+            else:
+                p.data = p.data.to(device, non_blocking=False)
         self.params = []
 
 
-def park(modules) -> Parked:
-    """Move every parameter of `modules` that lives on an accelerator to host memory."""
-    out, nbytes = [], 0
+def park(modules, pin_host: bool = False) -> Parked:
+    """Move every parameter of `modules` that lives on an accelerator to host memory; pin_host: copy the ones
+    in pageable host memory into pinned memory too."""
+    out, nbytes, pinned = [], 0, 0
     for m in modules:
         for p in m.parameters(recurse=True):
+            size = p.numel() * p.element_size()
+            if p.device.type == "cpu" and pin_host and not p.is_pinned():
+                host = torch.empty(p.shape, dtype=p.dtype, device="cpu", pin_memory=True)
+                host.copy_(p.data)
+                p.data = host
+                out.append((p, p.device))
+                pinned += size
+                continue
             if p.device.type in STAY:
                 continue
             device = p.device
             p.data = host_copy(p.data)[0]
             out.append((p, device))
-            nbytes += p.numel() * p.element_size()
-    return Parked(out, nbytes)
+            nbytes += size
+    return Parked(out, nbytes, pinned)

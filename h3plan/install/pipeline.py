@@ -13,6 +13,11 @@ plan, the components this call installed are uninstalled again (one that carried
 left with none: install replaces a plan by uninstalling it first) and the error names the component.
 Installing the same plan again returns each component's existing report; `uninstall_pipeline(pipe)`
 restores every component this pipeline's install touched (even one since replaced in the pipeline).
+
+device= (a pipeline loaded on the host, installer.py): the transformers and the VAE are installed with it, and the
+audio VAE, which no lever touches, is moved there whole (the decode step runs it on the execution device); the
+other components (a text encoder: the plan counts none) stay where they are, reported. Uninstall moves the
+audio VAE back too.
 """
 
 from __future__ import annotations
@@ -25,9 +30,11 @@ from h3plan.planner import Plan
 from .adaln_table import prepare, tables_of
 from .components import COMPONENTS, NO_LEVER, TRANSFORMERS, is_pipeline
 from .installer import install, installed_plan, uninstall
+from .placement import Placement, check, target, tensors
 from .report import InstallReport
 
 _STATE = "_h3plan_pipeline"
+_MOVED = "_h3plan_moved"  # install(pipe, plan, device=): Placements of the components moved without a plan
 
 
 @dataclass
@@ -82,20 +89,49 @@ def recognise(pipe) -> None:
         raise InstallError(f"h3plan.install_pipeline supports diffusers' MiniMaxH3ModularPipeline only; got {name}")
 
 
-def install_pipeline(pipe, plan: Plan, group=None, *, registry=None, num_inference_steps=None) -> PipelineReport:
+def _move_whole(name, comp, device, report, moved) -> None:
+    """A component without levers to the install device (placement.py), reported."""
+    check(comp, device, name)
+    p = Placement(device)
+    nbytes = p.move(comp)
+    if p.moved:
+        moved.append(p)
+    report.skipped[name] = (f"moved to {device} ({nbytes / 2**30:.2f} GiB)" if nbytes else f"on {device} already") + \
+        f"; {NO_LEVER[name]}"
+
+
+def _others(pipe, device, report) -> None:
+    """device=: the loaded nn.Module components h3plan does not know stay where they are (said, not moved)."""
+    import torch
+
+    for name in pipe.component_names:
+        comp = getattr(pipe, name, None)
+        if name in COMPONENTS or not isinstance(comp, torch.nn.Module):
+            continue
+        where = {str(t.device) for _, t in tensors(comp)} or {"no tensors"}
+        report.skipped[name] = (f"stays on {', '.join(sorted(where))}: the plan counts no memory for it (prompt_embeds "
+                                f"given); move it to {device} yourself if the pipeline runs it")
+
+
+def install_pipeline(pipe, plan: Plan, group=None, *, registry=None, num_inference_steps=None, device=None) -> PipelineReport:
     """Install `plan` into every component of a MiniMaxH3ModularPipeline it has levers for (module docstring).
     group: the torch.distributed group for the transformers' Ulysses attention (None: the default group);
-    registry: lever installers, as installer.install takes them (None: h3plan.levers.REGISTRY)."""
+    registry: lever installers, as installer.install takes them (None: h3plan.levers.REGISTRY);
+    device: the components the plan runs go there at install (a pipeline loaded on the host; None: none moves)."""
     recognise(pipe)
     if not isinstance(plan, Plan):
         raise InstallError(f"install_pipeline expects an h3plan Plan, got {type(plan).__name__}")
+    device = target(device)
     report = PipelineReport(pipeline=type(pipe).__name__)
-    touched, fresh = {}, []
+    touched, fresh, moved = {}, [], []
     try:
         for name in COMPONENTS:
             comp = getattr(pipe, name, None) if name in pipe.component_names else None
             if name in NO_LEVER:
-                report.skipped[name] = NO_LEVER[name] if comp is not None else "not loaded"
+                if comp is not None and device is not None:
+                    _move_whole(name, comp, device, report, moved)
+                else:
+                    report.skipped[name] = NO_LEVER[name] if comp is not None else "not loaded"
                 continue
             if comp is None:
                 report.skipped[name] = "not loaded" if name in pipe.component_names else "not a component of these blocks"
@@ -103,7 +139,7 @@ def install_pipeline(pipe, plan: Plan, group=None, *, registry=None, num_inferen
             was = installed_plan(comp)
             try:
                 kw = {"group": group, "num_inference_steps": num_inference_steps} if name in TRANSFORMERS else {}
-                report.reports[name] = install(comp, plan, registry=registry, **kw)
+                report.reports[name] = install(comp, plan, registry=registry, device=device, **kw)
             except ValueError as e:  # the installer's one-line refusals (H3PlanError is a ValueError too)
                 raise InstallError(f"{name}: {e}") from e
             touched[name] = comp
@@ -113,10 +149,16 @@ def install_pipeline(pipe, plan: Plan, group=None, *, registry=None, num_inferen
         tabled = [c for n, c in touched.items() if n in TRANSFORMERS and tables_of(c) is not None]
         if tabled:
             prepare(pipe, num_inference_steps=tables_of(tabled[0]).spec["steps"])
+        if device is not None:
+            _others(pipe, device, report)
     except BaseException:
+        for p in reversed(moved):
+            p.restore()
         for comp in reversed(fresh):
             uninstall(comp)
         raise
+    if moved:
+        pipe.__dict__[_MOVED] = pipe.__dict__.get(_MOVED, []) + moved
     # every component ever installed through this pipeline, also one replaced since (update_components)
     kept = pipe.__dict__.get(_STATE, [])
     pipe.__dict__[_STATE] = kept + [c for c in touched.values() if all(c is not k for k in kept)]
@@ -127,6 +169,9 @@ def uninstall_pipeline(pipe) -> bool:
     """Restore every component the pipeline's installs touched, and any loaded component that carries a plan;
     False when none was installed."""
     recognise(pipe)
+    moved = pipe.__dict__.pop(_MOVED, None) or []
+    for p in reversed(moved):  # install(..., device=): back to the host
+        p.restore()
     comps = list(pipe.__dict__.pop(_STATE, None) or [])
     comps += [getattr(pipe, n, None) for n in COMPONENTS if n in pipe.component_names]
     done, seen = False, set()
@@ -135,7 +180,7 @@ def uninstall_pipeline(pipe) -> bool:
             continue
         seen.add(id(comp))
         done = uninstall(comp) or done
-    return done
+    return done or bool(moved)
 
 
 def installed_pipeline_plan(pipe) -> dict[str, Plan | None]:

@@ -21,13 +21,16 @@ class Swap:
 class InstallReport:
     """levers: the plan's levers in order; options: what the levers recorded (block / attention / vae /
     quant); swaps: module swaps in the order applied; skipped: (lever, reason) for levers with nothing
-    to install on this model; notes: anything else a user must know (e.g. a path never run on hardware)."""
+    to install on this model; notes: anything else a user must know (e.g. a path never run on hardware);
+    placement (install(..., device=) only): device, the bytes and tensors moved there ("moved", "tensors") and
+    what stayed on the host ("host": what -> bytes)."""
 
     levers: list[str] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)
     swaps: list[Swap] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    placement: dict[str, Any] = field(default_factory=dict)
 
     def swapped_levers(self) -> list[str]:
         seen: dict[str, None] = {}

@@ -22,6 +22,11 @@ says whether it fits and, when not, which nearest change does (each one re-estim
   being stitched; then diffusers' MiniMaxH3VideoDecodeStep postprocess (float32 copies). Calibrated on
   the H200 anchors (docs/sources.md#h200-anchors, benchmarks/results/vae-h200.md): within 10% for one decode, within 3% when
   the harness's previous output (alive during its timed decode) is added.
+- Install (a pipeline loaded on the host, `h3plan.install(pipe, plan, device="cuda")`, install/placement.py): the
+  resident weights as installed plus the largest tensor it stages at a time (one AdaLN linear streamed for its
+  entries, a block linear streamed and quantised with its float32 temporaries, a VAE tensor streamed for its cast);
+  a phase of the peak, so the fit check covers it. `loaded_gib`: the pipeline as loaded, on the device before
+  install (what a pipeline loaded on the GPU first holds; the plan line says when it does not fit).
 Not counted: the CUDA context, cuBLAS/NCCL workspaces, allocator fragmentation (reserve_fraction covers
 them), attention LSE buffers (B x H x S float32), the audio decode; the text encoder is not resident
 (prompt_embeds given). Torch-free.
@@ -35,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from h3plan.errors import ConfigError
-from h3plan.levers.adaln_table import table_plan
+from h3plan.levers.adaln_table import MODULATION_OUT, table_plan
 
 from .request import VideoRequest, pipeline_defaults, request_from, tokens, vae_geometry
 from .request import diffusers_kwargs as _dc
@@ -223,6 +228,22 @@ def _weights(it: _Items, sections, settings, opts) -> None:
     it.add("audio_vae_weights", vb * pipe["audio_vae"]["params"],
            f"AutoencoderKLMiniMaxH3Audio {pipe['audio_vae']['params']:,} parameters, {opts['vae_dtype']}")
     it.add("text_encoder", 0, "not resident: prompt_embeds given (Qwen3-VL runs before, or elsewhere)")
+    staged = []  # install(pipe, plan, device="cuda") of a pipeline on the host: what it stages on the device, one at a time
+    if tables:
+        staged.append((2 * MODULATION_OUT * dc["hidden_size"] * (dc["time_embed_dim"] + 1),
+                       "one AdaLN linear streamed for its table entries (bf16)"))
+    if quant is not None and checkpoint != gq:
+        big = dc["hidden_size"] * 2 * dc["ffn_dim"]  # ff.net.0.proj, the largest block linear
+        staged.append((10 * big, f"the largest block linear ({big:,} weights) streamed in bf16 and quantised: + its two "
+                                 "float32 temporaries (quantize_weight)"))
+    if vd != opts["vae_dtype"]:
+        staged.append((4 * vp["dim"] * 2 * vp["ffn_inner"], "the largest VAE tensor streamed in float32 for its cast"))
+    most = max(staged, default=(0, "nothing staged: every tensor moves as it is"))
+    it.add("install_staging", most[0], f"install from the host (device=): {most[1]}; the rest of what it moves is the "
+                                       "resident weights, a tensor at a time")
+    loaded = (base + (tables["weight_bytes"] if tables else 0) + (quant - 2 * tp["block_linears"] if quant is not None and checkpoint == gq else 0)
+              + 4 * vp["fp32_kept"] + vb * (vp["decoder_linears"] + vp["other"]) + vb * pipe["audio_vae"]["params"])
+    return loaded
 
 
 def _adaln_plan(sections, dc, pipe) -> dict[str, Any]:
@@ -317,7 +338,7 @@ def estimate(sections: Mapping[str, Any], shape: Mapping[str, Any], settings: Ma
     except ConfigError as e:  # a VAE no pipeline request fits (the tiny test VAE): the decode is not estimated
         geo, geo_src = None, f"the decode is not estimated: no video request fits this VAE ({e})"
     it = _Items()
-    _weights(it, sections, settings, opts)
+    loaded = _weights(it, sections, settings, opts)
     _denoise(it, sections, shape, settings, geo, geo_src)
     if geo is not None:
         _decode(it, sections, settings, opts, geo, geo_src, _shape(shape)[2])
@@ -333,11 +354,17 @@ def estimate(sections: Mapping[str, Any], shape: Mapping[str, Any], settings: Ma
     denoise = tr_res + (vae_res if both else []) + ["step_inputs", "block_activations", "stack_boundary"]
     decode = (vae_res + (tr_res if both else []) + [k for k in ("vae_autocast_cache",) if k in g]
               + [max(("vae_decode", "video_postprocess"), key=g.get)])
-    phases = {name: {"gib": round(sum(g[k] for k in keys), 3), "items": keys} for name, keys in (("denoise", denoise), ("decode", decode))}
+    # install(pipe, plan, device="cuda") of a pipeline loaded on the host: the resident weights + one staged tensor
+    install = tr_res + (vae_res if both else []) + ["install_staging"]
+    phases = {name: {"gib": round(sum(g[k] for k in keys), 3), "items": keys}
+              for name, keys in (("denoise", denoise), ("decode", decode), ("install", install))}
     peak_phase = max(phases, key=lambda k: phases[k]["gib"])
     return {
         "peak_gib": phases[peak_phase]["gib"], "peak_phase": peak_phase, "phases": phases, "breakdown": g, "basis": it.basis,
-        "summary": (f"peak = the larger phase ({peak_phase}); offload={opts['offload']}: "
+        "install_gib": phases["install"]["gib"], "loaded_gib": _gib(loaded),
+        "summary": (f"peak = the largest phase ({peak_phase}; install: a pipeline loaded on the host, moved at "
+                    f"install(pipe, plan, device=\"cuda\"); loaded on the GPU first it holds {_gib(loaded)} GiB before install); "
+                    f"offload={opts['offload']}: "
                     + ("every model stays resident in both phases" if both else "the transformer while denoising, the VAEs while decoding")),
         "inputs": {"sections": copy.deepcopy(dict(sections)), "shape": dict(shape),
                    "settings": {k: str(getattr(v, "setting", v)) for k, v in settings.items()}},
@@ -439,7 +466,7 @@ def fit(est: Mapping[str, Any], hardware_memory_gb: float, reserve_fraction: flo
     ph = est["phases"][est["peak_phase"]]
     top = sorted(ph["items"], key=lambda k: -est["breakdown"][k])[:3]
     largest = ", ".join(f"{k} {est['breakdown'][k]:.1f}" for k in top)
-    doing = "denoising" if est["peak_phase"] == "denoise" else "decoding"
+    doing = {"denoise": "denoising", "decode": "decoding", "install": "installing"}[est["peak_phase"]]
     head = (f"peak {est['peak_gib']:.1f} GiB while {doing} ({largest}) > {usable:.1f} GiB usable "
             f"({hardware_memory_gb:g} GB x (1 - {reserve_fraction:g}))")
     fits = _candidates(est, usable)

@@ -33,12 +33,13 @@ import torch
 
 from h3plan.errors import InstallError
 
+from h3plan.install.placement import slots_of
 from h3plan.install.report import Swap
 from .block import LINEARS, VaeBlockState, load_kernels, plan_vae_block_forward
 from .fp8 import Fp8Gemms
 from .graph import GraphedDecoder
 from .tiling import RELEASED_TILE, tile_rule
-from .weights import DTYPES, PrecisionCast, blocker as cast_blocker
+from .weights import DTYPES, PrecisionCast, blocker as cast_blocker, castable
 
 logger = logging.getLogger("h3plan.install")
 
@@ -154,7 +155,8 @@ def _install_precision(model, builder, state) -> None:
     if why:
         report.skipped.append((lever, why))
         return
-    cast = PrecisionCast.apply(model, dtype)
+    placement = getattr(state, "placement", None)
+    cast = PrecisionCast.apply(model, dtype, None if placement is None else _streamer(model, builder, placement))
     state.undo.append(cast.restore)
     if not cast.slots:
         report.skipped.append((lever, f"the VAE is {dtype} already (loaded with torch_dtype): nothing to cast"))
@@ -162,6 +164,8 @@ def _install_precision(model, builder, state) -> None:
     _swap(report, lever, f"vae ({len(cast.slots)} tensors)", "float32",
           f"{str(dtype).replace('torch.', '')} (from_pretrained(torch_dtype)'s cast; _keep_in_fp32_modules float32)")
     where = "pinned host memory" if cast.pinned else "host memory"
+    if placement is not None:
+        state.report.placement.setdefault("host", {})[f"{lever}: the float32 originals"] = cast.host_bytes
     report.notes.append(
         f"vae_precision={name}: {len(cast.slots)} VAE tensors are {str(dtype).replace('torch.', '')} while installed "
         f"({cast.device_bytes / 2**30:.3f} GiB on the device, {cast.host_bytes / 2**30 - cast.device_bytes / 2**30:.3f} GiB "
@@ -289,6 +293,25 @@ def _install_fp8(model, builder, state) -> None:
         f"vae_tiles.fp8: {len(blocks)} blocks x {len(LINEARS)} decoder-block linears run as FP8 GEMMs where the decoder "
         f"computes in float16 (torch._scaled_mm on CUDA SM89+, an fp32 emulation elsewhere, counted); their e4m3 codes add "
         f"{added / 2**30:.3f} GiB on the device beside the unchanged parameters; uninstall drops them")
+
+
+def _streamer(model, builder, placement):
+    """install(..., device=): t -> t on the device, moved just before its cast (one float32 tensor staged at a time)."""
+    where = {id(t): w for t, w in slots_of(model, cast_tensors(model, builder))}
+
+    def move(t):
+        placement.move_tensor(t, where[id(t)])
+        return placement.current(t)
+
+    return move
+
+
+def cast_tensors(model, builder) -> list:
+    """The tensors vae_precision casts at install (install(..., device=) streams them, never moving one whole)."""
+    name = builder.values.get("precision") if "precision" in builder.recorded("vae") else None
+    if name in (None, "fp32") or cast_blocker(model, DTYPES[name]):
+        return []
+    return [t for _, t in castable(model) if t.dtype != DTYPES[name]]
 
 
 def apply(model, builder, state, group=None) -> None:

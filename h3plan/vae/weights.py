@@ -69,13 +69,16 @@ class PrecisionCast:
     pinned: bool = False
 
     @classmethod
-    def apply(cls, model, dtype: torch.dtype) -> "PrecisionCast":
+    def apply(cls, model, dtype: torch.dtype, move=None) -> "PrecisionCast":
+        """move: t -> the tensor on the install device (install(..., device=) of a VAE loaded on the host streams
+        each tensor there just before its cast, so the device never holds the float32 VAE whole)."""
         cast = cls(dtype, [])
         try:
             with torch.no_grad():
                 for _, t in castable(model):
                     if t.dtype == dtype:
                         continue
+                    t = t if move is None else move(t)
                     host, pinned = host_copy(t.detach())
                     cast.pinned = cast.pinned or pinned
                     t.data = t.detach().to(dtype)  # the old device tensor is freed here

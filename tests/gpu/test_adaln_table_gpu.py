@@ -4,6 +4,9 @@ frees against the estimate's count, the weights in pinned host memory, the unins
 torch.compile (inductor) over it without a recompile.
 
     . /tmp/h3site/env.sh && python -m pytest tests/gpu/test_adaln_table_gpu.py -m gpu -q -rA -s
+
+test_host_loaded_install_streams_what_it_parks: the same at install(model, plan, device="cuda") of the model resting
+on the host (bf16 and fp8 plans).
 """
 
 import copy
@@ -110,3 +113,60 @@ def test_regional_compile_over_the_tables_never_recompiles(setup):
             _forward(model, _with(inputs, ts))
             assert counters().get("adaln_table.fused") == BLOCKS + 1 and not counters().get("adaln_table.fallback")
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "fp8"])
+def test_host_loaded_install_streams_what_it_parks(setup, recipe):
+    """install(model, plan, device="cuda") of the same weights resting on the host (what an 80 GB card does): the
+    device peak is the installed footprint plus one staged tensor (the AdaLN linears and, for fp8, the bf16 block
+    linears never reach the device whole), the AdaLN weights in pinned host memory, every other tensor on the
+    device, the forward bitwise the same plan installed into the device-loaded model, and uninstall puts every
+    tensor back on the host bit for bit."""
+    import h3plan
+    from h3plan.install import adaln_table as A
+    from h3plan.install import install, uninstall
+    from h3plan.runtime.counters import counters, reset_counters
+
+    dc, eager, on, off, inputs = setup
+    plan = on if recipe == "bf16" else h3plan.resolve_config(hardware="sm90", recipe="fp8", parallel="u1",
+                                                             **{"parallel.seq_len": S})
+    assert plan.decision("adaln_table").setting == "on"
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    ref = copy.deepcopy(eager)
+    install(ref, plan)  # device-loaded
+    torch.cuda.synchronize()
+    ref_installed = torch.cuda.memory_allocated() - base
+    want = _forward(ref, _with(inputs, A.timestep_vectors([50])[20]))
+    uninstall(ref)
+    del ref
+    torch.cuda.empty_cache()
+    host = copy.deepcopy(eager).to("cpu")
+    before = {k: v.clone() for k, v in host.state_dict().items()}
+    torch.cuda.synchronize()
+    start = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    report = install(host, plan, device="cuda")
+    torch.cuda.synchronize()
+    installed, peak = torch.cuda.memory_allocated() - start, torch.cuda.max_memory_allocated() - start
+    one = 2 * 18 * dc["hidden_size"] * (dc["time_embed_dim"] + 1)  # one AdaLN linear, bf16
+    big = dc["hidden_size"] * 2 * dc["ffn_dim"]  # ff.net.0.proj: bf16 staged + quantize_weight's two fp32 temporaries
+    staged = max(one, 10 * big if recipe == "fp8" else 0)
+    print(f"host-loaded install {recipe}: installed {installed / GiB:.3f} GiB (device-loaded {ref_installed / GiB:.3f}), "
+          f"peak {peak / GiB:.3f} GiB, staged {(peak - installed) / GiB:.3f} GiB (bound {staged / GiB:.3f}); "
+          f"{report.placement}", flush=True)
+    assert abs(installed - ref_installed) < 64 * 2**20
+    assert peak - installed <= staged + 64 * 2**20
+    tables = A.tables_of(host)
+    assert all(s.linear.weight.device.type == "cpu" and s.linear.weight.is_pinned() for s in tables.slots)
+    assert all(t.device.type == "cuda" for n, t in host.state_dict().items()
+               if not any(n.startswith(s.fqn) for s in tables.slots)), "a tensor stayed on the host"
+    assert "adaln_table: the AdaLN linears (pinned)" in report.placement["host"]
+    reset_counters()
+    got = _forward(host, _with(inputs, A.timestep_vectors([50])[20]))
+    assert counters().get("adaln_table.fused") == BLOCKS + 1
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    uninstall(host)
+    after = host.state_dict()
+    assert all(after[k].device.type == "cpu" and not after[k].is_pinned() and torch.equal(after[k], v) for k, v in before.items())
+    assert torch.cuda.memory_allocated() - start < 64 * 2**20

@@ -81,6 +81,38 @@ def test_estimate_moves_the_adaln_weights_off_the_device(compose):
     assert off["peak_gib"] - on["peak_gib"] == pytest.approx((p["weight_bytes"] - p["table_bytes"]) / GiB, abs=2e-3)
 
 
+def test_install_phase_of_a_host_loaded_pipeline(compose):
+    """install(pipe, plan, device="cuda"): the resident weights + one staged AdaLN linear (the largest tensor staged),
+    below the denoise peak; the pipeline as loaded on the GPU holds the AdaLN weights too."""
+    from h3plan.planning import schema
+    from h3plan.planning.derive import shape
+
+    s = schema.validate(compose())
+    shp = shape(s)
+    on, off = M.estimate(s, shp, {"adaln_table": "on"}), M.estimate(s, shp, {"adaln_table": "off"})
+    b, dc = on["breakdown"], s["model"]["diffusers_config"]
+    one = 2 * L.MODULATION_OUT * dc["hidden_size"] * (dc["time_embed_dim"] + 1)
+    assert b["install_staging"] == pytest.approx(one / GiB, abs=1e-3) and off["breakdown"]["install_staging"] == 0
+    resident = [k for k in on["phases"]["install"]["items"] if k != "install_staging"]
+    assert set(resident) == {"transformer_weights", "adaln_tables", "vae_weights", "audio_vae_weights"}
+    assert on["install_gib"] == pytest.approx(sum(b[k] for k in resident) + b["install_staging"], abs=2e-3)
+    assert on["install_gib"] < on["phases"]["denoise"]["gib"] and on["peak_phase"] == "denoise"
+    assert on["loaded_gib"] == off["loaded_gib"] == pytest.approx(off["install_gib"], abs=1.0)  # bf16: nothing parked off
+
+
+def test_the_memory_line_names_the_peak_phase_items_and_the_install(plan):
+    from h3plan import cli
+
+    p = plan("hardware.device.memory_gb=80")
+    items, br = p.derived_value("memory_peak_items"), p.derived_value("memory_breakdown_gib")
+    assert p.derived_value("memory_peak_phase") == "denoise" and "video_postprocess" not in items
+    line = " ".join(" ".join(cli._request_lines(p, 200)).split())
+    top = sorted(items, key=lambda k: -br[k])[:3]
+    assert f"(GiB: {', '.join(f'{k} {br[k]:g}' for k in top)})" in line
+    assert (f"install from the host {p.derived_value('memory_install_gib'):.1f} GiB" in line
+            and line.endswith("(does not fit: load on the host)"))
+
+
 def test_released_model_fits_80_gb_with_the_tables(plan):
     p = plan("hardware.device.memory_gb=80")
     assert p.decision("adaln_table").setting == "on" and p.get("memory")["offload"] == "none"
