@@ -12,7 +12,7 @@ So while the tables are installed, `time_proj.forward` and `time_embedder.forwar
 and `h3plan::timestep_mlp`, custom ops whose implementations are diffusers' own expressions run eagerly (the same
 function, the same F.linear / F.silu calls); with a fake each, so dynamo traces them as single nodes (fullgraph, export
 and AOTInductor alike). Eager calls give the very bits of diffusers' modules (tests/install/test_install_adaln_temb.py).
-Grad mode and autocast call the modules' own forwards (what diffusers would run). Applied only to the modules diffusers
+Grad mode, autocast and devices other than cuda / cpu call the modules' own forwards (what diffusers would run). Applied only to the modules diffusers
 builds for H3 (`Timesteps`; `TimestepEmbedding` with a SiLU, no condition projection, no post-activation); any other
 form keeps its forward and the table still serves eager and regional compile. Uninstall restores the forwards.
 """
@@ -55,9 +55,12 @@ def _(x, w1, b1, w2, b2):
     return x.new_empty((*x.shape[:-1], w2.shape[0]))
 
 
+OP_DEVICES = ("cuda", "cpu")  # where Inductor compiles the embedding; any other device keeps the module's forward
+
+
 def _eager_needed(*tensors) -> bool:
-    t = tensors[0]
-    return needs_grad(*tensors) or torch.is_autocast_enabled(t.device.type)
+    kind = tensors[0].device.type
+    return kind not in OP_DEVICES or needs_grad(*tensors) or torch.is_autocast_enabled(kind)
 
 
 def sinusoid_forward(self, timesteps: torch.Tensor) -> torch.Tensor:
