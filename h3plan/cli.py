@@ -19,8 +19,16 @@ import sys
 import textwrap
 from typing import Any
 
-from .planning.config import CONFIG_NAME, CONFIG_PATH, condense
+from . import __version__, planner
+from .actions import ACTIONS, run_action
 from .errors import H3PlanError, UsageError
+from .levers import SPECS, not_installed
+from .planner import resolve
+from .planning import schema
+from .planning.config import CONFIG_NAME, CONFIG_PATH, compose, condense
+from .planning.derive import ORDER
+from .planning.memory import MemoryConfig
+from .planning.request import FIELDS, video_overrides
 
 PROG = "h3plan"
 _rc = 0
@@ -35,8 +43,6 @@ def run(argv: list[str]) -> int:
     """Run the CLI in-process and return its exit code (never a traceback unless HYDRA_FULL_ERROR=1)."""
     global _rc, _failure
     if "--version" in argv or "-V" in argv:
-        from . import __version__
-
         print(f"{PROG} {__version__}")
         return 0
     if "--help" in argv or "-h" in argv:
@@ -45,7 +51,6 @@ def run(argv: list[str]) -> int:
     from hydra._internal.utils import _run_hydra, get_args_parser
 
     from . import sweep
-    from .planning import schema
 
     schema.register()
     sweep.strict_failure = None
@@ -68,8 +73,6 @@ def run(argv: list[str]) -> int:
     _rc, _failure = 0, None
     try:
         args = parser.parse_args(argv)
-        from .planning.request import video_overrides
-
         args.overrides = video_overrides(args.overrides)
         with _one_composition(args):
             _run_hydra(args=args, args_parser=parser, task_function=_task, config_path=CONFIG_PATH, config_name=CONFIG_NAME)
@@ -138,9 +141,6 @@ def _fixed_command(argv: list[str], e: BaseException, tries: int = 4) -> str:
     import re
     import shlex
 
-    from .planning.config import compose
-    from .planner import resolve
-
     fix, args = _fix_of(e), list(argv)
     if not fix or any(a.startswith("-") for a in args):  # plain overrides only: no sweep, no Hydra flags
         return ""
@@ -180,15 +180,11 @@ def _task(cfg) -> Any:
 
 def _plan_and_act(cfg) -> int:
     global _rc
-    from . import planner
-
     plan = planner.resolve(cfg)
     action = cfg.action.name
     if cfg.out:
         write_plan(plan, cfg.out)
     if action != "plan":
-        from .actions import run_action
-
         _rc = run_action(cfg, plan)
         return _rc
     fmt = cfg.format.name
@@ -202,9 +198,6 @@ def _plan_and_act(cfg) -> int:
 
 def help_text(width: int = 110) -> str:
     """--help: usage, the config groups and their options, every lever with its settings (from the registry)."""
-    from .planning.config import CONFIG_PATH
-    from .levers import SPECS
-
     groups = sorted(d for d in os.listdir(CONFIG_PATH) if os.path.isdir(os.path.join(CONFIG_PATH, d)))
     lines = [f"usage: python -m {PROG} [group=option ...] [key=value ...] [-m] [--help] [--version]", "",
              "Resolve a plan for MiniMax-H3 inference and print it (every lever, its setting and why).", "",
@@ -218,10 +211,6 @@ def help_text(width: int = 110) -> str:
         lines.append(f"  {name:<21} auto | {settings}")
         lines += [" " * 24 + w for w in _wrap(spec.summary, width, 24)]
     import dataclasses
-
-    from .actions import ACTIONS
-    from .planning.memory import MemoryConfig
-    from .planning.request import FIELDS
 
     memory = " ".join(f"memory.{f.name}" for f in dataclasses.fields(MemoryConfig))
     keys = [(f"action=plan|{'|'.join(ACTIONS)}", "verify: prove the plan against diffusers' eager forward; bench: time it; "
@@ -366,8 +355,6 @@ def render_summary(plan, width: int = 120) -> str:
     """The default table: what runs, what is lossy and its budget, what has no kernel, what never ran on this
     hardware, the memory and speed estimates, then one line per lever (detail=full: every reason, its sources
     and the derived numbers)."""
-    from .levers import not_installed
-
     hw, r = plan.get("hardware"), plan.get("recipe")
     ds = plan.decisions
     lines = [_header(plan), *_request_lines(plan, width)]
@@ -423,7 +410,6 @@ def render_table(plan, width: int = 120) -> str:
         lines.append(head + body[0])
         lines += [" " * pad + w for w in body[1:]]
     lines += ["", f"{'derived':<32} {'value':<14} basis"]
-    from .planning.derive import ORDER
 
     basis, derived = plan.derived_value("basis", {}), plan.to_dict()["derived"]
     for k in [k for k in ORDER if k in derived] + sorted(set(derived) - set(ORDER) - {"basis"}):
