@@ -19,12 +19,10 @@ import sys
 import textwrap
 from typing import Any
 
-from . import __version__, planner
+from . import __version__
 from .actions import ACTIONS, run_action
 from .errors import H3PlanError, UsageError
 from .levers import SPECS, not_installed
-from .planner import resolve
-from .planning import schema
 from .planning.config import CONFIG_NAME, CONFIG_PATH, compose, condense
 from .planning.derive import ORDER
 from .planning.memory import MemoryConfig
@@ -51,6 +49,7 @@ def run(argv: list[str]) -> int:
     from hydra._internal.utils import _run_hydra, get_args_parser
 
     from . import sweep
+    from .planning import schema
 
     schema.register()
     sweep.strict_failure = None
@@ -141,6 +140,8 @@ def _fixed_command(argv: list[str], e: BaseException, tries: int = 4) -> str:
     import re
     import shlex
 
+    from .planner import resolve
+
     fix, args = _fix_of(e), list(argv)
     if not fix or any(a.startswith("-") for a in args):  # plain overrides only: no sweep, no Hydra flags
         return ""
@@ -180,6 +181,8 @@ def _task(cfg) -> Any:
 
 def _plan_and_act(cfg) -> int:
     global _rc
+    from . import planner
+
     plan = planner.resolve(cfg)
     action = cfg.action.name
     if cfg.out:

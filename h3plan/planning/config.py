@@ -14,7 +14,7 @@ from typing import Any
 
 from h3plan.errors import ConfigError, H3PlanError, unknown_key_line
 
-from . import CONF, schema
+from . import CONF
 from .request import video_overrides
 
 CONFIG_PATH = CONF
@@ -25,6 +25,8 @@ def compose(overrides: list[str]):
     """The packaged config composed with `overrides` (Hydra syntax); bad input raises an H3PlanError with the
     CLI's one-line message."""
     from hydra import compose as hydra_compose, initialize_config_dir
+
+    from . import schema
 
     schema.register()
     try:
@@ -94,6 +96,8 @@ def allowed_keys(full_key: str) -> list[str]:
     """Field names of the schema node that holds `full_key` ([] when it is not a structured node)."""
     import dataclasses
     import typing
+
+    from . import schema
 
     node: Any = schema.H3PlanConfig
     for part in full_key.split(".")[:-1]:

@@ -7,9 +7,10 @@ and a module belongs to its longest listed prefix. Edges come from every `import
 h3plan/ (ast, module and function level); the package root `h3plan` (the public names) sits above every layer,
 and an import of it (its `__version__`) is left out, since the root is initialised before any of its modules.
 
-Function-level imports of h3plan modules defer an optional heavy package only (issue 20): the importing module loads
-none of HEAVY when imported (its module-level imports, transitively, with the packages above it) and the imported
-module loads one. Everything else is imported at module level."""
+Function-level imports of h3plan modules defer a heavy package only (issue 20): the imported module loads a package of
+a heavier tier of HEAVY than the importing module does (each counted from its module-level imports, transitively, with
+the packages above it): a torch-free module defers torch, a module free of Hydra and OmegaConf defers them too.
+Everything else is imported at module level."""
 
 import ast
 import re
@@ -39,10 +40,17 @@ def modules() -> dict[str, Path]:
     return out
 
 
-# The packages the light entry points never load: the runtime extra (pyproject.toml) that the plan path and
-# `import h3plan` leave out (tests/cli/test_cli_speed.py, tests/planner/test_python_api.py), and Hydra, which
-# `import h3plan` leaves out too (h3plan/__init__.py).
-HEAVY = ("torch", "triton", "diffusers", "numpy", "transformers", "hydra")
+# The packages a deferred import may keep out, in two tiers: the runtime extra (pyproject.toml), which the plan path
+# never loads (tests/cli/test_cli_speed.py), and the config stack, Hydra and OmegaConf, which `import h3plan`
+# (h3plan/__init__.py) and the CLI's --version and --help leave out.
+RUNTIME = ("torch", "triton", "diffusers", "numpy", "transformers")
+CONFIG = ("hydra", "omegaconf")
+HEAVY = RUNTIME + CONFIG
+
+
+def tier(packages: set[str]) -> int:
+    """0: none of HEAVY; 1: the config stack; 2: a runtime package."""
+    return 2 if packages & set(RUNTIME) else 1 if packages & set(CONFIG) else 0
 
 
 def imports(mods: dict[str, Path]) -> dict[str, list[tuple[str, int, bool]]]:
@@ -122,14 +130,15 @@ def loads(found: dict[str, list[tuple[str, int, bool]]], mods) -> dict[str, set[
 
 
 def needless_deferrals(found: dict[str, list[tuple[str, int, bool]]], mods) -> list[str]:
-    """Each function-level import of an h3plan module that defers no heavy package: the importing module loads one
-    already, or the imported module loads none."""
+    """Each function-level import of an h3plan module that defers no heavy package: the imported module is in the
+    importing module's tier or a lighter one (a module that loads torch defers nothing)."""
     heavy = loads(found, mods)
     bad = []
     for m, rows in sorted(found.items()):
         for line, t in sorted({(line, h3plan_module(target, mods)) for target, line, deferred in rows if deferred}):
-            if t and t != m and not (not heavy[m] and heavy[t]):
-                why = f"{m} loads {', '.join(sorted(heavy[m]))} already" if heavy[m] else f"{t} loads no {'/'.join(HEAVY)}"
+            if t and t != m and tier(heavy[t]) <= tier(heavy[m]):
+                why = (f"{m} loads {', '.join(sorted(heavy[m]))} already" if heavy[m] else
+                       f"{t} loads no {'/'.join(HEAVY)}")
                 bad.append(f"{mods[m].relative_to(ROOT)}:{line} imports {t} in a function ({why}): import it at module level")
     return bad
 
@@ -212,10 +221,14 @@ def test_function_level_imports_defer_a_heavy_package_only():
 
 
 def test_the_plan_side_loads_no_heavy_package():
+    """What the deferrals buy: `import h3plan` and the CLI module load none of HEAVY, the plan side no runtime
+    package (ast only: the subprocess tests check sys.modules after a real plan)."""
     mods = modules()
     heavy = loads(imports(mods), mods)
-    light = ["h3plan", "h3plan.cli", "h3plan.planner", "h3plan.planning.config", "h3plan.levers", "h3plan.actions"]
+    light = ["h3plan", "h3plan.cli", "h3plan.planning.config", "h3plan.levers", "h3plan.actions"]
     assert {m: sorted(heavy[m]) for m in light} == {m: [] for m in light}
+    plan_side = ["h3plan.planner", "h3plan.sweep", "h3plan.from_model", "h3plan.install", "h3plan.actions.verify"]
+    assert {m: sorted(heavy[m] & set(RUNTIME)) for m in plan_side} == {m: [] for m in plan_side}
     assert "torch" in heavy["h3plan.install.installer"] and "hydra" in heavy["h3plan.sweep"]
 
 
@@ -224,8 +237,12 @@ def test_the_checks_can_fail():
     assert layer_of("h3plan.errors", order) < layer_of("h3plan.levers.base", order) < layer_of("h3plan.planner", order)
     assert layer_of("h3plan.planner", order) < layer_of("h3plan.install.installer", order) < layer_of("h3plan.cli", order)
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset("abc")]
-    mods = {m: ROOT / f"{m.replace('.', '/')}.py" for m in ("h3plan.light", "h3plan.other", "h3plan.gpu")}
+    names = ("h3plan.light", "h3plan.other", "h3plan.gpu", "h3plan.conf", "h3plan.conf2")
+    mods = {m: ROOT / f"{m.replace('.', '/')}.py" for m in names}
     found = {"h3plan.light": [("h3plan.gpu", 3, True), ("h3plan.other", 4, True)],  # the second defers nothing
              "h3plan.gpu": [("torch", 1, False), ("h3plan.other", 5, True)],  # torch is loaded already
-             "h3plan.other": [("h3plan.gpu.x", 6, True)]}  # imports from a torch module at function level: fine
-    assert [line.split(" imports ")[0] for line in needless_deferrals(found, mods)] == ["h3plan/gpu.py:5", "h3plan/light.py:4"]
+             "h3plan.other": [("h3plan.gpu.x", 6, True), ("h3plan.conf", 7, True)],  # both defer a heavier tier
+             "h3plan.conf": [("omegaconf", 1, False), ("h3plan.gpu", 8, True)],  # the config tier defers torch
+             "h3plan.conf2": [("hydra.core", 1, False), ("h3plan.conf", 9, True)]}  # same tier: nothing deferred
+    assert [line.split(" imports ")[0] for line in needless_deferrals(found, mods)] == [
+        "h3plan/conf2.py:9", "h3plan/gpu.py:5", "h3plan/light.py:4"]
