@@ -83,7 +83,6 @@ def modulate_rows(kernels, opts, norm, x, scale, shift, index, linears, refuse=N
     rmsnorm_modulate_fp8's per-row codes (RowCodes, the linears' static scale if they have one); else, or
     when refused (`refuse`: a reason the caller found, e.g. an attention mask), `modulate`'s bf16 output."""
     if opts.nvfp4_producer_quant and opts.modulation != "eager":  # NVFP4Codes (install/nvfp4_inputs.py)
-
         return modulate_nvfp4(kernels, opts, norm, x, scale, shift, index, linears, refuse,
                               lambda: modulate(kernels, opts, norm, x, scale, shift, index))
     if opts.fp8_act_quant != "row" or opts.modulation == "eager":
@@ -206,7 +205,6 @@ def plan_block_forward(
     ffn_in = (self.norm2, scale_mlp, shift_mlp, adaln_indices)
     if opts.nvfp4_producer_quant and opts.swiglu and opts.modulation != "eager":
         # the residual fold: the gated residual, norm2 + AdaLN and the NVFP4 cast in one kernel
-
         def unfused():
             h = gate(kernels, opts, residual, gate_msa, adaln_indices, attn_output)
             return h, _ffn_input(kernels, opts, ff, h, *ffn_in)
