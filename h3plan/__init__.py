@@ -23,6 +23,7 @@ __all__ = ["Decision", "Plan", "resolve", "resolve_config", "plan_for", "install
 _LAZY = {
     "Plan": ("h3plan.planner", "Plan"),
     "resolve": ("h3plan.planner", "resolve"),
+    "resolve_config": ("h3plan.planner", "resolve_config"),
     "plan_for": ("h3plan.from_model", "plan_for"),
     "install": ("h3plan.install", None),  # the package is callable: install(model, plan)
     "uninstall": ("h3plan.install", "uninstall"),
@@ -42,16 +43,3 @@ def __getattr__(name):
     module, attr = _LAZY[name]
     mod = importlib.import_module(module)
     return mod if attr is None else getattr(mod, attr)
-
-
-def resolve_config(**groups):
-    """Compose the packaged config with group choices and overrides, then resolve it.
-
-    resolve_config(hardware="sm107", recipe="nvfp4", parallel="u8", **{"parallel.seq_len": 104076})
-
-    Raises H3PlanError (ConfigError, PlanningError) with the CLI's one-line message on bad input.
-    """
-    from h3plan.planning.config import compose, override
-    from h3plan.planner import resolve
-
-    return resolve(compose([override(k, v) for k, v in groups.items()]))

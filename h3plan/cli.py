@@ -19,8 +19,14 @@ import sys
 import textwrap
 from typing import Any
 
-from .planning.config import CONFIG_NAME, CONFIG_PATH, condense
+from . import __version__
+from .actions import ACTIONS, run_action
 from .errors import H3PlanError, UsageError
+from .levers import SPECS, not_installed
+from .planning.config import CONFIG_NAME, CONFIG_PATH, compose, condense
+from .planning.derive import ORDER
+from .planning.memory import MemoryConfig
+from .planning.request import FIELDS, video_overrides
 
 PROG = "h3plan"
 _rc = 0
@@ -35,8 +41,6 @@ def run(argv: list[str]) -> int:
     """Run the CLI in-process and return its exit code (never a traceback unless HYDRA_FULL_ERROR=1)."""
     global _rc, _failure
     if "--version" in argv or "-V" in argv:
-        from . import __version__
-
         print(f"{PROG} {__version__}")
         return 0
     if "--help" in argv or "-h" in argv:
@@ -68,8 +72,6 @@ def run(argv: list[str]) -> int:
     _rc, _failure = 0, None
     try:
         args = parser.parse_args(argv)
-        from .planning.request import video_overrides
-
         args.overrides = video_overrides(args.overrides)
         with _one_composition(args):
             _run_hydra(args=args, args_parser=parser, task_function=_task, config_path=CONFIG_PATH, config_name=CONFIG_NAME)
@@ -138,7 +140,6 @@ def _fixed_command(argv: list[str], e: BaseException, tries: int = 4) -> str:
     import re
     import shlex
 
-    from .planning.config import compose
     from .planner import resolve
 
     fix, args = _fix_of(e), list(argv)
@@ -187,8 +188,6 @@ def _plan_and_act(cfg) -> int:
     if cfg.out:
         write_plan(plan, cfg.out)
     if action != "plan":
-        from .actions import run_action
-
         _rc = run_action(cfg, plan)
         return _rc
     fmt = cfg.format.name
@@ -202,9 +201,6 @@ def _plan_and_act(cfg) -> int:
 
 def help_text(width: int = 110) -> str:
     """--help: usage, the config groups and their options, every lever with its settings (from the registry)."""
-    from .planning.config import CONFIG_PATH
-    from .levers import SPECS
-
     groups = sorted(d for d in os.listdir(CONFIG_PATH) if os.path.isdir(os.path.join(CONFIG_PATH, d)))
     lines = [f"usage: python -m {PROG} [group=option ...] [key=value ...] [-m] [--help] [--version]", "",
              "Resolve a plan for MiniMax-H3 inference and print it (every lever, its setting and why).", "",
@@ -218,10 +214,6 @@ def help_text(width: int = 110) -> str:
         lines.append(f"  {name:<21} auto | {settings}")
         lines += [" " * 24 + w for w in _wrap(spec.summary, width, 24)]
     import dataclasses
-
-    from .actions import ACTIONS
-    from .planning.memory import MemoryConfig
-    from .planning.request import FIELDS
 
     memory = " ".join(f"memory.{f.name}" for f in dataclasses.fields(MemoryConfig))
     keys = [(f"action=plan|{'|'.join(ACTIONS)}", "verify: prove the plan against diffusers' eager forward; bench: time it; "
@@ -374,8 +366,6 @@ def render_summary(plan, width: int = 120) -> str:
     """The default table: what runs, what is lossy and its budget, what has no kernel, what never ran on this
     hardware, the memory and speed estimates, then one line per lever (detail=full: every reason, its sources
     and the derived numbers)."""
-    from .levers import not_installed
-
     hw, r = plan.get("hardware"), plan.get("recipe")
     ds = plan.decisions
     lines = [_header(plan), *_request_lines(plan, width)]
@@ -431,7 +421,6 @@ def render_table(plan, width: int = 120) -> str:
         lines.append(head + body[0])
         lines += [" " * pad + w for w in body[1:]]
     lines += ["", f"{'derived':<32} {'value':<14} basis"]
-    from .planning.derive import ORDER
 
     basis, derived = plan.derived_value("basis", {}), plan.to_dict()["derived"]
     for k in [k for k in ORDER if k in derived] + sorted(set(derived) - set(ORDER) - {"basis"}):

@@ -27,11 +27,12 @@ from .errors import H3PlanError, PlanFileError, PlanningError
 from .levers import LEVER_SETTINGS, REGISTRY, SPECS, Context, LeverError
 from .planning import checkpoint, derive, memory, schema
 from .planning.decision import Decision, freeze, thaw
+from .planning.config import compose, override
 from .planning.schema import PLAN_SECTIONS
 
 SCHEMA_VERSION = 1
 
-__all__ = ["PlanningError", "Plan", "resolve", "context", "make_plan"]
+__all__ = ["PlanningError", "Plan", "resolve", "resolve_config", "context", "make_plan"]
 
 
 @dataclass(frozen=True)
@@ -333,3 +334,13 @@ def resolve(cfg) -> Plan:
     derived.update(mem, sequence=sequence)
     derived["basis"] = {**derived["basis"], **mem_basis, "sequence": "; ".join(f"{k}: {v}" for k, v in sequence_basis.items())}
     return make_plan(sections, derived, decisions.values(), notes=_notes(sections, decisions.values()))
+
+
+def resolve_config(**groups) -> Plan:
+    """Compose the packaged config with group choices and overrides, then resolve it (`h3plan.resolve_config`).
+
+    resolve_config(hardware="sm107", recipe="nvfp4", parallel="u8", **{"parallel.seq_len": 104076})
+
+    Raises H3PlanError (ConfigError, PlanningError) with the CLI's one-line message on bad input.
+    """
+    return resolve(compose([override(k, v) for k, v in groups.items()]))

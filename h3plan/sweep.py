@@ -21,6 +21,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 
 from . import planner
+from .actions import run_action
 from .errors import H3PlanError
 from .planning.config import condense
 from .planning.schema import LEVER_SETTINGS
@@ -55,8 +56,6 @@ def run_job(cfg, hc) -> dict[str, Any]:
                    attention_ms=plan.derived_value("attention_ms_per_block_est"),
                    gemm_ms=plan.derived_value("gemm_ms_per_block_est"))
         if cfg.action.name != "plan":
-            from .actions import run_action
-
             rec["action_rc"] = run_action(cfg, plan)
             if rec["action_rc"]:
                 rec.update(status="failed", reason=f"action={cfg.action.name} returned {rec['action_rc']}")

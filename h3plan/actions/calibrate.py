@@ -22,9 +22,12 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from h3plan.errors import UsageError
-
+from h3plan.errors import H3PlanError, UsageError
+from h3plan.planner import resolve
 from h3plan.planning.action_configs import CalibrateConfig
+from h3plan.planning.config import compose
+from h3plan.planning.scale_table import ScaleTableError, config_hash, write
+
 from .verify import CPU_MAX_ROWS, _cfg_get, _prepare_device
 
 
@@ -79,8 +82,6 @@ def _check_steps(name: str, steps, n_eval: int) -> list[int]:
 
 
 def _model(cfg, c: CalibrateConfig, device, dtype):
-    from h3plan.planning.scale_table import config_hash
-
     from .inputs import build_model
 
     dcfg = cfg.model.diffusers_config
@@ -175,10 +176,6 @@ def _closing_line(plan, out: str, summary: str) -> str:
     """The last line: the table and a command whose plan uses it (planned here first, so the hint is proven)."""
     import shlex
 
-    from h3plan.planning.config import compose
-    from h3plan.errors import H3PlanError
-    from h3plan.planner import resolve
-
     over = table_overrides(plan, out)
     head = f"calibrate: table {out}; held-out check PASS: {summary}"
     try:
@@ -215,7 +212,6 @@ def run(cfg, plan) -> int:
     import torch
 
     from h3plan.actions.calibration import calibrate, say
-    from h3plan.planning.scale_table import ScaleTableError, config_hash, write
 
     from .inputs import resolve_dtype
 

@@ -42,6 +42,7 @@ from typing import Callable
 
 import torch
 
+from h3plan import __version__
 from h3plan.actions.inputs import packed_inputs
 from h3plan.actions.verify import compare
 from h3plan.attention import get_backend
@@ -493,7 +494,6 @@ def calibrate(model, inputs: list[CalibInput], heldout: list[CalibInput], *, mar
               percentile: float | None = 99.99, provenance: dict | None = None, progress=None) -> dict:
     """Observe, build the version-2 table, run the held-out check; returns the table dict (written or not by
     the caller: provenance.heldout.check.passed says whether it may be used)."""
-    from h3plan import __version__
     if not inputs:
         raise UsageError("calibrate: the calibration set is empty")
     stats = observe(model, inputs, percentile=percentile, progress=progress)

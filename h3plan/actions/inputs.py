@@ -23,6 +23,8 @@ import os
 from typing import Any, Mapping
 
 import torch
+from h3plan.errors import UsageError
+from h3plan.planning.checkpoint import transformer_folder
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
           "fp32": torch.float32, "float32": torch.float32}
@@ -114,9 +116,6 @@ def load_model(path, *, blocks: int | None = None, device="cpu", dtype=torch.bfl
     safetensors are read into `from_config`'s model (_load_without_accelerate), with the same result. An
     unreadable folder is one UsageError."""
     from diffusers import MiniMaxH3Transformer3DModel
-
-    from h3plan.planning.checkpoint import transformer_folder
-    from h3plan.errors import UsageError
 
     folder, sub, config = transformer_folder(path)
     dtype = resolve_dtype(dtype)

@@ -28,7 +28,13 @@ import os
 import sys
 from dataclasses import dataclass, field
 
+from h3plan.attention import get_backend
+from h3plan.errors import UsageError
+from h3plan.install import counters as get_counters, fallback_reasons, install, reset_counters, uninstall
 from h3plan.levers import COUNTERS, REFERENCE_LEVERS, SPECS, ULYSSES_LEVERS
+from h3plan.planner import Plan
+from h3plan.planning.checkpoint import transformer_folder
+from h3plan.planning.decision import make_decision
 
 # A fallback reason starting with one of these is a platform limit: the lever's counted emulation ran.
 PLATFORM_LIMITS = ("FP8 GEMM needs CUDA", "FP8 GEMM needs SM89", "NVFP4 GEMMs need SM100+")
@@ -57,8 +63,6 @@ def _prepare_device(name: str, key: str = "verify.device"):
     if name in (None, "auto"):
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if str(name).startswith("cuda"):
-        from h3plan.errors import UsageError
-
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         index = int(name.partition(":")[2] or 0)
         if index >= count:
@@ -130,9 +134,6 @@ class Verifier:
     def run(self, plan=None) -> Run:
         import torch
 
-        from h3plan.install import fallback_reasons, install, reset_counters, uninstall
-        from h3plan.install import counters as get_counters
-
         report = install(self.model, plan, registry=self.registry) if plan is not None else None
         if report is not None:  # adaln_table: these inputs' timestep vector in the table too (no-op without one)
             from h3plan.install.adaln_table import prepare
@@ -150,16 +151,12 @@ class Verifier:
 
 
 def _subplan(plan, decisions):
-    from h3plan.planner import Plan
-
     return Plan(config=plan.config, derived=plan.derived, decisions=tuple(decisions), notes=plan.notes)
 
 
 def _substitute_backend(plan, backend, reason):
     """The plan with `backend` for attention; decisions whose setting needs another backend (the levers'
     SPEC.backends) are dropped, so their levers install nothing."""
-    from h3plan.planning.decision import make_decision
-
     out = []
     for d in plan.decisions:
         if d.lever == "attention":
@@ -197,8 +194,6 @@ def _backend_of(plan):
 
 def _availability(backend, model, device, dtype):
     import torch
-
-    from h3plan.attention import get_backend
 
     attn = model.transformer_blocks[0].attn
     q = torch.zeros(1, 16, attn.heads, attn.head_dim, device=device, dtype=dtype)
@@ -271,8 +266,6 @@ def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, head
           "other op diffusers' eager code")
     base = [d for d in plan.decisions if d.lever in REFERENCE_LEVERS]
     if not any(d.lever == "attention" for d in base):
-        from h3plan.planning.decision import make_decision
-
         base.insert(0, make_decision("attention", "sdpa", True, ["verify: the plan names no backend"]))
     ref = v.run(_subplan(plan, base))
     budget = _budget(plan)
@@ -335,8 +328,6 @@ def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, head
 
 def _cpu_size(seq_len: int, blocks: int | None) -> None:
     """Refuse a CPU verify that would run for many minutes in the Triton interpreter, with the smoke form."""
-    from h3plan.errors import UsageError
-
     if seq_len > CPU_MAX_ROWS:
         raise UsageError(f"verify.seq_len={seq_len}: at most {CPU_MAX_ROWS} rows on the CPU (the Triton interpreter "
                          f"takes minutes per few hundred rows; longer runs need a GPU): {CPU_SMOKE}")
@@ -356,16 +347,12 @@ def run(cfg, plan, *, registry=None) -> int:
 
     path = _cfg_get(cfg.model, "path", None)  # model.path: a checkpoint's weights instead of seeded ones
     if path:
-        from h3plan.planning.checkpoint import transformer_folder
-
         dcfg = transformer_folder(path)[2]
     else:
         dcfg = cfg.model.diffusers_config
     dtype = resolve_dtype(_cfg_get(vcfg, "dtype", "bf16"))
     seed = int(_cfg_get(vcfg, "seed", 0))
     if device == "cpu" and int(dcfg["hidden_size"]) > 1024:
-        from h3plan.errors import UsageError
-
         raise UsageError(f"verify on the CPU needs a small model: pass model=h3_tiny (real width needs a GPU): {CPU_SMOKE}")
     default_len = 48 if device == "cpu" else int(_cfg_get(_cfg_get(cfg, "parallel", {}), "seq_len", 19000))
     seq_len = int(_cfg_get(vcfg, "seq_len", default_len))

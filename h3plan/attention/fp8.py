@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from h3plan.kernels.fp8 import E4M3, E4M3_MAX, scale_from_amax  # noqa: F401  (one convention, re-exported)
+from h3plan.kernels.fp8 import E4M3, E4M3_MAX, quantize as cast, scale_from_amax
 
 
 def _amax(x: torch.Tensor) -> torch.Tensor:
@@ -38,8 +38,6 @@ def quantize_qkv(q, k, v, descales: torch.Tensor | None = None, amax: torch.Tens
     (h3plan.kernels.fp8, same bits as the torch path)."""
     if descales is None:
         if q.is_cuda and all(t.is_contiguous() for t in (q, k, v)):
-            from h3plan.kernels.fp8 import quantize as cast
-
             fns = [None] * 3 if amax is None else [(lambda x, a=a: a) for a in amax.float().unbind(0)]
             (q8, dq), (k8, dk), (v8, dv) = (cast(t, fn) for t, fn in zip((q, k, v), fns))
             return q8, k8, v8, torch.stack([dq, dk, dv])

@@ -12,6 +12,10 @@ from __future__ import annotations
 import sys
 import types
 
+from h3plan.errors import InstallError
+from h3plan.from_model import plan_for
+from h3plan.planner import Plan
+
 from .builder import Builder
 from .components import is_pipeline
 from h3plan.runtime.counters import counters, fallback_reasons, format_counters, reset_counters
@@ -41,19 +45,13 @@ def install(model, plan=None, *, recipe=None, parallel=None, video=None, hardwar
     planning = {"recipe": recipe, "parallel": parallel, "video": video, "hardware": hardware, "overrides": overrides}
     dev = target(device)
     if plan is None:
-        from h3plan.from_model import plan_for
-
         read = str(dev) if dev is not None and dev.type == "cuda" else None
         plan = plan_for(model, recipe, parallel, video, hardware=hardware, device=read, **(overrides or {}))
     elif any(v is not None for v in planning.values()):
-        from h3plan.errors import InstallError
-
         given = ", ".join(f"{k}=" for k, v in planning.items() if v is not None)
         raise InstallError(f"install got a plan and {given}: pass the plan, or {given} for h3plan.plan_for to plan "
                            "from the model, not both")
     if isinstance(plan, (str, os.PathLike)):
-        from h3plan.planner import Plan
-
         plan = Plan.load(plan)
     if is_pipeline(model):
         from .pipeline import install_pipeline

@@ -50,6 +50,7 @@ from h3plan.runtime.guards import needs_grad
 
 from . import adaln_temb
 from .components import TRANSFORMERS, is_pipeline
+from .parking import park
 
 LEVER = "adaln_table"
 _SLOTS: dict[int, "_Slot"] = {}  # weight.data_ptr() of a parked linear -> its slot (the op's lookup)
@@ -286,8 +287,6 @@ def _add(tables: Tables, model, vectors: list[torch.Tensor]) -> int:
 def build(model, value: dict[str, Any], state, swap, num_inference_steps=None) -> Tables:
     """Install the tables (module docstring); `value`: the lever's install option; `swap(lever, fqn, old, new)`
     logs a swap; num_inference_steps: more step counts to table."""
-    from .parking import park
-
     steps = list(value["steps"]) + [int(n) for n in (num_inference_steps or ()) if int(n) not in value["steps"]]
     kw = {k: value[k] for k in ("video_shift", "audio_shift", "keyframe_noise_aug", "audio", "condition_video",
                                 "condition_audio")}

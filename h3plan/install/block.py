@@ -24,14 +24,17 @@ from typing import Any, Callable
 
 import torch
 
+from h3plan.levers import KERNELS, OPTIONS, SPECS
+from h3plan.quant.fp8_rowwise import FP8RowLinear, RowCodes
 from h3plan.runtime.guards import run_guarded
+
+from .nvfp4_inputs import fold_nvfp4, modulate_nvfp4, swiglu_nvfp4_rows
+from .processor import H3PlanAttnProcessor
 
 
 def load_kernel(op: str) -> tuple[Callable, Callable]:
     """(public fn, check fn) of a kernel op the levers declare (h3plan.levers.KERNELS, "module:fn:check");
     raises ImportError naming the missing piece."""
-    from h3plan.levers import KERNELS
-
     mod_name, fn_name, check_name = KERNELS[op].split(":")
     try:
         mod = importlib.import_module(mod_name)
@@ -67,8 +70,6 @@ def modulate(kernels, opts, norm, x, scale, shift, index):
 
 def _row_consumers_reason(linears) -> str | None:
     """None when every linear takes the same per-row codes (FP8RowLinear, one static scale or none)."""
-    from h3plan.quant.fp8_rowwise import FP8RowLinear
-
     for lin in linears:
         if not isinstance(lin, FP8RowLinear):
             return f"the consumer is {type(lin).__name__}, not an FP8RowLinear"
@@ -82,13 +83,10 @@ def modulate_rows(kernels, opts, norm, x, scale, shift, index, linears, refuse=N
     rmsnorm_modulate_fp8's per-row codes (RowCodes, the linears' static scale if they have one); else, or
     when refused (`refuse`: a reason the caller found, e.g. an attention mask), `modulate`'s bf16 output."""
     if opts.nvfp4_producer_quant and opts.modulation != "eager":  # NVFP4Codes (install/nvfp4_inputs.py)
-        from .nvfp4_inputs import modulate_nvfp4
-
         return modulate_nvfp4(kernels, opts, norm, x, scale, shift, index, linears, refuse,
                               lambda: modulate(kernels, opts, norm, x, scale, shift, index))
     if opts.fp8_act_quant != "row" or opts.modulation == "eager":
         return modulate(kernels, opts, norm, x, scale, shift, index)
-    from h3plan.quant.fp8_rowwise import RowCodes
 
     fn, check = kernels["rmsnorm_modulate_fp8"]
     eps, w, mode = norm.eps, norm.weight, opts.modulation
@@ -107,8 +105,6 @@ def modulate_rows(kernels, opts, norm, x, scale, shift, index, linears, refuse=N
 
 def _attention_refuses(attn, attention_mask) -> str | None:
     """Why to_q/k/v cannot take codes from the block: only the plan's processor passes them on."""
-    from .processor import H3PlanAttnProcessor
-
     if attention_mask is not None:
         return "attention mask given: diffusers' processor takes the bf16 input"
     if not isinstance(attn.processor, H3PlanAttnProcessor):
@@ -147,8 +143,6 @@ def feed_forward(kernels, opts, ff, x):
         return run_guarded("swiglu", lambda: check(proj), lambda: fn(proj), eager, (proj,))
 
     if opts.nvfp4_producer_quant:
-        from .nvfp4_inputs import swiglu_nvfp4_rows
-
         return swiglu_nvfp4_rows(kernels, ff, proj, bf16)
     if opts.fp8_act_quant == "row":
         return _swiglu_rows(kernels, ff, proj, bf16)
@@ -161,8 +155,6 @@ def feed_forward(kernels, opts, ff, x):
 def _swiglu_rows(kernels, ff, proj, bf16):
     """fp8_act_quant=row: swiglu_fp8's per-row codes straight into ff.net.2 (the dropouts around it must be
     inactive: they cannot take codes); refused: the bf16 SwiGLU, which ff.net.2 casts per row itself."""
-    from h3plan.quant.fp8_rowwise import RowCodes
-
     fn, check = kernels["swiglu_fp8"]
     out = ff.net[2]
     act_scale = getattr(out, "act_scale", None)
@@ -213,8 +205,6 @@ def plan_block_forward(
     ffn_in = (self.norm2, scale_mlp, shift_mlp, adaln_indices)
     if opts.nvfp4_producer_quant and opts.swiglu and opts.modulation != "eager":
         # the residual fold: the gated residual, norm2 + AdaLN and the NVFP4 cast in one kernel
-        from .nvfp4_inputs import fold_nvfp4
-
         def unfused():
             h = gate(kernels, opts, residual, gate_msa, adaln_indices, attn_output)
             return h, _ffn_input(kernels, opts, ff, h, *ffn_in)
@@ -234,7 +224,5 @@ def plan_block_forward(
 
 def block_kernels(opts) -> dict[str, Any]:
     """The kernels of every block option the plan changes (each lever's SPEC.kernels)."""
-    from h3plan.levers import OPTIONS, SPECS
-
     ops = [op for key in opts.non_default() for op in SPECS[OPTIONS[key][0]].kernels]
     return {op: load_kernel(op) for op in ops}

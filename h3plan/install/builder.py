@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from h3plan.levers import OPTIONS, scope_options
+
 
 def _declared():
-    from h3plan.levers import OPTIONS
-
     return OPTIONS
 
 
@@ -50,8 +50,6 @@ class Builder:
 
     def options(self, scope: str) -> dict[str, Any]:
         """Every option of `scope`: the recorded value, else the declared default."""
-        from h3plan.levers import scope_options
-
         return {k: self.values.get(k, o.default) for k, o in scope_options(scope).items()}
 
     def lever_of(self, key: str) -> str:

@@ -11,6 +11,8 @@ as tensor's static cast. The patched block forward (install/block.py) then calls
 
 from __future__ import annotations
 
+from h3plan.quant import BLOCK_LINEARS
+
 LEVER = "fp8_act_quant"
 
 
@@ -18,7 +20,6 @@ def row_linears(model, state, swap) -> int:
     """Swap every FP8Linear block linear for an FP8RowLinear (undo restores it); returns how many were swapped.
     `swap(lever, fqn, old, new)` logs one swap."""
     from h3plan.kernels.fp8 import scale_from_amax
-    from h3plan.quant import BLOCK_LINEARS
     from h3plan.quant.fp8 import FP8Linear
     from h3plan.quant.fp8_rowwise import FP8RowLinear
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from h3plan.quant import BLOCK_LINEARS
+from h3plan.quant.nvfp4 import NVFP4Codes, NVFP4Linear
 from h3plan.runtime.guards import run_guarded
 
 PRODUCER = "nvfp4_producer_quant"
@@ -21,9 +23,6 @@ OUT = "nvfp4_out_quant"
 
 
 def _nvfp4_linears(model):
-    from h3plan.quant import BLOCK_LINEARS
-    from h3plan.quant.nvfp4 import NVFP4Linear
-
     return [(i, path, block.get_submodule(path)) for i, block in enumerate(model.transformer_blocks)
             for path in BLOCK_LINEARS if isinstance(block.get_submodule(path), NVFP4Linear)]
 
@@ -57,8 +56,6 @@ def install_nvfp4(model, builder, state, swap) -> bool:
 
 def consumers_scale(linears) -> tuple[str | None, torch.Tensor | None]:
     """(reason the linears cannot share one set of producer codes, or None; their shared static input scale)."""
-    from h3plan.quant.nvfp4 import NVFP4Linear
-
     for lin in linears:
         if not isinstance(lin, NVFP4Linear):
             return f"the consumer is {type(lin).__name__}, not an NVFP4Linear", None
@@ -71,8 +68,6 @@ def consumers_scale(linears) -> tuple[str | None, torch.Tensor | None]:
 
 
 def _codes(out, dtype):
-    from h3plan.quant.nvfp4 import NVFP4Codes
-
     return NVFP4Codes(*out, dtype)
 
 
@@ -130,8 +125,6 @@ def swiglu_nvfp4_rows(kernels, ff, proj, bf16):
         if reason is None and any(m.training and m.p > 0 for m in dropouts):
             reason = "dropout active (training mode)"
         return reason or check(proj, global_scale=g)
-
-    from h3plan.quant.nvfp4 import NVFP4Codes
 
     h = run_guarded(PRODUCER, guard, lambda: _codes(fn(proj, global_scale=g), proj.dtype), bf16, (proj,))
     for module in ff.net[1:]:

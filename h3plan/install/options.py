@@ -11,11 +11,10 @@ from dataclasses import field as dc_field
 from typing import Any
 
 from h3plan.attention import backend_spec
+from h3plan.levers import scope_options
 
 
 def _options_class(scope: str, name: str, namespace: dict):
-    from h3plan.levers import scope_options
-
     spec = [(k, Any, dc_field(default=o.default)) for k, o in scope_options(scope).items()]
     cls = make_dataclass(name, spec, frozen=True, namespace={"__module__": __name__, **namespace})
     return cls
@@ -23,8 +22,6 @@ def _options_class(scope: str, name: str, namespace: dict):
 
 def _non_default(self) -> dict[str, Any]:
     """{key: value} of every option that differs from its declared default (what the plan changes)."""
-    from h3plan.levers import scope_options
-
     opts = scope_options(self.SCOPE)
     return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != opts[f.name].default}
 

@@ -28,6 +28,9 @@ from diffusers.models.transformers.transformer_minimax_h3 import _apply_rotary_e
 
 from h3plan.attention import ops as attention_ops
 from h3plan.attention import backend_spec
+from h3plan.kernels.qk_norm_rope import qk_norm_rope_fp8_ref
+from h3plan.parallel.comm import amax_allreduce_hook
+from h3plan.planning.sizes import valid_rows
 from h3plan.quant.fp8 import shared_activation
 
 from h3plan.runtime.counters import fallback as count_fallback, fused as count_fused
@@ -225,13 +228,9 @@ class H3PlanAttnProcessor:
 
     def _ulysses_call(self, attn, q, k, v, rotary_emb):
         """Degree U > 1: this rank's rows in, (B, S_loc, H*D) out (h3plan.parallel.ulysses)."""
-        from h3plan.planning.sizes import valid_rows
-
         U, S, mode = self.opts.ulysses_degree, self.shard.seq_len, self.opts.qk_norm_rope
         ua = self.ulysses
         if mode == "fused_fp8" and self.opts.a2a_fp8_codes:
-            from h3plan.kernels.qk_norm_rope import qk_norm_rope_fp8_ref
-
             fn, check = self.kernels["qk_norm_rope_fp8"]
             wq, wk, eps, scales = self._fp8_args(attn, q, k, v, rotary_emb)
             vr = valid_rows(S, U, ua.rank)
@@ -347,7 +346,6 @@ class H3PlanAttnProcessor:
         backend takes no FP8 scales from here (BF16 backends, static tables, FP8 codes on the wire)."""
         if not self.spec.fp8_inputs or self.opts.fp8_scales != "dynamic":
             return None
-        from h3plan.planning.sizes import valid_rows
 
         vr = valid_rows(self.shard.seq_len, self.opts.ulysses_degree, self.ulysses.rank)
         amax = torch.stack([t.narrow(row_dim, 0, vr).abs().amax().float() if vr > 0 else
@@ -357,8 +355,6 @@ class H3PlanAttnProcessor:
     @property
     def _amax_hook(self):
         if getattr(self, "_hook", None) is None:
-            from h3plan.parallel.comm import amax_allreduce_hook
-
             self._hook = amax_allreduce_hook(self.ulysses.group)
         return self._hook
 

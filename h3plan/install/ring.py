@@ -21,6 +21,8 @@ from __future__ import annotations
 from h3plan.attention import LSE_OF
 from h3plan.errors import InstallError
 
+from .shard import SequenceShard
+
 
 class RingBlock:
     """Block attention (q, k, v) -> (out, lse) for RingAttention: the plan's LSE backend, else the reference."""
@@ -69,8 +71,6 @@ def build(model, opts, group):
 
     from h3plan.parallel.comm import degree_rank
     from h3plan.parallel.ring import RingUlysses, ring_ulysses_groups
-
-    from .shard import SequenceShard
 
     R, U = opts.ring_degree, opts.ulysses_degree
     why = problems(opts)

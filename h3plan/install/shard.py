@@ -15,6 +15,8 @@ inputs (index 0, angle 0); their outputs are computed and dropped.
 
 from __future__ import annotations
 
+from h3plan.planning.sizes import shard_len
+
 
 class SequenceShard:
     def __init__(self, group, degree: int, first: int, last: int):
@@ -47,7 +49,6 @@ def shard_heads(model, shard: SequenceShard):
     """Run `norm_out`, `proj_out` and `audio_proj_out` on this rank's rows (see the module docstring).
     Returns the undo (restores the three forwards and the last block's gather)."""
     from h3plan.parallel.comm import gather_rows, shard_rows
-    from h3plan.planning.sizes import shard_len
 
     def sharded(rows: int) -> bool:  # this call carries the shard's rows (a full-sequence call passes through)
         return shard.seq_len is not None and rows == shard_len(shard.seq_len, shard.degree) != shard.seq_len

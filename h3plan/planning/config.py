@@ -15,6 +15,7 @@ from typing import Any
 from h3plan.errors import ConfigError, H3PlanError, unknown_key_line
 
 from . import CONF
+from .request import video_overrides
 
 CONFIG_PATH = CONF
 CONFIG_NAME = "config"
@@ -26,7 +27,6 @@ def compose(overrides: list[str]):
     from hydra import compose as hydra_compose, initialize_config_dir
 
     from . import schema
-    from .request import video_overrides
 
     schema.register()
     try:

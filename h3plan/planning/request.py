@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
-from typing import Any, List, Mapping, Optional
+from dataclasses import dataclass, field, fields, make_dataclass
+from typing import Any, List, Mapping, Optional, get_type_hints
 
 from h3plan.errors import ConfigError
 from h3plan.vae.tiling import Geometry
@@ -42,53 +42,46 @@ PIPELINE_YAML = os.path.join(CONF, "pipeline", "h3.yaml")
 
 @dataclass(frozen=True)
 class VideoRequest:
-    """One `t2va` request (None: the pipeline's default)."""
+    """One `t2va` request (None: the pipeline's default). Its fields less `batch` are the `video` config group's
+    (VideoConfig, below)."""
 
     height: Optional[int] = None
-    """Pixels, a multiple of the canvas multiple (32); None with width None: the 16:9 default canvas."""
+    """Pixels, a multiple of the canvas multiple (32); None with width None: the pipeline's 16:9 canvas (768 x 1344)."""
     width: Optional[int] = None
     """Pixels, as height."""
     seconds: Optional[float] = None
     """Clip length; becomes round(seconds * fps) frames, then aligned. None: `frames` (or the default)."""
     frames: Optional[int] = None
-    """Frames asked for; aligned up to clip_length * n + tokens_chunk_size. Set with `seconds`, both must align alike."""
+    """Frames asked for; aligned up to clip_length * n + tokens_chunk_size (17n+5). Set with `seconds`, both must
+    align alike. None with seconds None: the pipeline's default 124."""
     fps: Optional[float] = None
-    """Must be the pipeline's fixed rate (24); None: that rate."""
+    """Must be the pipeline's fixed rate (24); anything else is refused. None: that rate."""
     audio: bool = True
-    """False: no audio rows (transformer-only shape; diffusers' pipeline always generates audio)."""
+    """False: no audio rows (transformer-only shape; diffusers' pipeline always generates the stereo soundtrack)."""
     text_tokens: Optional[int] = None
-    """Rows of prompt_embeds: the prompt's Qwen tokens (no chat template, no special tokens)."""
+    """Rows of prompt_embeds: the prompt's Qwen tokens (no chat template, no special tokens); required when S comes
+    from the request."""
     batch: int = 1
-    """Sequences per transformer call; every item shares the layout (diffusers' pipeline runs 1)."""
+    """Sequences per transformer call; every item shares the layout (diffusers' pipeline runs 1). Not a `video`
+    field: parallel.batch holds it."""
 
 
-@dataclass
-class VideoConfig:
-    """The `video` config group (Hydra structured node); the same fields as VideoRequest, less batch
-    (parallel.batch holds it)."""
+FIELDS = tuple(f.name for f in fields(VideoRequest) if f.name != "batch")
+"""The request's fields that the `video` group holds (`video.<field>=` overrides)."""
 
-    name: str = "custom"
-    height: Optional[int] = None
-    """Pixels, a multiple of 32; null with width null: the pipeline's 16:9 canvas (768 x 1344)."""
-    width: Optional[int] = None
-    """Pixels, a multiple of 32."""
-    seconds: Optional[float] = None
-    """Clip length in seconds (frames = round(seconds * fps), aligned up to 17n+5); null: frames."""
-    frames: Optional[int] = None
-    """Frame count (aligned up to 17n+5); null: seconds, or the pipeline's default 124."""
-    fps: Optional[float] = None
-    """The pipeline's fixed 24 fps; anything else is refused. null: 24."""
-    audio: bool = True
-    """Generate the stereo soundtrack (false: a transformer-only shape without audio rows)."""
-    text_tokens: Optional[int] = None
-    """Prompt length in tokens (rows of prompt_embeds); required when S comes from the request."""
-    source: Optional[str] = None
-    overrides: List[str] = field(default_factory=list)
-    """The fields set over the preset by `video.<field>=` overrides (filled in by `video_overrides`; the plan
-    names them beside the preset)."""
+_HINTS = get_type_hints(VideoRequest)
+VideoConfig = make_dataclass(
+    "VideoConfig",
+    [("name", str, field(default="custom"))]
+    + [(f.name, _HINTS[f.name], field(default=f.default)) for f in fields(VideoRequest) if f.name in FIELDS]
+    + [("source", Optional[str], field(default=None)),
+       # the fields set over the preset by `video.<field>=` overrides (filled in by `video_overrides`; the plan
+       # names them beside the preset)
+       ("overrides", List[str], field(default_factory=list))],
+    namespace={"__module__": __name__,
+               "__doc__": "The `video` config group (Hydra structured node): VideoRequest's fields less batch "
+                          "(parallel.batch holds it), the preset's name and source, and `overrides`."})
 
-
-FIELDS = ("height", "width", "seconds", "frames", "fps", "audio", "text_tokens")
 PAIRED = {"seconds": "frames", "frames": "seconds"}  # two ways to give the length: an override of one nulls the other
 
 
@@ -324,7 +317,7 @@ def tokens(request: VideoRequest, model_cfg: Mapping[str, Any], vae_cfg: Mapping
 
 def request_from(video: Mapping[str, Any], batch: int = 1) -> VideoRequest:
     """The `video` section (plain dict) as a VideoRequest."""
-    kw = {k: video.get(k) for k in ("height", "width", "seconds", "frames", "fps", "text_tokens")}
+    kw = {k: video.get(k) for k in FIELDS if k != "audio"}
     if video.get("audio") is not None:
         kw["audio"] = bool(video["audio"])
     return VideoRequest(**kw, batch=batch)

@@ -8,6 +8,8 @@ never run on hardware; emulated elsewhere).
 
 from __future__ import annotations
 
+from h3plan.errors import InstallError, UsageError
+
 # Relative to a MiniMaxH3TransformerBlock.
 BLOCK_LINEARS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "ff.net.0.proj", "ff.net.2")
 
@@ -61,8 +63,6 @@ def read_state_dict(source) -> dict:
     """A state dict, or one read from a .safetensors file (safetensors) or a torch.save file (weights only)."""
     import os
 
-    from h3plan.errors import UsageError
-
     if isinstance(source, dict):
         return source
     path = os.fspath(source)
@@ -86,7 +86,6 @@ def _nvfp4_linear(fqn: str, sd: dict, old):
     """NVFP4Linear from one ModelOpt NVFP4 linear's tensors; InstallError naming the first malformed tensor."""
     import torch
 
-    from h3plan.errors import InstallError
     from h3plan.kernels.nvfp4 import BLOCK, E4M3
 
     from .nvfp4 import NVFP4Linear

@@ -40,7 +40,9 @@ import torch.nn as nn
 from h3plan.runtime.counters import fallback as count_fallback, fused as count_fused
 from h3plan.runtime.guards import GRAD_REASON, needs_grad
 
-from h3plan.kernels.fp8 import E4M3, E4M3_MAX
+from h3plan.kernels.fp8 import E4M3, E4M3_MAX, amax, quantize, quantize_check, quantize_ref
+from h3plan.parallel.comm import amax_allreduce_hook, degree_rank
+from h3plan.planning.sizes import valid_rows
 
 LEVER = "gemm_quant"
 
@@ -89,8 +91,6 @@ def quantize_activation(x: torch.Tensor, kernel: bool = False, amax_fn=None) -> 
         return _SHARED["codes"]
     x2d = x.reshape(-1, x.shape[-1])
     if kernel:
-        from h3plan.kernels.fp8 import quantize, quantize_check
-
         fn = None if amax_fn is None else (lambda _: amax_fn(x))
         codes = quantize(x2d, fn) if quantize_check(x2d) is None else _cast_ref(x2d, x, amax_fn)
     else:
@@ -101,8 +101,6 @@ def quantize_activation(x: torch.Tensor, kernel: bool = False, amax_fn=None) -> 
 
 
 def _cast_ref(x2d, x, amax_fn):
-    from h3plan.kernels.fp8 import quantize_ref
-
     return quantize_ref(x2d, None if amax_fn is None else amax_fn(x))
 
 
@@ -113,11 +111,6 @@ class SequenceAmax:
     `shard` is the installer's SequenceShard (seq_len of the current forward, group, degree)."""
 
     def __init__(self, shard):
-        from h3plan.parallel.comm import amax_allreduce_hook, degree_rank
-        from h3plan.planning.sizes import valid_rows
-
-        from h3plan.kernels.fp8 import amax, quantize_check
-
         self.shard = shard
         self.rank = degree_rank(shard.group)[1]
         self.reduce = amax_allreduce_hook(shard.group)

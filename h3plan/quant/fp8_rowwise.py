@@ -39,6 +39,7 @@ import torch
 
 from h3plan.errors import UsageError
 from h3plan.kernels.fp8 import E4M3
+from h3plan.kernels.fp8_producers import cast_rows_fp8, cast_rows_fp8_check, cast_rows_fp8_ref
 from h3plan.runtime.counters import fallback as count_fallback, fused as count_fused
 from h3plan.runtime.guards import GRAD_REASON, needs_grad
 
@@ -140,8 +141,6 @@ def quantize_activation_rows(x: torch.Tensor, act_scale: float | None = None,
     """(codes (..., K) e4m3, row_descale (..., 1) fp32) of a bf16/fp16 activation, one scale per row (or the
     static `act_scale`): kernels.fp8_producers.cast_rows_fp8 where its check passes, else its reference
     (counted under `counter`, fp8_act_quant unless named). Computed once per tensor inside h3plan.quant.fp8.shared_activation(x)."""
-    from h3plan.kernels.fp8_producers import cast_rows_fp8, cast_rows_fp8_check, cast_rows_fp8_ref
-
     shared = _fp8._SHARED.get("x") is x
     key = (_ROW_KEY, act_scale)
     if shared and key in _fp8._SHARED:

@@ -34,10 +34,12 @@ from typing import NamedTuple
 import torch
 import torch.nn as nn
 
-from h3plan.kernels.nvfp4 import (BLOCK, E4M3, blocked_numel, cast_nvfp4_ref, dequantize_ref, from_blocked,
-                                  quantize_ref, to_blocked)
+from h3plan.kernels.nvfp4 import (BLOCK, E4M3, blocked_numel, cast_nvfp4, cast_nvfp4_check, cast_nvfp4_ref,
+                                  dequantize_ref, from_blocked, quantize_ref, to_blocked)
 from h3plan.runtime.counters import fallback as count_fallback, fused as count_fused
 from h3plan.runtime.guards import GRAD_REASON, needs_grad
+
+from . import fp8 as _fp8
 
 SM100_REASON = "NVFP4 GEMMs need SM100+"
 LEVER = "gemm_quant"
@@ -122,7 +124,6 @@ def quantize_input(x: torch.Tensor, g: torch.Tensor | None = None, kernel: bool 
     (counted under `counter`), else the torch reference; the same bits either way."""
     if not kernel:
         return cast_nvfp4_ref(x, g)
-    from h3plan.kernels.nvfp4 import cast_nvfp4, cast_nvfp4_check
 
     reason = GRAD_REASON if needs_grad(x) else cast_nvfp4_check(x, g)
     if reason is None:
@@ -171,8 +172,6 @@ class NVFP4Linear(nn.Module):
     def quantize(self, x: torch.Tensor) -> NVFP4Codes:
         """x's codes with this linear's input scale (static) or its own amax (dynamic); computed once per tensor
         inside h3plan.quant.fp8.shared_activation(x) for linears of the same input scale."""
-        from . import fp8 as _fp8
-
         g = self.input_scale
         key = (_SHARED_KEY, self.input_scale_value, self.input_kernel)
         shared = _fp8._SHARED.get("x") is x

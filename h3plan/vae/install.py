@@ -32,9 +32,11 @@ import types
 import torch
 
 from h3plan.errors import InstallError
+from h3plan.kernels import swiglu, vae as kvae
 
 from h3plan.install.placement import slots_of
 from h3plan.install.report import Swap
+from . import parallel as vae_parallel
 from .block import LINEARS, VaeBlockState, load_kernels, plan_vae_block_forward
 from .fp8 import Fp8Gemms
 from .graph import GraphedDecoder
@@ -54,8 +56,6 @@ FP8_SOURCES = {torch.float32, torch.bfloat16, torch.float16}  # linears the FP8 
 
 def op_dtypes() -> dict[str, tuple]:
     """vae_ops op -> the activation dtypes its kernel takes (declared beside each kernel)."""
-    from h3plan.kernels import swiglu, vae as kvae
-
     return {"qk_norm_rope": kvae.QK_DTYPES, "swiglu": swiglu.VAE_DTYPES, "scaled_residual": kvae.RESIDUAL_DTYPES}
 
 
@@ -329,8 +329,6 @@ def apply(model, builder, state, group=None) -> None:
     if opts["graphs"]:
         _install_graphs(model, builder, state)
     if opts["parallel"]:
-        from . import parallel as vae_parallel
-
         vae_parallel.apply(model, group, state)
     if "vae_tiles" in builder.settings and opts["tile"] is None and tuple(getattr(model, a) for a in TILING) != RELEASED:
         state.report.notes.append(f"vae_tiles=default leaves the model's tiling as set ({_geometry(model)}), not "

@@ -5,7 +5,12 @@ The layer order is read from the doc's "Layers, lowest first" paragraph, the one
 layer is a comma-separated run of `names` between "->"; a name is a module or package under h3plan/ (dotted),
 and a module belongs to its longest listed prefix. Edges come from every `import` / `from ... import` in
 h3plan/ (ast, module and function level); the package root `h3plan` (the public names) sits above every layer,
-and an import of it (its `__version__`) is left out, since the root is initialised before any of its modules."""
+and an import of it (its `__version__`) is left out, since the root is initialised before any of its modules.
+
+Function-level imports of h3plan modules defer a heavy package only (issue 20): the imported module loads a package of
+a heavier tier of HEAVY than the importing module does (each counted from its module-level imports, transitively, with
+the packages above it): a torch-free module defers torch, a module free of Hydra and OmegaConf defers them too.
+Everything else is imported at module level."""
 
 import ast
 import re
@@ -35,26 +40,107 @@ def modules() -> dict[str, Path]:
     return out
 
 
-def edges(mods: dict[str, Path]) -> dict[str, set[tuple[str, int]]]:
-    """module -> {(imported h3plan module, line)}; `from pkg import name` counts pkg.name where that is a module."""
-    out: dict[str, set[tuple[str, int]]] = defaultdict(set)
+# The packages a deferred import may keep out, in two tiers: the runtime extra (pyproject.toml), which the plan path
+# never loads (tests/cli/test_cli_speed.py), and the config stack, Hydra and OmegaConf, which `import h3plan`
+# (h3plan/__init__.py) and the CLI's --version and --help leave out.
+RUNTIME = ("torch", "triton", "diffusers", "numpy", "transformers")
+CONFIG = ("hydra", "omegaconf")
+HEAVY = RUNTIME + CONFIG
+
+
+def tier(packages: set[str]) -> int:
+    """0: none of HEAVY; 1: the config stack; 2: a runtime package."""
+    return 2 if packages & set(RUNTIME) else 1 if packages & set(CONFIG) else 0
+
+
+def imports(mods: dict[str, Path]) -> dict[str, list[tuple[str, int, bool]]]:
+    """module -> [(imported module, line, deferred)]: every import, an h3plan module (`from pkg import name` counts
+    pkg.name where that is a module) or an outside package's dotted name; deferred: inside a function."""
+    out: dict[str, list[tuple[str, int, bool]]] = defaultdict(list)
     for name, path in mods.items():
         base = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                parent = base.split(".")[: len(base.split(".")) - node.level + 1] if node.level else []
-                mod = ".".join(parent + ([node.module] if node.module else []))
-                targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in mods else mod for a in node.names]
-            else:
-                continue
-            for t in targets:
-                while t and t not in mods:
-                    t = t.rpartition(".")[0]
-                if t and t != name and t != "h3plan":
-                    out[name].add((t, node.lineno))
+
+        def visit(node, deferred):
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, (ast.Import, ast.ImportFrom)):
+                    if isinstance(child, ast.Import):
+                        targets = [a.name for a in child.names]
+                    else:
+                        parent = base.split(".")[: len(base.split(".")) - child.level + 1] if child.level else []
+                        mod = ".".join(parent + ([child.module] if child.module else []))
+                        targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in mods else mod for a in child.names]
+                    out[name] += [(t, child.lineno, deferred) for t in targets]
+                visit(child, deferred or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+        visit(ast.parse(path.read_text()), False)
     return out
+
+
+def h3plan_module(target: str, mods) -> str | None:
+    """The h3plan module an import names (its longest prefix that is one), None for an outside package."""
+    if target != "h3plan" and not target.startswith("h3plan."):
+        return None
+    while target and target not in mods:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def edges(mods: dict[str, Path]) -> dict[str, set[tuple[str, int]]]:
+    """module -> {(imported h3plan module, line)}, module and function level."""
+    out: dict[str, set[tuple[str, int]]] = defaultdict(set)
+    for name, found in imports(mods).items():
+        for target, line, _ in found:
+            t = h3plan_module(target, mods)
+            if t and t != name and t != "h3plan":
+                out[name].add((t, line))
+    return out
+
+
+def loads(found: dict[str, list[tuple[str, int, bool]]], mods) -> dict[str, set[str]]:
+    """module -> the HEAVY packages importing it loads: its module-level imports, transitively, and those of the
+    packages above it (Python initialises `a` and `a.b` before `a.b.c`)."""
+
+    def above(m):
+        parts = m.split(".")
+        return [p for p in (".".join(parts[:i]) for i in range(1, len(parts))) if p in mods]
+
+    direct = {m: set() for m in mods}
+    heavy = {m: set() for m in mods}
+    for m in mods:
+        direct[m].update(above(m))
+        for target, _, deferred in found.get(m, ()):
+            t = h3plan_module(target, mods)
+            if deferred:
+                continue
+            if t:
+                direct[m].update([t, *above(t)])
+            elif target.split(".")[0] in HEAVY:
+                heavy[m].add(target.split(".")[0])
+    out = {}
+    for m in mods:
+        seen, todo, got = set(), [m], set()
+        while todo:
+            n = todo.pop()
+            if n not in seen:
+                seen.add(n)
+                got |= heavy[n]
+                todo += direct[n]
+        out[m] = got
+    return out
+
+
+def needless_deferrals(found: dict[str, list[tuple[str, int, bool]]], mods) -> list[str]:
+    """Each function-level import of an h3plan module that defers no heavy package: the imported module is in the
+    importing module's tier or a lighter one (a module that loads torch defers nothing)."""
+    heavy = loads(found, mods)
+    bad = []
+    for m, rows in sorted(found.items()):
+        for line, t in sorted({(line, h3plan_module(target, mods)) for target, line, deferred in rows if deferred}):
+            if t and t != m and tier(heavy[t]) <= tier(heavy[m]):
+                why = (f"{m} loads {', '.join(sorted(heavy[m]))} already" if heavy[m] else
+                       f"{t} loads no {'/'.join(HEAVY)}")
+                bad.append(f"{mods[m].relative_to(ROOT)}:{line} imports {t} in a function ({why}): import it at module level")
+    return bad
 
 
 def layer_of(name: str, order: list[list[str]]) -> int:
@@ -128,8 +214,35 @@ def test_no_import_circles_but_the_lever_registry():
     assert not gone, f"fixed: delete these from KNOWN_CIRCLES: {gone}"
 
 
+def test_function_level_imports_defer_a_heavy_package_only():
+    mods = modules()
+    bad = needless_deferrals(imports(mods), mods)
+    assert not bad, "\n".join(bad)
+
+
+def test_the_plan_side_loads_no_heavy_package():
+    """What the deferrals buy: `import h3plan` and the CLI module load none of HEAVY, the plan side no runtime
+    package (ast only: the subprocess tests check sys.modules after a real plan)."""
+    mods = modules()
+    heavy = loads(imports(mods), mods)
+    light = ["h3plan", "h3plan.cli", "h3plan.planning.config", "h3plan.levers", "h3plan.actions"]
+    assert {m: sorted(heavy[m]) for m in light} == {m: [] for m in light}
+    plan_side = ["h3plan.planner", "h3plan.sweep", "h3plan.from_model", "h3plan.install", "h3plan.actions.verify"]
+    assert {m: sorted(heavy[m] & set(RUNTIME)) for m in plan_side} == {m: [] for m in plan_side}
+    assert "torch" in heavy["h3plan.install.installer"] and "hydra" in heavy["h3plan.sweep"]
+
+
 def test_the_checks_can_fail():
     order = layers()
     assert layer_of("h3plan.errors", order) < layer_of("h3plan.levers.base", order) < layer_of("h3plan.planner", order)
     assert layer_of("h3plan.planner", order) < layer_of("h3plan.install.installer", order) < layer_of("h3plan.cli", order)
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset("abc")]
+    names = ("h3plan.light", "h3plan.other", "h3plan.gpu", "h3plan.conf", "h3plan.conf2")
+    mods = {m: ROOT / f"{m.replace('.', '/')}.py" for m in names}
+    found = {"h3plan.light": [("h3plan.gpu", 3, True), ("h3plan.other", 4, True)],  # the second defers nothing
+             "h3plan.gpu": [("torch", 1, False), ("h3plan.other", 5, True)],  # torch is loaded already
+             "h3plan.other": [("h3plan.gpu.x", 6, True), ("h3plan.conf", 7, True)],  # both defer a heavier tier
+             "h3plan.conf": [("omegaconf", 1, False), ("h3plan.gpu", 8, True)],  # the config tier defers torch
+             "h3plan.conf2": [("hydra.core", 1, False), ("h3plan.conf", 9, True)]}  # same tier: nothing deferred
+    assert [line.split(" imports ")[0] for line in needless_deferrals(found, mods)] == [
+        "h3plan/conf2.py:9", "h3plan/gpu.py:5", "h3plan/light.py:4"]

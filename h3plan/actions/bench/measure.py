@@ -40,8 +40,11 @@ import copy
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping
 
+from h3plan.actions import inputs
+from h3plan.attention.base import AttentionBackend
 from h3plan.errors import UsageError
 from h3plan.install import counters, install, reset_counters
+from h3plan.install.adaln_table import prepare
 
 from . import records
 from .diffusers_best import compile_call, regional_compile
@@ -154,8 +157,6 @@ class _Session(Session):
 
 def plan_backend(model):
     """The AttentionBackend the installed processors call (one object shared by the blocks), or None."""
-    from h3plan.attention.base import AttentionBackend
-
     for block in model.transformer_blocks:
         backend = getattr(block.attn.processor, "backend", None)
         if isinstance(backend, AttentionBackend):
@@ -164,8 +165,6 @@ def plan_backend(model):
 
 
 def _setup(torch, cfg, plan, opts: BenchOptions, device, progress: Progress) -> _Session:
-    from h3plan.actions import inputs
-
     n = max(opts.blocks)
     path = cfg["model"].get("path")  # model.path: the checkpoint's weights, loaded with from_pretrained
     if path:
@@ -176,7 +175,6 @@ def _setup(torch, cfg, plan, opts: BenchOptions, device, progress: Progress) -> 
         eager = inputs.build_model(dc, blocks=n, device=device, dtype="bf16", seed=0)
     plan_model = copy.deepcopy(eager)
     report = install(plan_model, plan)
-    from h3plan.install.adaln_table import prepare
 
     prepare(plan_model, timesteps=[inputs.TIMESTEP])  # adaln_table: the bench inputs' timesteps (no-op without a table)
     progress.write(f"installed {plan_label(plan)}:\n{report}")

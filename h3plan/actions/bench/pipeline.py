@@ -50,8 +50,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from h3plan.errors import UsageError
+from h3plan.planner import resolve
+from h3plan.planning.action_configs import PipelineBenchConfig  # bench.pipeline.*: one definition, the schema's
+from h3plan.planning.config import compose
 from h3plan.runtime.counters import counters, reset_counters
 
+from ..quality import compare
 from ..pipeline_build import (Request, build_pipeline, default_request, default_steps, prompt_inputs,
                               require_transformers, resolved, sequence_length)
 from . import pipeline_records as records
@@ -65,8 +69,6 @@ from .timing import ForwardTimer, Progress, Quiet
 
 def _defaults() -> dict[str, Any]:
     from dataclasses import MISSING, fields
-
-    from h3plan.planning.action_configs import PipelineBenchConfig  # bench.pipeline.*: one definition, the schema's
 
     return {f.name: f.default if f.default_factory is MISSING else f.default_factory() for f in fields(PipelineBenchConfig)}
 
@@ -167,9 +169,6 @@ def options(cfg, plan=None) -> PipelineBenchOptions:
 def extra_plans(cfg, opts: PipelineBenchOptions) -> list:
     """bench.pipeline.plans: each an override string ("recipe=fp8", "recipe.vae=fp16 levers.vae_graphs=off")
     resolved from the packaged config with the run's own hardware, parallel, model and vae choices."""
-    from h3plan.planning.config import compose
-    from h3plan.planner import resolve
-
     base = [f"{g}={_get(_get(cfg, g), 'name')}" for g in ("hardware", "parallel", "model", "vae")
             if _get(_get(cfg, g), "name")]
     out = []
@@ -366,8 +365,6 @@ def _rows(pipe, specs, opts, degree, S, group, progress) -> list[_Row]:
 
 
 def _compare(torch, device, frames, ref) -> dict:
-    from ..quality import compare
-
     if frames is None or ref is None:
         return {}
     a, b = frames.to(device), ref.to(device)

@@ -17,7 +17,9 @@ diffusers built them (except Best at U > 1, which diffusers cannot undo and the 
 from __future__ import annotations
 
 from h3plan.install import install, uninstall
+from h3plan.install.adaln_table import prepare
 from h3plan.install.pipeline import install_pipeline, uninstall_pipeline
+from h3plan.vae.weights import DTYPES, PrecisionCast
 
 from .diffusers_best import compile_call, regional_compile
 from .harness import plan_label, same_backend_plan
@@ -44,8 +46,6 @@ class VaeCast:
 
     def enter(self):
         if self.precision != "fp32":
-            from h3plan.vae.weights import DTYPES, PrecisionCast
-
             self.cast = PrecisionCast.apply(self.pipe.vae, DTYPES[self.precision])
 
     def exit(self):
@@ -89,8 +89,6 @@ class PlanSetting(Setting):
         self.steps = num_inference_steps  # the bench's short calls: their timesteps join an adaln table too
 
     def enter(self):
-        from h3plan.install.adaln_table import prepare
-
         report = install_pipeline(self.pipe, self.plan, group=self.group)
         if self.steps is not None:
             prepare(self.pipe, num_inference_steps=self.steps)

@@ -1,0 +1,331 @@
+"""The hardware config group's typed node: HardwareConfig and the facts it holds (conf/hardware/*.yaml).
+
+Hydra merges each GPU's YAML onto `HardwareConfig`, so an unknown key or a wrongly typed fact fails during
+composition; the cross-group rules on these facts are `schema.validate`'s. `AttentionPoint` has one TFLOP/s field
+per registered attention backend (h3plan.attention's registry, torch-free). The same YAML read as plain dicts by
+code that runs on a device is h3plan/planning/hardware.py. Torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, make_dataclass
+from typing import Dict, List, Optional
+
+from omegaconf import MISSING
+
+from h3plan.attention import BACKENDS, BF16
+
+
+@dataclass
+class DeviceFacts:
+    sm_count: Optional[int] = MISSING
+    memory_gb: Optional[float] = MISSING
+    memory_gib: Optional[float] = None
+    """The device's memory in GiB (2^30 bytes), as torch.cuda reports it; set, it replaces memory_gb (which
+    validate() then holds in vendor GB), e.g. hardware.device.memory_gib=80 for an 80 GiB card."""
+    hbm_tbps: Optional[float] = MISSING
+    nvlink_gbps: Optional[float] = MISSING
+    """NVLink bandwidth per GPU, both directions together (vendor convention); one direction is half."""
+    nic_gbps: Optional[float] = None
+    """Network GB/s one way per GPU between nodes (the ring's P2P); null: never measured, the ring lever assumes
+    one 400 Gb/s NIC per GPU and says so."""
+    source: str = MISSING
+
+
+@dataclass
+class PeakFacts:
+    """Vendor dense (no sparsity) tensor-core peaks in TFLOP/s; null where no source publishes one."""
+
+    bf16: Optional[float] = MISSING
+    fp8: Optional[float] = MISSING
+    nvfp4: Optional[float] = MISSING
+    source: str = MISSING
+
+
+@dataclass
+class Fa4TileSpeed:
+    """FA4-default time / tile time at one attention shape, one entry per measuring run."""
+
+    seq_len: int = MISSING
+    heads: int = MISSING
+    speedups: List[float] = MISSING
+    block_speedups: List[float] = field(default_factory=list)
+    """The whole lossless block with the tile against the same plan with FA4's default tile (plan A / plan
+    B interleaved in one process), one entry per run: what the tile buys where it is used."""
+
+
+@dataclass
+class Fa4Tile:
+    """A measured forward tile for FA4 on this hardware, by head dim (FA4's `_flash_attn_fwd` arguments)."""
+
+    head_dim: int = MISSING
+    tile_m: int = MISSING
+    tile_n: int = MISSING
+    mma_pv_is_rs: bool = MISSING
+    intra_wg_overlap: bool = MISSING
+    bitwise_vs_default: bool = MISSING
+    """The tile's output is bit-identical to FA4's own default tile at the measured shapes."""
+    measured: List[Fa4TileSpeed] = MISSING
+    """Where the tile was timed against FA4's default; auto uses it at the nearest sequence length only
+    when every run there measured it faster."""
+    source: str = MISSING
+
+
+@dataclass
+class Fa4Facts:
+    bf16: bool = MISSING
+    one_cta: bool = MISSING
+    two_cta: bool = MISSING
+    fp8: bool = MISSING
+    two_cta_regresses_long: bool = MISSING
+    source: str = MISSING
+    tuned_tiles: List[Fa4Tile] = field(default_factory=list)
+    """Measured tiles that beat FA4's default (empty: FA4's own heuristic is all there is)."""
+
+
+@dataclass
+class CudnnFacts:
+    version: Optional[str] = MISSING
+    """The cuDNN version the plan assumes is installed (override to match yours)."""
+    bf16: bool = MISSING
+    fp8: bool = MISSING
+    fp8_output_dtypes: List[str] = MISSING
+    fp8_min_version: str = MISSING
+    fp8_excluded_versions: List[str] = field(default_factory=list)
+    bf16_output_min_version: Optional[str] = None
+    fp8_requires: List[str] = field(default_factory=list)
+    fp8_output_note: Optional[str] = None
+    source: str = MISSING
+
+
+@dataclass
+class GemmFacts:
+    fp8: bool = MISSING
+    nvfp4: bool = MISSING
+    source: str = MISSING
+
+
+@dataclass
+class VaeOpsFacts:
+    registered: bool = MISSING
+    source: str = MISSING
+    h3plan_speedup: Optional[List[float]] = None
+    """[min, max] end-to-end decode speedup of h3plan's fused path over diffusers eager on this GPU; null: never measured."""
+    h3plan_source: Optional[str] = None
+    graphs_speedup: Optional[List[float]] = None
+    """[min, max] decode speedup over diffusers eager with vae_graphs=on and diffusers' ops; null: never measured."""
+    graphs_fused_speedup: Optional[List[float]] = None
+    """[min, max] decode speedup over diffusers eager with vae_graphs=on and the fused ops; null: never measured."""
+    graphs_source: Optional[str] = None
+
+
+@dataclass
+class AttentionRank:
+    order: List[str] = MISSING
+    """BF16 attention backends, fastest first."""
+    measured: bool = MISSING
+    source: str = MISSING
+    fp8_source: str = MISSING
+    """Why (or on what evidence) cuDNN FP8 is the FP8 attention on this hardware."""
+
+
+AttentionPoint = make_dataclass(  # one TFLOP/s field per attention backend (h3plan.attention), BF16 ones first
+    "AttentionPoint", [("seq_len", int, field(default=MISSING)), ("heads", int, field(default=MISSING))]
+    + [(name, Optional[float], field(default=None)) for name in sorted(BACKENDS, key=lambda n: n not in BF16)],
+    namespace={"__doc__": "Measured attention TFLOP/s (4*S^2*H*D / time) at one per-rank shape; null = not measured.",
+               "__module__": __name__})
+
+
+@dataclass
+class GemmThroughput:
+    bf16: Optional[float] = None
+    fp8: Optional[float] = None
+    nvfp4: Optional[float] = None
+
+
+@dataclass
+class BlockPoint:
+    """One diffusers MiniMaxH3TransformerBlock forward at real width, one GPU (eager; torch.compile)."""
+
+    seq_len: int = MISSING
+    eager_ms: Optional[float] = None
+    eager_attention_ms: Optional[float] = None
+    compile_ms: Optional[float] = None
+    compile_rel_err: Optional[float] = None
+
+
+@dataclass
+class VaeDecodeFacts:
+    """diffusers AutoencoderKLMiniMaxH3.decode, default config, FP16 autocast."""
+
+    latent: List[int] = field(default_factory=list)
+    output: List[int] = field(default_factory=list)
+    seconds_min: Optional[float] = None
+    seconds_max: Optional[float] = None
+    peak_gib: Optional[float] = None
+
+
+@dataclass
+class A2aPoint:
+    """dist.all_to_all_single of one per-rank (S/U, H, D) bf16 tensor at Ulysses degree U (median)."""
+
+    degree: int = MISSING
+    seq_len: int = MISSING
+    tensor_ms: float = MISSING
+    gbps_leaving_rank: float = MISSING
+    """(U-1)/U of the tensor's bytes / tensor_ms: what one rank sends to the others per second."""
+
+
+@dataclass
+class OverlapPoint:
+    """The installed plan's block stack at degree U with ulysses_overlap on against off (off time / on time),
+    one entry per interleaved run."""
+
+    degree: int = MISSING
+    seq_len: int = MISSING
+    speedups: List[float] = MISSING
+
+
+@dataclass
+class ExchangePoint(OverlapPoint):
+    """The installed plan's block stack at degree U with ulysses_exchange=<setting> against packed (packed
+    time / that setting's time), one entry per interleaved run."""
+
+    setting: str = "projection"
+
+
+@dataclass
+class UlyssesMeasured:
+    a2a: List[A2aPoint] = field(default_factory=list)
+    overlap: List[OverlapPoint] = field(default_factory=list)
+    exchange: List[ExchangePoint] = field(default_factory=list)
+    source: str = ""
+
+
+@dataclass
+class CompilePoint:
+    """diffusers' regional compile over the installed plan against the same plan uncompiled (plain time /
+    compiled time), one entry per interleaved run."""
+
+    recipe: str = MISSING
+    seq_len: int = MISSING
+    speedups: List[float] = MISSING
+    source: str = MISSING
+
+
+@dataclass
+class ActQuantPoint:
+    """The installed FP8 block with fp8_act_quant=row against tensor (tensor time / row time), one entry per
+    interleaved A/B run."""
+
+    seq_len: int = MISSING
+    speedups: List[float] = MISSING
+
+
+@dataclass
+class ActQuantMeasured:
+    block: List[ActQuantPoint] = field(default_factory=list)
+    source: str = ""
+
+
+@dataclass
+class VaeFp8Point:
+    latent: List[int] = MISSING
+    speedup: float = MISSING
+    """diffusers eager at the same tile geometry / the FP8 plan's decode."""
+    psnr_db: float = MISSING
+    """The plan's decoded frames against that eager decode."""
+    peak_ratio: float = MISSING
+    source: str = MISSING
+
+
+@dataclass
+class VaePrecisionPoint:
+    precision: str = MISSING
+    """fp16 | bf16: the decode precision (levers/vae_precision.py) measured against the fp32 decode."""
+    latent: List[int] = MISSING
+    psnr_db: float = MISSING
+    """Its decoded frames against the fp32 decode's (peak 2: the VAE's normalized range)."""
+    ssim: float = MISSING
+    speedup: float = MISSING
+    """The fp32 eager decode's time / this precision's eager decode time, in the same run."""
+    source: str = MISSING
+
+
+@dataclass
+class MeasuredFacts:
+    on_hardware: bool = MISSING
+    hbm_copy_tbps: Optional[float] = None
+    gemm_tflops: GemmThroughput = field(default_factory=GemmThroughput)
+    attention: List[AttentionPoint] = field(default_factory=list)
+    block: List[BlockPoint] = field(default_factory=list)
+    vae_decode: VaeDecodeFacts = field(default_factory=VaeDecodeFacts)
+    modulation_eager_x_hbm_floor: List[float] = field(default_factory=list)
+    """Eager RMSNorm + indexed modulation time over the HBM floor (min, max); compiled below."""
+    modulation_compile_x_hbm_floor: Optional[float] = None
+    ulysses: UlyssesMeasured = field(default_factory=UlyssesMeasured)
+    """Multi-GPU measurements by Ulysses degree (empty: estimates from NVLink bandwidth, borrowed rules)."""
+    compile: List[CompilePoint] = field(default_factory=list)
+    """The compile lever's evidence (empty: never measured, auto keeps it off)."""
+    fp8_act_quant: ActQuantMeasured = field(default_factory=ActQuantMeasured)
+    """fp8_act_quant's evidence: row vs tensor on the whole FP8 block (empty: never measured, auto keeps tensor)."""
+    vae_fp8: List[VaeFp8Point] = field(default_factory=list)
+    """The FP8 VAE decode (vae_tiles=fp8_tiles) against diffusers eager at the same tiles (empty: never measured)."""
+    vae_precision: List[VaePrecisionPoint] = field(default_factory=list)
+    """The fp16 / bf16 decodes against the fp32 decode (empty: never measured; the plan says so)."""
+    never_measured: List[str] = field(default_factory=list)
+    source: str = MISSING
+
+
+@dataclass
+class Efficiency:
+    """Assumed fraction of the dense peak reached, for estimates on hardware never measured here."""
+
+    attention: Optional[float] = None
+    gemm: Optional[float] = None
+    source: str = MISSING
+
+
+@dataclass
+class TuningFacts:
+    """Thresholds between measured points (interpolations; each YAML says so)."""
+
+    step_fusions_min_rows_per_rank: int = MISSING
+    static_scales_min_degree: int = MISSING
+    static_scales_min_seq_len: int = MISSING
+    overlap_min_seq_len: int = MISSING
+    fp8_codes_dynamic_min_seq_len: int = MISSING
+    source: str = MISSING
+
+
+@dataclass
+class VerifiedFacts:
+    """Which lever settings h3plan has run on real hardware of this kind."""
+
+    max_ulysses_degree: int = 0
+    settings: Dict[str, List[str]] = field(default_factory=dict)
+    kernels_checked_on: Optional[str] = None
+    """The GPU where the kernels of `kernels_checked` passed their GPU tests against their references (their
+    settings never ran on this hardware: the NVFP4 levers on Blackwell, checked on sm90)."""
+    kernels_checked: Dict[str, List[str]] = field(default_factory=dict)
+    source: str = MISSING
+
+
+@dataclass
+class HardwareConfig:
+    name: str = MISSING
+    arch: str = MISSING
+    compute_capability: str = MISSING
+    products: List[str] = MISSING
+    source: str = MISSING
+    device: DeviceFacts = field(default_factory=DeviceFacts)
+    peak_dense_tflops: PeakFacts = field(default_factory=PeakFacts)
+    fa4: Fa4Facts = field(default_factory=Fa4Facts)
+    cudnn: CudnnFacts = field(default_factory=CudnnFacts)
+    gemm: GemmFacts = field(default_factory=GemmFacts)
+    vae_ops: VaeOpsFacts = field(default_factory=VaeOpsFacts)
+    attention_rank: AttentionRank = field(default_factory=AttentionRank)
+    measured: MeasuredFacts = field(default_factory=MeasuredFacts)
+    efficiency: Efficiency = field(default_factory=Efficiency)
+    tuning: TuningFacts = field(default_factory=TuningFacts)
+    verified: VerifiedFacts = field(default_factory=VerifiedFacts)
