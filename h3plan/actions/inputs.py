@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 import torch
 from h3plan.errors import UsageError
-from h3plan.planning.checkpoint import transformer_folder
+from h3plan.planning.checkpoint import plain, transformer_folder
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
           "fp32": torch.float32, "float32": torch.float32}
@@ -40,22 +40,11 @@ def resolve_dtype(name) -> torch.dtype:
     return DTYPES[str(name)]
 
 
-def _plain(config: Mapping[str, Any]) -> dict:
-    try:
-        from omegaconf import OmegaConf
-
-        if OmegaConf.is_config(config):
-            return OmegaConf.to_container(config, resolve=True)
-    except ImportError:
-        pass
-    return dict(config)
-
-
 def build_model(diffusers_config: Mapping[str, Any], *, blocks: int | None = None, device="cpu",
                 dtype=torch.bfloat16, seed: int = 0):
     from diffusers import MiniMaxH3Transformer3DModel
 
-    cfg = _plain(diffusers_config)
+    cfg = plain(diffusers_config)
     if "patch_size" in cfg:
         cfg["patch_size"] = tuple(cfg["patch_size"])
     if blocks is not None:
@@ -172,7 +161,7 @@ def packed_layout(seq_len: int, *, device="cpu", grid_hw: tuple[int, int] | None
 def packed_inputs(config: Mapping[str, Any], seq_len: int, *, batch: int = 1, seed: int = 0, device="cpu",
                   **layout_kwargs) -> dict:
     """Keyword arguments of MiniMaxH3Transformer3DModel.forward for one packed sequence."""
-    cfg = _plain(config)
+    cfg = plain(config)
     structure = packed_layout(seq_len, device=device, **layout_kwargs)
     n_text, n_audio, n_video = (len(structure[k]) for k in ("text_indices", "audio_indices", "video_indices"))
     p = cfg.get("patch_size", (1, 2, 2))

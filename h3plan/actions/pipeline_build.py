@@ -73,17 +73,6 @@ class Request:
         return f"{self.height}x{self.width}x{self.num_frames}"
 
 
-def _plain(config) -> dict:
-    try:
-        from omegaconf import OmegaConf
-
-        if OmegaConf.is_config(config):
-            return OmegaConf.to_container(config, resolve=True)
-    except ImportError:
-        pass
-    return dict(config)
-
-
 def _tuples(cfg: Mapping[str, Any]) -> dict:
     return {k: tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v
             for k, v in cfg.items()}
@@ -113,7 +102,9 @@ def build_vae(vae_config: Mapping[str, Any], *, device="cpu", dtype=None, seed: 
     import torch
     from diffusers import AutoencoderKLMiniMaxH3
 
-    cfg = _tuples(_plain(vae_config))
+    from h3plan.planning.checkpoint import plain
+
+    cfg = _tuples(plain(vae_config))
     c = int(cfg.get("latent_channels", 24))
     cfg.setdefault("latents_mean", (0.0,) * c)  # diffusers' defaults (0, 1) at this VAE's latent width
     cfg.setdefault("latents_std", (1.0,) * c)

@@ -39,6 +39,18 @@ class Components:
     device: str | None = None
 
 
+def plain(config: Mapping[str, Any]) -> dict:
+    """A diffusers_config as a plain dict: an OmegaConf node resolved, any other mapping copied."""
+    try:
+        from omegaconf import OmegaConf
+
+        if OmegaConf.is_config(config):
+            return OmegaConf.to_container(config, resolve=True)
+    except ImportError:
+        pass
+    return dict(config)
+
+
 def schema_keys(section: str) -> tuple[str, ...]:
     node = {"model": schema.TransformerKwargs, "vae": schema.VaeKwargs}[section]
     return tuple(f.name for f in dataclasses.fields(node))
