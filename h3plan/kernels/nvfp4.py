@@ -375,12 +375,13 @@ def bf16x2_modulate(lo, hi, sc, sh):
 # than threads: the one-row layout's 256-column tail at 4 warps ran 8 copies). The H200 probe
 # (benchmarks/probes/nvfp4_producers.py) times every SWEEP candidate, checks each bit-exact, and prints the
 # winners as this table's line.
-# PROVISIONAL, NOT MEASURED: chosen offline from the sm90 SASS (benchmarks/probes/nvfp4_compile.py --sweep:
-# fewest thread-instructions per element in the static quantize kernel at <= 56 registers, no spills; the
-# one-row layout it replaces: modulation 44.8 at 4 warps, cast 18.9 at 2) until the probe's winners replace them.
+# Measured: the H200 probe of 2026-12-01 (benchmarks/results/probes/nvfp4-producers-h200.{json,log}), at 19,000 rows:
+# the layout with the least static + dynamic time per kind, every candidate bit-exact. Static / dynamic ms and
+# fraction of copy: modulation 0.296 / 0.581 (0.21 / 0.11), fold 0.546 / 0.636 (0.29 / 0.25), SwiGLU 0.593 / 1.085
+# (0.49 / 0.27), cast 0.211 / 0.234 (0.39 / 0.35).
 TUNED: dict[tuple[str, int], tuple[int, int, int]] = {
-    ("modulation", 5376): (8, 4, 256), ("fold", 5376): (8, 4, 256), ("swiglu", 14336): (4, 4, 512),
-    ("cast", 7168): (8, 4, 256)}
+    ("modulation", 5376): (4, 2, 256), ("fold", 5376): (4, 4, 1024), ("swiglu", 14336): (2, 4, 1024),
+    ("cast", 7168): (4, 4, 1024)}
 # The probe's candidates per kind (the interpreter tests check every one bit-exact at small shapes): each tile at
 # least one block a thread (ROWS * CH / 16 >= 32 * warps). (1, w, 0): the one-row layout (chunk 0: the largest power
 # of two in the row, as before), for comparison.
