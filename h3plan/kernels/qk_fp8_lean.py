@@ -77,26 +77,11 @@ def _lean_kernel(
 ):
     """AMAX: partial maxima of |q|, |k|, |v| over rows s < valid_len -> part_ptr[program, 3] (int32 bits);
     else: codes with the scales at scale_ptr (DYNAMIC) or sc_q/sc_k/sc_v, descales by program 0.
-    Index arithmetic and the norm + RoPE are kernels/qk_norm_rope.py's `_qk_norm_rope_kernel`."""
+    The tile's indices and the norm + RoPE are kernels/qk_norm_rope.py's (`_tile`, `_norm_rope`)."""
     HALF: tl.constexpr = R // 2
     pid_t = tl.program_id(0).to(tl.int64)
     pid_h = tl.program_id(1).to(tl.int64)
-    tok = pid_t * BT + tl.arange(0, BT).to(tl.int64)  # token = b * S + s
-    h = pid_h * BH + tl.arange(0, BH).to(tl.int64)
-    b = tok // S
-    s = tok - b * S
-    u = h // Hl  # destination rank
-    hl = h - u * Hl
-    c = tl.arange(0, D_PAD)[None, None, :]
-    b3 = b[:, None, None]
-    s3 = s[:, None, None]
-    h3 = h[None, :, None]
-    tok_ok = (tok < T)[:, None, None]
-    mrow = tok_ok & (h < H)[None, :, None]
-    m = mrow & (c < D)
-    mp = mrow & (c < R)
-    pc = tl.where(c < HALF, c + HALF, c - HALF)
-    oo = u[None, :, None] * sou + b3 * sob + s3 * sos + hl[None, :, None] * D + c
+    c, b3, s3, h3, tok_ok, m, mp, pc, oo = _qk._tile(pid_t, pid_h, T, S, H, Hl, sou, sob, sos, D, D_PAD, R, BT, BH)
 
     cm = tok_ok & (c < R)
     cb = round_hw(tl.load(cos_ptr + b3 * scb + s3 * scs + c, mask=cm, other=0.0), IS_BF16, HW)

@@ -145,6 +145,32 @@ def _scale(amax_ptr, IDX: tl.constexpr, static_sc, DYNAMIC: tl.constexpr):
 
 
 @triton.jit
+def _tile(pid_t, pid_h, T, S, H, Hl, sou, sob, sos, D: tl.constexpr, D_PAD: tl.constexpr, R: tl.constexpr,
+          BT: tl.constexpr, BH: tl.constexpr):
+    """One program's (BT tokens, BH heads, D_PAD channels) tile: channel index c, batch / position / head indices
+    b3 s3 h3, the token and element masks (m: c < D, mp: c < R), RoPE's partner channel pc, and the output offsets
+    oo (head h to rank h // Hl, slot h % Hl). Both q/k kernels index with it (_qk_norm_rope_kernel, qk_fp8_lean)."""
+    HALF: tl.constexpr = R // 2
+    tok = pid_t * BT + tl.arange(0, BT).to(tl.int64)  # token = b * S + s
+    h = pid_h * BH + tl.arange(0, BH).to(tl.int64)
+    b = tok // S
+    s = tok - b * S
+    u = h // Hl  # destination rank
+    hl = h - u * Hl
+    c = tl.arange(0, D_PAD)[None, None, :]
+    b3 = b[:, None, None]
+    s3 = s[:, None, None]
+    h3 = h[None, :, None]
+    tok_ok = (tok < T)[:, None, None]
+    mrow = tok_ok & (h < H)[None, :, None]
+    m = mrow & (c < D)
+    mp = mrow & (c < R)
+    pc = tl.where(c < HALF, c + HALF, c - HALF)
+    oo = u[None, :, None] * sou + b3 * sob + s3 * sos + hl[None, :, None] * D + c
+    return c, b3, s3, h3, tok_ok, m, mp, pc, oo
+
+
+@triton.jit
 def _qk_norm_rope_kernel(
     q_ptr, k_ptr, v_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr,
     oq_ptr, ok_ptr, ov_ptr, amax_ptr, descale_ptr,
@@ -162,23 +188,8 @@ def _qk_norm_rope_kernel(
     HALF: tl.constexpr = R // 2
     pid_t = tl.program_id(0).to(tl.int64)
     pid_h = tl.program_id(1).to(tl.int64)
-    tok = pid_t * BT + tl.arange(0, BT).to(tl.int64)  # token = b * S + s
-    h = pid_h * BH + tl.arange(0, BH).to(tl.int64)
-    b = tok // S
-    s = tok - b * S
-    u = h // Hl  # destination rank
-    hl = h - u * Hl
-    c = tl.arange(0, D_PAD)[None, None, :]
-    b3 = b[:, None, None]
-    s3 = s[:, None, None]
-    h3 = h[None, :, None]
-    tok_ok = (tok < T)[:, None, None]
-    mrow = tok_ok & (h < H)[None, :, None]
-    m = mrow & (c < D)
-    mp = mrow & (c < R)
-    pc = tl.where(c < HALF, c + HALF, c - HALF)
+    c, b3, s3, h3, tok_ok, m, mp, pc, oo = _tile(pid_t, pid_h, T, S, H, Hl, sou, sob, sos, D, D_PAD, R, BT, BH)
     valid = m & (s3 < valid_len)
-    oo = u[None, :, None] * sou + b3 * sob + s3 * sos + hl[None, :, None] * D + c
 
     cm = tok_ok & (c < R)
     cb = round_st(tl.load(cos_ptr + b3 * scb + s3 * scs + c, mask=cm, other=0.0), IS_BF16, IS_F32, HW)
