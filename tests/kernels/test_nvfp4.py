@@ -210,7 +210,7 @@ def test_e2m1_code_jit_matches_the_reference_everywhere():
     assert torch.equal(out, want), v[out != want]
 
 
-@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("static", [False, pytest.param(True, marks=pytest.mark.slow)])  # static: 130 rows, ~20 s interpreted
 def test_cast_odd_width_rows_and_word_fallback(static):
     """A width that ends inside a 64-column group (208: one 256-column chunk, its last 48 columns masked), 130 rows
     (two row tiles, the second nearly empty), tiny, zero, -0 and saturating blocks (static g: scales clamp at 448),

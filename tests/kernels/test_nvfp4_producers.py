@@ -107,6 +107,7 @@ def test_opcheck_ops():
     torch.library.opcheck(torch.ops.h3plan.swiglu_nvfp4.default, (torch.randn(2, 64).bfloat16(), None))
 
 
+@pytest.mark.slow  # three producers on the element-pair path, ~10 s interpreted
 def test_element_pair_fallback_and_masked_tail():
     """Tables whose rows start at odd elements (no int32 view: every tensor read as elements, KIND 2) and a width
     ending in a masked 64-column group (80 = 64 + 16), for the modulation, the fold and SwiGLU."""
