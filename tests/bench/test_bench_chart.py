@@ -45,6 +45,7 @@ def test_chart_with_no_successful_record_is_skipped(tmp_path):
     assert not (tmp_path / "x.png").exists()
 
 
+@pytest.mark.slow  # a subprocess with matplotlib (~7 s)
 def test_plot_cli_redraws_png_and_markdown_from_the_json(tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib draws the PNG (pip install 'h3plan[bench]')")
     doc = bench.new_doc()

@@ -39,6 +39,7 @@ def _bench_twice(out_dir, *runs):
                           capture_output=True, text=True, timeout=240)
 
 
+@pytest.mark.slow  # a subprocess importing torch (~5 s)
 def test_module_entry_point_refuses_ulysses(tmp_path):
     """`python -m h3plan action=bench` reaches the action, which refuses U > 1 in one line (before importing torch)."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))

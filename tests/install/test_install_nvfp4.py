@@ -28,6 +28,7 @@ def linear(K=96, N=64, bias=True, seed=0):
     return torch.nn.Linear(K, N, bias=bias).to(torch.bfloat16)
 
 
+@pytest.mark.slow  # a 4 x 1024 x 512 NVFP4 GEMM emulated in the interpreter (~5 s)
 def test_emulation_is_the_dequantised_product():
     lin = linear()
     nl = q4.NVFP4Linear.from_linear(lin)

@@ -29,8 +29,9 @@ def modulation_inputs(B, S, D, seed):
     return x, w, scale, shift, index
 
 
-@pytest.mark.parametrize("B,S,D,static", [(2, 3, 96, False), (1, 3, 96, True), (1, 2, 1040, False),
-                                          (1, 2, 5376, True)])
+# the slow cases repeat what the fast ones and the planned sweep layouts check, at more interpreter time
+@pytest.mark.parametrize("B,S,D,static", [pytest.param(2, 3, 96, False, marks=pytest.mark.slow), (1, 3, 96, True),
+                                          (1, 2, 1040, False), pytest.param(1, 2, 5376, True, marks=pytest.mark.slow)])
 def test_modulation_exact(B, S, D, static):
     x, w, scale, shift, index = modulation_inputs(B, S, D, seed=D)
     g = torch.tensor([0.004]) if static else None
@@ -47,7 +48,8 @@ def test_modulation_fp32_mode():
     assert_same(got, n4.cast_nvfp4_ref(mm._launch(x, w, scale, shift, index, EPS, "fp32")))
 
 
-@pytest.mark.parametrize("D,static", [(96, False), (96, True), (1040, False)])
+@pytest.mark.parametrize("D,static", [pytest.param(96, False, marks=pytest.mark.slow), (96, True),
+                                      pytest.param(1040, False, marks=pytest.mark.slow)])
 def test_residual_fold(D, static):
     B, S = 2, 3
     x, w, scale, shift, index = modulation_inputs(B, S, D, seed=D + 3)
@@ -62,7 +64,7 @@ def test_residual_fold(D, static):
 
 
 @pytest.mark.parametrize("shape,static", [((2, 3, 64), False), ((2, 3, 64), True), ((3, 2080), False),
-                                          ((1, 2 * 14336), False)])
+                                          pytest.param((1, 2 * 14336), False, marks=pytest.mark.slow)])
 def test_swiglu(shape, static):
     gen = torch.Generator().manual_seed(shape[-1])
     x = (torch.randn(shape, generator=gen) * 3).bfloat16()

@@ -59,6 +59,7 @@ def test_custom_tiles(plan):
 HW, RECIPES, PARALLEL = ("sm90", "sm100", "sm103", "sm107"), ("bf16", "fp8", "nvfp4"), ("u1", "u2", "u4", "u8")
 
 
+@pytest.mark.slow  # every hardware x recipe x degree plan (~4 s)
 def test_lossless_policy_and_hardware_verified_over_every_combination(preset):
     """Every valid combination: bf16 plans are lossless; nothing on SM100/103/107 claims a hardware run."""
     invalid = []
