@@ -20,6 +20,7 @@ def test_every_named_source_has_its_section():
         cite("no-such-source")
 
 
+@pytest.mark.slow  # plans every hardware x recipe x degree preset first (~12 s)
 def test_no_reason_speaks_in_shorthand(preset_plans):
     bad = set()
     for plan in preset_plans.values():

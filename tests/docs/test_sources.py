@@ -37,6 +37,7 @@ def texts(preset_plans):
     return set(_cited_texts(preset_plans.values()))
 
 
+@pytest.mark.slow  # the texts of every preset's plan (~10 s to plan them)
 def test_every_cited_path_opens(texts):
     missing = set()
     for t in texts:
@@ -49,6 +50,7 @@ def test_every_cited_path_opens(texts):
     assert not missing, sorted(missing)
 
 
+@pytest.mark.slow
 def test_nothing_cites_files_outside_the_repository(texts):
     outside = {t for t in texts if re.search(r"DESIGN\.md|\.txt\b|(?<![\w/])anchors/", t)}
     assert not outside, sorted(outside)[:5]
