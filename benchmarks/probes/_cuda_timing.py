@@ -4,8 +4,11 @@ import statistics
 import torch
 
 
-def median_ms(fn, warmup=2, iters=8, before=None):
-    """`before` (untimed) runs ahead of every timed call: what the call should follow, e.g. a GEMM burst."""
+def median_ms(fn, warmup=2, iters=8, before=None, lead_us=0):
+    """`before` (untimed) runs ahead of every timed call: what the call should follow, e.g. a GEMM burst.
+    lead_us: a GPU spin of about that long (torch.cuda._sleep) after `before`, so the host has queued the call's
+    launches before the start event runs, as in a model's forward where the GPU runs behind the host: the time is
+    then the GPU's, not the host's Python and launch overhead (which a call of a ~0.1 ms op otherwise includes)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -13,6 +16,8 @@ def median_ms(fn, warmup=2, iters=8, before=None):
     for _ in range(iters):
         if before is not None:
             before()
+        if lead_us:
+            torch.cuda._sleep(int(lead_us * 2000))  # cycles at about 2 GHz
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         fn()
