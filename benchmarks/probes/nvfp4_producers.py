@@ -17,8 +17,9 @@ bytes one pass must move (inputs read once, codes + scales written; the fold als
 (results/probes/nvfp4-producers-h200.json and nvfp4-session10/probe-*.json) were timed with a flushing write and
 no spin: their ~0.1-0.5 ms calls hold the host's dispatch and the write-back of the flush's dirty L2 lines, and
 the same kernels differed by 1.6x between runs (nvfp4-session10/README.md; Nsight Compute's kernel times there).
-The read and the spin came after the last device call and have not run. Dynamic mode reads its inputs twice, so its fraction is bounded by one pass's bytes over
-two passes' (about 0.56 for the cast and modulation, 0.53 for SwiGLU, 0.77 for the fold).
+The read and the spin came after the last device call and have not run. Dynamic mode reads its inputs twice, so
+its fraction is bounded by one pass's bytes over two passes' (about 0.56 for the cast and modulation, 0.53 for
+SwiGLU, 0.77 for the fold).
 
 The best bit-exact candidate is the record's `ms` (`best`: its name); `ms_by_config` and
 `bytes_differing_by_config` hold all of them. The last lines print the kernels/nvfp4.py TUNED table the results
@@ -169,7 +170,8 @@ def main(argv=None) -> int:
     p.add_argument("--ops", nargs="*", default=[o[0] for o in OPS])
     p.add_argument("--jobs", type=int, default=12, help="parallel compile workers (0: compile in the timed process)")
     p.add_argument("--once", action="store_true",
-                   help="each op once in each mode at its planned layout, nothing timed (run under a profiler: ncu)")
+                   help="each op once in each mode at its planned layout (or the first of --configs for its kind), "
+                   "nothing timed: run under a profiler (ncu)")
     args = p.parse_args(argv)
     cand = {kind: candidates(kind, width) for _name, kind, width, _i, _e in OPS}
     for spec in args.configs:
