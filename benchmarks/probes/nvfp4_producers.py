@@ -180,6 +180,7 @@ def main(argv=None) -> int:
         for c in cand[k]:
             parse(c)  # refuses a malformed name before any GPU work
     if args.once:  # at the planned layout, or the first of --configs for the kind
+        print(f"[probe] kernels from {n4.__file__}", flush=True)
         fns = calls(inputs(args.rows))
         with torch.no_grad():
             for name, kind, width, _i, _e in [o for o in OPS if o[0] in args.ops]:
