@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 
-ROWS = 19000
-# producer, elements, bytes one pass must move per element (nvfp4_producers.py OPS: inputs, extra outputs, codes)
-PRODUCERS = [("modulation", ROWS * 5376, 2 + 0.5625), ("fold", ROWS * 5376, 4 + 2 + 0.5625),
-             ("swiglu", ROWS * 14336, 4 + 0.5625), ("cast", ROWS * 7168, 2 + 0.5625)]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from nvfp4_producers import OPS, OUT_BYTES  # noqa: E402  (the probe's widths and bytes, in its launch order)
+
+ROWS = 19000  # the probe's default rows, those the reports ran at
+# producer (launch kind), elements, bytes one pass must move per element (inputs, extra outputs, codes + scales)
+PRODUCERS = [(kind, ROWS * width, inb + extra + OUT_BYTES) for _name, kind, width, inb, extra in OPS]
 PASSES = ("static", "amax", "quantize")
 METRICS = {"Duration": "us", "DRAM Throughput": "dram_pct", "L1/TEX Cache Throughput": "l1_pct",
            "L2 Cache Throughput": "l2_pct", "Compute (SM) Throughput": "sm_pct",
