@@ -28,11 +28,13 @@ chain), the e4m3 scale by the hardware conversion on the GPU and `round_to_e4m3`
 bits), so both give the bits of `quantize_ref`; products are single multiplies (no FMA question; the one fma of
 `e2m1_code` has an exact product). One program owns ROWS rows (`program_rows`; lanes past the last row repeat it)
 and walks them in chunks (`row_plan`: a loop of CH-column chunks, then up to three power-of-two tails of whole
-64-column groups, the last masked), each held as (ROWS, W/64, 4, 4) tiles of even and odd elements read from int32
-words (`load_pairs`): each thread owns whole blocks, so the block amax, the divisions and the nibble packing need
-no layout change. The launch layout (rows, warps, chunk) per kernel and width is `launch_config` (TUNED, from the
-H200 probe). With a given global scale the cast is one pass; without, a row-amax pass, g on the device (no host
-sync), then the cast pass. Refused inputs (`cast_nvfp4_check`) go to
+64-column groups, the last masked), each held as (ROWS, W/16, 2, 4) tiles of even and odd elements read from int32
+words (`load_pairs`): a thread holds 16 contiguous bytes of input, its neighbour the next 16, so loads and code
+stores are whole sectors; a block's two threads reduce its amax with one shuffle and both compute its scale, and
+the scale bytes are stored from the reduction's layout (`store_bytes`), so no chunk goes through shared memory.
+The full-chunk loop loads chunk i + 1 before it computes chunk i. The launch layout (rows, warps, chunk) per kernel
+and width is `launch_config` (TUNED, from the H200 probe). With a given global scale the cast is one pass; without,
+a row-amax pass, g on the device (no host sync), then the cast pass. Refused inputs (`cast_nvfp4_check`) go to
 `cast_nvfp4_ref`.
 """
 
@@ -140,26 +142,28 @@ def cast_nvfp4_ref(x: torch.Tensor, global_scale: torch.Tensor | None = None):
 
 
 # ---------------------------------------------------------------------------------------------- jit pieces
-# A chunk of W columns (W a power of two >= 64) of ROWS rows is held as four fp32 tiles of shape
-# (ROWS, W // 64, 4, 4) (`word_offsets` gives the column part; the row bases broadcast over it): group q of
-# four blocks (one 4-byte word of swizzled scales), block c, word j of the block's first (half 0) or second
-# (half 1) eight 4-byte words, each word two 16-bit elements (even: `lo`, odd: `hi`). Triton gives each thread
-# the four words of a (q, c) in both halves, so a thread owns whole blocks: the block amax is a register
-# reduction, the per-block divisions run once per block, the code pairs pack without a layout change, and every
-# thread stores 4 contiguous code bytes per half.
+# A chunk of W columns (W a power of two >= 64) of ROWS rows is held as two fp32 tiles of shape (ROWS, W // 16, 2, 4)
+# (`word_offsets` gives the column part; the row bases broadcast over it): block b, half h (its first or last eight
+# elements), word j of the half, each word two 16-bit elements (even: `lo`, odd: `hi`). The words of a chunk are
+# contiguous in that order, and Triton gives each thread the four words of one (b, h): 16 bytes, the neighbouring
+# thread the next 16, so every warp load and code store is whole 32-byte sectors (the H200 profile of the previous
+# layout, a thread a whole block, showed L2 throughput near its peak at 42% of DRAM's: each sector requested twice).
+# A block is two neighbouring threads: its amax is a register reduction and one shuffle, its scale and divisions
+# are computed by both (the same bits), each thread packs its eight codes into one 32-bit store, and the scale
+# bytes are stored from the reduction's own layout (`store_bytes`).
 @triton.jit
 def word_offsets(W: tl.constexpr):
-    """Word offsets (W // 64, 4, 4) of half 0 of a W-wide chunk (half 1: + 4)."""
-    q = tl.arange(0, W // 64)[:, None, None]
-    c = tl.arange(0, 4)[None, :, None]
-    return (q * 4 + c) * 8 + tl.arange(0, 4)[None, None, :]
+    """Word offsets (W // 16, 2, 4) of a W-wide chunk: block b, half h, word j (b * 8 + h * 4 + j)."""
+    blk = tl.arange(0, W // 16)[:, None, None]
+    half = tl.arange(0, 2)[None, :, None]
+    return blk * 8 + half * 4 + tl.arange(0, 4)[None, None, :]
 
 
 @triton.jit
-def load_words(ptr, base, C0, HALF: tl.constexpr, W: tl.constexpr, N: tl.constexpr, MASK: tl.constexpr):
-    """The int32 words (two 16-bit elements each) of half HALF of columns C0..C0+W (0 past N) of the row starting at
-    word `base` of an int32 view."""
-    w = C0 // 2 + HALF * 4 + word_offsets(W)
+def load_words(ptr, base, C0, W: tl.constexpr, N: tl.constexpr, MASK: tl.constexpr):
+    """The int32 words (two 16-bit elements each) of columns C0..C0+W (0 past N) of the row starting at word `base`
+    of an int32 view."""
+    w = C0 // 2 + word_offsets(W)
     if not MASK:
         return tl.load(ptr + base + w)
     else:
@@ -173,12 +177,12 @@ def bf16x2_unpack(u):
 
 
 @triton.jit
-def load_pairs(ptr, base, C0, HALF: tl.constexpr, W: tl.constexpr, N: tl.constexpr, MASK: tl.constexpr,
-               KIND: tl.constexpr, HW: tl.constexpr):
-    """(even, odd) fp32 elements of half HALF of columns C0..C0+W (0 past N) of the row starting at `base`.
-    KIND 0/1: ptr is an int32 view of bf16/fp16 data, base counts words (exact widening through the bits); 2: ptr is
-    the 16-bit data itself, base counts elements (each element loaded on its own). `row_base` gives base."""
-    w = C0 // 2 + HALF * 4 + word_offsets(W)
+def load_pairs(ptr, base, C0, W: tl.constexpr, N: tl.constexpr, MASK: tl.constexpr, KIND: tl.constexpr,
+               HW: tl.constexpr):
+    """(even, odd) fp32 elements of columns C0..C0+W (0 past N) of the row starting at `base`. KIND 0/1: ptr is an
+    int32 view of bf16/fp16 data, base counts words (exact widening through the bits); 2: ptr is the 16-bit data
+    itself, base counts elements (each element loaded on its own). `row_base` gives base."""
+    w = C0 // 2 + word_offsets(W)
     if KIND == 2:
         e = ptr + base + 2 * w
         if not MASK:
@@ -187,12 +191,17 @@ def load_pairs(ptr, base, C0, HALF: tl.constexpr, W: tl.constexpr, N: tl.constex
             m = w < N // 2
             return to_f32(tl.load(e, mask=m, other=0.0), HW), to_f32(tl.load(e + 1, mask=m, other=0.0), HW)
     else:
-        u = load_words(ptr, base, C0, HALF, W, N, MASK)
-        if KIND == 0:
-            return bf16x2_unpack(u)
-        else:
-            lo = (u & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-            return lo, (u >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        return unpack_words(load_words(ptr, base, C0, W, N, MASK), KIND)
+
+
+@triton.jit
+def unpack_words(u, KIND: tl.constexpr):
+    """(even, odd) fp32 values of int32 words holding two bf16 (KIND 0) or fp16 (KIND 1) elements (exact)."""
+    if KIND == 0:
+        return bf16x2_unpack(u)
+    else:
+        lo = (u & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        return lo, (u >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
 
 
 @triton.jit
@@ -230,33 +239,26 @@ def e4m3_normal_byte(s):
 
 
 @triton.jit
-def abs_max(lo0, hi0, lo1, hi1):
-    """[ROWS] max |.| of each row of a chunk's four tiles as fp32 (NaN bits lie above +inf's, so a NaN wins as in
+def abs_max(lo, hi):
+    """[ROWS] max |.| of each row of a chunk's two tiles as fp32 (NaN bits lie above +inf's, so a NaN wins as in
     torch's amax)."""
-    m = tl.maximum(lo0.to(tl.int32, bitcast=True) & 0x7FFFFFFF, hi0.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
-    m = tl.maximum(m, lo1.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
-    m = tl.maximum(m, hi1.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
+    m = tl.maximum(lo.to(tl.int32, bitcast=True) & 0x7FFFFFFF, hi.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
     return tl.max(tl.max(tl.max(m, axis=3), axis=2), axis=1).to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def _store_half(packed_ptr, lo, hi, r, rows, C0, HALF: tl.constexpr, W: tl.constexpr, N: tl.constexpr,
-                MASK: tl.constexpr):
-    """The code bytes of one half: e2m1(lo * r) | e2m1(hi * r) << 4 (element 2i in the low nibble)."""
-    byte = (e2m1_code(lo * r[:, :, :, None]) | (e2m1_code(hi * r[:, :, :, None]) << 4)).to(tl.uint8)
-    w = C0 // 2 + HALF * 4 + word_offsets(W)
-    p = packed_ptr + rows[:, None, None, None] * (N // 2) + w
-    if not MASK:
-        tl.store(p, byte)
-    else:
-        tl.store(p, byte, mask=w < N // 2)
+def store_bytes(ptr, b):
+    """st.global.b8 of each byte b at ptr, in b's own layout: a tl.store of the swizzled scales gets a layout of
+    Triton's choosing, converted through shared memory behind two barriers a chunk (GPU only)."""
+    tl.inline_asm_elementwise("st.global.b8 [$1], $2;", "=r,l,r", [ptr, b.to(tl.int32)], dtype=tl.int32,
+                              is_pure=False, pack=1)
 
 
 @triton.jit
-def quantize_store(lo0, hi0, lo1, hi1, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, C0,
-                   W: tl.constexpr, N: tl.constexpr, MASK: tl.constexpr, HW: tl.constexpr):
-    """Codes and swizzled block scales of a chunk's four tiles (columns C0..C0+W of `rows`, 0 past N; C0 % 64 == 0)."""
-    bmax = tl.max(tl.maximum(tl.maximum(tl.abs(lo0), tl.abs(hi0)), tl.maximum(tl.abs(lo1), tl.abs(hi1))), axis=3)
+def quantize_store(lo, hi, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, C0, W: tl.constexpr, N: tl.constexpr,
+                   MASK: tl.constexpr, HW: tl.constexpr):
+    """Codes and swizzled block scales of a chunk's two tiles (columns C0..C0+W of `rows`, 0 past N; C0 % 64 == 0)."""
+    bmax = tl.max(tl.max(tl.maximum(tl.abs(lo), tl.abs(hi)), axis=3), axis=2)  # (ROWS, W // 16)
     s = tl.math.div_rn(tl.math.div_rn(bmax, 6.0), g)
     s = tl.clamp(s, 0.015625, 448.0, propagate_nan=tl.PropagateNan.ALL)
     if HW:  # cvt.rn.satfinite.e4m3x2.f32: round to nearest even, NaN -> 0x7F (kernels/fp8.py e4m3_ready)
@@ -266,27 +268,34 @@ def quantize_store(lo0, hi0, lo1, hi1, g, inv_g, packed_ptr, sf_ptr, rows, n_col
     else:
         s = round_to_e4m3(s)
         sbyte = e4m3_normal_byte(s)
-    r = tl.math.div_rn(inv_g, s)
-    _store_half(packed_ptr, lo0, hi0, r, rows, C0, 0, W, N, MASK)
-    _store_half(packed_ptr, lo1, hi1, r, rows, C0, 1, W, N, MASK)
-    col = (C0 // 16 + tl.arange(0, W // 64)[:, None] * 4 + tl.arange(0, 4)[None, :])[None, :, :]
-    row = rows[:, None, None]
-    off = ((row // 128) * n_col_tiles + col // 4) * 512 + (row % 32) * 16 + ((row // 32) % 4) * 4 + col % 4
+    r = tl.math.div_rn(inv_g, s)[:, :, None, None]
+    byte = (e2m1_code(lo * r) | (e2m1_code(hi * r) << 4)).to(tl.uint8)  # element 2i in the low nibble
+    w = C0 // 2 + word_offsets(W)
+    p = packed_ptr + rows[:, None, None, None] * (N // 2) + w
     if not MASK:
-        tl.store(sf_ptr + off, sbyte)
+        tl.store(p, byte)
     else:
+        tl.store(p, byte, mask=w < N // 2)
+    col = C0 // 16 + tl.arange(0, W // 16)[None, :]
+    row = rows[:, None]
+    off = ((row // 128) * n_col_tiles + col // 4) * 512 + (row % 32) * 16 + ((row // 32) % 4) * 4 + col % 4
+    if MASK:
         tl.store(sf_ptr + off, sbyte, mask=col < N // 16)
+    elif HW:
+        store_bytes(sf_ptr + off, sbyte)
+    else:
+        tl.store(sf_ptr + off, sbyte)
 
 
 @triton.jit
-def finish_chunk(lo0, hi0, lo1, hi1, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, C0,
-                 W: tl.constexpr, N: tl.constexpr, MASK: tl.constexpr, AMAX_ONLY: tl.constexpr, HW: tl.constexpr):
+def finish_chunk(lo, hi, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, C0, W: tl.constexpr, N: tl.constexpr,
+                 MASK: tl.constexpr, AMAX_ONLY: tl.constexpr, HW: tl.constexpr):
     """AMAX_ONLY: the running row amaxes a ([ROWS]), updated with the chunk's; else the chunk quantized and stored
     (a as it is)."""
     if AMAX_ONLY:
-        a = tl.maximum(a, abs_max(lo0, hi0, lo1, hi1))
+        a = tl.maximum(a, abs_max(lo, hi))
     else:
-        quantize_store(lo0, hi0, lo1, hi1, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, C0, W, N, MASK, HW)
+        quantize_store(lo, hi, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, C0, W, N, MASK, HW)
     return a
 
 
@@ -307,32 +316,47 @@ def load_global(g_ptr):
 @triton.jit
 def _cast_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, C0, W: tl.constexpr,
                 N: tl.constexpr, MASK: tl.constexpr, KIND: tl.constexpr, AMAX_ONLY: tl.constexpr, HW: tl.constexpr):
-    lo0, hi0 = load_pairs(x_ptr, base, C0, 0, W, N, MASK, KIND, HW)
-    lo1, hi1 = load_pairs(x_ptr, base, C0, 1, W, N, MASK, KIND, HW)
-    return finish_chunk(lo0, hi0, lo1, hi1, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, C0, W, N, MASK,
-                        AMAX_ONLY, HW)
+    lo, hi = load_pairs(x_ptr, base, C0, W, N, MASK, KIND, HW)
+    return finish_chunk(lo, hi, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, C0, W, N, MASK, AMAX_ONLY, HW)
+
+
+@triton.jit
+def next_chunk(i, NFULL: tl.constexpr, CH: tl.constexpr):
+    """First column of the chunk after chunk i of the full-chunk loop (the last chunk again on its last trip: an
+    L1 hit, where a scalar-masked load would cost a predicate per word)."""
+    return tl.minimum(i + 1, NFULL - 1) * CH
 
 
 @triton.jit
 def _cast_kernel(x_ptr, packed_ptr, sf_ptr, amax_ptr, g_ptr, M, n_col_tiles, N: tl.constexpr, ROWS: tl.constexpr,
                  CH: tl.constexpr, NFULL: tl.constexpr, T0: tl.constexpr, T1: tl.constexpr, T2: tl.constexpr,
                  KIND: tl.constexpr, AMAX_ONLY: tl.constexpr, HW: tl.constexpr):
-    """ROWS rows a program, each in NFULL chunks of CH columns, then tail chunks T0, T1, T2 (`row_plan`)."""
+    """ROWS rows a program, each in NFULL chunks of CH columns, then tail chunks T0, T1, T2 (`row_plan`). Words
+    (KIND 0/1): the loop loads chunk i + 1 before it quantizes chunk i, so a warp's loads are in flight while it
+    computes (program order: the compiler may not move a load above the previous chunk's stores, which could
+    alias it)."""
     rows = program_rows(M, ROWS)
     base = row_base(rows[:, None, None, None], N, KIND)
     g, inv_g = load_global(g_ptr)
     a = tl.zeros((ROWS,), tl.float32)
-    for i in range(NFULL):  # a loop, not unrolled: compile time and code size
-        a = _cast_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, i * CH, CH, N, False, KIND,
-                        AMAX_ONLY, HW)
+    if KIND != 2 and NFULL > 0:
+        u = load_words(x_ptr, base, 0, CH, N, False)
+        for i in range(NFULL):  # a loop, not unrolled: compile time and code size
+            nxt = load_words(x_ptr, base, next_chunk(i, NFULL, CH), CH, N, False)
+            lo, hi = unpack_words(u, KIND)
+            a = finish_chunk(lo, hi, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, i * CH, CH, N, False,
+                             AMAX_ONLY, HW)
+            u = nxt
+    else:
+        for i in range(NFULL):
+            a = _cast_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, i * CH, CH, N, False,
+                            KIND, AMAX_ONLY, HW)
     if T0 > 0:
         a = _cast_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, NFULL * CH, T0, N,
-                        NFULL * CH + T0 > N, KIND,
-                        AMAX_ONLY, HW)
+                        NFULL * CH + T0 > N, KIND, AMAX_ONLY, HW)
     if T1 > 0:
         a = _cast_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, NFULL * CH + T0, T1, N,
-                        NFULL * CH + T0 + T1 > N, KIND,
-                        AMAX_ONLY, HW)
+                        NFULL * CH + T0 + T1 > N, KIND, AMAX_ONLY, HW)
     if T2 > 0:
         a = _cast_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, NFULL * CH + T0 + T1, T2, N,
                         NFULL * CH + T0 + T1 + T2 > N, KIND, AMAX_ONLY, HW)
@@ -369,24 +393,24 @@ def bf16x2_modulate(lo, hi, sc, sh):
 
 # ---------------------------------------------------------------------------------------------- launch helpers
 # A launch's layout per (kernel kind, row width): (rows a program, warps, chunk columns). A program owns ROWS rows
-# (`program_rows`) and walks them in chunks of CH columns (`row_plan`), each chunk one (ROWS, CH // 64, 4, 4) tile of
-# whole blocks a thread: ROWS * CH / 16 blocks over 32 * warps threads, so the blocks a thread holds (registers)
-# stay the same whatever the width, and no thread repeats another's blocks (they do where the tile has fewer blocks
-# than threads: the one-row layout's 256-column tail at 4 warps ran 8 copies). The H200 probe
-# (benchmarks/probes/nvfp4_producers.py) times every SWEEP candidate, checks each bit-exact, and prints the
-# winners as this table's line.
-# Measured: the H200 probe of 2026-12-01 (benchmarks/results/probes/nvfp4-producers-h200.{json,log}), at 19,000 rows:
-# the layout with the least static + dynamic time per kind, every candidate bit-exact. Static / dynamic ms and
-# fraction of copy: modulation 0.296 / 0.581 (0.21 / 0.11), fold 0.546 / 0.636 (0.29 / 0.25), SwiGLU 0.593 / 1.085
-# (0.49 / 0.27), cast 0.211 / 0.234 (0.39 / 0.35).
+# (`program_rows`) and walks them in chunks of CH columns (`row_plan`), each chunk one (ROWS, CH // 16, 2, 4) tile
+# (`word_offsets`): ROWS * CH / 8 half blocks over 32 * warps threads, so what a thread holds (registers) stays the
+# same whatever the width, and no thread repeats another's (they do where the tile has fewer half blocks than
+# threads: the one-row layout's 256-column tail). The H200 probe (benchmarks/probes/nvfp4_producers.py) times every
+# SWEEP candidate, checks each bit-exact, and prints the winners as this table's line.
+# Measured: the H200 probe of 2026-12-01, session 10 (benchmarks/results/probes/nvfp4-session10/probe-call2-coalesced.
+# {json,log}), at 19,000 rows: the layout with the least static + dynamic time per kind, every candidate bit-exact.
+# That probe timed each call with the host's dispatch in it; the kernels alone (Nsight Compute, that folder's ncu.md),
+# static / dynamic us and fraction of copy: modulation 185 / 295 (0.33 / 0.21), fold 388 / 574 (0.41 / 0.27), SwiGLU
+# 623 / 1161 (0.47 / 0.25), cast 105 / 168 (0.78 / 0.49).
 TUNED: dict[tuple[str, int], tuple[int, int, int]] = {
-    ("modulation", 5376): (4, 2, 256), ("fold", 5376): (4, 4, 1024), ("swiglu", 14336): (2, 4, 1024),
-    ("cast", 7168): (4, 4, 1024)}
+    ("modulation", 5376): (4, 4, 256), ("fold", 5376): (8, 4, 256), ("swiglu", 14336): (2, 4, 1024),
+    ("cast", 7168): (2, 4, 1024)}
 # The probe's candidates per kind (the interpreter tests check every one bit-exact at small shapes): each tile at
-# least one block a thread (ROWS * CH / 16 >= 32 * warps). (1, w, 0): the one-row layout (chunk 0: the largest power
-# of two in the row, as before), for comparison.
+# least half a block (16 bytes of input) a thread (ROWS * CH / 8 >= 32 * warps). (1, w, 0): the one-row layout
+# (chunk 0: the largest power of two in the row, as before), for comparison.
 _ROWS_LAYOUTS = ((1, 4, 0), (1, 2, 0), (4, 4, 512), (8, 4, 256), (4, 2, 256), (8, 2, 256), (8, 8, 512), (2, 4, 1024),
-                 (8, 4, 512), (4, 4, 1024))
+                 (8, 4, 512), (4, 4, 1024), (4, 4, 256), (2, 4, 512), (2, 2, 512))
 SWEEP: dict[str, tuple[tuple[int, int, int], ...]] = {
     "modulation": _ROWS_LAYOUTS,
     "fold": _ROWS_LAYOUTS,

@@ -45,37 +45,35 @@ from h3plan.kernels._rmsnorm import VEC, cuda_rms_iters
 from h3plan.kernels.fp8_producers import modulate_values, rows_rstd, silu_values, swiglu_values
 from h3plan.kernels.nvfp4 import (bf16x2_modulate, bf16x2_mul_add, bf16x2_round_mul, bf16x2_unpack, cast_nvfp4_ref,
                                   fake_outputs, finish_chunk, global_scale_reason, launch_opts, load_global,
-                                  load_pairs, load_words, outputs, pair_args, program_rows, row_base, stride_arg,
-                                  two_pass, use_bf16x2, width_checks, word_offsets)
+                                  load_pairs, load_words, next_chunk, outputs, pair_args, program_rows, row_base,
+                                  stride_arg, two_pass, unpack_words, use_bf16x2, width_checks, word_offsets)
 from h3plan.kernels.nvfp4 import E4M3
 
 
 # ---------------------------------------------------------------------------------------------- modulation (+ fold)
 @triton.jit
-def _fold_half(h_ptr, gate_ptr, gate_base, y_ptr, out_ptr, base, C0, HALF: tl.constexpr,
-               W: tl.constexpr, N: tl.constexpr, MASK: tl.constexpr, KIND: tl.constexpr, X2: tl.constexpr,
-               HW: tl.constexpr):
-    """One half (kernels/nvfp4.py `load_pairs`) of h + gate * y, kernels/gated_residual.py's roundings, stored as
-    bf16 (two values a word; KIND 0) or one by one (KIND 2). X2: in bf16x2 instructions on the words."""
-    w = C0 // 2 + HALF * 4 + word_offsets(W)
+def _fold_chunk(h_ptr, gate_ptr, gate_base, y_ptr, out_ptr, base, C0, W: tl.constexpr, N: tl.constexpr,
+                MASK: tl.constexpr, KIND: tl.constexpr, X2: tl.constexpr, HW: tl.constexpr):
+    """Columns C0..C0+W (kernels/nvfp4.py `load_pairs`) of h + gate * y, kernels/gated_residual.py's roundings,
+    stored as bf16 (two values a word; KIND 0) or one by one (KIND 2). X2: in bf16x2 instructions on the words."""
+    w = C0 // 2 + word_offsets(W)
     if X2:
-        word = bf16x2_mul_add(load_words(gate_ptr, gate_base, C0, HALF, W, N, MASK), load_words(y_ptr, base, C0, HALF,
-                                                                                                W, N, MASK),
-                              load_words(h_ptr, base, C0, HALF, W, N, MASK))
+        word = bf16x2_mul_add(load_words(gate_ptr, gate_base, C0, W, N, MASK), load_words(y_ptr, base, C0, W, N, MASK),
+                              load_words(h_ptr, base, C0, W, N, MASK))
         if not MASK:
             tl.store(out_ptr + base + w, word)
         else:
             tl.store(out_ptr + base + w, word, mask=w < N // 2)
     else:
-        _fold_half_f32(h_ptr, gate_ptr, gate_base, y_ptr, out_ptr, base, w, C0, HALF, W, N, MASK, KIND, HW)
+        _fold_chunk_f32(h_ptr, gate_ptr, gate_base, y_ptr, out_ptr, base, w, C0, W, N, MASK, KIND, HW)
 
 
 @triton.jit
-def _fold_half_f32(h_ptr, gate_ptr, gate_base, y_ptr, out_ptr, base, w, C0, HALF: tl.constexpr,
-                   W: tl.constexpr, N: tl.constexpr, MASK: tl.constexpr, KIND: tl.constexpr, HW: tl.constexpr):
-    hl, hh = load_pairs(h_ptr, base, C0, HALF, W, N, MASK, KIND, HW)
-    gl, gh = load_pairs(gate_ptr, gate_base, C0, HALF, W, N, MASK, KIND, HW)
-    yl, yh = load_pairs(y_ptr, base, C0, HALF, W, N, MASK, KIND, HW)
+def _fold_chunk_f32(h_ptr, gate_ptr, gate_base, y_ptr, out_ptr, base, w, C0, W: tl.constexpr, N: tl.constexpr,
+                    MASK: tl.constexpr, KIND: tl.constexpr, HW: tl.constexpr):
+    hl, hh = load_pairs(h_ptr, base, C0, W, N, MASK, KIND, HW)
+    gl, gh = load_pairs(gate_ptr, gate_base, C0, W, N, MASK, KIND, HW)
+    yl, yh = load_pairs(y_ptr, base, C0, W, N, MASK, KIND, HW)
     lo = round_hw(hl + round_hw(gl * yl, True, HW), True, HW)
     hi = round_hw(hh + round_hw(gh * yh, True, HW), True, HW)
     if KIND == 2:  # base counts elements
@@ -95,34 +93,36 @@ def _fold_half_f32(h_ptr, gate_ptr, gate_base, y_ptr, out_ptr, base, w, C0, HALF
 
 
 @triton.jit
-def _fold_chunk(h_ptr, gate_ptr, gate_base, y_ptr, out_ptr, base, C0, W: tl.constexpr,
-                N: tl.constexpr, MASK: tl.constexpr, KIND: tl.constexpr, X2: tl.constexpr, HW: tl.constexpr):
-    _fold_half(h_ptr, gate_ptr, gate_base, y_ptr, out_ptr, base, C0, 0, W, N, MASK, KIND, X2, HW)
-    _fold_half(h_ptr, gate_ptr, gate_base, y_ptr, out_ptr, base, C0, 1, W, N, MASK, KIND, X2, HW)
+def _modulate_x(x_ptr, base, w_ptr, sc_ptr, sc_base, sh_ptr, sh_base, rstd, C0, W: tl.constexpr, N: tl.constexpr,
+                MASK: tl.constexpr, HAS_W: tl.constexpr, EXACT: tl.constexpr, KIND: tl.constexpr,
+                X2: tl.constexpr, HW: tl.constexpr):
+    """Columns C0..C0+W of rmsnorm_modulate's output (kernels/fp8_producers.py `modulate_values`), even and odd
+    columns. X2 (exact mode): the fp32 norm products, then the bf16 modulation in bf16x2 instructions on the table
+    words."""
+    xl, xh = load_pairs(x_ptr, base, C0, W, N, MASK, KIND, HW)
+    return _modulate_pairs(xl, xh, w_ptr, sc_ptr, sc_base, sh_ptr, sh_base, rstd, C0, W, N, MASK, HAS_W, EXACT,
+                           KIND, X2, HW)
 
 
 @triton.jit
-def _modulate_half(x_ptr, base, w_ptr, sc_ptr, sc_base, sh_ptr, sh_base, rstd, C0, HALF: tl.constexpr,
-                   W: tl.constexpr, N: tl.constexpr, MASK: tl.constexpr, HAS_W: tl.constexpr, EXACT: tl.constexpr,
-                   KIND: tl.constexpr,
-                   X2: tl.constexpr, HW: tl.constexpr):
-    """One half of rmsnorm_modulate's output (kernels/fp8_producers.py `modulate_values`), even and odd columns.
-    X2 (exact mode): the fp32 norm products, then the bf16 modulation in bf16x2 instructions on the table words."""
-    xl, xh = load_pairs(x_ptr, base, C0, HALF, W, N, MASK, KIND, HW)
+def _modulate_pairs(xl, xh, w_ptr, sc_ptr, sc_base, sh_ptr, sh_base, rstd, C0, W: tl.constexpr, N: tl.constexpr,
+                    MASK: tl.constexpr, HAS_W: tl.constexpr, EXACT: tl.constexpr, KIND: tl.constexpr,
+                    X2: tl.constexpr, HW: tl.constexpr):
+    """`_modulate_x` from x's (even, odd) fp32 values."""
     wl = rstd
     wh = rstd
     if HAS_W:
-        wl, wh = load_pairs(w_ptr, 0, C0, HALF, W, N, MASK, KIND, HW)
+        wl, wh = load_pairs(w_ptr, 0, C0, W, N, MASK, KIND, HW)
     if X2 and EXACT:
         yl = rstd * xl
         yh = rstd * xh
         if HAS_W:
             yl = wl * yl
             yh = wh * yh
-        return bf16x2_unpack(bf16x2_modulate(yl, yh, load_words(sc_ptr, sc_base, C0, HALF, W, N, MASK),
-                                             load_words(sh_ptr, sh_base, C0, HALF, W, N, MASK)))
-    scl, sch = load_pairs(sc_ptr, sc_base, C0, HALF, W, N, MASK, KIND, HW)
-    shl, shh = load_pairs(sh_ptr, sh_base, C0, HALF, W, N, MASK, KIND, HW)
+        return bf16x2_unpack(bf16x2_modulate(yl, yh, load_words(sc_ptr, sc_base, C0, W, N, MASK),
+                                             load_words(sh_ptr, sh_base, C0, W, N, MASK)))
+    scl, sch = load_pairs(sc_ptr, sc_base, C0, W, N, MASK, KIND, HW)
+    shl, shh = load_pairs(sh_ptr, sh_base, C0, W, N, MASK, KIND, HW)
     return (modulate_values(xl, wl, scl, shl, rstd, HAS_W, EXACT, HW),
             modulate_values(xh, wh, sch, shh, rstd, HAS_W, EXACT, HW))
 
@@ -132,14 +132,20 @@ def _modulate_chunk(x_ptr, base, w_ptr, sc_ptr, sc_base, sh_ptr, sh_base, rstd, 
                     n_col_tiles, C0, W: tl.constexpr, N: tl.constexpr, MASK: tl.constexpr, HAS_W: tl.constexpr,
                     EXACT: tl.constexpr, KIND: tl.constexpr, X2: tl.constexpr, AMAX_ONLY: tl.constexpr,
                     HW: tl.constexpr):
-    lo0, hi0 = _modulate_half(x_ptr, base, w_ptr, sc_ptr, sc_base, sh_ptr, sh_base, rstd, C0, 0, W, N, MASK, HAS_W,
-                              EXACT,
-                              KIND, X2, HW)
-    lo1, hi1 = _modulate_half(x_ptr, base, w_ptr, sc_ptr, sc_base, sh_ptr, sh_base, rstd, C0, 1, W, N, MASK, HAS_W,
-                              EXACT,
-                              KIND, X2, HW)
-    return finish_chunk(lo0, hi0, lo1, hi1, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, C0, W, N, MASK,
-                        AMAX_ONLY, HW)
+    lo, hi = _modulate_x(x_ptr, base, w_ptr, sc_ptr, sc_base, sh_ptr, sh_base, rstd, C0, W, N, MASK, HAS_W, EXACT,
+                            KIND, X2, HW)
+    return finish_chunk(lo, hi, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, C0, W, N, MASK, AMAX_ONLY, HW)
+
+
+@triton.jit
+def _modulate_words(u, w_ptr, sc_ptr, sc_base, sh_ptr, sh_base, rstd, a, g, inv_g, packed_ptr, sf_ptr, rows,
+                    n_col_tiles, C0, W: tl.constexpr, N: tl.constexpr, HAS_W: tl.constexpr, EXACT: tl.constexpr,
+                    KIND: tl.constexpr, X2: tl.constexpr, AMAX_ONLY: tl.constexpr, HW: tl.constexpr):
+    """`_modulate_chunk` of a full chunk whose x words u are already loaded."""
+    xl, xh = unpack_words(u, KIND)
+    lo, hi = _modulate_pairs(xl, xh, w_ptr, sc_ptr, sc_base, sh_ptr, sh_base, rstd, C0, W, N, False, HAS_W, EXACT,
+                             KIND, X2, HW)
+    return finish_chunk(lo, hi, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, C0, W, N, False, AMAX_ONLY, HW)
 
 
 @triton.jit
@@ -156,7 +162,7 @@ def _modulate_nvfp4_kernel(x_ptr, xw_ptr, w_ptr, scale_ptr, shift_ptr, idx_ptr, 
     quantize pass after that amax pass: the same bits, the sum of squares not read and reduced again)."""
     rows = program_rows(M, ROWS)
     base = row_base(rows[:, None, None, None], N, KIND)
-    idx = tl.load(idx_ptr + rows % S)[:, None, None, None]
+    idx = tl.load(idx_ptr + rows.to(tl.int32) % S)[:, None, None, None]  # 32-bit: no 64-bit remainder call (M < 2^31)
     if FOLD:  # xw_ptr is h' (written here, read back below by this program's threads)
         gate_base = idx * gate_stride
         for i in range(NFULL):  # a loop, not unrolled: compile time and code size
@@ -182,10 +188,18 @@ def _modulate_nvfp4_kernel(x_ptr, xw_ptr, w_ptr, scale_ptr, shift_ptr, idx_ptr, 
     sh_base = idx * shift_stride
     g, inv_g = load_global(g_ptr)
     a = tl.zeros((ROWS,), tl.float32)
-    for i in range(NFULL):  # a loop, not unrolled: compile time and code size
-        a = _modulate_chunk(xw_ptr, base, w_ptr, scale_ptr, sc_base, shift_ptr, sh_base, rstd, a, g, inv_g,
-                            packed_ptr, sf_ptr, rows, n_col_tiles, i * CH, CH, N, False, HAS_W, EXACT, KIND, X2,
-                            AMAX_ONLY, HW)
+    if KIND != 2 and NFULL > 0:  # chunk i + 1's x words loaded before chunk i is computed (nvfp4.py _cast_kernel)
+        u = load_words(xw_ptr, base, 0, CH, N, False)
+        for i in range(NFULL):  # a loop, not unrolled: compile time and code size
+            nxt = load_words(xw_ptr, base, next_chunk(i, NFULL, CH), CH, N, False)
+            a = _modulate_words(u, w_ptr, scale_ptr, sc_base, shift_ptr, sh_base, rstd, a, g, inv_g, packed_ptr,
+                                sf_ptr, rows, n_col_tiles, i * CH, CH, N, HAS_W, EXACT, KIND, X2, AMAX_ONLY, HW)
+            u = nxt
+    else:
+        for i in range(NFULL):
+            a = _modulate_chunk(xw_ptr, base, w_ptr, scale_ptr, sc_base, shift_ptr, sh_base, rstd, a, g, inv_g,
+                                packed_ptr, sf_ptr, rows, n_col_tiles, i * CH, CH, N, False, HAS_W, EXACT, KIND, X2,
+                                AMAX_ONLY, HW)
     if T0 > 0:
         a = _modulate_chunk(xw_ptr, base, w_ptr, scale_ptr, sc_base, shift_ptr, sh_base, rstd, a, g, inv_g,
                             packed_ptr, sf_ptr, rows, n_col_tiles, NFULL * CH, T0, N, NFULL * CH + T0 > N, HAS_W,
@@ -209,23 +223,41 @@ def _swiglu_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tile
                   IS_BF16: tl.constexpr, HW: tl.constexpr, LIBDEVICE_EXP: tl.constexpr):
     """Columns C0..C0+W of hidden * silu(gate) (kernels/fp8_producers.py `swiglu_values`), then `finish_chunk`."""
     gate = base + row_base(1, F, KIND)  # the gate half's row
-    lo0, hi0 = _swiglu_half(x_ptr, base, gate, C0, 0, W, F, MASK, KIND, X2, IS_BF16, HW, LIBDEVICE_EXP)
-    lo1, hi1 = _swiglu_half(x_ptr, base, gate, C0, 1, W, F, MASK, KIND, X2, IS_BF16, HW, LIBDEVICE_EXP)
-    return finish_chunk(lo0, hi0, lo1, hi1, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, C0, W, F, MASK,
-                        AMAX_ONLY, HW)
+    lo, hi = _swiglu_cols(x_ptr, base, gate, C0, W, F, MASK, KIND, X2, IS_BF16, HW, LIBDEVICE_EXP)
+    return finish_chunk(lo, hi, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, C0, W, F, MASK, AMAX_ONLY, HW)
 
 
 @triton.jit
-def _swiglu_half(x_ptr, base, gate, C0, HALF: tl.constexpr, W: tl.constexpr, F: tl.constexpr, MASK: tl.constexpr,
+def _swiglu_cols(x_ptr, base, gate, C0, W: tl.constexpr, F: tl.constexpr, MASK: tl.constexpr,
                  KIND: tl.constexpr, X2: tl.constexpr, IS_BF16: tl.constexpr, HW: tl.constexpr,
                  LIBDEVICE_EXP: tl.constexpr):
-    """One half of hidden * silu(gate), even and odd columns. X2: silu in fp32 as `swiglu_values`, then its bf16
+    """Columns C0..C0+W of hidden * silu(gate), even and odd columns. X2: silu in fp32 as `swiglu_values`, then its bf16
     rounding and the product with the hidden words in bf16x2 instructions."""
-    gl, gh = load_pairs(x_ptr, gate, C0, HALF, W, F, MASK, KIND, HW)
+    gl, gh = load_pairs(x_ptr, gate, C0, W, F, MASK, KIND, HW)
     if X2:
         return bf16x2_unpack(bf16x2_round_mul(silu_values(gl, LIBDEVICE_EXP), silu_values(gh, LIBDEVICE_EXP),
-                                              load_words(x_ptr, base, C0, HALF, W, F, MASK)))
-    al, ah = load_pairs(x_ptr, base, C0, HALF, W, F, MASK, KIND, HW)
+                                              load_words(x_ptr, base, C0, W, F, MASK)))
+    al, ah = load_pairs(x_ptr, base, C0, W, F, MASK, KIND, HW)
+    return swiglu_values(al, gl, IS_BF16, HW, LIBDEVICE_EXP), swiglu_values(ah, gh, IS_BF16, HW, LIBDEVICE_EXP)
+
+
+@triton.jit
+def _swiglu_words(gw, hw, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, C0, W: tl.constexpr, F: tl.constexpr,
+                  KIND: tl.constexpr, X2: tl.constexpr, AMAX_ONLY: tl.constexpr, IS_BF16: tl.constexpr,
+                  HW: tl.constexpr, LIBDEVICE_EXP: tl.constexpr):
+    """`_swiglu_chunk` of a full chunk whose gate (gw) and hidden (hw) words are already loaded."""
+    lo, hi = _swiglu_pairs(gw, hw, KIND, X2, IS_BF16, HW, LIBDEVICE_EXP)
+    return finish_chunk(lo, hi, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, C0, W, F, False, AMAX_ONLY, HW)
+
+
+@triton.jit
+def _swiglu_pairs(gw, hw, KIND: tl.constexpr, X2: tl.constexpr, IS_BF16: tl.constexpr, HW: tl.constexpr,
+                  LIBDEVICE_EXP: tl.constexpr):
+    """`_swiglu_cols` from the gate's and the hidden's words."""
+    gl, gh = unpack_words(gw, KIND)
+    if X2:
+        return bf16x2_unpack(bf16x2_round_mul(silu_values(gl, LIBDEVICE_EXP), silu_values(gh, LIBDEVICE_EXP), hw))
+    al, ah = unpack_words(hw, KIND)
     return swiglu_values(al, gl, IS_BF16, HW, LIBDEVICE_EXP), swiglu_values(ah, gh, IS_BF16, HW, LIBDEVICE_EXP)
 
 
@@ -239,10 +271,22 @@ def _swiglu_nvfp4_kernel(x_ptr, packed_ptr, sf_ptr, amax_ptr, g_ptr, M, n_col_ti
     base = row_base(rows[:, None, None, None], 2 * F, KIND)
     g, inv_g = load_global(g_ptr)
     a = tl.zeros((ROWS,), tl.float32)
-    for i in range(NFULL):  # a loop, not unrolled: compile time and code size
-        a = _swiglu_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, i * CH, CH, F, False, KIND,
-                          X2,
-                          AMAX_ONLY, IS_BF16, HW, LIBDEVICE_EXP)
+    if KIND != 2 and NFULL > 0:  # chunk i + 1's words loaded before chunk i is computed (kernels/nvfp4.py _cast_kernel)
+        gate = base + row_base(1, F, KIND)
+        gw = load_words(x_ptr, gate, 0, CH, F, False)
+        hw = load_words(x_ptr, base, 0, CH, F, False)
+        for i in range(NFULL):  # a loop, not unrolled: compile time and code size
+            c = next_chunk(i, NFULL, CH)
+            ngw = load_words(x_ptr, gate, c, CH, F, False)
+            nhw = load_words(x_ptr, base, c, CH, F, False)
+            a = _swiglu_words(gw, hw, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, i * CH, CH, F, KIND, X2,
+                              AMAX_ONLY, IS_BF16, HW, LIBDEVICE_EXP)
+            gw = ngw
+            hw = nhw
+    else:
+        for i in range(NFULL):
+            a = _swiglu_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, i * CH, CH, F, False,
+                              KIND, X2, AMAX_ONLY, IS_BF16, HW, LIBDEVICE_EXP)
     if T0 > 0:
         a = _swiglu_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, NFULL * CH, T0, F,
                           NFULL * CH + T0 > F, KIND, X2,
@@ -279,7 +323,9 @@ def swiglu_nvfp4_ref(x, global_scale=None):
 def rmsnorm_modulate_nvfp4_check(x, weight, scale, shift, index, eps=None, mode="exact", global_scale=None) -> str | None:
     """rmsnorm_modulate's own check (same modes, same exact-mode requirements), NVFP4 widths, the global scale."""
     reason = _mod.rmsnorm_modulate_check(x, weight, scale, shift, index, eps, mode)
-    return reason or guard(width_checks("x", x.shape[-1])) or global_scale_reason(global_scale, x.device)
+    rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
+    return (reason or guard(width_checks("x", x.shape[-1])) or global_scale_reason(global_scale, x.device)
+            or (f"x has {rows} rows, at least 2^31 (the kernel indexes rows in 32 bits)" if rows >= 2 ** 31 else None))
 
 
 def gated_residual_modulate_nvfp4_check(h, gate, y, weight, scale, shift, index, eps=None, mode="exact",
