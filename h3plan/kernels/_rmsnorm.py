@@ -59,14 +59,19 @@ def cuda_rms_sumsq(x_ptr, row_offsets, row_mask, N, NITER: tl.constexpr, ROWS: t
         for ii in tl.static_range(_VEC):
             v = tl.load(ptrs + ii, mask=ok, other=0.0).to(tl.float32)
             acc = acc + v * v
-    # lanes: [ROWS, 4 warps, 32 lanes] -> tree over lanes
+    return cuda_rms_tree(acc, ROWS)
+
+
+@triton.jit
+def cuda_rms_tree(acc, ROWS: tl.constexpr):
+    """[ROWS] sums of the per-thread partial sums acc [ROWS, 128] in torch's order: a shuffle-down tree over each
+    warp's 32 lanes (offsets 16, 8, 4, 2, 1), then over the 4 warps (offsets 2, 1)."""
     s = tl.reshape(acc, [ROWS * 4, 32])
     s = _halve(s, ROWS * 4, 16)
     s = _halve(s, ROWS * 4, 8)
     s = _halve(s, ROWS * 4, 4)
     s = _halve(s, ROWS * 4, 2)
     s = _halve(s, ROWS * 4, 1)
-    # warps: [ROWS, 4] -> offsets 2, 1
     s = tl.reshape(s, [ROWS, 4])
     s = _halve(s, ROWS, 2)
     s = _halve(s, ROWS, 1)

@@ -144,7 +144,12 @@ def rows_rstd(x_ptr, rows, N, eps, NITER: tl.constexpr, ROWS: tl.constexpr, IEEE
               HW: tl.constexpr):
     """[ROWS] 1 / rms of rows `rows` (int64 [ROWS]) of x (N wide): torch's CUDA RMSNorm order (the modulation
     kernel's statistic), or IEEE division and sqrt."""
-    ss = _mod._sumsq_vec(x_ptr, rows * N, rows >= 0, N, NITER, ROWS, HW)
+    return rstd_of(_mod._sumsq_vec(x_ptr, rows * N, rows >= 0, N, NITER, ROWS, HW), N, eps, IEEE_RSQRT)
+
+
+@triton.jit
+def rstd_of(ss, N, eps, IEEE_RSQRT: tl.constexpr):
+    """1 / rms from the sums of squares ss: torch's CUDA RMSNorm steps, or IEEE division and sqrt."""
     if IEEE_RSQRT:
         ms = tl.math.div_rn(ss, tl.full(ss.shape, N, tl.float32))
         return tl.math.div_rn(tl.full(ss.shape, 1.0, tl.float32), tl.math.sqrt_rn(ms + eps))

@@ -35,7 +35,7 @@ import triton.language as tl
 
 from h3plan.kernels._common import INTERPRET, LAUNCH_OPTS, from_f32, guard, round_hw, tensor_checks, to_f32
 from h3plan.kernels._registry import custom_op
-from h3plan.kernels._rmsnorm import THREADS, VEC, _halve, cuda_rms_iters, cuda_rms_rstd
+from h3plan.kernels._rmsnorm import THREADS, VEC, cuda_rms_iters, cuda_rms_rstd, cuda_rms_tree
 
 _T = tl.constexpr(THREADS)
 _V = tl.constexpr(VEC)
@@ -75,16 +75,7 @@ def _sumsq_vec(x_ptr, row_off, rmask, D, NITER: tl.constexpr, ROWS: tl.constexpr
         acc = tl.fma(v1, v1, acc)
         acc = tl.fma(v2, v2, acc)
         acc = tl.fma(v3, v3, acc)
-    s = tl.reshape(acc, [ROWS * 4, 32])  # [rows x warps, lanes]: shuffle-down tree over lanes
-    s = _halve(s, ROWS * 4, 16)
-    s = _halve(s, ROWS * 4, 8)
-    s = _halve(s, ROWS * 4, 4)
-    s = _halve(s, ROWS * 4, 2)
-    s = _halve(s, ROWS * 4, 1)
-    s = tl.reshape(s, [ROWS, 4])  # then over warps: (0 + 2, 1 + 3), then the two
-    s = _halve(s, ROWS, 2)
-    s = _halve(s, ROWS, 1)
-    return tl.reshape(s, [ROWS])
+    return cuda_rms_tree(acc, ROWS)
 
 
 @triton.jit

@@ -41,13 +41,15 @@ from h3plan.kernels import modulation as _mod
 from h3plan.kernels import swiglu as _sw
 from h3plan.kernels._common import INTERPRET, from_f32, guard, round_hw, tensor_checks
 from h3plan.kernels._registry import custom_op
-from h3plan.kernels._rmsnorm import VEC, cuda_rms_iters
-from h3plan.kernels.fp8_producers import modulate_values, rows_rstd, silu_values, swiglu_values
+from h3plan.kernels._rmsnorm import THREADS, VEC, cuda_rms_iters, cuda_rms_tree
+from h3plan.kernels.fp8_producers import modulate_values, rows_rstd, rstd_of, silu_values, swiglu_values
 from h3plan.kernels.nvfp4 import (bf16x2_modulate, bf16x2_mul_add, bf16x2_round_mul, bf16x2_unpack, cast_nvfp4_ref,
                                   fake_outputs, finish_chunk, global_scale_reason, launch_opts, load_global,
                                   load_pairs, load_words, next_chunk, outputs, pair_args, program_rows, row_base,
                                   stride_arg, two_pass, unpack_words, use_bf16x2, width_checks, word_offsets)
 from h3plan.kernels.nvfp4 import E4M3
+
+_T = tl.constexpr(THREADS)
 
 
 # ---------------------------------------------------------------------------------------------- modulation (+ fold)
@@ -58,8 +60,8 @@ def _fold_chunk(h_ptr, gate_ptr, gate_base, y_ptr, out_ptr, base, C0, W: tl.cons
     stored as bf16 (two values a word; KIND 0) or one by one (KIND 2). X2: in bf16x2 instructions on the words."""
     w = C0 // 2 + word_offsets(W)
     if X2:
-        word = bf16x2_mul_add(load_words(gate_ptr, gate_base, C0, W, N, MASK), load_words(y_ptr, base, C0, W, N, MASK),
-                              load_words(h_ptr, base, C0, W, N, MASK))
+        word = _fold_word(load_words(gate_ptr, gate_base, C0, W, N, MASK), load_words(y_ptr, base, C0, W, N, MASK),
+                          load_words(h_ptr, base, C0, W, N, MASK), X2, HW)
         if not MASK:
             tl.store(out_ptr + base + w, word)
         else:
@@ -69,13 +71,62 @@ def _fold_chunk(h_ptr, gate_ptr, gate_base, y_ptr, out_ptr, base, C0, W: tl.cons
 
 
 @triton.jit
+def _fold_values(h, gate, y, HW: tl.constexpr):
+    """h + gate * y from fp32 values of bf16 elements, kernels/gated_residual.py's roundings (bf16 values in fp32)."""
+    return round_hw(h + round_hw(gate * y, True, HW), True, HW)
+
+
+@triton.jit
+def bf16_word(lo, hi):
+    """The word of two bf16 values held in fp32 (their bits end in 16 zeros), lo in the low half."""
+    return (hi.to(tl.int32, bitcast=True) & -65536) | ((lo.to(tl.int32, bitcast=True) >> 16) & 0xFFFF)
+
+
+@triton.jit
+def _fold_word(gw, yw, hw, X2: tl.constexpr, HW: tl.constexpr):
+    """h' words from the gate, y and h words (bf16 pairs): bf16x2 instructions (X2) or the fp32 arithmetic and
+    roundings, the same bits."""
+    if X2:
+        return bf16x2_mul_add(gw, yw, hw)
+    gl, gh = bf16x2_unpack(gw)
+    yl, yh = bf16x2_unpack(yw)
+    hl, hh = bf16x2_unpack(hw)
+    return bf16_word(_fold_values(hl, gl, yl, HW), _fold_values(hh, gh, yh, HW))
+
+
+@triton.jit
+def _fold_sumsq(h_ptr, gate_ptr, gate_base, y_ptr, out_ptr, base, N: tl.constexpr, NITER: tl.constexpr,
+                ROWS: tl.constexpr, X2: tl.constexpr, HW: tl.constexpr):
+    """The fold and the statistic in one pass (bf16 words): h' = h + gate * y as `_fold_chunk` computes it,
+    written, and its rows' sums of squares ([ROWS]) with exactly kernels/modulation.py `_sumsq_vec`'s adds, both
+    in torch's RMSNorm load order (thread t the 4-vectors t, t + 128, ...: two words), so h' is not read back for
+    the statistic. base, gate_base: (ROWS, 1, 1) word offsets of the rows and of their gate rows."""
+    col = tl.arange(0, _T)[:, None] * 2 + tl.arange(0, 2)[None, :]  # [threads, 2 words]
+    acc = tl.zeros([ROWS, _T], dtype=tl.float32)
+    for j in range(NITER):  # a loop, not unrolled: unrolled, the loads of every trip are hoisted (registers)
+        w = col[None, :, :] + j * (_T * 2)  # the tensor first: the interpreter keeps constexpr + tensor a constexpr
+        m = w < N // 2
+        word = _fold_word(tl.load(gate_ptr + gate_base + w, mask=m, other=0),
+                          tl.load(y_ptr + base + w, mask=m, other=0), tl.load(h_ptr + base + w, mask=m, other=0), X2, HW)
+        tl.store(out_ptr + base + w, word, mask=m)
+        lo, hi = bf16x2_unpack(word)  # lo: the vector's elements 0, 2; hi: 1, 3
+        v0, v2 = tl.split(lo)
+        v1, v3 = tl.split(hi)
+        acc = tl.fma(v0, v0, acc)  # exact squares of bf16 values: the fma rounds as _sumsq_vec's does
+        acc = tl.fma(v1, v1, acc)
+        acc = tl.fma(v2, v2, acc)
+        acc = tl.fma(v3, v3, acc)
+    return cuda_rms_tree(acc, ROWS)
+
+
+@triton.jit
 def _fold_chunk_f32(h_ptr, gate_ptr, gate_base, y_ptr, out_ptr, base, w, C0, W: tl.constexpr, N: tl.constexpr,
                     MASK: tl.constexpr, KIND: tl.constexpr, HW: tl.constexpr):
     hl, hh = load_pairs(h_ptr, base, C0, W, N, MASK, KIND, HW)
     gl, gh = load_pairs(gate_ptr, gate_base, C0, W, N, MASK, KIND, HW)
     yl, yh = load_pairs(y_ptr, base, C0, W, N, MASK, KIND, HW)
-    lo = round_hw(hl + round_hw(gl * yl, True, HW), True, HW)
-    hi = round_hw(hh + round_hw(gh * yh, True, HW), True, HW)
+    lo = _fold_values(hl, gl, yl, HW)
+    hi = _fold_values(hh, gh, yh, HW)
     if KIND == 2:  # base counts elements
         e = out_ptr + base + 2 * w
         if not MASK:
@@ -84,8 +135,8 @@ def _fold_chunk_f32(h_ptr, gate_ptr, gate_base, y_ptr, out_ptr, base, w, C0, W: 
         else:
             tl.store(e, from_f32(lo, tl.bfloat16, HW), mask=w < N // 2)
             tl.store(e + 1, from_f32(hi, tl.bfloat16, HW), mask=w < N // 2)
-    else:  # lo, hi are bf16 values: their fp32 bits end in 16 zeros
-        word = (hi.to(tl.int32, bitcast=True) & -65536) | ((lo.to(tl.int32, bitcast=True) >> 16) & 0xFFFF)
+    else:
+        word = bf16_word(lo, hi)
         if not MASK:
             tl.store(out_ptr + base + w, word)
         else:
@@ -112,7 +163,9 @@ def _modulate_pairs(xl, xh, w_ptr, sc_ptr, sc_base, sh_ptr, sh_base, rstd, C0, W
     wl = rstd
     wh = rstd
     if HAS_W:
-        wl, wh = load_pairs(w_ptr, 0, C0, W, N, MASK, KIND, HW)
+        # loaded as a (ROWS, ...) tile, each row's threads the same words (L1 hits): a (W // 16, 2, 4) load gets a
+        # layout of Triton's choosing and two conversions through shared memory a chunk, behind four barriers
+        wl, wh = load_pairs(w_ptr, tl.zeros_like(sc_base), C0, W, N, MASK, KIND, HW)
     if X2 and EXACT:
         yl = rstd * xl
         yh = rstd * xh
@@ -162,8 +215,14 @@ def _modulate_nvfp4_kernel(x_ptr, xw_ptr, w_ptr, scale_ptr, shift_ptr, idx_ptr, 
     quantize pass after that amax pass: the same bits, the sum of squares not read and reduced again)."""
     rows = program_rows(M, ROWS)
     base = row_base(rows[:, None, None, None], N, KIND)
-    idx = tl.load(idx_ptr + rows.to(tl.int32) % S)[:, None, None, None]  # 32-bit: no 64-bit remainder call (M < 2^31)
-    if FOLD:  # xw_ptr is h' (written here, read back below by this program's threads)
+    idx1 = tl.load(idx_ptr + rows.to(tl.int32) % S)  # 32-bit: no 64-bit remainder call (M < 2^31)
+    idx = idx1[:, None, None, None]
+    FUSED: tl.constexpr = FOLD and KIND == 0 and RSTD < 2  # the fold and the statistic in one pass (`_fold_sumsq`)
+    if FUSED:  # xw_ptr is h' (written here, read back below by this program's threads)
+        ss = _fold_sumsq(h_ptr, gate_ptr, (idx1 * gate_stride)[:, None, None], y_ptr, xw_ptr,
+                         (rows * (N // 2))[:, None, None], N, NITER, ROWS, X2, HW)
+        tl.debug_barrier()
+    elif FOLD:  # xw_ptr is h' (written here, read back below by this program's threads)
         gate_base = idx * gate_stride
         for i in range(NFULL):  # a loop, not unrolled: compile time and code size
             _fold_chunk(h_ptr, gate_ptr, gate_base, y_ptr, xw_ptr, base, i * CH, CH, N, False, KIND, X2, HW)
@@ -179,6 +238,10 @@ def _modulate_nvfp4_kernel(x_ptr, xw_ptr, w_ptr, scale_ptr, shift_ptr, idx_ptr, 
         tl.debug_barrier()
     if RSTD == 2:
         rstd = tl.load(rstd_ptr + rows)
+    elif FUSED:
+        rstd = rstd_of(ss, N, eps, IEEE_RSQRT)
+        if RSTD == 1:
+            tl.store(rstd_ptr + rows, rstd)
     else:
         rstd = rows_rstd(x_ptr, rows, N, eps, NITER, ROWS, IEEE_RSQRT, HW)
         if RSTD == 1:
