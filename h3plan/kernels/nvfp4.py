@@ -32,8 +32,8 @@ and walks them in chunks (`row_plan`: a loop of CH-column chunks, then up to thr
 words (`load_pairs`): a thread holds 16 contiguous bytes of input, its neighbour the next 16, so loads and code
 stores are whole sectors; a block's two threads reduce its amax with one shuffle and both compute its scale, and
 the scale bytes are stored from the reduction's layout (`store_bytes`), so no chunk goes through shared memory.
-The full-chunk loop loads chunk i + 1 before it computes chunk i. The launch layout (rows, warps, chunk) per kernel
-and width is `launch_config` (TUNED, from the H200 probe). With a given global scale the cast is one pass; without,
+Where the layout says so, the full-chunk loop loads chunk i + 1 before it computes chunk i. The launch
+layout (rows, warps, chunk, prefetch) per kernel and width is `launch_config` (TUNED, from the H200 probe). With a given global scale the cast is one pass; without,
 a row-amax pass, g on the device (no host sync), then the cast pass. Refused inputs (`cast_nvfp4_check`) go to
 `cast_nvfp4_ref`.
 """
@@ -330,16 +330,16 @@ def next_chunk(i, NFULL: tl.constexpr, CH: tl.constexpr):
 @triton.jit
 def _cast_kernel(x_ptr, packed_ptr, sf_ptr, amax_ptr, g_ptr, M, n_col_tiles, N: tl.constexpr, ROWS: tl.constexpr,
                  CH: tl.constexpr, NFULL: tl.constexpr, T0: tl.constexpr, T1: tl.constexpr, T2: tl.constexpr,
-                 KIND: tl.constexpr, AMAX_ONLY: tl.constexpr, HW: tl.constexpr):
+                 PREFETCH: tl.constexpr, KIND: tl.constexpr, AMAX_ONLY: tl.constexpr, HW: tl.constexpr):
     """ROWS rows a program, each in NFULL chunks of CH columns, then tail chunks T0, T1, T2 (`row_plan`). Words
-    (KIND 0/1): the loop loads chunk i + 1 before it quantizes chunk i, so a warp's loads are in flight while it
-    computes (program order: the compiler may not move a load above the previous chunk's stores, which could
-    alias it)."""
+    (KIND 0/1) with PREFETCH: the loop loads chunk i + 1 before it quantizes chunk i, so a warp's loads are in flight
+    while it computes (program order: the compiler may not move a load above the previous chunk's stores, which
+    could alias it); it costs a second chunk of registers (occupancy)."""
     rows = program_rows(M, ROWS)
     base = row_base(rows[:, None, None, None], N, KIND)
     g, inv_g = load_global(g_ptr)
     a = tl.zeros((ROWS,), tl.float32)
-    if KIND != 2 and NFULL > 0:
+    if PREFETCH and KIND != 2 and NFULL > 0:
         u = load_words(x_ptr, base, 0, CH, N, False)
         for i in range(NFULL):  # a loop, not unrolled: compile time and code size
             nxt = load_words(x_ptr, base, next_chunk(i, NFULL, CH), CH, N, False)
@@ -392,30 +392,34 @@ def bf16x2_modulate(lo, hi, sc, sh):
 
 
 # ---------------------------------------------------------------------------------------------- launch helpers
-# A launch's layout per (kernel kind, row width): (rows a program, warps, chunk columns). A program owns ROWS rows
-# (`program_rows`) and walks them in chunks of CH columns (`row_plan`), each chunk one (ROWS, CH // 16, 2, 4) tile
+# A launch's layout per (kernel kind, row width): (rows a program, warps, chunk columns, prefetch). A program owns ROWS
+# rows (`program_rows`) and walks them in chunks of CH columns (`row_plan`), each chunk one (ROWS, CH // 16, 2, 4) tile
 # (`word_offsets`): ROWS * CH / 8 half blocks over 32 * warps threads, so what a thread holds (registers) stays the
 # same whatever the width, and no thread repeats another's (they do where the tile has fewer half blocks than
-# threads: the one-row layout's 256-column tail). The H200 probe (benchmarks/probes/nvfp4_producers.py) times every
-# SWEEP candidate, checks each bit-exact, and prints the winners as this table's line.
-# Measured: the H200 probe of 2026-12-01, session 10 (benchmarks/results/probes/nvfp4-session10/probe-call2-coalesced.
-# {json,log}), at 19,000 rows: the layout with the least static + dynamic time per kind, every candidate bit-exact.
-# That probe timed each call with the host's dispatch in it; the kernels alone (Nsight Compute, that folder's ncu.md),
-# static / dynamic us and fraction of copy: modulation 185 / 295 (0.33 / 0.21), fold 388 / 574 (0.41 / 0.27), SwiGLU
-# 623 / 1161 (0.47 / 0.25), cast 105 / 168 (0.78 / 0.49).
-TUNED: dict[tuple[str, int], tuple[int, int, int]] = {
-    ("modulation", 5376): (4, 4, 256), ("fold", 5376): (8, 4, 256), ("swiglu", 14336): (2, 4, 1024),
-    ("cast", 7168): (2, 4, 1024)}
-# The probe's candidates per kind (the interpreter tests check every one bit-exact at small shapes): each tile at
-# least half a block (16 bytes of input) a thread (ROWS * CH / 8 >= 32 * warps). (1, w, 0): the one-row layout
-# (chunk 0: the largest power of two in the row, as before), for comparison.
+# threads: the one-row layout's 256-column tail). prefetch: the full-chunk loop loads chunk i + 1 before it computes
+# chunk i (a second chunk of registers: fewer warps resident). The H200 probe (benchmarks/probes/nvfp4_producers.py)
+# times every SWEEP layout with and without the prefetch, checks each bit-exact, and prints the winners as this
+# table's line.
+# Measured: the H200 probe of 2026-12-01, session 11, call 4 (benchmarks/results/probes/nvfp4-session11/probe-call4-sweep.
+# {json,log}), at 19,000 rows: the bf16x2 layout with the least static time per kind (the served mode), every candidate
+# bit-exact in both modes. The kernels alone at these layouts (Nsight Compute, that folder's ncu.md, "planned"), static
+# / dynamic us and fraction of copy (4.26 TB/s): modulation 133 / 220 (0.46 / 0.28), fold 225 / 322 (0.699 / 0.49),
+# SwiGLU 543 / 995 (0.54 / 0.29), cast 103 / 168 (0.80 / 0.49).
+TUNED: dict[tuple[str, int], tuple[int, int, int, bool]] = {
+    ("modulation", 5376): (2, 1, 512, True), ("fold", 5376): (2, 1, 512, True), ("swiglu", 14336): (1, 4, 1024, False),
+    ("cast", 7168): (4, 4, 1024, False)}
+# The probe's layouts per kind (rows, warps, chunk), each with and without the prefetch (the interpreter tests check
+# every one bit-exact at small shapes): each tile at least half a block (16 bytes of input) a thread
+# (ROWS * CH / 8 >= 32 * warps). (1, w, 0): the one-row layout (chunk 0: the largest power of two in the row).
 _ROWS_LAYOUTS = ((1, 4, 0), (1, 2, 0), (4, 4, 512), (8, 4, 256), (4, 2, 256), (8, 2, 256), (8, 8, 512), (2, 4, 1024),
-                 (8, 4, 512), (4, 4, 1024), (4, 4, 256), (2, 4, 512), (2, 2, 512))
+                 (8, 4, 512), (4, 4, 1024), (4, 4, 256), (2, 4, 512), (2, 2, 512), (1, 2, 512), (2, 2, 256),
+                 (4, 2, 512), (2, 1, 256), (2, 1, 512))
 SWEEP: dict[str, tuple[tuple[int, int, int], ...]] = {
     "modulation": _ROWS_LAYOUTS,
     "fold": _ROWS_LAYOUTS,
+    # SwiGLU is compute-bound: the tiles from (2, 4, 512) on hold fewer registers a thread (more warps resident)
     "swiglu": ((1, 8, 0), (4, 4, 512), (8, 4, 256), (4, 8, 1024), (8, 8, 512), (2, 4, 1024), (8, 4, 512),
-               (4, 4, 1024)),
+               (4, 4, 1024), (2, 4, 512), (4, 4, 256), (2, 2, 512), (4, 2, 256), (1, 4, 1024), (2, 8, 1024), (1, 2, 512)),
     "cast": _ROWS_LAYOUTS,
 }
 BF16X2 = True  # the bf16x2 instructions above on the GPU for bf16 inputs (False: the fp32 arithmetic and roundings)
@@ -426,9 +430,10 @@ def use_bf16x2(kind: int) -> bool:
     return BF16X2 and kind == 0 and not INTERPRET
 
 
-def launch_config(kind: str, n: int) -> tuple[int, int, int]:
-    """(rows, warps, chunk) of a launch: TUNED, else one row a program at 4 warps up to 8192 columns, 8 above."""
-    return TUNED.get((kind, n)) or (1, 4 if n <= 8192 else 8, 0)
+def launch_config(kind: str, n: int) -> tuple[int, int, int, bool]:
+    """(rows, warps, chunk, prefetch) of a launch: TUNED, else one row a program at 4 warps up to 8192 columns, 8
+    above, with the prefetch."""
+    return TUNED.get((kind, n)) or (1, 4 if n <= 8192 else 8, 0, True)
 
 
 def row_plan(n: int, chunk: int) -> dict:
@@ -445,17 +450,23 @@ def row_plan(n: int, chunk: int) -> dict:
 
 
 def launch_opts(kind: str, n: int) -> tuple[int, dict]:
-    """(rows a program, the launch's constexprs and options: ROWS, `row_plan`, warps) for (kind, width)."""
-    rows, warps, chunk = launch_config(kind, n)
-    return rows, dict(LAUNCH_OPTS, ROWS=rows, num_warps=warps, **row_plan(n, chunk))
+    """(rows a program, the launch's constexprs and options: ROWS, `row_plan`, PREFETCH, warps) for (kind, width)."""
+    rows, warps, chunk, prefetch = launch_config(kind, n)
+    return rows, dict(LAUNCH_OPTS, ROWS=rows, num_warps=warps, PREFETCH=bool(prefetch), **row_plan(n, chunk))
+
+
+def full_config(config) -> tuple[int, int, int, bool]:
+    """(rows, warps, chunk, prefetch) of a SWEEP layout (rows, warps, chunk: with the prefetch) or a TUNED entry."""
+    config = tuple(config)
+    return (*config, True) if len(config) == 3 else (*config[:3], bool(config[3]))
 
 
 class tuned:
-    """`with tuned(kind, n, (rows, warps, chunk), bf16x2)`: that launch layout (and BF16X2) in force, the planned
-    table restored after (the probe's and the GPU sweep's candidates)."""
+    """`with tuned(kind, n, (rows, warps, chunk[, prefetch]), bf16x2)`: that launch layout (and BF16X2) in force, the
+    planned table restored after (the probe's and the GPU sweep's candidates)."""
 
-    def __init__(self, kind: str, n: int, config: tuple[int, int, int], bf16x2: bool = True):
-        self.key, self.config, self.bf16x2 = (kind, n), tuple(config), bf16x2
+    def __init__(self, kind: str, n: int, config, bf16x2: bool = True):
+        self.key, self.config, self.bf16x2 = (kind, n), full_config(config), bf16x2
 
     def __enter__(self):
         global BF16X2
@@ -470,9 +481,11 @@ class tuned:
         BF16X2 = self.planned_x2
 
 
-def config_name(config: tuple[int, int, int], bf16x2: bool = True) -> str:
-    """'r4w4c512' (rows, warps, chunk; c0: the one-row layout's chunks), 'f' appended without bf16x2."""
-    return "r{}w{}c{}".format(*config) + ("" if bf16x2 else "f")
+def config_name(config, bf16x2: bool = True) -> str:
+    """'r4w4c512' (rows, warps, chunk; c0: the one-row layout's chunks), 'n' appended without the prefetch, 'f'
+    without bf16x2."""
+    rows, warps, chunk, prefetch = full_config(config)
+    return f"r{rows}w{warps}c{chunk}" + ("" if prefetch else "n") + ("" if bf16x2 else "f")
 
 
 def _words_ok(t: torch.Tensor) -> bool:
@@ -495,10 +508,19 @@ def pair_args(*tensors: torch.Tensor) -> tuple:
 
 
 def outputs(rows: int, n: int, lead: tuple, device):
-    """(packed (lead..., n/2) uint8, swizzled scales (flat) uint8 zeros, n_col_tiles)."""
+    """(packed (lead..., n/2) uint8, swizzled scales (flat) uint8, n_col_tiles). The kernels write every scale of the
+    rows x n/16 matrix, so only the padding is zeroed here: the last row tile (its 128 x 4 tiles are the buffer's
+    last n_col_tiles * 512 bytes) when rows % 128, the whole buffer when n/16 % 4 (padding columns in every tile);
+    at H3 widths and 19,000 rows that is 43 KB, not 6.4 MB, a call."""
     packed = torch.empty(lead + (n // 2,), dtype=torch.uint8, device=device)
-    sf = torch.zeros(blocked_numel(rows, n // BLOCK), dtype=torch.uint8, device=device)
-    return packed, sf, -(-(n // BLOCK) // TILE_COLS)
+    cols = n // BLOCK
+    nct = -(-cols // TILE_COLS)
+    if cols % TILE_COLS:
+        return packed, torch.zeros(blocked_numel(rows, cols), dtype=torch.uint8, device=device), nct
+    sf = torch.empty(blocked_numel(rows, cols), dtype=torch.uint8, device=device)
+    if rows % TILE_ROWS:
+        sf[-nct * TILE_ROWS * TILE_COLS:].zero_()
+    return packed, sf, nct
 
 
 def global_buffer(g: torch.Tensor | None, row_amax: torch.Tensor | None, device) -> torch.Tensor:

@@ -207,8 +207,8 @@ def _modulate_nvfp4_kernel(x_ptr, xw_ptr, w_ptr, scale_ptr, shift_ptr, idx_ptr, 
                            n_col_tiles, N: tl.constexpr, HAS_W: tl.constexpr, EXACT: tl.constexpr,
                            AMAX_ONLY: tl.constexpr, FOLD: tl.constexpr, RSTD: tl.constexpr, NITER: tl.constexpr,
                            ROWS: tl.constexpr, CH: tl.constexpr, NFULL: tl.constexpr, T0: tl.constexpr,
-                           T1: tl.constexpr, T2: tl.constexpr, KIND: tl.constexpr, X2: tl.constexpr,
-                           IEEE_RSQRT: tl.constexpr, HW: tl.constexpr):
+                           T1: tl.constexpr, T2: tl.constexpr, PREFETCH: tl.constexpr, KIND: tl.constexpr,
+                           X2: tl.constexpr, IEEE_RSQRT: tl.constexpr, HW: tl.constexpr):
     """x_ptr: x (bf16 elements, the statistic's loads); xw_ptr, w_ptr, scale_ptr, shift_ptr, h_ptr, gate_ptr, y_ptr:
     as `pair_args` gives them (KIND), the strides as `stride_arg` does. ROWS rows a program in `row_plan`'s chunks.
     RSTD 0: the rows' statistic computed; 1: computed and stored to rstd_ptr (the amax pass); 2: loaded from it (the
@@ -251,7 +251,7 @@ def _modulate_nvfp4_kernel(x_ptr, xw_ptr, w_ptr, scale_ptr, shift_ptr, idx_ptr, 
     sh_base = idx * shift_stride
     g, inv_g = load_global(g_ptr)
     a = tl.zeros((ROWS,), tl.float32)
-    if KIND != 2 and NFULL > 0:  # chunk i + 1's x words loaded before chunk i is computed (nvfp4.py _cast_kernel)
+    if PREFETCH and KIND != 2 and NFULL > 0:  # chunk i + 1's x words loaded first (nvfp4.py _cast_kernel)
         u = load_words(xw_ptr, base, 0, CH, N, False)
         for i in range(NFULL):  # a loop, not unrolled: compile time and code size
             nxt = load_words(xw_ptr, base, next_chunk(i, NFULL, CH), CH, N, False)
@@ -327,14 +327,14 @@ def _swiglu_pairs(gw, hw, KIND: tl.constexpr, X2: tl.constexpr, IS_BF16: tl.cons
 @triton.jit
 def _swiglu_nvfp4_kernel(x_ptr, packed_ptr, sf_ptr, amax_ptr, g_ptr, M, n_col_tiles, F: tl.constexpr,
                          ROWS: tl.constexpr, CH: tl.constexpr, NFULL: tl.constexpr, T0: tl.constexpr,
-                         T1: tl.constexpr, T2: tl.constexpr, KIND: tl.constexpr, X2: tl.constexpr,
-                         AMAX_ONLY: tl.constexpr, IS_BF16: tl.constexpr, HW: tl.constexpr,
+                         T1: tl.constexpr, T2: tl.constexpr, PREFETCH: tl.constexpr, KIND: tl.constexpr,
+                         X2: tl.constexpr, AMAX_ONLY: tl.constexpr, IS_BF16: tl.constexpr, HW: tl.constexpr,
                          LIBDEVICE_EXP: tl.constexpr):
     rows = program_rows(M, ROWS)
     base = row_base(rows[:, None, None, None], 2 * F, KIND)
     g, inv_g = load_global(g_ptr)
     a = tl.zeros((ROWS,), tl.float32)
-    if KIND != 2 and NFULL > 0:  # chunk i + 1's words loaded before chunk i is computed (kernels/nvfp4.py _cast_kernel)
+    if PREFETCH and KIND != 2 and NFULL > 0:  # chunk i + 1's words loaded first (kernels/nvfp4.py _cast_kernel)
         gate = base + row_base(1, F, KIND)
         gw = load_words(x_ptr, gate, 0, CH, F, False)
         hw = load_words(x_ptr, base, 0, CH, F, False)

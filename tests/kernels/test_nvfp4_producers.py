@@ -139,7 +139,8 @@ def test_element_pair_fallback_and_masked_tail():
 def _sweep_cases():
     """(kind, (rows, warps, chunk)) of every SWEEP layout, one per (rows, chunk): warps do not change the
     interpreter's arithmetic (the H200 probe checks each warps count on the device). The planned layout (TUNED at
-    H3 width) runs in the fast lane, the others in the slow one."""
+    H3 width) runs in the fast lane, the others, and the planned one without the next-chunk prefetch, in the slow
+    one."""
     widths = {"modulation": 5376, "fold": 5376, "swiglu": 14336, "cast": 7168}
     for kind in widths:
         seen = set()
@@ -150,6 +151,9 @@ def _sweep_cases():
                 planned = (cfg[0], cfg[2]) == (plan[0], plan[2])
                 yield pytest.param(kind, cfg, id=f"{kind}-{n4.config_name(cfg)}",
                                    marks=() if planned else pytest.mark.slow)
+                if planned:  # the full-chunk loop without the next-chunk prefetch (the probe's suffix n)
+                    yield pytest.param(kind, (*cfg, False), id=f"{kind}-{n4.config_name((*cfg, False))}",
+                                       marks=pytest.mark.slow)
 
 
 @pytest.mark.parametrize("kind,cfg", list(_sweep_cases()))
@@ -157,7 +161,7 @@ def test_every_sweep_layout_is_bit_exact(kind, cfg):
     """Every launch layout the H200 probe may pick (kernels/nvfp4.py SWEEP: rows a program, chunk), static and
     dynamic, against the unfused chain: a width of two whole chunks and a masked 80-column tail, and one row more
     than a program holds (the last program's clamped lanes)."""
-    rows, _warps, chunk = cfg
+    rows, _warps, chunk = cfg[:3]
     n = 2 * (chunk or 128) + 80
     gen = torch.Generator().manual_seed(rows * 7 + chunk)
     with n4.tuned(kind, n, cfg):
@@ -181,7 +185,7 @@ def test_every_sweep_layout_is_bit_exact(kind, cfg):
                 h2 = gr.gated_residual_ref(x, gate, index, y)
                 assert torch.equal(got[0].view(torch.int16), h2.view(torch.int16))
                 assert_same(got[1:], n4.cast_nvfp4_ref(emulate_exact(h2, w, scale, shift, index, EPS), g))
-    assert n4.launch_config(kind, n) == (1, 4, 0)  # the planned table is back
+    assert n4.launch_config(kind, n) == (1, 4, 0, True)  # the planned table is back
 
 
 def test_sweep_layouts_give_every_thread_a_half_block():
@@ -191,7 +195,7 @@ def test_sweep_layouts_give_every_thread_a_half_block():
         assert len(set(layouts)) == len(layouts), kind
         for rows, warps, chunk in layouts:
             assert (rows == 1 and chunk == 0) or rows * chunk // 8 >= 32 * warps, (kind, rows, warps, chunk)
-        assert all(n4.launch_config(k, n) in n4.SWEEP[k] for k, n in n4.TUNED)
+        assert all(n4.launch_config(k, n)[:3] in n4.SWEEP[k] for k, n in n4.TUNED)
 
 
 def test_row_plan_covers_the_row():
