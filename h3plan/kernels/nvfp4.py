@@ -402,9 +402,9 @@ def bf16x2_modulate(lo, hi, sc, sh):
 # table's line.
 # Measured: the H200 probe of 2026-12-01, session 11, call 4 (benchmarks/results/probes/nvfp4-session11/probe-call4-sweep.
 # {json,log}), at 19,000 rows: the bf16x2 layout with the least static time per kind (the served mode), every candidate
-# bit-exact in both modes. The kernels alone at these layouts (Nsight Compute, that folder's ncu.md, "planned"), static
-# / dynamic us and fraction of copy (4.26 TB/s): modulation 133 / 220 (0.46 / 0.28), fold 225 / 322 (0.699 / 0.49),
-# SwiGLU 543 / 995 (0.54 / 0.29), cast 103 / 168 (0.80 / 0.49).
+# bit-exact in both modes. The kernels alone at these layouts (Nsight Compute, that folder's ncu.md: call 6,
+# "committed", the fold "hints"), static us and fraction of copy (4.26 TB/s): modulation 132 (0.46), fold 215 (0.73),
+# SwiGLU 544 (0.54), cast 104 (0.79); the dynamic modes (call 4) 0.28, 0.49, 0.29, 0.49.
 TUNED: dict[tuple[str, int], tuple[int, int, int, bool]] = {
     ("modulation", 5376): (2, 1, 512, True), ("fold", 5376): (2, 1, 512, True), ("swiglu", 14336): (1, 4, 1024, False),
     ("cast", 7168): (4, 4, 1024, False)}

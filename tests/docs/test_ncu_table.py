@@ -16,15 +16,26 @@ def _ncu_table():
     return mod
 
 
-def test_table_matches_the_reports(tmp_path):
-    committed = json.loads((D / "ncu.json").read_text())
+# each session folder's reports, in the order of its table's layouts
+REPORTS = {
+    "nvfp4-session10": ("ncu-call1-variant.txt", "ncu-call2-coalesced.txt"),
+    "nvfp4-session11": ("ncu-call1-main.txt", "ncu-call1-next.txt", "ncu-call3-swept.txt", "ncu-call4-planned.txt",
+                        "ncu-call4-runner-up.txt", "ncu-call6-committed.txt", "ncu-call6-hints.txt"),
+}
+CAST_US = {"nvfp4-session10": [171.7, 105.1], "nvfp4-session11": [119.0, 104.2, 102.0, 103.0, 103.7, 104.1, 102.8]}
+
+
+@pytest.mark.parametrize("folder", sorted(REPORTS))
+def test_table_matches_the_reports(tmp_path, folder):
+    d = D.parent / folder
+    committed = json.loads((d / "ncu.json").read_text())
     labels = list(dict.fromkeys(r["layout"] for r in committed["records"]))
-    reports = [f"{label}={D / name}" for label, name in zip(labels, ("ncu-call1-variant.txt", "ncu-call2-coalesced.txt"))]
+    reports = [f"{label}={d / name}" for label, name in zip(labels, REPORTS[folder], strict=True)]
     assert _ncu_table().main([str(tmp_path / "ncu"), *reports, "--copy-tbps", str(committed["copy_tbps"])]) == 0
     assert json.loads((tmp_path / "ncu.json").read_text()) == committed
-    assert (tmp_path / "ncu.md").read_text() == (D / "ncu.md").read_text()
+    assert (tmp_path / "ncu.md").read_text() == (d / "ncu.md").read_text()
     cast = [r for r in committed["records"] if r["producer"] == "cast" and r["mode"] == "static"]
-    assert [round(r["us"], 1) for r in cast] == [171.7, 105.1]  # the reports' own Duration lines
+    assert [round(r["us"], 1) for r in cast] == CAST_US[folder]  # the reports' own Duration lines
 
 
 def test_a_report_with_launches_missing_is_refused(tmp_path):

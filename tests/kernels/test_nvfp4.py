@@ -227,7 +227,8 @@ def test_cast_odd_width_rows_and_word_fallback(static):
     assert_same(n4.cast_nvfp4(odd, g), n4.cast_nvfp4_ref(x, g))
 
 
-@pytest.mark.parametrize("rows,n", [(130, 128), *(pytest.param(*c, marks=pytest.mark.slow) for c in ((128, 128), (3, 80), (200, 1040)))])
+@pytest.mark.parametrize("rows,n", [(3, 128), *(pytest.param(*c, marks=pytest.mark.slow)
+                                                for c in ((130, 128), (128, 128), (3, 80), (200, 1040)))])
 def test_scale_padding_zeroed_whatever_the_buffer_held(monkeypatch, rows, n):
     """`outputs` zeroes only the swizzled layout's padding (the last row tile, or all of it when n/16 % 4): with
     every fresh buffer full of 0xFF bytes, the cast still gives the reference's zero padding and its scales."""
