@@ -19,8 +19,8 @@ no spin: their ~0.1-0.5 ms calls hold the host's dispatch and the write-back of 
 the same kernels differed by 1.6x between runs (nvfp4-session10/README.md; Nsight Compute's kernel times there).
 Session 11's first run (nvfp4-session11/probe-call2-*) had a 400 us spin: the cast's times matched Nsight
 Compute's, the modulation's and the fold's (whose host dispatch takes 0.55-0.92 ms) did not. With LEAD_US
-(nvfp4-session11/probe-call3-*, probe-call4-*) each best time is within 2.5-8% of Nsight Compute's kernel time (the
-call's own small launches: the scale buffer's zero fill, since cut to its padding, and g's copy). Dynamic mode reads its inputs twice, so
+(nvfp4-session11/probe-call3-*, probe-call4-*) each best time is within 2.5-8% of Nsight Compute's kernel time
+(the call's own small launches: the scale buffer's zero fill, since cut to its padding, and g's copy). Dynamic mode reads its inputs twice, so
 its fraction is bounded by one pass's bytes over two passes' (about 0.56 for the cast and modulation, 0.53 for
 SwiGLU, 0.77 for the fold).
 

@@ -32,10 +32,10 @@ and walks them in chunks (`row_plan`: a loop of CH-column chunks, then up to thr
 words (`load_pairs`): a thread holds 16 contiguous bytes of input, its neighbour the next 16, so loads and code
 stores are whole sectors; a block's two threads reduce its amax with one shuffle and both compute its scale, and
 the scale bytes are stored from the reduction's layout (`store_bytes`), so no chunk goes through shared memory.
-Where the layout says so, the full-chunk loop loads chunk i + 1 before it computes chunk i. The launch
-layout (rows, warps, chunk, prefetch) per kernel and width is `launch_config` (TUNED, from the H200 probe). With a given global scale the cast is one pass; without,
-a row-amax pass, g on the device (no host sync), then the cast pass. Refused inputs (`cast_nvfp4_check`) go to
-`cast_nvfp4_ref`.
+Where the layout says so, the full-chunk loop loads chunk i + 1 before it computes chunk i. The launch layout
+(rows, warps, chunk, prefetch) per kernel and width is `launch_config` (TUNED, from the H200 probe). With a given
+global scale the cast is one pass; without, a row-amax pass, g on the device (no host sync), then the cast pass.
+Refused inputs (`cast_nvfp4_check`) go to `cast_nvfp4_ref`.
 """
 
 from __future__ import annotations
@@ -400,11 +400,11 @@ def bf16x2_modulate(lo, hi, sc, sh):
 # chunk i (a second chunk of registers: fewer warps resident). The H200 probe (benchmarks/probes/nvfp4_producers.py)
 # times every SWEEP layout with and without the prefetch, checks each bit-exact, and prints the winners as this
 # table's line.
-# Measured: the H200 probe of 2026-12-01, session 11, call 4 (benchmarks/results/probes/nvfp4-session11/probe-call4-sweep.
-# {json,log}), at 19,000 rows: the bf16x2 layout with the least static time per kind (the served mode), every candidate
-# bit-exact in both modes. The kernels alone at these layouts (Nsight Compute, that folder's ncu.md: call 6,
-# "committed", the fold "hints"), static us and fraction of copy (4.26 TB/s): modulation 132 (0.46), fold 215 (0.73),
-# SwiGLU 544 (0.54), cast 104 (0.79); the dynamic modes (call 4) 0.28, 0.49, 0.29, 0.49.
+# Measured: the H200 probe of 2026-12-01, session 11, call 4 (benchmarks/results/probes/nvfp4-session11/
+# probe-call4-sweep.{json,log}), at 19,000 rows: the bf16x2 layout with the least static time per kind (the served
+# mode), every candidate bit-exact in both modes. The kernels alone at these layouts (Nsight Compute, that folder's
+# ncu.md: call 6, "committed", the fold "hints"), static us and fraction of copy (4.26 TB/s): modulation 132 (0.46),
+# fold 215 (0.73), SwiGLU 544 (0.54), cast 104 (0.79); the dynamic modes (call 4) 0.28, 0.49, 0.29, 0.49.
 TUNED: dict[tuple[str, int], tuple[int, int, int, bool]] = {
     ("modulation", 5376): (2, 1, 512, True), ("fold", 5376): (2, 1, 512, True), ("swiglu", 14336): (1, 4, 1024, False),
     ("cast", 7168): (4, 4, 1024, False)}
@@ -419,7 +419,8 @@ SWEEP: dict[str, tuple[tuple[int, int, int], ...]] = {
     "fold": _ROWS_LAYOUTS,
     # SwiGLU is compute-bound: the tiles from (2, 4, 512) on hold fewer registers a thread (more warps resident)
     "swiglu": ((1, 8, 0), (4, 4, 512), (8, 4, 256), (4, 8, 1024), (8, 8, 512), (2, 4, 1024), (8, 4, 512),
-               (4, 4, 1024), (2, 4, 512), (4, 4, 256), (2, 2, 512), (4, 2, 256), (1, 4, 1024), (2, 8, 1024), (1, 2, 512)),
+               (4, 4, 1024), (2, 4, 512), (4, 4, 256), (2, 2, 512), (4, 2, 256), (1, 4, 1024), (2, 8, 1024),
+               (1, 2, 512)),
     "cast": _ROWS_LAYOUTS,
 }
 BF16X2 = True  # the bf16x2 instructions above on the GPU for bf16 inputs (False: the fp32 arithmetic and roundings)
