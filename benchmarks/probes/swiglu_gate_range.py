@@ -23,18 +23,13 @@ import nvfp4_producers as P  # noqa: E402
 from h3plan.kernels import nvfp4_producers as npd  # noqa: E402
 
 
-def rows(kmax: int, n_rows: int, seed: int = 2) -> torch.Tensor:
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    x = torch.randn((1, n_rows, 2 * P.FFN), device="cuda", generator=g)
-    k = torch.randint(-4, kmax + 1, (1, n_rows, 1), device="cuda", generator=g).float()
-    return (x * torch.exp2(k)).to(torch.bfloat16)
-
-
 def main() -> int:
     out = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("OUT")
     S = 19000
     gs = torch.tensor([P.STATIC], device="cuda")
-    inputs = {"k<=7 (the probe's)": rows(7, S), "k<=3": rows(3, S)}
+    from test_kernels_block_gpu import activations  # nvfp4_producers.py puts tests/gpu on the path
+
+    inputs = {"k<=7 (the probe's)": activations((1, S, 2 * P.FFN), 2), "k<=3": activations((1, S, 2 * P.FFN), 2, kmax=3)}
     rec, bad = {}, 0
     with torch.no_grad():
         for name, h in inputs.items():

@@ -38,11 +38,11 @@ def index_for(S, device="cuda"):
     return idx.to(device)
 
 
-def activations(shape, seed):
-    """Residual-stream-like bf16 rows: unit normal, each row scaled by 2^k, k in [-4, 7]."""
+def activations(shape, seed, kmax=7):
+    """Residual-stream-like bf16 rows: unit normal, each row scaled by 2^k, k in [-4, kmax]."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(shape, device="cuda", generator=g)
-    k = torch.randint(-4, 8, shape[:-1] + (1,), device="cuda", generator=g).float()
+    k = torch.randint(-4, kmax + 1, shape[:-1] + (1,), device="cuda", generator=g).float()
     return (x * torch.exp2(k)).to(torch.bfloat16)
 
 
