@@ -29,7 +29,8 @@ def main() -> int:
     gs = torch.tensor([P.STATIC], device="cuda")
     from test_kernels_block_gpu import activations  # nvfp4_producers.py puts tests/gpu on the path
 
-    inputs = {"k<=7 (the probe's)": activations((1, S, 2 * P.FFN), 2), "k<=3": activations((1, S, 2 * P.FFN), 2, kmax=3)}
+    shape = (1, S, 2 * P.FFN)
+    inputs = {"k<=7 (the probe's)": activations(shape, 2), "k<=3": activations(shape, 2, kmax=3)}
     rec, bad = {}, 0
     with torch.no_grad():
         for name, h in inputs.items():
