@@ -2,6 +2,7 @@
 read hydra.mode, once to run), the schema stored once per process, and no torch on the plan path.
 Wall-clock numbers: `python benchmarks/plan_speed.py`."""
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -79,3 +80,57 @@ def test_the_plan_path_imports_no_torch_nor_numpy(argv):
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "[]"
+
+
+def test_a_plain_plan_skips_hydras_job_runner(monkeypatch, capsys):
+    import hydra._internal.utils as hydra_utils
+
+    def refuse(**kwargs):
+        raise AssertionError("a plain plan ran Hydra's job runner")
+
+    monkeypatch.setattr(hydra_utils, "_run_hydra", refuse)
+    assert cli.run(["hardware=sm90", "recipe=bf16", "parallel=u1"]) == 0
+    assert "gemm_quant" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["recipe=bogus"], ["levers.attention=cudnn_fp8"], ["video.height=720"], ["nope=1"]])
+def test_the_shortcut_fails_with_the_runners_line(argv, capsys):
+    # a hydra.* override takes Hydra's runner: both routes print the same line and exit code
+    assert cli.run(argv) == cli.run([*argv, "hydra.job.chdir=false"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and err[0] == err[1].replace(" hydra.job.chdir=false", ""), err  # its `this works` repeats argv
+
+
+def test_libyaml_composes_the_same_config(monkeypatch):
+    from omegaconf import OmegaConf
+
+    from h3plan.planning import config
+
+    overrides = ["hardware=sm90", "recipe=fp8", "parallel=u2", "video=t2v_768x1344_10s"]
+    fast = OmegaConf.to_container(config.compose(overrides))
+    monkeypatch.setattr(config, "libyaml", contextlib.nullcontext)
+    assert OmegaConf.to_container(config.compose(overrides)) == fast
+
+
+def test_libyaml_parses_as_omegaconf_does(monkeypatch):
+    import omegaconf._utils as utils
+    import yaml
+
+    from h3plan.planning import config
+
+    if not yaml.__with_libyaml__:
+        pytest.skip("PyYAML without libyaml: OmegaConf's own loader runs")
+    text = "a: 1e3\nb: 2024-01-01\nc: .5\nd: on\n"
+    pure = yaml.load(text, Loader=utils.get_yaml_loader())
+    used = []
+    original = config.libyaml
+    monkeypatch.setattr(config, "libyaml", lambda: used.append(1) or original())
+    with original():
+        loader = utils.get_yaml_loader()
+        assert issubclass(loader, yaml.cyaml.CParser)
+        assert yaml.load(text, Loader=loader) == pure  # omegaconf's float resolver, no timestamps
+        with pytest.raises(yaml.constructor.ConstructorError, match="duplicate key a"):
+            yaml.load("a: 1\na: 2\n", Loader=loader)
+    assert not issubclass(utils.get_yaml_loader(), yaml.cyaml.CParser)  # restored
+    config.compose(["hardware=sm90"])
+    assert used == [1]
