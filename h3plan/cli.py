@@ -23,9 +23,9 @@ from . import __version__
 from .actions import ACTIONS, run_action
 from .errors import H3PlanError, UsageError
 from .levers import SPECS, not_installed
-from .planning.config import CONFIG_NAME, CONFIG_PATH, compose, condense, libyaml
+from .planning.config import CONFIG_NAME, CONFIG_PATH, compose, condense, libyaml, record_choices
 from .planning.derive import ORDER
-from .planning.memory import MemoryConfig
+from .planning.memory import MemoryConfig, usable_gib
 from .planning.request import FIELDS, video_overrides
 
 PROG = "h3plan"
@@ -186,6 +186,7 @@ def _task(cfg) -> Any:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    record_choices(cfg, HydraConfig.get().runtime.choices)
     if HydraConfig.get().mode == RunMode.MULTIRUN:
         from . import sweep
 
@@ -283,23 +284,37 @@ def _request_lines(plan, width: int) -> list[str]:
     texts = ["request  " + req]
     peak, breakdown = plan.derived_value("memory_peak_gib_per_gpu"), plan.derived_value("memory_breakdown_gib") or {}
     if peak is not None:
-        items = plan.derived_value("memory_peak_items") or list(breakdown)
-        top = ", ".join(f"{k} {breakdown[k]:g}" for k in sorted(items, key=lambda k: -breakdown[k])[:3])
-        gb = plan.get("hardware").get("device", {}).get("memory_gb")
-        phase = {"denoise": "denoising", "decode": "decoding", "install": "installing"}.get(
-            plan.derived_value("memory_peak_phase"), "running")
-        line = f"memory   peak {peak:.1f} GiB per GPU while {phase} (GiB: {top}) of {gb} GB"
-        inst, loaded = plan.derived_value("memory_install_gib"), plan.derived_value("memory_loaded_gib")
-        if inst is not None and loaded is not None:
-            usable = gb * 1e9 / 2**30 * (1 - plan.get("memory")["reserve_fraction"]) if gb else None
-            line += (f"; install from the host {inst:.1f} GiB (install(pipe, plan, device=\"cuda\")), loaded on the GPU first "
-                     f"{loaded:.1f} GiB" + (" (does not fit: load on the host)" if usable is not None and loaded > usable else ""))
-        texts.append(line)
+        texts += _memory_texts(plan, peak, breakdown)
     out = []
     for t in texts:
         w = _wrap(t, width, 9)
         out += [w[0]] + [" " * 9 + x for x in w[1:]]
     return out
+
+
+def _memory_texts(plan, peak: float, breakdown: dict) -> list[str]:
+    """`memory` (the peak per GPU against what the plan may use, in GiB, and its largest items) and `install` (a
+    pipeline on the host moved by install, against one moved to the GPU whole first)."""
+    items = plan.derived_value("memory_peak_items") or list(breakdown)
+    top = sorted(items, key=lambda k: -breakdown[k])[:3]
+    gb, reserve = plan.get("hardware").get("device", {}).get("memory_gb"), plan.get("memory")["reserve_fraction"]
+    phase = {"denoise": "denoising", "decode": "decoding", "install": "installing"}.get(
+        plan.derived_value("memory_peak_phase"), "running")
+    usable = usable_gib(gb, reserve) if gb else None
+    line = f"memory   peak {peak:.1f} GiB per GPU while {phase}"
+    if usable is not None:
+        line += (f", of {usable:.1f} GiB usable ({gb:g} GB = {usable_gib(gb, 0):.1f} GiB less the {reserve:.0%} "
+                 f"memory.reserve_fraction; another card: hardware.device.memory_gb=80)")
+    which = f"its largest {len(top)} of {len(items)} items" if len(items) > len(top) else "its items"
+    line += f"; {which}: " + ", ".join(f"{k} {breakdown[k]:.1f}" for k in top) + " GiB"
+    texts = [line]
+    inst, loaded = plan.derived_value("memory_install_gib"), plan.derived_value("memory_loaded_gib")
+    if inst is not None and loaded is not None:
+        whole = "does not fit: load it on the host" if usable is not None and loaded > usable else "fits"
+        texts.append(f"install  install(pipe, plan, device=\"cuda\") on a pipeline loaded on the host peaks at {inst:.1f} "
+                     f"GiB per GPU; the pipeline moved to the GPU whole before install (pipe.to(\"cuda\")) holds "
+                     f"{loaded:.1f} GiB ({whole})")
+    return texts
 
 
 def write_plan(plan, path: str) -> None:
@@ -322,8 +337,23 @@ def _header(plan) -> str:
     hw, r, p, m = (plan.get(k) for k in ("hardware", "recipe", "parallel", "model"))
     policy = "lossless" if r["policy"] == "lossless" else f"budget PSNR>={r['budget']['psnr_db_min']} dB SSIM>={r['budget']['ssim_min']}"
     ring = "" if p.get("ring", 1) == 1 else f" x ring {p['ring']}"
-    return (f"h3plan  hardware={hw['name']} ({hw['arch']}, {hw['compute_capability']})  recipe={r['name']} ({policy})  "
-            f"parallel={p['name']} (Ulysses {p['ulysses']}{ring}, {p['seq_len']:,} tokens)  model={m['name']}")
+    option = hw.get("option") or hw["name"]
+    extends = "" if option == hw["name"] else f"as {hw['name']}: "  # a file of your own over a packaged one
+    device = f"{extends}{'/'.join(hw.get('products') or []) or hw['arch']}, {hw['device']['memory_gb']:g} GB"
+    return (f"h3plan  hardware={option} ({device})  "
+            f"recipe={r['name']} ({policy})  {_parallel_label(p)} (Ulysses {p['ulysses']}{ring}, {p['seq_len']:,} tokens)  "
+            f"model={m['name']}")
+
+
+def _parallel_label(p) -> str:
+    """`parallel=u1`, or `parallel=u1 with parallel.ulysses=56` where a field overrides the degrees its preset's name
+    gives (presets are named r<ring>u<ulysses>)."""
+    m = re.fullmatch(r"(?:r(\d+))?u(\d+)", str(p["name"]))
+    if not m:
+        return f"parallel={p['name']}"
+    named = {"ring": int(m.group(1) or 1), "ulysses": int(m.group(2))}
+    changed = [f"parallel.{k}={p.get(k, 1)}" for k, v in named.items() if p.get(k, 1) != v]
+    return f"parallel={p['name']}" + (f" with {' '.join(changed)}" if changed else "")
 
 
 def _labelled(label: str, text: str, width: int) -> list[str]:
@@ -380,6 +410,26 @@ def _shown_reasons(d) -> list[str]:
     return [x for x in d.reasons if not x.startswith("not hardware-verified") and " allows lossy levers within " not in x] or list(d.reasons[:1])
 
 
+def _runs(d, plan) -> bool:
+    """The lever changes what runs: a setting that is not off or diffusers' default, and no Ulysses lever at Ulysses
+    degree 1 (no exchange to act on: its row says so)."""
+    return d.enabled and d.setting != "default" and not (SPECS[d.lever].ulysses and plan.get("parallel")["ulysses"] == 1)
+
+
+def _lossless_text(plan) -> str:
+    """Lossless is diffusers' eager bits given the plan's attention backend: say whose frames those are, how far from
+    stock diffusers' where measured (hardware.measured.stock_frames), and the setting that keeps stock bits."""
+    att, hw = plan.decision("attention").setting, plan.get("hardware")
+    if att == "sdpa":
+        return ("every lever keeps diffusers' eager bits with its default attention (torch SDPA, attention=sdpa): "
+                "stock diffusers' frames, bit for bit")
+    seen = [x for x in hw.get("measured", {}).get("stock_frames") or [] if x["attention"] == att]
+    far = f" (PSNR {seen[0]['psnr_db']:.1f} dB from them at {seen[0]['shape']} on {hw['name']})" if seen else ""
+    return (f"the frames are diffusers' eager frames with {att} as the attention, bit for bit; {att} rounds its own way, "
+            f"so they are not stock diffusers' frames{far}; stock diffusers' bits on one GPU: levers.attention=sdpa "
+            "(diffusers' default, torch SDPA)")
+
+
 def render_summary(plan, width: int = 120) -> str:
     """The default table: what runs, what is lossy and its budget, what has no kernel, what never ran on this
     hardware, the memory and speed estimates, then one line per lever (detail=full: every reason, its sources
@@ -388,7 +438,8 @@ def render_summary(plan, width: int = 120) -> str:
     ds = plan.decisions
     lines = [_header(plan), *_request_lines(plan, width)]
     lines += _labelled("speed", _speed_text(plan), width)
-    runs = [f"{d.lever}={d.setting}" for d in ds if d.enabled and d.setting != "default"]
+    running = [d for d in ds if _runs(d, plan)]
+    runs = [f"{d.lever}={d.setting}" for d in running]
     lines += _labelled("runs", ", ".join(runs) or "diffusers' own ops only", width)
     lossy = [d.lever for d in ds if not d.lossless]
     if lossy:
@@ -396,13 +447,13 @@ def render_summary(plan, width: int = 120) -> str:
         lines += _labelled("lossy", f"{', '.join(lossy)}: the output may differ from diffusers' eager output within "
                                     f"PSNR >= {b['psnr_db_min']} dB, SSIM >= {b['ssim_min']} (action=verify measures it)", width)
     else:
-        lines += _labelled("lossless", "every lever keeps diffusers' eager bits, given the attention backend", width)
+        lines += _labelled("lossless", _lossless_text(plan), width)
     missing = {d.lever: not_installed(d) for d in ds}
     for d in ds:
         if missing[d.lever]:
             lines += _labelled("kernel", f"{d.lever}={d.setting} has no kernel yet: install skips it ({missing[d.lever]})", width)
-    unverified = [d for d in ds if not d.hardware_verified]
-    if len(unverified) == len(ds):
+    unverified = [d for d in running if not d.hardware_verified]  # a setting that is off runs nothing untested
+    if not any(d.hardware_verified for d in ds):
         never = f"h3plan has never run on {hw['name']}: every setting here is a prediction (marked *)"
     elif unverified:
         never = f"{', '.join(f'{d.lever}={d.setting}' for d in unverified)}: never run on {hw['name']} by h3plan (marked *)"

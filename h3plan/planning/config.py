@@ -32,7 +32,7 @@ def compose(overrides: list[str]):
     schema.register()
     try:
         with libyaml(), initialize_config_dir(config_dir=CONFIG_PATH, version_base="1.3"):
-            return hydra_compose(config_name=CONFIG_NAME, overrides=video_overrides(list(overrides)))
+            cfg = hydra_compose(config_name=CONFIG_NAME, overrides=video_overrides(list(overrides)), return_hydra_config=True)
     except H3PlanError:
         raise
     except Exception as e:  # noqa: BLE001 - Hydra's and OmegaConf's errors become one line
@@ -40,6 +40,19 @@ def compose(overrides: list[str]):
         if code != 2:
             raise
         raise _config_error(line) from None
+    from omegaconf import open_dict, read_write
+
+    choices = dict(cfg.hydra.runtime.choices)
+    with read_write(cfg), open_dict(cfg):  # what hydra's compose(return_hydra_config=False) does
+        del cfg["hydra"]
+    return record_choices(cfg, choices)
+
+
+def record_choices(cfg, choices):
+    """`cfg` with the group options it was composed from that its values do not carry (hardware.option)."""
+    if choices.get("hardware") is not None:
+        cfg.hardware.option = choices["hardware"]
+    return cfg
 
 
 @contextlib.contextmanager
@@ -170,7 +183,10 @@ def condense(e: BaseException) -> tuple[str, int]:
             missing = x.missing_cfg_file or ""
             if "/" in missing and x.options is not None:
                 group, _, name = missing.rpartition("/")
-                hint = " (the joblib and submitit launchers: pip install -e '.[sweep]' in a checkout)" if group == "hydra/launcher" else ""
+                hint = (" (the joblib and submitit launchers: pip install -e '.[sweep]' in a checkout)" if group == "hydra/launcher"
+                        else "" if group.startswith("hydra") else
+                        f"; a file of your own sits in a folder on the search path: /path/to/conf/{group}/{name}.yaml with "
+                        "hydra.searchpath=[file:///path/to/conf]")
                 return f"{group}={name}: no such option; available: {', '.join(sorted(x.options))}{hint}", 2
             return one(str(x).splitlines()[0]), 2
         if isinstance(x, OverrideParseException):

@@ -253,6 +253,17 @@ class VaePrecisionPoint:
 
 
 @dataclass
+class StockFramesPoint:
+    attention: str = MISSING
+    """A lossless plan's attention backend (levers.attention), put in diffusers' eager pipeline in place of its default."""
+    shape: str = MISSING
+    """The request, height x width x frames (768x1344x124)."""
+    psnr_db: float = MISSING
+    """Those decoded frames against stock diffusers' (its default attention, torch SDPA)."""
+    source: str = MISSING
+
+
+@dataclass
 class MeasuredFacts:
     on_hardware: bool = MISSING
     hbm_copy_tbps: Optional[float] = None
@@ -273,6 +284,9 @@ class MeasuredFacts:
     """The FP8 VAE decode (vae_tiles=fp8_tiles) against diffusers eager at the same tiles (empty: never measured)."""
     vae_precision: List[VaePrecisionPoint] = field(default_factory=list)
     """The fp16 / bf16 decodes against the fp32 decode (empty: never measured; the plan says so)."""
+    stock_frames: List[StockFramesPoint] = field(default_factory=list)
+    """A lossless plan keeps the bits of diffusers' eager forward with the plan's attention backend; another backend
+    than diffusers' default rounds its own way: how far those frames are from stock diffusers' (empty: never measured)."""
     never_measured: List[str] = field(default_factory=list)
     source: str = MISSING
 
@@ -329,3 +343,6 @@ class HardwareConfig:
     efficiency: Efficiency = field(default_factory=Efficiency)
     tuning: TuningFacts = field(default_factory=TuningFacts)
     verified: VerifiedFacts = field(default_factory=VerifiedFacts)
+    option: Optional[str] = None
+    """The hardware option the config was composed from (hardware=myhw), set at composition: a file of your own that
+    extends a packaged one keeps its `name` (sm90), and the plan names both."""

@@ -451,6 +451,11 @@ def _shorter(est, usable: float):
     return None if best is None else (f"parallel.seq_len<={best[0]:,}", best[1])
 
 
+def usable_gib(hardware_memory_gb: float, reserve_fraction: float) -> float:
+    """What a plan may use per GPU: the device's memory (vendor GB, 1e9 bytes) in GiB, less reserve_fraction."""
+    return hardware_memory_gb * 1e9 / GiB * (1 - reserve_fraction)
+
+
 def fit(est: Mapping[str, Any], hardware_memory_gb: float, reserve_fraction: float) -> str | None:
     """None when the estimate fits hardware_memory_gb (vendor GB, 1e9 bytes) less reserve_fraction;
     otherwise one line: the peak against the usable size, its largest items, and the nearest change that
@@ -460,7 +465,7 @@ def fit(est: Mapping[str, Any], hardware_memory_gb: float, reserve_fraction: flo
         raise ConfigError(f"hardware.device.memory_gb={hardware_memory_gb}", "must be a positive number of GB")
     if not 0 <= reserve_fraction < 1:
         raise ConfigError(f"reserve_fraction={reserve_fraction}", "must be in [0, 1)")
-    usable = hardware_memory_gb * 1e9 / GiB * (1 - reserve_fraction)
+    usable = usable_gib(hardware_memory_gb, reserve_fraction)
     if est["peak_gib"] <= usable:
         return None
     ph = est["phases"][est["peak_phase"]]
@@ -479,4 +484,4 @@ def fit(est: Mapping[str, Any], hardware_memory_gb: float, reserve_fraction: flo
     return line
 
 
-__all__ = ["MemoryConfig", "estimate", "fit", "transformer_params", "vae_params", "vae_decode"]
+__all__ = ["MemoryConfig", "estimate", "fit", "usable_gib", "transformer_params", "vae_params", "vae_decode"]

@@ -108,9 +108,9 @@ def test_the_memory_line_names_the_peak_phase_items_and_the_install(plan):
     assert p.derived_value("memory_peak_phase") == "denoise" and "video_postprocess" not in items
     line = " ".join(" ".join(cli._request_lines(p, 200)).split())
     top = sorted(items, key=lambda k: -br[k])[:3]
-    assert f"(GiB: {', '.join(f'{k} {br[k]:g}' for k in top)})" in line
-    assert (f"install from the host {p.derived_value('memory_install_gib'):.1f} GiB" in line
-            and line.endswith("(does not fit: load on the host)"))
+    assert f"its largest 3 of {len(items)} items: {', '.join(f'{k} {br[k]:.1f}' for k in top)} GiB" in line
+    assert (f"on a pipeline loaded on the host peaks at {p.derived_value('memory_install_gib'):.1f} GiB" in line
+            and line.endswith("(does not fit: load it on the host)"))
 
 
 def test_released_model_fits_80_gb_with_the_tables(plan):

@@ -1,0 +1,109 @@
+"""The summary's header lines say what the rows say: the device the hardware group assumes and what a plan may use
+of it, one unit, the attention whose bits "lossless" keeps, labels that agree with the overrides and the rows."""
+
+import pytest
+
+import h3plan
+from h3plan import cli
+from h3plan.levers import SPECS
+from h3plan.planning.memory import usable_gib
+
+
+def _label(text: str, label: str) -> str:
+    """The text of a labelled line and its continuation lines, on one line ('' when absent)."""
+    out, inside = [], False
+    for x in text.splitlines():
+        if x.startswith(f"{label:<8} "):
+            inside = True
+            out.append(x[9:])
+        elif inside and x.startswith(" " * 9):
+            out.append(x[9:])
+        else:
+            inside = False
+    return " ".join(" ".join(out).split())
+
+
+def _summary(**kw) -> str:
+    return cli.render_summary(h3plan.resolve_config(**kw))
+
+
+def test_the_header_names_the_device_the_hardware_group_assumes():
+    head = _summary(hardware="sm90").splitlines()[0]
+    assert "hardware=sm90 (H200, 141 GB)" in head
+    assert "hardware=sm90 (H200, 80 GB)" in _summary(**{"hardware": "sm90", "hardware.device.memory_gb": 80}).splitlines()[0]
+
+
+def test_the_memory_line_is_in_gib_with_the_usable_memory_and_how_to_change_it():
+    plan = h3plan.resolve_config(hardware="sm90", recipe="bf16", parallel="u1")
+    line = _label(cli.render_summary(plan), "memory")
+    usable = usable_gib(141, plan.get("memory")["reserve_fraction"])
+    assert f"peak {plan.derived_value('memory_peak_gib_per_gpu'):.1f} GiB per GPU while denoising, of {usable:.1f} GiB usable" in line
+    assert "141 GB = 131.3 GiB less the 8% memory.reserve_fraction; another card: hardware.device.memory_gb=80" in line
+    items = plan.derived_value("memory_peak_items")
+    assert len(items) > 3 and f"its largest 3 of {len(items)} items: transformer_weights 37.4," in line
+    assert line.endswith(" GiB") and " GB" not in line.replace("141 GB", "").replace("memory_gb=80", "")
+
+
+def test_the_install_line_says_in_plain_words_what_each_way_of_loading_holds():
+    plan = h3plan.resolve_config(**{"hardware.device.memory_gb": 80})
+    line = _label(cli.render_summary(plan), "install")
+    assert "loaded on the GPU first" not in line
+    assert (f'install(pipe, plan, device="cuda") on a pipeline loaded on the host peaks at '
+            f'{plan.derived_value("memory_install_gib"):.1f} GiB per GPU' in line)
+    assert line.endswith(f'moved to the GPU whole before install (pipe.to("cuda")) holds '
+                         f'{plan.derived_value("memory_loaded_gib"):.1f} GiB (does not fit: load it on the host)')
+
+
+def test_lossless_says_whose_frames_and_the_setting_that_keeps_stock_bits():
+    line = _label(_summary(hardware="sm90", recipe="bf16"), "lossless")
+    assert line.startswith("the frames are diffusers' eager frames with fa4 as the attention, bit for bit")
+    # the committed measurement (benchmarks/results/pipeline-h200.json, eager with sm90/bf16/u1's attention: 76.34 dB)
+    assert "not stock diffusers' frames (PSNR 76.3 dB from them at 768x1344x124 on sm90)" in line
+    assert line.endswith("stock diffusers' bits on one GPU: levers.attention=sdpa (diffusers' default, torch SDPA)")
+    stock = _label(_summary(**{"hardware": "sm90", "recipe": "bf16", "levers.attention": "sdpa"}), "lossless")
+    assert "stock diffusers' frames, bit for bit" in stock
+    # no measurement on sm100: the words without a number
+    other = _label(_summary(hardware="sm100", recipe="bf16"), "lossless")
+    assert "not stock diffusers' frames;" in other and "PSNR" not in other
+
+
+def test_the_parallel_label_names_an_override_of_its_preset():
+    head = _summary(**{"parallel": "u1", "parallel.ulysses": 56}).splitlines()[0]
+    assert "parallel=u1 with parallel.ulysses=56 (Ulysses 56," in head
+    assert "parallel=u2 (Ulysses 2," in _summary(parallel="u2").splitlines()[0]
+    assert "parallel=r2u4 (Ulysses 4 x ring 2," in _summary(parallel="r2u4", recipe="fp8").splitlines()[0]
+
+
+def test_runs_leaves_out_the_ulysses_levers_at_degree_1():
+    plan = h3plan.resolve_config(parallel="u1")
+    assert plan.decision("ulysses_exchange").setting == "packed"  # planned, and its row says there is no exchange
+    runs = _label(cli.render_summary(plan), "runs")
+    assert "ulysses_exchange" not in runs and "attention=fa4" in runs
+    assert "ulysses_exchange=" in _label(_summary(parallel="u2"), "runs")
+    assert all(not SPECS[x.split("=")[0]].ulysses for x in runs.split(", "))
+
+
+def test_untested_lists_only_settings_that_run():
+    plan = h3plan.resolve_config(hardware="sm90", recipe="fp8", parallel="u8")
+    line = _label(cli.render_summary(plan), "untested")
+    listed = [x.split("=")[0] for x in line.split(": never run")[0].split(", ")]
+    off = [d.lever for d in plan.decisions if not d.hardware_verified and not d.enabled]
+    assert listed and not set(listed) & set(off)
+    assert all(plan.decision(x).enabled for x in listed)
+
+
+def test_a_hardware_file_of_your_own_is_named_with_the_one_it_extends(tmp_path, capsys):
+    (tmp_path / "hardware").mkdir()
+    (tmp_path / "hardware" / "myhw.yaml").write_text("defaults:\n  - sm90\n  - _self_\nproducts: [H100]\ndevice:\n  memory_gb: 80\n")
+    assert cli.run([f"hydra.searchpath=[file://{tmp_path}]", "hardware=myhw"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].startswith("h3plan  hardware=myhw (as sm90: H100, 80 GB)  recipe=bf16")
+    plan = h3plan.resolve_config(**{"hydra.searchpath": [f"file://{tmp_path}"], "hardware": "myhw"})
+    assert (plan.get("hardware")["option"], plan.get("hardware")["name"]) == ("myhw", "sm90")
+
+
+@pytest.mark.parametrize("argv", [["hardware=myhw"], ["hardware=myhw", "recipe=fp8"]])
+def test_a_missing_hardware_file_says_where_it_must_sit(argv, capsys):
+    assert cli.run(argv) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.endswith("hardware=myhw: no such option; available: sm100, sm103, sm107, sm90; a file of your own sits in a "
+                         "folder on the search path: /path/to/conf/hardware/myhw.yaml with hydra.searchpath=[file:///path/to/conf]")
