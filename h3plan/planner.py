@@ -292,8 +292,8 @@ def _memory(sections, shape, decisions) -> tuple[dict[str, Any], dict[str, str]]
              "memory_peak_items": f"the items of the peak phase ({est['peak_phase']})",
              "memory_install_gib": ("the install's device peak for a pipeline loaded on the host, h3plan.install(pipe, plan, "
                                     "device=\"cuda\"): " + " + ".join(est["phases"]["install"]["items"])),
-             "memory_loaded_gib": ("the pipeline as loaded, before install, on the device (what a pipeline loaded on the GPU "
-                                   "first holds; more than the plan's peak when the plan parks or quantises weights)")}
+             "memory_loaded_gib": ("the pipeline as loaded, before install, on the device (what a pipeline moved to the GPU "
+                                   "whole before install holds; more than the plan's peak when the plan parks or quantises weights)")}
     if getattr(decisions.get("adaln_table"), "setting", None) == "on":  # where the freed memory goes
         off = memory.estimate(sections, shape, {**decisions, "adaln_table": "off"})
         values["memory_peak_gib_tables_off"] = off["peak_gib"]

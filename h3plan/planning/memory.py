@@ -26,7 +26,8 @@ says whether it fits and, when not, which nearest change does (each one re-estim
   resident weights as installed plus the largest tensor it stages at a time (one AdaLN linear streamed for its
   entries, a block linear streamed and quantised with its float32 temporaries, a VAE tensor streamed for its cast);
   a phase of the peak, so the fit check covers it. `loaded_gib`: the pipeline as loaded, on the device before
-  install (what a pipeline loaded on the GPU first holds; the plan line says when it does not fit).
+  install (what a pipeline moved to the GPU whole before install holds; the plan's install line says when it does
+  not fit).
 Not counted: the CUDA context, cuBLAS/NCCL workspaces, allocator fragmentation (reserve_fraction covers
 them), attention LSE buffers (B x H x S float32), the audio decode; the text encoder is not resident
 (prompt_embeds given). Torch-free.
@@ -363,7 +364,8 @@ def estimate(sections: Mapping[str, Any], shape: Mapping[str, Any], settings: Ma
         "peak_gib": phases[peak_phase]["gib"], "peak_phase": peak_phase, "phases": phases, "breakdown": g, "basis": it.basis,
         "install_gib": phases["install"]["gib"], "loaded_gib": _gib(loaded),
         "summary": (f"peak = the largest phase ({peak_phase}; install: a pipeline loaded on the host, moved at "
-                    f"install(pipe, plan, device=\"cuda\"); loaded on the GPU first it holds {_gib(loaded)} GiB before install); "
+                    f"install(pipe, plan, device=\"cuda\"); moved to the GPU whole before install, pipe.to(\"cuda\"), it holds "
+                    f"{_gib(loaded)} GiB); "
                     f"offload={opts['offload']}: "
                     + ("every model stays resident in both phases" if both else "the transformer while denoising, the VAEs while decoding")),
         "inputs": {"sections": copy.deepcopy(dict(sections)), "shape": dict(shape),
