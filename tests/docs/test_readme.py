@@ -27,3 +27,12 @@ def test_plan_excerpts_are_real_output(capsys):
 def test_ci_runs_the_readme_test_command():
     cmd = re.search(r"Run the tests.*?```\n(.+?)\n```", README, re.S).group(1).strip()
     assert cmd in (ROOT / ".ci" / "run").read_text()
+
+
+def test_the_memory_page_quotes_real_output(capsys):
+    # docs/memory.md explains the memory and install lines of the README's first plan, quoting them
+    text = re.search(r"```\n(memory .*?)\n```", (ROOT / "docs" / "memory.md").read_text(), re.S).group(1)
+    assert cli.run(["hardware=sm90", "recipe=bf16", "parallel=u1"]) == 0
+    out = [_norm(x) for x in capsys.readouterr().out.splitlines()]
+    missing = [line for line in text.splitlines() if not any(o.startswith(_norm(line)) for o in out)]
+    assert not missing, missing
