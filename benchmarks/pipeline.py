@@ -39,6 +39,8 @@ def main(argv=None) -> int:
                                                                    "e.g. --plan 'recipe=fp8' (repeatable)")
     ap.add_argument("--no-reference", action="store_true", help="skip the bitwise reference rows")
     ap.add_argument("--no-best", action="store_true", help="skip diffusers' best setting")
+    ap.add_argument("--stock-bits", action="store_true", help="also time the stock-bits plan (the lossless plan with "
+                                                               "levers.attention=sdpa, diffusers' default attention)")
     a = ap.parse_args(argv)
 
     from omegaconf import OmegaConf
@@ -55,6 +57,8 @@ def main(argv=None) -> int:
         pipeline["reference"] = False
     if a.no_best:
         pipeline["best"] = False
+    if a.stock_bits:
+        pipeline["stock_bits"] = True
     try:
         c = compose(a.overrides)
         plan = resolve(c)

@@ -117,6 +117,9 @@ class PipelineBenchConfig:
     """More plans in the same run, each an override string resolved beside the main plan ("recipe=fp8")."""
     reference: bool = True
     """Also run diffusers eager with a lossless plan's attention backend and VAE precision (the bitwise check)."""
+    stock_bits: bool = False
+    """Also time the stock-bits plan: the (lossless) plan with levers.attention=sdpa, diffusers' default attention,
+    whose frames must be diffusers eager's bit for bit."""
     seed: int = 0
 
 

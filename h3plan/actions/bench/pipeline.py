@@ -14,7 +14,9 @@ place: pipeline_settings.py):
 - the plan (and each of `bench.pipeline.plans`, override sets resolved beside it), `h3plan.install(pipe, plan)`;
 - for a plan whose levers are lossless apart from its decode precision, `reference` (unless
   bench.pipeline.reference=false): diffusers eager with the plan's attention backend and VAE precision, whose
-  frames the plan's must equal bit for bit.
+  frames the plan's must equal bit for bit (none for attention=sdpa: diffusers eager is that reference);
+- bench.pipeline.stock_bits=true: the stock-bits plan too, the lossless plan with levers.attention=sdpa
+  (diffusers' default attention), its frames against diffusers eager's.
 
 Timing: each transformer forward between CUDA events (a forward pre-hook and hook), the whole call by wall clock
 (synchronised before and after). N = warmup + steps + 1 (MiniMaxH3Scheduler counts the terminal sigma); the first
@@ -101,6 +103,7 @@ class PipelineBenchOptions:
     plans: tuple
     """Extra plans: override strings resolved beside the main plan."""
     reference: bool
+    stock_bits: bool
     seed: int
     out_dir: str
     tag: str | None
@@ -148,7 +151,7 @@ def options(cfg, plan=None) -> PipelineBenchOptions:
     if isinstance(plans, str):
         plans = [plans]
     vals["plans"] = tuple(str(x) for x in plans)
-    for key in ("best", "reference"):
+    for key in ("best", "reference", "stock_bits"):
         if not isinstance(vals[key], bool):
             raise UsageError(f"bench.pipeline.{key}={vals[key]}: true or false")
     video = _get(cfg, "video")
@@ -174,7 +177,22 @@ def extra_plans(cfg, opts: PipelineBenchOptions) -> list:
     out = []
     for spec in opts.plans:
         out.append(resolve(compose(base + spec.split())))
+    if opts.stock_bits:
+        out.append(stock_bits_plan(cfg, base))
     return out
+
+
+def stock_bits_plan(cfg, base: list):
+    """bench.pipeline.stock_bits: the run's lossless plan (its recipe and forced levers) with levers.attention=sdpa,
+    diffusers' default attention; a lossy recipe has no stock bits to keep (UsageError)."""
+    recipe = _get(_get(cfg, "recipe"), "name")
+    forced = [f"levers.{k}={v}" for k, v in (dict(_get(cfg, "levers") or {})).items()
+              if k != "attention" and str(getattr(v, "name", v)) != "auto"]
+    plan = resolve(compose(base + ([f"recipe={recipe}"] if recipe else []) + forced + ["levers.attention=sdpa"]))
+    if not plan.lossless:
+        raise UsageError(f"bench.pipeline.stock_bits=true: recipe {recipe} is lossy; the stock-bits row needs a lossless "
+                         "recipe (recipe=bf16)")
+    return plan
 
 
 # ---------------------------------------------------------------- rows, clips, the session
@@ -342,7 +360,7 @@ def row_specs(plans, opts, degree: int) -> list[tuple]:
         for p in plans:
             if plan_precision(p) == v:
                 rows.append(("plan", v, p))
-                if opts.reference and _lossless_but_vae(p):
+                if opts.reference and _lossless_but_vae(p) and p.decision("attention").setting != "sdpa":
                     rows.append(("reference", v, p))
     return rows + tail
 
