@@ -1,16 +1,18 @@
 """How long a cold `python -m h3plan` plan takes on this machine, and why (no GPU).
 
-    python benchmarks/plan_speed.py [--runs 7] [hardware=sm90 recipe=bf16 parallel=u1 ...]
+    python benchmarks/plan_speed.py [--runs 7] [--against /path/to/other/tree] [--out FILE.md] [hardware=sm90 ...]
 
 Prints the median and the fastest wall time of `runs` fresh interpreters and their median CPU time, the Hydra compositions one plan
 pays for (Hydra 1.3 on its own composes twice; h3plan's CLI once) and `python -X importtime`'s cumulative
-import cost of h3plan.cli and h3plan.planning.schema. On a loaded machine compare two trees measured the same way,
-one after the other, rather than against a number taken elsewhere.
+import cost of h3plan.cli and h3plan.planning.schema. On a loaded machine compare two trees measured the same way:
+`--against` times another checkout (`git archive <rev> | tar -x -C /tmp/base`) in the same loop, one run of each in
+turn, so both see the same load. `--out` appends the result, the load average and the machine to a markdown file.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import statistics
 import subprocess
@@ -45,23 +47,48 @@ def _import_us(module: str) -> int:
     raise RuntimeError(f"no importtime line for {module}")
 
 
+def _one(tree: Path, overrides: list[str]) -> tuple[float, float]:
+    """(wall s, CPU s) of one cold plan run in `tree` (`-m` puts the working folder first on sys.path)."""
+    t0, r0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([sys.executable, "-m", "h3plan", *overrides], cwd=tree, check=True, stdout=subprocess.DEVNULL)
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.perf_counter() - t0, r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
+
+
+def _summary(name: str, runs: list[tuple[float, float]]) -> str:
+    walls, cpus = [w for w, _ in runs], [c for _, c in runs]
+    return (f"{name}: wall median {statistics.median(walls):.3f} s, fastest {min(walls):.3f} s; CPU median "
+            f"{statistics.median(cpus):.3f} s, least {min(cpus):.3f} s ({len(runs)} cold runs)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--against", type=Path, help="another checkout, timed in the same loop (one run each in turn)")
+    ap.add_argument("--out", type=Path, help="append the result to this markdown file")
     ap.add_argument("overrides", nargs="*", default=["hardware=sm90", "recipe=bf16", "parallel=u1"])
     a = ap.parse_args()
-    walls, cpus = [], []
-    for _ in range(a.runs):
-        t0, r0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
-        subprocess.run([sys.executable, "-m", "h3plan", *a.overrides], cwd=REPO, check=True, stdout=subprocess.DEVNULL)
-        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        walls.append(time.perf_counter() - t0)
-        cpus.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
+    trees = [("this tree", REPO)] + ([(f"--against {a.against}", a.against.resolve())] if a.against else [])
+    load_before = os.getloadavg()
+    runs: dict[str, list] = {name: [] for name, _ in trees}
+    for i in range(a.runs):
+        for name, tree in trees if i % 2 == 0 else trees[::-1]:
+            runs[name].append(_one(tree, a.overrides))
+    load_after = os.getloadavg()
     rc, compositions = subprocess.run([sys.executable, "-c", COUNT, *a.overrides], cwd=REPO, capture_output=True,
                                       text=True, check=True).stdout.split()
-    print(f"python -m h3plan {' '.join(a.overrides)}: median {statistics.median(walls):.3f} s, fastest {min(walls):.3f} s "
-          f"over {a.runs} cold runs (CPU {statistics.median(cpus):.3f} s, less sensitive to a loaded machine); {compositions} Hydra composition(s) per plan (exit {rc}); import h3plan.cli "
-          f"{_import_us('h3plan.cli') / 1e3:.0f} ms, h3plan.planning.schema {_import_us('h3plan.planning.schema') / 1e3:.0f} ms (cumulative)")
+    lines = [_summary(name, runs[name]) for name, _ in trees]
+    lines.append(f"{compositions} Hydra composition(s) per plan (exit {rc}); import h3plan.cli "
+                 f"{_import_us('h3plan.cli') / 1e3:.0f} ms, h3plan.planning.schema "
+                 f"{_import_us('h3plan.planning.schema') / 1e3:.0f} ms (cumulative)")
+    lines.append(f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after, on {os.cpu_count()} CPUs; "
+                 f"python {sys.version.split()[0]}")
+    print(f"python -m h3plan {' '.join(a.overrides)}")
+    print("\n".join(lines))
+    if a.out:
+        with a.out.open("a") as f:
+            f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: `python -m h3plan {' '.join(a.overrides)}`\n\n"
+                    + "".join(f"- {x}\n" for x in lines))
 
 
 if __name__ == "__main__":
