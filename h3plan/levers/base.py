@@ -51,7 +51,8 @@ class Spec:
     settings: every setting -> lossless (keeps eager's bits given the attention backend); config order.
     summary: one line for --help.
     model: the model class it installs into ("transformer" or "vae").
-    ulysses: a Ulysses lever (hardware-verified only up to hardware.verified.max_ulysses_degree).
+    ulysses: a Ulysses lever (hardware-verified only up to hardware.verified.max_ulysses_degree; at degree 1 it has
+             nothing to act on, and the summary's runs line leaves it out).
     reference: part of the attention backend: verify's reference R keeps it (attention, fa4_2cta, fp8_scales).
     counter: the per-call counter (h3plan.runtime.counters) whose `.fused` proves the path ran, or None.
     backends: setting -> the attention backends that setting needs (checked when planning, installing and
