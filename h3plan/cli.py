@@ -339,7 +339,8 @@ def _header(plan) -> str:
     ring = "" if p.get("ring", 1) == 1 else f" x ring {p['ring']}"
     option = hw.get("option") or hw["name"]
     extends = "" if option == hw["name"] else f"as {hw['name']}: "  # a file of your own over a packaged one
-    device = f"{extends}{'/'.join(hw.get('products') or []) or hw['arch']}, {hw['device']['memory_gb']:g} GB"
+    gb = hw.get("device", {}).get("memory_gb")
+    device = f"{extends}{'/'.join(hw.get('products') or []) or hw['arch']}" + (f", {gb:g} GB" if gb else "")
     return (f"h3plan  hardware={option} ({device})  "
             f"recipe={r['name']} ({policy})  {_parallel_label(p)} (Ulysses {p['ulysses']}{ring}, {p['seq_len']:,} tokens)  "
             f"model={m['name']}")
@@ -421,8 +422,10 @@ def _lossless_text(plan) -> str:
     stock diffusers' where measured (hardware.measured.stock_frames), and the setting that keeps stock bits."""
     att, hw = plan.decision("attention").setting, plan.get("hardware")
     if att == "sdpa":
+        u = plan.get("parallel")["ulysses"]
         return ("every lever keeps diffusers' eager bits with its default attention (torch SDPA, attention=sdpa): "
-                "stock diffusers' frames, bit for bit")
+                "stock diffusers' frames, bit for bit" + ("" if u == 1 else f" on one GPU (Ulysses {u}: the exchange "
+                                                          "keeps one GPU's bits where hardware.verified says it ran)"))
     seen = [x for x in hw.get("measured", {}).get("stock_frames") or [] if x["attention"] == att]
     far = f" (PSNR {seen[0]['psnr_db']:.1f} dB from them at {seen[0]['shape']} on {hw['name']})" if seen else ""
     return (f"the frames are diffusers' eager frames with {att} as the attention, bit for bit; {att} rounds its own way, "

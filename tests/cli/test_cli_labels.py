@@ -31,6 +31,7 @@ def test_the_header_names_the_device_the_hardware_group_assumes():
     head = _summary(hardware="sm90").splitlines()[0]
     assert "hardware=sm90 (H200, 141 GB)" in head
     assert "hardware=sm90 (H200, 80 GB)" in _summary(**{"hardware": "sm90", "hardware.device.memory_gb": 80}).splitlines()[0]
+    assert "hardware=sm90 (H200)  recipe" in _summary(**{"hardware": "sm90", "hardware.device.memory_gb": None}).splitlines()[0]
 
 
 def test_the_memory_line_is_in_gib_with_the_usable_memory_and_how_to_change_it():
@@ -61,7 +62,9 @@ def test_lossless_says_whose_frames_and_the_setting_that_keeps_stock_bits():
     assert "not stock diffusers' frames (PSNR 76.3 dB from them at 768x1344x124 on sm90)" in line
     assert line.endswith("stock diffusers' bits on one GPU: levers.attention=sdpa (diffusers' default, torch SDPA)")
     stock = _label(_summary(**{"hardware": "sm90", "recipe": "bf16", "levers.attention": "sdpa"}), "lossless")
-    assert "stock diffusers' frames, bit for bit" in stock
+    assert stock.endswith("stock diffusers' frames, bit for bit")
+    two = _label(_summary(**{"recipe": "bf16", "parallel": "u2", "levers.attention": "sdpa"}), "lossless")
+    assert "stock diffusers' frames, bit for bit on one GPU (Ulysses 2:" in two
     # no measurement on sm100: the words without a number
     other = _label(_summary(hardware="sm100", recipe="bf16"), "lossless")
     assert "not stock diffusers' frames;" in other and "PSNR" not in other
