@@ -15,6 +15,9 @@
 #   H3_PHASE=fp16: eager and best with the fp32 VAE again (the same-run anchor) and with the VAE in fp16, the
 #                  bf16 plan with the recipe's fp16 decode (recipe.vae=fp16) and its reference, the fp8 plan (its
 #                  decode is fp16 + FP8 VAE GEMMs) - about 8 minutes;
+#   H3_PHASE=stock: eager, the bf16 plan (FA4; its frames against stock diffusers', no reference row) and the
+#                  stock-bits plan (levers.attention=sdpa, bench.pipeline.stock_bits: bitwise against eager) with
+#                  diffusers' fp32 VAE - about 4 minutes;
 #   H3_PHASE=all:  every row of both but the references (eager and best at fp32 and fp16, the bf16 plan with each
 #                  decode, the fp8 plan) - about 8 minutes.
 # Output in $OUT (default benchmarks/results): pipeline-h200.json (rows of every run), .md, .png, pipeline-h200.log.
@@ -35,9 +38,10 @@ common=(--video 768x1344x124 --text-tokens 110 --rounds 1 --warmup 2 --steps 1
 case "${H3_PHASE:-fp32}" in
   fp32) args=(hardware=sm90 parallel=u1 recipe=bf16 --vae fp32) ;;
   fp16) args=(hardware=sm90 parallel=u1 recipe=bf16 recipe.vae=fp16 --vae fp32,fp16 --plan "recipe=fp8") ;;
+  stock) args=(hardware=sm90 parallel=u1 recipe=bf16 --vae fp32 --no-best --no-reference --stock-bits) ;;
   all) args=(hardware=sm90 parallel=u1 recipe=bf16 --vae fp32,fp16 --plan "recipe=bf16 recipe.vae=fp16"
              --plan "recipe=fp8" --no-reference) ;;
-  *) echo "H3_PHASE: fp32, fp16 or all" >&2; exit 2 ;;
+  *) echo "H3_PHASE: fp32, fp16, stock or all" >&2; exit 2 ;;
 esac
 echo "=== phase ${H3_PHASE:-fp32} (timeout ${CAP}s)" | tee -a "$LOG"
 s=$(date +%s)
