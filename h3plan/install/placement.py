@@ -82,11 +82,13 @@ class Placement:
 
     device: torch.device
     moved: list = field(default_factory=list)  # (tensor now, device before, None | (original tensor, its slots))
+    modules: list = field(default_factory=list)  # the modules move() took (their derived weights, at restore)
 
     def move(self, module, keep=frozenset()) -> int:
         """Move every parameter and buffer of `module` not on the device, except the tensors in `keep` (ids);
         returns the bytes moved. One tensor at a time: the host copy is freed as its device copy lands."""
         nbytes = 0
+        self.modules.append(module)
         for t, where in _slots(module).values():
             if id(t) not in keep:
                 nbytes += self.move_tensor(t, where)
@@ -128,7 +130,21 @@ class Placement:
                 t.data = now.data.to(before)
                 for mod, kind, name in where:
                     getattr(mod, kind)[name] = t
-        self.moved = []
+        for module in self.modules:
+            _recompute_weight_norm(module)
+        self.moved, self.modules = [], []
+
+
+def _recompute_weight_norm(module) -> None:
+    """torch.nn.utils.weight_norm keeps the weight it derives from g and v as a plain attribute, rewritten by a
+    pre-forward hook: after a call on the device it is a device tensor that no move sees (diffusers' audio VAE:
+    about 0.25 GiB). Derive it again where g and v rest now, as the hook does (and as weight_norm did at load)."""
+    from torch.nn.utils.weight_norm import WeightNorm
+
+    for m in module.modules():
+        for hook in m._forward_pre_hooks.values():
+            if isinstance(hook, WeightNorm):
+                setattr(m, hook.name, hook.compute_weight(m))
 
 
 def _slots(module) -> dict[int, tuple]:

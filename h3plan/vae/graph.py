@@ -61,11 +61,22 @@ def _autocast_state(device_type: str) -> tuple:
     return (True, torch.get_autocast_dtype(device_type), torch.is_autocast_cache_enabled())
 
 
+_SIDE: dict[torch.device, Any] = {}  # one warm-up stream per device, for every capture
+
+
+def _side_stream(device: torch.device):
+    """The warm-up stream of `device`, made once: cuBLAS keeps a workspace per stream it ran on for the life of the
+    process, so a new stream per capture would leave one more workspace (32 MiB on the H200) behind each time."""
+    if device not in _SIDE:
+        _SIDE[device] = torch.cuda.Stream(device=device)
+    return _SIDE[device]
+
+
 def cuda_capture(fn: Callable, x: torch.Tensor, pool=None) -> _Entry:
     """Warm up `fn` on a side stream, then capture fn(static copy of x) into a CUDA graph in `pool` (None: a
     new pool, from torch.cuda.graph_pool_handle, returned in the entry for the next captures to share)."""
     static_in = x.detach().clone()
-    side = torch.cuda.Stream(device=x.device)
+    side = _side_stream(x.device)
     side.wait_stream(torch.cuda.current_stream(x.device))
     with torch.cuda.stream(side):
         for _ in range(WARMUP):
@@ -168,6 +179,13 @@ class GraphedDecoder:
         return e.static_out.clone()
 
     def release(self) -> None:
+        """Drop every graph and its pool; after a CUDA capture also cuBLAS's per-stream workspaces (the warm-up and
+        capture streams' would otherwise stay allocated for the life of the process; torch makes any workspace it
+        needs again at the next GEMM, as its own CUDA-graph trees do after clearing them)."""
+        captured = self.pool is not None
         self.graphs.clear()
         self.refused.clear()
         self.pool = None
+        if captured and torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch._C._cuda_clearCublasWorkspaces()

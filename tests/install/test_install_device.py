@@ -174,3 +174,22 @@ def test_pipeline_components_move_and_come_back():
     assert h3plan.uninstall(pipe)
     for n, b in before.items():
         assert_restored(getattr(pipe, n), b)
+
+
+def test_restore_derives_weight_norm_weights_on_the_host_again(lazy):
+    """weight_norm's derived `weight` is a plain attribute its pre-forward hook rewrites: after a call on the install
+    device it would stay there through uninstall (diffusers' audio VAE, ~0.25 GiB on the H200). restore() derives it
+    again from g and v on the host, bit for bit the weight a host call makes."""
+    from h3plan.install.placement import Placement
+
+    torch.manual_seed(0)
+    conv = torch.nn.utils.weight_norm(torch.nn.Conv1d(3, 4, 3))
+    model = torch.nn.Sequential(conv)
+    want = conv.weight.detach().clone()
+    p = Placement(LAZY)
+    p.move(model)
+    model(torch.randn(1, 3, 8, device=LAZY))  # the hook sets conv.weight on the device
+    assert conv.weight.device.type == "lazy"
+    p.restore()
+    assert conv.weight.device.type == "cpu" and torch.equal(conv.weight, want)
+    assert conv.weight_g.device.type == "cpu" and conv.weight_v.device.type == "cpu"
