@@ -256,7 +256,12 @@ def _request_lines(plan, width: int) -> list[str]:
         req = f"parallel.seq_len={seq['seq_len']:,} set explicitly" + (f" (the video request would give {other:,})" if other else "")
     elif seq:
         audio = f"{seq['audio_rows']:,} audio + " if seq.get("audio_rows") else "no audio + "
-        req = (f"{seq['source']}: {seq['height']}x{seq['width']} px, {seq['frames']} frames ({seq['seconds']:.2f} s at "
+        cond = {"fl2va": "keyframe", "ref2va": "reference"}.get(seq.get("task"))  # t2va: no conditioning rows
+        if cond:
+            audio = (f"{seq['condition_video_rows']:,} {cond} video + " + (f"{seq['condition_audio_rows']:,} {cond} audio + "
+                     if seq.get("condition_audio_rows") else "") + audio)
+        task = f" ({seq['task']}, {seq['partition']}/)" if cond else ""
+        req = (f"{seq['source']}{task}: {seq['height']}x{seq['width']} px, {seq['frames']} frames ({seq['seconds']:.2f} s at "
                f"{seq['fps']:g} fps); {seq['text_rows']:,} text + {audio}{seq['video_rows']:,} video rows = "
                f"{seq['seq_len']:,} tokens; {seq['transformer_forwards']} transformer forwards "
                f"(num_inference_steps {seq['num_inference_steps']})")
