@@ -41,6 +41,7 @@ from typing import Any, Mapping
 
 from h3plan.errors import ConfigError
 from h3plan.levers.adaln_table import MODULATION_OUT, table_plan
+from h3plan.planning.timesteps import request_steps, row_kinds
 
 from .request import VideoRequest, pipeline_defaults, request_from, tokens, vae_geometry
 from .request import diffusers_kwargs as _dc
@@ -247,8 +248,15 @@ def _weights(it: _Items, sections, settings, opts) -> None:
 
 
 def _adaln_plan(sections, dc, pipe) -> dict[str, Any]:
-    """adaln_table=on: the AdaLN linears' weights leave the device (pinned host memory), their table stays."""
-    return table_plan(dc, pipe, audio=bool((sections.get("video") or {}).get("audio", True)))
+    """adaln_table=on: the AdaLN linears' weights leave the device (pinned host memory), their table stays: one row
+    per value of the request's timestep vectors (planning/timesteps.py, its steps and kinds of row)."""
+    request = None
+    if sections.get("video") is not None:
+        try:
+            request = _geometry(sections)[0]
+        except ConfigError:  # a VAE no request fits: the plain request's rows (audio as asked)
+            request = {"audio_rows": int(bool(sections["video"].get("audio", True)))}
+    return table_plan(dc, pipe, steps=[request_steps(request, pipe)], **row_kinds(request))
 
 
 def _block_terms(dc, U: int, settings) -> tuple[list, list]:
