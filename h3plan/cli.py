@@ -273,7 +273,7 @@ def _request_lines(plan, width: int) -> list[str]:
         items = plan.derived_value("memory_peak_items") or list(breakdown)
         top = ", ".join(f"{k} {breakdown[k]:g}" for k in sorted(items, key=lambda k: -breakdown[k])[:3])
         gb = plan.get("hardware").get("device", {}).get("memory_gb")
-        phase = {"denoise": "denoising", "decode": "decoding", "install": "installing"}.get(
+        phase = {"denoise": "denoising", "decode": "decoding", "install": "installing", "encode": "encoding"}.get(
             plan.derived_value("memory_peak_phase"), "running")
         line = f"memory   peak {peak:.1f} GiB per GPU while {phase} (GiB: {top}) of {gb} GB"
         inst, loaded = plan.derived_value("memory_install_gib"), plan.derived_value("memory_loaded_gib")
@@ -281,6 +281,9 @@ def _request_lines(plan, width: int) -> list[str]:
             usable = gb * 1e9 / 2**30 * (1 - plan.get("memory")["reserve_fraction"]) if gb else None
             line += (f"; install from the host {inst:.1f} GiB (install(pipe, plan, device=\"cuda\")), loaded on the GPU first "
                      f"{loaded:.1f} GiB" + (" (does not fit: load on the host)" if usable is not None and loaded > usable else ""))
+        te = plan.derived_value("text_encoder")
+        if te:  # the conditioner's placement, when model.text_encoder plans one (planning/text_encoder.py)
+            line += f"; text encoder {te['setting']}: {te['reasons'][0]}"
         texts.append(line)
     out = []
     for t in texts:
@@ -334,6 +337,9 @@ def _speed_text(plan) -> str:
     if seq.get("transformer_forwards") and layers:
         total = (att + gemm + (a2a or 0)) * layers * seq["transformer_forwards"] / 1e3
         text += f"; x {layers} blocks x {seq['transformer_forwards']} forwards = {total:,.0f} s of denoising at that rate"
+        te = plan.derived_value("text_encoder") or {}
+        if te.get("call_s") == te.get("call_s") and te.get("call_s") is not None:  # nan: no BF16 rate to time it
+            text += f", + {te['call_s']:.1f} s of text encoding ({te['setting']}) = {total + te['call_s']:,.0f} s"
     return text
 
 

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from h3plan.errors import ConfigError, UsageError
 
-from . import CONF, schema
+from . import CONF, schema, text_encoder
 from .workflows import PARTITION
 
 CLASSES = {"MiniMaxH3Transformer3DModel": "model", "AutoencoderKLMiniMaxH3": "vae"}
@@ -239,4 +239,8 @@ def with_model_path(cfg):
     comps = read_folder(path, partition)
     if "model" not in comps.configs:
         transformer_folder(path, partition)  # raises the one-line error
-    return fill(copy.deepcopy(cfg), comps)
+    out = fill(copy.deepcopy(cfg), comps)
+    if os.path.isfile(os.path.join(os.fspath(path), "text_encoder", "config.json")):  # the conditioner: planning/text_encoder.py
+        te = text_encoder.read(path)
+        out["model"]["text_encoder"] = {k: te[k] for k in ("text_config", "vision_config", "tie_word_embeddings") if k in te}
+    return out

@@ -80,18 +80,19 @@ def sizes(config: Mapping[str, Any], tokens: int = 0, dtype_bytes: int = 2) -> d
 
 
 def placement(config: Mapping[str, Any] | None, tokens: int, *, free_denoise: float, free_encode: float,
-              gemm_tflops: float, host_gbps: float, forced: str | None = None) -> tuple[str, list[str], dict[str, float]]:
+              gemm_tflops: float | None, host_gbps: float, forced: str | None = None) -> tuple[str, list[str], dict[str, float]]:
     """(setting, reasons, numbers) of where the conditioner sits. free_denoise / free_encode: device bytes left
     beside the rest of the plan at the denoise peak / while encoding (the transformer and VAE resident);
-    gemm_tflops: the BF16 GEMM rate; host_gbps: host<->device bandwidth. A forced setting that cannot fit raises
-    ValueError with the reason; auto takes the first that fits of resident, offload_after, host."""
+    gemm_tflops: the BF16 GEMM rate (None: the encode is not timed, nan); host_gbps: host<->device bandwidth. A forced setting that cannot fit raises
+    ValueError with the reason; auto takes the first that fits of resident, offload_after, host (host when none does:
+    the caller's memory check refuses it)."""
     if config is None:
         if forced not in (None, "none"):
             raise ValueError(f"text_encoder={forced}: no conditioner config to plan (prompt_embeds given)")
         return "none", ["prompt_embeds given: the Qwen3-VL conditioner runs before the call, or elsewhere"], {}
     s = sizes(config, tokens)
     w, a, layer = s["weight_bytes"], s["activation_bytes"], s["layer_bytes"]
-    compute = s["flops"] / (gemm_tflops * 1e12)
+    compute = s["flops"] / (gemm_tflops * 1e12) if gemm_tflops else float("nan")  # no BF16 rate known: not timed
     move = w / (host_gbps * 1e9)
     nums = {"weights_gib": w / GiB, "activations_gib": a / GiB, "encode_s": compute, "move_s": move}
     fits = {"resident": w + a <= free_denoise, "offload_after": w + a <= free_encode, "host": layer + a <= free_encode}
@@ -111,11 +112,15 @@ def placement(config: Mapping[str, Any] | None, tokens: int, *, free_denoise: fl
         if fits[setting]:
             return setting, [why[setting]], {**nums, "call_s": compute + (move if setting != "resident" else 0.0)}
         if forced:
-            raise ValueError(f"text_encoder={setting} does not fit: {why[setting]} needs "
-                             f"{(w + a if setting != 'host' else layer + a) / GiB:.1f} GiB, "
-                             f"{(free_denoise if setting == 'resident' else free_encode) / GiB:.1f} GiB free")
-    raise ValueError(f"the text encoder does not fit even layer by layer: {(layer + a) / GiB:.1f} GiB needed while "
-                     f"encoding, {free_encode / GiB:.1f} GiB free")
+            need, free = (w + a if setting != "host" else layer + a), (free_denoise if setting == "resident" else free_encode)
+            near = next((x for x in ("resident", "offload_after", "host") if fits[x]), None)
+            raise ValueError(f"text_encoder={setting} does not fit: it needs {need / GiB:.1f} GiB "
+                             f"{'beside the denoise peak' if setting == 'resident' else 'while encoding'}, {free / GiB:.1f} GiB "
+                             "free" + (f"; nearest that fits: memory.text_encoder={near}" if near else "; no placement fits"))
+    # auto, nothing fits: host, the least device memory; the plan's memory check refuses the encode phase with the
+    # nearest change that fits
+    return "host", [f"nothing fits: even layer by layer it needs {(layer + a) / GiB:.1f} GiB while encoding, "
+                    f"{free_encode / GiB:.1f} GiB free; {why['host']}"], {**nums, "call_s": compute + move}
 
 
 __all__ = ["read", "sizes", "placement", "PLACEMENTS"]

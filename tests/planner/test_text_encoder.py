@@ -59,8 +59,8 @@ def test_placement_decision_table():
     assert _place(need, need)[0] == "resident"
     assert _place(need - 1, need)[0] == "offload_after"
     assert _place(0, need - 1)[0] == "host" and _place(0, layer)[0] == "host"
-    with pytest.raises(ValueError, match="does not fit even layer by layer"):
-        _place(0, layer - 1)
+    setting, reasons, _ = _place(0, layer - 1)  # nothing fits: host, and the plan's memory check refuses it
+    assert setting == "host" and reasons[0].startswith("nothing fits: even layer by layer")
     assert _place(0, 0, config=None)[0] == "none"
     setting, reasons, nums = _place(need - 1, need)
     assert "moved to the host after encoding" in reasons[0] and nums["call_s"] == nums["encode_s"] + nums["move_s"]
@@ -75,3 +75,72 @@ def test_forced_placement_that_does_not_fit_is_refused():
     assert _place(need - 1, need, forced="host")[0] == "host"
     with pytest.raises(ValueError, match="no conditioner config"):
         _place(0, 0, forced="resident", config=None)
+
+
+# ---- in the plan: model.path's text_encoder/config.json, placed by the memory estimate ----------------------------
+
+# A conditioner of the width MiniMax-H3 reads (text hidden 5120 = the transformer's text_dim; more than 50 layers:
+# hidden_states[50]) in Qwen3-VL's layout; a test input, not the released checkpoint's config.
+WIDE = {"text_config": dict(vocab_size=151936, hidden_size=5120, intermediate_size=25600, num_hidden_layers=64,
+                            num_attention_heads=64, num_key_value_heads=8, head_dim=128),
+        "vision_config": dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, out_hidden_size=5120,
+                              patch_size=16, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=2304,
+                              deepstack_visual_indexes=[8, 16, 24]),
+        "tie_word_embeddings": False}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    import yaml
+
+    from h3plan.planning import CONF
+
+    folder = tmp_path_factory.mktemp("h3_with_text_encoder")
+    dc = yaml.safe_load(open(f"{CONF}/model/h3.yaml"))["diffusers_config"]
+    for sub, cfg in (("transformer", {"_class_name": "MiniMaxH3Transformer3DModel", **dc}),
+                     ("transformer_ref", {"_class_name": "MiniMaxH3Transformer3DModel", **dc}), ("text_encoder", WIDE)):
+        (folder / sub).mkdir()
+        (folder / sub / "config.json").write_text(json.dumps(cfg))
+    return str(folder)
+
+
+@pytest.mark.parametrize("video", ["t2v_768x1344_5s", "ref2va_768x1344_5s"])
+def test_80gb_card_plans_the_text_encoder_on_the_host(checkpoint, video):
+    """Beside the 48.8 GiB the transformer and VAEs hold, 62 GiB of conditioner fits neither resident nor for the
+    encode: auto leaves it on the host, one layer streamed at a time, and the plan fits 80 GB."""
+    from h3plan import resolve_config
+
+    plan = resolve_config(video=video, **{"model.path": checkpoint, "hardware.device.memory_gb": 80})
+    te = plan.derived_value("text_encoder")
+    s = TE.sizes(WIDE, plan.derived_value("sequence")["text_rows"])
+    assert te["setting"] == "host" and te["weights_gib"] == pytest.approx(s["weight_bytes"] / GiB, abs=1e-3)
+    b = plan.derived_value("memory_breakdown_gib")
+    assert b["text_encoder"] == 0 and b["text_encoder_encode"] == pytest.approx((s["layer_bytes"] + s["activation_bytes"]) / GiB, abs=0.01)
+    assert plan.derived_value("memory_peak_gib_per_gpu") <= 80e9 / GiB * 0.92
+
+
+def test_141gb_card_keeps_it_resident_and_counts_it(checkpoint):
+    from h3plan import resolve_config
+
+    plan = resolve_config(**{"model.path": checkpoint})
+    te, b = plan.derived_value("text_encoder"), plan.derived_value("memory_breakdown_gib")
+    assert te["setting"] == "resident" and b["text_encoder"] == pytest.approx(TE.sizes(WIDE)["weight_bytes"] / GiB, abs=0.01)
+    assert "text_encoder" in plan.derived_value("memory_peak_items")
+
+
+def test_forced_placement_that_does_not_fit_is_one_line_with_the_fit(checkpoint):
+    from h3plan import resolve_config
+    from h3plan.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        resolve_config(**{"model.path": checkpoint, "hardware.device.memory_gb": 80, "memory.text_encoder": "resident"})
+    msg = str(e.value)
+    assert msg.startswith("memory.text_encoder=resident: ") and msg.endswith("nearest that fits: memory.text_encoder=host")
+    assert "\n" not in msg
+
+
+def test_without_a_conditioner_nothing_changes():
+    from h3plan import resolve_config
+
+    plan = resolve_config()
+    assert plan.derived_value("text_encoder") is None and plan.derived_value("memory_breakdown_gib")["text_encoder"] == 0
