@@ -80,6 +80,10 @@ class MemoryConfig:
     """Where the Qwen3-VL conditioner (model.text_encoder) sits: auto (the first that fits of resident, offload_after,
     host), none (prompt_embeds given), resident, offload_after (moved to the host after encoding), host (left in host
     memory, streamed a layer at a time). planning/text_encoder.py placement."""
+    partitions: str = "one"
+    """one: the workflow's own transformer partition on the device (ModularPipeline.from_pretrained(repo,
+    workflow=...) loads only it); both: transformer/ and transformer_ref/ held at once (one pipeline serving t2va /
+    fl2va and ref2va), the other partition's weights counted as the planned one's (same widths)."""
     host_link_gbps: float = 50.0
     """Host <-> device copy rate for moving the conditioner (offload_after, host): assumed, PCIe 5.0 x16's 64 GB/s
     per direction at about 80%; never measured by h3plan (set the link's own)."""
@@ -177,6 +181,8 @@ def _options(sections) -> dict[str, Any]:
         raise ConfigError(f"memory.offload={m['offload']}", f"allowed: {', '.join(OFFLOAD)}")
     if m["vae_dtype"] not in VAE_DTYPES:
         raise ConfigError(f"memory.vae_dtype={m['vae_dtype']}", f"allowed: {', '.join(VAE_DTYPES)}")
+    if m["partitions"] not in ("one", "both"):
+        raise ConfigError(f"memory.partitions={m['partitions']}", "allowed: one, both")
     if m["text_encoder"] not in ("auto",) + text_encoder.PLACEMENTS:
         raise ConfigError(f"memory.text_encoder={m['text_encoder']}", f"allowed: auto, {', '.join(text_encoder.PLACEMENTS)}")
     return m
@@ -406,7 +412,13 @@ def estimate(sections: Mapping[str, Any], shape: Mapping[str, Any], settings: Ma
         it.add("video_postprocess", 0, geo_src)
     g = it.gib
     vae_res = ["vae_weights", "audio_vae_weights"] + [k for k in ("vae_fp8_gemms", "vae_graph_pools") if k in g]
-    tr_res = ["transformer_weights"] + [k for k in ("transformer_quant_copies", "adaln_tables") if k in g]
+    if opts["partitions"] == "both":  # the other partition as installed: the same widths, weights and tables
+        mine = [k for k in ("transformer_weights", "transformer_quant_copies", "adaln_tables") if k in g]
+        it.add("other_partition_weights", sum(g[k] for k in mine) * GiB,
+               "memory.partitions=both: transformer/ and transformer_ref/ both held, the other one as this one "
+               f"({' + '.join(mine)})")
+    tr_res = (["transformer_weights"] + [k for k in ("transformer_quant_copies", "adaln_tables", "other_partition_weights")
+                                         if k in g])
     both = opts["offload"] == "none"
     # the stack's full-S inputs stay referenced while the blocks run (H200: the denoise peak less the resident
     # weights is block_activations + stack_boundary + step_inputs within 1%, benchmarks/results/memory-h200.md)
@@ -454,6 +466,12 @@ def _candidates(est, usable: float) -> list[tuple[str, dict]]:
     sec, shp, st = i["sections"], i["shape"], i["settings"]
     opts, dc = _options(sec), _dc(sec["model"])
     out = []
+    if opts["partitions"] == "both":  # the least change: hold only the workflow's own partition
+        s = copy.deepcopy(sec)
+        s["memory"] = {**(s.get("memory") or {}), "partitions": "one"}
+        e = _again(est, sections=s)
+        if e["peak_gib"] <= usable:
+            out.append(("memory.partitions=one", e))
     if st.get("adaln_table") == "off":  # a plan that has the lever: the tables are the least change (lossless)
         e = _again(est, settings={**st, "adaln_table": "on"})
         if e["peak_gib"] <= usable:

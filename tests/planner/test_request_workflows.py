@@ -296,3 +296,22 @@ def test_ref2va_without_its_partition_is_refused(tmp_path):
     with pytest.raises(UsageError, match=r"no transformer_ref/config.json, the partition ref2va run against") as e:
         resolve_config(video="ref2va_768x1344_5s", **{"model.path": str(tmp_path)})
     assert "\n" not in str(e.value)
+
+
+def test_both_partitions_are_planned_memory_or_refused_with_the_fit():
+    """memory.partitions=both holds transformer/ and transformer_ref/: the other partition's weights (and tables) are
+    counted; on an 80 GB card that does not fit and the refusal names memory.partitions=one first."""
+    from h3plan import resolve_config
+    from h3plan.errors import PlanningError
+
+    one = resolve_config(video="ref2va_768x1344_5s")
+    both = resolve_config(video="ref2va_768x1344_5s", **{"memory.partitions": "both"})
+    b1, b2 = one.derived_value("memory_breakdown_gib"), both.derived_value("memory_breakdown_gib")
+    assert b2["other_partition_weights"] == pytest.approx(b1["transformer_weights"] + b1["adaln_tables"], abs=0.02)
+    assert both.derived_value("memory_peak_gib_per_gpu") == pytest.approx(
+        one.derived_value("memory_peak_gib_per_gpu") + b2["other_partition_weights"], abs=0.02)
+    with pytest.raises(PlanningError) as e:
+        resolve_config(video="ref2va_768x1344_5s", **{"memory.partitions": "both", "hardware.device.memory_gb": 80})
+    assert "nearest fit: memory.partitions=one" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"^memory.partitions=two: allowed: one, both"):
+        resolve_config(**{"memory.partitions": "two"})
