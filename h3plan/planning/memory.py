@@ -27,9 +27,14 @@ says whether it fits and, when not, which nearest change does (each one re-estim
   entries, a block linear streamed and quantised with its float32 temporaries, a VAE tensor streamed for its cast);
   a phase of the peak, so the fit check covers it. `loaded_gib`: the pipeline as loaded, on the device before
   install (what a pipeline loaded on the GPU first holds; the plan line says when it does not fit).
+- The text encoder (model.text_encoder, a Qwen3-VL config; planning/text_encoder.py): placed by memory.text_encoder
+  (auto: resident where it fits beside the denoise peak, else offload_after where its encode fits beside the
+  resident models, else host); resident weights join the denoise phase, and an `encode` phase holds the resident
+  models + its weights (or one layer, host) + the encode's peak. Without a config: prompt_embeds given, nothing counted.
+- memory.partitions=both: the other transformer partition (transformer/ beside transformer_ref/) as installed.
 Not counted: the CUDA context, cuBLAS/NCCL workspaces, allocator fragmentation (reserve_fraction covers
-them), attention LSE buffers (B x H x S float32), the audio decode; the text encoder is not resident
-(prompt_embeds given). Torch-free.
+them), attention LSE buffers (B x H x S float32), the audio decode, the VAE encode of keyframes and references
+(fl2va, ref2va) and the conditioning rows' latents. Torch-free.
 """
 
 from __future__ import annotations
