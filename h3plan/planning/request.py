@@ -277,9 +277,11 @@ def _frames(req: VideoRequest, fps: float, g: Mapping[str, int], pipe: Mapping[s
     lo, hi = pipe["min_seconds"], pipe["max_seconds"]
     if not lo <= aligned / fps <= hi:
         value = req.frames if key == "video.frames" else req.seconds
+        first, last = align_frames(math.ceil(lo * fps), clip, chunk), _aligned_max(hi * fps, clip, chunk)
+        near = first if aligned / fps < lo else last  # the nearest length the pipeline generates
+        fix = {key: str(near) if key == "video.frames" else f"{near / fps:g}"} if key != "pipeline.default_num_frames" else None
         raise ConfigError(f"{key}={value}", f"aligns to {aligned} frames = {aligned / fps:.3f} s at {fps:g} fps; the pipeline generates "
-                                            f"{lo:g}-{hi:g} s, i.e. {clip}n+{chunk} frames from {align_frames(math.ceil(lo * fps), clip, chunk)} "
-                                            f"to {_aligned_max(hi * fps, clip, chunk)}")
+                                            f"{lo:g}-{hi:g} s, i.e. {clip}n+{chunk} frames from {first} to {last}", fix=fix)
     return asked, aligned, key
 
 
@@ -327,7 +329,8 @@ def tokens(request: VideoRequest, model_cfg: Mapping[str, Any], vae_cfg: Mapping
     steps = int(request.num_inference_steps or pipe["num_inference_steps"])
     if steps < 2:
         raise ConfigError(f"video.num_inference_steps={steps}", "must be at least 2: MiniMaxH3Scheduler's terminal sigma is one "
-                                                                "of the points, so 2 steps give 1 forward")
+                                                                "of the points, so 2 steps give 1 forward",
+                          fix={"video.num_inference_steps": "2"})
     steps_src = "video.num_inference_steps" if request.num_inference_steps else "num_inference_steps default"
     cond = _conditioning(request, frames, fps, g, m["patch_size"], rows_per_frame, pipe)
     cv, ca = cond["condition_video_rows"], cond["condition_audio_rows"]

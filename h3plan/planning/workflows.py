@@ -64,18 +64,21 @@ def check_task(task: str, keyframes, keyframe_size, references) -> None:
         raise ConfigError(f"video.task={task}", f"must be one of {', '.join(TASKS)} (MiniMaxH3ModularPipeline's workflows)")
     if task != "fl2va" and (keyframes or keyframe_size):
         key = "video.keyframes" if keyframes else "video.keyframe_size"
-        raise ConfigError(key, f"keyframes condition the fl2va workflow, not {task}: set video.task=fl2va, or {key}=null")
+        raise ConfigError(key, f"keyframes condition the fl2va workflow, not {task}: set video.task=fl2va, or {key}=null",
+                          fix={"video.task": "fl2va"})
     if task != "ref2va" and references:
         raise ConfigError("video.references", f"references condition the ref2va workflow, not {task}: set "
-                                              "video.task=ref2va, or video.references=null")
+                                              "video.task=ref2va, or video.references=null", fix={"video.task": "ref2va"})
     if task == "fl2va":
         ks = list(keyframes or ())
         if not ks or any(k not in ANCHORS for k in ks) or len(set(ks)) != len(ks) or ks != sorted(ks, key=ANCHORS.index):
+            mend = [a for a in ANCHORS if a in ks] or ["first"]
             raise ConfigError(f"video.keyframes={_show(keyframes)}", "fl2va takes a first and/or a last keyframe "
-                                                                   "(MiniMaxH3ResizeStep: image, last_image): [first], [last] or [first,last]")
+                                                                   "(MiniMaxH3ResizeStep: image, last_image): [first], [last] or [first,last]",
+                              fix={"video.keyframes": _show(mend)})
     if task == "ref2va" and not references:
         raise ConfigError("video.references", "ref2va needs at least one reference (MiniMaxH3Ref2VASetupStep); use "
-                                              "video.task=t2va for a text-only request")
+                                              "video.task=t2va for a text-only request", fix={"video.task": "t2va"})
 
 
 def _show(v) -> str:

@@ -235,9 +235,25 @@ def test_workflow_presets(name):
 
 def test_the_seed_107_frames_are_refused_with_the_length_that_works():
     """The vllm-omni seed's Turbo FL2VA ran 107 frames: 4.46 s, under diffusers' 5 s; the refusal names 124."""
-    with pytest.raises(ConfigError, match=r"^video.frames=107: .*from 124 to"):
-        tokens(VideoRequest(task="fl2va", keyframes=["first", "last"], height=1344, width=768, frames=107, text_tokens=10),
-               MODEL, VAE)
+    from h3plan import resolve_config
+
+    with pytest.raises(ConfigError, match=r"^video.frames=107: .*from 124 to") as e:
+        resolve_config(video="fl2va_turbo_768x1344", **{"video.frames": 107})
+    assert e.value.fix == {"video.frames": "124"}
+    assert resolve_config(video="fl2va_turbo_768x1344", **e.value.fix).derived_value("sequence")["frames"] == 124
+
+
+@pytest.mark.parametrize("kw", [{"video.keyframes": ["first"]}, {"video.task": "fl2va", "video.keyframes": ["last", "first"]},
+                                {"video.task": "ref2va"}, {"video.seconds": 20}])
+def test_a_refusal_names_the_override_that_works(kw):
+    from h3plan import resolve_config
+
+    with pytest.raises(ConfigError) as e:
+        resolve_config(**kw)
+    assert e.value.fix
+    fixed = {**kw, **e.value.fix}
+    assert resolve_config(**{k: (v if not isinstance(v, str) or not v.startswith("[") else v.strip("[]").split(","))
+                             for k, v in fixed.items()}).derived_value("sequence")["seq_len"] > 0
 
 
 @pytest.mark.parametrize("video,steps,cv,ca", [("fl2va_turbo_768x1344", 5, True, False), ("ref2va_768x1344_5s", 50, True, False),
