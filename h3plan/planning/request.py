@@ -49,9 +49,6 @@ class VideoRequest:
     """One request of a workflow (None: the pipeline's default). Its fields less `batch` are the `video` config group's
     (VideoConfig, below)."""
 
-    task: str = "t2va"
-    """The workflow: t2va (text only), fl2va (keyframes; `keyframes`), ref2va (references; `references`, planned
-    against the `transformer_ref/` partition). planning/workflows.py gives their conditioning rows."""
     height: Optional[int] = None
     """Pixels, a multiple of the canvas multiple (32); None with width None: the pipeline's 16:9 canvas (768 x 1344)."""
     width: Optional[int] = None
@@ -69,6 +66,9 @@ class VideoRequest:
     """Rows of prompt_embeds: the prompt's Qwen tokens (no chat template, no special tokens); for fl2va / ref2va the
     conditioner's whole presentation (labels and vision blocks, then the prompt). Required when S comes from the
     request."""
+    task: str = "t2va"
+    """The workflow: t2va (text only), fl2va (keyframes; `keyframes`), ref2va (references; `references`, planned
+    against the `transformer_ref/` partition). planning/workflows.py gives their conditioning rows."""
     keyframes: Optional[List[str]] = None
     """fl2va: the keyframes' anchors in packed order, [first], [last] or [first,last] (diffusers' image / last_image)."""
     keyframe_size: Optional[List[int]] = None
