@@ -13,8 +13,10 @@ Scope: diffusers 0.42.1 `MiniMaxH3TextEncoderStep` and its fl2va / ref2va siblin
 - the encode's work: 2 x (decoder parameters) FLOPs per row plus attention 4 x T^2 x heads x head_dim per layer.
 `placement(...)` is the decision table: `none` (prompt_embeds given), `resident`, `offload_after` (moved to the host
 after encoding; the call's time includes the move) or `host` (left in host memory, its layers streamed to the GPU
-for the encode), with reasons. Not wired into the lever registry yet (the planner's memory step is where the free
-memory it needs is known); numbers only, no torch.
+for the encode), with reasons. It is a memory option (`memory.text_encoder`), decided in the memory estimate
+(planning/memory.py), not a lever: the free memory it needs is known only there, after every lever has decided.
+Not counted: the vision tower's activations (fl2va / ref2va vision blocks) and the move's overlap with compute.
+Numbers only, no torch.
 """
 
 from __future__ import annotations
