@@ -434,7 +434,8 @@ def estimate(sections: Mapping[str, Any], shape: Mapping[str, Any], settings: Ma
     install = tr_res + (vae_res if both else []) + ["install_staging"]
     phases = {name: {"gib": round(sum(g[k] for k in keys), 3), "items": keys}
               for name, keys in (("denoise", denoise), ("decode", decode), ("install", install))}
-    te = _conditioner(it, sections, opts, phases, tr_res + (vae_res if both else []), geo)
+    # while encoding: the models resident beside it (offload=model: one model on the device at a time, none)
+    te = _conditioner(it, sections, opts, phases, tr_res + vae_res if both else [], geo)
     peak_phase = max(phases, key=lambda k: phases[k]["gib"])
     return {
         "peak_gib": phases[peak_phase]["gib"], "peak_phase": peak_phase, "phases": phases, "breakdown": g, "basis": it.basis,

@@ -144,3 +144,15 @@ def test_without_a_conditioner_nothing_changes():
 
     plan = resolve_config()
     assert plan.derived_value("text_encoder") is None and plan.derived_value("memory_breakdown_gib")["text_encoder"] == 0
+
+
+def test_model_offload_encodes_alone_and_moves_it_after(checkpoint):
+    """memory.offload=model holds one model at a time: the encode has the device to itself, so on 80 GB the
+    conditioner encodes on the device and is moved to the host after (its move in the call's time)."""
+    from h3plan import resolve_config
+
+    plan = resolve_config(**{"model.path": checkpoint, "hardware.device.memory_gb": 80, "memory.offload": "model"})
+    te = plan.derived_value("text_encoder")
+    assert te["setting"] == "offload_after" and te["call_s"] == pytest.approx(te["encode_s"] + te["move_s"], abs=2e-3)
+    assert plan.derived_value("memory_peak_phase") == "encode"
+    assert plan.derived_value("memory_peak_items") == ["text_encoder_encode"]
