@@ -275,7 +275,12 @@ def _request_lines(plan, width: int) -> list[str]:
         req = f"parallel.seq_len={seq['seq_len']:,} set explicitly" + (f" (the video request would give {other:,})" if other else "")
     elif seq:
         audio = f"{seq['audio_rows']:,} audio + " if seq.get("audio_rows") else "no audio + "
-        req = (f"{seq['source']}: {seq['height']}x{seq['width']} px, {seq['frames']} frames ({seq['seconds']:.2f} s at "
+        cond = {"fl2va": "keyframe", "ref2va": "reference"}.get(seq.get("task"))  # t2va: no conditioning rows
+        if cond:
+            audio = (f"{seq['condition_video_rows']:,} {cond} video + " + (f"{seq['condition_audio_rows']:,} {cond} audio + "
+                     if seq.get("condition_audio_rows") else "") + audio)
+        task = f" ({seq['task']}, {seq['partition']}/)" if cond else ""
+        req = (f"{seq['source']}{task}: {seq['height']}x{seq['width']} px, {seq['frames']} frames ({seq['seconds']:.2f} s at "
                f"{seq['fps']:g} fps); {seq['text_rows']:,} text + {audio}{seq['video_rows']:,} video rows = "
                f"{seq['seq_len']:,} tokens; {seq['transformer_forwards']} transformer forwards "
                f"(num_inference_steps {seq['num_inference_steps']})")
@@ -298,7 +303,7 @@ def _memory_texts(plan, peak: float, breakdown: dict) -> list[str]:
     items = plan.derived_value("memory_peak_items") or list(breakdown)
     top = sorted(items, key=lambda k: -breakdown[k])[:3]
     gb, reserve = plan.get("hardware").get("device", {}).get("memory_gb"), plan.get("memory")["reserve_fraction"]
-    phase = {"denoise": "denoising", "decode": "decoding", "install": "installing"}.get(
+    phase = {"denoise": "denoising", "decode": "decoding", "install": "installing", "encode": "encoding"}.get(
         plan.derived_value("memory_peak_phase"), "running")
     usable = usable_gib(gb, reserve) if gb else None
     line = f"memory   peak {peak:.1f} GiB per GPU while {phase}"
@@ -307,6 +312,9 @@ def _memory_texts(plan, peak: float, breakdown: dict) -> list[str]:
                  f"memory.reserve_fraction; another card: hardware.device.memory_gb=80)")
     which = f"its largest {len(top)} of {len(items)} items" if len(items) > len(top) else "its items"
     line += f"; {which}: " + ", ".join(f"{k} {breakdown[k]:.1f}" for k in top) + " GiB"
+    te = plan.derived_value("text_encoder")
+    if te:  # the conditioner's placement, when model.text_encoder plans one (planning/text_encoder.py)
+        line += f"; text encoder {te['setting']}: {te['reasons'][0]}"
     texts = [line]
     inst, loaded = plan.derived_value("memory_install_gib"), plan.derived_value("memory_loaded_gib")
     if inst is not None and loaded is not None:
@@ -378,6 +386,9 @@ def _speed_text(plan) -> str:
     if seq.get("transformer_forwards") and layers:
         total = (att + gemm + (a2a or 0)) * layers * seq["transformer_forwards"] / 1e3
         text += f"; x {layers} blocks x {seq['transformer_forwards']} forwards = {total:,.0f} s of denoising at that rate"
+        te = plan.derived_value("text_encoder") or {}
+        if te.get("call_s") == te.get("call_s") and te.get("call_s") is not None:  # nan: no BF16 rate to time it
+            text += f", + {te['call_s']:.1f} s of text encoding ({te['setting']}) = {total + te['call_s']:,.0f} s"
     return text
 
 

@@ -11,7 +11,8 @@ bits), keeps the outputs on the device keyed by the exact bits of `temb`, and pa
 host memory (install/adaln_table.py). Lossless: a hit returns the eager bits, a vector not in the table is
 a counted miss served by the same GEMM on weights streamed to the device. `off`: diffusers' linears.
 
-auto: on where the table is smaller than the weights it replaces (always at the released width: about
+Keys: planning/timesteps.py `table_timesteps` (the request's kinds of row: generated audio, clean condition and
+reference rows). auto: on where the table is smaller than the weights it replaces (always at the released width: about
 0.9 GiB against 24.2 GiB for the default 50-step request), off otherwise. Torch-free: the schedules are
 recomputed here in Python floats rounded to float32 (planning numbers); the installer takes its keys from
 diffusers' schedulers themselves.
@@ -19,8 +20,9 @@ diffusers' schedulers themselves.
 
 from __future__ import annotations
 
-import struct
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
+
+from h3plan.planning.timesteps import request_steps, row_kinds, schedule, vectors
 
 from .base import Context, Option, Spec, resolve
 
@@ -44,39 +46,6 @@ MODULATION_OUT = 6 * 3  # MiniMaxH3AdaLayerNormModulation: 6 x hidden x MINIMAX_
 NORM_OUT = 2  # MiniMaxH3AdaLayerNormOut.linear: shift, scale
 
 
-def _f32(x: float) -> float:
-    return struct.unpack("f", struct.pack("f", x))[0]
-
-
-def schedule(steps: int, shift: float) -> list[float]:
-    """MiniMaxH3Scheduler.set_timesteps(steps).timesteps: 1 - sigma over the shifted linspace(1, 0, steps) grid,
-    consecutive duplicates collapsed, the terminal sigma dropped (float64 math, each value rounded to float32;
-    planning numbers: the installer takes diffusers' own float32 values)."""
-    base = [1.0 - i / (steps - 1) for i in range(steps)]
-    sig: list[float] = []
-    for b in base:
-        s = _f32(shift * b / (1 + (shift - 1) * b))
-        if not sig or s != sig[-1]:
-            sig.append(s)
-    return [_f32(1.0 - s) for s in sig[:-1]]
-
-
-def vectors(steps: Iterable[int], video_shift: float, audio_shift: float, keyframe_noise_aug: float, *,
-            audio: bool = True, condition_video: bool = False, condition_audio: bool = False) -> list[tuple[float, ...]]:
-    """The distinct `timestep` vectors of the transformer calls (MiniMaxH3SetTimestepsStep.build_row_timesteps:
-    the sorted distinct values over the rows), over every step count, first seen first."""
-    out: dict[tuple[float, ...], None] = {}
-    for n in steps:
-        for t, a in zip(schedule(n, video_shift), schedule(n, audio_shift)):
-            vals = {t} | ({a} if audio else set())
-            if condition_video:
-                vals.add(_f32(max(t, keyframe_noise_aug)))
-            if condition_audio:
-                vals.add(1.0)
-            out.setdefault(tuple(sorted(vals)), None)
-    return list(out)
-
-
 def table_plan(model: Mapping[str, Any], pipeline: Mapping[str, Any], *, audio: bool = True, steps=None,
                condition_video: bool = False, condition_audio: bool = False) -> dict[str, Any]:
     """What the tables hold for a request and what they free (bytes; bf16 as the released checkpoint).
@@ -98,8 +67,8 @@ def table_plan(model: Mapping[str, Any], pipeline: Mapping[str, Any], *, audio: 
 
 
 def _plan(ctx: Context) -> dict[str, Any]:
-    audio = ctx.request.get("audio_rows", 1) > 0 if ctx.request else True
-    return table_plan(ctx.model, ctx.pipeline, audio=audio)
+    # the request's rows and steps (planning/timesteps.py: the keys the installer tables too)
+    return table_plan(ctx.model, ctx.pipeline, steps=[request_steps(ctx.request, ctx.pipeline)], **row_kinds(ctx.request))
 
 
 def _describe(p: Mapping[str, Any]) -> list[str]:

@@ -18,7 +18,8 @@ from typing import Any, Mapping
 
 from h3plan.errors import ConfigError, UsageError
 
-from . import CONF, schema
+from . import CONF, schema, text_encoder
+from .workflows import PARTITION
 
 CLASSES = {"MiniMaxH3Transformer3DModel": "model", "AutoencoderKLMiniMaxH3": "vae"}
 SUBFOLDERS = {"model": "transformer", "vae": "vae"}  # diffusers' pipeline folder layout
@@ -85,8 +86,10 @@ def _section(config: Mapping[str, Any], path: str) -> str:
     return CLASSES[name]
 
 
-def read_folder(folder) -> Components:
-    """A local diffusers checkpoint folder: DIR/config.json (one model), else DIR/transformer/ and DIR/vae/."""
+def read_folder(folder, partition: str = "transformer") -> Components:
+    """A local diffusers checkpoint folder: DIR/config.json (one model), else DIR/<partition>/ and DIR/vae/.
+    partition: the transformer's subfolder, `transformer` (t2va, fl2va) or `transformer_ref` (ref2va; its widths
+    may differ); a pipeline folder without it is refused when the other one is there."""
     folder = os.fspath(folder)
     if not os.path.isdir(folder):
         raise UsageError(f"{folder}: no such folder (plan_for and model.path read a local diffusers checkpoint folder)")
@@ -96,15 +99,20 @@ def read_folder(folder) -> Components:
         section = _section(config, top)
         return Components({section: config}, {section: top}, folder)
     configs, where = {}, {}
-    for section, sub in SUBFOLDERS.items():
+    for section, sub in {**SUBFOLDERS, "model": partition}.items():
         path = os.path.join(folder, sub, "config.json")
         if os.path.isfile(path):
             configs[section] = _json(path)
             if _section(configs[section], path) != section:
                 raise UsageError(f"{path}: a {configs[section]['_class_name']} in the {sub}/ folder")
             where[section] = path
+    other = next((p for p in ATTRS["model"] if p != partition and os.path.isfile(os.path.join(folder, p, "config.json"))), None)
+    if "model" not in configs and other is not None:
+        workflow = "ref2va" if partition == "transformer_ref" else "t2va and fl2va"
+        raise UsageError(f"{folder}: no {partition}/config.json, the partition {workflow} run against (it holds {other}/); "
+                         f"plan the workflow its partition serves, or point model.path at a folder with {partition}/")
     if not configs:
-        raise UsageError(f"{folder}: no config.json, transformer/config.json or vae/config.json: not a diffusers checkpoint "
+        raise UsageError(f"{folder}: no config.json, {partition}/config.json or vae/config.json: not a diffusers checkpoint "
                          "folder of MiniMax-H3")
     return Components(configs, where, folder)
 
@@ -206,26 +214,33 @@ def fill(cfg, components: Components):
     return cfg
 
 
-def transformer_folder(path) -> tuple[str, str | None, dict[str, Any]]:
+def transformer_folder(path, partition: str = "transformer") -> tuple[str, str | None, dict[str, Any]]:
     """(folder, subfolder, config) of the transformer at `model.path=DIR`, for its from_pretrained."""
-    comps = read_folder(path)
+    comps = read_folder(path, partition)
     if "model" not in comps.configs:
         raise UsageError(f"model.path={os.fspath(path)}: {comps.where['vae']} is a VAE; point model.path at the "
                          "transformer's folder or the pipeline's")
     own = os.path.dirname(comps.where["model"]) == os.path.normpath(comps.folder)
-    return comps.folder, None if own else SUBFOLDERS["model"], dict(comps.configs["model"])
+    return comps.folder, None if own else partition, dict(comps.configs["model"])
 
 
 def with_model_path(cfg):
     """`cfg` itself when model.path is unset; else a copy with the widths of the checkpoint at model.path (its
-    transformer and, in a pipeline folder, its VAE)."""
+    transformer, transformer_ref/ for a ref2va request (planning/workflows.py PARTITION), and, in a pipeline folder,
+    its VAE)."""
     model = cfg["model"]
     path = model.get("path") if hasattr(model, "get") else None
     if not path:
         return cfg
     import copy
 
-    comps = read_folder(path)
+    video = cfg.get("video") if hasattr(cfg, "get") else None
+    partition = PARTITION.get((video.get("task") if video is not None else None) or "t2va", "transformer")
+    comps = read_folder(path, partition)
     if "model" not in comps.configs:
-        transformer_folder(path)  # raises the one-line error
-    return fill(copy.deepcopy(cfg), comps)
+        transformer_folder(path, partition)  # raises the one-line error
+    out = fill(copy.deepcopy(cfg), comps)
+    if os.path.isfile(os.path.join(os.fspath(path), "text_encoder", "config.json")):  # the conditioner: planning/text_encoder.py
+        te = text_encoder.read(path)
+        out["model"]["text_encoder"] = {k: te[k] for k in ("text_config", "vision_config", "tie_word_embeddings") if k in te}
+    return out

@@ -28,9 +28,14 @@ says whether it fits and, when not, which nearest change does (each one re-estim
   a phase of the peak, so the fit check covers it. `loaded_gib`: the pipeline as loaded, on the device before
   install (what a pipeline moved to the GPU whole before install holds; the plan's install line says when it does
   not fit).
+- The text encoder (model.text_encoder, a Qwen3-VL config; planning/text_encoder.py): placed by memory.text_encoder
+  (auto: resident where it fits beside the denoise peak, else offload_after where its encode fits beside the
+  resident models, else host); resident weights join the denoise phase, and an `encode` phase holds the resident
+  models + its weights (or one layer, host) + the encode's peak. Without a config: prompt_embeds given, nothing counted.
+- memory.partitions=both: the other transformer partition (transformer/ beside transformer_ref/) as installed.
 Not counted: the CUDA context, cuBLAS/NCCL workspaces, allocator fragmentation (reserve_fraction covers
-them), attention LSE buffers (B x H x S float32), the audio decode; the text encoder is not resident
-(prompt_embeds given). Torch-free.
+them), attention LSE buffers (B x H x S float32), the audio decode, the VAE encode of keyframes and references
+(fl2va, ref2va) and the conditioning rows' latents. Torch-free.
 """
 
 from __future__ import annotations
@@ -42,6 +47,10 @@ from typing import Any, Mapping
 
 from h3plan.errors import ConfigError
 from h3plan.levers.adaln_table import MODULATION_OUT, table_plan
+from h3plan.planning.timesteps import request_steps, row_kinds
+
+from . import text_encoder
+from .derive import _throughput
 
 from .request import VideoRequest, pipeline_defaults, request_from, tokens, vae_geometry
 from .request import diffusers_kwargs as _dc
@@ -73,6 +82,17 @@ class MemoryConfig:
     workspaces, allocator fragmentation)."""
     check: bool = True
     """Refuse a plan whose estimated peak does not fit (false: only report it)."""
+    text_encoder: str = "auto"
+    """Where the Qwen3-VL conditioner (model.text_encoder) sits: auto (the first that fits of resident, offload_after,
+    host), none (prompt_embeds given), resident, offload_after (moved to the host after encoding), host (left in host
+    memory, streamed a layer at a time). planning/text_encoder.py placement."""
+    partitions: str = "one"
+    """one: the workflow's own transformer partition on the device (ModularPipeline.from_pretrained(repo,
+    workflow=...) loads only it); both: transformer/ and transformer_ref/ held at once (one pipeline serving t2va /
+    fl2va and ref2va), the other partition's weights counted as the planned one's (same widths)."""
+    host_link_gbps: float = 50.0
+    """Host <-> device copy rate for moving the conditioner (offload_after, host): assumed, PCIe 5.0 x16's 64 GB/s
+    per direction at about 80%; never measured by h3plan (set the link's own)."""
 
 
 def _setting(settings: Mapping[str, Any], lever: str, default: str) -> str:
@@ -167,6 +187,10 @@ def _options(sections) -> dict[str, Any]:
         raise ConfigError(f"memory.offload={m['offload']}", f"allowed: {', '.join(OFFLOAD)}")
     if m["vae_dtype"] not in VAE_DTYPES:
         raise ConfigError(f"memory.vae_dtype={m['vae_dtype']}", f"allowed: {', '.join(VAE_DTYPES)}")
+    if m["partitions"] not in ("one", "both"):
+        raise ConfigError(f"memory.partitions={m['partitions']}", "allowed: one, both")
+    if m["text_encoder"] not in ("auto",) + text_encoder.PLACEMENTS:
+        raise ConfigError(f"memory.text_encoder={m['text_encoder']}", f"allowed: auto, {', '.join(text_encoder.PLACEMENTS)}")
     return m
 
 
@@ -228,7 +252,7 @@ def _weights(it: _Items, sections, settings, opts) -> None:
               if vd != opts["vae_dtype"] else ""))
     it.add("audio_vae_weights", vb * pipe["audio_vae"]["params"],
            f"AutoencoderKLMiniMaxH3Audio {pipe['audio_vae']['params']:,} parameters, {opts['vae_dtype']}")
-    it.add("text_encoder", 0, "not resident: prompt_embeds given (Qwen3-VL runs before, or elsewhere)")
+    it.add("text_encoder", 0, "not resident: prompt_embeds given (Qwen3-VL runs before, or elsewhere)")  # _conditioner
     staged = []  # install(pipe, plan, device="cuda") of a pipeline on the host: what it stages on the device, one at a time
     if tables:
         staged.append((2 * MODULATION_OUT * dc["hidden_size"] * (dc["time_embed_dim"] + 1),
@@ -248,8 +272,15 @@ def _weights(it: _Items, sections, settings, opts) -> None:
 
 
 def _adaln_plan(sections, dc, pipe) -> dict[str, Any]:
-    """adaln_table=on: the AdaLN linears' weights leave the device (pinned host memory), their table stays."""
-    return table_plan(dc, pipe, audio=bool((sections.get("video") or {}).get("audio", True)))
+    """adaln_table=on: the AdaLN linears' weights leave the device (pinned host memory), their table stays: one row
+    per value of the request's timestep vectors (planning/timesteps.py, its steps and kinds of row)."""
+    request = None
+    if sections.get("video") is not None:
+        try:
+            request = _geometry(sections)[0]
+        except ConfigError:  # a VAE no request fits: the plain request's rows (audio as asked)
+            request = {"audio_rows": int(bool(sections["video"].get("audio", True)))}
+    return table_plan(dc, pipe, steps=[request_steps(request, pipe)], **row_kinds(request))
 
 
 def _block_terms(dc, U: int, settings) -> tuple[list, list]:
@@ -328,6 +359,45 @@ def _decode(it: _Items, sections, settings, opts, geo, geo_src, B: int) -> None:
                                                   "video + two float32 temporaries")
 
 
+def _conditioner(it: _Items, sections, opts, phases, resident: list[str], geo) -> dict[str, Any] | None:
+    """The Qwen3-VL conditioner (model.text_encoder) placed by planning/text_encoder.py: its weights join the denoise
+    phase when resident; an `encode` phase holds the models resident while it runs plus its weights (resident,
+    offload_after) or one decoder layer (host) and its activation peak. Free memory: the GPU's usable bytes
+    (hardware.device.memory_gb less memory.reserve_fraction) less each phase's other items. None: not planned."""
+    config = (sections.get("model") or {}).get("text_encoder")
+    if config is None and opts["text_encoder"] in ("auto", "none"):
+        return None
+    gb = ((sections.get("hardware") or {}).get("device") or {}).get("memory_gb")
+    usable = gb * 1e9 * (1 - opts["reserve_fraction"]) if gb else float("inf")
+    base = sum(it.gib[k] for k in resident) * GiB
+    hw = sections.get("hardware") or {}
+    tflops = _throughput(hw, "gemm", "bf16")[0] if hw.get("measured") else None
+    gbps = opts["host_link_gbps"]
+    rows = int(geo["text_rows"]) if geo else 0
+    forced = None if opts["text_encoder"] == "auto" else opts["text_encoder"]
+    try:
+        setting, reasons, nums = text_encoder.placement(config, rows, free_denoise=usable - phases["denoise"]["gib"] * GiB,
+                                                        free_encode=usable - base, gemm_tflops=tflops, host_gbps=gbps,
+                                                        forced=forced)
+    except ValueError as e:
+        raise ConfigError(f"memory.text_encoder={opts['text_encoder']}", str(e)) from None
+    if setting == "none":
+        return {"setting": setting, "reasons": reasons}
+    s = text_encoder.sizes(config, rows)
+    on_device = s["weight_bytes"] if setting != "host" else s["layer_bytes"]
+    it.add("text_encoder", s["weight_bytes"] if setting == "resident" else 0,
+           f"Qwen3-VL {s['params']:,} parameters, bf16: {setting} ({reasons[0]})")
+    it.add("text_encoder_encode", on_device + s["activation_bytes"],
+           f"encoding {rows:,} rows: {'its weights' if setting != 'host' else 'one decoder layer'} + every hidden state "
+           f"({s['layers'] + 1} x rows x {s['hidden']}) + one layer's MLP, bf16")
+    if setting == "resident":
+        phases["denoise"]["items"].append("text_encoder")
+        phases["denoise"]["gib"] = round(phases["denoise"]["gib"] + it.gib["text_encoder"], 3)
+    keys = resident + ["text_encoder_encode"]
+    phases["encode"] = {"gib": round(sum(it.gib[k] for k in keys), 3), "items": keys}
+    return {"setting": setting, "reasons": reasons, **{k: round(v, 3) for k, v in nums.items()}}
+
+
 def estimate(sections: Mapping[str, Any], shape: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
     """Peak GiB per GPU. sections: plain config sections (model, vae; optional recipe, hardware, video,
     pipeline, memory); shape: derive.shape's numbers (seq_len, ulysses_degree, batch[, local_rows]);
@@ -348,7 +418,13 @@ def estimate(sections: Mapping[str, Any], shape: Mapping[str, Any], settings: Ma
         it.add("video_postprocess", 0, geo_src)
     g = it.gib
     vae_res = ["vae_weights", "audio_vae_weights"] + [k for k in ("vae_fp8_gemms", "vae_graph_pools") if k in g]
-    tr_res = ["transformer_weights"] + [k for k in ("transformer_quant_copies", "adaln_tables") if k in g]
+    if opts["partitions"] == "both":  # the other partition as installed: the same widths, weights and tables
+        mine = [k for k in ("transformer_weights", "transformer_quant_copies", "adaln_tables") if k in g]
+        it.add("other_partition_weights", sum(g[k] for k in mine) * GiB,
+               "memory.partitions=both: transformer/ and transformer_ref/ both held, the other one as this one "
+               f"({' + '.join(mine)})")
+    tr_res = (["transformer_weights"] + [k for k in ("transformer_quant_copies", "adaln_tables", "other_partition_weights")
+                                         if k in g])
     both = opts["offload"] == "none"
     # the stack's full-S inputs stay referenced while the blocks run (H200: the denoise peak less the resident
     # weights is block_activations + stack_boundary + step_inputs within 1%, benchmarks/results/memory-h200.md)
@@ -359,10 +435,12 @@ def estimate(sections: Mapping[str, Any], shape: Mapping[str, Any], settings: Ma
     install = tr_res + (vae_res if both else []) + ["install_staging"]
     phases = {name: {"gib": round(sum(g[k] for k in keys), 3), "items": keys}
               for name, keys in (("denoise", denoise), ("decode", decode), ("install", install))}
+    # while encoding: the models resident beside it (offload=model: one model on the device at a time, none)
+    te = _conditioner(it, sections, opts, phases, tr_res + vae_res if both else [], geo)
     peak_phase = max(phases, key=lambda k: phases[k]["gib"])
     return {
         "peak_gib": phases[peak_phase]["gib"], "peak_phase": peak_phase, "phases": phases, "breakdown": g, "basis": it.basis,
-        "install_gib": phases["install"]["gib"], "loaded_gib": _gib(loaded),
+        "install_gib": phases["install"]["gib"], "loaded_gib": _gib(loaded), "text_encoder": te,
         "summary": (f"peak = the largest phase ({peak_phase}; install: a pipeline loaded on the host, moved at "
                     f"install(pipe, plan, device=\"cuda\"); moved to the GPU whole before install, pipe.to(\"cuda\"), it holds "
                     f"{_gib(loaded)} GiB); "
@@ -396,6 +474,12 @@ def _candidates(est, usable: float) -> list[tuple[str, dict]]:
     sec, shp, st = i["sections"], i["shape"], i["settings"]
     opts, dc = _options(sec), _dc(sec["model"])
     out = []
+    if opts["partitions"] == "both":  # the least change: hold only the workflow's own partition
+        s = copy.deepcopy(sec)
+        s["memory"] = {**(s.get("memory") or {}), "partitions": "one"}
+        e = _again(est, sections=s)
+        if e["peak_gib"] <= usable:
+            out.append(("memory.partitions=one", e))
     if st.get("adaln_table") == "off":  # a plan that has the lever: the tables are the least change (lossless)
         e = _again(est, settings={**st, "adaln_table": "on"})
         if e["peak_gib"] <= usable:
@@ -473,7 +557,7 @@ def fit(est: Mapping[str, Any], hardware_memory_gb: float, reserve_fraction: flo
     ph = est["phases"][est["peak_phase"]]
     top = sorted(ph["items"], key=lambda k: -est["breakdown"][k])[:3]
     largest = ", ".join(f"{k} {est['breakdown'][k]:.1f}" for k in top)
-    doing = {"denoise": "denoising", "decode": "decoding", "install": "installing"}[est["peak_phase"]]
+    doing = {"denoise": "denoising", "decode": "decoding", "install": "installing", "encode": "encoding"}[est["peak_phase"]]
     head = (f"peak {est['peak_gib']:.1f} GiB while {doing} ({largest}) > {usable:.1f} GiB usable "
             f"({hardware_memory_gb:g} GB x (1 - {reserve_fraction:g}))")
     fits = _candidates(est, usable)

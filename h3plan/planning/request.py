@@ -1,7 +1,8 @@
 """A video request -> the packed sequence MiniMax-H3's transformer sees (text + audio + video rows).
 
-Scope: diffusers 0.42.1's `t2va` workflow (text only; keyframe and reference conditioning rows of
-`fl2va` / `ref2va` are not planned). Each step mirrors diffusers' own arithmetic, named where it is used:
+Scope: diffusers 0.42.1's three workflows (`video.task`): `t2va` (text only), `fl2va` (first and/or last keyframe)
+and `ref2va` (references); the conditioning rows of the last two are planning/workflows.py's. Each step mirrors
+diffusers' own arithmetic, named where it is used:
 
 1. canvas: no height/width -> `resolve_canvas_size(16, 9, canvas_multiple, short_edge, max_pixels)`;
    given ones must be multiples of `MiniMaxH3ModularPipeline.canvas_multiple` = VAE spatial compression
@@ -18,11 +19,14 @@ Scope: diffusers 0.42.1's `t2va` workflow (text only; keyframe and reference con
    (`MiniMaxH3TextEncoderStep`: no template, no special tokens); S = text + audio + video. The
    transformer adds no register tokens and no padding (its docstring: "the packed sequence carries no
    padding"); the VAE decoder's 4 register tokens + 1 and `token_drop` only reach S through step 3.
+5. conditioning (fl2va, ref2va; planning/workflows.py): keyframe rows, or reference blocks (video rows and clean
+   audio rows), between the text and the target audio: S = text + condition video + condition audio + audio + video.
 
 `audio=False` plans the transformer without audio rows (it takes an empty `audio_indices`); diffusers'
 `t2va` pipeline itself always generates the stereo soundtrack. Steps: `num_inference_steps` (50 by
 default) sigma points drive 49 transformer forwards (`MiniMaxH3Scheduler.set_timesteps`: the terminal
-0 is one of the points). Torch-free; bad requests raise ConfigError naming the key.
+0 is one of the points); `video.num_inference_steps` sets the request's own (a step-distilled Turbo LoRA's 4 forwards:
+5). Torch-free; bad requests raise ConfigError naming the key.
 """
 
 from __future__ import annotations
@@ -35,14 +39,14 @@ from typing import Any, List, Mapping, Optional, get_type_hints
 from h3plan.errors import ConfigError
 from h3plan.vae.tiling import Geometry
 
-from . import CONF
+from . import CONF, workflows
 
 PIPELINE_YAML = os.path.join(CONF, "pipeline", "h3.yaml")
 
 
 @dataclass(frozen=True)
 class VideoRequest:
-    """One `t2va` request (None: the pipeline's default). Its fields less `batch` are the `video` config group's
+    """One request of a workflow (None: the pipeline's default). Its fields less `batch` are the `video` config group's
     (VideoConfig, below)."""
 
     height: Optional[int] = None
@@ -59,8 +63,21 @@ class VideoRequest:
     audio: bool = True
     """False: no audio rows (transformer-only shape; diffusers' pipeline always generates the stereo soundtrack)."""
     text_tokens: Optional[int] = None
-    """Rows of prompt_embeds: the prompt's Qwen tokens (no chat template, no special tokens); required when S comes
-    from the request."""
+    """Rows of prompt_embeds: the prompt's Qwen tokens (no chat template, no special tokens); for fl2va / ref2va the
+    conditioner's whole presentation (labels and vision blocks, then the prompt). Required when S comes from the
+    request."""
+    task: str = "t2va"
+    """The workflow: t2va (text only), fl2va (keyframes; `keyframes`), ref2va (references; `references`, planned
+    against the `transformer_ref/` partition). planning/workflows.py gives their conditioning rows."""
+    keyframes: Optional[List[str]] = None
+    """fl2va: the keyframes' anchors in packed order, [first], [last] or [first,last] (diffusers' image / last_image)."""
+    keyframe_size: Optional[List[int]] = None
+    """fl2va without height/width: [height,width] of the first keyframe, whose aspect gives the canvas."""
+    references: Optional[List[Any]] = None
+    """ref2va: the references in request order, each {kind: image, height, width} (source pixels), {kind: video,
+    frames, fps, height, width, audio_seconds (its soundtrack, null: none)} or {kind: audio, seconds}."""
+    num_inference_steps: Optional[int] = None
+    """diffusers' num_inference_steps of the call (forwards = steps - 1); None: the pipeline's default (50)."""
     batch: int = 1
     """Sequences per transformer call; every item shares the layout (diffusers' pipeline runs 1). Not a `video`
     field: parallel.batch holds it."""
@@ -103,10 +120,15 @@ def video_overrides(overrides: list[str]) -> list[str]:
 
 
 def _value(v) -> str:
+    """A value as a Hydra override writes it (lists and mappings included)."""
     if v is None:
         return "null"
     if isinstance(v, bool):
         return str(v).lower()
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(_value(x) for x in v) + "]"
+    if isinstance(v, Mapping):
+        return "{" + ",".join(f"{k}:{_value(x)}" for k, x in v.items()) + "}"
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
@@ -123,6 +145,17 @@ class CanvasFacts:
     short_edge: int = 768
     max_pixels: int = 1032192
     aspect: List[int] = field(default_factory=lambda: [16, 9])
+    min_aspect: float = 0.25
+    max_aspect: float = 4.0
+
+
+@dataclass
+class ReferenceFacts:
+    image_short_edge: int = 2048
+    max_images: int = 9
+    max_videos: int = 3
+    max_audios: int = 3
+    max_references: int = 12
 
 
 @dataclass
@@ -158,6 +191,7 @@ class PipelineConfig:
     schedulers: SchedulerFacts = field(default_factory=SchedulerFacts)
     keyframe_noise_aug: float = 0.999
     canvas: CanvasFacts = field(default_factory=CanvasFacts)
+    references: ReferenceFacts = field(default_factory=ReferenceFacts)
     audio: AudioFacts = field(default_factory=AudioFacts)
     audio_vae: AudioVaeFacts = field(default_factory=AudioVaeFacts)
     source: Optional[str] = None
@@ -205,12 +239,9 @@ def _canvas(req: VideoRequest, multiple: int, pipe: Mapping[str, Any]) -> tuple[
         raise ConfigError(missing, "height and width go together (both set, or both null for the default canvas)")
     if req.height is None:
         c = pipe["canvas"]
-        ratio = c["aspect"][0] / c["aspect"][1]
-        w, h = (c["short_edge"] * ratio, float(c["short_edge"])) if ratio >= 1 else (float(c["short_edge"]), c["short_edge"] / ratio)
-        if w * h > c["max_pixels"]:
-            s = (c["max_pixels"] / (w * h)) ** 0.5
-            w, h = w * s, h * s
-        height, width = max(multiple, round(h / multiple) * multiple), max(multiple, round(w / multiple) * multiple)
+        if req.task == "fl2va":  # MiniMaxH3ResizeStep: the first keyframe's aspect, not 16:9
+            return workflows.keyframe_canvas(req.keyframe_size, multiple, c)
+        height, width = workflows.resolve_canvas(c["aspect"][0], c["aspect"][1], multiple, c)
         return height, width, f"pipeline default canvas: resolve_canvas_size({c['aspect'][0]}, {c['aspect'][1]}, {multiple}, {c['short_edge']}, {c['max_pixels']})"
     for key, v in (("video.height", req.height), ("video.width", req.width)):
         _positive(key, v)
@@ -246,9 +277,11 @@ def _frames(req: VideoRequest, fps: float, g: Mapping[str, int], pipe: Mapping[s
     lo, hi = pipe["min_seconds"], pipe["max_seconds"]
     if not lo <= aligned / fps <= hi:
         value = req.frames if key == "video.frames" else req.seconds
+        first, last = align_frames(math.ceil(lo * fps), clip, chunk), _aligned_max(hi * fps, clip, chunk)
+        near = first if aligned / fps < lo else last  # the nearest length the pipeline generates
+        fix = {key: str(near) if key == "video.frames" else f"{near / fps:g}"} if key != "pipeline.default_num_frames" else None
         raise ConfigError(f"{key}={value}", f"aligns to {aligned} frames = {aligned / fps:.3f} s at {fps:g} fps; the pipeline generates "
-                                            f"{lo:g}-{hi:g} s, i.e. {clip}n+{chunk} frames from {align_frames(math.ceil(lo * fps), clip, chunk)} "
-                                            f"to {_aligned_max(hi * fps, clip, chunk)}")
+                                            f"{lo:g}-{hi:g} s, i.e. {clip}n+{chunk} frames from {first} to {last}", fix=fix)
     return asked, aligned, key
 
 
@@ -280,6 +313,8 @@ def tokens(request: VideoRequest, model_cfg: Mapping[str, Any], vae_cfg: Mapping
         raise ConfigError("video.text_tokens", "required: the prompt's length in tokens (rows of prompt_embeds)")
     _positive("video.text_tokens", request.text_tokens)
     _positive("video.batch", request.batch)
+    _positive("video.num_inference_steps", request.num_inference_steps)
+    workflows.check_task(request.task, request.keyframes, request.keyframe_size, request.references)
 
     multiple = g["spatial"] * pw
     height, width, canvas = _canvas(request, multiple, pipe)
@@ -291,12 +326,19 @@ def tokens(request: VideoRequest, model_cfg: Mapping[str, Any], vae_cfg: Mapping
     audio_latents = int(round(frames / fps * pipe["audio"]["latents_per_second"])) if request.audio else 0
     channels = pipe["audio"]["channels"]
     text, audio, video = int(request.text_tokens), audio_latents * channels, latent_frames * rows_per_frame
-    steps = int(pipe["num_inference_steps"])
-    return {
+    steps = int(request.num_inference_steps or pipe["num_inference_steps"])
+    if steps < 2:
+        raise ConfigError(f"video.num_inference_steps={steps}", "must be at least 2: MiniMaxH3Scheduler's terminal sigma is one "
+                                                                "of the points, so 2 steps give 1 forward",
+                          fix={"video.num_inference_steps": "2"})
+    steps_src = "video.num_inference_steps" if request.num_inference_steps else "num_inference_steps default"
+    cond = _conditioning(request, frames, fps, g, m["patch_size"], rows_per_frame, pipe)
+    cv, ca = cond["condition_video_rows"], cond["condition_audio_rows"]
+    out = {
         "height": height, "width": width, "frames_requested": asked, "frames": frames, "seconds": frames / fps, "fps": fps,
         "latent_frames": latent_frames, "latent_height": lh, "latent_width": lw, "rows_per_frame": rows_per_frame,
         "audio_latents": audio_latents, "text_rows": text, "audio_rows": audio, "video_rows": video,
-        "seq_len": text + audio + video, "batch": int(request.batch),
+        "seq_len": text + cv + ca + audio + video, "batch": int(request.batch),
         "num_inference_steps": steps, "transformer_forwards": steps - 1,
         "basis": {
             "height": canvas, "width": canvas,
@@ -310,14 +352,44 @@ def tokens(request: VideoRequest, model_cfg: Mapping[str, Any], vae_cfg: Mapping
             "video_rows": f"{latent_frames} latent frames x {rows_per_frame} rows (build_packed_sequence)",
             "seq_len": "text + audio + video rows: one packed sequence, no padding, no register tokens",
             "transformer_forwards": f"MiniMaxH3Scheduler.set_timesteps({steps}): {steps} sigma points, the terminal 0 included, "
-                                    f"drive {steps - 1} forwards (num_inference_steps default {steps}: INPUT_PARAM_TEMPLATES)",
+                                    f"drive {steps - 1} forwards ({steps_src} {steps}"
+                                    + (": INPUT_PARAM_TEMPLATES)" if not request.num_inference_steps else ")"),
         },
     }
+    if request.task != "t2va":  # t2va's breakdown keeps its keys (plans written before the workflows read the same)
+        out.update({"task": request.task, "partition": workflows.PARTITION[request.task], "condition_video_rows": cv,
+                    "condition_audio_rows": ca, **({"keyframes": list(request.keyframes)} if request.keyframes else {}),
+                    **({"references": cond["blocks"]} if cond["blocks"] else {})})
+        out["basis"].update(cond["basis"])
+        out["basis"]["seq_len"] = ("text + condition video + condition audio + audio + video rows: one packed sequence, "
+                                   "no padding, no register tokens")
+    return out
+
+
+def _conditioning(request: VideoRequest, frames: int, fps: float, g: Mapping[str, int], patch, rows_per_frame: int,
+                  pipe: Mapping[str, Any]) -> dict[str, Any]:
+    """fl2va keyframe rows or ref2va reference blocks (planning/workflows.py), with their basis."""
+    if request.task == "fl2va":
+        n = len(request.keyframes)
+        return {"condition_video_rows": n * rows_per_frame, "condition_audio_rows": 0, "blocks": [],
+                "basis": {"condition_video_rows": f"{n} keyframe(s) ({', '.join(request.keyframes)}) x {rows_per_frame} rows: one "
+                                                  "latent frame on the target canvas each (build_packed_sequence keyframe_anchors)"}}
+    if request.task == "ref2va":
+        r = workflows.references(request.references, frames=frames, fps=fps, spatial=g["spatial"], patch=patch,
+                                 clip=g["clip_length"], chunk=g["tokens_chunk_size"], pipe=pipe)
+        blocks = "; ".join(workflows.describe(b) for b in r["blocks"])
+        return {**r, "basis": {"condition_video_rows": f"reference blocks in request order (build_ref2va_packed_sequence): {blocks}",
+                               "condition_audio_rows": "reference soundtracks and audio references, clean (t = 1.0): ceil(samples "
+                                                       f"/ {pipe['audio_vae']['hop_length']}) latents x {pipe['audio']['channels']} channels"}}
+    return {"condition_video_rows": 0, "condition_audio_rows": 0, "blocks": [], "basis": {}}
 
 
 def request_from(video: Mapping[str, Any], batch: int = 1) -> VideoRequest:
     """The `video` section (plain dict) as a VideoRequest."""
     kw = {k: video.get(k) for k in FIELDS if k != "audio"}
+    kw["task"] = kw.get("task") or "t2va"  # a plan file written before the workflows has no task
+    for k in ("keyframes", "keyframe_size", "references"):
+        kw[k] = None if kw[k] is None else (tuple(kw[k]) if isinstance(kw[k], (list, tuple)) else kw[k])
     if video.get("audio") is not None:
         kw["audio"] = bool(video["audio"])
     return VideoRequest(**kw, batch=batch)

@@ -176,6 +176,10 @@ class ModelConfig:
     """A local diffusers checkpoint folder (a pipeline's, with transformer/ and vae/, or the transformer's own):
     the plan takes its widths from the folder's config.json files (h3plan/planning/checkpoint.py), and action=verify /
     action=bench load its weights with from_pretrained instead of seeding them. null: seeded weights."""
+    text_encoder: Optional[Any] = None
+    """The Qwen3-VL conditioner's config (its config.json: text_config, vision_config, tie_word_embeddings), read from
+    model.path's text_encoder/config.json or given here; null: prompt_embeds given, the conditioner is not planned
+    (planning/text_encoder.py; memory.text_encoder places it)."""
 
 
 @dataclass

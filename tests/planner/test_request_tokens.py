@@ -21,7 +21,8 @@ pytest.importorskip("diffusers")
 CONF = os.path.join(os.path.dirname(__file__), "..", "..", "conf")
 MODEL = yaml.safe_load(open(os.path.join(CONF, "model", "h3.yaml")))
 VAE = yaml.safe_load(open(os.path.join(CONF, "vae", "h3.yaml")))
-PRESETS = sorted(glob.glob(os.path.join(CONF, "video", "*.yaml")))
+PRESETS = [p for p in sorted(glob.glob(os.path.join(CONF, "video", "*.yaml")))  # fl2va / ref2va: test_request_workflows.py
+           if yaml.safe_load(open(p)).get("task", "t2va") == "t2va"]
 
 # A geometry unlike the released one: 5-frame clips, temporal x2 (3 latents per chunk, 1 dropped),
 # spatial x4, so the canvas multiple is 8 and frames align to 5n+3.
