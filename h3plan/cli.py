@@ -314,22 +314,34 @@ def _labelled(label: str, text: str, width: int) -> list[str]:
 
 
 def _speed_text(plan) -> str:
-    """First-order time per transformer block from the plan's estimates, and what they rest on."""
+    """The predicted forward (per block: attention, block linears, elementwise, all-to-all) and the whole call (text
+    encode, denoise, decode), its biggest share and the cheapest cut (h3plan/planning/predict.py), and what they rest on."""
     hw = plan.get("hardware")
-    att, gemm, a2a = (plan.derived_value(k) for k in ("attention_ms_per_block_est", "gemm_ms_per_block_est", "a2a_ms_per_block_est"))
+    att, gemm, a2a, el = (plan.derived_value(k) for k in ("attention_ms_per_block_est", "gemm_ms_per_block_est",
+                                                          "a2a_ms_per_block_est", "elementwise_ms_per_block_est"))
     if att is None or gemm is None:
         return (f"no estimate on {hw['name']}: no measured or published dense throughput for its attention or GEMMs "
                 "(detail=full shows the basis)")
-    parts = [f"attention {att:.1f} ms", f"block linears {gemm:.1f} ms"] + ([f"all-to-all {a2a:.1f} ms"] if a2a else [])
-    basis = (f"TFLOP/s measured on {hw['name']}" if hw.get("measured", {}).get("on_hardware")
+    parts = [f"attention {att:.1f}", f"block linears {gemm:.1f}"] + ([f"elementwise {el:.1f}"] if el is not None else []) \
+        + ([f"all-to-all {a2a:.1f}"] if a2a else [])
+    basis = (_measured_on(hw) if hw.get("measured", {}).get("on_hardware")
              else f"an assumed share of {hw['name']}'s vendor peak: never measured there")
-    text = f"{' + '.join(parts)} per transformer block per GPU ({basis}; elementwise work not counted)"
-    seq = plan.derived_value("sequence") or {}
     layers = plan.get("model").get("diffusers_config", {}).get("num_layers")
-    if seq.get("transformer_forwards") and layers:
-        total = (att + gemm + (a2a or 0)) * layers * seq["transformer_forwards"] / 1e3
-        text += f"; x {layers} blocks x {seq['transformer_forwards']} forwards = {total:,.0f} s of denoising at that rate"
+    text = (f"forward {plan.derived_value('forward_s_est'):.2f} s = {layers} blocks x ({' + '.join(parts)} ms) per GPU ({basis}"
+            + ("" if el is not None else "; elementwise work not counted") + ")")
+    den, dec, n = plan.derived_value("denoise_s_est"), plan.derived_value("decode_s_est"), (plan.derived_value("sequence") or {}).get("transformer_forwards")
+    if den is None:
+        return text
+    if dec is None:
+        return text + f"; x {n} forwards = {den:,.0f} s of denoising; no decode time measured on {hw['name']}"
+    big = plan.derived_value("call_biggest")
+    text += (f"; call {plan.derived_value('call_s_est'):,.0f} s = {n} forwards {den:,.0f} s + decode {dec:,.1f} s (text encoder "
+             f"outside: prompt_embeds given); most: {big['part']} {big['share']:.0%}: {big['cut']}")
     return text
+
+
+def _measured_on(hw) -> str:
+    return f"measured on {hw['name']}"
 
 
 def _short(reasons: list[str], room: int) -> str:

@@ -253,10 +253,53 @@ class VaePrecisionPoint:
 
 
 @dataclass
+class GemmPoint:
+    """The block linears' GEMMs (to_q/k/v, to_out, the FFN) of `layers` blocks at `rows` rows per GPU in `dtype`:
+    their kernels' summed time `ms` (rate: 2*rows*params*layers / ms)."""
+
+    rows: int = MISSING
+    dtype: str = MISSING
+    layers: int = 1
+    ms: float = MISSING
+    source: str = MISSING
+
+
+@dataclass
+class ElementwisePoint:
+    """Every kernel of `layers` transformer blocks that is neither a GEMM nor attention (the fused norms, modulation,
+    RoPE, residuals, SwiGLU, FP8/NVFP4 casts) at `rows` rows per GPU with `recipe`'s default levers: their times,
+    summed (one entry per kernel category of the profile)."""
+
+    recipe: str = MISSING
+    rows: int = MISSING
+    layers: int = 1
+    ms: List[float] = MISSING
+    source: str = MISSING
+
+
+@dataclass
+class DecodePoint:
+    """The rest of diffusers' pipe(...) call after the last forward (the video decode, nearly all of it, and the
+    audio decode) at a decode precision and tile geometry (vae_precision, vae_tiles), at `latent`."""
+
+    precision: str = MISSING
+    tiles: str = "default"
+    latent: List[int] = MISSING
+    seconds: float = MISSING
+    source: str = MISSING
+
+
+@dataclass
 class MeasuredFacts:
     on_hardware: bool = MISSING
     hbm_copy_tbps: Optional[float] = None
     gemm_tflops: GemmThroughput = field(default_factory=GemmThroughput)
+    gemm_block: List[GemmPoint] = field(default_factory=list)
+    """The block linears' GEMM rate at the plan's rows (nearest in log rows wins over gemm_tflops)."""
+    elementwise: List[ElementwisePoint] = field(default_factory=list)
+    """The block's elementwise kernels per recipe (empty: bytes at hbm_copy_tbps, a floor, and the plan says so)."""
+    decode: List[DecodePoint] = field(default_factory=list)
+    """The call's decode time per precision and tiles (empty: the plan predicts no decode time)."""
     attention: List[AttentionPoint] = field(default_factory=list)
     block: List[BlockPoint] = field(default_factory=list)
     vae_decode: VaeDecodeFacts = field(default_factory=VaeDecodeFacts)
