@@ -27,6 +27,7 @@ from .planning.config import CONFIG_NAME, CONFIG_PATH, compose, condense
 from .planning.derive import ORDER
 from .planning.memory import MemoryConfig
 from .planning.request import FIELDS, video_overrides
+from .planning.tuned import measured_on, stale
 
 PROG = "h3plan"
 _rc = 0
@@ -341,7 +342,22 @@ def _speed_text(plan) -> str:
 
 
 def _measured_on(hw) -> str:
-    return f"measured on {hw['name']}"
+    return measured_on(hw["tuned"]) if hw.get("tuned") else f"measured on {hw['name']}"
+
+
+def _tuned_text(hw) -> str:
+    """The `tuned` line: where the file was measured, and whether the running versions still match it."""
+    t = hw["tuned"]
+    diff, unknown = stale(t)
+    text = f"{measured_on(t)} (hardware.tuned, made by: {t['command']})"
+    failed = [f"{c['lever']}={c['setting']}" for c in t.get("checks") or () if not c["passed"]]
+    if failed:
+        text += f"; kernel checks failed there, refused: {', '.join(failed)}"
+    if diff:
+        text += f"; STALE: {'; '.join(diff)} (strict=true refuses it; tune again)"
+    if unknown:
+        text += f"; not compared here: {', '.join(unknown)}"
+    return text
 
 
 def _short(reasons: list[str], room: int) -> str:
@@ -381,6 +397,8 @@ def render_summary(plan, width: int = 120) -> str:
     hw, r = plan.get("hardware"), plan.get("recipe")
     ds = plan.decisions
     lines = [_header(plan), *_request_lines(plan, width)]
+    if hw.get("tuned"):
+        lines += _labelled("tuned", _tuned_text(hw), width)
     lines += _labelled("speed", _speed_text(plan), width)
     runs = [f"{d.lever}={d.setting}" for d in ds if d.enabled and d.setting != "default"]
     lines += _labelled("runs", ", ".join(runs) or "diffusers' own ops only", width)

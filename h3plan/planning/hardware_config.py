@@ -355,6 +355,43 @@ class VerifiedFacts:
 
 
 @dataclass
+class TunedCheck:
+    """One lever setting's kernel check on the tuned device (action=verify's check: bitwise against the reference,
+    or inside the recipe's budget)."""
+
+    lever: str = MISSING
+    setting: str = MISSING
+    passed: bool = MISSING
+    detail: str = ""
+    """What the check found (the failure's reason where it failed)."""
+
+
+@dataclass
+class TunedFacts:
+    """Provenance of a tuned hardware file (python -m h3plan action=tune): where and with what it was measured.
+    `versions` (torch, triton, fa4, cudnn: package versions; driver: the kernel module) are compared with the running
+    ones (h3plan/planning/tuned.py): another version marks the file stale, and strict=true refuses it."""
+
+    device: str = MISSING
+    """torch.cuda.get_device_name() on the tuned GPU."""
+    compute_capability: str = MISSING
+    memory_gib: float = MISSING
+    date: str = MISSING
+    """UTC date and time the tune finished (YYYY-MM-DD HH:MM)."""
+    command: str = MISSING
+    """The command that made the file."""
+    versions: Dict[str, Optional[str]] = field(default_factory=dict)
+    runtime: Dict[str, Optional[str]] = field(default_factory=dict)
+    """What torch reported at tune time (CUDA runtime, cuDNN library, Triton): informational, not compared."""
+    quick: bool = False
+    """tune.quick: fewer shapes and repeats."""
+    seconds: Optional[float] = None
+    """How long the tune took."""
+    checks: List[TunedCheck] = field(default_factory=list)
+    source: str = "python -m h3plan action=tune"
+
+
+@dataclass
 class HardwareConfig:
     name: str = MISSING
     arch: str = MISSING
@@ -372,3 +409,5 @@ class HardwareConfig:
     efficiency: Efficiency = field(default_factory=Efficiency)
     tuning: TuningFacts = field(default_factory=TuningFacts)
     verified: VerifiedFacts = field(default_factory=VerifiedFacts)
+    tuned: Optional[TunedFacts] = None
+    """Set in a file written by action=tune: its provenance and kernel checks; null in the packaged groups."""
