@@ -218,7 +218,8 @@ def help_text(width: int = 110) -> str:
 
     memory = " ".join(f"memory.{f.name}" for f in dataclasses.fields(MemoryConfig))
     keys = [(f"action=plan|{'|'.join(ACTIONS)}", "verify: prove the plan against diffusers' eager forward; bench: time it; "
-                                                 "calibrate: a static FP8 scale table, checked on held-out inputs"),
+                                                 "calibrate: a static FP8 scale table, checked on held-out inputs; tune: measure this GPU at the plan's "
+                                                 "shapes and write a tuned hardware file"),
             ("format=table|yaml|json", "out=PATH writes the plan (.json -> JSON, else YAML); a sweep prints its summary in "
                                        "that format"),
             (" ".join(f"video.{k}=" for k in FIELDS), "the request over the video preset: S (text + audio + video rows) "
@@ -227,8 +228,8 @@ def help_text(width: int = 110) -> str:
             (memory, "how the pipeline holds its models, for the peak-memory estimate (h3plan/planning/memory.py MemoryConfig)"),
             ("detail=summary|full", "table: the summary and one line per lever (default), or every reason, its sources "
                                     "and the derived numbers"),
-            ("verify.* bench.* calibrate.*", "see h3plan/planning/action_configs.py (VerifyConfig, BenchConfig, "
-                                             "CalibrateConfig)"),
+            ("verify.* bench.* calibrate.* tune.*", "see h3plan/planning/action_configs.py (VerifyConfig, BenchConfig, "
+                                                    "CalibrateConfig, TuneConfig)"),
             ("-m a=x,y b=z", "sweep every combination (strict=true: exit 1 if any is invalid)")]
     lines += ["", "other keys:"]
     for key, what in keys:

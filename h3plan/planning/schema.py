@@ -20,7 +20,7 @@ from h3plan.errors import ConfigError, unknown_key_line
 from h3plan.levers import LEVER_SETTINGS  # declared by each lever module (SPEC), registry order
 
 from . import tuned
-from .action_configs import BenchConfig, CalibrateConfig, VerifyConfig, validate_actions
+from .action_configs import BenchConfig, CalibrateConfig, TuneConfig, VerifyConfig, validate_actions
 from .hardware_config import HardwareConfig
 from .memory import MemoryConfig
 from .request import PipelineConfig, VideoConfig, sequence
@@ -45,6 +45,7 @@ class Action(str, Enum):
     verify = "verify"
     bench = "bench"
     calibrate = "calibrate"
+    tune = "tune"
 
 
 class Format(str, Enum):
@@ -261,6 +262,7 @@ class H3PlanConfig:
     verify: VerifyConfig = field(default_factory=VerifyConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
     calibrate: CalibrateConfig = field(default_factory=CalibrateConfig)
+    tune: TuneConfig = field(default_factory=TuneConfig)
 
 
 SCHEMA_NAME = "h3plan_schema"

@@ -1,0 +1,380 @@
+"""`python -m h3plan action=tune ...`: measure the facts plans use on this GPU, at this plan's shapes, and write them
+as a hardware file that extends the packaged group (its Hydra defaults list), loaded through the search path.
+
+Measured (each step on the progress bar; tune.quick: fewer repeats, one decode precision, a shorter latent):
+1. attention: every registered backend that can run here, at the plan's per-rank shape (S, heads per rank, head
+   dim), FA4 with its default and the hardware's tuned tile -> measured.attention, fa4.tuned_tiles[].measured;
+2. the block linears' GEMMs (to_q/k/v, to_out, the FFN at the plan's rows): bf16 (F.linear), fp8 (torch._scaled_mm,
+   the cuBLAS call the plan's FP8 linears make) where the hardware has it -> measured.gemm_block, gemm_tflops;
+3. copy bandwidth (a 2 GiB clone) -> measured.hbm_copy_tbps;
+4. one real-width block with the plan installed, profiled: every kernel that is neither GEMM nor attention
+   -> measured.elementwise (the recipe's elementwise kernels at the plan's rows);
+5. the VAE decode per precision (fp32, fp16, bf16) and tile geometry (default; fp8_tiles where FP8 GEMMs exist) on a
+   seeded real-width VAE at the plan's latent size, fewer latent frames (the plan scales by latent volume)
+   -> measured.decode;
+6. the all-to-all at each Ulysses degree the world has (launched under torchrun; one process: none)
+   -> measured.ulysses.a2a;
+7. every lever's check on this device: action=verify's checks (bitwise against the reference R, or inside the
+   recipe's budget) on `tune.check_blocks` real-width blocks -> tuned.checks.
+
+The file records its provenance (hardware.tuned: device, compute capability, memory, driver, CUDA, torch, Triton,
+FA4 and cuDNN versions, date, the command). It is written to a temporary file beside `tune.out` and renamed at the
+end: an interrupted tune leaves no partial file. Beside it, tune-<hardware>.json / .md with every timing.
+On a CPU the tune is refused in one line. The VAE encode (fl2va keyframes) is not measured yet: nothing plans it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from h3plan.errors import UsageError
+from h3plan.planning import tuned as provenance
+
+CPU_REFUSAL = ("action=tune measures a GPU and this machine has none (torch.cuda.is_available() is False): plans here "
+               "use the packaged facts (python -m h3plan hardware=sm90 ...)")
+ATTENTION_HINTS = ("flash", "fmha", "sdpa", "attention", "attn")
+GEMM_HINTS = ("gemm", "nvjet", "xmma", "cublas", "matmul", "_mm_")
+
+
+def _cfg(cfg, key, default=None):
+    node = cfg.get("tune") if hasattr(cfg, "get") else None
+    val = None if node is None else node.get(key)
+    return default if val is None else val
+
+
+def command_line() -> str:
+    return "python -m h3plan " + shlex.join(sys.argv[1:])
+
+
+def refuse_without_gpu(torch) -> None:
+    if not torch.cuda.is_available():
+        raise UsageError(CPU_REFUSAL)
+
+
+@contextlib.contextmanager
+def atomic_write(path: Path):
+    """Yield a temporary path beside `path`; on success rename it onto `path`, else remove it (no partial file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def hardware_file(base: str, tuned: dict, measured: dict, fa4: dict | None = None) -> str:
+    """The YAML text of a tuned hardware file: `base` (the packaged group) extended by the measured facts."""
+    import yaml
+
+    head = (f"# Written by `{tuned['command']}` on {tuned['device']}, {tuned['date']} UTC (h3plan action=tune): measured facts,\n"
+            f"# regenerate rather than edit. Use it: python -m h3plan hydra.searchpath=[file://<folder above hardware/>] "
+            f"hardware=<this file's stem>\n")
+    doc: dict[str, Any] = {"defaults": [base, "_self_"], "tuned": tuned, "measured": measured}
+    if fa4:
+        doc["fa4"] = fa4
+    return head + yaml.safe_dump(doc, sort_keys=False, width=200)
+
+
+def write_outputs(out: Path, base: str, tuned: dict, measured: dict, fa4: dict | None, record: dict) -> list[Path]:
+    """The hardware file and tune-<stem>.json / .md beside it, each renamed into place only when complete."""
+    files = [(out, hardware_file(base, tuned, measured, fa4)),
+             (out.with_name(f"tune-{out.stem}.json"), json.dumps(record, indent=1) + "\n"),
+             (out.with_name(f"tune-{out.stem}.md"), markdown(record))]
+    for path, text in files:
+        with atomic_write(path) as tmp:
+            tmp.write_text(text)
+    return [p for p, _ in files]
+
+
+def markdown(record: dict) -> str:
+    t, m = record["tuned"], record["measured"]
+    lines = [f"# Tune on {t['device']} ({t['date']} UTC)", "", f"`{t['command']}`, {record['seconds']:.0f} s "
+             f"({'quick' if t['quick'] else 'full'}); versions: " + ", ".join(f"{k} {v}" for k, v in t["versions"].items()), "",
+             "| attention shape | " + " | ".join(record["backends"]) + " |", "|---|" + "---:|" * len(record["backends"])]
+    for p in m.get("attention", []):
+        lines.append(f"| {p['seq_len']:,} x {p['heads']} | " + " | ".join(
+            "-" if p.get(b) is None else f"{p[b]:.1f}" for b in record["backends"]) + " |")
+    lines += ["", "TFLOP/s = 4*S^2*H*D / time.", "", "| fact | value |", "|---|---|",
+              f"| copy bandwidth | {m.get('hbm_copy_tbps')} TB/s |"]
+    lines += [f"| {g['dtype']} block linears at {g['rows']:,} rows | {g['ms']:.3f} ms |" for g in m.get("gemm_block", [])]
+    lines += [f"| elementwise ({e['recipe']}) at {e['rows']:,} rows | {sum(e['ms']):.3f} ms per block |" for e in m.get("elementwise", [])]
+    lines += [f"| decode {d['precision']} / {d['tiles']} at {d['latent']} | {d['seconds']:.2f} s |" for d in m.get("decode", [])]
+    lines += [f"| all-to-all degree {a['degree']} | {a['gbps_leaving_rank']:.1f} GB/s |" for a in m.get("ulysses", {}).get("a2a", [])]
+    lines += ["", "| check | result | detail |", "|---|---|---|"]
+    lines += [f"| {c['lever']}={c['setting']} | {'pass' if c['passed'] else 'FAIL'} | {c['detail']} |" for c in t["checks"]]
+    lines += ["", "| step | seconds |", "|---|---:|"] + [f"| {k} | {v:.1f} |" for k, v in record["steps_s"].items()]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- measurements (GPU)
+
+
+def _median_ms(torch, fn, warmup: int, iters: int) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b))
+    return sorted(ts)[len(ts) // 2]
+
+
+def measure_attention(torch, hw: dict, S: int, heads: int, D: int, batch: int, reps: tuple[int, int]) -> tuple[dict, dict]:
+    """TFLOP/s per backend that can run here at (S, heads); FA4's tuned tile's speedup over its default."""
+    from h3plan.attention import BACKENDS, get_backend
+    from h3plan.kernels import fp8 as f8
+
+    q, k, v = (torch.randn(batch, S, heads, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    flops, point, skipped = 4 * batch * S * S * heads * D, {"seq_len": S, "heads": heads}, {}
+    for name, spec in BACKENDS.items():
+        backend = get_backend(name)
+        why = backend.unavailable_reason(q, k, v)
+        if why:
+            skipped[name] = why
+            continue
+        if spec.precision == "fp8":
+            codes = [t.to(f8.E4M3) for t in (q, k, v)]
+            ones = torch.ones(3, device="cuda")
+            fn = lambda b=backend: b(*codes, descales=ones)  # noqa: E731
+        else:
+            fn = lambda b=backend: b(q, k, v)  # noqa: E731
+        point[name] = round(flops / (_median_ms(torch, fn, *reps) * 1e9), 1)
+    tiles = []
+    for tile in (hw.get("fa4") or {}).get("tuned_tiles") or ():
+        if "fa4" in point and tile["head_dim"] == D:
+            t = get_backend("fa4", tile={k: tile[k] for k in ("tile_m", "tile_n", "mma_pv_is_rs", "intra_wg_overlap")})
+            if t.unavailable_reason(q, k, v) is None:
+                ms = _median_ms(torch, lambda: t(q, k, v), *reps)
+                tiles.append({**tile, "measured": [{"seq_len": S, "heads": heads,
+                                                    "speedups": [round(flops / (point["fa4"] * 1e9) / ms, 3)]}]})
+    return point, {"skipped": skipped, "tuned_tiles": tiles}
+
+
+def measure_gemms(torch, hw: dict, dc: dict, rows: int, reps: tuple[int, int]) -> list[dict]:
+    """The block linears at `rows` rows, per dtype the hardware has: summed kernel time of the four shapes."""
+    import torch.nn.functional as F
+
+    h, inner, f = dc["hidden_size"], dc["num_attention_heads"] * dc["attention_head_dim"], dc["ffn_dim"]
+    shapes = [(h, inner)] * 3 + [(inner, h), (h, 2 * f), (f, h)]  # (in, out): q, k, v, out, ff up, ff down
+    points = []
+    for dtype in ("bf16", "fp8"):
+        if dtype == "fp8" and not hw["gemm"]["fp8"]:
+            continue
+        total = 0.0
+        for n_in, n_out in dict.fromkeys(shapes):
+            x = torch.randn(rows, n_in, device="cuda", dtype=torch.bfloat16)
+            w = torch.randn(n_out, n_in, device="cuda", dtype=torch.bfloat16) / n_in**0.5
+            if dtype == "bf16":
+                fn = lambda x=x, w=w: F.linear(x, w)  # noqa: E731
+            else:
+                x8, w8, one = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn), torch.ones((), device="cuda")
+                fn = lambda x8=x8, w8=w8, one=one: torch._scaled_mm(x8, w8.t(), one, one, out_dtype=torch.bfloat16)  # noqa: E731
+            total += _median_ms(torch, fn, *reps) * shapes.count((n_in, n_out))
+            del x, w
+        points.append({"rows": rows, "dtype": dtype, "layers": 1, "ms": round(total, 3),
+                       "source": "action=tune: F.linear / torch._scaled_mm per block-linear shape, medians summed"})
+    return points
+
+
+def measure_copy(torch, reps: tuple[int, int]) -> float:
+    x = torch.empty(2**30, device="cuda", dtype=torch.bfloat16)  # 2 GiB
+    ms = _median_ms(torch, lambda: x.clone(), *reps)
+    return round(2 * x.numel() * 2 / (ms * 1e9), 3)  # read + write, TB/s
+
+
+def measure_elementwise(torch, cfg, plan, rows: int, reps: tuple[int, int]) -> dict:
+    """One real-width block with the plan installed, profiled: the kernels that are neither GEMM nor attention."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from h3plan.install import install
+
+    from .inputs import build_model, packed_inputs
+
+    dc = cfg.model.diffusers_config
+    model = build_model(dc, blocks=1, device="cuda", dtype=torch.bfloat16)
+    install(model, plan)
+    inputs = packed_inputs(dc, rows, device="cuda")
+    with torch.no_grad():
+        for _ in range(reps[0]):
+            model(**inputs)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps[1]):
+                model(**inputs)
+            torch.cuda.synchronize()
+    cats = {"attention": 0.0, "gemm": 0.0, "elementwise": 0.0}
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        name = e.key.lower()
+        if not us or name.startswith(("memset", "memcpy")) or e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        cat = "attention" if any(k in name for k in ATTENTION_HINTS) else "gemm" if any(k in name for k in GEMM_HINTS) else "elementwise"
+        cats[cat] += us / 1e3 / reps[1]
+    del model
+    torch.cuda.empty_cache()
+    return {"recipe": plan.get("recipe")["name"], "rows": rows, "layers": 1, "ms": [round(cats["elementwise"], 3)],
+            "source": f"action=tune: one installed block profiled (attention {cats['attention']:.2f} ms, GEMMs "
+                      f"{cats['gemm']:.2f} ms per forward, outside the GEMM and attention kernels: the rest)"}
+
+
+def measure_decode(torch, cfg, plan, quick: bool, replan) -> list[dict]:
+    """The seeded real-width VAE's decode per precision and tile geometry, at the plan's latent size."""
+    from diffusers import AutoencoderKLMiniMaxH3
+
+    from h3plan.install import install, uninstall
+
+    seq = plan.derived_value("sequence") or {}
+    if not seq.get("latent_frames"):
+        return []
+    frames = min(seq["latent_frames"], 5 if quick else 12)
+    latent = [1, int(cfg.vae.diffusers_config.get("latent_channels", 24)), frames, seq["latent_height"], seq["latent_width"]]
+    arms = [(plan.decision("vae_precision").setting, plan.decision("vae_tiles").setting)]
+    if not quick:
+        arms += [(p, "default") for p in ("fp32", "fp16", "bf16")]
+        if plan.get("hardware")["gemm"]["fp8"]:
+            arms.append(("fp16", "fp8_tiles"))
+    torch.manual_seed(0)
+    vae = AutoencoderKLMiniMaxH3(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in dict(cfg.vae.diffusers_config).items()})
+    vae = vae.to("cuda").eval().requires_grad_(False)
+    z = torch.randn(*latent, device="cuda")
+    out = []
+    for precision, tiles in dict.fromkeys(arms):
+        try:
+            p = replan({"recipe.vae": precision, "levers.vae_tiles": tiles})
+        except Exception as e:  # noqa: BLE001 - an arm the policy refuses is skipped, and said so
+            print(f"tune: decode {precision}/{tiles} not planned here: {e}", file=sys.stderr)
+            continue
+        install(vae, p)
+        with torch.no_grad():
+            ms = _median_ms(torch, lambda: vae.decode(z.to(next(vae.decoder.parameters()).dtype)), 1, 1 if quick else 2)
+        uninstall(vae)
+        out.append({"precision": precision, "tiles": tiles, "latent": latent, "seconds": round(ms / 1e3, 3),
+                    "source": "action=tune: vae.decode of a seeded real-width VAE, the plan's decode levers installed "
+                              "(the video decode only; the audio decode not counted)"})
+    del vae
+    torch.cuda.empty_cache()
+    return out
+
+
+def measure_a2a(torch, dc: dict, seq_len: int, reps: tuple[int, int]) -> list[dict]:
+    """all_to_all_single of one per-rank (S/U, H, D) bf16 tensor at the world's degree (torchrun); none alone."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+        return []
+    u = dist.get_world_size()
+    heads, d = dc["num_attention_heads"], dc["attention_head_dim"]
+    x = torch.randn(-(-seq_len // u), heads, d, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    ms = _median_ms(torch, lambda: dist.all_to_all_single(y, x), *reps)
+    gbps = x.numel() * 2 * (u - 1) / u / (ms * 1e6)
+    return [{"degree": u, "seq_len": seq_len, "tensor_ms": round(ms, 3), "gbps_leaving_rank": round(gbps, 1)}]
+
+
+def run_checks(torch, cfg, plan, blocks: int, seq_len: int) -> list[dict]:
+    """action=verify's checks on this device; one entry per lever setting it judged."""
+    from .inputs import build_model, packed_inputs
+    from .verify import verify
+
+    dc = cfg.model.diffusers_config
+    model = build_model(dc, blocks=blocks, device="cuda", dtype=torch.bfloat16)
+    results: list = []
+    verify(model, packed_inputs(dc, seq_len, device="cuda"), plan, device="cuda", results=results)
+    del model
+    torch.cuda.empty_cache()
+    return [{"lever": name.split("=")[0], "setting": name.split("=")[1], "passed": bool(ok), "detail": verdict}
+            for name, ok, verdict in results if "=" in name and " " not in name]
+
+
+# ---------------------------------------------------------------- the action
+
+
+def run(cfg, plan) -> int:
+    import torch
+
+    refuse_without_gpu(torch)
+    from omegaconf import OmegaConf
+
+    from h3plan.planner import resolve
+
+    from .bench.timing import Progress
+
+    t0, quick = time.monotonic(), bool(_cfg(cfg, "quick", False))
+    reps = (2, 5) if quick else (3, 15)
+    hw, dc = plan.get("hardware"), plan.get("model")["diffusers_config"]
+    base = hw["name"]
+    out = Path(_cfg(cfg, "out", f"tuned/hardware/{base}_tuned.yaml")).resolve()
+    S_att = plan.derived_value("padded_len") if plan.decision("ulysses_padding").setting == "padded" else plan.derived_value("seq_len")
+    heads, rows, batch = plan.derived_value("heads_per_rank"), plan.derived_value("local_rows") * plan.derived_value("batch"), plan.derived_value("batch")
+
+    def replan(over: dict):
+        c = OmegaConf.to_container(cfg, resolve=True)
+        c2 = OmegaConf.create(c)
+        for k, v in over.items():
+            OmegaConf.update(c2, k, v, force_add=True)
+        return resolve(c2)
+
+    steps = ["attention", "gemm", "copy", "elementwise", "decode", "all-to-all", "checks"]
+    bar, steps_s, measured, extra = Progress(len(steps), "tune"), {}, {"on_hardware": True}, {}
+
+    def step(name, fn):
+        s = time.monotonic()
+        result = fn()
+        steps_s[name] = time.monotonic() - s
+        bar.step(f"{name} {steps_s[name]:.0f} s")
+        return result
+
+    point, extra = step("attention", lambda: measure_attention(torch, hw, S_att, heads, dc["attention_head_dim"], batch, reps))
+    measured["attention"] = [point]
+    measured["gemm_block"] = step("gemm", lambda: measure_gemms(torch, hw, dc, rows, reps))
+    measured["hbm_copy_tbps"] = step("copy", lambda: measure_copy(torch, reps))
+    measured["elementwise"] = [step("elementwise", lambda: measure_elementwise(torch, cfg, plan, rows, reps))]
+    decode = step("decode", lambda: measure_decode(torch, cfg, plan, quick, replan))
+    if decode:
+        measured["decode"] = decode
+    a2a = step("all-to-all", lambda: measure_a2a(torch, dc, plan.derived_value("seq_len"), reps))
+    if a2a:
+        measured["ulysses"] = {"a2a": a2a, "source": "action=tune: all_to_all_single at the world's degree"}
+    blocks = int(_cfg(cfg, "check_blocks", 2))
+    checks = step("checks", lambda: run_checks(torch, cfg, plan, blocks, min(plan.derived_value("seq_len"), 4096 if quick else 19000)))
+    bar.close()
+
+    props = torch.cuda.get_device_properties(0)
+    cc = torch.cuda.get_device_capability(0)
+    tuned = {"device": torch.cuda.get_device_name(0), "compute_capability": f"{cc[0]}.{cc[1]}",
+             "memory_gib": round(props.total_memory / 2**30, 1),
+             "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M"), "command": command_line(),
+             "versions": provenance.running_versions(),
+             "runtime": {"cuda": torch.version.cuda, "cudnn": str(torch.backends.cudnn.version()),
+                         "torch": torch.__version__},
+             "quick": quick, "seconds": round(time.monotonic() - t0, 1), "checks": checks,
+             "source": f"python -m h3plan action=tune (h3plan/actions/tune.py), {out.name}"}
+    fa4 = {"tuned_tiles": extra["tuned_tiles"]} if extra.get("tuned_tiles") else None
+    from h3plan.attention import BACKENDS
+
+    record = {"kind": "tune", "tuned": tuned, "measured": measured, "skipped": extra.get("skipped", {}),
+              "backends": list(BACKENDS), "steps_s": steps_s, "seconds": tuned["seconds"]}
+    files = write_outputs(out, base, tuned, measured, fa4, record)
+    failed = [f"{c['lever']}={c['setting']}" for c in checks if not c["passed"]]
+    print(f"tune: {tuned['seconds']:.0f} s on {tuned['device']}; wrote " + ", ".join(map(str, files))
+          + (f"; checks failed (plans refuse them): {', '.join(failed)}" if failed else ""))
+    print(f"python -m h3plan hydra.searchpath=[file://{out.parent.parent}] hardware={out.stem} "
+          + " ".join(a for a in sys.argv[1:] if not a.startswith(("action=", "tune.", "hardware="))))
+    return 0
