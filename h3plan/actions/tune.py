@@ -16,6 +16,7 @@ Measured (each step on the progress bar; tune.quick: fewer repeats, one decode p
    -> measured.ulysses.a2a;
 7. every lever's check on this device: action=verify's checks (bitwise against the reference R, or inside the
    recipe's budget) on `tune.check_blocks` real-width blocks -> tuned.checks.
+Then, on the file written: auto's regret against every combination of the measured levers (bench/regret.py).
 
 The file records its provenance (hardware.tuned: device, compute capability, memory, driver, CUDA, torch, Triton,
 FA4 and cuDNN versions, date, the command). It is written to a temporary file beside `tune.out` and renamed at the
@@ -87,15 +88,34 @@ def hardware_file(base: str, tuned: dict, measured: dict, fa4: dict | None = Non
     return head + yaml.safe_dump(doc, sort_keys=False, width=200)
 
 
-def write_outputs(out: Path, base: str, tuned: dict, measured: dict, fa4: dict | None, record: dict) -> list[Path]:
-    """The hardware file and tune-<stem>.json / .md beside it, each renamed into place only when complete."""
-    files = [(out, hardware_file(base, tuned, measured, fa4)),
-             (out.with_name(f"tune-{out.stem}.json"), json.dumps(record, indent=1) + "\n"),
+def write_outputs(out: Path, base: str, tuned: dict, measured: dict, fa4: dict | None, record: dict,
+                  after_file=None) -> list[Path]:
+    """The hardware file, then tune-<stem>.json / .md beside it, each renamed into place only when complete.
+    `after_file(out)`, called once the hardware file is in place, may add to the record (the regret sweep)."""
+    with atomic_write(out) as tmp:
+        tmp.write_text(hardware_file(base, tuned, measured, fa4))
+    if after_file is not None:
+        after_file(out, record)
+    files = [(out.with_name(f"tune-{out.stem}.json"), json.dumps(record, indent=1) + "\n"),
              (out.with_name(f"tune-{out.stem}.md"), markdown(record))]
     for path, text in files:
         with atomic_write(path) as tmp:
             tmp.write_text(text)
-    return [p for p, _ in files]
+    return [out] + [p for p, _ in files]
+
+
+def add_regret(overrides: list[str]):
+    """after_file: auto's regret against every attention / decode precision / tile combination, planned on the new
+    file (h3plan/actions/bench/regret.py), into the record."""
+    def add(out: Path, record: dict) -> None:
+        from .bench import regret
+
+        base = [f"hydra.searchpath=[file://{out.parent.parent}]", f"hardware={out.stem}"]
+        try:
+            record["regret"] = regret.sweep(base + overrides)
+        except Exception as e:  # noqa: BLE001 - the measurements stand without it; the record says why
+            record["regret"] = {"error": f"{type(e).__name__}: {e}"}
+    return add
 
 
 def markdown(record: dict) -> str:
@@ -114,6 +134,14 @@ def markdown(record: dict) -> str:
     lines += [f"| all-to-all degree {a['degree']} | {a['gbps_leaving_rank']:.1f} GB/s |" for a in m.get("ulysses", {}).get("a2a", [])]
     lines += ["", "| check | result | detail |", "|---|---|---|"]
     lines += [f"| {c['lever']}={c['setting']} | {'pass' if c['passed'] else 'FAIL'} | {c['detail']} |" for c in t["checks"]]
+    r = record.get("regret")
+    if r and "error" not in r:
+        from .bench.regret import markdown as regret_md
+
+        lines += ["", "Auto against every combination of " + ", ".join(r["auto"]["settings"]) + f" (scored by {r['scored_by']}):",
+                  "", regret_md([r]).rstrip("\n")]
+    elif r:
+        lines += ["", f"regret: not computed ({r['error']})"]
     lines += ["", "| step | seconds |", "|---|---:|"] + [f"| {k} | {v:.1f} |" for k, v in record["steps_s"].items()]
     return "\n".join(lines) + "\n"
 
@@ -371,7 +399,8 @@ def run(cfg, plan) -> int:
 
     record = {"kind": "tune", "tuned": tuned, "measured": measured, "skipped": extra.get("skipped", {}),
               "backends": list(BACKENDS), "steps_s": steps_s, "seconds": tuned["seconds"]}
-    files = write_outputs(out, base, tuned, measured, fa4, record)
+    plan_overrides = [a for a in sys.argv[1:] if not a.startswith(("action=", "tune.", "hardware=", "hydra.", "-"))]
+    files = write_outputs(out, base, tuned, measured, fa4, record, after_file=add_regret(plan_overrides))
     failed = [f"{c['lever']}={c['setting']}" for c in checks if not c["passed"]]
     print(f"tune: {tuned['seconds']:.0f} s on {tuned['device']}; wrote " + ", ".join(map(str, files))
           + (f"; checks failed (plans refuse them): {', '.join(failed)}" if failed else ""))

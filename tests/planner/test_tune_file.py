@@ -59,3 +59,15 @@ def test_the_written_file_loads_and_drives_the_plan(tmp_path):
     assert p.decision("gated_residual").setting == "off"  # its check failed there
     assert "measured on Synthetic GPU, 2026-12-02 04:30" in " ".join(cli.render_summary(p).split())
     assert "| gated_residual=on | FAIL |" in (tmp_path / "hardware" / "tune-sm90_synthetic.md").read_text()
+
+
+def test_regret_of_auto_from_a_synthetic_table():
+    from h3plan.actions.bench import regret
+
+    base = [f"hydra.searchpath=[file://{Path(__file__).parent / 'data' / 'conf'}]", "hardware=tuned_synthetic", "recipe=bf16"]
+    r = regret.sweep(base, levers=("attention",))
+    assert r["auto"]["settings"] == {"attention": "cudnn_bf16"} and r["regret"] == 0.0  # the measured fastest
+    assert any("refused" in a for a in r["arms"])  # cudnn_fp8: lossy under a lossless recipe
+    forced = regret.sweep(base + ["levers.attention=fa4"], levers=("attention",))
+    assert forced["best"]["settings"] == {"attention": "cudnn_bf16"} and forced["regret"] > regret.TARGET  # it can fail
+    assert "| NO |" in regret.markdown([forced])
