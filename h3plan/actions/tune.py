@@ -37,8 +37,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from h3plan.attention import BACKENDS, get_backend
 from h3plan.errors import UsageError
 from h3plan.planning import tuned as provenance
+
+from .pipeline_build import build_vae
 
 CPU_REFUSAL = ("action=tune measures a GPU and this machine has none (torch.cuda.is_available() is False): plans here "
                "use the packaged facts (python -m h3plan hardware=sm90 ...)")
@@ -166,7 +169,6 @@ def _median_ms(torch, fn, warmup: int, iters: int) -> float:
 
 def measure_attention(torch, hw: dict, S: int, heads: int, D: int, batch: int, reps: tuple[int, int]) -> tuple[dict, dict]:
     """TFLOP/s per backend that can run here at (S, heads); FA4's tuned tile's speedup over its default."""
-    from h3plan.attention import BACKENDS, get_backend
     from h3plan.kernels import fp8 as f8
 
     q, k, v = (torch.randn(batch, S, heads, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -234,10 +236,11 @@ def measure_elementwise(torch, cfg, plan, rows: int, reps: tuple[int, int]) -> d
     from h3plan.install import install
 
     from .inputs import build_model, packed_inputs
+    from .verify import _single_process
 
     dc = cfg.model.diffusers_config
     model = build_model(dc, blocks=1, device="cuda", dtype=torch.bfloat16)
-    install(model, plan)
+    install(model, _single_process(plan))  # one process: the Ulysses levers off, the elementwise kernels the same
     inputs = packed_inputs(dc, rows, device="cuda")
     with torch.no_grad():
         for _ in range(reps[0]):
@@ -248,10 +251,9 @@ def measure_elementwise(torch, cfg, plan, rows: int, reps: tuple[int, int]) -> d
                 model(**inputs)
             torch.cuda.synchronize()
     cats = {"attention": 0.0, "gemm": 0.0, "elementwise": 0.0}
-    for e in prof.key_averages():
-        us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
-        name = e.key.lower()
-        if not us or name.startswith(("memset", "memcpy")) or e.device_type != torch.autograd.DeviceType.CUDA:
+    for e in prof.events():  # kernels on the GPU timeline (benchmarks/probes/_profile.py reads them the same way)
+        us, name = e.time_range.elapsed_us(), e.name.lower()
+        if e.device_type != torch.autograd.DeviceType.CUDA or us <= 0 or name.startswith(("memset", "memcpy", "nccl:")):
             continue
         cat = "attention" if any(k in name for k in ATTENTION_HINTS) else "gemm" if any(k in name for k in GEMM_HINTS) else "elementwise"
         cats[cat] += us / 1e3 / reps[1]
@@ -264,9 +266,8 @@ def measure_elementwise(torch, cfg, plan, rows: int, reps: tuple[int, int]) -> d
 
 def measure_decode(torch, cfg, plan, quick: bool, replan) -> list[dict]:
     """The seeded real-width VAE's decode per precision and tile geometry, at the plan's latent size."""
-    from diffusers import AutoencoderKLMiniMaxH3
-
     from h3plan.install import install, uninstall
+
 
     seq = plan.derived_value("sequence") or {}
     if not seq.get("latent_frames"):
@@ -278,9 +279,7 @@ def measure_decode(torch, cfg, plan, quick: bool, replan) -> list[dict]:
         arms += [(p, "default") for p in ("fp32", "fp16", "bf16")]
         if plan.get("hardware")["gemm"]["fp8"]:
             arms.append(("fp16", "fp8_tiles"))
-    torch.manual_seed(0)
-    vae = AutoencoderKLMiniMaxH3(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in dict(cfg.vae.diffusers_config).items()})
-    vae = vae.to("cuda").eval().requires_grad_(False)
+    vae = build_vae(cfg.vae.diffusers_config, device="cuda")
     z = torch.randn(*latent, device="cuda")
     out = []
     for precision, tiles in dict.fromkeys(arms):
@@ -291,7 +290,7 @@ def measure_decode(torch, cfg, plan, quick: bool, replan) -> list[dict]:
             continue
         install(vae, p)
         with torch.no_grad():
-            ms = _median_ms(torch, lambda: vae.decode(z.to(next(vae.decoder.parameters()).dtype)), 1, 1 if quick else 2)
+            ms = _median_ms(torch, lambda: vae.decode(z.to(vae.dtype)), 1, 1 if quick else 2)
         uninstall(vae)
         out.append({"precision": precision, "tiles": tiles, "latent": latent, "seconds": round(ms / 1e3, 3),
                     "source": "action=tune: vae.decode of a seeded real-width VAE, the plan's decode levers installed "
@@ -395,8 +394,6 @@ def run(cfg, plan) -> int:
              "quick": quick, "seconds": round(time.monotonic() - t0, 1), "checks": checks,
              "source": f"python -m h3plan action=tune (h3plan/actions/tune.py), {out.name}"}
     fa4 = {"tuned_tiles": extra["tuned_tiles"]} if extra.get("tuned_tiles") else None
-    from h3plan.attention import BACKENDS
-
     record = {"kind": "tune", "tuned": tuned, "measured": measured, "skipped": extra.get("skipped", {}),
               "backends": list(BACKENDS), "steps_s": steps_s, "seconds": tuned["seconds"]}
     plan_overrides = [a for a in sys.argv[1:] if not a.startswith(("action=", "tune.", "hardware=", "hydra.", "-"))]
