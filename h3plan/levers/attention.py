@@ -83,11 +83,11 @@ def auto(ctx: Context):
         return fastest, reasons, params(ctx, fastest)
     reasons.append(f"{pick} is the fastest BF16 attention on {ctx.hw} (hardware.attention_rank: "
                    f"{' > '.join(hw['attention_rank']['order'])}; {hw['attention_rank']['source']})")
+    if times:
+        reasons.append(f"measured at the plan's nearest shape: {times}")
     speed = _speeds(ctx, hw["attention_rank"]["order"])
     if speed:
         reasons.append(f"measured TFLOP/s at the nearest shape: {speed}")
-    if times:
-        reasons.append(f"measured at the plan's nearest shape: {times}")
     return pick, reasons, params(ctx, pick)
 
 
