@@ -1,19 +1,22 @@
 """`python -m h3plan action=tune ...`: measure the facts plans use on this GPU, at this plan's shapes, and write them
 as a hardware file that extends the packaged group (its Hydra defaults list), loaded through the search path.
 
-Measured (each step on the progress bar; tune.quick: fewer repeats, one decode precision, a shorter latent):
+Measured (each step on the progress bar; tune.quick: fewer repeats, the plan's own recipe and decode only, a shorter
+latent and shorter checks):
 1. attention: every registered backend that can run here, at the plan's per-rank shape (S, heads per rank, head
-   dim), FA4 with its default and the hardware's tuned tile -> measured.attention, fa4.tuned_tiles[].measured;
+   dim); FA4 with the hardware's tuned tile against its default; FA4 2-CTA against 1-CTA where the GPU has it (in
+   the record only: fa4_2cta still decides from the capability facts) -> measured.attention, fa4.tuned_tiles;
 2. the block linears' GEMMs (to_q/k/v, to_out, the FFN at the plan's rows): bf16 (F.linear), fp8 (torch._scaled_mm,
-   the cuBLAS call the plan's FP8 linears make) where the hardware has it -> measured.gemm_block, gemm_tflops;
+   the cuBLAS call the plan's FP8 linears make) and nvfp4 (h3plan's NVFP4 linear) where the hardware has them
+   -> measured.gemm_block;
 3. copy bandwidth (a 2 GiB clone) -> measured.hbm_copy_tbps;
-4. one real-width block with the plan installed, profiled: every kernel that is neither GEMM nor attention
-   -> measured.elementwise (the recipe's elementwise kernels at the plan's rows);
-5. the VAE decode per precision (fp32, fp16, bf16) and tile geometry (default; fp8_tiles where FP8 GEMMs exist) on a
-   seeded real-width VAE at the plan's latent size, fewer latent frames (the plan scales by latent volume)
-   -> measured.decode;
-6. the all-to-all at each Ulysses degree the world has (launched under torchrun; one process: none)
-   -> measured.ulysses.a2a;
+4. one real-width block with each recipe's plan installed (bf16, and fp8 / nvfp4 where the hardware has them),
+   profiled: every kernel that is neither GEMM nor attention -> measured.elementwise;
+5. the VAE decode per precision (fp32, fp16, bf16) and tile geometry (default; the fp8 recipe's FP8 tiles), each
+   arm a plan of the command's own overrides, on a seeded real-width VAE at the plan's latent size with fewer latent
+   frames (the plan scales by latent volume) -> measured.decode;
+6. the all-to-all at each Ulysses degree the world has (launched under torchrun; one process: none; rank 0
+   writes) -> measured.ulysses.a2a;
 7. every lever's check on this device: action=verify's checks (bitwise against the reference R, or inside the
    recipe's budget) on `tune.check_blocks` real-width blocks -> tuned.checks.
 Then, on the file written: auto's regret against every combination of the measured levers (bench/regret.py).
@@ -40,6 +43,8 @@ from typing import Any
 from h3plan.attention import BACKENDS, get_backend
 from h3plan.errors import UsageError
 from h3plan.planning import tuned as provenance
+from h3plan.planning.config import compose
+from h3plan.quant import quantized_linear
 
 from .pipeline_build import build_vae
 
@@ -92,15 +97,17 @@ def hardware_file(base: str, tuned: dict, measured: dict, fa4: dict | None = Non
 
 
 def write_outputs(out: Path, base: str, tuned: dict, measured: dict, fa4: dict | None, record: dict,
-                  after_file=None) -> list[Path]:
-    """The hardware file, then tune-<stem>.json / .md beside it, each renamed into place only when complete.
-    `after_file(out)`, called once the hardware file is in place, may add to the record (the regret sweep)."""
+                  after_file=None, results: Path | None = None) -> list[Path]:
+    """The hardware file, then its record as JSON and markdown (`results`.json/.md; default tune-<stem>.* beside the
+    file), each renamed into place only when complete. `after_file(out, record)`, called once the hardware file is
+    in place, may add to the record (the regret sweep)."""
     with atomic_write(out) as tmp:
         tmp.write_text(hardware_file(base, tuned, measured, fa4))
     if after_file is not None:
         after_file(out, record)
-    files = [(out.with_name(f"tune-{out.stem}.json"), json.dumps(record, indent=1) + "\n"),
-             (out.with_name(f"tune-{out.stem}.md"), markdown(record))]
+    stem = results if results is not None else out.with_name(f"tune-{out.stem}")
+    files = [(stem.with_name(stem.name + ".json"), json.dumps(record, indent=1) + "\n"),
+             (stem.with_name(stem.name + ".md"), markdown(record))]
     for path, text in files:
         with atomic_write(path) as tmp:
             tmp.write_text(text)
@@ -194,7 +201,13 @@ def measure_attention(torch, hw: dict, S: int, heads: int, D: int, batch: int, r
                 ms = _median_ms(torch, lambda: t(q, k, v), *reps)
                 tiles.append({**tile, "measured": [{"seq_len": S, "heads": heads,
                                                     "speedups": [round(flops / (point["fa4"] * 1e9) / ms, 3)]}]})
-    return point, {"skipped": skipped, "tuned_tiles": tiles}
+    two_cta = {}
+    if "fa4" in point and (hw.get("fa4") or {}).get("two_cta"):  # Blackwell: the 2-CTA kernel against 1-CTA
+        for on in (False, True):
+            b = get_backend("fa4", two_cta=on)
+            if b.unavailable_reason(q, k, v) is None:
+                two_cta["on" if on else "off"] = round(flops / (_median_ms(torch, lambda b=b: b(q, k, v), *reps) * 1e9), 1)
+    return point, {"skipped": skipped, "tuned_tiles": tiles, "fa4_two_cta_tflops": two_cta}
 
 
 def measure_gemms(torch, hw: dict, dc: dict, rows: int, reps: tuple[int, int]) -> list[dict]:
@@ -204,8 +217,8 @@ def measure_gemms(torch, hw: dict, dc: dict, rows: int, reps: tuple[int, int]) -
     h, inner, f = dc["hidden_size"], dc["num_attention_heads"] * dc["attention_head_dim"], dc["ffn_dim"]
     shapes = [(h, inner)] * 3 + [(inner, h), (h, 2 * f), (f, h)]  # (in, out): q, k, v, out, ff up, ff down
     points = []
-    for dtype in ("bf16", "fp8"):
-        if dtype == "fp8" and not hw["gemm"]["fp8"]:
+    for dtype in ("bf16", "fp8", "nvfp4"):
+        if dtype != "bf16" and not hw["gemm"][dtype]:
             continue
         total = 0.0
         for n_in, n_out in dict.fromkeys(shapes):
@@ -213,13 +226,18 @@ def measure_gemms(torch, hw: dict, dc: dict, rows: int, reps: tuple[int, int]) -
             w = torch.randn(n_out, n_in, device="cuda", dtype=torch.bfloat16) / n_in**0.5
             if dtype == "bf16":
                 fn = lambda x=x, w=w: F.linear(x, w)  # noqa: E731
+            elif dtype == "nvfp4":  # h3plan's NVFP4 linear: the activation quantize is part of the call
+                lin = torch.nn.Linear(n_in, n_out, bias=False, device="cuda", dtype=torch.bfloat16)
+                lin.weight.data.copy_(w)
+                fn = lambda x=x, q=quantized_linear(lin, "nvfp4"): q(x)  # noqa: E731
             else:
                 x8, w8, one = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn), torch.ones((), device="cuda")
                 fn = lambda x8=x8, w8=w8, one=one: torch._scaled_mm(x8, w8.t(), one, one, out_dtype=torch.bfloat16)  # noqa: E731
             total += _median_ms(torch, fn, *reps) * shapes.count((n_in, n_out))
             del x, w
+        how = {"bf16": "F.linear", "fp8": "torch._scaled_mm", "nvfp4": "h3plan's NVFP4Linear (its activation quantize included)"}[dtype]
         points.append({"rows": rows, "dtype": dtype, "layers": 1, "ms": round(total, 3),
-                       "source": "action=tune: F.linear / torch._scaled_mm per block-linear shape, medians summed"})
+                       "source": f"action=tune: {how} per block-linear shape, medians summed"})
     return points
 
 
@@ -264,36 +282,37 @@ def measure_elementwise(torch, cfg, plan, rows: int, reps: tuple[int, int]) -> d
                       f"{cats['gemm']:.2f} ms per forward, outside the GEMM and attention kernels: the rest)"}
 
 
-def measure_decode(torch, cfg, plan, quick: bool, replan) -> list[dict]:
-    """The seeded real-width VAE's decode per precision and tile geometry, at the plan's latent size."""
-    from h3plan.install import install, uninstall
+DECODE_ARMS = (["recipe=bf16", "recipe.vae=fp32"], ["recipe=bf16", "recipe.vae=fp16"], ["recipe=bf16", "recipe.vae=bf16"],
+               ["recipe=fp8"])  # fp32, fp16, bf16 with the default tiles; fp16 with the fp8 recipe's FP8 tiles
 
+
+def measure_decode(torch, cfg, plan, quick: bool, replan) -> list[dict]:
+    """The seeded real-width VAE's decode per precision and tile geometry (each arm planned with the command's own
+    overrides, so its decode levers are a plan's), at the plan's latent size with fewer frames (quick: 5, else 12)."""
+    from h3plan.install import install, uninstall
 
     seq = plan.derived_value("sequence") or {}
     if not seq.get("latent_frames"):
         return []
     frames = min(seq["latent_frames"], 5 if quick else 12)
     latent = [1, int(cfg.vae.diffusers_config.get("latent_channels", 24)), frames, seq["latent_height"], seq["latent_width"]]
-    arms = [(plan.decision("vae_precision").setting, plan.decision("vae_tiles").setting)]
-    if not quick:
-        arms += [(p, "default") for p in ("fp32", "fp16", "bf16")]
-        if plan.get("hardware")["gemm"]["fp8"]:
-            arms.append(("fp16", "fp8_tiles"))
+    plans = [plan]
+    for arm in () if quick else DECODE_ARMS:
+        try:
+            plans.append(replan(arm))
+        except Exception as e:  # noqa: BLE001 - an arm this hardware or policy refuses is skipped, and said so
+            print(f"tune: decode arm {' '.join(arm)} not planned here: {e}", file=sys.stderr)
+    arms = {(p.decision("vae_precision").setting, p.decision("vae_tiles").setting): p for p in plans}
     vae = build_vae(cfg.vae.diffusers_config, device="cuda")
     z = torch.randn(*latent, device="cuda")
     out = []
-    for precision, tiles in dict.fromkeys(arms):
-        try:
-            p = replan({"recipe.vae": precision, "levers.vae_tiles": tiles})
-        except Exception as e:  # noqa: BLE001 - an arm the policy refuses is skipped, and said so
-            print(f"tune: decode {precision}/{tiles} not planned here: {e}", file=sys.stderr)
-            continue
+    for (precision, tiles), p in arms.items():
         install(vae, p)
         with torch.no_grad():
             ms = _median_ms(torch, lambda: vae.decode(z.to(vae.dtype)), 1, 1 if quick else 2)
         uninstall(vae)
         out.append({"precision": precision, "tiles": tiles, "latent": latent, "seconds": round(ms / 1e3, 3),
-                    "source": "action=tune: vae.decode of a seeded real-width VAE, the plan's decode levers installed "
+                    "source": "action=tune: vae.decode of a seeded real-width VAE, that plan's decode levers installed "
                               "(the video decode only; the audio decode not counted)"})
     del vae
     torch.cuda.empty_cache()
@@ -301,18 +320,23 @@ def measure_decode(torch, cfg, plan, quick: bool, replan) -> list[dict]:
 
 
 def measure_a2a(torch, dc: dict, seq_len: int, reps: tuple[int, int]) -> list[dict]:
-    """all_to_all_single of one per-rank (S/U, H, D) bf16 tensor at the world's degree (torchrun); none alone."""
+    """all_to_all_single of one per-rank (S/U, H, D) bf16 tensor at each Ulysses degree U the world has (groups of U
+    consecutive ranks, as the plans build them); launched under torchrun, else none."""
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
         return []
-    u = dist.get_world_size()
-    heads, d = dc["num_attention_heads"], dc["attention_head_dim"]
-    x = torch.randn(-(-seq_len // u), heads, d, device="cuda", dtype=torch.bfloat16)
-    y = torch.empty_like(x)
-    ms = _median_ms(torch, lambda: dist.all_to_all_single(y, x), *reps)
-    gbps = x.numel() * 2 * (u - 1) / u / (ms * 1e6)
-    return [{"degree": u, "seq_len": seq_len, "tensor_ms": round(ms, 3), "gbps_leaving_rank": round(gbps, 1)}]
+    world, rank, heads, d = dist.get_world_size(), dist.get_rank(), dc["num_attention_heads"], dc["attention_head_dim"]
+    out = []
+    for u in (u for u in range(2, world + 1) if world % u == 0 and heads % u == 0):
+        groups = [dist.new_group(list(range(g, g + u))) for g in range(0, world, u)]  # every rank makes every group
+        group = groups[rank // u]
+        x = torch.randn(-(-seq_len // u), heads, d, device="cuda", dtype=torch.bfloat16)
+        y = torch.empty_like(x)
+        ms = _median_ms(torch, lambda: dist.all_to_all_single(y, x, group=group), *reps)
+        out.append({"degree": u, "seq_len": seq_len, "tensor_ms": round(ms, 3),
+                    "gbps_leaving_rank": round(x.numel() * 2 * (u - 1) / u / (ms * 1e6), 1)})
+    return out
 
 
 def run_checks(torch, cfg, plan, blocks: int, seq_len: int) -> list[dict]:
@@ -333,33 +357,45 @@ def run_checks(torch, cfg, plan, blocks: int, seq_len: int) -> list[dict]:
 # ---------------------------------------------------------------- the action
 
 
+def _overrides() -> list[str]:
+    """The command's plan overrides (what a plan on the new file is asked with), without the action's own keys."""
+    return [a for a in sys.argv[1:] if not a.startswith(("action=", "tune.", "hardware=", "hydra.", "-"))]
+
+
+def _init_world(torch):
+    """Under torchrun (WORLD_SIZE > 1): one process group over NCCL, this rank's GPU; rank 0 writes the files."""
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl")
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
 def run(cfg, plan) -> int:
     import torch
 
     refuse_without_gpu(torch)
-    from omegaconf import OmegaConf
-
     from h3plan.planner import resolve
 
-    from .bench.timing import Progress
+    from .bench.timing import Progress, Quiet
 
+    rank = _init_world(torch)
     t0, quick = time.monotonic(), bool(_cfg(cfg, "quick", False))
     reps = (2, 5) if quick else (3, 15)
     hw, dc = plan.get("hardware"), plan.get("model")["diffusers_config"]
     base = hw["name"]
     out = Path(_cfg(cfg, "out", f"tuned/hardware/{base}_tuned.yaml")).resolve()
+    results = _cfg(cfg, "results", None)
     S_att = plan.derived_value("padded_len") if plan.decision("ulysses_padding").setting == "padded" else plan.derived_value("seq_len")
     heads, rows, batch = plan.derived_value("heads_per_rank"), plan.derived_value("local_rows") * plan.derived_value("batch"), plan.derived_value("batch")
+    hw_args = [a for a in sys.argv[1:] if a.startswith(("hardware=", "hydra.searchpath="))]
 
-    def replan(over: dict):
-        c = OmegaConf.to_container(cfg, resolve=True)
-        c2 = OmegaConf.create(c)
-        for k, v in over.items():
-            OmegaConf.update(c2, k, v, force_add=True)
-        return resolve(c2)
+    def replan(extra: list[str]):
+        return resolve(compose([a for a in _overrides() if not a.startswith(("recipe=", "recipe.", "levers."))] + hw_args + extra))
 
     steps = ["attention", "gemm", "copy", "elementwise", "decode", "all-to-all", "checks"]
-    bar, steps_s, measured, extra = Progress(len(steps), "tune"), {}, {"on_hardware": True}, {}
+    bar, steps_s, measured = (Progress(len(steps), "tune") if rank == 0 else Quiet()), {}, {"on_hardware": True}
 
     def step(name, fn):
         s = time.monotonic()
@@ -372,16 +408,28 @@ def run(cfg, plan) -> int:
     measured["attention"] = [point]
     measured["gemm_block"] = step("gemm", lambda: measure_gemms(torch, hw, dc, rows, reps))
     measured["hbm_copy_tbps"] = step("copy", lambda: measure_copy(torch, reps))
-    measured["elementwise"] = [step("elementwise", lambda: measure_elementwise(torch, cfg, plan, rows, reps))]
+
+    def elementwise():
+        plans = {plan.get("recipe")["name"]: plan}
+        for r in () if quick else [r for r in ("bf16", "fp8", "nvfp4") if r == "bf16" or hw["gemm"][r]]:
+            try:
+                plans.setdefault(r, replan([f"recipe={r}"]))
+            except Exception as e:  # noqa: BLE001 - a recipe this hardware cannot plan is skipped, and said so
+                print(f"tune: recipe={r} not planned here: {e}", file=sys.stderr)
+        return [measure_elementwise(torch, cfg, p, rows, reps) for p in plans.values()]
+
+    measured["elementwise"] = step("elementwise", elementwise)
     decode = step("decode", lambda: measure_decode(torch, cfg, plan, quick, replan))
     if decode:
         measured["decode"] = decode
     a2a = step("all-to-all", lambda: measure_a2a(torch, dc, plan.derived_value("seq_len"), reps))
     if a2a:
-        measured["ulysses"] = {"a2a": a2a, "source": "action=tune: all_to_all_single at the world's degree"}
+        measured["ulysses"] = {"a2a": a2a, "source": "action=tune: all_to_all_single at each Ulysses degree the world has"}
     blocks = int(_cfg(cfg, "check_blocks", 2))
     checks = step("checks", lambda: run_checks(torch, cfg, plan, blocks, min(plan.derived_value("seq_len"), 4096 if quick else 19000)))
     bar.close()
+    if rank != 0:
+        return 0
 
     props = torch.cuda.get_device_properties(0)
     cc = torch.cuda.get_device_capability(0)
@@ -395,12 +443,12 @@ def run(cfg, plan) -> int:
              "source": f"python -m h3plan action=tune (h3plan/actions/tune.py), {out.name}"}
     fa4 = {"tuned_tiles": extra["tuned_tiles"]} if extra.get("tuned_tiles") else None
     record = {"kind": "tune", "tuned": tuned, "measured": measured, "skipped": extra.get("skipped", {}),
-              "backends": list(BACKENDS), "steps_s": steps_s, "seconds": tuned["seconds"]}
-    plan_overrides = [a for a in sys.argv[1:] if not a.startswith(("action=", "tune.", "hardware=", "hydra.", "-"))]
-    files = write_outputs(out, base, tuned, measured, fa4, record, after_file=add_regret(plan_overrides))
+              "fa4_two_cta_tflops": extra.get("fa4_two_cta_tflops", {}), "backends": list(BACKENDS),
+              "steps_s": steps_s, "seconds": tuned["seconds"]}
+    files = write_outputs(out, base, tuned, measured, fa4, record, after_file=add_regret(_overrides()),
+                          results=None if results is None else Path(results))
     failed = [f"{c['lever']}={c['setting']}" for c in checks if not c["passed"]]
     print(f"tune: {tuned['seconds']:.0f} s on {tuned['device']}; wrote " + ", ".join(map(str, files))
           + (f"; checks failed (plans refuse them): {', '.join(failed)}" if failed else ""))
-    print(f"python -m h3plan hydra.searchpath=[file://{out.parent.parent}] hardware={out.stem} "
-          + " ".join(a for a in sys.argv[1:] if not a.startswith(("action=", "tune.", "hardware="))))
+    print(f"python -m h3plan hydra.searchpath=[file://{out.parent.parent}] hardware={out.stem} " + " ".join(_overrides()))
     return 0

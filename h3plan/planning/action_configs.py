@@ -27,8 +27,11 @@ class TuneConfig:
     out: Optional[str] = None
     """The hardware file to write (a folder `hardware/` above it goes on hydra.searchpath); null:
     tuned/hardware/<hardware>_tuned.yaml. tune-<stem>.json / .md go beside it."""
+    results: Optional[str] = None
+    """Path prefix of the tune's record (<prefix>.json / .md, e.g. benchmarks/results/tune-h200); null: tune-<stem>
+    beside the hardware file."""
     quick: bool = False
-    """Fewer repeats, the plan's decode precision only, a shorter latent and shorter checks (about half the time)."""
+    """Fewer repeats, the plan's own recipe and decode precision only, a shorter latent and shorter checks."""
     check_blocks: int = 2
     """Real-width blocks action=verify's checks run on."""
 

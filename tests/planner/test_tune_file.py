@@ -59,6 +59,8 @@ def test_the_written_file_loads_and_drives_the_plan(tmp_path):
     assert p.decision("gated_residual").setting == "off"  # its check failed there
     assert "measured on Synthetic GPU, 2026-12-02 04:30" in " ".join(cli.render_summary(p).split())
     assert "| gated_residual=on | FAIL |" in (tmp_path / "hardware" / "tune-sm90_synthetic.md").read_text()
+    elsewhere = tune.write_outputs(out, "sm90", TUNED, MEASURED, None, record, results=tmp_path / "res" / "tune-x")
+    assert [f.name for f in elsewhere[1:]] == ["tune-x.json", "tune-x.md"] and elsewhere[1].parent.name == "res"
 
 
 def test_regret_of_auto_from_a_synthetic_table():
