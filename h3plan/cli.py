@@ -420,7 +420,8 @@ def render_summary(plan, width: int = 120) -> str:
     elif unverified:
         never = f"{', '.join(f'{d.lever}={d.setting}' for d in unverified)}: never run on {hw['name']} by h3plan (marked *)"
     else:
-        never = f"every setting here passed h3plan's GPU suite on {hw['name']} (hardware.verified)"
+        never = f"every setting here passed h3plan's GPU suite on {hw['name']} (hardware.verified)" + (
+            f" or its check on {hw['tuned']['device']} (hardware.tuned)" if hw.get("tuned") else "")
     lines += _labelled("untested" if unverified else "verified", never, width)
     forced = [f"levers.{d.lever}={d.setting}" for d in ds if d.forced]
     if forced:

@@ -122,3 +122,15 @@ def test_prediction_reads_the_tuned_measurements():
     assert p.derived_value("gemm_ms_per_block_est") == 50.0  # its gemm_block point at the plan's rows, 1 block
     assert p.derived_value("elementwise_ms_per_block_est") == 3.0
     assert p.derived_value("decode_s_est") == 40.0
+
+
+def test_a_setting_checked_only_on_the_tuned_device_loses_its_mark(tmp_path):
+    # sm107's packaged facts never ran anywhere; a tuned file whose check passed there drops the '*' for that setting
+    doc = {"defaults": ["sm107", "_self_"], "tuned": {**SYNTHETIC["tuned"], "compute_capability": "10.7",
+                                                     "checks": [{"lever": "qk_norm_rope", "setting": "fused", "passed": True}]}}
+    (tmp_path / "hardware").mkdir()
+    (tmp_path / "hardware" / "b.yaml").write_text(yaml.safe_dump(doc))
+    p = resolve(compose([f"hydra.searchpath=[file://{tmp_path}]", "hardware=b", "recipe=bf16", "parallel=u1"]))
+    assert p.decision("qk_norm_rope").hardware_verified
+    assert not p.decision("modulation").hardware_verified  # never checked there: still a prediction
+    assert "qk_norm_rope=fused" not in render_summary(p).split("untested")[1].split("lever ")[0]
