@@ -74,3 +74,20 @@ def test_no_decode_point_no_call_time():
     plan = resolve_config(hardware="sm90", recipe="bf16", parallel="u1", **{"hardware.measured.decode": []})
     assert plan.derived_value("call_s_est") is None and plan.derived_value("decode_s_est") is None
     assert plan.derived_value("forward_s_est") is not None
+
+
+TUNED_FILES = sorted((Path(__file__).resolve().parents[2] / "docs" / "tuned" / "hardware").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", TUNED_FILES, ids=lambda p: p.stem)
+def test_forward_within_5pct_on_a_committed_tuned_file(path):
+    """The issue asks the same of a tuned file (action=tune's own measurements, committed under docs/tuned/ by
+    the lead after the H200 run): the forward of every committed one-GPU plan row."""
+    from h3plan.planner import resolve
+    from h3plan.planning.config import compose
+
+    for row in PLANS:
+        plan = resolve(compose([f"hydra.searchpath=[file://{path.parent.parent}]", f"hardware={path.stem}",
+                                f"recipe={row['recipe']}", "parallel=u1"]))
+        fwd = plan.derived_value("forward_s_est")
+        assert abs(fwd / row["forward_s"] - 1) <= TOL, (row["recipe"], fwd, row["forward_s"])
