@@ -159,9 +159,18 @@ def markdown(record: dict) -> str:
 # ---------------------------------------------------------------- measurements (GPU)
 
 
-def _median_ms(torch, fn, warmup: int, iters: int) -> float:
-    for _ in range(warmup):
+WARM_S = 2.0  # seconds of back-to-back calls before timing: a forward runs seconds long, at the clocks the power
+# cap settles to (the H200's whole-forward attention ran 9% slower than one block's: block-profile*-h200.json)
+
+
+def _median_ms(torch, fn, warmup: int, iters: int, warm_s: float = WARM_S) -> float:
+    t = time.monotonic()
+    n = 0
+    while n < warmup or time.monotonic() - t < warm_s:
         fn()
+        n += 1
+        if n % 8 == 0:
+            torch.cuda.synchronize()
     torch.cuda.synchronize()
     ts = []
     for _ in range(iters):
@@ -261,9 +270,10 @@ def measure_elementwise(torch, cfg, plan, rows: int, reps: tuple[int, int]) -> d
     install(model, _single_process(plan))  # one process: the Ulysses levers off, the elementwise kernels the same
     inputs = packed_inputs(dc, rows, device="cuda")
     with torch.no_grad():
-        for _ in range(reps[0]):
+        t = time.monotonic()
+        while time.monotonic() - t < WARM_S:  # the clocks a forward runs at (see WARM_S)
             model(**inputs)
-        torch.cuda.synchronize()
+            torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(reps[1]):
                 model(**inputs)
@@ -309,7 +319,7 @@ def measure_decode(torch, cfg, plan, quick: bool, replan) -> list[dict]:
     for (precision, tiles), p in arms.items():
         install(vae, p)
         with torch.no_grad():
-            ms = _median_ms(torch, lambda: vae.decode(z.to(vae.dtype)), 1, 1 if quick else 2)
+            ms = _median_ms(torch, lambda: vae.decode(z.to(vae.dtype)), 1, 1 if quick else 2, warm_s=0)
         uninstall(vae)
         out.append({"precision": precision, "tiles": tiles, "latent": latent, "seconds": round(ms / 1e3, 3),
                     "source": "action=tune: vae.decode of a seeded real-width VAE, that plan's decode levers installed "
