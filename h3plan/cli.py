@@ -27,6 +27,7 @@ from .planning.config import CONFIG_NAME, CONFIG_PATH, compose, condense, libyam
 from .planning.derive import ORDER
 from .planning.memory import MemoryConfig, usable_gib
 from .planning.request import FIELDS, video_overrides
+from .planning.tuned import measured_on, stale
 
 PROG = "h3plan"
 _rc = 0
@@ -236,7 +237,8 @@ def help_text(width: int = 110) -> str:
 
     memory = " ".join(f"memory.{f.name}" for f in dataclasses.fields(MemoryConfig))
     keys = [(f"action=plan|{'|'.join(ACTIONS)}", "verify: prove the plan against diffusers' eager forward; bench: time it; "
-                                                 "calibrate: a static FP8 scale table, checked on held-out inputs"),
+                                                 "calibrate: a static FP8 scale table, checked on held-out inputs; tune: measure this GPU at the plan's "
+                                                 "shapes and write a tuned hardware file"),
             ("format=table|yaml|json", "out=PATH writes the plan (.json -> JSON, else YAML); a sweep prints its summary in "
                                        "that format"),
             (" ".join(f"video.{k}=" for k in FIELDS), "the request over the video preset: S (text + audio + video rows) "
@@ -245,8 +247,8 @@ def help_text(width: int = 110) -> str:
             (memory, "how the pipeline holds its models, for the peak-memory estimate (h3plan/planning/memory.py MemoryConfig)"),
             ("detail=summary|full", "table: the summary and one line per lever (default), or every reason, its sources "
                                     "and the derived numbers"),
-            ("verify.* bench.* calibrate.*", "see h3plan/planning/action_configs.py (VerifyConfig, BenchConfig, "
-                                             "CalibrateConfig)"),
+            ("verify.* bench.* calibrate.* tune.*", "see h3plan/planning/action_configs.py (VerifyConfig, BenchConfig, "
+                                                    "CalibrateConfig, TuneConfig)"),
             ("-m a=x,y b=z", "sweep every combination (strict=true: exit 1 if any is invalid)")]
     lines += ["", "other keys:"]
     for key, what in keys:
@@ -371,24 +373,52 @@ def _labelled(label: str, text: str, width: int) -> list[str]:
 
 
 def _speed_text(plan) -> str:
-    """First-order time per transformer block from the plan's estimates, and what they rest on."""
+    """The predicted forward (per block: attention, block linears, elementwise, all-to-all) and the whole call (text
+    encode, denoise, decode), its biggest share and the cheapest cut (h3plan/planning/predict.py), and what they rest on."""
     hw = plan.get("hardware")
-    att, gemm, a2a = (plan.derived_value(k) for k in ("attention_ms_per_block_est", "gemm_ms_per_block_est", "a2a_ms_per_block_est"))
+    att, gemm, a2a, el = (plan.derived_value(k) for k in ("attention_ms_per_block_est", "gemm_ms_per_block_est",
+                                                          "a2a_ms_per_block_est", "elementwise_ms_per_block_est"))
     if att is None or gemm is None:
         return (f"no estimate on {hw['name']}: no measured or published dense throughput for its attention or GEMMs "
                 "(detail=full shows the basis)")
-    parts = [f"attention {att:.1f} ms", f"block linears {gemm:.1f} ms"] + ([f"all-to-all {a2a:.1f} ms"] if a2a else [])
-    basis = (f"TFLOP/s measured on {hw['name']}" if hw.get("measured", {}).get("on_hardware")
+    parts = [f"attention {att:.1f}", f"block linears {gemm:.1f}"] + ([f"elementwise {el:.1f}"] if el is not None else []) \
+        + ([f"all-to-all {a2a:.1f}"] if a2a else [])
+    basis = (_measured_on(hw) if hw.get("measured", {}).get("on_hardware")
              else f"an assumed share of {hw['name']}'s vendor peak: never measured there")
-    text = f"{' + '.join(parts)} per transformer block per GPU ({basis}; elementwise work not counted)"
-    seq = plan.derived_value("sequence") or {}
     layers = plan.get("model").get("diffusers_config", {}).get("num_layers")
-    if seq.get("transformer_forwards") and layers:
-        total = (att + gemm + (a2a or 0)) * layers * seq["transformer_forwards"] / 1e3
-        text += f"; x {layers} blocks x {seq['transformer_forwards']} forwards = {total:,.0f} s of denoising at that rate"
-        te = plan.derived_value("text_encoder") or {}
-        if te.get("call_s") == te.get("call_s") and te.get("call_s") is not None:  # nan: no BF16 rate to time it
-            text += f", + {te['call_s']:.1f} s of text encoding ({te['setting']}) = {total + te['call_s']:,.0f} s"
+    text = (f"forward {plan.derived_value('forward_s_est'):.2f} s = {layers} blocks x ({' + '.join(parts)} ms) per GPU ({basis}"
+            + ("" if el is not None else "; elementwise work not counted") + ")")
+    den, dec, n = plan.derived_value("denoise_s_est"), plan.derived_value("decode_s_est"), (plan.derived_value("sequence") or {}).get("transformer_forwards")
+    if den is None:
+        return text
+    if dec is None:
+        return text + f"; x {n} forwards = {den:,.0f} s of denoising; no decode time measured on {hw['name']}"
+    big = plan.derived_value("call_biggest")
+    te = plan.derived_value("text_encoder") or {}
+    te_s = te.get("call_s") if te.get("call_s") == te.get("call_s") else None  # nan: no BF16 rate to time it
+    encode = (f" + text encode {te_s:.1f} s ({te['setting']})" if te_s is not None
+              else " (text encoder outside: prompt_embeds given)")
+    text += (f"; call {plan.derived_value('call_s_est') + (te_s or 0):,.0f} s = {n} forwards {den:,.0f} s + decode "
+             f"{dec:,.1f} s{encode}; most: {big['part']} {big['share']:.0%}: {big['cut']}")
+    return text
+
+
+def _measured_on(hw) -> str:
+    return measured_on(hw["tuned"]) if hw.get("tuned") else f"measured on {hw['name']}"
+
+
+def _tuned_text(hw) -> str:
+    """The `tuned` line: where the file was measured, and whether the running versions still match it."""
+    t = hw["tuned"]
+    diff, unknown = stale(t)
+    text = f"{measured_on(t)} (hardware.tuned, made by: {t['command']})"
+    failed = [f"{c['lever']}={c['setting']}" for c in t.get("checks") or () if not c["passed"]]
+    if failed:
+        text += f"; kernel checks failed there, refused: {', '.join(failed)}"
+    if diff:
+        text += f"; STALE: {'; '.join(diff)} (strict=true refuses it; tune again)"
+    if unknown:
+        text += f"; not compared here: {', '.join(unknown)}"
     return text
 
 
@@ -451,6 +481,8 @@ def render_summary(plan, width: int = 120) -> str:
     hw, r = plan.get("hardware"), plan.get("recipe")
     ds = plan.decisions
     lines = [_header(plan), *_request_lines(plan, width)]
+    if hw.get("tuned"):
+        lines += _labelled("tuned", _tuned_text(hw), width)
     lines += _labelled("speed", _speed_text(plan), width)
     running = [d for d in ds if _runs(d, plan)]
     runs = [f"{d.lever}={d.setting}" for d in running]
@@ -472,7 +504,8 @@ def render_summary(plan, width: int = 120) -> str:
     elif unverified:
         never = f"{', '.join(f'{d.lever}={d.setting}' for d in unverified)}: never run on {hw['name']} by h3plan (marked *)"
     else:
-        never = f"every setting here passed h3plan's GPU suite on {hw['name']} (hardware.verified)"
+        never = f"every setting here passed h3plan's GPU suite on {hw['name']} (hardware.verified)" + (
+            f" or its check on {hw['tuned']['device']} (hardware.tuned)" if hw.get("tuned") else "")
     lines += _labelled("untested" if unverified else "verified", never, width)
     forced = [f"levers.{d.lever}={d.setting}" for d in ds if d.forced]
     if forced:

@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 from .errors import H3PlanError, PlanFileError, PlanningError
 from .levers import LEVER_SETTINGS, REGISTRY, SPECS, Context, LeverError
-from .planning import checkpoint, derive, memory, schema
+from .planning import checkpoint, derive, memory, predict, schema
 from .planning.decision import Decision, freeze, thaw
 from .planning.config import compose, override
 from .planning.schema import PLAN_SECTIONS
@@ -332,7 +332,11 @@ def resolve(cfg) -> Plan:
         ctx = context(sections, decisions, sequence)
         if sections["recipe"]["policy"] == "lossless" and not decisions[lever].lossless and not _recipe_choice(module, ctx, decisions[lever]):
             raise AssertionError(f"internal: lossy {lever}={decisions[lever].setting} under a lossless policy")
-    derived = derive.merge(ctx.shape, derive.estimates(sections, ctx.shape, decisions))
+    est = derive.estimates(sections, ctx.shape, decisions)
+    fwd = predict.forward(sections, ctx.shape, est)
+    settings = {k: d.setting for k, d in decisions.items()}
+    times = predict.call(sections, sequence, ctx.shape, fwd, settings)
+    derived = derive.merge(ctx.shape, {**est, **fwd, **times, "basis": {**est["basis"], **fwd["basis"], **times.get("basis", {})}})
     mem, mem_basis = _memory(sections, ctx.shape, decisions)
     derived.update(mem, sequence=sequence)
     derived["basis"] = {**derived["basis"], **mem_basis, "sequence": "; ".join(f"{k}: {v}" for k, v in sequence_basis.items())}

@@ -1,4 +1,4 @@
-"""Actions behind `python -m h3plan action=...` other than plan: verify, bench (and calibrate).
+"""Actions behind `python -m h3plan action=...` other than plan: verify, bench, calibrate and tune.
 
 Each action module has `run(cfg, plan) -> int` (the exit status). Imported lazily: the plan path stays
 torch-free. A missing runtime package (torch, triton, diffusers) is the user's install, not a bug: it
@@ -11,7 +11,8 @@ import importlib
 
 from h3plan.errors import UsageError
 
-ACTIONS = {"verify": "h3plan.actions.verify", "bench": "h3plan.actions.bench", "calibrate": "h3plan.actions.calibrate"}
+ACTIONS = {"verify": "h3plan.actions.verify", "bench": "h3plan.actions.bench", "calibrate": "h3plan.actions.calibrate",
+           "tune": "h3plan.actions.tune"}
 RUNTIME_PACKAGES = ("torch", "triton", "diffusers", "numpy", "matplotlib", "tqdm")
 
 

@@ -210,9 +210,11 @@ class Report:
     def __init__(self):
         self.ok = True
         self.lines: list[str] = []
+        self.results: list[tuple[str, bool, str]] = []  # (name, ok, verdict): action=tune's kernel checks
 
     def line(self, name, verdict, metrics=None, counters=None, ok=True):
         self.ok &= ok
+        self.results.append((name, bool(ok), verdict))
         parts = [f"{'PASS' if ok else 'FAIL'}  {name:<34} {verdict}"]
         if metrics:
             parts.append("  " + "; ".join(f"{k} {_fmt(m)}" for k, m in metrics.items()))
@@ -245,8 +247,9 @@ def _engaged(run: Run, lever: str) -> tuple[bool, str]:
     return False, "fused path never ran: " + ("; ".join(reasons) or "no calls")
 
 
-def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, header=None) -> int:
-    """Run the checks of the module docstring on a built model and inputs; prints them; 0 = all pass."""
+def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, header=None, results=None) -> int:
+    """Run the checks of the module docstring on a built model and inputs; prints them; 0 = all pass. `results`
+    (a list) receives (name, ok, verdict) per check line."""
     import torch
 
     dtype = dtype or torch.bfloat16
@@ -322,6 +325,8 @@ def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, head
                  _counter_text(whole, levers), ok=budget is not None and psnr >= budget)
         rep.line("whole plan vs R", "error against the same backend", m_ref, ok=True)
     v.hook.remove()
+    if results is not None:
+        results.extend(rep.results)
     print(f"verify: {'PASS' if rep.ok else 'FAIL'}")
     return 0 if rep.ok else 1
 

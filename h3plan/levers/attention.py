@@ -76,12 +76,37 @@ def auto(ctx: Context):
     else:
         reasons.append(f"recipe {name} asks for BF16 attention")
     pick, _ = select(hw["attention_rank"]["order"], hw, ctx.hw)
+    fastest, times = measured_fastest(ctx, [b for b in hw["attention_rank"]["order"] if not blockers(ctx, b)])
+    if fastest is not None and fastest != pick:
+        reasons.append(f"{fastest} is the fastest BF16 attention measured on {ctx.hw} at the plan's nearest shape: {times} "
+                       f"(hardware.measured.attention; the rank {' > '.join(hw['attention_rank']['order'])} says {pick})")
+        return fastest, reasons, params(ctx, fastest)
     reasons.append(f"{pick} is the fastest BF16 attention on {ctx.hw} (hardware.attention_rank: "
                    f"{' > '.join(hw['attention_rank']['order'])}; {hw['attention_rank']['source']})")
+    if times:
+        reasons.append(f"measured at the plan's nearest shape: {times}")
     speed = _speeds(ctx, hw["attention_rank"]["order"])
     if speed:
         reasons.append(f"measured TFLOP/s at the nearest shape: {speed}")
     return pick, reasons, params(ctx, pick)
+
+
+def measured_fastest(ctx: Context, candidates: list[str]) -> tuple[str | None, str]:
+    """The fastest of `candidates` at the measured point nearest the plan's per-rank shape among those that timed
+    two or more of them, with each one's time per call at the plan's shape (4*S^2*H*D*B / TFLOP/s); (None, "")
+    where no point compares two."""
+    import math
+
+    points = [p for p in ctx.hardware["measured"]["attention"] if sum(p.get(b) is not None for b in candidates) >= 2]
+    if not points:
+        return None, ""
+    s, heads = ctx.seq_len, ctx.shape["heads_per_rank"]
+    p = min(points, key=lambda p: (abs(math.log(p["seq_len"] / s)) + abs(math.log(p["heads"] / heads)), p["seq_len"], p["heads"]))
+    flops = 4 * ctx.shape["batch"] * s**2 * heads * ctx.model["diffusers_config"]["attention_head_dim"]
+    ms = {b: flops / (p[b] * 1e12) * 1e3 for b in candidates if p.get(b) is not None}
+    best = min(ms, key=ms.get)
+    return best, (", ".join(f"{b} {t:.1f} ms" for b, t in sorted(ms.items(), key=lambda kv: kv[1]))
+                  + f" per call (TFLOP/s measured at {p['seq_len']:,} x {p['heads']} heads)")
 
 
 def params(ctx: Context, s: str) -> dict:

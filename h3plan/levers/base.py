@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping
 
 from ..attention import BACKENDS
 from ..planning.decision import Decision, make_decision
+from ..planning import tuned
 
 SCOPES = ("linears", "block", "attention", "vae")
 MODELS = ("transformer", "vae")
@@ -181,7 +182,19 @@ def policy_blockers(ctx: Context, spec: Spec, setting: str) -> list[str]:
     return []
 
 
+def tuned_blockers(ctx: Context, spec: Spec, setting: str) -> list[str]:
+    """A setting whose kernel check failed on the tuned device (hardware.tuned, action=tune) cannot apply there."""
+    c = tuned.checks(ctx.hardware.get("tuned")).get((spec.name, setting))
+    if c is None or c["passed"]:
+        return []
+    t = ctx.hardware["tuned"]
+    return [f"its kernel check failed on {t['device']} ({t['date']}, hardware.tuned): {c['detail'] or 'no detail'}"]
+
+
 def hardware_verified(ctx: Context, spec: Spec, setting: str) -> tuple[bool, str | None]:
+    c = tuned.checks(ctx.hardware.get("tuned")).get((spec.name, setting))
+    if c is not None and c["passed"]:
+        return True, None
     v = ctx.hardware["verified"]
     if setting not in v["settings"].get(spec.name, []):
         return False, f"not hardware-verified: {setting} has never run on {ctx.hw} by h3plan (hardware.verified)"
@@ -211,7 +224,7 @@ def resolve(
 
     def problems_of(s: str) -> list[str]:
         pol = policy(ctx, s) if policy else policy_blockers(ctx, spec, s)
-        return backend_blockers(ctx, spec, s) + blockers(ctx, s) + pol
+        return backend_blockers(ctx, spec, s) + blockers(ctx, s) + pol + tuned_blockers(ctx, spec, s)
 
     if requested != "auto":
         if requested not in spec.settings:
@@ -225,6 +238,13 @@ def resolve(
     else:
         setting, reasons, extra = auto(ctx)
         forced = False
+        failed = tuned_blockers(ctx, spec, setting)
+        if failed:  # the pick failed its check on the tuned device: the first setting that can apply there
+            alt = next((s for s in spec.settings if s != setting and not problems_of(s)), None)
+            if alt is None:
+                raise LeverError(lever, setting, failed)
+            reasons = list(reasons) + [f"but {setting} is refused: {failed[0]}; {alt} is the first setting that can apply"]
+            setting, extra = alt, (params(ctx, alt) if params else {})
         problems = problems_of(setting)
         assert not problems, f"internal: auto picked {lever}={setting} that cannot apply: {problems}"
     ok, why = hardware_verified(ctx, spec, setting)

@@ -47,9 +47,27 @@ def auto(ctx: Context):
             return "default", [f"recipe {name} asks for FP8 VAE tiles but vae_precision is {ctx.setting('vae_precision')} "
                                "(the FP8 decoder GEMMs need fp16)", keep], params(ctx, "default")
         t = ctx.vae["fp8_tile"]
-        return "fp8_tiles", [f"recipe {name}: FP8 tiled VAE decoder {t['height']}x{t['width']}, overlap {t['overlap']} ({t['source']})",
-                             *explain(ctx, "fp8_tiles")], params(ctx, "fp8_tiles")
+        times = measured_decodes(ctx)
+        if times.get("default") is not None and times.get("fp8_tiles") is not None and times["default"] < times["fp8_tiles"]:
+            return "default", [f"recipe {name} asks for FP8 VAE tiles, but the default tiles decode faster on {ctx.hw}: "
+                               f"default {times['default']:.2f} s, fp8_tiles {times['fp8_tiles']:.2f} s (hardware.measured.decode)",
+                               keep], params(ctx, "default")
+        timed = (f"; measured decode on {ctx.hw}: " + ", ".join(f"{k} {v:.2f} s" for k, v in sorted(times.items(), key=lambda kv: kv[1]))
+                 if len(times) > 1 else "")
+        return "fp8_tiles", [f"recipe {name}: FP8 tiled VAE decoder {t['height']}x{t['width']}, overlap {t['overlap']} ({t['source']})"
+                             + timed, *explain(ctx, "fp8_tiles")], params(ctx, "fp8_tiles")
     return "default", [keep], params(ctx, "default")
+
+
+def measured_decodes(ctx: Context) -> dict[str, float]:
+    """Tile setting -> measured decode seconds at the plan's decode precision (hardware.measured.decode), at the
+    measured latent nearest the plan's (the times compare only at one latent)."""
+    prec = ctx.setting("vae_precision")
+    pts = [p for p in ctx.hardware["measured"].get("decode") or () if p["precision"] == prec and p["tiles"] in TILE_OF]
+    if not pts:
+        return {}
+    latent = min((p["latent"] for p in pts), key=lambda lt: abs(lt[2] - ctx.request.get("latent_frames", lt[2])))
+    return {p["tiles"]: p["seconds"] for p in pts if p["latent"] == latent}
 
 
 def explain(ctx: Context, s: str) -> list[str]:

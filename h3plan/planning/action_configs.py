@@ -21,6 +21,22 @@ class Target(str, Enum):
 
 
 @dataclass
+class TuneConfig:
+    """action=tune (h3plan/actions/tune.py): measure this GPU at the plan's shapes, write a tuned hardware file."""
+
+    out: Optional[str] = None
+    """The hardware file to write (a folder `hardware/` above it goes on hydra.searchpath); null:
+    tuned/hardware/<hardware>_tuned.yaml. tune-<stem>.json / .md go beside it."""
+    results: Optional[str] = None
+    """Path prefix of the tune's record (<prefix>.json / .md, e.g. benchmarks/results/tune-h200); null: tune-<stem>
+    beside the hardware file."""
+    quick: bool = False
+    """Fewer repeats, the plan's own recipe and decode precision only, a shorter latent and shorter checks."""
+    check_blocks: int = 2
+    """Real-width blocks action=verify's checks run on."""
+
+
+@dataclass
 class CalibrateConfig:
     out: str = "fp8_scales.json"
     """Where the table goes. A table the held-out check refuses goes to <stem>.rejected.json instead (never
@@ -166,6 +182,9 @@ def validate_actions(c: dict[str, Any]) -> None:
         raise ConfigError(f"verify.device={v['device']}", "allowed: auto, cpu, cuda, cuda:N")
     if v["dtype"] not in DTYPES:
         raise ConfigError(f"verify.dtype={v['dtype']}", "allowed: " + ", ".join(DTYPES))
+    t = c.get("tune") or {}
+    if t.get("check_blocks") is not None and t["check_blocks"] < 1:
+        raise ConfigError(f"tune.check_blocks={t['check_blocks']}", "must be >= 1 (real-width blocks the checks run on)")
     _positive_ints("bench.seq_lens", b["seq_lens"])
     _positive_ints("bench.blocks", b["blocks"])
     if b["warmup"] < 0:

@@ -8,6 +8,7 @@ measurement, else an assumed fraction of the vendor dense peak, else unavailable
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 from h3plan.attention import BACKENDS
@@ -63,9 +64,17 @@ def shape(sections: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _throughput(hw: Mapping[str, Any], kind: str, dtype: str, point_key: tuple[int, int] | None = None, backend: str | None = None):
-    """(TFLOP/s, basis) from measurement, else peak x assumed efficiency, else (None, why)."""
+def _throughput(hw: Mapping[str, Any], kind: str, dtype: str, point_key: tuple[int, int] | None = None, backend: str | None = None,
+                rows: int | None = None, params: int | None = None):
+    """(TFLOP/s, basis) from measurement, else peak x assumed efficiency, else (None, why). GEMMs: the block linears'
+    rate measured nearest in log rows (`measured.gemm_block`) before the plain GEMM rate."""
     m = hw["measured"]
+    block = [p for p in m.get("gemm_block") or () if p["dtype"] == dtype]
+    if kind == "gemm" and rows and block and params:
+        p = min(block, key=lambda p: (abs(math.log(p["rows"] / rows)), p["rows"]))
+        v = 2 * p["rows"] * params * p["layers"] / (p["ms"] * 1e9)
+        return v, (f"{dtype} block linears measured {v:.1f} TFLOP/s on {hw['name']} at {p['rows']:,} rows ({p['ms']:g} ms over "
+                   f"{p['layers']} block(s); nearest measured; {p['source']})")
     if kind == "attention" and backend:
         p = nearest_point(hw, point_key[0], point_key[1], backend)
         if p is not None:
@@ -91,8 +100,8 @@ def estimates(sections: Mapping[str, Any], shp: Mapping[str, Any], decisions: Ma
     att_flops = 4 * b * att_len**2 * hl * d
     gq = decisions["gemm_quant"].setting
     gemm_dtype = {"bf16": "bf16", "dequant_bf16": "bf16", "fp8": "fp8", "nvfp4": "nvfp4"}[gq]
-    gemm_tf, gemm_basis = _throughput(hw, "gemm", gemm_dtype)
     params = block_linear_params(dc)
+    gemm_tf, gemm_basis = _throughput(hw, "gemm", gemm_dtype, rows=b * local, params=params)
     gemm_flops = 2 * b * local * params
     codes = decisions["a2a_fp8_codes"].setting == "on"
     per_tensor = b * local * heads * d

@@ -264,10 +264,53 @@ class StockFramesPoint:
 
 
 @dataclass
+class GemmPoint:
+    """The block linears' GEMMs (to_q/k/v, to_out, the FFN) of `layers` blocks at `rows` rows per GPU in `dtype`:
+    their kernels' summed time `ms` (rate: 2*rows*params*layers / ms)."""
+
+    rows: int = MISSING
+    dtype: str = MISSING
+    layers: int = 1
+    ms: float = MISSING
+    source: str = MISSING
+
+
+@dataclass
+class ElementwisePoint:
+    """Every kernel of `layers` transformer blocks that is neither a GEMM nor attention (the fused norms, modulation,
+    RoPE, residuals, SwiGLU, FP8/NVFP4 casts) at `rows` rows per GPU with `recipe`'s default levers: their times,
+    summed (one entry per kernel category of the profile)."""
+
+    recipe: str = MISSING
+    rows: int = MISSING
+    layers: int = 1
+    ms: List[float] = MISSING
+    source: str = MISSING
+
+
+@dataclass
+class DecodePoint:
+    """The rest of diffusers' pipe(...) call after the last forward (the video decode, nearly all of it, and the
+    audio decode) at a decode precision and tile geometry (vae_precision, vae_tiles), at `latent`."""
+
+    precision: str = MISSING
+    tiles: str = "default"
+    latent: List[int] = MISSING
+    seconds: float = MISSING
+    source: str = MISSING
+
+
+@dataclass
 class MeasuredFacts:
     on_hardware: bool = MISSING
     hbm_copy_tbps: Optional[float] = None
     gemm_tflops: GemmThroughput = field(default_factory=GemmThroughput)
+    gemm_block: List[GemmPoint] = field(default_factory=list)
+    """The block linears' GEMM rate at the plan's rows (nearest in log rows wins over gemm_tflops)."""
+    elementwise: List[ElementwisePoint] = field(default_factory=list)
+    """The block's elementwise kernels per recipe (empty: bytes at hbm_copy_tbps, a floor, and the plan says so)."""
+    decode: List[DecodePoint] = field(default_factory=list)
+    """The call's decode time per precision and tiles (empty: the plan predicts no decode time)."""
     attention: List[AttentionPoint] = field(default_factory=list)
     block: List[BlockPoint] = field(default_factory=list)
     vae_decode: VaeDecodeFacts = field(default_factory=VaeDecodeFacts)
@@ -326,6 +369,43 @@ class VerifiedFacts:
 
 
 @dataclass
+class TunedCheck:
+    """One lever setting's kernel check on the tuned device (action=verify's check: bitwise against the reference,
+    or inside the recipe's budget)."""
+
+    lever: str = MISSING
+    setting: str = MISSING
+    passed: bool = MISSING
+    detail: str = ""
+    """What the check found (the failure's reason where it failed)."""
+
+
+@dataclass
+class TunedFacts:
+    """Provenance of a tuned hardware file (python -m h3plan action=tune): where and with what it was measured.
+    `versions` (torch, triton, fa4, cudnn: package versions; driver: the kernel module) are compared with the running
+    ones (h3plan/planning/tuned.py): another version marks the file stale, and strict=true refuses it."""
+
+    device: str = MISSING
+    """torch.cuda.get_device_name() on the tuned GPU."""
+    compute_capability: str = MISSING
+    memory_gib: float = MISSING
+    date: str = MISSING
+    """UTC date and time the tune finished (YYYY-MM-DD HH:MM)."""
+    command: str = MISSING
+    """The command that made the file."""
+    versions: Dict[str, Optional[str]] = field(default_factory=dict)
+    runtime: Dict[str, Optional[str]] = field(default_factory=dict)
+    """What torch reported at tune time (CUDA runtime, cuDNN library, Triton): informational, not compared."""
+    quick: bool = False
+    """tune.quick: fewer shapes and repeats."""
+    seconds: Optional[float] = None
+    """How long the tune took."""
+    checks: List[TunedCheck] = field(default_factory=list)
+    source: str = "python -m h3plan action=tune"
+
+
+@dataclass
 class HardwareConfig:
     name: str = MISSING
     arch: str = MISSING
@@ -346,3 +426,5 @@ class HardwareConfig:
     option: Optional[str] = None
     """The hardware option the config was composed from (hardware=myhw), set at composition: a file of your own that
     extends a packaged one keeps its `name` (sm90), and the plan names both."""
+    tuned: Optional[TunedFacts] = None
+    """Set in a file written by action=tune: its provenance and kernel checks; null in the packaged groups."""

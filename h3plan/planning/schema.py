@@ -19,7 +19,8 @@ from h3plan.attention import BF16, missing_facts
 from h3plan.errors import ConfigError, unknown_key_line
 from h3plan.levers import LEVER_SETTINGS  # declared by each lever module (SPEC), registry order
 
-from .action_configs import BenchConfig, CalibrateConfig, VerifyConfig, validate_actions
+from . import tuned
+from .action_configs import BenchConfig, CalibrateConfig, TuneConfig, VerifyConfig, validate_actions
 from .hardware_config import HardwareConfig
 from .memory import MemoryConfig
 from .request import PipelineConfig, VideoConfig, sequence
@@ -44,6 +45,7 @@ class Action(str, Enum):
     verify = "verify"
     bench = "bench"
     calibrate = "calibrate"
+    tune = "tune"
 
 
 class Format(str, Enum):
@@ -264,6 +266,7 @@ class H3PlanConfig:
     verify: VerifyConfig = field(default_factory=VerifyConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
     calibrate: CalibrateConfig = field(default_factory=CalibrateConfig)
+    tune: TuneConfig = field(default_factory=TuneConfig)
 
 
 SCHEMA_NAME = "h3plan_schema"
@@ -414,6 +417,21 @@ def validate(cfg: DictConfig | dict) -> dict[str, Any]:
     for dt in c["hardware"]["cudnn"]["fp8_output_dtypes"]:
         if dt not in ("fp8", "bf16", "fp16"):
             raise ConfigError("hardware.cudnn.fp8_output_dtypes", f"unknown dtype {dt!r}; allowed: fp8, bf16, fp16")
+    _check_tuned(c["hardware"], c.get("strict", False))
     out = {k: c[k] for k in PLAN_SECTIONS}
     out["sequence"], out["sequence_basis"] = c["sequence"], c["sequence_basis"]
     return out
+
+
+def _check_tuned(hw: dict, strict: bool) -> None:
+    """A tuned file's checks name real lever settings; strict=true refuses a stale one (h3plan/planning/tuned.py)."""
+    t = hw.get("tuned")
+    if not t:
+        return
+    for i, c in enumerate(t.get("checks") or ()):
+        if c["lever"] not in LEVER_SETTINGS or c["setting"] not in LEVER_SETTINGS[c["lever"]]:
+            raise ConfigError(f"hardware.tuned.checks[{i}]", f"unknown lever setting {c['lever']}={c['setting']}")
+    diff, _ = tuned.stale(t)
+    if strict and diff:
+        raise ConfigError("hardware.tuned", f"stale: {'; '.join(diff)} (strict=true refuses it; tune again on this machine: "
+                          f"{t['command']})")

@@ -1,0 +1,130 @@
+"""The plan's time prediction: one transformer forward, and diffusers' whole pipe(...) call (text encode, denoise,
+decode), with the biggest share of the call and the cheapest lever that would cut it. Torch-free.
+
+forward = layers x (attention + block linears + elementwise + all-to-all) per block (derive.estimates gives the
+first two and the all-to-all; the elementwise term is `measured.elementwise` at the recipe's default levers scaled
+by rows, else the block's elementwise bytes at `measured.hbm_copy_tbps`, a floor). Outside the blocks (token
+refiner, patch embedding, the tabled AdaLN) the profiled H200 forward spends under 0.2% (block-profile-forward-h200.json):
+not counted. call = text encode + forwards x forward + decode, where decode is `measured.decode` at the plan's
+vae_precision and vae_tiles, scaled by latent volume (frames x height x width); the text encoder is outside the
+call (prompt_embeds given: h3plan/planning/memory.py). Where a term has no measurement the prediction says so and
+leaves it out (None), never a guess. Checked against the committed H200 pipe(...) rows by
+tests/planner/test_predict.py.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from h3plan.planning import derive
+
+
+def elementwise_bytes_per_row(dc: Mapping[str, Any]) -> int:
+    """Bytes one row moves through a lossless block's fused elementwise kernels (bf16: 2 bytes an element): two
+    RMSNorm+modulations (read, write hidden), QK-norm+RoPE (read, write q and k), two gated residuals (read h and
+    the branch, write h), SwiGLU (read 2F, write F)."""
+    h, inner, f = dc["hidden_size"], dc["num_attention_heads"] * dc["attention_head_dim"], dc["ffn_dim"]
+    return 2 * (2 * 2 * h + 2 * 2 * inner + 2 * 3 * h + 3 * f)
+
+
+def elementwise(sections: Mapping[str, Any], rows: int) -> tuple[float | None, str]:
+    """(ms per block, basis) of the block's elementwise kernels at `rows` rows per GPU."""
+    hw, recipe = sections["hardware"], sections["recipe"]["name"]
+    m = hw["measured"]
+    points = [p for p in m.get("elementwise") or () if p["recipe"] == recipe]
+    if points:
+        p = min(points, key=lambda p: (abs(math.log(p["rows"] / rows)), p["rows"]))
+        per_block = sum(p["ms"]) / p["layers"]
+        return per_block * rows / p["rows"], (
+            f"recipe {recipe}'s elementwise kernels measured {per_block:.3f} ms per block on {hw['name']} at {p['rows']:,} rows "
+            f"({' + '.join(f'{x:g}' for x in p['ms'])} ms over {p['layers']} block(s)), x {rows:,}/{p['rows']:,} rows ({p['source']})")
+    bw = m.get("hbm_copy_tbps")
+    if bw:
+        nbytes = elementwise_bytes_per_row(sections["model"]["diffusers_config"]) * rows
+        return nbytes / (bw * 1e12) * 1e3, (f"{nbytes / 1e9:.2f} GB of elementwise traffic per block at the measured copy "
+                                            f"bandwidth {bw:g} TB/s (a floor: recipe {recipe}'s kernels never timed on {hw['name']})")
+    return None, f"no copy bandwidth measured on {hw['name']}: elementwise work not counted"
+
+
+def forward(sections: Mapping[str, Any], shp: Mapping[str, Any], est: Mapping[str, Any]) -> dict[str, Any]:
+    """The forward's parts per block (ms) and its total (s); None where attention or GEMMs have no rate."""
+    layers = sections["model"]["diffusers_config"]["num_layers"]
+    el, el_basis = elementwise(sections, shp["batch"] * shp["local_rows"])
+    att, gemm, a2a = est["attention_ms_per_block_est"], est["gemm_ms_per_block_est"], est["a2a_ms_per_block_est"]
+    block = None if att is None or gemm is None else att + gemm + (el or 0) + (a2a or 0)
+    return {"elementwise_ms_per_block_est": None if el is None else round(el, 3),
+            "block_ms_est": None if block is None else round(block, 3),
+            "forward_s_est": None if block is None else round(block * layers / 1e3, 4),
+            "basis": {"elementwise_ms_per_block_est": el_basis,
+                      "forward_s_est": f"{layers} blocks x (attention + block linears + elementwise + all-to-all) per block; "
+                                       "outside the blocks under 0.2% of the profiled H200 forward, not counted"}}
+
+
+def decode(sections: Mapping[str, Any], sequence: Mapping[str, Any], precision: str, tiles: str) -> tuple[float | None, str]:
+    """(seconds, basis) of the call after its last forward at this decode precision and tile geometry."""
+    hw = sections["hardware"]
+    points = [p for p in hw["measured"].get("decode") or () if p["precision"] == precision and p["tiles"] == tiles]
+    if not points or not sequence.get("latent_frames"):
+        return None, f"no decode measured on {hw['name']} at vae_precision={precision}, vae_tiles={tiles}"
+    vol = sequence["latent_frames"] * sequence["latent_height"] * sequence["latent_width"]
+    p = min(points, key=lambda p: abs(math.log(math.prod(p["latent"][2:]) / vol)))
+    s = p["seconds"] * vol / math.prod(p["latent"][2:])
+    return s, (f"the call after its last forward measured {p['seconds']:g} s on {hw['name']} at latent {p['latent']} "
+               f"(vae_precision={precision}, vae_tiles={tiles}), scaled by latent frames x height x width ({p['source']})")
+
+
+def call(sections: Mapping[str, Any], sequence: Mapping[str, Any], shp: Mapping[str, Any], fwd: Mapping[str, Any],
+         settings: Mapping[str, str]) -> dict[str, Any]:
+    """End to end: text encode + forwards x forward + decode; the biggest share and the cheapest cut."""
+    n, f = sequence.get("transformer_forwards"), fwd["forward_s_est"]
+    if not n or f is None:
+        return {}
+    dec, dec_basis = decode(sections, sequence, settings["vae_precision"], settings["vae_tiles"])
+    parts = {"text_encode": 0.0, "denoise": n * f, "decode": dec}
+    out = {"denoise_s_est": round(n * f, 2), "decode_s_est": None if dec is None else round(dec, 2), "text_encode_s_est": 0.0,
+           "call_s_est": None if dec is None else round(n * f + dec, 2),
+           "basis": {"denoise_s_est": f"{n} transformer forwards x forward_s_est", "decode_s_est": dec_basis,
+                     "text_encode_s_est": "0: prompt_embeds given, the text encoder runs before the call (memory: not resident)",
+                     "call_s_est": "text encode + denoise + decode (diffusers' pipe(...), one GPU per rank)"}}
+    if dec is None:
+        return out
+    big = max(parts, key=lambda k: parts[k] or 0)
+    out["call_biggest"] = {"part": big, "share": round(parts[big] / (n * f + dec), 3), "cut": cheapest_cut(sections, sequence, shp, big, settings, fwd)}
+    out["basis"]["call_biggest"] = "the largest of text encode, denoise, decode, and the lever that cuts it at the least quality cost"
+    return out
+
+
+def cheapest_cut(sections, sequence, shp, part: str, settings: Mapping[str, str], fwd: Mapping[str, Any]) -> str:
+    """The cheapest lever (least quality cost) that cuts `part`, with its predicted time and that cost."""
+    hw, recipe = sections["hardware"], sections["recipe"]
+    if part == "decode" and settings["vae_precision"] == "fp32":
+        s, _ = decode(sections, sequence, "fp16", "default")
+        q = [p for p in hw["measured"].get("vae_precision") or () if p["precision"] == "fp16"]
+        cost = (f"PSNR {q[0]['psnr_db']:.1f} dB against the fp32 frames (measured on {hw['name']})" if q
+                else f"fp16 frames never compared with fp32 on {hw['name']}")
+        if s is not None:
+            return f"recipe.vae=fp16 cuts the decode to {s:.1f} s, at {cost}"
+    if part == "decode":
+        return "no lever cuts it further on this plan (the decode already runs its fastest measured precision and tiles)"
+    if part == "denoise" and settings["gemm_quant"] in ("bf16", "dequant_bf16") and hw["gemm"]["fp8"]:
+        f8 = fp8_forward(sections, shp)
+        if f8 is not None:
+            return f"recipe=fp8 cuts a forward to {f8:.2f} s (FP8 GEMMs and attention: lossy, within its PSNR/SSIM budget)"
+    return f"fewer forwards (pipeline.num_inference_steps, a step-distilled LoRA): the {part} shrinks with them, at a quality cost h3plan does not measure"
+
+
+def fp8_forward(sections: Mapping[str, Any], shp: Mapping[str, Any]) -> float | None:
+    """The same forward with the fp8 recipe's block (FP8 GEMMs, cuDNN FP8 attention, its elementwise kernels), from
+    this hardware's measurements only (None where one is missing)."""
+    hw = sections["hardware"]
+    rows, heads = shp["batch"] * shp["local_rows"], shp["heads_per_rank"]
+    att, _ = derive._throughput(hw, "attention", "fp8", (shp["seq_len"], heads), "cudnn_fp8")
+    gemm, _ = derive._throughput(hw, "gemm", "fp8", rows=rows, params=derive.block_linear_params(sections["model"]["diffusers_config"]))
+    el, _ = elementwise({**sections, "recipe": {**sections["recipe"], "name": "fp8"}}, rows)
+    if None in (att, gemm, el) or not hw["measured"].get("on_hardware"):
+        return None
+    dc = sections["model"]["diffusers_config"]
+    block = (4 * shp["batch"] * shp["seq_len"] ** 2 * heads * dc["attention_head_dim"] / (att * 1e12)
+             + 2 * rows * derive.block_linear_params(dc) / (gemm * 1e12)) * 1e3 + el
+    return block * dc["num_layers"] / 1e3
