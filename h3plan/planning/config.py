@@ -8,6 +8,7 @@ own exceptions. Torch-free.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from typing import Any
@@ -30,7 +31,7 @@ def compose(overrides: list[str]):
 
     schema.register()
     try:
-        with initialize_config_dir(config_dir=CONFIG_PATH, version_base="1.3"):
+        with _outside_running_hydra(), initialize_config_dir(config_dir=CONFIG_PATH, version_base="1.3"):
             return hydra_compose(config_name=CONFIG_NAME, overrides=video_overrides(list(overrides)))
     except H3PlanError:
         raise
@@ -39,6 +40,21 @@ def compose(overrides: list[str]):
         if code != 2:
             raise
         raise _config_error(line) from None
+
+
+@contextlib.contextmanager
+def _outside_running_hydra():
+    """Inside a running Hydra job (the CLI's task: calibrate's closing line plans its hint) GlobalHydra is
+    initialised and `initialize_config_dir` refuses; the job's instance is set aside and put back afterwards."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.singleton import Singleton
+
+    running = Singleton._instances.pop(GlobalHydra, None) if GlobalHydra.instance().is_initialized() else None
+    try:
+        yield
+    finally:
+        if running is not None:
+            Singleton._instances[GlobalHydra] = running
 
 
 def groups() -> dict[str, list[str]]:
