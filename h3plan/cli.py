@@ -254,6 +254,8 @@ def _request_lines(plan, width: int) -> list[str]:
     if seq.get("source") == "parallel.seq_len":
         other = seq.get("video_request_seq_len")
         req = f"parallel.seq_len={seq['seq_len']:,} set explicitly" + (f" (the video request would give {other:,})" if other else "")
+        if seq.get("video_request_refused"):
+            req += f" (the video request does not apply: {seq['video_request_refused'].partition(':')[0]})"
     elif seq:
         audio = f"{seq['audio_rows']:,} audio + " if seq.get("audio_rows") else "no audio + "
         req = (f"{seq['source']}: {seq['height']}x{seq['width']} px, {seq['frames']} frames ({seq['seconds']:.2f} s at "
@@ -262,7 +264,8 @@ def _request_lines(plan, width: int) -> list[str]:
                f"(num_inference_steps {seq['num_inference_steps']})")
     else:
         return []
-    texts = ["request  " + req]
+    apart = plan.derived_value("components_apart")
+    texts = ["request  " + req + (f"; {apart}" if apart else "")]
     peak, breakdown = plan.derived_value("memory_peak_gib_per_gpu"), plan.derived_value("memory_breakdown_gib") or {}
     if peak is not None:
         items = plan.derived_value("memory_peak_items") or list(breakdown)
@@ -276,6 +279,8 @@ def _request_lines(plan, width: int) -> list[str]:
             usable = gb * 1e9 / 2**30 * (1 - plan.get("memory")["reserve_fraction"]) if gb else None
             line += (f"; install from the host {inst:.1f} GiB (install(pipe, plan, device=\"cuda\")), loaded on the GPU first "
                      f"{loaded:.1f} GiB" + (" (does not fit: load on the host)" if usable is not None and loaded > usable else ""))
+        if plan.derived_value("memory_does_not_fit"):
+            line += "; DOES NOT FIT (memory.check=false: reported, not refused)"
         texts.append(line)
     out = []
     for t in texts:

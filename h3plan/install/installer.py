@@ -52,7 +52,7 @@ from h3plan.planning.hardware import never_ran
 
 from h3plan.planner import Plan
 
-from .adaln_table import build as build_adaln_tables
+from .adaln_table import build as build_adaln_tables, step_counts
 from .block import block_kernels, load_kernel, plan_block_forward
 from .builder import Builder
 from .fp8_rows import install_rows
@@ -118,12 +118,33 @@ def recognise(model) -> None:
         raise InstallError("h3plan.install: unexpected MiniMaxH3Transformer3DModel layout: " + "; ".join(problems[:5]))
 
 
-# The model facts a plan was resolved for that must match the model it is installed into (num_layers may
-# differ: verify and bench build a few blocks of the same width).
+# The model facts a plan was resolved for that must match the model it is installed into. Layer counts may be
+# fewer (verify and bench build a few blocks of the same width; the report says so), never more: the plan's
+# memory estimate, AdaLN tables and scale tables count the blocks it was resolved for.
 MODEL_FACTS = {"transformer": ("model", ("num_attention_heads", "attention_head_dim", "hidden_size", "ffn_dim",
                                          "rope_freq_dim")),
                "vae": ("vae", ("latent_channels", "decoder_num_attention_heads", "decoder_attention_head_dim",
                                "decoder_ffn_mult"))}
+LAYER_FACTS = {"transformer": ("num_layers", "num_refiner_layers"), "vae": ("decoder_num_layers",)}
+
+
+def fewer_layers(model, plan: Plan, kind: str) -> list[str]:
+    """`num_layers 2 (plan: 50)` for each layer count of the model below the plan's (an InstallError above it)."""
+    section = MODEL_FACTS[kind][0]
+    planned = (plan.get(section) or {}).get("diffusers_config") or {}
+    config = getattr(model, "config", {}) or {}
+    out = []
+    for k in LAYER_FACTS[kind]:
+        if k not in planned or not isinstance(config.get(k), int):
+            continue
+        if config[k] > planned[k]:
+            raise InstallError(f"the plan was resolved for {planned[k]} {k.replace('_', ' ').removeprefix('num ')} "
+                               f"({section}.diffusers_config.{k}={planned[k]}), this {type(model).__name__} has {config[k]}: "
+                               f"its memory estimate and tables count {planned[k]}; plan from what you have: "
+                               f"h3plan.plan_for(model, recipe=...)")
+        if config[k] < planned[k]:
+            out.append(f"{k} {config[k]} (plan: {planned[k]})")
+    return out
 
 
 def check_model_facts(model, plan: Plan, kind: str) -> None:
@@ -467,6 +488,8 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
 
         raise InstallError(f"install expects an h3plan Plan or a plan file path, got {type(plan).__name__}")
     check_model_facts(model, plan, "vae" if is_vae else "transformer")
+    steps = None if num_inference_steps is None else step_counts(num_inference_steps, "install")
+    fewer = fewer_layers(model, plan, "vae" if is_vae else "transformer")
     device = _placement.target(device)
     current = model.__dict__.get("_h3plan_state")
     if device is None and current is not None and current.placement is not None:
@@ -492,7 +515,6 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
                 _quantize(model, builder, state)
             if builder.recorded("linears").get("adaln_table") is not None:  # install/adaln_table.py
 
-                steps = [num_inference_steps] if isinstance(num_inference_steps, int) else num_inference_steps
                 build_adaln_tables(model, builder.values["adaln_table"], state, lambda *a: _swap(state.report, *a), steps)
             act_quant = install_rows(model, builder, state, lambda *a: _swap(state.report, *a))
             nvfp4 = install_nvfp4(model, builder, state, lambda *a: _swap(state.report, *a))
@@ -511,6 +533,9 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
             report.notes.append("group= is for the transformer's Ulysses attention and vae_parallel; this plan uses neither on the VAE")
     else:
         _skips(plan, builder, report)
+    if fewer:
+        report.notes.append("fewer layers than the plan's: " + ", ".join(fewer) + " (as verify and bench build them); the "
+                            "plan's memory and speed numbers are for its own count")
     if device is not None:
         _placement_note(model, state)
     elif _rests_on_host(model):

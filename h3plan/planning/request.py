@@ -329,20 +329,28 @@ def sequence(sections: Mapping[str, Any]) -> tuple[int, dict[str, Any], dict[str
     plain dicts: video (optional), model, vae, parallel, pipeline (optional: conf/pipeline/h3.yaml)."""
     par, video = sections.get("parallel") or {}, sections.get("video")
     explicit = par.get("seq_len")
-    derived = None
+    derived = refused = None
     if video is not None:
         try:
             derived = tokens(request_from(video, par.get("batch") or 1), sections["model"], sections["vae"], sections.get("pipeline"))
-        except ConfigError:
+        except ConfigError as e:
             if explicit is None:
                 raise
             # an explicit length needs no request: a model or VAE the request arithmetic does not fit is fine
+            refused = str(e)
     name = request_label(video)
     if explicit is not None:
         _positive("parallel.seq_len", explicit)
         breakdown = {"source": "parallel.seq_len", "seq_len": int(explicit)}
         why = f"parallel.seq_len={explicit} set explicitly: it wins over the video request"
+        if refused:
+            breakdown["video_request_refused"] = refused
+            why += f" (which does not apply: {refused})"
         if derived is not None:
+            if explicit < derived["text_rows"]:
+                raise ConfigError(f"parallel.seq_len={explicit}", f"fewer rows than the {derived['text_rows']} text rows of the "
+                                  f"request ({name}: video.text_tokens={derived['text_rows']}); no call packs that; set a "
+                                  "smaller video.text_tokens with it")
             breakdown["video_request_seq_len"] = derived["seq_len"]
             why += f" ({name} would give {derived['seq_len']:,})"
         return int(explicit), breakdown, {"seq_len": why}
