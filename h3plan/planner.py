@@ -26,9 +26,10 @@ from typing import Any, Mapping
 
 from .errors import ConfigError, H3PlanError, PlanFileError, PlanningError, UsageError
 from .levers import LEVER_SETTINGS, REGISTRY, SPECS, Context, LeverError
-from .planning import checkpoint, derive, memory, schema
+from .planning import CONF, checkpoint, derive, memory, schema
 from .planning.decision import Decision, freeze, thaw
 from .planning.config import compose, override
+from .planning.request import one_pipeline
 from .planning.schema import PLAN_SECTIONS
 
 SCHEMA_VERSION = 1
@@ -97,6 +98,8 @@ class Plan:
         unknown = sorted(map(str, set(d) - set(PLAN_KEYS)))
         if unknown:
             raise PlanFileError(f"plan has unknown key {unknown[0]!r}; keys: {', '.join(PLAN_KEYS)}")
+        if not isinstance(d.get("decisions"), list) or not d["decisions"]:
+            raise PlanFileError("a plan needs a non-empty 'decisions' list (write one with `python -m h3plan out=plan.yaml`)")
         if "schema_version" not in d:
             raise PlanFileError(f"plan lacks schema_version (this h3plan reads {SCHEMA_VERSION}; Plan.save and "
                                 "`python -m h3plan out=plan.yaml` write it)")
@@ -106,8 +109,6 @@ class Plan:
             raise PlanFileError(f"schema_version must be an integer, got {d.get('schema_version')!r}") from None
         if version != SCHEMA_VERSION:
             raise PlanFileError(f"plan schema_version {version} is not supported (this h3plan reads {SCHEMA_VERSION})")
-        if not isinstance(d.get("decisions"), list) or not d["decisions"]:
-            raise PlanFileError("a plan needs a non-empty 'decisions' list (write one with `python -m h3plan out=plan.yaml`)")
         for key in ("config", "derived"):
             if not isinstance(d.get(key) or {}, Mapping):
                 raise PlanFileError(f"plan '{key}' must be a mapping")
@@ -235,8 +236,6 @@ def _check_recipe_name(recipe: Mapping[str, Any]) -> None:
     """A plan file's recipe.name that names a packaged recipe must keep that recipe's checkpoint and policy: the
     reasons quote the name beside the policy ("recipe fp8 is lossless" after an edited name)."""
     import yaml
-
-    from .planning import CONF
 
     name = str(recipe.get("name"))
     path = os.path.join(CONF, "recipe", f"{name}.yaml")
@@ -387,9 +386,9 @@ def _memory(sections, shape, decisions) -> tuple[dict[str, Any], dict[str, str]]
 def _apart(sections: Mapping[str, Any]) -> str | None:
     """A VAE whose latents are not the transformer's input (vae=h3_tiny beside model=h3): no pipeline holds the
     two, so the plan sizes each alone; said in the plan, never silent."""
-    mdc, vdc = sections["model"]["diffusers_config"], sections["vae"]["diffusers_config"]
-    if mdc.get("in_channels") == vdc.get("latent_channels"):
+    if one_pipeline(sections):
         return None
+    mdc, vdc = sections["model"]["diffusers_config"], sections["vae"]["diffusers_config"]
     return (f"vae {sections['vae']['name']} (latent_channels {vdc.get('latent_channels')}) and model "
             f"{sections['model']['name']} (in_channels {mdc.get('in_channels')}) make no pipeline: the plan sizes each alone")
 

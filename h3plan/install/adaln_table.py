@@ -49,7 +49,7 @@ from h3plan.runtime.counters import fallback as count_fallback, fused as count_f
 from h3plan.runtime.guards import needs_grad
 
 from . import adaln_temb
-from .components import TRANSFORMERS, is_pipeline
+from .components import STATE, TRANSFORMERS, is_pipeline
 from .parking import park
 
 LEVER = "adaln_table"
@@ -351,13 +351,11 @@ def step_counts(value, who: str) -> list[int]:
 
 def _installed(obj) -> None:
     """prepare on an object with no h3plan plan in it (or in its transformers) is a mistake, not 0 entries."""
-    from .installer import installed_plan
-
     if obj is None or not hasattr(obj, "__dict__"):
         raise InstallError(f"prepare expects a MiniMaxH3Transformer3DModel or MiniMaxH3ModularPipeline with a plan "
                            f"installed, got {type(obj).__name__}")
     models = [getattr(obj, n, None) for n in TRANSFORMERS if n in obj.component_names] if is_pipeline(obj) else [obj]
-    if not any(m is not None and installed_plan(m) is not None for m in models):
+    if not any(m is not None and STATE in m.__dict__ for m in models):
         raise InstallError(f"prepare: no h3plan plan is installed in this {type(obj).__name__}; h3plan.install(model, plan) "
                            "first (prepare adds step counts to an installed adaln_table)")
 
@@ -372,6 +370,8 @@ def prepare(obj, num_inference_steps=None, *, timesteps=None, condition_video=No
     argument). obj: a transformer with adaln_table installed, or a MiniMaxH3ModularPipeline (both transformers).
     Returns the number of vectors added; 0 where no table is installed."""
     _installed(obj)
+    if num_inference_steps is not None:  # checked whether or not a table is installed
+        num_inference_steps = step_counts(num_inference_steps, "prepare")
     if is_pipeline(obj):
         added = 0
         schedulers = (getattr(obj, "scheduler", None), getattr(obj, "audio_scheduler", None))
@@ -392,7 +392,6 @@ def _prepare(model, steps, timesteps, condition_video, condition_audio, schedule
     s = tables.spec
     vectors = []
     if steps is not None:
-        steps = step_counts(steps, "prepare")
         vectors += timestep_vectors(steps, video_shift=s["video_shift"], audio_shift=s["audio_shift"],
                                     keyframe_noise_aug=s["keyframe_noise_aug"] if aug is None else aug, audio=s["audio"],
                                     condition_video=s["condition_video"] if condition_video is None else condition_video,

@@ -55,6 +55,7 @@ from h3plan.planner import Plan
 from .adaln_table import build as build_adaln_tables, step_counts
 from .block import block_kernels, load_kernel, plan_block_forward
 from .builder import Builder
+from .components import STATE
 from .fp8_rows import install_rows
 from .nvfp4_inputs import install_nvfp4
 from .parking import park
@@ -491,7 +492,7 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
     steps = None if num_inference_steps is None else step_counts(num_inference_steps, "install")
     fewer = fewer_layers(model, plan, "vae" if is_vae else "transformer")
     device = _placement.target(device)
-    current = model.__dict__.get("_h3plan_state")
+    current = model.__dict__.get(STATE)
     if device is None and current is not None and current.placement is not None:
         device = current.placement.device  # a new plan for a model installed with device=: it stays on that device
     if device is not None:
@@ -541,7 +542,7 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
     elif _rests_on_host(model):
         report.notes.append("the model rests on the host and stays there: install(model, plan, device=\"cuda\") moves "
                             "it to the GPU at install, a tensor at a time (what an 80 GB card needs)")
-    model._h3plan_state = state
+    setattr(model, STATE, state)
     return report
 
 
@@ -571,7 +572,7 @@ def _undo(state: _State) -> None:
 
 def uninstall(model) -> bool:
     """Restore the model exactly as it was before install; False when nothing was installed."""
-    state = model.__dict__.pop("_h3plan_state", None)
+    state = model.__dict__.pop(STATE, None)
     if state is None:
         return False
     _undo(state)
@@ -580,5 +581,5 @@ def uninstall(model) -> bool:
 
 
 def installed_plan(model) -> Plan | None:
-    state = model.__dict__.get("_h3plan_state")
+    state = model.__dict__.get(STATE)
     return None if state is None else state.plan

@@ -323,6 +323,13 @@ def request_from(video: Mapping[str, Any], batch: int = 1) -> VideoRequest:
     return VideoRequest(**kw, batch=batch)
 
 
+def one_pipeline(sections: Mapping[str, Any]) -> bool:
+    """The VAE's latents are the transformer's input: the two make the pipeline the request describes (a tiny model
+    beside the released VAE plans transformer-only shapes, whose rows the request does not bound)."""
+    model, vae = diffusers_kwargs(sections["model"]), diffusers_kwargs(sections["vae"])
+    return model.get("in_channels") == vae.get("latent_channels")
+
+
 def sequence(sections: Mapping[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
     """(seq_len, breakdown, basis) for the planner. An explicit parallel.seq_len wins (the breakdown says
     so and shows what the video request would give); otherwise S comes from `video`. Sections are
@@ -346,11 +353,12 @@ def sequence(sections: Mapping[str, Any]) -> tuple[int, dict[str, Any], dict[str
         if refused:
             breakdown["video_request_refused"] = refused
             why += f" (which does not apply: {refused})"
+        world = (par.get("ring") or 1) * (par.get("ulysses") or 1)  # fewer rows than ranks: validate's line says so
+        if derived is not None and one_pipeline(sections) and world <= explicit < derived["text_rows"]:
+            raise ConfigError(f"parallel.seq_len={explicit}", f"fewer rows than the {derived['text_rows']} text rows of the "
+                              f"request ({name}: video.text_tokens={derived['text_rows']}); no call packs that; set a "
+                              "smaller video.text_tokens with it")
         if derived is not None:
-            if explicit < derived["text_rows"]:
-                raise ConfigError(f"parallel.seq_len={explicit}", f"fewer rows than the {derived['text_rows']} text rows of the "
-                                  f"request ({name}: video.text_tokens={derived['text_rows']}); no call packs that; set a "
-                                  "smaller video.text_tokens with it")
             breakdown["video_request_seq_len"] = derived["seq_len"]
             why += f" ({name} would give {derived['seq_len']:,})"
         return int(explicit), breakdown, {"seq_len": why}
