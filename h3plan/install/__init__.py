@@ -36,7 +36,7 @@ def install(model, plan=None, *, recipe=None, parallel=None, video=None, hardwar
     the installed footprint plus one staged tensor. uninstall moves everything back to the host, bit for bit.
     None (default): install where the model is, moving nothing (a model on the GPU stays there; one on the
     host stays there, and the report says how to move it).
-    kwargs: the installer's (registry=, group=, num_inference_steps=)."""
+    kwargs: the installer's (registry=, group=, num_inference_steps=, stand_in=)."""
     import os
 
     _install = _installer("h3plan.install").install
@@ -64,14 +64,15 @@ def install(model, plan=None, *, recipe=None, parallel=None, video=None, hardwar
     return _install(model, plan, device=dev, **kwargs)
 
 
-INSTALL_KWARGS = ("registry", "group", "num_inference_steps")  # the installer's own keywords (installer.install)
+INSTALL_KWARGS = ("registry", "group", "num_inference_steps", "stand_in")  # the installer's own keywords (installer.install)
 
 
 def model_argument(obj, who: str) -> None:
-    """`who`(None), or of anything that is no model (no attributes to hold a plan): one InstallError line."""
+    """`who`(None), or `who` of a class or of anything with no attributes to hold a plan: one InstallError line."""
     if obj is None or not hasattr(obj, "__dict__") or isinstance(obj, type):
+        got = obj.__name__ if isinstance(obj, type) else type(obj).__name__
         raise InstallError(f"{who} expects a diffusers MiniMaxH3Transformer3DModel, AutoencoderKLMiniMaxH3 or "
-                           f"MiniMaxH3ModularPipeline, got {type(obj).__name__ if not isinstance(obj, type) else obj.__name__}")
+                           f"MiniMaxH3ModularPipeline, got {got}")
 
 
 def uninstall(model) -> bool:

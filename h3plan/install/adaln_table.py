@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from h3plan.errors import InstallError
+from h3plan.planning.request import MIN_STEPS, STEPS_RULE
 from h3plan.runtime import count_op  # noqa: F401 (h3plan::count before any compiled call site)
 from h3plan.runtime.counters import fallback as count_fallback, fused as count_fused
 from h3plan.runtime.guards import needs_grad
@@ -343,9 +344,8 @@ def step_counts(value, who: str) -> list[int]:
     diffusers' MiniMaxH3Scheduler.set_timesteps asks. Anything else: one InstallError line."""
     many = isinstance(value, (list, tuple))
     steps = list(value) if many else [value]
-    if not steps or any(isinstance(n, bool) or not isinstance(n, int) or n < 2 for n in steps):
-        raise InstallError(f"{who}: num_inference_steps={value!r} must be an integer >= 2 or a list of them "
-                           "(diffusers' MiniMaxH3Scheduler.set_timesteps needs 2 sigma points at least)")
+    if not steps or any(isinstance(n, bool) or not isinstance(n, int) or n < MIN_STEPS for n in steps):
+        raise InstallError(f"{who}: num_inference_steps={value!r} must be an integer or a list of them; each {STEPS_RULE}")
     return steps
 
 

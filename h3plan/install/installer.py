@@ -120,8 +120,8 @@ def recognise(model) -> None:
 
 
 # The model facts a plan was resolved for that must match the model it is installed into. Layer counts may be
-# fewer (verify and bench build a few blocks of the same width; the report says so), never more: the plan's
-# memory estimate, AdaLN tables and scale tables count the blocks it was resolved for.
+# fewer (the report says so), never more: the plan's memory estimate, AdaLN tables and scale tables count the
+# blocks it was resolved for; verify and bench, which build any number of blocks of the plan's width, say stand_in.
 MODEL_FACTS = {"transformer": ("model", ("num_attention_heads", "attention_head_dim", "hidden_size", "ffn_dim",
                                          "rope_freq_dim")),
                "vae": ("vae", ("latent_channels", "decoder_num_attention_heads", "decoder_attention_head_dim",
@@ -470,7 +470,8 @@ def _placement_note(model, state) -> None:
         f"{listed} ({left / 2**30:.2f} GiB of them in state_dict()); uninstall moves everything back to the host")
 
 
-def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps=None, device=None) -> InstallReport:
+def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps=None, device=None,
+            stand_in: bool = False) -> InstallReport:
     """Install `plan` into a diffusers MiniMaxH3Transformer3DModel or AutoencoderKLMiniMaxH3; returns the
     InstallReport.
 
@@ -478,6 +479,8 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
     group: the torch.distributed group for Ulysses (None: the default group; not used by the VAE).
     num_inference_steps: step counts the adaln_table lever tables beside the plan's (an int or a list).
     device: move a model resting on the host there at install (module docstring); None: install where it is.
+    stand_in: the model is a few blocks of the plan's width, any count (verify and bench build them): its layer
+    counts are not held to the plan's (otherwise more than the plan's is an InstallError, fewer a report note).
     """
 
     is_vae = _vae.is_vae(model)
@@ -490,7 +493,7 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
         raise InstallError(f"install expects an h3plan Plan or a plan file path, got {type(plan).__name__}")
     check_model_facts(model, plan, "vae" if is_vae else "transformer")
     steps = None if num_inference_steps is None else step_counts(num_inference_steps, "install")
-    fewer = fewer_layers(model, plan, "vae" if is_vae else "transformer")
+    fewer = [] if stand_in else fewer_layers(model, plan, "vae" if is_vae else "transformer")
     device = _placement.target(device)
     current = model.__dict__.get(STATE)
     if device is None and current is not None and current.placement is not None:
@@ -535,8 +538,8 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
     else:
         _skips(plan, builder, report)
     if fewer:
-        report.notes.append("fewer layers than the plan's: " + ", ".join(fewer) + " (as verify and bench build them); the "
-                            "plan's memory and speed numbers are for its own count")
+        report.notes.append("fewer layers than the plan's: " + ", ".join(fewer) + "; the plan's memory and speed numbers "
+                            "are for its own count")
     if device is not None:
         _placement_note(model, state)
     elif _rests_on_host(model):

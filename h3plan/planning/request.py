@@ -163,6 +163,11 @@ class PipelineConfig:
     source: Optional[str] = None
 
 
+MIN_STEPS = 2  # the smallest num_inference_steps diffusers' MiniMaxH3Scheduler.set_timesteps takes
+STEPS_RULE = (f"must be >= {MIN_STEPS}: diffusers' MiniMaxH3Scheduler.set_timesteps needs {MIN_STEPS} sigma points at least "
+              "(n points, the terminal 0 included, drive n - 1 forwards)")
+
+
 def pipeline_defaults() -> dict[str, Any]:
     """conf/pipeline/h3.yaml as a plain dict (for callers whose sections have no `pipeline`)."""
     import yaml

@@ -22,7 +22,7 @@ from h3plan.levers import LEVER_SETTINGS  # declared by each lever module (SPEC)
 from .action_configs import BenchConfig, CalibrateConfig, VerifyConfig, validate_actions
 from .hardware_config import HardwareConfig
 from .memory import MemoryConfig
-from .request import PipelineConfig, VideoConfig, sequence
+from .request import MIN_STEPS, STEPS_RULE, PipelineConfig, VideoConfig, sequence
 from h3plan.vae.tiling import tile_rule
 
 PLAN_SECTIONS = ("hardware", "recipe", "parallel", "model", "vae", "video", "pipeline", "memory", "levers")
@@ -341,9 +341,8 @@ PSNR_DB_MAX = 100.0  # a budget above this admits no lossy lever: e4m3 keeps 3 m
 def _check_values(c: dict[str, Any]) -> None:
     """Values in range that the types let through (a step count diffusers refuses, a GPU of no memory ...)."""
     steps = c["pipeline"]["num_inference_steps"]
-    if steps < 2:
-        raise ConfigError(f"pipeline.num_inference_steps={steps}", "must be >= 2: diffusers' MiniMaxH3Scheduler.set_timesteps "
-                          "needs 2 sigma points at least (n points, the terminal 0 included, drive n - 1 forwards)")
+    if steps < MIN_STEPS:
+        raise ConfigError(f"pipeline.num_inference_steps={steps}", STEPS_RULE)
     gb = c["hardware"]["device"].get("memory_gb")
     if gb is not None and not gb > 0:
         raise ConfigError(f"hardware.device.memory_gb={gb}", "must be a positive number of GB")

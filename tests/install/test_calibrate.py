@@ -228,6 +228,8 @@ def test_bad_settings_are_one_line(tmp_path):
         action.run(_cfg(tmp_path / "x.json", bogus=1), _plan())
     with pytest.raises(UsageError, match="shares seed 0"):
         action.run(_cfg(tmp_path / "x.json", heldout_seeds=[0]), _plan())
+    with pytest.raises(UsageError, match=r"calibrate.num_inference_steps=1: must be >= 2: diffusers' MiniMaxH3Scheduler"):
+        action.run(_cfg(tmp_path / "x.json", num_inference_steps=1), _plan())
     with pytest.raises(UsageError, match="recipe bf16 does not set"):
         action.run(_cfg(tmp_path / "x.json"), resolve_config(hardware="sm90", recipe="bf16", model="h3_tiny"))
 

@@ -97,12 +97,12 @@ def test_bad_arguments_are_one_line():
     assert _line(lambda: h3plan.prepare(model, 30), InstallError).startswith(
         "prepare: no h3plan plan is installed in this MiniMaxH3Transformer3DModel")
     assert _line(lambda: h3plan.install(model, plan, num_inference_steps=[0]), InstallError).startswith(
-        "install: num_inference_steps=[0] must be an integer >= 2 or a list of them")
+        "install: num_inference_steps=[0] must be an integer or a list of them; each must be >= 2: diffusers'")
     assert h3plan.installed_plan(model) is None  # refused before anything was swapped
     h3plan.install(model, plan)
     try:
         assert _line(lambda: h3plan.prepare(model, num_inference_steps="30"), InstallError).startswith(
-            "prepare: num_inference_steps='30' must be an integer >= 2")
+            "prepare: num_inference_steps='30' must be an integer or a list of them")
         assert h3plan.prepare(model, num_inference_steps=[30]) >= 0
     finally:
         assert h3plan.uninstall(model)
