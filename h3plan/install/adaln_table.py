@@ -368,7 +368,8 @@ def prepare(obj, num_inference_steps=None, *, timesteps=None, condition_video=No
     """Add table entries after install: the vectors of `num_inference_steps` (an int or a list; a pipeline's own
     schedulers, else the plan's shifts) and/or explicit `timesteps` vectors (each as the transformer's `timestep`
     argument). obj: a transformer with adaln_table installed, or a MiniMaxH3ModularPipeline (both transformers).
-    Returns the number of vectors added; 0 where no table is installed."""
+    Returns the number of vectors added; 0 where the installed plan has no table (an object with no plan installed,
+    or a step count diffusers refuses, is an InstallError)."""
     _installed(obj)
     if num_inference_steps is not None:  # checked whether or not a table is installed
         num_inference_steps = step_counts(num_inference_steps, "prepare")
