@@ -349,12 +349,12 @@ def _memory(sections, shape, decisions) -> tuple[dict[str, Any], dict[str, str]]
     """The peak-memory estimate per GPU (h3plan/planning/memory.py) against the hardware's memory; a plan that cannot
     fit raises PlanningError with the numbers and the nearest option that fits."""
     hw, m = sections["hardware"], sections["memory"]
+    est = memory.estimate(sections, shape, decisions)  # refuses a memory.vae_dtype it does not know
     vd = str(getattr(decisions.get("vae_precision"), "setting", "fp32"))
     if m["vae_dtype"] != "fp32" and vd != m["vae_dtype"]:  # a VAE loaded in fp16/bf16 decodes in its own dtype
         raise PlanningError(f"memory.vae_dtype={m['vae_dtype']} sizes a VAE loaded in {m['vae_dtype']}, which decodes in "
                             f"{m['vae_dtype']}, but the plan decodes in {vd} (vae_precision={vd}): set recipe.vae={m['vae_dtype']} "
                             "to plan that decode, or memory.vae_dtype=fp32 (the VAE as released)")
-    est = memory.estimate(sections, shape, decisions)
     gb = hw["device"]["memory_gb"]
     values = {"memory_peak_gib_per_gpu": est["peak_gib"], "memory_peak_phase": est["peak_phase"],
               "memory_peak_items": list(est["phases"][est["peak_phase"]]["items"]),
