@@ -11,7 +11,7 @@ Importing h3plan loads neither torch nor Hydra; the names below load on first us
 user can make raises an `H3PlanError` (one line, the same text the CLI prints).
 """
 
-from h3plan.errors import ConfigError, H3PlanError, InstallError, PlanFileError, PlanningError, UsageError
+from h3plan.errors import ConfigError, H3PlanError, InstallError, PlanFileError, PlanningError, UsageError, runtime_missing
 from h3plan.planning.decision import Decision
 
 __version__ = "0.2.0"
@@ -41,5 +41,21 @@ def __getattr__(name):
     import importlib
 
     module, attr = _LAZY[name]
-    mod = importlib.import_module(module)
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as e:  # installing needs torch and diffusers; planning does not
+        refusal = runtime_missing(e, f"h3plan.{name}")
+        if refusal is None:
+            raise
+        return _refuse(name, refusal)
     return mod if attr is None else getattr(mod, attr)
+
+
+def _refuse(name: str, refusal: H3PlanError):
+    """Without torch `h3plan.prepare` (say) is still a name; calling it raises the one-line refusal."""
+
+    def refuse(*args, **kwargs):
+        raise refusal
+
+    refuse.__name__ = name
+    return refuse

@@ -275,6 +275,8 @@ def _request_lines(plan, width: int) -> list[str]:
     if seq.get("source") == "parallel.seq_len":
         other = seq.get("video_request_seq_len")
         req = f"parallel.seq_len={seq['seq_len']:,} set explicitly" + (f" (the video request would give {other:,})" if other else "")
+        if seq.get("video_request_refused"):
+            req += f" (the video request does not apply: {seq['video_request_refused'].partition(':')[0]})"
     elif seq:
         audio = f"{seq['audio_rows']:,} audio + " if seq.get("audio_rows") else "no audio + "
         cond = {"fl2va": "keyframe", "ref2va": "reference"}.get(seq.get("task"))  # t2va: no conditioning rows
@@ -288,7 +290,8 @@ def _request_lines(plan, width: int) -> list[str]:
                f"(num_inference_steps {seq['num_inference_steps']})")
     else:
         return []
-    texts = ["request  " + req]
+    apart = plan.derived_value("components_apart")
+    texts = ["request  " + req + (f"; {apart}" if apart else "")]
     peak, breakdown = plan.derived_value("memory_peak_gib_per_gpu"), plan.derived_value("memory_breakdown_gib") or {}
     if peak is not None:
         texts += _memory_texts(plan, peak, breakdown)
@@ -314,6 +317,8 @@ def _memory_texts(plan, peak: float, breakdown: dict) -> list[str]:
                  f"memory.reserve_fraction; another card: hardware.device.memory_gb=80)")
     which = f"its largest {len(top)} of {len(items)} items" if len(items) > len(top) else "its items"
     line += f"; {which}: " + ", ".join(f"{k} {breakdown[k]:.1f}" for k in top) + " GiB"
+    if plan.derived_value("memory_does_not_fit"):
+        line += "; DOES NOT FIT (memory.check=false: reported, not refused)"
     te = plan.derived_value("text_encoder")
     if te:  # the conditioner's placement, when model.text_encoder plans one (planning/text_encoder.py)
         line += f"; text encoder {te['setting']}: {te['reasons'][0]}"

@@ -44,6 +44,16 @@ class InstallError(H3PlanError):
     """A plan that does not fit the model it is installed into (other widths, other heads, another class)."""
 
 
+def runtime_missing(e: ModuleNotFoundError, who: str) -> UsageError | None:
+    """The UsageError for `who` (h3plan.install ...) when `e` is a missing torch / diffusers / triton, the packages
+    the install side imports and planning never does; None for any other missing module (a bug: re-raise it)."""
+    missing = (e.name or "").partition(".")[0]
+    if missing not in ("torch", "diffusers", "triton"):
+        return None
+    return UsageError(f"{who} needs {missing}, which is not installed here (pip install torch diffusers==0.42.1); "
+                      "planning needs neither: h3plan.resolve_config(...), python -m h3plan")
+
+
 __all__ = ["H3PlanError", "ConfigError", "PlanningError", "PlanFileError", "UsageError", "InstallError"]
 
 

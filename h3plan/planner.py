@@ -19,15 +19,17 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from .errors import H3PlanError, PlanFileError, PlanningError
+from .errors import ConfigError, H3PlanError, PlanFileError, PlanningError, UsageError
 from .levers import LEVER_SETTINGS, REGISTRY, SPECS, Context, LeverError
-from .planning import checkpoint, derive, memory, predict, schema
+from .planning import CONF, checkpoint, derive, memory, predict, schema
 from .planning.decision import Decision, freeze, thaw
 from .planning.config import compose, override
+from .planning.request import one_pipeline
 from .planning.schema import PLAN_SECTIONS
 
 SCHEMA_VERSION = 1
@@ -49,7 +51,12 @@ class Plan:
         for d in self.decisions:
             if d.lever == lever:
                 return d
-        raise KeyError(f"plan has no decision for lever {lever!r}; levers: {[d.lever for d in self.decisions]}")
+        import difflib
+
+        levers = [d.lever for d in self.decisions]
+        near = difflib.get_close_matches(str(lever), levers, n=1)
+        raise SectionError(f"Plan.decision({lever!r}): no such lever" + (f" (did you mean {near[0]!r}?)" if near else "")
+                           + f"; levers: {', '.join(levers)}")
 
     def get(self, section: str) -> dict[str, Any]:
         """A config section (hardware, recipe, parallel, model, vae, video, pipeline, memory, levers) as a plain
@@ -88,14 +95,20 @@ class Plan:
         """A Plan from its dict form; anything that is not one raises PlanFileError (one line)."""
         if not isinstance(d, Mapping):
             raise PlanFileError(f"a plan must be a mapping with 'decisions', got {type(d).__name__}")
+        unknown = sorted(map(str, set(d) - set(PLAN_KEYS)))
+        if unknown:
+            raise PlanFileError(f"plan has unknown key {unknown[0]!r}; keys: {', '.join(PLAN_KEYS)}")
+        if not isinstance(d.get("decisions"), list) or not d["decisions"]:
+            raise PlanFileError("a plan needs a non-empty 'decisions' list (write one with `python -m h3plan out=plan.yaml`)")
+        if "schema_version" not in d:
+            raise PlanFileError(f"plan lacks schema_version (this h3plan reads {SCHEMA_VERSION}; Plan.save and "
+                                "`python -m h3plan out=plan.yaml` write it)")
         try:
-            version = int(d.get("schema_version", SCHEMA_VERSION))
+            version = int(d["schema_version"])
         except (TypeError, ValueError):
             raise PlanFileError(f"schema_version must be an integer, got {d.get('schema_version')!r}") from None
         if version != SCHEMA_VERSION:
             raise PlanFileError(f"plan schema_version {version} is not supported (this h3plan reads {SCHEMA_VERSION})")
-        if not isinstance(d.get("decisions"), list) or not d["decisions"]:
-            raise PlanFileError("a plan needs a non-empty 'decisions' list (write one with `python -m h3plan out=plan.yaml`)")
         for key in ("config", "derived"):
             if not isinstance(d.get(key) or {}, Mapping):
                 raise PlanFileError(f"plan '{key}' must be a mapping")
@@ -108,7 +121,13 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
-        return cls.from_dict(json.loads(text))
+        if not isinstance(text, (str, bytes, bytearray)):
+            raise PlanFileError(f"Plan.from_json takes the JSON text, got {type(text).__name__} (Plan.load reads a file)")
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise PlanFileError(f"not JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+        return cls.from_dict(raw)
 
     def to_yaml(self) -> str:
         import yaml
@@ -119,12 +138,20 @@ class Plan:
     def from_yaml(cls, text: str) -> "Plan":
         import yaml
 
-        return cls.from_dict(yaml.safe_load(text))
+        if not isinstance(text, (str, bytes)):
+            raise PlanFileError(f"Plan.from_yaml takes the YAML text, got {type(text).__name__} (Plan.load reads a file)")
+        try:
+            raw = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise PlanFileError(_yaml_line(e)) from None
+        return cls.from_dict(raw)
 
     def save(self, path: str) -> None:
         """Write the plan file `Plan.load` reads: JSON for a .json path (any case), else YAML. An unwritable path
         raises PlanFileError naming it."""
-        path = str(path)
+        if not isinstance(path, (str, os.PathLike)):
+            raise PlanFileError(f"Plan.save takes a file path (str or os.PathLike), got {type(path).__name__}")
+        path = os.fspath(path)
         text = self.to_json() + "\n" if is_json_path(path) else self.to_yaml()
         try:
             with open(path, "w") as f:
@@ -152,13 +179,20 @@ class Plan:
         except json.JSONDecodeError as e:
             raise PlanFileError(f"plan file {path}: not JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
         except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-            raise PlanFileError(f"plan file {path}: malformed YAML{where}: {getattr(e, 'problem', None) or e}") from None
+            raise PlanFileError(f"plan file {path}: {_yaml_line(e)}") from None
         try:
             return cls.from_dict(raw)
         except PlanFileError as e:
             raise PlanFileError(f"plan file {path}: {e}") from None
+
+
+def _yaml_line(e) -> str:
+    mark = getattr(e, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"malformed YAML{where}: {getattr(e, 'problem', None) or e}"
+
+
+PLAN_KEYS = ("schema_version", "config", "derived", "decisions", "notes")  # what Plan.to_dict writes
 
 
 def is_json_path(path) -> bool:
@@ -167,7 +201,8 @@ def is_json_path(path) -> bool:
 
 
 class SectionError(PlanFileError, KeyError):
-    """Plan.get of a name that is no config section: an H3PlanError, and a KeyError for `except KeyError`."""
+    """Plan.get of a name that is no config section, Plan.decision of one that is no lever: an H3PlanError, and a
+    KeyError for `except KeyError`."""
 
     def __str__(self) -> str:  # KeyError would quote the message
         return self.args[0]
@@ -194,6 +229,26 @@ def _check_levers(decisions) -> None:
                             "`python -m h3plan out=plan.yaml`)")
 
 
+RECIPE_IDENTITY = ("checkpoint", "policy")  # what a packaged recipe's name stands for (conf/recipe/<name>.yaml)
+
+
+def _check_recipe_name(recipe: Mapping[str, Any]) -> None:
+    """A plan file's recipe.name that names a packaged recipe must keep that recipe's checkpoint and policy: the
+    reasons quote the name beside the policy ("recipe fp8 is lossless" after an edited name)."""
+    import yaml
+
+    name = str(recipe.get("name"))
+    path = os.path.join(CONF, "recipe", f"{name}.yaml")
+    if not os.path.isfile(path):
+        return  # a recipe of the user's own
+    with open(path) as f:
+        packaged = yaml.safe_load(f)
+    wrong = [f"{k} {recipe.get(k)!r} (recipe {name}: {packaged[k]!r})" for k in RECIPE_IDENTITY if recipe.get(k) != packaged[k]]
+    if wrong:
+        raise PlanFileError(f"config.recipe.name={name} does not match its recipe section: {', '.join(wrong)}; edited by "
+                            f"hand? plan again with recipe=<name> (python -m h3plan recipe={name} out=plan.yaml)")
+
+
 def _replan(config: dict[str, Any], derived: dict[str, Any], decisions: tuple[Decision, ...]) -> "Plan":
     """The plan its config gives, with the file's settings (those the config does not pick are planned as forced);
     the file's params must be the planner's. Raises PlanFileError (one line)."""
@@ -205,6 +260,7 @@ def _replan(config: dict[str, Any], derived: dict[str, Any], decisions: tuple[De
     if unknown:
         raise PlanFileError(f"plan 'config' has unknown section {unknown[0]!r}; sections: {', '.join(PLAN_SECTIONS)}")
     sections = copy.deepcopy(config)
+    _check_recipe_name(sections["recipe"])
     seq_len = sections["parallel"].get("seq_len")
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
         raise PlanFileError(f"parallel.seq_len={seq_len}: must be a positive integer")
@@ -212,17 +268,28 @@ def _replan(config: dict[str, Any], derived: dict[str, Any], decisions: tuple[De
     if from_request:
         sections["parallel"]["seq_len"] = None  # the video request gives it: planned again, then compared
     want = {d.lever: d for d in decisions}
+    edited: list[str] = []  # the file's settings its config does not plan (hand-edited or hand-chosen), first round
+
+    def refuse(why: str):
+        """Lead with the settings the config does not give: a later lever's complaint is their consequence."""
+        if edited:
+            why = f"{', '.join(edited)}: {why}"
+        return PlanFileError(why)
+
     for _ in range(3):  # forcing one setting can change a later auto pick: at most a few rounds
         try:
             fresh = resolve(copy.deepcopy(sections))
         except H3PlanError as e:
-            raise PlanFileError(f"its config and decisions do not plan: {e}") from None
+            raise refuse(f"its config and decisions do not plan: {e}") from None
         off = [d.lever for d in fresh.decisions if d.setting != want[d.lever].setting]
         if not off:
             break
+        if not edited:
+            edited = [f"decision {d.lever}={want[d.lever].setting} (its config plans {d.setting})"
+                      for d in fresh.decisions if d.lever in off]
         sections["levers"].update({lever: want[lever].setting for lever in off})
     else:
-        raise PlanFileError(f"decisions {', '.join(off)} do not follow from the plan's config")
+        raise refuse(f"decisions {', '.join(off)} do not follow from the plan's config")
     if from_request and fresh.get("parallel")["seq_len"] != seq_len:
         raise PlanFileError(f"parallel.seq_len={seq_len}, but its video request gives {fresh.get('parallel')['seq_len']:,} "
                             "tokens (set parallel.seq_len when planning to plan for another length)")
@@ -230,12 +297,12 @@ def _replan(config: dict[str, Any], derived: dict[str, Any], decisions: tuple[De
         mine, theirs = dict(want[d.lever].params), dict(d.params)
         extra = sorted(set(mine) - set(theirs))
         if extra:
-            raise PlanFileError(f"decision {d.lever}: unknown params {', '.join(extra)}"
-                                + (f"; the planner gives: {', '.join(theirs)}" if theirs else "; the planner gives none"))
+            raise refuse(f"decision {d.lever}: unknown params {', '.join(extra)}"
+                         + (f"; the planner gives: {', '.join(theirs)}" if theirs else "; the planner gives none"))
         for k, v in mine.items():
             if v != theirs[k]:
-                raise PlanFileError(f"decision {d.lever}: params.{k} is {thaw(v)!r}, but its config gives {thaw(theirs[k])!r} "
-                                    "(change the config and plan again)")
+                raise refuse(f"decision {d.lever}: params.{k} is {thaw(v)!r}, but its config gives {thaw(theirs[k])!r} "
+                             "(change the config and plan again)")
     return fresh
 
 
@@ -258,7 +325,7 @@ def context(sections: Mapping[str, Any], decisions: Mapping[str, Any] | None = N
     )
 
 
-def _notes(sections: Mapping[str, Any], decisions) -> list[str]:
+def _notes(sections: Mapping[str, Any], decisions, memory_over: str | None = None) -> list[str]:
     hw, r = sections["hardware"], sections["recipe"]
     lossy = [d.lever for d in decisions if not d.lossless]
     notes = []
@@ -270,6 +337,8 @@ def _notes(sections: Mapping[str, Any], decisions) -> list[str]:
                      "(action=verify reports the measured error against diffusers' eager forward)")
     else:
         notes.append("lossless plan: every lever keeps eager's bits given the attention backend")
+    if memory_over:
+        notes.append(f"does not fit one {hw['name']} GPU (memory.check=false: reported, not refused): {memory_over}")
     unverified = [d.lever for d in decisions if not d.hardware_verified]
     if unverified:
         notes.append(f"* never run on {hw['name']} hardware by h3plan: {', '.join(unverified)}")
@@ -279,8 +348,13 @@ def _notes(sections: Mapping[str, Any], decisions) -> list[str]:
 def _memory(sections, shape, decisions) -> tuple[dict[str, Any], dict[str, str]]:
     """The peak-memory estimate per GPU (h3plan/planning/memory.py) against the hardware's memory; a plan that cannot
     fit raises PlanningError with the numbers and the nearest option that fits."""
-    est = memory.estimate(sections, shape, decisions)
     hw, m = sections["hardware"], sections["memory"]
+    est = memory.estimate(sections, shape, decisions)  # refuses a memory.vae_dtype it does not know
+    vd = str(getattr(decisions.get("vae_precision"), "setting", "fp32"))
+    if m["vae_dtype"] != "fp32" and vd != m["vae_dtype"]:  # a VAE loaded in fp16/bf16 decodes in its own dtype
+        raise PlanningError(f"memory.vae_dtype={m['vae_dtype']} sizes a VAE loaded in {m['vae_dtype']}, which decodes in "
+                            f"{m['vae_dtype']}, but the plan decodes in {vd} (vae_precision={vd}): set recipe.vae={m['vae_dtype']} "
+                            "to plan that decode, or memory.vae_dtype=fp32 (the VAE as released)")
     gb = hw["device"]["memory_gb"]
     values = {"memory_peak_gib_per_gpu": est["peak_gib"], "memory_peak_phase": est["peak_phase"],
               "memory_peak_items": list(est["phases"][est["peak_phase"]]["items"]),
@@ -303,11 +377,23 @@ def _memory(sections, shape, decisions) -> tuple[dict[str, Any], dict[str, str]]
         basis["memory_peak_gib_tables_off"] = (
             f"the same plan with levers.adaln_table=off ({off['peak_phase']}): the tables free "
             f"{off['peak_gib'] - est['peak_gib']:.1f} GiB of this GPU's peak")
-    if gb and m["check"]:
-        why = memory.fit(est, gb, m["reserve_fraction"])
-        if why:
-            raise PlanningError(f"the plan does not fit one {hw['name']} GPU: {why}")
+    why = memory.fit(est, gb, m["reserve_fraction"]) if gb else None
+    if why and m["check"]:
+        raise PlanningError(f"the plan does not fit one {hw['name']} GPU: {why}")
+    if why:  # memory.check=false: reported, never printed as if it fitted
+        values["memory_does_not_fit"] = why
+        basis["memory_does_not_fit"] = "memory.check=false: the estimate is reported, not refused"
     return values, basis
+
+
+def _apart(sections: Mapping[str, Any]) -> str | None:
+    """A VAE whose latents are not the transformer's input (vae=h3_tiny beside model=h3): no pipeline holds the
+    two, so the plan sizes each alone; said in the plan, never silent."""
+    if one_pipeline(sections):
+        return None
+    mdc, vdc = sections["model"]["diffusers_config"], sections["vae"]["diffusers_config"]
+    return (f"vae {sections['vae']['name']} (latent_channels {vdc.get('latent_channels')}) and model "
+            f"{sections['model']['name']} (in_channels {mdc.get('in_channels')}) make no pipeline: the plan sizes each alone")
 
 
 def _recipe_choice(module, ctx: Context, d) -> bool:
@@ -318,6 +404,7 @@ def _recipe_choice(module, ctx: Context, d) -> bool:
 
 def resolve(cfg) -> Plan:
     """cfg: the composed Hydra config (DictConfig) or a plain dict with the same sections."""
+    _check_config_argument(cfg)
     # model.path: the checkpoint's config.json files, the one input read from outside the config (torch-free);
     # ConfigError (an H3PlanError) on values the schema rules out
     sections = schema.validate(checkpoint.with_model_path(cfg))
@@ -339,15 +426,35 @@ def resolve(cfg) -> Plan:
     derived = derive.merge(ctx.shape, {**est, **fwd, **times, "basis": {**est["basis"], **fwd["basis"], **times.get("basis", {})}})
     mem, mem_basis = _memory(sections, ctx.shape, decisions)
     derived.update(mem, sequence=sequence)
+    apart = _apart(sections)
+    if apart:
+        derived["components_apart"] = apart
     derived["basis"] = {**derived["basis"], **mem_basis, "sequence": "; ".join(f"{k}: {v}" for k, v in sequence_basis.items())}
-    return make_plan(sections, derived, decisions.values(), notes=_notes(sections, decisions.values()))
+    return make_plan(sections, derived, decisions.values(), notes=(([apart] if apart else [])
+                                                                   + _notes(sections, decisions.values(), mem.get("memory_does_not_fit"))))
 
 
-def resolve_config(**groups) -> Plan:
+def _check_config_argument(cfg) -> None:
+    """resolve's argument: a mapping of config sections (each a mapping), with the model among them."""
+    hint = "h3plan.resolve_config(hardware=\"sm90\", recipe=\"bf16\") composes the packaged config from group choices"
+    if not isinstance(cfg, Mapping):
+        raise UsageError(f"h3plan.resolve takes the composed config (a DictConfig, or a dict of its sections), got "
+                         f"{type(cfg).__name__}; {hint}")
+    groups = [f"{k}={v!r}" for k, v in cfg.items() if k in PLAN_SECTIONS and not isinstance(v, Mapping)]
+    if groups:
+        raise UsageError(f"h3plan.resolve: {groups[0]} is a group choice, not a config section; {hint}")
+    if "model" not in cfg:
+        raise ConfigError("model", f"missing section: h3plan.resolve takes the whole composed config; {hint}")
+
+
+def resolve_config(*positional, **groups) -> Plan:
     """Compose the packaged config with group choices and overrides, then resolve it (`h3plan.resolve_config`).
 
     resolve_config(hardware="sm107", recipe="nvfp4", parallel="u8", **{"parallel.seq_len": 104076})
 
     Raises H3PlanError (ConfigError, PlanningError) with the CLI's one-line message on bad input.
     """
+    if positional:
+        raise UsageError(f"h3plan.resolve_config takes group choices by name, e.g. resolve_config(hardware=\"sm90\", "
+                         f"recipe=\"bf16\"); got {len(positional)} positional argument(s): {positional[0]!r}")
     return resolve(compose([override(k, v) for k, v in groups.items()]))

@@ -26,6 +26,7 @@ from h3plan.errors import H3PlanError, UsageError
 from h3plan.planner import resolve
 from h3plan.planning.action_configs import CalibrateConfig
 from h3plan.planning.config import compose
+from h3plan.planning.request import MIN_STEPS, STEPS_RULE
 from h3plan.planning.scale_table import ScaleTableError, config_hash, write
 
 from .verify import CPU_MAX_ROWS, _cfg_get, _prepare_device
@@ -200,6 +201,8 @@ def run(cfg, plan) -> int:
         raise UsageError(f"calibrate.statistic={c.statistic}: allowed: amax, percentile")
     if c.percentile is not None and not 0 < float(c.percentile) <= 100:
         raise UsageError(f"calibrate.percentile={c.percentile}: must be in (0, 100], or null to skip it")
+    if isinstance(c.num_inference_steps, bool) or not isinstance(c.num_inference_steps, int) or c.num_inference_steps < MIN_STEPS:
+        raise UsageError(f"calibrate.num_inference_steps={c.num_inference_steps}: {STEPS_RULE}")
     recipe = plan.get("recipe") or {}
     budget = (recipe.get("budget") or {}).get("psnr_db_min")
     if budget is None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 import types
 
-from h3plan.errors import InstallError
+from h3plan.errors import InstallError, UsageError, runtime_missing
 from h3plan.from_model import plan_for
 from h3plan.planner import Plan
 
@@ -36,10 +36,10 @@ def install(model, plan=None, *, recipe=None, parallel=None, video=None, hardwar
     the installed footprint plus one staged tensor. uninstall moves everything back to the host, bit for bit.
     None (default): install where the model is, moving nothing (a model on the GPU stays there; one on the
     host stays there, and the report says how to move it).
-    kwargs: the installer's (registry=, group=, num_inference_steps=)."""
+    kwargs: the installer's (registry=, group=, num_inference_steps=, stand_in=)."""
     import os
 
-    from .installer import install as _install
+    _install = _installer("h3plan.install").install
     from .placement import target
 
     planning = {"recipe": recipe, "parallel": parallel, "video": video, "hardware": hardware, "overrides": overrides}
@@ -51,6 +51,10 @@ def install(model, plan=None, *, recipe=None, parallel=None, video=None, hardwar
         given = ", ".join(f"{k}=" for k, v in planning.items() if v is not None)
         raise InstallError(f"install got a plan and {given}: pass the plan, or {given} for h3plan.plan_for to plan "
                            "from the model, not both")
+    unknown = sorted(set(kwargs) - set(INSTALL_KWARGS))
+    if unknown:
+        raise UsageError(f"install got an unexpected keyword {unknown[0]}=; it takes plan, recipe=, parallel=, video=, "
+                         f"hardware=, overrides=, device=, {', '.join(k + '=' for k in INSTALL_KWARGS)}")
     if isinstance(plan, (str, os.PathLike)):
         plan = Plan.load(plan)
     if is_pipeline(model):
@@ -60,20 +64,41 @@ def install(model, plan=None, *, recipe=None, parallel=None, video=None, hardwar
     return _install(model, plan, device=dev, **kwargs)
 
 
+INSTALL_KWARGS = ("registry", "group", "num_inference_steps", "stand_in")  # the installer's own keywords (installer.install)
+
+
+def model_argument(obj, who: str) -> None:
+    """`who`(None), or `who` of a class or of anything with no attributes to hold a plan: one InstallError line."""
+    if obj is None or not hasattr(obj, "__dict__") or isinstance(obj, type):
+        got = obj.__name__ if isinstance(obj, type) else type(obj).__name__
+        raise InstallError(f"{who} expects a diffusers MiniMaxH3Transformer3DModel, AutoencoderKLMiniMaxH3 or "
+                           f"MiniMaxH3ModularPipeline, got {got}")
+
+
 def uninstall(model) -> bool:
+    model_argument(model, "uninstall")
     if is_pipeline(model):
         from .pipeline import uninstall_pipeline
 
         return uninstall_pipeline(model)
-    from .installer import uninstall as _uninstall
-
-    return _uninstall(model)
+    return _installer("h3plan.uninstall").uninstall(model)
 
 
 def installed_plan(model):
-    from .installer import installed_plan as _installed_plan
+    model_argument(model, "installed_plan")
+    return _installer("h3plan.installed_plan").installed_plan(model)
 
-    return _installed_plan(model)
+
+def _installer(who: str):
+    """h3plan.install.installer, which imports torch and diffusers: without them, one UsageError line naming `who`."""
+    try:
+        from . import installer
+    except ModuleNotFoundError as e:
+        refusal = runtime_missing(e, who)
+        if refusal is None:
+            raise
+        raise refusal from None
+    return installer
 
 
 class _CallablePackage(types.ModuleType):

@@ -44,12 +44,13 @@ import torch
 import torch.nn.functional as F
 
 from h3plan.errors import InstallError
+from h3plan.planning.request import MIN_STEPS, STEPS_RULE
 from h3plan.runtime import count_op  # noqa: F401 (h3plan::count before any compiled call site)
 from h3plan.runtime.counters import fallback as count_fallback, fused as count_fused
 from h3plan.runtime.guards import needs_grad
 
 from . import adaln_temb
-from .components import TRANSFORMERS, is_pipeline
+from .components import STATE, TRANSFORMERS, is_pipeline
 from .parking import park
 
 LEVER = "adaln_table"
@@ -338,6 +339,27 @@ def build(model, value: dict[str, Any], state, swap, num_inference_steps=None) -
     return tables
 
 
+def step_counts(value, who: str) -> list[int]:
+    """num_inference_steps as given to install / prepare (an int or a list of them) as a list; each >= 2, as
+    diffusers' MiniMaxH3Scheduler.set_timesteps asks. Anything else: one InstallError line."""
+    many = isinstance(value, (list, tuple))
+    steps = list(value) if many else [value]
+    if not steps or any(isinstance(n, bool) or not isinstance(n, int) or n < MIN_STEPS for n in steps):
+        raise InstallError(f"{who}: num_inference_steps={value!r} must be an integer or a list of them; each {STEPS_RULE}")
+    return steps
+
+
+def _installed(obj) -> None:
+    """prepare on an object with no h3plan plan in it (or in its transformers) is a mistake, not 0 entries."""
+    if obj is None or not hasattr(obj, "__dict__"):
+        raise InstallError(f"prepare expects a MiniMaxH3Transformer3DModel or MiniMaxH3ModularPipeline with a plan "
+                           f"installed, got {type(obj).__name__}")
+    models = [getattr(obj, n, None) for n in TRANSFORMERS if n in obj.component_names] if is_pipeline(obj) else [obj]
+    if not any(m is not None and STATE in m.__dict__ for m in models):
+        raise InstallError(f"prepare: no h3plan plan is installed in this {type(obj).__name__}; h3plan.install(model, plan) "
+                           "first (prepare adds step counts to an installed adaln_table)")
+
+
 def tables_of(model) -> Tables | None:
     return model.__dict__.get("_h3plan_adaln")
 
@@ -346,7 +368,11 @@ def prepare(obj, num_inference_steps=None, *, timesteps=None, condition_video=No
     """Add table entries after install: the vectors of `num_inference_steps` (an int or a list; a pipeline's own
     schedulers, else the plan's shifts) and/or explicit `timesteps` vectors (each as the transformer's `timestep`
     argument). obj: a transformer with adaln_table installed, or a MiniMaxH3ModularPipeline (both transformers).
-    Returns the number of vectors added; 0 where no table is installed."""
+    Returns the number of vectors added; 0 where the installed plan has no table (an object with no plan installed,
+    or a step count diffusers refuses, is an InstallError)."""
+    _installed(obj)
+    if num_inference_steps is not None:  # checked whether or not a table is installed
+        num_inference_steps = step_counts(num_inference_steps, "prepare")
     if is_pipeline(obj):
         added = 0
         schedulers = (getattr(obj, "scheduler", None), getattr(obj, "audio_scheduler", None))
@@ -367,9 +393,6 @@ def _prepare(model, steps, timesteps, condition_video, condition_audio, schedule
     s = tables.spec
     vectors = []
     if steps is not None:
-        steps = [steps] if isinstance(steps, int) else list(steps)
-        if any(isinstance(n, bool) or not isinstance(n, int) or n < 2 for n in steps):
-            raise InstallError(f"prepare: num_inference_steps={steps} must be integers >= 2")
         vectors += timestep_vectors(steps, video_shift=s["video_shift"], audio_shift=s["audio_shift"],
                                     keyframe_noise_aug=s["keyframe_noise_aug"] if aug is None else aug, audio=s["audio"],
                                     condition_video=s["condition_video"] if condition_video is None else condition_video,
@@ -381,4 +404,4 @@ def _prepare(model, steps, timesteps, condition_video, condition_audio, schedule
     return _add(tables, model, vectors)
 
 
-__all__ = ["Tables", "build", "prepare", "tables_of", "timestep_vectors", "adaln_table"]
+__all__ = ["Tables", "build", "prepare", "step_counts", "tables_of", "timestep_vectors", "adaln_table"]

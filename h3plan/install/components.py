@@ -2,6 +2,7 @@
 a model (what the front door, install/__init__.py, and the adaln tables' prepare dispatch on; pipeline.py installs)."""
 
 TRANSFORMERS = ("transformer", "transformer_ref")
+STATE = "_h3plan_state"  # the attribute an installed model keeps its plan and undo state in (installer.py)
 COMPONENTS = TRANSFORMERS + ("vae", "audio_vae")
 NO_LEVER = {"audio_vae": "no lever applies: AutoencoderKLMiniMaxH3Audio is a DAC encoder + BigVGAN convolutional "
                          "decoder; h3plan's levers target the transformer blocks and the video VAE's ViT decoder"}

@@ -52,9 +52,10 @@ from h3plan.planning.hardware import never_ran
 
 from h3plan.planner import Plan
 
-from .adaln_table import build as build_adaln_tables
+from .adaln_table import build as build_adaln_tables, step_counts
 from .block import block_kernels, load_kernel, plan_block_forward
 from .builder import Builder
+from .components import STATE
 from .fp8_rows import install_rows
 from .nvfp4_inputs import install_nvfp4
 from .parking import park
@@ -118,12 +119,33 @@ def recognise(model) -> None:
         raise InstallError("h3plan.install: unexpected MiniMaxH3Transformer3DModel layout: " + "; ".join(problems[:5]))
 
 
-# The model facts a plan was resolved for that must match the model it is installed into (num_layers may
-# differ: verify and bench build a few blocks of the same width).
+# The model facts a plan was resolved for that must match the model it is installed into. Layer counts may be
+# fewer (the report says so), never more: the plan's memory estimate, AdaLN tables and scale tables count the
+# blocks it was resolved for; verify and bench, which build any number of blocks of the plan's width, say stand_in.
 MODEL_FACTS = {"transformer": ("model", ("num_attention_heads", "attention_head_dim", "hidden_size", "ffn_dim",
                                          "rope_freq_dim")),
                "vae": ("vae", ("latent_channels", "decoder_num_attention_heads", "decoder_attention_head_dim",
                                "decoder_ffn_mult"))}
+LAYER_FACTS = {"transformer": ("num_layers", "num_refiner_layers"), "vae": ("decoder_num_layers",)}
+
+
+def fewer_layers(model, plan: Plan, kind: str) -> list[str]:
+    """`num_layers 2 (plan: 50)` for each layer count of the model below the plan's (an InstallError above it)."""
+    section = MODEL_FACTS[kind][0]
+    planned = (plan.get(section) or {}).get("diffusers_config") or {}
+    config = getattr(model, "config", {}) or {}
+    out = []
+    for k in LAYER_FACTS[kind]:
+        if k not in planned or not isinstance(config.get(k), int):
+            continue
+        if config[k] > planned[k]:
+            raise InstallError(f"the plan was resolved for {planned[k]} {k.replace('_', ' ').removeprefix('num ')} "
+                               f"({section}.diffusers_config.{k}={planned[k]}), this {type(model).__name__} has {config[k]}: "
+                               f"its memory estimate and tables count {planned[k]}; plan from what you have: "
+                               f"h3plan.plan_for(model, recipe=...)")
+        if config[k] < planned[k]:
+            out.append(f"{k} {config[k]} (plan: {planned[k]})")
+    return out
 
 
 def check_model_facts(model, plan: Plan, kind: str) -> None:
@@ -448,7 +470,8 @@ def _placement_note(model, state) -> None:
         f"{listed} ({left / 2**30:.2f} GiB of them in state_dict()); uninstall moves everything back to the host")
 
 
-def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps=None, device=None) -> InstallReport:
+def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps=None, device=None,
+            stand_in: bool = False) -> InstallReport:
     """Install `plan` into a diffusers MiniMaxH3Transformer3DModel or AutoencoderKLMiniMaxH3; returns the
     InstallReport.
 
@@ -456,6 +479,8 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
     group: the torch.distributed group for Ulysses (None: the default group; not used by the VAE).
     num_inference_steps: step counts the adaln_table lever tables beside the plan's (an int or a list).
     device: move a model resting on the host there at install (module docstring); None: install where it is.
+    stand_in: the model is a few blocks of the plan's width, any count (verify and bench build them): its layer
+    counts are not held to the plan's (otherwise more than the plan's is an InstallError, fewer a report note).
     """
 
     is_vae = _vae.is_vae(model)
@@ -467,8 +492,10 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
 
         raise InstallError(f"install expects an h3plan Plan or a plan file path, got {type(plan).__name__}")
     check_model_facts(model, plan, "vae" if is_vae else "transformer")
+    steps = None if num_inference_steps is None else step_counts(num_inference_steps, "install")
+    fewer = [] if stand_in else fewer_layers(model, plan, "vae" if is_vae else "transformer")
     device = _placement.target(device)
-    current = model.__dict__.get("_h3plan_state")
+    current = model.__dict__.get(STATE)
     if device is None and current is not None and current.placement is not None:
         device = current.placement.device  # a new plan for a model installed with device=: it stays on that device
     if device is not None:
@@ -492,7 +519,6 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
                 _quantize(model, builder, state)
             if builder.recorded("linears").get("adaln_table") is not None:  # install/adaln_table.py
 
-                steps = [num_inference_steps] if isinstance(num_inference_steps, int) else num_inference_steps
                 build_adaln_tables(model, builder.values["adaln_table"], state, lambda *a: _swap(state.report, *a), steps)
             act_quant = install_rows(model, builder, state, lambda *a: _swap(state.report, *a))
             nvfp4 = install_nvfp4(model, builder, state, lambda *a: _swap(state.report, *a))
@@ -511,12 +537,15 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
             report.notes.append("group= is for the transformer's Ulysses attention and vae_parallel; this plan uses neither on the VAE")
     else:
         _skips(plan, builder, report)
+    if fewer:
+        report.notes.append("fewer layers than the plan's: " + ", ".join(fewer) + "; the plan's memory and speed numbers "
+                            "are for its own count")
     if device is not None:
         _placement_note(model, state)
     elif _rests_on_host(model):
         report.notes.append("the model rests on the host and stays there: install(model, plan, device=\"cuda\") moves "
                             "it to the GPU at install, a tensor at a time (what an 80 GB card needs)")
-    model._h3plan_state = state
+    setattr(model, STATE, state)
     return report
 
 
@@ -546,7 +575,7 @@ def _undo(state: _State) -> None:
 
 def uninstall(model) -> bool:
     """Restore the model exactly as it was before install; False when nothing was installed."""
-    state = model.__dict__.pop("_h3plan_state", None)
+    state = model.__dict__.pop(STATE, None)
     if state is None:
         return False
     _undo(state)
@@ -555,5 +584,5 @@ def uninstall(model) -> bool:
 
 
 def installed_plan(model) -> Plan | None:
-    state = model.__dict__.get("_h3plan_state")
+    state = model.__dict__.get(STATE)
     return None if state is None else state.plan

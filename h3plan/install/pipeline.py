@@ -113,11 +113,13 @@ def _others(pipe, device, report) -> None:
                                 f"given); move it to {device} yourself if the pipeline runs it")
 
 
-def install_pipeline(pipe, plan: Plan, group=None, *, registry=None, num_inference_steps=None, device=None) -> PipelineReport:
+def install_pipeline(pipe, plan: Plan, group=None, *, registry=None, num_inference_steps=None, device=None,
+                     stand_in: bool = False) -> PipelineReport:
     """Install `plan` into every component of a MiniMaxH3ModularPipeline it has levers for (module docstring).
     group: the torch.distributed group for the transformers' Ulysses attention (None: the default group);
     registry: lever installers, as installer.install takes them (None: h3plan.levers.REGISTRY);
-    device: the components the plan runs go there at install (a pipeline loaded on the host; None: none moves)."""
+    device: the components the plan runs go there at install (a pipeline loaded on the host; None: none moves);
+    stand_in: as installer.install takes it (components of any layer count)."""
     recognise(pipe)
     if not isinstance(plan, Plan):
         raise InstallError(f"install_pipeline expects an h3plan Plan, got {type(plan).__name__}")
@@ -139,7 +141,7 @@ def install_pipeline(pipe, plan: Plan, group=None, *, registry=None, num_inferen
             was = installed_plan(comp)
             try:
                 kw = {"group": group, "num_inference_steps": num_inference_steps} if name in TRANSFORMERS else {}
-                report.reports[name] = install(comp, plan, registry=registry, device=device, **kw)
+                report.reports[name] = install(comp, plan, registry=registry, device=device, stand_in=stand_in, **kw)
             except ValueError as e:  # the installer's one-line refusals (H3PlanError is a ValueError too)
                 raise InstallError(f"{name}: {e}") from e
             touched[name] = comp

@@ -31,7 +31,7 @@ def compose(overrides: list[str]):
 
     schema.register()
     try:
-        with libyaml(), initialize_config_dir(config_dir=CONFIG_PATH, version_base="1.3"):
+        with _outside_running_hydra(), libyaml(), initialize_config_dir(config_dir=CONFIG_PATH, version_base="1.3"):
             cfg = hydra_compose(config_name=CONFIG_NAME, overrides=video_overrides(list(overrides)), return_hydra_config=True)
     except H3PlanError:
         raise
@@ -84,6 +84,21 @@ def libyaml():
         yield
     finally:
         utils.get_yaml_loader = original
+
+
+@contextlib.contextmanager
+def _outside_running_hydra():
+    """Inside a running Hydra job (the CLI's task: calibrate's closing line plans its hint) GlobalHydra is
+    initialised and `initialize_config_dir` refuses; the job's instance is set aside and put back afterwards."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.singleton import Singleton
+
+    running = Singleton._instances.pop(GlobalHydra, None) if GlobalHydra.instance().is_initialized() else None
+    try:
+        yield
+    finally:
+        if running is not None:
+            Singleton._instances[GlobalHydra] = running
 
 
 def groups() -> dict[str, list[str]]:

@@ -6,7 +6,7 @@ lever, its files and their re-planning live with the planner (h3plan/planner.py)
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
 from h3plan.errors import PlanFileError
@@ -81,6 +81,10 @@ class Decision:
         missing = [k for k in ("lever", "setting", "lossless") if k not in d]
         if missing:
             raise PlanFileError(f"decision {d.get('lever', '?')!r} lacks {', '.join(missing)}")
+        keys = [f.name for f in fields(cls)]
+        unknown = sorted(map(str, set(d) - set(keys)))
+        if unknown:
+            raise PlanFileError(f"decision {d['lever']}: unknown key {unknown[0]!r}; keys: {', '.join(keys)}")
         return cls(
             lever=str(d["lever"]),
             setting=str(d["setting"]),

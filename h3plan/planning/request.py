@@ -197,6 +197,11 @@ class PipelineConfig:
     source: Optional[str] = None
 
 
+MIN_STEPS = 2  # the smallest num_inference_steps diffusers' MiniMaxH3Scheduler.set_timesteps takes
+STEPS_RULE = (f"must be >= {MIN_STEPS}: diffusers' MiniMaxH3Scheduler.set_timesteps needs {MIN_STEPS} sigma points at least "
+              "(n points, the terminal 0 included, drive n - 1 forwards)")
+
+
 def pipeline_defaults() -> dict[str, Any]:
     """conf/pipeline/h3.yaml as a plain dict (for callers whose sections have no `pipeline`)."""
     import yaml
@@ -395,25 +400,41 @@ def request_from(video: Mapping[str, Any], batch: int = 1) -> VideoRequest:
     return VideoRequest(**kw, batch=batch)
 
 
+def one_pipeline(sections: Mapping[str, Any]) -> bool:
+    """The VAE's latents are the transformer's input: the two make the pipeline the request describes (a tiny model
+    beside the released VAE plans transformer-only shapes, whose rows the request does not bound)."""
+    model, vae = diffusers_kwargs(sections["model"]), diffusers_kwargs(sections["vae"])
+    return model.get("in_channels") == vae.get("latent_channels")
+
+
 def sequence(sections: Mapping[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
     """(seq_len, breakdown, basis) for the planner. An explicit parallel.seq_len wins (the breakdown says
     so and shows what the video request would give); otherwise S comes from `video`. Sections are
     plain dicts: video (optional), model, vae, parallel, pipeline (optional: conf/pipeline/h3.yaml)."""
     par, video = sections.get("parallel") or {}, sections.get("video")
     explicit = par.get("seq_len")
-    derived = None
+    derived = refused = None
     if video is not None:
         try:
             derived = tokens(request_from(video, par.get("batch") or 1), sections["model"], sections["vae"], sections.get("pipeline"))
-        except ConfigError:
+        except ConfigError as e:
             if explicit is None:
                 raise
             # an explicit length needs no request: a model or VAE the request arithmetic does not fit is fine
+            refused = str(e)
     name = request_label(video)
     if explicit is not None:
         _positive("parallel.seq_len", explicit)
         breakdown = {"source": "parallel.seq_len", "seq_len": int(explicit)}
         why = f"parallel.seq_len={explicit} set explicitly: it wins over the video request"
+        if refused:
+            breakdown["video_request_refused"] = refused
+            why += f" (which does not apply: {refused})"
+        world = (par.get("ring") or 1) * (par.get("ulysses") or 1)  # fewer rows than ranks: validate's line says so
+        if derived is not None and one_pipeline(sections) and world <= explicit < derived["text_rows"]:
+            raise ConfigError(f"parallel.seq_len={explicit}", f"fewer rows than the {derived['text_rows']} text rows of the "
+                              f"request ({name}: video.text_tokens={derived['text_rows']}); no call packs that; set a "
+                              "smaller video.text_tokens with it")
         if derived is not None:
             breakdown["video_request_seq_len"] = derived["seq_len"]
             why += f" ({name} would give {derived['seq_len']:,})"

@@ -23,7 +23,7 @@ from . import tuned
 from .action_configs import BenchConfig, CalibrateConfig, TuneConfig, VerifyConfig, validate_actions
 from .hardware_config import HardwareConfig
 from .memory import MemoryConfig
-from .request import PipelineConfig, VideoConfig, sequence
+from .request import MIN_STEPS, STEPS_RULE, PipelineConfig, VideoConfig, sequence
 from h3plan.vae.tiling import tile_rule
 
 PLAN_SECTIONS = ("hardware", "recipe", "parallel", "model", "vae", "video", "pipeline", "memory", "levers")
@@ -342,6 +342,30 @@ def check_keys(c: dict[str, Any], node: type = None, prefix: str = "") -> None:
             check_keys(v, inner, f"{key}.")
 
 
+PSNR_DB_MAX = 100.0  # a budget above this admits no lossy lever: e4m3 keeps 3 mantissa bits (tens of dB)
+
+
+def _check_values(c: dict[str, Any]) -> None:
+    """Values in range that the types let through (a step count diffusers refuses, a GPU of no memory ...)."""
+    steps = c["pipeline"]["num_inference_steps"]
+    if steps < MIN_STEPS:
+        raise ConfigError(f"pipeline.num_inference_steps={steps}", STEPS_RULE)
+    gb = c["hardware"]["device"].get("memory_gb")
+    if gb is not None and not gb > 0:
+        raise ConfigError(f"hardware.device.memory_gb={gb}", "must be a positive number of GB")
+    m = c["memory"]
+    if m["max_ulysses"] < 1:
+        raise ConfigError(f"memory.max_ulysses={m['max_ulysses']}", "must be >= 1 (the largest Ulysses degree fit suggests)")
+    if not 0 <= m["reserve_fraction"] < 1:
+        raise ConfigError(f"memory.reserve_fraction={m['reserve_fraction']}", "must be in [0, 1)")
+    b = c["recipe"]["budget"]
+    if b["psnr_db_min"] is not None and not 0 < b["psnr_db_min"] <= PSNR_DB_MAX:
+        raise ConfigError(f"recipe.budget.psnr_db_min={b['psnr_db_min']}", f"must be in (0, {PSNR_DB_MAX:g}] dB: a higher bar "
+                          "admits no lossy lever (use recipe=bf16 for a lossless plan)")
+    if b["ssim_min"] is not None and not 0 < b["ssim_min"] <= 1:
+        raise ConfigError(f"recipe.budget.ssim_min={b['ssim_min']}", "must be in (0, 1]")
+
+
 def validate(cfg: DictConfig | dict) -> dict[str, Any]:
     """Check what types cannot; return the plan sections as plain dicts. Raises ConfigError."""
     import re
@@ -378,6 +402,7 @@ def validate(cfg: DictConfig | dict) -> dict[str, Any]:
         raise ConfigError(f"recipe.fp8_static_margin={r['fp8_static_margin']}", "must be > 0")
     if r["policy"] == "budget" and (r["budget"]["psnr_db_min"] is None or r["budget"]["ssim_min"] is None):
         raise ConfigError("recipe.budget", "a budget policy needs psnr_db_min and ssim_min")
+    _check_values(c)
     vae = c["vae"]["diffusers_config"]
     ratio = 1
     for f in vae["spatial_downsample_factors"]:

@@ -26,6 +26,16 @@ BAD = [
     (["+hardware.foo=1"], "hardware.foo: unknown key; allowed: name, arch,"),
     (["+foo=1"], "foo: unknown key; allowed: action, format,"),
     (["++verify.sead=1"], "verify.sead: unknown key (did you mean verify.seed?)"),
+    # values in range (issue 30 items 2-4): a step count diffusers' scheduler refuses, a GPU of no memory ...
+    (["pipeline.num_inference_steps=1"], "pipeline.num_inference_steps=1: must be >= 2: diffusers' MiniMaxH3Scheduler"),
+    (["pipeline.num_inference_steps=0"], "pipeline.num_inference_steps=0: must be >= 2"),
+    (["pipeline.num_inference_steps=-5"], "pipeline.num_inference_steps=-5: must be >= 2"),
+    (["hardware.device.memory_gb=0"], "hardware.device.memory_gb=0.0: must be a positive number of GB"),
+    (["parallel.seq_len=1"], "parallel.seq_len=1: fewer rows than the 110 text rows of the request"),
+    (["memory.max_ulysses=0"], "memory.max_ulysses=0: must be >= 1"),
+    (["recipe=fp8", "recipe.budget.psnr_db_min=200"], "recipe.budget.psnr_db_min=200.0: must be in (0, 100] dB"),
+    (["memory.vae_dtype=fp16"], "memory.vae_dtype=fp16 sizes a VAE loaded in fp16, which decodes in fp16, but the plan "
+                                "decodes in fp32 (vae_precision=fp32): set recipe.vae=fp16"),
 ]
 
 
@@ -152,3 +162,33 @@ def test_out_writes_json_for_any_case_of_the_extension(capsys, tmp_path):
     assert cli.run([f"out={path}"]) == 0
     capsys.readouterr()
     assert json.loads(path.read_text())["schema_version"] == 1 and Plan.load(str(path)).get("hardware")["name"] == "sm90"
+
+
+def test_values_at_their_edges_plan(capsys):
+    """The smallest step count diffusers takes (2 sigma points: 1 forward) plans; a seq_len at the text rows too."""
+    assert cli.run(["pipeline.num_inference_steps=2"]) == 0
+    assert "1 transformer forwards (num_inference_steps 2)" in " ".join(capsys.readouterr().out.split())
+    assert cli.run(["parallel.seq_len=110"]) == 0
+    assert cli.run(["memory.vae_dtype=fp16", "recipe.vae=fp16"]) == 0
+
+
+def test_a_peak_that_does_not_fit_says_so_with_check_off(capsys):
+    """memory.check=false reports a peak over the GPU's memory instead of refusing it: the memory line says it."""
+    assert cli.run(["hardware.device.memory_gb=40"]) == 2
+    assert "does not fit one sm90 GPU" in capsys.readouterr().err
+    assert cli.run(["hardware.device.memory_gb=40", "memory.check=false"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "of 40.0 GB" in out and "DOES NOT FIT (memory.check=false: reported, not refused)" in out
+    assert cli.run(["memory.check=false"]) == 0
+    assert "DOES NOT FIT" not in capsys.readouterr().out
+
+
+def test_a_vae_and_model_that_make_no_pipeline_say_so(capsys):
+    """vae=h3_tiny beside the full model: the request line says where its 48 rows come from and that the two make no
+    pipeline (the plan sizes each alone), instead of a silent 'set explicitly'."""
+    assert cli.run(["vae=h3_tiny"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "parallel.seq_len=48 set explicitly (the video request does not apply: vae.diffusers_config.token_drop)" in out
+    assert "vae h3_tiny (latent_channels 4) and model h3 (in_channels 24) make no pipeline" in out
+    assert cli.run(["model=h3_tiny", "vae=h3_tiny"]) == 0
+    assert "make no pipeline" not in capsys.readouterr().out

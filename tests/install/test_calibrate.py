@@ -228,5 +228,22 @@ def test_bad_settings_are_one_line(tmp_path):
         action.run(_cfg(tmp_path / "x.json", bogus=1), _plan())
     with pytest.raises(UsageError, match="shares seed 0"):
         action.run(_cfg(tmp_path / "x.json", heldout_seeds=[0]), _plan())
+    with pytest.raises(UsageError, match=r"calibrate.num_inference_steps=1: must be >= 2: diffusers' MiniMaxH3Scheduler"):
+        action.run(_cfg(tmp_path / "x.json", num_inference_steps=1), _plan())
     with pytest.raises(UsageError, match="recipe bf16 does not set"):
         action.run(_cfg(tmp_path / "x.json"), resolve_config(hardware="sm90", recipe="bf16", model="h3_tiny"))
+
+
+def test_cli_form_runs_to_its_end(tmp_path, capsys):
+    """`python -m h3plan action=calibrate recipe=fp8 model=h3_tiny` through the CLI entry, to its closing line: the
+    hint is planned with compose() inside the running Hydra job (GlobalHydra already initialised there)."""
+    from h3plan import cli
+
+    out = tmp_path / "fp8_scales.json"
+    argv = ["action=calibrate", "recipe=fp8", "model=h3_tiny", "calibrate.seeds=[0]", "calibrate.count=2",
+            "calibrate.heldout_seeds=[7]", f"calibrate.out={out}"]
+    rc = cli.run(argv)
+    stdout, err = capsys.readouterr()
+    assert rc == 0 and err == "", err
+    assert out.exists() and load_table(str(out))
+    assert "; plan with it: python -m h3plan " in stdout.strip().splitlines()[-1]

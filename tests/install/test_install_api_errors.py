@@ -74,3 +74,56 @@ def test_install_takes_a_plan_file_path(tmp_path):
     assert h3plan.uninstall(model)
     with pytest.raises(PlanFileError, match=r"^plan file .*none.yaml: No such file"):
         h3plan.install(model, str(tmp_path / "none.yaml"))
+
+
+def _line(call, cls=H3PlanError) -> str:
+    with pytest.raises(cls) as e:
+        call()
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_bad_arguments_are_one_line():
+    """Issue 30 items 7-8: a stray keyword, None for the model, a step count diffusers refuses or a string, prepare
+    on a model with no plan: each one InstallError / UsageError line, never TypeError, AttributeError or ValueError."""
+    model = tiny_model()
+    plan = h3plan.resolve_config(model="h3_tiny")
+    assert _line(lambda: h3plan.install(model, plan, bogus=1), h3plan.UsageError).startswith(
+        "install got an unexpected keyword bogus=; it takes plan, recipe=,")
+    for name, call in (("uninstall", lambda: h3plan.uninstall(None)), ("installed_plan", lambda: h3plan.installed_plan(None))):
+        assert _line(call, InstallError).startswith(f"{name} expects a diffusers MiniMaxH3Transformer3DModel,")
+        assert _line(call, InstallError).endswith("got NoneType")
+    assert _line(lambda: h3plan.prepare(None, 30), InstallError).startswith("prepare expects a MiniMaxH3Transformer3DModel")
+    assert _line(lambda: h3plan.prepare(model, 30), InstallError).startswith(
+        "prepare: no h3plan plan is installed in this MiniMaxH3Transformer3DModel")
+    assert _line(lambda: h3plan.install(model, plan, num_inference_steps=[0]), InstallError).startswith(
+        "install: num_inference_steps=[0] must be an integer or a list of them; each must be >= 2: diffusers'")
+    assert h3plan.installed_plan(model) is None  # refused before anything was swapped
+    h3plan.install(model, plan)
+    try:
+        assert _line(lambda: h3plan.prepare(model, num_inference_steps="30"), InstallError).startswith(
+            "prepare: num_inference_steps='30' must be an integer or a list of them")
+        assert h3plan.prepare(model, num_inference_steps=[30]) >= 0
+    finally:
+        assert h3plan.uninstall(model)
+
+
+def test_layer_counts_more_than_planned_are_refused_fewer_said():
+    """A plan for 2 blocks into a 3-block model: InstallError naming num_layers (its tables and memory count 2); a
+    1-block model (as verify and bench build them) installs, and the report says it has fewer."""
+    from install_helpers import TINY
+
+    from h3plan.actions.inputs import build_model
+
+    plan = h3plan.resolve_config(model="h3_tiny")
+    more = build_model({**TINY, "num_layers": 3})
+    assert _line(lambda: h3plan.install(more, plan), InstallError).startswith(
+        "the plan was resolved for 2 layers (model.diffusers_config.num_layers=2), this MiniMaxH3Transformer3DModel has 3")
+    report = h3plan.install(more, plan, stand_in=True)  # verify and bench: a few blocks of the plan's width, any count
+    assert not any("fewer layers" in n for n in report.notes) and h3plan.uninstall(more)
+    fewer = build_model({**TINY, "num_layers": 1})
+    report = h3plan.install(fewer, plan)
+    try:
+        assert any(n.startswith("fewer layers than the plan's: num_layers 1 (plan: 2)") for n in report.notes), report.notes
+    finally:
+        assert h3plan.uninstall(fewer)

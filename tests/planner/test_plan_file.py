@@ -48,6 +48,15 @@ REFUSED = [
      "its config and decisions do not plan: levers.fa4_2cta=on cannot apply: attention is cudnn_fp8: fa4_2cta=on needs fa4"),
     ("a setting the other decisions refuse", lambda d: _decision(d, "swiglu").update(setting="off"),
      "levers.fp8_act_quant=row cannot apply: swiglu is off"),
+    # hand edits (issue 30 item 9): refused in one line that names the edited field
+    ("edited recipe name", lambda d: d["config"]["recipe"].update(name="bf16"),
+     "config.recipe.name=bf16 does not match its recipe section: checkpoint 'fp8' (recipe bf16: 'bf16'), policy 'budget'"),
+    ("no schema_version", lambda d: d.pop("schema_version"), "plan lacks schema_version (this h3plan reads 1;"),
+    ("unknown decision key", lambda d: _decision(d, "attention").update(bogus=1),
+     "decision attention: unknown key 'bogus'; keys: lever, setting, lossless, reasons, forced, params, hardware_verified"),
+    ("unknown plan key", lambda d: d.update(extra=1), "plan has unknown key 'extra'; keys: schema_version, config,"),
+    ("edited attention", lambda d: _decision(d, "attention").update(setting="fa4", lossless=True),
+     "decision attention=fa4 (its config plans cudnn_fp8): its config and decisions do not plan: levers.fp8_scales=dynamic"),
 ]
 
 
@@ -106,3 +115,18 @@ def test_get_refuses_a_name_that_is_no_section(fp8):
     assert isinstance(e.value, H3PlanError)
     assert str(e.value) == ("Plan.get('hardwre'): no such config section (did you mean 'hardware'?); sections: hardware, "
                             "recipe, parallel, model, vae, video, pipeline, memory, levers")
+
+
+def test_an_edited_attention_is_named_not_a_later_lever(plan):
+    """bf16 on sm90 with attention edited to sdpa: fa4_2cta's params then differ, and the line leads with the edit."""
+    d = _edit(plan("hardware=sm90", "recipe=bf16", "parallel=u1"), lambda d: _decision(d, "attention").update(setting="sdpa"))
+    with pytest.raises(PlanFileError) as e:
+        Plan.from_dict(d)
+    assert str(e.value).startswith("decision attention=sdpa (its config plans fa4): decision fa4_2cta: params.attention")
+
+
+def test_an_edited_recipe_name_is_refused_from_a_bf16_plan(plan):
+    """The issue's case: a bf16 plan whose recipe.name says fp8 would have every reason say 'recipe fp8 is lossless'."""
+    d = _edit(plan("hardware=sm90", "recipe=bf16", "parallel=u1"), lambda d: d["config"]["recipe"].update(name="fp8"))
+    with pytest.raises(PlanFileError, match=r"^config.recipe.name=fp8 does not match its recipe section: checkpoint 'bf16'"):
+        Plan.from_dict(d)

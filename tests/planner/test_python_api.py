@@ -51,3 +51,70 @@ def test_resolve_config_values_keep_their_python_types():
                                  "bench.seq_lens": [64, 128], "parallel.seq_len": None})
     seq = p.derived_value("sequence")
     assert seq["frames"] == 243 and seq["audio_rows"] == 0 and seq["source"].endswith("video.seconds=10 video.audio=false")
+
+
+def _one_line(call, cls=h3plan.H3PlanError):
+    import pytest
+
+    with pytest.raises(cls) as e:
+        call()
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_resolve_refuses_what_is_no_config_in_one_line():
+    """resolve takes the composed config; a group choice, None or a command-line string is a UsageError that points at
+    resolve_config, not a KeyError / TypeError from inside the planner."""
+    assert _one_line(lambda: h3plan.resolve({"hardware": "sm90"}), h3plan.UsageError).startswith(
+        "h3plan.resolve: hardware='sm90' is a group choice, not a config section; h3plan.resolve_config(")
+    for bad, kind in ((None, "NoneType"), ("hardware=sm90", "str")):
+        assert f"the composed config (a DictConfig, or a dict of its sections), got {kind}" in _one_line(
+            lambda: h3plan.resolve(bad), h3plan.UsageError)
+    assert _one_line(lambda: h3plan.resolve({}), h3plan.ConfigError).startswith("model: missing section")
+    assert "takes group choices by name" in _one_line(lambda: h3plan.resolve_config("sm90"), h3plan.UsageError)
+
+
+def test_plan_methods_refuse_bad_arguments_in_one_line(tmp_path, monkeypatch):
+    plan = h3plan.resolve_config()
+    assert _one_line(lambda: h3plan.Plan.from_json("{"), h3plan.PlanFileError).startswith("not JSON (Expecting property name")
+    assert _one_line(lambda: h3plan.Plan.from_yaml("a: [1"), h3plan.PlanFileError).startswith("malformed YAML at line 1")
+    assert "takes the JSON text, got NoneType" in _one_line(lambda: h3plan.Plan.from_json(None), h3plan.PlanFileError)
+    e = _one_line(lambda: plan.decision("atention"), KeyError)
+    assert e.startswith("Plan.decision('atention'): no such lever (did you mean 'attention'?); levers: gemm_quant,")
+    monkeypatch.chdir(tmp_path)
+    for bad, kind in ((None, "NoneType"), (123, "int")):
+        assert _one_line(lambda: plan.save(bad), h3plan.PlanFileError) == \
+            f"Plan.save takes a file path (str or os.PathLike), got {kind}"
+    assert list(tmp_path.iterdir()) == []  # no file named None or 123
+    plan.save(tmp_path / "p.json")  # a pathlib.Path is a path
+    assert h3plan.Plan.load(tmp_path / "p.json") == plan
+
+
+def test_install_names_without_torch_are_one_line():
+    """With torch (and so diffusers) not importable, install / uninstall / prepare raise one UsageError line, not the
+    import's ModuleNotFoundError; planning still works."""
+    code = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in ("torch", "diffusers", "triton"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Block())
+import h3plan
+plan = h3plan.resolve_config(model="h3_tiny")
+model = type("Model", (), {})()
+for name, call in (("install", lambda: h3plan.install(model, plan)), ("uninstall", lambda: h3plan.uninstall(model)),
+                   ("installed_plan", lambda: h3plan.installed_plan(model)), ("prepare", lambda: h3plan.prepare(model, 30))):
+    try:
+        call()
+    except h3plan.UsageError as e:
+        print(e)
+    else:
+        raise SystemExit(name + " did not refuse")
+assert "torch" not in sys.modules
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert [x.partition(" needs torch, which is not installed here")[0] for x in lines] == [
+        "h3plan.install", "h3plan.uninstall", "h3plan.installed_plan", "h3plan.prepare"], lines

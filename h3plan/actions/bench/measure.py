@@ -174,14 +174,14 @@ def _setup(torch, cfg, plan, opts: BenchOptions, device, progress: Progress) -> 
         dc = cfg["model"]["diffusers_config"]
         eager = inputs.build_model(dc, blocks=n, device=device, dtype="bf16", seed=0)
     plan_model = copy.deepcopy(eager)
-    report = install(plan_model, plan)
+    report = install(plan_model, plan, stand_in=True)
 
     prepare(plan_model, timesteps=[inputs.TIMESTEP])  # adaln_table: the bench inputs' timesteps (no-op without a table)
     progress.write(f"installed {plan_label(plan)}:\n{report}")
     backend_name = plan.decision("attention").setting
     if backend_name in LOSSLESS_BACKENDS:
         same = copy.deepcopy(eager)
-        install(same, same_backend_plan(plan))
+        install(same, same_backend_plan(plan), stand_in=True)
         same_note = f"diffusers eager blocks with the {backend_name} backend, every other lever off"
     else:
         same, same_note = None, f"none: {backend_name} is lossy, no eager block runs it"
