@@ -372,12 +372,17 @@ def render_summary(plan, width: int = 120) -> str:
     lines += _labelled("speed", _speed_text(plan), width)
     runs = [f"{d.lever}={d.setting}" for d in ds if d.enabled and d.setting != "default"]
     lines += _labelled("runs", ", ".join(runs) or "diffusers' own ops only", width)
-    lossy = [d.lever for d in ds if not d.lossless]
+    lossy = [d.lever for d in ds if not d.lossless and d.lever != "step_cache"]
+    cache = next((d for d in ds if d.lever == "step_cache" and not d.lossless), None)
+    if cache is not None:  # its own budget (recipe.cache), apart from the kernel levers'
+        lines += _labelled("fewer", f"step_cache={cache.setting}: {cache.reasons[0]}; within recipe.cache PSNR >= "
+                                    f"{cache.param('psnr_db_min')} dB, SSIM >= {cache.param('ssim_min')} of the uncached "
+                                    "frames, never measured by h3plan (action=calibrate calibrate.target=step_cache)", width)
     if lossy:
         b = r["budget"]
         lines += _labelled("lossy", f"{', '.join(lossy)}: the output may differ from diffusers' eager output within "
                                     f"PSNR >= {b['psnr_db_min']} dB, SSIM >= {b['ssim_min']} (action=verify measures it)", width)
-    else:
+    elif cache is None:
         lines += _labelled("lossless", "every lever keeps diffusers' eager bits, given the attention backend", width)
     missing = {d.lever: not_installed(d) for d in ds}
     for d in ds:
