@@ -97,7 +97,7 @@ def computed_mask(forwards: int, computed: int, warmup: int, final: int) -> tupl
 def scaled(computed: int, planned: int, forwards: int) -> int:
     """The computed count for a call of `forwards` when the plan computes `computed` of `planned` (same fraction,
     rounded up)."""
-    return forwards if forwards == planned else min(forwards, -(-computed * forwards // planned))
+    return computed if forwards == planned else min(forwards, -(-computed * forwards // planned))
 
 
 def forwards_of(steps: int, video_shift: float) -> int:
