@@ -32,6 +32,8 @@ import torch
 from h3plan.levers.step_cache import computed_mask, scaled
 from h3plan.runtime.counters import event, fallback as count_fallback, fused as count_fused
 
+from .adaln_table import timestep_vectors
+
 LEVER = "step_cache"
 HOOK = "h3plan_step_cache"
 ROWS = ((True, False, False), (True, True, False), (True, False, True), (True, True, True), (False, False, False),
@@ -41,8 +43,6 @@ ROWS = ((True, False, False), (True, True, False), (True, False, True), (True, T
 def schedule_index(steps, video_shift: float = 12.0, audio_shift: float = 3.0, keyframe_noise_aug: float = 0.999,
                    schedulers=None) -> dict[bytes, tuple[int, int]]:
     """float32 timestep vector bytes -> (forward index, forwards) over `steps` step counts and every kind of row."""
-    from .adaln_table import timestep_vectors
-
     out: dict[bytes, tuple[int, int]] = {}
     for n in steps:
         for audio, cv, ca in ROWS:
