@@ -375,7 +375,8 @@ def render_summary(plan, width: int = 120) -> str:
     lossy = [d.lever for d in ds if not d.lossless and d.lever != "step_cache"]
     cache = next((d for d in ds if d.lever == "step_cache" and not d.lossless), None)
     if cache is not None:  # its own budget (recipe.cache), apart from the kernel levers'
-        lines += _labelled("fewer", f"step_cache={cache.setting}: {cache.reasons[0]}; within recipe.cache PSNR >= "
+        what = next((r for r in cache.reasons if not r.startswith("forced by")), cache.reasons[0])
+        lines += _labelled("fewer", f"step_cache={cache.setting}: {what}; within recipe.cache PSNR >= "
                                     f"{cache.param('psnr_db_min')} dB, SSIM >= {cache.param('ssim_min')} of the uncached "
                                     "frames, never measured by h3plan (action=calibrate calibrate.target=step_cache)", width)
     if lossy:

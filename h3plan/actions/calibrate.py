@@ -196,6 +196,12 @@ def rejected_path(out: str) -> str:
 def run(cfg, plan) -> int:
     """CLI entry: cfg is the composed config (cfg.model, cfg.calibrate, cfg.parallel), plan the resolved Plan."""
     c = settings(cfg)
+    if c.target == "step_cache":
+        from .calibrate_step_cache import run as run_step_cache
+
+        return run_step_cache(cfg, plan, c)
+    if c.target != "fp8_scales":
+        raise UsageError(f"calibrate.target={c.target}: allowed: fp8_scales, step_cache")
     if c.statistic not in ("amax", "percentile"):
         raise UsageError(f"calibrate.statistic={c.statistic}: allowed: amax, percentile")
     if c.percentile is not None and not 0 < float(c.percentile) <= 100:
