@@ -327,8 +327,12 @@ def _speed_text(plan) -> str:
     seq = plan.derived_value("sequence") or {}
     layers = plan.get("model").get("diffusers_config", {}).get("num_layers")
     if seq.get("transformer_forwards") and layers:
-        total = (att + gemm + (a2a or 0)) * layers * seq["transformer_forwards"] / 1e3
-        text += f"; x {layers} blocks x {seq['transformer_forwards']} forwards = {total:,.0f} s of denoising at that rate"
+        n, what = seq["transformer_forwards"], "forwards"
+        cache = next((d for d in plan.decisions if d.lever == "step_cache" and d.param("computed") is not None), None)
+        if cache is not None and cache.param("forwards") == n:  # the fixed schedule's computed forwards (step_cache)
+            n, what = cache.param("computed"), f"computed forwards of {n}"
+        total = (att + gemm + (a2a or 0)) * layers * n / 1e3
+        text += f"; x {layers} blocks x {n} {what} = {total:,.0f} s of denoising at that rate"
     return text
 
 

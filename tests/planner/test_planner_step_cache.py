@@ -78,3 +78,12 @@ def test_schedule_mask(n, c, w, f, mask):
 
 def test_scaled_keeps_the_fraction():
     assert scaled(34, 49, 49) == 34 and scaled(34, 49, 8) == 6 and scaled(49, 49, 4) == 4
+
+
+def test_summary_counts_the_computed_forwards():
+    from h3plan.cli import render_summary
+
+    text = " ".join(render_summary(_plan(50, BUDGET)).split())
+    assert "x 50 blocks x 34 computed forwards of 49" in text
+    assert "fewer step_cache=fixed: computes 34 of 49 forwards" in text and "never measured by h3plan" in text
+    assert "x 49 forwards" in " ".join(render_summary(_plan(50)).split())
