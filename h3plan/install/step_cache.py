@@ -248,7 +248,8 @@ def install(model, spec: dict[str, Any], state, swap, *, group=None, steps=None,
     swap(LEVER, "forward", "every forward computed", what)
     state.report.notes.append(f"step_cache: {what}; keyed by the timestep vectors of num_inference_steps "
                               f"{', '.join(map(str, counts))} (another vector computes, counted step_cache.fallback); "
-                              "computed per call: h3plan.install.step_cache.calls(model) and counters() step_cache.computed / .calls")
+                              "computed per call: h3plan.install.step_cache.calls(model) and counters() "
+                              "step_cache.computed / .calls")
     return st
 
 

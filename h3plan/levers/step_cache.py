@@ -193,7 +193,8 @@ def explain(ctx: Context, s: str) -> list[str]:
 
 def auto(ctx: Context):
     if not _budget(ctx):
-        why = "a lossless recipe keeps every forward" if ctx.lossless_only else "the kernel levers' budget does not cover skipped forwards"
+        why = ("a lossless recipe keeps every forward" if ctx.lossless_only
+               else "the kernel levers' budget does not cover skipped forwards")
         return "off", [f"no cache budget (recipe.cache.psnr_db_min / ssim_min): {why}"], {}
     short = _too_short(ctx)
     if short:
