@@ -28,6 +28,7 @@ from h3plan.planning.action_configs import CalibrateConfig
 from h3plan.planning.config import compose
 from h3plan.planning.scale_table import ScaleTableError, config_hash, write
 
+from .calibrate_step_cache import run as run_step_cache
 from .verify import CPU_MAX_ROWS, _cfg_get, _prepare_device
 
 
@@ -197,8 +198,6 @@ def run(cfg, plan) -> int:
     """CLI entry: cfg is the composed config (cfg.model, cfg.calibrate, cfg.parallel), plan the resolved Plan."""
     c = settings(cfg)
     if c.target == "step_cache":
-        from .calibrate_step_cache import run as run_step_cache
-
         return run_step_cache(cfg, plan, c)
     if c.target != "fp8_scales":
         raise UsageError(f"calibrate.target={c.target}: allowed: fp8_scales, step_cache")

@@ -22,6 +22,8 @@ import os
 
 from h3plan.errors import UsageError
 
+from .pipeline_build import build_pipeline, prompt_inputs
+
 FRACTIONS = (0.9, 0.8, 0.7, 0.6, 0.5)
 THRESHOLDS = (0.04, 0.08, 0.12, 0.2)
 ORDER = ("fixed", "taylor", "first_block")
@@ -49,8 +51,6 @@ def _variant(cfg, setting: str, values: dict):
 
 
 def _pipe(cfg, device):
-    from h3plan.actions.pipeline_build import build_pipeline
-
     from .inputs import load_model
 
     path = cfg.model.get("path")
@@ -74,7 +74,6 @@ def run(cfg, plan, c) -> int:
     import torch
 
     from h3plan.actions.calibration import say
-    from h3plan.actions.pipeline_build import prompt_inputs
     from h3plan.install import install, uninstall
     from h3plan.install.step_cache import calls
 

@@ -36,6 +36,8 @@ from h3plan.planner import Plan
 from h3plan.planning.checkpoint import transformer_folder
 from h3plan.planning.decision import make_decision
 
+from .verify_step_cache import check as check_step_cache
+
 # A fallback reason starting with one of these is a platform limit: the lever's counted emulation ran.
 PLATFORM_LIMITS = ("FP8 GEMM needs CUDA", "FP8 GEMM needs SM89", "NVFP4 GEMMs need SM100+")
 OUTPUTS = ("hidden", "video", "audio")
@@ -288,9 +290,7 @@ def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, head
             print(f"SKIP  {d.lever + '=' + d.setting:<34} off in the plan")
             continue
         if d.lever == "step_cache":  # one forward says nothing about skipped ones: a generation (verify_step_cache.py)
-            from .verify_step_cache import check
-
-            check(model, inputs, plan, rep, registry)
+            check_step_cache(model, inputs, plan, rep, compare, registry)
             continue
         run = v.run(_subplan(plan, base + [d]))
         name = f"{d.lever}={d.setting}"

@@ -12,6 +12,8 @@ action=calibrate calibrate.target=step_cache, not here (seeded weights).
 
 from __future__ import annotations
 
+from h3plan.levers.step_cache import computed_mask
+
 
 def pairs(n: int, like):
     """N distinct timestep vectors shaped like the inputs' (two values: video and audio rows), rising."""
@@ -44,13 +46,9 @@ def _forwards(model, plan, inputs, vectors, registry, cached: bool):
         uninstall(model)
 
 
-def check(model, inputs, plan, rep, registry=None) -> None:
-    """Add the step_cache lines to verify's Report `rep` (see the module docstring)."""
+def check(model, inputs, plan, rep, compare, registry=None) -> None:
+    """Add the step_cache lines to verify's Report `rep` (see the module docstring); `compare`: verify's metrics."""
     from dataclasses import replace
-
-    from h3plan.levers.step_cache import computed_mask
-
-    from .verify import compare
 
     d = plan.decision("step_cache")
     n = int(d.param("forwards"))

@@ -53,6 +53,7 @@ from h3plan.errors import UsageError
 from h3plan.planner import resolve
 from h3plan.planning.action_configs import PipelineBenchConfig  # bench.pipeline.*: one definition, the schema's
 from h3plan.planning.config import compose
+from h3plan.install.step_cache import calls as cache_calls
 from h3plan.runtime.counters import counters, reset_counters
 
 from ..quality import compare
@@ -287,12 +288,10 @@ class _Session(Session):
         """A step-cache plan's row: one untimed short call (kernel JIT, allocator; its timesteps are off the cache's
         schedule, so it computes every forward), then the whole call of `full_forwards` forwards, timed end to end:
         E2E is its wall time, forward the median of the forwards the schedule computed."""
-        from h3plan.install.step_cache import calls
-
         self.call()
         reset_counters()
         frames, secs, wall = self.call(self.full_forwards)
-        made = calls(self.pipe.transformer)[-1:]  # this call's generation
+        made = cache_calls(self.pipe.transformer)[-1:]  # this call's generation
         if len(made) != 1 or made[0]["forwards"] != len(secs):
             raise RuntimeError(f"the step cache placed {made} for a call of {len(secs)} forwards")
         st = self.pipe.transformer.__dict__["_h3plan_step_cache"]
