@@ -394,16 +394,18 @@ def _speed_text(plan) -> str:
     text = (f"forward {plan.derived_value('forward_s_est'):.2f} s = {layers} blocks x ({' + '.join(parts)} ms) per GPU ({basis}"
             + ("" if el is not None else "; elementwise work not counted") + ")")
     den, dec, n = plan.derived_value("denoise_s_est"), plan.derived_value("decode_s_est"), (plan.derived_value("sequence") or {}).get("transformer_forwards")
+    m = plan.derived_value("computed_forwards") or n  # step_cache's fixed schedule runs fewer
+    what = f"{m} computed forwards of {n}" if m != n else f"{n} forwards"
     if den is None:
         return text
     if dec is None:
-        return text + f"; x {n} forwards = {den:,.0f} s of denoising; no decode time measured on {hw['name']}"
+        return text + f"; x {what} = {den:,.0f} s of denoising; no decode time measured on {hw['name']}"
     big = plan.derived_value("call_biggest")
     te = plan.derived_value("text_encoder") or {}
     te_s = te.get("call_s") if te.get("call_s") == te.get("call_s") else None  # nan: no BF16 rate to time it
     encode = (f" + text encode {te_s:.1f} s ({te['setting']})" if te_s is not None
               else " (text encoder outside: prompt_embeds given)")
-    text += (f"; call {plan.derived_value('call_s_est') + (te_s or 0):,.0f} s = {n} forwards {den:,.0f} s + decode "
+    text += (f"; call {plan.derived_value('call_s_est') + (te_s or 0):,.0f} s = {what} {den:,.0f} s + decode "
              f"{dec:,.1f} s{encode}; most: {big['part']} {big['share']:.0%}: {big['cut']}")
     return text
 
@@ -492,12 +494,18 @@ def render_summary(plan, width: int = 120) -> str:
     running = [d for d in ds if _runs(d, plan)]
     runs = [f"{d.lever}={d.setting}" for d in running]
     lines += _labelled("runs", ", ".join(runs) or "diffusers' own ops only", width)
-    lossy = [d.lever for d in ds if not d.lossless]
+    lossy = [d.lever for d in ds if not d.lossless and d.lever != "step_cache"]
+    cache = next((d for d in ds if d.lever == "step_cache" and not d.lossless), None)
+    if cache is not None:  # its own budget (recipe.cache), apart from the kernel levers'
+        what = next((r for r in cache.reasons if not r.startswith("forced by")), cache.reasons[0])
+        lines += _labelled("fewer", f"step_cache={cache.setting}: {what}; within recipe.cache PSNR >= "
+                                    f"{cache.param('psnr_db_min')} dB, SSIM >= {cache.param('ssim_min')} of the uncached "
+                                    "frames, never measured by h3plan (action=calibrate calibrate.target=step_cache)", width)
     if lossy:
         b = r["budget"]
         lines += _labelled("lossy", f"{', '.join(lossy)}: the output may differ from diffusers' eager output within "
                                     f"PSNR >= {b['psnr_db_min']} dB, SSIM >= {b['ssim_min']} (action=verify measures it)", width)
-    else:
+    elif cache is None:
         lines += _labelled("lossless", _lossless_text(plan), width)
     missing = {d.lever: not_installed(d) for d in ds}
     for d in ds:

@@ -422,7 +422,12 @@ def resolve(cfg) -> Plan:
     est = derive.estimates(sections, ctx.shape, decisions)
     fwd = predict.forward(sections, ctx.shape, est)
     settings = {k: d.setting for k, d in decisions.items()}
-    times = predict.call(sections, sequence, ctx.shape, fwd, settings)
+    cache = decisions.get("step_cache")
+    computed = cache.param("computed") if cache is not None and cache.enabled else None
+    times = predict.call(sections, sequence, ctx.shape, fwd, settings, computed)
+    if computed:
+        times["computed_forwards"] = computed
+        times.setdefault("basis", {})["computed_forwards"] = "step_cache: the forwards its schedule computes"
     derived = derive.merge(ctx.shape, {**est, **fwd, **times, "basis": {**est["basis"], **fwd["basis"], **times.get("basis", {})}})
     mem, mem_basis = _memory(sections, ctx.shape, decisions)
     derived.update(mem, sequence=sequence)

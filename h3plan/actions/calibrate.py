@@ -29,6 +29,7 @@ from h3plan.planning.config import compose
 from h3plan.planning.request import MIN_STEPS, STEPS_RULE
 from h3plan.planning.scale_table import ScaleTableError, config_hash, write
 
+from .calibrate_step_cache import run as run_step_cache
 from .verify import CPU_MAX_ROWS, _cfg_get, _prepare_device
 
 
@@ -197,6 +198,10 @@ def rejected_path(out: str) -> str:
 def run(cfg, plan) -> int:
     """CLI entry: cfg is the composed config (cfg.model, cfg.calibrate, cfg.parallel), plan the resolved Plan."""
     c = settings(cfg)
+    if c.target == "step_cache":
+        return run_step_cache(cfg, plan, c)
+    if c.target != "fp8_scales":
+        raise UsageError(f"calibrate.target={c.target}: allowed: fp8_scales, step_cache")
     if c.statistic not in ("amax", "percentile"):
         raise UsageError(f"calibrate.statistic={c.statistic}: allowed: amax, percentile")
     if c.percentile is not None and not 0 < float(c.percentile) <= 100:

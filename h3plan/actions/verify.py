@@ -36,6 +36,8 @@ from h3plan.planner import Plan
 from h3plan.planning.checkpoint import transformer_folder
 from h3plan.planning.decision import make_decision
 
+from .verify_step_cache import check as check_step_cache
+
 # A fallback reason starting with one of these is a platform limit: the lever's counted emulation ran.
 PLATFORM_LIMITS = ("FP8 GEMM needs CUDA", "FP8 GEMM needs SM89", "NVFP4 GEMMs need SM100+")
 OUTPUTS = ("hidden", "video", "audio")
@@ -290,6 +292,9 @@ def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, head
         if not d.enabled:
             print(f"SKIP  {d.lever + '=' + d.setting:<34} off in the plan")
             continue
+        if d.lever == "step_cache":  # one forward says nothing about skipped ones: a generation (verify_step_cache.py)
+            check_step_cache(model, inputs, plan, rep, compare, registry)
+            continue
         run = v.run(_subplan(plan, base + [d]))
         name = f"{d.lever}={d.setting}"
         if d.lever not in run.swapped:
@@ -311,7 +316,7 @@ def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, head
     levers = [d.lever for d in plan.decisions]
     m_ref = {k: compare(whole.outputs[k], ref.outputs[k]) for k in OUTPUTS}
     m_eager = {k: compare(whole.outputs[k], eager.outputs[k]) for k in OUTPUTS}
-    if plan.lossless:
+    if all(d.lossless or d.lever == "step_cache" for d in plan.decisions):  # one forward off the cache's schedule computes
         same = all(x["bitwise"] for x in m_ref.values())
         rep.line("whole plan vs R", "bitwise equal" if same else "NOT bitwise equal", None if same else m_ref,
                  _counter_text(whole, levers), ok=same)

@@ -53,6 +53,7 @@ from h3plan.planning.hardware import never_ran
 from h3plan.planner import Plan
 
 from .adaln_table import build as build_adaln_tables, step_counts
+from .step_cache import install as install_step_cache
 from .block import block_kernels, load_kernel, plan_block_forward
 from .builder import Builder
 from .components import STATE
@@ -507,7 +508,7 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
         uninstall(model)
     builder = collect(plan, registry)
     report = InstallReport(levers=[d.lever for d in plan.decisions],
-                           options={scope: builder.recorded(scope) for scope in ("linears", "block", "attention", "vae")})
+                           options={scope: builder.recorded(scope) for scope in ("linears", "block", "attention", "vae", "transformer")})
     state = _State(plan, report)
     try:
         if device is not None:
@@ -528,6 +529,10 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
             _forwards(model, builder, state, shard, act_quant, nvfp4)
             if builder.values.get("compile") == "regional":
                 _compile(model, builder, state)
+            if builder.recorded("transformer").get("step_cache") is not None:  # install/step_cache.py
+                steps = [num_inference_steps] if isinstance(num_inference_steps, int) else num_inference_steps
+                install_step_cache(model, builder.values["step_cache"], state, lambda *a: _swap(state.report, *a),
+                                   group=getattr(shard, "group", None), steps=steps)
     except BaseException:
         _undo(state)
         raise

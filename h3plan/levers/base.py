@@ -22,7 +22,7 @@ from ..attention import BACKENDS
 from ..planning.decision import Decision, make_decision
 from ..planning import tuned
 
-SCOPES = ("linears", "block", "attention", "vae")
+SCOPES = ("linears", "block", "attention", "vae", "transformer")
 MODELS = ("transformer", "vae")
 
 
@@ -31,7 +31,7 @@ class Option:
     """One install option a lever records on the builder (h3plan.install.builder): the installer's input.
 
     scope: "linears" (the block linears' GEMMs), "block" (the patched block forward), "attention" (the
-        attention processor) or "vae".
+        attention processor), "vae" or "transformer" (a hook on the transformer's own forward: step_cache).
     check / allowed: the values it takes (a predicate and its one-line description).
     default: the value when no lever sets it (the installed model then runs diffusers' own op there).
     swap: value -> (fqn suffix, old, new) logged once per transformer block for a non-default value, or None.

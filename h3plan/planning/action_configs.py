@@ -38,6 +38,13 @@ class TuneConfig:
 
 @dataclass
 class CalibrateConfig:
+    target: str = "fp8_scales"
+    """fp8_scales: the static FP8 scale table (below); step_cache: step-cache configs measured against the uncached
+    frames, the fastest inside recipe.cache written as a plan to `plan_out` (h3plan/actions/calibrate_step_cache.py)."""
+    plan_out: str = "step_cache_plan.yaml"
+    """target=step_cache: where the winning plan goes."""
+    text_tokens: int = 16
+    """target=step_cache: text rows of each seeded prompt."""
     out: str = "fp8_scales.json"
     """Where the table goes. A table the held-out check refuses goes to <stem>.rejected.json instead (never
     loadable: its provenance says it failed) and the command exits 2."""

@@ -75,16 +75,19 @@ def decode(sections: Mapping[str, Any], sequence: Mapping[str, Any], precision: 
 
 
 def call(sections: Mapping[str, Any], sequence: Mapping[str, Any], shp: Mapping[str, Any], fwd: Mapping[str, Any],
-         settings: Mapping[str, str]) -> dict[str, Any]:
-    """End to end: text encode + forwards x forward + decode; the biggest share and the cheapest cut."""
+         settings: Mapping[str, str], computed: int | None = None) -> dict[str, Any]:
+    """End to end: text encode + forwards x forward + decode; the biggest share and the cheapest cut. `computed`: the
+    forwards a step_cache schedule runs of the request's (None: all of them)."""
     n, f = sequence.get("transformer_forwards"), fwd["forward_s_est"]
     if not n or f is None:
         return {}
+    of = f"{computed} computed of {n}" if computed and computed != n else f"{n}"
+    n = computed or n
     dec, dec_basis = decode(sections, sequence, settings["vae_precision"], settings["vae_tiles"])
     parts = {"text_encode": 0.0, "denoise": n * f, "decode": dec}
     out = {"denoise_s_est": round(n * f, 2), "decode_s_est": None if dec is None else round(dec, 2), "text_encode_s_est": 0.0,
            "call_s_est": None if dec is None else round(n * f + dec, 2),
-           "basis": {"denoise_s_est": f"{n} transformer forwards x forward_s_est", "decode_s_est": dec_basis,
+           "basis": {"denoise_s_est": f"{of} transformer forwards x forward_s_est", "decode_s_est": dec_basis,
                      "text_encode_s_est": "0: prompt_embeds given, the text encoder runs before the call (memory: not resident)",
                      "call_s_est": "text encode + denoise + decode (diffusers' pipe(...), one GPU per rank)"}}
     if dec is None:

@@ -18,6 +18,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from h3plan.attention import BF16, missing_facts
 from h3plan.errors import ConfigError, unknown_key_line
 from h3plan.levers import LEVER_SETTINGS  # declared by each lever module (SPEC), registry order
+from h3plan.levers.step_cache import config_problem as step_cache_config_problem
 
 from . import tuned
 from .action_configs import BenchConfig, CalibrateConfig, TuneConfig, VerifyConfig, validate_actions
@@ -107,6 +108,27 @@ class Budget:
 
 
 @dataclass
+class CacheBudget:
+    """recipe.cache: the quality budget step caching must stay inside (levers/step_cache.py), apart from the kernel
+    levers' `budget`; both bounds null (the default): no budget, step_cache stays off. Set it as
+    `recipe.cache={psnr_db_min:28,ssim_min:0.93}` (against the same seed's uncached frames)."""
+
+    psnr_db_min: Optional[float] = None
+    ssim_min: Optional[float] = None
+    computed: Optional[int] = None
+    """fixed / taylor: forwards computed of the request's; null: TeleFuser's 34 of 49 scaled to the request."""
+    warmup: int = 4
+    """The first forwards, always computed (never skipped)."""
+    final: int = 1
+    """The last forwards, always computed (never skipped)."""
+    threshold: float = 0.12
+    """first_block: skip while the first block's output changed by less than this (relative L1); 0: never skip."""
+    max_skip: int = 2
+    """first_block: at most this many forwards skipped in a row."""
+    source: Optional[str] = None
+
+
+@dataclass
 class RecipeConfig:
     name: str = MISSING
     checkpoint: Checkpoint = MISSING
@@ -121,6 +143,8 @@ class RecipeConfig:
     fp8_static_margin: float = 1.0
     vae: VaePrecision = VaePrecision.fp32
     """The VAE decode: fp32 (diffusers' default, lossless), fp16 / bf16 (lossy), fp8 (FP8 tiles, fp16 around them)."""
+    cache: CacheBudget = field(default_factory=CacheBudget)
+    """The step-caching budget and schedule (levers/step_cache.py); no budget: no step cache."""
     source: str = MISSING
 
 
@@ -403,6 +427,9 @@ def validate(cfg: DictConfig | dict) -> dict[str, Any]:
     if r["policy"] == "budget" and (r["budget"]["psnr_db_min"] is None or r["budget"]["ssim_min"] is None):
         raise ConfigError("recipe.budget", "a budget policy needs psnr_db_min and ssim_min")
     _check_values(c)
+    cache_problem = step_cache_config_problem(r["cache"])
+    if cache_problem:
+        raise ConfigError(*cache_problem)
     vae = c["vae"]["diffusers_config"]
     ratio = 1
     for f in vae["spatial_downsample_factors"]:

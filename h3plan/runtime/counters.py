@@ -44,6 +44,11 @@ def fallback(lever: str, reason: str) -> None:
         _record(lever, str(reason))
 
 
+def event(lever: str, name: str) -> None:
+    """Count `<lever>.<name>` (a lever's own events beside fused / fallback, e.g. step_cache.skipped); eager code only."""
+    _COUNTS[f"{lever}.{name}"] += 1
+
+
 class Counts(dict):
     """{"<lever>.fused": n, "<lever>.fallback": n, ...} (sorted by key), with `.reasons` {lever: {reason: n}};
     str() prints one line per lever with its fallback reasons."""
@@ -79,6 +84,8 @@ def format_counters(counts: dict[str, int] | None = None, reasons: dict[str, dic
     lines = []
     for lever in levers:
         line = f"{lever}: fused {counts.get(lever + '.fused', 0)}, fallback {counts.get(lever + '.fallback', 0)}"
+        line += "".join(f", {k[len(lever) + 1:]} {n}" for k, n in sorted(counts.items())
+                        if k.rsplit(".", 1)[0] == lever and k.rsplit(".", 1)[1] not in ("fused", "fallback"))
         why = reasons.get(lever)
         if why:
             line += " (" + "; ".join(f"{r} x{n}" for r, n in why.items()) + ")"

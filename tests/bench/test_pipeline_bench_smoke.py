@@ -248,3 +248,23 @@ def test_ulysses_two_ranks_on_gloo(tmp_path):
     best = next(r for r in rows if r["setting"] == "best")
     assert best["error"].startswith("RuntimeError: diffusers' enable_parallelism needs an accelerator")
     assert [r["setting"] for r in rows][-1] == "best"  # context parallelism cannot be undone: last
+
+
+@pytest.mark.slow
+def test_step_cache_row_times_the_whole_call(tmp_path):
+    """A step-cache plan's row (issue 33): one untimed short call, then the whole call of e2e_steps forwards, timed end
+    to end; forward_s is the median of the computed forwards only, the overhead check and the computed count are in
+    its notes and counters; its plan decodes in fp16 beside the fp32 eager / best anchors (no fp16 rows of their own)."""
+    over = ["pipeline.num_inference_steps=6", "recipe.vae=fp16", "levers.step_cache=fixed", "levers.attention=sdpa",
+            "recipe.cache={psnr_db_min:28,ssim_min:0.93,computed:3,warmup:1,final:1}"]
+    res = _bench(tmp_path, {"overrides": over, "pipeline": dict(FAST, e2e_steps=5, vae=["fp32"], reference=False)})
+    assert res.returncode == 0 and "RC 0" in res.stdout, res.stdout[-2000:] + res.stderr[-3000:]
+    doc = json.loads((tmp_path / "pipeline-cpu.json").read_text())
+    rows = {r["setting"]: r for r in doc["records"]}
+    assert set(rows) == {"eager", "best", "plan"} and rows["plan"]["vae"] == "fp16"
+    p = rows["plan"]
+    assert p["label"].endswith("+step_cache=fixed +vae=fp16") and p["steps_e2e"] == 5
+    assert len(p["forwards_s"]) == 3 and p["e2e_s"] == p["wall_s"]
+    assert p["counters"]["step_cache.computed"] == 3 and p["counters"]["step_cache.skipped"] == 2
+    assert any("3 of 5 forwards computed" in n for n in p["notes"]) and any(n.startswith("overhead check") for n in p["notes"])
+    assert p["speedup_vs_best_fp32"] is not None

@@ -110,3 +110,24 @@ def test_cpu_mistakes_are_one_line_user_errors(capsys, argv, message):
     assert cli.run(["action=verify", "model=h3_tiny", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("h3plan: error: " + message), err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setting", ["fixed", "taylor"])
+def test_verify_step_cache_reports_a_generation(setting, capsys):
+    """step_cache (issue 33): verify runs a generation of the plan's forwards cached and uncached: the computed count is
+    the plan's, computed forwards bitwise the uncached ones, the skipped ones' error printed; the single forward of the
+    whole-plan check is off the cache's schedule, computes, and stays bitwise equal to R."""
+    import h3plan
+
+    eager = {"levers.attention": "sdpa", "levers.qk_norm_rope": "eager", "levers.modulation": "eager",
+             "levers.gated_residual": "off", "levers.swiglu": "off", "levers.step_cache": setting,
+             "pipeline.num_inference_steps": 6,
+             "recipe.cache": {"psnr_db_min": 28.0, "ssim_min": 0.93, "computed": 3, "warmup": 1, "final": 1}}
+    p = h3plan.resolve_config(model="h3_tiny", **eager)
+    rc = get_action("verify")(_cfg(), p)
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    line = next(x for x in out.splitlines() if x.startswith(f"PASS  step_cache={setting} (a generation)"))
+    assert "3 of 5 forwards computed (plan: 3); computed forwards bitwise the uncached ones; 2 differ" in line
+    assert "PASS  whole plan vs R                    bitwise equal" in out

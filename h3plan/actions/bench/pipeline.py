@@ -55,6 +55,7 @@ from h3plan.errors import UsageError
 from h3plan.planner import resolve
 from h3plan.planning.action_configs import PipelineBenchConfig  # bench.pipeline.*: one definition, the schema's
 from h3plan.planning.config import compose
+from h3plan.install.step_cache import calls as cache_calls
 from h3plan.runtime.counters import counters, reset_counters
 
 from ..quality import compare
@@ -208,6 +209,7 @@ class _Row:
     peak_gib: float | None = None
     counters: dict | None = None
     error: str | None = None
+    full: dict | None = None  # a step-cache row's whole call (_Session.full_turn)
 
 
 def clip_lengths(vae, latent_frames: int) -> set:
@@ -252,23 +254,25 @@ class _Session(Session):
                 self.pipe.vae.decode(z.to(self.device), return_dict=False)
         self.fw.sync()
 
-    def call(self):
-        """The user's call, once: (frames, forward seconds, wall seconds)."""
+    def call(self, forwards: int | None = None):
+        """The user's call, once, with `forwards` transformer forwards (default warmup + steps): (frames, forward
+        seconds, wall seconds)."""
         r, fw = self.request, self.fw
+        calls = forwards or self.calls
         fw.spans, fw.on = [], True
         fw.sync()
         t0 = time.perf_counter()
         try:
             frames = self.pipe(**self.prompt, height=r.height, width=r.width, num_frames=r.num_frames,
-                               num_inference_steps=self.calls + 1, output_type="pt", output="videos",
+                               num_inference_steps=calls + 1, output_type="pt", output="videos",
                                generator=self.torch.Generator("cpu").manual_seed(self.opts.seed))
             fw.sync()
             wall = time.perf_counter() - t0
         finally:
             fw.on = False
         secs = fw.seconds()
-        if len(secs) != self.calls:
-            raise RuntimeError(f"the call made {len(secs)} transformer forwards, expected {self.calls}")
+        if len(secs) != calls:
+            raise RuntimeError(f"the call made {len(secs)} transformer forwards, expected {calls}")
         return frames, secs, wall
 
     def turn(self, row: _Row, first_turn: bool) -> None:
@@ -280,6 +284,9 @@ class _Session(Session):
             if first_turn and self.opts.decode_warmup:
                 self.warm_decode()
             reset_counters()
+            if cached(s):
+                self.full_turn(row)
+                return
             frames, secs, wall = self.call()
             row.counters = dict(counters()) if s.name == "plan" else None
             if row.first is None:
@@ -295,9 +302,46 @@ class _Session(Session):
         if self.device.type == "cuda":
             row.peak_gib = max(torch.cuda.max_memory_allocated(self.device) / 2**30, row.peak_gib or 0.0)
 
+    def full_turn(self, row: _Row) -> None:
+        """A step-cache plan's row: one untimed short call (kernel JIT, allocator; its timesteps are off the cache's
+        schedule, so it computes every forward), then the whole call of `full_forwards` forwards, timed end to end:
+        E2E is its wall time, forward the median of the forwards the schedule computed."""
+        self.call()
+        reset_counters()
+        frames, secs, wall = self.call(self.full_forwards)
+        made = cache_calls(self.pipe.transformer)[-1:]  # this call's generation
+        if len(made) != 1 or made[0]["forwards"] != len(secs):
+            raise RuntimeError(f"the step cache placed {made} for a call of {len(secs)} forwards")
+        st = self.pipe.transformer.__dict__["_h3plan_step_cache"]
+        if st.spec["mode"] == "first_block":  # every forward runs the first block: no forward is free of work
+            mask = [True] * len(secs)
+        else:
+            mask = list(st.mask)
+        row.counters = dict(counters())
+        row.forwards += [x for x, m in zip(secs, mask) if m]
+        row.walls.append(wall - sum(secs))
+        row.full = {"e2e_s": wall, "forwards": len(secs), "computed": made[0]["computed"], "skipped": made[0]["skipped"],
+                    "skipped_s": sum(x for x, m in zip(secs, mask) if not m)}
+        row.frames = frames.detach().to("cpu") if hasattr(frames, "detach") else frames
+        self.progress.step(f"{row_label_of(row.setting)}: {made[0]['computed']} of {len(secs)} forwards computed, "
+                           f"E2E {wall:.2f} s")
+
     def close(self):
         for h in self.handles:
             h.remove()
+
+
+def cached(s: Setting) -> bool:
+    """A plan row whose plan skips forwards (step_cache): it runs the whole call (_Session.full_turn)."""
+    if s.name != "plan":
+        return False
+    try:
+        return s.plan.decision("step_cache").enabled
+    except (KeyError, ValueError):
+        return False
+
+
+OVERHEAD = 1.03  # issue 33: a cached call's E2E at most 1.03 x (computed forwards + the rest of the call)
 
 
 def row_label_of(s: Setting) -> str:
@@ -362,6 +406,8 @@ def row_specs(plans, opts, degree: int) -> list[tuple]:
                 rows.append(("plan", v, p))
                 if opts.reference and _lossless_but_vae(p) and p.decision("attention").setting != "sdpa":
                     rows.append(("reference", v, p))
+    # a plan decoding at a precision without eager / best rows of its own (a step-cache row beside the fp32 anchors)
+    rows += [("plan", plan_precision(p), p) for p in plans if plan_precision(p) not in vaes]
     return rows + tail
 
 
@@ -407,6 +453,16 @@ def _record(torch, device, run_id, request, S, degree, layers, n_sched, steps_e2
         forwards_per_call=opts.warmup + opts.steps, warmup_forwards=opts.warmup,
         recipe=str(plan.get("recipe").get("name", "")) if plan is not None else "",
         lossless=bool(plan.lossless) if plan is not None else None, config=getattr(s, "config", ""), error=row.error)
+    if row.full is not None:
+        f = row.full
+        bound = OVERHEAD * (f["computed"] * fwd + rest) if fwd is not None and rest is not None else None
+        rec.e2e_s, rec.steps_e2e, rec.wall_s = f["e2e_s"], f["forwards"], f["e2e_s"]
+        rec.notes.append(f"step_cache: the whole call, {f['computed']} of {f['forwards']} forwards computed, timed end to "
+                         f"end; the {f['skipped']} skipped forwards took {f['skipped_s']:.3f} s")
+        if bound is not None:
+            rec.notes.append(f"overhead check: E2E {f['e2e_s']:.2f} s {'<=' if f['e2e_s'] <= bound else '>'} {OVERHEAD} x "
+                             f"({f['computed']} x {fwd:.3f} s + rest {rest:.2f} s) = {bound:.2f} s: "
+                             f"{'PASS' if f['e2e_s'] <= bound else 'FAIL'}")
     if s.name == "best" and row.first is not None:
         rec.notes.append(f"the first forward (regional compile included) took {row.first:.2f} s")
     if s.name == "plan":
@@ -447,6 +503,7 @@ def _measure(torch, cfg, plans, opts, device, rank, group, progress, write) -> i
     run_id = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
     progress.write(f"request {request.label}: {S:,} tokens ({opts.text_tokens} text), {layers} layers, {degree} GPU(s)")
     s = _Session(torch, pipe, request, opts, device, progress)
+    s.full_forwards = steps_e2e
     rows = _rows(pipe, row_specs(plans, opts, degree), opts, degree, S, group, progress)
     failed = 0
     try:

@@ -1,0 +1,259 @@
+"""step_cache (levers/step_cache.py): fewer transformer forwards, as a named diffusers hook on the transformer.
+
+`h3plan_step_cache`, a diffusers ModelHook (HookRegistry, removable by name), wraps MiniMaxH3Transformer3DModel's
+forward. Each call is placed in its generation by its `timestep` vector: install builds, from diffusers' own
+MiniMaxH3Scheduler pair and the pipeline's build_row_timesteps (install/adaln_table.timestep_vectors), the vectors of
+every forward at the plan's step count (and those passed as num_inference_steps=), for every kind of row (audio or
+not, conditioning rows or not): vector bits -> (forward index, forwards). One 4 x T byte device-to-host copy per call.
+A vector not in that index runs the whole forward, counted `step_cache.fallback` with its reason.
+
+- fixed / taylor: a forward the schedule computes runs diffusers' forward and keeps its outputs (video and audio
+  velocities); a skipped one returns a copy of the last computed outputs (fixed) or their first-order extrapolation
+  in forward index from the last two computed ones (taylor; reuse while only one exists). A call of another step
+  count keeps the plan's fraction (levers/step_cache.scaled) and its warm-up and final forwards.
+- first_block: `transformer_blocks` iterates through the cache while a hooked call runs (its class swapped for
+  `_CachedBlocks`, the same modules and state_dict keys): the first block runs, its output is compared with the one
+  of the last computed forward (sum |a - b| / sum |b|, both sums all-reduced over the Ulysses group, so every rank
+  takes the same decision), and below the threshold the other blocks give way to the cached residual (last block
+  out - first block out); never in warm-up or final forwards, at most max_skip in a row. The iteration runs in the
+  transformer's eager forward, outside the blocks that compile_repeated_blocks compiles: no guard sees the state.
+Exact: a forward that computes runs diffusers' forward untouched (a schedule computing every forward, or threshold 0,
+is bitwise the plan without the cache). Counted: `step_cache.fused` per placed call, `step_cache.computed` /
+`step_cache.skipped` per forward, `step_cache.calls` per finished generation; `calls(model)` lists each generation's
+computed count. uninstall removes the hook and restores the ModuleList's class.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from h3plan.levers.step_cache import computed_mask, scaled
+from h3plan.runtime.counters import event, fallback as count_fallback, fused as count_fused
+
+from .adaln_table import timestep_vectors
+
+LEVER = "step_cache"
+HOOK = "h3plan_step_cache"
+ROWS = ((True, False, False), (True, True, False), (True, False, True), (True, True, True), (False, False, False),
+        (False, True, False))  # (audio, condition_video, condition_audio): every kind of row a request has
+
+
+def schedule_index(steps, video_shift: float = 12.0, audio_shift: float = 3.0, keyframe_noise_aug: float = 0.999,
+                   schedulers=None) -> dict[bytes, tuple[int, int]]:
+    """float32 timestep vector bytes -> (forward index, forwards) over `steps` step counts and every kind of row."""
+    out: dict[bytes, tuple[int, int]] = {}
+    for n in steps:
+        for audio, cv, ca in ROWS:
+            vs = timestep_vectors([n], video_shift=video_shift, audio_shift=audio_shift,
+                                  keyframe_noise_aug=keyframe_noise_aug, audio=audio, condition_video=cv,
+                                  condition_audio=ca, schedulers=schedulers)
+            for i, v in enumerate(vs):
+                out.setdefault(v.to(torch.float32).numpy().tobytes(), (i, len(vs)))
+    return out
+
+
+class _State:
+    """One installed cache: the plan's values, the schedule index and the current generation."""
+
+    def __init__(self, spec: dict[str, Any], index: dict[bytes, tuple[int, int]], group):
+        self.spec, self.index, self.group = dict(spec), index, group
+        self.history: list[dict[str, int]] = []
+        self.reset()
+
+    def reset(self) -> None:
+        self.forwards = 0
+        self.mask: tuple[bool, ...] = ()
+        self.kept: list[tuple[int, tuple]] = []  # (forward index, outputs) of the last two computed forwards
+        self.computed = self.skipped = 0
+        self.run = 0  # skipped in a row (first_block)
+        self.first_ref = self.residual = None
+        self.active, self.step, self.skip = False, -1, False
+
+    def begin(self, forwards: int) -> None:
+        self.reset()
+        s = self.spec
+        self.forwards = forwards
+        if s["mode"] in ("fixed", "taylor"):
+            c = scaled(s["computed"], s["forwards"], forwards)
+            self.mask = computed_mask(forwards, c, s["warmup"], s["final"])
+        else:  # first_block: the forwards that never skip
+            self.mask = computed_mask(forwards, 0, s["warmup"], s["final"])
+
+    def finish(self) -> None:
+        self.history.append({"forwards": self.forwards, "computed": self.computed, "skipped": self.skipped})
+        event(LEVER, "calls")
+
+    # ------------------------------------------------------------------ fixed / taylor
+
+    def keep(self, step: int, out: tuple) -> None:
+        self.kept = (self.kept + [(step, tuple(t.detach() for t in out))])[-2:]
+
+    def reuse(self, step: int) -> tuple:
+        (i1, v1) = self.kept[-1]
+        if self.spec["mode"] == "taylor" and len(self.kept) == 2:
+            (i0, v0) = self.kept[0]
+            w = (step - i1) / (i1 - i0)
+            return tuple((b.float() + w * (b.float() - a.float())).to(b.dtype) for a, b in zip(v0, v1))
+        return tuple(t.clone() for t in v1)
+
+    # ------------------------------------------------------------------ first_block
+
+    def blocks(self, mods):
+        first, rest = mods[0], mods[1:]
+
+        def probe(h, *a):
+            out = first(h, *a)
+            self.skip = self._first_block_skip(out) if rest else False
+            if not self.skip:
+                self.first_ref = out.detach()
+            return out
+
+        yield probe
+        if self.skip:
+            yield lambda h, *a: h + self.residual
+            return
+        yield from rest[:-1]
+
+        def record(h, *a):
+            out = rest[-1](h, *a)
+            self.residual = (out - self.first_ref).detach()
+            return out
+
+        yield record
+
+    def _first_block_skip(self, out: torch.Tensor) -> bool:
+        s = self.spec
+        if (self.mask[self.step] or self.first_ref is None or self.residual is None or self.run >= s["max_skip"]
+                or s["threshold"] <= 0 or self.first_ref.shape != out.shape):
+            return False
+        sums = torch.stack([(out.float() - self.first_ref.float()).abs().sum(), self.first_ref.float().abs().sum()])
+        return relative_change(sums, self.group) < s["threshold"]
+
+
+def relative_change(sums: torch.Tensor, group=None) -> float:
+    """sum |a - b| / sum |b| from this rank's two sums, reduced over `group` (None: this rank alone): every rank gets
+    the same value, hence the same decision."""
+    if group is not None:
+        import torch.distributed as dist
+
+        sums = sums.clone()
+        dist.all_reduce(sums, group=group)
+    d, base = sums.double().tolist()
+    return d / base if base > 0 else (0.0 if d == 0 else float("inf"))
+
+
+class _CachedBlocks(torch.nn.ModuleList):
+    """transformer_blocks while first_block is installed: a hooked call iterates through the cache."""
+
+    def __iter__(self):
+        st = self.__dict__.get("_h3plan_step_cache")
+        if st is None or not st.active:
+            return iter(self._modules.values())
+        return st.blocks(list(self._modules.values()))
+
+
+def _outputs(out) -> tuple:
+    return tuple(out) if isinstance(out, tuple) else (out.sample, out.audio_sample)
+
+
+def _make_hook(state: _State):
+    from diffusers.hooks import ModelHook
+
+    class StepCacheHook(ModelHook):
+        """Places each call in its generation and computes, reuses or extrapolates (module docstring)."""
+
+        def new_forward(self, module, *args, **kwargs):
+            st = state
+            ts = kwargs["timestep"] if "timestep" in kwargs else args[3]
+            where = st.index.get(ts.detach().to("cpu", torch.float32).numpy().tobytes())
+            original = self.fn_ref.original_forward
+            if where is None:
+                count_fallback(LEVER, "timestep vector not in the planned schedules (install num_inference_steps=): computed")
+                st.reset()
+                return original(*args, **kwargs)
+            step, n = where
+            if step == 0 or n != st.forwards or step != st.step + 1:
+                st.begin(n)
+            st.step = step
+            count_fused(LEVER)
+            if st.spec["mode"] == "first_block":
+                st.active = True
+                try:
+                    out = original(*args, **kwargs)
+                finally:
+                    st.active = False
+                skipped = st.skip
+                st.run = st.run + 1 if skipped else 0
+            elif st.mask[step] or not st.kept:
+                out = original(*args, **kwargs)
+                st.keep(step, _outputs(out))
+                skipped = False
+            else:
+                out, skipped = None, True
+            if skipped:
+                st.skipped += 1
+                event(LEVER, "skipped")
+                if out is None:
+                    like = kwargs.get("return_dict", True) is False
+                    values = st.reuse(step)
+                    out = values if like else _like_output(values)
+            else:
+                st.computed += 1
+                event(LEVER, "computed")
+            if step == n - 1:
+                st.finish()
+            return out
+
+    return StepCacheHook()
+
+
+def _like_output(values: tuple):
+    from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3TransformerOutput
+
+    return MiniMaxH3TransformerOutput(sample=values[0], audio_sample=values[1])
+
+
+def install(model, spec: dict[str, Any], state, swap, *, group=None, steps=None, schedulers=None) -> _State:
+    """Register the hook (and, for first_block, the blocks' iteration); append the undo to `state.undo`."""
+    from diffusers.hooks import HookRegistry
+
+    counts = sorted({int(spec["steps"]), *(int(s) for s in (steps or []))})
+    st = _State(spec, schedule_index(counts, schedulers=schedulers), group)
+    registry = HookRegistry.check_if_exists_or_initialize(model)
+    registry.register_hook(_make_hook(st), HOOK)
+    blocks = model.transformer_blocks
+    if spec["mode"] == "first_block":
+        old = type(blocks)
+        blocks.__class__ = _CachedBlocks
+        blocks._h3plan_step_cache = st
+
+    def undo():
+        HookRegistry.check_if_exists_or_initialize(model).remove_hook(HOOK, recurse=False)
+        if spec["mode"] == "first_block":
+            blocks.__dict__.pop("_h3plan_step_cache", None)
+            blocks.__class__ = old
+        model.__dict__.pop("_h3plan_step_cache", None)
+
+    state.undo.append(undo)
+    model.__dict__["_h3plan_step_cache"] = st
+    if spec["mode"] == "first_block":
+        what = (f"first-block cache: threshold {spec['threshold']:g}, at most {spec['max_skip']} in a row, warm-up "
+                f"{spec['warmup']} + final {spec['final']} never skip")
+    else:
+        mask = computed_mask(spec["forwards"], spec["computed"], spec["warmup"], spec["final"])
+        what = (f"{spec['mode']} schedule: computes {sum(mask)} of {spec['forwards']} forwards per call "
+                f"(num_inference_steps={spec['steps']}), skips {[i for i, m in enumerate(mask) if not m]}")
+    swap(LEVER, "forward", "every forward computed", what)
+    state.report.notes.append(f"step_cache: {what}; keyed by the timestep vectors of num_inference_steps "
+                              f"{', '.join(map(str, counts))} (another vector computes, counted step_cache.fallback); "
+                              "computed per call: h3plan.install.step_cache.calls(model) and counters() "
+                              "step_cache.computed / .calls")
+    return st
+
+
+def calls(model) -> list[dict[str, int]]:
+    """Each finished generation's forwards, computed and skipped counts (empty without an installed step cache)."""
+    st = model.__dict__.get("_h3plan_step_cache")
+    return [] if st is None else list(st.history)

@@ -1,0 +1,98 @@
+"""step_cache on the tiny MiniMaxH3ModularPipeline (CPU): diffusers' own `pipe(...)` after `h3plan.install(pipe, plan)`.
+
+Contract: a schedule that computes every forward, and first_block at threshold 0, are rtol=0, atol=0 against the same
+plan with step_cache off (a computing forward runs diffusers' forward untouched); a schedule that skips computes
+exactly the forwards its mask names (counters and calls(model)); uninstall removes the hook by name.
+"""
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="diffusers' MiniMaxH3ModularPipeline imports transformers")
+
+import h3plan  # noqa: E402
+from h3plan.install import counters, reset_counters, uninstall  # noqa: E402
+from h3plan.install.step_cache import HOOK, calls  # noqa: E402
+from h3plan.levers.step_cache import computed_mask  # noqa: E402
+from test_install_pipeline import _cfg  # noqa: E402
+
+pytestmark = pytest.mark.slow
+STEPS = 6  # 5 forwards
+EAGER = {"levers.attention": "sdpa", "levers.vae_ops": "eager", "levers.vae_graphs": "off", "levers.qk_norm_rope": "eager",
+         "levers.modulation": "eager", "levers.gated_residual": "off", "levers.swiglu": "off"}
+
+
+def _pipe():
+    from h3plan.actions.pipeline_build import build_pipeline
+
+    return build_pipeline(_cfg("conf/model/h3_tiny.yaml"), _cfg("conf/vae/h3_tiny_pipe.yaml"), vae_name="h3_tiny_pipe",
+                          layers=2, vae_dtype=torch.float32)
+
+
+def _plan(setting, **cache):
+    over = {"pipeline.num_inference_steps": STEPS, **EAGER, "levers.step_cache": setting}
+    if setting != "off":
+        over["recipe.cache"] = {"psnr_db_min": 28.0, "ssim_min": 0.93, **cache}
+    return h3plan.resolve_config(model="h3_tiny", vae="h3_tiny_pipe", **over)
+
+
+def _call(pipe):
+    from h3plan.actions.pipeline_build import prompt_inputs
+
+    return pipe(**prompt_inputs(pipe, 4, seed=0), height=32, width=32, num_frames=124, num_inference_steps=STEPS,
+                output_type="pt", output="videos", generator=torch.Generator("cpu").manual_seed(0))
+
+
+@pytest.fixture(scope="module")
+def uncached():
+    pipe = _pipe()
+    h3plan.install(pipe, _plan("off"))
+    return _call(pipe)
+
+
+@pytest.mark.parametrize("setting,cache", [("fixed", {"computed": 5, "warmup": 1, "final": 1}),
+                                           ("taylor", {"computed": 5, "warmup": 1, "final": 1}),
+                                           ("first_block", {"threshold": 0.0, "warmup": 1, "final": 1})])
+def test_every_forward_computed_is_bitwise_the_plan_without_cache(uncached, setting, cache):
+    pipe = _pipe()
+    h3plan.install(pipe, _plan(setting, **cache))
+    reset_counters()
+    out = _call(pipe)
+    torch.testing.assert_close(out, uncached, rtol=0, atol=0)
+    c = counters()
+    assert c["step_cache.fused"] == 5 and c["step_cache.computed"] == 5 and c["step_cache.calls"] == 1
+    assert "step_cache.skipped" not in c and "step_cache.fallback" not in c
+    assert calls(pipe.transformer) == [{"forwards": 5, "computed": 5, "skipped": 0}]
+
+
+@pytest.mark.parametrize("setting", ["fixed", "taylor"])
+def test_a_skipping_schedule_computes_its_mask_and_is_counted(uncached, setting):
+    pipe = _pipe()
+    report = h3plan.install(pipe, _plan(setting, computed=3, warmup=1, final=1))
+    assert any("computes 3 of 5 forwards" in s.new for s in report["transformer"].swaps)
+    ran = []
+    handle = pipe.transformer.transformer_blocks[0].register_forward_hook(lambda *a: ran.append(1))
+    reset_counters()
+    out = _call(pipe)
+    handle.remove()
+    assert len(ran) == sum(computed_mask(5, 3, 1, 1)) == 3
+    c = counters()
+    assert (c["step_cache.computed"], c["step_cache.skipped"], c["step_cache.calls"]) == (3, 2, 1)
+    assert calls(pipe.transformer) == [{"forwards": 5, "computed": 3, "skipped": 2}]
+    assert not torch.equal(out, uncached)  # the skipped forwards changed the trajectory
+    assert uninstall(pipe)
+    registry = getattr(pipe.transformer, "_diffusers_hook", None)
+    assert registry is None or HOOK not in registry.hooks
+    reset_counters()
+    _call(pipe)
+    assert "step_cache.fused" not in counters() and calls(pipe.transformer) == []
+
+
+def test_first_block_skips_when_the_first_block_barely_moves():
+    pipe = _pipe()
+    h3plan.install(pipe, _plan("first_block", threshold=1e9, warmup=1, final=1, max_skip=2))
+    reset_counters()
+    _call(pipe)
+    c = counters()
+    # forwards 0 and 4 never skip; 1 computes (no residual yet), 2 and 3 skip (max_skip 2 in a row)
+    assert (c["step_cache.computed"], c["step_cache.skipped"]) == (3, 2)
