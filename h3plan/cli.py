@@ -73,6 +73,7 @@ def run(argv: list[str]) -> int:
     try:
         args = parser.parse_args(argv)
         args.overrides = video_overrides(args.overrides)
+        _check_launcher(args.overrides)
         with _one_composition(args):
             _run_hydra(args=args, args_parser=parser, task_function=_task, config_path=CONFIG_PATH, config_name=CONFIG_NAME)
         if _failure is not None:
@@ -100,6 +101,16 @@ def run(argv: list[str]) -> int:
         else:
             os.environ["HYDRA_FULL_ERROR"] = user_full
     return _rc
+
+
+def _check_launcher(overrides: list[str]) -> None:
+    """hydra/launcher=submitit_slurm submits through Slurm's srun: on a machine without it submitit raises a
+    RuntimeError deep inside Hydra's launcher, which would read as an h3plan bug. It is the user's setup: say so."""
+    import shutil
+
+    if any(re.fullmatch(r"[+~]*hydra/launcher=submitit_slurm", o) for o in overrides) and shutil.which("srun") is None:
+        raise UsageError("hydra/launcher=submitit_slurm: no Slurm on this machine (srun is not on PATH); sweep from a "
+                         "Slurm login node, or here with hydra/launcher=joblib (or without hydra/launcher)")
 
 
 @contextlib.contextmanager
