@@ -230,3 +230,14 @@ def test_bad_settings_are_one_line(tmp_path):
         action.run(_cfg(tmp_path / "x.json", heldout_seeds=[0]), _plan())
     with pytest.raises(UsageError, match="recipe bf16 does not set"):
         action.run(_cfg(tmp_path / "x.json"), resolve_config(hardware="sm90", recipe="bf16", model="h3_tiny"))
+
+
+def test_cpu_refusal_ends_with_the_form_that_runs(tmp_path):
+    """As verify and bench do: the refusal of the real width on a CPU ends with the small command that runs."""
+    from h3plan.errors import UsageError
+
+    cfg = _cfg(tmp_path / "x.json")
+    cfg.model = OmegaConf.load(ROOT / "conf/model/h3.yaml")
+    with pytest.raises(UsageError) as e:
+        action.run(cfg, _plan())
+    assert str(e.value).endswith(": python -m h3plan action=calibrate recipe=fp8 model=h3_tiny"), e.value
