@@ -1,0 +1,73 @@
+"""The device left clean (issue 30 item 18): `install(pipe, plan, device="cuda")` of a pipeline resting on the host,
+diffusers' own `pipe(...)` call, then `uninstall(pipe)`: torch.cuda.memory_allocated() comes back to its value
+before install. Real width cut to two transformer layers, the released VAE, a 256x448x124 request, one H200.
+
+What may stay, by design, and is subtracted by name: the cuDNN FP8 attention's constant scalars
+(h3plan/attention/cudnn.py `_CONST`: one (1, 1, 1, 1) fp32 tensor per value and device, a 512-byte block each,
+shared by every installed model and read by captured graphs), and torch's own per-stream cuBLAS workspaces, which
+any GEMM makes (diffusers' eager call too): both measurements are taken after torch._C._cuda_clearCublasWorkspaces().
+On failure the message lists the CUDA tensors gc still finds, with what holds them.
+"""
+
+import gc
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _settled() -> int:
+    import torch
+
+    gc.collect()
+    torch.cuda.synchronize()
+    torch._C._cuda_clearCublasWorkspaces()
+    return torch.cuda.memory_allocated()
+
+
+def _live_cuda() -> list[str]:
+    import torch
+
+    gc.collect()
+    out = []
+    for o in gc.get_objects():
+        if isinstance(o, torch.Tensor) and o.is_cuda:
+            holders = [type(r).__name__ + (f"{sorted(r)[:6]}" if isinstance(r, dict) else "") for r in gc.get_referrers(o)
+                       if not isinstance(r, list)][:3]
+            out.append(f"{tuple(o.shape)} {o.dtype} {o.numel() * o.element_size() / 2**20:.1f} MiB held by {holders}")
+    return out
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "fp8"])
+def test_uninstall_returns_the_device_memory(recipe):
+    pytest.importorskip("transformers", reason="diffusers' MiniMaxH3ModularPipeline imports transformers")
+    import torch
+    from omegaconf import OmegaConf
+
+    import h3plan
+    from h3plan.actions.pipeline_build import build_pipeline, prompt_inputs
+    from h3plan.attention import cudnn
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    cfg = lambda name: OmegaConf.load(ROOT / name).diffusers_config  # noqa: E731
+    pipe = build_pipeline(cfg("conf/model/h3.yaml"), cfg("conf/vae/h3.yaml"), layers=2)  # on the host, as loaded
+    plan = h3plan.resolve_config(hardware="sm90", recipe=recipe, **{"model.diffusers_config.num_layers": 2,
+                                                                    "video.height": 256, "video.width": 448})
+    consts = len(cudnn._CONST)
+    h3plan.reset_counters()
+    before = _settled()
+    report = h3plan.install(pipe, plan, device="cuda")
+    out = pipe(**prompt_inputs(pipe, 110, seed=0), height=256, width=448, num_frames=124, num_inference_steps=2,
+               output_type="pt", output="videos", generator=torch.Generator("cpu").manual_seed(0))
+    assert h3plan.counters().get("vae_graphs.fused", 0) > 0  # the graphs were captured and replayed
+    del out, report
+    assert h3plan.uninstall(pipe)
+    assert {t.device.type for n in ("transformer", "vae", "audio_vae") for t in getattr(pipe, n).state_dict().values()} == {"cpu"}
+    after = _settled()
+    allowed = 512 * sum(1 for value, dev in list(cudnn._CONST)[consts:] if torch.device(dev).type == "cuda")
+    print(f"[gpu] device clean {recipe}: allocated before install {before / 2**20:.1f} MiB, after uninstall "
+          f"{after / 2**20:.1f} MiB (cuDNN constants {allowed} B); reserved {torch.cuda.memory_reserved() / 2**20:.1f} MiB")
+    assert after - before <= allowed, "\n".join([f"{(after - before) / 2**20:.1f} MiB left on the device:", *_live_cuda()])
