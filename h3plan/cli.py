@@ -107,12 +107,20 @@ def run(argv: list[str]) -> int:
 
 def _check_launcher(overrides: list[str]) -> None:
     """hydra/launcher=submitit_slurm submits through Slurm's srun: on a machine without it submitit raises a
-    RuntimeError deep inside Hydra's launcher, which would read as an h3plan bug. It is the user's setup: say so."""
+    RuntimeError deep inside Hydra's launcher, which would read as an h3plan bug. It is the user's setup: say so.
+    (Without the plugin installed Hydra's own "no such option" line, with the install hint, comes first.)"""
     import shutil
 
-    if any(re.fullmatch(r"[+~]*hydra/launcher=submitit_slurm", o) for o in overrides) and shutil.which("srun") is None:
+    if (any(re.fullmatch(r"[+~]*hydra/launcher=submitit_slurm", o) for o in overrides) and _submitit_installed()
+            and shutil.which("srun") is None):
         raise UsageError("hydra/launcher=submitit_slurm: no Slurm on this machine (srun is not on PATH); sweep from a "
                          "Slurm login node, or here with hydra/launcher=joblib (or without hydra/launcher)")
+
+
+def _submitit_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is not None
 
 
 @contextlib.contextmanager

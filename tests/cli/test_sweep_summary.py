@@ -66,6 +66,7 @@ def test_invalid_rows_are_cut_in_the_table_and_whole_in_the_files(tmp_path):
 def test_slurm_launcher_without_slurm_is_a_usage_error(capsys, monkeypatch):
     which = shutil.which
     monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "srun" else which(name, *a, **k))
+    monkeypatch.setattr(cli, "_submitit_installed", lambda: True)  # the plugin installed (pip install -e '.[sweep]')
     assert cli.run(["-m", "hydra/launcher=submitit_slurm", "hydra.launcher.partition=p", "hardware=sm90,sm107"]) == 2
     err = capsys.readouterr().err
     assert err.splitlines() == ["h3plan: error: hydra/launcher=submitit_slurm: no Slurm on this machine (srun is not on "

@@ -200,8 +200,9 @@ def test_plan_with_the_table_installs_and_verifies(calibrated, capsys):
                             "verify": {"blocks": 1, "seq_len": 48, "seed": 0, "device": "cpu", "dtype": "bf16"}})
     rc = get_action("verify")(cfg, p)
     text = capsys.readouterr().out
-    assert rc == 0, text
-    assert "PASS  gemm_quant=fp8" in text and text.rstrip().endswith("verify: PASS")
+    assert rc == 3, text
+    # the FP8 GEMMs and cuDNN FP8 only run their emulation / sdpa on the CPU: every check passes, the verdict says so
+    assert "PASS  gemm_quant=fp8" in text and text.rstrip().splitlines()[-1].startswith("verify: INCOMPLETE: every check")
 
 
 def test_captured_inputs_round_trip(tmp_path):
