@@ -48,13 +48,12 @@ def test_no_tensor_the_plan_made_outlives_uninstall(recipe):
 
 def test_pipeline_installed_with_device_rests_on_the_host_after_uninstall():
     pytest.importorskip("transformers", reason="diffusers' MiniMaxH3ModularPipeline imports transformers")
-    import torch._lazy.ts_backend
     from omegaconf import OmegaConf
 
     from h3plan.actions.pipeline_build import build_pipeline
-    from install_helpers import ROOT
+    from install_helpers import ROOT, lazy_device
 
-    torch._lazy.ts_backend.init()
+    lazy_device()
     cfg = lambda name: OmegaConf.load(ROOT / name).diffusers_config  # noqa: E731
     pipe = build_pipeline(cfg("conf/model/h3_tiny.yaml"), cfg("conf/vae/h3_tiny_pipe.yaml"), vae_name="h3_tiny_pipe")
     pipe.audio_vae.user_cache = torch.ones(2, device="lazy")  # the user's, on the device before install: stays there
