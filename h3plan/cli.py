@@ -79,6 +79,9 @@ def run(argv: list[str]) -> int:
 
         sweep.strict_failure = None
         args.overrides = video_overrides(args.overrides)
+        _check_launcher(args.overrides)
+        if args.multirun and any(o.startswith("plan=") for o in args.overrides):
+            raise UsageError("plan=FILE reads one saved plan: a sweep (-m) plans its own combinations")
         with _one_composition(args), libyaml():
             _run_hydra(args=args, args_parser=parser, task_function=_task, config_path=CONFIG_PATH, config_name=CONFIG_NAME)
         if _failure is not None:
@@ -119,6 +122,24 @@ def _plain_run(args) -> bool:
     about a tenth of a cold plan (benchmarks/plan_speed.py)."""
     return not any(getattr(args, f, None) for f in _HYDRA_FLAGS) and not any(
         o.lstrip("+~").startswith(("hydra.", "hydra/", "hydra=")) for o in args.overrides)
+
+
+def _check_launcher(overrides: list[str]) -> None:
+    """hydra/launcher=submitit_slurm submits through Slurm's srun: on a machine without it submitit raises a
+    RuntimeError deep inside Hydra's launcher, which would read as an h3plan bug. It is the user's setup: say so.
+    (Without the plugin installed Hydra's own "no such option" line, with the install hint, comes first.)"""
+    import shutil
+
+    if (any(re.fullmatch(r"[+~]*hydra/launcher=submitit_slurm", o) for o in overrides) and _submitit_installed()
+            and shutil.which("srun") is None):
+        raise UsageError("hydra/launcher=submitit_slurm: no Slurm on this machine (srun is not on PATH); sweep from a "
+                         "Slurm login node, or here with hydra/launcher=joblib (or without hydra/launcher)")
+
+
+def _submitit_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is not None
 
 
 @contextlib.contextmanager
@@ -203,7 +224,7 @@ def _plan_and_act(cfg) -> int:
     global _rc
     from . import planner
 
-    plan = planner.resolve(cfg)
+    plan, cfg = _saved_plan(cfg) if cfg.plan else (planner.resolve(cfg), cfg)
     action = cfg.action.name
     if cfg.out:
         write_plan(plan, cfg.out)
@@ -216,7 +237,29 @@ def _plan_and_act(cfg) -> int:
     sys.stdout.write(text)
     if cfg.out and fmt == "table":
         print(f"plan written to {cfg.out}")
+    if cfg.plan and fmt == "table":
+        print(f"plan read from {cfg.plan} and checked: its config plans these settings again")
     return 0
+
+
+def _saved_plan(cfg):
+    """plan=FILE: the saved plan, read and checked by Plan.load (planned again from its own config, the file's
+    settings kept), instead of a plan from the command line's groups, and the config with the plan's sections (an
+    action builds the plan's model, not the default one). A group or section override beside it would be ignored:
+    refused, with the command that plans it."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from .planner import Plan
+    from .planning.schema import PLAN_SECTIONS
+
+    given = [o for o in HydraConfig.get().overrides.task if re.split(r"[.=/]", o.lstrip("+~"), maxsplit=1)[0] in PLAN_SECTIONS]
+    if given:
+        raise UsageError(f"plan={cfg.plan} is a saved plan, planned already: {' '.join(given)} would be ignored; plan "
+                         f"anew without plan= (python -m {PROG} {' '.join(given)} out=plan.yaml)")
+    from omegaconf import OmegaConf
+
+    plan = Plan.load(cfg.plan)
+    return plan, OmegaConf.merge(cfg, {s: plan.get(s) for s in PLAN_SECTIONS})
 
 
 def help_text(width: int = 110) -> str:
@@ -243,6 +286,8 @@ def help_text(width: int = 110) -> str:
                                        "that format"),
             (" ".join(f"video.{k}=" for k in FIELDS), "the request over the video preset: S (text + audio + video rows) "
                                                       "comes from it (video.seconds or video.frames: the other is nulled)"),
+            ("plan=FILE", "a saved plan (out= wrote it): read, check (planned again from its config) and print it, or "
+                          "act on it (action=verify|bench)"),
             ("parallel.seq_len=N", "plan for N tokens directly; it wins over the video request, and the plan says so"),
             (memory, "how the pipeline holds its models, for the peak-memory estimate (h3plan/planning/memory.py MemoryConfig)"),
             ("detail=summary|full", "table: the summary and one line per lever (default), or every reason, its sources "

@@ -7,6 +7,9 @@ device: its compute capability picks the packaged `hardware` group (conf/hardwar
 `compute_capability`), its total memory replaces `hardware.device.memory_gb`. `hardware=` plans for that
 group instead and touches no device (what a CPU machine must do). Everything else is the packaged config
 with `recipe`, `parallel`, `video` and `**overrides` (`**{"levers.attention": "sdpa"}`), as resolve_config.
+
+A transformer alone or a VAE alone plans the memory of what it will install only (`memory.holds=transformer|vae`:
+no decode for a lone transformer; no denoise, no audio VAE for a lone VAE), not a pipeline's.
 """
 
 from __future__ import annotations
@@ -73,6 +76,9 @@ def plan_for(obj, recipe: str | None = None, parallel: str | None = None, video:
     detected = None
     if hardware is None:
         choices["hardware"], detected = detect(device or comps.device)
+    held = [s for s in SECTIONS if s in comps.configs]
+    if len(held) == 1 and "memory.holds" not in overrides:  # one component, not a pipeline or a checkpoint folder
+        overrides = {**overrides, "memory.holds": {"model": "transformer", "vae": "vae"}[held[0]]}
     args = {**{k: v for k, v in choices.items() if v is not None}, **overrides}
     cfg = compose([f"{k}={v}" for k, v in args.items()])
     checkpoint.fill(cfg, comps)

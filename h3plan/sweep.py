@@ -8,12 +8,19 @@ same), prints one table and writes summary.json and summary.csv beside the jobs.
 an invalid or failed combination makes the sweep exit 1 (through `strict_failure`). In a sweep `out` is
 ignored (every plan goes to its job directory); `format=json|yaml` prints the summary rows (summary.json's)
 in that format on stdout instead of the table, the closing line going to stderr.
+
+A row's `plan` is the plan file's path relative to the sweep directory (`<job dir>/plan.yaml`) in summary.json and
+summary.csv alike (a job's own result.json names it relative to the job directory). `peak_gib` is the plan's peak
+memory per GPU; `never_ran` the `lever=setting` pairs h3plan never ran on that hardware (the table shows their
+count, `all` when every lever is a prediction). The table cuts an invalid row's reason (no parentheses, at most
+REASON_ROOM characters); summary.json and summary.csv keep it whole.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,6 +38,7 @@ KEY_LEVERS = ("gemm_quant", "attention", "fa4_2cta", "fp8_scales", "qk_norm_rope
               "a2a_fp8_codes", "prefix_inplace", "nvfp4_producer_quant", "vae_tiles", "vae_ops")
 SHORT = {"nvfp4_producer_quant": "nvfp4_fuse", "ulysses_overlap": "overlap", "a2a_fp8_codes": "a2a_fp8",
          "qk_norm_rope": "qk_rope", "prefix_inplace": "prefix", "fp8_scales": "scales", "gemm_quant": "gemm"}
+REASON_ROOM = 100  # an invalid row's reason in the table (the files keep it whole)
 
 
 # Set by SweepSummary in the launching process (Hydra turns a callback's exception into a warning);
@@ -53,6 +61,9 @@ def run_job(cfg, hc) -> dict[str, Any]:
         rec.update(status="ok", plan="plan.yaml", lossless=plan.lossless,
                    decisions={d.lever: d.setting for d in plan.decisions},
                    hardware_verified=all(d.hardware_verified for d in plan.decisions),
+                   never_ran=[f"{d.lever}={d.setting}" for d in plan.decisions if not d.hardware_verified],
+                   all_never_ran=not any(d.hardware_verified for d in plan.decisions),
+                   peak_gib=plan.derived_value("memory_peak_gib_per_gpu"),
                    attention_ms=plan.derived_value("attention_ms_per_block_est"),
                    gemm_ms=plan.derived_value("gemm_ms_per_block_est"))
         if cfg.action.name != "plan":
@@ -74,7 +85,10 @@ def collect(sweep_dir: Path) -> list[dict[str, Any]]:
                           key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name)):
         f = job_dir / "result.json"
         if f.exists():
-            rows.append(json.loads(f.read_text()))
+            row = json.loads(f.read_text())
+            if row.get("plan"):  # relative to the sweep directory, as summary.csv gives it
+                row["plan"] = f"{job_dir.name}/{row['plan']}"
+            rows.append(row)
         else:
             rows.append({"job": job_dir.name, "overrides": [], "choices": {}, "status": "failed",
                          "reason": f"no result.json in {job_dir.name} (the job did not finish)"})
@@ -90,13 +104,21 @@ def _label(row: dict[str, Any], common: frozenset = frozenset()) -> str:
     return " ".join([base] + rest).strip() or str(row.get("job"))
 
 
+def _cut(reason: str, room: int) -> str:
+    """An invalid row's reason for the table: without its parentheses (sources and asides, one level nested), cut
+    at a word to `room` characters."""
+    text = " ".join(re.sub(r"\s*\((?:[^()]|\([^()]*\))*\)", "", reason).split())
+    return text if len(text) <= room else text[: room - 3].rsplit(" ", 1)[0].rstrip(";,:") + "..."
+
+
 def _common(rows: list[dict[str, Any]]) -> frozenset:
     sets = [set(r.get("overrides", [])) for r in rows]
     return frozenset(set.intersection(*sets)) if sets else frozenset()
 
 
 def render(rows: list[dict[str, Any]]) -> str:
-    head = ["#", "combination", "status"] + [SHORT.get(k, k) for k in KEY_LEVERS] + ["lossless", "attn_ms", "gemm_ms"]
+    head = ["#", "combination", "status"] + [SHORT.get(k, k) for k in KEY_LEVERS] + [
+        "lossless", "attn_ms", "gemm_ms", "peak_gib", "never_ran"]
     table, common = [], _common(rows)
     for r in rows:
         cells = [str(r["job"]), _label(r, common)]
@@ -105,9 +127,11 @@ def render(rows: list[dict[str, Any]]) -> str:
             cells += ["ok"] + [d[k] for k in KEY_LEVERS] + [
                 "yes" if r["lossless"] else "no",
                 "n/a" if r.get("attention_ms") is None else f"{r['attention_ms']:.1f}",
-                "n/a" if r.get("gemm_ms") is None else f"{r['gemm_ms']:.1f}"]
+                "n/a" if r.get("gemm_ms") is None else f"{r['gemm_ms']:.1f}",
+                "n/a" if r.get("peak_gib") is None else f"{r['peak_gib']:.1f}",
+                "all" if r.get("all_never_ran") else str(len(r.get("never_ran", [])))]
         else:
-            cells += [f"{r['status']}: {r.get('reason', '')}"]
+            cells += [f"{r['status']}: {_cut(r.get('reason', ''), REASON_ROOM)}"]
         table.append(cells)
     widths = [max([len(head[i])] + [len(c[i]) for c in table if len(c) > i and not (i == 2 and c[i] != "ok")])
               for i in range(len(head))]
@@ -118,8 +142,9 @@ def render(rows: list[dict[str, Any]]) -> str:
         return "  ".join(f"{c:<{w}}" for c, w in zip(cells, widths)).rstrip()
 
     n_bad = sum(r["status"] != "ok" for r in rows)
+    total = f"{len(rows)} combinations, {len(rows) - n_bad} valid, {n_bad} invalid or failed"
     return "\n".join([line(head)] + [line(c) for c in table]
-                     + [f"{len(rows)} combinations, {len(rows) - n_bad} valid, {n_bad} invalid or failed"]) + "\n"
+                      + [total + (" (whole reasons: summary.csv)" if n_bad else "")]) + "\n"
 
 
 def write_summary(sweep_dir: Path, rows: list[dict[str, Any]]) -> None:
@@ -128,13 +153,17 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]]) -> None:
     with open(sweep_dir / "summary.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["job", "combination", *GROUPS, "status", "reason", *levers, "lossless", "hardware_verified",
-                    "attention_ms_per_block_est", "gemm_ms_per_block_est", "plan"])
+                    "attention_ms_per_block_est", "gemm_ms_per_block_est", "memory_peak_gib_per_gpu", "never_ran", "plan"])
         for r in rows:
             ch, d = r.get("choices") or {}, r.get("decisions") or {}
             w.writerow([r["job"], _label(r, common), *(ch.get(g, "") for g in GROUPS), r["status"], r.get("reason", ""),
                         *(d.get(k, "") for k in levers), r.get("lossless", ""), r.get("hardware_verified", ""),
-                        r.get("attention_ms", ""), r.get("gemm_ms", ""),
-                        f"{r['job']}/{r['plan']}" if r.get("plan") else ""])
+                        r.get("attention_ms", ""), r.get("gemm_ms", ""), _blank(r.get("peak_gib")),
+                        " ".join(r.get("never_ran", [])), r.get("plan", "")])
+
+
+def _blank(v: Any) -> Any:
+    return "" if v is None else v
 
 
 class SweepSummary(Callback):

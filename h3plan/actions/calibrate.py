@@ -32,6 +32,8 @@ from h3plan.planning.scale_table import ScaleTableError, config_hash, write
 from .calibrate_step_cache import run as run_step_cache
 from .verify import CPU_MAX_ROWS, _cfg_get, _prepare_device
 
+CPU_SMOKE = "python -m h3plan action=calibrate recipe=fp8 model=h3_tiny"  # the form that runs on a CPU, as verify's
+
 
 def settings(cfg) -> CalibrateConfig:
     """cfg.calibrate (DictConfig, dict or absent) over the dataclass defaults; an unknown key is one line."""
@@ -225,13 +227,13 @@ def run(cfg, plan) -> int:
 
     dcfg = cfg.model.diffusers_config
     if device == "cpu" and int(dcfg["hidden_size"]) > 1024:
-        raise UsageError("calibrate on the CPU needs a small model: pass model=h3_tiny (real width needs a GPU)")
+        raise UsageError(f"calibrate on the CPU needs a small model: pass model=h3_tiny (real width needs a GPU): {CPU_SMOKE}")
     dtype = resolve_dtype(c.dtype)
     default_len = 48 if device == "cpu" else int(_cfg_get(_cfg_get(cfg, "parallel", {}), "seq_len", 19000))
     seq_len = int(c.seq_len if c.seq_len is not None else default_len)
     if device == "cpu" and seq_len > CPU_MAX_ROWS:
         raise UsageError(f"calibrate.seq_len={seq_len}: at most {CPU_MAX_ROWS} rows on the CPU (the Triton interpreter; "
-                         "longer runs need a GPU): python -m h3plan action=calibrate recipe=fp8 model=h3_tiny")
+                         f"longer runs need a GPU): {CPU_SMOKE}")
     model, weights = _model(cfg, c, device, dtype)
     calib, held, calib_prov, held_prov, request = _inputs(cfg, c, device, seq_len)
     att, lin, why = fp8_sites(plan)

@@ -15,10 +15,22 @@ then runs:
    budget (recipe.budget.psnr_db_min) against R;
 4. the whole plan, against R (bitwise when the plan is lossless) and against (1) (the budget for lossy plans).
 
+5. the VAE levers (vae_precision, vae_tiles, vae_ops, vae_graphs): the plan installed into a seeded
+   AutoencoderKLMiniMaxH3 of `cfg.vae` (float32, as diffusers builds it) and one seeded latent decoded, against
+   diffusers' own float32 decode: a lossy VAE plan within the recipe's budget (PSNR and SSIM of the frames), a
+   lossless one bitwise (on CUDA; on the CPU the interpreter's kernels are not torch's CPU kernels, so the error
+   is printed and the bits are left to the GPU suite). On the CPU this needs a small VAE (vae=h3_tiny).
+
 Compared: the final hidden state (input of norm_out), the video and audio velocity outputs; max abs,
 relative (||a - b|| / ||b||) and PSNR (peak = max |reference|). Every run prints its call counters; a
-lever that installed swaps but never took its fused path fails, except FP8/NVFP4 GEMMs on hardware
-that lacks them, whose counted emulation is reported as such. Returns 0 only when every check passes.
+lever that installed swaps but never took its fused path fails, except FP8/NVFP4 GEMMs (and CUDA graphs) on
+hardware that lacks them, whose counted emulation (or diffusers' path) is reported as such.
+
+The verdict: `verify: PASS` (exit 0) only when every check passed and every lossy lever's own path ran and was
+judged; `verify: FAIL` (exit 1) when a check failed; `verify: INCOMPLETE` (exit 3) when every check that ran
+passed but a lossy lever could not be checked here (only its emulation ran, or verify could not install it),
+naming each with why. Lossless levers that could not run here (FA4 on the CPU: sdpa in its place; CUDA graphs)
+are named on the PASS line.
 """
 
 from __future__ import annotations
@@ -31,16 +43,19 @@ from dataclasses import dataclass, field
 from h3plan.attention import get_backend
 from h3plan.errors import UsageError
 from h3plan.install import counters as get_counters, fallback_reasons, install, reset_counters, uninstall
-from h3plan.levers import COUNTERS, REFERENCE_LEVERS, SPECS, ULYSSES_LEVERS
+from h3plan.levers import COUNTERS, OPTIONS, REFERENCE_LEVERS, SPECS, ULYSSES_LEVERS
 from h3plan.planner import Plan
 from h3plan.planning.checkpoint import transformer_folder
 from h3plan.planning.decision import make_decision
 
 from .verify_step_cache import check as check_step_cache
+from .pipeline_build import build_vae
 
 # A fallback reason starting with one of these is a platform limit: the lever's counted emulation ran.
-PLATFORM_LIMITS = ("FP8 GEMM needs CUDA", "FP8 GEMM needs SM89", "NVFP4 GEMMs need SM100+")
+PLATFORM_LIMITS = ("FP8 GEMM needs CUDA", "FP8 GEMM needs SM89", "NVFP4 GEMMs need SM100+", "CUDA graphs need a CUDA device")
 OUTPUTS = ("hidden", "video", "audio")
+VAE_LEVERS = tuple(dict.fromkeys(lever for lever, o in OPTIONS.values() if o.scope == "vae"))  # registry order
+INCOMPLETE = 3  # exit status: every check that ran passed, a lossy lever could not be checked here
 
 
 def _cfg_get(cfg, key, default=None):
@@ -213,6 +228,21 @@ class Report:
         self.ok = True
         self.lines: list[str] = []
         self.results: list[tuple[str, bool, str]] = []  # (name, ok, verdict): action=tune's kernel checks
+        self.unchecked: dict[str, str] = {}  # lossy lever=setting -> why it could not be checked here
+        self.not_run: dict[str, str] = {}  # lossless lever=setting -> why it did not run here
+
+    def skip(self, name: str, why: str, lossless: bool) -> None:
+        (self.not_run if lossless else self.unchecked).setdefault(name, why)
+
+    def verdict(self) -> tuple[str, int]:
+        if not self.ok:
+            return "verify: FAIL", 1
+        if self.unchecked:
+            return ("verify: INCOMPLETE: every check that ran passed, but not checked here: "
+                    + "; ".join(f"{k} ({v})" for k, v in self.unchecked.items()), INCOMPLETE)
+        if self.not_run:
+            return "verify: PASS (lossless, not run here: " + "; ".join(f"{k}: {v}" for k, v in self.not_run.items()) + ")", 0
+        return "verify: PASS", 0
 
     def line(self, name, verdict, metrics=None, counters=None, ok=True):
         self.ok &= ok
@@ -249,9 +279,10 @@ def _engaged(run: Run, lever: str) -> tuple[bool, str]:
     return False, "fused path never ran: " + ("; ".join(reasons) or "no calls")
 
 
-def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, header=None, results=None) -> int:
-    """Run the checks of the module docstring on a built model and inputs; prints them; 0 = all pass. `results`
-    (a list) receives (name, ok, verdict) per check line."""
+def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, header=None, vae=None, results=None) -> int:
+    """Run the checks of the module docstring on a built model and inputs; prints them; returns the verdict's exit
+    status (0 PASS, 1 FAIL, 3 INCOMPLETE). vae: (vae, latent) or why there is none, for check 5 (None: no VAE check,
+    the plan's VAE levers are left out of the verdict). `results` (a list) receives (name, ok, verdict) per check line."""
     import torch
 
     dtype = dtype or torch.bfloat16
@@ -265,6 +296,9 @@ def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, head
     why = _availability(backend, model, device, dtype)
     if why is not None:
         print(f"attention backend {backend!r} cannot run here ({why}): sdpa replaces it on both sides")
+        for d in plan.decisions:
+            if d.lever == "attention" or (d.enabled and backend in SPECS[d.lever].backends.get(d.setting, ())):
+                rep.skip(f"{d.lever}={d.setting}", f"{backend} cannot run here, sdpa in its place", d.lossless)
         plan = _substitute_backend(plan, "sdpa", f"{backend} unavailable: {why}")
         backend = "sdpa"
     print(f"lossless levers are judged against the reference R: attention={backend} on both sides, every "
@@ -286,6 +320,7 @@ def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, head
                  m, _counter_text(ref, ["attention", "fa4_2cta"]), ok=ok)
         rep.ok &= ref.counters.get("attention.fused", 0) > 0
 
+    alone = []  # decisions their own run could not install (one that needs another lever): the whole plan's run may
     for d in plan.decisions:
         if d.lever in REFERENCE_LEVERS:
             continue
@@ -295,13 +330,22 @@ def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, head
         if d.lever == "step_cache":  # one forward says nothing about skipped ones: a generation (verify_step_cache.py)
             check_step_cache(model, inputs, plan, rep, compare, registry)
             continue
+        if d.lever in VAE_LEVERS:
+            print(f"SKIP  {d.lever + '=' + d.setting:<34} a VAE lever: " + ("checked with the VAE below" if vae is not None
+                                                                      else "this verify builds no VAE"))
+            continue
         run = v.run(_subplan(plan, base + [d]))
         name = f"{d.lever}={d.setting}"
         if d.lever not in run.swapped:
             why = next((r for lv, r in run.skipped if d.lever in lv), "nothing to install on this model")
-            print(f"SKIP  {name:<34} {why}")
+            if not d.lossless:  # a lossless lever with nothing to install leaves diffusers' own op: nothing to check
+                rep.skip(name, why, d.lossless)
+            alone.append(d)
+            print(f"SKIP  {name:<34} {why} (alone; the whole plan below may run it)")
             continue
         engaged, how = _engaged(run, d.lever)
+        if how.startswith("emulated here"):
+            rep.skip(name, f"only its emulation ran: {how.removeprefix('emulated here: ')}", d.lossless)
         m = {k: compare(run.outputs[k], ref.outputs[k]) for k in OUTPUTS}
         if d.lossless:
             same = all(x["bitwise"] for x in m.values())
@@ -313,6 +357,12 @@ def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, head
             rep.line(name, f"lossy vs R, budget psnr >= {budget} dB; {how}", m, _counter_text(run, [d.lever]), ok=ok)
 
     whole = v.run(plan)
+    for d in alone:  # installed with the rest of the plan: checked by the whole-plan lines below when its path ran
+        engaged, how = _engaged(whole, d.lever)
+        if d.lever in whole.swapped and how == "fused path ran":
+            rep.unchecked.pop(f"{d.lever}={d.setting}", None)
+            rep.not_run.pop(f"{d.lever}={d.setting}", None)
+            print(f"NOTE  {d.lever + '=' + d.setting:<34} ran in the whole plan (fused path ran): judged by its lines below")
     levers = [d.lever for d in plan.decisions]
     m_ref = {k: compare(whole.outputs[k], ref.outputs[k]) for k in OUTPUTS}
     m_eager = {k: compare(whole.outputs[k], eager.outputs[k]) for k in OUTPUTS}
@@ -330,10 +380,71 @@ def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, head
                  _counter_text(whole, levers), ok=budget is not None and psnr >= budget)
         rep.line("whole plan vs R", "error against the same backend", m_ref, ok=True)
     v.hook.remove()
+    if vae is not None:
+        verify_vae(vae, plan, rep, device=device)
     if results is not None:
         results.extend(rep.results)
-    print(f"verify: {'PASS' if rep.ok else 'FAIL'}")
-    return 0 if rep.ok else 1
+    line, rc = rep.verdict()
+    print(line)
+    return rc
+
+
+def verify_vae(case, plan, rep: Report, *, device="cpu") -> None:
+    """Check 5 of the module docstring. case: (vae, latent), or a string saying why verify could not build one (every
+    enabled VAE lever is then reported as not checked)."""
+    import torch
+
+    decisions = [d for d in plan.decisions if d.lever in VAE_LEVERS and d.enabled and d.setting != "default"]  # as `runs`
+    if not decisions:
+        return
+    if isinstance(case, str):
+        for d in decisions:
+            rep.skip(f"{d.lever}={d.setting}", case, d.lossless)
+        print(f"SKIP  {'VAE levers':<34} {case}")
+        return
+    vae, z = case
+    with torch.no_grad():
+        ref = vae.decode(z).sample
+    report = install(vae, _subplan(plan, decisions))
+    try:
+        reset_counters()
+        with torch.no_grad():
+            out = vae.decode(z).sample
+        counts, reasons = get_counters(), fallback_reasons()
+    finally:
+        uninstall(vae)
+    swapped = report.swapped_levers()
+    for d in decisions:
+        name = f"{d.lever}={d.setting}"
+        if d.lever not in swapped:
+            why = next((r for lv, r in report.skipped if d.lever in lv), "nothing to install on this VAE")
+            if not d.lossless:
+                rep.skip(name, why, d.lossless)
+            print(f"SKIP  {name:<34} {why}")
+            continue
+        for key in sorted({k.rpartition(".")[0] for k in counts if k.startswith(d.lever + ".")}):  # less .fused/.fallback
+            why = list(reasons.get(key, {}))
+            if counts.get(f"{key}.fused", 0):
+                continue
+            if why and all(r.startswith(PLATFORM_LIMITS) for r in why):
+                rep.skip(name, f"{key}: only diffusers' path or its emulation ran: " + "; ".join(why), d.lossless)
+            else:
+                rep.line(name, f"{key}: fused path never ran: " + ("; ".join(why) or "no calls"), ok=False)
+    m = compare(out.float(), ref)
+    lossy = [f"{d.lever}={d.setting}" for d in decisions if not d.lossless]
+    counted = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()) if k.startswith("vae_")) or "(no guarded calls)"
+    if lossy:
+        b = (plan.get("recipe") or {}).get("budget") or {}
+        m["ssim"] = video_ssim(out.float(), ref)
+        ok = b.get("psnr_db_min") is not None and m["psnr_db"] >= b["psnr_db_min"] and m["ssim"] >= (b.get("ssim_min") or 0)
+        rep.line("VAE plan vs diffusers decode", f"lossy ({', '.join(lossy)}), budget psnr >= {b.get('psnr_db_min')} dB, "
+                 f"ssim >= {b.get('ssim_min')} (frames)", {"frames": m}, counted, ok=ok)
+    elif device == "cpu":
+        print(f"NOTE  {'VAE plan vs diffusers decode':<34} lossless: bitwise on CUDA (tests/gpu/test_install_vae_gpu.py); "
+              f"here the interpreter's kernels against torch's CPU ops: frames {_fmt(m)}")
+    else:
+        rep.line("VAE plan vs diffusers decode", "bitwise equal" if m["bitwise"] else "NOT bitwise equal",
+                 None if m["bitwise"] else {"frames": m}, counted, ok=m["bitwise"])
 
 
 def _cpu_size(seq_len: int, blocks: int | None) -> None:
@@ -380,4 +491,24 @@ def run(cfg, plan, *, registry=None) -> int:
     header = (f"verify: {len(model.transformer_blocks)} blocks, hidden {model.config.hidden_size}, {a.heads}x{a.head_dim} "
               f"heads; S={seq_len} (text {n_text}, audio {n_audio}, video {n_video}); {device} ({where}); "
               f"{dtype}; " + (f"weights from {path}; input seed {seed}" if path else f"seed {seed}"))
-    return verify(model, inputs, plan, registry=registry, device=device, dtype=dtype, header=header)
+    return verify(model, inputs, plan, registry=registry, device=device, dtype=dtype, header=header,
+                  vae=_vae_case(cfg, device, seed))
+
+
+def _vae_case(cfg, device, seed):
+    """(a seeded float32 VAE of cfg.vae, a seeded latent) for check 5, or why not (a real-width VAE on the CPU)."""
+    import torch
+
+    vcfg = _cfg_get(_cfg_get(cfg, "vae", {}), "diffusers_config", None)
+    if vcfg is None:
+        return "no VAE config (vae=)"
+    width = int(vcfg["decoder_num_attention_heads"]) * int(vcfg["decoder_attention_head_dim"])
+    small = width <= 1024
+    if device == "cpu" and not small:
+        return f"vae={_cfg_get(cfg.vae, 'name', '?')} is real width (decoder {width}): on the CPU pass vae=h3_tiny"
+    vae = build_vae(vcfg, device=device, seed=seed + 1)
+    # the tiny VAE: one 3-frame clip of 6x6 latents (one tile); released: 4 latent frames at 48x84 (768x1344 px)
+    frames, h, w = (3, 6, 6) if small else (4, 48, 84)
+    g = torch.Generator("cpu").manual_seed(seed + 2)
+    z = torch.randn(1, int(vcfg["latent_channels"]), frames, h, w, generator=g).to(device)
+    return vae, z

@@ -14,7 +14,10 @@ Moves keep the Parameter and buffer objects (`t.data = t.data.to(device)`) where
 (cpu <-> cuda), as nn.Module.to does, so a state_dict taken before install still names the same tensors; where
 it cannot (other device types, torch's `lazy` in the CPU tests) the module gets a new tensor, as nn.Module.to
 does too, and uninstall puts the original objects back. `restore()` (uninstall) moves every one back to the
-device it came from, bit for bit: a host-loaded model rests on the host again after uninstall.
+device it came from, bit for bit: a host-loaded model rests on the host again after uninstall. A tensor a call
+left in a moved module's plain attributes on the device (`torch.nn.utils.weight_norm` recomputes `weight` on each
+forward and keeps it as an attribute: the audio VAE's convolutions) goes back to the host with it; those that were
+on the device before install stay.
 
 `target(device)` checks the argument and `check(model, device, name)` the model's placement: each is one
 InstallError line. Torch's own devices only; the CPU test suite moves to torch's `lazy` device.
@@ -82,13 +85,13 @@ class Placement:
 
     device: torch.device
     moved: list = field(default_factory=list)  # (tensor now, device before, None | (original tensor, its slots))
-    modules: list = field(default_factory=list)  # the modules move() took (their derived weights, at restore)
+    modules: list = field(default_factory=list)  # (module moved, ids of its attribute tensors on the device then)
 
     def move(self, module, keep=frozenset()) -> int:
         """Move every parameter and buffer of `module` not on the device, except the tensors in `keep` (ids);
         returns the bytes moved. One tensor at a time: the host copy is freed as its device copy lands."""
         nbytes = 0
-        self.modules.append(module)
+        self.modules.append((module, {id(t) for _, _, t in _attribute_tensors(module) if same(t.device, self.device)}))
         for t, where in _slots(module).values():
             if id(t) not in keep:
                 nbytes += self.move_tensor(t, where)
@@ -130,21 +133,20 @@ class Placement:
                 t.data = now.data.to(before)
                 for mod, kind, name in where:
                     getattr(mod, kind)[name] = t
-        for module in self.modules:
-            _recompute_weight_norm(module)
+            host = next((before for _, before, _ in self.moved), torch.device("cpu"))
+            for module, kept in self.modules:
+                for mod, name, t in _attribute_tensors(module):
+                    if same(t.device, self.device) and id(t) not in kept:
+                        mod.__dict__[name] = t.to(host)
         self.moved, self.modules = [], []
 
 
-def _recompute_weight_norm(module) -> None:
-    """torch.nn.utils.weight_norm keeps the weight it derives from g and v as a plain attribute, rewritten by a
-    pre-forward hook: after a call on the device it is a device tensor that no move sees (diffusers' audio VAE:
-    about 0.25 GiB). Derive it again where g and v rest now, as the hook does (and as weight_norm did at load)."""
-    from torch.nn.utils.weight_norm import WeightNorm
-
-    for m in module.modules():
-        for hook in m._forward_pre_hooks.values():
-            if isinstance(hook, WeightNorm):
-                setattr(m, hook.name, hook.compute_weight(m))
+def _attribute_tensors(module):
+    """(module, name, tensor) of every tensor held in a plain attribute (module.__dict__, not a parameter or buffer)."""
+    for mod in module.modules():
+        for name, t in list(mod.__dict__.items()):
+            if isinstance(t, torch.Tensor):
+                yield mod, name, t
 
 
 def _slots(module) -> dict[int, tuple]:

@@ -60,6 +60,8 @@ GiB = 2**30
 TRANSFORMER_FP32 = ("proj_in", "audio_proj_in", "time_embedder", "proj_out", "audio_proj_out")  # _keep_in_fp32_modules
 QUANT_BYTES = {"fp8": "1 byte + a float32 scale per output channel", "nvfp4": "0.5 byte + an e4m3 scale per 16 + a float32 global"}
 OFFLOAD = ("none", "model")
+HELD = {"pipeline": ("transformer", "vae", "audio_vae"), "transformer": ("transformer",), "vae": ("vae",)}  # memory.holds
+HOLDS = tuple(HELD)
 VAE_DTYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
@@ -93,6 +95,10 @@ class MemoryConfig:
     host_link_gbps: float = 50.0
     """Host <-> device copy rate for moving the conditioner (offload_after, host): assumed, PCIe 5.0 x16's 64 GB/s
     per direction at about 80%; never measured by h3plan (set the link's own)."""
+    holds: str = "pipeline"
+    """What the plan is installed into, and so what the device holds: pipeline (the transformer, the VAE and the audio
+    VAE), transformer (a MiniMaxH3Transformer3DModel alone: no decode) or vae (an AutoencoderKLMiniMaxH3 alone: no
+    denoise, no audio VAE). h3plan.plan_for sets it from what it is given."""
 
 
 def _setting(settings: Mapping[str, Any], lever: str, default: str) -> str:
@@ -185,6 +191,8 @@ def _options(sections) -> dict[str, Any]:
     m = {**MemoryConfig().__dict__, **(sections.get("memory") or {})}
     if m["offload"] not in OFFLOAD:
         raise ConfigError(f"memory.offload={m['offload']}", f"allowed: {', '.join(OFFLOAD)}")
+    if m["holds"] not in HOLDS:
+        raise ConfigError(f"memory.holds={m['holds']}", f"allowed: {', '.join(HOLDS)}")
     if m["vae_dtype"] not in VAE_DTYPES:
         raise ConfigError(f"memory.vae_dtype={m['vae_dtype']}", f"allowed: {', '.join(VAE_DTYPES)}")
     if m["partitions"] not in ("one", "both"):
@@ -256,19 +264,22 @@ def _weights(it: _Items, sections, settings, opts) -> None:
     staged = []  # install(pipe, plan, device="cuda") of a pipeline on the host: what it stages on the device, one at a time
     if tables:
         staged.append((2 * MODULATION_OUT * dc["hidden_size"] * (dc["time_embed_dim"] + 1),
-                       "one AdaLN linear streamed for its table entries (bf16)"))
+                       "one AdaLN linear streamed for its table entries (bf16)", "transformer"))
     if quant is not None and checkpoint != gq:
         big = dc["hidden_size"] * 2 * dc["ffn_dim"]  # ff.net.0.proj, the largest block linear
         staged.append((10 * big, f"the largest block linear ({big:,} weights) streamed in bf16 and quantised: + its two "
-                                 "float32 temporaries (quantize_weight)"))
+                                 "float32 temporaries (quantize_weight)", "transformer"))
     if vd != opts["vae_dtype"]:
-        staged.append((4 * vp["dim"] * 2 * vp["ffn_inner"], "the largest VAE tensor streamed in float32 for its cast"))
+        staged.append((4 * vp["dim"] * 2 * vp["ffn_inner"], "the largest VAE tensor streamed in float32 for its cast", "vae"))
+    staged = [(b, why) for b, why, comp in staged if comp in HELD[opts["holds"]]]
     most = max(staged, default=(0, "nothing staged: every tensor moves as it is"))
     it.add("install_staging", most[0], f"install from the host (device=): {most[1]}; the rest of what it moves is the "
                                        "resident weights, a tensor at a time")
-    loaded = (base + (tables["weight_bytes"] if tables else 0) + (quant - 2 * tp["block_linears"] if quant is not None and checkpoint == gq else 0)
-              + 4 * vp["fp32_kept"] + vb * (vp["decoder_linears"] + vp["other"]) + vb * pipe["audio_vae"]["params"])
-    return loaded
+    loaded = {"transformer": base + (tables["weight_bytes"] if tables else 0)
+              + (quant - 2 * tp["block_linears"] if quant is not None and checkpoint == gq else 0),
+              "vae": 4 * vp["fp32_kept"] + vb * (vp["decoder_linears"] + vp["other"]),
+              "audio_vae": vb * pipe["audio_vae"]["params"]}
+    return sum(loaded[k] for k in HELD[opts["holds"]])
 
 
 def _adaln_plan(sections, dc, pipe) -> dict[str, Any]:
@@ -417,7 +428,9 @@ def estimate(sections: Mapping[str, Any], shape: Mapping[str, Any], settings: Ma
         it.add("vae_decode", 0, geo_src)
         it.add("video_postprocess", 0, geo_src)
     g = it.gib
-    vae_res = ["vae_weights", "audio_vae_weights"] + [k for k in ("vae_fp8_gemms", "vae_graph_pools") if k in g]
+    holds = opts["holds"]
+    vae_res = ["vae_weights"] + (["audio_vae_weights"] if holds == "pipeline" else []) + [
+        k for k in ("vae_fp8_gemms", "vae_graph_pools") if k in g]
     if opts["partitions"] == "both":  # the other partition as installed: the same widths, weights and tables
         mine = [k for k in ("transformer_weights", "transformer_quant_copies", "adaln_tables") if k in g]
         it.add("other_partition_weights", sum(g[k] for k in mine) * GiB,
@@ -425,27 +438,31 @@ def estimate(sections: Mapping[str, Any], shape: Mapping[str, Any], settings: Ma
                f"({' + '.join(mine)})")
     tr_res = (["transformer_weights"] + [k for k in ("transformer_quant_copies", "adaln_tables", "other_partition_weights")
                                          if k in g])
-    both = opts["offload"] == "none"
+    both = opts["offload"] == "none" and holds == "pipeline"
     # the stack's full-S inputs stay referenced while the blocks run (H200: the denoise peak less the resident
     # weights is block_activations + stack_boundary + step_inputs within 1%, benchmarks/results/memory-h200.md)
     denoise = tr_res + (vae_res if both else []) + ["step_inputs", "block_activations", "stack_boundary"]
     decode = (vae_res + (tr_res if both else []) + [k for k in ("vae_autocast_cache",) if k in g]
               + [max(("vae_decode", "video_postprocess"), key=g.get)])
     # install(pipe, plan, device="cuda") of a pipeline loaded on the host: the resident weights + one staged tensor
-    install = tr_res + (vae_res if both else []) + ["install_staging"]
+    install = (vae_res if holds == "vae" else tr_res) + (vae_res if both else []) + ["install_staging"]
+    kept = {"pipeline": ("denoise", "decode"), "transformer": ("denoise",), "vae": ("decode",)}[holds]  # what it runs
     phases = {name: {"gib": round(sum(g[k] for k in keys), 3), "items": keys}
-              for name, keys in (("denoise", denoise), ("decode", decode), ("install", install))}
+              for name, keys in (("denoise", denoise), ("decode", decode), ("install", install)) if name in kept + ("install",)}
     # while encoding: the models resident beside it (offload=model: one model on the device at a time, none)
-    te = _conditioner(it, sections, opts, phases, tr_res + vae_res if both else [], geo)
+    te = _conditioner(it, sections, opts, phases, tr_res + vae_res if both else [], geo) if holds == "pipeline" else None
     peak_phase = max(phases, key=lambda k: phases[k]["gib"])
     return {
-        "peak_gib": phases[peak_phase]["gib"], "peak_phase": peak_phase, "phases": phases, "breakdown": g, "basis": it.basis,
+        "peak_gib": phases[peak_phase]["gib"], "peak_phase": peak_phase, "phases": phases,
+        "breakdown": {k: v for k, v in g.items() if holds == "pipeline" or any(k in p["items"] for p in phases.values())},
+        "basis": it.basis,
         "install_gib": phases["install"]["gib"], "loaded_gib": _gib(loaded), "text_encoder": te,
         "summary": (f"peak = the largest phase ({peak_phase}; install: a pipeline loaded on the host, moved at "
                     f"install(pipe, plan, device=\"cuda\"); moved to the GPU whole before install, pipe.to(\"cuda\"), it holds "
                     f"{_gib(loaded)} GiB); "
                     f"offload={opts['offload']}: "
-                    + ("every model stays resident in both phases" if both else "the transformer while denoising, the VAEs while decoding")),
+                    + (f"memory.holds={holds}: only the {holds} is counted" if holds != "pipeline" else
+                       "every model stays resident in both phases" if both else "the transformer while denoising, the VAEs while decoding")),
         "inputs": {"sections": copy.deepcopy(dict(sections)), "shape": dict(shape),
                    "settings": {k: str(getattr(v, "setting", v)) for k, v in settings.items()}},
     }

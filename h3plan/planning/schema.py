@@ -277,6 +277,9 @@ class H3PlanConfig:
     """format=table: `summary` leads with what runs, what is lossy, what has no kernel or never ran, then one line
     per lever; `full` prints every reason with its sources and the derived numbers."""
     out: Optional[str] = None
+    plan: Optional[str] = None
+    """A saved plan file (`out=` wrote it; .json or YAML): read and checked (planned again from its own config), then
+    printed or acted on, instead of planning from the command line's groups."""
     strict: bool = False
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     recipe: RecipeConfig = field(default_factory=RecipeConfig)

@@ -28,7 +28,11 @@ stream and clones its output on that stream before returning, all graphs capture
 one capture stream, and no graph reads another's memory (an intermediate freed at the end of one
 capture may be reused by the next capture, and every replay rewrites its intermediates before reading
 them). Decodes interleaved on two streams without synchronisation are unsupported (they would also
-share one graph's static buffers). Inner fused-op counters (vae_ops.*) count only the warm-up and
+share one graph's static buffers). torch keeps one cuBLAS workspace per (handle, stream) for the process; one made
+by the warm-up on the side stream or inside the capture (then in the graph's pool) would outlive the graphs, and
+after uninstall stay allocated on the device and pin the pool: the capture clears torch's workspaces before and
+after, as Inductor's CUDA-graph trees do around theirs (the next eager GEMM makes a new one; a graph keeps the
+workspace it captured with in its own pool, which only later captures into that pool reuse, never concurrently). Inner fused-op counters (vae_ops.*) count only the warm-up and
 capture runs.
 """
 
@@ -61,22 +65,12 @@ def _autocast_state(device_type: str) -> tuple:
     return (True, torch.get_autocast_dtype(device_type), torch.is_autocast_cache_enabled())
 
 
-_SIDE: dict[torch.device, Any] = {}  # one warm-up stream per device, for every capture
-
-
-def _side_stream(device: torch.device):
-    """The warm-up stream of `device`, made once: cuBLAS keeps a workspace per stream it ran on for the life of the
-    process, so a new stream per capture would leave one more workspace (32 MiB on the H200) behind each time."""
-    if device not in _SIDE:
-        _SIDE[device] = torch.cuda.Stream(device=device)
-    return _SIDE[device]
-
-
 def cuda_capture(fn: Callable, x: torch.Tensor, pool=None) -> _Entry:
     """Warm up `fn` on a side stream, then capture fn(static copy of x) into a CUDA graph in `pool` (None: a
     new pool, from torch.cuda.graph_pool_handle, returned in the entry for the next captures to share)."""
     static_in = x.detach().clone()
-    side = _side_stream(x.device)
+    _clear_cublas_workspaces()
+    side = torch.cuda.Stream(device=x.device)
     side.wait_stream(torch.cuda.current_stream(x.device))
     with torch.cuda.stream(side):
         for _ in range(WARMUP):
@@ -86,7 +80,15 @@ def cuda_capture(fn: Callable, x: torch.Tensor, pool=None) -> _Entry:
     pool = torch.cuda.graph_pool_handle() if pool is None else pool
     with torch.cuda.graph(graph, pool=pool):
         static_out = fn(static_in)
+    _clear_cublas_workspaces()
     return _Entry(graph, static_in, static_out, (), pool)
+
+
+def _clear_cublas_workspaces() -> None:
+    """Drop torch's cached cuBLAS workspaces (module docstring: none made by a capture outlives it)."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
 
 
 class GraphedDecoder:
@@ -179,13 +181,6 @@ class GraphedDecoder:
         return e.static_out.clone()
 
     def release(self) -> None:
-        """Drop every graph and its pool; after a CUDA capture also cuBLAS's per-stream workspaces (the warm-up and
-        capture streams' would otherwise stay allocated for the life of the process; torch makes any workspace it
-        needs again at the next GEMM, as its own CUDA-graph trees do after clearing them)."""
-        captured = self.pool is not None
         self.graphs.clear()
         self.refused.clear()
         self.pool = None
-        if captured and torch.cuda.is_available():
-            torch.cuda.synchronize()
-            torch._C._cuda_clearCublasWorkspaces()

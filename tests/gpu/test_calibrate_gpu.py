@@ -66,6 +66,7 @@ def test_verify_the_plan_with_the_table(table, capsys):
     assert p.decision("fp8_scales").setting == "static"
     assert p.decision("gemm_quant").to_dict()["params"]["input_scales"] == "static"
     cfg = OmegaConf.create({"model": OmegaConf.load(ROOT / "conf/model/h3.yaml"), "parallel": {"seq_len": 19000},
+                            "vae": OmegaConf.load(ROOT / "conf/vae/h3.yaml"),  # verify judges the fp8 recipe's VAE levers too
                             "verify": {"blocks": 2, "seq_len": 19000, "seed": 0, "device": "cuda", "dtype": "bf16"}})
     rc = get_action("verify")(cfg, p)
     out = capsys.readouterr().out

@@ -57,3 +57,17 @@ def forward(model, inputs):
     with torch.no_grad():
         out = model(**inputs)
     return out.sample, out.audio_sample
+
+
+_LAZY_READY = []
+
+
+def lazy_device():
+    """torch's `lazy` device (the TorchScript backend on the CPU), initialised once per process: a second init
+    raises ("multiple backend fallbacks for the same dispatch key Lazy")."""
+    if not _LAZY_READY:
+        from torch._lazy import ts_backend
+
+        ts_backend.init()
+        _LAZY_READY.append(True)
+    return torch.device("lazy")

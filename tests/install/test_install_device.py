@@ -14,7 +14,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from install_helpers import LEVERS, plan, tiny_model
+from install_helpers import LEVERS, lazy_device, plan, tiny_model
 from test_install_adaln_table import REG, SPEC, table_plan
 
 from h3plan.errors import InstallError
@@ -28,9 +28,7 @@ LAZY = torch.device("lazy")
 
 @pytest.fixture(scope="module", autouse=True)
 def lazy():
-    import torch._lazy.ts_backend
-
-    torch._lazy.ts_backend.init()
+    lazy_device()
 
 
 def snapshot(model):
