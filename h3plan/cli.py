@@ -16,18 +16,16 @@ import contextlib
 import os
 import re
 import sys
-import textwrap
 from typing import Any
 
 from . import __version__
 from .actions import ACTIONS, run_action
 from .errors import H3PlanError, UsageError
-from .levers import SPECS, not_installed
+from .levers import SPECS
 from .planning.config import CONFIG_NAME, CONFIG_PATH, compose, condense, libyaml, record_choices
-from .planning.derive import ORDER
-from .planning.memory import MemoryConfig, usable_gib
+from .planning.memory import MemoryConfig
 from .planning.request import FIELDS, video_overrides
-from .planning.tuned import measured_on, stale
+from .planning.render import _request_lines, _short, _wrap, render_summary, render_table  # noqa: F401 (cli.render_*)
 
 PROG = "h3plan"
 _rc = 0
@@ -74,7 +72,7 @@ def run(argv: list[str]) -> int:
         if _plain_run(args):  # a plan without Hydra's job machinery: one composition, nothing of Hydra's run
             cfg = compose(args.overrides)
             if cfg.action.name == "plan":
-                return _plan_and_act(cfg)
+                return _plan_and_act(cfg, args.overrides)
         from . import sweep
 
         sweep.strict_failure = None
@@ -214,17 +212,18 @@ def _task(cfg) -> Any:
 
         return sweep.run_job(cfg, HydraConfig.get())
     try:  # raised again by run() after Hydra returns: Hydra would log its own error line first
-        return _plan_and_act(cfg)
+        return _plan_and_act(cfg, list(HydraConfig.get().overrides.task))
     except Exception as e:  # noqa: BLE001
         _failure = e
         return None
 
 
-def _plan_and_act(cfg) -> int:
+def _plan_and_act(cfg, overrides: list[str]) -> int:
+    """Plan (or read plan=FILE) and print it or run the action; `overrides`: the command line's (plan=FILE's check)."""
     global _rc
     from . import planner
 
-    plan, cfg = _saved_plan(cfg) if cfg.plan else (planner.resolve(cfg), cfg)
+    plan, cfg = _saved_plan(cfg, overrides) if cfg.plan else (planner.resolve(cfg), cfg)
     action = cfg.action.name
     if cfg.out:
         write_plan(plan, cfg.out)
@@ -242,17 +241,15 @@ def _plan_and_act(cfg) -> int:
     return 0
 
 
-def _saved_plan(cfg):
+def _saved_plan(cfg, overrides: list[str]):
     """plan=FILE: the saved plan, read and checked by Plan.load (planned again from its own config, the file's
     settings kept), instead of a plan from the command line's groups, and the config with the plan's sections (an
     action builds the plan's model, not the default one). A group or section override beside it would be ignored:
     refused, with the command that plans it."""
-    from hydra.core.hydra_config import HydraConfig
-
     from .planner import Plan
     from .planning.schema import PLAN_SECTIONS
 
-    given = [o for o in HydraConfig.get().overrides.task if re.split(r"[.=/]", o.lstrip("+~"), maxsplit=1)[0] in PLAN_SECTIONS]
+    given = [o for o in overrides if re.split(r"[.=/]", o.lstrip("+~"), maxsplit=1)[0] in PLAN_SECTIONS]
     if given:
         raise UsageError(f"plan={cfg.plan} is a saved plan, planned already: {' '.join(given)} would be ignored; plan "
                          f"anew without plan= (python -m {PROG} {' '.join(given)} out=plan.yaml)")
@@ -314,69 +311,6 @@ def help_text(width: int = 110) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _request_lines(plan, width: int) -> list[str]:
-    """`request` (where S comes from) and `memory` (the peak per GPU) lines of the table header."""
-    seq = plan.derived_value("sequence") or {}
-    if seq.get("source") == "parallel.seq_len":
-        other = seq.get("video_request_seq_len")
-        req = f"parallel.seq_len={seq['seq_len']:,} set explicitly" + (f" (the video request would give {other:,})" if other else "")
-        if seq.get("video_request_refused"):
-            req += f" (the video request does not apply: {seq['video_request_refused'].partition(':')[0]})"
-    elif seq:
-        audio = f"{seq['audio_rows']:,} audio + " if seq.get("audio_rows") else "no audio + "
-        cond = {"fl2va": "keyframe", "ref2va": "reference"}.get(seq.get("task"))  # t2va: no conditioning rows
-        if cond:
-            audio = (f"{seq['condition_video_rows']:,} {cond} video + " + (f"{seq['condition_audio_rows']:,} {cond} audio + "
-                     if seq.get("condition_audio_rows") else "") + audio)
-        task = f" ({seq['task']}, {seq['partition']}/)" if cond else ""
-        req = (f"{seq['source']}{task}: {seq['height']}x{seq['width']} px, {seq['frames']} frames ({seq['seconds']:.2f} s at "
-               f"{seq['fps']:g} fps); {seq['text_rows']:,} text + {audio}{seq['video_rows']:,} video rows = "
-               f"{seq['seq_len']:,} tokens; {seq['transformer_forwards']} transformer forwards "
-               f"(num_inference_steps {seq['num_inference_steps']})")
-    else:
-        return []
-    apart = plan.derived_value("components_apart")
-    texts = ["request  " + req + (f"; {apart}" if apart else "")]
-    peak, breakdown = plan.derived_value("memory_peak_gib_per_gpu"), plan.derived_value("memory_breakdown_gib") or {}
-    if peak is not None:
-        texts += _memory_texts(plan, peak, breakdown)
-    out = []
-    for t in texts:
-        w = _wrap(t, width, 9)
-        out += [w[0]] + [" " * 9 + x for x in w[1:]]
-    return out
-
-
-def _memory_texts(plan, peak: float, breakdown: dict) -> list[str]:
-    """`memory` (the peak per GPU against what the plan may use, in GiB, and its largest items) and `install` (a
-    pipeline on the host moved by install, against one moved to the GPU whole first)."""
-    items = plan.derived_value("memory_peak_items") or list(breakdown)
-    top = sorted(items, key=lambda k: -breakdown[k])[:3]
-    gb, reserve = plan.get("hardware").get("device", {}).get("memory_gb"), plan.get("memory")["reserve_fraction"]
-    phase = {"denoise": "denoising", "decode": "decoding", "install": "installing", "encode": "encoding"}.get(
-        plan.derived_value("memory_peak_phase"), "running")
-    usable = usable_gib(gb, reserve) if gb else None
-    line = f"memory   peak {peak:.1f} GiB per GPU while {phase}"
-    if usable is not None:
-        line += (f", of {usable:.1f} GiB usable ({gb:g} GB = {usable_gib(gb, 0):.1f} GiB less the {reserve:.0%} "
-                 f"memory.reserve_fraction; another card: hardware.device.memory_gb=80)")
-    which = f"its largest {len(top)} of {len(items)} items" if len(items) > len(top) else "its items"
-    line += f"; {which}: " + ", ".join(f"{k} {breakdown[k]:.1f}" for k in top) + " GiB"
-    if plan.derived_value("memory_does_not_fit"):
-        line += "; DOES NOT FIT (memory.check=false: reported, not refused)"
-    te = plan.derived_value("text_encoder")
-    if te:  # the conditioner's placement, when model.text_encoder plans one (planning/text_encoder.py)
-        line += f"; text encoder {te['setting']}: {te['reasons'][0]}"
-    texts = [line]
-    inst, loaded = plan.derived_value("memory_install_gib"), plan.derived_value("memory_loaded_gib")
-    if inst is not None and loaded is not None:
-        whole = "does not fit: load it on the host" if usable is not None and loaded > usable else "fits"
-        texts.append(f"install  install(pipe, plan, device=\"cuda\") on a pipeline loaded on the host peaks at {inst:.1f} "
-                     f"GiB per GPU; the pipeline moved to the GPU whole before install (pipe.to(\"cuda\")) holds "
-                     f"{loaded:.1f} GiB ({whole})")
-    return texts
-
-
 def write_plan(plan, path: str) -> None:
     """out=PATH: Plan.save (JSON for .json in any case, else YAML); an unwritable path is one line naming out=."""
     try:
@@ -384,227 +318,3 @@ def write_plan(plan, path: str) -> None:
     except H3PlanError as e:
         why = getattr(e.__cause__, "strerror", None) or e
         raise UsageError(f"out={path}: cannot write the plan ({why})") from None
-
-
-# ---------------------------------------------------------------- table
-
-
-def _wrap(text: str, width: int, indent: int) -> list[str]:
-    return textwrap.wrap(text, width=max(40, width - indent), break_long_words=False, break_on_hyphens=False) or [""]
-
-
-def _header(plan) -> str:
-    hw, r, p, m = (plan.get(k) for k in ("hardware", "recipe", "parallel", "model"))
-    policy = "lossless" if r["policy"] == "lossless" else f"budget PSNR>={r['budget']['psnr_db_min']} dB SSIM>={r['budget']['ssim_min']}"
-    ring = "" if p.get("ring", 1) == 1 else f" x ring {p['ring']}"
-    option = hw.get("option") or hw["name"]
-    extends = "" if option == hw["name"] else f"as {hw['name']}: "  # a file of your own over a packaged one
-    gb = hw.get("device", {}).get("memory_gb")
-    device = f"{extends}{'/'.join(hw.get('products') or []) or hw['arch']}" + (f", {gb:g} GB" if gb else "")
-    return (f"h3plan  hardware={option} ({device})  "
-            f"recipe={r['name']} ({policy})  {_parallel_label(p)} (Ulysses {p['ulysses']}{ring}, {p['seq_len']:,} tokens)  "
-            f"model={m['name']}")
-
-
-def _parallel_label(p) -> str:
-    """`parallel=u1`, or `parallel=u1 with parallel.ulysses=56` where a field overrides the degrees its preset's name
-    gives (presets are named r<ring>u<ulysses>)."""
-    m = re.fullmatch(r"(?:r(\d+))?u(\d+)", str(p["name"]))
-    if not m:
-        return f"parallel={p['name']}"
-    named = {"ring": int(m.group(1) or 1), "ulysses": int(m.group(2))}
-    changed = [f"parallel.{k}={p.get(k, 1)}" for k, v in named.items() if p.get(k, 1) != v]
-    return f"parallel={p['name']}" + (f" with {' '.join(changed)}" if changed else "")
-
-
-def _labelled(label: str, text: str, width: int) -> list[str]:
-    w = _wrap(text, width, 9)
-    return [f"{label:<8} {w[0]}"] + [" " * 9 + x for x in w[1:]]
-
-
-def _speed_text(plan) -> str:
-    """The predicted forward (per block: attention, block linears, elementwise, all-to-all) and the whole call (text
-    encode, denoise, decode), its biggest share and the cheapest cut (h3plan/planning/predict.py), and what they rest on."""
-    hw = plan.get("hardware")
-    att, gemm, a2a, el = (plan.derived_value(k) for k in ("attention_ms_per_block_est", "gemm_ms_per_block_est",
-                                                          "a2a_ms_per_block_est", "elementwise_ms_per_block_est"))
-    if att is None or gemm is None:
-        return (f"no estimate on {hw['name']}: no measured or published dense throughput for its attention or GEMMs "
-                "(detail=full shows the basis)")
-    parts = [f"attention {att:.1f}", f"block linears {gemm:.1f}"] + ([f"elementwise {el:.1f}"] if el is not None else []) \
-        + ([f"all-to-all {a2a:.1f}"] if a2a else [])
-    basis = (_measured_on(hw) if hw.get("measured", {}).get("on_hardware")
-             else f"an assumed share of {hw['name']}'s vendor peak: never measured there")
-    layers = plan.get("model").get("diffusers_config", {}).get("num_layers")
-    text = (f"forward {plan.derived_value('forward_s_est'):.2f} s = {layers} blocks x ({' + '.join(parts)} ms) per GPU ({basis}"
-            + ("" if el is not None else "; elementwise work not counted") + ")")
-    den, dec, n = plan.derived_value("denoise_s_est"), plan.derived_value("decode_s_est"), (plan.derived_value("sequence") or {}).get("transformer_forwards")
-    m = plan.derived_value("computed_forwards") or n  # step_cache's fixed schedule runs fewer
-    what = f"{m} computed forwards of {n}" if m != n else f"{n} forwards"
-    if den is None:
-        return text
-    if dec is None:
-        return text + f"; x {what} = {den:,.0f} s of denoising; no decode time measured on {hw['name']}"
-    big = plan.derived_value("call_biggest")
-    te = plan.derived_value("text_encoder") or {}
-    te_s = te.get("call_s") if te.get("call_s") == te.get("call_s") else None  # nan: no BF16 rate to time it
-    encode = (f" + text encode {te_s:.1f} s ({te['setting']})" if te_s is not None
-              else " (text encoder outside: prompt_embeds given)")
-    text += (f"; call {plan.derived_value('call_s_est') + (te_s or 0):,.0f} s = {what} {den:,.0f} s + decode "
-             f"{dec:,.1f} s{encode}; most: {big['part']} {big['share']:.0%}: {big['cut']}")
-    return text
-
-
-def _measured_on(hw) -> str:
-    return measured_on(hw["tuned"]) if hw.get("tuned") else f"measured on {hw['name']}"
-
-
-def _tuned_text(hw) -> str:
-    """The `tuned` line: where the file was measured, and whether the running versions still match it."""
-    t = hw["tuned"]
-    diff, unknown = stale(t)
-    text = f"{measured_on(t)} (hardware.tuned, made by: {t['command']})"
-    failed = [f"{c['lever']}={c['setting']}" for c in t.get("checks") or () if not c["passed"]]
-    if failed:
-        text += f"; kernel checks failed there, refused: {', '.join(failed)}"
-    if diff:
-        text += f"; STALE: {'; '.join(diff)} (strict=true refuses it; tune again)"
-    if unknown:
-        text += f"; not compared here: {', '.join(unknown)}"
-    return text
-
-
-def _short(reasons: list[str], room: int) -> str:
-    """The reasons without their parenthesised sources, cut to `room` characters at a word."""
-    text = re.sub(r"\s+([;:,])(?=\s|$)", r"\1", " ".join("; ".join(_unsourced(x) for x in reasons).split()))
-    if len(text) <= room:
-        return text
-    return text[: room - 3].rsplit(" ", 1)[0].rstrip(";,:") + "..."
-
-
-def _unsourced(text: str) -> str:
-    """`text` without the parentheses that cite a source (a path, a config key, a datasheet, a measurement), and
-    without those that enclose one."""
-    out, stack = [], []  # stack: [start index in `out`, encloses a source] per open parenthesis
-    for ch in text:
-        out.append(ch)
-        if ch == "(":
-            stack.append([len(out) - 1, False])
-        elif ch == ")" and stack:
-            start, inner_source = stack.pop()
-            if inner_source or re.search(r"/|hardware\.|seed|datasheet|measured|anchors", "".join(out[start:])):
-                del out[start:]
-                if stack:
-                    stack[-1][1] = True
-    return "".join(out)
-
-
-def _shown_reasons(d) -> list[str]:
-    # the header and the summary carry the budget and the hardware-verified marker
-    return [x for x in d.reasons if not x.startswith("not hardware-verified") and " allows lossy levers within " not in x] or list(d.reasons[:1])
-
-
-def _runs(d, plan) -> bool:
-    """The lever changes what runs: a setting that is not off or diffusers' default, and no Ulysses lever at Ulysses
-    degree 1 (no exchange to act on: its row says so)."""
-    return d.enabled and d.setting != "default" and not (SPECS[d.lever].ulysses and plan.get("parallel")["ulysses"] == 1)
-
-
-def _lossless_text(plan) -> str:
-    """Lossless is diffusers' eager bits given the plan's attention backend: say whose frames those are, how far from
-    stock diffusers' where measured (hardware.measured.stock_frames), and the setting that keeps stock bits."""
-    att, hw = plan.decision("attention").setting, plan.get("hardware")
-    if att == "sdpa":
-        u = plan.get("parallel")["ulysses"]
-        return ("every lever keeps diffusers' eager bits with its default attention (torch SDPA, attention=sdpa): "
-                "stock diffusers' frames, bit for bit" + ("" if u == 1 else f" on one GPU (Ulysses {u}: the exchange "
-                                                          "keeps one GPU's bits where hardware.verified says it ran)"))
-    seen = [x for x in hw.get("measured", {}).get("stock_frames") or [] if x["attention"] == att]
-    far = f" (PSNR {seen[0]['psnr_db']:.1f} dB from them at {seen[0]['shape']} on {hw['name']})" if seen else ""
-    return (f"the frames are diffusers' eager frames with {att} as the attention, bit for bit; {att} rounds its own way, "
-            f"so they are not stock diffusers' frames{far}; stock diffusers' bits on one GPU: levers.attention=sdpa "
-            "(diffusers' default, torch SDPA)")
-
-
-def render_summary(plan, width: int = 120) -> str:
-    """The default table: what runs, what is lossy and its budget, what has no kernel, what never ran on this
-    hardware, the memory and speed estimates, then one line per lever (detail=full: every reason, its sources
-    and the derived numbers)."""
-    hw, r = plan.get("hardware"), plan.get("recipe")
-    ds = plan.decisions
-    lines = [_header(plan), *_request_lines(plan, width)]
-    if hw.get("tuned"):
-        lines += _labelled("tuned", _tuned_text(hw), width)
-    lines += _labelled("speed", _speed_text(plan), width)
-    running = [d for d in ds if _runs(d, plan)]
-    runs = [f"{d.lever}={d.setting}" for d in running]
-    lines += _labelled("runs", ", ".join(runs) or "diffusers' own ops only", width)
-    lossy = [d.lever for d in ds if not d.lossless and d.lever != "step_cache"]
-    cache = next((d for d in ds if d.lever == "step_cache" and not d.lossless), None)
-    if cache is not None:  # its own budget (recipe.cache), apart from the kernel levers'
-        what = next((r for r in cache.reasons if not r.startswith("forced by")), cache.reasons[0])
-        lines += _labelled("fewer", f"step_cache={cache.setting}: {what}; within recipe.cache PSNR >= "
-                                    f"{cache.param('psnr_db_min')} dB, SSIM >= {cache.param('ssim_min')} of the uncached "
-                                    "frames, never measured by h3plan (action=calibrate calibrate.target=step_cache)", width)
-    if lossy:
-        b = r["budget"]
-        lines += _labelled("lossy", f"{', '.join(lossy)}: the output may differ from diffusers' eager output within "
-                                    f"PSNR >= {b['psnr_db_min']} dB, SSIM >= {b['ssim_min']} (action=verify measures it)", width)
-    elif cache is None:
-        lines += _labelled("lossless", _lossless_text(plan), width)
-    missing = {d.lever: not_installed(d) for d in ds}
-    for d in ds:
-        if missing[d.lever]:
-            lines += _labelled("kernel", f"{d.lever}={d.setting} has no kernel yet: install skips it ({missing[d.lever]})", width)
-    unverified = [d for d in running if not d.hardware_verified]  # a setting that is off runs nothing untested
-    if not any(d.hardware_verified for d in ds):
-        never = f"h3plan has never run on {hw['name']}: every setting here is a prediction (marked *)"
-    elif unverified:
-        never = f"{', '.join(f'{d.lever}={d.setting}' for d in unverified)}: never run on {hw['name']} by h3plan (marked *)"
-    else:
-        never = f"every setting here passed h3plan's GPU suite on {hw['name']} (hardware.verified)" + (
-            f" or its check on {hw['tuned']['device']} (hardware.tuned)" if hw.get("tuned") else "")
-    lines += _labelled("untested" if unverified else "verified", never, width)
-    forced = [f"levers.{d.lever}={d.setting}" for d in ds if d.forced]
-    if forced:
-        lines += _labelled("forced", ", ".join(forced) + " (asked for, and checked that it can apply)", width)
-    lines += ["", f"{'lever':<21} {'setting':<12} {'note':<9}   why (detail=full: every reason and its source)"]
-    pad = 21 + 1 + 12 + 1 + 9 + 3
-    for d in ds:
-        flag = "no kernel" if missing[d.lever] else "" if d.lossless else "lossy"
-        mark = "*" if not d.hardware_verified else " "
-        lines.append(f"{d.lever:<21} {d.setting:<12} {flag:<9} {mark} {_short(_shown_reasons(d), width - pad)}".rstrip())
-    lines += ["", "every reason with its sources, and the derived numbers: detail=full; for machines: format=yaml|json"]
-    return "\n".join(lines) + "\n"
-
-
-def render_table(plan, width: int = 120) -> str:
-    """detail=full: every decision with all its reasons and sources, every derived number with its basis."""
-    lines = [
-        _header(plan),
-        *_request_lines(plan, width),
-        "",
-        f"{'lever':<21} {'setting':<12} {'lossless':<8}   why",
-    ]
-    pad = 21 + 1 + 12 + 1 + 8 + 3
-    for d in plan.decisions:
-        reasons = _shown_reasons(d)
-        mark = "*" if not d.hardware_verified else " "
-        head = f"{d.lever:<21} {d.setting:<12} {'yes' if d.lossless else 'no':<8} {mark} "
-        body = [w for x in reasons for w in _wrap(("- " if len(reasons) > 1 else "") + x, width, pad)]
-        lines.append(head + body[0])
-        lines += [" " * pad + w for w in body[1:]]
-    lines += ["", f"{'derived':<32} {'value':<14} basis"]
-
-    basis, derived = plan.derived_value("basis", {}), plan.to_dict()["derived"]
-    for k in [k for k in ORDER if k in derived] + sorted(set(derived) - set(ORDER) - {"basis"}):
-        v = derived[k]
-        if isinstance(v, dict):  # the request and the memory breakdown: the header lines above, full in yaml/json
-            continue
-        val = f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else ("n/a" if v is None else str(v))
-        body = _wrap(basis.get(k, ""), width, 48)
-        lines.append(f"{k:<32} {val:<14} {body[0]}".rstrip())
-        lines += [" " * 48 + w for w in body[1:]]
-    lines.append("")
-    lines += [f"note: {n}" for n in plan.notes]
-    return "\n".join(lines) + "\n"

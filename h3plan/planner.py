@@ -29,6 +29,7 @@ from .levers import LEVER_SETTINGS, REGISTRY, SPECS, Context, LeverError
 from .planning import CONF, checkpoint, derive, memory, predict, schema
 from .planning.decision import Decision, freeze, thaw
 from .planning.config import compose, override
+from .planning.render import render_summary, render_table
 from .planning.request import one_pipeline
 from .planning.schema import PLAN_SECTIONS
 
@@ -46,6 +47,16 @@ class Plan:
     decisions: tuple[Decision, ...]
     schema_version: int = SCHEMA_VERSION
     notes: tuple[str, ...] = field(default=())
+
+    def __str__(self) -> str:
+        """print(plan): the summary the CLI prints (h3plan/planning/render.py); repr() keeps the dataclass form."""
+        return render_summary(self)
+
+    def summary(self, detail: str = "summary") -> str:
+        """The CLI's table: detail="summary" (its default) or "full" (every reason, its sources, the derived numbers)."""
+        if detail not in ("summary", "full"):
+            raise UsageError(f"Plan.summary(detail={detail!r}): allowed: summary, full")
+        return render_summary(self) if detail == "summary" else render_table(self)
 
     def decision(self, lever: str) -> Decision:
         for d in self.decisions:

@@ -21,7 +21,7 @@ def test_saved_plan_prints_as_planned(capsys, tmp_path):
     assert capsys.readouterr().out == fresh == Plan.load(str(path)).to_yaml()
     assert cli.run([f"plan={path}"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("h3plan  hardware=sm90 (hopper, 9.0)  recipe=fp8 (budget") and "model=h3_tiny" in out.splitlines()[0]
+    assert out.startswith("h3plan  hardware=sm90 (H200, 141 GB)  recipe=fp8 (budget") and "model=h3_tiny" in out.splitlines()[0]
     assert out.splitlines()[-1] == f"plan read from {path} and checked: its config plans these settings again"
 
 
@@ -56,3 +56,18 @@ def test_a_group_override_or_a_sweep_beside_a_saved_plan_is_one_line(capsys, tmp
                                        "recipe=fp8 levers.attention=sdpa out=plan.yaml)\n")
     assert cli.run(["-m", f"plan={path}", "recipe=bf16,fp8"]) == 2
     assert capsys.readouterr().err == "h3plan: error: plan=FILE reads one saved plan: a sweep (-m) plans its own combinations\n"
+
+
+def test_print_plan_gives_the_summary_the_cli_prints(capsys, tmp_path):
+    import pytest
+
+    import h3plan
+
+    assert cli.run(["recipe=fp8"]) == 0
+    printed = capsys.readouterr().out
+    plan = h3plan.resolve_config(recipe="fp8")
+    print(plan)
+    assert capsys.readouterr().out == printed + "\n" and str(Plan.load(str(_saved(tmp_path, "recipe=fp8")))) == printed
+    assert plan.summary("full") == cli.render_table(plan) and repr(plan).startswith("Plan(config=")
+    with pytest.raises(h3plan.UsageError, match=r"Plan.summary\(detail='x'\): allowed: summary, full"):
+        plan.summary("x")
