@@ -84,6 +84,6 @@ def test_summary_counts_the_computed_forwards():
     from h3plan.cli import render_summary
 
     text = " ".join(render_summary(_plan(50, BUDGET)).split())
-    assert "x 50 blocks x 34 computed forwards of 49" in text
+    assert "= 34 computed forwards of 49 " in text  # the time line's denoise counts the forwards that run
     assert "fewer step_cache=fixed: computes 34 of 49 forwards" in text and "never measured by h3plan" in text
-    assert "x 49 forwards" in " ".join(render_summary(_plan(50)).split())
+    assert "= 49 forwards " in " ".join(render_summary(_plan(50)).split())
