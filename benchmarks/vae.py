@@ -157,7 +157,7 @@ def measure(vae, plan, spec: str, latent, warmup: int, iters: int, seed: int = 1
     import torch
 
     from h3plan.install import counters, install, reset_counters, uninstall
-    from h3plan.vae.weights import DTYPES, PrecisionCast
+    from h3plan.install.vae.weights import DTYPES, PrecisionCast
 
     device = next(vae.parameters()).device
     z = torch.randn(latent, generator=torch.Generator().manual_seed(seed)).to(device)

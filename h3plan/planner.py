@@ -27,7 +27,7 @@ from typing import Any, Mapping
 from .errors import ConfigError, H3PlanError, PlanFileError, PlanningError, UsageError
 from .levers import LEVER_SETTINGS, REGISTRY, SPECS, Context, LeverError
 from .planning import CONF, checkpoint, derive, memory, predict, schema
-from .planning.decision import Decision, freeze, thaw
+from h3plan.facts.decision import Decision, freeze, thaw
 from .planning.config import compose, override
 from .planning.render import render_summary, render_table
 from .planning.request import one_pipeline

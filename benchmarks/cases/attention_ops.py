@@ -25,9 +25,9 @@ import math
 import torch
 
 from benchmarks.cases import Case, bits_equal
-from h3plan.kernels import qk_norm_rope as qk
-from h3plan.kernels import ulysses_merge as um
-from h3plan.kernels import vae
+from h3plan.runtime.kernels import qk_norm_rope as qk
+from h3plan.runtime.kernels import ulysses_merge as um
+from h3plan.runtime.kernels import vae
 
 H, D, R = 56, 128, 96
 VAE_H, VAE_D, VAE_R, VAE_DIM = 32, 64, 48, 2048

@@ -147,8 +147,8 @@ def fa4_ab(rounds=10, configs=None):
 def cudnn_plans():
     import cudnn
 
-    from h3plan.attention import cudnn as hc
-    from h3plan.kernels.fp8 import quantize as cast
+    from h3plan.runtime.attention import cudnn as hc
+    from h3plan.runtime.kernels.fp8 import quantize as cast
 
     handle = hc._handle(torch.device("cuda"))
     for S in (19000, 37820):
@@ -222,9 +222,9 @@ def cudnn_plans():
 
 def power_probe():
     """Attention after attention vs attention right after ~10 ms of GEMMs (what precedes it in a block)."""
-    from h3plan.attention.cudnn import CudnnFP8Backend
-    from h3plan.attention.fa4 import FA4Backend
-    from h3plan.kernels.fp8 import quantize as cast
+    from h3plan.runtime.attention.cudnn import CudnnFP8Backend
+    from h3plan.runtime.attention.fa4 import FA4Backend
+    from h3plan.runtime.kernels.fp8 import quantize as cast
 
     S = 37820
     q, k, v = qkv(S, 7)

@@ -3,7 +3,7 @@ Prints per-tensor mismatch counts and a few examples with the fp32 value before 
 code, torch-CUDA's code and torch-CPU's code for the same fp32 value."""
 import torch
 
-import h3plan.kernels.qk_norm_rope as m
+import h3plan.runtime.kernels.qk_norm_rope as m
 
 torch.manual_seed(0)
 S, H, D = 4096, 56, 128

@@ -1,5 +1,5 @@
-"""Probe (H200): FP8 activations quantised where they are produced (kernels/fp8_producers.py,
-quant/fp8_rowwise.py) and the lean q/k/v FP8 cast (kernels/qk_fp8_lean.py), against today's fp8 plan.
+"""Probe (H200): FP8 activations quantised where they are produced (runtime/kernels/fp8_producers.py,
+runtime/quant/fp8_rowwise.py) and the lean q/k/v FP8 cast (runtime/kernels/qk_fp8_lean.py), against today's fp8 plan.
 
     python benchmarks/probes/fp8_producers.py OUT                    # kernels + qk + block, S = 19,000 and 37,820
     python benchmarks/probes/fp8_producers.py OUT --sections kernels --sweep   # + every tuning config
@@ -81,10 +81,10 @@ def rowwise_block_forward(block, hidden_states, temb, adaln_indices, rotary_emb,
     H3PlanAttnProcessor.__call__, which then runs fp8_linear_codes for to_q/k/v and cast_rows_fp8 ->
     fp8_linear_codes for to_out.0), and feed_forward gets the pair for ff.net.0.proj and swiglu_fp8 for ff.net.2.
     """
-    from h3plan.kernels.fp8_producers import cast_rows_fp8, rmsnorm_modulate_fp8, swiglu_fp8
-    from h3plan.kernels.gated_residual import gated_residual
-    from h3plan.kernels.qk_norm_rope import qk_norm_rope_fp8
-    from h3plan.quant.fp8_rowwise import fp8_linear_codes
+    from h3plan.runtime.kernels.fp8_producers import cast_rows_fp8, rmsnorm_modulate_fp8, swiglu_fp8
+    from h3plan.runtime.kernels.gated_residual import gated_residual
+    from h3plan.runtime.kernels.qk_norm_rope import qk_norm_rope_fp8
+    from h3plan.runtime.quant.fp8_rowwise import fp8_linear_codes
 
     sc = act_scales or {}
     attn, proc = block.attn, block.attn.processor
@@ -116,8 +116,8 @@ def attention_codes(backend, q8, k8, v8, descales):
     of the option, not an API."""
     import torch
 
-    from h3plan.attention import cudnn as cd
-    from h3plan.kernels.fp8 import E4M3, E4M3_MAX
+    from h3plan.runtime.attention import cudnn as cd
+    from h3plan.runtime.kernels.fp8 import E4M3, E4M3_MAX
 
     o = backend._o(q8)
     if o.dtype != E4M3:
@@ -176,10 +176,10 @@ def _codes_equal(got, ref) -> bool:
 def kernels_section(args, timer, copy_tbps):
     import torch
 
-    from h3plan.kernels import fp8 as f8
-    from h3plan.kernels import fp8_producers as fp
-    from h3plan.kernels import modulation as mm
-    from h3plan.kernels import swiglu as sw
+    from h3plan.runtime.kernels import fp8 as f8
+    from h3plan.runtime.kernels import fp8_producers as fp
+    from h3plan.runtime.kernels import modulation as mm
+    from h3plan.runtime.kernels import swiglu as sw
 
     def current(y_fn):
         def run():
@@ -230,8 +230,8 @@ def qk_section(args, timer, copy_tbps):
     import diffusers.models.transformers.transformer_minimax_h3 as tm
     import torch
 
-    from h3plan.kernels import qk_fp8_lean as lean
-    from h3plan.kernels import qk_norm_rope as qk
+    from h3plan.runtime.kernels import qk_fp8_lean as lean
+    from h3plan.runtime.kernels import qk_norm_rope as qk
 
     recs = []
     rope = tm.MiniMaxH3RotaryPosEmbed(rope_freq_dim=16, rope_theta=10000.0).to("cuda")
@@ -280,7 +280,7 @@ def block_section(args):
     from h3plan.actions.bench.measure import capture_block_inputs, rel_error, run_stack
     from h3plan.planning.config import compose as compose_config
     from h3plan.install import install
-    from h3plan.kernels import qk_fp8_lean as lean
+    from h3plan.runtime.kernels import qk_fp8_lean as lean
     from h3plan.planner import resolve
     from h3plan.runtime.counters import format_counters, reset_counters
 
@@ -359,10 +359,10 @@ def sass_section():
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from h3plan.kernels import fp8_producers as fp
-    from h3plan.kernels import qk_fp8_lean as lean
-    from h3plan.kernels import qk_norm_rope as qk
-    from h3plan.kernels._rmsnorm import cuda_rms_iters
+    from h3plan.runtime.kernels import fp8_producers as fp
+    from h3plan.runtime.kernels import qk_fp8_lean as lean
+    from h3plan.runtime.kernels import qk_norm_rope as qk
+    from h3plan.runtime.kernels._rmsnorm import cuda_rms_iters
 
     binary = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     tmp = tempfile.mkdtemp()

@@ -12,8 +12,8 @@ import sys
 
 import torch
 
-from h3plan.attention import get_backend
-from h3plan.planning.sizes import shard_len
+from h3plan.facts.attention import get_backend
+from h3plan.facts.sizes import shard_len
 
 E4M3 = torch.float8_e4m3fn
 OUT = sys.argv[1] if len(sys.argv) > 1 else "."

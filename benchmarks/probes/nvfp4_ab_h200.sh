@@ -3,7 +3,7 @@
 #
 #   OUT=dir bash benchmarks/probes/nvfp4_ab_h200.sh main=.gpu/main next=.      (LABEL=TREE: a tree holding h3plan/)
 #
-# Each tree's kernels run at that tree's planned layouts (kernels/nvfp4.py TUNED) under this checkout's
+# Each tree's kernels run at that tree's planned layouts (runtime/kernels/nvfp4.py TUNED) under this checkout's
 # nvfp4_producers.py --once (the h3plan it imports comes from the tree); the reports go to $OUT/ncu-LABEL.txt and
 # ncu_table.py writes $OUT/ncu.{json,md} at the copy rate measured here. A tree other than the checkout travels
 # as an extract, e.g. `mkdir -p .gpu/main && git archive main h3plan | tar -x -C .gpu/main` (carry it with the call).

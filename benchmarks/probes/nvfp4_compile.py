@@ -2,9 +2,9 @@
 
     python benchmarks/probes/nvfp4_compile.py [OUT_DIR] [--arch 90 100] [--sweep]
 
-Compiles kernels/nvfp4.py's cast and kernels/nvfp4_producers.py's modulation (exact / fp32, with and without
+Compiles runtime/kernels/nvfp4.py's cast and runtime/kernels/nvfp4_producers.py's modulation (exact / fp32, with and without
 the residual fold; static quantize pass, dynamic amax and quantize passes) and SwiGLU kernels through Triton to
-cubin for each arch with triton's own ptxas, at the planned launch layout (kernels/nvfp4.py TUNED) or, with
+cubin for each arch with triton's own ptxas, at the planned launch layout (runtime/kernels/nvfp4.py TUNED) or, with
 --sweep, at every SWEEP layout, and prints `ptxas --verbose`'s registers and spill bytes and the SASS
 thread-instructions per row element (`sass_counts`; where LLVM unrolls a chunk loop, the amax passes', it
 over-counts). Exit 1 if any variant fails to compile. With OUT_DIR it writes nvfp4-compile.json there. Must run without TRITON_INTERPRET (the interpreter
@@ -30,9 +30,9 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.backends.nvidia import compiler as nv  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from h3plan.kernels import nvfp4 as n4  # noqa: E402
-from h3plan.kernels import nvfp4_producers as npd  # noqa: E402
-from h3plan.kernels._rmsnorm import VEC, cuda_rms_iters  # noqa: E402
+from h3plan.runtime.kernels import nvfp4 as n4  # noqa: E402
+from h3plan.runtime.kernels import nvfp4_producers as npd  # noqa: E402
+from h3plan.runtime.kernels._rmsnorm import VEC, cuda_rms_iters  # noqa: E402
 
 HIDDEN, INNER, FFN = 5376, 7168, 14336
 OUTS = {"packed_ptr": "*u8", "sf_ptr": "*u8", "amax_ptr": "*fp32", "g_ptr": "*fp32", "rstd_ptr": "*fp32", "M": "i32",
@@ -44,7 +44,7 @@ TYPES = {"x_ptr": "*bf16", "xw_ptr": "*i32", "w_ptr": "*i32", "scale_ptr": "*i32
 
 def variants(configs=None):
     """(name, jit function, constexprs, warps, row width) for every launch the public functions make at H3 widths:
-    at kernels/nvfp4.py's planned layout (TUNED), or at every SWEEP candidate (configs="sweep")."""
+    at runtime/kernels/nvfp4.py's planned layout (TUNED), or at every SWEEP candidate (configs="sweep")."""
     def layouts(kind, n):
         for cfg in (n4.SWEEP[kind] if configs == "sweep" else [n4.launch_config(kind, n)]):
             with n4.tuned(kind, n, cfg):
@@ -131,7 +131,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", nargs="?")
     p.add_argument("--arch", type=int, nargs="+", default=[90, 100])
-    p.add_argument("--sweep", action="store_true", help="every kernels/nvfp4.py SWEEP candidate, not the planned one")
+    p.add_argument("--sweep", action="store_true", help="every runtime/kernels/nvfp4.py SWEEP candidate, not the planned one")
     args = p.parse_args(argv)
     records, failed = [], 0
     for arch in args.arch:

@@ -3,9 +3,9 @@
     PYTHONPATH=. python benchmarks/probes/nvfp4_producers.py [OUT_DIR] [--rows 19000] [--configs cast=r4w4c512,r1w2c0 ...]
     PYTHONPATH=. ncu --clock-control none --section SpeedOfLight ... python benchmarks/probes/nvfp4_producers.py --once
 
-For each producer (kernels/nvfp4_producers.py rmsnorm_modulate_nvfp4, gated_residual_modulate_nvfp4,
-swiglu_nvfp4; kernels/nvfp4.py cast_nvfp4) in static (a given global scale: one pass) and dynamic mode (amax pass,
-then the quantize pass), at every candidate launch layout (kernels/nvfp4.py SWEEP: rows a program, warps, chunk
+For each producer (runtime/kernels/nvfp4_producers.py rmsnorm_modulate_nvfp4, gated_residual_modulate_nvfp4,
+swiglu_nvfp4; runtime/kernels/nvfp4.py cast_nvfp4) in static (a given global scale: one pass) and dynamic mode (amax pass,
+then the quantize pass), at every candidate launch layout (runtime/kernels/nvfp4.py SWEEP: rows a program, warps, chunk
 columns, named like r4w4c512; c0 the one-row layout's chunks; each with the next-chunk prefetch and without it,
 suffix "n"), and the planned layout without the bf16x2 instructions (suffix "f"): the packed codes, swizzled
 scales, g (and the fold's h') compared byte for byte with the reference chain on the GPU (`<op>_ref`: the bf16
@@ -25,7 +25,7 @@ its fraction is bounded by one pass's bytes over two passes' (about 0.56 for the
 SwiGLU, 0.77 for the fold).
 
 The best bit-exact candidate is the record's `ms` (`best`: its name); `ms_by_config` and
-`bytes_differing_by_config` hold all of them. The last lines print the kernels/nvfp4.py TUNED table the results
+`bytes_differing_by_config` hold all of them. The last lines print the runtime/kernels/nvfp4.py TUNED table the results
 select (the layout with the least static time per kind, the served mode: paste it over TUNED). Writes
 OUT_DIR/nvfp4-producers-h200.json and exits 1 if any candidate wrote a byte that differs from the reference.
 Kernels are compiled first in parallel worker processes (the Triton cache), so the run stays near two minutes.
@@ -48,11 +48,11 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "gpu"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _cuda_timing import median_ms  # noqa: E402
-from h3plan.kernels import gated_residual as gr  # noqa: E402
-from h3plan.kernels import modulation as mm  # noqa: E402
-from h3plan.kernels import nvfp4 as n4  # noqa: E402
-from h3plan.kernels import nvfp4_producers as npd  # noqa: E402
-from h3plan.kernels import swiglu as sw  # noqa: E402
+from h3plan.runtime.kernels import gated_residual as gr  # noqa: E402
+from h3plan.runtime.kernels import modulation as mm  # noqa: E402
+from h3plan.runtime.kernels import nvfp4 as n4  # noqa: E402
+from h3plan.runtime.kernels import nvfp4_producers as npd  # noqa: E402
+from h3plan.runtime.kernels import swiglu as sw  # noqa: E402
 
 HIDDEN, FFN, INNER, EPS = 5376, 14336, 7168, 1e-5
 STATIC = 0.004  # a static global scale (a checkpoint's input_scale), as the GPU suite's
@@ -60,7 +60,7 @@ TARGET = 0.7
 LEAD_US = 1500  # the GPU spin ahead of each timed call (`ms`): longer than the host's dispatch of one producer call
 # (0.55-0.92 ms for the modulation and the fold in session 11's probe: a 400 us spin left their times host-bound)
 OUT_BYTES = 0.5 + 1 / 16  # per element: half a byte of codes, 1/16 of a scale byte
-# name, launch kind (kernels/nvfp4.py TUNED key), width, input bytes per element, extra output bytes per element
+# name, launch kind (runtime/kernels/nvfp4.py TUNED key), width, input bytes per element, extra output bytes per element
 OPS = [("rmsnorm_modulate_nvfp4", "modulation", HIDDEN, 2, 0), ("gated_residual_modulate_nvfp4", "fold", HIDDEN, 4, 2),
        ("swiglu_nvfp4", "swiglu", FFN, 4, 0), ("cast_nvfp4", "cast", INNER, 2, 0)]
 
@@ -125,7 +125,7 @@ def copy_tbps() -> float:
 
 
 def candidates(kind: str, width: int) -> list[str]:
-    """kernels/nvfp4.py SWEEP's layouts for the kind with the prefetch, then without it (suffix n), then the planned
+    """runtime/kernels/nvfp4.py SWEEP's layouts for the kind with the prefetch, then without it (suffix n), then the planned
     one without the bf16x2 instructions (suffix f)."""
     names = [n4.config_name((*c, p)) for p in (True, False) for c in n4.SWEEP[kind]]
     return names + [n4.config_name(n4.launch_config(kind, width), bf16x2=False)]
@@ -141,7 +141,7 @@ def parse(name: str) -> tuple[tuple[int, int, int, bool], bool]:
 
 
 def config(kind: str, width: int, name: str):
-    """A candidate in force (kernels/nvfp4.py `tuned`)."""
+    """A candidate in force (runtime/kernels/nvfp4.py `tuned`)."""
     layout, x2 = parse(name)
     return n4.tuned(kind, width, layout, x2)
 

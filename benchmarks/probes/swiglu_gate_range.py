@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import nvfp4_producers as P  # noqa: E402
-from h3plan.kernels import nvfp4_producers as npd  # noqa: E402
+from h3plan.runtime.kernels import nvfp4_producers as npd  # noqa: E402
 
 
 def main() -> int:

@@ -131,7 +131,7 @@ def exchange_section(doc, rank, U, group):
 
 
 def attention_section(doc, rank, U, group):
-    from h3plan.attention import get_backend
+    from h3plan.facts.attention import get_backend
 
     fa4 = get_backend("fa4")
     S_loc, h = -(-S // U), H // U

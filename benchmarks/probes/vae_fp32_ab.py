@@ -11,7 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import h3plan  # noqa: E402
-import h3plan.kernels.swiglu as ksw  # noqa: E402
+import h3plan.runtime.kernels.swiglu as ksw  # noqa: E402
 from h3plan.install import install, uninstall  # noqa: E402
 
 spec = __import__("importlib.util").util.spec_from_file_location("bv", Path(__file__).resolve().parents[1] / "vae.py")

@@ -7,9 +7,9 @@ import sys
 
 import torch
 
-from h3plan.kernels import qk_norm_rope as qm
-from h3plan.kernels.swiglu import swiglu, swiglu_ref
-from h3plan.kernels.vae import vae_qk_norm_rope, vae_qk_norm_rope_ref
+from h3plan.runtime.kernels import qk_norm_rope as qm
+from h3plan.runtime.kernels.swiglu import swiglu, swiglu_ref
+from h3plan.runtime.kernels.vae import vae_qk_norm_rope, vae_qk_norm_rope_ref
 
 torch.manual_seed(0)
 dev = "cuda"

@@ -19,8 +19,8 @@ sys.path.insert(0, str(ROOT))
 
 from vae import build_vae, resolve_plan, vae_config  # noqa: E402
 
-import h3plan.kernels.swiglu as ks  # noqa: E402
-import h3plan.kernels.vae as kv  # noqa: E402
+import h3plan.runtime.kernels.swiglu as ks  # noqa: E402
+import h3plan.runtime.kernels.vae as kv  # noqa: E402
 from h3plan.install import install, uninstall  # noqa: E402
 
 

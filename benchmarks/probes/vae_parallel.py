@@ -81,7 +81,7 @@ def worker(rank, world, port, args):
 
     import vae as bench
     from h3plan.install import counters, install, reset_counters, uninstall
-    from h3plan.vae import parallel as vp
+    from h3plan.install.vae import parallel as vp
 
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,

@@ -1,5 +1,5 @@
 """`python -m h3plan action=calibrate ...`: make the static FP8 scale table that recipes read
-(recipe.fp8_static_table; format in h3plan/planning/scale_table.py).
+(recipe.fp8_static_table; format in h3plan/facts/scale_table.py).
 
 Builds the model (`calibrate.checkpoint` through diffusers' from_pretrained, else seeded random weights as
 action=verify does: model=h3_tiny on the CPU with the Triton interpreter, real width on a GPU), runs the
@@ -27,7 +27,7 @@ from h3plan.planner import resolve
 from h3plan.planning.action_configs import CalibrateConfig
 from h3plan.planning.config import compose
 from h3plan.planning.request import MIN_STEPS, STEPS_RULE
-from h3plan.planning.scale_table import ScaleTableError, config_hash, write
+from h3plan.facts.scale_table import ScaleTableError, config_hash, write
 
 from .calibrate_step_cache import run as run_step_cache
 from .verify import CPU_MAX_ROWS, _cfg_get, _prepare_device

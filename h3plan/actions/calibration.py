@@ -13,9 +13,9 @@ percentile is its bin's upper edge, so at most 2^(1/16) - 1 = 4.4 % high).
 
 Held-out check (`heldout_check`): on inputs disjoint from the calibration set, the BF16 eager forward E,
 the FP8 forward with dynamic per-tensor scales D and with the table's static scales S. The FP8 sites are
-the plan's: FP8 linears through h3plan.quant.fp8.FP8Linear (the FP8 GEMM on SM89+, its counted emulation
+the plan's: FP8 linears through h3plan.runtime.quant.fp8.FP8Linear (the FP8 GEMM on SM89+, its counted emulation
 elsewhere), FP8 attention through h3plan's cudnn_fp8 backend where it runs, else the torch emulation of
-cuDNN's FP8 forward (h3plan.attention.fp8.emulate, heads in chunks so the scores fit). Reported: the
+cuDNN's FP8 forward (h3plan.runtime.attention.fp8.emulate, heads in chunks so the scores fit). Reported: the
 fraction of values beyond amax * margin per site (saturated to +-448 by the static cast), and D and S
 against E (relative Frobenius error and PSNR with peak max |E|, h3plan.actions.verify.compare) on the
 final hidden state and the video and audio outputs, worst over inputs. The table passes when S's worst
@@ -45,13 +45,13 @@ import torch
 from h3plan import __version__
 from h3plan.actions.inputs import packed_inputs
 from h3plan.actions.verify import compare
-from h3plan.attention import get_backend
-from h3plan.attention.fp8 import emulate
+from h3plan.facts.attention import get_backend
+from h3plan.runtime.attention.fp8 import emulate
 from h3plan.errors import UsageError
 from h3plan.install.installer import installed_plan, recognise
-from h3plan.kernels.fp8 import scale_from_amax
-from h3plan.planning.scale_table import FORMAT, VERSION, values_hash
-from h3plan.quant import BLOCK_LINEARS, quantized_linear
+from h3plan.runtime.kernels.fp8 import scale_from_amax
+from h3plan.facts.scale_table import FORMAT, VERSION, values_hash
+from h3plan.runtime.quant import BLOCK_LINEARS, quantized_linear
 
 LINEAR_SITES = ("attn.to_q", "attn.to_out.0", "ff.net.0.proj", "ff.net.2")  # to_k/to_v: to_q's input
 SHARED_WITH_TO_Q = ("attn.to_k", "attn.to_v")
@@ -341,7 +341,7 @@ class _Run:
         if q.is_cuda and self._cudnn:
             return self._cudnn(q, k, v, descales=descales)
         if self.attention_impl is None:
-            self.attention_impl = "torch emulation of cuDNN FP8 (h3plan.attention.fp8.emulate)"
+            self.attention_impl = "torch emulation of cuDNN FP8 (h3plan.runtime.attention.fp8.emulate)"
         B, S, H, _ = q.shape
         step = max(1, SCORE_BYTES // max(1, 4 * B * S * S))
         outs = [emulate(q[:, :, h:h + step], k[:, :, h:h + step], v[:, :, h:h + step], descales, out_dtype=q.dtype)
@@ -477,7 +477,7 @@ def heldout_check(model, inputs: list[CalibInput], attention: dict, linears: dic
     return {"passed": in_budget and close, "summary": summary, "budget_psnr_db": budget_psnr_db, "inputs": len(inputs),
             "margin": margin, "max_loss_db": max_loss_db, "update_loss_db": round(loss["db"], 3), "update_loss_at": loss["where"],
             "fp8_sites": {"attention": run.attention_impl if fp8_attention else None,
-                          "linears": "h3plan.quant.fp8.FP8Linear (FP8 GEMM, or its emulation off SM89+)" if fp8_linears else None},
+                          "linears": "h3plan.runtime.quant.fp8.FP8Linear (FP8 GEMM, or its emulation off SM89+)" if fp8_linears else None},
             "static": _finite(worst["static"]), "dynamic": _finite(worst["dynamic"]),
             "clipped": {"max_fraction": fractions.get(worst_site, 0.0), "worst_site": worst_site,
                         "sites": {k: round(v, 8) for k, v in sorted(fractions.items())}}}

@@ -90,7 +90,7 @@ def cast_like_from_pretrained(model, dtype):
     """Floating parameters and buffers to `dtype`, except `_keep_in_fp32_modules` (what from_pretrained does)."""
     import torch
 
-    from h3plan.vae.weights import castable
+    from h3plan.install.vae.weights import castable
 
     with torch.no_grad():
         for _, t in castable(model):

@@ -40,11 +40,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from h3plan.attention import BACKENDS, get_backend
+from h3plan.facts.attention import BACKENDS, get_backend
 from h3plan.errors import UsageError
 from h3plan.planning import tuned as provenance
 from h3plan.planning.config import compose
-from h3plan.quant import quantized_linear
+from h3plan.runtime.quant import quantized_linear
 
 from .pipeline_build import build_vae
 
@@ -185,7 +185,7 @@ def _median_ms(torch, fn, warmup: int, iters: int, warm_s: float = WARM_S) -> fl
 
 def measure_attention(torch, hw: dict, S: int, heads: int, D: int, batch: int, reps: tuple[int, int]) -> tuple[dict, dict]:
     """TFLOP/s per backend that can run here at (S, heads); FA4's tuned tile's speedup over its default."""
-    from h3plan.kernels import fp8 as f8
+    from h3plan.runtime.kernels import fp8 as f8
 
     q, k, v = (torch.randn(batch, S, heads, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     flops, point, skipped = 4 * batch * S * S * heads * D, {"seq_len": S, "heads": heads}, {}

@@ -40,13 +40,13 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from h3plan.attention import get_backend
+from h3plan.facts.attention import get_backend
 from h3plan.errors import UsageError
 from h3plan.install import counters as get_counters, fallback_reasons, install, reset_counters, uninstall
 from h3plan.levers import COUNTERS, OPTIONS, REFERENCE_LEVERS, SPECS, ULYSSES_LEVERS
 from h3plan.planner import Plan
 from h3plan.planning.checkpoint import transformer_folder
-from h3plan.planning.decision import make_decision
+from h3plan.facts.decision import make_decision
 
 from .verify_step_cache import check as check_step_cache
 from .pipeline_build import build_vae
@@ -87,8 +87,8 @@ def _prepare_device(name: str, key: str = "verify.device"):
             raise UsageError(f"{key}={name}: this machine has {have}; on the CPU use {key}=cpu (or auto) with "
                              f"model=h3_tiny: {CPU_SMOKE}")
     if name == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        if "h3plan.kernels._common" in sys.modules:
-            raise RuntimeError("verify on the CPU needs TRITON_INTERPRET=1 before h3plan.kernels is imported")
+        if "h3plan.runtime.kernels._common" in sys.modules:
+            raise RuntimeError("verify on the CPU needs TRITON_INTERPRET=1 before h3plan.runtime.kernels is imported")
         os.environ["TRITON_INTERPRET"] = "1"
     return name
 

@@ -1,13 +1,13 @@
 """The plan-driven forward of diffusers' MiniMaxH3TransformerBlock.
 
 Mathematically diffusers' `MiniMaxH3TransformerBlock.forward` (diffusers 0.42.1), op for op. Where the
-plan enables a lever, that op goes through its Triton kernel (h3plan/kernels) behind the kernel's own
+plan enables a lever, that op goes through its Triton kernel (h3plan/runtime/kernels) behind the kernel's own
 `<op>_check`; a refused call, or one autograd needs, runs diffusers' eager expression instead and is
 counted as a fallback. The exact-mode kernels keep eager's bf16 rounding points, so with every lossless
 lever on this forward is bitwise equal to diffusers'; `modulation="fp32"` single-rounds and is lossy.
 
 fp8_act_quant=row (the block linears are FP8RowLinear, install/fp8_rows.py): the kernels that produce the
-FP8 GEMM inputs write e4m3 with one scale per row (h3plan/kernels/fp8_producers.py) and hand the linears
+FP8 GEMM inputs write e4m3 with one scale per row (h3plan/runtime/kernels/fp8_producers.py) and hand the linears
 `RowCodes` -- norm1 + AdaLN -> to_q/k/v (one set of codes), norm2 + AdaLN -> ff.net.0.proj, SwiGLU ->
 ff.net.2; to_out.0 casts the attention output per row itself. Each producer call is guarded under
 `fp8_act_quant`; a refused one runs the bf16 producer above instead and the linear casts that output per row
@@ -25,7 +25,7 @@ from typing import Any, Callable
 import torch
 
 from h3plan.levers import KERNELS, OPTIONS, SPECS
-from h3plan.quant.fp8_rowwise import FP8RowLinear, RowCodes
+from h3plan.runtime.quant.fp8_rowwise import FP8RowLinear, RowCodes
 from h3plan.runtime.guards import run_guarded
 
 from .nvfp4_inputs import fold_nvfp4, modulate_nvfp4, swiglu_nvfp4_rows

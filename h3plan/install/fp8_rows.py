@@ -1,7 +1,7 @@
 """fp8_act_quant=row at install: the FP8 block linears take per-row e4m3 inputs.
 
 Every FP8Linear among the six block linears (quantised by gemm_quant's install or loaded pre-quantised)
-becomes an FP8RowLinear sharing its weight buffers (h3plan/quant/fp8_rowwise.py): it takes a producer's
+becomes an FP8RowLinear sharing its weight buffers (h3plan/runtime/quant/fp8_rowwise.py): it takes a producer's
 `RowCodes` as they are, and quantises a bf16 input one scale per row itself (cast_rows_fp8, or its reference),
 the same codes the producer writes, so a producer that falls back changes no bits. With a static input
 table (gemm_quant's `input_scales: static`) each linear keeps its calibrated scale, 448 / (amax * margin) in
@@ -11,7 +11,7 @@ as tensor's static cast. The patched block forward (install/block.py) then calls
 
 from __future__ import annotations
 
-from h3plan.quant import BLOCK_LINEARS
+from h3plan.runtime.quant import BLOCK_LINEARS
 
 LEVER = "fp8_act_quant"
 
@@ -19,9 +19,9 @@ LEVER = "fp8_act_quant"
 def row_linears(model, state, swap) -> int:
     """Swap every FP8Linear block linear for an FP8RowLinear (undo restores it); returns how many were swapped.
     `swap(lever, fqn, old, new)` logs one swap."""
-    from h3plan.kernels.fp8 import scale_from_amax
-    from h3plan.quant.fp8 import FP8Linear
-    from h3plan.quant.fp8_rowwise import FP8RowLinear
+    from h3plan.runtime.kernels.fp8 import scale_from_amax
+    from h3plan.runtime.quant.fp8 import FP8Linear
+    from h3plan.runtime.quant.fp8_rowwise import FP8RowLinear
 
     n = 0
     for i, block in enumerate(model.transformer_blocks):

@@ -26,7 +26,7 @@ installed footprint and one tensor being staged. `uninstall` moves everything ba
 for bit. device=None: install where the model is (nothing moved; a model installed with device= takes a new plan
 on that device). `report.placement` says what moved and what stayed on the host.
 
-An AutoencoderKLMiniMaxH3 takes the plan's VAE levers (vae_ops, vae_tiles) through h3plan/vae/install.py, with
+An AutoencoderKLMiniMaxH3 takes the plan's VAE levers (vae_ops, vae_tiles) through h3plan/install/vae/install.py, with
 the same report, idempotence and uninstall; each model reports the other model's levers as skipped.
 """
 
@@ -38,17 +38,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from h3plan.attention import backend_spec, for_options, untested_notes
-from h3plan.attention.fp8 import scale_from_amax
+from h3plan.facts.attention import backend_spec, for_options, untested_notes
+from h3plan.runtime.attention.fp8 import scale_from_amax
 from h3plan.levers import OPTIONS, REGISTRY, SPECS, scope_options
-from h3plan.parallel.comm import degree_rank, high_priority_group
-from h3plan.parallel.ulysses import UlyssesAttention
-from h3plan.planning.scale_table import linear_amax, load, load_table, row_for
-from h3plan.quant import BLOCK_LINEARS, quantized_linear
-from h3plan.quant.fp8 import FP8Linear, SequenceAmax
-from h3plan.vae import install as _vae
+from h3plan.runtime.parallel.comm import degree_rank, high_priority_group
+from h3plan.runtime.parallel.ulysses import UlyssesAttention
+from h3plan.facts.scale_table import linear_amax, load, load_table, row_for
+from h3plan.runtime.quant import BLOCK_LINEARS, quantized_linear
+from h3plan.runtime.quant.fp8 import FP8Linear, SequenceAmax
+from h3plan.install.vae import install as _vae
 from h3plan.errors import InstallError
-from h3plan.planning.hardware import never_ran
+from h3plan.facts.hardware import never_ran
 
 from h3plan.planner import Plan
 
@@ -245,7 +245,7 @@ def _quantize(model, builder, state) -> None:
 
 def _static_inputs(model, params, state) -> None:
     """gemm_quant=fp8 with a calibrated table (params input_scales=static): every FP8 block linear quantises its
-    input with the table's amax * margin (h3plan.planning.scale_table), one pass and no amax, instead of dynamically."""
+    input with the table's amax * margin (h3plan.facts.scale_table), one pass and no amax, instead of dynamically."""
 
     table, margin, n = load_table(params["scale_table"], model_config=model.config), float(params["scale_margin"]), 0
     for i, block in enumerate(model.transformer_blocks):
@@ -262,7 +262,7 @@ def _static_inputs(model, params, state) -> None:
 
 def _sequence_amax(model, shard, state) -> None:
     """Under Ulysses every per-tensor FP8 linear of the blocks (quantised here or loaded pre-quantised) scales
-    its activation by the amax of the whole sequence (h3plan.quant.fp8.SequenceAmax), as at degree 1. Per-row
+    its activation by the amax of the whole sequence (h3plan.runtime.quant.fp8.SequenceAmax), as at degree 1. Per-row
     linears (fp8_act_quant=row) need none: a row's scale is the same at every degree."""
 
     fn, n = SequenceAmax(shard), 0
@@ -319,7 +319,7 @@ def _option_swaps(report, builder, scope: str, values: dict, fqn: str) -> None:
 
 
 def _static_descales(opts: AttentionOptions, fqns: list[str]) -> dict[str, torch.Tensor]:
-    """Per-layer (q, k, v) descales from the static table (h3plan/planning/scale_table.py): descale = amax * margin / 448,
+    """Per-layer (q, k, v) descales from the static table (h3plan/facts/scale_table.py): descale = amax * margin / 448,
     the inverse of the kernel's scale."""
 
     table = load(opts.scale_table)

@@ -1,9 +1,9 @@
 """The NVFP4 linears' inputs at install and in the block forward (nvfp4_producer_quant, nvfp4_out_quant).
 
 nvfp4_out_quant=on: every NVFP4Linear to_out.0 casts the attention output with the one-pass Triton kernel
-(kernels/nvfp4.py `cast_nvfp4`, counted `nvfp4_out_quant`) instead of the torch reference chain; the same codes.
+(runtime/kernels/nvfp4.py `cast_nvfp4`, counted `nvfp4_out_quant`) instead of the torch reference chain; the same codes.
 nvfp4_producer_quant=on: the patched block forward (install/block.py) takes the NVFP4 GEMM inputs from the kernels
-that produce them (kernels/nvfp4_producers.py): norm1 + AdaLN -> to_q/k/v (one set of codes), the residual fold
+that produce them (runtime/kernels/nvfp4_producers.py): norm1 + AdaLN -> to_q/k/v (one set of codes), the residual fold
 (the attention's gated residual, norm2 + AdaLN) -> ff.net.0.proj and the next residual, SwiGLU -> ff.net.2. Each
 call is guarded under `nvfp4_producer_quant`; a refused one runs the bf16 producer and the NVFP4Linear quantizes
 that output itself with the same quantizer: a fallback changes no bits. The producers use the consumers' static
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from h3plan.quant import BLOCK_LINEARS
-from h3plan.quant.nvfp4 import NVFP4Codes, NVFP4Linear
+from h3plan.runtime.quant import BLOCK_LINEARS
+from h3plan.runtime.quant.nvfp4 import NVFP4Codes, NVFP4Linear
 from h3plan.runtime.guards import run_guarded
 
 PRODUCER = "nvfp4_producer_quant"

@@ -10,7 +10,7 @@ from dataclasses import fields, make_dataclass
 from dataclasses import field as dc_field
 from typing import Any
 
-from h3plan.attention import backend_spec
+from h3plan.facts.attention import backend_spec
 from h3plan.levers import scope_options
 
 

@@ -6,11 +6,11 @@ and K, partial rotate-half RoPE, non-causal unmasked attention, `flatten(2, 3).t
 
 - QK-norm + RoPE (`qk_norm_rope`): eager (diffusers' modules), `fused` (one Triton kernel, exact),
   `fused_fp8` (the same + e4m3 cast with per-tensor scales, feeding cudnn_fp8 directly);
-- the backend (`h3plan.attention`): sdpa / fa4 / cudnn_bf16 / cudnn_fp8, with FA4's per-call 2-CTA
+- the backend (`h3plan.facts.attention`): sdpa / fa4 / cudnn_bf16 / cudnn_fp8, with FA4's per-call 2-CTA
   switch and FP8 scales (dynamic amax, or a static per-layer table);
-- Ulysses (`ulysses_degree` > 1): h3plan.parallel.ulysses.UlyssesAttention over the installer's
+- Ulysses (`ulysses_degree` > 1): h3plan.runtime.parallel.ulysses.UlyssesAttention over the installer's
   sequence shards, with its padding mode, head chunks, FP8 codes and prefix-in-place output;
-- ring x Ulysses (`ring_degree` > 1): h3plan.parallel.ring.RingUlysses over the world's sequence shards
+- ring x Ulysses (`ring_degree` > 1): h3plan.runtime.parallel.ring.RingUlysses over the world's sequence shards
   (install/ring.py: block attention with log-sum-exp, counted `ring.fused` / `ring.fallback`).
 
 Guards per call: a refused kernel check, an unavailable backend, an attention mask or autograd route
@@ -26,12 +26,12 @@ import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_minimax_h3 import _apply_rotary_emb
 
-from h3plan.attention import ops as attention_ops
-from h3plan.attention import backend_spec
-from h3plan.kernels.qk_norm_rope import qk_norm_rope_fp8_ref
-from h3plan.parallel.comm import amax_allreduce_hook
-from h3plan.planning.sizes import valid_rows
-from h3plan.quant.fp8 import shared_activation
+from h3plan.runtime.attention import ops as attention_ops
+from h3plan.facts.attention import backend_spec
+from h3plan.runtime.kernels.qk_norm_rope import qk_norm_rope_fp8_ref
+from h3plan.runtime.parallel.comm import amax_allreduce_hook
+from h3plan.facts.sizes import valid_rows
+from h3plan.runtime.quant.fp8 import shared_activation
 
 from h3plan.runtime.counters import fallback as count_fallback, fused as count_fused
 from h3plan.runtime.guards import GRAD_REASON, needs_grad, run_guarded
@@ -65,7 +65,7 @@ class H3PlanAttnProcessor:
     def __init__(self, opts, backend, kernels: dict, original, *, static_descales=None,
                  shard=None, ulysses=None, ring=None):
         self.opts, self.backend, self.kernels, self.original = opts, backend, kernels, original
-        self.spec = backend_spec(opts.backend)  # what the backend declares (h3plan/attention/specs/)
+        self.spec = backend_spec(opts.backend)  # what the backend declares (h3plan/facts/attention/specs/)
         self.static_descales = static_descales  # (3,) fp32 descales of q, k, v (static FP8 scales)
         self.static_scales = None if static_descales is None else tuple((1.0 / static_descales).tolist())
         self.shard, self.ulysses = shard, ulysses  # installer's sequence-shard context, UlyssesAttention
@@ -227,7 +227,7 @@ class H3PlanAttnProcessor:
         return self.attend(q8, k8, v8, descales=descales).flatten(2, 3)
 
     def _ulysses_call(self, attn, q, k, v, rotary_emb):
-        """Degree U > 1: this rank's rows in, (B, S_loc, H*D) out (h3plan.parallel.ulysses)."""
+        """Degree U > 1: this rank's rows in, (B, S_loc, H*D) out (h3plan.runtime.parallel.ulysses)."""
         U, S, mode = self.opts.ulysses_degree, self.shard.seq_len, self.opts.qk_norm_rope
         ua = self.ulysses
         if mode == "fused_fp8" and self.opts.a2a_fp8_codes:
@@ -323,7 +323,7 @@ class H3PlanAttnProcessor:
                            lambda: None, (q, k, wq, wk))
 
     def _ring_call(self, attn, q, k, v, rotary_emb):
-        """ring > 1: this rank's world-shard rows in, (B, S_loc, H*D) out (h3plan.parallel.ring.RingUlysses)."""
+        """ring > 1: this rank's world-shard rows in, (B, S_loc, H*D) out (h3plan.runtime.parallel.ring.RingUlysses)."""
         ru, S, U = self.ring, self.shard.seq_len, self.ring.ulysses_degree
         block = ru.ring.attn
         why = block.reason(q)

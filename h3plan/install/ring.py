@@ -1,12 +1,12 @@
 """Ring x Ulysses for the installed transformer (plan option `ring_degree` > 1, lever h3plan/levers/ring.py).
 
 Scope: the world group passed to `h3plan.install(..., group=)` (it must be the default group: the mesh's
-sub-groups are made over it, h3plan.parallel.ring.ring_ulysses_groups) holds ring x ulysses ranks. The block
+sub-groups are made over it, h3plan.runtime.parallel.ring.ring_ulysses_groups) holds ring x ulysses ranks. The block
 stack runs on world shards (install/shard.py over the world: rank g holds rows g*S_loc ..), and every
-attention call runs h3plan.parallel.ring.RingUlysses: Ulysses inside each ring block, the key/value blocks
+attention call runs h3plan.runtime.parallel.ring.RingUlysses: Ulysses inside each ring block, the key/value blocks
 rotating over the ring.
 
-Block attention (`RingBlock`): the log-sum-exp backend the plan's backend declares (h3plan.attention.LSE_OF:
+Block attention (`RingBlock`): the log-sum-exp backend the plan's backend declares (h3plan.facts.attention.LSE_OF:
 fa4 -> fa4, sdpa -> sdpa_flash, cudnn_bf16 -> torch's cuDNN sdpa_cudnn; FA4's 2-CTA switch and tiles are not
 applied, the plan blocks them). Per call, `reason(q)` (device, dtype, head_dim; cached) routes a refused
 input to the fp32 reference `attention_with_lse`, counted `ring.fallback` with the reason; else `ring.fused`.
@@ -18,7 +18,7 @@ merge within ~1e-6 relative and round once to bf16; bf16 block outputs add one b
 
 from __future__ import annotations
 
-from h3plan.attention import LSE_OF
+from h3plan.facts.attention import LSE_OF
 from h3plan.errors import InstallError
 
 from .shard import SequenceShard
@@ -37,13 +37,13 @@ class RingBlock:
     def reason(self, q) -> str | None:
         key = (q.device, q.dtype, q.shape[-1])
         if key not in self._reasons:
-            from h3plan.parallel.lse import lse_reason
+            from h3plan.runtime.parallel.lse import lse_reason
 
             self._reasons[key] = lse_reason(self.name, q)
         return self._reasons[key]
 
     def __call__(self, q, k, v):
-        from h3plan.parallel.lse import LSE_BACKENDS, attention_with_lse
+        from h3plan.runtime.parallel.lse import LSE_BACKENDS, attention_with_lse
 
         return attention_with_lse(q, k, v) if self.reason(q) else LSE_BACKENDS[self.name](q, k, v)
 
@@ -69,8 +69,8 @@ def build(model, opts, group):
     """(SequenceShard over the world, RingUlysses) for ring_degree x ulysses_degree ranks."""
     import torch.distributed as dist
 
-    from h3plan.parallel.comm import degree_rank
-    from h3plan.parallel.ring import RingUlysses, ring_ulysses_groups
+    from h3plan.runtime.parallel.comm import degree_rank
+    from h3plan.runtime.parallel.ring import RingUlysses, ring_ulysses_groups
 
     R, U = opts.ring_degree, opts.ulysses_degree
     why = problems(opts)

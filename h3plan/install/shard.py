@@ -1,5 +1,5 @@
 """Sequence shards for Ulysses (degree U > 1): each rank runs the block stack on its S_loc = ceil(S/U)
-rows (h3plan.parallel: shard_rows pads the tail with zero rows, gather_rows restores the sequence).
+rows (h3plan.runtime.parallel: shard_rows pads the tail with zero rows, gather_rows restores the sequence).
 
 The first block shards the hidden states; every block shards its own copies of the per-row inputs
 (AdaLN table indices, RoPE cos/sin), which diffusers passes unsharded to each block. The output side
@@ -15,7 +15,7 @@ inputs (index 0, angle 0); their outputs are computed and dropped.
 
 from __future__ import annotations
 
-from h3plan.planning.sizes import shard_len
+from h3plan.facts.sizes import shard_len
 
 
 class SequenceShard:
@@ -25,7 +25,7 @@ class SequenceShard:
         self.heads = False  # set by shard_heads: the last block keeps its rows for the sharded output heads
 
     def enter(self, block, hidden_states, adaln_indices, rotary_emb):
-        from h3plan.parallel.comm import shard_rows
+        from h3plan.runtime.parallel.comm import shard_rows
 
         S = adaln_indices.shape[0]
         self.seq_len = S
@@ -40,7 +40,7 @@ class SequenceShard:
     def exit(self, block, hidden_states):
         if block._h3plan_index != self.last or self.heads:
             return hidden_states
-        from h3plan.parallel.comm import gather_rows
+        from h3plan.runtime.parallel.comm import gather_rows
 
         return gather_rows(hidden_states, self.group, dim=1, seq_len=self.seq_len)
 
@@ -48,7 +48,7 @@ class SequenceShard:
 def shard_heads(model, shard: SequenceShard):
     """Run `norm_out`, `proj_out` and `audio_proj_out` on this rank's rows (see the module docstring).
     Returns the undo (restores the three forwards and the last block's gather)."""
-    from h3plan.parallel.comm import gather_rows, shard_rows
+    from h3plan.runtime.parallel.comm import gather_rows, shard_rows
 
     def sharded(rows: int) -> bool:  # this call carries the shard's rows (a full-sequence call passes through)
         return shard.seq_len is not None and rows == shard_len(shard.seq_len, shard.degree) != shard.seq_len

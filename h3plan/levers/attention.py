@@ -4,12 +4,12 @@ auto: FP8 attention when the recipe asks for it, the policy allows lossy levers 
 on the hardware (version gate, output dtypes); otherwise the fastest BF16 backend of the hardware's
 `attention_rank`. BF16 backends are exact given the backend (not bitwise equal to one another).
 At parallel.ring > 1 no cudnn_fp8: the ring merges key blocks through their log-sum-exp, which FP8
-attention does not return here (h3plan/parallel/lse.py).
+attention does not return here (h3plan/runtime/parallel/lse.py).
 """
 
 from __future__ import annotations
 
-from ..attention import BACKENDS, DEFAULT, select, supports
+from h3plan.facts.attention import BACKENDS, DEFAULT, select, supports
 from ..sources import cite
 from .base import Context, Option, Spec, nearest_point, one_of, resolve
 
@@ -42,7 +42,7 @@ def ring_problems(ctx: Context, s: str = FP8) -> list[str]:
     if ring == 1 or b.lse:
         return []
     return [f"parallel.ring={ring}: the ring merges key blocks through their log-sum-exp and {b.precision.upper()} "
-            "attention returns none here (h3plan/parallel/lse.py)"]
+            "attention returns none here (h3plan/runtime/parallel/lse.py)"]
 
 
 def _speeds(ctx: Context, backends) -> str:

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
-from ..attention import BACKENDS
-from ..planning.decision import Decision, make_decision
+from h3plan.facts.attention import BACKENDS
+from h3plan.facts.decision import Decision, make_decision
 from ..planning import tuned
 
 SCOPES = ("linears", "block", "attention", "vae", "transformer")

@@ -41,7 +41,7 @@ ULYSSES_WHY = ("dynamo cannot trace the Ulysses exchange's asynchronous all-to-a
                "H200s (benchmarks/results/logs/vae2-h200x2.log)")
 
 
-RING_WHY = "the ring's P2P rotation is not traceable (h3plan/parallel/ring.py: not under torch.compile)"
+RING_WHY = "the ring's P2P rotation is not traceable (h3plan/runtime/parallel/ring.py: not under torch.compile)"
 
 
 def blockers(ctx: Context, s: str) -> list[str]:

@@ -2,10 +2,10 @@
 
 tensor: FP8Linear quantises its bf16 input itself, one dynamic scale for the whole tensor (an amax pass and
   a cast pass per input; under Ulysses a MAX all-reduce of the amax per input), or the static table's scale.
-row: the kernels that produce the inputs write e4m3 with one scale per row (h3plan/kernels/fp8_producers.py):
+row: the kernels that produce the inputs write e4m3 with one scale per row (h3plan/runtime/kernels/fp8_producers.py):
   norm1/norm2 + AdaLN -> to_q/k/v and ff.net.0.proj (rmsnorm_modulate_fp8), SwiGLU -> ff.net.2
   (swiglu_fp8), the attention output -> to_out.0 (cast_rows_fp8); rowwise-scaled FP8 GEMMs consume the codes
-  (h3plan/quant/fp8_rowwise.py). A row's scale depends on that row alone: the codes are the same at every
+  (h3plan/runtime/quant/fp8_rowwise.py). A row's scale depends on that row alone: the codes are the same at every
   Ulysses degree with no all-reduce. With a static linear-input table (gemm_quant param input_scales=static)
   the producers write with the table's scale instead (their static mode): the same codes as tensor's static
   cast, bit for bit, without the cast pass.
@@ -27,9 +27,9 @@ SPEC = Spec(
     options=(Option("block", "fp8_act_quant", *one_of("tensor", "row"), default="tensor",
                     swap=lambda v: (".norm1/norm2+modulate, ff swiglu, to_out.0 input", "bf16 + per-tensor FP8 cast",
                                     "e4m3 per-row codes from the producer") if v == "row" else None),),
-    kernels={"rmsnorm_modulate_fp8": "h3plan.kernels.fp8_producers:rmsnorm_modulate_fp8:rmsnorm_modulate_fp8_check",
-             "swiglu_fp8": "h3plan.kernels.fp8_producers:swiglu_fp8:swiglu_fp8_check",
-             "cast_rows_fp8": "h3plan.kernels.fp8_producers:cast_rows_fp8:cast_rows_fp8_check"},
+    kernels={"rmsnorm_modulate_fp8": "h3plan.runtime.kernels.fp8_producers:rmsnorm_modulate_fp8:rmsnorm_modulate_fp8_check",
+             "swiglu_fp8": "h3plan.runtime.kernels.fp8_producers:swiglu_fp8:swiglu_fp8_check",
+             "cast_rows_fp8": "h3plan.runtime.kernels.fp8_producers:cast_rows_fp8:cast_rows_fp8_check"},
 )
 
 ULYSSES_NOTE = "per-row scales: a row's scale depends on that row alone, so the codes are the same at every Ulysses degree with no amax all-reduce"

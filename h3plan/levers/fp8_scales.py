@@ -9,7 +9,7 @@ FP8 output (SM90) the decision also records how scale_o is chosen.
 
 from __future__ import annotations
 
-from ..planning.scale_table import ScaleTableError, load
+from h3plan.facts.scale_table import ScaleTableError, load
 from ..sources import cite
 from .attention import fp8_output_dtype
 from .base import Context, LeverError, Option, Spec, one_of, resolve

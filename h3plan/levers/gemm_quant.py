@@ -8,7 +8,7 @@ AdaLN projections, norms and output heads keep diffusers' dtypes. fp8/nvfp4 are 
 
 from __future__ import annotations
 
-from ..planning.scale_table import has_linears
+from h3plan.facts.scale_table import has_linears
 from .base import Context, LeverError, Option, Spec, resolve
 from .nvfp4_producer_quant import nvfp4_evidence
 

@@ -1,6 +1,6 @@
 """Attention-output quantize to NVFP4 for to_out.0 (recipe nvfp4; lossy).
 
-on: to_out.0's NVFP4Linear casts the attention output with the one-pass Triton kernel (kernels/nvfp4.py
+on: to_out.0's NVFP4Linear casts the attention output with the one-pass Triton kernel (runtime/kernels/nvfp4.py
 `cast_nvfp4`: packed codes + swizzled block scales, one pass with a static input scale, amax + cast without)
 instead of the torch reference chain; the same codes (install/nvfp4_inputs.py). Same rule as nvfp4_producer_quant:
 on with NVFP4 GEMMs unless the step fusions are off (U8 19k)."""
@@ -16,7 +16,7 @@ SPEC = Spec(
     summary="attention output quantized to NVFP4 for to_out.0 by one Triton cast",
     counter="nvfp4_out_quant",
     options=(Option("linears", "nvfp4_out_quant", is_bool, "bool", False),),
-    kernels={"cast_nvfp4": "h3plan.kernels.nvfp4:cast_nvfp4:cast_nvfp4_check"},
+    kernels={"cast_nvfp4": "h3plan.runtime.kernels.nvfp4:cast_nvfp4:cast_nvfp4_check"},
 )
 
 

@@ -1,9 +1,9 @@
 """NVFP4 producer-side quantize fusion with the residual fold (recipe nvfp4; lossy).
 
 on: the kernels that produce the NVFP4 GEMM inputs write e2m1 codes + swizzled e4m3 block scales themselves
-(h3plan/kernels/nvfp4_producers.py): norm1 + AdaLN -> to_q/k/v, the residual fold (the attention's gated residual
+(h3plan/runtime/kernels/nvfp4_producers.py): norm1 + AdaLN -> to_q/k/v, the residual fold (the attention's gated residual
 + norm2 + AdaLN in one kernel) -> ff.net.0.proj, SwiGLU -> ff.net.2; installed by install/nvfp4_inputs.py. Same
-quantizer as the NVFP4 linears' own input cast (torchao's, kernels/nvfp4.py), so a refused call changes no bits.
+quantizer as the NVFP4 linears' own input cast (torchao's, runtime/kernels/nvfp4.py), so a refused call changes no bits.
 auto: on with gemm_quant=nvfp4 when the rows per rank reach step_fusions_min_rows_per_rank (the TRT-LLM seed
 (docs/sources.md#trtllm-seed) turns the step fusions off at U8 19k); off otherwise.
 """
@@ -22,10 +22,10 @@ SPEC = Spec(
     options=(Option("block", "nvfp4_producer_quant", is_bool, "bool", False,
                     swap=lambda v: (".norm1/norm2+modulate (residual folded), ff swiglu", "bf16 + NVFP4 cast in the linear",
                                     "NVFP4 codes from the producer") if v else None),),
-    kernels={"rmsnorm_modulate_nvfp4": "h3plan.kernels.nvfp4_producers:rmsnorm_modulate_nvfp4:rmsnorm_modulate_nvfp4_check",
+    kernels={"rmsnorm_modulate_nvfp4": "h3plan.runtime.kernels.nvfp4_producers:rmsnorm_modulate_nvfp4:rmsnorm_modulate_nvfp4_check",
              "gated_residual_modulate_nvfp4":
-                 "h3plan.kernels.nvfp4_producers:gated_residual_modulate_nvfp4:gated_residual_modulate_nvfp4_check",
-             "swiglu_nvfp4": "h3plan.kernels.nvfp4_producers:swiglu_nvfp4:swiglu_nvfp4_check"},
+                 "h3plan.runtime.kernels.nvfp4_producers:gated_residual_modulate_nvfp4:gated_residual_modulate_nvfp4_check",
+             "swiglu_nvfp4": "h3plan.runtime.kernels.nvfp4_producers:swiglu_nvfp4:swiglu_nvfp4_check"},
 )
 
 

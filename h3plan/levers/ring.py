@@ -1,5 +1,5 @@
 """Ring x Ulysses attention: past one node the sequence is split into `parallel.ring` blocks whose keys and
-values rotate between the Ulysses groups (h3plan/parallel/ring.py; planning in ring_plan.py).
+values rotate between the Ulysses groups (h3plan/runtime/parallel/ring.py; planning in ring_plan.py).
 
 Scope: the transformer blocks' attention. world = ring x ulysses ranks; the sequence is sharded over all of
 them (rank g holds rows g*S_loc ..), Ulysses runs inside each ring block of U*S_loc rows, and each rank's
@@ -22,8 +22,8 @@ backend family computed the blocks) or `ring.fallback` (the fp32 reference did, 
 
 from __future__ import annotations
 
-from ..attention import BACKENDS
-from ..planning.ring_plan import degree_reasons, describe, ring_ulysses_cost
+from h3plan.facts.attention import BACKENDS
+from h3plan.facts.ring_plan import degree_reasons, describe, ring_ulysses_cost
 from .base import Context, LeverError, Option, Spec, nearest_point, nearest_ulysses_point, resolve
 
 SPEC = Spec(
@@ -52,7 +52,7 @@ def blockers(ctx: Context, s: str) -> list[str]:
     att = BACKENDS[ctx.setting("attention")]
     if not att.lse:
         out.append(f"attention is {att.name}: {att.precision.upper()} attention returns no log-sum-exp here "
-                   "(h3plan/parallel/lse.py)")
+                   "(h3plan/runtime/parallel/lse.py)")
     return out
 
 
@@ -60,8 +60,8 @@ def blockers(ctx: Context, s: str) -> list[str]:
 # Those levers decide before this one, so they yield to parallel.ring themselves (auto picks the fallback, a
 # forced setting is refused naming parallel.ring): the ring never refuses a plan over another lever's auto pick.
 EXCLUDES = {
-    "fa4_2cta": ("on", "the ring's FA4 block call (h3plan/parallel/lse.py) takes no 2-CTA switch"),
-    "fa4_tile": ("tuned", "the ring's FA4 block call (h3plan/parallel/lse.py) takes no tile"),
+    "fa4_2cta": ("on", "the ring's FA4 block call (h3plan/runtime/parallel/lse.py) takes no 2-CTA switch"),
+    "fa4_tile": ("tuned", "the ring's FA4 block call (h3plan/runtime/parallel/lse.py) takes no tile"),
     "a2a_fp8_codes": ("on", "e4m3 codes on the wire feed FP8 attention; the ring takes bf16 q/k/v"),
     "prefix_inplace": ("on", "RingUlysses' Ulysses exchange writes no padded prefix in place"),
 }

@@ -9,7 +9,7 @@
   seq-major copies are gone. Per-head math is unchanged; the sliced GEMMs must give the whole GEMM's bits,
   which the NCCL install test asserts (tests/gpu/test_install_ulysses_nccl.py).
 - `projection_split`: `projection`, and the output exchange per destination too: attention over each
-  other rank's query rows first, each result sent (on a high-priority NCCL stream, parallel/comm.py) while
+  other rank's query rows first, each result sent (on a high-priority NCCL stream, runtime/parallel/comm.py) while
   the next rows attend, this rank's rows last. Needs padding none or padded (whole destination row
   blocks). Exact given attention rows that do not depend on the other query rows of the call.
 

@@ -5,7 +5,7 @@ padded output kept (cuDNN's key-padding path, TRT-LLM seed (docs/sources.md#trtl
 restored and the merge writes a zero tail (telefuser seed (docs/sources.md#telefuser-seed)). padded: attention over the padded rows
 with masked keys (more work; only when asked for). parallel.padding fixes the mode for auto.
 At parallel.ring > 1 only none: the ring skips padded keys through its per-block valid counts and Ulysses
-inside a ring block sees full blocks (h3plan/parallel/ring.py).
+inside a ring block sees full blocks (h3plan/runtime/parallel/ring.py).
 """
 
 from __future__ import annotations

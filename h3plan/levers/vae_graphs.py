@@ -1,5 +1,5 @@
 """CUDA graphs for the VAE's ViT decoder: one graph per input signature, replayed instead of 36 blocks of
-host-paced launches (h3plan/vae/graph.py). Bit-identical to diffusers' forward: the same kernels
+host-paced launches (h3plan/install/vae/graph.py). Bit-identical to diffusers' forward: the same kernels
 on the same pointers.
 
 auto: on. The decoder is host-bound wherever its per-tile blocks are small (the H200 spends 1,479 us of

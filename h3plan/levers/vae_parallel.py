@@ -1,16 +1,16 @@
 """One video decode spread over the plan's Ulysses ranks: each rank decodes its share of the (temporal chunk,
 spatial tile) decoder calls, the decoded tiles are gathered, and every rank stitches them with diffusers' own
-code, so the frames are bitwise the one-GPU decode (h3plan/vae/parallel.py).
+code, so the frames are bitwise the one-GPU decode (h3plan/install/vae/parallel.py).
 
 auto: tiles at Ulysses degree > 1 when the request's latent decodes in several calls and the estimate
-(h3plan/vae/parallel_plan.py: the one-GPU decode divided over the ranks, plus the gather at the measured
+(h3plan/facts/vae/parallel_plan.py: the one-GPU decode divided over the ranks, plus the gather at the measured
 all-to-all rate) promises >= 1.05x; off otherwise, with the numbers.
 """
 
 from __future__ import annotations
 
-from ..vae import parallel_plan as vpp
-from ..vae.tiling import Geometry
+from h3plan.facts.vae import parallel_plan as vpp
+from h3plan.facts.vae.tiling import Geometry
 from .base import Context, Option, Spec, is_bool, resolve
 from .vae_tiles import TILE_OF
 

@@ -4,7 +4,7 @@ diffusers' decode step runs the VAE in its own dtype, with no autocast), fp16 or
 fp16 / bf16 install the cast `from_pretrained(torch_dtype=...)` makes: every floating parameter and buffer
 whose name has no `_keep_in_fp32_modules` component (encoder, quant_conv, norm1, norm2, norm_out, scale1,
 scale2 stay float32) becomes the dtype; the float32 originals wait in pinned host memory for uninstall only
-(h3plan/vae/weights.py). diffusers' own decode step, `pipe.blocks` sub-blocks and a direct `vae.decode(z)`
+(h3plan/install/vae/weights.py). diffusers' own decode step, `pipe.blocks` sub-blocks and a direct `vae.decode(z)`
 then run the planned precision with no autocast on the user's side.
 
 auto follows the recipe's `vae` key: fp32 for a lossless recipe (lossless against diffusers' default),

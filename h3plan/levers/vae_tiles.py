@@ -1,7 +1,7 @@
 """VAE decode tile geometry. default: diffusers' released geometry (256 px, overlap 64; the released
 frames are the blended-tile ones, so any other geometry changes the output). fp8_tiles: the TRT-LLM
 seed's FP8 tiled decoder at 288x272 (overlap 32), lossy: the geometry, plus the ViT decoder blocks'
-six linears as FP8 GEMMs (h3plan/vae/fp8.py; per-channel e4m3 weights, per-row e4m3 activations,
+six linears as FP8 GEMMs (h3plan/install/vae/fp8.py; per-channel e4m3 weights, per-row e4m3 activations,
 float16 out; an fp32 emulation, counted, where torch's FP8 GEMM cannot run). Only a budget recipe with
 vae: fp8 on hardware with FP8 GEMMs gets it; a lossless recipe never does. custom: vae.custom_tile, lossy
 for the same reason as any non-default geometry.

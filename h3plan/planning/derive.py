@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from h3plan.attention import BACKENDS
+from h3plan.facts.attention import BACKENDS
 from h3plan.levers.base import nearest_point, nearest_ulysses_point
 from h3plan.sources import cite
 

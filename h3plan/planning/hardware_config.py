@@ -2,8 +2,8 @@
 
 Hydra merges each GPU's YAML onto `HardwareConfig`, so an unknown key or a wrongly typed fact fails during
 composition; the cross-group rules on these facts are `schema.validate`'s. `AttentionPoint` has one TFLOP/s field
-per registered attention backend (h3plan.attention's registry, torch-free). The same YAML read as plain dicts by
-code that runs on a device is h3plan/planning/hardware.py. Torch-free.
+per registered attention backend (h3plan.facts.attention's registry, torch-free). The same YAML read as plain dicts by
+code that runs on a device is h3plan/facts/hardware.py. Torch-free.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Dict, List, Optional
 
 from omegaconf import MISSING
 
-from h3plan.attention import BACKENDS, BF16
+from h3plan.facts.attention import BACKENDS, BF16
 
 
 @dataclass
@@ -129,7 +129,7 @@ class AttentionRank:
     """Why (or on what evidence) cuDNN FP8 is the FP8 attention on this hardware."""
 
 
-AttentionPoint = make_dataclass(  # one TFLOP/s field per attention backend (h3plan.attention), BF16 ones first
+AttentionPoint = make_dataclass(  # one TFLOP/s field per attention backend (h3plan.facts.attention), BF16 ones first
     "AttentionPoint", [("seq_len", int, field(default=MISSING)), ("heads", int, field(default=MISSING))]
     + [(name, Optional[float], field(default=None)) for name in sorted(BACKENDS, key=lambda n: n not in BF16)],
     namespace={"__doc__": "Measured attention TFLOP/s (4*S^2*H*D / time) at one per-rank shape; null = not measured.",

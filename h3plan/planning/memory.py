@@ -54,7 +54,7 @@ from .derive import _throughput
 
 from .request import VideoRequest, pipeline_defaults, request_from, tokens, vae_geometry
 from .request import diffusers_kwargs as _dc
-from h3plan.vae.tiling import RELEASED_TILE, Geometry, decoded_frames, tile_span
+from h3plan.facts.vae.tiling import RELEASED_TILE, Geometry, decoded_frames, tile_span
 
 GiB = 2**30
 TRANSFORMER_FP32 = ("proj_in", "audio_proj_in", "time_embedder", "proj_out", "audio_proj_out")  # _keep_in_fp32_modules
@@ -256,7 +256,7 @@ def _weights(it: _Items, sections, settings, opts) -> None:
     it.add("vae_weights", 4 * vp["fp32_kept"] + lb * (vp["decoder_linears"] + vp["other"]),
            f"AutoencoderKLMiniMaxH3 {vp['decoder_linears'] + vp['fp32_kept'] + vp['other']:,} parameters, {vd}"
            + ("" if lb == 4 else " (encoder, quant_conv, norms and scales kept float32)")
-           + (f"; vae_precision={vd}: cast at install, the float32 originals on the host (vae/weights.py)"
+           + (f"; vae_precision={vd}: cast at install, the float32 originals on the host (install/vae/weights.py)"
               if vd != opts["vae_dtype"] else ""))
     it.add("audio_vae_weights", vb * pipe["audio_vae"]["params"],
            f"AutoencoderKLMiniMaxH3Audio {pipe['audio_vae']['params']:,} parameters, {opts['vae_dtype']}")
@@ -350,11 +350,11 @@ def _decode(it: _Items, sections, settings, opts, geo, geo_src, B: int) -> None:
     d = vae_decode(vdc, geo["latent_frames"], geo["latent_height"], geo["latent_width"], tile, batch=B, fused=fused,
                    fp16_weights=fp16_w, act=VAE_DTYPES[vd])
     th, tw = d["tile_px"]
-    if _setting(settings, "vae_tiles", "default") == "fp8_tiles":  # vae/install.py makes the codes from any float VAE
+    if _setting(settings, "vae_tiles", "default") == "fp8_tiles":  # install/vae/install.py makes the codes from any float VAE
         vp = vae_params(vdc)
         it.add("vae_fp8_gemms", vp["decoder_linears"], f"vae_tiles=fp8_tiles: e4m3 copies of the {vdc['decoder_num_layers']} decoder "
                                                        f"blocks' six linears ({vp['decoder_linears']:,} codes) beside the fp16 "
-                                                       "weights, made at install (vae/fp8.py)")
+                                                       "weights, made at install (install/vae/fp8.py)")
     if _setting(settings, "vae_graphs", "off") == "on":
         it.add("vae_graph_pools", d["call"], f"vae_graphs: one CUDA-graph pool shared by every tile shape ({th}x{tw} px here), the size of one "
                                              "decoder call's activations; held between decodes")

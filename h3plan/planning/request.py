@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any, List, Mapping, Optional, get_type_hints
 
 from h3plan.errors import ConfigError
-from h3plan.vae.tiling import Geometry
+from h3plan.facts.vae.tiling import Geometry
 
 from . import CONF, workflows
 
@@ -216,7 +216,7 @@ def diffusers_kwargs(section: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def vae_geometry(vae_cfg: Mapping[str, Any]) -> dict[str, int]:
-    """AutoencoderKLMiniMaxH3.__init__'s derived chunking (h3plan/vae/tiling.py): compression ratios,
+    """AutoencoderKLMiniMaxH3.__init__'s derived chunking (h3plan/facts/vae/tiling.py): compression ratios,
     tokens_chunk_size, overlaps."""
     g = Geometry.from_config(diffusers_kwargs(vae_cfg))
     return {"spatial": g.spatial_ratio, "temporal": g.temporal_ratio, "clip_length": g.clip_length,

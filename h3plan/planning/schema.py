@@ -15,7 +15,7 @@ from typing import Any, List, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from h3plan.attention import BF16, missing_facts
+from h3plan.facts.attention import BF16, missing_facts
 from h3plan.errors import ConfigError, unknown_key_line
 from h3plan.levers import LEVER_SETTINGS  # declared by each lever module (SPEC), registry order
 from h3plan.levers.step_cache import config_problem as step_cache_config_problem
@@ -25,7 +25,7 @@ from .action_configs import BenchConfig, CalibrateConfig, TuneConfig, VerifyConf
 from .hardware_config import HardwareConfig
 from .memory import MemoryConfig
 from .request import MIN_STEPS, STEPS_RULE, PipelineConfig, VideoConfig, sequence
-from h3plan.vae.tiling import tile_rule
+from h3plan.facts.vae.tiling import tile_rule
 
 PLAN_SECTIONS = ("hardware", "recipe", "parallel", "model", "vae", "video", "pipeline", "memory", "levers")
 """The config sections a plan holds (the composed config's, less the action's own)."""
@@ -155,7 +155,7 @@ class ParallelConfig:
     """Ulysses degree (GPUs sharing one sequence); must divide the attention heads."""
     ring: int = 1
     """Ring degree: ring blocks of the sequence whose keys/values rotate between Ulysses groups (across nodes);
-    world = ring x ulysses ranks (h3plan/planning/ring_plan.py). 1: no ring."""
+    world = ring x ulysses ranks (h3plan/facts/ring_plan.py). 1: no ring."""
     seq_len: Optional[int] = None
     """Packed sequence length in tokens (text + audio + video rows); null: derived from the `video` request.
     Set it to plan for a length no request gives (it wins, and the plan says so)."""

@@ -8,7 +8,7 @@ import pytest
 
 from h3plan.actions import bench
 from h3plan.planner import make_plan
-from h3plan.planning.decision import make_decision
+from h3plan.facts.decision import make_decision
 
 from bench_fake import record, records
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from h3plan.actions import bench
-from h3plan.attention.sdpa import SDPABackend
+from h3plan.runtime.attention.sdpa import SDPABackend
 
 
 class FakeClock:

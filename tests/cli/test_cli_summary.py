@@ -10,7 +10,7 @@ import h3plan
 from h3plan import cli
 from h3plan.install.builder import Builder
 from h3plan.levers import REGISTRY, SPECS, Option, Spec, not_installed
-from h3plan.planning.decision import make_decision
+from h3plan.facts.decision import make_decision
 
 HEADLINE = dict(hardware="sm107", recipe="nvfp4", parallel="u8")
 

@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 from h3plan import resolve_config
 from h3plan.actions import calibrate as action
-from h3plan.planning.scale_table import load_table
+from h3plan.facts.scale_table import load_table
 
 pytestmark = pytest.mark.gpu
 
@@ -46,7 +46,7 @@ def test_calibrate_real_width(table):
 
 
 def test_static_fp8_linear_on_the_gpu():
-    from h3plan.quant.fp8 import FP8Linear
+    from h3plan.runtime.quant.fp8 import FP8Linear
 
     torch.manual_seed(0)
     lin = FP8Linear.from_linear(torch.nn.Linear(5376, 14336, bias=False, device="cuda", dtype=torch.bfloat16))

@@ -3,7 +3,7 @@ diffusers' own `pipe(...)` call, then `uninstall(pipe)`: torch.cuda.memory_alloc
 before install. Real width cut to two transformer layers, the released VAE, a 256x448x124 request, one H200.
 
 What may stay, by design, and is subtracted by name: the cuDNN FP8 attention's constant scalars
-(h3plan/attention/cudnn.py `_CONST`: one (1, 1, 1, 1) fp32 tensor per value and device, a 512-byte block each,
+(h3plan/runtime/attention/cudnn.py `_CONST`: one (1, 1, 1, 1) fp32 tensor per value and device, a 512-byte block each,
 shared by every installed model and read by captured graphs), and torch's own per-stream cuBLAS workspaces, which
 any GEMM makes (diffusers' eager call too): both measurements are taken after torch._C._cuda_clearCublasWorkspaces().
 On failure the message lists the CUDA tensors gc still finds, with what holds them.
@@ -48,7 +48,7 @@ def test_uninstall_returns_the_device_memory(recipe):
 
     import h3plan
     from h3plan.actions.pipeline_build import build_pipeline, prompt_inputs
-    from h3plan.attention import cudnn
+    from h3plan.runtime.attention import cudnn
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")

@@ -31,7 +31,7 @@ def test_tiny_row_block_equals_the_reference_chain_with_scaled_mm():
     from h3plan.actions.bench.measure import capture_block_inputs
     from h3plan.actions.inputs import build_model, packed_inputs
     from h3plan.install import counters, install, reset_counters
-    from h3plan.quant.fp8_rowwise import fp8_linear_codes
+    from h3plan.runtime.quant.fp8_rowwise import fp8_linear_codes
 
     model = build_model(t.TINY, device="cuda", dtype="bf16", seed=0)
     block_in = capture_block_inputs(torch, model, packed_inputs(t.TINY, 48, device="cuda"))

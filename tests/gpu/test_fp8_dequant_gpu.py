@@ -4,7 +4,7 @@ torch's (codes.float() * descale).to(bf16) for every code, and at the attention 
 import pytest
 import torch
 
-from h3plan.kernels.fp8 import dequantize, dequantize_ref
+from h3plan.runtime.kernels.fp8 import dequantize, dequantize_ref
 
 pytestmark = pytest.mark.gpu
 
@@ -29,7 +29,7 @@ def test_quantize_codes_match_torch(dtype):
     """The GEMM-activation cast (amax pass + cast pass, the conversion's own round-to-nearest-even on the
     GPU) gives torch's codes for every value: random rows at the FP8 GEMM's real size, every e4m3 midpoint
     and its neighbours, signed zeros, subnormals, +-448."""
-    from h3plan.kernels.fp8 import quantize, quantize_ref
+    from h3plan.runtime.kernels.fp8 import quantize, quantize_ref
 
     g = torch.Generator("cuda").manual_seed(3)
     grid = torch.arange(256, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn).float()

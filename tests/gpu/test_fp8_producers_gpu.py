@@ -1,5 +1,5 @@
-"""H200 suite for the FP8 producers (kernels/fp8_producers.py), the rowwise FP8 GEMM (quant/fp8_rowwise.py)
-and the lean q/k/v FP8 cast (kernels/qk_fp8_lean.py).
+"""H200 suite for the FP8 producers (runtime/kernels/fp8_producers.py), the rowwise FP8 GEMM (runtime/quant/fp8_rowwise.py)
+and the lean q/k/v FP8 cast (runtime/kernels/qk_fp8_lean.py).
 
 Contracts: e4m3 codes and fp32 descales bit-identical (rtol=0, atol=0) to the torch reference built on the
 block's own eager bf16 output at H3 width (hidden 5376, ffn 14336, attention output 7168; S = 19,000),
@@ -15,12 +15,12 @@ fraction of copy bandwidth (benchmarks/probes/fp8_producers.py is the full bench
 import pytest
 import torch
 
-from h3plan.kernels import fp8 as f8
-from h3plan.kernels import fp8_producers as fp
-from h3plan.kernels import modulation as mm
-from h3plan.kernels import qk_fp8_lean as lean
-from h3plan.kernels import qk_norm_rope as qk
-from h3plan.kernels import swiglu as sw
+from h3plan.runtime.kernels import fp8 as f8
+from h3plan.runtime.kernels import fp8_producers as fp
+from h3plan.runtime.kernels import modulation as mm
+from h3plan.runtime.kernels import qk_fp8_lean as lean
+from h3plan.runtime.kernels import qk_norm_rope as qk
+from h3plan.runtime.kernels import swiglu as sw
 
 from test_kernels_block_gpu import EPS, FFN, HIDDEN, S, activations, block, index_for  # noqa: F401  (fixture)
 
@@ -117,8 +117,8 @@ def test_cast_rows_over_2_31_elements():
 
 @torch.no_grad()
 def test_rowwise_gemm_within_bound():
-    from h3plan.quant.fp8 import FP8Linear
-    from h3plan.quant.fp8_rowwise import fp8_linear_codes
+    from h3plan.runtime.quant.fp8 import FP8Linear
+    from h3plan.runtime.quant.fp8_rowwise import fp8_linear_codes
     from h3plan.runtime.counters import counters, reset_counters
 
     M, K, N = 4096, INNER, HIDDEN  # to_out.0

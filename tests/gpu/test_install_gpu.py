@@ -21,7 +21,7 @@ import torch
 
 from h3plan.actions.inputs import build_model, packed_inputs
 from h3plan.actions.verify import REFERENCE_LEVERS, OUTPUTS, Verifier, _subplan, compare
-from h3plan.attention import get_backend
+from h3plan.facts.attention import get_backend
 from h3plan.install import counters, fallback_reasons, install, reset_counters, uninstall
 
 pytestmark = pytest.mark.gpu
@@ -155,7 +155,7 @@ def test_fp8_recipe_plan_error_and_counters(real, inputs):
 def test_fp8_linear_gemm_matches_emulation(scaling):
     """torch._scaled_mm vs the CPU-path emulation (same codes, fp32 dequantised matmul): they differ only
     by accumulation order -> relative error <= 1e-2 (bf16 output rounding 2^-9 dominates)."""
-    from h3plan.quant.fp8 import FP8Linear
+    from h3plan.runtime.quant.fp8 import FP8Linear
 
     lin = torch.nn.Linear(5376, 7168, bias=False, device="cuda", dtype=torch.bfloat16)
     fl = FP8Linear.from_linear(lin, scaling=scaling)

@@ -15,9 +15,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from h3plan.kernels import qk_norm_rope as m
-from h3plan.kernels import ulysses_merge as um
-from h3plan.kernels import vae
+from h3plan.runtime.kernels import qk_norm_rope as m
+from h3plan.runtime.kernels import ulysses_merge as um
+from h3plan.runtime.kernels import vae
 
 pytestmark = pytest.mark.gpu
 

@@ -12,9 +12,9 @@ Each test prints one summary line.
 import pytest
 import torch
 
-from h3plan.kernels import gated_residual as gr
-from h3plan.kernels import modulation as mm
-from h3plan.kernels import swiglu as sw
+from h3plan.runtime.kernels import gated_residual as gr
+from h3plan.runtime.kernels import modulation as mm
+from h3plan.runtime.kernels import swiglu as sw
 
 pytestmark = pytest.mark.gpu
 

@@ -1,5 +1,5 @@
-"""H200 suite for the NVFP4 producers (kernels/nvfp4_producers.py), the NVFP4 cast (kernels/nvfp4.py) and the
-NVFP4 linear's emulated path (quant/nvfp4.py). The FP4 GEMM itself needs SM100+ and is not run here.
+"""H200 suite for the NVFP4 producers (runtime/kernels/nvfp4_producers.py), the NVFP4 cast (runtime/kernels/nvfp4.py) and the
+NVFP4 linear's emulated path (runtime/quant/nvfp4.py). The FP4 GEMM itself needs SM100+ and is not run here.
 
 Contracts: packed codes, swizzled e4m3 block scales and the fp32 global scale bit-identical (rtol=0, atol=0) to
 the torch reference chain on the GPU -- the block's own eager bf16 output at H3 width (hidden 5376, ffn 14336,
@@ -17,11 +17,11 @@ import os
 import pytest
 import torch
 
-from h3plan.kernels import gated_residual as gr
-from h3plan.kernels import modulation as mm
-from h3plan.kernels import nvfp4 as n4
-from h3plan.kernels import nvfp4_producers as npd
-from h3plan.kernels import swiglu as sw
+from h3plan.runtime.kernels import gated_residual as gr
+from h3plan.runtime.kernels import modulation as mm
+from h3plan.runtime.kernels import nvfp4 as n4
+from h3plan.runtime.kernels import nvfp4_producers as npd
+from h3plan.runtime.kernels import swiglu as sw
 
 from test_kernels_block_gpu import EPS, FFN, HIDDEN, S, activations, block, index_for  # noqa: F401  (fixture)
 
@@ -135,7 +135,7 @@ def test_cast_over_2_31_bytes_of_codes():
 @torch.no_grad()
 def test_linear_takes_producer_codes_with_the_same_bits():
     """On the H200 the NVFP4 GEMM is emulated: codes from the producer and the linear's own cast give one output."""
-    from h3plan.quant.nvfp4 import NVFP4Codes, NVFP4Linear
+    from h3plan.runtime.quant.nvfp4 import NVFP4Codes, NVFP4Linear
     from h3plan.runtime.counters import fallback_reasons, reset_counters
 
     lin = torch.nn.Linear(INNER, HIDDEN, device="cuda").bfloat16()
@@ -202,7 +202,7 @@ def test_bandwidth_report(block):
     for name, key, n, inb, extra, fn in cases:
         for mode, gg in (("static", g), ("dynamic", None)):
             want, by_cfg = fn(gg), {}
-            # the planned launch layout and the one-row layout (kernels/nvfp4.py): same bits, the time may differ;
+            # the planned launch layout and the one-row layout (runtime/kernels/nvfp4.py): same bits, the time may differ;
             # benchmarks/probes/nvfp4_producers.py times and checks every SWEEP layout, compiling in parallel
             for cfg in dict.fromkeys([n4.launch_config(*key), n4.SWEEP[key[0]][0]]):
                 with n4.tuned(*key, cfg):

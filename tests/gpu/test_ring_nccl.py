@@ -23,11 +23,11 @@ import torch
 import torch.distributed as dist
 from nccl_launch import N_GPU, NEEDS_2_GPUS, run_check, torchrun_world
 
-from h3plan.parallel import shard_rows
-from h3plan.planning.sizes import valid_rows
-from h3plan.parallel.lse import LSE_BACKENDS, attention_with_lse, lse_reason, pick_lse_backend
-from h3plan.parallel.ring import RingAttention, RingUlysses, ring_ulysses_groups
-from h3plan.planning.ring_plan import ring_ulysses_cost
+from h3plan.runtime.parallel import shard_rows
+from h3plan.facts.sizes import valid_rows
+from h3plan.runtime.parallel.lse import LSE_BACKENDS, attention_with_lse, lse_reason, pick_lse_backend
+from h3plan.runtime.parallel.ring import RingAttention, RingUlysses, ring_ulysses_groups
+from h3plan.facts.ring_plan import ring_ulysses_cost
 
 pytestmark = [pytest.mark.gpu]
 HEADS, D = 56, 128

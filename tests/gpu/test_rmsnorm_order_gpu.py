@@ -1,4 +1,4 @@
-"""H200: an RMSNorm built on kernels/_rmsnorm.py is bit-identical to torch's CUDA F.rms_norm
+"""H200: an RMSNorm built on runtime/kernels/_rmsnorm.py is bit-identical to torch's CUDA F.rms_norm
 (bf16 hidden rows of 5376, bf16 heads of 128, fp16 VAE heads of 64 without weight)."""
 
 import pytest
@@ -7,8 +7,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from h3plan.kernels._common import LAUNCH_OPTS, round_to
-from h3plan.kernels._rmsnorm import cuda_rms_iters, cuda_rms_rstd, cuda_rms_sumsq
+from h3plan.runtime.kernels._common import LAUNCH_OPTS, round_to
+from h3plan.runtime.kernels._rmsnorm import cuda_rms_iters, cuda_rms_rstd, cuda_rms_sumsq
 
 pytestmark = pytest.mark.gpu
 

@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 from nccl_launch import N_GPU, NEEDS_2_GPUS, run_check, torchrun_world
 
-from h3plan.parallel import UlyssesAttention, amax_allreduce_hook, shard_rows
-from h3plan.planning.sizes import a2a_bytes, padded_len, shard_len, valid_rows
+from h3plan.runtime.parallel import UlyssesAttention, amax_allreduce_hook, shard_rows
+from h3plan.facts.sizes import a2a_bytes, padded_len, shard_len, valid_rows
 
 pytestmark = [pytest.mark.gpu, NEEDS_2_GPUS]
 E4M3 = torch.float8_e4m3fn
@@ -147,7 +147,7 @@ def check_fp8_codes():
 
 
 def check_packed_kernel():
-    from h3plan.kernels import qk_norm_rope as m
+    from h3plan.runtime.kernels import qk_norm_rope as m
 
     U, r = dist.get_world_size(), dist.get_rank()
     B, S, H, D, R = 1, 19_001, heads_for(U), 128, 96
@@ -194,7 +194,7 @@ def check_overlap_and_merge():
     assert ua.trace == ["pre0", "pre1", "attn0", "post0", "attn1", "post1"], ua.trace
     assert ua.stats["a2a_async"] == 4, dict(ua.stats)
     try:
-        import h3plan.kernels.ulysses_merge  # noqa: F401
+        import h3plan.runtime.kernels.ulysses_merge  # noqa: F401
     except ImportError:
         return
     ua = UlyssesAttention(None, chunks=1, padding="padded")  # recv (U, B, S_loc, H/U, D): the merge contract

@@ -40,7 +40,7 @@ def _bench():
 
 def check_case(name):
     from h3plan.install import counters, fallback_reasons, install, reset_counters, uninstall
-    from h3plan.vae.parallel import LEVER, REPLAY, install_parallel
+    from h3plan.install.vae.parallel import LEVER, REPLAY, install_parallel
 
     lat, plan_spec = CASES[name]
     bench = _bench()

@@ -18,7 +18,7 @@ def worker(rank, world, port, outdir, S):
     from h3plan.install import counters, install, reset_counters, uninstall
     from h3plan.levers import REGISTRY
     from h3plan.planner import make_plan
-    from h3plan.planning.decision import make_decision
+    from h3plan.facts.decision import make_decision
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:

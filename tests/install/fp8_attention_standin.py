@@ -1,5 +1,5 @@
 """A CPU stand-in for cuDNN FP8 attention: the real CudnnFP8Backend's scale bookkeeping (its quantise step,
-dynamic, from a given amax, or static), with the attention itself computed by h3plan.attention.fp8.emulate on
+dynamic, from a given amax, or static), with the attention itself computed by h3plan.runtime.attention.fp8.emulate on
 the e4m3 codes instead of the cuDNN graph. Rows and heads are independent in the emulation, so degree U and
 degree 1 give the same bits exactly when they quantise with the same scales: what the FP8 Ulysses tests
 need to see. Install with `use_standin(monkeypatch)` or `register()` (in a worker process)."""
@@ -8,10 +8,10 @@ import dataclasses
 
 import torch
 
-from h3plan.attention import BACKENDS
-from h3plan.attention import fp8 as f8
-from h3plan.attention.base import shape_reason, write_out
-from h3plan.attention.cudnn import CudnnFP8Backend
+from h3plan.facts.attention import BACKENDS
+from h3plan.runtime.attention import fp8 as f8
+from h3plan.runtime.attention.base import shape_reason, write_out
+from h3plan.runtime.attention.cudnn import CudnnFP8Backend
 
 
 class EmulatedCudnnFP8(CudnnFP8Backend):

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from h3plan.actions.inputs import build_model, packed_inputs
 from h3plan.levers import REGISTRY, SPECS
 from h3plan.planner import make_plan
-from h3plan.planning.decision import make_decision
+from h3plan.facts.decision import make_decision
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = OmegaConf.to_container(OmegaConf.load(ROOT / "conf/model/h3_tiny.yaml").diffusers_config)

@@ -23,7 +23,7 @@ def worker(rank, world, port, outdir, S, R):
     from h3plan.install import counters, install, reset_counters
     from h3plan.levers import REGISTRY
     from h3plan.planner import make_plan
-    from h3plan.planning.decision import make_decision
+    from h3plan.facts.decision import make_decision
 
     U = world // R
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from h3plan import resolve_config
 from h3plan.actions import calibrate as action
-from h3plan.planning.scale_table import ScaleTableError, load_table
+from h3plan.facts.scale_table import ScaleTableError, load_table
 
 FAST = {"seeds": [0], "count": 2, "heldout_seeds": [7], "device": "cpu", "percentile": 99.9}
 
@@ -159,8 +159,8 @@ def test_heldout_check_refuses_a_table_that_clips(monkeypatch, calibrated, tmp_p
 
 def test_static_fp8_linear_input():
     """set_static_input: codes of x * 448 / (amax * margin), saturated beyond amax * margin; None: dynamic again."""
-    from h3plan.kernels.fp8 import quantize_ref
-    from h3plan.quant.fp8 import FP8Linear
+    from h3plan.runtime.kernels.fp8 import quantize_ref
+    from h3plan.runtime.quant.fp8 import FP8Linear
 
     torch.manual_seed(0)
     lin = FP8Linear.from_linear(torch.nn.Linear(32, 16, bias=False).to(torch.bfloat16))

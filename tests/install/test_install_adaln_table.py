@@ -13,7 +13,7 @@ from h3plan.install import adaln_table as A
 from h3plan.levers import REGISTRY
 from h3plan.levers import adaln_table as lever
 from h3plan.planner import make_plan
-from h3plan.planning.decision import make_decision
+from h3plan.facts.decision import make_decision
 from h3plan.runtime.counters import counters, fallback_reasons, reset_counters
 
 REG = dict(LEVERS, adaln_table=REGISTRY["adaln_table"].install)

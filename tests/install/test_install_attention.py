@@ -15,8 +15,8 @@ import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from install_helpers import ROOT
 
-from h3plan.attention import fp8 as f8
-from h3plan.attention import get_backend
+from h3plan.runtime.attention import fp8 as f8
+from h3plan.facts.attention import get_backend
 
 
 def _qkv(B=1, Sq=40, Skv=40, H=3, D=32, dtype=torch.bfloat16, seed=0):
@@ -40,8 +40,8 @@ def test_sdpa_is_diffusers_native_dispatch(sq):
 
 
 def test_runtime_rules_read_the_hardware_yaml():
-    """One source: the backends' per-call rules and the planner read conf/hardware/*.yaml (h3plan.planning.hardware)."""
-    from h3plan.planning import hardware as hw
+    """One source: the backends' per-call rules and the planner read conf/hardware/*.yaml (h3plan.facts.hardware)."""
+    from h3plan.facts import hardware as hw
 
     assert hw.for_capability((9, 0))["name"] == "sm90" and hw.for_capability((8, 0)) is None
     assert {hw.for_capability(hw.capability(hw.load(n)))["name"] for n in hw.names()} == set(hw.names())
@@ -118,7 +118,7 @@ def test_fa4_two_cta_switch_is_per_call_and_restored(fake_fa4, monkeypatch):
 
 def test_fp8_codes_match_the_fused_kernel_convention():
     """The backend's own cast and qk_norm_rope_fp8's give the same codes and descales for the same values."""
-    from h3plan.kernels.qk_norm_rope import qk_norm_rope_fp8_ref, qk_norm_rope_ref
+    from h3plan.runtime.kernels.qk_norm_rope import qk_norm_rope_fp8_ref, qk_norm_rope_ref
 
     g = torch.Generator().manual_seed(5)
     B, S, H, D, R = 1, 16, 2, 32, 24

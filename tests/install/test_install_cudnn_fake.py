@@ -14,8 +14,8 @@ import types
 import pytest
 import torch
 
-import h3plan.attention.cudnn as cd
-from h3plan.attention import get_backend
+import h3plan.runtime.attention.cudnn as cd
+from h3plan.facts.attention import get_backend
 
 E4M3 = torch.float8_e4m3fn
 

@@ -21,7 +21,7 @@ from h3plan.errors import InstallError
 from h3plan.install import adaln_table as A
 from h3plan.install import install, uninstall
 from h3plan.planner import make_plan
-from h3plan.planning.decision import make_decision
+from h3plan.facts.decision import make_decision
 
 LAZY = torch.device("lazy")
 
@@ -85,7 +85,7 @@ def test_placement_and_round_trip(quant):
         install(model, plan(swiglu="on"), registry=LEVERS)
         assert {t.device.type for t in model.state_dict().values()} == {"lazy"} and A.tables_of(model) is None
     if quant:
-        from h3plan.quant.fp8 import FP8Linear
+        from h3plan.runtime.quant.fp8 import FP8Linear
 
         q = model.transformer_blocks[0].attn.to_q
         assert type(q) is FP8Linear and q.weight.device.type == "lazy" and q.weight.dtype == torch.float8_e4m3fn
@@ -109,7 +109,7 @@ def test_vae_cast_streams_each_tensor_and_round_trips():
     p = make_plan({}, {}, [make_decision("vae_precision", "fp16", False, ["test: precision"])])
     report = install(vae, p, device="lazy")
     assert {t.device.type for t in vae.state_dict().values()} == {"lazy"}
-    from h3plan.vae.weights import castable
+    from h3plan.install.vae.weights import castable
 
     assert {t.dtype for _, t in castable(vae)} == {torch.float16}
     assert "vae_precision: the float32 originals" in report.placement["host"]

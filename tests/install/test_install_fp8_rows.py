@@ -20,11 +20,11 @@ from install_helpers import LEVERS, TINY, forward, plan, tiny_inputs, tiny_model
 
 from h3plan.actions.bench.measure import capture_block_inputs
 from h3plan.install import counters, fallback_reasons, install, reset_counters, uninstall
-from h3plan.kernels.fp8_producers import rows_to_e4m3_ref
-from h3plan.kernels.modulation import rmsnorm_modulate
-from h3plan.kernels.swiglu import swiglu
-from h3plan.quant.fp8 import FP8Linear
-from h3plan.quant.fp8_rowwise import FP8RowLinear, emulate_rows
+from h3plan.runtime.kernels.fp8_producers import rows_to_e4m3_ref
+from h3plan.runtime.kernels.modulation import rmsnorm_modulate
+from h3plan.runtime.kernels.swiglu import swiglu
+from h3plan.runtime.quant.fp8 import FP8Linear
+from h3plan.runtime.quant.fp8_rowwise import FP8RowLinear, emulate_rows
 
 ROW = dict(attention="sdpa", gemm_quant="fp8", modulation="exact", swiglu="on", fp8_act_quant="row")
 
@@ -120,7 +120,7 @@ def test_grad_routes_every_producer_to_the_bf16_path(row_model):
 def _static_table(tmp_path):
     import json
 
-    from h3plan.planning.scale_table import FORMAT, VERSION, config_hash, values_hash
+    from h3plan.facts.scale_table import FORMAT, VERSION, config_hash, values_hash
 
     lin = {f"transformer_blocks.{i}.{p}": a for i in range(2) for p, a in
            (("attn.to_q", 3.0), ("attn.to_k", 3.0), ("attn.to_v", 3.0), ("attn.to_out.0", 0.5 + i), ("ff.net.0.proj", 2.5),

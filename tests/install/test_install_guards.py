@@ -8,7 +8,7 @@ import pytest
 import torch
 from install_helpers import LEVERS, LOSSLESS, forward, plan, tiny_inputs, tiny_model
 
-import h3plan.kernels._common as kcommon
+import h3plan.runtime.kernels._common as kcommon
 from h3plan.install import counters, fallback_reasons, install, reset_counters
 
 BLOCK_LEVERS = ("modulation", "gated_residual", "swiglu", "qk_norm_rope")
@@ -63,7 +63,7 @@ def test_unsupported_device_falls_back(monkeypatch):
 
     monkeypatch.setattr(kcommon, "INTERPRET", False)
     for name in ("modulation", "gated_residual", "swiglu", "qk_norm_rope"):
-        mod = importlib.import_module(f"h3plan.kernels.{name}")
+        mod = importlib.import_module(f"h3plan.runtime.kernels.{name}")
         if hasattr(mod, "INTERPRET"):
             monkeypatch.setattr(mod, "INTERPRET", False)
     inputs = tiny_inputs()
@@ -95,7 +95,7 @@ def test_grad_enabled_routes_to_eager_and_backpropagates():
 
 def test_a_guard_that_always_refuses_is_caught(monkeypatch):
     """The counters make a regressed guard visible: the same forward, but the swiglu check refuses."""
-    import h3plan.kernels.swiglu as sw
+    import h3plan.runtime.kernels.swiglu as sw
 
     monkeypatch.setattr(sw, "swiglu_check", lambda x: "regressed guard")
     model = tiny_model()

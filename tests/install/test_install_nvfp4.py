@@ -1,4 +1,4 @@
-"""NVFP4 linears (quant/nvfp4.py): the emulated GEMM, the _scaled_mm argument contract, ModelOpt checkpoints.
+"""NVFP4 linears (runtime/quant/nvfp4.py): the emulated GEMM, the _scaled_mm argument contract, ModelOpt checkpoints.
 
 Contracts: the emulation is exactly fp32 (dequantised codes x block scales) @ (same)^T, x (g_x g_w), + bias,
 one rounding (rtol=0, atol=0 against that expression). The arguments the SM100 path hands torch._scaled_mm pass
@@ -15,9 +15,9 @@ from install_helpers import forward, plan, tiny_inputs, tiny_model
 
 from h3plan.errors import InstallError, UsageError
 from h3plan.install import fallback_reasons, install, reset_counters, uninstall
-from h3plan.kernels import nvfp4 as n4
-from h3plan.quant import BLOCK_LINEARS, load_nvfp4_checkpoint
-from h3plan.quant import nvfp4 as q4
+from h3plan.runtime.kernels import nvfp4 as n4
+from h3plan.runtime.quant import BLOCK_LINEARS, load_nvfp4_checkpoint
+from h3plan.runtime.quant import nvfp4 as q4
 
 E4M3 = torch.float8_e4m3fn
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy in the interpreter
@@ -247,7 +247,7 @@ def test_producers_and_out_cast_give_the_linears_own_bits(static):
 
 @pytest.mark.slow  # NVFP4 forwards in the interpreter (~4 s)
 def test_a_refused_producer_falls_back_with_the_same_bits(monkeypatch):
-    from h3plan.kernels import nvfp4_producers as npd
+    from h3plan.runtime.kernels import nvfp4_producers as npd
 
     model, inputs = small()
     want, *_ = run(model, plan(**NVFP4_PLAN), inputs)

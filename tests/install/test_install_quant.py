@@ -11,8 +11,8 @@ import torch
 from install_helpers import LEVERS, forward, plan, tiny_inputs, tiny_model
 
 from h3plan.install import counters, fallback_reasons, install, reset_counters, uninstall
-from h3plan.quant import BLOCK_LINEARS
-from h3plan.quant import fp8 as q8
+from h3plan.runtime.quant import BLOCK_LINEARS
+from h3plan.runtime.quant import fp8 as q8
 
 E4M3 = torch.float8_e4m3fn
 
@@ -87,7 +87,7 @@ def test_fp8_scaled_mm_call_matches_emulation(scaling):
 def test_activation_codes_kernel_and_cache():
     """The Triton cast (interpreter here) gives the torch reference's codes bit for bit; inside
     shared_activation(x) the codes of that tensor are computed once (to_q / to_k / to_v)."""
-    from h3plan.kernels import fp8 as cast
+    from h3plan.runtime.kernels import fp8 as cast
 
     g = torch.Generator().manual_seed(6)
     x = (torch.randn(3, 40, 96, generator=g) * 5).to(torch.bfloat16)
@@ -107,7 +107,7 @@ def test_activation_codes_kernel_and_cache():
 def test_activation_cast_with_a_given_amax_kernel_and_reference_agree():
     """quantize(x, amax_fn) / quantize_ref(x, amax): the scale covers the given amax, not x's own (a
     sequence split over ranks); the Triton pass 1 alone (`amax`) is exact."""
-    from h3plan.kernels import fp8 as cast
+    from h3plan.runtime.kernels import fp8 as cast
 
     g = torch.Generator().manual_seed(7)
     x = (torch.randn(40, 96, generator=g) * 3).to(torch.bfloat16)
@@ -186,7 +186,7 @@ def test_fp8_install_quantizes_block_linears_only_and_uninstall_restores():
 def test_prequantized_checkpoint_loads_and_install_keeps_it():
     """An FP8 export (state dict of an installed fp8 plan) loads into a fresh model; the fp8 plan then
     installs around it, and the forward equals the installed-quantisation forward bit for bit."""
-    from h3plan.quant import load_fp8_checkpoint
+    from h3plan.runtime.quant import load_fp8_checkpoint
 
     src = tiny_model()
     install(src, plan(attention="sdpa", gemm_quant="fp8"), registry=LEVERS)

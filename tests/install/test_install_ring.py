@@ -1,5 +1,5 @@
 """The installer at ring x Ulysses over gloo (CPU, Triton interpreter): every rank runs the block stack on its
-world shard (rank g: rows g*S_loc ..) and attention through h3plan.parallel.ring.RingUlysses; the gathered
+world shard (rank g: rows g*S_loc ..) and attention through h3plan.runtime.parallel.ring.RingUlysses; the gathered
 outputs match the degree-1 plan within ring_plan.NUMERICS.
 
 Contract: not bitwise (the key blocks merge through their log-sum-exp, ring_plan.NUMERICS). On the CPU the
@@ -54,7 +54,7 @@ def test_a_ring_plan_needs_a_world_of_ring_x_ulysses_ranks():
     from h3plan.install import install
     from h3plan.levers import REGISTRY
     from h3plan.planner import make_plan
-    from h3plan.planning.decision import make_decision
+    from h3plan.facts.decision import make_decision
 
     ds = [make_decision("attention", "sdpa", True, ["t"]),
           make_decision("ring", "on", False, ["t"], params={"ring": 2, "ulysses": 1})]

@@ -1,5 +1,5 @@
 """The installer at Ulysses degree 2 over gloo (CPU, Triton interpreter): each rank runs the block stack on
-its sequence shard (install/shard.py) and attention through h3plan.parallel.ulysses; the gathered
+its sequence shard (install/shard.py) and attention through h3plan.runtime.parallel.ulysses; the gathered
 outputs equal the single-process eager forward.
 
 Contract: bitwise on these shapes (rtol=0, atol=0): every op is per row or per head, and the shards

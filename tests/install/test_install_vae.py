@@ -15,10 +15,10 @@ import torch.nn.functional as F
 
 import h3plan
 from h3plan.install import counters, fallback_reasons, install, installed_plan, reset_counters, uninstall
-from h3plan.vae.block import OPS, plan_vae_block_forward
-from h3plan.kernels import qk_norm_rope as qm
+from h3plan.install.vae.block import OPS, plan_vae_block_forward
+from h3plan.runtime.kernels import qk_norm_rope as qm
 from h3plan.planner import make_plan
-from h3plan.planning.decision import make_decision
+from h3plan.facts.decision import make_decision
 from install_helpers import ROOT
 from omegaconf import OmegaConf
 
@@ -139,7 +139,7 @@ def test_fp32_plan_keeps_diffusers_default_decode_bit_for_bit_with_the_fused_ops
 
 
 def test_an_op_whose_kernel_does_not_take_the_decode_dtype_is_settled_at_install(sm90_fp32, monkeypatch):
-    import h3plan.kernels.swiglu as ks
+    import h3plan.runtime.kernels.swiglu as ks
 
     monkeypatch.setattr(ks, "VAE_DTYPES", ks.DTYPES)  # as if the SwiGLU kernel took 16-bit inputs only
     vae, z = tiny_vae(), latent()
@@ -200,7 +200,7 @@ def test_round_trip_restores_the_original_parameters_bit_for_bit(sm90):
     buffers = [n for n, _ in vae.named_buffers()]
     install(vae, sm90)
     sd = vae.state_dict()  # installed: same keys; the castable tensors float16, the _keep_in_fp32_modules float32
-    from h3plan.vae.weights import keeps_fp32
+    from h3plan.install.vae.weights import keeps_fp32
 
     cast_keys = {k for k in before if not keeps_fp32(vae, k) and before[k].is_floating_point()}
     assert cast_keys and list(sd) == list(before)
@@ -347,9 +347,9 @@ def test_autograd_into_trainable_parameters_runs_as_diffusers_does():
 
 
 def test_cpu_without_the_interpreter_falls_back(monkeypatch):
-    import h3plan.kernels._common as kc
-    import h3plan.kernels.swiglu as ks
-    import h3plan.kernels.vae as kv
+    import h3plan.runtime.kernels._common as kc
+    import h3plan.runtime.kernels.swiglu as ks
+    import h3plan.runtime.kernels.vae as kv
 
     vae, z = tiny_vae(), latent()
     ref = decode(cast(tiny_vae()), z)

@@ -12,7 +12,7 @@ import h3plan
 from h3plan.actions.quality import psnr
 from h3plan.errors import H3PlanError
 from h3plan.install import counters, fallback_reasons, install, reset_counters, uninstall
-from h3plan.vae.fp8 import Fp8Gemms, fp8_linear, quantize_linear
+from h3plan.install.vae.fp8 import Fp8Gemms, fp8_linear, quantize_linear
 from test_install_vae import BLOCKS, TILING, cast, decode, latent, tiny_vae
 
 E4M3, MAX = torch.float8_e4m3fn, 448.0

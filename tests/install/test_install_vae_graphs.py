@@ -10,7 +10,7 @@ import torch
 
 import h3plan
 from h3plan.install import counters, fallback_reasons, install, reset_counters, uninstall
-from h3plan.vae.graph import GraphedDecoder, _Entry
+from h3plan.install.vae.graph import GraphedDecoder, _Entry
 
 from test_install_vae import decode, interpreter_order, latent, tiny_vae  # noqa: F401 (autouse: CPU reference orders)
 

@@ -42,7 +42,7 @@ def test_verify_lossless_plan_passes_bitwise(capsys):
 def test_verify_fails_on_a_one_bit_change(monkeypatch, capsys):
     import torch
 
-    import h3plan.kernels.gated_residual as gr
+    import h3plan.runtime.kernels.gated_residual as gr
 
     real = gr.gated_residual
 
@@ -60,7 +60,7 @@ def test_verify_fails_on_a_one_bit_change(monkeypatch, capsys):
 
 
 def test_verify_fails_when_the_fused_path_never_runs(monkeypatch, capsys):
-    import h3plan.kernels.swiglu as sw
+    import h3plan.runtime.kernels.swiglu as sw
 
     monkeypatch.setattr(sw, "swiglu_check", lambda x: "regressed guard")
     rc = get_action("verify")(_cfg(), plan(attention="sdpa", swiglu="on"), registry=LEVERS)

@@ -162,7 +162,7 @@ def test_ulysses_degree_above_one_needs_a_matching_group():
                                                         b.set("ulysses_padding", "ulysses_padding", d.setting)))
     p = plan(attention="sdpa")
     from h3plan.planner import make_plan
-    from h3plan.planning.decision import make_decision
+    from h3plan.facts.decision import make_decision
 
     p = make_plan({}, {}, list(p.decisions) + [make_decision("ulysses_padding", "padded", True, ["test"])])
     with pytest.raises(ValueError, match="ulysses_degree=2 but the process group has 1 ranks"):

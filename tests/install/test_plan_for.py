@@ -17,7 +17,7 @@ from install_helpers import ROOT, TINY, tiny_model
 from omegaconf import OmegaConf
 
 import h3plan
-from h3plan.planning import hardware as hw
+from h3plan.facts import hardware as hw
 from h3plan.errors import InstallError, UsageError
 
 OTHER = dict(TINY, num_attention_heads=2, attention_head_dim=48, ffn_dim=128)  # no packaged option has these widths

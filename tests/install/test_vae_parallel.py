@@ -1,5 +1,5 @@
-"""vae_parallel: one VAE decode spread over gloo ranks (h3plan/vae/parallel.py), and its planning
-numbers (h3plan/vae/parallel_plan.py).
+"""vae_parallel: one VAE decode spread over gloo ranks (h3plan/install/vae/parallel.py), and its planning
+numbers (h3plan/facts/vae/parallel_plan.py).
 
 Contract: rtol=0, atol=0 against diffusers' single-process decode of the same tiny AutoencoderKLMiniMaxH3
 (16 px tiles, 8 px overlap: several tiles and temporal chunks), at degree 2 and 3 (uneven shares): the
@@ -18,12 +18,12 @@ import torch
 from gloo_spawn import spawn
 from test_install_vae import tiny_vae
 
-import h3plan.vae.parallel_plan as vpp
-import h3plan.vae.tiling as tiling
+import h3plan.facts.vae.parallel_plan as vpp
+import h3plan.facts.vae.tiling as tiling
 import vae_parallel_worker as W
 from h3plan.errors import InstallError, PlanningError
-import h3plan.vae.parallel as vp
-from h3plan.vae.parallel import REPLAY, ParallelDecode, _Replay, geometry, install_parallel
+import h3plan.install.vae.parallel as vp
+from h3plan.install.vae.parallel import REPLAY, ParallelDecode, _Replay, geometry, install_parallel
 from h3plan.runtime.counters import counters, fallback_reasons, reset_counters
 
 LEVER = vp.LEVER
@@ -235,5 +235,5 @@ def test_geometry_from_the_vae_config_and_torch_free_import():
     root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
     conf = OmegaConf.to_container(OmegaConf.load(os.path.join(root, "conf/vae/h3.yaml")), resolve=True)
     assert tiling.Geometry.from_config(conf["diffusers_config"], conf["default_tile"]) == tiling.RELEASED
-    code = "import sys, h3plan.vae.parallel_plan as v; v.auto((62, 48, 84), 2); assert 'torch' not in sys.modules"
+    code = "import sys, h3plan.facts.vae.parallel_plan as v; v.auto((62, 48, 84), 2); assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=root)

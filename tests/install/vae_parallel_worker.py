@@ -46,8 +46,8 @@ def worker(rank, world, port, outdir):
 def _cases(group, rank):
     from test_install_vae import tiny_vae
 
-    from h3plan.vae.graph import GraphedDecoder
-    from h3plan.vae.parallel import install_parallel
+    from h3plan.install.vae.graph import GraphedDecoder
+    from h3plan.install.vae.parallel import install_parallel
     from h3plan.runtime.counters import counters, fallback_reasons, reset_counters
 
     vae = tiny_vae()

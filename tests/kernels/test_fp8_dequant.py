@@ -1,10 +1,10 @@
-"""FP8 e4m3 -> bf16/fp16 dequantisation (h3plan/kernels/fp8.py): every code, several descales,
+"""FP8 e4m3 -> bf16/fp16 dequantisation (h3plan/runtime/kernels/fp8.py): every code, several descales,
 bit-identical to (codes.float() * descale).to(dtype) (one fp32 rounding, one output rounding)."""
 
 import pytest
 import torch
 
-from h3plan.kernels.fp8 import dequantize, dequantize_check, dequantize_ref
+from h3plan.runtime.kernels.fp8 import dequantize, dequantize_check, dequantize_ref
 
 
 def _bits(t):

@@ -1,4 +1,4 @@
-"""FP8 producers (kernels/fp8_producers.py) and the rowwise FP8 GEMM (quant/fp8_rowwise.py), Triton interpreter.
+"""FP8 producers (runtime/kernels/fp8_producers.py) and the rowwise FP8 GEMM (runtime/quant/fp8_rowwise.py), Triton interpreter.
 
 Numeric contracts:
 - codes and descales: bit-identical (rtol=0, atol=0) to `rows_to_e4m3_ref` applied to the producer's bf16
@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from h3plan.errors import UsageError
-from h3plan.kernels import fp8_producers as fp
-from h3plan.kernels import modulation as mm
-from h3plan.kernels import swiglu as sw
-from h3plan.quant import fp8 as q8
-from h3plan.quant import fp8_rowwise as qr
+from h3plan.runtime.kernels import fp8_producers as fp
+from h3plan.runtime.kernels import modulation as mm
+from h3plan.runtime.kernels import swiglu as sw
+from h3plan.runtime.quant import fp8 as q8
+from h3plan.runtime.quant import fp8_rowwise as qr
 from h3plan.runtime.counters import counters, fallback_reasons, reset_counters
 
 from test_modulation import emulate_exact, make, wide_range  # noqa: E402  (same folder: CUDA-order emulation)
@@ -315,7 +315,7 @@ def test_probe_rowwise_block_forward():
     from h3plan.actions.bench.measure import capture_block_inputs, rel_error, run_stack
     from h3plan.planning.config import compose
     from h3plan.install import install
-    from h3plan.kernels import qk_fp8_lean as lean
+    from h3plan.runtime.kernels import qk_fp8_lean as lean
     from h3plan.planner import resolve
 
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "probes" / "fp8_producers.py"

@@ -1,4 +1,4 @@
-"""gated_residual (kernels/gated_residual.py) in Triton's CPU interpreter, and the benchmark driver's
+"""gated_residual (runtime/kernels/gated_residual.py) in Triton's CPU interpreter, and the benchmark driver's
 --smoke run. Contract: bit-identical to eager (rtol=0, atol=0) -- the kernel rounds where eager rounds
 (the product, then the sum) -- including zeros, infinities, subnormals and overflow; NaNs where eager
 has NaNs (their payload bits are the platform's)."""
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from h3plan.kernels import gated_residual as gr
-from h3plan.kernels.gated_residual import gated_residual, gated_residual_check, gated_residual_ref
+from h3plan.runtime.kernels import gated_residual as gr
+from h3plan.runtime.kernels.gated_residual import gated_residual, gated_residual_check, gated_residual_ref
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy on inf/nan inputs
 

@@ -1,4 +1,4 @@
-"""rmsnorm_modulate (kernels/modulation.py) in Triton's CPU interpreter.
+"""rmsnorm_modulate (runtime/kernels/modulation.py) in Triton's CPU interpreter.
 
 Numeric contracts:
 - sum of squares: bit-identical (rtol=0, atol=0) to an emulation of torch's CUDA order
@@ -18,9 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-from h3plan.kernels import modulation as mm
-from h3plan.kernels._rmsnorm import cuda_rms_iters, cuda_rms_sumsq
-from h3plan.kernels.modulation import rmsnorm_modulate, rmsnorm_modulate_check, rmsnorm_modulate_ref
+from h3plan.runtime.kernels import modulation as mm
+from h3plan.runtime.kernels._rmsnorm import cuda_rms_iters, cuda_rms_sumsq
+from h3plan.runtime.kernels.modulation import rmsnorm_modulate, rmsnorm_modulate_check, rmsnorm_modulate_ref
 
 EPS = 1e-5
 
@@ -90,7 +90,7 @@ def test_sumsq_is_cuda_order(M, D, rows):
     _sumsq_probe[(triton.cdiv(M, rows),)](x, out, ref, M, D, NITER=cuda_rms_iters(D), ROWS=rows)
     want = sumsq_cuda_order(x)
     assert torch.equal(out.view(torch.int32), want.view(torch.int32))
-    assert torch.equal(out.view(torch.int32), ref.view(torch.int32))  # the same adds as kernels/_rmsnorm.py
+    assert torch.equal(out.view(torch.int32), ref.view(torch.int32))  # the same adds as runtime/kernels/_rmsnorm.py
     if D > 96:  # the check is sensitive: a plain left-to-right sum differs on these rows
         seq = torch.zeros(M)
         for j in range(D):

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from h3plan.kernels._common import negate
+from h3plan.runtime.kernels._common import negate
 
 
 @triton.jit

@@ -1,4 +1,4 @@
-"""NVFP4 quantizer (kernels/nvfp4.py): hand-computed golden vectors for the reference, then the Triton cast
+"""NVFP4 quantizer (runtime/kernels/nvfp4.py): hand-computed golden vectors for the reference, then the Triton cast
 against the reference in the interpreter.
 
 Contract: packed codes, block scales and g bit-identical (rtol=0, atol=0) to `cast_nvfp4_ref`, whose chain is
@@ -9,7 +9,7 @@ tiny, zero and saturating blocks; torchao is not a dependency, so the goldens be
 import pytest
 import torch
 
-from h3plan.kernels import nvfp4 as n4
+from h3plan.runtime.kernels import nvfp4 as n4
 
 E4M3 = torch.float8_e4m3fn
 

@@ -1,4 +1,4 @@
-"""NVFP4 producers (kernels/nvfp4_producers.py), Triton interpreter.
+"""NVFP4 producers (runtime/kernels/nvfp4_producers.py), Triton interpreter.
 
 Contract: packed codes, swizzled scales, g (and the fold's h') bit-identical (rtol=0, atol=0) to the unfused
 chain: the producer's bf16 output as eager computes it on CUDA (modulation: the CUDA-order emulation of
@@ -8,11 +8,11 @@ test_modulation.py; SwiGLU and the gated residual: CPU eager, exact in the inter
 import pytest
 import torch
 
-from h3plan.kernels import gated_residual as gr
-from h3plan.kernels import modulation as mm
-from h3plan.kernels import nvfp4 as n4
-from h3plan.kernels import nvfp4_producers as npd
-from h3plan.kernels import swiglu as sw
+from h3plan.runtime.kernels import gated_residual as gr
+from h3plan.runtime.kernels import modulation as mm
+from h3plan.runtime.kernels import nvfp4 as n4
+from h3plan.runtime.kernels import nvfp4_producers as npd
+from h3plan.runtime.kernels import swiglu as sw
 
 from test_modulation import emulate_exact, make, wide_range  # noqa: E402  (same folder: CUDA-order emulation)
 from test_nvfp4 import assert_same  # noqa: E402
@@ -158,7 +158,7 @@ def _sweep_cases():
 
 @pytest.mark.parametrize("kind,cfg", list(_sweep_cases()))
 def test_every_sweep_layout_is_bit_exact(kind, cfg):
-    """Every launch layout the H200 probe may pick (kernels/nvfp4.py SWEEP: rows a program, chunk), static and
+    """Every launch layout the H200 probe may pick (runtime/kernels/nvfp4.py SWEEP: rows a program, chunk), static and
     dynamic, against the unfused chain: a width of two whole chunks and a masked 80-column tail, and one row more
     than a program holds (the last program's clamped lanes)."""
     rows, _warps, chunk = cfg[:3]

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from h3plan.kernels import fp8
-from h3plan.kernels import qk_norm_rope as m
+from h3plan.runtime.kernels import fp8
+from h3plan.runtime.kernels import qk_norm_rope as m
 
 E4M3 = torch.float8_e4m3fn
 

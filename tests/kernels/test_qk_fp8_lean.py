@@ -1,4 +1,4 @@
-"""qk_norm_rope_fp8_lean (kernels/qk_fp8_lean.py) in the Triton interpreter: the same codes and descales
+"""qk_norm_rope_fp8_lean (runtime/kernels/qk_fp8_lean.py) in the Triton interpreter: the same codes and descales
 (rtol=0, atol=0) as qk_norm_rope_fp8 and as its reference, in every mode (dynamic with valid_len and an
 amax hook, static with saturation, the Ulysses destination-major layout). As in test_qk_fp8.py, torch's
 RMSNorm is swapped for the CUDA-order emulation in the reference."""
@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from h3plan.kernels import qk_fp8_lean as lean
-from h3plan.kernels import qk_norm_rope as m
+from h3plan.runtime.kernels import qk_fp8_lean as lean
+from h3plan.runtime.kernels import qk_norm_rope as m
 
 from test_qk_fp8 import assert_fp8_equal, codes, inputs  # noqa: E402  (same folder)
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from h3plan.kernels import qk_norm_rope as m
+from h3plan.runtime.kernels import qk_norm_rope as m
 
 
 def cuda_order_rms_norm(x, normalized_shape, weight=None, eps=None):

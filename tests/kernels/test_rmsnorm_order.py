@@ -1,4 +1,4 @@
-"""The torch-CUDA RMSNorm reduction order (kernels/_rmsnorm.py) against a numpy emulation of
+"""The torch-CUDA RMSNorm reduction order (runtime/kernels/_rmsnorm.py) against a numpy emulation of
 torch's vectorized_layer_norm_kernel: exact (rtol=0, atol=0), since both do the same fp32 adds."""
 
 import numpy as np
@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from h3plan.kernels._rmsnorm import cuda_rms_iters, cuda_rms_rstd, cuda_rms_sumsq
+from h3plan.runtime.kernels._rmsnorm import cuda_rms_iters, cuda_rms_rstd, cuda_rms_sumsq
 
 
 @triton.jit

@@ -1,4 +1,4 @@
-"""swiglu (kernels/swiglu.py) in Triton's CPU interpreter.
+"""swiglu (runtime/kernels/swiglu.py) in Triton's CPU interpreter.
 
 silu depends only on the 16-bit gate value, so it is checked exhaustively over all 65,536 of them.
 - bf16: bit-identical to eager (rtol=0, atol=0) for every gate value, subnormals and infinities included;
@@ -13,8 +13,8 @@ silu depends only on the 16-bit gate value, so it is checked exhaustively over a
 import pytest
 import torch
 
-from h3plan.kernels import swiglu as sw
-from h3plan.kernels.swiglu import swiglu, swiglu_check, swiglu_ref
+from h3plan.runtime.kernels import swiglu as sw
+from h3plan.runtime.kernels.swiglu import swiglu, swiglu_check, swiglu_ref
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy on inf/nan inputs
 

@@ -4,7 +4,7 @@ Pure data movement: rtol=0, atol=0 (bits)."""
 import pytest
 import torch
 
-from h3plan.kernels.ulysses_merge import merge_head_chunks, merge_head_chunks_check, merge_head_chunks_ref
+from h3plan.runtime.kernels.ulysses_merge import merge_head_chunks, merge_head_chunks_check, merge_head_chunks_ref
 
 
 def recv_tensor(U, B, S, Hl, D, dtype=torch.bfloat16, seed=0):

@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from h3plan.kernels import qk_norm_rope as qm
-from h3plan.kernels.vae import (scaled_residual, scaled_residual_check, scaled_residual_ref, vae_qk_norm_rope,
+from h3plan.runtime.kernels import qk_norm_rope as qm
+from h3plan.runtime.kernels.vae import (scaled_residual, scaled_residual_check, scaled_residual_ref, vae_qk_norm_rope,
                                 vae_qk_norm_rope_check, vae_qk_norm_rope_ref)
 
 

@@ -24,12 +24,12 @@ import torch
 import torch.distributed as dist
 
 from h3plan.errors import UsageError
-from h3plan.parallel import shard_rows
-from h3plan.planning.sizes import shard_len, valid_rows
-from h3plan.parallel.lse import LseMerge, attention_with_lse
-from h3plan.parallel.ring import RingAttention, RingUlysses, block_valid, ring_ulysses_groups
-from h3plan.planning.ring_plan import ring_ulysses_cost
-from h3plan.planning.sizes import a2a_bytes
+from h3plan.runtime.parallel import shard_rows
+from h3plan.facts.sizes import shard_len, valid_rows
+from h3plan.runtime.parallel.lse import LseMerge, attention_with_lse
+from h3plan.runtime.parallel.ring import RingAttention, RingUlysses, block_valid, ring_ulysses_groups
+from h3plan.facts.ring_plan import ring_ulysses_cost
+from h3plan.facts.sizes import a2a_bytes
 
 D = 16
 TIMEOUT = timedelta(seconds=20)

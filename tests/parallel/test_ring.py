@@ -21,9 +21,9 @@ import pytest
 import torch
 
 from h3plan.errors import UsageError
-from h3plan.planning import ring_plan as rp
-from h3plan.parallel.lse import LseMerge, attention_with_lse, lse_reason, pick_lse_backend
-from h3plan.parallel.ring import RingAttention, block_valid
+from h3plan.facts import ring_plan as rp
+from h3plan.runtime.parallel.lse import LseMerge, attention_with_lse, lse_reason, pick_lse_backend
+from h3plan.runtime.parallel.ring import RingAttention, block_valid
 
 D = 32
 
@@ -154,7 +154,7 @@ def test_lse_backends_on_cpu():
 # ---- planner (torch-free) --------------------------------------------------------------------------------
 
 def test_ring_plan_is_torch_free():
-    code = "import sys, h3plan.planning.ring_plan; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, h3plan.facts.ring_plan; assert 'torch' not in sys.modules, 'torch imported'"
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     subprocess.run([sys.executable, "-c", code], check=True, cwd=root)
 

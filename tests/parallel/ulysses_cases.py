@@ -19,9 +19,9 @@ from fractions import Fraction
 import torch
 import torch.distributed as dist
 
-from h3plan.parallel import UlyssesAttention, amax_allreduce_hook, gather_rows, shard_rows
-from h3plan.planning.sizes import a2a_bytes, padded_len, shard_len, valid_rows
-from h3plan.parallel.comm import device_reason
+from h3plan.runtime.parallel import UlyssesAttention, amax_allreduce_hook, gather_rows, shard_rows
+from h3plan.facts.sizes import a2a_bytes, padded_len, shard_len, valid_rows
+from h3plan.runtime.parallel.comm import device_reason
 
 E4M3 = torch.float8_e4m3fn
 CASES: dict[str, tuple[tuple[int, ...], object]] = {}
@@ -280,7 +280,7 @@ def _():
     _raises(lambda: ua(None, None, None, attn64, seq_len=S, gathered=g[:2]), "exchange_projected's")
     _raises(lambda: ua(None, None, None, attn64, seq_len=S, gathered=(g[0][:, :-1], g[1][:, :-1], g[2][:, :-1])),
             "U*S_loc")
-    from h3plan.parallel.comm import high_priority_group
+    from h3plan.runtime.parallel.comm import high_priority_group
 
     assert high_priority_group(G.group) is G.group  # gloo has no stream priority: the group itself
     dist.barrier(group=G.group)
@@ -430,9 +430,9 @@ def _kernel_inputs(B, S, H, U, r, seed=11):
 @case("kernel-packed-bf16", worlds=(3, 4))  # Triton interpreter: keep it to two world sizes
 def _():
     try:
-        from h3plan.kernels import qk_norm_rope as m
+        from h3plan.runtime.kernels import qk_norm_rope as m
     except ImportError as e:
-        return f"skip: h3plan.kernels.qk_norm_rope not importable ({e})"
+        return f"skip: h3plan.runtime.kernels.qk_norm_rope not importable ({e})"
     U, r = world()
     B, S, H = 2, 4 * U - 1, 4 * U
     (q, k, v), wq, wk, cos, sin = _kernel_inputs(B, S, H, U, r)
@@ -452,9 +452,9 @@ def _():
 @case("kernel-packed-fp8-hook", worlds=(2, 4))
 def _():
     try:
-        from h3plan.kernels import qk_norm_rope as m
+        from h3plan.runtime.kernels import qk_norm_rope as m
     except ImportError as e:
-        return f"skip: h3plan.kernels.qk_norm_rope not importable ({e})"
+        return f"skip: h3plan.runtime.kernels.qk_norm_rope not importable ({e})"
     U, r = world()
     B, S, H = 1, 4 * U - 1, 4 * U
     (q, k, v), wq, wk, cos, sin = _kernel_inputs(B, S, H, U, r, seed=12)
@@ -513,7 +513,7 @@ def _():
     receive viewed as (U, B, S_loc, h, D)); chunked calls and a missing kernel use the eager merge."""
     U, _ = world()
     try:
-        from h3plan.kernels import ulysses_merge as mk
+        from h3plan.runtime.kernels import ulysses_merge as mk
     except ImportError:
         mk = None
     for kind in ("nondiv", "allpad"):

@@ -1,4 +1,4 @@
-"""The attention backend registry (h3plan.attention): every backend declares its facts once, the hardware YAML
+"""The attention backend registry (h3plan.facts.attention): every backend declares its facts once, the hardware YAML
 holds the capability facts they need, the selector gives each backend's reasons, and every place that names a
 backend reads the registry."""
 
@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from h3plan import attention
-from h3plan.planning import hardware
-from h3plan.attention.spec import BackendSpec, Fact, supports
+from h3plan.facts import attention
+from h3plan.facts import hardware
+from h3plan.facts.attention.spec import BackendSpec, Fact, supports
 from h3plan.errors import H3PlanError
 from h3plan.levers import LEVER_SETTINGS, OPTIONS, SPECS
 
@@ -76,7 +76,7 @@ def test_every_backend_loads_its_implementation(name):
 
 def test_consumers_read_the_registry():
     from h3plan.install.ring import LSE_OF
-    from h3plan.parallel.lse import LSE_BACKENDS
+    from h3plan.runtime.parallel.lse import LSE_BACKENDS
 
     spec = SPECS["attention"]
     assert spec.settings == {n: b.lossless for n, b in attention.BACKENDS.items()}
@@ -88,7 +88,7 @@ def test_consumers_read_the_registry():
 
 
 def test_registry_is_torch_free():
-    code = ("import sys, h3plan.attention, h3plan.attention.spec; "
+    code = ("import sys, h3plan.facts.attention, h3plan.facts.attention.spec; "
             "assert not [m for m in ('torch', 'triton') if m in sys.modules], 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 

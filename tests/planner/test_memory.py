@@ -9,7 +9,7 @@ import yaml
 from h3plan.planning import memory as M
 from h3plan.errors import ConfigError
 from h3plan.planning.request import sequence
-from h3plan.vae import tiling
+from h3plan.facts.vae import tiling
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*weight_norm:FutureWarning")  # diffusers' audio VAE constructor
 CONF = os.path.join(os.path.dirname(__file__), "..", "..", "conf")
@@ -49,8 +49,8 @@ def meta_models():
 
 def test_weights_match_diffusers(meta_models):
     """bf16 with diffusers' _keep_in_fp32_modules in float32; fp8: the installer's six block linears
-    (h3plan.quant.BLOCK_LINEARS) at 1 byte + a float32 scale per output channel."""
-    from h3plan.quant import BLOCK_LINEARS
+    (h3plan.runtime.quant.BLOCK_LINEARS) at 1 byte + a float32 scale per output channel."""
+    from h3plan.runtime.quant import BLOCK_LINEARS
 
     tr, vae, audio = meta_models
     fp32 = tuple(tr._keep_in_fp32_modules)

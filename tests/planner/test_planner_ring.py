@@ -5,7 +5,7 @@ import re
 import pytest
 
 from h3plan.errors import ConfigError, PlanningError
-from h3plan.planning.ring_plan import NUMERICS, ring_ulysses_cost
+from h3plan.facts.ring_plan import NUMERICS, ring_ulysses_cost
 
 
 def test_no_ring_is_off_and_hardware_verified(plan):
@@ -56,7 +56,7 @@ def test_a_measured_network_rate_replaces_the_assumption(plan):
     (("levers.ulysses_padding=fixed_valid", "parallel.seq_len=37822"), "levers.ulysses_padding=fixed_valid cannot apply: "
                                                                        "parallel.ring=2: the ring skips padding keys"),
     (("levers.fa4_tile=tuned",), "levers.fa4_tile=tuned cannot apply: parallel.ring=2: the ring's FA4 block call "
-                                 "(h3plan/parallel/lse.py) takes no tile"),
+                                 "(h3plan/runtime/parallel/lse.py) takes no tile"),
 ])
 def test_refusals_are_one_line_planning_errors(plan, overrides, message):
     with pytest.raises(PlanningError) as e:
@@ -88,6 +88,6 @@ def test_levers_yield_to_the_ring(plan, hw):
     p = plan(f"hardware={hw}", "recipe=fp8", "parallel=r2u4")
     d = p.decision("fa4_2cta")
     assert (p.decision("attention").setting, d.setting, p.decision("ring").setting) == ("fa4", "off", "on")
-    assert d.reasons[0].startswith("parallel.ring=2: the ring's FA4 block call (h3plan/parallel/lse.py) takes no 2-CTA switch")
+    assert d.reasons[0].startswith("parallel.ring=2: the ring's FA4 block call (h3plan/runtime/parallel/lse.py) takes no 2-CTA switch")
     with pytest.raises(PlanningError, match=r"^levers.fa4_2cta=on cannot apply: parallel.ring=2: the ring's FA4 block call"):
         plan(f"hardware={hw}", "recipe=fp8", "parallel=r2u4", "levers.fa4_2cta=on")

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from h3plan.planning.scale_table import ScaleTableError, load, row_for
+from h3plan.facts.scale_table import ScaleTableError, load, row_for
 
 
 @pytest.mark.parametrize("text,fault", [

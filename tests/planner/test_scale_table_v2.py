@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from h3plan.planning.scale_table import (FORMAT, VERSION, ScaleTableError, config_hash, has_linears, linear_amax, load, load_table,
+from h3plan.facts.scale_table import (FORMAT, VERSION, ScaleTableError, config_hash, has_linears, linear_amax, load, load_table,
                                 row_for, values_hash)
 
 TINY = {"num_attention_heads": 4, "attention_head_dim": 32, "hidden_size": 96, "num_layers": 2, "num_refiner_layers": 1,

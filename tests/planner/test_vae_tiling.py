@@ -1,4 +1,4 @@
-"""h3plan.vae.tiling against diffusers' AutoencoderKLMiniMaxH3 itself: its tile split (`_split_tiles`), the
+"""h3plan.facts.vae.tiling against diffusers' AutoencoderKLMiniMaxH3 itself: its tile split (`_split_tiles`), the
 released tiling and chunking attributes, and the (chunk, tile) latent slices a real tiled decode hands the
 decoder, recorded on the tiny VAE of conf/vae/h3_tiny.yaml (spatial x4, temporal x2, 3-frame clips, drop 1)
 and on one with the released temporal geometry (17-frame clips, x4, drop 3). Contract: equality."""
@@ -11,7 +11,7 @@ import sys
 import pytest
 import yaml
 
-from h3plan.vae import tiling
+from h3plan.facts.vae import tiling
 
 torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
@@ -140,5 +140,5 @@ def test_tile_rule_accepts_exactly_what_split_tiles_lays_latent_aligned(tiny):
 
 
 def test_the_tiling_model_imports_no_torch():
-    code = "import sys, h3plan.vae.tiling, h3plan.vae.parallel_plan, h3plan.vae; assert 'torch' not in sys.modules"
+    code = "import sys, h3plan.facts.vae.tiling, h3plan.facts.vae.parallel_plan, h3plan.install.vae; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from h3plan.install import install, uninstall
 from h3plan.install.adaln_table import prepare
 from h3plan.install.pipeline import install_pipeline, uninstall_pipeline
-from h3plan.vae.weights import DTYPES, PrecisionCast
+from h3plan.install.vae.weights import DTYPES, PrecisionCast
 
 from .diffusers_best import compile_call, regional_compile
 from .harness import plan_label, same_backend_plan
@@ -39,7 +39,7 @@ def row_label(plan) -> str:
 
 
 class VaeCast:
-    """The VAE in `precision` for a turn: from_pretrained(torch_dtype)'s cast (h3plan/vae/weights.py), undone on exit."""
+    """The VAE in `precision` for a turn: from_pretrained(torch_dtype)'s cast (h3plan/install/vae/weights.py), undone on exit."""
 
     def __init__(self, pipe, precision: str):
         self.pipe, self.precision, self.cast = pipe, precision, None

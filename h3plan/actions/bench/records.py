@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from h3plan.attention import LOSSLESS
+from h3plan.facts.attention import LOSSLESS
 
 from .results_file import ResultsFile
 from .tables import cell, md_table, text_table
@@ -30,7 +30,7 @@ TARGET_FP8_SPEEDUP = 1.5
 TARGET_ATTENTION_FRACTION = 0.95
 REQUIRED_KEYS = ("S", "blocks", "plan", "eager_ms", "plan_ms", "speedup", "attention_ms", "attention_backend",
                  "bitwise_equal", "rel_error")
-LOSSLESS_BACKENDS = LOSSLESS  # the attention backends that keep eager's bits (h3plan.attention's registry)
+LOSSLESS_BACKENDS = LOSSLESS  # the attention backends that keep eager's bits (h3plan.facts.attention's registry)
 
 
 @dataclass

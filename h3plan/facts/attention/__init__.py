@@ -1,0 +1,95 @@
+"""Attention backends: one registry of declarations (torch-free), one runtime interface (base.py).
+
+`BACKENDS` maps each backend's name to its `BackendSpec` (h3plan/facts/attention/specs/<name>.py, see spec.py);
+the `_DECLARED` tuple below is the registry and its order is the config's (levers.attention's settings). The
+declarations are imported by name, so `h3plan.runtime.attention.fa4` stays the implementation module. Everything that
+names a backend reads it: the attention lever, the schema, the installer and its processor, the ring's
+log-sum-exp backends, the bench. `get_backend(name, **options)` imports torch and the backend's `impl`
+(installing). What each backend needs from the hardware is a fact of conf/hardware/*.yaml, read by the planner
+through `supports` / `select` and, per call, by the backends themselves (h3plan.facts.hardware).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Mapping, Sequence
+
+from h3plan.facts.hardware import never_ran
+
+from . import spec as _spec
+from .spec import BackendSpec
+_DECLARED = ("sdpa", "cudnn_bf16", "cudnn_fp8", "fa4")  # the registry: specs/<name>.py, in config order
+BACKENDS: dict[str, BackendSpec] = {n: importlib.import_module(f"{__name__}.specs.{n}").SPEC for n in _DECLARED}
+DEFAULT = "sdpa"  # diffusers' native math: what runs where no backend is planned or a call is refused
+
+BF16 = tuple(n for n, s in BACKENDS.items() if s.precision == "bf16")  # what hardware.attention_rank.order ranks
+LOSSLESS = tuple(n for n, s in BACKENDS.items() if s.lossless)
+LSE_OF = {n: s.lse for n, s in BACKENDS.items() if s.lse}  # backend -> its log-sum-exp block function (the ring's)
+
+
+def backend_spec(name: str) -> BackendSpec:
+    if name not in BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; known: {sorted(BACKENDS)}")
+    return BACKENDS[name]
+
+
+def load(ref: str):
+    """"module:attr" -> the attribute (imports the module)."""
+    mod, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(mod), attr)
+
+
+def supports(name: str, hardware: Mapping[str, Any], hw: str | None = None) -> list[str]:
+    """Why backend `name` cannot run on this hardware by its facts; [] when it can."""
+    return _spec.supports(backend_spec(name), hardware, hw)
+
+
+def select(order: Sequence[str], hardware: Mapping[str, Any], hw: str | None = None) -> tuple[str, dict[str, list[str]]]:
+    """(the first backend of `order` the hardware facts allow, {each earlier backend: its reasons}); the default
+    backend when none of them can run."""
+    passed = {}
+    for name in order:
+        why = supports(name, hardware, hw)
+        if not why:
+            return name, passed
+        passed[name] = why
+    return DEFAULT, passed
+
+
+def missing_facts(hardware: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(`hardware.<path>`, backend) for every capability fact a registered backend needs that these facts lack."""
+    return [(path, name) for name, s in BACKENDS.items() for path in _spec.missing_facts(s, hardware)]
+
+
+def untested_notes(opts) -> list[str]:
+    """The installer's notes on the paths of the options' backend that never ran where they would run, from the
+    hardware facts (each `Untested.on`) and their hardware.verified.settings."""
+    s, out = backend_spec(opts.backend), []
+    for u in s.untested:
+        if u.option is not None and not getattr(opts, u.option):
+            continue
+        never, ran = never_ran(u.lever, u.setting, u.on)
+        if never:
+            elsewhere = f"; {u.lever}={u.setting} ran on {', '.join(ran)} without it" if ran else ""
+            out.append(f"{s.name}: {u.what} never ran on {', '.join(never)} "
+                       f"(hardware.verified.settings.{u.lever}){elsewhere}")
+    return out
+
+
+def backend_class(name: str):
+    return load(backend_spec(name).impl)
+
+
+def get_backend(name: str, **options):
+    """An instance of the named backend; options: its constructor's (fa4: `two_cta` (bool | None), `tile`)."""
+    return backend_class(name)(**options)
+
+
+def for_options(opts):
+    """The backend of installed attention options (their `backend`), built with the options it reads."""
+    s = backend_spec(opts.backend)
+    return get_backend(s.name, **{o.kwarg: getattr(opts, o.key) for o in s.options if o.kwarg})
+
+
+__all__ = ["BACKENDS", "DEFAULT", "BF16", "LOSSLESS", "LSE_OF", "BackendSpec", "backend_spec", "load", "supports", "select",
+           "missing_facts", "untested_notes", "backend_class", "get_backend", "for_options"]
