@@ -14,7 +14,7 @@ import os
 import re
 from typing import Any, Mapping
 
-from h3plan.planning import CONF as CONF_DIR
+from h3plan.facts import CONF as CONF_DIR
 
 CONF = os.path.join(CONF_DIR, "hardware")
 

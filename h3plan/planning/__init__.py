@@ -1,9 +1,10 @@
 """The plan side, torch-free: the pipeline config (schema, config) -> the request (request, memory, derive)
--> the plan (decision; the planner itself is h3plan/planner.py, its levers h3plan/levers/).
+-> the plan (the planner itself is h3plan/planner.py, its levers h3plan/levers/, the facts they read h3plan/facts/);
+from_model.py plans for a model in hand.
 
-CONF: the packaged config groups (h3plan/conf links to the repository's conf/; installs copy it in).
+CONF: the packaged config groups (defined in h3plan/facts/__init__.py, the tier below).
 """
 
-import os
+from h3plan.facts import CONF
 
-CONF = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
+__all__ = ["CONF"]

@@ -2,8 +2,8 @@
 (function-level) or not, and h3plan/ has no import circle but the lever registry's own (one inside h3plan/levers/).
 
 The layer order is read from the doc's "Layers, lowest first" paragraph, the one place it is written: each
-layer is a comma-separated run of `names` between "->"; a name is a module or package under h3plan/ (dotted),
-and a module belongs to its longest listed prefix. Edges come from every `import` / `from ... import` in
+layer is a comma-separated run of `names` between "->"; a name is a folder under h3plan/ or a module at the top of
+h3plan/ (dotted: the folders are the tiers, issue 31), and a module belongs to its longest listed prefix. Edges come from every `import` / `from ... import` in
 h3plan/ (ast, module and function level); the package root `h3plan` (the public names) sits above every layer,
 and an import of it (its `__version__`) is left out, since the root is initialised before any of its modules.
 
@@ -196,12 +196,25 @@ def circles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
     return found
 
 
+def upward(found: dict[str, set[tuple[str, int]]], order: list[list[str]]) -> list[str]:
+    """Each import of a module in a higher layer than the importing one."""
+    return [f"{m}:{line} imports {t} (layer {layer_of(t, order)} above {layer_of(m, order)})"
+            for m, targets in sorted(found.items()) for t, line in sorted(targets)
+            if layer_of(t, order) > layer_of(m, order)]
+
+
 def test_no_module_imports_from_a_higher_layer():
-    order, mods = layers(), modules()
-    up = [f"{m}:{line} imports {t} (layer {layer_of(t, order)} above {layer_of(m, order)})"
-          for m, targets in sorted(edges(mods).items()) for t, line in sorted(targets)
-          if layer_of(t, order) > layer_of(m, order)]
+    up = upward(edges(modules()), layers())
     assert not up, "\n".join(up)
+
+
+def test_the_layers_are_folders():
+    """Each name of the layer list is a folder of h3plan/ or a module at its top, never a module inside a folder."""
+    names = [n for layer in layers() for n in layer]
+    bad = [n for n in names if not (PKG / n.replace(".", "/")).is_dir()
+           and not ("." not in n and (PKG / f"{n}.py").is_file())]
+    assert not bad, f"not a folder of h3plan/ nor a top-level module: {bad}"
+    assert len(names) == len(set(names)), names
 
 
 def test_no_import_circles_but_the_lever_registry():
@@ -236,6 +249,15 @@ def test_the_checks_can_fail():
     order = layers()
     assert layer_of("h3plan.errors", order) < layer_of("h3plan.levers.base", order) < layer_of("h3plan.planner", order)
     assert layer_of("h3plan.planner", order) < layer_of("h3plan.install.installer", order) < layer_of("h3plan.cli", order)
+    assert layer_of("h3plan.facts.attention.spec", order) < layer_of("h3plan.levers.attention", order) < layer_of(
+        "h3plan.planning.schema", order) < layer_of("h3plan.runtime.guards", order) < layer_of(
+        "h3plan.runtime.kernels.fp8", order) < layer_of("h3plan.runtime.quant.fp8", order) < layer_of(
+        "h3plan.install.vae.block", order) < layer_of("h3plan.actions.verify", order)
+    fake = {"h3plan.facts.hardware": {("h3plan.planning.schema", 3)},  # a folder importing one above it
+            "h3plan.runtime.quant.fp8": {("h3plan.runtime.parallel.comm", 4)},  # the same layer
+            "h3plan.install.vae.block": {("h3plan.install.options", 5)}}  # the same folder
+    assert upward(fake, order) == [f"h3plan.facts.hardware:3 imports h3plan.planning.schema (layer "
+                                   f"{layer_of('h3plan.planning.schema', order)} above {layer_of('h3plan.facts', order)})"]
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset("abc")]
     names = ("h3plan.light", "h3plan.other", "h3plan.gpu", "h3plan.conf", "h3plan.conf2")
     mods = {m: ROOT / f"{m.replace('.', '/')}.py" for m in names}

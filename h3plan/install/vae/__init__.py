@@ -1,10 +1,8 @@
-"""diffusers' AutoencoderKLMiniMaxH3 under a plan: its one tiling model and the VAE install side.
+"""diffusers' AutoencoderKLMiniMaxH3 under a plan: the VAE install side (torch). Its torch-free decode layout and
+planning numbers are h3plan/facts/vae/ (tiling.py, parallel_plan.py).
 
-tiling.py        the decode's layout, torch-free: temporal chunks, spatial tiles (diffusers' `_split_tiles`),
-                 the tile rules; what memory.py, parallel_plan.py and the installer all read
-parallel_plan.py the vae_parallel lever's planning numbers (work items, shares, gather bytes, time), torch-free
 install.py       the installer's VAE entry (recognise, apply, skips); block.py, fp8.py, graph.py, weights.py,
-                 parallel.py the swaps it makes (torch)
+                 parallel.py the swaps it makes
 
-This package imports nothing eagerly, so the plan side reads tiling.py and parallel_plan.py without torch.
+This package imports nothing eagerly.
 """
