@@ -42,7 +42,7 @@ from typing import Any
 
 from h3plan.facts.attention import BACKENDS, get_backend
 from h3plan.errors import UsageError
-from h3plan.planning import tuned as provenance
+from h3plan.facts import tuned as provenance
 from h3plan.planning.config import compose
 from h3plan.runtime.quant import quantized_linear
 

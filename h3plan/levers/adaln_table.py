@@ -11,7 +11,7 @@ bits), keeps the outputs on the device keyed by the exact bits of `temb`, and pa
 host memory (install/adaln_table.py). Lossless: a hit returns the eager bits, a vector not in the table is
 a counted miss served by the same GEMM on weights streamed to the device. `off`: diffusers' linears.
 
-Keys: planning/timesteps.py `table_timesteps` (the request's kinds of row: generated audio, clean condition and
+Keys: facts/timesteps.py `table_timesteps` (the request's kinds of row: generated audio, clean condition and
 reference rows). auto: on where the table is smaller than the weights it replaces (always at the released width: about
 0.9 GiB against 24.2 GiB for the default 50-step request), off otherwise. Torch-free: the schedules are
 recomputed here in Python floats rounded to float32 (planning numbers); the installer takes its keys from
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from h3plan.planning.timesteps import request_steps, row_kinds, schedule, vectors
+from h3plan.facts.timesteps import request_steps, row_kinds, schedule, vectors
 
 from .base import Context, Option, Spec, resolve
 
@@ -67,7 +67,7 @@ def table_plan(model: Mapping[str, Any], pipeline: Mapping[str, Any], *, audio: 
 
 
 def _plan(ctx: Context) -> dict[str, Any]:
-    # the request's rows and steps (planning/timesteps.py: the keys the installer tables too)
+    # the request's rows and steps (facts/timesteps.py: the keys the installer tables too)
     return table_plan(ctx.model, ctx.pipeline, steps=[request_steps(ctx.request, ctx.pipeline)], **row_kinds(ctx.request))
 
 

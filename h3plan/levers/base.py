@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping
 
 from h3plan.facts.attention import BACKENDS
 from h3plan.facts.decision import Decision, make_decision
-from ..planning import tuned
+from ..facts import tuned
 
 SCOPES = ("linears", "block", "attention", "vae", "transformer")
 MODELS = ("transformer", "vae")

@@ -384,7 +384,7 @@ class TunedCheck:
 class TunedFacts:
     """Provenance of a tuned hardware file (python -m h3plan action=tune): where and with what it was measured.
     `versions` (torch, triton, fa4, cudnn: package versions; driver: the kernel module) are compared with the running
-    ones (h3plan/planning/tuned.py): another version marks the file stale, and strict=true refuses it."""
+    ones (h3plan/facts/tuned.py): another version marks the file stale, and strict=true refuses it."""
 
     device: str = MISSING
     """torch.cuda.get_device_name() on the tuned GPU."""

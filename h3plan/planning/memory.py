@@ -47,7 +47,7 @@ from typing import Any, Mapping
 
 from h3plan.errors import ConfigError
 from h3plan.levers.adaln_table import MODULATION_OUT, table_plan
-from h3plan.planning.timesteps import request_steps, row_kinds
+from h3plan.facts.timesteps import request_steps, row_kinds
 
 from . import text_encoder
 from .derive import _throughput
@@ -284,7 +284,7 @@ def _weights(it: _Items, sections, settings, opts) -> None:
 
 def _adaln_plan(sections, dc, pipe) -> dict[str, Any]:
     """adaln_table=on: the AdaLN linears' weights leave the device (pinned host memory), their table stays: one row
-    per value of the request's timestep vectors (planning/timesteps.py, its steps and kinds of row)."""
+    per value of the request's timestep vectors (facts/timesteps.py, its steps and kinds of row)."""
     request = None
     if sections.get("video") is not None:
         try:

@@ -10,7 +10,7 @@ from h3plan.levers import SPECS, not_installed
 
 from .derive import ORDER
 from .memory import usable_gib
-from .tuned import measured_on, stale
+from h3plan.facts.tuned import measured_on, stale
 
 
 def _request_lines(plan, width: int) -> list[str]:

@@ -20,7 +20,7 @@ from h3plan.errors import ConfigError, unknown_key_line
 from h3plan.levers import LEVER_SETTINGS  # declared by each lever module (SPEC), registry order
 from h3plan.levers.step_cache import config_problem as step_cache_config_problem
 
-from . import tuned
+from h3plan.facts import tuned
 from .action_configs import BenchConfig, CalibrateConfig, TuneConfig, VerifyConfig, validate_actions
 from .hardware_config import HardwareConfig
 from .memory import MemoryConfig
@@ -479,7 +479,7 @@ def validate(cfg: DictConfig | dict) -> dict[str, Any]:
 
 
 def _check_tuned(hw: dict, strict: bool) -> None:
-    """A tuned file's checks name real lever settings; strict=true refuses a stale one (h3plan/planning/tuned.py)."""
+    """A tuned file's checks name real lever settings; strict=true refuses a stale one (h3plan/facts/tuned.py)."""
     t = hw.get("tuned")
     if not t:
         return

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from h3plan.planner import resolve
-from h3plan.planning import tuned
+from h3plan.facts import tuned
 from h3plan.planning.config import compose
 
 pytestmark = pytest.mark.gpu

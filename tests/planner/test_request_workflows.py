@@ -17,7 +17,7 @@ import yaml
 
 from h3plan.errors import ConfigError
 from h3plan.planning.request import VideoConfig, VideoRequest, pipeline_defaults, tokens
-from h3plan.planning.timesteps import table_timesteps
+from h3plan.facts.timesteps import table_timesteps
 
 torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")

@@ -11,7 +11,7 @@ import yaml
 from h3plan import cli
 from h3plan.actions import tune
 from h3plan.planner import resolve
-from h3plan.planning import tuned
+from h3plan.facts import tuned
 from h3plan.planning.config import compose
 
 TUNED = {"device": "Synthetic GPU", "compute_capability": "9.0", "memory_gib": 139.8, "date": "2026-12-02 04:30",

@@ -10,7 +10,7 @@ import yaml
 from h3plan import cli
 from h3plan.errors import H3PlanError
 from h3plan.planner import resolve
-from h3plan.planning import tuned
+from h3plan.facts import tuned
 from h3plan.planning.config import compose
 
 CONF = Path(__file__).parent / "data" / "conf"
