@@ -77,7 +77,7 @@ def excluded(ctx: Context, lever: str, setting: str) -> str | None:
 
 def rates(ctx: Context) -> tuple[dict, list[str]]:
     """The rates ring_ulysses_cost takes, and where each comes from."""
-    hw, R, U = ctx.hardware, ctx.ring, ctx.degree
+    hw, U = ctx.hardware, ctx.degree
     dc = ctx.model["diffusers_config"]
     h, L = dc["num_attention_heads"] // U, U * ctx.rows_per_rank
     att = ctx.setting("attention")

@@ -9,7 +9,6 @@ to eager (benchmarks/anchors/h200-torch-compile-block.json). The bound here is 1
 the bf16 plan, the same for fp8: 3-4x that measured drift, far below a lossy lever's error.
 """
 
-import copy
 
 import pytest
 import torch

@@ -14,7 +14,6 @@ Contracts:
 - counters show the fused paths ran.
 """
 
-import math
 
 import pytest
 import torch

@@ -20,7 +20,7 @@ def worker(rank, world, port, outdir, S):
     sys.path.insert(0, os.path.dirname(__file__))
     from install_helpers import LEVERS, forward, tiny_inputs, tiny_model
 
-    from h3plan.install import counters, install, reset_counters
+    from h3plan.install import install, reset_counters
     from h3plan.levers import REGISTRY
     from h3plan.planner import make_plan
     from h3plan.facts.decision import make_decision

@@ -13,7 +13,6 @@ import types
 import pytest
 import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
-from install_helpers import ROOT
 
 from h3plan.runtime.attention import fp8 as f8
 from h3plan.facts.attention import get_backend
