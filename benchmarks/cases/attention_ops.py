@@ -7,7 +7,7 @@ Byte counts, in units of one (B, S, H, D) tensor `u` (R/D = 3/4 of it rotated; c
   cos/sin casts (fp32 read, bf16 write) and their bf16 reads in the products.
 - with v and Ulysses degree U: fused also reads and writes v (6u); eager adds the pack (stack + permute
   copy of q, k, v: 3u read + 3u write, twice).
-- qk_norm_rope_fp8 dynamic: two passes over q, k, v (an amax over the whole tensor must finish before the
+- qk_norm_rope_fp8_lean dynamic: two passes over q, k, v (an amax over the whole tensor must finish before the
   first cast, and 3 x 272 MB do not fit on chip): 6u read + 1.5u of e4m3 written, cos/sin twice. Static: one
   pass, 3u + 1.5u. Eager per tensor, after the bf16 norm + RoPE: amax (float 1u -> 2u, abs 4u, amax 2u) and
   cast (float 3u, * scale 4u, clamp 4u, to e4m3 2.5u) = 22.5u; v is read from the projection.
@@ -25,7 +25,9 @@ import math
 import torch
 
 from benchmarks.cases import Case, bits_equal
+from h3plan.runtime.kernels import qk_fp8_lean as lean
 from h3plan.runtime.kernels import qk_norm_rope as qk
+from h3plan.runtime.kernels.fp8 import scale_from_amax
 from h3plan.runtime.kernels import ulysses_merge as um
 from h3plan.runtime.kernels import vae
 
@@ -91,11 +93,11 @@ def _fp8_case(S: int, static: bool, sweep: bool = False):
 
     def fused(i, **launch):
         if launch:
-            a = qk._run_fp8_amax(i["q"], i["k"], i["v"], i["wq"], i["wk"], i["cos"], i["sin"], 1e-5, valid, **launch)
-            return qk._run_fp8_cast(i["q"], i["k"], i["v"], i["wq"], i["wk"], i["cos"], i["sin"], 1e-5, a, None, 1,
-                                    **launch)
-        return list(qk.qk_norm_rope_fp8(i["q"], i["k"], i["v"], i["wq"], i["wk"], i["cos"], i["sin"], 1e-5,
-                                        scales=scales, valid_len=valid))
+            a = lean._amax(i["q"], i["k"], i["v"], i["wq"], i["wk"], i["cos"], i["sin"], 1e-5, valid, launch=launch)
+            return lean._cast(i["q"], i["k"], i["v"], i["wq"], i["wk"], i["cos"], i["sin"], 1e-5, scale_from_amax(a),
+                              None, 1, launch=launch)
+        return list(lean.qk_norm_rope_fp8_lean(i["q"], i["k"], i["v"], i["wq"], i["wk"], i["cos"], i["sin"], 1e-5,
+                                               scales=scales, valid_len=valid))
 
     def eager(i):
         return list(qk.qk_norm_rope_fp8_ref(i["q"], i["k"], i["v"], i["wq"], i["wk"], i["cos"], i["sin"], 1e-5,
@@ -104,9 +106,9 @@ def _fp8_case(S: int, static: bool, sweep: bool = False):
     variants = {}
     if sweep and not static:
         variants = {f"bt={c['block_t']},bh={c['block_h']},w={c['num_warps']}": (lambda i, c=c: fused(i, **c))
-                    for c in qk.SWEEP_CONFIGS}
+                    for c in lean.SWEEP_CONFIGS}
     passes = 1 if static else 2
-    return Case(kernel=f"qk_norm_rope_fp8[{'static' if static else 'dynamic'}]", shape=f"1x{S}x{H}x{D}",
+    return Case(kernel=f"qk_norm_rope_fp8_lean[{'static' if static else 'dynamic'}]", shape=f"1x{S}x{H}x{D}",
                 dtype="bf16->e4m3", make=_qk_inputs(S, True), fused=fused, eager=eager,
                 bytes=passes * (3 * u + cs) + 3 * u // 2,
                 eager_bytes=int(2 * 11.5 * u + 4 * S * R * 8 + 3 * 22.5 * u),

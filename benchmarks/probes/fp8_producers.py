@@ -10,8 +10,9 @@ Sections (JSON in OUT/fp8-producers-h200.json, one line per record on stdout):
   the current path (the bf16 producer kernel + kernels.fp8's amax pass + cast pass), times and fraction of
   copy bandwidth (bytes = fewest the fused kernel must move; the issue's target: >= 0.70), codes and
   descales checked against the torch reference; --sweep adds every SWEEP_CONFIGS entry.
-- qk: qk_norm_rope_fp8 (dynamic, static) against qk_norm_rope_fp8_lean, same bits checked; bytes as in
-  benchmarks/cases/attention_ops.py (dynamic: two reads + one write); --sweep adds the lean tilings.
+- qk: qk_norm_rope_fp8_lean (dynamic, static), bits checked against its reference (the two-pass kernel it
+  replaced, measured beside it in the committed JSON, is gone); bytes as in benchmarks/cases/attention_ops.py
+  (dynamic: two reads + one write); --sweep adds the lean tilings.
 - block: one real-width MiniMaxH3TransformerBlock (hidden 5376, 56 x 128 heads, ffn 14336) at S tokens,
   interleaved rounds: diffusers eager; the installed fp8 plan (per-tensor activation scales: amax + cast
   passes); the same with the lean q/k/v cast; `rowwise_block_forward` below (per-row scales from the
@@ -83,7 +84,7 @@ def rowwise_block_forward(block, hidden_states, temb, adaln_indices, rotary_emb,
     """
     from h3plan.runtime.kernels.fp8_producers import cast_rows_fp8, rmsnorm_modulate_fp8, swiglu_fp8
     from h3plan.runtime.kernels.gated_residual import gated_residual
-    from h3plan.runtime.kernels.qk_norm_rope import qk_norm_rope_fp8
+    from h3plan.runtime.kernels.qk_fp8_lean import qk_norm_rope_fp8_lean
     from h3plan.runtime.quant.fp8_rowwise import fp8_linear_codes
 
     sc = act_scales or {}
@@ -92,7 +93,7 @@ def rowwise_block_forward(block, hidden_states, temb, adaln_indices, rotary_emb,
     c, d = rmsnorm_modulate_fp8(hidden_states, block.norm1.weight, scale_msa, shift_msa, adaln_indices,
                                 block.norm1.eps, "exact", sc.get("qkv"))
     q, k, v = (fp8_linear_codes(c, d, lin).unflatten(-1, (attn.heads, -1)) for lin in (attn.to_q, attn.to_k, attn.to_v))
-    fn = qk_fn or proc.kernels.get("qk_norm_rope_fp8", (qk_norm_rope_fp8,))[0]
+    fn = qk_fn or proc.kernels.get("qk_norm_rope_fp8", (qk_norm_rope_fp8_lean,))[0]
     q8, k8, v8, descales = fn(q, k, v, attn.norm_q.weight, attn.norm_k.weight, *rotary_emb, attn.norm_q.eps)
     if attn_codes:
         o8 = attention_codes(proc.backend, q8, k8, v8, descales)
@@ -246,8 +247,7 @@ def qk_section(args, timer, copy_tbps):
             passes = 2 if mode == "dynamic" else 1
             nbytes = passes * (3 * u + cs) + 3 * u // 2
             ref = qk.qk_norm_rope_fp8_ref(q, k, v, wq, wk, cos, sin, 1e-5, **kw)
-            arms = {"qk_norm_rope_fp8": lambda: qk.qk_norm_rope_fp8(q, k, v, wq, wk, cos, sin, 1e-5, **kw),
-                    "qk_norm_rope_fp8_lean": lambda: lean.qk_norm_rope_fp8_lean(q, k, v, wq, wk, cos, sin, 1e-5, **kw)}
+            arms = {"qk_norm_rope_fp8_lean": lambda: lean.qk_norm_rope_fp8_lean(q, k, v, wq, wk, cos, sin, 1e-5, **kw)}
             if args.sweep:
                 for c in lean.SWEEP_CONFIGS:
                     def arm(c=c):
@@ -361,7 +361,6 @@ def sass_section():
 
     from h3plan.runtime.kernels import fp8_producers as fp
     from h3plan.runtime.kernels import qk_fp8_lean as lean
-    from h3plan.runtime.kernels import qk_norm_rope as qk
     from h3plan.runtime.kernels._rmsnorm import cuda_rms_iters
 
     binary = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -413,19 +412,14 @@ def sass_section():
                   sin_ptr="*fp32", oq_ptr="*fp8e4nv", ok_ptr="*fp8e4nv", ov_ptr="*fp8e4nv")
     ints = "T S H Hl valid_len sqb sqs sqh skb sks skh svb svs svh scb scs ssb sss sou sob sos".split()
     div = list(qk_sig) + [n for n in ints if n not in ("scb", "ssb")]
-    for name, fn, extra, modes in (("qk_norm_rope_fp8", qk._qk_norm_rope_kernel, dict(amax_ptr="*fp32", descale_ptr="*fp32"),
-                                    {"amax": dict(MODE=1, DYNAMIC=False), "cast": dict(MODE=2, DYNAMIC=True)}),
-                                   ("qk_norm_rope_fp8_lean", lean._lean_kernel,
+    for name, fn, extra, modes in (("qk_norm_rope_fp8_lean", lean._lean_kernel,
                                     dict(part_ptr="*i32", scale_ptr="*fp32", descale_ptr="*fp32"),
                                     {"amax": dict(AMAX=True, DYNAMIC=False), "cast": dict(AMAX=False, DYNAMIC=True)})):
         sig = dict(qk_sig, **extra, **{n: "i32" for n in ints}, eps="fp32", sc_q="fp32", sc_k="fp32", sc_v="fp32")
-        configs = qk.SWEEP_CONFIGS if name == "qk_norm_rope_fp8" else lean.SWEEP_CONFIGS
-        for c in configs:
+        for c in lean.SWEEP_CONFIGS:
             for mode, mconst in modes.items():
                 const = dict(D=128, D_PAD=128, P=32, R=96, BT=c["block_t"], BH=c["block_h"], HAS_W=True, IS_BF16=True,
                              RSQRT=0, REDUCTION=0, HW=True, **mconst)
-                if name == "qk_norm_rope_fp8":
-                    const["HAS_V"] = True
                 out.append(dict(kernel=f"{name}[{mode}]", config=[c["block_t"], c["block_h"], c["num_warps"]],
                                 **stats(fn, sig, const, div + list(extra), c["num_warps"], 3 * c["block_t"] * c["block_h"] * 128)))
     for r in out:

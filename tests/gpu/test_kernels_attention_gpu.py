@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from h3plan.runtime.kernels import qk_fp8_lean as lean
 from h3plan.runtime.kernels import qk_norm_rope as m
 from h3plan.runtime.kernels import ulysses_merge as um
 from h3plan.runtime.kernels import vae
@@ -172,13 +173,13 @@ def test_qk_norm_rope_fp8_vs_ref(tm):
     lines, bad = [], 0
     for label, kw in (("dynamic", dict(valid_len=valid)), ("dynamic U=4", dict(valid_len=valid, ulysses_degree=4)),
                       ("static", dict(scales=[60.0, 40.0, 0.01]))):
-        got = m.qk_norm_rope_fp8(q, k, v, wq, wk, cos, sin, 1e-5, **kw)
+        got = lean.qk_norm_rope_fp8_lean(q, k, v, wq, wk, cos, sin, 1e-5, **kw)
         ref = m.qk_norm_rope_fp8_ref(q, k, v, wq, wk, cos, sin, 1e-5, **kw)
         n = sum(ndiff(a, b) for a, b in zip(got, ref))
         bad += n
         lines.append(f"{label}: {n} differ, descales {got[-1].tolist()}")
     qo, ko, vo = m.qk_norm_rope(q, k, wq, wk, cos, sin, 1e-5, v=v)
-    q8, k8, v8, ds = m.qk_norm_rope_fp8(q, k, v, wq, wk, cos, sin, 1e-5, valid_len=valid)
+    q8, k8, v8, ds = lean.qk_norm_rope_fp8_lean(q, k, v, wq, wk, cos, sin, 1e-5, valid_len=valid)
     errs = []
     for x8, x, dd in zip((q8, k8, v8), (qo, ko, vo), ds):
         x = x[:, :valid].float()

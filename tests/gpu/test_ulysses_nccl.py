@@ -147,6 +147,7 @@ def check_fp8_codes():
 
 
 def check_packed_kernel():
+    from h3plan.runtime.kernels import qk_fp8_lean as lean
     from h3plan.runtime.kernels import qk_norm_rope as m
 
     U, r = dist.get_world_size(), dist.get_rank()
@@ -171,8 +172,9 @@ def check_packed_kernel():
                     f"kernel pack c{chunks}")
     vr = valid_rows(S, U, r)
     hook = amax_allreduce_hook(None)
-    p8, d8 = m.qk_norm_rope_fp8(ql, kl, vl, wq, wk, cl, sl, 1e-6, valid_len=vr, amax_hook=hook, ulysses_degree=U)
-    q8, k8, v8, d1 = m.qk_norm_rope_fp8(ql, kl, vl, wq, wk, cl, sl, 1e-6, valid_len=vr, amax_hook=hook)
+    p8, d8 = lean.qk_norm_rope_fp8_lean(ql, kl, vl, wq, wk, cl, sl, 1e-6, valid_len=vr, amax_hook=hook,
+                                        ulysses_degree=U)
+    q8, k8, v8, d1 = lean.qk_norm_rope_fp8_lean(ql, kl, vl, wq, wk, cl, sl, 1e-6, valid_len=vr, amax_hook=hook)
     everyone = [torch.empty_like(d8) for _ in range(U)]
     dist.all_gather(everyone, d8)
     assert all(torch.equal(e, d8) for e in everyone) and torch.equal(d1, d8), "descales differ over ranks"

@@ -1,4 +1,5 @@
-"""qk_norm_rope_fp8 (Triton interpreter): e4m3 rounding helper, dynamic / static scales, hook, layouts.
+"""The FP8 q/k/v cast (qk_fp8_lean.qk_norm_rope_fp8_lean, Triton interpreter): e4m3 rounding helper, dynamic /
+static scales, hook, layouts.
 
 Numeric contract: the e4m3 codes and descales are bit-exact (rtol=0, atol=0) against
 `qk_norm_rope_fp8_ref` (torch amax / scale / clamp / `.to(float8_e4m3fn)` on the eager norm + RoPE, with
@@ -14,6 +15,7 @@ import triton
 import triton.language as tl
 
 from h3plan.runtime.kernels import fp8
+from h3plan.runtime.kernels import qk_fp8_lean as lean
 from h3plan.runtime.kernels import qk_norm_rope as m
 
 E4M3 = torch.float8_e4m3fn
@@ -86,7 +88,7 @@ def test_dynamic_excludes_padding_rows():
     q[:, valid:] = 0.0
     q[:, valid:, c::32] = 1.0
     v[:, valid:] = 3e4
-    got = m.qk_norm_rope_fp8(q, k, v, wq, wk, cos, sin, 1e-5, valid_len=valid)
+    got = lean.qk_norm_rope_fp8_lean(q, k, v, wq, wk, cos, sin, 1e-5, valid_len=valid)
     assert_fp8_equal(got, m.qk_norm_rope_fp8_ref(q, k, v, wq, wk, cos, sin, 1e-5, valid_len=valid))
     qo, ko, vo = m.qk_norm_rope_ref(q, k, wq, wk, cos, sin, 1e-5, v=v)
     amax = torch.stack([t[:, :valid].float().abs().amax() for t in (qo, ko, vo)])
@@ -104,19 +106,19 @@ def test_amax_hook_sees_and_sets_the_amax():
         calls.append(amax.clone())
         amax.mul_(4.0)  # an all-reduce MAX with a larger peer
 
-    got = m.qk_norm_rope_fp8(q, k, v, wq, wk, cos, sin, 1e-5, valid_len=6, amax_hook=hook)
+    got = lean.qk_norm_rope_fp8_lean(q, k, v, wq, wk, cos, sin, 1e-5, valid_len=6, amax_hook=hook)
     assert len(calls) == 1 and calls[0].shape == (3,) and calls[0].dtype == torch.float32
     qo, ko, vo = m.qk_norm_rope_ref(q, k, wq, wk, cos, sin, 1e-5, v=v)
     assert torch.equal(calls[0], torch.stack([t[:, :6].float().abs().amax() for t in (qo, ko, vo)]))
     ref = m.qk_norm_rope_fp8_ref(q, k, v, wq, wk, cos, sin, 1e-5, valid_len=6, amax_hook=lambda a: a.mul_(4.0))
     assert_fp8_equal(got, ref)
-    plain = m.qk_norm_rope_fp8(q, k, v, wq, wk, cos, sin, 1e-5, valid_len=6)
+    plain = lean.qk_norm_rope_fp8_lean(q, k, v, wq, wk, cos, sin, 1e-5, valid_len=6)
     assert torch.equal(got[3], plain[3] * 4)
 
 
 def test_zero_amax_uses_unit_scale():
     q, k, v, wq, wk, cos, sin = inputs()
-    got = m.qk_norm_rope_fp8(q, k, v, wq, wk, cos, sin, 1e-5, valid_len=0)
+    got = lean.qk_norm_rope_fp8_lean(q, k, v, wq, wk, cos, sin, 1e-5, valid_len=0)
     assert torch.equal(got[3], torch.ones(3))
     assert_fp8_equal(got, m.qk_norm_rope_fp8_ref(q, k, v, wq, wk, cos, sin, 1e-5, valid_len=0))
 
@@ -124,7 +126,7 @@ def test_zero_amax_uses_unit_scale():
 def test_static_scales_and_saturation():
     q, k, v, wq, wk, cos, sin = inputs(seed=2)
     scales = torch.tensor([300.0, 0.75, 1000.0])  # q and v saturate at +-448
-    got = m.qk_norm_rope_fp8(q, k, v, wq, wk, cos, sin, 1e-5, scales=scales)
+    got = lean.qk_norm_rope_fp8_lean(q, k, v, wq, wk, cos, sin, 1e-5, scales=scales)
     assert_fp8_equal(got, m.qk_norm_rope_fp8_ref(q, k, v, wq, wk, cos, sin, 1e-5, scales=scales))
     assert (codes(got[2]) & 0x7F == 0x7E).any()  # +-448 reached, never the NaN code
     assert not (codes(got[2]) & 0x7F == 0x7F).any()
@@ -134,10 +136,10 @@ def test_static_scales_and_saturation():
 @pytest.mark.parametrize("U", [2, 4])
 def test_fp8_destination_major(U):
     q, k, v, wq, wk, cos, sin = inputs(H=8, seed=U)
-    packed, descale = m.qk_norm_rope_fp8(q, k, v, wq, wk, cos, sin, 1e-5, valid_len=4, ulysses_degree=U)
+    packed, descale = lean.qk_norm_rope_fp8_lean(q, k, v, wq, wk, cos, sin, 1e-5, valid_len=4, ulysses_degree=U)
     B, S, H, D = 2, 7, 8, 32
     assert packed.shape == (U, 3, B, S, H // U, D) and packed.dtype == E4M3
-    flat = m.qk_norm_rope_fp8(q, k, v, wq, wk, cos, sin, 1e-5, valid_len=4)
+    flat = lean.qk_norm_rope_fp8_lean(q, k, v, wq, wk, cos, sin, 1e-5, valid_len=4)
     assert torch.equal(descale, flat[3])
     for u in range(U):
         for i in range(3):
@@ -149,7 +151,7 @@ def test_fp8_destination_major(U):
 @pytest.mark.slow  # interpreter at a larger shape (~3 s)
 def test_quantisation_error_budget():
     q, k, v, wq, wk, cos, sin = inputs(seed=3)
-    *f8, descale = m.qk_norm_rope_fp8(q, k, v, wq, wk, cos, sin, 1e-5)
+    *f8, descale = lean.qk_norm_rope_fp8_lean(q, k, v, wq, wk, cos, sin, 1e-5)
     for x8, x, d in zip(f8, m.qk_norm_rope_ref(q, k, wq, wk, cos, sin, 1e-5, v=v), descale):
         x = x.float()
         err = (x8.float() * d - x).abs()
@@ -174,7 +176,7 @@ def test_malformed_static_table(bad, msg):
     reason = m.qk_norm_rope_fp8_check(q, k, v, wq, wk, cos, sin, 1e-5, scales=bad)
     assert reason is not None and msg in reason and "\n" not in reason
     with pytest.raises(ValueError, match="static FP8 scales"):
-        m.qk_norm_rope_fp8(q, k, v, wq, wk, cos, sin, 1e-5, scales=bad)
+        lean.qk_norm_rope_fp8_lean(q, k, v, wq, wk, cos, sin, 1e-5, scales=bad)
 
 
 def test_fp8_guards():
@@ -186,15 +188,4 @@ def test_fp8_guards():
     assert "callable" in m.qk_norm_rope_fp8_check(q, k, v, wq, wk, cos, sin, 1e-5, amax_hook=3)
     assert "ulysses_degree" in m.qk_norm_rope_fp8_check(q, k, v, wq, wk, cos, sin, 1e-5, ulysses_degree=3)
     with pytest.raises(ValueError, match="v is required"):
-        m.qk_norm_rope_fp8(q, k, None, wq, wk, cos, sin, 1e-5)
-
-
-@pytest.mark.slow  # torch.library.opcheck (~5 s)
-def test_opcheck_fp8_ops():
-    q, k, v, wq, wk, cos, sin = inputs(B=1, S=3)
-    torch.library.opcheck(torch.ops.h3plan.qk_norm_rope_fp8_amax.default, (q, k, v, wq, wk, cos, sin, 1e-5, 2))
-    amax = torch.ones(3)
-    torch.library.opcheck(torch.ops.h3plan.qk_norm_rope_fp8_cast.default,
-                          (q, k, v, wq, wk, cos, sin, 1e-5, amax, None, 2))
-    torch.library.opcheck(torch.ops.h3plan.qk_norm_rope_fp8_cast.default,
-                          (q, k, v, wq, wk, cos, sin, 1e-5, None, [2.0, 3.0, 4.0], 1))
+        lean.qk_norm_rope_fp8_lean(q, k, None, wq, wk, cos, sin, 1e-5)

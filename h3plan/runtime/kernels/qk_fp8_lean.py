@@ -1,10 +1,10 @@
 """Per-head Q/K RMSNorm + partial RoPE + per-tensor e4m3 cast of q, k, v (cuDNN FP8 attention's inputs):
-the contract, signature and bits of kernels.qk_norm_rope.qk_norm_rope_fp8, in fewer instructions.
+the contract, signature and bits of the two-pass qk_norm_rope_fp8 it replaced (removed), in fewer instructions.
 
     qk_norm_rope_fp8_lean(q, k, v, wq, wk, cos, sin, eps, scales=None, valid_len=None, amax_hook=None,
                           ulysses_degree=1) -> (q8, k8, v8, descales (3,)) | (packed (U,3,B,S,H/U,D), descales)
 
-Why qk_norm_rope_fp8 runs at 41-49% of copy bandwidth (kernels-h200.md), from its SM90 SASS
+Why the two-pass qk_norm_rope_fp8 ran at 41-49% of copy bandwidth (kernels-h200.md), from its SM90 SASS
 (benchmarks/probes/fp8_producers.py --sass compiles it offline): it is bound by instruction issue, not by
 memory. Its cast pass executes about 38 instructions per element (1,816 per 2-warp program of 3 x 1,024
 elements) -- at 132 SMs x 4 issue slots that alone takes ~0.5 ms for 19,000 x 56 x 128 x 3 elements,
@@ -23,7 +23,7 @@ Expected at S = 19,000: cast pass ~0.4 ms (static mode: ~0.75 of copy), both pas
 two-pass bytes). The rest is the norm + RoPE arithmetic itself (~22 instructions per element: two
 partial products per rotary channel, five bf16 roundings); `LAUNCH` tiles are the H200 sweep's to pick.
 
-Numerics: identical to qk_norm_rope_fp8 (its `_norm_rope` helper computes y; its reference
+Numerics: identical to that kernel (qk_norm_rope.py's `_norm_rope` helper computes y; the reference
 `qk_norm_rope_fp8_ref` is this kernel's oracle and fallback; its check is this kernel's check).
 """
 
@@ -205,7 +205,7 @@ def _cast_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wq: torch.Tensor
 
 def qk_norm_rope_fp8_lean(q, k, v, wq, wk, cos, sin, eps, scales=None, valid_len=None,
                           amax_hook: Callable[[torch.Tensor], None] | None = None, ulysses_degree=1):
-    """qk_norm_rope_fp8's contract and bits (dynamic: partial-amax pass, `amax_hook(amax)` may all-reduce the
+    """The FP8 cast's contract and bits (dynamic: partial-amax pass, `amax_hook(amax)` may all-reduce the
     (3,) fp32 amax in place, then the cast pass; static: `scales` (3,)). Returns (q8, k8, v8, descales), or
     (packed (U,3,B,S,H/U,D), descales) for U > 1; ValueError(reason) on refused inputs."""
     reason = qk_norm_rope_fp8_lean_check(q, k, v, wq, wk, cos, sin, eps, scales=scales, valid_len=valid_len,

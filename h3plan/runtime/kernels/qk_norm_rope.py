@@ -5,9 +5,9 @@ contiguous: slices of a fused QKV projection work), RMSNorm weights (D,), cos/si
 as `MiniMaxH3RotaryPosEmbed` returns them (R = 2*3*rope_freq_dim = 96 of D = 128 for H3). Outputs:
 degree 1 -> (B, S, H, D) contiguous tensors; Ulysses degree U -> one destination-major buffer
 (U, n, B, S, H/U, D): `out[u]` is what rank u receives in one all-to-all (heads u*H/U .. (u+1)*H/U-1).
-V (optional) is only copied/packed. `qk_norm_rope_fp8` adds a per-tensor e4m3 cast of q, k, v with
-dynamic scales (amax pass over rows < valid_len, a hook to all-reduce the amax, then a cast pass) or
-static scales.
+V (optional) is only copied/packed. The FP8 variant (norm + RoPE + per-tensor e4m3 cast of q, k, v) is
+qk_fp8_lean.py; its reference `qk_norm_rope_fp8_ref` and check `qk_norm_rope_fp8_check` live here, beside the
+norm + RoPE reference they build on.
 
 Fallback: `qk_norm_rope_check` names the reason a call is refused; the installer then runs
 `qk_norm_rope_ref` (the eager diffusers sequence). The public functions raise ValueError(reason).
@@ -23,15 +23,13 @@ dtype, as the eager bf16 ops do. `NUMERICS` (rsqrt "approx" | "rn", reduction "c
 constexpr variants; the GPU suite reports which ones match eager. On the CPU, torch sums in another order
 (and its fp32 sqrt is not always correctly rounded): CPU tests compare bit-exactly against
 `emulate_cuda_rms_norm` and against CPU eager within 1 ulp on a small fraction.
-FP8: the q/k/v values above, then e4m3(clamp(x * scale, +-448)), round-to-nearest-even; dynamic
-scale = 448 / amax (1 when amax == 0), descale = 1 / scale (both IEEE). Lossy by design: relative error up
+FP8 (the reference below, qk_fp8_lean's contract): the q/k/v values above, then e4m3(clamp(x * scale, +-448)),
+round-to-nearest-even; dynamic scale = 448 / amax (1 when amax == 0), descale = 1 / scale (both IEEE). Lossy by design: relative error up
 to 2^-4 (3 mantissa bits) where |x * scale| >= 2^-6, absolute error up to 2^-10 / scale below; values
 with |x * scale| > 448 saturate (static scales, or padding rows past valid_len in dynamic mode).
 """
 
 from __future__ import annotations
-
-from typing import Callable
 
 import torch
 import triton
@@ -39,7 +37,7 @@ import triton.language as tl
 
 from ._common import INTERPRET, LAUNCH_OPTS, guard, negate, next_pow2, round_st, to_f32
 from ._registry import custom_op
-from .fp8 import E4M3_MAX, e4m3_ready
+from .fp8 import E4M3_MAX
 
 # Device-numerics variants (see module docstring); the GPU suite reports which matches eager.
 NUMERICS = {"rsqrt": "approx", "reduction": "cuda_tree"}
@@ -108,40 +106,13 @@ def _norm_rope(x_ptr, off, poff, m, mp, w, wp, cb, sb, c, eps,
 
 
 @triton.jit
-def _emit(y, out_ptr, oo, m, valid, amax_ptr, IDX: tl.constexpr, sc, MODE: tl.constexpr,
-          OUT_BF16: tl.constexpr, HW: tl.constexpr, OUT_F32: tl.constexpr):
-    """MODE 0: store y; 1: atomic amax of |y| over valid elements (NaN propagates); 2: store e4m3(y*sc)."""
-    if MODE == 0:
-        if OUT_F32:
-            tl.store(out_ptr + oo, y, mask=m)
-        elif OUT_BF16:
-            tl.store(out_ptr + oo, y.to(tl.bfloat16), mask=m)
-        else:
-            tl.store(out_ptr + oo, y.to(tl.float16), mask=m)
-    elif MODE == 1:
-        a = tl.max(tl.where(valid, tl.abs(y), 0.0))
-        nan = tl.max(tl.where(valid & (y != y), 1, 0))
-        a = tl.where(nan > 0, float("nan"), a)
-        tl.atomic_max(amax_ptr + IDX, a)
+def _emit(y, out_ptr, oo, m, OUT_BF16: tl.constexpr, OUT_F32: tl.constexpr):
+    if OUT_F32:
+        tl.store(out_ptr + oo, y, mask=m)
+    elif OUT_BF16:
+        tl.store(out_ptr + oo, y.to(tl.bfloat16), mask=m)
     else:
-        z = y * sc
-        z = tl.where(z > 448.0, 448.0, tl.where(z < -448.0, -448.0, z))  # NaN passes, as torch.clamp
-        code = e4m3_ready(z, HW).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-        # A value that rounds to zero keeps its sign in torch (-0.0 -> 0x80). On the GPU Triton's unary minus
-        # of +0.0 gives +0.0, which lost that sign inside round_to_e4m3 (H200: benchmarks/probes/fp8_diag.py,
-        # from before the GPU path converted directly). Set the sign bit from z itself; NaN codes keep theirs.
-        neg = ((z.to(tl.uint32, bitcast=True) >> 31) << 7).to(tl.uint8)
-        code = tl.where(z != z, code, code | neg)
-        tl.store(out_ptr + oo, code.to(tl.float8e4nv, bitcast=True), mask=m)
-
-
-@triton.jit
-def _scale(amax_ptr, IDX: tl.constexpr, static_sc, DYNAMIC: tl.constexpr):
-    if DYNAMIC:
-        a = tl.load(amax_ptr + IDX)
-        return tl.where(a > 0.0, tl.math.div_rn(448.0, tl.where(a > 0.0, a, 1.0)), 1.0)
-    else:
-        return static_sc
+        tl.store(out_ptr + oo, y.to(tl.float16), mask=m)
 
 
 @triton.jit
@@ -173,34 +144,26 @@ def _tile(pid_t, pid_h, T, S, H, Hl, sou, sob, sos, D: tl.constexpr, D_PAD: tl.c
 @triton.jit
 def _qk_norm_rope_kernel(
     q_ptr, k_ptr, v_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr,
-    oq_ptr, ok_ptr, ov_ptr, amax_ptr, descale_ptr,
-    T, S, H, Hl, valid_len,
+    oq_ptr, ok_ptr, ov_ptr,
+    T, S, H, Hl,
     sqb, sqs, sqh, skb, sks, skh, svb, svs, svh,
     scb, scs, ssb, sss,
     sou, sob, sos,
-    eps, sc_q, sc_k, sc_v,
+    eps,
     D: tl.constexpr, D_PAD: tl.constexpr, P: tl.constexpr, R: tl.constexpr,
     BT: tl.constexpr, BH: tl.constexpr,
     HAS_V: tl.constexpr, HAS_W: tl.constexpr, IS_BF16: tl.constexpr,
-    MODE: tl.constexpr, DYNAMIC: tl.constexpr, RSQRT: tl.constexpr, REDUCTION: tl.constexpr, HW: tl.constexpr,
+    RSQRT: tl.constexpr, REDUCTION: tl.constexpr, HW: tl.constexpr,
     IS_F32: tl.constexpr,
 ):
     HALF: tl.constexpr = R // 2
     pid_t = tl.program_id(0).to(tl.int64)
     pid_h = tl.program_id(1).to(tl.int64)
     c, b3, s3, h3, tok_ok, m, mp, pc, oo = _tile(pid_t, pid_h, T, S, H, Hl, sou, sob, sos, D, D_PAD, R, BT, BH)
-    valid = m & (s3 < valid_len)
 
     cm = tok_ok & (c < R)
     cb = round_st(tl.load(cos_ptr + b3 * scb + s3 * scs + c, mask=cm, other=0.0), IS_BF16, IS_F32, HW)
     sb = round_st(tl.load(sin_ptr + b3 * ssb + s3 * sss + c, mask=cm, other=0.0), IS_BF16, IS_F32, HW)
-
-    first = (pid_t == 0) & (pid_h == 0)
-    sc_q = _scale(amax_ptr, 0, sc_q, DYNAMIC)
-    sc_k = _scale(amax_ptr, 1, sc_k, DYNAMIC)
-    if MODE == 2:
-        tl.store(descale_ptr + 0, tl.math.div_rn(1.0, sc_q), mask=first)
-        tl.store(descale_ptr + 1, tl.math.div_rn(1.0, sc_k), mask=first)
 
     wm = c < D
     wq = 1.0
@@ -216,20 +179,14 @@ def _qk_norm_rope_kernel(
     y = _norm_rope(q_ptr, b3 * sqb + s3 * sqs + h3 * sqh + c, b3 * sqb + s3 * sqs + h3 * sqh + pc,
                    m, mp, wq, wqp, cb, sb, c, eps, BT, BH, D, D_PAD, P, HALF, R, HAS_W, IS_BF16, RSQRT,
                    REDUCTION, HW, IS_F32)
-    _emit(y, oq_ptr, oo, m, valid, amax_ptr, 0, sc_q, MODE, IS_BF16, HW, IS_F32)
+    _emit(y, oq_ptr, oo, m, IS_BF16, IS_F32)
     y = _norm_rope(k_ptr, b3 * skb + s3 * sks + h3 * skh + c, b3 * skb + s3 * sks + h3 * skh + pc,
                    m, mp, wk, wkp, cb, sb, c, eps, BT, BH, D, D_PAD, P, HALF, R, HAS_W, IS_BF16, RSQRT,
                    REDUCTION, HW, IS_F32)
-    _emit(y, ok_ptr, oo, m, valid, amax_ptr, 1, sc_k, MODE, IS_BF16, HW, IS_F32)
+    _emit(y, ok_ptr, oo, m, IS_BF16, IS_F32)
     if HAS_V:
         vv = tl.load(v_ptr + b3 * svb + s3 * svs + h3 * svh + c, mask=m, other=0.0)
-        if MODE == 0:
-            tl.store(ov_ptr + oo, vv, mask=m)
-        else:
-            sc_v = _scale(amax_ptr, 2, sc_v, DYNAMIC)
-            if MODE == 2:
-                tl.store(descale_ptr + 2, tl.math.div_rn(1.0, sc_v), mask=first)
-            _emit(to_f32(vv, HW), ov_ptr, oo, m, valid, amax_ptr, 2, sc_v, MODE, IS_BF16, HW, IS_F32)
+        tl.store(ov_ptr + oo, vv, mask=m)
 
 
 # ---------------------------------------------------------------------------------------------- launch
@@ -256,9 +213,9 @@ def _out_buffers(q4, n, U, dtype):
     return [buf], views, (n * B * S * (H // U) * D, S * (H // U) * D, (H // U) * D)
 
 
-def _launch(q, k, v, wq, wk, cos, sin, eps, *, U, mode, views, ostr, amax=None, descale=None,
-            static=(1.0, 1.0, 1.0), valid_len=0, numerics=None, block_t=None, block_h=None, num_warps=None):
-    """One launch over (token blocks, head blocks). mode 0: store q, k (, v); 1: amax only; 2: e4m3."""
+def _launch(q, k, v, wq, wk, cos, sin, eps, *, U, views, ostr, numerics=None, block_t=None, block_h=None,
+            num_warps=None):
+    """One launch over (token blocks, head blocks): store q, k (, v)."""
     numerics = NUMERICS if numerics is None else numerics
     block_t = block_t or LAUNCH["block_t"]
     block_h = block_h or LAUNCH["block_h"]
@@ -282,15 +239,14 @@ def _launch(q, k, v, wq, wk, cos, sin, eps, *, U, mode, views, ostr, amax=None, 
     _qk_norm_rope_kernel[grid](
         q4, k4, v4 if v4 is not None else q4, wq if has_w else q4, wk if has_w else q4, cos, sin,
         views[0], views[1], views[2] if v4 is not None else views[0],  # unused pointers: any tensor
-        amax if amax is not None else q4, descale if descale is not None else q4,
-        T, S, H, H // U, valid_len,
+        T, S, H, H // U,
         *q4.stride()[:3], *k4.stride()[:3], *vs,
         scb, scs, ssb, sss,
         *ostr,
-        float(eps), *[float(x) for x in static],
+        float(eps),
         D=D, D_PAD=D_PAD, P=D_PAD // 4, R=R, BT=BT, BH=BH,
         HAS_V=v4 is not None, HAS_W=has_w, IS_BF16=q.dtype == torch.bfloat16,
-        MODE=mode, DYNAMIC=amax is not None and mode == 2, RSQRT=_RSQRT[numerics["rsqrt"]],
+        RSQRT=_RSQRT[numerics["rsqrt"]],
         REDUCTION=_REDUCTION[numerics["reduction"]], HW=not INTERPRET, IS_F32=q.dtype == torch.float32,
         num_warps=num_warps, **LAUNCH_OPTS,
     )
@@ -374,7 +330,8 @@ def _static_scales(scales) -> tuple[float, float, float]:
 
 def qk_norm_rope_fp8_check(q, k, v, wq, wk, cos, sin, eps, scales=None, valid_len=None, amax_hook=None,
                            ulysses_degree=1) -> str | None:
-    """None when the kernel takes these inputs (same signature as `qk_norm_rope_fp8`), else the reason."""
+    """None when the FP8 kernel (qk_fp8_lean's `qk_norm_rope_fp8_lean`, same signature) takes these inputs, else
+    the reason."""
     reason = guard(_norm_rope_checks(q, k, [("wq", wq), ("wk", wk)], cos, sin, eps, (torch.bfloat16, torch.float16),
                                      v=v, ulysses_degree=ulysses_degree, head_dim=_head_dim(q, wq)))
     if reason:
@@ -497,24 +454,8 @@ def _fake_qk(q, k, wq, wk, cos, sin, eps, v, ulysses_degree):
 def _run(q, k, wq, wk, cos, sin, eps, v=None, ulysses_degree=1, **launch):
     n = 2 if v is None else 3
     outs, views, ostr = _out_buffers(_as4d(q, wq.shape[0]), n, ulysses_degree, q.dtype)
-    _launch(q, k, v, wq, wk, cos, sin, eps, U=ulysses_degree, mode=0, views=views, ostr=ostr, **launch)
+    _launch(q, k, v, wq, wk, cos, sin, eps, U=ulysses_degree, views=views, ostr=ostr, **launch)
     return outs
-
-
-def _run_fp8_amax(q, k, v, wq, wk, cos, sin, eps, valid_len, **launch):
-    amax = torch.zeros(3, device=q.device, dtype=torch.float32)
-    _launch(q, k, v, wq, wk, cos, sin, eps, U=1, mode=1, views=[q] * 3, ostr=(0, 0, 0), amax=amax,
-            valid_len=valid_len, **launch)
-    return amax
-
-
-def _run_fp8_cast(q, k, v, wq, wk, cos, sin, eps, amax, static_scales, ulysses_degree, **launch):
-    outs, views, ostr = _out_buffers(_as4d(q, wq.shape[0]), 3, ulysses_degree, torch.float8_e4m3fn)
-    descale = torch.empty(3, device=q.device, dtype=torch.float32)
-    _launch(q, k, v, wq, wk, cos, sin, eps, U=ulysses_degree, mode=2, views=views, ostr=ostr, amax=amax,
-            descale=descale, static=tuple(static_scales) if static_scales is not None else (1.0, 1.0, 1.0),
-            **launch)
-    return [*outs, descale]
 
 
 @custom_op("qk_norm_rope", fake=_fake_qk)
@@ -523,13 +464,8 @@ def _qk_norm_rope_op(q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: tor
     return _run(q, k, wq, wk, cos, sin, eps, v, ulysses_degree)
 
 
-@custom_op("qk_norm_rope_fp8_amax", fake=lambda q, k, v, wq, wk, cos, sin, eps, valid_len: q.new_empty((3,), dtype=torch.float32))
-def _fp8_amax_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor,
-                 cos: torch.Tensor, sin: torch.Tensor, eps: float, valid_len: int) -> torch.Tensor:
-    return _run_fp8_amax(q, k, v, wq, wk, cos, sin, eps, valid_len)
-
-
 def _fake_fp8_cast(q, k, v, wq, wk, cos, sin, eps, amax, static_scales, ulysses_degree):
+    """The FP8 cast op's outputs (qk_fp8_lean's cast op fakes with it)."""
     D = wq.shape[0]
     B, S, H, _ = _as4d(q, D).shape
     f8 = torch.float8_e4m3fn
@@ -537,13 +473,6 @@ def _fake_fp8_cast(q, k, v, wq, wk, cos, sin, eps, amax, static_scales, ulysses_
     if ulysses_degree == 1:
         return [q.new_empty((B, S, H, D), dtype=f8) for _ in range(3)] + [d]
     return [q.new_empty((ulysses_degree, 3, B, S, H // ulysses_degree, D), dtype=f8), d]
-
-
-@custom_op("qk_norm_rope_fp8_cast", fake=_fake_fp8_cast)
-def _fp8_cast_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor,
-                 cos: torch.Tensor, sin: torch.Tensor, eps: float, amax: torch.Tensor | None,
-                 static_scales: list[float] | None, ulysses_degree: int) -> list[torch.Tensor]:
-    return _run_fp8_cast(q, k, v, wq, wk, cos, sin, eps, amax, static_scales, ulysses_degree)
 
 
 # ---------------------------------------------------------------------------------------------- public
@@ -556,29 +485,3 @@ def qk_norm_rope(q, k, wq, wk, cos, sin, eps, v=None, ulysses_degree=1):
         raise ValueError(reason)
     outs = torch.ops.h3plan.qk_norm_rope(q, k, wq, wk, cos, sin, float(eps), v, int(ulysses_degree))
     return tuple(outs) if ulysses_degree == 1 else outs[0]
-
-
-def qk_norm_rope_fp8(q, k, v, wq, wk, cos, sin, eps, scales=None, valid_len=None,
-                     amax_hook: Callable[[torch.Tensor], None] | None = None, ulysses_degree=1):
-    """Norm + RoPE, then per-tensor e4m3 cast of q, k, v. Dynamic (scales None): pass 1 takes the amax of
-    each tensor over rows s < valid_len (default S; Ulysses padding rows must not set the scale), then
-    `amax_hook(amax)` may all-reduce the (3,) fp32 amax in place, then pass 2 casts with 448 / amax.
-    Static: `scales` (3,) quantisation scales (host-validated; a CUDA tensor costs one sync).
-    Returns (q8, k8, v8, descales), or (packed (U,3,B,S,H/U,D), descales) for U > 1."""
-    reason = qk_norm_rope_fp8_check(q, k, v, wq, wk, cos, sin, eps, scales=scales, valid_len=valid_len,
-                                    amax_hook=amax_hook, ulysses_degree=ulysses_degree)
-    if reason:
-        raise ValueError(reason)
-    static = None
-    amax = None
-    if scales is not None:
-        static = list(_static_scales(scales))
-    else:
-        S = _as4d(q, wq.shape[0]).shape[1]
-        amax = torch.ops.h3plan.qk_norm_rope_fp8_amax(q, k, v, wq, wk, cos, sin, float(eps),
-                                                      S if valid_len is None else int(valid_len))
-        if amax_hook is not None:
-            amax_hook(amax)
-    outs = torch.ops.h3plan.qk_norm_rope_fp8_cast(q, k, v, wq, wk, cos, sin, float(eps), amax, static,
-                                                  int(ulysses_degree))
-    return tuple(outs)

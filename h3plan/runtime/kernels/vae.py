@@ -63,7 +63,7 @@ def vae_qk_norm_rope_ref(q, k, cos, sin, eps):
 @custom_op("vae_qk_norm_rope", fake=lambda q, k, cos, sin, eps: [q.new_empty(q.shape), q.new_empty(q.shape)])
 def _vae_qk_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float) -> list[torch.Tensor]:
     outs, views, ostr = _out_buffers(q, 2, 1, q.dtype)
-    _launch(q, k, None, None, None, cos, sin, eps, U=1, mode=0, views=views, ostr=ostr)
+    _launch(q, k, None, None, None, cos, sin, eps, U=1, views=views, ostr=ostr)
     return outs
 
 

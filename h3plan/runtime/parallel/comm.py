@@ -99,7 +99,7 @@ def gather_rows(x: torch.Tensor, group, dim: int = 1, *, seq_len: int | None = N
 
 
 def amax_allreduce_hook(group):
-    """Hook for `qk_norm_rope_fp8(amax_hook=...)`: MAX all-reduce of the local amax over the group.
+    """Hook for `qk_norm_rope_fp8_lean(amax_hook=...)`: MAX all-reduce of the local amax over the group.
 
     Takes the fp32 amax tensor (any shape, e.g. (3,) for q, k, v), reduces it in place and returns
     it, so every rank casts with the same per-tensor scale and a receiver's descale matches the

@@ -38,7 +38,7 @@ the pre-attention all-to-all of chunk i+1 is issued with async_op=True before at
 chunk i, and each chunk's output exchange is issued asynchronously as soon as its attention ends.
 Results equal chunks=1 under the same per-head condition.
 
-`fp8_codes`: q, k, v arrive as float8_e4m3fn codes (qk_norm_rope_fp8 with `amax_allreduce_hook`, so
+`fp8_codes`: q, k, v arrive as float8_e4m3fn codes (qk_norm_rope_fp8_lean with `amax_allreduce_hook`, so
 all ranks share one per-tensor scale); they travel as uint8, 1 byte per element instead of 2, and
 attn_fn carries the descales itself. An FP8 output (cuDNN FP8 on Hopper) travels as uint8 too.
 Bytes: see sizes.a2a_bytes (37.5% fewer per layer with a bf16 output, 50% with an FP8 one).
