@@ -47,12 +47,16 @@ from h3plan.levers import COUNTERS, OPTIONS, REFERENCE_LEVERS, SPECS, ULYSSES_LE
 from h3plan.planner import Plan
 from h3plan.planning.checkpoint import transformer_folder
 from h3plan.facts.decision import make_decision
+from h3plan.facts.hardware import gemm_reason
 
-from .verify_step_cache import check as check_step_cache
 from .pipeline_build import build_vae
+from .verify_step_cache import check as check_step_cache
 
-# A fallback reason starting with one of these is a platform limit: the lever's counted emulation ran.
-PLATFORM_LIMITS = ("FP8 GEMM needs CUDA", "FP8 GEMM needs SM89", "NVFP4 GEMMs need SM100+", "CUDA graphs need a CUDA device")
+def platform_limits() -> tuple[str, ...]:
+    """A fallback reason starting with one of these is a platform limit: the lever's counted emulation ran."""
+    return ("FP8 GEMM needs CUDA", gemm_reason("fp8", None), gemm_reason("nvfp4", None), "CUDA graphs need a CUDA device")
+
+
 OUTPUTS = ("hidden", "video", "audio")
 VAE_LEVERS = tuple(dict.fromkeys(lever for lever, o in OPTIONS.values() if o.scope == "vae"))  # registry order
 INCOMPLETE = 3  # exit status: every check that ran passed, a lossy lever could not be checked here
@@ -274,7 +278,7 @@ def _engaged(run: Run, lever: str) -> tuple[bool, str]:
     if run.counters.get(f"{key}.fused", 0) > 0:
         return True, "fused path ran"
     reasons = run.reasons.get(key, {})
-    if reasons and all(r.startswith(PLATFORM_LIMITS) for r in reasons):
+    if reasons and all(r.startswith(platform_limits()) for r in reasons):
         return True, "emulated here: " + "; ".join(reasons)
     return False, "fused path never ran: " + ("; ".join(reasons) or "no calls")
 
@@ -426,7 +430,7 @@ def verify_vae(case, plan, rep: Report, *, device="cpu") -> None:
             why = list(reasons.get(key, {}))
             if counts.get(f"{key}.fused", 0):
                 continue
-            if why and all(r.startswith(PLATFORM_LIMITS) for r in why):
+            if why and all(r.startswith(platform_limits()) for r in why):
                 rep.skip(name, f"{key}: only diffusers' path or its emulation ran: " + "; ".join(why), d.lossless)
             else:
                 rep.line(name, f"{key}: fused path never ran: " + ("; ".join(why) or "no calls"), ok=False)

@@ -50,6 +50,31 @@ def for_capability(cc: tuple[int, int]) -> Mapping[str, Any] | None:
     return None
 
 
+GEMMS = {"fp8": "FP8 GEMM needs", "nvfp4": "NVFP4 GEMMs need"}  # hardware.gemm.<kind> -> how its reason begins
+
+
+def lowest(path: str) -> tuple[int, int] | None:
+    """The lowest compute capability among the packaged hardware whose fact `path` ("gemm.fp8") is true."""
+    def value(f):
+        for key in path.split("."):
+            f = (f or {}).get(key)
+        return f
+
+    found = [capability(load(n)) for n in names() if value(load(n))]
+    return min(found) if found else None
+
+
+def gemm_reason(kind: str, cc: tuple[int, int] | None) -> str | None:
+    """Why a device of compute capability `cc` (None: not a CUDA device) runs no `kind` GEMM ("fp8" | "nvfp4") by
+    the hardware facts (hardware.gemm.<kind>), or None. The reason names the lowest packaged hardware that has it
+    ("NVFP4 GEMMs need SM100+"), the same for every device; a device without facts (conf/hardware) has none."""
+    facts = for_capability(tuple(cc)) if cc is not None else None
+    if facts is not None and facts["gemm"][kind]:
+        return None
+    lo = lowest(f"gemm.{kind}")
+    return f"{GEMMS[kind]} SM{lo[0]}{lo[1]}+" if lo else f"{GEMMS[kind]} hardware.gemm.{kind}=true on some GPU"
+
+
 def version_tuple(v: str | int) -> tuple[int, ...]:
     """"9.19.0" -> (9, 19, 0); cudnnGetVersion()'s 91900 -> (9, 19, 0)."""
     if isinstance(v, int):

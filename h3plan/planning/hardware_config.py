@@ -78,6 +78,9 @@ class Fa4Facts:
     two_cta: bool = MISSING
     fp8: bool = MISSING
     two_cta_regresses_long: bool = MISSING
+    head_dim_limit: int = MISSING
+    """The largest head_dim FA4's forward takes here (a multiple of 8, at least 8), checked per call."""
+    head_dim_limit_source: str = MISSING
     source: str = MISSING
     tuned_tiles: List[Fa4Tile] = field(default_factory=list)
     """Measured tiles that beat FA4's default (empty: FA4's own heuristic is all there is)."""

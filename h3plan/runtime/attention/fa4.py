@@ -67,7 +67,7 @@ def _import():
 
 
 def _device_reason(q) -> str | None:
-    """This device's facts (specs/fa4.py's needs), q's dtype, and FA4's head-dim rule (SM9x: up to 256, else 128)."""
+    """This device's facts (specs/fa4.py's needs, hardware.fa4.head_dim_limit), q's dtype."""
     cc = device_cc(q)
     facts, why = device_facts(cc)
     if facts is None:
@@ -75,7 +75,7 @@ def _device_reason(q) -> str | None:
     reason = facts_reason(SPEC, facts) or dtype_reason(SPEC, q)
     if reason:
         return reason
-    D, hi = q.shape[-1], 256 if cc[0] == 9 else 128
+    D, hi = q.shape[-1], facts["fa4"]["head_dim_limit"]
     if not (8 <= D <= hi and D % 8 == 0):
         return f"FA4 on SM{cc[0]}{cc[1]} needs head_dim in [8, {hi}] divisible by 8, got {D}"
     return None

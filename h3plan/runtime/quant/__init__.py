@@ -2,8 +2,8 @@
 
 Only the six block linears are quantised; the AdaLN projections (`adaln_proj`), norms, input/output
 heads (`proj_in`, `proj_out`, audio heads), the timestep MLP and the token refiner keep diffusers'
-dtypes. FP8: h3plan.runtime.quant.fp8 (SM89+ GEMM, CPU emulation). NVFP4: h3plan.runtime.quant.nvfp4 (SM100+ GEMM,
-never run on hardware; emulated elsewhere).
+dtypes. FP8: h3plan.runtime.quant.fp8 (GEMM where hardware.gemm.fp8, CPU emulation). NVFP4:
+h3plan.runtime.quant.nvfp4 (GEMM where hardware.gemm.nvfp4, never run on hardware; emulated elsewhere).
 """
 
 from __future__ import annotations

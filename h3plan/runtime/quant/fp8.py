@@ -23,7 +23,7 @@ A user's already-quantised checkpoint (e4m3 weight + weight_scale as a scalar, (
 into the same module with `FP8Linear.from_quantized`. State-dict keys: `weight` (e4m3), `weight_scale`
 (fp32), `bias` if any.
 
-Per call, `fp8_gemm_reason(x)` decides: CUDA SM89+, bf16/fp16 input, K and N multiples of 16, no
+Per call, `fp8_gemm_reason(x)` decides: CUDA with hardware.gemm.fp8, bf16/fp16 input, K and N multiples of 16, no
 autograd. Otherwise the call falls back (counted under `gemm_quant` with the reason) to an emulation of
 the same numerics: the activation is quantised the same way, both operands are dequantised to fp32,
 multiplied in fp32 and rounded once to the output dtype. So CPU runs measure the recipe's error; they
@@ -42,6 +42,7 @@ from h3plan.runtime.guards import GRAD_REASON, needs_grad
 
 from h3plan.runtime.kernels.fp8 import E4M3, E4M3_MAX, amax, quantize, quantize_check, quantize_ref
 from h3plan.runtime.parallel.comm import amax_allreduce_hook, degree_rank
+from h3plan.facts.hardware import gemm_reason
 from h3plan.facts.sizes import valid_rows
 
 LEVER = "gemm_quant"
@@ -133,9 +134,9 @@ class SequenceAmax:
 def fp8_gemm_reason(x: torch.Tensor, n_out: int) -> str | None:
     if x.device.type != "cuda":
         return f"FP8 GEMM needs CUDA (input on {x.device.type})"
-    cc = torch.cuda.get_device_capability(x.device)
-    if cc < (8, 9):
-        return f"FP8 GEMM needs SM89+ (device is SM{cc[0]}{cc[1]})"
+    reason = gemm_reason("fp8", torch.cuda.get_device_capability(x.device))
+    if reason:
+        return reason
     if x.dtype not in (torch.bfloat16, torch.float16):
         return f"FP8 GEMM takes bf16/fp16 activations, got {x.dtype}"
     if x.shape[-1] % 16 or n_out % 16:

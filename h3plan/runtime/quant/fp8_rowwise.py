@@ -4,7 +4,7 @@
         out = (codes * row_descale) @ (lin.weight * lin.weight_scale).T + lin.bias, rounded once to bf16
 
 codes (..., K) e4m3 and row_descale (..., 1) fp32 come from h3plan.runtime.kernels.fp8_producers (row r of the
-activation ~= codes[r] * row_descale[r]). On CUDA SM89+ (bf16 output, K and N multiples of 16) this is
+activation ~= codes[r] * row_descale[r]). On CUDA with hardware.gemm.fp8 (bf16 output, K and N multiples of 16) this is
 torch's rowwise-scaled FP8 GEMM, `torch._scaled_mm(codes (M, K), weight.t(),
 scale_a=row_descale (M, 1), scale_b=weight_scale (1, N), bias, out_dtype=bf16)` (torch 2.11 runs it on
 SM90; float16 output and bias since torch 2.10, pytorch#166744: the VAE's FP8 decoder GEMMs, h3plan/install/vae/fp8.py);
@@ -38,6 +38,7 @@ from typing import NamedTuple
 import torch
 
 from h3plan.errors import UsageError
+from h3plan.facts.hardware import gemm_reason
 from h3plan.runtime.kernels.fp8 import E4M3
 from h3plan.runtime.kernels.fp8_producers import cast_rows_fp8, cast_rows_fp8_check, cast_rows_fp8_ref
 from h3plan.runtime.counters import fallback as count_fallback, fused as count_fused
@@ -82,9 +83,9 @@ def rowwise_gemm_reason(codes: torch.Tensor, lin: FP8Linear, out_dtype=torch.bfl
     """None when torch._scaled_mm's rowwise GEMM takes these operands, else the one-line reason."""
     if codes.device.type != "cuda":
         return f"FP8 GEMM needs CUDA (input on {codes.device.type})"
-    cc = torch.cuda.get_device_capability(codes.device)
-    if cc < (8, 9):
-        return f"FP8 GEMM needs SM89+ (device is SM{cc[0]}{cc[1]})"
+    reason = gemm_reason("fp8", torch.cuda.get_device_capability(codes.device))
+    if reason:
+        return reason
     if out_dtype not in (torch.bfloat16, torch.float16):
         return f"torch's rowwise-scaled FP8 GEMM writes bf16 or float16, asked for {out_dtype}"
     if out_dtype == torch.float16 and torch.torch_version.TorchVersion(torch.__version__) < FP16_OUT_TORCH:

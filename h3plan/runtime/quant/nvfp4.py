@@ -20,7 +20,7 @@ The GEMM (`_gemm`, SM100+): torch._scaled_mm(codes_x (M, K/2) float4_e2m1fn_x2 r
 column-major, scale_a / scale_b the swizzled e4m3 block scales (flat, 128 x ceil(K/64)*4 per 128 rows:
 torch/_meta_registrations.py `_check_scaled_mm_sizes` for float8_e4m3fn scales), out_dtype float32); then
 x (g_x * g_w), + bias, one rounding. The fp32 output is what torchao's NVFP4 matmul asks for with fp32
-inputs. Every other device runs `emulate`, counted under `gemm_quant` with the reason (SM100_REASON): the
+inputs. Every other device runs `emulate`, counted under `gemm_quant` with the reason (hardware.gemm.nvfp4): the
 same codes and block scales dequantised to fp32 (exact: an e2m1 value times an e4m3 scale has at most 5
 significant bits), an fp32 matmul, then the same global-scale product, bias and rounding -- so only the
 tensor-core product (its accumulation order) is untested. tests/install/test_install_nvfp4.py checks the
@@ -36,12 +36,12 @@ import torch.nn as nn
 
 from h3plan.runtime.kernels.nvfp4 import (BLOCK, E4M3, blocked_numel, cast_nvfp4, cast_nvfp4_check, cast_nvfp4_ref,
                                   dequantize_ref, from_blocked, quantize_ref, to_blocked)
+from h3plan.facts.hardware import gemm_reason
 from h3plan.runtime.counters import fallback as count_fallback, fused as count_fused
 from h3plan.runtime.guards import GRAD_REASON, needs_grad
 
 from . import fp8 as _fp8
 
-SM100_REASON = "NVFP4 GEMMs need SM100+"
 LEVER = "gemm_quant"
 OUT_LEVER = "nvfp4_out_quant"  # the linear's own input cast through the Triton kernel (to_out.0)
 _SHARED_KEY = "nvfp4_codes"  # h3plan.runtime.quant.fp8.shared_activation's cache entry (to_q/k/v on one input)
@@ -60,8 +60,10 @@ class NVFP4Codes(NamedTuple):
 
 def nvfp4_gemm_reason(packed: torch.Tensor, lin: "NVFP4Linear", out_dtype=torch.bfloat16) -> str | None:
     """None when torch._scaled_mm's NVFP4 GEMM takes these operands, else the one-line reason."""
-    if packed.device.type != "cuda" or torch.cuda.get_device_capability(packed.device)[0] < 10:
-        return SM100_REASON
+    cuda = packed.device.type == "cuda"
+    reason = gemm_reason("nvfp4", torch.cuda.get_device_capability(packed.device) if cuda else None)
+    if reason:
+        return reason
     if out_dtype not in (torch.bfloat16, torch.float16):
         return f"NVFP4 GEMM output must be bf16/fp16, asked for {out_dtype}"
     if not hasattr(torch, "float4_e2m1fn_x2"):
@@ -200,5 +202,5 @@ def check_scales(scales: torch.Tensor, rows: int, K: int) -> str | None:
     return None
 
 
-__all__ = ["LEVER", "NVFP4Codes", "NVFP4Linear", "OUT_LEVER", "SM100_REASON", "check_scales", "emulate",
+__all__ = ["LEVER", "NVFP4Codes", "NVFP4Linear", "OUT_LEVER", "check_scales", "emulate",
            "nvfp4_gemm_reason", "nvfp4_linear_codes", "quantize_input", "scaled_mm_args"]
