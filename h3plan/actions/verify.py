@@ -52,6 +52,7 @@ from h3plan.facts.hardware import gemm_reason
 from .pipeline_build import build_vae
 from .verify_step_cache import check as check_step_cache
 
+
 def platform_limits() -> tuple[str, ...]:
     """A fallback reason starting with one of these is a platform limit: the lever's counted emulation ran."""
     return ("FP8 GEMM needs CUDA", gemm_reason("fp8", None), gemm_reason("nvfp4", None), "CUDA graphs need a CUDA device")
