@@ -324,7 +324,7 @@ def measure_decode(torch, cfg, plan, quick: bool, replan) -> list[dict]:
         out.append({"precision": precision, "tiles": tiles, "latent": latent, "seconds": round(ms / 1e3, 3),
                     "source": "action=tune: vae.decode of a seeded real-width VAE, that plan's decode levers installed "
                               "(the video decode only; the audio decode not counted)"})
-    del vae
+    vae = z = None  # the seeded VAE freed before the next measurement
     torch.cuda.empty_cache()
     return out
 

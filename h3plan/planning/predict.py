@@ -100,7 +100,7 @@ def call(sections: Mapping[str, Any], sequence: Mapping[str, Any], shp: Mapping[
 
 def cheapest_cut(sections, sequence, shp, part: str, settings: Mapping[str, str], fwd: Mapping[str, Any]) -> str:
     """The cheapest lever (least quality cost) that cuts `part`, with its predicted time and that cost."""
-    hw, recipe = sections["hardware"], sections["recipe"]
+    hw = sections["hardware"]
     if part == "decode" and settings["vae_precision"] == "fp32":
         s, _ = decode(sections, sequence, "fp16", "default")
         q = [p for p in hw["measured"].get("vae_precision") or () if p["precision"] == "fp16"]

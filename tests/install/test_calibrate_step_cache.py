@@ -3,7 +3,6 @@ diffusers' pipe(...) against the uncached frames; the fastest inside recipe.cach
 installs; a budget nothing meets writes nothing and says so in one line."""
 
 import pytest
-import torch
 from install_helpers import tiny_model
 
 from h3plan.actions import calibrate as action
