@@ -50,6 +50,7 @@ from h3plan.runtime.guards import needs_grad
 
 from . import adaln_temb
 from .components import TRANSFORMERS, is_pipeline
+from .lora import AFTER
 from .parking import park
 
 LEVER = "adaln_table"
@@ -176,16 +177,23 @@ def modulation(linear: torch.nn.Linear, temb: torch.Tensor) -> torch.Tensor:
     return torch.ops.h3plan.adaln_table(temb, w, b)
 
 
+def _tabled(linear):
+    """The tabled nn.Linear itself; PEFT layers wrapped around it since install (a LoRA, install/lora.py) refuse."""
+    if type(linear) is not torch.nn.Linear:
+        raise InstallError(f"adaln_table: the tabled AdaLN linear is now {type(linear).__module__}.{type(linear).__name__}: {AFTER}")
+    return linear
+
+
 def tabled_modulation_forward(self, temb: torch.Tensor):
     """diffusers' MiniMaxH3AdaLayerNormModulation.forward, the projection from the table."""
-    temb = modulation(self.linear, temb)
+    temb = modulation(_tabled(self.linear), temb)
     temb = temb.view(-1, 6 * self.hidden_size)
     return temb.chunk(6, dim=-1)
 
 
 def tabled_norm_out_forward(self, hidden_states: torch.Tensor, temb: torch.Tensor, timestep_indices: torch.Tensor):
     """diffusers' MiniMaxH3AdaLayerNormOut.forward, the projection from the table."""
-    shift, scale = modulation(self.linear, temb).chunk(2, dim=-1)
+    shift, scale = modulation(_tabled(self.linear), temb).chunk(2, dim=-1)
     hidden_states = self.norm(hidden_states)
     return hidden_states * (1.0 + scale.index_select(0, timestep_indices)) + shift.index_select(0, timestep_indices)
 

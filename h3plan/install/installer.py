@@ -56,6 +56,7 @@ from .adaln_table import build as build_adaln_tables
 from .block import block_kernels, load_kernel, plan_block_forward
 from .builder import Builder
 from .fp8_rows import install_rows
+from .lora import guard as lora_guard, refuse_peft
 from .nvfp4_inputs import install_nvfp4
 from .parking import park
 from . import placement as _placement
@@ -448,7 +449,8 @@ def _placement_note(model, state) -> None:
         f"{listed} ({left / 2**30:.2f} GiB of them in state_dict()); uninstall moves everything back to the host")
 
 
-def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps=None, device=None) -> InstallReport:
+def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps=None, device=None,
+            adaln_conditions=None) -> InstallReport:
     """Install `plan` into a diffusers MiniMaxH3Transformer3DModel or AutoencoderKLMiniMaxH3; returns the
     InstallReport.
 
@@ -456,6 +458,8 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
     group: the torch.distributed group for Ulysses (None: the default group; not used by the VAE).
     num_inference_steps: step counts the adaln_table lever tables beside the plan's (an int or a list).
     device: move a model resting on the host there at install (module docstring); None: install where it is.
+    adaln_conditions: condition flags the adaln_table keys take over the plan's (a pipeline partition's own
+    workflows, install/workflows.py); None: the plan's.
     """
 
     is_vae = _vae.is_vae(model)
@@ -467,6 +471,8 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
 
         raise InstallError(f"install expects an h3plan Plan or a plan file path, got {type(plan).__name__}")
     check_model_facts(model, plan, "vae" if is_vae else "transformer")
+    if not is_vae:
+        refuse_peft(model)  # install/lora.py: merged weights only
     device = _placement.target(device)
     current = model.__dict__.get("_h3plan_state")
     if device is None and current is not None and current.placement is not None:
@@ -493,7 +499,8 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
             if builder.recorded("linears").get("adaln_table") is not None:  # install/adaln_table.py
 
                 steps = [num_inference_steps] if isinstance(num_inference_steps, int) else num_inference_steps
-                build_adaln_tables(model, builder.values["adaln_table"], state, lambda *a: _swap(state.report, *a), steps)
+                build_adaln_tables(model, {**builder.values["adaln_table"], **(adaln_conditions or {})}, state,
+                                   lambda *a: _swap(state.report, *a), steps)
             act_quant = install_rows(model, builder, state, lambda *a: _swap(state.report, *a))
             nvfp4 = install_nvfp4(model, builder, state, lambda *a: _swap(state.report, *a))
             shard = _processors(model, builder, state, group) if builder.recorded("attention") else None
@@ -502,6 +509,7 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
             _forwards(model, builder, state, shard, act_quant, nvfp4)
             if builder.values.get("compile") == "regional":
                 _compile(model, builder, state)
+            lora_guard(model, state)
     except BaseException:
         _undo(state)
         raise
