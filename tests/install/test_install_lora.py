@@ -66,6 +66,7 @@ def _same(a, b):
         torch.testing.assert_close(x, y, rtol=0, atol=0)
 
 
+@pytest.mark.slow  # runs the denoise loop
 def test_fused_lora_installs_like_any_checkpoint():
     pipe, ref, plain = _fused(_pipe()), _fused(_pipe()), _pipe()
     want = _latents(ref)
@@ -92,6 +93,7 @@ def test_peft_layers_at_install_are_refused(fuse):
     assert installed_plan(pipe.transformer) is None and installed_plan(pipe.vae) is None  # all or nothing
 
 
+@pytest.mark.slow  # runs the denoise loop
 def test_lora_loaded_after_install_is_refused_then_loads_after_uninstall():
     from h3plan.install.lora import peft_layers
 
@@ -108,6 +110,7 @@ def test_lora_loaded_after_install_is_refused_then_loads_after_uninstall():
     assert peft_layers(pipe.transformer)
 
 
+@pytest.mark.slow  # runs the denoise loop
 def test_peft_layers_injected_after_install_refuse_at_the_call():
     from peft import LoraConfig, inject_adapter_in_model
 
