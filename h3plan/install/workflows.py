@@ -23,6 +23,12 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 WORKFLOWS = {"transformer": ("t2va", "fl2va"), "transformer_ref": ("ref2va",)}
+
+
+def request_conditions(workflow: str, audio_references: bool = False) -> dict[str, bool]:
+    """The condition flags of one request of `workflow` (h3plan.prepare's keywords): fl2va's keyframes and ref2va's
+    image/video references are conditioning video rows; ref2va soundtracks reference audio rows."""
+    return {"condition_video": workflow != "t2va", "condition_audio": workflow == "ref2va" and audio_references}
 FORCED = {"transformer": {"condition_audio": False}, "transformer_ref": {"condition_video": True}}
 _WHY = {"condition_audio": "no workflow on it has reference audio rows",
         "condition_video": "ref2va always has conditioning video rows (image or video references)"}

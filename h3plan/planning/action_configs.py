@@ -118,6 +118,9 @@ class PipelineBenchConfig:
     reference: bool = True
     """Also run diffusers eager with a lossless plan's attention backend and VAE precision (the bitwise check)."""
     seed: int = 0
+    workflow: str = "t2va"
+    """The request's workflow: t2va (text only), fl2va (first and last keyframe, seeded images), ref2va (one seeded
+    image reference); one per run, its partition alone built (two real-width partitions do not fit one GPU)."""
 
 
 @dataclass
