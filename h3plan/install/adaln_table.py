@@ -23,7 +23,8 @@ memoised on the temb tensor while it is alive and unmodified, so the 51 linears 
 copy. A vector not in the table, or weights changed, moved or replaced since install, is a miss counted
 `adaln_table.fallback` with its reason and served exactly: the same GEMM on the weights as they are, streamed
 to temb's device (the block's 2 x 18 x hidden x time_embed_dim bytes over PCIe), and added to the table.
-Grad mode and autocast run that streamed eager expression outside the op (counted). A direct call of a
+Grad mode and autocast run that streamed eager expression outside the op (counted). PEFT layers wrapped around a
+tabled linear after install (a LoRA) make the call raise one InstallError line, never read the table (lora.py). A direct call of a
 parked linear streams its weights (counted). Compile: the op is opaque with a fake; the counters it
 records run at call time. The timestep embedding that makes temb runs as opaque ops too (install/adaln_temb.py), so
 a whole-model torch.compile keeps eager's temb bits and hits the table.

@@ -30,7 +30,7 @@ from h3plan.planner import Plan
 
 from .adaln_table import prepare, tables_of
 from .components import COMPONENTS, NO_LEVER, TRANSFORMERS, is_pipeline
-from .installer import install, installed_plan, uninstall
+from .installer import collect, install, installed_plan, uninstall
 from .placement import Placement, check, target, tensors
 from .workflows import table_conditions
 from .report import InstallReport
@@ -93,8 +93,6 @@ def recognise(pipe) -> None:
 
 def _table_option(plan, registry):
     """The plan's adaln_table install option (None: no table planned)."""
-    from .installer import collect
-
     return collect(plan, registry).recorded("linears").get("adaln_table")
 
 
