@@ -7,7 +7,11 @@ and `MiniMaxH3DecodeStep`, seeded random weights), called exactly as diffusers d
          generator=..., output_type="pt", output="videos")
 
 with no autocast and the VAE in its own dtype, for every row of one run on ONE pipeline (the settings switch in
-place: pipeline_settings.py):
+place: pipeline_settings.py). `bench.pipeline.workflow` picks the request: t2va (above), fl2va (`image` and
+`last_image`, seeded keyframes at the request's size) or ref2va (`references`: one seeded image reference, resized
+by diffusers to its 2048 px short edge), through diffusers' auto blocks less the text encoder step, the pipeline
+holding only the partition that workflow runs; the encodes are part of the call (in `rest`), S counts the
+conditioning rows (read from the first forward). Rows:
 - for each VAE precision in `bench.pipeline.vae` (auto: fp32, diffusers' default, plus every plan's own decode
   precision): diffusers eager, and diffusers' best (`compile_repeated_blocks(fullgraph=True)`; context parallel
   + compile at U > 1), the VAE cast as `from_pretrained(torch_dtype=...)` casts it;
@@ -30,7 +34,7 @@ Correctness: each row's frames against diffusers eager with the same VAE precisi
 a plan with a reference row: bitwise against it.
 
 Config: `video`; `bench.pipeline.{text_tokens, warmup, steps, rounds, decode_warmup, best, compile_backend,
-cp_backend, e2e_steps, layers, vae, plans, reference, seed}` (DEFAULTS; missing keys take them, so a plain dict
+cp_backend, e2e_steps, layers, vae, plans, reference, seed, workflow}` (DEFAULTS; missing keys take them, so a plain dict
 config works too); `bench.out_dir`, `bench.tag`.
 
 Output (rank 0), in bench.out_dir: pipeline-<tag>.json (one record per row, a new run appends), .md and .png
