@@ -309,6 +309,9 @@ def default_request(pipe) -> Request:
 
     h, w = resolve_canvas_size(16, 9, pipe.canvas_multiple, pipe.config.canvas_short_edge, pipe.config.canvas_max_pixels)
     frames = next(p.default for p in pipe._blocks.sub_blocks["denoise"].inputs if p.name == "num_frames")
+    if frames is None:  # the auto denoise step (workflow_blocks): its t2va branch's layout default
+        frames = next(p.default for p in pipe._blocks.sub_blocks["denoise"].sub_blocks["t2va"].inputs
+                      if p.name == "num_frames")
     return Request(int(h), int(w), int(frames))
 
 

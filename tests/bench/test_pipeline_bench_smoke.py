@@ -272,3 +272,17 @@ def test_ulysses_two_ranks_on_gloo(tmp_path):
     best = next(r for r in rows if r["setting"] == "best")
     assert best["error"].startswith("RuntimeError: diffusers' enable_parallelism needs an accelerator")
     assert [r["setting"] for r in rows][-1] == "best"  # context parallelism cannot be undone: last
+
+
+def test_workflow_pipeline_default_request_is_the_t2va_layouts():
+    """diffusers' auto denoise step declares no num_frames default (its branches do): the bench's default request
+    reads the t2va branch's, 124 frames, on the pipeline's own 16:9 canvas."""
+    pytest.importorskip("transformers", reason="diffusers' MiniMaxH3ModularPipeline imports transformers")
+    from omegaconf import OmegaConf
+
+    from h3plan.actions.pipeline_build import Request, build_pipeline, default_request, denoiser, workflow_blocks
+
+    cfg = [OmegaConf.load(os.path.join(ROOT, f)).diffusers_config for f in ("conf/model/h3_tiny.yaml", "conf/vae/h3_tiny_pipe.yaml")]
+    pipe = build_pipeline(*cfg, vae_name="h3_tiny_pipe", layers=1, blocks=workflow_blocks(), partitions=("transformer_ref",))
+    assert pipe.transformer is None and denoiser(pipe) is pipe.transformer_ref is denoiser(pipe, "ref2va")
+    assert default_request(pipe) == Request(760, 1352, 124)  # 768 x 1344 rounded to the tiny canvas multiple 8
