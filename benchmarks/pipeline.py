@@ -2,6 +2,7 @@
 
     python benchmarks/pipeline.py recipe=fp8 --video 768x1344x124 --out benchmarks/results --tag h200
     python benchmarks/pipeline.py model=h3_tiny vae=h3_tiny_pipe --video 32x32x124 --out /tmp/r     # CPU smoke
+    python benchmarks/pipeline.py --workflow ref2va --video 768x1344x124 --out benchmarks/results --tag h200
 
 Positional arguments are Hydra overrides of the packaged config (hardware, recipe, parallel, model, vae,
 levers.*); the options below are `video` and `bench.pipeline.*` of
@@ -41,6 +42,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-best", action="store_true", help="skip diffusers' best setting")
     ap.add_argument("--stock-bits", action="store_true", help="also time the stock-bits plan (the lossless plan with "
                                                                "levers.attention=sdpa, diffusers' default attention)")
+    ap.add_argument("--workflow", help="t2va (default), fl2va (first and last keyframe) or ref2va (one image reference)")
     a = ap.parse_args(argv)
 
     from omegaconf import OmegaConf
@@ -51,7 +53,7 @@ def main(argv=None) -> int:
     from h3plan.planner import resolve
 
     pipeline = {k: getattr(a, k) for k in ("steps", "warmup", "rounds", "decode_warmup", "text_tokens", "layers",
-                                           "e2e_steps", "compile_backend", "cp_backend", "vae", "plans")
+                                           "e2e_steps", "compile_backend", "cp_backend", "vae", "plans", "workflow")
                 if getattr(a, k) is not None}
     if a.no_reference:
         pipeline["reference"] = False

@@ -1,6 +1,9 @@
 """diffusers' MiniMaxH3ModularPipeline assembled from local components with seeded random weights (no download).
 
-Scope: the `t2va` request without its text encoder, the form a user with precomputed embeddings runs:
+Scope: the requests without the text encoder, the form a user with precomputed embeddings runs. `workflow_blocks()`
+with `partitions=("transformer", "transformer_ref")` gives all three workflows (t2va, fl2va, ref2va: diffusers'
+auto blocks less the text encoder step; `workflow_inputs` the seeded keyframes and references). By default the
+`t2va` request:
 diffusers' own `MiniMaxH3CoreDenoiseStep` (layout, noise, two schedules, the denoise loop, unpack) and
 `MiniMaxH3DecodeStep` (sub-blocks `video` and `audio`), as `SequentialPipelineBlocks.from_blocks_dict(...)
 .init_pipeline()` builds them, the components handed in with `update_components` (diffusers' documented
@@ -147,20 +150,76 @@ def pipeline_blocks():
                                                       "decode": MiniMaxH3DecodeStep()})
 
 
+WORKFLOWS = ("t2va", "fl2va", "ref2va")  # MiniMaxH3Blocks._workflow_map
+PARTITION_SEEDS = {"transformer": 0, "transformer_ref": 3}  # added to `seed` (vae +1, audio_vae +2)
+
+
+def workflow_blocks():
+    """diffusers' MiniMaxH3Blocks less its text encoder step (prompt_embeds given): before_encode, vae_encoder,
+    denoise and decode, each the auto block that picks t2va / fl2va / ref2va from the inputs (`image` /
+    `last_image`: fl2va; `references`: ref2va), as diffusers' own pipeline does."""
+    from diffusers.modular_pipelines import SequentialPipelineBlocks
+    from diffusers.modular_pipelines.minimax_h3 import modular_blocks_minimax_h3 as b
+
+    return SequentialPipelineBlocks.from_blocks_dict({
+        "before_encode": b.MiniMaxH3AutoBeforeEncodeStep(), "vae_encoder": b.MiniMaxH3AutoVaeEncoderStep(),
+        "denoise": b.MiniMaxH3AutoDenoiseStep(), "decode": b.MiniMaxH3DecodeStep()})
+
+
+def workflow_inputs(pipe, workflow: str, height: int, width: int, *, seed: int = 0, keyframes=("first",),
+                    audio_reference: bool = False) -> dict:
+    """Seeded media a `workflow` request passes beside the prompt: fl2va the keyframes (`image` first, `last_image`
+    last; PIL RGB at height x width), ref2va one image reference at height x width (the setup step resizes it to
+    the pipeline's reference_image_short_edge) and, with audio_reference, a 5 s stereo soundtrack at the audio VAE's
+    rate; t2va nothing."""
+    import numpy as np
+    from PIL import Image
+
+    if workflow not in WORKFLOWS:
+        raise UsageError(f"workflow={workflow!r}: expected one of {', '.join(WORKFLOWS)}")
+    rng = np.random.default_rng(seed)
+
+    def image():
+        return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+
+    if workflow == "fl2va":
+        if not keyframes or set(keyframes) - {"first", "last"}:
+            raise UsageError(f"keyframes={keyframes}: first and/or last")
+        return {k: image() for k, name in (("image", "first"), ("last_image", "last")) if name in keyframes}
+    if workflow == "ref2va":
+        import torch
+        from diffusers.modular_pipelines.minimax_h3.references import MiniMaxH3AudioReference, MiniMaxH3ImageReference
+
+        refs = [MiniMaxH3ImageReference(image())]
+        if audio_reference:
+            sr = pipe.audio_sampling_rate
+            audio = torch.from_numpy(rng.uniform(-0.5, 0.5, (pipe.audio_channels, 5 * sr)).astype(np.float32))
+            refs.append(MiniMaxH3AudioReference(audio, sample_rate=sr))
+        return {"references": refs}
+    return {}
+
+
 def build_pipeline(model_config: Mapping[str, Any], vae_config: Mapping[str, Any], *, vae_name: str = "h3",
                    layers: int | None = None, device="cpu", dtype="bf16", vae_dtype=None, seed: int = 0,
-                   blocks=None):
-    """A MiniMaxH3ModularPipeline on `device`; see the module docstring. blocks: other pipeline blocks to use."""
+                   blocks=None, partitions=("transformer",)):
+    """A MiniMaxH3ModularPipeline on `device`; see the module docstring. blocks: other pipeline blocks to use
+    (workflow_blocks(): all three workflows); partitions: the transformer components to build ("transformer",
+    "transformer_ref"), each seeded on its own (PARTITION_SEEDS)."""
     require_transformers()
     from diffusers import MiniMaxH3Scheduler
 
     from .inputs import build_model
 
     pipe = (blocks if blocks is not None else pipeline_blocks()).init_pipeline()
-    transformer = build_model(model_config, blocks=layers, device=device, dtype=dtype, seed=seed)
+    unknown = [p for p in partitions if p not in PARTITION_SEEDS]
+    if unknown or not partitions:
+        raise UsageError(f"partitions={list(partitions)}: one or both of {', '.join(PARTITION_SEEDS)}")
     vae = build_vae(vae_config, device=device, dtype=vae_dtype, seed=seed + 1)
-    components = dict(transformer=transformer, vae=vae, scheduler=MiniMaxH3Scheduler(shift=VIDEO_SHIFT),
+    components = dict(vae=vae, scheduler=MiniMaxH3Scheduler(shift=VIDEO_SHIFT),
                       audio_scheduler=MiniMaxH3Scheduler(shift=AUDIO_SHIFT))
+    for name in partitions:
+        components[name] = build_model(model_config, blocks=layers, device=device, dtype=dtype,
+                                       seed=seed + PARTITION_SEEDS[name])
     if "audio_vae" in pipe._component_specs:
         components["audio_vae"] = build_audio_vae(vae_name, device=device, seed=seed + 2)
     pipe.update_components(**{k: v for k, v in components.items() if k in pipe._component_specs})
@@ -172,7 +231,7 @@ def build_pipeline(model_config: Mapping[str, Any], vae_config: Mapping[str, Any
 
 
 def _shape_mismatch(pipe) -> str | None:
-    t = pipe.transformer.config
+    t = denoiser(pipe).config
     if pipe.vae.config.latent_channels != t.in_channels:
         return f"vae latent_channels {pipe.vae.config.latent_channels} != transformer in_channels {t.in_channels}"
     audio_vae = getattr(pipe, "audio_vae", None)
@@ -180,6 +239,15 @@ def _shape_mismatch(pipe) -> str | None:
         return (f"audio_vae latent_channels {audio_vae.config.latent_channels} != transformer audio_in_channels "
                 f"{t.audio_in_channels}")
     return None
+
+
+def denoiser(pipe, workflow: str | None = None):
+    """The transformer partition `workflow` runs against (None: whichever the pipeline holds, `transformer` first)."""
+    names = ("transformer_ref",) if workflow == "ref2va" else ("transformer",) if workflow else ("transformer", "transformer_ref")
+    for n in names:
+        if getattr(pipe, n, None) is not None:
+            return getattr(pipe, n)
+    raise UsageError(f"the pipeline holds no {' or '.join(names)} component" + (f" for {workflow}" if workflow else ""))
 
 
 def run_block(pipe, name: str, **inputs):
@@ -227,7 +295,7 @@ def prompt_inputs(pipe, text_tokens: int, *, seed: int = 0) -> dict:
 
     if text_tokens < 1:
         raise UsageError(f"text_tokens={text_tokens}: need at least one text row")
-    t = pipe.transformer
+    t = denoiser(pipe)
     g = torch.Generator("cpu").manual_seed(seed)
     dtype = next(p.dtype for n, p in t.named_parameters() if "transformer_blocks" in n)
     embeds = torch.randn(1, text_tokens, t.config.text_dim, generator=g).to(pipe._execution_device, dtype)
@@ -241,6 +309,9 @@ def default_request(pipe) -> Request:
 
     h, w = resolve_canvas_size(16, 9, pipe.canvas_multiple, pipe.config.canvas_short_edge, pipe.config.canvas_max_pixels)
     frames = next(p.default for p in pipe._blocks.sub_blocks["denoise"].inputs if p.name == "num_frames")
+    if frames is None:  # the auto denoise step (workflow_blocks): its t2va branch's layout default
+        frames = next(p.default for p in pipe._blocks.sub_blocks["denoise"].sub_blocks["t2va"].inputs
+                      if p.name == "num_frames")
     return Request(int(h), int(w), int(frames))
 
 

@@ -23,7 +23,8 @@ memoised on the temb tensor while it is alive and unmodified, so the 51 linears 
 copy. A vector not in the table, or weights changed, moved or replaced since install, is a miss counted
 `adaln_table.fallback` with its reason and served exactly: the same GEMM on the weights as they are, streamed
 to temb's device (the block's 2 x 18 x hidden x time_embed_dim bytes over PCIe), and added to the table.
-Grad mode and autocast run that streamed eager expression outside the op (counted). A direct call of a
+Grad mode and autocast run that streamed eager expression outside the op (counted). PEFT layers wrapped around a
+tabled linear after install (a LoRA) make the call raise one InstallError line, never read the table (lora.py). A direct call of a
 parked linear streams its weights (counted). Compile: the op is opaque with a fake; the counters it
 records run at call time. The timestep embedding that makes temb runs as opaque ops too (install/adaln_temb.py), so
 a whole-model torch.compile keeps eager's temb bits and hits the table.
@@ -51,6 +52,7 @@ from h3plan.runtime.guards import needs_grad
 
 from . import adaln_temb
 from .components import STATE, TRANSFORMERS, is_pipeline
+from .lora import AFTER
 from .parking import park
 
 LEVER = "adaln_table"
@@ -177,16 +179,23 @@ def modulation(linear: torch.nn.Linear, temb: torch.Tensor) -> torch.Tensor:
     return torch.ops.h3plan.adaln_table(temb, w, b)
 
 
+def _tabled(linear):
+    """The tabled nn.Linear itself; PEFT layers wrapped around it since install (a LoRA, install/lora.py) refuse."""
+    if type(linear) is not torch.nn.Linear:
+        raise InstallError(f"adaln_table: the tabled AdaLN linear is now {type(linear).__module__}.{type(linear).__name__}: {AFTER}")
+    return linear
+
+
 def tabled_modulation_forward(self, temb: torch.Tensor):
     """diffusers' MiniMaxH3AdaLayerNormModulation.forward, the projection from the table."""
-    temb = modulation(self.linear, temb)
+    temb = modulation(_tabled(self.linear), temb)
     temb = temb.view(-1, 6 * self.hidden_size)
     return temb.chunk(6, dim=-1)
 
 
 def tabled_norm_out_forward(self, hidden_states: torch.Tensor, temb: torch.Tensor, timestep_indices: torch.Tensor):
     """diffusers' MiniMaxH3AdaLayerNormOut.forward, the projection from the table."""
-    shift, scale = modulation(self.linear, temb).chunk(2, dim=-1)
+    shift, scale = modulation(_tabled(self.linear), temb).chunk(2, dim=-1)
     hidden_states = self.norm(hidden_states)
     return hidden_states * (1.0 + scale.index_select(0, timestep_indices)) + shift.index_select(0, timestep_indices)
 

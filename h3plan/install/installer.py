@@ -58,6 +58,7 @@ from .block import block_kernels, load_kernel, plan_block_forward
 from .builder import Builder
 from .components import STATE
 from .fp8_rows import install_rows
+from .lora import guard as lora_guard, refuse_peft
 from .nvfp4_inputs import install_nvfp4
 from .parking import park
 from . import placement as _placement
@@ -472,7 +473,7 @@ def _placement_note(model, state) -> None:
 
 
 def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps=None, device=None,
-            stand_in: bool = False) -> InstallReport:
+            stand_in: bool = False, adaln_conditions=None) -> InstallReport:
     """Install `plan` into a diffusers MiniMaxH3Transformer3DModel or AutoencoderKLMiniMaxH3; returns the
     InstallReport.
 
@@ -482,6 +483,8 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
     device: move a model resting on the host there at install (module docstring); None: install where it is.
     stand_in: the model is a few blocks of the plan's width, any count (verify and bench build them): its layer
     counts are not held to the plan's (otherwise more than the plan's is an InstallError, fewer a report note).
+    adaln_conditions: condition flags the adaln_table keys take over the plan's (a pipeline partition's own
+    workflows, install/workflows.py); None: the plan's.
     """
 
     is_vae = _vae.is_vae(model)
@@ -495,6 +498,8 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
     check_model_facts(model, plan, "vae" if is_vae else "transformer")
     steps = None if num_inference_steps is None else step_counts(num_inference_steps, "install")
     fewer = [] if stand_in else fewer_layers(model, plan, "vae" if is_vae else "transformer")
+    if not is_vae:
+        refuse_peft(model)  # install/lora.py: merged weights only
     device = _placement.target(device)
     current = model.__dict__.get(STATE)
     if device is None and current is not None and current.placement is not None:
@@ -520,7 +525,8 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
                 _quantize(model, builder, state)
             if builder.recorded("linears").get("adaln_table") is not None:  # install/adaln_table.py
 
-                build_adaln_tables(model, builder.values["adaln_table"], state, lambda *a: _swap(state.report, *a), steps)
+                build_adaln_tables(model, {**builder.values["adaln_table"], **(adaln_conditions or {})}, state,
+                                   lambda *a: _swap(state.report, *a), steps)
             act_quant = install_rows(model, builder, state, lambda *a: _swap(state.report, *a))
             nvfp4 = install_nvfp4(model, builder, state, lambda *a: _swap(state.report, *a))
             shard = _processors(model, builder, state, group) if builder.recorded("attention") else None
@@ -533,6 +539,7 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
                 steps = [num_inference_steps] if isinstance(num_inference_steps, int) else num_inference_steps
                 install_step_cache(model, builder.values["step_cache"], state, lambda *a: _swap(state.report, *a),
                                    group=getattr(shard, "group", None), steps=steps)
+            lora_guard(model, state)
     except BaseException:
         _undo(state)
         raise

@@ -4,7 +4,8 @@ A thin layer over installer.install / uninstall, nothing of its own: `install_pi
 recognises the pipeline (anything else is one InstallError line), then installs the plan into each loaded
 component in this order and returns one PipelineReport:
 - `transformer` and `transformer_ref` (the t2va/fl2va and ref2va checkpoint partitions; either may be
-  absent): the transformer levers, Ulysses with `group`;
+  absent): the transformer levers, Ulysses with `group`; each partition its own AdaLN tables, keyed for the
+  workflows it serves (workflows.py: ref2va's clean reference rows on `transformer_ref`);
 - `vae` (AutoencoderKLMiniMaxH3): the VAE levers (tiles, fused decoder ops, CUDA-graph replay);
 - `audio_vae` (AutoencoderKLMiniMaxH3Audio) is reported, never touched: a DAC encoder and a BigVGAN
   convolutional decoder, none of whose ops any h3plan lever targets.
@@ -29,8 +30,9 @@ from h3plan.planner import Plan
 
 from .adaln_table import prepare, tables_of
 from .components import COMPONENTS, NO_LEVER, TRANSFORMERS, is_pipeline
-from .installer import install, installed_plan, uninstall
+from .installer import collect, install, installed_plan, uninstall
 from .placement import Placement, check, target, tensors
+from .workflows import table_conditions
 from .report import InstallReport
 
 _STATE = "_h3plan_pipeline"
@@ -89,6 +91,11 @@ def recognise(pipe) -> None:
         raise InstallError(f"h3plan.install_pipeline supports diffusers' MiniMaxH3ModularPipeline only; got {name}")
 
 
+def _table_option(plan, registry):
+    """The plan's adaln_table install option (None: no table planned)."""
+    return collect(plan, registry).recorded("linears").get("adaln_table")
+
+
 def _move_whole(name, comp, device, report, moved) -> None:
     """A component without levers to the install device (placement.py), reported."""
     check(comp, device, name)
@@ -139,11 +146,17 @@ def install_pipeline(pipe, plan: Plan, group=None, *, registry=None, num_inferen
                 report.skipped[name] = "not loaded" if name in pipe.component_names else "not a component of these blocks"
                 continue
             was = installed_plan(comp)
+            conditions, note = {}, None
             try:
-                kw = {"group": group, "num_inference_steps": num_inference_steps} if name in TRANSFORMERS else {}
+                if name in TRANSFORMERS:
+                    conditions, note = table_conditions(name, _table_option(plan, registry))
+                kw = ({"group": group, "num_inference_steps": num_inference_steps, "adaln_conditions": conditions}
+                      if name in TRANSFORMERS else {})
                 report.reports[name] = install(comp, plan, registry=registry, device=device, stand_in=stand_in, **kw)
             except ValueError as e:  # the installer's one-line refusals (H3PlanError is a ValueError too)
                 raise InstallError(f"{name}: {e}") from e
+            if note and note not in report.reports[name].notes and tables_of(comp) is not None:
+                report.reports[name].notes.append(note)
             touched[name] = comp
             if was != plan:
                 fresh.append(comp)

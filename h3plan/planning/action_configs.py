@@ -144,6 +144,9 @@ class PipelineBenchConfig:
     """Also time the stock-bits plan: the (lossless) plan with levers.attention=sdpa, diffusers' default attention,
     whose frames must be diffusers eager's bit for bit."""
     seed: int = 0
+    workflow: str = "t2va"
+    """The request's workflow: t2va (text only), fl2va (first and last keyframe, seeded images), ref2va (one seeded
+    image reference); one per run, its partition alone built (two real-width partitions do not fit one GPU)."""
 
 
 @dataclass

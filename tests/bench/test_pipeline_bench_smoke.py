@@ -124,6 +124,29 @@ def test_lossy_plan_reports_psnr_and_a_second_run_appends(tmp_path):
     assert [r["setting"] for r in second] == ["eager", "plan", "reference"]
 
 
+@pytest.mark.slow
+def test_each_workflow_gets_its_own_run_with_its_encodes_and_rows(tmp_path):
+    """bench.pipeline.workflow=fl2va / ref2va: diffusers' auto blocks with the seeded keyframes / reference, the one
+    partition the workflow runs; S counts the conditioning rows (2 keyframes / 1 image reference at the 32 px
+    canvas: 16 rows each), the lossless plan bitwise against its reference, its AdaLN tables hit on every forward."""
+    runs = [{"overrides": ["levers.attention=sdpa", "levers.adaln_table=on"], "pipeline": dict(FAST, workflow=w)}
+            for w in ("fl2va", "ref2va")]
+    res = _bench(tmp_path, *runs)
+    assert res.returncode == 0 and res.stdout.count("RC 0") == 2, res.stdout[-2000:] + res.stderr[-3000:]
+    assert "[transformer_ref] skipped: not loaded" in res.stdout and "[transformer] skipped: not loaded" in res.stdout
+    doc = json.loads((tmp_path / "pipeline-cpu.json").read_text())
+    t2va_rows = 110 + 414 + 37 * 16
+    for run, (workflow, extra) in zip(doc["runs"], (("fl2va", 2 * 16), ("ref2va", 16))):
+        recs = [r for r in doc["records"] if r["run"] == run["run"]]
+        assert [r["setting"] for r in recs] == ["eager", "best", "plan", "reference"]
+        assert {r["workflow"] for r in recs} == {workflow} and {r["S"] for r in recs} == {t2va_rows + extra}
+        plan = recs[2]
+        assert plan["frames"]["bitwise"] is True and plan["frames"]["against"].startswith("eager with")
+        assert plan["counters"].get("adaln_table.fused") == 3 and not plan["counters"].get("adaln_table.fallback")
+    md = (tmp_path / "pipeline-cpu.md").read_text()
+    assert "ref2va 32x32x124" in md and "fl2va 32x32x124" in md
+
+
 def test_quality_closed_forms():
     import torch
 
@@ -148,7 +171,8 @@ def test_options_refuse_bad_values_in_one_line():
     for cfg, msg in (({"bench": {"pipeline": {"steps": 0}}}, "bench.pipeline.steps=0: must be an integer >= 1"),
                      ({"bench": {"pipeline": {"vae": "fp64"}}}, "bench.pipeline.vae=fp64: auto or a list of fp32, fp16, bf16"),
                      ({"bench": {"pipeline": {"reference": "yes"}}}, "bench.pipeline.reference=yes: true or false"),
-                     ({"video": "768x1344"}, "video='768x1344': expected HEIGHTxWIDTHxFRAMES")):
+                     ({"video": "768x1344"}, "video='768x1344': expected HEIGHTxWIDTHxFRAMES"),
+                     ({"bench": {"pipeline": {"workflow": "i2v"}}}, "bench.pipeline.workflow=i2v: one of t2va, fl2va, ref2va")):
         with pytest.raises(UsageError) as e:
             options(cfg)
         assert str(e.value).startswith(msg) and "\n" not in str(e.value)
@@ -268,3 +292,17 @@ def test_step_cache_row_times_the_whole_call(tmp_path):
     assert p["counters"]["step_cache.computed"] == 3 and p["counters"]["step_cache.skipped"] == 2
     assert any("3 of 5 forwards computed" in n for n in p["notes"]) and any(n.startswith("overhead check") for n in p["notes"])
     assert p["speedup_vs_best_fp32"] is not None
+
+
+def test_workflow_pipeline_default_request_is_the_t2va_layouts():
+    """diffusers' auto denoise step declares no num_frames default (its branches do): the bench's default request
+    reads the t2va branch's, 124 frames, on the pipeline's own 16:9 canvas."""
+    pytest.importorskip("transformers", reason="diffusers' MiniMaxH3ModularPipeline imports transformers")
+    from omegaconf import OmegaConf
+
+    from h3plan.actions.pipeline_build import Request, build_pipeline, default_request, denoiser, workflow_blocks
+
+    cfg = [OmegaConf.load(os.path.join(ROOT, f)).diffusers_config for f in ("conf/model/h3_tiny.yaml", "conf/vae/h3_tiny_pipe.yaml")]
+    pipe = build_pipeline(*cfg, vae_name="h3_tiny_pipe", layers=1, blocks=workflow_blocks(), partitions=("transformer_ref",))
+    assert pipe.transformer is None and denoiser(pipe) is pipe.transformer_ref is denoiser(pipe, "ref2va")
+    assert default_request(pipe) == Request(760, 1352, 124)  # 768 x 1344 rounded to the tiny canvas multiple 8

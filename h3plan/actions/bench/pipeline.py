@@ -7,7 +7,11 @@ and `MiniMaxH3DecodeStep`, seeded random weights), called exactly as diffusers d
          generator=..., output_type="pt", output="videos")
 
 with no autocast and the VAE in its own dtype, for every row of one run on ONE pipeline (the settings switch in
-place: pipeline_settings.py):
+place: pipeline_settings.py). `bench.pipeline.workflow` picks the request: t2va (above), fl2va (`image` and
+`last_image`, seeded keyframes at the request's size) or ref2va (`references`: one seeded image reference, resized
+by diffusers to its 2048 px short edge), through diffusers' auto blocks less the text encoder step, the pipeline
+holding only the partition that workflow runs; the encodes are part of the call (in `rest`), S counts the
+conditioning rows (read from the first forward). Rows:
 - for each VAE precision in `bench.pipeline.vae` (auto: fp32, diffusers' default, plus every plan's own decode
   precision): diffusers eager, and diffusers' best (`compile_repeated_blocks(fullgraph=True)`; context parallel
   + compile at U > 1), the VAE cast as `from_pretrained(torch_dtype=...)` casts it;
@@ -32,7 +36,7 @@ Correctness: each row's frames against diffusers eager with the same VAE precisi
 a plan with a reference row: bitwise against it.
 
 Config: `video`; `bench.pipeline.{text_tokens, warmup, steps, rounds, decode_warmup, best, compile_backend,
-cp_backend, e2e_steps, layers, vae, plans, reference, seed}` (DEFAULTS; missing keys take them, so a plain dict
+cp_backend, e2e_steps, layers, vae, plans, reference, seed, workflow}` (DEFAULTS; missing keys take them, so a plain dict
 config works too); `bench.out_dir`, `bench.tag`.
 
 Output (rank 0), in bench.out_dir: pipeline-<tag>.json (one record per row, a new run appends), .md and .png
@@ -59,8 +63,9 @@ from h3plan.install.step_cache import calls as cache_calls
 from h3plan.runtime.counters import counters, reset_counters
 
 from ..quality import compare
-from ..pipeline_build import (Request, build_pipeline, default_request, default_steps, prompt_inputs,
-                              require_transformers, resolved, sequence_length)
+from ..pipeline_build import (WORKFLOWS, Request, build_pipeline, default_request, default_steps, denoiser,
+                              prompt_inputs, require_transformers, resolved, sequence_length, workflow_blocks,
+                              workflow_inputs)
 from . import pipeline_records as records
 from .harness import (CPU_MAX_HIDDEN, HOST_CLOCK_NOTE, Output, Session, device_name, device_tag, run_meta,
                       sigterm_as_interrupt)
@@ -106,6 +111,8 @@ class PipelineBenchOptions:
     reference: bool
     stock_bits: bool
     seed: int
+    workflow: str
+    """t2va | fl2va | ref2va: the request's workflow (its media from pipeline_build.workflow_inputs)."""
     out_dir: str
     tag: str | None
 
@@ -155,6 +162,8 @@ def options(cfg, plan=None) -> PipelineBenchOptions:
     for key in ("best", "reference", "stock_bits"):
         if not isinstance(vals[key], bool):
             raise UsageError(f"bench.pipeline.{key}={vals[key]}: true or false")
+    if vals["workflow"] not in WORKFLOWS:
+        raise UsageError(f"bench.pipeline.workflow={vals['workflow']}: one of {', '.join(WORKFLOWS)}")
     video = _get(cfg, "video")
     seq = plan.derived_value("sequence") if plan is not None else None
     if hasattr(video, "keys"):  # the `video` config group
@@ -236,14 +245,22 @@ class _Session(Session):
         super().__init__(torch, device, opts, progress)
         self.pipe, self.request = pipe, request
         self.prompt = prompt_inputs(pipe, opts.text_tokens, seed=opts.seed)
+        self.media = workflow_inputs(pipe, opts.workflow, request.height, request.width, seed=opts.seed,
+                                     keyframes=("first", "last"))
         self.fw = ForwardTimer(torch, device.type == "cuda")
-        t = pipe.transformer
-        self.handles = [t.register_forward_pre_hook(self.fw.pre), t.register_forward_hook(self.fw.post)]
+        self.S = None  # the packed rows of the call's forwards (keyframe / reference rows included)
+        t = denoiser(pipe, opts.workflow)
+        self.handles = [t.register_forward_pre_hook(self.fw.pre), t.register_forward_hook(self.fw.post),
+                        t.register_forward_pre_hook(self._rows, with_kwargs=True)]
         self.calls = opts.warmup + opts.steps
         _, latent_frames, _ = resolved(pipe, request)
         r = pipe.vae_spatial_compression_ratio
         frames = warm_latent_frames(pipe.vae, latent_frames)
         self.warm_shape = (1, pipe.vae.config.latent_channels, frames, request.height // r, request.width // r)
+
+    def _rows(self, module, args, kwargs):
+        rows = [kwargs.get(k) for k in ("hidden_states", "audio_hidden_states", "encoder_hidden_states")]
+        self.S = sum(int(t.shape[1]) for t in rows if t is not None)
 
     def warm_decode(self):
         """One untimed decode of a short latent with the request's tile and clip shapes (see the module doc)."""
@@ -263,7 +280,7 @@ class _Session(Session):
         fw.sync()
         t0 = time.perf_counter()
         try:
-            frames = self.pipe(**self.prompt, height=r.height, width=r.width, num_frames=r.num_frames,
+            frames = self.pipe(**self.prompt, **self.media, height=r.height, width=r.width, num_frames=r.num_frames,
                                num_inference_steps=calls + 1, output_type="pt", output="videos",
                                generator=self.torch.Generator("cpu").manual_seed(self.opts.seed))
             fw.sync()
@@ -420,7 +437,8 @@ def _rows(pipe, specs, opts, degree, S, group, progress) -> list[_Row]:
             s = Best(pipe, degree, S, opts, v, shared)
             shared = shared or s
         elif kind == "plan":
-            s = PlanSetting(pipe, p, group, progress, num_inference_steps=opts.warmup + opts.steps + 1)
+            s = PlanSetting(pipe, p, group, progress, num_inference_steps=opts.warmup + opts.steps + 1,
+                            workflow=opts.workflow)
         else:
             s = Reference(pipe, p)
             s.of = rows[-1].setting  # the plan row right before it (row_specs' order)
@@ -446,6 +464,7 @@ def _record(torch, device, run_id, request, S, degree, layers, n_sched, steps_e2
     plan = getattr(s, "plan", None)
     rec = records.CallRecord(
         run=run_id, video=request.label, S=S, gpus=degree, setting=s.name, label=row_label_of(s), vae=s.vae,
+        workflow=opts.workflow,
         forward_s=fwd, rest_s=rest, wall_s=(rest + sum(row.forwards) if rest is not None else None),
         e2e_s=records.e2e(steps_e2e, fwd, rest), steps_e2e=steps_e2e, forwards_s=list(row.forwards),
         first_forward_s=row.first, peak_gib=row.peak_gib, counters=row.counters or {}, device=device_name(torch, device),
@@ -489,19 +508,27 @@ def _record(torch, device, run_id, request, S, degree, layers, n_sched, steps_e2
 def _measure(torch, cfg, plans, opts, device, rank, group, progress, write) -> int:
     plan = plans[0]
     degree = int(plan.get("parallel").get("ulysses", 1))
+    if opts.workflow != "t2va" and degree > 1:
+        raise UsageError(f"bench.pipeline.workflow={opts.workflow} runs on one GPU for now (parallel=u1); the t2va "
+                         "request runs at any Ulysses degree")
+    wf = {} if opts.workflow == "t2va" else {  # t2va: the core denoise step alone, as before
+        "blocks": workflow_blocks(), "partitions": ("transformer_ref",) if opts.workflow == "ref2va" else ("transformer",)}
     pipe = build_pipeline(cfg["model"]["diffusers_config"], cfg["vae"]["diffusers_config"], vae_name=cfg["vae"]["name"],
-                          layers=opts.layers, device=device, dtype="bf16", seed=opts.seed)
+                          layers=opts.layers, device=device, dtype="bf16", seed=opts.seed, **wf)
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the fp32 staging of the seeded weights
     request = Request.parse(opts.video) if opts.video else default_request(pipe)
-    S = sequence_length(pipe, request, opts.text_tokens)
+    S = sequence_length(pipe, request, opts.text_tokens)  # t2va's rows; the first call counts the workflow's own
     _check_size(cfg, device, S, request.label)
+    if opts.workflow == "ref2va" and device.type != "cuda":  # the smoke form: the reference at the canvas, not 2048 px
+        pipe.register_to_config(reference_image_short_edge=min(request.height, request.width))
     n_sched, steps_e2e = default_steps(pipe)
     if opts.e2e_steps is not None:
         n_sched, steps_e2e = None, opts.e2e_steps
-    layers = len(pipe.transformer.transformer_blocks)
+    layers = len(denoiser(pipe, opts.workflow).transformer_blocks)
     run_id = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
-    progress.write(f"request {request.label}: {S:,} tokens ({opts.text_tokens} text), {layers} layers, {degree} GPU(s)")
+    progress.write(f"request {request.label} ({opts.workflow}): {S:,} tokens without conditioning rows "
+                   f"({opts.text_tokens} text), {layers} layers, {degree} GPU(s)")
     s = _Session(torch, pipe, request, opts, device, progress)
     s.full_forwards = steps_e2e
     rows = _rows(pipe, row_specs(plans, opts, degree), opts, degree, S, group, progress)
@@ -520,12 +547,12 @@ def _measure(torch, cfg, plans, opts, device, rank, group, progress, write) -> i
                     progress.write(f"{row_label_of(row.setting)} ({row.setting.vae}): failed: {row.error}")
                     failed += row.setting.name in ("eager", "plan")
                 if rank == 0:
-                    write([_record(torch, device, run_id, request, S, degree, layers, n_sched, steps_e2e, opts, r, rows)
+                    write([_record(torch, device, run_id, request, s.S or S, degree, layers, n_sched, steps_e2e, opts, r, rows)
                            for r in rows if r.walls or r.error])
     finally:
         s.close()
         if rank == 0:
-            write([_record(torch, device, run_id, request, S, degree, layers, n_sched, steps_e2e, opts, r, rows)
+            write([_record(torch, device, run_id, request, s.S or S, degree, layers, n_sched, steps_e2e, opts, r, rows)
                    for r in rows if r.walls or r.error])
     return failed
 

@@ -67,6 +67,9 @@ class CallRecord:
     config: str = ""
     notes: list = field(default_factory=list)
     error: str | None = None
+    workflow: str = "t2va"
+    """The request's workflow (t2va, fl2va: first and last keyframe, ref2va: one image reference); the call
+    includes its encodes (in rest_s) and S its conditioning rows."""
 
 
 def e2e(steps: int, forward_s: float | None, rest_s: float | None) -> float | None:
@@ -80,7 +83,7 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 def record_key(r: Mapping) -> tuple:
-    return (r["run"], r["setting"], r["label"], r["vae"])
+    return (r["run"], r.get("workflow", "t2va"), r["setting"], r["label"], r["vae"])
 
 
 FILE = ResultsFile(SCHEMA_VERSION, REQUIRED_KEYS, record_key, "a pipeline (user call) benchmark file", kind=KIND,
@@ -152,14 +155,17 @@ COLUMN_NOTES = """\
   width=..., num_frames=..., num_inference_steps=N, output_type="pt", output="videos")` on diffusers'
   `MiniMaxH3ModularPipeline` blocks (`MiniMaxH3CoreDenoiseStep` + `MiniMaxH3DecodeStep`: the video and the
   audio decode), seeded random weights, the same request and seed, one process, one transformer instance. No
-  autocast anywhere: the VAE decodes in its own dtype, as diffusers' decode step runs it.
+  autocast anywhere: the VAE decodes in its own dtype, as diffusers' decode step runs it. A run's **workflow**:
+  t2va as above; fl2va (first and last seeded keyframe) and ref2va (one seeded image reference) through diffusers'
+  auto blocks less the text encoder step, the keyframe / reference encode part of the call, against the one
+  partition the workflow runs (`transformer` / `transformer_ref`).
 - **VAE**: fp32 is diffusers' default (the released checkpoint); fp16 / bf16 is the VAE cast as
   `from_pretrained(torch_dtype=...)` casts it (eager, best) or the plan's `vae_precision` (plan).
 - **eager**: diffusers as it ships. **best**: `transformer.compile_repeated_blocks(fullgraph=True)` (context
   parallel + compile on several GPUs). **plan**: `h3plan.install(pipe, plan)`. **reference**: diffusers eager with
   the plan's attention backend and VAE precision, for the bitwise check.
 - **forward s**: median transformer forward (CUDA events), the first forwards of the call dropped (compile, JIT).
-  **rest s**: the call's wall clock minus its forwards (decodes, scheduler, layout). **E2E s** = steps x forward +
+  **rest s**: the call's wall clock minus its forwards (encodes, decodes, scheduler, layout). **E2E s** = steps x forward +
   rest: one generation at the pipeline's default `num_inference_steps` (49 forwards), text encoder excluded.
 - **vs eager / vs best**: E2E ratio against diffusers eager / best with the same VAE; **vs best (fp32 VAE)**:
   against diffusers' best with its default VAE.
@@ -177,7 +183,8 @@ def render_markdown(doc: Mapping) -> str:
     for run in _runs(recs):
         rows = [r for r in recs if r["run"] == run]
         r0 = rows[0]
-        out += [f"## Run {run}: {r0['video']} ({r0['S']:,} tokens), {r0['gpus']} GPU(s), {r0.get('layers')} layers, "
+        out += [f"## Run {run}: {r0.get('workflow', 't2va')} {r0['video']} ({r0['S']:,} tokens), {r0['gpus']} GPU(s), "
+                f"{r0.get('layers')} layers, "
                 f"{r0['steps_e2e']} forwards end to end", ""]
         out += md_table(RECORD_COLUMNS, rows, lead=2) + [""]
         for r in rows:

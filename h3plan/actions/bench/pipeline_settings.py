@@ -1,5 +1,5 @@
 """The settings of the pipeline bench, each switched in place on the ONE pipeline they share (one pipeline in
-memory for the whole run: pipeline.py). `enter()` before a setting's turn, `exit()` after it, leaving the modules as
+memory for the whole run, holding the one transformer partition its workflow runs: pipeline.py). `enter()` before a setting's turn, `exit()` after it, leaving the modules as
 diffusers built them (except Best at U > 1, which diffusers cannot undo and the bench runs last):
 - Eager(vae): diffusers as it ships, the VAE in `vae` (fp32: as built; fp16 / bf16: cast the way
   `from_pretrained(torch_dtype=...)` casts it, `_keep_in_fp32_modules` kept, and cast back on exit).
@@ -19,8 +19,10 @@ from __future__ import annotations
 from h3plan.install import install, uninstall
 from h3plan.install.adaln_table import prepare
 from h3plan.install.pipeline import install_pipeline, uninstall_pipeline
+from h3plan.install.workflows import request_conditions
 from h3plan.install.vae.weights import DTYPES, PrecisionCast
 
+from ..pipeline_build import denoiser
 from .diffusers_best import compile_call, regional_compile
 from .harness import plan_label, same_backend_plan
 
@@ -83,15 +85,16 @@ class Eager(Setting):
 class PlanSetting(Setting):
     name = "plan"
 
-    def __init__(self, pipe, plan, group, progress, num_inference_steps=None):
+    def __init__(self, pipe, plan, group, progress, num_inference_steps=None, workflow="t2va"):
         self.pipe, self.plan, self.group, self.progress, self.report = pipe, plan, group, progress, None
         self.label, self.vae = row_label(plan), plan_precision(plan)
         self.steps = num_inference_steps  # the bench's short calls: their timesteps join an adaln table too
+        self.workflow = workflow  # and the rows of its request (keyframes, references: install/workflows.py)
 
     def enter(self):
         report = install_pipeline(self.pipe, self.plan, group=self.group)
         if self.steps is not None:
-            prepare(self.pipe, num_inference_steps=self.steps)
+            prepare(self.pipe, num_inference_steps=self.steps, **request_conditions(self.workflow))
         if self.report is None:
             self.progress.write(str(report))
         self.report = report
@@ -112,12 +115,12 @@ class Reference(Setting):
         self._cast = VaeCast(pipe, self.vae)
 
     def enter(self):
-        install(self.pipe.transformer, self.plan)
+        install(denoiser(self.pipe), self.plan)
         self._cast.enter()
 
     def exit(self):
         self._cast.exit()
-        uninstall(self.pipe.transformer)
+        uninstall(denoiser(self.pipe))
 
 
 class Best(Setting):
@@ -140,7 +143,7 @@ class Best(Setting):
         self.label = "diffusers " + compile_.split(";")[0]
 
     def enter(self):
-        t, st = self.pipe.transformer, self.state
+        t, st = denoiser(self.pipe), self.state
         if st["compiled"] is None:
             if self.degree > 1:
                 import torch

@@ -318,6 +318,7 @@ def apply(model, builder, state, group=None) -> None:
     """Swap what the builder's VAE options ask for; every swap is undoable through state.undo. `group`: the
     process group vae_parallel spreads the decode over (None: the default group)."""
     opts = builder.options("vae")
+    tiling = tuple(getattr(model, a) for a in TILING)
     if "precision" in builder.recorded("vae"):
         _install_precision(model, builder, state)
     if opts["ops"]:
@@ -330,9 +331,26 @@ def apply(model, builder, state, group=None) -> None:
         _install_graphs(model, builder, state)
     if opts["parallel"]:
         vae_parallel.apply(model, group, state)
+    _encode_note(model, tiling, state)
     if "vae_tiles" in builder.settings and opts["tile"] is None and tuple(getattr(model, a) for a in TILING) != RELEASED:
         state.report.notes.append(f"vae_tiles=default leaves the model's tiling as set ({_geometry(model)}), not "
                                   "diffusers' released 256x256 px, overlap 64x64")
+
+
+def _encode_note(model, tiling_before, state) -> None:
+    """What the plan does to `vae.encode` (fl2va keyframes, ref2va references): no lever of its own; the encoder is
+    float32 under `_keep_in_fp32_modules` (vae_precision's cast leaves it, as from_pretrained(torch_dtype) does) and
+    tiles with the geometry enable_tiling gives the decode."""
+    enc = getattr(model, "encoder", None)
+    if not isinstance(enc, torch.nn.Module):
+        return
+    dtypes = sorted({str(p.dtype).replace("torch.", "") for p in enc.parameters()})
+    tiled = tuple(getattr(model, a) for a in TILING) != tiling_before
+    state.report.notes.append(
+        f"encode (keyframes, references): diffusers' encoder as loaded ({'/'.join(dtypes)}, _keep_in_fp32_modules: no cast "
+        "touches it) and " + (f"the plan's tiles ({_geometry(model)}; diffusers tiles encode and decode alike, so the "
+                               "encode's bits follow the tile lever's budget)" if tiled else
+                               f"the model's tiling ({_geometry(model)}): the encode keeps its bits"))
 
 
 def skips(plan, builder, report) -> None:
