@@ -332,10 +332,9 @@ def tokens(request: VideoRequest, model_cfg: Mapping[str, Any], vae_cfg: Mapping
     channels = pipe["audio"]["channels"]
     text, audio, video = int(request.text_tokens), audio_latents * channels, latent_frames * rows_per_frame
     steps = int(request.num_inference_steps or pipe["num_inference_steps"])
-    if steps < 2:
-        raise ConfigError(f"video.num_inference_steps={steps}", "must be at least 2: MiniMaxH3Scheduler's terminal sigma is one "
-                                                                "of the points, so 2 steps give 1 forward",
-                          fix={"video.num_inference_steps": "2"})
+    if steps < MIN_STEPS:  # the key the value came from: the request's own or the pipeline's default
+        key = "video.num_inference_steps" if request.num_inference_steps else "pipeline.num_inference_steps"
+        raise ConfigError(f"{key}={steps}", STEPS_RULE, fix={key: str(MIN_STEPS)})
     steps_src = "video.num_inference_steps" if request.num_inference_steps else "num_inference_steps default"
     cond = _conditioning(request, frames, fps, g, m["patch_size"], rows_per_frame, pipe)
     cv, ca = cond["condition_video_rows"], cond["condition_audio_rows"]
