@@ -63,8 +63,8 @@ def libyaml():
     import omegaconf._utils as utils
     import yaml
 
-    if not getattr(yaml, "__with_libyaml__", False):
-        yield
+    if not getattr(yaml, "__with_libyaml__", False) or getattr(utils.get_yaml_loader, "libyaml", False):
+        yield  # no libyaml, or already under it (compose() inside the CLI's own Hydra run: calibrate's closing line)
         return
     original = utils.get_yaml_loader
 
@@ -79,6 +79,7 @@ def libyaml():
 
         return Loader
 
+    c_loader.libyaml = True  # type: ignore[attr-defined]
     utils.get_yaml_loader = c_loader
     try:
         yield
