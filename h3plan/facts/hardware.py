@@ -64,6 +64,15 @@ def lowest(path: str) -> tuple[int, int] | None:
     return min(found) if found else None
 
 
+@functools.lru_cache(maxsize=None)
+def gemm_rule(kind: str) -> tuple[tuple[int, int] | None, str]:
+    """(the lowest compute capability whose packaged facts have hardware.gemm.<kind>, the reason a device below it
+    gets): the rule in the form a per-call guard uses. The runtime reads it once, at import, and compares each call's
+    device against the constant: no file is read inside a forward (torch.compile traces the guard; a directory
+    listing there breaks fullgraph=True), the same answer as gemm_reason for every packaged GPU."""
+    return lowest(f"gemm.{kind}"), gemm_reason(kind, None) or ""
+
+
 def gemm_reason(kind: str, cc: tuple[int, int] | None) -> str | None:
     """Why a device of compute capability `cc` (None: not a CUDA device) runs no `kind` GEMM ("fp8" | "nvfp4") by
     the hardware facts (hardware.gemm.<kind>), or None. The reason names the lowest packaged hardware that has it

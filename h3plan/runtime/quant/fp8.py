@@ -42,8 +42,10 @@ from h3plan.runtime.guards import GRAD_REASON, needs_grad
 
 from h3plan.runtime.kernels.fp8 import E4M3, E4M3_MAX, amax, quantize, quantize_check, quantize_ref
 from h3plan.runtime.parallel.comm import amax_allreduce_hook, degree_rank
-from h3plan.facts.hardware import gemm_reason
+from h3plan.facts.hardware import gemm_rule
 from h3plan.facts.sizes import valid_rows
+
+_FP8_FROM, _FP8_WHY = gemm_rule("fp8")  # hardware.gemm.fp8, read once (facts/hardware.py)
 
 LEVER = "gemm_quant"
 
@@ -134,9 +136,8 @@ class SequenceAmax:
 def fp8_gemm_reason(x: torch.Tensor, n_out: int) -> str | None:
     if x.device.type != "cuda":
         return f"FP8 GEMM needs CUDA (input on {x.device.type})"
-    reason = gemm_reason("fp8", torch.cuda.get_device_capability(x.device))
-    if reason:
-        return reason
+    if _FP8_FROM is None or torch.cuda.get_device_capability(x.device) < _FP8_FROM:
+        return _FP8_WHY
     if x.dtype not in (torch.bfloat16, torch.float16):
         return f"FP8 GEMM takes bf16/fp16 activations, got {x.dtype}"
     if x.shape[-1] % 16 or n_out % 16:

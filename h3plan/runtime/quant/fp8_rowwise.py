@@ -38,13 +38,15 @@ from typing import NamedTuple
 import torch
 
 from h3plan.errors import UsageError
-from h3plan.facts.hardware import gemm_reason
+from h3plan.facts.hardware import gemm_rule
 from h3plan.runtime.kernels.fp8 import E4M3
 from h3plan.runtime.kernels.fp8_producers import cast_rows_fp8, cast_rows_fp8_check, cast_rows_fp8_ref
 from h3plan.runtime.counters import fallback as count_fallback, fused as count_fused
 from h3plan.runtime.guards import GRAD_REASON, needs_grad
 
 from . import fp8 as _fp8
+
+_FP8_FROM, _FP8_WHY = gemm_rule("fp8")  # hardware.gemm.fp8, read once (facts/hardware.py)
 from .fp8 import FP8Linear, dequantize_weight
 
 LEVER = _fp8.LEVER  # "gemm_quant"
@@ -83,9 +85,8 @@ def rowwise_gemm_reason(codes: torch.Tensor, lin: FP8Linear, out_dtype=torch.bfl
     """None when torch._scaled_mm's rowwise GEMM takes these operands, else the one-line reason."""
     if codes.device.type != "cuda":
         return f"FP8 GEMM needs CUDA (input on {codes.device.type})"
-    reason = gemm_reason("fp8", torch.cuda.get_device_capability(codes.device))
-    if reason:
-        return reason
+    if _FP8_FROM is None or torch.cuda.get_device_capability(codes.device) < _FP8_FROM:
+        return _FP8_WHY
     if out_dtype not in (torch.bfloat16, torch.float16):
         return f"torch's rowwise-scaled FP8 GEMM writes bf16 or float16, asked for {out_dtype}"
     if out_dtype == torch.float16 and torch.torch_version.TorchVersion(torch.__version__) < FP16_OUT_TORCH:

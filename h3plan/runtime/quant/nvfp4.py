@@ -36,11 +36,13 @@ import torch.nn as nn
 
 from h3plan.runtime.kernels.nvfp4 import (BLOCK, E4M3, blocked_numel, cast_nvfp4, cast_nvfp4_check, cast_nvfp4_ref,
                                   dequantize_ref, from_blocked, quantize_ref, to_blocked)
-from h3plan.facts.hardware import gemm_reason
+from h3plan.facts.hardware import gemm_rule
 from h3plan.runtime.counters import fallback as count_fallback, fused as count_fused
 from h3plan.runtime.guards import GRAD_REASON, needs_grad
 
 from . import fp8 as _fp8
+
+_NVFP4_FROM, _NVFP4_WHY = gemm_rule("nvfp4")  # hardware.gemm.nvfp4, read once (facts/hardware.py)
 
 LEVER = "gemm_quant"
 OUT_LEVER = "nvfp4_out_quant"  # the linear's own input cast through the Triton kernel (to_out.0)
@@ -60,10 +62,8 @@ class NVFP4Codes(NamedTuple):
 
 def nvfp4_gemm_reason(packed: torch.Tensor, lin: "NVFP4Linear", out_dtype=torch.bfloat16) -> str | None:
     """None when torch._scaled_mm's NVFP4 GEMM takes these operands, else the one-line reason."""
-    cuda = packed.device.type == "cuda"
-    reason = gemm_reason("nvfp4", torch.cuda.get_device_capability(packed.device) if cuda else None)
-    if reason:
-        return reason
+    if packed.device.type != "cuda" or _NVFP4_FROM is None or torch.cuda.get_device_capability(packed.device) < _NVFP4_FROM:
+        return _NVFP4_WHY
     if out_dtype not in (torch.bfloat16, torch.float16):
         return f"NVFP4 GEMM output must be bf16/fp16, asked for {out_dtype}"
     if not hasattr(torch, "float4_e2m1fn_x2"):
