@@ -14,8 +14,8 @@ fl2va plan, a ref2va call with soundtracks when the plan has none) is a counted 
 entry then added; `h3plan.prepare(pipe, num_inference_steps=N, condition_video=..., condition_audio=...)` tables
 those keys ahead of the call.
 
-Private to the install side for now: the planning side's request (`video.task`) will name the workflow, and the
-table keys then come from it (one place).
+The plan's flags come from its request (`video.task`, facts/timesteps.py `row_kinds`, through the adaln_table
+lever's install option); this module only adjusts them per partition, for the calls that partition can receive.
 """
 
 from __future__ import annotations
