@@ -146,7 +146,8 @@ def test_prepare_adds_step_counts_and_vectors(pair):
     import h3plan
 
     eager, model, inputs = pair
-    assert h3plan.prepare(model, num_inference_steps=4) == 0  # nothing installed: nothing to add
+    with pytest.raises(h3plan.InstallError, match="no h3plan plan is installed"):  # issue 30 item 8: not a silent 0
+        h3plan.prepare(model, num_inference_steps=4)
     install(model, table_plan(), registry=REG)
     n = len(A.tables_of(model).vectors)
     assert h3plan.prepare(model, num_inference_steps=[7]) == 4  # 6 vectors; t = 0 and the 0.5 grid point already there

@@ -421,7 +421,8 @@ def row_specs(plans, opts, degree: int) -> list[tuple]:
         for p in plans:
             if plan_precision(p) == v:
                 rows.append(("plan", v, p))
-                if opts.reference and _lossless_but_vae(p) and p.decision("attention").setting != "sdpa":
+                stock = opts.stock_bits and p is plans[-1]  # extra_plans appends the stock-bits plan last: eager is its reference
+                if opts.reference and _lossless_but_vae(p) and not stock:
                     rows.append(("reference", v, p))
     # a plan decoding at a precision without eager / best rows of its own (a step-cache row beside the fp32 anchors)
     rows += [("plan", plan_precision(p), p) for p in plans if plan_precision(p) not in vaes]
