@@ -285,24 +285,26 @@ def test_verify_video_ssim():
 
 
 @pytest.mark.slow  # torch.compile of an installed block (~10 s)
-def test_installed_nvfp4_block_compiles_fullgraph(monkeypatch):
+def test_installed_nvfp4_block_compiles_fullgraph():
     """The producers, the fold, the out cast and the emulated GEMM trace as one graph (custom ops, counters
     through h3plan::count): no graph break, no recompile on the second call, the eager bits."""
     import torch._dynamo
 
-    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
     model, inputs = small()
     install(model, plan(**NVFP4_PLAN, nvfp4_producer_quant="on", nvfp4_out_quant="on"))
-    try:
-        want = forward(model, inputs)
-        block = model.transformer_blocks[0]
-        block.forward = torch.compile(block.forward, fullgraph=True, backend="eager")
-        reset_counters()
-        got = [forward(model, inputs) for _ in range(2)]
-        from h3plan.install import counters
+    # config.patch, not monkeypatch: monkeypatch's undo deletes the attribute (torch's config module keeps its values
+    # outside __dict__), and every later test that patches error_on_recompile then raises AttributeError
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        try:
+            want = forward(model, inputs)
+            block = model.transformer_blocks[0]
+            block.forward = torch.compile(block.forward, fullgraph=True, backend="eager")
+            reset_counters()
+            got = [forward(model, inputs) for _ in range(2)]
+            from h3plan.install import counters
 
-        assert all(torch.equal(a, b) for g in got for a, b in zip(g, want))
-        assert counters()["nvfp4_producer_quant.fused"] == 6 and counters()["nvfp4_out_quant.fused"] == 2
-    finally:
-        torch._dynamo.reset()
-        uninstall(model)
+            assert all(torch.equal(a, b) for g in got for a, b in zip(g, want))
+            assert counters()["nvfp4_producer_quant.fused"] == 6 and counters()["nvfp4_out_quant.fused"] == 2
+        finally:
+            torch._dynamo.reset()
+            uninstall(model)
