@@ -30,11 +30,12 @@ def _vae_cfg():
 @pytest.mark.slow  # builds and installs a model at packaged widths (~1.3 s)
 def test_a_model_with_packaged_widths_gets_the_packaged_plan():
     plan = h3plan.plan_for(tiny_model(), hardware="sm90")
-    assert plan == h3plan.resolve_config(model="h3_tiny")
+    # a transformer alone: the packaged plan sized for what it holds (issue 30 item 17: memory.holds)
+    assert plan == h3plan.resolve_config(model="h3_tiny", **{"memory.holds": "transformer"})
     # any object holding the components: a ref2va pipeline carries its transformer as transformer_ref
     assert h3plan.plan_for(SimpleNamespace(transformer=None, transformer_ref=tiny_model()), hardware="sm90") == plan
     assert h3plan.plan_for(tiny_model(), "fp8", "u2", hardware="sm100") == h3plan.resolve_config(
-        model="h3_tiny", recipe="fp8", parallel="u2", hardware="sm100")
+        model="h3_tiny", recipe="fp8", parallel="u2", hardware="sm100", **{"memory.holds": "transformer"})
 
 
 @pytest.mark.slow  # installs and runs a model of other widths (~1 s)
