@@ -51,6 +51,8 @@ def fp8_e2e(d: Path) -> list[dict]:
     for p in rows:
         if p["recipe"] != "fp8" or p["setting"] != "plan" or p["gpus"] != 1 or p["S"] not in prof or p.get("error"):
             continue
+        if any(not w.startswith("+vae=") for w in p["label"].split()[1:]):  # a forced lever (step_cache: fewer forwards)
+            continue
         b32 = next((r for r in rows if r["run"] == p["run"] and r["setting"] == "best" and r["vae"] == "fp32"), None)
         if b32 is None:
             continue

@@ -2,7 +2,7 @@
 # The one-GPU H200 suite (the NCCL files need 2+ GPUs and are left out): every file of tests/gpu that runs on one
 # GPU, each test capped, results and the log under $OUT. From the repository root, wheels installed:
 #   . /tmp/h3site/env.sh && export PYTHONPATH=$PWD:$PYTHONPATH && H3_GPU_LANE=1 bash benchmarks/gpu_suite_h200.sh
-# H3_GPU_LANE=1|2|3: one lane of tests/gpu/lanes.txt, one device call each (under 7 minutes); unset: every one-GPU
+# H3_GPU_LANE=1|2|3|4: one lane of tests/gpu/lanes.txt, one device call each (under 7 minutes); unset: every one-GPU
 # file in one run (about 10 minutes: more than one 600 s device call holds). H3_GPU_FILES=... runs those files instead.
 # Each run also writes the seconds each file took (setup + call + teardown of its tests, from --durations=0).
 set -u

@@ -17,6 +17,8 @@ import re
 import sys
 from pathlib import Path
 
+from h3plan.actions.bench.tables import fmt
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 MARK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) .*?-->\n)(?P<body>.*?)(<!-- /generated -->)", re.S)
@@ -32,19 +34,23 @@ def _recipe(plan: str) -> str:
 
 def pipeline() -> list[str]:
     """pipeline-h200.json: diffusers' own pipe(...) per row of each run (the user's call; no autocast)."""
-    rows = ["| run | setting | VAE | forward | rest of the call | E2E | vs eager | vs best (same VAE) | vs best (fp32 VAE) | frames |",
-            "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    rows = ["| run | workflow | setting | VAE | forward | rest of the call | E2E | vs eager | vs best (same VAE) "
+            "| vs best (fp32 VAE) | frames |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in _load("pipeline-h200.json")["records"]:
         if r.get("error") or r["setting"] == "reference":
             continue
         f = r.get("frames") or {}
-        frames = ("bitwise vs the same attention" if f.get("bitwise") else "" if not f else
+        frames = (f"bitwise vs {f['against'].split(' (')[0]}" if f.get("bitwise") else "" if not f else
                   f"PSNR {f['psnr_db']:.1f} dB vs eager {f['against'].rsplit('(', 1)[-1].split()[0]} VAE")
         if r["setting"] == "plan" and not r.get("lossless", True) and r["recipe"] == "bf16" and r["vae"] == "fp32":
             frames += " (withdrawn fp32 QK kernel, see notes)"
-        rows.append(f"| {r['run'][11:16]} | {r['label']} | {r['vae']} | {r['forward_s']:.3f} s | {r['rest_s']:.2f} s "
-                    f"| {r['e2e_s']:.1f} s | {r['speedup_vs_eager']:.3f}x | {r['speedup_vs_best']:.3f}x "
-                    f"| {r['speedup_vs_best_fp32']:.3f}x | {frames} |")
+        if "+step_cache=" in r["label"]:
+            frames = (f"{len(r['forwards_s'])} of {r['steps_e2e']} forwards computed; the whole call timed; quality: "
+                      "docs/step_cache.md")
+        x = lambda k: fmt(r[k], "{:.3f}x")  # noqa: E731 - a ratio cell, - where the run has no such row
+        rows.append(f"| {r['run'][5:16]} | {r.get('workflow', 't2va')} | {r['label']} | {r['vae']} | {r['forward_s']:.3f} s "
+                    f"| {r['rest_s']:.2f} s | {r['e2e_s']:.1f} s | {x('speedup_vs_eager')} | {x('speedup_vs_best')} "
+                    f"| {x('speedup_vs_best_fp32')} | {frames} |")
     return rows
 
 

@@ -83,6 +83,16 @@ def atomic_write(path: Path):
             os.remove(tmp)
 
 
+def _plain(x):
+    """Plain YAML types: str subclasses (torch.__version__ is a TorchVersion, which safe_dump refuses) become str,
+    and every list and dict a fresh one (no `&id001` anchors where two records share a latent shape)."""
+    if isinstance(x, dict):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    return str(x) if isinstance(x, str) else x
+
+
 def hardware_file(base: str, tuned: dict, measured: dict, fa4: dict | None = None) -> str:
     """The YAML text of a tuned hardware file: `base` (the packaged group) extended by the measured facts."""
     import yaml
@@ -93,7 +103,7 @@ def hardware_file(base: str, tuned: dict, measured: dict, fa4: dict | None = Non
     doc: dict[str, Any] = {"defaults": [base, "_self_"], "tuned": tuned, "measured": measured}
     if fa4:
         doc["fa4"] = fa4
-    return head + yaml.safe_dump(doc, sort_keys=False, width=200)
+    return head + yaml.safe_dump(_plain(doc), sort_keys=False, width=200)
 
 
 def write_outputs(out: Path, base: str, tuned: dict, measured: dict, fa4: dict | None, record: dict,
@@ -298,13 +308,15 @@ DECODE_ARMS = (["recipe=bf16", "recipe.vae=fp32"], ["recipe=bf16", "recipe.vae=f
 
 def measure_decode(torch, cfg, plan, quick: bool, replan) -> list[dict]:
     """The seeded real-width VAE's decode per precision and tile geometry (each arm planned with the command's own
-    overrides, so its decode levers are a plan's), at the plan's latent size with fewer frames (quick: 5, else 12)."""
+    overrides, so its decode levers are a plan's), at the plan's own latent (quick: 5 latent frames of it). The whole
+    latent, not a few frames scaled up: the decode is not linear in frames (12 of 37 latent frames, scaled, predicted
+    the H200's fp32 decode 12% short: docs/tuned/README.md)."""
     from h3plan.install import install, uninstall
 
     seq = plan.derived_value("sequence") or {}
     if not seq.get("latent_frames"):
         return []
-    frames = min(seq["latent_frames"], 5 if quick else 12)
+    frames = min(seq["latent_frames"], 5) if quick else seq["latent_frames"]
     latent = [1, int(cfg.vae.diffusers_config.get("latent_channels", 24)), frames, seq["latent_height"], seq["latent_width"]]
     plans = [plan]
     for arm in () if quick else DECODE_ARMS:
@@ -319,7 +331,7 @@ def measure_decode(torch, cfg, plan, quick: bool, replan) -> list[dict]:
     for (precision, tiles), p in arms.items():
         install(vae, p)
         with torch.no_grad():
-            ms = _median_ms(torch, lambda: vae.decode(z.to(vae.dtype)), 1, 1 if quick else 2, warm_s=0)
+            ms = _median_ms(torch, lambda: vae.decode(z.to(vae.dtype)), 1, 1, warm_s=0)  # one warm, one timed: seconds long
         uninstall(vae)
         out.append({"precision": precision, "tiles": tiles, "latent": latent, "seconds": round(ms / 1e3, 3),
                     "source": "action=tune: vae.decode of a seeded real-width VAE, that plan's decode levers installed "
@@ -448,7 +460,7 @@ def run(cfg, plan) -> int:
              "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M"), "command": command_line(),
              "versions": provenance.running_versions(),
              "runtime": {"cuda": torch.version.cuda, "cudnn": str(torch.backends.cudnn.version()),
-                         "torch": torch.__version__},
+                         "torch": str(torch.__version__)},
              "quick": quick, "seconds": round(time.monotonic() - t0, 1), "checks": checks,
              "source": f"python -m h3plan action=tune (h3plan/actions/tune.py), {out.name}"}
     fa4 = {"tuned_tiles": extra["tuned_tiles"]} if extra.get("tuned_tiles") else None

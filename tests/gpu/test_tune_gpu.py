@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_quick_tune_writes_a_loadable_fresh_file(tmp_path):
     out = tmp_path / "hardware" / "sm90_tuned.yaml"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     p = subprocess.run([sys.executable, "-m", "h3plan", "action=tune", "tune.quick=true", f"tune.out={out}"],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     print(p.stdout[-2000:], p.stderr[-2000:])

@@ -1,7 +1,8 @@
 """The plan's time prediction (h3plan/planning/predict.py) against the committed H200 pipe(...) rows.
 
-Each installed-plan row of benchmarks/results/pipeline-h200.json (read here, not copied) is planned again with the
-packaged sm90 facts: the predicted forward within 5% of the measured one, and the whole call within 5% at the row's
+Each installed-plan row of benchmarks/results/pipeline-h200.json (read here, not copied) is planned again (its
+overrides: h3plan.actions.bench.pipeline_records.plan_overrides) with the packaged sm90 facts, and with every tuned
+file committed under docs/tuned/ (`benchmarks/predict.py` prints the same comparison as a table): the predicted forward within 5% of the measured one, and the whole call within 5% at the row's
 49 forwards and at a 4-forward request (num_inference_steps 5: the row's forward x 4 + its measured rest of the call,
 the rest being independent of the step count).
 """
@@ -11,28 +12,30 @@ from pathlib import Path
 
 import pytest
 
-from h3plan.planner import resolve_config
+from h3plan.planner import resolve, resolve_config
+from h3plan.planning.config import compose, override
+from h3plan.actions.bench.pipeline_records import plan_overrides
 
 ROWS = json.loads((Path(__file__).resolve().parents[2] / "benchmarks/results/pipeline-h200.json").read_text())["records"]
 PLANS = [r for r in ROWS if r["setting"] == "plan" and r["gpus"] == 1]
+# a 4-forward request of every row but the step cache's (its budget computes 34 forwards: a 4-forward request is
+# refused, tests/planner/test_step_cache*.py)
+FOUR = [r for r in PLANS if "+step_cache=" not in r["label"]]
 TOL = 0.05  # the issue's target (issue 34)
 
 
-def _plan(row, steps=None):
-    groups = {"hardware": "sm90", "recipe": row["recipe"], "parallel": "u1"}
-    if steps:
-        groups["pipeline.num_inference_steps"] = steps
-    plan = resolve_config(**groups)
-    if plan.decision("vae_precision").setting != row["vae"]:
-        plan = resolve_config(**groups, **{"recipe.vae": row["vae"]})
+def _plan(row, steps=None, hardware=("hardware=sm90",)):
+    plan = resolve(compose([*hardware, *(override(k, v) for k, v in plan_overrides(row, steps).items())]))
+    assert plan.decision("vae_precision").setting == row["vae"]
     return plan
 
 
 def test_rows_cover_the_issue():
     assert {(r["recipe"], r["vae"]) for r in PLANS} >= {("bf16", "fp32"), ("bf16", "fp16"), ("fp8", "fp16")}
+    assert any("+step_cache=" in r["label"] for r in PLANS) and any("+attention=sdpa" in r["label"] for r in PLANS)
 
 
-@pytest.mark.parametrize("row", PLANS, ids=lambda r: f"{r['run'][11:16]}-{r['recipe']}-{r['vae']}")
+@pytest.mark.parametrize("row", PLANS, ids=lambda r: f"{r['run'][5:16]}-{r['label']}".replace(" ", ""))
 def test_forward_and_call_within_5pct(row):
     plan = _plan(row)
     assert plan.derived_value("sequence")["transformer_forwards"] == row["steps_e2e"]
@@ -42,7 +45,7 @@ def test_forward_and_call_within_5pct(row):
     assert abs(call / row["e2e_s"] - 1) <= TOL, (call, row["e2e_s"])
 
 
-@pytest.mark.parametrize("row", PLANS, ids=lambda r: f"{r['run'][11:16]}-{r['recipe']}-{r['vae']}")
+@pytest.mark.parametrize("row", FOUR, ids=lambda r: f"{r['run'][5:16]}-{r['label']}".replace(" ", ""))
 def test_four_step_call_within_5pct(row):
     plan = _plan(row, steps=5)
     n = plan.derived_value("sequence")["transformer_forwards"]
@@ -79,15 +82,38 @@ def test_no_decode_point_no_call_time():
 TUNED_FILES = sorted((Path(__file__).resolve().parents[2] / "docs" / "tuned" / "hardware").glob("*.yaml"))
 
 
-@pytest.mark.parametrize("path", TUNED_FILES, ids=lambda p: p.stem)
-def test_forward_within_5pct_on_a_committed_tuned_file(path):
-    """The issue asks the same of a tuned file (action=tune's own measurements, committed under docs/tuned/ by
-    the lead after the H200 run): the forward of every committed one-GPU plan row."""
-    from h3plan.planner import resolve
-    from h3plan.planning.config import compose
+def test_a_tuned_file_is_committed():
+    assert TUNED_FILES, "docs/tuned/hardware/ holds the H200's action=tune file (issue 34)"
 
-    for row in PLANS:
-        plan = resolve(compose([f"hydra.searchpath=[file://{path.parent.parent}]", f"hardware={path.stem}",
-                                f"recipe={row['recipe']}", "parallel=u1"]))
-        fwd = plan.derived_value("forward_s_est")
-        assert abs(fwd / row["forward_s"] - 1) <= TOL, (row["recipe"], fwd, row["forward_s"])
+
+def _scaled_fp32_decode(path) -> bool:
+    """The file's fp32 decode point has fewer latent frames than the rows' request (37): action=tune before session
+    13's fix measured 12 and scaled by volume, which predicts the H200's fp32 decode 12% short (docs/tuned/README.md)."""
+    import yaml
+
+    points = yaml.safe_load(path.read_text())["measured"].get("decode") or []
+    return any(p["precision"] == "fp32" and p["latent"][2] < 37 for p in points)
+
+
+def _tuned_cases():
+    for path in TUNED_FILES:
+        for steps in (None, 5):
+            for row in PLANS if steps is None else FOUR:
+                marks = ()
+                if steps == 5 and row["vae"] == "fp32" and _scaled_fp32_decode(path):
+                    marks = pytest.mark.xfail(strict=True, reason="a 4-forward fp32 call is 2/3 decode, and this file's "
+                                              "fp32 decode is 12 latent frames scaled: 6-8% short (docs/tuned/README.md)")
+                yield pytest.param(path, steps, row, marks=marks, id=f"{path.stem}-{steps or 50}-{row['run'][5:16]}-{row['label']}".replace(" ", ""))
+
+
+@pytest.mark.parametrize("path, steps, row", list(_tuned_cases()))
+def test_within_5pct_on_a_committed_tuned_file(path, steps, row):
+    """The same rows planned on a tuned file (action=tune's own measurements on the H200, docs/tuned/): the forward
+    and the whole call within 5%, at the row's 49 forwards and at a 4-forward request."""
+    hardware = (f"hydra.searchpath=[file://{path.parent.parent}]", f"hardware={path.stem}")
+    plan = _plan(row, steps, hardware)
+    fwd, call = plan.derived_value("forward_s_est"), plan.derived_value("call_s_est")
+    n = plan.derived_value("sequence")["transformer_forwards"]
+    measured = row["e2e_s"] if steps is None else n * row["forward_s"] + row["rest_s"]
+    assert abs(fwd / row["forward_s"] - 1) <= TOL, (row["label"], fwd, row["forward_s"])
+    assert abs(call / measured - 1) <= TOL, (row["label"], steps, call, measured)

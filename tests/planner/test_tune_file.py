@@ -63,6 +63,18 @@ def test_the_written_file_loads_and_drives_the_plan(tmp_path):
     assert [f.name for f in elsewhere[1:]] == ["tune-x.json", "tune-x.md"] and elsewhere[1].parent.name == "res"
 
 
+def test_versions_as_the_gpu_gives_them_write_plain_yaml(tmp_path):
+    """torch.__version__ is a TorchVersion (a str subclass) that yaml.safe_dump refuses: the H200's first tune died
+    there after measuring everything (benchmarks/results/logs/session13/tune-first-attempt-yaml-error.log)."""
+    from torch.torch_version import TorchVersion
+
+    latent = [1, 24, 37, 48, 84]
+    measured = dict(MEASURED, decode=[dict(MEASURED["decode"][0], latent=latent), dict(MEASURED["decode"][0], precision="fp16", latent=latent)])
+    text = tune.hardware_file("sm90", dict(TUNED, runtime={"torch": TorchVersion("2.11.0+cu130")}), measured)
+    doc = yaml.safe_load(text)
+    assert doc["tuned"]["runtime"]["torch"] == "2.11.0+cu130" and "&id" not in text
+
+
 def test_regret_of_auto_from_a_synthetic_table():
     from h3plan.actions.bench import regret
 

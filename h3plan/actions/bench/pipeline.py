@@ -303,21 +303,25 @@ class _Session(Session):
             reset_counters()
             if cached(s):
                 self.full_turn(row)
-                return
-            frames, secs, wall = self.call()
-            row.counters = dict(counters()) if s.name == "plan" else None
-            if row.first is None:
-                row.first = secs[0]
-            row.forwards += secs[self.opts.warmup:]
-            row.walls.append(wall - sum(secs))
-            if row.frames is None:
-                row.frames = frames.detach().to("cpu") if hasattr(frames, "detach") else frames
-            self.progress.step(f"{row_label_of(s)} ({s.vae} VAE): forward {statistics.median(secs[self.opts.warmup:]):.3f} s, "
-                               f"rest {wall - sum(secs):.2f} s")
+            else:
+                self.plain_turn(row, s)
         finally:
             s.exit()
-        if self.device.type == "cuda":
+        if self.device.type == "cuda":  # the peak of every row, the step cache's whole call included
             row.peak_gib = max(torch.cuda.max_memory_allocated(self.device) / 2**30, row.peak_gib or 0.0)
+
+    def plain_turn(self, row: _Row, s) -> None:
+        """`warmup` untimed + `steps` timed forwards of one call: forward is their median, rest the call less its forwards."""
+        frames, secs, wall = self.call()
+        row.counters = dict(counters()) if s.name == "plan" else None
+        if row.first is None:
+            row.first = secs[0]
+        row.forwards += secs[self.opts.warmup:]
+        row.walls.append(wall - sum(secs))
+        if row.frames is None:
+            row.frames = frames.detach().to("cpu") if hasattr(frames, "detach") else frames
+        self.progress.step(f"{row_label_of(s)} ({s.vae} VAE): forward {statistics.median(secs[self.opts.warmup:]):.3f} s, "
+                           f"rest {wall - sum(secs):.2f} s")
 
     def full_turn(self, row: _Row) -> None:
         """A step-cache plan's row: one untimed short call (kernel JIT, allocator; its timesteps are off the cache's
@@ -489,6 +493,10 @@ def _record(torch, device, run_id, request, S, degree, layers, n_sched, steps_e2
         if row.first is not None:
             rec.notes.append(f"the first forward (kernel JIT included) took {row.first:.2f} s")
         rec.notes.append(f"vae_precision {plan_precision(plan)}; lossless apart from it: {_lossless_but_vae(plan)}")
+        pf, pc = plan.derived_value("forward_s_est"), plan.derived_value("call_s_est")
+        if pf is not None and fwd is not None:  # the plan's own time line against this row (issue 34)
+            rec.notes.append(f"predicted: forward {pf:.3f} s ({pf / fwd - 1:+.1%})" + (
+                "" if pc is None or rec.e2e_s is None else f", call {pc:.1f} s ({pc / rec.e2e_s - 1:+.1%}) against the measured"))
     # frames: a plan against its reference (bitwise), every other row against eager with the same VAE
     against = None
     if s.name == "plan":

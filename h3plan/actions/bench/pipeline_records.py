@@ -129,8 +129,8 @@ def _runs(records):
 
 
 def _x(key: str):
-    """A ratio cell: 1.234x."""
-    return lambda r: f"{fmt(r[key], '{:.3f}')}x"
+    """A ratio cell: 1.234x, or - where the row has no such ratio."""
+    return lambda r: fmt(r[key], "{:.3f}x")
 
 
 RECORD_COLUMNS = (("setting", "l", cell("label")), ("VAE", "l", cell("vae")),
@@ -239,3 +239,26 @@ def write_chart(records: Sequence[Mapping], path: str) -> str | None:
     except Exception as exc:  # noqa: BLE001 -- the JSON and markdown are the results; the PNG is a view
         return f"PNG failed: {one_line(exc)}"
     return None
+
+
+# the step-cache rows' budget (benchmarks/pipeline_h200.sh H3_PHASE=cache-*): SGLang's quality=high, 34 of 49 computed
+CACHE_BUDGET = {"psnr_db_min": 28, "ssim_min": 0.93, "computed": 34}
+RECIPE_DECODE = {"bf16": "fp32", "fp8": "fp16", "nvfp4": "fp16"}  # each recipe's own vae_precision (conf/recipe/)
+
+
+def plan_overrides(row: Mapping, steps: int | None = None) -> dict:
+    """A committed plan row as the overrides that plan it again (h3plan.resolve_config's keywords): its recipe,
+    Ulysses degree, the `+lever=setting` words its label carries (the levers its run forced), its decode precision
+    where the recipe's differs, the step cache's budget; `steps`: pipeline.num_inference_steps instead of the row's."""
+    out: dict = {"recipe": row["recipe"], "parallel": f"u{row['gpus']}"}
+    if row["vae"] != RECIPE_DECODE.get(row["recipe"]):
+        out["recipe.vae"] = row["vae"]
+    for word in row["label"].split()[1:]:
+        lever, setting = word.lstrip("+").split("=", 1)
+        if lever != "vae":
+            out[f"levers.{lever}"] = setting
+        if lever == "step_cache":
+            out["recipe.cache"] = dict(CACHE_BUDGET)
+    if steps:
+        out["pipeline.num_inference_steps"] = steps
+    return out

@@ -1,0 +1,72 @@
+"""The plan's time line against the H200's measured `pipe(...)` rows (issue 34): every one-GPU plan row of
+benchmarks/results/pipeline-h200.json planned again, with the packaged sm90 facts and with each tuned file under
+docs/tuned/hardware/, at the row's 49 forwards and at a 4-forward request (measured: 4 x the row's forward + its
+rest of the call). CPU only; writes predict-h200.json / .md. tests/planner/test_predict.py asserts the 5%.
+
+    python benchmarks/predict.py [--out benchmarks/results]
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+import h3plan
+from h3plan.actions.bench.pipeline_records import plan_overrides
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def facts() -> list[tuple[str, dict]]:
+    """(name, group choices) of the packaged sm90 and of every committed tuned file."""
+    out = [("sm90 (packaged)", {"hardware": "sm90"})]
+    for f in sorted((ROOT / "docs/tuned/hardware").glob("*.yaml")):
+        out.append((f"{f.stem} (tuned)", {"hydra.searchpath": [f"file://{f.parent.parent}"], "hardware": f.stem}))
+    return out
+
+
+def rows() -> list[dict]:
+    doc = json.loads((ROOT / "benchmarks/results/pipeline-h200.json").read_text())
+    out = []
+    for row in (r for r in doc["records"] if r["setting"] == "plan" and r["gpus"] == 1):
+        for name, groups in facts():
+            for steps in (None, 5):
+                try:
+                    plan = h3plan.resolve_config(**groups, **plan_overrides(row, steps))
+                except h3plan.H3PlanError as e:  # a 4-forward request of a 34-forward step cache: refused, said so
+                    out.append({"run": row["run"], "label": row["label"], "facts": name, "forwards": 4, "error": str(e)})
+                    continue
+                n = plan.derived_value("computed_forwards") or plan.derived_value("sequence")["transformer_forwards"]
+                measured = row["e2e_s"] if steps is None else n * row["forward_s"] + row["rest_s"]
+                fwd, call = plan.derived_value("forward_s_est"), plan.derived_value("call_s_est")
+                out.append({"run": row["run"], "label": row["label"], "facts": name, "forwards": 4 if steps else row["steps_e2e"],
+                            "forward_s": row["forward_s"], "forward_s_est": fwd, "call_s": measured, "call_s_est": call,
+                            "forward_err": fwd / row["forward_s"] - 1, "call_err": call / measured - 1})
+    return out
+
+
+def markdown(recs: list[dict]) -> str:
+    lines = ["# Predicted against measured: the plan's time line and the H200's pipe(...) rows", "",
+             "Rows: benchmarks/results/pipeline-h200.json (one H200). 4 forwards: measured = 4 x the row's forward + its "
+             "rest of the call. Made by `python benchmarks/predict.py`; the 5% is asserted by tests/planner/test_predict.py.", "",
+             "| run | plan | facts | forwards | forward s (pred) | err | call s (pred) | err |", "|---|---|---|---:|---:|---:|---:|---:|"]
+    for r in recs:
+        if "error" in r:
+            lines.append(f"| {r['run']} | {r['label']} | {r['facts']} | {r['forwards']} | refused: {r['error']} | | | |")
+            continue
+        lines.append(f"| {r['run']} | {r['label']} | {r['facts']} | {r['forwards']} | {r['forward_s']:.3f} ({r['forward_s_est']:.3f}) | "
+                     f"{r['forward_err']:+.1%} | {r['call_s']:.1f} ({r['call_s_est']:.1f}) | {r['call_err']:+.1%} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/results"))
+    out = Path(ap.parse_args().out)
+    recs = rows()
+    (out / "predict-h200.json").write_text(json.dumps({"kind": "predict", "records": recs}, indent=1) + "\n")
+    (out / "predict-h200.md").write_text(markdown(recs))
+    print(markdown(recs))
+
+
+if __name__ == "__main__":
+    main()
