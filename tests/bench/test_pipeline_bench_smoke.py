@@ -292,6 +292,8 @@ def test_step_cache_row_times_the_whole_call(tmp_path):
     assert p["counters"]["step_cache.computed"] == 3 and p["counters"]["step_cache.skipped"] == 2
     assert any("3 of 5 forwards computed" in n for n in p["notes"]) and any(n.startswith("overhead check") for n in p["notes"])
     assert p["speedup_vs_best_fp32"] is not None
+    # the plan's own time line against the row (issue 34): printed in the notes of every plan row
+    assert any(n.startswith("predicted: forward") and "against the measured" in n for n in p["notes"]), p["notes"]
 
 
 def test_workflow_pipeline_default_request_is_the_t2va_layouts():
