@@ -26,7 +26,6 @@ attributes exactly.
 
 from __future__ import annotations
 
-import logging
 import types
 
 import torch
@@ -35,15 +34,12 @@ from h3plan.errors import InstallError
 from h3plan.runtime.kernels import swiglu, vae as kvae
 
 from h3plan.install.placement import slots_of
-from h3plan.install.report import Swap
 from . import parallel as vae_parallel
 from .block import LINEARS, VaeBlockState, load_kernels, plan_vae_block_forward
 from .fp8 import Fp8Gemms
 from .graph import GraphedDecoder
 from h3plan.facts.vae.tiling import RELEASED_TILE, tile_rule
 from .weights import DTYPES, PrecisionCast, blocker as cast_blocker, castable
-
-logger = logging.getLogger("h3plan.install")
 
 from h3plan.levers import SPECS
 
@@ -121,12 +117,6 @@ def recognise(model) -> None:
         raise InstallError("h3plan.install: unexpected AutoencoderKLMiniMaxH3 layout: " + "; ".join(problems[:5]))
 
 
-def _swap(report, lever, fqn, old, new) -> None:
-    s = Swap(lever, fqn, old, new)
-    report.swaps.append(s)
-    logger.info("%s", s)
-
-
 def _fp8_blocker(blocks) -> str | None:
     """Why the block linears cannot be quantised to FP8 codes (None: they can)."""
     params = [t for b in blocks for p in LINEARS for t in (b.get_submodule(p).weight, b.get_submodule(p).bias) if t is not None]
@@ -161,8 +151,8 @@ def _install_precision(model, builder, state) -> None:
     if not cast.slots:
         report.skipped.append((lever, f"the VAE is {dtype} already (loaded with torch_dtype): nothing to cast"))
         return
-    _swap(report, lever, f"vae ({len(cast.slots)} tensors)", "float32",
-          f"{str(dtype).replace('torch.', '')} (from_pretrained(torch_dtype)'s cast; _keep_in_fp32_modules float32)")
+    report.swap(lever, f"vae ({len(cast.slots)} tensors)", "float32",
+                f"{str(dtype).replace('torch.', '')} (from_pretrained(torch_dtype)'s cast; _keep_in_fp32_modules float32)")
     where = "pinned host memory" if cast.pinned else "host memory"
     if placement is not None:
         state.report.placement.setdefault("host", {})[f"{lever}: the float32 originals"] = cast.host_bytes
@@ -199,11 +189,11 @@ def _install_ops(model, builder, state) -> None:
 
         state.undo.append(undo)
         if "qk_norm_rope" in ops:
-            _swap(state.report, lever, f"{fqn}.attn.norm_q/norm_k+rope", "eager", "fused")
+            state.report.swap(lever, f"{fqn}.attn.norm_q/norm_k+rope", "eager", "fused")
         if "swiglu" in ops:
-            _swap(state.report, lever, f"{fqn}.ff.net.0 swiglu", "eager", "fused")
+            state.report.swap(lever, f"{fqn}.ff.net.0 swiglu", "eager", "fused")
         if "scaled_residual" in ops:
-            _swap(state.report, lever, f"{fqn} scaled residual", "eager", "fused")
+            state.report.swap(lever, f"{fqn} scaled residual", "eager", "fused")
 
 
 def _install_graphs(model, builder, state) -> None:
@@ -222,8 +212,8 @@ def _install_graphs(model, builder, state) -> None:
         gd.release()
 
     state.undo.append(undo)
-    _swap(state.report, lever, "decoder.forward", type(dec).__name__ + ".forward",
-          "CUDA graph replay, one graph per input signature (diffusers' forward when a guard refuses)")
+    state.report.swap(lever, "decoder.forward", type(dec).__name__ + ".forward",
+                      "CUDA graph replay, one graph per input signature (diffusers' forward when a guard refuses)")
 
 
 def _geometry(model) -> str:
@@ -255,7 +245,7 @@ def _install_tiles(model, builder, state) -> None:
     got = tuple(getattr(model, a) for a in TILING)
     if got != (True, h, w, o, o):
         raise ValueError(f"vae_tiles: enable_tiling left {dict(zip(TILING, got))}, asked for {h}x{w} overlap {o}")
-    _swap(state.report, lever, "tiling", old, _geometry(model))
+    state.report.swap(lever, "tiling", old, _geometry(model))
     if tile.get("frames") is not None:
         state.report.notes.append(f"vae_tiles: tile.frames={tile['frames']} not applied: diffusers tiles spatially "
                                   "only (temporal chunks follow clip_length)")
@@ -287,8 +277,8 @@ def _install_fp8(model, builder, state) -> None:
             def undo(st=st):
                 st.fp8 = None
         state.undo.append(undo)
-        _swap(state.report, lever, f"{fqn} linears ({len(LINEARS)})", "float16 GEMMs",
-              "FP8 e4m3 GEMMs: per-channel weight scales, per-row activation scales, float16 out (lossy)")
+        state.report.swap(lever, f"{fqn} linears ({len(LINEARS)})", "float16 GEMMs",
+                          "FP8 e4m3 GEMMs: per-channel weight scales, per-row activation scales, float16 out (lossy)")
     state.report.notes.append(
         f"vae_tiles.fp8: {len(blocks)} blocks x {len(LINEARS)} decoder-block linears run as FP8 GEMMs where the decoder "
         f"computes in float16 (torch._scaled_mm on CUDA SM89+, an fp32 emulation elsewhere, counted); their e4m3 codes add "
