@@ -14,7 +14,7 @@ from h3plan.runtime.attention.fp8 import scale_from_amax
 from h3plan.runtime.parallel.comm import degree_rank, high_priority_group
 from h3plan.runtime.parallel.ulysses import UlyssesAttention
 
-from .block import load_kernel
+from .kernels import kernel
 from .options import AttentionOptions
 from .processor import H3PlanAttnProcessor
 from .ring import build as build_ring
@@ -87,11 +87,11 @@ def install_processors(model, builder, state, group):
     backend = for_options(opts)
     kernels = {}
     if opts.qk_norm_rope == "fused":
-        kernels["qk_norm_rope"] = load_kernel("qk_norm_rope")
+        kernels["qk_norm_rope"] = kernel("qk_norm_rope")
     elif opts.qk_norm_rope == "fused_fp8":
-        kernels["qk_norm_rope_fp8"] = load_kernel("qk_norm_rope_fp8")
+        kernels["qk_norm_rope_fp8"] = kernel("qk_norm_rope_fp8")
         if opts.ulysses_degree > 1 and not opts.a2a_fp8_codes:  # bf16 travels; cudnn_fp8 casts after it
-            kernels["qk_norm_rope"] = load_kernel("qk_norm_rope")
+            kernels["qk_norm_rope"] = kernel("qk_norm_rope")
     fqns = [f"transformer_blocks.{i}.attn" for i in range(len(model.transformer_blocks))]
     static = opts.fp8_scales == "static" and backend_spec(opts.backend).fp8_inputs
     descales = _static_descales(opts, fqns) if static else {}

@@ -20,34 +20,20 @@ the attention's gated residual is folded into norm2's producer (one kernel write
 
 from __future__ import annotations
 
-import importlib
 import types
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from h3plan.levers import KERNELS, OPTIONS, SPECS
+from h3plan.levers import OPTIONS, SPECS
 from h3plan.runtime.quant.fp8_rowwise import FP8RowLinear, RowCodes
 from h3plan.runtime.guards import run_guarded
 
+from .kernels import kernel
 from .nvfp4_inputs import fold_nvfp4, modulate_nvfp4, swiglu_nvfp4_rows
 from .options import BlockOptions
 from .processor import H3PlanAttnProcessor
 from .shard import shard_heads
-
-
-def load_kernel(op: str) -> tuple[Callable, Callable]:
-    """(public fn, check fn) of a kernel op the levers declare (h3plan.levers.KERNELS, "module:fn:check");
-    raises ImportError naming the missing piece."""
-    mod_name, fn_name, check_name = KERNELS[op].split(":")
-    try:
-        mod = importlib.import_module(mod_name)
-    except Exception as exc:
-        raise ImportError(f"{op}: cannot import {mod_name} ({type(exc).__name__}: {exc})") from exc
-    missing = [n for n in (fn_name, check_name) if not hasattr(mod, n)]
-    if missing:
-        raise ImportError(f"{op}: {mod_name} lacks {missing} (docs/architecture.md kernel contract)")
-    return getattr(mod, fn_name), getattr(mod, check_name)
 
 
 def modulate(kernels, opts, norm, x, scale, shift, index):
@@ -229,7 +215,7 @@ def plan_block_forward(
 def block_kernels(opts) -> dict[str, Any]:
     """The kernels of every block option the plan changes (each lever's SPEC.kernels)."""
     ops = [op for key in opts.non_default() for op in SPECS[OPTIONS[key][0]].kernels]
-    return {op: load_kernel(op) for op in ops}
+    return {op: kernel(op) for op in ops}
 
 
 def install_forwards(model, builder, state, shard, act_quant="tensor", nvfp4=False) -> None:
