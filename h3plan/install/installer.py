@@ -151,7 +151,7 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
         raise
     if is_vae:
         _vae.skips(plan, builder, report)
-        if group is not None and not builder.values.get("parallel"):
+        if group is not None and not builder.view("vae").parallel:
             report.notes.append("group= is for the transformer's Ulysses attention and vae_parallel; this plan uses neither on the VAE")
     else:
         _skips(plan, builder, report)
@@ -170,22 +170,22 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
 def _transformer(model, builder, state, group, steps, num_inference_steps, adaln_conditions) -> None:
     """The transformer's install, in order: linears, AdaLN tables, per-row / NVFP4 inputs, attention processors,
     block forwards, regional compile, step cache, the LoRA guard (each step beside what it installs)."""
-    swap = state.report.swap
-    if builder.recorded("linears").get("quant") is not None:
+    swap, lin, tr = state.report.swap, builder.view("linears"), builder.view("transformer")
+    if lin.quant is not None:
         linears.quantize(model, builder, state)
-    if builder.recorded("linears").get("adaln_table") is not None:  # install/adaln_table.py
-        build_adaln_tables(model, {**builder.values["adaln_table"], **(adaln_conditions or {})}, state, swap, steps)
+    if lin.adaln_table is not None:  # install/adaln_table.py
+        build_adaln_tables(model, {**lin.adaln_table, **(adaln_conditions or {})}, state, swap, steps)
     act_quant = install_rows(model, builder, state, swap)
     nvfp4 = install_nvfp4(model, builder, state, swap)
     shard = install_processors(model, builder, state, group) if builder.recorded("attention") else None
     if shard is not None:
         linears.sequence_amax(model, shard, state)
     install_forwards(model, builder, state, shard, act_quant, nvfp4)
-    if builder.values.get("compile") == "regional":
+    if builder.view("block").compile == "regional":
         _compile(model, builder, state)
-    if builder.recorded("transformer").get("step_cache") is not None:  # install/step_cache.py
+    if tr.step_cache is not None:  # install/step_cache.py
         steps = [num_inference_steps] if isinstance(num_inference_steps, int) else num_inference_steps
-        install_step_cache(model, builder.values["step_cache"], state, swap, group=getattr(shard, "group", None),
+        install_step_cache(model, tr.step_cache, state, swap, group=getattr(shard, "group", None),
                            steps=steps)
     lora_guard(model, state)
 

@@ -20,7 +20,7 @@ from .parking import park
 def quantize(model, builder, state) -> None:
     """gemm_quant: the six block linears of every block as its quantised linears (h3plan.runtime.quant); the
     originals parked on the host until uninstall (install/parking.py), or streamed from there under device=."""
-    lever, quant = builder.lever_of("quant"), builder.values["quant"]
+    lever, quant = builder.lever_of("quant"), builder.view("linears").quant
     fmt, params = quant["format"], quant.get("params") or {}
     replaced, parked, staged = [], [], []
     for i, block in enumerate(model.transformer_blocks):
@@ -101,7 +101,8 @@ def sequence_amax(model, shard, state) -> None:
         for path in BLOCK_LINEARS:
             lin = block.get_submodule(path)
             if type(lin) is FP8Linear:
-                prev, lin.amax_fn = lin.amax_fn, fn
+                prev = lin.amax_fn
+                setattr(lin, "amax_fn", fn)  # FP8Linear declares it None (its own amax) until here
                 state.undo.append(lambda m=lin, p=prev: setattr(m, "amax_fn", p))
                 n += 1
     if n:
@@ -112,10 +113,10 @@ def sequence_amax(model, shard, state) -> None:
 def streamed(model, builder) -> list:
     """The tensors of the linears a lever replaces or parks (adaln_table's AdaLN linears, gemm_quant's block
     linears): under device= they reach the device only staged, one at a time (placement.py)."""
-    lin = builder.recorded("linears")
+    lin = builder.view("linears")
     mods = []
-    if lin.get("adaln_table") is not None:
+    if lin.adaln_table is not None:
         mods += [getattr(b.adaln_proj, "linear", None) for b in model.transformer_blocks] + [getattr(model.norm_out, "linear", None)]
-    if lin.get("quant") is not None:
+    if lin.quant is not None:
         mods += [b.get_submodule(p) for b in model.transformer_blocks for p in BLOCK_LINEARS]
     return [t for m in mods if type(m) is torch.nn.Linear for t in m.parameters()]

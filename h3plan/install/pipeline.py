@@ -93,7 +93,7 @@ def recognise(pipe) -> None:
 
 def _table_option(plan, registry):
     """The plan's adaln_table install option (None: no table planned)."""
-    return collect(plan, registry).recorded("linears").get("adaln_table")
+    return collect(plan, registry).view("linears").adaln_table
 
 
 def _move_whole(name, comp, device, report, moved) -> None:

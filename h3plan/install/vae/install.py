@@ -130,7 +130,7 @@ def _fp8_blocker(blocks) -> str | None:
 
 def _install_precision(model, builder, state) -> None:
     lever = builder.lever_of("precision")
-    name = builder.values["precision"]
+    name = builder.view("vae").precision
     dtype = DTYPES[name]
     report = state.report
     if name == "fp32":
@@ -171,8 +171,9 @@ def _install_ops(model, builder, state) -> None:
     blocks = model.decoder.transformer_blocks
     dtype = get_parameter_dtype(blocks[0].attn.to_q)
     supported = op_dtypes()
-    ops = [op for op in builder.values["ops"] if dtype in supported[op]]
-    for op in builder.values["ops"]:
+    planned = builder.view("vae").ops
+    ops = [op for op in planned if dtype in supported[op]]
+    for op in planned:
         if op not in ops:
             state.report.skipped.append((f"{lever}.{op}", f"the decoder computes in {dtype} and the {op} kernel takes "
                                                            f"{'/'.join(str(d).replace('torch.', '') for d in supported[op])}: "
@@ -236,7 +237,7 @@ def _check_tile(model, tile: dict) -> tuple[int, int, int]:
 
 def _install_tiles(model, builder, state) -> None:
     lever = builder.lever_of("tile")
-    tile = builder.values["tile"]
+    tile = builder.view("vae").tile
     h, w, o = _check_tile(model, tile)
     before, old = {a: getattr(model, a) for a in TILING}, _geometry(model)
     model.enable_tiling(tile_sample_min_height=h, tile_sample_min_width=w, tile_sample_min_overlap_height=o,
@@ -298,7 +299,7 @@ def _streamer(model, builder, placement):
 
 def cast_tensors(model, builder) -> list:
     """The tensors vae_precision casts at install (install(..., device=) streams them, never moving one whole)."""
-    name = builder.values.get("precision") if "precision" in builder.recorded("vae") else None
+    name = builder.view("vae").precision if "precision" in builder.recorded("vae") else None
     if name in (None, "fp32") or cast_blocker(model, DTYPES[name]):
         return []
     return [t for _, t in castable(model) if t.dtype != DTYPES[name]]
@@ -307,22 +308,22 @@ def cast_tensors(model, builder) -> list:
 def apply(model, builder, state, group=None) -> None:
     """Swap what the builder's VAE options ask for; every swap is undoable through state.undo. `group`: the
     process group vae_parallel spreads the decode over (None: the default group)."""
-    opts = builder.options("vae")
+    opts = builder.view("vae")
     tiling = tuple(getattr(model, a) for a in TILING)
     if "precision" in builder.recorded("vae"):
         _install_precision(model, builder, state)
-    if opts["ops"]:
+    if opts.ops:
         _install_ops(model, builder, state)
-    if opts["tile"] is not None:
+    if opts.tile is not None:
         _install_tiles(model, builder, state)
-    if opts["tile_dtype"] == "fp8":
+    if opts.tile_dtype == "fp8":
         _install_fp8(model, builder, state)
-    if opts["graphs"]:
+    if opts.graphs:
         _install_graphs(model, builder, state)
-    if opts["parallel"]:
+    if opts.parallel:
         vae_parallel.apply(model, group, state)
     _encode_note(model, tiling, state)
-    if "vae_tiles" in builder.settings and opts["tile"] is None and tuple(getattr(model, a) for a in TILING) != RELEASED:
+    if "vae_tiles" in builder.settings and opts.tile is None and tuple(getattr(model, a) for a in TILING) != RELEASED:
         state.report.notes.append(f"vae_tiles=default leaves the model's tiling as set ({_geometry(model)}), not "
                                   "diffusers' released 256x256 px, overlap 64x64")
 
