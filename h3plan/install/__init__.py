@@ -32,7 +32,7 @@ def install(model, plan=None, *, recipe=None, parallel=None, video=None, hardwar
     install(pipe, plan, device="cuda") moves every component the plan runs on the GPU there at install, a tensor
     at a time, and never moves what the plan parks or replaces (the AdaLN linears under adaln_table, the bf16
     block linears that gemm_quant quantises at install, the VAE's float32 tensors that vae_precision casts):
-    those are streamed to the device one at a time and stay on the host (installer.py). The device peak is
+    those are streamed to the device one at a time and stay on the host (placement.py). The device peak is
     the installed footprint plus one staged tensor. uninstall moves everything back to the host, bit for bit.
     None (default): install where the model is, moving nothing (a model on the GPU stays there; one on the
     host stays there, and the report says how to move it).

@@ -1,4 +1,5 @@
-"""The plan-driven forward of diffusers' MiniMaxH3TransformerBlock.
+"""The plan-driven forward of diffusers' MiniMaxH3TransformerBlock, and its install (`install_forwards`: bound to
+each block as its instance forward, undone by uninstall).
 
 Mathematically diffusers' `MiniMaxH3TransformerBlock.forward` (diffusers 0.42.1), op for op. Where the
 plan enables a lever, that op goes through its Triton kernel (h3plan/runtime/kernels) behind the kernel's own
@@ -19,31 +20,20 @@ the attention's gated residual is folded into norm2's producer (one kernel write
 
 from __future__ import annotations
 
-import importlib
-from typing import Any, Callable
+import types
+from typing import Any
 
 import torch
 
-from h3plan.levers import KERNELS, OPTIONS, SPECS
+from h3plan.levers import OPTIONS, SPECS
 from h3plan.runtime.quant.fp8_rowwise import FP8RowLinear, RowCodes
 from h3plan.runtime.guards import run_guarded
 
+from .kernels import kernel
 from .nvfp4_inputs import fold_nvfp4, modulate_nvfp4, swiglu_nvfp4_rows
+from .options import BlockOptions
 from .processor import H3PlanAttnProcessor
-
-
-def load_kernel(op: str) -> tuple[Callable, Callable]:
-    """(public fn, check fn) of a kernel op the levers declare (h3plan.levers.KERNELS, "module:fn:check");
-    raises ImportError naming the missing piece."""
-    mod_name, fn_name, check_name = KERNELS[op].split(":")
-    try:
-        mod = importlib.import_module(mod_name)
-    except Exception as exc:
-        raise ImportError(f"{op}: cannot import {mod_name} ({type(exc).__name__}: {exc})") from exc
-    missing = [n for n in (fn_name, check_name) if not hasattr(mod, n)]
-    if missing:
-        raise ImportError(f"{op}: {mod_name} lacks {missing} (docs/architecture.md kernel contract)")
-    return getattr(mod, fn_name), getattr(mod, check_name)
+from .shard import shard_heads
 
 
 def modulate(kernels, opts, norm, x, scale, shift, index):
@@ -225,4 +215,39 @@ def plan_block_forward(
 def block_kernels(opts) -> dict[str, Any]:
     """The kernels of every block option the plan changes (each lever's SPEC.kernels)."""
     ops = [op for key in opts.non_default() for op in SPECS[OPTIONS[key][0]].kernels]
-    return {op: load_kernel(op) for op in ops}
+    return {op: kernel(op) for op in ops}
+
+
+def install_forwards(model, builder, state, shard, act_quant="tensor", nvfp4=False) -> None:
+    """Each transformer block's forward as `plan_block_forward` with the plan's block options and kernels (also
+    under Ulysses alone, to shard the sequence; the output heads then shard too, install/shard.py).
+    act_quant / nvfp4: what the block linears take (install/fp8_rows.py, install/nvfp4_inputs.py)."""
+    recorded = builder.recorded("block")
+    if "fp8_act_quant" in recorded:  # row needs FP8 linears to feed (install/fp8_rows.py)
+        recorded["fp8_act_quant"] = act_quant
+    if "nvfp4_producer_quant" in recorded:  # needs NVFP4 linears to feed (install/nvfp4_inputs.py)
+        recorded["nvfp4_producer_quant"] = nvfp4
+    opts = BlockOptions(**recorded)
+    if not opts.enabled and shard is None:
+        return
+    kernels = block_kernels(opts)
+    for i, block in enumerate(model.transformer_blocks):
+        fwd = types.MethodType(plan_block_forward, block)
+        block._h3plan_block = (opts, kernels, shard)
+        block._h3plan_index = i
+        block.forward = fwd
+
+        def undo(b=block):
+            for attr in ("forward", "_h3plan_block", "_h3plan_index"):
+                b.__dict__.pop(attr, None)
+
+        state.undo.append(undo)
+        fqn = f"transformer_blocks.{i}"
+        state.report.option_swaps(builder, "block", recorded, fqn)
+        if shard is not None:
+            state.report.swap("ulysses", f"{fqn}.forward", "full sequence", f"1/{shard.degree} sequence shard")
+    if shard is not None:
+        state.undo.append(shard_heads(model, shard))
+        for fqn in ("norm_out", "proj_out", "audio_proj_out"):
+            state.report.swap("ulysses", f"{fqn}.forward", "full sequence",
+                              f"1/{shard.degree} sequence shard" + (", outputs gathered" if fqn != "norm_out" else ""))

@@ -14,6 +14,8 @@ from typing import Any
 
 from h3plan.levers import OPTIONS, scope_options
 
+from .options import VIEWS
+
 
 def _declared():
     return OPTIONS
@@ -51,6 +53,11 @@ class Builder:
     def options(self, scope: str) -> dict[str, Any]:
         """Every option of `scope`: the recorded value, else the declared default."""
         return {k: self.values.get(k, o.default) for k, o in scope_options(scope).items()}
+
+    def view(self, scope: str):
+        """The options of `scope` as its typed view (install/options.py): the recorded values, else the SPEC's
+        defaults."""
+        return VIEWS[scope](**self.recorded(scope))
 
     def lever_of(self, key: str) -> str:
         return self.source.get(key) or _declared()[key][0]

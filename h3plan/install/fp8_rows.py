@@ -46,13 +46,14 @@ def row_linears(model, state, swap) -> int:
 def install_rows(model, builder, state, swap) -> str:
     """The fp8_act_quant setting the block forward runs: "row" when the plan records it and FP8 block linears
     exist to feed, else "tensor" (with the reason in the report's skipped list)."""
-    if builder.values.get("fp8_act_quant") != "row":
+    blk = builder.view("block")
+    if blk.fp8_act_quant != "row":
         return "tensor"
     if not row_linears(model, state, swap):
         state.report.skipped.append((LEVER, "row: the block linears are not FP8 (gemm_quant is not fp8 here): "
                                             "no FP8 GEMM input to write per row"))
         return "tensor"
-    mod, sw = builder.values.get("modulation", "eager"), builder.values.get("swiglu", False)
+    mod, sw = blk.modulation, blk.swiglu
     if mod == "eager" or not sw:
         state.report.notes.append(f"fp8_act_quant=row with modulation={mod}, swiglu={sw}: where no fused producer runs, "
                                   "the FP8 linear casts its bf16 input per row itself (same codes, one more pass)")

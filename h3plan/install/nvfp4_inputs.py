@@ -30,7 +30,8 @@ def _nvfp4_linears(model):
 def install_nvfp4(model, builder, state, swap) -> bool:
     """Apply nvfp4_out_quant to the to_out.0 linears; return whether the block forward runs the NVFP4 producers
     (the plan records nvfp4_producer_quant and NVFP4 block linears exist to feed), else report why not."""
-    out, prod = builder.values.get(OUT, False), builder.values.get(PRODUCER, False)
+    blk = builder.view("block")
+    out, prod = builder.view("linears").nvfp4_out_quant, blk.nvfp4_producer_quant
     if not (out or prod):
         return False
     lins = _nvfp4_linears(model)
@@ -47,7 +48,7 @@ def install_nvfp4(model, builder, state, swap) -> bool:
         state.report.skipped.append((PRODUCER, why))
         return False
     if prod:
-        mod, sw = builder.values.get("modulation", "eager"), builder.values.get("swiglu", False)
+        mod, sw = blk.modulation, blk.swiglu
         if mod == "eager" or not sw:
             state.report.notes.append(f"nvfp4_producer_quant with modulation={mod}, swiglu={sw}: where no fused producer "
                                       "runs, the NVFP4 linear quantizes its bf16 input itself (same codes, more passes)")

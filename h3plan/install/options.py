@@ -1,7 +1,9 @@
-"""The installer's typed view of the builder's options, one frozen dataclass per scope.
+"""The installer's typed view of the builder's options, one frozen dataclass per scope (`VIEWS`; `Builder.view`).
 
 The fields are not written here: they are the install options the levers declare (`SPEC.options`,
-h3plan.levers.OPTIONS), with their declared defaults, so a new option needs no edit in this file.
+h3plan.levers.OPTIONS), with their declared defaults, so a new option needs no edit in this file. An install step
+reads an option as an attribute of its scope's view: an unset option is its SPEC default (never a default copied
+at the call site), and a name no lever declares is an AttributeError, not a silent None.
 """
 
 from __future__ import annotations
@@ -49,5 +51,10 @@ BlockOptions = _options_class("block", "BlockOptions", {
 AttentionOptions = _options_class("attention", "AttentionOptions", {
     "SCOPE": "attention", "non_default": _non_default, "describe": _describe_attention})
 VaeOptions = _options_class("vae", "VaeOptions", {"SCOPE": "vae", "non_default": _non_default})
+LinearsOptions = _options_class("linears", "LinearsOptions", {"SCOPE": "linears", "non_default": _non_default})
+TransformerOptions = _options_class("transformer", "TransformerOptions", {"SCOPE": "transformer",
+                                                                          "non_default": _non_default})
+VIEWS = {"linears": LinearsOptions, "block": BlockOptions, "attention": AttentionOptions, "vae": VaeOptions,
+         "transformer": TransformerOptions}
 
-__all__ = ["BlockOptions", "AttentionOptions", "VaeOptions"]
+__all__ = ["BlockOptions", "AttentionOptions", "VaeOptions", "LinearsOptions", "TransformerOptions", "VIEWS"]

@@ -15,7 +15,7 @@ left with none: install replaces a plan by uninstalling it first) and the error 
 Installing the same plan again returns each component's existing report; `uninstall_pipeline(pipe)`
 restores every component this pipeline's install touched (even one since replaced in the pipeline).
 
-device= (a pipeline loaded on the host, installer.py): the transformers and the VAE are installed with it, and the
+device= (a pipeline loaded on the host, placement.py): the transformers and the VAE are installed with it, and the
 audio VAE, which no lever touches, is moved there whole (the decode step runs it on the execution device); the
 other components (a text encoder: the plan counts none) stay where they are, reported. Uninstall moves the
 audio VAE back too.
@@ -93,7 +93,7 @@ def recognise(pipe) -> None:
 
 def _table_option(plan, registry):
     """The plan's adaln_table install option (None: no table planned)."""
-    return collect(plan, registry).recorded("linears").get("adaln_table")
+    return collect(plan, registry).view("linears").adaln_table
 
 
 def _move_whole(name, comp, device, report, moved) -> None:

@@ -176,4 +176,36 @@ def stage(linear: torch.nn.Linear, device: torch.device) -> torch.nn.Linear:
     return out
 
 
-__all__ = ["Placement", "check", "nbytes", "same", "slots_of", "stage", "target", "tensors"]
+def place(model, state, device: torch.device, streamed) -> None:
+    """install(..., device=): every tensor of `model` but `streamed` (a lever stages those itself) to the device."""
+    placement = Placement(device)
+    state.placement = placement
+    state.undo.append(placement.restore)
+    placement.move(model, {id(t) for t in streamed})
+    state.report.placement = {"device": str(device), "moved": placement.nbytes, "tensors": len(placement.moved)}
+
+
+def on_host(state, what: str, nbytes: int) -> None:
+    """Record what a device install left on the host (report.placement)."""
+    if state.placement is not None and nbytes:
+        state.report.placement.setdefault("host", {})[what] = nbytes
+
+
+def note(model, state) -> None:
+    """The report's placement note: what moved, what stayed on the host."""
+    p = state.report.placement
+    host = p.get("host", {})
+    left = sum(t.numel() * t.element_size() for _, t in tensors(model) if t.device.type == "cpu")
+    listed = ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in host.items()) or "nothing"
+    state.report.notes.append(
+        f"placement: {p['moved'] / 2**30:.2f} GiB ({p['tensors']} tensors) moved from the host to {p['device']}; on the host: "
+        f"{listed} ({left / 2**30:.2f} GiB of them in state_dict()); uninstall moves everything back to the host")
+
+
+def rests_on_host(model) -> bool:
+    """A CUDA device is there but every tensor of `model` is on the host (install without device=)."""
+    return torch.cuda.is_available() and all(t.device.type == "cpu" for _, t in tensors(model))
+
+
+__all__ = ["Placement", "check", "nbytes", "note", "on_host", "place", "rests_on_host", "same", "slots_of", "stage", "target",
+           "tensors"]

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
+
+from h3plan.levers import scope_options
+
+logger = logging.getLogger("h3plan.install")
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,22 @@ class InstallReport:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     placement: dict[str, Any] = field(default_factory=dict)
+
+    def swap(self, lever: str, fqn: str, old: str, new: str) -> None:
+        """Log one module swap (`lever: fqn Old -> New`) and list it."""
+        s = Swap(lever, fqn, old, new)
+        self.swaps.append(s)
+        logger.info("%s", s)
+
+    def option_swaps(self, builder, scope: str, values: dict, fqn: str) -> None:
+        """One swap per non-default option of `scope` whose lever declared how it is logged (Option.swap)."""
+        for key, opt in scope_options(scope).items():
+            if opt.swap is None or key not in values:
+                continue
+            logged = opt.swap(values[key])
+            if logged is not None:
+                suffix, old, new = logged
+                self.swap(builder.lever_of(key), f"{fqn}{suffix}", old, str(new))
 
     def swapped_levers(self) -> list[str]:
         seen: dict[str, None] = {}

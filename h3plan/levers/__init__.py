@@ -6,7 +6,7 @@ builder). Every table other code needs about levers is derived here, once:
 
     LEVER_SETTINGS   lever -> its settings             (the config schema, --help, plan validation)
     OPTIONS          option key -> (owner lever, Option) (the builder's validation, the installer's defaults)
-    KERNELS          op -> "module:function:check"      (the installed forward's kernels)
+    KERNEL_OPS       kernel op -> its lever           (install/kernels.py maps each op to its functions)
     ULYSSES_LEVERS, REFERENCE_LEVERS, COUNTERS          (hardware-verified rule, verify)
 
 Adding a lever: docs/architecture.md, "How to add a lever".
@@ -50,18 +50,18 @@ def _options() -> dict[str, tuple[str, Option]]:
     return out
 
 
-def _kernels() -> dict[str, str]:
+def _kernel_ops() -> dict[str, str]:
     out: dict[str, str] = {}
-    for s in SPECS.values():
-        for op, ref in s.kernels.items():
+    for name, s in SPECS.items():
+        for op in s.kernels:
             if op in out:
                 raise ImportError(f"kernel op {op!r} declared by two levers")
-            out[op] = ref
+            out[op] = name
     return out
 
 
 OPTIONS = MappingProxyType(_options())
-KERNELS = MappingProxyType(_kernels())
+KERNEL_OPS = MappingProxyType(_kernel_ops())
 
 
 def scope_options(scope: str) -> dict[str, Option]:
@@ -85,5 +85,5 @@ def not_installed(decision) -> str | None:
     return "; ".join(reasons) or f"{decision.lever} declares no install option: nothing is installed"
 
 
-__all__ = ["NAMES", "REGISTRY", "SPECS", "LEVER_SETTINGS", "OPTIONS", "KERNELS", "ULYSSES_LEVERS", "REFERENCE_LEVERS",
+__all__ = ["NAMES", "REGISTRY", "SPECS", "LEVER_SETTINGS", "OPTIONS", "KERNEL_OPS", "ULYSSES_LEVERS", "REFERENCE_LEVERS",
            "COUNTERS", "Context", "LeverError", "Option", "Spec", "not_installed", "scope_options"]

@@ -59,7 +59,8 @@ class Spec:
     backends: setting -> the attention backends that setting needs (checked when planning, installing and
         when verify swaps an unavailable backend for sdpa).
     options: the install options this lever owns (no other lever may set them).
-    kernels: op -> "module:function:check" of the kernels the installed forward calls for this lever.
+    kernels: the names of the kernel ops the installed forward calls for this lever (h3plan/install/kernels.py maps
+        each to its function and check: levers sit below the runtime and import none of it).
     """
 
     name: str
@@ -71,7 +72,7 @@ class Spec:
     counter: str | None = None
     backends: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     options: tuple[Option, ...] = ()
-    kernels: Mapping[str, str] = field(default_factory=dict)
+    kernels: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.model not in MODELS:

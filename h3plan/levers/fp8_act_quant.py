@@ -27,9 +27,7 @@ SPEC = Spec(
     options=(Option("block", "fp8_act_quant", *one_of("tensor", "row"), default="tensor",
                     swap=lambda v: (".norm1/norm2+modulate, ff swiglu, to_out.0 input", "bf16 + per-tensor FP8 cast",
                                     "e4m3 per-row codes from the producer") if v == "row" else None),),
-    kernels={"rmsnorm_modulate_fp8": "h3plan.runtime.kernels.fp8_producers:rmsnorm_modulate_fp8:rmsnorm_modulate_fp8_check",
-             "swiglu_fp8": "h3plan.runtime.kernels.fp8_producers:swiglu_fp8:swiglu_fp8_check",
-             "cast_rows_fp8": "h3plan.runtime.kernels.fp8_producers:cast_rows_fp8:cast_rows_fp8_check"},
+    kernels=("rmsnorm_modulate_fp8", "swiglu_fp8", "cast_rows_fp8"),
 )
 
 ULYSSES_NOTE = "per-row scales: a row's scale depends on that row alone, so the codes are the same at every Ulysses degree with no amax all-reduce"

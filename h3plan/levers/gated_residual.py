@@ -12,7 +12,7 @@ SPEC = Spec(
     counter="gated_residual",
     options=(Option("block", "gated_residual", is_bool, "bool", False,
                     swap=lambda v: (" gated residual", "eager", "fused") if v else None),),
-    kernels={"gated_residual": "h3plan.runtime.kernels.gated_residual:gated_residual:gated_residual_check"},
+    kernels=("gated_residual",),
 )
 
 

@@ -16,7 +16,7 @@ SPEC = Spec(
     counter="modulation",
     options=(Option("block", "modulation", *one_of("eager", "exact", "fp32"), default="eager",
                     swap=lambda v: (".norm1/norm2+modulate", "eager", v) if v != "eager" else None),),
-    kernels={"modulation": "h3plan.runtime.kernels.modulation:rmsnorm_modulate:rmsnorm_modulate_check"},
+    kernels=("modulation",),
 )
 
 

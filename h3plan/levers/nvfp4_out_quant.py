@@ -16,7 +16,7 @@ SPEC = Spec(
     summary="attention output quantized to NVFP4 for to_out.0 by one Triton cast",
     counter="nvfp4_out_quant",
     options=(Option("linears", "nvfp4_out_quant", is_bool, "bool", False),),
-    kernels={"cast_nvfp4": "h3plan.runtime.kernels.nvfp4:cast_nvfp4:cast_nvfp4_check"},
+    kernels=("cast_nvfp4",),
 )
 
 

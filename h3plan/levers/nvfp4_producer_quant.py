@@ -22,10 +22,7 @@ SPEC = Spec(
     options=(Option("block", "nvfp4_producer_quant", is_bool, "bool", False,
                     swap=lambda v: (".norm1/norm2+modulate (residual folded), ff swiglu", "bf16 + NVFP4 cast in the linear",
                                     "NVFP4 codes from the producer") if v else None),),
-    kernels={"rmsnorm_modulate_nvfp4": "h3plan.runtime.kernels.nvfp4_producers:rmsnorm_modulate_nvfp4:rmsnorm_modulate_nvfp4_check",
-             "gated_residual_modulate_nvfp4":
-                 "h3plan.runtime.kernels.nvfp4_producers:gated_residual_modulate_nvfp4:gated_residual_modulate_nvfp4_check",
-             "swiglu_nvfp4": "h3plan.runtime.kernels.nvfp4_producers:swiglu_nvfp4:swiglu_nvfp4_check"},
+    kernels=("rmsnorm_modulate_nvfp4", "gated_residual_modulate_nvfp4", "swiglu_nvfp4"),
 )
 
 

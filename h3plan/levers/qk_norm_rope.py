@@ -20,10 +20,7 @@ SPEC = Spec(
     backends={"fused_fp8": ("cudnn_fp8",)},
     options=(Option("attention", "qk_norm_rope", *one_of("eager", "fused", "fused_fp8"), default="eager",
                     swap=lambda v: (".norm_q/norm_k+rope", "eager", v) if v != "eager" else None),),
-    kernels={"qk_norm_rope": "h3plan.runtime.kernels.qk_norm_rope:qk_norm_rope:qk_norm_rope_check",
-             # the lean kernel: the removed two-pass cast's bits, fewer instructions (0.95 vs 1.21 ms dynamic at 19,000
-             # on the H200, bit-identical: benchmarks/results/probes/fp8-producers-h200.json)
-             "qk_norm_rope_fp8": "h3plan.runtime.kernels.qk_fp8_lean:qk_norm_rope_fp8_lean:qk_norm_rope_fp8_lean_check"},
+    kernels=("qk_norm_rope", "qk_norm_rope_fp8"),
 )
 
 

@@ -12,7 +12,7 @@ SPEC = Spec(
     counter="swiglu",
     options=(Option("block", "swiglu", is_bool, "bool", False,
                     swap=lambda v: (".ff.net.0 swiglu", "eager", "fused") if v else None),),
-    kernels={"swiglu": "h3plan.runtime.kernels.swiglu:swiglu:swiglu_check"},
+    kernels=("swiglu",),
 )
 
 

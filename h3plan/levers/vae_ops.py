@@ -15,9 +15,7 @@ SPEC = Spec(
     model="vae",
     counter="vae_ops",
     options=(Option("vae", "ops", lambda v: isinstance(v, tuple) and set(v) <= set(OPS), "tuple of " + ", ".join(OPS), ()),),
-    kernels={"vae_qk_norm_rope": "h3plan.runtime.kernels.vae:vae_qk_norm_rope:vae_qk_norm_rope_check",
-             "vae_swiglu": "h3plan.runtime.kernels.swiglu:swiglu:vae_swiglu_check",
-             "vae_scaled_residual": "h3plan.runtime.kernels.vae:scaled_residual:scaled_residual_check"},
+    kernels=("vae_qk_norm_rope", "vae_swiglu", "vae_scaled_residual"),
 )
 
 

@@ -28,8 +28,7 @@ from typing import Any, Callable
 
 import torch
 
-from h3plan.install.block import load_kernel
-from h3plan.levers import KERNELS
+from h3plan.install.kernels import KERNELS, kernel
 from h3plan.runtime.counters import fallback as count_fallback
 from h3plan.runtime.guards import run_guarded
 
@@ -45,7 +44,7 @@ LINEARS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "ff.net.0.pro
 
 def load_kernels(ops) -> dict[str, tuple[Callable, Callable]]:
     """op -> (fn, check) for the ops with a kernel (vae_ops' SPEC.kernels, keyed `vae_<op>`)."""
-    return {op: load_kernel(f"vae_{op}") for op in ops if f"vae_{op}" in KERNELS}
+    return {op: kernel(f"vae_{op}") for op in ops if f"vae_{op}" in KERNELS}
 
 
 def _am():

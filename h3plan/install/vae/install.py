@@ -26,7 +26,6 @@ attributes exactly.
 
 from __future__ import annotations
 
-import logging
 import types
 
 import torch
@@ -35,15 +34,12 @@ from h3plan.errors import InstallError
 from h3plan.runtime.kernels import swiglu, vae as kvae
 
 from h3plan.install.placement import slots_of
-from h3plan.install.report import Swap
 from . import parallel as vae_parallel
 from .block import LINEARS, VaeBlockState, load_kernels, plan_vae_block_forward
 from .fp8 import Fp8Gemms
 from .graph import GraphedDecoder
 from h3plan.facts.vae.tiling import RELEASED_TILE, tile_rule
 from .weights import DTYPES, PrecisionCast, blocker as cast_blocker, castable
-
-logger = logging.getLogger("h3plan.install")
 
 from h3plan.levers import SPECS
 
@@ -121,12 +117,6 @@ def recognise(model) -> None:
         raise InstallError("h3plan.install: unexpected AutoencoderKLMiniMaxH3 layout: " + "; ".join(problems[:5]))
 
 
-def _swap(report, lever, fqn, old, new) -> None:
-    s = Swap(lever, fqn, old, new)
-    report.swaps.append(s)
-    logger.info("%s", s)
-
-
 def _fp8_blocker(blocks) -> str | None:
     """Why the block linears cannot be quantised to FP8 codes (None: they can)."""
     params = [t for b in blocks for p in LINEARS for t in (b.get_submodule(p).weight, b.get_submodule(p).bias) if t is not None]
@@ -140,7 +130,7 @@ def _fp8_blocker(blocks) -> str | None:
 
 def _install_precision(model, builder, state) -> None:
     lever = builder.lever_of("precision")
-    name = builder.values["precision"]
+    name = builder.view("vae").precision
     dtype = DTYPES[name]
     report = state.report
     if name == "fp32":
@@ -161,8 +151,8 @@ def _install_precision(model, builder, state) -> None:
     if not cast.slots:
         report.skipped.append((lever, f"the VAE is {dtype} already (loaded with torch_dtype): nothing to cast"))
         return
-    _swap(report, lever, f"vae ({len(cast.slots)} tensors)", "float32",
-          f"{str(dtype).replace('torch.', '')} (from_pretrained(torch_dtype)'s cast; _keep_in_fp32_modules float32)")
+    report.swap(lever, f"vae ({len(cast.slots)} tensors)", "float32",
+                f"{str(dtype).replace('torch.', '')} (from_pretrained(torch_dtype)'s cast; _keep_in_fp32_modules float32)")
     where = "pinned host memory" if cast.pinned else "host memory"
     if placement is not None:
         state.report.placement.setdefault("host", {})[f"{lever}: the float32 originals"] = cast.host_bytes
@@ -181,8 +171,9 @@ def _install_ops(model, builder, state) -> None:
     blocks = model.decoder.transformer_blocks
     dtype = get_parameter_dtype(blocks[0].attn.to_q)
     supported = op_dtypes()
-    ops = [op for op in builder.values["ops"] if dtype in supported[op]]
-    for op in builder.values["ops"]:
+    planned = builder.view("vae").ops
+    ops = [op for op in planned if dtype in supported[op]]
+    for op in planned:
         if op not in ops:
             state.report.skipped.append((f"{lever}.{op}", f"the decoder computes in {dtype} and the {op} kernel takes "
                                                            f"{'/'.join(str(d).replace('torch.', '') for d in supported[op])}: "
@@ -199,11 +190,11 @@ def _install_ops(model, builder, state) -> None:
 
         state.undo.append(undo)
         if "qk_norm_rope" in ops:
-            _swap(state.report, lever, f"{fqn}.attn.norm_q/norm_k+rope", "eager", "fused")
+            state.report.swap(lever, f"{fqn}.attn.norm_q/norm_k+rope", "eager", "fused")
         if "swiglu" in ops:
-            _swap(state.report, lever, f"{fqn}.ff.net.0 swiglu", "eager", "fused")
+            state.report.swap(lever, f"{fqn}.ff.net.0 swiglu", "eager", "fused")
         if "scaled_residual" in ops:
-            _swap(state.report, lever, f"{fqn} scaled residual", "eager", "fused")
+            state.report.swap(lever, f"{fqn} scaled residual", "eager", "fused")
 
 
 def _install_graphs(model, builder, state) -> None:
@@ -222,8 +213,8 @@ def _install_graphs(model, builder, state) -> None:
         gd.release()
 
     state.undo.append(undo)
-    _swap(state.report, lever, "decoder.forward", type(dec).__name__ + ".forward",
-          "CUDA graph replay, one graph per input signature (diffusers' forward when a guard refuses)")
+    state.report.swap(lever, "decoder.forward", type(dec).__name__ + ".forward",
+                      "CUDA graph replay, one graph per input signature (diffusers' forward when a guard refuses)")
 
 
 def _geometry(model) -> str:
@@ -246,7 +237,7 @@ def _check_tile(model, tile: dict) -> tuple[int, int, int]:
 
 def _install_tiles(model, builder, state) -> None:
     lever = builder.lever_of("tile")
-    tile = builder.values["tile"]
+    tile = builder.view("vae").tile
     h, w, o = _check_tile(model, tile)
     before, old = {a: getattr(model, a) for a in TILING}, _geometry(model)
     model.enable_tiling(tile_sample_min_height=h, tile_sample_min_width=w, tile_sample_min_overlap_height=o,
@@ -255,7 +246,7 @@ def _install_tiles(model, builder, state) -> None:
     got = tuple(getattr(model, a) for a in TILING)
     if got != (True, h, w, o, o):
         raise ValueError(f"vae_tiles: enable_tiling left {dict(zip(TILING, got))}, asked for {h}x{w} overlap {o}")
-    _swap(state.report, lever, "tiling", old, _geometry(model))
+    state.report.swap(lever, "tiling", old, _geometry(model))
     if tile.get("frames") is not None:
         state.report.notes.append(f"vae_tiles: tile.frames={tile['frames']} not applied: diffusers tiles spatially "
                                   "only (temporal chunks follow clip_length)")
@@ -287,8 +278,8 @@ def _install_fp8(model, builder, state) -> None:
             def undo(st=st):
                 st.fp8 = None
         state.undo.append(undo)
-        _swap(state.report, lever, f"{fqn} linears ({len(LINEARS)})", "float16 GEMMs",
-              "FP8 e4m3 GEMMs: per-channel weight scales, per-row activation scales, float16 out (lossy)")
+        state.report.swap(lever, f"{fqn} linears ({len(LINEARS)})", "float16 GEMMs",
+                          "FP8 e4m3 GEMMs: per-channel weight scales, per-row activation scales, float16 out (lossy)")
     state.report.notes.append(
         f"vae_tiles.fp8: {len(blocks)} blocks x {len(LINEARS)} decoder-block linears run as FP8 GEMMs where the decoder "
         f"computes in float16 (torch._scaled_mm on CUDA SM89+, an fp32 emulation elsewhere, counted); their e4m3 codes add "
@@ -308,7 +299,7 @@ def _streamer(model, builder, placement):
 
 def cast_tensors(model, builder) -> list:
     """The tensors vae_precision casts at install (install(..., device=) streams them, never moving one whole)."""
-    name = builder.values.get("precision") if "precision" in builder.recorded("vae") else None
+    name = builder.view("vae").precision if "precision" in builder.recorded("vae") else None
     if name in (None, "fp32") or cast_blocker(model, DTYPES[name]):
         return []
     return [t for _, t in castable(model) if t.dtype != DTYPES[name]]
@@ -317,22 +308,22 @@ def cast_tensors(model, builder) -> list:
 def apply(model, builder, state, group=None) -> None:
     """Swap what the builder's VAE options ask for; every swap is undoable through state.undo. `group`: the
     process group vae_parallel spreads the decode over (None: the default group)."""
-    opts = builder.options("vae")
+    opts = builder.view("vae")
     tiling = tuple(getattr(model, a) for a in TILING)
     if "precision" in builder.recorded("vae"):
         _install_precision(model, builder, state)
-    if opts["ops"]:
+    if opts.ops:
         _install_ops(model, builder, state)
-    if opts["tile"] is not None:
+    if opts.tile is not None:
         _install_tiles(model, builder, state)
-    if opts["tile_dtype"] == "fp8":
+    if opts.tile_dtype == "fp8":
         _install_fp8(model, builder, state)
-    if opts["graphs"]:
+    if opts.graphs:
         _install_graphs(model, builder, state)
-    if opts["parallel"]:
+    if opts.parallel:
         vae_parallel.apply(model, group, state)
     _encode_note(model, tiling, state)
-    if "vae_tiles" in builder.settings and opts["tile"] is None and tuple(getattr(model, a) for a in TILING) != RELEASED:
+    if "vae_tiles" in builder.settings and opts.tile is None and tuple(getattr(model, a) for a in TILING) != RELEASED:
         state.report.notes.append(f"vae_tiles=default leaves the model's tiling as set ({_geometry(model)}), not "
                                   "diffusers' released 256x256 px, overlap 64x64")
 

@@ -51,7 +51,6 @@ from h3plan.facts.vae.tiling import Geometry, chunk_layout
 
 LEVER = SPEC.name  # the counters' name
 
-from h3plan.install.report import Swap
 
 logger = logging.getLogger("h3plan.install")
 
@@ -341,10 +340,8 @@ def install_parallel(vae, group=None, *, report=None, check_inputs: bool = False
     pd = ParallelDecode(vae, group, original=vae._decode, check_inputs=check_inputs)
     vae._decode = pd
     if report is not None:
-        s = Swap(LEVER, "_decode", "AutoencoderKLMiniMaxH3._decode",
-                 "work items spread over the process group, gathered, stitched by diffusers' _decode")
-        report.swaps.append(s)
-        logger.info("%s", s)
+        report.swap(LEVER, "_decode", "AutoencoderKLMiniMaxH3._decode",
+                    "work items spread over the process group, gathered, stitched by diffusers' _decode")
 
     def undo():
         if vae.__dict__.get("_decode") is pd:
