@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from h3plan.facts.attention import BACKENDS, DEFAULT, select, supports
 from ..sources import cite
-from .base import Context, Option, Spec, nearest_point, one_of, resolve
+from .base import Context, Option, Spec, Terms, nearest_point, one_of, resolve
 
 SPEC = Spec(
     name="attention",
@@ -20,6 +20,9 @@ SPEC = Spec(
     reference=True,
     counter="attention",
     options=(Option("attention", "backend", *one_of(*BACKENDS), default=DEFAULT),),
+    column="attention",
+    # an FP8 backend writes e4m3 (cuDNN FP8 on Hopper), cast to bf16 after
+    terms={name: Terms(attention_backend=name, attention_out_bytes=1 if b.precision == "fp8" else 2) for name, b in BACKENDS.items()},
 )
 FP8 = next(name for name, b in BACKENDS.items() if b.precision == "fp8")  # the recipe's FP8 attention
 

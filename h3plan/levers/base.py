@@ -46,6 +46,45 @@ class Option:
 
 
 @dataclass(frozen=True)
+class Terms:
+    """What one setting changes in the planning side's numbers: planning/derive.py (the estimates) and
+    planning/memory.py (the peak per GPU) read these, never a lever's name. A field at its default: the setting
+    leaves that number as diffusers' eager forward has it. A field is set by one lever only (levers/__init__.py
+    checks); a new kind of change is a field here and the code in derive.py or memory.py that reads it."""
+
+    attention_backend: str | None = None
+    """the attention backend the blocks run (derive: its precision and measured rate)."""
+    attention_out_bytes: int = 2
+    """bytes per element of the attention output (memory: an FP8 backend writes e4m3, then casts to bf16)."""
+    attention_padded: bool = False
+    """attention runs over the padded length, not seq_len (derive's attention FLOPs)."""
+    gemm_dtype: str | None = None
+    """the block linears' GEMM format, "fp8" or "nvfp4" (derive's GEMM rate, memory's weight bytes); None: bf16."""
+    a2a_fp8: bool = False
+    """Q, K, V cross the Ulysses all-to-all as e4m3 codes, 1 byte (derive's all-to-all bytes)."""
+    a2a_note: str | None = None
+    """appended to the all-to-all estimate's basis at Ulysses degree > 1."""
+    adaln_tables: bool = False
+    """the AdaLN projections are tabled per timestep, their weights parked on the host (memory)."""
+    qk_fused: bool = False
+    """QK-norm + RoPE run in one kernel: no eager temporary (memory)."""
+    qkv_fp8: bool = False
+    """q/k/v leave the QK-norm + RoPE kernel as e4m3 codes (memory)."""
+    swiglu_fused: bool = False
+    """SwiGLU in one kernel: no silu(gate) temporary (memory)."""
+    vae_cast: str | None = None
+    """the dtype a float32 VAE is cast to at install ("fp16", "bf16"; memory's decode dtype); None: as loaded."""
+    vae_tile: str | None = None
+    """the vae config's tile key the decode uses ("fp8_tile", "custom_tile"); None: default_tile."""
+    vae_fp8_gemms: bool = False
+    """e4m3 copies of the decoder blocks' linears beside their weights (memory)."""
+    vae_fused: bool = False
+    """the VAE decoder's fused ops (memory's decode activations)."""
+    vae_graphs: bool = False
+    """a CUDA-graph pool of one decoder call held between decodes (memory)."""
+
+
+@dataclass(frozen=True)
 class Spec:
     """A lever's declaration: the one place its settings, losslessness and install options are written.
 
@@ -60,6 +99,9 @@ class Spec:
         when verify swaps an unavailable backend for sdpa).
     options: the install options this lever owns (no other lever may set them).
     kernels: op -> "module:function:check" of the kernels the installed forward calls for this lever.
+    column: its column's header in a sweep's table (h3plan/sweep.py); None: not a column there.
+    terms: setting -> what it changes in the plan's estimates and memory (Terms); a setting not named changes nothing.
+    fit: the lossless setting memory.fit offers first when a plan with another setting of this lever does not fit.
     """
 
     name: str
@@ -72,6 +114,9 @@ class Spec:
     backends: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     options: tuple[Option, ...] = ()
     kernels: Mapping[str, str] = field(default_factory=dict)
+    column: str | None = None
+    terms: Mapping[str, Terms] = field(default_factory=dict)
+    fit: str | None = None
 
     def __post_init__(self):
         if self.model not in MODELS:
@@ -82,6 +127,9 @@ class Spec:
         unknown = set(self.backends) - set(self.settings)
         if unknown:
             raise ValueError(f"lever {self.name}: backends names unknown settings {sorted(unknown)}")
+        unknown = (set(self.terms) | ({self.fit} if self.fit else set())) - set(self.settings)
+        if unknown:
+            raise ValueError(f"lever {self.name}: terms or fit name unknown settings {sorted(unknown)}")
         bad = sorted({b for need in self.backends.values() for b in need} - set(BACKENDS))
         if bad:
             raise ValueError(f"lever {self.name}: backends names unknown attention backends {bad}; known: {list(BACKENDS)}")

@@ -26,6 +26,7 @@ SPEC = Spec(
              "gated_residual_modulate_nvfp4":
                  "h3plan.runtime.kernels.nvfp4_producers:gated_residual_modulate_nvfp4:gated_residual_modulate_nvfp4_check",
              "swiglu_nvfp4": "h3plan.runtime.kernels.nvfp4_producers:swiglu_nvfp4:swiglu_nvfp4_check"},
+    column="nvfp4_fuse",
 )
 
 

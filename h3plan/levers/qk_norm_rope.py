@@ -9,7 +9,7 @@ otherwise fused, which keeps eager's BF16 rounding (exact, telefuser seed (docs/
 from __future__ import annotations
 
 from ..sources import cite
-from .base import Context, Option, Spec, one_of, resolve
+from .base import Context, Option, Spec, Terms, one_of, resolve
 
 
 SPEC = Spec(
@@ -24,6 +24,8 @@ SPEC = Spec(
              # the lean kernel: the removed two-pass cast's bits, fewer instructions (0.95 vs 1.21 ms dynamic at 19,000
              # on the H200, bit-identical: benchmarks/results/probes/fp8-producers-h200.json)
              "qk_norm_rope_fp8": "h3plan.runtime.kernels.qk_fp8_lean:qk_norm_rope_fp8_lean:qk_norm_rope_fp8_lean_check"},
+    column="qk_rope",
+    terms={"fused": Terms(qk_fused=True), "fused_fp8": Terms(qk_fused=True, qkv_fp8=True)},
 )
 
 

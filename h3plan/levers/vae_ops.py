@@ -5,7 +5,7 @@ architecture is reported in the plan as eager, never silently skipped.
 
 from __future__ import annotations
 
-from .base import Context, Option, Spec, resolve
+from .base import Context, Option, Spec, Terms, resolve
 
 OPS = ("qk_norm_rope", "swiglu", "scaled_residual")  # what `fused` may install (the installer keeps the ops whose kernel takes the decode's dtype)
 SPEC = Spec(
@@ -18,6 +18,8 @@ SPEC = Spec(
     kernels={"vae_qk_norm_rope": "h3plan.runtime.kernels.vae:vae_qk_norm_rope:vae_qk_norm_rope_check",
              "vae_swiglu": "h3plan.runtime.kernels.swiglu:swiglu:vae_swiglu_check",
              "vae_scaled_residual": "h3plan.runtime.kernels.vae:scaled_residual:scaled_residual_check"},
+    column="vae_ops",
+    terms={"fused": Terms(vae_fused=True)},
 )
 
 
