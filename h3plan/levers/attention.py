@@ -28,7 +28,7 @@ FP8 = next(name for name, b in BACKENDS.items() if b.precision == "fp8")  # the 
 
 
 def fp8_problems(ctx: Context) -> list[str]:
-    return supports(FP8, ctx.hardware, ctx.hw)
+    return list(supports(FP8, ctx.hardware, ctx.hw))
 
 
 def fp8_output_dtype(ctx: Context) -> str:
@@ -37,7 +37,7 @@ def fp8_output_dtype(ctx: Context) -> str:
 
 
 def blockers(ctx: Context, s: str) -> list[str]:
-    return supports(s, ctx.hardware, ctx.hw) + ring_problems(ctx, s)
+    return list(supports(s, ctx.hardware, ctx.hw) + ring_problems(ctx, s))
 
 
 def ring_problems(ctx: Context, s: str = FP8) -> list[str]:

@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping
 
 from h3plan.facts.attention import BACKENDS
 from h3plan.facts.decision import Decision, make_decision
+from h3plan.facts.support import Support
 from ..facts import tuned
 
 SCOPES = ("linears", "block", "attention", "vae", "transformer")
@@ -255,6 +256,20 @@ def no_blockers(ctx: Context, setting: str) -> list[str]:
     return []
 
 
+def support(
+    ctx: Context,
+    spec: Spec,
+    setting: str,
+    blockers: Callable[[Context, str], list[str]] = no_blockers,
+    policy: Callable[[Context, str], list[str]] | None = None,
+) -> Support:
+    """Whether `setting` of the lever can apply in this context, with every reason it cannot: the attention backends
+    it needs, the lever's own `blockers`, the recipe policy (or the lever's own `policy`) and the tuned device's
+    checks. The lever's boundary answer; a lever module's `blockers` may collect its reasons in a list."""
+    pol = policy(ctx, setting) if policy else policy_blockers(ctx, spec, setting)
+    return Support.of(backend_blockers(ctx, spec, setting) + blockers(ctx, setting) + pol + tuned_blockers(ctx, spec, setting))
+
+
 def resolve(
     ctx: Context,
     spec: Spec,
@@ -270,16 +285,15 @@ def resolve(
     lever = spec.name
     requested = ctx.requested(lever)
 
-    def problems_of(s: str) -> list[str]:
-        pol = policy(ctx, s) if policy else policy_blockers(ctx, spec, s)
-        return backend_blockers(ctx, spec, s) + blockers(ctx, s) + pol + tuned_blockers(ctx, spec, s)
+    def support_of(s: str) -> Support:
+        return support(ctx, spec, s, blockers, policy)
 
     if requested != "auto":
         if requested not in spec.settings:
             raise LeverError(lever, requested, ["allowed: auto, " + ", ".join(spec.settings)])
-        problems = problems_of(requested)
-        if problems:
-            raise LeverError(lever, requested, list(dict.fromkeys(problems)))
+        sup = support_of(requested)
+        if not sup:
+            raise LeverError(lever, requested, list(dict.fromkeys(sup)))
         setting, forced = requested, True
         reasons = [f"forced by levers.{lever}={requested}"] + (explain(ctx, requested) if explain else [])
         extra = params(ctx, requested) if params else {}
@@ -288,13 +302,13 @@ def resolve(
         forced = False
         failed = tuned_blockers(ctx, spec, setting)
         if failed:  # the pick failed its check on the tuned device: the first setting that can apply there
-            alt = next((s for s in spec.settings if s != setting and not problems_of(s)), None)
+            alt = next((s for s in spec.settings if s != setting and support_of(s)), None)
             if alt is None:
                 raise LeverError(lever, setting, failed)
             reasons = list(reasons) + [f"but {setting} is refused: {failed[0]}; {alt} is the first setting that can apply"]
             setting, extra = alt, (params(ctx, alt) if params else {})
-        problems = problems_of(setting)
-        assert not problems, f"internal: auto picked {lever}={setting} that cannot apply: {problems}"
+        sup = support_of(setting)
+        assert sup, f"internal: auto picked {lever}={setting} that cannot apply: {list(sup)}"
     ok, why = hardware_verified(ctx, spec, setting)
     if why:
         reasons = list(reasons) + [why]

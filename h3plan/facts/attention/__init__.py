@@ -15,6 +15,7 @@ import importlib
 from typing import Any, Mapping, Sequence
 
 from h3plan.facts.hardware import never_ran
+from h3plan.facts.support import Support
 
 from . import spec as _spec
 from .spec import BackendSpec
@@ -39,18 +40,18 @@ def load(ref: str):
     return getattr(importlib.import_module(mod), attr)
 
 
-def supports(name: str, hardware: Mapping[str, Any], hw: str | None = None) -> list[str]:
-    """Why backend `name` cannot run on this hardware by its facts; [] when it can."""
-    return _spec.supports(backend_spec(name), hardware, hw)
+def supports(name: str, hardware: Mapping[str, Any], hw: str | None = None) -> Support:
+    """Whether backend `name` can run on this hardware by its facts, and every reason it cannot."""
+    return Support.of(_spec.supports(backend_spec(name), hardware, hw))
 
 
-def select(order: Sequence[str], hardware: Mapping[str, Any], hw: str | None = None) -> tuple[str, dict[str, list[str]]]:
-    """(the first backend of `order` the hardware facts allow, {each earlier backend: its reasons}); the default
+def select(order: Sequence[str], hardware: Mapping[str, Any], hw: str | None = None) -> tuple[str, dict[str, Support]]:
+    """(the first backend of `order` the hardware facts allow, {each earlier backend: why not}); the default
     backend when none of them can run."""
     passed = {}
     for name in order:
         why = supports(name, hardware, hw)
-        if not why:
+        if why:
             return name, passed
         passed[name] = why
     return DEFAULT, passed
