@@ -315,6 +315,18 @@ def resolve(
     return make_decision(lever, setting, spec.lossless(setting), reasons, forced=forced, params=extra, hardware_verified=ok)
 
 
+def producer_blockers(ctx: Context, writer: str) -> list[str]:
+    """A lever whose codes come out of the fused producer kernels (fp8_act_quant=row, nvfp4_producer_quant) needs
+    them planned: the fused modulation (to_q/k/v, ff.net.0.proj) and SwiGLU (ff.net.2). `writer`: who writes them."""
+    out = []
+    if ctx.setting("modulation") == "eager":
+        out.append(f"modulation is eager: {writer} writes the to_q/k/v and ff.net.0.proj codes from the fused "
+                   "modulation kernel (levers.modulation=exact or fp32)")
+    if ctx.setting("swiglu") != "on":
+        out.append(f"swiglu is off: {writer} writes the ff.net.2 codes from the fused SwiGLU kernel (levers.swiglu=on)")
+    return out
+
+
 def is_bool(v: Any) -> bool:
     return isinstance(v, bool)
 
