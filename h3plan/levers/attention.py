@@ -9,7 +9,7 @@ attention does not return here (h3plan/runtime/parallel/lse.py).
 
 from __future__ import annotations
 
-from h3plan.facts.attention import BACKENDS, DEFAULT, select, supports
+from h3plan.facts.attention import BACKENDS, DEFAULT, FP8, select, supports
 from ..sources import cite
 from .base import Context, Option, Spec, Terms, nearest_point, one_of, resolve
 
@@ -24,7 +24,6 @@ SPEC = Spec(
     # an FP8 backend writes e4m3 (cuDNN FP8 on Hopper), cast to bf16 after
     terms={name: Terms(attention_backend=name, attention_out_bytes=1 if b.precision == "fp8" else 2) for name, b in BACKENDS.items()},
 )
-FP8 = next(name for name, b in BACKENDS.items() if b.precision == "fp8")  # the recipe's FP8 attention
 
 
 def fp8_problems(ctx: Context) -> list[str]:

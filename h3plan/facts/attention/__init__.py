@@ -24,6 +24,7 @@ BACKENDS: dict[str, BackendSpec] = {n: importlib.import_module(f"{__name__}.spec
 DEFAULT = "sdpa"  # diffusers' native math: what runs where no backend is planned or a call is refused
 
 BF16 = tuple(n for n, s in BACKENDS.items() if s.precision == "bf16")  # what hardware.attention_rank.order ranks
+FP8 = next(n for n, s in BACKENDS.items() if s.precision == "fp8")  # the recipe's FP8 attention
 LOSSLESS = tuple(n for n, s in BACKENDS.items() if s.lossless)
 LSE_OF = {n: s.lse for n, s in BACKENDS.items() if s.lse}  # backend -> its log-sum-exp block function (the ring's)
 
@@ -92,5 +93,5 @@ def for_options(opts):
     return get_backend(s.name, **{o.kwarg: getattr(opts, o.key) for o in s.options if o.kwarg})
 
 
-__all__ = ["BACKENDS", "DEFAULT", "BF16", "LOSSLESS", "LSE_OF", "BackendSpec", "backend_spec", "load", "supports", "select",
+__all__ = ["BACKENDS", "DEFAULT", "BF16", "FP8", "LOSSLESS", "LSE_OF", "BackendSpec", "backend_spec", "load", "supports", "select",
            "missing_facts", "untested_notes", "backend_class", "get_backend", "for_options"]
