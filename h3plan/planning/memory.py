@@ -102,8 +102,6 @@ class MemoryConfig:
     denoise, no audio VAE). h3plan.plan_for sets it from what it is given."""
 
 
-
-
 def transformer_params(dc: Mapping[str, Any]) -> dict[str, int]:
     """Parameter counts of MiniMaxH3Transformer3DModel by what their dtype follows."""
     h, heads, d, f = dc["hidden_size"], dc["num_attention_heads"], dc["attention_head_dim"], dc["ffn_dim"]
