@@ -25,7 +25,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from .errors import ConfigError, H3PlanError, PlanFileError, PlanningError, UsageError
-from .levers import LEVER_SETTINGS, REGISTRY, SPECS, Context, LeverError
+from .levers import LEVER_SETTINGS, REGISTRY, SPECS, Context, LeverError, terms
 from .planning import CONF, checkpoint, derive, memory, predict, schema
 from h3plan.facts.decision import Decision, freeze, thaw
 from .planning.config import compose, override
@@ -361,7 +361,7 @@ def _memory(sections, shape, decisions) -> tuple[dict[str, Any], dict[str, str]]
     fit raises PlanningError with the numbers and the nearest option that fits."""
     hw, m = sections["hardware"], sections["memory"]
     est = memory.estimate(sections, shape, decisions)  # refuses a memory.vae_dtype it does not know
-    vd = str(getattr(decisions.get("vae_precision"), "setting", "fp32"))
+    vd = terms(decisions).vae_cast or "fp32"
     if m["vae_dtype"] != "fp32" and vd != m["vae_dtype"]:  # a VAE loaded in fp16/bf16 decodes in its own dtype
         raise PlanningError(f"memory.vae_dtype={m['vae_dtype']} sizes a VAE loaded in {m['vae_dtype']}, which decodes in "
                             f"{m['vae_dtype']}, but the plan decodes in {vd} (vae_precision={vd}): set recipe.vae={m['vae_dtype']} "

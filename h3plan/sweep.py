@@ -30,14 +30,12 @@ from hydra.experimental.callback import Callback
 from . import planner
 from .actions import run_action
 from .errors import H3PlanError
+from .levers import COLUMNS
 from .planning.config import condense
 from .planning.schema import LEVER_SETTINGS
 
 GROUPS = ("hardware", "recipe", "parallel", "model", "vae")
-KEY_LEVERS = ("gemm_quant", "attention", "fa4_2cta", "fp8_scales", "qk_norm_rope", "ulysses_overlap",
-              "a2a_fp8_codes", "prefix_inplace", "nvfp4_producer_quant", "vae_tiles", "vae_ops")
-SHORT = {"nvfp4_producer_quant": "nvfp4_fuse", "ulysses_overlap": "overlap", "a2a_fp8_codes": "a2a_fp8",
-         "qk_norm_rope": "qk_rope", "prefix_inplace": "prefix", "fp8_scales": "scales", "gemm_quant": "gemm"}
+KEY_LEVERS = tuple(COLUMNS)  # the levers whose SPEC names a sweep column, in registry order
 REASON_ROOM = 100  # an invalid row's reason in the table (the files keep it whole)
 
 
@@ -117,7 +115,7 @@ def _common(rows: list[dict[str, Any]]) -> frozenset:
 
 
 def render(rows: list[dict[str, Any]]) -> str:
-    head = ["#", "combination", "status"] + [SHORT.get(k, k) for k in KEY_LEVERS] + [
+    head = ["#", "combination", "status"] + [COLUMNS[k] for k in KEY_LEVERS] + [
         "lossless", "attn_ms", "gemm_ms", "peak_gib", "never_ran"]
     table, common = [], _common(rows)
     for r in rows:

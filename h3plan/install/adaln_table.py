@@ -47,8 +47,7 @@ import torch.nn.functional as F
 from h3plan.errors import InstallError
 from h3plan.planning.request import MIN_STEPS, STEPS_RULE
 from h3plan.runtime import count_op  # noqa: F401 (h3plan::count before any compiled call site)
-from h3plan.runtime.counters import fallback as count_fallback, fused as count_fused
-from h3plan.runtime.guards import needs_grad
+from h3plan.runtime.guards import count_route, needs_grad
 
 from . import adaln_temb
 from .components import STATE, TRANSFORMERS, is_pipeline
@@ -140,7 +139,7 @@ def adaln_table(temb: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
         key, kid = slot.tables.lookup(temb)
         entry = slot.entries.get(kid) if kid is not None else None
         if entry is not None and entry.device == temb.device:
-            count_fused(LEVER)
+            count_route(LEVER, None)
             return entry.clone()
         why = (f"timestep vector not in the table (T={temb.shape[0]})" if entry is None else
                f"temb on {temb.device}, the table on {entry.device}")
@@ -153,7 +152,7 @@ def adaln_table(temb: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
             slot.seal()
         key, _ = slot.tables.lookup(temb)
         slot.entries[slot.tables.register(key)] = out.clone()
-    count_fallback(LEVER, why)
+    count_route(LEVER, why)
     return out
 
 
@@ -174,7 +173,7 @@ def modulation(linear: torch.nn.Linear, temb: torch.Tensor) -> torch.Tensor:
     w, b = linear.weight, linear.bias
     why = _eager_reason(temb, w, b)
     if why is not None:
-        count_fallback(LEVER, why)
+        count_route(LEVER, why)
         return linear_of(temb, w, b)
     return torch.ops.h3plan.adaln_table(temb, w, b)
 
@@ -202,7 +201,7 @@ def tabled_norm_out_forward(self, hidden_states: torch.Tensor, temb: torch.Tenso
 
 def parked_linear_forward(self, x: torch.Tensor) -> torch.Tensor:
     """A direct call of a parked AdaLN linear: nn.Linear's math on its weights streamed to x's device."""
-    count_fallback(LEVER, "direct call of a parked AdaLN linear: weights streamed to the device")
+    count_route(LEVER, "direct call of a parked AdaLN linear: weights streamed to the device")
     return F.linear(x, self.weight.to(x.device), None if self.bias is None else self.bias.to(x.device))
 
 

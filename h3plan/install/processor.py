@@ -33,8 +33,7 @@ from h3plan.runtime.parallel.comm import amax_allreduce_hook
 from h3plan.facts.sizes import valid_rows
 from h3plan.runtime.quant.fp8 import shared_activation
 
-from h3plan.runtime.counters import fallback as count_fallback, fused as count_fused
-from h3plan.runtime.guards import GRAD_REASON, needs_grad, run_guarded
+from h3plan.runtime.guards import GRAD_REASON, count_route, needs_grad, run_guarded
 
 
 def _sig(*ts) -> tuple:
@@ -98,20 +97,18 @@ class H3PlanAttnProcessor:
         for o in self.spec.options:
             if o.reason is not None and getattr(self.opts, o.key):
                 why = getattr(self.backend, o.reason)(q)
-                count_fused(o.key) if why is None else count_fallback(o.key, why)
+                count_route(o.key, why)
 
     def attend(self, q, k, v, out=None, descales=None, amax=None):
         """Backend attention on (B, Sq, H, D) / (B, Skv, H, D); diffusers' dispatch when refused. `amax` (3,):
         the q/k/v amax cudnn_fp8 scales bf16 inputs by (the whole sequence's, under Ulysses)."""
         reason = self._backend_reason(q, k, v)
-        if reason is None:
-            count_fused("attention")
+        if count_route("attention", reason):
             self._count_options(q)
             if self.spec.fp8_inputs:
                 d = descales if descales is not None else self._static(q)
                 return attention_ops.call(self.backend, q, k, v, out=out, descales=d, amax=amax if d is None else None)
             return attention_ops.call(self.backend, q, k, v, out=out)
-        count_fallback("attention", reason)
         if q.dtype == torch.float8_e4m3fn:  # codes from the fused FP8 kernel: dequantise for the eager path
             dtype = self._act_dtype or torch.bfloat16
             q, k, v = (t.float().mul(d).to(dtype) for t, d in zip((q, k, v), descales))
@@ -160,7 +157,7 @@ class H3PlanAttnProcessor:
 
     def __call__(self, attn, hidden_states, rotary_emb=None, attention_mask=None):
         if attention_mask is not None:
-            count_fallback("attention", "attention mask given (MiniMax-H3 packs no mask)")
+            count_route("attention", "attention mask given (MiniMax-H3 packs no mask)")
             return self.original(attn, hidden_states, rotary_emb, attention_mask)
         if self.ulysses is not None and self.opts.ulysses_exchange in ("projection", "projection_split"):
             out = self._projection_call(attn, hidden_states, rotary_emb)
@@ -284,7 +281,7 @@ class H3PlanAttnProcessor:
         caller runs the packed exchange)."""
         why = self._projection_reason(attn, x, rotary_emb)
         if why is not None:
-            count_fallback("ulysses_exchange", why)
+            count_route("ulysses_exchange", why)
             return None
         ua, S = self.ulysses, self.shard.seq_len
         U, H = ua.degree, attn.heads
@@ -303,8 +300,8 @@ class H3PlanAttnProcessor:
             return qn, kn, vd.view(1, x.shape[1], h, D)
 
         gathered = ua.exchange_projected(produce, seq_len=S, shape=(1, x.shape[1], H, D), dtype=x.dtype, device=x.device)
-        count_fused("ulysses_exchange")
-        count_fused("qk_norm_rope")
+        count_route("ulysses_exchange", None)
+        count_route("qk_norm_rope", None)
         self._act_dtype = x.dtype
         return ua(None, None, None, self._attn_fn(), seq_len=S, gathered=gathered)
 
@@ -327,7 +324,7 @@ class H3PlanAttnProcessor:
         ru, S, U = self.ring, self.shard.seq_len, self.ring.ulysses_degree
         block = ru.ring.attn
         why = block.reason(q)
-        count_fused("ring") if why is None else count_fallback("ring", f"{block.name}: {why}; fp32 reference blocks")
+        count_route("ring", None if why is None else f"{block.name}: {why}; fp32 reference blocks")
         if self.opts.qk_norm_rope == "fused" and U > 1:
             packed = self._packed_norm_rope(attn, q, k, v, rotary_emb, U)
             if packed is not None:

@@ -30,7 +30,8 @@ from typing import Any
 import torch
 
 from h3plan.levers.step_cache import computed_mask, scaled
-from h3plan.runtime.counters import event, fallback as count_fallback, fused as count_fused
+from h3plan.runtime.counters import event
+from h3plan.runtime.guards import count_route
 
 from .adaln_table import timestep_vectors
 
@@ -170,14 +171,14 @@ def _make_hook(state: _State):
             where = st.index.get(ts.detach().to("cpu", torch.float32).numpy().tobytes())
             original = self.fn_ref.original_forward
             if where is None:
-                count_fallback(LEVER, "timestep vector not in the planned schedules (install num_inference_steps=): computed")
+                count_route(LEVER, "timestep vector not in the planned schedules (install num_inference_steps=): computed")
                 st.reset()
                 return original(*args, **kwargs)
             step, n = where
             if step == 0 or n != st.forwards or step != st.step + 1:
                 st.begin(n)
             st.step = step
-            count_fused(LEVER)
+            count_route(LEVER, None)
             if st.spec["mode"] == "first_block":
                 st.active = True
                 try:

@@ -8,16 +8,20 @@ builder). Every table other code needs about levers is derived here, once:
     OPTIONS          option key -> (owner lever, Option) (the builder's validation, the installer's defaults)
     KERNEL_OPS       kernel op -> its lever           (install/kernels.py maps each op to its functions)
     ULYSSES_LEVERS, REFERENCE_LEVERS, COUNTERS          (hardware-verified rule, verify)
+    COLUMNS          lever -> its sweep table header     (h3plan/sweep.py)
+    terms(settings)  the plan's Terms                    (planning/derive.py, planning/memory.py)
 
 Adding a lever: docs/architecture.md, "How to add a lever".
 """
 
 from __future__ import annotations
 
+from dataclasses import fields, replace
 from importlib import import_module
 from types import MappingProxyType
+from typing import Any, Mapping
 
-from .base import Context, LeverError, Option, Spec
+from .base import Context, LeverError, Option, Spec, Terms
 
 NAMES = ("gemm_quant", "adaln_table", "attention", "fa4_2cta", "fa4_tile", "fp8_scales", "qk_norm_rope", "modulation",
          "gated_residual", "swiglu", "fp8_act_quant", "ulysses_padding", "ulysses_overlap", "a2a_fp8_codes",
@@ -60,8 +64,32 @@ def _kernel_ops() -> dict[str, str]:
     return out
 
 
+def _term_owners() -> dict[str, str]:
+    """Terms field -> the one lever whose settings set it."""
+    out: dict[str, str] = {}
+    for name, s in SPECS.items():
+        for t in s.terms.values():
+            for f in fields(Terms):
+                if getattr(t, f.name) != f.default and out.setdefault(f.name, name) != name:
+                    raise ImportError(f"levers {out[f.name]!r} and {name!r} both set Terms.{f.name}")
+    return out
+
+
+def terms(settings: Mapping[str, Any]) -> Terms:
+    """The Terms of a plan's settings (lever -> setting or Decision; levers or settings not named change nothing)."""
+    out = Terms()
+    for lever, v in settings.items():
+        spec = SPECS.get(lever)
+        t = spec.terms.get(str(getattr(v, "setting", v))) if spec else None
+        if t is not None:
+            out = replace(out, **{f.name: getattr(t, f.name) for f in fields(Terms) if getattr(t, f.name) != f.default})
+    return out
+
+
 OPTIONS = MappingProxyType(_options())
 KERNEL_OPS = MappingProxyType(_kernel_ops())
+TERM_OWNERS = MappingProxyType(_term_owners())
+COLUMNS = MappingProxyType({name: s.column for name, s in SPECS.items() if s.column})
 
 
 def scope_options(scope: str) -> dict[str, Option]:
@@ -86,4 +114,5 @@ def not_installed(decision) -> str | None:
 
 
 __all__ = ["NAMES", "REGISTRY", "SPECS", "LEVER_SETTINGS", "OPTIONS", "KERNEL_OPS", "ULYSSES_LEVERS", "REFERENCE_LEVERS",
-           "COUNTERS", "Context", "LeverError", "Option", "Spec", "not_installed", "scope_options"]
+           "COUNTERS", "COLUMNS", "TERM_OWNERS", "Context", "LeverError", "Option", "Spec", "Terms", "not_installed",
+           "scope_options", "terms"]

@@ -9,7 +9,7 @@ at 19k and pays at 104k).
 from __future__ import annotations
 
 from ..sources import cite
-from .base import Context, Option, Spec, is_bool, resolve
+from .base import Context, Option, Spec, Terms, is_bool, resolve
 from .ring import excluded
 
 TRT = cite("trtllm-seed")
@@ -21,6 +21,8 @@ SPEC = Spec(
     ulysses=True,
     backends={"on": ("cudnn_fp8",)},
     options=(Option("attention", "a2a_fp8_codes", is_bool, "bool", False),),
+    column="a2a_fp8",
+    terms={"on": Terms(a2a_fp8=True)},
 )
 
 

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 from h3plan.facts.timesteps import request_steps, row_kinds, schedule, vectors
 
-from .base import Context, Option, Spec, resolve
+from .base import Context, Option, Spec, Terms, resolve
 
 
 def _valid(v) -> bool:
@@ -40,6 +40,8 @@ SPEC = Spec(
     summary="AdaLN modulation outputs tabled per timestep vector at install, weights parked on the host (exact)",
     counter="adaln_table",
     options=(Option("linears", "adaln_table", _valid, "None or dict(steps: [int >= 2, ...], shifts, conditions)", None),),
+    terms={"on": Terms(adaln_tables=True)},
+    fit="on",
 )
 GiB = 2**30
 MODULATION_OUT = 6 * 3  # MiniMaxH3AdaLayerNormModulation: 6 x hidden x MINIMAX_H3_MODALITY_NUM outputs per row

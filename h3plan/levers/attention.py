@@ -9,9 +9,9 @@ attention does not return here (h3plan/runtime/parallel/lse.py).
 
 from __future__ import annotations
 
-from h3plan.facts.attention import BACKENDS, DEFAULT, select, supports
+from h3plan.facts.attention import BACKENDS, DEFAULT, FP8, select, supports
 from ..sources import cite
-from .base import Context, Option, Spec, nearest_point, one_of, resolve
+from .base import Context, Option, Spec, Terms, nearest_point, one_of, resolve
 
 SPEC = Spec(
     name="attention",
@@ -20,12 +20,14 @@ SPEC = Spec(
     reference=True,
     counter="attention",
     options=(Option("attention", "backend", *one_of(*BACKENDS), default=DEFAULT),),
+    column="attention",
+    # an FP8 backend writes e4m3 (cuDNN FP8 on Hopper), cast to bf16 after
+    terms={name: Terms(attention_backend=name, attention_out_bytes=1 if b.precision == "fp8" else 2) for name, b in BACKENDS.items()},
 )
-FP8 = next(name for name, b in BACKENDS.items() if b.precision == "fp8")  # the recipe's FP8 attention
 
 
 def fp8_problems(ctx: Context) -> list[str]:
-    return supports(FP8, ctx.hardware, ctx.hw)
+    return list(supports(FP8, ctx.hardware, ctx.hw))
 
 
 def fp8_output_dtype(ctx: Context) -> str:
@@ -34,7 +36,7 @@ def fp8_output_dtype(ctx: Context) -> str:
 
 
 def blockers(ctx: Context, s: str) -> list[str]:
-    return supports(s, ctx.hardware, ctx.hw) + ring_problems(ctx, s)
+    return list(supports(s, ctx.hardware, ctx.hw) + ring_problems(ctx, s))
 
 
 def ring_problems(ctx: Context, s: str = FP8) -> list[str]:

@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping
 
 from h3plan.facts.attention import BACKENDS
 from h3plan.facts.decision import Decision, make_decision
+from h3plan.facts.support import Support
 from ..facts import tuned
 
 SCOPES = ("linears", "block", "attention", "vae", "transformer")
@@ -46,6 +47,45 @@ class Option:
 
 
 @dataclass(frozen=True)
+class Terms:
+    """What one setting changes in the planning side's numbers: planning/derive.py (the estimates) and
+    planning/memory.py (the peak per GPU) read these, never a lever's name. A field at its default: the setting
+    leaves that number as diffusers' eager forward has it. A field is set by one lever only (levers/__init__.py
+    checks); a new kind of change is a field here and the code in derive.py or memory.py that reads it."""
+
+    attention_backend: str | None = None
+    """the attention backend the blocks run (derive: its precision and measured rate)."""
+    attention_out_bytes: int = 2
+    """bytes per element of the attention output (memory: an FP8 backend writes e4m3, then casts to bf16)."""
+    attention_padded: bool = False
+    """attention runs over the padded length, not seq_len (derive's attention FLOPs)."""
+    gemm_dtype: str | None = None
+    """the block linears' GEMM format, "fp8" or "nvfp4" (derive's GEMM rate, memory's weight bytes); None: bf16."""
+    a2a_fp8: bool = False
+    """Q, K, V cross the Ulysses all-to-all as e4m3 codes, 1 byte (derive's all-to-all bytes)."""
+    a2a_note: str | None = None
+    """appended to the all-to-all estimate's basis at Ulysses degree > 1."""
+    adaln_tables: bool = False
+    """the AdaLN projections are tabled per timestep, their weights parked on the host (memory)."""
+    qk_fused: bool = False
+    """QK-norm + RoPE run in one kernel: no eager temporary (memory)."""
+    qkv_fp8: bool = False
+    """q/k/v leave the QK-norm + RoPE kernel as e4m3 codes (memory)."""
+    swiglu_fused: bool = False
+    """SwiGLU in one kernel: no silu(gate) temporary (memory)."""
+    vae_cast: str | None = None
+    """the dtype a float32 VAE is cast to at install ("fp16", "bf16"; memory's decode dtype); None: as loaded."""
+    vae_tile: str | None = None
+    """the vae config's tile key the decode uses ("fp8_tile", "custom_tile"); None: default_tile."""
+    vae_fp8_gemms: bool = False
+    """e4m3 copies of the decoder blocks' linears beside their weights (memory)."""
+    vae_fused: bool = False
+    """the VAE decoder's fused ops (memory's decode activations)."""
+    vae_graphs: bool = False
+    """a CUDA-graph pool of one decoder call held between decodes (memory)."""
+
+
+@dataclass(frozen=True)
 class Spec:
     """A lever's declaration: the one place its settings, losslessness and install options are written.
 
@@ -61,6 +101,9 @@ class Spec:
     options: the install options this lever owns (no other lever may set them).
     kernels: the names of the kernel ops the installed forward calls for this lever (h3plan/install/kernels.py maps
         each to its function and check: levers sit below the runtime and import none of it).
+    column: its column's header in a sweep's table (h3plan/sweep.py); None: not a column there.
+    terms: setting -> what it changes in the plan's estimates and memory (Terms); a setting not named changes nothing.
+    fit: the lossless setting memory.fit offers first when a plan with another setting of this lever does not fit.
     """
 
     name: str
@@ -73,6 +116,9 @@ class Spec:
     backends: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     options: tuple[Option, ...] = ()
     kernels: tuple[str, ...] = ()
+    column: str | None = None
+    terms: Mapping[str, Terms] = field(default_factory=dict)
+    fit: str | None = None
 
     def __post_init__(self):
         if self.model not in MODELS:
@@ -83,6 +129,9 @@ class Spec:
         unknown = set(self.backends) - set(self.settings)
         if unknown:
             raise ValueError(f"lever {self.name}: backends names unknown settings {sorted(unknown)}")
+        unknown = (set(self.terms) | ({self.fit} if self.fit else set())) - set(self.settings)
+        if unknown:
+            raise ValueError(f"lever {self.name}: terms or fit name unknown settings {sorted(unknown)}")
         bad = sorted({b for need in self.backends.values() for b in need} - set(BACKENDS))
         if bad:
             raise ValueError(f"lever {self.name}: backends names unknown attention backends {bad}; known: {list(BACKENDS)}")
@@ -208,6 +257,20 @@ def no_blockers(ctx: Context, setting: str) -> list[str]:
     return []
 
 
+def support(
+    ctx: Context,
+    spec: Spec,
+    setting: str,
+    blockers: Callable[[Context, str], list[str]] = no_blockers,
+    policy: Callable[[Context, str], list[str]] | None = None,
+) -> Support:
+    """Whether `setting` of the lever can apply in this context, with every reason it cannot: the attention backends
+    it needs, the lever's own `blockers`, the recipe policy (or the lever's own `policy`) and the tuned device's
+    checks. The lever's boundary answer; a lever module's `blockers` may collect its reasons in a list."""
+    pol = policy(ctx, setting) if policy else policy_blockers(ctx, spec, setting)
+    return Support.of(backend_blockers(ctx, spec, setting) + blockers(ctx, setting) + pol + tuned_blockers(ctx, spec, setting))
+
+
 def resolve(
     ctx: Context,
     spec: Spec,
@@ -223,16 +286,15 @@ def resolve(
     lever = spec.name
     requested = ctx.requested(lever)
 
-    def problems_of(s: str) -> list[str]:
-        pol = policy(ctx, s) if policy else policy_blockers(ctx, spec, s)
-        return backend_blockers(ctx, spec, s) + blockers(ctx, s) + pol + tuned_blockers(ctx, spec, s)
+    def support_of(s: str) -> Support:
+        return support(ctx, spec, s, blockers, policy)
 
     if requested != "auto":
         if requested not in spec.settings:
             raise LeverError(lever, requested, ["allowed: auto, " + ", ".join(spec.settings)])
-        problems = problems_of(requested)
-        if problems:
-            raise LeverError(lever, requested, list(dict.fromkeys(problems)))
+        sup = support_of(requested)
+        if not sup:
+            raise LeverError(lever, requested, list(dict.fromkeys(sup)))
         setting, forced = requested, True
         reasons = [f"forced by levers.{lever}={requested}"] + (explain(ctx, requested) if explain else [])
         extra = params(ctx, requested) if params else {}
@@ -241,17 +303,29 @@ def resolve(
         forced = False
         failed = tuned_blockers(ctx, spec, setting)
         if failed:  # the pick failed its check on the tuned device: the first setting that can apply there
-            alt = next((s for s in spec.settings if s != setting and not problems_of(s)), None)
+            alt = next((s for s in spec.settings if s != setting and support_of(s)), None)
             if alt is None:
                 raise LeverError(lever, setting, failed)
             reasons = list(reasons) + [f"but {setting} is refused: {failed[0]}; {alt} is the first setting that can apply"]
             setting, extra = alt, (params(ctx, alt) if params else {})
-        problems = problems_of(setting)
-        assert not problems, f"internal: auto picked {lever}={setting} that cannot apply: {problems}"
+        sup = support_of(setting)
+        assert sup, f"internal: auto picked {lever}={setting} that cannot apply: {list(sup)}"
     ok, why = hardware_verified(ctx, spec, setting)
     if why:
         reasons = list(reasons) + [why]
     return make_decision(lever, setting, spec.lossless(setting), reasons, forced=forced, params=extra, hardware_verified=ok)
+
+
+def producer_blockers(ctx: Context, writer: str) -> list[str]:
+    """A lever whose codes come out of the fused producer kernels (fp8_act_quant=row, nvfp4_producer_quant) needs
+    them planned: the fused modulation (to_q/k/v, ff.net.0.proj) and SwiGLU (ff.net.2). `writer`: who writes them."""
+    out = []
+    if ctx.setting("modulation") == "eager":
+        out.append(f"modulation is eager: {writer} writes the to_q/k/v and ff.net.0.proj codes from the fused "
+                   "modulation kernel (levers.modulation=exact or fp32)")
+    if ctx.setting("swiglu") != "on":
+        out.append(f"swiglu is off: {writer} writes the ff.net.2 codes from the fused SwiGLU kernel (levers.swiglu=on)")
+    return out
 
 
 def is_bool(v: Any) -> bool:

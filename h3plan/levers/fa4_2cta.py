@@ -18,6 +18,7 @@ SPEC = Spec(
     backends={"on": ("fa4",)},
     options=(Option("attention", "fa4_2cta", lambda v: v is None or isinstance(v, bool), "bool or None", None,
                     swap=lambda v: ("", "fa4 default CTA mode", "2-CTA allowed per call") if v else None),),
+    column="fa4_2cta",
 )
 
 

@@ -17,7 +17,7 @@ auto: row only where the hardware measured the installed FP8 block with row agai
 
 from __future__ import annotations
 
-from .base import Context, Option, Spec, faster_in_every_run, one_of, resolve, speedup_runs
+from .base import Context, Option, Spec, faster_in_every_run, one_of, producer_blockers, resolve, speedup_runs
 
 SPEC = Spec(
     name="fp8_act_quant",
@@ -45,11 +45,7 @@ def blockers(ctx: Context, s: str) -> list[str]:
         return [f"gemm_quant is {gq}: {s} scales quantise the inputs of FP8 GEMMs (gemm_quant=fp8 only)"]
     out = []
     if s == "row":
-        if ctx.setting("modulation") == "eager":
-            out.append("modulation is eager: row writes the to_q/k/v and ff.net.0.proj codes from the fused modulation "
-                       "kernel (levers.modulation=exact or fp32)")
-        if ctx.setting("swiglu") != "on":
-            out.append("swiglu is off: row writes the ff.net.2 codes from the fused SwiGLU kernel (levers.swiglu=on)")
+        out += producer_blockers(ctx, "row")
     return out
 
 

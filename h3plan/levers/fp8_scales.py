@@ -25,6 +25,7 @@ SPEC = Spec(
              Option("attention", "scale_table", lambda v: v is None or isinstance(v, str), "path or None", None),
              Option("attention", "scale_margin", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,
                     "float > 0", 1.0)),
+    column="scales",
 )
 
 

@@ -9,7 +9,7 @@ AdaLN projections, norms and output heads keep diffusers' dtypes. fp8/nvfp4 are 
 from __future__ import annotations
 
 from h3plan.facts.scale_table import has_linears
-from .base import Context, LeverError, Option, Spec, resolve
+from .base import Context, LeverError, Option, Spec, Terms, resolve
 from .nvfp4_producer_quant import nvfp4_evidence
 
 SPEC = Spec(
@@ -19,6 +19,8 @@ SPEC = Spec(
     counter="gemm_quant",
     options=(Option("linears", "quant", lambda v: v is None or (isinstance(v, dict) and v.get("format") in ("fp8", "nvfp4")),
                     "None or dict(format: 'fp8' | 'nvfp4', params: dict)", None),),
+    column="gemm",
+    terms={"fp8": Terms(gemm_dtype="fp8"), "nvfp4": Terms(gemm_dtype="nvfp4")},
 )
 # NVFP4 rounding (docs/numerics.md): why the block scales clamp as torchao does and not as TRT-LLM's kernel
 QUANTIZER = ("torchao nvfp4_quantize, bit for bit: codes by reciprocal multiply x * ((1 / g) / s), -0 kept, block "

@@ -11,7 +11,7 @@ auto: on with gemm_quant=nvfp4 when the rows per rank reach step_fusions_min_row
 from __future__ import annotations
 
 from ..sources import cite
-from .base import Context, Option, Spec, is_bool, resolve
+from .base import Context, Option, Spec, is_bool, producer_blockers, resolve
 from .qk_norm_rope import step_fusions_on
 
 SPEC = Spec(
@@ -23,6 +23,7 @@ SPEC = Spec(
                     swap=lambda v: (".norm1/norm2+modulate (residual folded), ff swiglu", "bf16 + NVFP4 cast in the linear",
                                     "NVFP4 codes from the producer") if v else None),),
     kernels=("rmsnorm_modulate_nvfp4", "gated_residual_modulate_nvfp4", "swiglu_nvfp4"),
+    column="nvfp4_fuse",
 )
 
 
@@ -49,11 +50,7 @@ def nvfp4_blockers(ctx: Context, s: str) -> list[str]:
 def blockers(ctx: Context, s: str) -> list[str]:
     out = nvfp4_blockers(ctx, s)
     if s == "on":
-        if ctx.setting("modulation") == "eager":
-            out.append("modulation is eager: the producer writes the to_q/k/v and ff.net.0.proj codes from the fused "
-                       "modulation kernel (levers.modulation=exact or fp32)")
-        if ctx.setting("swiglu") != "on":
-            out.append("swiglu is off: the producer writes the ff.net.2 codes from the fused SwiGLU kernel (levers.swiglu=on)")
+        out += producer_blockers(ctx, "the producer")
     return out
 
 

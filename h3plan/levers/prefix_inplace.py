@@ -18,6 +18,7 @@ SPEC = Spec(
     ulysses=True,
     backends={"on": ("cudnn_bf16", "cudnn_fp8")},
     options=(Option("attention", "prefix_inplace", is_bool, "bool", False),),
+    column="prefix",
 )
 
 

@@ -9,7 +9,7 @@ otherwise fused, which keeps eager's BF16 rounding (exact, telefuser seed (docs/
 from __future__ import annotations
 
 from ..sources import cite
-from .base import Context, Option, Spec, one_of, resolve
+from .base import Context, Option, Spec, Terms, one_of, resolve
 
 
 SPEC = Spec(
@@ -21,6 +21,8 @@ SPEC = Spec(
     options=(Option("attention", "qk_norm_rope", *one_of("eager", "fused", "fused_fp8"), default="eager",
                     swap=lambda v: (".norm_q/norm_k+rope", "eager", v) if v != "eager" else None),),
     kernels=("qk_norm_rope", "qk_norm_rope_fp8"),
+    column="qk_rope",
+    terms={"fused": Terms(qk_fused=True), "fused_fp8": Terms(qk_fused=True, qkv_fp8=True)},
 )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..sources import cite
-from .base import Context, Option, Spec, is_bool, resolve
+from .base import Context, Option, Spec, Terms, is_bool, resolve
 
 SPEC = Spec(
     name="swiglu",
@@ -13,6 +13,7 @@ SPEC = Spec(
     options=(Option("block", "swiglu", is_bool, "bool", False,
                     swap=lambda v: (".ff.net.0 swiglu", "eager", "fused") if v else None),),
     kernels=("swiglu",),
+    terms={"on": Terms(swiglu_fused=True)},
 )
 
 

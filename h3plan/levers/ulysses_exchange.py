@@ -25,7 +25,7 @@ each setting's nearest length), the fastest (median) of those faster in every ru
 
 from __future__ import annotations
 
-from .base import Context, Option, Spec, faster_in_every_run, nearest_ulysses_point, resolve, speedup_runs
+from .base import Context, Option, Spec, Terms, faster_in_every_run, nearest_ulysses_point, resolve, speedup_runs
 
 SPEC = Spec(
     name="ulysses_exchange",
@@ -35,6 +35,8 @@ SPEC = Spec(
     options=(Option("attention", "ulysses_exchange", lambda v: v in ("packed", "projection", "projection_split"),
                     "'packed', 'projection' or 'projection_split'", "packed"),),
     counter="ulysses_exchange",
+    terms={"projection": Terms(a2a_note="ulysses_exchange=projection: Q, K, V travel as send/recv while the next "
+                                          "destination's projections run (mostly hidden), O's exchange stays exposed")},
 )
 
 

@@ -21,6 +21,7 @@ SPEC = Spec(
     ulysses=True,
     options=(Option("attention", "ulysses_chunks", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
                     "int >= 1", 1),),
+    column="overlap",
 )
 
 

@@ -11,7 +11,7 @@ inside a ring block sees full blocks (h3plan/runtime/parallel/ring.py).
 from __future__ import annotations
 
 from ..sources import cite
-from .base import Context, Option, Spec, one_of, resolve
+from .base import Context, Option, Spec, Terms, one_of, resolve
 
 
 SPEC = Spec(
@@ -22,6 +22,7 @@ SPEC = Spec(
     options=(Option("attention", "ulysses_degree", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
                     "int >= 1", 1),
              Option("attention", "ulysses_padding", *one_of("none", "padded", "fixed_valid", "valid_only"), default="none")),
+    terms={"padded": Terms(attention_padded=True)},
 )
 
 

@@ -9,7 +9,7 @@ it, elsewhere it says it was not. Guards per call fall back to diffusers' forwar
 
 from __future__ import annotations
 
-from .base import Context, Option, Spec, is_bool, resolve
+from .base import Context, Option, Spec, Terms, is_bool, resolve
 
 SPEC = Spec(
     name="vae_graphs",
@@ -18,6 +18,7 @@ SPEC = Spec(
     model="vae",
     counter="vae_graphs",
     options=(Option("vae", "graphs", is_bool, "bool", False),),
+    terms={"on": Terms(vae_graphs=True)},
 )
 
 

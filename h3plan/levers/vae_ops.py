@@ -5,7 +5,7 @@ architecture is reported in the plan as eager, never silently skipped.
 
 from __future__ import annotations
 
-from .base import Context, Option, Spec, resolve
+from .base import Context, Option, Spec, Terms, resolve
 
 OPS = ("qk_norm_rope", "swiglu", "scaled_residual")  # what `fused` may install (the installer keeps the ops whose kernel takes the decode's dtype)
 SPEC = Spec(
@@ -16,6 +16,8 @@ SPEC = Spec(
     counter="vae_ops",
     options=(Option("vae", "ops", lambda v: isinstance(v, tuple) and set(v) <= set(OPS), "tuple of " + ", ".join(OPS), ()),),
     kernels=("vae_qk_norm_rope", "vae_swiglu", "vae_scaled_residual"),
+    column="vae_ops",
+    terms={"fused": Terms(vae_fused=True)},
 )
 
 

@@ -9,7 +9,7 @@ for the same reason as any non-default geometry.
 
 from __future__ import annotations
 
-from .base import Context, Option, Spec, hardware_verified, one_of, resolve
+from .base import Context, Option, Spec, Terms, hardware_verified, one_of, resolve
 
 SPEC = Spec(
     name="vae_tiles",
@@ -19,6 +19,8 @@ SPEC = Spec(
     options=(Option("vae", "tile", lambda v: v is None or (isinstance(v, dict) and {"height", "width", "overlap"} <= set(v)),
                     "None (keep the model's tiling) or dict(height, width, overlap, frames)", None),
              Option("vae", "tile_dtype", *one_of("fp16", "fp8"), default="fp16")),
+    column="vae_tiles",
+    terms={"fp8_tiles": Terms(vae_tile="fp8_tile", vae_fp8_gemms=True), "custom": Terms(vae_tile="custom_tile")},
 )
 TILE_OF = {"default": "default_tile", "fp8_tiles": "fp8_tile", "custom": "custom_tile"}
 

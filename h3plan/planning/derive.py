@@ -12,6 +12,7 @@ import math
 from typing import Any, Mapping
 
 from h3plan.facts.attention import BACKENDS
+from h3plan.levers import terms
 from h3plan.levers.base import nearest_point, nearest_ulysses_point
 from h3plan.sources import cite
 
@@ -93,17 +94,17 @@ def estimates(sections: Mapping[str, Any], shp: Mapping[str, Any], decisions: Ma
     hw, dc = sections["hardware"], sections["model"]["diffusers_config"]
     d, heads = dc["attention_head_dim"], dc["num_attention_heads"]
     b, u, local, hl = shp["batch"], shp["ulysses_degree"], shp["local_rows"], shp["heads_per_rank"]
-    backend = decisions["attention"].setting
-    att_len = shp["padded_len"] if decisions["ulysses_padding"].setting == "padded" else shp["seq_len"]
+    t = terms(decisions)  # what the decided settings change here (each lever's SPEC.terms)
+    backend = t.attention_backend
+    att_len = shp["padded_len"] if t.attention_padded else shp["seq_len"]
     att_dtype = BACKENDS[backend].precision
     att_tf, att_basis = _throughput(hw, "attention", att_dtype, (att_len, hl), backend)
     att_flops = 4 * b * att_len**2 * hl * d
-    gq = decisions["gemm_quant"].setting
-    gemm_dtype = {"bf16": "bf16", "dequant_bf16": "bf16", "fp8": "fp8", "nvfp4": "nvfp4"}[gq]
+    gemm_dtype = t.gemm_dtype or "bf16"
     params = block_linear_params(dc)
     gemm_tf, gemm_basis = _throughput(hw, "gemm", gemm_dtype, rows=b * local, params=params)
     gemm_flops = 2 * b * local * params
-    codes = decisions["a2a_fp8_codes"].setting == "on"
+    codes = t.a2a_fp8
     per_tensor = b * local * heads * d
     a2a_bytes = 0 if u == 1 else per_tensor * (3 * (1 if codes else 2) + 2)
     leaving = a2a_bytes * (u - 1) // u if u > 1 else 0
@@ -119,9 +120,8 @@ def estimates(sections: Mapping[str, Any], shp: Mapping[str, Any], decisions: Ma
         a2a_basis = (f"bytes leaving a rank / {gbps:g} GB/s, all_to_all_single measured on {hw['name']} at degree {u}, "
                      f"{m['seq_len']:,} tokens (nearest measured length; {hw['measured']['ulysses']['source']})")
 
-    if u > 1 and "ulysses_exchange" in decisions and decisions["ulysses_exchange"].setting == "projection":
-        a2a_basis += ("; ulysses_exchange=projection: Q, K, V travel as send/recv while the next destination's "
-                      "projections run (mostly hidden), O's exchange stays exposed")
+    if u > 1 and t.a2a_note:
+        a2a_basis += "; " + t.a2a_note
 
     def ms(flops, tf):
         return None if tf is None else round(flops / (tf * 1e12) * 1e3, 3)

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from h3plan.errors import ConfigError
+from h3plan.levers import SPECS, TERM_OWNERS, terms
 from h3plan.levers.adaln_table import MODULATION_OUT, table_plan
 from h3plan.facts.timesteps import request_steps, row_kinds
 
@@ -99,11 +100,6 @@ class MemoryConfig:
     """What the plan is installed into, and so what the device holds: pipeline (the transformer, the VAE and the audio
     VAE), transformer (a MiniMaxH3Transformer3DModel alone: no decode) or vae (an AutoencoderKLMiniMaxH3 alone: no
     denoise, no audio VAE). h3plan.plan_for sets it from what it is given."""
-
-
-def _setting(settings: Mapping[str, Any], lever: str, default: str) -> str:
-    v = settings.get(lever, default)
-    return str(getattr(v, "setting", v))
 
 
 def transformer_params(dc: Mapping[str, Any]) -> dict[str, int]:
@@ -223,10 +219,10 @@ def _weights(it: _Items, sections, settings, opts) -> None:
     dc, vdc = _dc(sections["model"]), _dc(sections["vae"])
     pipe = sections.get("pipeline") or pipeline_defaults()
     tp = transformer_params(dc)
-    gq = _setting(settings, "gemm_quant", "bf16")
+    gq = terms(settings).gemm_dtype or "bf16"
     checkpoint = (sections.get("recipe") or {}).get("checkpoint", gq)
     base = 2 * (tp["block_linears"] + tp["bf16_other"]) + 4 * tp["fp32"]
-    tables = _adaln_plan(sections, dc, pipe) if _setting(settings, "adaln_table", "off") == "on" else None
+    tables = _adaln_plan(sections, dc, pipe) if terms(settings).adaln_tables else None
     base -= tables["weight_bytes"] if tables else 0
     quant = {"fp8": tp["block_linears"] + 4 * tp["block_linear_rows"],
              "nvfp4": tp["block_linears"] // 2 + tp["block_linears"] // 16 + 4 * 6 * dc["num_layers"]}.get(gq)
@@ -297,19 +293,19 @@ def _adaln_plan(sections, dc, pipe) -> dict[str, Any]:
 def _block_terms(dc, U: int, settings) -> tuple[list, list]:
     """(attention-phase, FFN-phase) live tensors of one block forward: (name, bytes per local row)."""
     h, f, inner = dc["hidden_size"], dc["ffn_dim"], dc["num_attention_heads"] * dc["attention_head_dim"]
-    qkr = _setting(settings, "qk_norm_rope", "eager")
-    ob = 1 if _setting(settings, "attention", "sdpa") == "cudnn_fp8" else 2  # cuDNN FP8 writes FP8 on Hopper
+    t = terms(settings)
+    ob = t.attention_out_bytes
     att = [("residual", 2 * h), ("modulated norm1", 2 * h), ("q/k/v projections", 3 * 2 * inner)]
     if U == 1:
-        att += [("eager QK-norm/RoPE temporary", 2 * inner)] if qkr == "eager" else []
-        att += [("q/k/v e4m3 codes", 3 * inner)] if qkr == "fused_fp8" else []
+        att += [] if t.qk_fused else [("eager QK-norm/RoPE temporary", 2 * inner)]
+        att += [("q/k/v e4m3 codes", 3 * inner)] if t.qkv_fp8 else []
         att += [("attention output", ob * inner)] + ([("output cast to bf16", 2 * inner)] if ob == 1 else [])
     else:
-        w = 1 if qkr == "fused_fp8" else 2
+        w = 1 if t.qkv_fp8 else 2
         att += [("all-to-all send (U,3,B,L,H/U,D)", 3 * w * inner), ("all-to-all receive", 3 * w * inner),
                 ("sequence-major q/k/v", 3 * w * inner), ("attention output (U*L rows, H/U heads)", ob * inner)]
     ffn = [("residual", 2 * h), ("modulated norm2", 2 * h), ("ff proj (2F)", 2 * 2 * f)]
-    ffn += ([] if _setting(settings, "swiglu", "off") == "on" else [("silu(gate) (F)", 2 * f)]) + [("swiglu product (F)", 2 * f)]
+    ffn += ([] if t.swiglu_fused else [("silu(gate) (F)", 2 * f)]) + [("swiglu product (F)", 2 * f)]
     return att, ffn
 
 
@@ -336,26 +332,27 @@ def _denoise(it: _Items, sections, shape, settings, geo, geo_src) -> None:
 
 def decode_dtype(settings, opts) -> str:
     """The decode's dtype: the plan's vae_precision where it casts a float32 VAE, else the VAE as loaded."""
-    p = _setting(settings, "vae_precision", "fp32")
+    p = terms(settings).vae_cast or "fp32"
     return p if p != "fp32" and opts["vae_dtype"] == "fp32" else opts["vae_dtype"]
 
 
 def _decode(it: _Items, sections, settings, opts, geo, geo_src, B: int) -> None:
     vdc = _dc(sections["vae"])
-    tile_name = {"fp8_tiles": "fp8_tile", "custom": "custom_tile"}.get(_setting(settings, "vae_tiles", "default"), "default_tile")
+    t = terms(settings)
+    tile_name = t.vae_tile or "default_tile"
     tile = sections["vae"].get(tile_name) or RELEASED_TILE
-    fused = _setting(settings, "vae_ops", "eager") == "fused"
+    fused = t.vae_fused
     vd = decode_dtype(settings, opts)
     fp16_w = True  # diffusers' decode step runs no autocast: no per-call weight casts
     d = vae_decode(vdc, geo["latent_frames"], geo["latent_height"], geo["latent_width"], tile, batch=B, fused=fused,
                    fp16_weights=fp16_w, act=VAE_DTYPES[vd])
     th, tw = d["tile_px"]
-    if _setting(settings, "vae_tiles", "default") == "fp8_tiles":  # install/vae/install.py makes the codes from any float VAE
+    if t.vae_fp8_gemms:  # install/vae/install.py makes the codes from any float VAE
         vp = vae_params(vdc)
         it.add("vae_fp8_gemms", vp["decoder_linears"], f"vae_tiles=fp8_tiles: e4m3 copies of the {vdc['decoder_num_layers']} decoder "
                                                        f"blocks' six linears ({vp['decoder_linears']:,} codes) beside the fp16 "
                                                        "weights, made at install (install/vae/fp8.py)")
-    if _setting(settings, "vae_graphs", "off") == "on":
+    if t.vae_graphs:
         it.add("vae_graph_pools", d["call"], f"vae_graphs: one CUDA-graph pool shared by every tile shape ({th}x{tw} px here), the size of one "
                                              "decoder call's activations; held between decodes")
     if opts["autocast_weight_cache"] and opts["vae_dtype"] == "fp32" and not fp16_w:
@@ -497,10 +494,11 @@ def _candidates(est, usable: float) -> list[tuple[str, dict]]:
         e = _again(est, sections=s)
         if e["peak_gib"] <= usable:
             out.append(("memory.partitions=one", e))
-    if st.get("adaln_table") == "off":  # a plan that has the lever: the tables are the least change (lossless)
-        e = _again(est, settings={**st, "adaln_table": "on"})
-        if e["peak_gib"] <= usable:
-            return [("levers.adaln_table=on", e)]
+    for lever, spec in SPECS.items():  # a plan that has the lever (adaln_table): its lossless setting is the least change
+        if spec.fit and st.get(lever) not in (None, spec.fit):
+            e = _again(est, settings={**st, lever: spec.fit})
+            if e["peak_gib"] <= usable:
+                return [(f"levers.{lever}={spec.fit}", e)]
     u = int(shp.get("ulysses_degree", 1))
     for d in (d for d in range(u + 1, opts["max_ulysses"] + 1) if dc["num_attention_heads"] % d == 0):
         e = _again(est, shape=_reshape(shp, degree=d))
@@ -512,12 +510,14 @@ def _candidates(est, usable: float) -> list[tuple[str, dict]]:
         s["memory"] = {**(s.get("memory") or {}), "offload": "model"}
         out.append(("memory.offload=model", _again(est, sections=s)))
     gemm = (sec.get("hardware") or {}).get("gemm") or {"fp8": True, "nvfp4": False}
-    gq, ck = st.get("gemm_quant", "bf16"), (sec.get("recipe") or {}).get("checkpoint")
+    gq, ck = terms(st).gemm_dtype or "bf16", (sec.get("recipe") or {}).get("checkpoint")
+    gemm_lever = TERM_OWNERS["gemm_dtype"]  # gemm_quant: its setting of each format
+    gemm_setting = {t.gemm_dtype: k for k, t in SPECS[gemm_lever].terms.items()}
     for fmt in ("nvfp4", "fp8") if gq in ("fp8", "nvfp4") else ("fp8",):
         if gemm.get(fmt) and not (gq == fmt and ck in (fmt, None)):
             s = copy.deepcopy(sec)
             s["recipe"] = {**(s.get("recipe") or {}), "checkpoint": fmt}
-            out.append((f"recipe={fmt} ({fmt} checkpoint)", _again(est, sections=s, settings={**st, "gemm_quant": fmt})))
+            out.append((f"recipe={fmt} ({fmt} checkpoint)", _again(est, sections=s, settings={**st, gemm_lever: gemm_setting[fmt]})))
             break
     out = [(w, e) for w, e in out if e["peak_gib"] <= usable]
     shorter = _shorter(est, usable)

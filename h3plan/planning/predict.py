@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
+from h3plan.facts.attention import FP8
 from h3plan.planning import derive
 
 
@@ -122,7 +123,7 @@ def fp8_forward(sections: Mapping[str, Any], shp: Mapping[str, Any]) -> float | 
     this hardware's measurements only (None where one is missing)."""
     hw = sections["hardware"]
     rows, heads = shp["batch"] * shp["local_rows"], shp["heads_per_rank"]
-    att, _ = derive._throughput(hw, "attention", "fp8", (shp["seq_len"], heads), "cudnn_fp8")
+    att, _ = derive._throughput(hw, "attention", "fp8", (shp["seq_len"], heads), FP8)
     gemm, _ = derive._throughput(hw, "gemm", "fp8", rows=rows, params=derive.block_linear_params(sections["model"]["diffusers_config"]))
     el, _ = elementwise({**sections, "recipe": {**sections["recipe"], "name": "fp8"}}, rows)
     if None in (att, gemm, el) or not hw["measured"].get("on_hardware"):

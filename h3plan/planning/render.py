@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import textwrap
 
+from h3plan.facts.attention import DEFAULT
 from h3plan.levers import SPECS, not_installed
 
 from .derive import ORDER
@@ -204,7 +205,7 @@ def _lossless_text(plan) -> str:
     """Lossless is diffusers' eager bits given the plan's attention backend: say whose frames those are, how far from
     stock diffusers' where measured (hardware.measured.stock_frames), and the setting that keeps stock bits."""
     att, hw = plan.decision("attention").setting, plan.get("hardware")
-    if att == "sdpa":
+    if att == DEFAULT:
         u = plan.get("parallel")["ulysses"]
         return ("every lever keeps diffusers' eager bits with its default attention (torch SDPA, attention=sdpa): "
                 "stock diffusers' frames, bit for bit" + ("" if u == 1 else f" on one GPU (Ulysses {u}: the exchange "

@@ -22,6 +22,17 @@ def needs_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
+def count_route(lever: str, reason: str | None) -> bool:
+    """Counts one call's route, the one way every per-call fallback is counted: `<lever>.fused` where `reason` is
+    None (returns True), else `<lever>.fallback` with the reason (returns False). run_guarded counts through it; a
+    call site whose routing is not one check -> fused | eager (a replay, a cache hit, a decode spread) calls it."""
+    if reason is None:
+        count_fused(lever)
+        return True
+    count_fallback(lever, reason)
+    return False
+
+
 def run_guarded(lever: str, check: Callable[[], str | None], fused: Callable, eager: Callable, grad_tensors=()):
     if needs_grad(*grad_tensors):
         reason = GRAD_REASON
@@ -30,8 +41,4 @@ def run_guarded(lever: str, check: Callable[[], str | None], fused: Callable, ea
             reason = check()
         except Exception as exc:  # a guard must never take the forward down
             reason = f"{type(exc).__name__} in check: {exc}"
-    if reason is None:
-        count_fused(lever)
-        return fused()
-    count_fallback(lever, reason)
-    return eager()
+    return fused() if count_route(lever, reason) else eager()

@@ -15,6 +15,7 @@ import importlib
 from typing import Any, Mapping, Sequence
 
 from h3plan.facts.hardware import never_ran
+from h3plan.facts.support import Support
 
 from . import spec as _spec
 from .spec import BackendSpec
@@ -23,6 +24,7 @@ BACKENDS: dict[str, BackendSpec] = {n: importlib.import_module(f"{__name__}.spec
 DEFAULT = "sdpa"  # diffusers' native math: what runs where no backend is planned or a call is refused
 
 BF16 = tuple(n for n, s in BACKENDS.items() if s.precision == "bf16")  # what hardware.attention_rank.order ranks
+FP8 = next(n for n, s in BACKENDS.items() if s.precision == "fp8")  # the recipe's FP8 attention
 LOSSLESS = tuple(n for n, s in BACKENDS.items() if s.lossless)
 LSE_OF = {n: s.lse for n, s in BACKENDS.items() if s.lse}  # backend -> its log-sum-exp block function (the ring's)
 
@@ -39,18 +41,18 @@ def load(ref: str):
     return getattr(importlib.import_module(mod), attr)
 
 
-def supports(name: str, hardware: Mapping[str, Any], hw: str | None = None) -> list[str]:
-    """Why backend `name` cannot run on this hardware by its facts; [] when it can."""
-    return _spec.supports(backend_spec(name), hardware, hw)
+def supports(name: str, hardware: Mapping[str, Any], hw: str | None = None) -> Support:
+    """Whether backend `name` can run on this hardware by its facts, and every reason it cannot."""
+    return Support.of(_spec.supports(backend_spec(name), hardware, hw))
 
 
-def select(order: Sequence[str], hardware: Mapping[str, Any], hw: str | None = None) -> tuple[str, dict[str, list[str]]]:
-    """(the first backend of `order` the hardware facts allow, {each earlier backend: its reasons}); the default
+def select(order: Sequence[str], hardware: Mapping[str, Any], hw: str | None = None) -> tuple[str, dict[str, Support]]:
+    """(the first backend of `order` the hardware facts allow, {each earlier backend: why not}); the default
     backend when none of them can run."""
     passed = {}
     for name in order:
         why = supports(name, hardware, hw)
-        if not why:
+        if why:
             return name, passed
         passed[name] = why
     return DEFAULT, passed
@@ -91,5 +93,5 @@ def for_options(opts):
     return get_backend(s.name, **{o.kwarg: getattr(opts, o.key) for o in s.options if o.kwarg})
 
 
-__all__ = ["BACKENDS", "DEFAULT", "BF16", "LOSSLESS", "LSE_OF", "BackendSpec", "backend_spec", "load", "supports", "select",
+__all__ = ["BACKENDS", "DEFAULT", "BF16", "FP8", "LOSSLESS", "LSE_OF", "BackendSpec", "backend_spec", "load", "supports", "select",
            "missing_facts", "untested_notes", "backend_class", "get_backend", "for_options"]

@@ -29,8 +29,7 @@ from typing import Any, Callable
 import torch
 
 from h3plan.install.kernels import KERNELS, kernel
-from h3plan.runtime.counters import fallback as count_fallback
-from h3plan.runtime.guards import run_guarded
+from h3plan.runtime.guards import count_route, run_guarded
 
 from h3plan.runtime.quant.fp8 import FP8Linear
 
@@ -118,9 +117,9 @@ def _qk(st, attn, q, k, rotary_emb):
 def _attention(st, attn, x, rotary_emb, w, reason):
     if reason is not None or ("qk_norm_rope" not in st.ops and w is None):
         if reason is not None and "qk_norm_rope" in st.ops:
-            count_fallback("vae_ops.qk_norm_rope", reason)
+            count_route("vae_ops.qk_norm_rope", reason)
         if reason is not None and w is not None and isinstance(w.get(attn.to_q), FP8Linear):
-            count_fallback(FP8_COUNTER, reason)  # the attention's four linears keep their module forwards
+            count_route(FP8_COUNTER, reason)  # the attention's four linears keep their module forwards
         return attn(x, rotary_emb)
     proc = attn.processor
     # (B, S, dim) -> (B, S, H, D) views of the projections, as the processor makes them

@@ -30,7 +30,7 @@ import torch
 from h3plan.errors import InstallError
 from h3plan.runtime.quant.fp8 import FP8Linear, quantize_weight
 from h3plan.runtime.quant.fp8_rowwise import fp8_linear_codes, quantize_activation_rows
-from h3plan.runtime.counters import fallback as count_fallback
+from h3plan.runtime.guards import count_route
 
 from .weights import FP16, fp16_compute_reason
 
@@ -82,5 +82,5 @@ class Fp8Gemms:
             why = "autograd is recording and the linears require grad: FP8 codes give no weight gradients"
         if why is None:
             return dict(self.gemms)
-        count_fallback(COUNTER, why)
+        count_route(COUNTER, why)
         return None

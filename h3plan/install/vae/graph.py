@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 import torch
 
-from h3plan.runtime.counters import fallback as count_fallback, fused as count_fused
+from h3plan.runtime.guards import count_route
 
 LEVER = "vae_graphs"
 MAX_GRAPHS = 32
@@ -164,7 +164,7 @@ class GraphedDecoder:
         if self.validate is not None:
             self.validate()
         if args or kwargs:
-            count_fallback(LEVER, "extra forward arguments: only decoder(hidden_states) is graphed")
+            count_route(LEVER, "extra forward arguments: only decoder(hidden_states) is graphed")
             return self.original(hidden_states, *args, **kwargs)
         why = self.reason(hidden_states)
         e = None
@@ -173,11 +173,11 @@ class GraphedDecoder:
             if isinstance(e, str):
                 why = e
         if why is not None:
-            count_fallback(LEVER, why)
+            count_route(LEVER, why)
             return self.original(hidden_states)
         e.static_in.copy_(hidden_states)
         e.graph.replay()
-        count_fused(LEVER)
+        count_route(LEVER, None)
         return e.static_out.clone()
 
     def release(self) -> None:

@@ -44,7 +44,7 @@ import torch.distributed as dist
 
 from h3plan.errors import InstallError
 from h3plan.runtime.parallel.comm import degree_rank, device_reason
-from h3plan.runtime.counters import fallback as count_fallback, fused as count_fused
+from h3plan.runtime.guards import count_route
 from h3plan.levers.vae_parallel import SPEC
 from h3plan.facts.vae.parallel_plan import HEADER_BYTES, aligned, shares
 from h3plan.facts.vae.tiling import Geometry, chunk_layout
@@ -108,9 +108,9 @@ class _Replay:
             elif self.check is not None and not self.check(k, x):
                 self.broken = f"decoder call {k}: input differs from work item {k}"
         if self.broken is not None:
-            count_fallback(REPLAY, self.broken + ": decoded locally from here on")
+            count_route(REPLAY, self.broken + ": decoded locally from here on")
             return self.local(x, *args, **kwargs)
-        count_fused(REPLAY)
+        count_route(REPLAY, None)
         return self.outputs[k]
 
 
@@ -207,7 +207,7 @@ class ParallelDecode:
     def __call__(self, z: torch.Tensor) -> torch.Tensor:
         why = self.group_reason(z)
         if why is not None:
-            count_fallback(LEVER, why)
+            count_route(LEVER, why)
             return self.original(z)
         world, rank = degree_rank(self.group)
         try:
@@ -218,13 +218,13 @@ class ParallelDecode:
             items, code = [], LIST_FAILED
         why = self._agree(z, code, world)
         if why is not None:
-            count_fallback(LEVER, why)
+            count_route(LEVER, why)
             return self.original(z)
         outputs, why = self._gather(z, items, world, rank)
         if why is not None:
-            count_fallback(LEVER, why)
+            count_route(LEVER, why)
             return self.original(z)
-        count_fused(LEVER)
+        count_route(LEVER, None)
         return self._replay(z, items, outputs)
 
     def _gather(self, z, items, world, rank):
@@ -292,7 +292,7 @@ class ParallelDecode:
             else:
                 dec.forward = prior
         if replay.broken is None and replay.k != len(items):
-            count_fallback(REPLAY, f"diffusers made {replay.k} decoder calls, {len(items)} work items were listed")
+            count_route(REPLAY, f"diffusers made {replay.k} decoder calls, {len(items)} work items were listed")
         return out
 
 

@@ -37,8 +37,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn as nn
 
-from h3plan.runtime.counters import fallback as count_fallback, fused as count_fused
-from h3plan.runtime.guards import GRAD_REASON, needs_grad
+from h3plan.runtime.guards import run_guarded
 
 from h3plan.runtime.kernels.fp8 import E4M3, E4M3_MAX, amax, quantize, quantize_check, quantize_ref
 from h3plan.runtime.parallel.comm import amax_allreduce_hook, degree_rank
@@ -197,13 +196,8 @@ class FP8Linear(nn.Module):
         return "tensor" if self.weight_scale.dim() == 0 else "channel"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        reason = GRAD_REASON if needs_grad(x) else fp8_gemm_reason(x, self.out_features)
-        if reason is None:
-            count_fused(LEVER)
-            out = self._gemm(x)
-        else:
-            count_fallback(LEVER, reason)
-            out = self._emulate(x)
+        out = run_guarded(LEVER, lambda: fp8_gemm_reason(x, self.out_features), lambda: self._gemm(x),
+                          lambda: self._emulate(x), (x,))
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def _gemm(self, x):

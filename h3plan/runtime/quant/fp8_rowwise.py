@@ -41,8 +41,7 @@ from h3plan.errors import UsageError
 from h3plan.facts.hardware import gemm_rule
 from h3plan.runtime.kernels.fp8 import E4M3
 from h3plan.runtime.kernels.fp8_producers import cast_rows_fp8, cast_rows_fp8_check, cast_rows_fp8_ref
-from h3plan.runtime.counters import fallback as count_fallback, fused as count_fused
-from h3plan.runtime.guards import GRAD_REASON, needs_grad
+from h3plan.runtime.guards import run_guarded
 
 from . import fp8 as _fp8
 
@@ -113,17 +112,15 @@ def fp8_linear_codes(codes: torch.Tensor, row_descale: torch.Tensor, lin: FP8Lin
     lead, K, N = tuple(codes.shape[:-1]), codes.shape[-1], lin.out_features
     a = codes.reshape(-1, K)
     sa = row_descale.reshape(-1, 1)
-    reason = rowwise_gemm_reason(codes, lin, out_dtype)
-    if reason is None:
-        count_fused(counter)
+
+    def gemm():
         if a.shape[0] == 0:
-            return codes.new_empty(lead + (N,), dtype=out_dtype)
+            return codes.new_empty((0, N), dtype=out_dtype)
         bias = None if lin.bias is None else lin.bias.to(out_dtype)
-        out = torch._scaled_mm(a.contiguous(), lin.weight.t(), scale_a=sa.contiguous(), scale_b=_weight_scale_row(lin),
-                               bias=bias, out_dtype=out_dtype, use_fast_accum=lin.fast_accum)
-    else:
-        count_fallback(counter, reason)
-        out = emulate_rows(a, sa, lin, out_dtype)
+        return torch._scaled_mm(a.contiguous(), lin.weight.t(), scale_a=sa.contiguous(), scale_b=_weight_scale_row(lin),
+                                bias=bias, out_dtype=out_dtype, use_fast_accum=lin.fast_accum)
+
+    out = run_guarded(counter, lambda: rowwise_gemm_reason(codes, lin, out_dtype), gemm, lambda: emulate_rows(a, sa, lin, out_dtype))
     return out.reshape(lead + (N,))
 
 
@@ -147,13 +144,8 @@ def quantize_activation_rows(x: torch.Tensor, act_scale: float | None = None,
     key = (_ROW_KEY, act_scale)
     if shared and key in _fp8._SHARED:
         return _fp8._SHARED[key]
-    reason = GRAD_REASON if needs_grad(x) else cast_rows_fp8_check(x, act_scale)
-    if reason is None:
-        count_fused(counter)
-        out = cast_rows_fp8(x, act_scale)
-    else:
-        count_fallback(counter, reason)
-        out = cast_rows_fp8_ref(x, act_scale)
+    out = run_guarded(counter, lambda: cast_rows_fp8_check(x, act_scale), lambda: cast_rows_fp8(x, act_scale),
+                      lambda: cast_rows_fp8_ref(x, act_scale), (x,))
     if shared:
         _fp8._SHARED[key] = out
     return out

@@ -37,8 +37,7 @@ import torch.nn as nn
 from h3plan.runtime.kernels.nvfp4 import (BLOCK, E4M3, blocked_numel, cast_nvfp4, cast_nvfp4_check, cast_nvfp4_ref,
                                   dequantize_ref, from_blocked, quantize_ref, to_blocked)
 from h3plan.facts.hardware import gemm_rule
-from h3plan.runtime.counters import fallback as count_fallback, fused as count_fused
-from h3plan.runtime.guards import GRAD_REASON, needs_grad
+from h3plan.runtime.guards import run_guarded
 
 from . import fp8 as _fp8
 
@@ -107,13 +106,8 @@ def nvfp4_linear_codes(codes: NVFP4Codes, lin: "NVFP4Linear", counter: str = LEV
     bad = check_scales(codes.scales, codes.packed.numel() // max(1, codes.packed.shape[-1]), lin.in_features)
     if bad:
         raise ValueError(bad)
-    reason = nvfp4_gemm_reason(codes.packed, lin, codes.dtype)
-    if reason is None:
-        count_fused(counter)
-        out = _gemm(codes, lin)
-    else:
-        count_fallback(counter, reason)
-        out = emulate(codes, lin)
+    out = run_guarded(counter, lambda: nvfp4_gemm_reason(codes.packed, lin, codes.dtype), lambda: _gemm(codes, lin),
+                      lambda: emulate(codes, lin))
     out = out * (codes.global_scale.float() * lin.weight_scale_2.float())
     if lin.bias is not None:
         out = out + lin.bias.float()
@@ -127,12 +121,8 @@ def quantize_input(x: torch.Tensor, g: torch.Tensor | None = None, kernel: bool 
     if not kernel:
         return cast_nvfp4_ref(x, g)
 
-    reason = GRAD_REASON if needs_grad(x) else cast_nvfp4_check(x, g)
-    if reason is None:
-        count_fused(counter)
-        return cast_nvfp4(x, g)
-    count_fallback(counter, reason)
-    return cast_nvfp4_ref(x.contiguous() if x.dtype in (torch.bfloat16, torch.float16) else x, g)
+    return run_guarded(counter, lambda: cast_nvfp4_check(x, g), lambda: cast_nvfp4(x, g),
+                       lambda: cast_nvfp4_ref(x.contiguous() if x.dtype in (torch.bfloat16, torch.float16) else x, g), (x,))
 
 
 class NVFP4Linear(nn.Module):

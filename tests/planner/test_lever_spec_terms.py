@@ -1,0 +1,58 @@
+"""A lever's SPEC is the one place the planning side learns what it changes: its sweep column (Spec.column), what
+each setting does to the estimates and the memory model (Spec.terms), and the setting memory.fit offers (Spec.fit).
+A lever added with those fields reaches sweep.py, derive.py and memory.py without an edit there."""
+
+import pytest
+
+from h3plan import levers, sweep
+from h3plan.levers import SPECS, Spec, Terms
+from test_memory import estimate
+
+FAKE = "zz_fake_lever"
+
+
+def _add(monkeypatch, **spec):
+    monkeypatch.setitem(SPECS, FAKE, Spec(name=FAKE, settings={"off": True, "on": True}, summary="a test lever", **spec))
+
+
+def test_sweep_columns_are_the_specs_columns():
+    assert sweep.KEY_LEVERS == tuple(n for n, s in SPECS.items() if s.column)
+    head = sweep.render([]).splitlines()[0].split()
+    assert head[3:3 + len(sweep.KEY_LEVERS)] == [SPECS[n].column for n in sweep.KEY_LEVERS]
+
+
+def test_memory_reads_a_new_levers_terms_not_its_name(monkeypatch):
+    plain = estimate("t2v_768x1344_14s")["breakdown"]["block_activations"]
+    fused = estimate("t2v_768x1344_14s", settings={"swiglu": "on"})["breakdown"]["block_activations"]
+    _add(monkeypatch, terms={"on": Terms(swiglu_fused=True)})
+    assert estimate("t2v_768x1344_14s", settings={FAKE: "on"})["breakdown"]["block_activations"] == fused < plain
+    assert estimate("t2v_768x1344_14s", settings={FAKE: "off"})["breakdown"]["block_activations"] == plain
+
+
+def test_terms_merge_the_settings_and_ignore_unknown_names():
+    t = levers.terms({"gemm_quant": "fp8", "qk_norm_rope": "fused_fp8", "vae_tiles": "custom", "no_such_lever": "on"})
+    assert (t.gemm_dtype, t.qk_fused, t.qkv_fp8, t.vae_tile, t.vae_fp8_gemms) == ("fp8", True, True, "custom_tile", False)
+    assert levers.terms({"gemm_quant": "dequant_bf16"}) == Terms()
+
+
+def test_a_terms_field_has_one_owner(monkeypatch):
+    _add(monkeypatch, terms={"on": Terms(gemm_dtype="fp8")})
+    with pytest.raises(ImportError, match="Terms.gemm_dtype"):
+        levers._term_owners()
+
+
+def test_spec_refuses_terms_of_unknown_settings():
+    with pytest.raises(ValueError, match="unknown settings"):
+        Spec(name=FAKE, settings={"off": True}, summary="x", terms={"on": Terms(swiglu_fused=True)})
+    with pytest.raises(ValueError, match="unknown settings"):
+        Spec(name=FAKE, settings={"off": True}, summary="x", fit="on")
+
+
+def test_fit_offers_the_setting_a_spec_names(monkeypatch):
+    from h3plan.planning import memory as M
+
+    e = estimate("t2v_768x1344_14s", settings={"adaln_table": "off"})
+    assert "nearest fit: levers.adaln_table=on" in M.fit(e, 80, 0.05)
+    _add(monkeypatch, terms={"on": Terms(adaln_tables=True)}, fit="on")  # a lever that tables as adaln_table does
+    e = estimate("t2v_768x1344_14s", settings={FAKE: "off"})
+    assert "nearest fit: levers.zz_fake_lever=on" in M.fit(e, 80, 0.05)
