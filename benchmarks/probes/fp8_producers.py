@@ -3,7 +3,6 @@ runtime/quant/fp8_rowwise.py) and the lean q/k/v FP8 cast (runtime/kernels/qk_fp
 
     python benchmarks/probes/fp8_producers.py OUT                    # kernels + qk + block, S = 19,000 and 37,820
     python benchmarks/probes/fp8_producers.py OUT --sections kernels --sweep   # + every tuning config
-    python benchmarks/probes/fp8_producers.py OUT --sass             # no GPU needed: SM90 SASS statistics
 
 Sections (JSON in OUT/fp8-producers-h200.json, one line per record on stdout):
 - kernels: each producer (modulation -> e4m3, SwiGLU -> e4m3, the attention output's per-row cast) against
@@ -47,7 +46,6 @@ def _args(argv):
     p.add_argument("--sweep", action="store_true", help="also time every tuning config")
     p.add_argument("--rounds", type=int, default=10, help="block section: interleaved rounds")
     p.add_argument("--reps", type=int, default=30, help="kernels: timed calls per case")
-    p.add_argument("--sass", action="store_true", help="offline SM90 compile statistics only (no GPU)")
     return p.parse_args(argv)
 
 
@@ -56,7 +54,7 @@ RESULT: dict = {}
 
 def save(out):
     Path(out).mkdir(parents=True, exist_ok=True)
-    with open(os.path.join(out, "fp8-producers-h200.json" if "sass" not in RESULT else "fp8-producers-sass.json"), "w") as f:
+    with open(os.path.join(out, "fp8-producers-h200.json"), "w") as f:
         json.dump(RESULT, f, indent=1)
 
 
@@ -345,94 +343,8 @@ def block_section(args):
     return recs
 
 
-# ---------------------------------------------------------------------------------------------- offline SASS
-def sass_section():
-    """SM90 register use and static instruction counts per element of every kernel config, compiled offline
-    (Triton's own ptxas/cuobjdump, no GPU): how the default configs were chosen. Kernels here are
-    straight-line code (static_range unrolled), so the count approximates the instructions executed."""
-    import collections
-    import re
-    import subprocess
-    import tempfile
-
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from h3plan.runtime.kernels import fp8_producers as fp
-    from h3plan.runtime.kernels import qk_fp8_lean as lean
-    from h3plan.runtime.kernels._rmsnorm import cuda_rms_iters
-
-    binary = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    tmp = tempfile.mkdtemp()
-
-    def stats(fn, sig, const, div16, warps, elems, maxnreg=None):
-        sig = dict(sig, **{k: "constexpr" for k in const})
-        names = [n for n in fn.arg_names if n in sig]  # the kernel's own argument order (attrs are by index)
-        sig = {n: sig[n] for n in names}
-        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in div16}
-        opts = {"num_warps": warps, "enable_fp_fusion": False}
-        if maxnreg:
-            opts["maxnreg"] = maxnreg
-        k = triton.compile(ASTSource(fn, signature=sig, constexprs=const, attrs=attrs),
-                           target=GPUTarget("cuda", 90, 32), options=opts)
-        path = os.path.join(tmp, "k.cubin")
-        with open(path, "wb") as f:
-            f.write(k.asm["cubin"])
-        res = subprocess.run([binary, "-res-usage", path], capture_output=True, text=True).stdout
-        regs, local = re.findall(r"REG:(\d+).*?LOCAL:(\d+)", res)[0]
-        sass = subprocess.run([binary, "-sass", path], capture_output=True, text=True).stdout
-        ops = collections.Counter(re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", sass, re.M))
-        n = sum(ops.values())
-        return {"registers": int(regs), "local_bytes": int(local), "instructions": n,
-                "thread_instr_per_element": round(n * warps * 32 / elems, 1), "barriers": ops.get("BAR.SYNC.DEFER_BLOCKING", 0),
-                "spill_stores": sum(v for o, v in ops.items() if o.startswith("STL"))}
-
-    out = []
-    mod_sig = dict(x_ptr="*bf16", w_ptr="*bf16", scale_ptr="*bf16", shift_ptr="*bf16", idx_ptr="*i64",
-                   out_ptr="*fp8e4nv", desc_ptr="*fp32", S="i32", scale_stride="i32", shift_stride="i32",
-                   eps="fp32", static_scale="fp32")
-    for nch, warps, maxnreg in fp.SWEEP_CONFIGS["modulation"]:
-        w = fp.chunks(HIDDEN, nch)
-        const = dict(N=HIDDEN, HAS_W=True, EXACT=True, DYNAMIC=True, NITER=cuda_rms_iters(HIDDEN), W0=w[0], W1=w[1],
-                     W2=w[2], W3=w[3], IEEE_RSQRT=False, HW=True)
-        out.append(dict(kernel="rmsnorm_modulate_fp8", config=[nch, warps, maxnreg],
-                        **stats(fp._modulate_fp8_kernel, mod_sig, const, [n for n in mod_sig if "eps" not in n and "static" not in n],
-                                warps, HIDDEN, maxnreg)))
-    row_sig = dict(x_ptr="*bf16", out_ptr="*fp8e4nv", desc_ptr="*fp32", static_scale="fp32")
-    for kind, fn, width, key in (("swiglu", fp._swiglu_fp8_kernel, FFN, "F"), ("cast", fp._cast_rows_kernel, INNER, "N")):
-        for nch, warps, maxnreg in fp.SWEEP_CONFIGS[kind]:
-            w = fp.chunks(width, nch)
-            const = {key: width, "W0": w[0], "W1": w[1], "W2": w[2], "W3": w[3], "DYNAMIC": True, "HW": True}
-            if kind == "swiglu":
-                const.update(IS_BF16=True, LIBDEVICE_EXP=True)
-            out.append(dict(kernel=f"{kind}_fp8", config=[nch, warps, maxnreg],
-                            **stats(fn, row_sig, const, ["x_ptr", "out_ptr", "desc_ptr"], warps, width, maxnreg)))
-    qk_sig = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", wq_ptr="*bf16", wk_ptr="*bf16", cos_ptr="*fp32",
-                  sin_ptr="*fp32", oq_ptr="*fp8e4nv", ok_ptr="*fp8e4nv", ov_ptr="*fp8e4nv")
-    ints = "T S H Hl valid_len sqb sqs sqh skb sks skh svb svs svh scb scs ssb sss sou sob sos".split()
-    div = list(qk_sig) + [n for n in ints if n not in ("scb", "ssb")]
-    for name, fn, extra, modes in (("qk_norm_rope_fp8_lean", lean._lean_kernel,
-                                    dict(part_ptr="*i32", scale_ptr="*fp32", descale_ptr="*fp32"),
-                                    {"amax": dict(AMAX=True, DYNAMIC=False), "cast": dict(AMAX=False, DYNAMIC=True)})):
-        sig = dict(qk_sig, **extra, **{n: "i32" for n in ints}, eps="fp32", sc_q="fp32", sc_k="fp32", sc_v="fp32")
-        for c in lean.SWEEP_CONFIGS:
-            for mode, mconst in modes.items():
-                const = dict(D=128, D_PAD=128, P=32, R=96, BT=c["block_t"], BH=c["block_h"], HAS_W=True, IS_BF16=True,
-                             RSQRT=0, REDUCTION=0, HW=True, **mconst)
-                out.append(dict(kernel=f"{name}[{mode}]", config=[c["block_t"], c["block_h"], c["num_warps"]],
-                                **stats(fn, sig, const, div + list(extra), c["num_warps"], 3 * c["block_t"] * c["block_h"] * 128)))
-    for r in out:
-        print("sass", r, flush=True)
-    return out
-
-
 def main(argv=None):
     args = _args(argv)
-    if args.sass:
-        RESULT["sass"] = sass_section()
-        save(args.out)
-        return
     import torch
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
