@@ -172,15 +172,9 @@ def _median_ms(torch, fn, warmup: int, iters: int, warm_s: float = WARM_S) -> fl
         if n % 8 == 0:
             torch.cuda.synchronize()
     torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b))
-    return sorted(ts)[len(ts) // 2]
+    from h3plan.actions.bench.timing import Clock, median_ms  # the bench package loads diffusers; tune's module does not
+
+    return median_ms(fn, 0, iters, clock=Clock(torch), synced=True)
 
 
 def measure_attention(torch, hw: dict, S: int, heads: int, D: int, batch: int, reps: tuple[int, int]) -> tuple[dict, dict]:

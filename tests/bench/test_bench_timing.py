@@ -58,6 +58,40 @@ def test_host_clock_times_in_ms():
     assert 15.0 <= clock(lambda: time.sleep(0.02)) < 500.0
 
 
+class ListClock(FakeClock):
+    """A host clock (cuda False) that reads the next of `values` per timed call."""
+
+    cuda = False
+
+    def __init__(self, values):
+        super().__init__()
+        self.values = list(values)
+
+    def __call__(self, fn):
+        fn()
+        return self.values.pop(0)
+
+
+def test_interleaved_runs_before_ahead_of_every_timed_call_only():
+    calls = []
+    bench.interleaved(FakeClock(), {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 1, 2,
+                      before=lambda: calls.append("|"))
+    assert calls == ["a", "b", "|", "a", "|", "b", "|", "b", "|", "a"]
+
+
+def test_median_ms_is_the_median_of_the_clock_back_to_back_or_synced():
+    calls = []
+    assert bench.median_ms(lambda: calls.append(1), 2, 3, clock=ListClock([5.0, 1.0, 3.0])) == 3.0
+    assert len(calls) == 5
+    assert bench.median_ms(lambda: calls.append(1), 1, 4, clock=ListClock([4.0, 1.0, 2.0, 9.0]), synced=True) == 3.0
+    assert len(calls) == 10
+
+
+def test_clock_timed_returns_the_time_and_the_result():
+    ms, out = bench.Clock(torch, torch.device("cpu")).timed(lambda: "frames")
+    assert out == "frames" and ms >= 0.0
+
+
 def test_backend_timer_keeps_isinstance_captures_clones_and_detaches():
     backend = SDPABackend()
     timer = bench.BackendTimer(torch, cuda=False)

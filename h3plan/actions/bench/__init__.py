@@ -23,7 +23,7 @@ from .measure import run as run_blocks
 from .records import (ANCHOR_EAGER_MS, REQUIRED_KEYS, SCHEMA_VERSION, TARGET_ATTENTION_FRACTION, TARGET_FP8_SPEEDUP,
                       TARGET_LOSSLESS_SPEEDUP, BlockRecord, check_records, fallbacks, load_doc, merge_record, new_doc,
                       record_key, render_markdown, summary_table, target_lines, write_chart, write_doc)
-from .timing import BackendTimer, Clock, Progress, back_to_back, interleaved, median
+from .timing import BackendTimer, Clock, ForwardTimer, Progress, back_to_back, interleaved, median, median_ms
 
 
 def run(cfg, plan) -> int:
@@ -38,4 +38,5 @@ __all__ = ["run", "options", "BenchOptions", "plan_label", "device_tag", "captur
            "same_backend_plan", "rel_error", "BlockRecord", "REQUIRED_KEYS", "SCHEMA_VERSION", "ANCHOR_EAGER_MS",
            "TARGET_LOSSLESS_SPEEDUP", "TARGET_FP8_SPEEDUP", "TARGET_ATTENTION_FRACTION", "new_doc", "load_doc",
            "check_records", "record_key", "merge_record", "write_doc", "render_markdown", "target_lines", "fallbacks",
-           "summary_table", "write_chart", "Progress", "Clock", "interleaved", "back_to_back", "median", "BackendTimer"]
+           "summary_table", "write_chart", "Progress", "Clock", "interleaved", "back_to_back", "median", "median_ms",
+           "BackendTimer", "ForwardTimer"]
