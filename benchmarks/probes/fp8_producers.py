@@ -80,10 +80,13 @@ def rowwise_block_forward(block, hidden_states, temb, adaln_indices, rotary_emb,
     H3PlanAttnProcessor.__call__, which then runs fp8_linear_codes for to_q/k/v and cast_rows_fp8 ->
     fp8_linear_codes for to_out.0), and feed_forward gets the pair for ff.net.0.proj and swiglu_fp8 for ff.net.2.
     """
-    from h3plan.runtime.kernels.fp8_producers import cast_rows_fp8, rmsnorm_modulate_fp8, swiglu_fp8
-    from h3plan.runtime.kernels.gated_residual import gated_residual
-    from h3plan.runtime.kernels.qk_fp8_lean import qk_norm_rope_fp8_lean
-    from h3plan.runtime.quant.fp8_rowwise import fp8_linear_codes
+    from h3plan.actions.bench.ops import fp8_producers, fp8_rowwise, qk_fp8_lean
+    from h3plan.actions.bench.ops import gated_residual as gr
+
+    cast_rows_fp8, rmsnorm_modulate_fp8, swiglu_fp8 = (fp8_producers.cast_rows_fp8, fp8_producers.rmsnorm_modulate_fp8,
+                                                       fp8_producers.swiglu_fp8)
+    gated_residual, qk_norm_rope_fp8_lean = gr.gated_residual, qk_fp8_lean.qk_norm_rope_fp8_lean
+    fp8_linear_codes = fp8_rowwise.fp8_linear_codes
 
     sc = act_scales or {}
     attn, proc = block.attn, block.attn.processor
@@ -115,8 +118,10 @@ def attention_codes(backend, q8, k8, v8, descales):
     of the option, not an API."""
     import torch
 
-    from h3plan.runtime.attention import cudnn as cd
-    from h3plan.runtime.kernels.fp8 import E4M3, E4M3_MAX
+    from h3plan.actions.bench.ops import cudnn as cd
+    from h3plan.actions.bench.ops import fp8
+
+    E4M3, E4M3_MAX = fp8.E4M3, fp8.E4M3_MAX
 
     o = backend._o(q8)
     if o.dtype != E4M3:
@@ -154,9 +159,9 @@ def calibrate(block, block_in):
 # ---------------------------------------------------------------------------------------------- sections
 def _timer(reps):
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from kernels import time_gpu
+    from kernels import make_timer
 
-    return lambda f: time_gpu(f, reps, 5)
+    return make_timer(True, reps, 5)
 
 
 def _codes_equal(got, ref) -> bool:
@@ -175,10 +180,10 @@ def _codes_equal(got, ref) -> bool:
 def kernels_section(args, timer, copy_tbps):
     import torch
 
-    from h3plan.runtime.kernels import fp8 as f8
-    from h3plan.runtime.kernels import fp8_producers as fp
-    from h3plan.runtime.kernels import modulation as mm
-    from h3plan.runtime.kernels import swiglu as sw
+    from h3plan.actions.bench.ops import fp8 as f8
+    from h3plan.actions.bench.ops import fp8_producers as fp
+    from h3plan.actions.bench.ops import modulation as mm
+    from h3plan.actions.bench.ops import swiglu as sw
 
     def current(y_fn):
         def run():
@@ -229,8 +234,8 @@ def qk_section(args, timer, copy_tbps):
     import diffusers.models.transformers.transformer_minimax_h3 as tm
     import torch
 
-    from h3plan.runtime.kernels import qk_fp8_lean as lean
-    from h3plan.runtime.kernels import qk_norm_rope as qk
+    from h3plan.actions.bench.ops import qk_fp8_lean as lean
+    from h3plan.actions.bench.ops import qk_norm_rope as qk
 
     recs = []
     rope = tm.MiniMaxH3RotaryPosEmbed(rope_freq_dim=16, rope_theta=10000.0).to("cuda")
@@ -272,22 +277,18 @@ def qk_section(args, timer, copy_tbps):
 
 def block_section(args):
     import torch
-    from _cuda_timing import interleaved_ms
 
-    from h3plan.actions import inputs
-    from h3plan.actions.bench.measure import capture_block_inputs, rel_error, run_stack
-    from h3plan.planning.config import compose as compose_config
-    from h3plan.install import install
-    from h3plan.runtime.kernels import qk_fp8_lean as lean
-    from h3plan.planner import resolve
-    from h3plan.runtime.counters import format_counters, reset_counters
+    from h3plan import counters, install, reset_counters
+    from h3plan.actions import bench as inputs
+    from h3plan.actions.bench import Clock, capture_block_inputs, configured, interleaved, rel_error, run_stack
+    from h3plan.actions.bench.ops import qk_fp8_lean as lean
 
     recs = []
-    cfg = compose_config(["hardware=sm90", "parallel=u1", "recipe=fp8"])
+    cfg = configured(["hardware=sm90", "parallel=u1", "recipe=fp8"])[0]
     eager = inputs.build_model(cfg["model"]["diffusers_config"], blocks=1, device="cuda", dtype="bf16", seed=0)
     for S in args.seqs:
-        cfg = compose_config(["hardware=sm90", "parallel=u1", "recipe=fp8", f"parallel.seq_len={S}", "levers.fp8_act_quant=tensor"])
-        plan = resolve(cfg)
+        cfg, plan = configured(["hardware=sm90", "parallel=u1", "recipe=fp8", f"parallel.seq_len={S}",
+                                "levers.fp8_act_quant=tensor"])
         model = copy.deepcopy(eager)
         install(model, plan)
         blk = model.transformer_blocks[0]
@@ -323,14 +324,14 @@ def block_section(args):
                 try:
                     reset_counters()
                     out = arms[name]()
-                    rec.setdefault("counters", {})[name] = format_counters()
+                    rec.setdefault("counters", {})[name] = str(counters())
                     rec.setdefault("rel_error_vs_eager", {})[name] = rel_error(torch, out, ref)[0]
                     del out
                 except Exception as exc:  # noqa: BLE001 -- recorded; the other arms still run
                     rec["errors"][name] = f"{type(exc).__name__}: {str(exc)[:300]}"
                     del arms[name]
             del ref
-            t = interleaved_ms(arms, args.rounds)
+            t = interleaved(Clock(), arms, 2, args.rounds)
         med = {k: statistics.median(v) for k, v in t.items()}
         rec["ms"] = med
         rec["speedup_vs_eager"] = {k: med["eager"] / v for k, v in med.items()}

@@ -26,8 +26,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _cuda_timing import interleaved_ms  # noqa: E402
+from h3plan.actions.bench import Clock, interleaved
 
 OUT = sys.argv[1] if len(sys.argv) > 1 else "."
 S = int(sys.argv[2]) if len(sys.argv) > 2 else 37820
@@ -36,7 +35,7 @@ H, D, DIM = 56, 128, 7168
 
 
 def timed(fns):
-    t = interleaved_ms(fns, ROUNDS, WARM, before=dist.barrier)
+    t = interleaved(Clock(), fns, WARM, ROUNDS, before=dist.barrier)
     return {k: round(statistics.median(v), 4) for k, v in t.items()}
 
 
@@ -68,7 +67,7 @@ def profile_section(doc, rank, U):
     from torch.profiler import ProfilerActivity, profile
 
     import h3plan
-    from h3plan.actions.inputs import build_model, packed_inputs
+    from h3plan.actions.bench import build_model, packed_inputs
 
     def plan(u):
         return h3plan.resolve_config(recipe="bf16", parallel=f"u{u}", **{"parallel.seq_len": S})
@@ -131,7 +130,7 @@ def exchange_section(doc, rank, U, group):
 
 
 def attention_section(doc, rank, U, group):
-    from h3plan.facts.attention import get_backend
+    from h3plan.actions.bench.ops import get_backend
 
     fa4 = get_backend("fa4")
     S_loc, h = -(-S // U), H // U

@@ -28,7 +28,7 @@ import _profile  # noqa: E402
 
 from vae import Decoder, build_vae, parse_latent, resolve_plan, tiles_only, vae_config  # noqa: E402
 
-from h3plan.install import counters, install, reset_counters, uninstall  # noqa: E402
+from h3plan import counters, install, reset_counters, uninstall  # noqa: E402
 
 
 # First match wins: a kernel name's lower-case text -> category.
