@@ -78,3 +78,11 @@ def test_ops_names_every_internal_it_lists():
     from h3plan.actions.bench import ops
 
     assert all(getattr(ops, name) is not None for name in ops.__all__)
+
+
+def test_configured_is_the_cli_composition_as_plain_data_and_its_plan():
+    from h3plan.actions.bench import configured
+
+    cfg, plan = configured(["hardware=sm90", "recipe=fp8", "parallel.seq_len=37820"])
+    assert type(cfg) is dict and cfg["recipe"]["name"] == "fp8" and "bench" in cfg
+    assert plan.get("recipe")["name"] == "fp8" and plan.get("parallel")["seq_len"] == 37820

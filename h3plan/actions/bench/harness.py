@@ -135,4 +135,6 @@ def configured(overrides: Sequence[str] = ()) -> tuple[dict, Any]:
     """(the packaged config composed with `overrides`, as plain data; its plan): how a script under benchmarks/
     plans, with the CLI's composition and one-line errors, and reads what a plan does not keep (`bench:`)."""
     cfg = compose(list(overrides))
-    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), resolve(cfg)
+    plain = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    assert isinstance(plain, dict)  # a composed config is a mapping
+    return plain, resolve(cfg)
