@@ -18,11 +18,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import h3plan
-from h3plan.actions.bench import capture_block_inputs, median_ms, run_stack
-from h3plan.actions.bench import build_model, packed_inputs
+from h3plan.actions.bench import (build_model, capture_block_inputs, median_ms, packed_inputs, profile_summary,
+                                  run_stack)
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _profile  # noqa: E402
 
 # First match wins: a kernel name's lower-case text -> category.
 CATEGORIES = (
@@ -33,10 +31,6 @@ CATEGORIES = (
     ("fp8_quant", ("cast", "amax", "fp8", "quant", "scale")),
     ("h3plan_fused", ("_kernel",)),
 )
-
-
-def category(name: str) -> str:
-    return _profile.category(name, CATEGORIES)
 
 
 def profiled(blocks, x) -> dict:
@@ -52,7 +46,7 @@ def profiled_call(fn) -> dict:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             fn()
             torch.cuda.synchronize()
-    out = _profile.summary(prof, CATEGORIES)
+    out = profile_summary(prof, CATEGORIES)
     out["top_kernels_ms"] = {k: v[0] for k, v in out["top_kernels_ms"].items()}
     return out
 

@@ -272,13 +272,12 @@ def measure_elementwise(torch, cfg, plan, rows: int, reps: tuple[int, int]) -> d
             for _ in range(reps[1]):
                 model(**inputs)
             torch.cuda.synchronize()
+    from h3plan.actions.bench.timing import category, kernel_events  # the bench package loads diffusers; tune does not
+
     cats = {"attention": 0.0, "gemm": 0.0, "elementwise": 0.0}
-    for e in prof.events():  # kernels on the GPU timeline (benchmarks/probes/_profile.py reads them the same way)
-        us, name = e.time_range.elapsed_us(), e.name.lower()
-        if e.device_type != torch.autograd.DeviceType.CUDA or us <= 0 or name.startswith(("memset", "memcpy", "nccl:")):
-            continue
-        cat = "attention" if any(k in name for k in ATTENTION_HINTS) else "gemm" if any(k in name for k in GEMM_HINTS) else "elementwise"
-        cats[cat] += us / 1e3 / reps[1]
+    table = (("attention", ATTENTION_HINTS), ("gemm", GEMM_HINTS))
+    for e in kernel_events(prof, skip=("memset", "memcpy", "nccl:")):
+        cats[category(e.name, table, "elementwise")] += e.time_range.elapsed_us() / 1e3 / reps[1]
     del model
     torch.cuda.empty_cache()
     return {"recipe": plan.get("recipe")["name"], "rows": rows, "layers": 1, "ms": [round(cats["elementwise"], 3)],

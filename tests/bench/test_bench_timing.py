@@ -215,3 +215,23 @@ def test_cuda_code_paths_with_fake_events():
     ms = timer.drain_ms()
     assert len(ms) == 2 and all(m >= 0 for m in ms)
     timer.detach()
+
+
+def test_profile_summary_groups_the_gpu_kernels_by_category_and_finds_the_gaps():
+    import types
+
+    from torch.autograd import DeviceType
+
+    def ev(name, start, end, dev=DeviceType.CUDA):
+        span = types.SimpleNamespace(start=start, end=end, elapsed_us=lambda: end - start)
+        return types.SimpleNamespace(name=name, device_type=dev, time_range=span)
+
+    events = [ev("gemm_sm90", 0, 1000), ev("nccl:all_to_all", 1000, 3000), ev("flash_fwd", 1500, 2500),
+              ev("cpu_op", 0, 5000, DeviceType.CPU), ev("memset", 2600, 2700)]
+    prof = types.SimpleNamespace(events=lambda: events)
+    table = (("gemm", ("gemm",)), ("attention", ("FLASH",)))
+    s = bench.profile_summary(prof, table)
+    assert s["ops"] == 3 and s["by_category_ms"] == {"gemm": 1.0, "attention": 1.0, "other": 0.1}
+    assert s["span_ms"] == 2.7 and s["idle_ms"] == pytest.approx(0.6)  # gaps 1000 -> 1500 and 2500 -> 2600 us
+    assert [e.name for e in bench.kernel_events(prof, skip=("memset", "nccl:"))] == ["gemm_sm90", "flash_fwd"]
+    assert bench.category("relu_kernel", table, "elementwise") == "elementwise"

@@ -262,3 +262,41 @@ class ForwardTimer:
     def seconds(self) -> list[float]:
         self.sync()
         return [_ms(a, b, self.cuda) / 1e3 for a, b in self.spans]
+
+
+# ---------------------------------------------------------------- kernels on the GPU timeline (torch.profiler)
+
+
+def kernel_events(prof, skip: tuple[str, ...] = ("nccl:",)) -> list:
+    """The GPU kernels of a torch.profiler run, in start order; names starting with `skip` (lower case) left out:
+    NCCL's profiler ranges are drawn over its own kernels, so they are counted once, as the kernels."""
+    from torch.autograd import DeviceType
+
+    ev = [e for e in prof.events() if e.device_type == DeviceType.CUDA and e.time_range.elapsed_us() > 0
+          and not e.name.lower().startswith(skip)]
+    return sorted(ev, key=lambda e: e.time_range.start)
+
+
+def category(name: str, table, default: str = "other") -> str:
+    """First match wins: `table` is ((category, (substrings...)), ...), matched in lower case."""
+    low = name.lower()
+    return next((cat for cat, keys in table if any(k.lower() in low for k in keys)), default)
+
+
+def profile_summary(prof, table, top: int = 12) -> dict:
+    """busy/span ms, busy ms by category, the top kernels and the largest idle gaps of one profiled run."""
+    ev = kernel_events(prof)
+    by_cat: dict[str, float] = {}
+    by_kernel: dict[str, float] = {}
+    calls: dict[str, int] = {}
+    for e in ev:
+        ms, c, k = e.time_range.elapsed_us() / 1e3, category(e.name, table), e.name[:110]
+        by_cat[c] = by_cat.get(c, 0.0) + ms
+        by_kernel[k] = by_kernel.get(k, 0.0) + ms
+        calls[k] = calls.get(k, 0) + 1
+    gaps = sorted(((b.time_range.start - a.time_range.end) / 1e3, a.name[:50], b.name[:50]) for a, b in zip(ev, ev[1:]))
+    return {"ops": len(ev), "busy_ms": sum(by_cat.values()),
+            "span_ms": (ev[-1].time_range.end - ev[0].time_range.start) / 1e3,
+            "by_category_ms": dict(sorted(by_cat.items(), key=lambda kv: -kv[1])),
+            "top_kernels_ms": {k: [round(v, 3), calls[k]] for k, v in sorted(by_kernel.items(), key=lambda kv: -kv[1])[:top]},
+            "idle_ms": sum(g for g, _, _ in gaps if g > 0), "largest_gaps_ms": [list(g) for g in gaps[::-1][:6]]}
