@@ -26,7 +26,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from h3plan.actions.bench import Clock, interleaved
+from h3plan.actions.bench import Clock, interleaved, profile_summary
 
 OUT = sys.argv[1] if len(sys.argv) > 1 else "."
 S = int(sys.argv[2]) if len(sys.argv) > 2 else 37820
@@ -37,17 +37,6 @@ H, D, DIM = 56, 128, 7168
 def timed(fns):
     t = interleaved(Clock(), fns, WARM, ROUNDS, before=dist.barrier)
     return {k: round(statistics.median(v), 4) for k, v in t.items()}
-
-
-def kernel_table(prof):
-    rows = {}
-    for e in prof.events():
-        if e.device_type != torch.autograd.DeviceType.CUDA or e.name.startswith("nccl:"):
-            continue
-        r = rows.setdefault(e.name[:120], [0.0, 0])
-        r[0] += e.time_range.elapsed_us() / 1e3
-        r[1] += 1
-    return {k: [round(v[0], 4), v[1]] for k, v in sorted(rows.items(), key=lambda kv: -kv[1][0])}
 
 
 def op_table(prof, top=40):
@@ -89,7 +78,7 @@ def profile_section(doc, rank, U):
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 fn()
                 torch.cuda.synchronize()
-            doc.setdefault("kernels", {})[k] = kernel_table(prof)
+            doc.setdefault("kernels", {})[k] = profile_summary(prof, (), top=10**6)["top_kernels_ms"]
             doc.setdefault("ops", {})[k] = op_table(prof)
 
 
