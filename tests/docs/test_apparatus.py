@@ -73,11 +73,15 @@ def test_the_import_check_catches_an_internal(tmp_path):
                                        "7: from h3plan.runtime.kernels import swiglu", "8: import h3plan.planner"]
 
 
-def test_ops_names_every_internal_it_lists():
-    """`ops` imports (a renamed kernel or module fails here, on a CPU) and exports exactly what it imports."""
+def test_ops_imports_and_names_exactly_what_benchmarks_use():
+    """`ops` imports (a renamed kernel or module fails here, on a CPU), and lists no internal that no script uses."""
     from h3plan.actions.bench import ops
 
     assert all(getattr(ops, name) is not None for name in ops.__all__)
+    used = {a.name for p in (ROOT / "benchmarks").rglob("*.py") for node in ast.walk(ast.parse(p.read_text()))
+            if isinstance(node, ast.ImportFrom) and node.module == f"{BENCH}.ops" for a in node.names}
+    assert used == set(ops.__all__), f"used, not in ops: {sorted(used - set(ops.__all__))}; " \
+        f"in ops, unused: {sorted(set(ops.__all__) - used)}"
 
 
 def test_configured_is_the_cli_composition_as_plain_data_and_its_plan():
