@@ -10,13 +10,13 @@ The same as `python -m h3plan action=bench hardware=sm90 parallel=u1 bench.out_d
 from __future__ import annotations
 
 import os
+import runpy
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's h3plan
 
-from h3plan import cli  # noqa: E402
-
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
-if __name__ == "__main__":
-    sys.exit(cli.run(["action=bench", "hardware=sm90", "parallel=u1", f"bench.out_dir={RESULTS}", *sys.argv[1:]]))
+if __name__ == "__main__":  # `python -m h3plan action=bench ...`, in this process
+    sys.argv = ["python -m h3plan", "action=bench", "hardware=sm90", "parallel=u1", f"bench.out_dir={RESULTS}", *sys.argv[1:]]
+    runpy.run_module("h3plan", run_name="__main__", alter_sys=True)

@@ -17,7 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
-from h3plan.facts import hardware
+from h3plan.actions.bench.ops import hardware
 
 
 def _load(d: Path, name: str):

@@ -36,9 +36,7 @@ import importlib
 import json
 import os
 import pkgutil
-import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,32 +80,18 @@ def load_cases(smoke: bool, sweep: bool):
     return out
 
 
-def time_gpu(fn, reps, warmup):
-    """Median ms of `reps` calls of `fn` (CUDA events, a 256 MiB buffer zeroed before each to flush L2)."""
+def make_timer(cuda: bool, reps: int, warmup: int):
+    """fn -> median ms (h3plan.actions.bench's timer): on the GPU `reps` calls back to back after `warmup`, a 256 MiB
+    buffer zeroed before each to flush L2; on the CPU (--smoke) one host-clock call."""
     import torch
 
+    from h3plan.actions.bench import Clock, median_ms
+
+    if not cuda:
+        clock = Clock(torch, torch.device("cpu"))
+        return lambda f: median_ms(f, 0, 1, clock=clock)
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    for _ in range(warmup):
-        fn()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for a, b in ev:
-        flush.zero_()
-        a.record()
-        fn()
-        b.record()
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) for a, b in ev)
-
-
-def time_cpu(fn, reps, warmup):
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(ts)
+    return lambda f: median_ms(f, warmup, reps, before=flush.zero_)
 
 
 def copy_bandwidth(device, timer, nbytes):
@@ -173,7 +157,7 @@ def main(argv=None):
             raise SystemExit("no CUDA device: run with --smoke for a CPU sanity run")
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels import triton
     device = "cuda" if cuda else "cpu"
-    timer = (lambda f: time_gpu(f, a.reps, a.warmup)) if cuda else (lambda f: time_cpu(f, 1, 0))
+    timer = make_timer(cuda, a.reps, a.warmup)
     copy_tbps = copy_bandwidth(device, timer, (2 << 30) if cuda else (1 << 20))
     name = a.name or ("kernels-smoke" if a.smoke else "kernels-h200-sweep" if a.sweep else "kernels-h200")
     records = []

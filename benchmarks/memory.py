@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 import traceback
 from pathlib import Path
 
@@ -53,7 +52,7 @@ def _plan(recipe, steps, tables, gb=None, extra=()):
 
 
 def _estimate(plan, phase):
-    from h3plan.planning import memory
+    from h3plan.actions.bench.ops import memory
 
     sections = {k: plan.get(k) for k in ("model", "vae", "recipe", "hardware", "video", "pipeline", "memory", "parallel")}
     shape = {k: plan.derived_value(k) for k in ("seq_len", "ulysses_degree", "batch", "local_rows")}
@@ -72,54 +71,50 @@ def _run(torch, pipe, plan, args, prompt, *, decode, cap=None, keep=False, devic
     leave the plan installed (a child that exits after its one call). device: install(pipe, plan, device=) of a
     pipeline resting on the host."""
     import h3plan
-    from h3plan.actions.pipeline_build import run_block
-    from h3plan.runtime.counters import counters, reset_counters
+    from h3plan.actions.bench import Clock, ForwardTimer
+    from h3plan.actions.bench import run_block
+    from h3plan import counters, reset_counters
 
     h, w, f = args.video
     if cap is not None:
         torch.cuda.empty_cache()
         torch.cuda.set_per_process_memory_fraction(cap)
     resting = torch.cuda.memory_allocated() / GiB
-    events, denoise_peak = [], [0.0]
+    denoise_peak, host = [0.0], Clock(torch, torch.device("cpu"))  # host: the wall clock around install and the call
     try:
         torch.cuda.reset_peak_memory_stats()
-        t0 = time.perf_counter()
-        h3plan.install(pipe, plan, device=device)
-        torch.cuda.synchronize()
-        install_s, install_peak = time.perf_counter() - t0, torch.cuda.max_memory_allocated() / GiB
-        t = pipe.transformer
+        install_ms, _ = host.timed(lambda: (h3plan.install(pipe, plan, device=device), torch.cuda.synchronize()))
+        install_s, install_peak = install_ms / 1e3, torch.cuda.max_memory_allocated() / GiB
+        t, fwd_timer = pipe.transformer, ForwardTimer(torch, True)
+        fwd_timer.on = True
 
-        def pre(*_):
-            events.append([torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)])
-            events[-1][0].record()
-
-        def post(*_):
-            events[-1][1].record()
+        def post(*a):
+            fwd_timer.post(*a)
             denoise_peak[0] = torch.cuda.max_memory_allocated() / GiB
 
-        handles = [t.register_forward_pre_hook(pre), t.register_forward_hook(post)]
+        handles = [t.register_forward_pre_hook(fwd_timer.pre), t.register_forward_hook(post)]
         try:
             torch.cuda.synchronize()
             installed = torch.cuda.memory_allocated() / GiB
             torch.cuda.reset_peak_memory_stats()
             reset_counters()
-            t0 = time.perf_counter()
-            gen = torch.Generator("cpu").manual_seed(0)
-            if decode:
-                frames = pipe(**prompt, height=h, width=w, num_frames=f, num_inference_steps=args.steps, generator=gen,
-                              output_type="pt", output="videos")
-                latents = None
-            else:
+
+            def call():
+                gen = torch.Generator("cpu").manual_seed(0)
+                if decode:
+                    return None, pipe(**prompt, height=h, width=w, num_frames=f, num_inference_steps=args.steps,
+                                      generator=gen, output_type="pt", output="videos")
                 st = run_block(pipe, "denoise", **prompt, height=h, width=w, num_frames=f,
                                num_inference_steps=args.steps, generator=gen)
-                latents, frames = st.get("latents"), None
-            torch.cuda.synchronize()
-            seconds = time.perf_counter() - t0
+                return st.get("latents"), None
+
+            ms, (latents, frames) = host.timed(lambda: (call(), torch.cuda.synchronize())[0])
+            seconds = ms / 1e3
         finally:
             for hd in handles:
                 hd.remove()
         c = {k: v for k, v in counters().items() if k.startswith("adaln_table")}
-        fwd = [a.elapsed_time(b) / 1e3 for a, b in events]
+        fwd = fwd_timer.seconds()
         return {"seconds": round(seconds, 3), "forward_s": [round(x, 4) for x in fwd],
                 "resting_gib": round(resting, 3), "installed_gib": round(installed, 3),
                 "install_peak_gib": round(install_peak, 3), "install_s": round(install_s, 2),
@@ -163,15 +158,13 @@ def _cap_row(args, recipe, frames_path: Path):
 
 def _cap_child(args) -> int:
     import torch
-    from omegaconf import OmegaConf
 
-    from h3plan.actions.pipeline_build import build_pipeline, prompt_inputs
-    from h3plan.planning.config import compose
+    from h3plan.actions.bench import build_pipeline, configured, prompt_inputs
 
-    c = compose([])
+    c = configured([])[0]
     # the rows' own build (CUDA-seeded weights: the frames compare bitwise), uncapped; then the pipeline rests on the
     # host as from_pretrained loads it, and the device holds nothing but the prompt (1 MB) when the cap begins
-    pipe = build_pipeline(OmegaConf.to_container(c.model.diffusers_config), OmegaConf.to_container(c.vae.diffusers_config),
+    pipe = build_pipeline(c["model"]["diffusers_config"], c["vae"]["diffusers_config"],
                           layers=args.layers, device="cuda")
     prompt = prompt_inputs(pipe, args.text_tokens)
     for name in ("transformer", "vae", "audio_vae"):
@@ -211,10 +204,8 @@ def main(argv=None) -> int:
         return _cap_child(args)
 
     import torch
-    from omegaconf import OmegaConf
 
-    from h3plan.actions.pipeline_build import build_pipeline, prompt_inputs
-    from h3plan.planning.config import compose
+    from h3plan.actions.bench import build_pipeline, configured, prompt_inputs
 
     import tempfile
 
@@ -227,13 +218,13 @@ def main(argv=None) -> int:
         for recipe in args.recipes:
             caps[recipe] = _cap_row(args, recipe, tmp / f"{recipe}.pt")
             print(json.dumps(caps[recipe]), flush=True)
-    c = compose([])
-    pipe = build_pipeline(OmegaConf.to_container(c.model.diffusers_config), OmegaConf.to_container(c.vae.diffusers_config),
+    c = configured([])[0]
+    pipe = build_pipeline(c["model"]["diffusers_config"], c["vae"]["diffusers_config"],
                           layers=args.layers, device="cuda")
     prompt = prompt_inputs(pipe, args.text_tokens)
     if args.warmup:  # the first call compiles and autotunes; every row after it runs warm
         h, w, f = args.video
-        from h3plan.actions.pipeline_build import run_block
+        from h3plan.actions.bench import run_block
         import h3plan
         for recipe in args.recipes:
             h3plan.install(pipe, _plan(recipe, 2, "off"))

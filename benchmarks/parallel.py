@@ -45,7 +45,7 @@ def _plan(recipe, U, S, ring=1, **over):
 
 
 def _allows(recipe, U, S, **over) -> bool:
-    from h3plan.errors import PlanningError
+    from h3plan import PlanningError
 
     try:
         _plan(recipe, U, S, **over)
@@ -74,7 +74,7 @@ def _settings(base, S, U, group, recipes, compile_plans, ring=1, exchange_arm=Fa
     import torch
 
     import h3plan
-    from h3plan.actions.inputs import TIMESTEP
+    from h3plan.actions.bench import TIMESTEP
 
     made, notes = {}, {}
 
@@ -136,21 +136,9 @@ def _settings(base, S, U, group, recipes, compile_plans, ring=1, exchange_arm=Fa
 
 
 def _time(fns, rounds, warm, barrier):
-    import torch
+    from h3plan.actions.bench import Clock, interleaved
 
-    ms = {k: [] for k in fns}
-    for r in range(rounds + warm):
-        order = list(fns) if r % 2 == 0 else list(reversed(fns))
-        for k in order:
-            barrier()
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fns[k]()
-            e.record()
-            torch.cuda.synchronize()
-            if r >= warm:
-                ms[k].append(s.elapsed_time(e))
-    return {k: statistics.median(v) for k, v in ms.items()}
+    return {k: statistics.median(v) for k, v in interleaved(Clock(), fns, warm, rounds, before=barrier).items()}
 
 
 def main(argv=None) -> int:
@@ -173,7 +161,7 @@ def main(argv=None) -> int:
     import torch
     import torch.distributed as dist
 
-    from h3plan.actions.inputs import build_model, packed_inputs
+    from h3plan.actions.bench import build_model, packed_inputs
 
     dist.init_process_group("nccl")
     rank, U = dist.get_rank(), dist.get_world_size()

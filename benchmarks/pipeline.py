@@ -45,12 +45,9 @@ def main(argv=None) -> int:
     ap.add_argument("--workflow", help="t2va (default), fl2va (first and last keyframe) or ref2va (one image reference)")
     a = ap.parse_args(argv)
 
-    from omegaconf import OmegaConf
-
+    from h3plan import H3PlanError
+    from h3plan.actions.bench import configured
     from h3plan.actions.bench.pipeline import run
-    from h3plan.planning.config import compose
-    from h3plan.errors import H3PlanError
-    from h3plan.planner import resolve
 
     pipeline = {k: getattr(a, k) for k in ("steps", "warmup", "rounds", "decode_warmup", "text_tokens", "layers",
                                            "e2e_steps", "compile_backend", "cp_backend", "vae", "plans", "workflow")
@@ -62,9 +59,7 @@ def main(argv=None) -> int:
     if a.stock_bits:
         pipeline["stock_bits"] = True
     try:
-        c = compose(a.overrides)
-        plan = resolve(c)
-        cfg = OmegaConf.to_container(c, resolve=True, enum_to_str=True)
+        cfg, plan = configured(a.overrides)
         cfg.update(action="bench", video=a.video)
         cfg["bench"]["target"] = "pipeline"
         cfg["bench"].update(out_dir=a.out, tag=a.tag, pipeline=pipeline)

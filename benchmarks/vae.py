@@ -79,7 +79,7 @@ def tiles_only(plan):
     (the eager side; fp8_tiles' FP8 GEMMs stay on the plan side)."""
     import dataclasses
 
-    from h3plan.planner import make_plan
+    from h3plan.actions.bench.ops import make_plan
 
     ds = [dataclasses.replace(d, params=tuple(kv for kv in d.params if kv[0] != "dtype"))
           for d in plan.decisions if d.lever == "vae_tiles"]
@@ -126,25 +126,18 @@ class Decoder:
             return self.vae.decode(self.z).sample
 
     def timed(self, warmup: int, iters: int):
-        t = self.torch
+        from h3plan.actions.bench import Clock
+
+        t, clock = self.torch, Clock(self.torch, self.z.device)
         for _ in range(warmup):
             self()
         times, out = [], None
         for i in range(iters):
-            if self.cuda:
-                t.cuda.synchronize()
-                if i == iters - 1:
-                    t.cuda.reset_peak_memory_stats()
-                a, b = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
-                a.record()
-                out = self()
-                b.record()
-                t.cuda.synchronize()
-                times.append(a.elapsed_time(b))
-            else:
-                s = time.perf_counter()
-                out = self()
-                times.append((time.perf_counter() - s) * 1e3)
+            clock.sync()
+            if self.cuda and i == iters - 1:
+                t.cuda.reset_peak_memory_stats()
+            ms, out = clock.timed(self)
+            times.append(ms)
         peak = t.cuda.max_memory_allocated() / 2**30 if self.cuda else None
         return statistics.median(times), out, peak
 
@@ -156,8 +149,8 @@ def precision(plan) -> str:
 def measure(vae, plan, spec: str, latent, warmup: int, iters: int, seed: int = 1) -> dict:
     import torch
 
-    from h3plan.install import counters, install, reset_counters, uninstall
-    from h3plan.install.vae.weights import DTYPES, PrecisionCast
+    from h3plan import counters, install, reset_counters, uninstall
+    from h3plan.actions.bench.ops import VAE_DTYPES as DTYPES, PrecisionCast
 
     device = next(vae.parameters()).device
     z = torch.randn(latent, generator=torch.Generator().manual_seed(seed)).to(device)
@@ -184,7 +177,7 @@ def measure(vae, plan, spec: str, latent, warmup: int, iters: int, seed: int = 1
     uninstall(vae)
     setting = {d.lever: d.setting for d in plan.decisions}
     lossy = not plan.lossless
-    from h3plan.actions.quality import psnr
+    from h3plan.actions.bench import psnr
 
     def db(a, b):
         v = psnr(frames01(a.float()), frames01(b.float()))

@@ -25,11 +25,12 @@ import math
 import torch
 
 from benchmarks.cases import Case, bits_equal
-from h3plan.runtime.kernels import qk_fp8_lean as lean
-from h3plan.runtime.kernels import qk_norm_rope as qk
-from h3plan.runtime.kernels.fp8 import scale_from_amax
-from h3plan.runtime.kernels import ulysses_merge as um
-from h3plan.runtime.kernels import vae
+from h3plan.actions.bench.ops import fp8, vae
+from h3plan.actions.bench.ops import qk_fp8_lean as lean
+from h3plan.actions.bench.ops import qk_norm_rope as qk
+from h3plan.actions.bench.ops import ulysses_merge as um
+
+scale_from_amax = fp8.scale_from_amax
 
 H, D, R = 56, 128, 96
 VAE_H, VAE_D, VAE_R, VAE_DIM = 32, 64, 48, 2048

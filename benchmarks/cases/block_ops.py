@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 
 from benchmarks.cases import Case, bits_equal
-from h3plan.runtime.kernels import gated_residual as gr
-from h3plan.runtime.kernels import modulation as mod
-from h3plan.runtime.kernels import swiglu as sw
+from h3plan.actions.bench.ops import gated_residual as gr
+from h3plan.actions.bench.ops import modulation as mod
+from h3plan.actions.bench.ops import swiglu as sw
 
 HIDDEN, FFN, TIMESTEPS, MODALITIES = 5376, 14336, 2, 3
 

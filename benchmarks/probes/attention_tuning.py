@@ -1,33 +1,27 @@
-"""Probe (H200): how much attention speed is left on the table at H3's shapes, and why attention runs
-slower inside a block than alone.
-
-1. FA4's SM90 forward over tile configurations (tile_m, tile_n, mma_pv_is_rs, intra_wg_overlap) at
-   (1, S, 56, 128) for S = 19,000 and 37,820; FA4's own default is (128, 128, RS, overlap).
-2. Every execution plan cuDNN offers for the BF16 and the FP8 SDPA graphs (heuristics A, B, fallback;
-   every plan built), timed one by one.
-3. Attention right after a burst of FP8/BF16 GEMMs against attention right after attention, with the
-   SM clock and board power sampled by nvidia-smi every 20 ms in the background (read-only queries).
+"""Probe (H200): how much FA4 speed is left on the table at H3's shapes: FA4's SM90 forward over tile
+configurations (tile_m, tile_n, mma_pv_is_rs, intra_wg_overlap) at (1, S, 56, 128) for S = 19,000 and 37,820
+(FA4's own default is (128, 128, RS, overlap)), swept, then A/B against the default, interleaved. Its cuDNN-plans
+and attention-after-GEMMs sections (results kept in the committed JSON, cited nowhere) are in git history:
+`git show 87bbc15:benchmarks/probes/attention_tuning.py`.
 
 Each section writes what it measured into $OUT/attention-tuning.json as soon as it has it; a section
 that fails records its error and the probe goes on. Usage: python attention_tuning.py [seconds budget]
 """
 import json
-import math
 import os
 import statistics
 import sys
 import time
 
 import torch
-from _cuda_timing import median_ms
+from h3plan.actions.bench import Clock, interleaved, median_ms
 
 OUT = os.environ.get("OUT", ".")
 BUDGET = float(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1] != "--report" else 420.0
-SECTIONS = sys.argv[2:] or ["sweep", "ab", "cudnn", "power"]
+SECTIONS = sys.argv[2:] or ["sweep", "ab"]
 T0 = time.monotonic()
 H, D = 56, 128
-RESULT: dict = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "torch": torch.__version__, "fa4": [], "cudnn": [],
-                "power": []}
+RESULT: dict = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "torch": torch.__version__, "fa4": []}
 
 
 def save():
@@ -120,19 +114,7 @@ def fa4_ab(rounds=10, configs=None):
         ref = fns[configs[0]]().clone()
         bitwise = {c: bool(torch.equal(fns[c](), ref)) for c in configs}
         torch.cuda.synchronize()
-        times = {c: [] for c in configs}
-        for r in range(rounds):
-            order = configs[r % len(configs):] + configs[:r % len(configs)]
-            ev = []
-            for c in order:
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                fns[c]()
-                b.record()
-                ev.append((c, a, b))
-            torch.cuda.synchronize()
-            for c, a, b in ev:
-                times[c].append(a.elapsed_time(b))
+        times = interleaved(Clock(), fns, 0, rounds)
         base = statistics.median(times[configs[0]])
         for c in configs:
             ms = statistics.median(times[c])
@@ -142,111 +124,6 @@ def fa4_ab(rounds=10, configs=None):
             RESULT["fa4_ab"].append(rec)
         save()
         del q, k, v, ref, fns
-
-
-def cudnn_plans():
-    import cudnn
-
-    from h3plan.runtime.attention import cudnn as hc
-    from h3plan.runtime.kernels.fp8 import quantize as cast
-
-    handle = hc._handle(torch.device("cuda"))
-    for S in (19000, 37820):
-        q, k, v = qkv(S, S + 1)
-        (q8, dq), (k8, dk), (v8, dv) = cast(q), cast(k), cast(v)
-        for kind in ("bf16", "fp8"):
-            if left() < 40:
-                RESULT["cudnn"].append({"S": S, "kind": kind, "error": "probe budget spent"})
-                continue
-            try:
-                dt = cudnn.data_type
-                io = dt.BFLOAT16 if kind == "bf16" else dt.FP8_E4M3
-                g = cudnn.pygraph(io_data_type=io, intermediate_data_type=dt.FLOAT, compute_data_type=dt.FLOAT,
-                                  handle=handle)
-                src = (q, k, v) if kind == "bf16" else (q8, k8, v8)
-                vq, vk, vv = (hc._bhsd(t) for t in src)
-                o = torch.empty(q.shape, dtype=torch.bfloat16 if kind == "bf16" else q8.dtype, device="cuda")
-                vo = hc._bhsd(o)
-                tq, tk, tv = (g.tensor(dim=list(t.shape), stride=list(t.stride()), data_type=io) for t in (vq, vk, vv))
-                pack = {tq: vq, tk: vk, tv: vv}
-                if kind == "bf16":
-                    to, _ = g.sdpa(q=tq, k=tk, v=tv, is_inference=True, attn_scale=1 / math.sqrt(D))
-                else:
-                    one = lambda x: x.reshape(1, 1, 1, 1).float().contiguous()  # noqa: E731
-                    vals = {"dq": one(dq), "dk": one(dk), "dv": one(dv), "ds": one(torch.tensor(1 / 448.0, device="cuda")),
-                            "ss": one(torch.tensor(448.0, device="cuda")), "so": one(1.0 / dv)}
-                    sc = {n: g.tensor(dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=dt.FLOAT) for n in vals}
-                    to, _, tas, tao = g.sdpa_fp8(q=tq, k=tk, v=tv, descale_q=sc["dq"], descale_k=sc["dk"],
-                                                 descale_v=sc["dv"], descale_s=sc["ds"], scale_s=sc["ss"],
-                                                 scale_o=sc["so"], is_inference=True, attn_scale=1 / math.sqrt(D))
-                    amax = torch.empty(2, 1, 1, 1, device="cuda")
-                    for t in (tas, tao):
-                        t.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(dt.FLOAT)
-                    pack.update({sc[n]: vals[n] for n in vals})
-                    pack.update({tas: amax[0:1], tao: amax[1:2]})
-                pack[to] = vo
-                to.set_output(True).set_dim(list(vo.shape)).set_stride(list(vo.stride())).set_data_type(
-                    dt.BFLOAT16 if kind == "bf16" else io)
-                g.validate()
-                g.build_operation_graph()
-                g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.B, cudnn.heur_mode.FALLBACK])
-                g.check_support()
-                try:
-                    g.build_plans(cudnn.build_plan_policy.ALL)
-                except Exception as exc:
-                    RESULT["cudnn"].append({"S": S, "kind": kind, "note": f"build ALL: {exc}"[:200]})
-                    g.build_plans()
-                n = g.get_execution_plan_count()
-                ref = None
-                for i in range(n):
-                    rec = {"S": S, "kind": kind, "index": i}
-                    try:
-                        rec["name"] = g.get_plan_name_at_index(i)
-                        ws = torch.empty(max(1, g.get_workspace_size_plan_at_index(i)), dtype=torch.uint8, device="cuda")
-                        fn = lambda: g.execute_plan_at_index(pack, ws, i, handle=handle)  # noqa: E731
-                        fn()
-                        torch.cuda.synchronize()
-                        if ref is None:
-                            ref = o.clone()
-                        rec["rel_vs_first"] = rel(o, ref) if kind == "bf16" else rel(o.float(), ref.float())
-                        rec["ms"] = time_ms(fn)
-                        rec["tflops"] = tflops(S, rec["ms"])
-                    except Exception as exc:
-                        rec["error"] = f"{type(exc).__name__}: {str(exc).strip()[:200]}"
-                    emit("cudnn", rec)
-            except Exception as exc:
-                RESULT["cudnn"].append({"S": S, "kind": kind, "error": f"{type(exc).__name__}: {str(exc).strip()[:300]}"})
-                save()
-        del q, k, v, q8, k8, v8
-
-
-def power_probe():
-    """Attention after attention vs attention right after ~10 ms of GEMMs (what precedes it in a block)."""
-    from h3plan.runtime.attention.cudnn import CudnnFP8Backend
-    from h3plan.runtime.attention.fa4 import FA4Backend
-    from h3plan.runtime.kernels.fp8 import quantize as cast
-
-    S = 37820
-    q, k, v = qkv(S, 7)
-    (q8, dq), (k8, dk), (v8, dv) = cast(q), cast(k), cast(v)
-    d = torch.stack([dq, dk, dv])
-    x = torch.randn(S, 5376, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(7168, 5376, device="cuda", dtype=torch.bfloat16) / 70
-    x8, w8 = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
-    one = torch.ones((), device="cuda")
-    gemm = {"bf16": lambda: torch.nn.functional.linear(x, w),
-            "fp8": lambda: torch._scaled_mm(x8, w8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)}
-    att = {"fa4": lambda: FA4Backend()(q, k, v), "cudnn_fp8": lambda: CudnnFP8Backend()(q8, k8, v8, descales=d)}
-    for name, fn in att.items():
-        for pre in ("none", "bf16", "fp8"):
-            if left() < 20:
-                return
-            burst = None if pre == "none" else (lambda g=gemm[pre]: [g() for _ in range(6)])
-            ms = median_ms(fn, warmup=3, iters=8, before=burst)
-            rec = {"attention": name, "S": S, "preceded_by": pre,
-                   "ms": ms,
-                   "t": round(time.monotonic() - T0, 2)}
-            emit("power", rec)
 
 
 def report(doc: dict) -> str:
@@ -267,21 +144,6 @@ def report(doc: dict) -> str:
         lines += [f"| {r['S']} | {tuple(r['tile'])} | {r.get('ms', float('nan')):.2f} | {r.get('tflops', float('nan')):.0f} | "
                   f"{r.get('error', '')[:80]} |" for r in sweep]
         lines.append("")
-    plans = [r for r in doc.get("cudnn") or [] if "ms" in r]
-    if plans:
-        lines += ["## cuDNN execution plans (heuristics A, B, fallback; every plan built)", "",
-                  "| S | graph | plan | ms | TFLOP/s | rel. diff vs plan 0 |", "|---:|---|---|---:|---:|---:|"]
-        lines += [f"| {r['S']} | {r['kind']} | {r['name']} | {r['ms']:.2f} | {r['tflops']:.0f} | {r['rel_vs_first']:.1e} |"
-                  for r in plans]
-        lines.append("")
-    power = doc.get("power") or []
-    if power:
-        lines += ["## Attention alone vs right after GEMMs (S = 37,820 x 56 heads; 6 GEMMs 37,820 x 5376 -> 7168 before each call)", "",
-                  "| attention | preceded by | ms | vs alone |", "|---|---|---:|---:|"]
-        alone = {r["attention"]: r["ms"] for r in power if r["preceded_by"] == "none"}
-        lines += [f"| {r['attention']} | {r['preceded_by']} GEMMs | {r['ms']:.2f} | {r['ms'] / alone[r['attention']]:.3f}x |"
-                  for r in power]
-        lines.append("")
     if doc.get("runs"):
         lines += ["## Runs", ""] + [f"- run {k}: {v}" for k, v in doc["runs"].items()] + [""]
     if doc.get("notes"):
@@ -297,7 +159,7 @@ if __name__ == "__main__" and sys.argv[1:2] == ["--report"]:
 if __name__ == "__main__":
     more = [(128, 128, True, True), (192, 128, False, True), (192, 128, False, False), (192, 128, True, True),
             (128, 128, False, False), (128, 128, True, False), (64, 128, True, True)]
-    table = {"sweep": fa4_sweep, "ab": fa4_ab, "ab2": lambda: fa4_ab(rounds=10, configs=list(more)), "cudnn": cudnn_plans, "power": power_probe}
+    table = {"sweep": fa4_sweep, "ab": fa4_ab, "ab2": lambda: fa4_ab(rounds=10, configs=list(more))}
     for section in (table[n] for n in SECTIONS):
         try:
             section()

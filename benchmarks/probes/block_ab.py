@@ -1,13 +1,9 @@
-"""Probe (H200): two questions about the real-width block, one process, everything interleaved.
-
-1. tile: the lossless bf16 plan with FA4's default tile against the same plan with the measured
-   (192, 128) tile (`levers.fa4_tile=default` vs `tuned`), each round running eager, A and B once; the
-   two plans must give the same bits. This is the in-block version of the attention-only A/B in
-   attention-tuning-h200.md, whose two runs at 37,820 disagreed.
-2. placement: the plan's attention call timed three ways: inside the plan's forward (after the QKV
-   GEMMs), back to back on clones of its arguments (the bench's "standalone"), and standalone with a
-   whole plan forward run untimed just before each call (the same kind of work ahead of it, so the
-   same power state). If "after a forward" matches "in plan", the plan adds nothing to the call.
+"""Probe (H200): the FA4 tile inside the real-width block, one process, interleaved: the lossless bf16 plan with
+FA4's default tile against the same plan with the measured (192, 128) tile (`levers.fa4_tile=default` vs `tuned`),
+each round running eager, A and B once; the two plans must give the same bits. This is the in-block version of the
+attention-only A/B in attention-tuning-h200.md, whose two runs at 37,820 disagreed. Its placement section (the
+plan's attention call in the plan, back to back, after a forward: what action=bench now times itself) is in git
+history: `git show a5ae9a5:benchmarks/probes/block_ab.py`.
 
 Usage: python block_ab.py OUT_DIR [S ...]   (default S: 37820 19000)
 """
@@ -19,14 +15,10 @@ import sys
 import time
 
 import torch
-from _cuda_timing import events, interleaved_ms
 
-from h3plan.actions import inputs
-from h3plan.actions.bench.measure import capture_block_inputs, plan_backend, run_stack
-from h3plan.actions.bench.timing import BackendTimer
-from h3plan.planning.config import compose as compose_config
-from h3plan.install import install
-from h3plan.planner import resolve
+from h3plan import install
+from h3plan.actions import bench as inputs
+from h3plan.actions.bench import Clock, capture_block_inputs, configured, interleaved, run_stack
 
 ROUNDS, WARM = 12, 2
 OUT = sys.argv[1] if len(sys.argv) > 1 else "."
@@ -40,12 +32,11 @@ def save():
 
 
 def plan_for(*overrides):
-    cfg = compose_config(["hardware=sm90", "parallel=u1", *overrides])
-    return cfg, resolve(cfg)
+    return configured(["hardware=sm90", "parallel=u1", *overrides])
 
 
 def interleave(fns: dict, rounds=ROUNDS):
-    return interleaved_ms(fns, rounds, WARM)
+    return interleaved(Clock(), fns, WARM, rounds)
 
 
 def med(x):
@@ -79,56 +70,12 @@ def tile_ab(cfg, eager, S):
     torch.cuda.empty_cache()
 
 
-def placement(cfg, eager, S, recipe):
-    _, plan = plan_for(f"recipe={recipe}", f"parallel.seq_len={S}")
-    m = copy.deepcopy(eager)
-    install(m, plan)
-    backend = plan_backend(m)
-    timer = BackendTimer(torch, True)
-    timer.attach(backend)
-    block_in = capture_block_inputs(torch, eager, inputs.packed_inputs(cfg["model"]["diffusers_config"], S, device="cuda"))
-    fwd = lambda: run_stack(m.transformer_blocks, *block_in)  # noqa: E731
-    with torch.no_grad():
-        timer.capture = True
-        fwd()
-        _, args, kwargs = timer.captured
-        call = timer.original(backend)
-        alone = lambda: call(*args, **kwargs)  # noqa: E731
-        for _ in range(WARM):
-            fwd()
-            alone()
-        torch.cuda.synchronize()
-        timer.drain_ms()
-        in_plan, b2b, after = [], [], []
-        for _ in range(ROUNDS):  # round: forward (in-plan event), forward + standalone call, 3 calls back to back
-            fwd()
-            fwd()
-            after.append(events(alone))
-            for _ in range(3):
-                b2b.append(events(alone))
-            torch.cuda.synchronize()
-        ts = timer.drain_ms()
-        in_plan = ts[1::2]  # the second forward of each round: it follows a whole forward, like `after`
-    timer.detach()
-    b2b = [a.elapsed_time(b) for a, b in b2b][2::3]  # the third call of each run: after two attention calls
-    after = [a.elapsed_time(b) for a, b in after]
-    rec = {"S": S, "recipe": recipe, "backend": plan.decision("attention").setting, "in_plan_ms": med(in_plan),
-           "standalone_back_to_back_ms": med(b2b), "standalone_after_forward_ms": med(after),
-           "in_plan_speed_vs_back_to_back": med(b2b) / med(in_plan),
-           "in_plan_speed_vs_after_forward": med(after) / med(in_plan)}
-    print("placement", rec, flush=True)
-    RESULT["placement"].append(rec)
-    save()
-    del m, block_in
-    torch.cuda.empty_cache()
-
-
 def main():
     cfg, _ = plan_for("recipe=bf16")
     eager = inputs.build_model(cfg["model"]["diffusers_config"], blocks=1, device="cuda", dtype="bf16", seed=0)
     t0 = time.monotonic()
     for S in SEQS:
-        for fn, args in ((tile_ab, ()), (placement, ("fp8",)), (placement, ("bf16",))):
+        for fn, args in ((tile_ab, ()),):
             try:
                 fn(cfg, eager, S, *args)
             except Exception as exc:  # noqa: BLE001 -- recorded; the other sections still run

@@ -18,11 +18,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import h3plan
-from h3plan.actions.bench.measure import capture_block_inputs, run_stack
-from h3plan.actions.inputs import build_model, packed_inputs
+from h3plan.actions.bench import (build_model, capture_block_inputs, median_ms, packed_inputs, profile_summary,
+                                  run_stack)
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _profile  # noqa: E402
 
 # First match wins: a kernel name's lower-case text -> category.
 CATEGORIES = (
@@ -33,10 +31,6 @@ CATEGORIES = (
     ("fp8_quant", ("cast", "amax", "fp8", "quant", "scale")),
     ("h3plan_fused", ("_kernel",)),
 )
-
-
-def category(name: str) -> str:
-    return _profile.category(name, CATEGORIES)
 
 
 def profiled(blocks, x) -> dict:
@@ -52,7 +46,7 @@ def profiled_call(fn) -> dict:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             fn()
             torch.cuda.synchronize()
-    out = _profile.summary(prof, CATEGORIES)
+    out = profile_summary(prof, CATEGORIES)
     out["top_kernels_ms"] = {k: v[0] for k, v in out["top_kernels_ms"].items()}
     return out
 
@@ -106,18 +100,11 @@ def profile_forward(spec: str, layers: int) -> dict:
     rec = profiled_call(lambda: model(**x))
     counts = dict(h3plan.counters())
     with torch.no_grad():
-        ev = []
-        for _ in range(3):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            model(**x)
-            b.record()
-            ev.append((a, b))
-        torch.cuda.synchronize()
+        forward_ms = median_ms(lambda: model(**x), 0, 3)
     h3plan.uninstall(model)
     model.to("meta")  # free its device memory before the next spec builds
     torch.cuda.empty_cache()
-    rec.update(spec=spec, layers=layers, forward_ms=sorted(a.elapsed_time(b) for a, b in ev)[1], counters=counts)
+    rec.update(spec=spec, layers=layers, forward_ms=forward_ms, counters=counts)
     print(f"\n== forward {spec} x{layers}: {rec['forward_ms']:.1f} ms (CUDA events, median of 3); profiled busy "
           f"{rec['busy_ms']:.1f} ms, span {rec['span_ms']:.1f} ms, idle {rec['idle_ms']:.2f} ms ({rec['ops']} GPU ops)")
     print("  by category (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in rec["by_category_ms"].items()))

@@ -22,14 +22,12 @@ for p in (str(ROOT), str(Path(__file__).resolve().parent)):
         sys.path.insert(0, p)
 
 import torch  # noqa: E402
-from _cuda_timing import interleaved_ms  # noqa: E402
+from h3plan.actions.bench import Clock, interleaved  # noqa: E402
 
-from h3plan.actions import inputs  # noqa: E402
-from h3plan.actions.bench.measure import capture_block_inputs, rel_error, run_stack  # noqa: E402
-from h3plan.planning.config import compose  # noqa: E402
-from h3plan.install import install  # noqa: E402
-from h3plan.planner import resolve  # noqa: E402
-from h3plan.runtime.counters import format_counters, reset_counters  # noqa: E402
+from h3plan.actions import bench as inputs  # noqa: E402
+from h3plan.actions.bench import capture_block_inputs, rel_error, run_stack  # noqa: E402
+from h3plan import install  # noqa: E402
+from h3plan import counters, reset_counters  # noqa: E402
 
 ROUNDS, WARM = 10, 2
 OUT = sys.argv[1] if len(sys.argv) > 1 else "."
@@ -40,12 +38,12 @@ def main():
     Path(OUT).mkdir(parents=True, exist_ok=True)
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rounds": ROUNDS, "block": []}
     base = ["hardware=sm90", "parallel=u1", "recipe=fp8"]
-    cfg = compose(base)
+    cfg = configured(base)[0]
     eager = inputs.build_model(cfg["model"]["diffusers_config"], blocks=1, device="cuda", dtype="bf16", seed=0)
     for S in SEQS:
         models, settings = {}, {}
         for arm in ("tensor", "row"):
-            plan = resolve(compose(base + [f"parallel.seq_len={S}", f"levers.fp8_act_quant={arm}"]))
+            plan = configured(base + [f"parallel.seq_len={S}", f"levers.fp8_act_quant={arm}"])[1]
             settings[arm] = {d.lever: d.setting for d in plan.decisions if d.enabled}
             models[arm] = copy.deepcopy(eager)
             install(models[arm], plan)
@@ -60,11 +58,11 @@ def main():
                 reset_counters()
                 out = arms[arm]()
                 torch.cuda.synchronize()
-                rec["counters"][arm] = format_counters()
+                rec["counters"][arm] = str(counters())
                 rec["rel_error_vs_eager"][arm] = rel_error(torch, out, ref)[0]
                 del out
             del ref
-            t = interleaved_ms(arms, ROUNDS, WARM)
+            t = interleaved(Clock(), arms, WARM, ROUNDS)
         med = {k: statistics.median(v) for k, v in t.items()}
         rec.update(ms=med, speedup_row_vs_tensor=med["tensor"] / med["row"], raw_ms=t)
         print("block", {k: v for k, v in rec.items() if k not in ("raw_ms", "settings")}, flush=True)

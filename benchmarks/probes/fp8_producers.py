@@ -3,7 +3,6 @@ runtime/quant/fp8_rowwise.py) and the lean q/k/v FP8 cast (runtime/kernels/qk_fp
 
     python benchmarks/probes/fp8_producers.py OUT                    # kernels + qk + block, S = 19,000 and 37,820
     python benchmarks/probes/fp8_producers.py OUT --sections kernels --sweep   # + every tuning config
-    python benchmarks/probes/fp8_producers.py OUT --sass             # no GPU needed: SM90 SASS statistics
 
 Sections (JSON in OUT/fp8-producers-h200.json, one line per record on stdout):
 - kernels: each producer (modulation -> e4m3, SwiGLU -> e4m3, the attention output's per-row cast) against
@@ -47,7 +46,6 @@ def _args(argv):
     p.add_argument("--sweep", action="store_true", help="also time every tuning config")
     p.add_argument("--rounds", type=int, default=10, help="block section: interleaved rounds")
     p.add_argument("--reps", type=int, default=30, help="kernels: timed calls per case")
-    p.add_argument("--sass", action="store_true", help="offline SM90 compile statistics only (no GPU)")
     return p.parse_args(argv)
 
 
@@ -56,7 +54,7 @@ RESULT: dict = {}
 
 def save(out):
     Path(out).mkdir(parents=True, exist_ok=True)
-    with open(os.path.join(out, "fp8-producers-h200.json" if "sass" not in RESULT else "fp8-producers-sass.json"), "w") as f:
+    with open(os.path.join(out, "fp8-producers-h200.json"), "w") as f:
         json.dump(RESULT, f, indent=1)
 
 
@@ -82,10 +80,13 @@ def rowwise_block_forward(block, hidden_states, temb, adaln_indices, rotary_emb,
     H3PlanAttnProcessor.__call__, which then runs fp8_linear_codes for to_q/k/v and cast_rows_fp8 ->
     fp8_linear_codes for to_out.0), and feed_forward gets the pair for ff.net.0.proj and swiglu_fp8 for ff.net.2.
     """
-    from h3plan.runtime.kernels.fp8_producers import cast_rows_fp8, rmsnorm_modulate_fp8, swiglu_fp8
-    from h3plan.runtime.kernels.gated_residual import gated_residual
-    from h3plan.runtime.kernels.qk_fp8_lean import qk_norm_rope_fp8_lean
-    from h3plan.runtime.quant.fp8_rowwise import fp8_linear_codes
+    from h3plan.actions.bench.ops import fp8_producers, fp8_rowwise, qk_fp8_lean
+    from h3plan.actions.bench.ops import gated_residual as gr
+
+    cast_rows_fp8, rmsnorm_modulate_fp8, swiglu_fp8 = (fp8_producers.cast_rows_fp8, fp8_producers.rmsnorm_modulate_fp8,
+                                                       fp8_producers.swiglu_fp8)
+    gated_residual, qk_norm_rope_fp8_lean = gr.gated_residual, qk_fp8_lean.qk_norm_rope_fp8_lean
+    fp8_linear_codes = fp8_rowwise.fp8_linear_codes
 
     sc = act_scales or {}
     attn, proc = block.attn, block.attn.processor
@@ -117,8 +118,10 @@ def attention_codes(backend, q8, k8, v8, descales):
     of the option, not an API."""
     import torch
 
-    from h3plan.runtime.attention import cudnn as cd
-    from h3plan.runtime.kernels.fp8 import E4M3, E4M3_MAX
+    from h3plan.actions.bench.ops import cudnn as cd
+    from h3plan.actions.bench.ops import fp8
+
+    E4M3, E4M3_MAX = fp8.E4M3, fp8.E4M3_MAX
 
     o = backend._o(q8)
     if o.dtype != E4M3:
@@ -156,9 +159,9 @@ def calibrate(block, block_in):
 # ---------------------------------------------------------------------------------------------- sections
 def _timer(reps):
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from kernels import time_gpu
+    from kernels import make_timer
 
-    return lambda f: time_gpu(f, reps, 5)
+    return make_timer(True, reps, 5)
 
 
 def _codes_equal(got, ref) -> bool:
@@ -177,10 +180,10 @@ def _codes_equal(got, ref) -> bool:
 def kernels_section(args, timer, copy_tbps):
     import torch
 
-    from h3plan.runtime.kernels import fp8 as f8
-    from h3plan.runtime.kernels import fp8_producers as fp
-    from h3plan.runtime.kernels import modulation as mm
-    from h3plan.runtime.kernels import swiglu as sw
+    from h3plan.actions.bench.ops import fp8 as f8
+    from h3plan.actions.bench.ops import fp8_producers as fp
+    from h3plan.actions.bench.ops import modulation as mm
+    from h3plan.actions.bench.ops import swiglu as sw
 
     def current(y_fn):
         def run():
@@ -231,8 +234,8 @@ def qk_section(args, timer, copy_tbps):
     import diffusers.models.transformers.transformer_minimax_h3 as tm
     import torch
 
-    from h3plan.runtime.kernels import qk_fp8_lean as lean
-    from h3plan.runtime.kernels import qk_norm_rope as qk
+    from h3plan.actions.bench.ops import qk_fp8_lean as lean
+    from h3plan.actions.bench.ops import qk_norm_rope as qk
 
     recs = []
     rope = tm.MiniMaxH3RotaryPosEmbed(rope_freq_dim=16, rope_theta=10000.0).to("cuda")
@@ -274,22 +277,18 @@ def qk_section(args, timer, copy_tbps):
 
 def block_section(args):
     import torch
-    from _cuda_timing import interleaved_ms
 
-    from h3plan.actions import inputs
-    from h3plan.actions.bench.measure import capture_block_inputs, rel_error, run_stack
-    from h3plan.planning.config import compose as compose_config
-    from h3plan.install import install
-    from h3plan.runtime.kernels import qk_fp8_lean as lean
-    from h3plan.planner import resolve
-    from h3plan.runtime.counters import format_counters, reset_counters
+    from h3plan import counters, install, reset_counters
+    from h3plan.actions import bench as inputs
+    from h3plan.actions.bench import Clock, capture_block_inputs, configured, interleaved, rel_error, run_stack
+    from h3plan.actions.bench.ops import qk_fp8_lean as lean
 
     recs = []
-    cfg = compose_config(["hardware=sm90", "parallel=u1", "recipe=fp8"])
+    cfg = configured(["hardware=sm90", "parallel=u1", "recipe=fp8"])[0]
     eager = inputs.build_model(cfg["model"]["diffusers_config"], blocks=1, device="cuda", dtype="bf16", seed=0)
     for S in args.seqs:
-        cfg = compose_config(["hardware=sm90", "parallel=u1", "recipe=fp8", f"parallel.seq_len={S}", "levers.fp8_act_quant=tensor"])
-        plan = resolve(cfg)
+        cfg, plan = configured(["hardware=sm90", "parallel=u1", "recipe=fp8", f"parallel.seq_len={S}",
+                                "levers.fp8_act_quant=tensor"])
         model = copy.deepcopy(eager)
         install(model, plan)
         blk = model.transformer_blocks[0]
@@ -325,14 +324,14 @@ def block_section(args):
                 try:
                     reset_counters()
                     out = arms[name]()
-                    rec.setdefault("counters", {})[name] = format_counters()
+                    rec.setdefault("counters", {})[name] = str(counters())
                     rec.setdefault("rel_error_vs_eager", {})[name] = rel_error(torch, out, ref)[0]
                     del out
                 except Exception as exc:  # noqa: BLE001 -- recorded; the other arms still run
                     rec["errors"][name] = f"{type(exc).__name__}: {str(exc)[:300]}"
                     del arms[name]
             del ref
-            t = interleaved_ms(arms, args.rounds)
+            t = interleaved(Clock(), arms, 2, args.rounds)
         med = {k: statistics.median(v) for k, v in t.items()}
         rec["ms"] = med
         rec["speedup_vs_eager"] = {k: med["eager"] / v for k, v in med.items()}
@@ -345,94 +344,8 @@ def block_section(args):
     return recs
 
 
-# ---------------------------------------------------------------------------------------------- offline SASS
-def sass_section():
-    """SM90 register use and static instruction counts per element of every kernel config, compiled offline
-    (Triton's own ptxas/cuobjdump, no GPU): how the default configs were chosen. Kernels here are
-    straight-line code (static_range unrolled), so the count approximates the instructions executed."""
-    import collections
-    import re
-    import subprocess
-    import tempfile
-
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from h3plan.runtime.kernels import fp8_producers as fp
-    from h3plan.runtime.kernels import qk_fp8_lean as lean
-    from h3plan.runtime.kernels._rmsnorm import cuda_rms_iters
-
-    binary = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    tmp = tempfile.mkdtemp()
-
-    def stats(fn, sig, const, div16, warps, elems, maxnreg=None):
-        sig = dict(sig, **{k: "constexpr" for k in const})
-        names = [n for n in fn.arg_names if n in sig]  # the kernel's own argument order (attrs are by index)
-        sig = {n: sig[n] for n in names}
-        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in div16}
-        opts = {"num_warps": warps, "enable_fp_fusion": False}
-        if maxnreg:
-            opts["maxnreg"] = maxnreg
-        k = triton.compile(ASTSource(fn, signature=sig, constexprs=const, attrs=attrs),
-                           target=GPUTarget("cuda", 90, 32), options=opts)
-        path = os.path.join(tmp, "k.cubin")
-        with open(path, "wb") as f:
-            f.write(k.asm["cubin"])
-        res = subprocess.run([binary, "-res-usage", path], capture_output=True, text=True).stdout
-        regs, local = re.findall(r"REG:(\d+).*?LOCAL:(\d+)", res)[0]
-        sass = subprocess.run([binary, "-sass", path], capture_output=True, text=True).stdout
-        ops = collections.Counter(re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", sass, re.M))
-        n = sum(ops.values())
-        return {"registers": int(regs), "local_bytes": int(local), "instructions": n,
-                "thread_instr_per_element": round(n * warps * 32 / elems, 1), "barriers": ops.get("BAR.SYNC.DEFER_BLOCKING", 0),
-                "spill_stores": sum(v for o, v in ops.items() if o.startswith("STL"))}
-
-    out = []
-    mod_sig = dict(x_ptr="*bf16", w_ptr="*bf16", scale_ptr="*bf16", shift_ptr="*bf16", idx_ptr="*i64",
-                   out_ptr="*fp8e4nv", desc_ptr="*fp32", S="i32", scale_stride="i32", shift_stride="i32",
-                   eps="fp32", static_scale="fp32")
-    for nch, warps, maxnreg in fp.SWEEP_CONFIGS["modulation"]:
-        w = fp.chunks(HIDDEN, nch)
-        const = dict(N=HIDDEN, HAS_W=True, EXACT=True, DYNAMIC=True, NITER=cuda_rms_iters(HIDDEN), W0=w[0], W1=w[1],
-                     W2=w[2], W3=w[3], IEEE_RSQRT=False, HW=True)
-        out.append(dict(kernel="rmsnorm_modulate_fp8", config=[nch, warps, maxnreg],
-                        **stats(fp._modulate_fp8_kernel, mod_sig, const, [n for n in mod_sig if "eps" not in n and "static" not in n],
-                                warps, HIDDEN, maxnreg)))
-    row_sig = dict(x_ptr="*bf16", out_ptr="*fp8e4nv", desc_ptr="*fp32", static_scale="fp32")
-    for kind, fn, width, key in (("swiglu", fp._swiglu_fp8_kernel, FFN, "F"), ("cast", fp._cast_rows_kernel, INNER, "N")):
-        for nch, warps, maxnreg in fp.SWEEP_CONFIGS[kind]:
-            w = fp.chunks(width, nch)
-            const = {key: width, "W0": w[0], "W1": w[1], "W2": w[2], "W3": w[3], "DYNAMIC": True, "HW": True}
-            if kind == "swiglu":
-                const.update(IS_BF16=True, LIBDEVICE_EXP=True)
-            out.append(dict(kernel=f"{kind}_fp8", config=[nch, warps, maxnreg],
-                            **stats(fn, row_sig, const, ["x_ptr", "out_ptr", "desc_ptr"], warps, width, maxnreg)))
-    qk_sig = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", wq_ptr="*bf16", wk_ptr="*bf16", cos_ptr="*fp32",
-                  sin_ptr="*fp32", oq_ptr="*fp8e4nv", ok_ptr="*fp8e4nv", ov_ptr="*fp8e4nv")
-    ints = "T S H Hl valid_len sqb sqs sqh skb sks skh svb svs svh scb scs ssb sss sou sob sos".split()
-    div = list(qk_sig) + [n for n in ints if n not in ("scb", "ssb")]
-    for name, fn, extra, modes in (("qk_norm_rope_fp8_lean", lean._lean_kernel,
-                                    dict(part_ptr="*i32", scale_ptr="*fp32", descale_ptr="*fp32"),
-                                    {"amax": dict(AMAX=True, DYNAMIC=False), "cast": dict(AMAX=False, DYNAMIC=True)})):
-        sig = dict(qk_sig, **extra, **{n: "i32" for n in ints}, eps="fp32", sc_q="fp32", sc_k="fp32", sc_v="fp32")
-        for c in lean.SWEEP_CONFIGS:
-            for mode, mconst in modes.items():
-                const = dict(D=128, D_PAD=128, P=32, R=96, BT=c["block_t"], BH=c["block_h"], HAS_W=True, IS_BF16=True,
-                             RSQRT=0, REDUCTION=0, HW=True, **mconst)
-                out.append(dict(kernel=f"{name}[{mode}]", config=[c["block_t"], c["block_h"], c["num_warps"]],
-                                **stats(fn, sig, const, div + list(extra), c["num_warps"], 3 * c["block_t"] * c["block_h"] * 128)))
-    for r in out:
-        print("sass", r, flush=True)
-    return out
-
-
 def main(argv=None):
     args = _args(argv)
-    if args.sass:
-        RESULT["sass"] = sass_section()
-        save(args.out)
-        return
     import torch
 
     sys.path.insert(0, str(ROOT / "benchmarks"))

@@ -30,9 +30,11 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.backends.nvidia import compiler as nv  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from h3plan.runtime.kernels import nvfp4 as n4  # noqa: E402
-from h3plan.runtime.kernels import nvfp4_producers as npd  # noqa: E402
-from h3plan.runtime.kernels._rmsnorm import VEC, cuda_rms_iters  # noqa: E402
+from h3plan.actions.bench.ops import nvfp4 as n4  # noqa: E402
+from h3plan.actions.bench.ops import nvfp4_producers as npd  # noqa: E402
+from h3plan.actions.bench.ops import rmsnorm  # noqa: E402
+
+VEC, cuda_rms_iters = rmsnorm.VEC, rmsnorm.cuda_rms_iters
 
 HIDDEN, INNER, FFN = 5376, 7168, 14336
 OUTS = {"packed_ptr": "*u8", "sf_ptr": "*u8", "amax_ptr": "*fp32", "g_ptr": "*fp32", "rstd_ptr": "*fp32", "M": "i32",

@@ -47,12 +47,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "tests", "gpu"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _cuda_timing import median_ms  # noqa: E402
-from h3plan.runtime.kernels import gated_residual as gr  # noqa: E402
-from h3plan.runtime.kernels import modulation as mm  # noqa: E402
-from h3plan.runtime.kernels import nvfp4 as n4  # noqa: E402
-from h3plan.runtime.kernels import nvfp4_producers as npd  # noqa: E402
-from h3plan.runtime.kernels import swiglu as sw  # noqa: E402
+from h3plan.actions.bench import median_ms  # noqa: E402
+from h3plan.actions.bench.ops import gated_residual as gr  # noqa: E402
+from h3plan.actions.bench.ops import modulation as mm  # noqa: E402
+from h3plan.actions.bench.ops import nvfp4 as n4  # noqa: E402
+from h3plan.actions.bench.ops import nvfp4_producers as npd  # noqa: E402
+from h3plan.actions.bench.ops import swiglu as sw  # noqa: E402
 
 HIDDEN, FFN, INNER, EPS = 5376, 14336, 7168, 1e-5
 STATIC = 0.004  # a static global scale (a checkpoint's input_scale), as the GPU suite's

@@ -26,8 +26,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _cuda_timing import interleaved_ms  # noqa: E402
+from h3plan.actions.bench import Clock, interleaved, profile_summary
 
 OUT = sys.argv[1] if len(sys.argv) > 1 else "."
 S = int(sys.argv[2]) if len(sys.argv) > 2 else 37820
@@ -36,19 +35,8 @@ H, D, DIM = 56, 128, 7168
 
 
 def timed(fns):
-    t = interleaved_ms(fns, ROUNDS, WARM, before=dist.barrier)
+    t = interleaved(Clock(), fns, WARM, ROUNDS, before=dist.barrier)
     return {k: round(statistics.median(v), 4) for k, v in t.items()}
-
-
-def kernel_table(prof):
-    rows = {}
-    for e in prof.events():
-        if e.device_type != torch.autograd.DeviceType.CUDA or e.name.startswith("nccl:"):
-            continue
-        r = rows.setdefault(e.name[:120], [0.0, 0])
-        r[0] += e.time_range.elapsed_us() / 1e3
-        r[1] += 1
-    return {k: [round(v[0], 4), v[1]] for k, v in sorted(rows.items(), key=lambda kv: -kv[1][0])}
 
 
 def op_table(prof, top=40):
@@ -68,7 +56,7 @@ def profile_section(doc, rank, U):
     from torch.profiler import ProfilerActivity, profile
 
     import h3plan
-    from h3plan.actions.inputs import build_model, packed_inputs
+    from h3plan.actions.bench import build_model, packed_inputs
 
     def plan(u):
         return h3plan.resolve_config(recipe="bf16", parallel=f"u{u}", **{"parallel.seq_len": S})
@@ -90,7 +78,7 @@ def profile_section(doc, rank, U):
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 fn()
                 torch.cuda.synchronize()
-            doc.setdefault("kernels", {})[k] = kernel_table(prof)
+            doc.setdefault("kernels", {})[k] = profile_summary(prof, (), top=10**6)["top_kernels_ms"]
             doc.setdefault("ops", {})[k] = op_table(prof)
 
 
@@ -131,7 +119,7 @@ def exchange_section(doc, rank, U, group):
 
 
 def attention_section(doc, rank, U, group):
-    from h3plan.facts.attention import get_backend
+    from h3plan.actions.bench.ops import get_backend
 
     fa4 = get_backend("fa4")
     S_loc, h = -(-S // U), H // U

@@ -18,13 +18,11 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from _cuda_timing import interleaved_ms
+from h3plan.actions.bench import Clock, interleaved
 
-from h3plan.actions import inputs
-from h3plan.actions.bench.measure import capture_block_inputs, run_stack
-from h3plan.planning.config import compose as compose_config
-from h3plan.install import install
-from h3plan.planner import resolve
+from h3plan.actions import bench as inputs
+from h3plan.actions.bench import capture_block_inputs, run_stack
+from h3plan import install
 
 ROUNDS, WARM, BLOCKS = 8, 2, 2
 OUT = sys.argv[1] if len(sys.argv) > 1 else "."
@@ -32,11 +30,11 @@ SEQS = [int(s) for s in sys.argv[2:]] or [37820, 19000]
 
 
 def plan(U, S, *extra):
-    return resolve(compose_config(["hardware=sm90", f"parallel=u{U}", "recipe=bf16", f"parallel.seq_len={S}", *extra]))
+    return configured(["hardware=sm90", f"parallel=u{U}", "recipe=bf16", f"parallel.seq_len={S}", *extra])[1]
 
 
 def interleave(fns):
-    t = interleaved_ms(fns, ROUNDS, WARM, before=dist.barrier)  # ranks start each timed call together
+    t = interleaved(Clock(), fns, WARM, ROUNDS, before=dist.barrier)  # ranks start each timed call together
     return {k: statistics.median(v) for k, v in t.items()}
 
 
@@ -44,7 +42,7 @@ def main():
     dist.init_process_group("nccl", timeout=timedelta(seconds=300))
     rank, U = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
-    dc = compose_config(["hardware=sm90"])["model"]["diffusers_config"]
+    dc = configured(["hardware=sm90"])[0]["model"]["diffusers_config"]
     eager = inputs.build_model(dc, blocks=BLOCKS, device="cuda", dtype="bf16", seed=0)
     result = {"device": torch.cuda.get_device_name(), "gpus": U, "torch": torch.__version__,
               "nccl": str(torch.cuda.nccl.version()), "blocks": BLOCKS, "rounds": ROUNDS, "stack": [], "a2a": []}

@@ -11,8 +11,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import h3plan  # noqa: E402
-import h3plan.runtime.kernels.swiglu as ksw  # noqa: E402
-from h3plan.install import install, uninstall  # noqa: E402
+from h3plan import install, uninstall  # noqa: E402
+from h3plan.actions.bench import Clock  # noqa: E402
+from h3plan.actions.bench.ops import swiglu as ksw  # noqa: E402
 
 spec = __import__("importlib.util").util.spec_from_file_location("bv", Path(__file__).resolve().parents[1] / "vae.py")
 bv = __import__("importlib.util").util.module_from_spec(spec)
@@ -28,13 +29,8 @@ def plan_of(name):
 
 def decode():
     with torch.no_grad():
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
-        a.record()
-        out = vae.decode(z).sample
-        b.record()
-        torch.cuda.synchronize()
-        return a.elapsed_time(b), out
+        return Clock().timed(lambda: vae.decode(z).sample)
 
 
 times = {k: [] for k in VARIANTS}

@@ -7,9 +7,11 @@ import sys
 
 import torch
 
-from h3plan.runtime.kernels import qk_norm_rope as qm
-from h3plan.runtime.kernels.swiglu import swiglu, swiglu_ref
-from h3plan.runtime.kernels.vae import vae_qk_norm_rope, vae_qk_norm_rope_ref
+from h3plan.actions.bench.ops import qk_norm_rope as qm
+from h3plan.actions.bench.ops import swiglu as sw
+from h3plan.actions.bench.ops import vae
+
+swiglu, swiglu_ref, vae_qk_norm_rope, vae_qk_norm_rope_ref = sw.swiglu, sw.swiglu_ref, vae.vae_qk_norm_rope, vae.vae_qk_norm_rope_ref
 
 torch.manual_seed(0)
 dev = "cuda"

@@ -6,9 +6,7 @@ each op's eager expression, its public kernel function (check + custom op + Trit
 registered op alone, and its check alone; then one whole decoder block eager vs fused, and both
 replayed from a CUDA graph. Usage: python vae_host.py [S]
 """
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -19,20 +17,18 @@ sys.path.insert(0, str(ROOT))
 
 from vae import build_vae, resolve_plan, vae_config  # noqa: E402
 
-import h3plan.runtime.kernels.swiglu as ks  # noqa: E402
-import h3plan.runtime.kernels.vae as kv  # noqa: E402
-from h3plan.install import install, uninstall  # noqa: E402
+from h3plan import install, uninstall  # noqa: E402
+from h3plan.actions.bench import Clock, median_ms  # noqa: E402
+from h3plan.actions.bench.ops import swiglu as ks  # noqa: E402
+from h3plan.actions.bench.ops import vae as kv  # noqa: E402
 
 
 def per_call_us(fn, n=2000):
+    """Host-paced: the host clock around n calls issued back to back and the sync after them, per call."""
     for _ in range(20):
         fn()
     torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / n * 1e6
+    return Clock(torch, torch.device("cpu"))(lambda: ([fn() for _ in range(n)], torch.cuda.synchronize())) / n * 1e3
 
 
 def main():
@@ -73,15 +69,7 @@ def main():
             install(vae, p)
         with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16, cache_enabled=False):
             ms = per_call_us(lambda: blk(x, rope), n=300)
-            ev = []
-            for _ in range(30):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                blk(x, rope)
-                b.record()
-                ev.append((a, b))
-            torch.cuda.synchronize()
-            gpu = statistics.median(a.elapsed_time(b) for a, b in ev) * 1e3
+            gpu = median_ms(lambda: blk(x, rope), 0, 30) * 1e3
             try:
                 s = torch.cuda.Stream()
                 s.wait_stream(torch.cuda.current_stream())

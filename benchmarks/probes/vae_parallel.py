@@ -23,7 +23,6 @@ import json
 import socket
 import statistics
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -31,21 +30,22 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
+from h3plan.actions.bench import Clock, ForwardTimer  # noqa: E402
+
 PLAN = "hardware=sm90 recipe=bf16 levers.vae_ops=fused levers.vae_graphs=on"
 
 
 def _phases(vp, torch):
-    """Record CUDA events around vae_parallel's gathers and its stitch (module attributes, this process only)."""
-    log = {"gather": [], "stitch": []}
+    """Time vae_parallel's gathers and its stitch on the GPU (module attributes, this process only)."""
+    log = {"gather": ForwardTimer(torch, True), "stitch": ForwardTimer(torch, True)}
     gather, replay = vp._all_gather_bytes, vp.ParallelDecode._replay
 
     def timed(kind, fn):
         def call(*a, **k):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
+            log[kind].on = True
+            log[kind].pre(None, a)
             out = fn(*a, **k)
-            e.record()
-            log[kind].append((s, e))
+            log[kind].post(None, a, out)
             return out
         return call
 
@@ -59,19 +59,15 @@ def _timed(decode, warmup, iters, barrier, torch):
         barrier()
         decode()
     ms, wall, out = [], [], None
+    clock, host = Clock(torch), Clock(torch, torch.device("cpu"))
     for i in range(iters):
-        torch.cuda.synchronize()
+        clock.sync()
         barrier()
         if i == iters - 1:
             torch.cuda.reset_peak_memory_stats()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        t = time.perf_counter()
-        a.record()
-        out = decode()
-        b.record()
-        torch.cuda.synchronize()
-        wall.append((time.perf_counter() - t) * 1e3)
-        ms.append(a.elapsed_time(b))
+        w, (m, out) = host.timed(lambda: clock.timed(decode))  # the host's wall around the GPU's events
+        wall.append(w)
+        ms.append(m)
     return statistics.median(ms), statistics.median(wall), out, torch.cuda.max_memory_allocated() / 2**30
 
 
@@ -80,8 +76,8 @@ def worker(rank, world, port, args):
     import torch.distributed as dist
 
     import vae as bench
-    from h3plan.install import counters, install, reset_counters, uninstall
-    from h3plan.install.vae import parallel as vp
+    from h3plan import counters, install, reset_counters, uninstall
+    from h3plan.actions.bench.ops import vae_parallel as vp
 
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
@@ -115,8 +111,8 @@ def worker(rank, world, port, args):
                 undo()
             torch.cuda.synchronize()
             out = out.cpu()
-            gather = sum(s.elapsed_time(e) for s, e in log["gather"][-2:])  # the last decode: agreement + tiles
-            stitch = log["stitch"][-1][0].elapsed_time(log["stitch"][-1][1]) if log["stitch"] else None
+            gather = sum(log["gather"].seconds()[-2:]) * 1e3  # the last decode: agreement + tiles
+            stitch = log["stitch"].seconds()[-1] * 1e3 if log["stitch"].spans else None
             rec = {"rank": rank, "levers": name, "plan": spec, "latent": list(latent),
                    "one_gpu_ms": round(one_ms, 1), "one_gpu_wall_ms": round(one_wall, 1),
                    f"u{world}_ms": round(u_ms, 1), f"u{world}_wall_ms": round(u_wall, 1),

@@ -22,13 +22,12 @@ from torch.profiler import ProfilerActivity, profile
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _profile  # noqa: E402
 
 from vae import Decoder, build_vae, parse_latent, resolve_plan, tiles_only, vae_config  # noqa: E402
 
-from h3plan.install import counters, install, reset_counters, uninstall  # noqa: E402
+from h3plan import counters, install, reset_counters, uninstall  # noqa: E402
+from h3plan.actions.bench import category, profile_summary  # noqa: E402
 
 
 # First match wins: a kernel name's lower-case text -> category.
@@ -66,8 +65,8 @@ def main(argv=None) -> int:
             run()
             torch.cuda.synchronize()
         c = counters()
-        s = _profile.summary(prof, CATEGORIES)
-        calls = s["top_kernels_ms"] and sum(n for k, (_, n) in s["top_kernels_ms"].items() if category(k) == "attention")
+        s = profile_summary(prof, CATEGORIES)
+        calls = s["top_kernels_ms"] and sum(n for k, (_, n) in s["top_kernels_ms"].items() if category(k, CATEGORIES) == "attention")
         doc[label] = {"decode_ms": ms, "peak_gib": peak, "counters": c, "decoder_block_calls": calls, **s}
         print(f"\n== {label}: decode {ms:.1f} ms (median of 3), peak {peak:.2f} GiB; profiled: busy {s['busy_ms']:.1f} ms, "
               f"span {s['span_ms']:.1f} ms, idle {s['idle_ms']:.1f} ms, {s['ops']} GPU ops", flush=True)
@@ -87,10 +86,6 @@ def main(argv=None) -> int:
         with open(os.path.join(a.out, a.name), "w") as f:
             json.dump(doc, f, indent=1)
     return 0
-
-
-def category(name: str) -> str:
-    return _profile.category(name, CATEGORIES)
 
 
 if __name__ == "__main__":

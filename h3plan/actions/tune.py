@@ -182,15 +182,9 @@ def _median_ms(torch, fn, warmup: int, iters: int, warm_s: float = WARM_S) -> fl
         if n % 8 == 0:
             torch.cuda.synchronize()
     torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b))
-    return sorted(ts)[len(ts) // 2]
+    from h3plan.actions.bench.timing import Clock, median_ms  # the bench package loads diffusers; tune's module does not
+
+    return median_ms(fn, 0, iters, clock=Clock(torch), synced=True)
 
 
 def measure_attention(torch, hw: dict, S: int, heads: int, D: int, batch: int, reps: tuple[int, int]) -> tuple[dict, dict]:
@@ -288,13 +282,12 @@ def measure_elementwise(torch, cfg, plan, rows: int, reps: tuple[int, int]) -> d
             for _ in range(reps[1]):
                 model(**inputs)
             torch.cuda.synchronize()
+    from h3plan.actions.bench.timing import category, kernel_events  # the bench package loads diffusers; tune does not
+
     cats = {"attention": 0.0, "gemm": 0.0, "elementwise": 0.0}
-    for e in prof.events():  # kernels on the GPU timeline (benchmarks/probes/_profile.py reads them the same way)
-        us, name = e.time_range.elapsed_us(), e.name.lower()
-        if e.device_type != torch.autograd.DeviceType.CUDA or us <= 0 or name.startswith(("memset", "memcpy", "nccl:")):
-            continue
-        cat = "attention" if any(k in name for k in ATTENTION_HINTS) else "gemm" if any(k in name for k in GEMM_HINTS) else "elementwise"
-        cats[cat] += us / 1e3 / reps[1]
+    table = (("attention", ATTENTION_HINTS), ("gemm", GEMM_HINTS))
+    for e in kernel_events(prof, skip=("memset", "memcpy", "nccl:")):
+        cats[category(e.name, table, "elementwise")] += e.time_range.elapsed_us() / 1e3 / reps[1]
     del model
     torch.cuda.empty_cache()
     return {"recipe": plan.get("recipe")["name"], "rows": rows, "layers": 1, "ms": [round(cats["elementwise"], 3)],

@@ -1,13 +1,12 @@
 """diffusers' regional compile (`compile_repeated_blocks(fullgraph=True)`) over the installed plan.
 
 The installed blocks survive torch.compile: the kernels and attention backends are opaque custom ops, the
-counters go through `h3plan::count`, nothing recompiles call after call (tests/gpu/test_compile_gpu.py on the
-H200). Inductor then fuses what lies around h3plan's kernels (AdaLN projections, GEMM epilogues) and rounds it
-its own way: not eager's bits (2.6e-4 relative to the uncompiled plan on the H200), so `regional` is lossy.
+counters go through `h3plan::count`, nothing recompiles call after call. Inductor then fuses what lies around
+h3plan's kernels (AdaLN projections, GEMM epilogues) and rounds it its own way: not eager's bits, so `regional`
+is lossy.
 
-Not at Ulysses degree > 1: dynamo cannot trace the exchange's asynchronous all-to-all wait (the installed fp8
-plan at degree 2 under regional compile failed in tests/gpu/test_install_ulysses_nccl.py on two H200s,
-benchmarks/results/logs/vae2-h200x2.log), so a compiled Ulysses plan is refused, and auto stays off there.
+Not at Ulysses degree > 1: dynamo cannot trace the exchange's asynchronous all-to-all wait, so a compiled Ulysses
+plan is refused, and auto stays off there. Both as measured on H200s: docs/measurements.md.
 
 auto: regional only where the hardware measured the compiled plan of this recipe against the plain plan
 (`hardware.measured.compile`, the nearest length within a factor of 2) and every run timed it faster; off otherwise, with the runs.

@@ -2,8 +2,7 @@
 host-paced launches (h3plan/install/vae/graph.py). Bit-identical to diffusers' forward: the same kernels
 on the same pointers.
 
-auto: on. The decoder is host-bound wherever its per-tile blocks are small (the H200 spends 1,479 us of
-host time per block call on 622 us of GPU work); where the end-to-end gain was measured the reason cites
+auto: on. The decoder is host-bound wherever its per-tile blocks are small (docs/measurements.md); where the end-to-end gain was measured the reason cites
 it, elsewhere it says it was not. Guards per call fall back to diffusers' forward (counted, with reasons).
 """
 

@@ -58,6 +58,40 @@ def test_host_clock_times_in_ms():
     assert 15.0 <= clock(lambda: time.sleep(0.02)) < 500.0
 
 
+class ListClock(FakeClock):
+    """A host clock (cuda False) that reads the next of `values` per timed call."""
+
+    cuda = False
+
+    def __init__(self, values):
+        super().__init__()
+        self.values = list(values)
+
+    def __call__(self, fn):
+        fn()
+        return self.values.pop(0)
+
+
+def test_interleaved_runs_before_ahead_of_every_timed_call_only():
+    calls = []
+    bench.interleaved(FakeClock(), {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 1, 2,
+                      before=lambda: calls.append("|"))
+    assert calls == ["a", "b", "|", "a", "|", "b", "|", "b", "|", "a"]
+
+
+def test_median_ms_is_the_median_of_the_clock_back_to_back_or_synced():
+    calls = []
+    assert bench.median_ms(lambda: calls.append(1), 2, 3, clock=ListClock([5.0, 1.0, 3.0])) == 3.0
+    assert len(calls) == 5
+    assert bench.median_ms(lambda: calls.append(1), 1, 4, clock=ListClock([4.0, 1.0, 2.0, 9.0]), synced=True) == 3.0
+    assert len(calls) == 10
+
+
+def test_clock_timed_returns_the_time_and_the_result():
+    ms, out = bench.Clock(torch, torch.device("cpu")).timed(lambda: "frames")
+    assert out == "frames" and ms >= 0.0
+
+
 def test_backend_timer_keeps_isinstance_captures_clones_and_detaches():
     backend = SDPABackend()
     timer = bench.BackendTimer(torch, cuda=False)
@@ -181,3 +215,23 @@ def test_cuda_code_paths_with_fake_events():
     ms = timer.drain_ms()
     assert len(ms) == 2 and all(m >= 0 for m in ms)
     timer.detach()
+
+
+def test_profile_summary_groups_the_gpu_kernels_by_category_and_finds_the_gaps():
+    import types
+
+    from torch.autograd import DeviceType
+
+    def ev(name, start, end, dev=DeviceType.CUDA):
+        span = types.SimpleNamespace(start=start, end=end, elapsed_us=lambda: end - start)
+        return types.SimpleNamespace(name=name, device_type=dev, time_range=span)
+
+    events = [ev("gemm_sm90", 0, 1000), ev("nccl:all_to_all", 1000, 3000), ev("flash_fwd", 1500, 2500),
+              ev("cpu_op", 0, 5000, DeviceType.CPU), ev("memset", 2600, 2700)]
+    prof = types.SimpleNamespace(events=lambda: events)
+    table = (("gemm", ("gemm",)), ("attention", ("FLASH",)))
+    s = bench.profile_summary(prof, table)
+    assert s["ops"] == 3 and s["by_category_ms"] == {"gemm": 1.0, "attention": 1.0, "other": 0.1}
+    assert s["span_ms"] == 2.7 and s["idle_ms"] == pytest.approx(0.6)  # gaps 1000 -> 1500 and 2500 -> 2600 us
+    assert [e.name for e in bench.kernel_events(prof, skip=("memset", "nccl:"))] == ["gemm_sm90", "flash_fwd"]
+    assert bench.category("relu_kernel", table, "elementwise") == "elementwise"

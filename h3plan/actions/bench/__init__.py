@@ -11,19 +11,28 @@ run metadata, the output files and the summary, SIGTERM as an exception), timing
 interleaved and back-to-back repetitions, the in-plan backend timer, the forward timer), results_file.py (the
 results file: schema version, merge, atomic writes, the run folder; table cells and the runs table),
 diffusers_best.py (diffusers' best one-GPU setting, the regional compile). Each bench's results file keeps its
-own schema (block: version 1; pipeline: version 2, kind "pipeline-call"). Importing the package loads no torch.
+own schema (block: version 1; pipeline: version 2, kind "pipeline-call").
+
+With `h3plan` itself, this package is all a script under benchmarks/ imports (tests/docs/test_apparatus.py): the
+timer, `configured` (a config and its plan from overrides), the inputs and pipeline builders the benches use, and
+`ops` (the kernels the kernel bench and the probes time).
 """
 
 from typing import Mapping
 
+from h3plan.actions.inputs import TIMESTEP, build_model, packed_inputs
+from h3plan.actions.pipeline_build import build_pipeline, prompt_inputs, run_block
+from h3plan.actions.quality import psnr
+
 from . import pipeline
-from .harness import device_tag, plan_label, same_backend_plan
-from .measure import BenchOptions, capture_block_inputs, options, rel_error, run_stack
+from .harness import configured, device_tag, plan_label, same_backend_plan
+from .measure import BenchOptions, capture_block_inputs, options, plan_backend, rel_error, run_stack
 from .measure import run as run_blocks
 from .records import (ANCHOR_EAGER_MS, REQUIRED_KEYS, SCHEMA_VERSION, TARGET_ATTENTION_FRACTION, TARGET_FP8_SPEEDUP,
                       TARGET_LOSSLESS_SPEEDUP, BlockRecord, check_records, fallbacks, load_doc, merge_record, new_doc,
                       record_key, render_markdown, summary_table, target_lines, write_chart, write_doc)
-from .timing import BackendTimer, Clock, Progress, back_to_back, interleaved, median
+from .timing import (BackendTimer, Clock, ForwardTimer, Progress, back_to_back, category, interleaved, kernel_events, median,
+                     median_ms, profile_summary)
 
 
 def run(cfg, plan) -> int:
@@ -38,4 +47,6 @@ __all__ = ["run", "options", "BenchOptions", "plan_label", "device_tag", "captur
            "same_backend_plan", "rel_error", "BlockRecord", "REQUIRED_KEYS", "SCHEMA_VERSION", "ANCHOR_EAGER_MS",
            "TARGET_LOSSLESS_SPEEDUP", "TARGET_FP8_SPEEDUP", "TARGET_ATTENTION_FRACTION", "new_doc", "load_doc",
            "check_records", "record_key", "merge_record", "write_doc", "render_markdown", "target_lines", "fallbacks",
-           "summary_table", "write_chart", "Progress", "Clock", "interleaved", "back_to_back", "median", "BackendTimer"]
+           "summary_table", "write_chart", "Progress", "Clock", "interleaved", "back_to_back", "median", "median_ms",
+           "BackendTimer", "ForwardTimer", "kernel_events", "category", "profile_summary", "configured", "plan_backend", "build_model", "packed_inputs", "TIMESTEP",
+           "build_pipeline", "prompt_inputs", "run_block", "psnr"]

@@ -20,7 +20,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Sequence
 
+from omegaconf import OmegaConf
+
 from h3plan.levers import REFERENCE_LEVERS
+from h3plan.planner import resolve
+from h3plan.planning.config import compose
 
 from .timing import Clock
 
@@ -125,3 +129,12 @@ def sigterm_as_interrupt() -> Iterator[None]:
     finally:
         if prev is not None:
             signal.signal(signal.SIGTERM, prev)
+
+
+def configured(overrides: Sequence[str] = ()) -> tuple[dict, Any]:
+    """(the packaged config composed with `overrides`, as plain data; its plan): how a script under benchmarks/
+    plans, with the CLI's composition and one-line errors, and reads what a plan does not keep (`bench:`)."""
+    cfg = compose(list(overrides))
+    plain = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    assert isinstance(plain, dict)  # a composed config is a mapping
+    return plain, resolve(cfg)

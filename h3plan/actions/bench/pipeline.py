@@ -72,7 +72,7 @@ from .harness import (CPU_MAX_HIDDEN, HOST_CLOCK_NOTE, Output, Session, device_n
 from .pipeline_settings import Best, Eager, PlanSetting, Reference, Setting, plan_precision
 from .results_file import run_folder
 from .tables import one_line
-from .timing import ForwardTimer, Progress, Quiet
+from .timing import Clock, ForwardTimer, Progress, Quiet
 
 
 def _defaults() -> dict[str, Any]:
@@ -278,13 +278,13 @@ class _Session(Session):
         calls = forwards or self.calls
         fw.spans, fw.on = [], True
         fw.sync()
-        t0 = time.perf_counter()
+        host = Clock(self.torch, self.torch.device("cpu"))  # the wall clock around the call and its last kernel
         try:
-            frames = self.pipe(**self.prompt, **self.media, height=r.height, width=r.width, num_frames=r.num_frames,
-                               num_inference_steps=calls + 1, output_type="pt", output="videos",
-                               generator=self.torch.Generator("cpu").manual_seed(self.opts.seed))
-            fw.sync()
-            wall = time.perf_counter() - t0
+            wall, frames = host.timed(lambda: (self.pipe(
+                **self.prompt, **self.media, height=r.height, width=r.width, num_frames=r.num_frames,
+                num_inference_steps=calls + 1, output_type="pt", output="videos",
+                generator=self.torch.Generator("cpu").manual_seed(self.opts.seed)), fw.sync())[0])
+            wall /= 1e3
         finally:
             fw.on = False
         secs = fw.seconds()

@@ -6,12 +6,11 @@ each call only binds pointers and executes on torch's current stream. Q/K/V/O ar
 output view of a larger padded buffer (prefix in place) is written directly through its strides.
 
 - `CudnnBF16Backend`: `sdpa(is_inference=True, attn_scale=1/sqrt(D))`, fp32 softmax/accumulation,
-  bf16/fp16 output. The same graph calls ran on the H200 in benchmarks/anchors/probe2.py (cuDNN 9.19,
-  frontend 1.32); this module's own path is proven there by tests/gpu/test_install_gpu.py.
+  bf16/fp16 output. Where these graphs ran: docs/measurements.md.
 - `CudnnFP8Backend`: `sdpa_fp8` on e4m3 Q/K/V with per-tensor descales (dynamic from amax, static
   from a table, or pre-quantised codes from the fused QK-norm+RoPE+FP8 kernel), scale_s = 448 for P.
   On SM90 the output must be FP8: scale_o = 1 / descale_v (see h3plan.runtime.attention.fp8) and the result is
-  dequantised to bf16 (the probe ran FP8 output with scale_o = 1). BF16 output is used where the hardware
+  dequantised to bf16. BF16 output is used where the hardware
   facts allow it (hardware.cudnn.fp8_output_dtypes, bf16_output_min_version: SM100+ with cuDNN >= 9.13);
   where that path ran is the YAML's verified facts (specs/cudnn_fp8.py's `untested`, the installer's note).
   Lossy: budgeted by the recipe.

@@ -12,17 +12,16 @@ Tile (`tile=`, the fa4_tile lever): a measured SM90 forward tile {tile_m, tile_n
 intra_wg_overlap} passed to FA4's `interface._flash_attn_fwd` (the function `flash_attn_func` wraps; it
 takes these as keyword arguments). `tile_reason(q)` says per call why the tile cannot apply (not SM9x,
 an FA4 build whose `_flash_attn_fwd` lacks those arguments); the call then runs FA4's default tile and
-the processor counts `fa4_tile.fallback` with that reason. The H200 tile (192, 128, no RS) was probed
-bit-identical to FA4's default (benchmarks/results/probes/attention-tuning-h200.json).
+the processor counts `fa4_tile.fallback` with that reason. The H200's tuned tile is bit-identical to FA4's default
+(docs/measurements.md).
 
 Ring block (`fa4_lse`): `flash_attn_func(..., return_lse=True)` returns (out, lse (B, h, Lq) fp32); builds
 without `return_lse` return lse only when autograd needs it, so a missing lse is an error there. The 2-CTA
 switch and tuned tiles are not applied to it (the plan blocks them under the ring).
 
 Numerics: FA4's own (fp32 accumulation, bf16 output); not bitwise equal to SDPA (relative error about
-3e-3 at H3 shapes, docs/sources.md#h200-anchors). Hardware: FA4's SM90 forward ran on the H200 (benchmarks/anchors/probe2.py)
-and this wrapper is proven by tests/gpu/test_install_gpu.py; where the 2-CTA switch ran is the hardware YAML's
-verified.settings.fa4_2cta (specs/fa4.py's `untested`, the installer's note).
+3e-3 at H3 shapes, docs/sources.md#h200-anchors). Where it ran: docs/measurements.md; where the 2-CTA switch ran is
+the hardware YAML's verified.settings.fa4_2cta (specs/fa4.py's `untested`, the installer's note).
 """
 
 from __future__ import annotations

@@ -4,24 +4,14 @@ the contract, signature and bits of the two-pass qk_norm_rope_fp8 it replaced (r
     qk_norm_rope_fp8_lean(q, k, v, wq, wk, cos, sin, eps, scales=None, valid_len=None, amax_hook=None,
                           ulysses_degree=1) -> (q8, k8, v8, descales (3,)) | (packed (U,3,B,S,H/U,D), descales)
 
-Why the two-pass qk_norm_rope_fp8 ran at 41-49% of copy bandwidth (kernels-h200.md), from its SM90 SASS
-(benchmarks/probes/fp8_producers.py --sass compiles it offline): it is bound by instruction issue, not by
-memory. Its cast pass executes about 38 instructions per element (1,816 per 2-warp program of 3 x 1,024
-elements) -- at 132 SMs x 4 issue slots that alone takes ~0.5 ms for 19,000 x 56 x 128 x 3 elements,
-while moving the bytes takes 0.3 ms -- and the dynamic mode runs the whole norm + RoPE twice (the amax
-pass, ~33 per element, then the cast pass), the amax pass adding 3 same-address atomics per program
-(400k at S = 19,000). A global amax must exist before the first code is written, so dynamic scales keep
-two passes (per-row scales, which need none, cannot feed cuDNN's per-tensor descales); each pass has to
-be lean instead:
+Dynamic scales take two passes (a global amax must exist before the first code is written), each lean:
 - the e4m3 emit is clamp (NaN-propagating min/max) + the conversion, which rounds to nearest even and
-  keeps the sign of a zero on the GPU (tests/gpu/test_fp8_dequant_gpu.py): no compare/select clamp, no
-  sign-bit fix-up (~12 -> ~3 instructions per element); the cast pass drops to ~28 per element;
+  keeps the sign of a zero on the GPU: no compare/select clamp, no sign-bit fix-up;
 - the amax pass writes one partial maximum per program and tensor (int32 bits of |y|: NaN wins, as in
   torch's amax) and torch reduces them: no atomics;
 - the scales are computed once in torch (scale_from_amax, the one convention), not per program.
-Expected at S = 19,000: cast pass ~0.4 ms (static mode: ~0.75 of copy), both passes ~0.8 ms (~0.6 of the
-two-pass bytes). The rest is the norm + RoPE arithmetic itself (~22 instructions per element: two
-partial products per rotary channel, five bf16 roundings); `LAUNCH` tiles are the H200 sweep's to pick.
+`LAUNCH` tiles are the H200 sweep's to pick. Why the two-pass kernel was slow, from its SASS, and what this one
+was expected to reach: docs/measurements.md.
 
 Numerics: identical to that kernel (qk_norm_rope.py's `_norm_rope` helper computes y; the reference
 `qk_norm_rope_fp8_ref` is this kernel's oracle and fallback; its check is this kernel's check).
