@@ -65,8 +65,10 @@ def _defaults(primary) -> list[tuple[str, str | None]] | None:
 
 
 def _plain_file(path: str):
-    """A group option's YAML when it is a plain file (no `@package` header, no defaults list), else None."""
-    from omegaconf import OmegaConf
+    """A group option's YAML as plain data (read by OmegaConf's YAML loader, as OmegaConf.load reads it; merged once,
+    not first built as a node and then copied) when it is a plain file (no `@package` header, no defaults list)."""
+    import yaml
+    from omegaconf._utils import get_yaml_loader
 
     if not os.path.isfile(path):
         return None
@@ -74,8 +76,8 @@ def _plain_file(path: str):
         text = f.read()
     if re.search(r"^\s*#\s*@package", text, re.M):
         return None
-    cfg = OmegaConf.create(text)
-    return None if "defaults" in cfg else cfg
+    data = yaml.load(text, Loader=get_yaml_loader())
+    return data if isinstance(data, dict) and "defaults" not in data else None
 
 
 def compose(overrides: list[str]):
