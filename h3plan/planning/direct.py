@@ -10,7 +10,7 @@ ConfigLoaderImpl: the groups merged in defaults order onto an empty node, struct
 
 Fallback: `compose` returns None for anything else (a `+`/`~` prefix, a quoted or interpolated value, a sweep, a
 group file with a defaults list, a repeated key) and for any error, so that Hydra composes and words the error
-exactly as before. Skipping Hydra's import, its config repository and its own `hydra` node is about a third of a
+exactly as before; `FALLBACKS` counts each with its reason. Skipping Hydra's import, its config repository and its own `hydra` node is about a third of a
 cold plan (benchmarks/plan_speed.py).
 """
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections import Counter
 from typing import Any
 
 from h3plan.facts import CONF
@@ -80,6 +81,15 @@ def _plain_file(path: str):
     return data if isinstance(data, dict) and "defaults" not in data else None
 
 
+FALLBACKS: Counter[str] = Counter()
+"""Why Hydra composed instead, counted per process (the reasons below)."""
+
+
+def _to_hydra(reason: str) -> None:
+    FALLBACKS[reason] += 1
+    return None
+
+
 def compose(overrides: list[str]):
     """The packaged config with `overrides` as Hydra composes it (its `hydra` node left out, `hardware.option` set),
     or None where Hydra must compose (see the module docstring). Runs under config.libyaml()."""
@@ -92,25 +102,25 @@ def compose(overrides: list[str]):
             primary = OmegaConf.create(f.read())
         defaults = _defaults(primary)
         if defaults is None:
-            return None
+            return _to_hydra("config.yaml's defaults list")
         choices = {g: o for g, o in defaults if g}
         keys: list[tuple[str, Any]] = []
         seen: set[str] = set()
         for o in overrides:
             key, eq, text = o.partition("=")
             if not eq or not _KEY.fullmatch(key) or key in seen or key.split(".")[0] == "hydra":
-                return None
+                return _to_hydra("an override form other than key=value once per key")
             seen.add(key)
             if key in choices:
                 if not _OPTION.fullmatch(text):
-                    return None
+                    return _to_hydra("a group option that is not a plain name")
                 choices[key] = text
                 continue
             if os.path.isdir(os.path.join(CONF, key.split(".")[0])) and "." not in key:
-                return None  # a group outside the defaults list: Hydra says how to add it
+                return _to_hydra("a group outside the defaults list")  # Hydra says how to add it
             value = _value(text)
             if value is _UNSURE:
-                return None
+                return _to_hydra("a value other than null, a bool, a decimal number, a name or a flat list")
             keys.append((key, value))
         cfg = OmegaConf.create()
         with flag_override(cfg, "no_deepcopy_set_nodes", True):
@@ -123,14 +133,14 @@ def compose(overrides: list[str]):
                 elif group:
                     loaded = _plain_file(os.path.join(CONF, group, f"{choices[group]}.yaml"))
                     if loaded is None:
-                        return None
+                        return _to_hydra("a group option that is not a plain file (or none)")
                     cfg.merge_with({group: loaded})
                 else:
-                    return None
+                    return _to_hydra("config.yaml's defaults list")
         OmegaConf.set_struct(cfg, True)
         for key, value in keys:
             OmegaConf.update(cfg, key, value, merge=True)
         cfg.hardware.option = choices["hardware"]
         return cfg
     except Exception:  # noqa: BLE001 - Hydra composes again and words the error its own way
-        return None
+        return _to_hydra("an error")

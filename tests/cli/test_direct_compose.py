@@ -43,9 +43,10 @@ def _nodes(cfg, path=""):
 
 @pytest.mark.parametrize("overrides", PRESETS[::7] + FORMS)  # 9 presets: each hardware, recipe and parallel
 def test_direct_composes_hydras_config(overrides):
+    before = direct.FALLBACKS.copy()
     with config.libyaml():
         fast = direct.compose(config.video_overrides(overrides))
-    assert fast is not None, overrides
+    assert fast is not None and direct.FALLBACKS == before, (overrides, direct.FALLBACKS - before)
     slow = _hydra(overrides)
     assert OmegaConf.to_yaml(fast) == OmegaConf.to_yaml(slow)
     assert list(_nodes(fast)) == list(_nodes(slow))
@@ -57,8 +58,10 @@ def test_direct_composes_hydras_config(overrides):
     ["parallel.seq_len=1e3"], ["parallel.seq_len=${oc.env:N}"], ["hydra.job.chdir=false"], ["video.audio=inf"],
 ])
 def test_other_forms_and_errors_are_left_to_hydra(overrides):
+    before = direct.FALLBACKS.copy()
     with config.libyaml():
         assert direct.compose(overrides) is None
+    assert sum((direct.FALLBACKS - before).values()) == 1  # counted once, with its reason
 
 
 @pytest.mark.parametrize("text,value", [("null", None), ("NULL", None), ("True", True), ("false", False), ("12", 12),
