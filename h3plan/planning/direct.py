@@ -93,15 +93,15 @@ def _to_hydra(reason: str) -> None:
 def compose(overrides: list[str]):
     """The packaged config with `overrides` as Hydra composes it (its `hydra` node left out, `hardware.option` set),
     or None where Hydra must compose (see the module docstring). Runs under config.libyaml()."""
-    from omegaconf import OmegaConf, flag_override
+    from omegaconf import DictConfig, OmegaConf, flag_override
 
     from . import schema
 
     try:
         with open(os.path.join(CONF, "config.yaml"), encoding="utf-8") as f:
             primary = OmegaConf.create(f.read())
-        defaults = _defaults(primary)
-        if defaults is None:
+        defaults = _defaults(primary) if isinstance(primary, DictConfig) else None
+        if defaults is None or not isinstance(primary, DictConfig):
             return _to_hydra("config.yaml's defaults list")
         choices = {g: o for g, o in defaults if g}
         keys: list[tuple[str, Any]] = []
@@ -128,7 +128,7 @@ def compose(overrides: list[str]):
                 if option == schema.SCHEMA_NAME and not group:
                     cfg.merge_with(OmegaConf.structured(schema.H3PlanConfig))
                 elif option == "_self_" and not group:
-                    own = OmegaConf.masked_copy(primary, [k for k in primary if k not in ("defaults", "hydra")])
+                    own = OmegaConf.masked_copy(primary, [str(k) for k in primary if k not in ("defaults", "hydra")])
                     cfg.merge_with(own)
                 elif group:
                     loaded = _plain_file(os.path.join(CONF, group, f"{choices[group]}.yaml"))
