@@ -2,7 +2,7 @@
 
 Scope: config.yaml's defaults list as it stands (the schema, one option per group, `_self_`), group options that are
 plain files (no defaults list, no `@package` header), and overrides of the forms `group=option` and `dotted.key=value`
-where the value is null, a bool, a decimal int or float, a bare name, or a flat list of those. That is every plan a
+where the value is null, a bool, a decimal int or float, a bare name, a file path, or a flat list of those. That is every plan a
 user types and every config the tests compose. The merge is Hydra's own sequence of OmegaConf calls (its
 ConfigLoaderImpl: the groups merged in defaults order onto an empty node, struct mode, then each key override through
 `OmegaConf.update(merge=True)`), so the config is the same object Hydra builds, less its `hydra` node
@@ -28,6 +28,7 @@ _KEY = re.compile(rf"{_NAME}(?:\.{_NAME})*")
 _OPTION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*")
 _INT = re.compile(r"[+-]?(?:0|[1-9][0-9]*)")
 _FLOAT = re.compile(r"[+-]?(?:0|[1-9][0-9]*)\.[0-9]+")
+_PATH = re.compile(r"[A-Za-z0-9_./-]*[/.][A-Za-z0-9_./-]*")  # several of Hydra's tokens: it keeps the text
 _WORDS = {"null": None, "true": True, "false": False}  # Hydra's grammar reads these in any case
 _UNSURE = object()
 
@@ -45,6 +46,8 @@ def _value(text: str) -> Any:
         return float(text)
     if re.fullmatch(_NAME, text) and text.lower() not in ("inf", "nan"):
         return text
+    if _PATH.fullmatch(text) and re.search(r"[A-Za-z_/]", text) and not re.search(r"[eE][0-9+-]", text):
+        return text  # a file name or path (out=, plan=); no exponent that Hydra might read as a float
     return _UNSURE
 
 
@@ -120,7 +123,7 @@ def compose(overrides: list[str]):
                 return _to_hydra("a group outside the defaults list")  # Hydra says how to add it
             value = _value(text)
             if value is _UNSURE:
-                return _to_hydra("a value other than null, a bool, a decimal number, a name or a flat list")
+                return _to_hydra("a value other than null, a bool, a decimal number, a name, a path or a flat list")
             keys.append((key, value))
         cfg = OmegaConf.create()
         with flag_override(cfg, "no_deepcopy_set_nodes", True):

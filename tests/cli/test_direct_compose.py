@@ -18,6 +18,7 @@ FORMS = [
     ["levers.attention=sdpa", "levers.swiglu=off", "levers.qk_norm_rope=auto", "format=json", "detail=full"],
     ["hardware.device.memory_gb=80", "parallel.seq_len=20000", "memory.reserve_fraction=0.1", "strict=true"],
     ["model=h3_tiny", "action=verify", "video=t2v_768x1344_10s", "pipeline=h3", "strict=False", "out=null"],
+    ["out=/tmp/a-b/plan.yaml", "plan=saved.json"],
     ["video.frames=125", "video.audio=false", "parallel.seq_len=-3"],
 ]
 
@@ -53,7 +54,7 @@ def test_direct_composes_hydras_config(overrides):
 
 
 @pytest.mark.parametrize("overrides", [
-    ["+extra=1"], ["~out"], ["++strict=true"], ["recipe=bf16,fp8"], ["out='a b'"], ["out=plan.yaml"],
+    ["+extra=1"], ["~out"], ["++strict=true"], ["recipe=bf16,fp8"], ["out='a b'"], ["out=1e3.yaml"],
     ["hardware=sm90", "hardware=sm100"], ["vae=h3_tiny"], ["recipe=bogus"], ["nope=1"], ["levers.attention=bogus"],
     ["parallel.seq_len=1e3"], ["parallel.seq_len=${oc.env:N}"], ["hydra.job.chdir=false"], ["video.audio=inf"],
 ])
@@ -66,7 +67,9 @@ def test_other_forms_and_errors_are_left_to_hydra(overrides):
 
 @pytest.mark.parametrize("text,value", [("null", None), ("NULL", None), ("True", True), ("false", False), ("12", 12),
                                         ("-0", 0), ("+7", 7), ("0.25", 0.25), ("fa4", "fa4"), ("t2v_768x1344_5s", "t2v_768x1344_5s"),
-                                        ("[a,b]", ["a", "b"]), ("[]", []), ("[1,null]", [1, None])])
+                                        ("[a,b]", ["a", "b"]), ("plan.yaml", "plan.yaml"),
+                                        ("/tmp/pytest-of-root/p-1/test_x0/plan.yaml", "/tmp/pytest-of-root/p-1/test_x0/plan.yaml"),
+                                        ("./out/x_1.json", "./out/x_1.json"), ("1.yaml", "1.yaml"), ("a-b/c", "a-b/c"), ("[]", []), ("[1,null]", [1, None])])
 def test_values_read_as_hydras_grammar_reads_them(text, value):
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
