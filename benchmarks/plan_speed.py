@@ -1,17 +1,21 @@
 """How long a cold `python -m h3plan` plan takes on this machine, and why (no GPU).
 
-    python benchmarks/plan_speed.py [--runs 7] [--against /path/to/other/tree] [--out FILE.md] [hardware=sm90 ...]
+    python benchmarks/plan_speed.py [--runs 7] [--against /path/to/other/tree] [--out FILE.md] [--json FILE] [hardware=sm90 ...]
 
 Prints the median and the fastest wall time of `runs` fresh interpreters and their median CPU time, the Hydra compositions one plan
 pays for (Hydra 1.3 on its own composes twice; h3plan's CLI once) and `python -X importtime`'s cumulative
 import cost of h3plan.cli and h3plan.planning.schema. On a loaded machine compare two trees measured the same way:
 `--against` times another checkout (`git archive <rev> | tar -x -C /tmp/base`) in the same loop, one run of each in
-turn, so both see the same load. `--out` appends the result, the load average and the machine to a markdown file.
+turn, so both see the same load. `--out` appends the result, the load average and the machine to a markdown file;
+`--json` writes every run's (wall, CPU) seconds. A plain plan composes without Hydra (h3plan/planning/direct.py), so
+it counts 0 Hydra compositions. Whether Python may write bytecode caches (PYTHONDONTWRITEBYTECODE) is printed: without
+them every cold run compiles h3plan's own modules again.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import statistics
@@ -66,6 +70,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--against", type=Path, help="another checkout, timed in the same loop (one run each in turn)")
     ap.add_argument("--out", type=Path, help="append the result to this markdown file")
+    ap.add_argument("--json", type=Path, help="write every run's (wall s, CPU s) and the summary to this JSON file")
     ap.add_argument("overrides", nargs="*", default=["hardware=sm90", "recipe=bf16", "parallel=u1"])
     a = ap.parse_args()
     trees = [("this tree", REPO)] + ([(f"--against {a.against}", a.against.resolve())] if a.against else [])
@@ -81,10 +86,18 @@ def main() -> None:
     lines.append(f"{compositions} Hydra composition(s) per plan (exit {rc}); import h3plan.cli "
                  f"{_import_us('h3plan.cli') / 1e3:.0f} ms, h3plan.planning.schema "
                  f"{_import_us('h3plan.planning.schema') / 1e3:.0f} ms (cumulative)")
+    pyc = "off (PYTHONDONTWRITEBYTECODE)" if os.environ.get("PYTHONDONTWRITEBYTECODE") else "on"
     lines.append(f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after, on {os.cpu_count()} CPUs; "
-                 f"python {sys.version.split()[0]}")
+                 f"python {sys.version.split()[0]}; bytecode caches {pyc}")
     print(f"python -m h3plan {' '.join(a.overrides)}")
     print("\n".join(lines))
+    if a.json:
+        a.json.write_text(json.dumps({"command": f"python -m h3plan {' '.join(a.overrides)}",
+                                      "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "bytecode_caches": pyc,
+                                      "load_average": [load_before[0], load_after[0]], "cpus": os.cpu_count(),
+                                      "runs": {name: [{"wall_s": round(w, 4), "cpu_s": round(c, 4)} for w, c in runs[name]]
+                                               for name, _ in trees},
+                                      "summary": lines}, indent=1) + "\n")
     if a.out:
         with a.out.open("a") as f:
             f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: `python -m h3plan {' '.join(a.overrides)}`\n\n"

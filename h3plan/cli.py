@@ -45,18 +45,6 @@ def run(argv: list[str]) -> int:
     if "--help" in argv or "-h" in argv:
         sys.stdout.write(help_text())
         return 0
-    from hydra._internal.utils import _run_hydra, get_args_parser
-
-    from .planning import schema
-
-    schema.register()
-    parser = get_args_parser()
-    parser.prog = PROG
-
-    def _error(message: str):
-        raise UsageError(f"{message} (usage: python -m h3plan [key=value ...] [-m] [--help])")
-
-    parser.error = _error
     import warnings
 
     def _one_line_warning(message, category, filename, lineno, file=None, line=None):
@@ -68,11 +56,22 @@ def run(argv: list[str]) -> int:
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises; this function reports
     _rc, _failure = 0, None
     try:
+        plain = _plain_argv(argv)
+        if plain:  # a plan without Hydra's job machinery nor its parser (planning/direct.py: nor Hydra)
+            cfg = compose(argv)
+            if cfg.action.name == "plan":
+                return _plan_and_act(cfg, argv)
+        parser = _parser()
         args = parser.parse_args(argv)
-        if _plain_run(args):  # a plan without Hydra's job machinery: one composition, nothing of Hydra's run
+        if not plain and _plain_run(args):  # a plan without Hydra's job machinery: one composition
             cfg = compose(args.overrides)
             if cfg.action.name == "plan":
                 return _plan_and_act(cfg, args.overrides)
+        from hydra._internal.utils import _run_hydra
+
+        from .planning import schema
+
+        schema.register()
         from . import sweep
 
         sweep.strict_failure = None
@@ -107,6 +106,27 @@ def run(argv: list[str]) -> int:
         else:
             os.environ["HYDRA_FULL_ERROR"] = user_full
     return _rc
+
+
+def _parser():
+    """Hydra's command-line parser, its usage errors one line."""
+    from hydra._internal.utils import get_args_parser
+
+    parser = get_args_parser()
+    parser.prog = PROG
+
+    def _error(message: str):
+        raise UsageError(f"{message} (usage: python -m h3plan [key=value ...] [-m] [--help])")
+
+    parser.error = _error
+    return parser
+
+
+def _plain_argv(argv: list[str]) -> bool:
+    """Overrides only (no argument starts with `-`, so Hydra's parser would hand argv back as its overrides), none of
+    them Hydra's own: `_plain_run` of the parsed line, known without importing Hydra."""
+    return not any(a.startswith("-") for a in argv) and not any(
+        o.lstrip("+~").startswith(("hydra.", "hydra/", "hydra=")) for o in argv)
 
 
 _HYDRA_FLAGS = ("hydra_help", "cfg", "resolve", "package", "run", "multirun", "shell_completion", "config_path",

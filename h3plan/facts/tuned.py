@@ -10,7 +10,6 @@ torch where the plan is resolved, as on a laptop) is not compared, and the plan 
 from __future__ import annotations
 
 import re
-from importlib import metadata
 from typing import Any, Mapping
 
 # what the version is of -> the distributions that carry it (the first one installed wins)
@@ -32,6 +31,8 @@ def driver_version(path: str = DRIVER_FILE) -> str | None:
 
 def running_versions() -> dict[str, str | None]:
     """torch, triton, fa4, cudnn (package versions) and the driver on this machine; None where absent."""
+    from importlib import metadata  # here: email, zipfile and csv come with it, a tenth of a cold plan's imports
+
     out: dict[str, str | None] = {}
     for key, dists in PACKAGES.items():
         out[key] = None

@@ -15,7 +15,7 @@ from typing import Any
 
 from h3plan.errors import ConfigError, H3PlanError, unknown_key_line
 
-from . import CONF
+from . import CONF, direct
 from .request import video_overrides
 
 CONFIG_PATH = CONF
@@ -24,7 +24,12 @@ CONFIG_NAME = "config"
 
 def compose(overrides: list[str]):
     """The packaged config composed with `overrides` (Hydra syntax); bad input raises an H3PlanError with the
-    CLI's one-line message."""
+    CLI's one-line message. Hydra composes only what planning/direct.py leaves to it (and every error)."""
+    overrides = video_overrides(list(overrides))
+    with libyaml():
+        cfg = direct.compose(overrides)
+    if cfg is not None:
+        return cfg
     from hydra import compose as hydra_compose, initialize_config_dir
 
     from . import schema
@@ -32,7 +37,7 @@ def compose(overrides: list[str]):
     schema.register()
     try:
         with _outside_running_hydra(), libyaml(), initialize_config_dir(config_dir=CONFIG_PATH, version_base="1.3"):
-            cfg = hydra_compose(config_name=CONFIG_NAME, overrides=video_overrides(list(overrides)), return_hydra_config=True)
+            cfg = hydra_compose(config_name=CONFIG_NAME, overrides=overrides, return_hydra_config=True)
     except H3PlanError:
         raise
     except Exception as e:  # noqa: BLE001 - Hydra's and OmegaConf's errors become one line

@@ -1,5 +1,6 @@
-"""The cold plan stays fast: one Hydra composition per plan (Hydra 1.3 on its own composes twice: once to
-read hydra.mode, once to run), the schema stored once per process, and no torch on the plan path.
+"""The cold plan stays fast: a plain plan composes without Hydra (planning/direct.py), one through Hydra's runner
+composes once (Hydra 1.3 on its own composes twice: once to read hydra.mode, once to run), the schema stored once
+per process, and no torch on the plan path.
 Wall-clock numbers: `python benchmarks/plan_speed.py`."""
 
 import contextlib
@@ -31,12 +32,16 @@ def _count_compositions(monkeypatch) -> list:
 
 
 def test_a_plan_composes_the_config_once(monkeypatch, capsys):
+    # through Hydra's runner (a hydra.* override) one composition; a plain plan composes without Hydra (direct.py)
     calls = _count_compositions(monkeypatch)
     get_mode = Hydra.get_mode
-    assert cli.run(["hardware=sm90", "recipe=bf16", "parallel=u1"]) == 0
+    assert cli.run(["hardware=sm90", "recipe=bf16", "parallel=u1", "hydra.job.chdir=false"]) == 0
     assert "gemm_quant" in capsys.readouterr().out
     assert len(calls) == 1, calls
     assert Hydra.get_mode is get_mode  # the shortcut is undone after the run
+    assert cli.run(["hardware=sm90", "recipe=bf16", "parallel=u1"]) == 0
+    assert "gemm_quant" in capsys.readouterr().out
+    assert len(calls) == 1, calls
 
 
 def test_the_config_leaves_hydra_mode_unset():
@@ -70,12 +75,13 @@ def test_the_schema_is_stored_once(monkeypatch):
 
 @pytest.mark.parametrize("argv", [["hardware=sm90", "recipe=bf16", "parallel=u1"], ["hardware=sm107", "recipe=nvfp4", "parallel=u8"]])
 def test_the_plan_path_imports_no_torch_nor_numpy(argv):
-    # the summary asks levers without an install option for their skip reason: still torch-free
+    # the summary asks levers without an install option for their skip reason: still torch-free; and a plain plan
+    # composes without Hydra (planning/direct.py), so Hydra is not imported either
     code = ("import sys, io, contextlib\n"
             "from h3plan.cli import run\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n"
             f"    assert run({argv!r}) == 0\n"
-            "print(sorted(m for m in ('torch', 'triton', 'diffusers', 'numpy') if m in sys.modules))\n")
+            "print(sorted(m for m in ('torch', 'triton', 'diffusers', 'numpy', 'hydra') if m in sys.modules))\n")
     env = dict(os.environ, PYTHONPATH=str(REPO))
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr

@@ -1,0 +1,149 @@
+"""The packaged config composed without Hydra, for the command lines where that gives Hydra's own config.
+
+Scope: config.yaml's defaults list as it stands (the schema, one option per group, `_self_`), group options that are
+plain files (no defaults list, no `@package` header), and overrides of the forms `group=option` and `dotted.key=value`
+where the value is null, a bool, a decimal int or float, a bare name, a file path, or a flat list of those. That is every plan a
+user types and every config the tests compose. The merge is Hydra's own sequence of OmegaConf calls (its
+ConfigLoaderImpl: the groups merged in defaults order onto an empty node, struct mode, then each key override through
+`OmegaConf.update(merge=True)`), so the config is the same object Hydra builds, less its `hydra` node
+(tests/cli/test_direct_compose.py compares the two).
+
+Fallback: `compose` returns None for anything else (a `+`/`~` prefix, a quoted or interpolated value, a sweep, a
+group file with a defaults list, a repeated key) and for any error, so that Hydra composes and words the error
+exactly as before; `FALLBACKS` counts each with its reason. Skipping Hydra's import, its config repository and its own `hydra` node is about a third of a
+cold plan (benchmarks/plan_speed.py).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from typing import Any
+
+from h3plan.facts import CONF
+
+_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+_KEY = re.compile(rf"{_NAME}(?:\.{_NAME})*")
+_OPTION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*")
+_INT = re.compile(r"[+-]?(?:0|[1-9][0-9]*)")
+_FLOAT = re.compile(r"[+-]?(?:0|[1-9][0-9]*)\.[0-9]+")
+_PATH = re.compile(r"[A-Za-z0-9_./-]*[/.][A-Za-z0-9_./-]*")  # several of Hydra's tokens: it keeps the text
+_WORDS = {"null": None, "true": True, "false": False}  # Hydra's grammar reads these in any case
+_UNSURE = object()
+
+
+def _value(text: str) -> Any:
+    """Hydra's reading of an unquoted override value, for the forms above; _UNSURE for any other."""
+    if text.startswith("[") and text.endswith("]"):
+        items = [_value(x) for x in text[1:-1].split(",")] if text != "[]" else []
+        return _UNSURE if any(x is _UNSURE or isinstance(x, list) for x in items) else items
+    if text.lower() in _WORDS:
+        return _WORDS[text.lower()]
+    if _INT.fullmatch(text):
+        return int(text)
+    if _FLOAT.fullmatch(text):
+        return float(text)
+    if re.fullmatch(_NAME, text) and text.lower() not in ("inf", "nan"):
+        return text
+    if _PATH.fullmatch(text) and re.search(r"[A-Za-z_/]", text) and not re.search(r"[eE][0-9+-]", text):
+        return text  # a file name or path (out=, plan=); no exponent that Hydra might read as a float
+    return _UNSURE
+
+
+def _defaults(primary) -> list[tuple[str, str | None]] | None:
+    """config.yaml's defaults as (group, option) with ("", name) for the schema and `_self_`; None for other forms."""
+    out: list[tuple[str, str | None]] = []
+    for d in primary.get("defaults", ()):
+        if isinstance(d, str):
+            out.append(("", d))
+        elif len(d) == 1:
+            (key, option), = d.items()
+            if not key.startswith("override hydra/"):  # Hydra's own groups: its `hydra` node, dropped anyway
+                if not (_OPTION.fullmatch(key) and isinstance(option, str)):
+                    return None
+                out.append((key, option))
+        else:
+            return None
+    return out
+
+
+def _plain_file(path: str):
+    """A group option's YAML as plain data (read by OmegaConf's YAML loader, as OmegaConf.load reads it; merged once,
+    not first built as a node and then copied) when it is a plain file (no `@package` header, no defaults list)."""
+    import yaml
+    from omegaconf._utils import get_yaml_loader
+
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if re.search(r"^\s*#\s*@package", text, re.M):
+        return None
+    data = yaml.load(text, Loader=get_yaml_loader())
+    return data if isinstance(data, dict) and "defaults" not in data else None
+
+
+FALLBACKS: Counter[str] = Counter()
+"""Why Hydra composed instead, counted per process (the reasons below)."""
+
+
+def _to_hydra(reason: str) -> None:
+    FALLBACKS[reason] += 1
+    return None
+
+
+def compose(overrides: list[str]):
+    """The packaged config with `overrides` as Hydra composes it (its `hydra` node left out, `hardware.option` set),
+    or None where Hydra must compose (see the module docstring). Runs under config.libyaml()."""
+    from omegaconf import DictConfig, OmegaConf, flag_override
+
+    from . import schema
+
+    try:
+        with open(os.path.join(CONF, "config.yaml"), encoding="utf-8") as f:
+            primary = OmegaConf.create(f.read())
+        defaults = _defaults(primary) if isinstance(primary, DictConfig) else None
+        if defaults is None or not isinstance(primary, DictConfig):
+            return _to_hydra("config.yaml's defaults list")
+        choices = {g: o for g, o in defaults if g}
+        keys: list[tuple[str, Any]] = []
+        seen: set[str] = set()
+        for o in overrides:
+            key, eq, text = o.partition("=")
+            if not eq or not _KEY.fullmatch(key) or key in seen or key.split(".")[0] == "hydra":
+                return _to_hydra("an override form other than key=value once per key")
+            seen.add(key)
+            if key in choices:
+                if not _OPTION.fullmatch(text):
+                    return _to_hydra("a group option that is not a plain name")
+                choices[key] = text
+                continue
+            if os.path.isdir(os.path.join(CONF, key.split(".")[0])) and "." not in key:
+                return _to_hydra("a group outside the defaults list")  # Hydra says how to add it
+            value = _value(text)
+            if value is _UNSURE:
+                return _to_hydra("a value other than null, a bool, a decimal number, a name, a path or a flat list")
+            keys.append((key, value))
+        cfg = OmegaConf.create()
+        with flag_override(cfg, "no_deepcopy_set_nodes", True):
+            for group, option in defaults:
+                if option == schema.SCHEMA_NAME and not group:
+                    cfg.merge_with(OmegaConf.structured(schema.H3PlanConfig))
+                elif option == "_self_" and not group:
+                    own = OmegaConf.masked_copy(primary, [str(k) for k in primary if k not in ("defaults", "hydra")])
+                    cfg.merge_with(own)
+                elif group:
+                    loaded = _plain_file(os.path.join(CONF, group, f"{choices[group]}.yaml"))
+                    if loaded is None:
+                        return _to_hydra("a group option that is not a plain file (or none)")
+                    cfg.merge_with({group: loaded})
+                else:
+                    return _to_hydra("config.yaml's defaults list")
+        OmegaConf.set_struct(cfg, True)
+        for key, value in keys:
+            OmegaConf.update(cfg, key, value, merge=True)
+        cfg.hardware.option = choices["hardware"]
+        return cfg
+    except Exception:  # noqa: BLE001 - Hydra composes again and words the error its own way
+        return _to_hydra("an error")

@@ -1,0 +1,77 @@
+"""planning/direct.py composes the config Hydra composes: the same values, node types and flags, node by node, for
+every preset and the override forms it reads; every other command line (and every error) is left to Hydra."""
+
+import dataclasses
+import itertools
+
+import pytest
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from h3plan.planning import config, direct
+
+PRESETS = [[f"hardware={h}", f"recipe={r}", f"parallel={p}"]
+           for h, r, p in itertools.product(("sm90", "sm100", "sm103", "sm107"), ("bf16", "fp8", "nvfp4"),
+                                            ("u1", "u2", "u4", "u8", "r2u4"))]
+FORMS = [
+    [],
+    ["video.height=704", "video.width=1280", "video.seconds=10"],  # video_overrides adds video.frames=null, a list
+    ["levers.attention=sdpa", "levers.swiglu=off", "levers.qk_norm_rope=auto", "format=json", "detail=full"],
+    ["hardware.device.memory_gb=80", "parallel.seq_len=20000", "memory.reserve_fraction=0.1", "strict=true"],
+    ["model=h3_tiny", "action=verify", "video=t2v_768x1344_10s", "pipeline=h3", "strict=False", "out=null"],
+    ["out=/tmp/a-b/plan.yaml", "plan=saved.json"],
+    ["video.frames=125", "video.audio=false", "parallel.seq_len=-3"],
+]
+
+
+def _hydra(overrides):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(direct, "compose", lambda overrides: None)
+        return config.compose(overrides)
+
+
+def _nodes(cfg, path=""):
+    """(path, node metadata, node class, value when a leaf) for every node, depth first (Hydra's root caches the
+    resolved `${now:}` of its own hydra node: not config)."""
+    yield path, dataclasses.replace(cfg._metadata, resolver_cache={}), type(cfg), None
+    items = cfg.items_ex(resolve=False) if isinstance(cfg, DictConfig) else enumerate(cfg)
+    for key, _ in items:
+        node = cfg._get_node(key)
+        if isinstance(node, (DictConfig, ListConfig)) and not node._is_none() and not node._is_missing():
+            yield from _nodes(node, f"{path}.{key}")
+        else:
+            yield f"{path}.{key}", node._metadata, type(node), node._value()
+
+
+@pytest.mark.parametrize("overrides", PRESETS[::7] + FORMS)  # 9 presets: each hardware, recipe and parallel
+def test_direct_composes_hydras_config(overrides):
+    before = direct.FALLBACKS.copy()
+    with config.libyaml():
+        fast = direct.compose(config.video_overrides(overrides))
+    assert fast is not None and direct.FALLBACKS == before, (overrides, direct.FALLBACKS - before)
+    slow = _hydra(overrides)
+    assert OmegaConf.to_yaml(fast) == OmegaConf.to_yaml(slow)
+    assert list(_nodes(fast)) == list(_nodes(slow))
+
+
+@pytest.mark.parametrize("overrides", [
+    ["+extra=1"], ["~out"], ["++strict=true"], ["recipe=bf16,fp8"], ["out='a b'"], ["out=1e3.yaml"],
+    ["hardware=sm90", "hardware=sm100"], ["vae=h3_tiny"], ["recipe=bogus"], ["nope=1"], ["levers.attention=bogus"],
+    ["parallel.seq_len=1e3"], ["parallel.seq_len=${oc.env:N}"], ["hydra.job.chdir=false"], ["video.audio=inf"],
+])
+def test_other_forms_and_errors_are_left_to_hydra(overrides):
+    before = direct.FALLBACKS.copy()
+    with config.libyaml():
+        assert direct.compose(overrides) is None
+    assert sum((direct.FALLBACKS - before).values()) == 1  # counted once, with its reason
+
+
+@pytest.mark.parametrize("text,value", [("null", None), ("NULL", None), ("True", True), ("false", False), ("12", 12),
+                                        ("-0", 0), ("+7", 7), ("0.25", 0.25), ("fa4", "fa4"), ("t2v_768x1344_5s", "t2v_768x1344_5s"),
+                                        ("[a,b]", ["a", "b"]), ("plan.yaml", "plan.yaml"),
+                                        ("/tmp/pytest-of-root/p-1/test_x0/plan.yaml", "/tmp/pytest-of-root/p-1/test_x0/plan.yaml"),
+                                        ("./out/x_1.json", "./out/x_1.json"), ("1.yaml", "1.yaml"), ("a-b/c", "a-b/c"), ("[]", []), ("[1,null]", [1, None])])
+def test_values_read_as_hydras_grammar_reads_them(text, value):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    assert direct._value(text) == value
+    assert OverridesParser.create().parse_override(f"k={text}").value() == value
