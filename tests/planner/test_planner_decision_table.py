@@ -90,8 +90,10 @@ def test_every_lever_decided_in_registry_order(plan):
 
 def test_sm90_reasons_name_the_anchors(plan):
     att = plan("hardware=sm90").decision("attention")
-    # fa4 measured at the plan's own shape (37,820 x 56, inside the installed forward); the others at 19,000 x 56
-    assert "fa4 640.7 at 37,820 x 56" in att.reasons[-1] and "cudnn_bf16 564" in att.reasons[-1] and "sdpa 363" in att.reasons[-1]
+    # every backend at the plan's own shape (37,820 x 56): fa4 inside the installed forward, sdpa and cudnn_bf16 by
+    # action=tune on the H200 (docs/tuned/hardware/sm90_h200.yaml)
+    assert "fa4 640.7 at 37,820 x 56" in att.reasons[-1] and "cudnn_bf16 568.8 at 37,820 x 56" in att.reasons[-1]
+    assert "sdpa 567.7 at 37,820 x 56" in att.reasons[-1]
     at19k = plan("hardware=sm90", "parallel.seq_len=19000").decision("attention")
     assert "fa4 704" in at19k.reasons[-1] and "cudnn_bf16 564" in at19k.reasons[-1]
     assert att.hardware_verified and att.lossless
