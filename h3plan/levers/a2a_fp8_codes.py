@@ -9,7 +9,7 @@ at 19k and pays at 104k).
 from __future__ import annotations
 
 from ..sources import cite
-from .base import Context, Option, Spec, Terms, is_bool, resolve
+from .base import Context, default_install, is_bool, Option, resolve, Spec, Terms
 from .ring import excluded
 
 TRT = cite("trtllm-seed")
@@ -61,8 +61,4 @@ def decide(ctx: Context):
     return resolve(ctx, SPEC, blockers=blockers, auto=auto)
 
 
-def install(builder, decision) -> None:
-    if decision.setting == "on":
-        builder.set(SPEC.name, "a2a_fp8_codes", True)
-    else:
-        builder.skip(SPEC.name, decision.reasons[0])
+install = default_install(SPEC)

@@ -147,6 +147,26 @@ class Spec:
         return bool(self.options)
 
 
+def default_install(spec: Spec) -> Callable[[Any, Any], None]:
+    """The install of a lever that owns one option whose values are its settings (a bool option: `on` is True,
+    `off` False): a setting whose value is the option's default skips with the decision's first reason, any other
+    sets the option. Checked when the lever module is imported: every setting maps to a value the option takes."""
+    (opt,) = spec.options
+    value: Callable[[str], Any] = (lambda s: s == "on") if opt.allowed == "bool" else (lambda s: s)
+    bad = [s for s in spec.settings if (opt.allowed == "bool" and s not in ("on", "off")) or not opt.check(value(s))]
+    if bad:
+        raise ImportError(f"lever {spec.name}: settings {bad} are no value of its option {opt.key!r} ({opt.allowed})")
+
+    def install(builder, decision) -> None:
+        v = value(decision.setting)
+        if v == opt.default:
+            builder.skip(spec.name, decision.reasons[0])
+        else:
+            builder.set(spec.name, opt.key, v)
+
+    return install
+
+
 def backend_blockers(ctx: Context, spec: Spec, setting: str) -> list[str]:
     """The attention backends `setting` needs (Spec.backends) against the plan's attention decision."""
     need = spec.backends.get(setting)

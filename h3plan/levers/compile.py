@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from .base import Context, Option, Spec, faster_in_every_run, one_of, resolve, speedup_runs
+from .base import Context, default_install, faster_in_every_run, one_of, Option, resolve, Spec, speedup_runs
 
 SPEC = Spec(
     name="compile",
@@ -73,8 +73,4 @@ def decide(ctx: Context):
     return resolve(ctx, SPEC, auto=auto, blockers=blockers)
 
 
-def install(builder, decision) -> None:
-    if decision.setting == "regional":
-        builder.set(SPEC.name, "compile", "regional")
-    else:
-        builder.skip(SPEC.name, decision.reasons[0])
+install = default_install(SPEC)

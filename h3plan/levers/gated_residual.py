@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..sources import cite
-from .base import Context, Option, Spec, is_bool, resolve
+from .base import Context, default_install, is_bool, Option, resolve, Spec
 
 SPEC = Spec(
     name="gated_residual",
@@ -21,8 +21,4 @@ def decide(ctx: Context):
                    auto=lambda c: ("on", [f"h + gate[idx] * y in one kernel, eager's rounding kept (exact; the pattern of {cite('vllm-omni-vae-seed')})"], {}))
 
 
-def install(builder, decision) -> None:
-    if decision.setting == "on":
-        builder.set(SPEC.name, "gated_residual", True)
-    else:
-        builder.skip(SPEC.name, decision.reasons[0])
+install = default_install(SPEC)

@@ -7,7 +7,7 @@ seed: PSNR 39.55 dB, SSIM 0.975) and is only used when forced under a budget pol
 from __future__ import annotations
 
 from ..sources import cite
-from .base import Context, Option, Spec, one_of, resolve
+from .base import Context, default_install, one_of, Option, resolve, Spec
 
 SPEC = Spec(
     name="modulation",
@@ -37,8 +37,4 @@ def decide(ctx: Context):
     return resolve(ctx, SPEC, blockers=blockers, auto=auto, explain=explain)
 
 
-def install(builder, decision) -> None:
-    if decision.setting == "eager":
-        builder.skip(SPEC.name, decision.reasons[0])
-    else:
-        builder.set(SPEC.name, "modulation", decision.setting)
+install = default_install(SPEC)

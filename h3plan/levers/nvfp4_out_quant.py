@@ -7,7 +7,7 @@ on with NVFP4 GEMMs unless the step fusions are off (U8 19k)."""
 
 from __future__ import annotations
 
-from .base import Context, Option, Spec, is_bool, resolve
+from .base import Context, default_install, is_bool, Option, resolve, Spec
 from .nvfp4_producer_quant import nvfp4_auto, nvfp4_blockers, nvfp4_evidence
 
 SPEC = Spec(
@@ -26,8 +26,4 @@ def decide(ctx: Context):
                    explain=lambda c, s: nvfp4_evidence(c, SPEC.name, s) if s == "on" else [])
 
 
-def install(builder, decision) -> None:
-    if decision.setting == "on":
-        builder.set(SPEC.name, "nvfp4_out_quant", True)
-    else:
-        builder.skip(SPEC.name, decision.reasons[0])
+install = default_install(SPEC)

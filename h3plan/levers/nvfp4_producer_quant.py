@@ -11,7 +11,7 @@ auto: on with gemm_quant=nvfp4 when the rows per rank reach step_fusions_min_row
 from __future__ import annotations
 
 from ..sources import cite
-from .base import Context, Option, Spec, is_bool, producer_blockers, resolve
+from .base import Context, default_install, is_bool, Option, producer_blockers, resolve, Spec
 from .qk_norm_rope import step_fusions_on
 
 SPEC = Spec(
@@ -77,8 +77,4 @@ def decide(ctx: Context):
                    explain=lambda c, s: nvfp4_evidence(c, SPEC.name, s) if s == "on" else [])
 
 
-def install(builder, decision) -> None:
-    if decision.setting == "on":
-        builder.set(SPEC.name, "nvfp4_producer_quant", True)
-    else:
-        builder.skip(SPEC.name, decision.reasons[0])
+install = default_install(SPEC)

@@ -8,7 +8,7 @@ drops it when the length divides by the degree (nothing to write around).
 from __future__ import annotations
 
 from ..sources import cite
-from .base import Context, Option, Spec, is_bool, resolve
+from .base import Context, default_install, is_bool, Option, resolve, Spec
 from .ring import excluded
 
 SPEC = Spec(
@@ -53,8 +53,4 @@ def decide(ctx: Context):
     return resolve(ctx, SPEC, blockers=blockers, auto=auto)
 
 
-def install(builder, decision) -> None:
-    if decision.setting == "on":
-        builder.set(SPEC.name, "prefix_inplace", True)
-    else:
-        builder.skip(SPEC.name, decision.reasons[0])
+install = default_install(SPEC)

@@ -9,7 +9,7 @@ otherwise fused, which keeps eager's BF16 rounding (exact, telefuser seed (docs/
 from __future__ import annotations
 
 from ..sources import cite
-from .base import Context, Option, Spec, Terms, one_of, resolve
+from .base import Context, default_install, one_of, Option, resolve, Spec, Terms
 
 
 SPEC = Spec(
@@ -60,8 +60,4 @@ def decide(ctx: Context):
     return resolve(ctx, SPEC, auto=auto, params=params)
 
 
-def install(builder, decision) -> None:
-    if decision.setting == "eager":
-        builder.skip(SPEC.name, decision.reasons[0])
-    else:
-        builder.set(SPEC.name, "qk_norm_rope", decision.setting)
+install = default_install(SPEC)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..sources import cite
-from .base import Context, Option, Spec, Terms, is_bool, resolve
+from .base import Context, default_install, is_bool, Option, resolve, Spec, Terms
 
 SPEC = Spec(
     name="swiglu",
@@ -22,8 +22,4 @@ def decide(ctx: Context):
                    auto=lambda c: ("on", [f"x[..., :F] * silu(x[..., F:]) in one kernel, exact ({cite('vllm-omni-vae-seed')}: torch.equal)"], {}))
 
 
-def install(builder, decision) -> None:
-    if decision.setting == "on":
-        builder.set(SPEC.name, "swiglu", True)
-    else:
-        builder.skip(SPEC.name, decision.reasons[0])
+install = default_install(SPEC)

@@ -25,7 +25,7 @@ each setting's nearest length), the fastest (median) of those faster in every ru
 
 from __future__ import annotations
 
-from .base import Context, Option, Spec, Terms, faster_in_every_run, nearest_ulysses_point, resolve, speedup_runs
+from .base import Context, default_install, faster_in_every_run, nearest_ulysses_point, Option, resolve, Spec, speedup_runs, Terms
 
 SPEC = Spec(
     name="ulysses_exchange",
@@ -120,8 +120,4 @@ def decide(ctx: Context):
     return resolve(ctx, SPEC, blockers=blockers, auto=auto)
 
 
-def install(builder, decision) -> None:
-    if decision.setting != "packed":
-        builder.set(SPEC.name, "ulysses_exchange", decision.setting)
-    else:
-        builder.skip(SPEC.name, decision.reasons[0])
+install = default_install(SPEC)

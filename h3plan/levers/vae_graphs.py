@@ -8,7 +8,7 @@ it, elsewhere it says it was not. Guards per call fall back to diffusers' forwar
 
 from __future__ import annotations
 
-from .base import Context, Option, Spec, Terms, is_bool, resolve
+from .base import Context, default_install, is_bool, Option, resolve, Spec, Terms
 
 SPEC = Spec(
     name="vae_graphs",
@@ -40,8 +40,4 @@ def decide(ctx: Context):
     return resolve(ctx, SPEC, blockers=blockers, auto=auto)
 
 
-def install(builder, decision) -> None:
-    if decision.setting == "on":
-        builder.set(SPEC.name, "graphs", True)
-    else:
-        builder.skip(SPEC.name, decision.reasons[0])
+install = default_install(SPEC)
