@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import h3plan
-from h3plan.actions.bench.pipeline_records import plan_overrides
+from h3plan.actions.bench.pipeline_records import replan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,7 +31,7 @@ def rows() -> list[dict]:
         for name, groups in facts():
             for steps in (None, 5):
                 try:
-                    plan = h3plan.resolve_config(**groups, **plan_overrides(row, steps))
+                    plan = replan(row, steps, **groups)
                 except h3plan.H3PlanError as e:  # a 4-forward request of a 34-forward step cache: refused, said so
                     out.append({"run": row["run"], "label": row["label"], "facts": name, "forwards": 4, "error": str(e)})
                     continue

@@ -1,7 +1,7 @@
 """The plan's time prediction (h3plan/planning/predict.py) against the committed H200 pipe(...) rows.
 
 Each installed-plan row of benchmarks/results/pipeline-h200.json (read here, not copied) is planned again (its
-overrides: h3plan.actions.bench.pipeline_records.plan_overrides) with the packaged sm90 facts, and with every tuned
+h3plan.actions.bench.pipeline_records.replan) with the packaged sm90 facts, and with every tuned
 file committed under docs/tuned/ (`benchmarks/predict.py` prints the same comparison as a table): the predicted forward within 5% of the measured one, and the whole call within 5% at the row's
 49 forwards and at a 4-forward request (num_inference_steps 5: the row's forward x 4 + its measured rest of the call,
 the rest being independent of the step count).
@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from h3plan.planner import resolve, resolve_config
-from h3plan.planning.config import compose, override
-from h3plan.actions.bench.pipeline_records import plan_overrides
+from h3plan.planner import resolve_config
+from h3plan.actions.bench.pipeline_records import replan
 
 ROWS = json.loads((Path(__file__).resolve().parents[2] / "benchmarks/results/pipeline-h200.json").read_text())["records"]
 PLANS = [r for r in ROWS if r["setting"] == "plan" and r["gpus"] == 1]
@@ -24,8 +23,8 @@ FOUR = [r for r in PLANS if "+step_cache=" not in r["label"]]
 TOL = 0.05  # the issue's target (issue 34)
 
 
-def _plan(row, steps=None, hardware=("hardware=sm90",)):
-    plan = resolve(compose([*hardware, *(override(k, v) for k, v in plan_overrides(row, steps).items())]))
+def _plan(row, steps=None, hardware=(("hardware", "sm90"),)):
+    plan = replan(row, steps, **dict(hardware))
     assert plan.decision("vae_precision").setting == row["vae"]
     return plan
 
@@ -110,7 +109,7 @@ def _tuned_cases():
 def test_within_5pct_on_a_committed_tuned_file(path, steps, row):
     """The same rows planned on a tuned file (action=tune's own measurements on the H200, docs/tuned/): the forward
     and the whole call within 5%, at the row's 49 forwards and at a 4-forward request."""
-    hardware = (f"hydra.searchpath=[file://{path.parent.parent}]", f"hardware={path.stem}")
+    hardware = (("hydra.searchpath", [f"file://{path.parent.parent}"]), ("hardware", path.stem))
     plan = _plan(row, steps, hardware)
     fwd, call = plan.derived_value("forward_s_est"), plan.derived_value("call_s_est")
     n = plan.derived_value("sequence")["transformer_forwards"]

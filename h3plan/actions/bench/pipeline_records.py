@@ -243,22 +243,25 @@ def write_chart(records: Sequence[Mapping], path: str) -> str | None:
 
 # the step-cache rows' budget (benchmarks/pipeline_h200.sh H3_PHASE=cache-*): SGLang's quality=high, 34 of 49 computed
 CACHE_BUDGET = {"psnr_db_min": 28, "ssim_min": 0.93, "computed": 34}
-RECIPE_DECODE = {"bf16": "fp32", "fp8": "fp16", "nvfp4": "fp16"}  # each recipe's own vae_precision (conf/recipe/)
 
 
-def plan_overrides(row: Mapping, steps: int | None = None) -> dict:
-    """A committed plan row as the overrides that plan it again (h3plan.resolve_config's keywords): its recipe,
-    Ulysses degree, the `+lever=setting` words its label carries (the levers its run forced), its decode precision
-    where the recipe's differs, the step cache's budget; `steps`: pipeline.num_inference_steps instead of the row's."""
-    out: dict = {"recipe": row["recipe"], "parallel": f"u{row['gpus']}"}
-    if row["vae"] != RECIPE_DECODE.get(row["recipe"]):
-        out["recipe.vae"] = row["vae"]
+def replan(row: Mapping, steps: int | None = None, **groups):
+    """A committed plan row planned again (h3plan.resolve_config with `groups`, e.g. hardware=...): its recipe,
+    Ulysses degree, the `+lever=setting` words its label carries (the levers its run forced), the step cache's
+    budget, and the row's decode precision where the recipe's own differs; `steps`: pipeline.num_inference_steps
+    instead of the row's request."""
+    from h3plan import resolve_config
+
+    over: dict = {"recipe": row["recipe"], "parallel": f"u{row['gpus']}", **groups}
     for word in row["label"].split()[1:]:
         lever, setting = word.lstrip("+").split("=", 1)
         if lever != "vae":
-            out[f"levers.{lever}"] = setting
+            over[f"levers.{lever}"] = setting
         if lever == "step_cache":
-            out["recipe.cache"] = dict(CACHE_BUDGET)
+            over["recipe.cache"] = dict(CACHE_BUDGET)
     if steps:
-        out["pipeline.num_inference_steps"] = steps
-    return out
+        over["pipeline.num_inference_steps"] = steps
+    plan = resolve_config(**over)
+    if plan.decision("vae_precision").setting != row["vae"]:
+        plan = resolve_config(**over, **{"recipe.vae": row["vae"]})
+    return plan
