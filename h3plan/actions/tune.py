@@ -453,7 +453,7 @@ def run(cfg, plan) -> int:
              "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M"), "command": command_line(),
              "versions": provenance.running_versions(),
              "runtime": {"cuda": torch.version.cuda, "cudnn": str(torch.backends.cudnn.version()),
-                         "torch": str(torch.__version__)},
+                         "torch": torch.__version__},
              "quick": quick, "seconds": round(time.monotonic() - t0, 1), "checks": checks,
              "source": f"python -m h3plan action=tune (h3plan/actions/tune.py), {out.name}"}
     fa4 = {"tuned_tiles": extra["tuned_tiles"]} if extra.get("tuned_tiles") else None
