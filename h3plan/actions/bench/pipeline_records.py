@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from h3plan.planner import resolve_config
+
 from .results_file import ResultsFile
 from .tables import cell, fmt, md_table, one_line, text_table
 
@@ -250,8 +252,6 @@ def replan(row: Mapping, steps: int | None = None, **groups):
     Ulysses degree, the `+lever=setting` words its label carries (the levers its run forced), the step cache's
     budget, and the row's decode precision where the recipe's own differs; `steps`: pipeline.num_inference_steps
     instead of the row's request."""
-    from h3plan import resolve_config
-
     over: dict = {"recipe": row["recipe"], "parallel": f"u{row['gpus']}", **groups}
     for word in row["label"].split()[1:]:
         lever, setting = word.lstrip("+").split("=", 1)
