@@ -13,8 +13,8 @@ latent and shorter checks):
 4. one real-width block with each recipe's plan installed (bf16, and fp8 / nvfp4 where the hardware has them),
    profiled: every kernel that is neither GEMM nor attention -> measured.elementwise;
 5. the VAE decode per precision (fp32, fp16, bf16) and tile geometry (default; the fp8 recipe's FP8 tiles), each
-   arm a plan of the command's own overrides, on a seeded real-width VAE at the plan's latent size with fewer latent
-   frames (the plan scales by latent volume) -> measured.decode;
+   arm a plan of the command's own overrides, on a seeded real-width VAE at the plan's whole latent (tune.quick: 5
+   latent frames of it; the plan scales a point by latent volume) -> measured.decode;
 6. the all-to-all at each Ulysses degree the world has (launched under torchrun; one process: none; rank 0
    writes) -> measured.ulysses.a2a;
 7. every lever's check on this device: action=verify's checks (bitwise against the reference R, or inside the

@@ -85,24 +85,11 @@ def test_a_tuned_file_is_committed():
     assert TUNED_FILES, "docs/tuned/hardware/ holds the H200's action=tune file (issue 34)"
 
 
-def _scaled_fp32_decode(path) -> bool:
-    """The file's fp32 decode point has fewer latent frames than the rows' request (37): action=tune before session
-    13's fix measured 12 and scaled by volume, which predicts the H200's fp32 decode 12% short (docs/tuned/README.md)."""
-    import yaml
-
-    points = yaml.safe_load(path.read_text())["measured"].get("decode") or []
-    return any(p["precision"] == "fp32" and p["latent"][2] < 37 for p in points)
-
-
 def _tuned_cases():
     for path in TUNED_FILES:
         for steps in (None, 5):
             for row in PLANS if steps is None else FOUR:
-                marks = ()
-                if steps == 5 and row["vae"] == "fp32" and _scaled_fp32_decode(path):
-                    marks = pytest.mark.xfail(strict=True, reason="a 4-forward fp32 call is 2/3 decode, and this file's "
-                                              "fp32 decode is 12 latent frames scaled: 6-8% short (docs/tuned/README.md)")
-                yield pytest.param(path, steps, row, marks=marks, id=f"{path.stem}-{steps or 50}-{row['run'][5:16]}-{row['label']}".replace(" ", ""))
+                yield pytest.param(path, steps, row, id=f"{path.stem}-{steps or 50}-{row['run'][5:16]}-{row['label']}".replace(" ", ""))
 
 
 @pytest.mark.parametrize("path, steps, row", list(_tuned_cases()))
