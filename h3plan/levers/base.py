@@ -104,6 +104,8 @@ class Spec:
     column: its column's header in a sweep's table (h3plan/sweep.py); None: not a column there.
     terms: setting -> what it changes in the plan's estimates and memory (Terms); a setting not named changes nothing.
     fit: the lossless setting memory.fit offers first when a plan with another setting of this lever does not fit.
+    table_skips_off: the plan's tables leave out its row when it is `off` (a lever that acts on some requests only:
+        vae_encode_precision is off for t2va, which encodes nothing, and a t2va plan prints as it did before it).
     """
 
     name: str
@@ -119,6 +121,7 @@ class Spec:
     column: str | None = None
     terms: Mapping[str, Terms] = field(default_factory=dict)
     fit: str | None = None
+    table_skips_off: bool = False
 
     def __post_init__(self):
         if self.model not in MODELS:

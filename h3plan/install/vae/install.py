@@ -10,6 +10,9 @@
 - `vae_graphs` (builder option `graphs=True`): `decoder.forward` becomes a GraphedDecoder
   (graph.py) that replays the whole ViT decoder forward from one CUDA graph per input signature,
   with a counted per-call guard that runs diffusers' forward when a graph cannot apply.
+- `vae_encode_precision` (builder option `encode_precision`): fp16 / bf16 cast `encoder` and `quant_conv` (the
+  encode path, all in `_keep_in_fp32_modules`: no decode lever touches them) the same way, originals on the host for
+  uninstall; `encode` casts its input to the encoder's dtype itself. fp32 and off install nothing.
 - `vae_tiles` (builder option `tile`): the geometry goes through diffusers' own
   `enable_tiling(tile_sample_min_height, tile_sample_min_width, tile_sample_min_overlap_height,
   tile_sample_min_overlap_width)`; diffusers tiles spatially only, so `tile.frames` is reported, not
@@ -39,7 +42,7 @@ from .block import LINEARS, VaeBlockState, load_kernels, plan_vae_block_forward
 from .fp8 import Fp8Gemms
 from .graph import GraphedDecoder
 from h3plan.facts.vae.tiling import RELEASED_TILE, tile_rule
-from .weights import DTYPES, PrecisionCast, blocker as cast_blocker, castable
+from .weights import DTYPES, PrecisionCast, blocker as cast_blocker, castable, encode_blocker, encode_tensors
 
 from h3plan.levers import SPECS
 
@@ -162,6 +165,27 @@ def _install_precision(model, builder, state) -> None:
         f"less); their float32 originals ({cast.host_bytes / 2**30:.3f} GiB) wait in {where} for uninstall only, never "
         "read by a call. state_dict(), parameters(), vae.dtype and save_pretrained see the cast dtype; uninstall "
         "restores the originals bit for bit")
+
+
+def _install_encode_precision(model, builder, state) -> None:
+    lever = builder.lever_of("encode_precision")
+    name = builder.view("vae").encode_precision
+    dtype = DTYPES[name]
+    why = encode_blocker(model, dtype)
+    if why:
+        state.report.skipped.append((lever, why))
+        return
+    cast = PrecisionCast.apply(model, dtype, tensors=encode_tensors(model))
+    state.undo.append(cast.restore)
+    if not cast.slots:
+        state.report.skipped.append((lever, f"the encoder is {dtype} already: nothing to cast"))
+        return
+    short = str(dtype).replace("torch.", "")
+    state.report.swap(lever, f"encoder, quant_conv ({len(cast.slots)} tensors)", "float32", f"{short} (lossy encode)")
+    state.report.notes.append(
+        f"vae_encode_precision={name}: the encoder and quant_conv are {short} while installed ({cast.device_bytes / 2**30:.3f} "
+        f"GiB on the device); their float32 originals wait in {'pinned host' if cast.pinned else 'host'} memory for uninstall "
+        "only; vae.encode casts its input to the encoder's dtype; the decoder is untouched")
 
 
 def _install_ops(model, builder, state) -> None:
@@ -312,6 +336,8 @@ def apply(model, builder, state, group=None) -> None:
     tiling = tuple(getattr(model, a) for a in TILING)
     if "precision" in builder.recorded("vae"):
         _install_precision(model, builder, state)
+    if "encode_precision" in builder.recorded("vae"):
+        _install_encode_precision(model, builder, state)
     if opts.ops:
         _install_ops(model, builder, state)
     if opts.tile is not None:
@@ -329,17 +355,17 @@ def apply(model, builder, state, group=None) -> None:
 
 
 def _encode_note(model, tiling_before, state) -> None:
-    """What the plan does to `vae.encode` (fl2va keyframes, ref2va references): no lever of its own; the encoder is
-    float32 under `_keep_in_fp32_modules` (vae_precision's cast leaves it, as from_pretrained(torch_dtype) does) and
-    tiles with the geometry enable_tiling gives the decode."""
+    """What the plan does to `vae.encode` (fl2va keyframes, ref2va references): its precision is vae_encode_precision's
+    (the decode's cast leaves the encoder float32 under `_keep_in_fp32_modules`, as from_pretrained(torch_dtype) does);
+    it tiles with the geometry enable_tiling gives the decode (diffusers keeps one set of tile attributes)."""
     enc = getattr(model, "encoder", None)
     if not isinstance(enc, torch.nn.Module):
         return
     dtypes = sorted({str(p.dtype).replace("torch.", "") for p in enc.parameters()})
     tiled = tuple(getattr(model, a) for a in TILING) != tiling_before
     state.report.notes.append(
-        f"encode (keyframes, references): diffusers' encoder as loaded ({'/'.join(dtypes)}, _keep_in_fp32_modules: no cast "
-        "touches it) and " + (f"the plan's tiles ({_geometry(model)}; diffusers tiles encode and decode alike, so the "
+        f"encode (keyframes, references): diffusers' encoder in {'/'.join(dtypes)} (vae_encode_precision; the decode's cast "
+        "leaves it) and " + (f"the plan's tiles ({_geometry(model)}; diffusers tiles encode and decode alike, so the "
                                "encode's bits follow the tile lever's budget)" if tiled else
                                f"the model's tiling ({_geometry(model)}): the encode keeps its bits"))
 
