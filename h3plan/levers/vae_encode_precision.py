@@ -61,7 +61,7 @@ def policy(ctx: Context, s: str) -> list[str]:
     """A lossy encode needs a recipe that allows a lossy VAE (recipe.vae=fp16|bf16|fp8 or a lossy policy)."""
     if SPEC.lossless(s) or _lossy_vae(ctx):
         return []
-    return [f"recipe {ctx.recipe['name']} has policy lossless and vae=fp32: a {s} encode changes the conditioning "
+    return [f"recipe {ctx.recipe['name']} has policy lossless and vae=fp32: an {s} encode changes the conditioning "
             f"latents, so the frames; set recipe.vae=fp16 with it to accept a lossy VAE"]
 
 
