@@ -27,7 +27,7 @@ def encode_inputs(request: Mapping[str, Any]) -> list[dict[str, Any]]:
     return []
 
 
-def describe(inputs: list[Mapping[str, Any]]) -> str:
+def describe(inputs: Sequence[Mapping[str, Any]]) -> str:
     """The encodes in words: "2 encodes: first keyframe 1x1344x768, last keyframe 1x1344x768"."""
     return f"{len(inputs)} encode(s): " + ", ".join(f"{x['what']} {x['frames']}x{x['height']}x{x['width']}" for x in inputs)
 
