@@ -75,6 +75,8 @@ class Terms:
     """SwiGLU in one kernel: no silu(gate) temporary (memory)."""
     vae_cast: str | None = None
     """the dtype a float32 VAE is cast to at install ("fp16", "bf16"; memory's decode dtype); None: as loaded."""
+    vae_encode_cast: str | None = None
+    """the dtype the float32 encoder and quant_conv are cast to at install ("fp16", "bf16"; memory's VAE weights)."""
     vae_tile: str | None = None
     """the vae config's tile key the decode uses ("fp8_tile", "custom_tile"); None: default_tile."""
     vae_fp8_gemms: bool = False

@@ -91,3 +91,14 @@ def test_refusals_are_one_line(over, msg):
     with pytest.raises(PlanningError) as e:
         _plan(**over)
     assert msg in str(e.value) and "\n" not in str(e.value) and f"levers.{LEVER}=" in str(e.value)
+
+
+def test_a_cast_encode_shrinks_the_vae_weights_by_its_encoder_and_quant_conv():
+    from h3plan.planning.memory import vae_params
+
+    a = _plan(recipe="fp8", **FL2VA)
+    b = _plan(recipe="fp8", **FL2VA, **{f"levers.{LEVER}": "fp16"})
+    n = vae_params(a.get("vae")["diffusers_config"])["encode_path"]
+    got = a.derived_value("memory_breakdown_gib")["vae_weights"] - b.derived_value("memory_breakdown_gib")["vae_weights"]
+    assert got == pytest.approx(2 * n / 2**30, abs=0.011)  # 4 -> 2 bytes a parameter
+    assert "vae_encode_precision=fp16" in b.derived_value("basis")["memory_breakdown_gib"]
