@@ -13,8 +13,7 @@ a lossy VAE (recipe.vae=fp16|bf16|fp8, or a lossy policy) has a budget measured 
 is upstream of the whole denoise (its latents condition every step), so that budget does not cover it, and no fp16
 encode was ever compared through a whole pipe(...). Forcing it (levers.vae_encode_precision=fp16) works wherever the
 recipe allows a lossy VAE, and the line says it is outside the measured budget; a lossless recipe with vae=fp32
-refuses it in one line. The tiling stays the model's (diffusers tiles encode and decode with the same attributes:
-vae_tiles' geometry reaches the encode too; install's report says which).
+refuses it in one line. The encode's tiles are vae_encode_tiles' (levers/vae_encode_tiles.py).
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ SPEC = Spec(
 )
 
 
-def _nothing(ctx: Context) -> str | None:
+def encodes_nothing(ctx: Context) -> str | None:
     """Why the request makes no encode (None: it makes at least one)."""
     if not ctx.request:
         return "no video request (parallel.seq_len set): no encode planned"
@@ -44,13 +43,13 @@ def _nothing(ctx: Context) -> str | None:
     return None
 
 
-def _lossy_vae(ctx: Context) -> bool:
+def lossy_vae(ctx: Context) -> bool:
     """The recipe allows a lossy VAE: its own vae key asks for one, or its policy is lossy."""
     return str(ctx.recipe["vae"]) != "fp32" or not ctx.lossless_only
 
 
 def blockers(ctx: Context, s: str) -> list[str]:
-    none = _nothing(ctx)
+    none = encodes_nothing(ctx)
     if none and s != "off":
         return [f"{none}: levers.{SPEC.name}=off (or auto)"]
     if not none and s == "off":
@@ -60,7 +59,7 @@ def blockers(ctx: Context, s: str) -> list[str]:
 
 def policy(ctx: Context, s: str) -> list[str]:
     """A lossy encode needs a recipe that allows a lossy VAE (recipe.vae=fp16|bf16|fp8 or a lossy policy)."""
-    if SPEC.lossless(s) or _lossy_vae(ctx):
+    if SPEC.lossless(s) or lossy_vae(ctx):
         return []
     return [f"recipe {ctx.recipe['name']} has policy lossless and vae=fp32: an {s} encode changes the conditioning "
             f"latents, so the frames; set recipe.vae=fp16 with it to accept a lossy VAE"]
@@ -94,10 +93,10 @@ def explain(ctx: Context, s: str) -> list[str]:
 
 
 def auto(ctx: Context):
-    none = _nothing(ctx)
+    none = encodes_nothing(ctx)
     if none:
         return "off", [none], {}
-    if not _lossy_vae(ctx):
+    if not lossy_vae(ctx):
         why = f"recipe {ctx.recipe['name']} is lossless with vae=fp32: the encode keeps its bits"
     else:
         t = _times(ctx)

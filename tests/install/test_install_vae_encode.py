@@ -107,3 +107,37 @@ def test_an_encoder_loaded_in_another_dtype_is_left_with_the_reason():
 
 
 TINY_LATENT = tiny_vae().config.latent_channels
+
+
+FP8 = {**FL2VA, "recipe": "fp8", "levers.vae_ops": "eager"}  # vae_tiles=fp8_tiles: the decode re-tiled (288x272/32)
+
+
+def _fp8_plan(**over):
+    return h3plan.resolve_config(hardware="sm90", model="h3_tiny", vae="h3_tiny_pipe",
+                                 **{"levers.vae_graphs": "off", **FP8, **over})
+
+
+def test_encode_tiles_default_keeps_the_encode_at_the_vaes_own_tiles_while_the_decode_retiles():
+    vae, ref = tiny_vae(), tiny_vae()
+    plan = _fp8_plan()
+    assert (plan.decision("vae_tiles").setting, plan.decision("vae_encode_tiles").setting) == ("fp8_tiles", "default")
+    before = (vae.tile_sample_min_height, vae.tile_sample_min_width, vae.tile_sample_min_overlap_height)
+    report = install(vae, plan)
+    assert vae.tile_sample_min_height != before[0]  # the decode's geometry changed
+    assert "its own tiles" in " ".join(report.notes)
+    x = torch.rand(1, 3, 1, 600, 560, generator=torch.Generator().manual_seed(2)) * 2 - 1  # several tiles either way
+    torch.testing.assert_close(_encode(vae, x), _encode(ref, x), rtol=0, atol=0)  # the encode's bits kept
+    after = (vae.tile_sample_min_height, vae.tile_sample_min_width, vae.tile_sample_min_overlap_height)
+    assert after != before  # restored to the decode's geometry after the call
+    uninstall(vae)
+    assert "_encode" not in vae.__dict__
+    assert (vae.tile_sample_min_height, vae.tile_sample_min_width, vae.tile_sample_min_overlap_height) == before
+
+
+def test_encode_tiles_decode_shares_the_decode_geometry_and_changes_the_latents():
+    vae, ref = tiny_vae(), tiny_vae()
+    install(vae, _fp8_plan(**{"levers.vae_encode_tiles": "decode"}))
+    assert "_encode" not in vae.__dict__
+    x = torch.rand(1, 3, 1, 600, 560, generator=torch.Generator().manual_seed(2)) * 2 - 1
+    assert not torch.equal(_encode(vae, x), _encode(ref, x))
+    uninstall(vae)

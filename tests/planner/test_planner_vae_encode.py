@@ -102,3 +102,31 @@ def test_a_cast_encode_shrinks_the_vae_weights_by_its_encoder_and_quant_conv():
     got = a.derived_value("memory_breakdown_gib")["vae_weights"] - b.derived_value("memory_breakdown_gib")["vae_weights"]
     assert got == pytest.approx(2 * n / 2**30, abs=0.011)  # 4 -> 2 bytes a parameter
     assert "vae_encode_precision=fp16" in b.derived_value("basis")["memory_breakdown_gib"]
+
+
+TILES = "vae_encode_tiles"
+
+
+@pytest.mark.parametrize("over,setting,why", [
+    ({"recipe": "fp8"}, "off", "t2va encodes nothing"),
+    ({"recipe": "bf16", **FL2VA}, "default", "vae_tiles is default"),
+    ({"recipe": "fp8", **FL2VA}, "default", "vae_tiles=fp8_tiles re-tiles the decode; the encode keeps the VAE's own"),
+])
+def test_encode_tiles_decision_table(over, setting, why):
+    d = _plan(**over).decision(TILES)
+    assert (d.setting, d.lossless, d.forced) == (setting, True, False) and why in d.reasons[0]
+
+
+def test_the_encode_tiles_row_shows_only_where_the_request_encodes_and_never_in_the_runs_line():
+    assert TILES not in render_summary(_plan(recipe="fp8"))
+    text = render_summary(_plan(recipe="fp8", **FL2VA))
+    assert f"{TILES}      default" in text and f"{TILES}=" not in text  # default: nothing in the runs line
+
+
+def test_forcing_the_decode_geometry_onto_the_encode():
+    d = _plan(recipe="fp8", **FL2VA, **{f"levers.{TILES}": "decode"}).decision(TILES)
+    assert (d.setting, d.lossless) == ("decode", False) and "outside the measured budget" in d.reasons[1]
+    for over, msg in [({"recipe": "bf16", **FL2VA}, "vae_tiles is default"), ({"recipe": "fp8"}, "t2va encodes nothing")]:
+        with pytest.raises(PlanningError) as e:
+            _plan(**over, **{f"levers.{TILES}": "decode"})
+        assert msg in str(e.value) and "\n" not in str(e.value)
