@@ -130,3 +130,18 @@ def test_forcing_the_decode_geometry_onto_the_encode():
         with pytest.raises(PlanningError) as e:
             _plan(**over, **{f"levers.{TILES}": "decode"})
         assert msg in str(e.value) and "\n" not in str(e.value)
+
+
+def test_ref2va_encodes_its_image_and_video_references_not_its_audio():
+    from h3plan.facts.vae.encode import encode_inputs
+
+    refs = [{"kind": "image", "height": 512, "width": 1024}, {"kind": "audio", "seconds": 3},
+            {"kind": "video", "frames": 48, "fps": 24, "height": 720, "width": 1280, "audio_seconds": None}]
+    p = _plan(recipe="bf16", **REF2VA, **{"video.references": refs})
+    seq = p.derived_value("sequence")
+    ins = encode_inputs(seq)
+    image, video = seq["references"][0], seq["references"][2]
+    assert [(x["frames"], x["height"], x["width"]) for x in ins] == [(1, image["height"], image["width"]),
+                                                                    (video["frames"], video["height"], video["width"])]
+    vol = sum(x["frames"] * x["height"] * x["width"] for x in ins)
+    assert p.derived_value("encode_s_est") == pytest.approx(0.61 * vol / (1344 * 768), abs=0.006)
