@@ -15,7 +15,8 @@ latent and shorter checks):
 5. the VAE decode per precision (fp32, fp16, bf16) and tile geometry (default; the fp8 recipe's FP8 tiles), each
    arm a plan of the command's own overrides, on a seeded real-width VAE at the plan's latent size with fewer latent
    frames (the plan scales by latent volume) -> measured.decode;
-5b. the video VAE encode per precision (fp32, fp16, bf16; each arm a plan, its vae_encode_precision installed) on the
+5b. the video VAE encode per precision (fp32, fp16, bf16) at the VAE's own tiles, and fp32 at the fp8 recipe's decode
+   tiles (vae_encode_tiles=decode; where the hardware plans them); each arm a plan, its encode levers installed, on the
    same seeded VAE, at the request's encode inputs (fl2va keyframes, ref2va image / video references; quick: the
    first) or, for a request that encodes nothing, one keyframe of the canvas, so the file has it -> measured.encode;
 6. the all-to-all at each Ulysses degree the world has (launched under torchrun; one process: none; rank 0
@@ -48,6 +49,7 @@ from h3plan.errors import UsageError
 from h3plan.facts import tuned as provenance
 from h3plan.facts.vae.encode import encode_inputs
 from h3plan.planning.config import compose
+from h3plan.planning.predict import encode_tiles
 from h3plan.runtime.quant import quantized_linear
 
 from .pipeline_build import build_vae
@@ -155,7 +157,8 @@ def markdown(record: dict) -> str:
     lines += [f"| {g['dtype']} block linears at {g['rows']:,} rows | {g['ms']:.3f} ms |" for g in m.get("gemm_block", [])]
     lines += [f"| elementwise ({e['recipe']}) at {e['rows']:,} rows | {sum(e['ms']):.3f} ms per block |" for e in m.get("elementwise", [])]
     lines += [f"| decode {d['precision']} / {d['tiles']} at {d['latent']} | {d['seconds']:.2f} s |" for d in m.get("decode", [])]
-    lines += [f"| encode {e['precision']} at {'x'.join(map(str, e['input']))} (frames x height x width) | {e['seconds']:.3f} s |"
+    lines += [f"| encode {e['precision']} / {e.get('tiles', 'default')} at {'x'.join(map(str, e['input']))} (frames x height "
+              f"x width) | {e['seconds']:.3f} s |"
               for e in m.get("encode", [])]
     lines += [f"| all-to-all degree {a['degree']} | {a['gbps_leaving_rank']:.1f} GB/s |" for a in m.get("ulysses", {}).get("a2a", [])]
     lines += ["", "| check | result | detail |", "|---|---|---|"]
@@ -340,11 +343,15 @@ def measure_decode(torch, cfg, plan, quick: bool, replan) -> list[dict]:
     return out
 
 
-ENCODE_ARMS = {"fp32": ["recipe=bf16", "recipe.vae=fp32"],
-               "fp16": ["recipe=bf16", "recipe.vae=fp16", "levers.vae_precision=fp32", "levers.vae_encode_precision=fp16"],
-               "bf16": ["recipe=bf16", "recipe.vae=bf16", "levers.vae_precision=fp32", "levers.vae_encode_precision=bf16"]}
-"""One plan per encode precision (a lossy encode is forced under a recipe that allows a lossy VAE; the decode kept
-fp32: only the encode is timed)."""
+ENCODE_ARMS = {("fp32", "default"): ["recipe=bf16", "recipe.vae=fp32"],
+               ("fp16", "default"): ["recipe=bf16", "recipe.vae=fp16", "levers.vae_precision=fp32",
+                                     "levers.vae_encode_precision=fp16"],
+               ("bf16", "default"): ["recipe=bf16", "recipe.vae=bf16", "levers.vae_precision=fp32",
+                                     "levers.vae_encode_precision=bf16"],
+               ("fp32", "fp8_tiles"): ["recipe=fp8", "levers.vae_encode_tiles=decode", "levers.vae_encode_precision=fp32"]}
+"""One plan per encode precision and geometry (a lossy encode is forced under a recipe that allows a lossy VAE, the
+decode kept fp32; the last arm encodes at the fp8 recipe's decode tiles, vae_encode_tiles=decode): only the encode is
+timed."""
 
 
 def encode_shapes(plan, quick: bool) -> tuple[list[dict], list[str]]:
@@ -372,13 +379,16 @@ def measure_encode(torch, cfg, plan, quick: bool, replan, device="cuda", timer=N
     if not inputs:
         return []
     arms = {}
-    for precision, arm in ENCODE_ARMS.items():
-        if quick and precision != "fp32":
+    for (precision, tiles), arm in ENCODE_ARMS.items():
+        if quick and (precision, tiles) != ("fp32", "default"):
             continue
         try:
-            arms[precision] = replan(arm + extra)
+            p = replan(arm + extra)
         except Exception as e:  # noqa: BLE001 - an arm this hardware or policy refuses is skipped, and said so
             print(f"tune: encode arm {' '.join(arm + extra)} not planned here: {e}", file=sys.stderr)
+            continue
+        settings = {d.lever: d.setting for d in p.decisions}
+        arms[(settings["vae_encode_precision"], encode_tiles(settings))] = p
     if timer is None:
         def timer(fn):
             return _median_ms(torch, fn, 1, 1, warm_s=0)
@@ -387,16 +397,18 @@ def measure_encode(torch, cfg, plan, quick: bool, replan, device="cuda", timer=N
     out = []
     for x in inputs:
         pixels = (torch.rand(1, 3, x["frames"], x["height"], x["width"], generator=gen) * 2 - 1).to(device)
-        for precision, p in arms.items():
+        for (precision, tiles), p in arms.items():
             install(vae, p)
             try:
                 with torch.no_grad():
                     ms = timer(lambda px=pixels, v=vae: v.encode(px))
             finally:
                 uninstall(vae)
-            out.append({"precision": precision, "input": [x["frames"], x["height"], x["width"]], "seconds": round(ms / 1e3, 4),
+            out.append({"precision": precision, "tiles": tiles, "input": [x["frames"], x["height"], x["width"]],
+                        "seconds": round(ms / 1e3, 4),
                         "source": f"action=tune: vae.encode of a seeded real-width VAE ({x['what']}), that plan's "
-                                  f"vae_encode_precision={p.decision('vae_encode_precision').setting} installed, the model's tiling"})
+                                  f"vae_encode_precision={precision} and vae_encode_tiles="
+                                  f"{p.decision('vae_encode_tiles').setting} installed ({tiles} geometry)"})
     vae = None  # the seeded VAE freed before the next measurement
     if device == "cuda":
         torch.cuda.empty_cache()

@@ -306,10 +306,13 @@ class DecodePoint:
 @dataclass
 class EncodePoint:
     """One AutoencoderKLMiniMaxH3.encode (fl2va keyframes, ref2va references) at an encode precision
-    (vae_encode_precision) and the model's tiling, of an input of `input` = [frames, height, width] pixels. A source
+    (vae_encode_precision) and tile geometry, of an input of `input` = [frames, height, width] pixels. A source
     that starts "estimate, not measured" is an estimate (the time line says so)."""
 
     precision: str = MISSING
+    tiles: str = "default"
+    """the geometry the encode ran at, named as vae_tiles names them: default is the VAE's own (vae_encode_tiles=default);
+    another is vae_tiles' geometry shared with the decode (vae_encode_tiles=decode)."""
     input: List[int] = MISSING
     seconds: float = MISSING
     source: str = MISSING

@@ -78,13 +78,21 @@ def decode(sections: Mapping[str, Any], sequence: Mapping[str, Any], precision: 
                f"(vae_precision={precision}, vae_tiles={tiles}), scaled by latent frames x height x width ({p['source']})")
 
 
-def encode(sections: Mapping[str, Any], sequence: Mapping[str, Any], precision: str) -> tuple[float | None, str] | None:
-    """(seconds, basis) of the call's video VAE encodes at this encode precision; None: the request encodes nothing."""
+def encode(sections: Mapping[str, Any], sequence: Mapping[str, Any], precision: str,
+           tiles: str = "default") -> tuple[float | None, str] | None:
+    """(seconds, basis) of the call's video VAE encodes at this encode precision and geometry; None: the request
+    encodes nothing."""
     inputs = vae_encode.encode_inputs(sequence)
     if not inputs:
         return None
     hw = sections["hardware"]
-    return vae_encode.seconds(hw["measured"].get("encode") or (), inputs, precision, hw["name"])
+    return vae_encode.seconds(hw["measured"].get("encode") or (), inputs, precision, hw["name"], tiles)
+
+
+def encode_tiles(settings: Mapping[str, str]) -> str:
+    """The geometry the plan's encode runs at, named as vae_tiles names them: vae_tiles' own where vae_encode_tiles
+    shares it (decode), else the VAE's own (default)."""
+    return settings.get("vae_tiles", "default") if settings.get("vae_encode_tiles") == "decode" else "default"
 
 
 def call(sections: Mapping[str, Any], sequence: Mapping[str, Any], shp: Mapping[str, Any], fwd: Mapping[str, Any],
@@ -97,7 +105,7 @@ def call(sections: Mapping[str, Any], sequence: Mapping[str, Any], shp: Mapping[
     of = f"{computed} computed of {n}" if computed and computed != n else f"{n}"
     n = computed or n
     dec, dec_basis = decode(sections, sequence, settings["vae_precision"], settings["vae_tiles"])
-    enc = encode(sections, sequence, settings.get("vae_encode_precision", "fp32"))
+    enc = encode(sections, sequence, settings.get("vae_encode_precision", "fp32"), encode_tiles(settings))
     parts = {"text_encode": 0.0, "denoise": n * f, "decode": dec}
     total = None if dec is None or (enc is not None and enc[0] is None) else n * f + dec + (enc[0] if enc else 0.0)
     out = {"denoise_s_est": round(n * f, 2), "decode_s_est": None if dec is None else round(dec, 2), "text_encode_s_est": 0.0,
@@ -130,7 +138,7 @@ def cheapest_cut(sections, sequence, shp, part: str, settings: Mapping[str, str]
             return f"recipe.vae=fp16 cuts the decode to {s:.1f} s, at {cost}"
     if part == "encode":
         prec = settings.get("vae_encode_precision", "fp32")
-        fast = encode(sections, sequence, "fp16") if prec == "fp32" else None
+        fast = encode(sections, sequence, "fp16", encode_tiles(settings)) if prec == "fp32" else None
         if fast is not None and fast[0] is not None:
             return (f"levers.vae_encode_precision=fp16 (a recipe that allows a lossy VAE) cuts the encode to {fast[0]:.1f} s, "
                     "outside every measured budget (its effect on the frames never measured)")

@@ -145,3 +145,14 @@ def test_ref2va_encodes_its_image_and_video_references_not_its_audio():
                                                                     (video["frames"], video["height"], video["width"])]
     vol = sum(x["frames"] * x["height"] * x["width"] for x in ins)
     assert p.derived_value("encode_s_est") == pytest.approx(0.61 * vol / (1344 * 768), abs=0.006)
+
+
+def test_an_encode_at_the_decode_geometry_reads_its_own_point_or_says_it_has_none():
+    pts = MEASURED + [{**MEASURED[0], "tiles": "fp8_tiles", "seconds": 0.05}]
+    shared = _plan(recipe="fp8", **FL2VA, **{"hardware.measured.encode": pts, f"levers.{TILES}": "decode"})
+    assert shared.derived_value("encode_s_est") == pytest.approx(2 * 0.05 * 4)
+    own = _plan(recipe="fp8", **FL2VA, **{"hardware.measured.encode": pts})
+    assert own.derived_value("encode_s_est") == pytest.approx(2 * 0.1 * 4)
+    none = _plan(recipe="fp8", **FL2VA, **{"hardware.measured.encode": MEASURED, f"levers.{TILES}": "decode"})
+    assert none.derived_value("encode_s_est") is None
+    assert "at the fp8_tiles geometry" in none.derived_value("basis")["encode_s_est"]

@@ -33,15 +33,17 @@ def describe(inputs: Sequence[Mapping[str, Any]]) -> str:
 
 
 def seconds(points: Sequence[Mapping[str, Any]], inputs: Sequence[Mapping[str, Any]], precision: str,
-            hw: str) -> tuple[float | None, str]:
-    """(seconds, basis) of the request's encodes at `precision` from hardware.measured.encode (each point: precision,
-    input [frames, height, width], seconds, source), each encode scaled by pixel volume (frames x height x width) from
-    the point nearest it; (None, why) where that precision has no point."""
-    pts = [p for p in points or () if p["precision"] == precision]
+            hw: str, tiles: str = "default") -> tuple[float | None, str]:
+    """(seconds, basis) of the request's encodes at `precision` and tile geometry `tiles` (named as vae_tiles names
+    them: default is the VAE's own) from hardware.measured.encode (each point: precision, tiles, input [frames, height,
+    width], seconds, source), each encode scaled by pixel volume (frames x height x width) from the point nearest it;
+    (None, why) where that precision and geometry have no point."""
+    pts = [p for p in points or () if p["precision"] == precision and p.get("tiles", "default") == tiles]
     if not inputs:
         return 0.0, "the request encodes nothing"
     if not pts:
-        return None, f"no encode at vae_encode_precision={precision} measured or estimated on {hw}"
+        at = "" if tiles == "default" else f" at the {tiles} geometry"
+        return None, f"no encode at vae_encode_precision={precision}{at} measured or estimated on {hw}"
     total, used = 0.0, []
     for x in inputs:
         vol = x["frames"] * x["height"] * x["width"]
@@ -50,7 +52,7 @@ def seconds(points: Sequence[Mapping[str, Any]], inputs: Sequence[Mapping[str, A
         used.append(p)
     p = used[0]
     return total, (f"{describe(inputs)}; each scaled by frames x height x width from {p['seconds']:g} s at "
-                   f"{'x'.join(map(str, p['input']))} (vae_encode_precision={precision} on {hw}: {p['source']})")
+                   f"{'x'.join(map(str, p['input']))} (vae_encode_precision={precision}, {tiles} tiles on {hw}: {p['source']})")
 
 
 __all__ = ["encode_inputs", "describe", "seconds"]
