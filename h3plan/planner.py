@@ -350,7 +350,8 @@ def _notes(sections: Mapping[str, Any], decisions, memory_over: str | None = Non
         notes.append("lossless plan: every lever keeps eager's bits given the attention backend")
     if memory_over:
         notes.append(f"does not fit one {hw['name']} GPU (memory.check=false: reported, not refused): {memory_over}")
-    unverified = [d.lever for d in decisions if not d.hardware_verified]
+    unverified = [d.lever for d in decisions if not d.hardware_verified  # an encode lever off for t2va runs nothing
+                  and not (SPECS[d.lever].table_skips_off and d.setting == "off")]
     if unverified:
         notes.append(f"* never run on {hw['name']} hardware by h3plan: {', '.join(unverified)}")
     return notes

@@ -15,6 +15,10 @@ latent and shorter checks):
 5. the VAE decode per precision (fp32, fp16, bf16) and tile geometry (default; the fp8 recipe's FP8 tiles), each
    arm a plan of the command's own overrides, on a seeded real-width VAE at the plan's whole latent (tune.quick: 5
    latent frames of it; the plan scales a point by latent volume) -> measured.decode;
+5b. the video VAE encode per precision (fp32, fp16, bf16) at the VAE's own tiles, and fp32 at the fp8 recipe's decode
+   tiles (vae_encode_tiles=decode; where the hardware plans them); each arm a plan, its encode levers installed, on the
+   same seeded VAE, at the request's encode inputs (fl2va keyframes, ref2va image / video references; quick: the
+   first) or, for a request that encodes nothing, one keyframe of the canvas, so the file has it -> measured.encode;
 6. the all-to-all at each Ulysses degree the world has (launched under torchrun; one process: none; rank 0
    writes) -> measured.ulysses.a2a;
 7. every lever's check on this device: action=verify's checks (bitwise against the reference R, or inside the
@@ -24,7 +28,7 @@ Then, on the file written: auto's regret against every combination of the measur
 The file records its provenance (hardware.tuned: device, compute capability, memory, driver, CUDA, torch, Triton,
 FA4 and cuDNN versions, date, the command). It is written to a temporary file beside `tune.out` and renamed at the
 end: an interrupted tune leaves no partial file. Beside it, tune-<hardware>.json / .md with every timing.
-On a CPU the tune is refused in one line. The VAE encode (fl2va keyframes) is not measured yet: nothing plans it.
+On a CPU the tune is refused in one line.
 """
 
 from __future__ import annotations
@@ -43,7 +47,9 @@ from typing import Any
 from h3plan.facts.attention import BACKENDS, get_backend
 from h3plan.errors import UsageError
 from h3plan.facts import tuned as provenance
+from h3plan.facts.vae.encode import encode_inputs
 from h3plan.planning.config import compose
+from h3plan.planning.predict import encode_tiles
 from h3plan.runtime.quant import quantized_linear
 
 from .pipeline_build import build_vae
@@ -151,6 +157,9 @@ def markdown(record: dict) -> str:
     lines += [f"| {g['dtype']} block linears at {g['rows']:,} rows | {g['ms']:.3f} ms |" for g in m.get("gemm_block", [])]
     lines += [f"| elementwise ({e['recipe']}) at {e['rows']:,} rows | {sum(e['ms']):.3f} ms per block |" for e in m.get("elementwise", [])]
     lines += [f"| decode {d['precision']} / {d['tiles']} at {d['latent']} | {d['seconds']:.2f} s |" for d in m.get("decode", [])]
+    lines += [f"| encode {e['precision']} / {e.get('tiles', 'default')} at {'x'.join(map(str, e['input']))} (frames x height "
+              f"x width) | {e['seconds']:.3f} s |"
+              for e in m.get("encode", [])]
     lines += [f"| all-to-all degree {a['degree']} | {a['gbps_leaving_rank']:.1f} GB/s |" for a in m.get("ulysses", {}).get("a2a", [])]
     lines += ["", "| check | result | detail |", "|---|---|---|"]
     lines += [f"| {c['lever']}={c['setting']} | {'pass' if c['passed'] else 'FAIL'} | {c['detail']} |" for c in t["checks"]]
@@ -334,6 +343,78 @@ def measure_decode(torch, cfg, plan, quick: bool, replan) -> list[dict]:
     return out
 
 
+ENCODE_ARMS = {("fp32", "default"): ["recipe=bf16", "recipe.vae=fp32"],
+               ("fp16", "default"): ["recipe=bf16", "recipe.vae=fp16", "levers.vae_precision=fp32",
+                                     "levers.vae_encode_precision=fp16"],
+               ("bf16", "default"): ["recipe=bf16", "recipe.vae=bf16", "levers.vae_precision=fp32",
+                                     "levers.vae_encode_precision=bf16"],
+               ("fp32", "fp8_tiles"): ["recipe=fp8", "levers.vae_encode_tiles=decode", "levers.vae_encode_precision=fp32"]}
+"""One plan per encode precision and geometry (a lossy encode is forced under a recipe that allows a lossy VAE, the
+decode kept fp32; the last arm encodes at the fp8 recipe's decode tiles, vae_encode_tiles=decode): only the encode is
+timed."""
+
+
+def encode_shapes(plan, quick: bool) -> tuple[list[dict], list[str]]:
+    """(inputs, overrides): the request's encode inputs (quick: the first), or one keyframe of the canvas for a request
+    that encodes nothing, with the overrides that make its arms plan that keyframe (video.task=fl2va)."""
+    seq = plan.derived_value("sequence") or {}
+    inputs = encode_inputs(seq)
+    if inputs:
+        extra: list[str] = []
+    elif seq.get("height"):
+        inputs = [{"what": "one keyframe of the canvas", "frames": 1, "height": seq["height"], "width": seq["width"]}]
+        extra = ["video.task=fl2va", "video.keyframes=[first]"]  # on the request's own canvas (video.height/width)
+    else:
+        return [], []
+    seen = {(x["frames"], x["height"], x["width"]): x for x in inputs}  # one timing per distinct input
+    return list(seen.values())[:1] if quick else list(seen.values()), extra
+
+
+def measure_encode(torch, cfg, plan, quick: bool, replan, device="cuda", timer=None) -> list[dict]:
+    """The seeded real-width VAE's encode per precision (each arm a plan with its vae_encode_precision installed) at
+    each distinct encode input of the request. quick: fp32 only. timer(fn) -> ms (default: one warm, one timed call)."""
+    from h3plan.install import install, uninstall
+
+    inputs, extra = encode_shapes(plan, quick)
+    if not inputs:
+        return []
+    arms = {}
+    for (precision, tiles), arm in ENCODE_ARMS.items():
+        if quick and (precision, tiles) != ("fp32", "default"):
+            continue
+        try:
+            p = replan(arm + extra)
+        except Exception as e:  # noqa: BLE001 - an arm this hardware or policy refuses is skipped, and said so
+            print(f"tune: encode arm {' '.join(arm + extra)} not planned here: {e}", file=sys.stderr)
+            continue
+        settings = {d.lever: d.setting for d in p.decisions}
+        arms[(settings["vae_encode_precision"], encode_tiles(settings))] = p
+    if timer is None:
+        def timer(fn):
+            return _median_ms(torch, fn, 1, 1, warm_s=0)
+    vae = build_vae(cfg.vae.diffusers_config, device=device)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    out = []
+    for x in inputs:
+        pixels = (torch.rand(1, 3, x["frames"], x["height"], x["width"], generator=gen) * 2 - 1).to(device)
+        for (precision, tiles), p in arms.items():
+            install(vae, p)
+            try:
+                with torch.no_grad():
+                    ms = timer(lambda px=pixels, v=vae: v.encode(px))
+            finally:
+                uninstall(vae)
+            out.append({"precision": precision, "tiles": tiles, "input": [x["frames"], x["height"], x["width"]],
+                        "seconds": round(ms / 1e3, 4),
+                        "source": f"action=tune: vae.encode of a seeded real-width VAE ({x['what']}), that plan's "
+                                  f"vae_encode_precision={precision} and vae_encode_tiles="
+                                  f"{p.decision('vae_encode_tiles').setting} installed ({tiles} geometry)"})
+    vae = None  # the seeded VAE freed before the next measurement
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
 def measure_a2a(torch, dc: dict, seq_len: int, reps: tuple[int, int]) -> list[dict]:
     """all_to_all_single of one per-rank (S/U, H, D) bf16 tensor at each Ulysses degree U the world has (groups of U
     consecutive ranks, as the plans build them); launched under torchrun, else none."""
@@ -409,7 +490,7 @@ def run(cfg, plan) -> int:
     def replan(extra: list[str]):
         return resolve(compose([a for a in _overrides() if not a.startswith(("recipe=", "recipe.", "levers."))] + hw_args + extra))
 
-    steps = ["attention", "gemm", "copy", "elementwise", "decode", "all-to-all", "checks"]
+    steps = ["attention", "gemm", "copy", "elementwise", "decode", "encode", "all-to-all", "checks"]
     bar, steps_s, measured = (Progress(len(steps), "tune") if rank == 0 else Quiet()), {}, {"on_hardware": True}
 
     def step(name, fn):
@@ -437,6 +518,9 @@ def run(cfg, plan) -> int:
     decode = step("decode", lambda: measure_decode(torch, cfg, plan, quick, replan))
     if decode:
         measured["decode"] = decode
+    encode = step("encode", lambda: measure_encode(torch, cfg, plan, quick, replan))
+    if encode:
+        measured["encode"] = encode
     a2a = step("all-to-all", lambda: measure_a2a(torch, dc, plan.derived_value("seq_len"), reps))
     if a2a:
         measured["ulysses"] = {"a2a": a2a, "source": "action=tune: all_to_all_single at each Ulysses degree the world has"}

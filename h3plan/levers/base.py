@@ -75,6 +75,8 @@ class Terms:
     """SwiGLU in one kernel: no silu(gate) temporary (memory)."""
     vae_cast: str | None = None
     """the dtype a float32 VAE is cast to at install ("fp16", "bf16"; memory's decode dtype); None: as loaded."""
+    vae_encode_cast: str | None = None
+    """the dtype the float32 encoder and quant_conv are cast to at install ("fp16", "bf16"; memory's VAE weights)."""
     vae_tile: str | None = None
     """the vae config's tile key the decode uses ("fp8_tile", "custom_tile"); None: default_tile."""
     vae_fp8_gemms: bool = False
@@ -104,6 +106,8 @@ class Spec:
     column: its column's header in a sweep's table (h3plan/sweep.py); None: not a column there.
     terms: setting -> what it changes in the plan's estimates and memory (Terms); a setting not named changes nothing.
     fit: the lossless setting memory.fit offers first when a plan with another setting of this lever does not fit.
+    table_skips_off: the plan's tables leave out its row when it is `off` (a lever that acts on some requests only:
+        vae_encode_precision is off for t2va, which encodes nothing, and a t2va plan prints as it did before it).
     """
 
     name: str
@@ -119,6 +123,7 @@ class Spec:
     column: str | None = None
     terms: Mapping[str, Terms] = field(default_factory=dict)
     fit: str | None = None
+    table_skips_off: bool = False
 
     def __post_init__(self):
         if self.model not in MODELS:

@@ -304,6 +304,21 @@ class DecodePoint:
 
 
 @dataclass
+class EncodePoint:
+    """One AutoencoderKLMiniMaxH3.encode (fl2va keyframes, ref2va references) at an encode precision
+    (vae_encode_precision) and tile geometry, of an input of `input` = [frames, height, width] pixels. A source
+    that starts "estimate, not measured" is an estimate (the time line says so)."""
+
+    precision: str = MISSING
+    tiles: str = "default"
+    """the geometry the encode ran at, named as vae_tiles names them: default is the VAE's own (vae_encode_tiles=default);
+    another is vae_tiles' geometry shared with the decode (vae_encode_tiles=decode)."""
+    input: List[int] = MISSING
+    seconds: float = MISSING
+    source: str = MISSING
+
+
+@dataclass
 class MeasuredFacts:
     on_hardware: bool = MISSING
     hbm_copy_tbps: Optional[float] = None
@@ -314,6 +329,8 @@ class MeasuredFacts:
     """The block's elementwise kernels per recipe (empty: bytes at hbm_copy_tbps, a floor, and the plan says so)."""
     decode: List[DecodePoint] = field(default_factory=list)
     """The call's decode time per precision and tiles (empty: the plan predicts no decode time)."""
+    encode: List[EncodePoint] = field(default_factory=list)
+    """The video VAE encode's time per encode precision (empty: an fl2va / ref2va plan predicts no encode time)."""
     attention: List[AttentionPoint] = field(default_factory=list)
     block: List[BlockPoint] = field(default_factory=list)
     vae_decode: VaeDecodeFacts = field(default_factory=VaeDecodeFacts)

@@ -138,7 +138,8 @@ def vae_params(vae_dc: Mapping[str, Any]) -> dict[str, int]:
     pix = v["out_channels"] * g["temporal"] * g["spatial"] ** 2
     kept = enc + quant + n * 4 * dim + 2 * dim  # encoder, quant_conv, norm1/norm2/scale1/scale2, norm_out
     rest = lat * lat + lat + (lat + 1) * dim + v["decoder_num_register_tokens"] * dim + (dim + 1) * pix
-    return {"decoder_linears": linears, "fp32_kept": kept, "other": rest, "dim": dim, "ffn_inner": ffi, "pixels_per_token": pix}
+    return {"decoder_linears": linears, "fp32_kept": kept, "encode_path": enc + quant, "other": rest, "dim": dim,
+            "ffn_inner": ffi, "pixels_per_token": pix}
 
 
 def vae_decode(vae_dc, latent_frames: int, latent_h: int, latent_w: int, tile: Mapping[str, Any], *, batch: int = 1,
@@ -249,11 +250,15 @@ def _weights(it: _Items, sections, settings, opts) -> None:
     vb, vp = VAE_DTYPES[opts["vae_dtype"]], vae_params(vdc)
     vd = decode_dtype(settings, opts)
     lb = VAE_DTYPES[vd]
-    it.add("vae_weights", 4 * vp["fp32_kept"] + lb * (vp["decoder_linears"] + vp["other"]),
+    ed = terms(settings).vae_encode_cast  # vae_encode_precision: the encoder and quant_conv cast at install
+    eb = VAE_DTYPES[ed] if ed else 4
+    it.add("vae_weights", 4 * (vp["fp32_kept"] - vp["encode_path"]) + eb * vp["encode_path"] + lb * (vp["decoder_linears"] + vp["other"]),
            f"AutoencoderKLMiniMaxH3 {vp['decoder_linears'] + vp['fp32_kept'] + vp['other']:,} parameters, {vd}"
            + ("" if lb == 4 else " (encoder, quant_conv, norms and scales kept float32)")
            + (f"; vae_precision={vd}: cast at install, the float32 originals on the host (install/vae/weights.py)"
-              if vd != opts["vae_dtype"] else ""))
+              if vd != opts["vae_dtype"] else "")
+           + (f"; vae_encode_precision={ed}: the encoder and quant_conv's {vp['encode_path']:,} parameters {ed}, their "
+              "float32 originals on the host" if ed else ""))
     it.add("audio_vae_weights", vb * pipe["audio_vae"]["params"],
            f"AutoencoderKLMiniMaxH3Audio {pipe['audio_vae']['params']:,} parameters, {opts['vae_dtype']}")
     it.add("text_encoder", 0, "not resident: prompt_embeds given (Qwen3-VL runs before, or elsewhere)")  # _conditioner

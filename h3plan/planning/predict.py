@@ -6,8 +6,10 @@ first two and the all-to-all; the elementwise term is `measured.elementwise` at 
 by rows, else the block's elementwise bytes at `measured.hbm_copy_tbps`, a floor). Outside the blocks (token
 refiner, patch embedding, the tabled AdaLN) the profiled H200 forward spends under 0.2% (block-profile-forward-h200.json):
 not counted. call = text encode + forwards x forward + decode, where decode is `measured.decode` at the plan's
-vae_precision and vae_tiles, scaled by latent volume (frames x height x width); the text encoder is outside the
-call (prompt_embeds given: h3plan/planning/memory.py). Where a term has no measurement the prediction says so and
+vae_precision and vae_tiles, scaled by latent volume (frames x height x width); an fl2va / ref2va call adds the video
+VAE encode of its keyframes / references (`measured.encode` at the plan's vae_encode_precision, scaled by pixel volume;
+the packaged sm90 points are estimates and the line says so; a t2va call has no encode term); the text encoder is
+outside the call (prompt_embeds given: h3plan/planning/memory.py). Where a term has no measurement the prediction says so and
 leaves it out (None), never a guess. Checked against the committed H200 pipe(...) rows by
 tests/planner/test_predict.py.
 """
@@ -18,6 +20,7 @@ import math
 from typing import Any, Mapping
 
 from h3plan.facts.attention import FP8
+from h3plan.facts.vae import encode as vae_encode
 from h3plan.planning import derive
 
 
@@ -75,6 +78,23 @@ def decode(sections: Mapping[str, Any], sequence: Mapping[str, Any], precision: 
                f"(vae_precision={precision}, vae_tiles={tiles}), scaled by latent frames x height x width ({p['source']})")
 
 
+def encode(sections: Mapping[str, Any], sequence: Mapping[str, Any], precision: str,
+           tiles: str = "default") -> tuple[float | None, str] | None:
+    """(seconds, basis) of the call's video VAE encodes at this encode precision and geometry; None: the request
+    encodes nothing."""
+    inputs = vae_encode.encode_inputs(sequence)
+    if not inputs:
+        return None
+    hw = sections["hardware"]
+    return vae_encode.seconds(hw["measured"].get("encode") or (), inputs, precision, hw["name"], tiles)
+
+
+def encode_tiles(settings: Mapping[str, str]) -> str:
+    """The geometry the plan's encode runs at, named as vae_tiles names them: vae_tiles' own where vae_encode_tiles
+    shares it (decode), else the VAE's own (default)."""
+    return settings.get("vae_tiles", "default") if settings.get("vae_encode_tiles") == "decode" else "default"
+
+
 def call(sections: Mapping[str, Any], sequence: Mapping[str, Any], shp: Mapping[str, Any], fwd: Mapping[str, Any],
          settings: Mapping[str, str], computed: int | None = None) -> dict[str, Any]:
     """End to end: text encode + forwards x forward + decode; the biggest share and the cheapest cut. `computed`: the
@@ -85,16 +105,23 @@ def call(sections: Mapping[str, Any], sequence: Mapping[str, Any], shp: Mapping[
     of = f"{computed} computed of {n}" if computed and computed != n else f"{n}"
     n = computed or n
     dec, dec_basis = decode(sections, sequence, settings["vae_precision"], settings["vae_tiles"])
+    enc = encode(sections, sequence, settings.get("vae_encode_precision", "fp32"), encode_tiles(settings))
     parts = {"text_encode": 0.0, "denoise": n * f, "decode": dec}
+    total = None if dec is None or (enc is not None and enc[0] is None) else n * f + dec + (enc[0] if enc else 0.0)
     out = {"denoise_s_est": round(n * f, 2), "decode_s_est": None if dec is None else round(dec, 2), "text_encode_s_est": 0.0,
-           "call_s_est": None if dec is None else round(n * f + dec, 2),
+           "call_s_est": None if total is None else round(total, 2),
            "basis": {"denoise_s_est": f"{of} transformer forwards x forward_s_est", "decode_s_est": dec_basis,
                      "text_encode_s_est": "0: prompt_embeds given, the text encoder runs before the call (memory: not resident)",
                      "call_s_est": "text encode + denoise + decode (diffusers' pipe(...), one GPU per rank)"}}
-    if dec is None:
+    if enc is not None:  # fl2va / ref2va: the keyframes' / references' VAE encode (a t2va plan has no such key)
+        parts["encode"] = enc[0]
+        out["encode_s_est"] = None if enc[0] is None else round(enc[0], 2)
+        out["basis"]["encode_s_est"] = enc[1]
+        out["basis"]["call_s_est"] = "text encode + VAE encode + denoise + decode (diffusers' pipe(...), one GPU per rank)"
+    if total is None:
         return out
     big = max(parts, key=lambda k: parts[k] or 0)
-    out["call_biggest"] = {"part": big, "share": round(parts[big] / (n * f + dec), 3), "cut": cheapest_cut(sections, sequence, shp, big, settings, fwd)}
+    out["call_biggest"] = {"part": big, "share": round(parts[big] / total, 3), "cut": cheapest_cut(sections, sequence, shp, big, settings, fwd)}
     out["basis"]["call_biggest"] = "the largest of text encode, denoise, decode, and the lever that cuts it at the least quality cost"
     return out
 
@@ -109,6 +136,13 @@ def cheapest_cut(sections, sequence, shp, part: str, settings: Mapping[str, str]
                 else f"fp16 frames never compared with fp32 on {hw['name']}")
         if s is not None:
             return f"recipe.vae=fp16 cuts the decode to {s:.1f} s, at {cost}"
+    if part == "encode":
+        prec = settings.get("vae_encode_precision", "fp32")
+        fast = encode(sections, sequence, "fp16", encode_tiles(settings)) if prec == "fp32" else None
+        if fast is not None and fast[0] is not None:
+            return (f"levers.vae_encode_precision=fp16 (a recipe that allows a lossy VAE) cuts the encode to {fast[0]:.1f} s, "
+                    "outside every measured budget (its effect on the frames never measured)")
+        return "no lever cuts it further on this plan"
     if part == "decode":
         return "no lever cuts it further on this plan (the decode already runs its fastest measured precision and tiles)"
     if part == "denoise" and settings["gemm_quant"] in ("bf16", "dequant_bf16") and hw["gemm"]["fp8"]:

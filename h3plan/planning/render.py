@@ -141,9 +141,21 @@ def _speed_text(plan) -> str:
     te_s = te.get("call_s") if te.get("call_s") == te.get("call_s") else None  # nan: no BF16 rate to time it
     encode = (f" + text encode {te_s:.1f} s ({te['setting']})" if te_s is not None
               else " (text encoder outside: prompt_embeds given)")
-    text += (f"; call {plan.derived_value('call_s_est') + (te_s or 0):,.0f} s = {what} {den:,.0f} s + decode "
-             f"{dec:,.1f} s{encode}; most: {big['part']} {big['share']:.0%}: {big['cut']}")
+    call_s = plan.derived_value("call_s_est")
+    if call_s is None:  # an fl2va / ref2va request whose encode has no time on this hardware
+        return text + (f"; x {what} = {den:,.0f} s of denoising + decode {dec:,.1f} s; no VAE encode time on {hw['name']} "
+                       "(hardware.measured.encode; action=tune measures it)")
+    enc = plan.derived_value("encode_s_est")
+    venc = "" if enc is None else (f" + VAE encode {enc:,.1f} s"
+                                   + (" (estimate, not measured)" if _estimated(hw) else ""))
+    text += (f"; call {call_s + (te_s or 0):,.0f} s = {what} {den:,.0f} s + decode "
+             f"{dec:,.1f} s{venc}{encode}; most: {big['part']} {big['share']:.0%}: {big['cut']}")
     return text
+
+
+def _estimated(hw) -> bool:
+    """The encode points the plan's encode time rests on are estimates (their source says so)."""
+    return any(str(p.get("source", "")).startswith("estimate") for p in hw.get("measured", {}).get("encode") or ())
 
 
 def _measured_on(hw) -> str:
@@ -193,6 +205,11 @@ def _unsourced(text: str) -> str:
 def _shown_reasons(d) -> list[str]:
     # the header and the summary carry the budget and the hardware-verified marker
     return [x for x in d.reasons if not x.startswith("not hardware-verified") and " allows lossy levers within " not in x] or list(d.reasons[:1])
+
+
+def _table_rows(ds):
+    """The decisions the tables print: a lever declared table_skips_off (Spec) is left out where it is off."""
+    return [d for d in ds if not (SPECS[d.lever].table_skips_off and d.setting == "off")]
 
 
 def _runs(d, plan) -> bool:
@@ -261,7 +278,7 @@ def render_summary(plan, width: int = 120) -> str:
         lines += _labelled("forced", ", ".join(forced) + " (asked for, and checked that it can apply)", width)
     lines += ["", f"{'lever':<21} {'setting':<12} {'note':<9}   why (detail=full: every reason and its source)"]
     pad = 21 + 1 + 12 + 1 + 9 + 3
-    for d in ds:
+    for d in _table_rows(ds):
         flag = "no kernel" if missing[d.lever] else "" if d.lossless else "lossy"
         mark = "*" if not d.hardware_verified else " "
         lines.append(f"{d.lever:<21} {d.setting:<12} {flag:<9} {mark} {_short(_shown_reasons(d), width - pad)}".rstrip())
@@ -278,7 +295,7 @@ def render_table(plan, width: int = 120) -> str:
         f"{'lever':<21} {'setting':<12} {'lossless':<8}   why",
     ]
     pad = 21 + 1 + 12 + 1 + 8 + 3
-    for d in plan.decisions:
+    for d in _table_rows(plan.decisions):
         reasons = _shown_reasons(d)
         mark = "*" if not d.hardware_verified else " "
         head = f"{d.lever:<21} {d.setting:<12} {'yes' if d.lossless else 'no':<8} {mark} "

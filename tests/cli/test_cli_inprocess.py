@@ -87,9 +87,9 @@ def test_table_marks_unverified_and_keeps_order(capsys):
     out = capsys.readouterr().out
     table = out.split("\n\n")[1].splitlines()[1:]  # header line, blank, lever table, blank, derived
     rows = [line.split()[0] for line in table if not line.startswith(" ")]
-    from h3plan.levers import REGISTRY
+    from h3plan.levers import REGISTRY, SPECS
 
-    assert rows == list(REGISTRY)
+    assert rows == [n for n in REGISTRY if not SPECS[n].table_skips_off]  # a t2va request: the encode levers are off
     qk = next(line for line in out.splitlines() if line.startswith("qk_norm_rope"))
     assert " * " not in qk  # the fused kernels passed the H200 suite (conf/hardware/sm90.yaml verified)
     assert cli.run(["hardware=sm107"]) == 0

@@ -14,6 +14,8 @@ Contracts (rtol=0, atol=0, against unmodified CUDA eager in the same dtype; no e
 - vae_graphs=on replays every decoder call from a CUDA graph bit for bit, at most 10% above eager's peak;
 - the fp8 recipe's decode (288x272 / overlap 32 tiles, FP8 decoder GEMMs) runs the FP8 GEMMs on every linear
   and stays inside the recipe's PSNR budget against eager fp16 at the same tiles.
+- the encode levers: an fl2va plan's default encode is diffusers' bit for bit (also under the fp8 recipe's re-tiled
+  decode: vae_encode_tiles=default), a forced fp16 / bf16 encode stays within ENCODE_REL (never run when written).
 Times: CUDA events, medians of interleaved timed decodes after one warm-up each.
 """
 
@@ -211,3 +213,39 @@ def test_graphs_replay_every_decoder_call_bit_for_bit(bench, z, ops):
           f"{eager_peak / 2**30:.1f} / {plan_peak / 2**30:.1f}")
     assert same, f"max abs diff {(out.float() - ref.float()).abs().max().item()}"
     assert plan_peak <= 1.10 * eager_peak + 2 * 2**30, (plan_peak, eager_peak)  # + the float32 VAE still resident here
+
+
+ENCODE_REL = {"fp16": 5e-3, "bf16": 4e-2}  # the latent mean against the fp32 encode's, relative to its largest magnitude
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_the_encode_levers_keep_the_default_encode_bitwise_and_a_forced_cast_inside_its_tolerance(bench, precision):
+    """vae_encode_precision / vae_encode_tiles on the released-width VAE: an fl2va plan's default encode of a 1344x768
+    keyframe is diffusers' (bitwise, also under the fp8 recipe's re-tiled decode), a forced fp16 / bf16 encode stays
+    within ENCODE_REL of it and uninstall gives the float32 encoder back. Never run on a GPU when written (CPU tests:
+    tests/install/test_install_vae_encode.py)."""
+    fl2va = {"video": "fl2va_turbo_768x1344"}
+    x = (torch.rand(1, 3, 1, 1344, 768, generator=torch.Generator().manual_seed(3)) * 2 - 1).cuda()
+    vae = bench.build_vae(bench.vae_config("h3"), device="cuda", seed=0)
+
+    def enc():
+        with torch.no_grad():
+            return vae.encode(x).latent_dist.mean
+
+    ref_ms, ref = _time(enc, 2)
+    for over in ({"recipe": "bf16"}, {"recipe": "fp8"}):  # fp8: vae_tiles=fp8_tiles re-tiles the decode only
+        install(vae, h3plan.resolve_config(hardware="sm90", **fl2va, **over))
+        try:
+            assert torch.equal(enc(), ref), over
+        finally:
+            uninstall(vae)
+    plan = h3plan.resolve_config(hardware="sm90", recipe="fp8", **fl2va, **{"levers.vae_encode_precision": precision})
+    install(vae, plan)
+    try:
+        ms, out = _time(enc, 2)
+    finally:
+        uninstall(vae)
+    err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
+    print(f"\n[gpu] vae encode 1x1344x768 fp32 {ref_ms:.0f} ms, {precision} {ms:.0f} ms ({ref_ms / ms:.2f}x), rel err {err:.2e}")
+    assert out.dtype == DT[precision] and 0 < err <= ENCODE_REL[precision]
+    assert {p.dtype for p in vae.encoder.parameters()} == {torch.float32} and torch.equal(enc(), ref)

@@ -97,3 +97,36 @@ def test_prepare_tables_a_workflow_ahead(pipes):
         torch.testing.assert_close(g, w, rtol=0, atol=0)
     assert _table_counts() == (LINEARS * FORWARDS, 0)
     uninstall(pipe)
+
+
+# vae_encode_precision on the tiny pipeline: the fl2va / ref2va plans (their requests encode) keep diffusers' fp32 encode,
+# bitwise; a forced fp16 encode (under recipe.vae=fp16, the decode kept fp32 so only the encode differs) changes the
+# conditioning latents: the frames stay within ENCODE_VIDEO_ATOL of the fp32-encode frames (pixels in [0, 1]) and are
+# not bitwise (the lever ran). 1 transformer block, 2 forwards: a stated tolerance for this tiny call only.
+ENCODE_VIDEO_ATOL = 5e-3  # measured on the CPU: 7.5e-4 (fl2va), 7.8e-4 (ref2va)
+ENCODE_REQUEST = {"fl2va": {"video.task": "fl2va", "video.keyframes": ["first"]},
+                  "ref2va": {"video": "ref2va_768x1344_5s"}}
+
+
+@pytest.mark.parametrize("workflow", ["fl2va", "ref2va"])
+def test_the_encode_lever_keeps_the_default_bitwise_and_a_forced_fp16_encode_within_tolerance(pipes, workflow):
+    pipe, ref_pipe = pipes
+    want = _call(ref_pipe, workflow)
+    uninstall(pipe)
+    plan = _plan(**ENCODE_REQUEST[workflow])
+    assert plan.decision("vae_encode_precision").setting == "fp32"
+    install(pipe, plan, num_inference_steps=STEPS)
+    for g, w in zip(_call(pipe, workflow), want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    uninstall(pipe)
+    forced = _plan(**ENCODE_REQUEST[workflow], **{"recipe.vae": "fp16", "levers.vae_precision": "fp32",
+                                                  "levers.vae_encode_precision": "fp16"})
+    report = install(pipe, forced, num_inference_steps=STEPS)
+    assert "vae_encode_precision=fp16" in " ".join(report["vae"].notes)
+    got = _call(pipe, workflow)
+    uninstall(pipe)
+    assert {p.dtype for p in pipe.vae.encoder.parameters()} == {torch.float32}  # uninstall restored it
+    err = (got[0].float() - want[0].float()).abs().max().item()
+    assert 0 < err <= ENCODE_VIDEO_ATOL, err
+    for g, w in zip(_call(pipe, workflow), want):  # and the call after uninstall is diffusers' again, bit for bit
+        torch.testing.assert_close(g, w, rtol=0, atol=0)

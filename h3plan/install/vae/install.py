@@ -10,6 +10,11 @@
 - `vae_graphs` (builder option `graphs=True`): `decoder.forward` becomes a GraphedDecoder
   (graph.py) that replays the whole ViT decoder forward from one CUDA graph per input signature,
   with a counted per-call guard that runs diffusers' forward when a graph cannot apply.
+- `vae_encode_precision` (builder option `encode_precision`): fp16 / bf16 cast `encoder` and `quant_conv` (the
+  encode path, all in `_keep_in_fp32_modules`: no decode lever touches them) the same way, originals on the host for
+  uninstall; `encode` casts its input to the encoder's dtype itself. fp32 and off install nothing.
+- `vae_encode_tiles` (builder option `encode_tiling`): `own` keeps the encode at the tiles the VAE had before
+  install where vae_tiles re-tiles the decode (`_encode` sets them while it runs); `shared` (default) is diffusers'.
 - `vae_tiles` (builder option `tile`): the geometry goes through diffusers' own
   `enable_tiling(tile_sample_min_height, tile_sample_min_width, tile_sample_min_overlap_height,
   tile_sample_min_overlap_width)`; diffusers tiles spatially only, so `tile.frames` is reported, not
@@ -39,7 +44,7 @@ from .block import LINEARS, VaeBlockState, load_kernels, plan_vae_block_forward
 from .fp8 import Fp8Gemms
 from .graph import GraphedDecoder
 from h3plan.facts.vae.tiling import RELEASED_TILE, tile_rule
-from .weights import DTYPES, PrecisionCast, blocker as cast_blocker, castable
+from .weights import DTYPES, PrecisionCast, blocker as cast_blocker, castable, encode_blocker, encode_tensors
 
 from h3plan.levers import SPECS
 
@@ -162,6 +167,27 @@ def _install_precision(model, builder, state) -> None:
         f"less); their float32 originals ({cast.host_bytes / 2**30:.3f} GiB) wait in {where} for uninstall only, never "
         "read by a call. state_dict(), parameters(), vae.dtype and save_pretrained see the cast dtype; uninstall "
         "restores the originals bit for bit")
+
+
+def _install_encode_precision(model, builder, state) -> None:
+    lever = builder.lever_of("encode_precision")
+    name = builder.view("vae").encode_precision
+    dtype = DTYPES[name]
+    why = encode_blocker(model, dtype)
+    if why:
+        state.report.skipped.append((lever, why))
+        return
+    cast = PrecisionCast.apply(model, dtype, tensors=encode_tensors(model))
+    state.undo.append(cast.restore)
+    if not cast.slots:
+        state.report.skipped.append((lever, f"the encoder is {dtype} already: nothing to cast"))
+        return
+    short = str(dtype).replace("torch.", "")
+    state.report.swap(lever, f"encoder, quant_conv ({len(cast.slots)} tensors)", "float32", f"{short} (lossy encode)")
+    state.report.notes.append(
+        f"vae_encode_precision={name}: the encoder and quant_conv are {short} while installed ({cast.device_bytes / 2**30:.3f} "
+        f"GiB on the device); their float32 originals wait in {'pinned host' if cast.pinned else 'host'} memory for uninstall "
+        "only; vae.encode casts its input to the encoder's dtype; the decoder is untouched")
 
 
 def _install_ops(model, builder, state) -> None:
@@ -312,10 +338,14 @@ def apply(model, builder, state, group=None) -> None:
     tiling = tuple(getattr(model, a) for a in TILING)
     if "precision" in builder.recorded("vae"):
         _install_precision(model, builder, state)
+    if "encode_precision" in builder.recorded("vae"):
+        _install_encode_precision(model, builder, state)
     if opts.ops:
         _install_ops(model, builder, state)
     if opts.tile is not None:
         _install_tiles(model, builder, state)
+    if opts.encode_tiling == "own":
+        _install_encode_tiles(model, builder, state, tiling)
     if opts.tile_dtype == "fp8":
         _install_fp8(model, builder, state)
     if opts.graphs:
@@ -328,20 +358,61 @@ def apply(model, builder, state, group=None) -> None:
                                   "diffusers' released 256x256 px, overlap 64x64")
 
 
+def _geometry_of(values) -> str:
+    use, h, w, oh, ow = values
+    return f"{h}x{w} px, overlap {oh}x{ow}" if use else "tiling off"
+
+
+def _install_encode_tiles(model, builder, state, before: tuple) -> None:
+    """vae_encode_tiles=default: `_encode` lays the tiles the VAE had before install while it runs (diffusers' encode and
+    decode share the tile attributes, and vae_tiles set the decode's); nothing to do where they are unchanged."""
+    lever = builder.lever_of("encode_tiling")
+    now = tuple(getattr(model, a) for a in TILING)
+    if now == before:
+        state.report.skipped.append((lever, f"the encode tiles at the VAE's own geometry already ({_geometry(model)}): "
+                                            "nothing to lay"))
+        return
+    if "_encode" in model.__dict__:
+        raise InstallError("vae_encode_tiles: AutoencoderKLMiniMaxH3._encode already has an instance override (a hook?); "
+                           "install before it")
+    original = model._encode
+
+    def _encode(x):
+        during = tuple(getattr(model, a) for a in TILING)
+        for a, v in zip(TILING, before):
+            setattr(model, a, v)
+        try:
+            return original(x)
+        finally:
+            for a, v in zip(TILING, during):
+                setattr(model, a, v)
+
+    _encode.h3plan_encode_tiles = before  # type: ignore[attr-defined]
+    model._encode = _encode
+    state.undo.append(lambda: model.__dict__.pop("_encode", None))
+    state.report.swap(lever, "_encode tiling", _geometry_of(now) + " (vae_tiles' decode geometry)",
+                      _geometry_of(before) + " (the VAE's own, while the encode runs)")
+
+
 def _encode_note(model, tiling_before, state) -> None:
-    """What the plan does to `vae.encode` (fl2va keyframes, ref2va references): no lever of its own; the encoder is
-    float32 under `_keep_in_fp32_modules` (vae_precision's cast leaves it, as from_pretrained(torch_dtype) does) and
-    tiles with the geometry enable_tiling gives the decode."""
+    """What the plan does to `vae.encode` (fl2va keyframes, ref2va references): its precision is vae_encode_precision's
+    (the decode's cast leaves the encoder float32 under `_keep_in_fp32_modules`, as from_pretrained(torch_dtype) does);
+    its tiles are vae_encode_tiles' (diffusers keeps one set of tile attributes for encode and decode)."""
     enc = getattr(model, "encoder", None)
     if not isinstance(enc, torch.nn.Module):
         return
     dtypes = sorted({str(p.dtype).replace("torch.", "") for p in enc.parameters()})
+    own = getattr(model.__dict__.get("_encode"), "h3plan_encode_tiles", None)
     tiled = tuple(getattr(model, a) for a in TILING) != tiling_before
-    state.report.notes.append(
-        f"encode (keyframes, references): diffusers' encoder as loaded ({'/'.join(dtypes)}, _keep_in_fp32_modules: no cast "
-        "touches it) and " + (f"the plan's tiles ({_geometry(model)}; diffusers tiles encode and decode alike, so the "
-                               "encode's bits follow the tile lever's budget)" if tiled else
-                               f"the model's tiling ({_geometry(model)}): the encode keeps its bits"))
+    if own is not None:
+        tiles = f"its own tiles ({_geometry_of(own)}, vae_encode_tiles=default; the decode's are {_geometry(model)}): its bits kept"
+    elif tiled:
+        tiles = (f"the decode's tiles ({_geometry(model)}; diffusers tiles encode and decode alike): the encode's latents "
+                 "change with them")
+    else:
+        tiles = f"the model's tiling ({_geometry(model)}): the encode keeps its bits"
+    state.report.notes.append(f"encode (keyframes, references): diffusers' encoder in {'/'.join(dtypes)} "
+                              f"(vae_encode_precision; the decode's cast leaves it) and {tiles}")
 
 
 def skips(plan, builder, report) -> None:

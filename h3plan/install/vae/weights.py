@@ -44,6 +44,33 @@ def castable(model) -> list[tuple[str, torch.Tensor]]:
     return [(n, t) for n, t in out if t.is_floating_point() and not keeps_fp32(model, n)]
 
 
+ENCODE_MODULES = ("encoder", "quant_conv")  # what AutoencoderKLMiniMaxH3._encode_clip runs: quant_conv(encoder(x))
+
+
+def encode_tensors(model) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) of the floating parameters and buffers of the encode path (encoder, quant_conv): what
+    vae_encode_precision casts. All of them are in `_keep_in_fp32_modules`, so the decode's cast never touches them."""
+    out = [(f"{m}.{n}", t) for m in ENCODE_MODULES if isinstance(getattr(model, m, None), torch.nn.Module)
+           for n, t in [*getattr(model, m).named_parameters(), *getattr(model, m).named_buffers()]]
+    return [(n, t) for n, t in out if t.is_floating_point()]
+
+
+def encode_blocker(model, dtype: torch.dtype) -> str | None:
+    """Why the encode path is not cast to `dtype` (None: cast it)."""
+    ts = encode_tensors(model)
+    if not ts:
+        return "the VAE has no encoder / quant_conv: nothing encodes"
+    have, devices = {t.dtype for _, t in ts}, {t.device for _, t in ts}
+    if have == {dtype}:
+        return None
+    if have != {torch.float32}:
+        return (f"the encoder is {'/'.join(sorted(str(d).replace('torch.', '') for d in have))}, not float32 (diffusers loads "
+                "it float32 under _keep_in_fp32_modules): it keeps that dtype")
+    if len(devices) != 1 or next(iter(devices)).type == "meta":
+        return f"encoder tensors on {sorted(map(str, devices))}: the cast needs them loaded on one device"
+    return None
+
+
 def blocker(model, dtype: torch.dtype) -> str | None:
     """Why the VAE is not cast to `dtype` (None: cast it)."""
     ts = castable(model)
@@ -69,13 +96,14 @@ class PrecisionCast:
     pinned: bool = False
 
     @classmethod
-    def apply(cls, model, dtype: torch.dtype, move=None) -> "PrecisionCast":
+    def apply(cls, model, dtype: torch.dtype, move=None, tensors=None) -> "PrecisionCast":
         """move: t -> the tensor on the install device (install(..., device=) of a VAE loaded on the host streams
-        each tensor there just before its cast, so the device never holds the float32 VAE whole)."""
+        each tensor there just before its cast, so the device never holds the float32 VAE whole). tensors: the
+        (name, tensor) pairs to cast (None: castable(model), the decode's cast)."""
         cast = cls(dtype, [])
         try:
             with torch.no_grad():
-                for _, t in castable(model):
+                for _, t in (castable(model) if tensors is None else tensors):
                     if t.dtype == dtype:
                         continue
                     t = t if move is None else move(t)

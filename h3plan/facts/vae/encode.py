@@ -1,0 +1,58 @@
+"""What a request hands `AutoencoderKLMiniMaxH3.encode`, torch-free: one entry per encode call of diffusers' fl2va /
+ref2va steps, read from the request breakdown (h3plan/planning/request.py, planning/workflows.py).
+
+- fl2va: each keyframe is put on the target canvas and encoded alone (`MiniMaxH3KeyframeVaeEncoderStep`): one frame at
+  the canvas size per keyframe;
+- ref2va: each image reference at its normalised size (one frame), each video reference at its encoded frame count and
+  canvas (`MiniMaxH3Ref2VAReferenceEncoderStep`); audio references and soundtracks go to the audio VAE (not this encode);
+- t2va: none.
+The lever (levers/vae_encode_precision.py), the time line (planning/predict.py) and action=tune read this one list.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+
+def encode_inputs(request: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """[{what, frames, height, width}] of the video VAE encodes the request makes (empty: it encodes nothing)."""
+    task = request.get("task", "t2va")
+    if task == "fl2va":
+        return [{"what": f"{k} keyframe", "frames": 1, "height": request["height"], "width": request["width"]}
+                for k in request.get("keyframes") or ()]
+    if task == "ref2va":
+        return [{"what": f"{b['kind']} reference {i}", "frames": b.get("frames", 1), "height": b["height"], "width": b["width"]}
+                for i, b in enumerate(request.get("references") or ()) if b["kind"] in ("image", "video")]
+    return []
+
+
+def describe(inputs: Sequence[Mapping[str, Any]]) -> str:
+    """The encodes in words: "2 encodes: first keyframe 1x1344x768, last keyframe 1x1344x768"."""
+    return f"{len(inputs)} encode(s): " + ", ".join(f"{x['what']} {x['frames']}x{x['height']}x{x['width']}" for x in inputs)
+
+
+def seconds(points: Sequence[Mapping[str, Any]], inputs: Sequence[Mapping[str, Any]], precision: str,
+            hw: str, tiles: str = "default") -> tuple[float | None, str]:
+    """(seconds, basis) of the request's encodes at `precision` and tile geometry `tiles` (named as vae_tiles names
+    them: default is the VAE's own) from hardware.measured.encode (each point: precision, tiles, input [frames, height,
+    width], seconds, source), each encode scaled by pixel volume (frames x height x width) from the point nearest it;
+    (None, why) where that precision and geometry have no point."""
+    pts = [p for p in points or () if p["precision"] == precision and p.get("tiles", "default") == tiles]
+    if not inputs:
+        return 0.0, "the request encodes nothing"
+    if not pts:
+        at = "" if tiles == "default" else f" at the {tiles} geometry"
+        return None, f"no encode at vae_encode_precision={precision}{at} measured or estimated on {hw}"
+    total, used = 0.0, []
+    for x in inputs:
+        vol = x["frames"] * x["height"] * x["width"]
+        p = min(pts, key=lambda p: abs(math.log(math.prod(p["input"]) / vol)))
+        total += p["seconds"] * vol / math.prod(p["input"])
+        used.append(p)
+    p = used[0]
+    return total, (f"{describe(inputs)}; each scaled by frames x height x width from {p['seconds']:g} s at "
+                   f"{'x'.join(map(str, p['input']))} (vae_encode_precision={precision}, {tiles} tiles on {hw}: {p['source']})")
+
+
+__all__ = ["encode_inputs", "describe", "seconds"]
