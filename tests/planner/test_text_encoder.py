@@ -204,3 +204,16 @@ def test_a_named_placement_that_does_not_fit_names_the_one_that_does():
 
     with pytest.raises(ConfigError, match=r"^memory.text_encoder=resident: .*nearest that fits: memory.text_encoder=host$"):
         resolve_config(**{"memory.text_encoder": "resident"})
+
+
+@pytest.mark.parametrize("video", ["t2v_768x1344_5s", "ref2va_768x1344_5s"])
+def test_host_placement_plans_on_an_80gb_card(video):
+    """memory.text_encoder=host with the packaged widths fits 80 GB beside the resident pipeline. (It failed before:
+    the tables-off comparison estimate, with 23 GiB more of AdaLN linears on the device, re-ran the forced placement
+    and its refusal escaped the plan.)"""
+    from h3plan import resolve_config
+
+    plan = resolve_config(video=video, **{"memory.text_encoder": "host", "hardware.device.memory_gb": 80})
+    assert plan.derived_value("text_encoder")["setting"] == "host"
+    assert plan.derived_value("memory_peak_gib_per_gpu") <= 80e9 / GiB * 0.92
+    assert plan.derived_value("memory_peak_gib_tables_off") > plan.derived_value("memory_peak_gib_per_gpu")
