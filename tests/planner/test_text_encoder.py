@@ -203,7 +203,7 @@ def test_a_named_placement_that_does_not_fit_names_the_one_that_does():
     from h3plan.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"^memory.text_encoder=resident: .*nearest that fits: memory.text_encoder=host$"):
-        resolve_config(**{"memory.text_encoder": "resident"})
+        resolve_config(**{"memory.text_encoder": "resident", "hardware.device.memory_gb": 80})
 
 
 @pytest.mark.parametrize("video", ["t2v_768x1344_5s", "ref2va_768x1344_5s"])
