@@ -44,7 +44,7 @@ def qwen3vl_config(config: Mapping[str, Any]):
     c = _plain(config)
     if "text_config" not in c or "vision_config" not in c:
         raise UsageError("text encoder config: needs text_config and vision_config (a Qwen3-VL config.json)")
-    ids = {k: int(c.get(k, v)) for k, v in QWEN_IDS.items()}
+    ids: dict[str, Any] = {k: int(c.get(k, v)) for k, v in QWEN_IDS.items()}
     return Qwen3VLConfig(text_config=_plain(c["text_config"]), vision_config=_plain(c["vision_config"]),
                          tie_word_embeddings=bool(c.get("tie_word_embeddings", False)), **ids)
 
@@ -74,7 +74,7 @@ def build_tokenizer(config: Mapping[str, Any]):
     tokenizer (module docstring)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from tokenizers.pre_tokenizers import ByteLevel
-    from transformers import Qwen2TokenizerFast
+    from transformers import Qwen2Tokenizer  # transformers 5: the fast tokenizer (Qwen2TokenizerFast is this class)
 
     c = _plain(config)
     vocab = {ch: i for i, ch in enumerate(sorted(ByteLevel.alphabet()))}  # ids 0-255, a fixed order
@@ -90,7 +90,8 @@ def build_tokenizer(config: Mapping[str, Any]):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
-    return Qwen2TokenizerFast(tokenizer_object=tok, unk_token=None, bos_token=None, eos_token=None, pad_token=None)
+    none: dict[str, Any] = dict(unk_token=None, bos_token=None, eos_token=None, pad_token=None)  # no token added
+    return Qwen2Tokenizer(tokenizer_object=tok, **none)
 
 
 def build_processor(tokenizer, config: Mapping[str, Any]):
@@ -98,8 +99,8 @@ def build_processor(tokenizer, config: Mapping[str, Any]):
     from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
 
     v = _plain(_plain(config)["vision_config"])
-    geo = dict(patch_size=int(v["patch_size"]), merge_size=int(v["spatial_merge_size"]),
-               temporal_patch_size=int(v["temporal_patch_size"]))
+    geo: dict[str, Any] = dict(patch_size=int(v["patch_size"]), merge_size=int(v["spatial_merge_size"]),
+                               temporal_patch_size=int(v["temporal_patch_size"]))
     image = Qwen2VLImageProcessor(**geo)
     try:
         return Qwen3VLProcessor(image_processor=image, tokenizer=tokenizer, video_processor=Qwen3VLVideoProcessor(**geo))

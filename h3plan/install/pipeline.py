@@ -141,8 +141,9 @@ def _text_encoder(pipe, plan, device, report, moved) -> bool:
     setting = (plan.derived_value("text_encoder") or {}).get("setting")
     if te is None or setting not in TE_SETTINGS:
         return False
-    if placed(te) is not None:
-        report.skipped["text_encoder"] = f"{placed(te).line}; placed before install, left as it is"
+    before = placed(te)
+    if before is not None:
+        report.skipped["text_encoder"] = f"{before.line}; placed before install, left as it is"
         return True
     where = device if device is not None else _run_device(pipe)
     if where is None:

@@ -93,8 +93,9 @@ def place(module, setting: str, device) -> TextEncoderPlacement:
                            "nothing to place)")
     if not hasattr(module, "model") or not hasattr(getattr(module, "model"), "language_model"):
         raise InstallError(f"text encoder: a Qwen3VLForConditionalGeneration is expected, got {type(module).__name__}")
-    if placed(module) is not None:
-        raise InstallError(f"text encoder already placed ({placed(module).setting}); restore() it first")
+    before = placed(module)
+    if before is not None:
+        raise InstallError(f"text encoder already placed ({before.setting}); restore() it first")
     device = torch.device(device)
     host = next(module.parameters()).device
     if setting != "resident" and host.type != "cpu":
