@@ -70,8 +70,7 @@ def _plan(recipe, steps, tables, gb=None, extra=()):
 def _build(c, args, device="cuda"):
     """(pipe, prompt, media): the t2va denoise + decode pipeline with seeded prompt_embeds, or, for another workflow
     or with the text encoder, diffusers' auto blocks (with its text encoder step and a prompt string)."""
-    from h3plan.actions.pipeline_build import prompt_text, workflow_blocks, workflow_inputs
-    from h3plan.actions.bench import build_pipeline, prompt_inputs
+    from h3plan.actions.bench import build_pipeline, prompt_inputs, prompt_text, workflow_blocks, workflow_inputs
 
     te, wf = WORKFLOW["text_encoder"] != "none", WORKFLOW["workflow"]
     if not te and wf == "t2va":
@@ -121,7 +120,7 @@ def _run(torch, pipe, plan, args, prompt, *, decode, cap=None, keep=False, devic
         torch.cuda.reset_peak_memory_stats()
         install_ms, _ = host.timed(lambda: (h3plan.install(pipe, plan, device=device), torch.cuda.synchronize()))
         install_s, install_peak = install_ms / 1e3, torch.cuda.max_memory_allocated() / GiB
-        from h3plan.actions.pipeline_build import denoiser
+        from h3plan.actions.bench import denoiser
 
         t, fwd_timer = denoiser(pipe, WORKFLOW["workflow"]), ForwardTimer(torch, True)
         fwd_timer.on = True
