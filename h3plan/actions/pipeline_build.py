@@ -1,6 +1,8 @@
 """diffusers' MiniMaxH3ModularPipeline assembled from local components with seeded random weights (no download).
 
-Scope: the requests without the text encoder, the form a user with precomputed embeddings runs. `workflow_blocks()`
+Scope: the requests without the text encoder, the form a user with precomputed embeddings runs, and, with
+`workflow_blocks(text_encoder=True)` and a conditioner config, the requests with a prompt string through diffusers'
+own text encoder step (the seeded Qwen3-VL, tokenizer and processor of text_encoder_build.py). `workflow_blocks()`
 with `partitions=("transformer", "transformer_ref")` gives all three workflows (t2va, fl2va, ref2va: diffusers'
 auto blocks less the text encoder step; `workflow_inputs` the seeded keyframes and references). By default the
 `t2va` request:
@@ -28,7 +30,7 @@ Components:
 
 Text conditioning: `prompt_inputs` gives seeded N(0, 1) `prompt_embeds` of shape (1, text_tokens,
 text_dim) in the transformer's dtype and `text_token_tags` (all text), what the text encoder step would
-hand the denoise step. `Request` is one request (height x width x frames); `sequence_length` is the
+hand the denoise step; `prompt_text(n)` a prompt string of n text rows for the text encoder step. `Request` is one request (height x width x frames); `sequence_length` is the
 packed length it makes, from diffusers' own frame and canvas arithmetic.
 
 Needs diffusers' transformers extra (MiniMaxH3ModularPipeline imports transformers); without it a
