@@ -620,6 +620,8 @@ def run(cfg, plan) -> int:
     rank, group, device = _distributed(torch, degree)
     _check_size(cfg, device)
     plans = [plan] + extra_plans(cfg, opts)
+    if opts.prompt:  # refused before any file or model is made
+        conditioner_setting(plan), conditioner_config(cfg)
     out = None
     if rank == 0:
         out = Output(records, opts.out_dir, "pipeline", opts.tag or device_tag(device_name(torch, device)))
