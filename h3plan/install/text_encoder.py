@@ -6,9 +6,10 @@ TextEncoderPlacement whose `restore()` undoes it (every hook removed, every tens
 - resident: moved to `device` once, there for every call;
 - offload_after: moved to `device` when the encode starts and back to the host when it ends, inside the call (the
   plan counts the move in the call's time);
-- host: left on the host; its parts (the vision tower, the token embedding, each decoder layer, the final norm) are
-  moved to `device` one at a time as the encode reaches them and back right after, so the device holds one part at a
-  time (the plan's `host` estimate: one decoder layer + the encode's activations).
+- host: left on the host; its parts (the vision tower, each decoder layer, the final norm) are moved to `device` one
+  at a time as the encode reaches them and back right after, so the device holds one part at a time (the plan's
+  `host` estimate: one decoder layer + the encode's activations); the token lookup runs on the host (its 1.5 GiB
+  table never moves, the looked-up rows do).
 diffusers 0.42.1 runs the conditioner as `text_encoder.model(...)` after firing `text_encoder._hf_hook.pre_forward` by
 hand (`get_qwen3vl_prompt_embeds`), and a ModularPipeline's `_execution_device` reads `_hf_hook.execution_device` of a
 component that has one: off the device (offload_after, host), the conditioner carries a `_hf_hook` naming `device`
@@ -74,11 +75,11 @@ class TextEncoderPlacement:
 
 
 def _parts(module) -> list[tuple[str, torch.nn.Module]]:
-    """The parts `host` streams: the vision tower, the token embedding, each decoder layer, the final norm."""
+    """The parts `host` streams: the vision tower, each decoder layer, the final norm (the token embedding stays on
+    the host: its lookup runs there and only the looked-up rows go to the device)."""
     model = module.model
     lm = model.language_model
-    return ([("visual", model.visual), ("embed_tokens", lm.embed_tokens)]
-            + [(f"layers.{i}", layer) for i, layer in enumerate(lm.layers)] + [("norm", lm.norm)])
+    return [("visual", model.visual)] + [(f"layers.{i}", layer) for i, layer in enumerate(lm.layers)] + [("norm", lm.norm)]
 
 
 def placed(module) -> TextEncoderPlacement | None:
@@ -110,6 +111,9 @@ def place(module, setting: str, device) -> TextEncoderPlacement:
     else:
         p._move("text_encoder", module, host)
         module.model.language_model.rotary_emb.to(device)  # its tables only (no weights)
+        embed = module.model.language_model.embed_tokens  # the lookup runs on the host: its rows go, not the table
+        p.handles.append(embed.register_forward_pre_hook(lambda m, a: tuple(x.to(host) for x in a)))
+        p.handles.append(embed.register_forward_hook(lambda m, a, o: o.to(device)))
         for name, part in _parts(module):
             p.handles.append(part.register_forward_pre_hook(lambda m, a, n=name: p._move(n, m, device)))
             p.handles.append(part.register_forward_hook(lambda m, a, o, n=name: p._move(n, m, host)))

@@ -59,7 +59,7 @@ def test_each_placement_keeps_the_frames_and_moves_what_it_says(pipe, unplaced, 
         elif setting == "offload_after":  # to the host at placing, then to the device and back around the one encode
             assert names == ["text_encoder"] * 3
         else:  # to the host at placing, then each part there and back (no vision input: the tower never runs)
-            assert names[0] == "text_encoder" and names.count("embed_tokens") == 2 and names.count("norm") == 2
+            assert names[0] == "text_encoder" and "embed_tokens" not in names and names.count("norm") == 2
             assert all(names.count(f"layers.{i}") == 2 for i in range(layers)) and "visual" not in names
     finally:
         p.restore()
