@@ -25,6 +25,15 @@ measured peak, time, counters, cap run. Cheap by default: 3 steps (2 forwards) p
 The cap rows with their tables-off references only (about 7 minutes on one H200; one recipe about 4):
 
     python benchmarks/memory.py --steps 3 --decode all --cap-references --no-warmup --out benchmarks/results/logs --tag h200-cap-run
+
+Another workflow and the text encoder (issue 32): `--workflow ref2va` (the ref2va_768x1344_5s plan, one seeded image
+reference, the transformer_ref partition; fl2va: the first and last keyframe) and `--text-encoder host` (the plan's
+memory.text_encoder; the call is pipe(prompt="...") through diffusers' text encoder step and the seeded Qwen3-VL at
+the packaged widths, actions/text_encoder_build.py, placed by install: install/text_encoder.py). Either runs the whole
+call (--decode all, or --cap-only). `--cap-only`: the cap rows alone, no uncapped rows. The 80 GB run of t2va and
+ref2va with the text encoder on the host (one cap row each, bf16; about 4-5 minutes each, never run yet):
+
+    python benchmarks/memory.py --recipes bf16 --cap-only --workflow ref2va --text-encoder host --out benchmarks/results --tag h200-cap-ref2va
 """
 
 from __future__ import annotations
@@ -40,15 +49,40 @@ sys.path.insert(0, str(ROOT))
 GiB = 2**30
 
 
+VIDEOS = {"t2va": {"video": "t2v_768x1344_5s"}, "ref2va": {"video": "ref2va_768x1344_5s"},
+          "fl2va": {"video": "t2v_768x1344_5s", "video.task": "fl2va", "video.keyframes": ["first", "last"]}}  # the plans' requests
+WORKFLOW = {"workflow": "t2va", "text_encoder": "none"}  # main() sets them from --workflow / --text-encoder
+
+
 def _plan(recipe, steps, tables, gb=None, extra=()):
     import h3plan
 
-    kw = {"hardware": "sm90", "recipe": recipe, "parallel": "u1", "video": "t2v_768x1344_5s",
+    kw = {"hardware": "sm90", "recipe": recipe, "parallel": "u1", **VIDEOS[WORKFLOW["workflow"]],
           "pipeline.num_inference_steps": steps, "levers.adaln_table": tables}
+    if WORKFLOW["text_encoder"] != "none":
+        kw["memory.text_encoder"] = WORKFLOW["text_encoder"]
     if gb is not None:
         kw["hardware.device.memory_gb"] = gb
     kw.update(dict(extra))
     return h3plan.resolve_config(**kw)
+
+
+def _build(c, args, device="cuda"):
+    """(pipe, prompt, media): the t2va denoise + decode pipeline with seeded prompt_embeds, or, for another workflow
+    or with the text encoder, diffusers' auto blocks (with its text encoder step and a prompt string)."""
+    from h3plan.actions.bench import build_pipeline, prompt_inputs, prompt_text, workflow_blocks, workflow_inputs
+
+    te, wf = WORKFLOW["text_encoder"] != "none", WORKFLOW["workflow"]
+    if not te and wf == "t2va":
+        pipe = build_pipeline(c["model"]["diffusers_config"], c["vae"]["diffusers_config"], layers=args.layers, device=device)
+        return pipe, prompt_inputs(pipe, args.text_tokens), {}
+    pipe = build_pipeline(c["model"]["diffusers_config"], c["vae"]["diffusers_config"], layers=args.layers, device=device,
+                          blocks=workflow_blocks(text_encoder=te),
+                          partitions=("transformer_ref",) if wf == "ref2va" else ("transformer",),
+                          text_encoder=c["model"]["text_encoder_default"] if te else None)
+    h, w, _ = args.video
+    prompt = {"prompt": prompt_text(args.text_tokens)} if te else prompt_inputs(pipe, args.text_tokens)
+    return pipe, prompt, workflow_inputs(pipe, wf, h, w, seed=0, keyframes=("first", "last"))
 
 
 def _estimate(plan, phase):
@@ -62,10 +96,11 @@ def _estimate(plan, phase):
 
 def _phase_estimate(plan, decode):
     """The estimate of what ran: the denoise phase, or the whole call's peak (the largest phase) with the decode."""
-    return max(_estimate(plan, p)[1] for p in (("denoise", "decode") if decode else ("denoise",)))
+    phases = (("denoise", "decode") if decode else ("denoise",)) + (("encode",) if WORKFLOW["text_encoder"] != "none" else ())
+    return max(_estimate(plan, p)[1] for p in phases)
 
 
-def _run(torch, pipe, plan, args, prompt, *, decode, cap=None, keep=False, device=None):
+def _run(torch, pipe, plan, args, prompt, *, decode, cap=None, keep=False, device=None, media=None):
     """One call under `plan`. cap: a per-process memory fraction held from before install until after the call;
     it is lifted before uninstall, which puts the parked weights back (a state only the bench returns to). keep:
     leave the plan installed (a child that exits after its one call). device: install(pipe, plan, device=) of a
@@ -85,7 +120,9 @@ def _run(torch, pipe, plan, args, prompt, *, decode, cap=None, keep=False, devic
         torch.cuda.reset_peak_memory_stats()
         install_ms, _ = host.timed(lambda: (h3plan.install(pipe, plan, device=device), torch.cuda.synchronize()))
         install_s, install_peak = install_ms / 1e3, torch.cuda.max_memory_allocated() / GiB
-        t, fwd_timer = pipe.transformer, ForwardTimer(torch, True)
+        from h3plan.actions.bench import denoiser
+
+        t, fwd_timer = denoiser(pipe, WORKFLOW["workflow"]), ForwardTimer(torch, True)
         fwd_timer.on = True
 
         def post(*a):
@@ -102,7 +139,7 @@ def _run(torch, pipe, plan, args, prompt, *, decode, cap=None, keep=False, devic
             def call():
                 gen = torch.Generator("cpu").manual_seed(0)
                 if decode:
-                    return None, pipe(**prompt, height=h, width=w, num_frames=f, num_inference_steps=args.steps,
+                    return None, pipe(**prompt, **(media or {}), height=h, width=w, num_frames=f, num_inference_steps=args.steps,
                                       generator=gen, output_type="pt", output="videos")
                 st = run_block(pipe, "denoise", **prompt, height=h, width=w, num_frames=f,
                                num_inference_steps=args.steps, generator=gen)
@@ -147,6 +184,7 @@ def _cap_row(args, recipe, frames_path: Path):
            "--text-tokens", str(args.text_tokens), "--cap-gb", str(args.cap_gb), "--frames-out", str(frames_path)]
     if args.layers:
         cmd += ["--layers", str(args.layers)]
+    cmd += ["--workflow", WORKFLOW["workflow"], "--text-encoder", WORKFLOW["text_encoder"]]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode or not lines:
@@ -159,22 +197,22 @@ def _cap_row(args, recipe, frames_path: Path):
 def _cap_child(args) -> int:
     import torch
 
-    from h3plan.actions.bench import build_pipeline, configured, prompt_inputs
+    from h3plan.actions.bench import configured
 
     c = configured([])[0]
     # the rows' own build (CUDA-seeded weights: the frames compare bitwise), uncapped; then the pipeline rests on the
     # host as from_pretrained loads it, and the device holds nothing but the prompt (1 MB) when the cap begins
-    pipe = build_pipeline(c["model"]["diffusers_config"], c["vae"]["diffusers_config"],
-                          layers=args.layers, device="cuda")
-    prompt = prompt_inputs(pipe, args.text_tokens)
-    for name in ("transformer", "vae", "audio_vae"):
-        getattr(pipe, name).to("cpu")
+    pipe, prompt, media = _build(c, args)
+    for name in ("transformer", "transformer_ref", "vae", "audio_vae", "text_encoder"):
+        comp = getattr(pipe, name, None) if name in pipe.component_names else None
+        if comp is not None:
+            comp.to("cpu")
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     plan = _plan(args.cap_child, args.steps, "on", gb=args.cap_gb)
     cap = min(1.0, args.cap_gb * 1e9 / torch.cuda.get_device_properties(0).total_memory)
     reserved = torch.cuda.memory_reserved() / GiB
-    r = _run(torch, pipe, plan, args, prompt, decode=True, cap=cap, keep=True, device="cuda")
+    r = _run(torch, pipe, plan, args, prompt, decode=True, cap=cap, keep=True, device="cuda", media=media)
     r["reserved_before_install_gib"] = round(reserved, 3)
     r.pop("latents")
     torch.save(r.pop("frames"), args.frames_out)
@@ -197,32 +235,43 @@ def main(argv=None) -> int:
     ap.add_argument("--tag", default="h200")
     ap.add_argument("--cap-references", action="store_true",
                     help="after the cap runs, only the tables-off rows (the frames the cap runs are checked against)")
+    ap.add_argument("--workflow", choices=("t2va", "fl2va", "ref2va"), default="t2va",
+                    help="the request (the plan's video preset, VIDEOS) and its seeded media")
+    ap.add_argument("--text-encoder", choices=("none", "resident", "offload_after", "host"), default="none",
+                    help="the plan's memory.text_encoder: the call runs the prompt through the seeded Qwen3-VL")
+    ap.add_argument("--cap-only", action="store_true", help="the cap rows alone (no uncapped rows)")
     ap.add_argument("--cap-child", metavar="RECIPE", help=argparse.SUPPRESS)  # one capped call in a fresh process
     ap.add_argument("--frames-out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    WORKFLOW.update(workflow=args.workflow, text_encoder=args.text_encoder)
+    if (args.workflow != "t2va" or args.text_encoder != "none") and args.decode != "all" and not args.cap_only:
+        ap.error("--workflow other than t2va and --text-encoder run the whole call: add --decode all or --cap-only")
     if args.cap_child:
         return _cap_child(args)
 
     import torch
 
-    from h3plan.actions.bench import build_pipeline, configured, prompt_inputs
+    from h3plan.actions.bench import configured
 
     import tempfile
 
     total = torch.cuda.get_device_properties(0).total_memory
     meta = {"device": torch.cuda.get_device_name(0), "total_gib": round(total / GiB, 2), "video": "x".join(map(str, args.video)),
-            "layers": args.layers or 50, "text_tokens": args.text_tokens, "steps": args.steps, "script": "benchmarks/memory.py"}
+            "layers": args.layers or 50, "text_tokens": args.text_tokens, "steps": args.steps, "script": "benchmarks/memory.py",
+            "workflow": args.workflow, "text_encoder": args.text_encoder}
     tmp = Path(tempfile.mkdtemp())
     caps = {}
     if args.decode != "none":  # each cap run first, in a fresh process, as a user's 80 GB card starts (nothing else on it)
         for recipe in args.recipes:
             caps[recipe] = _cap_row(args, recipe, tmp / f"{recipe}.pt")
             print(json.dumps(caps[recipe]), flush=True)
+    if args.cap_only:
+        rows = list(caps.values())
+        _write(args, meta, rows)
+        return 0 if all(r.get("cap_passed") for r in rows) else 1
     c = configured([])[0]
-    pipe = build_pipeline(c["model"]["diffusers_config"], c["vae"]["diffusers_config"],
-                          layers=args.layers, device="cuda")
-    prompt = prompt_inputs(pipe, args.text_tokens)
-    if args.warmup:  # the first call compiles and autotunes; every row after it runs warm
+    pipe, prompt, media = _build(c, args)
+    if args.warmup and WORKFLOW == {"workflow": "t2va", "text_encoder": "none"}:  # the first call compiles and autotunes; every row after it runs warm
         h, w, f = args.video
         from h3plan.actions.bench import run_block
         import h3plan
@@ -244,7 +293,7 @@ def main(argv=None) -> int:
                    "estimate_peak_gib": plan.derived_value("memory_peak_gib_per_gpu"),
                    "estimate_phase_gib": _phase_estimate(plan, decode)}
             try:
-                r = _run(torch, pipe, plan, args, prompt, decode=decode)
+                r = _run(torch, pipe, plan, args, prompt, decode=decode, media=media)
                 out = r.pop("latents") if r["latents"] is not None else r.pop("frames")
                 r.pop("latents", None), r.pop("frames", None)
                 row.update(r)

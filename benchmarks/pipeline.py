@@ -3,6 +3,8 @@
     python benchmarks/pipeline.py recipe=fp8 --video 768x1344x124 --out benchmarks/results --tag h200
     python benchmarks/pipeline.py model=h3_tiny vae=h3_tiny_pipe --video 32x32x124 --out /tmp/r     # CPU smoke
     python benchmarks/pipeline.py --workflow ref2va --video 768x1344x124 --out benchmarks/results --tag h200
+    python benchmarks/pipeline.py video=ref2va_768x1344_5s memory.text_encoder=offload_after --workflow ref2va --prompt \
+        --video 768x1344x124 --out benchmarks/results --tag h200      # the prompt through the seeded text encoder
 
 Positional arguments are Hydra overrides of the packaged config (hardware, recipe, parallel, model, vae,
 levers.*); the options below are `video` and `bench.pipeline.*` of
@@ -43,6 +45,9 @@ def main(argv=None) -> int:
     ap.add_argument("--stock-bits", action="store_true", help="also time the stock-bits plan (the lossless plan with "
                                                                "levers.attention=sdpa, diffusers' default attention)")
     ap.add_argument("--workflow", help="t2va (default), fl2va (first and last keyframe) or ref2va (one image reference)")
+    ap.add_argument("--prompt", action="store_true", help="pipe(prompt=...) through diffusers' text encoder step and a "
+                                                           "seeded Qwen3-VL placed by the plan's memory.text_encoder "
+                                                           "(give one: memory.text_encoder=offload_after)")
     a = ap.parse_args(argv)
 
     from h3plan import H3PlanError
@@ -58,6 +63,8 @@ def main(argv=None) -> int:
         pipeline["best"] = False
     if a.stock_bits:
         pipeline["stock_bits"] = True
+    if a.prompt:
+        pipeline["prompt"] = True
     try:
         cfg, plan = configured(a.overrides)
         cfg.update(action="bench", video=a.video)

@@ -30,6 +30,31 @@
 #                  at threshold 0.08 (Sol-Engine's FirstBlockCache setting), the whole call timed: the row reports how
 #                  many forwards the threshold computed on seeded weights (a count, not a quality claim) and the same
 #                  overhead check - about 8 minutes.
+# Issue 32, every workflow with the prompt through the text encoder (--prompt: pipe(prompt="...") through diffusers'
+# text encoder step and the seeded Qwen3-VL at the packaged Qwen3-VL-32B widths, built on the device in seconds and
+# placed where the plan's memory.text_encoder puts it for every row; the encode and its moves are in each row's rest,
+# E2E and peak). None of these has run yet; times are estimates from the committed rows (build ~1 min, eager ~1.3,
+# best ~2.3 incl. compile, each fp32 decode ~48 s, fp16 ~4 s) plus the conditioner (~0.5 min to build and place,
+# ~15-25 s a call to encode and move its 62 GiB to the device and back at offload_after). The bitwise reference and
+# diffusers' best do not both fit one 600 s call beside the conditioner, so each lossless workflow takes two:
+#   H3_PHASE=ref2va-best: ref2va (video=ref2va_768x1344_5s, one seeded image reference, the transformer_ref
+#                  partition, 49 forwards), memory.text_encoder=offload_after (the plan's fit on 141 GB: resident
+#                  needs 65.4 GiB beside the denoise peak, 64.5 free): eager, best, the bf16 plan, fp32 VAE - about
+#                  7.5 minutes;
+#   H3_PHASE=ref2va-bits: the same request: eager, the bf16 plan and its bitwise reference (eager with the plan's
+#                  FA4), fp32 VAE - about 6.5 minutes;
+#   H3_PHASE=fl2va-best / fl2va-bits: fl2va at 768x1344x124 and 49 forwards (the t2va preset with
+#                  video.task=fl2va and the first and last keyframe, seeded), the same rows as ref2va's two phases -
+#                  about 7 and 6 minutes;
+#   H3_PHASE=turbo: the Turbo FL2VA request (video=fl2va_turbo_768x1344: 1344x768 height x width, 124 frames: 107
+#                  is under the pipeline's 5 s; 4 denoiser evaluations, --e2e-steps 4): eager and best with diffusers'
+#                  default fp32 VAE, the bf16 plan with recipe.vae=fp16 (target: E2E >= 1.5x best; no fp16 eager row,
+#                  so its frames are not compared here) - about 6 minutes;
+#   H3_PHASE=cap-t2va / cap-ref2va: not this bench: benchmarks/memory.py's 80 GB cap row (bf16, tables on,
+#                  memory.text_encoder=host: the plan fits 80 GB) in a fresh process, the pipeline resting on the host,
+#                  install(pipe, plan, device="cuda") under torch.cuda.set_per_process_memory_fraction, then the whole
+#                  pipe(prompt=...) with the conditioner streamed from the host a part at a time (3 steps); rows in
+#                  $OUT/memory-h200-cap-<workflow>.json / .md - about 4 and 5 minutes.
 # Output in $OUT (default benchmarks/results): pipeline-h200.json (rows of every run), .md, .png, pipeline-h200.log.
 # H3_APPEND=1 starts from the committed benchmarks/results/pipeline-h200.json.
 set -u
@@ -43,8 +68,11 @@ if [ "${H3_APPEND:-0}" = 1 ] && [ -f benchmarks/results/pipeline-h200.json ] && 
    [ ! "$OUT/pipeline-h200.json" -ef benchmarks/results/pipeline-h200.json ]; then
   cp benchmarks/results/pipeline-h200.json "$OUT/pipeline-h200.json"
 fi
-common=(--video 768x1344x124 --text-tokens 110 --rounds 1 --warmup 2 --steps 1
-        --decode-warmup 1 --out "$OUT" --tag h200)
+vid=768x1344x124  # HEIGHTxWIDTHxFRAMES of the call (the turbo phase's request is portrait)
+ref2va=(video=ref2va_768x1344_5s memory.text_encoder=offload_after --workflow ref2va --prompt --vae fp32)
+fl2va=(video=t2v_768x1344_5s video.task=fl2va 'video.keyframes=[first,last]' memory.text_encoder=offload_after
+       --workflow fl2va --prompt --vae fp32)
+script=benchmarks/pipeline.py
 cache='recipe.cache={psnr_db_min:28,ssim_min:0.93,computed:34}'  # the budget SGLang's quality=high measured; 34 of 49
 adaptive='recipe.cache={psnr_db_min:28,ssim_min:0.93,threshold:0.08}'
 case "${H3_PHASE:-fp32}" in
@@ -60,14 +88,29 @@ case "${H3_PHASE:-fp32}" in
                        --no-reference) ;;
   cache) args=(hardware=sm90 parallel=u1 recipe=bf16 recipe.vae=fp16 "$cache" levers.step_cache=fixed --vae fp32
                --plan "recipe=fp8 $cache levers.step_cache=fixed" --no-reference) ;;
-  *) echo "H3_PHASE: fp32, fp16, stock, all, cache-bf16, cache-fp8, cache-adaptive or cache" >&2; exit 2 ;;
+  ref2va-best) args=(hardware=sm90 parallel=u1 recipe=bf16 "${ref2va[@]}" --no-reference) ;;
+  ref2va-bits) args=(hardware=sm90 parallel=u1 recipe=bf16 "${ref2va[@]}" --no-best) ;;
+  fl2va-best) args=(hardware=sm90 parallel=u1 recipe=bf16 "${fl2va[@]}" --no-reference) ;;
+  fl2va-bits) args=(hardware=sm90 parallel=u1 recipe=bf16 "${fl2va[@]}" --no-best) ;;
+  turbo) vid=1344x768x124
+         args=(hardware=sm90 parallel=u1 recipe=bf16 recipe.vae=fp16 video=fl2va_turbo_768x1344
+               memory.text_encoder=offload_after --workflow fl2va --prompt --vae fp32 --e2e-steps 4 --no-reference) ;;
+  cap-t2va|cap-ref2va) script=benchmarks/memory.py
+         args=(--recipes bf16 --cap-only --workflow "${H3_PHASE#cap-}" --text-encoder host --steps 3 --no-warmup) ;;
+  *) echo "H3_PHASE: fp32, fp16, stock, all, cache-bf16, cache-fp8, cache-adaptive, cache, ref2va-best, ref2va-bits," \
+          "fl2va-best, fl2va-bits, turbo, cap-t2va or cap-ref2va" >&2; exit 2 ;;
 esac
+if [ "$script" = benchmarks/memory.py ]; then
+  common=(--video "$vid" --text-tokens 110 --out "$OUT" --tag "h200-${H3_PHASE}")
+else
+  common=(--video "$vid" --text-tokens 110 --rounds 1 --warmup 2 --steps 1 --decode-warmup 1 --out "$OUT" --tag h200)
+fi
 echo "=== phase ${H3_PHASE:-fp32} (timeout ${CAP}s)" | tee -a "$LOG"
 s=$(date +%s)
 # shellcheck disable=SC2086  # H3_PIPELINE_ARGS is a word list
-timeout --kill-after=15 "$CAP" python benchmarks/pipeline.py "${args[@]}" "${common[@]}" ${H3_PIPELINE_ARGS:-} 2>&1 | tee -a "$LOG"
+timeout --kill-after=15 "$CAP" python "$script" "${args[@]}" "${common[@]}" ${H3_PIPELINE_ARGS:-} 2>&1 | tee -a "$LOG"
 rc=${PIPESTATUS[0]}
 rm -f "$OUT"/*.tmp
 echo "=== phase ${H3_PHASE:-fp32}: exit $rc after $(( $(date +%s) - s ))s" | tee -a "$LOG"
-ls -l "$OUT"/pipeline-h200.* 2>/dev/null | tee -a "$LOG"
+ls -l "$OUT"/pipeline-h200.* "$OUT"/memory-h200-cap-* 2>/dev/null | tee -a "$LOG"
 exit 0

@@ -384,7 +384,11 @@ def _memory(sections, shape, decisions) -> tuple[dict[str, Any], dict[str, str]]
         values["text_encoder"] = est["text_encoder"]
         basis["text_encoder"] = "; ".join(est["text_encoder"]["reasons"]) + " (memory.text_encoder; planning/text_encoder.py)"
     if getattr(decisions.get("adaln_table"), "setting", None) == "on":  # where the freed memory goes
-        off = memory.estimate(sections, shape, {**decisions, "adaln_table": "off"})
+        try:
+            off = memory.estimate(sections, shape, {**decisions, "adaln_table": "off"})
+        except ConfigError:  # a forced memory.text_encoder placement the AdaLN linears' bytes would not leave room for
+            off = memory.estimate({**sections, "memory": {**(sections.get("memory") or {}), "text_encoder": "auto"}},
+                                  shape, {**decisions, "adaln_table": "off"})
         values["memory_peak_gib_tables_off"] = off["peak_gib"]
         basis["memory_peak_gib_tables_off"] = (
             f"the same plan with levers.adaln_table=off ({off['peak_phase']}): the tables free "

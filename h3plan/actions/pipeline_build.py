@@ -1,6 +1,8 @@
 """diffusers' MiniMaxH3ModularPipeline assembled from local components with seeded random weights (no download).
 
-Scope: the requests without the text encoder, the form a user with precomputed embeddings runs. `workflow_blocks()`
+Scope: the requests without the text encoder, the form a user with precomputed embeddings runs, and, with
+`workflow_blocks(text_encoder=True)` and a conditioner config, the requests with a prompt string through diffusers'
+own text encoder step (the seeded Qwen3-VL, tokenizer and processor of text_encoder_build.py). `workflow_blocks()`
 with `partitions=("transformer", "transformer_ref")` gives all three workflows (t2va, fl2va, ref2va: diffusers'
 auto blocks less the text encoder step; `workflow_inputs` the seeded keyframes and references). By default the
 `t2va` request:
@@ -28,7 +30,7 @@ Components:
 
 Text conditioning: `prompt_inputs` gives seeded N(0, 1) `prompt_embeds` of shape (1, text_tokens,
 text_dim) in the transformer's dtype and `text_token_tags` (all text), what the text encoder step would
-hand the denoise step. `Request` is one request (height x width x frames); `sequence_length` is the
+hand the denoise step; `prompt_text(n)` a prompt string of n text rows for the text encoder step. `Request` is one request (height x width x frames); `sequence_length` is the
 packed length it makes, from diffusers' own frame and canvas arithmetic.
 
 Needs diffusers' transformers extra (MiniMaxH3ModularPipeline imports transformers); without it a
@@ -42,6 +44,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from h3plan.errors import UsageError
+
+from .text_encoder_build import conditioner_components
 
 VIDEO_SHIFT, AUDIO_SHIFT = 12.0, 3.0  # MiniMaxH3ModularPipeline docstring: shift 12.0 video, 3.0 audio
 AUDIO_VAE_CONFIGS: dict[str, dict] = {
@@ -154,16 +158,21 @@ WORKFLOWS = ("t2va", "fl2va", "ref2va")  # MiniMaxH3Blocks._workflow_map
 PARTITION_SEEDS = {"transformer": 0, "transformer_ref": 3}  # added to `seed` (vae +1, audio_vae +2)
 
 
-def workflow_blocks():
+def workflow_blocks(text_encoder: bool = False):
     """diffusers' MiniMaxH3Blocks less its text encoder step (prompt_embeds given): before_encode, vae_encoder,
     denoise and decode, each the auto block that picks t2va / fl2va / ref2va from the inputs (`image` /
-    `last_image`: fl2va; `references`: ref2va), as diffusers' own pipeline does."""
+    `last_image`: fl2va; `references`: ref2va), as diffusers' own pipeline does. text_encoder=True: with its text
+    encoder step too (`MiniMaxH3AutoTextEncoderStep`, after before_encode, as in MiniMaxH3Blocks): the call takes
+    `prompt`, a string."""
     from diffusers.modular_pipelines import SequentialPipelineBlocks
     from diffusers.modular_pipelines.minimax_h3 import modular_blocks_minimax_h3 as b
 
-    return SequentialPipelineBlocks.from_blocks_dict({
-        "before_encode": b.MiniMaxH3AutoBeforeEncodeStep(), "vae_encoder": b.MiniMaxH3AutoVaeEncoderStep(),
-        "denoise": b.MiniMaxH3AutoDenoiseStep(), "decode": b.MiniMaxH3DecodeStep()})
+    steps = {"before_encode": b.MiniMaxH3AutoBeforeEncodeStep()}
+    if text_encoder:
+        steps["text_encoder"] = b.MiniMaxH3AutoTextEncoderStep()
+    steps.update({"vae_encoder": b.MiniMaxH3AutoVaeEncoderStep(), "denoise": b.MiniMaxH3AutoDenoiseStep(),
+                  "decode": b.MiniMaxH3DecodeStep()})
+    return SequentialPipelineBlocks.from_blocks_dict(steps)
 
 
 def workflow_inputs(pipe, workflow: str, height: int, width: int, *, seed: int = 0, keyframes=("first",),
@@ -201,10 +210,14 @@ def workflow_inputs(pipe, workflow: str, height: int, width: int, *, seed: int =
 
 def build_pipeline(model_config: Mapping[str, Any], vae_config: Mapping[str, Any], *, vae_name: str = "h3",
                    layers: int | None = None, device="cpu", dtype="bf16", vae_dtype=None, seed: int = 0,
-                   blocks=None, partitions=("transformer",)):
+                   blocks=None, partitions=("transformer",), text_encoder: Mapping[str, Any] | None = None,
+                   text_encoder_device=None):
     """A MiniMaxH3ModularPipeline on `device`; see the module docstring. blocks: other pipeline blocks to use
     (workflow_blocks(): all three workflows); partitions: the transformer components to build ("transformer",
-    "transformer_ref"), each seeded on its own (PARTITION_SEEDS)."""
+    "transformer_ref"), each seeded on its own (PARTITION_SEEDS); text_encoder: a conditioner config (model.
+    text_encoder or text_encoder_default) for blocks with the text encoder step (workflow_blocks(text_encoder=True)):
+    the seeded Qwen3-VL, tokenizer and processor (text_encoder_build.py), built on `text_encoder_device` (None:
+    `device`; install/text_encoder.py places it as a plan says)."""
     require_transformers()
     from diffusers import MiniMaxH3Scheduler
 
@@ -222,9 +235,15 @@ def build_pipeline(model_config: Mapping[str, Any], vae_config: Mapping[str, Any
                                        seed=seed + PARTITION_SEEDS[name])
     if "audio_vae" in pipe._component_specs:
         components["audio_vae"] = build_audio_vae(vae_name, device=device, seed=seed + 2)
+    if "text_encoder" in pipe._component_specs:
+        if text_encoder is None:
+            raise UsageError("these pipeline blocks run the text encoder step: give a conditioner config "
+                             "(model.text_encoder_default)")
+        components.update(conditioner_components(text_encoder, seed=seed + 4,
+                                                 device=device if text_encoder_device is None else text_encoder_device))
     pipe.update_components(**{k: v for k, v in components.items() if k in pipe._component_specs})
     quiet(pipe)
-    mismatch = _shape_mismatch(pipe)
+    mismatch = _shape_mismatch(pipe) or _conditioner_mismatch(pipe)
     if mismatch:
         raise UsageError(f"model and VAE configs do not fit one pipeline: {mismatch}")
     return pipe
@@ -239,6 +258,28 @@ def _shape_mismatch(pipe) -> str | None:
         return (f"audio_vae latent_channels {audio_vae.config.latent_channels} != transformer audio_in_channels "
                 f"{t.audio_in_channels}")
     return None
+
+
+def _conditioner_mismatch(pipe) -> str | None:
+    te = getattr(pipe, "text_encoder", None) if "text_encoder" in pipe._component_specs else None
+    if te is None:
+        return None
+    c, t = te.config.text_config, denoiser(pipe).config
+    if c.hidden_size != t.text_dim:
+        return f"text_encoder hidden_size {c.hidden_size} != transformer text_dim {t.text_dim}"
+    if c.num_hidden_layers <= pipe.text_encoder_layer:
+        return (f"text_encoder has {c.num_hidden_layers} decoder layers; diffusers keeps hidden_states"
+                f"[{pipe.text_encoder_layer}], which needs more")
+    return None
+
+
+def prompt_text(rows: int) -> str:
+    """A fixed ASCII prompt of exactly `rows` characters: `rows` text rows through the byte-level tokenizer
+    (text_encoder_build.build_tokenizer), as many as prompt_inputs' stand-ins."""
+    if rows < 1:
+        raise UsageError(f"text_tokens={rows}: need at least one text row")
+    base = "A red fox runs across a snowy field at dawn, its breath steaming in the cold air. "
+    return (base * (rows // len(base) + 1))[:rows]
 
 
 def denoiser(pipe, workflow: str | None = None):

@@ -17,8 +17,12 @@ restores every component this pipeline's install touched (even one since replace
 
 device= (a pipeline loaded on the host, placement.py): the transformers and the VAE are installed with it, and the
 audio VAE, which no lever touches, is moved there whole (the decode step runs it on the execution device); the
-other components (a text encoder: the plan counts none) stay where they are, reported. Uninstall moves the
-audio VAE back too.
+other components stay where they are, reported. Uninstall moves the audio VAE back too.
+
+The `text_encoder` (Qwen3-VL) is placed as the plan's memory.text_encoder says (text_encoder.py: resident,
+offload_after or host, on `device` or, without one, the device the transformer is on); a plan that places none
+(prompt_embeds given) leaves it where it is, reported; one placed already (the pipeline bench places it for all its
+rows) is left as placed. Uninstall undoes the placement this install made.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from .adaln_table import prepare, tables_of
 from .components import COMPONENTS, NO_LEVER, TRANSFORMERS, is_pipeline
 from .installer import collect, install, installed_plan, uninstall
 from .placement import Placement, check, target, tensors
+from .text_encoder import SETTINGS as TE_SETTINGS, place, placed
 from .workflows import table_conditions
 from .report import InstallReport
 
@@ -107,17 +112,46 @@ def _move_whole(name, comp, device, report, moved) -> None:
         f"; {NO_LEVER[name]}"
 
 
-def _others(pipe, device, report) -> None:
+def _others(pipe, device, report, skip=()) -> None:
     """device=: the loaded nn.Module components h3plan does not know stay where they are (said, not moved)."""
     import torch
 
     for name in pipe.component_names:
         comp = getattr(pipe, name, None)
-        if name in COMPONENTS or not isinstance(comp, torch.nn.Module):
+        if name in COMPONENTS or name in skip or not isinstance(comp, torch.nn.Module):
             continue
         where = {str(t.device) for _, t in tensors(comp)} or {"no tensors"}
         report.skipped[name] = (f"stays on {', '.join(sorted(where))}: the plan counts no memory for it (prompt_embeds "
                                 f"given); move it to {device} yourself if the pipeline runs it")
+
+
+def _run_device(pipe):
+    """The device the pipeline's transformer (else its VAE) is on: where a placed text encoder encodes."""
+    for name in TRANSFORMERS + ("vae",):
+        comp = getattr(pipe, name, None) if name in pipe.component_names else None
+        if comp is not None:
+            return next(comp.parameters()).device
+    return None
+
+
+def _text_encoder(pipe, plan, device, report, moved) -> bool:
+    """The loaded text_encoder placed as the plan says (module docstring); True when the plan places it. The placement
+    joins `moved` (undone on a failed install, and by uninstall_pipeline)."""
+    te = getattr(pipe, "text_encoder", None) if "text_encoder" in pipe.component_names else None
+    setting = (plan.derived_value("text_encoder") or {}).get("setting")
+    if te is None or setting not in TE_SETTINGS:
+        return False
+    before = placed(te)
+    if before is not None:
+        report.skipped["text_encoder"] = f"{before.line}; placed before install, left as it is"
+        return True
+    where = device if device is not None else _run_device(pipe)
+    if where is None:
+        raise InstallError("text_encoder: no device to encode on (the pipeline holds no transformer or VAE)")
+    p = place(te, setting, where)
+    moved.append(p)
+    report.skipped["text_encoder"] = p.line
+    return True
 
 
 def install_pipeline(pipe, plan: Plan, group=None, *, registry=None, num_inference_steps=None, device=None,
@@ -164,8 +198,9 @@ def install_pipeline(pipe, plan: Plan, group=None, *, registry=None, num_inferen
         tabled = [c for n, c in touched.items() if n in TRANSFORMERS and tables_of(c) is not None]
         if tabled:
             prepare(pipe, num_inference_steps=tables_of(tabled[0]).spec["steps"])
+        te_placed = _text_encoder(pipe, plan, device, report, moved)
         if device is not None:
-            _others(pipe, device, report)
+            _others(pipe, device, report, skip=("text_encoder",) if te_placed else ())
     except BaseException:
         for p in reversed(moved):
             p.restore()

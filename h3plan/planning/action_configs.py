@@ -147,6 +147,11 @@ class PipelineBenchConfig:
     workflow: str = "t2va"
     """The request's workflow: t2va (text only), fl2va (first and last keyframe, seeded images), ref2va (one seeded
     image reference); one per run, its partition alone built (two real-width partitions do not fit one GPU)."""
+    prompt: bool = False
+    """true: every row calls pipe(prompt="...") through diffusers' own text encoder step with a seeded conditioner at
+    the model's packaged widths (model.text_encoder or model.text_encoder_default; actions/text_encoder_build.py),
+    placed as the plan's memory.text_encoder says (install/text_encoder.py) for every row; the prompt has
+    text_tokens bytes (one text row each). false: seeded prompt_embeds, the conditioner outside the call."""
 
 
 @dataclass

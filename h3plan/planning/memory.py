@@ -31,7 +31,8 @@ says whether it fits and, when not, which nearest change does (each one re-estim
 - The text encoder (model.text_encoder, a Qwen3-VL config; planning/text_encoder.py): placed by memory.text_encoder
   (auto: resident where it fits beside the denoise peak, else offload_after where its encode fits beside the
   resident models, else host); resident weights join the denoise phase, and an `encode` phase holds the resident
-  models + its weights (or one layer, host) + the encode's peak. Without a config: prompt_embeds given, nothing counted.
+  models + its weights (or one layer, host) + the encode's peak. Without a config: prompt_embeds given, nothing counted;
+  memory.text_encoder naming a placement without one sizes model.text_encoder_default (the released widths).
 - memory.partitions=both: the other transformer partition (transformer/ beside transformer_ref/) as installed.
 Not counted: the CUDA context, cuBLAS/NCCL workspaces, allocator fragmentation (reserve_fraction covers
 them), attention LSE buffers (B x H x S float32), the audio decode, the VAE encode of keyframes and references
@@ -377,9 +378,12 @@ def _conditioner(it: _Items, sections, opts, phases, resident: list[str], geo) -
     phase when resident; an `encode` phase holds the models resident while it runs plus its weights (resident,
     offload_after) or one decoder layer (host) and its activation peak. Free memory: the GPU's usable bytes
     (hardware.device.memory_gb less memory.reserve_fraction) less each phase's other items. None: not planned."""
-    config = (sections.get("model") or {}).get("text_encoder")
+    model = sections.get("model") or {}
+    config = model.get("text_encoder")
     if config is None and opts["text_encoder"] in ("auto", "none"):
         return None
+    if config is None:  # a placement named, no checkpoint config: the released conditioner's packaged widths
+        config = model.get("text_encoder_default")
     gb = ((sections.get("hardware") or {}).get("device") or {}).get("memory_gb")
     usable = gb * 1e9 * (1 - opts["reserve_fraction"]) if gb else float("inf")
     base = sum(it.gib[k] for k in resident) * GiB

@@ -206,6 +206,11 @@ class ModelConfig:
     """The Qwen3-VL conditioner's config (its config.json: text_config, vision_config, tie_word_embeddings), read from
     model.path's text_encoder/config.json or given here; null: prompt_embeds given, the conditioner is not planned
     (planning/text_encoder.py; memory.text_encoder places it)."""
+    text_encoder_default: Optional[Any] = None
+    """The released pipeline's conditioner config, packaged with its source (model/h3.yaml: Qwen3-VL-32B's widths):
+    planned when memory.text_encoder names a placement (resident, offload_after, host) and model.text_encoder is null;
+    auto keeps prompt_embeds given. The pipeline bench's seeded conditioner (bench.pipeline.prompt=true) is built
+    from it."""
 
 
 @dataclass

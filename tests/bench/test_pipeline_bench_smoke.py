@@ -308,3 +308,35 @@ def test_workflow_pipeline_default_request_is_the_t2va_layouts():
     pipe = build_pipeline(*cfg, vae_name="h3_tiny_pipe", layers=1, blocks=workflow_blocks(), partitions=("transformer_ref",))
     assert pipe.transformer is None and denoiser(pipe) is pipe.transformer_ref is denoiser(pipe, "ref2va")
     assert default_request(pipe) == Request(760, 1352, 124)  # 768 x 1344 rounded to the tiny canvas multiple 8
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workflow,placement", [("t2va", "offload_after"), ("fl2va", "host")])
+def test_prompt_runs_through_the_seeded_text_encoder(tmp_path, workflow, placement):
+    """bench.pipeline.prompt=true: pipe(prompt=...) through diffusers' text encoder step and the tiny seeded Qwen3-VL
+    (model.text_encoder_default), placed as the plan says; 110 prompt bytes make the 110 text rows of the
+    prompt_embeds run, the plan bitwise against its reference, every row noting the encode."""
+    res = _bench(tmp_path, {"overrides": ["levers.attention=sdpa", f"memory.text_encoder={placement}"],
+                            "pipeline": dict(FAST, prompt=True, workflow=workflow, best=False)})
+    assert res.returncode == 0 and res.stdout.count("RC 0") == 1, res.stdout[-2000:] + res.stderr[-3000:]
+    assert f"{placement} (the plan's memory.text_encoder)" in res.stdout + res.stderr
+    doc = json.loads((tmp_path / "pipeline-cpu.json").read_text())
+    rows = {r["setting"]: r for r in doc["records"]}
+    assert [(r["setting"], r["vae"]) for r in doc["records"]] == [("eager", "fp32"), ("plan", "fp32"), ("reference", "fp32")]
+    for r in doc["records"]:
+        assert r["error"] is None and r["workflow"] == workflow and any(n.startswith("prompt: a 110-byte") for n in r["notes"])
+    if workflow == "t2va":  # the prompt's 110 bytes are the 110 text rows of the prompt_embeds form
+        _check(rows["eager"])
+    assert rows["plan"]["frames"]["bitwise"] is True and rows["reference"]["frames"]["bitwise"] is True
+
+
+def test_prompt_needs_a_placed_text_encoder():
+    """A plan that places no conditioner (memory.text_encoder=auto without model.path: prompt_embeds given) cannot
+    run a prompt: one line naming the setting to add."""
+    from h3plan import resolve_config
+    from h3plan.actions.bench.pipeline import conditioner_setting
+    from h3plan.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"^bench.pipeline.prompt=true: the plan places no text encoder .*memory.text_encoder="):
+        conditioner_setting(resolve_config(model="h3_tiny", vae="h3_tiny_pipe"))
+    assert conditioner_setting(resolve_config(model="h3_tiny", vae="h3_tiny_pipe", **{"memory.text_encoder": "host"})) == "host"

@@ -77,3 +77,37 @@ def test_encode_peak(conditioner, tokens):
     assert len(out.hidden_states) == WIDE["text_config"]["num_hidden_layers"] + 1
     del out
     assert 0.75 <= peak / est <= 1.25
+
+
+@pytest.mark.parametrize("setting", ["resident", "offload_after", "host"])
+def test_placements_move_the_conditioner_where_the_plan_says(setting):
+    """h3plan/install/text_encoder.py on the device (the CPU tests see one device): the tiny conditioner
+    (model=h3_tiny's text_encoder_default) placed on cuda encodes exactly what the resident one does, and rests where
+    the placement says between calls (resident: cuda; offload_after and host: the host, moved for the encode)."""
+    import yaml
+
+    from h3plan.actions.text_encoder_build import build_text_encoder
+    from h3plan.install.text_encoder import place
+    from h3plan.planning import CONF
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    cfg = yaml.safe_load(open(f"{CONF}/model/h3_tiny.yaml"))["text_encoder_default"]
+    ids = torch.randint(0, 256, (1, 40), device="cuda", generator=torch.Generator(device="cuda").manual_seed(2))
+    kw = dict(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=torch.zeros_like(ids), use_cache=False,
+              output_hidden_states=True)
+    import copy
+
+    model = build_text_encoder(cfg, device="cpu")
+    ref_model = copy.deepcopy(model).to("cuda")  # the same weights and rotary tables, resident
+    with torch.no_grad():
+        want = ref_model.model(**kw).hidden_states[50]
+    p = place(model, setting, "cuda")
+    try:
+        with torch.no_grad():
+            got = model.model(**kw).hidden_states[50]
+        rest = {t.device.type for t in model.model.language_model.layers.parameters()}
+        assert rest == ({"cuda"} if setting == "resident" else {"cpu"})
+        assert got.device.type == "cuda" and torch.equal(got, want)
+    finally:
+        p.restore()

@@ -156,3 +156,64 @@ def test_model_offload_encodes_alone_and_moves_it_after(checkpoint):
     assert te["setting"] == "offload_after" and te["call_s"] == pytest.approx(te["encode_s"] + te["move_s"], abs=2e-3)
     assert plan.derived_value("memory_peak_phase") == "encode"
     assert plan.derived_value("memory_peak_items") == ["text_encoder_encode"]
+
+
+# ---- the packaged conditioner: model.text_encoder_default (conf/model/*.yaml, docs/sources.md#qwen3-vl-text-encoder)
+
+def _packaged(model):
+    import yaml
+
+    from h3plan.planning import CONF
+
+    return yaml.safe_load(open(f"{CONF}/model/{model}.yaml"))
+
+
+@pytest.mark.parametrize("model", ["h3", "h3_tiny"])
+def test_packaged_conditioner_feeds_the_transformer(model):
+    """Its text width is the transformer's text_dim (hidden_states[50] goes in unprojected), it has more than 50
+    decoder layers (diffusers keeps hidden_states[50]) and its vision tower merges out to that width."""
+    cfg = _packaged(model)
+    te = cfg["text_encoder_default"]
+    assert te["text_config"]["hidden_size"] == cfg["diffusers_config"]["text_dim"]
+    assert te["text_config"]["num_hidden_layers"] > 50
+    assert te["vision_config"]["out_hidden_size"] == te["text_config"]["hidden_size"]
+
+
+def test_packaged_conditioner_is_qwen3_vl_32b():
+    """33.4 billion parameters, 62.1 GiB in bf16: the size the released folder's text encoder has (sources.md)."""
+    s = TE.sizes(_packaged("h3")["text_encoder_default"])
+    assert s["params"] == 33_357_390_064 and round(s["weight_bytes"] / GiB, 1) == 62.1
+
+
+def test_a_named_placement_sizes_the_packaged_conditioner():
+    """No model.path: memory.text_encoder=host plans the packaged widths; auto keeps prompt_embeds given."""
+    from h3plan import resolve_config
+
+    plan = resolve_config(**{"memory.text_encoder": "host"})
+    te = plan.derived_value("text_encoder")
+    s = TE.sizes(_packaged("h3")["text_encoder_default"], plan.derived_value("sequence")["text_rows"])
+    assert te["setting"] == "host" and te["weights_gib"] == pytest.approx(s["weight_bytes"] / GiB, abs=1e-3)
+    assert plan.derived_value("memory_breakdown_gib")["text_encoder_encode"] == pytest.approx(
+        (s["layer_bytes"] + s["activation_bytes"]) / GiB, abs=0.01)
+    assert resolve_config().derived_value("text_encoder") is None
+
+
+def test_a_named_placement_that_does_not_fit_names_the_one_that_does():
+    from h3plan import resolve_config
+    from h3plan.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^memory.text_encoder=resident: .*nearest that fits: memory.text_encoder=host$"):
+        resolve_config(**{"memory.text_encoder": "resident", "hardware.device.memory_gb": 80})
+
+
+@pytest.mark.parametrize("video", ["t2v_768x1344_5s", "ref2va_768x1344_5s"])
+def test_host_placement_plans_on_an_80gb_card(video):
+    """memory.text_encoder=host with the packaged widths fits 80 GB beside the resident pipeline. (It failed before:
+    the tables-off comparison estimate, with 23 GiB more of AdaLN linears on the device, re-ran the forced placement
+    and its refusal escaped the plan.)"""
+    from h3plan import resolve_config
+
+    plan = resolve_config(video=video, **{"memory.text_encoder": "host", "hardware.device.memory_gb": 80})
+    assert plan.derived_value("text_encoder")["setting"] == "host"
+    assert plan.derived_value("memory_peak_gib_per_gpu") <= 80e9 / GiB * 0.92
+    assert plan.derived_value("memory_peak_gib_tables_off") > plan.derived_value("memory_peak_gib_per_gpu")

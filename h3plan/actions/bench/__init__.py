@@ -21,7 +21,8 @@ timer, `configured` (a config and its plan from overrides), the inputs and pipel
 from typing import Mapping
 
 from h3plan.actions.inputs import TIMESTEP, build_model, packed_inputs
-from h3plan.actions.pipeline_build import build_pipeline, prompt_inputs, run_block
+from h3plan.actions.pipeline_build import (build_pipeline, denoiser, prompt_inputs, prompt_text, run_block, workflow_blocks,
+                                           workflow_inputs)
 from h3plan.actions.quality import psnr
 
 from . import pipeline
@@ -49,4 +50,5 @@ __all__ = ["run", "options", "BenchOptions", "plan_label", "device_tag", "captur
            "check_records", "record_key", "merge_record", "write_doc", "render_markdown", "target_lines", "fallbacks",
            "summary_table", "write_chart", "Progress", "Clock", "interleaved", "back_to_back", "median", "median_ms",
            "BackendTimer", "ForwardTimer", "kernel_events", "category", "profile_summary", "configured", "plan_backend", "build_model", "packed_inputs", "TIMESTEP",
-           "build_pipeline", "prompt_inputs", "run_block", "psnr"]
+           "build_pipeline", "prompt_inputs", "run_block", "psnr", "denoiser", "prompt_text", "workflow_blocks",
+           "workflow_inputs"]

@@ -35,8 +35,14 @@ calls per row, the row order reversed every round (interleaved).
 Correctness: each row's frames against diffusers eager with the same VAE precision (PSNR/SSIM, quality.py);
 a plan with a reference row: bitwise against it.
 
+Prompt (bench.pipeline.prompt=true): every row calls `pipe(prompt="...", ...)` instead, through diffusers' own text
+encoder step (`MiniMaxH3AutoTextEncoderStep`) and a seeded Qwen3-VL at the model's packaged widths with a local
+byte-level tokenizer (actions/text_encoder_build.py), one text row per prompt byte; the conditioner sits where the
+plan's memory.text_encoder puts it (install/text_encoder.py: resident, offload_after, host), the same for every row,
+so each row's rest, E2E and peak include the encode and its moves.
+
 Config: `video`; `bench.pipeline.{text_tokens, warmup, steps, rounds, decode_warmup, best, compile_backend,
-cp_backend, e2e_steps, layers, vae, plans, reference, seed, workflow}` (DEFAULTS; missing keys take them, so a plain dict
+cp_backend, e2e_steps, layers, vae, plans, reference, seed, workflow, prompt}` (DEFAULTS; missing keys take them, so a plain dict
 config works too); `bench.out_dir`, `bench.tag`.
 
 Output (rank 0), in bench.out_dir: pipeline-<tag>.json (one record per row, a new run appends), .md and .png
@@ -60,12 +66,13 @@ from h3plan.planner import resolve
 from h3plan.planning.action_configs import PipelineBenchConfig  # bench.pipeline.*: one definition, the schema's
 from h3plan.planning.config import compose
 from h3plan.install.step_cache import calls as cache_calls
+from h3plan.install.text_encoder import place as place_text_encoder
 from h3plan.runtime.counters import counters, reset_counters
 
 from ..quality import compare
 from ..pipeline_build import (WORKFLOWS, Request, build_pipeline, default_request, default_steps, denoiser,
-                              prompt_inputs, require_transformers, resolved, sequence_length, workflow_blocks,
-                              workflow_inputs)
+                              prompt_inputs, prompt_text, require_transformers, resolved, sequence_length,
+                              workflow_blocks, workflow_inputs)
 from . import pipeline_records as records
 from .harness import (CPU_MAX_HIDDEN, HOST_CLOCK_NOTE, Output, Session, device_name, device_tag, run_meta,
                       sigterm_as_interrupt)
@@ -113,6 +120,8 @@ class PipelineBenchOptions:
     seed: int
     workflow: str
     """t2va | fl2va | ref2va: the request's workflow (its media from pipeline_build.workflow_inputs)."""
+    prompt: bool
+    """A prompt string through the seeded conditioner (PipelineBenchConfig.prompt); False: prompt_embeds."""
     out_dir: str
     tag: str | None
 
@@ -159,7 +168,7 @@ def options(cfg, plan=None) -> PipelineBenchOptions:
     if isinstance(plans, str):
         plans = [plans]
     vals["plans"] = tuple(str(x) for x in plans)
-    for key in ("best", "reference", "stock_bits"):
+    for key in ("best", "reference", "stock_bits", "prompt"):
         if not isinstance(vals[key], bool):
             raise UsageError(f"bench.pipeline.{key}={vals[key]}: true or false")
     if vals["workflow"] not in WORKFLOWS:
@@ -244,7 +253,8 @@ class _Session(Session):
     def __init__(self, torch, pipe, request, opts, device, progress):
         super().__init__(torch, device, opts, progress)
         self.pipe, self.request = pipe, request
-        self.prompt = prompt_inputs(pipe, opts.text_tokens, seed=opts.seed)
+        self.prompt = ({"prompt": prompt_text(opts.text_tokens)} if opts.prompt
+                       else prompt_inputs(pipe, opts.text_tokens, seed=opts.seed))
         self.media = workflow_inputs(pipe, opts.workflow, request.height, request.width, seed=opts.seed,
                                      keyframes=("first", "last"))
         self.fw = ForwardTimer(torch, device.type == "cuda")
@@ -487,6 +497,10 @@ def _record(torch, device, run_id, request, S, degree, layers, n_sched, steps_e2
             rec.notes.append(f"overhead check: E2E {f['e2e_s']:.2f} s {'<=' if f['e2e_s'] <= bound else '>'} {OVERHEAD} x "
                              f"({f['computed']} x {fwd:.3f} s + rest {rest:.2f} s) = {bound:.2f} s: "
                              f"{'PASS' if f['e2e_s'] <= bound else 'FAIL'}")
+    if opts.prompt:
+        rec.notes.append(f"prompt: a {opts.text_tokens}-byte string through diffusers' text encoder step and the seeded "
+                         "Qwen3-VL at the packaged widths, placed by the plan's memory.text_encoder for every row; its "
+                         "encode (and any move) is in rest, E2E and the peak")
     if s.name == "best" and row.first is not None:
         rec.notes.append(f"the first forward (regional compile included) took {row.first:.2f} s")
     if s.name == "plan":
@@ -520,10 +534,15 @@ def _measure(torch, cfg, plans, opts, device, rank, group, progress, write) -> i
     if opts.workflow != "t2va" and degree > 1:
         raise UsageError(f"bench.pipeline.workflow={opts.workflow} runs on one GPU for now (parallel=u1); the t2va "
                          "request runs at any Ulysses degree")
-    wf = {} if opts.workflow == "t2va" else {  # t2va: the core denoise step alone, as before
-        "blocks": workflow_blocks(), "partitions": ("transformer_ref",) if opts.workflow == "ref2va" else ("transformer",)}
+    wf = {} if opts.workflow == "t2va" and not opts.prompt else {  # t2va, prompt_embeds: the core denoise step alone
+        "blocks": workflow_blocks(text_encoder=opts.prompt),
+        "partitions": ("transformer_ref",) if opts.workflow == "ref2va" else ("transformer",)}
+    te_setting = conditioner_setting(plan) if opts.prompt else None
+    if opts.prompt:  # built on the device (seconds, where a host init of 33B parameters takes a minute), then placed
+        wf.update(text_encoder=conditioner_config(cfg))
     pipe = build_pipeline(cfg["model"]["diffusers_config"], cfg["vae"]["diffusers_config"], vae_name=cfg["vae"]["name"],
                           layers=opts.layers, device=device, dtype="bf16", seed=opts.seed, **wf)
+    te_placement = place_text_encoder(pipe.text_encoder, te_setting, device) if opts.prompt else None
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the fp32 staging of the seeded weights
     request = Request.parse(opts.video) if opts.video else default_request(pipe)
@@ -537,7 +556,8 @@ def _measure(torch, cfg, plans, opts, device, rank, group, progress, write) -> i
     layers = len(denoiser(pipe, opts.workflow).transformer_blocks)
     run_id = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
     progress.write(f"request {request.label} ({opts.workflow}): {S:,} tokens without conditioning rows "
-                   f"({opts.text_tokens} text), {layers} layers, {degree} GPU(s)")
+                   f"({opts.text_tokens} text), {layers} layers, {degree} GPU(s)"
+                   + (f"; prompt through the seeded text encoder, {te_placement.line}" if te_placement else ""))
     s = _Session(torch, pipe, request, opts, device, progress)
     s.full_forwards = steps_e2e
     rows = _rows(pipe, row_specs(plans, opts, degree), opts, degree, S, group, progress)
@@ -563,7 +583,30 @@ def _measure(torch, cfg, plans, opts, device, rank, group, progress, write) -> i
         if rank == 0:
             write([_record(torch, device, run_id, request, s.S or S, degree, layers, n_sched, steps_e2e, opts, r, rows)
                    for r in rows if r.walls or r.error])
+        if te_placement is not None:
+            te_placement.restore()
     return failed
+
+
+def conditioner_config(cfg):
+    """The seeded conditioner's widths: model.text_encoder (model.path's text_encoder/config.json) or the packaged
+    model.text_encoder_default."""
+    model = cfg["model"]
+    te = model.get("text_encoder") or model.get("text_encoder_default")
+    if te is None:
+        raise UsageError(f"bench.pipeline.prompt=true: model={model.get('name')} has no text encoder config "
+                         "(model.text_encoder_default)")
+    return te
+
+
+def conditioner_setting(plan) -> str:
+    """Where the plan puts the conditioner (memory.text_encoder); a plan that places none cannot run a prompt."""
+    setting = (plan.derived_value("text_encoder") or {}).get("setting")
+    if setting in (None, "none"):
+        raise UsageError("bench.pipeline.prompt=true: the plan places no text encoder (prompt_embeds given); add "
+                         "memory.text_encoder=resident|offload_after|host (the plan refuses one that does not fit and "
+                         "names the one that does)")
+    return setting
 
 
 def run(cfg, plan) -> int:
@@ -577,6 +620,8 @@ def run(cfg, plan) -> int:
     rank, group, device = _distributed(torch, degree)
     _check_size(cfg, device)
     plans = [plan] + extra_plans(cfg, opts)
+    if opts.prompt:  # refused before any file or model is made
+        conditioner_setting(plan), conditioner_config(cfg)
     out = None
     if rank == 0:
         out = Output(records, opts.out_dir, "pipeline", opts.tag or device_tag(device_name(torch, device)))

@@ -1,0 +1,127 @@
+"""Where the pipeline's Qwen3-VL conditioner sits: the plan's `memory.text_encoder` decision carried out.
+
+The plan decides the placement (planning/text_encoder.py placement, in the memory estimate: `plan.derived_value(
+"text_encoder")["setting"]`); `place(text_encoder, setting, device)` makes the module do it and returns a
+TextEncoderPlacement whose `restore()` undoes it (every hook removed, every tensor back where it was):
+- resident: moved to `device` once, there for every call;
+- offload_after: moved to `device` when the encode starts and back to the host when it ends, inside the call (the
+  plan counts the move in the call's time);
+- host: left on the host; its parts (the vision tower, each decoder layer, the final norm) are moved to `device` one
+  at a time as the encode reaches them and back right after, so the device holds one part at a time (the plan's
+  `host` estimate: one decoder layer + the encode's activations); the token lookup runs on the host (its 1.5 GiB
+  table never moves, the looked-up rows do).
+diffusers 0.42.1 runs the conditioner as `text_encoder.model(...)` after firing `text_encoder._hf_hook.pre_forward` by
+hand (`get_qwen3vl_prompt_embeds`), and a ModularPipeline's `_execution_device` reads `_hf_hook.execution_device` of a
+component that has one: off the device (offload_after, host), the conditioner carries a `_hf_hook` naming `device`
+so the pipeline still runs on it, and the moves are forward hooks on `text_encoder.model` and its parts.
+`install_pipeline` (pipeline.py) places a loaded `text_encoder` component by the plan; the pipeline bench places it
+once for all its rows. Nothing here changes a number the conditioner computes (tests/install/test_install_text_encoder.py:
+frames bitwise against the unplaced pipeline for every placement).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from h3plan.errors import InstallError
+
+SETTINGS = ("resident", "offload_after", "host")
+_STATE = "_h3plan_text_encoder"  # the TextEncoderPlacement a placed conditioner carries
+
+
+class _ExecutionHook:
+    """What diffusers reads of an offloaded component: `execution_device`, and `pre_forward` it fires by hand."""
+
+    def __init__(self, device: torch.device):
+        self.execution_device = device
+
+    def pre_forward(self, module, *args, **kwargs):
+        return args, kwargs
+
+
+@dataclass
+class TextEncoderPlacement:
+    module: torch.nn.Module
+    setting: str
+    device: torch.device
+    host: torch.device
+    handles: list = field(default_factory=list)
+    moves: list = field(default_factory=list)
+    """(part name, device) of every move made since placing (what a test reads)."""
+    hooked: bool = False
+
+    def _move(self, name: str, part: torch.nn.Module, device: torch.device) -> None:
+        part.to(device)
+        self.moves.append((name, str(device)))
+
+    def restore(self) -> None:
+        """Every hook removed and the conditioner back on the device it was on before `place`."""
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+        if self.hooked:
+            self.module.__dict__.pop("_hf_hook", None)
+        self.module.to(self.host)
+        self.module.__dict__.pop(_STATE, None)
+
+    @property
+    def line(self) -> str:
+        where = {"resident": f"on {self.device} for every call",
+                 "offload_after": f"moved to {self.device} for the encode and back to {self.host} after it, in the call",
+                 "host": f"on {self.host}, its parts moved to {self.device} one at a time for the encode"}[self.setting]
+        return f"{self.setting} (the plan's memory.text_encoder): {where}"
+
+
+def _parts(module) -> list[tuple[str, torch.nn.Module]]:
+    """The parts `host` streams: the vision tower, each decoder layer, the final norm (the token embedding stays on
+    the host: its lookup runs there and only the looked-up rows go to the device)."""
+    model = module.model
+    lm = model.language_model
+    return [("visual", model.visual)] + [(f"layers.{i}", layer) for i, layer in enumerate(lm.layers)] + [("norm", lm.norm)]
+
+
+def placed(module) -> TextEncoderPlacement | None:
+    return module.__dict__.get(_STATE) if module is not None else None
+
+
+def place(module, setting: str, device) -> TextEncoderPlacement:
+    """Make the conditioner `module` (Qwen3VLForConditionalGeneration) sit as the plan says (module docstring).
+    Placing an already placed conditioner is an InstallError: restore() it first."""
+    if setting not in SETTINGS:
+        raise InstallError(f"text encoder placement {setting!r}: one of {', '.join(SETTINGS)} (none: prompt_embeds given, "
+                           "nothing to place)")
+    if not hasattr(module, "model") or not hasattr(getattr(module, "model"), "language_model"):
+        raise InstallError(f"text encoder: a Qwen3VLForConditionalGeneration is expected, got {type(module).__name__}")
+    before = placed(module)
+    if before is not None:
+        raise InstallError(f"text encoder already placed ({before.setting}); restore() it first")
+    device = torch.device(device)
+    host = next(module.parameters()).device
+    if setting != "resident" and host.type != "cpu":
+        host = torch.device("cpu")
+    p = TextEncoderPlacement(module, setting, device, host)
+    if setting == "resident":
+        p._move("text_encoder", module, device)
+    elif setting == "offload_after":
+        p._move("text_encoder", module, host)
+        p.handles.append(module.model.register_forward_pre_hook(lambda m, a: p._move("text_encoder", module, device)))
+        p.handles.append(module.model.register_forward_hook(lambda m, a, o: p._move("text_encoder", module, host)))
+    else:
+        p._move("text_encoder", module, host)
+        module.model.language_model.rotary_emb.to(device)  # its tables only (no weights)
+        embed = module.model.language_model.embed_tokens  # the lookup runs on the host: its rows go, not the table
+        p.handles.append(embed.register_forward_pre_hook(lambda m, a: tuple(x.to(host) for x in a)))
+        p.handles.append(embed.register_forward_hook(lambda m, a, o: o.to(device)))
+        for name, part in _parts(module):
+            p.handles.append(part.register_forward_pre_hook(lambda m, a, n=name: p._move(n, m, device)))
+            p.handles.append(part.register_forward_hook(lambda m, a, o, n=name: p._move(n, m, host)))
+    if setting != "resident":
+        module.__dict__["_hf_hook"] = _ExecutionHook(device)
+        p.hooked = True
+    module.__dict__[_STATE] = p
+    return p
+
+
+__all__ = ["place", "placed", "TextEncoderPlacement", "SETTINGS"]

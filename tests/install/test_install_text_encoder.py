@@ -1,0 +1,110 @@
+"""The plan's memory.text_encoder carried out (h3plan/install/text_encoder.py) on the tiny pipeline with diffusers'
+text encoder step and the seeded tiny Qwen3-VL (model=h3_tiny's text_encoder_default), on the CPU.
+
+Contracts: every placement leaves the frames of `pipe(prompt=...)` bitwise those of the unplaced pipeline (rtol=0,
+atol=0); each moves what it says when it says (resident once; offload_after to the device and back around the
+encode; host one part at a time); `h3plan.install(pipe, plan)` places the conditioner by the plan and uninstall undoes
+it; a plan that places none leaves it alone. On the CPU the device and the host are one device: the moves are read
+from the placement's log, the bytes never leave; tests/gpu would see them (not run here).
+"""
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="diffusers' MiniMaxH3ModularPipeline imports transformers")
+
+import h3plan  # noqa: E402
+from h3plan.errors import InstallError  # noqa: E402
+from h3plan.install.text_encoder import place, placed  # noqa: E402
+from test_install_pipeline import _cfg  # noqa: E402
+
+SIZE = 32
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    import yaml
+
+    from h3plan.actions.pipeline_build import build_pipeline, workflow_blocks
+    from h3plan.planning import CONF
+
+    return build_pipeline(_cfg("conf/model/h3_tiny.yaml"), _cfg("conf/vae/h3_tiny_pipe.yaml"), vae_name="h3_tiny_pipe",
+                          layers=1, blocks=workflow_blocks(text_encoder=True),
+                          text_encoder=yaml.safe_load(open(f"{CONF}/model/h3_tiny.yaml"))["text_encoder_default"])
+
+
+def _call(pipe):
+    from h3plan.actions.pipeline_build import prompt_text
+
+    return pipe(prompt=prompt_text(9), height=SIZE, width=SIZE, num_frames=124, num_inference_steps=2,
+                output_type="pt", output="videos", generator=torch.Generator("cpu").manual_seed(0))
+
+
+@pytest.fixture(scope="module")
+def unplaced(pipe):
+    return _call(pipe)
+
+
+@pytest.mark.slow  # ~20 s: the tiny pipeline with its conditioner, four calls
+@pytest.mark.parametrize("setting", ["resident", "offload_after", "host"])
+def test_each_placement_keeps_the_frames_and_moves_what_it_says(pipe, unplaced, setting):
+    p = place(pipe.text_encoder, setting, "cpu")
+    try:
+        assert pipe._execution_device == torch.device("cpu")
+        assert torch.equal(_call(pipe), unplaced)
+        names = [n for n, _ in p.moves]
+        layers = pipe.text_encoder.config.text_config.num_hidden_layers
+        if setting == "resident":
+            assert names == ["text_encoder"]
+        elif setting == "offload_after":  # to the host at placing, then to the device and back around the one encode
+            assert names == ["text_encoder"] * 3
+        else:  # to the host at placing, then each part there and back (no vision input: the tower never runs)
+            assert names[0] == "text_encoder" and "embed_tokens" not in names and names.count("norm") == 2
+            assert all(names.count(f"layers.{i}") == 2 for i in range(layers)) and "visual" not in names
+    finally:
+        p.restore()
+    assert placed(pipe.text_encoder) is None and "_hf_hook" not in pipe.text_encoder.__dict__
+
+
+EAGER = {"levers.attention": "sdpa", "levers.adaln_table": "off", "levers.vae_graphs": "off", "levers.vae_ops": "eager",
+         "levers.qk_norm_rope": "eager", "levers.modulation": "eager", "levers.gated_residual": "off",
+         "levers.swiglu": "off"}  # the kernels are the installer tests' business; this is about the conditioner
+
+
+@pytest.mark.slow
+def test_install_places_it_by_the_plan_and_uninstall_undoes_it(pipe, unplaced):
+    plan = h3plan.resolve_config(model="h3_tiny", vae="h3_tiny_pipe", **{"memory.text_encoder": "offload_after", **EAGER})
+    assert plan.derived_value("text_encoder")["setting"] == "offload_after"
+    report = h3plan.install(pipe, plan)
+    try:
+        assert placed(pipe.text_encoder).setting == "offload_after"
+        assert report.skipped["text_encoder"].startswith("offload_after (the plan's memory.text_encoder)")
+        assert torch.equal(_call(pipe), unplaced)
+    finally:
+        h3plan.uninstall(pipe)
+    assert placed(pipe.text_encoder) is None
+    h3plan.install(pipe, h3plan.resolve_config(model="h3_tiny", vae="h3_tiny_pipe", **EAGER))
+    try:  # prompt_embeds given: the plan places nothing
+        assert placed(pipe.text_encoder) is None
+    finally:
+        h3plan.uninstall(pipe)
+
+
+def test_bad_placements_are_one_line():
+    import yaml
+
+    from h3plan.actions.text_encoder_build import build_text_encoder
+    from h3plan.planning import CONF
+
+    te = build_text_encoder(yaml.safe_load(open(f"{CONF}/model/h3_tiny.yaml"))["text_encoder_default"])
+    with pytest.raises(InstallError, match=r"^text encoder placement 'none': one of resident, offload_after, host"):
+        place(te, "none", "cpu")
+    with pytest.raises(InstallError, match="a Qwen3VLForConditionalGeneration is expected, got Linear"):
+        place(torch.nn.Linear(2, 2), "host", "cpu")
+    p = place(te, "host", "cpu")
+    try:
+        with pytest.raises(InstallError, match=r"already placed \(host\); restore\(\) it first"):
+            place(te, "resident", "cpu")
+    finally:
+        p.restore()
+    assert placed(te) is None and "_hf_hook" not in te.__dict__
