@@ -16,6 +16,7 @@ cold plan (benchmarks/plan_speed.py).
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 from collections import Counter
@@ -84,6 +85,22 @@ def _plain_file(path: str):
     return data if isinstance(data, dict) and "defaults" not in data else None
 
 
+def _stamp(path: str) -> tuple[str, int, int] | None:
+    """A file's identity for the cache below: an edited file (new mtime or size) is read again."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return path, st.st_mtime_ns, st.st_size
+
+
+_MERGED: dict[tuple, Any] = {}
+"""The schema and group files merged (before struct mode and the key overrides), per group choices and file stamps:
+a deep copy is about a tenth of the merge, and a process that plans many times (a sweep, predict, the tests) repeats
+a few choices. Least recently used first; at most _MERGED_MAX entries."""
+_MERGED_MAX = 32
+
+
 FALLBACKS: Counter[str] = Counter()
 """Why Hydra composed instead, counted per process (the reasons below)."""
 
@@ -125,21 +142,29 @@ def compose(overrides: list[str]):
             if value is _UNSURE:
                 return _to_hydra("a value other than null, a bool, a decimal number, a name, a path or a flat list")
             keys.append((key, value))
-        cfg = OmegaConf.create()
-        with flag_override(cfg, "no_deepcopy_set_nodes", True):
-            for group, option in defaults:
-                if option == schema.SCHEMA_NAME and not group:
-                    cfg.merge_with(OmegaConf.structured(schema.H3PlanConfig))
-                elif option == "_self_" and not group:
-                    own = OmegaConf.masked_copy(primary, [str(k) for k in primary if k not in ("defaults", "hydra")])
-                    cfg.merge_with(own)
-                elif group:
-                    loaded = _plain_file(os.path.join(CONF, group, f"{choices[group]}.yaml"))
-                    if loaded is None:
-                        return _to_hydra("a group option that is not a plain file (or none)")
-                    cfg.merge_with({group: loaded})
-                else:
-                    return _to_hydra("config.yaml's defaults list")
+        files = [os.path.join(CONF, "config.yaml")] + [os.path.join(CONF, g, f"{choices[g]}.yaml") for g, _ in defaults if g]
+        key = (schema.H3PlanConfig, tuple(defaults), tuple(choices.items()), tuple(map(_stamp, files)))
+        merged = _MERGED.pop(key, None)
+        if merged is None:
+            merged = OmegaConf.create()
+            with flag_override(merged, "no_deepcopy_set_nodes", True):
+                for group, option in defaults:
+                    if option == schema.SCHEMA_NAME and not group:
+                        merged.merge_with(OmegaConf.structured(schema.H3PlanConfig))
+                    elif option == "_self_" and not group:
+                        own = OmegaConf.masked_copy(primary, [str(k) for k in primary if k not in ("defaults", "hydra")])
+                        merged.merge_with(own)
+                    elif group:
+                        loaded = _plain_file(os.path.join(CONF, group, f"{choices[group]}.yaml"))
+                        if loaded is None:
+                            return _to_hydra("a group option that is not a plain file (or none)")
+                        merged.merge_with({group: loaded})
+                    else:
+                        return _to_hydra("config.yaml's defaults list")
+        _MERGED[key] = merged  # most recent last
+        while len(_MERGED) > _MERGED_MAX:
+            del _MERGED[next(iter(_MERGED))]
+        cfg = copy.deepcopy(merged)  # the cached node is never handed out: callers and the overrides below edit theirs
         OmegaConf.set_struct(cfg, True)
         for key, value in keys:
             OmegaConf.update(cfg, key, value, merge=True)

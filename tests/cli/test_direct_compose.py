@@ -75,3 +75,31 @@ def test_values_read_as_hydras_grammar_reads_them(text, value):
 
     assert direct._value(text) == value
     assert OverridesParser.create().parse_override(f"k={text}").value() == value
+
+
+def test_a_repeated_composition_is_its_own_copy_of_the_same_config():
+    """The merged groups are cached per choices (direct._MERGED): a second composition is equal node by node to the
+    first and to Hydra's, and editing one (as an override or a caller does) leaves the next untouched."""
+    overrides = ["hardware=sm100", "recipe=fp8", "parallel=u2"]
+    with config.libyaml():
+        first = direct.compose(overrides)
+        first.parallel.seq_len = 7
+        first.levers.attention = "sdpa"
+        again = direct.compose(overrides + ["levers.swiglu=off"])
+        third = direct.compose(overrides)
+    assert again is not first and third is not again and third is not first
+    assert list(_nodes(again)) == list(_nodes(_hydra(overrides + ["levers.swiglu=off"])))
+    assert list(_nodes(third)) == list(_nodes(_hydra(overrides)))
+
+
+def test_an_edited_group_file_is_read_again(tmp_path, monkeypatch):
+    import shutil
+
+    conf = tmp_path / "conf"
+    shutil.copytree(direct.CONF, conf)
+    monkeypatch.setattr(direct, "CONF", str(conf))
+    with config.libyaml():
+        assert direct.compose(["hardware=sm90"]).hardware.device.memory_gb != 12.5
+        text = (conf / "hardware" / "sm90.yaml").read_text()
+        (conf / "hardware" / "sm90.yaml").write_text(text.replace("memory_gb:", "memory_gb: 12.5 #", 1))
+        assert direct.compose(["hardware=sm90"]).hardware.device.memory_gb == 12.5
