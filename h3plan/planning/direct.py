@@ -6,7 +6,8 @@ where the value is null, a bool, a decimal int or float, a bare name, a file pat
 user types and every config the tests compose. The merge is Hydra's own sequence of OmegaConf calls (its
 ConfigLoaderImpl: the groups merged in defaults order onto an empty node, struct mode, then each key override through
 `OmegaConf.update(merge=True)`), so the config is the same object Hydra builds, less its `hydra` node
-(tests/cli/test_direct_compose.py compares the two).
+(tests/cli/test_direct_compose.py compares the two). The merged groups are cached per choices and file stamps
+(`_MERGED`); every call gets its own deep copy.
 
 Fallback: `compose` returns None for anything else (a `+`/`~` prefix, a quoted or interpolated value, a sweep, a
 group file with a defaults list, a repeated key) and for any error, so that Hydra composes and words the error
@@ -143,8 +144,8 @@ def compose(overrides: list[str]):
                 return _to_hydra("a value other than null, a bool, a decimal number, a name, a path or a flat list")
             keys.append((key, value))
         files = [os.path.join(CONF, "config.yaml")] + [os.path.join(CONF, g, f"{choices[g]}.yaml") for g, _ in defaults if g]
-        key = (schema.H3PlanConfig, tuple(defaults), tuple(choices.items()), tuple(map(_stamp, files)))
-        merged = _MERGED.pop(key, None)
+        cached = (schema.H3PlanConfig, tuple(defaults), tuple(choices.items()), tuple(map(_stamp, files)))
+        merged = _MERGED.pop(cached, None)
         if merged is None:
             merged = OmegaConf.create()
             with flag_override(merged, "no_deepcopy_set_nodes", True):
@@ -161,7 +162,7 @@ def compose(overrides: list[str]):
                         merged.merge_with({group: loaded})
                     else:
                         return _to_hydra("config.yaml's defaults list")
-        _MERGED[key] = merged  # most recent last
+        _MERGED[cached] = merged  # most recent last
         while len(_MERGED) > _MERGED_MAX:
             del _MERGED[next(iter(_MERGED))]
         cfg = copy.deepcopy(merged)  # the cached node is never handed out: callers and the overrides below edit theirs
