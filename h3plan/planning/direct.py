@@ -104,7 +104,9 @@ def _group_files(group: str, option: str, folders: list[str], depth: int = 0) ->
     (the same group, each found the same way) and the file itself where it puts `_self_`, which it must name. None
     for any other defaults entry (Hydra composes)."""
     path = next((p for p in (os.path.join(d, group, f"{option}.yaml") for d in folders) if os.path.isfile(p)), None)
-    read = _read(path) if path is not None and depth < 8 else None
+    if path is None or depth >= 8:
+        return None
+    read = _read(path)
     if read is None:
         return None
     defaults, data = read
@@ -192,9 +194,12 @@ def compose(overrides: list[str]):
             if value is _UNSURE:
                 return _to_hydra("a value other than null, a bool, a decimal number, a name, a path or a flat list")
             keys.append((key, value))
-        sources = {g: _group_files(g, choices[g], folders) for g in choices}
-        if any(v is None for v in sources.values()):
-            return _to_hydra("a group option that is not a plain file, or one whose defaults are not its group's options and _self_")
+        sources: dict[str, list[tuple[str, dict]]] = {}
+        for g, option in choices.items():
+            found = _group_files(g, option, folders) if option is not None else None
+            if found is None:
+                return _to_hydra("a group option that is not a plain file, or one whose defaults are not its group's options and _self_")
+            sources[g] = found
         files = [os.path.join(CONF, "config.yaml")] + [path for g, _ in defaults if g for path, _ in sources[g]]
         if len(set(files)) < len(files):
             return _to_hydra("a file merged twice")
@@ -210,7 +215,7 @@ def compose(overrides: list[str]):
                         own = OmegaConf.masked_copy(primary, [str(k) for k in primary if k not in ("defaults", "hydra")])
                         merged.merge_with(own)
                     elif group:
-                        for _, data in sources[group] or ():
+                        for _, data in sources[group]:
                             merged.merge_with({group: data})
                     else:
                         return _to_hydra("config.yaml's defaults list")
