@@ -4,16 +4,17 @@ Scope: config.yaml's defaults list as it stands (the schema, one option per grou
 plain files (no `@package` header; a defaults list only of the same group's options and `_self_`, as a tuned hardware
 file has), found in conf/ and then in the folders of a `hydra.searchpath=[file:///...]` override, and overrides of the
 forms `group=option` and `dotted.key=value` where the value is null, a bool, a decimal int or float, a bare name, a
-file path, or a flat list of those. That is every plan a user types and most configs the tests compose. The merge is Hydra's own sequence of OmegaConf calls (its
-ConfigLoaderImpl: the groups merged in defaults order onto an empty node, struct mode, then each key override through
-`OmegaConf.update(merge=True)`), so the config is the same object Hydra builds, less its `hydra` node
-(tests/cli/test_direct_compose.py compares the two). The merged groups are cached per choices and file stamps
-(`_MERGED`); every call gets its own deep copy.
+file path, or a flat list of those. That is every plan a user types and most configs the tests compose. The merge is
+Hydra's own sequence of OmegaConf calls (its ConfigLoaderImpl: the groups merged in defaults order onto an empty node,
+struct mode, then each key override through `OmegaConf.update(merge=True)`), so the config is the same object Hydra
+builds, less its `hydra` node (tests/cli/test_direct_compose.py compares the two). The merged groups are cached per
+choices and file stamps (`_MERGED`); every call gets its own deep copy.
 
 Fallback: `compose` returns None for anything else (a `+`/`~` prefix, a quoted or interpolated value, a sweep, a
-group file with any other defaults entry, a search path folder that is not there, a repeated key) and for any error, so that Hydra composes and words the error
-exactly as before; `FALLBACKS` counts each with its reason. Skipping Hydra's import, its config repository and its own `hydra` node is about a third of a
-cold plan (benchmarks/plan_speed.py).
+group file with any other defaults entry, a search path folder that is not there, a repeated key) and for any error,
+so that Hydra composes and words the error exactly as before; `FALLBACKS` counts each with its reason. Skipping
+Hydra's import, its config repository and its own `hydra` node is about a third of a cold plan
+(benchmarks/plan_speed.py).
 """
 
 from __future__ import annotations
