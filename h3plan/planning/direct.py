@@ -1,21 +1,25 @@
 """The packaged config composed without Hydra, for the command lines where that gives Hydra's own config.
 
 Scope: config.yaml's defaults list as it stands (the schema, one option per group, `_self_`), group options that are
-plain files (no defaults list, no `@package` header), and overrides of the forms `group=option` and `dotted.key=value`
-where the value is null, a bool, a decimal int or float, a bare name, a file path, or a flat list of those. That is every plan a
-user types and every config the tests compose. The merge is Hydra's own sequence of OmegaConf calls (its
-ConfigLoaderImpl: the groups merged in defaults order onto an empty node, struct mode, then each key override through
-`OmegaConf.update(merge=True)`), so the config is the same object Hydra builds, less its `hydra` node
-(tests/cli/test_direct_compose.py compares the two).
+plain files (no `@package` header; a defaults list only of the same group's options and `_self_`, as a tuned hardware
+file has), found in conf/ and then in the folders of a `hydra.searchpath=[file:///...]` override, and overrides of the
+forms `group=option` and `dotted.key=value` where the value is null, a bool, a decimal int or float, a bare name, a
+file path, or a flat list of those. That is every plan a user types and most configs the tests compose. The merge is
+Hydra's own sequence of OmegaConf calls (its ConfigLoaderImpl: the groups merged in defaults order onto an empty node,
+struct mode, then each key override through `OmegaConf.update(merge=True)`), so the config is the same object Hydra
+builds, less its `hydra` node (tests/cli/test_direct_compose.py compares the two). The merged groups are cached per
+choices and file stamps (`_MERGED`); every call gets its own deep copy.
 
 Fallback: `compose` returns None for anything else (a `+`/`~` prefix, a quoted or interpolated value, a sweep, a
-group file with a defaults list, a repeated key) and for any error, so that Hydra composes and words the error
-exactly as before; `FALLBACKS` counts each with its reason. Skipping Hydra's import, its config repository and its own `hydra` node is about a third of a
-cold plan (benchmarks/plan_speed.py).
+group file with any other defaults entry, a search path folder that is not there, a repeated key) and for any error,
+so that Hydra composes and words the error exactly as before; `FALLBACKS` counts each with its reason. Skipping
+Hydra's import, its config repository and its own `hydra` node is about a third of a cold plan
+(benchmarks/plan_speed.py).
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 from collections import Counter
@@ -31,6 +35,8 @@ _FLOAT = re.compile(r"[+-]?(?:0|[1-9][0-9]*)\.[0-9]+")
 _PATH = re.compile(r"[A-Za-z0-9_./-]*[/.][A-Za-z0-9_./-]*")  # several of Hydra's tokens: it keeps the text
 _WORDS = {"null": None, "true": True, "false": False}  # Hydra's grammar reads these in any case
 _UNSURE = object()
+_FOLDER = r"file:///[A-Za-z0-9_./-]*"  # absolute folders only
+_SEARCHPATH = re.compile(rf"\[({_FOLDER}(?:,{_FOLDER})*)\]")
 
 
 def _value(text: str) -> Any:
@@ -68,20 +74,74 @@ def _defaults(primary) -> list[tuple[str, str | None]] | None:
     return out
 
 
-def _plain_file(path: str):
-    """A group option's YAML as plain data (read by OmegaConf's YAML loader, as OmegaConf.load reads it; merged once,
-    not first built as a node and then copied) when it is a plain file (no `@package` header, no defaults list)."""
+def _read(path: str):
+    """A group option's YAML as (its defaults list or None, its data without it), read by OmegaConf's YAML loader as
+    OmegaConf.load reads it (merged once, not first built as a node and then copied); None for a file this module
+    leaves to Hydra (an `@package` header, not a mapping). Cached per file stamp."""
     import yaml
     from omegaconf._utils import get_yaml_loader
 
-    if not os.path.isfile(path):
+    stamp = _stamp(path)
+    if stamp is None or not os.path.isfile(path):
         return None
+    if stamp in _FILES:
+        return _FILES[stamp]
     with open(path, encoding="utf-8") as f:
         text = f.read()
-    if re.search(r"^\s*#\s*@package", text, re.M):
+    data = None if re.search(r"^\s*#\s*@package", text, re.M) else yaml.load(text, Loader=get_yaml_loader())
+    read = None
+    if isinstance(data, dict):
+        defaults = data.pop("defaults", None)
+        read = None if defaults is not None and not isinstance(defaults, list) else (defaults, data)
+    if len(_FILES) >= 256:
+        _FILES.clear()
+    _FILES[stamp] = read
+    return read
+
+
+def _group_files(group: str, option: str, folders: list[str], depth: int = 0) -> list[tuple[str, dict]] | None:
+    """(path, data) of every file Hydra merges for `group=option`, in its order: the option found in the first
+    folder that has it (conf/, then the search path's), and where that file has a defaults list, the options it names
+    (the same group, each found the same way) and the file itself where it puts `_self_`, which it must name. None
+    for any other defaults entry (Hydra composes)."""
+    path = next((p for p in (os.path.join(d, group, f"{option}.yaml") for d in folders) if os.path.isfile(p)), None)
+    if path is None or depth >= 8:
         return None
-    data = yaml.load(text, Loader=get_yaml_loader())
-    return data if isinstance(data, dict) and "defaults" not in data else None
+    read = _read(path)
+    if read is None:
+        return None
+    defaults, data = read
+    if defaults is None:
+        return [(path, data)]
+    if "_self_" not in defaults:
+        return None
+    out: list[tuple[str, dict]] = []
+    for d in defaults:
+        if d == "_self_":
+            out.append((path, data))
+            continue
+        inner = _group_files(group, d, folders, depth + 1) if isinstance(d, str) and _OPTION.fullmatch(d) else None
+        if inner is None:
+            return None
+        out += inner
+    return out
+
+
+def _stamp(path: str) -> tuple[str, int, int] | None:
+    """A file's identity for the cache below: an edited file (new mtime or size) is read again."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return path, st.st_mtime_ns, st.st_size
+
+
+_MERGED: dict[tuple, Any] = {}
+"""The schema and group files merged (before struct mode and the key overrides), per group choices and file stamps:
+a deep copy is about a tenth of the merge, and a process that plans many times (a sweep, predict, the tests) repeats
+a few choices. Least recently used first; at most _MERGED_MAX entries."""
+_MERGED_MAX = 32
+_FILES: dict[tuple, Any] = {}
 
 
 FALLBACKS: Counter[str] = Counter()
@@ -109,8 +169,18 @@ def compose(overrides: list[str]):
         choices = {g: o for g, o in defaults if g}
         keys: list[tuple[str, Any]] = []
         seen: set[str] = set()
+        folders = [CONF]
         for o in overrides:
             key, eq, text = o.partition("=")
+            if key == "hydra.searchpath" and key not in seen:
+                seen.add(key)
+                listed = _SEARCHPATH.fullmatch(text)
+                if listed is None:
+                    return _to_hydra("a search path other than a list of file:// folders")
+                folders += [f[len("file://"):] for f in listed.group(1).split(",")]
+                if not all(map(os.path.isdir, folders)):
+                    return _to_hydra("a search path folder that is not there")  # Hydra warns
+                continue
             if not eq or not _KEY.fullmatch(key) or key in seen or key.split(".")[0] == "hydra":
                 return _to_hydra("an override form other than key=value once per key")
             seen.add(key)
@@ -125,21 +195,35 @@ def compose(overrides: list[str]):
             if value is _UNSURE:
                 return _to_hydra("a value other than null, a bool, a decimal number, a name, a path or a flat list")
             keys.append((key, value))
-        cfg = OmegaConf.create()
-        with flag_override(cfg, "no_deepcopy_set_nodes", True):
-            for group, option in defaults:
-                if option == schema.SCHEMA_NAME and not group:
-                    cfg.merge_with(OmegaConf.structured(schema.H3PlanConfig))
-                elif option == "_self_" and not group:
-                    own = OmegaConf.masked_copy(primary, [str(k) for k in primary if k not in ("defaults", "hydra")])
-                    cfg.merge_with(own)
-                elif group:
-                    loaded = _plain_file(os.path.join(CONF, group, f"{choices[group]}.yaml"))
-                    if loaded is None:
-                        return _to_hydra("a group option that is not a plain file (or none)")
-                    cfg.merge_with({group: loaded})
-                else:
-                    return _to_hydra("config.yaml's defaults list")
+        sources: dict[str, list[tuple[str, dict]]] = {}
+        for g, option in choices.items():
+            found = _group_files(g, option, folders) if option is not None else None
+            if found is None:
+                return _to_hydra("a group option that is not a plain file, or one whose defaults are not its group's options and _self_")
+            sources[g] = found
+        files = [os.path.join(CONF, "config.yaml")] + [path for g, _ in defaults if g for path, _ in sources[g]]
+        if len(set(files)) < len(files):
+            return _to_hydra("a file merged twice")
+        cached = (schema.H3PlanConfig, tuple(defaults), tuple(choices.items()), tuple(map(_stamp, files)))
+        merged = _MERGED.pop(cached, None)
+        if merged is None:
+            merged = OmegaConf.create()
+            with flag_override(merged, "no_deepcopy_set_nodes", True):
+                for group, option in defaults:
+                    if option == schema.SCHEMA_NAME and not group:
+                        merged.merge_with(OmegaConf.structured(schema.H3PlanConfig))
+                    elif option == "_self_" and not group:
+                        own = OmegaConf.masked_copy(primary, [str(k) for k in primary if k not in ("defaults", "hydra")])
+                        merged.merge_with(own)
+                    elif group:
+                        for _, data in sources[group]:
+                            merged.merge_with({group: data})
+                    else:
+                        return _to_hydra("config.yaml's defaults list")
+        _MERGED[cached] = merged  # most recent last
+        while len(_MERGED) > _MERGED_MAX:
+            del _MERGED[next(iter(_MERGED))]
+        cfg = copy.deepcopy(merged)  # the cached node is never handed out: callers and the overrides below edit theirs
         OmegaConf.set_struct(cfg, True)
         for key, value in keys:
             OmegaConf.update(cfg, key, value, merge=True)

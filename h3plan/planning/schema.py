@@ -323,11 +323,23 @@ def to_plain(cfg: DictConfig | dict) -> dict[str, Any]:
     from omegaconf.errors import MissingMandatoryValue
 
     if isinstance(cfg, dict):
-        cfg = OmegaConf.merge(OmegaConf.structured(H3PlanConfig), cfg)
+        cfg = OmegaConf.merge(_schema_node(), cfg)  # merge copies its first argument: the cached node stays as built
     try:
         return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True, throw_on_missing=True)
     except MissingMandatoryValue as e:
         raise ConfigError(str(e.full_key), "missing value: the schema requires it (set it in your YAML or on the command line)") from None
+
+
+def _schema_node() -> DictConfig:
+    """OmegaConf.structured(H3PlanConfig), built once a process: a plan file read back or a dict resolved merges onto
+    it, and building it costs about five deep copies of it."""
+    node = _STRUCTURED.get(H3PlanConfig)
+    if node is None:
+        node = _STRUCTURED[H3PlanConfig] = OmegaConf.structured(H3PlanConfig)
+    return node
+
+
+_STRUCTURED: dict[type, DictConfig] = {}
 
 
 def _hints(node: type) -> dict[str, Any]:

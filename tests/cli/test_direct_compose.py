@@ -3,11 +3,14 @@ every preset and the override forms it reads; every other command line (and ever
 
 import dataclasses
 import itertools
+from pathlib import Path
 
 import pytest
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from h3plan.planning import config, direct
+
+REPO = Path(__file__).resolve().parents[2]
 
 PRESETS = [[f"hardware={h}", f"recipe={r}", f"parallel={p}"]
            for h, r, p in itertools.product(("sm90", "sm100", "sm103", "sm107"), ("bf16", "fp8", "nvfp4"),
@@ -20,6 +23,11 @@ FORMS = [
     ["model=h3_tiny", "action=verify", "video=t2v_768x1344_10s", "pipeline=h3", "strict=False", "out=null"],
     ["out=/tmp/a-b/plan.yaml", "plan=saved.json"],
     ["video.frames=125", "video.audio=false", "parallel.seq_len=-3"],
+    # a search path: a tuned hardware file (defaults: its base preset, then _self_) and a group option only there
+    [f"hydra.searchpath=[file://{REPO}/docs/tuned]", "hardware=sm90_h200", "recipe=fp8", "levers.attention=sdpa"],
+    ["recipe=bf16", f"hydra.searchpath=[file://{REPO}/tests/planner/data/conf,file://{REPO}/docs/tuned]",
+     "hardware=tuned_synthetic"],
+    [f"hydra.searchpath=[file://{REPO}/docs/tuned]", "hardware=sm100"],
 ]
 
 
@@ -57,6 +65,8 @@ def test_direct_composes_hydras_config(overrides):
     ["+extra=1"], ["~out"], ["++strict=true"], ["recipe=bf16,fp8"], ["out='a b'"], ["out=1e3.yaml"],
     ["hardware=sm90", "hardware=sm100"], ["vae=h3_tiny"], ["recipe=bogus"], ["nope=1"], ["levers.attention=bogus"],
     ["parallel.seq_len=1e3"], ["parallel.seq_len=${oc.env:N}"], ["hydra.job.chdir=false"], ["video.audio=inf"],
+    ["hydra.searchpath=[file:///no/such/folder]"], ["hydra.searchpath=[pkg://h3plan.conf]"], ["hydra.searchpath=[file://docs]"],
+    [f"hydra.searchpath=[file://{REPO}/docs/tuned]", "hardware=sm90_h2000"],
 ])
 def test_other_forms_and_errors_are_left_to_hydra(overrides):
     before = direct.FALLBACKS.copy()
@@ -75,3 +85,52 @@ def test_values_read_as_hydras_grammar_reads_them(text, value):
 
     assert direct._value(text) == value
     assert OverridesParser.create().parse_override(f"k={text}").value() == value
+
+
+def test_a_repeated_composition_is_its_own_copy_of_the_same_config():
+    """The merged groups are cached per choices (direct._MERGED): a second composition is equal node by node to the
+    first and to Hydra's, and editing one (as an override or a caller does) leaves the next untouched."""
+    overrides = ["hardware=sm100", "recipe=fp8", "parallel=u2"]
+    with config.libyaml():
+        first = direct.compose(overrides)
+        first.parallel.seq_len = 7
+        first.levers.attention = "sdpa"
+        again = direct.compose(overrides + ["levers.swiglu=off"])
+        third = direct.compose(overrides)
+    assert again is not first and third is not again and third is not first
+    assert list(_nodes(again)) == list(_nodes(_hydra(overrides + ["levers.swiglu=off"])))
+    assert list(_nodes(third)) == list(_nodes(_hydra(overrides)))
+
+
+def test_an_edited_group_file_is_read_again(tmp_path, monkeypatch):
+    import shutil
+
+    conf = tmp_path / "conf"
+    shutil.copytree(direct.CONF, conf)
+    monkeypatch.setattr(direct, "CONF", str(conf))
+    with config.libyaml():
+        assert direct.compose(["hardware=sm90"]).hardware.device.memory_gb != 12.5
+        text = (conf / "hardware" / "sm90.yaml").read_text()
+        (conf / "hardware" / "sm90.yaml").write_text(text.replace("memory_gb:", "memory_gb: 12.5 #", 1))
+        assert direct.compose(["hardware=sm90"]).hardware.device.memory_gb == 12.5
+
+
+@pytest.mark.parametrize("defaults", ["[sm90]", "[/recipe: fp8, _self_]", "[sm90, mine, _self_]", "[sm90, sm90, _self_]"])
+def test_a_user_file_with_other_defaults_is_left_to_hydra(tmp_path, defaults):
+    """Only the same group's options and an explicit `_self_`, each file once; a cycle or any other entry: Hydra."""
+    (tmp_path / "hardware").mkdir()
+    (tmp_path / "hardware" / "mine.yaml").write_text(f"defaults: {defaults}\nname: mine\n")
+    before = direct.FALLBACKS.copy()
+    with config.libyaml():
+        assert direct.compose([f"hydra.searchpath=[file://{tmp_path}]", "hardware=mine"]) is None
+    assert sum((direct.FALLBACKS - before).values()) == 1
+
+
+def test_a_user_file_composes_as_hydra_composes_it(tmp_path):
+    (tmp_path / "hardware").mkdir()
+    (tmp_path / "hardware" / "mine.yaml").write_text("defaults: [sm100, _self_]\nname: mine\ndevice: {memory_gb: 96}\n")
+    overrides = [f"hydra.searchpath=[file://{tmp_path}]", "hardware=mine", "parallel=u2"]
+    with config.libyaml():
+        fast = direct.compose(overrides)
+    assert fast is not None and (fast.hardware.name, fast.hardware.device.memory_gb) == ("mine", 96)
+    assert list(_nodes(fast)) == list(_nodes(_hydra(overrides)))

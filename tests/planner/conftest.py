@@ -35,7 +35,7 @@ def compose_config(*overrides):
     for o in overrides:
         key, value = o.split("=", 1)
         if key in GROUPS:
-            cfg[key] = copy.deepcopy(_hydra_compose(o)[key])
+            cfg[key] = _hydra_compose(o)[key]  # OmegaConf deep-copies a node it sets (the cached one stays as it was)
         else:
             OmegaConf.update(cfg, key, parser.parse_override(o).value(), merge=False)
     return cfg

@@ -130,3 +130,18 @@ def test_an_edited_recipe_name_is_refused_from_a_bf16_plan(plan):
     d = _edit(plan("hardware=sm90", "recipe=bf16", "parallel=u1"), lambda d: d["config"]["recipe"].update(name="fp8"))
     with pytest.raises(PlanFileError, match=r"^config.recipe.name=fp8 does not match its recipe section: checkpoint 'bf16'"):
         Plan.from_dict(d)
+
+
+def test_each_dict_merges_onto_a_fresh_schema(fp8):
+    """schema.to_plain merges a dict onto the schema node it builds once a process: one dict's values never reach
+    the next (a plan file read back after another, edited one)."""
+    from h3plan.planning import schema
+
+    config = fp8.to_dict()["config"]
+    edited = _edit(fp8, lambda d: (d["config"]["parallel"].update(seq_len=4096), d["config"]["levers"].update(swiglu="off")))
+    assert config["parallel"]["seq_len"] != 4096 and config["levers"]["swiglu"] != "off"
+    plain = schema.to_plain(edited["config"])
+    assert (plain["parallel"]["seq_len"], plain["levers"]["swiglu"]) == (4096, "off")
+    assert (schema._schema_node().parallel.seq_len, schema._schema_node().levers.swiglu) == (None, "auto")
+    again = schema.to_plain(config)
+    assert (again["parallel"], again["levers"]) == (config["parallel"], config["levers"])
