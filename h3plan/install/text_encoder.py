@@ -21,6 +21,7 @@ frames bitwise against the unplaced pipeline for every placement).
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -48,8 +49,9 @@ class TextEncoderPlacement:
     device: torch.device
     host: torch.device
     handles: list = field(default_factory=list)
-    moves: list = field(default_factory=list)
-    """(part name, device) of every move made since placing (what a test reads)."""
+    moves: deque = field(default_factory=lambda: deque(maxlen=4096))
+    """(part name, device) of the latest moves, what a test reads: bounded, since a server places once and calls
+    without end (one `host` encode of 64 layers makes 132)."""
     hooked: bool = False
 
     def _move(self, name: str, part: torch.nn.Module, device: torch.device) -> None:
