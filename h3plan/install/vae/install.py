@@ -244,10 +244,13 @@ def _install_graphs(model, builder, state) -> None:
 
 
 def _geometry(model) -> str:
-    if not model.use_tiling:
-        return "tiling off"
-    return (f"{model.tile_sample_min_height}x{model.tile_sample_min_width} px, overlap "
-            f"{model.tile_sample_min_overlap_height}x{model.tile_sample_min_overlap_width}")
+    return _geometry_of(tuple(getattr(model, a) for a in TILING))
+
+
+def _geometry_of(values) -> str:
+    """A TILING tuple as the report writes it."""
+    use, h, w, oh, ow = values
+    return f"{h}x{w} px, overlap {oh}x{ow}" if use else "tiling off"
 
 
 def _check_tile(model, tile: dict) -> tuple[int, int, int]:
@@ -356,11 +359,6 @@ def apply(model, builder, state, group=None) -> None:
     if "vae_tiles" in builder.settings and opts.tile is None and tuple(getattr(model, a) for a in TILING) != RELEASED:
         state.report.notes.append(f"vae_tiles=default leaves the model's tiling as set ({_geometry(model)}), not "
                                   "diffusers' released 256x256 px, overlap 64x64")
-
-
-def _geometry_of(values) -> str:
-    use, h, w, oh, ow = values
-    return f"{h}x{w} px, overlap {oh}x{ow}" if use else "tiling off"
 
 
 def _install_encode_tiles(model, builder, state, before: tuple) -> None:
