@@ -211,15 +211,21 @@ def workflow_inputs(pipe, workflow: str, height: int, width: int, *, seed: int =
 def build_pipeline(model_config: Mapping[str, Any], vae_config: Mapping[str, Any], *, vae_name: str = "h3",
                    layers: int | None = None, device="cpu", dtype="bf16", vae_dtype=None, seed: int = 0,
                    blocks=None, partitions=("transformer",), text_encoder: Mapping[str, Any] | None = None,
-                   text_encoder_device=None):
+                   text_encoder_device=None, text_encoder_placement: str | None = None):
     """A MiniMaxH3ModularPipeline on `device`; see the module docstring. blocks: other pipeline blocks to use
     (workflow_blocks(): all three workflows); partitions: the transformer components to build ("transformer",
     "transformer_ref"), each seeded on its own (PARTITION_SEEDS); text_encoder: a conditioner config (model.
     text_encoder or text_encoder_default) for blocks with the text encoder step (workflow_blocks(text_encoder=True)):
     the seeded Qwen3-VL, tokenizer and processor (text_encoder_build.py), built on `text_encoder_device` (None:
-    `device`; install/text_encoder.py places it as a plan says)."""
+    `device`; install/text_encoder.py places it as a plan says). text_encoder_placement: place it so (resident,
+    offload_after, host; `placed(pipe.text_encoder)` undoes it); off the device, it is built and placed before the
+    transformers, whose float32 staging needs the room (at the real widths the conditioner is 62 GiB and the
+    staging of one transformer 123 GiB)."""
     require_transformers()
+    import torch
     from diffusers import MiniMaxH3Scheduler
+
+    from h3plan.install.text_encoder import place as place_text_encoder
 
     from .inputs import build_model
 
@@ -227,6 +233,17 @@ def build_pipeline(model_config: Mapping[str, Any], vae_config: Mapping[str, Any
     unknown = [p for p in partitions if p not in PARTITION_SEEDS]
     if unknown or not partitions:
         raise UsageError(f"partitions={list(partitions)}: one or both of {', '.join(PARTITION_SEEDS)}")
+    wants_te = "text_encoder" in pipe._component_specs
+    if wants_te and text_encoder is None:
+        raise UsageError("these pipeline blocks run the text encoder step: give a conditioner config "
+                         "(model.text_encoder_default)")
+    te_device = device if text_encoder_device is None else text_encoder_device
+    conditioner = {}
+    if wants_te and text_encoder_placement not in (None, "resident"):  # built first, placed off the device
+        conditioner = conditioner_components(text_encoder, seed=seed + 4, device=te_device)
+        place_text_encoder(conditioner["text_encoder"], text_encoder_placement, device)
+        if torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()  # its 62 GiB of freed blocks, cut to its shapes, would not serve the staging
     vae = build_vae(vae_config, device=device, dtype=vae_dtype, seed=seed + 1)
     components = dict(vae=vae, scheduler=MiniMaxH3Scheduler(shift=VIDEO_SHIFT),
                       audio_scheduler=MiniMaxH3Scheduler(shift=AUDIO_SHIFT))
@@ -235,12 +252,11 @@ def build_pipeline(model_config: Mapping[str, Any], vae_config: Mapping[str, Any
                                        seed=seed + PARTITION_SEEDS[name])
     if "audio_vae" in pipe._component_specs:
         components["audio_vae"] = build_audio_vae(vae_name, device=device, seed=seed + 2)
-    if "text_encoder" in pipe._component_specs:
-        if text_encoder is None:
-            raise UsageError("these pipeline blocks run the text encoder step: give a conditioner config "
-                             "(model.text_encoder_default)")
-        components.update(conditioner_components(text_encoder, seed=seed + 4,
-                                                 device=device if text_encoder_device is None else text_encoder_device))
+    if wants_te and not conditioner:
+        conditioner = conditioner_components(text_encoder, seed=seed + 4, device=te_device)
+        if text_encoder_placement is not None:
+            place_text_encoder(conditioner["text_encoder"], text_encoder_placement, device)
+    components.update(conditioner)
     pipe.update_components(**{k: v for k, v in components.items() if k in pipe._component_specs})
     quiet(pipe)
     mismatch = _shape_mismatch(pipe) or _conditioner_mismatch(pipe)

@@ -6,6 +6,12 @@ TextEncoderPlacement whose `restore()` undoes it (every hook removed, every tens
 - resident: moved to `device` once, there for every call;
 - offload_after: moved to `device` when the encode starts and back to the host when it ends, inside the call (the
   plan counts the move in the call's time);
+Off the device (offload_after, host), every moved tensor has a host master that the device copies are made from:
+pinned when `device` is CUDA, so going up is one DMA at the link's rate, and coming down only points the module back
+at its masters (an encode reads the conditioner's weights and never writes them: nothing is copied back). A pageable
+source runs at a fraction of the link: on the H200 `module.to("cpu")` moved 1.7 GB/s and a pageable host-to-device
+copy 7.7 GB/s against 55 GB/s pinned (benchmarks/results/logs/session15/move_bw.json). Where pinning fails (the host
+cannot lock that much memory) the masters stay pageable and the placement's line says why.
 - host: left on the host; its parts (the vision tower, each decoder layer, the final norm) are moved to `device` one
   at a time as the encode reaches them and back right after, so the device holds one part at a time (the plan's
   `host` estimate: one decoder layer + the encode's activations); the token lookup runs on the host (its 1.5 GiB
@@ -42,6 +48,52 @@ class _ExecutionHook:
         return args, kwargs
 
 
+class _Masters:
+    """Host masters of `modules`' parameters and buffers (the module docstring): `up(device)` gives each module device
+    copies made from them, `down()` points it back at them. Tensors shared between modules get one master."""
+
+    def __init__(self, modules: list[torch.nn.Module], pin: bool):
+        self.slots: list[tuple[torch.nn.Module, str, bool, torch.Tensor]] = []  # (owner, name, is_param, master)
+        self.why_not_pinned: str | None = None
+        made: dict[int, torch.Tensor] = {}
+        for module in modules:
+            for owner in module.modules():
+                for table, is_param in ((owner._parameters, True), (owner._buffers, False)):
+                    for name, t in table.items():
+                        if t is None:
+                            continue
+                        if id(t) not in made:
+                            made[id(t)] = self._master(t, pin)
+                        self.slots.append((owner, name, is_param, made[id(t)]))
+        self.down()
+
+    def _master(self, t: torch.Tensor, pin: bool) -> torch.Tensor:
+        if pin and self.why_not_pinned is None:
+            try:
+                m = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                m.copy_(t.detach())
+                return m
+            except RuntimeError as exc:  # the host could not lock the memory: pageable masters, said so
+                self.why_not_pinned = f"pinning the host masters failed ({str(exc).splitlines()[0][:120]}); pageable"
+        return t.detach().to("cpu")
+
+    def _set(self, device: torch.device | None) -> None:
+        for owner, name, is_param, master in self.slots:
+            t = master if device is None else master.to(device, non_blocking=True)
+            if is_param:
+                param = owner._parameters[name]
+                assert param is not None  # slots hold only the parameters that exist
+                param.data = t
+            else:
+                owner._buffers[name] = t
+
+    def up(self, device: torch.device) -> None:
+        self._set(device)
+
+    def down(self) -> None:
+        self._set(None)
+
+
 @dataclass
 class TextEncoderPlacement:
     module: torch.nn.Module
@@ -53,10 +105,22 @@ class TextEncoderPlacement:
     """(part name, device) of the latest moves, what a test reads: bounded, since a server places once and calls
     without end (one `host` encode of 64 layers makes 132)."""
     hooked: bool = False
+    masters: dict = field(default_factory=dict)
+    """part name -> _Masters of what moves (offload_after: the whole conditioner; host: each streamed part)."""
 
     def _move(self, name: str, part: torch.nn.Module, device: torch.device) -> None:
-        part.to(device)
+        m = self.masters.get(name)
+        if m is None:
+            part.to(device)
+        elif device == self.host:
+            m.down()
+        else:
+            m.up(device)
         self.moves.append((name, str(device)))
+
+    @property
+    def why_not_pinned(self) -> str | None:
+        return next((m.why_not_pinned for m in self.masters.values() if m.why_not_pinned), None)
 
     def restore(self) -> None:
         """Every hook removed and the conditioner back on the device it was on before `place`."""
@@ -65,6 +129,9 @@ class TextEncoderPlacement:
         self.handles.clear()
         if self.hooked:
             self.module.__dict__.pop("_hf_hook", None)
+        for m in self.masters.values():
+            m.down()
+        self.masters.clear()
         self.module.to(self.host)
         self.module.__dict__.pop(_STATE, None)
 
@@ -73,7 +140,9 @@ class TextEncoderPlacement:
         where = {"resident": f"on {self.device} for every call",
                  "offload_after": f"moved to {self.device} for the encode and back to {self.host} after it, in the call",
                  "host": f"on {self.host}, its parts moved to {self.device} one at a time for the encode"}[self.setting]
-        return f"{self.setting} (the plan's memory.text_encoder): {where}"
+        pinned = ("" if self.setting == "resident" or self.device.type != "cuda" else
+                  f"; host masters {'pageable: ' + self.why_not_pinned if self.why_not_pinned else 'pinned'}")
+        return f"{self.setting} (the plan's memory.text_encoder): {where}{pinned}"
 
 
 def _parts(module) -> list[tuple[str, torch.nn.Module]]:
@@ -107,16 +176,21 @@ def place(module, setting: str, device) -> TextEncoderPlacement:
     if setting == "resident":
         p._move("text_encoder", module, device)
     elif setting == "offload_after":
-        p._move("text_encoder", module, host)
+        p.masters["text_encoder"] = _Masters([module], pin=device.type == "cuda")  # copied from where it is, then down
+        p.moves.append(("text_encoder", str(host)))
         p.handles.append(module.model.register_forward_pre_hook(lambda m, a: p._move("text_encoder", module, device)))
         p.handles.append(module.model.register_forward_hook(lambda m, a, o: p._move("text_encoder", module, host)))
     else:
-        p._move("text_encoder", module, host)
+        parts = _parts(module)
+        pin = device.type == "cuda"
+        for name, part in parts:  # the masters first, copied from where the parts are (a device-built one: one DMA)
+            p.masters[name] = _Masters([part], pin=pin and not any(m.why_not_pinned for m in p.masters.values()))
+        p._move("text_encoder", module, host)  # the rest: the token table, the rotary tables, the unused lm_head
         module.model.language_model.rotary_emb.to(device)  # its tables only (no weights)
         embed = module.model.language_model.embed_tokens  # the lookup runs on the host: its rows go, not the table
         p.handles.append(embed.register_forward_pre_hook(lambda m, a: tuple(x.to(host) for x in a)))
         p.handles.append(embed.register_forward_hook(lambda m, a, o: o.to(device)))
-        for name, part in _parts(module):
+        for name, part in parts:
             p.handles.append(part.register_forward_pre_hook(lambda m, a, n=name: p._move(n, m, device)))
             p.handles.append(part.register_forward_hook(lambda m, a, o, n=name: p._move(n, m, host)))
     if setting != "resident":

@@ -108,3 +108,61 @@ def test_bad_placements_are_one_line():
     finally:
         p.restore()
     assert placed(te) is None and "_hf_hook" not in te.__dict__
+
+
+@pytest.mark.parametrize("setting", ["offload_after", "resident"])
+def test_build_pipeline_places_the_conditioner_and_builds_it_first_when_it_leaves_the_device(monkeypatch, setting):
+    """build_pipeline(text_encoder_placement=...): off the device (offload_after, host) the conditioner is built and
+    placed before the VAE and the transformer (whose float32 staging needs the room: at the real widths 62 GiB of
+    conditioner beside 123 GiB of staging did not fit an H200); resident keeps today's order (built last)."""
+    import yaml
+
+    import h3plan.actions.pipeline_build as pb
+    from h3plan.planning import CONF
+
+    seen = []
+    real_vae, real_te = pb.build_vae, pb.conditioner_components
+    monkeypatch.setattr(pb, "build_vae", lambda *a, **k: (seen.append("vae"), real_vae(*a, **k))[1])
+    monkeypatch.setattr(pb, "conditioner_components", lambda *a, **k: (seen.append("text_encoder"), real_te(*a, **k))[1])
+    p = pb.build_pipeline(_cfg("conf/model/h3_tiny.yaml"), _cfg("conf/vae/h3_tiny_pipe.yaml"), vae_name="h3_tiny_pipe",
+                          layers=1, blocks=pb.workflow_blocks(text_encoder=True), text_encoder_placement=setting,
+                          text_encoder=yaml.safe_load(open(f"{CONF}/model/h3_tiny.yaml"))["text_encoder_default"])
+    assert seen == (["text_encoder", "vae"] if setting != "resident" else ["vae", "text_encoder"])
+    state = placed(p.text_encoder)
+    assert state is not None and state.setting == setting
+    state.restore()
+
+
+def test_masters_that_cannot_be_pinned_stay_pageable_and_the_line_says_why(monkeypatch):
+    """offload_after toward a CUDA device pins its host masters; where pinning fails, the masters stay pageable, the
+    moves still run, and the placement's line names the reason (nothing is copied twice: the masters are the
+    parameters' storage between calls)."""
+    import yaml
+
+    import h3plan.install.text_encoder as ite
+    from h3plan.actions.text_encoder_build import build_text_encoder
+    from h3plan.planning import CONF
+
+    real_empty = torch.empty
+
+    def no_pinning(*a, pin_memory=False, **k):
+        if pin_memory:
+            raise RuntimeError("cudaHostAlloc failed: out of memory\nsecond line")
+        return real_empty(*a, **k)
+
+    monkeypatch.setattr(ite.torch, "empty", no_pinning)
+    te = build_text_encoder(yaml.safe_load(open(f"{CONF}/model/h3_tiny.yaml"))["text_encoder_default"])
+    before = {n: t.clone() for n, t in te.state_dict().items()}
+    p = place(te, "offload_after", "cuda")
+    try:
+        assert p.why_not_pinned == "pinning the host masters failed (cudaHostAlloc failed: out of memory); pageable"
+        assert p.line.endswith("; host masters pageable: " + p.why_not_pinned)
+        slots = p.masters["text_encoder"].slots
+        assert slots and all(getattr(o, "_parameters" if is_p else "_buffers")[n] is not None for o, n, is_p, _ in slots)
+        assert all((o._parameters[n].data if is_p else o._buffers[n]).data_ptr() == m.data_ptr()
+                   for o, n, is_p, m in slots)
+        p.masters["text_encoder"].up(torch.device("cpu"))  # the way up, to the one device this machine has
+        assert all(torch.equal(t, before[n]) for n, t in te.state_dict().items())
+    finally:
+        p.restore()
+    assert placed(te) is None and all(torch.equal(t, before[n]) for n, t in te.state_dict().items())

@@ -19,8 +19,19 @@ ROWS = json.loads((Path(__file__).resolve().parents[2] / "benchmarks/results/pip
 PLANS = [r for r in ROWS if r["setting"] == "plan" and r["gpus"] == 1]
 # a 4-forward request of every row but the step cache's (its budget computes 34 forwards: a 4-forward request is
 # refused, tests/planner/test_step_cache*.py)
-FOUR = [r for r in PLANS if "+step_cache=" not in r["label"]]
+FOUR = [r for r in PLANS if "+step_cache=" not in r["label"] and r["steps_e2e"] > 4]  # a 4-forward row: above
 TOL = 0.05  # the issue's target (issue 34)
+# rows whose conditioner moved through pageable host memory (install/text_encoder.py before its pinned masters):
+# module.to("cpu") at 1.7 GB/s and a pageable upload at 7.7 GB/s against the 55 GB/s pinned rate the plan's
+# memory.host_link_gbps stands for (benchmarks/results/logs/session15/move_bw.json): ~48 s of the Turbo call's 58.7 s
+# rest. Their forward is held to the 5%; the call is a strict xfail until a run with the pinned masters replaces them.
+PAGEABLE = {"2026-12-02 13:29:02"}
+
+
+def _call_rows(rows):
+    return [pytest.param(r, marks=pytest.mark.xfail(strict=True, reason="the conditioner's moves ran pageable"))
+            if r["run"] in PAGEABLE and r.get("request", {}).get("memory.text_encoder") == "offload_after" else r
+            for r in rows]
 
 
 def _plan(row, steps=None, hardware=(("hardware", "sm90"),)):
@@ -35,6 +46,14 @@ def test_rows_cover_the_issue():
 
 
 @pytest.mark.parametrize("row", PLANS, ids=lambda r: f"{r['run'][5:16]}-{r['label']}".replace(" ", ""))
+def test_forward_within_5pct(row):
+    plan = _plan(row)
+    assert plan.derived_value("sequence")["transformer_forwards"] == row["steps_e2e"]
+    fwd = plan.derived_value("forward_s_est")
+    assert abs(fwd / row["forward_s"] - 1) <= TOL, (fwd, row["forward_s"])
+
+
+@pytest.mark.parametrize("row", _call_rows(PLANS), ids=lambda r: f"{r['run'][5:16]}-{r['label']}".replace(" ", ""))
 def test_forward_and_call_within_5pct(row):
     plan = _plan(row)
     assert plan.derived_value("sequence")["transformer_forwards"] == row["steps_e2e"]
@@ -89,7 +108,9 @@ def _tuned_cases():
     for path in TUNED_FILES:
         for steps in (None, 5):
             for row in PLANS if steps is None else FOUR:
-                yield pytest.param(path, steps, row, id=f"{path.stem}-{steps or 50}-{row['run'][5:16]}-{row['label']}".replace(" ", ""))
+                marks = _call_rows([row])[0].marks if row["run"] in PAGEABLE else ()
+                yield pytest.param(path, steps, row, marks=marks,
+                                   id=f"{path.stem}-{steps or 50}-{row['run'][5:16]}-{row['label']}".replace(" ", ""))
 
 
 @pytest.mark.parametrize("path, steps, row", list(_tuned_cases()))

@@ -66,7 +66,7 @@ from h3plan.planner import resolve
 from h3plan.planning.action_configs import PipelineBenchConfig  # bench.pipeline.*: one definition, the schema's
 from h3plan.planning.config import compose
 from h3plan.install.step_cache import calls as cache_calls
-from h3plan.install.text_encoder import place as place_text_encoder
+from h3plan.install.text_encoder import placed as placed_text_encoder
 from h3plan.runtime.counters import counters, reset_counters
 
 from ..quality import compare
@@ -504,6 +504,7 @@ def _record(torch, device, run_id, request, S, degree, layers, n_sched, steps_e2
     if s.name == "best" and row.first is not None:
         rec.notes.append(f"the first forward (regional compile included) took {row.first:.2f} s")
     if s.name == "plan":
+        rec.request = records.request_overrides(plan)
         if row.first is not None:
             rec.notes.append(f"the first forward (kernel JIT included) took {row.first:.2f} s")
         rec.notes.append(f"vae_precision {plan_precision(plan)}; lossless apart from it: {_lossless_but_vae(plan)}")
@@ -537,12 +538,11 @@ def _measure(torch, cfg, plans, opts, device, rank, group, progress, write) -> i
     wf = {} if opts.workflow == "t2va" and not opts.prompt else {  # t2va, prompt_embeds: the core denoise step alone
         "blocks": workflow_blocks(text_encoder=opts.prompt),
         "partitions": ("transformer_ref",) if opts.workflow == "ref2va" else ("transformer",)}
-    te_setting = conditioner_setting(plan) if opts.prompt else None
-    if opts.prompt:  # built on the device (seconds, where a host init of 33B parameters takes a minute), then placed
-        wf.update(text_encoder=conditioner_config(cfg))
+    if opts.prompt:  # built on the device (seconds, where a host init of 33B parameters takes a minute) and placed
+        wf.update(text_encoder=conditioner_config(cfg), text_encoder_placement=conditioner_setting(plan))
     pipe = build_pipeline(cfg["model"]["diffusers_config"], cfg["vae"]["diffusers_config"], vae_name=cfg["vae"]["name"],
                           layers=opts.layers, device=device, dtype="bf16", seed=opts.seed, **wf)
-    te_placement = place_text_encoder(pipe.text_encoder, te_setting, device) if opts.prompt else None
+    te_placement = placed_text_encoder(pipe.text_encoder) if opts.prompt else None
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the fp32 staging of the seeded weights
     request = Request.parse(opts.video) if opts.video else default_request(pipe)

@@ -72,6 +72,8 @@ class CallRecord:
     workflow: str = "t2va"
     """The request's workflow (t2va, fl2va: first and last keyframe, ref2va: one image reference); the call
     includes its encodes (in rest_s) and S its conditioning rows."""
+    request: dict = field(default_factory=dict)
+    """A plan row's request as overrides (request_overrides): what replan composes again."""
 
 
 def e2e(steps: int, forward_s: float | None, rest_s: float | None) -> float | None:
@@ -247,12 +249,23 @@ def write_chart(records: Sequence[Mapping], path: str) -> str | None:
 CACHE_BUDGET = {"psnr_db_min": 28, "ssim_min": 0.93, "computed": 34}
 
 
+def request_overrides(plan) -> dict:
+    """The plan's request as overrides that compose it again: the video preset, the task with its keyframes or
+    references, and the text encoder's placement."""
+    v, te = plan.get("video"), plan.get("memory").get("text_encoder")
+    out = {"video": v["name"], "video.task": v.get("task") or "t2va"}
+    out.update({f"video.{k}": v[k] for k in ("keyframes", "references") if v.get(k)})
+    if te and te != "none":
+        out["memory.text_encoder"] = te
+    return out
+
+
 def replan(row: Mapping, steps: int | None = None, **groups):
     """A committed plan row planned again (h3plan.resolve_config with `groups`, e.g. hardware=...): its recipe,
     Ulysses degree, the `+lever=setting` words its label carries (the levers its run forced), the step cache's
-    budget, and the row's decode precision where the recipe's own differs; `steps`: pipeline.num_inference_steps
-    instead of the row's request."""
-    over: dict = {"recipe": row["recipe"], "parallel": f"u{row['gpus']}", **groups}
+    budget, the row's request (its `request`: a workflow, a text encoder), and the row's decode precision where the
+    recipe's own differs; `steps`: pipeline.num_inference_steps instead of the row's request."""
+    over: dict = {"recipe": row["recipe"], "parallel": f"u{row['gpus']}", **row.get("request", {}), **groups}
     for word in row["label"].split()[1:]:
         lever, setting = word.lstrip("+").split("=", 1)
         if lever != "vae":
