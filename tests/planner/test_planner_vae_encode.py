@@ -41,15 +41,24 @@ def test_t2va_has_no_row_no_runs_entry_and_no_encode_time():
     assert p.derived_value("encode_s_est") is None and "encode" not in (p.derived_value("call_biggest") or {}).get("part", "")
 
 
-def test_an_encoding_request_prints_its_row_and_its_encode_time_from_the_estimate():
+def test_an_encoding_request_prints_its_row_and_its_encode_time_from_the_h200s_tune():
     p = _plan(recipe="bf16", **FL2VA)
     text = render_summary(p)
     assert f"{LEVER}  fp32" in text and f"{LEVER}=fp32" in text  # the table row and the runs line
-    # two 1344x768 keyframes at the packaged estimate's 0.61 s per 1344x768 frame
-    assert p.derived_value("encode_s_est") == pytest.approx(1.22)
-    assert "VAE encode 1.2 s (estimate, not measured)" in " ".join(text.split())
+    # two 1344x768 keyframes at the packaged sm90 point: action=tune's 0.1995 s per 768x1344 frame on the H200
+    assert p.derived_value("encode_s_est") == pytest.approx(0.399, abs=0.002)
+    assert "VAE encode 0.4 s" in " ".join(text.split()) and "(estimate, not measured)" not in text
     dec, den = p.derived_value("decode_s_est"), p.derived_value("denoise_s_est")
-    assert p.derived_value("call_s_est") == pytest.approx(den + dec + 1.22, abs=0.011)
+    assert p.derived_value("call_s_est") == pytest.approx(den + dec + 0.399, abs=0.011)
+    assert "benchmarks/results/tune-h200.json" in p.derived_value("basis")["encode_s_est"]
+
+
+def test_an_encode_time_from_an_estimate_says_so():
+    estimate = [{"precision": "fp32", "input": [1, 1344, 768], "seconds": 0.61,
+                 "source": "estimate, not measured: 18.2 TFLOP at an assumed 30 TFLOP/s"}]
+    p = _plan(recipe="bf16", **FL2VA, **{"hardware.measured.encode": estimate})
+    assert p.derived_value("encode_s_est") == pytest.approx(1.22)
+    assert "VAE encode 1.2 s (estimate, not measured)" in " ".join(render_summary(p).split())
     assert "estimate, not measured" in p.derived_value("basis")["encode_s_est"]
 
 
@@ -144,7 +153,7 @@ def test_ref2va_encodes_its_image_and_video_references_not_its_audio():
     assert [(x["frames"], x["height"], x["width"]) for x in ins] == [(1, image["height"], image["width"]),
                                                                     (video["frames"], video["height"], video["width"])]
     vol = sum(x["frames"] * x["height"] * x["width"] for x in ins)
-    assert p.derived_value("encode_s_est") == pytest.approx(0.61 * vol / (1344 * 768), abs=0.006)
+    assert p.derived_value("encode_s_est") == pytest.approx(0.1995 * vol / (1344 * 768), abs=0.002)
 
 
 def test_an_encode_at_the_decode_geometry_reads_its_own_point_or_says_it_has_none():
