@@ -71,15 +71,21 @@ def _build(c, args, device="cuda"):
     """(pipe, prompt, media): the t2va denoise + decode pipeline with seeded prompt_embeds, or, for another workflow
     or with the text encoder, diffusers' auto blocks (with its text encoder step and a prompt string)."""
     from h3plan.actions.bench import build_pipeline, prompt_inputs, prompt_text, workflow_blocks, workflow_inputs
+    from h3plan.install.text_encoder import placed
 
     te, wf = WORKFLOW["text_encoder"] != "none", WORKFLOW["workflow"]
     if not te and wf == "t2va":
         pipe = build_pipeline(c["model"]["diffusers_config"], c["vae"]["diffusers_config"], layers=args.layers, device=device)
         return pipe, prompt_inputs(pipe, args.text_tokens), {}
+    # the conditioner is built first on the device and placed on the host (build_pipeline: 62 GiB of it beside the
+    # transformer's float32 staging does not fit an H200), then unplaced: install places it by the plan
     pipe = build_pipeline(c["model"]["diffusers_config"], c["vae"]["diffusers_config"], layers=args.layers, device=device,
                           blocks=workflow_blocks(text_encoder=te),
                           partitions=("transformer_ref",) if wf == "ref2va" else ("transformer",),
-                          text_encoder=c["model"]["text_encoder_default"] if te else None)
+                          text_encoder=c["model"]["text_encoder_default"] if te else None,
+                          text_encoder_placement="host" if te else None)
+    if te:
+        placed(pipe.text_encoder).restore()
     h, w, _ = args.video
     prompt = {"prompt": prompt_text(args.text_tokens)} if te else prompt_inputs(pipe, args.text_tokens)
     return pipe, prompt, workflow_inputs(pipe, wf, h, w, seed=0, keyframes=("first", "last"))

@@ -54,7 +54,9 @@
 #                  memory.text_encoder=host: the plan fits 80 GB) in a fresh process, the pipeline resting on the host,
 #                  install(pipe, plan, device="cuda") under torch.cuda.set_per_process_memory_fraction, then the whole
 #                  pipe(prompt=...) with the conditioner streamed from the host a part at a time (3 steps); rows in
-#                  $OUT/memory-h200-cap-<workflow>.json / .md - about 4 and 5 minutes.
+#                  $OUT/memory-h200-cap-<workflow>.json / .md - about 4 and 5 minutes. Needs more host memory
+#                  than one-GPU H200 machine's 128 GiB: the pipeline resting on the host is the 62 GiB conditioner +
+#                  the 62 GiB transformer + the 9.7 GiB VAE (run it on the two-GPU kind, 256 GiB).
 # Output in $OUT (default benchmarks/results): pipeline-h200.json (rows of every run), .md, .png, pipeline-h200.log.
 # H3_APPEND=1 starts from the committed benchmarks/results/pipeline-h200.json.
 set -u
