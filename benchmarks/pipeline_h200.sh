@@ -46,6 +46,10 @@
 #   H3_PHASE=fl2va-best / fl2va-bits: fl2va at 768x1344x124 and 49 forwards (the t2va preset with
 #                  video.task=fl2va and the first and last keyframe, seeded), the same rows as ref2va's two phases -
 #                  about 7 and 6 minutes;
+#   H3_PHASE=ref2va / fl2va: the four rows of both phases above in one process (eager, best, the bf16 plan and its
+#                  bitwise reference). Session 15's Turbo phase (3 rows, 504 s) spent about 48 s a call and 37 s at
+#                  the build moving the conditioner through pageable memory; with the pinned masters (1.30 s up, none
+#                  down) the estimate is 7-7.5 minutes: one device call per workflow where the split took two.
 #   H3_PHASE=turbo: the Turbo FL2VA request (video=fl2va_turbo_768x1344: 1344x768 height x width, 124 frames: 107
 #                  is under the pipeline's 5 s; 4 denoiser evaluations, --e2e-steps 4): eager and best with diffusers'
 #                  default fp32 VAE, the bf16 plan with recipe.vae=fp16 (target: E2E >= 1.5x best; no fp16 eager row,
@@ -55,7 +59,7 @@
 #                  install(pipe, plan, device="cuda") under torch.cuda.set_per_process_memory_fraction, then the whole
 #                  pipe(prompt=...) with the conditioner streamed from the host a part at a time (3 steps); rows in
 #                  $OUT/memory-h200-cap-<workflow>.json / .md - about 4 and 5 minutes. Needs more host memory
-#                  than one-GPU H200 machine's 128 GiB: the pipeline resting on the host is the 62 GiB conditioner +
+#                  than the one-GPU H200 machine's 128 GiB: the pipeline resting on the host is the 62 GiB conditioner +
 #                  the 62 GiB transformer + the 9.7 GiB VAE (run it on the two-GPU kind, 256 GiB).
 # Output in $OUT (default benchmarks/results): pipeline-h200.json (rows of every run), .md, .png, pipeline-h200.log.
 # H3_APPEND=1 starts from the committed benchmarks/results/pipeline-h200.json.
@@ -94,13 +98,15 @@ case "${H3_PHASE:-fp32}" in
   ref2va-bits) args=(hardware=sm90 parallel=u1 recipe=bf16 "${ref2va[@]}" --no-best) ;;
   fl2va-best) args=(hardware=sm90 parallel=u1 recipe=bf16 "${fl2va[@]}" --no-reference) ;;
   fl2va-bits) args=(hardware=sm90 parallel=u1 recipe=bf16 "${fl2va[@]}" --no-best) ;;
+  ref2va) args=(hardware=sm90 parallel=u1 recipe=bf16 "${ref2va[@]}") ;;
+  fl2va) args=(hardware=sm90 parallel=u1 recipe=bf16 "${fl2va[@]}") ;;
   turbo) vid=1344x768x124
          args=(hardware=sm90 parallel=u1 recipe=bf16 recipe.vae=fp16 video=fl2va_turbo_768x1344
                memory.text_encoder=offload_after --workflow fl2va --prompt --vae fp32 --e2e-steps 4 --no-reference) ;;
   cap-t2va|cap-ref2va) script=benchmarks/memory.py
          args=(--recipes bf16 --cap-only --workflow "${H3_PHASE#cap-}" --text-encoder host --steps 3 --no-warmup) ;;
   *) echo "H3_PHASE: fp32, fp16, stock, all, cache-bf16, cache-fp8, cache-adaptive, cache, ref2va-best, ref2va-bits," \
-          "fl2va-best, fl2va-bits, turbo, cap-t2va or cap-ref2va" >&2; exit 2 ;;
+          "fl2va-best, fl2va-bits, ref2va, fl2va, turbo, cap-t2va or cap-ref2va" >&2; exit 2 ;;
 esac
 if [ "$script" = benchmarks/memory.py ]; then
   common=(--video "$vid" --text-tokens 110 --out "$OUT" --tag "h200-${H3_PHASE}")
