@@ -328,6 +328,14 @@ def test_prompt_runs_through_the_seeded_text_encoder(tmp_path, workflow, placeme
     if workflow == "t2va":  # the prompt's 110 bytes are the 110 text rows of the prompt_embeds form
         _check(rows["eager"])
     assert rows["plan"]["frames"]["bitwise"] is True and rows["reference"]["frames"]["bitwise"] is True
+    # the rest of the call in parts: one encode of the prompt, the keyframes' VAE encodes (fl2va), one decode
+    for r in doc["records"]:
+        parts = r["rest_parts"]
+        assert set(parts) == {"text_encoder", "vae_encode", "vae_decode"} and parts["text_encoder"] > 0
+        assert parts["vae_decode"] > 0 and (parts["vae_encode"] > 0) == (workflow == "fl2va")
+        assert sum(parts.values()) <= r["rest_s"]
+    note = next(n for n in rows["plan"]["notes"] if n.startswith("rest: "))
+    assert "text encoder" in note and "(planned " in note and "everything else" in note
 
 
 def test_prompt_needs_a_placed_text_encoder():

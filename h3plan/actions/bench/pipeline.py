@@ -58,7 +58,7 @@ import os
 import re
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from h3plan.errors import UsageError
@@ -228,6 +228,7 @@ class _Row:
     counters: dict | None = None
     error: str | None = None
     full: dict | None = None  # a step-cache row's whole call (_Session.full_turn)
+    parts: list = field(default_factory=list)  # per call: seconds of the rest's timed parts (_Session.call)
 
 
 def clip_lengths(vae, latent_frames: int) -> set:
@@ -262,11 +263,35 @@ class _Session(Session):
         t = denoiser(pipe, opts.workflow)
         self.handles = [t.register_forward_pre_hook(self.fw.pre), t.register_forward_hook(self.fw.post),
                         t.register_forward_pre_hook(self._rows, with_kwargs=True)]
+        self.parts = self._time_parts(device.type == "cuda")
         self.calls = opts.warmup + opts.steps
         _, latent_frames, _ = resolved(pipe, request)
         r = pipe.vae_spatial_compression_ratio
         frames = warm_latent_frames(pipe.vae, latent_frames)
         self.warm_shape = (1, pipe.vae.config.latent_channels, frames, request.height // r, request.width // r)
+
+    def _time_parts(self, cuda: bool) -> dict:
+        """Timers on the parts of the rest of the call: the text encoder (its model's forward, the placement's moves
+        included: the timer's pre-hook runs before the placement's) and the video VAE's encode and decode (the
+        public methods, wrapped on the instance; install replaces only the private `_encode` / `_decode`)."""
+        pipe, parts = self.pipe, {}
+        te = getattr(pipe, "text_encoder", None) if "text_encoder" in pipe.component_names else None
+        if te is not None:
+            parts["text_encoder"] = ForwardTimer(self.torch, cuda)
+            self.handles += [te.model.register_forward_pre_hook(parts["text_encoder"].pre, prepend=True),
+                             te.model.register_forward_hook(parts["text_encoder"].post)]
+        for name in ("encode", "decode"):
+            timer = parts[f"vae_{name}"] = ForwardTimer(self.torch, cuda)
+            method = getattr(pipe.vae, name)
+
+            def timed(*a, _method=method, _timer=timer, **k):
+                _timer.pre(None, a)
+                out = _method(*a, **k)
+                _timer.post(None, a, out)
+                return out
+
+            pipe.vae.__dict__[name] = timed
+        return parts
 
     def _rows(self, module, args, kwargs):
         rows = [kwargs.get(k) for k in ("hidden_states", "audio_hidden_states", "encoder_hidden_states")]
@@ -286,7 +311,8 @@ class _Session(Session):
         seconds, wall seconds)."""
         r, fw = self.request, self.fw
         calls = forwards or self.calls
-        fw.spans, fw.on = [], True
+        for t in (fw, *self.parts.values()):
+            t.spans, t.on = [], True
         fw.sync()
         host = Clock(self.torch, self.torch.device("cpu"))  # the wall clock around the call and its last kernel
         try:
@@ -296,8 +322,10 @@ class _Session(Session):
                 generator=self.torch.Generator("cpu").manual_seed(self.opts.seed)), fw.sync())[0])
             wall /= 1e3
         finally:
-            fw.on = False
+            for t in (fw, *self.parts.values()):
+                t.on = False
         secs = fw.seconds()
+        self.last_parts = {k: sum(t.seconds()) for k, t in self.parts.items()}
         if len(secs) != calls:
             raise RuntimeError(f"the call made {len(secs)} transformer forwards, expected {calls}")
         return frames, secs, wall
@@ -328,6 +356,7 @@ class _Session(Session):
             row.first = secs[0]
         row.forwards += secs[self.opts.warmup:]
         row.walls.append(wall - sum(secs))
+        row.parts.append(self.last_parts)
         if row.frames is None:
             row.frames = frames.detach().to("cpu") if hasattr(frames, "detach") else frames
         self.progress.step(f"{row_label_of(s)} ({s.vae} VAE): forward {statistics.median(secs[self.opts.warmup:]):.3f} s, "
@@ -351,6 +380,7 @@ class _Session(Session):
         row.counters = dict(counters())
         row.forwards += [x for x, m in zip(secs, mask) if m]
         row.walls.append(wall - sum(secs))
+        row.parts.append(self.last_parts)
         row.full = {"e2e_s": wall, "forwards": len(secs), "computed": made[0]["computed"], "skipped": made[0]["skipped"],
                     "skipped_s": sum(x for x, m in zip(secs, mask) if not m)}
         row.frames = frames.detach().to("cpu") if hasattr(frames, "detach") else frames
@@ -360,6 +390,8 @@ class _Session(Session):
     def close(self):
         for h in self.handles:
             h.remove()
+        for name in ("encode", "decode"):
+            self.pipe.vae.__dict__.pop(name, None)
 
 
 def cached(s: Setting) -> bool:
@@ -487,6 +519,8 @@ def _record(torch, device, run_id, request, S, degree, layers, n_sched, steps_e2
         forwards_per_call=opts.warmup + opts.steps, warmup_forwards=opts.warmup,
         recipe=str(plan.get("recipe").get("name", "")) if plan is not None else "",
         lossless=bool(plan.lossless) if plan is not None else None, config=getattr(s, "config", ""), error=row.error)
+    if row.parts:
+        rec.rest_parts = {k: round(statistics.median(p[k] for p in row.parts), 4) for k in row.parts[0]}
     if row.full is not None:
         f = row.full
         bound = OVERHEAD * (f["computed"] * fwd + rest) if fwd is not None and rest is not None else None
@@ -508,6 +542,13 @@ def _record(torch, device, run_id, request, S, degree, layers, n_sched, steps_e2
         if row.first is not None:
             rec.notes.append(f"the first forward (kernel JIT included) took {row.first:.2f} s")
         rec.notes.append(f"vae_precision {plan_precision(plan)}; lossless apart from it: {_lossless_but_vae(plan)}")
+        planned = {"text_encoder": (plan.derived_value("text_encoder") or {}).get("call_s"),
+                   "vae_encode": plan.derived_value("encode_s_est"), "vae_decode": plan.derived_value("decode_s_est")}
+        if rec.rest_parts and rec.rest_s is not None:  # where the rest of the call went, against the plan's parts
+            timed = [f"{k.replace('_', ' ')} {v:.2f} s" + (f" (planned {planned[k]:.2f})" if planned.get(k) is not None
+                                                           else "") for k, v in rec.rest_parts.items()]
+            other = rec.rest_s - sum(rec.rest_parts.values())
+            rec.notes.append(f"rest: {', '.join(timed)}; everything else {other:.2f} s")
         pf, pc = plan.derived_value("forward_s_est"), plan.derived_value("call_s_est")
         if pf is not None and fwd is not None:  # the plan's own time line against this row (issue 34)
             rec.notes.append(f"predicted: forward {pf:.3f} s ({pf / fwd - 1:+.1%})" + (

@@ -74,6 +74,8 @@ class CallRecord:
     includes its encodes (in rest_s) and S its conditioning rows."""
     request: dict = field(default_factory=dict)
     """A plan row's request as overrides (request_overrides): what replan composes again."""
+    rest_parts: dict = field(default_factory=dict)
+    """Seconds of the rest's timed parts per call (median): text_encoder (with its moves), vae_encode, vae_decode."""
 
 
 def e2e(steps: int, forward_s: float | None, rest_s: float | None) -> float | None:
