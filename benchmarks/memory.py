@@ -70,8 +70,8 @@ def _plan(recipe, steps, tables, gb=None, extra=()):
 def _build(c, args, device="cuda"):
     """(pipe, prompt, media): the t2va denoise + decode pipeline with seeded prompt_embeds, or, for another workflow
     or with the text encoder, diffusers' auto blocks (with its text encoder step and a prompt string)."""
-    from h3plan.actions.bench import build_pipeline, prompt_inputs, prompt_text, workflow_blocks, workflow_inputs
-    from h3plan.install.text_encoder import placed
+    from h3plan.actions.bench import (build_pipeline, placed_text_encoder, prompt_inputs, prompt_text, workflow_blocks,
+                                      workflow_inputs)
 
     te, wf = WORKFLOW["text_encoder"] != "none", WORKFLOW["workflow"]
     if not te and wf == "t2va":
@@ -85,7 +85,7 @@ def _build(c, args, device="cuda"):
                           text_encoder=c["model"]["text_encoder_default"] if te else None,
                           text_encoder_placement="host" if te else None)
     if te:
-        placed(pipe.text_encoder).restore()
+        placed_text_encoder(pipe.text_encoder).restore()
     h, w, _ = args.video
     prompt = {"prompt": prompt_text(args.text_tokens)} if te else prompt_inputs(pipe, args.text_tokens)
     return pipe, prompt, workflow_inputs(pipe, wf, h, w, seed=0, keyframes=("first", "last"))
