@@ -33,16 +33,28 @@ def _hydra_compose(*overrides):
         return compose(config_name="config", overrides=list(overrides))
 
 
+@functools.lru_cache(maxsize=128)
+def _grouped(*group_overrides):
+    """The packaged config with these group options (`group=option`, in order), assembled from the per-group composes;
+    cached per sequence (a test module plans a few presets many times): callers deep-copy it."""
+    cfg = copy.deepcopy(_hydra_compose())
+    for o in group_overrides:
+        key = o.split("=", 1)[0]
+        cfg[key] = _hydra_compose(o)[key]  # OmegaConf deep-copies a node it sets (the cached one stays as it was)
+    return cfg
+
+
 def compose_config(*overrides):
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
-    cfg = copy.deepcopy(_hydra_compose())
+    leading = next((i for i, o in enumerate(overrides) if o.split("=", 1)[0] not in GROUPS), len(overrides))
+    cfg = copy.deepcopy(_grouped(*overrides[:leading]))
     parser = OverridesParser.create()
-    for o in overrides:
+    for o in overrides[leading:]:
         key, value = o.split("=", 1)
         if key in GROUPS:
-            cfg[key] = _hydra_compose(o)[key]  # OmegaConf deep-copies a node it sets (the cached one stays as it was)
+            cfg[key] = _hydra_compose(o)[key]
         else:
             OmegaConf.update(cfg, key, parser.parse_override(o).value(), merge=False)
     return cfg
