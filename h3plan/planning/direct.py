@@ -14,8 +14,11 @@ choices and file stamps (`_MERGED`); every call gets its own deep copy.
 
 Fallback: `compose` returns None for anything else (a `+`/`~` prefix, a quoted or interpolated value, a sweep, a
 group file with any other defaults entry or header, a search path folder that is not there, a repeated group) and for
-any error,
-so that Hydra composes and words the error exactly as before; `FALLBACKS` counts each with its reason. Skipping
+any error but one,
+so that Hydra composes and words the error exactly as before; `FALLBACKS` counts each with its reason. The one: an
+OmegaConf error from a key override (an unknown key, a value its type or choices refuse) is raised as `Refused` with
+that error as its cause: Hydra's own OmegaConf.update call raises the same error on the same node, and
+planning/config.py words the two alike (tests/cli/test_direct_compose.py compares the lines). Skipping
 Hydra's import, its config repository and its own `hydra` node is about a third of a cold plan
 (benchmarks/plan_speed.py).
 """
@@ -172,6 +175,14 @@ FALLBACKS: Counter[str] = Counter()
 """Why Hydra composed instead, counted per process (the reasons below)."""
 
 
+class Refused(Exception):
+    """A key override that OmegaConf refuses: `error` is OmegaConf's error (also the cause)."""
+
+    def __init__(self, error: Exception):
+        super().__init__(str(error))
+        self.error = error
+
+
 def _to_hydra(reason: str) -> None:
     FALLBACKS[reason] += 1
     return None
@@ -181,6 +192,7 @@ def compose(overrides: list[str]):
     """The packaged config with `overrides` as Hydra composes it (its `hydra` node left out, `hardware.option` set),
     or None where Hydra must compose (see the module docstring). Runs under config.libyaml()."""
     from omegaconf import DictConfig, OmegaConf, flag_override
+    from omegaconf.errors import OmegaConfBaseException
 
     from . import schema
 
@@ -250,8 +262,13 @@ def compose(overrides: list[str]):
         cfg = copy.deepcopy(merged)  # the cached node is never handed out: callers and the overrides below edit theirs
         OmegaConf.set_struct(cfg, True)
         for key, value in keys:
-            OmegaConf.update(cfg, key, value, merge=True)
+            try:
+                OmegaConf.update(cfg, key, value, merge=True)
+            except OmegaConfBaseException as e:
+                raise Refused(e) from e
         cfg.hardware.option = choices["hardware"]
         return cfg
+    except Refused:
+        raise
     except Exception:  # noqa: BLE001 - Hydra composes again and words the error its own way
         return _to_hydra("an error")

@@ -69,7 +69,7 @@ def test_direct_composes_hydras_config(overrides):
 
 @pytest.mark.parametrize("overrides", [
     ["+extra=1"], ["~out"], ["++strict=true"], ["recipe=bf16,fp8"], ["out='a b'"], ["out=1e3.yaml"],
-    ["hardware=sm90", "hardware=sm100"], ["vae=h3_tiny", "vae=h3"], ["recipe=bogus"], ["nope=1"], ["levers.attention=bogus"],
+    ["hardware=sm90", "hardware=sm100"], ["vae=h3_tiny", "vae=h3"], ["recipe=bogus"],
     ["parallel.seq_len=1e3"], ["parallel.seq_len=${oc.env:N}"], ["hydra.job.chdir=false"], ["video.audio=inf"],
     ["hydra.searchpath=[file:///no/such/folder]"], ["hydra.searchpath=[pkg://h3plan.conf]"], ["hydra.searchpath=[file://docs]"],
     [f"hydra.searchpath=[file://{REPO}/docs/tuned]", "hardware=sm90_h2000"],
@@ -81,6 +81,30 @@ def test_other_forms_and_errors_are_left_to_hydra(overrides):
     with config.libyaml():
         assert direct.compose(overrides) is None
     assert sum((direct.FALLBACKS - before).values()) == 1  # counted once, with its reason
+
+
+@pytest.mark.parametrize("overrides", [
+    ["nope=1"], ["levers.attention=bogus"], ["levers.atention=fa4"], ["parallel.seq_len=abc"], ["format=xml"],
+    ["detail=everything"], ["bench.best=maybe"], ["hardware.device.memory_gb=lots"], ["pipeline.num_inference_steps=abc"],
+    ["recipe.cache={warmup:x}"], ["recipe.cache={nope:1}"], ["levers.attention=on"], ["strict=maybe"],
+    ["hardware=sm107", "recipe=nvfp4", "parallel.seq_len=100", "levers.swiglu=maybe", "levers.attention=bogus"],
+    [f"hydra.searchpath=[file://{REPO}/docs/tuned]", "hardware=sm90_h200", "hardware.nope=1"],
+])
+def test_a_refused_key_override_is_hydras_line_without_hydra(overrides):
+    """OmegaConf refuses a key override in direct's composition as in Hydra's (the same update on the same node): the
+    one line is Hydra's, byte for byte, and Hydra never composes."""
+    from h3plan.errors import H3PlanError
+
+    before = direct.FALLBACKS.copy()
+    with pytest.raises(direct.Refused):
+        with config.libyaml():
+            direct.compose(config.video_overrides(overrides))
+    with pytest.raises(H3PlanError) as fast:
+        config.compose(overrides)
+    assert direct.FALLBACKS == before
+    with pytest.raises(H3PlanError) as slow:
+        _hydra(overrides)
+    assert (type(fast.value), str(fast.value)) == (type(slow.value), str(slow.value))
 
 
 @pytest.mark.parametrize("text,value", [("null", None), ("NULL", None), ("True", True), ("false", False), ("12", 12),
