@@ -5,22 +5,20 @@ plain files (no `@package` header; a defaults list only of the same group's opti
 file has) or `# @package _global_` files whose defaults list is `/group/option@group` entries of their own group and
 `_self_` (vae=h3_tiny), found in conf/ and then in the folders of a `hydra.searchpath=[file:///...]` override, and
 overrides of the forms `group=option` and `dotted.key=value` (a key given twice is set twice, in order, as Hydra does)
-where the value is null, a bool, a decimal int or float, a bare name, a file path, or a flat list or a flat
-`{name:value,...}` mapping of those. That is every plan a user types and most configs the tests compose. The merge is
-Hydra's own sequence of OmegaConf calls (its ConfigLoaderImpl: the groups merged in defaults order onto an empty node,
-struct mode, then each key override through `OmegaConf.update(merge=True)`), so the config is the same object Hydra
-builds, less its `hydra` node (tests/cli/test_direct_compose.py compares the two). The merged groups are cached per
-choices and file stamps (`_MERGED`); every call gets its own deep copy.
+where the value is null, a bool, a decimal int or float, a bare name, a file path, a flat list of those, or a flat
+`{name:value,...}` mapping of those but paths. That is every plan a user types and most configs the tests compose. The
+merge is Hydra's own sequence of OmegaConf calls (its ConfigLoaderImpl: the groups merged in defaults order onto an
+empty node, struct mode, then each key override through `OmegaConf.update(merge=True)`), so the config is the same
+object Hydra builds, less its `hydra` node (tests/cli/test_direct_compose.py compares the two). The merged groups are
+cached per choices and file stamps (`_MERGED`); every call gets its own deep copy.
 
-Fallback: `compose` returns None for anything else (a `+`/`~` prefix, a quoted or interpolated value, a sweep, a
-group file with any other defaults entry or header, a search path folder that is not there, a repeated group) and for
-any error but one,
-so that Hydra composes and words the error exactly as before; `FALLBACKS` counts each with its reason. The one: an
-OmegaConf error from a key override (an unknown key, a value its type or choices refuse) is raised as `Refused` with
-that error as its cause: Hydra's own OmegaConf.update call raises the same error on the same node, and
-planning/config.py words the two alike (tests/cli/test_direct_compose.py compares the lines). Skipping
-Hydra's import, its config repository and its own `hydra` node is about a third of a cold plan
-(benchmarks/plan_speed.py).
+Fallback: `compose` returns None for anything else (a `+`/`~` prefix, a quoted or interpolated value, a sweep, a group
+file with any other defaults entry or header, a search path folder that is not there, a repeated group) and for any
+error but one, so that Hydra composes and words the error exactly as before; `FALLBACKS` counts each with its reason.
+The one: an OmegaConf error from a key override (an unknown key, a value its type or choices refuse) is raised as
+`Refused` with that error as its cause: Hydra's own OmegaConf.update call raises the same error on the same node, and
+planning/config.py words the two alike (tests/cli/test_direct_compose.py compares the lines). Skipping Hydra's import,
+its config repository and its own `hydra` node is about a third of a cold plan (benchmarks/plan_speed.py).
 """
 
 from __future__ import annotations
@@ -57,7 +55,8 @@ def _value(text: str) -> Any:
         if any(not re.fullmatch(_NAME, k) or k.lower() in (*_WORDS, "inf", "nan") or not c for k, c, _ in pairs):
             return _UNSURE  # also an empty mapping
         out = {k: _value(v) for k, _, v in pairs}
-        unsure = len(out) < len(pairs) or any(x is _UNSURE or isinstance(x, (list, dict)) for x in out.values())
+        unsure = len(out) < len(pairs) or any(x is _UNSURE or isinstance(x, (list, dict))
+                                              or (isinstance(x, str) and not re.fullmatch(_NAME, x)) for x in out.values())
         return _UNSURE if unsure else out
     if text.lower() in _WORDS:
         return _WORDS[text.lower()]

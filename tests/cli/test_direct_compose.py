@@ -74,7 +74,7 @@ def test_direct_composes_hydras_config(overrides):
     ["hydra.searchpath=[file:///no/such/folder]"], ["hydra.searchpath=[pkg://h3plan.conf]"], ["hydra.searchpath=[file://docs]"],
     [f"hydra.searchpath=[file://{REPO}/docs/tuned]", "hardware=sm90_h2000"],
     ["recipe.cache={psnr_db_min: 28}"], ["recipe.cache={psnr_db_min:[28]}"], ["recipe.cache={}"],
-    ["recipe.cache={warmup:1,warmup:2}"], ["recipe.cache={true:1}"], ["recipe.cache={psnr_db_min:{a:1}}"],
+    ["recipe.cache={warmup:1,warmup:2}"], ["recipe.cache={true:1}"], ["recipe.cache={psnr_db_min:{a:1}}"], ["verify.nope={out:/tmp/x.yaml}"],
 ])
 def test_other_forms_and_errors_are_left_to_hydra(overrides):
     before = direct.FALLBACKS.copy()
