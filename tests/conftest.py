@@ -11,13 +11,29 @@ import pytest
 try:
     import torch
 
-    HAS_CUDA = torch.cuda.is_available()
+    HAS_TORCH, HAS_CUDA = True, torch.cuda.is_available()
 except ImportError:  # the planner tests need no torch
-    HAS_CUDA = False
+    HAS_TORCH = HAS_CUDA = False
 
 if not HAS_CUDA:
     # Must be set before triton is first imported.
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def _cores_per_worker() -> int | None:
+    """A pytest-xdist worker's share of the cores (at least one); None outside xdist or where OMP_NUM_THREADS says.
+    torch's intra-op pool takes every core in each worker by default: two workers on two cores (the fast lane) would
+    run four busy threads on two cores and lose time to the contention."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not workers or "OMP_NUM_THREADS" in os.environ:
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, int(workers)))
+
+
+_SHARE = _cores_per_worker()
+if HAS_TORCH and _SHARE is not None:
+    torch.set_num_threads(min(torch.get_num_threads(), _SHARE))
 
 
 TESTS = Path(__file__).resolve().parent

@@ -24,10 +24,14 @@ CONFIG_NAME = "config"
 
 def compose(overrides: list[str]):
     """The packaged config composed with `overrides` (Hydra syntax); bad input raises an H3PlanError with the
-    CLI's one-line message. Hydra composes only what planning/direct.py leaves to it (and every error)."""
+    CLI's one-line message. Hydra composes only what planning/direct.py leaves to it (and every error but a key
+    override's OmegaConf error, the same error Hydra's composition raises)."""
     overrides = video_overrides(list(overrides))
-    with libyaml():
-        cfg = direct.compose(overrides)
+    try:
+        with libyaml():
+            cfg = direct.compose(overrides)
+    except direct.Refused as e:  # the OmegaConf error Hydra's composition raises too, worded as Hydra's is below
+        raise _config_error(condense(e.error)[0]) from None
     if cfg is not None:
         return cfg
     from hydra import compose as hydra_compose, initialize_config_dir

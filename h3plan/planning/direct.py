@@ -2,19 +2,23 @@
 
 Scope: config.yaml's defaults list as it stands (the schema, one option per group, `_self_`), group options that are
 plain files (no `@package` header; a defaults list only of the same group's options and `_self_`, as a tuned hardware
-file has), found in conf/ and then in the folders of a `hydra.searchpath=[file:///...]` override, and overrides of the
-forms `group=option` and `dotted.key=value` where the value is null, a bool, a decimal int or float, a bare name, a
-file path, or a flat list of those. That is every plan a user types and most configs the tests compose. The merge is
-Hydra's own sequence of OmegaConf calls (its ConfigLoaderImpl: the groups merged in defaults order onto an empty node,
-struct mode, then each key override through `OmegaConf.update(merge=True)`), so the config is the same object Hydra
-builds, less its `hydra` node (tests/cli/test_direct_compose.py compares the two). The merged groups are cached per
-choices and file stamps (`_MERGED`); every call gets its own deep copy.
+file has) or `# @package _global_` files whose defaults list is `/group/option@group` entries of their own group and
+`_self_` (vae=h3_tiny), found in conf/ and then in the folders of a `hydra.searchpath=[file:///...]` override, and
+overrides of the forms `group=option` and `dotted.key=value` (a key given twice is set twice, in order, as Hydra does)
+where the value is null, a bool, a decimal int or float, a bare name, a file path, a flat list of those, or a flat
+`{name:value,...}` mapping of those but paths. That is every plan a user types and most configs the tests compose. The
+merge is Hydra's own sequence of OmegaConf calls (its ConfigLoaderImpl: the groups merged in defaults order onto an
+empty node, struct mode, then each key override through `OmegaConf.update(merge=True)`), so the config is the same
+object Hydra builds, less its `hydra` node (tests/cli/test_direct_compose.py compares the two). The merged groups are
+cached per choices and file stamps (`_MERGED`); every call gets its own deep copy.
 
-Fallback: `compose` returns None for anything else (a `+`/`~` prefix, a quoted or interpolated value, a sweep, a
-group file with any other defaults entry, a search path folder that is not there, a repeated key) and for any error,
-so that Hydra composes and words the error exactly as before; `FALLBACKS` counts each with its reason. Skipping
-Hydra's import, its config repository and its own `hydra` node is about a third of a cold plan
-(benchmarks/plan_speed.py).
+Fallback: `compose` returns None for anything else (a `+`/`~` prefix, a quoted or interpolated value, a sweep, a group
+file with any other defaults entry or header, a search path folder that is not there, a repeated group) and for any
+error but one, so that Hydra composes and words the error exactly as before; `FALLBACKS` counts each with its reason.
+The one: an OmegaConf error from a key override (an unknown key, a value its type or choices refuse) is raised as
+`Refused` with that error as its cause: Hydra's own OmegaConf.update call raises the same error on the same node, and
+planning/config.py words the two alike (tests/cli/test_direct_compose.py compares the lines). Skipping Hydra's import,
+its config repository and its own `hydra` node is about a third of a cold plan (benchmarks/plan_speed.py).
 """
 
 from __future__ import annotations
@@ -37,13 +41,23 @@ _WORDS = {"null": None, "true": True, "false": False}  # Hydra's grammar reads t
 _UNSURE = object()
 _FOLDER = r"file:///[A-Za-z0-9_./-]*"  # absolute folders only
 _SEARCHPATH = re.compile(rf"\[({_FOLDER}(?:,{_FOLDER})*)\]")
+_GLOBAL = re.compile(r"\s*#\s*@package\s+_global_\s*\n(?!\s*#\s*@)")  # Hydra's header: its first `# @key value` lines
+_PACKAGED = re.compile(rf"/({_OPTION.pattern})/({_OPTION.pattern})@({_OPTION.pattern})")  # /group/option@package
 
 
 def _value(text: str) -> Any:
     """Hydra's reading of an unquoted override value, for the forms above; _UNSURE for any other."""
     if text.startswith("[") and text.endswith("]"):
         items = [_value(x) for x in text[1:-1].split(",")] if text != "[]" else []
-        return _UNSURE if any(x is _UNSURE or isinstance(x, list) for x in items) else items
+        return _UNSURE if any(x is _UNSURE or isinstance(x, (list, dict)) for x in items) else items
+    if text.startswith("{") and text.endswith("}"):
+        pairs = [x.partition(":") for x in text[1:-1].split(",")]
+        if any(not re.fullmatch(_NAME, k) or k.lower() in (*_WORDS, "inf", "nan") or not c for k, c, _ in pairs):
+            return _UNSURE  # also an empty mapping
+        out = {k: _value(v) for k, _, v in pairs}
+        unsure = len(out) < len(pairs) or any(x is _UNSURE or isinstance(x, (list, dict))
+                                              or (isinstance(x, str) and not re.fullmatch(_NAME, x)) for x in out.values())
+        return _UNSURE if unsure else out
     if text.lower() in _WORDS:
         return _WORDS[text.lower()]
     if _INT.fullmatch(text):
@@ -75,9 +89,10 @@ def _defaults(primary) -> list[tuple[str, str | None]] | None:
 
 
 def _read(path: str):
-    """A group option's YAML as (its defaults list or None, its data without it), read by OmegaConf's YAML loader as
-    OmegaConf.load reads it (merged once, not first built as a node and then copied); None for a file this module
-    leaves to Hydra (an `@package` header, not a mapping). Cached per file stamp."""
+    """A group option's YAML as (its defaults list or None, its data without it, whether its header puts it in the
+    `_global_` package), read by OmegaConf's YAML loader as OmegaConf.load reads it (merged once, not first built as a
+    node and then copied); None for a file this module leaves to Hydra (any other header, not a mapping). Cached per
+    file stamp."""
     import yaml
     from omegaconf._utils import get_yaml_loader
 
@@ -88,39 +103,50 @@ def _read(path: str):
         return _FILES[stamp]
     with open(path, encoding="utf-8") as f:
         text = f.read()
-    data = None if re.search(r"^\s*#\s*@package", text, re.M) else yaml.load(text, Loader=get_yaml_loader())
+    glob = _GLOBAL.match(text) is not None
+    header = re.search(r"^\s*#\s*@", text, re.M) and not glob
+    data = None if header else yaml.load(text, Loader=get_yaml_loader())
     read = None
     if isinstance(data, dict):
         defaults = data.pop("defaults", None)
-        read = None if defaults is not None and not isinstance(defaults, list) else (defaults, data)
+        read = None if defaults is not None and not isinstance(defaults, list) else (defaults, data, glob)
     if len(_FILES) >= 256:
         _FILES.clear()
     _FILES[stamp] = read
     return read
 
 
-def _group_files(group: str, option: str, folders: list[str], depth: int = 0) -> list[tuple[str, dict]] | None:
-    """(path, data) of every file Hydra merges for `group=option`, in its order: the option found in the first
-    folder that has it (conf/, then the search path's), and where that file has a defaults list, the options it names
-    (the same group, each found the same way) and the file itself where it puts `_self_`, which it must name. None
-    for any other defaults entry (Hydra composes)."""
+def _group_files(group: str, option: str, folders: list[str], depth: int = 0) -> list[tuple[str, dict, str]] | None:
+    """(path, data, package) of every file Hydra merges for `group=option`, in its order: the option found in the
+    first folder that has it (conf/, then the search path's), and where that file has a defaults list, the options it
+    names and the file itself where it puts `_self_`, which it must name. A file in the group's package names the
+    same group's options; a `_global_` file (package "") names `/group/option@group` of its own group. None for any
+    other defaults entry (Hydra composes)."""
     path = next((p for p in (os.path.join(d, group, f"{option}.yaml") for d in folders) if os.path.isfile(p)), None)
     if path is None or depth >= 8:
         return None
     read = _read(path)
     if read is None:
         return None
-    defaults, data = read
+    defaults, data, glob = read
+    package = "" if glob else group
     if defaults is None:
-        return [(path, data)]
+        return [(path, data, package)]
     if "_self_" not in defaults:
         return None
-    out: list[tuple[str, dict]] = []
+    out: list[tuple[str, dict, str]] = []
     for d in defaults:
         if d == "_self_":
-            out.append((path, data))
+            out.append((path, data, package))
             continue
-        inner = _group_files(group, d, folders, depth + 1) if isinstance(d, str) and _OPTION.fullmatch(d) else None
+        if not isinstance(d, str):
+            return None
+        packaged = _PACKAGED.fullmatch(d) if glob else None
+        if packaged is not None and packaged.group(1) == packaged.group(3) == group:
+            inner = _group_files(group, packaged.group(2), folders, depth + 1)
+            inner = inner if inner is not None and all(p == group for _, _, p in inner) else None
+        else:
+            inner = _group_files(group, d, folders, depth + 1) if not glob and _OPTION.fullmatch(d) else None
         if inner is None:
             return None
         out += inner
@@ -148,6 +174,14 @@ FALLBACKS: Counter[str] = Counter()
 """Why Hydra composed instead, counted per process (the reasons below)."""
 
 
+class Refused(Exception):
+    """A key override that OmegaConf refuses: `error` is OmegaConf's error (also the cause)."""
+
+    def __init__(self, error: Exception):
+        super().__init__(str(error))
+        self.error = error
+
+
 def _to_hydra(reason: str) -> None:
     FALLBACKS[reason] += 1
     return None
@@ -157,6 +191,7 @@ def compose(overrides: list[str]):
     """The packaged config with `overrides` as Hydra composes it (its `hydra` node left out, `hardware.option` set),
     or None where Hydra must compose (see the module docstring). Runs under config.libyaml()."""
     from omegaconf import DictConfig, OmegaConf, flag_override
+    from omegaconf.errors import OmegaConfBaseException
 
     from . import schema
 
@@ -168,7 +203,7 @@ def compose(overrides: list[str]):
             return _to_hydra("config.yaml's defaults list")
         choices = {g: o for g, o in defaults if g}
         keys: list[tuple[str, Any]] = []
-        seen: set[str] = set()
+        seen: set[str] = set()  # groups and the search path: once each
         folders = [CONF]
         for o in overrides:
             key, eq, text = o.partition("=")
@@ -182,9 +217,9 @@ def compose(overrides: list[str]):
                     return _to_hydra("a search path folder that is not there")  # Hydra warns
                 continue
             if not eq or not _KEY.fullmatch(key) or key in seen or key.split(".")[0] == "hydra":
-                return _to_hydra("an override form other than key=value once per key")
-            seen.add(key)
+                return _to_hydra("an override form other than key=value once per group")
             if key in choices:
+                seen.add(key)
                 if not _OPTION.fullmatch(text):
                     return _to_hydra("a group option that is not a plain name")
                 choices[key] = text
@@ -195,13 +230,13 @@ def compose(overrides: list[str]):
             if value is _UNSURE:
                 return _to_hydra("a value other than null, a bool, a decimal number, a name, a path or a flat list")
             keys.append((key, value))
-        sources: dict[str, list[tuple[str, dict]]] = {}
+        sources: dict[str, list[tuple[str, dict, str]]] = {}
         for g, option in choices.items():
             found = _group_files(g, option, folders) if option is not None else None
             if found is None:
                 return _to_hydra("a group option that is not a plain file, or one whose defaults are not its group's options and _self_")
             sources[g] = found
-        files = [os.path.join(CONF, "config.yaml")] + [path for g, _ in defaults if g for path, _ in sources[g]]
+        files = [os.path.join(CONF, "config.yaml")] + [path for g, _ in defaults if g for path, _, _ in sources[g]]
         if len(set(files)) < len(files):
             return _to_hydra("a file merged twice")
         cached = (schema.H3PlanConfig, tuple(defaults), tuple(choices.items()), tuple(map(_stamp, files)))
@@ -216,8 +251,8 @@ def compose(overrides: list[str]):
                         own = OmegaConf.masked_copy(primary, [str(k) for k in primary if k not in ("defaults", "hydra")])
                         merged.merge_with(own)
                     elif group:
-                        for _, data in sources[group]:
-                            merged.merge_with({group: data})
+                        for _, data, package in sources[group]:
+                            merged.merge_with({package: data} if package else data)
                     else:
                         return _to_hydra("config.yaml's defaults list")
         _MERGED[cached] = merged  # most recent last
@@ -226,8 +261,13 @@ def compose(overrides: list[str]):
         cfg = copy.deepcopy(merged)  # the cached node is never handed out: callers and the overrides below edit theirs
         OmegaConf.set_struct(cfg, True)
         for key, value in keys:
-            OmegaConf.update(cfg, key, value, merge=True)
+            try:
+                OmegaConf.update(cfg, key, value, merge=True)
+            except OmegaConfBaseException as e:
+                raise Refused(e) from e
         cfg.hardware.option = choices["hardware"]
         return cfg
+    except Refused:
+        raise
     except Exception:  # noqa: BLE001 - Hydra composes again and words the error its own way
         return _to_hydra("an error")

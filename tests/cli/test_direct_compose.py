@@ -28,6 +28,12 @@ FORMS = [
     ["recipe=bf16", f"hydra.searchpath=[file://{REPO}/tests/planner/data/conf,file://{REPO}/docs/tuned]",
      "hardware=tuned_synthetic"],
     [f"hydra.searchpath=[file://{REPO}/docs/tuned]", "hardware=sm100"],
+    # a `# @package _global_` option (its defaults: /vae/h3@vae, then _self_, which also sets parallel.seq_len)
+    ["vae=h3_tiny"],
+    ["model=h3_tiny", "vae=h3_tiny", "parallel.seq_len=64", "recipe=fp8"],
+    # a flat mapping merged into its node; a key set twice (the last wins, each checked)
+    ["levers.step_cache=fixed", "recipe.cache={psnr_db_min:28.0,ssim_min:0.93,computed:34}", "pipeline.num_inference_steps=50"],
+    ["levers.attention=fa4", "levers.attention=sdpa", "parallel.seq_len=100", "parallel.seq_len=200"],
 ]
 
 
@@ -63,10 +69,12 @@ def test_direct_composes_hydras_config(overrides):
 
 @pytest.mark.parametrize("overrides", [
     ["+extra=1"], ["~out"], ["++strict=true"], ["recipe=bf16,fp8"], ["out='a b'"], ["out=1e3.yaml"],
-    ["hardware=sm90", "hardware=sm100"], ["vae=h3_tiny"], ["recipe=bogus"], ["nope=1"], ["levers.attention=bogus"],
+    ["hardware=sm90", "hardware=sm100"], ["vae=h3_tiny", "vae=h3"], ["recipe=bogus"],
     ["parallel.seq_len=1e3"], ["parallel.seq_len=${oc.env:N}"], ["hydra.job.chdir=false"], ["video.audio=inf"],
     ["hydra.searchpath=[file:///no/such/folder]"], ["hydra.searchpath=[pkg://h3plan.conf]"], ["hydra.searchpath=[file://docs]"],
     [f"hydra.searchpath=[file://{REPO}/docs/tuned]", "hardware=sm90_h2000"],
+    ["recipe.cache={psnr_db_min: 28}"], ["recipe.cache={psnr_db_min:[28]}"], ["recipe.cache={}"],
+    ["recipe.cache={warmup:1,warmup:2}"], ["recipe.cache={true:1}"], ["recipe.cache={psnr_db_min:{a:1}}"], ["verify.nope={out:/tmp/x.yaml}"],
 ])
 def test_other_forms_and_errors_are_left_to_hydra(overrides):
     before = direct.FALLBACKS.copy()
@@ -75,11 +83,37 @@ def test_other_forms_and_errors_are_left_to_hydra(overrides):
     assert sum((direct.FALLBACKS - before).values()) == 1  # counted once, with its reason
 
 
+@pytest.mark.parametrize("overrides", [
+    # an unknown key (top level, nested, in a mapping); a value its choices, int, float, bool or mapping refuse
+    ["nope=1"], ["levers.atention=fa4"], ["recipe.cache={nope:1}"], ["levers.attention=bogus"], ["parallel.seq_len=abc"],
+    ["hardware.device.memory_gb=lots"], ["bench.best=maybe"], ["recipe.cache={warmup:x}"],
+    ["hardware=sm107", "recipe=nvfp4", "parallel.seq_len=100", "levers.swiglu=maybe", "levers.attention=bogus"],
+    [f"hydra.searchpath=[file://{REPO}/docs/tuned]", "hardware=sm90_h200", "hardware.nope=1"],
+])
+def test_a_refused_key_override_is_hydras_line_without_hydra(overrides):
+    """OmegaConf refuses a key override in direct's composition as in Hydra's (the same update on the same node): the
+    one line is Hydra's, byte for byte, and Hydra never composes."""
+    from h3plan.errors import H3PlanError
+
+    before = direct.FALLBACKS.copy()
+    with pytest.raises(direct.Refused):
+        with config.libyaml():
+            direct.compose(config.video_overrides(overrides))
+    with pytest.raises(H3PlanError) as fast:
+        config.compose(overrides)
+    assert direct.FALLBACKS == before
+    with pytest.raises(H3PlanError) as slow:
+        _hydra(overrides)
+    assert (type(fast.value), str(fast.value)) == (type(slow.value), str(slow.value))
+
+
 @pytest.mark.parametrize("text,value", [("null", None), ("NULL", None), ("True", True), ("false", False), ("12", 12),
                                         ("-0", 0), ("+7", 7), ("0.25", 0.25), ("fa4", "fa4"), ("t2v_768x1344_5s", "t2v_768x1344_5s"),
                                         ("[a,b]", ["a", "b"]), ("plan.yaml", "plan.yaml"),
                                         ("/tmp/pytest-of-root/p-1/test_x0/plan.yaml", "/tmp/pytest-of-root/p-1/test_x0/plan.yaml"),
-                                        ("./out/x_1.json", "./out/x_1.json"), ("1.yaml", "1.yaml"), ("a-b/c", "a-b/c"), ("[]", []), ("[1,null]", [1, None])])
+                                        ("./out/x_1.json", "./out/x_1.json"), ("1.yaml", "1.yaml"), ("a-b/c", "a-b/c"), ("[]", []), ("[1,null]", [1, None]),
+                                        ("{a:1}", {"a": 1}), ("{psnr_db_min:28.0,ssim_min:0.93,computed:null,name:fa4}",
+                                                               {"psnr_db_min": 28.0, "ssim_min": 0.93, "computed": None, "name": "fa4"})])
 def test_values_read_as_hydras_grammar_reads_them(text, value):
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -120,6 +154,17 @@ def test_a_user_file_with_other_defaults_is_left_to_hydra(tmp_path, defaults):
     """Only the same group's options and an explicit `_self_`, each file once; a cycle or any other entry: Hydra."""
     (tmp_path / "hardware").mkdir()
     (tmp_path / "hardware" / "mine.yaml").write_text(f"defaults: {defaults}\nname: mine\n")
+    before = direct.FALLBACKS.copy()
+    with config.libyaml():
+        assert direct.compose([f"hydra.searchpath=[file://{tmp_path}]", "hardware=mine"]) is None
+    assert sum((direct.FALLBACKS - before).values()) == 1
+
+
+@pytest.mark.parametrize("header", ["# @package hardware\n", "# @package _global_\n# @other x\n", "# @package _global_\n"])
+def test_a_user_file_with_another_header_or_global_defaults_is_left_to_hydra(tmp_path, header):
+    """A `_global_` option's defaults are `/group/option@group` entries of its own group and `_self_` only."""
+    (tmp_path / "hardware").mkdir()
+    (tmp_path / "hardware" / "mine.yaml").write_text(f"{header}defaults: [sm90, _self_]\nhardware: {{name: mine}}\n")
     before = direct.FALLBACKS.copy()
     with config.libyaml():
         assert direct.compose([f"hydra.searchpath=[file://{tmp_path}]", "hardware=mine"]) is None
