@@ -6,16 +6,15 @@ TextEncoderPlacement whose `restore()` undoes it (every hook removed, every tens
 - resident: moved to `device` once, there for every call;
 - offload_after: moved to `device` when the encode starts and back to the host when it ends, inside the call (the
   plan counts the move in the call's time);
-Off the device (offload_after, host), every moved tensor has a host master that the device copies are made from:
-pinned when `device` is CUDA, so going up is one DMA at the link's rate, and coming down only points the module back
-at its masters (an encode reads the conditioner's weights and never writes them: nothing is copied back). A pageable
-source runs at a fraction of the link: on the H200 `module.to("cpu")` moved 1.7 GB/s and a pageable host-to-device
-copy 7.7 GB/s against 55 GB/s pinned (benchmarks/results/logs/session15/move_bw.json). Where pinning fails (the host
-cannot lock that much memory) the masters stay pageable and the placement's line says why.
 - host: left on the host; its parts (the vision tower, each decoder layer, the final norm) are moved to `device` one
   at a time as the encode reaches them and back right after, so the device holds one part at a time (the plan's
   `host` estimate: one decoder layer + the encode's activations); the token lookup runs on the host (its 1.5 GiB
   table never moves, the looked-up rows do).
+Off the device (offload_after, host), every moved tensor has a host master that the device copies are made from:
+pinned when `device` is CUDA, so going up is one DMA at the link's rate, and coming down only points the module back
+at its masters (an encode reads the conditioner's weights and never writes them: nothing is copied back); a pageable
+source moves at a fraction of the link's rate (README, "Measured on the H200"). Where pinning fails (the host cannot
+lock that much memory) the masters stay pageable and the placement's line says why.
 diffusers 0.42.1 runs the conditioner as `text_encoder.model(...)` after firing `text_encoder._hf_hook.pre_forward` by
 hand (`get_qwen3vl_prompt_embeds`), and a ModularPipeline's `_execution_device` reads `_hf_hook.execution_device` of a
 component that has one: off the device (offload_after, host), the conditioner carries a `_hf_hook` naming `device`
