@@ -149,26 +149,26 @@ def test_an_edited_group_file_is_read_again(tmp_path, monkeypatch):
         assert direct.compose(["hardware=sm90"]).hardware.device.memory_gb == 12.5
 
 
-@pytest.mark.parametrize("defaults", ["[sm90]", "[/recipe: fp8, _self_]", "[sm90, mine, _self_]", "[sm90, sm90, _self_]"])
-def test_a_user_file_with_other_defaults_is_left_to_hydra(tmp_path, defaults):
-    """Only the same group's options and an explicit `_self_`, each file once; a cycle or any other entry: Hydra."""
+def _left_to_hydra(tmp_path, text: str) -> None:
+    """hardware=mine from a searchpath folder holding `text`: direct.py leaves it to Hydra, and counts it once."""
     (tmp_path / "hardware").mkdir()
-    (tmp_path / "hardware" / "mine.yaml").write_text(f"defaults: {defaults}\nname: mine\n")
+    (tmp_path / "hardware" / "mine.yaml").write_text(text)
     before = direct.FALLBACKS.copy()
     with config.libyaml():
         assert direct.compose([f"hydra.searchpath=[file://{tmp_path}]", "hardware=mine"]) is None
     assert sum((direct.FALLBACKS - before).values()) == 1
+
+
+@pytest.mark.parametrize("defaults", ["[sm90]", "[/recipe: fp8, _self_]", "[sm90, mine, _self_]", "[sm90, sm90, _self_]"])
+def test_a_user_file_with_other_defaults_is_left_to_hydra(tmp_path, defaults):
+    """Only the same group's options and an explicit `_self_`, each file once; a cycle or any other entry: Hydra."""
+    _left_to_hydra(tmp_path, f"defaults: {defaults}\nname: mine\n")
 
 
 @pytest.mark.parametrize("header", ["# @package hardware\n", "# @package _global_\n# @other x\n", "# @package _global_\n"])
 def test_a_user_file_with_another_header_or_global_defaults_is_left_to_hydra(tmp_path, header):
     """A `_global_` option's defaults are `/group/option@group` entries of its own group and `_self_` only."""
-    (tmp_path / "hardware").mkdir()
-    (tmp_path / "hardware" / "mine.yaml").write_text(f"{header}defaults: [sm90, _self_]\nhardware: {{name: mine}}\n")
-    before = direct.FALLBACKS.copy()
-    with config.libyaml():
-        assert direct.compose([f"hydra.searchpath=[file://{tmp_path}]", "hardware=mine"]) is None
-    assert sum((direct.FALLBACKS - before).values()) == 1
+    _left_to_hydra(tmp_path, f"{header}defaults: [sm90, _self_]\nhardware: {{name: mine}}\n")
 
 
 def test_a_user_file_composes_as_hydra_composes_it(tmp_path):
