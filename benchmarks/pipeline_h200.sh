@@ -28,15 +28,15 @@
 #                  ~0.7). H3_PHASE=cache runs both cached rows in one process (about 11 minutes: over one device call).
 #   H3_PHASE=cache-adaptive (issue 33): eager and best as above, then the fp8 plan with levers.step_cache=first_block
 #                  at threshold 0.08 (Sol-Engine's FirstBlockCache setting), the whole call timed: the row reports how
-#                  many forwards the threshold computed on seeded weights (a count, not a quality claim) and the same
-#                  overhead check - about 8 minutes.
+#                  many forwards the threshold computed on seeded weights (a count, not a quality claim) and its
+#                  overhead against computed forwards + rest (reported: every skipped forward runs the first block) -
+#                  401 s in session 16 (20 of 49 forwards computed).
 # Issue 32, every workflow with the prompt through the text encoder (--prompt: pipe(prompt="...") through diffusers'
 # text encoder step and the seeded Qwen3-VL at the packaged Qwen3-VL-32B widths, built on the device in seconds and
 # placed where the plan's memory.text_encoder puts it for every row; the encode and its moves are in each row's rest,
-# E2E and peak). None of these has run yet; times are estimates from the committed rows (build ~1 min, eager ~1.3,
-# best ~2.3 incl. compile, each fp32 decode ~48 s, fp16 ~4 s) plus the conditioner (~0.5 min to build and place,
-# ~15-25 s a call to encode and move its 62 GiB to the device and back at offload_after). The bitwise reference and
-# diffusers' best do not both fit one 600 s call beside the conditioner, so each lossless workflow takes two:
+# E2E and peak). The split phases below were written when the conditioner moved through pageable memory (~48 s a
+# call); with the pinned masters a whole workflow fits one call (ref2va / fl2va, further down), and the split
+# phases stay for a call with less time:
 #   H3_PHASE=ref2va-best: ref2va (video=ref2va_768x1344_5s, one seeded image reference, the transformer_ref
 #                  partition, 49 forwards), memory.text_encoder=offload_after (the plan's fit on 141 GB: resident
 #                  needs 65.4 GiB beside the denoise peak, 64.5 free): eager, best, the bf16 plan, fp32 VAE - about
@@ -47,9 +47,11 @@
 #                  video.task=fl2va and the first and last keyframe, seeded), the same rows as ref2va's two phases -
 #                  about 7 and 6 minutes;
 #   H3_PHASE=ref2va / fl2va: the four rows of both phases above in one process (eager, best, the bf16 plan and its
-#                  bitwise reference). Session 15's Turbo phase (3 rows, 504 s) spent about 48 s a call and 37 s at
-#                  the build moving the conditioner through pageable memory; with the pinned masters (1.30 s up, none
-#                  down) the estimate is 7-7.5 minutes: one device call per workflow where the split took two.
+#                  bitwise reference): 453 s and 356 s in session 16 (fl2va's reference row ran out of memory at the
+#                  text encode, 1.2 GiB over the eager row's 137.0 GiB peak; the bench now collects and empties the
+#                  allocator's cache before every row and notes what an earlier row left). fl2va's plan takes the
+#                  text rows the seeded conditioner packs for the 110-byte prompt and the two keyframes' vision
+#                  blocks (2,026: session 16's measured 41,752 rows less the video, audio and keyframe rows).
 #   H3_PHASE=turbo: the Turbo FL2VA request (video=fl2va_turbo_768x1344: 1344x768 height x width, 124 frames: 107
 #                  is under the pipeline's 5 s; 4 denoiser evaluations, --e2e-steps 4): eager and best with diffusers'
 #                  default fp32 VAE, the bf16 plan with recipe.vae=fp16 (target: E2E >= 1.5x best; no fp16 eager row,
@@ -76,8 +78,8 @@ if [ "${H3_APPEND:-0}" = 1 ] && [ -f benchmarks/results/pipeline-h200.json ] && 
 fi
 vid=768x1344x124  # HEIGHTxWIDTHxFRAMES of the call (the turbo phase's request is portrait)
 ref2va=(video=ref2va_768x1344_5s memory.text_encoder=offload_after --workflow ref2va --prompt --vae fp32)
-fl2va=(video=t2v_768x1344_5s video.task=fl2va 'video.keyframes=[first,last]' memory.text_encoder=offload_after
-       --workflow fl2va --prompt --vae fp32)
+fl2va=(video=t2v_768x1344_5s video.task=fl2va 'video.keyframes=[first,last]' video.text_tokens=2026
+       memory.text_encoder=offload_after --workflow fl2va --prompt --vae fp32)
 script=benchmarks/pipeline.py
 cache='recipe.cache={psnr_db_min:28,ssim_min:0.93,computed:34}'  # the budget SGLang's quality=high measured; 34 of 49
 adaptive='recipe.cache={psnr_db_min:28,ssim_min:0.93,threshold:0.08}'

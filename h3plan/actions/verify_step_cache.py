@@ -28,13 +28,13 @@ def _forwards(model, plan, inputs, vectors, registry, cached: bool):
 
     from h3plan.install import install, uninstall
     from h3plan.install.adaln_table import prepare
-    from h3plan.install.step_cache import calls
+    from h3plan.install.step_cache import STATE, calls
 
     install(model, plan, registry=registry)
     try:
         prepare(model, timesteps=vectors)
         if cached:
-            st = model.__dict__["_h3plan_step_cache"]
+            st = model.__dict__[STATE]
             st.index = {v.to("cpu", torch.float32).numpy().tobytes(): (i, len(vectors)) for i, v in enumerate(vectors)}
         outs = []
         with torch.no_grad():

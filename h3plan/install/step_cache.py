@@ -37,6 +37,7 @@ from .adaln_table import timestep_vectors
 
 LEVER = "step_cache"
 HOOK = "h3plan_step_cache"
+STATE = "_h3plan_step_cache"  # the installed cache's _State, in the model's (and its blocks') __dict__
 ROWS = ((True, False, False), (True, True, False), (True, False, True), (True, True, True), (False, False, False),
         (False, True, False))  # (audio, condition_video, condition_audio): every kind of row a request has
 
@@ -68,6 +69,7 @@ class _State:
         self.mask: tuple[bool, ...] = ()
         self.kept: list[tuple[int, tuple]] = []  # (forward index, outputs) of the last two computed forwards
         self.computed = self.skipped = 0
+        self.done: list[bool] = []  # per forward of this generation, in order: computed (True) or skipped
         self.run = 0  # skipped in a row (first_block)
         self.first_ref = self.residual = None
         self.active, self.step, self.skip = False, -1, False
@@ -149,7 +151,7 @@ class _CachedBlocks(torch.nn.ModuleList):
     """transformer_blocks while first_block is installed: a hooked call iterates through the cache."""
 
     def __iter__(self):
-        st = self.__dict__.get("_h3plan_step_cache")
+        st = self.__dict__.get(STATE)
         if st is None or not st.active:
             return iter(self._modules.values())
         return st.blocks(list(self._modules.values()))
@@ -193,6 +195,7 @@ def _make_hook(state: _State):
                 skipped = False
             else:
                 out, skipped = None, True
+            st.done.append(not skipped)
             if skipped:
                 st.skipped += 1
                 event(LEVER, "skipped")
@@ -233,12 +236,12 @@ def install(model, spec: dict[str, Any], state, swap, *, group=None, steps=None,
     def undo():
         HookRegistry.check_if_exists_or_initialize(model).remove_hook(HOOK, recurse=False)
         if spec["mode"] == "first_block":
-            blocks.__dict__.pop("_h3plan_step_cache", None)
+            blocks.__dict__.pop(STATE, None)
             blocks.__class__ = old
-        model.__dict__.pop("_h3plan_step_cache", None)
+        model.__dict__.pop(STATE, None)
 
     state.undo.append(undo)
-    model.__dict__["_h3plan_step_cache"] = st
+    model.__dict__[STATE] = st
     if spec["mode"] == "first_block":
         what = (f"first-block cache: threshold {spec['threshold']:g}, at most {spec['max_skip']} in a row, warm-up "
                 f"{spec['warmup']} + final {spec['final']} never skip")
@@ -256,5 +259,5 @@ def install(model, spec: dict[str, Any], state, swap, *, group=None, steps=None,
 
 def calls(model) -> list[dict[str, int]]:
     """Each finished generation's forwards, computed and skipped counts (empty without an installed step cache)."""
-    st = model.__dict__.get("_h3plan_step_cache")
+    st = model.__dict__.get(STATE)
     return [] if st is None else list(st.history)

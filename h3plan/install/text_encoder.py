@@ -10,6 +10,8 @@ TextEncoderPlacement whose `restore()` undoes it (every hook removed, every tens
   at a time as the encode reaches them and back right after, so the device holds one part at a time (the plan's
   `host` estimate: one decoder layer + the encode's activations); the token lookup runs on the host (its 1.5 GiB
   table never moves, the looked-up rows do).
+A move back to the host runs when the encode raises as well (forward hooks with always_call): an encode that fails (out
+of memory, a bad input) leaves no conditioner on the device for the next call.
 Off the device (offload_after, host), every moved tensor has a host master that the device copies are made from:
 pinned when `device` is CUDA, so going up is one DMA at the link's rate, and coming down only points the module back
 at its masters (an encode reads the conditioner's weights and never writes them: nothing is copied back); a pageable
@@ -178,7 +180,8 @@ def place(module, setting: str, device) -> TextEncoderPlacement:
         p.masters["text_encoder"] = _Masters([module], pin=device.type == "cuda")  # copied from where it is, then down
         p.moves.append(("text_encoder", str(host)))
         p.handles.append(module.model.register_forward_pre_hook(lambda m, a: p._move("text_encoder", module, device)))
-        p.handles.append(module.model.register_forward_hook(lambda m, a, o: p._move("text_encoder", module, host)))
+        p.handles.append(module.model.register_forward_hook(lambda m, a, o: p._move("text_encoder", module, host),
+                                                            always_call=True))  # back when the encode raises, too
     else:
         parts = _parts(module)
         pin = device.type == "cuda"
@@ -191,7 +194,7 @@ def place(module, setting: str, device) -> TextEncoderPlacement:
         p.handles.append(embed.register_forward_hook(lambda m, a, o: o.to(device)))
         for name, part in parts:
             p.handles.append(part.register_forward_pre_hook(lambda m, a, n=name: p._move(n, m, device)))
-            p.handles.append(part.register_forward_hook(lambda m, a, o, n=name: p._move(n, m, host)))
+            p.handles.append(part.register_forward_hook(lambda m, a, o, n=name: p._move(n, m, host), always_call=True))
     if setting != "resident":
         module.__dict__["_hf_hook"] = _ExecutionHook(device)
         p.hooked = True

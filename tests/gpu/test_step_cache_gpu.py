@@ -42,13 +42,14 @@ def _plan(recipe, setting, **cache):
 def _generation(model, plan, inputs, compile_=False):
     import h3plan
     from h3plan.install import install, uninstall
+    from h3plan.install.step_cache import STATE
     from h3plan.runtime.counters import counters, reset_counters
 
     vectors = pairs(N, inputs["timestep"])
     install(model, plan)
     try:
         h3plan.prepare(model, timesteps=vectors)
-        st = model.__dict__.get("_h3plan_step_cache")
+        st = model.__dict__.get(STATE)
         if st is not None:
             st.index = {v.cpu().numpy().tobytes(): (i, N) for i, v in enumerate(vectors)}
         if compile_:

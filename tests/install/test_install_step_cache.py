@@ -12,7 +12,7 @@ pytest.importorskip("transformers", reason="diffusers' MiniMaxH3ModularPipeline 
 
 import h3plan  # noqa: E402
 from h3plan.install import counters, reset_counters, uninstall  # noqa: E402
-from h3plan.install.step_cache import HOOK, calls  # noqa: E402
+from h3plan.install.step_cache import HOOK, STATE, calls  # noqa: E402
 from h3plan.levers.step_cache import computed_mask  # noqa: E402
 from test_install_pipeline import _cfg  # noqa: E402
 
@@ -79,6 +79,7 @@ def test_a_skipping_schedule_computes_its_mask_and_is_counted(uncached, setting)
     c = counters()
     assert (c["step_cache.computed"], c["step_cache.skipped"], c["step_cache.calls"]) == (3, 2, 1)
     assert calls(pipe.transformer) == [{"forwards": 5, "computed": 3, "skipped": 2}]
+    assert pipe.transformer.__dict__[STATE].done == list(computed_mask(5, 3, 1, 1))  # what each forward did, in order
     assert not torch.equal(out, uncached)  # the skipped forwards changed the trajectory
     assert uninstall(pipe)
     registry = getattr(pipe.transformer, "_diffusers_hook", None)
@@ -94,5 +95,7 @@ def test_first_block_skips_when_the_first_block_barely_moves():
     reset_counters()
     _call(pipe)
     c = counters()
-    # forwards 0 and 4 never skip; 1 computes (no residual yet), 2 and 3 skip (max_skip 2 in a row)
+    # forwards 0 and 4 never skip (warm-up 1, final 1); 1 and 2 skip on forward 0's residual; 3 computes (max_skip 2
+    # in a row)
     assert (c["step_cache.computed"], c["step_cache.skipped"]) == (3, 2)
+    assert pipe.transformer.__dict__[STATE].done == [True, False, False, True, True]  # the bench times these apart

@@ -9,6 +9,7 @@ from install_helpers import tiny_inputs, tiny_model
 
 import h3plan
 from h3plan.actions.verify_step_cache import pairs
+from h3plan.install.step_cache import STATE
 from h3plan.install import install, uninstall
 from h3plan.runtime.counters import counters, reset_counters
 
@@ -18,7 +19,7 @@ EAGER = {"levers.attention": "sdpa", "levers.qk_norm_rope": "eager", "levers.mod
 
 
 def _generation(model, inputs, vectors):
-    st = model.__dict__["_h3plan_step_cache"]
+    st = model.__dict__[STATE]
     st.index = {v.numpy().tobytes(): (i, len(vectors)) for i, v in enumerate(vectors)}
     outs = []
     with torch.no_grad():

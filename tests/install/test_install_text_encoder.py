@@ -166,3 +166,30 @@ def test_masters_that_cannot_be_pinned_stay_pageable_and_the_line_says_why(monke
     finally:
         p.restore()
     assert placed(te) is None and all(torch.equal(t, before[n]) for n, t in te.state_dict().items())
+
+
+@pytest.mark.parametrize("setting", ["offload_after", "host"])
+def test_an_encode_that_raises_still_moves_the_conditioner_back(setting):
+    """An encode that fails inside the conditioner (out of memory, a bad input) still moves what it moved to the device
+    back to the host (always_call hooks): a failed call leaves no 62 GiB conditioner on the device for the next one.
+    The device is named `cpu:1` so that the placement's log tells a move up from a move down on this one-device machine;
+    the failure is raised in the last decoder layer, after every move up."""
+    import yaml
+
+    from h3plan.actions.text_encoder_build import build_text_encoder
+    from h3plan.planning import CONF
+
+    te = build_text_encoder(yaml.safe_load(open(f"{CONF}/model/h3_tiny.yaml"))["text_encoder_default"])
+    layers = te.model.language_model.layers
+    p = place(te, setting, "cpu:1")  # its move up runs before the failure, registered after it
+    fail = layers[-1].register_forward_pre_hook(lambda m, a: (_ for _ in ()).throw(torch.OutOfMemoryError("CUDA out of memory")))
+    try:
+        with pytest.raises(torch.OutOfMemoryError):
+            te.model(input_ids=torch.tensor([[1, 2, 3]]))
+        ups = [n for n, d in p.moves if d == "cpu:1"]
+        assert ups == (["text_encoder"] if setting == "offload_after" else [f"layers.{i}" for i in range(len(layers))])
+        last = dict(p.moves)  # the last move of each part
+        assert all(last[n] == "cpu" for n in ups), list(p.moves)
+    finally:
+        fail.remove()
+        p.restore()

@@ -4,7 +4,8 @@ Each installed-plan row of benchmarks/results/pipeline-h200.json (read here, not
 h3plan.actions.bench.pipeline_records.replan) with the packaged sm90 facts, and with every tuned
 file committed under docs/tuned/ (`benchmarks/predict.py` prints the same comparison as a table): the predicted forward within 5% of the measured one, and the whole call within 5% at the row's
 49 forwards and at a 4-forward request (num_inference_steps 5: the row's forward x 4 + its measured rest of the call,
-the rest being independent of the step count).
+the rest being independent of the step count). A first_block step cache's call is taken at the forwards its row
+computed (pipeline_records.predicted_call); the plan's own figure, every forward computed, must bound it from above.
 """
 
 import json
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from h3plan.planner import resolve_config
-from h3plan.actions.bench.pipeline_records import replan
+from h3plan.actions.bench.pipeline_records import predicted_call, prompted, replan
 
 ROWS = json.loads((Path(__file__).resolve().parents[2] / "benchmarks/results/pipeline-h200.json").read_text())["records"]
 PLANS = [r for r in ROWS if r["setting"] == "plan" and r["gpus"] == 1]
@@ -59,8 +60,10 @@ def test_forward_and_call_within_5pct(row):
     assert plan.derived_value("sequence")["transformer_forwards"] == row["steps_e2e"]
     fwd = plan.derived_value("forward_s_est")
     assert abs(fwd / row["forward_s"] - 1) <= TOL, (fwd, row["forward_s"])
-    call = plan.derived_value("call_s_est")
+    call = predicted_call(plan, row)
     assert abs(call / row["e2e_s"] - 1) <= TOL, (call, row["e2e_s"])
+    if "+step_cache=first_block" in row["label"]:  # the plan's own figure counts every forward: an upper bound
+        assert plan.derived_value("call_s_est") > row["e2e_s"]
 
 
 @pytest.mark.parametrize("row", FOUR, ids=lambda r: f"{r['run'][5:16]}-{r['label']}".replace(" ", ""))
@@ -119,8 +122,27 @@ def test_within_5pct_on_a_committed_tuned_file(path, steps, row):
     and the whole call within 5%, at the row's 49 forwards and at a 4-forward request."""
     hardware = (("hydra.searchpath", [f"file://{path.parent.parent}"]), ("hardware", path.stem))
     plan = _plan(row, steps, hardware)
-    fwd, call = plan.derived_value("forward_s_est"), plan.derived_value("call_s_est")
+    fwd, call = plan.derived_value("forward_s_est"), predicted_call(plan, row, steps)
     n = plan.derived_value("sequence")["transformer_forwards"]
     measured = row["e2e_s"] if steps is None else n * row["forward_s"] + row["rest_s"]
     assert abs(fwd / row["forward_s"] - 1) <= TOL, (row["label"], fwd, row["forward_s"])
     assert abs(call / measured - 1) <= TOL, (row["label"], steps, call, measured)
+
+
+# rows whose call took a prompt through the text encoder: their peak is the encode's (the conditioner on the device
+# beside the installed plan), a phase the plan estimates and the bench's per-row peak measures (a t2va row's measured
+# peak is the bench's install on a pipeline built on the device, not the plan's steady state: benchmarks/memory.py)
+PROMPTED = [r for r in PLANS if prompted(r)]
+
+
+def test_the_workflows_have_measured_peaks():
+    assert {r["workflow"] for r in PROMPTED} >= {"fl2va", "ref2va"}
+
+
+@pytest.mark.parametrize("row", PROMPTED, ids=lambda r: f"{r['run'][5:16]}-{r['workflow']}-{r['label']}".replace(" ", ""))
+def test_peak_within_5pct_with_the_text_encoder(row):
+    """Issue 32: the memory estimate within 5% of the measured peak for each workflow, the text encoder included."""
+    plan = _plan(row)
+    assert plan.derived_value("memory_peak_phase") == "encode"
+    est = plan.derived_value("memory_peak_gib_per_gpu")
+    assert abs(est / row["peak_gib"] - 1) <= TOL, (est, row["peak_gib"])

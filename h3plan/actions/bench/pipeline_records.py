@@ -265,8 +265,9 @@ def request_overrides(plan) -> dict:
 def replan(row: Mapping, steps: int | None = None, **groups):
     """A committed plan row planned again (h3plan.resolve_config with `groups`, e.g. hardware=...): its recipe,
     Ulysses degree, the `+lever=setting` words its label carries (the levers its run forced), the step cache's
-    budget, the row's request (its `request`: a workflow, a text encoder), and the row's decode precision where the
-    recipe's own differs; `steps`: pipeline.num_inference_steps instead of the row's request."""
+    budget, the row's request (its `request`: a workflow, a text encoder; with a prompt through the text encoder, its
+    text rows are the ones the call measured: the row's S less the request's other rows), and the row's decode
+    precision where the recipe's own differs; `steps`: pipeline.num_inference_steps instead of the row's request."""
     over: dict = {"recipe": row["recipe"], "parallel": f"u{row['gpus']}", **row.get("request", {}), **groups}
     for word in row["label"].split()[1:]:
         lever, setting = word.lstrip("+").split("=", 1)
@@ -277,6 +278,29 @@ def replan(row: Mapping, steps: int | None = None, **groups):
     if steps:
         over["pipeline.num_inference_steps"] = steps
     plan = resolve_config(**over)
+    seq = plan.derived_value("sequence") or {}
+    if prompted(row) and row.get("S") and seq.get("seq_len") not in (None, row["S"]):
+        # a prompt through the conditioner: its rows are what the call packed (the template, the keyframes' and
+        # references' vision blocks), which the request's video.text_tokens only gave as an example
+        over["video.text_tokens"] = seq["text_rows"] + row["S"] - seq["seq_len"]
+        plan = resolve_config(**over)
     if plan.decision("vae_precision").setting != row["vae"]:
         plan = resolve_config(**over, **{"recipe.vae": row["vae"]})
     return plan
+
+
+def predicted_call(plan, row: Mapping, steps: int | None = None) -> float | None:
+    """The plan's call estimate (call_s_est) for `row`'s own call. A first_block cache's plan counts every forward
+    computed (how many skip is the checkpoint's statistics): here it is taken at the forwards the row measured computing,
+    each skipped forward costing its first block (1/layers of a forward). `steps`: another request, the plan's own."""
+    call = plan.derived_value("call_s_est")
+    computed = (row.get("counters") or {}).get("step_cache.computed")
+    if call is None or steps or computed is None or "+step_cache=first_block" not in row["label"]:
+        return call
+    fwd, n = plan.derived_value("forward_s_est"), plan.derived_value("sequence")["transformer_forwards"]
+    return call - (n - computed) * fwd * (1 - 1 / row["layers"])
+
+
+def prompted(row: Mapping) -> bool:
+    """A row whose call took a prompt through the text encoder (its request places one), not prompt_embeds."""
+    return row.get("request", {}).get("memory.text_encoder") in ("resident", "offload_after", "host")
