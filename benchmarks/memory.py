@@ -39,6 +39,7 @@ ref2va with the text encoder on the host (one cap row each, bf16; about 4-5 minu
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import traceback
@@ -82,13 +83,26 @@ def _build(c, args, device="cuda"):
     pipe = build_pipeline(c["model"]["diffusers_config"], c["vae"]["diffusers_config"], layers=args.layers, device=device,
                           blocks=workflow_blocks(text_encoder=te),
                           partitions=("transformer_ref",) if wf == "ref2va" else ("transformer",),
-                          text_encoder=c["model"]["text_encoder_default"] if te else None,
+                          text_encoder=conditioner(c, args.text_encoder_layers) if te else None,
                           text_encoder_placement="host" if te else None)
     if te:
         placed_text_encoder(pipe.text_encoder).restore()
     h, w, _ = args.video
     prompt = {"prompt": prompt_text(args.text_tokens)} if te else prompt_inputs(pipe, args.text_tokens)
     return pipe, prompt, workflow_inputs(pipe, wf, h, w, seed=0, keyframes=("first", "last"))
+
+
+def conditioner(c, layers=None) -> dict:
+    """The seeded conditioner's config: the packaged Qwen3-VL widths, with `layers` decoder layers where given
+    (--text-encoder-layers: the cap rows on a host with less memory than the whole conditioner and transformer
+    resting there; at memory.text_encoder=host the device holds one layer at a time, so the count changes the host's
+    memory and the encode's time, not the device's peak)."""
+    te = copy.deepcopy(dict(c["model"]["text_encoder_default"]))
+    if layers is not None:
+        if layers < 1:
+            raise SystemExit(f"--text-encoder-layers {layers}: at least 1")
+        te["text_config"] = {**te["text_config"], "num_hidden_layers": layers}
+    return te
 
 
 def _estimate(plan, phase):
@@ -191,6 +205,9 @@ def _cap_row(args, recipe, frames_path: Path):
     if args.layers:
         cmd += ["--layers", str(args.layers)]
     cmd += ["--workflow", WORKFLOW["workflow"], "--text-encoder", WORKFLOW["text_encoder"]]
+    if args.text_encoder_layers is not None:
+        cmd += ["--text-encoder-layers", str(args.text_encoder_layers)]
+        row["text_encoder_layers"] = args.text_encoder_layers
     proc = subprocess.run(cmd, capture_output=True, text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode or not lines:
@@ -245,6 +262,8 @@ def main(argv=None) -> int:
                     help="the request (the plan's video preset, VIDEOS) and its seeded media")
     ap.add_argument("--text-encoder", choices=("none", "resident", "offload_after", "host"), default="none",
                     help="the plan's memory.text_encoder: the call runs the prompt through the seeded Qwen3-VL")
+    ap.add_argument("--text-encoder-layers", type=int, default=None,
+                    help="the seeded conditioner's decoder layers (default: the packaged count); the row records it")
     ap.add_argument("--cap-only", action="store_true", help="the cap rows alone (no uncapped rows)")
     ap.add_argument("--cap-child", metavar="RECIPE", help=argparse.SUPPRESS)  # one capped call in a fresh process
     ap.add_argument("--frames-out", help=argparse.SUPPRESS)
@@ -264,7 +283,8 @@ def main(argv=None) -> int:
     total = torch.cuda.get_device_properties(0).total_memory
     meta = {"device": torch.cuda.get_device_name(0), "total_gib": round(total / GiB, 2), "video": "x".join(map(str, args.video)),
             "layers": args.layers or 50, "text_tokens": args.text_tokens, "steps": args.steps, "script": "benchmarks/memory.py",
-            "workflow": args.workflow, "text_encoder": args.text_encoder}
+            "workflow": args.workflow, "text_encoder": args.text_encoder,
+            **({"text_encoder_layers": args.text_encoder_layers} if args.text_encoder_layers is not None else {})}
     tmp = Path(tempfile.mkdtemp())
     caps = {}
     if args.decode != "none":  # each cap run first, in a fresh process, as a user's 80 GB card starts (nothing else on it)
@@ -324,6 +344,16 @@ def main(argv=None) -> int:
     return 0 if all("error" not in r for r in rows) else 1
 
 
+def _conditioner_line(meta) -> list[str]:
+    if meta.get("text_encoder", "none") == "none":
+        return []
+    n = meta.get("text_encoder_layers")
+    cut = (f", its decoder cut to {n} layers (--text-encoder-layers: what the host holds; at memory.text_encoder=host "
+           "the device holds one layer at a time, so the device's peak is the whole conditioner's)") if n else ""
+    return [f"Workflow {meta['workflow']}: pipe(prompt=...) through the seeded Qwen3-VL at memory.text_encoder="
+            f"{meta['text_encoder']}{cut}.", ""]
+
+
 def _write(args, meta, rows):
     """<out>/memory-<tag>.json and .md, rewritten after every row (a run cut short keeps its rows)."""
     out = Path(args.out)
@@ -331,7 +361,7 @@ def _write(args, meta, rows):
     (out / f"memory-{args.tag}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     lines = [f"# Peak memory of pipe(...) per plan ({meta['device']}, {meta['video']}, {meta['layers']} layers, {args.steps} steps)", "",
              "Ratio: the estimate of what ran over the measured peak (torch.cuda.max_memory_allocated over the call). "
-             "Forwards: the transformer forwards by CUDA events.", "",
+             "Forwards: the transformer forwards by CUDA events.", "", *_conditioner_line(meta),
              "| recipe | adaln_table | cap | what ran | estimate (plan peak / phase) GiB | resting / installed GiB | "
              "install peak GiB (estimate) | denoise peak GiB | measured peak GiB | ratio | time s | forwards s | "
              "adaln_table counters | bitwise vs tables off | cap run |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
