@@ -152,8 +152,16 @@ def test_ref2va_encodes_its_image_and_video_references_not_its_audio():
     image, video = seq["references"][0], seq["references"][2]
     assert [(x["frames"], x["height"], x["width"]) for x in ins] == [(1, image["height"], image["width"]),
                                                                     (video["frames"], video["height"], video["width"])]
-    vol = sum(x["frames"] * x["height"] * x["width"] for x in ins)
-    assert p.derived_value("encode_s_est") == pytest.approx(0.1995 * vol / (1344 * 768), abs=0.002)
+    # each from the packaged point nearest its frame area: the image, resized to the pipeline's 2048-pixel short edge,
+    # from the 2048x2048 reference; the video's frames, put on the 768x1344 canvas, from the keyframe's
+    img, vid = ins
+    assert (img["height"], img["width"]) == (2048, 4096) and (vid["height"], vid["width"]) == (768, 1344)
+    pts = {tuple(q["input"]): q["seconds"] for q in p.get("hardware")["measured"]["encode"]
+           if q["precision"] == "fp32" and q["tiles"] == "default"}
+    want = pts[(1, 2048, 2048)] * 2 + pts[(1, 768, 1344)] * vid["frames"]
+    assert p.derived_value("encode_s_est") == pytest.approx(want, abs=0.002)
+    basis = p.derived_value("basis")["encode_s_est"]
+    assert "1.54 s at 1x2048x2048" in basis and "0.1995 s at 1x768x1344" in basis
 
 
 def test_an_encode_at_the_decode_geometry_reads_its_own_point_or_says_it_has_none():

@@ -36,8 +36,10 @@ def seconds(points: Sequence[Mapping[str, Any]], inputs: Sequence[Mapping[str, A
             hw: str, tiles: str = "default") -> tuple[float | None, str]:
     """(seconds, basis) of the request's encodes at `precision` and tile geometry `tiles` (named as vae_tiles names
     them: default is the VAE's own) from hardware.measured.encode (each point: precision, tiles, input [frames, height,
-    width], seconds, source), each encode scaled by pixel volume (frames x height x width) from the point nearest it;
-    (None, why) where that precision and geometry have no point."""
+    width], seconds, source), each encode scaled by pixel volume (frames x height x width) from the point nearest it in
+    frame area (height x width: a frame's cost per pixel grows with its size, 1.9x from a 768x1344 keyframe to a
+    2048x2048 reference on the H200, while frames add linearly); (None, why) where that precision and geometry have no
+    point."""
     pts = [p for p in points or () if p["precision"] == precision and p.get("tiles", "default") == tiles]
     if not inputs:
         return 0.0, "the request encodes nothing"
@@ -47,12 +49,13 @@ def seconds(points: Sequence[Mapping[str, Any]], inputs: Sequence[Mapping[str, A
     total, used = 0.0, []
     for x in inputs:
         vol = x["frames"] * x["height"] * x["width"]
-        p = min(pts, key=lambda p: abs(math.log(math.prod(p["input"]) / vol)))
+        p = min(pts, key=lambda p: abs(math.log(p["input"][1] * p["input"][2] / (x["height"] * x["width"]))))
         total += p["seconds"] * vol / math.prod(p["input"])
         used.append(p)
-    p = used[0]
-    return total, (f"{describe(inputs)}; each scaled by frames x height x width from {p['seconds']:g} s at "
-                   f"{'x'.join(map(str, p['input']))} (vae_encode_precision={precision}, {tiles} tiles on {hw}: {p['source']})")
+    seen = list({id(p): p for p in used}.values())  # each point once, in the inputs' order
+    return total, (f"{describe(inputs)}; each scaled by frames x height x width from the point nearest its frame area "
+                   f"(vae_encode_precision={precision}, {tiles} tiles on {hw}): "
+                   + "; ".join(f"{p['seconds']:g} s at {'x'.join(map(str, p['input']))} ({p['source']})" for p in seen))
 
 
 __all__ = ["encode_inputs", "describe", "seconds"]
