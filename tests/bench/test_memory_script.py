@@ -2,20 +2,15 @@
 decoder cut where --text-encoder-layers asks (a host with less memory than the whole conditioner and transformer),
 and the rows' markdown saying so."""
 
-import importlib.util
-from pathlib import Path
 
 import pytest
+from scripts import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def memory():
-    spec = importlib.util.spec_from_file_location("memory_bench", ROOT / "benchmarks" / "memory.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/memory.py")
 
 
 def test_the_conditioner_keeps_its_widths_and_cuts_only_its_decoder(memory):

@@ -1,16 +1,13 @@
 """benchmarks/bounds.py reads only committed results: it runs on a CPU and its verdicts follow from the numbers."""
-import importlib.util
 import json
 from pathlib import Path
+from scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bounds():
-    spec = importlib.util.spec_from_file_location("bounds", ROOT / "benchmarks" / "bounds.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/bounds.py")
 
 
 def test_bounds_from_committed_results(tmp_path):

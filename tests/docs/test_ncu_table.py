@@ -1,19 +1,16 @@
 """benchmarks/probes/ncu_table.py: the committed NVFP4 kernel table is what the committed Nsight Compute reports say."""
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 D = ROOT / "benchmarks" / "results" / "probes" / "nvfp4-session10"
 
 
 def _ncu_table():
-    spec = importlib.util.spec_from_file_location("ncu_table", ROOT / "benchmarks" / "probes" / "ncu_table.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/probes/ncu_table.py")
 
 
 # each session folder's reports, in the order of its table's layouts

@@ -10,13 +10,13 @@
 - nothing cites a file outside the repository.
 """
 
-import importlib.util
 import json
 import re
 from pathlib import Path
 
 import pytest
 import yaml
+from scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -25,10 +25,7 @@ DECIMAL = re.compile(r"(?<![\w.])\d+\.\d+(?![\w.])")
 
 
 def _module(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(f"benchmarks/{name}.py")
 
 
 def _json(name: str) -> dict:

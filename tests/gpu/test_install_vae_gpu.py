@@ -19,19 +19,17 @@ Contracts (rtol=0, atol=0, against unmodified CUDA eager in the same dtype; no e
 Times: CUDA events, medians of interleaved timed decodes after one warm-up each.
 """
 
-import importlib.util
 import statistics
-from pathlib import Path
 
 import pytest
 import torch
 
 import h3plan
 from h3plan.install import counters, fallback_reasons, install, reset_counters, uninstall
+from scripts import load_script
 
 pytestmark = pytest.mark.gpu
 
-ROOT = Path(__file__).resolve().parents[2]
 LATENT = (1, 24, 4, 48, 84)
 SLOWER = 1.02  # a plan's decode may be at most this much slower than the same call without it (noise included)
 DT = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -39,10 +37,7 @@ DT = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_vae", ROOT / "benchmarks" / "vae.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/vae.py")
 
 
 @pytest.fixture(scope="module")

@@ -16,26 +16,21 @@ or plainly with pytest, which spawns one process per GPU (two here, at most four
 from __future__ import annotations
 
 import functools
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 from nccl_launch import N_GPU, NEEDS_2_GPUS, run_check, torchrun_world
+from scripts import load_script
 
 pytestmark = [pytest.mark.gpu, NEEDS_2_GPUS]
-ROOT = Path(__file__).resolve().parents[2]
 LATENTS = {"one-chunk": (1, 24, 4, 24, 42), "two-chunks": (1, 24, 12, 24, 42)}
 PLANS = {"diffusers-ops": None, "plan-fused-graphs": "hardware=sm90 recipe=bf16 levers.vae_ops=fused levers.vae_graphs=on"}
 CASES = {f"{lat}-{plan}": (lat, spec) for lat in LATENTS for plan, spec in PLANS.items()}
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_vae", ROOT / "benchmarks" / "vae.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/vae.py")
 
 
 def check_case(name):

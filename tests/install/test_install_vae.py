@@ -21,6 +21,7 @@ from h3plan.planner import make_plan
 from h3plan.facts.decision import make_decision
 from install_helpers import ROOT
 from omegaconf import OmegaConf
+from scripts import load_script
 
 TINY = {**OmegaConf.to_container(OmegaConf.load(ROOT / "conf/vae/h3_tiny.yaml").vae.diffusers_config),
         "latents_mean": (0.0,) * 4, "latents_std": (1.0,) * 4}
@@ -459,14 +460,9 @@ def test_the_transformer_still_reports_vae_levers_skipped():
 @pytest.mark.slow  # the VAE bench script on CPU (~1 s)
 def test_benchmark_script_plumbing_on_cpu(tmp_path):
     """benchmarks/vae.py end to end on the tiny config (host clock; only the plumbing and records mean anything)."""
-    import importlib.util
     import json
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "vae.py"
-    spec = importlib.util.spec_from_file_location("bench_vae", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("benchmarks/vae.py")
     rc = bench.main(["--out", str(tmp_path), "--device", "cpu", "--config", "h3_tiny", "--latents", "1x4x3x6x6",
                      "--plans", "hardware=sm90 recipe=bf16 recipe.vae=fp16 levers.vae_ops=fused", "--warmup", "0",
                      "--iters", "1", "--tag", "cpu"])

@@ -23,6 +23,7 @@ from h3plan.runtime.quant import fp8_rowwise as qr
 from h3plan.runtime.counters import counters, fallback_reasons, reset_counters
 
 from test_modulation import emulate_exact, make, wide_range  # noqa: E402  (same folder: CUDA-order emulation)
+from scripts import load_script
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy on inf/nan inputs
 
@@ -308,8 +309,6 @@ def test_probe_rowwise_block_forward():
     input are the per-tensor scales, so that arm gives the installed per-tensor plan's bits; the lean q/k/v
     cast gives qk_norm_rope_fp8's bits."""
     import copy
-    import importlib.util
-    from pathlib import Path
 
     from h3plan.actions import inputs
     from h3plan.actions.bench.measure import capture_block_inputs, rel_error, run_stack
@@ -318,10 +317,7 @@ def test_probe_rowwise_block_forward():
     from h3plan.runtime.kernels import qk_fp8_lean as lean
     from h3plan.planner import resolve
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "probes" / "fp8_producers.py"
-    spec = importlib.util.spec_from_file_location("fp8_producers_probe", path)
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    probe = load_script("benchmarks/probes/fp8_producers.py")
     S = 24
     cfg = compose(["hardware=sm90", "parallel=u1", "recipe=fp8", "model=h3_tiny", f"parallel.seq_len={S}",
                    "levers.qk_norm_rope=fused_fp8", "levers.fp8_act_quant=tensor", "levers.compile=off"])

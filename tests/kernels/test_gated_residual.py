@@ -3,19 +3,17 @@
 (the product, then the sum) -- including zeros, infinities, subnormals and overflow; NaNs where eager
 has NaNs (their payload bits are the platform's)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
 from h3plan.runtime.kernels import gated_residual as gr
 from h3plan.runtime.kernels.gated_residual import gated_residual, gated_residual_check, gated_residual_ref
+from scripts import load_script
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy on inf/nan inputs
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def same(a, b):
@@ -87,9 +85,7 @@ def test_custom_op_traces():
 
 
 def test_benchmark_driver_smoke(tmp_path):
-    spec = importlib.util.spec_from_file_location("bench_kernels", ROOT / "benchmarks" / "kernels.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("benchmarks/kernels.py")
     bench.main(["--smoke", "--only", "gated_residual", "--out", str(tmp_path)])
     records = json.loads((tmp_path / "kernels-smoke.json").read_text())
     assert [r["kernel"] for r in records] == ["gated_residual"]
