@@ -48,8 +48,8 @@
 #                  about 7 and 6 minutes;
 #   H3_PHASE=ref2va / fl2va: the four rows of both phases above in one process (eager, best, the bf16 plan and its
 #                  bitwise reference): 453 s and 356 s in session 16 (fl2va's reference row ran out of memory at the
-#                  text encode, 1.2 GiB over the eager row's 137.0 GiB peak; the bench now collects and empties the
-#                  allocator's cache before every row and notes what an earlier row left). fl2va's plan takes the
+#                  text encode, 1.2 GiB over the eager row's 137.0 GiB peak; the bench now runs each reference before
+#                  its plan and notes what an earlier row left on the device). fl2va's plan takes the
 #                  text rows the seeded conditioner packs for the 110-byte prompt and the two keyframes' vision
 #                  blocks (2,026: session 16's measured 41,752 rows less the video, audio and keyframe rows).
 #   H3_PHASE=turbo: the Turbo FL2VA request (video=fl2va_turbo_768x1344: 1344x768 height x width, 124 frames: 107

@@ -77,8 +77,8 @@ def test_pipeline_bench_times_the_users_call_per_vae_precision(tmp_path):
     assert doc["kind"] == "pipeline-call" and doc["schema_version"] == 2 and len(doc["runs"]) == 1
     rows = _rows(doc)
     assert [(r["setting"], r["vae"]) for r in doc["records"]] == [
-        ("eager", "fp32"), ("best", "fp32"), ("plan", "fp32"), ("reference", "fp32"),
-        ("eager", "fp16"), ("best", "fp16"), ("plan", "fp16"), ("reference", "fp16")]
+        ("eager", "fp32"), ("best", "fp32"), ("reference", "fp32"), ("plan", "fp32"),
+        ("eager", "fp16"), ("best", "fp16"), ("reference", "fp16"), ("plan", "fp16")]
     for r in doc["records"]:
         _check(r)
     plan32 = rows[("plan", "fp32", "sm90/bf16/u1 +attention=sdpa")]
@@ -121,7 +121,7 @@ def test_lossy_plan_reports_psnr_and_a_second_run_appends(tmp_path):
     assert fp8["frames"]["bitwise"] is None and fp8["frames"]["psnr_db"] > 20 and fp8["frames"]["ssim"] < 1
     assert "fp16 VAE" in fp8["frames"]["against"] and not any(r["setting"] == "reference" for r in first)
     second = [r for r in doc["records"] if r["run"] == doc["runs"][1]["run"]]
-    assert [r["setting"] for r in second] == ["eager", "plan", "reference"]
+    assert [r["setting"] for r in second] == ["eager", "reference", "plan"]
 
 
 @pytest.mark.slow
@@ -138,9 +138,9 @@ def test_each_workflow_gets_its_own_run_with_its_encodes_and_rows(tmp_path):
     t2va_rows = 110 + 414 + 37 * 16
     for run, (workflow, extra) in zip(doc["runs"], (("fl2va", 2 * 16), ("ref2va", 16))):
         recs = [r for r in doc["records"] if r["run"] == run["run"]]
-        assert [r["setting"] for r in recs] == ["eager", "best", "plan", "reference"]
+        assert [r["setting"] for r in recs] == ["eager", "best", "reference", "plan"]
         assert {r["workflow"] for r in recs} == {workflow} and {r["S"] for r in recs} == {t2va_rows + extra}
-        plan = recs[2]
+        plan = recs[3]
         assert plan["frames"]["bitwise"] is True and plan["frames"]["against"].startswith("eager with")
         assert plan["counters"].get("adaln_table.fused") == 3 and not plan["counters"].get("adaln_table.fallback")
     md = (tmp_path / "pipeline-cpu.md").read_text()
@@ -322,7 +322,7 @@ def test_prompt_runs_through_the_seeded_text_encoder(tmp_path, workflow, placeme
     assert f"{placement} (the plan's memory.text_encoder)" in res.stdout + res.stderr
     doc = json.loads((tmp_path / "pipeline-cpu.json").read_text())
     rows = {r["setting"]: r for r in doc["records"]}
-    assert [(r["setting"], r["vae"]) for r in doc["records"]] == [("eager", "fp32"), ("plan", "fp32"), ("reference", "fp32")]
+    assert [(r["setting"], r["vae"]) for r in doc["records"]] == [("eager", "fp32"), ("reference", "fp32"), ("plan", "fp32")]
     for r in doc["records"]:
         assert r["error"] is None and r["workflow"] == workflow and any(n.startswith("prompt: a 110-byte") for n in r["notes"])
     if workflow == "t2va":  # the prompt's 110 bytes are the 110 text rows of the prompt_embeds form

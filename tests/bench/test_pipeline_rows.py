@@ -49,13 +49,12 @@ def test_frames_are_compared_on_the_host_when_the_device_has_no_room(monkeypatch
 
 @pytest.mark.parametrize("left, noted", [(0.0, False), (1.4, True)])
 def test_a_row_that_starts_with_memory_left_by_another_says_so(monkeypatch, left, noted):
-    """_Session.settle records what an earlier row still holds after gc and empty_cache (the fl2va reference row of
+    """_Session.settle records what an earlier row still holds after gc (the fl2va reference row of
     session 16 ran out of memory with about 1.4 GiB more than the eager row had); the record names it."""
     s = P._Session.__new__(P._Session)
     s.torch, s.device, s.resting = torch, torch.device("cuda"), None
     allocated = iter([10 * 2**30, (10 + left) * 2**30])
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
-    monkeypatch.setattr(P, "free", lambda torch_: None)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: next(allocated))
     first, second = P._Row(P.Setting(), [], []), P._Row(P.Setting(), [], [])
     s.settle(first)

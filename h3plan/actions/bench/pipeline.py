@@ -17,8 +17,9 @@ conditioning rows (read from the first forward). Rows:
   + compile at U > 1), the VAE cast as `from_pretrained(torch_dtype=...)` casts it;
 - the plan (and each of `bench.pipeline.plans`, override sets resolved beside it), `h3plan.install(pipe, plan)`;
 - for a plan whose levers are lossless apart from its decode precision, `reference` (unless
-  bench.pipeline.reference=false): diffusers eager with the plan's attention backend and VAE precision, whose
-  frames the plan's must equal bit for bit (none for attention=sdpa: diffusers eager is that reference);
+  bench.pipeline.reference=false), run right before it: diffusers eager with the plan's attention backend and VAE
+  precision, whose frames the plan's must equal bit for bit (none for attention=sdpa: diffusers eager is that
+  reference);
 - bench.pipeline.stock_bits=true: the stock-bits plan too, the lossless plan with levers.attention=sdpa
   (diffusers' default attention), its frames against diffusers eager's.
 
@@ -335,15 +336,15 @@ class _Session(Session):
         return frames, secs, wall
 
     def settle(self, row: _Row) -> None:
-        """Before a row: collect the garbage (a failed row's traceback, reference cycles) and hand the allocator's
-        free cache back, so that every row starts from what the first one did; what an earlier row still holds is
-        recorded (row.left_gib, a note) when it is over LEFT_GIB."""
+        """Before a row: collect the garbage (a failed row's traceback, reference cycles), so that every row starts
+        from what the first one did; what an earlier row still holds is recorded (row.left_gib, a note) when it is
+        over LEFT_GIB. The allocator's cache stays warm, as in a server's next call (an allocation that does not
+        fit releases it by itself before it fails)."""
+        gc.collect()
         if self.device.type != "cuda":
-            gc.collect()
             return
         torch = self.torch
         torch.cuda.synchronize(self.device)
-        free(torch)
         now = torch.cuda.memory_allocated(self.device) / 2**30
         if self.resting is None:
             self.resting = now
@@ -501,8 +502,9 @@ def _lossless_but_vae(plan) -> bool:
 
 def row_specs(plans, opts, degree: int) -> list[tuple]:
     """The rows of the run in order, as (kind, vae, plan): per VAE precision (fp32 first) eager, best, then the
-    plans decoding at that precision and their references; at U > 1 the best rows last (context parallelism
-    cannot be undone)."""
+    plans decoding at that precision, each after its reference (diffusers' whole transformer and, with a prompt, the
+    conditioner beside it: the heaviest row runs before anything a plan's install could leave on the device); at
+    U > 1 the best rows last (context parallelism cannot be undone)."""
     vaes = list(opts.vae) or list(dict.fromkeys(["fp32"] + [plan_precision(p) for p in plans]))
     rows, tail = [], []
     for v in vaes:
@@ -511,17 +513,17 @@ def row_specs(plans, opts, degree: int) -> list[tuple]:
             (rows if degree == 1 else tail).append(("best", v, None))
         for p in plans:
             if plan_precision(p) == v:
-                rows.append(("plan", v, p))
                 stock = opts.stock_bits and p is plans[-1]  # extra_plans appends the stock-bits plan last: eager is its reference
                 if opts.reference and _lossless_but_vae(p) and not stock:
                     rows.append(("reference", v, p))
+                rows.append(("plan", v, p))
     # a plan decoding at a precision without eager / best rows of its own (a step-cache row beside the fp32 anchors)
     rows += [("plan", plan_precision(p), p) for p in plans if plan_precision(p) not in vaes]
     return rows + tail
 
 
 def _rows(pipe, specs, opts, degree, S, group, progress) -> list[_Row]:
-    rows, shared = [], None
+    rows, shared, refs = [], None, {}
     for kind, v, p in specs:
         if kind == "eager":
             s = Eager(pipe, v)
@@ -531,9 +533,10 @@ def _rows(pipe, specs, opts, degree, S, group, progress) -> list[_Row]:
         elif kind == "plan":
             s = PlanSetting(pipe, p, group, progress, num_inference_steps=opts.warmup + opts.steps + 1,
                             workflow=opts.workflow)
+            if id(p) in refs:
+                refs.pop(id(p)).of = s  # the row this reference checks (row_specs: right before it)
         else:
-            s = Reference(pipe, p)
-            s.of = rows[-1].setting  # the plan row right before it (row_specs' order)
+            s = refs[id(p)] = Reference(pipe, p)
         rows.append(_Row(s, [], []))
     return rows
 
@@ -586,7 +589,7 @@ def _record(torch, device, run_id, request, S, degree, layers, n_sched, steps_e2
                          "encode (and any move) is in rest, E2E and the peak")
     if row.left_gib is not None:
         rec.notes.append(f"started with {row.left_gib:.2f} GiB more allocated on the device than the first row did "
-                         "(held by an earlier row after gc and empty_cache): in this row's peak")
+                         "(held by an earlier row after gc): in this row's peak")
     if s.name == "best" and row.first is not None:
         rec.notes.append(f"the first forward (regional compile included) took {row.first:.2f} s")
     if s.name == "plan":
