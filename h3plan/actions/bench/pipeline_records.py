@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from h3plan.planner import resolve_config
+from h3plan.planning.text_encoder import PLACEMENTS
 
 from .results_file import ResultsFile
 from .tables import cell, fmt, md_table, one_line, text_table
@@ -303,4 +304,5 @@ def predicted_call(plan, row: Mapping, steps: int | None = None) -> float | None
 
 def prompted(row: Mapping) -> bool:
     """A row whose call took a prompt through the text encoder (its request places one), not prompt_embeds."""
-    return row.get("request", {}).get("memory.text_encoder") in ("resident", "offload_after", "host")
+    setting = row.get("request", {}).get("memory.text_encoder")
+    return setting in PLACEMENTS and setting != "none"  # "auto" resolves by the plan, "none": prompt_embeds
