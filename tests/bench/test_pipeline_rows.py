@@ -52,7 +52,7 @@ def test_a_row_that_starts_with_memory_left_by_another_says_so(monkeypatch, left
     """_Session.settle records what an earlier row still holds after gc (the fl2va reference row of
     session 16 ran out of memory with about 1.4 GiB more than the eager row had); the record names it."""
     s = P._Session.__new__(P._Session)
-    s.torch, s.device, s.resting = torch, torch.device("cuda"), None
+    s.torch, s.device, s.resting, s.tensors = torch, torch.device("cuda"), None, None
     allocated = iter([10 * 2**30, (10 + left) * 2**30])
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: next(allocated))
@@ -60,3 +60,16 @@ def test_a_row_that_starts_with_memory_left_by_another_says_so(monkeypatch, left
     s.settle(first)
     s.settle(second)
     assert first.left_gib is None and (second.left_gib == pytest.approx(left) if noted else second.left_gib is None)
+    assert second.left_what == ("none that Python reaches" if noted else "")  # this machine's tensors are no CUDA's
+
+
+def test_what_an_earlier_row_left_is_named_by_its_tensors_beyond_the_first_rows():
+    """A weight put back in new memory (an uninstall) counts as the one it replaced; what is left over is named,
+    largest first."""
+    from collections import Counter
+
+    w, frames = (2**26, (4096, 8192), "bfloat16"), (1535115264, (1, 124, 3, 768, 1344), "float32")
+    before = Counter([w, w])
+    assert P.extra_tensors(Counter([w, w]), before) == "none that Python reaches"
+    assert P.extra_tensors(Counter([w, w, frames, w]), before) == \
+        "[1, 124, 3, 768, 1344] float32 1464 MiB, [4096, 8192] bfloat16 64 MiB"

@@ -60,6 +60,7 @@ import os
 import re
 import statistics
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -232,6 +233,7 @@ class _Row:
     full: dict | None = None  # a step-cache row's whole call (_Session.full_turn)
     parts: list = field(default_factory=list)  # per call: seconds of the rest's timed parts (_Session.call)
     left_gib: float | None = None  # device memory an earlier row left allocated at this row's start (_Session.settle)
+    left_what: str = ""  # then: the largest CUDA tensors beyond the first row's start that Python reaches
     compared: dict = field(default_factory=dict)  # id of the row compared against -> _compare's result (once each)
 
 
@@ -269,7 +271,7 @@ class _Session(Session):
                         t.register_forward_pre_hook(self._rows, with_kwargs=True)]
         self.parts = self._time_parts(device.type == "cuda")
         self.calls = opts.warmup + opts.steps
-        self.resting = None  # GiB allocated when the first row started (settle)
+        self.resting, self.tensors = None, Counter()  # GiB allocated and the CUDA tensors when the first row started
         _, latent_frames, _ = resolved(pipe, request)
         r = pipe.vae_spatial_compression_ratio
         frames = warm_latent_frames(pipe.vae, latent_frames)
@@ -347,9 +349,10 @@ class _Session(Session):
         torch.cuda.synchronize(self.device)
         now = torch.cuda.memory_allocated(self.device) / 2**30
         if self.resting is None:
-            self.resting = now
+            self.resting, self.tensors = now, cuda_tensors(torch)
         elif now - self.resting > LEFT_GIB:
             row.left_gib = max(row.left_gib or 0.0, now - self.resting)
+            row.left_what = extra_tensors(cuda_tensors(torch), self.tensors)
 
     def turn(self, row: _Row, first_turn: bool) -> None:
         torch, s = self.torch, row.setting
@@ -426,6 +429,32 @@ def cached(s: Setting) -> bool:
 
 
 LEFT_GIB = 0.25  # a row that starts with more than this allocated beyond the first row's start says so
+
+
+def cuda_tensors(torch) -> Counter:
+    """Every CUDA storage gc reaches, counted by (bytes, shape, dtype): a weight put back in new memory (uninstall)
+    counts as the one it replaced."""
+    seen: dict[int, tuple] = {}
+    for o in gc.get_objects():
+        if not issubclass(type(o), torch.Tensor):  # type(): isinstance reads __class__, which some proxies warn on
+            continue
+        try:
+            if not o.is_cuda:
+                continue
+            st = o.untyped_storage()  # a fake or wrapper tensor (compile's, a subclass) has none to count
+            seen.setdefault(st.data_ptr(), (st.nbytes(), tuple(o.shape), str(o.dtype).replace("torch.", "")))
+        except (RuntimeError, NotImplementedError, TypeError):
+            continue
+    return Counter(seen.values())
+
+
+def extra_tensors(now: Counter, before: Counter, n: int = 3) -> str:
+    """The `n` largest storages in `now` beyond `before` (what an earlier row still holds), or where the memory is
+    not Python's to see (a library's cache)."""
+    top = sorted((now - before).elements(), reverse=True)[:n]
+    return ", ".join(f"{list(shape)} {dtype} {b / 2**20:.0f} MiB" for b, shape, dtype in top) or "none that Python reaches"
+
+
 OVERHEAD = 1.03  # issue 33: a cached call's E2E at most 1.03 x (computed forwards + the rest of the call)
 
 
@@ -589,7 +618,8 @@ def _record(torch, device, run_id, request, S, degree, layers, n_sched, steps_e2
                          "encode (and any move) is in rest, E2E and the peak")
     if row.left_gib is not None:
         rec.notes.append(f"started with {row.left_gib:.2f} GiB more allocated on the device than the first row did "
-                         "(held by an earlier row after gc): in this row's peak")
+                         f"(held by an earlier row after gc; the largest tensors beyond the first row's: {row.left_what}): in "
+                         "this row's peak")
     if s.name == "best" and row.first is not None:
         rec.notes.append(f"the first forward (regional compile included) took {row.first:.2f} s")
     if s.name == "plan":
