@@ -31,15 +31,20 @@ reference, the transformer_ref partition; fl2va: the first and last keyframe) an
 memory.text_encoder; the call is pipe(prompt="...") through diffusers' text encoder step and the seeded Qwen3-VL at
 the packaged widths, actions/text_encoder_build.py, placed by install: install/text_encoder.py). Either runs the whole
 call (--decode all, or --cap-only). `--cap-only`: the cap rows alone, no uncapped rows. The 80 GB run of t2va and
-ref2va with the text encoder on the host (one cap row each, bf16; about 4-5 minutes each, never run yet):
+ref2va with the text encoder on the host (one cap row each, bf16; about 4-5 minutes each):
 
     python benchmarks/memory.py --recipes bf16 --cap-only --workflow ref2va --text-encoder host --out benchmarks/results --tag h200-cap-ref2va
+
+`--text-encoder-weight-sets N`: the seeded conditioner keeps its 64 decoder layers at their widths, sharing N layers'
+weights (text_encoder_build.share_decoder_weights), for a host with less memory than the whole seeded pipeline
+resting on it (the one-GPU H200 machine: 128 GiB, against 62 + 62 + 9.7 GiB). At memory.text_encoder=host the device
+holds one layer at a time either way, and diffusers' hidden_states[50] still exists (a conditioner cut to fewer than
+51 layers is refused by diffusers' text step).
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 import traceback
@@ -80,29 +85,16 @@ def _build(c, args, device="cuda"):
         return pipe, prompt_inputs(pipe, args.text_tokens), {}
     # the conditioner is built first on the device and placed on the host (build_pipeline: 62 GiB of it beside the
     # transformer's float32 staging does not fit an H200), then unplaced: install places it by the plan
-    pipe = build_pipeline(c["model"]["diffusers_config"], c["vae"]["diffusers_config"], layers=args.layers, device=device,
-                          blocks=workflow_blocks(text_encoder=te),
+    pipe = build_pipeline(c["model"]["diffusers_config"], c["vae"]["diffusers_config"], vae_name=c["vae"]["name"],
+                          layers=args.layers, device=device, blocks=workflow_blocks(text_encoder=te),
                           partitions=("transformer_ref",) if wf == "ref2va" else ("transformer",),
-                          text_encoder=conditioner(c, args.text_encoder_layers) if te else None,
-                          text_encoder_placement="host" if te else None)
+                          text_encoder=c["model"]["text_encoder_default"] if te else None,
+                          text_encoder_placement="host" if te else None, text_encoder_weight_sets=args.text_encoder_weight_sets)
     if te:
         placed_text_encoder(pipe.text_encoder).restore()
     h, w, _ = args.video
     prompt = {"prompt": prompt_text(args.text_tokens)} if te else prompt_inputs(pipe, args.text_tokens)
     return pipe, prompt, workflow_inputs(pipe, wf, h, w, seed=0, keyframes=("first", "last"))
-
-
-def conditioner(c, layers=None) -> dict:
-    """The seeded conditioner's config: the packaged Qwen3-VL widths, with `layers` decoder layers where given
-    (--text-encoder-layers: the cap rows on a host with less memory than the whole conditioner and transformer
-    resting there; at memory.text_encoder=host the device holds one layer at a time, so the count changes the host's
-    memory and the encode's time, not the device's peak)."""
-    te = copy.deepcopy(dict(c["model"]["text_encoder_default"]))
-    if layers is not None:
-        if layers < 1:
-            raise SystemExit(f"--text-encoder-layers {layers}: at least 1")
-        te["text_config"] = {**te["text_config"], "num_hidden_layers": layers}
-    return te
 
 
 def _estimate(plan, phase):
@@ -200,21 +192,27 @@ def _cap_row(args, recipe, frames_path: Path):
                    estimate_install_gib=plan.derived_value("memory_install_gib"))
     except Exception as e:  # noqa: BLE001 - the planner's refusal is the result
         return {**row, "cap_passed": False, "error": "".join(traceback.format_exception_only(e)).strip()[:400]}
-    cmd = [sys.executable, __file__, "--cap-child", recipe, "--steps", str(args.steps), "--video", "x".join(map(str, args.video)),
-           "--text-tokens", str(args.text_tokens), "--cap-gb", str(args.cap_gb), "--frames-out", str(frames_path)]
-    if args.layers:
-        cmd += ["--layers", str(args.layers)]
-    cmd += ["--workflow", WORKFLOW["workflow"], "--text-encoder", WORKFLOW["text_encoder"]]
-    if args.text_encoder_layers is not None:
-        cmd += ["--text-encoder-layers", str(args.text_encoder_layers)]
-        row["text_encoder_layers"] = args.text_encoder_layers
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if args.text_encoder_weight_sets is not None:
+        row["text_encoder_weight_sets"] = args.text_encoder_weight_sets
+    proc = subprocess.run([sys.executable, __file__, *_child_argv(args, recipe, frames_path)], capture_output=True, text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode or not lines:
         tail = [ln for ln in proc.stderr.strip().splitlines() if "Error" in ln] or proc.stderr.strip().splitlines() or ["no output"]
         return {**row, "cap_passed": False, "error": tail[-1][:400]}
     r = json.loads(lines[-1])
     return {**row, **r, "cap_passed": True, "estimate_ratio": round(row["estimate_phase_gib"] / r["peak_gib"], 3)}
+
+
+def _child_argv(args, recipe, frames_path) -> list[str]:
+    """The arguments of the cap row's child process: one capped call of `recipe`, the parent's request."""
+    argv = ["--cap-child", recipe, "--steps", str(args.steps), "--video", "x".join(map(str, args.video)),
+            "--text-tokens", str(args.text_tokens), "--cap-gb", str(args.cap_gb), "--frames-out", str(frames_path),
+            "--workflow", WORKFLOW["workflow"], "--text-encoder", WORKFLOW["text_encoder"]]
+    if args.layers:
+        argv += ["--layers", str(args.layers)]
+    if args.text_encoder_weight_sets is not None:
+        argv += ["--text-encoder-weight-sets", str(args.text_encoder_weight_sets)]
+    return argv
 
 
 def _cap_child(args) -> int:
@@ -262,17 +260,18 @@ def main(argv=None) -> int:
                     help="the request (the plan's video preset, VIDEOS) and its seeded media")
     ap.add_argument("--text-encoder", choices=("none", "resident", "offload_after", "host"), default="none",
                     help="the plan's memory.text_encoder: the call runs the prompt through the seeded Qwen3-VL")
-    ap.add_argument("--text-encoder-layers", type=int, default=None,
-                    help="the seeded conditioner's decoder layers (default: the packaged count); the row records it")
+    ap.add_argument("--text-encoder-weight-sets", type=int, default=None, metavar="N",
+                    help="the seeded conditioner's decoder layers share N layers' weights (default: every layer its "
+                         "own): a host smaller than the whole pipeline resting on it; the rows record N")
     ap.add_argument("--cap-only", action="store_true", help="the cap rows alone (no uncapped rows)")
     ap.add_argument("--cap-child", metavar="RECIPE", help=argparse.SUPPRESS)  # one capped call in a fresh process
     ap.add_argument("--frames-out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     WORKFLOW.update(workflow=args.workflow, text_encoder=args.text_encoder)
+    if args.cap_child:  # the cap row's one call: always the whole pipe(...)
+        return _cap_child(args)
     if (args.workflow != "t2va" or args.text_encoder != "none") and args.decode != "all" and not args.cap_only:
         ap.error("--workflow other than t2va and --text-encoder run the whole call: add --decode all or --cap-only")
-    if args.cap_child:
-        return _cap_child(args)
 
     import torch
 
@@ -284,7 +283,7 @@ def main(argv=None) -> int:
     meta = {"device": torch.cuda.get_device_name(0), "total_gib": round(total / GiB, 2), "video": "x".join(map(str, args.video)),
             "layers": args.layers or 50, "text_tokens": args.text_tokens, "steps": args.steps, "script": "benchmarks/memory.py",
             "workflow": args.workflow, "text_encoder": args.text_encoder,
-            **({"text_encoder_layers": args.text_encoder_layers} if args.text_encoder_layers is not None else {})}
+            **({"text_encoder_weight_sets": args.text_encoder_weight_sets} if args.text_encoder_weight_sets is not None else {})}
     tmp = Path(tempfile.mkdtemp())
     caps = {}
     if args.decode != "none":  # each cap run first, in a fresh process, as a user's 80 GB card starts (nothing else on it)
@@ -347,11 +346,11 @@ def main(argv=None) -> int:
 def _conditioner_line(meta) -> list[str]:
     if meta.get("text_encoder", "none") == "none":
         return []
-    n = meta.get("text_encoder_layers")
-    cut = (f", its decoder cut to {n} layers (--text-encoder-layers: what the host holds; at memory.text_encoder=host "
-           "the device holds one layer at a time, so the device's peak is the whole conditioner's)") if n else ""
+    n = meta.get("text_encoder_weight_sets")
+    shared = (f", its decoder layers sharing {n} layers' weights (--text-encoder-weight-sets: what the host holds; "
+              "at memory.text_encoder=host the device holds one layer at a time at the real width either way)") if n else ""
     return [f"Workflow {meta['workflow']}: pipe(prompt=...) through the seeded Qwen3-VL at memory.text_encoder="
-            f"{meta['text_encoder']}{cut}.", ""]
+            f"{meta['text_encoder']}{shared}.", ""]
 
 
 def _write(args, meta, rows):

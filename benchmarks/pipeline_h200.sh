@@ -62,11 +62,11 @@
 #                  pipe(prompt=...) with the conditioner streamed from the host a part at a time (3 steps); rows in
 #                  $OUT/memory-h200-cap-<workflow>.json / .md - about 4 and 5 minutes. The whole pipeline resting
 #                  on the host (the 62 GiB conditioner + the 62 GiB transformer + the 9.7 GiB VAE) is more than the
-#                  one-GPU H200 machine's 128 GiB of host memory, so the seeded conditioner keeps 16 of its 64 decoder
-#                  layers (--text-encoder-layers 16, recorded in the rows): at memory.text_encoder=host the device holds
-#                  one part at a time, so the count changes the host's memory and the encode's time, not the device's
-#                  peak the cap tests. On a host of 256 GiB (the two-GPU kind): H3_TE_LAYERS=64, the whole
-#                  conditioner.
+#                  one-GPU H200 machine's 128 GiB of host memory, so the seeded conditioner's 64 decoder layers share
+#                  16 layers' weights (--text-encoder-weight-sets 16, recorded in the rows; diffusers refuses fewer
+#                  than 51 layers): at memory.text_encoder=host the device holds one layer at a time at the real width
+#                  either way, so the sharing changes the host's memory, not the device's peak the cap tests. On a
+#                  host of 256 GiB (the two-GPU kind): H3_TE_SETS=64, every layer its own weights.
 # Output in $OUT (default benchmarks/results): pipeline-h200.json (rows of every run), .md, .png, pipeline-h200.log.
 # H3_APPEND=1 starts from the committed benchmarks/results/pipeline-h200.json.
 set -u
@@ -111,7 +111,7 @@ case "${H3_PHASE:-fp32}" in
                memory.text_encoder=offload_after --workflow fl2va --prompt --vae fp32 --e2e-steps 4 --no-reference) ;;
   cap-t2va|cap-ref2va) script=benchmarks/memory.py
          args=(--recipes bf16 --cap-only --workflow "${H3_PHASE#cap-}" --text-encoder host --steps 3 --no-warmup
-               --text-encoder-layers "${H3_TE_LAYERS:-16}") ;;
+               --text-encoder-weight-sets "${H3_TE_SETS:-16}") ;;
   *) echo "H3_PHASE: fp32, fp16, stock, all, cache-bf16, cache-fp8, cache-adaptive, cache, ref2va-best, ref2va-bits," \
           "fl2va-best, fl2va-bits, ref2va, fl2va, turbo, cap-t2va or cap-ref2va" >&2; exit 2 ;;
 esac

@@ -211,7 +211,8 @@ def workflow_inputs(pipe, workflow: str, height: int, width: int, *, seed: int =
 def build_pipeline(model_config: Mapping[str, Any], vae_config: Mapping[str, Any], *, vae_name: str = "h3",
                    layers: int | None = None, device="cpu", dtype="bf16", vae_dtype=None, seed: int = 0,
                    blocks=None, partitions=("transformer",), text_encoder: Mapping[str, Any] | None = None,
-                   text_encoder_device=None, text_encoder_placement: str | None = None):
+                   text_encoder_device=None, text_encoder_placement: str | None = None,
+                   text_encoder_weight_sets: int | None = None):
     """A MiniMaxH3ModularPipeline on `device`; see the module docstring. blocks: other pipeline blocks to use
     (workflow_blocks(): all three workflows); partitions: the transformer components to build ("transformer",
     "transformer_ref"), each seeded on its own (PARTITION_SEEDS); text_encoder: a conditioner config (model.
@@ -220,7 +221,8 @@ def build_pipeline(model_config: Mapping[str, Any], vae_config: Mapping[str, Any
     `device`; install/text_encoder.py places it as a plan says). text_encoder_placement: place it so (resident,
     offload_after, host; `placed(pipe.text_encoder)` undoes it); off the device, it is built and placed before the
     transformers, whose float32 staging needs the room (at the real widths the conditioner is 62 GiB and the
-    staging of one transformer 123 GiB)."""
+    staging of one transformer 123 GiB). text_encoder_weight_sets: its decoder layers share that many layers'
+    weights (text_encoder_build.share_decoder_weights)."""
     require_transformers()
     import torch
     from diffusers import MiniMaxH3Scheduler
@@ -240,7 +242,8 @@ def build_pipeline(model_config: Mapping[str, Any], vae_config: Mapping[str, Any
     te_device = device if text_encoder_device is None else text_encoder_device
     conditioner = {}
     if wants_te and text_encoder_placement not in (None, "resident"):  # built first, placed off the device
-        conditioner = conditioner_components(text_encoder, seed=seed + 4, device=te_device)
+        conditioner = conditioner_components(text_encoder, seed=seed + 4, device=te_device,
+                                             weight_sets=text_encoder_weight_sets)
         place_text_encoder(conditioner["text_encoder"], text_encoder_placement, device)
         if torch.device(device).type == "cuda":
             torch.cuda.empty_cache()  # its 62 GiB of freed blocks, cut to its shapes, would not serve the staging
@@ -253,7 +256,8 @@ def build_pipeline(model_config: Mapping[str, Any], vae_config: Mapping[str, Any
     if "audio_vae" in pipe._component_specs:
         components["audio_vae"] = build_audio_vae(vae_name, device=device, seed=seed + 2)
     if wants_te and not conditioner:
-        conditioner = conditioner_components(text_encoder, seed=seed + 4, device=te_device)
+        conditioner = conditioner_components(text_encoder, seed=seed + 4, device=te_device,
+                                             weight_sets=text_encoder_weight_sets)
         if text_encoder_placement is not None:
             place_text_encoder(conditioner["text_encoder"], text_encoder_placement, device)
     components.update(conditioner)

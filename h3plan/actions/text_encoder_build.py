@@ -49,8 +49,9 @@ def qwen3vl_config(config: Mapping[str, Any]):
                          tie_word_embeddings=bool(c.get("tie_word_embeddings", False)), **ids)
 
 
-def build_text_encoder(config: Mapping[str, Any], *, device="cpu", seed: int = 4):
-    """Qwen3VLForConditionalGeneration at `config`'s widths on `device`, bf16, seeded (module docstring)."""
+def build_text_encoder(config: Mapping[str, Any], *, device="cpu", seed: int = 4, weight_sets: int | None = None):
+    """Qwen3VLForConditionalGeneration at `config`'s widths on `device`, bf16, seeded (module docstring); weight_sets:
+    share_decoder_weights(model, weight_sets) after the init."""
     import torch
     from transformers import Qwen3VLForConditionalGeneration
 
@@ -66,7 +67,25 @@ def build_text_encoder(config: Mapping[str, Any], *, device="cpu", seed: int = 4
     torch.manual_seed(seed)
     with torch.no_grad():
         model.init_weights()  # transformers' own init: weights, norms and the rotary tables (non-persistent buffers)
+    if weight_sets is not None:
+        share_decoder_weights(model, weight_sets)
     return model.eval().requires_grad_(False)
+
+
+def share_decoder_weights(model, sets: int) -> None:
+    """Decoder layer i computes with layer (i mod sets)'s parameters and buffers (the same tensors): every layer, width
+    and hidden state the conditioner has, in `sets` layers' worth of memory. For a host smaller than the whole seeded
+    pipeline resting on it (benchmarks/memory.py --text-encoder-weight-sets): streamed at memory.text_encoder=host
+    the device still holds one layer at a time at the real width (install/text_encoder.py gives a shared tensor one
+    host master), and diffusers' hidden_states[50] still exists. Seeded weights say nothing about quality either way."""
+    layers = model.model.language_model.layers
+    if not 1 <= sets <= len(layers):
+        raise UsageError(f"text encoder weight sets {sets}: between 1 and its {len(layers)} decoder layers")
+    for i in range(sets, len(layers)):
+        for dst, src in zip(layers[i].modules(), layers[i % sets].modules()):
+            for table, other in ((dst._parameters, src._parameters), (dst._buffers, src._buffers)):
+                for name in table:
+                    table[name] = other[name]
 
 
 def build_tokenizer(config: Mapping[str, Any]):
@@ -117,11 +136,12 @@ def build_processor(tokenizer, config: Mapping[str, Any]):
         return Qwen3VLProcessorNoVideo(image_processor=image, tokenizer=tokenizer, video_processor=None)
 
 
-def conditioner_components(config: Mapping[str, Any], *, device="cpu", seed: int = 4) -> dict:
+def conditioner_components(config: Mapping[str, Any], *, device="cpu", seed: int = 4, weight_sets: int | None = None) -> dict:
     """The three components diffusers' text encoder steps expect: text_encoder, tokenizer, processor."""
     tokenizer = build_tokenizer(config)
-    return {"text_encoder": build_text_encoder(config, device=device, seed=seed), "tokenizer": tokenizer,
+    return {"text_encoder": build_text_encoder(config, device=device, seed=seed, weight_sets=weight_sets), "tokenizer": tokenizer,
             "processor": build_processor(tokenizer, config)}
 
 
-__all__ = ["build_text_encoder", "build_tokenizer", "build_processor", "conditioner_components", "qwen3vl_config"]
+__all__ = ["build_text_encoder", "build_tokenizer", "build_processor", "conditioner_components", "qwen3vl_config",
+           "share_decoder_weights"]

@@ -51,12 +51,13 @@ class _ExecutionHook:
 
 class _Masters:
     """Host masters of `modules`' parameters and buffers (the module docstring): `up(device)` gives each module device
-    copies made from them, `down()` points it back at them. Tensors shared between modules get one master."""
+    copies made from them, `down()` points it back at them. Tensors shared between modules get one master, and so do
+    tensors shared between parts placed apart when they pass one `made` (a conditioner whose layers share weights)."""
 
-    def __init__(self, modules: list[torch.nn.Module], pin: bool):
+    def __init__(self, modules: list[torch.nn.Module], pin: bool, made: dict[int, torch.Tensor] | None = None):
         self.slots: list[tuple[torch.nn.Module, str, bool, torch.Tensor]] = []  # (owner, name, is_param, master)
         self.why_not_pinned: str | None = None
-        made: dict[int, torch.Tensor] = {}
+        made = {} if made is None else made  # id(parameter or buffer) -> its master
         for module in modules:
             for owner in module.modules():
                 for table, is_param in ((owner._parameters, True), (owner._buffers, False)):
@@ -185,8 +186,10 @@ def place(module, setting: str, device) -> TextEncoderPlacement:
     else:
         parts = _parts(module)
         pin = device.type == "cuda"
+        made: dict[int, torch.Tensor] = {}
         for name, part in parts:  # the masters first, copied from where the parts are (a device-built one: one DMA)
-            p.masters[name] = _Masters([part], pin=pin and not any(m.why_not_pinned for m in p.masters.values()))
+            p.masters[name] = _Masters([part], pin=pin and not any(m.why_not_pinned for m in p.masters.values()),
+                                       made=made)  # a tensor two parts share: one master
         p._move("text_encoder", module, host)  # the rest: the token table, the rotary tables, the unused lm_head
         module.model.language_model.rotary_emb.to(device)  # its tables only (no weights)
         embed = module.model.language_model.embed_tokens  # the lookup runs on the host: its rows go, not the table

@@ -193,3 +193,50 @@ def test_an_encode_that_raises_still_moves_the_conditioner_back(setting):
     finally:
         fail.remove()
         p.restore()
+
+
+def test_shared_decoder_weights_keep_every_layer_and_host_gives_each_shared_tensor_one_master():
+    """text_encoder_build.share_decoder_weights (benchmarks/memory.py --text-encoder-weight-sets, for a host smaller
+    than the seeded pipeline): every decoder layer stays, layer i computing with layer (i mod sets)'s tensors; placed
+    at `host`, a tensor two layers share gets one host master (not one per layer: 64 pinned copies of 16 layers'
+    weights would fill the host the sharing saves), each layer still moves up and back on its own, and the encode is
+    bitwise the unplaced one. Out-of-range counts are one line."""
+    import yaml
+
+    from h3plan.actions.text_encoder_build import build_text_encoder, share_decoder_weights
+    from h3plan.errors import UsageError
+    from h3plan.planning import CONF
+
+    cfg = yaml.safe_load(open(f"{CONF}/model/h3_tiny.yaml"))["text_encoder_default"]
+    te = build_text_encoder(cfg, weight_sets=2)
+    layers = te.model.language_model.layers
+    n = cfg["text_config"]["num_hidden_layers"]
+    assert len(layers) == n > 50  # diffusers' hidden_states[50] still exists
+    w = [layer.mlp.gate_proj.weight for layer in layers]
+    assert all(w[i] is w[i % 2] for i in range(n)) and w[0] is not w[1]
+    assert not torch.equal(w[0], w[1])  # two seeded sets, not one copied
+    distinct = {id(t) for t in te.parameters()}
+    assert len(distinct) == len(list(te.parameters()))  # parameters() yields each shared tensor once
+    ids = torch.tensor([[1, 2, 3, 4]])
+    expect = te.model(input_ids=ids, output_hidden_states=True, use_cache=False).hidden_states
+    assert len(expect) == n + 1
+
+    p = place(te, "host", "cpu:1")
+    try:
+        masters = {id(m) for ms in p.masters.values() for *_, m in ms.slots}
+        per_layer = sum(1 for _ in layers[0].parameters())
+        parts = {name: ms for name, ms in p.masters.items() if name.startswith("layers.")}
+        assert len(parts) == n  # every layer is a part of its own
+        layer_masters = {id(m) for ms in parts.values() for *_, m in ms.slots}
+        assert len(layer_masters) == 2 * per_layer, (len(layer_masters), per_layer)
+        assert len(masters) < len([s for ms in p.masters.values() for s in ms.slots])
+        got = te.model(input_ids=ids, output_hidden_states=True, use_cache=False).hidden_states
+        assert all(torch.equal(a, b) for a, b in zip(got, expect))
+        ups = [name for name, d in p.moves if d == "cpu:1" and name.startswith("layers.")]
+        assert ups == [f"layers.{i}" for i in range(n)]
+    finally:
+        p.restore()
+    assert layers[3].mlp.gate_proj.weight is layers[1].mlp.gate_proj.weight  # restore keeps the sharing
+    for bad in (0, n + 1):
+        with pytest.raises(UsageError, match=rf"^text encoder weight sets {bad}: between 1 and its {n} decoder layers$"):
+            share_decoder_weights(te, bad)
