@@ -8,6 +8,7 @@ import textwrap
 
 from h3plan.facts.attention import DEFAULT
 from h3plan.levers import SPECS, not_installed
+from h3plan.levers.step_cache import EVIDENCE_REASONS
 
 from .derive import ORDER
 from .memory import usable_gib
@@ -251,9 +252,8 @@ def render_summary(plan, width: int = 120) -> str:
     cache = next((d for d in ds if d.lever == "step_cache" and not d.lossless), None)
     if cache is not None:  # its own budget (recipe.cache), apart from the kernel levers'
         what = next((r for r in cache.reasons if not r.startswith("forced by")), cache.reasons[0])
-        lines += _labelled("fewer", f"step_cache={cache.setting}: {what}; within recipe.cache PSNR >= "
-                                    f"{cache.param('psnr_db_min')} dB, SSIM >= {cache.param('ssim_min')} of the uncached "
-                                    "frames, never measured by h3plan (action=calibrate calibrate.target=step_cache)", width)
+        quality = next((r for r in cache.reasons if r.startswith(EVIDENCE_REASONS)), "")
+        lines += _labelled("fewer", f"step_cache={cache.setting}: {what}; {quality}", width)
     if lossy:
         b = r["budget"]
         lines += _labelled("lossy", f"{', '.join(lossy)}: the output may differ from diffusers' eager output within "
