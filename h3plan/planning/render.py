@@ -149,8 +149,14 @@ def _speed_text(plan) -> str:
     enc = plan.derived_value("encode_s_est")
     venc = "" if enc is None else (f" + VAE encode {enc:,.1f} s"
                                    + (" (estimate, not measured)" if _estimated(hw) else ""))
-    text += (f"; call {call_s + (te_s or 0):,.0f} s = {what} {den:,.0f} s + decode "
-             f"{dec:,.1f} s{venc}{encode}; most: {big['part']} {big['share']:.0%}: {big['cut']}")
+    span = plan.derived_value("call_s_range_est")  # an adaptive cache: the most it may skip .. every forward computed
+    if span:
+        fewest = plan.decision("step_cache").param("fewest_computed")
+        head = (f"call {span[0] + (te_s or 0):,.0f}-{call_s + (te_s or 0):,.0f} s = {fewest}..{n} of {n} forwards "
+                f"computed (the adaptive cache), at most {den:,.0f} s")
+    else:
+        head = f"call {call_s + (te_s or 0):,.0f} s = {what} {den:,.0f} s"
+    text += f"; {head} + decode {dec:,.1f} s{venc}{encode}; most: {big['part']} {big['share']:.0%}: {big['cut']}"
     return text
 
 

@@ -223,3 +223,31 @@ def test_summary_counts_the_computed_forwards():
     assert "= 49 forwards " in " ".join(render_summary(_plan()).split())
     high = " ".join(render_summary(_plan(cache=BUDGET)).split())
     assert "fewer step_cache=first_block:" in high and "evidence (published on released weights): SSIM 0.931" in high
+
+
+def test_an_adaptive_plan_gives_its_call_as_a_range():
+    plan = _plan(cache=BUDGET)
+    low, high = plan.derived_value("call_s_range_est")
+    f, layers = plan.derived_value("forward_s_est"), 50
+    assert high == plan.derived_value("call_s_est")  # every forward computed
+    assert low == pytest.approx(high - (49 - 26) * f * (1 - 1 / layers), abs=0.01)  # 23 skipped, each its first block
+    from h3plan.cli import render_summary
+
+    assert f"call {low:,.0f}-{high:,.0f} s = 26..49 of 49 forwards computed" in " ".join(render_summary(plan).split())
+    assert _plan(cache={**BUDGET, "unmeasured": True}, **{"levers.step_cache": "fixed"}).derived_value(
+        "call_s_range_est") is None  # a fixed schedule's count is the plan's
+
+
+def test_the_measured_adaptive_call_falls_inside_the_range():
+    """benchmarks/results/pipeline-h200.json, the first_block row (fp8, fp16 decode, threshold 0.08, warm-up 4, final
+    1, 2 in a row; 20 of 49 computed on seeded weights): its whole call lies inside the plan's range."""
+    import json
+    from pathlib import Path
+
+    rows = json.loads((Path(__file__).resolve().parents[2] / "benchmarks/results/pipeline-h200.json").read_text())
+    row = next(r for r in (rows if isinstance(rows, list) else rows["records"]) if "+step_cache=first_block" in r["label"])
+    plan = _plan(cache={**BUDGET, "threshold": 0.08, "warmup": 4, "final": 1, "max_skip": 2, "unmeasured": True},
+                 recipe="fp8", **{"levers.step_cache": "first_block", "recipe.vae": "fp16"})
+    low, high = plan.derived_value("call_s_range_est")
+    assert plan.decision("step_cache").param("fewest_computed") <= row["counters"]["step_cache.computed"]
+    assert low <= row["e2e_s"] <= high, (low, row["e2e_s"], high)
