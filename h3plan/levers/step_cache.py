@@ -65,10 +65,10 @@ def _first_block(workflows, knobs, **kw) -> ev.QualityPoint:
     return ev.QualityPoint.make("step_cache", "first_block", {**knobs, "forwards": F}, workflows, **kw)
 
 
-SWEEP = "1xB200, T2VA 768p 16:9, 8.7 s, 50 steps, one seed"
+SWEEP = "1xB200, T2VA 768p 16:9, 8.7 s, 50 steps, one run each"
 POINTS = (
     _first_block(("t2va",), HIGH, ssim=0.931, psnr_db=28.16, speedup=1.40, source="docs/sources.md#sglang-cache-dit",
-                 where="SGLang's quality=high, 4xH200, T2VA 1344x768x124, 50 steps, 3 prompt/seed pairs, video only"),
+                 where="SGLang's quality=high, 4xH200, T2VA 1344x768x124, 50 steps, 3 prompts, video only"),
     *(_first_block(("t2va",), {**HIGH, "threshold": t, "max_skip": 3}, ssim=s, psnr_db=p, audio_snr_db=a, speedup=x,
                    source="docs/sources.md#sglang-dbcache-sweep", where=f"{SWEEP}, {hits} of 49 cached")
       for t, s, p, a, x, hits in ((0.04, 0.901, 28.77, 20.67, 1.53, 18), (0.08, 0.865, 26.56, 16.67, 2.23, 29),
