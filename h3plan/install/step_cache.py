@@ -7,7 +7,9 @@ every forward at the plan's step count (the request's), at those passed as num_i
 pipeline's default step count, for every kind of row (audio or not, conditioning rows or not): vector bits ->
 (forward index, forwards). One 4 x T byte device-to-host copy per call. A call the plan did not plan for runs the
 whole forward, counted `step_cache.fallback` with its reason: a vector of the pipeline's default step count where the
-plan's request has another (the reason names both), or a vector of no indexed step count.
+plan's request has another (the reason names both), or a vector of no indexed step count. Every count's first
+forward passes the same vector: it is placed as the plan's (it computes under every schedule), and the second forward
+tells the counts apart (`_State.rebase`).
 
 - fixed / taylor: a forward the schedule computes runs diffusers' forward and keeps its outputs (video and audio
   velocities); a skipped one returns a copy of the last computed outputs (fixed) or their first-order extrapolation

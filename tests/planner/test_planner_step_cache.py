@@ -251,3 +251,15 @@ def test_the_measured_adaptive_call_falls_inside_the_range():
     low, high = plan.derived_value("call_s_range_est")
     assert plan.decision("step_cache").param("fewest_computed") <= row["counters"]["step_cache.computed"]
     assert low <= row["e2e_s"] <= high, (low, row["e2e_s"], high)
+
+
+@pytest.mark.parametrize("computed,why", [(60, "is longer than the request's 49 forwards"),
+                                          (3, "is fewer than the forwards that never skip")])
+def test_the_cli_refuses_computed_in_one_line(capsys, computed, why):
+    """issue 44 item 1 from the command line: exit 2, one line, no internal error."""
+    from h3plan import cli
+
+    assert cli.run([f"recipe.cache={{psnr_db_min:28,ssim_min:0.93,computed:{computed}}}"]) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and f"recipe.cache.computed={computed}: {why}" in lines[0] and out == "", err
