@@ -31,6 +31,15 @@ BAD = [
     (["pipeline.num_inference_steps=0"], "pipeline.num_inference_steps=0: must be >= 2"),
     (["pipeline.num_inference_steps=-5"], "pipeline.num_inference_steps=-5: must be >= 2"),
     (["hardware.device.memory_gb=0"], "hardware.device.memory_gb=0.0: must be a positive number of GB"),
+    # every rate, bandwidth and size is positive: a zero one divided by zero, a negative one planned a negative time
+    (["memory.host_link_gbps=0", "memory.text_encoder=offload_after"], "memory.host_link_gbps=0.0: must be a positive "
+                                                                       "number of GB/s"),
+    (["memory.host_link_gbps=-5", "memory.text_encoder=host"], "memory.host_link_gbps=-5.0: must be a positive number"),
+    (["hardware.device.nvlink_gbps=0", "parallel=u2"], "hardware.device.nvlink_gbps=0.0: must be a positive number"),
+    (["hardware.device.nic_gbps=0"], "hardware.device.nic_gbps=0.0: must be a positive number of GB/s (null: not known"),
+    (["hardware.device.hbm_tbps=-1"], "hardware.device.hbm_tbps=-1.0: must be a positive number of TB/s"),
+    (["hardware.measured.gemm_tflops.bf16=0"], "hardware.measured.gemm_tflops.bf16=0.0: must be a positive number of "
+                                               "TFLOP/s"),
     (["parallel.seq_len=1"], "parallel.seq_len=1: fewer rows than the 110 text rows of the request"),
     (["memory.max_ulysses=0"], "memory.max_ulysses=0: must be >= 1"),
     (["recipe=fp8", "recipe.budget.psnr_db_min=200"], "recipe.budget.psnr_db_min=200.0: must be in (0, 100] dB"),
