@@ -29,7 +29,7 @@ from .levers import LEVER_SETTINGS, REGISTRY, SPECS, Context, LeverError, terms
 from .planning import CONF, checkpoint, derive, memory, predict, schema
 from h3plan.facts.decision import Decision, freeze, thaw
 from .planning.config import compose, override
-from .planning.render import render_summary, render_table
+from .planning.render import evidence, render_summary, render_table
 from .planning.request import one_pipeline
 from .planning.schema import PLAN_SECTIONS
 
@@ -341,7 +341,9 @@ def _notes(sections: Mapping[str, Any], decisions, memory_over: str | None = Non
     lossy = [d.lever for d in decisions if not d.lossless]
     notes = []
     if lossy and r["policy"] == "lossless":
-        notes.append(f"lossy by the recipe's own choice: {', '.join(lossy)} (each line gives its measured error); every "
+        own = [f"{d.lever}={d.setting} ({'; '.join(evidence(d)) or 'its error never measured by h3plan'})"
+               for d in decisions if not d.lossless]
+        notes.append(f"lossy by the recipe's own choice, outside its lossless policy: {'; '.join(own)}; every "
                      "other lever keeps eager's bits given the attention backend")
     elif lossy:
         notes.append(f"lossy levers: {', '.join(lossy)}; budget PSNR >= {r['budget']['psnr_db_min']} dB, SSIM >= {r['budget']['ssim_min']} "

@@ -84,9 +84,28 @@ def _wrap(text: str, width: int, indent: int) -> list[str]:
     return textwrap.wrap(text, width=max(40, width - indent), break_long_words=False, break_on_hyphens=False) or [""]
 
 
+EVIDENCE = re.compile(r"^(measured on |published |calibrated |evidence \(|unmeasured)|never measured|has not measured")
+"""A reason of a lossy decision that states the error it was measured to cause, or that it never was."""
+
+
+def evidence(d) -> list[str]:
+    """The reasons of decision `d` that state its measured (or published) error, or say there is none."""
+    return [x for x in d.reasons if EVIDENCE.search(x)]
+
+
+def _policy(plan) -> str:
+    """The recipe's policy as the plan runs it: a lossless policy with a lossy setting the recipe chose itself
+    (recipe.vae=fp16, recipe.cache) is not lossless."""
+    r = plan.get("recipe")
+    if r["policy"] != "lossless":
+        return f"budget PSNR>={r['budget']['psnr_db_min']} dB SSIM>={r['budget']['ssim_min']}"
+    lossy = [d.lever for d in plan.decisions if not d.lossless]
+    return f"lossy by its own choice: {', '.join(lossy)}" if lossy else "lossless"
+
+
 def _header(plan) -> str:
     hw, r, p, m = (plan.get(k) for k in ("hardware", "recipe", "parallel", "model"))
-    policy = "lossless" if r["policy"] == "lossless" else f"budget PSNR>={r['budget']['psnr_db_min']} dB SSIM>={r['budget']['ssim_min']}"
+    policy = _policy(plan)
     ring = "" if p.get("ring", 1) == 1 else f" x ring {p['ring']}"
     option = hw.get("option") or hw["name"]
     extends = "" if option == hw["name"] else f"as {hw['name']}: "  # a file of your own over a packaged one
@@ -254,7 +273,12 @@ def render_summary(plan, width: int = 120) -> str:
         lines += _labelled("fewer", f"step_cache={cache.setting}: {what}; within recipe.cache PSNR >= "
                                     f"{cache.param('psnr_db_min')} dB, SSIM >= {cache.param('ssim_min')} of the uncached "
                                     "frames, never measured by h3plan (action=calibrate calibrate.target=step_cache)", width)
-    if lossy:
+    if lossy and r["policy"] == "lossless":  # the recipe's own lossy choice: no budget, its measured error
+        own = [d for d in ds if d.lever in lossy]
+        lines += _labelled("lossy", "; ".join(
+            f"{d.lever}={d.setting}, the recipe's own lossy choice outside its lossless policy: "
+            + (_short(evidence(d), 1000) or "its error was never measured by h3plan") for d in own), width)
+    elif lossy:
         b = r["budget"]
         lines += _labelled("lossy", f"{', '.join(lossy)}: the output may differ from diffusers' eager output within "
                                     f"PSNR >= {b['psnr_db_min']} dB, SSIM >= {b['ssim_min']} (action=verify measures it)", width)

@@ -70,6 +70,31 @@ def test_lossless_says_whose_frames_and_the_setting_that_keeps_stock_bits():
     assert "not stock diffusers' frames;" in other and "PSNR" not in other
 
 
+@pytest.mark.parametrize("over,lever", [({"recipe.vae": "fp16"}, "vae_precision"),
+                                        ({"recipe.cache": {"psnr_db_min": 28, "ssim_min": 0.93}}, "step_cache")])
+def test_a_lossless_recipe_with_a_lossy_setting_of_its_own_never_says_lossless(over, lever):
+    """The header, the lossy line and the note name the lossy setting and the evidence its decision carries (read from
+    the decisions' lossless flags), never "lossless", a budget of None, or a measured error the plan does not have."""
+    plan = h3plan.resolve_config(recipe="bf16", **over)
+    text = cli.render_summary(plan)
+    head = text.splitlines()[0]
+    assert f"recipe=bf16 (lossy by its own choice: {lever})" in head and "lossless)" not in head
+    assert "None" not in text and _label(text, "lossless") == ""
+    d = plan.decision(lever)
+    from h3plan.planning.render import evidence
+
+    assert evidence(d), d.reasons  # the decision says what backs it (measured, published, or never measured)
+    note = next(n for n in plan.notes if n.startswith("lossy by the recipe's own choice"))
+    assert f"{lever}={d.setting} (" in note and all(x in note for x in evidence(d))
+    assert "each line gives its measured error" not in note
+    if lever == "vae_precision":
+        line = _label(text, "lossy")
+        assert line.startswith("vae_precision=fp16, the recipe's own lossy choice outside its lossless policy: measured on "
+                               "sm90: fp16 decode against the fp32 decode") and "PSNR 81.7 dB" in line
+    full = cli.render_table(plan)
+    assert "lossless)" not in full.splitlines()[0]
+
+
 def test_the_parallel_label_names_an_override_of_its_preset():
     head = _summary(**{"parallel": "u1", "parallel.ulysses": 56}).splitlines()[0]
     assert "parallel=u1 with parallel.ulysses=56 (Ulysses 56," in head
