@@ -226,7 +226,7 @@ def _task(cfg) -> Any:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    record_choices(cfg, HydraConfig.get().runtime.choices)
+    record_choices(cfg, HydraConfig.get().runtime.choices, HydraConfig.get().searchpath)
     if HydraConfig.get().mode == RunMode.MULTIRUN:
         from . import sweep
 

@@ -51,16 +51,22 @@ def compose(overrides: list[str]):
         raise _config_error(line) from None
     from omegaconf import open_dict, read_write
 
-    choices = dict(cfg.hydra.runtime.choices)
+    choices, searchpath = dict(cfg.hydra.runtime.choices), list(cfg.hydra.searchpath)
     with read_write(cfg), open_dict(cfg):  # what hydra's compose(return_hydra_config=False) does
         del cfg["hydra"]
-    return record_choices(cfg, choices)
+    return record_choices(cfg, choices, searchpath)
 
 
-def record_choices(cfg, choices):
-    """`cfg` with the group options it was composed from that its values do not carry (hardware.option)."""
+def record_choices(cfg, choices, searchpath=()):
+    """`cfg` with the group options it was composed from that its values do not carry (hardware.option), and the
+    packaged hardware's name where a file of your own on `searchpath` (hydra.searchpath's entries) only inherits its
+    measured and verified facts (direct.inherited_name)."""
     if choices.get("hardware") is not None:
         cfg.hardware.option = choices["hardware"]
+        folders = [CONFIG_PATH] + [str(p)[len("file://"):] for p in searchpath if str(p).startswith("file://")]
+        name = direct.inherited_name(choices["hardware"], folders)
+        if name is not None:
+            cfg.hardware.name = name
     return cfg
 
 

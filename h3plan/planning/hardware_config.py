@@ -445,6 +445,7 @@ class HardwareConfig:
     verified: VerifiedFacts = field(default_factory=VerifiedFacts)
     option: Optional[str] = None
     """The hardware option the config was composed from (hardware=myhw), set at composition: a file of your own that
-    extends a packaged one keeps its `name` (sm90), and the plan names both."""
+    extends a packaged one keeps its `name` (sm90), and the plan names both; a `name` the file sets itself stands only
+    where it carries measured, verified or tuned facts of its own (planning/direct.py inherited_name)."""
     tuned: Optional[TunedFacts] = None
     """Set in a file written by action=tune: its provenance and kernel checks; null in the packaged groups."""

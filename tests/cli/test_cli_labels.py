@@ -129,6 +129,30 @@ def test_a_hardware_file_of_your_own_is_named_with_the_one_it_extends(tmp_path, 
     assert (plan.get("hardware")["option"], plan.get("hardware")["name"]) == ("myhw", "sm90")
 
 
+@pytest.mark.parametrize("hydra", [False, True], ids=["direct", "hydra"])
+def test_a_file_that_renames_what_it_inherits_credits_the_measurements_to_the_packaged_gpu(tmp_path, capsys, monkeypatch,
+                                                                                          hydra):
+    """`name: myhw` over sm90's measured and verified facts: the plan names sm90 for them ("as sm90"), never "measured on
+    myhw" or "verified ... on myhw"; a file carrying its own measurements or verification keeps its name."""
+    from h3plan.planning import direct
+
+    if hydra:  # the same through Hydra's composition (a command line direct.py leaves to it)
+        monkeypatch.setattr(direct, "compose", lambda overrides: None)
+    (tmp_path / "hardware").mkdir()
+    (tmp_path / "hardware" / "myhw.yaml").write_text("defaults:\n  - sm90\n  - _self_\nname: myhw\ndevice:\n  memory_gb: 80\n")
+    argv = [f"hydra.searchpath=[file://{tmp_path}]", "hardware=myhw"]
+    assert cli.run(argv) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("h3plan  hardware=myhw (as sm90: H200, 80 GB)  recipe=bf16")
+    assert "on myhw" not in out and "myhw:" not in out and "(measured on sm90)" in _label(out, "speed")
+    assert _label(out, "verified").startswith("every setting here passed h3plan's GPU suite on sm90")
+    assert cli.run(argv + ["detail=full"]) == 0 and "myhw" not in capsys.readouterr().out.replace("hardware=myhw", "")
+    (tmp_path / "hardware" / "own.yaml").write_text("defaults:\n  - sm90\n  - _self_\nname: own\nverified:\n"
+                                                    "  max_ulysses_degree: 1\n  source: our own GPU suite run\n")
+    plan = h3plan.resolve_config(**{"hydra.searchpath": [f"file://{tmp_path}"], "hardware": "own"})
+    assert plan.get("hardware")["name"] == "own"
+
+
 @pytest.mark.parametrize("argv", [["hardware=myhw"], ["hardware=myhw", "recipe=fp8"]])
 def test_a_missing_hardware_file_says_where_it_must_sit(argv, capsys):
     assert cli.run(argv) == 2
