@@ -257,6 +257,22 @@ def render_summary(plan, width: int = 120) -> str:
     """The default table: what runs, what is lossy and its budget, what has no kernel, what never ran on this
     hardware, the memory and speed estimates, then one line per lever (detail=full: every reason, its sources
     and the derived numbers)."""
+    ds = plan.decisions
+    missing = {d.lever: not_installed(d) for d in ds}
+    lines = _summary_lines(plan, width)
+    lines += ["", f"{'lever':<21} {'setting':<12} {'note':<9}   why (detail=full: every reason and its source)"]
+    pad = 21 + 1 + 12 + 1 + 9 + 3
+    for d in _table_rows(ds):
+        flag = "no kernel" if missing[d.lever] else "" if d.lossless else "lossy"
+        mark = "*" if not d.hardware_verified else " "
+        lines.append(f"{d.lever:<21} {d.setting:<12} {flag:<9} {mark} {_short(_shown_reasons(d), width - pad)}".rstrip())
+    lines += ["", "every reason with its sources, and the derived numbers: detail=full; for machines: format=yaml|json"]
+    return "\n".join(lines) + "\n"
+
+
+def _summary_lines(plan, width: int) -> list[str]:
+    """The labelled lines above the lever table, the same in the summary and in detail=full: the header, the request,
+    memory and install, the speed, what runs, what is lossy or lossless, what has no kernel, what never ran here."""
     hw, r = plan.get("hardware"), plan.get("recipe")
     ds = plan.decisions
     lines = [_header(plan), *_request_lines(plan, width)]
@@ -300,24 +316,13 @@ def render_summary(plan, width: int = 120) -> str:
     forced = [f"levers.{d.lever}={d.setting}" for d in ds if d.forced]
     if forced:
         lines += _labelled("forced", ", ".join(forced) + " (asked for, and checked that it can apply)", width)
-    lines += ["", f"{'lever':<21} {'setting':<12} {'note':<9}   why (detail=full: every reason and its source)"]
-    pad = 21 + 1 + 12 + 1 + 9 + 3
-    for d in _table_rows(ds):
-        flag = "no kernel" if missing[d.lever] else "" if d.lossless else "lossy"
-        mark = "*" if not d.hardware_verified else " "
-        lines.append(f"{d.lever:<21} {d.setting:<12} {flag:<9} {mark} {_short(_shown_reasons(d), width - pad)}".rstrip())
-    lines += ["", "every reason with its sources, and the derived numbers: detail=full; for machines: format=yaml|json"]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def render_table(plan, width: int = 120) -> str:
-    """detail=full: every decision with all its reasons and sources, every derived number with its basis."""
-    lines = [
-        _header(plan),
-        *_request_lines(plan, width),
-        "",
-        f"{'lever':<21} {'setting':<12} {'lossless':<8}   why",
-    ]
+    """detail=full: the summary's lines, then every decision with all its reasons and sources, every derived number
+    with its basis, and the notes."""
+    lines = [*_summary_lines(plan, width), "", f"{'lever':<21} {'setting':<12} {'lossless':<8}   why"]
     pad = 21 + 1 + 12 + 1 + 8 + 3
     for d in _table_rows(plan.decisions):
         reasons = _shown_reasons(d)

@@ -159,3 +159,17 @@ def test_a_missing_hardware_file_says_where_it_must_sit(argv, capsys):
     (line,) = capsys.readouterr().err.splitlines()
     assert line.endswith("hardware=myhw: no such option; available: sm100, sm103, sm107, sm90; a file of your own sits in a "
                          "folder on the search path: /path/to/conf/hardware/myhw.yaml with hydra.searchpath=[file:///path/to/conf]")
+
+
+@pytest.mark.parametrize("kw", [{}, {"recipe": "fp8", "parallel": "u8"}, {"hardware": "sm107", "recipe": "nvfp4", "parallel": "u8"},
+                                {"recipe.vae": "fp16", "levers.attention": "sdpa"}, {"video": "fl2va_turbo_768x1344"}],
+                         ids=["bf16", "fp8-u8", "sm107-nvfp4", "vae-fp16-forced", "turbo"])
+def test_detail_full_is_a_superset_of_the_summary(kw):
+    """detail=full starts with every line the summary prints above its lever table (speed, runs, lossless or lossy,
+    verified or untested, forced, and the caveats in them), then every reason."""
+    plan = h3plan.resolve_config(**kw)
+    summary, full = cli.render_summary(plan), cli.render_table(plan)
+    head = summary.split("\n\nlever ")[0]
+    assert full.startswith(head + "\n\nlever ")
+    for label in ("speed", "runs", "verified" if "\nverified " in summary else "untested"):
+        assert _label(full, label) == _label(summary, label) != ""
