@@ -47,6 +47,9 @@ def _request_lines(plan, width: int) -> list[str]:
     return out
 
 
+ANOTHER_CARD_GB = 80  # the memory line's example of another card (an H100's); 141 (an H200's) where the plan has 80
+
+
 def _memory_texts(plan, peak: float, breakdown: dict) -> list[str]:
     """`memory` (the peak per GPU against what the plan may use, in GiB, and its largest items) and `install` (a
     pipeline on the host moved by install, against one moved to the GPU whole first)."""
@@ -58,8 +61,9 @@ def _memory_texts(plan, peak: float, breakdown: dict) -> list[str]:
     usable = usable_gib(gb, reserve) if gb else None
     line = f"memory   peak {peak:.1f} GiB per GPU while {phase}"
     if usable is not None:
+        other = 141 if gb == ANOTHER_CARD_GB else ANOTHER_CARD_GB  # an example, never the memory the plan has
         line += (f", of {usable:.1f} GiB usable ({gb:g} GB = {usable_gib(gb, 0):.1f} GiB less the {reserve:.0%} "
-                 f"memory.reserve_fraction; another card: hardware.device.memory_gb=80)")
+                 f"memory.reserve_fraction; another card: hardware.device.memory_gb={other})")
     which = f"its largest {len(top)} of {len(items)} items" if len(items) > len(top) else "its items"
     line += f"; {which}: " + ", ".join(f"{k} {breakdown[k]:.1f}" for k in top) + " GiB"
     if plan.derived_value("memory_does_not_fit"):

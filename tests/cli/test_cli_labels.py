@@ -45,6 +45,12 @@ def test_the_memory_line_is_in_gib_with_the_usable_memory_and_how_to_change_it()
     assert line.endswith(" GiB") and " GB" not in line.replace("141 GB", "").replace("memory_gb=80", "")
 
 
+def test_another_card_is_never_the_card_the_command_set():
+    line = _label(_summary(**{"hardware.device.memory_gb": 80}), "memory")
+    assert "(80 GB = 74.5 GiB less the 8% memory.reserve_fraction; another card: hardware.device.memory_gb=141)" in line
+    assert "memory_gb=80" not in line
+
+
 def test_the_install_line_says_in_plain_words_what_each_way_of_loading_holds():
     plan = h3plan.resolve_config(**{"hardware.device.memory_gb": 80})
     line = _label(cli.render_summary(plan), "install")
