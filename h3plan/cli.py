@@ -22,7 +22,8 @@ from . import __version__
 from .actions import ACTIONS, run_action
 from .errors import H3PlanError, UsageError
 from .levers import SPECS
-from .planning.config import CONFIG_NAME, CONFIG_PATH, compose, condense, libyaml, record_choices
+from .planning.config import (CONFIG_NAME, CONFIG_PATH, compose, condense, libyaml, one_option_per_group,
+                              record_choices)
 from .planning.memory import MemoryConfig
 from .planning.request import FIELDS, video_overrides
 from .planning.render import _request_lines, _short, _wrap, render_summary, render_table  # noqa: F401 (cli.render_*)
@@ -76,6 +77,7 @@ def run(argv: list[str]) -> int:
 
         sweep.strict_failure = None
         args.overrides = video_overrides(args.overrides)
+        one_option_per_group(args.overrides)
         _check_launcher(args.overrides)
         if args.multirun and any(o.startswith("plan=") for o in args.overrides):
             raise UsageError("plan=FILE reads one saved plan: a sweep (-m) plans its own combinations")

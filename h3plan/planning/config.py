@@ -27,6 +27,7 @@ def compose(overrides: list[str]):
     CLI's one-line message. Hydra composes only what planning/direct.py leaves to it (and every error but a key
     override's OmegaConf error, the same error Hydra's composition raises)."""
     overrides = video_overrides(list(overrides))
+    one_option_per_group(overrides)
     try:
         with libyaml():
             cfg = direct.compose(overrides)
@@ -140,14 +141,37 @@ def _literal(v: Any) -> str:
     return s if re.fullmatch(r"[\w./:+-]*", s) and s.lower() not in ("null", "true", "false") else "'" + s.replace("'", "\\'") + "'"
 
 
+def _several(key: str, given: list[str], shown: str) -> ConfigError:
+    """A group given several options (a list, or the group twice): one plan takes one option of each group."""
+    return ConfigError(shown, f"one plan per call: pick one option ({', '.join(groups()[key])}); to plan several, call "
+                              f"once per option or sweep: python -m h3plan -m {key}={','.join(given)}")
+
+
+def one_option_per_group(overrides: list[str]) -> None:
+    """A config group set to a list of options (`recipe=[nvfp4,fp8]`, which Hydra merges into one config) or set twice
+    (`hardware=sm90 hardware=sm100`, where the last would win) is a ConfigError: a plan takes one option per group."""
+    seen: dict[str, list[str]] = {}
+    known = groups()
+    for o in overrides:
+        key, eq, value = o.lstrip("+~").partition("=")
+        if not eq or key not in known:
+            continue
+        if value.startswith("[") and value.endswith("]"):
+            items = [x.strip() for x in value[1:-1].split(",") if x.strip()]
+            raise _several(key, items, f"{key}={value}")
+        seen.setdefault(key, []).append(value)
+    for key, given in seen.items():
+        if len(given) > 1:
+            raise _several(key, given, " ".join(f"{key}={v}" for v in given))
+
+
 def override(key: str, value: Any) -> str:
     """One `key=value` override from a Python keyword argument (resolve_config). A config group takes one option
     name: anything else (a number, a list of options) is a ConfigError naming what is allowed."""
     if key in groups() and not isinstance(value, str):
         options = groups()[key]
         if isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}={list(value)}", f"one plan per call: pick one option ({', '.join(options)}); to "
-                              f"plan several, call once per option or sweep: python -m h3plan -m {key}={','.join(map(str, value))}")
+            raise _several(key, list(map(str, value)), f"{key}={list(value)}")
         near = [o for o in options if o == f"sm{value}"]
         raise ConfigError(f"{key}={value!r}", "a config group takes an option name as a string"
                           + (f" ({key}={near[0]!r})" if near else "") + f"; available: {', '.join(options)}")

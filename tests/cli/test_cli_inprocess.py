@@ -48,6 +48,19 @@ BAD = [
 ]
 
 
+# a list or a repeated group where one option is expected: Hydra would merge the list, or take the last
+SEVERAL = "one plan per call: pick one option"
+BAD += [
+    (["recipe=[nvfp4,fp8]"], f"recipe=[nvfp4,fp8]: {SEVERAL} (bf16, fp8, nvfp4); to plan several, call once per option or "
+                             "sweep: python -m h3plan -m recipe=nvfp4,fp8"),
+    (["hardware=[sm90,sm100]"], f"hardware=[sm90,sm100]: {SEVERAL}"),
+    (["hardware=sm90", "hardware=sm100"], f"hardware=sm90 hardware=sm100: {SEVERAL} (sm100, sm103, sm107, sm90)"),
+    (["-m", "hardware=sm90", "hardware=sm100"], f"hardware=sm90 hardware=sm100: {SEVERAL}"),
+    (["-m", "recipe=[bf16,fp8]"], f"recipe=[bf16,fp8]: {SEVERAL}"),
+    (["--cfg", "job", "recipe=fp8", "recipe=bf16"], f"recipe=fp8 recipe=bf16: {SEVERAL}"),
+]
+
+
 @pytest.mark.parametrize("argv,fragment", BAD, ids=[" ".join(a) for a, _ in BAD])
 def test_bad_input(capsys, argv, fragment):
     assert cli.run(argv) == 2

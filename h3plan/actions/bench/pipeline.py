@@ -197,8 +197,9 @@ def extra_plans(cfg, opts: PipelineBenchOptions) -> list:
     base = [f"{g}={_get(_get(cfg, g), 'name')}" for g in ("hardware", "parallel", "model", "vae")
             if _get(_get(cfg, g), "name")]
     out = []
-    for spec in opts.plans:
-        out.append(resolve(compose(base + spec.split())))
+    for spec in opts.plans:  # a group the spec names replaces the run's (a plan takes one option per group)
+        named = {o.partition("=")[0] for o in spec.split()}
+        out.append(resolve(compose([b for b in base if b.partition("=")[0] not in named] + spec.split())))
     if opts.stock_bits:
         out.append(stock_bits_plan(cfg, base))
     return out
