@@ -480,4 +480,16 @@ def resolve_config(*positional, **groups) -> Plan:
     if positional:
         raise UsageError(f"h3plan.resolve_config takes group choices by name, e.g. resolve_config(hardware=\"sm90\", "
                          f"recipe=\"bf16\"); got {len(positional)} positional argument(s): {positional[0]!r}")
+    for key in groups:
+        top = key.partition(".")[0]
+        if top in NOT_A_PLAN:
+            raise UsageError(f"resolve_config({key}=...): {top} is the command line's, not the plan's: "
+                             f"{NOT_A_PLAN[top]}")
     return resolve(compose([override(k, v) for k, v in groups.items()]))
+
+
+_ACTION = "an action runs from the command line (python -m h3plan action=verify ...) on the plan it resolves"
+NOT_A_PLAN = {"out": "plan.save(path) writes the plan", "format": "plan.to_json() and plan.to_yaml() give it",
+              "detail": "plan.summary(detail=\"full\") prints every reason", "plan": "h3plan.Plan.load(path) reads one",
+              "action": _ACTION, "verify": _ACTION, "bench": _ACTION, "calibrate": _ACTION, "tune": _ACTION}
+"""The top-level config keys resolve_config refuses: they shape what the CLI does with a plan, never the plan."""
