@@ -42,6 +42,7 @@ BAD = [
                                                "TFLOP/s"),
     (["parallel.seq_len=1"], "parallel.seq_len=1: fewer rows than the 110 text rows of the request"),
     (["memory.max_ulysses=0"], "memory.max_ulysses=0: must be >= 1"),
+    (["verify.blocks=0"], "verify.blocks=0: must be >= 1"),
     (["recipe=fp8", "recipe.budget.psnr_db_min=200"], "recipe.budget.psnr_db_min=200.0: must be in (0, 100] dB"),
     (["memory.vae_dtype=fp16"], "memory.vae_dtype=fp16 sizes a VAE loaded in fp16, which decodes in fp16, but the plan "
                                 "decodes in fp32 (vae_precision=fp32): set recipe.vae=fp16"),

@@ -7,7 +7,7 @@ import pytest
 from install_helpers import tiny_model
 
 import h3plan
-from h3plan.errors import ConfigError, H3PlanError, InstallError, PlanFileError, PlanningError
+from h3plan.errors import ConfigError, H3PlanError, InstallError, PlanFileError, PlanningError, UsageError
 
 
 @pytest.mark.parametrize("kwargs, cls, message", [
@@ -15,7 +15,7 @@ from h3plan.errors import ConfigError, H3PlanError, InstallError, PlanFileError,
     (dict(hardware="sm91"), ConfigError, "hardware=sm91: no such option; available: sm100, sm103, sm107, sm90"),
     ({"recipe": "bf16", "levers.attention": "cudnn_fp8"}, PlanningError,
      "levers.attention=cudnn_fp8 cannot apply: recipe bf16 has policy lossless and attention=cudnn_fp8 is lossy"),
-    ({"verify.blocks": 0}, ConfigError, "verify.blocks=0: must be >= 1"),
+    ({"verify.blocks": 0}, UsageError, "resolve_config(verify.blocks=...): verify is the command line's, not the plan's"),
 ])
 def test_resolve_config_raises_one_line_h3plan_errors(kwargs, cls, message):
     with pytest.raises(cls) as e:
