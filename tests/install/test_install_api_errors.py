@@ -127,3 +127,46 @@ def test_layer_counts_more_than_planned_are_refused_fewer_said():
         assert any(n.startswith("fewer layers than the plan's: num_layers 1 (plan: 2)") for n in report.notes), report.notes
     finally:
         assert h3plan.uninstall(fewer)
+
+
+def test_a_plan_that_cannot_run_where_the_model_is_says_so_at_install(monkeypatch, caplog):
+    """On a machine with no CUDA device, outside Triton's interpreter, every kernel call of an sm90 plan falls back:
+    install says so in one line (a warning on the h3plan.install logger, and a report note); in the interpreter (these
+    tests) the kernels run and it says nothing."""
+    import logging
+
+    from h3plan.runtime.kernels import _common
+
+    model, plan = tiny_model(), h3plan.resolve_config(model="h3_tiny")
+    with caplog.at_level(logging.WARNING, logger="h3plan.install"):
+        report = h3plan.install(model, plan)
+    assert not report.warnings and not caplog.records and h3plan.uninstall(model)
+    monkeypatch.setattr(_common, "INTERPRET", False)
+    with caplog.at_level(logging.WARNING, logger="h3plan.install"):
+        report = h3plan.install(model, plan)
+    try:
+        (record,) = caplog.records
+        line = record.getMessage()
+        assert line.startswith("h3plan.install: the plan is for sm90 GPUs and this machine has no CUDA device: on the "
+                               "CPU every call of its kernels falls back to diffusers' own code") and "\n" not in line
+        assert report.warnings == [line.partition(": ")[2]] and report.warnings[0] in report.notes
+    finally:
+        assert h3plan.uninstall(model)
+
+
+def test_a_second_install_says_it_replaced_the_first(caplog):
+    import logging
+
+    model = tiny_model()
+    bf16, fp8 = h3plan.resolve_config(model="h3_tiny"), h3plan.resolve_config(model="h3_tiny", recipe="fp8")
+    h3plan.install(model, bf16)
+    with caplog.at_level(logging.WARNING, logger="h3plan.install"):
+        assert h3plan.install(model, bf16).warnings == [] and not caplog.records  # the same plan: nothing to do
+        report = h3plan.install(model, fp8)
+    try:
+        (record,) = caplog.records
+        assert record.getMessage() == ("h3plan.install: replaced the plan installed before (sm90/bf16/u1) with this one "
+                                       "(sm90/fp8/u1); the first was uninstalled, bit for bit")
+        assert h3plan.installed_plan(model) == fp8 and report.warnings[0] in report.notes
+    finally:
+        assert h3plan.uninstall(model)
