@@ -238,6 +238,13 @@ def uninstall(model) -> bool:
     return True
 
 
+def installable(model) -> bool:
+    """A model install takes: diffusers' MiniMaxH3Transformer3DModel or AutoencoderKLMiniMaxH3 (any subclass)."""
+    from .recognise import _classes
+
+    return _vae.is_vae(model) or isinstance(model, _classes()[0])
+
+
 def installed_plan(model) -> Plan | None:
     state = model.__dict__.get(STATE)
     return None if state is None else state.plan

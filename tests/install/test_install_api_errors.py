@@ -170,3 +170,33 @@ def test_a_second_install_says_it_replaced_the_first(caplog):
         assert h3plan.installed_plan(model) == fp8 and report.warnings[0] in report.notes
     finally:
         assert h3plan.uninstall(model)
+
+
+def test_uninstall_and_installed_plan_refuse_what_is_no_model_alike():
+    """None and an nn.Linear get the same InstallError line (neither holds a plan h3plan could have installed); a model
+    with nothing installed answers False / None."""
+    import torch
+
+    for obj, got in ((None, "NoneType"), (torch.nn.Linear(3, 3), "Linear")):
+        for name, call in (("uninstall", h3plan.uninstall), ("installed_plan", h3plan.installed_plan)):
+            assert _line(lambda: call(obj), InstallError) == (
+                f"{name} expects a diffusers MiniMaxH3Transformer3DModel, AutoencoderKLMiniMaxH3 or MiniMaxH3ModularPipeline, "
+                f"got {got}")
+    model = tiny_model()
+    assert h3plan.uninstall(model) is False and h3plan.installed_plan(model) is None
+
+
+def test_counters_keep_counting_across_uninstall_as_documented():
+    """uninstall leaves h3plan.counters() as they are (its docstring says so); reset_counters() zeroes them."""
+    from install_helpers import forward, tiny_inputs
+
+    assert "h3plan.reset_counters() zeroes them" in " ".join(h3plan.uninstall.__doc__.split())
+    model, plan = tiny_model(), h3plan.resolve_config(model="h3_tiny", **{"levers.attention": "sdpa"})
+    h3plan.reset_counters()
+    h3plan.install(model, plan)
+    forward(model, tiny_inputs())
+    counted = dict(h3plan.counters())
+    assert counted and h3plan.uninstall(model)
+    assert dict(h3plan.counters()) == counted
+    h3plan.reset_counters()
+    assert dict(h3plan.counters()) == {}
