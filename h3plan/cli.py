@@ -34,7 +34,20 @@ _failure: BaseException | None = None
 
 
 def main(argv: list[str] | None = None) -> None:
-    sys.exit(run(sys.argv[1:] if argv is None else argv))
+    """The console script: run, then flush stdout here, so that a reader that closed the pipe early (`| head -1`)
+    ends the command quietly with 0 instead of a BrokenPipeError at the interpreter's exit (Python's own recipe)."""
+    try:
+        code = run(sys.argv[1:] if argv is None else argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        code = closed_pipe()
+    sys.exit(code)
+
+
+def closed_pipe() -> int:
+    """stdout's reader is gone: point stdout at /dev/null (nothing else is written, nor flushed at exit); exit 0."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
 
 
 def run(argv: list[str]) -> int:
@@ -91,8 +104,7 @@ def run(argv: list[str]) -> int:
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BrokenPipeError:  # `python -m h3plan | head`: stop quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+        return closed_pipe()
     except Exception as e:  # noqa: BLE001 - every error becomes one line
         if user_full == "1":
             raise

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -181,17 +182,21 @@ class SweepSummary(Callback):
         write_summary(sweep_dir, rows)
         fmt = getattr(config.get("format"), "name", config.get("format")) or "table"
         where = f"plans and summary (summary.json, summary.csv) in {sweep_dir}"
-        if fmt == "json":
-            print(json.dumps(rows, indent=1))
-            print(where, file=sys.stderr)
-        elif fmt == "yaml":
-            import yaml
+        try:
+            if fmt == "json":
+                print(json.dumps(rows, indent=1))
+                print(where, file=sys.stderr)
+            elif fmt == "yaml":
+                import yaml
 
-            print(yaml.safe_dump(rows, sort_keys=False, width=120), end="")
-            print(where, file=sys.stderr)
-        else:
-            print(render(rows), end="")
-            print(where)
+                print(yaml.safe_dump(rows, sort_keys=False, width=120), end="")
+                print(where, file=sys.stderr)
+            else:
+                print(render(rows), end="")
+                print(where)
+            sys.stdout.flush()
+        except BrokenPipeError:  # `-m ... | head`: the reader is gone (the files are written); stdout to /dev/null
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         global strict_failure
         bad = [r for r in rows if r["status"] != "ok"]
         if config.get("strict") and bad:
