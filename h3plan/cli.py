@@ -22,7 +22,7 @@ from . import __version__
 from .actions import ACTIONS, run_action
 from .errors import H3PlanError, UsageError
 from .levers import SPECS
-from .planning.config import (CONFIG_NAME, CONFIG_PATH, compose, condense, libyaml, one_option_per_group,
+from .planning.config import (CONFIG_NAME, CONFIG_PATH, check_overrides, compose, condense, libyaml,
                               record_choices)
 from .planning.memory import MemoryConfig
 from .planning.request import FIELDS, video_overrides
@@ -90,7 +90,7 @@ def run(argv: list[str]) -> int:
 
         sweep.strict_failure = None
         args.overrides = video_overrides(args.overrides)
-        one_option_per_group(args.overrides)
+        check_overrides(args.overrides)
         _check_launcher(args.overrides)
         if args.multirun and any(o.startswith("plan=") for o in args.overrides):
             raise UsageError("plan=FILE reads one saved plan: a sweep (-m) plans its own combinations")

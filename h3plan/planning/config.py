@@ -27,7 +27,7 @@ def compose(overrides: list[str]):
     CLI's one-line message. Hydra composes only what planning/direct.py leaves to it (and every error but a key
     override's OmegaConf error, the same error Hydra's composition raises)."""
     overrides = video_overrides(list(overrides))
-    one_option_per_group(overrides)
+    check_overrides(overrides)
     try:
         with libyaml():
             cfg = direct.compose(overrides)
@@ -145,6 +145,23 @@ def _several(key: str, given: list[str], shown: str) -> ConfigError:
     """A group given several options (a list, or the group twice): one plan takes one option of each group."""
     return ConfigError(shown, f"one plan per call: pick one option ({', '.join(groups()[key])}); to plan several, call "
                               f"once per option or sweep: python -m h3plan -m {key}={','.join(given)}")
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """What the command line says twice, where composition would keep one silently: a group's options
+    (one_option_per_group) and the device's memory in GB and in GiB (memory_gib would win)."""
+    one_option_per_group(overrides)
+    given = {}
+    for o in overrides:
+        key, eq, value = o.lstrip("+~").partition("=")
+        if eq and key in MEMORY_KEYS and value.lower() != "null":
+            given[key] = value
+    if len(given) > 1:
+        raise ConfigError(" ".join(f"{k}={v}" for k, v in given.items()), "the device's memory given twice, in GB and in "
+                          "GiB (memory_gib would win): give one of them")
+
+
+MEMORY_KEYS = ("hardware.device.memory_gb", "hardware.device.memory_gib")
 
 
 def one_option_per_group(overrides: list[str]) -> None:

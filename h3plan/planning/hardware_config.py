@@ -22,7 +22,8 @@ class DeviceFacts:
     memory_gb: Optional[float] = MISSING
     memory_gib: Optional[float] = None
     """The device's memory in GiB (2^30 bytes), as torch.cuda reports it; set, it replaces memory_gb (which
-    validate() then holds in vendor GB), e.g. hardware.device.memory_gib=80 for an 80 GiB card."""
+    validate() then holds in vendor GB), e.g. hardware.device.memory_gib=80 for an 80 GiB card. A command line gives
+    one of the two (config.check_overrides)."""
     hbm_tbps: Optional[float] = MISSING
     nvlink_gbps: Optional[float] = MISSING
     """NVLink bandwidth per GPU, both directions together (vendor convention); one direction is half."""

@@ -43,6 +43,12 @@ BAD = [
     (["parallel.seq_len=1"], "parallel.seq_len=1: fewer rows than the 110 text rows of the request"),
     (["memory.max_ulysses=0"], "memory.max_ulysses=0: must be >= 1"),
     (["verify.blocks=0"], "verify.blocks=0: must be >= 1"),
+    # the step cache's budget is in range as the kernel levers' is; the device's memory is given once
+    (["recipe.cache={psnr_db_min:-5,ssim_min:1.5}"], "recipe.cache.psnr_db_min=-5.0: must be in (0, 100] dB"),
+    (["recipe.cache={psnr_db_min:28,ssim_min:1.5}"], "recipe.cache.ssim_min=1.5: must be in (0, 1]"),
+    (["recipe.cache={psnr_db_min:0,ssim_min:0.9}"], "recipe.cache.psnr_db_min=0.0: must be in (0, 100] dB"),
+    (["hardware.device.memory_gb=80", "hardware.device.memory_gib=70"], "hardware.device.memory_gb=80 "
+     "hardware.device.memory_gib=70: the device's memory given twice, in GB and in GiB (memory_gib would win)"),
     (["recipe=fp8", "recipe.budget.psnr_db_min=200"], "recipe.budget.psnr_db_min=200.0: must be in (0, 100] dB"),
     (["memory.vae_dtype=fp16"], "memory.vae_dtype=fp16 sizes a VAE loaded in fp16, which decodes in fp16, but the plan "
                                 "decodes in fp32 (vae_precision=fp32): set recipe.vae=fp16"),
