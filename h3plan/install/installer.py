@@ -53,7 +53,7 @@ from .components import STATE
 from .fp8_rows import install_rows
 from .lora import guard as lora_guard, refuse_peft
 from .nvfp4_inputs import install_nvfp4
-from .recognise import check_model_facts, fewer_layers, recognise
+from .recognise import check_model_facts, fewer_layers, is_transformer, recognise
 from .report import InstallReport
 from .step_cache import install as install_step_cache
 
@@ -240,9 +240,7 @@ def uninstall(model) -> bool:
 
 def installable(model) -> bool:
     """A model install takes: diffusers' MiniMaxH3Transformer3DModel or AutoencoderKLMiniMaxH3 (any subclass)."""
-    from .recognise import _classes
-
-    return _vae.is_vae(model) or isinstance(model, _classes()[0])
+    return _vae.is_vae(model) or is_transformer(model)
 
 
 def installed_plan(model) -> Plan | None:

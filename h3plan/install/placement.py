@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 import torch
 
 from h3plan.errors import InstallError
+from h3plan.runtime.kernels import _common
+
 
 def target(device) -> torch.device | None:
     """The install device `device` names (an int is a CUDA index); None: install where the model is."""
@@ -216,8 +218,6 @@ def cannot_run(model, plan) -> str | None:
     if torch.cuda.is_available():
         return ("the model rests on the host and stays there: install(model, plan, device=\"cuda\") moves it to the GPU "
                 "at install, a tensor at a time (what an 80 GB card needs)")
-    from h3plan.runtime.kernels import _common
-
     if _common.INTERPRET:
         return None
     return (f"the plan is for {plan.get('hardware').get('name')} GPUs and this machine has no CUDA device: on the CPU "
