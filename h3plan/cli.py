@@ -19,7 +19,7 @@ import sys
 from typing import Any
 
 from . import __version__
-from .actions import ACTIONS, run_action
+from .actions import ACTIONS, gpu_only, run_action
 from .errors import H3PlanError, UsageError
 from .levers import SPECS
 from .planning.config import (CONFIG_NAME, CONFIG_PATH, check_overrides, compose, condense, libyaml,
@@ -75,6 +75,7 @@ def run(argv: list[str]) -> int:
             cfg = compose(argv)
             if cfg.action.name == "plan":
                 return _plan_and_act(cfg, argv)
+            _refuse_without_gpu(cfg, argv)
         parser = _parser()
         args = parser.parse_args(argv)
         if not plain and _plain_run(args):  # a plan without Hydra's job machinery: one composition
@@ -273,6 +274,19 @@ def _plan_and_act(cfg, overrides: list[str]) -> int:
     if cfg.plan and fmt == "table":
         print(f"plan read from {cfg.plan} and checked: its config plans these settings again")
     return 0
+
+
+def _refuse_without_gpu(cfg, overrides: list[str]) -> None:
+    """An action that needs a GPU, on a machine that has none (actions/gpu_only.py): refused from the composed config,
+    before Hydra's job runner and the action's imports (run_action refuses the same on every other path)."""
+    if not gpu_only.no_gpu_here():
+        return
+    from . import planner
+
+    plan = _saved_plan(cfg, overrides)[0] if cfg.plan else planner.resolve(cfg)
+    why = gpu_only.refusal(cfg.action.name, cfg, plan)
+    if why is not None:
+        raise UsageError(why)
 
 
 def _saved_plan(cfg, overrides: list[str]):

@@ -22,6 +22,7 @@ import os
 
 from h3plan.errors import UsageError
 
+from .gpu_only import calibrate_too_wide
 from .pipeline_build import build_pipeline, prompt_inputs
 
 FRACTIONS = (0.9, 0.8, 0.7, 0.6, 0.5)
@@ -87,7 +88,7 @@ def run(cfg, plan, c) -> int:
                          "pass recipe.cache={psnr_db_min:28,ssim_min:0.93}")
     device = _prepare_device(c.device, "calibrate.device")
     if device == "cpu" and int(cfg.model.diffusers_config.hidden_size) > 1024:
-        raise UsageError("calibrate on the CPU needs a small model: pass model=h3_tiny vae=h3_tiny_pipe (real width needs a GPU)")
+        raise UsageError(calibrate_too_wide("step_cache"))
     steps = int(plan.get("pipeline")["num_inference_steps"])
     video = plan.get("video")
     pipe, weights = _pipe(cfg, device)

@@ -7,6 +7,7 @@ import types
 import pytest
 
 from h3plan import cli
+from h3plan.actions import gpu_only
 
 BAD = [
     (["hardware=sm200"], "hardware=sm200: no such option; available: sm100, sm103, sm107, sm90"),
@@ -86,6 +87,7 @@ def test_action_dispatch(capsys, monkeypatch):
         return 3
 
     monkeypatch.setitem(sys.modules, "h3plan.actions.bench", types.SimpleNamespace(run=fake_run))
+    monkeypatch.setattr(gpu_only, "no_gpu_here", lambda: False)  # a GPU may be here: the action decides
     assert cli.run(["action=bench", "bench.blocks=[2]"]) == 3
     assert seen == {"attention": "fa4", "blocks": [2]}
     assert capsys.readouterr().out == ""
@@ -105,6 +107,7 @@ def test_missing_torch_is_an_install_hint_not_an_internal_error(capsys, monkeypa
         raise ModuleNotFoundError("No module named 'torch'", name="torch")
 
     monkeypatch.setitem(sys.modules, "h3plan.actions.verify", types.SimpleNamespace(run=needs_torch))
+    monkeypatch.setattr(gpu_only, "no_gpu_here", lambda: False)
     assert cli.run(["action=verify"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("h3plan: error: action=verify needs 'torch', which is not installed: pip install -e '.[runtime]'")
@@ -221,3 +224,59 @@ def test_a_vae_and_model_that_make_no_pipeline_say_so(capsys):
     assert "vae h3_tiny (latent_channels 4) and model h3 (in_channels 24) make no pipeline" in out
     assert cli.run(["model=h3_tiny", "vae=h3_tiny"]) == 0
     assert "make no pipeline" not in capsys.readouterr().out
+
+
+NO_TORCH = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in ("torch", "triton", "diffusers"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Block())
+from h3plan import cli
+sys.exit(cli.run(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("argv,refusal", [
+    (["action=verify"], gpu_only.verify_too_wide()),
+    (["action=bench"], gpu_only.bench_too_wide(5376)),
+    (["action=bench", "bench.target=pipeline"], gpu_only.pipeline_too_wide(5376, 2048)),
+    (["action=calibrate", "recipe=fp8"], gpu_only.calibrate_too_wide()),
+    (["action=calibrate", "calibrate.target=step_cache", "recipe.cache={psnr_db_min:28,ssim_min:0.9}"],
+     gpu_only.calibrate_too_wide("step_cache")),
+    (["action=tune"], gpu_only.TUNE_REFUSAL),
+    (["-m", "action=verify", "recipe=bf16,fp8", "hydra.sweep.dir=SWEEP"], None),
+], ids=["verify", "bench", "pipeline", "calibrate", "step_cache", "tune", "sweep"])
+def test_gpu_only_actions_refuse_from_the_config_without_importing_torch(tmp_path, argv, refusal):
+    """No GPU here (CUDA_VISIBLE_DEVICES hides every device): each real-width action is refused with its own line, and
+    torch (blocked in this process: importing it would be a missing-torch error instead) is never imported."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    env.pop("HYDRA_FULL_ERROR", None)
+    argv = [a.replace("SWEEP", str(tmp_path / "sweep")) for a in argv]
+    p = subprocess.run([sys.executable, "-c", NO_TORCH, *argv], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    if refusal is None:  # a sweep's jobs: each refused, the sweep says so in its table
+        assert p.returncode == 0 and "2 invalid or failed" in p.stdout, p.stdout + p.stderr
+        assert p.stdout.count("invalid: verify on the CPU needs a small model") == 2, p.stdout
+        return
+    assert (p.returncode, p.stderr) == (2, f"h3plan: error: {refusal}\n")
+
+
+def test_no_gpu_here_is_known_without_torch(monkeypatch):
+    monkeypatch.setattr(gpu_only.shutil, "which", lambda name: None)
+    monkeypatch.setattr(gpu_only.glob, "glob", lambda pattern: [])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert gpu_only.no_gpu_here()
+    monkeypatch.setattr(gpu_only.glob, "glob", lambda pattern: [pattern] if pattern == "/proc/driver/nvidia" else [])
+    assert not gpu_only.no_gpu_here()  # a driver: a GPU may be here, torch decides
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert gpu_only.no_gpu_here()  # every device hidden
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setattr(gpu_only.glob, "glob", lambda pattern: [])
+    monkeypatch.setattr(gpu_only.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    assert not gpu_only.no_gpu_here()

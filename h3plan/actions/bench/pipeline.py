@@ -81,6 +81,7 @@ from .harness import (CPU_MAX_HIDDEN, HOST_CLOCK_NOTE, Output, Session, device_n
                       free, sigterm_as_interrupt)
 from .pipeline_settings import Best, Eager, PlanSetting, Reference, Setting, plan_precision
 from .results_file import run_folder
+from ..gpu_only import PIPELINE_SMOKE as CPU_SMOKE, pipeline_too_wide, vae_width
 from .tables import one_line
 from .timing import Clock, ForwardTimer, Progress, Quiet
 
@@ -94,10 +95,6 @@ def _defaults() -> dict[str, Any]:
 DEFAULTS = _defaults()
 VAE_PRECISIONS = ("fp32", "fp16", "bf16")
 CPU_MAX_TOKENS = 16384
-# The CPU form that runs (tests/bench/test_pipeline_bench_smoke.py runs it): the tiny pipeline on a 32x32 canvas,
-# one round, dynamo without Inductor's C++ compiles.
-CPU_SMOKE = ("python -m h3plan action=bench bench.target=pipeline model=h3_tiny vae=h3_tiny_pipe video.height=32 "
-             "video.width=32 bench.pipeline.rounds=1 bench.pipeline.warmup=0 bench.pipeline.compile_backend=eager")
 
 
 @dataclass(frozen=True)
@@ -515,11 +512,9 @@ def _check_size(cfg, device, pipe_tokens: int | None = None, video: str | None =
     if device.type == "cuda":
         return
     hidden = int(cfg["model"]["diffusers_config"]["hidden_size"])
-    vae = cfg["vae"]["diffusers_config"]
-    vae_width = int(vae["decoder_num_attention_heads"]) * int(vae["decoder_attention_head_dim"])
-    if pipe_tokens is None and (hidden > CPU_MAX_HIDDEN or vae_width > CPU_MAX_HIDDEN):
-        raise UsageError(f"bench.target=pipeline at real width (hidden {hidden}, VAE decoder width {vae_width}) needs a "
-                         f"CUDA GPU; on the CPU run the tiny smoke form: {CPU_SMOKE}")
+    width = vae_width(cfg["vae"]["diffusers_config"])
+    if pipe_tokens is None and (hidden > CPU_MAX_HIDDEN or width > CPU_MAX_HIDDEN):
+        raise UsageError(pipeline_too_wide(hidden, width))
     if pipe_tokens is not None and pipe_tokens > CPU_MAX_TOKENS:
         raise UsageError(f"video={video}: {pipe_tokens:,} tokens is too long for the CPU smoke form (at most "
                          f"{CPU_MAX_TOKENS:,}); use a small canvas, e.g. {CPU_SMOKE}")
