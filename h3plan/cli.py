@@ -337,8 +337,7 @@ def help_text(width: int = 110) -> str:
             (memory, "how the pipeline holds its models, for the peak-memory estimate (h3plan/planning/memory.py MemoryConfig)"),
             ("detail=summary|full", "table: the summary and one line per lever (default), or every reason, its sources "
                                     "and the derived numbers"),
-            ("verify.* bench.* calibrate.* tune.*", "see h3plan/planning/action_configs.py (VerifyConfig, BenchConfig, "
-                                                    "CalibrateConfig, TuneConfig)"),
+            *_action_keys(),
             ("-m a=x,y b=z", "sweep every combination (strict=true: exit 1 if any is invalid)")]
     lines += ["", "other keys:"]
     for key, what in keys:
@@ -357,6 +356,36 @@ def help_text(width: int = 110) -> str:
               f"  python -m {PROG} action=calibrate recipe=fp8 model=h3_tiny", "",
               "Hydra's own options: --hydra-help, --cfg job, --info."]
     return "\n".join(lines) + "\n"
+
+
+def _action_keys() -> list[tuple[str, str]]:
+    """(its keys, what it is) for each action section, from its dataclass (planning/action_configs.py): a key with
+    choices lists them (bench.target=block|pipeline), a nested section its own keys (bench.pipeline.*)."""
+    import dataclasses
+    import enum
+    import typing
+
+    from .planning.action_configs import BenchConfig, CalibrateConfig, TuneConfig, VerifyConfig
+
+    def keys(prefix: str, cls) -> list[str]:
+        out = []
+        for f in dataclasses.fields(cls):
+            tp = typing.get_type_hints(cls)[f.name]
+            if dataclasses.is_dataclass(tp):
+                out += keys(f"{prefix}{f.name}.", tp)
+            elif isinstance(tp, type) and issubclass(tp, enum.Enum):
+                out.append(f"{prefix}{f.name}={'|'.join(m.value for m in tp)}")
+            else:
+                out.append(f"{prefix}{f.name}=")
+        return out
+
+    rows = []
+    for name, cls in (("verify", VerifyConfig), ("bench", BenchConfig), ("calibrate", CalibrateConfig),
+                      ("tune", TuneConfig)):
+        doc = (cls.__doc__ or "").strip()
+        what = doc.split("\n")[0] if doc and not doc.startswith(cls.__name__ + "(") else f"action={name}"
+        rows.append((" ".join(keys(f"{name}.", cls)), f"the keys of {what}"))
+    return rows
 
 
 def write_plan(plan, path: str) -> None:

@@ -145,8 +145,19 @@ def test_help_lists_every_action_and_request_key(capsys):
     assert cli.run(["--help"]) == 0
     out = capsys.readouterr().out
     for key in ("action=plan|verify|bench|calibrate", "memory.offload", "memory.check", "video.height=", "video.seconds=",
-                "video.frames=", "parallel.seq_len=N", "calibrate.*"):
+                "video.frames=", "parallel.seq_len=N", "bench.target=block|pipeline"):
         assert key in out, key
+    from h3plan.planning.config import compose
+
+    def keys(prefix, node):
+        for k, v in node.items():
+            yield from keys(f"{prefix}{k}.", v) if hasattr(v, "items") else [f"{prefix}{k}"]
+
+    cfg = compose([])
+    for section in ("verify", "bench", "calibrate", "tune"):  # every action key, listed (not a source file to read)
+        for key in keys(f"{section}.", cfg[section]):
+            assert f" {key}=" in " ".join(out.split()), key
+    assert "action_configs.py" not in out
     examples = [x.split()[3:] for x in out.splitlines() if x.startswith("  python -m h3plan ")]
     assert len(examples) >= 4
     for argv in examples:
