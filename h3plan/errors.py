@@ -59,7 +59,8 @@ def runtime_missing(e: ModuleNotFoundError, who: str) -> UsageError | None:
                       "planning needs neither: h3plan.resolve_config(...), python -m h3plan")
 
 
-__all__ = ["H3PlanError", "ConfigError", "PlanningError", "PlanFileError", "UsageError", "InstallError", "H3PlanWarning"]
+__all__ = ["H3PlanError", "ConfigError", "PlanningError", "PlanFileError", "UsageError", "InstallError",
+           "H3PlanWarning"]
 
 
 def unknown_key_line(key: str, allowed: list[str]) -> str:

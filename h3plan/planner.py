@@ -230,9 +230,9 @@ def _say_recomputed(d: Mapping[str, Any], plan: Plan, source: str) -> None:
     if changed:
         shown = ", ".join(changed[:4]) + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
         verb = "differs" if len(changed) == 1 and changed[0].startswith("derived.") else "differ"
-        warnings.warn(f"{source}: {shown} {verb} from what its config plans, replaced (derived numbers, reasons and notes "
-                      "come from the config; edited by hand, or saved by another h3plan version: change the config and "
-                      "plan again)", H3PlanWarning, stacklevel=_caller_level())
+        warnings.warn(f"{source}: {shown} {verb} from what its config plans, replaced (derived numbers, reasons and "
+                      "notes come from the config; edited by hand, or saved by another h3plan version: change the "
+                      "config and plan again)", H3PlanWarning, stacklevel=_caller_level())
 
 
 def _by_lever(decisions, plan: Plan) -> list:
@@ -245,7 +245,8 @@ def _caller_level() -> int:
     """warnings.warn's stacklevel of the first frame outside h3plan/ (the user's call), from its caller's frame."""
     import sys
 
-    here, level, frame = os.path.dirname(os.path.abspath(__file__)), 1, sys._getframe(1)
+    here, level = os.path.dirname(os.path.abspath(__file__)), 1
+    frame: Any = sys._getframe(1)
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(here + os.sep):
         frame, level = frame.f_back, level + 1
     return level

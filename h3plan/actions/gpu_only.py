@@ -4,9 +4,9 @@ action imports torch (seconds of imports, tens under load, for a one-line refusa
 `no_gpu_here()` answers without torch: no CUDA GPU can be here when CUDA_VISIBLE_DEVICES hides every device ("" or
 -1), or when there is neither an NVIDIA driver (/proc/driver/nvidia), a GPU device node (/dev/nvidia*, WSL's /dev/dxg,
 ROCm's /dev/kfd) nor nvidia-smi on PATH. Anything else may be a GPU: the action imports torch and decides itself.
-`refusal(action, cfg, plan)` is the line an action would refuse with on such a machine, where the config alone decides it
-(a real-width model, action=tune); None where the config runs on a CPU (the small forms) or something else decides.
-The actions refuse with the same functions after torch says there is no GPU. Torch-free.
+`refusal(action, cfg, plan)` is the line an action would refuse with on such a machine, where the config alone
+decides it (a real-width model, action=tune); None where the config runs on a CPU (the small forms) or something else
+decides. The actions refuse with the same functions after torch says there is no GPU. Torch-free.
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ def bench_too_wide(hidden: int) -> str:
 
 
 def pipeline_too_wide(hidden: int, vae_width: int) -> str:
-    return (f"bench.target=pipeline at real width (hidden {hidden}, VAE decoder width {vae_width}) needs a CUDA GPU; on "
-            f"the CPU run the tiny smoke form: {PIPELINE_SMOKE}")
+    return (f"bench.target=pipeline at real width (hidden {hidden}, VAE decoder width {vae_width}) needs a CUDA GPU; "
+            f"on the CPU run the tiny smoke form: {PIPELINE_SMOKE}")
 
 
 def vae_width(vae_config) -> int:

@@ -170,8 +170,8 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
     elif (why := _placement.cannot_run(model, plan)) is not None:
         report.warn(why)
     if replaced is not None:
-        report.warn(f"replaced the plan installed before ({_label(replaced)}) with this one ({_label(plan)}); the first "
-                    "was uninstalled, bit for bit")
+        report.warn(f"replaced the plan installed before ({_label(replaced)}) with this one ({_label(plan)}); the "
+                    "first was uninstalled, bit for bit")
     setattr(model, STATE, state)
     if announce:
         for line in report.warnings:

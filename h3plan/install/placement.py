@@ -216,8 +216,8 @@ def cannot_run(model, plan) -> str | None:
     if not all(t.device.type == "cpu" for _, t in tensors(model)):
         return None
     if torch.cuda.is_available():
-        return ("the model rests on the host and stays there: install(model, plan, device=\"cuda\") moves it to the GPU "
-                "at install, a tensor at a time (what an 80 GB card needs)")
+        return ("the model rests on the host and stays there: install(model, plan, device=\"cuda\") moves it to the "
+                "GPU at install, a tensor at a time (what an 80 GB card needs)")
     if _common.INTERPRET:
         return None
     return (f"the plan is for {plan.get('hardware').get('name')} GPUs and this machine has no CUDA device: on the CPU "
@@ -225,5 +225,6 @@ def cannot_run(model, plan) -> str | None:
             "speed does not apply here (TRITON_INTERPRET=1 runs its Triton kernels in the interpreter, for tests)")
 
 
-__all__ = ["Placement", "cannot_run", "check", "nbytes", "note", "on_host", "place", "rests_on_host", "same", "slots_of", "stage", "target",
+__all__ = ["Placement", "cannot_run", "check", "nbytes", "note", "on_host", "place", "rests_on_host", "same",
+           "slots_of", "stage", "target",
            "tensors"]

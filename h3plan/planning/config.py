@@ -157,8 +157,8 @@ def check_overrides(overrides: list[str]) -> None:
         if eq and key in MEMORY_KEYS and value.lower() != "null":
             given[key] = value
     if len(given) > 1:
-        raise ConfigError(" ".join(f"{k}={v}" for k, v in given.items()), "the device's memory given twice, in GB and in "
-                          "GiB (memory_gib would win): give one of them")
+        raise ConfigError(" ".join(f"{k}={v}" for k, v in given.items()), "the device's memory given twice, in GB and "
+                          "in GiB (memory_gib would win): give one of them")
 
 
 MEMORY_KEYS = ("hardware.device.memory_gb", "hardware.device.memory_gib")

@@ -266,7 +266,7 @@ def compose(overrides: list[str]):
             except OmegaConfBaseException as e:
                 raise Refused(e) from e
         cfg.hardware.option = choices["hardware"]
-        name = inherited_name(choices["hardware"], folders)
+        name = inherited_name(str(choices["hardware"]), folders)
         if name is not None:
             cfg.hardware.name = name
         return cfg

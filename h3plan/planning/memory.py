@@ -278,8 +278,8 @@ def _weights(it: _Items, sections, settings, opts) -> None:
     it.add("install_staging", most[0], f"install from the host (device=): {most[1]}; the rest of what it moves is the "
                                        "resident weights, a tensor at a time")
     partitions = 2 if opts["partitions"] == "both" else 1  # transformer/ and transformer_ref/: the same widths
-    loaded = {"transformer": partitions * (base + (tables["weight_bytes"] if tables else 0)
-                                           + (quant - 2 * tp["block_linears"] if quant is not None and checkpoint == gq else 0)),
+    as_loaded = quant - 2 * tp["block_linears"] if quant is not None and checkpoint == gq else 0  # quantised as loaded
+    loaded = {"transformer": partitions * (base + (tables["weight_bytes"] if tables else 0) + as_loaded),
               "vae": 4 * vp["fp32_kept"] + vb * (vp["decoder_linears"] + vp["other"]),
               "audio_vae": vb * pipe["audio_vae"]["params"]}
     return sum(loaded[k] for k in HELD[opts["holds"]])

@@ -269,7 +269,8 @@ def render_summary(plan, width: int = 120) -> str:
     for d in _table_rows(ds):
         flag = "no kernel" if missing[d.lever] else "" if d.lossless else "lossy"
         mark = "*" if not d.hardware_verified else " "
-        lines.append(f"{d.lever:<21} {d.setting:<12} {flag:<9} {mark} {_short(_shown_reasons(d), width - pad)}".rstrip())
+        why = _short(_shown_reasons(d), width - pad)
+        lines.append(f"{d.lever:<21} {d.setting:<12} {flag:<9} {mark} {why}".rstrip())
     lines += ["", "every reason with its sources, and the derived numbers: detail=full; for machines: format=yaml|json"]
     return "\n".join(lines) + "\n"
 

@@ -391,7 +391,8 @@ PSNR_DB_MAX = 100.0  # a budget above this admits no lossy lever: e4m3 keeps 3 m
 
 POSITIVE = {
     "hardware.device.sm_count": "SMs", "hardware.device.memory_gb": "GB", "hardware.device.memory_gib": "GiB",
-    "hardware.device.hbm_tbps": "TB/s", "hardware.device.nvlink_gbps": "GB/s", "hardware.device.nic_gbps": "GB/s (null: not known, and the plan says what it assumes)",
+    "hardware.device.hbm_tbps": "TB/s", "hardware.device.nvlink_gbps": "GB/s",
+    "hardware.device.nic_gbps": "GB/s (null: not known, and the plan says what it assumes)",
     "hardware.peak_dense_tflops.*": "TFLOP/s", "hardware.efficiency.attention": "share of the peak",
     "hardware.efficiency.gemm": "share of the peak", "hardware.measured.hbm_copy_tbps": "TB/s",
     "hardware.measured.gemm_tflops.*": "TFLOP/s", "hardware.measured.attention[].*": "TFLOP/s",
@@ -451,8 +452,8 @@ def _check_values(c: dict[str, Any]) -> None:
     for key, none in (("budget", "use recipe=bf16 for a lossless plan"), ("cache", "no step cache: leave both null")):
         b = c["recipe"][key]  # the kernel levers' budget, and step caching's own
         if b["psnr_db_min"] is not None and not 0 < b["psnr_db_min"] <= PSNR_DB_MAX:
-            raise ConfigError(f"recipe.{key}.psnr_db_min={b['psnr_db_min']}", f"must be in (0, {PSNR_DB_MAX:g}] dB: a higher "
-                              f"bar admits no lossy lever ({none})")
+            raise ConfigError(f"recipe.{key}.psnr_db_min={b['psnr_db_min']}",
+                              f"must be in (0, {PSNR_DB_MAX:g}] dB: a higher bar admits no lossy lever ({none})")
         if b["ssim_min"] is not None and not 0 < b["ssim_min"] <= 1:
             raise ConfigError(f"recipe.{key}.ssim_min={b['ssim_min']}", "must be in (0, 1]")
 

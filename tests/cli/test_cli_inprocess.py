@@ -37,7 +37,8 @@ BAD = [
                                                                        "number of GB/s"),
     (["memory.host_link_gbps=-5", "memory.text_encoder=host"], "memory.host_link_gbps=-5.0: must be a positive number"),
     (["hardware.device.nvlink_gbps=0", "parallel=u2"], "hardware.device.nvlink_gbps=0.0: must be a positive number"),
-    (["hardware.device.nic_gbps=0"], "hardware.device.nic_gbps=0.0: must be a positive number of GB/s (null: not known"),
+    (["hardware.device.nic_gbps=0"], "hardware.device.nic_gbps=0.0: must be a positive number of GB/s (null: not "
+                                     "known"),
     (["hardware.device.hbm_tbps=-1"], "hardware.device.hbm_tbps=-1.0: must be a positive number of TB/s"),
     (["hardware.measured.gemm_tflops.bf16=0"], "hardware.measured.gemm_tflops.bf16=0.0: must be a positive number of "
                                                "TFLOP/s"),
@@ -59,8 +60,8 @@ BAD = [
 # a list or a repeated group where one option is expected: Hydra would merge the list, or take the last
 SEVERAL = "one plan per call: pick one option"
 BAD += [
-    (["recipe=[nvfp4,fp8]"], f"recipe=[nvfp4,fp8]: {SEVERAL} (bf16, fp8, nvfp4); to plan several, call once per option or "
-                             "sweep: python -m h3plan -m recipe=nvfp4,fp8"),
+    (["recipe=[nvfp4,fp8]"], f"recipe=[nvfp4,fp8]: {SEVERAL} (bf16, fp8, nvfp4); to plan several, call once per option "
+                             "or sweep: python -m h3plan -m recipe=nvfp4,fp8"),
     (["hardware=[sm90,sm100]"], f"hardware=[sm90,sm100]: {SEVERAL}"),
     (["hardware=sm90", "hardware=sm100"], f"hardware=sm90 hardware=sm100: {SEVERAL} (sm100, sm103, sm107, sm90)"),
     (["-m", "hardware=sm90", "hardware=sm100"], f"hardware=sm90 hardware=sm100: {SEVERAL}"),

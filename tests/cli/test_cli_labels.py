@@ -95,8 +95,8 @@ def test_a_lossless_recipe_with_a_lossy_setting_of_its_own_never_says_lossless(o
     assert "each line gives its measured error" not in note
     if lever == "vae_precision":
         line = _label(text, "lossy")
-        assert line.startswith("vae_precision=fp16, the recipe's own lossy choice outside its lossless policy: measured on "
-                               "sm90: fp16 decode against the fp32 decode") and "PSNR 81.7 dB" in line
+        assert line.startswith("vae_precision=fp16, the recipe's own lossy choice outside its lossless policy: "
+                               "measured on sm90: fp16 decode against the fp32 decode") and "PSNR 81.7 dB" in line
     full = cli.render_table(plan)
     assert "lossless)" not in full.splitlines()[0]
 
@@ -136,16 +136,16 @@ def test_a_hardware_file_of_your_own_is_named_with_the_one_it_extends(tmp_path, 
 
 
 @pytest.mark.parametrize("hydra", [False, True], ids=["direct", "hydra"])
-def test_a_file_that_renames_what_it_inherits_credits_the_measurements_to_the_packaged_gpu(tmp_path, capsys, monkeypatch,
-                                                                                          hydra):
-    """`name: myhw` over sm90's measured and verified facts: the plan names sm90 for them ("as sm90"), never "measured on
-    myhw" or "verified ... on myhw"; a file carrying its own measurements or verification keeps its name."""
+def test_a_file_that_renames_what_it_inherits_credits_it_to_the_packaged_gpu(tmp_path, capsys, monkeypatch, hydra):
+    """`name: myhw` over sm90's measured and verified facts: the plan names sm90 for them ("as sm90"), never "measured
+    on myhw" or "verified ... on myhw"; a file carrying its own measurements or verification keeps its name."""
     from h3plan.planning import direct
 
     if hydra:  # the same through Hydra's composition (a command line direct.py leaves to it)
         monkeypatch.setattr(direct, "compose", lambda overrides: None)
     (tmp_path / "hardware").mkdir()
-    (tmp_path / "hardware" / "myhw.yaml").write_text("defaults:\n  - sm90\n  - _self_\nname: myhw\ndevice:\n  memory_gb: 80\n")
+    (tmp_path / "hardware" / "myhw.yaml").write_text("defaults:\n  - sm90\n  - _self_\nname: myhw\n"
+                                                     "device:\n  memory_gb: 80\n")
     argv = [f"hydra.searchpath=[file://{tmp_path}]", "hardware=myhw"]
     assert cli.run(argv) == 0
     out = capsys.readouterr().out
@@ -167,7 +167,8 @@ def test_a_missing_hardware_file_says_where_it_must_sit(argv, capsys):
                          "folder on the search path: /path/to/conf/hardware/myhw.yaml with hydra.searchpath=[file:///path/to/conf]")
 
 
-@pytest.mark.parametrize("kw", [{}, {"recipe": "fp8", "parallel": "u8"}, {"hardware": "sm107", "recipe": "nvfp4", "parallel": "u8"},
+@pytest.mark.parametrize("kw", [{}, {"recipe": "fp8", "parallel": "u8"},
+                                {"hardware": "sm107", "recipe": "nvfp4", "parallel": "u8"},
                                 {"recipe.vae": "fp16", "levers.attention": "sdpa"}, {"video": "fl2va_turbo_768x1344"}],
                          ids=["bf16", "fp8-u8", "sm107-nvfp4", "vae-fp16-forced", "turbo"])
 def test_detail_full_is_a_superset_of_the_summary(kw):

@@ -145,7 +145,8 @@ def _into_a_closed_pipe(cwd, *args) -> tuple[int, str]:
     return p.wait(timeout=120), err
 
 
-@pytest.mark.parametrize("args", [(), ("detail=full",), ("format=json",), ("--help",)], ids=["plan", "full", "json", "help"])
+@pytest.mark.parametrize("args", [(), ("detail=full",), ("format=json",), ("--help",)],
+                         ids=["plan", "full", "json", "help"])
 def test_a_closed_pipe_ends_quietly_with_0(tmp_path, args):
     assert _into_a_closed_pipe(tmp_path, *args) == (0, "")
 

@@ -15,7 +15,8 @@ from h3plan.errors import ConfigError, H3PlanError, InstallError, PlanFileError,
     (dict(hardware="sm91"), ConfigError, "hardware=sm91: no such option; available: sm100, sm103, sm107, sm90"),
     ({"recipe": "bf16", "levers.attention": "cudnn_fp8"}, PlanningError,
      "levers.attention=cudnn_fp8 cannot apply: recipe bf16 has policy lossless and attention=cudnn_fp8 is lossy"),
-    ({"verify.blocks": 0}, UsageError, "resolve_config(verify.blocks=...): verify is the command line's, not the plan's"),
+    ({"verify.blocks": 0}, UsageError, "resolve_config(verify.blocks=...): verify is the command line's, not the "
+                                       "plan's"),
 ])
 def test_resolve_config_raises_one_line_h3plan_errors(kwargs, cls, message):
     with pytest.raises(cls) as e:
@@ -165,8 +166,8 @@ def test_a_second_install_says_it_replaced_the_first(caplog):
         report = h3plan.install(model, fp8)
     try:
         (record,) = caplog.records
-        assert record.getMessage() == ("h3plan.install: replaced the plan installed before (sm90/bf16/u1) with this one "
-                                       "(sm90/fp8/u1); the first was uninstalled, bit for bit")
+        assert record.getMessage() == ("h3plan.install: replaced the plan installed before (sm90/bf16/u1) with this "
+                                       "one (sm90/fp8/u1); the first was uninstalled, bit for bit")
         assert h3plan.installed_plan(model) == fp8 and report.warnings[0] in report.notes
     finally:
         assert h3plan.uninstall(model)
@@ -180,8 +181,8 @@ def test_uninstall_and_installed_plan_refuse_what_is_no_model_alike():
     for obj, got in ((None, "NoneType"), (torch.nn.Linear(3, 3), "Linear")):
         for name, call in (("uninstall", h3plan.uninstall), ("installed_plan", h3plan.installed_plan)):
             assert _line(lambda: call(obj), InstallError) == (
-                f"{name} expects a diffusers MiniMaxH3Transformer3DModel, AutoencoderKLMiniMaxH3 or MiniMaxH3ModularPipeline, "
-                f"got {got}")
+                f"{name} expects a diffusers MiniMaxH3Transformer3DModel, AutoencoderKLMiniMaxH3 or "
+                f"MiniMaxH3ModularPipeline, got {got}")
     model = tiny_model()
     assert h3plan.uninstall(model) is False and h3plan.installed_plan(model) is None
 

@@ -159,8 +159,9 @@ def test_a_second_plan_over_the_pipeline_is_said_once(pipe, bf16, caplog):
         with caplog.at_level(logging.WARNING, logger="h3plan.install"):
             report = install_pipeline(pipe, other)
         assert [r.getMessage() for r in caplog.records] == [
-            "h3plan.install: replaced the plan installed before (sm90/bf16/u1 +attention=sdpa +vae_graphs=on +vae_ops=fused) "
-            "with this one (sm90/bf16/u1 +attention=sdpa +vae_graphs=off); the first was uninstalled, bit for bit"]
+            "h3plan.install: replaced the plan installed before (sm90/bf16/u1 +attention=sdpa +vae_graphs=on "
+            "+vae_ops=fused) with this one (sm90/bf16/u1 +attention=sdpa +vae_graphs=off); the first was uninstalled, "
+            "bit for bit"]
         assert all(r.warnings == report.reports["transformer"].warnings for r in report.reports.values())
     finally:
         assert uninstall_pipeline(pipe)

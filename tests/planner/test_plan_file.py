@@ -92,7 +92,8 @@ def test_replaced_hand_edits_are_said_at_load(fp8, tmp_path):
         assert Plan.load(str(path)) == fp8
         bare = _edit(fp8, lambda d: (d.pop("derived"), d.pop("notes"), [x.pop("reasons") for x in d["decisions"]]))
         Plan.from_dict(bare)
-    d = _edit(fp8, lambda d: (d["derived"].update(forward_s_est=1.0), _decision(d, "attention").update(reasons=["mine"])))
+    d = _edit(fp8, lambda d: (d["derived"].update(forward_s_est=1.0),
+                              _decision(d, "attention").update(reasons=["mine"])))
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(d))
     with pytest.warns(H3PlanWarning) as w:

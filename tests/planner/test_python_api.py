@@ -128,9 +128,9 @@ assert "torch" not in sys.modules
     ("action", "verify", "an action runs from the command line"), ("verify.blocks", 2, "an action runs from"),
     ("bench.best", "off", "an action runs from"), ("tune.quick", True, "an action runs from")])
 def test_resolve_config_refuses_what_shapes_no_plan(key, value, hint):
-    """out=, action=, format= ... do nothing to a plan: resolve_config refuses them in one line instead of ignoring them."""
+    """out=, action=, format= ... do nothing to a plan: resolve_config refuses them in one line, never ignores them."""
     with pytest.raises(h3plan.UsageError) as e:
         h3plan.resolve_config(**{key: value})
     assert str(e.value).startswith(f"resolve_config({key}=...): {key.partition('.')[0]} is the command line's, not the "
                                    "plan's") and hint in str(e.value) and "\n" not in str(e.value)
-    assert h3plan.resolve_config(strict=True).get("hardware")["name"] == "sm90"  # strict= decides what plans (a stale file)
+    assert h3plan.resolve_config(strict=True).get("hardware")["name"] == "sm90"  # strict= decides what plans

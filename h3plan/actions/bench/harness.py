@@ -26,7 +26,6 @@ from h3plan.levers import REFERENCE_LEVERS
 from h3plan.planner import resolve
 from h3plan.planning.config import compose
 
-from ..gpu_only import CPU_MAX_HIDDEN
 from .timing import Clock
 
 HOST_CLOCK_NOTE = "bench: no CUDA device: host clock on the CPU; these times mean nothing (plumbing only)"

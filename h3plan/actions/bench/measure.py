@@ -48,11 +48,11 @@ from h3plan.install.adaln_table import prepare
 
 from . import records
 from .diffusers_best import compile_call, regional_compile
-from .harness import (CPU_MAX_HIDDEN, HOST_CLOCK_NOTE, Output, Session, device_name, device_tag, free, plan_label,
+from .harness import (HOST_CLOCK_NOTE, Output, Session, device_name, device_tag, free, plan_label,
                       run_meta, same_backend_plan, sigterm_as_interrupt)
 from .records import LOSSLESS_BACKENDS, BlockRecord, merge_record
 from .results_file import run_folder
-from ..gpu_only import BENCH_SMOKE as CPU_SMOKE, bench_too_wide
+from ..gpu_only import BENCH_SMOKE as CPU_SMOKE, CPU_MAX_HIDDEN, bench_too_wide
 from .tables import one_line
 from .timing import BackendTimer, Progress, back_to_back, interleaved, median
 

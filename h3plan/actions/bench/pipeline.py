@@ -77,11 +77,11 @@ from ..pipeline_build import (WORKFLOWS, Request, build_pipeline, default_reques
                               prompt_inputs, prompt_text, require_transformers, resolved, sequence_length,
                               workflow_blocks, workflow_inputs)
 from . import pipeline_records as records
-from .harness import (CPU_MAX_HIDDEN, HOST_CLOCK_NOTE, Output, Session, device_name, device_tag, run_meta,
+from .harness import (HOST_CLOCK_NOTE, Output, Session, device_name, device_tag, run_meta,
                       free, sigterm_as_interrupt)
 from .pipeline_settings import Best, Eager, PlanSetting, Reference, Setting, plan_precision
 from .results_file import run_folder
-from ..gpu_only import PIPELINE_SMOKE as CPU_SMOKE, pipeline_too_wide, vae_width
+from ..gpu_only import CPU_MAX_HIDDEN, PIPELINE_SMOKE as CPU_SMOKE, pipeline_too_wide, vae_width
 from .tables import one_line
 from .timing import Clock, ForwardTimer, Progress, Quiet
 
