@@ -24,6 +24,7 @@ from .errors import H3PlanError, UsageError
 from .levers import SPECS
 from .planning.config import (CONFIG_NAME, CONFIG_PATH, check_overrides, compose, condense, libyaml,
                               record_choices)
+from .planning.action_configs import BenchConfig, CalibrateConfig, TuneConfig, VerifyConfig
 from .planning.memory import MemoryConfig
 from .planning.request import FIELDS, video_overrides
 from .planning.render import _request_lines, _short, _wrap, render_summary, render_table  # noqa: F401 (cli.render_*)
@@ -364,8 +365,6 @@ def _action_keys() -> list[tuple[str, str]]:
     import dataclasses
     import enum
     import typing
-
-    from .planning.action_configs import BenchConfig, CalibrateConfig, TuneConfig, VerifyConfig
 
     def keys(prefix: str, cls) -> list[str]:
         out = []
