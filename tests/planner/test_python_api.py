@@ -50,9 +50,10 @@ def test_resolve_config_refuses_what_is_no_group_option():
 
 def test_resolve_config_values_keep_their_python_types():
     p = h3plan.resolve_config(**{"video.seconds": 10.0, "video.audio": False, "memory.check": True,
-                                 "bench.seq_lens": [64, 128], "parallel.seq_len": None})
+                                 "hardware.products": ["H100", "H200"], "parallel.seq_len": None})
     seq = p.derived_value("sequence")
     assert seq["frames"] == 243 and seq["audio_rows"] == 0 and seq["source"].endswith("video.seconds=10 video.audio=false")
+    assert p.get("hardware")["products"] == ["H100", "H200"]
 
 
 def _one_line(call, cls=h3plan.H3PlanError):
