@@ -397,12 +397,17 @@ def _notes(sections: Mapping[str, Any], decisions, memory_over: str | None = Non
     else:
         notes.append("lossless plan: every lever keeps eager's bits given the attention backend")
     if memory_over:
-        notes.append(f"does not fit one {hw['name']} GPU (memory.check=false: reported, not refused): {memory_over}")
+        notes.append(f"does not fit one {_gpu(hw)} GPU (memory.check=false: reported, not refused): {memory_over}")
     unverified = [d.lever for d in decisions if not d.hardware_verified  # an encode lever off for t2va runs nothing
                   and not (SPECS[d.lever].table_skips_off and d.setting == "off")]
     if unverified:
         notes.append(f"* never run on {hw['name']} hardware by h3plan: {', '.join(unverified)}")
     return notes
+
+
+def _gpu(hw: Mapping[str, Any]) -> str:
+    """The GPU the user named (hardware=h100, a file of their own), where its facts may be another's (hardware.name)."""
+    return str(hw.get("option") or hw["name"])
 
 
 def _memory(sections, shape, decisions) -> tuple[dict[str, Any], dict[str, str]]:
@@ -443,7 +448,7 @@ def _memory(sections, shape, decisions) -> tuple[dict[str, Any], dict[str, str]]
             f"{off['peak_gib'] - est['peak_gib']:.1f} GiB of this GPU's peak")
     why = memory.fit(est, gb, m["reserve_fraction"]) if gb else None
     if why and m["check"]:
-        raise PlanningError(f"the plan does not fit one {hw['name']} GPU: {why}")
+        raise PlanningError(f"the plan does not fit one {_gpu(hw)} GPU: {why}")
     if why:  # memory.check=false: reported, never printed as if it fitted
         values["memory_does_not_fit"] = why
         basis["memory_does_not_fit"] = "memory.check=false: the estimate is reported, not refused"

@@ -93,7 +93,9 @@ def test_user_search_path_hardware_and_malformed_yaml(cli, tmp_path_factory):
     p = cli("hardware=h100", sp, "format=json")
     assert p.returncode == 0, p.stderr
     hw = json.loads(p.stdout)["config"]["hardware"]
-    assert (hw["name"], hw["device"]["memory_gb"], hw["device"]["sm_count"]) == ("h100", 80.0, 132)
+    # name: h100 over sm90's measured and verified facts, none of its own: they stay sm90's (direct.inherited_name)
+    assert (hw["option"], hw["name"]) == ("h100", "sm90")
+    assert (hw["device"]["memory_gb"], hw["device"]["sm_count"]) == (80.0, 132)
     assert "malformed YAML in " in _one_error_line(cli("hardware=broken", sp))
 
 
