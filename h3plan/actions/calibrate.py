@@ -30,9 +30,9 @@ from h3plan.planning.request import MIN_STEPS, STEPS_RULE
 from h3plan.facts.scale_table import ScaleTableError, config_hash, write
 
 from .calibrate_step_cache import run as run_step_cache
+from .gpu_only import CALIBRATE_SMOKE as CPU_SMOKE, calibrate_too_wide
 from .verify import CPU_MAX_ROWS, _cfg_get, _prepare_device
 
-CPU_SMOKE = "python -m h3plan action=calibrate recipe=fp8 model=h3_tiny"  # the form that runs on a CPU, as verify's
 
 
 def settings(cfg) -> CalibrateConfig:
@@ -227,7 +227,7 @@ def run(cfg, plan) -> int:
 
     dcfg = cfg.model.diffusers_config
     if device == "cpu" and int(dcfg["hidden_size"]) > 1024:
-        raise UsageError(f"calibrate on the CPU needs a small model: pass model=h3_tiny (real width needs a GPU): {CPU_SMOKE}")
+        raise UsageError(calibrate_too_wide())
     dtype = resolve_dtype(c.dtype)
     default_len = 48 if device == "cpu" else int(_cfg_get(_cfg_get(cfg, "parallel", {}), "seq_len", 19000))
     seq_len = int(c.seq_len if c.seq_len is not None else default_len)

@@ -38,6 +38,7 @@ from h3plan.facts import evidence as ev
 from h3plan.facts.timesteps import request_steps
 from h3plan.levers import step_cache as lever
 
+from .gpu_only import calibrate_too_wide
 from .pipeline_build import build_pipeline, pipeline_blocks, prompt_inputs
 
 FRACTIONS = (0.9, 0.8, 0.7, 0.6, 0.5)
@@ -183,7 +184,7 @@ def run(cfg, plan, c) -> int:
 
     device = _prepare_device(c.device, "calibrate.device")
     if device == "cpu" and int(cfg.model.diffusers_config.hidden_size) > 1024:
-        raise UsageError("calibrate on the CPU needs a small model: pass model=h3_tiny vae=h3_tiny_pipe (real width needs a GPU)")
+        raise UsageError(calibrate_too_wide("step_cache"))
     video, pipeline = plan.get("video"), plan.get("pipeline")
     steps = request_steps(plan.derived_value("sequence") or video, pipeline)
     seeds = [int(s) for s in c.seeds]

@@ -49,6 +49,7 @@ from h3plan.planning.checkpoint import transformer_folder
 from h3plan.facts.decision import make_decision
 from h3plan.facts.hardware import gemm_reason
 
+from .gpu_only import VERIFY_SMOKE as CPU_SMOKE, verify_too_wide
 from .pipeline_build import build_vae
 from .verify_step_cache import check as check_step_cache
 
@@ -74,7 +75,6 @@ def _cfg_get(cfg, key, default=None):
 # On the CPU every Triton kernel runs in the interpreter: 48 rows take about half a minute, 384 rows minutes.
 CPU_MAX_ROWS = 256
 CPU_MAX_BLOCKS = 4
-CPU_SMOKE = "python -m h3plan action=verify model=h3_tiny"
 
 
 def _prepare_device(name: str, key: str = "verify.device"):
@@ -479,7 +479,7 @@ def run(cfg, plan, *, registry=None) -> int:
     dtype = resolve_dtype(_cfg_get(vcfg, "dtype", "bf16"))
     seed = int(_cfg_get(vcfg, "seed", 0))
     if device == "cpu" and int(dcfg["hidden_size"]) > 1024:
-        raise UsageError(f"verify on the CPU needs a small model: pass model=h3_tiny (real width needs a GPU): {CPU_SMOKE}")
+        raise UsageError(verify_too_wide())
     default_len = 48 if device == "cpu" else int(_cfg_get(_cfg_get(cfg, "parallel", {}), "seq_len", 19000))
     seq_len = int(_cfg_get(vcfg, "seq_len", default_len))
     blocks = _cfg_get(vcfg, "blocks", None)

@@ -22,7 +22,8 @@ class DeviceFacts:
     memory_gb: Optional[float] = MISSING
     memory_gib: Optional[float] = None
     """The device's memory in GiB (2^30 bytes), as torch.cuda reports it; set, it replaces memory_gb (which
-    validate() then holds in vendor GB), e.g. hardware.device.memory_gib=80 for an 80 GiB card."""
+    validate() then holds in vendor GB), e.g. hardware.device.memory_gib=80 for an 80 GiB card. A command line gives
+    one of the two (config.check_overrides)."""
     hbm_tbps: Optional[float] = MISSING
     nvlink_gbps: Optional[float] = MISSING
     """NVLink bandwidth per GPU, both directions together (vendor convention); one direction is half."""
@@ -445,6 +446,7 @@ class HardwareConfig:
     verified: VerifiedFacts = field(default_factory=VerifiedFacts)
     option: Optional[str] = None
     """The hardware option the config was composed from (hardware=myhw), set at composition: a file of your own that
-    extends a packaged one keeps its `name` (sm90), and the plan names both."""
+    extends a packaged one keeps its `name` (sm90), and the plan names both; a `name` the file sets itself stands only
+    where it carries measured, verified or tuned facts of its own (planning/direct.py inherited_name)."""
     tuned: Optional[TunedFacts] = None
     """Set in a file written by action=tune: its provenance and kernel checks; null in the packaged groups."""

@@ -165,7 +165,9 @@ def cheapest_cut(sections, sequence, shp, part: str, settings: Mapping[str, str]
         f8 = fp8_forward(sections, shp)
         if f8 is not None:
             return f"recipe=fp8 cuts a forward to {f8:.2f} s (FP8 GEMMs and attention: lossy, within its PSNR/SSIM budget)"
-    return f"fewer forwards (pipeline.num_inference_steps, a step-distilled LoRA): the {part} shrinks with them, at a quality cost h3plan does not measure"
+    steps = sequence.get("num_inference_steps")  # video.num_inference_steps sets the request's, over pipeline's default
+    return (f"fewer forwards (video.num_inference_steps, {steps} now; a step-distilled LoRA): the {part} shrinks with "
+            "them, at a quality cost h3plan does not measure")
 
 
 def fp8_forward(sections: Mapping[str, Any], shp: Mapping[str, Any]) -> float | None:

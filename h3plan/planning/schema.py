@@ -401,25 +401,73 @@ def check_keys(c: dict[str, Any], node: type = None, prefix: str = "") -> None:
 PSNR_DB_MAX = 100.0  # a budget above this admits no lossy lever: e4m3 keeps 3 mantissa bits (tens of dB)
 
 
+POSITIVE = {
+    "hardware.device.sm_count": "SMs", "hardware.device.memory_gb": "GB", "hardware.device.memory_gib": "GiB",
+    "hardware.device.hbm_tbps": "TB/s", "hardware.device.nvlink_gbps": "GB/s",
+    "hardware.device.nic_gbps": "GB/s (null: not known, and the plan says what it assumes)",
+    "hardware.peak_dense_tflops.*": "TFLOP/s", "hardware.efficiency.attention": "share of the peak",
+    "hardware.efficiency.gemm": "share of the peak", "hardware.measured.hbm_copy_tbps": "TB/s",
+    "hardware.measured.gemm_tflops.*": "TFLOP/s", "hardware.measured.attention[].*": "TFLOP/s",
+    "hardware.measured.gemm_block[].ms": "ms", "hardware.measured.elementwise[].ms": "ms",
+    "hardware.measured.decode[].seconds": "s", "hardware.measured.encode[].seconds": "s",
+    "hardware.measured.ulysses.a2a[].tensor_ms": "ms", "hardware.measured.ulysses.a2a[].gbps_leaving_rank": "GB/s",
+    "memory.host_link_gbps": "GB/s",
+}
+"""Every size, rate and bandwidth the plan sizes or divides by: null where a fact allows it (unknown), else positive.
+`*`: every field of that mapping but its source and the shape keys; `[]`: every entry of that list."""
+_SHAPE_KEYS = ("seq_len", "heads", "source")
+
+
+def _leaves(node: Any, parts: list[str], path: str):
+    """(key path, value) of every number under `node` that `parts` (a POSITIVE path, split at dots) names."""
+    if not parts:
+        for i, v in enumerate(node if isinstance(node, list) else [node]):
+            yield (f"{path}[{i}]" if isinstance(node, list) else path), v
+        return
+    head, rest = parts[0], parts[1:]
+    many = head.endswith("[]")
+    name = head[:-2] if many else head
+    if name == "*":
+        children = [(f"{path}.{k}", v) for k, v in (node or {}).items() if k not in _SHAPE_KEYS]
+    else:
+        children = [(f"{path}.{name}" if path else name, (node or {}).get(name))]
+    for key, child in children:
+        if child is None:
+            continue
+        if many:
+            for i, item in enumerate(child):
+                yield from _leaves(item, rest, f"{key}[{i}]")
+        else:
+            yield from _leaves(child, rest, key)
+
+
+def _check_positive(c: dict[str, Any]) -> None:
+    """Every POSITIVE value that is set is a number > 0: a zero rate would divide by zero, a negative one plan a
+    negative time, and a zero NIC rate would read as unknown."""
+    for pattern, unit in POSITIVE.items():
+        for key, v in _leaves(c, pattern.split("."), ""):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
+                raise ConfigError(f"{key}={v}", f"must be a positive number of {unit}")
+
+
 def _check_values(c: dict[str, Any]) -> None:
     """Values in range that the types let through (a step count diffusers refuses, a GPU of no memory ...)."""
     steps = c["pipeline"]["num_inference_steps"]
     if steps < MIN_STEPS:
         raise ConfigError(f"pipeline.num_inference_steps={steps}", STEPS_RULE)
-    gb = c["hardware"]["device"].get("memory_gb")
-    if gb is not None and not gb > 0:
-        raise ConfigError(f"hardware.device.memory_gb={gb}", "must be a positive number of GB")
+    _check_positive(c)
     m = c["memory"]
     if m["max_ulysses"] < 1:
         raise ConfigError(f"memory.max_ulysses={m['max_ulysses']}", "must be >= 1 (the largest Ulysses degree fit suggests)")
     if not 0 <= m["reserve_fraction"] < 1:
         raise ConfigError(f"memory.reserve_fraction={m['reserve_fraction']}", "must be in [0, 1)")
-    b = c["recipe"]["budget"]
-    if b["psnr_db_min"] is not None and not 0 < b["psnr_db_min"] <= PSNR_DB_MAX:
-        raise ConfigError(f"recipe.budget.psnr_db_min={b['psnr_db_min']}", f"must be in (0, {PSNR_DB_MAX:g}] dB: a higher bar "
-                          "admits no lossy lever (use recipe=bf16 for a lossless plan)")
-    if b["ssim_min"] is not None and not 0 < b["ssim_min"] <= 1:
-        raise ConfigError(f"recipe.budget.ssim_min={b['ssim_min']}", "must be in (0, 1]")
+    for key, none in (("budget", "use recipe=bf16 for a lossless plan"), ("cache", "no step cache: leave both null")):
+        b = c["recipe"][key]  # the kernel levers' budget, and step caching's own
+        if b["psnr_db_min"] is not None and not 0 < b["psnr_db_min"] <= PSNR_DB_MAX:
+            raise ConfigError(f"recipe.{key}.psnr_db_min={b['psnr_db_min']}",
+                              f"must be in (0, {PSNR_DB_MAX:g}] dB: a higher bar admits no lossy lever ({none})")
+        if b["ssim_min"] is not None and not 0 < b["ssim_min"] <= 1:
+            raise ConfigError(f"recipe.{key}.ssim_min={b['ssim_min']}", "must be in (0, 1]")
 
 
 def validate(cfg: DictConfig | dict) -> dict[str, Any]:
@@ -481,8 +529,6 @@ def validate(cfg: DictConfig | dict) -> dict[str, Any]:
         raise ConfigError(f"hardware.compute_capability={cc}", "must be major.minor, e.g. 9.0")
     dev = c["hardware"]["device"]
     if dev.get("memory_gib") is not None:
-        if dev["memory_gib"] <= 0:
-            raise ConfigError(f"hardware.device.memory_gib={dev['memory_gib']}", "must be a positive number of GiB")
         dev["memory_gb"] = round(dev["memory_gib"] * 2**30 / 1e9, 3)
     for part in ("settings", "kernels_checked"):
         for lever, settings in (c["hardware"]["verified"].get(part) or {}).items():
