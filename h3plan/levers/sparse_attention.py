@@ -175,9 +175,6 @@ def blockers(ctx: Context, s: str) -> list[str]:
     if "ulysses_exchange" in ctx.decisions and ctx.setting("ulysses_exchange") == "projection_split":
         out.append("ulysses_exchange=projection_split attends a slice of the query rows per call, and the router "
                    "routes whole sequences: levers.ulysses_exchange=projection or packed")
-    if _video_rows(ctx) is None:
-        out.append("parallel.seq_len set without a video request: the router's rows come from the request "
-                   "(video=...)")
     steps, n = _forwards(ctx)
     d = int(_sparse(ctx).get("dense_forwards", 10))
     if d >= n:
@@ -212,6 +209,9 @@ def explain(ctx: Context, s: str) -> list[str]:
     if "work_fraction" in p:
         what += (f"; a sparse call routes {p['routed_query_blocks']} of {p['query_blocks']} query blocks and computes "
                  f"{p['work_fraction']:.0%} of the dense call's block work")
+    else:
+        what += ("; its work is not estimated: parallel.seq_len gives no video rows (the router finds them per call "
+                 "from the token tags)")
     out = [what, f"budget recipe.sparse: PSNR >= {p['psnr_db_min']} dB, SSIM >= {p['ssim_min']} against the dense frames"]
     e = evidence(p)
     if e is None:
