@@ -13,9 +13,9 @@ Policy, as step_cache's: without a budget (recipe.sparse psnr_db_min / ssim_min,
 refused and auto picks off, so every packaged recipe keeps dense attention; the budget is the recipe's own lossy
 choice. Also refused: ring attention (parallel.ring > 1: each ring step sees one key block range, no row's whole key
 set), an attention backend other than fa4 (cuDNN's FP8 SDPA takes no block mask and FA4's FP8 forward is SM100-only;
-with recipe=fp8, levers.attention=fa4 keeps the FP8 GEMMs and composes), ulysses_exchange=projection_split (its
-attention calls see a slice of the query rows), a GPU with no FA4 block-sparse forward, and a request whose forwards
-are all dense. Ulysses: the router runs after the exchange on this rank's heads over the whole sequence, so the
+with recipe=fp8, levers.attention=fa4 keeps the FP8 GEMMs and composes), a GPU with no FA4 block-sparse forward, and a
+request whose forwards are all dense. ulysses_exchange (decided after) leaves out projection_split, whose attention
+calls see a slice of the query rows. Ulysses: the router runs after the exchange on this rank's heads over the whole sequence, so the
 mask is per head and local (no extra communication). Runtime: h3plan/install/sparse_attention.py (the forward
 index from the timestep vector through install/step_cache.schedule_index), the processor's `_sparse_attend`.
 Quality: `PUBLISHED` (SubBlock on released weights); `action=calibrate calibrate.target=sparse_attention` measures
@@ -77,15 +77,15 @@ def evidence(p: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 
 def meets(e: Mapping[str, Any] | None, budget: Mapping[str, Any]) -> bool | None:
-    """Whether a published record's worst case is within the budget: True, False, or None (no record, or the
-    record lacks a bound the budget sets)."""
+    """Whether a published record's worst case is within the budget: False where a bound it publishes is below the
+    budget's, True where it publishes every bound the budget sets and meets them, else None (no record, or a bound
+    the budget sets that the record does not publish)."""
     if e is None:
         return None
-    checks = [(e.get("ssim_min"), budget.get("ssim_min")), (e.get("psnr_db_min"), budget.get("psnr_db_min"))]
-    known = [(have, want) for have, want in checks if want is not None]
-    if any(have is None for have, _ in known):
-        return None
-    return all(have >= want for have, want in known)
+    checks = [(e.get(k), budget.get(k)) for k in ("ssim_min", "psnr_db_min") if budget.get(k) is not None]
+    if any(have is not None and have < want for have, want in checks):
+        return False
+    return None if any(have is None for have, _ in checks) else True
 
 
 UNMEASURED = ("h3plan has not measured this configuration's quality (seeded weights carry no trained attention "
@@ -172,9 +172,6 @@ def blockers(ctx: Context, s: str) -> list[str]:
                    "with recipe=fp8 set levers.attention=fa4 (FP8 GEMMs, BF16 block-sparse attention)")
     if _block(ctx) is None:
         out.append(f"{ctx.hw} has no FA4 block-sparse forward (hardware.fa4.block_sparse is null)")
-    if "ulysses_exchange" in ctx.decisions and ctx.setting("ulysses_exchange") == "projection_split":
-        out.append("ulysses_exchange=projection_split attends a slice of the query rows per call, and the router "
-                   "routes whole sequences: levers.ulysses_exchange=projection or packed")
     steps, n = _forwards(ctx)
     d = int(_sparse(ctx).get("dense_forwards", 10))
     if d >= n:
@@ -219,8 +216,9 @@ def explain(ctx: Context, s: str) -> list[str]:
                    f"(video only: {p['video_only']}); the published point is keep 0.25, 10 of 49 dense, video only "
                    f"({cite('sglang-subblock')})")
     else:
-        verdict = {True: "within this budget", False: "outside this budget (its worst case is below the bound)",
-                   None: "not comparable with this budget (the record lacks a bound it sets)"}[meets(e, p)]
+        verdict = {True: "within this budget", False: "outside this budget (its worst case is below a bound)",
+                   None: "not shown within this budget (no PSNR published; its SSIM worst case "
+                         + ("meets" if (e["ssim_min"] or 0) >= (p["ssim_min"] or 0) else "misses") + " ssim_min)"}[meets(e, p)]
         out.append(f"published on released weights: SSIM {e['ssim_min']:g}-{e['ssim_max']:g} against {e['against']} at "
                    f"{e['speedup'][0]:g}-{e['speedup'][1]:g}x on {e['where']} ({cite(e['source'])}): {verdict}")
     return out + [UNMEASURED]
