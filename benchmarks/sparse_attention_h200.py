@@ -24,7 +24,8 @@ import traceback
 import torch
 
 import h3plan
-from h3plan.actions.bench import build_model, median_ms, ops, packed_inputs
+from h3plan.actions.bench import build_model, median_ms, packed_inputs
+from h3plan.actions.bench.ops import block_router, block_sparse, timestep_vectors
 
 OUT = os.environ.get("OUT", "benchmarks/results")
 BUDGET = float(sys.argv[1]) if len(sys.argv) > 1 else 450.0
@@ -89,18 +90,18 @@ def correctness():
     S, h, vs = 4100, 8, 1000
     q, k, v = (rand(1, S, h, D, seed=i) for i in range(3))
     start = torch.tensor([vs], device="cuda")
-    cnt, idx = ops.block_router.block_router(q, k, start, KEEP)
-    rc, ri = ops.block_router.block_router_ref(q, k, start, KEEP)
+    cnt, idx = block_router.block_router(q, k, start, KEEP)
+    rc, ri = block_router.block_router_ref(q, k, start, KEEP)
     same_blocks = torch.equal(cnt.cpu(), rc.cpu()) and torch.equal(idx.cpu(), ri.cpu())
-    agree = float((ops.block_router.blocks_to_mask(cnt, idx).cpu() == ops.block_router.blocks_to_mask(rc, ri).cpu())
+    agree = float((block_router.blocks_to_mask(cnt, idx).cpu() == block_router.blocks_to_mask(rc, ri).cpu())
                   .float().mean())
     last = int(idx.shape[-1]) - 1  # the partial key tail block (4,100 = 32 x 128 + 4)
-    tail_kept = int((ops.block_router.blocks_to_mask(cnt, idx)[..., last]).sum())
-    o = ops.block_sparse.fa4_block_sparse(q, k, v, cnt, idx, 128, 128)
-    ref = ops.block_sparse.block_sparse_ref(q, k, v, cnt, idx, 128, 128)
+    tail_kept = int((block_router.blocks_to_mask(cnt, idx)[..., last]).sum())
+    o = block_sparse.fa4_block_sparse(q, k, v, cnt, idx, 128, 128)
+    ref = block_sparse.block_sparse_ref(q, k, v, cnt, idx, 128, 128)
     full_cnt = torch.full_like(cnt, idx.shape[-1])
     full_idx = torch.arange(idx.shape[-1], dtype=torch.int32, device="cuda").expand_as(idx).contiguous()
-    o_all = ops.block_sparse.fa4_block_sparse(q, k, v, full_cnt, full_idx, 128, 128)
+    o_all = block_sparse.fa4_block_sparse(q, k, v, full_cnt, full_idx, 128, 128)
     o_dense = dense_fa4(q, k, v)
     return {"shape": [1, S, h, D], "video_start": vs, "router_equals_reference": same_blocks,
             "router_block_agreement": agree, "kept_rows_with_the_tail_block": tail_kept,
@@ -116,11 +117,11 @@ def attention_at(video):
     S, vs = int(seq["seq_len"]), int(seq["seq_len"]) - int(seq["video_rows"])
     q, k, v = (rand(1, S, H, D, seed=i) for i in range(3))
     start = torch.tensor([vs], device="cuda")
-    cnt, idx = ops.block_router.block_router(q, k, start, KEEP)
+    cnt, idx = block_router.block_router(q, k, start, KEEP)
     kept = float(cnt.float().mean() / idx.shape[-1])
     t = {"dense_fa4_ms": median_ms(lambda: dense_fa4(q, k, v), 2, 6),
-         "router_ms": median_ms(lambda: ops.block_router.block_router(q, k, start, KEEP), 2, 6),
-         "fa4_sparse_ms": median_ms(lambda: ops.block_sparse.fa4_block_sparse(q, k, v, cnt, idx, 128, 128), 2, 6),
+         "router_ms": median_ms(lambda: block_router.block_router(q, k, start, KEEP), 2, 6),
+         "fa4_sparse_ms": median_ms(lambda: block_sparse.fa4_block_sparse(q, k, v, cnt, idx, 128, 128), 2, 6),
          "router_and_sparse_ms": median_ms(
              lambda: torch.ops.h3plan.sparse_attention(q, k, v, start, KEEP, 128, 128, True, True), 2, 6)}
     t = {k_: round(x, 3) for k_, x in t.items()}
@@ -151,7 +152,7 @@ def forward_at(video, target):
     sparse_plan, seq = request(video)
     S, text, audio = int(seq["seq_len"]), int(seq["text_rows"]), int(seq["audio_rows"])
     cfg = dense_plan.get("model")["diffusers_config"]
-    vec = ops.timestep_vectors([50], audio=True)
+    vec = timestep_vectors([50], audio=True)
     x = packed_inputs(cfg, S, seed=0, device="cuda", n_text=text, n_audio=audio)
     outs, ms = {}, {}
     for name, plan, index in (("bf16", dense_plan, 20), ("sparse_dense_forward", sparse_plan, 5),

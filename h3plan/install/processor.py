@@ -123,9 +123,9 @@ class H3PlanAttnProcessor:
                 why = getattr(self.backend, o.reason)(q)
                 count_route(o.key, why)
 
-    def _sparse_reasons(self, q, k, v) -> tuple[str | None, str | None]:
-        """(why this call runs dense, why FA4's block-sparse forward does not take it): per signature, at trace time
-        a constant (shapes, dtype, device only)."""
+    def _sparse_reasons(self, q, k, v) -> tuple[str | None, tuple[bool, str | None] | None]:
+        """(why this call runs dense, else None; `_sparse_verdict` of the call's signature): at trace time a constant
+        (shapes, dtype, device only)."""
         st = self.sparse
         if needs_grad(q, k, v):
             return GRAD_REASON, None
@@ -145,6 +145,7 @@ class H3PlanAttnProcessor:
         if dense is not None:
             count_route("sparse_attention", f"{dense}: dense")
             return None
+        assert verdict is not None
         fa4, why = verdict
         count_route("sparse_attention", why)
         o = torch.ops.h3plan.sparse_attention(q, k, v, st.video_start, st.keep, st.block_q, st.block_k,

@@ -59,7 +59,7 @@ SPEC = Spec(
 
 # Quality published for this kind of routing on released weights (docs/sources.md#sglang-subblock): one record per
 # configuration, in the shape a generic evidence type takes (what was measured, where, the bounds, against what).
-PUBLISHED = (
+PUBLISHED: tuple[dict[str, Any], ...] = (
     {"setting": "block_sparse", "keep": 0.25, "dense_forwards": 10, "forwards": 49, "video_only": True,
      "block": [64, 64], "where": "8xH200, SGLang, MiniMax-H3 released weights", "speedup": (1.28, 1.48),
      "against": "SGLang's lossless frames, same seed", "ssim_min": 0.80, "ssim_max": 0.94, "psnr_db_min": None,
