@@ -118,3 +118,27 @@ def test_ulysses_pair_matches_degree_1(S_):
         c = r["counters"]
         assert c["sparse_attention.fallback"] == 2 and c["sparse_attention.sparse"] == 1, c
         assert r["max_abs"] <= 2**-8 * 4 and r["dense_gap"] > 4 * max(r["max_abs"], 2**-8), r
+
+
+@pytest.mark.slow
+def test_regional_compile_runs_the_sparse_forward_without_recompiling():
+    """diffusers' compile_repeated_blocks (fullgraph, aot_eager): the router and FA4 (or its reference) are one opaque
+    op, `video_start` one persistent buffer; sparse forward after sparse forward compiles once and keeps the bits."""
+    import torch._dynamo
+
+    model = tiny_model()
+    W.run(model, make_plan({}, {}, W.sparse_decisions()), W.registry(), W.inputs(S, 3))
+    x = W.inputs(S, 3)
+    ref = forward(model, x)
+    torch._dynamo.reset()
+    try:
+        model.compile_repeated_blocks(fullgraph=True, backend="aot_eager")
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            for i in (3, 4, 3):
+                reset_counters()
+                out = forward(model, W.inputs(S, i))
+                assert counters()["sparse_attention.fallback"] == 2
+                if i == 3:
+                    assert all(torch.equal(a, b) for a, b in zip(out, ref))
+    finally:
+        torch._dynamo.reset()
