@@ -119,3 +119,11 @@ def test_ulysses_exchange_leaves_out_the_split_output():
     ex = p.decision("ulysses_exchange")
     assert ex.setting == "projection" and any("sparse_attention is on" in r for r in ex.reasons), ex.reasons
     assert _plan(parallel="u2").decision("ulysses_exchange").setting == "projection_split"  # as before without it
+
+
+def test_summary_names_its_own_budget_not_the_kernel_levers():
+    text = str(_plan(BUDGET))
+    assert "sparse   sparse_attention=block_sparse: keep 0.25 of the key blocks on 39 of 49 forwards; within" in text
+    assert "(sparse ones at " in text
+    assert "PSNR >= None" not in text and "\nlossy " not in text
+    assert "sparse_attention" not in str(_plan())  # off: no row, no line
