@@ -34,7 +34,7 @@ KEEP, H, D = 0.25, 56, 128
 SPARSE = {"psnr_db_min": 28.0, "ssim_min": 0.8, "keep": KEEP, "dense_forwards": 10}
 TARGETS = {"attention_5s": 3.0, "attention_10s": 3.0, "forward_5s": 1.35, "forward_10s": 1.6}
 T0 = time.monotonic()
-RESULT: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "keep": KEEP, "blocks": BLOCKS,
+RESULT: dict = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "torch": torch.__version__, "keep": KEEP, "blocks": BLOCKS,
                 "targets": TARGETS, "parts": {}}
 
 
@@ -81,7 +81,7 @@ def rel(a, b):
 
 def request(video):
     plan = h3plan.resolve_config(video=video, **{"recipe.sparse": SPARSE})
-    seq = dict(plan.derived)["sequence"]
+    seq = plan.derived_value("sequence")
     return plan, seq
 
 
