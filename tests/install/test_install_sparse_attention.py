@@ -142,3 +142,19 @@ def test_regional_compile_runs_the_sparse_forward_without_recompiling():
                     assert all(torch.equal(a, b) for a, b in zip(out, ref))
     finally:
         torch._dynamo.reset()
+
+
+def test_verify_prints_the_error_per_keep_and_checks_the_router(capsys):
+    from h3plan.actions.verify import Report
+    from h3plan.actions.verify_sparse_attention import check
+
+    (d,) = [x for x in W.sparse_decisions() if x.lever == "sparse_attention"]
+    rep = Report()
+    check(tiny_model(), W.inputs(S, 3), d, rep)
+    ((name, ok, verdict),) = rep.results
+    assert ok and name == "sparse_attention=block_sparse"
+    assert "not a quality claim" in verdict and "router kernels keep the reference's blocks" in verdict
+    assert all(f"keep {k}:" in verdict for k in ("0.5", "0.25", "0.1"))
+    rep = Report()
+    check(tiny_model(), W.inputs(60, 3), d, rep)  # 60 rows, video from 48: no query block of 32 is all video
+    assert "nothing to route" in rep.results[0][2]
