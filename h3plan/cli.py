@@ -243,6 +243,9 @@ def _plan_and_act(cfg, overrides: list[str]) -> int:
     global _rc
     from . import planner
 
+    if cfg.action.name == "calibrate" and cfg.calibrate.target == "step_cache" and \
+            getattr(cfg.levers.step_cache, "name", cfg.levers.step_cache) == "auto":
+        cfg.levers.step_cache = "off"  # it measures its own candidates against the uncached plan
     plan, cfg = _saved_plan(cfg, overrides) if cfg.plan else (planner.resolve(cfg), cfg)
     action = cfg.action.name
     if cfg.out:

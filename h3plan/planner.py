@@ -446,6 +446,10 @@ def resolve(cfg) -> Plan:
     if computed:
         times["computed_forwards"] = computed
         times.setdefault("basis", {})["computed_forwards"] = "step_cache: the forwards its schedule computes"
+    if cache is not None and cache.enabled and cache.param("fewest_computed") is not None:  # adaptive: a range
+        rng = predict.call_range(sections, sequence, times, fwd, cache.param("fewest_computed"))
+        times.update({k: v for k, v in rng.items() if k != "basis"})
+        times.setdefault("basis", {}).update(rng.get("basis", {}))
     derived = derive.merge(ctx.shape, {**est, **fwd, **times, "basis": {**est["basis"], **fwd["basis"], **times.get("basis", {})}})
     mem, mem_basis = _memory(sections, ctx.shape, decisions)
     derived.update(mem, sequence=sequence)

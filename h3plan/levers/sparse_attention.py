@@ -18,8 +18,9 @@ request whose forwards are all dense. ulysses_exchange (decided after) leaves ou
 calls see a slice of the query rows. Ulysses: the router runs after the exchange on this rank's heads over the whole sequence, so the
 mask is per head and local (no extra communication). Runtime: h3plan/install/sparse_attention.py (the forward
 index from the timestep vector through install/step_cache.schedule_index), the processor's `_sparse_attend`.
-Quality: `PUBLISHED` (SubBlock on released weights); `action=calibrate calibrate.target=sparse_attention` measures
-the user's checkpoint. Torch-free.
+Quality, as evidence (h3plan/facts/evidence.py): `PUBLISHED` (SubBlock on released weights: SSIM, no PSNR); auto picks
+block_sparse only where the evidence at the plan's knobs meets recipe.sparse; a forced block_sparse runs with the
+verdict stated; `action=calibrate calibrate.target=sparse_attention` measures the user's checkpoint. Torch-free.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
+from h3plan.facts import evidence as ev
 from h3plan.sources import cite
 
 from .base import Context, Option, Spec, Terms, resolve
@@ -57,35 +59,24 @@ SPEC = Spec(
     table_skips_off=True,
 )
 
-# Quality published for this kind of routing on released weights (docs/sources.md#sglang-subblock): one record per
-# configuration, in the shape a generic evidence type takes (what was measured, where, the bounds, against what).
-PUBLISHED: tuple[dict[str, Any], ...] = (
-    {"setting": "block_sparse", "keep": 0.25, "dense_forwards": 10, "forwards": 49, "video_only": True,
-     "block": [64, 64], "where": "8xH200, SGLang, MiniMax-H3 released weights", "speedup": (1.28, 1.48),
-     "against": "SGLang's lossless frames, same seed", "ssim_min": 0.80, "ssim_max": 0.94, "psnr_db_min": None,
-     "source": "sglang-subblock"},
+# Quality published for this kind of routing on released weights (docs/sources.md#sglang-subblock), as the evidence
+# every lossy lever cites (h3plan/facts/evidence.py): SSIM 0.80-0.94 over its runs, the worst kept; no PSNR published.
+PUBLISHED = (
+    ev.QualityPoint.make("sparse_attention", "block_sparse",
+                         {"keep": 0.25, "dense_forwards": 10, "video_only": True, "forwards": 49}, ("t2va",),
+                         psnr_db=None, ssim=0.80, speedup=1.28, kind="published",
+                         where="8xH200, SGLang's lossless frames of the same seed, SSIM 0.80-0.94 over its runs, "
+                               "1.28-1.48x, 64 x 64 blocks",
+                         source="docs/sources.md#sglang-subblock"),
 )
 
 
-def evidence(p: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The published record whose configuration is this plan's (keep, dense forwards, video only), else None."""
-    for e in PUBLISHED:
-        if (math.isclose(e["keep"], p["keep"]) and e["dense_forwards"] == p["dense_forwards"]
-                and e["video_only"] == p["video_only"]):
-            return e
-    return None
-
-
-def meets(e: Mapping[str, Any] | None, budget: Mapping[str, Any]) -> bool | None:
-    """Whether a published record's worst case is within the budget: False where a bound it publishes is below the
-    budget's, True where it publishes every bound the budget sets and meets them, else None (no record, or a bound
-    the budget sets that the record does not publish)."""
-    if e is None:
-        return None
-    checks = [(e.get(k), budget.get(k)) for k in ("ssim_min", "psnr_db_min") if budget.get(k) is not None]
-    if any(have is not None and have < want for have, want in checks):
-        return False
-    return None if any(have is None for have, _ in checks) else True
+def verdict(p: Mapping[str, Any], workflow: str | None = "t2va") -> ev.Verdict:
+    """How the published evidence at this plan's knobs stands against recipe.sparse's budget."""
+    knobs = {"keep": p["keep"], "dense_forwards": p["dense_forwards"], "video_only": p["video_only"],
+             "forwards": p["forwards"]}
+    pts = [e for e in PUBLISHED if e.applies(SPEC.name, "block_sparse", knobs, workflow)]
+    return ev.verdict(pts, ev.Budget.of({"psnr_db_min": p["psnr_db_min"], "ssim_min": p["ssim_min"]}))
 
 
 UNMEASURED = ("h3plan has not measured this configuration's quality (seeded weights carry no trained attention "
@@ -210,17 +201,15 @@ def explain(ctx: Context, s: str) -> list[str]:
         what += ("; its work is not estimated: parallel.seq_len gives no video rows (the router finds them per call "
                  "from the token tags)")
     out = [what, f"budget recipe.sparse: PSNR >= {p['psnr_db_min']} dB, SSIM >= {p['ssim_min']} against the dense frames"]
-    e = evidence(p)
-    if e is None:
-        out.append(f"no published quality for keep {p['keep']:g} with {p['dense_forwards']} dense forwards "
-                   f"(video only: {p['video_only']}); the published point is keep 0.25, 10 of 49 dense, video only "
-                   f"({cite('sglang-subblock')})")
+    v = verdict(p, str(ctx.request.get("task") or "t2va"))
+    if v.point is None:
+        out.append(f"unmeasured: no published quality for keep {p['keep']:g} with {p['dense_forwards']} of "
+                   f"{p['forwards']} forwards dense (video only: {p['video_only']}); the published point is keep 0.25, "
+                   f"10 of 49 dense, video only, t2va ({cite('sglang-subblock')})")
     else:
-        verdict = {True: "within this budget", False: "outside this budget (its worst case is below a bound)",
-                   None: "not shown within this budget (no PSNR published; its SSIM worst case "
-                         + ("meets" if (e["ssim_min"] or 0) >= (p["ssim_min"] or 0) else "misses") + " ssim_min)"}[meets(e, p)]
-        out.append(f"published on released weights: SSIM {e['ssim_min']:g}-{e['ssim_max']:g} against {e['against']} at "
-                   f"{e['speedup'][0]:g}-{e['speedup'][1]:g}x on {e['where']} ({cite(e['source'])}): {verdict}")
+        judged = (f"meets recipe.sparse ({ev.Budget.of(p).text()})" if v.status == "meets"
+                  else f"misses recipe.sparse ({'; '.join(v.misses)})")
+        out.append(f"evidence (published on released weights): {v.point.cite()}: {judged}")
     return out + [UNMEASURED]
 
 
@@ -232,7 +221,14 @@ def auto(ctx: Context):
     blocked = blockers(ctx, "block_sparse")
     if blocked:
         return "off", ["block_sparse cannot apply: " + "; ".join(blocked)], {}
-    return "block_sparse", explain(ctx, "block_sparse"), params(ctx, "block_sparse")
+    p = params(ctx, "block_sparse")
+    v = verdict(p, str(ctx.request.get("task") or "t2va"))
+    if v.status != "meets":
+        why = "no evidence at these knobs" if v.point is None else f"its evidence misses it ({'; '.join(v.misses)})"
+        return "off", [f"recipe.sparse sets a budget, but block_sparse at keep {p['keep']:g}: {why}; "
+                       "levers.sparse_attention=block_sparse runs it anyway (the plan states the evidence), "
+                       "action=calibrate calibrate.target=sparse_attention measures your checkpoint"], {}
+    return "block_sparse", explain(ctx, "block_sparse"), p
 
 
 def decide(ctx: Context):

@@ -138,6 +138,22 @@ def call(sections: Mapping[str, Any], sequence: Mapping[str, Any], shp: Mapping[
     return out
 
 
+def call_range(sections: Mapping[str, Any], sequence: Mapping[str, Any], times: Mapping[str, Any],
+               fwd: Mapping[str, Any], fewest: int) -> dict[str, Any]:
+    """An adaptive cache's call (step_cache=first_block) as a range: from the fewest forwards it can compute under its
+    warm-up, final and limit in a row (each skipped forward still runs the first block: 1/layers of a forward) up to
+    every forward computed (call_s_est, the figure the call line gives); how many skip is the checkpoint's."""
+    call, f, n = times.get("call_s_est"), fwd["forward_s_est"], sequence.get("transformer_forwards")
+    if call is None or f is None or not n:
+        return {}
+    layers = sections["model"]["diffusers_config"]["num_layers"]
+    low = call - (n - fewest) * f * (1 - 1 / layers)
+    return {"call_s_range_est": [round(low, 2), round(call, 2)],
+            "basis": {"call_s_range_est": f"step_cache=first_block computes {fewest}..{n} forwards (the most it can skip "
+                                          f"under its warm-up, final and limit in a row .. none): each skipped forward "
+                                          f"runs 1 of {layers} blocks; how many skip is the checkpoint's statistic"}}
+
+
 def cheapest_cut(sections, sequence, shp, part: str, settings: Mapping[str, str], fwd: Mapping[str, Any]) -> str:
     """The cheapest lever (least quality cost) that cuts `part`, with its predicted time and that cost."""
     hw = sections["hardware"]

@@ -8,6 +8,7 @@ import textwrap
 
 from h3plan.facts.attention import DEFAULT
 from h3plan.levers import SPECS, not_installed
+from h3plan.levers.step_cache import EVIDENCE_REASONS
 
 from .derive import ORDER
 from .memory import usable_gib
@@ -151,8 +152,14 @@ def _speed_text(plan) -> str:
     enc = plan.derived_value("encode_s_est")
     venc = "" if enc is None else (f" + VAE encode {enc:,.1f} s"
                                    + (" (estimate, not measured)" if _estimated(hw) else ""))
-    text += (f"; call {call_s + (te_s or 0):,.0f} s = {what} {den:,.0f} s + decode "
-             f"{dec:,.1f} s{venc}{encode}; most: {big['part']} {big['share']:.0%}: {big['cut']}")
+    span = plan.derived_value("call_s_range_est")  # an adaptive cache: the most it may skip .. every forward computed
+    if span:
+        fewest = plan.decision("step_cache").param("fewest_computed")
+        head = (f"call {span[0] + (te_s or 0):,.0f}-{call_s + (te_s or 0):,.0f} s = {fewest}..{n} of {n} forwards "
+                f"computed (the adaptive cache), at most {den:,.0f} s")
+    else:
+        head = f"call {call_s + (te_s or 0):,.0f} s = {what} {den:,.0f} s"
+    text += f"; {head} + decode {dec:,.1f} s{venc}{encode}; most: {big['part']} {big['share']:.0%}: {big['cut']}"
     return text
 
 
@@ -256,9 +263,8 @@ def render_summary(plan, width: int = 120) -> str:
     sparse = next((d for d in ds if d.lever == "sparse_attention" and not d.lossless), None)
     if cache is not None:  # its own budget (recipe.cache), apart from the kernel levers'
         what = next((r for r in cache.reasons if not r.startswith("forced by")), cache.reasons[0])
-        lines += _labelled("fewer", f"step_cache={cache.setting}: {what}; within recipe.cache PSNR >= "
-                                    f"{cache.param('psnr_db_min')} dB, SSIM >= {cache.param('ssim_min')} of the uncached "
-                                    "frames, never measured by h3plan (action=calibrate calibrate.target=step_cache)", width)
+        quality = next((r for r in cache.reasons if r.startswith(EVIDENCE_REASONS)), "")
+        lines += _labelled("fewer", f"step_cache={cache.setting}: {what}; {quality}", width)
     if sparse is not None:  # its own budget (recipe.sparse) and the published point it cites, if any
         lines += _labelled("sparse", f"sparse_attention={sparse.setting}: keep {sparse.param('keep'):g} of the key blocks "
                                      f"on {sparse.param('sparse_forwards')} of {sparse.param('forwards')} forwards; within "

@@ -111,21 +111,33 @@ class Budget:
 @dataclass
 class CacheBudget:
     """recipe.cache: the quality budget step caching must stay inside (levers/step_cache.py), apart from the kernel
-    levers' `budget`; both bounds null (the default): no budget, step_cache stays off. Set it as
-    `recipe.cache={psnr_db_min:28,ssim_min:0.93}` (against the same seed's uncached frames)."""
+    levers' `budget`, and the knobs of its schedule. No budget and no policy (the default): step_cache stays off.
+    Set it as `recipe.cache={psnr_db_min:28,ssim_min:0.93}` (against the same seed's uncached frames) or name the
+    published policy, `recipe.cache.policy=high`. A knob left null takes the setting's default, or under auto the
+    knobs of the evidence it picks."""
 
     psnr_db_min: Optional[float] = None
     ssim_min: Optional[float] = None
+    audio_snr_db_min: Optional[float] = None
+    """The audio's SNR (dB) against the uncached soundtrack; null: not judged (most published points are video only)."""
+    policy: Optional[str] = None
+    """A named, published policy (levers/step_cache.POLICIES): high (SGLang's quality=high); it fixes the knobs."""
+    evidence: Optional[str] = None
+    """A quality points file of your checkpoint (action=calibrate calibrate.target=step_cache writes it); its points
+    join the published ones and take precedence."""
+    unmeasured: bool = False
+    """true: a forced setting no evidence covers may run (the plan says `unmeasured`); auto never picks one."""
     computed: Optional[int] = None
     """fixed / taylor: forwards computed of the request's; null: TeleFuser's 34 of 49 scaled to the request."""
-    warmup: int = 4
-    """The first forwards, always computed (never skipped)."""
-    final: int = 1
-    """The last forwards, always computed (never skipped)."""
-    threshold: float = 0.12
-    """first_block: skip while the first block's output changed by less than this (relative L1); 0: never skip."""
-    max_skip: int = 2
-    """first_block: at most this many forwards skipped in a row."""
+    warmup: Optional[int] = None
+    """The first forwards, always computed (never skipped); null: 4."""
+    final: Optional[int] = None
+    """The last forwards, always computed (never skipped); null: 1 (fixed, taylor), 0 (first_block, as Cache-DiT)."""
+    threshold: Optional[float] = None
+    """first_block: skip while the first block's residual changed by less than this (relative L1); 0: never skip;
+    null: 0.04 (the high policy's)."""
+    max_skip: Optional[int] = None
+    """At most this many forwards skipped in a row; null: no limit (fixed, taylor), 1 (first_block)."""
     source: Optional[str] = None
 
 

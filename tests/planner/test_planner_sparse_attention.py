@@ -1,5 +1,6 @@
-"""sparse_attention's decision table: off on every packaged recipe and without a sparse budget (recipe.sparse),
-block_sparse with one; refusals are one line: no budget (lossless or not), ring attention, cuDNN FP8 attention,
+"""sparse_attention's decision table: off on every packaged recipe and without a sparse budget (recipe.sparse); with
+one, auto picks block_sparse only where the published evidence meets it (SubBlock publishes SSIM, no PSNR: a budget
+with a PSNR bound stays off), and a forced block_sparse states the verdict; refusals are one line: no budget (lossless or not), ring attention, cuDNN FP8 attention,
 the split output exchange, every forward dense; the blocks are the hardware's FA4 facts; sm100+ rows are planned and
 marked never run; the estimates count the sparse forwards' attention."""
 
@@ -7,7 +8,7 @@ import pytest
 
 import h3plan
 from h3plan.errors import ConfigError, PlanningError
-from h3plan.levers.sparse_attention import PUBLISHED, evidence, meets, work
+from h3plan.levers.sparse_attention import PUBLISHED, verdict, work
 
 BUDGET = {"psnr_db_min": 28.0, "ssim_min": 0.8}
 ON = {"levers.sparse_attention": "block_sparse"}
@@ -16,6 +17,7 @@ ON = {"levers.sparse_attention": "block_sparse"}
 def _plan(sparse=None, **kw):
     if sparse is not None:
         kw["recipe.sparse"] = sparse
+        kw.setdefault("levers.sparse_attention", "block_sparse")
     return h3plan.resolve_config(**kw)
 
 
@@ -33,8 +35,9 @@ def test_budget_plans_block_sparse_with_the_published_point():
     assert (d.param("keep"), d.param("dense_forwards"), d.param("sparse_forwards"), d.param("forwards")) == (0.25, 10, 39, 49)
     assert (d.param("block_q"), d.param("block_k")) == (128, 128)  # hardware.fa4.block_sparse on sm90
     assert d.param("video_rows") == 37296 and d.param("routed_query_blocks") == 291
-    assert any("not shown within this budget (no PSNR published; its SSIM worst case meets ssim_min)" in r
-               and "docs/sources.md#sglang-subblock" in r for r in d.reasons), d.reasons
+    assert any(r.startswith("evidence (published on released weights): SSIM 0.8 at 1.28x")
+               and "docs/sources.md#sglang-subblock" in r and r.endswith("misses recipe.sparse (PSNR not measured)")
+               for r in d.reasons), d.reasons
     assert any("h3plan has not measured" in r for r in d.reasons)
     assert any("never run on sm90" in r for r in d.reasons)  # block_sparse is not in hardware.verified
 
@@ -49,21 +52,29 @@ def test_estimates_count_the_sparse_forwards():
     assert "10 dense, 39 with sparse attention" in dict(sparse["basis"])["denoise_s_est"]
 
 
-def test_a_budget_outside_the_published_worst_case_says_so():
+def test_auto_needs_evidence_that_meets_the_budget():
+    d = _plan({**BUDGET}, **{"levers.sparse_attention": "auto"}).decision("sparse_attention")
+    assert d.setting == "off" and "its evidence misses it (PSNR not measured)" in d.reasons[0], d.reasons
+    assert "levers.sparse_attention=block_sparse runs it anyway" in d.reasons[0]
+
+
+def test_forced_states_the_verdict():
     d = _plan({"psnr_db_min": 28.0, "ssim_min": 0.9}).decision("sparse_attention")
-    assert any("outside this budget" in r for r in d.reasons)
+    assert d.setting == "block_sparse"
+    assert any("misses recipe.sparse (SSIM 0.8 < 0.9; PSNR not measured)" in r for r in d.reasons), d.reasons
     d = _plan({**BUDGET, "keep": 0.5}).decision("sparse_attention")
-    assert any("no published quality for keep 0.5" in r for r in d.reasons)
+    assert any(r.startswith("unmeasured: no published quality for keep 0.5") for r in d.reasons)
 
 
 def test_evidence_rule():
-    e = evidence({"keep": 0.25, "dense_forwards": 10, "video_only": True})
-    assert e is PUBLISHED[0]
-    assert meets(e, {"ssim_min": 0.8, "psnr_db_min": None}) is True
-    assert meets(e, {"ssim_min": 0.85, "psnr_db_min": None}) is False
-    assert meets(e, {"ssim_min": 0.8, "psnr_db_min": 28.0}) is None  # no published PSNR
-    assert meets(e, {"ssim_min": 0.85, "psnr_db_min": 28.0}) is False  # the SSIM it publishes misses
-    assert evidence({"keep": 0.3, "dense_forwards": 10, "video_only": True}) is None
+    p = {"keep": 0.25, "dense_forwards": 10, "video_only": True, "forwards": 49, "psnr_db_min": None, "ssim_min": 0.8}
+    v = verdict(p)
+    assert v.status == "meets" and v.point is PUBLISHED[0]
+    assert verdict({**p, "ssim_min": 0.85}).status == "misses"
+    assert verdict({**p, "psnr_db_min": 28.0}).misses == ("PSNR not measured",)
+    assert verdict({**p, "keep": 0.3}).status == "unmeasured"
+    assert verdict({**p, "forwards": 48}).status == "unmeasured"  # another step count: not the published point
+    assert verdict(p, "ref2va").status == "unmeasured"
 
 
 def test_work_counts_blocks():
@@ -100,7 +111,8 @@ def test_refusals_are_one_line(kw, match):
 def test_fp8_gemms_compose_with_fa4_attention():
     d = _plan(BUDGET, recipe="fp8", **{"levers.attention": "fa4"}).decision("sparse_attention")
     assert d.setting == "block_sparse"
-    assert _plan(BUDGET, recipe="fp8").decision("sparse_attention").setting == "off"  # auto: cudnn_fp8 blocks it
+    auto = _plan(BUDGET, recipe="fp8", **{"levers.sparse_attention": "auto"}).decision("sparse_attention")
+    assert auto.setting == "off" and "takes no block mask" in auto.reasons[0]  # cudnn_fp8 blocks it
 
 
 @pytest.mark.parametrize("sparse,key", [
@@ -126,4 +138,4 @@ def test_summary_names_its_own_budget_not_the_kernel_levers():
     assert "sparse   sparse_attention=block_sparse: keep 0.25 of the key blocks on 39 of 49 forwards; within" in text
     assert "(sparse ones at " in text
     assert "PSNR >= None" not in text and "\nlossy " not in text
-    assert "sparse_attention" not in str(_plan())  # off: no row, no line
+    assert "sparse_attention" not in str(h3plan.resolve_config())  # off: no row, no line
