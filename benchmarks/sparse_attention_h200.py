@@ -80,7 +80,8 @@ def rel(a, b):
 
 
 def request(video):
-    plan = h3plan.resolve_config(video=video, **{"recipe.sparse": SPARSE})
+    plan = h3plan.resolve_config(video=video, **{"recipe.sparse": SPARSE, "levers.sparse_attention": "block_sparse"})
+    assert plan.decision("sparse_attention").setting == "block_sparse"
     seq = plan.derived_value("sequence")
     return plan, seq
 
