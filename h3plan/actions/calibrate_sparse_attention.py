@@ -17,6 +17,9 @@ import math
 
 from h3plan.errors import UsageError
 
+from .calibrate_step_cache import _pipe
+from .pipeline_build import prompt_inputs
+
 KEEPS = (0.5, 0.35, 0.25, 0.15)
 
 
@@ -45,8 +48,6 @@ def run(cfg, plan, c) -> int:
     from h3plan.actions.calibration import say
     from h3plan.install import install, uninstall
 
-    from .calibrate_step_cache import _pipe
-    from .pipeline_build import prompt_inputs
     from .quality import compare
     from .verify import _prepare_device
 
