@@ -493,7 +493,9 @@ def resolve(cfg) -> Plan:
     settings = {k: d.setting for k, d in decisions.items()}
     cache = decisions.get("step_cache")
     computed = cache.param("computed") if cache is not None and cache.enabled else None
-    times = predict.call(sections, sequence, ctx.shape, fwd, settings, computed)
+    sparse = next((d for d in decisions.values() if d.enabled and terms({d.lever: d}).sparse_attention), None)
+    times = predict.call(sections, sequence, ctx.shape, fwd, settings, computed,
+                         dense=sparse.param("dense_forwards") if sparse is not None else None)
     if computed:
         times["computed_forwards"] = computed
         times.setdefault("basis", {})["computed_forwards"] = "step_cache: the forwards its schedule computes"

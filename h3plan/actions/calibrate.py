@@ -29,6 +29,7 @@ from h3plan.planning.config import compose
 from h3plan.planning.request import MIN_STEPS, STEPS_RULE
 from h3plan.facts.scale_table import ScaleTableError, config_hash, write
 
+from .calibrate_sparse_attention import run as run_sparse_attention
 from .calibrate_step_cache import run as run_step_cache
 from .gpu_only import CALIBRATE_SMOKE as CPU_SMOKE, calibrate_too_wide
 from .verify import CPU_MAX_ROWS, _cfg_get, _prepare_device
@@ -202,8 +203,10 @@ def run(cfg, plan) -> int:
     c = settings(cfg)
     if c.target == "step_cache":
         return run_step_cache(cfg, plan, c)
+    if c.target == "sparse_attention":
+        return run_sparse_attention(cfg, plan, c)
     if c.target != "fp8_scales":
-        raise UsageError(f"calibrate.target={c.target}: allowed: fp8_scales, step_cache")
+        raise UsageError(f"calibrate.target={c.target}: allowed: fp8_scales, step_cache, sparse_attention")
     if c.statistic not in ("amax", "percentile"):
         raise UsageError(f"calibrate.statistic={c.statistic}: allowed: amax, percentile")
     if c.percentile is not None and not 0 < float(c.percentile) <= 100:

@@ -51,6 +51,7 @@ from h3plan.facts.hardware import gemm_reason
 
 from .gpu_only import VERIFY_SMOKE as CPU_SMOKE, verify_too_wide
 from .pipeline_build import build_vae
+from .verify_sparse_attention import check as check_sparse_attention
 from .verify_step_cache import check as check_step_cache
 
 
@@ -297,6 +298,7 @@ def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, head
     plan = _single_process(plan)
     v = Verifier(model, inputs, registry)
     eager = v.run(None)
+    sparse = next((d for d in plan.decisions if d.lever == "sparse_attention" and d.enabled), None)
     backend = _backend_of(plan)
     why = _availability(backend, model, device, dtype)
     if why is not None:
@@ -335,6 +337,8 @@ def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, head
         if d.lever == "step_cache":  # one forward says nothing about skipped ones: a generation (verify_step_cache.py)
             check_step_cache(model, inputs, plan, rep, compare, registry)
             continue
+        if d.lever == "sparse_attention":  # verify's forward is off the schedule (dense): its own check, below
+            continue
         if d.lever in VAE_LEVERS:
             print(f"SKIP  {d.lever + '=' + d.setting:<34} a VAE lever: " + ("checked with the VAE below" if vae is not None
                                                                       else "this verify builds no VAE"))
@@ -371,7 +375,13 @@ def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, head
     levers = [d.lever for d in plan.decisions]
     m_ref = {k: compare(whole.outputs[k], ref.outputs[k]) for k in OUTPUTS}
     m_eager = {k: compare(whole.outputs[k], eager.outputs[k]) for k in OUTPUTS}
-    if all(d.lossless or d.lever == "step_cache" for d in plan.decisions):  # one forward off the cache's schedule computes
+    if sparse is not None:  # the attention error per keep fraction (verify_sparse_attention.py), FA4 or not
+        check_sparse_attention(model, inputs, sparse, rep)
+        rep.skip(f"{sparse.lever}={sparse.setting}", "verify's one forward is off the step schedule (dense): FA4's "
+                 "block-sparse forward runs in tests/gpu/test_sparse_attention_gpu.py and "
+                 "benchmarks/sparse_attention_h200.py", False)
+    # one forward off the cache's schedule computes every forward, and runs dense attention
+    if all(d.lossless or d.lever in ("step_cache", "sparse_attention") for d in plan.decisions):
         same = all(x["bitwise"] for x in m_ref.values())
         rep.line("whole plan vs R", "bitwise equal" if same else "NOT bitwise equal", None if same else m_ref,
                  _counter_text(whole, levers), ok=same)

@@ -195,7 +195,8 @@ def _transformer(model, builder, state, group, steps, num_inference_steps, adaln
         build_adaln_tables(model, {**lin.adaln_table, **(adaln_conditions or {})}, state, swap, steps)
     act_quant = install_rows(model, builder, state, swap)
     nvfp4 = install_nvfp4(model, builder, state, swap)
-    shard = install_processors(model, builder, state, group) if builder.recorded("attention") else None
+    counts = [num_inference_steps] if isinstance(num_inference_steps, int) else num_inference_steps
+    shard = install_processors(model, builder, state, group, counts) if builder.recorded("attention") else None
     if shard is not None:
         linears.sequence_amax(model, shard, state)
     install_forwards(model, builder, state, shard, act_quant, nvfp4)

@@ -82,6 +82,10 @@ class Fa4Facts:
     head_dim_limit: int = MISSING
     """The largest head_dim FA4's forward takes here (a multiple of 8, at least 8), checked per call."""
     head_dim_limit_source: str = MISSING
+    block_sparse: Optional[List[int]] = None
+    """[query block, key block] rows of FA4's block-sparse forward at head_dim 128 with its default tile (the
+    sparse_attention router's block); null: no block-sparse forward here."""
+    block_sparse_source: Optional[str] = None
     source: str = MISSING
     tuned_tiles: List[Fa4Tile] = field(default_factory=list)
     """Measured tiles that beat FA4's default (empty: FA4's own heuristic is all there is)."""

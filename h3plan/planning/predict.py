@@ -57,10 +57,17 @@ def forward(sections: Mapping[str, Any], shp: Mapping[str, Any], est: Mapping[st
     el, el_basis = elementwise(sections, shp["batch"] * shp["local_rows"])
     att, gemm, a2a = est["attention_ms_per_block_est"], est["gemm_ms_per_block_est"], est["a2a_ms_per_block_est"]
     block = None if att is None or gemm is None else att + gemm + (el or 0) + (a2a or 0)
-    return {"elementwise_ms_per_block_est": None if el is None else round(el, 3),
+    sparse = {}
+    if block is not None and est.get("attention_ms_per_block_sparse_est") is not None:
+        fs = (block - att + est["attention_ms_per_block_sparse_est"]) * layers / 1e3
+        sparse = {"forward_sparse_s_est": round(fs, 4)}
+    return {**sparse, "elementwise_ms_per_block_est": None if el is None else round(el, 3),
             "block_ms_est": None if block is None else round(block, 3),
             "forward_s_est": None if block is None else round(block * layers / 1e3, 4),
             "basis": {"elementwise_ms_per_block_est": el_basis,
+                      **({"forward_sparse_s_est": "forward_s_est with attention_ms_per_block_sparse_est in place of "
+                                                  "attention_ms_per_block_est (a forward that runs sparse attention)"}
+                         if sparse else {}),
                       "forward_s_est": f"{layers} blocks x (attention + block linears + elementwise + all-to-all) per block; "
                                        "outside the blocks under 0.2% of the profiled H200 forward, not counted"}}
 
@@ -96,14 +103,19 @@ def encode_tiles(settings: Mapping[str, str]) -> str:
 
 
 def call(sections: Mapping[str, Any], sequence: Mapping[str, Any], shp: Mapping[str, Any], fwd: Mapping[str, Any],
-         settings: Mapping[str, str], computed: int | None = None) -> dict[str, Any]:
+         settings: Mapping[str, str], computed: int | None = None, dense: int | None = None) -> dict[str, Any]:
     """End to end: text encode + forwards x forward + decode; the biggest share and the cheapest cut. `computed`: the
-    forwards a step_cache schedule runs of the request's (None: all of them)."""
+    forwards a step_cache schedule runs of the request's (None: all of them); `dense`: with sparse attention, the
+    first forwards that run dense (the others at forward_sparse_s_est)."""
     n, f = sequence.get("transformer_forwards"), fwd["forward_s_est"]
     if not n or f is None:
         return {}
     of = f"{computed} computed of {n}" if computed and computed != n else f"{n}"
     n = computed or n
+    fs = fwd.get("forward_sparse_s_est")
+    if fs is not None and dense is not None and n > dense:  # the dense ones first, the rest at the sparse forward
+        f = (dense * f + (n - dense) * fs) / n
+        of += f" ({min(dense, n)} dense, {n - min(dense, n)} with sparse attention)"
     dec, dec_basis = decode(sections, sequence, settings["vae_precision"], settings["vae_tiles"])
     enc = encode(sections, sequence, settings.get("vae_encode_precision", "fp32"), encode_tiles(settings))
     parts = {"text_encode": 0.0, "denoise": n * f, "decode": dec}

@@ -156,6 +156,9 @@ def _speed_text(plan) -> str:
     den, dec, n = plan.derived_value("denoise_s_est"), plan.derived_value("decode_s_est"), (plan.derived_value("sequence") or {}).get("transformer_forwards")
     m = plan.derived_value("computed_forwards") or n  # step_cache's fixed schedule runs fewer
     what = f"{m} computed forwards of {n}" if m != n else f"{n} forwards"
+    fs = plan.derived_value("forward_sparse_s_est")
+    if fs is not None:  # sparse_attention: the forwards past its dense ones run at the sparse forward's time
+        what += f" (sparse ones at {fs:.2f} s)"
     if den is None:
         return text
     if dec is None:
@@ -294,22 +297,29 @@ def _summary_lines(plan, width: int) -> list[str]:
     running = [d for d in ds if _runs(d, plan)]
     runs = [f"{d.lever}={d.setting}" for d in running]
     lines += _labelled("runs", ", ".join(runs) or "diffusers' own ops only", width)
-    lossy = [d.lever for d in ds if not d.lossless and d.lever != "step_cache"]
+    own = ("step_cache", "sparse_attention")  # lossy levers with their own recipe budget (recipe.cache, recipe.sparse)
+    lossy = [d.lever for d in ds if not d.lossless and d.lever not in own]
     cache = next((d for d in ds if d.lever == "step_cache" and not d.lossless), None)
+    sparse = next((d for d in ds if d.lever == "sparse_attention" and not d.lossless), None)
     if cache is not None:  # its own budget (recipe.cache), apart from the kernel levers'
         what = next((r for r in cache.reasons if not r.startswith("forced by")), cache.reasons[0])
         quality = next((r for r in cache.reasons if r.startswith(EVIDENCE_REASONS)), "")
         lines += _labelled("fewer", f"step_cache={cache.setting}: {what}; {quality}", width)
+    if sparse is not None:  # its own budget (recipe.sparse) and the evidence it has, if any
+        said = next((r for r in sparse.reasons if r.startswith(("evidence", "unmeasured"))), "")
+        lines += _labelled("sparse", f"sparse_attention={sparse.setting}: keep {sparse.param('keep'):g} of the key blocks "
+                                     f"on {sparse.param('sparse_forwards')} of {sparse.param('forwards')} forwards; "
+                                     f"{said}", width)
     if lossy and r["policy"] == "lossless":  # the recipe's own lossy choice: no budget, its measured error
-        own = [d for d in ds if d.lever in lossy]
+        chosen = [d for d in ds if d.lever in lossy]
         lines += _labelled("lossy", "; ".join(
             f"{d.lever}={d.setting}, the recipe's own lossy choice outside its lossless policy: "
-            + (_short(evidence(d), 1000) or "its error was never measured by h3plan") for d in own), width)
+            + (_short(evidence(d), 1000) or "its error was never measured by h3plan") for d in chosen), width)
     elif lossy:
         b = r["budget"]
         lines += _labelled("lossy", f"{', '.join(lossy)}: the output may differ from diffusers' eager output within "
                                     f"PSNR >= {b['psnr_db_min']} dB, SSIM >= {b['ssim_min']} (action=verify measures it)", width)
-    elif cache is None:
+    elif cache is None and sparse is None:
         lines += _labelled("lossless", _lossless_text(plan), width)
     missing = {d.lever: not_installed(d) for d in ds}
     for d in ds:

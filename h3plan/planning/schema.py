@@ -18,6 +18,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from h3plan.facts.attention import BF16, missing_facts
 from h3plan.errors import ConfigError, unknown_key_line
 from h3plan.levers import LEVER_SETTINGS  # declared by each lever module (SPEC), registry order
+from h3plan.levers.sparse_attention import config_problem as sparse_config_problem
 from h3plan.levers.step_cache import config_problem as step_cache_config_problem
 
 from h3plan.facts import tuned
@@ -141,6 +142,23 @@ class CacheBudget:
 
 
 @dataclass
+class SparseBudget:
+    """recipe.sparse: the quality budget block-sparse attention must stay inside (levers/sparse_attention.py), apart
+    from the kernel levers' `budget`; both bounds null (the default): no budget, attention stays dense. Set it as
+    `recipe.sparse={psnr_db_min:28,ssim_min:0.9}` (against the same seed's dense frames)."""
+
+    psnr_db_min: Optional[float] = None
+    ssim_min: Optional[float] = None
+    keep: float = 0.25
+    """The fraction of key blocks a routed query block keeps (SubBlock's published sparsity 0.75)."""
+    dense_forwards: int = 10
+    """The first forwards of a generation run dense attention (SubBlock's published 10 of 49)."""
+    video_only: bool = True
+    """Route target-video query blocks only (every other query block dense); false routes every query block."""
+    source: Optional[str] = None
+
+
+@dataclass
 class RecipeConfig:
     name: str = MISSING
     checkpoint: Checkpoint = MISSING
@@ -157,6 +175,8 @@ class RecipeConfig:
     """The VAE decode: fp32 (diffusers' default, lossless), fp16 / bf16 (lossy), fp8 (FP8 tiles, fp16 around them)."""
     cache: CacheBudget = field(default_factory=CacheBudget)
     """The step-caching budget and schedule (levers/step_cache.py); no budget: no step cache."""
+    sparse: SparseBudget = field(default_factory=SparseBudget)
+    """The sparse attention budget and routing (levers/sparse_attention.py); no budget: dense attention."""
     source: str = MISSING
 
 
@@ -507,7 +527,7 @@ def validate(cfg: DictConfig | dict) -> dict[str, Any]:
     if r["policy"] == "budget" and (r["budget"]["psnr_db_min"] is None or r["budget"]["ssim_min"] is None):
         raise ConfigError("recipe.budget", "a budget policy needs psnr_db_min and ssim_min")
     _check_values(c)
-    cache_problem = step_cache_config_problem(r["cache"])
+    cache_problem = step_cache_config_problem(r["cache"]) or sparse_config_problem(r["sparse"])
     if cache_problem:
         raise ConfigError(*cache_problem)
     vae = c["vae"]["diffusers_config"]
