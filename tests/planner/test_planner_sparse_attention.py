@@ -135,7 +135,8 @@ def test_ulysses_exchange_leaves_out_the_split_output():
 
 def test_summary_names_its_own_budget_not_the_kernel_levers():
     text = str(_plan(BUDGET))
-    assert "sparse   sparse_attention=block_sparse: keep 0.25 of the key blocks on 39 of 49 forwards; within" in text
+    assert "sparse   sparse_attention=block_sparse: keep 0.25 of the key blocks on 39 of 49 forwards; evidence" in text
+    assert "within recipe.sparse" not in text  # the evidence's verdict, never a promise
     assert "(sparse ones at " in text
     assert "PSNR >= None" not in text and "\nlossy " not in text
     assert "sparse_attention" not in str(h3plan.resolve_config())  # off: no row, no line
