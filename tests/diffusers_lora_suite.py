@@ -1,4 +1,4 @@
-"""diffusers' own MiniMax-H3 transformer LoRA tests, run from a diffusers checkout with an h3plan plan installed per model.
+"""diffusers' own MiniMax-H3 transformer LoRA tests, from a diffusers checkout, with an h3plan plan in every model.
 
     python tests/diffusers_lora_suite.py /path/to/diffusers                                    # the bf16 plan
     python tests/diffusers_lora_suite.py /path/to/diffusers --recipe fp8 --expect-refusals     # see below
@@ -136,10 +136,12 @@ def main(argv=None) -> int:
             bad.append(test)
         detail = p.get("error") or ", ".join(p.get("levers", []))
         print(f"{test.split('::', 1)[-1][:70]:<70} {so:>8} {po:>9} {p.get('installs', 0):>8}  {detail}")
-    print(f"stock {t_stock:.0f} s, with the {a.recipe} plan {t_plan:.0f} s (each in its own process, collection included)")
+    print(f"stock {t_stock:.0f} s, with the {a.recipe} plan {t_plan:.0f} s (each a process of its own, collection "
+          "included)")
     refused = sum(planned.get(t, {}).get("outcome") == "refused" for t in planned)
     if bad:
-        print(f"{len(bad)} test(s) pass without the plan and not with it, or ran with no plan installed", file=sys.stderr)
+        print(f"{len(bad)} test(s) pass without the plan and not with it, or ran with no plan installed",
+              file=sys.stderr)
         return 1
     print(f"every test that passes on stock diffusers passes with the {a.recipe} plan installed into each model"
           + (f", or has its LoRA refused in h3plan's one line ({refused})" if refused else ""))
