@@ -50,7 +50,8 @@ def main(argv=None) -> int:
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     (cfg, bf16), (_, fp8) = configured(a.overrides), configured(a.overrides + ["recipe=fp8"])
     if dev.type == "cpu" and cfg["model"]["diffusers_config"]["hidden_size"] > CPU_MAX_HIDDEN:
-        print("lora.py: error: real widths need a CUDA GPU; on the CPU: model=h3_tiny vae=h3_tiny_pipe", file=sys.stderr)
+        print("lora.py: error: real widths need a CUDA GPU; on the CPU: model=h3_tiny vae=h3_tiny_pipe",
+              file=sys.stderr)
         return 2
     pipe = build_pipeline(cfg["model"]["diffusers_config"], cfg["vae"]["diffusers_config"], vae_name=cfg["vae"]["name"],
                           layers=a.layers, device=dev, dtype="bf16", seed=0)
