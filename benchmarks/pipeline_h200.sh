@@ -73,6 +73,13 @@
 #                  than 51 layers): at memory.text_encoder=host the device holds one layer at a time at the real width
 #                  either way, so the sharing changes the host's memory, not the device's peak the cap tests. On a
 #                  host of 256 GiB (the two-GPU kind): H3_TE_SETS=64, every layer its own weights.
+#   H3_PHASE=lora: not this bench: benchmarks/lora.py, a seeded LoRA of the published Turbo shape (rank 128
+#                  on every block's attention and FFN) on 8 real-width layers at 512x896x124, diffusers' denoise step
+#                  with 1 + 3 forwards per row: the bf16 plan without / with the LoRA loaded after install (load and
+#                  set_adapters timed), its bitwise reference, diffusers eager with the LoRA; the fp8 plan without it
+#                  (the LoRA's one-line refusal recorded), with it fused the way the refusal names (timed), diffusers
+#                  on the fused weights; $OUT/lora-h200.json / .md - about 3 minutes (estimate: build, FA4 and cuDNN
+#                  JIT, 7 calls of 4 forwards; never run yet).
 # Output in $OUT (default benchmarks/results): pipeline-h200.json (rows of every run), .md, .png, pipeline-h200.log.
 # H3_APPEND=1 starts from the committed benchmarks/results/pipeline-h200.json.
 set -u
@@ -121,12 +128,15 @@ case "${H3_PHASE:-fp32}" in
   cap-t2va|cap-ref2va) script=benchmarks/memory.py
          args=(--recipes bf16 --cap-only --workflow "${H3_PHASE#cap-}" --text-encoder host --steps 3 --no-warmup
                --text-encoder-weight-sets "${H3_TE_SETS:-16}") ;;
+  lora) script=benchmarks/lora.py vid=512x896x124
+        args=(hardware=sm90 parallel=u1 --layers 8 --steps 3) ;;
   *) echo "H3_PHASE: fp32, fp16, stock, all, cache-bf16, cache-fp8, cache-high, cache-adaptive, cache, ref2va-best," \
-          "ref2va-bits," \
-          "fl2va-best, fl2va-bits, ref2va, fl2va, turbo, cap-t2va or cap-ref2va" >&2; exit 2 ;;
+          "ref2va-bits, fl2va-best, fl2va-bits, ref2va, fl2va, turbo, cap-t2va, cap-ref2va or lora" >&2; exit 2 ;;
 esac
 if [ "$script" = benchmarks/memory.py ]; then
   common=(--video "$vid" --text-tokens 110 --out "$OUT" --tag "h200-${H3_PHASE}")
+elif [ "$script" = benchmarks/lora.py ]; then
+  common=(--video "$vid" --text-tokens 110 --out "$OUT" --tag h200)
 else
   common=(--video "$vid" --text-tokens 110 --rounds 1 --warmup 2 --steps 1 --decode-warmup 1 --out "$OUT" --tag h200)
 fi
@@ -137,5 +147,5 @@ timeout --kill-after=15 "$CAP" python "$script" "${args[@]}" "${common[@]}" ${H3
 rc=${PIPESTATUS[0]}
 rm -f "$OUT"/*.tmp
 echo "=== phase ${H3_PHASE:-fp32}: exit $rc after $(( $(date +%s) - s ))s" | tee -a "$LOG"
-ls -l "$OUT"/pipeline-h200.* "$OUT"/memory-h200-cap-* 2>/dev/null | tee -a "$LOG"
+ls -l "$OUT"/pipeline-h200.* "$OUT"/memory-h200-cap-* "$OUT"/lora-h200.* 2>/dev/null | tee -a "$LOG"
 exit 0
