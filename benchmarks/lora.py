@@ -42,10 +42,8 @@ def main(argv=None) -> int:
     import torch
 
     import h3plan
-    from h3plan.actions.bench import (LORA_SHAPES, Clock, ForwardTimer, build_pipeline, configured, denoiser,
-                                      device_tag, prompt_inputs, run_block, same_backend_plan, seeded_lora)
-
-    from h3plan.actions.bench.harness import CPU_MAX_HIDDEN
+    from h3plan.actions.bench import (CPU_MAX_HIDDEN, LORA_SHAPES, Clock, ForwardTimer, build_pipeline, configured,
+                                      denoiser, device_tag, prompt_inputs, run_block, same_backend_plan, seeded_lora)
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     (cfg, bf16), (_, fp8) = configured(a.overrides), configured(a.overrides + ["recipe=fp8"])

@@ -172,7 +172,8 @@ def _launch(q, k, video_start, keep, block_q, block_k, video_only, sub=SUB):
                             SUB=sub, BLOCK_D=bd, HW=not INTERPRET)
     scores = torch.empty((B, H, M, N), dtype=torch.float32, device=dev)
     _score[(B * H, triton.cdiv(M, _TQ))](qp, kp, scores, q_valid, S, M, N, D, 1.0 / math.sqrt(D),
-                                          NQS=nqs, NKS=nks, SUB=sub, TQ=_TQ, TK=_TK, BLOCK_D=bd, num_warps=4)
+                                          NQS=nqs, NKS=nks, SUB=sub, TQ=_TQ, TK=_TK, BLOCK_D=bd, num_warps=4,
+                                          num_stages=1)
     cnt = torch.empty((B, H, M), dtype=torch.int32, device=dev)
     idx = torch.zeros((B, H, M, N), dtype=torch.int32, device=dev)
     vs = video_start.reshape(1).to(torch.int64)
