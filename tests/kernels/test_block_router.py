@@ -1,4 +1,4 @@
-"""The block router (runtime/kernels/block_router.py) in Triton's interpreter, and the block-sparse attention reference
+"""The block router (runtime/kernels/block_router.py) against its per-row reference, and the block-sparse attention reference
 (runtime/attention/block_sparse.py) against a block-by-block computation.
 
 Contract: the kernels' kept blocks equal the torch reference's exactly (the scores agree to fp32 rounding; the data is

@@ -17,16 +17,19 @@ Selection, per (b, h, i): a query block routes when all its rows are target-vide
 `video_only=False`: every query block routes); any other block keeps every key block (dense inside the same call).
 A routed block always keeps the key blocks that hold a row before `video_start` (text, conditions, references,
 audio) and the key blocks overlapping its own rows (its diagonal), and fills up to `keep_blocks` kept blocks (when
-the forced ones are fewer) with the best-scoring others: higher score first, ties to the lower block index (an
-order-preserving int32 key of the fp32 score, a bisection for the k-th largest, the ties by a prefix count), so the
-choice is deterministic. FA4's SM90 forward processes a row's blocks from the last listed to the first and masks
+the forced ones are fewer) with the best-scoring others: higher score first, ties to the lower block index (a stable
+descending sort with the forced blocks at +inf), so the choice is deterministic. FA4's SM90 forward processes a row's blocks from the last listed to the first and masks
 the key tail (S % block_k) only on the first it processes, so the list is ascending: a kept tail block comes first.
 
 `video_start` is a device int tensor (one element), so a call never syncs with the host.
 
-Kernels: `_pool` (means), `_score` (tl.dot in IEEE fp32 over 16 query blocks x 64 key blocks per step), `_select`
-(one program per (b, h, i)). `block_router_ref` is the same arithmetic in torch (the oracle; tie order and the
-selection are identical, the scores agree to fp32 rounding). Fallback: the caller runs `block_router_ref`.
+Runtime: torch ops on q's device, one custom op: the means summed in fp32 from the bf16 rows, every sub-block pair's
+dot in one fp32 matmul (cuBLAS on the GPU; TF32 only where torch.backends.cuda.matmul.allow_tf32 is set), a
+logsumexp over each block pair's sub-blocks, one stable sort per (b, h, i). Why not Triton: a Triton router (a
+bisection per row for the k-th score, FMA-path fp32 dots) took 50.6 ms at 37,820 x 56 heads on the H200, nearly the
+dense FA4 call's 60.9 ms (benchmarks/results/probes/sparse-router-triton-h200.json). `block_router_ref` is the
+selection written per row in a loop (the oracle: same rules and tie order, the scores from an einsum, equal to fp32
+rounding). Fallback: the caller runs `block_router_ref`.
 """
 
 from __future__ import annotations
@@ -34,99 +37,12 @@ from __future__ import annotations
 import math
 
 import torch
-import triton
-import triton.language as tl
 
-from h3plan.runtime.kernels._common import INTERPRET, guard, next_pow2, to_f32
+from h3plan.runtime.kernels._common import guard
 from h3plan.runtime.kernels._registry import custom_op
 
 SUB = 32  # rows per pooled sub-block
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_TQ, _TK = 16, 64  # query blocks, key blocks per _score step (tl.dot needs 16 rows at least)
-_NEG = tl.constexpr(-1.0e30)  # a finite "no score": no NaN from (-inf) - (-inf)
-
-
-@triton.jit
-def _pool(x_ptr, out_ptr, valid, H, NSUB_BLOCK, NBLOCKS, D, sb, ss, sh,
-          SUB: tl.constexpr, BLOCK_D: tl.constexpr, HW: tl.constexpr):
-    # out (B, H, NSUB_BLOCK, NBLOCKS, D) fp32: sub-block a of block j at [.., a, j, :]
-    bh = tl.program_id(0).to(tl.int64)
-    s = tl.program_id(1).to(tl.int64)  # global sub-block: block s // NSUB_BLOCK, sub s % NSUB_BLOCK
-    b, h = bh // H, bh % H
-    rows = s * SUB + tl.arange(0, SUB).to(tl.int64)
-    d = tl.arange(0, BLOCK_D)
-    m = (rows < valid)[:, None] & (d < D)[None, :]
-    x = to_f32(tl.load(x_ptr + b * sb + rows[:, None] * ss + h * sh + d[None, :], mask=m, other=0.0), HW)
-    n = tl.sum((rows < valid).to(tl.float32), axis=0)
-    mean = tl.sum(x, axis=0) / tl.maximum(n, 1.0)
-    j, a = s // NSUB_BLOCK, s % NSUB_BLOCK
-    tl.store(out_ptr + ((bh * NSUB_BLOCK + a) * NBLOCKS + j) * D + d, mean, mask=d < D)
-
-
-@triton.jit
-def _score(qp_ptr, kp_ptr, out_ptr, q_valid, k_valid, M, N, D, scale,
-           NQS: tl.constexpr, NKS: tl.constexpr, SUB: tl.constexpr, TQ: tl.constexpr, TK: tl.constexpr,
-           BLOCK_D: tl.constexpr):
-    bh = tl.program_id(0).to(tl.int64)
-    i = tl.program_id(1).to(tl.int64) * TQ + tl.arange(0, TQ).to(tl.int64)
-    d = tl.arange(0, BLOCK_D)
-    dm = d < D
-    for j0 in range(0, N, TK):
-        j = j0 + tl.arange(0, TK).to(tl.int64)
-        mx = tl.full((TQ, TK), _NEG, tl.float32)
-        acc = tl.zeros((TQ, TK), tl.float32)
-        for a in tl.static_range(NQS):
-            qa = tl.load(qp_ptr + ((bh * NQS + a) * M + i[:, None]) * D + d[None, :],
-                         mask=(i < M)[:, None] & dm[None, :], other=0.0)
-            qv = (i * NQS + a) * SUB < q_valid
-            for c in tl.static_range(NKS):
-                kc = tl.load(kp_ptr + ((bh * NKS + c) * N + j[:, None]) * D + d[None, :],
-                             mask=(j < N)[:, None] & dm[None, :], other=0.0)
-                kv = (j * NKS + c) * SUB < k_valid
-                x = tl.dot(qa, tl.trans(kc), input_precision="ieee") * scale
-                ok = qv[:, None] & kv[None, :]
-                x = tl.where(ok, x, _NEG)
-                m_new = tl.maximum(mx, x)
-                acc = acc * tl.exp(mx - m_new) + tl.where(ok, tl.exp(x - m_new), 0.0)
-                mx = m_new
-        lse = mx + tl.log(tl.maximum(acc, 1e-38))
-        tl.store(out_ptr + (bh * M + i[:, None]) * N + j[None, :], lse, mask=(i < M)[:, None] & (j < N)[None, :])
-
-
-@triton.jit
-def _select(score_ptr, cnt_ptr, idx_ptr, vs_ptr, M, N, BQ, BK, keep_blocks, video_only,
-            NP: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)  # (b * H + h) * M + i
-    i = row % M
-    vs = tl.load(vs_ptr).to(tl.int64)
-    j = tl.arange(0, NP).to(tl.int64)
-    valid = j < N
-    q_lo, q_hi = i * BQ, (i + 1) * BQ
-    forced = valid & ((j * BK < vs) | ((j * BK < q_hi) & ((j + 1) * BK > q_lo)))
-    start = tl.where(video_only != 0, vs, 0)
-    routed = (q_lo >= start) & (keep_blocks < N)
-    cand = valid & (forced == 0)
-    n_forced = tl.sum(forced.to(tl.int32), axis=0)
-    need = tl.maximum(keep_blocks - n_forced, 0)
-    s = tl.load(score_ptr + row * N + j, mask=valid, other=0.0)
-    bits = s.to(tl.int32, bitcast=True)
-    key = (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64)  # orders as the fp32 scores do
-    lo = tl.full((), -2147483649, tl.int64)  # count(key >= lo) = every candidate >= need
-    hi = tl.full((), 2147483648, tl.int64)  # count(key >= hi) = 0 < need
-    for _ in range(33):
-        mid = (lo + hi) >> 1
-        c = tl.sum(((key >= mid) & cand).to(tl.int32), axis=0)
-        lo = tl.where(c >= need, mid, lo)
-        hi = tl.where(c >= need, hi, mid)
-    gt = cand & (key > lo)
-    eq = cand & (key == lo)
-    rank = tl.cumsum(eq.to(tl.int32), axis=0)
-    chosen = (gt | (eq & (rank <= need - tl.sum(gt.to(tl.int32), axis=0)))) & (need > 0)
-    kept = tl.where(routed, forced | chosen, valid)
-    k32 = kept.to(tl.int32)
-    pos = tl.cumsum(k32, axis=0) - 1
-    tl.store(cnt_ptr + row, tl.sum(k32, axis=0))
-    tl.store(idx_ptr + row * N + pos, j.to(tl.int32), mask=k32 != 0)
 
 
 def keep_blocks(keep: float, n: int) -> int:
@@ -146,7 +62,6 @@ def block_router_check(q, k, video_start, keep: float, block_q: int = 128, block
         for name, t in (("q", q), ("k", k)):
             yield isinstance(t, torch.Tensor) and t.dim() == 4, f"{name} must be a 4-dim (B, S, H, D) tensor"
             yield t.dtype in DTYPES, f"{name} dtype {t.dtype} not in bf16/fp16/fp32"
-            yield t.device.type == "cuda" or INTERPRET, f"{name} is on {t.device.type}; Triton needs CUDA (or TRITON_INTERPRET=1)"
             yield t.stride(-1) == 1, f"{name}'s head dim is not contiguous"
         yield (q.shape[0], q.shape[2], q.shape[3]) == (k.shape[0], k.shape[2], k.shape[3]), (
             f"q {tuple(q.shape)} and k {tuple(k.shape)} differ in B, H or D")
@@ -159,27 +74,41 @@ def block_router_check(q, k, video_start, keep: float, block_q: int = 128, block
     return guard(checks())
 
 
+def _pooled(x, valid: int, block: int, sub: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """(sub-block means (B, H, nblocks * nsub, D) fp32, sub-block holds a valid row (nblocks * nsub,), every one
+    does): rows at or past `valid` are zeros and left out of the counts; the sums accumulate in fp32 without an fp32
+    copy of x."""
+    B, R, H, D = x.shape
+    nb, ns = -(-R // block), block // sub
+    xv = x[:, :valid]
+    if nb * block > valid:
+        xv = torch.nn.functional.pad(xv, (0, 0, 0, 0, 0, nb * block - valid))
+    sums = xv.reshape(B, nb * ns, sub, H, D).sum(2, dtype=torch.float32)
+    n = (torch.arange(nb * block, device=x.device) < valid).view(nb * ns, sub).sum(-1).to(torch.float32)
+    means = (sums / n.clamp(min=1.0)[None, :, None, None]).permute(0, 2, 1, 3)
+    return means, n > 0, valid > (nb * ns - 1) * sub  # the last flag, from the shapes: every sub-block holds a row
+
+
 def _launch(q, k, video_start, keep, block_q, block_k, video_only, sub=SUB):
     B, H, D, Rq, S, M, N = _shape(q, k, block_q, block_k)
     dev = q.device
-    nqs, nks, bd = block_q // sub, block_k // sub, next_pow2(D)
-    qp = torch.empty((B, H, nqs, M, D), dtype=torch.float32, device=dev)
-    kp = torch.empty((B, H, nks, N, D), dtype=torch.float32, device=dev)
-    q_valid = min(Rq, S)
-    _pool[(B * H, M * nqs)](q, qp, q_valid, H, nqs, M, D, q.stride(0), q.stride(1), q.stride(2),
-                            SUB=sub, BLOCK_D=bd, HW=not INTERPRET)
-    _pool[(B * H, N * nks)](k, kp, S, H, nks, N, D, k.stride(0), k.stride(1), k.stride(2),
-                            SUB=sub, BLOCK_D=bd, HW=not INTERPRET)
-    scores = torch.empty((B, H, M, N), dtype=torch.float32, device=dev)
-    _score[(B * H, triton.cdiv(M, _TQ))](qp, kp, scores, q_valid, S, M, N, D, 1.0 / math.sqrt(D),
-                                          NQS=nqs, NKS=nks, SUB=sub, TQ=_TQ, TK=_TK, BLOCK_D=bd, num_warps=4,
-                                          num_stages=1)
-    cnt = torch.empty((B, H, M), dtype=torch.int32, device=dev)
-    idx = torch.zeros((B, H, M, N), dtype=torch.int32, device=dev)
-    vs = video_start.reshape(1).to(torch.int64)
-    _select[(B * H * M,)](scores, cnt, idx, vs, M, N, block_q, block_k, keep_blocks(keep, N), int(video_only),
-                          NP=next_pow2(max(N, 16)), num_warps=4)
-    return cnt, idx
+    nqs, nks = block_q // sub, block_k // sub
+    qm, qv, q_full = _pooled(q, min(Rq, S), block_q, sub)
+    km, kv, k_full = _pooled(k, S, block_k, sub)
+    x = torch.matmul(qm, km.transpose(-1, -2)).div_(math.sqrt(D))  # (B, H, M*nqs, N*nks): every sub-block pair
+    if not (q_full and k_full):
+        x.masked_fill_(~(qv[:, None] & kv[None, :]), float("-inf"))
+    scores = torch.logsumexp(x.view(B, H, M, nqs, N, nks), dim=(3, 5))  # (B, H, M, N)
+    i, j = torch.arange(M, device=dev)[:, None], torch.arange(N, device=dev)[None, :]
+    vs = video_start.reshape(()).to(device=dev, dtype=torch.int64)
+    forced = (j * block_k < vs) | ((j * block_k < (i + 1) * block_q) & ((j + 1) * block_k > i * block_q))
+    kb = keep_blocks(keep, N)
+    routed = (torch.arange(M, device=dev) * block_q >= (vs if video_only else 0)) & (kb < N)
+    # forced blocks first, then the best scores; a stable descending sort puts equal scores lower index first
+    order = torch.sort(scores.masked_fill(forced, float("inf")), dim=-1, descending=True, stable=True).indices
+    take = torch.arange(N, device=dev) < forced.sum(-1).clamp(min=kb)[:, None]  # (M, N): ranks kept
+    kept = torch.zeros((B, H, M, N), dtype=torch.bool, device=dev).scatter_(-1, order, take.expand(B, H, M, N))
+    return mask_to_blocks(kept | ~routed[:, None])
 
 
 def _fake(q, k, video_start, keep, block_q, block_k, video_only):
