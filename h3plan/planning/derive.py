@@ -83,11 +83,20 @@ def _throughput(hw: Mapping[str, Any], kind: str, dtype: str, point_key: tuple[i
     if kind == "gemm" and m["gemm_tflops"].get(dtype) is not None:
         v = m["gemm_tflops"][dtype]
         return float(v), f"{dtype} GEMM measured {v:g} TFLOP/s on {hw['name']} ({m['source']})"
-    peak, eff = hw["peak_dense_tflops"].get(dtype), hw["efficiency"][kind]
+    key = efficiency_key(kind, dtype)
+    peak, eff = hw["peak_dense_tflops"].get(dtype), hw["efficiency"].get(key)
     if peak is not None and eff is not None:
-        return peak * eff, (f"assumed {eff:g} x vendor dense {dtype} peak {peak:g} TFLOP/s ({hw['efficiency']['source']}; "
-                            f"{hw['peak_dense_tflops']['source']}); never measured on {hw['name']}")
-    return None, f"no {dtype} {kind} throughput for {hw['name']}: {hw['peak_dense_tflops']['source']}; {hw['efficiency']['source']}"
+        return peak * eff, (f"assumed {eff:g} x vendor dense {dtype} peak {peak:g} TFLOP/s (efficiency.{key}, the {dtype} "
+                            f"{kind} ratio: {hw['efficiency']['source']}; {hw['peak_dense_tflops']['source']}); never "
+                            f"measured on {hw['name']}")
+    return None, (f"no {dtype} {kind} throughput for {hw['name']} (efficiency.{key}: none): "
+                  f"{hw['peak_dense_tflops']['source']}; {hw['efficiency']['source']}")
+
+
+def efficiency_key(kind: str, dtype: str) -> str:
+    """The hardware.efficiency ratio of `kind` (attention, gemm) at `dtype`: bf16 is the plain key, every other
+    precision its own (attention_fp8, gemm_nvfp4): a ratio measured at one precision never stands for another."""
+    return kind if dtype == "bf16" else f"{kind}_{dtype}"
 
 
 def estimates(sections: Mapping[str, Any], shp: Mapping[str, Any], decisions: Mapping[str, Any]) -> dict[str, Any]:

@@ -356,10 +356,16 @@ class MeasuredFacts:
 
 @dataclass
 class Efficiency:
-    """Assumed fraction of the dense peak reached, for estimates on hardware never measured here."""
+    """Assumed fraction of the dense peak reached, for estimates on hardware never measured here: one ratio per
+    precision (a precision without its own ratio has no estimate; the source says where each ratio comes from)."""
 
     attention: Optional[float] = None
+    """BF16 attention."""
+    attention_fp8: Optional[float] = None
     gemm: Optional[float] = None
+    """BF16 GEMMs."""
+    gemm_fp8: Optional[float] = None
+    gemm_nvfp4: Optional[float] = None
     source: str = MISSING
 
 
