@@ -152,6 +152,13 @@ class PipelineBenchConfig:
     the model's packaged widths (model.text_encoder or model.text_encoder_default; actions/text_encoder_build.py),
     placed as the plan's memory.text_encoder says (install/text_encoder.py) for every row; the prompt has
     text_tokens bytes (one text row each). false: seeded prompt_embeds, the conditioner outside the call."""
+    whole: bool = False
+    """true: every row also times one whole call of the generation's forwards (e2e_steps) end to end, every forward
+    between CUDA events, after its short call of warmup + steps forwards; E2E is the whole call, and the row's
+    `extrapolation` check holds it against forwards x the short call's median forward + its rest (within 1%)."""
+    frames_dir: Optional[str] = None
+    """A folder that keeps each row's frames on disk (with the seeded weights' fingerprint): a later run of the same
+    request (another process, e.g. the next device call) compares its rows against them; null: this run's rows only."""
 
 
 @dataclass
