@@ -37,12 +37,21 @@ def elementwise(sections: Mapping[str, Any], rows: int) -> tuple[float | None, s
     hw, recipe = sections["hardware"], sections["recipe"]["name"]
     m = hw["measured"]
     points = [p for p in m.get("elementwise") or () if p["recipe"] == recipe]
+    pair = derive.bracket(points, rows, lambda p: p["rows"])
+    if pair is not None:  # between two measured row counts: linear in rows (a fixed cost per block stays fixed)
+        a, b = pair
+        ma, mb = sum(a["ms"]) / a["layers"], sum(b["ms"]) / b["layers"]
+        v = ma + (mb - ma) * (rows - a["rows"]) / (b["rows"] - a["rows"])
+        return v, (f"recipe {recipe}'s elementwise kernels {v:.3f} ms per block on {hw['name']}: linear in rows between "
+                   f"{ma:.3f} ms at {a['rows']:,} and {mb:.3f} ms at {b['rows']:,} rows ({derive.provenance(a)}; "
+                   f"{derive.provenance(b)})")
     if points:
         p = min(points, key=lambda p: (abs(math.log(p["rows"] / rows)), p["rows"]))
         per_block = sum(p["ms"]) / p["layers"]
         return per_block * rows / p["rows"], (
             f"recipe {recipe}'s elementwise kernels measured {per_block:.3f} ms per block on {hw['name']} at {p['rows']:,} rows "
-            f"({' + '.join(f'{x:g}' for x in p['ms'])} ms over {p['layers']} block(s)), x {rows:,}/{p['rows']:,} rows ({p['source']})")
+            f"({' + '.join(f'{x:g}' for x in p['ms'])} ms over {p['layers']} block(s)), x {rows:,}/{p['rows']:,} rows "
+            f"({derive.provenance(p)})")
     bw = m.get("hbm_copy_tbps")
     if bw:
         nbytes = elementwise_bytes_per_row(sections["model"]["diffusers_config"]) * rows
