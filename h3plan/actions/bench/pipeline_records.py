@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from h3plan.facts.vae.encode import encode_inputs
 from h3plan.planner import resolve_config
 from h3plan.planning.text_encoder import PLACEMENTS
 
@@ -455,6 +456,11 @@ def predicted_call(plan, row: Mapping, steps: int | None = None) -> float | None
         return call
     fwd, n = plan.derived_value("forward_s_est"), plan.derived_value("sequence")["transformer_forwards"]
     return call - (n - computed) * fwd * (1 - 1 / row["layers"])
+
+
+def encode_shapes(plan) -> list[list[int]]:
+    """[frames, height, width] of each video VAE encode the plan's request makes (keyframes, references)."""
+    return [[x["frames"], x["height"], x["width"]] for x in encode_inputs(plan.derived_value("sequence") or {})]
 
 
 def prompted(row: Mapping) -> bool:
