@@ -42,6 +42,8 @@ def main(argv=None) -> int:
                                                                    "e.g. --plan 'recipe=fp8' (repeatable)")
     ap.add_argument("--no-reference", action="store_true", help="skip the bitwise reference rows")
     ap.add_argument("--no-best", action="store_true", help="skip diffusers' best setting")
+    ap.add_argument("--no-eager", action="store_true", help="skip diffusers eager")
+    ap.add_argument("--no-plan", action="store_true", help="skip the plans (diffusers' rows only)")
     ap.add_argument("--stock-bits", action="store_true", help="also time the stock-bits plan (the lossless plan with "
                                                                "levers.attention=sdpa, diffusers' default attention)")
     ap.add_argument("--workflow", help="t2va (default), fl2va (first and last keyframe) or ref2va (one image reference)")
@@ -64,8 +66,9 @@ def main(argv=None) -> int:
                 if getattr(a, k) is not None}
     if a.no_reference:
         pipeline["reference"] = False
-    if a.no_best:
-        pipeline["best"] = False
+    for key in ("best", "eager", "plan"):
+        if getattr(a, f"no_{key}"):
+            pipeline[key] = False
     if a.stock_bits:
         pipeline["stock_bits"] = True
     if a.prompt:

@@ -127,6 +127,10 @@ class PipelineBenchConfig:
     """Untimed decodes of a short latent with the request's tile and clip shapes before a row's first call."""
     best: bool = True
     """Time diffusers' best setting (regional compile; context parallel + compile at degree > 1)."""
+    eager: bool = True
+    """Time diffusers eager (false: a run of other rows only, e.g. one whole call of diffusers' best)."""
+    plan: bool = True
+    """Time the plans (false: diffusers' rows only; the plan still names the request, the degree and the conditioner)."""
     compile_backend: str = "inductor"
     cp_backend: str = "_native_cudnn"
     e2e_steps: Optional[int] = None

@@ -303,31 +303,36 @@ def test_step_cache_row_times_the_whole_call(tmp_path):
 
 
 @pytest.mark.slow
-def test_whole_calls_keep_every_forward_and_meet_the_lossless_frames_of_an_earlier_run(tmp_path):
-    """bench.pipeline.whole: every row times a short call, then one whole call of e2e_steps forwards end to end; E2E
-    is the whole call, every forward of it is kept, the extrapolation check is recorded PASS or FAIL. With a
-    frames_dir, the lossless plan's frames from the first run (another process's, here another run) meet the fp8
-    plan's whole call in the second."""
+def test_whole_calls_in_separate_runs_meet_each_others_baseline_and_frames(tmp_path):
+    """bench.pipeline.whole, the GPU lane's phases in three runs (processes there): the lossless plan alone, diffusers'
+    compile with its VAE in fp16 alone, the fp8 plan alone. Every row times a short call, then one whole call of
+    e2e_steps forwards end to end (E2E; every forward kept; the extrapolation check PASS or FAIL). The fp8 row takes
+    its ratio from the earlier run's compile at its own VAE precision (best_run names it), and its frames meet that
+    compile's and the lossless plan's, kept in frames_dir."""
     frames = str(tmp_path / "frames")
-    whole = dict(FAST, whole=True, e2e_steps=4, best=False, reference=False, frames_dir=frames, vae=["fp16"])
-    res = _bench(tmp_path, {"overrides": [], "pipeline": dict(whole, vae=["fp32"])}, {"overrides": ["recipe=fp8"],
-                                                                                      "pipeline": whole})
-    assert res.returncode == 0 and res.stdout.count("RC 0") == 2, res.stdout[-2000:] + res.stderr[-3000:]
+    whole = dict(FAST, whole=True, e2e_steps=4, reference=False, frames_dir=frames)
+    res = _bench(tmp_path, {"overrides": [], "pipeline": dict(whole, eager=False, best=False, vae=["fp32"])},
+                 {"overrides": [], "pipeline": dict(whole, eager=False, plan=False, vae=["fp16"])},
+                 {"overrides": ["recipe=fp8"], "pipeline": dict(whole, eager=False, best=False, vae=["fp16"])})
+    assert res.returncode == 0 and res.stdout.count("RC 0") == 3, res.stdout[-2000:] + res.stderr[-3000:]
     doc = json.loads((tmp_path / "pipeline-cpu.json").read_text())
-    first, second = ([r for r in doc["records"] if r["run"] == run["run"]] for run in doc["runs"])
-    for r in first + second:
+    lossless, best, fp8 = ([r for r in doc["records"] if r["run"] == run["run"]] for run in doc["runs"])
+    assert [r["setting"] for r in lossless + best + fp8] == ["plan", "best", "plan"]
+    for r in lossless + best + fp8:
         assert r["whole_call"] and r["steps_e2e"] == 4 and r["e2e_s"] == r["wall_s"] and len(r["call_forwards_s"]) == 4
         assert r["forwards_s"] == r["call_forwards_s"] and r["forward_s"] == statistics.median(r["forwards_s"])
         assert math.isclose(r["rest_s"], r["e2e_s"] - sum(r["call_forwards_s"]))
         assert r["short_call"]["forwards_per_call"] == 1 and len(r["short_call"]["forwards_s"]) == 1
         (check,) = [c for c in r["checks"] if c["name"] == "extrapolation"]
         assert check["result"] in ("PASS", "FAIL") and check["detail"].startswith("4 x ")
-    fp8 = next(r for r in second if r["setting"] == "plan")
-    vs = fp8["frames_vs_lossless"]
-    assert vs["against"] == "sm90/bf16/u1 (fp32 VAE)" and vs["from"] == f"run {first[0]['run']} (bench.pipeline.frames_dir)"
+    (p,) = fp8
+    assert p["best_run"] == best[0]["run"] and math.isclose(p["speedup_vs_best"], best[0]["e2e_s"] / p["e2e_s"])
+    assert p["frames"]["against"].endswith("(fp16 VAE)") and p["frames"]["against"].startswith("diffusers transformer.")
+    assert p["frames"]["from"] == f"run {best[0]['run']} (bench.pipeline.frames_dir)" and p["frames"]["bitwise"] is None
+    vs = p["frames_vs_lossless"]
+    assert vs["against"] == "sm90/bf16/u1 (fp32 VAE)" and vs["from"] == f"run {lossless[0]['run']} (bench.pipeline.frames_dir)"
     assert vs["bitwise"] is False and vs["psnr_db"] > 10
-    assert fp8["frames"]["against"] == "diffusers eager (fp16 VAE)"  # this run's eager at its decode, whole calls both
-    assert len(os.listdir(frames)) == 4  # every row's frames kept: two eager rows, two plans
+    assert len(os.listdir(frames)) == 3
 
 
 def test_workflow_pipeline_default_request_is_the_t2va_layouts():

@@ -196,3 +196,28 @@ def test_a_run_without_its_own_compile_takes_the_latest_of_the_same_request():
     alone = [{**req, "run": "d", "setting": "plan", "label": "p", "vae": "bf16", "e2e_s": 155.0}]
     fill_speedups(alone, old)
     assert alone[0]["speedup_vs_best"] is None and "best_run" not in alone[0]
+
+
+def test_a_plan_without_diffusers_rows_in_its_run_meets_an_earlier_runs_compile(tmp_path):
+    """A run of the fp8 plan alone (bench.pipeline.eager=false best=false) compares its whole call's frames with the
+    frames diffusers' compile at the same VAE precision left in frames_dir (a run before, another process): PSNR,
+    no bitwise claim."""
+    x = torch.rand(2, 3, 8, 8, generator=torch.Generator().manual_seed(2))
+    store = {"dir": str(tmp_path), "fingerprint": "w"}
+    best = _row(_setting("best", "diffusers transformer.compile_repeated_blocks(fullgraph=True)", "fp16"), x, 49)
+    P._frames(torch, torch.device("cpu"), _opts(str(tmp_path)), best, [best], _rec(), store)
+    plan = _row(_setting("plan", "sm90/fp8/u1 +vae=fp16", "fp16", _Plan(False)), x * 0.98, 49)
+    rec = _rec()
+    P._frames(torch, torch.device("cpu"), _opts(str(tmp_path)), plan, [plan], rec, store)
+    assert rec.frames["against"] == "diffusers transformer.compile_repeated_blocks(fullgraph=True) (fp16 VAE)"
+    assert rec.frames["from"] == "run r2 (bench.pipeline.frames_dir)" and rec.frames["bitwise"] is None
+    assert rec.frames["psnr_db"] > 30 and rec.checks == []
+
+
+def test_options_time_any_subset_of_rows_but_not_none():
+    from h3plan.errors import UsageError
+
+    o = P.options({"bench": {"out_dir": "x", "pipeline": {"eager": False, "plan": False}}})
+    assert (o.eager, o.best, o.plan) == (False, True, False)
+    with pytest.raises(UsageError, match="^bench.pipeline.best=false eager=false plan=false: no row to time$"):
+        P.options({"bench": {"out_dir": "x", "pipeline": {"eager": False, "plan": False, "best": False}}})

@@ -79,6 +79,7 @@ from ..pipeline_build import (WORKFLOWS, Request, build_pipeline, default_reques
 from . import pipeline_checks as checks, pipeline_frames as stored, pipeline_records as records
 from .harness import (CPU_MAX_HIDDEN, HOST_CLOCK_NOTE, Output, Session, device_name, device_tag, run_meta,
                       free, sigterm_as_interrupt)
+from .diffusers_best import compile_call
 from .pipeline_settings import Best, Eager, PlanSetting, Reference, Setting, plan_precision
 from .results_file import run_folder
 from .tables import one_line
@@ -110,6 +111,10 @@ class PipelineBenchOptions:
     rounds: int
     decode_warmup: int
     best: bool
+    eager: bool
+    """diffusers eager rows (PipelineBenchConfig.eager)."""
+    plan: bool
+    """the plans' rows (PipelineBenchConfig.plan)."""
     compile_backend: str
     cp_backend: str
     e2e_steps: int | None
@@ -175,9 +180,11 @@ def options(cfg, plan=None) -> PipelineBenchOptions:
     if isinstance(plans, str):
         plans = [plans]
     vals["plans"] = tuple(str(x) for x in plans)
-    for key in ("best", "reference", "stock_bits", "prompt", "whole"):
+    for key in ("best", "eager", "plan", "reference", "stock_bits", "prompt", "whole"):
         if not isinstance(vals[key], bool):
             raise UsageError(f"bench.pipeline.{key}={vals[key]}: true or false")
+    if not (vals["best"] or vals["eager"] or vals["plan"]):
+        raise UsageError("bench.pipeline.best=false eager=false plan=false: no row to time")
     if vals["frames_dir"] is not None and not str(vals["frames_dir"]).strip():
         raise UsageError("bench.pipeline.frames_dir='': a folder, or null")
     if vals["workflow"] not in WORKFLOWS:
@@ -560,8 +567,10 @@ def row_specs(plans, opts, degree: int) -> list[tuple]:
     U > 1 the best rows last (context parallelism cannot be undone)."""
     vaes = list(opts.vae) or list(dict.fromkeys(["fp32"] + [plan_precision(p) for p in plans]))
     rows, tail = [], []
+    plans = plans if opts.plan else []
     for v in vaes:
-        rows.append(("eager", v, None))
+        if opts.eager:
+            rows.append(("eager", v, None))
         if opts.best:
             (rows if degree == 1 else tail).append(("best", v, None))
         for p in plans:
@@ -702,16 +711,20 @@ def _frames(torch, device, opts, row: _Row, rows, rec, store) -> None:
         against = next((r for r in rows if r.setting.name == "eager" and r.setting.vae == s.vae and _same_call(r, row)), None)
     if s.name == "eager" and s.vae != "fp32":  # the lossy decode precision against diffusers' default
         against = next((r for r in rows if r.setting.name == "eager" and r.setting.vae == "fp32" and _same_call(r, row)), None)
-    if against is not None and _same_call(row, against):
+    in_run = against is not None and _same_call(row, against)
+    if in_run:
         rec.frames = dict(_compared_once(torch, device, row, against))
         rec.frames["against"] = f"{row_label_of(against.setting)} ({against.setting.vae} VAE)"
-        if s.name == "plan" and against is not ref and not stock:
-            rec.frames["bitwise"] = rec.frames["bitwise"] or None  # no same-backend reference: PSNR/SSIM only
+    elif s.name != "eager" and store and row.frames is not None:  # diffusers' rows of an earlier run (frames_dir)
+        best = "diffusers " + compile_call("transformer", opts.compile_backend).split(";")[0]
+        rec.frames = next((f for f in (_stored(torch, device, opts, row, store, rec.video, label, s.vae)
+                                       for label in ("diffusers eager", best) if label != row_label_of(s)) if f), {})
+    if s.name == "plan" and rec.frames and not (in_run and (against is ref or stock)):
+        rec.frames["bitwise"] = rec.frames["bitwise"] or None  # no same-backend reference: PSNR/SSIM only
     if ref is not None or stock:  # declared before the run: these frames must be equal bit for bit
         what = (f"{row_label_of(against.setting)} ({against.setting.vae} VAE)" if against is not None
                 else "its reference" if ref is not None else "diffusers eager")
-        done = rec.frames if against is not None and (ref is None or against is ref) and rec.frames else None
-        rec.checks.append(checks.bitwise(done if row.frames is not None else None, what))
+        rec.checks.append(checks.bitwise(rec.frames if in_run else None, what))
     if s.name == "plan" and not s.plan.lossless and row.frames is not None:
         rec.frames_vs_lossless = _vs_lossless(torch, device, opts, row, rows, store, rec.video)
     if store and row.frames is not None and not row.stored:
@@ -743,21 +756,23 @@ def _vs_lossless(torch, device, opts, row: _Row, rows, store, video: str) -> dic
     mine = next((r for r in rows if r.setting.name == "plan" and row_label_of(r.setting) == label
                  and r.setting.vae == "fp32" and _same_call(r, row)), None)
     if mine is not None:
-        out, source = dict(_compared_once(torch, device, row, mine)), "this run"
-    else:
-        if store is None or row.frames_forwards is None:
-            return {}
-        key = ("lossless", label)
-        if key not in row.compared:
-            got = stored.load(torch, store["dir"], {**_frames_meta(opts, video, row, label, "fp32"),
-                                                    "fingerprint": store["fingerprint"]})
-            row.compared[key] = None if got is None else {
-                **_compare(torch, device, row.frames, got[0]), "from": f"run {got[1].get('run')} (bench.pipeline.frames_dir)"}
-        if row.compared[key] is None:
-            return {}
-        out = dict(row.compared[key])
-        source = out.pop("from")
-    return {**out, "against": f"{label} (fp32 VAE)", "from": source}
+        return {**_compared_once(torch, device, row, mine), "against": f"{label} (fp32 VAE)", "from": "this run"}
+    return _stored(torch, device, opts, row, store, video, label, "fp32")
+
+
+def _stored(torch, device, opts, row: _Row, store, video: str, label: str, vae: str) -> dict:
+    """`row`'s frames against the row `label` at `vae` of an earlier run with these weights, kept in frames_dir from a
+    call of as many forwards ({} where there is none)."""
+    if store is None or row.frames_forwards is None:
+        return {}
+    key = ("stored", label, vae)
+    if key not in row.compared:
+        got = stored.load(torch, store["dir"], {**_frames_meta(opts, video, row, label, vae),
+                                                "fingerprint": store["fingerprint"]})
+        row.compared[key] = None if got is None else {
+            **_compare(torch, device, row.frames, got[0]), "against": f"{label} ({vae} VAE)",
+            "from": f"run {got[1].get('run')} (bench.pipeline.frames_dir)"}
+    return dict(row.compared[key] or {})
 
 
 def _measure(torch, cfg, plans, opts, device, rank, group, progress, write) -> int:
