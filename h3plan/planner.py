@@ -440,7 +440,9 @@ def resolve(cfg) -> Plan:
     settings = {k: d.setting for k, d in decisions.items()}
     cache = decisions.get("step_cache")
     computed = cache.param("computed") if cache is not None and cache.enabled else None
-    times = predict.call(sections, sequence, ctx.shape, fwd, settings, computed)
+    spread = decisions.get("vae_parallel")
+    times = predict.call(sections, sequence, ctx.shape, fwd, settings, computed,
+                         dict(spread.params) if spread is not None and spread.setting == "tiles" else None)
     if computed:
         times["computed_forwards"] = computed
         times.setdefault("basis", {})["computed_forwards"] = "step_cache: the forwards its schedule computes"

@@ -20,7 +20,7 @@ import math
 from typing import Any, Mapping
 
 from h3plan.facts.attention import FP8
-from h3plan.facts.vae import encode as vae_encode
+from h3plan.facts.vae import decode as vae_decode, encode as vae_encode
 from h3plan.planning import derive
 
 
@@ -74,17 +74,23 @@ def forward(sections: Mapping[str, Any], shp: Mapping[str, Any], est: Mapping[st
                                        "outside the blocks under 0.2% of the profiled H200 forward, not counted"}}
 
 
-def decode(sections: Mapping[str, Any], sequence: Mapping[str, Any], precision: str, tiles: str) -> tuple[float | None, str]:
-    """(seconds, basis) of the call after its last forward at this decode precision and tile geometry."""
+def decode(sections: Mapping[str, Any], sequence: Mapping[str, Any], precision: str, tiles: str,
+           parallel: Mapping[str, Any] | None = None) -> tuple[float | None, str]:
+    """(seconds, basis) of the call after its last forward at this decode precision and tile geometry, on one GPU
+    (h3plan/facts/vae/decode.py); `parallel`: the vae_parallel decision's params at degree > 1, whose `decode_s` (the
+    figure its reason states, from the same one-GPU decode) stands in for it."""
     hw = sections["hardware"]
-    points = [p for p in hw["measured"].get("decode") or () if p["precision"] == precision and p["tiles"] == tiles]
-    if not points or not sequence.get("latent_frames"):
+    latent = tuple(sequence[k] for k in ("latent_frames", "latent_height", "latent_width")) if sequence.get("latent_frames") else None
+    p = None if latent is None else vae_decode.nearest(hw["measured"].get("decode"), precision, tiles, latent)
+    if p is None:
         return None, f"no decode measured on {hw['name']} at vae_precision={precision}, vae_tiles={tiles}"
-    vol = sequence["latent_frames"] * sequence["latent_height"] * sequence["latent_width"]
-    p = min(points, key=lambda p: abs(math.log(math.prod(p["latent"][2:]) / vol)))
-    s = p["seconds"] * vol / math.prod(p["latent"][2:])
-    return s, (f"the call after its last forward measured {p['seconds']:g} s on {hw['name']} at latent {p['latent']} "
-               f"(vae_precision={precision}, vae_tiles={tiles}), scaled by latent frames x height x width ({p['source']})")
+    s = vae_decode.seconds(p, latent)
+    basis = (f"the call after its last forward measured {p['seconds']:g} s on {hw['name']} at latent {p['latent']} "
+             f"(vae_precision={precision}, vae_tiles={tiles}), scaled by latent frames x height x width ({p['source']})")
+    if parallel and parallel.get("decode_s") is not None:
+        return parallel["decode_s"], (f"vae_parallel=tiles: {parallel['one_gpu_s']:g} s on one GPU spread over the ranks "
+                                      f"-> {parallel['decode_s']:g} s (the vae_parallel reason's figure); one GPU: {basis}")
+    return s, basis
 
 
 def encode(sections: Mapping[str, Any], sequence: Mapping[str, Any], precision: str,
@@ -105,15 +111,17 @@ def encode_tiles(settings: Mapping[str, str]) -> str:
 
 
 def call(sections: Mapping[str, Any], sequence: Mapping[str, Any], shp: Mapping[str, Any], fwd: Mapping[str, Any],
-         settings: Mapping[str, str], computed: int | None = None) -> dict[str, Any]:
+         settings: Mapping[str, str], computed: int | None = None,
+         parallel_decode: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """End to end: text encode + forwards x forward + decode; the biggest share and the cheapest cut. `computed`: the
-    forwards a step_cache schedule runs of the request's (None: all of them)."""
+    forwards a step_cache schedule runs of the request's (None: all of them); `parallel_decode`: the vae_parallel
+    decision's params where it spreads the decode (decode)."""
     n, f = sequence.get("transformer_forwards"), fwd["forward_s_est"]
     if not n or f is None:
         return {}
     of = f"{computed} computed of {n}" if computed and computed != n else f"{n}"
     n = computed or n
-    dec, dec_basis = decode(sections, sequence, settings["vae_precision"], settings["vae_tiles"])
+    dec, dec_basis = decode(sections, sequence, settings["vae_precision"], settings["vae_tiles"], parallel_decode)
     enc = encode(sections, sequence, settings.get("vae_encode_precision", "fp32"), encode_tiles(settings))
     parts = {"text_encode": 0.0, "denoise": n * f, "decode": dec}
     total = None if dec is None or (enc is not None and enc[0] is None) else n * f + dec + (enc[0] if enc else 0.0)
@@ -130,16 +138,21 @@ def call(sections: Mapping[str, Any], sequence: Mapping[str, Any], shp: Mapping[
     if total is None:
         return out
     big = max(parts, key=lambda k: parts[k] or 0)
-    out["call_biggest"] = {"part": big, "share": round(parts[big] / total, 3), "cut": cheapest_cut(sections, sequence, shp, big, settings, fwd)}
+    out["call_biggest"] = {"part": big, "share": round(parts[big] / total, 3), "cut": cheapest_cut(sections, sequence, shp, big, settings, fwd,
+                                                                                         parallel_decode)}
     out["basis"]["call_biggest"] = "the largest of text encode, denoise, decode, and the lever that cuts it at the least quality cost"
     return out
 
 
-def cheapest_cut(sections, sequence, shp, part: str, settings: Mapping[str, str], fwd: Mapping[str, Any]) -> str:
-    """The cheapest lever (least quality cost) that cuts `part`, with its predicted time and that cost."""
+def cheapest_cut(sections, sequence, shp, part: str, settings: Mapping[str, str], fwd: Mapping[str, Any],
+                 parallel_decode: Mapping[str, Any] | None = None) -> str:
+    """The cheapest lever (least quality cost) that cuts `part`, with its predicted time and that cost (a decode
+    spread over the ranks: spread the same way)."""
     hw = sections["hardware"]
     if part == "decode" and settings["vae_precision"] == "fp32":
         s, _ = decode(sections, sequence, "fp16", "default")
+        if s is not None and parallel_decode and parallel_decode.get("decode_s") is not None:
+            s *= parallel_decode["decode_s"] / parallel_decode["one_gpu_s"]
         q = [p for p in hw["measured"].get("vae_precision") or () if p["precision"] == "fp16"]
         cost = (f"PSNR {q[0]['psnr_db']:.1f} dB against the fp32 frames (measured on {hw['name']})" if q
                 else f"fp16 frames never compared with fp32 on {hw['name']}")

@@ -154,8 +154,10 @@ def _speed_text(plan) -> str:
     enc = plan.derived_value("encode_s_est")
     venc = "" if enc is None else (f" + VAE encode {enc:,.1f} s"
                                    + (" (estimate, not measured)" if _estimated(hw) else ""))
+    spread = next((d for d in plan.decisions if d.lever == "vae_parallel" and d.setting == "tiles"), None)
+    where = "" if spread is None else f" over {plan.get('parallel').get('ulysses')} GPUs (vae_parallel)"
     text += (f"; call {call_s + (te_s or 0):,.0f} s = {what} {den:,.0f} s + decode "
-             f"{dec:,.1f} s{venc}{encode}; most: {big['part']} {big['share']:.0%}: {big['cut']}")
+             f"{dec:,.{1 if dec >= 1 else 2}f} s{where}{venc}{encode}; most: {big['part']} {big['share']:.0%}: {big['cut']}")
     return text
 
 
