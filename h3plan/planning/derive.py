@@ -80,32 +80,34 @@ def provenance(p: Mapping[str, Any], of: str | None = None) -> str:
     if not prov:
         return str(p.get("source") or "")
     return "; ".join(f"{x['file']}" + (f" at commit {x['commit']}" if x.get("commit") else "")
-                     + f" ({', '.join(f'{k} {v}' for k, v in (x.get('row') or {}).items())}"
+                     + f" ({', '.join(f'{k} {v}' for k, v in sorted((x.get('row') or {}).items()))}"
                      + (f": {x['value']}" if x.get("value") else "") + ")" for x in prov)
 
 
 def attention_rate(hw: Mapping[str, Any], seq_len: int, heads: int, backend: str) -> tuple[float, str] | None:
-    """(TFLOP/s, basis) of `backend` at (seq_len, heads) per rank, from the points of that head count measured inside
-    the installed forward (context: forward) where there are any, else from those of the kernel alone: a point at
-    that length; else, between the measured lengths nearest below and above, the time per block linear in S^2
-    (attention's FLOPs; a fixed cost stays fixed); else the nearest measured shape's rate (any head count). None:
+    """(TFLOP/s, basis) of `backend` at (seq_len, heads) per rank from the points of that head count, those measured
+    inside the installed forward (context: forward) before those of the kernel alone: a point at that length, else the
+    time per block interpolated in S^2 (attention's FLOPs; a fixed cost stays fixed) between the measured lengths
+    nearest below and above; else the nearest length's rate (any head count where that head count has none). None:
     the backend was never measured here."""
     pts = [p for p in hw["measured"]["attention"] if p.get(backend) is not None]
     same = [p for p in pts if p["heads"] == heads]
-    same = [p for p in same if p.get("context") == "forward"] or same
-    exact = next((p for p in same if p["seq_len"] == seq_len), None)
-    if exact is not None:
-        return float(exact[backend]), (f"{backend} measured {exact[backend]:g} TFLOP/s on {hw['name']} at {seq_len:,} x "
-                                       f"{heads} heads{_where(exact)} ({provenance(exact, backend)})")
-    pair = bracket(same, seq_len, lambda p: p["seq_len"])
-    if pair is not None:
-        (a, b), s2 = pair, seq_len**2
-        ta, tb = a["seq_len"] ** 2 / a[backend], b["seq_len"] ** 2 / b[backend]  # time / (4 H D), up to units
-        t = ta + (tb - ta) * (s2 - a["seq_len"] ** 2) / (b["seq_len"] ** 2 - a["seq_len"] ** 2)
-        return s2 / t, (f"{backend} {s2 / t:.1f} TFLOP/s: the time interpolated in S^2 between {a[backend]:g} TFLOP/s "
-                        f"measured at {a['seq_len']:,} and {b[backend]:g} at {b['seq_len']:,} x {heads} heads{_where(a)} on "
-                        f"{hw['name']} ({provenance(a, backend)}; {provenance(b, backend)})")
-    p = min(same, key=lambda p: (abs(math.log(p["seq_len"] / seq_len)), p["seq_len"])) if same else \
+    tiers = ([p for p in same if p.get("context") == "forward"], [p for p in same if p.get("context") != "forward"])
+    for tier in tiers:
+        exact = next((p for p in tier if p["seq_len"] == seq_len), None)
+        if exact is not None:
+            return float(exact[backend]), (f"{backend} measured {exact[backend]:g} TFLOP/s on {hw['name']} at {seq_len:,} "
+                                           f"x {heads} heads{_where(exact)} ({provenance(exact, backend)})")
+        pair = bracket(tier, seq_len, lambda p: p["seq_len"])
+        if pair is not None:
+            (a, b), s2 = pair, seq_len**2
+            ta, tb = a["seq_len"] ** 2 / a[backend], b["seq_len"] ** 2 / b[backend]  # time / (4 H D), up to units
+            t = ta + (tb - ta) * (s2 - a["seq_len"] ** 2) / (b["seq_len"] ** 2 - a["seq_len"] ** 2)
+            return s2 / t, (f"{backend} {s2 / t:.1f} TFLOP/s: the time interpolated in S^2 between {a[backend]:g} "
+                            f"TFLOP/s measured at {a['seq_len']:,} and {b[backend]:g} at {b['seq_len']:,} x {heads} heads"
+                            f"{_where(a)} on {hw['name']} ({provenance(a, backend)}; {provenance(b, backend)})")
+    tier = tiers[0] or tiers[1]
+    p = min(tier, key=lambda p: (abs(math.log(p["seq_len"] / seq_len)), p["seq_len"])) if tier else \
         nearest_point(hw, seq_len, heads, backend)
     if p is None:
         return None
