@@ -221,3 +221,18 @@ def test_options_time_any_subset_of_rows_but_not_none():
     assert (o.eager, o.best, o.plan) == (False, True, False)
     with pytest.raises(UsageError, match="^bench.pipeline.best=false eager=false plan=false: no row to time$"):
         P.options({"bench": {"out_dir": "x", "pipeline": {"eager": False, "plan": False, "best": False}}})
+
+
+def test_a_whole_turn_keeps_the_short_calls_figures_apart_from_the_whole_calls(monkeypatch):
+    """bench.pipeline.whole: the short call (2 untimed + 3 timed forwards) gives the extrapolation, the whole call
+    (every forward) the E2E; each keeps its own rest."""
+    s = P._Session.__new__(P._Session)
+    s.opts, s.full_forwards, s.last_parts, s.progress = _opts(), 6, {}, P.Quiet()
+    calls = iter([(None, [9.0, 2.0, 1.0, 1.2, 1.1], 20.0), (None, [1.0, 1.1, 1.2, 1.0, 1.3, 1.1], 12.0)])
+    monkeypatch.setattr(s, "call", lambda forwards=None: next(calls), raising=False)
+    row = P._Row(P.Setting(), [], [])
+    s.whole_turn(row, row.setting)
+    assert row.whole == {"e2e_s": 12.0, "forwards": 6, "short_forwards_s": [1.0, 1.2, 1.1],
+                         "short_rest_s": pytest.approx(20.0 - 14.3)}
+    assert row.call_forwards == [1.0, 1.1, 1.2, 1.0, 1.3, 1.1] and row.walls == [pytest.approx(12.0 - 6.7)]
+    assert row.first == 9.0

@@ -351,7 +351,6 @@ class _Session(Session):
                 t.on = False
         secs = fw.seconds()
         self.last_parts = {k: sum(t.seconds()) for k, t in self.parts.items()}
-        self._short_rest = wall - sum(secs)
         if len(secs) != calls:
             raise RuntimeError(f"the call made {len(secs)} transformer forwards, expected {calls}")
         return frames, secs, wall
@@ -414,7 +413,7 @@ class _Session(Session):
         forwards timed end to end, every forward between CUDA events: E2E is its wall time, forward the median of
         all its forwards, and the short call's extrapolation is checked against it (pipeline_checks.extrapolation)."""
         frames, secs, wall = self.call()
-        short = secs[self.opts.warmup:]
+        short, short_rest = secs[self.opts.warmup:], wall - sum(secs)
         if row.first is None:
             row.first = secs[0]
         reset_counters()
@@ -424,8 +423,7 @@ class _Session(Session):
         row.call_forwards = list(secs)
         row.walls.append(wall - sum(secs))
         row.parts.append(self.last_parts)
-        row.whole = {"e2e_s": wall, "forwards": len(secs), "short_forwards_s": short,
-                     "short_rest_s": self._short_rest}
+        row.whole = {"e2e_s": wall, "forwards": len(secs), "short_forwards_s": short, "short_rest_s": short_rest}
         row.frames, row.frames_forwards = _host(frames), len(secs)
         self.progress.step(f"{row_label_of(s)} ({s.vae} VAE): the whole call {wall:.2f} s, {len(secs)} forwards "
                            f"(median {statistics.median(secs):.3f} s)")
