@@ -119,8 +119,9 @@ class PipelineBenchConfig:
     warmup: int = 2
     """Untimed transformer forwards at the start of every call (diffusers' first step has another temb shape, so
     a compiled setting traces twice: two untimed forwards keep both traces out of the timed ones)."""
-    steps: int = 1
-    """Timed transformer forwards per call."""
+    steps: int = 3
+    """Timed transformer forwards per call; a row's forward figure is their median (3: the fewest a median of timed
+    forwards stands on)."""
     rounds: int = 1
     """Timed calls per row, the row order reversed every round."""
     decode_warmup: int = 1

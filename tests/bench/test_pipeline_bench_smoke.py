@@ -179,7 +179,7 @@ def test_options_refuse_bad_values_in_one_line():
             options(cfg)
         assert str(e.value).startswith(msg) and "\n" not in str(e.value)
     o = options({"video": "768x1344x124", "bench": {"out_dir": "x", "pipeline": {"vae": "fp16,fp32,fp16"}}})
-    assert (o.video, o.steps, o.rounds, o.warmup, o.text_tokens, o.best, o.vae) == ("768x1344x124", 1, 1, 2, 110, True, ("fp16", "fp32"))
+    assert (o.video, o.steps, o.rounds, o.warmup, o.text_tokens, o.best, o.vae) == ("768x1344x124", 3, 1, 2, 110, True, ("fp16", "fp32"))
 
 
 def test_warm_decode_latent_makes_the_requests_clip_shapes():
