@@ -80,9 +80,10 @@ def decode(sections: Mapping[str, Any], sequence: Mapping[str, Any], precision: 
     (h3plan/facts/vae/decode.py); `parallel`: the vae_parallel decision's params at degree > 1, whose `decode_s` (the
     figure its reason states, from the same one-GPU decode) stands in for it."""
     hw = sections["hardware"]
-    latent = tuple(sequence[k] for k in ("latent_frames", "latent_height", "latent_width")) if sequence.get("latent_frames") else None
+    latent = ((int(sequence["latent_frames"]), int(sequence["latent_height"]), int(sequence["latent_width"]))
+              if sequence.get("latent_frames") else None)
     p = None if latent is None else vae_decode.nearest(hw["measured"].get("decode"), precision, tiles, latent)
-    if p is None:
+    if p is None or latent is None:
         return None, f"no decode measured on {hw['name']} at vae_precision={precision}, vae_tiles={tiles}"
     s = vae_decode.seconds(p, latent)
     basis = (f"the call after its last forward measured {p['seconds']:g} s on {hw['name']} at latent {p['latent']} "
