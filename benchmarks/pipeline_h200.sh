@@ -79,13 +79,13 @@
 #   H3_PHASE=whole-fp8: the fp8 plan (its fp16 decode, sm90/fp8/u1 +vae=fp16) alone: its ratio against whole-best's
 #                  compile (best_run names that run) and its frames against that compile's and, where whole-lossless ran
 #                  before, the lossless plan's - about 4.5 minutes;
-#   H3_PHASE=whole-lossless: the bf16 plan with diffusers' fp32 VAE alone, whose frames the lossy plans' are held against
-#                  (run it first) - about 7 minutes;
+#   H3_PHASE=whole-lossless: the bf16 plan with diffusers' fp32 VAE alone, whose frames the lossy plans' are held
+#                  against (run it first) - about 7 minutes;
 #   H3_PHASE=turbo-fp16: the Turbo FL2VA request (4 forwards, the prompt through the seeded conditioner) with diffusers'
 #                  compile at the fp16 VAE and the bf16 plan with recipe.vae=fp16, both whole calls - about 4.5 minutes.
-# H3_PHASE=forward-points (not this bench): the installed 50-layer forward profiled at 19,000 and 46,020 tokens (bf16 and
-# fp8), the rates inside the forward at token counts other than the t2va request's (benchmarks/probes/block_profile.py
-# --forward 50): $OUT/block-profile-forward.json - about 4 minutes.
+# H3_PHASE=forward-points (not this bench): the installed 50-layer forward profiled at 19,000 and 46,020 tokens (bf16
+# and fp8), the rates inside the forward at token counts other than the t2va request's
+# (benchmarks/probes/block_profile.py --forward 50): $OUT/block-profile-forward.json - about 4 minutes.
 # Output in $OUT (default benchmarks/results): pipeline-h200.json (rows of every run), .md, .png, pipeline-h200.log.
 # H3_APPEND=1 starts from the committed benchmarks/results/pipeline-h200.json.
 set -u
@@ -102,8 +102,10 @@ if [ "${H3_APPEND:-0}" = 1 ] && [ -f benchmarks/results/pipeline-h200.json ] && 
   cp benchmarks/results/pipeline-h200.json "$OUT/pipeline-h200.json"
 fi
 case "${H3_PHASE:-fp32}" in  # a whole-call phase goes on from the results an earlier one left in $KEEP
-  whole-*|turbo-fp16) if [ -f "$KEEP/pipeline-h200.json" ] && [ ! "$OUT/pipeline-h200.json" -ef "$KEEP/pipeline-h200.json" ]; then
-                        cp "$KEEP/pipeline-h200.json" "$OUT/pipeline-h200.json"; fi ;;
+  whole-*|turbo-fp16)
+    if [ -f "$KEEP/pipeline-h200.json" ] && [ ! "$OUT/pipeline-h200.json" -ef "$KEEP/pipeline-h200.json" ]; then
+      cp "$KEEP/pipeline-h200.json" "$OUT/pipeline-h200.json"
+    fi ;;
 esac
 [ -f "$OUT/pipeline-h200-corrections.json" ] || cp benchmarks/results/pipeline-h200-corrections.json "$OUT/"
 vid=768x1344x124  # HEIGHTxWIDTHxFRAMES of the call (the turbo phase's request is portrait)
@@ -158,7 +160,8 @@ elif [ "$script" = benchmarks/probes/block_profile.py ]; then
 else
   steps=1
   case "${H3_PHASE:-fp32}" in whole-*|turbo-fp16) steps=3; args+=(--frames-dir "$FRAMES") ;; esac  # a median of 3
-  common=(--video "$vid" --text-tokens 110 --rounds 1 --warmup 2 --steps "$steps" --decode-warmup 1 --out "$OUT" --tag h200)
+  common=(--video "$vid" --text-tokens 110 --rounds 1 --warmup 2 --steps "$steps" --decode-warmup 1 --out "$OUT"
+          --tag h200)
 fi
 echo "=== phase ${H3_PHASE:-fp32} (timeout ${CAP}s)" | tee -a "$LOG"
 s=$(date +%s)

@@ -135,7 +135,8 @@ def evaluate(row: dict, measured: dict, fixes=()) -> dict:
     plan = replan(row, hardware="sm90")
     shape = shape_of(plan)
     rec = {"run": row["run"], "workflow": row.get("workflow", "t2va"), "label": row["label"], "vae": row["vae"],
-           "S": shape["seq_len"], "forward_s": row["forward_s"], "call_s": row["e2e_s"], "fitted": fitted_to(row, measured)}
+           "S": shape["seq_len"], "forward_s": row["forward_s"], "call_s": row["e2e_s"],
+           "fitted": fitted_to(row, measured)}
     sup = next((c["superseded_by"] for c in corrections_of(row, fixes) if c.get("superseded_by")), None)
     if sup:
         rec["superseded_by"] = sup["run"]
@@ -156,15 +157,16 @@ def _pct(x) -> str:
 
 def holdout_markdown(doc: dict) -> str:
     lines = ["# Predictions out of sample: sm90's facts against the H200's pipe(...) rows", "",
-             "Every one-GPU plan row of `pipeline-h200.json`, planned again (pipeline_records.replan) with the packaged "
-             "`conf/hardware/sm90.yaml`. **Held out**: rows no packaged fact was fitted to (a fact's `provenance` names "
-             "the row it came from; a row that names one, or that a correction supersedes, is not checked). **Other shapes**: every measured "
-             "point at the row's own shapes dropped first (attention at its tokens and heads, GEMMs and elementwise "
-             "kernels at its rows, the decode at its latent, the encode at its inputs). Errors: predicted / measured - 1; "
+             "Every one-GPU plan row of `pipeline-h200.json`, planned again (pipeline_records.replan) with the "
+             "packaged `conf/hardware/sm90.yaml`. **Held out**: rows no packaged fact was fitted to (a fact's "
+             "`provenance` names the row it came from; a row that names one, or that a correction supersedes, is not "
+             "checked). **Other shapes**: every measured point at the row's own shapes dropped first (attention at its "
+             "tokens and heads, GEMMs and elementwise kernels at its rows, the decode at its latent, the encode at its "
+             "inputs). Errors: predicted / measured - 1; "
              f"the target is {doc['tolerance']:.0%}. Made by `python benchmarks/predict.py`; "
              "tests/planner/test_predict_holdout.py checks it.", "",
-             "| run | workflow | plan | S | fitted to it (in sample) | held out: forward | call | other shapes: forward "
-             "| call | dropped |", "|---|---|---|---:|---|---:|---:|---:|---:|---|"]
+             "| run | workflow | plan | S | fitted to it (in sample) | held out: forward | call "
+             "| other shapes: forward | call | dropped |", "|---|---|---|---:|---|---:|---:|---:|---:|---|"]
     for r in doc["records"]:
         h, o = r["held_out"] or {}, r["other_shapes"]
         skip = f"superseded by {r['superseded_by']}" if r.get("superseded_by") else "in sample"
@@ -176,15 +178,16 @@ def holdout_markdown(doc: dict) -> str:
     out = [r for r in doc["records"] if r["held_out"]]
     miss = [r for r in out if any(abs(r["held_out"][k] or 0) > doc["tolerance"] for k in ("forward_err", "call_err"))]
     other = [r for r in doc["records"] if abs(r["other_shapes"].get("forward_err") or 0) > doc["tolerance"]]
-    lines += ["", f"Held out: {len(out)} rows, {len(miss)} beyond {doc['tolerance']:.0%}. Other shapes: {len(other)} of "
-              f"{len(doc['records'])} forwards beyond {doc['tolerance']:.0%}."]
+    lines += ["", f"Held out: {len(out)} rows, {len(miss)} beyond {doc['tolerance']:.0%}. Other shapes: "
+              f"{len(other)} of {len(doc['records'])} forwards beyond {doc['tolerance']:.0%}."]
     return "\n".join(lines) + "\n"
 
 
 def holdout() -> dict:
     measured = yaml.safe_load((ROOT / "conf/hardware/sm90.yaml").read_text())["measured"]
     fixes = load_corrections(str(ROOT / RESULTS))
-    plans = [r for r in json.loads((ROOT / RESULTS).read_text())["records"] if r["setting"] == "plan" and r["gpus"] == 1]
+    plans = [r for r in json.loads((ROOT / RESULTS).read_text())["records"]
+             if r["setting"] == "plan" and r["gpus"] == 1]
     return {"kind": "predict-holdout", "facts": "conf/hardware/sm90.yaml", "results": RESULTS, "tolerance": 0.05,
             "records": [evaluate(r, measured, fixes) for r in plans]}
 

@@ -66,13 +66,15 @@ def pipeline() -> list[str]:
         lossless = "" if r["setting"] != "plan" or r.get("lossless") else (
             "not measured" if not ll else pr.frames_text(ll).replace(" vs ", " vs ", 1))
         x = lambda k: fmt(r[k], "{:.3f}x")  # noqa: E731 - a ratio cell, - where the run has no such row
-        rows.append(f"| {_short_run(r['run'])} | {r.get('workflow', 't2va')} | {r['label']} | {r['vae']} | {r['e2e_s']:.1f} s "
+        rows.append(f"| {_short_run(r['run'])} | {r.get('workflow', 't2va')} | {r['label']} | {r['vae']} "
+                    f"| {r['e2e_s']:.1f} s "
                     f"| {same} | {lossless} | {_timed(r)} | {pr.checks_text(r, fixes)} | {r['forward_s']:.3f} s "
                     f"| {r['rest_s']:.2f} s | {x('speedup_vs_eager')} | {x('speedup_vs_best_fp32')} | {frames} |")
     rows.append("")
     for c in fixes:
         row = c["row"]
-        rows.append(f"- correction, {_short_run(row['run'])} {row.get('workflow', 't2va')} {row['label']} ({row['vae']} VAE): "
+        rows.append(f"- correction, {_short_run(row['run'])} {row.get('workflow', 't2va')} {row['label']} "
+                    f"({row['vae']} VAE): "
                     + pr.correction_text(c).removeprefix("**correction** (corrections file): "))
     return rows
 

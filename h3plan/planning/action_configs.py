@@ -131,7 +131,8 @@ class PipelineBenchConfig:
     eager: bool = True
     """Time diffusers eager (false: a run of other rows only, e.g. one whole call of diffusers' best)."""
     plan: bool = True
-    """Time the plans (false: diffusers' rows only; the plan still names the request, the degree and the conditioner)."""
+    """Time the plans (false: diffusers' rows only; the plan still names the request, the degree and the
+    conditioner)."""
     compile_backend: str = "inductor"
     cp_backend: str = "_native_cudnn"
     e2e_steps: Optional[int] = None

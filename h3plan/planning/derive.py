@@ -96,23 +96,25 @@ def attention_rate(hw: Mapping[str, Any], seq_len: int, heads: int, backend: str
     for tier in tiers:
         exact = next((p for p in tier if p["seq_len"] == seq_len), None)
         if exact is not None:
-            return float(exact[backend]), (f"{backend} measured {exact[backend]:g} TFLOP/s on {hw['name']} at {seq_len:,} "
-                                           f"x {heads} heads{_where(exact)} ({provenance(exact, backend)})")
+            return float(exact[backend]), (f"{backend} measured {exact[backend]:g} TFLOP/s on {hw['name']} at "
+                                           f"{seq_len:,} x {heads} heads{_where(exact)} ({provenance(exact, backend)})")
         pair = bracket(tier, seq_len, lambda p: p["seq_len"])
         if pair is not None:
             (a, b), s2 = pair, seq_len**2
             ta, tb = a["seq_len"] ** 2 / a[backend], b["seq_len"] ** 2 / b[backend]  # time / (4 H D), up to units
             t = ta + (tb - ta) * (s2 - a["seq_len"] ** 2) / (b["seq_len"] ** 2 - a["seq_len"] ** 2)
             return s2 / t, (f"{backend} {s2 / t:.1f} TFLOP/s: the time interpolated in S^2 between {a[backend]:g} "
-                            f"TFLOP/s measured at {a['seq_len']:,} and {b[backend]:g} at {b['seq_len']:,} x {heads} heads"
-                            f"{_where(a)} on {hw['name']} ({provenance(a, backend)}; {provenance(b, backend)})")
+                            f"TFLOP/s measured at {a['seq_len']:,} and {b[backend]:g} at {b['seq_len']:,} x "
+                            f"{heads} heads{_where(a)} on {hw['name']} ({provenance(a, backend)}; "
+                            f"{provenance(b, backend)})")
     tier = tiers[0] or tiers[1]
     p = min(tier, key=lambda p: (abs(math.log(p["seq_len"] / seq_len)), p["seq_len"])) if tier else \
         nearest_point(hw, seq_len, heads, backend)
     if p is None:
         return None
-    return float(p[backend]), (f"{backend} measured {p[backend]:g} TFLOP/s on {hw['name']} at {p['seq_len']:,} x {p['heads']} "
-                               f"heads{_where(p)} (nearest measured shape; {provenance(p, backend) or hw['measured']['source']})")
+    return float(p[backend]), (f"{backend} measured {p[backend]:g} TFLOP/s on {hw['name']} at {p['seq_len']:,} x "
+                               f"{p['heads']} heads{_where(p)} (nearest measured shape; "
+                               f"{provenance(p, backend) or hw['measured']['source']})")
 
 
 def _where(p: Mapping[str, Any]) -> str:
@@ -134,12 +136,13 @@ def gemm_rate(hw: Mapping[str, Any], dtype: str, rows: int, params: int) -> tupl
     if pair is not None:
         a, b = pair
         v = rate(a) + (rate(b) - rate(a)) * math.log(rows / a["rows"]) / math.log(b["rows"] / a["rows"])
-        return v, (f"{dtype} block linears {v:.1f} TFLOP/s on {hw['name']}: interpolated in log rows between {rate(a):.1f} "
-                   f"at {a['rows']:,} and {rate(b):.1f} at {b['rows']:,} rows ({provenance(a)}; {provenance(b)})")
+        return v, (f"{dtype} block linears {v:.1f} TFLOP/s on {hw['name']}: interpolated in log rows between "
+                   f"{rate(a):.1f} at {a['rows']:,} and {rate(b):.1f} at {b['rows']:,} rows ({provenance(a)}; "
+                   f"{provenance(b)})")
     p = min(block, key=lambda p: (abs(math.log(p["rows"] / rows)), p["rows"]))
     v = rate(p)
-    return v, (f"{dtype} block linears measured {v:.1f} TFLOP/s on {hw['name']} at {p['rows']:,} rows ({p['ms']:g} ms over "
-               f"{p['layers']} block(s); nearest measured; {provenance(p)})")
+    return v, (f"{dtype} block linears measured {v:.1f} TFLOP/s on {hw['name']} at {p['rows']:,} rows ({p['ms']:g} ms "
+               f"over {p['layers']} block(s); nearest measured; {provenance(p)})")
 
 
 def _throughput(hw: Mapping[str, Any], kind: str, dtype: str, point_key: tuple[int, int] | None = None, backend: str | None = None,
@@ -162,9 +165,9 @@ def _throughput(hw: Mapping[str, Any], kind: str, dtype: str, point_key: tuple[i
     key = efficiency_key(kind, dtype)
     peak, eff = hw["peak_dense_tflops"].get(dtype), hw["efficiency"].get(key)
     if peak is not None and eff is not None:
-        return peak * eff, (f"assumed {eff:g} x vendor dense {dtype} peak {peak:g} TFLOP/s (efficiency.{key}, the {dtype} "
-                            f"{kind} ratio: {hw['efficiency']['source']}; {hw['peak_dense_tflops']['source']}); never "
-                            f"measured on {hw['name']}")
+        return peak * eff, (f"assumed {eff:g} x vendor dense {dtype} peak {peak:g} TFLOP/s (efficiency.{key}, the "
+                            f"{dtype} {kind} ratio: {hw['efficiency']['source']}; "
+                            f"{hw['peak_dense_tflops']['source']}); never measured on {hw['name']}")
     return None, (f"no {dtype} {kind} throughput for {hw['name']} (efficiency.{key}: none): "
                   f"{hw['peak_dense_tflops']['source']}; {hw['efficiency']['source']}")
 

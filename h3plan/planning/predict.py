@@ -42,9 +42,9 @@ def elementwise(sections: Mapping[str, Any], rows: int) -> tuple[float | None, s
         a, b = pair
         ma, mb = sum(a["ms"]) / a["layers"], sum(b["ms"]) / b["layers"]
         v = ma + (mb - ma) * (rows - a["rows"]) / (b["rows"] - a["rows"])
-        return v, (f"recipe {recipe}'s elementwise kernels {v:.3f} ms per block on {hw['name']}: linear in rows between "
-                   f"{ma:.3f} ms at {a['rows']:,} and {mb:.3f} ms at {b['rows']:,} rows ({derive.provenance(a)}; "
-                   f"{derive.provenance(b)})")
+        return v, (f"recipe {recipe}'s elementwise kernels {v:.3f} ms per block on {hw['name']}: linear in rows "
+                   f"between {ma:.3f} ms at {a['rows']:,} and {mb:.3f} ms at {b['rows']:,} rows "
+                   f"({derive.provenance(a)}; {derive.provenance(b)})")
     if points:
         p = min(points, key=lambda p: (abs(math.log(p["rows"] / rows)), p["rows"]))
         per_block = sum(p["ms"]) / p["layers"]
@@ -87,10 +87,12 @@ def decode(sections: Mapping[str, Any], sequence: Mapping[str, Any], precision: 
         return None, f"no decode measured on {hw['name']} at vae_precision={precision}, vae_tiles={tiles}"
     s = vae_decode.seconds(p, latent)
     basis = (f"the call after its last forward measured {p['seconds']:g} s on {hw['name']} at latent {p['latent']} "
-             f"(vae_precision={precision}, vae_tiles={tiles}), scaled by latent frames x height x width ({p['source']})")
+             f"(vae_precision={precision}, vae_tiles={tiles}), scaled by latent frames x height x width "
+             f"({p['source']})")
     if parallel and parallel.get("decode_s") is not None:
-        return parallel["decode_s"], (f"vae_parallel=tiles: {parallel['one_gpu_s']:g} s on one GPU spread over the ranks "
-                                      f"-> {parallel['decode_s']:g} s (the vae_parallel reason's figure); one GPU: {basis}")
+        return parallel["decode_s"], (f"vae_parallel=tiles: {parallel['one_gpu_s']:g} s on one GPU spread over the "
+                                      f"ranks -> {parallel['decode_s']:g} s (the vae_parallel reason's figure); one "
+                                      f"GPU: {basis}")
     return s, basis
 
 
@@ -139,8 +141,8 @@ def call(sections: Mapping[str, Any], sequence: Mapping[str, Any], shp: Mapping[
     if total is None:
         return out
     big = max(parts, key=lambda k: parts[k] or 0)
-    out["call_biggest"] = {"part": big, "share": round(parts[big] / total, 3), "cut": cheapest_cut(sections, sequence, shp, big, settings, fwd,
-                                                                                         parallel_decode)}
+    out["call_biggest"] = {"part": big, "share": round(parts[big] / total, 3),
+                           "cut": cheapest_cut(sections, sequence, shp, big, settings, fwd, parallel_decode)}
     out["basis"]["call_biggest"] = "the largest of text encode, denoise, decode, and the lever that cuts it at the least quality cost"
     return out
 

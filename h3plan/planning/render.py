@@ -157,7 +157,8 @@ def _speed_text(plan) -> str:
     spread = next((d for d in plan.decisions if d.lever == "vae_parallel" and d.setting == "tiles"), None)
     where = "" if spread is None else f" over {plan.get('parallel').get('ulysses')} GPUs (vae_parallel)"
     text += (f"; call {call_s + (te_s or 0):,.0f} s = {what} {den:,.0f} s + decode "
-             f"{dec:,.{1 if dec >= 1 else 2}f} s{where}{venc}{encode}; most: {big['part']} {big['share']:.0%}: {big['cut']}")
+             f"{dec:,.{1 if dec >= 1 else 2}f} s{where}{venc}{encode}; most: {big['part']} {big['share']:.0%}: "
+             f"{big['cut']}")
     return text
 
 

@@ -179,7 +179,8 @@ def test_options_refuse_bad_values_in_one_line():
             options(cfg)
         assert str(e.value).startswith(msg) and "\n" not in str(e.value)
     o = options({"video": "768x1344x124", "bench": {"out_dir": "x", "pipeline": {"vae": "fp16,fp32,fp16"}}})
-    assert (o.video, o.steps, o.rounds, o.warmup, o.text_tokens, o.best, o.vae) == ("768x1344x124", 3, 1, 2, 110, True, ("fp16", "fp32"))
+    assert (o.video, o.steps, o.rounds, o.warmup, o.text_tokens, o.best, o.vae) == (
+        "768x1344x124", 3, 1, 2, 110, True, ("fp16", "fp32"))
 
 
 def test_warm_decode_latent_makes_the_requests_clip_shapes():
@@ -330,7 +331,8 @@ def test_whole_calls_in_separate_runs_meet_each_others_baseline_and_frames(tmp_p
     assert p["frames"]["against"].endswith("(fp16 VAE)") and p["frames"]["against"].startswith("diffusers transformer.")
     assert p["frames"]["from"] == f"run {best[0]['run']} (bench.pipeline.frames_dir)" and p["frames"]["bitwise"] is None
     vs = p["frames_vs_lossless"]
-    assert vs["against"] == "sm90/bf16/u1 (fp32 VAE)" and vs["from"] == f"run {lossless[0]['run']} (bench.pipeline.frames_dir)"
+    assert vs["against"] == "sm90/bf16/u1 (fp32 VAE)"
+    assert vs["from"] == f"run {lossless[0]['run']} (bench.pipeline.frames_dir)"
     assert vs["bitwise"] is False and vs["psnr_db"] > 10
     assert len(os.listdir(frames)) == 3
 

@@ -17,15 +17,18 @@ def _full(mode, e2e, computed=20, forwards=49, skipped_s=2.6):
 def test_every_step_cache_mode_is_checked_against_its_overhead_bound(mode):
     """The overhead check was declared before the runs for every cached call (E2E <= 1.03 x (computed x forward +
     rest)): a PASS or FAIL field in the row, first_block included (its skipped forwards' first block and decision
-    are overhead the check counts). Session 16's first_block row (rounded): 86.50 s against 1.03 x 83.87 s = 86.39 s, FAIL."""
+    are overhead the check counts). Session 16's first_block row (rounded): 86.50 s against 1.03 x 83.87 s = 86.39 s,
+    FAIL."""
     notes, ok = P.step_cache_notes(_full(mode, 186.6, computed=34), 5.365, 4.24)
     assert notes[0].startswith("step_cache: the whole call, 34 of 49 forwards computed")
     assert ok["name"] == "overhead" and ok["result"] == "PASS" and ok["rule"] == checks.RULES["overhead"]
     assert ok["detail"].startswith("E2E 186.60 s <= 1.03 x (34 x 5.365 s + rest 4.24 s) = 192.25 s")
     assert P.step_cache_notes(_full(mode, 200.0, computed=34), 5.365, 4.24)[1]["result"] == "FAIL"
     session16 = P.step_cache_notes(_full(mode, 86.5), 4.051, 2.85)[1]
-    assert session16["result"] == "FAIL" and "> 1.03 x (20 x 4.051 s + rest 2.85 s) = 86.39 s (1.031x)" in session16["detail"]
-    assert P.step_cache_notes(_full(mode, 86.5), None, 2.85)[1]["result"] == "FAIL"  # no forward timed: no bound, no pass
+    assert session16["result"] == "FAIL"
+    assert "> 1.03 x (20 x 4.051 s + rest 2.85 s) = 86.39 s (1.031x)" in session16["detail"]
+    # no forward timed: no bound, no pass
+    assert P.step_cache_notes(_full(mode, 86.5), None, 2.85)[1]["result"] == "FAIL"
 
 
 def test_a_whole_call_is_checked_against_the_short_calls_extrapolation():
@@ -153,7 +156,8 @@ def test_a_lossy_plan_meets_the_lossless_frames_an_earlier_run_kept(tmp_path):
     lossy = _row(_setting("plan", "sm90/fp8/u1 +vae=fp16", "fp16", _Plan(False)), (x * 0.99), 49)
     rec = _rec()
     P._frames(torch, torch.device("cpu"), _opts(str(tmp_path)), lossy, [lossy], rec, store)
-    assert rec.frames_vs_lossless["from"] == "run r1 (bench.pipeline.frames_dir)" and rec.frames_vs_lossless["psnr_db"] > 30
+    assert rec.frames_vs_lossless["from"] == "run r1 (bench.pipeline.frames_dir)"
+    assert rec.frames_vs_lossless["psnr_db"] > 30
     other = _row(_setting("plan", "sm90/fp8/u1 +vae=fp16", "fp16", _Plan(False)), x, 49)
     rec = _rec()
     P._frames(torch, torch.device("cpu"), _opts(str(tmp_path)), other, [other], rec, {**store, "fingerprint": "w2"})

@@ -117,7 +117,8 @@ def test_every_correction_names_a_committed_row_and_shows_at_it():
     assert [(k["name"], k["result"]) for k in pr.checks_of(fb, fixes)] == [("overhead", "FAIL")]
     md = (RESULTS / "pipeline-h200.md").read_text()
     assert "| whole call | overhead FAIL (corrected) |" in md and "**correction** (corrections file)" in md
-    line = next(x for x in README.splitlines() if x.startswith("| 12-02 16:09 | t2va | sm90/fp8/u1 +step_cache=first_block"))
+    line = next(x for x in README.splitlines()
+                if x.startswith("| 12-02 16:09 | t2va | sm90/fp8/u1 +step_cache=first_block"))
     assert "overhead FAIL (corrected)" in line
 
 

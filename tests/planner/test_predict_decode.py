@@ -29,6 +29,8 @@ def test_the_speed_line_decodes_at_the_vae_parallel_reasons_figure(over):
 def test_an_fp32_decode_gathers_fp32_tiles():
     """The installed gather moves the decoder's output dtype (proj_out's weights: float32 at vae_precision=fp32), twice
     the bytes of an fp16 decode's tiles."""
-    gib = [float(re.search(r"gather buffer ([\d.]+) GiB", " ".join(resolve_config(
-        hardware="sm90", parallel="u4", **{"recipe.vae": v}).decision("vae_parallel").reasons)).group(1)) for v in ("fp32", "fp16")]
-    assert gib[0] == pytest.approx(2 * gib[1], rel=0.01)
+    def gib(vae):
+        reasons = resolve_config(hardware="sm90", parallel="u4", **{"recipe.vae": vae}).decision("vae_parallel").reasons
+        return float(re.search(r"gather buffer ([\d.]+) GiB", " ".join(reasons)).group(1))
+
+    assert gib("fp32") == pytest.approx(2 * gib("fp16"), rel=0.01)

@@ -151,4 +151,5 @@ def test_elementwise_between_two_measured_row_counts_is_linear_in_rows():
     pts = [{"recipe": "bf16", "rows": 19000, "layers": 1, "ms": [2.0], "source": "x"},
            {"recipe": "bf16", "rows": 57000, "layers": 1, "ms": [4.0], "source": "x"}]
     plan = resolve_config(hardware="sm90", **{"hardware.measured.elementwise": pts})
-    assert plan.derived_value("elementwise_ms_per_block_est") == pytest.approx(2.0 + 2.0 * (37820 - 19000) / 38000, abs=1e-3)
+    want = 2.0 + 2.0 * (37820 - 19000) / 38000
+    assert plan.derived_value("elementwise_ms_per_block_est") == pytest.approx(want, abs=1e-3)

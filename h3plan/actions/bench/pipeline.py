@@ -702,13 +702,16 @@ def _frames(torch, device, opts, row: _Row, rows, rec, store) -> None:
     frames against the lossless plan's too (rec.frames_vs_lossless: this run's, else frames_dir's). With a frames_dir
     the row's frames are kept there, once."""
     s = row.setting
-    ref = next((r for r in rows if r.setting.name == "reference" and r.setting.of is s), None) if s.name == "plan" else None
+    ref = (next((r for r in rows if r.setting.name == "reference" and r.setting.of is s), None)
+           if s.name == "plan" else None)
     stock = s.name == "plan" and getattr(s, "stock", False)
     against = ref
     if against is None and s.name != "eager":
-        against = next((r for r in rows if r.setting.name == "eager" and r.setting.vae == s.vae and _same_call(r, row)), None)
+        against = next((r for r in rows if r.setting.name == "eager" and r.setting.vae == s.vae
+                        and _same_call(r, row)), None)
     if s.name == "eager" and s.vae != "fp32":  # the lossy decode precision against diffusers' default
-        against = next((r for r in rows if r.setting.name == "eager" and r.setting.vae == "fp32" and _same_call(r, row)), None)
+        against = next((r for r in rows if r.setting.name == "eager" and r.setting.vae == "fp32"
+                        and _same_call(r, row)), None)
     in_run = against is not None and _same_call(row, against)
     if in_run:
         rec.frames = dict(_compared_once(torch, device, row, against))
@@ -823,8 +826,8 @@ def _measure(torch, cfg, plans, opts, device, rank, group, progress, write) -> i
                     progress.write(f"{row_label_of(row.setting)} ({row.setting.vae}): failed: {row.error}")
                     failed += row.setting.name in ("eager", "plan")
                 if rank == 0:
-                    write([_record(torch, device, run_id, request, s.S or S, degree, layers, n_sched, steps_e2e, opts, r, rows,
-                                   store) for r in rows if r.walls or r.error])
+                    write([_record(torch, device, run_id, request, s.S or S, degree, layers, n_sched, steps_e2e, opts,
+                                   r, rows, store) for r in rows if r.walls or r.error])
     finally:
         s.close()
         if rank == 0:

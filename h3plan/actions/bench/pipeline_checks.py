@@ -20,8 +20,8 @@ EXTRAPOLATION = 0.01
 
 RULES = {
     "overhead": f"step cache: E2E <= {OVERHEAD} x (computed forwards x median computed forward + rest of the call)",
-    "extrapolation": f"the whole call's wall within {EXTRAPOLATION:.0%} of forwards x the short call's median forward + "
-                     "its rest",
+    "extrapolation": f"the whole call's wall within {EXTRAPOLATION:.0%} of forwards x the short call's median "
+                     "forward + its rest",
     "bitwise": "the plan's frames equal the frames of the row it must match, bit for bit",
 }
 
@@ -38,14 +38,16 @@ def overhead(full: Mapping[str, Any], fwd: float | None, rest: float | None) -> 
     base = full["computed"] * fwd + rest
     bound = OVERHEAD * base
     ok = full["e2e_s"] <= bound
-    return verdict("overhead", ok, f"E2E {full['e2e_s']:.2f} s {'<=' if ok else '>'} {OVERHEAD} x ({full['computed']} x "
-                                   f"{fwd:.3f} s + rest {rest:.2f} s) = {bound:.2f} s ({full['e2e_s'] / base:.3f}x)")
+    return verdict("overhead", ok, f"E2E {full['e2e_s']:.2f} s {'<=' if ok else '>'} {OVERHEAD} x "
+                                   f"({full['computed']} x {fwd:.3f} s + rest {rest:.2f} s) = {bound:.2f} s "
+                                   f"({full['e2e_s'] / base:.3f}x)")
 
 
 def extrapolation(forwards: int, short_forward: float | None, short_rest: float | None, wall: float) -> dict[str, Any]:
     """The whole call's `wall` against forwards x the short call's median forward + its rest."""
     if short_forward is None or short_rest is None:
-        return verdict("extrapolation", False, f"whole call {wall:.2f} s: the short call timed no forward, no extrapolation")
+        return verdict("extrapolation", False,
+                       f"whole call {wall:.2f} s: the short call timed no forward, no extrapolation")
     est = forwards * short_forward + short_rest
     err = est / wall - 1
     return verdict("extrapolation", abs(err) <= EXTRAPOLATION,

@@ -133,7 +133,8 @@ CORRECTIONS_KIND = "pipeline-call-corrections"
 
 def corrections_path(json_path: str) -> str:
     """<stem>-corrections.json beside <stem>.json."""
-    return json_path[:-len(".json")] + "-corrections.json" if json_path.endswith(".json") else json_path + "-corrections"
+    stem = json_path[:-len(".json")] if json_path.endswith(".json") else json_path
+    return stem + "-corrections.json"
 
 
 def load_corrections(json_path: str) -> list[dict]:
@@ -172,10 +173,12 @@ def read_back(r: Mapping) -> list[dict]:
     out = []
     for n in r.get("notes") or ():
         if n.startswith("overhead check:") and n.rsplit(" ", 1)[-1] in ("PASS", "FAIL"):
-            out.append({"name": "overhead", "result": n.rsplit(" ", 1)[-1], "detail": n.removeprefix("overhead check: ")})
+            out.append({"name": "overhead", "result": n.rsplit(" ", 1)[-1],
+                        "detail": n.removeprefix("overhead check: ")})
     f = r.get("frames") or {}
     against = str(f.get("against", ""))
-    must = against.startswith("eager with") or ("+attention=sdpa" in r["label"] and against.startswith("diffusers eager"))
+    must = against.startswith("eager with") or (
+        "+attention=sdpa" in r["label"] and against.startswith("diffusers eager"))
     if r["setting"] == "plan" and must and f.get("bitwise") is not None:
         out.append({"name": "bitwise", "result": "PASS" if f["bitwise"] else "FAIL", "detail": f"against {against}"})
     return out
@@ -184,7 +187,9 @@ def read_back(r: Mapping) -> list[dict]:
 def whole_call(r: Mapping) -> bool:
     """The row's E2E is one whole call timed end to end (a record from before the field: its E2E is its wall time,
     as the step-cache rows wrote it)."""
-    return bool(r["whole_call"]) if "whole_call" in r else r.get("e2e_s") is not None and r.get("e2e_s") == r.get("wall_s")
+    if "whole_call" in r:
+        return bool(r["whole_call"])
+    return r.get("e2e_s") is not None and r.get("e2e_s") == r.get("wall_s")
 
 
 def timed_as(r: Mapping) -> str:
@@ -313,7 +318,8 @@ COLUMN_NOTES = """\
 def render_markdown(doc: Mapping, fixes: Sequence[Mapping] = ()) -> str:
     """The results file as markdown; `fixes`: its corrections (load_corrections), shown at their rows."""
     recs = doc.get("records", [])
-    columns = tuple(c if c[0] != "vs best" else ("vs best", "r", lambda r: vs_best_text(r, recs)) for c in RECORD_COLUMNS)
+    columns = tuple(c if c[0] != "vs best" else ("vs best", "r", lambda r: vs_best_text(r, recs))
+                    for c in RECORD_COLUMNS)
     columns += (("checks", "l", lambda r: checks_text(r, fixes)),)
     devices = sorted({r.get("device", "") for r in recs}) or ["(none)"]
     out = [f"# The call users make: diffusers' `pipe(...)` with and without an h3plan plan ({', '.join(devices)})", ""]
@@ -333,7 +339,8 @@ def render_markdown(doc: Mapping, fixes: Sequence[Mapping] = ()) -> str:
             extra += list(r.get("notes") or [])
             extra += [f"{k['name']} {k['result']}: {k['detail']}" for k in r.get("checks") or ()]
             if r.get("best_run"):
-                extra.append(f"vs best: diffusers' best with the {r['vae']} VAE from run {r['best_run']} (none in this run)")
+                extra.append(f"vs best: diffusers' best with the {r['vae']} VAE from run {r['best_run']} "
+                             "(none in this run)")
             if r.get("frames_vs_lossless"):
                 extra.append("frames vs the lossless plan: " + frames_text(r["frames_vs_lossless"]) +
                              f" ({r['frames_vs_lossless'].get('from')})")
