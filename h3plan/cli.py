@@ -19,10 +19,12 @@ import sys
 from typing import Any
 
 from . import __version__
-from .actions import ACTIONS, run_action
+from .actions import ACTIONS, gpu_only, run_action
 from .errors import H3PlanError, UsageError
 from .levers import SPECS
-from .planning.config import CONFIG_NAME, CONFIG_PATH, compose, condense, libyaml, record_choices
+from .planning.config import (CONFIG_NAME, CONFIG_PATH, check_overrides, compose, condense, libyaml,
+                              record_choices)
+from .planning.action_configs import BenchConfig, CalibrateConfig, TuneConfig, VerifyConfig
 from .planning.memory import MemoryConfig
 from .planning.request import FIELDS, video_overrides
 from .planning.render import _request_lines, _short, _wrap, render_summary, render_table  # noqa: F401 (cli.render_*)
@@ -33,7 +35,20 @@ _failure: BaseException | None = None
 
 
 def main(argv: list[str] | None = None) -> None:
-    sys.exit(run(sys.argv[1:] if argv is None else argv))
+    """The console script: run, then flush stdout here, so that a reader that closed the pipe early (`| head -1`)
+    ends the command quietly with 0 instead of a BrokenPipeError at the interpreter's exit (Python's own recipe)."""
+    try:
+        code = run(sys.argv[1:] if argv is None else argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        code = closed_pipe()
+    sys.exit(code)
+
+
+def closed_pipe() -> int:
+    """stdout's reader is gone: point stdout at /dev/null (nothing else is written, nor flushed at exit); exit 0."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
 
 
 def run(argv: list[str]) -> int:
@@ -61,6 +76,7 @@ def run(argv: list[str]) -> int:
             cfg = compose(argv)
             if cfg.action.name == "plan":
                 return _plan_and_act(cfg, argv)
+            _refuse_without_gpu(cfg, argv)
         parser = _parser()
         args = parser.parse_args(argv)
         if not plain and _plain_run(args):  # a plan without Hydra's job machinery: one composition
@@ -76,6 +92,7 @@ def run(argv: list[str]) -> int:
 
         sweep.strict_failure = None
         args.overrides = video_overrides(args.overrides)
+        check_overrides(args.overrides)
         _check_launcher(args.overrides)
         if args.multirun and any(o.startswith("plan=") for o in args.overrides):
             raise UsageError("plan=FILE reads one saved plan: a sweep (-m) plans its own combinations")
@@ -89,8 +106,7 @@ def run(argv: list[str]) -> int:
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BrokenPipeError:  # `python -m h3plan | head`: stop quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+        return closed_pipe()
     except Exception as e:  # noqa: BLE001 - every error becomes one line
         if user_full == "1":
             raise
@@ -226,7 +242,7 @@ def _task(cfg) -> Any:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    record_choices(cfg, HydraConfig.get().runtime.choices)
+    record_choices(cfg, HydraConfig.get().runtime.choices, HydraConfig.get().searchpath)
     if HydraConfig.get().mode == RunMode.MULTIRUN:
         from . import sweep
 
@@ -243,6 +259,9 @@ def _plan_and_act(cfg, overrides: list[str]) -> int:
     global _rc
     from . import planner
 
+    if cfg.action.name == "calibrate" and cfg.calibrate.target == "step_cache" and \
+            getattr(cfg.levers.step_cache, "name", cfg.levers.step_cache) == "auto":
+        cfg.levers.step_cache = "off"  # it measures its own candidates against the uncached plan
     plan, cfg = _saved_plan(cfg, overrides) if cfg.plan else (planner.resolve(cfg), cfg)
     action = cfg.action.name
     if cfg.out:
@@ -259,6 +278,19 @@ def _plan_and_act(cfg, overrides: list[str]) -> int:
     if cfg.plan and fmt == "table":
         print(f"plan read from {cfg.plan} and checked: its config plans these settings again")
     return 0
+
+
+def _refuse_without_gpu(cfg, overrides: list[str]) -> None:
+    """An action that needs a GPU, on a machine that has none (actions/gpu_only.py): refused from the composed config,
+    before Hydra's job runner and the action's imports (run_action refuses the same on every other path)."""
+    if not gpu_only.no_gpu_here():
+        return
+    from . import planner
+
+    plan = _saved_plan(cfg, overrides)[0] if cfg.plan else planner.resolve(cfg)
+    why = gpu_only.refusal(cfg.action.name, cfg, plan)
+    if why is not None:
+        raise UsageError(why)
 
 
 def _saved_plan(cfg, overrides: list[str]):
@@ -309,8 +341,7 @@ def help_text(width: int = 110) -> str:
             (memory, "how the pipeline holds its models, for the peak-memory estimate (h3plan/planning/memory.py MemoryConfig)"),
             ("detail=summary|full", "table: the summary and one line per lever (default), or every reason, its sources "
                                     "and the derived numbers"),
-            ("verify.* bench.* calibrate.* tune.*", "see h3plan/planning/action_configs.py (VerifyConfig, BenchConfig, "
-                                                    "CalibrateConfig, TuneConfig)"),
+            *_action_keys(),
             ("-m a=x,y b=z", "sweep every combination (strict=true: exit 1 if any is invalid)")]
     lines += ["", "other keys:"]
     for key, what in keys:
@@ -329,6 +360,34 @@ def help_text(width: int = 110) -> str:
               f"  python -m {PROG} action=calibrate recipe=fp8 model=h3_tiny", "",
               "Hydra's own options: --hydra-help, --cfg job, --info."]
     return "\n".join(lines) + "\n"
+
+
+def _action_keys() -> list[tuple[str, str]]:
+    """(its keys, what it is) for each action section, from its dataclass (planning/action_configs.py): a key with
+    choices lists them (bench.target=block|pipeline), a nested section its own keys (bench.pipeline.*)."""
+    import dataclasses
+    import enum
+    import typing
+
+    def keys(prefix: str, cls) -> list[str]:
+        out = []
+        for f in dataclasses.fields(cls):
+            tp = typing.get_type_hints(cls)[f.name]
+            if dataclasses.is_dataclass(tp):
+                out += keys(f"{prefix}{f.name}.", tp)
+            elif isinstance(tp, type) and issubclass(tp, enum.Enum):
+                out.append(f"{prefix}{f.name}={'|'.join(m.value for m in tp)}")
+            else:
+                out.append(f"{prefix}{f.name}=")
+        return out
+
+    rows = []
+    for name, cls in (("verify", VerifyConfig), ("bench", BenchConfig), ("calibrate", CalibrateConfig),
+                      ("tune", TuneConfig)):
+        doc = (cls.__doc__ or "").strip()
+        what = doc.split("\n")[0] if doc and not doc.startswith(cls.__name__ + "(") else f"action={name}"
+        rows.append((" ".join(keys(f"{name}.", cls)), f"the keys of {what}"))
+    return rows
 
 
 def write_plan(plan, path: str) -> None:

@@ -44,6 +44,11 @@ class InstallError(H3PlanError):
     """A plan that does not fit the model it is installed into (other widths, other heads, another class)."""
 
 
+class H3PlanWarning(UserWarning):
+    """Something h3plan did that the user must know but that is no error (a saved plan's hand edits replaced); str() is
+    one line, and the CLI prints it as `h3plan: warning: ...`."""
+
+
 def runtime_missing(e: ModuleNotFoundError, who: str) -> UsageError | None:
     """The UsageError for `who` (h3plan.install ...) when `e` is a missing torch / diffusers / triton, the packages
     the install side imports and planning never does; None for any other missing module (a bug: re-raise it)."""
@@ -54,7 +59,8 @@ def runtime_missing(e: ModuleNotFoundError, who: str) -> UsageError | None:
                       "planning needs neither: h3plan.resolve_config(...), python -m h3plan")
 
 
-__all__ = ["H3PlanError", "ConfigError", "PlanningError", "PlanFileError", "UsageError", "InstallError"]
+__all__ = ["H3PlanError", "ConfigError", "PlanningError", "PlanFileError", "UsageError", "InstallError",
+           "H3PlanWarning"]
 
 
 def unknown_key_line(key: str, allowed: list[str]) -> str:

@@ -10,7 +10,8 @@ numbers a user needs, and one Decision per lever in installation order; the whol
 no torch) and installing (GPU host). `Plan.from_dict(plan.to_dict()) == plan` and the YAML / JSON round trips are
 the identity, so a plan resolved on a laptop installs unchanged on a cluster. A plan read back (`from_dict`,
 `load`) is planned again from its own config: what is derivable (losslessness, params, the derived numbers, notes)
-comes from the planner, not the file; a decision the config does not give is planned as forced (and must apply);
+comes from the planner, not the file, and where the file's differ a warning names them (H3PlanWarning, one line); a
+decision the config does not give is planned as forced (and must apply);
 anything else (a lever missing, twice or unknown, a lossless flag the lever registry contradicts, params the
 planner does not derive, a config that does not plan) is a PlanFileError.
 """
@@ -24,12 +25,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from .errors import ConfigError, H3PlanError, PlanFileError, PlanningError, UsageError
+from .errors import ConfigError, H3PlanError, H3PlanWarning, PlanFileError, PlanningError, UsageError
 from .levers import LEVER_SETTINGS, REGISTRY, SPECS, Context, LeverError, terms
 from .planning import CONF, checkpoint, derive, memory, predict, schema
 from h3plan.facts.decision import Decision, freeze, thaw
 from .planning.config import compose, override
-from .planning.render import render_summary, render_table
+from .planning.render import evidence, render_summary, render_table
 from .planning.request import one_pipeline
 from .planning.schema import PLAN_SECTIONS
 
@@ -102,8 +103,10 @@ class Plan:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "Plan":
-        """A Plan from its dict form; anything that is not one raises PlanFileError (one line)."""
+    def from_dict(cls, d: Mapping[str, Any], *, source: str = "plan") -> "Plan":
+        """A Plan from its dict form; anything that is not one raises PlanFileError (one line). What the planner
+        derives (derived numbers, reasons, notes) comes from its config: where the dict's differ they are replaced,
+        and a warning (H3PlanWarning, one line starting with `source`) names them."""
         if not isinstance(d, Mapping):
             raise PlanFileError(f"a plan must be a mapping with 'decisions', got {type(d).__name__}")
         unknown = sorted(map(str, set(d) - set(PLAN_KEYS)))
@@ -125,7 +128,9 @@ class Plan:
                 raise PlanFileError(f"plan '{key}' must be a mapping")
         decisions = tuple(Decision.from_dict(x) for x in d["decisions"])
         _check_levers(decisions)
-        return _replan(dict(d.get("config", {}) or {}), dict(d.get("derived", {}) or {}), decisions)
+        plan = _replan(dict(d.get("config", {}) or {}), dict(d.get("derived", {}) or {}), decisions)
+        _say_recomputed(d, plan, source)
+        return plan
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False)
@@ -192,7 +197,7 @@ class Plan:
         except yaml.YAMLError as e:
             raise PlanFileError(f"plan file {path}: {_yaml_line(e)}") from None
         try:
-            return cls.from_dict(raw)
+            return cls.from_dict(raw, source=f"plan file {path}")
         except PlanFileError as e:
             raise PlanFileError(f"plan file {path}: {e}") from None
 
@@ -204,6 +209,47 @@ def _yaml_line(e) -> str:
 
 
 PLAN_KEYS = ("schema_version", "config", "derived", "decisions", "notes")  # what Plan.to_dict writes
+
+
+def _say_recomputed(d: Mapping[str, Any], plan: Plan, source: str) -> None:
+    """Warn (one line) where the file's derived values, reasons or notes differ from what its config plans: they were
+    replaced, so a hand edit of them is never kept silently. A key the file leaves out is no edit; a file with a setting
+    chosen by hand (planned as forced) has them planned anew for it, as documented."""
+    import warnings
+
+    fresh = plan.to_dict()
+    if any(x.forced != bool(y.get("forced", False)) for x, y in zip(plan.decisions, _by_lever(d["decisions"], plan))):
+        return
+    mine = dict(d.get("derived") or {})
+    changed = [f"derived.{k}" for k in mine if mine[k] != fresh["derived"].get(k)]
+    planned = {x["lever"]: x["reasons"] for x in fresh["decisions"]}
+    changed += [f"the reasons of {x['lever']}" for x in d["decisions"]
+                if "reasons" in x and [str(r) for r in x["reasons"] or ()] != planned[x["lever"]]]
+    if d.get("notes") and list(d["notes"]) != fresh["notes"]:
+        changed.append("notes")
+    if changed:
+        shown = ", ".join(changed[:4]) + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
+        verb = "differs" if len(changed) == 1 and changed[0].startswith("derived.") else "differ"
+        warnings.warn(f"{source}: {shown} {verb} from what its config plans, replaced (derived numbers, reasons and "
+                      "notes come from the config; edited by hand, or saved by another h3plan version: change the "
+                      "config and plan again)", H3PlanWarning, stacklevel=_caller_level())
+
+
+def _by_lever(decisions, plan: Plan) -> list:
+    """The file's decision dicts in the plan's lever order."""
+    mine = {x["lever"]: x for x in decisions}
+    return [mine[d.lever] for d in plan.decisions]
+
+
+def _caller_level() -> int:
+    """warnings.warn's stacklevel of the first frame outside h3plan/ (the user's call), from its caller's frame."""
+    import sys
+
+    here, level = os.path.dirname(os.path.abspath(__file__)), 1
+    frame: Any = sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(here + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def is_json_path(path) -> bool:
@@ -341,7 +387,9 @@ def _notes(sections: Mapping[str, Any], decisions, memory_over: str | None = Non
     lossy = [d.lever for d in decisions if not d.lossless]
     notes = []
     if lossy and r["policy"] == "lossless":
-        notes.append(f"lossy by the recipe's own choice: {', '.join(lossy)} (each line gives its measured error); every "
+        own = [f"{d.lever}={d.setting} ({'; '.join(evidence(d)) or 'its error never measured by h3plan'})"
+               for d in decisions if not d.lossless]
+        notes.append(f"lossy by the recipe's own choice, outside its lossless policy: {'; '.join(own)}; every "
                      "other lever keeps eager's bits given the attention backend")
     elif lossy:
         notes.append(f"lossy levers: {', '.join(lossy)}; budget PSNR >= {r['budget']['psnr_db_min']} dB, SSIM >= {r['budget']['ssim_min']} "
@@ -349,12 +397,17 @@ def _notes(sections: Mapping[str, Any], decisions, memory_over: str | None = Non
     else:
         notes.append("lossless plan: every lever keeps eager's bits given the attention backend")
     if memory_over:
-        notes.append(f"does not fit one {hw['name']} GPU (memory.check=false: reported, not refused): {memory_over}")
+        notes.append(f"does not fit one {_gpu(hw)} GPU (memory.check=false: reported, not refused): {memory_over}")
     unverified = [d.lever for d in decisions if not d.hardware_verified  # an encode lever off for t2va runs nothing
                   and not (SPECS[d.lever].table_skips_off and d.setting == "off")]
     if unverified:
         notes.append(f"* never run on {hw['name']} hardware by h3plan: {', '.join(unverified)}")
     return notes
+
+
+def _gpu(hw: Mapping[str, Any]) -> str:
+    """The GPU the user named (hardware=h100, a file of their own), where its facts may be another's (hardware.name)."""
+    return str(hw.get("option") or hw["name"])
 
 
 def _memory(sections, shape, decisions) -> tuple[dict[str, Any], dict[str, str]]:
@@ -395,7 +448,7 @@ def _memory(sections, shape, decisions) -> tuple[dict[str, Any], dict[str, str]]
             f"{off['peak_gib'] - est['peak_gib']:.1f} GiB of this GPU's peak")
     why = memory.fit(est, gb, m["reserve_fraction"]) if gb else None
     if why and m["check"]:
-        raise PlanningError(f"the plan does not fit one {hw['name']} GPU: {why}")
+        raise PlanningError(f"the plan does not fit one {_gpu(hw)} GPU: {why}")
     if why:  # memory.check=false: reported, never printed as if it fitted
         values["memory_does_not_fit"] = why
         basis["memory_does_not_fit"] = "memory.check=false: the estimate is reported, not refused"
@@ -441,11 +494,17 @@ def resolve(cfg) -> Plan:
     cache = decisions.get("step_cache")
     computed = cache.param("computed") if cache is not None and cache.enabled else None
     spread = decisions.get("vae_parallel")
+    sparse = next((d for d in decisions.values() if d.enabled and terms({d.lever: d}).sparse_attention), None)
     times = predict.call(sections, sequence, ctx.shape, fwd, settings, computed,
-                         dict(spread.params) if spread is not None and spread.setting == "tiles" else None)
+                         dense=sparse.param("dense_forwards") if sparse is not None else None,
+                         parallel_decode=dict(spread.params) if spread is not None and spread.setting == "tiles" else None)
     if computed:
         times["computed_forwards"] = computed
         times.setdefault("basis", {})["computed_forwards"] = "step_cache: the forwards its schedule computes"
+    if cache is not None and cache.enabled and cache.param("fewest_computed") is not None:  # adaptive: a range
+        rng = predict.call_range(sections, sequence, times, fwd, cache.param("fewest_computed"))
+        times.update({k: v for k, v in rng.items() if k != "basis"})
+        times.setdefault("basis", {}).update(rng.get("basis", {}))
     derived = derive.merge(ctx.shape, {**est, **fwd, **times, "basis": {**est["basis"], **fwd["basis"], **times.get("basis", {})}})
     mem, mem_basis = _memory(sections, ctx.shape, decisions)
     derived.update(mem, sequence=sequence)
@@ -480,4 +539,16 @@ def resolve_config(*positional, **groups) -> Plan:
     if positional:
         raise UsageError(f"h3plan.resolve_config takes group choices by name, e.g. resolve_config(hardware=\"sm90\", "
                          f"recipe=\"bf16\"); got {len(positional)} positional argument(s): {positional[0]!r}")
+    for key in groups:
+        top = key.partition(".")[0]
+        if top in NOT_A_PLAN:
+            raise UsageError(f"resolve_config({key}=...): {top} is the command line's, not the plan's: "
+                             f"{NOT_A_PLAN[top]}")
     return resolve(compose([override(k, v) for k, v in groups.items()]))
+
+
+_ACTION = "an action runs from the command line (python -m h3plan action=verify ...) on the plan it resolves"
+NOT_A_PLAN = {"out": "plan.save(path) writes the plan", "format": "plan.to_json() and plan.to_yaml() give it",
+              "detail": "plan.summary(detail=\"full\") prints every reason", "plan": "h3plan.Plan.load(path) reads one",
+              "action": _ACTION, "verify": _ACTION, "bench": _ACTION, "calibrate": _ACTION, "tune": _ACTION}
+"""The top-level config keys resolve_config refuses: they shape what the CLI does with a plan, never the plan."""

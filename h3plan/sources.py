@@ -11,6 +11,8 @@ NAMES = {
     "vllm-omni-modulation-seed": "vLLM-Omni's fused MiniMax-H3 modulation",
     "vllm-omni-vae-seed": "vLLM-Omni's MiniMax-H3 VAE decoder ops",
     "fastvideo-seed": "FastVideo's MiniMax-H3 kernels",
+    "sglang-subblock": "SGLang's SubBlock sparse attention for MiniMax-H3",
+    "fa4-block-sparse": "flash-attn-4's block-sparse forward",
 }
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -37,6 +38,7 @@ from .planning.schema import LEVER_SETTINGS
 GROUPS = ("hardware", "recipe", "parallel", "model", "vae")
 KEY_LEVERS = tuple(COLUMNS)  # the levers whose SPEC names a sweep column, in registry order
 REASON_ROOM = 100  # an invalid row's reason in the table (the files keep it whole)
+WIDTH = 120  # the summary table's width: its columns wrap into bands beyond it
 
 
 # Set by SweepSummary in the launching process (Hydra turns a callback's exception into a warning);
@@ -114,7 +116,9 @@ def _common(rows: list[dict[str, Any]]) -> frozenset:
     return frozenset(set.intersection(*sets)) if sets else frozenset()
 
 
-def render(rows: list[dict[str, Any]]) -> str:
+def render(rows: list[dict[str, Any]], width: int = WIDTH) -> str:
+    """The sweep's table: a row per combination, its key levers and numbers, in bands that fit `width` columns; an
+    invalid row's reason cut (the files keep it whole)."""
     head = ["#", "combination", "status"] + [COLUMNS[k] for k in KEY_LEVERS] + [
         "lossless", "attn_ms", "gemm_ms", "peak_gib", "never_ran"]
     table, common = [], _common(rows)
@@ -129,20 +133,38 @@ def render(rows: list[dict[str, Any]]) -> str:
                 "n/a" if r.get("peak_gib") is None else f"{r['peak_gib']:.1f}",
                 "all" if r.get("all_never_ran") else str(len(r.get("never_ran", [])))]
         else:
-            cells += [f"{r['status']}: {_cut(r.get('reason', ''), REASON_ROOM)}"]
+            cells += [f"{r['status']}: {r.get('reason', '')}"]  # cut to the band's room below
         table.append(cells)
     widths = [max([len(head[i])] + [len(c[i]) for c in table if len(c) > i and not (i == 2 and c[i] != "ok")])
               for i in range(len(head))]
-
-    def line(cells):
-        if len(cells) == 3 and cells[2] != "ok" and cells[2] != head[2]:
-            return f"{cells[0]:<{widths[0]}}  {cells[1]:<{widths[1]}}  {cells[2]}"
-        return "  ".join(f"{c:<{w}}" for c, w in zip(cells, widths)).rstrip()
-
+    lines: list[str] = []
+    for band in _bands(widths, width):  # the columns that fit `width`, each band led by the job's number
+        if lines:
+            lines.append("")
+        lines.append("  ".join(f"{head[i]:<{widths[i]}}" for i in band).rstrip())
+        for c in table:
+            if len(c) == len(head):
+                lines.append("  ".join(f"{c[i]:<{widths[i]}}" for i in band).rstrip())
+            elif band[1] == 1:  # an invalid row: its reason in the first band only, cut to the width
+                status, _, reason = c[2].partition(": ")
+                room = max(40, min(REASON_ROOM, width - widths[0] - widths[1] - 4 - len(status) - 2))
+                lines.append(f"{c[0]:<{widths[0]}}  {c[1]:<{widths[1]}}  {status}: {_cut(reason, room)}")
     n_bad = sum(r["status"] != "ok" for r in rows)
     total = f"{len(rows)} combinations, {len(rows) - n_bad} valid, {n_bad} invalid or failed"
-    return "\n".join([line(head)] + [line(c) for c in table]
-                      + [total + (" (whole reasons: summary.csv)" if n_bad else "")]) + "\n"
+    return "\n".join(lines + [total + (" (whole reasons: summary.csv)" if n_bad else "")]) + "\n"
+
+
+def _bands(widths: list[int], width: int) -> list[list[int]]:
+    """The table's columns in bands of at most `width` characters (two spaces between columns): the first band holds
+    the number, the combination and the status, each later band the number again; a column wider than a band has
+    one of its own."""
+    bands, band = [], [0, 1, 2]
+    for i in range(3, len(widths)):
+        if sum(widths[j] + 2 for j in band) + widths[i] > width and len(band) > (3 if band[1] == 1 else 1):
+            bands.append(band)
+            band = [0]
+        band.append(i)
+    return bands + [band]
 
 
 def write_summary(sweep_dir: Path, rows: list[dict[str, Any]]) -> None:
@@ -181,17 +203,21 @@ class SweepSummary(Callback):
         write_summary(sweep_dir, rows)
         fmt = getattr(config.get("format"), "name", config.get("format")) or "table"
         where = f"plans and summary (summary.json, summary.csv) in {sweep_dir}"
-        if fmt == "json":
-            print(json.dumps(rows, indent=1))
-            print(where, file=sys.stderr)
-        elif fmt == "yaml":
-            import yaml
+        try:
+            if fmt == "json":
+                print(json.dumps(rows, indent=1))
+                print(where, file=sys.stderr)
+            elif fmt == "yaml":
+                import yaml
 
-            print(yaml.safe_dump(rows, sort_keys=False, width=120), end="")
-            print(where, file=sys.stderr)
-        else:
-            print(render(rows), end="")
-            print(where)
+                print(yaml.safe_dump(rows, sort_keys=False, width=120), end="")
+                print(where, file=sys.stderr)
+            else:
+                print(render(rows), end="")
+                print(where)
+            sys.stdout.flush()
+        except BrokenPipeError:  # `-m ... | head`: the reader is gone (the files are written); stdout to /dev/null
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         global strict_failure
         bad = [r for r in rows if r["status"] != "ok"]
         if config.get("strict") and bad:

@@ -11,6 +11,8 @@ import importlib
 
 from h3plan.errors import UsageError
 
+from . import gpu_only
+
 ACTIONS = {"verify": "h3plan.actions.verify", "bench": "h3plan.actions.bench", "calibrate": "h3plan.actions.calibrate",
            "tune": "h3plan.actions.tune"}
 RUNTIME_PACKAGES = ("torch", "triton", "diffusers", "numpy", "matplotlib", "tqdm")
@@ -29,8 +31,13 @@ def _missing_package(e: ModuleNotFoundError) -> str | None:
 
 
 def run_action(cfg, plan) -> int:
-    """Run `cfg.action` on `plan`; a missing runtime package raises UsageError with the install hint."""
+    """Run `cfg.action` on `plan`; a missing runtime package raises UsageError with the install hint. On a machine
+    with no GPU a run that needs one is refused from the config, before the action imports torch (gpu_only.py)."""
     action = cfg.action.name
+    if action in ACTIONS and gpu_only.no_gpu_here():
+        why = gpu_only.refusal(action, cfg, plan)
+        if why is not None:
+            raise UsageError(why)
     try:
         return int(get_action(action)(cfg, plan) or 0)
     except ModuleNotFoundError as e:

@@ -29,10 +29,11 @@ from h3plan.planning.config import compose
 from h3plan.planning.request import MIN_STEPS, STEPS_RULE
 from h3plan.facts.scale_table import ScaleTableError, config_hash, write
 
+from .calibrate_sparse_attention import run as run_sparse_attention
 from .calibrate_step_cache import run as run_step_cache
+from .gpu_only import CALIBRATE_SMOKE as CPU_SMOKE, calibrate_too_wide
 from .verify import CPU_MAX_ROWS, _cfg_get, _prepare_device
 
-CPU_SMOKE = "python -m h3plan action=calibrate recipe=fp8 model=h3_tiny"  # the form that runs on a CPU, as verify's
 
 
 def settings(cfg) -> CalibrateConfig:
@@ -202,8 +203,10 @@ def run(cfg, plan) -> int:
     c = settings(cfg)
     if c.target == "step_cache":
         return run_step_cache(cfg, plan, c)
+    if c.target == "sparse_attention":
+        return run_sparse_attention(cfg, plan, c)
     if c.target != "fp8_scales":
-        raise UsageError(f"calibrate.target={c.target}: allowed: fp8_scales, step_cache")
+        raise UsageError(f"calibrate.target={c.target}: allowed: fp8_scales, step_cache, sparse_attention")
     if c.statistic not in ("amax", "percentile"):
         raise UsageError(f"calibrate.statistic={c.statistic}: allowed: amax, percentile")
     if c.percentile is not None and not 0 < float(c.percentile) <= 100:
@@ -227,7 +230,7 @@ def run(cfg, plan) -> int:
 
     dcfg = cfg.model.diffusers_config
     if device == "cpu" and int(dcfg["hidden_size"]) > 1024:
-        raise UsageError(f"calibrate on the CPU needs a small model: pass model=h3_tiny (real width needs a GPU): {CPU_SMOKE}")
+        raise UsageError(calibrate_too_wide())
     dtype = resolve_dtype(c.dtype)
     default_len = 48 if device == "cpu" else int(_cfg_get(_cfg_get(cfg, "parallel", {}), "seq_len", 19000))
     seq_len = int(c.seq_len if c.seq_len is not None else default_len)

@@ -1,4 +1,4 @@
-"""Frame quality against a reference: PSNR and SSIM of decoded video, in torch (any device).
+"""Quality against a reference: PSNR and SSIM of decoded video, the SNR of a soundtrack, in torch (any device).
 
 Frames are floats in [0, 1] (data_range 1), shaped (..., C, H, W); every (frame, channel) image is
 scored on its own and the scores averaged. SSIM is Wang et al. 2004 with the usual constants: an 11x11
@@ -63,6 +63,18 @@ def ssim(x: torch.Tensor, ref: torch.Tensor, data_range: float = 1.0) -> float:
         total += s.mean(dim=(1, 2, 3)).sum().item()
         count += s.shape[0]
     return total / count
+
+
+def snr_db(x: torch.Tensor, ref: torch.Tensor) -> float | None:
+    """Signal-to-noise ratio of x against ref in dB, 10 log10(sum ref^2 / sum (x - ref)^2) over all samples (an audio
+    track's); None when identical."""
+    if x.shape != ref.shape:
+        raise ValueError(f"snr_db: shapes differ {tuple(x.shape)} vs {tuple(ref.shape)}")
+    noise = (x.double() - ref.double()).pow(2).sum().item()
+    if noise == 0:
+        return None
+    signal = ref.double().pow(2).sum().item()
+    return 10.0 * math.log10(signal / noise) if signal > 0 else -math.inf
 
 
 def compare(x: torch.Tensor, ref: torch.Tensor) -> dict:

@@ -52,10 +52,9 @@ from h3plan.planning.config import compose
 from h3plan.planning.predict import encode_tiles
 from h3plan.runtime.quant import quantized_linear
 
+from .gpu_only import TUNE_REFUSAL as CPU_REFUSAL
 from .pipeline_build import build_vae
 
-CPU_REFUSAL = ("action=tune measures a GPU and this machine has none (torch.cuda.is_available() is False): plans here "
-               "use the packaged facts (python -m h3plan hardware=sm90 ...)")
 ATTENTION_HINTS = ("flash", "fmha", "sdpa", "attention", "attn")
 GEMM_HINTS = ("gemm", "nvjet", "xmma", "cublas", "matmul", "_mm_")
 

@@ -49,7 +49,9 @@ from h3plan.planning.checkpoint import transformer_folder
 from h3plan.facts.decision import make_decision
 from h3plan.facts.hardware import gemm_reason
 
+from .gpu_only import VERIFY_SMOKE as CPU_SMOKE, verify_too_wide
 from .pipeline_build import build_vae
+from .verify_sparse_attention import check as check_sparse_attention
 from .verify_step_cache import check as check_step_cache
 
 
@@ -74,7 +76,6 @@ def _cfg_get(cfg, key, default=None):
 # On the CPU every Triton kernel runs in the interpreter: 48 rows take about half a minute, 384 rows minutes.
 CPU_MAX_ROWS = 256
 CPU_MAX_BLOCKS = 4
-CPU_SMOKE = "python -m h3plan action=verify model=h3_tiny"
 
 
 def _prepare_device(name: str, key: str = "verify.device"):
@@ -297,6 +298,7 @@ def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, head
     plan = _single_process(plan)
     v = Verifier(model, inputs, registry)
     eager = v.run(None)
+    sparse = next((d for d in plan.decisions if d.lever == "sparse_attention" and d.enabled), None)
     backend = _backend_of(plan)
     why = _availability(backend, model, device, dtype)
     if why is not None:
@@ -335,6 +337,8 @@ def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, head
         if d.lever == "step_cache":  # one forward says nothing about skipped ones: a generation (verify_step_cache.py)
             check_step_cache(model, inputs, plan, rep, compare, registry)
             continue
+        if d.lever == "sparse_attention":  # verify's forward is off the schedule (dense): its own check, below
+            continue
         if d.lever in VAE_LEVERS:
             print(f"SKIP  {d.lever + '=' + d.setting:<34} a VAE lever: " + ("checked with the VAE below" if vae is not None
                                                                       else "this verify builds no VAE"))
@@ -371,7 +375,13 @@ def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, head
     levers = [d.lever for d in plan.decisions]
     m_ref = {k: compare(whole.outputs[k], ref.outputs[k]) for k in OUTPUTS}
     m_eager = {k: compare(whole.outputs[k], eager.outputs[k]) for k in OUTPUTS}
-    if all(d.lossless or d.lever == "step_cache" for d in plan.decisions):  # one forward off the cache's schedule computes
+    if sparse is not None:  # the attention error per keep fraction (verify_sparse_attention.py), FA4 or not
+        check_sparse_attention(model, inputs, sparse, rep)
+        rep.skip(f"{sparse.lever}={sparse.setting}", "verify's one forward is off the step schedule (dense): FA4's "
+                 "block-sparse forward runs in tests/gpu/test_sparse_attention_gpu.py and "
+                 "benchmarks/sparse_attention_h200.py", False)
+    # one forward off the cache's schedule computes every forward, and runs dense attention
+    if all(d.lossless or d.lever in ("step_cache", "sparse_attention") for d in plan.decisions):
         same = all(x["bitwise"] for x in m_ref.values())
         rep.line("whole plan vs R", "bitwise equal" if same else "NOT bitwise equal", None if same else m_ref,
                  _counter_text(whole, levers), ok=same)
@@ -479,7 +489,7 @@ def run(cfg, plan, *, registry=None) -> int:
     dtype = resolve_dtype(_cfg_get(vcfg, "dtype", "bf16"))
     seed = int(_cfg_get(vcfg, "seed", 0))
     if device == "cpu" and int(dcfg["hidden_size"]) > 1024:
-        raise UsageError(f"verify on the CPU needs a small model: pass model=h3_tiny (real width needs a GPU): {CPU_SMOKE}")
+        raise UsageError(verify_too_wide())
     default_len = 48 if device == "cpu" else int(_cfg_get(_cfg_get(cfg, "parallel", {}), "seq_len", 19000))
     seq_len = int(_cfg_get(vcfg, "seq_len", default_len))
     blocks = _cfg_get(vcfg, "blocks", None)

@@ -17,7 +17,7 @@ from h3plan.planning.from_model import plan_for
 from h3plan.planner import Plan
 
 from .builder import Builder
-from .components import is_pipeline
+from .components import STATE, is_pipeline
 from h3plan.runtime.counters import counters, fallback_reasons, format_counters, reset_counters
 
 
@@ -70,23 +70,41 @@ INSTALL_KWARGS = ("registry", "group", "num_inference_steps", "stand_in")  # the
 def model_argument(obj, who: str) -> None:
     """`who`(None), or `who` of a class or of anything with no attributes to hold a plan: one InstallError line."""
     if obj is None or not hasattr(obj, "__dict__") or isinstance(obj, type):
-        got = obj.__name__ if isinstance(obj, type) else type(obj).__name__
-        raise InstallError(f"{who} expects a diffusers MiniMaxH3Transformer3DModel, AutoencoderKLMiniMaxH3 or "
-                           f"MiniMaxH3ModularPipeline, got {got}")
+        _not_a_model(obj, who)
+
+
+def _not_a_model(obj, who: str):
+    got = obj.__name__ if isinstance(obj, type) else type(obj).__name__
+    raise InstallError(f"{who} expects a diffusers MiniMaxH3Transformer3DModel, AutoencoderKLMiniMaxH3 or "
+                       f"MiniMaxH3ModularPipeline, got {got}")
+
+
+def _model(obj, who: str):
+    """h3plan.install.installer for `who` of a model h3plan installs into (or one that holds a plan); anything else,
+    None or an nn.Linear alike, is one InstallError line."""
+    model_argument(obj, who)
+    installer = _installer(f"h3plan.{who}")
+    if STATE not in obj.__dict__ and not is_pipeline(obj) and not installer.installable(obj):
+        _not_a_model(obj, who)
+    return installer
 
 
 def uninstall(model) -> bool:
+    """Restore `model` (a transformer, a VAE or a pipeline) as it was before install; False when no plan was installed.
+    Anything else is an InstallError, as None is. h3plan.counters() keep counting across uninstall and install (every
+    call in the process): h3plan.reset_counters() zeroes them."""
     model_argument(model, "uninstall")
     if is_pipeline(model):
         from .pipeline import uninstall_pipeline
 
         return uninstall_pipeline(model)
-    return _installer("h3plan.uninstall").uninstall(model)
+    return _model(model, "uninstall").uninstall(model)
 
 
 def installed_plan(model):
-    model_argument(model, "installed_plan")
-    return _installer("h3plan.installed_plan").installed_plan(model)
+    """The plan installed in `model` (None: none); anything that is not a model h3plan installs into is an
+    InstallError, as for uninstall."""
+    return _model(model, "installed_plan").installed_plan(model)
 
 
 def _installer(who: str):

@@ -12,7 +12,10 @@ State-dict layout: processor and forward swaps add no parameters or buffers, so 
 quantised buffers (plus their scales) while installed; adaln_table keeps the AdaLN linears' keys, dtypes and
 bits, their tensors on the host (pinned) while installed (install/adaln_table.py). `uninstall(model)` restores the original
 forwards, processors and nn.Linear objects (the originals are kept while installed). Installing the
-same plan again returns the existing report; a different plan is installed after an uninstall.
+same plan again returns the existing report; a different plan is installed after an uninstall, and install says it
+replaced the first. A plan that cannot run where the model rests (no device=: on the host beside a GPU, or on a machine
+without one, outside Triton's interpreter) is said too: each one line on the h3plan.install logger (WARNING) and a
+report note.
 Install after moving / copying the model (the kept originals stay where they were; a deep copy of an
 installed model shares its undo list with the original).
 
@@ -50,7 +53,7 @@ from .components import STATE
 from .fp8_rows import install_rows
 from .lora import guard as lora_guard, refuse_peft
 from .nvfp4_inputs import install_nvfp4
-from .recognise import check_model_facts, fewer_layers, recognise
+from .recognise import check_model_facts, fewer_layers, is_transformer, recognise
 from .report import InstallReport
 from .step_cache import install as install_step_cache
 
@@ -97,7 +100,7 @@ def _skips(plan, builder, report):
 
 
 def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps=None, device=None,
-            stand_in: bool = False, adaln_conditions=None) -> InstallReport:
+            stand_in: bool = False, adaln_conditions=None, announce: bool = True) -> InstallReport:
     """Install `plan` into a diffusers MiniMaxH3Transformer3DModel or AutoencoderKLMiniMaxH3; returns the
     InstallReport.
 
@@ -109,6 +112,8 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
     counts are not held to the plan's (otherwise more than the plan's is an InstallError, fewer a report note).
     adaln_conditions: condition flags the adaln_table keys take over the plan's (a pipeline partition's own
     workflows, install/workflows.py); None: the plan's.
+    announce: log the report's warnings (a plan that cannot run where the model is, a plan replaced), one line each
+    on the h3plan.install logger; a pipeline's install logs its components' once (False here).
     """
 
     is_vae = _vae.is_vae(model)
@@ -129,10 +134,12 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
         device = current.placement.device  # a new plan for a model installed with device=: it stays on that device
     if device is not None:
         _placement.check(model, device, type(model).__name__)
+    replaced = None
     if current is not None:
         if current.plan == plan:
             logger.info("plan already installed; nothing to do")
             return current.report
+        replaced = current.plan
         uninstall(model)
     builder = collect(plan, registry)
     report = InstallReport(levers=[d.lever for d in plan.decisions],
@@ -160,11 +167,22 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
                             "are for its own count")
     if device is not None:
         _placement.note(model, state)
-    elif _placement.rests_on_host(model):
-        report.notes.append("the model rests on the host and stays there: install(model, plan, device=\"cuda\") moves "
-                            "it to the GPU at install, a tensor at a time (what an 80 GB card needs)")
+    elif (why := _placement.cannot_run(model, plan)) is not None:
+        report.warn(why)
+    if replaced is not None:
+        report.warn(f"replaced the plan installed before ({_label(replaced)}) with this one ({_label(plan)}); the "
+                    "first was uninstalled, bit for bit")
     setattr(model, STATE, state)
+    if announce:
+        for line in report.warnings:
+            logger.warning("h3plan.install: %s", line)
     return report
+
+
+def _label(plan: Plan) -> str:
+    """hardware/recipe/parallel and the forced levers: sm90/bf16/u1 +attention=sdpa."""
+    forced = "".join(f" +{d.lever}={d.setting}" for d in plan.decisions if d.forced)
+    return "/".join(str(plan.get(s).get("name", "?")) for s in ("hardware", "recipe", "parallel")) + forced
 
 
 def _transformer(model, builder, state, group, steps, num_inference_steps, adaln_conditions) -> None:
@@ -177,7 +195,8 @@ def _transformer(model, builder, state, group, steps, num_inference_steps, adaln
         build_adaln_tables(model, {**lin.adaln_table, **(adaln_conditions or {})}, state, swap, steps)
     act_quant = install_rows(model, builder, state, swap)
     nvfp4 = install_nvfp4(model, builder, state, swap)
-    shard = install_processors(model, builder, state, group) if builder.recorded("attention") else None
+    counts = [num_inference_steps] if isinstance(num_inference_steps, int) else num_inference_steps
+    shard = install_processors(model, builder, state, group, counts) if builder.recorded("attention") else None
     if shard is not None:
         linears.sequence_amax(model, shard, state)
     install_forwards(model, builder, state, shard, act_quant, nvfp4)
@@ -185,8 +204,8 @@ def _transformer(model, builder, state, group, steps, num_inference_steps, adaln
         _compile(model, builder, state)
     if tr.step_cache is not None:  # install/step_cache.py
         steps = [num_inference_steps] if isinstance(num_inference_steps, int) else num_inference_steps
-        install_step_cache(model, tr.step_cache, state, swap, group=getattr(shard, "group", None),
-                           steps=steps)
+        install_step_cache(model, tr.step_cache, state, swap, group=getattr(shard, "group", None), steps=steps,
+                           default_steps=(state.plan.get("pipeline") or {}).get("num_inference_steps"))
     lora_guard(model, state)
 
 
@@ -218,6 +237,11 @@ def uninstall(model) -> bool:
     _undo(state)
     logger.info("uninstalled %d swaps", len(state.report.swaps))
     return True
+
+
+def installable(model) -> bool:
+    """A model install takes: diffusers' MiniMaxH3Transformer3DModel or AutoencoderKLMiniMaxH3 (any subclass)."""
+    return _vae.is_vae(model) or is_transformer(model)
 
 
 def installed_plan(model) -> Plan | None:

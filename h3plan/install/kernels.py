@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from h3plan.runtime.kernels import (fp8_producers, gated_residual, modulation, nvfp4, nvfp4_producers, qk_fp8_lean,
-                                    qk_norm_rope, swiglu, vae)
+from h3plan.runtime.kernels import (block_router, fp8_producers, gated_residual, modulation, nvfp4, nvfp4_producers,
+                                    qk_fp8_lean, qk_norm_rope, swiglu, vae)
 
 Pair = tuple[Callable, Callable]  # (public fn, check fn: None when it takes the call, else the reason it refuses)
 
@@ -36,6 +36,7 @@ KERNELS: dict[str, Callable[[], Pair]] = {
     "vae_qk_norm_rope": lambda: (vae.vae_qk_norm_rope, vae.vae_qk_norm_rope_check),
     "vae_swiglu": lambda: (swiglu.swiglu, swiglu.vae_swiglu_check),
     "vae_scaled_residual": lambda: (vae.scaled_residual, vae.scaled_residual_check),
+    "block_router": lambda: (block_router.block_router, block_router.block_router_check),
 }
 
 

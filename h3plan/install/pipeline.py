@@ -27,6 +27,7 @@ rows) is left as placed. Uninstall undoes the placement this install made.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from h3plan.errors import InstallError
@@ -39,6 +40,8 @@ from .placement import Placement, check, target, tensors
 from .text_encoder import SETTINGS as TE_SETTINGS, place, placed
 from .workflows import table_conditions
 from .report import InstallReport
+
+logger = logging.getLogger("h3plan.install")
 
 _STATE = "_h3plan_pipeline"
 _MOVED = "_h3plan_moved"  # install(pipe, plan, device=): Placements of the components moved without a plan
@@ -186,7 +189,8 @@ def install_pipeline(pipe, plan: Plan, group=None, *, registry=None, num_inferen
                     conditions, note = table_conditions(name, _table_option(plan, registry))
                 kw = ({"group": group, "num_inference_steps": num_inference_steps, "adaln_conditions": conditions}
                       if name in TRANSFORMERS else {})
-                report.reports[name] = install(comp, plan, registry=registry, device=device, stand_in=stand_in, **kw)
+                report.reports[name] = install(comp, plan, registry=registry, device=device, stand_in=stand_in,
+                                               announce=False, **kw)
             except ValueError as e:  # the installer's one-line refusals (H3PlanError is a ValueError too)
                 raise InstallError(f"{name}: {e}") from e
             if note and note not in report.reports[name].notes and tables_of(comp) is not None:
@@ -207,6 +211,8 @@ def install_pipeline(pipe, plan: Plan, group=None, *, registry=None, num_inferen
         for comp in reversed(fresh):
             uninstall(comp)
         raise
+    for line in dict.fromkeys(w for r in report.reports.values() for w in r.warnings):  # once for the components
+        logger.warning("h3plan.install: %s", line)
     if moved:
         pipe.__dict__[_MOVED] = pipe.__dict__.get(_MOVED, []) + moved
     # every component ever installed through this pipeline, also one replaced since (update_components)

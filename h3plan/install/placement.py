@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 import torch
 
 from h3plan.errors import InstallError
+from h3plan.runtime.kernels import _common
+
 
 def target(device) -> torch.device | None:
     """The install device `device` names (an int is a CUDA index); None: install where the model is."""
@@ -207,5 +209,22 @@ def rests_on_host(model) -> bool:
     return torch.cuda.is_available() and all(t.device.type == "cpu" for _, t in tensors(model))
 
 
-__all__ = ["Placement", "check", "nbytes", "note", "on_host", "place", "rests_on_host", "same", "slots_of", "stage", "target",
+def cannot_run(model, plan) -> str | None:
+    """Why the installed plan cannot run where `model` rests (install without device=), in one line; None where it
+    can. On the host beside a CUDA device: it stays there (device= moves it). On a machine with no CUDA device the
+    plan's kernels fall back per call, except Triton's in its CPU interpreter (TRITON_INTERPRET=1, the CPU tests)."""
+    if not all(t.device.type == "cpu" for _, t in tensors(model)):
+        return None
+    if torch.cuda.is_available():
+        return ("the model rests on the host and stays there: install(model, plan, device=\"cuda\") moves it to the "
+                "GPU at install, a tensor at a time (what an 80 GB card needs)")
+    if _common.INTERPRET:
+        return None
+    return (f"the plan is for {plan.get('hardware').get('name')} GPUs and this machine has no CUDA device: on the CPU "
+            "every call of its kernels falls back to diffusers' own code (counted: h3plan.counters()), so the plan's "
+            "speed does not apply here (TRITON_INTERPRET=1 runs its Triton kernels in the interpreter, for tests)")
+
+
+__all__ = ["Placement", "cannot_run", "check", "nbytes", "note", "on_host", "place", "rests_on_host", "same",
+           "slots_of", "stage", "target",
            "tensors"]

@@ -19,6 +19,11 @@ def _classes():
     return MiniMaxH3Transformer3DModel, h3.MiniMaxH3TransformerBlock, h3.MiniMaxH3Attention
 
 
+def is_transformer(model) -> bool:
+    """diffusers' MiniMaxH3Transformer3DModel (or a subclass): a model the transformer install takes."""
+    return isinstance(model, _classes()[0])
+
+
 def recognise(model) -> None:
     """Raise one ValueError unless `model` is a diffusers MiniMax-H3 transformer with the expected parts."""
     Model, Block, Attention = _classes()

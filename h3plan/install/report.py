@@ -28,7 +28,7 @@ class InstallReport:
     quant); swaps: module swaps in the order applied; skipped: (lever, reason) for levers with nothing
     to install on this model; notes: anything else a user must know (e.g. a path never run on hardware);
     placement (install(..., device=) only): device, the bytes and tensors moved there ("moved", "tensors") and
-    what stayed on the host ("host": what -> bytes)."""
+    what stayed on the host ("host": what -> bytes); warnings: the notes install logged."""
 
     levers: list[str] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)
@@ -36,6 +36,13 @@ class InstallReport:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     placement: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    """The notes install also logs as warnings (one line each on the h3plan.install logger): the plan cannot run
+    where the model is, or it replaced a plan installed before."""
+
+    def warn(self, line: str) -> None:
+        self.notes.append(line)
+        self.warnings.append(line)
 
     def swap(self, lever: str, fqn: str, old: str, new: str) -> None:
         """Log one module swap (`lever: fqn Old -> New`) and list it."""

@@ -3,20 +3,27 @@
 `h3plan_step_cache`, a diffusers ModelHook (HookRegistry, removable by name), wraps MiniMaxH3Transformer3DModel's
 forward. Each call is placed in its generation by its `timestep` vector: install builds, from diffusers' own
 MiniMaxH3Scheduler pair and the pipeline's build_row_timesteps (install/adaln_table.timestep_vectors), the vectors of
-every forward at the plan's step count (and those passed as num_inference_steps=), for every kind of row (audio or
-not, conditioning rows or not): vector bits -> (forward index, forwards). One 4 x T byte device-to-host copy per call.
-A vector not in that index runs the whole forward, counted `step_cache.fallback` with its reason.
+every forward at the plan's step count (the request's), at those passed as num_inference_steps=, and at the
+pipeline's default step count, for every kind of row (audio or not, conditioning rows or not): vector bits ->
+(forward index, forwards). One 4 x T byte device-to-host copy per call. A call the plan did not plan for runs the
+whole forward, counted `step_cache.fallback` with its reason: a vector of the pipeline's default step count where the
+plan's request has another (the reason names both), or a vector of no indexed step count. Every count's first
+forward passes the same vector: it is placed as the plan's (it computes under every schedule), and the second forward
+tells the counts apart (`_State.rebase`).
 
 - fixed / taylor: a forward the schedule computes runs diffusers' forward and keeps its outputs (video and audio
   velocities); a skipped one returns a copy of the last computed outputs (fixed) or their first-order extrapolation
-  in forward index from the last two computed ones (taylor; reuse while only one exists). A call of another step
-  count keeps the plan's fraction (levers/step_cache.scaled) and its warm-up and final forwards.
-- first_block: `transformer_blocks` iterates through the cache while a hooked call runs (its class swapped for
-  `_CachedBlocks`, the same modules and state_dict keys): the first block runs, its output is compared with the one
-  of the last computed forward (sum |a - b| / sum |b|, both sums all-reduced over the Ulysses group, so every rank
-  takes the same decision), and below the threshold the other blocks give way to the cached residual (last block
-  out - first block out); never in warm-up or final forwards, at most max_skip in a row. The iteration runs in the
-  transformer's eager forward, outside the blocks that compile_repeated_blocks compiles: no guard sees the state.
+  in forward index from the last two computed ones (taylor; reuse while only one exists). A call of a step count
+  passed as num_inference_steps= keeps the plan's fraction (levers/step_cache.scaled), its warm-up, final and limit
+  in a row (counted `step_cache.scaled` per forward: no evidence covers it).
+- first_block (Cache-DiT's DBCache, Fn 1, Bn 0): `transformer_blocks` iterates through the cache while a hooked call
+  runs (its class swapped for `_CachedBlocks`, the same modules and state_dict keys): the first block runs, its
+  residual (output less input) is compared with the one of the last computed forward (sum |r - r_prev| / sum
+  |r_prev|, both sums all-reduced over the Ulysses group, so every rank takes the same decision), and below the
+  threshold the other blocks give way to the first block's output plus the cached residual (last block out - first
+  block out of the last computed forward); never in warm-up or final forwards, at most max_skip in a row. The
+  iteration runs in the transformer's eager forward, outside the blocks that compile_repeated_blocks compiles: no
+  guard sees the state.
 Exact: a forward that computes runs diffusers' forward untouched (a schedule computing every forward, or threshold 0,
 is bitwise the plan without the cache). Counted: `step_cache.fused` per placed call, `step_cache.computed` /
 `step_cache.skipped` per forward, `step_cache.calls` per finished generation; `calls(model)` lists each generation's
@@ -43,8 +50,9 @@ ROWS = ((True, False, False), (True, True, False), (True, False, True), (True, T
 
 
 def schedule_index(steps, video_shift: float = 12.0, audio_shift: float = 3.0, keyframe_noise_aug: float = 0.999,
-                   schedulers=None) -> dict[bytes, tuple[int, int]]:
-    """float32 timestep vector bytes -> (forward index, forwards) over `steps` step counts and every kind of row."""
+                   schedulers=None, counts: dict[int, int] | None = None) -> dict[bytes, tuple[int, int]]:
+    """float32 timestep vector bytes -> (forward index, forwards) over `steps` step counts and every kind of row;
+    `counts` (given) collects forwards -> step count."""
     out: dict[bytes, tuple[int, int]] = {}
     for n in steps:
         for audio, cv, ca in ROWS:
@@ -53,14 +61,21 @@ def schedule_index(steps, video_shift: float = 12.0, audio_shift: float = 3.0, k
                                   condition_audio=ca, schedulers=schedulers)
             for i, v in enumerate(vs):
                 out.setdefault(v.to(torch.float32).numpy().tobytes(), (i, len(vs)))
+            if counts is not None:
+                counts.setdefault(len(vs), int(n))
     return out
 
 
 class _State:
-    """One installed cache: the plan's values, the schedule index and the current generation."""
+    """One installed cache: the plan's values, the schedule index and the current generation. `runs`: the forwards
+    counts whose calls run the cache (the plan's, and those passed as num_inference_steps=); `steps_of`: forwards ->
+    the step count that gives them, for every indexed count."""
 
-    def __init__(self, spec: dict[str, Any], index: dict[bytes, tuple[int, int]], group):
+    def __init__(self, spec: dict[str, Any], index: dict[bytes, tuple[int, int]], group,
+                 runs: set[int] | None = None, steps_of: dict[int, int] | None = None):
         self.spec, self.index, self.group = dict(spec), index, group
+        self.runs = set(runs) if runs is not None else {int(spec["forwards"])}
+        self.steps_of = dict(steps_of or {})
         self.history: list[dict[str, int]] = []
         self.reset()
 
@@ -71,7 +86,7 @@ class _State:
         self.computed = self.skipped = 0
         self.done: list[bool] = []  # per forward of this generation, in order: computed (True) or skipped
         self.run = 0  # skipped in a row (first_block)
-        self.first_ref = self.residual = None
+        self.first_res = self.first_out = self.residual = None
         self.active, self.step, self.skip = False, -1, False
 
     def begin(self, forwards: int) -> None:
@@ -80,13 +95,32 @@ class _State:
         self.forwards = forwards
         if s["mode"] in ("fixed", "taylor"):
             c = scaled(s["computed"], s["forwards"], forwards)
-            self.mask = computed_mask(forwards, c, s["warmup"], s["final"])
+            self.mask = computed_mask(forwards, c, s["warmup"], s["final"], s["max_skip"])
         else:  # first_block: the forwards that never skip
             self.mask = computed_mask(forwards, 0, s["warmup"], s["final"])
+
+    def rebase(self, forwards: int) -> None:
+        """The generation begun as the plan's is of `forwards` forwards (its first forward, computed under every
+        schedule, told the counts apart only now): its mask, keeping what that forward left."""
+        done, kept, computed = self.done, self.kept, self.computed
+        first_res, first_out, residual, step = self.first_res, self.first_out, self.residual, self.step
+        self.begin(forwards)
+        self.done, self.kept, self.computed, self.step = done, kept, computed, step
+        self.first_res, self.first_out, self.residual = first_res, first_out, residual
+        if forwards != int(self.spec["forwards"]):
+            event(LEVER, "scaled")  # its first forward, counted as the plan's
 
     def finish(self) -> None:
         self.history.append({"forwards": self.forwards, "computed": self.computed, "skipped": self.skipped})
         event(LEVER, "calls")
+
+    def unplanned(self, forwards: int) -> str | None:
+        """Why a call of `forwards` forwards does not run the cache (None: it does)."""
+        if forwards in self.runs:
+            return None
+        mine = self.steps_of.get(int(self.spec["forwards"]), self.spec["steps"])
+        return (f"a call at num_inference_steps={self.steps_of.get(forwards, '?')}, not the plan's {mine}: every forward "
+                "computed (plan the request's steps, or install(num_inference_steps=) to run a scaled schedule)")
 
     # ------------------------------------------------------------------ fixed / taylor
 
@@ -108,9 +142,13 @@ class _State:
 
         def probe(h, *a):
             out = first(h, *a)
-            self.skip = self._first_block_skip(out) if rest else False
+            if not rest:
+                self.skip = False
+                return out
+            res = out - h  # the first block's residual: Cache-DiT's Fn residual
+            self.skip = self._first_block_skip(res)
             if not self.skip:
-                self.first_ref = out.detach()
+                self.first_res, self.first_out = res.detach(), out.detach()
             return out
 
         yield probe
@@ -121,17 +159,19 @@ class _State:
 
         def record(h, *a):
             out = rest[-1](h, *a)
-            self.residual = (out - self.first_ref).detach()
+            self.residual = (out - self.first_out).detach()
+            self.first_out = None
             return out
 
         yield record
 
-    def _first_block_skip(self, out: torch.Tensor) -> bool:
-        s = self.spec
-        if (self.mask[self.step] or self.first_ref is None or self.residual is None or self.run >= s["max_skip"]
-                or s["threshold"] <= 0 or self.first_ref.shape != out.shape):
+    def _first_block_skip(self, res: torch.Tensor) -> bool:
+        """Whether this forward skips, from its first block's residual `res` (module docstring)."""
+        s, prev = self.spec, self.first_res
+        if (self.mask[self.step] or prev is None or self.residual is None or self.run >= s["max_skip"]
+                or s["threshold"] <= 0 or prev.shape != res.shape):
             return False
-        sums = torch.stack([(out.float() - self.first_ref.float()).abs().sum(), self.first_ref.float().abs().sum()])
+        sums = torch.stack([(res.float() - prev.float()).abs().sum(), prev.float().abs().sum()])
         return relative_change(sums, self.group) < s["threshold"]
 
 
@@ -173,12 +213,22 @@ def _make_hook(state: _State):
             where = st.index.get(ts.detach().to("cpu", torch.float32).numpy().tobytes())
             original = self.fn_ref.original_forward
             if where is None:
-                count_route(LEVER, "timestep vector not in the planned schedules (install num_inference_steps=): computed")
+                count_route(LEVER, "a timestep vector of no indexed step count (install(num_inference_steps=) adds "
+                                   "counts): every forward computed")
                 st.reset()
                 return original(*args, **kwargs)
             step, n = where
-            if step == 0 or n != st.forwards or step != st.step + 1:
+            why = st.unplanned(n)
+            if why is not None:
+                count_route(LEVER, why)
+                st.reset()
+                return original(*args, **kwargs)
+            if step == 0 or step != st.step + 1:
                 st.begin(n)
+            elif n != st.forwards:  # forward 0 passed every count's first vector: the call is of this count
+                st.rebase(n)
+            if n != int(st.spec["forwards"]):
+                event(LEVER, "scaled")
             st.step = step
             count_route(LEVER, None)
             if st.spec["mode"] == "first_block":
@@ -219,12 +269,22 @@ def _like_output(values: tuple):
     return MiniMaxH3TransformerOutput(sample=values[0], audio_sample=values[1])
 
 
-def install(model, spec: dict[str, Any], state, swap, *, group=None, steps=None, schedulers=None) -> _State:
-    """Register the hook (and, for first_block, the blocks' iteration); append the undo to `state.undo`."""
+def install(model, spec: dict[str, Any], state, swap, *, group=None, steps=None, schedulers=None,
+            default_steps: int | None = None) -> _State:
+    """Register the hook (and, for first_block, the blocks' iteration); append the undo to `state.undo`. steps: more
+    step counts that run the plan's schedule scaled; default_steps: the pipeline's default count, indexed to name a
+    call at it (it computes every forward where it is not the plan's)."""
     from diffusers.hooks import HookRegistry
 
-    counts = sorted({int(spec["steps"]), *(int(s) for s in (steps or []))})
-    st = _State(spec, schedule_index(counts, schedulers=schedulers), group)
+    mine = int(spec["steps"])
+    extra = sorted({int(s) for s in (steps or [])} - {mine})
+    # the plan's own count first: every count's first forward passes the same vector, placed as the plan's (it
+    # computes under every schedule)
+    known = [mine, *extra, *([int(default_steps)] if default_steps and int(default_steps) not in (mine, *extra) else [])]
+    steps_of: dict[int, int] = {}
+    index = schedule_index(known, schedulers=schedulers, counts=steps_of)
+    runs = {f for f, n in steps_of.items() if n in (mine, *extra)} | {int(spec["forwards"])}
+    st = _State(spec, index, group, runs=runs, steps_of=steps_of)
     registry = HookRegistry.check_if_exists_or_initialize(model)
     registry.register_hook(_make_hook(st), HOOK)
     blocks = model.transformer_blocks
@@ -242,18 +302,27 @@ def install(model, spec: dict[str, Any], state, swap, *, group=None, steps=None,
 
     state.undo.append(undo)
     model.__dict__[STATE] = st
+    limit = f", at most {spec['max_skip']} in a row" if spec["max_skip"] < spec["forwards"] else ""
     if spec["mode"] == "first_block":
-        what = (f"first-block cache: threshold {spec['threshold']:g}, at most {spec['max_skip']} in a row, warm-up "
-                f"{spec['warmup']} + final {spec['final']} never skip")
+        what = (f"first-block cache: residual threshold {spec['threshold']:g}{limit}, warm-up {spec['warmup']} + final "
+                f"{spec['final']} never skip")
     else:
-        mask = computed_mask(spec["forwards"], spec["computed"], spec["warmup"], spec["final"])
+        mask = computed_mask(spec["forwards"], spec["computed"], spec["warmup"], spec["final"], spec["max_skip"])
         what = (f"{spec['mode']} schedule: computes {sum(mask)} of {spec['forwards']} forwards per call "
-                f"(num_inference_steps={spec['steps']}), skips {[i for i, m in enumerate(mask) if not m]}")
+                f"(num_inference_steps={mine}{limit}), skips {[i for i, m in enumerate(mask) if not m]}")
     swap(LEVER, "forward", "every forward computed", what)
-    state.report.notes.append(f"step_cache: {what}; keyed by the timestep vectors of num_inference_steps "
-                              f"{', '.join(map(str, counts))} (another vector computes, counted step_cache.fallback); "
-                              "computed per call: h3plan.install.step_cache.calls(model) and counters() "
-                              "step_cache.computed / .calls")
+    state.report.notes.append(f"step_cache: {what}; planned for num_inference_steps={mine} (the request's): call "
+                              f"pipe(..., num_inference_steps={mine}); computed per call: h3plan.install.step_cache."
+                              "calls(model) and counters() step_cache.computed / .calls")
+    others = [n for n in known if n != mine and n not in extra]
+    if others:
+        state.report.notes.append(f"step_cache: a call at num_inference_steps={', '.join(map(str, others))} (the "
+                                  f"pipeline's default), or at any count not planned, is not the plan's {mine}: it "
+                                  "computes every forward, counted step_cache.fallback with that reason")
+    if extra:
+        state.report.notes.append(f"step_cache: calls at num_inference_steps={', '.join(map(str, extra))} "
+                                  "(install(num_inference_steps=)) run the plan's schedule scaled, which no evidence "
+                                  "covers (unmeasured), counted step_cache.scaled per forward")
     return st
 
 

@@ -25,8 +25,8 @@ from .base import Context, LeverError, Option, Spec, Terms
 
 NAMES = ("gemm_quant", "adaln_table", "attention", "fa4_2cta", "fa4_tile", "fp8_scales", "qk_norm_rope", "modulation",
          "gated_residual", "swiglu", "fp8_act_quant", "ulysses_padding", "ulysses_overlap", "a2a_fp8_codes",
-         "prefix_inplace", "ring", "ulysses_exchange", "nvfp4_producer_quant", "nvfp4_out_quant", "compile",
-         "step_cache",
+         "prefix_inplace", "ring", "sparse_attention", "ulysses_exchange", "nvfp4_producer_quant", "nvfp4_out_quant",
+         "compile", "step_cache",
          "vae_precision", "vae_tiles", "vae_graphs", "vae_ops", "vae_parallel", "vae_encode_precision", "vae_encode_tiles")
 
 REGISTRY = {name: import_module(f"{__name__}.{name}") for name in NAMES}

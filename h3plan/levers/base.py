@@ -59,6 +59,9 @@ class Terms:
     """bytes per element of the attention output (memory: an FP8 backend writes e4m3, then casts to bf16)."""
     attention_padded: bool = False
     """attention runs over the padded length, not seq_len (derive's attention FLOPs)."""
+    sparse_attention: bool = False
+    """the sparse forwards compute a fraction of the attention's block work (derive: the owning decision's params
+    `work_fraction` and `sparse_forwards`)."""
     gemm_dtype: str | None = None
     """the block linears' GEMM format, "fp8" or "nvfp4" (derive's GEMM rate, memory's weight bytes); None: bf16."""
     a2a_fp8: bool = False

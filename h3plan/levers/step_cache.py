@@ -1,36 +1,88 @@
 """Fewer forwards: step caching inside the quality budget the recipe states (`recipe.cache`), not the kernel levers'.
 
 Settings, each over the transformer's calls of one generation (N forwards: MiniMaxH3Scheduler at the request's
-num_inference_steps, the terminal sigma dropped, so 50 steps are 49 forwards):
+num_inference_steps, `video.num_inference_steps` or else the pipeline's default (facts/timesteps.request_steps), the
+terminal sigma dropped, so 50 steps are 49 forwards):
 - off: every forward computed (lossless).
 - fixed: computes C of the N forwards, the first `warmup` and last `final` always, the rest spread evenly over the
-  middle; a skipped forward returns the last computed velocity (video and audio outputs).
+  middle, at most `max_skip` skipped in a row; a skipped forward returns the last computed velocity (video and audio).
 - taylor: the fixed schedule; a skipped forward extrapolates the velocity to first order from the last two computed
   ones, in step index (TaylorSeer's finite differences), where two exist (else it reuses as fixed does).
-- first_block: adaptive. Every forward runs the first block; when its output moved by less than `threshold`
-  (relative L1 against the last computed forward's, the two sums reduced over the Ulysses group so every rank
-  takes the same decision), the other blocks are skipped and the cached residual (last block out - first block
-  out) is added; never in the warm-up or final forwards, at most `max_skip` in a row. threshold 0: never skips.
+- first_block: adaptive, Cache-DiT's DBCache with Fn 1, Bn 0. Every forward runs the first block; its residual (its
+  output less its input) is compared with the last computed forward's, sum |r - r_prev| / sum |r_prev| (the two sums
+  reduced over the Ulysses group, so every rank takes the same decision); below `threshold` the other blocks are
+  skipped and the cached residual of the other blocks (last block out - first block out) is added to the first
+  block's output. Never in the first `warmup` or last `final` forwards, at most `max_skip` in a row. threshold 0:
+  never skips.
 Runtime: h3plan/install/step_cache.py (a named diffusers hook). Exact where it must be: a schedule computing every
 forward, or threshold 0, is bitwise the plan without the cache.
 
-Policy: without a cache budget (recipe.cache psnr_db_min / ssim_min, both null by default) every setting but off is
-refused and auto picks off, so lossless recipes keep every forward; the budget is the recipe's own lossy choice (as
-recipe.vae=fp16 is). auto with a budget: fixed at recipe.cache.computed (null: TeleFuser's 34 of 49, scaled to the
-request), or off where the request is too short to skip anything. Quality: no h3plan measurement exists (seeded
-weights carry no trained model's step-to-step statistics); the reasons cite what peers measured on released
-weights and `action=calibrate calibrate.target=step_cache` measures it on the user's checkpoint. Torch-free.
+Quality is evidence (h3plan/facts/evidence.py): POINTS below are the published measurements of these settings on
+H3's released weights, each at its knobs and workflow; `recipe.cache.evidence=FILE` adds points measured on the
+user's checkpoint (`action=calibrate calibrate.target=step_cache` writes the file), which take precedence. A plan
+whose knobs, workflow and step count equal a point's is judged by it against recipe.cache's budget:
+- auto with a budget: the fastest setting whose evidence meets it, at the evidence's knobs (the knobs the user set
+  in recipe.cache narrow the choice); none: a one-line refusal naming the best evidenced setting and its quality.
+  off where warm-up + final cover every forward (nothing can skip) and without a budget.
+- a forced setting (levers.step_cache=...) whose evidence misses the budget: refused, citing it; one without
+  evidence is `unmeasured` and runs only with recipe.cache.unmeasured=true (the plan says so); auto never picks it.
+- `recipe.cache.policy=high`: SGLang's audited Cache-DiT policy for H3 (quality="high": first_block, warm-up 4,
+  threshold 0.04, at most 1 in a row), one override; without a budget its own evidence is what the plan states.
+Without a budget or a policy every setting but off is refused: lossless recipes keep every forward, and fp8/nvfp4's
+34 dB / 0.97 covers the kernel levers, not skipped forwards. Torch-free.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, Mapping
 
+from h3plan.errors import ConfigError
+from h3plan.facts import evidence as ev
+from h3plan.facts.timesteps import request_steps
+
 from .adaln_table import schedule
-from .base import Context, Option, Spec, resolve
+from .base import Context, LeverError, Option, Spec, resolve
 
 MODES = ("fixed", "taylor", "first_block")
+KNOBS = {"fixed": ("computed", "warmup", "final", "max_skip"), "taylor": ("computed", "warmup", "final", "max_skip"),
+         "first_block": ("threshold", "warmup", "final", "max_skip")}
+"""The recipe.cache values each setting runs with (beside the request's forwards)."""
+USER_KNOBS = ("computed", "warmup", "final", "threshold", "max_skip")
 TELEFUSER = (34, 49)  # computed of forwards (docs/sources.md#telefuser-velocity-cache)
+HIGH = {"warmup": 4, "final": 0, "threshold": 0.04, "max_skip": 1}
+POLICIES = {"high": ("first_block", HIGH)}
+"""Named policies (recipe.cache.policy): name -> (setting, knobs). high: SGLang's quality="high" for H3
+(MINIMAX_H3_HIGH_QUALITY_CACHE_DIT_CONFIG = (warm-up 4, threshold 0.04, 1 in a row), Fn 1, Bn 0; Cache-DiT has no
+final forwards, so final 0)."""
+DEFAULTS = {"fixed": {"warmup": 4, "final": 1, "max_skip": None}, "taylor": {"warmup": 4, "final": 1, "max_skip": None},
+            "first_block": dict(HIGH)}
+"""Knobs a forced setting takes where recipe.cache leaves them null; first_block's are the high policy's."""
+F = 49  # forwards of the 50-step request every published point ran
+
+
+def _first_block(workflows, knobs, **kw) -> ev.QualityPoint:
+    return ev.QualityPoint.make("step_cache", "first_block", {**knobs, "forwards": F}, workflows, **kw)
+
+
+SWEEP = "1xB200, T2VA 768p 16:9, 8.7 s, 50 steps, one run each"
+POINTS = (
+    _first_block(("t2va",), HIGH, ssim=0.931, psnr_db=28.16, speedup=1.40, source="docs/sources.md#sglang-cache-dit",
+                 where="SGLang's quality=high, 4xH200, T2VA 1344x768x124, 50 steps, 3 prompts, video only"),
+    *(_first_block(("t2va",), {**HIGH, "threshold": t, "max_skip": 3}, ssim=s, psnr_db=p, audio_snr_db=a, speedup=x,
+                   source="docs/sources.md#sglang-dbcache-sweep", where=f"{SWEEP}, {hits} of 49 cached")
+      for t, s, p, a, x, hits in ((0.04, 0.901, 28.77, 20.67, 1.53, 18), (0.08, 0.865, 26.56, 16.67, 2.23, 29),
+                                  (0.12, 0.849, 25.29, 14.82, 2.56, 32), (0.24, 0.850, 25.35, 13.72, 2.84, 34))),
+)
+"""Published quality of these settings on H3's released weights against the same seed's uncached output (SSIM over
+all channels). The Fn 1 / Bn 0 first-block DBCache is `first_block` at the same statistic; each point holds at its
+warm-up, threshold, limit in a row and 49 forwards only, on T2VA (no FL2VA / Ref2VA point names its knobs)."""
+SPEED_ONLY = {"fixed": "TeleFuser's conservative velocity cache computes 34 of 49 DiT calls, 1.42x on four GPUs, and "
+                       "publishes no quality (docs/sources.md#telefuser-velocity-cache)"}
+SPEED_ONLY["taylor"] = SPEED_ONLY["fixed"] + "; no source measured the extrapolation on H3"
+EVIDENCE_REASONS = ("evidence (", "unmeasured:", "the schedule is too short")
+"""How the reason that states a plan's quality evidence starts (the summary's `fewer` line prints it)."""
+CALIBRATE = "action=calibrate calibrate.target=step_cache model.path=DIR measures it on your checkpoint"
 
 
 def _valid(v) -> bool:
@@ -44,54 +96,84 @@ SPEC = Spec(
     name="step_cache",
     settings={"off": True, "fixed": False, "taylor": False, "first_block": False},
     summary="fewer forwards: a fixed schedule reusing (fixed) or extrapolating (taylor) the velocity, or an adaptive "
-            "first-block cache, inside recipe.cache's budget (lossy)",
+            "first-block cache, inside recipe.cache's budget and its evidence (lossy)",
     counter="step_cache",
     options=(Option("transformer", "step_cache", _valid, "None or dict(mode, steps, forwards, computed, warmup, final, "
                     "threshold, max_skip)", None),),
 )
 
-PUBLISHED = {
-    "fixed": "published for the same kind of schedule on released weights: TeleFuser's conservative velocity cache computes "
-             "34 of 49 DiT calls, 78.546 -> 55.450 s end to end on four GPUs (1.42x; its summary gives times and calls, no "
-             "PSNR/SSIM; docs/sources.md#telefuser-velocity-cache)",
-    "first_block": "published for a first-block cache on released weights: SGLang's audited Cache-DiT config for H3 (quality=high) "
-                   "measured SSIM 0.931 / PSNR 28.16 dB against the uncached frames at 1.40x on 4xH200; its knobs are not "
-                   "published, h3plan's first_block takes the cookbook's manual example (first block, warm-up 4, threshold "
-                   "0.12, 2 in a row) and is not that audited config (docs/sources.md#sglang-cache-dit)",
-}
-PUBLISHED["taylor"] = PUBLISHED["fixed"] + "; the extrapolation was measured by no source on H3"
-UNMEASURED = ("h3plan has not measured this config's quality (seeded weights carry no trained model's step-to-step "
-              "statistics): action=calibrate calibrate.target=step_cache model.path=DIR measures it on your checkpoint")
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def config_problem(cache: Mapping[str, Any]) -> tuple[str, str] | None:
-    """(key, why) for a recipe.cache value the schema's types let through, else None."""
-    def is_int(v) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool)
-
+    """(key, why) for a recipe.cache value the schema's types let through, else None (values against the request:
+    `request_problem`)."""
     if (cache["psnr_db_min"] is None) != (cache["ssim_min"] is None):
         return "recipe.cache", "a cache budget needs both psnr_db_min and ssim_min (or neither: no step cache)"
-    if cache["computed"] is not None and (not is_int(cache["computed"]) or cache["computed"] < 1):
+    if cache.get("audio_snr_db_min") is not None and cache["psnr_db_min"] is None:
+        return "recipe.cache.audio_snr_db_min", "bounds the audio beside psnr_db_min and ssim_min: set those too"
+    if cache["computed"] is not None and (not _is_int(cache["computed"]) or cache["computed"] < 1):
         return f"recipe.cache.computed={cache['computed']}", "must be an integer >= 1 (forwards computed) or null"
     for k in ("warmup", "final"):
-        if not is_int(cache[k]) or cache[k] < 0:
-            return f"recipe.cache.{k}={cache[k]}", "must be an integer >= 0 (forwards that never skip)"
-    if not is_int(cache["max_skip"]) or cache["max_skip"] < 1:
-        return f"recipe.cache.max_skip={cache['max_skip']}", "must be an integer >= 1"
-    if cache["threshold"] < 0:
-        return f"recipe.cache.threshold={cache['threshold']}", "must be >= 0 (0: never skips)"
+        if cache[k] is not None and (not _is_int(cache[k]) or cache[k] < 0):
+            return f"recipe.cache.{k}={cache[k]}", "must be an integer >= 0 (forwards that never skip) or null"
+    if cache["max_skip"] is not None and (not _is_int(cache["max_skip"]) or cache["max_skip"] < 1):
+        return f"recipe.cache.max_skip={cache['max_skip']}", "must be an integer >= 1 (forwards skipped in a row) or null"
+    if cache["threshold"] is not None and cache["threshold"] < 0:
+        return f"recipe.cache.threshold={cache['threshold']}", "must be >= 0 (0: never skips) or null"
+    policy = cache.get("policy")
+    if policy is not None:
+        if policy not in POLICIES:
+            return f"recipe.cache.policy={policy}", f"allowed: {', '.join(POLICIES)} (or null)"
+        named = [k for k in USER_KNOBS if cache[k] is not None]
+        if named:
+            return (f"recipe.cache.{named[0]}={cache[named[0]]}", f"recipe.cache.policy={policy} fixes its own knobs "
+                    f"({_knob_text(POLICIES[policy][1])}): drop recipe.cache.{named[0]} or the policy")
     return None
 
 
-def computed_mask(forwards: int, computed: int, warmup: int, final: int) -> tuple[bool, ...]:
+# ---------------------------------------------------------------- schedules
+
+
+def computed_mask(forwards: int, computed: int, warmup: int, final: int, max_skip: int | None = None) -> tuple[bool, ...]:
     """Which of `forwards` calls compute (True) under a fixed schedule: the first `warmup` and last `final`, and the
-    rest of `computed` spread evenly over the middle (the middle's first forward among them). computed >= forwards,
-    or warm-up and final covering every forward: all True."""
-    head, tail = min(warmup, forwards), min(final, max(forwards - warmup, 0))
-    middle = forwards - head - tail
-    k = min(max(computed - head - tail, 0), middle)
-    picked = {head + (j * middle) // k for j in range(k)} if k else set()
-    return tuple(i < head or i >= forwards - tail or i in picked for i in range(forwards))
+    rest of `computed` spread evenly over the middle (the middle's first forward among them); with `max_skip`, more
+    forwards compute where the spread would skip more than that many in a row. computed >= forwards, or warm-up and
+    final covering every forward: all True."""
+    def mask(c: int) -> tuple[bool, ...]:
+        head, tail = min(warmup, forwards), min(final, max(forwards - warmup, 0))
+        middle = forwards - head - tail
+        k = min(max(c - head - tail, 0), middle)
+        picked = {head + (j * middle) // k for j in range(k)} if k else set()
+        return tuple(i < head or i >= forwards - tail or i in picked for i in range(forwards))
+
+    out = mask(computed)
+    while max_skip is not None and longest_skip(out) > max_skip and sum(out) < forwards:
+        out = mask(sum(out) + 1)
+    return out
+
+
+def longest_skip(mask) -> int:
+    """The most forwards skipped in a row."""
+    run = best = 0
+    for m in mask:
+        run = 0 if m else run + 1
+        best = max(best, run)
+    return best
+
+
+def fewest_computed(forwards: int, warmup: int, final: int, max_skip: int) -> int:
+    """The fewest forwards first_block computes: every forward it may skip skipped (not in warm-up or final, after a
+    computed one, at most `max_skip` in a row)."""
+    computed, run, seen = 0, 0, False
+    for i in range(forwards):
+        if seen and warmup <= i < forwards - final and run < max_skip:
+            run += 1
+        else:
+            computed, run, seen = computed + 1, 0, True
+    return computed
 
 
 def scaled(computed: int, planned: int, forwards: int) -> int:
@@ -104,105 +186,305 @@ def forwards_of(steps: int, video_shift: float) -> int:
     return len(schedule(int(steps), float(video_shift)))
 
 
+# ---------------------------------------------------------------- the request and recipe.cache
+
+
 def _request(ctx: Context) -> tuple[int, int]:
-    steps = int(ctx.pipeline.get("num_inference_steps", 50))
+    """(num_inference_steps, forwards) of the request: its own steps, else the pipeline's default."""
+    steps = request_steps(ctx.request, ctx.pipeline) if ctx.pipeline else 50
     shift = (ctx.pipeline.get("schedulers") or {}).get("video_shift", 12.0)
     return steps, forwards_of(steps, shift)
+
+
+def _workflow(ctx: Context) -> str:
+    return str((ctx.request or {}).get("task", "t2va"))
 
 
 def _cache(ctx: Context) -> Mapping[str, Any]:
     return ctx.recipe.get("cache") or {}
 
 
-def _budget(ctx: Context) -> bool:
+def _budget(ctx: Context) -> ev.Budget:
+    return ev.Budget.of(_cache(ctx))
+
+
+def _policy(ctx: Context) -> str | None:
+    return _cache(ctx).get("policy")
+
+
+def _user_knobs(ctx: Context) -> dict[str, Any]:
     c = _cache(ctx)
-    return c.get("psnr_db_min") is not None and c.get("ssim_min") is not None
+    if _policy(ctx):
+        return dict(POLICIES[_policy(ctx)][1])
+    return {k: c[k] for k in USER_KNOBS if c.get(k) is not None}
 
 
-def _computed(ctx: Context) -> int:
+def _knobs(ctx: Context, s: str) -> dict[str, Any]:
+    """The knobs setting `s` runs with here: the policy's; else recipe.cache's over the setting's defaults, and under
+    auto the knobs of the evidence auto picks."""
     c, (_, n) = _cache(ctx), _request(ctx)
-    if c.get("computed") is not None:
-        return int(c["computed"])
-    want = -(-TELEFUSER[0] * n // TELEFUSER[1])
-    return min(n, max(want, c.get("warmup", 4) + c.get("final", 1)))
+    k = {**DEFAULTS[s], **{key: v for key, v in _user_knobs(ctx).items() if key in KNOBS[s]}}
+    pick = _auto_point(ctx) if ctx.requested(SPEC.name) == "auto" and not _policy(ctx) else None
+    if pick is not None and pick.setting == s:
+        k.update({key: v for key, v in pick.knobs if key in KNOBS[s]})
+    if s in ("fixed", "taylor"):
+        want = k.get("computed", c.get("computed"))
+        if want is None:
+            want = min(n, max(-(-TELEFUSER[0] * n // TELEFUSER[1]), k["warmup"] + k["final"]))
+        k["computed"] = sum(computed_mask(n, int(want), k["warmup"], k["final"], k["max_skip"]))
+    return {**k, "forwards": n}
 
 
-def _too_short(ctx: Context) -> str | None:
-    c, (steps, n) = _cache(ctx), _request(ctx)
-    w, f = c.get("warmup", 4), c.get("final", 1)
-    if n <= w + f:
-        return (f"the schedule is too short to skip anything: {n} forwards (num_inference_steps={steps}), warm-up {w} + "
-                f"final {f} never skip")
+def _knob_text(k: Mapping[str, Any]) -> str:
+    parts = [f"computed {k['computed']}" if "computed" in k else None,
+             f"threshold {k['threshold']:g}" if "threshold" in k else None,
+             f"warm-up {k.get('warmup')}", f"final {k.get('final')}",
+             f"at most {k['max_skip']} in a row" if k.get("max_skip") is not None else None,
+             f"{k['forwards']} forwards" if "forwards" in k else None]
+    return ", ".join(p for p in parts if p)
+
+
+def _too_short(ctx: Context, s: str = "fixed") -> str | None:
+    k, (steps, n) = _knobs(ctx, s), _request(ctx)
+    if n <= k["warmup"] + k["final"]:
+        return (f"the schedule is too short to skip anything: {n} forwards (num_inference_steps={steps}), warm-up "
+                f"{k['warmup']} + final {k['final']} never skip")
     return None
 
 
+def request_problem(ctx: Context) -> ConfigError | None:
+    """A recipe.cache value the request rules out (forced or auto alike): a ConfigError naming the key."""
+    c, (steps, n) = _cache(ctx), _request(ctx)
+    if c.get("computed") is None or not (_budget(ctx).ssim_min is not None or _policy(ctx)):
+        return None
+    w = c["warmup"] if c.get("warmup") is not None else DEFAULTS["fixed"]["warmup"]
+    f = c["final"] if c.get("final") is not None else DEFAULTS["fixed"]["final"]
+    if c["computed"] > n:
+        return ConfigError(f"recipe.cache.computed={c['computed']}", f"is longer than the request's {n} forwards "
+                           f"(num_inference_steps={steps}): at most {n}", fix={"recipe.cache.computed": str(n)})
+    if c["computed"] < min(n, w + f):
+        return ConfigError(f"recipe.cache.computed={c['computed']}", f"is fewer than the forwards that never skip "
+                           f"(warm-up {w} + final {f}): at least {min(n, w + f)}",
+                           fix={"recipe.cache.computed": str(min(n, w + f))})
+    m = c.get("max_skip")
+    if m is not None:
+        exact = computed_mask(n, c["computed"], w, f)
+        if longest_skip(exact) > m:
+            need = sum(computed_mask(n, c["computed"], w, f, m))
+            return ConfigError(f"recipe.cache.computed={c['computed']}", f"skips {longest_skip(exact)} forwards in a row "
+                               f"of {n}, more than recipe.cache.max_skip={m}: compute at least {need}",
+                               fix={"recipe.cache.computed": str(need)})
+    return None
+
+
+# ---------------------------------------------------------------- evidence
+
+
+def points(ctx: Context) -> tuple[ev.QualityPoint, ...]:
+    """The published points, and the calibrated ones of recipe.cache.evidence (EvidenceError: one line)."""
+    path = _cache(ctx).get("evidence")
+    if not path:
+        return POINTS
+    mine, ckpt = _read(str(path))
+    have = (ctx.model or {}).get("path")
+    if ckpt and have and not _same_path(ckpt, have):
+        raise ConfigError(f"recipe.cache.evidence={path}", f"was calibrated on {ckpt}, not this plan's model.path={have}")
+    return POINTS + mine
+
+
+def _read(path: str) -> tuple[tuple[ev.QualityPoint, ...], str | None]:
+    import os
+
+    try:
+        stamp = os.stat(path).st_mtime_ns
+    except OSError:
+        stamp = None
+    return _read_at(path, stamp)
+
+
+@lru_cache(maxsize=8)
+def _read_at(path: str, stamp) -> tuple[tuple[ev.QualityPoint, ...], str | None]:
+    return ev.read_points(path, SPEC.name)
+
+
+def _same_path(a: str, b: str) -> bool:
+    import os
+
+    return os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b))
+
+
+def _applicable(ctx: Context, s: str, knobs: Mapping[str, Any]) -> list[ev.QualityPoint]:
+    return [p for p in points(ctx) if p.applies(SPEC.name, s, knobs, _workflow(ctx))]
+
+
+def judge(ctx: Context, s: str) -> ev.Verdict:
+    """How the evidence for `s` at its knobs here stands against recipe.cache's budget (a policy without a budget:
+    judged against no bound, so any applicable point meets)."""
+    return ev.verdict(_applicable(ctx, s, _knobs(ctx, s)), _budget(ctx))
+
+
+def _evidence_text(ctx: Context, s: str, v: ev.Verdict) -> str:
+    if v.status == "unmeasured":
+        return (f"unmeasured: no published or calibrated quality for {s} at {_knob_text(_knobs(ctx, s))} on "
+                f"{_workflow(ctx)}; it runs because recipe.cache.unmeasured=true, so no measurement backs the budget "
+                f"({CALIBRATE})")
+    assert v.point is not None
+    which = "calibrated on your checkpoint" if v.point.kind == "calibrated" else "published on released weights"
+    verdict = (f"meets recipe.cache ({_budget(ctx).text()})" if v.status == "meets" and not _budget(ctx).empty
+               else f"misses recipe.cache: {'; '.join(v.misses)}" if v.status == "misses"
+               else "the quality this policy promises (no recipe.cache bound set)")
+    return f"evidence ({which}): {v.point.cite()}: {verdict}"
+
+
+def _candidates(ctx: Context) -> list[ev.QualityPoint]:
+    """Every evidenced setting of this request (workflow, forwards) whose evidence meets the budget, at the knobs
+    recipe.cache sets (each point stands for its setting at its knobs)."""
+    wf, (_, n), mine = _workflow(ctx), _request(ctx), _user_knobs(ctx)
+    out = []
+    for p in points(ctx):
+        if p.lever != SPEC.name or wf not in p.workflows or p.knob("forwards") != n:
+            continue
+        if any(p.knob(k) != v for k, v in mine.items()) or (ctx.ring > 1 and p.setting == "first_block"):
+            continue
+        at = [q for q in points(ctx) if q.applies(SPEC.name, p.setting, dict(p.knobs), wf)]
+        if ev.verdict(at, _budget(ctx)).status == "meets":
+            out.append(p)
+    return out
+
+
+def _auto_point(ctx: Context) -> ev.QualityPoint | None:
+    """The evidence auto plans by: the fastest point that meets the budget (the user's calibrated point first on a
+    tie); None: none does."""
+    found = _candidates(ctx) if _budget(ctx).ssim_min is not None else []
+    return max(found, key=lambda p: (p.speedup or 1.0, p.kind == "calibrated")) if found else None
+
+
+# ---------------------------------------------------------------- the decision
+
+
+def _enabled(ctx: Context) -> bool:
+    """A budget or a named policy: the recipe's own lossy choice."""
+    return _budget(ctx).ssim_min is not None or _policy(ctx) is not None
+
+
 def policy(ctx: Context, s: str) -> list[str]:
-    """Any setting but off needs the recipe's cache budget; with one it is the recipe's own lossy choice."""
-    if s == "off" or _budget(ctx):
+    """Any setting but off needs the recipe's cache budget or a named policy; with one it is the recipe's own lossy
+    choice."""
+    if s == "off" or _enabled(ctx):
         return []
     kind = "lossless" if ctx.lossless_only else f"budget {ctx.recipe['budget']['psnr_db_min']} dB (kernel levers only)"
     return [f"recipe {ctx.recipe['name']} ({kind}) sets no cache budget and step_cache={s} skips forwards (lossy): "
-            "set recipe.cache={psnr_db_min:...,ssim_min:...}"]
+            "set recipe.cache={psnr_db_min:...,ssim_min:...} or recipe.cache.policy=high"]
 
 
 def blockers(ctx: Context, s: str) -> list[str]:
     if s == "off":
         return []
-    c, (steps, n) = _cache(ctx), _request(ctx)
     out = []
     if s == "first_block" and ctx.ring > 1:
         out.append(f"parallel.ring={ctx.ring}: the first block's statistic is reduced over the Ulysses group only")
-    if s in ("fixed", "taylor") and c.get("computed") is not None:
-        if c["computed"] > n:
-            out.append(f"recipe.cache.computed={c['computed']} is longer than the request's {n} forwards "
-                       f"(num_inference_steps={steps})")
-        elif c["computed"] < min(n, c.get("warmup", 4) + c.get("final", 1)):
-            out.append(f"recipe.cache.computed={c['computed']} is fewer than the forwards that never skip "
-                       f"(warm-up {c.get('warmup', 4)} + final {c.get('final', 1)})")
+    pol = _policy(ctx)
+    if pol and POLICIES[pol][0] != s:
+        out.append(f"recipe.cache.policy={pol} is a {POLICIES[pol][0]} policy")
+    if out or not _enabled(ctx) or _too_short(ctx, s):
+        return out
+    v = judge(ctx, s)
+    if v.status == "misses":
+        assert v.point is not None
+        out.append(f"its evidence misses recipe.cache ({'; '.join(v.misses)}): {v.point.cite()}")
+    elif v.status == "unmeasured" and not _cache(ctx).get("unmeasured"):
+        out.append(f"unmeasured: no published or calibrated quality for {s} at {_knob_text(_knobs(ctx, s))} on "
+                   f"{_workflow(ctx)}; {CALIBRATE} (recipe.cache.evidence=FILE), or run it without evidence with "
+                   "recipe.cache.unmeasured=true")
     return out
 
 
 def params(ctx: Context, s: str) -> dict:
     if s == "off":
         return {}
-    c, (steps, n) = _cache(ctx), _request(ctx)
-    p = {"steps": steps, "forwards": n, "warmup": int(c.get("warmup", 4)), "final": int(c.get("final", 1)),
-         "psnr_db_min": c.get("psnr_db_min"), "ssim_min": c.get("ssim_min")}
+    (steps, n), k, b = _request(ctx), _knobs(ctx, s), _budget(ctx)
+    p = {"steps": steps, "forwards": n, "warmup": int(k["warmup"]), "final": int(k["final"]),
+         "max_skip": k["max_skip"], "psnr_db_min": b.psnr_db_min, "ssim_min": b.ssim_min,
+         "audio_snr_db_min": b.audio_snr_db_min, "policy": _policy(ctx)}
+    v = judge(ctx, s) if not _too_short(ctx, s) else None
+    p["evidence"] = ("none needed: skips nothing" if v is None else v.status if v.point is None
+                     else f"{v.point.kind}: {v.point.source}")
     if s == "first_block":
-        return {**p, "threshold": float(c.get("threshold", 0.12)), "max_skip": int(c.get("max_skip", 2))}
-    mask = computed_mask(n, _computed(ctx), p["warmup"], p["final"])
+        return {**p, "threshold": float(k["threshold"]), "fewest_computed": fewest_computed(n, p["warmup"], p["final"],
+                                                                                               int(k["max_skip"]))}
+    mask = computed_mask(n, k["computed"], p["warmup"], p["final"], k["max_skip"])
     return {**p, "computed": sum(mask), "skipped": [i for i, m in enumerate(mask) if not m]}
 
 
 def explain(ctx: Context, s: str) -> list[str]:
     if s == "off":
         return ["every forward computed: the transformer's own velocity at every step"]
-    p, short = params(ctx, s), _too_short(ctx)
+    p, short = params(ctx, s), _too_short(ctx, s)
+    limit = f", at most {p['max_skip']} in a row" if p["max_skip"] is not None else ""
     if s == "first_block":
-        what = (f"first-block cache: skips the other blocks while the first block's output moved by < {p['threshold']:g} "
-                f"(relative L1, reduced over the Ulysses group), at most {p['max_skip']} in a row, never in the first "
-                f"{p['warmup']} or last {p['final']} of {p['forwards']} forwards")
+        what = (f"first-block cache (Cache-DiT's DBCache, Fn 1, Bn 0): skips the other blocks while the first block's "
+                f"residual moved by < {p['threshold']:g} (relative L1 against the last computed forward's, reduced over "
+                f"the Ulysses group){limit}, never in the first {p['warmup']} or last {p['final']} of {p['forwards']} "
+                f"forwards (num_inference_steps={p['steps']}): computes {p['fewest_computed']}..{p['forwards']}")
     else:
         how = "reuses the last computed velocity" if s == "fixed" else "extrapolates the velocity (first order, step index)"
         what = (f"computes {p['computed']} of {p['forwards']} forwards (num_inference_steps={p['steps']}; warm-up "
-                f"{p['warmup']} and final {p['final']} never skip) and {how} for the other {p['forwards'] - p['computed']}")
-    out = [what, f"budget recipe.cache: PSNR >= {p['psnr_db_min']} dB, SSIM >= {p['ssim_min']} against the uncached frames",
-           PUBLISHED[s], UNMEASURED]
-    return out + ([short] if short else [])
+                f"{p['warmup']} and final {p['final']} never skip{limit}) and {how} for the other "
+                f"{p['forwards'] - p['computed']}")
+    b = _budget(ctx)
+    pol = _policy(ctx)
+    budget = (f"budget recipe.cache: {b.text()} against the uncached frames" if not b.empty
+              else f"recipe.cache.policy={pol}: no budget set, its evidence is what it promises")
+    out = [what, budget]
+    if short:
+        out.append(short)
+    else:
+        v = judge(ctx, s)
+        out.append(_evidence_text(ctx, s, v))
+    if s in SPEED_ONLY:
+        out.append(SPEED_ONLY[s])
+    return out
 
 
 def auto(ctx: Context):
-    if not _budget(ctx):
+    if not _enabled(ctx):
         why = ("a lossless recipe keeps every forward" if ctx.lossless_only
                else "the kernel levers' budget does not cover skipped forwards")
-        return "off", [f"no cache budget (recipe.cache.psnr_db_min / ssim_min): {why}"], {}
-    short = _too_short(ctx)
-    if short:
-        return "off", [short], {}
-    return "fixed", explain(ctx, "fixed"), params(ctx, "fixed")
+        return "off", [f"no cache budget (recipe.cache.psnr_db_min / ssim_min) or policy: {why}"], {}
+    pol = _policy(ctx)
+    if pol:
+        s = POLICIES[pol][0]
+        if _too_short(ctx, s):
+            return "off", [f"recipe.cache.policy={pol}: " + str(_too_short(ctx, s))], {}
+        why = blockers(ctx, s)
+        if why:
+            raise LeverError(SPEC.name, s, [f"recipe.cache.policy={pol}"] + why)
+        return s, explain(ctx, s), params(ctx, s)
+    if all(_too_short(ctx, s) for s in MODES):
+        return "off", [str(_too_short(ctx, "first_block"))], {}
+    pick = _auto_point(ctx)
+    if pick is None:
+        raise LeverError(SPEC.name, "auto", [_no_evidence(ctx)])
+    return pick.setting, explain(ctx, pick.setting), params(ctx, pick.setting)
+
+
+def _no_evidence(ctx: Context) -> str:
+    (steps, n), wf, b = _request(ctx), _workflow(ctx), _budget(ctx)
+    here = [p for p in points(ctx) if wf in p.workflows and p.knob("forwards") == n]
+    top = ev.best(here)
+    if top is None:
+        return (f"recipe.cache ({b.text()}): no step-cache setting has published or calibrated quality for {wf} at {n} "
+                f"forwards (num_inference_steps={steps}; the published points are T2VA at {F}): {CALIBRATE} "
+                "(recipe.cache.evidence=FILE), force one with recipe.cache.unmeasured=true, or recipe.cache=null")
+    return (f"recipe.cache ({b.text()}): no evidenced step-cache setting meets it for {wf} at {n} forwards; the best "
+            f"evidenced is {top.setting} ({_knob_text(dict(top.knobs))}) at {top.cite()}, which misses "
+            f"{'; '.join(top.misses(b))}: lower the budget, {CALIBRATE}, or recipe.cache=null (no cache)")
 
 
 def decide(ctx: Context):
+    bad = request_problem(ctx)
+    if bad is not None:
+        raise bad
     return resolve(ctx, SPEC, auto=auto, blockers=blockers, params=params, explain=explain, policy=policy)
 
 
@@ -214,4 +496,4 @@ def install(builder, decision) -> None:
     builder.set(SPEC.name, "step_cache", {
         "mode": decision.setting, "steps": p("steps"), "forwards": p("forwards"),
         "computed": p("computed", p("forwards")), "warmup": p("warmup"), "final": p("final"),
-        "threshold": p("threshold", 0.0), "max_skip": p("max_skip", 1)})
+        "threshold": p("threshold", 0.0), "max_skip": p("max_skip") or p("forwards")})

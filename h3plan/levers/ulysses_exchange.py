@@ -66,6 +66,9 @@ def _split_needs(ctx: Context) -> list[str]:
                    "destination row blocks (padding none or padded)")
     if ctx.setting("prefix_inplace") == "on":
         out.append("prefix_inplace is on: the split output exchange writes no padded prefix")
+    if "sparse_attention" in ctx.decisions and ctx.setting("sparse_attention") != "off":
+        out.append("sparse_attention is on: its router routes whole sequences, and the split output exchange attends "
+                   "a slice of the query rows per call")
     return out
 
 

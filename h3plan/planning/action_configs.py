@@ -39,12 +39,21 @@ class TuneConfig:
 @dataclass
 class CalibrateConfig:
     target: str = "fp8_scales"
-    """fp8_scales: the static FP8 scale table (below); step_cache: step-cache configs measured against the uncached
-    frames, the fastest inside recipe.cache written as a plan to `plan_out` (h3plan/actions/calibrate_step_cache.py)."""
+    """fp8_scales: the static FP8 scale table (below); step_cache: step-cache settings measured against the uncached
+    video and audio, every one written as a calibrated quality point to `evidence_out` and the fastest inside
+    recipe.cache as a plan to `plan_out` (h3plan/actions/calibrate_step_cache.py); sparse_attention: keep
+    fractions measured against the dense frames (and soundtrack), the sparsest inside recipe.sparse written to
+    `plan_out` (h3plan/actions/calibrate_sparse_attention.py)."""
     plan_out: str = "step_cache_plan.yaml"
-    """target=step_cache: where the winning plan goes."""
+    """target=step_cache / sparse_attention: where the winning plan goes."""
+    evidence_out: str = "step_cache_points.yaml"
+    """target=step_cache: where every candidate's calibrated quality point goes (recipe.cache.evidence reads it)."""
+    prompts: Optional[str] = None
+    """target=step_cache: a text file of prompts, one a line, that the checkpoint's text encoder encodes (model.path
+    with text_encoder/ and tokenizer/); null: seeded prompt embeddings (calibrate.seeds), refused where the
+    checkpoint has a text encoder."""
     text_tokens: int = 16
-    """target=step_cache: text rows of each seeded prompt."""
+    """target=step_cache / sparse_attention: text rows of each seeded prompt."""
     out: str = "fp8_scales.json"
     """Where the table goes. A table the held-out check refuses goes to <stem>.rejected.json instead (never
     loadable: its provenance says it failed) and the command exits 2."""

@@ -27,6 +27,7 @@ def compose(overrides: list[str]):
     CLI's one-line message. Hydra composes only what planning/direct.py leaves to it (and every error but a key
     override's OmegaConf error, the same error Hydra's composition raises)."""
     overrides = video_overrides(list(overrides))
+    check_overrides(overrides)
     try:
         with libyaml():
             cfg = direct.compose(overrides)
@@ -51,16 +52,22 @@ def compose(overrides: list[str]):
         raise _config_error(line) from None
     from omegaconf import open_dict, read_write
 
-    choices = dict(cfg.hydra.runtime.choices)
+    choices, searchpath = dict(cfg.hydra.runtime.choices), list(cfg.hydra.searchpath)
     with read_write(cfg), open_dict(cfg):  # what hydra's compose(return_hydra_config=False) does
         del cfg["hydra"]
-    return record_choices(cfg, choices)
+    return record_choices(cfg, choices, searchpath)
 
 
-def record_choices(cfg, choices):
-    """`cfg` with the group options it was composed from that its values do not carry (hardware.option)."""
+def record_choices(cfg, choices, searchpath=()):
+    """`cfg` with the group options it was composed from that its values do not carry (hardware.option), and the
+    packaged hardware's name where a file of your own on `searchpath` (hydra.searchpath's entries) only inherits its
+    measured and verified facts (direct.inherited_name)."""
     if choices.get("hardware") is not None:
         cfg.hardware.option = choices["hardware"]
+        folders = [CONFIG_PATH] + [str(p)[len("file://"):] for p in searchpath if str(p).startswith("file://")]
+        name = direct.inherited_name(choices["hardware"], folders)
+        if name is not None:
+            cfg.hardware.name = name
     return cfg
 
 
@@ -134,14 +141,54 @@ def _literal(v: Any) -> str:
     return s if re.fullmatch(r"[\w./:+-]*", s) and s.lower() not in ("null", "true", "false") else "'" + s.replace("'", "\\'") + "'"
 
 
+def _several(key: str, given: list[str], shown: str) -> ConfigError:
+    """A group given several options (a list, or the group twice): one plan takes one option of each group."""
+    return ConfigError(shown, f"one plan per call: pick one option ({', '.join(groups()[key])}); to plan several, call "
+                              f"once per option or sweep: python -m h3plan -m {key}={','.join(given)}")
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """What the command line says twice, where composition would keep one silently: a group's options
+    (one_option_per_group) and the device's memory in GB and in GiB (memory_gib would win)."""
+    one_option_per_group(overrides)
+    given = {}
+    for o in overrides:
+        key, eq, value = o.lstrip("+~").partition("=")
+        if eq and key in MEMORY_KEYS and value.lower() != "null":
+            given[key] = value
+    if len(given) > 1:
+        raise ConfigError(" ".join(f"{k}={v}" for k, v in given.items()), "the device's memory given twice, in GB and "
+                          "in GiB (memory_gib would win): give one of them")
+
+
+MEMORY_KEYS = ("hardware.device.memory_gb", "hardware.device.memory_gib")
+
+
+def one_option_per_group(overrides: list[str]) -> None:
+    """A config group set to a list of options (`recipe=[nvfp4,fp8]`, which Hydra merges into one config) or set twice
+    (`hardware=sm90 hardware=sm100`, where the last would win) is a ConfigError: a plan takes one option per group."""
+    seen: dict[str, list[str]] = {}
+    known = groups()
+    for o in overrides:
+        key, eq, value = o.lstrip("+~").partition("=")
+        if not eq or key not in known:
+            continue
+        if value.startswith("[") and value.endswith("]"):
+            items = [x.strip() for x in value[1:-1].split(",") if x.strip()]
+            raise _several(key, items, f"{key}={value}")
+        seen.setdefault(key, []).append(value)
+    for key, given in seen.items():
+        if len(given) > 1:
+            raise _several(key, given, " ".join(f"{key}={v}" for v in given))
+
+
 def override(key: str, value: Any) -> str:
     """One `key=value` override from a Python keyword argument (resolve_config). A config group takes one option
     name: anything else (a number, a list of options) is a ConfigError naming what is allowed."""
     if key in groups() and not isinstance(value, str):
         options = groups()[key]
         if isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}={list(value)}", f"one plan per call: pick one option ({', '.join(options)}); to "
-                              f"plan several, call once per option or sweep: python -m h3plan -m {key}={','.join(map(str, value))}")
+            raise _several(key, list(map(str, value)), f"{key}={list(value)}")
         near = [o for o in options if o == f"sm{value}"]
         raise ConfigError(f"{key}={value!r}", "a config group takes an option name as a string"
                           + (f" ({key}={near[0]!r})" if near else "") + f"; available: {', '.join(options)}")

@@ -12,7 +12,7 @@ import math
 from typing import Any, Mapping
 
 from h3plan.facts.attention import BACKENDS
-from h3plan.levers import terms
+from h3plan.levers import TERM_OWNERS, terms
 from h3plan.levers.base import nearest_point, nearest_ulysses_point
 from h3plan.sources import cite
 
@@ -214,7 +214,9 @@ def estimates(sections: Mapping[str, Any], shp: Mapping[str, Any], decisions: Ma
     def ms(flops, tf):
         return None if tf is None else round(flops / (tf * 1e12) * 1e3, 3)
 
-    return {
+    sparse = _sparse(decisions, ms(att_flops, att_tf), b, hl, d) if t.sparse_attention else {}
+    sparse_basis = sparse.pop("basis_sparse", {})
+    return {**sparse,
         "attention_tflops_used": None if att_tf is None else round(att_tf, 1),
         "attention_ms_per_block_est": ms(att_flops, att_tf),
         "block_linear_params": params,
@@ -224,6 +226,7 @@ def estimates(sections: Mapping[str, Any], shp: Mapping[str, Any], decisions: Ma
         "a2a_bytes_leaving_rank_per_block": leaving,
         "a2a_ms_per_block_est": a2a_ms,
         "basis": {
+            **sparse_basis,
             "attention_ms_per_block_est": f"4*S^2*H_local*D*B / TFLOP/s with S={att_len:,}, H_local={hl}, D={d}, B={b}; {att_basis}",
             "block_linear_params": "to_q/k/v 3*hidden*inner + to_out inner*hidden + ff hidden*2*ffn + ffn*hidden (AdaLN projections excluded: per timestep, not per token)",
             "gemm_ms_per_block_est": f"2*rows*params / TFLOP/s with rows=B*local_rows={b * local:,}, {gemm_dtype} GEMMs; {gemm_basis}",
@@ -233,6 +236,23 @@ def estimates(sections: Mapping[str, Any], shp: Mapping[str, Any], decisions: Ma
             "a2a_ms_per_block_est": a2a_basis,
         },
     }
+
+
+def _sparse(decisions: Mapping[str, Any], att_ms: float | None, b: int, hl: int, d: int) -> dict[str, Any]:
+    """A sparse forward's attention per block: the dense estimate x the block work the router keeps (its decision's
+    `work_fraction`), and the router's pooled-score FLOPs (not timed: not counted in the time)."""
+    dec = decisions[TERM_OWNERS["sparse_attention"]]
+    wf = dec.param("work_fraction", None)
+    if wf is None or att_ms is None:
+        return {}
+    m, n, bq, bk = dec.param("query_blocks"), dec.param("key_blocks"), dec.param("block_q"), dec.param("block_k")
+    router = 2 * b * hl * m * (bq // 32) * n * (bk // 32) * d
+    return {"attention_ms_per_block_sparse_est": round(att_ms * wf, 3),
+            "basis_sparse": {"attention_ms_per_block_sparse_est": (
+                f"attention_ms_per_block_est x {wf:g}, the block work a sparse call keeps ({dec.lever}: "
+                f"{dec.param('routed_query_blocks')} of {m} query blocks keep {dec.param('kept_key_blocks')} of {n} key "
+                f"blocks, the rest dense); its router's pooled scores, {router / 1e9:.1f} GFLOP per block, not timed on "
+                "any GPU and not counted")}}
 
 
 def merge(shp: Mapping[str, Any], est: Mapping[str, Any]) -> dict[str, Any]:

@@ -266,8 +266,35 @@ def compose(overrides: list[str]):
             except OmegaConfBaseException as e:
                 raise Refused(e) from e
         cfg.hardware.option = choices["hardware"]
+        name = inherited_name(str(choices["hardware"]), folders)
+        if name is not None:
+            cfg.hardware.name = name
         return cfg
     except Refused:
         raise
     except Exception:  # noqa: BLE001 - Hydra composes again and words the error its own way
         return _to_hydra("an error")
+
+
+PROVENANCE = ("measured", "verified", "tuned")
+"""The sections whose facts are where h3plan measured or ran: the hardware's name is what they are credited to."""
+
+
+def inherited_name(option: str, folders: list[str]) -> str | None:
+    """A hardware file of your own (not in conf/) that extends a packaged option through its defaults list and sets a
+    `name` of its own, but carries none of the PROVENANCE sections nor another compute capability: every measured and
+    verified fact it has is the packaged option's, so that option's name (sm90) names them; the plan prints
+    `hardware=<option> (as sm90: ...)` and never says it measured or verified anything on the file's own name. None
+    for any other file (its name stands), and for a file this module leaves to Hydra."""
+    files = _group_files("hardware", option, folders)
+    if not files:
+        return None
+    packaged = os.path.join(CONF, "hardware")
+    base = [data for path, data, _ in files if os.path.dirname(path) == packaged]
+    own = [data for path, data, _ in files if os.path.dirname(path) != packaged]
+    if not base or not own or not any("name" in d for d in own) or any(k in d for d in own for k in PROVENANCE):
+        return None
+    name, cc = base[-1].get("name"), str(base[-1].get("compute_capability"))
+    if any("compute_capability" in d and str(d["compute_capability"]) != cc for d in own):
+        return None  # another GPU: its own name stands
+    return None if name is None else str(name)

@@ -22,7 +22,8 @@ class DeviceFacts:
     memory_gb: Optional[float] = MISSING
     memory_gib: Optional[float] = None
     """The device's memory in GiB (2^30 bytes), as torch.cuda reports it; set, it replaces memory_gb (which
-    validate() then holds in vendor GB), e.g. hardware.device.memory_gib=80 for an 80 GiB card."""
+    validate() then holds in vendor GB), e.g. hardware.device.memory_gib=80 for an 80 GiB card. A command line gives
+    one of the two (config.check_overrides)."""
     hbm_tbps: Optional[float] = MISSING
     nvlink_gbps: Optional[float] = MISSING
     """NVLink bandwidth per GPU, both directions together (vendor convention); one direction is half."""
@@ -81,6 +82,10 @@ class Fa4Facts:
     head_dim_limit: int = MISSING
     """The largest head_dim FA4's forward takes here (a multiple of 8, at least 8), checked per call."""
     head_dim_limit_source: str = MISSING
+    block_sparse: Optional[List[int]] = None
+    """[query block, key block] rows of FA4's block-sparse forward at head_dim 128 with its default tile (the
+    sparse_attention router's block); null: no block-sparse forward here."""
+    block_sparse_source: Optional[str] = None
     source: str = MISSING
     tuned_tiles: List[Fa4Tile] = field(default_factory=list)
     """Measured tiles that beat FA4's default (empty: FA4's own heuristic is all there is)."""
@@ -475,6 +480,7 @@ class HardwareConfig:
     verified: VerifiedFacts = field(default_factory=VerifiedFacts)
     option: Optional[str] = None
     """The hardware option the config was composed from (hardware=myhw), set at composition: a file of your own that
-    extends a packaged one keeps its `name` (sm90), and the plan names both."""
+    extends a packaged one keeps its `name` (sm90), and the plan names both; a `name` the file sets itself stands only
+    where it carries measured, verified or tuned facts of its own (planning/direct.py inherited_name)."""
     tuned: Optional[TunedFacts] = None
     """Set in a file written by action=tune: its provenance and kernel checks; null in the packaged groups."""

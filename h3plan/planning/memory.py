@@ -27,7 +27,7 @@ says whether it fits and, when not, which nearest change does (each one re-estim
   entries, a block linear streamed and quantised with its float32 temporaries, a VAE tensor streamed for its cast);
   a phase of the peak, so the fit check covers it. `loaded_gib`: the pipeline as loaded, on the device before
   install (what a pipeline moved to the GPU whole before install holds; the plan's install line says when it does
-  not fit).
+  not fit); under memory.partitions=both, both transformer partitions as loaded.
 - The text encoder (model.text_encoder, a Qwen3-VL config; planning/text_encoder.py): placed by memory.text_encoder
   (auto: resident where it fits beside the denoise peak, else offload_after where its encode fits beside the
   resident models, else host); resident weights join the denoise phase, and an `encode` phase holds the resident
@@ -277,8 +277,9 @@ def _weights(it: _Items, sections, settings, opts) -> None:
     most = max(staged, default=(0, "nothing staged: every tensor moves as it is"))
     it.add("install_staging", most[0], f"install from the host (device=): {most[1]}; the rest of what it moves is the "
                                        "resident weights, a tensor at a time")
-    loaded = {"transformer": base + (tables["weight_bytes"] if tables else 0)
-              + (quant - 2 * tp["block_linears"] if quant is not None and checkpoint == gq else 0),
+    partitions = 2 if opts["partitions"] == "both" else 1  # transformer/ and transformer_ref/: the same widths
+    as_loaded = quant - 2 * tp["block_linears"] if quant is not None and checkpoint == gq else 0  # quantised as loaded
+    loaded = {"transformer": partitions * (base + (tables["weight_bytes"] if tables else 0) + as_loaded),
               "vae": 4 * vp["fp32_kept"] + vb * (vp["decoder_linears"] + vp["other"]),
               "audio_vae": vb * pipe["audio_vae"]["params"]}
     return sum(loaded[k] for k in HELD[opts["holds"]])

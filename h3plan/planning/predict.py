@@ -66,10 +66,17 @@ def forward(sections: Mapping[str, Any], shp: Mapping[str, Any], est: Mapping[st
     el, el_basis = elementwise(sections, shp["batch"] * shp["local_rows"])
     att, gemm, a2a = est["attention_ms_per_block_est"], est["gemm_ms_per_block_est"], est["a2a_ms_per_block_est"]
     block = None if att is None or gemm is None else att + gemm + (el or 0) + (a2a or 0)
-    return {"elementwise_ms_per_block_est": None if el is None else round(el, 3),
+    sparse = {}
+    if block is not None and est.get("attention_ms_per_block_sparse_est") is not None:
+        fs = (block - att + est["attention_ms_per_block_sparse_est"]) * layers / 1e3
+        sparse = {"forward_sparse_s_est": round(fs, 4)}
+    return {**sparse, "elementwise_ms_per_block_est": None if el is None else round(el, 3),
             "block_ms_est": None if block is None else round(block, 3),
             "forward_s_est": None if block is None else round(block * layers / 1e3, 4),
             "basis": {"elementwise_ms_per_block_est": el_basis,
+                      **({"forward_sparse_s_est": "forward_s_est with attention_ms_per_block_sparse_est in place of "
+                                                  "attention_ms_per_block_est (a forward that runs sparse attention)"}
+                         if sparse else {}),
                       "forward_s_est": f"{layers} blocks x (attention + block linears + elementwise + all-to-all) per block; "
                                        "outside the blocks under 0.2% of the profiled H200 forward, not counted"}}
 
@@ -114,16 +121,21 @@ def encode_tiles(settings: Mapping[str, str]) -> str:
 
 
 def call(sections: Mapping[str, Any], sequence: Mapping[str, Any], shp: Mapping[str, Any], fwd: Mapping[str, Any],
-         settings: Mapping[str, str], computed: int | None = None,
+         settings: Mapping[str, str], computed: int | None = None, dense: int | None = None,
          parallel_decode: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """End to end: text encode + forwards x forward + decode; the biggest share and the cheapest cut. `computed`: the
-    forwards a step_cache schedule runs of the request's (None: all of them); `parallel_decode`: the vae_parallel
-    decision's params where it spreads the decode (decode)."""
+    forwards a step_cache schedule runs of the request's (None: all of them); `dense`: with sparse attention, the
+    first forwards that run dense (the others at forward_sparse_s_est); `parallel_decode`: the vae_parallel decision's
+    params where it spreads the decode (decode)."""
     n, f = sequence.get("transformer_forwards"), fwd["forward_s_est"]
     if not n or f is None:
         return {}
     of = f"{computed} computed of {n}" if computed and computed != n else f"{n}"
     n = computed or n
+    fs = fwd.get("forward_sparse_s_est")
+    if fs is not None and dense is not None and n > dense:  # the dense ones first, the rest at the sparse forward
+        f = (dense * f + (n - dense) * fs) / n
+        of += f" ({min(dense, n)} dense, {n - min(dense, n)} with sparse attention)"
     dec, dec_basis = decode(sections, sequence, settings["vae_precision"], settings["vae_tiles"], parallel_decode)
     enc = encode(sections, sequence, settings.get("vae_encode_precision", "fp32"), encode_tiles(settings))
     parts = {"text_encode": 0.0, "denoise": n * f, "decode": dec}
@@ -145,6 +157,22 @@ def call(sections: Mapping[str, Any], sequence: Mapping[str, Any], shp: Mapping[
                            "cut": cheapest_cut(sections, sequence, shp, big, settings, fwd, parallel_decode)}
     out["basis"]["call_biggest"] = "the largest of text encode, denoise, decode, and the lever that cuts it at the least quality cost"
     return out
+
+
+def call_range(sections: Mapping[str, Any], sequence: Mapping[str, Any], times: Mapping[str, Any],
+               fwd: Mapping[str, Any], fewest: int) -> dict[str, Any]:
+    """An adaptive cache's call (step_cache=first_block) as a range: from the fewest forwards it can compute under its
+    warm-up, final and limit in a row (each skipped forward still runs the first block: 1/layers of a forward) up to
+    every forward computed (call_s_est, the figure the call line gives); how many skip is the checkpoint's."""
+    call, f, n = times.get("call_s_est"), fwd["forward_s_est"], sequence.get("transformer_forwards")
+    if call is None or f is None or not n:
+        return {}
+    layers = sections["model"]["diffusers_config"]["num_layers"]
+    low = call - (n - fewest) * f * (1 - 1 / layers)
+    return {"call_s_range_est": [round(low, 2), round(call, 2)],
+            "basis": {"call_s_range_est": f"step_cache=first_block computes {fewest}..{n} forwards (the most it can skip "
+                                          f"under its warm-up, final and limit in a row .. none): each skipped forward "
+                                          f"runs 1 of {layers} blocks; how many skip is the checkpoint's statistic"}}
 
 
 def cheapest_cut(sections, sequence, shp, part: str, settings: Mapping[str, str], fwd: Mapping[str, Any],
@@ -174,7 +202,9 @@ def cheapest_cut(sections, sequence, shp, part: str, settings: Mapping[str, str]
         f8 = fp8_forward(sections, shp)
         if f8 is not None:
             return f"recipe=fp8 cuts a forward to {f8:.2f} s (FP8 GEMMs and attention: lossy, within its PSNR/SSIM budget)"
-    return f"fewer forwards (pipeline.num_inference_steps, a step-distilled LoRA): the {part} shrinks with them, at a quality cost h3plan does not measure"
+    steps = sequence.get("num_inference_steps")  # video.num_inference_steps sets the request's, over pipeline's default
+    return (f"fewer forwards (video.num_inference_steps, {steps} now; a step-distilled LoRA): the {part} shrinks with "
+            "them, at a quality cost h3plan does not measure")
 
 
 def fp8_forward(sections: Mapping[str, Any], shp: Mapping[str, Any]) -> float | None:

@@ -8,6 +8,7 @@ import textwrap
 
 from h3plan.facts.attention import BACKENDS, DEFAULT
 from h3plan.levers import SPECS, not_installed, terms
+from h3plan.levers.step_cache import EVIDENCE_REASONS
 
 from .derive import ORDER, efficiency_key
 from .memory import usable_gib
@@ -47,6 +48,9 @@ def _request_lines(plan, width: int) -> list[str]:
     return out
 
 
+ANOTHER_CARD_GB = 80  # the memory line's example of another card (an H100's); 141 (an H200's) where the plan has 80
+
+
 def _memory_texts(plan, peak: float, breakdown: dict) -> list[str]:
     """`memory` (the peak per GPU against what the plan may use, in GiB, and its largest items) and `install` (a
     pipeline on the host moved by install, against one moved to the GPU whole first)."""
@@ -58,8 +62,9 @@ def _memory_texts(plan, peak: float, breakdown: dict) -> list[str]:
     usable = usable_gib(gb, reserve) if gb else None
     line = f"memory   peak {peak:.1f} GiB per GPU while {phase}"
     if usable is not None:
+        other = 141 if gb == ANOTHER_CARD_GB else ANOTHER_CARD_GB  # an example, never the memory the plan has
         line += (f", of {usable:.1f} GiB usable ({gb:g} GB = {usable_gib(gb, 0):.1f} GiB less the {reserve:.0%} "
-                 f"memory.reserve_fraction; another card: hardware.device.memory_gb=80)")
+                 f"memory.reserve_fraction; another card: hardware.device.memory_gb={other})")
     which = f"its largest {len(top)} of {len(items)} items" if len(items) > len(top) else "its items"
     line += f"; {which}: " + ", ".join(f"{k} {breakdown[k]:.1f}" for k in top) + " GiB"
     if plan.derived_value("memory_does_not_fit"):
@@ -84,9 +89,28 @@ def _wrap(text: str, width: int, indent: int) -> list[str]:
     return textwrap.wrap(text, width=max(40, width - indent), break_long_words=False, break_on_hyphens=False) or [""]
 
 
+EVIDENCE = re.compile(r"^(measured on |published |calibrated |evidence \(|unmeasured)|never measured|has not measured")
+"""A reason of a lossy decision that states the error it was measured to cause, or that it never was."""
+
+
+def evidence(d) -> list[str]:
+    """The reasons of decision `d` that state its measured (or published) error, or say there is none."""
+    return [x for x in d.reasons if EVIDENCE.search(x)]
+
+
+def _policy(plan) -> str:
+    """The recipe's policy as the plan runs it: a lossless policy with a lossy setting the recipe chose itself
+    (recipe.vae=fp16, recipe.cache) is not lossless."""
+    r = plan.get("recipe")
+    if r["policy"] != "lossless":
+        return f"budget PSNR>={r['budget']['psnr_db_min']} dB SSIM>={r['budget']['ssim_min']}"
+    lossy = [d.lever for d in plan.decisions if not d.lossless]
+    return f"lossy by its own choice: {', '.join(lossy)}" if lossy else "lossless"
+
+
 def _header(plan) -> str:
     hw, r, p, m = (plan.get(k) for k in ("hardware", "recipe", "parallel", "model"))
-    policy = "lossless" if r["policy"] == "lossless" else f"budget PSNR>={r['budget']['psnr_db_min']} dB SSIM>={r['budget']['ssim_min']}"
+    policy = _policy(plan)
     ring = "" if p.get("ring", 1) == 1 else f" x ring {p['ring']}"
     option = hw.get("option") or hw["name"]
     extends = "" if option == hw["name"] else f"as {hw['name']}: "  # a file of your own over a packaged one
@@ -138,6 +162,9 @@ def _speed_text(plan) -> str:
     den, dec, n = plan.derived_value("denoise_s_est"), plan.derived_value("decode_s_est"), (plan.derived_value("sequence") or {}).get("transformer_forwards")
     m = plan.derived_value("computed_forwards") or n  # step_cache's fixed schedule runs fewer
     what = f"{m} computed forwards of {n}" if m != n else f"{n} forwards"
+    fs = plan.derived_value("forward_sparse_s_est")
+    if fs is not None:  # sparse_attention: the forwards past its dense ones run at the sparse forward's time
+        what += f" (sparse ones at {fs:.2f} s)"
     if den is None:
         return text
     if dec is None:
@@ -154,11 +181,17 @@ def _speed_text(plan) -> str:
     enc = plan.derived_value("encode_s_est")
     venc = "" if enc is None else (f" + VAE encode {enc:,.1f} s"
                                    + (" (estimate, not measured)" if _estimated(hw) else ""))
+    span = plan.derived_value("call_s_range_est")  # an adaptive cache: the most it may skip .. every forward computed
+    if span:
+        fewest = plan.decision("step_cache").param("fewest_computed")
+        head = (f"call {span[0] + (te_s or 0):,.0f}-{call_s + (te_s or 0):,.0f} s = {fewest}..{n} of {n} forwards "
+                f"computed (the adaptive cache), at most {den:,.0f} s")
+    else:
+        head = f"call {call_s + (te_s or 0):,.0f} s = {what} {den:,.0f} s"
     spread = next((d for d in plan.decisions if d.lever == "vae_parallel" and d.setting == "tiles"), None)
     where = "" if spread is None else f" over {plan.get('parallel').get('ulysses')} GPUs (vae_parallel)"
-    text += (f"; call {call_s + (te_s or 0):,.0f} s = {what} {den:,.0f} s + decode "
-             f"{dec:,.{1 if dec >= 1 else 2}f} s{where}{venc}{encode}; most: {big['part']} {big['share']:.0%}: "
-             f"{big['cut']}")
+    text += (f"; {head} + decode {dec:,.{1 if dec >= 1 else 2}f} s{where}{venc}{encode}; most: {big['part']} "
+             f"{big['share']:.0%}: {big['cut']}")
     return text
 
 
@@ -260,6 +293,23 @@ def render_summary(plan, width: int = 120) -> str:
     """The default table: what runs, what is lossy and its budget, what has no kernel, what never ran on this
     hardware, the memory and speed estimates, then one line per lever (detail=full: every reason, its sources
     and the derived numbers)."""
+    ds = plan.decisions
+    missing = {d.lever: not_installed(d) for d in ds}
+    lines = _summary_lines(plan, width)
+    lines += ["", f"{'lever':<21} {'setting':<12} {'note':<9}   why (detail=full: every reason and its source)"]
+    pad = 21 + 1 + 12 + 1 + 9 + 3
+    for d in _table_rows(ds):
+        flag = "no kernel" if missing[d.lever] else "" if d.lossless else "lossy"
+        mark = "*" if not d.hardware_verified else " "
+        why = _short(_shown_reasons(d), width - pad)
+        lines.append(f"{d.lever:<21} {d.setting:<12} {flag:<9} {mark} {why}".rstrip())
+    lines += ["", "every reason with its sources, and the derived numbers: detail=full; for machines: format=yaml|json"]
+    return "\n".join(lines) + "\n"
+
+
+def _summary_lines(plan, width: int) -> list[str]:
+    """The labelled lines above the lever table, the same in the summary and in detail=full: the header, the request,
+    memory and install, the speed, what runs, what is lossy or lossless, what has no kernel, what never ran here."""
     hw, r = plan.get("hardware"), plan.get("recipe")
     ds = plan.decisions
     lines = [_header(plan), *_request_lines(plan, width)]
@@ -269,18 +319,29 @@ def render_summary(plan, width: int = 120) -> str:
     running = [d for d in ds if _runs(d, plan)]
     runs = [f"{d.lever}={d.setting}" for d in running]
     lines += _labelled("runs", ", ".join(runs) or "diffusers' own ops only", width)
-    lossy = [d.lever for d in ds if not d.lossless and d.lever != "step_cache"]
+    own = ("step_cache", "sparse_attention")  # lossy levers with their own recipe budget (recipe.cache, recipe.sparse)
+    lossy = [d.lever for d in ds if not d.lossless and d.lever not in own]
     cache = next((d for d in ds if d.lever == "step_cache" and not d.lossless), None)
+    sparse = next((d for d in ds if d.lever == "sparse_attention" and not d.lossless), None)
     if cache is not None:  # its own budget (recipe.cache), apart from the kernel levers'
         what = next((r for r in cache.reasons if not r.startswith("forced by")), cache.reasons[0])
-        lines += _labelled("fewer", f"step_cache={cache.setting}: {what}; within recipe.cache PSNR >= "
-                                    f"{cache.param('psnr_db_min')} dB, SSIM >= {cache.param('ssim_min')} of the uncached "
-                                    "frames, never measured by h3plan (action=calibrate calibrate.target=step_cache)", width)
-    if lossy:
+        quality = next((r for r in cache.reasons if r.startswith(EVIDENCE_REASONS)), "")
+        lines += _labelled("fewer", f"step_cache={cache.setting}: {what}; {quality}", width)
+    if sparse is not None:  # its own budget (recipe.sparse) and the evidence it has, if any
+        said = next((r for r in sparse.reasons if r.startswith(("evidence", "unmeasured"))), "")
+        lines += _labelled("sparse", f"sparse_attention={sparse.setting}: keep {sparse.param('keep'):g} of the key blocks "
+                                     f"on {sparse.param('sparse_forwards')} of {sparse.param('forwards')} forwards; "
+                                     f"{said}", width)
+    if lossy and r["policy"] == "lossless":  # the recipe's own lossy choice: no budget, its measured error
+        chosen = [d for d in ds if d.lever in lossy]
+        lines += _labelled("lossy", "; ".join(
+            f"{d.lever}={d.setting}, the recipe's own lossy choice outside its lossless policy: "
+            + (_short(evidence(d), 1000) or "its error was never measured by h3plan") for d in chosen), width)
+    elif lossy:
         b = r["budget"]
         lines += _labelled("lossy", f"{', '.join(lossy)}: the output may differ from diffusers' eager output within "
                                     f"PSNR >= {b['psnr_db_min']} dB, SSIM >= {b['ssim_min']} (action=verify measures it)", width)
-    elif cache is None:
+    elif cache is None and sparse is None:
         lines += _labelled("lossless", _lossless_text(plan), width)
     missing = {d.lever: not_installed(d) for d in ds}
     for d in ds:
@@ -298,24 +359,13 @@ def render_summary(plan, width: int = 120) -> str:
     forced = [f"levers.{d.lever}={d.setting}" for d in ds if d.forced]
     if forced:
         lines += _labelled("forced", ", ".join(forced) + " (asked for, and checked that it can apply)", width)
-    lines += ["", f"{'lever':<21} {'setting':<12} {'note':<9}   why (detail=full: every reason and its source)"]
-    pad = 21 + 1 + 12 + 1 + 9 + 3
-    for d in _table_rows(ds):
-        flag = "no kernel" if missing[d.lever] else "" if d.lossless else "lossy"
-        mark = "*" if not d.hardware_verified else " "
-        lines.append(f"{d.lever:<21} {d.setting:<12} {flag:<9} {mark} {_short(_shown_reasons(d), width - pad)}".rstrip())
-    lines += ["", "every reason with its sources, and the derived numbers: detail=full; for machines: format=yaml|json"]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def render_table(plan, width: int = 120) -> str:
-    """detail=full: every decision with all its reasons and sources, every derived number with its basis."""
-    lines = [
-        _header(plan),
-        *_request_lines(plan, width),
-        "",
-        f"{'lever':<21} {'setting':<12} {'lossless':<8}   why",
-    ]
+    """detail=full: the summary's lines, then every decision with all its reasons and sources, every derived number
+    with its basis, and the notes."""
+    lines = [*_summary_lines(plan, width), "", f"{'lever':<21} {'setting':<12} {'lossless':<8}   why"]
     pad = 21 + 1 + 12 + 1 + 8 + 3
     for d in _table_rows(plan.decisions):
         reasons = _shown_reasons(d)

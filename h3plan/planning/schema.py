@@ -18,6 +18,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from h3plan.facts.attention import BF16, missing_facts
 from h3plan.errors import ConfigError, unknown_key_line
 from h3plan.levers import LEVER_SETTINGS  # declared by each lever module (SPEC), registry order
+from h3plan.levers.sparse_attention import config_problem as sparse_config_problem
 from h3plan.levers.step_cache import config_problem as step_cache_config_problem
 
 from h3plan.facts import tuned
@@ -110,21 +111,50 @@ class Budget:
 @dataclass
 class CacheBudget:
     """recipe.cache: the quality budget step caching must stay inside (levers/step_cache.py), apart from the kernel
-    levers' `budget`; both bounds null (the default): no budget, step_cache stays off. Set it as
-    `recipe.cache={psnr_db_min:28,ssim_min:0.93}` (against the same seed's uncached frames)."""
+    levers' `budget`, and the knobs of its schedule. No budget and no policy (the default): step_cache stays off.
+    Set it as `recipe.cache={psnr_db_min:28,ssim_min:0.93}` (against the same seed's uncached frames) or name the
+    published policy, `recipe.cache.policy=high`. A knob left null takes the setting's default, or under auto the
+    knobs of the evidence it picks."""
 
     psnr_db_min: Optional[float] = None
     ssim_min: Optional[float] = None
+    audio_snr_db_min: Optional[float] = None
+    """The audio's SNR (dB) against the uncached soundtrack; null: not judged (most published points are video only)."""
+    policy: Optional[str] = None
+    """A named, published policy (levers/step_cache.POLICIES): high (SGLang's quality=high); it fixes the knobs."""
+    evidence: Optional[str] = None
+    """A quality points file of your checkpoint (action=calibrate calibrate.target=step_cache writes it); its points
+    join the published ones and take precedence."""
+    unmeasured: bool = False
+    """true: a forced setting no evidence covers may run (the plan says `unmeasured`); auto never picks one."""
     computed: Optional[int] = None
     """fixed / taylor: forwards computed of the request's; null: TeleFuser's 34 of 49 scaled to the request."""
-    warmup: int = 4
-    """The first forwards, always computed (never skipped)."""
-    final: int = 1
-    """The last forwards, always computed (never skipped)."""
-    threshold: float = 0.12
-    """first_block: skip while the first block's output changed by less than this (relative L1); 0: never skip."""
-    max_skip: int = 2
-    """first_block: at most this many forwards skipped in a row."""
+    warmup: Optional[int] = None
+    """The first forwards, always computed (never skipped); null: 4."""
+    final: Optional[int] = None
+    """The last forwards, always computed (never skipped); null: 1 (fixed, taylor), 0 (first_block, as Cache-DiT)."""
+    threshold: Optional[float] = None
+    """first_block: skip while the first block's residual changed by less than this (relative L1); 0: never skip;
+    null: 0.04 (the high policy's)."""
+    max_skip: Optional[int] = None
+    """At most this many forwards skipped in a row; null: no limit (fixed, taylor), 1 (first_block)."""
+    source: Optional[str] = None
+
+
+@dataclass
+class SparseBudget:
+    """recipe.sparse: the quality budget block-sparse attention must stay inside (levers/sparse_attention.py), apart
+    from the kernel levers' `budget`; both bounds null (the default): no budget, attention stays dense. Set it as
+    `recipe.sparse={psnr_db_min:28,ssim_min:0.9}` (against the same seed's dense frames)."""
+
+    psnr_db_min: Optional[float] = None
+    ssim_min: Optional[float] = None
+    keep: float = 0.25
+    """The fraction of key blocks a routed query block keeps (SubBlock's published sparsity 0.75)."""
+    dense_forwards: int = 10
+    """The first forwards of a generation run dense attention (SubBlock's published 10 of 49)."""
+    video_only: bool = True
+    """Route target-video query blocks only (every other query block dense); false routes every query block."""
     source: Optional[str] = None
 
 
@@ -145,6 +175,8 @@ class RecipeConfig:
     """The VAE decode: fp32 (diffusers' default, lossless), fp16 / bf16 (lossy), fp8 (FP8 tiles, fp16 around them)."""
     cache: CacheBudget = field(default_factory=CacheBudget)
     """The step-caching budget and schedule (levers/step_cache.py); no budget: no step cache."""
+    sparse: SparseBudget = field(default_factory=SparseBudget)
+    """The sparse attention budget and routing (levers/sparse_attention.py); no budget: dense attention."""
     source: str = MISSING
 
 
@@ -389,25 +421,74 @@ def check_keys(c: dict[str, Any], node: type = None, prefix: str = "") -> None:
 PSNR_DB_MAX = 100.0  # a budget above this admits no lossy lever: e4m3 keeps 3 mantissa bits (tens of dB)
 
 
+POSITIVE = {
+    "hardware.device.sm_count": "SMs", "hardware.device.memory_gb": "GB", "hardware.device.memory_gib": "GiB",
+    "hardware.device.hbm_tbps": "TB/s", "hardware.device.nvlink_gbps": "GB/s",
+    "hardware.device.nic_gbps": "GB/s (null: not known, and the plan says what it assumes)",
+    "hardware.peak_dense_tflops.*": "TFLOP/s", "hardware.efficiency.*": "share of the peak",
+    "hardware.measured.hbm_copy_tbps": "TB/s",
+    "hardware.measured.gemm_tflops.*": "TFLOP/s", "hardware.measured.attention[].*": "TFLOP/s",
+    "hardware.measured.gemm_block[].ms": "ms", "hardware.measured.elementwise[].ms": "ms",
+    "hardware.measured.decode[].seconds": "s", "hardware.measured.encode[].seconds": "s",
+    "hardware.measured.ulysses.a2a[].tensor_ms": "ms", "hardware.measured.ulysses.a2a[].gbps_leaving_rank": "GB/s",
+    "memory.host_link_gbps": "GB/s",
+}
+"""Every size, rate and bandwidth the plan sizes or divides by: null where a fact allows it (unknown), else positive.
+`*`: every field of that mapping but its source, the shape keys and what says where it came from; `[]`: every entry
+of that list."""
+_SHAPE_KEYS = ("seq_len", "heads", "source", "context", "provenance")
+
+
+def _leaves(node: Any, parts: list[str], path: str):
+    """(key path, value) of every number under `node` that `parts` (a POSITIVE path, split at dots) names."""
+    if not parts:
+        for i, v in enumerate(node if isinstance(node, list) else [node]):
+            yield (f"{path}[{i}]" if isinstance(node, list) else path), v
+        return
+    head, rest = parts[0], parts[1:]
+    many = head.endswith("[]")
+    name = head[:-2] if many else head
+    if name == "*":
+        children = [(f"{path}.{k}", v) for k, v in (node or {}).items() if k not in _SHAPE_KEYS]
+    else:
+        children = [(f"{path}.{name}" if path else name, (node or {}).get(name))]
+    for key, child in children:
+        if child is None:
+            continue
+        if many:
+            for i, item in enumerate(child):
+                yield from _leaves(item, rest, f"{key}[{i}]")
+        else:
+            yield from _leaves(child, rest, key)
+
+
+def _check_positive(c: dict[str, Any]) -> None:
+    """Every POSITIVE value that is set is a number > 0: a zero rate would divide by zero, a negative one plan a
+    negative time, and a zero NIC rate would read as unknown."""
+    for pattern, unit in POSITIVE.items():
+        for key, v in _leaves(c, pattern.split("."), ""):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
+                raise ConfigError(f"{key}={v}", f"must be a positive number of {unit}")
+
+
 def _check_values(c: dict[str, Any]) -> None:
     """Values in range that the types let through (a step count diffusers refuses, a GPU of no memory ...)."""
     steps = c["pipeline"]["num_inference_steps"]
     if steps < MIN_STEPS:
         raise ConfigError(f"pipeline.num_inference_steps={steps}", STEPS_RULE)
-    gb = c["hardware"]["device"].get("memory_gb")
-    if gb is not None and not gb > 0:
-        raise ConfigError(f"hardware.device.memory_gb={gb}", "must be a positive number of GB")
+    _check_positive(c)
     m = c["memory"]
     if m["max_ulysses"] < 1:
         raise ConfigError(f"memory.max_ulysses={m['max_ulysses']}", "must be >= 1 (the largest Ulysses degree fit suggests)")
     if not 0 <= m["reserve_fraction"] < 1:
         raise ConfigError(f"memory.reserve_fraction={m['reserve_fraction']}", "must be in [0, 1)")
-    b = c["recipe"]["budget"]
-    if b["psnr_db_min"] is not None and not 0 < b["psnr_db_min"] <= PSNR_DB_MAX:
-        raise ConfigError(f"recipe.budget.psnr_db_min={b['psnr_db_min']}", f"must be in (0, {PSNR_DB_MAX:g}] dB: a higher bar "
-                          "admits no lossy lever (use recipe=bf16 for a lossless plan)")
-    if b["ssim_min"] is not None and not 0 < b["ssim_min"] <= 1:
-        raise ConfigError(f"recipe.budget.ssim_min={b['ssim_min']}", "must be in (0, 1]")
+    for key, none in (("budget", "use recipe=bf16 for a lossless plan"), ("cache", "no step cache: leave both null")):
+        b = c["recipe"][key]  # the kernel levers' budget, and step caching's own
+        if b["psnr_db_min"] is not None and not 0 < b["psnr_db_min"] <= PSNR_DB_MAX:
+            raise ConfigError(f"recipe.{key}.psnr_db_min={b['psnr_db_min']}",
+                              f"must be in (0, {PSNR_DB_MAX:g}] dB: a higher bar admits no lossy lever ({none})")
+        if b["ssim_min"] is not None and not 0 < b["ssim_min"] <= 1:
+            raise ConfigError(f"recipe.{key}.ssim_min={b['ssim_min']}", "must be in (0, 1]")
 
 
 def validate(cfg: DictConfig | dict) -> dict[str, Any]:
@@ -447,7 +528,7 @@ def validate(cfg: DictConfig | dict) -> dict[str, Any]:
     if r["policy"] == "budget" and (r["budget"]["psnr_db_min"] is None or r["budget"]["ssim_min"] is None):
         raise ConfigError("recipe.budget", "a budget policy needs psnr_db_min and ssim_min")
     _check_values(c)
-    cache_problem = step_cache_config_problem(r["cache"])
+    cache_problem = step_cache_config_problem(r["cache"]) or sparse_config_problem(r["sparse"])
     if cache_problem:
         raise ConfigError(*cache_problem)
     vae = c["vae"]["diffusers_config"]
@@ -469,8 +550,6 @@ def validate(cfg: DictConfig | dict) -> dict[str, Any]:
         raise ConfigError(f"hardware.compute_capability={cc}", "must be major.minor, e.g. 9.0")
     dev = c["hardware"]["device"]
     if dev.get("memory_gib") is not None:
-        if dev["memory_gib"] <= 0:
-            raise ConfigError(f"hardware.device.memory_gib={dev['memory_gib']}", "must be a positive number of GiB")
         dev["memory_gb"] = round(dev["memory_gib"] * 2**30 / 1e9, 3)
     for part in ("settings", "kernels_checked"):
         for lever, settings in (c["hardware"]["verified"].get(part) or {}).items():

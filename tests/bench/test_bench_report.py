@@ -33,7 +33,7 @@ def test_bench_best_is_an_on_off_switch_defaulting_on(value, best):
     assert compose([])["bench"]["best"] is True
     cfg = compose([f"bench.best={value}"])
     assert bench.options(cfg).best is best
-    h3plan.resolve_config(**{"bench.best": value})  # validates like every bench.* key
+    h3plan.resolve(cfg)  # validates like every bench.* key
 
 
 @pytest.mark.parametrize("over, key", [
@@ -44,8 +44,10 @@ def test_bad_bench_values_are_one_line_config_errors(over, key):
     """Checked with the config (h3plan.planning.schema.validate_actions), before any action runs."""
     import h3plan
 
+    from h3plan.planning.config import compose
+
     with pytest.raises(h3plan.ConfigError) as e:
-        h3plan.resolve_config(**{f"bench.{over.split('=')[0]}": over.split("=", 1)[1]})
+        h3plan.resolve(compose([f"bench.{over}"]))
     assert str(e.value).startswith(key) and "\n" not in str(e.value)
 
 

@@ -283,7 +283,7 @@ def test_step_cache_row_times_the_whole_call(tmp_path):
     to end; forward_s is the median of the computed forwards only, the overhead check and the computed count are in
     its notes and counters; its plan decodes in fp16 beside the fp32 eager / best anchors (no fp16 rows of their own)."""
     over = ["pipeline.num_inference_steps=6", "recipe.vae=fp16", "levers.step_cache=fixed", "levers.attention=sdpa",
-            "recipe.cache={psnr_db_min:28,ssim_min:0.93,computed:3,warmup:1,final:1}"]
+            "recipe.cache={psnr_db_min:28,ssim_min:0.93,computed:3,warmup:1,final:1,unmeasured:true}"]
     res = _bench(tmp_path, {"overrides": over, "pipeline": dict(FAST, e2e_steps=5, vae=["fp32"], reference=False)})
     assert res.returncode == 0 and "RC 0" in res.stdout, res.stdout[-2000:] + res.stderr[-3000:]
     doc = json.loads((tmp_path / "pipeline-cpu.json").read_text())

@@ -7,6 +7,7 @@ import types
 import pytest
 
 from h3plan import cli
+from h3plan.actions import gpu_only
 
 BAD = [
     (["hardware=sm200"], "hardware=sm200: no such option; available: sm100, sm103, sm107, sm90"),
@@ -31,11 +32,41 @@ BAD = [
     (["pipeline.num_inference_steps=0"], "pipeline.num_inference_steps=0: must be >= 2"),
     (["pipeline.num_inference_steps=-5"], "pipeline.num_inference_steps=-5: must be >= 2"),
     (["hardware.device.memory_gb=0"], "hardware.device.memory_gb=0.0: must be a positive number of GB"),
+    # every rate, bandwidth and size is positive: a zero one divided by zero, a negative one planned a negative time
+    (["memory.host_link_gbps=0", "memory.text_encoder=offload_after"], "memory.host_link_gbps=0.0: must be a positive "
+                                                                       "number of GB/s"),
+    (["memory.host_link_gbps=-5", "memory.text_encoder=host"], "memory.host_link_gbps=-5.0: must be a positive number"),
+    (["hardware.device.nvlink_gbps=0", "parallel=u2"], "hardware.device.nvlink_gbps=0.0: must be a positive number"),
+    (["hardware.device.nic_gbps=0"], "hardware.device.nic_gbps=0.0: must be a positive number of GB/s (null: not "
+                                     "known"),
+    (["hardware.device.hbm_tbps=-1"], "hardware.device.hbm_tbps=-1.0: must be a positive number of TB/s"),
+    (["hardware.measured.gemm_tflops.bf16=0"], "hardware.measured.gemm_tflops.bf16=0.0: must be a positive number of "
+                                               "TFLOP/s"),
     (["parallel.seq_len=1"], "parallel.seq_len=1: fewer rows than the 110 text rows of the request"),
     (["memory.max_ulysses=0"], "memory.max_ulysses=0: must be >= 1"),
+    (["verify.blocks=0"], "verify.blocks=0: must be >= 1"),
+    # the step cache's budget is in range as the kernel levers' is; the device's memory is given once
+    (["recipe.cache={psnr_db_min:-5,ssim_min:1.5}"], "recipe.cache.psnr_db_min=-5.0: must be in (0, 100] dB"),
+    (["recipe.cache={psnr_db_min:28,ssim_min:1.5}"], "recipe.cache.ssim_min=1.5: must be in (0, 1]"),
+    (["recipe.cache={psnr_db_min:0,ssim_min:0.9}"], "recipe.cache.psnr_db_min=0.0: must be in (0, 100] dB"),
+    (["hardware.device.memory_gb=80", "hardware.device.memory_gib=70"], "hardware.device.memory_gb=80 "
+     "hardware.device.memory_gib=70: the device's memory given twice, in GB and in GiB (memory_gib would win)"),
     (["recipe=fp8", "recipe.budget.psnr_db_min=200"], "recipe.budget.psnr_db_min=200.0: must be in (0, 100] dB"),
     (["memory.vae_dtype=fp16"], "memory.vae_dtype=fp16 sizes a VAE loaded in fp16, which decodes in fp16, but the plan "
                                 "decodes in fp32 (vae_precision=fp32): set recipe.vae=fp16"),
+]
+
+
+# a list or a repeated group where one option is expected: Hydra would merge the list, or take the last
+SEVERAL = "one plan per call: pick one option"
+BAD += [
+    (["recipe=[nvfp4,fp8]"], f"recipe=[nvfp4,fp8]: {SEVERAL} (bf16, fp8, nvfp4); to plan several, call once per option "
+                             "or sweep: python -m h3plan -m recipe=nvfp4,fp8"),
+    (["hardware=[sm90,sm100]"], f"hardware=[sm90,sm100]: {SEVERAL}"),
+    (["hardware=sm90", "hardware=sm100"], f"hardware=sm90 hardware=sm100: {SEVERAL} (sm100, sm103, sm107, sm90)"),
+    (["-m", "hardware=sm90", "hardware=sm100"], f"hardware=sm90 hardware=sm100: {SEVERAL}"),
+    (["-m", "recipe=[bf16,fp8]"], f"recipe=[bf16,fp8]: {SEVERAL}"),
+    (["--cfg", "job", "recipe=fp8", "recipe=bf16"], f"recipe=fp8 recipe=bf16: {SEVERAL}"),
 ]
 
 
@@ -57,6 +88,7 @@ def test_action_dispatch(capsys, monkeypatch):
         return 3
 
     monkeypatch.setitem(sys.modules, "h3plan.actions.bench", types.SimpleNamespace(run=fake_run))
+    monkeypatch.setattr(gpu_only, "no_gpu_here", lambda: False)  # a GPU may be here: the action decides
     assert cli.run(["action=bench", "bench.blocks=[2]"]) == 3
     assert seen == {"attention": "fa4", "blocks": [2]}
     assert capsys.readouterr().out == ""
@@ -76,6 +108,7 @@ def test_missing_torch_is_an_install_hint_not_an_internal_error(capsys, monkeypa
         raise ModuleNotFoundError("No module named 'torch'", name="torch")
 
     monkeypatch.setitem(sys.modules, "h3plan.actions.verify", types.SimpleNamespace(run=needs_torch))
+    monkeypatch.setattr(gpu_only, "no_gpu_here", lambda: False)
     assert cli.run(["action=verify"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("h3plan: error: action=verify needs 'torch', which is not installed: pip install -e '.[runtime]'")
@@ -113,8 +146,19 @@ def test_help_lists_every_action_and_request_key(capsys):
     assert cli.run(["--help"]) == 0
     out = capsys.readouterr().out
     for key in ("action=plan|verify|bench|calibrate", "memory.offload", "memory.check", "video.height=", "video.seconds=",
-                "video.frames=", "parallel.seq_len=N", "calibrate.*"):
+                "video.frames=", "parallel.seq_len=N", "bench.target=block|pipeline"):
         assert key in out, key
+    from h3plan.planning.config import compose
+
+    def keys(prefix, node):
+        for k, v in node.items():
+            yield from keys(f"{prefix}{k}.", v) if hasattr(v, "items") else [f"{prefix}{k}"]
+
+    cfg = compose([])
+    for section in ("verify", "bench", "calibrate", "tune"):  # every action key, listed (not a source file to read)
+        for key in keys(f"{section}.", cfg[section]):
+            assert f" {key}=" in " ".join(out.split()), key
+    assert "action_configs.py" not in out
     examples = [x.split()[3:] for x in out.splitlines() if x.startswith("  python -m h3plan ")]
     assert len(examples) >= 4
     for argv in examples:
@@ -192,3 +236,59 @@ def test_a_vae_and_model_that_make_no_pipeline_say_so(capsys):
     assert "vae h3_tiny (latent_channels 4) and model h3 (in_channels 24) make no pipeline" in out
     assert cli.run(["model=h3_tiny", "vae=h3_tiny"]) == 0
     assert "make no pipeline" not in capsys.readouterr().out
+
+
+NO_TORCH = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in ("torch", "triton", "diffusers"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Block())
+from h3plan import cli
+sys.exit(cli.run(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("argv,refusal", [
+    (["action=verify"], gpu_only.verify_too_wide()),
+    (["action=bench"], gpu_only.bench_too_wide(5376)),
+    (["action=bench", "bench.target=pipeline"], gpu_only.pipeline_too_wide(5376, 2048)),
+    (["action=calibrate", "recipe=fp8"], gpu_only.calibrate_too_wide()),
+    (["action=calibrate", "calibrate.target=step_cache", "recipe.cache={psnr_db_min:28,ssim_min:0.9}"],
+     gpu_only.calibrate_too_wide("step_cache")),
+    (["action=tune"], gpu_only.TUNE_REFUSAL),
+    (["-m", "action=verify", "recipe=bf16,fp8", "hydra.sweep.dir=SWEEP"], None),
+], ids=["verify", "bench", "pipeline", "calibrate", "step_cache", "tune", "sweep"])
+def test_gpu_only_actions_refuse_from_the_config_without_importing_torch(tmp_path, argv, refusal):
+    """No GPU here (CUDA_VISIBLE_DEVICES hides every device): each real-width action is refused with its own line, and
+    torch (blocked in this process: importing it would be a missing-torch error instead) is never imported."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    env.pop("HYDRA_FULL_ERROR", None)
+    argv = [a.replace("SWEEP", str(tmp_path / "sweep")) for a in argv]
+    p = subprocess.run([sys.executable, "-c", NO_TORCH, *argv], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    if refusal is None:  # a sweep's jobs: each refused, the sweep says so in its table
+        assert p.returncode == 0 and "2 invalid or failed" in p.stdout, p.stdout + p.stderr
+        assert p.stdout.count("invalid: verify on the CPU needs a small model") == 2, p.stdout
+        return
+    assert (p.returncode, p.stderr) == (2, f"h3plan: error: {refusal}\n")
+
+
+def test_no_gpu_here_is_known_without_torch(monkeypatch):
+    monkeypatch.setattr(gpu_only.shutil, "which", lambda name: None)
+    monkeypatch.setattr(gpu_only.glob, "glob", lambda pattern: [])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert gpu_only.no_gpu_here()
+    monkeypatch.setattr(gpu_only.glob, "glob", lambda pattern: [pattern] if pattern == "/proc/driver/nvidia" else [])
+    assert not gpu_only.no_gpu_here()  # a driver: a GPU may be here, torch decides
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert gpu_only.no_gpu_here()  # every device hidden
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setattr(gpu_only.glob, "glob", lambda pattern: [])
+    monkeypatch.setattr(gpu_only.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    assert not gpu_only.no_gpu_here()

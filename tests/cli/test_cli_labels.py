@@ -45,6 +45,12 @@ def test_the_memory_line_is_in_gib_with_the_usable_memory_and_how_to_change_it()
     assert line.endswith(" GiB") and " GB" not in line.replace("141 GB", "").replace("memory_gb=80", "")
 
 
+def test_another_card_is_never_the_card_the_command_set():
+    line = _label(_summary(**{"hardware.device.memory_gb": 80}), "memory")
+    assert "(80 GB = 74.5 GiB less the 8% memory.reserve_fraction; another card: hardware.device.memory_gb=141)" in line
+    assert "memory_gb=80" not in line
+
+
 def test_the_install_line_says_in_plain_words_what_each_way_of_loading_holds():
     plan = h3plan.resolve_config(**{"hardware.device.memory_gb": 80})
     line = _label(cli.render_summary(plan), "install")
@@ -68,6 +74,31 @@ def test_lossless_says_whose_frames_and_the_setting_that_keeps_stock_bits():
     # no measurement on sm100: the words without a number
     other = _label(_summary(hardware="sm100", recipe="bf16"), "lossless")
     assert "not stock diffusers' frames;" in other and "PSNR" not in other
+
+
+@pytest.mark.parametrize("over,lever", [({"recipe.vae": "fp16"}, "vae_precision"),
+                                        ({"recipe.cache": {"psnr_db_min": 28, "ssim_min": 0.93}}, "step_cache")])
+def test_a_lossless_recipe_with_a_lossy_setting_of_its_own_never_says_lossless(over, lever):
+    """The header, the lossy line and the note name the lossy setting and the evidence its decision carries (read from
+    the decisions' lossless flags), never "lossless", a budget of None, or a measured error the plan does not have."""
+    plan = h3plan.resolve_config(recipe="bf16", **over)
+    text = cli.render_summary(plan)
+    head = text.splitlines()[0]
+    assert f"recipe=bf16 (lossy by its own choice: {lever})" in head and "lossless)" not in head
+    assert "None" not in text and _label(text, "lossless") == ""
+    d = plan.decision(lever)
+    from h3plan.planning.render import evidence
+
+    assert evidence(d), d.reasons  # the decision says what backs it (measured, published, or never measured)
+    note = next(n for n in plan.notes if n.startswith("lossy by the recipe's own choice"))
+    assert f"{lever}={d.setting} (" in note and all(x in note for x in evidence(d))
+    assert "each line gives its measured error" not in note
+    if lever == "vae_precision":
+        line = _label(text, "lossy")
+        assert line.startswith("vae_precision=fp16, the recipe's own lossy choice outside its lossless policy: "
+                               "measured on sm90: fp16 decode against the fp32 decode") and "PSNR 81.7 dB" in line
+    full = cli.render_table(plan)
+    assert "lossless)" not in full.splitlines()[0]
 
 
 def test_the_parallel_label_names_an_override_of_its_preset():
@@ -104,9 +135,48 @@ def test_a_hardware_file_of_your_own_is_named_with_the_one_it_extends(tmp_path, 
     assert (plan.get("hardware")["option"], plan.get("hardware")["name"]) == ("myhw", "sm90")
 
 
+@pytest.mark.parametrize("hydra", [False, True], ids=["direct", "hydra"])
+def test_a_file_that_renames_what_it_inherits_credits_it_to_the_packaged_gpu(tmp_path, capsys, monkeypatch, hydra):
+    """`name: myhw` over sm90's measured and verified facts: the plan names sm90 for them ("as sm90"), never "measured
+    on myhw" or "verified ... on myhw"; a file carrying its own measurements or verification keeps its name."""
+    from h3plan.planning import direct
+
+    if hydra:  # the same through Hydra's composition (a command line direct.py leaves to it)
+        monkeypatch.setattr(direct, "compose", lambda overrides: None)
+    (tmp_path / "hardware").mkdir()
+    (tmp_path / "hardware" / "myhw.yaml").write_text("defaults:\n  - sm90\n  - _self_\nname: myhw\n"
+                                                     "device:\n  memory_gb: 80\n")
+    argv = [f"hydra.searchpath=[file://{tmp_path}]", "hardware=myhw"]
+    assert cli.run(argv) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("h3plan  hardware=myhw (as sm90: H200, 80 GB)  recipe=bf16")
+    assert "on myhw" not in out and "myhw:" not in out and "(measured on sm90)" in _label(out, "speed")
+    assert _label(out, "verified").startswith("every setting here passed h3plan's GPU suite on sm90")
+    assert cli.run(argv + ["detail=full"]) == 0 and "myhw" not in capsys.readouterr().out.replace("hardware=myhw", "")
+    (tmp_path / "hardware" / "own.yaml").write_text("defaults:\n  - sm90\n  - _self_\nname: own\nverified:\n"
+                                                    "  max_ulysses_degree: 1\n  source: our own GPU suite run\n")
+    plan = h3plan.resolve_config(**{"hydra.searchpath": [f"file://{tmp_path}"], "hardware": "own"})
+    assert plan.get("hardware")["name"] == "own"
+
+
 @pytest.mark.parametrize("argv", [["hardware=myhw"], ["hardware=myhw", "recipe=fp8"]])
 def test_a_missing_hardware_file_says_where_it_must_sit(argv, capsys):
     assert cli.run(argv) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.endswith("hardware=myhw: no such option; available: sm100, sm103, sm107, sm90; a file of your own sits in a "
                          "folder on the search path: /path/to/conf/hardware/myhw.yaml with hydra.searchpath=[file:///path/to/conf]")
+
+
+@pytest.mark.parametrize("kw", [{}, {"recipe": "fp8", "parallel": "u8"},
+                                {"hardware": "sm107", "recipe": "nvfp4", "parallel": "u8"},
+                                {"recipe.vae": "fp16", "levers.attention": "sdpa"}, {"video": "fl2va_turbo_768x1344"}],
+                         ids=["bf16", "fp8-u8", "sm107-nvfp4", "vae-fp16-forced", "turbo"])
+def test_detail_full_is_a_superset_of_the_summary(kw):
+    """detail=full starts with every line the summary prints above its lever table (speed, runs, lossless or lossy,
+    verified or untested, forced, and the caveats in them), then every reason."""
+    plan = h3plan.resolve_config(**kw)
+    summary, full = cli.render_summary(plan), cli.render_table(plan)
+    head = summary.split("\n\nlever ")[0]
+    assert full.startswith(head + "\n\nlever ")
+    for label in ("speed", "runs", "verified" if "\nverified " in summary else "untested"):
+        assert _label(full, label) == _label(summary, label) != ""

@@ -25,6 +25,21 @@ def test_saved_plan_prints_as_planned(capsys, tmp_path):
     assert out.splitlines()[-1] == f"plan read from {path} and checked: its config plans these settings again"
 
 
+def test_a_saved_plan_with_hand_edited_numbers_says_they_were_replaced(capsys, tmp_path):
+    path = _saved(tmp_path, "model=h3_tiny")
+    capsys.readouterr()
+    text = path.read_text()
+    assert "\n  forward_s_est: " in text
+    path.write_text("\n".join("  forward_s_est: 0.001" if x.startswith("  forward_s_est: ") else x
+                              for x in text.split("\n")))
+    assert cli.run([f"plan={path}"]) == 0
+    out, err = capsys.readouterr()
+    assert err == (f"h3plan: warning: plan file {path}: derived.forward_s_est differs from what its config plans, "
+                   "replaced (derived numbers, reasons and notes come from the config; edited by hand, or saved by "
+                   "another h3plan version: change the config and plan again)\n")
+    assert "0.001" not in out
+
+
 def test_saved_plan_is_checked(capsys, tmp_path):
     path = _saved(tmp_path, "recipe=fp8")
     capsys.readouterr()

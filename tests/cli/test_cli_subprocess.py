@@ -93,7 +93,9 @@ def test_user_search_path_hardware_and_malformed_yaml(cli, tmp_path_factory):
     p = cli("hardware=h100", sp, "format=json")
     assert p.returncode == 0, p.stderr
     hw = json.loads(p.stdout)["config"]["hardware"]
-    assert (hw["name"], hw["device"]["memory_gb"], hw["device"]["sm_count"]) == ("h100", 80.0, 132)
+    # name: h100 over sm90's measured and verified facts, none of its own: they stay sm90's (direct.inherited_name)
+    assert (hw["option"], hw["name"]) == ("h100", "sm90")
+    assert (hw["device"]["memory_gb"], hw["device"]["sm_count"]) == (80.0, 132)
     assert "malformed YAML in " in _one_error_line(cli("hardware=broken", sp))
 
 
@@ -132,3 +134,26 @@ def test_planning_imports_no_torch():
     env = dict(os.environ, PYTHONPATH=str(REPO))
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
+
+
+def _into_a_closed_pipe(cwd, *args) -> tuple[int, str]:
+    """`python -m h3plan ARGS | head -0`, deterministic: the reader's end is closed before the plan is written."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env.pop("HYDRA_FULL_ERROR", None)
+    p = subprocess.Popen([sys.executable, "-m", "h3plan", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    return p.wait(timeout=120), err
+
+
+@pytest.mark.parametrize("args", [(), ("detail=full",), ("format=json",), ("--help",)],
+                         ids=["plan", "full", "json", "help"])
+def test_a_closed_pipe_ends_quietly_with_0(tmp_path, args):
+    assert _into_a_closed_pipe(tmp_path, *args) == (0, "")
+
+
+@pytest.mark.slow  # a subprocess sweep (~4 s)
+def test_a_sweep_into_a_closed_pipe_ends_quietly_with_0(tmp_path):
+    assert _into_a_closed_pipe(tmp_path, "-m", "recipe=bf16,fp8", f"hydra.sweep.dir={tmp_path}/sweep") == (0, "")
+    assert (tmp_path / "sweep" / "summary.json").is_file()

@@ -45,9 +45,22 @@ def test_memory_peak_and_never_ran_columns(tmp_path):
     assert ok107["all_never_ran"] and "attention=fa4" in ok107["never_ran"]  # h3plan never ran on sm107
     assert float(cs[0]["memory_peak_gib_per_gpu"]) == ok90["peak_gib"] and cs[0]["never_ran"] == ""
     assert cs[2]["never_ran"].split() == ok107["never_ran"] and cs[1]["memory_peak_gib_per_gpu"] == ""
-    head, row90, _, row107 = sweep.render(rows).splitlines()[:4]
+    head, row90, row107 = sweep.render(rows).split("\n\n")[-1].splitlines()[:3]  # the last band: the numbers
     assert head.split()[-2:] == ["peak_gib", "never_ran"]
     assert row90.split()[-2:] == [f"{ok90['peak_gib']:.1f}", "0"] and row107.split()[-1] == "all"
+
+
+def test_the_table_fits_120_columns_in_bands_led_by_the_job_number(tmp_path):
+    rows = _sweep(tmp_path)
+    text = sweep.render(rows)
+    assert max(map(len, text.splitlines())) <= 120, text
+    bands = text.split("\n\n")
+    heads = [b.splitlines()[0].split() for b in bands]
+    assert len(bands) > 1 and all(h[0] == "#" for h in heads)
+    assert [c for h in heads for c in h[1:]] == sweep.render(rows, width=10_000).splitlines()[0].split()[1:]
+    for b in bands[1:]:  # the valid rows again, by number; an invalid row's reason only in the first band
+        numbers = [x.split()[0] for x in b.splitlines()[1:] if x[:1].isdigit() and " combinations, " not in x]
+        assert numbers == ["0", "2"]
 
 
 def test_invalid_rows_are_cut_in_the_table_and_whole_in_the_files(tmp_path):

@@ -1,6 +1,6 @@
 """Worker of test_install_step_cache_gloo.py: one gloo rank of 2 running first_block's decision on its own shard.
 
-Rank 0's shard barely moves, rank 1's moves a lot: alone each would decide differently; reduced over the group
+Rank 0's first-block residual barely moves, rank 1's moves a lot: alone each would decide differently; reduced over the group
 both see the whole sequence's relative change and take the same decision."""
 
 import json
@@ -23,7 +23,7 @@ def worker(rank, world, port, outdir):
         spec = dict(mode="first_block", steps=6, forwards=5, computed=5, warmup=1, final=1, threshold=0.3, max_skip=2)
         st = _State(spec, {}, dist.group.WORLD)
         st.begin(5)
-        st.step, st.first_ref, st.residual = 2, ref, torch.zeros_like(ref)
+        st.step, st.first_res, st.residual = 2, ref, torch.zeros_like(ref)
         sums = torch.stack([(moved - ref).abs().sum(), ref.abs().sum()])
         local = relative_change(sums, None)
         decision = st._first_block_skip(moved)

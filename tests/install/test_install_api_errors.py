@@ -7,7 +7,7 @@ import pytest
 from install_helpers import tiny_model
 
 import h3plan
-from h3plan.errors import ConfigError, H3PlanError, InstallError, PlanFileError, PlanningError
+from h3plan.errors import ConfigError, H3PlanError, InstallError, PlanFileError, PlanningError, UsageError
 
 
 @pytest.mark.parametrize("kwargs, cls, message", [
@@ -15,7 +15,8 @@ from h3plan.errors import ConfigError, H3PlanError, InstallError, PlanFileError,
     (dict(hardware="sm91"), ConfigError, "hardware=sm91: no such option; available: sm100, sm103, sm107, sm90"),
     ({"recipe": "bf16", "levers.attention": "cudnn_fp8"}, PlanningError,
      "levers.attention=cudnn_fp8 cannot apply: recipe bf16 has policy lossless and attention=cudnn_fp8 is lossy"),
-    ({"verify.blocks": 0}, ConfigError, "verify.blocks=0: must be >= 1"),
+    ({"verify.blocks": 0}, UsageError, "resolve_config(verify.blocks=...): verify is the command line's, not the "
+                                       "plan's"),
 ])
 def test_resolve_config_raises_one_line_h3plan_errors(kwargs, cls, message):
     with pytest.raises(cls) as e:
@@ -127,3 +128,76 @@ def test_layer_counts_more_than_planned_are_refused_fewer_said():
         assert any(n.startswith("fewer layers than the plan's: num_layers 1 (plan: 2)") for n in report.notes), report.notes
     finally:
         assert h3plan.uninstall(fewer)
+
+
+def test_a_plan_that_cannot_run_where_the_model_is_says_so_at_install(monkeypatch, caplog):
+    """On a machine with no CUDA device, outside Triton's interpreter, every kernel call of an sm90 plan falls back:
+    install says so in one line (a warning on the h3plan.install logger, and a report note); in the interpreter (these
+    tests) the kernels run and it says nothing."""
+    import logging
+
+    from h3plan.runtime.kernels import _common
+
+    model, plan = tiny_model(), h3plan.resolve_config(model="h3_tiny")
+    with caplog.at_level(logging.WARNING, logger="h3plan.install"):
+        report = h3plan.install(model, plan)
+    assert not report.warnings and not caplog.records and h3plan.uninstall(model)
+    monkeypatch.setattr(_common, "INTERPRET", False)
+    with caplog.at_level(logging.WARNING, logger="h3plan.install"):
+        report = h3plan.install(model, plan)
+    try:
+        (record,) = caplog.records
+        line = record.getMessage()
+        assert line.startswith("h3plan.install: the plan is for sm90 GPUs and this machine has no CUDA device: on the "
+                               "CPU every call of its kernels falls back to diffusers' own code") and "\n" not in line
+        assert report.warnings == [line.partition(": ")[2]] and report.warnings[0] in report.notes
+    finally:
+        assert h3plan.uninstall(model)
+
+
+def test_a_second_install_says_it_replaced_the_first(caplog):
+    import logging
+
+    model = tiny_model()
+    bf16, fp8 = h3plan.resolve_config(model="h3_tiny"), h3plan.resolve_config(model="h3_tiny", recipe="fp8")
+    h3plan.install(model, bf16)
+    with caplog.at_level(logging.WARNING, logger="h3plan.install"):
+        assert h3plan.install(model, bf16).warnings == [] and not caplog.records  # the same plan: nothing to do
+        report = h3plan.install(model, fp8)
+    try:
+        (record,) = caplog.records
+        assert record.getMessage() == ("h3plan.install: replaced the plan installed before (sm90/bf16/u1) with this "
+                                       "one (sm90/fp8/u1); the first was uninstalled, bit for bit")
+        assert h3plan.installed_plan(model) == fp8 and report.warnings[0] in report.notes
+    finally:
+        assert h3plan.uninstall(model)
+
+
+def test_uninstall_and_installed_plan_refuse_what_is_no_model_alike():
+    """None and an nn.Linear get the same InstallError line (neither holds a plan h3plan could have installed); a model
+    with nothing installed answers False / None."""
+    import torch
+
+    for obj, got in ((None, "NoneType"), (torch.nn.Linear(3, 3), "Linear")):
+        for name, call in (("uninstall", h3plan.uninstall), ("installed_plan", h3plan.installed_plan)):
+            assert _line(lambda: call(obj), InstallError) == (
+                f"{name} expects a diffusers MiniMaxH3Transformer3DModel, AutoencoderKLMiniMaxH3 or "
+                f"MiniMaxH3ModularPipeline, got {got}")
+    model = tiny_model()
+    assert h3plan.uninstall(model) is False and h3plan.installed_plan(model) is None
+
+
+def test_counters_keep_counting_across_uninstall_as_documented():
+    """uninstall leaves h3plan.counters() as they are (its docstring says so); reset_counters() zeroes them."""
+    from install_helpers import forward, tiny_inputs
+
+    assert "h3plan.reset_counters() zeroes them" in " ".join(h3plan.uninstall.__doc__.split())
+    model, plan = tiny_model(), h3plan.resolve_config(model="h3_tiny", **{"levers.attention": "sdpa"})
+    h3plan.reset_counters()
+    h3plan.install(model, plan)
+    forward(model, tiny_inputs())
+    counted = dict(h3plan.counters())
+    assert counted and h3plan.uninstall(model)
+    assert dict(h3plan.counters()) == counted
+    h3plan.reset_counters()
+    assert dict(h3plan.counters()) == {}

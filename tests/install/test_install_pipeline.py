@@ -147,3 +147,21 @@ def test_a_replaced_component_is_still_restored(pipe, bf16):
         assert installed_plan(old) is None and installed_plan(pipe.vae) is None
     finally:
         pipe.update_components(transformer=old)
+
+
+def test_a_second_plan_over_the_pipeline_is_said_once(pipe, bf16, caplog):
+    """Each component replaced its plan: the pipeline's install says it once, not once a component."""
+    import logging
+
+    other = _plan(attention="sdpa", vae_graphs="off")
+    install_pipeline(pipe, bf16)
+    try:
+        with caplog.at_level(logging.WARNING, logger="h3plan.install"):
+            report = install_pipeline(pipe, other)
+        assert [r.getMessage() for r in caplog.records] == [
+            "h3plan.install: replaced the plan installed before (sm90/bf16/u1 +attention=sdpa +vae_graphs=on "
+            "+vae_ops=fused) with this one (sm90/bf16/u1 +attention=sdpa +vae_graphs=off); the first was uninstalled, "
+            "bit for bit"]
+        assert all(r.warnings == report.reports["transformer"].warnings for r in report.reports.values())
+    finally:
+        assert uninstall_pipeline(pipe)

@@ -128,7 +128,8 @@ def test_verify_step_cache_reports_a_generation(setting, capsys):
     eager = {"levers.attention": "sdpa", "levers.qk_norm_rope": "eager", "levers.modulation": "eager",
              "levers.gated_residual": "off", "levers.swiglu": "off", "levers.step_cache": setting,
              "pipeline.num_inference_steps": 6,
-             "recipe.cache": {"psnr_db_min": 28.0, "ssim_min": 0.93, "computed": 3, "warmup": 1, "final": 1}}
+             "recipe.cache": {"psnr_db_min": 28.0, "ssim_min": 0.93, "computed": 3, "warmup": 1, "final": 1,
+                              "unmeasured": True}}
     p = h3plan.resolve_config(model="h3_tiny", **eager)
     rc = get_action("verify")(_cfg(), p)
     out = capsys.readouterr().out

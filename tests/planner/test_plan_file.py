@@ -4,10 +4,12 @@ Plan.load (JSON for .json in any case, else YAML); Plan.get refuses a name that 
 
 import copy
 import json
+import warnings
 
 import pytest
 
 from h3plan import H3PlanError, Plan, PlanFileError
+from h3plan.errors import H3PlanWarning
 from h3plan.levers import LEVER_SETTINGS
 
 
@@ -74,15 +76,40 @@ def test_refused_in_one_line(fp8, tmp_path, name, edit, message):
 
 def test_derived_numbers_and_notes_are_recomputed(fp8):
     d = _edit(fp8, lambda d: (d["derived"].update(memory_peak_gib_per_gpu=1.0, seq_len=5), d.update(notes=["lossless!"])))
-    p = Plan.from_dict(d)
+    with pytest.warns(H3PlanWarning):
+        p = Plan.from_dict(d)
     assert p == fp8 and p.derived_value("memory_peak_gib_per_gpu") == fp8.derived_value("memory_peak_gib_per_gpu")
     assert not p.lossless and p.notes == fp8.notes
+
+
+def test_replaced_hand_edits_are_said_at_load(fp8, tmp_path):
+    """A saved plan's derived values, reasons and notes come from its config: an edit of them is replaced, and the load
+    says which, in one line naming the file; an unedited file (or one that leaves them out) loads silently."""
+    path = tmp_path / "plan.yaml"
+    fp8.save(str(path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert Plan.load(str(path)) == fp8
+        bare = _edit(fp8, lambda d: (d.pop("derived"), d.pop("notes"), [x.pop("reasons") for x in d["decisions"]]))
+        Plan.from_dict(bare)
+    d = _edit(fp8, lambda d: (d["derived"].update(forward_s_est=1.0),
+                              _decision(d, "attention").update(reasons=["mine"])))
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(d))
+    with pytest.warns(H3PlanWarning) as w:
+        p = Plan.load(str(path))
+    (line,) = [str(x.message) for x in w]
+    assert line.startswith(f"plan file {path}: derived.forward_s_est, the reasons of attention differ from what its "
+                           "config plans, replaced") and "\n" not in line
+    assert p == fp8 and p.derived_value("forward_s_est") != 1.0
 
 
 def test_a_hand_chosen_setting_is_planned_as_forced(plan, fp8):
     """A setting the config did not pick, but allows, loads as if forced on the command line."""
     d = _edit(fp8, lambda d: _decision(d, "gated_residual").update(setting="off"))
-    p = Plan.from_dict(d)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # its reasons and numbers are planned for the chosen setting, as documented
+        p = Plan.from_dict(d)
     want = plan("hardware=sm90", "recipe=fp8", "parallel=u1", "levers.gated_residual=off")
     assert p == want and p.decision("gated_residual").forced and p.get("levers")["gated_residual"] == "off"
 

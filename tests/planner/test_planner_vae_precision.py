@@ -40,7 +40,8 @@ def test_a_lossless_recipe_with_its_own_fp16_decode_keeps_every_other_lever_loss
     assert [d.lever for d in fp16.decisions if not d.lossless] == ["vae_precision"]
     assert {d.lever: d.setting for d in base.decisions if d.lever != "vae_precision"} == \
            {d.lever: d.setting for d in fp16.decisions if d.lever != "vae_precision"}
-    assert any(n.startswith("lossy by the recipe's own choice: vae_precision") for n in fp16.notes)
+    assert any(n.startswith("lossy by the recipe's own choice, outside its lossless policy: vae_precision=fp16 "
+                            "(measured on sm90") for n in fp16.notes)
 
 
 def test_forcing_a_lossy_precision_under_a_lossless_recipe_names_the_recipe_key():

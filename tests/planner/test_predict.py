@@ -93,6 +93,20 @@ def test_biggest_share_and_cheapest_cut():
     assert full["part"] == "denoise" and full["cut"].startswith("recipe=fp8")
 
 
+def test_the_fewer_forwards_cut_names_the_key_that_changes_this_request():
+    """The Turbo preset sets video.num_inference_steps, which wins over pipeline.num_inference_steps: the cut names the
+    key that changes the request (planning again with it runs fewer forwards), and its value now."""
+    import re
+
+    turbo = resolve_config(video="fl2va_turbo_768x1344", recipe="fp8")
+    big = turbo.derived_value("call_biggest")
+    assert big["part"] == "denoise" and big["cut"].startswith("fewer forwards (video.num_inference_steps, 5 now;")
+    key = re.match(r"fewer forwards \(([\w.]+)", big["cut"]).group(1)
+    fewer = resolve_config(video="fl2va_turbo_768x1344", recipe="fp8", **{key: 3})
+    forwards = [p.derived_value("sequence")["transformer_forwards"] for p in (fewer, turbo)]
+    assert forwards[0] == 2 < forwards[1]
+
+
 def test_elementwise_counted_and_floor_without_a_point():
     plan = _plan(PLANS[0])
     assert plan.derived_value("elementwise_ms_per_block_est") > 0

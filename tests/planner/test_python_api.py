@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 import h3plan
 
 
@@ -48,9 +50,10 @@ def test_resolve_config_refuses_what_is_no_group_option():
 
 def test_resolve_config_values_keep_their_python_types():
     p = h3plan.resolve_config(**{"video.seconds": 10.0, "video.audio": False, "memory.check": True,
-                                 "bench.seq_lens": [64, 128], "parallel.seq_len": None})
+                                 "hardware.products": ["H100", "H200"], "parallel.seq_len": None})
     seq = p.derived_value("sequence")
     assert seq["frames"] == 243 and seq["audio_rows"] == 0 and seq["source"].endswith("video.seconds=10 video.audio=false")
+    assert p.get("hardware")["products"] == ["H100", "H200"]
 
 
 def _one_line(call, cls=h3plan.H3PlanError):
@@ -118,3 +121,17 @@ assert "torch" not in sys.modules
     lines = out.stdout.splitlines()
     assert [x.partition(" needs torch, which is not installed here")[0] for x in lines] == [
         "h3plan.install", "h3plan.uninstall", "h3plan.installed_plan", "h3plan.prepare"], lines
+
+
+@pytest.mark.parametrize("key,value,hint", [
+    ("out", "plan.yaml", "plan.save(path) writes the plan"), ("format", "json", "plan.to_json() and plan.to_yaml()"),
+    ("detail", "full", "plan.summary(detail=\"full\")"), ("plan", "p.yaml", "h3plan.Plan.load(path)"),
+    ("action", "verify", "an action runs from the command line"), ("verify.blocks", 2, "an action runs from"),
+    ("bench.best", "off", "an action runs from"), ("tune.quick", True, "an action runs from")])
+def test_resolve_config_refuses_what_shapes_no_plan(key, value, hint):
+    """out=, action=, format= ... do nothing to a plan: resolve_config refuses them in one line, never ignores them."""
+    with pytest.raises(h3plan.UsageError) as e:
+        h3plan.resolve_config(**{key: value})
+    assert str(e.value).startswith(f"resolve_config({key}=...): {key.partition('.')[0]} is the command line's, not the "
+                                   "plan's") and hint in str(e.value) and "\n" not in str(e.value)
+    assert h3plan.resolve_config(strict=True).get("hardware")["name"] == "sm90"  # strict= decides what plans

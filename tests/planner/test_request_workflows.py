@@ -331,3 +331,14 @@ def test_both_partitions_are_planned_memory_or_refused_with_the_fit():
     assert "nearest fit: memory.partitions=one" in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(ConfigError, match=r"^memory.partitions=two: allowed: one, both"):
         resolve_config(**{"memory.partitions": "two"})
+
+
+def test_both_partitions_are_in_the_pipeline_moved_to_the_gpu_whole():
+    """The install line's pipe.to("cuda") figure holds both partitions as loaded, as the peak counts both."""
+    from h3plan import resolve_config
+
+    one = resolve_config(video="ref2va_768x1344_5s")
+    both = resolve_config(video="ref2va_768x1344_5s", **{"memory.partitions": "both"})
+    transformer = resolve_config(video="ref2va_768x1344_5s", **{"memory.holds": "transformer"})
+    assert both.derived_value("memory_loaded_gib") == pytest.approx(
+        one.derived_value("memory_loaded_gib") + transformer.derived_value("memory_loaded_gib"), abs=0.02)

@@ -28,7 +28,6 @@ from h3plan.planning.config import compose
 
 from .timing import Clock
 
-CPU_MAX_HIDDEN = 1024  # wider is real width: GPU only
 HOST_CLOCK_NOTE = "bench: no CUDA device: host clock on the CPU; these times mean nothing (plumbing only)"
 
 

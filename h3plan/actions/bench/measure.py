@@ -48,15 +48,15 @@ from h3plan.install.adaln_table import prepare
 
 from . import records
 from .diffusers_best import compile_call, regional_compile
-from .harness import (CPU_MAX_HIDDEN, HOST_CLOCK_NOTE, Output, Session, device_name, device_tag, free, plan_label,
+from .harness import (HOST_CLOCK_NOTE, Output, Session, device_name, device_tag, free, plan_label,
                       run_meta, same_backend_plan, sigterm_as_interrupt)
 from .records import LOSSLESS_BACKENDS, BlockRecord, merge_record
 from .results_file import run_folder
+from ..gpu_only import BENCH_SMOKE as CPU_SMOKE, CPU_MAX_HIDDEN, bench_too_wide
 from .tables import one_line
 from .timing import BackendTimer, Progress, back_to_back, interleaved, median
 
 CPU_MAX_ROWS = 1024
-CPU_SMOKE = "python -m h3plan action=bench model=h3_tiny 'bench.seq_lens=[64]' 'bench.blocks=[1]' bench.iters=1 bench.warmup=0"
 
 
 @dataclass(frozen=True)
@@ -398,8 +398,7 @@ def run(cfg, plan) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     hidden = int(plan.get("model")["diffusers_config"]["hidden_size"])
     if device.type != "cuda" and hidden > CPU_MAX_HIDDEN:
-        raise UsageError(f"action=bench on the CPU needs a small model (hidden {hidden:,} would run for hours): the "
-                         f"smoke form is {CPU_SMOKE}; real width needs a GPU")
+        raise UsageError(bench_too_wide(hidden))
     if device.type != "cuda" and max(opts.seq_lens) > CPU_MAX_ROWS:
         raise UsageError(f"bench.seq_lens={list(opts.seq_lens)}: at most {CPU_MAX_ROWS:,} rows on the CPU (the defaults "
                          f"are GPU lengths, minutes to hours here): the smoke form is {CPU_SMOKE}")

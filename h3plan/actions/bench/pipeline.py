@@ -77,11 +77,12 @@ from ..pipeline_build import (WORKFLOWS, Request, build_pipeline, default_reques
                               prompt_inputs, prompt_text, require_transformers, resolved, sequence_length,
                               workflow_blocks, workflow_inputs)
 from . import pipeline_checks as checks, pipeline_frames as stored, pipeline_records as records
-from .harness import (CPU_MAX_HIDDEN, HOST_CLOCK_NOTE, Output, Session, device_name, device_tag, run_meta,
+from .harness import (HOST_CLOCK_NOTE, Output, Session, device_name, device_tag, run_meta,
                       free, sigterm_as_interrupt)
 from .diffusers_best import compile_call
 from .pipeline_settings import Best, Eager, PlanSetting, Reference, Setting, plan_precision
 from .results_file import run_folder
+from ..gpu_only import CPU_MAX_HIDDEN, PIPELINE_SMOKE as CPU_SMOKE, pipeline_too_wide, vae_width
 from .tables import one_line
 from .timing import Clock, ForwardTimer, Progress, Quiet
 
@@ -95,10 +96,6 @@ def _defaults() -> dict[str, Any]:
 DEFAULTS = _defaults()
 VAE_PRECISIONS = ("fp32", "fp16", "bf16")
 CPU_MAX_TOKENS = 16384
-# The CPU form that runs (tests/bench/test_pipeline_bench_smoke.py runs it): the tiny pipeline on a 32x32 canvas,
-# one round, dynamo without Inductor's C++ compiles.
-CPU_SMOKE = ("python -m h3plan action=bench bench.target=pipeline model=h3_tiny vae=h3_tiny_pipe video.height=32 "
-             "video.width=32 bench.pipeline.rounds=1 bench.pipeline.warmup=0 bench.pipeline.compile_backend=eager")
 
 
 @dataclass(frozen=True)
@@ -210,8 +207,9 @@ def extra_plans(cfg, opts: PipelineBenchOptions) -> list:
     base = [f"{g}={_get(_get(cfg, g), 'name')}" for g in ("hardware", "parallel", "model", "vae")
             if _get(_get(cfg, g), "name")]
     out = []
-    for spec in opts.plans:
-        out.append(resolve(compose(base + spec.split())))
+    for spec in opts.plans:  # a group the spec names replaces the run's (a plan takes one option per group)
+        named = {o.partition("=")[0] for o in spec.split()}
+        out.append(resolve(compose([b for b in base if b.partition("=")[0] not in named] + spec.split())))
     if opts.stock_bits:
         out.append(stock_bits_plan(cfg, base))
     return out
@@ -543,11 +541,9 @@ def _check_size(cfg, device, pipe_tokens: int | None = None, video: str | None =
     if device.type == "cuda":
         return
     hidden = int(cfg["model"]["diffusers_config"]["hidden_size"])
-    vae = cfg["vae"]["diffusers_config"]
-    vae_width = int(vae["decoder_num_attention_heads"]) * int(vae["decoder_attention_head_dim"])
-    if pipe_tokens is None and (hidden > CPU_MAX_HIDDEN or vae_width > CPU_MAX_HIDDEN):
-        raise UsageError(f"bench.target=pipeline at real width (hidden {hidden}, VAE decoder width {vae_width}) needs a "
-                         f"CUDA GPU; on the CPU run the tiny smoke form: {CPU_SMOKE}")
+    width = vae_width(cfg["vae"]["diffusers_config"])
+    if pipe_tokens is None and (hidden > CPU_MAX_HIDDEN or width > CPU_MAX_HIDDEN):
+        raise UsageError(pipeline_too_wide(hidden, width))
     if pipe_tokens is not None and pipe_tokens > CPU_MAX_TOKENS:
         raise UsageError(f"video={video}: {pipe_tokens:,} tokens is too long for the CPU smoke form (at most "
                          f"{CPU_MAX_TOKENS:,}); use a small canvas, e.g. {CPU_SMOKE}")

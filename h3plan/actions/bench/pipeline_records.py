@@ -412,7 +412,7 @@ def write_chart(records: Sequence[Mapping], path: str) -> str | None:
 
 
 # the step-cache rows' budget (benchmarks/pipeline_h200.sh H3_PHASE=cache-*): SGLang's quality=high, 34 of 49 computed
-CACHE_BUDGET = {"psnr_db_min": 28, "ssim_min": 0.93, "computed": 34}
+CACHE_BUDGET = {"psnr_db_min": 28, "ssim_min": 0.93, "computed": 34, "unmeasured": True}  # as the rows ran: no evidence
 
 
 def request_overrides(plan) -> dict:

@@ -1,0 +1,120 @@
+"""sparse_attention (levers/sparse_attention.py): which forwards run block-sparse attention, as a named diffusers hook.
+
+`h3plan_sparse_attention`, a diffusers ModelHook on MiniMaxH3Transformer3DModel's forward, places each call in its
+generation by its `timestep` vector (install/step_cache.schedule_index: the same index the step cache keys on, one
+4 x T byte device-to-host copy per call) and sets, for the attention processors of that call:
+- `active`: the call is forward >= dense_forwards of its generation (and keep < 1: keeping every block is the dense
+  call, which then runs as it is); a vector not in the index runs dense, counted `sparse_attention.fallback`;
+- `video_start`: the first target-video row, on the device (no sync): the start of the trailing run of rows tagged
+  video (token_tags 0) at the last row's timestep (diffusers packs [text | conditions | target audio | target video]:
+  the conditioning video rows carry their own timestep, so the run stops there). One persistent buffer, so a
+  compiled block sees the same tensor every call.
+After the call `active` is cleared: a block called outside a hooked forward runs dense. The processors read the
+state (install/processor.py `_sparse_attend`); `calls(model)` lists each generation's dense and sparse forwards.
+Under torch.compile the processor's branch on `active` is guarded: two graphs per block region (dense, sparse).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from h3plan.runtime.counters import event
+from h3plan.runtime.guards import count_route
+
+from .step_cache import schedule_index
+
+LEVER = "sparse_attention"
+HOOK = "h3plan_sparse_attention"
+STATE = "_h3plan_sparse_attention"
+
+
+class SparseState:
+    """What the processors of one transformer read per call: the plan's values, `active`, `video_start`."""
+
+    def __init__(self, spec: dict[str, Any], index: dict[bytes, tuple[int, int]]):
+        self.keep, self.dense_forwards = float(spec["keep"]), int(spec["dense_forwards"])
+        self.block_q, self.block_k, self.video_only = int(spec["block_q"]), int(spec["block_k"]), bool(spec["video_only"])
+        self.index = index
+        self.active = False
+        self.video_start: torch.Tensor | None = None  # (1,) int64 on the model's device
+        self.history: list[dict[str, int]] = []
+        self._run = {"forwards": 0, "dense": 0, "sparse": 0}
+
+    def boundary(self, token_tags: torch.Tensor, timestep_indices: torch.Tensor) -> torch.Tensor:
+        """Write the first target-video row into the persistent `video_start` buffer (device ops only)."""
+        target = (token_tags == 0) & (timestep_indices == timestep_indices[-1])
+        rows = torch.arange(token_tags.shape[0], device=token_tags.device)
+        start = torch.where(target, -1, rows).amax().clamp(min=-1) + 1
+        if self.video_start is None or self.video_start.device != token_tags.device:
+            self.video_start = torch.zeros(1, dtype=torch.int64, device=token_tags.device)
+        self.video_start.copy_(start.reshape(1))
+        return self.video_start
+
+    def place(self, step: int, n: int) -> None:
+        if step == 0:
+            self._run = {"forwards": n, "dense": 0, "sparse": 0}
+        self.active = self.keep < 1.0 and step >= self.dense_forwards
+        self._run["sparse" if self.active else "dense"] += 1
+        event(LEVER, "sparse" if self.active else "dense")
+        if step == n - 1:
+            self.history.append(dict(self._run))
+
+
+def _arg(args, kwargs, name: str, pos: int):
+    return kwargs[name] if name in kwargs else args[pos]
+
+
+def _make_hook(state: SparseState):
+    from diffusers.hooks import ModelHook
+
+    class SparseAttentionHook(ModelHook):
+        """Sets the state for this forward's attention calls (module docstring), then runs the forward."""
+
+        def new_forward(self, module, *args, **kwargs):
+            original = self.fn_ref.original_forward
+            ts = _arg(args, kwargs, "timestep", 3)
+            where = state.index.get(ts.detach().to("cpu", torch.float32).numpy().tobytes())
+            if where is None:
+                count_route(LEVER, "timestep vector not in the planned schedules (install num_inference_steps=): dense")
+                state.active = False
+                return original(*args, **kwargs)
+            state.boundary(_arg(args, kwargs, "token_tags", 5), _arg(args, kwargs, "timestep_indices", 4))
+            state.place(*where)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                state.active = False
+
+    return SparseAttentionHook()
+
+
+def install(model, spec: dict[str, Any], state, swap, *, steps=None) -> SparseState:
+    """Register the hook; append its undo to `state.undo`; return the state the processors read."""
+    from diffusers.hooks import HookRegistry
+
+    counts = sorted({int(spec["steps"]), *(int(s) for s in (steps or []))})
+    st = SparseState(spec, schedule_index(counts))
+    HookRegistry.check_if_exists_or_initialize(model).register_hook(_make_hook(st), HOOK)
+
+    def undo():
+        HookRegistry.check_if_exists_or_initialize(model).remove_hook(HOOK, recurse=False)
+        model.__dict__.pop(STATE, None)
+
+    state.undo.append(undo)
+    model.__dict__[STATE] = st
+    rows = "target-video query blocks" if st.video_only else "every query block"
+    what = (f"block-sparse attention: {rows} keep {st.keep:g} of the {st.block_q}x{st.block_k} key blocks after "
+            f"{st.dense_forwards} dense forwards")
+    swap(LEVER, "forward", "every attention call dense", what)
+    state.report.notes.append(f"sparse_attention: {what}; keyed by the timestep vectors of num_inference_steps "
+                              f"{', '.join(map(str, counts))} (another vector runs dense, counted "
+                              "sparse_attention.fallback); per call: h3plan.install.sparse_attention.calls(model)")
+    return st
+
+
+def calls(model) -> list[dict[str, int]]:
+    """Each finished generation's forwards, dense and sparse counts (empty without the lever installed)."""
+    st = model.__dict__.get(STATE)
+    return [] if st is None else list(st.history)

@@ -1,0 +1,245 @@
+"""Fewer attention FLOPs: block-sparse attention for the target-video query rows, inside `recipe.sparse`'s budget.
+
+Settings:
+- off: every attention call dense (lossless).
+- block_sparse: on a sparse forward (the first `dense_forwards` of a generation stay dense), a router
+  (h3plan/runtime/kernels/block_router.py) scores, per head and query block of target-video rows, every key block by
+  a sub-block log-sum-exp and keeps `keep` of them (the blocks holding text, condition, reference or audio keys and
+  the query block's own diagonal always), and FA4's block-sparse forward runs the kept blocks. Query blocks holding
+  any other row (text, conditions, references, audio, mixed) keep every key block in the same call (dense).
+  Blocks: `hardware.fa4.block_sparse` (128 x 128 on SM90: FA4's own tile, so a kept block runs at the dense rate).
+
+Policy, as step_cache's: without a budget (recipe.sparse psnr_db_min / ssim_min, null by default) block_sparse is
+refused and auto picks off, so every packaged recipe keeps dense attention; the budget is the recipe's own lossy
+choice. Also refused: ring attention (parallel.ring > 1: each ring step sees one key block range, no row's whole key
+set), an attention backend other than fa4 (cuDNN's FP8 SDPA takes no block mask and FA4's FP8 forward is SM100-only;
+with recipe=fp8, levers.attention=fa4 keeps the FP8 GEMMs and composes), a GPU with no FA4 block-sparse forward, and a
+request whose forwards are all dense. ulysses_exchange (decided after) leaves out projection_split, whose attention
+calls see a slice of the query rows. Ulysses: the router runs after the exchange on this rank's heads over the whole sequence, so the
+mask is per head and local (no extra communication). Runtime: h3plan/install/sparse_attention.py (the forward
+index from the timestep vector through install/step_cache.schedule_index), the processor's `_sparse_attend`.
+Quality, as evidence (h3plan/facts/evidence.py): `PUBLISHED` (SubBlock on released weights: SSIM, no PSNR); auto picks
+block_sparse only where the evidence at the plan's knobs meets recipe.sparse; a forced block_sparse runs with the
+verdict stated; `action=calibrate calibrate.target=sparse_attention` measures the user's checkpoint. Torch-free.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from h3plan.facts import evidence as ev
+from h3plan.sources import cite
+
+from .base import Context, Option, Spec, Terms, resolve
+from .step_cache import forwards_of
+
+SUB = 32  # rows per pooled sub-block (h3plan/runtime/kernels/block_router.py SUB)
+
+
+def _valid(v) -> bool:
+    if v is None:
+        return True
+    keys = {"keep", "dense_forwards", "block_q", "block_k", "video_only", "steps"}
+    return isinstance(v, dict) and set(v) == keys and 0.0 < v["keep"] <= 1.0
+
+
+SPEC = Spec(
+    name="sparse_attention",
+    settings={"off": True, "block_sparse": False},
+    summary="fewer attention FLOPs: a router keeps the best key blocks of each target-video query block and FA4's "
+            "block-sparse forward runs them, after recipe.sparse.dense_forwards dense forwards, inside recipe.sparse's "
+            "budget (lossy)",
+    counter="sparse_attention",
+    backends={"block_sparse": ("fa4",)},
+    options=(Option("attention", "sparse_attention", _valid,
+                    "None or dict(keep, dense_forwards, block_q, block_k, video_only, steps)", None),),
+    kernels=("block_router",),
+    terms={"block_sparse": Terms(sparse_attention=True)},
+    table_skips_off=True,
+)
+
+# Quality published for this kind of routing on released weights (docs/sources.md#sglang-subblock), as the evidence
+# every lossy lever cites (h3plan/facts/evidence.py): SSIM 0.80-0.94 over its runs, the worst kept; no PSNR published.
+PUBLISHED = (
+    ev.QualityPoint.make("sparse_attention", "block_sparse",
+                         {"keep": 0.25, "dense_forwards": 10, "video_only": True, "forwards": 49}, ("t2va",),
+                         psnr_db=None, ssim=0.80, speedup=1.28, kind="published",
+                         where="8xH200, SGLang's lossless frames of the same seed, SSIM 0.80-0.94 over its runs, "
+                               "1.28-1.48x, 64 x 64 blocks",
+                         source="docs/sources.md#sglang-subblock"),
+)
+
+
+def verdict(p: Mapping[str, Any], workflow: str | None = "t2va") -> ev.Verdict:
+    """How the published evidence at this plan's knobs stands against recipe.sparse's budget."""
+    knobs = {"keep": p["keep"], "dense_forwards": p["dense_forwards"], "video_only": p["video_only"],
+             "forwards": p["forwards"]}
+    pts = [e for e in PUBLISHED if e.applies(SPEC.name, "block_sparse", knobs, workflow)]
+    return ev.verdict(pts, ev.Budget.of({"psnr_db_min": p["psnr_db_min"], "ssim_min": p["ssim_min"]}))
+
+
+UNMEASURED = ("h3plan has not measured this configuration's quality (seeded weights carry no trained attention "
+              "pattern): action=calibrate calibrate.target=sparse_attention model.path=DIR measures it on your checkpoint")
+
+
+def config_problem(sparse: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(key, why) for a recipe.sparse value the schema's types let through, else None."""
+    if (sparse["psnr_db_min"] is None) != (sparse["ssim_min"] is None):
+        return "recipe.sparse", "a sparse attention budget needs both psnr_db_min and ssim_min (or neither: dense)"
+    if not 0.0 < sparse["keep"] <= 1.0:
+        return f"recipe.sparse.keep={sparse['keep']}", "must be in (0, 1]: the fraction of key blocks a routed query block keeps"
+    d = sparse["dense_forwards"]
+    if not isinstance(d, int) or isinstance(d, bool) or d < 0:
+        return f"recipe.sparse.dense_forwards={d}", "must be an integer >= 0 (the first forwards of a generation, dense)"
+    return None
+
+
+def _sparse(ctx: Context) -> Mapping[str, Any]:
+    return ctx.recipe.get("sparse") or {}
+
+
+def _budget(ctx: Context) -> bool:
+    s = _sparse(ctx)
+    return s.get("psnr_db_min") is not None and s.get("ssim_min") is not None
+
+
+def _forwards(ctx: Context) -> tuple[int, int]:
+    steps = int(ctx.request.get("num_inference_steps") or ctx.pipeline.get("num_inference_steps", 50))
+    shift = (ctx.pipeline.get("schedulers") or {}).get("video_shift", 12.0)
+    return steps, forwards_of(steps, shift)
+
+
+def _block(ctx: Context) -> list[int] | None:
+    b = ctx.hardware["fa4"].get("block_sparse")
+    return None if b is None else [int(b[0]), int(b[1])]
+
+
+def work(seq_len: int, video_rows: int, keep: float, block_q: int, block_k: int, video_only: bool = True) -> dict:
+    """The block counts of one sparse attention call: routed query blocks, key blocks kept per routed block, and the
+    fraction of the dense call's block work it computes (rows x kept key blocks over rows x all key blocks)."""
+    S, start = seq_len, seq_len - video_rows
+    M, N = -(-S // block_q), -(-S // block_k)
+    kb = min(N, max(1, math.ceil(keep * N - 1e-9)))
+    lead = -(-start // block_k)  # key blocks holding a row before the video
+    q0 = start if video_only else 0
+    total = routed = 0
+    for i in range(M):
+        rows = min(block_q, S - i * block_q)
+        if i * block_q >= q0 and kb < N:
+            diag = {j for j in range(i * block_q // block_k, min(N, -(-(i + 1) * block_q // block_k)))}
+            kept = max(kb, lead + len({j for j in diag if j >= lead}))
+            routed += 1
+        else:
+            kept = N
+        total += rows * kept
+    return {"query_blocks": M, "key_blocks": N, "routed_query_blocks": routed, "kept_key_blocks": kb,
+            "work_fraction": round(total / (S * N), 4)}
+
+
+def _video_rows(ctx: Context) -> int | None:
+    v = ctx.request.get("video_rows")
+    return None if v is None else int(v)
+
+
+def policy(ctx: Context, s: str) -> list[str]:
+    """block_sparse needs the recipe's sparse budget; with one it is the recipe's own lossy choice."""
+    if s == "off" or _budget(ctx):
+        return []
+    kind = "lossless" if ctx.lossless_only else f"budget {ctx.recipe['budget']['psnr_db_min']} dB (kernel levers only)"
+    return [f"recipe {ctx.recipe['name']} ({kind}) sets no sparse attention budget and sparse_attention={s} drops key "
+            "blocks (lossy): set recipe.sparse={psnr_db_min:...,ssim_min:...}"]
+
+
+def blockers(ctx: Context, s: str) -> list[str]:
+    if s == "off":
+        return []
+    out = []
+    if ctx.ring > 1:
+        out.append(f"parallel.ring={ctx.ring}: each ring step attends one range of key blocks, so no call sees a query "
+                   "block's whole key set to route (block-sparse attention runs at ring 1)")
+    if "attention" in ctx.decisions and ctx.setting("attention") == "cudnn_fp8":
+        out.append("the FP8 attention is cuDNN's SDPA, which takes no block mask, and FA4's FP8 forward is SM100-only: "
+                   "with recipe=fp8 set levers.attention=fa4 (FP8 GEMMs, BF16 block-sparse attention)")
+    if _block(ctx) is None:
+        out.append(f"{ctx.hw} has no FA4 block-sparse forward (hardware.fa4.block_sparse is null)")
+    steps, n = _forwards(ctx)
+    d = int(_sparse(ctx).get("dense_forwards", 10))
+    if d >= n:
+        out.append(f"recipe.sparse.dense_forwards={d} covers every one of the request's {n} forwards "
+                   f"(num_inference_steps={steps}): nothing would run sparse")
+    return out
+
+
+def params(ctx: Context, s: str) -> dict:
+    if s == "off":
+        return {}
+    c, (steps, n) = _sparse(ctx), _forwards(ctx)
+    bq, bk = _block(ctx) or [128, 128]
+    keep, d, video_only = float(c.get("keep", 0.25)), int(c.get("dense_forwards", 10)), bool(c.get("video_only", True))
+    p = {"keep": keep, "dense_forwards": d, "forwards": n, "sparse_forwards": max(n - d, 0), "steps": steps,
+         "video_only": video_only, "block_q": bq, "block_k": bk, "psnr_db_min": c.get("psnr_db_min"),
+         "ssim_min": c.get("ssim_min")}
+    video = _video_rows(ctx)
+    if video is not None:
+        p.update(work(ctx.seq_len, video, keep, bq, bk, video_only), video_rows=video)
+    return p
+
+
+def explain(ctx: Context, s: str) -> list[str]:
+    if s == "off":
+        return ["every attention call dense"]
+    p = params(ctx, s)
+    rows = "target-video query blocks" if p["video_only"] else "every query block (video_only=false: not the published setting)"
+    what = (f"{p['block_q']} x {p['block_k']} blocks (hardware.fa4.block_sparse; {cite('fa4-block-sparse')}): "
+            f"{rows} keep {p['keep']:g} of the key blocks (the text, condition, audio and diagonal blocks always) "
+            f"on {p['sparse_forwards']} of {p['forwards']} forwards; the first {p['dense_forwards']} dense")
+    if "work_fraction" in p:
+        what += (f"; a sparse call routes {p['routed_query_blocks']} of {p['query_blocks']} query blocks and computes "
+                 f"{p['work_fraction']:.0%} of the dense call's block work")
+    else:
+        what += ("; its work is not estimated: parallel.seq_len gives no video rows (the router finds them per call "
+                 "from the token tags)")
+    out = [what, f"budget recipe.sparse: PSNR >= {p['psnr_db_min']} dB, SSIM >= {p['ssim_min']} against the dense frames"]
+    v = verdict(p, str(ctx.request.get("task") or "t2va"))
+    if v.point is None:
+        out.append(f"unmeasured: no published quality for keep {p['keep']:g} with {p['dense_forwards']} of "
+                   f"{p['forwards']} forwards dense (video only: {p['video_only']}); the published point is keep 0.25, "
+                   f"10 of 49 dense, video only, t2va ({cite('sglang-subblock')})")
+    else:
+        judged = (f"meets recipe.sparse ({ev.Budget.of(p).text()})" if v.status == "meets"
+                  else f"misses recipe.sparse ({'; '.join(v.misses)})")
+        out.append(f"evidence (published on released weights): {v.point.cite()}: {judged}")
+    return out + [UNMEASURED]
+
+
+def auto(ctx: Context):
+    if not _budget(ctx):
+        why = ("a lossless recipe keeps dense attention" if ctx.lossless_only
+               else "the kernel levers' budget does not cover dropped key blocks")
+        return "off", [f"no sparse attention budget (recipe.sparse.psnr_db_min / ssim_min): {why}"], {}
+    blocked = blockers(ctx, "block_sparse")
+    if blocked:
+        return "off", ["block_sparse cannot apply: " + "; ".join(blocked)], {}
+    p = params(ctx, "block_sparse")
+    v = verdict(p, str(ctx.request.get("task") or "t2va"))
+    if v.status != "meets":
+        why = "no evidence at these knobs" if v.point is None else f"its evidence misses it ({'; '.join(v.misses)})"
+        return "off", [f"recipe.sparse sets a budget, but block_sparse at keep {p['keep']:g}: {why}; "
+                       "levers.sparse_attention=block_sparse runs it anyway (the plan states the evidence), "
+                       "action=calibrate calibrate.target=sparse_attention measures your checkpoint"], {}
+    return "block_sparse", explain(ctx, "block_sparse"), p
+
+
+def decide(ctx: Context):
+    return resolve(ctx, SPEC, auto=auto, blockers=blockers, params=params, explain=explain, policy=policy)
+
+
+def install(builder, decision) -> None:
+    if decision.setting == "off":
+        builder.skip(SPEC.name, decision.reasons[0])
+        return
+    p = decision.param
+    builder.set(SPEC.name, "sparse_attention", {
+        "keep": p("keep"), "dense_forwards": p("dense_forwards"), "block_q": p("block_q"), "block_k": p("block_k"),
+        "video_only": p("video_only"), "steps": p("steps")})

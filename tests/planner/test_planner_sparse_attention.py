@@ -1,0 +1,142 @@
+"""sparse_attention's decision table: off on every packaged recipe and without a sparse budget (recipe.sparse); with
+one, auto picks block_sparse only where the published evidence meets it (SubBlock publishes SSIM, no PSNR: a budget
+with a PSNR bound stays off), and a forced block_sparse states the verdict; refusals are one line: no budget (lossless or not), ring attention, cuDNN FP8 attention,
+the split output exchange, every forward dense; the blocks are the hardware's FA4 facts; sm100+ rows are planned and
+marked never run; the estimates count the sparse forwards' attention."""
+
+import pytest
+
+import h3plan
+from h3plan.errors import ConfigError, PlanningError
+from h3plan.levers.sparse_attention import PUBLISHED, verdict, work
+
+BUDGET = {"psnr_db_min": 28.0, "ssim_min": 0.8}
+ON = {"levers.sparse_attention": "block_sparse"}
+
+
+def _plan(sparse=None, **kw):
+    if sparse is not None:
+        kw["recipe.sparse"] = sparse
+        kw.setdefault("levers.sparse_attention", "block_sparse")
+    return h3plan.resolve_config(**kw)
+
+
+@pytest.mark.parametrize("recipe,hardware", [("bf16", "sm90"), ("fp8", "sm90"), ("bf16", "sm107"), ("nvfp4", "sm107")])
+def test_off_on_every_packaged_recipe(recipe, hardware):
+    d = _plan(recipe=recipe, hardware=hardware).decision("sparse_attention")
+    assert (d.setting, d.forced, d.lossless) == ("off", False, True)
+    assert "no sparse attention budget" in d.reasons[0]
+
+
+def test_budget_plans_block_sparse_with_the_published_point():
+    p = _plan(BUDGET)
+    d = p.decision("sparse_attention")
+    assert (d.setting, d.lossless) == ("block_sparse", False)
+    assert (d.param("keep"), d.param("dense_forwards"), d.param("sparse_forwards"), d.param("forwards")) == (0.25, 10, 39, 49)
+    assert (d.param("block_q"), d.param("block_k")) == (128, 128)  # hardware.fa4.block_sparse on sm90
+    assert d.param("video_rows") == 37296 and d.param("routed_query_blocks") == 291
+    assert any(r.startswith("evidence (published on released weights): SSIM 0.8 at 1.28x")
+               and "docs/sources.md#sglang-subblock" in r and r.endswith("misses recipe.sparse (PSNR not measured)")
+               for r in d.reasons), d.reasons
+    assert any("h3plan has not measured" in r for r in d.reasons)
+    assert any("never run on sm90" in r for r in d.reasons)  # block_sparse is not in hardware.verified
+
+
+def test_estimates_count_the_sparse_forwards():
+    dense, sparse = dict(_plan().derived), dict(_plan(BUDGET).derived)
+    frac = _plan(BUDGET).decision("sparse_attention").param("work_fraction")
+    assert sparse["attention_ms_per_block_sparse_est"] == pytest.approx(dense["attention_ms_per_block_est"] * frac, abs=1e-3)
+    assert sparse["forward_sparse_s_est"] < sparse["forward_s_est"] == dense["forward_s_est"]
+    want = 10 * sparse["forward_s_est"] + 39 * sparse["forward_sparse_s_est"]
+    assert sparse["denoise_s_est"] == pytest.approx(want, abs=0.05)
+    assert "10 dense, 39 with sparse attention" in dict(sparse["basis"])["denoise_s_est"]
+
+
+def test_auto_needs_evidence_that_meets_the_budget():
+    d = _plan({**BUDGET}, **{"levers.sparse_attention": "auto"}).decision("sparse_attention")
+    assert d.setting == "off" and "its evidence misses it (PSNR not measured)" in d.reasons[0], d.reasons
+    assert "levers.sparse_attention=block_sparse runs it anyway" in d.reasons[0]
+
+
+def test_forced_states_the_verdict():
+    d = _plan({"psnr_db_min": 28.0, "ssim_min": 0.9}).decision("sparse_attention")
+    assert d.setting == "block_sparse"
+    assert any("misses recipe.sparse (SSIM 0.8 < 0.9; PSNR not measured)" in r for r in d.reasons), d.reasons
+    d = _plan({**BUDGET, "keep": 0.5}).decision("sparse_attention")
+    assert any(r.startswith("unmeasured: no published quality for keep 0.5") for r in d.reasons)
+
+
+def test_evidence_rule():
+    p = {"keep": 0.25, "dense_forwards": 10, "video_only": True, "forwards": 49, "psnr_db_min": None, "ssim_min": 0.8}
+    v = verdict(p)
+    assert v.status == "meets" and v.point is PUBLISHED[0]
+    assert verdict({**p, "ssim_min": 0.85}).status == "misses"
+    assert verdict({**p, "psnr_db_min": 28.0}).misses == ("PSNR not measured",)
+    assert verdict({**p, "keep": 0.3}).status == "unmeasured"
+    assert verdict({**p, "forwards": 48}).status == "unmeasured"  # another step count: not the published point
+    assert verdict(p, "ref2va").status == "unmeasured"
+
+
+def test_work_counts_blocks():
+    w = work(1024, 512, 0.25, 128, 128)
+    # 4 routed query blocks keep max(2, 4 leading + diagonal) = 5 of 8; the other 4 keep 8
+    assert w == {"query_blocks": 8, "key_blocks": 8, "routed_query_blocks": 4, "kept_key_blocks": 2,
+                 "work_fraction": round((4 * 8 + 4 * 5) / 64, 4)}
+
+
+def test_ten_second_request_and_sm100_blocks():
+    d = _plan(BUDGET, video="t2v_768x1344_10s").decision("sparse_attention")
+    assert d.param("key_blocks") == -(-d.param("video_rows") // 128) + 1 or d.param("key_blocks") > 500
+    d = _plan(BUDGET, hardware="sm100").decision("sparse_attention")
+    assert (d.setting, d.param("block_q"), d.param("block_k"), d.hardware_verified) == ("block_sparse", 256, 128, False)
+    assert any("never run on sm100" in r for r in d.reasons)
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"recipe": "bf16"}, r"recipe bf16 \(lossless\) sets no sparse attention budget"),
+    ({"recipe": "fp8", "levers.attention": "fa4"}, r"recipe fp8 \(budget 34.0 dB \(kernel levers only\)\) sets no sparse"),
+    ({"recipe": "fp8", "recipe.sparse": BUDGET}, "cuDNN's SDPA, which takes no block mask"),
+    ({"recipe": "fp8", "parallel": "r2u4", "recipe.sparse": BUDGET, "levers.attention": "fa4"}, "parallel.ring=2"),
+    ({"recipe.sparse": BUDGET, "parallel": "u2", "levers.ulysses_exchange": "projection_split"},
+     "sparse_attention is on: its router routes whole sequences"),
+    ({"recipe.sparse": {**BUDGET, "dense_forwards": 49}}, "covers every one of the request's 49 forwards"),
+    ({"recipe.sparse": BUDGET, "hardware.fa4.block_sparse": None}, "no FA4 block-sparse forward"),
+])
+def test_refusals_are_one_line(kw, match):
+    with pytest.raises(PlanningError, match=match) as e:
+        h3plan.resolve_config(**ON, **kw)
+    assert "\n" not in str(e.value)
+
+
+def test_fp8_gemms_compose_with_fa4_attention():
+    d = _plan(BUDGET, recipe="fp8", **{"levers.attention": "fa4"}).decision("sparse_attention")
+    assert d.setting == "block_sparse"
+    auto = _plan(BUDGET, recipe="fp8", **{"levers.sparse_attention": "auto"}).decision("sparse_attention")
+    assert auto.setting == "off" and "takes no block mask" in auto.reasons[0]  # cudnn_fp8 blocks it
+
+
+@pytest.mark.parametrize("sparse,key", [
+    ({"psnr_db_min": 28.0}, "recipe.sparse"),
+    ({**BUDGET, "keep": 0.0}, "recipe.sparse.keep=0.0"),
+    ({**BUDGET, "dense_forwards": -1}, "recipe.sparse.dense_forwards=-1"),
+])
+def test_bad_values_are_config_errors(sparse, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        _plan(sparse)
+
+
+def test_ulysses_exchange_leaves_out_the_split_output():
+    p = _plan(BUDGET, parallel="u2")
+    assert p.decision("sparse_attention").setting == "block_sparse"
+    ex = p.decision("ulysses_exchange")
+    assert ex.setting == "projection" and any("sparse_attention is on" in r for r in ex.reasons), ex.reasons
+    assert _plan(parallel="u2").decision("ulysses_exchange").setting == "projection_split"  # as before without it
+
+
+def test_summary_names_its_own_budget_not_the_kernel_levers():
+    text = str(_plan(BUDGET))
+    assert "sparse   sparse_attention=block_sparse: keep 0.25 of the key blocks on 39 of 49 forwards; evidence" in text
+    assert "within recipe.sparse" not in text  # the evidence's verdict, never a promise
+    assert "(sparse ones at " in text
+    assert "PSNR >= None" not in text and "\nlossy " not in text
+    assert "sparse_attention" not in str(h3plan.resolve_config())  # off: no row, no line
