@@ -73,6 +73,13 @@
 #                  than 51 layers): at memory.text_encoder=host the device holds one layer at a time at the real width
 #                  either way, so the sharing changes the host's memory, not the device's peak the cap tests. On a
 #                  host of 256 GiB (the two-GPU kind): H3_TE_SETS=64, every layer its own weights.
+#   H3_PHASE=lora: not this bench: benchmarks/lora.py, a seeded LoRA of the published Turbo shape (rank 128
+#                  on every block's attention and FFN) on 8 real-width layers at 512x896x124, diffusers' denoise step
+#                  with 1 + 3 forwards per row: the bf16 plan without / with the LoRA loaded after install (load and
+#                  set_adapters timed), its bitwise reference, diffusers eager with the LoRA; the fp8 plan without it
+#                  (the LoRA's one-line refusal recorded), with it fused the way the refusal names (timed), diffusers
+#                  on the fused weights; $OUT/lora-h200.json / .md - about 3 minutes (estimate: build, FA4 and cuDNN
+#                  JIT, 7 calls of 4 forwards; never run yet).
 # Whole calls at the same output precision (issue 43): each row below times a short call (2 untimed + 3 timed
 # forwards) and then one real 49-forward call end to end, every forward between CUDA events; E2E is the whole call and
 # the row records its extrapolation check (49 x the short call's median forward + its rest within 1% of the whole call:
@@ -158,12 +165,16 @@ case "${H3_PHASE:-fp32}" in
   cap-t2va|cap-ref2va) script=benchmarks/memory.py
          args=(--recipes bf16 --cap-only --workflow "${H3_PHASE#cap-}" --text-encoder host --steps 3 --no-warmup
                --text-encoder-weight-sets "${H3_TE_SETS:-16}") ;;
+  lora) script=benchmarks/lora.py vid=512x896x124
+        args=(hardware=sm90 parallel=u1 --layers 8 --steps 3) ;;
   *) echo "H3_PHASE: fp32, fp16, stock, all, cache-bf16, cache-fp8, cache-high, cache-adaptive, cache, ref2va-best," \
           "ref2va-bits, fl2va-best, fl2va-bits, ref2va, fl2va, turbo, whole-best, whole-fp8, whole-lossless," \
-          "turbo-fp16, forward-points, cap-t2va or cap-ref2va" >&2; exit 2 ;;
+          "turbo-fp16, forward-points, cap-t2va, cap-ref2va or lora" >&2; exit 2 ;;
 esac
 if [ "$script" = benchmarks/memory.py ]; then
   common=(--video "$vid" --text-tokens 110 --out "$OUT" --tag "h200-${H3_PHASE}")
+elif [ "$script" = benchmarks/lora.py ]; then
+  common=(--video "$vid" --text-tokens 110 --out "$OUT" --tag h200)
 elif [ "$script" = benchmarks/probes/block_profile.py ]; then
   common=()
 else
@@ -182,5 +193,7 @@ case "${H3_PHASE:-fp32}" in
   whole-*|turbo-fp16) mkdir -p "$KEEP" && [ -f "$OUT/pipeline-h200.json" ] && cp "$OUT/pipeline-h200.json" "$KEEP/" ;;
 esac
 echo "=== phase ${H3_PHASE:-fp32}: exit $rc after $(( $(date +%s) - s ))s" | tee -a "$LOG"
+ls -l "$OUT"/pipeline-h200.* "$OUT"/memory-h200-cap-* "$OUT"/lora-h200.* "$OUT"/block-profile-forward.json 2>/dev/null | \
+  tee -a "$LOG"
 ls -l "$OUT"/pipeline-h200.* "$OUT"/memory-h200-cap-* "$OUT"/block-profile-forward.json 2>/dev/null | tee -a "$LOG"
 exit 0

@@ -174,3 +174,40 @@ def packed_inputs(config: Mapping[str, Any], seq_len: int, *, batch: int = 1, se
         "encoder_hidden_states": rand(batch, n_text, cfg.get("text_dim", 5120)),
         **structure,
     }
+
+
+LORA_DELTA = 0.05  # the seeded LoRA's output delta per unit input row: a visible change, not a blow-up
+
+
+def lora_modules(model, shape) -> dict[str, int]:
+    """{module fqn: rank} of a LoRA of `shape` (h3plan.facts.lora.LoraShape) on `model`'s blocks."""
+    out = {}
+    for blocks in shape.blocks:
+        for i in range(len(model.get_submodule(blocks))):
+            out.update({f"{blocks}.{i}.{t}": shape.rank for t in shape.targets})
+    for path, rank in shape.extra:
+        paths = [path.format(i=i) for i in range(len(model.transformer_blocks))] if "{i}" in path else [path]
+        out.update(dict.fromkeys(paths, rank))
+    return out
+
+
+def seeded_lora(model, shape, *, seed: int = 0, rank: int | None = None, layout: str = "peft") -> dict:
+    """A seeded LoRA state dict of `shape` for `model`'s widths, in the linears' dtype, on the host; `rank` overrides
+    the shape's. layout "peft": the published files' keys (`<module>.lora_A.default.weight`, no component prefix:
+    what `add_adapter` + `load_state_dict` and `pipe.load_lora_weights` read); "diffusers":
+    `transformer.<module>.lora_A.weight`.
+    lora_A rows have unit norm over the input, lora_B gives each output a LORA_DELTA standard deviation."""
+    if layout not in ("peft", "diffusers"):
+        raise ValueError(f"layout={layout!r}: peft or diffusers")
+    g = torch.Generator("cpu").manual_seed(seed)
+    infix, prefix = (".default", "") if layout == "peft" else ("", "transformer.")
+    out = {}
+    for fqn, r in lora_modules(model, shape).items():
+        lin = model.get_submodule(fqn)
+        r = rank or r
+        dtype = lin.weight.dtype
+        a = torch.randn(r, lin.in_features, generator=g) / lin.in_features ** 0.5
+        b = torch.randn(lin.out_features, r, generator=g) * (LORA_DELTA / r ** 0.5)
+        out[f"{prefix}{fqn}.lora_A{infix}.weight"] = a.to(dtype)
+        out[f"{prefix}{fqn}.lora_B{infix}.weight"] = b.to(dtype)
+    return out

@@ -24,10 +24,10 @@ copy. A vector not in the table, or weights changed, moved or replaced since ins
 `adaln_table.fallback` with its reason and served exactly: the same GEMM on the weights as they are, streamed
 to temb's device (the block's 2 x 18 x hidden x time_embed_dim bytes over PCIe), and added to the table.
 Grad mode and autocast run that streamed eager expression outside the op (counted). PEFT layers wrapped around a
-tabled linear after install (a LoRA) make the call raise one InstallError line, never read the table (lora.py). A direct call of a
-parked linear streams its weights (counted). Compile: the op is opaque with a fake; the counters it
-records run at call time. The timestep embedding that makes temb runs as opaque ops too (install/adaln_temb.py), so
-a whole-model torch.compile keeps eager's temb bits and hits the table.
+tabled linear after install without diffusers' checks (lora.py) make the call raise one InstallError line, never read
+the table. A direct call of a parked linear streams its weights (counted). Compile: the op is opaque with a fake;
+the counters it records run at call time. The timestep embedding that makes temb runs as opaque ops too
+(install/adaln_temb.py), so a whole-model torch.compile keeps eager's temb bits and hits the table.
 
 State dict while installed: the same keys, shapes, dtypes and bits; the AdaLN linears' tensors are the
 pinned host copies (device cpu). `uninstall` copies them back into the same Parameter objects and restores
@@ -51,7 +51,7 @@ from h3plan.runtime.guards import count_route, needs_grad
 
 from . import adaln_temb
 from .components import STATE, TRANSFORMERS, is_pipeline
-from .lora import AFTER
+from .lora import WAY
 from .parking import park
 
 LEVER = "adaln_table"
@@ -181,7 +181,9 @@ def modulation(linear: torch.nn.Linear, temb: torch.Tensor) -> torch.Tensor:
 def _tabled(linear):
     """The tabled nn.Linear itself; PEFT layers wrapped around it since install (a LoRA, install/lora.py) refuse."""
     if type(linear) is not torch.nn.Linear:
-        raise InstallError(f"adaln_table: the tabled AdaLN linear is now {type(linear).__module__}.{type(linear).__name__}: {AFTER}")
+        kind = f"{type(linear).__module__}.{type(linear).__name__}"
+        raise InstallError(f"adaln_table: the tabled AdaLN linear is now {kind}, whose layers the table would bypass; "
+                           f"{WAY}")
     return linear
 
 

@@ -12,7 +12,8 @@ So while the tables are installed, `time_proj.forward` and `time_embedder.forwar
 and `h3plan::timestep_mlp`, custom ops whose implementations are diffusers' own expressions run eagerly (the same
 function, the same F.linear / F.silu calls); with a fake each, so dynamo traces them as single nodes (fullgraph, export
 and AOTInductor alike). Eager calls give the very bits of diffusers' modules (tests/install/test_install_adaln_temb.py).
-Grad mode, autocast and devices other than cuda / cpu call the modules' own forwards (what diffusers would run). Applied only to the modules diffusers
+Grad mode, autocast, devices other than cuda / cpu and linears wrapped since install (a LoRA's PEFT layers, which
+the op would bypass) call the modules' own forwards (what diffusers would run). Applied only to the modules diffusers
 builds for H3 (`Timesteps`; `TimestepEmbedding` with a SiLU, no condition projection, no post-activation); any other
 form keeps its forward and the table still serves eager and regional compile. Uninstall restores the forwards.
 """
@@ -72,6 +73,8 @@ def sinusoid_forward(self, timesteps: torch.Tensor) -> torch.Tensor:
 
 def mlp_forward(self, sample: torch.Tensor, condition=None) -> torch.Tensor:
     l1, l2 = self.linear_1, self.linear_2
+    if type(l1) is not torch.nn.Linear or type(l2) is not torch.nn.Linear:  # a LoRA's PEFT layers: they must run
+        return type(self).forward(self, sample, condition)
     if condition is not None or _eager_needed(sample, l1.weight, l2.weight):
         return type(self).forward(self, sample, condition)
     return torch.ops.h3plan.timestep_mlp(sample, l1.weight, l1.bias, l2.weight, l2.bias)

@@ -51,7 +51,7 @@ from .block import install_forwards
 from .builder import Builder
 from .components import STATE
 from .fp8_rows import install_rows
-from .lora import guard as lora_guard, refuse_peft
+from .lora import bypassed, guard as lora_guard, refuse_peft
 from .nvfp4_inputs import install_nvfp4
 from .recognise import check_model_facts, fewer_layers, is_transformer, recognise
 from .report import InstallReport
@@ -66,6 +66,7 @@ class _State:
     report: InstallReport
     undo: list = field(default_factory=list)  # callables, applied in reverse order
     placement: _placement.Placement | None = None  # install(..., device=): what went to the device
+    lora_bypass: dict = field(default_factory=dict)  # module fqn -> why the plan bypasses it (install/lora.py)
 
 
 def collect(plan: Plan, registry=None) -> Builder:
@@ -126,8 +127,10 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
     check_model_facts(model, plan, "vae" if is_vae else "transformer")
     steps = None if num_inference_steps is None else step_counts(num_inference_steps, "install")
     fewer = [] if stand_in else fewer_layers(model, plan, "vae" if is_vae else "transformer")
+    builder = collect(plan, registry)
+    bypass = {} if is_vae else bypassed(model, builder)
     if not is_vae:
-        refuse_peft(model)  # install/lora.py: merged weights only
+        refuse_peft(model, bypass)  # install/lora.py: no LoRA layer around a module the plan bypasses
     device = _placement.target(device)
     current = model.__dict__.get(STATE)
     if device is None and current is not None and current.placement is not None:
@@ -141,7 +144,6 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
             return current.report
         replaced = current.plan
         uninstall(model)
-    builder = collect(plan, registry)
     report = InstallReport(levers=[d.lever for d in plan.decisions],
                            options={scope: builder.recorded(scope) for scope in ("linears", "block", "attention", "vae", "transformer")})
     state = _State(plan, report)
@@ -152,7 +154,7 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
         if is_vae:
             _vae.apply(model, builder, state, group)
         else:
-            _transformer(model, builder, state, group, steps, num_inference_steps, adaln_conditions)
+            _transformer(model, builder, state, group, steps, num_inference_steps, adaln_conditions, bypass)
     except BaseException:
         _undo(state)
         raise
@@ -185,9 +187,10 @@ def _label(plan: Plan) -> str:
     return "/".join(str(plan.get(s).get("name", "?")) for s in ("hardware", "recipe", "parallel")) + forced
 
 
-def _transformer(model, builder, state, group, steps, num_inference_steps, adaln_conditions) -> None:
+def _transformer(model, builder, state, group, steps, num_inference_steps, adaln_conditions, bypass) -> None:
     """The transformer's install, in order: linears, AdaLN tables, per-row / NVFP4 inputs, attention processors,
-    block forwards, regional compile, step cache, the LoRA guard (each step beside what it installs)."""
+    block forwards, regional compile, step cache, the LoRA guard (each step beside what it installs; `bypass`: the
+    modules the plan serves without calling them, install/lora.py)."""
     swap, lin, tr = state.report.swap, builder.view("linears"), builder.view("transformer")
     if lin.quant is not None:
         linears.quantize(model, builder, state)
@@ -206,7 +209,7 @@ def _transformer(model, builder, state, group, steps, num_inference_steps, adaln
         steps = [num_inference_steps] if isinstance(num_inference_steps, int) else num_inference_steps
         install_step_cache(model, tr.step_cache, state, swap, group=getattr(shard, "group", None), steps=steps,
                            default_steps=(state.plan.get("pipeline") or {}).get("num_inference_steps"))
-    lora_guard(model, state)
+    lora_guard(model, state, bypass)
 
 
 def _compile(model, builder, state) -> None:

@@ -20,10 +20,11 @@ timer, `configured` (a config and its plan from overrides), the inputs and pipel
 
 from typing import Mapping
 
-from h3plan.actions.inputs import TIMESTEP, build_model, packed_inputs
+from h3plan.actions.inputs import TIMESTEP, build_model, packed_inputs, seeded_lora
 from h3plan.actions.pipeline_build import (build_pipeline, denoiser, prompt_inputs, prompt_text, run_block, workflow_blocks,
                                            workflow_inputs)
 from h3plan.actions.quality import psnr
+from h3plan.facts.lora import SHAPES as LORA_SHAPES
 from h3plan.install.text_encoder import placed as placed_text_encoder
 
 from . import pipeline
@@ -52,4 +53,4 @@ __all__ = ["run", "options", "BenchOptions", "plan_label", "device_tag", "captur
            "summary_table", "write_chart", "Progress", "Clock", "interleaved", "back_to_back", "median", "median_ms",
            "BackendTimer", "ForwardTimer", "kernel_events", "category", "profile_summary", "configured", "plan_backend", "build_model", "packed_inputs", "TIMESTEP",
            "build_pipeline", "prompt_inputs", "run_block", "psnr", "denoiser", "prompt_text", "workflow_blocks",
-           "workflow_inputs", "placed_text_encoder"]
+           "workflow_inputs", "placed_text_encoder", "seeded_lora", "LORA_SHAPES"]

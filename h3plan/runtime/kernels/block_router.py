@@ -43,7 +43,7 @@ from h3plan.runtime.kernels._registry import custom_op
 SUB = 32  # rows per pooled sub-block
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _TQ, _TK = 16, 64  # query blocks, key blocks per _score step (tl.dot needs 16 rows at least)
-_NEG = -1.0e30  # a finite "no score": no NaN from (-inf) - (-inf)
+_NEG = tl.constexpr(-1.0e30)  # a finite "no score": no NaN from (-inf) - (-inf)
 
 
 @triton.jit
