@@ -193,7 +193,7 @@ case "${H3_PHASE:-fp32}" in
   whole-*|turbo-fp16) mkdir -p "$KEEP" && [ -f "$OUT/pipeline-h200.json" ] && cp "$OUT/pipeline-h200.json" "$KEEP/" ;;
 esac
 echo "=== phase ${H3_PHASE:-fp32}: exit $rc after $(( $(date +%s) - s ))s" | tee -a "$LOG"
-ls -l "$OUT"/pipeline-h200.* "$OUT"/memory-h200-cap-* "$OUT"/lora-h200.* "$OUT"/block-profile-forward.json 2>/dev/null | \
-  tee -a "$LOG"
+ls -l "$OUT"/pipeline-h200.* "$OUT"/memory-h200-cap-* "$OUT"/lora-h200.* "$OUT"/block-profile-forward.json \
+  2>/dev/null | tee -a "$LOG"
 ls -l "$OUT"/pipeline-h200.* "$OUT"/memory-h200-cap-* "$OUT"/block-profile-forward.json 2>/dev/null | tee -a "$LOG"
 exit 0

@@ -497,7 +497,8 @@ def resolve(cfg) -> Plan:
     spread_params = dict(spread.params) if spread is not None and spread.setting == "tiles" else None
     sparse = next((d for d in decisions.values() if d.enabled and terms({d.lever: d}).sparse_attention), None)
     times = predict.call(sections, sequence, ctx.shape, fwd, settings, computed,
-                         dense=sparse.param("dense_forwards") if sparse is not None else None, parallel_decode=spread_params)
+                         dense=sparse.param("dense_forwards") if sparse is not None else None,
+                         parallel_decode=spread_params)
     if computed:
         times["computed_forwards"] = computed
         times.setdefault("basis", {})["computed_forwards"] = "step_cache: the forwards its schedule computes"
