@@ -40,6 +40,7 @@ from h3plan.levers import step_cache as lever
 
 from .gpu_only import calibrate_too_wide
 from .pipeline_build import build_pipeline, pipeline_blocks, prompt_inputs
+from .text_encoder_build import build_processor
 
 FRACTIONS = (0.9, 0.8, 0.7, 0.6, 0.5)
 THRESHOLDS = (0.04, 0.08, 0.12, 0.2)
@@ -126,8 +127,6 @@ def _encode(te_dir: str, prompts: list[str], device):
     import torch
     from diffusers.modular_pipelines.minimax_h3.encoders import MiniMaxH3TextEncoderStep
     from transformers import AutoProcessor, AutoTokenizer, Qwen3VLForConditionalGeneration
-
-    from .text_encoder_build import build_processor
 
     root = os.path.dirname(te_dir)
     try:
