@@ -42,9 +42,15 @@ def main(argv=None) -> int:
                                                                    "e.g. --plan 'recipe=fp8' (repeatable)")
     ap.add_argument("--no-reference", action="store_true", help="skip the bitwise reference rows")
     ap.add_argument("--no-best", action="store_true", help="skip diffusers' best setting")
+    ap.add_argument("--no-eager", action="store_true", help="skip diffusers eager")
+    ap.add_argument("--no-plan", action="store_true", help="skip the plans (diffusers' rows only)")
     ap.add_argument("--stock-bits", action="store_true", help="also time the stock-bits plan (the lossless plan with "
                                                                "levers.attention=sdpa, diffusers' default attention)")
     ap.add_argument("--workflow", help="t2va (default), fl2va (first and last keyframe) or ref2va (one image reference)")
+    ap.add_argument("--whole", action="store_true", help="every row also times one whole call of the generation's "
+                                                          "forwards end to end (bench.pipeline.whole)")
+    ap.add_argument("--frames-dir", help="keep each row's frames here; a later run compares against them "
+                                         "(bench.pipeline.frames_dir)")
     ap.add_argument("--prompt", action="store_true", help="pipe(prompt=...) through diffusers' text encoder step and a "
                                                            "seeded Qwen3-VL placed by the plan's memory.text_encoder "
                                                            "(give one: memory.text_encoder=offload_after)")
@@ -55,16 +61,20 @@ def main(argv=None) -> int:
     from h3plan.actions.bench.pipeline import run
 
     pipeline = {k: getattr(a, k) for k in ("steps", "warmup", "rounds", "decode_warmup", "text_tokens", "layers",
-                                           "e2e_steps", "compile_backend", "cp_backend", "vae", "plans", "workflow")
+                                           "e2e_steps", "compile_backend", "cp_backend", "vae", "plans", "workflow",
+                                           "frames_dir")
                 if getattr(a, k) is not None}
     if a.no_reference:
         pipeline["reference"] = False
-    if a.no_best:
-        pipeline["best"] = False
+    for key in ("best", "eager", "plan"):
+        if getattr(a, f"no_{key}"):
+            pipeline[key] = False
     if a.stock_bits:
         pipeline["stock_bits"] = True
     if a.prompt:
         pipeline["prompt"] = True
+    if a.whole:
+        pipeline["whole"] = True
     try:
         cfg, plan = configured(a.overrides)
         cfg.update(action="bench", video=a.video)

@@ -80,6 +80,25 @@
 #                  (the LoRA's one-line refusal recorded), with it fused the way the refusal names (timed), diffusers
 #                  on the fused weights; $OUT/lora-h200.json / .md - about 3 minutes (estimate: build, FA4 and cuDNN
 #                  JIT, 7 calls of 4 forwards; never run yet).
+# Whole calls at the same output precision (issue 43): each row below times a short call (2 untimed + 3 timed
+# forwards) and then one real 49-forward call end to end, every forward between CUDA events; E2E is the whole call and
+# the row records its extrapolation check (49 x the short call's median forward + its rest within 1% of the whole call:
+# PASS or FAIL). Three rows do not fit one device call (a 49-forward call of diffusers' compile takes about 300 s, the
+# fp8 plan's 205 s), so each is its own phase, run back to back: the machine keeps /tmp between calls, where each phase
+# leaves its frames (H3_FRAMES, default /tmp/h3plan-frames, with the seeded weights' fingerprint) and the results file
+# so far (H3_KEEP, default /tmp/h3plan-bench), which the next phase starts from:
+#   H3_PHASE=whole-best: diffusers' regional compile with its VAE cast to fp16 (as from_pretrained(torch_dtype=
+#                  torch.float16) casts it), t2va 768x1344x124, 49 forwards, alone - about 6.5 minutes;
+#   H3_PHASE=whole-fp8: the fp8 plan (its fp16 decode, sm90/fp8/u1 +vae=fp16) alone: its ratio against whole-best's
+#                  compile (best_run names that run) and its frames against that compile's and, where whole-lossless ran
+#                  before, the lossless plan's - about 4.5 minutes;
+#   H3_PHASE=whole-lossless: the bf16 plan with diffusers' fp32 VAE alone, whose frames the lossy plans' are held
+#                  against (run it first) - about 7 minutes;
+#   H3_PHASE=turbo-fp16: the Turbo FL2VA request (4 forwards, the prompt through the seeded conditioner) with diffusers'
+#                  compile at the fp16 VAE and the bf16 plan with recipe.vae=fp16, both whole calls - about 4.5 minutes.
+# H3_PHASE=forward-points (not this bench): the installed 50-layer forward profiled at 19,000 and 46,020 tokens (bf16
+# and fp8), the rates inside the forward at token counts other than the t2va request's
+# (benchmarks/probes/block_profile.py --forward 50): $OUT/block-profile-forward.json - about 4 minutes.
 # Output in $OUT (default benchmarks/results): pipeline-h200.json (rows of every run), .md, .png, pipeline-h200.log.
 # H3_APPEND=1 starts from the committed benchmarks/results/pipeline-h200.json.
 set -u
@@ -89,10 +108,19 @@ OUT=${OUT:-benchmarks/results}
 mkdir -p "$OUT"
 LOG="$OUT/pipeline-h200.log"
 CAP=${H3_T_PHASE:-570}
+KEEP=${H3_KEEP:-/tmp/h3plan-bench}
+FRAMES=${H3_FRAMES:-/tmp/h3plan-frames}
 if [ "${H3_APPEND:-0}" = 1 ] && [ -f benchmarks/results/pipeline-h200.json ] && \
    [ ! "$OUT/pipeline-h200.json" -ef benchmarks/results/pipeline-h200.json ]; then
   cp benchmarks/results/pipeline-h200.json "$OUT/pipeline-h200.json"
 fi
+case "${H3_PHASE:-fp32}" in  # a whole-call phase goes on from the results an earlier one left in $KEEP
+  whole-*|turbo-fp16)
+    if [ -f "$KEEP/pipeline-h200.json" ] && [ ! "$OUT/pipeline-h200.json" -ef "$KEEP/pipeline-h200.json" ]; then
+      cp "$KEEP/pipeline-h200.json" "$OUT/pipeline-h200.json"
+    fi ;;
+esac
+[ -f "$OUT/pipeline-h200-corrections.json" ] || cp benchmarks/results/pipeline-h200-corrections.json "$OUT/"
 vid=768x1344x124  # HEIGHTxWIDTHxFRAMES of the call (the turbo phase's request is portrait)
 ref2va=(video=ref2va_768x1344_5s memory.text_encoder=offload_after --workflow ref2va --prompt --vae fp32)
 fl2va=(video=t2v_768x1344_5s video.task=fl2va 'video.keyframes=[first,last]' video.text_tokens=2026
@@ -125,20 +153,35 @@ case "${H3_PHASE:-fp32}" in
   turbo) vid=1344x768x124
          args=(hardware=sm90 parallel=u1 recipe=bf16 recipe.vae=fp16 video=fl2va_turbo_768x1344
                memory.text_encoder=offload_after --workflow fl2va --prompt --vae fp32 --e2e-steps 4 --no-reference) ;;
+  whole-best) args=(hardware=sm90 parallel=u1 recipe=bf16 --vae fp16 --no-eager --no-plan --whole) ;;
+  whole-fp8) args=(hardware=sm90 parallel=u1 recipe=fp8 --vae fp16 --no-eager --no-best --whole) ;;
+  whole-lossless) args=(hardware=sm90 parallel=u1 recipe=bf16 --vae fp32 --no-eager --no-best --no-reference --whole) ;;
+  turbo-fp16) vid=1344x768x124
+         args=(hardware=sm90 parallel=u1 recipe=bf16 recipe.vae=fp16 video=fl2va_turbo_768x1344
+               memory.text_encoder=offload_after --workflow fl2va --prompt --vae fp16 --e2e-steps 4 --no-eager
+               --no-reference --whole) ;;
+  forward-points) script=benchmarks/probes/block_profile.py
+         args=(--forward 50 --out "$OUT" bf16:19000 bf16:46020 fp8:19000 fp8:46020) ;;
   cap-t2va|cap-ref2va) script=benchmarks/memory.py
          args=(--recipes bf16 --cap-only --workflow "${H3_PHASE#cap-}" --text-encoder host --steps 3 --no-warmup
                --text-encoder-weight-sets "${H3_TE_SETS:-16}") ;;
   lora) script=benchmarks/lora.py vid=512x896x124
         args=(hardware=sm90 parallel=u1 --layers 8 --steps 3) ;;
   *) echo "H3_PHASE: fp32, fp16, stock, all, cache-bf16, cache-fp8, cache-high, cache-adaptive, cache, ref2va-best," \
-          "ref2va-bits, fl2va-best, fl2va-bits, ref2va, fl2va, turbo, cap-t2va, cap-ref2va or lora" >&2; exit 2 ;;
+          "ref2va-bits, fl2va-best, fl2va-bits, ref2va, fl2va, turbo, whole-best, whole-fp8, whole-lossless," \
+          "turbo-fp16, forward-points, cap-t2va, cap-ref2va or lora" >&2; exit 2 ;;
 esac
 if [ "$script" = benchmarks/memory.py ]; then
   common=(--video "$vid" --text-tokens 110 --out "$OUT" --tag "h200-${H3_PHASE}")
 elif [ "$script" = benchmarks/lora.py ]; then
   common=(--video "$vid" --text-tokens 110 --out "$OUT" --tag h200)
+elif [ "$script" = benchmarks/probes/block_profile.py ]; then
+  common=()
 else
-  common=(--video "$vid" --text-tokens 110 --rounds 1 --warmup 2 --steps 1 --decode-warmup 1 --out "$OUT" --tag h200)
+  steps=1
+  case "${H3_PHASE:-fp32}" in whole-*|turbo-fp16) steps=3; args+=(--frames-dir "$FRAMES") ;; esac  # a median of 3
+  common=(--video "$vid" --text-tokens 110 --rounds 1 --warmup 2 --steps "$steps" --decode-warmup 1 --out "$OUT"
+          --tag h200)
 fi
 echo "=== phase ${H3_PHASE:-fp32} (timeout ${CAP}s)" | tee -a "$LOG"
 s=$(date +%s)
@@ -146,6 +189,11 @@ s=$(date +%s)
 timeout --kill-after=15 "$CAP" python "$script" "${args[@]}" "${common[@]}" ${H3_PIPELINE_ARGS:-} 2>&1 | tee -a "$LOG"
 rc=${PIPESTATUS[0]}
 rm -f "$OUT"/*.tmp
+case "${H3_PHASE:-fp32}" in
+  whole-*|turbo-fp16) mkdir -p "$KEEP" && [ -f "$OUT/pipeline-h200.json" ] && cp "$OUT/pipeline-h200.json" "$KEEP/" ;;
+esac
 echo "=== phase ${H3_PHASE:-fp32}: exit $rc after $(( $(date +%s) - s ))s" | tee -a "$LOG"
-ls -l "$OUT"/pipeline-h200.* "$OUT"/memory-h200-cap-* "$OUT"/lora-h200.* 2>/dev/null | tee -a "$LOG"
+ls -l "$OUT"/pipeline-h200.* "$OUT"/memory-h200-cap-* "$OUT"/lora-h200.* "$OUT"/block-profile-forward.json \
+  2>/dev/null | tee -a "$LOG"
+ls -l "$OUT"/pipeline-h200.* "$OUT"/memory-h200-cap-* "$OUT"/block-profile-forward.json 2>/dev/null | tee -a "$LOG"
 exit 0

@@ -2,8 +2,13 @@
 benchmarks/results/pipeline-h200.json planned again, with the packaged sm90 facts and with each tuned file under
 docs/tuned/hardware/, at the row's 49 forwards and at a 4-forward request (measured: 4 x the row's forward + its
 rest of the call); and the plan's peak memory against the measured one for every row whose call took a prompt
-through the text encoder (issue 32). CPU only; writes predict-h200.json / .md. tests/planner/test_predict.py asserts
-the 5%.
+through the text encoder (issue 32): in sample, since sm90's facts were fitted to these rows or measured at their
+shapes. Out of sample (predict-holdout-h200.json / .md, `holdout`): each row predicted by the packaged sm90 facts
+- held out: only a row no packaged fact was fitted to (a fact's `provenance` names the row it came from) and no
+  correction supersedes (pipeline-h200-corrections.json) is checked;
+- other shapes: every measured point at the row's own shapes dropped first (attention at its tokens and heads, the
+  GEMMs and elementwise kernels at its rows, the decode at its latent, the encode at its inputs).
+CPU only. tests/planner/test_predict.py asserts the in-sample 5%, tests/planner/test_predict_holdout.py the held-out.
 
     python benchmarks/predict.py [--out benchmarks/results]
 """
@@ -12,10 +17,15 @@ import argparse
 import json
 from pathlib import Path
 
+import yaml
+
 import h3plan
-from h3plan.actions.bench.pipeline_records import predicted_call, prompted, replan
+from h3plan.actions.bench.pipeline_records import (corrections_of, encode_shapes, load_corrections, predicted_call,
+                                                   prompted, record_key, replan)
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS = "benchmarks/results/pipeline-h200.json"
+KINDS = ("attention", "gemm_block", "elementwise", "decode", "encode")
 
 
 def facts() -> list[tuple[str, dict]]:
@@ -81,6 +91,107 @@ def markdown(recs: list[dict], mem: list[dict] = ()) -> str:
     return "\n".join(lines) + "\n"
 
 
+def fitted_to(row: dict, measured: dict) -> list[str]:
+    """The packaged facts whose provenance names `row` of the pipeline results ("decode[0]: rest_s")."""
+    out = []
+    for kind in KINDS + ("vae_precision", "stock_frames"):
+        for i, p in enumerate(measured.get(kind) or ()):
+            for prov in p.get("provenance") or ():
+                if prov["file"] == RESULTS and not prov.get("commit") and record_key(prov["row"]) == record_key(row):
+                    out.append(f"{kind}[{i}]: {prov.get('value', '')}")
+    return out
+
+
+def same_shape(kind: str, p: dict, shape: dict) -> bool:
+    """A measured point at one of the row's own shapes."""
+    if kind == "attention":
+        return p["seq_len"] == shape["seq_len"] and p["heads"] == shape["heads"]
+    if kind in ("gemm_block", "elementwise"):
+        return p["rows"] == shape["rows"]
+    if kind == "decode":
+        return list(p["latent"][2:]) == shape["latent"]
+    return list(p["input"]) in shape["encodes"]  # encode
+
+
+def shape_of(plan) -> dict:
+    seq, d = plan.derived_value("sequence"), plan.to_dict()["derived"]
+    return {"seq_len": d["seq_len"], "heads": d["heads_per_rank"], "rows": d["batch"] * d["local_rows"],
+            "latent": [seq["latent_frames"], seq["latent_height"], seq["latent_width"]],
+            "encodes": encode_shapes(plan)}
+
+
+def predicted(row: dict, plan) -> dict:
+    fwd, call = plan.derived_value("forward_s_est"), predicted_call(plan, row)
+    out = {"forward_s_est": fwd, "forward_err": None if fwd is None else fwd / row["forward_s"] - 1,
+           "call_s_est": call, "call_err": None if call is None else call / row["e2e_s"] - 1}
+    if call is None:
+        basis = plan.to_dict()["derived"]["basis"]
+        out["call_note"] = next((basis[k] for k in ("decode_s_est", "encode_s_est")
+                                 if k in basis and str(basis[k]).startswith("no ")), "no call estimate")
+    return out
+
+
+def evaluate(row: dict, measured: dict, fixes=()) -> dict:
+    plan = replan(row, hardware="sm90")
+    shape = shape_of(plan)
+    rec = {"run": row["run"], "workflow": row.get("workflow", "t2va"), "label": row["label"], "vae": row["vae"],
+           "S": shape["seq_len"], "forward_s": row["forward_s"], "call_s": row["e2e_s"],
+           "fitted": fitted_to(row, measured)}
+    sup = next((c["superseded_by"] for c in corrections_of(row, fixes) if c.get("superseded_by")), None)
+    if sup:
+        rec["superseded_by"] = sup["run"]
+    rec["held_out"] = None if rec["fitted"] or sup else predicted(row, plan)
+    kept = {f"hardware.measured.{k}": [p for p in measured.get(k) or () if not same_shape(k, p, shape)] for k in KINDS}
+    dropped = [f"{k}: {len(measured.get(k) or ()) - len(kept[f'hardware.measured.{k}'])}" for k in KINDS
+               if len(measured.get(k) or ()) != len(kept[f"hardware.measured.{k}"])]
+    try:
+        rec["other_shapes"] = {"dropped": dropped, **predicted(row, replan(row, hardware="sm90", **kept))}
+    except h3plan.H3PlanError as e:
+        rec["other_shapes"] = {"dropped": dropped, "error": str(e)}
+    return rec
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x:+.1%}"
+
+
+def holdout_markdown(doc: dict) -> str:
+    lines = ["# Predictions out of sample: sm90's facts against the H200's pipe(...) rows", "",
+             "Every one-GPU plan row of `pipeline-h200.json`, planned again (pipeline_records.replan) with the "
+             "packaged `conf/hardware/sm90.yaml`. **Held out**: rows no packaged fact was fitted to (a fact's "
+             "`provenance` names the row it came from; a row that names one, or that a correction supersedes, is not "
+             "checked). **Other shapes**: every measured point at the row's own shapes dropped first (attention at its "
+             "tokens and heads, GEMMs and elementwise kernels at its rows, the decode at its latent, the encode at its "
+             "inputs). Errors: predicted / measured - 1; "
+             f"the target is {doc['tolerance']:.0%}. Made by `python benchmarks/predict.py`; "
+             "tests/planner/test_predict_holdout.py checks it.", "",
+             "| run | workflow | plan | S | fitted to it (in sample) | held out: forward | call "
+             "| other shapes: forward | call | dropped |", "|---|---|---|---:|---|---:|---:|---:|---:|---|"]
+    for r in doc["records"]:
+        h, o = r["held_out"] or {}, r["other_shapes"]
+        skip = f"superseded by {r['superseded_by']}" if r.get("superseded_by") else "in sample"
+        call_o = o.get("error") or (_pct(o.get("call_err")) if o.get("call_err") is not None
+                                    else f"- ({o.get('call_note', '')})")
+        lines.append(f"| {r['run']} | {r['workflow']} | {r['label']} | {r['S']:,} | {'; '.join(r['fitted']) or '-'} "
+                     f"| {_pct(h.get('forward_err')) if h else skip} | {_pct(h.get('call_err')) if h else skip} "
+                     f"| {_pct(o.get('forward_err'))} | {call_o} | {', '.join(o['dropped']) or '-'} |")
+    out = [r for r in doc["records"] if r["held_out"]]
+    miss = [r for r in out if any(abs(r["held_out"][k] or 0) > doc["tolerance"] for k in ("forward_err", "call_err"))]
+    other = [r for r in doc["records"] if abs(r["other_shapes"].get("forward_err") or 0) > doc["tolerance"]]
+    lines += ["", f"Held out: {len(out)} rows, {len(miss)} beyond {doc['tolerance']:.0%}. Other shapes: "
+              f"{len(other)} of {len(doc['records'])} forwards beyond {doc['tolerance']:.0%}."]
+    return "\n".join(lines) + "\n"
+
+
+def holdout() -> dict:
+    measured = yaml.safe_load((ROOT / "conf/hardware/sm90.yaml").read_text())["measured"]
+    fixes = load_corrections(str(ROOT / RESULTS))
+    plans = [r for r in json.loads((ROOT / RESULTS).read_text())["records"]
+             if r["setting"] == "plan" and r["gpus"] == 1]
+    return {"kind": "predict-holdout", "facts": "conf/hardware/sm90.yaml", "results": RESULTS, "tolerance": 0.05,
+            "records": [evaluate(r, measured, fixes) for r in plans]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results"))
@@ -88,7 +199,10 @@ def main() -> None:
     recs, mem = rows(), peaks()
     (out / "predict-h200.json").write_text(json.dumps({"kind": "predict", "records": recs, "peaks": mem}, indent=1) + "\n")
     (out / "predict-h200.md").write_text(markdown(recs, mem))
-    print(markdown(recs, mem))
+    doc = holdout()
+    (out / "predict-holdout-h200.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (out / "predict-holdout-h200.md").write_text(holdout_markdown(doc))
+    print(markdown(recs, mem) + "\n" + holdout_markdown(doc))
 
 
 if __name__ == "__main__":

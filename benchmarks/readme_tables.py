@@ -28,29 +28,54 @@ def _load(name: str) -> dict:
     return json.loads((RESULTS / name).read_text())
 
 
-def _recipe(plan: str) -> str:
-    return plan.split("/")[1].split("+")[0]
+def _short_run(run: str) -> str:
+    return run[5:16]
+
+
+def _timed(r: dict) -> str:
+    from h3plan.actions.bench.pipeline_records import whole_call
+
+    if whole_call(r):
+        return "whole call"
+    return f"{len(r['forwards_s'])} of {r.get('forwards_per_call')} fwd x {r['steps_e2e']} + rest"
 
 
 def pipeline() -> list[str]:
-    """pipeline-h200.json: diffusers' own pipe(...) per row of each run (the user's call; no autocast)."""
-    rows = ["| run | workflow | setting | VAE | forward | rest of the call | E2E | vs eager | vs best (same VAE) "
-            "| vs best (fp32 VAE) | frames |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
-    for r in _load("pipeline-h200.json")["records"]:
+    """pipeline-h200.json: diffusers' own pipe(...) per row of each run (the user's call; no autocast), led by the ratio
+    against diffusers' regional compile at the row's own VAE precision (its run's, else the latest run of the same
+    request that has one, named), then the frames against the lossless plan; the corrections file's entries below."""
+    from h3plan.actions.bench import pipeline_records as pr
+
+    doc = _load("pipeline-h200.json")
+    fixes = pr.load_corrections(str(RESULTS / "pipeline-h200.json"))
+    rows = ["| run | workflow | setting | VAE | E2E | vs diffusers' compile, same VAE | frames vs the lossless plan "
+            "| timed as | checks | forward | rest of the call | vs eager | vs compile, fp32 VAE | frames |",
+            "|---|---|---|---|---:|---:|---|---|---|---:|---:|---:|---:|---|"]
+    for r in doc["records"]:
         if r.get("error") or r["setting"] == "reference":
             continue
         f = r.get("frames") or {}
         frames = (f"bitwise vs {f['against'].split(' (')[0]}" if f.get("bitwise") else "" if not f else
                   f"PSNR {f['psnr_db']:.1f} dB vs eager {f['against'].rsplit('(', 1)[-1].split()[0]} VAE")
-        if r["setting"] == "plan" and not r.get("lossless", True) and r["recipe"] == "bf16" and r["vae"] == "fp32":
-            frames += " (withdrawn fp32 QK kernel, see notes)"
         if "+step_cache=" in r["label"]:
-            frames = (f"{len(r['forwards_s'])} of {r['steps_e2e']} forwards computed; the whole call timed; quality: "
-                      "docs/step_cache.md")
+            frames = f"{len(r['forwards_s'])} of {r['steps_e2e']} forwards computed; quality: docs/step_cache.md"
+        best = pr.same_precision_best(r, doc["records"])
+        same = "-" if best is None else f"{best['e2e_s'] / r['e2e_s']:.3f}x" + (
+            "" if best["run"] == r["run"] else f" (compile of {_short_run(best['run'])})")
+        ll = r.get("frames_vs_lossless") or {}
+        lossless = "" if r["setting"] != "plan" or r.get("lossless") else (
+            "not measured" if not ll else pr.frames_text(ll).replace(" vs ", " vs ", 1))
         x = lambda k: fmt(r[k], "{:.3f}x")  # noqa: E731 - a ratio cell, - where the run has no such row
-        rows.append(f"| {r['run'][5:16]} | {r.get('workflow', 't2va')} | {r['label']} | {r['vae']} | {r['forward_s']:.3f} s "
-                    f"| {r['rest_s']:.2f} s | {r['e2e_s']:.1f} s | {x('speedup_vs_eager')} | {x('speedup_vs_best')} "
-                    f"| {x('speedup_vs_best_fp32')} | {frames} |")
+        rows.append(f"| {_short_run(r['run'])} | {r.get('workflow', 't2va')} | {r['label']} | {r['vae']} "
+                    f"| {r['e2e_s']:.1f} s "
+                    f"| {same} | {lossless} | {_timed(r)} | {pr.checks_text(r, fixes)} | {r['forward_s']:.3f} s "
+                    f"| {r['rest_s']:.2f} s | {x('speedup_vs_eager')} | {x('speedup_vs_best_fp32')} | {frames} |")
+    rows.append("")
+    for c in fixes:
+        row = c["row"]
+        rows.append(f"- correction, {_short_run(row['run'])} {row.get('workflow', 't2va')} {row['label']} "
+                    f"({row['vae']} VAE): "
+                    + pr.correction_text(c).removeprefix("**correction** (corrections file): "))
     return rows
 
 

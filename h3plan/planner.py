@@ -493,9 +493,12 @@ def resolve(cfg) -> Plan:
     settings = {k: d.setting for k, d in decisions.items()}
     cache = decisions.get("step_cache")
     computed = cache.param("computed") if cache is not None and cache.enabled else None
+    spread = decisions.get("vae_parallel")
+    spread_params = dict(spread.params) if spread is not None and spread.setting == "tiles" else None
     sparse = next((d for d in decisions.values() if d.enabled and terms({d.lever: d}).sparse_attention), None)
     times = predict.call(sections, sequence, ctx.shape, fwd, settings, computed,
-                         dense=sparse.param("dense_forwards") if sparse is not None else None)
+                         dense=sparse.param("dense_forwards") if sparse is not None else None,
+                         parallel_decode=spread_params)
     if computed:
         times["computed_forwards"] = computed
         times.setdefault("basis", {})["computed_forwards"] = "step_cache: the forwards its schedule computes"

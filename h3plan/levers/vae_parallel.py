@@ -4,15 +4,20 @@ code, so the frames are bitwise the one-GPU decode (h3plan/install/vae/parallel.
 
 auto: tiles at Ulysses degree > 1 when the request's latent decodes in several calls and the estimate
 (h3plan/facts/vae/parallel_plan.py: the one-GPU decode divided over the ranks, plus the gather at the measured
-all-to-all rate) promises >= 1.05x; off otherwise, with the numbers.
+all-to-all rate) promises >= 1.05x; off otherwise, with the numbers. The one-GPU decode is the plan's own: the decode
+measured on this hardware at the plan's vae_precision and vae_tiles (h3plan/facts/vae/decode.py, the figure the
+speed line takes at degree 1), else the H200's fp16 decode of the released latent; the decision's `decode_s` is the
+degree's figure, which the speed line takes in its place (one decode time per plan).
 """
 
 from __future__ import annotations
 
-from h3plan.facts.vae import parallel_plan as vpp
+from h3plan.facts.vae import decode as vae_decode, parallel_plan as vpp
 from h3plan.facts.vae.tiling import Geometry
 from .base import Context, Option, Spec, is_bool, resolve
 from .vae_tiles import TILE_OF
+
+ELEM_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}  # the decoded tiles' dtype at each vae_precision (what the ranks gather)
 
 SPEC = Spec(
     name="vae_parallel",
@@ -42,6 +47,27 @@ def _gather_gbps(ctx: Context) -> float:
     return min(p["gbps_leaving_rank"] for p in pts) if pts else vpp.H200_GATHER_GBPS
 
 
+def _anchor(ctx: Context, latent: tuple[int, int, int], g: Geometry) -> vpp.Anchor:
+    """The one-GPU decode the estimate divides: the plan's decode measured on this hardware (its precision and tiles),
+    else the H200's fp16 decode of the released latent."""
+    prec, tiles = ctx.setting("vae_precision"), ctx.setting("vae_tiles")
+    p = vae_decode.nearest(ctx.hardware["measured"].get("decode"), prec, tiles, latent)
+    if p is None:
+        return vpp.H200_PLAN
+    s = vae_decode.seconds(p, latent)
+    return vpp.Anchor(latent, (s, s), g, f"the plan's decode on one GPU: {p['seconds']:g} s measured on {ctx.hw} at "
+                                         f"latent {p['latent']} (vae_precision={prec}, vae_tiles={tiles}), scaled by "
+                                         f"latent volume ({p['source']}); the audio decode and the postprocess in it "
+                                         "are spread too, so the estimate is optimistic by their share")
+
+
+def _estimate(ctx: Context, latent: tuple[int, int, int]) -> dict:
+    """vpp.auto's keywords for this plan: its one-GPU anchor, the gather rate, the decoded tiles' bytes."""
+    g = _geometry(ctx)
+    return {"anchor": _anchor(ctx, latent, g), "gather_gbps": _gather_gbps(ctx),
+            "elem_bytes": ELEM_BYTES.get(ctx.setting("vae_precision"), 2)}
+
+
 def blockers(ctx: Context, s: str) -> list[str]:
     latent = _latent(ctx)
     if s == "tiles" and latent is None:
@@ -55,11 +81,21 @@ def auto(ctx: Context):
         return "off", ["Ulysses degree 1: one rank decodes"], {}
     if latent is None:
         return "off", ["parallel.seq_len is set explicitly: no video request gives the latent to decode"], {}
-    return vpp.auto(latent, ctx.degree, _geometry(ctx), gather_gbps=_gather_gbps(ctx))
+    return vpp.auto(latent, ctx.degree, _geometry(ctx), **_estimate(ctx, latent))
+
+
+def forced(ctx: Context, s: str) -> tuple[list[str], dict]:
+    """A forced tiles: the same estimate and figures as auto's (blockers have ruled out what cannot apply)."""
+    latent = _latent(ctx)
+    if s != "tiles" or latent is None:
+        return [], {}
+    _, reasons, params = vpp.auto(latent, ctx.degree, _geometry(ctx), min_speedup=0.0, **_estimate(ctx, latent))
+    return reasons, params
 
 
 def decide(ctx: Context):
-    return resolve(ctx, SPEC, blockers=blockers, auto=auto)
+    return resolve(ctx, SPEC, blockers=blockers, auto=auto, explain=lambda c, s: forced(c, s)[0],
+                   params=lambda c, s: forced(c, s)[1])
 
 
 def install(builder, decision) -> None:

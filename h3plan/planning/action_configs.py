@@ -128,14 +128,20 @@ class PipelineBenchConfig:
     warmup: int = 2
     """Untimed transformer forwards at the start of every call (diffusers' first step has another temb shape, so
     a compiled setting traces twice: two untimed forwards keep both traces out of the timed ones)."""
-    steps: int = 1
-    """Timed transformer forwards per call."""
+    steps: int = 3
+    """Timed transformer forwards per call; a row's forward figure is their median (3: the fewest a median of timed
+    forwards stands on)."""
     rounds: int = 1
     """Timed calls per row, the row order reversed every round."""
     decode_warmup: int = 1
     """Untimed decodes of a short latent with the request's tile and clip shapes before a row's first call."""
     best: bool = True
     """Time diffusers' best setting (regional compile; context parallel + compile at degree > 1)."""
+    eager: bool = True
+    """Time diffusers eager (false: a run of other rows only, e.g. one whole call of diffusers' best)."""
+    plan: bool = True
+    """Time the plans (false: diffusers' rows only; the plan still names the request, the degree and the
+    conditioner)."""
     compile_backend: str = "inductor"
     cp_backend: str = "_native_cudnn"
     e2e_steps: Optional[int] = None
@@ -161,6 +167,13 @@ class PipelineBenchConfig:
     the model's packaged widths (model.text_encoder or model.text_encoder_default; actions/text_encoder_build.py),
     placed as the plan's memory.text_encoder says (install/text_encoder.py) for every row; the prompt has
     text_tokens bytes (one text row each). false: seeded prompt_embeds, the conditioner outside the call."""
+    whole: bool = False
+    """true: every row also times one whole call of the generation's forwards (e2e_steps) end to end, every forward
+    between CUDA events, after its short call of warmup + steps forwards; E2E is the whole call, and the row's
+    `extrapolation` check holds it against forwards x the short call's median forward + its rest (within 1%)."""
+    frames_dir: Optional[str] = None
+    """A folder that keeps each row's frames on disk (with the seeded weights' fingerprint): a later run of the same
+    request (another process, e.g. the next device call) compares its rows against them; null: this run's rows only."""
 
 
 @dataclass

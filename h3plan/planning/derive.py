@@ -65,29 +65,117 @@ def shape(sections: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def bracket(points, x: float, key):
+    """The measured points nearest below and above `x` (by `key`), or None where `x` is outside their range or one of
+    them sits at it (then the nearest point is the measurement)."""
+    if any(key(p) == x for p in points):
+        return None
+    below, above = [p for p in points if key(p) < x], [p for p in points if key(p) > x]
+    return (max(below, key=key), min(above, key=key)) if below and above else None
+
+
+def provenance(p: Mapping[str, Any], of: str | None = None) -> str:
+    """Which measurement a packaged point came from (its `provenance`: file and row), else its `source`."""
+    prov = [x for x in p.get("provenance") or () if not x.get("of") or x.get("of") == of]
+    if not prov:
+        return str(p.get("source") or "")
+    return "; ".join(f"{x['file']}" + (f" at commit {x['commit']}" if x.get("commit") else "")
+                     + f" ({', '.join(f'{k} {v}' for k, v in sorted((x.get('row') or {}).items()))}"
+                     + (f": {x['value']}" if x.get("value") else "") + ")" for x in prov)
+
+
+def attention_rate(hw: Mapping[str, Any], seq_len: int, heads: int, backend: str) -> tuple[float, str] | None:
+    """(TFLOP/s, basis) of `backend` at (seq_len, heads) per rank from the points of that head count, those measured
+    inside the installed forward (context: forward) before those of the kernel alone: a point at that length, else the
+    time per block interpolated in S^2 (attention's FLOPs; a fixed cost stays fixed) between the measured lengths
+    nearest below and above; else the nearest length's rate (any head count where that head count has none). None:
+    the backend was never measured here."""
+    pts = [p for p in hw["measured"]["attention"] if p.get(backend) is not None]
+    same = [p for p in pts if p["heads"] == heads]
+    tiers = ([p for p in same if p.get("context") == "forward"], [p for p in same if p.get("context") != "forward"])
+    for tier in tiers:
+        exact = next((p for p in tier if p["seq_len"] == seq_len), None)
+        if exact is not None:
+            return float(exact[backend]), (f"{backend} measured {exact[backend]:g} TFLOP/s on {hw['name']} at "
+                                           f"{seq_len:,} x {heads} heads{_where(exact)} ({provenance(exact, backend)})")
+        pair = bracket(tier, seq_len, lambda p: p["seq_len"])
+        if pair is not None:
+            (a, b), s2 = pair, seq_len**2
+            ta, tb = a["seq_len"] ** 2 / a[backend], b["seq_len"] ** 2 / b[backend]  # time / (4 H D), up to units
+            t = ta + (tb - ta) * (s2 - a["seq_len"] ** 2) / (b["seq_len"] ** 2 - a["seq_len"] ** 2)
+            return s2 / t, (f"{backend} {s2 / t:.1f} TFLOP/s: the time interpolated in S^2 between {a[backend]:g} "
+                            f"TFLOP/s measured at {a['seq_len']:,} and {b[backend]:g} at {b['seq_len']:,} x "
+                            f"{heads} heads{_where(a)} on {hw['name']} ({provenance(a, backend)}; "
+                            f"{provenance(b, backend)})")
+    tier = tiers[0] or tiers[1]
+    p = min(tier, key=lambda p: (abs(math.log(p["seq_len"] / seq_len)), p["seq_len"])) if tier else \
+        nearest_point(hw, seq_len, heads, backend)
+    if p is None:
+        return None
+    return float(p[backend]), (f"{backend} measured {p[backend]:g} TFLOP/s on {hw['name']} at {p['seq_len']:,} x "
+                               f"{p['heads']} heads{_where(p)} (nearest measured shape; "
+                               f"{provenance(p, backend) or hw['measured']['source']})")
+
+
+def _where(p: Mapping[str, Any]) -> str:
+    return " inside the installed forward" if p.get("context") == "forward" else ""
+
+
+def gemm_rate(hw: Mapping[str, Any], dtype: str, rows: int, params: int) -> tuple[float, str] | None:
+    """(TFLOP/s, basis) of the block linears in `dtype` at `rows` rows: the rate measured at those rows; else,
+    between the measured rows nearest below and above, interpolated in log rows (a GEMM's efficiency grows with its
+    size); else the nearest measured rows' rate. None: never measured in that dtype."""
+    block = [p for p in hw["measured"].get("gemm_block") or () if p["dtype"] == dtype]
+    if not block:
+        return None
+
+    def rate(p):
+        return 2 * p["rows"] * params * p["layers"] / (p["ms"] * 1e9)
+
+    pair = bracket(block, rows, lambda p: p["rows"])
+    if pair is not None:
+        a, b = pair
+        v = rate(a) + (rate(b) - rate(a)) * math.log(rows / a["rows"]) / math.log(b["rows"] / a["rows"])
+        return v, (f"{dtype} block linears {v:.1f} TFLOP/s on {hw['name']}: interpolated in log rows between "
+                   f"{rate(a):.1f} at {a['rows']:,} and {rate(b):.1f} at {b['rows']:,} rows ({provenance(a)}; "
+                   f"{provenance(b)})")
+    p = min(block, key=lambda p: (abs(math.log(p["rows"] / rows)), p["rows"]))
+    v = rate(p)
+    return v, (f"{dtype} block linears measured {v:.1f} TFLOP/s on {hw['name']} at {p['rows']:,} rows ({p['ms']:g} ms "
+               f"over {p['layers']} block(s); nearest measured; {provenance(p)})")
+
+
 def _throughput(hw: Mapping[str, Any], kind: str, dtype: str, point_key: tuple[int, int] | None = None, backend: str | None = None,
                 rows: int | None = None, params: int | None = None):
     """(TFLOP/s, basis) from measurement, else peak x assumed efficiency, else (None, why). GEMMs: the block linears'
-    rate measured nearest in log rows (`measured.gemm_block`) before the plain GEMM rate."""
+    rate measured at the plan's rows (`measured.gemm_block`: gemm_rate) before the plain GEMM rate; attention:
+    attention_rate."""
     m = hw["measured"]
-    block = [p for p in m.get("gemm_block") or () if p["dtype"] == dtype]
-    if kind == "gemm" and rows and block and params:
-        p = min(block, key=lambda p: (abs(math.log(p["rows"] / rows)), p["rows"]))
-        v = 2 * p["rows"] * params * p["layers"] / (p["ms"] * 1e9)
-        return v, (f"{dtype} block linears measured {v:.1f} TFLOP/s on {hw['name']} at {p['rows']:,} rows ({p['ms']:g} ms over "
-                   f"{p['layers']} block(s); nearest measured; {p['source']})")
+    if kind == "gemm" and rows and params:
+        got = gemm_rate(hw, dtype, rows, params)
+        if got is not None:
+            return got
     if kind == "attention" and backend:
-        p = nearest_point(hw, point_key[0], point_key[1], backend)
-        if p is not None:
-            return float(p[backend]), f"{backend} measured {p[backend]:g} TFLOP/s on {hw['name']} at {p['seq_len']:,} x {p['heads']} heads (nearest measured shape; {m['source']})"
+        got = attention_rate(hw, point_key[0], point_key[1], backend)
+        if got is not None:
+            return got
     if kind == "gemm" and m["gemm_tflops"].get(dtype) is not None:
         v = m["gemm_tflops"][dtype]
         return float(v), f"{dtype} GEMM measured {v:g} TFLOP/s on {hw['name']} ({m['source']})"
-    peak, eff = hw["peak_dense_tflops"].get(dtype), hw["efficiency"][kind]
+    key = efficiency_key(kind, dtype)
+    peak, eff = hw["peak_dense_tflops"].get(dtype), hw["efficiency"].get(key)
     if peak is not None and eff is not None:
-        return peak * eff, (f"assumed {eff:g} x vendor dense {dtype} peak {peak:g} TFLOP/s ({hw['efficiency']['source']}; "
+        return peak * eff, (f"assumed {eff:g} x vendor dense {dtype} peak {peak:g} TFLOP/s (efficiency.{key}, the "
+                            f"{dtype} {kind} ratio: {hw['efficiency']['source']}; "
                             f"{hw['peak_dense_tflops']['source']}); never measured on {hw['name']}")
-    return None, f"no {dtype} {kind} throughput for {hw['name']}: {hw['peak_dense_tflops']['source']}; {hw['efficiency']['source']}"
+    return None, (f"no {dtype} {kind} throughput for {hw['name']} (efficiency.{key}: none): "
+                  f"{hw['peak_dense_tflops']['source']}; {hw['efficiency']['source']}")
+
+
+def efficiency_key(kind: str, dtype: str) -> str:
+    """The hardware.efficiency ratio of `kind` (attention, gemm) at `dtype`: bf16 is the plain key, every other
+    precision its own (attention_fp8, gemm_nvfp4): a ratio measured at one precision never stands for another."""
+    return kind if dtype == "bf16" else f"{kind}_{dtype}"
 
 
 def estimates(sections: Mapping[str, Any], shp: Mapping[str, Any], decisions: Mapping[str, Any]) -> dict[str, Any]:

@@ -137,10 +137,28 @@ class AttentionRank:
     """Why (or on what evidence) cuDNN FP8 is the FP8 attention on this hardware."""
 
 
+@dataclass
+class Provenance:
+    """The measurement a packaged fact came from: the results file, the row in it (the fields that find it there: a
+    pipeline row's run, setting, label and vae; a profile's spec; an anchor's shape and backend) and the value taken.
+    benchmarks/predict_holdout.py reads it to predict each measured row without the facts fitted to it."""
+
+    file: str = MISSING
+    row: Dict[str, str] = field(default_factory=dict)
+    value: str = ""
+    of: str = ""
+    """Which of the point's values it is (an attention point's backend); empty: the whole point."""
+    commit: str = ""
+    """The commit whose version of `file` holds the row (a fact kept from an earlier run); empty: the file as it is."""
+
+
 AttentionPoint = make_dataclass(  # one TFLOP/s field per attention backend (h3plan.facts.attention), BF16 ones first
     "AttentionPoint", [("seq_len", int, field(default=MISSING)), ("heads", int, field(default=MISSING))]
-    + [(name, Optional[float], field(default=None)) for name in sorted(BACKENDS, key=lambda n: n not in BF16)],
-    namespace={"__doc__": "Measured attention TFLOP/s (4*S^2*H*D / time) at one per-rank shape; null = not measured.",
+    + [(name, Optional[float], field(default=None)) for name in sorted(BACKENDS, key=lambda n: n not in BF16)]
+    + [("context", str, field(default="kernel")), ("provenance", List[Provenance], field(default_factory=list))],
+    namespace={"__doc__": "Measured attention TFLOP/s (4*S^2*H*D / time) at one per-rank shape; null = not measured. "
+                          "context: kernel (the kernel alone) or forward (inside the installed forward: a plan's rate "
+                          "takes these first at its head count, planning/derive.attention_rate).",
                "__module__": __name__})
 
 
@@ -258,6 +276,7 @@ class VaePrecisionPoint:
     speedup: float = MISSING
     """The fp32 eager decode's time / this precision's eager decode time, in the same run."""
     source: str = MISSING
+    provenance: List[Provenance] = field(default_factory=list)
 
 
 @dataclass
@@ -269,6 +288,7 @@ class StockFramesPoint:
     psnr_db: float = MISSING
     """Those decoded frames against stock diffusers' (its default attention, torch SDPA)."""
     source: str = MISSING
+    provenance: List[Provenance] = field(default_factory=list)
 
 
 @dataclass
@@ -281,6 +301,7 @@ class GemmPoint:
     layers: int = 1
     ms: float = MISSING
     source: str = MISSING
+    provenance: List[Provenance] = field(default_factory=list)
 
 
 @dataclass
@@ -294,6 +315,7 @@ class ElementwisePoint:
     layers: int = 1
     ms: List[float] = MISSING
     source: str = MISSING
+    provenance: List[Provenance] = field(default_factory=list)
 
 
 @dataclass
@@ -306,6 +328,7 @@ class DecodePoint:
     latent: List[int] = MISSING
     seconds: float = MISSING
     source: str = MISSING
+    provenance: List[Provenance] = field(default_factory=list)
 
 
 @dataclass
@@ -321,6 +344,7 @@ class EncodePoint:
     input: List[int] = MISSING
     seconds: float = MISSING
     source: str = MISSING
+    provenance: List[Provenance] = field(default_factory=list)
 
 
 @dataclass
@@ -361,10 +385,16 @@ class MeasuredFacts:
 
 @dataclass
 class Efficiency:
-    """Assumed fraction of the dense peak reached, for estimates on hardware never measured here."""
+    """Assumed fraction of the dense peak reached, for estimates on hardware never measured here: one ratio per
+    precision (a precision without its own ratio has no estimate; the source says where each ratio comes from)."""
 
     attention: Optional[float] = None
+    """BF16 attention."""
+    attention_fp8: Optional[float] = None
     gemm: Optional[float] = None
+    """BF16 GEMMs."""
+    gemm_fp8: Optional[float] = None
+    gemm_nvfp4: Optional[float] = None
     source: str = MISSING
 
 

@@ -20,7 +20,7 @@ import math
 from typing import Any, Mapping
 
 from h3plan.facts.attention import FP8
-from h3plan.facts.vae import encode as vae_encode
+from h3plan.facts.vae import decode as vae_decode, encode as vae_encode
 from h3plan.planning import derive
 
 
@@ -37,12 +37,21 @@ def elementwise(sections: Mapping[str, Any], rows: int) -> tuple[float | None, s
     hw, recipe = sections["hardware"], sections["recipe"]["name"]
     m = hw["measured"]
     points = [p for p in m.get("elementwise") or () if p["recipe"] == recipe]
+    pair = derive.bracket(points, rows, lambda p: p["rows"])
+    if pair is not None:  # between two measured row counts: linear in rows (a fixed cost per block stays fixed)
+        a, b = pair
+        ma, mb = sum(a["ms"]) / a["layers"], sum(b["ms"]) / b["layers"]
+        v = ma + (mb - ma) * (rows - a["rows"]) / (b["rows"] - a["rows"])
+        return v, (f"recipe {recipe}'s elementwise kernels {v:.3f} ms per block on {hw['name']}: linear in rows "
+                   f"between {ma:.3f} ms at {a['rows']:,} and {mb:.3f} ms at {b['rows']:,} rows "
+                   f"({derive.provenance(a)}; {derive.provenance(b)})")
     if points:
         p = min(points, key=lambda p: (abs(math.log(p["rows"] / rows)), p["rows"]))
         per_block = sum(p["ms"]) / p["layers"]
         return per_block * rows / p["rows"], (
             f"recipe {recipe}'s elementwise kernels measured {per_block:.3f} ms per block on {hw['name']} at {p['rows']:,} rows "
-            f"({' + '.join(f'{x:g}' for x in p['ms'])} ms over {p['layers']} block(s)), x {rows:,}/{p['rows']:,} rows ({p['source']})")
+            f"({' + '.join(f'{x:g}' for x in p['ms'])} ms over {p['layers']} block(s)), x {rows:,}/{p['rows']:,} rows "
+            f"({derive.provenance(p)})")
     bw = m.get("hbm_copy_tbps")
     if bw:
         nbytes = elementwise_bytes_per_row(sections["model"]["diffusers_config"]) * rows
@@ -72,17 +81,26 @@ def forward(sections: Mapping[str, Any], shp: Mapping[str, Any], est: Mapping[st
                                        "outside the blocks under 0.2% of the profiled H200 forward, not counted"}}
 
 
-def decode(sections: Mapping[str, Any], sequence: Mapping[str, Any], precision: str, tiles: str) -> tuple[float | None, str]:
-    """(seconds, basis) of the call after its last forward at this decode precision and tile geometry."""
+def decode(sections: Mapping[str, Any], sequence: Mapping[str, Any], precision: str, tiles: str,
+           parallel: Mapping[str, Any] | None = None) -> tuple[float | None, str]:
+    """(seconds, basis) of the call after its last forward at this decode precision and tile geometry, on one GPU
+    (h3plan/facts/vae/decode.py); `parallel`: the vae_parallel decision's params at degree > 1, whose `decode_s` (the
+    figure its reason states, from the same one-GPU decode) stands in for it."""
     hw = sections["hardware"]
-    points = [p for p in hw["measured"].get("decode") or () if p["precision"] == precision and p["tiles"] == tiles]
-    if not points or not sequence.get("latent_frames"):
+    latent = ((int(sequence["latent_frames"]), int(sequence["latent_height"]), int(sequence["latent_width"]))
+              if sequence.get("latent_frames") else None)
+    p = None if latent is None else vae_decode.nearest(hw["measured"].get("decode"), precision, tiles, latent)
+    if p is None or latent is None:
         return None, f"no decode measured on {hw['name']} at vae_precision={precision}, vae_tiles={tiles}"
-    vol = sequence["latent_frames"] * sequence["latent_height"] * sequence["latent_width"]
-    p = min(points, key=lambda p: abs(math.log(math.prod(p["latent"][2:]) / vol)))
-    s = p["seconds"] * vol / math.prod(p["latent"][2:])
-    return s, (f"the call after its last forward measured {p['seconds']:g} s on {hw['name']} at latent {p['latent']} "
-               f"(vae_precision={precision}, vae_tiles={tiles}), scaled by latent frames x height x width ({p['source']})")
+    s = vae_decode.seconds(p, latent)
+    basis = (f"the call after its last forward measured {p['seconds']:g} s on {hw['name']} at latent {p['latent']} "
+             f"(vae_precision={precision}, vae_tiles={tiles}), scaled by latent frames x height x width "
+             f"({p['source']})")
+    if parallel and parallel.get("decode_s") is not None:
+        return parallel["decode_s"], (f"vae_parallel=tiles: {parallel['one_gpu_s']:g} s on one GPU spread over the "
+                                      f"ranks -> {parallel['decode_s']:g} s (the vae_parallel reason's figure); one "
+                                      f"GPU: {basis}")
+    return s, basis
 
 
 def encode(sections: Mapping[str, Any], sequence: Mapping[str, Any], precision: str,
@@ -103,10 +121,12 @@ def encode_tiles(settings: Mapping[str, str]) -> str:
 
 
 def call(sections: Mapping[str, Any], sequence: Mapping[str, Any], shp: Mapping[str, Any], fwd: Mapping[str, Any],
-         settings: Mapping[str, str], computed: int | None = None, dense: int | None = None) -> dict[str, Any]:
+         settings: Mapping[str, str], computed: int | None = None, dense: int | None = None,
+         parallel_decode: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """End to end: text encode + forwards x forward + decode; the biggest share and the cheapest cut. `computed`: the
     forwards a step_cache schedule runs of the request's (None: all of them); `dense`: with sparse attention, the
-    first forwards that run dense (the others at forward_sparse_s_est)."""
+    first forwards that run dense (the others at forward_sparse_s_est); `parallel_decode`: the vae_parallel decision's
+    params where it spreads the decode (decode)."""
     n, f = sequence.get("transformer_forwards"), fwd["forward_s_est"]
     if not n or f is None:
         return {}
@@ -116,7 +136,7 @@ def call(sections: Mapping[str, Any], sequence: Mapping[str, Any], shp: Mapping[
     if fs is not None and dense is not None and n > dense:  # the dense ones first, the rest at the sparse forward
         f = (dense * f + (n - dense) * fs) / n
         of += f" ({min(dense, n)} dense, {n - min(dense, n)} with sparse attention)"
-    dec, dec_basis = decode(sections, sequence, settings["vae_precision"], settings["vae_tiles"])
+    dec, dec_basis = decode(sections, sequence, settings["vae_precision"], settings["vae_tiles"], parallel_decode)
     enc = encode(sections, sequence, settings.get("vae_encode_precision", "fp32"), encode_tiles(settings))
     parts = {"text_encode": 0.0, "denoise": n * f, "decode": dec}
     total = None if dec is None or (enc is not None and enc[0] is None) else n * f + dec + (enc[0] if enc else 0.0)
@@ -133,7 +153,8 @@ def call(sections: Mapping[str, Any], sequence: Mapping[str, Any], shp: Mapping[
     if total is None:
         return out
     big = max(parts, key=lambda k: parts[k] or 0)
-    out["call_biggest"] = {"part": big, "share": round(parts[big] / total, 3), "cut": cheapest_cut(sections, sequence, shp, big, settings, fwd)}
+    out["call_biggest"] = {"part": big, "share": round(parts[big] / total, 3),
+                           "cut": cheapest_cut(sections, sequence, shp, big, settings, fwd, parallel_decode)}
     out["basis"]["call_biggest"] = "the largest of text encode, denoise, decode, and the lever that cuts it at the least quality cost"
     return out
 
@@ -154,11 +175,15 @@ def call_range(sections: Mapping[str, Any], sequence: Mapping[str, Any], times: 
                                           f"runs 1 of {layers} blocks; how many skip is the checkpoint's statistic"}}
 
 
-def cheapest_cut(sections, sequence, shp, part: str, settings: Mapping[str, str], fwd: Mapping[str, Any]) -> str:
-    """The cheapest lever (least quality cost) that cuts `part`, with its predicted time and that cost."""
+def cheapest_cut(sections, sequence, shp, part: str, settings: Mapping[str, str], fwd: Mapping[str, Any],
+                 parallel_decode: Mapping[str, Any] | None = None) -> str:
+    """The cheapest lever (least quality cost) that cuts `part`, with its predicted time and that cost (a decode
+    spread over the ranks: spread the same way)."""
     hw = sections["hardware"]
     if part == "decode" and settings["vae_precision"] == "fp32":
         s, _ = decode(sections, sequence, "fp16", "default")
+        if s is not None and parallel_decode and parallel_decode.get("decode_s") is not None:
+            s *= parallel_decode["decode_s"] / parallel_decode["one_gpu_s"]
         q = [p for p in hw["measured"].get("vae_precision") or () if p["precision"] == "fp16"]
         cost = (f"PSNR {q[0]['psnr_db']:.1f} dB against the fp32 frames (measured on {hw['name']})" if q
                 else f"fp16 frames never compared with fp32 on {hw['name']}")

@@ -6,11 +6,11 @@ from __future__ import annotations
 import re
 import textwrap
 
-from h3plan.facts.attention import DEFAULT
-from h3plan.levers import SPECS, not_installed
+from h3plan.facts.attention import BACKENDS, DEFAULT
+from h3plan.levers import SPECS, not_installed, terms
 from h3plan.levers.step_cache import EVIDENCE_REASONS
 
-from .derive import ORDER
+from .derive import ORDER, efficiency_key
 from .memory import usable_gib
 from h3plan.facts.tuned import measured_on, stale
 
@@ -143,13 +143,19 @@ def _speed_text(plan) -> str:
     hw = plan.get("hardware")
     att, gemm, a2a, el = (plan.derived_value(k) for k in ("attention_ms_per_block_est", "gemm_ms_per_block_est",
                                                           "a2a_ms_per_block_est", "elementwise_ms_per_block_est"))
+    ratios = _assumed_ratios(plan, hw)
     if att is None or gemm is None:
-        return (f"no estimate on {hw['name']}: no measured or published dense throughput for its attention or GEMMs "
-                "(detail=full shows the basis)")
+        missing = [f"{what} at {dtype}" for what, dtype, key, r in ratios if r is None]
+        return (f"no estimate on {hw['name']}: neither measured there nor an assumed share of a vendor peak at the "
+                f"same precision for its {' and '.join(missing) or 'attention or GEMMs'} (detail=full shows the basis)")
     parts = [f"attention {att:.1f}", f"block linears {gemm:.1f}"] + ([f"elementwise {el:.1f}"] if el is not None else []) \
         + ([f"all-to-all {a2a:.1f}"] if a2a else [])
-    basis = (_measured_on(hw) if hw.get("measured", {}).get("on_hardware")
-             else f"an assumed share of {hw['name']}'s vendor peak: never measured there")
+    if hw.get("measured", {}).get("on_hardware"):
+        basis = _measured_on(hw)
+    else:  # both rates assumed (a measured rate on hardware never run on would make on_hardware true)
+        shares = ", ".join(f"{what} {r:g} x its {dtype} peak" for what, dtype, key, r in ratios if r is not None)
+        basis = (f"an assumed share of {hw['name']}'s vendor peak, {shares} (the H200's measured ratios at those "
+                 "precisions): never measured there")
     layers = plan.get("model").get("diffusers_config", {}).get("num_layers")
     text = (f"forward {plan.derived_value('forward_s_est'):.2f} s = {layers} blocks x ({' + '.join(parts)} ms) per GPU ({basis}"
             + ("" if el is not None else "; elementwise work not counted") + ")")
@@ -182,8 +188,24 @@ def _speed_text(plan) -> str:
                 f"computed (the adaptive cache), at most {den:,.0f} s")
     else:
         head = f"call {call_s + (te_s or 0):,.0f} s = {what} {den:,.0f} s"
-    text += f"; {head} + decode {dec:,.1f} s{venc}{encode}; most: {big['part']} {big['share']:.0%}: {big['cut']}"
+    spread = next((d for d in plan.decisions if d.lever == "vae_parallel" and d.setting == "tiles"), None)
+    where = "" if spread is None else f" over {plan.get('parallel').get('ulysses')} GPUs (vae_parallel)"
+    text += (f"; {head} + decode {dec:,.{1 if dec >= 1 else 2}f} s{where}{venc}{encode}; most: {big['part']} "
+             f"{big['share']:.0%}: {big['cut']}")
     return text
+
+
+def _assumed_ratios(plan, hw) -> list[tuple[str, str, str, float | None]]:
+    """(what, precision, hardware.efficiency key, ratio) of the forward's attention and block linears: the share of
+    the vendor peak an estimate assumes at that precision (derive.efficiency_key)."""
+    t = terms({d.lever: d for d in plan.decisions})
+    eff = hw.get("efficiency") or {}
+    out = []
+    for what, kind, dtype in (("attention", "attention", BACKENDS[t.attention_backend].precision),
+                              ("block linears", "gemm", t.gemm_dtype or "bf16")):
+        key = efficiency_key(kind, dtype)
+        out.append((what, dtype, key, eff.get(key)))
+    return out
 
 
 def _estimated(hw) -> bool:

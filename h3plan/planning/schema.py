@@ -425,8 +425,8 @@ POSITIVE = {
     "hardware.device.sm_count": "SMs", "hardware.device.memory_gb": "GB", "hardware.device.memory_gib": "GiB",
     "hardware.device.hbm_tbps": "TB/s", "hardware.device.nvlink_gbps": "GB/s",
     "hardware.device.nic_gbps": "GB/s (null: not known, and the plan says what it assumes)",
-    "hardware.peak_dense_tflops.*": "TFLOP/s", "hardware.efficiency.attention": "share of the peak",
-    "hardware.efficiency.gemm": "share of the peak", "hardware.measured.hbm_copy_tbps": "TB/s",
+    "hardware.peak_dense_tflops.*": "TFLOP/s", "hardware.efficiency.*": "share of the peak",
+    "hardware.measured.hbm_copy_tbps": "TB/s",
     "hardware.measured.gemm_tflops.*": "TFLOP/s", "hardware.measured.attention[].*": "TFLOP/s",
     "hardware.measured.gemm_block[].ms": "ms", "hardware.measured.elementwise[].ms": "ms",
     "hardware.measured.decode[].seconds": "s", "hardware.measured.encode[].seconds": "s",
@@ -434,8 +434,9 @@ POSITIVE = {
     "memory.host_link_gbps": "GB/s",
 }
 """Every size, rate and bandwidth the plan sizes or divides by: null where a fact allows it (unknown), else positive.
-`*`: every field of that mapping but its source and the shape keys; `[]`: every entry of that list."""
-_SHAPE_KEYS = ("seq_len", "heads", "source")
+`*`: every field of that mapping but its source, the shape keys and what says where it came from; `[]`: every entry
+of that list."""
+_SHAPE_KEYS = ("seq_len", "heads", "source", "context", "provenance")
 
 
 def _leaves(node: Any, parts: list[str], path: str):

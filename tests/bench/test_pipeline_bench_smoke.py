@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 
@@ -85,6 +86,7 @@ def test_pipeline_bench_times_the_users_call_per_vae_precision(tmp_path):
     plan16 = rows[("plan", "fp16", "sm90/bf16/u1 +attention=sdpa +vae=fp16")]
     for p in (plan32, plan16):
         assert p["frames"]["bitwise"] is True and p["frames"]["against"].startswith("eager with")
+        assert [(c["name"], c["result"]) for c in p["checks"]] == [("bitwise", "PASS")]  # declared: a field
         assert p["counters"].get("modulation.fallback", 0) > 0  # the CPU refused the fused kernels, counted
         e, b, b32 = (next(r for r in doc["records"] if r["setting"] == s and r["vae"] == v)
                      for s, v in (("eager", p["vae"]), ("best", p["vae"]), ("best", "fp32")))
@@ -177,7 +179,8 @@ def test_options_refuse_bad_values_in_one_line():
             options(cfg)
         assert str(e.value).startswith(msg) and "\n" not in str(e.value)
     o = options({"video": "768x1344x124", "bench": {"out_dir": "x", "pipeline": {"vae": "fp16,fp32,fp16"}}})
-    assert (o.video, o.steps, o.rounds, o.warmup, o.text_tokens, o.best, o.vae) == ("768x1344x124", 1, 1, 2, 110, True, ("fp16", "fp32"))
+    assert (o.video, o.steps, o.rounds, o.warmup, o.text_tokens, o.best, o.vae) == (
+        "768x1344x124", 3, 1, 2, 110, True, ("fp16", "fp32"))
 
 
 def test_warm_decode_latent_makes_the_requests_clip_shapes():
@@ -290,10 +293,48 @@ def test_step_cache_row_times_the_whole_call(tmp_path):
     assert p["label"].endswith("+step_cache=fixed +vae=fp16") and p["steps_e2e"] == 5
     assert len(p["forwards_s"]) == 3 and p["e2e_s"] == p["wall_s"]
     assert p["counters"]["step_cache.computed"] == 3 and p["counters"]["step_cache.skipped"] == 2
-    assert any("3 of 5 forwards computed" in n for n in p["notes"]) and any(n.startswith("overhead check") for n in p["notes"])
+    assert any("3 of 5 forwards computed" in n for n in p["notes"])
+    assert [(c["name"], c["result"] in ("PASS", "FAIL")) for c in p["checks"]] == [("overhead", True)]
+    # every forward of the whole call kept, computed and skipped, with what the cache did with each
+    assert len(p["call_forwards_s"]) == 5 and p["call_computed"].count(True) == 3 and p["whole_call"]
+    assert sorted(p["forwards_s"]) == sorted(x for x, c in zip(p["call_forwards_s"], p["call_computed"]) if c)
     assert p["speedup_vs_best_fp32"] is not None
     # the plan's own time line against the row (issue 34): printed in the notes of every plan row
     assert any(n.startswith("predicted: forward") and "against the measured" in n for n in p["notes"]), p["notes"]
+
+
+@pytest.mark.slow
+def test_whole_calls_in_separate_runs_meet_each_others_baseline_and_frames(tmp_path):
+    """bench.pipeline.whole, the GPU lane's phases in three runs (processes there): the lossless plan alone, diffusers'
+    compile with its VAE in fp16 alone, the fp8 plan alone. Every row times a short call, then one whole call of
+    e2e_steps forwards end to end (E2E; every forward kept; the extrapolation check PASS or FAIL). The fp8 row takes
+    its ratio from the earlier run's compile at its own VAE precision (best_run names it), and its frames meet that
+    compile's and the lossless plan's, kept in frames_dir."""
+    frames = str(tmp_path / "frames")
+    whole = dict(FAST, whole=True, e2e_steps=4, reference=False, frames_dir=frames)
+    res = _bench(tmp_path, {"overrides": [], "pipeline": dict(whole, eager=False, best=False, vae=["fp32"])},
+                 {"overrides": [], "pipeline": dict(whole, eager=False, plan=False, vae=["fp16"])},
+                 {"overrides": ["recipe=fp8"], "pipeline": dict(whole, eager=False, best=False, vae=["fp16"])})
+    assert res.returncode == 0 and res.stdout.count("RC 0") == 3, res.stdout[-2000:] + res.stderr[-3000:]
+    doc = json.loads((tmp_path / "pipeline-cpu.json").read_text())
+    lossless, best, fp8 = ([r for r in doc["records"] if r["run"] == run["run"]] for run in doc["runs"])
+    assert [r["setting"] for r in lossless + best + fp8] == ["plan", "best", "plan"]
+    for r in lossless + best + fp8:
+        assert r["whole_call"] and r["steps_e2e"] == 4 and r["e2e_s"] == r["wall_s"] and len(r["call_forwards_s"]) == 4
+        assert r["forwards_s"] == r["call_forwards_s"] and r["forward_s"] == statistics.median(r["forwards_s"])
+        assert math.isclose(r["rest_s"], r["e2e_s"] - sum(r["call_forwards_s"]))
+        assert r["short_call"]["forwards_per_call"] == 1 and len(r["short_call"]["forwards_s"]) == 1
+        (check,) = [c for c in r["checks"] if c["name"] == "extrapolation"]
+        assert check["result"] in ("PASS", "FAIL") and check["detail"].startswith("4 x ")
+    (p,) = fp8
+    assert p["best_run"] == best[0]["run"] and math.isclose(p["speedup_vs_best"], best[0]["e2e_s"] / p["e2e_s"])
+    assert p["frames"]["against"].endswith("(fp16 VAE)") and p["frames"]["against"].startswith("diffusers transformer.")
+    assert p["frames"]["from"] == f"run {best[0]['run']} (bench.pipeline.frames_dir)" and p["frames"]["bitwise"] is None
+    vs = p["frames_vs_lossless"]
+    assert vs["against"] == "sm90/bf16/u1 (fp32 VAE)"
+    assert vs["from"] == f"run {lossless[0]['run']} (bench.pipeline.frames_dir)"
+    assert vs["bitwise"] is False and vs["psnr_db"] > 10
+    assert len(os.listdir(frames)) == 3
 
 
 def test_workflow_pipeline_default_request_is_the_t2va_layouts():

@@ -79,8 +79,15 @@ def test_a_changed_result_fails_the_check(tmp_path, monkeypatch):
     assert tables.render(README) != README
 
 
+def _pipeline_records():
+    from h3plan.actions.bench import pipeline_records
+
+    return pipeline_records
+
+
 GENERATED = [
-    ("pipeline-h200", lambda doc: __import__("h3plan.actions.bench.pipeline_records", fromlist=["x"]).render_markdown(doc)),
+    ("pipeline-h200", lambda doc: _pipeline_records().render_markdown(
+        doc, _pipeline_records().load_corrections(str(RESULTS / "pipeline-h200.json")))),
     ("block-h200", lambda doc: __import__("h3plan.actions.bench.records", fromlist=["x"]).render_markdown(doc)),
     ("parallel-h200", lambda doc: _module("parallel").markdown(doc)),
     ("parallel-8blocks-h200", lambda doc: _module("parallel").markdown(doc)),
@@ -92,6 +99,27 @@ GENERATED = [
 @pytest.mark.parametrize("stem,render", GENERATED, ids=[g[0] for g in GENERATED])
 def test_results_markdown_is_its_json_rendered(stem, render):
     assert render(_json(f"{stem}.json")) == (RESULTS / f"{stem}.md").read_text()
+
+
+def test_every_correction_names_a_committed_row_and_shows_at_it():
+    """pipeline-h200-corrections.json: each correction's row (and the row superseding it) is in pipeline-h200.json;
+    the markdown and the README table show it at that row; the first_block row's overhead check, declared before its
+    run, is a FAIL there."""
+    pr = _pipeline_records()
+    recs = _json("pipeline-h200.json")["records"]
+    fixes = pr.load_corrections(str(RESULTS / "pipeline-h200.json"))
+    assert fixes
+    for c in fixes:
+        assert [r for r in recs if pr.corrections_of(r, [c])], c["row"]
+        if c.get("superseded_by"):
+            assert any(pr.record_key(r) == pr.record_key(c["superseded_by"]) for r in recs), c["superseded_by"]
+    fb = next(r for r in recs if r["run"] == "2026-12-02 16:09:40" and "+step_cache=first_block" in r["label"])
+    assert [(k["name"], k["result"]) for k in pr.checks_of(fb, fixes)] == [("overhead", "FAIL")]
+    md = (RESULTS / "pipeline-h200.md").read_text()
+    assert "| whole call | overhead FAIL (corrected) |" in md and "**correction** (corrections file)" in md
+    line = next(x for x in README.splitlines()
+                if x.startswith("| 12-02 16:09 | t2va | sm90/fp8/u1 +step_cache=first_block"))
+    assert "overhead FAIL (corrected)" in line
 
 
 def test_bounds_quote_the_timed_benches():

@@ -42,6 +42,24 @@ def test_estimates_follow_the_anchors(plan):
     assert plan("hardware=sm100").derived_value("attention_tflops_used") == round(2250 * 0.71, 1)
 
 
+@pytest.mark.parametrize("hw", ["sm100", "sm103"])
+def test_an_assumed_rate_takes_the_ratio_of_its_own_precision(plan, hw):
+    """Blackwell's FP8 attention and GEMMs at the H200's measured FP8 ratios (cuDNN FP8 842 / 1979, FP8 GEMM
+    1333 / 1979 TFLOP/s), never the BF16 ones (FA4 704 / 989 = 0.71 would put FP8 attention at 3,195 TFLOP/s); the
+    basis and the speed line name the ratio; NVFP4 GEMMs, measured nowhere, have no ratio and no estimate."""
+    p = plan(f"hardware={hw}", "recipe=fp8")
+    assert p.derived_value("attention_tflops_used") == round(4500 * 0.43, 1)
+    assert p.derived_value("gemm_tflops_used") == round(4500 * 0.67, 1)
+    assert "assumed 0.43 x vendor dense fp8 peak" in p.to_dict()["derived"]["basis"]["attention_ms_per_block_est"]
+    assert "efficiency.attention_fp8" in p.to_dict()["derived"]["basis"]["attention_ms_per_block_est"]
+    speed = " ".join(str(p).split())
+    assert "attention 0.43 x its fp8 peak, block linears 0.67 x its fp8 peak" in speed
+    nv = plan(f"hardware={hw}", "recipe=nvfp4")
+    assert nv.derived_value("gemm_ms_per_block_est") is None and nv.derived_value("forward_s_est") is None
+    assert "efficiency.gemm_nvfp4: none" in nv.to_dict()["derived"]["basis"]["gemm_ms_per_block_est"]
+    assert "block linears at nvfp4" in " ".join(str(nv).split())
+
+
 @pytest.mark.slow  # nine plans and their round trips (~7 s)
 def test_round_trips_and_determinism(plan):
     for ov in (["hardware=sm107", "recipe=nvfp4", "parallel=u8"], ["hardware=sm90"], ["hardware=sm90", "recipe=fp8", "parallel=u4"]):

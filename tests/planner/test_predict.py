@@ -1,4 +1,8 @@
-"""The plan's time prediction (h3plan/planning/predict.py) against the committed H200 pipe(...) rows.
+"""The plan's time prediction (h3plan/planning/predict.py) against the committed H200 pipe(...) rows, in sample.
+
+In sample: sm90's decode points are some of these rows' own rest times and its forward rates were profiled at their
+token counts, so a check here shows the model reproduces its facts, not that it predicts (marked `in_sample`). The
+out-of-sample checks (rows no fact was fitted to; every row from other shapes only) are test_predict_holdout.py.
 
 Each installed-plan row of benchmarks/results/pipeline-h200.json (read here, not copied) is planned again (its
 h3plan.actions.bench.pipeline_records.replan) with the packaged sm90 facts, and with every tuned
@@ -15,6 +19,8 @@ import pytest
 
 from h3plan.planner import resolve_config
 from h3plan.actions.bench.pipeline_records import predicted_call, prompted, replan
+
+IN_SAMPLE = pytest.mark.in_sample
 
 ROWS = json.loads((Path(__file__).resolve().parents[2] / "benchmarks/results/pipeline-h200.json").read_text())["records"]
 PLANS = [r for r in ROWS if r["setting"] == "plan" and r["gpus"] == 1]
@@ -46,6 +52,7 @@ def test_rows_cover_the_issue():
     assert any("+step_cache=" in r["label"] for r in PLANS) and any("+attention=sdpa" in r["label"] for r in PLANS)
 
 
+@IN_SAMPLE
 @pytest.mark.parametrize("row", PLANS, ids=lambda r: f"{r['run'][5:16]}-{r['label']}".replace(" ", ""))
 def test_forward_within_5pct(row):
     plan = _plan(row)
@@ -54,6 +61,7 @@ def test_forward_within_5pct(row):
     assert abs(fwd / row["forward_s"] - 1) <= TOL, (fwd, row["forward_s"])
 
 
+@IN_SAMPLE
 @pytest.mark.parametrize("row", _call_rows(PLANS), ids=lambda r: f"{r['run'][5:16]}-{r['label']}".replace(" ", ""))
 def test_forward_and_call_within_5pct(row):
     plan = _plan(row)
@@ -66,6 +74,7 @@ def test_forward_and_call_within_5pct(row):
         assert plan.derived_value("call_s_est") > row["e2e_s"]
 
 
+@IN_SAMPLE
 @pytest.mark.parametrize("row", FOUR, ids=lambda r: f"{r['run'][5:16]}-{r['label']}".replace(" ", ""))
 def test_four_step_call_within_5pct(row):
     plan = _plan(row, steps=5)
@@ -133,7 +142,8 @@ def _tuned_cases():
 @pytest.mark.parametrize("path, steps, row", list(_tuned_cases()))
 def test_within_5pct_on_a_committed_tuned_file(path, steps, row):
     """The same rows planned on a tuned file (action=tune's own measurements on the H200, docs/tuned/): the forward
-    and the whole call within 5%, at the row's 49 forwards and at a 4-forward request."""
+    and the whole call within 5%, at the row's 49 forwards and at a 4-forward request. Not fitted to these rows: the
+    tune measured its forward rates apart from them (at 39,836 tokens) and its decode alone at the rows' latent."""
     hardware = (("hydra.searchpath", [f"file://{path.parent.parent}"]), ("hardware", path.stem))
     plan = _plan(row, steps, hardware)
     fwd, call = plan.derived_value("forward_s_est"), predicted_call(plan, row, steps)
@@ -153,6 +163,7 @@ def test_the_workflows_have_measured_peaks():
     assert {r["workflow"] for r in PROMPTED} >= {"fl2va", "ref2va"}
 
 
+@IN_SAMPLE
 @pytest.mark.parametrize("row", PROMPTED, ids=lambda r: f"{r['run'][5:16]}-{r['workflow']}-{r['label']}".replace(" ", ""))
 def test_peak_within_5pct_with_the_text_encoder(row):
     """Issue 32: the memory estimate within 5% of the measured peak for each workflow, the text encoder included."""

@@ -76,9 +76,10 @@ from ..quality import compare
 from ..pipeline_build import (WORKFLOWS, Request, build_pipeline, default_request, default_steps, denoiser,
                               prompt_inputs, prompt_text, require_transformers, resolved, sequence_length,
                               workflow_blocks, workflow_inputs)
-from . import pipeline_records as records
+from . import pipeline_checks as checks, pipeline_frames as stored, pipeline_records as records
 from .harness import (HOST_CLOCK_NOTE, Output, Session, device_name, device_tag, run_meta,
                       free, sigterm_as_interrupt)
+from .diffusers_best import compile_call
 from .pipeline_settings import Best, Eager, PlanSetting, Reference, Setting, plan_precision
 from .results_file import run_folder
 from ..gpu_only import CPU_MAX_HIDDEN, PIPELINE_SMOKE as CPU_SMOKE, pipeline_too_wide, vae_width
@@ -107,6 +108,10 @@ class PipelineBenchOptions:
     rounds: int
     decode_warmup: int
     best: bool
+    eager: bool
+    """diffusers eager rows (PipelineBenchConfig.eager)."""
+    plan: bool
+    """the plans' rows (PipelineBenchConfig.plan)."""
     compile_backend: str
     cp_backend: str
     e2e_steps: int | None
@@ -122,6 +127,10 @@ class PipelineBenchOptions:
     """t2va | fl2va | ref2va: the request's workflow (its media from pipeline_build.workflow_inputs)."""
     prompt: bool
     """A prompt string through the seeded conditioner (PipelineBenchConfig.prompt); False: prompt_embeds."""
+    whole: bool
+    """Every row times one whole call too (PipelineBenchConfig.whole)."""
+    frames_dir: str | None
+    """Rows' frames kept on disk for runs in other processes (PipelineBenchConfig.frames_dir)."""
     out_dir: str
     tag: str | None
 
@@ -168,9 +177,13 @@ def options(cfg, plan=None) -> PipelineBenchOptions:
     if isinstance(plans, str):
         plans = [plans]
     vals["plans"] = tuple(str(x) for x in plans)
-    for key in ("best", "reference", "stock_bits", "prompt"):
+    for key in ("best", "eager", "plan", "reference", "stock_bits", "prompt", "whole"):
         if not isinstance(vals[key], bool):
             raise UsageError(f"bench.pipeline.{key}={vals[key]}: true or false")
+    if not (vals["best"] or vals["eager"] or vals["plan"]):
+        raise UsageError("bench.pipeline.best=false eager=false plan=false: no row to time")
+    if vals["frames_dir"] is not None and not str(vals["frames_dir"]).strip():
+        raise UsageError("bench.pipeline.frames_dir='': a folder, or null")
     if vals["workflow"] not in WORKFLOWS:
         raise UsageError(f"bench.pipeline.workflow={vals['workflow']}: one of {', '.join(WORKFLOWS)}")
     video = _get(cfg, "video")
@@ -229,9 +242,14 @@ class _Row:
     counters: dict | None = None
     error: str | None = None
     full: dict | None = None  # a step-cache row's whole call (_Session.full_turn)
+    whole: dict | None = None  # a whole-call row's call and its short call (_Session.whole_turn)
+    call_forwards: list = field(default_factory=list)  # every forward of the whole call, computed or skipped
+    call_computed: list | None = None  # a step-cache call: which of them the cache computed
+    frames_forwards: int | None = None  # the forwards of the call that made `frames` (frames compare at equal counts)
     parts: list = field(default_factory=list)  # per call: seconds of the rest's timed parts (_Session.call)
     left_gib: float | None = None  # device memory an earlier row left allocated at this row's start (_Session.settle)
     left_what: str = ""  # then: the largest CUDA tensors beyond the first row's start that Python reaches
+    stored: bool = False  # its frames written to bench.pipeline.frames_dir
     compared: dict = field(default_factory=dict)  # id of the row compared against -> _compare's result (once each)
 
 
@@ -364,6 +382,8 @@ class _Session(Session):
             reset_counters()
             if cached(s):
                 self.full_turn(row)
+            elif self.opts.whole:
+                self.whole_turn(row, s)
             else:
                 self.plain_turn(row, s)
         finally:
@@ -381,9 +401,30 @@ class _Session(Session):
         row.walls.append(wall - sum(secs))
         row.parts.append(self.last_parts)
         if row.frames is None:
-            row.frames = frames.detach().to("cpu") if hasattr(frames, "detach") else frames
+            row.frames, row.frames_forwards = _host(frames), len(secs)
         self.progress.step(f"{row_label_of(s)} ({s.vae} VAE): forward {statistics.median(secs[self.opts.warmup:]):.3f} s, "
                            f"rest {wall - sum(secs):.2f} s")
+
+    def whole_turn(self, row: _Row, s) -> None:
+        """bench.pipeline.whole: the short call of `warmup` untimed + `steps` timed forwards (the figures every other
+        row extrapolates from; it warms compile, JIT and the decode's graphs), then the whole call of `full_forwards`
+        forwards timed end to end, every forward between CUDA events: E2E is its wall time, forward the median of
+        all its forwards, and the short call's extrapolation is checked against it (pipeline_checks.extrapolation)."""
+        frames, secs, wall = self.call()
+        short, short_rest = secs[self.opts.warmup:], wall - sum(secs)
+        if row.first is None:
+            row.first = secs[0]
+        reset_counters()
+        frames, secs, wall = self.call(self.full_forwards)
+        row.counters = dict(counters()) if s.name == "plan" else None
+        row.forwards += secs
+        row.call_forwards = list(secs)
+        row.walls.append(wall - sum(secs))
+        row.parts.append(self.last_parts)
+        row.whole = {"e2e_s": wall, "forwards": len(secs), "short_forwards_s": short, "short_rest_s": short_rest}
+        row.frames, row.frames_forwards = _host(frames), len(secs)
+        self.progress.step(f"{row_label_of(s)} ({s.vae} VAE): the whole call {wall:.2f} s, {len(secs)} forwards "
+                           f"(median {statistics.median(secs):.3f} s)")
 
     def full_turn(self, row: _Row) -> None:
         """A step-cache plan's row: one untimed short call (kernel JIT, allocator; its timesteps are off the cache's
@@ -401,11 +442,12 @@ class _Session(Session):
             raise RuntimeError(f"the step cache decided {len(mask)} forwards of a call that made {len(secs)}")
         row.counters = dict(counters())
         row.forwards += [x for x, m in zip(secs, mask) if m]
+        row.call_forwards, row.call_computed = list(secs), [bool(m) for m in mask]
         row.walls.append(wall - sum(secs))
         row.parts.append(self.last_parts)
         row.full = {"e2e_s": wall, "forwards": len(secs), "computed": made[0]["computed"], "skipped": made[0]["skipped"],
                     "skipped_s": sum(x for x, m in zip(secs, mask) if not m), "mode": st.spec["mode"]}
-        row.frames = frames.detach().to("cpu") if hasattr(frames, "detach") else frames
+        row.frames, row.frames_forwards = _host(frames), len(secs)
         self.progress.step(f"{row_label_of(row.setting)}: {made[0]['computed']} of {len(secs)} forwards computed, "
                            f"E2E {wall:.2f} s")
 
@@ -414,6 +456,10 @@ class _Session(Session):
             h.remove()
         for name in ("encode", "decode"):
             self.pipe.vae.__dict__.pop(name, None)
+
+
+def _host(frames):
+    return frames.detach().to("cpu") if hasattr(frames, "detach") else frames
 
 
 def cached(s: Setting) -> bool:
@@ -453,31 +499,14 @@ def extra_tensors(now: Counter, before: Counter, n: int = 3) -> str:
     return ", ".join(f"{list(shape)} {dtype} {b / 2**20:.0f} MiB" for b, shape, dtype in top) or "none that Python reaches"
 
 
-OVERHEAD = 1.03  # issue 33: a cached call's E2E at most 1.03 x (computed forwards + the rest of the call)
-
-
-def step_cache_notes(f: dict, fwd: float | None, rest: float | None) -> list[str]:
-    """A step-cache row's notes from its whole call `f` (full_turn's row.full) and the median computed forward / the
-    rest: the computed count, and the overhead against computed forwards + rest - a check at the fixed schedules'
-    1.03 (issue 33), a report for first_block, whose every skipped forward still runs the first block and the
-    decision (its cost grows with the forwards it skips)."""
-    adaptive = f.get("mode") == "first_block"
-    what = ("each ran the first block and the decision" if adaptive else "reused or extrapolated")
-    out = [f"step_cache: the whole call, {f['computed']} of {f['forwards']} forwards computed, timed end to end; the "
-           f"{f['skipped']} skipped forwards ({what}) took {f['skipped_s']:.3f} s"]
-    if fwd is None or rest is None:
-        return out
-    base = f["computed"] * fwd + rest
-    terms = f"({f['computed']} x {fwd:.3f} s + rest {rest:.2f} s)"
-    if adaptive:
-        out.append(f"overhead (first_block, reported): E2E {f['e2e_s']:.2f} s = {f['e2e_s'] / base:.3f} x {terms} = "
-                   f"{base:.2f} s")
-    else:
-        bound = OVERHEAD * base
-        ok = f["e2e_s"] <= bound
-        out.append(f"overhead check: E2E {f['e2e_s']:.2f} s {'<=' if ok else '>'} {OVERHEAD} x {terms} = {bound:.2f} s: "
-                   f"{'PASS' if ok else 'FAIL'}")
-    return out
+def step_cache_notes(f: dict, fwd: float | None, rest: float | None) -> tuple[list[str], dict]:
+    """A step-cache row's note and its overhead check from its whole call `f` (full_turn's row.full) and the median
+    computed forward / the rest (pipeline_checks.overhead: every mode; first_block's skipped forwards run its first
+    block and the decision, a cost the check counts)."""
+    what = ("each ran the first block and the decision" if f.get("mode") == "first_block" else "reused or extrapolated")
+    note = (f"step_cache: the whole call, {f['computed']} of {f['forwards']} forwards computed, timed end to end; the "
+            f"{f['skipped']} skipped forwards ({what}) took {f['skipped_s']:.3f} s")
+    return [note], checks.overhead(f, fwd, rest)
 
 
 def row_label_of(s: Setting) -> str:
@@ -532,8 +561,10 @@ def row_specs(plans, opts, degree: int) -> list[tuple]:
     U > 1 the best rows last (context parallelism cannot be undone)."""
     vaes = list(opts.vae) or list(dict.fromkeys(["fp32"] + [plan_precision(p) for p in plans]))
     rows, tail = [], []
+    plans = plans if opts.plan else []
     for v in vaes:
-        rows.append(("eager", v, None))
+        if opts.eager:
+            rows.append(("eager", v, None))
         if opts.best:
             (rows if degree == 1 else tail).append(("best", v, None))
         for p in plans:
@@ -547,7 +578,8 @@ def row_specs(plans, opts, degree: int) -> list[tuple]:
     return rows + tail
 
 
-def _rows(pipe, specs, opts, degree, S, group, progress) -> list[_Row]:
+def _rows(pipe, specs, opts, degree, S, group, progress, stock_plan=None) -> list[_Row]:
+    """`stock_plan`: the stock-bits plan (extra_plans' last), whose frames must be diffusers eager's bit for bit."""
     rows, shared, refs = [], None, {}
     for kind, v, p in specs:
         if kind == "eager":
@@ -558,6 +590,7 @@ def _rows(pipe, specs, opts, degree, S, group, progress) -> list[_Row]:
         elif kind == "plan":
             s = PlanSetting(pipe, p, group, progress, num_inference_steps=opts.warmup + opts.steps + 1,
                             workflow=opts.workflow)
+            s.stock = p is stock_plan
             if id(p) in refs:
                 refs.pop(id(p)).of = s  # the row this reference checks (row_specs: right before it)
         else:
@@ -588,7 +621,9 @@ def _compared(torch, a, b) -> dict:
     return out
 
 
-def _record(torch, device, run_id, request, S, degree, layers, n_sched, steps_e2e, opts, row: _Row, rows) -> dict:
+def _record(torch, device, run_id, request, S, degree, layers, n_sched, steps_e2e, opts, row: _Row, rows,
+            store: dict | None = None) -> dict:
+    """`store`: {"dir", "fingerprint"} where bench.pipeline.frames_dir keeps frames (pipeline_frames)."""
     s = row.setting
     fwd = statistics.median(row.forwards) if row.forwards else None
     rest = statistics.median(row.walls) if row.walls else None
@@ -607,7 +642,19 @@ def _record(torch, device, run_id, request, S, degree, layers, n_sched, steps_e2
         rec.rest_parts = {k: round(statistics.median(p[k] for p in row.parts), 4) for k in row.parts[0]}
     if row.full is not None:
         rec.e2e_s, rec.steps_e2e, rec.wall_s = row.full["e2e_s"], row.full["forwards"], row.full["e2e_s"]
-        rec.notes += step_cache_notes(row.full, fwd, rest)
+        note, check = step_cache_notes(row.full, fwd, rest)
+        rec.notes += note
+        rec.checks.append(check)
+    if row.whole is not None:
+        w = row.whole
+        rec.e2e_s, rec.steps_e2e, rec.wall_s = w["e2e_s"], w["forwards"], w["e2e_s"]
+        sf = statistics.median(w["short_forwards_s"]) if w["short_forwards_s"] else None
+        rec.short_call = {"forwards_s": list(w["short_forwards_s"]), "forward_s": sf, "rest_s": w["short_rest_s"],
+                          "forwards_per_call": opts.warmup + opts.steps,
+                          "e2e_s": records.e2e(w["forwards"], sf, w["short_rest_s"])}
+        rec.checks.append(checks.extrapolation(w["forwards"], sf, w["short_rest_s"], w["e2e_s"]))
+    rec.whole_call = row.full is not None or row.whole is not None
+    rec.call_forwards_s, rec.call_computed = list(row.call_forwards), row.call_computed
     if opts.prompt:
         rec.notes.append(f"prompt: a {opts.text_tokens}-byte string through diffusers' text encoder step and the seeded "
                          "Qwen3-VL at the packaged widths, placed by the plan's memory.text_encoder for every row; its "
@@ -636,23 +683,93 @@ def _record(torch, device, run_id, request, S, degree, layers, n_sched, steps_e2
                 "" if pc is None or rec.e2e_s is None else f", call {pc:.1f} s ({pc / rec.e2e_s - 1:+.1%}) against the measured")
                 + (" (first_block: the plan counts every forward computed; how many it skips is the checkpoint's)"
                    if row.full is not None and row.full.get("mode") == "first_block" else ""))
-    # frames: a plan against its reference (bitwise), every other row against eager with the same VAE
-    against = None
-    if s.name == "plan":
-        against = next((r for r in rows if r.setting.name == "reference" and r.setting.of is s), None)
-    if against is None and s.name != "eager":
-        against = next((r for r in rows if r.setting.name == "eager" and r.setting.vae == s.vae), None)
-    if s.name == "eager" and s.vae != "fp32":  # the lossy decode precision against diffusers' default
-        against = next((r for r in rows if r.setting.name == "eager" and r.setting.vae == "fp32"), None)
-    if against is not None and row.frames is not None and against.frames is not None:
-        if id(against) not in row.compared:  # every write records every row: compare each pair once
-            row.compared[id(against)] = _compare(torch, device, row.frames, against.frames)
-        f = dict(row.compared[id(against)])
-        f["against"] = f"{row_label_of(against.setting)} ({against.setting.vae} VAE)"
-        if s.name == "plan" and against.setting.name != "reference":
-            f["bitwise"] = f["bitwise"] if f["bitwise"] else None  # no same-backend reference: PSNR/SSIM only
-        rec.frames = f
+    _frames(torch, device, opts, row, rows, rec, store)
     return asdict(rec)
+
+
+def _same_call(a: _Row, b: _Row) -> bool:
+    """Two rows whose frames came from calls of as many forwards (only those compare)."""
+    return a.frames is not None and b.frames is not None and a.frames_forwards == b.frames_forwards
+
+
+def _frames(torch, device, opts, row: _Row, rows, rec, store) -> None:
+    """rec.frames: a plan against its reference (bitwise, a check), the stock-bits plan against eager (bitwise, a
+    check), every other row against eager with the same VAE, each from a call of as many forwards; a lossy plan's
+    frames against the lossless plan's too (rec.frames_vs_lossless: this run's, else frames_dir's). With a frames_dir
+    the row's frames are kept there, once."""
+    s = row.setting
+    ref = (next((r for r in rows if r.setting.name == "reference" and r.setting.of is s), None)
+           if s.name == "plan" else None)
+    stock = s.name == "plan" and getattr(s, "stock", False)
+    against = ref
+    if against is None and s.name != "eager":
+        against = next((r for r in rows if r.setting.name == "eager" and r.setting.vae == s.vae
+                        and _same_call(r, row)), None)
+    if s.name == "eager" and s.vae != "fp32":  # the lossy decode precision against diffusers' default
+        against = next((r for r in rows if r.setting.name == "eager" and r.setting.vae == "fp32"
+                        and _same_call(r, row)), None)
+    in_run = against is not None and _same_call(row, against)
+    if in_run:
+        rec.frames = dict(_compared_once(torch, device, row, against))
+        rec.frames["against"] = f"{row_label_of(against.setting)} ({against.setting.vae} VAE)"
+    elif s.name != "eager" and store and row.frames is not None:  # diffusers' rows of an earlier run (frames_dir)
+        best = "diffusers " + compile_call("transformer", opts.compile_backend).split(";")[0]
+        rec.frames = next((f for f in (_stored(torch, device, opts, row, store, rec.video, label, s.vae)
+                                       for label in ("diffusers eager", best) if label != row_label_of(s)) if f), {})
+    if s.name == "plan" and rec.frames and not (in_run and (against is ref or stock)):
+        rec.frames["bitwise"] = rec.frames["bitwise"] or None  # no same-backend reference: PSNR/SSIM only
+    if ref is not None or stock:  # declared before the run: these frames must be equal bit for bit
+        what = (f"{row_label_of(against.setting)} ({against.setting.vae} VAE)" if against is not None
+                else "its reference" if ref is not None else "diffusers eager")
+        rec.checks.append(checks.bitwise(rec.frames if in_run else None, what))
+    if s.name == "plan" and not s.plan.lossless and row.frames is not None:
+        rec.frames_vs_lossless = _vs_lossless(torch, device, opts, row, rows, store, rec.video)
+    if store and row.frames is not None and not row.stored:
+        stored.save(torch, store["dir"], row.frames, {**_frames_meta(opts, rec.video, row), "run": rec.run,
+                                                      "fingerprint": store["fingerprint"]})
+        row.stored = True
+
+
+def _compared_once(torch, device, row: _Row, other: _Row) -> dict:
+    if id(other) not in row.compared:  # every write records every row: compare each pair once
+        row.compared[id(other)] = _compare(torch, device, row.frames, other.frames)
+    return row.compared[id(other)]
+
+
+def _frames_meta(opts, video: str, row: _Row, label: str | None = None, vae: str | None = None) -> dict:
+    return {"workflow": opts.workflow, "video": video, "forwards": row.frames_forwards,
+            "label": label or row_label_of(row.setting), "vae": vae or row.setting.vae}
+
+
+def lossless_label(plan) -> str:
+    """The label of the lossless plan a lossy one is compared with: the bf16 recipe on the same hardware and degree,
+    nothing forced (its decode at diffusers' fp32)."""
+    hw, par = plan.get("hardware"), plan.get("parallel")
+    return f"{hw.get('name', '?')}/bf16/{par.get('name') or 'u' + str(par.get('ulysses', 1))}"
+
+
+def _vs_lossless(torch, device, opts, row: _Row, rows, store, video: str) -> dict:
+    label = lossless_label(row.setting.plan)
+    mine = next((r for r in rows if r.setting.name == "plan" and row_label_of(r.setting) == label
+                 and r.setting.vae == "fp32" and _same_call(r, row)), None)
+    if mine is not None:
+        return {**_compared_once(torch, device, row, mine), "against": f"{label} (fp32 VAE)", "from": "this run"}
+    return _stored(torch, device, opts, row, store, video, label, "fp32")
+
+
+def _stored(torch, device, opts, row: _Row, store, video: str, label: str, vae: str) -> dict:
+    """`row`'s frames against the row `label` at `vae` of an earlier run with these weights, kept in frames_dir from a
+    call of as many forwards ({} where there is none)."""
+    if store is None or row.frames_forwards is None:
+        return {}
+    key = ("stored", label, vae)
+    if key not in row.compared:
+        got = stored.load(torch, store["dir"], {**_frames_meta(opts, video, row, label, vae),
+                                                "fingerprint": store["fingerprint"]})
+        row.compared[key] = None if got is None else {
+            **_compare(torch, device, row.frames, got[0]), "against": f"{label} ({vae} VAE)",
+            "from": f"run {got[1].get('run')} (bench.pipeline.frames_dir)"}
+    return dict(row.compared[key] or {})
 
 
 def _measure(torch, cfg, plans, opts, device, rank, group, progress, write) -> int:
@@ -686,7 +803,10 @@ def _measure(torch, cfg, plans, opts, device, rank, group, progress, write) -> i
                    + (f"; prompt through the seeded text encoder, {te_placement.line}" if te_placement else ""))
     s = _Session(torch, pipe, request, opts, device, progress)
     s.full_forwards = steps_e2e
-    rows = _rows(pipe, row_specs(plans, opts, degree), opts, degree, S, group, progress)
+    rows = _rows(pipe, row_specs(plans, opts, degree), opts, degree, S, group, progress,
+                 stock_plan=plans[-1] if opts.stock_bits else None)
+    store = None if not opts.frames_dir else {  # another run's frames compare only where the weights are these
+        "dir": opts.frames_dir, "fingerprint": stored.fingerprint(torch, pipe, denoiser(pipe, opts.workflow))}
     failed = 0
     try:
         for rnd in range(opts.rounds):
@@ -702,13 +822,13 @@ def _measure(torch, cfg, plans, opts, device, rank, group, progress, write) -> i
                     progress.write(f"{row_label_of(row.setting)} ({row.setting.vae}): failed: {row.error}")
                     failed += row.setting.name in ("eager", "plan")
                 if rank == 0:
-                    write([_record(torch, device, run_id, request, s.S or S, degree, layers, n_sched, steps_e2e, opts, r, rows)
-                           for r in rows if r.walls or r.error])
+                    write([_record(torch, device, run_id, request, s.S or S, degree, layers, n_sched, steps_e2e, opts,
+                                   r, rows, store) for r in rows if r.walls or r.error])
     finally:
         s.close()
         if rank == 0:
-            write([_record(torch, device, run_id, request, s.S or S, degree, layers, n_sched, steps_e2e, opts, r, rows)
-                   for r in rows if r.walls or r.error])
+            write([_record(torch, device, run_id, request, s.S or S, degree, layers, n_sched, steps_e2e, opts, r, rows,
+                           store) for r in rows if r.walls or r.error])
         if te_placement is not None:
             te_placement.restore()
     return failed
@@ -760,8 +880,8 @@ def run(cfg, plan) -> int:
     def write(recs):
         if rank != 0 or not recs:
             return
-        records.fill_speedups(recs)
         doc = out.doc
+        records.fill_speedups(recs, [r for r in doc["records"] if r["run"] != recs[0]["run"]])
         doc["records"] = [r for r in doc["records"] if r["run"] != recs[0]["run"]] + recs
         if not any(r.get("run") == recs[0]["run"] for r in doc["runs"]):
             out.add_run(run_meta(torch, device, {"run": recs[0]["run"]},

@@ -4,13 +4,21 @@ Pure Python (no torch; matplotlib only for the PNG, loaded lazily). A results fi
 {"schema_version": 2, "kind": "pipeline-call", "runs": [...], "records": [...]}: one record per row of one run
 (a setting - diffusers eager, diffusers' best, an h3plan plan, the bitwise reference - at one VAE precision),
 keyed by (run, setting, label, vae); a new run appends its rows. Times are seconds.
+
+A record is what its run wrote. What was learned about a row afterwards (a check it failed that its record does not
+show, a field edited after the run, the row that supersedes it) lives beside the file, in <stem>-corrections.json
+({"kind": "pipeline-call-corrections", "corrections": [{"row": its key fields, "what", "checks", "superseded_by"}]}),
+and the markdown and the README tables show each correction at its row.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from h3plan.facts.vae.encode import encode_inputs
 from h3plan.planner import resolve_config
 from h3plan.planning.text_encoder import PLACEMENTS
 
@@ -77,6 +85,21 @@ class CallRecord:
     """A plan row's request as overrides (request_overrides): what replan composes again."""
     rest_parts: dict = field(default_factory=dict)
     """Seconds of the rest's timed parts per call (median): text_encoder (with its moves), vae_encode, vae_decode."""
+    checks: list = field(default_factory=list)
+    """Every check the bench declared for this row, each PASS or FAIL with its rule and numbers (pipeline_checks)."""
+    whole_call: bool = False
+    """e2e_s is one whole call of steps_e2e forwards timed end to end (a step-cache row, bench.pipeline.whole); False:
+    steps_e2e x the median timed forward + the rest of a short call of forwards_per_call forwards."""
+    call_forwards_s: list = field(default_factory=list)
+    """A whole call's every forward in order (CUDA events), computed or skipped."""
+    call_computed: list | None = None
+    """A step-cache call: for each of call_forwards_s, whether the cache computed it (else it skipped)."""
+    short_call: dict = field(default_factory=dict)
+    """bench.pipeline.whole: the short call before the whole one (its timed forwards, median, rest, and the E2E it
+    extrapolates), what the row's `extrapolation` check holds against the whole call."""
+    frames_vs_lossless: dict = field(default_factory=dict)
+    """A lossy plan's frames against the lossless plan's (the recipe=bf16 plan, fp32 VAE) from a call of as many
+    forwards: this run's row, or bench.pipeline.frames_dir's from an earlier run ("from" says which)."""
 
 
 def e2e(steps: int, forward_s: float | None, rest_s: float | None) -> float | None:
@@ -99,23 +122,121 @@ new_doc, load_doc, check_records, merge_record = FILE.new_doc, FILE.load_doc, FI
 
 
 def write_doc(doc: dict, json_path: str, md_path: str) -> None:
-    """NaN / inf (a diverged run) are written as null: the file stays standard JSON."""
-    FILE.write_doc(doc, json_path, md_path, render_markdown)
+    """NaN / inf (a diverged run) are written as null: the file stays standard JSON. The markdown shows the
+    corrections file beside the JSON (load_corrections)."""
+    fixes = load_corrections(json_path)
+    FILE.write_doc(doc, json_path, md_path, lambda d: render_markdown(d, fixes))
 
 
-def fill_speedups(rows: list[dict]) -> None:
-    """Each row's ratios against diffusers eager / best of the same run and VAE precision, and best at fp32."""
+CORRECTIONS_KIND = "pipeline-call-corrections"
+
+
+def corrections_path(json_path: str) -> str:
+    """<stem>-corrections.json beside <stem>.json."""
+    stem = json_path[:-len(".json")] if json_path.endswith(".json") else json_path
+    return stem + "-corrections.json"
+
+
+def load_corrections(json_path: str) -> list[dict]:
+    """The corrections of the results file at `json_path` (none where there is no corrections file); a file that is not
+    one is an error."""
+    path = corrections_path(json_path)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        doc = json.load(f)
+    if not isinstance(doc, dict) or doc.get("kind") != CORRECTIONS_KIND or not isinstance(doc.get("corrections"), list):
+        raise ValueError(f"{path} is not a corrections file (kind {CORRECTIONS_KIND})")
+    for c in doc["corrections"]:
+        missing = [k for k in ("run", "setting", "label", "vae") if k not in c.get("row", {})]
+        if missing or not c.get("what"):
+            raise ValueError(f"{path}: a correction needs its row's run, setting, label and vae, and what it corrects")
+    return doc["corrections"]
+
+
+def corrections_of(r: Mapping, fixes: Sequence[Mapping]) -> list[Mapping]:
+    """The corrections whose row is `r` (its record key)."""
+    return [c for c in fixes if record_key({"workflow": "t2va", **c["row"]}) == record_key(r)]
+
+
+def checks_of(r: Mapping, fixes: Sequence[Mapping] = ()) -> list[Mapping]:
+    """The row's declared checks: as its run recorded them (a record from before the `checks` field: the verdicts
+    its notes and frames hold, read_back), then those a correction records."""
+    own = r["checks"] if "checks" in r else read_back(r)
+    return list(own) + [k for c in corrections_of(r, fixes) for k in c.get("checks") or ()]
+
+
+def read_back(r: Mapping) -> list[dict]:
+    """The verdicts an older record wrote before it had `checks`: its notes' "overhead check: ... PASS|FAIL", and
+    its frames' bitwise comparison where the row had one to match (its reference, or diffusers eager for the
+    stock-bits plan, levers.attention=sdpa)."""
+    out = []
+    for n in r.get("notes") or ():
+        if n.startswith("overhead check:") and n.rsplit(" ", 1)[-1] in ("PASS", "FAIL"):
+            out.append({"name": "overhead", "result": n.rsplit(" ", 1)[-1],
+                        "detail": n.removeprefix("overhead check: ")})
+    f = r.get("frames") or {}
+    against = str(f.get("against", ""))
+    must = against.startswith("eager with") or (
+        "+attention=sdpa" in r["label"] and against.startswith("diffusers eager"))
+    if r["setting"] == "plan" and must and f.get("bitwise") is not None:
+        out.append({"name": "bitwise", "result": "PASS" if f["bitwise"] else "FAIL", "detail": f"against {against}"})
+    return out
+
+
+def whole_call(r: Mapping) -> bool:
+    """The row's E2E is one whole call timed end to end (a record from before the field: its E2E is its wall time,
+    as the step-cache rows wrote it)."""
+    if "whole_call" in r:
+        return bool(r["whole_call"])
+    return r.get("e2e_s") is not None and r.get("e2e_s") == r.get("wall_s")
+
+
+def timed_as(r: Mapping) -> str:
+    """How the row's E2E was measured: one whole call, or its median timed forward extrapolated."""
+    if whole_call(r):
+        return "whole call"
+    n, per = len(r.get("forwards_s") or ()), r.get("forwards_per_call")
+    return (f"{n} timed forward{'s' if n != 1 else ''} (median) x {r['steps_e2e']} + rest of a {per}-forward call"
+            if per else f"{n} timed forwards (median) x {r['steps_e2e']} + rest")
+
+
+def fill_speedups(rows: list[dict], earlier: Sequence[Mapping] = ()) -> None:
+    """Each row's ratios against diffusers eager / best of the same run and VAE precision, and best at fp32. A row
+    whose run has no best at its VAE precision takes it from `earlier` runs of the same request (same_precision_best),
+    and `best_run` names that run."""
     def find(setting, vae):
         return next((r for r in rows if r["setting"] == setting and r["vae"] == vae and r.get("e2e_s")), None)
 
     e32 = find("eager", "fp32")
     for r in rows:
         e, b, b32 = find("eager", r["vae"]), find("best", r["vae"]), find("best", "fp32")
+        if b is None and r["setting"] != "best":
+            b = same_precision_best(r, earlier)
+            if b is not None:
+                r["best_run"] = b["run"]
         if r["setting"] == "eager" and r["vae"] != "fp32" and r.get("rest_s"):  # the decode precision's own speed
             r["rest_speedup_vs_fp32"] = ratio(e32 and e32["rest_s"], r["rest_s"])
         r["speedup_vs_eager"] = ratio(e and e["e2e_s"], r.get("e2e_s"))
         r["speedup_vs_best"] = ratio(b and b["e2e_s"], r.get("e2e_s"))
         r["speedup_vs_best_fp32"] = ratio(b32 and b32["e2e_s"], r.get("e2e_s"))
+
+
+def same_request(a: Mapping, b: Mapping) -> bool:
+    """Two rows of one request: workflow, video, packed rows, GPUs, layers and forwards of a generation."""
+    return all(a.get(k, d) == b.get(k, d) for k, d in (("workflow", "t2va"), ("video", None), ("S", None),
+                                                       ("gpus", None), ("layers", None), ("steps_e2e", None)))
+
+
+def same_precision_best(row: Mapping, records: Sequence[Mapping]) -> Mapping | None:
+    """diffusers' best (its regional compile) with `row`'s VAE precision for `row`'s request: the row's own run's,
+    else the latest other run's, a whole call before an extrapolated one; None where no run measured it."""
+    pool = [r for r in records if r["setting"] == "best" and r["vae"] == row["vae"] and r.get("e2e_s")
+            and not r.get("error") and same_request(r, row)]
+    own = [r for r in pool if r["run"] == row["run"]]
+    if own:
+        return own[0]
+    return max(pool, key=lambda r: (whole_call(r), r["run"]), default=None)
 
 
 def frames_text(f: Mapping) -> str:
@@ -140,12 +261,18 @@ def _x(key: str):
     return lambda r: fmt(r[key], "{:.3f}x")
 
 
+def checks_text(r: Mapping, fixes: Sequence[Mapping] = ()) -> str:
+    """`overhead FAIL, bitwise PASS`; `(corrected)` where a correction names the row."""
+    text = ", ".join(f"{k['name']} {k['result']}" for k in checks_of(r, fixes))
+    return " ".join(x for x in (text, "(corrected)" if corrections_of(r, fixes) else "") if x)
+
+
 RECORD_COLUMNS = (("setting", "l", cell("label")), ("VAE", "l", cell("vae")),
                   ("forward s", "r", lambda r: fmt(r["forward_s"], "{:.3f}")), ("rest s", "r", lambda r: fmt(r["rest_s"], "{:.2f}")),
                   ("E2E s", "r", lambda r: fmt(r["e2e_s"], "{:.1f}")), ("vs eager", "r", _x("speedup_vs_eager")),
                   ("vs best", "r", _x("speedup_vs_best")), ("vs best (fp32 VAE)", "r", _x("speedup_vs_best_fp32")),
                   ("frames", "l", lambda r: frames_text(r.get("frames") or {})),
-                  ("peak GiB", "r", lambda r: fmt(r.get("peak_gib"), "{:.1f}")))
+                  ("peak GiB", "r", lambda r: fmt(r.get("peak_gib"), "{:.1f}")), ("timed as", "l", timed_as))
 RUN_COLUMNS = (("run", "l", cell("run")), ("device", "l", cell("device")), ("GPUs", "r", cell("gpus")),
                ("torch", "l", cell("torch")), ("diffusers", "l", cell("diffusers")), ("started", "l", cell("started")))
 SUMMARY_COLUMNS = (("setting", "<40", lambda r: r["label"][:40]), ("vae", "<5", cell("vae")),
@@ -174,15 +301,26 @@ COLUMN_NOTES = """\
 - **forward s**: median transformer forward (CUDA events), the first forwards of the call dropped (compile, JIT).
   **rest s**: the call's wall clock minus its forwards (encodes, decodes, scheduler, layout). **E2E s** = steps x forward +
   rest: one generation at the pipeline's default `num_inference_steps` (49 forwards), text encoder excluded.
-- **vs eager / vs best**: E2E ratio against diffusers eager / best with the same VAE; **vs best (fp32 VAE)**:
-  against diffusers' best with its default VAE.
+- **timed as**: "whole call": E2E is one real call of that many forwards timed end to end (a step-cache row, or
+  `bench.pipeline.whole`), every forward kept; otherwise the median of the timed forwards of one short call (its
+  first forwards untimed) x the generation's forwards + that short call's rest.
+- **vs eager / vs best**: E2E ratio against diffusers eager / best with the same VAE precision (a plan decoding in
+  fp16 against diffusers with its VAE cast to fp16); where the run has no best at that precision, the latest run of
+  the same request that has one, named "(best of <run>)"; **vs best (fp32 VAE)**: against diffusers' best with its
+  default VAE, in the same run.
+- **checks**: every check the bench declared for the row before it ran, PASS or FAIL (`pipeline_checks.py`; a
+  correction's too, marked "corrected").
 - **frames**: against diffusers eager with the same VAE, or bitwise against the reference row. Random weights:
   PSNR/SSIM say how far the numerics moved, not how a video looks.
 """
 
 
-def render_markdown(doc: Mapping) -> str:
+def render_markdown(doc: Mapping, fixes: Sequence[Mapping] = ()) -> str:
+    """The results file as markdown; `fixes`: its corrections (load_corrections), shown at their rows."""
     recs = doc.get("records", [])
+    columns = tuple(c if c[0] != "vs best" else ("vs best", "r", lambda r: vs_best_text(r, recs))
+                    for c in RECORD_COLUMNS)
+    columns += (("checks", "l", lambda r: checks_text(r, fixes)),)
     devices = sorted({r.get("device", "") for r in recs}) or ["(none)"]
     out = [f"# The call users make: diffusers' `pipe(...)` with and without an h3plan plan ({', '.join(devices)})", ""]
     if any(r.get("timing") != "cuda-events" for r in recs):
@@ -193,12 +331,20 @@ def render_markdown(doc: Mapping) -> str:
         out += [f"## Run {run}: {r0.get('workflow', 't2va')} {r0['video']} ({r0['S']:,} tokens), {r0['gpus']} GPU(s), "
                 f"{r0.get('layers')} layers, "
                 f"{r0['steps_e2e']} forwards end to end", ""]
-        out += md_table(RECORD_COLUMNS, rows, lead=2) + [""]
+        out += md_table(columns, rows, lead=2) + [""]
         for r in rows:
             fb = {k: v for k, v in (r.get("counters") or {}).items() if k.endswith(".fallback")}
             extra = [f"config: {r['config']}"] if r.get("config") else []
             extra += [f"guarded fallbacks in the timed call: {fb}"] if fb else []
             extra += list(r.get("notes") or [])
+            extra += [f"{k['name']} {k['result']}: {k['detail']}" for k in r.get("checks") or ()]
+            if r.get("best_run"):
+                extra.append(f"vs best: diffusers' best with the {r['vae']} VAE from run {r['best_run']} "
+                             "(none in this run)")
+            if r.get("frames_vs_lossless"):
+                extra.append("frames vs the lossless plan: " + frames_text(r["frames_vs_lossless"]) +
+                             f" ({r['frames_vs_lossless'].get('from')})")
+            extra += [correction_text(c) for c in corrections_of(r, fixes)]
             if extra:
                 out.append(f"- {r['label']} ({r['vae']} VAE): " + "; ".join(extra))
         out.append("")
@@ -207,6 +353,23 @@ def render_markdown(doc: Mapping) -> str:
         out += ["## Runs", ""] + md_table(RUN_COLUMNS, runs) + [""]
     out += [COLUMN_NOTES]
     return "\n".join(out)
+
+
+def vs_best_text(r: Mapping, records: Sequence[Mapping]) -> str:
+    """The row's ratio against diffusers' best at its own VAE precision: its run's, else the latest run's of the same
+    request (named), else -."""
+    b = same_precision_best(r, records)
+    if b is None or not r.get("e2e_s"):
+        return "-"
+    return f"{b['e2e_s'] / r['e2e_s']:.3f}x" + ("" if b["run"] == r["run"] else f" (best of {b['run'][5:16]})")
+
+
+def correction_text(c: Mapping) -> str:
+    """A correction at its row: what it corrects, the checks it records, the row that supersedes it."""
+    text = f"**correction** (corrections file): {c['what']}"
+    text += "".join(f"; {k['name']} {k['result']}: {k['detail']}" for k in c.get("checks") or ())
+    sup = c.get("superseded_by")
+    return text + (f"; superseded by run {sup['run']} ({sup['label']}, {sup['vae']} VAE)" if sup else "")
 
 
 def summary_table(records: Sequence[Mapping]) -> str:
@@ -300,6 +463,11 @@ def predicted_call(plan, row: Mapping, steps: int | None = None) -> float | None
         return call
     fwd, n = plan.derived_value("forward_s_est"), plan.derived_value("sequence")["transformer_forwards"]
     return call - (n - computed) * fwd * (1 - 1 / row["layers"])
+
+
+def encode_shapes(plan) -> list[list[int]]:
+    """[frames, height, width] of each video VAE encode the plan's request makes (keyframes, references)."""
+    return [[x["frames"], x["height"], x["width"]] for x in encode_inputs(plan.derived_value("sequence") or {})]
 
 
 def prompted(row: Mapping) -> bool:

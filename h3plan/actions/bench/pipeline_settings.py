@@ -84,6 +84,7 @@ class Eager(Setting):
 
 class PlanSetting(Setting):
     name = "plan"
+    stock = False  # the stock-bits plan (bench.pipeline.stock_bits): its frames must be diffusers eager's
 
     def __init__(self, pipe, plan, group, progress, num_inference_steps=None, workflow="t2va"):
         self.pipe, self.plan, self.group, self.progress, self.report = pipe, plan, group, progress, None

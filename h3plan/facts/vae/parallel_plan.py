@@ -178,7 +178,8 @@ def auto(latent: tuple[int, int, int], degree: int, g: Geometry = RELEASED, *, a
     head = (f"estimated {_span(*e.one_gpu_s)} s on one GPU -> {_span(*e.degree_s)} s at degree {degree} "
             f"({_span(*e.speedup)}x; gather {e.gather_s * 1e3:.1f} ms)")
     params = {"items": e.items, "max_items_per_rank": e.max_items_per_rank,
-              "gathered_bytes_per_rank": e.gathered_bytes_per_rank, "buffer_bytes_per_rank": e.buffer_bytes_per_rank}
+              "gathered_bytes_per_rank": e.gathered_bytes_per_rank, "buffer_bytes_per_rank": e.buffer_bytes_per_rank,
+              "one_gpu_s": round(e.one_gpu_s[1], 3), "decode_s": round(e.degree_s[1], 3)}
     if min(e.speedup) < min_speedup:
         return "off", [f"{head}: below {min_speedup:.2f}x, not worth a gather buffer of "
                        f"{e.buffer_bytes_per_rank / 2**30:.2f} GiB per rank", *e.basis], {}
