@@ -214,7 +214,7 @@ def estimates(sections: Mapping[str, Any], shp: Mapping[str, Any], decisions: Ma
     def ms(flops, tf):
         return None if tf is None else round(flops / (tf * 1e12) * 1e3, 3)
 
-    sparse = _sparse(decisions, ms(att_flops, att_tf), b, hl, d) if t.sparse_attention else {}
+    sparse = _sparse(decisions, ms(att_flops, att_tf), b, hl, d, hw) if t.sparse_attention else {}
     sparse_basis = sparse.pop("basis_sparse", {})
     return {**sparse,
         "attention_tflops_used": None if att_tf is None else round(att_tf, 1),
@@ -238,21 +238,38 @@ def estimates(sections: Mapping[str, Any], shp: Mapping[str, Any], decisions: Ma
     }
 
 
-def _sparse(decisions: Mapping[str, Any], att_ms: float | None, b: int, hl: int, d: int) -> dict[str, Any]:
+def _sparse(decisions: Mapping[str, Any], att_ms: float | None, b: int, hl: int, d: int,
+            hw: Mapping[str, Any]) -> dict[str, Any]:
     """A sparse forward's attention per block: the dense estimate x the block work the router keeps (its decision's
-    `work_fraction`), and the router's pooled-score FLOPs (not timed: not counted in the time)."""
+    `work_fraction`), plus the router's time from its measured points (hardware.fa4.block_sparse_router,
+    interpolated in its pooled scores' GFLOP; none measured: not counted, and the basis says so)."""
     dec = decisions[TERM_OWNERS["sparse_attention"]]
     wf = dec.param("work_fraction", None)
     if wf is None or att_ms is None:
         return {}
     m, n, bq, bk = dec.param("query_blocks"), dec.param("key_blocks"), dec.param("block_q"), dec.param("block_k")
-    router = 2 * b * hl * m * (bq // 32) * n * (bk // 32) * d
-    return {"attention_ms_per_block_sparse_est": round(att_ms * wf, 3),
+    gflop = 2 * b * hl * m * (bq // 32) * n * (bk // 32) * d / 1e9
+    router_ms, router_basis = _router_ms(hw, gflop)
+    return {"attention_ms_per_block_sparse_est": round(att_ms * wf + (router_ms or 0.0), 3),
             "basis_sparse": {"attention_ms_per_block_sparse_est": (
                 f"attention_ms_per_block_est x {wf:g}, the block work a sparse call keeps ({dec.lever}: "
                 f"{dec.param('routed_query_blocks')} of {m} query blocks keep {dec.param('kept_key_blocks')} of {n} key "
-                f"blocks, the rest dense); its router's pooled scores, {router / 1e9:.1f} GFLOP per block, not timed on "
-                "any GPU and not counted")}}
+                f"blocks, the rest dense), + its router ({gflop:.1f} GFLOP of pooled scores per block): {router_basis}")}}
+
+
+def _router_ms(hw: Mapping[str, Any], gflop: float) -> tuple[float | None, str]:
+    pts = sorted((hw.get("fa4") or {}).get("block_sparse_router") or (), key=lambda p: p["gflop"])
+    if not pts:
+        return None, f"not measured on {hw['name']}, not counted"
+    lo = max([p for p in pts if p["gflop"] <= gflop] or pts[:1], key=lambda p: p["gflop"])
+    hi = min([p for p in pts if p["gflop"] >= gflop] or pts[-1:], key=lambda p: p["gflop"])
+    if lo is hi or hi["gflop"] == lo["gflop"]:
+        v = lo["ms"] * gflop / lo["gflop"]  # one point, or past the ends: in proportion to the nearest
+        where = f"in proportion to the point at {lo['gflop']:g} GFLOP ({lo['provenance']})"
+    else:
+        v = lo["ms"] + (hi["ms"] - lo["ms"]) * (gflop - lo["gflop"]) / (hi["gflop"] - lo["gflop"])
+        where = f"interpolated between {lo['gflop']:g} and {hi['gflop']:g} GFLOP ({lo['provenance']}; {hi['provenance']})"
+    return v, f"{v:.2f} ms, measured on {hw['name']} {where}"
 
 
 def merge(shp: Mapping[str, Any], est: Mapping[str, Any]) -> dict[str, Any]:

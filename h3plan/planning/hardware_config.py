@@ -9,7 +9,7 @@ code that runs on a device is h3plan/facts/hardware.py. Torch-free.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, make_dataclass
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
@@ -86,6 +86,9 @@ class Fa4Facts:
     """[query block, key block] rows of FA4's block-sparse forward at head_dim 128 with its default tile (the
     sparse_attention router's block); null: no block-sparse forward here."""
     block_sparse_source: Optional[str] = None
+    block_sparse_router: List[Dict[str, Any]] = field(default_factory=list)
+    """The sparse_attention router's time per call, measured: {gflop (its pooled scores' FLOPs), ms, provenance};
+    the estimate interpolates in GFLOP between the points (empty: not counted)."""
     source: str = MISSING
     tuned_tiles: List[Fa4Tile] = field(default_factory=list)
     """Measured tiles that beat FA4's default (empty: FA4's own heuristic is all there is)."""
