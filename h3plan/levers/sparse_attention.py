@@ -115,6 +115,11 @@ def _block(ctx: Context) -> list[int] | None:
     return None if b is None else [int(b[0]), int(b[1])]
 
 
+def router_points(hw: Mapping[str, Any]) -> list[dict]:
+    """The router's measured points on this GPU (hardware.fa4.block_sparse_router), by pooled-score GFLOP."""
+    return sorted((hw.get("fa4") or {}).get("block_sparse_router") or (), key=lambda p: p["gflop"])
+
+
 def work(seq_len: int, video_rows: int, keep: float, block_q: int, block_k: int, video_only: bool = True) -> dict:
     """The block counts of one sparse attention call: routed query blocks, key blocks kept per routed block, and the
     fraction of the dense call's block work it computes (rows x kept key blocks over rows x all key blocks)."""
