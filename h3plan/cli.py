@@ -259,9 +259,7 @@ def _plan_and_act(cfg, overrides: list[str]) -> int:
     global _rc
     from . import planner
 
-    if cfg.action.name == "calibrate" and cfg.calibrate.target == "step_cache" and \
-            getattr(cfg.levers.step_cache, "name", cfg.levers.step_cache) == "auto":
-        cfg.levers.step_cache = "off"  # it measures its own candidates against the uncached plan
+    _uncached_for_calibrate(cfg)
     plan, cfg = _saved_plan(cfg, overrides) if cfg.plan else (planner.resolve(cfg), cfg)
     action = cfg.action.name
     if cfg.out:
@@ -280,12 +278,26 @@ def _plan_and_act(cfg, overrides: list[str]) -> int:
     return 0
 
 
+CALIBRATED_LEVERS = ("step_cache", "sparse_attention")
+"""calibrate targets that measure a lossy lever's own candidates against the plan without it."""
+
+
+def _uncached_for_calibrate(cfg) -> None:
+    """calibrate.target=step_cache / sparse_attention measures its candidates against the plan without the lever (the
+    uncached, dense call): that lever's auto plans off, whatever its budget's evidence says."""
+    target = cfg.action.name == "calibrate" and cfg.calibrate.target
+    if target in CALIBRATED_LEVERS and getattr(cfg.levers[target], "name", cfg.levers[target]) == "auto":
+        cfg.levers[target] = "off"
+
+
 def _refuse_without_gpu(cfg, overrides: list[str]) -> None:
     """An action that needs a GPU, on a machine that has none (actions/gpu_only.py): refused from the composed config,
     before Hydra's job runner and the action's imports (run_action refuses the same on every other path)."""
     if not gpu_only.no_gpu_here():
         return
     from . import planner
+
+    _uncached_for_calibrate(cfg)
 
     plan = _saved_plan(cfg, overrides)[0] if cfg.plan else planner.resolve(cfg)
     why = gpu_only.refusal(cfg.action.name, cfg, plan)

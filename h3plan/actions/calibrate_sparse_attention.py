@@ -1,29 +1,37 @@
-"""`python -m h3plan action=calibrate calibrate.target=sparse_attention recipe.sparse={psnr_db_min:..,ssim_min:..}
-model.path=DIR`: measure block-sparse attention on the user's checkpoint against the dense call, and write the
-sparsest keep fraction inside recipe.sparse's budget into a plan file.
+"""`python -m h3plan action=calibrate calibrate.target=sparse_attention recipe.sparse={ssim_min:..} model.path=DIR`:
+measure block-sparse attention on the user's checkpoint against the dense call, write every keep fraction's quality as
+calibrated evidence, and the sparsest keep inside recipe.sparse's budget as a plan that cites it.
 
 The same pipeline and prompts as calibrate.target=step_cache (h3plan/actions/calibrate_step_cache.py: diffusers' t2va
 blocks, the transformer from `model.path`, seeded weights otherwise, which say nothing about a trained model's
 attention: the output says so). For every prompt the plan with sparse_attention off gives the reference frames and
-soundtrack; each candidate keep fraction (KEEPS, at recipe.sparse.dense_forwards) runs the same call and is judged by
-its worst frames PSNR and SSIM over the prompts (quality.compare) and reports its worst audio SNR (the budget holds
-frames only, as the published SubBlock point does). The winner (the smallest keep inside the budget: the least
-attention work) goes to `calibrate.plan_out` with recipe.sparse.keep set; none inside: exit 2, nothing written.
+soundtrack; each candidate keep fraction (KEEPS, at recipe.sparse.dense_forwards) runs the same call (planned with
+recipe.sparse.unmeasured=true: this run is its measurement) and becomes one calibrated quality point, the worst frames
+PSNR and SSIM and the worst audio SNR over the prompts (quality.compare, quality.snr_db). Written: every point to
+`calibrate.evidence_out` (facts/evidence.py format; null: sparse_attention_points.yaml), and the winner (the smallest
+keep whose point meets the budget: the least attention work) to `calibrate.plan_out` (null:
+sparse_attention_plan.yaml), planned with recipe.sparse.evidence set to the points file, so the plan cites them. None
+inside: exit 2 with one line, no plan written.
 """
 
 from __future__ import annotations
 
 import math
+import os
+from datetime import datetime, timezone
 
 from h3plan.errors import UsageError
+from h3plan.facts import evidence as ev
+from h3plan.levers import sparse_attention as lever
 
-from .calibrate_step_cache import _pipe
+from .calibrate_step_cache import _finite, _pipe
 from .pipeline_build import prompt_inputs
 
 KEEPS = (0.5, 0.35, 0.25, 0.15)
 
 
-def _variant(cfg, setting: str, keep: float | None):
+def _variant(cfg, setting: str, keep: float | None, evidence: str | None = None):
+    """The plan at one candidate: measured (no evidence yet: recipe.sparse.unmeasured) or, with `evidence`, cited."""
     from omegaconf import OmegaConf
 
     from h3plan.planner import resolve
@@ -32,33 +40,30 @@ def _variant(cfg, setting: str, keep: float | None):
     c.levers.sparse_attention = setting
     if keep is not None:
         c.recipe.sparse.keep = keep
+        c.recipe.sparse.evidence = evidence
+        c.recipe.sparse.unmeasured = evidence is None
     return c, resolve(c)
-
-
-def snr_db(x, ref) -> float:
-    """10 log10(|ref|^2 / |x - ref|^2); inf where they are equal."""
-    err = float(((x.float() - ref.float()) ** 2).sum())
-    return math.inf if err == 0 else 10 * math.log10(float((ref.float() ** 2).sum()) / err)
 
 
 def run(cfg, plan, c) -> int:
     """CLI entry for calibrate.target=sparse_attention; `c` is the CalibrateConfig."""
+    from .verify import _prepare_device
+
+    sparse = plan.get("recipe").get("sparse") or {}
+    budget = ev.Budget.of(sparse)
+    if budget.empty:
+        raise UsageError("calibrate.target=sparse_attention judges keep fractions by the sparse budget, which this recipe "
+                         "does not set: pass recipe.sparse={ssim_min:0.8} (and/or psnr_db_min)")
+    device = _prepare_device(c.device, "calibrate.device")  # before the kernels import: TRITON_INTERPRET on a CPU
+    if device == "cpu" and int(cfg.model.diffusers_config.hidden_size) > 1024:
+        raise UsageError("calibrate on the CPU needs a small model: pass model=h3_tiny vae=h3_tiny_pipe (real width needs a GPU)")
     import torch
 
     from h3plan.actions.calibration import say
     from h3plan.install import install, uninstall
 
-    from .quality import compare
-    from .verify import _prepare_device
+    from .quality import compare, snr_db
 
-    sparse = plan.get("recipe").get("sparse") or {}
-    psnr_min, ssim_min = sparse.get("psnr_db_min"), sparse.get("ssim_min")
-    if psnr_min is None or ssim_min is None:
-        raise UsageError("calibrate.target=sparse_attention judges keep fractions by the sparse budget, which this recipe "
-                         "does not set: pass recipe.sparse={psnr_db_min:28,ssim_min:0.9}")
-    device = _prepare_device(c.device, "calibrate.device")
-    if device == "cpu" and int(cfg.model.diffusers_config.hidden_size) > 1024:
-        raise UsageError("calibrate on the CPU needs a small model: pass model=h3_tiny vae=h3_tiny_pipe (real width needs a GPU)")
     steps = int(plan.get("pipeline")["num_inference_steps"])
     video = plan.get("video")
     pipe, weights = _pipe(cfg, device)
@@ -79,28 +84,40 @@ def run(cfg, plan, c) -> int:
 
     _, off = _variant(cfg, "off", None)
     refs = call(off)
-    say(f"calibrate sparse_attention: {weights}; {len(prompts)} prompts (seeds {prompts}); budget PSNR >= {psnr_min:g} dB, "
-        f"SSIM >= {ssim_min:g} against the dense frames; dense forwards {sparse.get('dense_forwards')}")
-    results = []
+    say(f"calibrate sparse_attention: {weights}; {len(prompts)} prompts (seeds {prompts}); budget {budget.text()} "
+        f"against the dense frames; dense forwards {sparse.get('dense_forwards')}")
+    results, points = [], []
     for keep in KEEPS:
         _, vplan = _variant(cfg, "block_sparse", keep)
         outs = call(vplan)
         q = [compare(o[0].float(), r[0].float()) for o, r in zip(outs, refs)]
-        worst_psnr = min(math.inf if x["psnr_db"] is None else x["psnr_db"] for x in q)
-        worst_ssim = min(x["ssim"] for x in q)
-        worst_snr = min(snr_db(o[1], r[1]) for o, r in zip(outs, refs))
-        ok = worst_psnr >= psnr_min and worst_ssim >= ssim_min
-        results.append((ok, keep, worst_psnr, worst_ssim, worst_snr, vplan))
-        say(f"  keep {keep:g}: worst PSNR {worst_psnr:.2f} dB, SSIM {worst_ssim:.4f}, audio SNR {worst_snr:.2f} dB: "
-            f"{'inside' if ok else 'outside'} the budget")
+        snr = [snr_db(o[1].float(), r[1].float()) for o, r in zip(outs, refs)]
+        d = vplan.decision("sparse_attention")
+        point = _finite(ev.QualityPoint.make(
+            lever.SPEC.name, "block_sparse", {k: d.param(k) for k in ("keep", "dense_forwards", "video_only", "forwards")},
+            ["t2va"], psnr_db=min(math.inf if x["psnr_db"] is None else x["psnr_db"] for x in q),
+            ssim=min(x["ssim"] for x in q), audio_snr_db=min(math.inf if x is None else x for x in snr),
+            speedup=None, kind="calibrated",
+            where=f"{len(prompts)} prompts, worst of each; {d.param('sparse_forwards')} of {d.param('forwards')} "
+                  f"forwards sparse; {weights}"))
+        points.append(point)
+        ok = point.meets(budget)
+        results.append((ok, keep, point))
+        say(f"  keep {keep:g}: worst {point.quality()}: {'inside' if ok else 'outside'} the budget")
+    evidence = os.path.abspath(str(c.evidence_out or f"{lever.SPEC.name}_points.yaml"))
+    ev.write_points(evidence, lever.SPEC.name, points, checkpoint=cfg.model.get("path"),
+                    date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
+    say(f"calibrate sparse_attention: {len(points)} calibrated points written to {evidence} "
+        f"(recipe.sparse.evidence={evidence})")
     inside = sorted((r for r in results if r[0]), key=lambda r: r[1])
     if not inside:
-        raise UsageError(f"calibrate sparse_attention: no keep fraction stays inside PSNR >= {psnr_min:g} dB, SSIM >= "
-                         f"{ssim_min:g} on these prompts ({len(results)} tried); nothing written: keep "
+        raise UsageError(f"calibrate sparse_attention: no keep fraction stays inside {budget.text()} on these prompts "
+                         f"({len(results)} tried; points in {evidence}); no plan written: keep "
                          "levers.sparse_attention=off")
-    _, keep, p, s, snr, best = inside[0]
-    out = str(c.plan_out)
+    _, keep, point = inside[0]
+    _, best = _variant(cfg, "block_sparse", keep, evidence=evidence)
+    out = str(c.plan_out or f"{lever.SPEC.name}_plan.yaml")
     best.save(out)
-    say(f"calibrate sparse_attention: keep {keep:g} at worst PSNR {p:.2f} dB, SSIM {s:.4f}, audio SNR {snr:.2f} dB: plan "
-        f"written to {out} (install it with h3plan.install(pipe, '{out}'))")
+    say(f"calibrate sparse_attention: keep {keep:g} at worst {point.quality()}: plan written to {out} "
+        f"(install it with h3plan.install(pipe, '{out}'))")
     return 0

@@ -172,6 +172,11 @@ def _pipe(cfg, device):
 def run(cfg, plan, c) -> int:
     """CLI entry for calibrate.target=step_cache; `c` is the CalibrateConfig."""
     budget, prompts = _check(cfg, plan, c)
+    from .verify import _prepare_device
+
+    device = _prepare_device(c.device, "calibrate.device")  # before the kernels import: TRITON_INTERPRET on a CPU
+    if device == "cpu" and int(cfg.model.diffusers_config.hidden_size) > 1024:
+        raise UsageError(calibrate_too_wide("step_cache"))
     import torch
 
     from h3plan.actions.calibration import say
@@ -179,11 +184,7 @@ def run(cfg, plan, c) -> int:
     from h3plan.install.step_cache import calls
 
     from .quality import compare, snr_db
-    from .verify import _prepare_device
 
-    device = _prepare_device(c.device, "calibrate.device")
-    if device == "cpu" and int(cfg.model.diffusers_config.hidden_size) > 1024:
-        raise UsageError(calibrate_too_wide("step_cache"))
     video, pipeline = plan.get("video"), plan.get("pipeline")
     steps = request_steps(plan.derived_value("sequence") or video, pipeline)
     seeds = [int(s) for s in c.seeds]
@@ -240,7 +241,7 @@ def run(cfg, plan, c) -> int:
         results.append((ok, sum(made) / len(made), ORDER.index(setting), setting, values, point))
         say(f"  {setting} {values}: computed {sum(made) / len(made):g} of {n}, worst {point.quality()}: "
             f"{'inside' if ok else 'outside'} the budget")
-    evidence = os.path.abspath(str(c.evidence_out))
+    evidence = os.path.abspath(str(c.evidence_out or f"{lever.SPEC.name}_points.yaml"))
     ev.write_points(evidence, lever.SPEC.name, points, checkpoint=cfg.model.get("path"),
                     date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
     say(f"calibrate step_cache: {len(points)} calibrated points written to {evidence} (recipe.cache.evidence={evidence})")
@@ -250,7 +251,7 @@ def run(cfg, plan, c) -> int:
                          f"({len(results)} tried; points in {evidence}); no plan written: keep levers.step_cache=off")
     _, computed, _, setting, values, point = inside[0]
     _, best = _variant(cfg, setting, values, evidence=evidence)
-    out = str(c.plan_out)
+    out = str(c.plan_out or f"{lever.SPEC.name}_plan.yaml")
     best.save(out)
     say(f"calibrate step_cache: {setting} {values} computes {computed:g} of {n} forwards at worst {point.quality()}: "
         f"plan written to {out} (install it with h3plan.install(pipe, '{out}'))")

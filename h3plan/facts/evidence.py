@@ -28,9 +28,10 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Iterable, Mapping
 
-from h3plan.errors import H3PlanError
+from h3plan.errors import ConfigError, H3PlanError
 
 FORMAT = "h3plan.quality_points"
 VERSION = 1
@@ -243,3 +244,29 @@ def read_points(path: str, lever: str) -> tuple[tuple[QualityPoint, ...], str | 
 
 __all__ = ["Budget", "QualityPoint", "Verdict", "verdict", "best", "write_points", "read_points", "EvidenceError",
            "FORMAT", "VERSION", "METRICS"]
+
+
+def with_calibrated(published: tuple[QualityPoint, ...], path: str | None, lever: str, key: str,
+                    model_path: str | None) -> tuple[QualityPoint, ...]:
+    """The published points, and the calibrated ones of the points file at `path` (the recipe key `key` names it;
+    None: published only). A file measured on another checkpoint than `model_path` is a ConfigError on `key`; an
+    unreadable one an EvidenceError (one line each). The file is read once per modification time."""
+    if not path:
+        return published
+    try:
+        stamp = os.stat(path).st_mtime_ns
+    except OSError:
+        stamp = None
+    mine, ckpt = _read_at(str(path), lever, stamp)
+    if ckpt and model_path and not _same_path(ckpt, model_path):
+        raise ConfigError(f"{key}={path}", f"was calibrated on {ckpt}, not this plan's model.path={model_path}")
+    return published + mine
+
+
+@lru_cache(maxsize=8)
+def _read_at(path: str, lever: str, stamp) -> tuple[tuple[QualityPoint, ...], str | None]:
+    return read_points(path, lever)
+
+
+def _same_path(a: str, b: str) -> bool:
+    return os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b))

@@ -9,18 +9,23 @@ Settings:
   any other row (text, conditions, references, audio, mixed) keep every key block in the same call (dense).
   Blocks: `hardware.fa4.block_sparse` (128 x 128 on SM90: FA4's own tile, so a kept block runs at the dense rate).
 
-Policy, as step_cache's: without a budget (recipe.sparse psnr_db_min / ssim_min, null by default) block_sparse is
-refused and auto picks off, so every packaged recipe keeps dense attention; the budget is the recipe's own lossy
-choice. Also refused: ring attention (parallel.ring > 1: each ring step sees one key block range, no row's whole key
-set), an attention backend other than fa4 (cuDNN's FP8 SDPA takes no block mask and FA4's FP8 forward is SM100-only;
-with recipe=fp8, levers.attention=fa4 keeps the FP8 GEMMs and composes), a GPU with no FA4 block-sparse forward, and a
-request whose forwards are all dense. ulysses_exchange (decided after) leaves out projection_split, whose attention
-calls see a slice of the query rows. Ulysses: the router runs after the exchange on this rank's heads over the whole sequence, so the
-mask is per head and local (no extra communication). Runtime: h3plan/install/sparse_attention.py (the forward
-index from the timestep vector through install/step_cache.schedule_index), the processor's `_sparse_attend`.
-Quality, as evidence (h3plan/facts/evidence.py): `PUBLISHED` (SubBlock on released weights: SSIM, no PSNR); auto picks
-block_sparse only where the evidence at the plan's knobs meets recipe.sparse; a forced block_sparse runs with the
-verdict stated; `action=calibrate calibrate.target=sparse_attention` measures the user's checkpoint. Torch-free.
+Policy, as step_cache's: without a budget (recipe.sparse psnr_db_min / ssim_min, either or both; null by default)
+block_sparse is refused and auto picks off, so every packaged recipe keeps dense attention; the budget is the recipe's
+own lossy choice. Also refused: ring attention (parallel.ring > 1: each ring step sees one key block range, no row's
+whole key set), an attention backend other than fa4 (cuDNN's FP8 SDPA takes no block mask and FA4's FP8 forward is
+SM100-only; with recipe=fp8, levers.attention=fa4 keeps the FP8 GEMMs and composes), a GPU with no FA4 block-sparse
+forward, and a request whose forwards are all dense (auto: off, with the reason). ulysses_exchange (decided after)
+leaves out projection_split, whose attention calls see a slice of the query rows. Ulysses: the router runs after the
+exchange on this rank's heads over the whole sequence, so the mask is per head and local (no extra communication).
+Runtime: h3plan/install/sparse_attention.py (the forward index from the timestep vector through
+install/step_cache.schedule_index), the processor's `_sparse_attend`.
+
+Quality is evidence, by step_cache's rules (h3plan/facts/evidence.py): `PUBLISHED` (SubBlock on released weights:
+SSIM, no PSNR, so a budget with a PSNR bound needs the user's own measurement) and the calibrated points of
+`recipe.sparse.evidence=FILE` (`action=calibrate calibrate.target=sparse_attention` writes it; they take precedence).
+With a budget, auto and a forced block_sparse alike run only where the evidence at the plan's knobs meets it; evidence
+that misses is a one-line refusal citing it; no evidence at these knobs ("unmeasured") runs only with
+recipe.sparse.unmeasured=true, and the plan says so. Torch-free.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from typing import Any, Mapping
 from h3plan.facts import evidence as ev
 from h3plan.sources import cite
 
-from .base import Context, Option, Spec, Terms, resolve
+from .base import Context, LeverError, Option, Spec, Terms, resolve
 from .step_cache import forwards_of
 
 SUB = 32  # rows per pooled sub-block (h3plan/runtime/kernels/block_router.py SUB)
@@ -71,22 +76,41 @@ PUBLISHED = (
 )
 
 
-def verdict(p: Mapping[str, Any], workflow: str | None = "t2va") -> ev.Verdict:
-    """How the published evidence at this plan's knobs stands against recipe.sparse's budget."""
+CALIBRATE = "action=calibrate calibrate.target=sparse_attention model.path=DIR measures it on your checkpoint"
+UNMEASURED = ("h3plan has not measured this configuration's quality (seeded weights carry no trained attention "
+              f"pattern): {CALIBRATE}")
+EVIDENCE_REASONS = ("evidence (", "unmeasured:")
+"""How the reason that states a plan's quality evidence starts (the summary's `sparse` line prints it)."""
+
+
+def verdict(p: Mapping[str, Any], workflow: str | None = "t2va",
+            points: tuple[ev.QualityPoint, ...] = PUBLISHED) -> ev.Verdict:
+    """How the evidence (the published points, or `points`) at this plan's knobs stands against recipe.sparse's
+    budget."""
     knobs = {"keep": p["keep"], "dense_forwards": p["dense_forwards"], "video_only": p["video_only"],
              "forwards": p["forwards"]}
-    pts = [e for e in PUBLISHED if e.applies(SPEC.name, "block_sparse", knobs, workflow)]
+    pts = [e for e in points if e.applies(SPEC.name, "block_sparse", knobs, workflow)]
     return ev.verdict(pts, ev.Budget.of({"psnr_db_min": p["psnr_db_min"], "ssim_min": p["ssim_min"]}))
 
 
-UNMEASURED = ("h3plan has not measured this configuration's quality (seeded weights carry no trained attention "
-              "pattern): action=calibrate calibrate.target=sparse_attention model.path=DIR measures it on your checkpoint")
+def points(ctx: Context) -> tuple[ev.QualityPoint, ...]:
+    """The published points, and the calibrated ones of recipe.sparse.evidence (EvidenceError: one line)."""
+    return ev.with_calibrated(PUBLISHED, _sparse(ctx).get("evidence"), SPEC.name, "recipe.sparse.evidence",
+                              (ctx.model or {}).get("path"))
+
+
+def judge(ctx: Context) -> ev.Verdict:
+    return verdict(params(ctx, "block_sparse"), _workflow(ctx), points(ctx))
+
+
+def _workflow(ctx: Context) -> str:
+    return str(ctx.request.get("task") or "t2va")
 
 
 def config_problem(sparse: Mapping[str, Any]) -> tuple[str, str] | None:
     """(key, why) for a recipe.sparse value the schema's types let through, else None."""
-    if (sparse["psnr_db_min"] is None) != (sparse["ssim_min"] is None):
-        return "recipe.sparse", "a sparse attention budget needs both psnr_db_min and ssim_min (or neither: dense)"
+    if sparse.get("unmeasured") and sparse["psnr_db_min"] is None and sparse["ssim_min"] is None:
+        return "recipe.sparse.unmeasured", "runs block_sparse without evidence inside a budget: set recipe.sparse's budget too"
     if not 0.0 < sparse["keep"] <= 1.0:
         return f"recipe.sparse.keep={sparse['keep']}", "must be in (0, 1]: the fraction of key blocks a routed query block keeps"
     d = sparse["dense_forwards"]
@@ -101,7 +125,7 @@ def _sparse(ctx: Context) -> Mapping[str, Any]:
 
 def _budget(ctx: Context) -> bool:
     s = _sparse(ctx)
-    return s.get("psnr_db_min") is not None and s.get("ssim_min") is not None
+    return s.get("psnr_db_min") is not None or s.get("ssim_min") is not None
 
 
 def _forwards(ctx: Context) -> tuple[int, int]:
@@ -153,12 +177,28 @@ def policy(ctx: Context, s: str) -> list[str]:
         return []
     kind = "lossless" if ctx.lossless_only else f"budget {ctx.recipe['budget']['psnr_db_min']} dB (kernel levers only)"
     return [f"recipe {ctx.recipe['name']} ({kind}) sets no sparse attention budget and sparse_attention={s} drops key "
-            "blocks (lossy): set recipe.sparse={psnr_db_min:...,ssim_min:...}"]
+            "blocks (lossy): set recipe.sparse={ssim_min:...} (and/or psnr_db_min)"]
 
 
 def blockers(ctx: Context, s: str) -> list[str]:
     if s == "off":
         return []
+    out = _structural(ctx)
+    if out or not _budget(ctx):
+        return out
+    v = judge(ctx)
+    if v.status == "misses":
+        assert v.point is not None
+        out.append(f"its evidence misses recipe.sparse ({'; '.join(v.misses)}): {v.point.cite()}")
+    elif v.status == "unmeasured" and not _sparse(ctx).get("unmeasured"):
+        out.append(f"unmeasured: {_no_point(ctx)}; {CALIBRATE} (recipe.sparse.evidence=FILE), or run it without "
+                   "evidence with recipe.sparse.unmeasured=true")
+    return out
+
+
+def _structural(ctx: Context) -> list[str]:
+    """What rules block_sparse out whatever its quality: ring attention, the attention backend, the GPU, a request
+    whose forwards are all dense."""
     out = []
     if ctx.ring > 1:
         out.append(f"parallel.ring={ctx.ring}: each ring step attends one range of key blocks, so no call sees a query "
@@ -174,6 +214,13 @@ def blockers(ctx: Context, s: str) -> list[str]:
         out.append(f"recipe.sparse.dense_forwards={d} covers every one of the request's {n} forwards "
                    f"(num_inference_steps={steps}): nothing would run sparse")
     return out
+
+
+def _no_point(ctx: Context) -> str:
+    p = params(ctx, "block_sparse")
+    return (f"no published or calibrated quality for keep {p['keep']:g} with {p['dense_forwards']} of {p['forwards']} "
+            f"forwards dense (video only: {p['video_only']}) on {_workflow(ctx)}; the published point is keep 0.25, 10 "
+            f"of 49 dense, video only, t2va ({cite('sglang-subblock')})")
 
 
 def params(ctx: Context, s: str) -> dict:
@@ -205,17 +252,17 @@ def explain(ctx: Context, s: str) -> list[str]:
     else:
         what += ("; its work is not estimated: parallel.seq_len gives no video rows (the router finds them per call "
                  "from the token tags)")
-    out = [what, f"budget recipe.sparse: PSNR >= {p['psnr_db_min']} dB, SSIM >= {p['ssim_min']} against the dense frames"]
-    v = verdict(p, str(ctx.request.get("task") or "t2va"))
+    out = [what, f"budget recipe.sparse: {ev.Budget.of(p).text()} against the dense frames"]
+    v = judge(ctx)
     if v.point is None:
-        out.append(f"unmeasured: no published quality for keep {p['keep']:g} with {p['dense_forwards']} of "
-                   f"{p['forwards']} forwards dense (video only: {p['video_only']}); the published point is keep 0.25, "
-                   f"10 of 49 dense, video only, t2va ({cite('sglang-subblock')})")
+        out.append(f"unmeasured: {_no_point(ctx)}; it runs because recipe.sparse.unmeasured=true, so no measurement "
+                   "backs the budget")
     else:
+        which = "calibrated on your checkpoint" if v.point.kind == "calibrated" else "published on released weights"
         judged = (f"meets recipe.sparse ({ev.Budget.of(p).text()})" if v.status == "meets"
                   else f"misses recipe.sparse ({'; '.join(v.misses)})")
-        out.append(f"evidence (published on released weights): {v.point.cite()}: {judged}")
-    return out + [UNMEASURED]
+        out.append(f"evidence ({which}): {v.point.cite()}: {judged}")
+    return out + ([] if v.point is not None and v.point.kind == "calibrated" else [UNMEASURED])
 
 
 def auto(ctx: Context):
@@ -223,17 +270,15 @@ def auto(ctx: Context):
         why = ("a lossless recipe keeps dense attention" if ctx.lossless_only
                else "the kernel levers' budget does not cover dropped key blocks")
         return "off", [f"no sparse attention budget (recipe.sparse.psnr_db_min / ssim_min): {why}"], {}
+    ruled_out = _structural(ctx)
+    if ruled_out:
+        return "off", ["block_sparse cannot apply: " + "; ".join(ruled_out)], {}
     blocked = blockers(ctx, "block_sparse")
-    if blocked:
-        return "off", ["block_sparse cannot apply: " + "; ".join(blocked)], {}
-    p = params(ctx, "block_sparse")
-    v = verdict(p, str(ctx.request.get("task") or "t2va"))
-    if v.status != "meets":
-        why = "no evidence at these knobs" if v.point is None else f"its evidence misses it ({'; '.join(v.misses)})"
-        return "off", [f"recipe.sparse sets a budget, but block_sparse at keep {p['keep']:g}: {why}; "
-                       "levers.sparse_attention=block_sparse runs it anyway (the plan states the evidence), "
-                       "action=calibrate calibrate.target=sparse_attention measures your checkpoint"], {}
-    return "block_sparse", explain(ctx, "block_sparse"), p
+    if blocked:  # a budget the evidence does not back: refused, as step_cache refuses one
+        raise LeverError(SPEC.name, "auto", [f"recipe.sparse ({ev.Budget.of(_sparse(ctx)).text()}): block_sparse at "
+                                             f"keep {params(ctx, 'block_sparse')['keep']:g}: " + blocked[0]
+                                             + "; lower the budget, or recipe.sparse=null (dense attention)"])
+    return "block_sparse", explain(ctx, "block_sparse"), params(ctx, "block_sparse")
 
 
 def decide(ctx: Context):

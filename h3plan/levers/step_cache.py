@@ -34,7 +34,6 @@ Without a budget or a policy every setting but off is refused: lossless recipes 
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any, Mapping
 
 from h3plan.errors import ConfigError
@@ -282,35 +281,8 @@ def request_problem(ctx: Context) -> ConfigError | None:
 
 def points(ctx: Context) -> tuple[ev.QualityPoint, ...]:
     """The published points, and the calibrated ones of recipe.cache.evidence (EvidenceError: one line)."""
-    path = _cache(ctx).get("evidence")
-    if not path:
-        return POINTS
-    mine, ckpt = _read(str(path))
-    have = (ctx.model or {}).get("path")
-    if ckpt and have and not _same_path(ckpt, have):
-        raise ConfigError(f"recipe.cache.evidence={path}", f"was calibrated on {ckpt}, not this plan's model.path={have}")
-    return POINTS + mine
-
-
-def _read(path: str) -> tuple[tuple[ev.QualityPoint, ...], str | None]:
-    import os
-
-    try:
-        stamp = os.stat(path).st_mtime_ns
-    except OSError:
-        stamp = None
-    return _read_at(path, stamp)
-
-
-@lru_cache(maxsize=8)
-def _read_at(path: str, stamp) -> tuple[tuple[ev.QualityPoint, ...], str | None]:
-    return ev.read_points(path, SPEC.name)
-
-
-def _same_path(a: str, b: str) -> bool:
-    import os
-
-    return os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b))
+    return ev.with_calibrated(POINTS, _cache(ctx).get("evidence"), SPEC.name, "recipe.cache.evidence",
+                              (ctx.model or {}).get("path"))
 
 
 def _applicable(ctx: Context, s: str, knobs: Mapping[str, Any]) -> list[ev.QualityPoint]:

@@ -40,14 +40,15 @@ class TuneConfig:
 class CalibrateConfig:
     target: str = "fp8_scales"
     """fp8_scales: the static FP8 scale table (below); step_cache: step-cache settings measured against the uncached
-    video and audio, every one written as a calibrated quality point to `evidence_out` and the fastest inside
-    recipe.cache as a plan to `plan_out` (h3plan/actions/calibrate_step_cache.py); sparse_attention: keep
-    fractions measured against the dense frames (and soundtrack), the sparsest inside recipe.sparse written to
-    `plan_out` (h3plan/actions/calibrate_sparse_attention.py)."""
-    plan_out: str = "step_cache_plan.yaml"
-    """target=step_cache / sparse_attention: where the winning plan goes."""
-    evidence_out: str = "step_cache_points.yaml"
-    """target=step_cache: where every candidate's calibrated quality point goes (recipe.cache.evidence reads it)."""
+    video and audio (h3plan/actions/calibrate_step_cache.py); sparse_attention: keep fractions measured against the
+    dense frames and soundtrack (h3plan/actions/calibrate_sparse_attention.py). Both write every candidate as a
+    calibrated quality point to `evidence_out` (recipe.cache.evidence / recipe.sparse.evidence read it) and the fastest
+    inside the recipe's budget as a plan, citing those points, to `plan_out`."""
+    plan_out: Optional[str] = None
+    """target=step_cache / sparse_attention: where the winning plan goes; null: <target>_plan.yaml."""
+    evidence_out: Optional[str] = None
+    """target=step_cache / sparse_attention: where every candidate's calibrated quality point goes; null:
+    <target>_points.yaml."""
     prompts: Optional[str] = None
     """target=step_cache: a text file of prompts, one a line, that the checkpoint's text encoder encodes (model.path
     with text_encoder/ and tokenizer/); null: seeded prompt embeddings (calibrate.seeds), refused where the

@@ -145,7 +145,8 @@ class CacheBudget:
 class SparseBudget:
     """recipe.sparse: the quality budget block-sparse attention must stay inside (levers/sparse_attention.py), apart
     from the kernel levers' `budget`; both bounds null (the default): no budget, attention stays dense. Set it as
-    `recipe.sparse={psnr_db_min:28,ssim_min:0.9}` (against the same seed's dense frames)."""
+    `recipe.sparse={ssim_min:0.8}` (against the same seed's dense frames; the published SubBlock point reports SSIM
+    only, so a PSNR bound needs your checkpoint's points, recipe.sparse.evidence)."""
 
     psnr_db_min: Optional[float] = None
     ssim_min: Optional[float] = None
@@ -155,12 +156,28 @@ class SparseBudget:
     """The first forwards of a generation run dense attention (SubBlock's published 10 of 49)."""
     video_only: bool = True
     """Route target-video query blocks only (every other query block dense); false routes every query block."""
+    evidence: Optional[str] = None
+    """A quality points file of your checkpoint (action=calibrate calibrate.target=sparse_attention writes it); its
+    points take precedence over the published one."""
+    unmeasured: bool = False
+    """Run block_sparse at knobs no published or calibrated point covers (the plan says no measurement backs it)."""
     source: Optional[str] = None
+
+
+@dataclass
+class Tier:
+    """recipe.tier: a named stack of lossy levers (conf/tier/<name>.yaml sets the recipe, its budgets and this)."""
+
+    name: str = MISSING
+    evidence: str = MISSING
+    """What is known of the stack's quality as a whole, with its source (each part's own evidence is its lever's)."""
 
 
 @dataclass
 class RecipeConfig:
     name: str = MISSING
+    tier: Optional[Tier] = None
+    """The named tier that set this recipe and its budgets (conf/tier/, `tier=quality`); null: none."""
     checkpoint: Checkpoint = MISSING
     """Quantization of the block linears in the checkpoint."""
     attention: Precision = MISSING

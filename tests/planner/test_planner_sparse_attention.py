@@ -1,8 +1,9 @@
 """sparse_attention's decision table: off on every packaged recipe and without a sparse budget (recipe.sparse); with
-one, auto picks block_sparse only where the published evidence meets it (SubBlock publishes SSIM, no PSNR: a budget
-with a PSNR bound stays off), and a forced block_sparse states the verdict; refusals are one line: no budget (lossless or not), ring attention, cuDNN FP8 attention,
-the split output exchange, every forward dense; the blocks are the hardware's FA4 facts; sm100+ rows are planned and
-marked never run; the estimates count the sparse forwards' attention."""
+one, auto and a forced block_sparse alike run only where the evidence meets it, by step_cache's rules (SubBlock
+publishes SSIM, no PSNR: a budget with a PSNR bound is refused, citing it; knobs no point covers run only with
+recipe.sparse.unmeasured=true); refusals are one line: no budget (lossless or not), ring attention, cuDNN FP8
+attention, the split output exchange, every forward dense; the blocks are the hardware's FA4 facts; sm100+ rows are
+planned and marked never run; the estimates count the sparse forwards' attention."""
 
 import pytest
 
@@ -10,7 +11,7 @@ import h3plan
 from h3plan.errors import ConfigError, PlanningError
 from h3plan.levers.sparse_attention import PUBLISHED, verdict, work
 
-BUDGET = {"psnr_db_min": 28.0, "ssim_min": 0.8}
+BUDGET = {"ssim_min": 0.8}  # the published SubBlock point (SSIM 0.80) meets it
 ON = {"levers.sparse_attention": "block_sparse"}
 
 
@@ -36,7 +37,7 @@ def test_budget_plans_block_sparse_with_the_published_point():
     assert (d.param("block_q"), d.param("block_k")) == (128, 128)  # hardware.fa4.block_sparse on sm90
     assert d.param("video_rows") == 37296 and d.param("routed_query_blocks") == 291
     assert any(r.startswith("evidence (published on released weights): SSIM 0.8 at 1.28x")
-               and "docs/sources.md#sglang-subblock" in r and r.endswith("misses recipe.sparse (PSNR not measured)")
+               and "docs/sources.md#sglang-subblock" in r and r.endswith("meets recipe.sparse (SSIM >= 0.8)")
                for r in d.reasons), d.reasons
     assert any("h3plan has not measured" in r for r in d.reasons)
     assert not any("never run on sm90" in r for r in d.reasons)  # block_sparse passed the GPU suite (hardware.verified)
@@ -56,17 +57,47 @@ def test_estimates_count_the_sparse_forwards():
 
 
 def test_auto_needs_evidence_that_meets_the_budget():
-    d = _plan({**BUDGET}, **{"levers.sparse_attention": "auto"}).decision("sparse_attention")
-    assert d.setting == "off" and "its evidence misses it (PSNR not measured)" in d.reasons[0], d.reasons
-    assert "levers.sparse_attention=block_sparse runs it anyway" in d.reasons[0]
+    d = _plan(BUDGET, **{"levers.sparse_attention": "auto"}).decision("sparse_attention")
+    assert d.setting == "block_sparse" and not d.forced
+    with pytest.raises(PlanningError, match=r"levers.sparse_attention=auto cannot apply: recipe.sparse \(SSIM >= 0.8, "
+                       r"PSNR >= 28 dB\): block_sparse at keep 0.25: its evidence misses recipe.sparse \(PSNR not "
+                       r"measured\): SSIM 0.8 at 1.28x .*lower the budget, or recipe.sparse=null") as e:
+        _plan({**BUDGET, "psnr_db_min": 28.0}, **{"levers.sparse_attention": "auto"})
+    assert "\n" not in str(e.value)
 
 
-def test_forced_states_the_verdict():
-    d = _plan({"psnr_db_min": 28.0, "ssim_min": 0.9}).decision("sparse_attention")
-    assert d.setting == "block_sparse"
-    assert any("misses recipe.sparse (SSIM 0.8 < 0.9; PSNR not measured)" in r for r in d.reasons), d.reasons
-    d = _plan({**BUDGET, "keep": 0.5}).decision("sparse_attention")
-    assert any(r.startswith("unmeasured: no published quality for keep 0.5") for r in d.reasons)
+def test_forced_needs_evidence_too():
+    with pytest.raises(PlanningError, match=r"levers.sparse_attention=block_sparse cannot apply: its evidence misses "
+                       r"recipe.sparse \(SSIM 0.8 < 0.9\): SSIM 0.8 at 1.28x"):
+        _plan({"ssim_min": 0.9})
+    with pytest.raises(PlanningError, match="unmeasured: no published or calibrated quality for keep 0.5 with 10 of 49 "
+                       "forwards dense .* or run it without evidence with recipe.sparse.unmeasured=true"):
+        _plan({**BUDGET, "keep": 0.5})
+    d = _plan({**BUDGET, "keep": 0.5, "unmeasured": True}).decision("sparse_attention")
+    assert d.setting == "block_sparse" and d.param("keep") == 0.5
+    assert any(r.startswith("unmeasured: no published or calibrated quality for keep 0.5") and
+               r.endswith("it runs because recipe.sparse.unmeasured=true, so no measurement backs the budget")
+               for r in d.reasons), d.reasons
+
+
+def test_calibrated_points_take_precedence(tmp_path):
+    from h3plan.facts import evidence as ev
+
+    f = tmp_path / "points.yaml"
+    mine = ev.QualityPoint.make("sparse_attention", "block_sparse", {"keep": 0.25, "dense_forwards": 10,
+                                "video_only": True, "forwards": 49}, ["t2va"], psnr_db=31.0, ssim=0.91,
+                                kind="calibrated", where="2 prompts")
+    ev.write_points(str(f), "sparse_attention", [mine], checkpoint=str(tmp_path / "ckpt"), date="today")
+    d = _plan({"psnr_db_min": 30.0, "ssim_min": 0.9, "evidence": str(f)}).decision("sparse_attention")
+    assert any(r.startswith("evidence (calibrated on your checkpoint): SSIM 0.91 / PSNR 31 dB") and
+               r.endswith("meets recipe.sparse (SSIM >= 0.9, PSNR >= 30 dB)") for r in d.reasons), d.reasons
+    assert not any("h3plan has not measured" in r for r in d.reasons)  # its own measurement is cited instead
+    with pytest.raises(ConfigError, match="recipe.sparse.evidence=.* was calibrated on .*ckpt, not this plan's"):
+        ev.with_calibrated((), str(f), "sparse_attention", "recipe.sparse.evidence", str(tmp_path / "other"))
+    assert ev.with_calibrated((), str(f), "sparse_attention", "k", str(tmp_path / "ckpt")) == (
+        ev.read_points(str(f), "sparse_attention")[0])
+    with pytest.raises(h3plan.errors.H3PlanError, match="quality points file .*missing.yaml"):
+        _plan({**BUDGET, "evidence": str(tmp_path / "missing.yaml")})
 
 
 def test_evidence_rule():
@@ -119,7 +150,7 @@ def test_fp8_gemms_compose_with_fa4_attention():
 
 
 @pytest.mark.parametrize("sparse,key", [
-    ({"psnr_db_min": 28.0}, "recipe.sparse"),
+    ({"unmeasured": True}, "recipe.sparse.unmeasured"),
     ({**BUDGET, "keep": 0.0}, "recipe.sparse.keep=0.0"),
     ({**BUDGET, "dense_forwards": -1}, "recipe.sparse.dense_forwards=-1"),
 ])
