@@ -94,6 +94,10 @@
 #                  before, the lossless plan's - about 4.5 minutes;
 #   H3_PHASE=whole-lossless: the bf16 plan with diffusers' fp32 VAE alone, whose frames the lossy plans' are held
 #                  against (run it first) - about 7 minutes;
+#   H3_PHASE=whole-tier: the quality tier (tier=quality: fp8 GEMMs, BF16 FA4 attention, the fp16 decode, the step
+#                  cache's high policy, block-sparse attention at keep 0.25 after 10 dense forwards) alone, t2va
+#                  768x1344x124, 49 forwards: its ratio against whole-best's compile (target 2.7x) and its frames
+#                  against that compile's and the lossless plan's (seeded weights) - about 4 minutes;
 #   H3_PHASE=turbo-fp16: the Turbo FL2VA request (4 forwards, the prompt through the seeded conditioner) with diffusers'
 #                  compile at the fp16 VAE and the bf16 plan with recipe.vae=fp16, both whole calls - about 4.5 minutes.
 # H3_PHASE=forward-points (not this bench): the installed 50-layer forward profiled at 19,000 and 46,020 tokens (bf16
@@ -156,6 +160,7 @@ case "${H3_PHASE:-fp32}" in
   whole-best) args=(hardware=sm90 parallel=u1 recipe=bf16 --vae fp16 --no-eager --no-plan --whole) ;;
   whole-fp8) args=(hardware=sm90 parallel=u1 recipe=fp8 --vae fp16 --no-eager --no-best --whole) ;;
   whole-lossless) args=(hardware=sm90 parallel=u1 recipe=bf16 --vae fp32 --no-eager --no-best --no-reference --whole) ;;
+  whole-tier) args=(hardware=sm90 parallel=u1 tier=quality --vae fp16 --no-eager --no-best --whole) ;;
   turbo-fp16) vid=1344x768x124
          args=(hardware=sm90 parallel=u1 recipe=bf16 recipe.vae=fp16 video=fl2va_turbo_768x1344
                memory.text_encoder=offload_after --workflow fl2va --prompt --vae fp16 --e2e-steps 4 --no-eager
@@ -168,7 +173,7 @@ case "${H3_PHASE:-fp32}" in
   lora) script=benchmarks/lora.py vid=512x896x124
         args=(hardware=sm90 parallel=u1 --layers 8 --steps 3) ;;
   *) echo "H3_PHASE: fp32, fp16, stock, all, cache-bf16, cache-fp8, cache-high, cache-adaptive, cache, ref2va-best," \
-          "ref2va-bits, fl2va-best, fl2va-bits, ref2va, fl2va, turbo, whole-best, whole-fp8, whole-lossless," \
+          "ref2va-bits, fl2va-best, fl2va-bits, ref2va, fl2va, turbo, whole-best, whole-fp8, whole-lossless, whole-tier," \
           "turbo-fp16, forward-points, cap-t2va, cap-ref2va or lora" >&2; exit 2 ;;
 esac
 if [ "$script" = benchmarks/memory.py ]; then

@@ -116,8 +116,9 @@ def _header(plan) -> str:
     extends = "" if option == hw["name"] else f"as {hw['name']}: "  # a file of your own over a packaged one
     gb = hw.get("device", {}).get("memory_gb")
     device = f"{extends}{'/'.join(hw.get('products') or []) or hw['arch']}" + (f", {gb:g} GB" if gb else "")
+    tier = f" tier={r['tier']['name']}" if r.get("tier") else ""
     return (f"h3plan  hardware={option} ({device})  "
-            f"recipe={r['name']} ({policy})  {_parallel_label(p)} (Ulysses {p['ulysses']}{ring}, {p['seq_len']:,} tokens)  "
+            f"recipe={r['name']}{tier} ({policy})  {_parallel_label(p)} (Ulysses {p['ulysses']}{ring}, {p['seq_len']:,} tokens)  "
             f"model={m['name']}")
 
 
@@ -332,6 +333,9 @@ def _summary_lines(plan, width: int) -> list[str]:
         lines += _labelled("sparse", f"sparse_attention={sparse.setting}: keep {sparse.param('keep'):g} of the key blocks "
                                      f"on {sparse.param('sparse_forwards')} of {sparse.param('forwards')} forwards; "
                                      f"{said}", width)
+    if r.get("tier"):  # a named stack: each part's evidence is on its own line above or below; the stack's here
+        lines += _labelled("tier", f"{r['tier']['name']}: each lossy part is judged by its own evidence and budget (the "
+                                   f"fewer, sparse and lossy lines); the stack as a whole: {r['tier']['evidence']}", width)
     if lossy and r["policy"] == "lossless":  # the recipe's own lossy choice: no budget, its measured error
         chosen = [d for d in ds if d.lever in lossy]
         lines += _labelled("lossy", "; ".join(

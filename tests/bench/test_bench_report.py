@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+import h3plan
+
 from h3plan.actions import bench
 from h3plan.planner import make_plan
 from h3plan.facts.decision import make_decision
@@ -57,6 +59,7 @@ def test_plan_label_names_groups_and_forced_levers():
     plan = make_plan({"hardware": {"name": "sm90"}, "recipe": {"name": "bf16"}, "parallel": {"name": "u1", "ulysses": 1}},
                      {}, decisions)
     assert bench.plan_label(plan) == "sm90/bf16/u1 +attention=cudnn_bf16"
+    assert bench.plan_label(h3plan.resolve_config(tier="quality")) == "sm90/fp8/u1 tier=quality"
 
 
 @pytest.mark.parametrize("name, tag", [("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100"),

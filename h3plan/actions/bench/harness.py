@@ -32,10 +32,12 @@ HOST_CLOCK_NOTE = "bench: no CUDA device: host clock on the CPU; these times mea
 
 
 def plan_label(plan) -> str:
-    """`sm90/bf16/u1`, plus `+lever=setting` for every lever the user forced."""
+    """`sm90/bf16/u1`, plus ` tier=<name>` for a named tier and `+lever=setting` for every lever the user forced."""
     hw, recipe, par = plan.get("hardware"), plan.get("recipe"), plan.get("parallel")
     u = par.get("ulysses", 1)
     label = f"{hw.get('name', '?')}/{recipe.get('name', '?')}/{par.get('name') or f'u{u}'}"
+    if recipe.get("tier"):
+        label += f" tier={recipe['tier']['name']}"
     forced = [f"+{d.lever}={d.setting}" for d in plan.decisions if d.forced]
     return " ".join([label] + forced)
 
