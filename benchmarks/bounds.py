@@ -82,7 +82,7 @@ def lossless_e2e(d: Path) -> list[dict]:
         f = p.get("frames") or {}
         if p["setting"] != "plan" or p["vae"] != "fp32" or not f.get("bitwise") or p.get("error"):
             continue
-        if p.get("workflow", "t2va") != "t2va":  # issue 19's bound: the t2va call its forward profile measured
+        if p.get("workflow", "t2va") != "t2va":  # the bound is the t2va call's, whose forward profile was measured
             continue
         b32 = next((r for r in rows if r["run"] == p["run"] and r["setting"] == "best" and r["vae"] == "fp32"), None)
         if b32 is None:
@@ -161,15 +161,15 @@ def vae(d: Path) -> list[dict]:
 
 # the static pass of each NVFP4 producer (the mode a ModelOpt checkpoint's input_scale gives) in
 # probes/nvfp4-compile.json (sm90, the planned layout): its kernel name there
-# the kernels on main in probes/nvfp4-session11/ncu.json (call 6): the committed tree, the fold with its eviction hints
+# the served kernels' reports in probes/nvfp4-session11/ncu.json: the committed tree's, the fold's with its eviction hints
 NVFP4_MAIN = {"modulation": "committed", "fold": "hints", "swiglu": "committed", "cast": "committed"}
 NVFP4_STATIC = {"modulation": "modulate_nvfp4 exact r", "fold": "modulate_nvfp4 exact fold r", "swiglu": "swiglu_nvfp4 ",
                 "cast": "cast_nvfp4 "}
 
 
 def nvfp4_producers(d: Path) -> list[dict]:
-    """Each NVFP4 producer's static pass at 19,000 rows (issue 23: at least 0.7 of copy bandwidth): `now` is its kernel
-    time under Nsight Compute (probes/nvfp4-session11/ncu.json, main's kernels: call 6) as a fraction of copy;
+    """Each NVFP4 producer's static pass at 19,000 rows (target: at least 0.7 of copy bandwidth): `now` is its kernel
+    time under Nsight Compute (probes/nvfp4-session11/ncu.json, the served kernels) as a fraction of copy;
     the bound is the fraction it would reach if it issued its SASS instructions (probes/nvfp4-compile.json, sm90, the
     planned layout: thread instructions per element) at the SM's full rate, one warp instruction per scheduler per
     cycle on every SM at the profiled SM clock, with memory free. A target above it needs fewer instructions (on

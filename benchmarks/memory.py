@@ -26,7 +26,7 @@ The cap rows with their tables-off references only (about 7 minutes on one H200;
 
     python benchmarks/memory.py --steps 3 --decode all --cap-references --no-warmup --out benchmarks/results/logs --tag h200-cap-run
 
-Another workflow and the text encoder (issue 32): `--workflow ref2va` (the ref2va_768x1344_5s plan, one seeded image
+Another workflow and the text encoder: `--workflow ref2va` (the ref2va_768x1344_5s plan, one seeded image
 reference, the transformer_ref partition; fl2va: the first and last keyframe) and `--text-encoder host` (the plan's
 memory.text_encoder; the call is pipe(prompt="...") through diffusers' text encoder step and the seeded Qwen3-VL at
 the packaged widths, actions/text_encoder_build.py, placed by install: install/text_encoder.py). Either runs the whole

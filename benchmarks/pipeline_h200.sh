@@ -20,7 +20,7 @@
 #                  diffusers' fp32 VAE - about 4 minutes;
 #   H3_PHASE=all:  every row of both but the references (eager and best at fp32 and fp16, the bf16 plan with each
 #                  decode, the fp8 plan) - about 8 minutes.
-#   H3_PHASE=cache-bf16 / cache-fp8 (issue 33): eager and best with the fp32 VAE (2 untimed + 1 timed forwards as
+#   H3_PHASE=cache-bf16 / cache-fp8: eager and best with the fp32 VAE (2 untimed + 1 timed forwards as
 #                  above), then the plan with levers.step_cache=fixed computing 34 of 49 forwards (bf16 + the fp16
 #                  VAE, or fp8): one untimed 2-forward call, then the whole 50-step call timed end to end; its notes
 #                  carry the overhead check (E2E <= 1.03 x (34 forwards + rest)) - about 8.5 and 8 minutes (estimate
@@ -32,17 +32,16 @@
 #                  threshold computes on seeded weights is a count, not a quality claim; the call must fall inside the
 #                  plan's range (26..49 forwards computed) - about 7-8.5 minutes (build ~1, eager ~1.3, best ~2.3,
 #                  install and warm call ~0.7, the call 26..49 x 4.07 s).
-#   H3_PHASE=cache-adaptive (issue 33): eager and best as above, then the fp8 plan with levers.step_cache=first_block
+#   H3_PHASE=cache-adaptive: eager and best as above, then the fp8 plan with levers.step_cache=first_block
 #                  at threshold 0.08 (Sol-Engine's FirstBlockCache setting), the whole call timed: the row reports how
 #                  many forwards the threshold computed on seeded weights (a count, not a quality claim) and its
 #                  overhead against computed forwards + rest (reported: every skipped forward runs the first block) -
-#                  401 s in session 16 (20 of 49 forwards computed).
-# Issue 32, every workflow with the prompt through the text encoder (--prompt: pipe(prompt="...") through diffusers'
+#                  about 401 s on the H200 (20 of 49 forwards computed).
+# Every workflow with the prompt through the text encoder (--prompt: pipe(prompt="...") through diffusers'
 # text encoder step and the seeded Qwen3-VL at the packaged Qwen3-VL-32B widths, built on the device in seconds and
 # placed where the plan's memory.text_encoder puts it for every row; the encode and its moves are in each row's rest,
-# E2E and peak). The split phases below were written when the conditioner moved through pageable memory (~48 s a
-# call); with the pinned masters a whole workflow fits one call (ref2va / fl2va, further down), and the split
-# phases stay for a call with less time:
+# E2E and peak). A whole workflow fits one call (ref2va / fl2va, further down); the split phases below are for a
+# call with less time:
 #   H3_PHASE=ref2va-best: ref2va (video=ref2va_768x1344_5s, one seeded image reference, the transformer_ref
 #                  partition, 49 forwards), memory.text_encoder=offload_after (the plan's fit on 141 GB: resident
 #                  needs 65.4 GiB beside the denoise peak, 64.5 free): eager, best, the bf16 plan, fp32 VAE - about
@@ -53,11 +52,11 @@
 #                  video.task=fl2va and the first and last keyframe, seeded), the same rows as ref2va's two phases -
 #                  about 7 and 6 minutes;
 #   H3_PHASE=ref2va / fl2va: the four rows of both phases above in one process (eager, best, the bf16 plan and its
-#                  bitwise reference): 453 s and 356 s in session 16 (fl2va's reference row ran out of memory at the
-#                  text encode, 1.2 GiB over the eager row's 137.0 GiB peak; the bench now runs each reference before
-#                  its plan and notes what an earlier row left on the device). fl2va's plan takes the
-#                  text rows the seeded conditioner packs for the 110-byte prompt and the two keyframes' vision
-#                  blocks (2,026: session 16's measured 41,752 rows less the video, audio and keyframe rows).
+#                  bitwise reference): about 453 s and 356 s on the H200. The bench runs each reference before its
+#                  plan and notes what an earlier row left on the device (after its plan, fl2va's reference row ran
+#                  out of memory at the text encode, 1.2 GiB over the eager row's 137.0 GiB peak). fl2va's plan takes
+#                  the text rows the seeded conditioner packs for the 110-byte prompt and the two keyframes' vision
+#                  blocks (2,026: the measured 41,752 rows less the video, audio and keyframe rows).
 #   H3_PHASE=turbo: the Turbo FL2VA request (video=fl2va_turbo_768x1344: 1344x768 height x width, 124 frames: 107
 #                  is under the pipeline's 5 s; 4 denoiser evaluations, --e2e-steps 4): eager and best with diffusers'
 #                  default fp32 VAE, the bf16 plan with recipe.vae=fp16 (target: E2E >= 1.5x best; no fp16 eager row,
@@ -79,8 +78,8 @@
 #                  set_adapters timed), its bitwise reference, diffusers eager with the LoRA; the fp8 plan without it
 #                  (the LoRA's one-line refusal recorded), with it fused the way the refusal names (timed), diffusers
 #                  on the fused weights; $OUT/lora-h200.json / .md - about 3 minutes (estimate: build, FA4 and cuDNN
-#                  JIT, 7 calls of 4 forwards; never run yet).
-# Whole calls at the same output precision (issue 43): each row below times a short call (2 untimed + 3 timed
+#                  JIT, 7 calls of 4 forwards).
+# Whole calls at the same output precision: each row below times a short call (2 untimed + 3 timed
 # forwards) and then one real 49-forward call end to end, every forward between CUDA events; E2E is the whole call and
 # the row records its extrapolation check (49 x the short call's median forward + its rest within 1% of the whole call:
 # PASS or FAIL). Three rows do not fit one device call (a 49-forward call of diffusers' compile takes about 300 s, the

@@ -17,7 +17,7 @@ import statistics
 import sys
 
 NAN = float("nan")
-TARGET_LOSSLESS, TARGET_FP8 = 1.25, 1.5  # h3plan.actions.bench TARGET_*_SPEEDUP (issue 4)
+TARGET_LOSSLESS, TARGET_FP8 = 1.25, 1.5  # h3plan.actions.bench TARGET_*_SPEEDUP
 
 
 def _ok(records):

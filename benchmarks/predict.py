@@ -1,8 +1,8 @@
-"""The plan's time line against the H200's measured `pipe(...)` rows (issue 34): every one-GPU plan row of
+"""The plan's time line against the H200's measured `pipe(...)` rows: every one-GPU plan row of
 benchmarks/results/pipeline-h200.json planned again, with the packaged sm90 facts and with each tuned file under
 docs/tuned/hardware/, at the row's 49 forwards and at a 4-forward request (measured: 4 x the row's forward + its
 rest of the call); and the plan's peak memory against the measured one for every row whose call took a prompt
-through the text encoder (issue 32): in sample, since sm90's facts were fitted to these rows or measured at their
+through the text encoder: in sample, since sm90's facts were fitted to these rows or measured at their
 shapes. Out of sample (predict-holdout-h200.json / .md, `holdout`): each row predicted by the packaged sm90 facts
 - held out: only a row no packaged fact was fitted to (a fact's `provenance` names the row it came from) and no
   correction supersedes (pipeline-h200-corrections.json) is checked;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything issue 3 and 4 measure on the H200, in ONE device call, from the repository root, after the
+# The GPU suite, the kernel bench and the block bench on the H200, in ONE device call, from the repository root, after the
 # GPU wheels are installed (shared/gpu/README.md):
 #
 #   . /tmp/h3site/env.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash benchmarks/run_h200.sh
@@ -14,7 +14,7 @@
 #   summary  exit code and time of every step, the targets, the files in $OUT
 # Skip a step with H3_SKIP_ENV / H3_SKIP_SUITE / H3_SKIP_KERNELS / H3_SKIP_BLOCK =1; per-step caps
 # H3_T_SUITE, H3_T_KERNELS, H3_T_BLOCK (seconds, each block plan); H3_BENCH_ARGS adds overrides to every
-# block run (e.g. 'bench.seq_lens=[37820]'; 'bench.blocks=[1]' keeps only the issue's single-block rows, the
+# block run (e.g. 'bench.seq_lens=[37820]'; 'bench.blocks=[1]' keeps only the single-block rows, the
 # quick form of the block step); H3_APPEND=1 starts the block JSON from
 # benchmarks/results/block-h200.json (to add a plan to committed results). $OUT comes back with at most
 # 8 files: this script writes 7. The PNG needs matplotlib; without it, draw it afterwards on any machine:

@@ -12,15 +12,15 @@
 #   u2pipe     the MiniMax-H3 pipeline end to end at Ulysses degree 2 (bf16, fp8), appended to the committed
 #              pipeline-h200.json (records are keyed by GPUs, so the one-GPU rows stay)
 #   profile    where the FP8 block's time goes (benchmarks/probes/block_profile.py), the parallel bench again with
-#              per-category profiles and regional compile over every recipe's plan; the GPU tests that never
-#              ran (pipeline, ring and VAE over NCCL, calibrate at real width, the FA4 2-CTA message)
+#              per-category profiles and regional compile over every recipe's plan; the GPU tests of the
+#              pipeline, ring and VAE over NCCL, calibrate at real width and the FA4 2-CTA message
 #   measure    the block bench with diffusers' best (regional compile) as a peer row, bf16 and fp8, one block at
 #              19,000 and 37,820; fp8_act_quant tensor vs row (probe + GPU test)
 #   vae        the released-shape VAE decode (eager vs plan: time, bitwise, peak), the VAE over NCCL, the block
 #              profiles again
 #   vae2       fp8 plans at degree 2 with fp8_act_quant=row (NCCL) and under regional compile; the FP8 VAE at the
 #              released latent (time, PSNR, peak); the VAE decode profile; the VAE over NCCL
-#   recheck    the two NCCL checks of vae2 again after their fixes (no compile at degree > 1; a contiguous gather)
+#   recheck    vae2's two NCCL checks alone: the fp8 plans at degree 2 (no compile at degree > 1), the VAE over NCCL
 #   overlap    where degree 2 loses against half of degree 1 (benchmarks/probes/ulysses_overlap.py: profiles,
 #              exchange layouts, query-split attention with its output exchange overlapped), then the ring phase
 #   scale      every installed-Ulysses NCCL case (bitwise vs degree 1), the parallel bench with the other exchange as
@@ -29,8 +29,8 @@
 #   last       the parallel bench at 8 blocks (bf16, 37,820, every exchange), the install-time parking GPU test,
 #              the fp8 pipeline on one GPU again (appended to the committed pipeline-h200.json)
 #   post       the output exchange as send/recv plus a local copy: its NCCL cases and the bf16 bench, 10 rounds
-#   ring       the installed ring plan (ring 2 x Ulysses 1) over NCCL against degree 1 (never ran yet)
-#   many       issue 14 on H3_NPROC GPUs (8 or 4): Ulysses and installed-Ulysses NCCL tests at that degree, the
+#   ring       the installed ring plan (ring 2 x Ulysses 1) over NCCL against degree 1
+#   many       the larger degrees on H3_NPROC GPUs (8 or 4): Ulysses and installed-Ulysses NCCL tests at that degree, the
 #              installed ring 2 x Ulysses N/2, the scaling probe at 37,820 and 104,076, the parallel bench against
 #              diffusers' context parallel with a ring 2 x Ulysses N/2 arm (one device call may not hold all of it:
 #              the steps run in order under H3_BUDGET_S; rerun with the rest)
@@ -168,7 +168,7 @@ case "$1" in
     step ring-install-nccl 200 torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_install_ring_nccl.py -q -rA \
       -s -p no:cacheprovider
     ;;
-  many)  # H3_NPROC GPUs (default 8; 4 works too): issue 14's runs, ring x Ulysses against Ulysses at the same world
+  many)  # H3_NPROC GPUs (default 8; 4 works too): the larger degrees, ring x Ulysses against Ulysses at the same world
     N=${H3_NPROC:-8}
     step "ulysses-nccl-x$N" 120 torchrun --standalone --nproc-per-node="$N" -m pytest tests/gpu/test_ulysses_nccl.py -q -rA \
       -p no:cacheprovider

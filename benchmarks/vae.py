@@ -199,7 +199,7 @@ def measure(vae, plan, spec: str, latent, warmup: int, iters: int, seed: int = 1
 
 
 def summary_fields(gpus: int, bitwise: bool, eager_peak, plan_peak) -> dict:
-    """The flat fields every vae-<tag>.json record carries (issue 13's schema) beside the detailed ones."""
+    """The flat fields every vae-<tag>.json record carries (the flat schema) beside the detailed ones."""
     return {"gpus": gpus, "bitwise": bool(bitwise), "peak_GiB_eager": _r(eager_peak), "peak_GiB_plan": _r(plan_peak)}
 
 

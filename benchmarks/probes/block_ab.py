@@ -1,9 +1,9 @@
 """Probe (H200): the FA4 tile inside the real-width block, one process, interleaved: the lossless bf16 plan with
 FA4's default tile against the same plan with the measured (192, 128) tile (`levers.fa4_tile=default` vs `tuned`),
 each round running eager, A and B once; the two plans must give the same bits. This is the in-block version of the
-attention-only A/B in attention-tuning-h200.md, whose two runs at 37,820 disagreed. Its placement section (the
-plan's attention call in the plan, back to back, after a forward: what action=bench now times itself) is in git
-history: `git show a5ae9a5:benchmarks/probes/block_ab.py`.
+attention-only A/B in attention-tuning-h200.md, whose two runs at 37,820 disagreed. The attention call's
+placement (in the plan, back to back, after a forward) is timed by action=bench itself
+(h3plan/actions/bench/measure.py).
 
 Usage: python block_ab.py OUT_DIR [S ...]   (default S: 37820 19000)
 """

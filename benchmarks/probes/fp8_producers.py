@@ -7,10 +7,10 @@ runtime/quant/fp8_rowwise.py) and the lean q/k/v FP8 cast (runtime/kernels/qk_fp
 Sections (JSON in OUT/fp8-producers-h200.json, one line per record on stdout):
 - kernels: each producer (modulation -> e4m3, SwiGLU -> e4m3, the attention output's per-row cast) against
   the current path (the bf16 producer kernel + kernels.fp8's amax pass + cast pass), times and fraction of
-  copy bandwidth (bytes = fewest the fused kernel must move; the issue's target: >= 0.70), codes and
+  copy bandwidth (bytes = fewest the fused kernel must move; the target: >= 0.70), codes and
   descales checked against the torch reference; --sweep adds every SWEEP_CONFIGS entry.
-- qk: qk_norm_rope_fp8_lean (dynamic, static), bits checked against its reference (the two-pass kernel it
-  replaced, measured beside it in the committed JSON, is gone); bytes as in benchmarks/cases/attention_ops.py
+- qk: qk_norm_rope_fp8_lean (dynamic, static), bits checked against its reference (the committed JSON also
+  holds a two-pass kernel measured beside it; h3plan ships the lean one only); bytes as in benchmarks/cases/attention_ops.py
   (dynamic: two reads + one write); --sweep adds the lean tilings.
 - block: one real-width MiniMaxH3TransformerBlock (hidden 5376, 56 x 128 heads, ffn 14336) at S tokens,
   interleaved rounds: diffusers eager; the installed fp8 plan (per-tensor activation scales: amax + cast

@@ -7,9 +7,8 @@
 # nvfp4_producers.py --once (the h3plan it imports comes from the tree); the reports go to $OUT/ncu-LABEL.txt and
 # ncu_table.py writes $OUT/ncu.{json,md} at the copy rate measured here. A tree other than the checkout travels
 # as an extract, e.g. `mkdir -p .gpu/main && git archive main h3plan | tar -x -C .gpu/main` (carry it with the call).
-# With the wheels the carry has little room (64 MiB in all): session 11 carried only the files that differ and built
-# the second tree on the device (cp -r h3plan, then those files over it). Ran in session 11, calls 1 and 6
-# (benchmarks/results/probes/nvfp4-session11/README.md).
+# With the wheels the carry has little room (64 MiB in all): carry only the files that differ and build the second
+# tree on the device (cp -r h3plan, then those files over it). Its runs: benchmarks/results/probes/nvfp4-session11/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-.}"

@@ -13,14 +13,14 @@ reference, then `cast_nvfp4_ref`), on inputs holding zero, -0, tiny, saturating 
 (tests/gpu/test_nvfp4_gpu.py `special_blocks`), then the median time (20 launches, each after a 256 MiB read
 that flushes the L2 and behind a GPU spin so the host has queued the call: the GPU's time, as inside the model's
 forward; `host_bound_ms` is the best layout's time without the spin) and its fraction of copy bandwidth over the
-bytes one pass must move (inputs read once, codes + scales written; the fold also writes h'). Session 10's results
-(results/probes/nvfp4-producers-h200.json and nvfp4-session10/probe-*.json) were timed with a flushing write and
-no spin: their ~0.1-0.5 ms calls hold the host's dispatch and the write-back of the flush's dirty L2 lines, and
-the same kernels differed by 1.6x between runs (nvfp4-session10/README.md; Nsight Compute's kernel times there).
-Session 11's first run (nvfp4-session11/probe-call2-*) had a 400 us spin: the cast's times matched Nsight
-Compute's, the modulation's and the fold's (whose host dispatch takes 0.55-0.92 ms) did not. With LEAD_US
-(nvfp4-session11/probe-call3-*, probe-call4-*) each best time is within 2.5-8% of Nsight Compute's kernel time
-(the call's own small launches: the scale buffer's zero fill, since cut to its padding, and g's copy). Dynamic mode reads its inputs twice, so
+bytes one pass must move (inputs read once, codes + scales written; the fold also writes h'). Why the spin: timed
+with a flushing write and no spin (results/probes/nvfp4-producers-h200.json, nvfp4-session10/probe-*.json), the
+~0.1-0.5 ms calls hold the host's dispatch and the write-back of the flush's dirty L2 lines, and the same kernels
+differed by 1.6x between runs (nvfp4-session10/README.md; Nsight Compute's kernel times there). Behind a 400 us
+spin (nvfp4-session11/probe-call2-*) the cast's times matched Nsight Compute's, the modulation's and the fold's
+(whose host dispatch takes 0.55-0.92 ms) did not. With LEAD_US (nvfp4-session11/probe-call3-*, probe-call4-*) each
+best time is within 2.5-8% of Nsight Compute's kernel time (the call's own small launches: the zero fill of the
+scale buffer's padding, and g's copy). Dynamic mode reads its inputs twice, so
 its fraction is bounded by one pass's bytes over two passes' (about 0.56 for the cast and modulation, 0.53 for
 SwiGLU, 0.77 for the fold).
 
@@ -58,7 +58,7 @@ HIDDEN, FFN, INNER, EPS = 5376, 14336, 7168, 1e-5
 STATIC = 0.004  # a static global scale (a checkpoint's input_scale), as the GPU suite's
 TARGET = 0.7
 LEAD_US = 1500  # the GPU spin ahead of each timed call (`ms`): longer than the host's dispatch of one producer call
-# (0.55-0.92 ms for the modulation and the fold in session 11's probe: a 400 us spin left their times host-bound)
+# (0.55-0.92 ms for the modulation and the fold: a 400 us spin left their times host-bound, nvfp4-session11/probe-call2-*)
 OUT_BYTES = 0.5 + 1 / 16  # per element: half a byte of codes, 1/16 of a scale byte
 # name, launch kind (runtime/kernels/nvfp4.py TUNED key), width, input bytes per element, extra output bytes per element
 OPS = [("rmsnorm_modulate_nvfp4", "modulation", HIDDEN, 2, 0), ("gated_residual_modulate_nvfp4", "fold", HIDDEN, 4, 2),

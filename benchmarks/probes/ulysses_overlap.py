@@ -1,5 +1,5 @@
 """Probe (2 GPUs, torchrun): where degree 2 loses against half of degree 1, and which exchange layouts and
-overlaps would win it back. Issue 11's scaling target (>= 1.9x at U = 2, 37,820 tokens).
+overlaps would win it back. The scaling target: >= 1.9x at U = 2, 37,820 tokens.
 
     torchrun --standalone --nproc-per-node=2 benchmarks/probes/ulysses_overlap.py OUT_DIR [S]
 

@@ -3,8 +3,8 @@
     python benchmarks/probes/vae_profile.py [LATENT] [--plan "hardware=sm90 recipe=bf16"] [--out DIR]
 
 One decode of LATENT (default 1x24x12x48x84: two chunks, 56 decoder calls at the released 256/64 tiles) in the
-VAE's own dtype with no autocast, as diffusers' decode step runs it (benchmarks/vae.py's Decoder; the 2026-11-29 log,
-results/probes/vae-profile-h200.log, ran under FP16 autocast, before that changed), timed (median of 3 after a warm-up) and profiled once: diffusers eager at the plan's tile
+VAE's own dtype with no autocast, as diffusers' decode step runs it (benchmarks/vae.py's Decoder; the committed
+results/probes/vae-profile-h200.log was profiled under FP16 autocast instead), timed (median of 3 after a warm-up) and profiled once: diffusers eager at the plan's tile
 geometry, then the plan (its auto VAE levers: fused ops, CUDA graphs). Per side: busy / span / idle, GPU time by
 category (GEMM, attention, conv, norms, h3plan's fused kernels, copies and cats, other elementwise), the top
 kernels. `bound` = eager decode / (the plan's GEMM + attention time): the plan's speedup if everything else

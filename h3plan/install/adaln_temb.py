@@ -4,9 +4,9 @@ The tables (install/adaln_table.py) are keyed by the exact bits of `temb`, which
 `time_embedder(time_proj(timestep).to(dtype))`: the sinusoid (`get_timestep_embedding`) then a two-layer SiLU MLP.
 Under `torch.compile(model)` Inductor generates its own sin/cos/exp and fuses the MLP's epilogues, so its temb differs
 from eager's in the last bits, and every timestep of a call would be a table miss: each one streams all 51 linears'
-weights (24 GiB at real width) over PCIe, slower than no plan (measured on the H200, tests/gpu/test_compile_gpu.py,
-2026-12-01: whole-model compile counted `adaln_table.fallback` on each new timestep, diffusers' regional compile did
-not, as it leaves the embedding eager).
+weights (24 GiB at real width) over PCIe, slower than no plan (on the H200, tests/gpu/test_compile_gpu.py: with
+the embedding compiled, whole-model compile counted `adaln_table.fallback` on each new timestep; diffusers' regional
+compile leaves the embedding eager and hits).
 
 So while the tables are installed, `time_proj.forward` and `time_embedder.forward` call `h3plan::timestep_sinusoid`
 and `h3plan::timestep_mlp`, custom ops whose implementations are diffusers' own expressions run eagerly (the same

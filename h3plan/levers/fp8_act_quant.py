@@ -1,4 +1,4 @@
-"""How the FP8 block linears' inputs become e4m3: per tensor (today) or per row, written by their producers.
+"""How the FP8 block linears' inputs become e4m3: per tensor or per row, written by their producers.
 
 tensor: FP8Linear quantises its bf16 input itself, one dynamic scale for the whole tensor (an amax pass and
   a cast pass per input; under Ulysses a MAX all-reduce of the amax per input), or the static table's scale.

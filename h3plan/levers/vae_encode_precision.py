@@ -2,7 +2,7 @@
 (`MiniMaxH3KeyframeVaeEncoderStep`) and ref2va's image and video references (`MiniMaxH3Ref2VAReferenceEncoderStep`).
 
 off: the request encodes nothing (t2va; or parallel.seq_len set with no request): no cost, and the plan's tables
-leave its row out, so a t2va plan prints as before. fp32: diffusers' encode as loaded (`encoder` and `quant_conv` are
+leave its row out (no encode line in a t2va plan). fp32: diffusers' encode as loaded (`encoder` and `quant_conv` are
 in `_keep_in_fp32_modules`: a `torch_dtype` load and vae_precision's cast leave them float32), bit for bit. fp16 /
 bf16: `encoder` and `quant_conv` cast at install (h3plan/install/vae/install.py; the float32 originals on the host
 for uninstall); `encode` casts its input to the encoder's dtype itself, so diffusers' steps run it unchanged. The

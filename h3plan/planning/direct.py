@@ -14,7 +14,7 @@ cached per choices and file stamps (`_MERGED`); every call gets its own deep cop
 
 Fallback: `compose` returns None for anything else (a `+`/`~` prefix, a quoted or interpolated value, a sweep, a group
 file with any other defaults entry or header, a search path folder that is not there, a repeated group) and for any
-error but one, so that Hydra composes and words the error exactly as before; `FALLBACKS` counts each with its reason.
+error but one, so that Hydra composes and words the error itself; `FALLBACKS` counts each with its reason.
 The one: an OmegaConf error from a key override (an unknown key, a value its type or choices refuse) is raised as
 `Refused` with that error as its cause: Hydra's own OmegaConf.update call raises the same error on the same node, and
 planning/config.py words the two alike (tests/cli/test_direct_compose.py compares the lines). Skipping Hydra's import,

@@ -1,4 +1,4 @@
-"""benchmarks/memory.py's cap rows (issue 32): the rows' markdown says which conditioner ran (its decoder layers sharing
+"""benchmarks/memory.py's cap rows: the rows' markdown says which conditioner ran (its decoder layers sharing
 --text-encoder-weight-sets layers' weights, for a host with less memory than the whole seeded pipeline), and the cap
 row's child process accepts what its parent passes."""
 

@@ -279,7 +279,7 @@ def test_ulysses_two_ranks_on_gloo(tmp_path):
 
 @pytest.mark.slow
 def test_step_cache_row_times_the_whole_call(tmp_path):
-    """A step-cache plan's row (issue 33): one untimed short call, then the whole call of e2e_steps forwards, timed end
+    """A step-cache plan's row: one untimed short call, then the whole call of e2e_steps forwards, timed end
     to end; forward_s is the median of the computed forwards only, the overhead check and the computed count are in
     its notes and counters; its plan decodes in fp16 beside the fp32 eager / best anchors (no fp16 rows of their own)."""
     over = ["pipeline.num_inference_steps=6", "recipe.vae=fp16", "levers.step_cache=fixed", "levers.attention=sdpa",
@@ -299,7 +299,7 @@ def test_step_cache_row_times_the_whole_call(tmp_path):
     assert len(p["call_forwards_s"]) == 5 and p["call_computed"].count(True) == 3 and p["whole_call"]
     assert sorted(p["forwards_s"]) == sorted(x for x, c in zip(p["call_forwards_s"], p["call_computed"]) if c)
     assert p["speedup_vs_best_fp32"] is not None
-    # the plan's own time line against the row (issue 34): printed in the notes of every plan row
+    # the plan's own time line against the row: printed in the notes of every plan row
     assert any(n.startswith("predicted: forward") and "against the measured" in n for n in p["notes"]), p["notes"]
 
 

@@ -17,8 +17,8 @@ def _full(mode, e2e, computed=20, forwards=49, skipped_s=2.6):
 def test_every_step_cache_mode_is_checked_against_its_overhead_bound(mode):
     """The overhead check was declared before the runs for every cached call (E2E <= 1.03 x (computed x forward +
     rest)): a PASS or FAIL field in the row, first_block included (its skipped forwards' first block and decision
-    are overhead the check counts). Session 16's first_block row (rounded): 86.50 s against 1.03 x 83.87 s = 86.39 s,
-    FAIL."""
+    are overhead the check counts). The H200's first_block row (pipeline-h200.json, rounded): 86.50 s against
+    1.03 x 83.87 s = 86.39 s, FAIL."""
     notes, ok = P.step_cache_notes(_full(mode, 186.6, computed=34), 5.365, 4.24)
     assert notes[0].startswith("step_cache: the whole call, 34 of 49 forwards computed")
     assert ok["name"] == "overhead" and ok["result"] == "PASS" and ok["rule"] == checks.RULES["overhead"]
@@ -64,8 +64,8 @@ def test_frames_are_compared_on_the_host_when_the_device_has_no_room(monkeypatch
 
 @pytest.mark.parametrize("left, noted", [(0.0, False), (1.4, True)])
 def test_a_row_that_starts_with_memory_left_by_another_says_so(monkeypatch, left, noted):
-    """_Session.settle records what an earlier row still holds after gc (the fl2va reference row of
-    session 16 ran out of memory with about 1.4 GiB more than the eager row had); the record names it."""
+    """_Session.settle records what an earlier row still holds after gc (1.4 GiB more than the eager row had is
+    enough for the fl2va reference row to run out of memory on the H200); the record names it."""
     s = P._Session.__new__(P._Session)
     s.torch, s.device, s.resting, s.tensors = torch, torch.device("cuda"), None, None
     allocated = iter([10 * 2**30, (10 + left) * 2**30])

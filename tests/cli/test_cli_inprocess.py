@@ -27,7 +27,7 @@ BAD = [
     (["+hardware.foo=1"], "hardware.foo: unknown key; allowed: name, arch,"),
     (["+foo=1"], "foo: unknown key; allowed: action, format,"),
     (["++verify.sead=1"], "verify.sead: unknown key (did you mean verify.seed?)"),
-    # values in range (issue 30 items 2-4): a step count diffusers' scheduler refuses, a GPU of no memory ...
+    # values in range: a step count diffusers' scheduler refuses, a GPU of no memory ...
     (["pipeline.num_inference_steps=1"], "pipeline.num_inference_steps=1: must be >= 2: diffusers' MiniMaxH3Scheduler"),
     (["pipeline.num_inference_steps=0"], "pipeline.num_inference_steps=0: must be >= 2"),
     (["pipeline.num_inference_steps=-5"], "pipeline.num_inference_steps=-5: must be >= 2"),

@@ -73,7 +73,7 @@ def test_no_kernel_lines_come_from_the_registry(monkeypatch):
 
 
 def test_todays_headline_plan_has_a_kernel_for_every_setting():
-    # issue 23 added the NVFP4 producers' kernels (and their install options): no setting is left without one
+    # the NVFP4 producers have kernels and install options: no setting of the headline plan is left without one
     plan = h3plan.resolve_config(**HEADLINE)
     assert [d.lever for d in plan.decisions if not_installed(d)] == []
     assert "no NVFP4 producer-quantize fusion kernel" not in " ".join(cli.render_summary(plan).split())

@@ -1,4 +1,4 @@
-"""The measuring apparatus stays light (issue 31, item 4).
+"""The measuring apparatus stays light.
 
 - its share: the lines of h3plan/actions/bench/ and benchmarks/ (every .py: probes, anchors, cases) at most 25% of
   the lines of h3plan/ and benchmarks/ together;

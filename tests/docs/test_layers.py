@@ -3,11 +3,11 @@
 
 The layer order is read from the doc's "Layers, lowest first" paragraph, the one place it is written: each
 layer is a comma-separated run of `names` between "->"; a name is a folder under h3plan/ or a module at the top of
-h3plan/ (dotted: the folders are the tiers, issue 31), and a module belongs to its longest listed prefix. Edges come from every `import` / `from ... import` in
+h3plan/ (dotted: the folders are the tiers), and a module belongs to its longest listed prefix. Edges come from every `import` / `from ... import` in
 h3plan/ (ast, module and function level); the package root `h3plan` (the public names) sits above every layer,
 and an import of it (its `__version__`) is left out, since the root is initialised before any of its modules.
 
-Function-level imports of h3plan modules defer a heavy package only (issue 20): the imported module loads a package of
+Function-level imports of h3plan modules defer a heavy package only: the imported module loads a package of
 a heavier tier of HEAVY than the importing module does (each counted from its module-level imports, transitively, with
 the packages above it): a torch-free module defers torch, a module free of Hydra and OmegaConf defers them too.
 Everything else is imported at module level."""

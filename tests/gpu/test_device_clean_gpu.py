@@ -1,4 +1,4 @@
-"""The device left clean (issue 30 item 18): `install(pipe, plan, device="cuda")` of a pipeline resting on the host,
+"""The device left clean: `install(pipe, plan, device="cuda")` of a pipeline resting on the host,
 diffusers' own `pipe(...)` call, then `uninstall(pipe)`: torch.cuda.memory_allocated() comes back to its value
 before install. Real width cut to two transformer layers, the released VAE, a 256x448x124 request, one H200.
 

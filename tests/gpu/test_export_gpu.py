@@ -59,7 +59,7 @@ def test_aoti_package_of_a_plan(tmp_path):
     path = torch._inductor.aoti_compile_and_package(ep, package_path=os.path.join(tmp_path, "h3.pt2"))
     model.forward = load_package(path, run_single_threaded=True)
     # The package holds the AdaLN linears' weights as its own constants: the table op sees weights it did not
-    # table, so each of its calls is a counted miss served by the exact GEMM (the H200 run of 2026-12-01).
+    # table, so each of its calls is a counted miss served by the exact GEMM.
     expected = {k: v for k, v in expected.items() if not k.startswith("adaln_table.")}
     expected["adaln_table.fallback"] = BLOCKS + 1
     for i in range(2):

@@ -225,7 +225,7 @@ def test_install_round_trip_real_width(real, inputs):
 def test_install_time_fp8_parks_the_bf16_linears_on_the_host():
     """gemm_quant=fp8 over bf16 weights (quantised at install): the replaced bf16 linears move to pinned host
     memory, so the device holds about 1 byte per block-linear weight instead of 3; uninstall brings them back
-    bit for bit (install/parking.py). Written after the last H200 run: never ran yet."""
+    bit for bit (install/parking.py)."""
     cfg = compose().model.diffusers_config
     model = build_model(cfg, blocks=2, device="cuda", seed=0)
     lins = [b.get_submodule(p) for b in model.transformer_blocks for p in

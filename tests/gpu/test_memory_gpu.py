@@ -8,10 +8,9 @@ Contracts (the estimate's own accounting, h3plan/planning/memory.py's denoise ph
 install (eager: as built; the plan: the AdaLN linears parked on the host, their tables on the device) within 1% of
 `transformer_weights` + `adaln_tables`; the forward's whole peak (weights, inputs and the forward's own tensors) within
 5% of the denoise phase's transformer items, `transformer_weights` + `adaln_tables` + `step_inputs` +
-`block_activations` + `stack_boundary` (the issue's 5%, benchmarks/memory.py checks the pipeline's). The 2026-12-01
-run measured eager's forward at 0.947 of block_activations + stack_boundary at both lengths (it printed the ratio
-against the larger term alone, this test's former contract: 1.32), about 0.96 of the phase total; the plan rows were
-xfail then, failing on the weights (measured before install, against an estimate with the linears parked).
+`block_activations` + `stack_boundary` (benchmarks/memory.py checks the pipeline's peak the same way). On the H200
+eager's forward measured 0.947 of block_activations + stack_boundary at both lengths, about 0.96 of the phase total.
+The weights are measured after install, where the estimate counts the linears parked.
 """
 
 import gc

@@ -1,4 +1,4 @@
-"""H200: step_cache at real width (4 blocks + heads), issue 33. Each plan runs one generation of 49 forwards of one
+"""H200: step_cache at real width (4 blocks + heads). Each plan runs one generation of 49 forwards of one
 packed input at rising timestep pairs (h3plan/actions/verify_step_cache.pairs), cached and uncached:
 - fixed computing all 49 forwards, and first_block at threshold 0: bitwise the plan without the cache, every forward;
 - fixed computing 34 of 49 (bf16 and fp8 plans): the computed forwards bitwise the uncached ones, 15 skipped, counted;

@@ -119,8 +119,8 @@ def test_placements_move_the_conditioner_where_the_plan_says(setting):
 def test_offload_after_moves_at_the_links_rate(conditioner):
     """The real-width conditioner placed offload_after (last in this file: it leaves the module on the host): pinned
     host masters; one call of the encode moves the 62 GiB up at no less than 60% of the plan's memory.host_link_gbps
-    (50 GB/s; the copy alone ran 55 GB/s pinned on the H200, 1.7 GB/s through module.to("cpu"): session 15's turbo
-    row lost ~50 s a call to it), and between calls none of it stays on the device."""
+    (50 GB/s; the copy alone ran 55 GB/s pinned on the H200, 1.7 GB/s through module.to("cpu"): ~50 s a call for the
+    fl2va turbo row), and between calls none of it stays on the device."""
     from h3plan.install.text_encoder import place
 
     model, weights = conditioner

@@ -146,7 +146,7 @@ def test_prepare_adds_step_counts_and_vectors(pair):
     import h3plan
 
     eager, model, inputs = pair
-    with pytest.raises(h3plan.InstallError, match="no h3plan plan is installed"):  # issue 30 item 8: not a silent 0
+    with pytest.raises(h3plan.InstallError, match="no h3plan plan is installed"):  # an error, not a silent 0
         h3plan.prepare(model, num_inference_steps=4)
     install(model, table_plan(), registry=REG)
     n = len(A.tables_of(model).vectors)

@@ -85,7 +85,7 @@ def _line(call, cls=H3PlanError) -> str:
 
 
 def test_bad_arguments_are_one_line():
-    """Issue 30 items 7-8: a stray keyword, None for the model, a step count diffusers refuses or a string, prepare
+    """A stray keyword, None for the model, a step count diffusers refuses or a string, prepare
     on a model with no plan: each one InstallError / UsageError line, never TypeError, AttributeError or ValueError."""
     model = tiny_model()
     plan = h3plan.resolve_config(model="h3_tiny")

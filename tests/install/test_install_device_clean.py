@@ -1,4 +1,4 @@
-"""What an install leaves behind after uninstall (issue 30 item 18), on the CPU: no tensor the plan made outlives
+"""What an install leaves behind after uninstall, on the CPU: no tensor the plan made outlives
 uninstall (gc: every tensor alive after install, a forward and uninstall was alive before, or is the forward's
 output), every attribute the install added to a module is gone, and a pipeline installed with device= rests on
 the host again, the tensors its call left in plain module attributes included (the audio VAE's weight_norm

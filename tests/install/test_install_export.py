@@ -2,9 +2,9 @@
 `TorchCompileTesterMixin::test_compile_works_with_aot` calls it), functionalization and AOTInductor, and still
 counts every guarded call exactly.
 
-Before `h3plan::count` was an effectful op, it mutated a module-level token tensor: export lifted it as a
-constant, `run_decompositions` refused it ("Constant ... is mutated in the forward method") and AOTInductor's
-functionalization failed with "input_tensor must be a FunctionalTensor".
+Why `h3plan::count` is an op with an ordered effect: a counter op that mutated a module-level token tensor would be
+lifted by export as a constant, `run_decompositions` refuses that ("Constant ... is mutated in the forward method")
+and AOTInductor's functionalization fails with "input_tensor must be a FunctionalTensor".
 """
 
 import os

@@ -120,7 +120,7 @@ def test_cpu_mistakes_are_one_line_user_errors(capsys, argv, message):
 @pytest.mark.slow
 @pytest.mark.parametrize("setting", ["fixed", "taylor"])
 def test_verify_step_cache_reports_a_generation(setting, capsys):
-    """step_cache (issue 33): verify runs a generation of the plan's forwards cached and uncached: the computed count is
+    """step_cache: verify runs a generation of the plan's forwards cached and uncached: the computed count is
     the plan's, computed forwards bitwise the uncached ones, the skipped ones' error printed; the single forward of the
     whole-plan check is off the cache's schedule, computes, and stays bitwise equal to R."""
     import h3plan

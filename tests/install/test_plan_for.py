@@ -30,7 +30,7 @@ def _vae_cfg():
 @pytest.mark.slow  # builds and installs a model at packaged widths (~1.3 s)
 def test_a_model_with_packaged_widths_gets_the_packaged_plan():
     plan = h3plan.plan_for(tiny_model(), hardware="sm90")
-    # a transformer alone: the packaged plan sized for what it holds (issue 30 item 17: memory.holds)
+    # a transformer alone: the packaged plan sized for what it holds (memory.holds)
     assert plan == h3plan.resolve_config(model="h3_tiny", **{"memory.holds": "transformer"})
     # any object holding the components: a ref2va pipeline carries its transformer as transformer_ref
     assert h3plan.plan_for(SimpleNamespace(transformer=None, transformer_ref=tiny_model()), hardware="sm90") == plan

@@ -1,4 +1,4 @@
-"""Plans for what the user holds (issue 30 item 17): a VAE alone or a transformer alone, at diffusers' own small
+"""Plans for what the user holds: a VAE alone or a transformer alone, at diffusers' own small
 test configs (diffusers' tests/models/autoencoders/test_models_autoencoder_kl_minimax_h3.py and
 tests/models/transformers/test_models_transformer_minimax_h3.py, get_init_dict), through h3plan.plan_for and
 h3plan.install: the plan sizes and checks the memory of the component it will install only (memory.holds), not a

@@ -1,4 +1,4 @@
-"""action=verify's VAE check and its verdict (issue 30 item 13), on the tiny VAE in the Triton interpreter: the plan
+"""action=verify's VAE check and its verdict, on the tiny VAE in the Triton interpreter: the plan
 installed into a seeded AutoencoderKLMiniMaxH3 and a latent decoded against diffusers' own float32 decode; a lossy
 VAE plan judged against the recipe's budget (a budget it misses fails); a VAE verify cannot build (real width on
 the CPU) leaves its lossy levers unchecked, and the verdict then says INCOMPLETE (exit 3), never PASS."""

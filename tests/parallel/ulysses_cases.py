@@ -464,7 +464,7 @@ def _():
     if reason:
         return f"skip: qk_norm_rope_fp8_check refuses CPU tensors: {reason}"
     hook = amax_allreduce_hook(G.group)
-    from h3plan.runtime.kernels import qk_fp8_lean as lean  # the FP8 q/k/v cast the plan runs (issue 31: the only one)
+    from h3plan.runtime.kernels import qk_fp8_lean as lean  # the FP8 q/k/v cast the plan runs (its only one)
 
     packed, descale = lean.qk_norm_rope_fp8_lean(q, k, v, wq, wk, cos, sin, 1e-6, valid_len=vr, amax_hook=hook,
                                                  ulysses_degree=U)

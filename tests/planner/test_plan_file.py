@@ -50,7 +50,7 @@ REFUSED = [
      "its config and decisions do not plan: levers.fa4_2cta=on cannot apply: attention is cudnn_fp8: fa4_2cta=on needs fa4"),
     ("a setting the other decisions refuse", lambda d: _decision(d, "swiglu").update(setting="off"),
      "levers.fp8_act_quant=row cannot apply: swiglu is off"),
-    # hand edits (issue 30 item 9): refused in one line that names the edited field
+    # hand edits: refused in one line that names the edited field
     ("edited recipe name", lambda d: d["config"]["recipe"].update(name="bf16"),
      "config.recipe.name=bf16 does not match its recipe section: checkpoint 'fp8' (recipe bf16: 'bf16'), policy 'budget'"),
     ("no schema_version", lambda d: d.pop("schema_version"), "plan lacks schema_version (this h3plan reads 1;"),
@@ -153,7 +153,7 @@ def test_an_edited_attention_is_named_not_a_later_lever(plan):
 
 
 def test_an_edited_recipe_name_is_refused_from_a_bf16_plan(plan):
-    """The issue's case: a bf16 plan whose recipe.name says fp8 would have every reason say 'recipe fp8 is lossless'."""
+    """A bf16 plan whose recipe.name says fp8 would have every reason say 'recipe fp8 is lossless'."""
     d = _edit(plan("hardware=sm90", "recipe=bf16", "parallel=u1"), lambda d: d["config"]["recipe"].update(name="fp8"))
     with pytest.raises(PlanFileError, match=r"^config.recipe.name=fp8 does not match its recipe section: checkpoint 'bf16'"):
         Plan.from_dict(d)

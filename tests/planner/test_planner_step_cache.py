@@ -135,7 +135,7 @@ def test_forced_evidenced_setting_cites_its_evidence():
 
 @pytest.mark.parametrize("computed,forced", [(60, None), (3, None), (60, "fixed"), (3, "taylor")])
 def test_computed_the_request_rules_out_is_a_config_error(computed, forced):
-    """issue 44 item 1: auto used to end in an internal AssertionError."""
+    """A computed count the request rules out is one ConfigError line, under auto and under a forced mode alike."""
     kw = {"levers.step_cache": forced} if forced else {}
     with pytest.raises(ConfigError, match=f"recipe.cache.computed={computed}: is (longer|fewer)") as e:
         _plan(cache={**BUDGET, "computed": computed}, **kw)
@@ -256,7 +256,7 @@ def test_the_measured_adaptive_call_falls_inside_the_range():
 @pytest.mark.parametrize("computed,why", [(60, "is longer than the request's 49 forwards"),
                                           (3, "is fewer than the forwards that never skip")])
 def test_the_cli_refuses_computed_in_one_line(capsys, computed, why):
-    """issue 44 item 1 from the command line: exit 2, one line, no internal error."""
+    """The same from the command line: exit 2, one line, no internal error."""
     from h3plan import cli
 
     assert cli.run([f"recipe.cache={{psnr_db_min:28,ssim_min:0.93,computed:{computed}}}"]) == 2

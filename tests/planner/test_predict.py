@@ -27,11 +27,12 @@ PLANS = [r for r in ROWS if r["setting"] == "plan" and r["gpus"] == 1]
 # a 4-forward request of every row but the step cache's (its budget computes 34 forwards: a 4-forward request is
 # refused, tests/planner/test_step_cache*.py)
 FOUR = [r for r in PLANS if "+step_cache=" not in r["label"] and r["steps_e2e"] > 4]  # a 4-forward row: above
-TOL = 0.05  # the issue's target (issue 34)
-# rows whose conditioner moved through pageable host memory (install/text_encoder.py before its pinned masters):
+TOL = 0.05  # the prediction's target: within 5% of the measured
+# rows whose conditioner moved through pageable host memory (run without install/text_encoder.py's pinned masters):
 # module.to("cpu") at 1.7 GB/s and a pageable upload at 7.7 GB/s against the 55 GB/s pinned rate the plan's
-# memory.host_link_gbps stands for (benchmarks/results/logs/session15/move_bw.json): ~48 s of the Turbo call's 58.7 s
-# rest. Their forward is held to the 5%; the call is a strict xfail until a run with the pinned masters replaces them.
+# memory.host_link_gbps stands for: ~48 s of the Turbo call's 58.7 s rest (benchmarks/results/
+# pipeline-h200-corrections.json). Their forward is held to the 5%; the call is a strict xfail until a run with the
+# pinned masters replaces them.
 PAGEABLE = {"2026-12-02 13:29:02"}
 
 
@@ -127,7 +128,7 @@ TUNED_FILES = sorted((Path(__file__).resolve().parents[2] / "docs" / "tuned" / "
 
 
 def test_a_tuned_file_is_committed():
-    assert TUNED_FILES, "docs/tuned/hardware/ holds the H200's action=tune file (issue 34)"
+    assert TUNED_FILES, "docs/tuned/hardware/ holds the H200's action=tune file"
 
 
 def _tuned_cases():
@@ -166,7 +167,7 @@ def test_the_workflows_have_measured_peaks():
 @IN_SAMPLE
 @pytest.mark.parametrize("row", PROMPTED, ids=lambda r: f"{r['run'][5:16]}-{r['workflow']}-{r['label']}".replace(" ", ""))
 def test_peak_within_5pct_with_the_text_encoder(row):
-    """Issue 32: the memory estimate within 5% of the measured peak for each workflow, the text encoder included."""
+    """The memory estimate within 5% of the measured peak for each workflow, the text encoder included."""
     plan = _plan(row)
     assert plan.derived_value("memory_peak_phase") == "encode"
     est = plan.derived_value("memory_peak_gib_per_gpu")

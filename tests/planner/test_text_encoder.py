@@ -208,9 +208,9 @@ def test_a_named_placement_that_does_not_fit_names_the_one_that_does():
 
 @pytest.mark.parametrize("video", ["t2v_768x1344_5s", "ref2va_768x1344_5s"])
 def test_host_placement_plans_on_an_80gb_card(video):
-    """memory.text_encoder=host with the packaged widths fits 80 GB beside the resident pipeline. (It failed before:
-    the tables-off comparison estimate, with 23 GiB more of AdaLN linears on the device, re-ran the forced placement
-    and its refusal escaped the plan.)"""
+    """memory.text_encoder=host with the packaged widths fits 80 GB beside the resident pipeline, and the tables-off
+    comparison estimate (23 GiB more of AdaLN linears on the device) does not re-run the forced placement into a
+    refusal that escapes the plan."""
     from h3plan import resolve_config
 
     plan = resolve_config(video=video, **{"memory.text_encoder": "host", "hardware.device.memory_gb": 80})

@@ -64,8 +64,8 @@ def test_the_written_file_loads_and_drives_the_plan(tmp_path):
 
 
 def test_versions_as_the_gpu_gives_them_write_plain_yaml(tmp_path):
-    """torch.__version__ is a TorchVersion (a str subclass) that yaml.safe_dump refuses: the H200's first tune died
-    there after measuring everything (benchmarks/results/logs/session13/tune-first-attempt-yaml-error.log)."""
+    """torch.__version__ is a TorchVersion (a str subclass) that yaml.safe_dump refuses: a tune would die there after
+    measuring everything."""
     from torch.torch_version import TorchVersion
 
     latent = [1, 24, 37, 48, 84]

@@ -678,7 +678,7 @@ def _record(torch, device, run_id, request, S, degree, layers, n_sched, steps_e2
             other = rec.rest_s - sum(rec.rest_parts.values())
             rec.notes.append(f"rest: {', '.join(timed)}; everything else {other:.2f} s")
         pf, pc = plan.derived_value("forward_s_est"), plan.derived_value("call_s_est")
-        if pf is not None and fwd is not None:  # the plan's own time line against this row (issue 34)
+        if pf is not None and fwd is not None:  # the plan's own time line against this row
             rec.notes.append(f"predicted: forward {pf:.3f} s ({pf / fwd - 1:+.1%})" + (
                 "" if pc is None or rec.e2e_s is None else f", call {pc:.1f} s ({pc / rec.e2e_s - 1:+.1%}) against the measured")
                 + (" (first_block: the plan counts every forward computed; how many it skips is the checkpoint's)"

@@ -2,7 +2,7 @@
 
 Pure Python (no torch): the file format of `action=bench` and how it reads. A results file is
 {"schema_version": 1, "runs": [...], "records": [...]}; records are merged by (plan, S, blocks, device),
-so invocations with different plans append to one file. Targets (issue 4, on the H200): a lossless
+so invocations with different plans append to one file. Targets (on the H200): a lossless
 plan's single block >= 1.25x diffusers eager, an FP8 plan >= 1.5x, attention inside the plan >= 95% of
 its backend standalone; the markdown says met / not met for every GPU record, each speedup also against
 diffusers' best one-GPU setting (regional compile). Fields added later default to None, so older files
@@ -35,7 +35,7 @@ LOSSLESS_BACKENDS = LOSSLESS  # the attention backends that keep eager's bits (h
 
 @dataclass
 class BlockRecord:
-    """One (plan, S, blocks) measurement. The first ten fields are the issue's record; times in ms.
+    """One (plan, S, blocks) measurement. The first ten fields are REQUIRED_KEYS; times in ms.
 
     eager_ms / plan_ms: median block-stack forward (diffusers eager / plan installed); speedup = eager / plan.
     attention_ms: the plan's backend alone at the per-rank shape; attention_default_ms: diffusers'

@@ -146,8 +146,8 @@ def cast_nvfp4_ref(x: torch.Tensor, global_scale: torch.Tensor | None = None):
 # (`word_offsets` gives the column part; the row bases broadcast over it): block b, half h (its first or last eight
 # elements), word j of the half, each word two 16-bit elements (even: `lo`, odd: `hi`). The words of a chunk are
 # contiguous in that order, and Triton gives each thread the four words of one (b, h): 16 bytes, the neighbouring
-# thread the next 16, so every warp load and code store is whole 32-byte sectors (the H200 profile of the previous
-# layout, a thread a whole block, showed L2 throughput near its peak at 42% of DRAM's: each sector requested twice).
+# thread the next 16, so every warp load and code store is whole 32-byte sectors (a layout of a thread a whole block,
+# profiled on the H200, showed L2 throughput near its peak at 42% of DRAM's: each sector requested twice).
 # A block is two neighbouring threads: its amax is a register reduction and one shuffle, its scale and divisions
 # are computed by both (the same bits), each thread packs its eight codes into one 32-bit store, and the scale
 # bytes are stored from the reduction's own layout (`store_bytes`).
@@ -400,9 +400,9 @@ def bf16x2_modulate(lo, hi, sc, sh):
 # chunk i (a second chunk of registers: fewer warps resident). The H200 probe (benchmarks/probes/nvfp4_producers.py)
 # times every SWEEP layout with and without the prefetch, checks each bit-exact, and prints the winners as this
 # table's line.
-# Measured: the H200 probe of 2026-12-01, session 11, call 4 (benchmarks/results/probes/nvfp4-session11/
-# probe-call4-sweep.{json,log}), at 19,000 rows: the bf16x2 layout with the least static time per kind (the served
-# mode), every candidate bit-exact in both modes. The kernels alone at these layouts (Nsight Compute, that folder's
+# Measured: the H200 probe's sweep (benchmarks/results/probes/nvfp4-session11/probe-call4-sweep.{json,log}), at
+# 19,000 rows: the bf16x2 layout with the least static time per kind (the served mode), every candidate bit-exact
+# in both modes. The kernels alone at these layouts (Nsight Compute, that folder's
 # ncu.md: call 6, "committed", the fold "hints"), static us and fraction of copy (4.26 TB/s): modulation 132 (0.46),
 # fold 215 (0.73), SwiGLU 544 (0.54), cast 104 (0.79); the dynamic modes (call 4) 0.28, 0.49, 0.29, 0.49.
 TUNED: dict[tuple[str, int], tuple[int, int, int, bool]] = {

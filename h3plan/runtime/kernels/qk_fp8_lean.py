@@ -1,5 +1,5 @@
 """Per-head Q/K RMSNorm + partial RoPE + per-tensor e4m3 cast of q, k, v (cuDNN FP8 attention's inputs):
-the contract, signature and bits of the two-pass qk_norm_rope_fp8 it replaced (removed), in fewer instructions.
+the contract and bits of `qk_norm_rope_fp8_ref` (qk_norm_rope.py) in few instructions per element.
 
     qk_norm_rope_fp8_lean(q, k, v, wq, wk, cos, sin, eps, scales=None, valid_len=None, amax_hook=None,
                           ulysses_degree=1) -> (q8, k8, v8, descales (3,)) | (packed (U,3,B,S,H/U,D), descales)
@@ -10,11 +10,11 @@ Dynamic scales take two passes (a global amax must exist before the first code i
 - the amax pass writes one partial maximum per program and tensor (int32 bits of |y|: NaN wins, as in
   torch's amax) and torch reduces them: no atomics;
 - the scales are computed once in torch (scale_from_amax, the one convention), not per program.
-`LAUNCH` tiles are the H200 sweep's to pick. Why the two-pass kernel was slow, from its SASS, and what this one
-was expected to reach: docs/measurements.md.
+`LAUNCH` tiles are the H200 sweep's to pick. Why a plain two-pass kernel is bound by instruction issue, from its
+SASS, and what this one was expected to reach: docs/measurements.md.
 
-Numerics: identical to that kernel (qk_norm_rope.py's `_norm_rope` helper computes y; the reference
-`qk_norm_rope_fp8_ref` is this kernel's oracle and fallback; its check is this kernel's check).
+Numerics: y as qk_norm_rope.py's `_norm_rope` helper computes it for the norm + RoPE kernel; the reference
+`qk_norm_rope_fp8_ref` is this kernel's oracle and fallback, its check this kernel's check.
 """
 
 from __future__ import annotations

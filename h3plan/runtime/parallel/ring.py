@@ -39,7 +39,7 @@ padding is handled by the ring's valid key counts) and its attn_fn is this ring 
 pre all-to-all (Ulysses group) -> R ring steps over H/U heads (ring group) -> post all-to-all. Ulysses
 head chunks (`chunks` > 1) run one ring pass per chunk, with the next chunk's all-to-all in flight on
 the Ulysses communicator while the ring's P2P runs on the ring communicator (same order on every
-rank). No change to UlyssesAttention was needed.
+rank). UlyssesAttention itself is unchanged: the ring enters only as its attn_fn.
 
 Guards (UsageError, one line, on every rank before any communication): shapes, dtypes (floating point,
 not FP8), devices, seq_len against the block rows, the group backend against the device. Tested over
