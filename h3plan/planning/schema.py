@@ -499,8 +499,9 @@ def _check_values(c: dict[str, Any]) -> None:
         raise ConfigError(f"memory.max_ulysses={m['max_ulysses']}", "must be >= 1 (the largest Ulysses degree fit suggests)")
     if not 0 <= m["reserve_fraction"] < 1:
         raise ConfigError(f"memory.reserve_fraction={m['reserve_fraction']}", "must be in [0, 1)")
-    for key, none in (("budget", "use recipe=bf16 for a lossless plan"), ("cache", "no step cache: leave both null")):
-        b = c["recipe"][key]  # the kernel levers' budget, and step caching's own
+    for key, none in (("budget", "use recipe=bf16 for a lossless plan"), ("cache", "no step cache: leave both null"),
+                      ("sparse", "dense attention: leave both null")):
+        b = c["recipe"][key]  # the kernel levers' budget, step caching's and sparse attention's own
         if b["psnr_db_min"] is not None and not 0 < b["psnr_db_min"] <= PSNR_DB_MAX:
             raise ConfigError(f"recipe.{key}.psnr_db_min={b['psnr_db_min']}",
                               f"must be in (0, {PSNR_DB_MAX:g}] dB: a higher bar admits no lossy lever ({none})")

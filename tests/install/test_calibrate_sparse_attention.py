@@ -40,7 +40,7 @@ def test_sparsest_inside_the_budget_is_written(checkpoint, tmp_path, monkeypatch
     monkeypatch.setattr("h3plan.actions.calibration.say", lines.append)
     monkeypatch.setattr(cal, "KEEPS", (0.5, 0.15))
     out = tmp_path / "sparse.yaml"
-    cfg = _cfg(checkpoint, out, (1.0, -1.0))  # every keep fits: the smallest wins
+    cfg = _cfg(checkpoint, out, (1.0, 1e-6))  # every keep fits: the smallest wins
     assert action.run(cfg, resolve(cfg)) == 0
     d = Plan.load(str(out)).decision("sparse_attention")
     assert (d.setting, d.param("keep"), d.param("dense_forwards")) == ("block_sparse", 0.15, 1)
@@ -62,7 +62,7 @@ def test_a_forced_keep_is_refused_until_calibrated_then_cites_the_points(checkpo
     monkeypatch.setattr("h3plan.actions.calibration.say", lambda *_: None)
     monkeypatch.setattr(cal, "KEEPS", (0.5,))
     out = tmp_path / "sparse.yaml"
-    cfg = _cfg(checkpoint, out, (1.0, -1.0))
+    cfg = _cfg(checkpoint, out, (1.0, 1e-6))
     forced = cfg.copy()
     forced.levers.sparse_attention = "block_sparse"
     forced.recipe.sparse.keep = 0.5
@@ -78,7 +78,7 @@ def test_nothing_inside_the_budget_writes_nothing(checkpoint, tmp_path, monkeypa
     monkeypatch.setattr("h3plan.actions.calibration.say", lambda *_: None)
     monkeypatch.setattr(cal, "KEEPS", (0.15,))
     out = tmp_path / "sparse.yaml"
-    cfg = _cfg(checkpoint, out, (200.0, 0.999))
+    cfg = _cfg(checkpoint, out, (100.0, 0.999))
     with pytest.raises(UsageError, match="no keep fraction stays inside") as e:
         action.run(cfg, resolve(cfg))
     assert "\n" not in str(e.value) and not out.exists()

@@ -65,7 +65,7 @@ def test_fastest_inside_the_budget_is_written_and_cites_the_points(checkpoint, t
     lines = []
     monkeypatch.setattr("h3plan.actions.calibration.say", lines.append)
     out = tmp_path / "cached.yaml"
-    cfg = _cfg(checkpoint, out, (1.0, -1.0))  # every candidate fits: the fewest computed forwards win
+    cfg = _cfg(checkpoint, out, (1.0, 1e-6))  # every candidate fits: the fewest computed forwards win
     assert action.run(cfg, resolve(cfg)) == 0
     plan = Plan.load(str(out))
     d = plan.decision("step_cache")
@@ -90,7 +90,7 @@ def test_the_checkpoints_text_encoder_encodes_the_prompts(with_text_encoder, tmp
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a fox in the snow\n\nwaves at dusk\n")
     out = tmp_path / "cached.yaml"
-    cfg = _cfg(with_text_encoder, out, (1.0, -1.0), f"calibrate.prompts={prompts}")
+    cfg = _cfg(with_text_encoder, out, (1.0, 1e-6), f"calibrate.prompts={prompts}")
     assert action.run(cfg, resolve(cfg)) == 0
     (embeds,) = encoded
     assert [tuple(e["prompt_embeds"].shape) for e in embeds] == [(1, 17, 48), (1, 13, 48)]  # a byte a row
@@ -111,7 +111,7 @@ def test_a_bad_prompts_file_is_one_line_before_any_model_loads(with_text_encoder
     prompts = tmp_path / "prompts.txt"
     if content is not None:
         prompts.write_bytes(content)
-    cfg = _cfg(with_text_encoder, tmp_path / "p.yaml", (1.0, -1.0), f"calibrate.prompts={prompts}")
+    cfg = _cfg(with_text_encoder, tmp_path / "p.yaml", (1.0, 1e-6), f"calibrate.prompts={prompts}")
     with pytest.raises(UsageError, match=match) as e:
         action.run(cfg, resolve(cfg))
     assert "\n" not in str(e.value) and str(prompts) in str(e.value)
@@ -120,10 +120,10 @@ def test_a_bad_prompts_file_is_one_line_before_any_model_loads(with_text_encoder
 def test_prompts_and_text_encoder_go_together(checkpoint, with_text_encoder, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a fox\n")
-    cfg = _cfg(with_text_encoder, tmp_path / "p.yaml", (1.0, -1.0))
+    cfg = _cfg(with_text_encoder, tmp_path / "p.yaml", (1.0, 1e-6))
     with pytest.raises(UsageError, match="has a text encoder: name the prompts it encodes, calibrate.prompts=FILE"):
         action.run(cfg, resolve(cfg))
-    cfg = _cfg(checkpoint, tmp_path / "p.yaml", (1.0, -1.0), f"calibrate.prompts={prompts}")
+    cfg = _cfg(checkpoint, tmp_path / "p.yaml", (1.0, 1e-6), f"calibrate.prompts={prompts}")
     with pytest.raises(UsageError, match="needs a checkpoint with a text encoder"):
         action.run(cfg, resolve(cfg))
 
@@ -132,12 +132,12 @@ def test_nothing_inside_the_budget_writes_no_plan(checkpoint, tmp_path, monkeypa
     monkeypatch.setattr("h3plan.actions.calibration.say", lambda *_: None)
     monkeypatch.setattr(cal, "candidates", lambda n, w, f: [("fixed", {"computed": 3})])
     out = tmp_path / "cached.yaml"
-    cfg = _cfg(checkpoint, out, (200.0, 0.999))
-    with pytest.raises(UsageError, match="no candidate stays inside SSIM >= 0.999, PSNR >= 200 dB") as e:
+    cfg = _cfg(checkpoint, out, (100.0, 0.999))
+    with pytest.raises(UsageError, match="no candidate stays inside SSIM >= 0.999, PSNR >= 100 dB") as e:
         action.run(cfg, resolve(cfg))
     assert not out.exists() and "\n" not in str(e.value)
     (point,), _ = ev.read_points(str(tmp_path / "points.yaml"), "step_cache")  # the measurement is kept
-    assert not point.meets(ev.Budget.of({"psnr_db_min": 200.0, "ssim_min": 0.999}))
+    assert not point.meets(ev.Budget.of({"psnr_db_min": 100.0, "ssim_min": 0.999}))
 
 
 def test_no_cache_budget_is_one_line(checkpoint, tmp_path):

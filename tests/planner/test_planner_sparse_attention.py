@@ -151,6 +151,8 @@ def test_fp8_gemms_compose_with_fa4_attention():
 
 @pytest.mark.parametrize("sparse,key", [
     ({"unmeasured": True}, "recipe.sparse.unmeasured"),
+    ({"ssim_min": 0.0}, "recipe.sparse.ssim_min=0.0"),
+    ({"ssim_min": 0.8, "psnr_db_min": -1.0}, "recipe.sparse.psnr_db_min=-1.0"),
     ({**BUDGET, "keep": 0.0}, "recipe.sparse.keep=0.0"),
     ({**BUDGET, "dense_forwards": -1}, "recipe.sparse.dense_forwards=-1"),
 ])
