@@ -88,3 +88,12 @@ def test_overrides_on_top_keep_the_evidence_rules():
                                           for r in d.reasons)
     with pytest.raises(PlanningError, match=r"its evidence misses recipe.sparse \(SSIM 0.8 < 0.9\)"):
         _tier(**{"recipe.sparse.ssim_min": 0.9})
+
+
+def test_a_saved_tier_plan_loads_as_planned(tmp_path):
+    from h3plan.planner import Plan
+
+    p = _tier()
+    p.save(str(tmp_path / "tier.yaml"))
+    back = Plan.load(str(tmp_path / "tier.yaml"))
+    assert back.get("recipe")["tier"] == p.get("recipe")["tier"] and _settings(back) == _settings(p)
