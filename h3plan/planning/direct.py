@@ -1,9 +1,10 @@
 """The packaged config composed without Hydra, for the command lines where that gives Hydra's own config.
 
-Scope: config.yaml's defaults list as it stands (the schema, one option per group, `_self_`), group options that are
-plain files (no `@package` header; a defaults list only of the same group's options and `_self_`, as a tuned hardware
-file has) or `# @package _global_` files whose defaults list is `/group/option@group` entries of their own group and
-`_self_` (vae=h3_tiny), found in conf/ and then in the folders of a `hydra.searchpath=[file:///...]` override, and
+Scope: config.yaml's defaults list as it stands (the schema, one option per group or none (`tier: null`), `_self_`),
+group options that are plain files (no `@package` header; a defaults list only of the same group's options and
+`_self_`, as a tuned hardware file has) or `# @package _global_` files whose defaults list is `/group/option@group`
+entries of their own group, `override /group: option` entries of other groups (tier=quality: the choice changes
+unless the command line names that group, as Hydra does) and `_self_` (vae=h3_tiny), found in conf/ and then in the folders of a `hydra.searchpath=[file:///...]` override, and
 overrides of the forms `group=option` and `dotted.key=value` (a key given twice is set twice, in order, as Hydra does)
 where the value is null, a bool, a decimal int or float, a bare name, a file path, a flat list of those, or a flat
 `{name:value,...}` mapping of those but paths. That is every plan a user types and most configs the tests compose. The
@@ -80,9 +81,9 @@ def _defaults(primary) -> list[tuple[str, str | None]] | None:
         elif len(d) == 1:
             (key, option), = d.items()
             if not key.startswith("override hydra/"):  # Hydra's own groups: its `hydra` node, dropped anyway
-                if not (_OPTION.fullmatch(key) and isinstance(option, str)):
+                if not (_OPTION.fullmatch(key) and (option is None or isinstance(option, str))):
                     return None
-                out.append((key, option))
+                out.append((key, option))  # None: a group no option is chosen for until the command line names one
         else:
             return None
     return out
@@ -139,6 +140,8 @@ def _group_files(group: str, option: str, folders: list[str], depth: int = 0) ->
         if d == "_self_":
             out.append((path, data, package))
             continue
+        if glob and _override_entry(d) is not None:
+            continue  # another group's choice: compose() applies it before it reads that group's files
         if not isinstance(d, str):
             return None
         packaged = _PACKAGED.fullmatch(d) if glob else None
@@ -151,6 +154,28 @@ def _group_files(group: str, option: str, folders: list[str], depth: int = 0) ->
             return None
         out += inner
     return out
+
+
+def _override_entry(d) -> tuple[str, str] | None:
+    """(group, option) of a `{override /group: option}` defaults entry, else None."""
+    if isinstance(d, dict) and len(d) == 1:
+        (key, option), = d.items()
+        m = re.fullmatch(rf"override /({_OPTION.pattern})", str(key))
+        if m is not None and isinstance(option, str) and _OPTION.fullmatch(option):
+            return m.group(1), option
+    return None
+
+
+def _chosen_overrides(group: str, option: str, folders: list[str]) -> list[tuple[str, str]] | None:
+    """The `override /group: option` entries of the `_global_` file `group=option` (a tier: conf/tier/), in order;
+    None where it has any other entry than those, the file's own group's options and `_self_` (Hydra composes)."""
+    path = next((p for p in (os.path.join(d, group, f"{option}.yaml") for d in folders) if os.path.isfile(p)), None)
+    read = _read(path) if path is not None else None
+    if read is None:
+        return None
+    defaults, _, glob = read
+    entries = [_override_entry(d) for d in defaults or ()]
+    return [e for e in entries if e is not None] if glob else ([] if not any(entries) else None)
 
 
 def _stamp(path: str) -> tuple[str, int, int] | None:
@@ -230,9 +255,21 @@ def compose(overrides: list[str]):
             if value is _UNSURE:
                 return _to_hydra("a value other than null, a bool, a decimal number, a name, a path or a flat list")
             keys.append((key, value))
+        for g, option in list(choices.items()):  # a chosen file's `override /G: O`: the command line's G wins
+            made = _chosen_overrides(g, option, folders) if option is not None else []
+            if made is None:
+                return _to_hydra("a group option that is not a plain file, or one whose defaults are not its group's options and _self_")
+            for other, choice in made:
+                if other not in choices or other == g or choices[other] is None:
+                    return _to_hydra("an override of a group outside the defaults list")
+                if other not in seen:
+                    choices[other] = choice
         sources: dict[str, list[tuple[str, dict, str]]] = {}
         for g, option in choices.items():
-            found = _group_files(g, option, folders) if option is not None else None
+            if option is None:  # no option chosen: nothing merged for the group
+                sources[g] = []
+                continue
+            found = _group_files(g, option, folders)
             if found is None:
                 return _to_hydra("a group option that is not a plain file, or one whose defaults are not its group's options and _self_")
             sources[g] = found

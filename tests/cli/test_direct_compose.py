@@ -34,6 +34,9 @@ FORMS = [
     # a flat mapping merged into its node; a key set twice (the last wins, each checked)
     ["levers.step_cache=fixed", "recipe.cache={psnr_db_min:28.0,ssim_min:0.93,computed:34}", "pipeline.num_inference_steps=50"],
     ["levers.attention=fa4", "levers.attention=sdpa", "parallel.seq_len=100", "parallel.seq_len=200"],
+    # a group with no default option (tier: null), chosen: a `_global_` file overriding another group's choice
+    ["tier=quality"],
+    ["tier=quality", "recipe=bf16", "recipe.sparse.keep=0.5"],  # the command line's recipe wins over the tier's
 ]
 
 
