@@ -184,16 +184,19 @@ def blockers(ctx: Context, s: str) -> list[str]:
     if s == "off":
         return []
     out = _structural(ctx)
-    if out or not _budget(ctx):
-        return out
+    return out if out or not _budget(ctx) else _unbacked(ctx)
+
+
+def _unbacked(ctx: Context) -> list[str]:
+    """Why the evidence does not back block_sparse under recipe.sparse's budget (empty: it does)."""
     v = judge(ctx)
     if v.status == "misses":
         assert v.point is not None
-        out.append(f"its evidence misses recipe.sparse ({'; '.join(v.misses)}): {v.point.cite()}")
-    elif v.status == "unmeasured" and not _sparse(ctx).get("unmeasured"):
-        out.append(f"unmeasured: {_no_point(ctx)}; {CALIBRATE} (recipe.sparse.evidence=FILE), or run it without "
-                   "evidence with recipe.sparse.unmeasured=true")
-    return out
+        return [f"its evidence misses recipe.sparse ({'; '.join(v.misses)}): {v.point.cite()}"]
+    if v.status == "unmeasured" and not _sparse(ctx).get("unmeasured"):
+        return [f"unmeasured: {_no_point(ctx)}; {CALIBRATE} (recipe.sparse.evidence=FILE), or run it without "
+                "evidence with recipe.sparse.unmeasured=true"]
+    return []
 
 
 def _structural(ctx: Context) -> list[str]:
@@ -273,7 +276,7 @@ def auto(ctx: Context):
     ruled_out = _structural(ctx)
     if ruled_out:
         return "off", ["block_sparse cannot apply: " + "; ".join(ruled_out)], {}
-    blocked = blockers(ctx, "block_sparse")
+    blocked = _unbacked(ctx)  # the structural reasons were checked above
     if blocked:  # a budget the evidence does not back: refused, as step_cache refuses one
         raise LeverError(SPEC.name, "auto", [f"recipe.sparse ({ev.Budget.of(_sparse(ctx)).text()}): block_sparse at "
                                              f"keep {params(ctx, 'block_sparse')['keep']:g}: " + blocked[0]
