@@ -7,7 +7,7 @@
 # Steps, each under `timeout` within one overall budget (H3_BUDGET_S, default 540 s; the call allows 600):
 #   env      versions, GPU, imports                                        -> run.log
 #   suite    python -m pytest tests/gpu -m gpu -q -rA                      -> gpu-suite.log
-#   kernels  python benchmarks/kernels.py --out $OUT                       -> kernels-h200.json/.md
+#   kernels  python benchmarks/fused_kernels.py --out $OUT                       -> kernels-h200.json/.md
 #   block    python -m h3plan action=bench ... once per plan in H3_BLOCK_PLANS (default: the bf16 and the
 #            fp8 recipe, two processes appending to one JSON): diffusers eager, diffusers' best (regional
 #            compile, bench.best=on; its compile ~10-20 s per S, timed apart) and the plan -> block-h200.json/.md/.png
@@ -85,10 +85,10 @@ step env H3_SKIP_ENV 60 "$LOG" python -c "$ENV_PY"
 step suite H3_SKIP_SUITE "${H3_T_SUITE:-150}" "$OUT/gpu-suite.log" \
   python -m pytest tests/gpu -m gpu -q -rA -p no:cacheprovider
 
-if [ -f benchmarks/kernels.py ]; then
-  step kernels H3_SKIP_KERNELS "${H3_T_KERNELS:-100}" "$LOG" python benchmarks/kernels.py --out "$OUT"
+if [ -f benchmarks/fused_kernels.py ]; then
+  step kernels H3_SKIP_KERNELS "${H3_T_KERNELS:-100}" "$LOG" python benchmarks/fused_kernels.py --out "$OUT"
 else
-  SUMMARY+=("kernels: skipped (benchmarks/kernels.py is not in this tree)")
+  SUMMARY+=("kernels: skipped (benchmarks/fused_kernels.py is not in this tree)")
 fi
 
 if [ "${H3_APPEND:-0}" = 1 ] && [ -f benchmarks/results/block-h200.json ]; then

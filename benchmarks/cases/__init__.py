@@ -1,6 +1,6 @@
-"""Benchmark cases for benchmarks/kernels.py: every module here exposes `CASES` (H3 shapes, for the GPU)
+"""Benchmark cases for benchmarks/fused_kernels.py: every module here exposes `CASES` (H3 shapes, for the GPU)
 and may expose `SMOKE_CASES` (tiny shapes, for `--smoke` on the CPU interpreter). An entry is a `Case` or
-a dict with the same keys; see `Case` for what each field means and benchmarks/kernels.py for how they
+a dict with the same keys; see `Case` for what each field means and benchmarks/fused_kernels.py for how they
 are timed.
 """
 

@@ -111,7 +111,7 @@ def cases(sweep: bool = False):
 
 
 def sweep_cases():
-    """The same cases, each with its tuning variants (kernels.py --sweep)."""
+    """The same cases, each with its tuning variants (fused_kernels.py --sweep)."""
     return cases(sweep=True)
 
 

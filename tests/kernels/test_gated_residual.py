@@ -85,7 +85,7 @@ def test_custom_op_traces():
 
 
 def test_benchmark_driver_smoke(tmp_path):
-    bench = load_script("benchmarks/kernels.py")
+    bench = load_script("benchmarks/fused_kernels.py")
     bench.main(["--smoke", "--only", "gated_residual", "--out", str(tmp_path)])
     records = json.loads((tmp_path / "kernels-smoke.json").read_text())
     assert [r["kernel"] for r in records] == ["gated_residual"]

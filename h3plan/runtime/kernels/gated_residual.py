@@ -21,7 +21,7 @@ from h3plan.runtime.kernels._common import INTERPRET, LAUNCH_OPTS, from_f32, gua
 from h3plan.runtime.kernels._registry import custom_op
 
 # (rows per program, columns per program, warps). Columns: the largest power of two <= 1024 dividing D
-# (5376 = 21 * 256), so no lanes are masked. Untimed until benchmarks/kernels.py --sweep runs on the H200.
+# (5376 = 21 * 256), so no lanes are masked. Untimed until benchmarks/fused_kernels.py --sweep runs on the H200.
 SWEEP_CONFIGS = [(8, 256, 4), (4, 256, 4), (16, 256, 8), (4, 512, 4), (2, 1024, 4), (8, 512, 8)]
 
 

@@ -24,7 +24,7 @@ from h3plan.runtime.kernels._common import INTERPRET, LAUNCH_OPTS, from_f32, gua
 from h3plan.runtime.kernels._registry import custom_op
 
 # (rows per program, output columns per program, warps). Columns: the largest power of two <= 1024
-# dividing F (14336 = 14 * 1024). Untimed until benchmarks/kernels.py --sweep runs on the H200.
+# dividing F (14336 = 14 * 1024). Untimed until benchmarks/fused_kernels.py --sweep runs on the H200.
 SWEEP_CONFIGS = [(2, 1024, 4), (1, 1024, 4), (4, 1024, 8), (4, 512, 4), (8, 256, 4), (1, 2048, 8)]
 # exp used on the GPU: "libdevice" (expf, what torch calls) or "tl" (Triton's exp2-based approximation).
 # The interpreter always uses numpy's exp.

@@ -1,9 +1,9 @@
 """Kernel benchmark driver: every fused kernel against its eager reference, at MiniMax-H3 shapes.
 
-    python benchmarks/kernels.py            # H200: all cases -> benchmarks/results/kernels-h200.{json,md}
-    python benchmarks/kernels.py --only swiglu --out /tmp/r
-    python benchmarks/kernels.py --sweep    # also time each case's tuning variants -> kernels-h200-sweep.*
-    python benchmarks/kernels.py --smoke    # CPU, Triton interpreter, tiny shapes (a sanity run, no timing value)
+    python benchmarks/fused_kernels.py            # H200: all cases -> benchmarks/results/kernels-h200.{json,md}
+    python benchmarks/fused_kernels.py --only swiglu --out /tmp/r
+    python benchmarks/fused_kernels.py --sweep    # also time each case's tuning variants -> kernels-h200-sweep.*
+    python benchmarks/fused_kernels.py --smoke    # CPU, Triton interpreter, tiny shapes (a sanity run, no timing value)
 
 Cases come from every module in benchmarks/cases/: each exposes `CASES` (H3 shapes), optionally
 `SMOKE_CASES` (tiny shapes for --smoke) and `sweep_cases()` (the cases with tuning variants). A case is a
