@@ -40,6 +40,11 @@ def _timed(r: dict) -> str:
     return f"{len(r['forwards_s'])} of {r.get('forwards_per_call')} fwd x {r['steps_e2e']} + rest"
 
 
+def _who(against: str) -> str:
+    """The reference a frames comparison names, short: eager or compile (diffusers'), else its label."""
+    return "eager" if "eager" in against else "compile" if "compile" in against else against.split(" (")[0]
+
+
 def pipeline() -> list[str]:
     """pipeline-h200.json: diffusers' own pipe(...) per row of each run (the user's call; no autocast), led by the ratio
     against diffusers' regional compile at the row's own VAE precision (its run's, else the latest run of the same
@@ -56,8 +61,11 @@ def pipeline() -> list[str]:
             continue
         f = r.get("frames") or {}
         frames = (f"bitwise vs {f['against'].split(' (')[0]}" if f.get("bitwise") else "" if not f else
-                  f"PSNR {f['psnr_db']:.1f} dB vs eager {f['against'].rsplit('(', 1)[-1].split()[0]} VAE")
-        if "+step_cache=" in r["label"]:
+                  f"PSNR {f['psnr_db']:.1f} dB vs {_who(f['against'])} {f['against'].rsplit('(', 1)[-1].split()[0]} VAE")
+        if r.get("call_computed"):
+            computed = f"{sum(map(bool, r['call_computed']))} of {r['steps_e2e']} forwards computed"
+            frames = "; ".join(x for x in (computed, frames) if x)
+        elif "+step_cache=" in r["label"]:
             frames = f"{len(r['forwards_s'])} of {r['steps_e2e']} forwards computed; quality: docs/step_cache.md"
         best = pr.same_precision_best(r, doc["records"])
         same = "-" if best is None else f"{best['e2e_s'] / r['e2e_s']:.3f}x" + (
