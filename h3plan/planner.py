@@ -503,7 +503,10 @@ def resolve(cfg) -> Plan:
         times["computed_forwards"] = computed
         times.setdefault("basis", {})["computed_forwards"] = "step_cache: the forwards its schedule computes"
     if cache is not None and cache.enabled and cache.param("fewest_computed") is not None:  # adaptive: a range
-        rng = predict.call_range(sections, sequence, times, fwd, cache.param("fewest_computed"))
+        most = REGISTRY["step_cache"].fewest_mask(cache.param("forwards"), cache.param("warmup"), cache.param("final"),
+                                                 cache.param("max_skip"))
+        rng = predict.call_range(sections, sequence, times, fwd, [i for i, m in enumerate(most) if not m],
+                                 dense=sparse.param("dense_forwards") if sparse is not None else None)
         times.update({k: v for k, v in rng.items() if k != "basis"})
         times.setdefault("basis", {}).update(rng.get("basis", {}))
     derived = derive.merge(ctx.shape, {**est, **fwd, **times, "basis": {**est["basis"], **fwd["basis"], **times.get("basis", {})}})

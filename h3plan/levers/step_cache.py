@@ -163,16 +163,25 @@ def longest_skip(mask) -> int:
     return best
 
 
-def fewest_computed(forwards: int, warmup: int, final: int, max_skip: int) -> int:
-    """The fewest forwards first_block computes: every forward it may skip skipped (not in warm-up or final, after a
-    computed one, at most `max_skip` in a row)."""
-    computed, run, seen = 0, 0, False
+def fewest_mask(forwards: int, warmup: int, final: int, max_skip: int) -> list[bool]:
+    """first_block's schedule that skips the most (True: computed): every forward it may skip skipped, earliest first
+    (not in warm-up or final, after a computed one, at most `max_skip` in a row). Its k-th skipped forward comes no
+    later than any other schedule's k-th, so where forwards cost less later (sparse attention after dense ones) it
+    also skips the most time."""
+    mask, run, seen = [], 0, False
     for i in range(forwards):
         if seen and warmup <= i < forwards - final and run < max_skip:
             run += 1
+            mask.append(False)
         else:
-            computed, run, seen = computed + 1, 0, True
-    return computed
+            run, seen = 0, True
+            mask.append(True)
+    return mask
+
+
+def fewest_computed(forwards: int, warmup: int, final: int, max_skip: int) -> int:
+    """The fewest forwards first_block computes (fewest_mask)."""
+    return sum(fewest_mask(forwards, warmup, final, max_skip))
 
 
 def scaled(computed: int, planned: int, forwards: int) -> int:

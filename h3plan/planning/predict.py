@@ -17,7 +17,7 @@ tests/planner/test_predict.py.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from h3plan.facts.attention import FP8
 from h3plan.facts.vae import decode as vae_decode, encode as vae_encode
@@ -160,19 +160,25 @@ def call(sections: Mapping[str, Any], sequence: Mapping[str, Any], shp: Mapping[
 
 
 def call_range(sections: Mapping[str, Any], sequence: Mapping[str, Any], times: Mapping[str, Any],
-               fwd: Mapping[str, Any], fewest: int) -> dict[str, Any]:
-    """An adaptive cache's call (step_cache=first_block) as a range: from the fewest forwards it can compute under its
-    warm-up, final and limit in a row (each skipped forward still runs the first block: 1/layers of a forward) up to
-    every forward computed (call_s_est, the figure the call line gives); how many skip is the checkpoint's."""
+               fwd: Mapping[str, Any], skipped: Sequence[int], dense: int | None = None) -> dict[str, Any]:
+    """An adaptive cache's call (step_cache=first_block) as a range: from its schedule that skips the most (`skipped`:
+    those forwards' indices; each skipped forward still runs the first block, 1/layers of a forward) up to every
+    forward computed (call_s_est, the figure the call line gives); how many skip is the checkpoint's. `dense`: with
+    sparse attention, the first forwards that run dense (a skipped one saves a dense forward, a later one a sparse)."""
     call, f, n = times.get("call_s_est"), fwd["forward_s_est"], sequence.get("transformer_forwards")
     if call is None or f is None or not n:
         return {}
     layers = sections["model"]["diffusers_config"]["num_layers"]
-    low = call - (n - fewest) * f * (1 - 1 / layers)
+    fs = fwd.get("forward_sparse_s_est")
+    cost = [f if fs is None or dense is None or i < dense else fs for i in range(n)]
+    low = call - sum(cost[i] for i in skipped) * (1 - 1 / layers)
     return {"call_s_range_est": [round(low, 2), round(call, 2)],
-            "basis": {"call_s_range_est": f"step_cache=first_block computes {fewest}..{n} forwards (the most it can skip "
-                                          f"under its warm-up, final and limit in a row .. none): each skipped forward "
-                                          f"runs 1 of {layers} blocks; how many skip is the checkpoint's statistic"}}
+            "basis": {"call_s_range_est": f"step_cache=first_block computes {n - len(skipped)}..{n} forwards (the most "
+                                          f"it can skip under its warm-up, final and limit in a row .. none): each "
+                                          f"skipped forward runs 1 of {layers} blocks"
+                                          + (f", the first {dense} dense, the rest with sparse attention"
+                                             if fs is not None and dense is not None else "")
+                                          + "; how many skip is the checkpoint's statistic"}}
 
 
 def cheapest_cut(sections, sequence, shp, part: str, settings: Mapping[str, str], fwd: Mapping[str, Any],

@@ -15,20 +15,35 @@ def _full(mode, e2e, computed=20, forwards=49, skipped_s=2.6):
 
 @pytest.mark.parametrize("mode", ["fixed", "first_block"])
 def test_every_step_cache_mode_is_checked_against_its_overhead_bound(mode):
-    """The overhead check was declared before the runs for every cached call (E2E <= 1.03 x (computed x forward +
-    rest)): a PASS or FAIL field in the row, first_block included (its skipped forwards' first block and decision
-    are overhead the check counts). The H200's first_block row (pipeline-h200.json, rounded): 86.50 s against
-    1.03 x 83.87 s = 86.39 s, FAIL."""
-    notes, ok = P.step_cache_notes(_full(mode, 186.6, computed=34), 5.365, 4.24)
+    """The overhead check is declared before the runs for every cached call (E2E <= 1.03 x (per kind of computed
+    forward: count x median, + rest)): a PASS or FAIL field in the row, first_block included (its skipped forwards'
+    first block and decision are overhead the check counts). The H200's first_block row (pipeline-h200.json,
+    rounded): 86.50 s against 1.03 x 83.87 s = 86.39 s, FAIL."""
+    notes, ok = P.step_cache_notes(_full(mode, 186.6, computed=34), [(34, 5.365)], 4.24)
     assert notes[0].startswith("step_cache: the whole call, 34 of 49 forwards computed")
     assert ok["name"] == "overhead" and ok["result"] == "PASS" and ok["rule"] == checks.RULES["overhead"]
     assert ok["detail"].startswith("E2E 186.60 s <= 1.03 x (34 x 5.365 s + rest 4.24 s) = 192.25 s")
-    assert P.step_cache_notes(_full(mode, 200.0, computed=34), 5.365, 4.24)[1]["result"] == "FAIL"
-    session16 = P.step_cache_notes(_full(mode, 86.5), 4.051, 2.85)[1]
-    assert session16["result"] == "FAIL"
-    assert "> 1.03 x (20 x 4.051 s + rest 2.85 s) = 86.39 s (1.031x)" in session16["detail"]
+    assert P.step_cache_notes(_full(mode, 200.0, computed=34), [(34, 5.365)], 4.24)[1]["result"] == "FAIL"
+    first_block = P.step_cache_notes(_full(mode, 86.5), [(20, 4.051)], 2.85)[1]
+    assert first_block["result"] == "FAIL"
+    assert "> 1.03 x (20 x 4.051 s + rest 2.85 s) = 86.39 s (1.031x)" in first_block["detail"]
     # no forward timed: no bound, no pass
-    assert P.step_cache_notes(_full(mode, 86.5), None, 2.85)[1]["result"] == "FAIL"
+    assert P.step_cache_notes(_full(mode, 86.5), [], 2.85)[1]["result"] == "FAIL"
+
+
+def test_a_call_with_dense_and_sparse_forwards_is_bounded_per_kind():
+    """The tier's whole call on the H200 (pipeline-h200.json, 12-03 16:37, rounded): 7 computed dense forwards of
+    ~4.50 s and 39 sparse ones (the first 6.23 s, its JIT); one median for all (2.518 s) undercounts the dense ones."""
+    secs = [4.5] * 4 + [0.1, 4.5, 0.1, 4.5, 0.1, 4.5] + [6.23] + [2.515] * 38
+    computed = [t > 1 for t in secs]
+    kinds = P.forward_kinds(secs, computed, dense=10)
+    assert kinds == [(7, 4.5), (39, 2.515)]
+    assert P.forward_kinds(secs, computed, dense=None) == [(46, 2.515)]
+    jit = P.step_cache_notes(_full("first_block", 137.81, computed=46), kinds, 4.16)[1]
+    assert jit["detail"] == "E2E 137.81 s > 1.03 x (7 x 4.500 s + 39 x 2.515 s + rest 4.16 s) = 137.76 s (1.030x)"
+    assert jit["result"] == "FAIL"  # the first sparse forward's 3.7 s JIT inside the timed call
+    warm = P.step_cache_notes(_full("first_block", 137.81 - 3.7, computed=46), kinds, 4.16)[1]
+    assert warm["result"] == "PASS"
 
 
 def test_a_whole_call_is_checked_against_the_short_calls_extrapolation():

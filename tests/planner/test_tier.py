@@ -97,3 +97,27 @@ def test_a_saved_tier_plan_loads_as_planned(tmp_path):
     p.save(str(tmp_path / "tier.yaml"))
     back = Plan.load(str(tmp_path / "tier.yaml"))
     assert back.get("recipe")["tier"] == p.get("recipe")["tier"] and _settings(back) == _settings(p)
+
+
+def test_the_call_range_saves_dense_forwards_first_then_sparse_ones():
+    """The adaptive cache's range under sparse attention: its most-skipping schedule skips forwards 4, 6, ..., 48, three
+    of them dense (before forward 10) and twenty with sparse attention, each still running its first block."""
+    p = _tier()
+    low, high = p.derived_value("call_s_range_est")
+    f, fs = p.derived_value("forward_s_est"), p.derived_value("forward_sparse_s_est")
+    assert fs < f
+    assert low == pytest.approx(high - (3 * f + 20 * fs) * (1 - 1 / 50), abs=0.01)
+
+
+def test_the_measured_tier_call_falls_inside_its_range():
+    """benchmarks/results/pipeline-h200.json's tier=quality whole call (t2va 768x1344x124, 49 forwards, one H200) lies
+    inside the range the same plan prints, and its computed count inside the plan's."""
+    import json
+    from pathlib import Path
+
+    doc = json.loads((Path(__file__).resolve().parents[2] / "benchmarks/results/pipeline-h200.json").read_text())
+    row = next(r for r in doc["records"] if "tier=quality" in r["label"] and r.get("whole_call"))
+    p = _tier()
+    low, high = p.derived_value("call_s_range_est")
+    assert p.decision("step_cache").param("fewest_computed") <= row["counters"]["step_cache.computed"] <= 49
+    assert low <= row["e2e_s"] <= high, (low, row["e2e_s"], high)

@@ -499,14 +499,24 @@ def extra_tensors(now: Counter, before: Counter, n: int = 3) -> str:
     return ", ".join(f"{list(shape)} {dtype} {b / 2**20:.0f} MiB" for b, shape, dtype in top) or "none that Python reaches"
 
 
-def step_cache_notes(f: dict, fwd: float | None, rest: float | None) -> tuple[list[str], dict]:
-    """A step-cache row's note and its overhead check from its whole call `f` (full_turn's row.full) and the median
-    computed forward / the rest (pipeline_checks.overhead: every mode; first_block's skipped forwards run its first
-    block and the decision, a cost the check counts)."""
+def forward_kinds(secs: list[float], computed: list[bool], dense: int | None) -> list[tuple[int, float]]:
+    """(count, median) of the computed forwards of one call, by kind: the first `dense` (all where None) and the rest,
+    which run sparse attention."""
+    groups: list[list[float]] = [[], []]
+    for i, (t, m) in enumerate(zip(secs, computed)):
+        if m:
+            groups[0 if dense is None or i < dense else 1].append(t)
+    return [(len(g), statistics.median(g)) for g in groups if g]
+
+
+def step_cache_notes(f: dict, kinds: list[tuple[int, float]], rest: float | None) -> tuple[list[str], dict]:
+    """A step-cache row's note and its overhead check from its whole call `f` (full_turn's row.full) and its computed
+    forwards by kind (forward_kinds) / the rest (pipeline_checks.overhead: every mode; first_block's skipped forwards
+    run its first block and the decision, a cost the check counts)."""
     what = ("each ran the first block and the decision" if f.get("mode") == "first_block" else "reused or extrapolated")
     note = (f"step_cache: the whole call, {f['computed']} of {f['forwards']} forwards computed, timed end to end; the "
             f"{f['skipped']} skipped forwards ({what}) took {f['skipped_s']:.3f} s")
-    return [note], checks.overhead(f, fwd, rest)
+    return [note], checks.overhead(f, kinds, rest)
 
 
 def row_label_of(s: Setting) -> str:
@@ -642,7 +652,9 @@ def _record(torch, device, run_id, request, S, degree, layers, n_sched, steps_e2
         rec.rest_parts = {k: round(statistics.median(p[k] for p in row.parts), 4) for k in row.parts[0]}
     if row.full is not None:
         rec.e2e_s, rec.steps_e2e, rec.wall_s = row.full["e2e_s"], row.full["forwards"], row.full["e2e_s"]
-        note, check = step_cache_notes(row.full, fwd, rest)
+        sparse = plan.decision("sparse_attention") if plan is not None else None
+        dense = sparse.param("dense_forwards") if sparse is not None and sparse.enabled else None
+        note, check = step_cache_notes(row.full, forward_kinds(row.call_forwards, row.call_computed, dense), rest)
         rec.notes += note
         rec.checks.append(check)
     if row.whole is not None:
@@ -677,7 +689,7 @@ def _record(torch, device, run_id, request, S, degree, layers, n_sched, steps_e2
                                                            else "") for k, v in rec.rest_parts.items()]
             other = rec.rest_s - sum(rec.rest_parts.values())
             rec.notes.append(f"rest: {', '.join(timed)}; everything else {other:.2f} s")
-        pf, pc = plan.derived_value("forward_s_est"), plan.derived_value("call_s_est")
+        pf, pc = records.predicted_forward(plan, asdict(rec)), plan.derived_value("call_s_est")
         if pf is not None and fwd is not None:  # the plan's own time line against this row
             rec.notes.append(f"predicted: forward {pf:.3f} s ({pf / fwd - 1:+.1%})" + (
                 "" if pc is None or rec.e2e_s is None else f", call {pc:.1f} s ({pc / rec.e2e_s - 1:+.1%}) against the measured")

@@ -1,9 +1,10 @@
 """The checks the pipeline bench declares before it runs, each recorded in its row as PASS or FAIL (the record's
 `checks`: one entry per check, with the rule as declared and the numbers it was decided on). Pure Python.
 
-- overhead: a step-cache row's whole call against the forwards it computed: E2E <= OVERHEAD x (computed forwards x
-  the median computed forward + the rest of the call). Every mode: first_block's skipped forwards still run its first
-  block and the decision, a cost the check counts like any other.
+- overhead: a step-cache row's whole call against the forwards it computed: E2E <= OVERHEAD x (for each kind of
+  forward the call computed, dense or with sparse attention, their count x their median + the rest of the call).
+  Every mode: first_block's skipped forwards still run its first block and the decision, a cost the check counts
+  like any other.
 - extrapolation: a whole-call row (bench.pipeline.whole) against what a short call extrapolates: the whole call's wall
   time within EXTRAPOLATION of forwards x the short call's median forward + the short call's rest (how every row
   without a whole call gets its E2E).
@@ -13,13 +14,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 OVERHEAD = 1.03
 EXTRAPOLATION = 0.01
 
 RULES = {
-    "overhead": f"step cache: E2E <= {OVERHEAD} x (computed forwards x median computed forward + rest of the call)",
+    "overhead": f"step cache: E2E <= {OVERHEAD} x (per kind of computed forward, dense or sparse: their count x their "
+                "median, + rest of the call)",
     "extrapolation": f"the whole call's wall within {EXTRAPOLATION:.0%} of forwards x the short call's median "
                      "forward + its rest",
     "bitwise": "the plan's frames equal the frames of the row it must match, bit for bit",
@@ -30,17 +32,18 @@ def verdict(name: str, passed: bool, detail: str) -> dict[str, Any]:
     return {"name": name, "rule": RULES[name], "result": "PASS" if passed else "FAIL", "detail": detail}
 
 
-def overhead(full: Mapping[str, Any], fwd: float | None, rest: float | None) -> dict[str, Any]:
-    """`full`: a step-cache row's whole call (e2e_s, computed, forwards); fwd / rest: its median computed forward and
-    the rest of the call. No computed forward timed: FAIL (the bound cannot be formed)."""
-    if fwd is None or rest is None:
+def overhead(full: Mapping[str, Any], kinds: Sequence[tuple[int, float]], rest: float | None) -> dict[str, Any]:
+    """`full`: a step-cache row's whole call (e2e_s, computed, forwards); `kinds`: (count, median time) of each kind of
+    computed forward (dense; with sparse attention); rest: the rest of the call. No computed forward timed: FAIL (the
+    bound cannot be formed)."""
+    if not kinds or rest is None:
         return verdict("overhead", False, f"E2E {full['e2e_s']:.2f} s: no computed forward or rest timed, no bound")
-    base = full["computed"] * fwd + rest
+    base = sum(n * t for n, t in kinds) + rest
     bound = OVERHEAD * base
     ok = full["e2e_s"] <= bound
+    terms = " + ".join(f"{n} x {t:.3f} s" for n, t in kinds)
     return verdict("overhead", ok, f"E2E {full['e2e_s']:.2f} s {'<=' if ok else '>'} {OVERHEAD} x "
-                                   f"({full['computed']} x {fwd:.3f} s + rest {rest:.2f} s) = {bound:.2f} s "
-                                   f"({full['e2e_s'] / base:.3f}x)")
+                                   f"({terms} + rest {rest:.2f} s) = {bound:.2f} s ({full['e2e_s'] / base:.3f}x)")
 
 
 def extrapolation(forwards: int, short_forward: float | None, short_rest: float | None, wall: float) -> dict[str, Any]:

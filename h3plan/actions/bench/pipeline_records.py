@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
@@ -435,6 +436,9 @@ def replan(row: Mapping, steps: int | None = None, **groups):
     over: dict = {"recipe": row["recipe"], "parallel": f"u{row['gpus']}", **row.get("request", {}), **groups}
     for word in row["label"].split()[1:]:
         lever, setting = word.lstrip("+").split("=", 1)
+        if not word.startswith("+"):  # a config group the run chose (tier=quality)
+            over[lever] = setting
+            continue
         if lever != "vae":
             over[f"levers.{lever}"] = setting
         if lever == "step_cache":
@@ -453,16 +457,38 @@ def replan(row: Mapping, steps: int | None = None, **groups):
     return plan
 
 
+def planned_forwards(plan, forwards: int) -> list[float]:
+    """The plan's time for each forward of a call of `forwards`: forward_s_est, and with sparse attention
+    forward_sparse_s_est after its dense forwards."""
+    f, fs = plan.derived_value("forward_s_est"), plan.derived_value("forward_sparse_s_est")
+    sparse = plan.decision("sparse_attention")
+    dense = sparse.param("dense_forwards") if sparse.enabled and fs is not None else None
+    return [f if dense is None or i < dense else fs for i in range(forwards)]
+
+
+def predicted_forward(plan, row: Mapping) -> float | None:
+    """The plan's figure for `row`'s forward_s (the median of the forwards the row computed): forward_s_est, or where
+    the plan mixes dense and sparse forwards, the median of the planned times of the forwards the row computed."""
+    if plan.derived_value("forward_s_est") is None:
+        return None
+    mask = row.get("call_computed") or [True] * row["steps_e2e"]
+    return statistics.median(c for c, m in zip(planned_forwards(plan, len(mask)), mask) if m)
+
+
 def predicted_call(plan, row: Mapping, steps: int | None = None) -> float | None:
     """The plan's call estimate (call_s_est) for `row`'s own call. A first_block cache's plan counts every forward
-    computed (how many skip is the checkpoint's statistics): here it is taken at the forwards the row measured computing,
-    each skipped forward costing its first block (1/layers of a forward). `steps`: another request, the plan's own."""
+    computed (how many skip is the checkpoint's statistics): here it is taken at the forwards the row measured computing
+    (its call_computed, else its count at the plan's forward), each skipped forward costing its first block (1/layers of
+    its planned time: dense or sparse). `steps`: another request, the plan's own."""
     call = plan.derived_value("call_s_est")
     computed = (row.get("counters") or {}).get("step_cache.computed")
-    if call is None or steps or computed is None or "+step_cache=first_block" not in row["label"]:
+    if call is None or steps or computed is None or plan.decision("step_cache").setting != "first_block":
         return call
-    fwd, n = plan.derived_value("forward_s_est"), plan.derived_value("sequence")["transformer_forwards"]
-    return call - (n - computed) * fwd * (1 - 1 / row["layers"])
+    n = plan.derived_value("sequence")["transformer_forwards"]
+    mask = row.get("call_computed")
+    saved = (sum(c for c, m in zip(planned_forwards(plan, n), mask) if not m) if mask and len(mask) == n
+             else (n - computed) * plan.derived_value("forward_s_est"))
+    return call - saved * (1 - 1 / row["layers"])
 
 
 def encode_shapes(plan) -> list[list[int]]:
