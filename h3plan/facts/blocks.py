@@ -1,0 +1,11 @@
+"""The linears of a MiniMaxH3TransformerBlock, as module paths relative to the block (torch-free).
+
+diffusers' block: attention q, k, v and its output projection, then the SwiGLU FFN's input and output projections.
+These six are what gemm_quant quantises, what the FP8 / NVFP4 input producers feed and what a LoRA's linears are
+checked against; the AdaLN projection (`adaln_proj`) and the norms are not among them. MiniMaxH3TokenRefinerBlock
+names its linears the same way.
+"""
+
+BLOCK_LINEARS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "ff.net.0.proj", "ff.net.2")
+
+__all__ = ["BLOCK_LINEARS"]
