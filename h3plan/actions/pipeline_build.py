@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from h3plan.errors import UsageError
+from h3plan.facts.workflows import PARTITION, PARTITIONS, TASKS
 
 from .text_encoder_build import conditioner_components
 
@@ -154,8 +155,7 @@ def pipeline_blocks():
                                                       "decode": MiniMaxH3DecodeStep()})
 
 
-WORKFLOWS = ("t2va", "fl2va", "ref2va")  # MiniMaxH3Blocks._workflow_map
-PARTITION_SEEDS = {"transformer": 0, "transformer_ref": 3}  # added to `seed` (vae +1, audio_vae +2)
+PARTITION_SEEDS = dict(zip(PARTITIONS, (0, 3)))  # added to `seed` (vae +1, audio_vae +2)
 
 
 def workflow_blocks(text_encoder: bool = False):
@@ -184,8 +184,8 @@ def workflow_inputs(pipe, workflow: str, height: int, width: int, *, seed: int =
     import numpy as np
     from PIL import Image
 
-    if workflow not in WORKFLOWS:
-        raise UsageError(f"workflow={workflow!r}: expected one of {', '.join(WORKFLOWS)}")
+    if workflow not in TASKS:
+        raise UsageError(f"workflow={workflow!r}: expected one of {', '.join(TASKS)}")
     rng = np.random.default_rng(seed)
 
     def image():
@@ -304,7 +304,7 @@ def prompt_text(rows: int) -> str:
 
 def denoiser(pipe, workflow: str | None = None):
     """The transformer partition `workflow` runs against (None: whichever the pipeline holds, `transformer` first)."""
-    names = ("transformer_ref",) if workflow == "ref2va" else ("transformer",) if workflow else ("transformer", "transformer_ref")
+    names = (PARTITION[workflow],) if workflow else PARTITIONS
     for n in names:
         if getattr(pipe, n, None) is not None:
             return getattr(pipe, n)

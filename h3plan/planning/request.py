@@ -38,6 +38,7 @@ from typing import Any, List, Mapping, Optional, get_type_hints
 
 from h3plan.errors import ConfigError
 from h3plan.facts.vae.tiling import Geometry
+from h3plan.facts.workflows import DEFAULT_TASK, PARTITION
 
 from . import CONF, workflows
 
@@ -66,7 +67,7 @@ class VideoRequest:
     """Rows of prompt_embeds: the prompt's Qwen tokens (no chat template, no special tokens); for fl2va / ref2va the
     conditioner's whole presentation (labels and vision blocks, then the prompt). Required when S comes from the
     request."""
-    task: str = "t2va"
+    task: str = DEFAULT_TASK
     """The workflow: t2va (text only), fl2va (keyframes; `keyframes`), ref2va (references; `references`, planned
     against the `transformer_ref/` partition). planning/workflows.py gives their conditioning rows."""
     keyframes: Optional[List[str]] = None
@@ -360,8 +361,8 @@ def tokens(request: VideoRequest, model_cfg: Mapping[str, Any], vae_cfg: Mapping
                                     + (": INPUT_PARAM_TEMPLATES)" if not request.num_inference_steps else ")"),
         },
     }
-    if request.task != "t2va":  # t2va's breakdown keeps its keys (plans written before the workflows read the same)
-        out.update({"task": request.task, "partition": workflows.PARTITION[request.task], "condition_video_rows": cv,
+    if request.task != DEFAULT_TASK:  # t2va's breakdown keeps its keys (plans written before the workflows read the same)
+        out.update({"task": request.task, "partition": PARTITION[request.task], "condition_video_rows": cv,
                     "condition_audio_rows": ca, **({"keyframes": list(request.keyframes)} if request.keyframes else {}),
                     **({"references": cond["blocks"]} if cond["blocks"] else {})})
         out["basis"].update(cond["basis"])
@@ -391,7 +392,7 @@ def _conditioning(request: VideoRequest, frames: int, fps: float, g: Mapping[str
 def request_from(video: Mapping[str, Any], batch: int = 1) -> VideoRequest:
     """The `video` section (plain dict) as a VideoRequest."""
     kw = {k: video.get(k) for k in FIELDS if k != "audio"}
-    kw["task"] = kw.get("task") or "t2va"  # a plan file written before the workflows has no task
+    kw["task"] = kw.get("task") or DEFAULT_TASK  # a plan file written before the workflows has no task
     for k in ("keyframes", "keyframe_size", "references"):
         kw[k] = None if kw[k] is None else (tuple(kw[k]) if isinstance(kw[k], (list, tuple)) else kw[k])
     if video.get("audio") is not None:
