@@ -34,6 +34,7 @@ import math
 from typing import Any, Mapping
 
 from h3plan.facts import evidence as ev
+from h3plan.facts.pipeline import schedule_facts
 from h3plan.sources import cite
 
 from .base import Context, LeverError, Option, Spec, Terms, resolve
@@ -130,8 +131,7 @@ def _budget(ctx: Context) -> bool:
 
 def _forwards(ctx: Context) -> tuple[int, int]:
     steps = int(ctx.request.get("num_inference_steps") or ctx.pipeline.get("num_inference_steps", 50))
-    shift = (ctx.pipeline.get("schedulers") or {}).get("video_shift", 12.0)
-    return steps, forwards_of(steps, shift)
+    return steps, forwards_of(steps, schedule_facts(ctx.pipeline)["video_shift"])
 
 
 def _block(ctx: Context) -> list[int] | None:

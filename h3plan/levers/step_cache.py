@@ -38,6 +38,7 @@ from typing import Any, Mapping
 
 from h3plan.errors import ConfigError
 from h3plan.facts import evidence as ev
+from h3plan.facts.pipeline import schedule_facts
 from h3plan.facts.timesteps import request_steps
 
 from .adaln_table import schedule
@@ -191,8 +192,7 @@ def forwards_of(steps: int, video_shift: float) -> int:
 def _request(ctx: Context) -> tuple[int, int]:
     """(num_inference_steps, forwards) of the request: its own steps, else the pipeline's default."""
     steps = request_steps(ctx.request, ctx.pipeline) if ctx.pipeline else 50
-    shift = (ctx.pipeline.get("schedulers") or {}).get("video_shift", 12.0)
-    return steps, forwards_of(steps, shift)
+    return steps, forwards_of(steps, schedule_facts(ctx.pipeline)["video_shift"])
 
 
 def _workflow(ctx: Context) -> str:

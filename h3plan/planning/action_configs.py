@@ -76,11 +76,8 @@ class CalibrateConfig:
     heldout_steps: Optional[List[int]] = None
     """Held-out steps; null: the midpoints between the calibration steps (other noise levels)."""
     num_inference_steps: int = 50
-    """The schedule the steps index: diffusers' MiniMaxH3Scheduler.set_timesteps(num_inference_steps)."""
-    video_shift: float = 12.0
-    """Sigma shift of the video schedule (diffusers' MiniMax-H3 pipeline: shift 12 for video)."""
-    audio_shift: float = 3.0
-    """Sigma shift of the audio schedule (diffusers' MiniMax-H3 pipeline: shift 3 for audio)."""
+    """The schedule the steps index: diffusers' MiniMaxH3Scheduler.set_timesteps(num_inference_steps), at the
+    pipeline group's shifts (pipeline.schedulers)."""
     seq_len: Optional[int] = None
     """Packed rows of the synthetic inputs; null: 48 on the CPU, parallel.seq_len on a GPU."""
     margin: Optional[float] = None

@@ -32,17 +32,15 @@ default) sigma points drive 49 transformer forwards (`MiniMaxH3Scheduler.set_tim
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any, List, Mapping, Optional, get_type_hints
 
 from h3plan.errors import ConfigError
+from h3plan.facts.pipeline import pipeline_defaults, schedule_facts
 from h3plan.facts.vae.tiling import Geometry
 from h3plan.facts.workflows import DEFAULT_TASK, PARTITION
 
-from . import CONF, workflows
-
-PIPELINE_YAML = os.path.join(CONF, "pipeline", "h3.yaml")
+from . import workflows
 
 
 @dataclass(frozen=True)
@@ -172,10 +170,15 @@ class AudioVaeFacts:
     hop_length: int = 800
 
 
+def _packaged(key: str) -> Any:
+    """A field defaulting to the packaged pipeline group's value (conf/pipeline/h3.yaml holds it)."""
+    return field(default_factory=lambda: schedule_facts()[key])
+
+
 @dataclass
 class SchedulerFacts:
-    video_shift: float = 12.0
-    audio_shift: float = 3.0
+    video_shift: float = _packaged("video_shift")
+    audio_shift: float = _packaged("audio_shift")
 
 
 @dataclass
@@ -190,7 +193,7 @@ class PipelineConfig:
     default_num_frames: int = 124
     num_inference_steps: int = 50
     schedulers: SchedulerFacts = field(default_factory=SchedulerFacts)
-    keyframe_noise_aug: float = 0.999
+    keyframe_noise_aug: float = _packaged("keyframe_noise_aug")
     canvas: CanvasFacts = field(default_factory=CanvasFacts)
     references: ReferenceFacts = field(default_factory=ReferenceFacts)
     audio: AudioFacts = field(default_factory=AudioFacts)
@@ -201,14 +204,6 @@ class PipelineConfig:
 MIN_STEPS = 2  # the smallest num_inference_steps diffusers' MiniMaxH3Scheduler.set_timesteps takes
 STEPS_RULE = (f"must be >= {MIN_STEPS}: diffusers' MiniMaxH3Scheduler.set_timesteps needs {MIN_STEPS} sigma points at least "
               "(n points, the terminal 0 included, drive n - 1 forwards)")
-
-
-def pipeline_defaults() -> dict[str, Any]:
-    """conf/pipeline/h3.yaml as a plain dict (for callers whose sections have no `pipeline`)."""
-    import yaml
-
-    with open(PIPELINE_YAML) as f:
-        return yaml.safe_load(f)
 
 
 def diffusers_kwargs(section: Mapping[str, Any]) -> Mapping[str, Any]:
