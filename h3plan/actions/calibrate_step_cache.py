@@ -218,8 +218,7 @@ def run(cfg, plan, c) -> int:
     refs, _ = outputs(off)
     n = int((plan.derived_value("sequence") or {}).get("transformer_forwards") or steps - 1)
     cache = plan.get("recipe").get("cache") or {}
-    w = cache.get("warmup") if cache.get("warmup") is not None else lever.DEFAULTS["fixed"]["warmup"]
-    f = cache.get("final") if cache.get("final") is not None else lever.DEFAULTS["fixed"]["final"]
+    w, f = lever.knob(cache, "warmup"), lever.knob(cache, "final")
     say(f"calibrate step_cache: {weights}; {said}, {n} forwards per call; budget {budget.text()} against the uncached "
         "output")
     results, points = [], []
