@@ -36,6 +36,7 @@ from datetime import datetime, timezone
 from h3plan.errors import UsageError
 from h3plan.facts import evidence as ev
 from h3plan.facts.timesteps import request_steps
+from h3plan.facts.workflows import DEFAULT_TASK
 from h3plan.levers import step_cache as lever
 
 from .gpu_only import calibrate_too_wide
@@ -92,7 +93,7 @@ def _check(cfg, plan, c) -> tuple[ev.Budget, list[str] | None]:
     if budget.ssim_min is None:
         raise UsageError("calibrate.target=step_cache judges settings by the cache budget, which this recipe does not "
                          "set: pass recipe.cache={psnr_db_min:28,ssim_min:0.93}")
-    task = (plan.derived_value("sequence") or {}).get("task", "t2va")
+    task = (plan.derived_value("sequence") or {}).get("task", DEFAULT_TASK)
     if task != "t2va":
         raise UsageError(f"calibrate.target=step_cache runs t2va requests (diffusers' t2va denoise and decode); the "
                          f"plan's request is {task}")

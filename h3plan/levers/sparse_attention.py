@@ -35,6 +35,7 @@ from typing import Any, Mapping
 
 from h3plan.facts import evidence as ev
 from h3plan.facts.pipeline import schedule_facts
+from h3plan.facts.workflows import DEFAULT_TASK
 from h3plan.sources import cite
 
 from .base import Context, LeverError, Option, Spec, Terms, resolve
@@ -84,7 +85,7 @@ EVIDENCE_REASONS = ("evidence (", "unmeasured:")
 """How the reason that states a plan's quality evidence starts (the summary's `sparse` line prints it)."""
 
 
-def verdict(p: Mapping[str, Any], workflow: str | None = "t2va",
+def verdict(p: Mapping[str, Any], workflow: str | None = DEFAULT_TASK,
             points: tuple[ev.QualityPoint, ...] = PUBLISHED) -> ev.Verdict:
     """How the evidence (the published points, or `points`) at this plan's knobs stands against recipe.sparse's
     budget."""
@@ -105,7 +106,7 @@ def judge(ctx: Context) -> ev.Verdict:
 
 
 def _workflow(ctx: Context) -> str:
-    return str(ctx.request.get("task") or "t2va")
+    return str(ctx.request.get("task") or DEFAULT_TASK)
 
 
 def config_problem(sparse: Mapping[str, Any]) -> tuple[str, str] | None:

@@ -40,6 +40,7 @@ from h3plan.errors import ConfigError
 from h3plan.facts import evidence as ev
 from h3plan.facts.pipeline import schedule_facts
 from h3plan.facts.timesteps import request_steps
+from h3plan.facts.workflows import DEFAULT_TASK
 
 from .adaln_table import schedule
 from .base import Context, LeverError, Option, Spec, resolve
@@ -203,7 +204,7 @@ def _request(ctx: Context) -> tuple[int, int]:
 
 
 def _workflow(ctx: Context) -> str:
-    return str((ctx.request or {}).get("task", "t2va"))
+    return str((ctx.request or {}).get("task", DEFAULT_TASK))
 
 
 def _cache(ctx: Context) -> Mapping[str, Any]:

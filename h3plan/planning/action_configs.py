@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Any, List, Optional
 
 from h3plan.errors import ConfigError
+from h3plan.facts.workflows import DEFAULT_TASK
 
 
 class Target(str, Enum):
@@ -157,7 +158,7 @@ class PipelineBenchConfig:
     """Also time the stock-bits plan: the (lossless) plan with levers.attention=sdpa, diffusers' default attention,
     whose frames must be diffusers eager's bit for bit."""
     seed: int = 0
-    workflow: str = "t2va"
+    workflow: str = DEFAULT_TASK
     """The request's workflow: t2va (text only), fl2va (first and last keyframe, seeded images), ref2va (one seeded
     image reference); one per run, its partition alone built (two real-width partitions do not fit one GPU)."""
     prompt: bool = False
