@@ -17,9 +17,11 @@ TASKS = ("t2va", "fl2va", "ref2va")
 DEFAULT_TASK = "t2va"  # a request without a task (video.task unset, a plan file without one)
 PARTITION = {"t2va": "transformer", "fl2va": "transformer", "ref2va": "transformer_ref"}  # the checkpoint subfolder
 PARTITIONS = ("transformer", "transformer_ref")
-CONDITIONS = {"t2va": {"condition_video": False, "condition_audio": False},
-              "fl2va": {"condition_video": True, "condition_audio": False},
-              "ref2va": {"condition_video": True, "condition_audio": None}}
+CONDITIONS: dict[str, dict[str, bool | None]] = {
+    "t2va": {"condition_video": False, "condition_audio": False},
+    "fl2va": {"condition_video": True, "condition_audio": False},
+    "ref2va": {"condition_video": True, "condition_audio": None},
+}
 """The condition rows a task packs between the text and the target audio: conditioning video rows (fl2va keyframes,
 ref2va image and video references) and reference audio rows (ref2va soundtracks and audio references); True always,
 False never, None as the request says."""
@@ -44,9 +46,12 @@ def request_conditions(task: str, audio_references: bool = False) -> dict[str, b
 
 def partition_conditions(name: str) -> dict[str, bool]:
     """The condition flags every task on partition `name` shares, whatever its request."""
-    tasks = tasks_of(name)
-    fixed = {k: {CONDITIONS[t][k] for t in tasks} for k in CONDITIONS[DEFAULT_TASK]}
-    return {k: v.pop() for k, v in fixed.items() if len(v) == 1 and None not in v}
+    out = {}
+    for k in CONDITIONS[DEFAULT_TASK]:
+        seen = {CONDITIONS[t][k] for t in tasks_of(name)}
+        if len(seen) == 1 and None not in seen:
+            out[k] = bool(seen.pop())
+    return out
 
 
 __all__ = ["TASKS", "DEFAULT_TASK", "PARTITION", "PARTITIONS", "CONDITIONS", "partition", "tasks_of",
