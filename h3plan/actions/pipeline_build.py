@@ -405,6 +405,7 @@ def default_steps(pipe) -> tuple[int, int]:
     from diffusers import MiniMaxH3Scheduler
 
     n = next(p.default for p in pipe.blocks.inputs if p.name == "num_inference_steps")
-    s = MiniMaxH3Scheduler(shift=pipe.scheduler.config.shift if pipe.scheduler is not None else schedule_facts()["video_shift"])
+    shift = pipe.scheduler.config.shift if pipe.scheduler is not None else schedule_facts()["video_shift"]
+    s = MiniMaxH3Scheduler(shift=shift)
     s.set_timesteps(int(n))
     return int(n), int(s.timesteps.numel())

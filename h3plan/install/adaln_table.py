@@ -223,9 +223,9 @@ def timestep_vectors(steps: Iterable[int], *, video_shift: float | None = None, 
                      condition_audio: bool = False, schedulers=None) -> list[torch.Tensor]:
     """The distinct float32 `timestep` vectors the pipeline passes over `steps` step counts, first seen first.
     schedulers: (video, audio) MiniMaxH3Scheduler instances to copy (a pipeline's own); None: new ones at the
-    shifts. A shift or keyframe_noise_aug left None: the packaged pipeline group's (facts/pipeline.py). Rows: one text row, the video rows (a keyframe row first with condition_video), the audio rows
-    (a reference row first with condition_audio; none without audio): the distinct values depend only on
-    which kinds of row exist."""
+    shifts; a shift or keyframe_noise_aug left None: the packaged pipeline group's (facts/pipeline.py). Rows: one
+    text row, the video rows (a keyframe row first with condition_video), the audio rows (a reference row first with
+    condition_audio; none without audio): the distinct values depend only on which kinds of row exist."""
     import copy
 
     from diffusers import MiniMaxH3Scheduler

@@ -2,9 +2,9 @@
 table keys that gives it (install/pipeline.py installs each partition with its own tables).
 
 diffusers 0.42.1 (`modular_blocks_minimax_h3.py`, `MiniMaxH3AutoDenoiseStep`): `t2va` and `fl2va` run against
-`transformer`, `ref2va` against `transformer_ref` (facts/workflows.py). Every workflow plans its per-row timesteps with the same
-`MiniMaxH3SetTimestepsStep.build_row_timesteps`, so a call's distinct timestep vector depends only on which kinds
-of row it has: conditioning video rows (fl2va keyframes, ref2va image and video references) pinned at
+`transformer`, `ref2va` against `transformer_ref` (facts/workflows.py). Every workflow plans its per-row timesteps
+with the same `MiniMaxH3SetTimestepsStep.build_row_timesteps`, so a call's distinct timestep vector depends only on
+which kinds of row it has: conditioning video rows (fl2va keyframes, ref2va image and video references) pinned at
 `max(t, keyframe_noise_aug)`, reference audio rows (ref2va soundtracks) at 1.0. Hence:
 - `transformer_ref`: a ref2va request always has conditioning video rows (diffusers refuses audio-only
   references), so its table keys have them whatever the plan's request; reference audio rows as the plan says.

@@ -356,7 +356,7 @@ def tokens(request: VideoRequest, model_cfg: Mapping[str, Any], vae_cfg: Mapping
                                     + (": INPUT_PARAM_TEMPLATES)" if not request.num_inference_steps else ")"),
         },
     }
-    if request.task != DEFAULT_TASK:  # t2va's breakdown keeps its keys (plans written before the workflows read the same)
+    if request.task != DEFAULT_TASK:  # t2va's breakdown keeps its keys: a plan file without a task reads the same
         out.update({"task": request.task, "partition": PARTITION[request.task], "condition_video_rows": cv,
                     "condition_audio_rows": ca, **({"keyframes": list(request.keyframes)} if request.keyframes else {}),
                     **({"references": cond["blocks"]} if cond["blocks"] else {})})

@@ -5,8 +5,9 @@ the `_DECLARED` tuple below is the registry and its order is the config's (lever
 declarations are imported by name, so `h3plan.runtime.attention.fa4` stays the implementation module. Everything that
 names a backend reads it: the attention lever, the schema, the installer and its processor, the ring's
 log-sum-exp backends, the bench. Each declaration names its implementation as a "module:attr" string; the
-factory that imports it is h3plan/runtime/attention (`get_backend(name, **options)`). What each backend needs from the hardware is a fact of conf/hardware/*.yaml, read by the planner
-through `supports` / `select` and, per call, by the backends themselves (h3plan.facts.hardware).
+factory that imports it is h3plan/runtime/attention (`get_backend(name, **options)`). What each backend needs
+from the hardware is a fact of conf/hardware/*.yaml, read by the planner through `supports` / `select` and, per
+call, by the backends themselves (h3plan.facts.hardware).
 """
 
 from __future__ import annotations
@@ -72,5 +73,5 @@ def untested_notes(opts) -> list[str]:
     return out
 
 
-__all__ = ["BACKENDS", "DEFAULT", "BF16", "FP8", "LOSSLESS", "LSE_OF", "BackendSpec", "backend_spec", "supports", "select",
-           "missing_facts", "untested_notes"]
+__all__ = ["BACKENDS", "DEFAULT", "BF16", "FP8", "LOSSLESS", "LSE_OF", "BackendSpec", "backend_spec", "supports",
+           "select", "missing_facts", "untested_notes"]
