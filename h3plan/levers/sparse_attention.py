@@ -34,7 +34,8 @@ import math
 from typing import Any, Mapping
 
 from h3plan.facts import evidence as ev
-from h3plan.facts.pipeline import schedule_facts
+from h3plan.facts.pipeline import pipeline_defaults, schedule_facts
+from h3plan.facts.timesteps import request_steps
 from h3plan.facts.workflows import DEFAULT_TASK
 from h3plan.sources import cite
 
@@ -131,7 +132,7 @@ def _budget(ctx: Context) -> bool:
 
 
 def _forwards(ctx: Context) -> tuple[int, int]:
-    steps = int(ctx.request.get("num_inference_steps") or ctx.pipeline.get("num_inference_steps", 50))
+    steps = request_steps(ctx.request, ctx.pipeline or pipeline_defaults())
     return steps, forwards_of(steps, schedule_facts(ctx.pipeline)["video_shift"])
 
 

@@ -38,7 +38,7 @@ from typing import Any, Mapping
 
 from h3plan.errors import ConfigError
 from h3plan.facts import evidence as ev
-from h3plan.facts.pipeline import schedule_facts
+from h3plan.facts.pipeline import pipeline_defaults, schedule_facts
 from h3plan.facts.timesteps import request_steps
 from h3plan.facts.workflows import DEFAULT_TASK
 
@@ -199,7 +199,7 @@ def forwards_of(steps: int, video_shift: float) -> int:
 
 def _request(ctx: Context) -> tuple[int, int]:
     """(num_inference_steps, forwards) of the request: its own steps, else the pipeline's default."""
-    steps = request_steps(ctx.request, ctx.pipeline) if ctx.pipeline else 50
+    steps = request_steps(ctx.request, ctx.pipeline or pipeline_defaults())
     return steps, forwards_of(steps, schedule_facts(ctx.pipeline)["video_shift"])
 
 
