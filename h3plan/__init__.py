@@ -24,7 +24,7 @@ _LAZY = {
     "Plan": ("h3plan.planner", "Plan"),
     "resolve": ("h3plan.planner", "resolve"),
     "resolve_config": ("h3plan.planner", "resolve_config"),
-    "plan_for": ("h3plan.planning.from_model", "plan_for"),
+    "plan_for": ("h3plan.from_model", "plan_for"),
     "install": ("h3plan.install", None),  # the package is callable: install(model, plan)
     "uninstall": ("h3plan.install", "uninstall"),
     "installed_plan": ("h3plan.install", "installed_plan"),

@@ -5,8 +5,8 @@ Builds the model (`calibrate.checkpoint` through diffusers' from_pretrained, els
 action=verify does: model=h3_tiny on the CPU with the Triton interpreter, real width on a GPU), runs the
 calibration inputs with observers at every FP8 site, then the held-out check (h3plan/actions/calibration.py) on a
 disjoint set. Inputs: `calibrate.inputs` (captured forward kwargs: a .pt file or a directory) or seeded
-synthetic requests, `seeds` x `steps` of diffusers' MiniMaxH3Scheduler schedules (video shift 12, audio
-shift 3, as diffusers' MiniMax-H3 pipeline sets them), held out: `heldout_seeds` x the steps between.
+synthetic requests, `seeds` x `steps` of diffusers' MiniMaxH3Scheduler schedules (at the `pipeline` group's
+video and audio shifts), held out: `heldout_seeds` x the steps between.
 
 The FP8 sites of the check are the plan's (attention=cudnn_fp8, gemm_quant=fp8); a plan with neither checks
 both. The table passes when the static scales' worst PSNR against the BF16 eager forward is at least
@@ -23,6 +23,7 @@ import dataclasses
 import os
 
 from h3plan.errors import H3PlanError, UsageError
+from h3plan.facts.pipeline import schedule_facts
 from h3plan.planner import resolve
 from h3plan.planning.action_configs import CalibrateConfig
 from h3plan.planning.config import compose
@@ -139,7 +140,8 @@ def _inputs(cfg, c: CalibrateConfig, device, seq_len):
         raise UsageError(f"calibrate.heldout_seeds shares seed {overlap[0]} with calibrate.seeds: the held-out set must be disjoint")
     if not c.seeds or not c.heldout_seeds:
         raise UsageError("calibrate.seeds and calibrate.heldout_seeds must each name at least one seed")
-    pairs = schedule(int(c.num_inference_steps), float(c.video_shift), float(c.audio_shift))
+    shifts = schedule_facts(cfg.get("pipeline"))
+    pairs = schedule(int(c.num_inference_steps), shifts["video_shift"], shifts["audio_shift"])
     n = len(pairs)
     steps = _check_steps("steps", c.steps, n) if c.steps is not None else default_steps(n, int(c.count))
     held_steps = _check_steps("heldout_steps", c.heldout_steps, n) if c.heldout_steps is not None else between(steps, n)
@@ -150,7 +152,7 @@ def _inputs(cfg, c: CalibrateConfig, device, seq_len):
     def seeded(seeds, st):
         return {"kind": "seeded", "count": len(seeds) * len(st), "seeds": list(map(int, seeds)), "steps": st,
                 "timesteps": [list(pairs[s]) for s in st], "num_inference_steps": int(c.num_inference_steps),
-                "shifts": {"video": float(c.video_shift), "audio": float(c.audio_shift)}}
+                "shifts": {"video": shifts["video_shift"], "audio": shifts["audio_shift"]}}
 
     n_text, n_audio, n_video = layout(seq_len)
     request = {"seq_len": seq_len, "batch": 1, "rows": {"text": n_text, "audio": n_audio, "video": n_video}}

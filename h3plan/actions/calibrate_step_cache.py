@@ -36,6 +36,7 @@ from datetime import datetime, timezone
 from h3plan.errors import UsageError
 from h3plan.facts import evidence as ev
 from h3plan.facts.timesteps import request_steps
+from h3plan.facts.workflows import DEFAULT_TASK
 from h3plan.levers import step_cache as lever
 
 from .gpu_only import calibrate_too_wide
@@ -92,7 +93,7 @@ def _check(cfg, plan, c) -> tuple[ev.Budget, list[str] | None]:
     if budget.ssim_min is None:
         raise UsageError("calibrate.target=step_cache judges settings by the cache budget, which this recipe does not "
                          "set: pass recipe.cache={psnr_db_min:28,ssim_min:0.93}")
-    task = (plan.derived_value("sequence") or {}).get("task", "t2va")
+    task = (plan.derived_value("sequence") or {}).get("task", DEFAULT_TASK)
     if task != "t2va":
         raise UsageError(f"calibrate.target=step_cache runs t2va requests (diffusers' t2va denoise and decode); the "
                          f"plan's request is {task}")
@@ -218,8 +219,7 @@ def run(cfg, plan, c) -> int:
     refs, _ = outputs(off)
     n = int((plan.derived_value("sequence") or {}).get("transformer_forwards") or steps - 1)
     cache = plan.get("recipe").get("cache") or {}
-    w = cache.get("warmup") if cache.get("warmup") is not None else lever.DEFAULTS["fixed"]["warmup"]
-    f = cache.get("final") if cache.get("final") is not None else lever.DEFAULTS["fixed"]["final"]
+    w, f = lever.knob(cache, "warmup"), lever.knob(cache, "final")
     say(f"calibrate step_cache: {weights}; {said}, {n} forwards per call; budget {budget.text()} against the uncached "
         "output")
     results, points = [], []

@@ -45,7 +45,7 @@ import torch
 from h3plan import __version__
 from h3plan.actions.inputs import packed_inputs
 from h3plan.actions.verify import compare
-from h3plan.facts.attention import get_backend
+from h3plan.runtime.attention import get_backend
 from h3plan.runtime.attention.fp8 import emulate
 from h3plan.errors import UsageError
 from h3plan.install.installer import installed_plan, recognise

@@ -25,8 +25,8 @@ Components:
   `from_pretrained(torch_dtype=...)` casts it (`_keep_in_fp32_modules` stay fp32).
 - audio_vae: `AutoencoderKLMiniMaxH3Audio`, diffusers' defaults (the release) for the `h3` VAE config,
   AUDIO_VAE_CONFIGS["h3_tiny_pipe"] for the tiny one; fp32 (diffusers keeps the whole BigVGAN stack in fp32).
-- scheduler / audio_scheduler: `MiniMaxH3Scheduler(shift=12.0)` / `(shift=3.0)` (the pipeline's
-  documented video and audio shifts).
+- scheduler / audio_scheduler: `MiniMaxH3Scheduler`s at the packaged `pipeline` group's video and audio shifts
+  (the pipeline's documented ones; facts/pipeline.py).
 
 Text conditioning: `prompt_inputs` gives seeded N(0, 1) `prompt_embeds` of shape (1, text_tokens,
 text_dim) in the transformer's dtype and `text_token_tags` (all text), what the text encoder step would
@@ -44,10 +44,11 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from h3plan.errors import UsageError
+from h3plan.facts.pipeline import schedule_facts
+from h3plan.facts.workflows import PARTITION, PARTITIONS, TASKS
 
 from .text_encoder_build import conditioner_components
 
-VIDEO_SHIFT, AUDIO_SHIFT = 12.0, 3.0  # MiniMaxH3ModularPipeline docstring: shift 12.0 video, 3.0 audio
 AUDIO_VAE_CONFIGS: dict[str, dict] = {
     "h3": {},  # diffusers' AutoencoderKLMiniMaxH3Audio defaults are the released audio VAE
     # latent_channels = h3_tiny's audio_in_channels; decoder_dim 128 halves to 1 channel over 7 upsamplers;
@@ -154,8 +155,7 @@ def pipeline_blocks():
                                                       "decode": MiniMaxH3DecodeStep()})
 
 
-WORKFLOWS = ("t2va", "fl2va", "ref2va")  # MiniMaxH3Blocks._workflow_map
-PARTITION_SEEDS = {"transformer": 0, "transformer_ref": 3}  # added to `seed` (vae +1, audio_vae +2)
+PARTITION_SEEDS = dict(zip(PARTITIONS, (0, 3)))  # added to `seed` (vae +1, audio_vae +2)
 
 
 def workflow_blocks(text_encoder: bool = False):
@@ -184,8 +184,8 @@ def workflow_inputs(pipe, workflow: str, height: int, width: int, *, seed: int =
     import numpy as np
     from PIL import Image
 
-    if workflow not in WORKFLOWS:
-        raise UsageError(f"workflow={workflow!r}: expected one of {', '.join(WORKFLOWS)}")
+    if workflow not in TASKS:
+        raise UsageError(f"workflow={workflow!r}: expected one of {', '.join(TASKS)}")
     rng = np.random.default_rng(seed)
 
     def image():
@@ -248,8 +248,9 @@ def build_pipeline(model_config: Mapping[str, Any], vae_config: Mapping[str, Any
         if torch.device(device).type == "cuda":
             torch.cuda.empty_cache()  # its 62 GiB of freed blocks, cut to its shapes, would not serve the staging
     vae = build_vae(vae_config, device=device, dtype=vae_dtype, seed=seed + 1)
-    components = dict(vae=vae, scheduler=MiniMaxH3Scheduler(shift=VIDEO_SHIFT),
-                      audio_scheduler=MiniMaxH3Scheduler(shift=AUDIO_SHIFT))
+    shifts = schedule_facts()
+    components = dict(vae=vae, scheduler=MiniMaxH3Scheduler(shift=shifts["video_shift"]),
+                      audio_scheduler=MiniMaxH3Scheduler(shift=shifts["audio_shift"]))
     for name in partitions:
         components[name] = build_model(model_config, blocks=layers, device=device, dtype=dtype,
                                        seed=seed + PARTITION_SEEDS[name])
@@ -304,7 +305,7 @@ def prompt_text(rows: int) -> str:
 
 def denoiser(pipe, workflow: str | None = None):
     """The transformer partition `workflow` runs against (None: whichever the pipeline holds, `transformer` first)."""
-    names = ("transformer_ref",) if workflow == "ref2va" else ("transformer",) if workflow else ("transformer", "transformer_ref")
+    names = (PARTITION[workflow],) if workflow else PARTITIONS
     for n in names:
         if getattr(pipe, n, None) is not None:
             return getattr(pipe, n)
@@ -404,6 +405,7 @@ def default_steps(pipe) -> tuple[int, int]:
     from diffusers import MiniMaxH3Scheduler
 
     n = next(p.default for p in pipe.blocks.inputs if p.name == "num_inference_steps")
-    s = MiniMaxH3Scheduler(shift=pipe.scheduler.config.shift if pipe.scheduler is not None else VIDEO_SHIFT)
+    shift = pipe.scheduler.config.shift if pipe.scheduler is not None else schedule_facts()["video_shift"]
+    s = MiniMaxH3Scheduler(shift=shift)
     s.set_timesteps(int(n))
     return int(n), int(s.timesteps.numel())

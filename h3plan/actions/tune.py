@@ -44,7 +44,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from h3plan.facts.attention import BACKENDS, get_backend
+from h3plan.facts.attention import BACKENDS
+from h3plan.runtime.attention import get_backend
 from h3plan.errors import UsageError
 from h3plan.facts import tuned as provenance
 from h3plan.facts.vae.encode import encode_inputs

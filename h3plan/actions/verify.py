@@ -40,7 +40,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from h3plan.facts.attention import get_backend
+from h3plan.runtime.attention import get_backend
 from h3plan.errors import UsageError
 from h3plan.install import counters as get_counters, fallback_reasons, install, reset_counters, uninstall
 from h3plan.levers import COUNTERS, OPTIONS, REFERENCE_LEVERS, SPECS, ULYSSES_LEVERS

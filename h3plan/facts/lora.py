@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# diffusers' MiniMaxH3TransformerBlock / MiniMaxH3TokenRefinerBlock: attention q, k, v, out and the SwiGLU FFN's two
-ATTENTION_FFN = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "ff.net.0.proj", "ff.net.2")
+from h3plan.facts.blocks import BLOCK_LINEARS
+
+ATTENTION_FFN = BLOCK_LINEARS  # attention q, k, v, out and the SwiGLU FFN's two, in either kind of block
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 diffusers 0.42.1 `MiniMaxH3SetTimestepsStep.build_row_timesteps` gives every row of the packed sequence a timestep and
 passes the transformer the sorted distinct values (`torch.unique`). Per step, with t / t_a the video / audio
-schedules' values (`MiniMaxH3Scheduler(shift=12.0)` / `(shift=3.0)`):
+schedules' values (two `MiniMaxH3Scheduler`s at the pipeline group's `schedulers.video_shift` / `audio_shift`):
 - generated video rows and text rows (a keyframe's or reference's vision block in the text included): t;
 - generated audio rows: t_a (none without audio rows);
 - visual condition rows (fl2va keyframes, ref2va image and video references): max(t, keyframe_noise_aug);
@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import struct
 from typing import Any, Iterable, Mapping
+
+from .pipeline import schedule_facts
 
 CLEAN_AUDIO_TIMESTEP = 1.0  # MiniMaxH3SetTimestepsStep.__call__: condition_audio_timestep, a clean soundtrack
 
@@ -74,10 +76,9 @@ def table_timesteps(request: Mapping[str, Any] | None, pipeline: Mapping[str, An
     transformer calls pass, over `steps` (step counts; None: the request's num_inference_steps), first seen first.
     request: the plan's `sequence` (plan.derived_value("sequence")); pipeline: the `pipeline` section
     (schedulers' shifts, keyframe_noise_aug)."""
-    sch = pipeline.get("schedulers") or {"video_shift": 12.0, "audio_shift": 3.0}
+    f = schedule_facts(pipeline)
     steps = [int(s) for s in steps] if steps is not None else [request_steps(request, pipeline)]
-    return vectors(steps, sch["video_shift"], sch["audio_shift"], pipeline.get("keyframe_noise_aug", 0.999),
-                   **row_kinds(request))
+    return vectors(steps, f["video_shift"], f["audio_shift"], f["keyframe_noise_aug"], **row_kinds(request))
 
 
 __all__ = ["schedule", "vectors", "row_kinds", "request_steps", "table_timesteps", "CLEAN_AUDIO_TIMESTEP"]

@@ -13,7 +13,7 @@ import sys
 import types
 
 from h3plan.errors import InstallError, UsageError, runtime_missing
-from h3plan.planning.from_model import plan_for
+from h3plan.from_model import plan_for
 from h3plan.planner import Plan
 
 from .builder import Builder

@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from h3plan.errors import InstallError
+from h3plan.facts.pipeline import schedule_facts
 from h3plan.planning.request import MIN_STEPS, STEPS_RULE
 from h3plan.runtime import count_op  # noqa: F401 (h3plan::count before any compiled call site)
 from h3plan.runtime.guards import count_route, needs_grad
@@ -217,20 +218,23 @@ def _row_timesteps():
     return MiniMaxH3SetTimestepsStep.build_row_timesteps
 
 
-def timestep_vectors(steps: Iterable[int], *, video_shift: float = 12.0, audio_shift: float = 3.0,
-                     keyframe_noise_aug: float = 0.999, audio: bool = True, condition_video: bool = False,
+def timestep_vectors(steps: Iterable[int], *, video_shift: float | None = None, audio_shift: float | None = None,
+                     keyframe_noise_aug: float | None = None, audio: bool = True, condition_video: bool = False,
                      condition_audio: bool = False, schedulers=None) -> list[torch.Tensor]:
     """The distinct float32 `timestep` vectors the pipeline passes over `steps` step counts, first seen first.
     schedulers: (video, audio) MiniMaxH3Scheduler instances to copy (a pipeline's own); None: new ones at the
-    shifts. Rows: one text row, the video rows (a keyframe row first with condition_video), the audio rows
-    (a reference row first with condition_audio; none without audio): the distinct values depend only on
-    which kinds of row exist."""
+    shifts; a shift or keyframe_noise_aug left None: the packaged pipeline group's (facts/pipeline.py). Rows: one
+    text row, the video rows (a keyframe row first with condition_video), the audio rows (a reference row first with
+    condition_audio; none without audio): the distinct values depend only on which kinds of row exist."""
     import copy
 
     from diffusers import MiniMaxH3Scheduler
 
     build = _row_timesteps()
-    sv, sa = schedulers or (MiniMaxH3Scheduler(shift=video_shift), MiniMaxH3Scheduler(shift=audio_shift))
+    given = {"video_shift": video_shift, "audio_shift": audio_shift, "keyframe_noise_aug": keyframe_noise_aug}
+    f = {**schedule_facts(), **{k: v for k, v in given.items() if v is not None}}
+    aug = f["keyframe_noise_aug"]
+    sv, sa = schedulers or (MiniMaxH3Scheduler(shift=f["video_shift"]), MiniMaxH3Scheduler(shift=f["audio_shift"]))
     cv, ca = int(condition_video), int(condition_audio) if audio else 0
     video = torch.arange(1, 2 + cv)
     audio_idx = torch.arange(2 + cv, 2 + cv + (1 + ca if audio else 0))
@@ -240,7 +244,7 @@ def timestep_vectors(steps: Iterable[int], *, video_shift: float = 12.0, audio_s
         v.set_timesteps(int(n))
         a.set_timesteps(int(n))
         for t, ta in zip(v.timesteps, a.timesteps):
-            ts, _ = build(video, audio_idx, cv, ca, 1, float(t), float(ta), max(float(t), keyframe_noise_aug), 1.0)
+            ts, _ = build(video, audio_idx, cv, ca, 1, float(t), float(ta), max(float(t), aug), 1.0)
             out.setdefault(ts.numpy().tobytes(), ts)
     return list(out.values())
 

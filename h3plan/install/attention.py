@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 
 from h3plan.errors import InstallError
-from h3plan.facts.attention import backend_spec, for_options, untested_notes
+from h3plan.facts.attention import backend_spec, untested_notes
+from h3plan.runtime.attention import for_options
 from h3plan.facts.scale_table import load, row_for
 from h3plan.levers import OPTIONS, SPECS
 from h3plan.runtime.attention.fp8 import scale_from_amax

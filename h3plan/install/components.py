@@ -1,7 +1,9 @@
 """The components of diffusers' MiniMaxH3ModularPipeline that h3plan knows, and how a pipeline is told apart from
 a model (what the front door, install/__init__.py, and the adaln tables' prepare dispatch on; pipeline.py installs)."""
 
-TRANSFORMERS = ("transformer", "transformer_ref")
+from h3plan.facts.workflows import PARTITIONS
+
+TRANSFORMERS = PARTITIONS  # the transformer partitions of a pipeline
 STATE = "_h3plan_state"  # the attribute an installed model keeps its plan and undo state in (installer.py)
 COMPONENTS = TRANSFORMERS + ("vae", "audio_vae")
 NO_LEVER = {"audio_vae": "no lever applies: AutoencoderKLMiniMaxH3Audio is a DAC encoder + BigVGAN convolutional "

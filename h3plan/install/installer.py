@@ -208,7 +208,7 @@ def _transformer(model, builder, state, group, steps, num_inference_steps, adaln
     if tr.step_cache is not None:  # install/step_cache.py
         steps = [num_inference_steps] if isinstance(num_inference_steps, int) else num_inference_steps
         install_step_cache(model, tr.step_cache, state, swap, group=getattr(shard, "group", None), steps=steps,
-                           default_steps=(state.plan.get("pipeline") or {}).get("num_inference_steps"))
+                           pipeline=state.plan.get("pipeline"))
     lora_guard(model, state, bypass)
 
 

@@ -11,6 +11,9 @@ module already on the CPU, or on the meta device, is left where it is (nothing t
 then a CPU tensor is copied into pinned memory too (adaln_table into a model loaded on the host and installed
 to CUDA with install(..., device=): misses stream from there as from a device-loaded model's parked weights),
 and unpark copies it back into pageable memory, as it was.
+
+`to_host` is the one way the installer makes a host copy of a tensor (parked weights, the VAE cast's originals,
+the text encoder's host masters).
 """
 
 from __future__ import annotations
@@ -23,13 +26,16 @@ import torch
 STAY = ("cpu", "meta")  # device types whose tensors stay put: nothing to free there
 
 
-def host_copy(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """A host copy of t: pinned when t is on CUDA, plain CPU memory otherwise; (copy, pinned)."""
-    if t.device.type != "cuda":
-        return t.to("cpu", copy=True), False
+def to_host(t: torch.Tensor, pin: bool | None = None) -> torch.Tensor:
+    """A copy of t in host memory, never t itself: pinned when `pin` (None: when t is on CUDA, so the copy back is
+    a DMA), else pageable. RuntimeError where the host cannot lock the memory."""
+    if pin is None:
+        pin = t.device.type == "cuda"
+    if not pin:
+        return torch.empty_like(t, device="cpu").copy_(t)
     host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
     host.copy_(t)
-    return host, True
+    return host
 
 
 @dataclass
@@ -41,7 +47,7 @@ class Parked:
     def unpark(self) -> None:
         for p, device in self.params:
             if device.type == "cpu":  # pinned by pin_host: back into pageable memory
-                p.data = torch.empty(p.shape, dtype=p.dtype, device="cpu").copy_(p.data)
+                p.data = to_host(p.data, pin=False)
             else:
                 p.data = p.data.to(device, non_blocking=False)
         self.params = []
@@ -55,16 +61,14 @@ def park(modules, pin_host: bool = False) -> Parked:
         for p in m.parameters(recurse=True):
             size = p.numel() * p.element_size()
             if p.device.type == "cpu" and pin_host and not p.is_pinned():
-                host = torch.empty(p.shape, dtype=p.dtype, device="cpu", pin_memory=True)
-                host.copy_(p.data)
-                p.data = host
+                p.data = to_host(p.data, pin=True)
                 out.append((p, p.device))
                 pinned += size
                 continue
             if p.device.type in STAY:
                 continue
             device = p.device
-            p.data = host_copy(p.data)[0]
+            p.data = to_host(p.data)
             out.append((p, device))
             nbytes += size
     return Parked(out, nbytes, pinned)

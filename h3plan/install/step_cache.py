@@ -32,10 +32,11 @@ computed count. uninstall removes the hook and restores the ModuleList's class.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
+from h3plan.facts.pipeline import schedule_facts
 from h3plan.levers.step_cache import computed_mask, scaled
 from h3plan.runtime.counters import event
 from h3plan.runtime.guards import count_route
@@ -49,16 +50,17 @@ ROWS = ((True, False, False), (True, True, False), (True, False, True), (True, T
         (False, True, False))  # (audio, condition_video, condition_audio): every kind of row a request has
 
 
-def schedule_index(steps, video_shift: float = 12.0, audio_shift: float = 3.0, keyframe_noise_aug: float = 0.999,
-                   schedulers=None, counts: dict[int, int] | None = None) -> dict[bytes, tuple[int, int]]:
+def schedule_index(steps, pipeline: Mapping[str, Any] | None = None, schedulers=None,
+                   counts: dict[int, int] | None = None) -> dict[bytes, tuple[int, int]]:
     """float32 timestep vector bytes -> (forward index, forwards) over `steps` step counts and every kind of row;
+    pipeline: the plan's `pipeline` section (its shifts and keyframe_noise_aug; None: the packaged group's);
     `counts` (given) collects forwards -> step count."""
     out: dict[bytes, tuple[int, int]] = {}
+    facts = schedule_facts(pipeline)
     for n in steps:
         for audio, cv, ca in ROWS:
-            vs = timestep_vectors([n], video_shift=video_shift, audio_shift=audio_shift,
-                                  keyframe_noise_aug=keyframe_noise_aug, audio=audio, condition_video=cv,
-                                  condition_audio=ca, schedulers=schedulers)
+            vs = timestep_vectors([n], **facts, audio=audio, condition_video=cv, condition_audio=ca,
+                                  schedulers=schedulers)
             for i, v in enumerate(vs):
                 out.setdefault(v.to(torch.float32).numpy().tobytes(), (i, len(vs)))
             if counts is not None:
@@ -270,19 +272,21 @@ def _like_output(values: tuple):
 
 
 def install(model, spec: dict[str, Any], state, swap, *, group=None, steps=None, schedulers=None,
-            default_steps: int | None = None) -> _State:
+            pipeline: Mapping[str, Any] | None = None) -> _State:
     """Register the hook (and, for first_block, the blocks' iteration); append the undo to `state.undo`. steps: more
-    step counts that run the plan's schedule scaled; default_steps: the pipeline's default count, indexed to name a
-    call at it (it computes every forward where it is not the plan's)."""
+    step counts that run the plan's schedule scaled; pipeline: the plan's `pipeline` section: its shifts place the
+    calls, and its default step count is indexed to name a call at it (it computes every forward where it is not
+    the plan's)."""
     from diffusers.hooks import HookRegistry
 
     mine = int(spec["steps"])
     extra = sorted({int(s) for s in (steps or [])} - {mine})
     # the plan's own count first: every count's first forward passes the same vector, placed as the plan's (it
     # computes under every schedule)
+    default_steps = (pipeline or {}).get("num_inference_steps")
     known = [mine, *extra, *([int(default_steps)] if default_steps and int(default_steps) not in (mine, *extra) else [])]
     steps_of: dict[int, int] = {}
-    index = schedule_index(known, schedulers=schedulers, counts=steps_of)
+    index = schedule_index(known, pipeline, schedulers=schedulers, counts=steps_of)
     runs = {f for f, n in steps_of.items() if n in (mine, *extra)} | {int(spec["forwards"])}
     st = _State(spec, index, group, runs=runs, steps_of=steps_of)
     registry = HookRegistry.check_if_exists_or_initialize(model)

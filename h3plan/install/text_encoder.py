@@ -35,6 +35,8 @@ import torch
 
 from h3plan.errors import InstallError
 
+from .parking import to_host
+
 SETTINGS = ("resident", "offload_after", "host")
 _STATE = "_h3plan_text_encoder"  # the TextEncoderPlacement a placed conditioner carries
 
@@ -72,9 +74,7 @@ class _Masters:
     def _master(self, t: torch.Tensor, pin: bool) -> torch.Tensor:
         if pin and self.why_not_pinned is None:
             try:
-                m = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-                m.copy_(t.detach())
-                return m
+                return to_host(t.detach(), pin=True)
             except RuntimeError as exc:  # the host could not lock the memory: pageable masters, said so
                 self.why_not_pinned = f"pinning the host masters failed ({str(exc).splitlines()[0][:120]}); pageable"
         return t.detach().to("cpu")

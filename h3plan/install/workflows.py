@@ -2,9 +2,9 @@
 table keys that gives it (install/pipeline.py installs each partition with its own tables).
 
 diffusers 0.42.1 (`modular_blocks_minimax_h3.py`, `MiniMaxH3AutoDenoiseStep`): `t2va` and `fl2va` run against
-`transformer`, `ref2va` against `transformer_ref`. Every workflow plans its per-row timesteps with the same
-`MiniMaxH3SetTimestepsStep.build_row_timesteps`, so a call's distinct timestep vector depends only on which kinds
-of row it has: conditioning video rows (fl2va keyframes, ref2va image and video references) pinned at
+`transformer`, `ref2va` against `transformer_ref` (facts/workflows.py). Every workflow plans its per-row timesteps
+with the same `MiniMaxH3SetTimestepsStep.build_row_timesteps`, so a call's distinct timestep vector depends only on
+which kinds of row it has: conditioning video rows (fl2va keyframes, ref2va image and video references) pinned at
 `max(t, keyframe_noise_aug)`, reference audio rows (ref2va soundtracks) at 1.0. Hence:
 - `transformer_ref`: a ref2va request always has conditioning video rows (diffusers refuses audio-only
   references), so its table keys have them whatever the plan's request; reference audio rows as the plan says.
@@ -22,14 +22,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-WORKFLOWS = {"transformer": ("t2va", "fl2va"), "transformer_ref": ("ref2va",)}
+from h3plan.facts.workflows import PARTITIONS, partition_conditions, tasks_of
 
-
-def request_conditions(workflow: str, audio_references: bool = False) -> dict[str, bool]:
-    """The condition flags of one request of `workflow` (h3plan.prepare's keywords): fl2va's keyframes and ref2va's
-    image/video references are conditioning video rows; ref2va soundtracks reference audio rows."""
-    return {"condition_video": workflow != "t2va", "condition_audio": workflow == "ref2va" and audio_references}
-FORCED = {"transformer": {"condition_audio": False}, "transformer_ref": {"condition_video": True}}
+FORCED = {name: partition_conditions(name) for name in PARTITIONS}
 _WHY = {"condition_audio": "no workflow on it has reference audio rows",
         "condition_video": "ref2va always has conditioning video rows (image or video references)"}
 
@@ -43,5 +38,5 @@ def table_conditions(name: str, spec: Mapping[str, Any] | None) -> tuple[dict[st
     if not changed:
         return {}, None
     what = ", ".join(f"{k}={v} ({_WHY[k]})" for k, v in changed.items())
-    return changed, (f"adaln_table: {name} serves {'/'.join(WORKFLOWS[name])}: its table keys take {what} over the "
+    return changed, (f"adaln_table: {name} serves {'/'.join(tasks_of(name))}: its table keys take {what} over the "
                      "plan's request; the plan's memory line counted the plan's own keys")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from h3plan.facts.pipeline import schedule_facts
 from h3plan.facts.timesteps import request_steps, row_kinds, schedule, vectors
 
 from .base import Context, Option, Spec, Terms, resolve
@@ -54,15 +55,14 @@ def table_plan(model: Mapping[str, Any], pipeline: Mapping[str, Any], *, audio: 
     model: diffusers kwargs (or the model section); pipeline: the pipeline section."""
     dc = model.get("diffusers_config", model)
     h, ted, n = dc["hidden_size"], dc["time_embed_dim"], dc["num_layers"]
-    sch = pipeline.get("schedulers") or {"video_shift": 12.0, "audio_shift": 3.0}
+    f = schedule_facts(pipeline)
     steps = [int(s) for s in (steps or [pipeline["num_inference_steps"]])]
-    vs = vectors(steps, sch["video_shift"], sch["audio_shift"], pipeline.get("keyframe_noise_aug", 0.999), audio=audio,
+    vs = vectors(steps, f["video_shift"], f["audio_shift"], f["keyframe_noise_aug"], audio=audio,
                  condition_video=condition_video, condition_audio=condition_audio)
     outs = n * MODULATION_OUT * h + NORM_OUT * h
     rows = sum(len(v) for v in vs)
-    forwards = sum(len(schedule(s, sch["video_shift"])) for s in steps)
-    return {"steps": steps, "video_shift": float(sch["video_shift"]), "audio_shift": float(sch["audio_shift"]),
-            "keyframe_noise_aug": float(pipeline.get("keyframe_noise_aug", 0.999)), "audio": bool(audio),
+    forwards = sum(len(schedule(s, f["video_shift"])) for s in steps)
+    return {"steps": steps, **f, "audio": bool(audio),
             "condition_video": bool(condition_video), "condition_audio": bool(condition_audio),
             "linears": n + 1, "parameters": outs * (ted + 1), "vectors": len(vs), "rows": rows, "forwards": forwards,
             "table_bytes": 2 * rows * outs, "weight_bytes": 2 * outs * (ted + 1)}

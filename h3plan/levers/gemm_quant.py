@@ -8,6 +8,7 @@ AdaLN projections, norms and output heads keep diffusers' dtypes. fp8/nvfp4 are 
 
 from __future__ import annotations
 
+from h3plan.facts.blocks import BLOCK_LINEARS
 from h3plan.facts.scale_table import has_linears
 from .base import Context, LeverError, Option, Spec, Terms, resolve
 from .nvfp4_producer_quant import nvfp4_evidence
@@ -26,7 +27,6 @@ SPEC = Spec(
 QUANTIZER = ("torchao nvfp4_quantize, bit for bit: codes by reciprocal multiply x * ((1 / g) / s), -0 kept, block "
              "scales clamped to [2^-6, 448]; TRT-LLM's cvt_warp_fp16_to_fp4 keeps subnormal scales and approximate "
              "reciprocals, torchao's exact chain is the reference the kernels are tested against")
-LINEARS = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "ff.net.0.proj", "ff.net.2"]
 
 
 def blockers(ctx: Context, s: str) -> list[str]:
@@ -73,7 +73,7 @@ def params(ctx: Context, s: str) -> dict:
     if s in ("fp8", "nvfp4"):
         weights = ("checkpoint" if ctx.recipe["checkpoint"] == s else
                    "quantized once at install; the bf16 originals wait in pinned host memory until uninstall")
-        p = {"linears": LINEARS, "weights": weights, "activations": "per tensor"}
+        p = {"linears": list(BLOCK_LINEARS), "weights": weights, "activations": "per tensor"}
         if s == "nvfp4":
             p["quantizer"] = QUANTIZER
         if s == "fp8" and _static_inputs(ctx):

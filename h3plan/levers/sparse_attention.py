@@ -34,6 +34,9 @@ import math
 from typing import Any, Mapping
 
 from h3plan.facts import evidence as ev
+from h3plan.facts.pipeline import pipeline_defaults, schedule_facts
+from h3plan.facts.timesteps import request_steps
+from h3plan.facts.workflows import DEFAULT_TASK
 from h3plan.sources import cite
 
 from .base import Context, LeverError, Option, Spec, Terms, resolve
@@ -83,7 +86,7 @@ EVIDENCE_REASONS = ("evidence (", "unmeasured:")
 """How the reason that states a plan's quality evidence starts (the summary's `sparse` line prints it)."""
 
 
-def verdict(p: Mapping[str, Any], workflow: str | None = "t2va",
+def verdict(p: Mapping[str, Any], workflow: str | None = DEFAULT_TASK,
             points: tuple[ev.QualityPoint, ...] = PUBLISHED) -> ev.Verdict:
     """How the evidence (the published points, or `points`) at this plan's knobs stands against recipe.sparse's
     budget."""
@@ -104,7 +107,7 @@ def judge(ctx: Context) -> ev.Verdict:
 
 
 def _workflow(ctx: Context) -> str:
-    return str(ctx.request.get("task") or "t2va")
+    return str(ctx.request.get("task") or DEFAULT_TASK)
 
 
 def config_problem(sparse: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -129,9 +132,8 @@ def _budget(ctx: Context) -> bool:
 
 
 def _forwards(ctx: Context) -> tuple[int, int]:
-    steps = int(ctx.request.get("num_inference_steps") or ctx.pipeline.get("num_inference_steps", 50))
-    shift = (ctx.pipeline.get("schedulers") or {}).get("video_shift", 12.0)
-    return steps, forwards_of(steps, shift)
+    steps = request_steps(ctx.request, ctx.pipeline or pipeline_defaults())
+    return steps, forwards_of(steps, schedule_facts(ctx.pipeline)["video_shift"])
 
 
 def _block(ctx: Context) -> list[int] | None:

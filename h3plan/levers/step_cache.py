@@ -38,7 +38,9 @@ from typing import Any, Mapping
 
 from h3plan.errors import ConfigError
 from h3plan.facts import evidence as ev
+from h3plan.facts.pipeline import pipeline_defaults, schedule_facts
 from h3plan.facts.timesteps import request_steps
+from h3plan.facts.workflows import DEFAULT_TASK
 
 from .adaln_table import schedule
 from .base import Context, LeverError, Option, Spec, resolve
@@ -56,7 +58,8 @@ POLICIES = {"high": ("first_block", HIGH)}
 final forwards, so final 0)."""
 DEFAULTS = {"fixed": {"warmup": 4, "final": 1, "max_skip": None}, "taylor": {"warmup": 4, "final": 1, "max_skip": None},
             "first_block": dict(HIGH)}
-"""Knobs a forced setting takes where recipe.cache leaves them null; first_block's are the high policy's."""
+"""Knobs a forced setting takes where recipe.cache leaves them null; first_block's are the high policy's. The one
+home of these defaults: recipe.cache (planning/schema.py CacheBudget) leaves a knob null, `knob` reads it."""
 F = 49  # forwards of the 50-step request every published point ran
 
 
@@ -100,6 +103,12 @@ SPEC = Spec(
     options=(Option("transformer", "step_cache", _valid, "None or dict(mode, steps, forwards, computed, warmup, final, "
                     "threshold, max_skip)", None),),
 )
+
+
+def knob(cache: Mapping[str, Any], key: str, setting: str = "fixed"):
+    """recipe.cache's `key`, or setting's default (DEFAULTS) where recipe.cache leaves it null."""
+    v = cache.get(key)
+    return DEFAULTS[setting].get(key) if v is None else v
 
 
 def _is_int(v) -> bool:
@@ -199,13 +208,12 @@ def forwards_of(steps: int, video_shift: float) -> int:
 
 def _request(ctx: Context) -> tuple[int, int]:
     """(num_inference_steps, forwards) of the request: its own steps, else the pipeline's default."""
-    steps = request_steps(ctx.request, ctx.pipeline) if ctx.pipeline else 50
-    shift = (ctx.pipeline.get("schedulers") or {}).get("video_shift", 12.0)
-    return steps, forwards_of(steps, shift)
+    steps = request_steps(ctx.request, ctx.pipeline or pipeline_defaults())
+    return steps, forwards_of(steps, schedule_facts(ctx.pipeline)["video_shift"])
 
 
 def _workflow(ctx: Context) -> str:
-    return str((ctx.request or {}).get("task", "t2va"))
+    return str((ctx.request or {}).get("task", DEFAULT_TASK))
 
 
 def _cache(ctx: Context) -> Mapping[str, Any]:
@@ -265,8 +273,7 @@ def request_problem(ctx: Context) -> ConfigError | None:
     c, (steps, n) = _cache(ctx), _request(ctx)
     if c.get("computed") is None or not (_budget(ctx).ssim_min is not None or _policy(ctx)):
         return None
-    w = c["warmup"] if c.get("warmup") is not None else DEFAULTS["fixed"]["warmup"]
-    f = c["final"] if c.get("final") is not None else DEFAULTS["fixed"]["final"]
+    w, f = knob(c, "warmup"), knob(c, "final")
     if c["computed"] > n:
         return ConfigError(f"recipe.cache.computed={c['computed']}", f"is longer than the request's {n} forwards "
                            f"(num_inference_steps={steps}): at most {n}", fix={"recipe.cache.computed": str(n)})

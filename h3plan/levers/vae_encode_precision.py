@@ -19,6 +19,7 @@ refuses it in one line. The encode's tiles are vae_encode_tiles' (levers/vae_enc
 from __future__ import annotations
 
 from h3plan.facts.vae.encode import describe, encode_inputs, seconds
+from h3plan.facts.workflows import DEFAULT_TASK
 
 from .base import Context, Option, Spec, Terms, one_of, resolve
 
@@ -39,7 +40,7 @@ def encodes_nothing(ctx: Context) -> str | None:
     if not ctx.request:
         return "no video request (parallel.seq_len set): no encode planned"
     if not encode_inputs(ctx.request):
-        return f"{ctx.request.get('task', 't2va')} encodes nothing"
+        return f"{ctx.request.get('task', DEFAULT_TASK)} encodes nothing"
     return None
 
 

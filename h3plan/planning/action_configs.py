@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Any, List, Optional
 
 from h3plan.errors import ConfigError
+from h3plan.facts.workflows import DEFAULT_TASK
 
 
 class Target(str, Enum):
@@ -76,11 +77,8 @@ class CalibrateConfig:
     heldout_steps: Optional[List[int]] = None
     """Held-out steps; null: the midpoints between the calibration steps (other noise levels)."""
     num_inference_steps: int = 50
-    """The schedule the steps index: diffusers' MiniMaxH3Scheduler.set_timesteps(num_inference_steps)."""
-    video_shift: float = 12.0
-    """Sigma shift of the video schedule (diffusers' MiniMax-H3 pipeline: shift 12 for video)."""
-    audio_shift: float = 3.0
-    """Sigma shift of the audio schedule (diffusers' MiniMax-H3 pipeline: shift 3 for audio)."""
+    """The schedule the steps index: diffusers' MiniMaxH3Scheduler.set_timesteps(num_inference_steps), at the
+    pipeline group's shifts (pipeline.schedulers)."""
     seq_len: Optional[int] = None
     """Packed rows of the synthetic inputs; null: 48 on the CPU, parallel.seq_len on a GPU."""
     margin: Optional[float] = None
@@ -160,7 +158,7 @@ class PipelineBenchConfig:
     """Also time the stock-bits plan: the (lossless) plan with levers.attention=sdpa, diffusers' default attention,
     whose frames must be diffusers eager's bit for bit."""
     seed: int = 0
-    workflow: str = "t2va"
+    workflow: str = DEFAULT_TASK
     """The request's workflow: t2va (text only), fl2va (first and last keyframe, seeded images), ref2va (one seeded
     image reference); one per run, its partition alone built (two real-width partitions do not fit one GPU)."""
     prompt: bool = False

@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from h3plan.errors import ConfigError, UsageError
+from h3plan.facts import workflows
 
 from . import CONF, schema, text_encoder
-from .workflows import PARTITION
 
 CLASSES = {"MiniMaxH3Transformer3DModel": "model", "AutoencoderKLMiniMaxH3": "vae"}
 SUBFOLDERS = {"model": "transformer", "vae": "vae"}  # diffusers' pipeline folder layout
-# a pipeline's components; transformer_ref: the ref2va checkpoint partition (install/pipeline.py), same widths
-ATTRS = {"model": ("transformer", "transformer_ref"), "vae": ("vae",)}
+# a pipeline's components; the transformer partitions share their widths (facts/workflows.py)
+ATTRS = {"model": workflows.PARTITIONS, "vae": ("vae",)}
 WHAT = ("a MiniMaxH3Transformer3DModel, an AutoencoderKLMiniMaxH3, a pipeline holding them as .transformer / .vae, "
         "or a local diffusers checkpoint folder")
 
@@ -108,7 +108,7 @@ def read_folder(folder, partition: str = "transformer") -> Components:
             where[section] = path
     other = next((p for p in ATTRS["model"] if p != partition and os.path.isfile(os.path.join(folder, p, "config.json"))), None)
     if "model" not in configs and other is not None:
-        workflow = "ref2va" if partition == "transformer_ref" else "t2va and fl2va"
+        workflow = " and ".join(workflows.tasks_of(partition))
         raise UsageError(f"{folder}: no {partition}/config.json, the partition {workflow} run against (it holds {other}/); "
                          f"plan the workflow its partition serves, or point model.path at a folder with {partition}/")
     if not configs:
@@ -226,7 +226,7 @@ def transformer_folder(path, partition: str = "transformer") -> tuple[str, str |
 
 def with_model_path(cfg):
     """`cfg` itself when model.path is unset; else a copy with the widths of the checkpoint at model.path (its
-    transformer, transformer_ref/ for a ref2va request (planning/workflows.py PARTITION), and, in a pipeline folder,
+    transformer, transformer_ref/ for a ref2va request (facts/workflows.py PARTITION), and, in a pipeline folder,
     its VAE)."""
     model = cfg["model"]
     path = model.get("path") if hasattr(model, "get") else None
@@ -235,7 +235,7 @@ def with_model_path(cfg):
     import copy
 
     video = cfg.get("video") if hasattr(cfg, "get") else None
-    partition = PARTITION.get((video.get("task") if video is not None else None) or "t2va", "transformer")
+    partition = workflows.partition(video.get("task") if video is not None else None)
     comps = read_folder(path, partition)
     if "model" not in comps.configs:
         transformer_folder(path, partition)  # raises the one-line error

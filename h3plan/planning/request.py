@@ -32,16 +32,15 @@ default) sigma points drive 49 transformer forwards (`MiniMaxH3Scheduler.set_tim
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any, List, Mapping, Optional, get_type_hints
 
 from h3plan.errors import ConfigError
+from h3plan.facts.pipeline import pipeline_defaults, schedule_facts
 from h3plan.facts.vae.tiling import Geometry
+from h3plan.facts.workflows import DEFAULT_TASK, PARTITION
 
-from . import CONF, workflows
-
-PIPELINE_YAML = os.path.join(CONF, "pipeline", "h3.yaml")
+from . import workflows
 
 
 @dataclass(frozen=True)
@@ -66,7 +65,7 @@ class VideoRequest:
     """Rows of prompt_embeds: the prompt's Qwen tokens (no chat template, no special tokens); for fl2va / ref2va the
     conditioner's whole presentation (labels and vision blocks, then the prompt). Required when S comes from the
     request."""
-    task: str = "t2va"
+    task: str = DEFAULT_TASK
     """The workflow: t2va (text only), fl2va (keyframes; `keyframes`), ref2va (references; `references`, planned
     against the `transformer_ref/` partition). planning/workflows.py gives their conditioning rows."""
     keyframes: Optional[List[str]] = None
@@ -171,10 +170,15 @@ class AudioVaeFacts:
     hop_length: int = 800
 
 
+def _packaged(key: str) -> Any:
+    """A field defaulting to the packaged pipeline group's value (conf/pipeline/h3.yaml holds it)."""
+    return field(default_factory=lambda: schedule_facts()[key])
+
+
 @dataclass
 class SchedulerFacts:
-    video_shift: float = 12.0
-    audio_shift: float = 3.0
+    video_shift: float = _packaged("video_shift")
+    audio_shift: float = _packaged("audio_shift")
 
 
 @dataclass
@@ -189,7 +193,7 @@ class PipelineConfig:
     default_num_frames: int = 124
     num_inference_steps: int = 50
     schedulers: SchedulerFacts = field(default_factory=SchedulerFacts)
-    keyframe_noise_aug: float = 0.999
+    keyframe_noise_aug: float = _packaged("keyframe_noise_aug")
     canvas: CanvasFacts = field(default_factory=CanvasFacts)
     references: ReferenceFacts = field(default_factory=ReferenceFacts)
     audio: AudioFacts = field(default_factory=AudioFacts)
@@ -200,14 +204,6 @@ class PipelineConfig:
 MIN_STEPS = 2  # the smallest num_inference_steps diffusers' MiniMaxH3Scheduler.set_timesteps takes
 STEPS_RULE = (f"must be >= {MIN_STEPS}: diffusers' MiniMaxH3Scheduler.set_timesteps needs {MIN_STEPS} sigma points at least "
               "(n points, the terminal 0 included, drive n - 1 forwards)")
-
-
-def pipeline_defaults() -> dict[str, Any]:
-    """conf/pipeline/h3.yaml as a plain dict (for callers whose sections have no `pipeline`)."""
-    import yaml
-
-    with open(PIPELINE_YAML) as f:
-        return yaml.safe_load(f)
 
 
 def diffusers_kwargs(section: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -360,8 +356,8 @@ def tokens(request: VideoRequest, model_cfg: Mapping[str, Any], vae_cfg: Mapping
                                     + (": INPUT_PARAM_TEMPLATES)" if not request.num_inference_steps else ")"),
         },
     }
-    if request.task != "t2va":  # t2va's breakdown keeps its keys (plans written before the workflows read the same)
-        out.update({"task": request.task, "partition": workflows.PARTITION[request.task], "condition_video_rows": cv,
+    if request.task != DEFAULT_TASK:  # t2va's breakdown keeps its keys: a plan file without a task reads the same
+        out.update({"task": request.task, "partition": PARTITION[request.task], "condition_video_rows": cv,
                     "condition_audio_rows": ca, **({"keyframes": list(request.keyframes)} if request.keyframes else {}),
                     **({"references": cond["blocks"]} if cond["blocks"] else {})})
         out["basis"].update(cond["basis"])
@@ -391,7 +387,7 @@ def _conditioning(request: VideoRequest, frames: int, fps: float, g: Mapping[str
 def request_from(video: Mapping[str, Any], batch: int = 1) -> VideoRequest:
     """The `video` section (plain dict) as a VideoRequest."""
     kw = {k: video.get(k) for k in FIELDS if k != "audio"}
-    kw["task"] = kw.get("task") or "t2va"  # a plan file written before the workflows has no task
+    kw["task"] = kw.get("task") or DEFAULT_TASK  # a plan file written before the workflows has no task
     for k in ("keyframes", "keyframe_size", "references"):
         kw[k] = None if kw[k] is None else (tuple(kw[k]) if isinstance(kw[k], (list, tuple)) else kw[k])
     if video.get("audio") is not None:

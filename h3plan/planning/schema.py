@@ -113,8 +113,8 @@ class CacheBudget:
     """recipe.cache: the quality budget step caching must stay inside (levers/step_cache.py), apart from the kernel
     levers' `budget`, and the knobs of its schedule. No budget and no policy (the default): step_cache stays off.
     Set it as `recipe.cache={psnr_db_min:28,ssim_min:0.93}` (against the same seed's uncached frames) or name the
-    published policy, `recipe.cache.policy=high`. A knob left null takes the setting's default, or under auto the
-    knobs of the evidence it picks."""
+    published policy, `recipe.cache.policy=high`. A knob left null takes the setting's default (levers/step_cache.py
+    DEFAULTS, the one place they are written), or under auto the knobs of the evidence it picks."""
 
     psnr_db_min: Optional[float] = None
     ssim_min: Optional[float] = None
@@ -130,14 +130,15 @@ class CacheBudget:
     computed: Optional[int] = None
     """fixed / taylor: forwards computed of the request's; null: TeleFuser's 34 of 49 scaled to the request."""
     warmup: Optional[int] = None
-    """The first forwards, always computed (never skipped); null: 4."""
+    """The first forwards, always computed (never skipped); null: the setting's default."""
     final: Optional[int] = None
-    """The last forwards, always computed (never skipped); null: 1 (fixed, taylor), 0 (first_block, as Cache-DiT)."""
+    """The last forwards, always computed (never skipped); null: the setting's default (first_block: none, as
+    Cache-DiT)."""
     threshold: Optional[float] = None
     """first_block: skip while the first block's residual changed by less than this (relative L1); 0: never skip;
-    null: 0.04 (the high policy's)."""
+    null: the high policy's."""
     max_skip: Optional[int] = None
-    """At most this many forwards skipped in a row; null: no limit (fixed, taylor), 1 (first_block)."""
+    """At most this many forwards skipped in a row; null: the setting's default (fixed, taylor: no limit)."""
     source: Optional[str] = None
 
 

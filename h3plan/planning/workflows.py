@@ -34,9 +34,8 @@ import math
 from typing import Any, Mapping, Sequence
 
 from h3plan.errors import ConfigError
+from h3plan.facts.workflows import TASKS
 
-TASKS = ("t2va", "fl2va", "ref2va")
-PARTITION = {"t2va": "transformer", "fl2va": "transformer", "ref2va": "transformer_ref"}  # the checkpoint's subfolder
 ANCHORS = ("first", "last")  # MiniMaxH3ResizeStep: `image` anchors the first latent frame, `last_image` the last
 KINDS = ("image", "video", "audio")
 REFERENCE_KEYS = {"image": ("kind", "height", "width"),
@@ -220,4 +219,4 @@ def describe(block: Mapping[str, Any]) -> str:
     return f"audio {block['audio_latents']} latents: {block['audio_rows']:,} rows"
 
 
-__all__ = ["TASKS", "PARTITION", "ANCHORS", "resolve_canvas", "check_task", "keyframe_canvas", "references", "describe"]
+__all__ = ["ANCHORS", "resolve_canvas", "check_task", "keyframe_canvas", "references", "describe"]

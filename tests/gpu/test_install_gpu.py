@@ -20,7 +20,7 @@ import torch
 
 from h3plan.actions.inputs import build_model, packed_inputs
 from h3plan.actions.verify import REFERENCE_LEVERS, OUTPUTS, Verifier, _subplan, compare
-from h3plan.facts.attention import get_backend
+from h3plan.runtime.attention import get_backend
 from h3plan.install import counters, fallback_reasons, install, reset_counters, uninstall
 
 pytestmark = pytest.mark.gpu

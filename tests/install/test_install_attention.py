@@ -15,7 +15,7 @@ import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 
 from h3plan.runtime.attention import fp8 as f8
-from h3plan.facts.attention import get_backend
+from h3plan.runtime.attention import get_backend
 
 
 def _qkv(B=1, Sq=40, Skv=40, H=3, D=32, dtype=torch.bfloat16, seed=0):

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import h3plan.runtime.attention.cudnn as cd
-from h3plan.facts.attention import get_backend
+from h3plan.runtime.attention import get_backend
 
 E4M3 = torch.float8_e4m3fn
 

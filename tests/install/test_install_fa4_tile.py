@@ -15,7 +15,7 @@ from diffusers import MiniMaxH3Transformer3DModel  # noqa: F401
 from diffusers.models import attention_dispatch  # noqa: F401
 
 from h3plan.runtime.attention import fa4 as fa4_mod
-from h3plan.facts.attention import get_backend
+from h3plan.runtime.attention import get_backend
 from h3plan.install import counters, install, reset_counters, uninstall
 from h3plan.install.builder import Builder
 

@@ -66,12 +66,14 @@ def test_every_backend_declares_its_facts(name):
 @pytest.mark.parametrize("name", list(attention.BACKENDS))
 def test_every_backend_loads_its_implementation(name):
     b = attention.BACKENDS[name]
-    cls = attention.backend_class(name)
+    from h3plan.runtime.attention import backend_class, load
+
+    cls = backend_class(name)
     assert cls.name == name
     for o in b.options:
         assert o.reason is None or callable(getattr(cls, o.reason)), o.reason
     if b.lse:
-        assert callable(attention.load(b.lse_impl)) and callable(attention.load(b.lse_impl + "_reason"))
+        assert callable(load(b.lse_impl)) and callable(load(b.lse_impl + "_reason"))
 
 
 def test_consumers_read_the_registry():

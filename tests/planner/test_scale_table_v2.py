@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from h3plan.facts.blocks import BLOCK_LINEARS
 from h3plan.facts.scale_table import (FORMAT, VERSION, ScaleTableError, config_hash, has_linears, linear_amax, load, load_table,
                                 row_for, values_hash)
 
@@ -14,13 +15,12 @@ TINY = {"num_attention_heads": 4, "attention_head_dim": 32, "hidden_size": 96, "
         "ffn_dim": 160, "in_channels": 4, "audio_in_channels": 8, "patch_size": [1, 2, 2], "text_dim": 48, "freq_dim": 32,
         "time_embed_hidden_dim": 64, "time_embed_dim": 40, "rope_freq_dim": 4, "rope_theta": 10000.0, "norm_eps": 1e-5,
         "qk_norm_eps": 1e-5, "final_norm_eps": 1e-5}  # conf/model/h3_tiny.yaml
-LINEARS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "ff.net.0.proj", "ff.net.2")
 
 
 def table(blocks=2, config=TINY, passed=True):
     att = {f"transformer_blocks.{i}.attn": {"q": 3.0 + i, "k": 4.0, "v": 2.5} for i in range(blocks)}
     lin = {f"transformer_blocks.{i}.{p}": (1.5 if p.startswith("attn.to_") and p != "attn.to_out.0" else 0.75 + i)
-           for i in range(blocks) for p in LINEARS}
+           for i in range(blocks) for p in BLOCK_LINEARS}
     check = {"passed": passed, "summary": "static scales psnr 52.0 dB vs dynamic 52.1 dB, budget 34 dB"}
     prov = {"model": "h3_tiny", "config_hash": config_hash(config), "num_layers": blocks, "request": {"seq_len": 48},
             "inputs": {"kind": "seeded", "seeds": [0], "steps": [0, 48]}, "heldout": {"kind": "seeded", "seeds": [1000],

@@ -5,14 +5,13 @@ a CPU instead of a probe in a GPU session. Imports torch and Triton.
 """
 
 from h3plan.facts import hardware
-from h3plan.facts.attention import get_backend
 from h3plan.install.adaln_table import timestep_vectors
 from h3plan.install.vae import parallel as vae_parallel
 from h3plan.install.vae.weights import DTYPES as VAE_DTYPES
 from h3plan.install.vae.weights import PrecisionCast
 from h3plan.planner import make_plan
 from h3plan.planning import memory
-from h3plan.runtime.attention import block_sparse, cudnn
+from h3plan.runtime.attention import block_sparse, cudnn, get_backend
 from h3plan.runtime.kernels import _rmsnorm as rmsnorm
 from h3plan.runtime.kernels import (block_router, fp8, fp8_producers, gated_residual, modulation, nvfp4, nvfp4_producers,
                                     qk_fp8_lean, qk_norm_rope, swiglu, ulysses_merge, vae)

@@ -65,6 +65,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from h3plan.errors import UsageError
+from h3plan.facts.workflows import PARTITION, TASKS
 from h3plan.planner import resolve
 from h3plan.planning.action_configs import PipelineBenchConfig  # bench.pipeline.*: one definition, the schema's
 from h3plan.planning.config import compose
@@ -73,7 +74,7 @@ from h3plan.install.text_encoder import placed as placed_text_encoder
 from h3plan.runtime.counters import counters, reset_counters
 
 from ..quality import compare
-from ..pipeline_build import (WORKFLOWS, Request, build_pipeline, default_request, default_steps, denoiser,
+from ..pipeline_build import (Request, build_pipeline, default_request, default_steps, denoiser,
                               prompt_inputs, prompt_text, require_transformers, resolved, sequence_length,
                               workflow_blocks, workflow_inputs)
 from . import pipeline_checks as checks, pipeline_frames as stored, pipeline_records as records
@@ -184,8 +185,8 @@ def options(cfg, plan=None) -> PipelineBenchOptions:
         raise UsageError("bench.pipeline.best=false eager=false plan=false: no row to time")
     if vals["frames_dir"] is not None and not str(vals["frames_dir"]).strip():
         raise UsageError("bench.pipeline.frames_dir='': a folder, or null")
-    if vals["workflow"] not in WORKFLOWS:
-        raise UsageError(f"bench.pipeline.workflow={vals['workflow']}: one of {', '.join(WORKFLOWS)}")
+    if vals["workflow"] not in TASKS:
+        raise UsageError(f"bench.pipeline.workflow={vals['workflow']}: one of {', '.join(TASKS)}")
     video = _get(cfg, "video")
     seq = plan.derived_value("sequence") if plan is not None else None
     if hasattr(video, "keys"):  # the `video` config group
@@ -792,7 +793,7 @@ def _measure(torch, cfg, plans, opts, device, rank, group, progress, write) -> i
                          "request runs at any Ulysses degree")
     wf = {} if opts.workflow == "t2va" and not opts.prompt else {  # t2va, prompt_embeds: the core denoise step alone
         "blocks": workflow_blocks(text_encoder=opts.prompt),
-        "partitions": ("transformer_ref",) if opts.workflow == "ref2va" else ("transformer",)}
+        "partitions": (PARTITION[opts.workflow],)}
     if opts.prompt:  # built on the device (seconds, where a host init of 33B parameters takes a minute) and placed
         wf.update(text_encoder=conditioner_config(cfg), text_encoder_placement=conditioner_setting(plan))
     pipe = build_pipeline(cfg["model"]["diffusers_config"], cfg["vae"]["diffusers_config"], vae_name=cfg["vae"]["name"],

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from h3plan.facts.vae.encode import encode_inputs
+from h3plan.facts.workflows import DEFAULT_TASK
 from h3plan.planner import resolve_config
 from h3plan.planning.text_encoder import PLACEMENTS
 
@@ -79,7 +80,7 @@ class CallRecord:
     config: str = ""
     notes: list = field(default_factory=list)
     error: str | None = None
-    workflow: str = "t2va"
+    workflow: str = DEFAULT_TASK
     """The request's workflow (t2va, fl2va: first and last keyframe, ref2va: one image reference); the call
     includes its encodes (in rest_s) and S its conditioning rows."""
     request: dict = field(default_factory=dict)
@@ -114,7 +115,7 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 def record_key(r: Mapping) -> tuple:
-    return (r["run"], r.get("workflow", "t2va"), r["setting"], r["label"], r["vae"])
+    return (r["run"], r.get("workflow", DEFAULT_TASK), r["setting"], r["label"], r["vae"])
 
 
 FILE = ResultsFile(SCHEMA_VERSION, REQUIRED_KEYS, record_key, "a pipeline (user call) benchmark file", kind=KIND,
@@ -420,7 +421,7 @@ def request_overrides(plan) -> dict:
     """The plan's request as overrides that compose it again: the video preset, the task with its keyframes or
     references, and the text encoder's placement."""
     v, te = plan.get("video"), plan.get("memory").get("text_encoder")
-    out = {"video": v["name"], "video.task": v.get("task") or "t2va"}
+    out = {"video": v["name"], "video.task": v.get("task") or DEFAULT_TASK}
     out.update({f"video.{k}": v[k] for k in ("keyframes", "references") if v.get(k)})
     if te and te != "none":
         out["memory.text_encoder"] = te

@@ -19,7 +19,7 @@ from __future__ import annotations
 from h3plan.install import install, uninstall
 from h3plan.install.adaln_table import prepare
 from h3plan.install.pipeline import install_pipeline, uninstall_pipeline
-from h3plan.install.workflows import request_conditions
+from h3plan.facts.workflows import DEFAULT_TASK, request_conditions
 from h3plan.install.vae.weights import DTYPES, PrecisionCast
 
 from ..pipeline_build import denoiser
@@ -86,11 +86,11 @@ class PlanSetting(Setting):
     name = "plan"
     stock = False  # the stock-bits plan (bench.pipeline.stock_bits): its frames must be diffusers eager's
 
-    def __init__(self, pipe, plan, group, progress, num_inference_steps=None, workflow="t2va"):
+    def __init__(self, pipe, plan, group, progress, num_inference_steps=None, workflow=DEFAULT_TASK):
         self.pipe, self.plan, self.group, self.progress, self.report = pipe, plan, group, progress, None
         self.label, self.vae = row_label(plan), plan_precision(plan)
         self.steps = num_inference_steps  # the bench's short calls: their timesteps join an adaln table too
-        self.workflow = workflow  # and the rows of its request (keyframes, references: install/workflows.py)
+        self.workflow = workflow  # and the rows of its request (keyframes, references: facts/workflows.py)
 
     def enter(self):
         report = install_pipeline(self.pipe, self.plan, group=self.group)

@@ -4,9 +4,10 @@
 the `_DECLARED` tuple below is the registry and its order is the config's (levers.attention's settings). The
 declarations are imported by name, so `h3plan.runtime.attention.fa4` stays the implementation module. Everything that
 names a backend reads it: the attention lever, the schema, the installer and its processor, the ring's
-log-sum-exp backends, the bench. `get_backend(name, **options)` imports torch and the backend's `impl`
-(installing). What each backend needs from the hardware is a fact of conf/hardware/*.yaml, read by the planner
-through `supports` / `select` and, per call, by the backends themselves (h3plan.facts.hardware).
+log-sum-exp backends, the bench. Each declaration names its implementation as a "module:attr" string; the
+factory that imports it is h3plan/runtime/attention (`get_backend(name, **options)`). What each backend needs
+from the hardware is a fact of conf/hardware/*.yaml, read by the planner through `supports` / `select` and, per
+call, by the backends themselves (h3plan.facts.hardware).
 """
 
 from __future__ import annotations
@@ -33,12 +34,6 @@ def backend_spec(name: str) -> BackendSpec:
     if name not in BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; known: {sorted(BACKENDS)}")
     return BACKENDS[name]
-
-
-def load(ref: str):
-    """"module:attr" -> the attribute (imports the module)."""
-    mod, _, attr = ref.partition(":")
-    return getattr(importlib.import_module(mod), attr)
 
 
 def supports(name: str, hardware: Mapping[str, Any], hw: str | None = None) -> Support:
@@ -78,20 +73,5 @@ def untested_notes(opts) -> list[str]:
     return out
 
 
-def backend_class(name: str):
-    return load(backend_spec(name).impl)
-
-
-def get_backend(name: str, **options):
-    """An instance of the named backend; options: its constructor's (fa4: `two_cta` (bool | None), `tile`)."""
-    return backend_class(name)(**options)
-
-
-def for_options(opts):
-    """The backend of installed attention options (their `backend`), built with the options it reads."""
-    s = backend_spec(opts.backend)
-    return get_backend(s.name, **{o.kwarg: getattr(opts, o.key) for o in s.options if o.kwarg})
-
-
-__all__ = ["BACKENDS", "DEFAULT", "BF16", "FP8", "LOSSLESS", "LSE_OF", "BackendSpec", "backend_spec", "load", "supports", "select",
-           "missing_facts", "untested_notes", "backend_class", "get_backend", "for_options"]
+__all__ = ["BACKENDS", "DEFAULT", "BF16", "FP8", "LOSSLESS", "LSE_OF", "BackendSpec", "backend_spec", "supports",
+           "select", "missing_facts", "untested_notes"]

@@ -14,10 +14,12 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
+from h3plan.facts.workflows import DEFAULT_TASK
+
 
 def encode_inputs(request: Mapping[str, Any]) -> list[dict[str, Any]]:
     """[{what, frames, height, width}] of the video VAE encodes the request makes (empty: it encodes nothing)."""
-    task = request.get("task", "t2va")
+    task = request.get("task", DEFAULT_TASK)
     if task == "fl2va":
         return [{"what": f"{k} keyframe", "frames": 1, "height": request["height"], "width": request["width"]}
                 for k in request.get("keyframes") or ()]

@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 import torch
 
+from h3plan.facts.blocks import VAE_BLOCK_LINEARS
 from h3plan.install.kernels import KERNELS, kernel
 from h3plan.runtime.guards import count_route, run_guarded
 
@@ -38,7 +39,7 @@ from .weights import FP16
 
 from h3plan.levers.vae_ops import OPS  # noqa: F401 (the ops vae_ops installs, declared with the lever)
 
-LINEARS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "ff.net.0.proj", "ff.net.2")
+LINEARS = VAE_BLOCK_LINEARS
 
 
 def load_kernels(ops) -> dict[str, tuple[Callable, Callable]]:

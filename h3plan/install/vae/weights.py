@@ -24,7 +24,7 @@ import torch
 
 from h3plan.runtime.guards import GRAD_REASON
 
-from h3plan.install.parking import host_copy
+from h3plan.install.parking import to_host
 
 logger = logging.getLogger("h3plan.install")
 FP16 = torch.float16
@@ -107,7 +107,8 @@ class PrecisionCast:
                     if t.dtype == dtype:
                         continue
                     t = t if move is None else move(t)
-                    host, pinned = host_copy(t.detach())
+                    pinned = t.device.type == "cuda"
+                    host = to_host(t.detach(), pinned)
                     cast.pinned = cast.pinned or pinned
                     t.data = t.detach().to(dtype)  # the old device tensor is freed here
                     cast.slots.append((t, host, t.device))

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import torch
 
-from h3plan.facts.attention import BACKENDS, load
+from h3plan.facts.attention import BACKENDS
+from h3plan.runtime.attention import load
 from h3plan.errors import UsageError
 
 MAX_SCORE_BYTES = 256 << 20

@@ -9,9 +9,7 @@ h3plan.runtime.quant.nvfp4 (GEMM where hardware.gemm.nvfp4, never run on hardwar
 from __future__ import annotations
 
 from h3plan.errors import InstallError, UsageError
-
-# Relative to a MiniMaxH3TransformerBlock.
-BLOCK_LINEARS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "ff.net.0.proj", "ff.net.2")
+from h3plan.facts.blocks import BLOCK_LINEARS
 
 
 def quantized_linear(linear, fmt: str, params: dict | None = None):

@@ -17,10 +17,10 @@ from __future__ import annotations
 from typing import Any
 
 from h3plan.errors import UsageError
-from h3plan.planner import resolve
-from . import checkpoint
 from h3plan.facts import hardware as hw
-from .config import compose
+from h3plan.planner import resolve
+from h3plan.planning import checkpoint
+from h3plan.planning.config import compose
 
 SECTIONS = ("model", "vae")
 
