@@ -100,7 +100,10 @@ class Spec:
     ulysses: a Ulysses lever (hardware-verified only up to hardware.verified.max_ulysses_degree; at degree 1 it has
              nothing to act on, and the summary's runs line leaves it out).
     reference: part of the attention backend: verify's reference R keeps it (attention, fa4_2cta, fp8_scales).
-    counter: the per-call counter (h3plan.runtime.counters) whose `.fused` proves the path ran, or None.
+    counter: the per-call counter (h3plan.runtime.counters) whose `.fused` proves the path ran, or None. Call sites
+        take it from here (`Spec.count()`), never spelling it again.
+    routes: the further counters its call sites count, each `<counter>.<route>` (`<name>.<route>` without a counter):
+        a fused op of its own (vae_ops' three), a replay, a scaled schedule; `Spec.count(route)` names them.
     backends: setting -> the attention backends that setting needs (checked when planning, installing and
         when verify swaps an unavailable backend for sdpa).
     options: the install options this lever owns (no other lever may set them).
@@ -109,6 +112,9 @@ class Spec:
     column: its column's header in a sweep's table (h3plan/sweep.py); None: not a column there.
     terms: setting -> what it changes in the plan's estimates and memory (Terms); a setting not named changes nothing.
     fit: the lossless setting memory.fit offers first when a plan with another setting of this lever does not fit.
+    recipe_section: the recipe section that configures it (`recipe.cache`), checked by `config_problem`.
+    config_problem: section -> (key, why) for a value the schema's types let through, else None (planning/schema.py's
+        validate asks every lever that declares one).
     table_skips_off: the plan's tables leave out its row when it is `off` (a lever that acts on some requests only:
         vae_encode_precision is off for t2va, which encodes nothing, and a t2va plan prints as it did before it).
     """
@@ -120,6 +126,7 @@ class Spec:
     ulysses: bool = False
     reference: bool = False
     counter: str | None = None
+    routes: tuple[str, ...] = ()
     backends: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     options: tuple[Option, ...] = ()
     kernels: tuple[str, ...] = ()
@@ -127,6 +134,8 @@ class Spec:
     terms: Mapping[str, Terms] = field(default_factory=dict)
     fit: str | None = None
     table_skips_off: bool = False
+    recipe_section: str | None = None
+    config_problem: Callable[[Mapping[str, Any]], tuple[str, str] | None] | None = None
 
     def __post_init__(self):
         if self.model not in MODELS:
@@ -146,6 +155,16 @@ class Spec:
 
     def lossless(self, setting: str) -> bool:
         return self.settings[setting]
+
+    def count(self, route: str | None = None) -> str:
+        """The counter name a call site counts under: the declared `counter`, or one of its declared `routes`."""
+        if route is None:
+            if self.counter is None:
+                raise ValueError(f"lever {self.name} declares no counter")
+            return self.counter
+        if route not in self.routes:
+            raise ValueError(f"lever {self.name} declares no route {route!r}; declared: {self.routes}")
+        return f"{self.counter or self.name}.{route}"
 
     @property
     def installs(self) -> bool:

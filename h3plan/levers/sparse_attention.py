@@ -62,6 +62,8 @@ SPEC = Spec(
     kernels=("block_router",),
     terms={"block_sparse": Terms(sparse_attention=True)},
     table_skips_off=True,
+    recipe_section="sparse",
+    config_problem=lambda sparse: config_problem(sparse),  # below
 )
 
 # Quality published for this kind of routing on released weights (docs/sources.md#sglang-subblock), as the evidence

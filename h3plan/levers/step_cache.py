@@ -99,6 +99,8 @@ SPEC = Spec(
     counter="step_cache",
     options=(Option("transformer", "step_cache", _valid, "None or dict(mode, steps, forwards, computed, warmup, final, "
                     "threshold, max_skip)", None),),
+    recipe_section="cache",
+    config_problem=lambda cache: config_problem(cache),  # below
 )
 
 

@@ -14,6 +14,7 @@ SPEC = Spec(
     summary="VAE decoder ops: fused QK-norm + RoPE, SwiGLU, scaled residual (exact)",
     model="vae",
     counter="vae_ops",
+    routes=OPS,  # vae_ops.<op>: each fused op of the decoder block counts on its own
     options=(Option("vae", "ops", lambda v: isinstance(v, tuple) and set(v) <= set(OPS), "tuple of " + ", ".join(OPS), ()),),
     kernels=("vae_qk_norm_rope", "vae_swiglu", "vae_scaled_residual"),
     column="vae_ops",

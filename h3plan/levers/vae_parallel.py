@@ -26,6 +26,7 @@ SPEC = Spec(
     model="vae",
     ulysses=True,
     counter="vae_parallel",
+    routes=("replay",),  # the decoder calls replayed on the ranks (install/vae/parallel.py)
     options=(Option("vae", "parallel", is_bool, "bool", False),),
 )
 

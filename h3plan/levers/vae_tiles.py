@@ -16,6 +16,7 @@ SPEC = Spec(
     settings={"default": True, "fp8_tiles": False, "custom": False},
     summary="VAE decode tile geometry (any geometry but diffusers' released one changes the frames)",
     model="vae",
+    routes=("fp8_gemm", "fp8_rows"),  # fp8_tiles' decoder GEMMs and their activation rows (install/vae/fp8.py)
     options=(Option("vae", "tile", lambda v: v is None or (isinstance(v, dict) and {"height", "width", "overlap"} <= set(v)),
                     "None (keep the model's tiling) or dict(height, width, overlap, frames)", None),
              Option("vae", "tile_dtype", *one_of("fp16", "fp8"), default="fp16")),
