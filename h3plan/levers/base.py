@@ -22,6 +22,7 @@ from h3plan.facts.attention import BACKENDS
 from h3plan.facts.decision import Decision, make_decision
 from h3plan.facts.support import Support
 from ..facts import tuned
+from . import rules
 
 SCOPES = ("linears", "block", "attention", "vae", "transformer")
 MODELS = ("transformer", "vae")
@@ -197,9 +198,9 @@ def default_install(spec: Spec) -> Callable[[Any, Any], None]:
 def backend_blockers(ctx: Context, spec: Spec, setting: str) -> list[str]:
     """The attention backends `setting` needs (Spec.backends) against the plan's attention decision."""
     need = spec.backends.get(setting)
-    if not need or "attention" not in ctx.decisions:
+    att = rules.attention(ctx, None)
+    if not need or att is None:
         return []
-    att = ctx.setting("attention")
     return [] if att in need else [f"attention is {att}: {spec.name}={setting} needs {' or '.join(need)}"]
 
 
@@ -361,18 +362,6 @@ def resolve(
     if why:
         reasons = list(reasons) + [why]
     return make_decision(lever, setting, spec.lossless(setting), reasons, forced=forced, params=extra, hardware_verified=ok)
-
-
-def producer_blockers(ctx: Context, writer: str) -> list[str]:
-    """A lever whose codes come out of the fused producer kernels (fp8_act_quant=row, nvfp4_producer_quant) needs
-    them planned: the fused modulation (to_q/k/v, ff.net.0.proj) and SwiGLU (ff.net.2). `writer`: who writes them."""
-    out = []
-    if ctx.setting("modulation") == "eager":
-        out.append(f"modulation is eager: {writer} writes the to_q/k/v and ff.net.0.proj codes from the fused "
-                   "modulation kernel (levers.modulation=exact or fp32)")
-    if ctx.setting("swiglu") != "on":
-        out.append(f"swiglu is off: {writer} writes the ff.net.2 codes from the fused SwiGLU kernel (levers.swiglu=on)")
-    return out
 
 
 def is_bool(v: Any) -> bool:

@@ -36,6 +36,7 @@ from typing import Any, Mapping
 from h3plan.facts import evidence as ev
 from h3plan.sources import cite
 
+from . import rules
 from .base import Context, LeverError, Option, Spec, Terms, resolve
 from .step_cache import forwards_of
 
@@ -208,7 +209,7 @@ def _structural(ctx: Context) -> list[str]:
     if ctx.ring > 1:
         out.append(f"parallel.ring={ctx.ring}: each ring step attends one range of key blocks, so no call sees a query "
                    "block's whole key set to route (block-sparse attention runs at ring 1)")
-    if "attention" in ctx.decisions and ctx.setting("attention") == "cudnn_fp8":
+    if rules.fp8_attention(ctx):
         out.append("the FP8 attention is cuDNN's SDPA, which takes no block mask, and FA4's FP8 forward is SM100-only: "
                    "with recipe=fp8 set levers.attention=fa4 (FP8 GEMMs, BF16 block-sparse attention)")
     if _block(ctx) is None:
