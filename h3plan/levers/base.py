@@ -113,7 +113,11 @@ class Spec:
     column: its column's header in a sweep's table (h3plan/sweep.py); None: not a column there.
     terms: setting -> what it changes in the plan's estimates and memory (Terms); a setting not named changes nothing.
     fit: the lossless setting memory.fit offers first when a plan with another setting of this lever does not fit.
-    recipe_section: the recipe section that configures it (`recipe.cache`), checked by `config_problem`.
+    recipe_section: the recipe section that holds its own budget (`recipe.cache`): a lossy lever judged by that budget
+        and its evidence, apart from the kernel levers' recipe budget, that action=calibrate measures; checked by
+        `config_problem`.
+    budget_line: a lossy decision of a lever with its own budget -> its summary line (label, text): what it does and
+        the evidence that it meets that budget (planning/render.py prints them in label order).
     config_problem: section -> (key, why) for a value the schema's types let through, else None (planning/schema.py's
         validate asks every lever that declares one).
     table_skips_off: the plan's tables leave out its row when it is `off` (a lever that acts on some requests only:
@@ -137,6 +141,7 @@ class Spec:
     table_skips_off: bool = False
     recipe_section: str | None = None
     config_problem: Callable[[Mapping[str, Any]], tuple[str, str] | None] | None = None
+    budget_line: Callable[[Decision], tuple[str, str]] | None = None
 
     def __post_init__(self):
         if self.model not in MODELS:

@@ -34,6 +34,7 @@ import math
 from typing import Any, Mapping
 
 from h3plan.facts import evidence as ev
+from h3plan.facts.decision import Decision
 from h3plan.sources import cite
 
 from . import rules
@@ -65,6 +66,7 @@ SPEC = Spec(
     table_skips_off=True,
     recipe_section="sparse",
     config_problem=lambda sparse: config_problem(sparse),  # below
+    budget_line=lambda d: budget_line(d),  # below
 )
 
 # Quality published for this kind of routing on released weights (docs/sources.md#sglang-subblock), as the evidence
@@ -120,6 +122,13 @@ def config_problem(sparse: Mapping[str, Any]) -> tuple[str, str] | None:
     if not isinstance(d, int) or isinstance(d, bool) or d < 0:
         return f"recipe.sparse.dense_forwards={d}", "must be an integer >= 0 (the first forwards of a generation, dense)"
     return None
+
+
+def budget_line(d: Decision) -> tuple[str, str]:
+    """The summary's line for block_sparse: the blocks and forwards it keeps, and the evidence it has, if any."""
+    said = next((r for r in d.reasons if r.startswith(("evidence", "unmeasured"))), "")
+    return "sparse", (f"{SPEC.name}={d.setting}: keep {d.param('keep'):g} of the key blocks on "
+                      f"{d.param('sparse_forwards')} of {d.param('forwards')} forwards; {said}")
 
 
 def _sparse(ctx: Context) -> Mapping[str, Any]:

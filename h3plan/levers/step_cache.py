@@ -38,6 +38,7 @@ from typing import Any, Mapping
 
 from h3plan.errors import ConfigError
 from h3plan.facts import evidence as ev
+from h3plan.facts.decision import Decision
 from h3plan.facts.timesteps import request_steps
 
 from .adaln_table import schedule
@@ -101,7 +102,15 @@ SPEC = Spec(
                     "threshold, max_skip)", None),),
     recipe_section="cache",
     config_problem=lambda cache: config_problem(cache),  # below
+    budget_line=lambda d: budget_line(d),  # below
 )
+
+
+def budget_line(d: Decision) -> tuple[str, str]:
+    """The summary's line for a lossy schedule: what it computes, and its quality evidence."""
+    what = next((r for r in d.reasons if not r.startswith("forced by")), d.reasons[0])
+    quality = next((r for r in d.reasons if r.startswith(EVIDENCE_REASONS)), "")
+    return "fewer", f"{SPEC.name}={d.setting}: {what}; {quality}"
 
 
 def _is_int(v) -> bool:
