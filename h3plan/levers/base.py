@@ -60,7 +60,7 @@ class Terms:
     """bytes per element of the attention output (memory: an FP8 backend writes e4m3, then casts to bf16)."""
     attention_padded: bool = False
     """attention runs over the padded length, not seq_len (derive's attention FLOPs)."""
-    sparse_attention: bool = False
+    sparse_blocks: bool = False
     """the sparse forwards compute a fraction of the attention's block work (derive: the owning decision's params
     `work_fraction` and `sparse_forwards`)."""
     gemm_dtype: str | None = None
@@ -87,7 +87,7 @@ class Terms:
     """e4m3 copies of the decoder blocks' linears beside their weights (memory)."""
     vae_fused: bool = False
     """the VAE decoder's fused ops (memory's decode activations)."""
-    vae_graphs: bool = False
+    vae_graph_pool: bool = False
     """a CUDA-graph pool of one decoder call held between decodes (memory)."""
 
 

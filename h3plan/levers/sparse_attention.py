@@ -62,7 +62,7 @@ SPEC = Spec(
     options=(Option("attention", "sparse_attention", _valid,
                     "None or dict(keep, dense_forwards, block_q, block_k, video_only, steps)", None),),
     kernels=("block_router",),
-    terms={"block_sparse": Terms(sparse_attention=True)},
+    terms={"block_sparse": Terms(sparse_blocks=True)},
     table_skips_off=True,
     recipe_section="sparse",
     config_problem=lambda sparse: config_problem(sparse),  # below

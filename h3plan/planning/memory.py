@@ -360,7 +360,7 @@ def _decode(it: _Items, sections, settings, opts, geo, geo_src, B: int) -> None:
         it.add("vae_fp8_gemms", vp["decoder_linears"], f"vae_tiles=fp8_tiles: e4m3 copies of the {vdc['decoder_num_layers']} decoder "
                                                        f"blocks' six linears ({vp['decoder_linears']:,} codes) beside the fp16 "
                                                        "weights, made at install (install/vae/fp8.py)")
-    if t.vae_graphs:
+    if t.vae_graph_pool:
         it.add("vae_graph_pools", d["call"], f"vae_graphs: one CUDA-graph pool shared by every tile shape ({th}x{tw} px here), the size of one "
                                              "decoder call's activations; held between decodes")
     if opts["autocast_weight_cache"] and opts["vae_dtype"] == "fp32" and not fp16_w:
