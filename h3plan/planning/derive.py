@@ -12,9 +12,8 @@ import math
 from typing import Any, Mapping
 
 from h3plan.facts.attention import BACKENDS
-from h3plan.levers import TERM_OWNERS, terms
+from h3plan.levers import REGISTRY, TERM_OWNERS, terms
 from h3plan.levers.base import nearest_point, nearest_ulysses_point
-from h3plan.levers.sparse_attention import router_points
 from h3plan.sources import cite
 
 INT32_LIMIT = 2**31
@@ -259,7 +258,7 @@ def _sparse(decisions: Mapping[str, Any], att_ms: float | None, b: int, hl: int,
 
 
 def _router_ms(hw: Mapping[str, Any], gflop: float) -> tuple[float | None, str]:
-    pts = router_points(hw)
+    pts = REGISTRY[TERM_OWNERS["sparse_blocks"]].router_points(hw)  # sparse_attention: its router's points
     if not pts:
         return None, f"not measured on {hw['name']}, not counted"
     lo = max([p for p in pts if p["gflop"] <= gflop] or pts[:1], key=lambda p: p["gflop"])
