@@ -492,10 +492,10 @@ def resolve(cfg) -> Plan:
     est = derive.estimates(sections, ctx.shape, decisions)
     fwd = predict.forward(sections, ctx.shape, est)
     settings = {k: d.setting for k, d in decisions.items()}
-    cache = decisions.get("step_cache")
-    computed = cache.param("computed") if cache is not None and cache.enabled else None
-    spread = decisions.get("vae_parallel")
-    spread_params = dict(spread.params) if spread is not None and spread.setting == "tiles" else None
+    cache = next((d for d in decisions.values() if terms({d.lever: d}).fewer_forwards), None)
+    computed = cache.param("computed") if cache is not None else None
+    spread = next((d for d in decisions.values() if terms({d.lever: d}).vae_spread), None)
+    spread_params = dict(spread.params) if spread is not None else None
     sparse = next((d for d in decisions.values() if d.enabled and terms({d.lever: d}).sparse_blocks), None)
     times = predict.call(sections, sequence, ctx.shape, fwd, settings, computed,
                          dense=sparse.param("dense_forwards") if sparse is not None else None,
@@ -503,7 +503,7 @@ def resolve(cfg) -> Plan:
     if computed:
         times["computed_forwards"] = computed
         times.setdefault("basis", {})["computed_forwards"] = "step_cache: the forwards its schedule computes"
-    if cache is not None and cache.enabled and cache.param("fewest_computed") is not None:  # adaptive: a range
+    if cache is not None and cache.param("fewest_computed") is not None:  # adaptive: a range
         rng = predict.call_range(sections, sequence, times, fwd, cache.param("fewest_computed"))
         times.update({k: v for k, v in rng.items() if k != "basis"})
         times.setdefault("basis", {}).update(rng.get("basis", {}))

@@ -89,6 +89,11 @@ class Terms:
     """the VAE decoder's fused ops (memory's decode activations)."""
     vae_graph_pool: bool = False
     """a CUDA-graph pool of one decoder call held between decodes (memory)."""
+    vae_spread: bool = False
+    """one decode spread over the Ulysses ranks (the planner's decode time per rank: the decision's params)."""
+    fewer_forwards: bool = False
+    """a step schedule that computes some forwards and reuses the rest (the planner's call time: the decision's
+    `computed`, or `fewest_computed` for an adaptive cache)."""
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from h3plan.facts.decision import Decision
 from h3plan.facts.timesteps import request_steps
 
 from .adaln_table import schedule
-from .base import Context, LeverError, Option, Spec, resolve
+from .base import Context, LeverError, Option, Spec, Terms, resolve
 
 MODES = ("fixed", "taylor", "first_block")
 KNOBS = {"fixed": ("computed", "warmup", "final", "max_skip"), "taylor": ("computed", "warmup", "final", "max_skip"),
@@ -100,6 +100,7 @@ SPEC = Spec(
     counter="step_cache",
     options=(Option("transformer", "step_cache", _valid, "None or dict(mode, steps, forwards, computed, warmup, final, "
                     "threshold, max_skip)", None),),
+    terms={s: Terms(fewer_forwards=True) for s in ("fixed", "taylor", "first_block")},
     recipe_section="cache",
     config_problem=lambda cache: config_problem(cache),  # below
     budget_line=lambda d: budget_line(d),  # below

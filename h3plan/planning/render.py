@@ -188,8 +188,8 @@ def _speed_text(plan) -> str:
                 f"computed (the adaptive cache), at most {den:,.0f} s")
     else:
         head = f"call {call_s + (te_s or 0):,.0f} s = {what} {den:,.0f} s"
-    spread = next((d for d in plan.decisions if d.lever == "vae_parallel" and d.setting == "tiles"), None)
-    where = "" if spread is None else f" over {plan.get('parallel').get('ulysses')} GPUs (vae_parallel)"
+    spread = next((d for d in plan.decisions if terms({d.lever: d}).vae_spread), None)
+    where = "" if spread is None else f" over {plan.get('parallel').get('ulysses')} GPUs ({spread.lever})"
     text += (f"; {head} + decode {dec:,.{1 if dec >= 1 else 2}f} s{where}{venc}{encode}; most: {big['part']} "
              f"{big['share']:.0%}: {big['cut']}")
     return text
