@@ -309,7 +309,8 @@ def install(model, spec: dict[str, Any], state, swap, *, group=None, steps=None,
         what = (f"first-block cache: residual threshold {spec['threshold']:g}{limit}, warm-up {spec['warmup']} + final "
                 f"{spec['final']} never skip")
     else:
-        mask = _SCHEDULE.computed_mask(spec["forwards"], spec["computed"], spec["warmup"], spec["final"], spec["max_skip"])
+        mask = _SCHEDULE.computed_mask(spec["forwards"], spec["computed"], spec["warmup"], spec["final"],
+                                       spec["max_skip"])
         what = (f"{spec['mode']} schedule: computes {sum(mask)} of {spec['forwards']} forwards per call "
                 f"(num_inference_steps={mine}{limit}), skips {[i for i, m in enumerate(mask) if not m]}")
     swap(LEVER, "forward", "every forward computed", what)
