@@ -278,7 +278,7 @@ def _plan_and_act(cfg, overrides: list[str]) -> int:
     return 0
 
 
-CALIBRATED_LEVERS = ("step_cache", "sparse_attention")
+CALIBRATED_LEVERS = tuple(n for n, s in SPECS.items() if s.recipe_section)
 """calibrate targets that measure a lossy lever's own candidates against the plan without it."""
 
 

@@ -26,7 +26,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from .errors import ConfigError, H3PlanError, H3PlanWarning, PlanFileError, PlanningError, UsageError
-from .levers import LEVER_SETTINGS, REGISTRY, SPECS, Context, LeverError, terms
+from .levers import LEVER_SETTINGS, REGISTRY, SPECS, TERM_OWNERS, Context, LeverError, terms
 from .planning import CONF, checkpoint, derive, memory, predict, schema
 from h3plan.facts.decision import Decision, freeze, thaw
 from .planning.config import compose, override
@@ -436,15 +436,16 @@ def _memory(sections, shape, decisions) -> tuple[dict[str, Any], dict[str, str]]
     if est.get("text_encoder") is not None:  # the conditioner's placement (planning/text_encoder.py), with its reasons
         values["text_encoder"] = est["text_encoder"]
         basis["text_encoder"] = "; ".join(est["text_encoder"]["reasons"]) + " (memory.text_encoder; planning/text_encoder.py)"
-    if getattr(decisions.get("adaln_table"), "setting", None) == "on":  # where the freed memory goes
+    tables = TERM_OWNERS["adaln_tables"]  # adaln_table
+    if getattr(decisions.get(tables), "setting", None) == "on":  # where the freed memory goes
         try:
-            off = memory.estimate(sections, shape, {**decisions, "adaln_table": "off"})
+            off = memory.estimate(sections, shape, {**decisions, tables: "off"})
         except ConfigError:  # a forced memory.text_encoder placement the AdaLN linears' bytes would not leave room for
             off = memory.estimate({**sections, "memory": {**(sections.get("memory") or {}), "text_encoder": "auto"}},
-                                  shape, {**decisions, "adaln_table": "off"})
+                                  shape, {**decisions, tables: "off"})
         values["memory_peak_gib_tables_off"] = off["peak_gib"]
         basis["memory_peak_gib_tables_off"] = (
-            f"the same plan with levers.adaln_table=off ({off['peak_phase']}): the tables free "
+            f"the same plan with levers.{tables}=off ({off['peak_phase']}): the tables free "
             f"{off['peak_gib'] - est['peak_gib']:.1f} GiB of this GPU's peak")
     why = memory.fit(est, gb, m["reserve_fraction"]) if gb else None
     if why and m["check"]:
@@ -491,19 +492,19 @@ def resolve(cfg) -> Plan:
     est = derive.estimates(sections, ctx.shape, decisions)
     fwd = predict.forward(sections, ctx.shape, est)
     settings = {k: d.setting for k, d in decisions.items()}
-    cache = decisions.get("step_cache")
-    computed = cache.param("computed") if cache is not None and cache.enabled else None
-    spread = decisions.get("vae_parallel")
-    spread_params = dict(spread.params) if spread is not None and spread.setting == "tiles" else None
-    sparse = next((d for d in decisions.values() if d.enabled and terms({d.lever: d}).sparse_attention), None)
+    cache = next((d for d in decisions.values() if terms({d.lever: d}).fewer_forwards), None)
+    computed = cache.param("computed") if cache is not None else None
+    spread = next((d for d in decisions.values() if terms({d.lever: d}).vae_spread), None)
+    spread_params = dict(spread.params) if spread is not None else None
+    sparse = next((d for d in decisions.values() if d.enabled and terms({d.lever: d}).sparse_blocks), None)
     times = predict.call(sections, sequence, ctx.shape, fwd, settings, computed,
                          dense=sparse.param("dense_forwards") if sparse is not None else None,
                          parallel_decode=spread_params)
     if computed:
         times["computed_forwards"] = computed
         times.setdefault("basis", {})["computed_forwards"] = "step_cache: the forwards its schedule computes"
-    if cache is not None and cache.enabled and cache.param("fewest_computed") is not None:  # adaptive: a range
-        most = REGISTRY["step_cache"].fewest_mask(cache.param("forwards"), cache.param("warmup"), cache.param("final"),
+    if cache is not None and cache.param("fewest_computed") is not None:  # adaptive: a range
+        most = REGISTRY[cache.lever].fewest_mask(cache.param("forwards"), cache.param("warmup"), cache.param("final"),
                                                  cache.param("max_skip"))
         rng = predict.call_range(sections, sequence, times, fwd, [i for i, m in enumerate(most) if not m],
                                  dense=sparse.param("dense_forwards") if sparse is not None else None)

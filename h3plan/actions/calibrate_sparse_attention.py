@@ -22,10 +22,12 @@ from datetime import datetime, timezone
 
 from h3plan.errors import UsageError
 from h3plan.facts import evidence as ev
-from h3plan.levers import sparse_attention as lever
+from h3plan.levers import REGISTRY
 
 from .calibrate_step_cache import _finite, _pipe
 from .pipeline_build import prompt_inputs
+
+lever = REGISTRY["sparse_attention"]  # the lever calibrated: its name
 
 KEEPS = (0.5, 0.35, 0.25, 0.15)
 

@@ -37,11 +37,13 @@ from h3plan.errors import UsageError
 from h3plan.facts import evidence as ev
 from h3plan.facts.timesteps import request_steps
 from h3plan.facts.workflows import DEFAULT_TASK
-from h3plan.levers import step_cache as lever
+from h3plan.levers import REGISTRY
 
 from .gpu_only import calibrate_too_wide
 from .pipeline_build import build_pipeline, pipeline_blocks, prompt_inputs
 from .text_encoder_build import build_processor
+
+lever = REGISTRY["step_cache"]  # the lever calibrated: its defaults, knobs and name
 
 FRACTIONS = (0.9, 0.8, 0.7, 0.6, 0.5)
 THRESHOLDS = (0.04, 0.08, 0.12, 0.2)

@@ -12,7 +12,7 @@ action=calibrate calibrate.target=step_cache, not here (seeded weights).
 
 from __future__ import annotations
 
-from h3plan.levers.step_cache import computed_mask
+from h3plan.levers import REGISTRY
 
 
 def pairs(n: int, like):
@@ -60,7 +60,8 @@ def check(model, inputs, plan, rep, compare, registry=None) -> None:
     if d.setting == "first_block":
         want, exact = None, None
     else:
-        mask = computed_mask(n, int(d.param("computed")), int(d.param("warmup")), int(d.param("final")))
+        mask = REGISTRY[d.lever].computed_mask(n, int(d.param("computed")), int(d.param("warmup")),
+                                               int(d.param("final")))
         want = sum(mask)
         exact = all(all(bool((a == b).all()) for a, b in zip(got[i], ref[i])) for i in range(n) if mask[i])
     skipped = [i for i in range(n) if not all(bool((a == b).all()) for a, b in zip(got[i], ref[i]))]

@@ -44,6 +44,7 @@ from typing import Any, Iterable, Optional
 import torch
 import torch.nn.functional as F
 
+from h3plan.levers import counter, owner
 from h3plan.errors import InstallError
 from h3plan.facts.pipeline import schedule_facts
 from h3plan.planning.request import MIN_STEPS, STEPS_RULE
@@ -55,7 +56,8 @@ from .components import STATE, TRANSFORMERS, is_pipeline
 from .lora import WAY
 from .parking import park
 
-LEVER = "adaln_table"
+LEVER = owner("adaln_table")
+COUNTER = counter("adaln_table")
 _SLOTS: dict[int, "_Slot"] = {}  # weight.data_ptr() of a parked linear -> its slot (the op's lookup)
 
 
@@ -140,7 +142,7 @@ def adaln_table(temb: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
         key, kid = slot.tables.lookup(temb)
         entry = slot.entries.get(kid) if kid is not None else None
         if entry is not None and entry.device == temb.device:
-            count_route(LEVER, None)
+            count_route(COUNTER, None)
             return entry.clone()
         why = (f"timestep vector not in the table (T={temb.shape[0]})" if entry is None else
                f"temb on {temb.device}, the table on {entry.device}")
@@ -153,7 +155,7 @@ def adaln_table(temb: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
             slot.seal()
         key, _ = slot.tables.lookup(temb)
         slot.entries[slot.tables.register(key)] = out.clone()
-    count_route(LEVER, why)
+    count_route(COUNTER, why)
     return out
 
 
@@ -174,7 +176,7 @@ def modulation(linear: torch.nn.Linear, temb: torch.Tensor) -> torch.Tensor:
     w, b = linear.weight, linear.bias
     why = _eager_reason(temb, w, b)
     if why is not None:
-        count_route(LEVER, why)
+        count_route(COUNTER, why)
         return linear_of(temb, w, b)
     return torch.ops.h3plan.adaln_table(temb, w, b)
 
@@ -204,7 +206,7 @@ def tabled_norm_out_forward(self, hidden_states: torch.Tensor, temb: torch.Tenso
 
 def parked_linear_forward(self, x: torch.Tensor) -> torch.Tensor:
     """A direct call of a parked AdaLN linear: nn.Linear's math on its weights streamed to x's device."""
-    count_route(LEVER, "direct call of a parked AdaLN linear: weights streamed to the device")
+    count_route(COUNTER, "direct call of a parked AdaLN linear: weights streamed to the device")
     return F.linear(x, self.weight.to(x.device), None if self.bias is None else self.bias.to(x.device))
 
 

@@ -25,15 +25,16 @@ from typing import Any
 
 import torch
 
-from h3plan.levers import OPTIONS, SPECS
+from h3plan.levers import OPTIONS, SPECS, counter
 from h3plan.runtime.quant.fp8_rowwise import FP8RowLinear, RowCodes
 from h3plan.runtime.guards import run_guarded
-
 from .kernels import kernel
 from .nvfp4_inputs import fold_nvfp4, modulate_nvfp4, swiglu_nvfp4_rows
 from .options import BlockOptions
 from .processor import H3PlanAttnProcessor
 from .shard import shard_heads
+
+COUNTERS = {k: counter(k) for k in ("modulation", "gated_residual", "swiglu", "fp8_act_quant")}  # by install option
 
 
 def modulate(kernels, opts, norm, x, scale, shift, index):
@@ -53,9 +54,8 @@ def modulate(kernels, opts, norm, x, scale, shift, index):
             return "RMSNorm without eps or affine weight"
         return check(x, w, scale, shift, index, eps, mode=opts.modulation)
 
-    return run_guarded(
-        "modulation", guard, lambda: fn(x, w, scale, shift, index, eps, mode=opts.modulation), eager, (x, w, scale, shift)
-    )
+    return run_guarded(COUNTERS["modulation"], guard, lambda: fn(x, w, scale, shift, index, eps, mode=opts.modulation),
+                       eager, (x, w, scale, shift))
 
 
 def _row_consumers_reason(linears) -> str | None:
@@ -88,7 +88,7 @@ def modulate_rows(kernels, opts, norm, x, scale, shift, index, linears, refuse=N
             why = "RMSNorm without eps or affine weight"
         return why or check(x, w, scale, shift, index, eps, mode=mode, act_scale=act_scale)
 
-    return run_guarded("fp8_act_quant", guard,
+    return run_guarded(COUNTERS["fp8_act_quant"], guard,
                        lambda: RowCodes(*fn(x, w, scale, shift, index, eps, mode=mode, act_scale=act_scale), x.dtype),
                        lambda: modulate(kernels, opts, norm, x, scale, shift, index), (x, w, scale, shift))
 
@@ -113,7 +113,8 @@ def gate(kernels, opts, h, g, index, y):
     if not opts.gated_residual:
         return eager()
     fn, check = kernels["gated_residual"]
-    return run_guarded("gated_residual", lambda: check(h, g, index, y), lambda: fn(h, g, index, y), eager, (h, g, y))
+    return run_guarded(COUNTERS["gated_residual"], lambda: check(h, g, index, y), lambda: fn(h, g, index, y), eager,
+                       (h, g, y))
 
 
 def feed_forward(kernels, opts, ff, x):
@@ -130,7 +131,7 @@ def feed_forward(kernels, opts, ff, x):
     fn, check = kernels["swiglu"]
 
     def bf16():
-        return run_guarded("swiglu", lambda: check(proj), lambda: fn(proj), eager, (proj,))
+        return run_guarded(COUNTERS["swiglu"], lambda: check(proj), lambda: fn(proj), eager, (proj,))
 
     if opts.nvfp4_producer_quant:
         return swiglu_nvfp4_rows(kernels, ff, proj, bf16)
@@ -158,7 +159,8 @@ def _swiglu_rows(kernels, ff, proj, bf16):
             why = "dropout active (training mode)"
         return why or check(proj, act_scale=act_scale)
 
-    h = run_guarded("fp8_act_quant", guard, lambda: RowCodes(*fn(proj, act_scale=act_scale), proj.dtype), bf16, (proj,))
+    h = run_guarded(COUNTERS["fp8_act_quant"], guard, lambda: RowCodes(*fn(proj, act_scale=act_scale), proj.dtype), bf16,
+                    (proj,))
     for module in ff.net[1:]:
         if not (isinstance(h, RowCodes) and isinstance(module, torch.nn.Dropout)):  # inactive (the guard saw to it)
             h = module(h)

@@ -11,9 +11,10 @@ as tensor's static cast. The patched block forward (install/block.py) then calls
 
 from __future__ import annotations
 
+from h3plan.levers import owner
 from h3plan.runtime.quant import BLOCK_LINEARS
 
-LEVER = "fp8_act_quant"
+LEVER = owner("fp8_act_quant")
 
 
 def row_linears(model, state, swap) -> int:

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import torch
 
+from h3plan.levers import counter, owner
 from h3plan.runtime.quant import BLOCK_LINEARS
 from h3plan.runtime.quant.nvfp4 import NVFP4Codes, NVFP4Linear
 from h3plan.runtime.guards import run_guarded
 
-PRODUCER = "nvfp4_producer_quant"
-OUT = "nvfp4_out_quant"
+PRODUCER = counter("nvfp4_producer_quant")
+OUT = owner("nvfp4_out_quant")
 
 
 def _nvfp4_linears(model):

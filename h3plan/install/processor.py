@@ -39,6 +39,11 @@ from h3plan.facts.sizes import valid_rows
 from h3plan.runtime.quant.fp8 import shared_activation
 
 from h3plan.runtime.guards import GRAD_REASON, count_route, needs_grad, run_guarded
+from h3plan.levers import counter
+
+# the counters of the levers whose options this processor reads (each lever's SPEC.counter)
+ATTENTION, SPARSE, QK_NORM_ROPE = counter("backend"), counter("sparse_attention"), counter("qk_norm_rope")
+EXCHANGE, RING = counter("ulysses_exchange"), counter("ring_degree")
 
 
 def _sig(*ts) -> tuple:
@@ -121,7 +126,7 @@ class H3PlanAttnProcessor:
         for o in self.spec.options:
             if o.reason is not None and getattr(self.opts, o.key):
                 why = getattr(self.backend, o.reason)(q)
-                count_route(o.key, why)
+                count_route(counter(o.key), why)
 
     def _sparse_reasons(self, q, k, v) -> tuple[str | None, tuple[bool, str | None] | None]:
         """(why this call runs dense, else None; `_sparse_verdict` of the call's signature): at trace time a constant
@@ -143,11 +148,11 @@ class H3PlanAttnProcessor:
         st = self.sparse
         dense, verdict = self._sparse_reasons(q, k, v)
         if dense is not None:
-            count_route("sparse_attention", f"{dense}: dense")
+            count_route(SPARSE, f"{dense}: dense")
             return None
         assert verdict is not None
         fa4, why = verdict
-        count_route("sparse_attention", why)
+        count_route(SPARSE, why)
         o = torch.ops.h3plan.sparse_attention(q, k, v, st.video_start, st.keep, st.block_q, st.block_k,
                                               st.video_only, fa4)
         if out is not None:
@@ -164,7 +169,7 @@ class H3PlanAttnProcessor:
             if o is not None:
                 return o
         reason = self._backend_reason(q, k, v)
-        if count_route("attention", reason):
+        if count_route(ATTENTION, reason):
             self._count_options(q)
             if self.spec.fp8_inputs:
                 d = descales if descales is not None else self._static(q)
@@ -211,14 +216,14 @@ class H3PlanAttnProcessor:
                 return "norm_q/norm_k differ in eps or lack an affine weight"
             return check(q, k, wq, wk, *rotary_emb, attn.norm_q.eps)
 
-        return run_guarded("qk_norm_rope", guard, lambda: fn(q, k, wq, wk, *rotary_emb, attn.norm_q.eps), eager,
+        return run_guarded(QK_NORM_ROPE, guard, lambda: fn(q, k, wq, wk, *rotary_emb, attn.norm_q.eps), eager,
                            (q, k, wq, wk))
 
     # ---- call ---------------------------------------------------------------------------------------
 
     def __call__(self, attn, hidden_states, rotary_emb=None, attention_mask=None):
         if attention_mask is not None:
-            count_route("attention", "attention mask given (MiniMax-H3 packs no mask)")
+            count_route(ATTENTION, "attention mask given (MiniMax-H3 packs no mask)")
             return self.original(attn, hidden_states, rotary_emb, attention_mask)
         if self.ulysses is not None and self.opts.ulysses_exchange in ("projection", "projection_split"):
             out = self._projection_call(attn, hidden_states, rotary_emb)
@@ -280,7 +285,7 @@ class H3PlanAttnProcessor:
             return (*self._eager_norm_rope(attn, q, k, rotary_emb), v, None)
 
         q8, k8, v8, descales = run_guarded(
-            "qk_norm_rope", lambda: self._fp8_guard(attn, check, q, k, v, rotary_emb, scales=scales),
+            QK_NORM_ROPE, lambda: self._fp8_guard(attn, check, q, k, v, rotary_emb, scales=scales),
             lambda: fn(q, k, v, wq, wk, *rotary_emb, eps, scales=scales), eager, (q, k, v, wq, wk))
         return self.attend(q8, k8, v8, descales=descales).flatten(2, 3)
 
@@ -294,7 +299,7 @@ class H3PlanAttnProcessor:
             vr = valid_rows(S, U, ua.rank)
             kw = dict(scales=scales, valid_len=vr, amax_hook=self._amax_hook, ulysses_degree=U)
             packed, descales = run_guarded(
-                "qk_norm_rope", lambda: self._fp8_guard(attn, check, q, k, v, rotary_emb, **kw),
+                QK_NORM_ROPE, lambda: self._fp8_guard(attn, check, q, k, v, rotary_emb, **kw),
                 lambda: fn(q, k, v, wq, wk, *rotary_emb, eps, **kw),
                 lambda: qk_norm_rope_fp8_ref(q, k, v, wq, wk, *rotary_emb, eps, **kw), (q, k, v, wq, wk))
             return ua(None, None, None, self._attn_fn(descales), seq_len=S, packed=packed)
@@ -342,7 +347,7 @@ class H3PlanAttnProcessor:
         caller runs the packed exchange)."""
         why = self._projection_reason(attn, x, rotary_emb)
         if why is not None:
-            count_route("ulysses_exchange", why)
+            count_route(EXCHANGE, why)
             return None
         ua, S = self.ulysses, self.shard.seq_len
         U, H = ua.degree, attn.heads
@@ -361,8 +366,8 @@ class H3PlanAttnProcessor:
             return qn, kn, vd.view(1, x.shape[1], h, D)
 
         gathered = ua.exchange_projected(produce, seq_len=S, shape=(1, x.shape[1], H, D), dtype=x.dtype, device=x.device)
-        count_route("ulysses_exchange", None)
-        count_route("qk_norm_rope", None)
+        count_route(EXCHANGE, None)
+        count_route(QK_NORM_ROPE, None)
         self._act_dtype = x.dtype
         return ua(None, None, None, self._attn_fn(), seq_len=S, gathered=gathered)
 
@@ -377,7 +382,7 @@ class H3PlanAttnProcessor:
                 return "no rotary embedding, or norm_q/norm_k differ in eps or lack a weight"
             return check(q, k, wq, wk, *rotary_emb, eps, v=v, ulysses_degree=U)
 
-        return run_guarded("qk_norm_rope", guard, lambda: fn(q, k, wq, wk, *rotary_emb, eps, v=v, ulysses_degree=U),
+        return run_guarded(QK_NORM_ROPE, guard, lambda: fn(q, k, wq, wk, *rotary_emb, eps, v=v, ulysses_degree=U),
                            lambda: None, (q, k, wq, wk))
 
     def _ring_call(self, attn, q, k, v, rotary_emb):
@@ -385,7 +390,7 @@ class H3PlanAttnProcessor:
         ru, S, U = self.ring, self.shard.seq_len, self.ring.ulysses_degree
         block = ru.ring.attn
         why = block.reason(q)
-        count_route("ring", None if why is None else f"{block.name}: {why}; fp32 reference blocks")
+        count_route(RING, None if why is None else f"{block.name}: {why}; fp32 reference blocks")
         if self.opts.qk_norm_rope == "fused" and U > 1:
             packed = self._packed_norm_rope(attn, q, k, v, rotary_emb, U)
             if packed is not None:

@@ -20,12 +20,14 @@ from typing import Any
 
 import torch
 
+from h3plan.levers import counter, owner
 from h3plan.runtime.counters import event
 from h3plan.runtime.guards import count_route
 
 from .step_cache import schedule_index
 
-LEVER = "sparse_attention"
+LEVER = owner("sparse_attention")
+COUNTER = counter("sparse_attention")
 HOOK = "h3plan_sparse_attention"
 STATE = "_h3plan_sparse_attention"
 
@@ -77,7 +79,8 @@ def _make_hook(state: SparseState):
             ts = _arg(args, kwargs, "timestep", 3)
             where = state.index.get(ts.detach().to("cpu", torch.float32).numpy().tobytes())
             if where is None:
-                count_route(LEVER, "timestep vector not in the planned schedules (install num_inference_steps=): dense")
+                count_route(COUNTER, "timestep vector not in the planned schedules "
+                                     "(install num_inference_steps=): dense")
                 state.active = False
                 return original(*args, **kwargs)
             state.boundary(_arg(args, kwargs, "token_tags", 5), _arg(args, kwargs, "timestep_indices", 4))

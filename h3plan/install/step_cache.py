@@ -37,13 +37,15 @@ from typing import Any, Mapping
 import torch
 
 from h3plan.facts.pipeline import schedule_facts
-from h3plan.levers.step_cache import computed_mask, scaled
+from h3plan.levers import REGISTRY, counter, owner
 from h3plan.runtime.counters import event
 from h3plan.runtime.guards import count_route
 
 from .adaln_table import timestep_vectors
 
-LEVER = "step_cache"
+LEVER = owner("step_cache")
+COUNTER = counter("step_cache")
+_SCHEDULE = REGISTRY[LEVER]  # the lever module: its schedule arithmetic (computed_mask, scaled)
 HOOK = "h3plan_step_cache"
 STATE = "_h3plan_step_cache"  # the installed cache's _State, in the model's (and its blocks') __dict__
 ROWS = ((True, False, False), (True, True, False), (True, False, True), (True, True, True), (False, False, False),
@@ -96,10 +98,10 @@ class _State:
         s = self.spec
         self.forwards = forwards
         if s["mode"] in ("fixed", "taylor"):
-            c = scaled(s["computed"], s["forwards"], forwards)
-            self.mask = computed_mask(forwards, c, s["warmup"], s["final"], s["max_skip"])
+            c = _SCHEDULE.scaled(s["computed"], s["forwards"], forwards)
+            self.mask = _SCHEDULE.computed_mask(forwards, c, s["warmup"], s["final"], s["max_skip"])
         else:  # first_block: the forwards that never skip
-            self.mask = computed_mask(forwards, 0, s["warmup"], s["final"])
+            self.mask = _SCHEDULE.computed_mask(forwards, 0, s["warmup"], s["final"])
 
     def rebase(self, forwards: int) -> None:
         """The generation begun as the plan's is of `forwards` forwards (its first forward, computed under every
@@ -215,14 +217,14 @@ def _make_hook(state: _State):
             where = st.index.get(ts.detach().to("cpu", torch.float32).numpy().tobytes())
             original = self.fn_ref.original_forward
             if where is None:
-                count_route(LEVER, "a timestep vector of no indexed step count (install(num_inference_steps=) adds "
+                count_route(COUNTER, "a timestep vector of no indexed step count (install(num_inference_steps=) adds "
                                    "counts): every forward computed")
                 st.reset()
                 return original(*args, **kwargs)
             step, n = where
             why = st.unplanned(n)
             if why is not None:
-                count_route(LEVER, why)
+                count_route(COUNTER, why)
                 st.reset()
                 return original(*args, **kwargs)
             if step == 0 or step != st.step + 1:
@@ -232,7 +234,7 @@ def _make_hook(state: _State):
             if n != int(st.spec["forwards"]):
                 event(LEVER, "scaled")
             st.step = step
-            count_route(LEVER, None)
+            count_route(COUNTER, None)
             if st.spec["mode"] == "first_block":
                 st.active = True
                 try:
@@ -311,7 +313,8 @@ def install(model, spec: dict[str, Any], state, swap, *, group=None, steps=None,
         what = (f"first-block cache: residual threshold {spec['threshold']:g}{limit}, warm-up {spec['warmup']} + final "
                 f"{spec['final']} never skip")
     else:
-        mask = computed_mask(spec["forwards"], spec["computed"], spec["warmup"], spec["final"], spec["max_skip"])
+        mask = _SCHEDULE.computed_mask(spec["forwards"], spec["computed"], spec["warmup"], spec["final"],
+                                       spec["max_skip"])
         what = (f"{spec['mode']} schedule: computes {sum(mask)} of {spec['forwards']} forwards per call "
                 f"(num_inference_steps={mine}{limit}), skips {[i for i, m in enumerate(mask) if not m]}")
     swap(LEVER, "forward", "every forward computed", what)

@@ -8,6 +8,7 @@ builder). Every table other code needs about levers is derived here, once:
     OPTIONS          option key -> (owner lever, Option) (the builder's validation, the installer's defaults)
     KERNEL_OPS       kernel op -> its lever           (install/kernels.py maps each op to its functions)
     ULYSSES_LEVERS, REFERENCE_LEVERS, COUNTERS          (hardware-verified rule, verify)
+    owner(option), counter(option, route)              (an install call site: whom it installs for, what it counts)
     COLUMNS          lever -> its sweep table header     (h3plan/sweep.py)
     terms(settings)  the plan's Terms                    (planning/derive.py, planning/memory.py)
 
@@ -92,6 +93,17 @@ TERM_OWNERS = MappingProxyType(_term_owners())
 COLUMNS = MappingProxyType({name: s.column for name, s in SPECS.items() if s.column})
 
 
+def owner(option: str) -> str:
+    """The lever that owns install option `option` (how an install step names the lever of what it reads)."""
+    return OPTIONS[option][0]
+
+
+def counter(option: str, route: str | None = None) -> str:
+    """The counter an install call site counts under, by the install option it reads: the owning lever's
+    `Spec.count(route)`, so a counter's name is written once, in its lever's SPEC."""
+    return SPECS[owner(option)].count(route)
+
+
 def scope_options(scope: str) -> dict[str, Option]:
     """key -> Option of one install scope ("linears", "block", "attention", "vae"), in registry order."""
     return {k: o for k, (_, o) in OPTIONS.items() if o.scope == scope}
@@ -115,4 +127,4 @@ def not_installed(decision) -> str | None:
 
 __all__ = ["NAMES", "REGISTRY", "SPECS", "LEVER_SETTINGS", "OPTIONS", "KERNEL_OPS", "ULYSSES_LEVERS", "REFERENCE_LEVERS",
            "COUNTERS", "COLUMNS", "TERM_OWNERS", "Context", "LeverError", "Option", "Spec", "Terms", "not_installed",
-           "scope_options", "terms"]
+           "counter", "owner", "scope_options", "terms"]

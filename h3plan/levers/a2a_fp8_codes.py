@@ -9,8 +9,8 @@ at 19k and pays at 104k).
 from __future__ import annotations
 
 from ..sources import cite
+from . import rules
 from .base import Context, default_install, is_bool, Option, resolve, Spec, Terms
-from .ring import excluded
 
 TRT = cite("trtllm-seed")
 
@@ -32,22 +32,22 @@ def blockers(ctx: Context, s: str) -> list[str]:
     out = []
     if ctx.degree == 1:
         out.append("Ulysses degree 1: there is no all-to-all")
-    if ctx.setting("qk_norm_rope") != "fused_fp8":
-        out.append(f"qk_norm_rope is {ctx.setting('qk_norm_rope')}: the codes come from the fused FP8 cast (fused_fp8)")
-    ring = excluded(ctx, SPEC.name, s)
+    if not rules.fp8_qk_cast(ctx):
+        out.append(f"qk_norm_rope is {rules.qk_norm_rope(ctx)}: the codes come from the fused FP8 cast (fused_fp8)")
+    ring = rules.ring_excluded(ctx, SPEC.name, s)
     return out + ([ring] if ring else [])
 
 
 def auto(ctx: Context):
     if ctx.degree == 1:
         return "off", ["Ulysses degree 1: no all-to-all"], {}
-    if ctx.setting("qk_norm_rope") != "fused_fp8":
-        return "off", [f"qk_norm_rope is {ctx.setting('qk_norm_rope')}: no e4m3 codes before the all-to-all"], {}
-    ring = excluded(ctx, SPEC.name, "on")
+    if not rules.fp8_qk_cast(ctx):
+        return "off", [f"qk_norm_rope is {rules.qk_norm_rope(ctx)}: no e4m3 codes before the all-to-all"], {}
+    ring = rules.ring_excluded(ctx, SPEC.name, "on")
     if ring:
         return "off", [ring], {}
     save = f"e4m3 codes cut the all-to-all bytes by 37.5%, bit-identical with receiver-exact scales ({TRT})"
-    if ctx.setting("fp8_scales") == "static":
+    if rules.fp8_scales(ctx) == "static":
         return "on", [f"static scales need no amax all-reduce: {save}"], {}
     thr = ctx.tuning["fp8_codes_dynamic_min_seq_len"]
     rule = "hardware.tuning.fp8_codes_dynamic_min_seq_len, interpolated between 19k and 104k"

@@ -22,6 +22,7 @@ from h3plan.facts.attention import BACKENDS
 from h3plan.facts.decision import Decision, make_decision
 from h3plan.facts.support import Support
 from ..facts import tuned
+from . import rules
 
 SCOPES = ("linears", "block", "attention", "vae", "transformer")
 MODELS = ("transformer", "vae")
@@ -59,7 +60,7 @@ class Terms:
     """bytes per element of the attention output (memory: an FP8 backend writes e4m3, then casts to bf16)."""
     attention_padded: bool = False
     """attention runs over the padded length, not seq_len (derive's attention FLOPs)."""
-    sparse_attention: bool = False
+    sparse_blocks: bool = False
     """the sparse forwards compute a fraction of the attention's block work (derive: the owning decision's params
     `work_fraction` and `sparse_forwards`)."""
     gemm_dtype: str | None = None
@@ -86,8 +87,13 @@ class Terms:
     """e4m3 copies of the decoder blocks' linears beside their weights (memory)."""
     vae_fused: bool = False
     """the VAE decoder's fused ops (memory's decode activations)."""
-    vae_graphs: bool = False
+    vae_graph_pool: bool = False
     """a CUDA-graph pool of one decoder call held between decodes (memory)."""
+    vae_spread: bool = False
+    """one decode spread over the Ulysses ranks (the planner's decode time per rank: the decision's params)."""
+    fewer_forwards: bool = False
+    """a step schedule that computes some forwards and reuses the rest (the planner's call time: the decision's
+    `computed`, or `fewest_computed` for an adaptive cache)."""
 
 
 @dataclass(frozen=True)
@@ -100,7 +106,10 @@ class Spec:
     ulysses: a Ulysses lever (hardware-verified only up to hardware.verified.max_ulysses_degree; at degree 1 it has
              nothing to act on, and the summary's runs line leaves it out).
     reference: part of the attention backend: verify's reference R keeps it (attention, fa4_2cta, fp8_scales).
-    counter: the per-call counter (h3plan.runtime.counters) whose `.fused` proves the path ran, or None.
+    counter: the per-call counter (h3plan.runtime.counters) whose `.fused` proves the path ran, or None. Call sites
+        take it from here (`Spec.count()`), never spelling it again.
+    routes: the further counters its call sites count, each `<counter>.<route>` (`<name>.<route>` without a counter):
+        a fused op of its own (vae_ops' three), a replay, a scaled schedule; `Spec.count(route)` names them.
     backends: setting -> the attention backends that setting needs (checked when planning, installing and
         when verify swaps an unavailable backend for sdpa).
     options: the install options this lever owns (no other lever may set them).
@@ -109,6 +118,13 @@ class Spec:
     column: its column's header in a sweep's table (h3plan/sweep.py); None: not a column there.
     terms: setting -> what it changes in the plan's estimates and memory (Terms); a setting not named changes nothing.
     fit: the lossless setting memory.fit offers first when a plan with another setting of this lever does not fit.
+    recipe_section: the recipe section that holds its own budget (`recipe.cache`): a lossy lever judged by that budget
+        and its evidence, apart from the kernel levers' recipe budget, that action=calibrate measures; checked by
+        `config_problem`.
+    budget_line: a lossy decision of a lever with its own budget -> its summary line (label, text): what it does and
+        the evidence that it meets that budget (planning/render.py prints them in label order).
+    config_problem: section -> (key, why) for a value the schema's types let through, else None (planning/schema.py's
+        validate asks every lever that declares one).
     table_skips_off: the plan's tables leave out its row when it is `off` (a lever that acts on some requests only:
         vae_encode_precision is off for t2va, which encodes nothing, and a t2va plan prints as it did before it).
     """
@@ -120,6 +136,7 @@ class Spec:
     ulysses: bool = False
     reference: bool = False
     counter: str | None = None
+    routes: tuple[str, ...] = ()
     backends: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     options: tuple[Option, ...] = ()
     kernels: tuple[str, ...] = ()
@@ -127,6 +144,9 @@ class Spec:
     terms: Mapping[str, Terms] = field(default_factory=dict)
     fit: str | None = None
     table_skips_off: bool = False
+    recipe_section: str | None = None
+    config_problem: Callable[[Mapping[str, Any]], tuple[str, str] | None] | None = None
+    budget_line: Callable[[Decision], tuple[str, str]] | None = None
 
     def __post_init__(self):
         if self.model not in MODELS:
@@ -146,6 +166,16 @@ class Spec:
 
     def lossless(self, setting: str) -> bool:
         return self.settings[setting]
+
+    def count(self, route: str | None = None) -> str:
+        """The counter name a call site counts under: the declared `counter`, or one of its declared `routes`."""
+        if route is None:
+            if self.counter is None:
+                raise ValueError(f"lever {self.name} declares no counter")
+            return self.counter
+        if route not in self.routes:
+            raise ValueError(f"lever {self.name} declares no route {route!r}; declared: {self.routes}")
+        return f"{self.counter or self.name}.{route}"
 
     @property
     def installs(self) -> bool:
@@ -178,9 +208,9 @@ def default_install(spec: Spec) -> Callable[[Any, Any], None]:
 def backend_blockers(ctx: Context, spec: Spec, setting: str) -> list[str]:
     """The attention backends `setting` needs (Spec.backends) against the plan's attention decision."""
     need = spec.backends.get(setting)
-    if not need or "attention" not in ctx.decisions:
+    att = rules.attention(ctx, None)
+    if not need or att is None:
         return []
-    att = ctx.setting("attention")
     return [] if att in need else [f"attention is {att}: {spec.name}={setting} needs {' or '.join(need)}"]
 
 
@@ -342,18 +372,6 @@ def resolve(
     if why:
         reasons = list(reasons) + [why]
     return make_decision(lever, setting, spec.lossless(setting), reasons, forced=forced, params=extra, hardware_verified=ok)
-
-
-def producer_blockers(ctx: Context, writer: str) -> list[str]:
-    """A lever whose codes come out of the fused producer kernels (fp8_act_quant=row, nvfp4_producer_quant) needs
-    them planned: the fused modulation (to_q/k/v, ff.net.0.proj) and SwiGLU (ff.net.2). `writer`: who writes them."""
-    out = []
-    if ctx.setting("modulation") == "eager":
-        out.append(f"modulation is eager: {writer} writes the to_q/k/v and ff.net.0.proj codes from the fused "
-                   "modulation kernel (levers.modulation=exact or fp32)")
-    if ctx.setting("swiglu") != "on":
-        out.append(f"swiglu is off: {writer} writes the ff.net.2 codes from the fused SwiGLU kernel (levers.swiglu=on)")
-    return out
 
 
 def is_bool(v: Any) -> bool:

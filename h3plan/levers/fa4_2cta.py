@@ -6,8 +6,8 @@ SM100 (exists, regresses long sequences) and SM90 (1-CTA only). Exact given the 
 
 from __future__ import annotations
 
+from . import rules
 from .base import Context, Option, Spec, resolve
-from .ring import excluded
 
 SPEC = Spec(
     name="fa4_2cta",
@@ -28,19 +28,19 @@ def blockers(ctx: Context, s: str) -> list[str]:
     out = []
     if not ctx.hardware["fa4"]["two_cta"]:
         out.append(f"{ctx.hw} has no FA4 2-CTA kernel ({ctx.hardware['fa4']['source']})")
-    ring = excluded(ctx, SPEC.name, s)
+    ring = rules.ring_excluded(ctx, SPEC.name, s)
     return out + ([ring] if ring else [])
 
 
 def auto(ctx: Context):
     fa4 = ctx.hardware["fa4"]
-    if ctx.setting("attention") != "fa4":
-        return "off", [f"attention is {ctx.setting('attention')}, not fa4"], params(ctx, "off")
+    if not rules.fa4(ctx):
+        return "off", [f"attention is {rules.attention(ctx)}, not fa4"], params(ctx, "off")
     if not fa4["two_cta"]:
         return "off", [f"{ctx.hw}: FA4 runs 1-CTA only ({fa4['source']})"], params(ctx, "off")
     if fa4["two_cta_regresses_long"]:
         return "off", [f"{ctx.hw}: FA4 2-CTA exists but regresses long sequences ({fa4['source']})"], params(ctx, "off")
-    ring = excluded(ctx, SPEC.name, "on")
+    ring = rules.ring_excluded(ctx, SPEC.name, "on")
     if ring:
         return "off", [ring + f"; FA4 runs its default CTA mode (2-CTA would be the faster on {ctx.hw} without the ring)"], params(ctx, "off")
     return "on", [f"{ctx.hw}: FA4 2-CTA is the faster BF16 attention at H3 clip lengths ({fa4['source']})",
@@ -48,7 +48,7 @@ def auto(ctx: Context):
 
 
 def params(ctx: Context, s: str) -> dict:
-    p = {"attention": ctx.setting("attention")}
+    p = {"attention": rules.attention(ctx)}
     if s == "on":
         p["scope"] = "transformer_blocks"
     return p

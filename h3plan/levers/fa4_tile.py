@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
+from . import rules
 from .base import Context, Option, Spec, faster_in_every_run, resolve, speedup_runs
-from .ring import excluded
 
 def is_tile(v: Any) -> bool:
     """An FA4 forward tile as the installer takes it: {tile_m, tile_n: int > 0; mma_pv_is_rs, intra_wg_overlap: bool}."""
@@ -63,14 +63,14 @@ def blockers(ctx: Context, s: str) -> list[str]:
         out.append(f"{ctx.hw} lists no measured FA4 tile for head_dim {d} (hardware.fa4.tuned_tiles)")
     elif ctx.lossless_only and not t["bitwise_vs_default"]:
         out.append(f"recipe {ctx.recipe['name']} has policy lossless and the {ctx.hw} tile {_describe(t)} changes FA4's bits")
-    ring = excluded(ctx, SPEC.name, s)
+    ring = rules.ring_excluded(ctx, SPEC.name, s)
     return out + ([ring] if ring else [])
 
 
 def auto(ctx: Context):
-    if ctx.setting("attention") != "fa4":
-        return "default", [f"attention is {ctx.setting('attention')}, not fa4"], params(ctx, "default")
-    ring = excluded(ctx, SPEC.name, "tuned")
+    if not rules.fa4(ctx):
+        return "default", [f"attention is {rules.attention(ctx)}, not fa4"], params(ctx, "default")
+    ring = rules.ring_excluded(ctx, SPEC.name, "tuned")
     if ring:
         return "default", [ring + "; FA4's own heuristic picks"], params(ctx, "default")
     t = tile_for(ctx)
@@ -91,7 +91,7 @@ def auto(ctx: Context):
 
 
 def params(ctx: Context, s: str) -> dict:
-    p: dict[str, Any] = {"attention": ctx.setting("attention")}
+    p: dict[str, Any] = {"attention": rules.attention(ctx)}
     t = tile_for(ctx) if s == "tuned" else None
     if t is not None:
         p["tile"] = {k: t[k] for k in ("tile_m", "tile_n", "mma_pv_is_rs", "intra_wg_overlap")}

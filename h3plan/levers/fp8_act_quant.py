@@ -17,7 +17,8 @@ auto: row only where the hardware measured the installed FP8 block with row agai
 
 from __future__ import annotations
 
-from .base import Context, Option, Spec, faster_in_every_run, one_of, producer_blockers, resolve, speedup_runs
+from . import rules
+from .base import Context, Option, Spec, faster_in_every_run, one_of, resolve, speedup_runs
 
 SPEC = Spec(
     name="fp8_act_quant",
@@ -34,18 +35,18 @@ ULYSSES_NOTE = "per-row scales: a row's scale depends on that row alone, so the 
 
 
 def _static(ctx: Context) -> bool:
-    return ctx.decision("gemm_quant").param("input_scales") == "static"
+    return rules.gemm_input_scales(ctx) == "static"
 
 
 def blockers(ctx: Context, s: str) -> list[str]:
-    gq = ctx.setting("gemm_quant")
+    gq = rules.gemm(ctx)
     if s == "off":
         return ["gemm_quant is fp8: its linears quantise their inputs (tensor or row)"] if gq == "fp8" else []
     if gq != "fp8":
         return [f"gemm_quant is {gq}: {s} scales quantise the inputs of FP8 GEMMs (gemm_quant=fp8 only)"]
     out = []
     if s == "row":
-        out += producer_blockers(ctx, "row")
+        out += rules.producer_blockers(ctx, "row")
     return out
 
 
@@ -58,7 +59,7 @@ NOISE = 1.01  # interleaved block timings on the H200 at its power cap move abou
 
 
 def auto(ctx: Context):
-    gq = ctx.setting("gemm_quant")
+    gq = rules.gemm(ctx)
     if gq != "fp8":
         return "off", [f"gemm_quant is {gq}: no FP8 GEMM inputs to quantise"], {}
     points, source = _measured(ctx)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from h3plan.facts.scale_table import ScaleTableError, load
 from ..sources import cite
 from .attention import fp8_output_dtype
+from . import rules
 from .base import Context, LeverError, Option, Spec, one_of, resolve
 
 
@@ -30,7 +31,7 @@ SPEC = Spec(
 
 
 def blockers(ctx: Context, s: str) -> list[str]:
-    att, r = ctx.setting("attention"), ctx.recipe
+    att, r = rules.attention(ctx), ctx.recipe
     if s == "off":
         return ["cuDNN FP8 attention needs scales (dynamic or static)"] if att == "cudnn_fp8" else []
     out = []
@@ -43,8 +44,8 @@ def blockers(ctx: Context, s: str) -> list[str]:
 
 def auto(ctx: Context):
     r, t = ctx.recipe, ctx.tuning
-    if ctx.setting("attention") != "cudnn_fp8":
-        return "off", [f"attention is {ctx.setting('attention')}: no FP8 attention scales"], {}
+    if rules.attention(ctx) != "cudnn_fp8":
+        return "off", [f"attention is {rules.attention(ctx)}: no FP8 attention scales"], {}
     if r["fp8_scale_mode"] == "static":
         if not r["fp8_static_table"]:
             raise LeverError(SPEC.name, "auto", ["recipe.fp8_scale_mode=static needs recipe.fp8_static_table=PATH"])

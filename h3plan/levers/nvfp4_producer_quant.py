@@ -11,7 +11,8 @@ auto: on with gemm_quant=nvfp4 when the rows per rank reach step_fusions_min_row
 from __future__ import annotations
 
 from ..sources import cite
-from .base import Context, default_install, is_bool, Option, producer_blockers, resolve, Spec
+from . import rules
+from .base import Context, default_install, is_bool, Option, resolve, Spec
 from .qk_norm_rope import step_fusions_on
 
 SPEC = Spec(
@@ -42,20 +43,20 @@ def nvfp4_evidence(ctx: Context, lever: str, setting: str) -> list[str]:
 
 
 def nvfp4_blockers(ctx: Context, s: str) -> list[str]:
-    if s == "on" and ctx.setting("gemm_quant") != "nvfp4":
-        return [f"gemm_quant is {ctx.setting('gemm_quant')}: NVFP4 fusions need NVFP4 GEMMs (recipe nvfp4, SM100+)"]
+    if s == "on" and rules.gemm(ctx) != "nvfp4":
+        return [f"gemm_quant is {rules.gemm(ctx)}: NVFP4 fusions need NVFP4 GEMMs (recipe nvfp4, SM100+)"]
     return []
 
 
 def blockers(ctx: Context, s: str) -> list[str]:
     out = nvfp4_blockers(ctx, s)
     if s == "on":
-        out += producer_blockers(ctx, "the producer")
+        out += rules.producer_blockers(ctx, "the producer")
     return out
 
 
 def nvfp4_auto(ctx: Context, lever: str, what: str, blocked=nvfp4_blockers):
-    gq = ctx.setting("gemm_quant")
+    gq = rules.gemm(ctx)
     if gq != "nvfp4":
         why = f" ({cite('trtllm-seed')} turns the NVFP4 fusions off with an FP8 checkpoint)" if gq == "fp8" else ""
         return "off", [f"gemm_quant is {gq}: no NVFP4 GEMMs{why}"], {}

@@ -8,8 +8,8 @@ drops it when the length divides by the degree (nothing to write around).
 from __future__ import annotations
 
 from ..sources import cite
+from . import rules
 from .base import Context, default_install, is_bool, Option, resolve, Spec
-from .ring import excluded
 
 SPEC = Spec(
     name="prefix_inplace",
@@ -28,21 +28,21 @@ def blockers(ctx: Context, s: str) -> list[str]:
     out = []
     if not ctx.shape["padding_rows"]:
         out.append(f"{ctx.seq_len:,} tokens divide by {ctx.degree}: no padded output")
-    elif ctx.setting("ulysses_padding") != "fixed_valid":
-        out.append(f"ulysses_padding is {ctx.setting('ulysses_padding')}: only fixed_valid keeps a padded output")
-    ring = excluded(ctx, SPEC.name, s)
+    elif rules.ulysses_padding(ctx) != "fixed_valid":
+        out.append(f"ulysses_padding is {rules.ulysses_padding(ctx)}: only fixed_valid keeps a padded output")
+    ring = rules.ring_excluded(ctx, SPEC.name, s)
     return out + ([ring] if ring else [])
 
 
 def auto(ctx: Context):
-    if not ctx.setting("attention").startswith("cudnn"):
-        return "off", [f"attention is {ctx.setting('attention')}, not cuDNN"], {}
+    if not rules.cudnn(ctx):
+        return "off", [f"attention is {rules.attention(ctx)}, not cuDNN"], {}
     if not ctx.shape["padding_rows"]:
         return "off", [f"{ctx.seq_len:,} tokens divide by {ctx.degree}: nothing to pad ({cite('trtllm-seed')} writes the "
                        "prefix in place only when the length does not divide by the degree)"], {}
-    if ctx.setting("ulysses_padding") != "fixed_valid":
-        return "off", [f"ulysses_padding is {ctx.setting('ulysses_padding')}: no padded output"], {}
-    ring = excluded(ctx, SPEC.name, "on")
+    if rules.ulysses_padding(ctx) != "fixed_valid":
+        return "off", [f"ulysses_padding is {rules.ulysses_padding(ctx)}: no padded output"], {}
+    ring = rules.ring_excluded(ctx, SPEC.name, "on")
     if ring:
         return "off", [ring], {}
     return "on", [f"{ctx.shape['padding_rows']} padding rows at degree {ctx.degree}: padded output allocated once, "

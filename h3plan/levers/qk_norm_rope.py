@@ -9,6 +9,7 @@ otherwise fused, which keeps eager's BF16 rounding (exact, telefuser seed (docs/
 from __future__ import annotations
 
 from ..sources import cite
+from . import rules
 from .base import Context, default_install, one_of, Option, resolve, Spec, Terms
 
 
@@ -38,10 +39,10 @@ def step_fusions_on(ctx: Context) -> tuple[bool, str]:
 def auto(ctx: Context):
     pack = " with the Ulysses destination-major pack" if ctx.degree > 1 else ""
     exact = f"per-head RMSNorm + partial RoPE{pack} in one kernel, eager's BF16 rounding kept ({cite('telefuser-seed')}: bit-exact)"
-    if ctx.setting("attention") == "cudnn_fp8":
+    if rules.attention(ctx) == "cudnn_fp8":
         on, why = step_fusions_on(ctx)
         if on:
-            return "fused_fp8", [f"QK-norm, RoPE and the FP8 cast in one kernel with {ctx.setting('fp8_scales')} scales{pack}, "
+            return "fused_fp8", [f"QK-norm, RoPE and the FP8 cast in one kernel with {rules.fp8_scales(ctx)} scales{pack}, "
                                  f"as {cite('trtllm-seed')} runs it at Ulysses 1 and 4", why, ctx.budget_text()], params(ctx, "fused_fp8")
         return "fused", [f"FP8 scale fusion off: {why}; the attention backend casts to FP8", exact], params(ctx, "fused")
     return "fused", [exact], params(ctx, "fused")
@@ -52,7 +53,7 @@ def params(ctx: Context, s: str) -> dict:
         return {}
     p = {"rope_channels": 2 * 3 * ctx.model["diffusers_config"]["rope_freq_dim"], "ulysses_pack": ctx.degree > 1}
     if s == "fused_fp8":
-        p["scales"] = ctx.setting("fp8_scales")
+        p["scales"] = rules.fp8_scales(ctx)
     return p
 
 

@@ -10,7 +10,8 @@ so auto follows parallel.ring and a plan whose ring cannot run fails with the re
 (ring_plan.NUMERICS: not bitwise equal to one GPU, within a stated bound), so a lossless recipe refuses it.
 Blocked with on: FP8 attention (no log-sum-exp), FP8 codes on the wire, prefix-in-place, FA4's 2-CTA switch and
 tuned tiles (the ring's FA4 block call takes neither), regional compile (compile.py). Those levers decide first and
-yield to parallel.ring (EXCLUDES, `excluded`): auto picks what the ring takes, a forced setting is refused.
+yield to parallel.ring (levers/rules.py: EXCLUDES, `ring_excluded`): auto picks what the ring takes, a forced
+setting is refused.
 
 Cost: ring_plan.ring_ulysses_cost at the plan's shape with the hardware's rates: block attention TFLOP/s
 measured at the nearest shape (else vendor peak x assumed efficiency), the all-to-all rate measured at this
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 from h3plan.facts.attention import BACKENDS
 from h3plan.facts.ring_plan import degree_reasons, describe, ring_ulysses_cost
+from . import rules
 from .base import Context, LeverError, Option, Spec, nearest_point, nearest_ulysses_point, resolve
 
 SPEC = Spec(
@@ -49,30 +51,11 @@ def blockers(ctx: Context, s: str) -> list[str]:
                                   "rotation is required (set parallel.ring=1 for none)"]
     out = [] if R > 1 else ["parallel.ring=1: one ring block, nothing to rotate"]
     out += degree_reasons(R * U, R, U, heads=ctx.model["diffusers_config"]["num_attention_heads"])
-    att = BACKENDS[ctx.setting("attention")]
+    att = BACKENDS[rules.attention(ctx)]
     if not att.lse:
         out.append(f"attention is {att.name}: {att.precision.upper()} attention returns no log-sum-exp here "
                    "(h3plan/runtime/parallel/lse.py)")
     return out
-
-
-# What the ring's block call cannot take, by earlier lever: lever -> (setting, why).
-# Those levers decide before this one, so they yield to parallel.ring themselves (auto picks the fallback, a
-# forced setting is refused naming parallel.ring): the ring never refuses a plan over another lever's auto pick.
-EXCLUDES = {
-    "fa4_2cta": ("on", "the ring's FA4 block call (h3plan/runtime/parallel/lse.py) takes no 2-CTA switch"),
-    "fa4_tile": ("tuned", "the ring's FA4 block call (h3plan/runtime/parallel/lse.py) takes no tile"),
-    "a2a_fp8_codes": ("on", "e4m3 codes on the wire feed FP8 attention; the ring takes bf16 q/k/v"),
-    "prefix_inplace": ("on", "RingUlysses' Ulysses exchange writes no padded prefix in place"),
-}
-
-
-def excluded(ctx: Context, lever: str, setting: str) -> str | None:
-    """Why parallel.ring > 1 rules out `lever=setting` (a reason naming parallel.ring), or None."""
-    x = EXCLUDES.get(lever)
-    if ctx.ring > 1 and x is not None and x[0] == setting:
-        return f"parallel.ring={ctx.ring}: {x[1]}"
-    return None
 
 
 def rates(ctx: Context) -> tuple[dict, list[str]]:
@@ -80,7 +63,7 @@ def rates(ctx: Context) -> tuple[dict, list[str]]:
     hw, U = ctx.hardware, ctx.degree
     dc = ctx.model["diffusers_config"]
     h, L = dc["num_attention_heads"] // U, U * ctx.rows_per_rank
-    att = ctx.setting("attention")
+    att = rules.attention(ctx)
     out, basis = {"hbm_tbps": hw["device"]["hbm_tbps"]}, []
     p = nearest_point(hw, L, h, att)
     if p is not None:

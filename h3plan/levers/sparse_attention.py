@@ -37,8 +37,10 @@ from h3plan.facts import evidence as ev
 from h3plan.facts.pipeline import pipeline_defaults, schedule_facts
 from h3plan.facts.timesteps import request_steps
 from h3plan.facts.workflows import DEFAULT_TASK
+from h3plan.facts.decision import Decision
 from h3plan.sources import cite
 
+from . import rules
 from .base import Context, LeverError, Option, Spec, Terms, resolve
 from .step_cache import forwards_of
 
@@ -63,8 +65,11 @@ SPEC = Spec(
     options=(Option("attention", "sparse_attention", _valid,
                     "None or dict(keep, dense_forwards, block_q, block_k, video_only, steps)", None),),
     kernels=("block_router",),
-    terms={"block_sparse": Terms(sparse_attention=True)},
+    terms={"block_sparse": Terms(sparse_blocks=True)},
     table_skips_off=True,
+    recipe_section="sparse",
+    config_problem=lambda sparse: config_problem(sparse),  # below
+    budget_line=lambda d: budget_line(d),  # below
 )
 
 # Quality published for this kind of routing on released weights (docs/sources.md#sglang-subblock), as the evidence
@@ -120,6 +125,13 @@ def config_problem(sparse: Mapping[str, Any]) -> tuple[str, str] | None:
     if not isinstance(d, int) or isinstance(d, bool) or d < 0:
         return f"recipe.sparse.dense_forwards={d}", "must be an integer >= 0 (the first forwards of a generation, dense)"
     return None
+
+
+def budget_line(d: Decision) -> tuple[str, str]:
+    """The summary's line for block_sparse: the blocks and forwards it keeps, and the evidence it has, if any."""
+    said = next((r for r in d.reasons if r.startswith(("evidence", "unmeasured"))), "")
+    return "sparse", (f"{SPEC.name}={d.setting}: keep {d.param('keep'):g} of the key blocks on "
+                      f"{d.param('sparse_forwards')} of {d.param('forwards')} forwards; {said}")
 
 
 def _sparse(ctx: Context) -> Mapping[str, Any]:
@@ -208,7 +220,7 @@ def _structural(ctx: Context) -> list[str]:
     if ctx.ring > 1:
         out.append(f"parallel.ring={ctx.ring}: each ring step attends one range of key blocks, so no call sees a query "
                    "block's whole key set to route (block-sparse attention runs at ring 1)")
-    if "attention" in ctx.decisions and ctx.setting("attention") == "cudnn_fp8":
+    if rules.fp8_attention(ctx):
         out.append("the FP8 attention is cuDNN's SDPA, which takes no block mask, and FA4's FP8 forward is SM100-only: "
                    "with recipe=fp8 set levers.attention=fa4 (FP8 GEMMs, BF16 block-sparse attention)")
     if _block(ctx) is None:

@@ -39,11 +39,12 @@ from typing import Any, Mapping
 from h3plan.errors import ConfigError
 from h3plan.facts import evidence as ev
 from h3plan.facts.pipeline import pipeline_defaults, schedule_facts
+from h3plan.facts.decision import Decision
 from h3plan.facts.timesteps import request_steps
 from h3plan.facts.workflows import DEFAULT_TASK
 
 from .adaln_table import schedule
-from .base import Context, LeverError, Option, Spec, resolve
+from .base import Context, LeverError, Option, Spec, Terms, resolve
 
 MODES = ("fixed", "taylor", "first_block")
 KNOBS = {"fixed": ("computed", "warmup", "final", "max_skip"), "taylor": ("computed", "warmup", "final", "max_skip"),
@@ -102,6 +103,10 @@ SPEC = Spec(
     counter="step_cache",
     options=(Option("transformer", "step_cache", _valid, "None or dict(mode, steps, forwards, computed, warmup, final, "
                     "threshold, max_skip)", None),),
+    terms={s: Terms(fewer_forwards=True) for s in ("fixed", "taylor", "first_block")},
+    recipe_section="cache",
+    config_problem=lambda cache: config_problem(cache),  # below
+    budget_line=lambda d: budget_line(d),  # below
 )
 
 
@@ -109,6 +114,13 @@ def knob(cache: Mapping[str, Any], key: str, setting: str = "fixed"):
     """recipe.cache's `key`, or setting's default (DEFAULTS) where recipe.cache leaves it null."""
     v = cache.get(key)
     return DEFAULTS[setting].get(key) if v is None else v
+
+
+def budget_line(d: Decision) -> tuple[str, str]:
+    """The summary's line for a lossy schedule: what it computes, and its quality evidence."""
+    what = next((r for r in d.reasons if not r.startswith("forced by")), d.reasons[0])
+    quality = next((r for r in d.reasons if r.startswith(EVIDENCE_REASONS)), "")
+    return "fewer", f"{SPEC.name}={d.setting}: {what}; {quality}"
 
 
 def _is_int(v) -> bool:

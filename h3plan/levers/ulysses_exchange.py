@@ -25,6 +25,7 @@ each setting's nearest length), the fastest (median) of those faster in every ru
 
 from __future__ import annotations
 
+from . import rules
 from .base import Context, default_install, faster_in_every_run, nearest_ulysses_point, Option, resolve, Spec, speedup_runs, Terms
 
 SPEC = Spec(
@@ -44,29 +45,29 @@ def _needs(ctx: Context) -> list[str]:
     out = []
     if ctx.degree == 1:
         out.append("Ulysses degree 1: there is no exchange")
-    if ctx.setting("ring") == "on":
+    if rules.ring(ctx):
         out.append("ring attention runs its own exchange")
-    if ctx.setting("qk_norm_rope") != "fused":
-        out.append(f"qk_norm_rope is {ctx.setting('qk_norm_rope')}: the projection exchange runs the fused BF16 norm + RoPE per destination")
-    if ctx.setting("gemm_quant") != "bf16":
-        out.append(f"gemm_quant is {ctx.setting('gemm_quant')}: only plain BF16 linears slice per destination")
-    if ctx.setting("a2a_fp8_codes") == "on":
+    if rules.qk_norm_rope(ctx) != "fused":
+        out.append(f"qk_norm_rope is {rules.qk_norm_rope(ctx)}: the projection exchange runs the fused BF16 norm + RoPE per destination")
+    if rules.gemm(ctx) != "bf16":
+        out.append(f"gemm_quant is {rules.gemm(ctx)}: only plain BF16 linears slice per destination")
+    if rules.a2a_fp8_codes(ctx):
         out.append("a2a_fp8_codes is on: e4m3 codes travel in the packed exchange")
-    if ctx.setting("ulysses_overlap") == "on":
+    if rules.ulysses_overlap(ctx):
         out.append("ulysses_overlap is on: head chunks run with the packed exchange")
-    if ctx.setting("attention") == "cudnn_fp8" and ctx.setting("fp8_scales") == "dynamic":
+    if rules.dynamic_fp8_attention(ctx):
         out.append("cudnn_fp8 with dynamic scales takes its amax over the packed q, k, v")
     return out
 
 
 def _split_needs(ctx: Context) -> list[str]:
     out = []
-    if ctx.setting("ulysses_padding") not in ("none", "padded"):
-        out.append(f"ulysses_padding is {ctx.setting('ulysses_padding')}: the split output exchange sends whole "
+    if rules.ulysses_padding(ctx) not in ("none", "padded"):
+        out.append(f"ulysses_padding is {rules.ulysses_padding(ctx)}: the split output exchange sends whole "
                    "destination row blocks (padding none or padded)")
-    if ctx.setting("prefix_inplace") == "on":
+    if rules.prefix_inplace(ctx):
         out.append("prefix_inplace is on: the split output exchange writes no padded prefix")
-    if "sparse_attention" in ctx.decisions and ctx.setting("sparse_attention") != "off":
+    if rules.sparse_attention(ctx):
         out.append("sparse_attention is on: its router routes whole sequences, and the split output exchange attends "
                    "a slice of the query rows per call")
     return out

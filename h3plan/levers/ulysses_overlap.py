@@ -11,6 +11,7 @@ Ulysses loses at 19k, gains a little at 104k; telefuser: a gain on H100).
 from __future__ import annotations
 
 from ..sources import cite
+from . import rules
 from .base import Context, Option, Spec, faster_in_every_run, nearest_ulysses_point, resolve, speedup_runs
 
 
@@ -51,7 +52,7 @@ def auto(ctx: Context):
     c, hl = ctx.parallel["attention_chunks"], ctx.shape["heads_per_rank"]
     if c < 2 or c > hl:
         return "off", [f"parallel.attention_chunks={c} with {hl} heads per rank: no head chunks to overlap"], {}
-    if ctx.setting("qk_norm_rope") == "fused_fp8" and ctx.setting("fp8_scales") == "dynamic":
+    if rules.fp8_qk_cast(ctx) and rules.fp8_scales(ctx) == "dynamic":
         return "off", ["an async Ulysses arm with the FP8 cast uses static scales and these are dynamic "
                        f"({cite('trtllm-seed')}: with dynamic scales it was slower at 19k tokens, about 150 small all-reduces per step)"], {}
     m = nearest_ulysses_point(ctx.hardware, "overlap", ctx.degree, ctx.seq_len)

@@ -11,6 +11,7 @@ inside a ring block sees full blocks (h3plan/runtime/parallel/ring.py).
 from __future__ import annotations
 
 from ..sources import cite
+from . import rules
 from .base import Context, Option, Spec, Terms, one_of, resolve
 
 
@@ -59,7 +60,7 @@ def auto(ctx: Context):
     head = f"{ctx.seq_len:,} tokens pad to {ctx.shape['padded_len']:,} ({pad} rows) at degree {u}"
     if ctx.parallel["padding"] != "auto":
         return ctx.parallel["padding"], [head, f"parallel.padding={ctx.parallel['padding']}"], params(ctx, ctx.parallel["padding"])
-    if ctx.setting("attention").startswith("cudnn"):
+    if rules.cudnn(ctx):
         return "fixed_valid", [head, f"cuDNN runs on the valid prefix and writes a padded output (the key-padding path of {cite('trtllm-seed')})"], params(ctx, "fixed_valid")
     return "valid_only", [head, f"attention on the valid prefix, tail never restored, zero tail in the fused merge ({cite('telefuser-seed')})"], params(ctx, "valid_only")
 

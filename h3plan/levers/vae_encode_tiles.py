@@ -15,6 +15,7 @@ budget does not cover the encode: vae_encode_precision says why).
 
 from __future__ import annotations
 
+from . import rules
 from .base import Context, Option, Spec, one_of, resolve
 from .vae_encode_precision import encodes_nothing, lossy_vae
 
@@ -34,7 +35,7 @@ def blockers(ctx: Context, s: str) -> list[str]:
         return [f"{none}: levers.{SPEC.name}=off (or auto)"]
     if not none and s == "off":
         return ["the request encodes: its tiles are default or decode"]
-    if s == "decode" and ctx.setting("vae_tiles") == "default":
+    if s == "decode" and rules.vae_tiles(ctx) == "default":
         return ["vae_tiles is default: the decode's geometry is the model's own (levers.vae_encode_tiles=default)"]
     return []
 
@@ -49,7 +50,7 @@ def auto(ctx: Context):
     none = encodes_nothing(ctx)
     if none:
         return "off", [none], {}
-    tiles = ctx.setting("vae_tiles")
+    tiles = rules.vae_tiles(ctx)
     if tiles == "default":
         return "default", ["the encode tiles at the VAE's own geometry (vae_tiles is default: the decode's too): bit for bit "
                          "diffusers' encode"], {}
@@ -61,7 +62,7 @@ def auto(ctx: Context):
 def explain(ctx: Context, s: str) -> list[str]:
     if s != "decode":
         return []
-    return [f"the encode tiles at vae_tiles={ctx.setting('vae_tiles')}'s geometry (enable_tiling's shared attributes): lossy, "
+    return [f"the encode tiles at vae_tiles={rules.vae_tiles(ctx)}'s geometry (enable_tiling's shared attributes): lossy, "
             "outside the measured budget: it changes the conditioning latents and so every denoise step"]
 
 

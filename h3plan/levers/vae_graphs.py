@@ -17,7 +17,7 @@ SPEC = Spec(
     model="vae",
     counter="vae_graphs",
     options=(Option("vae", "graphs", is_bool, "bool", False),),
-    terms={"on": Terms(vae_graphs=True)},
+    terms={"on": Terms(vae_graph_pool=True)},
 )
 
 

@@ -5,6 +5,7 @@ architecture is reported in the plan as eager, never silently skipped.
 
 from __future__ import annotations
 
+from . import rules
 from .base import Context, Option, Spec, Terms, resolve
 
 OPS = ("qk_norm_rope", "swiglu", "scaled_residual")  # what `fused` may install (the installer keeps the ops whose kernel takes the decode's dtype)
@@ -14,6 +15,7 @@ SPEC = Spec(
     summary="VAE decoder ops: fused QK-norm + RoPE, SwiGLU, scaled residual (exact)",
     model="vae",
     counter="vae_ops",
+    routes=OPS,  # vae_ops.<op>: each fused op of the decoder block counts on its own
     options=(Option("vae", "ops", lambda v: isinstance(v, tuple) and set(v) <= set(OPS), "tuple of " + ", ".join(OPS), ()),),
     kernels=("vae_qk_norm_rope", "vae_swiglu", "vae_scaled_residual"),
     column="vae_ops",
@@ -33,7 +35,7 @@ def auto(ctx: Context):
     if not v["registered"]:
         return "eager", [f"compute capability {cc} has no registered VAE decoder op set: the decoder keeps diffusers' ops "
                          f"(reported, not silently skipped; {v['source']})"], {}
-    if ctx.setting("vae_graphs") == "on":
+    if rules.vae_graphs(ctx):
         fs, gs, src = v.get("graphs_fused_speedup"), v.get("graphs_speedup"), v.get("graphs_source")
         if fs and gs:
             if min(fs) >= 1.0 and min(fs) >= min(gs):

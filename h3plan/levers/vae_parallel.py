@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from h3plan.facts.vae import decode as vae_decode, parallel_plan as vpp
 from h3plan.facts.vae.tiling import Geometry
-from .base import Context, Option, Spec, is_bool, resolve
+from . import rules
+from .base import Context, Option, Spec, Terms, is_bool, resolve
 from .vae_tiles import TILE_OF
 
 ELEM_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}  # the decoded tiles' dtype at each vae_precision (what the ranks gather)
@@ -26,7 +27,9 @@ SPEC = Spec(
     model="vae",
     ulysses=True,
     counter="vae_parallel",
+    routes=("replay",),  # the decoder calls replayed on the ranks (install/vae/parallel.py)
     options=(Option("vae", "parallel", is_bool, "bool", False),),
+    terms={"tiles": Terms(vae_spread=True)},
 )
 
 
@@ -38,7 +41,7 @@ def _latent(ctx: Context) -> tuple[int, int, int] | None:
 
 
 def _geometry(ctx: Context) -> Geometry:
-    tile = ctx.vae[TILE_OF[ctx.setting("vae_tiles")]]
+    tile = ctx.vae[TILE_OF[rules.vae_tiles(ctx)]]
     return Geometry.from_config(ctx.vae["diffusers_config"], tile if tile.get("height") else None)
 
 
@@ -50,7 +53,7 @@ def _gather_gbps(ctx: Context) -> float:
 def _anchor(ctx: Context, latent: tuple[int, int, int], g: Geometry) -> vpp.Anchor:
     """The one-GPU decode the estimate divides: the plan's decode measured on this hardware (its precision and tiles),
     else the H200's fp16 decode of the released latent."""
-    prec, tiles = ctx.setting("vae_precision"), ctx.setting("vae_tiles")
+    prec, tiles = rules.vae_precision(ctx), rules.vae_tiles(ctx)
     p = vae_decode.nearest(ctx.hardware["measured"].get("decode"), prec, tiles, latent)
     if p is None:
         return vpp.H200_PLAN
@@ -65,7 +68,7 @@ def _estimate(ctx: Context, latent: tuple[int, int, int]) -> dict:
     """vpp.auto's keywords for this plan: its one-GPU anchor, the gather rate, the decoded tiles' bytes."""
     g = _geometry(ctx)
     return {"anchor": _anchor(ctx, latent, g), "gather_gbps": _gather_gbps(ctx),
-            "elem_bytes": ELEM_BYTES.get(ctx.setting("vae_precision"), 2)}
+            "elem_bytes": ELEM_BYTES.get(rules.vae_precision(ctx), 2)}
 
 
 def blockers(ctx: Context, s: str) -> list[str]:

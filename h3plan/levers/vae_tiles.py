@@ -9,6 +9,7 @@ for the same reason as any non-default geometry.
 
 from __future__ import annotations
 
+from . import rules
 from .base import Context, Option, Spec, Terms, hardware_verified, one_of, resolve
 
 SPEC = Spec(
@@ -16,6 +17,7 @@ SPEC = Spec(
     settings={"default": True, "fp8_tiles": False, "custom": False},
     summary="VAE decode tile geometry (any geometry but diffusers' released one changes the frames)",
     model="vae",
+    routes=("fp8_gemm", "fp8_rows"),  # fp8_tiles' decoder GEMMs and their activation rows (install/vae/fp8.py)
     options=(Option("vae", "tile", lambda v: v is None or (isinstance(v, dict) and {"height", "width", "overlap"} <= set(v)),
                     "None (keep the model's tiling) or dict(height, width, overlap, frames)", None),
              Option("vae", "tile_dtype", *one_of("fp16", "fp8"), default="fp16")),
@@ -29,8 +31,8 @@ def blockers(ctx: Context, s: str) -> list[str]:
     out = []
     if s == "fp8_tiles" and not ctx.hardware["gemm"]["fp8"]:
         out.append(f"{ctx.hw} has no FP8 GEMMs for the FP8 decoder ({ctx.hardware['gemm']['source']})")
-    if s == "fp8_tiles" and "vae_precision" in ctx.decisions and ctx.setting("vae_precision") != "fp16":
-        out.append(f"vae_precision is {ctx.setting('vae_precision')}: the FP8 decoder GEMMs take and give float16 "
+    if s == "fp8_tiles" and rules.vae_precision(ctx, "fp16") != "fp16":
+        out.append(f"vae_precision is {rules.vae_precision(ctx)}: the FP8 decoder GEMMs take and give float16 "
                    "(vae_precision=fp16)")
     if s == "custom" and any(ctx.vae["custom_tile"][k] is None for k in ("height", "width", "overlap")):
         out.append("set vae.custom_tile.height, .width and .overlap (pixels, multiples of 16)")
@@ -45,8 +47,8 @@ def auto(ctx: Context):
             return "default", [f"recipe {name} asks for FP8 VAE tiles but its policy is lossless", keep], params(ctx, "default")
         if not ctx.hardware["gemm"]["fp8"]:
             return "default", [f"recipe {name} asks for FP8 VAE tiles but {ctx.hw} has no FP8 GEMMs", keep], params(ctx, "default")
-        if ctx.setting("vae_precision") != "fp16":
-            return "default", [f"recipe {name} asks for FP8 VAE tiles but vae_precision is {ctx.setting('vae_precision')} "
+        if rules.vae_precision(ctx) != "fp16":
+            return "default", [f"recipe {name} asks for FP8 VAE tiles but vae_precision is {rules.vae_precision(ctx)} "
                                "(the FP8 decoder GEMMs need fp16)", keep], params(ctx, "default")
         t = ctx.vae["fp8_tile"]
         times = measured_decodes(ctx)
@@ -64,7 +66,7 @@ def auto(ctx: Context):
 def measured_decodes(ctx: Context) -> dict[str, float]:
     """Tile setting -> measured decode seconds at the plan's decode precision (hardware.measured.decode), at the
     measured latent nearest the plan's (the times compare only at one latent)."""
-    prec = ctx.setting("vae_precision")
+    prec = rules.vae_precision(ctx)
     pts = [p for p in ctx.hardware["measured"].get("decode") or () if p["precision"] == prec and p["tiles"] in TILE_OF]
     if not pts:
         return {}

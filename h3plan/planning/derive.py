@@ -12,9 +12,8 @@ import math
 from typing import Any, Mapping
 
 from h3plan.facts.attention import BACKENDS
-from h3plan.levers import TERM_OWNERS, terms
+from h3plan.levers import REGISTRY, TERM_OWNERS, terms
 from h3plan.levers.base import nearest_point, nearest_ulysses_point
-from h3plan.levers.sparse_attention import router_points
 from h3plan.sources import cite
 
 INT32_LIMIT = 2**31
@@ -215,7 +214,7 @@ def estimates(sections: Mapping[str, Any], shp: Mapping[str, Any], decisions: Ma
     def ms(flops, tf):
         return None if tf is None else round(flops / (tf * 1e12) * 1e3, 3)
 
-    sparse = _sparse(decisions, ms(att_flops, att_tf), b, hl, d, hw) if t.sparse_attention else {}
+    sparse = _sparse(decisions, ms(att_flops, att_tf), b, hl, d, hw) if t.sparse_blocks else {}
     sparse_basis = sparse.pop("basis_sparse", {})
     return {**sparse,
         "attention_tflops_used": None if att_tf is None else round(att_tf, 1),
@@ -244,7 +243,7 @@ def _sparse(decisions: Mapping[str, Any], att_ms: float | None, b: int, hl: int,
     """A sparse forward's attention per block: the dense estimate x the block work the router keeps (its decision's
     `work_fraction`), plus the router's time from its measured points (hardware.fa4.block_sparse_router,
     interpolated in its pooled scores' GFLOP; none measured: not counted, and the basis says so)."""
-    dec = decisions[TERM_OWNERS["sparse_attention"]]
+    dec = decisions[TERM_OWNERS["sparse_blocks"]]
     wf = dec.param("work_fraction", None)
     if wf is None or att_ms is None:
         return {}
@@ -259,7 +258,7 @@ def _sparse(decisions: Mapping[str, Any], att_ms: float | None, b: int, hl: int,
 
 
 def _router_ms(hw: Mapping[str, Any], gflop: float) -> tuple[float | None, str]:
-    pts = router_points(hw)
+    pts = REGISTRY[TERM_OWNERS["sparse_blocks"]].router_points(hw)  # sparse_attention: its router's points
     if not pts:
         return None, f"not measured on {hw['name']}, not counted"
     lo = max([p for p in pts if p["gflop"] <= gflop] or pts[:1], key=lambda p: p["gflop"])

@@ -47,8 +47,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from h3plan.errors import ConfigError
-from h3plan.levers import SPECS, TERM_OWNERS, terms
-from h3plan.levers.adaln_table import MODULATION_OUT, table_plan
+from h3plan.levers import REGISTRY, SPECS, TERM_OWNERS, terms
 from h3plan.facts.timesteps import request_steps, row_kinds
 
 from . import text_encoder
@@ -57,6 +56,8 @@ from .derive import _throughput
 from .request import VideoRequest, pipeline_defaults, request_from, tokens, vae_geometry
 from .request import diffusers_kwargs as _dc
 from h3plan.facts.vae.tiling import RELEASED_TILE, Geometry, decoded_frames, tile_span
+
+_TABLES = REGISTRY[TERM_OWNERS["adaln_tables"]]  # adaln_table: its table plan, the rows it keeps
 
 GiB = 2**30
 TRANSFORMER_FP32 = ("proj_in", "audio_proj_in", "time_embedder", "proj_out", "audio_proj_out")  # _keep_in_fp32_modules
@@ -265,7 +266,7 @@ def _weights(it: _Items, sections, settings, opts) -> None:
     it.add("text_encoder", 0, "not resident: prompt_embeds given (Qwen3-VL runs before, or elsewhere)")  # _conditioner
     staged = []  # install(pipe, plan, device="cuda") of a pipeline on the host: what it stages on the device, one at a time
     if tables:
-        staged.append((2 * MODULATION_OUT * dc["hidden_size"] * (dc["time_embed_dim"] + 1),
+        staged.append((2 * _TABLES.MODULATION_OUT * dc["hidden_size"] * (dc["time_embed_dim"] + 1),
                        "one AdaLN linear streamed for its table entries (bf16)", "transformer"))
     if quant is not None and checkpoint != gq:
         big = dc["hidden_size"] * 2 * dc["ffn_dim"]  # ff.net.0.proj, the largest block linear
@@ -294,7 +295,7 @@ def _adaln_plan(sections, dc, pipe) -> dict[str, Any]:
             request = _geometry(sections)[0]
         except ConfigError:  # a VAE no request fits: the plain request's rows (audio as asked)
             request = {"audio_rows": int(bool(sections["video"].get("audio", True)))}
-    return table_plan(dc, pipe, steps=[request_steps(request, pipe)], **row_kinds(request))
+    return _TABLES.table_plan(dc, pipe, steps=[request_steps(request, pipe)], **row_kinds(request))
 
 
 def _block_terms(dc, U: int, settings) -> tuple[list, list]:
@@ -359,7 +360,7 @@ def _decode(it: _Items, sections, settings, opts, geo, geo_src, B: int) -> None:
         it.add("vae_fp8_gemms", vp["decoder_linears"], f"vae_tiles=fp8_tiles: e4m3 copies of the {vdc['decoder_num_layers']} decoder "
                                                        f"blocks' six linears ({vp['decoder_linears']:,} codes) beside the fp16 "
                                                        "weights, made at install (install/vae/fp8.py)")
-    if t.vae_graphs:
+    if t.vae_graph_pool:
         it.add("vae_graph_pools", d["call"], f"vae_graphs: one CUDA-graph pool shared by every tile shape ({th}x{tw} px here), the size of one "
                                              "decoder call's activations; held between decodes")
     if opts["autocast_weight_cache"] and opts["vae_dtype"] == "fp32" and not fp16_w:

@@ -8,7 +8,6 @@ import textwrap
 
 from h3plan.facts.attention import BACKENDS, DEFAULT
 from h3plan.levers import SPECS, not_installed, terms
-from h3plan.levers.step_cache import EVIDENCE_REASONS
 
 from .derive import ORDER, efficiency_key
 from .memory import usable_gib
@@ -184,13 +183,13 @@ def _speed_text(plan) -> str:
                                    + (" (estimate, not measured)" if _estimated(hw) else ""))
     span = plan.derived_value("call_s_range_est")  # an adaptive cache: the most it may skip .. every forward computed
     if span:
-        fewest = plan.decision("step_cache").param("fewest_computed")
+        fewest = next(d.param("fewest_computed") for d in plan.decisions if d.param("fewest_computed") is not None)
         head = (f"call {span[0] + (te_s or 0):,.0f}-{call_s + (te_s or 0):,.0f} s = {fewest}..{n} of {n} forwards "
                 f"computed (the adaptive cache), at most {den:,.0f} s")
     else:
         head = f"call {call_s + (te_s or 0):,.0f} s = {what} {den:,.0f} s"
-    spread = next((d for d in plan.decisions if d.lever == "vae_parallel" and d.setting == "tiles"), None)
-    where = "" if spread is None else f" over {plan.get('parallel').get('ulysses')} GPUs (vae_parallel)"
+    spread = next((d for d in plan.decisions if terms({d.lever: d}).vae_spread), None)
+    where = "" if spread is None else f" over {plan.get('parallel').get('ulysses')} GPUs ({spread.lever})"
     text += (f"; {head} + decode {dec:,.{1 if dec >= 1 else 2}f} s{where}{venc}{encode}; most: {big['part']} "
              f"{big['share']:.0%}: {big['cut']}")
     return text
@@ -320,19 +319,10 @@ def _summary_lines(plan, width: int) -> list[str]:
     running = [d for d in ds if _runs(d, plan)]
     runs = [f"{d.lever}={d.setting}" for d in running]
     lines += _labelled("runs", ", ".join(runs) or "diffusers' own ops only", width)
-    own = ("step_cache", "sparse_attention")  # lossy levers with their own recipe budget (recipe.cache, recipe.sparse)
-    lossy = [d.lever for d in ds if not d.lossless and d.lever not in own]
-    cache = next((d for d in ds if d.lever == "step_cache" and not d.lossless), None)
-    sparse = next((d for d in ds if d.lever == "sparse_attention" and not d.lossless), None)
-    if cache is not None:  # its own budget (recipe.cache), apart from the kernel levers'
-        what = next((r for r in cache.reasons if not r.startswith("forced by")), cache.reasons[0])
-        quality = next((r for r in cache.reasons if r.startswith(EVIDENCE_REASONS)), "")
-        lines += _labelled("fewer", f"step_cache={cache.setting}: {what}; {quality}", width)
-    if sparse is not None:  # its own budget (recipe.sparse) and the evidence it has, if any
-        said = next((r for r in sparse.reasons if r.startswith(("evidence", "unmeasured"))), "")
-        lines += _labelled("sparse", f"sparse_attention={sparse.setting}: keep {sparse.param('keep'):g} of the key blocks "
-                                     f"on {sparse.param('sparse_forwards')} of {sparse.param('forwards')} forwards; "
-                                     f"{said}", width)
+    own = [d for d in ds if not d.lossless and SPECS[d.lever].recipe_section]  # judged by their own recipe budget
+    lossy = [d.lever for d in ds if not d.lossless and not SPECS[d.lever].recipe_section]
+    for label, text in sorted(SPECS[d.lever].budget_line(d) for d in own if SPECS[d.lever].budget_line):
+        lines += _labelled(label, text, width)
     if r.get("tier"):  # a named stack: each part's evidence is on its own line above or below; the stack's here
         lines += _labelled("tier", f"{r['tier']['name']}: each lossy part is judged by its own evidence and budget (the "
                                    f"fewer, sparse and lossy lines); the stack as a whole: {r['tier']['evidence']}", width)
@@ -345,7 +335,7 @@ def _summary_lines(plan, width: int) -> list[str]:
         b = r["budget"]
         lines += _labelled("lossy", f"{', '.join(lossy)}: the output may differ from diffusers' eager output within "
                                     f"PSNR >= {b['psnr_db_min']} dB, SSIM >= {b['ssim_min']} (action=verify measures it)", width)
-    elif cache is None and sparse is None:
+    elif not own:
         lines += _labelled("lossless", _lossless_text(plan), width)
     missing = {d.lever: not_installed(d) for d in ds}
     for d in ds:

@@ -17,9 +17,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from h3plan.facts.attention import BF16, missing_facts
 from h3plan.errors import ConfigError, unknown_key_line
-from h3plan.levers import LEVER_SETTINGS  # declared by each lever module (SPEC), registry order
-from h3plan.levers.sparse_attention import config_problem as sparse_config_problem
-from h3plan.levers.step_cache import config_problem as step_cache_config_problem
+from h3plan.levers import LEVER_SETTINGS, SPECS  # declared by each lever module (SPEC), registry order
 
 from h3plan.facts import tuned
 from .action_configs import BenchConfig, CalibrateConfig, TuneConfig, VerifyConfig, validate_actions
@@ -547,9 +545,10 @@ def validate(cfg: DictConfig | dict) -> dict[str, Any]:
     if r["policy"] == "budget" and (r["budget"]["psnr_db_min"] is None or r["budget"]["ssim_min"] is None):
         raise ConfigError("recipe.budget", "a budget policy needs psnr_db_min and ssim_min")
     _check_values(c)
-    cache_problem = step_cache_config_problem(r["cache"]) or sparse_config_problem(r["sparse"])
-    if cache_problem:
-        raise ConfigError(*cache_problem)
+    for spec in SPECS.values():  # a lever's own recipe section (recipe.cache, recipe.sparse)
+        problem = spec.config_problem(r[spec.recipe_section]) if spec.config_problem else None
+        if problem:
+            raise ConfigError(*problem)
     vae = c["vae"]["diffusers_config"]
     ratio = 1
     for f in vae["spatial_downsample_factors"]:

@@ -31,13 +31,14 @@ import torch
 from h3plan.facts.blocks import VAE_BLOCK_LINEARS
 from h3plan.install.kernels import KERNELS, kernel
 from h3plan.runtime.guards import count_route, run_guarded
-
+from h3plan.levers import SPECS, counter, owner
 from h3plan.runtime.quant.fp8 import FP8Linear
 
 from .fp8 import COUNTER as FP8_COUNTER, Fp8Gemms, fp8_linear
 from .weights import FP16
 
-from h3plan.levers.vae_ops import OPS  # noqa: F401 (the ops vae_ops installs, declared with the lever)
+OPS = SPECS[owner("ops")].routes  # the ops vae_ops may install, each counted on its own (vae_ops.<op>)
+OP_COUNTERS = {op: counter("ops", op) for op in OPS}
 
 LINEARS = VAE_BLOCK_LINEARS
 
@@ -112,13 +113,14 @@ def _qk(st, attn, q, k, rotary_emb):
             return f"norm_q/norm_k eps {eps!r}/{attn.norm_k.eps!r}: the kernel takes one explicit eps"
         return check(q, k, rotary_emb[0], rotary_emb[1], eps)
 
-    return run_guarded("vae_ops.qk_norm_rope", guard, lambda: fn(q, k, rotary_emb[0], rotary_emb[1], eps), eager, (q, k))
+    return run_guarded(OP_COUNTERS["qk_norm_rope"], guard, lambda: fn(q, k, rotary_emb[0], rotary_emb[1], eps), eager,
+                       (q, k))
 
 
 def _attention(st, attn, x, rotary_emb, w, reason):
     if reason is not None or ("qk_norm_rope" not in st.ops and w is None):
         if reason is not None and "qk_norm_rope" in st.ops:
-            count_route("vae_ops.qk_norm_rope", reason)
+            count_route(OP_COUNTERS["qk_norm_rope"], reason)
         if reason is not None and w is not None and isinstance(w.get(attn.to_q), FP8Linear):
             count_route(FP8_COUNTER, reason)  # the attention's four linears keep their module forwards
         return attn(x, rotary_emb)
@@ -145,7 +147,7 @@ def _feed_forward(st, ff, x, w):
 
     if "swiglu" in st.ops:
         fn, check = st.kernels["swiglu"]
-        h = run_guarded("vae_ops.swiglu", lambda: check(proj), lambda: fn(proj), eager, (proj,))
+        h = run_guarded(OP_COUNTERS["swiglu"], lambda: check(proj), lambda: fn(proj), eager, (proj,))
     else:
         h = eager()
     for module in ff.net[1:]:
@@ -160,7 +162,7 @@ def _residual(st, h, y, scale):
     if "scaled_residual" not in st.ops:
         return eager()
     fn, check = st.kernels["scaled_residual"]
-    return run_guarded("vae_ops.scaled_residual", lambda: check(h, y, scale), lambda: fn(h, y, scale), eager,
+    return run_guarded(OP_COUNTERS["scaled_residual"], lambda: check(h, y, scale), lambda: fn(h, y, scale), eager,
                        (h, y, scale))
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import torch
 
+from h3plan.levers import counter
 from h3plan.errors import InstallError
 from h3plan.runtime.quant.fp8 import FP8Linear, quantize_weight
 from h3plan.runtime.quant.fp8_rowwise import fp8_linear_codes, quantize_activation_rows
@@ -34,8 +35,8 @@ from h3plan.runtime.guards import count_route
 
 from .weights import FP16, fp16_compute_reason
 
-COUNTER = "vae_tiles.fp8_gemm"
-ROWS_COUNTER = "vae_tiles.fp8_rows"
+COUNTER = counter("tile", "fp8_gemm")
+ROWS_COUNTER = counter("tile", "fp8_rows")
 
 
 def fp8_linear(x: torch.Tensor, lin: FP8Linear) -> torch.Tensor:

@@ -43,9 +43,10 @@ from typing import Any, Callable
 
 import torch
 
+from h3plan.levers import counter
 from h3plan.runtime.guards import count_route
 
-LEVER = "vae_graphs"
+COUNTER = counter("graphs")
 MAX_GRAPHS = 32
 WARMUP = 1
 
@@ -164,7 +165,7 @@ class GraphedDecoder:
         if self.validate is not None:
             self.validate()
         if args or kwargs:
-            count_route(LEVER, "extra forward arguments: only decoder(hidden_states) is graphed")
+            count_route(COUNTER, "extra forward arguments: only decoder(hidden_states) is graphed")
             return self.original(hidden_states, *args, **kwargs)
         why = self.reason(hidden_states)
         e = None
@@ -173,11 +174,11 @@ class GraphedDecoder:
             if isinstance(e, str):
                 why = e
         if why is not None:
-            count_route(LEVER, why)
+            count_route(COUNTER, why)
             return self.original(hidden_states)
         e.static_in.copy_(hidden_states)
         e.graph.replay()
-        count_route(LEVER, None)
+        count_route(COUNTER, None)
         return e.static_out.clone()
 
     def release(self) -> None:

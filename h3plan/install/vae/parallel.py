@@ -45,16 +45,18 @@ import torch.distributed as dist
 from h3plan.errors import InstallError
 from h3plan.runtime.parallel.comm import degree_rank, device_reason
 from h3plan.runtime.guards import count_route
-from h3plan.levers.vae_parallel import SPEC
+from h3plan.levers import SPECS, owner
 from h3plan.facts.vae.parallel_plan import HEADER_BYTES, aligned, shares
 from h3plan.facts.vae.tiling import Geometry, chunk_layout
 
-LEVER = SPEC.name  # the counters' name
+SPEC = SPECS[owner("parallel")]
+LEVER = SPEC.name
+COUNTER = SPEC.count()
 
 
 logger = logging.getLogger("h3plan.install")
 
-REPLAY = f"{LEVER}.replay"
+REPLAY = SPEC.count("replay")
 OK, MISMATCH, FAILED = 0, 1, 2
 # local guard reasons travel between ranks as their code (index here)
 LOCAL_REASONS = (
@@ -207,7 +209,7 @@ class ParallelDecode:
     def __call__(self, z: torch.Tensor) -> torch.Tensor:
         why = self.group_reason(z)
         if why is not None:
-            count_route(LEVER, why)
+            count_route(COUNTER, why)
             return self.original(z)
         world, rank = degree_rank(self.group)
         try:
@@ -218,13 +220,13 @@ class ParallelDecode:
             items, code = [], LIST_FAILED
         why = self._agree(z, code, world)
         if why is not None:
-            count_route(LEVER, why)
+            count_route(COUNTER, why)
             return self.original(z)
         outputs, why = self._gather(z, items, world, rank)
         if why is not None:
-            count_route(LEVER, why)
+            count_route(COUNTER, why)
             return self.original(z)
-        count_route(LEVER, None)
+        count_route(COUNTER, None)
         return self._replay(z, items, outputs)
 
     def _gather(self, z, items, world, rank):

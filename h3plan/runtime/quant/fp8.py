@@ -37,6 +37,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn as nn
 
+from h3plan.levers import counter
 from h3plan.runtime.guards import run_guarded
 
 from h3plan.runtime.kernels.fp8 import E4M3, E4M3_MAX, amax, quantize, quantize_check, quantize_ref
@@ -46,7 +47,7 @@ from h3plan.facts.sizes import valid_rows
 
 _FP8_FROM, _FP8_WHY = gemm_rule("fp8")  # hardware.gemm.fp8, read once (facts/hardware.py)
 
-LEVER = "gemm_quant"
+LEVER = counter("quant")  # gemm_quant's counter
 
 
 def quantize_weight(w: torch.Tensor, scaling: str = "channel") -> tuple[torch.Tensor, torch.Tensor]:

@@ -37,6 +37,7 @@ from typing import NamedTuple
 
 import torch
 
+from h3plan.levers import counter
 from h3plan.errors import UsageError
 from h3plan.facts.hardware import gemm_rule
 from h3plan.runtime.kernels.fp8 import E4M3
@@ -48,8 +49,8 @@ from . import fp8 as _fp8
 _FP8_FROM, _FP8_WHY = gemm_rule("fp8")  # hardware.gemm.fp8, read once (facts/hardware.py)
 from .fp8 import FP8Linear, dequantize_weight
 
-LEVER = _fp8.LEVER  # "gemm_quant"
-ACT_LEVER = "fp8_act_quant"  # the activation cast of a linear whose producer did not quantise its input
+LEVER = _fp8.LEVER  # gemm_quant's counter
+ACT_LEVER = counter("fp8_act_quant")  # the activation cast of a linear whose producer did not quantise its input
 FP16_OUT_TORCH = "2.10"  # pytorch#166744: rowwise _scaled_mm with float16 output and bias (CUTLASS, SM90)
 _ROW_KEY = "row_codes"  # shared_activation's cache entry for per-row codes
 

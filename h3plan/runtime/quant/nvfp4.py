@@ -34,6 +34,7 @@ from typing import NamedTuple
 import torch
 import torch.nn as nn
 
+from h3plan.levers import counter
 from h3plan.runtime.kernels.nvfp4 import (BLOCK, E4M3, blocked_numel, cast_nvfp4, cast_nvfp4_check, cast_nvfp4_ref,
                                   dequantize_ref, from_blocked, quantize_ref, to_blocked)
 from h3plan.facts.hardware import gemm_rule
@@ -43,8 +44,8 @@ from . import fp8 as _fp8
 
 _NVFP4_FROM, _NVFP4_WHY = gemm_rule("nvfp4")  # hardware.gemm.nvfp4, read once (facts/hardware.py)
 
-LEVER = "gemm_quant"
-OUT_LEVER = "nvfp4_out_quant"  # the linear's own input cast through the Triton kernel (to_out.0)
+LEVER = counter("quant")  # gemm_quant's counter
+OUT_LEVER = counter("nvfp4_out_quant")  # the linear's own input cast through the Triton kernel (to_out.0)
 _SHARED_KEY = "nvfp4_codes"  # h3plan.runtime.quant.fp8.shared_activation's cache entry (to_q/k/v on one input)
 
 
