@@ -240,3 +240,20 @@ def test_shared_decoder_weights_keep_every_layer_and_host_gives_each_shared_tens
     for bad in (0, n + 1):
         with pytest.raises(UsageError, match=rf"^text encoder weight sets {bad}: between 1 and its {n} decoder layers$"):
             share_decoder_weights(te, bad)
+
+
+@pytest.mark.parametrize("setting", ["none", "resident", "offload_after", "host"])
+def test_the_lever_installs_through_the_builder(setting):
+    """The text_encoder lever records its placement as the `pipeline` scope's option (none: a skip, nothing placed);
+    the installer's placements are the settings that option takes."""
+    from h3plan.install.builder import Builder
+    from h3plan.install.text_encoder import PLACED
+    from h3plan.levers import MEMORY_REGISTRY
+
+    lever = MEMORY_REGISTRY["text_encoder"]
+    decision = lever.from_derived({"setting": setting, "reasons": ["why"]})
+    builder = Builder()
+    lever.install(builder, decision)
+    assert builder.view("pipeline").text_encoder == (None if setting == "none" else setting)
+    assert builder.skipped == ([("text_encoder", "why")] if setting == "none" else [])
+    assert PLACED == ("resident", "offload_after", "host")
