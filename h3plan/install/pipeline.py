@@ -140,7 +140,7 @@ def _run_device(pipe):
     return None
 
 
-def _pipeline_options(plan) -> Builder:
+def pipeline_options(plan) -> Builder:
     """The `pipeline` scope's options: each lever decided in the memory estimate installs its decision (the plan's
     derived value of its name) on a builder."""
     builder = Builder()
@@ -156,7 +156,7 @@ def _text_encoder(pipe, plan, device, report, moved) -> bool:
     """The loaded text_encoder placed as the plan says (module docstring); True when the plan places it. The placement
     joins `moved` (undone on a failed install, and by uninstall_pipeline)."""
     te = getattr(pipe, "text_encoder", None) if "text_encoder" in pipe.component_names else None
-    setting = _pipeline_options(plan).view("pipeline").text_encoder
+    setting = pipeline_options(plan).view("pipeline").text_encoder
     if te is None or setting is None:
         return False
     before = placed(te)

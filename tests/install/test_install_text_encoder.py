@@ -257,3 +257,30 @@ def test_the_lever_installs_through_the_builder(setting):
     assert builder.view("pipeline").text_encoder == (None if setting == "none" else setting)
     assert builder.skipped == ([("text_encoder", "why")] if setting == "none" else [])
     assert PLACED == ("resident", "offload_after", "host")
+
+
+@pytest.mark.parametrize("setting", ["resident", "offload_after", "host"])
+def test_verify_encodes_placed_against_unplaced(setting, capsys):
+    """action=verify's text_encoder check (actions/verify_text_encoder.py): model=h3_tiny's seeded conditioner, every
+    hidden state bitwise the unplaced encode's; a plan that places none adds no line."""
+    from h3plan.actions.verify import Report, compare
+    from h3plan.actions.verify_text_encoder import check
+
+    rep = Report()
+    check(h3plan.resolve_config(model="h3_tiny", **{"memory.text_encoder": setting}), rep, compare)
+    out = capsys.readouterr().out
+    assert rep.ok and rep.results == [(f"text_encoder={setting}", True, rep.results[0][2])], out
+    assert f"PASS  {'text_encoder=' + setting:<34} bitwise equal to unplaced; 52 hidden states" in out
+    rep = Report()
+    check(h3plan.resolve_config(model="h3_tiny"), rep, compare)
+    assert rep.results == [] and capsys.readouterr().out == ""
+
+
+def test_verify_leaves_a_wide_conditioner_to_the_gpu(capsys):
+    from h3plan.actions.verify import Report, compare
+    from h3plan.actions.verify_text_encoder import check
+
+    rep = Report()
+    check(h3plan.resolve_config(**{"memory.text_encoder": "host"}), rep, compare)
+    assert rep.ok and list(rep.not_run) == ["text_encoder=host"] and rep.verdict()[1] == 0
+    assert "too wide for the CPU" in capsys.readouterr().out
