@@ -21,7 +21,7 @@ from typing import Any
 from . import __version__
 from .actions import ACTIONS, gpu_only, run_action
 from .errors import H3PlanError, UsageError
-from .levers import SPECS
+from .levers import MEMORY_SPECS, SPECS
 from .planning.config import (CONFIG_NAME, CONFIG_PATH, check_overrides, compose, condense, libyaml,
                               record_choices)
 from .planning.action_configs import BenchConfig, CalibrateConfig, TuneConfig, VerifyConfig
@@ -333,9 +333,10 @@ def help_text(width: int = 110) -> str:
         opts = sorted(f[:-5] for f in os.listdir(os.path.join(CONFIG_PATH, g)) if f.endswith(".yaml"))
         lines.append(f"  {g + '=':<12} {' | '.join(opts)}")
     lines += ["", "levers (levers.<name>=<setting>; auto, the default, decides and says why; lossy settings marked *):"]
-    for name, spec in SPECS.items():
+    memory_levers = ((f"memory.{n}", s) for n, s in MEMORY_SPECS.items())  # set by memory.<name>, not levers.<name>
+    for key, spec in [*SPECS.items(), *memory_levers]:
         settings = " | ".join(s + ("" if lossless else "*") for s, lossless in spec.settings.items())
-        lines.append(f"  {name:<21} auto | {settings}")
+        lines.append(f"  {key:<21} auto | {settings}")
         lines += [" " * 24 + w for w in _wrap(spec.summary, width, 24)]
     import dataclasses
 

@@ -433,7 +433,7 @@ def _memory(sections, shape, decisions) -> tuple[dict[str, Any], dict[str, str]]
                                     "device=\"cuda\"): " + " + ".join(est["phases"]["install"]["items"])),
              "memory_loaded_gib": ("the pipeline as loaded, before install, on the device (what a pipeline moved to the GPU "
                                    "whole before install holds; more than the plan's peak when the plan parks or quantises weights)")}
-    if est.get("text_encoder") is not None:  # the conditioner's placement (planning/text_encoder.py), with its reasons
+    if est.get("text_encoder") is not None:  # the conditioner's placement (levers/text_encoder.py), with its reasons
         values["text_encoder"] = est["text_encoder"]
         basis["text_encoder"] = "; ".join(est["text_encoder"]["reasons"]) + " (memory.text_encoder; planning/text_encoder.py)"
     tables = TERM_OWNERS["adaln_tables"]  # adaln_table

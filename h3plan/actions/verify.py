@@ -20,6 +20,8 @@ then runs:
    diffusers' own float32 decode: a lossy VAE plan within the recipe's budget (PSNR and SSIM of the frames), a
    lossless one bitwise (on CUDA; on the CPU the interpreter's kernels are not torch's CPU kernels, so the error
    is printed and the bits are left to the GPU suite). On the CPU this needs a small VAE (vae=h3_tiny).
+6. the text encoder's placement (memory.text_encoder), where the plan places one: a seeded conditioner at the plan's
+   widths encodes one prompt placed as planned, bitwise against unplaced (verify_text_encoder.py).
 
 Compared: the final hidden state (input of norm_out), the video and audio velocity outputs; max abs,
 relative (||a - b|| / ||b||) and PSNR (peak = max |reference|). Every run prints its call counters; a
@@ -53,6 +55,7 @@ from .gpu_only import VERIFY_SMOKE as CPU_SMOKE, verify_too_wide
 from .pipeline_build import build_vae
 from .verify_sparse_attention import check as check_sparse_attention
 from .verify_step_cache import check as check_step_cache
+from .verify_text_encoder import check as check_text_encoder
 
 
 def platform_limits() -> tuple[str, ...]:
@@ -397,6 +400,7 @@ def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, head
     v.hook.remove()
     if vae is not None:
         verify_vae(vae, plan, rep, device=device)
+    check_text_encoder(plan, rep, compare, device=device)
     if results is not None:
         results.extend(rep.results)
     line, rc = rep.verdict()

@@ -54,7 +54,9 @@ VaeOptions = _options_class("vae", "VaeOptions", {"SCOPE": "vae", "non_default":
 LinearsOptions = _options_class("linears", "LinearsOptions", {"SCOPE": "linears", "non_default": _non_default})
 TransformerOptions = _options_class("transformer", "TransformerOptions", {"SCOPE": "transformer",
                                                                           "non_default": _non_default})
+PipelineOptions = _options_class("pipeline", "PipelineOptions", {"SCOPE": "pipeline", "non_default": _non_default})
 VIEWS = {"linears": LinearsOptions, "block": BlockOptions, "attention": AttentionOptions, "vae": VaeOptions,
-         "transformer": TransformerOptions}
+         "transformer": TransformerOptions, "pipeline": PipelineOptions}
 
-__all__ = ["BlockOptions", "AttentionOptions", "VaeOptions", "LinearsOptions", "TransformerOptions", "VIEWS"]
+__all__ = ["BlockOptions", "AttentionOptions", "VaeOptions", "LinearsOptions", "TransformerOptions", "PipelineOptions",
+           "VIEWS"]

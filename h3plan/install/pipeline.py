@@ -19,7 +19,8 @@ device= (a pipeline loaded on the host, placement.py): the transformers and the 
 audio VAE, which no lever touches, is moved there whole (the decode step runs it on the execution device); the
 other components stay where they are, reported. Uninstall moves the audio VAE back too.
 
-The `text_encoder` (Qwen3-VL) is placed as the plan's memory.text_encoder says (text_encoder.py: resident,
+The `text_encoder` (Qwen3-VL) is placed as the plan's memory.text_encoder says (the text_encoder lever's install
+records the `pipeline` scope's option on a builder; text_encoder.py places it: resident,
 offload_after or host, on `device` or, without one, the device the transformer is on); a plan that places none
 (prompt_embeds given) leaves it where it is, reported; one placed already (the pipeline bench places it for all its
 rows) is left as placed. Uninstall undoes the placement this install made.
@@ -31,13 +32,15 @@ import logging
 from dataclasses import dataclass, field
 
 from h3plan.errors import InstallError
+from h3plan.levers import MEMORY_REGISTRY
 from h3plan.planner import Plan
 
 from .adaln_table import prepare, tables_of
 from .components import COMPONENTS, NO_LEVER, TRANSFORMERS, is_pipeline
 from .installer import collect, install, installed_plan, uninstall
 from .placement import Placement, check, target, tensors
-from .text_encoder import SETTINGS as TE_SETTINGS, place, placed
+from .builder import Builder
+from .text_encoder import place, placed
 from .workflows import table_conditions
 from .report import InstallReport
 
@@ -137,12 +140,24 @@ def _run_device(pipe):
     return None
 
 
+def pipeline_options(plan) -> Builder:
+    """The `pipeline` scope's options: each lever decided in the memory estimate installs its decision (the plan's
+    derived value of its name) on a builder."""
+    builder = Builder()
+    for name, lever in MEMORY_REGISTRY.items():
+        decision = lever.from_derived(plan.derived_value(name))
+        if decision is not None:
+            builder.settings[name] = decision.setting
+            lever.install(builder, decision)
+    return builder
+
+
 def _text_encoder(pipe, plan, device, report, moved) -> bool:
     """The loaded text_encoder placed as the plan says (module docstring); True when the plan places it. The placement
     joins `moved` (undone on a failed install, and by uninstall_pipeline)."""
     te = getattr(pipe, "text_encoder", None) if "text_encoder" in pipe.component_names else None
-    setting = (plan.derived_value("text_encoder") or {}).get("setting")
-    if te is None or setting not in TE_SETTINGS:
+    setting = pipeline_options(plan).view("pipeline").text_encoder
+    if te is None or setting is None:
         return False
     before = placed(te)
     if before is not None:

@@ -1,8 +1,10 @@
 """Where the pipeline's Qwen3-VL conditioner sits: the plan's `memory.text_encoder` decision carried out.
 
-The plan decides the placement (planning/text_encoder.py placement, in the memory estimate: `plan.derived_value(
-"text_encoder")["setting"]`); `place(text_encoder, setting, device)` makes the module do it and returns a
-TextEncoderPlacement whose `restore()` undoes it (every hook removed, every tensor back where it was):
+The plan decides the placement (the text_encoder lever, levers/text_encoder.py, in the memory estimate: `plan.
+derived_value("text_encoder")`); the lever's install records it as the `text_encoder` option of the `pipeline` scope
+(one of PLACED: its settings that place the conditioner), and `place(text_encoder, setting, device)` makes the
+module do it and returns a TextEncoderPlacement whose `restore()` undoes it (every hook removed, every tensor back
+where it was):
 - resident: moved to `device` once, there for every call;
 - offload_after: moved to `device` when the encode starts and back to the host when it ends, inside the call (the
   plan counts the move in the call's time);
@@ -34,10 +36,12 @@ from dataclasses import dataclass, field
 import torch
 
 from h3plan.errors import InstallError
+from h3plan.levers import MEMORY_SPECS, OPTIONS
 
 from .parking import to_host
 
-SETTINGS = ("resident", "offload_after", "host")
+_OPTION = OPTIONS["text_encoder"][1]  # the pipeline option the text_encoder lever records
+PLACED = tuple(s for s in MEMORY_SPECS["text_encoder"].settings if _OPTION.check(s))  # its settings that place it
 _STATE = "_h3plan_text_encoder"  # the TextEncoderPlacement a placed conditioner carries
 
 
@@ -162,9 +166,9 @@ def placed(module) -> TextEncoderPlacement | None:
 def place(module, setting: str, device) -> TextEncoderPlacement:
     """Make the conditioner `module` (Qwen3VLForConditionalGeneration) sit as the plan says (module docstring).
     Placing an already placed conditioner is an InstallError: restore() it first."""
-    if setting not in SETTINGS:
-        raise InstallError(f"text encoder placement {setting!r}: one of {', '.join(SETTINGS)} (none: prompt_embeds given, "
-                           "nothing to place)")
+    if setting not in PLACED:
+        raise InstallError(f"text encoder placement {setting!r}: one of {', '.join(PLACED)} (none: prompt_embeds "
+                           "given, nothing to place)")
     if not hasattr(module, "model") or not hasattr(getattr(module, "model"), "language_model"):
         raise InstallError(f"text encoder: a Qwen3VLForConditionalGeneration is expected, got {type(module).__name__}")
     before = placed(module)
@@ -205,4 +209,4 @@ def place(module, setting: str, device) -> TextEncoderPlacement:
     return p
 
 
-__all__ = ["place", "placed", "TextEncoderPlacement", "SETTINGS"]
+__all__ = ["place", "placed", "TextEncoderPlacement", "PLACED"]

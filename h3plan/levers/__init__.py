@@ -6,6 +6,7 @@ builder). Every table other code needs about levers is derived here, once:
 
     LEVER_SETTINGS   lever -> its settings             (the config schema, --help, plan validation)
     OPTIONS          option key -> (owner lever, Option) (the builder's validation, the installer's defaults)
+    MEMORY_SPECS     the levers decided in the memory estimate (MEMORY_NAMES: the text encoder's placement)
     KERNEL_OPS       kernel op -> its lever           (install/kernels.py maps each op to its functions)
     ULYSSES_LEVERS, REFERENCE_LEVERS, COUNTERS          (hardware-verified rule, verify)
     owner(option), counter(option, route)              (an install call site: whom it installs for, what it counts)
@@ -30,14 +31,21 @@ NAMES = ("gemm_quant", "adaln_table", "attention", "fa4_2cta", "fa4_tile", "fp8_
          "compile", "step_cache",
          "vae_precision", "vae_tiles", "vae_graphs", "vae_ops", "vae_parallel", "vae_encode_precision", "vae_encode_tiles")
 
+MEMORY_NAMES = ("text_encoder",)
+"""Levers decided inside the memory estimate (planning/memory.py), from the free memory it finds once every lever of
+NAMES has decided: `decide(room)` takes the estimate's numbers, and the plan carries the decision as the derived
+value of its name (set by `memory.<name>`). --help lists them beside NAMES; their install options join OPTIONS."""
+
 REGISTRY = {name: import_module(f"{__name__}.{name}") for name in NAMES}
-if len(REGISTRY) != len(NAMES):
-    raise ImportError("a lever is named twice in h3plan.levers.NAMES")
-for _name, _module in REGISTRY.items():
+MEMORY_REGISTRY = {name: import_module(f"{__name__}.{name}") for name in MEMORY_NAMES}
+if len(REGISTRY) != len(NAMES) or set(NAMES) & set(MEMORY_NAMES):
+    raise ImportError("a lever is named twice in h3plan.levers.NAMES and MEMORY_NAMES")
+for _name, _module in {**REGISTRY, **MEMORY_REGISTRY}.items():
     if _module.SPEC.name != _name:
         raise ImportError(f"h3plan/levers/{_name}.py declares SPEC.name {_module.SPEC.name!r}; the module is the config name")
 del _name, _module
 SPECS: dict[str, Spec] = {name: m.SPEC for name, m in REGISTRY.items()}
+MEMORY_SPECS: dict[str, Spec] = {name: m.SPEC for name, m in MEMORY_REGISTRY.items()}
 
 LEVER_SETTINGS: dict[str, tuple[str, ...]] = {name: tuple(s.settings) for name, s in SPECS.items()}
 ULYSSES_LEVERS = tuple(name for name, s in SPECS.items() if s.ulysses)
@@ -47,7 +55,7 @@ COUNTERS = MappingProxyType({name: s.counter for name, s in SPECS.items() if s.c
 
 def _options() -> dict[str, tuple[str, Option]]:
     out: dict[str, tuple[str, Option]] = {}
-    for name, s in SPECS.items():
+    for name, s in {**SPECS, **MEMORY_SPECS}.items():
         for o in s.options:
             if o.key in out:
                 raise ImportError(f"levers {out[o.key][0]!r} and {name!r} both declare the install option {o.key!r}")
@@ -105,7 +113,7 @@ def counter(option: str, route: str | None = None) -> str:
 
 
 def scope_options(scope: str) -> dict[str, Option]:
-    """key -> Option of one install scope ("linears", "block", "attention", "vae"), in registry order."""
+    """key -> Option of one install scope (levers.base.SCOPES), in registry order."""
     return {k: o for k, (_, o) in OPTIONS.items() if o.scope == scope}
 
 
@@ -125,6 +133,6 @@ def not_installed(decision) -> str | None:
     return "; ".join(reasons) or f"{decision.lever} declares no install option: nothing is installed"
 
 
-__all__ = ["NAMES", "REGISTRY", "SPECS", "LEVER_SETTINGS", "OPTIONS", "KERNEL_OPS", "ULYSSES_LEVERS", "REFERENCE_LEVERS",
-           "COUNTERS", "COLUMNS", "TERM_OWNERS", "Context", "LeverError", "Option", "Spec", "Terms", "not_installed",
-           "counter", "owner", "scope_options", "terms"]
+__all__ = ["NAMES", "REGISTRY", "SPECS", "MEMORY_NAMES", "MEMORY_REGISTRY", "MEMORY_SPECS", "LEVER_SETTINGS", "OPTIONS",
+           "KERNEL_OPS", "ULYSSES_LEVERS", "REFERENCE_LEVERS", "COUNTERS", "COLUMNS", "TERM_OWNERS", "Context",
+           "LeverError", "Option", "Spec", "Terms", "counter", "not_installed", "owner", "scope_options", "terms"]

@@ -24,7 +24,7 @@ from h3plan.facts.support import Support
 from ..facts import tuned
 from . import rules
 
-SCOPES = ("linears", "block", "attention", "vae", "transformer")
+SCOPES = ("linears", "block", "attention", "vae", "transformer", "pipeline")
 MODELS = ("transformer", "vae")
 
 
@@ -33,7 +33,8 @@ class Option:
     """One install option a lever records on the builder (h3plan.install.builder): the installer's input.
 
     scope: "linears" (the block linears' GEMMs), "block" (the patched block forward), "attention" (the
-        attention processor), "vae" or "transformer" (a hook on the transformer's own forward: step_cache).
+        attention processor), "vae", "transformer" (a hook on the transformer's own forward: step_cache) or
+        "pipeline" (a pipeline component without levers of its own: the text encoder's placement).
     check / allowed: the values it takes (a predicate and its one-line description).
     default: the value when no lever sets it (the installed model then runs diffusers' own op there).
     swap: value -> (fqn suffix, old, new) logged once per transformer block for a non-default value, or None.

@@ -28,7 +28,8 @@ says whether it fits and, when not, which nearest change does (each one re-estim
   a phase of the peak, so the fit check covers it. `loaded_gib`: the pipeline as loaded, on the device before
   install (what a pipeline moved to the GPU whole before install holds; the plan's install line says when it does
   not fit); under memory.partitions=both, both transformer partitions as loaded.
-- The text encoder (model.text_encoder, a Qwen3-VL config; planning/text_encoder.py): placed by memory.text_encoder
+- The text encoder (model.text_encoder, a Qwen3-VL config sized by planning/text_encoder.py): placed by the
+  text_encoder lever (levers/text_encoder.py; memory.text_encoder)
   (auto: resident where it fits beside the denoise peak, else offload_after where its encode fits beside the
   resident models, else host); resident weights join the denoise phase, and an `encode` phase holds the resident
   models + its weights (or one layer, host) + the encode's peak. Without a config: prompt_embeds given, nothing counted;
@@ -47,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from h3plan.errors import ConfigError
-from h3plan.levers import REGISTRY, SPECS, TERM_OWNERS, terms
+from h3plan.levers import MEMORY_REGISTRY, MEMORY_SPECS, REGISTRY, SPECS, TERM_OWNERS, terms
 from h3plan.facts.timesteps import request_steps, row_kinds
 
 from . import text_encoder
@@ -90,7 +91,7 @@ class MemoryConfig:
     text_encoder: str = "auto"
     """Where the Qwen3-VL conditioner (model.text_encoder) sits: auto (the first that fits of resident, offload_after,
     host), none (prompt_embeds given), resident, offload_after (moved to the host after encoding), host (left in host
-    memory, streamed a layer at a time). planning/text_encoder.py placement."""
+    memory, streamed a layer at a time). The text_encoder lever's setting (levers/text_encoder.py)."""
     partitions: str = "one"
     """one: the workflow's own transformer partition on the device (ModularPipeline.from_pretrained(repo,
     workflow=...) loads only it); both: transformer/ and transformer_ref/ held at once (one pipeline serving t2va /
@@ -196,8 +197,9 @@ def _options(sections) -> dict[str, Any]:
         raise ConfigError(f"memory.vae_dtype={m['vae_dtype']}", f"allowed: {', '.join(VAE_DTYPES)}")
     if m["partitions"] not in ("one", "both"):
         raise ConfigError(f"memory.partitions={m['partitions']}", "allowed: one, both")
-    if m["text_encoder"] not in ("auto",) + text_encoder.PLACEMENTS:
-        raise ConfigError(f"memory.text_encoder={m['text_encoder']}", f"allowed: auto, {', '.join(text_encoder.PLACEMENTS)}")
+    for name, spec in MEMORY_SPECS.items():  # memory.<lever>: auto or one of its settings
+        if m[name] not in ("auto",) + tuple(spec.settings):
+            raise ConfigError(f"memory.{name}={m[name]}", f"allowed: auto, {', '.join(spec.settings)}")
     return m
 
 
@@ -376,7 +378,7 @@ def _decode(it: _Items, sections, settings, opts, geo, geo_src, B: int) -> None:
 
 
 def _conditioner(it: _Items, sections, opts, phases, resident: list[str], geo) -> dict[str, Any] | None:
-    """The Qwen3-VL conditioner (model.text_encoder) placed by planning/text_encoder.py: its weights join the denoise
+    """The Qwen3-VL conditioner (model.text_encoder) placed by the text_encoder lever: its weights join the denoise
     phase when resident; an `encode` phase holds the models resident while it runs plus its weights (resident,
     offload_after) or one decoder layer (host) and its activation peak. Free memory: the GPU's usable bytes
     (hardware.device.memory_gb less memory.reserve_fraction) less each phase's other items. None: not planned."""
@@ -393,16 +395,17 @@ def _conditioner(it: _Items, sections, opts, phases, resident: list[str], geo) -
     tflops = _throughput(hw, "gemm", "bf16")[0] if hw.get("measured") else None
     gbps = opts["host_link_gbps"]
     rows = int(geo["text_rows"]) if geo else 0
-    forced = None if opts["text_encoder"] == "auto" else opts["text_encoder"]
+    s = text_encoder.sizes(config, rows) if config is not None else None
+    lever = MEMORY_REGISTRY["text_encoder"]
+    room = lever.Room(s, free_denoise=usable - phases["denoise"]["gib"] * GiB, free_encode=usable - base,
+                      gemm_tflops=tflops, host_gbps=gbps, requested=opts["text_encoder"])
     try:
-        setting, reasons, nums = text_encoder.placement(config, rows, free_denoise=usable - phases["denoise"]["gib"] * GiB,
-                                                        free_encode=usable - base, gemm_tflops=tflops, host_gbps=gbps,
-                                                        forced=forced)
+        decision = lever.decide(room)
     except ValueError as e:
         raise ConfigError(f"memory.text_encoder={opts['text_encoder']}", str(e)) from None
-    if setting == "none":
-        return {"setting": setting, "reasons": reasons}
-    s = text_encoder.sizes(config, rows)
+    setting, reasons = decision.setting, decision.reasons
+    if s is None or setting == "none":
+        return lever.derived(decision)
     on_device = s["weight_bytes"] if setting != "host" else s["layer_bytes"]
     it.add("text_encoder", s["weight_bytes"] if setting == "resident" else 0,
            f"Qwen3-VL {s['params']:,} parameters, bf16: {setting} ({reasons[0]})")
@@ -414,7 +417,7 @@ def _conditioner(it: _Items, sections, opts, phases, resident: list[str], geo) -
         phases["denoise"]["gib"] = round(phases["denoise"]["gib"] + it.gib["text_encoder"], 3)
     keys = resident + ["text_encoder_encode"]
     phases["encode"] = {"gib": round(sum(it.gib[k] for k in keys), 3), "items": keys}
-    return {"setting": setting, "reasons": reasons, **{k: round(v, 3) for k, v in nums.items()}}
+    return lever.derived(decision)
 
 
 def estimate(sections: Mapping[str, Any], shape: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:

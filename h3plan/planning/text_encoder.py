@@ -1,4 +1,4 @@
-"""The Qwen3-VL conditioner of every MiniMax-H3 workflow, sized from its config, and where it can sit (torch-free).
+"""The Qwen3-VL conditioner of every MiniMax-H3 workflow, sized from its config (torch-free).
 
 Scope: diffusers 0.42.1 `MiniMaxH3TextEncoderStep` and its fl2va / ref2va siblings run
 `Qwen3VLForConditionalGeneration.model` once per call (`get_qwen3vl_prompt_embeds`: `output_hidden_states=True`,
@@ -11,10 +11,8 @@ Scope: diffusers 0.42.1 `MiniMaxH3TextEncoderStep` and its fl2va / ref2va siblin
   ((layers + 1) x T x hidden, output_hidden_states keeps them all) + one decoder layer's widest live set
   (its input, the MLP's gate, up and their product: T x (hidden + 3 x intermediate));
 - the encode's work: 2 x (decoder parameters) FLOPs per row plus attention 4 x T^2 x heads x head_dim per layer.
-`placement(...)` is the decision table: `none` (prompt_embeds given), `resident`, `offload_after` (moved to the host
-after encoding; the call's time includes the move) or `host` (left in host memory, its layers streamed to the GPU
-for the encode), with reasons. It is a memory option (`memory.text_encoder`), decided in the memory estimate
-(planning/memory.py), not a lever: the free memory it needs is known only there, after every lever has decided.
+Where it sits is the text_encoder lever's decision (h3plan/levers/text_encoder.py), taken in the memory estimate
+(planning/memory.py) from these sizes and the free memory the estimate finds.
 Not counted: the vision tower's activations (fl2va / ref2va vision blocks) and the move's overlap with compute.
 Numbers only, no torch.
 """
@@ -26,9 +24,6 @@ import os
 from typing import Any, Mapping
 
 from h3plan.errors import UsageError
-
-GiB = 2**30
-PLACEMENTS = ("none", "resident", "offload_after", "host")
 
 
 def read(folder) -> dict[str, Any]:
@@ -81,48 +76,4 @@ def sizes(config: Mapping[str, Any], tokens: int = 0, dtype_bytes: int = 2) -> d
             "activation_bytes": act, "flops": flops, "layers": n, "hidden": h}
 
 
-def placement(config: Mapping[str, Any] | None, tokens: int, *, free_denoise: float, free_encode: float,
-              gemm_tflops: float | None, host_gbps: float, forced: str | None = None) -> tuple[str, list[str], dict[str, float]]:
-    """(setting, reasons, numbers) of where the conditioner sits. free_denoise / free_encode: device bytes left
-    beside the rest of the plan at the denoise peak / while encoding (the transformer and VAE resident);
-    gemm_tflops: the BF16 GEMM rate (None: the encode is not timed, nan); host_gbps: host<->device bandwidth. A forced setting that cannot fit raises
-    ValueError with the reason; auto takes the first that fits of resident, offload_after, host (host when none does:
-    the caller's memory check refuses it)."""
-    if config is None:
-        if forced not in (None, "none"):
-            raise ValueError(f"text_encoder={forced}: no conditioner config to plan (prompt_embeds given)")
-        return "none", ["prompt_embeds given: the Qwen3-VL conditioner runs before the call, or elsewhere"], {}
-    s = sizes(config, tokens)
-    w, a, layer = s["weight_bytes"], s["activation_bytes"], s["layer_bytes"]
-    compute = s["flops"] / (gemm_tflops * 1e12) if gemm_tflops else float("nan")  # no BF16 rate known: not timed
-    move = w / (host_gbps * 1e9)
-    nums = {"weights_gib": w / GiB, "activations_gib": a / GiB, "encode_s": compute, "move_s": move}
-    fits = {"resident": w + a <= free_denoise, "offload_after": w + a <= free_encode, "host": layer + a <= free_encode}
-    why = {"resident": f"{w / GiB:.1f} GiB of weights + {a / GiB:.1f} GiB encode peak fit beside the denoise peak; encode "
-                       f"{compute:.2f} s",
-           "offload_after": f"{w / GiB:.1f} GiB of weights + {a / GiB:.1f} GiB encode peak fit while encoding, not beside the "
-                            f"denoise peak ({free_denoise / GiB:.1f} GiB free there): moved to the host after encoding, "
-                            f"{move:.2f} s of the call's time at {host_gbps:g} GB/s; encode {compute:.2f} s",
-           "host": f"left in host memory: one decoder layer ({layer / GiB:.2f} GiB) at a time streamed for the encode, "
-                   f"{move:.2f} s of transfer at {host_gbps:g} GB/s + {compute:.2f} s of compute"}
-    order = [forced] if forced else ["resident", "offload_after", "host"]
-    for setting in order:
-        if setting == "none":
-            return "none", ["forced: prompt_embeds given, the conditioner is not planned"], nums
-        if setting not in PLACEMENTS:
-            raise ValueError(f"text_encoder={setting}: not one of {', '.join(PLACEMENTS)}")
-        if fits[setting]:
-            return setting, [why[setting]], {**nums, "call_s": compute + (move if setting != "resident" else 0.0)}
-        if forced:
-            need, free = (w + a if setting != "host" else layer + a), (free_denoise if setting == "resident" else free_encode)
-            near = next((x for x in ("resident", "offload_after", "host") if fits[x]), None)
-            raise ValueError(f"text_encoder={setting} does not fit: it needs {need / GiB:.1f} GiB "
-                             f"{'beside the denoise peak' if setting == 'resident' else 'while encoding'}, {free / GiB:.1f} GiB "
-                             "free" + (f"; nearest that fits: memory.text_encoder={near}" if near else "; no placement fits"))
-    # auto, nothing fits: host, the least device memory; the plan's memory check refuses the encode phase with the
-    # nearest change that fits
-    return "host", [f"nothing fits: even layer by layer it needs {(layer + a) / GiB:.1f} GiB while encoding, "
-                    f"{free_encode / GiB:.1f} GiB free; {why['host']}"], {**nums, "call_s": compute + move}
-
-
-__all__ = ["read", "sizes", "placement", "PLACEMENTS"]
+__all__ = ["read", "sizes"]

@@ -240,3 +240,47 @@ def test_shared_decoder_weights_keep_every_layer_and_host_gives_each_shared_tens
     for bad in (0, n + 1):
         with pytest.raises(UsageError, match=rf"^text encoder weight sets {bad}: between 1 and its {n} decoder layers$"):
             share_decoder_weights(te, bad)
+
+
+@pytest.mark.parametrize("setting", ["none", "resident", "offload_after", "host"])
+def test_the_lever_installs_through_the_builder(setting):
+    """The text_encoder lever records its placement as the `pipeline` scope's option (none: a skip, nothing placed);
+    the installer's placements are the settings that option takes."""
+    from h3plan.install.builder import Builder
+    from h3plan.install.text_encoder import PLACED
+    from h3plan.levers import MEMORY_REGISTRY
+
+    lever = MEMORY_REGISTRY["text_encoder"]
+    decision = lever.from_derived({"setting": setting, "reasons": ["why"]})
+    builder = Builder()
+    lever.install(builder, decision)
+    assert builder.view("pipeline").text_encoder == (None if setting == "none" else setting)
+    assert builder.skipped == ([("text_encoder", "why")] if setting == "none" else [])
+    assert PLACED == ("resident", "offload_after", "host")
+
+
+@pytest.mark.parametrize("setting", ["resident", "offload_after", "host"])
+def test_verify_encodes_placed_against_unplaced(setting, capsys):
+    """action=verify's text_encoder check (actions/verify_text_encoder.py): model=h3_tiny's seeded conditioner, every
+    hidden state bitwise the unplaced encode's; a plan that places none adds no line."""
+    from h3plan.actions.verify import Report, compare
+    from h3plan.actions.verify_text_encoder import check
+
+    rep = Report()
+    check(h3plan.resolve_config(model="h3_tiny", **{"memory.text_encoder": setting}), rep, compare)
+    out = capsys.readouterr().out
+    assert rep.ok and rep.results == [(f"text_encoder={setting}", True, rep.results[0][2])], out
+    assert f"PASS  {'text_encoder=' + setting:<34} bitwise equal to unplaced; 52 hidden states" in out
+    rep = Report()
+    check(h3plan.resolve_config(model="h3_tiny"), rep, compare)
+    assert rep.results == [] and capsys.readouterr().out == ""
+
+
+def test_verify_leaves_a_wide_conditioner_to_the_gpu(capsys):
+    from h3plan.actions.verify import Report, compare
+    from h3plan.actions.verify_text_encoder import check
+
+    rep = Report()
+    check(h3plan.resolve_config(**{"memory.text_encoder": "host"}), rep, compare)
+    assert rep.ok and list(rep.not_run) == ["text_encoder=host"] and rep.verdict()[1] == 0
+    assert "too wide for the CPU" in capsys.readouterr().out

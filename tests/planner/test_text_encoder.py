@@ -1,11 +1,15 @@
 """The Qwen3-VL conditioner's sizes (h3plan/planning/text_encoder.py) against transformers' own model, and the
-placement decision table (CPU, no downloads: a tiny seeded Qwen3VLConfig on the meta device)."""
+text_encoder lever's placement decision table (h3plan/levers/text_encoder.py; CPU, no downloads: a tiny seeded
+Qwen3VLConfig on the meta device)."""
 
 import json
 
 import pytest
 
+from h3plan.levers import MEMORY_REGISTRY
 from h3plan.planning import text_encoder as TE
+
+LEVER = MEMORY_REGISTRY["text_encoder"]
 
 GiB = 2**30
 
@@ -49,8 +53,11 @@ def test_activation_peak_keeps_every_hidden_state():
 
 # The decision table: (free at the denoise peak, free while encoding) in GiB of the tiny encoder's own bytes.
 def _place(free_denoise, free_encode, forced=None, config=_config()):
-    return TE.placement(config, 10, free_denoise=free_denoise, free_encode=free_encode, gemm_tflops=770, host_gbps=25,
-                        forced=forced)
+    sizes = TE.sizes(config, 10) if config is not None else None
+    d = LEVER.decide(LEVER.Room(sizes, free_denoise=free_denoise, free_encode=free_encode, gemm_tflops=770,
+                                host_gbps=25, requested=forced or "auto"))
+    assert d.lossless and d.forced == (forced is not None)
+    return d.setting, list(d.reasons), dict(d.params)
 
 
 def test_placement_decision_table():
@@ -217,3 +224,34 @@ def test_host_placement_plans_on_an_80gb_card(video):
     assert plan.derived_value("text_encoder")["setting"] == "host"
     assert plan.derived_value("memory_peak_gib_per_gpu") <= 80e9 / GiB * 0.92
     assert plan.derived_value("memory_peak_gib_tables_off") > plan.derived_value("memory_peak_gib_per_gpu")
+
+
+# ---- one list of settings: the lever's SPEC, read by the config check, --help and the installer -------------------
+
+def test_memory_text_encoder_takes_the_specs_settings():
+    from h3plan import resolve_config
+    from h3plan.errors import ConfigError
+
+    assert tuple(LEVER.SPEC.settings) == ("none", "resident", "offload_after", "host")
+    assert all(LEVER.SPEC.lossless(s) for s in LEVER.SPEC.settings)  # a placement moves weights, never a number
+    with pytest.raises(ConfigError, match=r"^memory.text_encoder=bogus: allowed: auto, none, resident, offload_after, "
+                       r"host$"):
+        resolve_config(**{"memory.text_encoder": "bogus"})
+
+
+def test_help_lists_it_beside_the_levers():
+    from h3plan.cli import help_text
+
+    lines = help_text().splitlines()
+    at = next(i for i, x in enumerate(lines) if x.split()[:1] == ["memory.text_encoder"])
+    assert lines[at].split()[1:] == ["auto", "|"] + " | ".join(LEVER.SPEC.settings).split()
+    assert lines.index("other keys:") > at > next(i for i, x in enumerate(lines) if x.startswith("levers ("))
+
+
+def test_the_plans_value_is_its_decision():
+    from h3plan import resolve_config
+
+    value = resolve_config(**{"memory.text_encoder": "host"}).derived_value("text_encoder")
+    d = LEVER.from_derived(value)
+    assert d.setting == "host" and list(d.reasons) == value["reasons"] and LEVER.derived(d) == value
+    assert LEVER.from_derived(None) is None

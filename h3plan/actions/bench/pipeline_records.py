@@ -21,8 +21,8 @@ from typing import Mapping, Sequence
 
 from h3plan.facts.vae.encode import encode_inputs
 from h3plan.facts.workflows import DEFAULT_TASK
+from h3plan.levers import MEMORY_SPECS
 from h3plan.planner import resolve_config
-from h3plan.planning.text_encoder import PLACEMENTS
 
 from .results_file import ResultsFile
 from .tables import cell, fmt, md_table, one_line, text_table
@@ -499,5 +499,5 @@ def encode_shapes(plan) -> list[list[int]]:
 
 def prompted(row: Mapping) -> bool:
     """A row whose call took a prompt through the text encoder (its request places one), not prompt_embeds."""
-    setting = row.get("request", {}).get("memory.text_encoder")
-    return setting in PLACEMENTS and setting != "none"  # "auto" resolves by the plan, "none": prompt_embeds
+    setting = row.get("request", {}).get("memory.text_encoder")  # "auto" resolves by the plan; "none": prompt_embeds
+    return setting in MEMORY_SPECS["text_encoder"].settings and setting != "none"
