@@ -22,7 +22,7 @@ import yaml
 import h3plan
 from h3plan.actions.bench.pipeline_records import (corrections_of, encode_shapes, load_corrections, predicted_call,
                                                     predicted_forward,
-                                                   prompted, record_key, replan)
+                                                   prompted, record_key, replan, sparse_decision)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = "benchmarks/results/pipeline-h200.json"
@@ -48,7 +48,7 @@ def rows() -> list[dict]:
                     continue
                 try:
                     plan = replan(row, steps, **groups)
-                    mixed = plan.decision("sparse_attention").enabled
+                    mixed = sparse_decision(plan) is not None
                 except h3plan.H3PlanError as e:  # a 4-forward request of a 34-forward step cache: refused, said so
                     out.append({"run": row["run"], "label": row["label"], "facts": name, "forwards": 4, "error": str(e)})
                     continue

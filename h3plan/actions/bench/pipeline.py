@@ -653,8 +653,8 @@ def _record(torch, device, run_id, request, S, degree, layers, n_sched, steps_e2
         rec.rest_parts = {k: round(statistics.median(p[k] for p in row.parts), 4) for k in row.parts[0]}
     if row.full is not None:
         rec.e2e_s, rec.steps_e2e, rec.wall_s = row.full["e2e_s"], row.full["forwards"], row.full["e2e_s"]
-        sparse = plan.decision("sparse_attention") if plan is not None else None
-        dense = sparse.param("dense_forwards") if sparse is not None and sparse.enabled else None
+        sparse = records.sparse_decision(plan) if plan is not None else None
+        dense = sparse.param("dense_forwards") if sparse is not None else None
         note, check = step_cache_notes(row.full, forward_kinds(row.call_forwards, row.call_computed, dense), rest)
         rec.notes += note
         rec.checks.append(check)

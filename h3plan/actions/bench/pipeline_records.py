@@ -21,7 +21,7 @@ from typing import Mapping, Sequence
 
 from h3plan.facts.vae.encode import encode_inputs
 from h3plan.facts.workflows import DEFAULT_TASK
-from h3plan.levers import MEMORY_SPECS
+from h3plan.levers import MEMORY_SPECS, terms
 from h3plan.planner import resolve_config
 
 from .results_file import ResultsFile
@@ -458,12 +458,17 @@ def replan(row: Mapping, steps: int | None = None, **groups):
     return plan
 
 
+def sparse_decision(plan):
+    """The plan's enabled decision that runs block-sparse attention (its Terms), or None."""
+    return next((d for d in plan.decisions if d.enabled and terms({d.lever: d}).sparse_blocks), None)
+
+
 def planned_forwards(plan, forwards: int) -> list[float]:
     """The plan's time for each forward of a call of `forwards`: forward_s_est, and with sparse attention
     forward_sparse_s_est after its dense forwards."""
     f, fs = plan.derived_value("forward_s_est"), plan.derived_value("forward_sparse_s_est")
-    sparse = plan.decision("sparse_attention")
-    dense = sparse.param("dense_forwards") if sparse.enabled and fs is not None else None
+    sparse = sparse_decision(plan)
+    dense = sparse.param("dense_forwards") if sparse is not None and fs is not None else None
     return [f if dense is None or i < dense else fs for i in range(forwards)]
 
 
