@@ -270,6 +270,10 @@ def warm_latent_frames(vae, latent_frames: int) -> int:
     return next((t for t in range(1, latent_frames + 1) if clip_lengths(vae, t) == want), latent_frames)
 
 
+class _WarmedUp(Exception):
+    """Ends the sparse warm-up call (_Session.warm_sparse) once its first sparse forward has run."""
+
+
 class _Session(Session):
     """The pipeline bench's session: the one pipeline, the request, the prompt, a timer on every transformer
     forward; `turn` runs one row's call."""
@@ -380,6 +384,7 @@ class _Session(Session):
         try:
             if first_turn and self.opts.decode_warmup:
                 self.warm_decode()
+            self.warm_sparse(s)
             reset_counters()
             if cached(s):
                 self.full_turn(row)
@@ -391,6 +396,33 @@ class _Session(Session):
             s.exit()
         if self.device.type == "cuda":  # the peak of every row, the step cache's whole call included
             row.peak_gib = max(torch.cuda.max_memory_allocated(self.device) / 2**30, row.peak_gib or 0.0)
+
+    def warm_sparse(self, s) -> None:
+        """A plan with block-sparse attention (whole calls only): its own schedule run, untimed, up to its first sparse
+        forward and stopped there, so that the block-sparse kernel's JIT stays out of the timed call (the short warm-up
+        call's timesteps are off the sparse schedule: every forward of it runs dense)."""
+        sparse = records.sparse_decision(s.plan) if s.name == "plan" and (cached(s) or self.opts.whole) else None
+        if sparse is None or self.full_forwards <= sparse.param("dense_forwards"):
+            return
+        r, seen, stop = self.request, [], sparse.param("dense_forwards") + 1
+
+        def count(_module, _args, _out):
+            seen.append(1)
+            if len(seen) >= stop:
+                raise _WarmedUp
+
+        handle = self.pipe.transformer.register_forward_hook(count)
+        try:
+            self.pipe(**self.prompt, **self.media, height=r.height, width=r.width, num_frames=r.num_frames,
+                      num_inference_steps=self.full_forwards + 1, output_type="pt", output="videos",
+                      generator=self.torch.Generator("cpu").manual_seed(self.opts.seed))
+        except _WarmedUp:
+            pass
+        finally:
+            handle.remove()
+        self.fw.sync()
+        if len(seen) != stop:
+            raise RuntimeError(f"the sparse warm-up made {len(seen)} forwards, expected {stop}")
 
     def plain_turn(self, row: _Row, s) -> None:
         """`warmup` untimed + `steps` timed forwards of one call: forward is their median, rest the call less its forwards."""
