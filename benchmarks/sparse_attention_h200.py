@@ -11,7 +11,8 @@
     (blocks are uniform; outside them is under 0.2% of a forward); targets >= 1.35x at 5 s, >= 1.6x at 10 s. The
     sparse plan's dense forward (index 5 < 10 dense forwards) is checked bitwise against the bf16 plan.
 
-Writes $OUT/sparse-attention-h200.json after every part and .md at the end (OUT defaults to benchmarks/results).
+Writes $OUT/$H3_SPARSE_NAME.json after every part and .md at the end (OUT defaults to benchmarks/results, the name to
+sparse-attention-h200); H3_SPARSE_PARTS picks the parts (default abc: all), e.g. `ab` for the kernels alone.
 Seeded weights and random q/k/v carry no trained attention pattern: the errors here are not a quality claim.
 Usage (GPU wheels installed, shared/gpu/README.md): python benchmarks/sparse_attention_h200.py [seconds budget]
 """
@@ -30,6 +31,8 @@ from h3plan.actions.bench.ops import block_router, block_sparse, timestep_vector
 OUT = os.environ.get("OUT", "benchmarks/results")
 BUDGET = float(sys.argv[1]) if len(sys.argv) > 1 else 450.0
 BLOCKS = int(os.environ.get("H3_SPARSE_BLOCKS", "8"))
+NAME = os.environ.get("H3_SPARSE_NAME", "sparse-attention-h200")
+PARTS = os.environ.get("H3_SPARSE_PARTS", "abc")
 KEEP, H, D = 0.25, 56, 128
 SPARSE = {"ssim_min": 0.8, "keep": KEEP, "dense_forwards": 10}  # the published point meets it
 TARGETS = {"attention_5s": 3.0, "attention_10s": 3.0, "forward_5s": 1.35, "forward_10s": 1.6}
@@ -40,7 +43,7 @@ RESULT: dict = {"device": torch.cuda.get_device_name() if torch.cuda.is_availabl
 
 def save():
     os.makedirs(OUT, exist_ok=True)
-    with open(os.path.join(OUT, "sparse-attention-h200.json"), "w") as f:
+    with open(os.path.join(OUT, NAME + ".json"), "w") as f:
         json.dump(RESULT, f, indent=1)
 
 
@@ -203,7 +206,7 @@ def markdown() -> str:
             lines.append(f"| attention {r['seq_len']:,} x {H} | {r['dense_fa4_ms']} ms | {r['router_and_sparse_ms']} ms "
                          f"(router {r['router_ms']}) | {r['speedup_with_router']}x | {TARGETS[k[2:]]}x | {r['target_met']} |")
         else:
-            lines.append(f"| {k} | {r.get('error') or r.get('skipped')} | | | | |")
+            lines.append(f"| {k} | {r.get('error') or r.get('skipped') or 'not run'} | | | | |")
     for k in ("c_forward_5s", "c_forward_10s"):
         r = p.get(k, {})
         if "speedup" in r:
@@ -211,7 +214,7 @@ def markdown() -> str:
             lines.append(f"| forward {r['seq_len']:,} ({r['blocks_run']} blocks x {r['scaled_to'] / r['blocks_run']:g}) | "
                          f"{f['bf16']} s | {f['sparse']} s | {r['speedup']}x | {r['target']}x | {r['target_met']} |")
         else:
-            lines.append(f"| {k} | {r.get('error') or r.get('skipped')} | | | | |")
+            lines.append(f"| {k} | {r.get('error') or r.get('skipped') or 'not run'} | | | | |")
     a = p.get("a_correctness", {})
     lines += ["", f"Correctness (S 4,100 x 8 heads): router = reference {a.get('router_equals_reference')}, FA4 vs reference "
               f"rel {a.get('fa4_vs_reference_rel')}, keep-all bitwise dense FA4 {a.get('keep_all_bitwise_dense_fa4')} "
@@ -221,8 +224,10 @@ def markdown() -> str:
 
 if __name__ == "__main__":
     save()
-    for fn in (correctness, attention_5s, attention_10s, forward_5s, forward_10s):
-        fn()
-    with open(os.path.join(OUT, "sparse-attention-h200.md"), "w") as f:
+    for letter, fn in (("a", correctness), ("b", attention_5s), ("b", attention_10s), ("c", forward_5s),
+                       ("c", forward_10s)):
+        if letter in PARTS:
+            fn()
+    with open(os.path.join(OUT, NAME + ".md"), "w") as f:
         f.write(markdown())
     print(markdown())

@@ -80,10 +80,11 @@ def _pooled(x, valid: int, block: int, sub: int) -> tuple[torch.Tensor, torch.Te
     copy of x."""
     B, R, H, D = x.shape
     nb, ns = -(-R // block), block // sub
-    xv = x[:, :valid]
-    if nb * block > valid:
-        xv = torch.nn.functional.pad(xv, (0, 0, 0, 0, 0, nb * block - valid))
-    sums = xv.reshape(B, nb * ns, sub, H, D).sum(2, dtype=torch.float32)
+    full = valid // block * block  # the whole blocks' rows are summed in place (a view); the one partial block,
+    sums = x[:, :full].reshape(B, full // sub, sub, H, D).sum(2, dtype=torch.float32)  # zero-padded to a whole block
+    if nb * block > full:  # alone, so the rows are never copied whole
+        tail = torch.nn.functional.pad(x[:, full:valid], (0, 0, 0, 0, 0, (nb * block - full) - (valid - full)))
+        sums = torch.cat([sums, tail.reshape(B, (nb * block - full) // sub, sub, H, D).sum(2, dtype=torch.float32)], 1)
     n = (torch.arange(nb * block, device=x.device) < valid).view(nb * ns, sub).sum(-1).to(torch.float32)
     means = (sums / n.clamp(min=1.0)[None, :, None, None]).permute(0, 2, 1, 3)
     return means, n > 0, valid > (nb * ns - 1) * sub  # the last flag, from the shapes: every sub-block holds a row
@@ -179,12 +180,15 @@ def block_mask_ref(q, k, video_start: int, keep: float, *, block_q: int = 128, b
 
 
 def mask_to_blocks(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A (B, H, M, N) bool block mask as FA4's (full_block_cnt, full_block_idx): ascending, then zeros."""
+    """A (B, H, M, N) bool block mask as FA4's (full_block_cnt, full_block_idx): ascending, then zeros. Each kept
+    block's slot is its rank among the kept (a running count), so one scan and one scatter write the list: no sort
+    (the dropped blocks all land in a spare column past N, cut off)."""
     N = mask.shape[-1]
-    cnt = mask.sum(-1).to(torch.int32)
-    order = torch.sort((~mask).long() * N + torch.arange(N, device=mask.device), dim=-1).values % N
-    idx = torch.where(torch.arange(N, device=mask.device) < cnt[..., None], order, 0).to(torch.int32)
-    return cnt, idx
+    cnt = mask.sum(-1, dtype=torch.int32)
+    slot = torch.where(mask, torch.cumsum(mask, -1) - 1, N)
+    cols = torch.arange(N, dtype=torch.int32, device=mask.device).expand(mask.shape)
+    idx = torch.zeros((*mask.shape[:-1], N + 1), dtype=torch.int32, device=mask.device)
+    return cnt, idx.scatter_(-1, slot, cols)[..., :N]
 
 
 def blocks_to_mask(cnt: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
