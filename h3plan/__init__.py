@@ -16,7 +16,8 @@ from h3plan.facts.decision import Decision
 
 __version__ = "0.2.0"
 
-__all__ = ["Decision", "Plan", "resolve", "resolve_config", "plan_for", "install", "uninstall", "installed_plan", "prepare", "counters",
+__all__ = ["Decision", "Plan", "resolve", "resolve_config", "plan_for", "install", "uninstall", "installed_plan",
+           "prepare", "counters",
            "reset_counters", "fallback_reasons", "H3PlanError", "ConfigError", "PlanningError", "PlanFileError",
            "UsageError", "InstallError", "__version__"]
 

@@ -106,7 +106,8 @@ def _check(cfg, plan, c) -> tuple[ev.Budget, list[str] | None]:
                          "calibrate.prompts=FILE (one prompt a line)")
     if prompts and not te:
         raise UsageError(f"calibrate.prompts={prompts} needs a checkpoint with a text encoder (model.path=DIR with "
-                         "text_encoder/ and tokenizer/); without one the prompts are seeded embeddings (calibrate.seeds)")
+                         "text_encoder/ and tokenizer/); without one the prompts are seeded embeddings "
+                         "(calibrate.seeds)")
     return budget, (read_prompts(str(prompts)) if prompts else None)
 
 
@@ -208,7 +209,8 @@ def run(cfg, plan, c) -> int:
             out, made = [], []
             for inp, s in runs:
                 given = inp if inp is not None else prompt_inputs(pipe, int(c.text_tokens), seed=s)
-                res = pipe(**given, height=int(video["height"]), width=int(video["width"]), num_frames=int(video["frames"]),
+                res = pipe(**given, height=int(video["height"]), width=int(video["width"]),
+                           num_frames=int(video["frames"]),
                            num_inference_steps=steps, output_type="pt", output=["videos", "audio"],
                            generator=torch.Generator("cpu").manual_seed(s))
                 out.append((res["videos"], res["audio"]))
@@ -246,7 +248,8 @@ def run(cfg, plan, c) -> int:
     evidence = os.path.abspath(str(c.evidence_out or f"{lever.SPEC.name}_points.yaml"))
     ev.write_points(evidence, lever.SPEC.name, points, checkpoint=cfg.model.get("path"),
                     date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
-    say(f"calibrate step_cache: {len(points)} calibrated points written to {evidence} (recipe.cache.evidence={evidence})")
+    say(f"calibrate step_cache: {len(points)} calibrated points written to {evidence} "
+        f"(recipe.cache.evidence={evidence})")
     inside = sorted((r for r in results if r[0]), key=lambda r: (r[1], r[2]))
     if not inside:
         raise UsageError(f"calibrate step_cache: no candidate stays inside {budget.text()} on these prompts "

@@ -369,7 +369,8 @@ def default_request(pipe) -> Request:
     (canvas_short_edge / canvas_max_pixels configs) and the layout step's default frame count."""
     from diffusers.modular_pipelines.minimax_h3.modular_pipeline import resolve_canvas_size
 
-    h, w = resolve_canvas_size(16, 9, pipe.canvas_multiple, pipe.config.canvas_short_edge, pipe.config.canvas_max_pixels)
+    h, w = resolve_canvas_size(16, 9, pipe.canvas_multiple, pipe.config.canvas_short_edge,
+                               pipe.config.canvas_max_pixels)
     frames = next(p.default for p in pipe._blocks.sub_blocks["denoise"].inputs if p.name == "num_frames")
     if frames is None:  # the auto denoise step (workflow_blocks): its t2va branch's layout default
         frames = next(p.default for p in pipe._blocks.sub_blocks["denoise"].sub_blocks["t2va"].inputs

@@ -57,7 +57,8 @@ def _value(text: str) -> Any:
             return _UNSURE  # also an empty mapping
         out = {k: _value(v) for k, _, v in pairs}
         unsure = len(out) < len(pairs) or any(x is _UNSURE or isinstance(x, (list, dict))
-                                              or (isinstance(x, str) and not re.fullmatch(_NAME, x)) for x in out.values())
+                                              or (isinstance(x, str) and not re.fullmatch(_NAME, x))
+                                              for x in out.values())
         return _UNSURE if unsure else out
     if text.lower() in _WORDS:
         return _WORDS[text.lower()]
@@ -258,7 +259,8 @@ def compose(overrides: list[str]):
         for g, option in list(choices.items()):  # a chosen file's `override /G: O`: the command line's G wins
             made = _chosen_overrides(g, option, folders) if option is not None else []
             if made is None:
-                return _to_hydra("a group option that is not a plain file, or one whose defaults are not its group's options and _self_")
+                return _to_hydra("a group option that is not a plain file, or one whose defaults are not its group's "
+                                 "options and _self_")
             for other, choice in made:
                 if other not in choices or other == g or choices[other] is None:
                     return _to_hydra("an override of a group outside the defaults list")
@@ -271,7 +273,8 @@ def compose(overrides: list[str]):
                 continue
             found = _group_files(g, option, folders)
             if found is None:
-                return _to_hydra("a group option that is not a plain file, or one whose defaults are not its group's options and _self_")
+                return _to_hydra("a group option that is not a plain file, or one whose defaults are not its group's "
+                                 "options and _self_")
             sources[g] = found
         files = [os.path.join(CONF, "config.yaml")] + [path for g, _ in defaults if g for path, _, _ in sources[g]]
         if len(set(files)) < len(files):
@@ -285,7 +288,8 @@ def compose(overrides: list[str]):
                     if option == schema.SCHEMA_NAME and not group:
                         merged.merge_with(OmegaConf.structured(schema.H3PlanConfig))
                     elif option == "_self_" and not group:
-                        own = OmegaConf.masked_copy(primary, [str(k) for k in primary if k not in ("defaults", "hydra")])
+                        own = OmegaConf.masked_copy(primary,
+                                                    [str(k) for k in primary if k not in ("defaults", "hydra")])
                         merged.merge_with(own)
                     elif group:
                         for _, data, package in sources[group]:

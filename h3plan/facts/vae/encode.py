@@ -24,14 +24,16 @@ def encode_inputs(request: Mapping[str, Any]) -> list[dict[str, Any]]:
         return [{"what": f"{k} keyframe", "frames": 1, "height": request["height"], "width": request["width"]}
                 for k in request.get("keyframes") or ()]
     if task == "ref2va":
-        return [{"what": f"{b['kind']} reference {i}", "frames": b.get("frames", 1), "height": b["height"], "width": b["width"]}
+        return [{"what": f"{b['kind']} reference {i}", "frames": b.get("frames", 1), "height": b["height"],
+                 "width": b["width"]}
                 for i, b in enumerate(request.get("references") or ()) if b["kind"] in ("image", "video")]
     return []
 
 
 def describe(inputs: Sequence[Mapping[str, Any]]) -> str:
     """The encodes in words: "2 encodes: first keyframe 1x1344x768, last keyframe 1x1344x768"."""
-    return f"{len(inputs)} encode(s): " + ", ".join(f"{x['what']} {x['frames']}x{x['height']}x{x['width']}" for x in inputs)
+    return f"{len(inputs)} encode(s): " + ", ".join(f"{x['what']} {x['frames']}x{x['height']}x{x['width']}"
+                                                    for x in inputs)
 
 
 def seconds(points: Sequence[Mapping[str, Any]], inputs: Sequence[Mapping[str, Any]], precision: str,
