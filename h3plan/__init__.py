@@ -11,7 +11,8 @@ Importing h3plan loads neither torch nor Hydra; the names below load on first us
 user can make raises an `H3PlanError` (one line, the same text the CLI prints).
 """
 
-from h3plan.errors import ConfigError, H3PlanError, InstallError, PlanFileError, PlanningError, UsageError, runtime_missing
+from h3plan.errors import (ConfigError, H3PlanError, InstallError, PlanFileError, PlanningError, UsageError,
+                           runtime_missing)
 from h3plan.facts.decision import Decision
 
 __version__ = "0.2.0"

@@ -36,7 +36,8 @@ def detect(device: str | None = None) -> tuple[str, dict[str, Any]]:
     try:
         import torch
     except ImportError:
-        raise UsageError(f"h3plan.plan_for reads the hardware from a CUDA device and torch is not installed; {hint}") from None
+        raise UsageError(f"h3plan.plan_for reads the hardware from a CUDA device and torch is not installed; "
+                         f"{hint}") from None
     if not torch.cuda.is_available():
         raise UsageError(f"h3plan.plan_for reads the hardware from a CUDA device and this machine has none; {hint}")
     index = torch.device(device).index if device is not None else None

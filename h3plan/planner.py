@@ -54,7 +54,8 @@ class Plan:
         return render_summary(self)
 
     def summary(self, detail: str = "summary") -> str:
-        """The CLI's table: detail="summary" (its default) or "full" (every reason, its sources, the derived numbers)."""
+        """The CLI's table: detail="summary" (its default) or "full" (every reason, its sources, the derived
+        numbers)."""
         if detail not in ("summary", "full"):
             raise UsageError(f"Plan.summary(detail={detail!r}): allowed: summary, full")
         return render_summary(self) if detail == "summary" else render_table(self)
@@ -448,7 +449,8 @@ def _memory(sections, shape, decisions) -> tuple[dict[str, Any], dict[str, str]]
                                    "or quantises weights)")}
     if est.get("text_encoder") is not None:  # the conditioner's placement (levers/text_encoder.py), with its reasons
         values["text_encoder"] = est["text_encoder"]
-        basis["text_encoder"] = "; ".join(est["text_encoder"]["reasons"]) + " (memory.text_encoder; planning/text_encoder.py)"
+        basis["text_encoder"] = ("; ".join(est["text_encoder"]["reasons"])
+                                 + " (memory.text_encoder; planning/text_encoder.py)")
     tables = TERM_OWNERS["adaln_tables"]  # adaln_table
     if getattr(decisions.get(tables), "setting", None) == "on":  # where the freed memory goes
         try:

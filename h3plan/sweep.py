@@ -222,4 +222,5 @@ class SweepSummary(Callback):
         global strict_failure
         bad = [r for r in rows if r["status"] != "ok"]
         if config.get("strict") and bad:
-            strict_failure = f"strict=true: {len(bad)} of {len(rows)} combinations are invalid or failed (see {sweep_dir / 'summary.csv'})"
+            strict_failure = (f"strict=true: {len(bad)} of {len(rows)} combinations are invalid or failed "
+                              f"(see {sweep_dir / 'summary.csv'})")

@@ -11,8 +11,8 @@ video and audio shifts), held out: `heldout_seeds` x the steps between.
 The FP8 sites of the check are the plan's (attention=cudnn_fp8, gemm_quant=fp8); a plan with neither checks
 both. The table passes when the static scales' worst PSNR against the BF16 eager forward is at least
 recipe.budget.psnr_db_min and, on the blocks' own update, they lose at most calibrate.max_loss_db to dynamic
-scales (h3plan.actions.calibration.heldout_check); it is then written to `calibrate.out` and the last line names it with the
-command whose plan reads it (table_overrides, planned before it is printed). Otherwise it
+scales (h3plan.actions.calibration.heldout_check); it is then written to `calibrate.out` and the last line names it with
+the command whose plan reads it (table_overrides, planned before it is printed). Otherwise it
 goes to <stem>.rejected.json (its provenance marks it rejected, so it never loads) and the command exits 2
 with one line. Returns 0 on success.
 """
@@ -194,8 +194,8 @@ def _closing_line(plan, out: str, summary: str) -> str:
     except H3PlanError as e:
         return f"{head}; planning with it fails: {e}"
     if not ok:
-        return f"{head}; no FP8 site of this plan reads a static table (attention {plan.decision('attention').setting}, " \
-               f"gemm_quant {plan.decision('gemm_quant').setting})"
+        return (f"{head}; no FP8 site of this plan reads a static table "
+                f"(attention {plan.decision('attention').setting}, gemm_quant {plan.decision('gemm_quant').setting})")
     return f"{head}; plan with it: python -m h3plan {shlex.join(over)}"
 
 

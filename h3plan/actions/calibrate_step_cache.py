@@ -1,7 +1,7 @@
-"""`python -m h3plan action=calibrate calibrate.target=step_cache recipe.cache={psnr_db_min:..,ssim_min:..} model.path=DIR
-[calibrate.prompts=prompts.txt]`: measure step-cache settings on the user's checkpoint, write every measurement as
-calibrated quality points (the file recipe.cache.evidence reads) and the fastest setting inside the budget as a plan
-that cites them.
+"""`python -m h3plan action=calibrate calibrate.target=step_cache recipe.cache={psnr_db_min:..,ssim_min:..}
+model.path=DIR [calibrate.prompts=prompts.txt]`: measure step-cache settings on the user's checkpoint, write every
+measurement as calibrated quality points (the file recipe.cache.evidence reads) and the fastest setting inside the
+budget as a plan that cites them.
 
 Checked before any model loads (one line each): a cache budget; a t2va request; the prompts file where the checkpoint
 has a text encoder (DIR/text_encoder/): it must exist, be UTF-8 text and hold at least one prompt (one a line,
@@ -140,7 +140,8 @@ def _encode(te_dir: str, prompts: list[str], device):
         processor = (AutoProcessor.from_pretrained(proc_dir) if os.path.isdir(proc_dir)
                      else build_processor(tokenizer, model.config.to_dict()))
     except (OSError, ValueError) as e:
-        raise UsageError(f"model.path={root}: cannot load its text encoder ({str(e).strip().splitlines()[0][:200]})") from None
+        raise UsageError(f"model.path={root}: cannot load its text encoder "
+                         f"({str(e).strip().splitlines()[0][:200]})") from None
     step = MiniMaxH3TextEncoderStep().init_pipeline()
     step.update_components(text_encoder=model, tokenizer=tokenizer, processor=processor)
     out = []
@@ -157,7 +158,8 @@ def _pipe(cfg, device):
     path = cfg.model.get("path")
     pipe = build_pipeline(cfg.model.diffusers_config, cfg.vae.diffusers_config, vae_name=cfg.vae.name, device=device,
                           blocks=pipeline_blocks())
-    weights = "seeded weights (they carry no trained model's step-to-step statistics: the numbers say nothing about your videos)"
+    weights = ("seeded weights (they carry no trained model's step-to-step statistics: the numbers say nothing "
+               "about your videos)")
     if path:
         pipe.update_components(transformer=load_model(path, device=device))
         loaded = ["transformer"]

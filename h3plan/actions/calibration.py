@@ -341,7 +341,8 @@ class _Run:
             backend = get_backend("cudnn_fp8")
             why = backend.unavailable_reason(q, k, v)
             self._cudnn = backend if why is None else False
-            self.attention_impl = "cuDNN FP8 (h3plan cudnn_fp8 backend)" if why is None else f"torch emulation of cuDNN FP8 ({why})"
+            self.attention_impl = ("cuDNN FP8 (h3plan cudnn_fp8 backend)" if why is None
+                                   else f"torch emulation of cuDNN FP8 ({why})")
         if q.is_cuda and self._cudnn:
             return self._cudnn(q, k, v, descales=descales)
         if self.attention_impl is None:

@@ -30,8 +30,9 @@ Components:
 
 Text conditioning: `prompt_inputs` gives seeded N(0, 1) `prompt_embeds` of shape (1, text_tokens,
 text_dim) in the transformer's dtype and `text_token_tags` (all text), what the text encoder step would
-hand the denoise step; `prompt_text(n)` a prompt string of n text rows for the text encoder step. `Request` is one request (height x width x frames); `sequence_length` is the
-packed length it makes, from diffusers' own frame and canvas arithmetic.
+hand the denoise step; `prompt_text(n)` a prompt string of n text rows for the text encoder step. `Request` is one
+request (height x width x frames); `sequence_length` is the packed length it makes, from diffusers' own frame and canvas
+arithmetic.
 
 Needs diffusers' transformers extra (MiniMaxH3ModularPipeline imports transformers); without it a
 one-line UsageError names the install command.

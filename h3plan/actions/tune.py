@@ -499,8 +499,10 @@ def run(cfg, plan) -> int:
     base = hw["name"]
     out = Path(_cfg(cfg, "out", f"tuned/hardware/{base}_tuned.yaml")).resolve()
     results = _cfg(cfg, "results", None)
-    S_att = plan.derived_value("padded_len") if plan.decision("ulysses_padding").setting == "padded" else plan.derived_value("seq_len")
-    heads, rows, batch = plan.derived_value("heads_per_rank"), plan.derived_value("local_rows") * plan.derived_value("batch"), plan.derived_value("batch")
+    padded = plan.decision("ulysses_padding").setting == "padded"
+    S_att = plan.derived_value("padded_len") if padded else plan.derived_value("seq_len")
+    heads, batch = plan.derived_value("heads_per_rank"), plan.derived_value("batch")
+    rows = plan.derived_value("local_rows") * batch
     hw_args = [a for a in sys.argv[1:] if a.startswith(("hardware=", "hydra.searchpath="))]
 
     def replan(extra: list[str]):

@@ -294,7 +294,8 @@ def _engaged(run: Run, lever: str) -> tuple[bool, str]:
 def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, header=None, vae=None, results=None) -> int:
     """Run the checks of the module docstring on a built model and inputs; prints them; returns the verdict's exit
     status (0 PASS, 1 FAIL, 3 INCOMPLETE). vae: (vae, latent) or why there is none, for check 5 (None: no VAE check,
-    the plan's VAE levers are left out of the verdict). `results` (a list) receives (name, ok, verdict) per check line."""
+    the plan's VAE levers are left out of the verdict). `results` (a list) receives (name, ok, verdict) per check
+    line."""
     import torch
 
     dtype = dtype or torch.bfloat16

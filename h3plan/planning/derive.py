@@ -241,7 +241,8 @@ def estimates(sections: Mapping[str, Any], shp: Mapping[str, Any], decisions: Ma
             "a2a_bytes_per_block_per_rank": "bytes one rank passes to all_to_all per block: Q, K, V (B x S/U x H x D "
                                             f"each, {'e4m3, 1 byte' if codes else 'bf16, 2 bytes'}) before attention "
                                             f"and O (bf16) after; 0 at degree 1",
-            "a2a_bytes_leaving_rank_per_block": "(U-1)/U of a2a_bytes_per_block_per_rank: the share sent to other ranks",
+            "a2a_bytes_leaving_rank_per_block": "(U-1)/U of a2a_bytes_per_block_per_rank: the share sent to other "
+                                                "ranks",
             "a2a_ms_per_block_est": a2a_basis,
         },
     }
@@ -278,7 +279,8 @@ def _router_ms(hw: Mapping[str, Any], gflop: float) -> tuple[float | None, str]:
         where = f"in proportion to the point at {lo['gflop']:g} GFLOP ({lo['provenance']})"
     else:
         v = lo["ms"] + (hi["ms"] - lo["ms"]) * (gflop - lo["gflop"]) / (hi["gflop"] - lo["gflop"])
-        where = f"interpolated between {lo['gflop']:g} and {hi['gflop']:g} GFLOP ({lo['provenance']}; {hi['provenance']})"
+        where = (f"interpolated between {lo['gflop']:g} and {hi['gflop']:g} GFLOP "
+                 f"({lo['provenance']}; {hi['provenance']})")
     return v, f"{v:.2f} ms, measured on {hw['name']} {where}"
 
 

@@ -4,14 +4,15 @@ Scope: config.yaml's defaults list as it stands (the schema, one option per grou
 group options that are plain files (no `@package` header; a defaults list only of the same group's options and
 `_self_`, as a tuned hardware file has) or `# @package _global_` files whose defaults list is `/group/option@group`
 entries of their own group, `override /group: option` entries of other groups (tier=quality: the choice changes
-unless the command line names that group, as Hydra does) and `_self_` (vae=h3_tiny), found in conf/ and then in the folders of a `hydra.searchpath=[file:///...]` override, and
-overrides of the forms `group=option` and `dotted.key=value` (a key given twice is set twice, in order, as Hydra does)
-where the value is null, a bool, a decimal int or float, a bare name, a file path, a flat list of those, or a flat
-`{name:value,...}` mapping of those but paths. That is every plan a user types and most configs the tests compose. The
-merge is Hydra's own sequence of OmegaConf calls (its ConfigLoaderImpl: the groups merged in defaults order onto an
-empty node, struct mode, then each key override through `OmegaConf.update(merge=True)`), so the config is the same
-object Hydra builds, less its `hydra` node (tests/cli/test_direct_compose.py compares the two). The merged groups are
-cached per choices and file stamps (`_MERGED`); every call gets its own deep copy.
+unless the command line names that group, as Hydra does) and `_self_` (vae=h3_tiny), found in conf/ and then in the
+folders of a `hydra.searchpath=[file:///...]` override, and overrides of the forms `group=option` and `dotted.key=value`
+(a key given twice is set twice, in order, as Hydra does) where the value is null, a bool, a decimal int or float, a
+bare name, a file path, a flat list of those, or a flat `{name:value,...}` mapping of those but paths. That is every
+plan a user types and most configs the tests compose. The merge is Hydra's own sequence of OmegaConf calls (its
+ConfigLoaderImpl: the groups merged in defaults order onto an empty node, struct mode, then each key override through
+`OmegaConf.update(merge=True)`), so the config is the same object Hydra builds, less its `hydra` node
+(tests/cli/test_direct_compose.py compares the two). The merged groups are cached per choices and file stamps
+(`_MERGED`); every call gets its own deep copy.
 
 Fallback: `compose` returns None for anything else (a `+`/`~` prefix, a quoted or interpolated value, a sweep, a group
 file with any other defaults entry or header, a search path folder that is not there, a repeated group) and for any

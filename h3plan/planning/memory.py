@@ -17,11 +17,11 @@ says whether it fits and, when not, which nearest change does (each one re-estim
   (the basis lists each tensor); not yet calibrated on a GPU (tests/gpu/test_memory_gpu.py measures it).
 - VAE decode (diffusers' decode step: no autocast, no_grad, the VAE in its dtype): weights (float32 as
   released; vae_precision fp16/bf16 casts all but diffusers' _keep_in_fp32_modules, the float32 originals
-  on the host), activations and frames in the decode's dtype, vae_graphs' one CUDA-graph pool (shared by every tile shape, sized by
-  one decoder call), and the decode's own peak: the decoded chunks and their final torch.cat, or the last clip's tiles
-  being stitched; then diffusers' MiniMaxH3VideoDecodeStep postprocess (float32 copies). Calibrated on
-  the H200 anchors (docs/sources.md#h200-anchors, benchmarks/results/vae-h200.md): within 10% for one decode, within 3% when
-  the harness's previous output (alive during its timed decode) is added.
+  on the host), activations and frames in the decode's dtype, vae_graphs' one CUDA-graph pool (shared by every tile
+  shape, sized by one decoder call), and the decode's own peak: the decoded chunks and their final torch.cat, or the
+  last clip's tiles being stitched; then diffusers' MiniMaxH3VideoDecodeStep postprocess (float32 copies). Calibrated on
+  the H200 anchors (docs/sources.md#h200-anchors, benchmarks/results/vae-h200.md): within 10% for one decode, within 3%
+  when the harness's previous output (alive during its timed decode) is added.
 - Install (a pipeline loaded on the host, `h3plan.install(pipe, plan, device="cuda")`, install/placement.py): the
   resident weights as installed plus the largest tensor it stages at a time (one AdaLN linear streamed for its
   entries, a block linear streamed and quantised with its float32 temporaries, a VAE tensor streamed for its cast);
@@ -82,7 +82,8 @@ class MemoryConfig:
     """The VAEs' weight dtype: fp32 as released; bf16/fp16 keep diffusers' _keep_in_fp32_modules in fp32."""
     autocast_weight_cache: bool = False
     """VAE parameters require grad, so FP16 autocast caches float16 casts of the decoder linears during a
-    decode (the eager anchor (docs/sources.md#h200-anchors)'s setup); false: requires_grad_(False), as h3plan's README does."""
+    decode (the eager anchor (docs/sources.md#h200-anchors)'s setup); false: requires_grad_(False), as h3plan's README
+    does."""
     max_ulysses: int = 8
     """fit: the largest Ulysses degree it suggests (one NVLink node)."""
     reserve_fraction: float = 0.08
@@ -155,7 +156,8 @@ def vae_decode(vae_dc, latent_frames: int, latent_h: int, latent_w: int, tile: M
     """Bytes of one `vae.decode` at these latents and tile geometry (pixels; frames: diffusers' temporal chunks
     of tokens_chunk_size + token_overlap latent frames, the only ones it has). act: bytes of the decode's
     activations and frames (2: float16 / bfloat16, 4: float32); fused: vae_ops's fused SwiGLU (no silu
-    temporary); fp16_weights False: FP16 autocast casts ff.net.0.proj's weight per call (a float32 VAE under autocast)."""
+    temporary); fp16_weights False: FP16 autocast casts ff.net.0.proj's weight per call (a float32 VAE under
+    autocast)."""
     g, p = Geometry.from_config(vae_dc), vae_params(vae_dc)
     ratio, dim, ffi = g.spatial_ratio, p["dim"], p["ffn_inner"]
     H, W = latent_h * ratio, latent_w * ratio

@@ -4,13 +4,14 @@ decode), with the biggest share of the call and the cheapest lever that would cu
 forward = layers x (attention + block linears + elementwise + all-to-all) per block (derive.estimates gives the
 first two and the all-to-all; the elementwise term is `measured.elementwise` at the recipe's default levers scaled
 by rows, else the block's elementwise bytes at `measured.hbm_copy_tbps`, a floor). Outside the blocks (token
-refiner, patch embedding, the tabled AdaLN) the profiled H200 forward spends under 0.2% (block-profile-forward-h200.json):
+refiner, patch embedding, the tabled AdaLN) the profiled H200 forward spends under 0.2%
+(block-profile-forward-h200.json):
 not counted. call = text encode + forwards x forward + decode, where decode is `measured.decode` at the plan's
 vae_precision and vae_tiles, scaled by latent volume (frames x height x width); an fl2va / ref2va call adds the video
 VAE encode of its keyframes / references (`measured.encode` at the plan's vae_encode_precision, scaled by pixel volume;
 the packaged sm90 points are estimates and the line says so; a t2va call has no encode term); the text encoder is
-outside the call (prompt_embeds given: h3plan/planning/memory.py). Where a term has no measurement the prediction says so and
-leaves it out (None), never a guess. Checked against the committed H200 pipe(...) rows by
+outside the call (prompt_embeds given: h3plan/planning/memory.py). Where a term has no measurement the prediction says
+so and leaves it out (None), never a guess. Checked against the committed H200 pipe(...) rows by
 tests/planner/test_predict.py.
 """
 
@@ -79,7 +80,8 @@ def forward(sections: Mapping[str, Any], shp: Mapping[str, Any], est: Mapping[st
                                                   "attention_ms_per_block_est (a forward that runs sparse attention)"}
                          if sparse else {}),
                       "forward_s_est": f"{layers} blocks x (attention + block linears + elementwise + all-to-all) per "
-                                       f"block; outside the blocks under 0.2% of the profiled H200 forward, not counted"}}
+                                       f"block; outside the blocks under 0.2% of the profiled H200 forward, "
+                                       f"not counted"}}
 
 
 def decode(sections: Mapping[str, Any], sequence: Mapping[str, Any], precision: str, tiles: str,
@@ -152,13 +154,15 @@ def call(sections: Mapping[str, Any], sequence: Mapping[str, Any], shp: Mapping[
         parts["encode"] = enc[0]
         out["encode_s_est"] = None if enc[0] is None else round(enc[0], 2)
         out["basis"]["encode_s_est"] = enc[1]
-        out["basis"]["call_s_est"] = "text encode + VAE encode + denoise + decode (diffusers' pipe(...), one GPU per rank)"
+        out["basis"]["call_s_est"] = ("text encode + VAE encode + denoise + decode (diffusers' pipe(...), "
+                                      "one GPU per rank)")
     if total is None:
         return out
     big = max(parts, key=lambda k: parts[k] or 0)
     out["call_biggest"] = {"part": big, "share": round(parts[big] / total, 3),
                            "cut": cheapest_cut(sections, sequence, shp, big, settings, fwd, parallel_decode)}
-    out["basis"]["call_biggest"] = "the largest of text encode, denoise, decode, and the lever that cuts it at the least quality cost"
+    out["basis"]["call_biggest"] = ("the largest of text encode, denoise, decode, and the lever that cuts it at the "
+                                    "least quality cost")
     return out
 
 
@@ -206,11 +210,13 @@ def cheapest_cut(sections, sequence, shp, part: str, settings: Mapping[str, str]
                     f"{fast[0]:.1f} s, outside every measured budget (its effect on the frames never measured)")
         return "no lever cuts it further on this plan"
     if part == "decode":
-        return "no lever cuts it further on this plan (the decode already runs its fastest measured precision and tiles)"
+        return ("no lever cuts it further on this plan (the decode already runs its fastest measured precision "
+                "and tiles)")
     if part == "denoise" and settings["gemm_quant"] in ("bf16", "dequant_bf16") and hw["gemm"]["fp8"]:
         f8 = fp8_forward(sections, shp)
         if f8 is not None:
-            return f"recipe=fp8 cuts a forward to {f8:.2f} s (FP8 GEMMs and attention: lossy, within its PSNR/SSIM budget)"
+            return (f"recipe=fp8 cuts a forward to {f8:.2f} s (FP8 GEMMs and attention: lossy, within its PSNR/SSIM "
+                    f"budget)")
     steps = sequence.get("num_inference_steps")  # video.num_inference_steps sets the request's, over pipeline's default
     return (f"fewer forwards (video.num_inference_steps, {steps} now; a step-distilled LoRA): the {part} shrinks with "
             "them, at a quality cost h3plan does not measure")

@@ -141,7 +141,8 @@ def _labelled(label: str, text: str, width: int) -> list[str]:
 
 def _speed_text(plan) -> str:
     """The predicted forward (per block: attention, block linears, elementwise, all-to-all) and the whole call (text
-    encode, denoise, decode), its biggest share and the cheapest cut (h3plan/planning/predict.py), and what they rest on."""
+    encode, denoise, decode), its biggest share and the cheapest cut (h3plan/planning/predict.py), and what they rest
+    on."""
     hw = plan.get("hardware")
     att, gemm, a2a, el = (plan.derived_value(k) for k in ("attention_ms_per_block_est", "gemm_ms_per_block_est",
                                                           "a2a_ms_per_block_est", "elementwise_ms_per_block_est"))
@@ -330,7 +331,8 @@ def _summary_lines(plan, width: int) -> list[str]:
         lines += _labelled(label, text, width)
     if r.get("tier"):  # a named stack: each part's evidence is on its own line above or below; the stack's here
         lines += _labelled("tier", f"{r['tier']['name']}: each lossy part is judged by its own evidence and budget "
-                                   f"(the fewer, sparse and lossy lines); the stack as a whole: {r['tier']['evidence']}", width)
+                                   f"(the fewer, sparse and lossy lines); the stack as a whole: "
+                                   f"{r['tier']['evidence']}", width)
     if lossy and r["policy"] == "lossless":  # the recipe's own lossy choice: no budget, its measured error
         chosen = [d for d in ds if d.lever in lossy]
         lines += _labelled("lossy", "; ".join(
@@ -352,7 +354,8 @@ def _summary_lines(plan, width: int) -> list[str]:
     if not any(d.hardware_verified for d in ds):
         never = f"h3plan has never run on {hw['name']}: every setting here is a prediction (marked *)"
     elif unverified:
-        never = f"{', '.join(f'{d.lever}={d.setting}' for d in unverified)}: never run on {hw['name']} by h3plan (marked *)"
+        never = (f"{', '.join(f'{d.lever}={d.setting}' for d in unverified)}: never run on {hw['name']} by h3plan "
+                 f"(marked *)")
     else:
         never = f"every setting here passed h3plan's GPU suite on {hw['name']} (hardware.verified)" + (
             f" or its check on {hw['tuned']['device']} (hardware.tuned)" if hw.get("tuned") else "")

@@ -69,7 +69,8 @@ class VideoRequest:
     """The workflow: t2va (text only), fl2va (keyframes; `keyframes`), ref2va (references; `references`, planned
     against the `transformer_ref/` partition). planning/workflows.py gives their conditioning rows."""
     keyframes: Optional[List[str]] = None
-    """fl2va: the keyframes' anchors in packed order, [first], [last] or [first,last] (diffusers' image / last_image)."""
+    """fl2va: the keyframes' anchors in packed order, [first], [last] or [first,last] (diffusers' image /
+    last_image)."""
     keyframe_size: Optional[List[int]] = None
     """fl2va without height/width: [height,width] of the first keyframe, whose aspect gives the canvas."""
     references: Optional[List[Any]] = None
@@ -243,7 +244,8 @@ def _canvas(req: VideoRequest, multiple: int, pipe: Mapping[str, Any]) -> tuple[
         if req.task == "fl2va":  # MiniMaxH3ResizeStep: the first keyframe's aspect, not 16:9
             return workflows.keyframe_canvas(req.keyframe_size, multiple, c)
         height, width = workflows.resolve_canvas(c["aspect"][0], c["aspect"][1], multiple, c)
-        return height, width, f"pipeline default canvas: resolve_canvas_size({c['aspect'][0]}, {c['aspect'][1]}, {multiple}, {c['short_edge']}, {c['max_pixels']})"
+        return height, width, (f"pipeline default canvas: resolve_canvas_size({c['aspect'][0]}, {c['aspect'][1]}, "
+                               f"{multiple}, {c['short_edge']}, {c['max_pixels']})")
     for key, v in (("video.height", req.height), ("video.width", req.width)):
         _positive(key, v)
         if v % multiple:
@@ -455,7 +457,8 @@ def sequence(sections: Mapping[str, Any]) -> tuple[int, dict[str, Any], dict[str
     basis = dict(derived["basis"])
     breakdown = {k: v for k, v in derived.items() if k != "basis"}
     breakdown["source"] = name
-    basis["seq_len"] = f"{name}: {derived['text_rows']:,} text + {derived['audio_rows']:,} audio + {derived['video_rows']:,} video rows; " + basis["seq_len"]
+    basis["seq_len"] = (f"{name}: {derived['text_rows']:,} text + {derived['audio_rows']:,} audio + "
+                        f"{derived['video_rows']:,} video rows; " + basis["seq_len"])
     return derived["seq_len"], breakdown, basis
 
 

@@ -8,7 +8,8 @@ refuses raises ConfigError naming the key, with the value that works where there
 - `fl2va`: the same step with `keyframe_anchors` ("first" and/or "last", `MiniMaxH3ResizeStep`: `image` then
   `last_image`): one latent frame of condition rows per keyframe, `[text | keyframe rows | target audio | target
   video]`. A keyframe is put on the target canvas and encoded by the spatial encoder alone
-  (`MiniMaxH3KeyframeVaeEncoderStep`), so its rows are one frame of the target: (latent_h // patch) x (latent_w // patch).
+  (`MiniMaxH3KeyframeVaeEncoderStep`), so its rows are one frame of the target: (latent_h // patch) x
+  (latent_w // patch).
   Without height/width the canvas is `resolve_canvas_size(<first keyframe's aspect>, ...)` (`MiniMaxH3ResizeStep`).
 - `ref2va` (`MiniMaxH3Ref2VAPrepareLayoutStep.build_ref2va_packed_sequence`, against `transformer_ref/`): `[text |
   reference blocks | target audio | target video]`, one block per reference in request order

@@ -72,7 +72,8 @@ class BenchOptions:
 
 
 def options(cfg) -> BenchOptions:
-    """`cfg.bench` as BenchOptions (the values were checked with the config: h3plan.planning.action_configs.validate_actions)."""
+    """`cfg.bench` as BenchOptions (the values were checked with the config:
+    h3plan.planning.action_configs.validate_actions)."""
     b = cfg["bench"] if isinstance(cfg, Mapping) else cfg.bench
 
     def ints(key):

@@ -1,7 +1,8 @@
 """The library internals a script under benchmarks/ times, patches or rebuilds, named here once: the kernels (each
 module with its `<op>_ref`), the cuDNN backend, the VAE install's precision cast and parallel decode, the hardware
-facts, the memory model, a plan made from decisions: exactly what benchmarks/ imports from here. A rename fails tests/docs/test_apparatus.py (it imports this module) on
-a CPU instead of a probe in a GPU session. Imports torch and Triton.
+facts, the memory model, a plan made from decisions: exactly what benchmarks/ imports from here. A rename fails
+tests/docs/test_apparatus.py (it imports this module) on a CPU instead of a probe in a GPU session. Imports torch and
+Triton.
 """
 
 from h3plan.facts import hardware

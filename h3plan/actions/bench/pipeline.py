@@ -43,8 +43,8 @@ plan's memory.text_encoder puts it (install/text_encoder.py: resident, offload_a
 so each row's rest, E2E and peak include the encode and its moves.
 
 Config: `video`; `bench.pipeline.{text_tokens, warmup, steps, rounds, decode_warmup, best, compile_backend,
-cp_backend, e2e_steps, layers, vae, plans, reference, seed, workflow, prompt}` (DEFAULTS; missing keys take them, so a plain dict
-config works too); `bench.out_dir`, `bench.tag`.
+cp_backend, e2e_steps, layers, vae, plans, reference, seed, workflow, prompt}` (DEFAULTS; missing keys take them, so a
+plain dict config works too); `bench.out_dir`, `bench.tag`.
 
 Output (rank 0), in bench.out_dir: pipeline-<tag>.json (one record per row, a new run appends), .md and .png
 (pipeline_records.py), rewritten after every row. U > 1: launch U processes with torchrun
@@ -395,7 +395,8 @@ class _Session(Session):
             row.peak_gib = max(torch.cuda.max_memory_allocated(self.device) / 2**30, row.peak_gib or 0.0)
 
     def plain_turn(self, row: _Row, s) -> None:
-        """`warmup` untimed + `steps` timed forwards of one call: forward is their median, rest the call less its forwards."""
+        """`warmup` untimed + `steps` timed forwards of one call: forward is their median, rest the call less its
+        forwards."""
         frames, secs, wall = self.call()
         row.counters = dict(counters()) if s.name == "plan" else None
         if row.first is None:

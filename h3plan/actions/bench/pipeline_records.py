@@ -247,7 +247,8 @@ def frames_text(f: Mapping) -> str:
     if f.get("bitwise"):
         return f"bitwise vs {f.get('against')}"
     head = "" if f.get("bitwise") is None else "**not bitwise**, "
-    return f"{head}PSNR {fmt(f.get('psnr_db'), '{:.1f}', none='inf')} dB, SSIM {fmt(f.get('ssim'), '{:.5f}')} vs {f.get('against')}"
+    return (f"{head}PSNR {fmt(f.get('psnr_db'), '{:.1f}', none='inf')} dB, SSIM {fmt(f.get('ssim'), '{:.5f}')} "
+            f"vs {f.get('against')}")
 
 
 def _runs(records):

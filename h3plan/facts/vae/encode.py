@@ -4,7 +4,8 @@ ref2va steps, read from the request breakdown (h3plan/planning/request.py, plann
 - fl2va: each keyframe is put on the target canvas and encoded alone (`MiniMaxH3KeyframeVaeEncoderStep`): one frame at
   the canvas size per keyframe;
 - ref2va: each image reference at its normalised size (one frame), each video reference at its encoded frame count and
-  canvas (`MiniMaxH3Ref2VAReferenceEncoderStep`); audio references and soundtracks go to the audio VAE (not this encode);
+  canvas (`MiniMaxH3Ref2VAReferenceEncoderStep`); audio references and soundtracks go to the audio VAE (not this
+  encode);
 - t2va: none.
 The lever (levers/vae_encode_precision.py), the time line (planning/predict.py) and action=tune read this one list.
 """
