@@ -6,8 +6,8 @@ Reads only committed JSON (no GPU): the block profiles (probes/block-profile-h20
 diffusers' best (block-h200.json), the pipeline bench (pipeline-h200.json), the parallel bench with its
 per-kernel profiles (parallel-h200.json), the VAE profile (probes/vae-profile-h200.json) and the VAE records
 (vae-h200.json), the NVFP4 producers' kernel profile and SASS counts (probes/nvfp4-session11/ncu.json,
-probes/nvfp4-compile.json). Each bound assumes the kernels that must stay (attention and GEMMs for a plan that keeps their
-kernels or their precision; the exchange at Ulysses degree 2) run at the rate they ran inside the plan, and that
+probes/nvfp4-compile.json). Each bound assumes the kernels that must stay (attention and GEMMs for a plan that keeps
+their kernels or their precision; the exchange at Ulysses degree 2) run at the rate they ran inside the plan, and that
 everything else costs nothing: a target above its bound cannot be met by work on the rest.
 """
 
@@ -34,24 +34,27 @@ def fp8_block(d: Path) -> list[dict]:
             continue
         c = r["plan"]["by_category_ms"]
         out.append({"target": "FP8 block >= 1.75x diffusers eager (issue 12)", "S": r["S"],
-                    "now": round(timed[r["S"]]["speedup"], 3), "bound": round(r["bound_if_rest_free"], 3), "target_x": 1.75,
+                    "now": round(timed[r["S"]]["speedup"], 3), "bound": round(r["bound_if_rest_free"], 3),
+                    "target_x": 1.75,
                     "kept": f"cuDNN FP8 attention {c['attention']:.1f} ms + FP8 GEMMs {c['gemm']:.1f} ms of "
-                            f"{r['plan']['busy_ms']:.1f} ms busy; eager {r['eager']['busy_ms']:.1f} ms (the profiled call: "
-                            f"{r['speedup_busy']:.3f}x busy time)"})
+                            f"{r['plan']['busy_ms']:.1f} ms busy; eager {r['eager']['busy_ms']:.1f} ms (the profiled "
+                            f"call: {r['speedup_busy']:.3f}x busy time)"})
     return out
 
 
 def fp8_e2e(d: Path) -> list[dict]:
     """The fp8 plan in the user's call (pipeline-h200.json, its latest run): against diffusers' best with the default
     fp32 VAE, and the bound if every transformer block cost only its cuDNN FP8 attention and FP8 GEMMs."""
-    prof = {r["S"]: r for r in _load(d, "probes/block-profile-h200.json")["records"] if r["recipe"] == "fp8" and not r["overrides"]}
+    prof = {r["S"]: r for r in _load(d, "probes/block-profile-h200.json")["records"]
+            if r["recipe"] == "fp8" and not r["overrides"]}
     best = {(r["recipe"], r["S"]): r for r in _load(d, "block-h200.json")["records"]}
     rows = _load(d, "pipeline-h200.json")["records"]
     out = []
     for p in rows:
         if p["recipe"] != "fp8" or p["setting"] != "plan" or p["gpus"] != 1 or p["S"] not in prof or p.get("error"):
             continue
-        if any(not w.startswith("+vae=") for w in p["label"].split()[1:]):  # a forced lever (step_cache: fewer forwards)
+        # a forced lever (step_cache: fewer forwards)
+        if any(not w.startswith("+vae=") for w in p["label"].split()[1:]):
             continue
         b32 = next((r for r in rows if r["run"] == p["run"] and r["setting"] == "best" and r["vae"] == "fp32"), None)
         if b32 is None:
@@ -60,12 +63,14 @@ def fp8_e2e(d: Path) -> list[dict]:
         plan_block = best[("fp8", p["S"])]["plan_ms"] / 1e3
         layers, n = p["layers"], p["steps_e2e"]
         floor_e2e = (p["forward_s"] - layers * plan_block + layers * floor_block) * n + p["rest_s"]
-        out.append({"target": "FP8 pipe(...) end to end >= 1.60x diffusers' regional compile with its fp32 VAE (issue 19)",
-                    "S": p["S"], "now": round(p["speedup_vs_best_fp32"], 3), "bound": round(b32["e2e_s"] / floor_e2e, 3),
+        out.append({"target": "FP8 pipe(...) end to end >= 1.60x diffusers' regional compile with its fp32 VAE "
+                              "(issue 19)",
+                    "S": p["S"], "now": round(p["speedup_vs_best_fp32"], 3),
+                    "bound": round(b32["e2e_s"] / floor_e2e, 3),
                     "target_x": 1.6,
                     "kept": f"{layers} blocks at attention + GEMM {floor_block * 1e3:.1f} ms each (plan block "
-                            f"{plan_block * 1e3:.1f} ms), the rest of the call {p['rest_s']:.2f} s (fp16 decode + FP8 VAE "
-                            f"GEMMs); best: regional compile {b32['forward_s']:.3f} s/forward + the fp32 decode"})
+                            f"{plan_block * 1e3:.1f} ms), the rest of the call {p['rest_s']:.2f} s (fp16 decode + FP8 "
+                            f"VAE GEMMs); best: regional compile {b32['forward_s']:.3f} s/forward + the fp32 decode"})
     return out
 
 
@@ -90,17 +95,19 @@ def lossless_e2e(d: Path) -> list[dict]:
         fwd_x, fwd_kept = transformer_floor(d, p["S"])
         floor_e2e = p["steps_e2e"] * p["forward_s"] / fwd_x + p["rest_s"] / decode_x
         out.append({"target": "lossless pipe(...) with the fp32 VAE >= 1.10x diffusers' regional compile (issue 19)",
-                    "S": p["S"], "now": round(p["speedup_vs_best_fp32"], 3), "bound": round(b32["e2e_s"] / floor_e2e, 3),
+                    "S": p["S"], "now": round(p["speedup_vs_best_fp32"], 3),
+                    "bound": round(b32["e2e_s"] / floor_e2e, 3),
                     "target_x": 1.1,
-                    "kept": f"the transformer at this run's {p['forward_s']:.3f} s/forward, at most {fwd_x:.4f}x faster "
-                            f"({fwd_kept}); the fp32 decode ({p['rest_s']:.2f} s of "
-                            f"the rest) at most {decode_x:.3f}x faster, the best warm ratio of graphs + fused fp32 ops in "
-                            "probes/vae-fp32-ab-h200.json (GEMMs and attention stay eager's)"})
+                    "kept": f"the transformer at this run's {p['forward_s']:.3f} s/forward, at most {fwd_x:.4f}x "
+                            f"faster ({fwd_kept}); the fp32 decode ({p['rest_s']:.2f} s of "
+                            f"the rest) at most {decode_x:.3f}x faster, the best warm ratio of graphs + fused fp32 ops "
+                            f"in probes/vae-fp32-ab-h200.json (GEMMs and attention stay eager's)"})
     return out
 
 
 # block-profile kernel name -> its kernels-h200.json row name (the bit-exact variant the lossless plan runs)
-FUSED_ROWS = {"_qk_norm_rope_kernel": "qk_norm_rope", "_swiglu_kernel": "swiglu", "_gated_residual_kernel": "gated_residual",
+FUSED_ROWS = {"_qk_norm_rope_kernel": "qk_norm_rope", "_swiglu_kernel": "swiglu",
+              "_gated_residual_kernel": "gated_residual",
               "_rmsnorm_modulate_kernel": "rmsnorm_modulate[exact]"}
 
 
@@ -121,8 +128,9 @@ def transformer_floor(d: Path, S: int) -> tuple[float, str]:
     cats = rec["by_category_ms"]
     return rec["span_ms"] / (rec["span_ms"] - saved), (
         f"the profiled {rec['layers']}-layer forward spans {rec['span_ms']:.0f} ms at S={S}: attention "
-        f"{cats.get('attention', 0):.0f} ms + GEMMs {cats.get('gemm', 0):.0f} ms kept; idle {rec['span_ms'] - rec['busy_ms']:.1f} ms; "
-        f"h3plan's fused kernels ({cats.get('h3plan_fused', 0):.0f} ms) at copy bandwidth and the rest gone save {saved:.0f} ms")
+        f"{cats.get('attention', 0):.0f} ms + GEMMs {cats.get('gemm', 0):.0f} ms kept; idle "
+        f"{rec['span_ms'] - rec['busy_ms']:.1f} ms; h3plan's fused kernels ({cats.get('h3plan_fused', 0):.0f} ms) at "
+        f"copy bandwidth and the rest gone save {saved:.0f} ms")
 
 
 def ulysses(d: Path) -> list[dict]:
@@ -136,13 +144,16 @@ def ulysses(d: Path) -> list[dict]:
             nccl = sum(ms for k, ms in two["top_kernels_ms"].items() if k.startswith("ncclDevKernel"))
             copies = sum(ms for k, ms in two["top_kernels_ms"].items() if "at::native" in k)  # among the top kernels
             t1, t2 = doc["times"][S][f"plan_u1_{recipe}"], doc["times"][S][f"plan_u2_{recipe}"]
-            out.append({"target": "Ulysses U=2 >= 1.9x the same plan on one GPU (issue 11)", "S": int(S), "recipe": recipe,
-                        "now": round(t1 / t2, 3), "bound": round(one["span_ms"] / (two["span_ms"] - nccl), 3), "target_x": 1.9,
+            out.append({"target": "Ulysses U=2 >= 1.9x the same plan on one GPU (issue 11)", "S": int(S),
+                        "recipe": recipe,
+                        "now": round(t1 / t2, 3), "bound": round(one["span_ms"] / (two["span_ms"] - nccl), 3),
+                        "target_x": 1.9,
                         "bound_without_copies": round(one["span_ms"] / (two["span_ms"] - nccl - copies), 3),
-                        "kept": f"profiled spans {one['span_ms']:.1f} ms (U=1) and {two['span_ms']:.1f} ms (U=2, two blocks), "
-                                f"NCCL kernels {nccl:.1f} ms: the bound hides the whole exchange and keeps the rest; without "
-                                f"torch's copy/elementwise kernels too ({copies:.1f} ms, the exchange's pack and unpack among "
-                                f"them): {one['span_ms'] / (two['span_ms'] - nccl - copies):.3f}x"})
+                        "kept": f"profiled spans {one['span_ms']:.1f} ms (U=1) and {two['span_ms']:.1f} ms (U=2, two "
+                                f"blocks), NCCL kernels {nccl:.1f} ms: the bound hides the whole exchange and keeps "
+                                f"the rest; without torch's copy/elementwise kernels too ({copies:.1f} ms, the "
+                                f"exchange's pack and unpack among them): "
+                                f"{one['span_ms'] / (two['span_ms'] - nccl - copies):.3f}x"})
     return out
 
 
@@ -154,16 +165,18 @@ def vae(d: Path) -> list[dict]:
     eager_per_call = rel["eager_ms"] / rel["decoder_calls"]
     return [{"target": "VAE decode >= 2.2x eager at the released latent, bitwise (issue 13)", "S": None,
              "now": rel["speedup"], "bound": round(eager_per_call / per_call_floor, 3), "target_x": 2.2,
-             "kept": f"fp16 GEMMs + cuDNN attention (eager's kernels: bitwise) {per_call_floor:.1f} ms per decoder call "
-                     f"(profile of latent {'x'.join(map(str, p['latent']))}); eager {eager_per_call:.1f} ms per call at "
-                     f"the released latent"}]
+             "kept": f"fp16 GEMMs + cuDNN attention (eager's kernels: bitwise) {per_call_floor:.1f} ms per decoder "
+                     f"call (profile of latent {'x'.join(map(str, p['latent']))}); eager {eager_per_call:.1f} ms per "
+                     f"call at the released latent"}]
 
 
 # the static pass of each NVFP4 producer (the mode a ModelOpt checkpoint's input_scale gives) in
 # probes/nvfp4-compile.json (sm90, the planned layout): its kernel name there
-# the served kernels' reports in probes/nvfp4-session11/ncu.json: the committed tree's, the fold's with its eviction hints
+# the served kernels' reports in probes/nvfp4-session11/ncu.json: the committed tree's, the fold's with its
+# eviction hints
 NVFP4_MAIN = {"modulation": "committed", "fold": "hints", "swiglu": "committed", "cast": "committed"}
-NVFP4_STATIC = {"modulation": "modulate_nvfp4 exact r", "fold": "modulate_nvfp4 exact fold r", "swiglu": "swiglu_nvfp4 ",
+NVFP4_STATIC = {"modulation": "modulate_nvfp4 exact r", "fold": "modulate_nvfp4 exact fold r",
+                "swiglu": "swiglu_nvfp4 ",
                 "cast": "cast_nvfp4 "}
 
 
@@ -202,11 +215,12 @@ def main(argv=None) -> int:
     d = Path(ap.parse_args(argv).results)
     rows = fp8_block(d) + fp8_e2e(d) + lossless_e2e(d) + ulysses(d) + vae(d) + nvfp4_producers(d)
     lines = ["# Unmet targets against their bounds (NVIDIA H200, from committed measurements)", "",
-             "Generated by `python benchmarks/bounds.py` (see its docstring for what each bound keeps). `now` is the timed "
-             "median of its bench (block-h200.json, pipeline-h200.json, parallel-h200.json, vae-h200.json: the numbers "
-             "their .md files show); the bounds come from one profiled call each, so the two can differ by a few percent "
-             "(the FP8 U=2 row at 19,000 sits 1% above its bound).", "",
-             "| target | S | recipe | now | bound (rest free) | target | reachable by work on the rest? | what the bound keeps |",
+             "Generated by `python benchmarks/bounds.py` (see its docstring for what each bound keeps). `now` is the "
+             "timed median of its bench (block-h200.json, pipeline-h200.json, parallel-h200.json, vae-h200.json: the "
+             "numbers their .md files show); the bounds come from one profiled call each, so the two can differ by a "
+             "few percent (the FP8 U=2 row at 19,000 sits 1% above its bound).", "",
+             "| target | S | recipe | now | bound (rest free) | target | reachable by work on the rest? | what the "
+             "bound keeps |",
              "|---|---:|---|---:|---:|---:|---|---|"]
     for r in rows:
         top = max(r["bound"], r.get("bound_without_copies", 0.0))

@@ -56,7 +56,8 @@ GiB = 2**30
 
 
 VIDEOS = {"t2va": {"video": "t2v_768x1344_5s"}, "ref2va": {"video": "ref2va_768x1344_5s"},
-          "fl2va": {"video": "t2v_768x1344_5s", "video.task": "fl2va", "video.keyframes": ["first", "last"]}}  # the plans' requests
+          # the plans' requests
+          "fl2va": {"video": "t2v_768x1344_5s", "video.task": "fl2va", "video.keyframes": ["first", "last"]}}
 WORKFLOW = {"workflow": "t2va", "text_encoder": "none"}  # main() sets them from --workflow / --text-encoder
 
 
@@ -81,7 +82,8 @@ def _build(c, args, device="cuda"):
 
     te, wf = WORKFLOW["text_encoder"] != "none", WORKFLOW["workflow"]
     if not te and wf == "t2va":
-        pipe = build_pipeline(c["model"]["diffusers_config"], c["vae"]["diffusers_config"], layers=args.layers, device=device)
+        pipe = build_pipeline(c["model"]["diffusers_config"], c["vae"]["diffusers_config"], layers=args.layers,
+                              device=device)
         return pipe, prompt_inputs(pipe, args.text_tokens), {}
     # the conditioner is built first on the device and placed on the host (build_pipeline: 62 GiB of it beside the
     # transformer's float32 staging does not fit an H200), then unplaced: install places it by the plan
@@ -89,7 +91,8 @@ def _build(c, args, device="cuda"):
                           layers=args.layers, device=device, blocks=workflow_blocks(text_encoder=te),
                           partitions=("transformer_ref",) if wf == "ref2va" else ("transformer",),
                           text_encoder=c["model"]["text_encoder_default"] if te else None,
-                          text_encoder_placement="host" if te else None, text_encoder_weight_sets=args.text_encoder_weight_sets)
+                          text_encoder_placement="host" if te else None,
+                          text_encoder_weight_sets=args.text_encoder_weight_sets)
     if te:
         placed_text_encoder(pipe.text_encoder).restore()
     h, w, _ = args.video
@@ -100,7 +103,8 @@ def _build(c, args, device="cuda"):
 def _estimate(plan, phase):
     from h3plan.actions.bench.ops import memory
 
-    sections = {k: plan.get(k) for k in ("model", "vae", "recipe", "hardware", "video", "pipeline", "memory", "parallel")}
+    sections = {k: plan.get(k) for k in ("model", "vae", "recipe", "hardware", "video", "pipeline",
+                                         "memory", "parallel")}
     shape = {k: plan.derived_value(k) for k in ("seq_len", "ulysses_degree", "batch", "local_rows")}
     e = memory.estimate(sections, shape, {d.lever: d.setting for d in plan.decisions})
     return e["peak_gib"], e["phases"][phase]["gib"]
@@ -108,7 +112,8 @@ def _estimate(plan, phase):
 
 def _phase_estimate(plan, decode):
     """The estimate of what ran: the denoise phase, or the whole call's peak (the largest phase) with the decode."""
-    phases = (("denoise", "decode") if decode else ("denoise",)) + (("encode",) if WORKFLOW["text_encoder"] != "none" else ())
+    phases = ((("denoise", "decode") if decode else ("denoise",))
+              + (("encode",) if WORKFLOW["text_encoder"] != "none" else ()))
     return max(_estimate(plan, p)[1] for p in phases)
 
 
@@ -151,7 +156,8 @@ def _run(torch, pipe, plan, args, prompt, *, decode, cap=None, keep=False, devic
             def call():
                 gen = torch.Generator("cpu").manual_seed(0)
                 if decode:
-                    return None, pipe(**prompt, **(media or {}), height=h, width=w, num_frames=f, num_inference_steps=args.steps,
+                    return None, pipe(**prompt, **(media or {}), height=h, width=w, num_frames=f,
+                                      num_inference_steps=args.steps,
                                       generator=gen, output_type="pt", output="videos")
                 st = run_block(pipe, "denoise", **prompt, height=h, width=w, num_frames=f,
                                num_inference_steps=args.steps, generator=gen)
@@ -170,7 +176,8 @@ def _run(torch, pipe, plan, args, prompt, *, decode, cap=None, keep=False, devic
                 "denoise_peak_gib": round(denoise_peak[0], 3),
                 "peak_gib": round(torch.cuda.max_memory_allocated() / GiB, 3),
                 "reserved_gib": round(torch.cuda.max_memory_reserved() / GiB, 3), "counters": c,
-                "latents": None if latents is None else latents.cpu(), "frames": None if frames is None else frames.cpu()}
+                "latents": None if latents is None else latents.cpu(),
+                "frames": None if frames is None else frames.cpu()}
     finally:
         if cap is not None:
             torch.cuda.set_per_process_memory_fraction(1.0)
@@ -188,16 +195,19 @@ def _cap_row(args, recipe, frames_path: Path):
     row = {"recipe": recipe, "adaln_table": "on", "cap_gb": args.cap_gb, "steps": args.steps, "decode": True}
     try:
         plan = _plan(recipe, args.steps, "on", gb=args.cap_gb)
-        row.update(estimate_peak_gib=plan.derived_value("memory_peak_gib_per_gpu"), estimate_phase_gib=_phase_estimate(plan, True),
+        row.update(estimate_peak_gib=plan.derived_value("memory_peak_gib_per_gpu"),
+                   estimate_phase_gib=_phase_estimate(plan, True),
                    estimate_install_gib=plan.derived_value("memory_install_gib"))
     except Exception as e:  # noqa: BLE001 - the planner's refusal is the result
         return {**row, "cap_passed": False, "error": "".join(traceback.format_exception_only(e)).strip()[:400]}
     if args.text_encoder_weight_sets is not None:
         row["text_encoder_weight_sets"] = args.text_encoder_weight_sets
-    proc = subprocess.run([sys.executable, __file__, *_child_argv(args, recipe, frames_path)], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, __file__, *_child_argv(args, recipe, frames_path)],
+                          capture_output=True, text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode or not lines:
-        tail = [ln for ln in proc.stderr.strip().splitlines() if "Error" in ln] or proc.stderr.strip().splitlines() or ["no output"]
+        tail = [ln for ln in proc.stderr.strip().splitlines()
+                if "Error" in ln] or proc.stderr.strip().splitlines() or ["no output"]
         return {**row, "cap_passed": False, "error": tail[-1][:400]}
     r = json.loads(lines[-1])
     return {**row, **r, "cap_passed": True, "estimate_ratio": round(row["estimate_phase_gib"] / r["peak_gib"], 3)}
@@ -280,13 +290,17 @@ def main(argv=None) -> int:
     import tempfile
 
     total = torch.cuda.get_device_properties(0).total_memory
-    meta = {"device": torch.cuda.get_device_name(0), "total_gib": round(total / GiB, 2), "video": "x".join(map(str, args.video)),
-            "layers": args.layers or 50, "text_tokens": args.text_tokens, "steps": args.steps, "script": "benchmarks/memory.py",
+    meta = {"device": torch.cuda.get_device_name(0), "total_gib": round(total / GiB, 2),
+            "video": "x".join(map(str, args.video)),
+            "layers": args.layers or 50, "text_tokens": args.text_tokens, "steps": args.steps,
+            "script": "benchmarks/memory.py",
             "workflow": args.workflow, "text_encoder": args.text_encoder,
-            **({"text_encoder_weight_sets": args.text_encoder_weight_sets} if args.text_encoder_weight_sets is not None else {})}
+            **({"text_encoder_weight_sets": args.text_encoder_weight_sets}
+               if args.text_encoder_weight_sets is not None else {})}
     tmp = Path(tempfile.mkdtemp())
     caps = {}
-    if args.decode != "none":  # each cap run first, in a fresh process, as a user's 80 GB card starts (nothing else on it)
+    # each cap run first, in a fresh process, as a user's 80 GB card starts (nothing else on it)
+    if args.decode != "none":
         for recipe in args.recipes:
             caps[recipe] = _cap_row(args, recipe, tmp / f"{recipe}.pt")
             print(json.dumps(caps[recipe]), flush=True)
@@ -296,7 +310,8 @@ def main(argv=None) -> int:
         return 0 if all(r.get("cap_passed") for r in rows) else 1
     c = configured([])[0]
     pipe, prompt, media = _build(c, args)
-    if args.warmup and WORKFLOW == {"workflow": "t2va", "text_encoder": "none"}:  # the first call compiles and autotunes; every row after it runs warm
+    # the first call compiles and autotunes; every row after it runs warm
+    if args.warmup and WORKFLOW == {"workflow": "t2va", "text_encoder": "none"}:
         h, w, f = args.video
         from h3plan.actions.bench import run_block
         import h3plan
@@ -348,7 +363,8 @@ def _conditioner_line(meta) -> list[str]:
         return []
     n = meta.get("text_encoder_weight_sets")
     shared = (f", its decoder layers sharing {n} layers' weights (--text-encoder-weight-sets: what the host holds; "
-              "at memory.text_encoder=host the device holds one layer at a time at the real width either way)") if n else ""
+              "at memory.text_encoder=host the device holds one layer at a time at the real width either way)"
+              if n else "")
     return [f"Workflow {meta['workflow']}: pipe(prompt=...) through the seeded Qwen3-VL at memory.text_encoder="
             f"{meta['text_encoder']}{shared}.", ""]
 
@@ -358,19 +374,22 @@ def _write(args, meta, rows):
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"memory-{args.tag}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    lines = [f"# Peak memory of pipe(...) per plan ({meta['device']}, {meta['video']}, {meta['layers']} layers, {args.steps} steps)", "",
+    lines = [f"# Peak memory of pipe(...) per plan ({meta['device']}, {meta['video']}, {meta['layers']} layers, "
+             f"{args.steps} steps)", "",
              "Ratio: the estimate of what ran over the measured peak (torch.cuda.max_memory_allocated over the call). "
              "Forwards: the transformer forwards by CUDA events.", "", *_conditioner_line(meta),
              "| recipe | adaln_table | cap | what ran | estimate (plan peak / phase) GiB | resting / installed GiB | "
              "install peak GiB (estimate) | denoise peak GiB | measured peak GiB | ratio | time s | forwards s | "
-             "adaln_table counters | bitwise vs tables off | cap run |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "adaln_table counters | bitwise vs tables off | cap run |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['recipe']} | {r['adaln_table']} | {r['cap_gb'] or '-'} | {'pipe(...)' if r['decode'] else 'denoise'} | "
-                     f"{r.get('estimate_peak_gib', '-')} / {r.get('estimate_phase_gib', '-')} | "
-                     f"{r.get('resting_gib', '-')} / {r.get('installed_gib', '-')} | "
-                     f"{r.get('install_peak_gib', '-')} ({r.get('estimate_install_gib', '-')}) | {r.get('denoise_peak_gib', '-')} | {r.get('peak_gib', '-')} | "
-                     f"{r.get('estimate_ratio', '-')} | {r.get('seconds', '-')} | {round(sum(r.get('forward_s') or [0]), 3)} | "
-                     f"{r.get('counters', '-')} | "
+        lines.append(f"| {r['recipe']} | {r['adaln_table']} | {r['cap_gb'] or '-'} | "
+                     f"{'pipe(...)' if r['decode'] else 'denoise'} | {r.get('estimate_peak_gib', '-')} / "
+                     f"{r.get('estimate_phase_gib', '-')} | {r.get('resting_gib', '-')} / "
+                     f"{r.get('installed_gib', '-')} | {r.get('install_peak_gib', '-')} "
+                     f"({r.get('estimate_install_gib', '-')}) | {r.get('denoise_peak_gib', '-')} | "
+                     f"{r.get('peak_gib', '-')} | {r.get('estimate_ratio', '-')} | {r.get('seconds', '-')} | "
+                     f"{round(sum(r.get('forward_s') or [0]), 3)} | {r.get('counters', '-')} | "
                      f"{r.get('bitwise_vs_tables_off', '-')} | {r.get('cap_passed', '-') if r['cap_gb'] else '-'} "
                      f"{('(' + r['error'][:120] + ')') if r.get('error') else ''}|")
     (out / f"memory-{args.tag}.md").write_text("\n".join(lines) + "\n")

@@ -9,7 +9,8 @@ a barrier before each call so the ranks start together):
   eager_1gpu           diffusers' default model on one GPU (every rank runs it alone)
   plan_u1_<recipe>     the sm90 plan at degree 1 on one GPU
   diffusers_cp         diffusers' best multi-GPU setting: set_attention_backend("_native_cudnn"),
-                       enable_parallelism(ContextParallelConfig(ulysses_degree=U)), compile_repeated_blocks(fullgraph=True)
+                       enable_parallelism(ContextParallelConfig(ulysses_degree=U)),
+                       compile_repeated_blocks(fullgraph=True)
   plan_u<U>_<recipe>   the sm90 plan at degree U over the world group
   plan_r<R>u<U/R>_<r>  with --ring R: ring R x Ulysses U/R over the same ranks (lossy: budget recipes)
   plan_u1_<r>+compile  diffusers' regional compile over the installed degree-1 plan of each recipe (the compile
@@ -35,13 +36,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-CP_CONFIG = "ContextParallelConfig(ulysses_degree={U}) + set_attention_backend('_native_cudnn') + compile_repeated_blocks(fullgraph=True)"
+CP_CONFIG = ("ContextParallelConfig(ulysses_degree={U}) + set_attention_backend('_native_cudnn') + "
+             "compile_repeated_blocks(fullgraph=True)")
 
 
 def _plan(recipe, U, S, ring=1, **over):
     import h3plan
 
-    return h3plan.resolve_config(recipe=recipe, parallel=f"u{U}", **{"parallel.seq_len": S, "parallel.ring": ring}, **over)
+    return h3plan.resolve_config(recipe=recipe, parallel=f"u{U}",
+                                 **{"parallel.seq_len": S, "parallel.ring": ring}, **over)
 
 
 def _allows(recipe, U, S, **over) -> bool:
@@ -108,7 +111,8 @@ def _settings(base, S, U, group, recipes, compile_plans, ring=1, exchange_arm=Fa
         m = copy.deepcopy(base)
         m.set_attention_backend("_native_cudnn")
         # a length the degree does not divide needs diffusers' ulysses_anything (as the pipeline bench's best)
-        m.enable_parallelism(config=ContextParallelConfig(ulysses_degree=U, **({"ulysses_anything": True} if S % U else {})))
+        m.enable_parallelism(config=ContextParallelConfig(ulysses_degree=U,
+                                                          **({"ulysses_anything": True} if S % U else {})))
         m.compile_repeated_blocks(fullgraph=True)
         return m
 
@@ -155,7 +159,8 @@ def main(argv=None) -> int:
     ap.add_argument("--exchange-arm", action="store_true",
                     help="also time each recipe's degree-U plan with ulysses_exchange=projection forced")
     ap.add_argument("--profile", action="store_true",
-                    help="also profile one forward of every plan (per-category GPU time, benchmarks/probes/block_profile.py)")
+                    help="also profile one forward of every plan (per-category GPU time, "
+                         "benchmarks/probes/block_profile.py)")
     args = ap.parse_args(argv)
 
     import torch
@@ -206,7 +211,8 @@ def main(argv=None) -> int:
         cp = t.get("diffusers_cp")
         for r in recipes:
             one = t.get(f"plan_u1_{r}")
-            for name in (f"plan_u{U}_{r}", *(f"plan_u{U}_{r}{a}" for a in ARMS), f"plan_r{args.ring}u{U // args.ring}_{r}"):
+            for name in (f"plan_u{U}_{r}", *(f"plan_u{U}_{r}{a}" for a in ARMS),
+                         f"plan_r{args.ring}u{U // args.ring}_{r}"):
                 if name not in t:
                     continue
                 a, b = outs[name], outs[f"plan_u1_{r}"] if f"plan_u1_{r}" in outs else None
@@ -237,25 +243,31 @@ def main(argv=None) -> int:
 
 
 def markdown(doc) -> str:
-    lines = [f"# Ulysses plans vs diffusers' context parallel ({doc['gpus']} x {doc['device']}, {doc['blocks']} real-width "
-             f"blocks, median of {doc['rounds']} interleaved rounds)", "",
-             "| S | plan | exchange | plan ms | plan u1 ms | diffusers CP ms | eager 1 GPU ms | scaling vs u1 | vs diffusers CP | "
-             "vs eager 1 GPU | bitwise vs u1 |", "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [f"# Ulysses plans vs diffusers' context parallel ({doc['gpus']} x {doc['device']}, {doc['blocks']} "
+             f"real-width blocks, median of {doc['rounds']} interleaved rounds)", "",
+             "| S | plan | exchange | plan ms | plan u1 ms | diffusers CP ms | eager 1 GPU ms | scaling vs u1 | vs "
+             "diffusers CP | vs eager 1 GPU | bitwise vs u1 |", "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in doc["records"]:
         f = (lambda v, d=1: "n/a" if v is None else f"{v:.{d}f}")
-        lines.append(f"| {r['S']:,} | {r['plan']} | {r.get('exchange') or 'n/a'} | {f(r['plan_ms'])} | {f(r['plan_u1_ms'])} | {f(r['diffusers_cp_ms'])} | "
-                     f"{f(r['eager_1gpu_ms'])} | {f(r['scaling_vs_u1'], 2)}x | {f(r['speedup_vs_diffusers_cp'], 2)}x | "
-                     f"{f(r['speedup_vs_eager_1gpu'], 2)}x | {'yes' if r['bitwise_vs_u1'] else 'no (rel %.1e)' % (r['rel_vs_u1'] or 0)} |")
+        lines.append(f"| {r['S']:,} | {r['plan']} | {r.get('exchange') or 'n/a'} | {f(r['plan_ms'])} | "
+                     f"{f(r['plan_u1_ms'])} | {f(r['diffusers_cp_ms'])} | {f(r['eager_1gpu_ms'])} | "
+                     f"{f(r['scaling_vs_u1'], 2)}x | {f(r['speedup_vs_diffusers_cp'], 2)}x | "
+                     f"{f(r['speedup_vs_eager_1gpu'], 2)}x | "
+                     f"{'yes' if r['bitwise_vs_u1'] else 'no (rel %.1e)' % (r['rel_vs_u1'] or 0)} |")
     lines += ["", f"diffusers CP: {CP_CONFIG.format(U=doc['gpus'])}.", ""]
-    if any(r["plan_u1_ms"] and not r["bitwise_vs_u1"] for r in doc["records"] if not r["plan"].split("/")[-1].startswith("r")):
-        lines += ["A Ulysses row that is not bitwise vs u1 here has a degree-1 plan that compiles (the `compile` lever: "
-                  "regional where measured faster); degree > 1 never compiles, and compiled blocks round their own way. "
-                  "With the same compile setting the degrees agree bit for bit (tests/gpu/test_install_ulysses_nccl.py).", ""]
+    if any(r["plan_u1_ms"] and not r["bitwise_vs_u1"] for r in doc["records"]
+           if not r["plan"].split("/")[-1].startswith("r")):
+        lines += ["A Ulysses row that is not bitwise vs u1 here has a degree-1 plan that compiles (the `compile` "
+                  "lever: regional where measured faster); degree > 1 never compiles, and compiled blocks round their "
+                  "own way. With the same compile setting the degrees agree bit for bit "
+                  "(tests/gpu/test_install_ulysses_nccl.py).", ""]
     if doc.get("compile"):
         lines += ["Regional compile over the installed degree-1 plan (the `compile` lever's evidence):", "",
-                  "| recipe | S | plan ms | compiled ms | plain / compiled | bitwise |", "|---|---:|---:|---:|---:|---|"]
-        lines += [f"| {c.get('recipe', 'bf16')} | {c['S']:,} | {c['plan_ms']:.1f} | {c['compiled_ms']:.1f} | {c['speedup']:.3f}x | "
-                  f"{'yes' if c['bitwise'] else 'no (rel %.1e)' % c['rel']} |" for c in doc["compile"]]
+                  "| recipe | S | plan ms | compiled ms | plain / compiled | bitwise |",
+                  "|---|---:|---:|---:|---:|---|"]
+        lines += [f"| {c.get('recipe', 'bf16')} | {c['S']:,} | {c['plan_ms']:.1f} | {c['compiled_ms']:.1f} | "
+                  f"{c['speedup']:.3f}x | {'yes' if c['bitwise'] else 'no (rel %.1e)' % c['rel']} |"
+                  for c in doc["compile"]]
         lines.append("")
     for S, notes in doc["notes"].items():
         bad = {k: v for k, v in notes.items() if "FAIL" in v}

@@ -37,7 +37,8 @@ def main(argv=None) -> int:
     ap.add_argument("--e2e-steps", type=int, help="transformer forwards of a generation (default: the pipeline's)")
     ap.add_argument("--compile-backend", help="torch.compile backend of the best setting (default inductor)")
     ap.add_argument("--cp-backend", help="diffusers attention backend for context parallelism (default _native_cudnn)")
-    ap.add_argument("--vae", help="VAE precisions of the eager and best rows: auto, or a comma list of fp32, fp16, bf16")
+    ap.add_argument("--vae",
+                    help="VAE precisions of the eager and best rows: auto, or a comma list of fp32, fp16, bf16")
     ap.add_argument("--plan", action="append", dest="plans", help="another plan in the same run: an override string, "
                                                                    "e.g. --plan 'recipe=fp8' (repeatable)")
     ap.add_argument("--no-reference", action="store_true", help="skip the bitwise reference rows")
@@ -46,7 +47,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-plan", action="store_true", help="skip the plans (diffusers' rows only)")
     ap.add_argument("--stock-bits", action="store_true", help="also time the stock-bits plan (the lossless plan with "
                                                                "levers.attention=sdpa, diffusers' default attention)")
-    ap.add_argument("--workflow", help="t2va (default), fl2va (first and last keyframe) or ref2va (one image reference)")
+    ap.add_argument("--workflow",
+                    help="t2va (default), fl2va (first and last keyframe) or ref2va (one image reference)")
     ap.add_argument("--whole", action="store_true", help="every row also times one whole call of the generation's "
                                                           "forwards end to end (bench.pipeline.whole)")
     ap.add_argument("--frames-dir", help="keep each row's frames here; a later run compares against them "

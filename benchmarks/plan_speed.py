@@ -2,9 +2,10 @@
 
     python benchmarks/plan_speed.py [--runs 7] [--against /path/to/other/tree] [--out FILE.md] [--json FILE] [hardware=sm90 ...]
 
-Prints the median and the fastest wall time of `runs` fresh interpreters and their median CPU time, the Hydra compositions one plan
-pays for (Hydra 1.3 on its own composes twice; h3plan's CLI once) and `python -X importtime`'s cumulative
-import cost of h3plan.cli and h3plan.planning.schema. On a loaded machine compare two trees measured the same way:
+Prints the median and the fastest wall time of `runs` fresh interpreters and their median CPU time, the Hydra
+compositions one plan pays for (Hydra 1.3 on its own composes twice; h3plan's CLI once) and `python -X importtime`'s
+cumulative import cost of h3plan.cli and h3plan.planning.schema. On a loaded machine compare two trees measured the
+same way:
 `--against` times another checkout (`git archive <rev> | tar -x -C /tmp/base`) in the same loop, one run of each in
 turn, so both see the same load. `--out` appends the result, the load average and the machine to a markdown file;
 `--json` writes every run's (wall, CPU) seconds. A plain plan composes without Hydra (h3plan/planning/direct.py), so
@@ -93,14 +94,17 @@ def main() -> None:
     print("\n".join(lines))
     if a.json:
         a.json.write_text(json.dumps({"command": f"python -m h3plan {' '.join(a.overrides)}",
-                                      "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "bytecode_caches": pyc,
+                                      "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                                      "bytecode_caches": pyc,
                                       "load_average": [load_before[0], load_after[0]], "cpus": os.cpu_count(),
-                                      "runs": {name: [{"wall_s": round(w, 4), "cpu_s": round(c, 4)} for w, c in runs[name]]
+                                      "runs": {name: [{"wall_s": round(w, 4), "cpu_s": round(c, 4)}
+                                                      for w, c in runs[name]]
                                                for name, _ in trees},
                                       "summary": lines}, indent=1) + "\n")
     if a.out:
         with a.out.open("a") as f:
-            f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: `python -m h3plan {' '.join(a.overrides)}`\n\n"
+            f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: `python -m h3plan "
+                    f"{' '.join(a.overrides)}`\n\n"
                     + "".join(f"- {x}\n" for x in lines))
 
 

@@ -4,9 +4,9 @@
 
 Three panels: block-stack forward time per (S, blocks) for diffusers eager, diffusers' best (regional
 compile; where the records have it) and each plan; the speedup over eager with the 1.25x (lossless) and
-1.5x (FP8) targets; attention alone per S (diffusers' default dispatch and each plan's backend). matplotlib is imported inside `write_chart` only (the
-Agg canvas, no pyplot state), so the bench action runs without it and says so. `--md` also rewrites
-the markdown table beside the JSON from the same records.
+1.5x (FP8) targets; attention alone per S (diffusers' default dispatch and each plan's backend). matplotlib is imported
+inside `write_chart` only (the Agg canvas, no pyplot state), so the bench action runs without it and says so. `--md`
+also rewrites the markdown table beside the JSON from the same records.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ def write_chart(records, path: str) -> str | None:
         for i, (label, values, color) in enumerate(series):
             ax.bar([x - 0.4 + w * (i + 0.5) for x in xs[: len(values)]], values, w, label=label, color=color)
 
-    eager = [statistics.median([r["eager_ms"] for r in recs if (r["S"], r["blocks"]) == c and r.get("eager_ms")] or [NAN])
+    eager = [statistics.median([r["eager_ms"] for r in recs if (r["S"], r["blocks"]) == c
+                                and r.get("eager_ms")] or [NAN])
              for c in configs]
     color = {p: f"C{i}" for i, p in enumerate(plans)}  # one colour per plan in every panel
     plan_ms = [(p, [by[(p, *c)]["plan_ms"] if (p, *c) in by else NAN for c in configs], color[p]) for p in plans]
@@ -56,7 +57,8 @@ def write_chart(records, path: str) -> str | None:
     peers = [("diffusers eager", eager, "0.6")] + ([("diffusers best (regional compile)", best, "0.35")]
                                                    if any(b == b for b in best) else [])  # NaN != NaN: none measured
     bars(ax_t, peers + plan_ms, len(plans) + len(peers))
-    speed = [(p, [by[(p, *c)].get("speedup") or NAN if (p, *c) in by else NAN for c in configs], color[p]) for p in plans]
+    speed = [(p, [by[(p, *c)].get("speedup") or NAN if (p, *c) in by else NAN for c in configs], color[p])
+             for p in plans]
     bars(ax_s, speed, len(plans))
     for container in ax_s.containers:
         ax_s.bar_label(container, fmt="%.2fx", fontsize=7)

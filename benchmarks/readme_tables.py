@@ -61,7 +61,8 @@ def pipeline() -> list[str]:
             continue
         f = r.get("frames") or {}
         frames = (f"bitwise vs {f['against'].split(' (')[0]}" if f.get("bitwise") else "" if not f else
-                  f"PSNR {f['psnr_db']:.1f} dB vs {_who(f['against'])} {f['against'].rsplit('(', 1)[-1].split()[0]} VAE")
+                  f"PSNR {f['psnr_db']:.1f} dB vs {_who(f['against'])} "
+                  f"{f['against'].rsplit('(', 1)[-1].split()[0]} VAE")
         if r.get("call_computed"):
             computed = f"{sum(map(bool, r['call_computed']))} of {r['steps_e2e']} forwards computed"
             frames = "; ".join(x for x in (computed, frames) if x)
@@ -92,19 +93,21 @@ def blocks() -> list[str]:
     rows = ["| plan | S | eager | diffusers' best | plan | vs eager | vs best |", "|---|---:|---:|---:|---:|---:|---:|"]
     recs = [r for r in _load("block-h200.json")["records"] if r["blocks"] == 1 and not r.get("error")]
     for r in sorted(recs, key=lambda r: (r["plan"], r["S"])):
-        rows.append(f"| {r['plan']} | {r['S']:,} | {r['eager_ms']:.1f} ms | {r['best_ms']:.1f} ms | {r['plan_ms']:.1f} ms "
-                    f"| {r['speedup']:.2f}x | {r['speedup_vs_best']:.2f}x |")
+        rows.append(f"| {r['plan']} | {r['S']:,} | {r['eager_ms']:.1f} ms | {r['best_ms']:.1f} ms | {r['plan_ms']:.1f} "
+                    f"ms | {r['speedup']:.2f}x | {r['speedup_vs_best']:.2f}x |")
     return rows
 
 
 def parallel() -> list[str]:
     """parallel-h200.json: two GPUs, each Ulysses plan against the same plan on one GPU and diffusers' CP."""
-    rows = ["| S | plan | exchange | plan ms | same plan, 1 GPU | diffusers CP | vs diffusers CP | scaling | bitwise vs 1 GPU |",
+    rows = ["| S | plan | exchange | plan ms | same plan, 1 GPU | diffusers CP | vs diffusers CP | scaling | bitwise "
+            "vs 1 GPU |",
             "|---:|---|---|---:|---:|---:|---:|---:|---|"]
     for r in _load("parallel-h200.json")["records"]:
         same = "yes" if r["bitwise_vs_u1"] else f"no (rel {r['rel_vs_u1']:.1e})"
-        rows.append(f"| {r['S']:,} | {r['plan'].split('+')[0]} | {r['exchange']} | {r['plan_ms']:.1f} | {r['plan_u1_ms']:.1f} "
-                    f"| {r['diffusers_cp_ms']:.1f} | {r['speedup_vs_diffusers_cp']:.2f}x | {r['scaling_vs_u1']:.2f}x | {same} |")
+        rows.append(f"| {r['S']:,} | {r['plan'].split('+')[0]} | {r['exchange']} | {r['plan_ms']:.1f} | "
+                    f"{r['plan_u1_ms']:.1f} | {r['diffusers_cp_ms']:.1f} | {r['speedup_vs_diffusers_cp']:.2f}x | "
+                    f"{r['scaling_vs_u1']:.2f}x | {same} |")
     return rows
 
 
@@ -134,7 +137,8 @@ def main(argv=None) -> int:
     new = render(old)
     if a.check:
         if new != old:
-            sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), new.splitlines(True), "README.md", "generated"))
+            sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), new.splitlines(True),
+                                                       "README.md", "generated"))
             return 1
         return 0
     a.readme.write_text(new)

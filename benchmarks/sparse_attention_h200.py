@@ -37,7 +37,8 @@ KEEP, H, D = 0.25, 56, 128
 SPARSE = {"ssim_min": 0.8, "keep": KEEP, "dense_forwards": 10}  # the published point meets it
 TARGETS = {"attention_5s": 3.0, "attention_10s": 3.0, "forward_5s": 1.35, "forward_10s": 1.6}
 T0 = time.monotonic()
-RESULT: dict = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "torch": torch.__version__, "keep": KEEP, "blocks": BLOCKS,
+RESULT: dict = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+                "torch": torch.__version__, "keep": KEEP, "blocks": BLOCKS,
                 "targets": TARGETS, "parts": {}}
 
 
@@ -57,7 +58,8 @@ def part(name):
                 try:
                     RESULT["parts"][name] = fn(*a)
                 except Exception as exc:
-                    RESULT["parts"][name] = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2000:]}
+                    RESULT["parts"][name] = {"error": f"{type(exc).__name__}: {exc}",
+                                             "trace": traceback.format_exc()[-2000:]}
                 RESULT["parts"][name]["wall_s"] = round(time.monotonic() - t, 1)
             print(name, json.dumps(RESULT["parts"][name])[:600], flush=True)
             save()
@@ -109,7 +111,8 @@ def correctness():
     o_dense = dense_fa4(q, k, v)
     return {"shape": [1, S, h, D], "video_start": vs, "router_equals_reference": same_blocks,
             "router_block_agreement": agree, "kept_rows_with_the_tail_block": tail_kept,
-            "fa4_vs_reference_rel": rel(o, ref), "fa4_vs_reference_max_abs": float((o.float() - ref.float()).abs().max()),
+            "fa4_vs_reference_rel": rel(o, ref),
+            "fa4_vs_reference_max_abs": float((o.float() - ref.float()).abs().max()),
             "fa4_vs_reference_ok": rel(o, ref) < 1e-2,
             "keep_all_bitwise_dense_fa4": torch.equal(o_all, o_dense),
             "keep_all_max_abs": float((o_all.float() - o_dense.float()).abs().max()),
@@ -203,22 +206,25 @@ def markdown() -> str:
     for k in ("b_attention_5s", "b_attention_10s"):
         r = p.get(k, {})
         if "speedup_with_router" in r:
-            lines.append(f"| attention {r['seq_len']:,} x {H} | {r['dense_fa4_ms']} ms | {r['router_and_sparse_ms']} ms "
-                         f"(router {r['router_ms']}) | {r['speedup_with_router']}x | {TARGETS[k[2:]]}x | {r['target_met']} |")
+            lines.append(f"| attention {r['seq_len']:,} x {H} | {r['dense_fa4_ms']} ms | {r['router_and_sparse_ms']} "
+                         f"ms (router {r['router_ms']}) | {r['speedup_with_router']}x | {TARGETS[k[2:]]}x | "
+                         f"{r['target_met']} |")
         else:
             lines.append(f"| {k} | {r.get('error') or r.get('skipped') or 'not run'} | | | | |")
     for k in ("c_forward_5s", "c_forward_10s"):
         r = p.get(k, {})
         if "speedup" in r:
             f = r["forward_s_scaled"]
-            lines.append(f"| forward {r['seq_len']:,} ({r['blocks_run']} blocks x {r['scaled_to'] / r['blocks_run']:g}) | "
-                         f"{f['bf16']} s | {f['sparse']} s | {r['speedup']}x | {r['target']}x | {r['target_met']} |")
+            lines.append(f"| forward {r['seq_len']:,} ({r['blocks_run']} blocks x "
+                         f"{r['scaled_to'] / r['blocks_run']:g}) | {f['bf16']} s | {f['sparse']} s | {r['speedup']}x | "
+                         f"{r['target']}x | {r['target_met']} |")
         else:
             lines.append(f"| {k} | {r.get('error') or r.get('skipped') or 'not run'} | | | | |")
     a = p.get("a_correctness", {})
-    lines += ["", f"Correctness (S 4,100 x 8 heads): router = reference {a.get('router_equals_reference')}, FA4 vs reference "
-              f"rel {a.get('fa4_vs_reference_rel')}, keep-all bitwise dense FA4 {a.get('keep_all_bitwise_dense_fa4')} "
-              f"(max abs {a.get('keep_all_max_abs')}). Seeded weights: output errors are not a quality claim."]
+    lines += ["", f"Correctness (S 4,100 x 8 heads): router = reference {a.get('router_equals_reference')}, FA4 vs "
+                  f"reference rel {a.get('fa4_vs_reference_rel')}, keep-all bitwise dense FA4 "
+                  f"{a.get('keep_all_bitwise_dense_fa4')} (max abs {a.get('keep_all_max_abs')}). Seeded weights: "
+                  f"output errors are not a quality claim."]
     return "\n".join(lines) + "\n"
 
 

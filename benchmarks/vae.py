@@ -42,7 +42,8 @@ def vae_config(name: str) -> dict:
 
     path = ROOT / "conf" / "vae" / f"{name}.yaml"
     cfg = OmegaConf.load(path)
-    return OmegaConf.to_container(cfg.get("vae", cfg).diffusers_config, resolve=True)  # h3_tiny nests under vae: (@package _global_)
+    # h3_tiny nests under vae: (@package _global_)
+    return OmegaConf.to_container(cfg.get("vae", cfg).diffusers_config, resolve=True)
 
 
 def build_vae(config: dict, device="cuda", seed: int = 0, scale_std: float = 0.1):
@@ -234,22 +235,28 @@ def markdown(meta: dict, records: list[dict]) -> str:
              f"AutoencoderKLMiniMaxH3 `{meta['config']}` config, seeded fp32 weights, `vae.decode(z)` as diffusers' "
              f"pipeline runs it (no autocast), no_grad, requires_grad False; medians of {meta['iters']} timed decodes "
              f"({meta['clock']}) after {meta['warmup']} warm-up; eager runs diffusers' ops at the plan's tile "
-             "geometry with the VAE in the plan's decode precision (`VAE`); `fp32 ms` is diffusers' default decode. Fused block calls: `vae_ops.qk_norm_rope.fused` over the plan's decode (with vae_graphs "
-             "only the warm-up and capture runs count: replays run no Python); graph replays: `vae_graphs.fused`.", "",
-             "| # | latent | GPUs | tiles | plan | VAE | vae_graphs | vae_ops | decoder calls | fp32 ms | eager ms | plan ms | speedup | vs fp32 | bitwise | PSNR dB (budget) | PSNR vs fp32 | peak GiB eager / plan (plan/eager) | fused block calls | graph replays |",
+             "geometry with the VAE in the plan's decode precision (`VAE`); `fp32 ms` is diffusers' default decode. "
+             "Fused block calls: `vae_ops.qk_norm_rope.fused` over the plan's decode (with vae_graphs only the warm-up "
+             "and capture runs count: replays run no Python); graph replays: `vae_graphs.fused`.", "",
+             "| # | latent | GPUs | tiles | plan | VAE | vae_graphs | vae_ops | decoder calls | fp32 ms | eager ms | "
+             "plan ms | speedup | vs fp32 | bitwise | PSNR dB (budget) | PSNR vs fp32 | peak GiB eager / plan "
+             "(plan/eager) | fused block calls | graph replays |",
              "|---:|---|---:|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---|---|---|---|---:|---:|"]
     for i, r in enumerate(records, 1):
         if "error" in r:
-            lines.append(f"| {i} | {'x'.join(map(str, r['latent']))} | - | - | {r['plan']} | - | - | - | - | - | - | - | - | - | - | - | - | - | {r['error']} | - |")
+            lines.append(f"| {i} | {'x'.join(map(str, r['latent']))} | - | - | {r['plan']} | - | - | - | - | - | - | - "
+                         f"| - | - | - | - | - | - | {r['error']} | - |")
             continue
         pk = r["peak_GiB"]
         ratio = "" if r.get("peak_ratio") is None else f" ({r['peak_ratio']:.2f}x)"
         v32 = r.get("psnr_vs_fp32_db")
-        lines.append(f"| {i} | {'x'.join(map(str, r['latent']))} | {r.get('gpus', 1)} | {r['tiles']} | {r['plan']} | {r.get('vae', 'fp32')} | {r.get('vae_graphs') or '-'} | {r['vae_ops']} | "
-                     f"{r['decoder_calls']} | {r.get('eager_fp32_ms', r['eager_ms']):.1f} | {r['eager_ms']:.1f} | {r['plan_ms']:.1f} | {r['speedup']:.2f}x | "
-                     f"{r.get('speedup_vs_fp32', r['speedup']):.2f}x | {'yes' if r['bitwise_equal'] else 'NO'} | {_psnr(r)} | "
-                     f"{'-' if v32 is None else f'{v32:.2f}'} | {pk['eager']} / {pk['plan']}{ratio} | "
-                     f"{r['counters'].get('vae_ops.qk_norm_rope.fused', 0)} | {r['counters'].get('vae_graphs.fused', 0)} |")
+        lines.append(f"| {i} | {'x'.join(map(str, r['latent']))} | {r.get('gpus', 1)} | {r['tiles']} | {r['plan']} | "
+                     f"{r.get('vae', 'fp32')} | {r.get('vae_graphs') or '-'} | {r['vae_ops']} | {r['decoder_calls']} | "
+                     f"{r.get('eager_fp32_ms', r['eager_ms']):.1f} | {r['eager_ms']:.1f} | {r['plan_ms']:.1f} | "
+                     f"{r['speedup']:.2f}x | {r.get('speedup_vs_fp32', r['speedup']):.2f}x | "
+                     f"{'yes' if r['bitwise_equal'] else 'NO'} | {_psnr(r)} | {'-' if v32 is None else f'{v32:.2f}'} | "
+                     f"{pk['eager']} / {pk['plan']}{ratio} | {r['counters'].get('vae_ops.qk_norm_rope.fused', 0)} | "
+                     f"{r['counters'].get('vae_graphs.fused', 0)} |")
     rows: dict[str, list[int]] = {}  # note -> the rows (#) it belongs to; a note of every row names none
     for i, r in enumerate(records, 1):
         for s in dict.fromkeys((*r.get("skipped", ()), *r.get("notes", ()))):
@@ -257,7 +264,8 @@ def markdown(meta: dict, records: list[dict]) -> str:
     if rows:
         lines += ["", "Notes (the installer's skips and the records' own notes, with the rows they belong to):"]
         for s in sorted(rows):
-            where = "" if len(rows[s]) == len(records) else f" (row{'s' if len(rows[s]) > 1 else ''} {', '.join(map(str, rows[s]))})"
+            where = ("" if len(rows[s]) == len(records)
+                     else f" (row{'s' if len(rows[s]) > 1 else ''} {', '.join(map(str, rows[s]))})")
             lines.append(f"- {s}{where}")
     lines += ["", f"torch {meta['torch']}, diffusers {meta['diffusers']}; {meta['seconds']:.0f} s in all."]
     return "\n".join(lines) + "\n"
@@ -277,7 +285,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--latents", default="1x24x4x48x84,1x24x12x48x84")
-    ap.add_argument("--plans", nargs="+", default=["hardware=sm90 recipe=bf16 levers.vae_ops=fused", "hardware=sm90 recipe=fp8 levers.vae_ops=fused"])
+    ap.add_argument("--plans", nargs="+", default=["hardware=sm90 recipe=bf16 levers.vae_ops=fused",
+                                                   "hardware=sm90 recipe=fp8 levers.vae_ops=fused"])
     ap.add_argument("--config", default="h3", help="conf/vae/<name>.yaml (h3, h3_tiny)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--warmup", type=int, default=1)
@@ -300,13 +309,14 @@ def main(argv=None) -> int:
     for latent in map(parse_latent, args.latents.split(",")):
         for spec, plan in plans:
             if time.monotonic() - start > args.budget_s:
-                records.append({"latent": list(latent), "plan": spec, "error": f"skipped: past --budget-s {args.budget_s:.0f}"})
+                records.append({"latent": list(latent), "plan": spec,
+                                "error": f"skipped: past --budget-s {args.budget_s:.0f}"})
                 continue
             rec = measure(vae, plan, spec, latent, args.warmup, args.iters)
             records.append(rec)
             print(f"[vae] latent {latent} tiles {rec['tiles']} {spec}: eager {rec['eager_ms']:.1f} ms, plan "
-                  f"{rec['plan_ms']:.1f} ms, {rec['speedup']:.2f}x, bitwise {rec['bitwise_equal']}, PSNR {_psnr(rec)}, peak GiB "
-                  f"{rec['peak_GiB']}", flush=True)
+                  f"{rec['plan_ms']:.1f} ms, {rec['speedup']:.2f}x, bitwise {rec['bitwise_equal']}, PSNR {_psnr(rec)}, "
+                  f"peak GiB {rec['peak_GiB']}", flush=True)
     dev = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu (Triton interpreter)"
     meta = {"device": dev, "torch": torch.__version__, "diffusers": diffusers.__version__, "config": args.config,
             "autocast": None, "requires_grad": False, "warmup": args.warmup, "iters": args.iters,

@@ -11,12 +11,14 @@ Importing h3plan loads neither torch nor Hydra; the names below load on first us
 user can make raises an `H3PlanError` (one line, the same text the CLI prints).
 """
 
-from h3plan.errors import ConfigError, H3PlanError, InstallError, PlanFileError, PlanningError, UsageError, runtime_missing
+from h3plan.errors import (ConfigError, H3PlanError, InstallError, PlanFileError, PlanningError, UsageError,
+                           runtime_missing)
 from h3plan.facts.decision import Decision
 
 __version__ = "0.2.0"
 
-__all__ = ["Decision", "Plan", "resolve", "resolve_config", "plan_for", "install", "uninstall", "installed_plan", "prepare", "counters",
+__all__ = ["Decision", "Plan", "resolve", "resolve_config", "plan_for", "install", "uninstall", "installed_plan",
+           "prepare", "counters",
            "reset_counters", "fallback_reasons", "H3PlanError", "ConfigError", "PlanningError", "PlanFileError",
            "UsageError", "InstallError", "__version__"]
 

@@ -97,7 +97,8 @@ def run(argv: list[str]) -> int:
         if args.multirun and any(o.startswith("plan=") for o in args.overrides):
             raise UsageError("plan=FILE reads one saved plan: a sweep (-m) plans its own combinations")
         with _one_composition(args), libyaml():
-            _run_hydra(args=args, args_parser=parser, task_function=_task, config_path=CONFIG_PATH, config_name=CONFIG_NAME)
+            _run_hydra(args=args, args_parser=parser, task_function=_task, config_path=CONFIG_PATH,
+                       config_name=CONFIG_NAME)
         if _failure is not None:
             raise _failure
         if sweep.strict_failure:
@@ -341,17 +342,20 @@ def help_text(width: int = 110) -> str:
     import dataclasses
 
     memory = " ".join(f"memory.{f.name}" for f in dataclasses.fields(MemoryConfig))
-    keys = [(f"action=plan|{'|'.join(ACTIONS)}", "verify: prove the plan against diffusers' eager forward; bench: time it; "
-                                                 "calibrate: a static FP8 scale table, checked on held-out inputs; tune: measure this GPU at the plan's "
-                                                 "shapes and write a tuned hardware file"),
-            ("format=table|yaml|json", "out=PATH writes the plan (.json -> JSON, else YAML); a sweep prints its summary in "
-                                       "that format"),
-            (" ".join(f"video.{k}=" for k in FIELDS), "the request over the video preset: S (text + audio + video rows) "
-                                                      "comes from it (video.seconds or video.frames: the other is nulled)"),
+    keys = [(f"action=plan|{'|'.join(ACTIONS)}", "verify: prove the plan against diffusers' eager forward; bench: time "
+                                                 "it; calibrate: a static FP8 scale table, checked on held-out inputs; "
+                                                 "tune: measure this GPU at the plan's shapes and write a tuned "
+                                                 "hardware file"),
+            ("format=table|yaml|json", "out=PATH writes the plan (.json -> JSON, else YAML); a sweep prints its "
+                                       "summary in that format"),
+            (" ".join(f"video.{k}=" for k in FIELDS), "the request over the video preset: S (text + audio + video "
+                                                      "rows) comes from it (video.seconds or video.frames: the other "
+                                                      "is nulled)"),
             ("plan=FILE", "a saved plan (out= wrote it): read, check (planned again from its config) and print it, or "
                           "act on it (action=verify|bench)"),
             ("parallel.seq_len=N", "plan for N tokens directly; it wins over the video request, and the plan says so"),
-            (memory, "how the pipeline holds its models, for the peak-memory estimate (h3plan/planning/memory.py MemoryConfig)"),
+            (memory, "how the pipeline holds its models, for the peak-memory estimate (h3plan/planning/memory.py "
+                     "MemoryConfig)"),
             ("detail=summary|full", "table: the summary and one line per lever (default), or every reason, its sources "
                                     "and the derived numbers"),
             *_action_keys(),

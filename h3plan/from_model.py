@@ -36,7 +36,8 @@ def detect(device: str | None = None) -> tuple[str, dict[str, Any]]:
     try:
         import torch
     except ImportError:
-        raise UsageError(f"h3plan.plan_for reads the hardware from a CUDA device and torch is not installed; {hint}") from None
+        raise UsageError(f"h3plan.plan_for reads the hardware from a CUDA device and torch is not installed; "
+                         f"{hint}") from None
     if not torch.cuda.is_available():
         raise UsageError(f"h3plan.plan_for reads the hardware from a CUDA device and this machine has none; {hint}")
     index = torch.device(device).index if device is not None else None
@@ -45,8 +46,8 @@ def detect(device: str | None = None) -> tuple[str, dict[str, Any]]:
     props = torch.cuda.get_device_properties(index)
     facts = hw.for_capability(cc)
     if facts is None:
-        raise UsageError(f"cuda:{index} ({props.name}) has compute capability {cc[0]}.{cc[1]}, which no packaged hardware "
-                         f"config describes ({_known()}); pass hardware=<group> to plan for one of them")
+        raise UsageError(f"cuda:{index} ({props.name}) has compute capability {cc[0]}.{cc[1]}, which no packaged "
+                         f"hardware config describes ({_known()}); pass hardware=<group> to plan for one of them")
     gb = round(props.total_memory / 1e9, 1)
     source = (f"memory_gb: torch.cuda.get_device_properties({index}).total_memory of {props.name} (h3plan.plan_for); "
               f"the rest: {facts['device']['source']}")

@@ -54,7 +54,8 @@ class Plan:
         return render_summary(self)
 
     def summary(self, detail: str = "summary") -> str:
-        """The CLI's table: detail="summary" (its default) or "full" (every reason, its sources, the derived numbers)."""
+        """The CLI's table: detail="summary" (its default) or "full" (every reason, its sources, the derived
+        numbers)."""
         if detail not in ("summary", "full"):
             raise UsageError(f"Plan.summary(detail={detail!r}): allowed: summary, full")
         return render_summary(self) if detail == "summary" else render_table(self)
@@ -67,7 +68,8 @@ class Plan:
 
         levers = [d.lever for d in self.decisions]
         near = difflib.get_close_matches(str(lever), levers, n=1)
-        raise SectionError(f"Plan.decision({lever!r}): no such lever" + (f" (did you mean {near[0]!r}?)" if near else "")
+        raise SectionError(f"Plan.decision({lever!r}): no such lever"
+                           + (f" (did you mean {near[0]!r}?)" if near else "")
                            + f"; levers: {', '.join(levers)}")
 
     def get(self, section: str) -> dict[str, Any]:
@@ -78,7 +80,8 @@ class Plan:
             import difflib
 
             near = difflib.get_close_matches(str(section), PLAN_SECTIONS, n=1)
-            raise SectionError(f"Plan.get({section!r}): no such config section" + (f" (did you mean {near[0]!r}?)" if near else "")
+            raise SectionError(f"Plan.get({section!r}): no such config section"
+                               + (f" (did you mean {near[0]!r}?)" if near else "")
                                + f"; sections: {', '.join(PLAN_SECTIONS)}")
         cfg = thaw(self.config) if self.config else {}
         return cfg.get(section, {})
@@ -113,7 +116,8 @@ class Plan:
         if unknown:
             raise PlanFileError(f"plan has unknown key {unknown[0]!r}; keys: {', '.join(PLAN_KEYS)}")
         if not isinstance(d.get("decisions"), list) or not d["decisions"]:
-            raise PlanFileError("a plan needs a non-empty 'decisions' list (write one with `python -m h3plan out=plan.yaml`)")
+            raise PlanFileError("a plan needs a non-empty 'decisions' list (write one with `python -m h3plan "
+                                "out=plan.yaml`)")
         if "schema_version" not in d:
             raise PlanFileError(f"plan lacks schema_version (this h3plan reads {SCHEMA_VERSION}; Plan.save and "
                                 "`python -m h3plan out=plan.yaml` write it)")
@@ -138,7 +142,8 @@ class Plan:
     @classmethod
     def from_json(cls, text: str) -> "Plan":
         if not isinstance(text, (str, bytes, bytearray)):
-            raise PlanFileError(f"Plan.from_json takes the JSON text, got {type(text).__name__} (Plan.load reads a file)")
+            raise PlanFileError(f"Plan.from_json takes the JSON text, got {type(text).__name__} "
+                                f"(Plan.load reads a file)")
         try:
             raw = json.loads(text)
         except json.JSONDecodeError as e:
@@ -155,7 +160,8 @@ class Plan:
         import yaml
 
         if not isinstance(text, (str, bytes)):
-            raise PlanFileError(f"Plan.from_yaml takes the YAML text, got {type(text).__name__} (Plan.load reads a file)")
+            raise PlanFileError(f"Plan.from_yaml takes the YAML text, got {type(text).__name__} "
+                                f"(Plan.load reads a file)")
         try:
             raw = yaml.safe_load(text)
         except yaml.YAMLError as e:
@@ -275,15 +281,16 @@ def _check_levers(decisions) -> None:
             raise PlanFileError(f"decision {d.lever!r} appears twice")
         seen.add(d.lever)
         if d.setting not in LEVER_SETTINGS[d.lever]:
-            raise PlanFileError(f"{d.lever}={d.setting} is not one of its settings: {', '.join(LEVER_SETTINGS[d.lever])}")
+            raise PlanFileError(f"{d.lever}={d.setting} is not one of its settings: "
+                                f"{', '.join(LEVER_SETTINGS[d.lever])}")
         if d.lossless != SPECS[d.lever].lossless(d.setting):
             truth = "lossless" if SPECS[d.lever].lossless(d.setting) else "lossy"
             raise PlanFileError(f"decision {d.lever}={d.setting} says lossless: {str(d.lossless).lower()}, but "
                                 f"{d.lever}={d.setting} is {truth} (h3plan/levers/{d.lever}.py SPEC)")
     missing = [lever for lever in LEVER_SETTINGS if lever not in seen]
     if missing:
-        raise PlanFileError(f"a plan needs a decision for every lever; missing: {', '.join(missing)} (write the plan with "
-                            "`python -m h3plan out=plan.yaml`)")
+        raise PlanFileError(f"a plan needs a decision for every lever; missing: {', '.join(missing)} (write the plan "
+                            f"with `python -m h3plan out=plan.yaml`)")
 
 
 RECIPE_IDENTITY = ("checkpoint", "policy")  # what a packaged recipe's name stands for (conf/recipe/<name>.yaml)
@@ -300,10 +307,11 @@ def _check_recipe_name(recipe: Mapping[str, Any]) -> None:
         return  # a recipe of the user's own
     with open(path) as f:
         packaged = yaml.safe_load(f)
-    wrong = [f"{k} {recipe.get(k)!r} (recipe {name}: {packaged[k]!r})" for k in RECIPE_IDENTITY if recipe.get(k) != packaged[k]]
+    wrong = [f"{k} {recipe.get(k)!r} (recipe {name}: {packaged[k]!r})"
+             for k in RECIPE_IDENTITY if recipe.get(k) != packaged[k]]
     if wrong:
-        raise PlanFileError(f"config.recipe.name={name} does not match its recipe section: {', '.join(wrong)}; edited by "
-                            f"hand? plan again with recipe=<name> (python -m h3plan recipe={name} out=plan.yaml)")
+        raise PlanFileError(f"config.recipe.name={name} does not match its recipe section: {', '.join(wrong)}; edited "
+                            f"by hand? plan again with recipe=<name> (python -m h3plan recipe={name} out=plan.yaml)")
 
 
 def _replan(config: dict[str, Any], derived: dict[str, Any], decisions: tuple[Decision, ...]) -> "Plan":
@@ -348,8 +356,9 @@ def _replan(config: dict[str, Any], derived: dict[str, Any], decisions: tuple[De
     else:
         raise refuse(f"decisions {', '.join(off)} do not follow from the plan's config")
     if from_request and fresh.get("parallel")["seq_len"] != seq_len:
-        raise PlanFileError(f"parallel.seq_len={seq_len}, but its video request gives {fresh.get('parallel')['seq_len']:,} "
-                            "tokens (set parallel.seq_len when planning to plan for another length)")
+        raise PlanFileError(f"parallel.seq_len={seq_len}, but its video request gives "
+                            f"{fresh.get('parallel')['seq_len']:,} tokens (set parallel.seq_len when planning to plan "
+                            f"for another length)")
     for d in fresh.decisions:
         mine, theirs = dict(want[d.lever].params), dict(d.params)
         extra = sorted(set(mine) - set(theirs))
@@ -364,7 +373,8 @@ def _replan(config: dict[str, Any], derived: dict[str, Any], decisions: tuple[De
 
 
 def make_plan(config: Mapping[str, Any], derived: Mapping[str, Any], decisions, notes=()) -> Plan:
-    return Plan(config=freeze(dict(config)), derived=freeze(dict(derived)), decisions=tuple(decisions), notes=tuple(notes))
+    return Plan(config=freeze(dict(config)), derived=freeze(dict(derived)), decisions=tuple(decisions),
+                notes=tuple(notes))
 
 
 
@@ -392,8 +402,9 @@ def _notes(sections: Mapping[str, Any], decisions, memory_over: str | None = Non
         notes.append(f"lossy by the recipe's own choice, outside its lossless policy: {'; '.join(own)}; every "
                      "other lever keeps eager's bits given the attention backend")
     elif lossy:
-        notes.append(f"lossy levers: {', '.join(lossy)}; budget PSNR >= {r['budget']['psnr_db_min']} dB, SSIM >= {r['budget']['ssim_min']} "
-                     "(action=verify reports the measured error against diffusers' eager forward)")
+        notes.append(f"lossy levers: {', '.join(lossy)}; budget PSNR >= {r['budget']['psnr_db_min']} dB, SSIM >= "
+                     f"{r['budget']['ssim_min']} (action=verify reports the measured error against diffusers' eager "
+                     f"forward)")
     else:
         notes.append("lossless plan: every lever keeps eager's bits given the attention backend")
     if memory_over:
@@ -417,25 +428,29 @@ def _memory(sections, shape, decisions) -> tuple[dict[str, Any], dict[str, str]]
     est = memory.estimate(sections, shape, decisions)  # refuses a memory.vae_dtype it does not know
     vd = terms(decisions).vae_cast or "fp32"
     if m["vae_dtype"] != "fp32" and vd != m["vae_dtype"]:  # a VAE loaded in fp16/bf16 decodes in its own dtype
-        raise PlanningError(f"memory.vae_dtype={m['vae_dtype']} sizes a VAE loaded in {m['vae_dtype']}, which decodes in "
-                            f"{m['vae_dtype']}, but the plan decodes in {vd} (vae_precision={vd}): set recipe.vae={m['vae_dtype']} "
-                            "to plan that decode, or memory.vae_dtype=fp32 (the VAE as released)")
+        raise PlanningError(f"memory.vae_dtype={m['vae_dtype']} sizes a VAE loaded in {m['vae_dtype']}, which decodes "
+                            f"in {m['vae_dtype']}, but the plan decodes in {vd} (vae_precision={vd}): set "
+                            f"recipe.vae={m['vae_dtype']} to plan that decode, or memory.vae_dtype=fp32 (the VAE as "
+                            f"released)")
     gb = hw["device"]["memory_gb"]
     values = {"memory_peak_gib_per_gpu": est["peak_gib"], "memory_peak_phase": est["peak_phase"],
               "memory_peak_items": list(est["phases"][est["peak_phase"]]["items"]),
               "memory_breakdown_gib": {k: round(v, 2) for k, v in est["breakdown"].items()},
               "memory_install_gib": est["install_gib"], "memory_loaded_gib": est["loaded_gib"]}
-    basis = {"memory_peak_gib_per_gpu": est["summary"] + f"; against {gb} GB ({hw['name']} hardware.device.memory_gb) less "
+    basis = {"memory_peak_gib_per_gpu": est["summary"] + f"; against {gb} GB ({hw['name']} "
+                                                         f"hardware.device.memory_gb) less "
                                         f"memory.reserve_fraction {m['reserve_fraction']:g}",
              "memory_breakdown_gib": "; ".join(f"{k}: {v}" for k, v in est["basis"].items()),
              "memory_peak_items": f"the items of the peak phase ({est['peak_phase']})",
-             "memory_install_gib": ("the install's device peak for a pipeline loaded on the host, h3plan.install(pipe, plan, "
-                                    "device=\"cuda\"): " + " + ".join(est["phases"]["install"]["items"])),
-             "memory_loaded_gib": ("the pipeline as loaded, before install, on the device (what a pipeline moved to the GPU "
-                                   "whole before install holds; more than the plan's peak when the plan parks or quantises weights)")}
+             "memory_install_gib": ("the install's device peak for a pipeline loaded on the host, h3plan.install(pipe, "
+                                    "plan, device=\"cuda\"): " + " + ".join(est["phases"]["install"]["items"])),
+             "memory_loaded_gib": ("the pipeline as loaded, before install, on the device (what a pipeline moved to "
+                                   "the GPU whole before install holds; more than the plan's peak when the plan parks "
+                                   "or quantises weights)")}
     if est.get("text_encoder") is not None:  # the conditioner's placement (levers/text_encoder.py), with its reasons
         values["text_encoder"] = est["text_encoder"]
-        basis["text_encoder"] = "; ".join(est["text_encoder"]["reasons"]) + " (memory.text_encoder; planning/text_encoder.py)"
+        basis["text_encoder"] = ("; ".join(est["text_encoder"]["reasons"])
+                                 + " (memory.text_encoder; planning/text_encoder.py)")
     tables = TERM_OWNERS["adaln_tables"]  # adaln_table
     if getattr(decisions.get(tables), "setting", None) == "on":  # where the freed memory goes
         try:
@@ -463,7 +478,8 @@ def _apart(sections: Mapping[str, Any]) -> str | None:
         return None
     mdc, vdc = sections["model"]["diffusers_config"], sections["vae"]["diffusers_config"]
     return (f"vae {sections['vae']['name']} (latent_channels {vdc.get('latent_channels')}) and model "
-            f"{sections['model']['name']} (in_channels {mdc.get('in_channels')}) make no pipeline: the plan sizes each alone")
+            f"{sections['model']['name']} (in_channels {mdc.get('in_channels')}) make no pipeline: "
+            f"the plan sizes each alone")
 
 
 def _recipe_choice(module, ctx: Context, d) -> bool:
@@ -487,7 +503,8 @@ def resolve(cfg) -> Plan:
         except LeverError as e:
             raise PlanningError(str(e), e.reasons) from None
         ctx = context(sections, decisions, sequence)
-        if sections["recipe"]["policy"] == "lossless" and not decisions[lever].lossless and not _recipe_choice(module, ctx, decisions[lever]):
+        if (sections["recipe"]["policy"] == "lossless" and not decisions[lever].lossless
+                and not _recipe_choice(module, ctx, decisions[lever])):
             raise AssertionError(f"internal: lossy {lever}={decisions[lever].setting} under a lossless policy")
     est = derive.estimates(sections, ctx.shape, decisions)
     fwd = predict.forward(sections, ctx.shape, est)
@@ -510,15 +527,18 @@ def resolve(cfg) -> Plan:
                                  dense=sparse.param("dense_forwards") if sparse is not None else None)
         times.update({k: v for k, v in rng.items() if k != "basis"})
         times.setdefault("basis", {}).update(rng.get("basis", {}))
-    derived = derive.merge(ctx.shape, {**est, **fwd, **times, "basis": {**est["basis"], **fwd["basis"], **times.get("basis", {})}})
+    derived = derive.merge(ctx.shape, {**est, **fwd, **times,
+                                       "basis": {**est["basis"], **fwd["basis"], **times.get("basis", {})}})
     mem, mem_basis = _memory(sections, ctx.shape, decisions)
     derived.update(mem, sequence=sequence)
     apart = _apart(sections)
     if apart:
         derived["components_apart"] = apart
-    derived["basis"] = {**derived["basis"], **mem_basis, "sequence": "; ".join(f"{k}: {v}" for k, v in sequence_basis.items())}
+    derived["basis"] = {**derived["basis"], **mem_basis, "sequence": "; ".join(f"{k}: {v}"
+                                                                               for k, v in sequence_basis.items())}
     return make_plan(sections, derived, decisions.values(), notes=(([apart] if apart else [])
-                                                                   + _notes(sections, decisions.values(), mem.get("memory_does_not_fit"))))
+                                                                   + _notes(sections, decisions.values(),
+                                                                            mem.get("memory_does_not_fit"))))
 
 
 def _check_config_argument(cfg) -> None:

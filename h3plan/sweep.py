@@ -173,7 +173,8 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]]) -> None:
     with open(sweep_dir / "summary.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["job", "combination", *GROUPS, "status", "reason", *levers, "lossless", "hardware_verified",
-                    "attention_ms_per_block_est", "gemm_ms_per_block_est", "memory_peak_gib_per_gpu", "never_ran", "plan"])
+                    "attention_ms_per_block_est", "gemm_ms_per_block_est", "memory_peak_gib_per_gpu",
+                    "never_ran", "plan"])
         for r in rows:
             ch, d = r.get("choices") or {}, r.get("decisions") or {}
             w.writerow([r["job"], _label(r, common), *(ch.get(g, "") for g in GROUPS), r["status"], r.get("reason", ""),
@@ -221,4 +222,5 @@ class SweepSummary(Callback):
         global strict_failure
         bad = [r for r in rows if r["status"] != "ok"]
         if config.get("strict") and bad:
-            strict_failure = f"strict=true: {len(bad)} of {len(rows)} combinations are invalid or failed (see {sweep_dir / 'summary.csv'})"
+            strict_failure = (f"strict=true: {len(bad)} of {len(rows)} combinations are invalid or failed "
+                              f"(see {sweep_dir / 'summary.csv'})")

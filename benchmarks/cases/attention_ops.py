@@ -72,14 +72,16 @@ def _qk_case(S: int, U: int = 1, with_v: bool = False, sweep: bool = False):
         return list(out) if U == 1 else [out]
 
     def eager(i):
-        out = qk.qk_norm_rope_ref(i["q"], i["k"], i["wq"], i["wk"], i["cos"], i["sin"], 1e-5, v=i["v"], ulysses_degree=U)
+        out = qk.qk_norm_rope_ref(i["q"], i["k"], i["wq"], i["wk"], i["cos"], i["sin"], 1e-5, v=i["v"],
+                                  ulysses_degree=U)
         return list(out) if U == 1 else [out]
 
     variants = {}
     if sweep:
         variants = {f"bt={c['block_t']},bh={c['block_h']},w={c['num_warps']}": (lambda i, c=c: fused(i, **c))
                     for c in qk.SWEEP_CONFIGS}
-        variants["reduction=triton (not exact)"] = lambda i: fused(i, numerics={"rsqrt": "approx", "reduction": "triton"})
+        variants["reduction=triton (not exact)"] = lambda i: fused(i,
+                                                                   numerics={"rsqrt": "approx", "reduction": "triton"})
     label = "qk_norm_rope" + (f"[U={U},+v]" if U > 1 else "")
     return Case(kernel=label, shape=f"1x{S}x{H}x{D}", dtype="bf16", make=_qk_inputs(S, with_v), fused=fused,
                 eager=eager, bytes=2 * n * u + cs, eager_bytes=int(eager_bytes), exact=bits_equal,

@@ -21,7 +21,8 @@ BUDGET = float(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1] != "--report" e
 SECTIONS = sys.argv[2:] or ["sweep", "ab"]
 T0 = time.monotonic()
 H, D = 56, 128
-RESULT: dict = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "torch": torch.__version__, "fa4": []}
+RESULT: dict = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+                "torch": torch.__version__, "fa4": []}
 
 
 def save():
@@ -85,7 +86,8 @@ def fa4_sweep():
                 rec["ms"] = time_ms(fn)
                 rec["tflops"] = tflops(S, rec["ms"])
             except Exception as exc:
-                rec["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
+                first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''
+                rec["error"] = f"{type(exc).__name__}: {first}"
             emit("fa4", rec)
         del q, k, v, ref
 
@@ -134,15 +136,15 @@ def report(doc: dict) -> str:
         lines += ["## FA4 tiles against FA4's default, interleaved (median of 10 rounds)", "",
                   "| run | S | tile (m, n, P in registers, overlap) | ms | TFLOP/s | vs default | bitwise vs default |",
                   "|---:|---:|---|---:|---:|---:|---|"]
-        lines += [f"| {r.get('run', '')} | {r['S']} | {tuple(r['tile'])} | {r['ms']:.2f} | {r['tflops']:.0f} | {r['vs_default']:.3f}x | "
-                  f"{'yes' if r['bitwise_vs_default'] else 'no'} |" for r in ab]
+        lines += [f"| {r.get('run', '')} | {r['S']} | {tuple(r['tile'])} | {r['ms']:.2f} | {r['tflops']:.0f} | "
+                  f"{r['vs_default']:.3f}x | {'yes' if r['bitwise_vs_default'] else 'no'} |" for r in ab]
         lines.append("")
     sweep = [r for r in doc.get("fa4") or [] if "ms" in r or "error" in r]
     if sweep:
         lines += ["## FA4 tile sweep (one after another: later rows ran at a hotter clock)", "",
                   "| S | tile | ms | TFLOP/s | note |", "|---:|---|---:|---:|---|"]
-        lines += [f"| {r['S']} | {tuple(r['tile'])} | {r.get('ms', float('nan')):.2f} | {r.get('tflops', float('nan')):.0f} | "
-                  f"{r.get('error', '')[:80]} |" for r in sweep]
+        lines += [f"| {r['S']} | {tuple(r['tile'])} | {r.get('ms', float('nan')):.2f} | "
+                  f"{r.get('tflops', float('nan')):.0f} | {r.get('error', '')[:80]} |" for r in sweep]
         lines.append("")
     if doc.get("runs"):
         lines += ["## Runs", ""] + [f"- run {k}: {v}" for k, v in doc["runs"].items()] + [""]

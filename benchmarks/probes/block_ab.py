@@ -23,7 +23,8 @@ from h3plan.actions.bench import Clock, capture_block_inputs, configured, interl
 ROUNDS, WARM = 12, 2
 OUT = sys.argv[1] if len(sys.argv) > 1 else "."
 SEQS = [int(s) for s in sys.argv[2:]] or [37820, 19000]
-RESULT = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rounds": ROUNDS, "tile": [], "placement": []}
+RESULT = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rounds": ROUNDS, "tile": [],
+          "placement": []}
 
 
 def save():
@@ -49,7 +50,8 @@ def tile_ab(cfg, eager, S):
     ma, mb = copy.deepcopy(eager), copy.deepcopy(eager)
     install(ma, pa)
     install(mb, pb)
-    block_in = capture_block_inputs(torch, eager, inputs.packed_inputs(cfg["model"]["diffusers_config"], S, device="cuda"))
+    block_in = capture_block_inputs(torch, eager,
+                                    inputs.packed_inputs(cfg["model"]["diffusers_config"], S, device="cuda"))
     with torch.no_grad():
         oa, ob = run_stack(ma.transformer_blocks, *block_in), run_stack(mb.transformer_blocks, *block_in)
         same = bool(torch.equal(oa.view(torch.int16), ob.view(torch.int16)))

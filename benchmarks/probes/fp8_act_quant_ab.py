@@ -47,7 +47,8 @@ def main():
             settings[arm] = {d.lever: d.setting for d in plan.decisions if d.enabled}
             models[arm] = copy.deepcopy(eager)
             install(models[arm], plan)
-        block_in = capture_block_inputs(torch, eager, inputs.packed_inputs(cfg["model"]["diffusers_config"], S, device="cuda"))
+        block_in = capture_block_inputs(torch, eager,
+                                        inputs.packed_inputs(cfg["model"]["diffusers_config"], S, device="cuda"))
         arms = {"eager": lambda: run_stack(eager.transformer_blocks, *block_in),
                 "tensor": lambda: models["tensor"].transformer_blocks[0](*block_in),
                 "row": lambda: models["row"].transformer_blocks[0](*block_in)}

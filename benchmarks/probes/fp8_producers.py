@@ -10,8 +10,8 @@ Sections (JSON in OUT/fp8-producers-h200.json, one line per record on stdout):
   copy bandwidth (bytes = fewest the fused kernel must move; the target: >= 0.70), codes and
   descales checked against the torch reference; --sweep adds every SWEEP_CONFIGS entry.
 - qk: qk_norm_rope_fp8_lean (dynamic, static), bits checked against its reference (the committed JSON also
-  holds a two-pass kernel measured beside it; h3plan ships the lean one only); bytes as in benchmarks/cases/attention_ops.py
-  (dynamic: two reads + one write); --sweep adds the lean tilings.
+  holds a two-pass kernel measured beside it; h3plan ships the lean one only); bytes as in
+  benchmarks/cases/attention_ops.py (dynamic: two reads + one write); --sweep adds the lean tilings.
 - block: one real-width MiniMaxH3TransformerBlock (hidden 5376, 56 x 128 heads, ffn 14336) at S tokens,
   interleaved rounds: diffusers eager; the installed fp8 plan (per-tensor activation scales: amax + cast
   passes); the same with the lean q/k/v cast; `rowwise_block_forward` below (per-row scales from the
@@ -145,7 +145,8 @@ def calibrate(block, block_in):
     amax = {}
     names = {"qkv": block.attn.to_q, "out": block.attn.to_out[0], "ff_in": block.ff.net[0].proj,
              "ff_out": block.ff.net[2]}
-    hooks = [m.register_forward_pre_hook(lambda mod, args, n=n: amax.__setitem__(n, args[0].float().abs().amax().item()))
+    hooks = [m.register_forward_pre_hook(lambda mod, args, n=n: amax.__setitem__(n,
+                                                                                 args[0].float().abs().amax().item()))
              for n, m in names.items()]
     try:
         with torch.no_grad():
@@ -171,7 +172,8 @@ def _codes_equal(got, ref) -> bool:
     for a, b in zip(got, ref):
         if a.dtype == torch.float8_e4m3fn:
             nan = b.float().isnan()
-            ok &= bool(torch.equal(a.float().isnan(), nan)) and bool(torch.equal(a.view(torch.uint8)[~nan], b.view(torch.uint8)[~nan]))
+            ok &= bool(torch.equal(a.float().isnan(), nan)) and bool(torch.equal(a.view(torch.uint8)[~nan],
+                                                                                 b.view(torch.uint8)[~nan]))
         else:
             ok &= bool(torch.equal(a, b))
     return ok
@@ -209,7 +211,8 @@ def kernels_section(args, timer, copy_tbps):
              lambda cfg=None: fp._launch_swiglu(h, None, config=cfg), lambda: fp.swiglu_fp8_ref(h),
              current(lambda: sw.swiglu(h))),
             ("cast_rows_fp8", "cast", INNER, 3 * S * INNER + 4 * S,
-             lambda cfg=None: fp._launch_cast(o, None, config=cfg), lambda: fp.cast_rows_fp8_ref(o), current(lambda: o)),
+             lambda cfg=None: fp._launch_cast(o, None, config=cfg), lambda: fp.cast_rows_fp8_ref(o),
+             current(lambda: o)),
         ]
         for name, kind, width, nbytes, fused, ref, cur in cases:
             exact = _codes_equal(fused(), ref())
@@ -221,7 +224,8 @@ def kernels_section(args, timer, copy_tbps):
                 label = name if cfg is None else f"{name}[chunks={cfg[0]},w={cfg[1]},maxnreg={cfg[2]}]"
                 rec = {"kernel": label, "S": S, "width": width, "fused_ms": round(t, 4), "current_ms": round(t_cur, 4),
                        "speedup_vs_current": round(t_cur / t, 2), "bytes": nbytes,
-                       "achieved_TBps": round(nbytes / t / 1e9, 3), "fraction_of_copy": round(nbytes / t / 1e9 / copy_tbps, 3),
+                       "achieved_TBps": round(nbytes / t / 1e9, 3),
+                       "fraction_of_copy": round(nbytes / t / 1e9 / copy_tbps, 3),
                        "bit_exact_vs_ref": ok, "config": list(cfg or fp.CONFIGS[kind].get(width, ()))}
                 print("kernels", rec, flush=True)
                 recs.append(rec)
@@ -292,7 +296,8 @@ def block_section(args):
         model = copy.deepcopy(eager)
         install(model, plan)
         blk = model.transformer_blocks[0]
-        block_in = capture_block_inputs(torch, eager, inputs.packed_inputs(cfg["model"]["diffusers_config"], S, device="cuda"))
+        block_in = capture_block_inputs(torch, eager,
+                                        inputs.packed_inputs(cfg["model"]["diffusers_config"], S, device="cuda"))
         proc = blk.attn.processor
         lean_kernel = (lean.qk_norm_rope_fp8_lean, lean.qk_norm_rope_fp8_lean_check)
 
@@ -356,7 +361,8 @@ def main(argv=None):
     RESULT.update(device=torch.cuda.get_device_name(), torch=torch.__version__, copy_TBps=copy_tbps)
     t0 = time.monotonic()
     for section in args.sections.split(","):
-        fn = {"kernels": lambda: kernels_section(args, timer, copy_tbps), "qk": lambda: qk_section(args, timer, copy_tbps),
+        fn = {"kernels": lambda: kernels_section(args, timer, copy_tbps),
+              "qk": lambda: qk_section(args, timer, copy_tbps),
               "block": lambda: block_section(args)}[section]
         try:
             RESULT[section] = fn()

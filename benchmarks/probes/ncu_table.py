@@ -60,7 +60,8 @@ def table(reports: dict, copy_tbps: float) -> tuple[list[dict], str]:
                                                                            [amax, quant])):
                 rows.append(dict(layout=label, producer=name, mode=mode, us=us, elements=n, bytes_one_pass=one,
                                  fraction_of_copy=one / (us * 1e-6) / 1e12 / copy_tbps, launches=launch))
-    md = ["| layout | producer | mode | kernel us (ncu) | fraction of copy | DRAM % | L1 % | L2 % | SM % | occupancy % |",
+    md = ["| layout | producer | mode | kernel us (ncu) | fraction of copy | DRAM % | L1 % | L2 % | SM % "
+          "| occupancy % |",
           "|---|---|---|---:|---:|---|---|---|---|---|"]
     for r in rows:
         cols = [" / ".join(f"{x[k]:.0f}" for x in r["launches"]) for k in

@@ -2,13 +2,13 @@
 
     python benchmarks/probes/nvfp4_compile.py [OUT_DIR] [--arch 90 100] [--sweep]
 
-Compiles runtime/kernels/nvfp4.py's cast and runtime/kernels/nvfp4_producers.py's modulation (exact / fp32, with and without
-the residual fold; static quantize pass, dynamic amax and quantize passes) and SwiGLU kernels through Triton to
+Compiles runtime/kernels/nvfp4.py's cast and runtime/kernels/nvfp4_producers.py's modulation (exact / fp32, with and
+without the residual fold; static quantize pass, dynamic amax and quantize passes) and SwiGLU kernels through Triton to
 cubin for each arch with triton's own ptxas, at the planned launch layout (runtime/kernels/nvfp4.py TUNED) or, with
 --sweep, at every SWEEP layout, and prints `ptxas --verbose`'s registers and spill bytes and the SASS
 thread-instructions per row element (`sass_counts`; where LLVM unrolls a chunk loop, the amax passes', it
-over-counts). Exit 1 if any variant fails to compile. With OUT_DIR it writes nvfp4-compile.json there. Must run without TRITON_INTERPRET (the interpreter
-replaces the jit functions).
+over-counts). Exit 1 if any variant fails to compile. With OUT_DIR it writes nvfp4-compile.json there. Must run without
+TRITON_INTERPRET (the interpreter replaces the jit functions).
 """
 
 from __future__ import annotations
@@ -133,7 +133,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", nargs="?")
     p.add_argument("--arch", type=int, nargs="+", default=[90, 100])
-    p.add_argument("--sweep", action="store_true", help="every runtime/kernels/nvfp4.py SWEEP candidate, not the planned one")
+    p.add_argument("--sweep", action="store_true", help="every runtime/kernels/nvfp4.py SWEEP candidate, not the "
+                                                        "planned one")
     args = p.parse_args(argv)
     records, failed = [], 0
     for arch in args.arch:

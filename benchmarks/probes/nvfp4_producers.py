@@ -4,9 +4,9 @@
     PYTHONPATH=. ncu --clock-control none --section SpeedOfLight ... python benchmarks/probes/nvfp4_producers.py --once
 
 For each producer (runtime/kernels/nvfp4_producers.py rmsnorm_modulate_nvfp4, gated_residual_modulate_nvfp4,
-swiglu_nvfp4; runtime/kernels/nvfp4.py cast_nvfp4) in static (a given global scale: one pass) and dynamic mode (amax pass,
-then the quantize pass), at every candidate launch layout (runtime/kernels/nvfp4.py SWEEP: rows a program, warps, chunk
-columns, named like r4w4c512; c0 the one-row layout's chunks; each with the next-chunk prefetch and without it,
+swiglu_nvfp4; runtime/kernels/nvfp4.py cast_nvfp4) in static (a given global scale: one pass) and dynamic mode (amax
+pass, then the quantize pass), at every candidate launch layout (runtime/kernels/nvfp4.py SWEEP: rows a program, warps,
+chunk columns, named like r4w4c512; c0 the one-row layout's chunks; each with the next-chunk prefetch and without it,
 suffix "n"), and the planned layout without the bf16x2 instructions (suffix "f"): the packed codes, swizzled
 scales, g (and the fold's h') compared byte for byte with the reference chain on the GPU (`<op>_ref`: the bf16
 reference, then `cast_nvfp4_ref`), on inputs holding zero, -0, tiny, saturating blocks and every e2m1 tie
@@ -58,7 +58,8 @@ HIDDEN, FFN, INNER, EPS = 5376, 14336, 7168, 1e-5
 STATIC = 0.004  # a static global scale (a checkpoint's input_scale), as the GPU suite's
 TARGET = 0.7
 LEAD_US = 1500  # the GPU spin ahead of each timed call (`ms`): longer than the host's dispatch of one producer call
-# (0.55-0.92 ms for the modulation and the fold: a 400 us spin left their times host-bound, nvfp4-session11/probe-call2-*)
+# (0.55-0.92 ms for the modulation and the fold: a 400 us spin left their times host-bound,
+# nvfp4-session11/probe-call2-*)
 OUT_BYTES = 0.5 + 1 / 16  # per element: half a byte of codes, 1/16 of a scale byte
 # name, launch kind (runtime/kernels/nvfp4.py TUNED key), width, input bytes per element, extra output bytes per element
 OPS = [("rmsnorm_modulate_nvfp4", "modulation", HIDDEN, 2, 0), ("gated_residual_modulate_nvfp4", "fold", HIDDEN, 4, 2),
@@ -125,8 +126,8 @@ def copy_tbps() -> float:
 
 
 def candidates(kind: str, width: int) -> list[str]:
-    """runtime/kernels/nvfp4.py SWEEP's layouts for the kind with the prefetch, then without it (suffix n), then the planned
-    one without the bf16x2 instructions (suffix f)."""
+    """runtime/kernels/nvfp4.py SWEEP's layouts for the kind with the prefetch, then without it (suffix n), then the
+    planned one without the bf16x2 instructions (suffix f)."""
     names = [n4.config_name((*c, p)) for p in (True, False) for c in n4.SWEEP[kind]]
     return names + [n4.config_name(n4.launch_config(kind, width), bf16x2=False)]
 
@@ -237,9 +238,9 @@ def main(argv=None) -> int:
                                     fraction_of_copy=frac, host_bound_ms=host_ms, torch_chain_ms=chain_ms,
                                     speedup_vs_torch_chain=chain_ms / t, target=TARGET, meets_target=frac >= TARGET))
                 ranked = sorted(by_cfg, key=by_cfg.get)
+                by_rank = {c: (round(by_cfg[c], 4), round(one / (by_cfg[c] * 1e-3) / 1e12 / copy, 2)) for c in ranked}
                 print(f"[probe] {name} {mode}: {t:.4f} ms at {best} = {frac:.2f} of copy ({copy:.2f} TB/s, "
-                      f"{one / 1e6:.0f} MB a pass); by config (fastest first) "
-                      f"{({c: (round(by_cfg[c], 4), round(one / (by_cfg[c] * 1e-3) / 1e12 / copy, 2)) for c in ranked})}; "
+                      f"{one / 1e6:.0f} MB a pass); by config (fastest first) {by_rank}; "
                       f"bytes differing {({c: d for c, d in diff.items() if d})}; torch chain {chain_ms:.3f} ms; "
                       f"{host_ms:.4f} ms with the host's dispatch",
                       flush=True)

@@ -183,13 +183,15 @@ def gemm_section(doc, rank, U, group):
         return [torch.nn.functional.linear(x, w[i * half:(i + 1) * half], b[i * half:(i + 1) * half]) for i in range(U)]
 
     def half_with_exchange():
-        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, buf, peer, group), dist.P2POp(dist.irecv, rb, peer, group)])
+        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, buf, peer, group),
+                                        dist.P2POp(dist.irecv, rb, peer, group)])
         torch.nn.functional.linear(x, w[:half], b[:half])
         for wk in works:
             wk.wait()
 
     def exchange_only():
-        for wk in dist.batch_isend_irecv([dist.P2POp(dist.isend, buf, peer, group), dist.P2POp(dist.irecv, rb, peer, group)]):
+        for wk in dist.batch_isend_irecv([dist.P2POp(dist.isend, buf, peer, group),
+                                          dist.P2POp(dist.irecv, rb, peer, group)]):
             wk.wait()
 
     with torch.no_grad():

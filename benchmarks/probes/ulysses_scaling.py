@@ -48,7 +48,8 @@ def main():
               "nccl": str(torch.cuda.nccl.version()), "blocks": BLOCKS, "rounds": ROUNDS, "stack": [], "a2a": []}
     for S in SEQS:
         p1, pu, pu_off = plan(1, S), plan(U, S), plan(U, S, "levers.ulysses_overlap=off")
-        models = {"plan_u1": copy.deepcopy(eager), f"plan_u{U}": copy.deepcopy(eager), f"plan_u{U}_no_overlap": copy.deepcopy(eager)}
+        models = {"plan_u1": copy.deepcopy(eager), f"plan_u{U}": copy.deepcopy(eager),
+                  f"plan_u{U}_no_overlap": copy.deepcopy(eager)}
         install(models["plan_u1"], p1)
         install(models[f"plan_u{U}"], pu, group=dist.group.WORLD)
         install(models[f"plan_u{U}_no_overlap"], pu_off, group=dist.group.WORLD)
@@ -62,7 +63,8 @@ def main():
                "speedup_plan_u_vs_plan_u1": t["plan_u1"] / t[f"plan_u{U}"],
                "speedup_plan_u_vs_eager_u1": t["eager_u1"] / t[f"plan_u{U}"],
                "overlap_on_vs_off": t[f"plan_u{U}_no_overlap"] / t[f"plan_u{U}"],
-               "plan_settings": {lv: pu.decision(lv).setting for lv in ("ulysses_padding", "ulysses_overlap", "a2a_fp8_codes")},
+               "plan_settings": {lv: pu.decision(lv).setting
+                                 for lv in ("ulysses_padding", "ulysses_overlap", "a2a_fp8_codes")},
                "a2a_ms_per_block_est": pu.derived_value("a2a_ms_per_block_est")}
         result["stack"].append(rec)
         if rank == 0:
@@ -114,12 +116,13 @@ def report(results_dir):
     d0 = docs[0]
     nccl = ".".join(d0["nccl"].strip("()").replace(" ", "").split(","))
     lines = [f"# Ulysses on several H200s ({d0['device']}, torch {d0['torch']}, NCCL {nccl})", "",
-             "`torchrun --standalone --nproc-per-node=U benchmarks/probes/ulysses_scaling.py OUT`: one process per GPU, a "
-             f"stack of {d0['blocks']} real-width blocks (the first shards the sequence, the last gathers it), bf16 plans "
-             f"(FA4), {d0['rounds']} interleaved rounds, rank 0's CUDA-event medians; `eager u1` and `plan u1` run on one GPU.",
+             "`torchrun --standalone --nproc-per-node=U benchmarks/probes/ulysses_scaling.py OUT`: one process per "
+             f"GPU, a stack of {d0['blocks']} real-width blocks (the first shards the sequence, the last gathers it), "
+             f"bf16 plans (FA4), {d0['rounds']} interleaved rounds, rank 0's CUDA-event medians; `eager u1` and `plan "
+             f"u1` run on one GPU.",
              "", "Speedups use the overlap-off time: what sm90 plans pick at these degrees since this measurement.", "",
-             "| GPUs | S | diffusers eager, 1 GPU ms | plan u1, 1 GPU ms | plan uU, overlap on ms | plan uU, overlap off ms "
-             "| uU vs plan u1 | uU vs eager u1 | overlap on vs off | uU bitwise vs u1 |",
+             "| GPUs | S | diffusers eager, 1 GPU ms | plan u1, 1 GPU ms | plan uU, overlap on ms | plan uU, overlap "
+             "off ms | uU vs plan u1 | uU vs eager u1 | overlap on vs off | uU bitwise vs u1 |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for d in docs:
         U = d["gpus"]
@@ -129,7 +132,8 @@ def report(results_dir):
             lines.append(f"| {U} | {r['S']} | {t['eager_u1']:.2f} | {t['plan_u1']:.2f} | {t[f'plan_u{U}']:.2f} | "
                          f"{off:.2f} | {t['plan_u1'] / off:.2f}x | {t['eager_u1'] / off:.2f}x | "
                          f"{r['overlap_on_vs_off']:.3f}x | {'yes' if r['bitwise_u_vs_u1'] else 'no'} |")
-    lines += ["", "## The all-to-all", "", "| GPUs | S | per-rank tensor | one tensor ms | four tensors (a block's q, k, v, o) ms "
+    lines += ["", "## The all-to-all", "", "| GPUs | S | per-rank tensor | one tensor ms | four tensors (a block's q, "
+                                           "k, v, o) ms "
               "| GB/s leaving a rank | NVLink estimate per block ms |", "|---:|---:|---|---:|---:|---:|---:|"]
     for d in docs:
         est = {r["S"]: r["a2a_ms_per_block_est"] for r in d["stack"]}

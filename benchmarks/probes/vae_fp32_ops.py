@@ -11,7 +11,8 @@ from h3plan.actions.bench.ops import qk_norm_rope as qm
 from h3plan.actions.bench.ops import swiglu as sw
 from h3plan.actions.bench.ops import vae
 
-swiglu, swiglu_ref, vae_qk_norm_rope, vae_qk_norm_rope_ref = sw.swiglu, sw.swiglu_ref, vae.vae_qk_norm_rope, vae.vae_qk_norm_rope_ref
+swiglu, swiglu_ref = sw.swiglu, sw.swiglu_ref
+vae_qk_norm_rope, vae_qk_norm_rope_ref = vae.vae_qk_norm_rope, vae.vae_qk_norm_rope_ref
 
 torch.manual_seed(0)
 dev = "cuda"

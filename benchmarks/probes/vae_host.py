@@ -43,8 +43,10 @@ def main():
     proj = torch.randn(1, S, 16384, device=dev, generator=g).half()
     rows = {
         "scaled_residual": (lambda: kv.scaled_residual_ref(h, y, sc), lambda: kv.scaled_residual(h, y, sc),
-                            lambda: torch.ops.h3plan.scaled_residual(h, y, sc), lambda: kv.scaled_residual_check(h, y, sc)),
-        "vae_qk_norm_rope": (lambda: kv.vae_qk_norm_rope_ref(q, k, cos, sin, 1e-5), lambda: kv.vae_qk_norm_rope(q, k, cos, sin, 1e-5),
+                            lambda: torch.ops.h3plan.scaled_residual(h, y, sc),
+                            lambda: kv.scaled_residual_check(h, y, sc)),
+        "vae_qk_norm_rope": (lambda: kv.vae_qk_norm_rope_ref(q, k, cos, sin, 1e-5),
+                             lambda: kv.vae_qk_norm_rope(q, k, cos, sin, 1e-5),
                              lambda: torch.ops.h3plan.vae_qk_norm_rope(q, k, cos, sin, 1e-5),
                              lambda: kv.vae_qk_norm_rope_check(q, k, cos, sin, 1e-5)),
         "swiglu": (lambda: ks.swiglu_ref(proj) if hasattr(ks, "swiglu_ref") else None, lambda: ks.swiglu(proj),

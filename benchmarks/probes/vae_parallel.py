@@ -11,8 +11,9 @@ vae_parallel installed over all ranks (ranks start each timed decode together af
 the U-GPU video bitwise against its one-GPU video and against diffusers' one-GPU decode. Times are CUDA
 events (median of --iters after --warmup) with the host wall clock beside them; the parallel decode is
 split into its gather (the two all_gathers, including any wait for a slower rank) and its stitch
-(diffusers' _decode answered from the gather), the rest being this rank's decoder calls. Peak memory: max_memory_allocated over one decode, per rank (weights, with the plan's decoder-block linears in float16, and
-the latent included; the reference videos are held on the host).
+(diffusers' _decode answered from the gather), the rest being this rank's decoder calls. Peak memory:
+max_memory_allocated over one decode, per rank (weights, with the plan's decoder-block linears in float16, and the
+latent included; the reference videos are held on the host).
 Rank 0 writes the JSON (every rank's record).
 """
 
@@ -118,7 +119,8 @@ def worker(rank, world, port, args):
                    f"u{world}_ms": round(u_ms, 1), f"u{world}_wall_ms": round(u_wall, 1),
                    "speedup": round(one_ms / u_ms, 3), "gather_ms": round(gather, 2),
                    "stitch_ms": None if stitch is None else round(stitch, 1),
-                   "bitwise_vs_one_gpu": bool(torch.equal(out, one)), "bitwise_vs_diffusers": bool(torch.equal(out, eager)),
+                   "bitwise_vs_one_gpu": bool(torch.equal(out, one)),
+                   "bitwise_vs_diffusers": bool(torch.equal(out, eager)),
                    "peak_GiB": {"one_gpu": round(one_peak, 2), f"u{world}": round(u_peak, 2)},
                    "items": last and last["items"], "shares": last and last["shares"],
                    "gather_buffer_GiB": last and round(last["buffer_bytes"] / 2**30, 3),
@@ -138,7 +140,8 @@ def worker(rank, world, port, args):
                     "diffusers": diffusers.__version__, "autocast": "float16", "warmup": args.warmup,
                     "iters": args.iters, "clock": "CUDA events (host wall beside)"}
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps({**meta, "records": [r for rs in everyone for r in rs]}, indent=1) + "\n")
+            doc = {**meta, "records": [r for rs in everyone for r in rs]}
+            Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
             print(f"[vae-parallel] wrote {args.out}", flush=True)
         dist.barrier()
     finally:

@@ -4,11 +4,12 @@
 
 One decode of LATENT (default 1x24x12x48x84: two chunks, 56 decoder calls at the released 256/64 tiles) in the
 VAE's own dtype with no autocast, as diffusers' decode step runs it (benchmarks/vae.py's Decoder; the committed
-results/probes/vae-profile-h200.log was profiled under FP16 autocast instead), timed (median of 3 after a warm-up) and profiled once: diffusers eager at the plan's tile
-geometry, then the plan (its auto VAE levers: fused ops, CUDA graphs). Per side: busy / span / idle, GPU time by
-category (GEMM, attention, conv, norms, h3plan's fused kernels, copies and cats, other elementwise), the top
-kernels. `bound` = eager decode / (the plan's GEMM + attention time): the plan's speedup if everything else
-cost nothing; the lossless plan keeps eager's GEMM and attention kernels (bitwise), so it cannot pass it.
+results/probes/vae-profile-h200.log was profiled under FP16 autocast instead), timed (median of 3 after a warm-up) and
+profiled once: diffusers eager at the plan's tile geometry, then the plan (its auto VAE levers: fused ops, CUDA graphs).
+Per side: busy / span / idle, GPU time by category (GEMM, attention, conv, norms, h3plan's fused kernels, copies and
+cats, other elementwise), the top kernels. `bound` = eager decode / (the plan's GEMM + attention time): the plan's
+speedup if everything else cost nothing; the lossless plan keeps eager's GEMM and attention kernels (bitwise), so it
+cannot pass it.
 """
 import argparse
 import json
@@ -66,10 +67,11 @@ def main(argv=None) -> int:
             torch.cuda.synchronize()
         c = counters()
         s = profile_summary(prof, CATEGORIES)
-        calls = s["top_kernels_ms"] and sum(n for k, (_, n) in s["top_kernels_ms"].items() if category(k, CATEGORIES) == "attention")
+        calls = s["top_kernels_ms"] and sum(n for k, (_, n) in s["top_kernels_ms"].items()
+                                            if category(k, CATEGORIES) == "attention")
         doc[label] = {"decode_ms": ms, "peak_gib": peak, "counters": c, "decoder_block_calls": calls, **s}
-        print(f"\n== {label}: decode {ms:.1f} ms (median of 3), peak {peak:.2f} GiB; profiled: busy {s['busy_ms']:.1f} ms, "
-              f"span {s['span_ms']:.1f} ms, idle {s['idle_ms']:.1f} ms, {s['ops']} GPU ops", flush=True)
+        print(f"\n== {label}: decode {ms:.1f} ms (median of 3), peak {peak:.2f} GiB; profiled: busy {s['busy_ms']:.1f} "
+              f"ms, span {s['span_ms']:.1f} ms, idle {s['idle_ms']:.1f} ms, {s['ops']} GPU ops", flush=True)
         print("   by category (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in s["by_category_ms"].items()))
         for k, (v, n) in s["top_kernels_ms"].items():
             print(f"   {v:9.2f} ms {n:6d}  {k}")
@@ -79,8 +81,9 @@ def main(argv=None) -> int:
     doc["gemm_plus_attention_ms"] = floor
     doc["bound_if_rest_free"] = doc["eager"]["decode_ms"] / floor if floor else None
     doc["speedup"] = doc["eager"]["decode_ms"] / doc["plan"]["decode_ms"]
-    print(f"\nspeedup {doc['speedup']:.2f}x; the plan's GEMM + attention {floor:.1f} ms: bound {doc['bound_if_rest_free']:.2f}x "
-          "if every other kernel and gap cost nothing (the GEMMs and attention keep eager's kernels: bitwise)")
+    print(f"\nspeedup {doc['speedup']:.2f}x; the plan's GEMM + attention {floor:.1f} ms: bound "
+          f"{doc['bound_if_rest_free']:.2f}x if every other kernel and gap cost nothing (the GEMMs and attention keep "
+          f"eager's kernels: bitwise)")
     if a.out:
         os.makedirs(a.out, exist_ok=True)
         with open(os.path.join(a.out, a.name), "w") as f:

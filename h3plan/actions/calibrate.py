@@ -11,8 +11,8 @@ video and audio shifts), held out: `heldout_seeds` x the steps between.
 The FP8 sites of the check are the plan's (attention=cudnn_fp8, gemm_quant=fp8); a plan with neither checks
 both. The table passes when the static scales' worst PSNR against the BF16 eager forward is at least
 recipe.budget.psnr_db_min and, on the blocks' own update, they lose at most calibrate.max_loss_db to dynamic
-scales (h3plan.actions.calibration.heldout_check); it is then written to `calibrate.out` and the last line names it with the
-command whose plan reads it (table_overrides, planned before it is printed). Otherwise it
+scales (h3plan.actions.calibration.heldout_check); it is then written to `calibrate.out` and the last line names it with
+the command whose plan reads it (table_overrides, planned before it is printed). Otherwise it
 goes to <stem>.rejected.json (its provenance marks it rejected, so it never loads) and the command exits 2
 with one line. Returns 0 on success.
 """
@@ -61,8 +61,8 @@ def fp8_sites(plan) -> tuple[bool, bool, str]:
     att, lin = s.get("attention") == "cudnn_fp8", s.get("gemm_quant") == "fp8"
     if att or lin:
         return att, lin, f"the plan's FP8 sites: attention={s.get('attention')}, gemm_quant={s.get('gemm_quant')}"
-    return True, True, (f"the plan runs no FP8 site (attention={s.get('attention')}, gemm_quant={s.get('gemm_quant')}): "
-                        "checking FP8 attention and FP8 linears both")
+    return True, True, (f"the plan runs no FP8 site (attention={s.get('attention')}, "
+                        f"gemm_quant={s.get('gemm_quant')}): checking FP8 attention and FP8 linears both")
 
 
 def default_steps(n_eval: int, count: int) -> list[int]:
@@ -83,7 +83,8 @@ def _check_steps(name: str, steps, n_eval: int) -> list[int]:
     steps = [int(s) for s in steps]
     bad = [s for s in steps if not 0 <= s < n_eval]
     if bad or not steps:
-        raise UsageError(f"calibrate.{name}={steps}: steps index the {n_eval} model evaluations of the schedule (0..{n_eval - 1})")
+        raise UsageError(f"calibrate.{name}={steps}: steps index the {n_eval} model evaluations of the schedule "
+                         f"(0..{n_eval - 1})")
     return steps
 
 
@@ -106,7 +107,8 @@ def _model(cfg, c: CalibrateConfig, device, dtype):
                          "pass the model config that matches the checkpoint")
     if c.blocks is not None:
         del model.transformer_blocks[int(c.blocks):]
-    return model.to(device).eval().requires_grad_(False), f"checkpoint {c.checkpoint}" + (f" ({c.subfolder})" if c.subfolder else "")
+    return (model.to(device).eval().requires_grad_(False),
+            f"checkpoint {c.checkpoint}" + (f" ({c.subfolder})" if c.subfolder else ""))
 
 
 def _inputs(cfg, c: CalibrateConfig, device, seq_len):
@@ -127,17 +129,19 @@ def _inputs(cfg, c: CalibrateConfig, device, seq_len):
             calib, held = calib[:-k], calib[-k:]
         shared = {i.meta["sha256"] for i in calib} & {i.meta["sha256"] for i in held}
         if shared and c.heldout_inputs is not None:
-            raise UsageError(f"calibrate.heldout_inputs shares files with calibrate.inputs (sha256 {sorted(shared)[0]}): "
-                             "the held-out set must be disjoint")
+            raise UsageError(f"calibrate.heldout_inputs shares files with calibrate.inputs (sha256 "
+                             f"{sorted(shared)[0]}): the held-out set must be disjoint")
 
         def files(xs):
-            return {"kind": "files", "count": len(xs), "files": sorted({(i.meta["file"], i.meta["sha256"]) for i in xs})}
+            return {"kind": "files", "count": len(xs), "files": sorted({(i.meta["file"],
+                                                                         i.meta["sha256"]) for i in xs})}
 
         request = {"seq_lens": sorted({i.meta["seq_len"] for i in calib + held})}
         return calib, held, files(calib), files(held), request
     overlap = sorted(set(map(int, c.seeds)) & set(map(int, c.heldout_seeds)))
     if overlap:
-        raise UsageError(f"calibrate.heldout_seeds shares seed {overlap[0]} with calibrate.seeds: the held-out set must be disjoint")
+        raise UsageError(f"calibrate.heldout_seeds shares seed {overlap[0]} with calibrate.seeds: the held-out set "
+                         f"must be disjoint")
     if not c.seeds or not c.heldout_seeds:
         raise UsageError("calibrate.seeds and calibrate.heldout_seeds must each name at least one seed")
     shifts = schedule_facts(cfg.get("pipeline"))
@@ -190,8 +194,8 @@ def _closing_line(plan, out: str, summary: str) -> str:
     except H3PlanError as e:
         return f"{head}; planning with it fails: {e}"
     if not ok:
-        return f"{head}; no FP8 site of this plan reads a static table (attention {plan.decision('attention').setting}, " \
-               f"gemm_quant {plan.decision('gemm_quant').setting})"
+        return (f"{head}; no FP8 site of this plan reads a static table "
+                f"(attention {plan.decision('attention').setting}, gemm_quant {plan.decision('gemm_quant').setting})")
     return f"{head}; plan with it: python -m h3plan {shlex.join(over)}"
 
 
@@ -213,13 +217,14 @@ def run(cfg, plan) -> int:
         raise UsageError(f"calibrate.statistic={c.statistic}: allowed: amax, percentile")
     if c.percentile is not None and not 0 < float(c.percentile) <= 100:
         raise UsageError(f"calibrate.percentile={c.percentile}: must be in (0, 100], or null to skip it")
-    if isinstance(c.num_inference_steps, bool) or not isinstance(c.num_inference_steps, int) or c.num_inference_steps < MIN_STEPS:
+    if isinstance(c.num_inference_steps, bool) or not isinstance(c.num_inference_steps,
+                                                                 int) or c.num_inference_steps < MIN_STEPS:
         raise UsageError(f"calibrate.num_inference_steps={c.num_inference_steps}: {STEPS_RULE}")
     recipe = plan.get("recipe") or {}
     budget = (recipe.get("budget") or {}).get("psnr_db_min")
     if budget is None:
-        raise UsageError(f"action=calibrate judges the table by recipe.budget.psnr_db_min, which recipe {recipe.get('name')} "
-                         "does not set: use recipe=fp8 or recipe=nvfp4")
+        raise UsageError(f"action=calibrate judges the table by recipe.budget.psnr_db_min, which recipe "
+                         f"{recipe.get('name')} does not set: use recipe=fp8 or recipe=nvfp4")
     margin = float(c.margin if c.margin is not None else recipe.get("fp8_static_margin", 1.0))
     if not margin > 0:
         raise UsageError(f"calibrate.margin={margin}: must be > 0")
@@ -237,8 +242,8 @@ def run(cfg, plan) -> int:
     default_len = 48 if device == "cpu" else int(_cfg_get(_cfg_get(cfg, "parallel", {}), "seq_len", 19000))
     seq_len = int(c.seq_len if c.seq_len is not None else default_len)
     if device == "cpu" and seq_len > CPU_MAX_ROWS:
-        raise UsageError(f"calibrate.seq_len={seq_len}: at most {CPU_MAX_ROWS} rows on the CPU (the Triton interpreter; "
-                         f"longer runs need a GPU): {CPU_SMOKE}")
+        raise UsageError(f"calibrate.seq_len={seq_len}: at most {CPU_MAX_ROWS} rows on the CPU (the Triton "
+                         f"interpreter; longer runs need a GPU): {CPU_SMOKE}")
     model, weights = _model(cfg, c, device, dtype)
     calib, held, calib_prov, held_prov, request = _inputs(cfg, c, device, seq_len)
     att, lin, why = fp8_sites(plan)
@@ -248,7 +253,8 @@ def run(cfg, plan) -> int:
         f"budget psnr >= {budget:g} dB; {why}")
     provenance = {"model": str(cfg.model.name), "config_hash": config_hash(model.config),
                   "num_layers": len(model.transformer_blocks), "weights": weights, "request": request,
-                  "inputs": calib_prov, "heldout": held_prov, "device": device, "dtype": str(dtype).replace("torch.", "")}
+                  "inputs": calib_prov, "heldout": held_prov, "device": device,
+                  "dtype": str(dtype).replace("torch.", "")}
     table = calibrate(model, calib, held, margin=margin, budget_psnr_db=float(budget), max_loss_db=c.max_loss_db,
                       fp8_attention=att, fp8_linears=lin,
                       statistic=c.statistic, percentile=c.percentile, provenance=provenance)

@@ -54,11 +54,12 @@ def run(cfg, plan, c) -> int:
     sparse = plan.get("recipe").get("sparse") or {}
     budget = ev.Budget.of(sparse)
     if budget.empty:
-        raise UsageError("calibrate.target=sparse_attention judges keep fractions by the sparse budget, which this recipe "
-                         "does not set: pass recipe.sparse={ssim_min:0.8} (and/or psnr_db_min)")
+        raise UsageError("calibrate.target=sparse_attention judges keep fractions by the sparse budget, which this "
+                         "recipe does not set: pass recipe.sparse={ssim_min:0.8} (and/or psnr_db_min)")
     device = _prepare_device(c.device, "calibrate.device")  # before the kernels import: TRITON_INTERPRET on a CPU
     if device == "cpu" and int(cfg.model.diffusers_config.hidden_size) > 1024:
-        raise UsageError("calibrate on the CPU needs a small model: pass model=h3_tiny vae=h3_tiny_pipe (real width needs a GPU)")
+        raise UsageError("calibrate on the CPU needs a small model: pass model=h3_tiny vae=h3_tiny_pipe (real width "
+                         "needs a GPU)")
     import torch
 
     from h3plan.actions.calibration import say
@@ -96,7 +97,8 @@ def run(cfg, plan, c) -> int:
         snr = [snr_db(o[1].float(), r[1].float()) for o, r in zip(outs, refs)]
         d = vplan.decision("sparse_attention")
         point = _finite(ev.QualityPoint.make(
-            lever.SPEC.name, "block_sparse", {k: d.param(k) for k in ("keep", "dense_forwards", "video_only", "forwards")},
+            lever.SPEC.name, "block_sparse", {k: d.param(k) for k in ("keep", "dense_forwards",
+                                                                      "video_only", "forwards")},
             ["t2va"], psnr_db=min(math.inf if x["psnr_db"] is None else x["psnr_db"] for x in q),
             ssim=min(x["ssim"] for x in q), audio_snr_db=min(math.inf if x is None else x for x in snr),
             speedup=None, kind="calibrated",

@@ -1,7 +1,7 @@
-"""`python -m h3plan action=calibrate calibrate.target=step_cache recipe.cache={psnr_db_min:..,ssim_min:..} model.path=DIR
-[calibrate.prompts=prompts.txt]`: measure step-cache settings on the user's checkpoint, write every measurement as
-calibrated quality points (the file recipe.cache.evidence reads) and the fastest setting inside the budget as a plan
-that cites them.
+"""`python -m h3plan action=calibrate calibrate.target=step_cache recipe.cache={psnr_db_min:..,ssim_min:..}
+model.path=DIR [calibrate.prompts=prompts.txt]`: measure step-cache settings on the user's checkpoint, write every
+measurement as calibrated quality points (the file recipe.cache.evidence reads) and the fastest setting inside the
+budget as a plan that cites them.
 
 Checked before any model loads (one line each): a cache budget; a t2va request; the prompts file where the checkpoint
 has a text encoder (DIR/text_encoder/): it must exist, be UTF-8 text and hold at least one prompt (one a line,
@@ -106,7 +106,8 @@ def _check(cfg, plan, c) -> tuple[ev.Budget, list[str] | None]:
                          "calibrate.prompts=FILE (one prompt a line)")
     if prompts and not te:
         raise UsageError(f"calibrate.prompts={prompts} needs a checkpoint with a text encoder (model.path=DIR with "
-                         "text_encoder/ and tokenizer/); without one the prompts are seeded embeddings (calibrate.seeds)")
+                         "text_encoder/ and tokenizer/); without one the prompts are seeded embeddings "
+                         "(calibrate.seeds)")
     return budget, (read_prompts(str(prompts)) if prompts else None)
 
 
@@ -139,7 +140,8 @@ def _encode(te_dir: str, prompts: list[str], device):
         processor = (AutoProcessor.from_pretrained(proc_dir) if os.path.isdir(proc_dir)
                      else build_processor(tokenizer, model.config.to_dict()))
     except (OSError, ValueError) as e:
-        raise UsageError(f"model.path={root}: cannot load its text encoder ({str(e).strip().splitlines()[0][:200]})") from None
+        raise UsageError(f"model.path={root}: cannot load its text encoder "
+                         f"({str(e).strip().splitlines()[0][:200]})") from None
     step = MiniMaxH3TextEncoderStep().init_pipeline()
     step.update_components(text_encoder=model, tokenizer=tokenizer, processor=processor)
     out = []
@@ -156,7 +158,8 @@ def _pipe(cfg, device):
     path = cfg.model.get("path")
     pipe = build_pipeline(cfg.model.diffusers_config, cfg.vae.diffusers_config, vae_name=cfg.vae.name, device=device,
                           blocks=pipeline_blocks())
-    weights = "seeded weights (they carry no trained model's step-to-step statistics: the numbers say nothing about your videos)"
+    weights = ("seeded weights (they carry no trained model's step-to-step statistics: the numbers say nothing "
+               "about your videos)")
     if path:
         pipe.update_components(transformer=load_model(path, device=device))
         loaded = ["transformer"]
@@ -208,7 +211,8 @@ def run(cfg, plan, c) -> int:
             out, made = [], []
             for inp, s in runs:
                 given = inp if inp is not None else prompt_inputs(pipe, int(c.text_tokens), seed=s)
-                res = pipe(**given, height=int(video["height"]), width=int(video["width"]), num_frames=int(video["frames"]),
+                res = pipe(**given, height=int(video["height"]), width=int(video["width"]),
+                           num_frames=int(video["frames"]),
                            num_inference_steps=steps, output_type="pt", output=["videos", "audio"],
                            generator=torch.Generator("cpu").manual_seed(s))
                 out.append((res["videos"], res["audio"]))
@@ -246,7 +250,8 @@ def run(cfg, plan, c) -> int:
     evidence = os.path.abspath(str(c.evidence_out or f"{lever.SPEC.name}_points.yaml"))
     ev.write_points(evidence, lever.SPEC.name, points, checkpoint=cfg.model.get("path"),
                     date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
-    say(f"calibrate step_cache: {len(points)} calibrated points written to {evidence} (recipe.cache.evidence={evidence})")
+    say(f"calibrate step_cache: {len(points)} calibrated points written to {evidence} "
+        f"(recipe.cache.evidence={evidence})")
     inside = sorted((r for r in results if r[0]), key=lambda r: (r[1], r[2]))
     if not inside:
         raise UsageError(f"calibrate step_cache: no candidate stays inside {budget.text()} on these prompts "

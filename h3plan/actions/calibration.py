@@ -134,18 +134,21 @@ def load_inputs(path: str, *, device="cpu") -> list[CalibInput]:
         try:
             obj = torch.load(f, map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - any unreadable file is the user's input
-            raise UsageError(f"calibration inputs {f}: torch.load failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+            raise UsageError(f"calibration inputs {f}: torch.load failed ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0][:200]})") from None
         items = obj if isinstance(obj, (list, tuple)) else [obj]
         sha = _sha(f)
         for j, kw in enumerate(items):
             where = f"{f}" + (f"[{j}]" if len(items) > 1 else "")
             if not isinstance(kw, dict):
-                raise UsageError(f"calibration inputs {where}: expected a dict of forward keyword arguments, got {type(kw).__name__}")
+                raise UsageError(f"calibration inputs {where}: expected a dict of forward keyword arguments, got "
+                                 f"{type(kw).__name__}")
             kw = {k: v for k, v in kw.items() if k not in ("return_dict", "attention_kwargs")}
             missing = [k for k in FORWARD_KEYS if k not in kw]
             unknown = sorted(set(kw) - set(FORWARD_KEYS))
             if missing or unknown:
-                raise UsageError(f"calibration inputs {where}: " + (f"missing {missing[0]!r}" if missing else f"unknown key {unknown[0]!r}")
+                raise UsageError(f"calibration inputs {where}: "
+                                 + (f"missing {missing[0]!r}" if missing else f"unknown key {unknown[0]!r}")
                                  + f"; MiniMaxH3Transformer3DModel.forward takes {', '.join(FORWARD_KEYS)}")
             bad = next((k for k, v in kw.items() if not isinstance(v, torch.Tensor)), None)
             if bad:
@@ -154,7 +157,8 @@ def load_inputs(path: str, *, device="cpu") -> list[CalibInput]:
             def make(kw=kw):
                 return {k: v.to(device) for k, v in kw.items()}
 
-            out.append(CalibInput(os.path.basename(where), make, {"file": os.path.basename(f), "index": j, "sha256": sha,
+            out.append(CalibInput(os.path.basename(where), make,
+                                  {"file": os.path.basename(f), "index": j, "sha256": sha,
                                                                    "seq_len": int(kw["position_ids"].shape[0])}))
     return out
 
@@ -337,7 +341,8 @@ class _Run:
             backend = get_backend("cudnn_fp8")
             why = backend.unavailable_reason(q, k, v)
             self._cudnn = backend if why is None else False
-            self.attention_impl = "cuDNN FP8 (h3plan cudnn_fp8 backend)" if why is None else f"torch emulation of cuDNN FP8 ({why})"
+            self.attention_impl = ("cuDNN FP8 (h3plan cudnn_fp8 backend)" if why is None
+                                   else f"torch emulation of cuDNN FP8 ({why})")
         if q.is_cuda and self._cudnn:
             return self._cudnn(q, k, v, descales=descales)
         if self.attention_impl is None:
@@ -416,9 +421,11 @@ def rows(stats: _Stats, num_blocks: int, statistic: str = "amax") -> tuple[dict,
     amax = table(stats.value)
     pct = table(stats.quantile) if stats.percentile is not None else None
     att, lin = pct if statistic == "percentile" else amax
-    zero = next((k for k, r in att.items() for c in QKV if not r[c] > 0), None) or next((k for k, v in lin.items() if not v > 0), None)
+    zero = next((k for k, r in att.items() for c in QKV if not r[c] > 0),
+                None) or next((k for k, v in lin.items() if not v > 0), None)
     if zero is not None:
-        raise UsageError(f"calibrate: site {zero} saw only zeros (or its {statistic} is 0): no FP8 scale can be calibrated")
+        raise UsageError(f"calibrate: site {zero} saw only zeros (or its {statistic} is 0): no FP8 scale can be "
+                         f"calibrated")
     section = None if pct is None else {"p": stats.percentile, "attention": pct[0], "linears": pct[1]}
     return att, lin, section
 
@@ -439,7 +446,8 @@ def heldout_check(model, inputs: list[CalibInput], attention: dict, linears: dic
         raise UsageError("calibrate: the held-out set is empty (calibrate.heldout_seeds / heldout_inputs)")
     stats = _Stats(None)
     run = _Run(model, stats, fp8_attention=fp8_attention, fp8_linears=fp8_linears)
-    worst = {m: {"psnr_db": math.inf, "rel": 0.0, "where": None, "update_psnr_db": math.inf} for m in ("dynamic", "static")}
+    worst = {m: {"psnr_db": math.inf, "rel": 0.0, "where": None, "update_psnr_db": math.inf}
+             for m in ("dynamic", "static")}
     loss = {"db": -math.inf, "where": None}
     try:
         run.set_table(attention, linears, margin)
@@ -458,26 +466,31 @@ def heldout_check(model, inputs: list[CalibInput], attention: dict, linears: dic
                     w["rel"] = max(w["rel"], m["rel"])
                 upd[mode] = compare(got["update"], ref["update"])["psnr_db"]
                 w["update_psnr_db"] = min(w["update_psnr_db"], upd[mode])
-                line.append(f"{mode} psnr {min(m['psnr_db'] for m in ms.values()):.1f} dB (blocks' update {upd[mode]:.1f} dB)")
+                line.append(f"{mode} psnr {min(m['psnr_db'] for m in ms.values()):.1f} dB (blocks' update "
+                            f"{upd[mode]:.1f} dB)")
             d = upd["dynamic"] - upd["static"] if math.isfinite(upd["dynamic"]) else 0.0
             if d > loss["db"]:
                 loss.update(db=d, where=inp.label)
-            progress(f"calibrate: held-out {n}/{len(inputs)} {inp.label}: {', '.join(line)} ({time.perf_counter() - t0:.2f}s)")
+            progress(f"calibrate: held-out {n}/{len(inputs)} {inp.label}: {', '.join(line)} "
+                     f"({time.perf_counter() - t0:.2f}s)")
     finally:
         run.close()
-    fractions = {(s if isinstance(s, str) else f"{s[0]}.{s[1]}"): float(stats.clipped[s]) / stats.total[s] for s in stats.clipped}
+    fractions = {(s if isinstance(s, str) else f"{s[0]}.{s[1]}"): float(stats.clipped[s]) / stats.total[s]
+                 for s in stats.clipped}
     worst_site = max(fractions, key=fractions.get) if fractions else None
     in_budget = worst["static"]["psnr_db"] >= budget_psnr_db
     close = max_loss_db is None or loss["db"] <= max_loss_db
     limit = "no limit" if max_loss_db is None else f"at most {max_loss_db:g}"
-    summary = (f"static scales psnr {worst['static']['psnr_db']:.1f} dB vs dynamic {worst['dynamic']['psnr_db']:.1f} dB, "
-               f"budget {budget_psnr_db:g} dB{'' if in_budget else ' EXCEEDED'}; on the blocks' update static loses "
-               f"{max(loss['db'], 0.0):.1f} dB to dynamic ({limit}{'' if close else ': EXCEEDED'}); "
+    summary = (f"static scales psnr {worst['static']['psnr_db']:.1f} dB vs dynamic {worst['dynamic']['psnr_db']:.1f} "
+               f"dB, budget {budget_psnr_db:g} dB{'' if in_budget else ' EXCEEDED'}; on the blocks' update static "
+               f"loses {max(loss['db'], 0.0):.1f} dB to dynamic ({limit}{'' if close else ': EXCEEDED'}); "
                f"clipped at most {fractions.get(worst_site, 0.0):.3g} ({worst_site or 'no FP8 site'})")
     return {"passed": in_budget and close, "summary": summary, "budget_psnr_db": budget_psnr_db, "inputs": len(inputs),
-            "margin": margin, "max_loss_db": max_loss_db, "update_loss_db": round(loss["db"], 3), "update_loss_at": loss["where"],
+            "margin": margin, "max_loss_db": max_loss_db, "update_loss_db": round(loss["db"], 3),
+            "update_loss_at": loss["where"],
             "fp8_sites": {"attention": run.attention_impl if fp8_attention else None,
-                          "linears": "h3plan.runtime.quant.fp8.FP8Linear (FP8 GEMM, or its emulation off SM89+)" if fp8_linears else None},
+                          "linears": "h3plan.runtime.quant.fp8.FP8Linear (FP8 GEMM, or its emulation off SM89+)"
+                          if fp8_linears else None},
             "static": _finite(worst["static"]), "dynamic": _finite(worst["dynamic"]),
             "clipped": {"max_fraction": fractions.get(worst_site, 0.0), "worst_site": worst_site,
                         "sites": {k: round(v, 8) for k, v in sorted(fractions.items())}}}
@@ -490,7 +503,8 @@ def _finite(w: dict) -> dict:
 
 
 def calibrate(model, inputs: list[CalibInput], heldout: list[CalibInput], *, margin: float, budget_psnr_db: float,
-              max_loss_db: float | None = 3.0, fp8_attention: bool = True, fp8_linears: bool = True, statistic: str = "amax",
+              max_loss_db: float | None = 3.0, fp8_attention: bool = True, fp8_linears: bool = True,
+              statistic: str = "amax",
               percentile: float | None = 99.99, provenance: dict | None = None, progress=None) -> dict:
     """Observe, build the version-2 table, run the held-out check; returns the table dict (written or not by
     the caller: provenance.heldout.check.passed says whether it may be used)."""
@@ -498,7 +512,8 @@ def calibrate(model, inputs: list[CalibInput], heldout: list[CalibInput], *, mar
         raise UsageError("calibrate: the calibration set is empty")
     stats = observe(model, inputs, percentile=percentile, progress=progress)
     att, lin, pct = rows(stats, len(model.transformer_blocks), statistic)
-    check = heldout_check(model, heldout, att, lin, margin=margin, budget_psnr_db=budget_psnr_db, max_loss_db=max_loss_db,
+    check = heldout_check(model, heldout, att, lin, margin=margin, budget_psnr_db=budget_psnr_db,
+                          max_loss_db=max_loss_db,
                           fp8_attention=fp8_attention, fp8_linears=fp8_linears, progress=progress)
     prov = dict(provenance or {})
     prov.setdefault("inputs", {"count": len(inputs), "items": [i.meta for i in inputs]})
@@ -513,5 +528,6 @@ def calibrate(model, inputs: list[CalibInput], heldout: list[CalibInput], *, mar
     return table
 
 
-__all__ = ["CalibInput", "schedule", "seeded_inputs", "load_inputs", "capture_inputs", "observe", "rows", "heldout_check",
+__all__ = ["CalibInput", "schedule", "seeded_inputs", "load_inputs", "capture_inputs", "observe", "rows",
+           "heldout_check",
            "calibrate"]

@@ -30,7 +30,8 @@ DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.floa
           "fp32": torch.float32, "float32": torch.float32}
 
 
-TIMESTEP = (0.7, 0.3)  # the two distinct timesteps of packed_inputs (adaln_table plans: h3plan.prepare(model, timesteps=[TIMESTEP]))
+# the two distinct timesteps of packed_inputs (adaln_table plans: h3plan.prepare(model, timesteps=[TIMESTEP]))
+TIMESTEP = (0.7, 0.3)
 
 def resolve_dtype(name) -> torch.dtype:
     if isinstance(name, torch.dtype):
@@ -112,7 +113,8 @@ def load_model(path, *, blocks: int | None = None, device="cpu", dtype=torch.bfl
         if has_accelerate():
             model = MiniMaxH3Transformer3DModel.from_pretrained(folder, subfolder=sub, torch_dtype=dtype)
         else:  # diffusers loads a model with _keep_in_fp32_modules only through accelerate
-            model = _cast(_load_without_accelerate(MiniMaxH3Transformer3DModel, os.path.join(folder, sub or ""), config), dtype)
+            model = _cast(_load_without_accelerate(MiniMaxH3Transformer3DModel,
+                                                   os.path.join(folder, sub or ""), config), dtype)
     except (OSError, ValueError, RuntimeError, KeyError) as e:
         raise UsageError(f"model.path={path}: cannot load a MiniMaxH3Transformer3DModel "
                          f"({str(e).strip().splitlines()[0][:200]})") from None

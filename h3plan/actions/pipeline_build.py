@@ -30,8 +30,9 @@ Components:
 
 Text conditioning: `prompt_inputs` gives seeded N(0, 1) `prompt_embeds` of shape (1, text_tokens,
 text_dim) in the transformer's dtype and `text_token_tags` (all text), what the text encoder step would
-hand the denoise step; `prompt_text(n)` a prompt string of n text rows for the text encoder step. `Request` is one request (height x width x frames); `sequence_length` is the
-packed length it makes, from diffusers' own frame and canvas arithmetic.
+hand the denoise step; `prompt_text(n)` a prompt string of n text rows for the text encoder step. `Request` is one
+request (height x width x frames); `sequence_length` is the packed length it makes, from diffusers' own frame and canvas
+arithmetic.
 
 Needs diffusers' transformers extra (MiniMaxH3ModularPipeline imports transformers); without it a
 one-line UsageError names the install command.
@@ -369,7 +370,8 @@ def default_request(pipe) -> Request:
     (canvas_short_edge / canvas_max_pixels configs) and the layout step's default frame count."""
     from diffusers.modular_pipelines.minimax_h3.modular_pipeline import resolve_canvas_size
 
-    h, w = resolve_canvas_size(16, 9, pipe.canvas_multiple, pipe.config.canvas_short_edge, pipe.config.canvas_max_pixels)
+    h, w = resolve_canvas_size(16, 9, pipe.canvas_multiple, pipe.config.canvas_short_edge,
+                               pipe.config.canvas_max_pixels)
     frames = next(p.default for p in pipe._blocks.sub_blocks["denoise"].inputs if p.name == "num_frames")
     if frames is None:  # the auto denoise step (workflow_blocks): its t2va branch's layout default
         frames = next(p.default for p in pipe._blocks.sub_blocks["denoise"].sub_blocks["t2va"].inputs

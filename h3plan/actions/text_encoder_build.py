@@ -122,7 +122,8 @@ def build_processor(tokenizer, config: Mapping[str, Any]):
                                temporal_patch_size=int(v["temporal_patch_size"]))
     image = Qwen2VLImageProcessor(**geo)
     try:
-        return Qwen3VLProcessor(image_processor=image, tokenizer=tokenizer, video_processor=Qwen3VLVideoProcessor(**geo))
+        return Qwen3VLProcessor(image_processor=image, tokenizer=tokenizer,
+                                video_processor=Qwen3VLVideoProcessor(**geo))
     except ImportError:  # the video processor needs torchvision; only video references (ref2va) go through it
 
         class Qwen3VLProcessorNoVideo(Qwen3VLProcessor):
@@ -136,10 +137,12 @@ def build_processor(tokenizer, config: Mapping[str, Any]):
         return Qwen3VLProcessorNoVideo(image_processor=image, tokenizer=tokenizer, video_processor=None)
 
 
-def conditioner_components(config: Mapping[str, Any], *, device="cpu", seed: int = 4, weight_sets: int | None = None) -> dict:
+def conditioner_components(config: Mapping[str, Any], *, device="cpu", seed: int = 4,
+                           weight_sets: int | None = None) -> dict:
     """The three components diffusers' text encoder steps expect: text_encoder, tokenizer, processor."""
     tokenizer = build_tokenizer(config)
-    return {"text_encoder": build_text_encoder(config, device=device, seed=seed, weight_sets=weight_sets), "tokenizer": tokenizer,
+    return {"text_encoder": build_text_encoder(config, device=device, seed=seed, weight_sets=weight_sets),
+            "tokenizer": tokenizer,
             "processor": build_processor(tokenizer, config)}
 
 

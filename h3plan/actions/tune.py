@@ -103,9 +103,9 @@ def hardware_file(base: str, tuned: dict, measured: dict, fa4: dict | None = Non
     """The YAML text of a tuned hardware file: `base` (the packaged group) extended by the measured facts."""
     import yaml
 
-    head = (f"# Written by `{tuned['command']}` on {tuned['device']}, {tuned['date']} UTC (h3plan action=tune): measured facts,\n"
-            f"# regenerate rather than edit. Use it: python -m h3plan hydra.searchpath=[file://<folder above hardware/>] "
-            f"hardware=<this file's stem>\n")
+    head = (f"# Written by `{tuned['command']}` on {tuned['device']}, {tuned['date']} UTC (h3plan action=tune): "
+            f"measured facts,\n# regenerate rather than edit. Use it: python -m h3plan "
+            f"hydra.searchpath=[file://<folder above hardware/>] hardware=<this file's stem>\n")
     doc: dict[str, Any] = {"defaults": [base, "_self_"], "tuned": tuned, "measured": measured}
     if fa4:
         doc["fa4"] = fa4
@@ -147,27 +147,35 @@ def add_regret(overrides: list[str]):
 def markdown(record: dict) -> str:
     t, m = record["tuned"], record["measured"]
     lines = [f"# Tune on {t['device']} ({t['date']} UTC)", "", f"`{t['command']}`, {record['seconds']:.0f} s "
-             f"({'quick' if t['quick'] else 'full'}); versions: " + ", ".join(f"{k} {v}" for k, v in t["versions"].items()), "",
-             "| attention shape | " + " | ".join(record["backends"]) + " |", "|---|" + "---:|" * len(record["backends"])]
+             f"({'quick' if t['quick'] else 'full'}); versions: "
+             + ", ".join(f"{k} {v}" for k, v in t["versions"].items()), "",
+             "| attention shape | " + " | ".join(record["backends"]) + " |",
+             "|---|" + "---:|" * len(record["backends"])]
     for p in m.get("attention", []):
         lines.append(f"| {p['seq_len']:,} x {p['heads']} | " + " | ".join(
             "-" if p.get(b) is None else f"{p[b]:.1f}" for b in record["backends"]) + " |")
     lines += ["", "TFLOP/s = 4*S^2*H*D / time.", "", "| fact | value |", "|---|---|",
               f"| copy bandwidth | {m.get('hbm_copy_tbps')} TB/s |"]
-    lines += [f"| {g['dtype']} block linears at {g['rows']:,} rows | {g['ms']:.3f} ms |" for g in m.get("gemm_block", [])]
-    lines += [f"| elementwise ({e['recipe']}) at {e['rows']:,} rows | {sum(e['ms']):.3f} ms per block |" for e in m.get("elementwise", [])]
-    lines += [f"| decode {d['precision']} / {d['tiles']} at {d['latent']} | {d['seconds']:.2f} s |" for d in m.get("decode", [])]
-    lines += [f"| encode {e['precision']} / {e.get('tiles', 'default')} at {'x'.join(map(str, e['input']))} (frames x height "
-              f"x width) | {e['seconds']:.3f} s |"
+    lines += [f"| {g['dtype']} block linears at {g['rows']:,} rows | {g['ms']:.3f} ms |"
+              for g in m.get("gemm_block", [])]
+    lines += [f"| elementwise ({e['recipe']}) at {e['rows']:,} rows | {sum(e['ms']):.3f} ms per block |"
+              for e in m.get("elementwise", [])]
+    lines += [f"| decode {d['precision']} / {d['tiles']} at {d['latent']} | {d['seconds']:.2f} s |"
+              for d in m.get("decode", [])]
+    lines += [f"| encode {e['precision']} / {e.get('tiles', 'default')} at {'x'.join(map(str, e['input']))} (frames x "
+              f"height x width) | {e['seconds']:.3f} s |"
               for e in m.get("encode", [])]
-    lines += [f"| all-to-all degree {a['degree']} | {a['gbps_leaving_rank']:.1f} GB/s |" for a in m.get("ulysses", {}).get("a2a", [])]
+    lines += [f"| all-to-all degree {a['degree']} | {a['gbps_leaving_rank']:.1f} GB/s |"
+              for a in m.get("ulysses", {}).get("a2a", [])]
     lines += ["", "| check | result | detail |", "|---|---|---|"]
-    lines += [f"| {c['lever']}={c['setting']} | {'pass' if c['passed'] else 'FAIL'} | {c['detail']} |" for c in t["checks"]]
+    lines += [f"| {c['lever']}={c['setting']} | {'pass' if c['passed'] else 'FAIL'} | {c['detail']} |"
+              for c in t["checks"]]
     r = record.get("regret")
     if r and "error" not in r:
         from .bench.regret import markdown as regret_md
 
-        lines += ["", "Auto against every combination of " + ", ".join(r["auto"]["settings"]) + f" (scored by {r['scored_by']}):",
+        lines += ["", "Auto against every combination of " + ", ".join(r["auto"]["settings"])
+                  + f" (scored by {r['scored_by']}):",
                   "", regret_md([r]).rstrip("\n")]
     elif r:
         lines += ["", f"regret: not computed ({r['error']})"]
@@ -191,12 +199,14 @@ def _median_ms(torch, fn, warmup: int, iters: int, warm_s: float = WARM_S) -> fl
         if n % 8 == 0:
             torch.cuda.synchronize()
     torch.cuda.synchronize()
-    from h3plan.actions.bench.timing import Clock, median_ms  # the bench package loads diffusers; tune's module does not
+    # the bench package loads diffusers; tune's module does not
+    from h3plan.actions.bench.timing import Clock, median_ms
 
     return median_ms(fn, 0, iters, clock=Clock(torch), synced=True)
 
 
-def measure_attention(torch, hw: dict, S: int, heads: int, D: int, batch: int, reps: tuple[int, int]) -> tuple[dict, dict]:
+def measure_attention(torch, hw: dict, S: int, heads: int, D: int, batch: int,
+                      reps: tuple[int, int]) -> tuple[dict, dict]:
     """TFLOP/s per backend that can run here at (S, heads); FA4's tuned tile's speedup over its default."""
     from h3plan.runtime.kernels import fp8 as f8
 
@@ -228,7 +238,8 @@ def measure_attention(torch, hw: dict, S: int, heads: int, D: int, batch: int, r
         for on in (False, True):
             b = get_backend("fa4", two_cta=on)
             if b.unavailable_reason(q, k, v) is None:
-                two_cta["on" if on else "off"] = round(flops / (_median_ms(torch, lambda b=b: b(q, k, v), *reps) * 1e9), 1)
+                ms = _median_ms(torch, lambda b=b: b(q, k, v), *reps)
+                two_cta["on" if on else "off"] = round(flops / (ms * 1e9), 1)
     return point, {"skipped": skipped, "tuned_tiles": tiles, "fa4_two_cta_tflops": two_cta}
 
 
@@ -257,7 +268,8 @@ def measure_gemms(torch, hw: dict, dc: dict, rows: int, reps: tuple[int, int]) -
                 fn = lambda x8=x8, w8=w8, one=one: torch._scaled_mm(x8, w8.t(), one, one, out_dtype=torch.bfloat16)  # noqa: E731
             total += _median_ms(torch, fn, *reps) * shapes.count((n_in, n_out))
             del x, w
-        how = {"bf16": "F.linear", "fp8": "torch._scaled_mm", "nvfp4": "h3plan's NVFP4Linear (its activation quantize included)"}[dtype]
+        how = {"bf16": "F.linear", "fp8": "torch._scaled_mm",
+               "nvfp4": "h3plan's NVFP4Linear (its activation quantize included)"}[dtype]
         points.append({"rows": rows, "dtype": dtype, "layers": 1, "ms": round(total, 3),
                        "source": f"action=tune: {how} per block-linear shape, medians summed"})
     return points
@@ -304,7 +316,8 @@ def measure_elementwise(torch, cfg, plan, rows: int, reps: tuple[int, int]) -> d
                       f"{cats['gemm']:.2f} ms per forward, outside the GEMM and attention kernels: the rest)"}
 
 
-DECODE_ARMS = (["recipe=bf16", "recipe.vae=fp32"], ["recipe=bf16", "recipe.vae=fp16"], ["recipe=bf16", "recipe.vae=bf16"],
+DECODE_ARMS = (["recipe=bf16", "recipe.vae=fp32"], ["recipe=bf16", "recipe.vae=fp16"],
+               ["recipe=bf16", "recipe.vae=bf16"],
                ["recipe=fp8"])  # fp32, fp16, bf16 with the default tiles; fp16 with the fp8 recipe's FP8 tiles
 
 
@@ -319,7 +332,8 @@ def measure_decode(torch, cfg, plan, quick: bool, replan) -> list[dict]:
     if not seq.get("latent_frames"):
         return []
     frames = min(seq["latent_frames"], 5) if quick else seq["latent_frames"]
-    latent = [1, int(cfg.vae.diffusers_config.get("latent_channels", 24)), frames, seq["latent_height"], seq["latent_width"]]
+    latent = [1, int(cfg.vae.diffusers_config.get("latent_channels", 24)), frames, seq["latent_height"],
+              seq["latent_width"]]
     plans = [plan]
     for arm in () if quick else DECODE_ARMS:
         try:
@@ -333,7 +347,8 @@ def measure_decode(torch, cfg, plan, quick: bool, replan) -> list[dict]:
     for (precision, tiles), p in arms.items():
         install(vae, p)
         with torch.no_grad():
-            ms = _median_ms(torch, lambda: vae.decode(z.to(vae.dtype)), 1, 1, warm_s=0)  # one warm, one timed: seconds long
+            # one warm, one timed: seconds long
+            ms = _median_ms(torch, lambda: vae.decode(z.to(vae.dtype)), 1, 1, warm_s=0)
         uninstall(vae)
         out.append({"precision": precision, "tiles": tiles, "latent": latent, "seconds": round(ms / 1e3, 3),
                     "source": "action=tune: vae.decode of a seeded real-width VAE, that plan's decode levers installed "
@@ -348,7 +363,8 @@ ENCODE_ARMS = {("fp32", "default"): ["recipe=bf16", "recipe.vae=fp32"],
                                      "levers.vae_encode_precision=fp16"],
                ("bf16", "default"): ["recipe=bf16", "recipe.vae=bf16", "levers.vae_precision=fp32",
                                      "levers.vae_encode_precision=bf16"],
-               ("fp32", "fp8_tiles"): ["recipe=fp8", "levers.vae_encode_tiles=decode", "levers.vae_encode_precision=fp32"]}
+               ("fp32", "fp8_tiles"): ["recipe=fp8", "levers.vae_encode_tiles=decode",
+                                       "levers.vae_encode_precision=fp32"]}
 """One plan per encode precision and geometry (a lossy encode is forced under a recipe that allows a lossy VAE, the
 decode kept fp32; the last arm encodes at the fp8 recipe's decode tiles, vae_encode_tiles=decode): only the encode is
 timed."""
@@ -483,12 +499,15 @@ def run(cfg, plan) -> int:
     base = hw["name"]
     out = Path(_cfg(cfg, "out", f"tuned/hardware/{base}_tuned.yaml")).resolve()
     results = _cfg(cfg, "results", None)
-    S_att = plan.derived_value("padded_len") if plan.decision("ulysses_padding").setting == "padded" else plan.derived_value("seq_len")
-    heads, rows, batch = plan.derived_value("heads_per_rank"), plan.derived_value("local_rows") * plan.derived_value("batch"), plan.derived_value("batch")
+    padded = plan.decision("ulysses_padding").setting == "padded"
+    S_att = plan.derived_value("padded_len") if padded else plan.derived_value("seq_len")
+    heads, batch = plan.derived_value("heads_per_rank"), plan.derived_value("batch")
+    rows = plan.derived_value("local_rows") * batch
     hw_args = [a for a in sys.argv[1:] if a.startswith(("hardware=", "hydra.searchpath="))]
 
     def replan(extra: list[str]):
-        return resolve(compose([a for a in _overrides() if not a.startswith(("recipe=", "recipe.", "levers."))] + hw_args + extra))
+        return resolve(compose([a for a in _overrides() if not a.startswith(("recipe=", "recipe.", "levers."))]
+                               + hw_args + extra))
 
     steps = ["attention", "gemm", "copy", "elementwise", "decode", "encode", "all-to-all", "checks"]
     bar, steps_s, measured = (Progress(len(steps), "tune") if rank == 0 else Quiet()), {}, {"on_hardware": True}
@@ -500,7 +519,8 @@ def run(cfg, plan) -> int:
         bar.step(f"{name} {steps_s[name]:.0f} s")
         return result
 
-    point, extra = step("attention", lambda: measure_attention(torch, hw, S_att, heads, dc["attention_head_dim"], batch, reps))
+    point, extra = step("attention", lambda: measure_attention(torch, hw, S_att, heads,
+                                                               dc["attention_head_dim"], batch, reps))
     measured["attention"] = [point]
     measured["gemm_block"] = step("gemm", lambda: measure_gemms(torch, hw, dc, rows, reps))
     measured["hbm_copy_tbps"] = step("copy", lambda: measure_copy(torch, reps))
@@ -523,9 +543,11 @@ def run(cfg, plan) -> int:
         measured["encode"] = encode
     a2a = step("all-to-all", lambda: measure_a2a(torch, dc, plan.derived_value("seq_len"), reps))
     if a2a:
-        measured["ulysses"] = {"a2a": a2a, "source": "action=tune: all_to_all_single at each Ulysses degree the world has"}
+        measured["ulysses"] = {"a2a": a2a,
+                               "source": "action=tune: all_to_all_single at each Ulysses degree the world has"}
     blocks = int(_cfg(cfg, "check_blocks", 2))
-    checks = step("checks", lambda: run_checks(torch, cfg, plan, blocks, min(plan.derived_value("seq_len"), 4096 if quick else 19000)))
+    checks = step("checks", lambda: run_checks(torch, cfg, plan, blocks,
+                                               min(plan.derived_value("seq_len"), 4096 if quick else 19000)))
     bar.close()
     if rank != 0:
         return 0
@@ -549,5 +571,6 @@ def run(cfg, plan) -> int:
     failed = [f"{c['lever']}={c['setting']}" for c in checks if not c["passed"]]
     print(f"tune: {tuned['seconds']:.0f} s on {tuned['device']}; wrote " + ", ".join(map(str, files))
           + (f"; checks failed (plans refuse them): {', '.join(failed)}" if failed else ""))
-    print(f"python -m h3plan hydra.searchpath=[file://{out.parent.parent}] hardware={out.stem} " + " ".join(_overrides()))
+    print(f"python -m h3plan hydra.searchpath=[file://{out.parent.parent}] hardware={out.stem} "
+          + " ".join(_overrides()))
     return 0

@@ -60,7 +60,8 @@ from .verify_text_encoder import check as check_text_encoder
 
 def platform_limits() -> tuple[str, ...]:
     """A fallback reason starting with one of these is a platform limit: the lever's counted emulation ran."""
-    return ("FP8 GEMM needs CUDA", gemm_reason("fp8", None), gemm_reason("nvfp4", None), "CUDA graphs need a CUDA device")
+    return ("FP8 GEMM needs CUDA", gemm_reason("fp8", None), gemm_reason("nvfp4", None),
+            "CUDA graphs need a CUDA device")
 
 
 OUTPUTS = ("hidden", "video", "audio")
@@ -122,7 +123,8 @@ def compare(a, b) -> dict:
     mse = float((d * d).mean())
     peak = float(b.double().abs().max())
     ref_norm = float(b.double().norm())
-    return {"bitwise": bitwise, "max_abs": float(d.abs().max()), "rel": float(d.norm()) / ref_norm if ref_norm else math.inf,
+    return {"bitwise": bitwise, "max_abs": float(d.abs().max()),
+            "rel": float(d.norm()) / ref_norm if ref_norm else math.inf,
             "psnr_db": math.inf if mse == 0 else 10 * math.log10(peak * peak / mse) if peak else -math.inf}
 
 
@@ -250,7 +252,8 @@ class Report:
             return ("verify: INCOMPLETE: every check that ran passed, but not checked here: "
                     + "; ".join(f"{k} ({v})" for k, v in self.unchecked.items()), INCOMPLETE)
         if self.not_run:
-            return "verify: PASS (lossless, not run here: " + "; ".join(f"{k}: {v}" for k, v in self.not_run.items()) + ")", 0
+            return "verify: PASS (lossless, not run here: " + "; ".join(f"{k}: {v}"
+                                                                        for k, v in self.not_run.items()) + ")", 0
         return "verify: PASS", 0
 
     def line(self, name, verdict, metrics=None, counters=None, ok=True):
@@ -291,7 +294,8 @@ def _engaged(run: Run, lever: str) -> tuple[bool, str]:
 def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, header=None, vae=None, results=None) -> int:
     """Run the checks of the module docstring on a built model and inputs; prints them; returns the verdict's exit
     status (0 PASS, 1 FAIL, 3 INCOMPLETE). vae: (vae, latent) or why there is none, for check 5 (None: no VAE check,
-    the plan's VAE levers are left out of the verdict). `results` (a list) receives (name, ok, verdict) per check line."""
+    the plan's VAE levers are left out of the verdict). `results` (a list) receives (name, ok, verdict) per check
+    line."""
     import torch
 
     dtype = dtype or torch.bfloat16
@@ -343,8 +347,8 @@ def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, head
         if d.lever == "sparse_attention":  # verify's forward is off the schedule (dense): its own check, below
             continue
         if d.lever in VAE_LEVERS:
-            print(f"SKIP  {d.lever + '=' + d.setting:<34} a VAE lever: " + ("checked with the VAE below" if vae is not None
-                                                                      else "this verify builds no VAE"))
+            print(f"SKIP  {d.lever + '=' + d.setting:<34} a VAE lever: "
+                  + ("checked with the VAE below" if vae is not None else "this verify builds no VAE"))
             continue
         run = v.run(_subplan(plan, base + [d]))
         name = f"{d.lever}={d.setting}"
@@ -374,7 +378,8 @@ def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, head
         if d.lever in whole.swapped and how == "fused path ran":
             rep.unchecked.pop(f"{d.lever}={d.setting}", None)
             rep.not_run.pop(f"{d.lever}={d.setting}", None)
-            print(f"NOTE  {d.lever + '=' + d.setting:<34} ran in the whole plan (fused path ran): judged by its lines below")
+            print(f"NOTE  {d.lever + '=' + d.setting:<34} ran in the whole plan (fused path ran): "
+                  f"judged by its lines below")
     levers = [d.lever for d in plan.decisions]
     m_ref = {k: compare(whole.outputs[k], ref.outputs[k]) for k in OUTPUTS}
     m_eager = {k: compare(whole.outputs[k], eager.outputs[k]) for k in OUTPUTS}
@@ -413,7 +418,8 @@ def verify_vae(case, plan, rep: Report, *, device="cpu") -> None:
     enabled VAE lever is then reported as not checked)."""
     import torch
 
-    decisions = [d for d in plan.decisions if d.lever in VAE_LEVERS and d.enabled and d.setting != "default"]  # as `runs`
+    decisions = [d for d in plan.decisions
+                 if d.lever in VAE_LEVERS and d.enabled and d.setting != "default"]  # as `runs`
     if not decisions:
         return
     if isinstance(case, str):
@@ -441,7 +447,8 @@ def verify_vae(case, plan, rep: Report, *, device="cpu") -> None:
                 rep.skip(name, why, d.lossless)
             print(f"SKIP  {name:<34} {why}")
             continue
-        for key in sorted({k.rpartition(".")[0] for k in counts if k.startswith(d.lever + ".")}):  # less .fused/.fallback
+        # less .fused/.fallback
+        for key in sorted({k.rpartition(".")[0] for k in counts if k.startswith(d.lever + ".")}):
             why = list(reasons.get(key, {}))
             if counts.get(f"{key}.fused", 0):
                 continue
@@ -455,12 +462,15 @@ def verify_vae(case, plan, rep: Report, *, device="cpu") -> None:
     if lossy:
         b = (plan.get("recipe") or {}).get("budget") or {}
         m["ssim"] = video_ssim(out.float(), ref)
-        ok = b.get("psnr_db_min") is not None and m["psnr_db"] >= b["psnr_db_min"] and m["ssim"] >= (b.get("ssim_min") or 0)
-        rep.line("VAE plan vs diffusers decode", f"lossy ({', '.join(lossy)}), budget psnr >= {b.get('psnr_db_min')} dB, "
+        ok = (b.get("psnr_db_min") is not None and m["psnr_db"] >= b["psnr_db_min"]
+              and m["ssim"] >= (b.get("ssim_min") or 0))
+        rep.line("VAE plan vs diffusers decode",
+                 f"lossy ({', '.join(lossy)}), budget psnr >= {b.get('psnr_db_min')} dB, "
                  f"ssim >= {b.get('ssim_min')} (frames)", {"frames": m}, counted, ok=ok)
     elif device == "cpu":
-        print(f"NOTE  {'VAE plan vs diffusers decode':<34} lossless: bitwise on CUDA (tests/gpu/test_install_vae_gpu.py); "
-              f"here the interpreter's kernels against torch's CPU ops: frames {_fmt(m)}")
+        print(f"NOTE  {'VAE plan vs diffusers decode':<34} lossless: bitwise on CUDA "
+              f"(tests/gpu/test_install_vae_gpu.py); here the interpreter's kernels against torch's CPU ops: frames "
+              f"{_fmt(m)}")
     else:
         rep.line("VAE plan vs diffusers decode", "bitwise equal" if m["bitwise"] else "NOT bitwise equal",
                  None if m["bitwise"] else {"frames": m}, counted, ok=m["bitwise"])
@@ -507,9 +517,9 @@ def run(cfg, plan, *, registry=None) -> int:
     n_text, n_audio, n_video = layout(seq_len)
     a = model.transformer_blocks[0].attn
     where = "Triton interpreter" if device == "cpu" else torch.cuda.get_device_name(device)
-    header = (f"verify: {len(model.transformer_blocks)} blocks, hidden {model.config.hidden_size}, {a.heads}x{a.head_dim} "
-              f"heads; S={seq_len} (text {n_text}, audio {n_audio}, video {n_video}); {device} ({where}); "
-              f"{dtype}; " + (f"weights from {path}; input seed {seed}" if path else f"seed {seed}"))
+    header = (f"verify: {len(model.transformer_blocks)} blocks, hidden {model.config.hidden_size}, "
+              f"{a.heads}x{a.head_dim} heads; S={seq_len} (text {n_text}, audio {n_audio}, video {n_video}); {device} "
+              f"({where}); {dtype}; " + (f"weights from {path}; input seed {seed}" if path else f"seed {seed}"))
     return verify(model, inputs, plan, registry=registry, device=device, dtype=dtype, header=header,
                   vae=_vae_case(cfg, device, seed))
 

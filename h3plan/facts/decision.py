@@ -30,7 +30,8 @@ def freeze(value: Any) -> Any:
 def thaw(value: Any) -> Any:
     if isinstance(value, _EmptyMapping):
         return {}
-    if isinstance(value, tuple) and all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) for p in value) and value:
+    if isinstance(value, tuple) and all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str)
+                                        for p in value) and value:
         return {k: thaw(v) for k, v in value}
     if isinstance(value, tuple):
         return [thaw(v) for v in value]
@@ -96,7 +97,8 @@ class Decision:
         )
 
 
-def make_decision(lever: str, setting: str, lossless: bool, reasons, *, forced=False, params=None, hardware_verified=True) -> Decision:
+def make_decision(lever: str, setting: str, lossless: bool, reasons, *, forced=False, params=None,
+                  hardware_verified=True) -> Decision:
     return Decision(
         lever=lever,
         setting=setting,

@@ -216,7 +216,8 @@ def read_points(path: str, lever: str) -> tuple[tuple[QualityPoint, ...], str | 
     except Exception as e:  # json.JSONDecodeError, yaml.YAMLError: either way one line
         raise EvidenceError(f"{where}: not JSON or YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(raw, Mapping) or raw.get("format") != FORMAT:
-        raise EvidenceError(f"{where}: not an h3plan quality points file (format: {FORMAT}; action=calibrate writes one)")
+        raise EvidenceError(f"{where}: not an h3plan quality points file (format: {FORMAT}; "
+                            f"action=calibrate writes one)")
     if raw.get("version") != VERSION:
         raise EvidenceError(f"{where}: version {raw.get('version')!r}, this h3plan reads {VERSION}")
     if raw.get("lever") != lever:

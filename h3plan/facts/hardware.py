@@ -96,7 +96,8 @@ def cudnn_fp8_version_problem(facts: Mapping[str, Any], version: str | int) -> s
     c = facts["cudnn"]
     v = version_tuple(version)
     if v < version_tuple(c["fp8_min_version"]):
-        return f"cuDNN {'.'.join(map(str, v))} is older than {c['fp8_min_version']}, the first with FP8 SDPA ({c['source']})"
+        return (f"cuDNN {'.'.join(map(str, v))} is older than {c['fp8_min_version']}, the first with FP8 SDPA "
+                f"({c['source']})")
     if any(v == version_tuple(x) for x in c.get("fp8_excluded_versions") or ()):
         return f"cuDNN {'.'.join(map(str, v))} is excluded for FP8 SDPA ({c['source']})"
     return None

@@ -162,20 +162,25 @@ def _v2(path: str, raw: dict, model_config) -> ScaleTable:
         raise ScaleTableError(f"scale table {path}: provenance must be an object")
     gone = [k for k in PROVENANCE_KEYS if k not in prov]
     if gone:
-        raise ScaleTableError(f"scale table {path}: provenance is missing {gone[0]!r} (needs {', '.join(PROVENANCE_KEYS)})")
+        raise ScaleTableError(f"scale table {path}: provenance is missing {gone[0]!r} (needs "
+                              f"{', '.join(PROVENANCE_KEYS)})")
     if not _positive(prov["margin"]):
-        raise ScaleTableError(f"scale table {path}: provenance.margin must be a finite number > 0, got {prov['margin']!r}")
+        raise ScaleTableError(f"scale table {path}: provenance.margin must be a finite number > 0, got "
+                              f"{prov['margin']!r}")
     attention = _qkv_rows(path, raw["attention"], "attention")
     linears = _linear_rows(path, raw["linears"], "linears")
     check = (prov["heldout"] or {}).get("check") if isinstance(prov["heldout"], dict) else None
     if not isinstance(check, dict) or not isinstance(check.get("passed"), bool):
-        raise ScaleTableError(f"scale table {path}: provenance.heldout.check.passed is missing: the held-out check never ran")
+        raise ScaleTableError(f"scale table {path}: provenance.heldout.check.passed is missing: the held-out check "
+                              f"never ran")
     if not check["passed"]:
-        raise ScaleTableError(f"scale table {path}: rejected by its held-out check ({check.get('summary', 'no summary')}): "
-                              "recalibrate (more inputs, a larger margin or statistic=amax)")
+        raise ScaleTableError(f"scale table {path}: rejected by its held-out check "
+                              f"({check.get('summary', 'no summary')}): recalibrate (more inputs, a larger margin or "
+                              f"statistic=amax)")
     if "values_sha256" in prov and prov["values_sha256"] != values_hash(raw["attention"], raw["linears"]):
-        raise ScaleTableError(f"scale table {path}: values changed since calibration (provenance.values_sha256 differs), "
-                              "so its held-out check no longer holds: recalibrate, or delete values_sha256 to accept the edit")
+        raise ScaleTableError(f"scale table {path}: values changed since calibration (provenance.values_sha256 "
+                              f"differs), so its held-out check no longer holds: recalibrate, or delete values_sha256 "
+                              f"to accept the edit")
     if model_config is not None:
         want = config_hash(model_config)
         if prov["config_hash"] != want:
@@ -183,8 +188,10 @@ def _v2(path: str, raw: dict, model_config) -> ScaleTable:
                                   f"{prov['config_hash']}), not this model (config hash {want}): recalibrate for it")
     pct = raw.get("percentile")
     if pct is not None:
-        if not isinstance(pct, dict) or sorted(pct) != ["attention", "linears", "p"] or not _positive(pct["p"]) or pct["p"] > 100:
-            raise ScaleTableError(f"scale table {path}: percentile must be {{\"p\": (0, 100], \"attention\": ..., \"linears\": ...}}")
+        if not isinstance(pct, dict) or sorted(pct) != ["attention", "linears",
+                                                        "p"] or not _positive(pct["p"]) or pct["p"] > 100:
+            raise ScaleTableError(f"scale table {path}: percentile must be {{\"p\": (0, 100], \"attention\": ..., "
+                                  f"\"linears\": ...}}")
         _qkv_rows(path, pct["attention"], "percentile.attention", min_value=_nonnegative, what="finite numbers >= 0")
         _linear_rows(path, pct["linears"], "percentile.linears", min_value=_nonnegative, what="a finite number >= 0")
     return ScaleTable(path, VERSION, attention, linears, prov, pct)
@@ -218,7 +225,8 @@ def linear_amax(table: ScaleTable, fqn: str) -> float:
     """The calibrated input amax of one FP8 linear; raises ScaleTableError when the table has no row."""
     if fqn not in table.linears:
         why = "a version-1 table has no linears" if table.version == 1 else "no row"
-        raise ScaleTableError(f"scale table {table.path}: no input amax for {fqn} ({why}): recalibrate with action=calibrate")
+        raise ScaleTableError(f"scale table {table.path}: no input amax for {fqn} ({why}): recalibrate with "
+                              f"action=calibrate")
     return table.linears[fqn]
 
 

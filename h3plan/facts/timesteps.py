@@ -41,7 +41,8 @@ def schedule(steps: int, shift: float) -> list[float]:
 
 
 def vectors(steps: Iterable[int], video_shift: float, audio_shift: float, keyframe_noise_aug: float, *,
-            audio: bool = True, condition_video: bool = False, condition_audio: bool = False) -> list[tuple[float, ...]]:
+            audio: bool = True, condition_video: bool = False,
+            condition_audio: bool = False) -> list[tuple[float, ...]]:
     """The distinct `timestep` vectors of the transformer calls (MiniMaxH3SetTimestepsStep.build_row_timesteps:
     the sorted distinct values over the rows), over every step count, first seen first."""
     out: dict[tuple[float, ...], None] = {}

@@ -220,7 +220,8 @@ def validate_actions(c: dict[str, Any]) -> None:
         raise ConfigError(f"verify.dtype={v['dtype']}", "allowed: " + ", ".join(DTYPES))
     t = c.get("tune") or {}
     if t.get("check_blocks") is not None and t["check_blocks"] < 1:
-        raise ConfigError(f"tune.check_blocks={t['check_blocks']}", "must be >= 1 (real-width blocks the checks run on)")
+        raise ConfigError(f"tune.check_blocks={t['check_blocks']}",
+                          "must be >= 1 (real-width blocks the checks run on)")
     _positive_ints("bench.seq_lens", b["seq_lens"])
     _positive_ints("bench.blocks", b["blocks"])
     if b["warmup"] < 0:

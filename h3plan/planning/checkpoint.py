@@ -106,14 +106,16 @@ def read_folder(folder, partition: str = "transformer") -> Components:
             if _section(configs[section], path) != section:
                 raise UsageError(f"{path}: a {configs[section]['_class_name']} in the {sub}/ folder")
             where[section] = path
-    other = next((p for p in ATTRS["model"] if p != partition and os.path.isfile(os.path.join(folder, p, "config.json"))), None)
+    other = next((p for p in ATTRS["model"] if p != partition
+                  and os.path.isfile(os.path.join(folder, p, "config.json"))), None)
     if "model" not in configs and other is not None:
         workflow = " and ".join(workflows.tasks_of(partition))
-        raise UsageError(f"{folder}: no {partition}/config.json, the partition {workflow} run against (it holds {other}/); "
-                         f"plan the workflow its partition serves, or point model.path at a folder with {partition}/")
+        raise UsageError(f"{folder}: no {partition}/config.json, the partition {workflow} run against (it holds "
+                         f"{other}/); plan the workflow its partition serves, or point model.path at a folder with "
+                         f"{partition}/")
     if not configs:
-        raise UsageError(f"{folder}: no config.json, {partition}/config.json or vae/config.json: not a diffusers checkpoint "
-                         "folder of MiniMax-H3")
+        raise UsageError(f"{folder}: no config.json, {partition}/config.json or vae/config.json: not a diffusers "
+                         f"checkpoint folder of MiniMax-H3")
     return Components(configs, where, folder)
 
 
@@ -240,7 +242,9 @@ def with_model_path(cfg):
     if "model" not in comps.configs:
         transformer_folder(path, partition)  # raises the one-line error
     out = fill(copy.deepcopy(cfg), comps)
-    if os.path.isfile(os.path.join(os.fspath(path), "text_encoder", "config.json")):  # the conditioner: planning/text_encoder.py
+    # the conditioner: planning/text_encoder.py
+    if os.path.isfile(os.path.join(os.fspath(path), "text_encoder", "config.json")):
         te = text_encoder.read(path)
-        out["model"]["text_encoder"] = {k: te[k] for k in ("text_config", "vision_config", "tie_word_embeddings") if k in te}
+        out["model"]["text_encoder"] = {k: te[k] for k in ("text_config", "vision_config", "tie_word_embeddings")
+                                        if k in te}
     return out

@@ -138,7 +138,8 @@ def _literal(v: Any) -> str:
     if isinstance(v, dict):
         return "{" + ",".join(f"{k}:{_literal(x)}" for k, x in v.items()) + "}"
     s = str(v)
-    return s if re.fullmatch(r"[\w./:+-]*", s) and s.lower() not in ("null", "true", "false") else "'" + s.replace("'", "\\'") + "'"
+    plain = re.fullmatch(r"[\w./:+-]*", s) and s.lower() not in ("null", "true", "false")
+    return s if plain else "'" + s.replace("'", "\\'") + "'"
 
 
 def _several(key: str, given: list[str], shown: str) -> ConfigError:
@@ -255,10 +256,11 @@ def condense(e: BaseException) -> tuple[str, int]:
             missing = x.missing_cfg_file or ""
             if "/" in missing and x.options is not None:
                 group, _, name = missing.rpartition("/")
-                hint = (" (the joblib and submitit launchers: pip install -e '.[sweep]' in a checkout)" if group == "hydra/launcher"
+                hint = (" (the joblib and submitit launchers: pip install -e '.[sweep]' in a checkout)"
+                        if group == "hydra/launcher"
                         else "" if group.startswith("hydra") else
-                        f"; a file of your own sits in a folder on the search path: /path/to/conf/{group}/{name}.yaml with "
-                        "hydra.searchpath=[file:///path/to/conf]")
+                        f"; a file of your own sits in a folder on the search path: /path/to/conf/{group}/{name}.yaml "
+                        f"with hydra.searchpath=[file:///path/to/conf]")
                 return f"{group}={name}: no such option; available: {', '.join(sorted(x.options))}{hint}", 2
             return one(str(x).splitlines()[0]), 2
         if isinstance(x, OverrideParseException):

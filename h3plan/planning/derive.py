@@ -18,10 +18,12 @@ from h3plan.sources import cite
 
 INT32_LIMIT = 2**31
 ORDER = (
-    "seq_len", "batch", "ulysses_degree", "ring_degree", "world", "heads_per_rank", "padded_len", "padding_rows", "local_rows",
+    "seq_len", "batch", "ulysses_degree", "ring_degree", "world", "heads_per_rank", "padded_len", "padding_rows",
+    "local_rows",
     "a2a_bytes_per_block_per_rank", "a2a_bytes_leaving_rank_per_block", "a2a_ms_per_block_est",
     "max_elements_per_rank_tensor", "int64_indexing_required", "int64_boundary_tokens_per_rank",
-    "attention_tflops_used", "attention_ms_per_block_est", "block_linear_params", "gemm_tflops_used", "gemm_ms_per_block_est",
+    "attention_tflops_used", "attention_ms_per_block_est", "block_linear_params", "gemm_tflops_used",
+    "gemm_ms_per_block_est",
 )
 
 
@@ -38,7 +40,8 @@ def shape(sections: Mapping[str, Any]) -> dict[str, Any]:
     world = ring * u  # the sequence is sharded over every rank (ring_plan.py)
     padded = -(-s // world) * world
     local = padded // world
-    tensors = {"q/k/v per rank (B, S/U, H, D)": b * local * heads * d, "ffn gate+up per rank (B, S/U, 2F)": b * local * 2 * ffn}
+    tensors = {"q/k/v per rank (B, S/U, H, D)": b * local * heads * d,
+               "ffn gate+up per rank (B, S/U, 2F)": b * local * 2 * ffn}
     biggest = max(tensors, key=tensors.get)
     boundary = -(-INT32_LIMIT // (heads * d))
     return {
@@ -59,8 +62,9 @@ def shape(sections: Mapping[str, Any]) -> dict[str, Any]:
             "padded_len": f"seq_len rounded up to a multiple of the world ring {ring} x ulysses {u}",
             "local_rows": "padded_len / world: rows each rank holds outside attention",
             "max_elements_per_rank_tensor": f"largest per-rank tensor a kernel indexes: {biggest}",
-            "int64_indexing_required": f"max_elements_per_rank_tensor >= 2**31 (int32 offsets wrap; {cite('fastvideo-seed')}: {heads} x {d} heads "
-                                       f"wrap from {boundary:,} tokens per rank, which it rounds to 299,593); h3plan kernels index in int64 anyway",
+            "int64_indexing_required": f"max_elements_per_rank_tensor >= 2**31 (int32 offsets wrap; "
+                                       f"{cite('fastvideo-seed')}: {heads} x {d} heads wrap from {boundary:,} tokens "
+                                       f"per rank, which it rounds to 299,593); h3plan kernels index in int64 anyway",
         },
     }
 
@@ -145,7 +149,8 @@ def gemm_rate(hw: Mapping[str, Any], dtype: str, rows: int, params: int) -> tupl
                f"over {p['layers']} block(s); nearest measured; {provenance(p)})")
 
 
-def _throughput(hw: Mapping[str, Any], kind: str, dtype: str, point_key: tuple[int, int] | None = None, backend: str | None = None,
+def _throughput(hw: Mapping[str, Any], kind: str, dtype: str, point_key: tuple[int, int] | None = None,
+                backend: str | None = None,
                 rows: int | None = None, params: int | None = None):
     """(TFLOP/s, basis) from measurement, else peak x assumed efficiency, else (None, why). GEMMs: the block linears'
     rate measured at the plan's rows (`measured.gemm_block`: gemm_rate) before the plain GEMM rate; attention:
@@ -199,8 +204,8 @@ def estimates(sections: Mapping[str, Any], shp: Mapping[str, Any], decisions: Ma
     nv = hw["device"]["nvlink_gbps"]
     a2a_ms = None if (u == 1 or nv is None) else round(leaving / (nv / 2 * 1e9) * 1e3, 3)
     a2a_basis = ("degree 1: no all-to-all" if u == 1 else
-                 f"bytes leaving a rank / one-direction NVLink {nv}/2 GB/s ({hw['device']['source']}); no latency term; "
-                 f"all-to-all never measured at degree {u} on {hw['name']}")
+                 f"bytes leaving a rank / one-direction NVLink {nv}/2 GB/s ({hw['device']['source']}); no latency "
+                 f"term; all-to-all never measured at degree {u} on {hw['name']}")
     m = nearest_ulysses_point(hw, "a2a", u, shp["seq_len"]) if u > 1 else None
     if m is not None:
         gbps = m["gbps_leaving_rank"]
@@ -227,12 +232,17 @@ def estimates(sections: Mapping[str, Any], shp: Mapping[str, Any], decisions: Ma
         "a2a_ms_per_block_est": a2a_ms,
         "basis": {
             **sparse_basis,
-            "attention_ms_per_block_est": f"4*S^2*H_local*D*B / TFLOP/s with S={att_len:,}, H_local={hl}, D={d}, B={b}; {att_basis}",
-            "block_linear_params": "to_q/k/v 3*hidden*inner + to_out inner*hidden + ff hidden*2*ffn + ffn*hidden (AdaLN projections excluded: per timestep, not per token)",
-            "gemm_ms_per_block_est": f"2*rows*params / TFLOP/s with rows=B*local_rows={b * local:,}, {gemm_dtype} GEMMs; {gemm_basis}",
-            "a2a_bytes_per_block_per_rank": "bytes one rank passes to all_to_all per block: Q, K, V (B x S/U x H x D each, "
-                                            f"{'e4m3, 1 byte' if codes else 'bf16, 2 bytes'}) before attention and O (bf16) after; 0 at degree 1",
-            "a2a_bytes_leaving_rank_per_block": "(U-1)/U of a2a_bytes_per_block_per_rank: the share sent to other ranks",
+            "attention_ms_per_block_est": f"4*S^2*H_local*D*B / TFLOP/s with S={att_len:,}, H_local={hl}, D={d}, "
+                                          f"B={b}; {att_basis}",
+            "block_linear_params": "to_q/k/v 3*hidden*inner + to_out inner*hidden + ff hidden*2*ffn + ffn*hidden "
+                                   "(AdaLN projections excluded: per timestep, not per token)",
+            "gemm_ms_per_block_est": f"2*rows*params / TFLOP/s with rows=B*local_rows={b * local:,}, {gemm_dtype} "
+                                     f"GEMMs; {gemm_basis}",
+            "a2a_bytes_per_block_per_rank": "bytes one rank passes to all_to_all per block: Q, K, V (B x S/U x H x D "
+                                            f"each, {'e4m3, 1 byte' if codes else 'bf16, 2 bytes'}) before attention "
+                                            f"and O (bf16) after; 0 at degree 1",
+            "a2a_bytes_leaving_rank_per_block": "(U-1)/U of a2a_bytes_per_block_per_rank: the share sent to other "
+                                                "ranks",
             "a2a_ms_per_block_est": a2a_basis,
         },
     }
@@ -253,8 +263,9 @@ def _sparse(decisions: Mapping[str, Any], att_ms: float | None, b: int, hl: int,
     return {"attention_ms_per_block_sparse_est": round(att_ms * wf + (router_ms or 0.0), 3),
             "basis_sparse": {"attention_ms_per_block_sparse_est": (
                 f"attention_ms_per_block_est x {wf:g}, the block work a sparse call keeps ({dec.lever}: "
-                f"{dec.param('routed_query_blocks')} of {m} query blocks keep {dec.param('kept_key_blocks')} of {n} key "
-                f"blocks, the rest dense), + its router ({gflop:.1f} GFLOP of pooled scores per block): {router_basis}")}}
+                f"{dec.param('routed_query_blocks')} of {m} query blocks keep {dec.param('kept_key_blocks')} of {n} "
+                f"key blocks, the rest dense), + its router ({gflop:.1f} GFLOP of pooled scores per block): "
+                f"{router_basis}")}}
 
 
 def _router_ms(hw: Mapping[str, Any], gflop: float) -> tuple[float | None, str]:
@@ -268,7 +279,8 @@ def _router_ms(hw: Mapping[str, Any], gflop: float) -> tuple[float | None, str]:
         where = f"in proportion to the point at {lo['gflop']:g} GFLOP ({lo['provenance']})"
     else:
         v = lo["ms"] + (hi["ms"] - lo["ms"]) * (gflop - lo["gflop"]) / (hi["gflop"] - lo["gflop"])
-        where = f"interpolated between {lo['gflop']:g} and {hi['gflop']:g} GFLOP ({lo['provenance']}; {hi['provenance']})"
+        where = (f"interpolated between {lo['gflop']:g} and {hi['gflop']:g} GFLOP "
+                 f"({lo['provenance']}; {hi['provenance']})")
     return v, f"{v:.2f} ms, measured on {hw['name']} {where}"
 
 

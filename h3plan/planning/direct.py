@@ -4,14 +4,15 @@ Scope: config.yaml's defaults list as it stands (the schema, one option per grou
 group options that are plain files (no `@package` header; a defaults list only of the same group's options and
 `_self_`, as a tuned hardware file has) or `# @package _global_` files whose defaults list is `/group/option@group`
 entries of their own group, `override /group: option` entries of other groups (tier=quality: the choice changes
-unless the command line names that group, as Hydra does) and `_self_` (vae=h3_tiny), found in conf/ and then in the folders of a `hydra.searchpath=[file:///...]` override, and
-overrides of the forms `group=option` and `dotted.key=value` (a key given twice is set twice, in order, as Hydra does)
-where the value is null, a bool, a decimal int or float, a bare name, a file path, a flat list of those, or a flat
-`{name:value,...}` mapping of those but paths. That is every plan a user types and most configs the tests compose. The
-merge is Hydra's own sequence of OmegaConf calls (its ConfigLoaderImpl: the groups merged in defaults order onto an
-empty node, struct mode, then each key override through `OmegaConf.update(merge=True)`), so the config is the same
-object Hydra builds, less its `hydra` node (tests/cli/test_direct_compose.py compares the two). The merged groups are
-cached per choices and file stamps (`_MERGED`); every call gets its own deep copy.
+unless the command line names that group, as Hydra does) and `_self_` (vae=h3_tiny), found in conf/ and then in the
+folders of a `hydra.searchpath=[file:///...]` override, and overrides of the forms `group=option` and `dotted.key=value`
+(a key given twice is set twice, in order, as Hydra does) where the value is null, a bool, a decimal int or float, a
+bare name, a file path, a flat list of those, or a flat `{name:value,...}` mapping of those but paths. That is every
+plan a user types and most configs the tests compose. The merge is Hydra's own sequence of OmegaConf calls (its
+ConfigLoaderImpl: the groups merged in defaults order onto an empty node, struct mode, then each key override through
+`OmegaConf.update(merge=True)`), so the config is the same object Hydra builds, less its `hydra` node
+(tests/cli/test_direct_compose.py compares the two). The merged groups are cached per choices and file stamps
+(`_MERGED`); every call gets its own deep copy.
 
 Fallback: `compose` returns None for anything else (a `+`/`~` prefix, a quoted or interpolated value, a sweep, a group
 file with any other defaults entry or header, a search path folder that is not there, a repeated group) and for any
@@ -57,7 +58,8 @@ def _value(text: str) -> Any:
             return _UNSURE  # also an empty mapping
         out = {k: _value(v) for k, _, v in pairs}
         unsure = len(out) < len(pairs) or any(x is _UNSURE or isinstance(x, (list, dict))
-                                              or (isinstance(x, str) and not re.fullmatch(_NAME, x)) for x in out.values())
+                                              or (isinstance(x, str) and not re.fullmatch(_NAME, x))
+                                              for x in out.values())
         return _UNSURE if unsure else out
     if text.lower() in _WORDS:
         return _WORDS[text.lower()]
@@ -258,7 +260,8 @@ def compose(overrides: list[str]):
         for g, option in list(choices.items()):  # a chosen file's `override /G: O`: the command line's G wins
             made = _chosen_overrides(g, option, folders) if option is not None else []
             if made is None:
-                return _to_hydra("a group option that is not a plain file, or one whose defaults are not its group's options and _self_")
+                return _to_hydra("a group option that is not a plain file, or one whose defaults are not its group's "
+                                 "options and _self_")
             for other, choice in made:
                 if other not in choices or other == g or choices[other] is None:
                     return _to_hydra("an override of a group outside the defaults list")
@@ -271,7 +274,8 @@ def compose(overrides: list[str]):
                 continue
             found = _group_files(g, option, folders)
             if found is None:
-                return _to_hydra("a group option that is not a plain file, or one whose defaults are not its group's options and _self_")
+                return _to_hydra("a group option that is not a plain file, or one whose defaults are not its group's "
+                                 "options and _self_")
             sources[g] = found
         files = [os.path.join(CONF, "config.yaml")] + [path for g, _ in defaults if g for path, _, _ in sources[g]]
         if len(set(files)) < len(files):
@@ -285,7 +289,8 @@ def compose(overrides: list[str]):
                     if option == schema.SCHEMA_NAME and not group:
                         merged.merge_with(OmegaConf.structured(schema.H3PlanConfig))
                     elif option == "_self_" and not group:
-                        own = OmegaConf.masked_copy(primary, [str(k) for k in primary if k not in ("defaults", "hydra")])
+                        own = OmegaConf.masked_copy(primary,
+                                                    [str(k) for k in primary if k not in ("defaults", "hydra")])
                         merged.merge_with(own)
                     elif group:
                         for _, data, package in sources[group]:

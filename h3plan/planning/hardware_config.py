@@ -121,7 +121,8 @@ class VaeOpsFacts:
     registered: bool = MISSING
     source: str = MISSING
     h3plan_speedup: Optional[List[float]] = None
-    """[min, max] end-to-end decode speedup of h3plan's fused path over diffusers eager on this GPU; null: never measured."""
+    """[min, max] end-to-end decode speedup of h3plan's fused path over diffusers eager on this GPU; null: never
+    measured."""
     h3plan_source: Optional[str] = None
     graphs_speedup: Optional[List[float]] = None
     """[min, max] decode speedup over diffusers eager with vae_graphs=on and diffusers' ops; null: never measured."""
@@ -285,7 +286,8 @@ class VaePrecisionPoint:
 @dataclass
 class StockFramesPoint:
     attention: str = MISSING
-    """A lossless plan's attention backend (levers.attention), put in diffusers' eager pipeline in place of its default."""
+    """A lossless plan's attention backend (levers.attention), put in diffusers' eager pipeline in place of its
+    default."""
     shape: str = MISSING
     """The request, height x width x frames (768x1344x124)."""
     psnr_db: float = MISSING
@@ -342,8 +344,8 @@ class EncodePoint:
 
     precision: str = MISSING
     tiles: str = "default"
-    """the geometry the encode ran at, named as vae_tiles names them: default is the VAE's own (vae_encode_tiles=default);
-    another is vae_tiles' geometry shared with the decode (vae_encode_tiles=decode)."""
+    """the geometry the encode ran at, named as vae_tiles names them: default is the VAE's own
+    (vae_encode_tiles=default); another is vae_tiles' geometry shared with the decode (vae_encode_tiles=decode)."""
     input: List[int] = MISSING
     seconds: float = MISSING
     source: str = MISSING
@@ -381,7 +383,8 @@ class MeasuredFacts:
     """The fp16 / bf16 decodes against the fp32 decode (empty: never measured; the plan says so)."""
     stock_frames: List[StockFramesPoint] = field(default_factory=list)
     """A lossless plan keeps the bits of diffusers' eager forward with the plan's attention backend; another backend
-    than diffusers' default rounds its own way: how far those frames are from stock diffusers' (empty: never measured)."""
+    than diffusers' default rounds its own way: how far those frames are from stock diffusers' (empty: never
+    measured)."""
     never_measured: List[str] = field(default_factory=list)
     source: str = MISSING
 

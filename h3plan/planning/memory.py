@@ -17,11 +17,11 @@ says whether it fits and, when not, which nearest change does (each one re-estim
   (the basis lists each tensor); not yet calibrated on a GPU (tests/gpu/test_memory_gpu.py measures it).
 - VAE decode (diffusers' decode step: no autocast, no_grad, the VAE in its dtype): weights (float32 as
   released; vae_precision fp16/bf16 casts all but diffusers' _keep_in_fp32_modules, the float32 originals
-  on the host), activations and frames in the decode's dtype, vae_graphs' one CUDA-graph pool (shared by every tile shape, sized by
-  one decoder call), and the decode's own peak: the decoded chunks and their final torch.cat, or the last clip's tiles
-  being stitched; then diffusers' MiniMaxH3VideoDecodeStep postprocess (float32 copies). Calibrated on
-  the H200 anchors (docs/sources.md#h200-anchors, benchmarks/results/vae-h200.md): within 10% for one decode, within 3% when
-  the harness's previous output (alive during its timed decode) is added.
+  on the host), activations and frames in the decode's dtype, vae_graphs' one CUDA-graph pool (shared by every tile
+  shape, sized by one decoder call), and the decode's own peak: the decoded chunks and their final torch.cat, or the
+  last clip's tiles being stitched; then diffusers' MiniMaxH3VideoDecodeStep postprocess (float32 copies). Calibrated on
+  the H200 anchors (docs/sources.md#h200-anchors, benchmarks/results/vae-h200.md): within 10% for one decode, within 3%
+  when the harness's previous output (alive during its timed decode) is added.
 - Install (a pipeline loaded on the host, `h3plan.install(pipe, plan, device="cuda")`, install/placement.py): the
   resident weights as installed plus the largest tensor it stages at a time (one AdaLN linear streamed for its
   entries, a block linear streamed and quantised with its float32 temporaries, a VAE tensor streamed for its cast);
@@ -62,9 +62,11 @@ _TABLES = REGISTRY[TERM_OWNERS["adaln_tables"]]  # adaln_table: its table plan, 
 
 GiB = 2**30
 TRANSFORMER_FP32 = ("proj_in", "audio_proj_in", "time_embedder", "proj_out", "audio_proj_out")  # _keep_in_fp32_modules
-QUANT_BYTES = {"fp8": "1 byte + a float32 scale per output channel", "nvfp4": "0.5 byte + an e4m3 scale per 16 + a float32 global"}
+QUANT_BYTES = {"fp8": "1 byte + a float32 scale per output channel",
+               "nvfp4": "0.5 byte + an e4m3 scale per 16 + a float32 global"}
 OFFLOAD = ("none", "model")
-HELD = {"pipeline": ("transformer", "vae", "audio_vae"), "transformer": ("transformer",), "vae": ("vae",)}  # memory.holds
+# memory.holds
+HELD = {"pipeline": ("transformer", "vae", "audio_vae"), "transformer": ("transformer",), "vae": ("vae",)}
 HOLDS = tuple(HELD)
 VAE_DTYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -80,7 +82,8 @@ class MemoryConfig:
     """The VAEs' weight dtype: fp32 as released; bf16/fp16 keep diffusers' _keep_in_fp32_modules in fp32."""
     autocast_weight_cache: bool = False
     """VAE parameters require grad, so FP16 autocast caches float16 casts of the decoder linears during a
-    decode (the eager anchor (docs/sources.md#h200-anchors)'s setup); false: requires_grad_(False), as h3plan's README does."""
+    decode (the eager anchor (docs/sources.md#h200-anchors)'s setup); false: requires_grad_(False), as h3plan's README
+    does."""
     max_ulysses: int = 8
     """fit: the largest Ulysses degree it suggests (one NVLink node)."""
     reserve_fraction: float = 0.08
@@ -113,10 +116,12 @@ def transformer_params(dc: Mapping[str, Any]) -> dict[str, int]:
     lin = 3 * h * inner + inner * h + h * 2 * f + f * h
     norms = 2 * h + 2 * d
     fp32 = ((vpd + 1) * h + (dc["audio_in_channels"] + 1) * h + dc["freq_dim"] * dc["time_embed_hidden_dim"]
-            + dc["time_embed_hidden_dim"] + dc["time_embed_hidden_dim"] * ted + ted + (h + 1) * vpd + (h + 1) * dc["audio_in_channels"])
+            + dc["time_embed_hidden_dim"] + dc["time_embed_hidden_dim"] * ted + ted + (h + 1) * vpd
+            + (h + 1) * dc["audio_in_channels"])
     rest = (n * (norms + (ted + 1) * 18 * h) + r * (lin + norms) + h
             + (dc["text_dim"] + 1) * h + h + (ted + 1) * 2 * h)
-    return {"block_linears": n * lin, "block_linear_rows": n * (3 * inner + 2 * h + 2 * f), "bf16_other": rest, "fp32": fp32}
+    return {"block_linears": n * lin, "block_linear_rows": n * (3 * inner + 2 * h + 2 * f), "bf16_other": rest,
+            "fp32": fp32}
 
 
 def vae_params(vae_dc: Mapping[str, Any]) -> dict[str, int]:
@@ -128,7 +133,8 @@ def vae_params(vae_dc: Mapping[str, Any]) -> dict[str, int]:
     for i, cout in enumerate(c):
         for j in range(v["layers_per_block"]):
             cin = ins[i] if j == 0 else cout
-            enc += 2 * cin + cin * cout * k3 + cout + 2 * cout + cout * cout * k3 + cout + (cin * cout + cout if cin != cout else 0)
+            enc += (2 * cin + cin * cout * k3 + cout + 2 * cout + cout * cout * k3 + cout
+                    + (cin * cout + cout if cin != cout else 0))
         if v["temporal_downsample_factors"][i] * v["spatial_downsample_factors"][i] > 1:
             enc += cout * cout * k3 + cout
     enc += 2 * c[-1] + c[-1] * 2 * lat * k3 + 2 * lat
@@ -150,7 +156,8 @@ def vae_decode(vae_dc, latent_frames: int, latent_h: int, latent_w: int, tile: M
     """Bytes of one `vae.decode` at these latents and tile geometry (pixels; frames: diffusers' temporal chunks
     of tokens_chunk_size + token_overlap latent frames, the only ones it has). act: bytes of the decode's
     activations and frames (2: float16 / bfloat16, 4: float32); fused: vae_ops's fused SwiGLU (no silu
-    temporary); fp16_weights False: FP16 autocast casts ff.net.0.proj's weight per call (a float32 VAE under autocast)."""
+    temporary); fp16_weights False: FP16 autocast casts ff.net.0.proj's weight per call (a float32 VAE under
+    autocast)."""
     g, p = Geometry.from_config(vae_dc), vae_params(vae_dc)
     ratio, dim, ffi = g.spatial_ratio, p["dim"], p["ffn_inner"]
     H, W = latent_h * ratio, latent_w * ratio
@@ -169,8 +176,10 @@ def vae_decode(vae_dc, latent_frames: int, latent_h: int, latent_w: int, tile: M
     px = batch * 3 * H * W * act  # one frame of video in the decode's dtype
     out, clip_out, tiles = frames * px, clip_px * px, ny * nx * batch * 3 * clip_px * th * tw * 2
     final_cat, stitch = 2 * out + clip_out, out + tiles + 2 * clip_out + call
-    return {"call": call, "tokens_per_call": T, "tiles": (ny, nx), "tile_px": (th, tw), "frames": frames, "clip_frames": clip_px,
-            "output": out, "peak": max(final_cat, stitch), "peak_at": "final torch.cat" if final_cat >= stitch else "last clip's stitching",
+    return {"call": call, "tokens_per_call": T, "tiles": (ny, nx), "tile_px": (th, tw), "frames": frames,
+            "clip_frames": clip_px,
+            "output": out, "peak": max(final_cat, stitch), "peak_at": "final torch.cat" if final_cat >= stitch
+            else "last clip's stitching",
             "postprocess": out + 2 * (out // act) * 4}
 
 
@@ -182,7 +191,8 @@ def _geometry(sections) -> tuple[dict, str]:
     video = sections.get("video")
     if video is not None:
         par = sections.get("parallel") or {}
-        return tokens(request_from(video, par.get("batch") or 1), sections["model"], sections["vae"], sections.get("pipeline")), f"video={video.get('name', 'custom')}"
+        return tokens(request_from(video, par.get("batch") or 1), sections["model"], sections["vae"],
+                      sections.get("pipeline")), f"video={video.get('name', 'custom')}"
     t = tokens(VideoRequest(text_tokens=1), sections["model"], sections["vae"], sections.get("pipeline"))
     return t, "no video section: the pipeline's default request (768x1344, 124 frames)"
 
@@ -233,30 +243,32 @@ def _weights(it: _Items, sections, settings, opts) -> None:
              "nvfp4": tp["block_linears"] // 2 + tp["block_linears"] // 16 + 4 * 6 * dc["num_layers"]}.get(gq)
     if quant is not None and checkpoint == gq:
         it.add("transformer_weights", base - 2 * tp["block_linears"] + quant,
-               f"{gq} checkpoint: {tp['block_linears']:,} block-linear weights at {QUANT_BYTES[gq]}; {tp['bf16_other']:,} other bf16, "
-               f"{tp['fp32']:,} float32 ({', '.join(TRANSFORMER_FP32)})")
+               f"{gq} checkpoint: {tp['block_linears']:,} block-linear weights at {QUANT_BYTES[gq]}; "
+               f"{tp['bf16_other']:,} other bf16, {tp['fp32']:,} float32 ({', '.join(TRANSFORMER_FP32)})")
     elif quant is not None:
         it.add("transformer_weights", base - 2 * tp["block_linears"],
-               f"{tp['bf16_other']:,} bf16 + {tp['fp32']:,} float32 parameters on the device; the {tp['block_linears']:,} bf16 "
-               "block-linear weights wait in pinned host memory until uninstall (install/parking.py)")
-        it.add("transformer_quant_copies", quant, f"gemm_quant={gq} quantised at install from the {checkpoint} checkpoint: "
-                                                  f"{QUANT_BYTES[gq]} per block-linear weight")
+               f"{tp['bf16_other']:,} bf16 + {tp['fp32']:,} float32 parameters on the device; the "
+               f"{tp['block_linears']:,} bf16 block-linear weights wait in pinned host memory until uninstall "
+               f"(install/parking.py)")
+        it.add("transformer_quant_copies", quant, f"gemm_quant={gq} quantised at install from the {checkpoint} "
+                                                  f"checkpoint: {QUANT_BYTES[gq]} per block-linear weight")
     else:
-        it.add("transformer_weights", base, f"{tp['block_linears'] + tp['bf16_other']:,} bf16 + {tp['fp32']:,} float32 parameters "
-                                            f"({', '.join(TRANSFORMER_FP32)}: _keep_in_fp32_modules)")
+        it.add("transformer_weights", base, f"{tp['block_linears'] + tp['bf16_other']:,} bf16 + {tp['fp32']:,} float32 "
+                                            f"parameters ({', '.join(TRANSFORMER_FP32)}: _keep_in_fp32_modules)")
     if tables:
         p = tables
-        it.basis["transformer_weights"] += (f"; adaln_table: the {p['linears']} AdaLN linears' {p['parameters']:,} bf16 parameters "
-                                            "wait in pinned host memory (install/adaln_table.py)")
+        it.basis["transformer_weights"] += (f"; adaln_table: the {p['linears']} AdaLN linears' {p['parameters']:,} "
+                                            f"bf16 parameters wait in pinned host memory (install/adaln_table.py)")
         it.add("adaln_tables", p["table_bytes"], f"adaln_table: {p['rows']} rows ({p['vectors']} timestep vectors at "
-                                                 f"num_inference_steps {', '.join(map(str, p['steps']))}) x {p['linears']} "
-                                                 "linears' outputs, bf16")
+                                                 f"num_inference_steps {', '.join(map(str, p['steps']))}) x "
+                                                 f"{p['linears']} linears' outputs, bf16")
     vb, vp = VAE_DTYPES[opts["vae_dtype"]], vae_params(vdc)
     vd = decode_dtype(settings, opts)
     lb = VAE_DTYPES[vd]
     ed = terms(settings).vae_encode_cast  # vae_encode_precision: the encoder and quant_conv cast at install
     eb = VAE_DTYPES[ed] if ed else 4
-    it.add("vae_weights", 4 * (vp["fp32_kept"] - vp["encode_path"]) + eb * vp["encode_path"] + lb * (vp["decoder_linears"] + vp["other"]),
+    it.add("vae_weights", 4 * (vp["fp32_kept"] - vp["encode_path"]) + eb * vp["encode_path"]
+           + lb * (vp["decoder_linears"] + vp["other"]),
            f"AutoencoderKLMiniMaxH3 {vp['decoder_linears'] + vp['fp32_kept'] + vp['other']:,} parameters, {vd}"
            + ("" if lb == 4 else " (encoder, quant_conv, norms and scales kept float32)")
            + (f"; vae_precision={vd}: cast at install, the float32 originals on the host (install/vae/weights.py)"
@@ -266,16 +278,18 @@ def _weights(it: _Items, sections, settings, opts) -> None:
     it.add("audio_vae_weights", vb * pipe["audio_vae"]["params"],
            f"AutoencoderKLMiniMaxH3Audio {pipe['audio_vae']['params']:,} parameters, {opts['vae_dtype']}")
     it.add("text_encoder", 0, "not resident: prompt_embeds given (Qwen3-VL runs before, or elsewhere)")  # _conditioner
-    staged = []  # install(pipe, plan, device="cuda") of a pipeline on the host: what it stages on the device, one at a time
+    # install(pipe, plan, device="cuda") of a pipeline on the host: what it stages on the device, one at a time
+    staged = []
     if tables:
         staged.append((2 * _TABLES.MODULATION_OUT * dc["hidden_size"] * (dc["time_embed_dim"] + 1),
                        "one AdaLN linear streamed for its table entries (bf16)", "transformer"))
     if quant is not None and checkpoint != gq:
         big = dc["hidden_size"] * 2 * dc["ffn_dim"]  # ff.net.0.proj, the largest block linear
-        staged.append((10 * big, f"the largest block linear ({big:,} weights) streamed in bf16 and quantised: + its two "
-                                 "float32 temporaries (quantize_weight)", "transformer"))
+        staged.append((10 * big, f"the largest block linear ({big:,} weights) streamed in bf16 and quantised: + its "
+                                 f"two float32 temporaries (quantize_weight)", "transformer"))
     if vd != opts["vae_dtype"]:
-        staged.append((4 * vp["dim"] * 2 * vp["ffn_inner"], "the largest VAE tensor streamed in float32 for its cast", "vae"))
+        staged.append((4 * vp["dim"] * 2 * vp["ffn_inner"],
+                       "the largest VAE tensor streamed in float32 for its cast", "vae"))
     staged = [(b, why) for b, why, comp in staged if comp in HELD[opts["holds"]]]
     most = max(staged, default=(0, "nothing staged: every tensor moves as it is"))
     it.add("install_staging", most[0], f"install from the host (device=): {most[1]}; the rest of what it moves is the "
@@ -325,19 +339,23 @@ def _denoise(it: _Items, sections, shape, settings, geo, geo_src) -> None:
     h = dc["hidden_size"]
     vpd, a, rope = dc["in_channels"] * math.prod(dc["patch_size"]), dc["audio_in_channels"], 2 * 3 * dc["rope_freq_dim"]
     rows = geo or {"video_rows": S, "audio_rows": 0, "text_rows": 0}  # no request: every row counted as video
-    step = (B * S * (3 * 8 + 4 * 8 + 2 * rope * 4 + (vpd + a) * 4) + B * (rows["video_rows"] * vpd + rows["audio_rows"] * a) * 8
+    step = (B * S * (3 * 8 + 4 * 8 + 2 * rope * 4 + (vpd + a) * 4)
+            + B * (rows["video_rows"] * vpd + rows["audio_rows"] * a) * 8
             + B * rows["text_rows"] * dc["text_dim"] * 2)
-    it.add("step_inputs", step, f"per row: position_ids fp64, 4 int64 index/tag rows, RoPE cos/sin ({rope} fp32 each), both heads' "
-                                f"fp32 outputs; latents + velocity fp32 per video/audio row; prompt_embeds bf16 ({geo_src})")
+    it.add("step_inputs", step, f"per row: position_ids fp64, 4 int64 index/tag rows, RoPE cos/sin ({rope} fp32 each), "
+                                f"both heads' fp32 outputs; latents + velocity fp32 per video/audio row; prompt_embeds "
+                                f"bf16 ({geo_src})")
     att, ffn = _block_terms(dc, U, settings)
     a_row, f_row = sum(b for _, b in att), sum(b for _, b in ffn)
     which, row, listed = ("attention", a_row, att) if a_row >= f_row else ("FFN", f_row, ffn)
     it.add("block_activations", B * L * row,
-           f"one block forward, {which} phase at {B} x {L:,} rows per rank (U={U}): " + " + ".join(f"{n} {b:,}" for n, b in listed)
+           f"one block forward, {which} phase at {B} x {L:,} rows per rank (U={U}): "
+           + " + ".join(f"{n} {b:,}" for n, b in listed)
            + f" bytes per row (the other phase {min(a_row, f_row):,}; diffusers' eager liveness)")
-    it.add("stack_boundary", 10 * B * S * h, f"full S={S:,} on every rank outside the block stack: fp32 input projections + bf16 casts "
-                                             "+ the packed buffer and its index_copy, or the gathered stream + norm_out + the fp32 cast "
-                                             f"for the heads: 10 bytes per element of (B, S, {h})")
+    it.add("stack_boundary", 10 * B * S * h, f"full S={S:,} on every rank outside the block stack: fp32 input "
+                                             f"projections + bf16 casts + the packed buffer and its index_copy, or the "
+                                             f"gathered stream + norm_out + the fp32 cast for the heads: 10 bytes per "
+                                             f"element of (B, S, {h})")
 
 
 def decode_dtype(settings, opts) -> str:
@@ -359,22 +377,26 @@ def _decode(it: _Items, sections, settings, opts, geo, geo_src, B: int) -> None:
     th, tw = d["tile_px"]
     if t.vae_fp8_gemms:  # install/vae/install.py makes the codes from any float VAE
         vp = vae_params(vdc)
-        it.add("vae_fp8_gemms", vp["decoder_linears"], f"vae_tiles=fp8_tiles: e4m3 copies of the {vdc['decoder_num_layers']} decoder "
-                                                       f"blocks' six linears ({vp['decoder_linears']:,} codes) beside the fp16 "
-                                                       "weights, made at install (install/vae/fp8.py)")
+        it.add("vae_fp8_gemms", vp["decoder_linears"], f"vae_tiles=fp8_tiles: e4m3 copies of the "
+                                                       f"{vdc['decoder_num_layers']} decoder blocks' six linears "
+                                                       f"({vp['decoder_linears']:,} codes) beside the fp16 weights, "
+                                                       f"made at install (install/vae/fp8.py)")
     if t.vae_graph_pool:
-        it.add("vae_graph_pools", d["call"], f"vae_graphs: one CUDA-graph pool shared by every tile shape ({th}x{tw} px here), the size of one "
-                                             "decoder call's activations; held between decodes")
+        it.add("vae_graph_pools", d["call"],
+               f"vae_graphs: one CUDA-graph pool shared by every tile shape ({th}x{tw} px here), the size of one "
+               "decoder call's activations; held between decodes")
     if opts["autocast_weight_cache"] and opts["vae_dtype"] == "fp32" and not fp16_w:
-        it.add("vae_autocast_cache", 2 * vae_params(vdc)["decoder_linears"], "FP16 autocast caches float16 casts of the decoder "
-                                                                             "linears of a requires-grad VAE during the decode")
-    it.add("vae_decode", d["peak"], f"vae.decode of [{B}, {vdc['latent_channels']}, {geo['latent_frames']}, {geo['latent_height']}, "
-                                    f"{geo['latent_width']}] -> {d['frames']} frames {vd}: peak at the {d['peak_at']} (2 x output + "
-                                    f"one {d['clip_frames']}-frame clip, or output + {d['tiles'][0]}x{d['tiles'][1]} tiles of "
-                                    f"{th}x{tw} px + 2 clips + one decoder call of {d['tokens_per_call']:,} tokens); "
-                                    f"H200 anchors: within 10% for one decode ({geo_src})")
-    it.add("video_postprocess", d["postprocess"], f"MiniMaxH3VideoDecodeStep: (video.float() * std + mean).clamp(0, 1): the {vd} "
-                                                  "video + two float32 temporaries")
+        it.add("vae_autocast_cache", 2 * vae_params(vdc)["decoder_linears"],
+               "FP16 autocast caches float16 casts of the decoder "
+               "linears of a requires-grad VAE during the decode")
+    it.add("vae_decode", d["peak"], f"vae.decode of [{B}, {vdc['latent_channels']}, {geo['latent_frames']}, "
+                                    f"{geo['latent_height']}, {geo['latent_width']}] -> {d['frames']} frames {vd}: "
+                                    f"peak at the {d['peak_at']} (2 x output + one {d['clip_frames']}-frame clip, or "
+                                    f"output + {d['tiles'][0]}x{d['tiles'][1]} tiles of {th}x{tw} px + 2 clips + one "
+                                    f"decoder call of {d['tokens_per_call']:,} tokens); H200 anchors: within 10% for "
+                                    f"one decode ({geo_src})")
+    it.add("video_postprocess", d["postprocess"], f"MiniMaxH3VideoDecodeStep: (video.float() * std + mean).clamp(0, "
+                                                  f"1): the {vd} video + two float32 temporaries")
 
 
 def _conditioner(it: _Items, sections, opts, phases, resident: list[str], geo) -> dict[str, Any] | None:
@@ -410,8 +432,8 @@ def _conditioner(it: _Items, sections, opts, phases, resident: list[str], geo) -
     it.add("text_encoder", s["weight_bytes"] if setting == "resident" else 0,
            f"Qwen3-VL {s['params']:,} parameters, bf16: {setting} ({reasons[0]})")
     it.add("text_encoder_encode", on_device + s["activation_bytes"],
-           f"encoding {rows:,} rows: {'its weights' if setting != 'host' else 'one decoder layer'} + every hidden state "
-           f"({s['layers'] + 1} x rows x {s['hidden']}) + one layer's MLP, bf16")
+           f"encoding {rows:,} rows: {'its weights' if setting != 'host' else 'one decoder layer'} + every hidden "
+           f"state ({s['layers'] + 1} x rows x {s['hidden']}) + one layer's MLP, bf16")
     if setting == "resident":
         phases["denoise"]["items"].append("text_encoder")
         phases["denoise"]["gib"] = round(phases["denoise"]["gib"] + it.gib["text_encoder"], 3)
@@ -447,7 +469,8 @@ def estimate(sections: Mapping[str, Any], shape: Mapping[str, Any], settings: Ma
         it.add("other_partition_weights", sum(g[k] for k in mine) * GiB,
                "memory.partitions=both: transformer/ and transformer_ref/ both held, the other one as this one "
                f"({' + '.join(mine)})")
-    tr_res = (["transformer_weights"] + [k for k in ("transformer_quant_copies", "adaln_tables", "other_partition_weights")
+    tr_res = (["transformer_weights"] + [k for k in ("transformer_quant_copies", "adaln_tables",
+                                                     "other_partition_weights")
                                          if k in g])
     both = opts["offload"] == "none" and holds == "pipeline"
     # the stack's full-S inputs stay referenced while the blocks run (H200: the denoise peak less the resident
@@ -459,21 +482,25 @@ def estimate(sections: Mapping[str, Any], shape: Mapping[str, Any], settings: Ma
     install = (vae_res if holds == "vae" else tr_res) + (vae_res if both else []) + ["install_staging"]
     kept = {"pipeline": ("denoise", "decode"), "transformer": ("denoise",), "vae": ("decode",)}[holds]  # what it runs
     phases = {name: {"gib": round(sum(g[k] for k in keys), 3), "items": keys}
-              for name, keys in (("denoise", denoise), ("decode", decode), ("install", install)) if name in kept + ("install",)}
+              for name, keys in (("denoise", denoise), ("decode", decode), ("install", install))
+              if name in kept + ("install",)}
     # while encoding: the models resident beside it (offload=model: one model on the device at a time, none)
-    te = _conditioner(it, sections, opts, phases, tr_res + vae_res if both else [], geo) if holds == "pipeline" else None
+    te = _conditioner(it, sections, opts, phases, tr_res + vae_res if both else [],
+                      geo) if holds == "pipeline" else None
     peak_phase = max(phases, key=lambda k: phases[k]["gib"])
     return {
         "peak_gib": phases[peak_phase]["gib"], "peak_phase": peak_phase, "phases": phases,
-        "breakdown": {k: v for k, v in g.items() if holds == "pipeline" or any(k in p["items"] for p in phases.values())},
+        "breakdown": {k: v for k, v in g.items() if holds == "pipeline"
+                      or any(k in p["items"] for p in phases.values())},
         "basis": it.basis,
         "install_gib": phases["install"]["gib"], "loaded_gib": _gib(loaded), "text_encoder": te,
         "summary": (f"peak = the largest phase ({peak_phase}; install: a pipeline loaded on the host, moved at "
-                    f"install(pipe, plan, device=\"cuda\"); moved to the GPU whole before install, pipe.to(\"cuda\"), it holds "
-                    f"{_gib(loaded)} GiB); "
+                    f"install(pipe, plan, device=\"cuda\"); moved to the GPU whole before install, pipe.to(\"cuda\"), "
+                    f"it holds {_gib(loaded)} GiB); "
                     f"offload={opts['offload']}: "
                     + (f"memory.holds={holds}: only the {holds} is counted" if holds != "pipeline" else
-                       "every model stays resident in both phases" if both else "the transformer while denoising, the VAEs while decoding")),
+                       "every model stays resident in both phases" if both
+                       else "the transformer while denoising, the VAEs while decoding")),
         "inputs": {"sections": copy.deepcopy(dict(sections)), "shape": dict(shape),
                    "settings": {k: str(getattr(v, "setting", v)) for k, v in settings.items()}},
     }
@@ -508,7 +535,8 @@ def _candidates(est, usable: float) -> list[tuple[str, dict]]:
         e = _again(est, sections=s)
         if e["peak_gib"] <= usable:
             out.append(("memory.partitions=one", e))
-    for lever, spec in SPECS.items():  # a plan that has the lever (adaln_table): its lossless setting is the least change
+    # a plan that has the lever (adaln_table): its lossless setting is the least change
+    for lever, spec in SPECS.items():
         if spec.fit and st.get(lever) not in (None, spec.fit):
             e = _again(est, settings={**st, lever: spec.fit})
             if e["peak_gib"] <= usable:
@@ -531,7 +559,8 @@ def _candidates(est, usable: float) -> list[tuple[str, dict]]:
         if gemm.get(fmt) and not (gq == fmt and ck in (fmt, None)):
             s = copy.deepcopy(sec)
             s["recipe"] = {**(s.get("recipe") or {}), "checkpoint": fmt}
-            out.append((f"recipe={fmt} ({fmt} checkpoint)", _again(est, sections=s, settings={**st, gemm_lever: gemm_setting[fmt]})))
+            out.append((f"recipe={fmt} ({fmt} checkpoint)", _again(est, sections=s,
+                                                                   settings={**st, gemm_lever: gemm_setting[fmt]})))
             break
     out = [(w, e) for w, e in out if e["peak_gib"] <= usable]
     shorter = _shorter(est, usable)
@@ -588,7 +617,8 @@ def fit(est: Mapping[str, Any], hardware_memory_gb: float, reserve_fraction: flo
     ph = est["phases"][est["peak_phase"]]
     top = sorted(ph["items"], key=lambda k: -est["breakdown"][k])[:3]
     largest = ", ".join(f"{k} {est['breakdown'][k]:.1f}" for k in top)
-    doing = {"denoise": "denoising", "decode": "decoding", "install": "installing", "encode": "encoding"}[est["peak_phase"]]
+    doing = {"denoise": "denoising", "decode": "decoding", "install": "installing",
+             "encode": "encoding"}[est["peak_phase"]]
     head = (f"peak {est['peak_gib']:.1f} GiB while {doing} ({largest}) > {usable:.1f} GiB usable "
             f"({hardware_memory_gb:g} GB x (1 - {reserve_fraction:g}))")
     fits = _candidates(est, usable)

@@ -4,13 +4,14 @@ decode), with the biggest share of the call and the cheapest lever that would cu
 forward = layers x (attention + block linears + elementwise + all-to-all) per block (derive.estimates gives the
 first two and the all-to-all; the elementwise term is `measured.elementwise` at the recipe's default levers scaled
 by rows, else the block's elementwise bytes at `measured.hbm_copy_tbps`, a floor). Outside the blocks (token
-refiner, patch embedding, the tabled AdaLN) the profiled H200 forward spends under 0.2% (block-profile-forward-h200.json):
+refiner, patch embedding, the tabled AdaLN) the profiled H200 forward spends under 0.2%
+(block-profile-forward-h200.json):
 not counted. call = text encode + forwards x forward + decode, where decode is `measured.decode` at the plan's
 vae_precision and vae_tiles, scaled by latent volume (frames x height x width); an fl2va / ref2va call adds the video
 VAE encode of its keyframes / references (`measured.encode` at the plan's vae_encode_precision, scaled by pixel volume;
 the packaged sm90 points are estimates and the line says so; a t2va call has no encode term); the text encoder is
-outside the call (prompt_embeds given: h3plan/planning/memory.py). Where a term has no measurement the prediction says so and
-leaves it out (None), never a guess. Checked against the committed H200 pipe(...) rows by
+outside the call (prompt_embeds given: h3plan/planning/memory.py). Where a term has no measurement the prediction says
+so and leaves it out (None), never a guess. Checked against the committed H200 pipe(...) rows by
 tests/planner/test_predict.py.
 """
 
@@ -49,14 +50,15 @@ def elementwise(sections: Mapping[str, Any], rows: int) -> tuple[float | None, s
         p = min(points, key=lambda p: (abs(math.log(p["rows"] / rows)), p["rows"]))
         per_block = sum(p["ms"]) / p["layers"]
         return per_block * rows / p["rows"], (
-            f"recipe {recipe}'s elementwise kernels measured {per_block:.3f} ms per block on {hw['name']} at {p['rows']:,} rows "
-            f"({' + '.join(f'{x:g}' for x in p['ms'])} ms over {p['layers']} block(s)), x {rows:,}/{p['rows']:,} rows "
-            f"({derive.provenance(p)})")
+            f"recipe {recipe}'s elementwise kernels measured {per_block:.3f} ms per block on {hw['name']} at "
+            f"{p['rows']:,} rows ({' + '.join(f'{x:g}' for x in p['ms'])} ms over {p['layers']} block(s)), x "
+            f"{rows:,}/{p['rows']:,} rows ({derive.provenance(p)})")
     bw = m.get("hbm_copy_tbps")
     if bw:
         nbytes = elementwise_bytes_per_row(sections["model"]["diffusers_config"]) * rows
-        return nbytes / (bw * 1e12) * 1e3, (f"{nbytes / 1e9:.2f} GB of elementwise traffic per block at the measured copy "
-                                            f"bandwidth {bw:g} TB/s (a floor: recipe {recipe}'s kernels never timed on {hw['name']})")
+        return nbytes / (bw * 1e12) * 1e3, (f"{nbytes / 1e9:.2f} GB of elementwise traffic per block at the measured "
+                                            f"copy bandwidth {bw:g} TB/s (a floor: recipe {recipe}'s kernels never "
+                                            f"timed on {hw['name']})")
     return None, f"no copy bandwidth measured on {hw['name']}: elementwise work not counted"
 
 
@@ -77,8 +79,9 @@ def forward(sections: Mapping[str, Any], shp: Mapping[str, Any], est: Mapping[st
                       **({"forward_sparse_s_est": "forward_s_est with attention_ms_per_block_sparse_est in place of "
                                                   "attention_ms_per_block_est (a forward that runs sparse attention)"}
                          if sparse else {}),
-                      "forward_s_est": f"{layers} blocks x (attention + block linears + elementwise + all-to-all) per block; "
-                                       "outside the blocks under 0.2% of the profiled H200 forward, not counted"}}
+                      "forward_s_est": f"{layers} blocks x (attention + block linears + elementwise + all-to-all) per "
+                                       f"block; outside the blocks under 0.2% of the profiled H200 forward, "
+                                       f"not counted"}}
 
 
 def decode(sections: Mapping[str, Any], sequence: Mapping[str, Any], precision: str, tiles: str,
@@ -140,22 +143,26 @@ def call(sections: Mapping[str, Any], sequence: Mapping[str, Any], shp: Mapping[
     enc = encode(sections, sequence, settings.get("vae_encode_precision", "fp32"), encode_tiles(settings))
     parts = {"text_encode": 0.0, "denoise": n * f, "decode": dec}
     total = None if dec is None or (enc is not None and enc[0] is None) else n * f + dec + (enc[0] if enc else 0.0)
-    out = {"denoise_s_est": round(n * f, 2), "decode_s_est": None if dec is None else round(dec, 2), "text_encode_s_est": 0.0,
+    out = {"denoise_s_est": round(n * f, 2), "decode_s_est": None if dec is None else round(dec, 2),
+           "text_encode_s_est": 0.0,
            "call_s_est": None if total is None else round(total, 2),
            "basis": {"denoise_s_est": f"{of} transformer forwards x forward_s_est", "decode_s_est": dec_basis,
-                     "text_encode_s_est": "0: prompt_embeds given, the text encoder runs before the call (memory: not resident)",
+                     "text_encode_s_est": "0: prompt_embeds given, the text encoder runs before the call (memory: not "
+                                          "resident)",
                      "call_s_est": "text encode + denoise + decode (diffusers' pipe(...), one GPU per rank)"}}
     if enc is not None:  # fl2va / ref2va: the keyframes' / references' VAE encode (a t2va plan has no such key)
         parts["encode"] = enc[0]
         out["encode_s_est"] = None if enc[0] is None else round(enc[0], 2)
         out["basis"]["encode_s_est"] = enc[1]
-        out["basis"]["call_s_est"] = "text encode + VAE encode + denoise + decode (diffusers' pipe(...), one GPU per rank)"
+        out["basis"]["call_s_est"] = ("text encode + VAE encode + denoise + decode (diffusers' pipe(...), "
+                                      "one GPU per rank)")
     if total is None:
         return out
     big = max(parts, key=lambda k: parts[k] or 0)
     out["call_biggest"] = {"part": big, "share": round(parts[big] / total, 3),
                            "cut": cheapest_cut(sections, sequence, shp, big, settings, fwd, parallel_decode)}
-    out["basis"]["call_biggest"] = "the largest of text encode, denoise, decode, and the lever that cuts it at the least quality cost"
+    out["basis"]["call_biggest"] = ("the largest of text encode, denoise, decode, and the lever that cuts it at the "
+                                    "least quality cost")
     return out
 
 
@@ -199,15 +206,17 @@ def cheapest_cut(sections, sequence, shp, part: str, settings: Mapping[str, str]
         prec = settings.get("vae_encode_precision", "fp32")
         fast = encode(sections, sequence, "fp16", encode_tiles(settings)) if prec == "fp32" else None
         if fast is not None and fast[0] is not None:
-            return (f"levers.vae_encode_precision=fp16 (a recipe that allows a lossy VAE) cuts the encode to {fast[0]:.1f} s, "
-                    "outside every measured budget (its effect on the frames never measured)")
+            return (f"levers.vae_encode_precision=fp16 (a recipe that allows a lossy VAE) cuts the encode to "
+                    f"{fast[0]:.1f} s, outside every measured budget (its effect on the frames never measured)")
         return "no lever cuts it further on this plan"
     if part == "decode":
-        return "no lever cuts it further on this plan (the decode already runs its fastest measured precision and tiles)"
+        return ("no lever cuts it further on this plan (the decode already runs its fastest measured precision "
+                "and tiles)")
     if part == "denoise" and settings["gemm_quant"] in ("bf16", "dequant_bf16") and hw["gemm"]["fp8"]:
         f8 = fp8_forward(sections, shp)
         if f8 is not None:
-            return f"recipe=fp8 cuts a forward to {f8:.2f} s (FP8 GEMMs and attention: lossy, within its PSNR/SSIM budget)"
+            return (f"recipe=fp8 cuts a forward to {f8:.2f} s (FP8 GEMMs and attention: lossy, within its PSNR/SSIM "
+                    f"budget)")
     steps = sequence.get("num_inference_steps")  # video.num_inference_steps sets the request's, over pipeline's default
     return (f"fewer forwards (video.num_inference_steps, {steps} now; a step-distilled LoRA): the {part} shrinks with "
             "them, at a quality cost h3plan does not measure")
@@ -219,7 +228,8 @@ def fp8_forward(sections: Mapping[str, Any], shp: Mapping[str, Any]) -> float | 
     hw = sections["hardware"]
     rows, heads = shp["batch"] * shp["local_rows"], shp["heads_per_rank"]
     att, _ = derive._throughput(hw, "attention", "fp8", (shp["seq_len"], heads), FP8)
-    gemm, _ = derive._throughput(hw, "gemm", "fp8", rows=rows, params=derive.block_linear_params(sections["model"]["diffusers_config"]))
+    gemm, _ = derive._throughput(hw, "gemm", "fp8", rows=rows,
+                                 params=derive.block_linear_params(sections["model"]["diffusers_config"]))
     el, _ = elementwise({**sections, "recipe": {**sections["recipe"], "name": "fp8"}}, rows)
     if None in (att, gemm, el) or not hw["measured"].get("on_hardware"):
         return None

@@ -19,20 +19,22 @@ def _request_lines(plan, width: int) -> list[str]:
     seq = plan.derived_value("sequence") or {}
     if seq.get("source") == "parallel.seq_len":
         other = seq.get("video_request_seq_len")
-        req = f"parallel.seq_len={seq['seq_len']:,} set explicitly" + (f" (the video request would give {other:,})" if other else "")
+        req = (f"parallel.seq_len={seq['seq_len']:,} set explicitly"
+               + (f" (the video request would give {other:,})" if other else ""))
         if seq.get("video_request_refused"):
             req += f" (the video request does not apply: {seq['video_request_refused'].partition(':')[0]})"
     elif seq:
         audio = f"{seq['audio_rows']:,} audio + " if seq.get("audio_rows") else "no audio + "
         cond = {"fl2va": "keyframe", "ref2va": "reference"}.get(seq.get("task"))  # t2va: no conditioning rows
         if cond:
-            audio = (f"{seq['condition_video_rows']:,} {cond} video + " + (f"{seq['condition_audio_rows']:,} {cond} audio + "
+            audio = (f"{seq['condition_video_rows']:,} {cond} video + "
+                     + (f"{seq['condition_audio_rows']:,} {cond} audio + "
                      if seq.get("condition_audio_rows") else "") + audio)
         task = f" ({seq['task']}, {seq['partition']}/)" if cond else ""
-        req = (f"{seq['source']}{task}: {seq['height']}x{seq['width']} px, {seq['frames']} frames ({seq['seconds']:.2f} s at "
-               f"{seq['fps']:g} fps); {seq['text_rows']:,} text + {audio}{seq['video_rows']:,} video rows = "
-               f"{seq['seq_len']:,} tokens; {seq['transformer_forwards']} transformer forwards "
-               f"(num_inference_steps {seq['num_inference_steps']})")
+        req = (f"{seq['source']}{task}: {seq['height']}x{seq['width']} px, {seq['frames']} frames "
+               f"({seq['seconds']:.2f} s at {seq['fps']:g} fps); {seq['text_rows']:,} text + "
+               f"{audio}{seq['video_rows']:,} video rows = {seq['seq_len']:,} tokens; {seq['transformer_forwards']} "
+               f"transformer forwards (num_inference_steps {seq['num_inference_steps']})")
     else:
         return []
     apart = plan.derived_value("components_apart")
@@ -75,9 +77,9 @@ def _memory_texts(plan, peak: float, breakdown: dict) -> list[str]:
     inst, loaded = plan.derived_value("memory_install_gib"), plan.derived_value("memory_loaded_gib")
     if inst is not None and loaded is not None:
         whole = "does not fit: load it on the host" if usable is not None and loaded > usable else "fits"
-        texts.append(f"install  install(pipe, plan, device=\"cuda\") on a pipeline loaded on the host peaks at {inst:.1f} "
-                     f"GiB per GPU; the pipeline moved to the GPU whole before install (pipe.to(\"cuda\")) holds "
-                     f"{loaded:.1f} GiB ({whole})")
+        texts.append(f"install  install(pipe, plan, device=\"cuda\") on a pipeline loaded on the host peaks at "
+                     f"{inst:.1f} GiB per GPU; the pipeline moved to the GPU whole before install (pipe.to(\"cuda\")) "
+                     f"holds {loaded:.1f} GiB ({whole})")
     return texts
 
 
@@ -117,8 +119,8 @@ def _header(plan) -> str:
     device = f"{extends}{'/'.join(hw.get('products') or []) or hw['arch']}" + (f", {gb:g} GB" if gb else "")
     tier = f" tier={r['tier']['name']}" if r.get("tier") else ""
     return (f"h3plan  hardware={option} ({device})  "
-            f"recipe={r['name']}{tier} ({policy})  {_parallel_label(p)} (Ulysses {p['ulysses']}{ring}, {p['seq_len']:,} tokens)  "
-            f"model={m['name']}")
+            f"recipe={r['name']}{tier} ({policy})  {_parallel_label(p)} (Ulysses {p['ulysses']}{ring}, "
+            f"{p['seq_len']:,} tokens)  model={m['name']}")
 
 
 def _parallel_label(p) -> str:
@@ -139,7 +141,8 @@ def _labelled(label: str, text: str, width: int) -> list[str]:
 
 def _speed_text(plan) -> str:
     """The predicted forward (per block: attention, block linears, elementwise, all-to-all) and the whole call (text
-    encode, denoise, decode), its biggest share and the cheapest cut (h3plan/planning/predict.py), and what they rest on."""
+    encode, denoise, decode), its biggest share and the cheapest cut (h3plan/planning/predict.py), and what they rest
+    on."""
     hw = plan.get("hardware")
     att, gemm, a2a, el = (plan.derived_value(k) for k in ("attention_ms_per_block_est", "gemm_ms_per_block_est",
                                                           "a2a_ms_per_block_est", "elementwise_ms_per_block_est"))
@@ -148,8 +151,8 @@ def _speed_text(plan) -> str:
         missing = [f"{what} at {dtype}" for what, dtype, key, r in ratios if r is None]
         return (f"no estimate on {hw['name']}: neither measured there nor an assumed share of a vendor peak at the "
                 f"same precision for its {' and '.join(missing) or 'attention or GEMMs'} (detail=full shows the basis)")
-    parts = [f"attention {att:.1f}", f"block linears {gemm:.1f}"] + ([f"elementwise {el:.1f}"] if el is not None else []) \
-        + ([f"all-to-all {a2a:.1f}"] if a2a else [])
+    parts = ([f"attention {att:.1f}", f"block linears {gemm:.1f}"]
+             + ([f"elementwise {el:.1f}"] if el is not None else []) + ([f"all-to-all {a2a:.1f}"] if a2a else []))
     if hw.get("measured", {}).get("on_hardware"):
         basis = _measured_on(hw)
     else:  # both rates assumed (a measured rate on hardware never run on would make on_hardware true)
@@ -157,9 +160,10 @@ def _speed_text(plan) -> str:
         basis = (f"an assumed share of {hw['name']}'s vendor peak, {shares} (the H200's measured ratios at those "
                  "precisions): never measured there")
     layers = plan.get("model").get("diffusers_config", {}).get("num_layers")
-    text = (f"forward {plan.derived_value('forward_s_est'):.2f} s = {layers} blocks x ({' + '.join(parts)} ms) per GPU ({basis}"
-            + ("" if el is not None else "; elementwise work not counted") + ")")
-    den, dec, n = plan.derived_value("denoise_s_est"), plan.derived_value("decode_s_est"), (plan.derived_value("sequence") or {}).get("transformer_forwards")
+    text = (f"forward {plan.derived_value('forward_s_est'):.2f} s = {layers} blocks x ({' + '.join(parts)} ms) per GPU "
+            f"({basis}" + ("" if el is not None else "; elementwise work not counted") + ")")
+    den, dec = plan.derived_value("denoise_s_est"), plan.derived_value("decode_s_est")
+    n = (plan.derived_value("sequence") or {}).get("transformer_forwards")
     m = plan.derived_value("computed_forwards") or n  # step_cache's fixed schedule runs fewer
     what = f"{m} computed forwards of {n}" if m != n else f"{n} forwards"
     fs = plan.derived_value("forward_sparse_s_est")
@@ -176,8 +180,8 @@ def _speed_text(plan) -> str:
               else " (text encoder outside: prompt_embeds given)")
     call_s = plan.derived_value("call_s_est")
     if call_s is None:  # an fl2va / ref2va request whose encode has no time on this hardware
-        return text + (f"; x {what} = {den:,.0f} s of denoising + decode {dec:,.1f} s; no VAE encode time on {hw['name']} "
-                       "(hardware.measured.encode; action=tune measures it)")
+        return text + (f"; x {what} = {den:,.0f} s of denoising + decode {dec:,.1f} s; no VAE encode time on "
+                       f"{hw['name']} (hardware.measured.encode; action=tune measures it)")
     enc = plan.derived_value("encode_s_est")
     venc = "" if enc is None else (f" + VAE encode {enc:,.1f} s"
                                    + (" (estimate, not measured)" if _estimated(hw) else ""))
@@ -259,7 +263,8 @@ def _unsourced(text: str) -> str:
 
 def _shown_reasons(d) -> list[str]:
     # the header and the summary carry the budget and the hardware-verified marker
-    return [x for x in d.reasons if not x.startswith("not hardware-verified") and " allows lossy levers within " not in x] or list(d.reasons[:1])
+    return [x for x in d.reasons if not x.startswith("not hardware-verified")
+            and " allows lossy levers within " not in x] or list(d.reasons[:1])
 
 
 def _table_rows(ds):
@@ -270,7 +275,8 @@ def _table_rows(ds):
 def _runs(d, plan) -> bool:
     """The lever changes what runs: a setting that is not off or diffusers' default, and no Ulysses lever at Ulysses
     degree 1 (no exchange to act on: its row says so)."""
-    return d.enabled and d.setting != "default" and not (SPECS[d.lever].ulysses and plan.get("parallel")["ulysses"] == 1)
+    return d.enabled and d.setting != "default" and not (SPECS[d.lever].ulysses
+                                                         and plan.get("parallel")["ulysses"] == 1)
 
 
 def _lossless_text(plan) -> str:
@@ -284,9 +290,9 @@ def _lossless_text(plan) -> str:
                                                           "keeps one GPU's bits where hardware.verified says it ran)"))
     seen = [x for x in hw.get("measured", {}).get("stock_frames") or [] if x["attention"] == att]
     far = f" (PSNR {seen[0]['psnr_db']:.1f} dB from them at {seen[0]['shape']} on {hw['name']})" if seen else ""
-    return (f"the frames are diffusers' eager frames with {att} as the attention, bit for bit; {att} rounds its own way, "
-            f"so they are not stock diffusers' frames{far}; stock diffusers' bits on one GPU: levers.attention=sdpa "
-            "(diffusers' default, torch SDPA)")
+    return (f"the frames are diffusers' eager frames with {att} as the attention, bit for bit; {att} rounds its own "
+            f"way, so they are not stock diffusers' frames{far}; stock diffusers' bits on one GPU: "
+            f"levers.attention=sdpa (diffusers' default, torch SDPA)")
 
 
 def render_summary(plan, width: int = 120) -> str:
@@ -324,8 +330,9 @@ def _summary_lines(plan, width: int) -> list[str]:
     for label, text in sorted(SPECS[d.lever].budget_line(d) for d in own if SPECS[d.lever].budget_line):
         lines += _labelled(label, text, width)
     if r.get("tier"):  # a named stack: each part's evidence is on its own line above or below; the stack's here
-        lines += _labelled("tier", f"{r['tier']['name']}: each lossy part is judged by its own evidence and budget (the "
-                                   f"fewer, sparse and lossy lines); the stack as a whole: {r['tier']['evidence']}", width)
+        lines += _labelled("tier", f"{r['tier']['name']}: each lossy part is judged by its own evidence and budget "
+                                   f"(the fewer, sparse and lossy lines); the stack as a whole: "
+                                   f"{r['tier']['evidence']}", width)
     if lossy and r["policy"] == "lossless":  # the recipe's own lossy choice: no budget, its measured error
         chosen = [d for d in ds if d.lever in lossy]
         lines += _labelled("lossy", "; ".join(
@@ -334,18 +341,21 @@ def _summary_lines(plan, width: int) -> list[str]:
     elif lossy:
         b = r["budget"]
         lines += _labelled("lossy", f"{', '.join(lossy)}: the output may differ from diffusers' eager output within "
-                                    f"PSNR >= {b['psnr_db_min']} dB, SSIM >= {b['ssim_min']} (action=verify measures it)", width)
+                                    f"PSNR >= {b['psnr_db_min']} dB, SSIM >= {b['ssim_min']} (action=verify measures "
+                                    f"it)", width)
     elif not own:
         lines += _labelled("lossless", _lossless_text(plan), width)
     missing = {d.lever: not_installed(d) for d in ds}
     for d in ds:
         if missing[d.lever]:
-            lines += _labelled("kernel", f"{d.lever}={d.setting} has no kernel yet: install skips it ({missing[d.lever]})", width)
+            lines += _labelled("kernel", f"{d.lever}={d.setting} has no kernel yet: install skips it "
+                                         f"({missing[d.lever]})", width)
     unverified = [d for d in running if not d.hardware_verified]  # a setting that is off runs nothing untested
     if not any(d.hardware_verified for d in ds):
         never = f"h3plan has never run on {hw['name']}: every setting here is a prediction (marked *)"
     elif unverified:
-        never = f"{', '.join(f'{d.lever}={d.setting}' for d in unverified)}: never run on {hw['name']} by h3plan (marked *)"
+        never = (f"{', '.join(f'{d.lever}={d.setting}' for d in unverified)}: never run on {hw['name']} by h3plan "
+                 f"(marked *)")
     else:
         never = f"every setting here passed h3plan's GPU suite on {hw['name']} (hardware.verified)" + (
             f" or its check on {hw['tuned']['device']} (hardware.tuned)" if hw.get("tuned") else "")

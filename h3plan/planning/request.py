@@ -69,7 +69,8 @@ class VideoRequest:
     """The workflow: t2va (text only), fl2va (keyframes; `keyframes`), ref2va (references; `references`, planned
     against the `transformer_ref/` partition). planning/workflows.py gives their conditioning rows."""
     keyframes: Optional[List[str]] = None
-    """fl2va: the keyframes' anchors in packed order, [first], [last] or [first,last] (diffusers' image / last_image)."""
+    """fl2va: the keyframes' anchors in packed order, [first], [last] or [first,last] (diffusers' image /
+    last_image)."""
     keyframe_size: Optional[List[int]] = None
     """fl2va without height/width: [height,width] of the first keyframe, whose aspect gives the canvas."""
     references: Optional[List[Any]] = None
@@ -202,8 +203,8 @@ class PipelineConfig:
 
 
 MIN_STEPS = 2  # the smallest num_inference_steps diffusers' MiniMaxH3Scheduler.set_timesteps takes
-STEPS_RULE = (f"must be >= {MIN_STEPS}: diffusers' MiniMaxH3Scheduler.set_timesteps needs {MIN_STEPS} sigma points at least "
-              "(n points, the terminal 0 included, drive n - 1 forwards)")
+STEPS_RULE = (f"must be >= {MIN_STEPS}: diffusers' MiniMaxH3Scheduler.set_timesteps needs {MIN_STEPS} sigma points at "
+              f"least (n points, the terminal 0 included, drive n - 1 forwards)")
 
 
 def diffusers_kwargs(section: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -243,7 +244,8 @@ def _canvas(req: VideoRequest, multiple: int, pipe: Mapping[str, Any]) -> tuple[
         if req.task == "fl2va":  # MiniMaxH3ResizeStep: the first keyframe's aspect, not 16:9
             return workflows.keyframe_canvas(req.keyframe_size, multiple, c)
         height, width = workflows.resolve_canvas(c["aspect"][0], c["aspect"][1], multiple, c)
-        return height, width, f"pipeline default canvas: resolve_canvas_size({c['aspect'][0]}, {c['aspect'][1]}, {multiple}, {c['short_edge']}, {c['max_pixels']})"
+        return height, width, (f"pipeline default canvas: resolve_canvas_size({c['aspect'][0]}, {c['aspect'][1]}, "
+                               f"{multiple}, {c['short_edge']}, {c['max_pixels']})")
     for key, v in (("video.height", req.height), ("video.width", req.width)):
         _positive(key, v)
         if v % multiple:
@@ -266,8 +268,10 @@ def _frames(req: VideoRequest, fps: float, g: Mapping[str, int], pipe: Mapping[s
     if from_seconds is not None and req.frames is not None:
         a, b = align_frames(from_seconds, clip, chunk), align_frames(int(req.frames), clip, chunk)
         if a != b:
-            raise ConfigError(f"video.frames={req.frames}", f"disagrees with video.seconds={req.seconds} ({from_seconds} frames at "
-                                                           f"{fps:g} fps): they align to {b} and {a} frames; set one of them (the other null)")
+            raise ConfigError(f"video.frames={req.frames}", f"disagrees with video.seconds={req.seconds} "
+                                                            f"({from_seconds} frames at "
+                                                           f"{fps:g} fps): they align to {b} and {a} frames; set one "
+                                                           f"of them (the other null)")
     if req.frames is not None:
         asked, key = int(req.frames), "video.frames"
     elif from_seconds is not None:
@@ -280,9 +284,11 @@ def _frames(req: VideoRequest, fps: float, g: Mapping[str, int], pipe: Mapping[s
         value = req.frames if key == "video.frames" else req.seconds
         first, last = align_frames(math.ceil(lo * fps), clip, chunk), _aligned_max(hi * fps, clip, chunk)
         near = first if aligned / fps < lo else last  # the nearest length the pipeline generates
-        fix = {key: str(near) if key == "video.frames" else f"{near / fps:g}"} if key != "pipeline.default_num_frames" else None
-        raise ConfigError(f"{key}={value}", f"aligns to {aligned} frames = {aligned / fps:.3f} s at {fps:g} fps; the pipeline generates "
-                                            f"{lo:g}-{hi:g} s, i.e. {clip}n+{chunk} frames from {first} to {last}", fix=fix)
+        fix = {key: str(near) if key == "video.frames"
+               else f"{near / fps:g}"} if key != "pipeline.default_num_frames" else None
+        raise ConfigError(f"{key}={value}", f"aligns to {aligned} frames = {aligned / fps:.3f} s at {fps:g} fps; the "
+                                            f"pipeline generates {lo:g}-{hi:g} s, i.e. {clip}n+{chunk} frames from "
+                                            f"{first} to {last}", fix=fix)
     return asked, aligned, key
 
 
@@ -301,15 +307,18 @@ def tokens(request: VideoRequest, model_cfg: Mapping[str, Any], vae_cfg: Mapping
     pt, ph, pw = m["patch_size"]
     if pt != 1:
         raise ConfigError(f"model.diffusers_config.patch_size={list(m['patch_size'])}",
-                          "build_packed_sequence counts latent frames, not temporal patches: diffusers' layout needs patch t = 1")
+                          "build_packed_sequence counts latent frames, not temporal patches: diffusers' layout needs "
+                          "patch t = 1")
     tail = g["tokens_chunk_size"] - g["token_drop"]
     if tail != 2:
-        raise ConfigError("vae.diffusers_config.token_drop", f"diffusers' video_latent_num_frames adds 2 latent frames, but this VAE's "
+        raise ConfigError("vae.diffusers_config.token_drop",
+                          f"diffusers' video_latent_num_frames adds 2 latent frames, but this VAE's "
                                                             f"_encode leaves tokens_chunk_size - token_drop = {tail}")
     fps = pipe["fps"] if request.fps is None else request.fps
     _positive("video.fps", request.fps, float)
     if fps != pipe["fps"]:
-        raise ConfigError(f"video.fps={request.fps}", f"MiniMax-H3 generates at {pipe['fps']:g} fps only (MINIMAX_H3_FPS; no fps input)")
+        raise ConfigError(f"video.fps={request.fps}", f"MiniMax-H3 generates at {pipe['fps']:g} fps only "
+                                                      f"(MINIMAX_H3_FPS; no fps input)")
     if request.text_tokens is None:
         raise ConfigError("video.text_tokens", "required: the prompt's length in tokens (rows of prompt_embeds)")
     _positive("video.text_tokens", request.text_tokens)
@@ -335,8 +344,9 @@ def tokens(request: VideoRequest, model_cfg: Mapping[str, Any], vae_cfg: Mapping
     cond = _conditioning(request, frames, fps, g, m["patch_size"], rows_per_frame, pipe)
     cv, ca = cond["condition_video_rows"], cond["condition_audio_rows"]
     out = {
-        "height": height, "width": width, "frames_requested": asked, "frames": frames, "seconds": frames / fps, "fps": fps,
-        "latent_frames": latent_frames, "latent_height": lh, "latent_width": lw, "rows_per_frame": rows_per_frame,
+        "height": height, "width": width, "frames_requested": asked, "frames": frames, "seconds": frames / fps,
+        "fps": fps, "latent_frames": latent_frames, "latent_height": lh, "latent_width": lw,
+        "rows_per_frame": rows_per_frame,
         "audio_latents": audio_latents, "text_rows": text, "audio_rows": audio, "video_rows": video,
         "seq_len": text + cv + ca + audio + video, "batch": int(request.batch),
         "num_inference_steps": steps, "transformer_forwards": steps - 1,
@@ -345,14 +355,16 @@ def tokens(request: VideoRequest, model_cfg: Mapping[str, Any], vae_cfg: Mapping
             "frames": f"{frames_key}: {asked} frames aligned up to {clip}n+{chunk} (align_num_frames), "
                       f"{frames / fps:.3f} s within {pipe['min_seconds']:g}-{pipe['max_seconds']:g} s",
             "latent_frames": f"video_latent_num_frames: ({frames} - {chunk}) // {clip} * {chunk} + {tail}",
-            "rows_per_frame": f"(latent {lh} // patch {ph}) x (latent {lw} // patch {pw}); latent = pixels // {g['spatial']}",
+            "rows_per_frame": f"(latent {lh} // patch {ph}) x (latent {lw} // patch {pw}); latent = pixels // "
+                              f"{g['spatial']}",
             "text_rows": "prompt tokens, no template or special tokens (MiniMaxH3TextEncoderStep)",
-            "audio_rows": (f"audio_latent_num_frames: round({frames} / {fps:g} * {pipe['audio']['latents_per_second']}) = {audio_latents} "
-                           f"latents x {channels} channels" if request.audio else "audio off: no audio rows (transformer-only shape)"),
+            "audio_rows": (f"audio_latent_num_frames: round({frames} / {fps:g} * "
+                           f"{pipe['audio']['latents_per_second']}) = {audio_latents} latents x {channels} channels"
+                           if request.audio else "audio off: no audio rows (transformer-only shape)"),
             "video_rows": f"{latent_frames} latent frames x {rows_per_frame} rows (build_packed_sequence)",
             "seq_len": "text + audio + video rows: one packed sequence, no padding, no register tokens",
-            "transformer_forwards": f"MiniMaxH3Scheduler.set_timesteps({steps}): {steps} sigma points, the terminal 0 included, "
-                                    f"drive {steps - 1} forwards ({steps_src} {steps}"
+            "transformer_forwards": f"MiniMaxH3Scheduler.set_timesteps({steps}): {steps} sigma points, the terminal 0 "
+                                    f"included, drive {steps - 1} forwards ({steps_src} {steps}"
                                     + (": INPUT_PARAM_TEMPLATES)" if not request.num_inference_steps else ")"),
         },
     }
@@ -361,8 +373,8 @@ def tokens(request: VideoRequest, model_cfg: Mapping[str, Any], vae_cfg: Mapping
                     "condition_audio_rows": ca, **({"keyframes": list(request.keyframes)} if request.keyframes else {}),
                     **({"references": cond["blocks"]} if cond["blocks"] else {})})
         out["basis"].update(cond["basis"])
-        out["basis"]["seq_len"] = ("text + condition video + condition audio + audio + video rows: one packed sequence, "
-                                   "no padding, no register tokens")
+        out["basis"]["seq_len"] = ("text + condition video + condition audio + audio + video rows: one packed "
+                                   "sequence, no padding, no register tokens")
     return out
 
 
@@ -372,15 +384,18 @@ def _conditioning(request: VideoRequest, frames: int, fps: float, g: Mapping[str
     if request.task == "fl2va":
         n = len(request.keyframes)
         return {"condition_video_rows": n * rows_per_frame, "condition_audio_rows": 0, "blocks": [],
-                "basis": {"condition_video_rows": f"{n} keyframe(s) ({', '.join(request.keyframes)}) x {rows_per_frame} rows: one "
-                                                  "latent frame on the target canvas each (build_packed_sequence keyframe_anchors)"}}
+                "basis": {"condition_video_rows": f"{n} keyframe(s) ({', '.join(request.keyframes)}) x "
+                                                  f"{rows_per_frame} rows: one latent frame on the target canvas each "
+                                                  f"(build_packed_sequence keyframe_anchors)"}}
     if request.task == "ref2va":
         r = workflows.references(request.references, frames=frames, fps=fps, spatial=g["spatial"], patch=patch,
                                  clip=g["clip_length"], chunk=g["tokens_chunk_size"], pipe=pipe)
         blocks = "; ".join(workflows.describe(b) for b in r["blocks"])
-        return {**r, "basis": {"condition_video_rows": f"reference blocks in request order (build_ref2va_packed_sequence): {blocks}",
-                               "condition_audio_rows": "reference soundtracks and audio references, clean (t = 1.0): ceil(samples "
-                                                       f"/ {pipe['audio_vae']['hop_length']}) latents x {pipe['audio']['channels']} channels"}}
+        return {**r, "basis": {"condition_video_rows": f"reference blocks in request order "
+                                                       f"(build_ref2va_packed_sequence): {blocks}",
+                               "condition_audio_rows": "reference soundtracks and audio references, clean (t = 1.0): "
+                                                       f"ceil(samples / {pipe['audio_vae']['hop_length']}) latents x "
+                                                       f"{pipe['audio']['channels']} channels"}}
     return {"condition_video_rows": 0, "condition_audio_rows": 0, "blocks": [], "basis": {}}
 
 
@@ -411,7 +426,8 @@ def sequence(sections: Mapping[str, Any]) -> tuple[int, dict[str, Any], dict[str
     derived = refused = None
     if video is not None:
         try:
-            derived = tokens(request_from(video, par.get("batch") or 1), sections["model"], sections["vae"], sections.get("pipeline"))
+            derived = tokens(request_from(video, par.get("batch") or 1), sections["model"], sections["vae"],
+                             sections.get("pipeline"))
         except ConfigError as e:
             if explicit is None:
                 raise
@@ -427,7 +443,8 @@ def sequence(sections: Mapping[str, Any]) -> tuple[int, dict[str, Any], dict[str
             why += f" (which does not apply: {refused})"
         world = (par.get("ring") or 1) * (par.get("ulysses") or 1)  # fewer rows than ranks: validate's line says so
         if derived is not None and one_pipeline(sections) and world <= explicit < derived["text_rows"]:
-            raise ConfigError(f"parallel.seq_len={explicit}", f"fewer rows than the {derived['text_rows']} text rows of the "
+            raise ConfigError(f"parallel.seq_len={explicit}",
+                              f"fewer rows than the {derived['text_rows']} text rows of the "
                               f"request ({name}: video.text_tokens={derived['text_rows']}); no call packs that; set a "
                               "smaller video.text_tokens with it")
         if derived is not None:
@@ -435,11 +452,13 @@ def sequence(sections: Mapping[str, Any]) -> tuple[int, dict[str, Any], dict[str
             why += f" ({name} would give {derived['seq_len']:,})"
         return int(explicit), breakdown, {"seq_len": why}
     if derived is None:
-        raise ConfigError("parallel.seq_len", "not set, and no video request to derive it from (set video=<preset> or parallel.seq_len)")
+        raise ConfigError("parallel.seq_len", "not set, and no video request to derive it from (set video=<preset> or "
+                                              "parallel.seq_len)")
     basis = dict(derived["basis"])
     breakdown = {k: v for k, v in derived.items() if k != "basis"}
     breakdown["source"] = name
-    basis["seq_len"] = f"{name}: {derived['text_rows']:,} text + {derived['audio_rows']:,} audio + {derived['video_rows']:,} video rows; " + basis["seq_len"]
+    basis["seq_len"] = (f"{name}: {derived['text_rows']:,} text + {derived['audio_rows']:,} audio + "
+                        f"{derived['video_rows']:,} video rows; " + basis["seq_len"])
     return derived["seq_len"], breakdown, basis
 
 

@@ -375,7 +375,8 @@ def to_plain(cfg: DictConfig | dict) -> dict[str, Any]:
     try:
         return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True, throw_on_missing=True)
     except MissingMandatoryValue as e:
-        raise ConfigError(str(e.full_key), "missing value: the schema requires it (set it in your YAML or on the command line)") from None
+        raise ConfigError(str(e.full_key), "missing value: the schema requires it (set it in your YAML or on the "
+                                           "command line)") from None
 
 
 def _schema_node() -> DictConfig:
@@ -495,7 +496,8 @@ def _check_values(c: dict[str, Any]) -> None:
     _check_positive(c)
     m = c["memory"]
     if m["max_ulysses"] < 1:
-        raise ConfigError(f"memory.max_ulysses={m['max_ulysses']}", "must be >= 1 (the largest Ulysses degree fit suggests)")
+        raise ConfigError(f"memory.max_ulysses={m['max_ulysses']}",
+                          "must be >= 1 (the largest Ulysses degree fit suggests)")
     if not 0 <= m["reserve_fraction"] < 1:
         raise ConfigError(f"memory.reserve_fraction={m['reserve_fraction']}", "must be in [0, 1)")
     for key, none in (("budget", "use recipe=bf16 for a lossless plan"), ("cache", "no step cache: leave both null"),
@@ -532,13 +534,15 @@ def validate(cfg: DictConfig | dict) -> dict[str, Any]:
     world = p["ring"] * u
     p["seq_len"], c["sequence"], c["sequence_basis"] = sequence(c)  # explicit parallel.seq_len, else the video request
     if p["seq_len"] < world:
-        raise ConfigError(f"parallel.seq_len={p['seq_len']}", f"must be at least ring {p['ring']} x ulysses {u} = {world} "
+        raise ConfigError(f"parallel.seq_len={p['seq_len']}",
+                          f"must be at least ring {p['ring']} x ulysses {u} = {world} "
                           "(one row per rank)")
     if p["attention_chunks"] < 1:
         raise ConfigError(f"parallel.attention_chunks={p['attention_chunks']}", "must be >= 1 (1 = no overlap)")
     rope = 2 * 3 * c["model"]["diffusers_config"]["rope_freq_dim"]
     if rope > head_dim:
-        raise ConfigError("model.diffusers_config.rope_freq_dim", f"2*3*rope_freq_dim = {rope} exceeds attention_head_dim {head_dim}")
+        raise ConfigError("model.diffusers_config.rope_freq_dim",
+                          f"2*3*rope_freq_dim = {rope} exceeds attention_head_dim {head_dim}")
     r = c["recipe"]
     if r["fp8_static_margin"] <= 0:
         raise ConfigError(f"recipe.fp8_static_margin={r['fp8_static_margin']}", "must be > 0")
@@ -562,7 +566,8 @@ def validate(cfg: DictConfig | dict) -> dict[str, Any]:
     m = re.fullmatch(r"sm(\d+)", str(hw["name"]))
     cc = str(hw["compute_capability"])
     if m and cc.replace(".", "") != m.group(1):
-        raise ConfigError(f"hardware.name={hw['name']}", f"disagrees with hardware.compute_capability={cc} (sm{cc.replace('.', '')}): "
+        raise ConfigError(f"hardware.name={hw['name']}", f"disagrees with hardware.compute_capability={cc} "
+                                                         f"(sm{cc.replace('.', '')}): "
                           "an smNN name is its compute capability (name a custom GPU otherwise)")
     if not re.fullmatch(r"\d+\.\d+", cc):
         raise ConfigError(f"hardware.compute_capability={cc}", "must be major.minor, e.g. 9.0")
@@ -572,17 +577,22 @@ def validate(cfg: DictConfig | dict) -> dict[str, Any]:
     for part in ("settings", "kernels_checked"):
         for lever, settings in (c["hardware"]["verified"].get(part) or {}).items():
             if lever not in LEVER_SETTINGS:
-                raise ConfigError(f"hardware.verified.{part}.{lever}", "unknown lever; allowed: " + ", ".join(LEVER_SETTINGS))
+                raise ConfigError(f"hardware.verified.{part}.{lever}",
+                                  "unknown lever; allowed: " + ", ".join(LEVER_SETTINGS))
             bad = [s for s in settings if s not in LEVER_SETTINGS[lever]]
             if bad:
-                raise ConfigError(f"hardware.verified.{part}.{lever}", f"unknown setting {bad[0]!r}; allowed: " + ", ".join(LEVER_SETTINGS[lever]))
+                raise ConfigError(f"hardware.verified.{part}.{lever}",
+                                  f"unknown setting {bad[0]!r}; allowed: " + ", ".join(LEVER_SETTINGS[lever]))
     if c["hardware"]["verified"].get("kernels_checked") and not c["hardware"]["verified"].get("kernels_checked_on"):
-        raise ConfigError("hardware.verified.kernels_checked", "needs kernels_checked_on: the GPU the kernels were checked on")
+        raise ConfigError("hardware.verified.kernels_checked",
+                          "needs kernels_checked_on: the GPU the kernels were checked on")
     for backend in c["hardware"]["attention_rank"]["order"]:
         if backend not in BF16:
-            raise ConfigError("hardware.attention_rank.order", f"unknown BF16 backend {backend!r}; allowed: {', '.join(BF16)}")
+            raise ConfigError("hardware.attention_rank.order",
+                              f"unknown BF16 backend {backend!r}; allowed: {', '.join(BF16)}")
     for path, backend in missing_facts(c["hardware"]):
-        raise ConfigError(path, f"missing: attention backend {backend} needs this capability fact (conf/hardware/*.yaml)")
+        raise ConfigError(path, f"missing: attention backend {backend} needs this capability fact "
+                                f"(conf/hardware/*.yaml)")
     for dt in c["hardware"]["cudnn"]["fp8_output_dtypes"]:
         if dt not in ("fp8", "bf16", "fp16"):
             raise ConfigError("hardware.cudnn.fp8_output_dtypes", f"unknown dtype {dt!r}; allowed: fp8, bf16, fp16")
@@ -602,5 +612,6 @@ def _check_tuned(hw: dict, strict: bool) -> None:
             raise ConfigError(f"hardware.tuned.checks[{i}]", f"unknown lever setting {c['lever']}={c['setting']}")
     diff, _ = tuned.stale(t)
     if strict and diff:
-        raise ConfigError("hardware.tuned", f"stale: {'; '.join(diff)} (strict=true refuses it; tune again on this machine: "
+        raise ConfigError("hardware.tuned", f"stale: {'; '.join(diff)} (strict=true refuses it; tune again on this "
+                                            f"machine: "
                           f"{t['command']})")

@@ -54,7 +54,8 @@ def _vision_params(v: Mapping[str, Any]) -> int:
 
 def _text_params(t: Mapping[str, Any]) -> tuple[int, int]:
     """(all text parameters, decoder-layer parameters)."""
-    h, i, hd = t["hidden_size"], t["intermediate_size"], t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"]
+    h, i = t["hidden_size"], t["intermediate_size"]
+    hd = t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"]
     q, kv = t["num_attention_heads"] * hd, t["num_key_value_heads"] * hd
     bias = bool(t.get("attention_bias", False))
     attn = h * q + 2 * h * kv + q * h + (q + 2 * kv + h if bias else 0) + 2 * hd  # q/k/v/o (+ biases), q_norm, k_norm

@@ -9,7 +9,8 @@ from h3plan.actions.bench import BlockRecord
 
 def record(plan="sm90/bf16/u1", S=19000, blocks=1, eager=46.5, plan_ms=35.0, lossless=True, recipe="bf16",
            backend="fa4", bitwise=True, rel=3.1e-3, timing="cuda-events", device="NVIDIA H200", **extra):
-    r = BlockRecord(S=S, blocks=blocks, plan=plan, eager_ms=eager, plan_ms=plan_ms, speedup=eager / plan_ms if eager else None,
+    r = BlockRecord(S=S, blocks=blocks, plan=plan, eager_ms=eager, plan_ms=plan_ms,
+                    speedup=eager / plan_ms if eager else None,
                     attention_ms=14.7, attention_backend=backend, bitwise_equal=bitwise, rel_error=rel,
                     recipe=recipe, lossless=lossless, device=device, timing=timing, attention_shape=[1, S, 56, 128],
                     attention_default_ms=18.4, attention_in_plan_ms=15.0, attention_standalone_ms=14.7,

@@ -26,8 +26,10 @@ def test_options_accepts_the_defaults():
     assert (o.seq_lens, o.blocks, o.warmup, o.iters, o.tag, o.best) == ((19000, 37820), (1, 4), 3, 10, None, True)
 
 
-@pytest.mark.parametrize("value, best", [("on", True), ("off", False), pytest.param("true", True, marks=pytest.mark.slow),
-                                         pytest.param("false", False, marks=pytest.mark.slow)])  # a CPU bench run a case (~1 s)
+@pytest.mark.parametrize("value, best", [("on", True), ("off", False),
+                                         pytest.param("true", True, marks=pytest.mark.slow),
+                                         # a CPU bench run a case (~1 s)
+                                         pytest.param("false", False, marks=pytest.mark.slow)])
 def test_bench_best_is_an_on_off_switch_defaulting_on(value, best):
     import h3plan
     from h3plan.planning.config import compose
@@ -56,7 +58,8 @@ def test_bad_bench_values_are_one_line_config_errors(over, key):
 def test_plan_label_names_groups_and_forced_levers():
     decisions = [make_decision("attention", "cudnn_bf16", True, ["forced"], forced=True),
                  make_decision("modulation", "exact", True, ["auto"])]
-    plan = make_plan({"hardware": {"name": "sm90"}, "recipe": {"name": "bf16"}, "parallel": {"name": "u1", "ulysses": 1}},
+    plan = make_plan({"hardware": {"name": "sm90"}, "recipe": {"name": "bf16"},
+                      "parallel": {"name": "u1", "ulysses": 1}},
                      {}, decisions)
     assert bench.plan_label(plan) == "sm90/bf16/u1 +attention=cudnn_bf16"
     assert bench.plan_label(h3plan.resolve_config(tier="quality")) == "sm90/fp8/u1 tier=quality"
@@ -125,8 +128,10 @@ def test_markdown_rows_targets_and_column_notes():
     assert lines == [
         "- lossless plan block >= 1.25x diffusers eager, `sm90/bf16/u1` S=19000 x1: 1.329x -> met",
         "- lossless plan block >= 1.25x diffusers eager, `sm90/bf16/u1` S=37820 x1: 1.089x -> **not met**",
-        "- FP8 plan block >= 1.5x diffusers eager, `sm90/fp8/u1` S=19000 x1: 1.603x, rel. error vs BF16 eager 2.10e-02 -> met",
-        "- FP8 plan block >= 1.5x diffusers eager, `sm90/fp8/u1` S=37820 x1: 1.376x, rel. error vs BF16 eager 2.40e-02 -> **not met**",
+        "- FP8 plan block >= 1.5x diffusers eager, `sm90/fp8/u1` S=19000 x1: 1.603x, rel. error vs BF16 eager 2.10e-02 "
+        "-> met",
+        "- FP8 plan block >= 1.5x diffusers eager, `sm90/fp8/u1` S=37820 x1: 1.376x, rel. error vs BF16 eager 2.40e-02 "
+        "-> **not met**",
     ]
     assert "`sm90/fp8/u1` S=37820 x1: 90.0% -> **not met**" in md and "`sm90/bf16/u1` S=19000 x1: 98.0% -> met\n" in md
     assert "## What each column compares" in md and "Host-clock" not in md
@@ -146,7 +151,8 @@ def test_matched_attention_speed_is_context_and_never_changes_the_verdict():
 def test_markdown_flags_cpu_records_failures_and_fallbacks():
     doc = bench.new_doc()
     bench.merge_record(doc, record(timing="host-clock", device="cpu"))
-    bench.merge_record(doc, record(S=37820, eager=None, plan_ms=1.0, speedup=None, error="OutOfMemoryError: CUDA out of memory"))
+    bench.merge_record(doc, record(S=37820, eager=None, plan_ms=1.0, speedup=None,
+                                   error="OutOfMemoryError: CUDA out of memory"))
     bench.merge_record(doc, record(plan="p2", bitwise=False, counters={"attention.fallback": 3, "swiglu.fused": 2}))
     md = bench.render_markdown(doc)
     assert "Host-clock (CPU) records below: their times are meaningless" in md
@@ -179,7 +185,8 @@ def test_markdown_with_diffusers_best():
     assert lines == [
         "- lossless plan block >= 1.25x diffusers eager, `p2` S=19000 x1: 1.329x -> met; diffusers' best: not run "
         "(bench.best=off)",
-        "- lossless plan block >= 1.25x diffusers eager, `sm90/bf16/u1` S=19000 x1: 1.329x -> met; 1.129x diffusers' best",
+        "- lossless plan block >= 1.25x diffusers eager, `sm90/bf16/u1` S=19000 x1: 1.329x -> met; 1.129x diffusers' "
+        "best",
         "- lossless plan block >= 1.25x diffusers eager, `sm90/bf16/u1` S=37820 x1: 1.089x -> **not met**; diffusers' "
         "best: BackendCompilerFailed: no cc",
     ]

@@ -1,4 +1,5 @@
-"""diffusers' best one-GPU setting (h3plan/actions/bench/diffusers_best.py), shared by the block and pipeline benches."""
+"""diffusers' best one-GPU setting (h3plan/actions/bench/diffusers_best.py), shared by the block and pipeline
+benches."""
 
 from __future__ import annotations
 

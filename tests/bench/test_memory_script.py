@@ -22,7 +22,8 @@ def test_the_rows_say_which_conditioner_ran(memory):
 
 
 @pytest.mark.parametrize("workflow,text_encoder", [("t2va", "none"), ("t2va", "host"), ("ref2va", "host")])
-def test_the_cap_rows_child_accepts_the_arguments_its_parent_passes(memory, monkeypatch, tmp_path, workflow, text_encoder):
+def test_the_cap_rows_child_accepts_the_arguments_its_parent_passes(memory, monkeypatch, tmp_path,
+                                                                    workflow, text_encoder):
     """The parent runs with --cap-only; the child it starts gets no --cap-only, and must still run its one whole call
     (the first cap-ref2va run on the H200 failed here, in 21 s, before any GPU work)."""
     seen = {}
@@ -40,10 +41,10 @@ def test_the_cap_rows_child_accepts_the_arguments_its_parent_passes(memory, monk
 
 @pytest.mark.slow  # ~7 s: the tiny ref2va pipeline with its conditioner
 def test_the_cap_rows_pipeline_builds_with_a_conditioner_sharing_its_weights(memory, monkeypatch):
-    """What the cap row's child builds (memory._build), on the tiny configs: diffusers' ref2va blocks with the text step,
-    the conditioner's every decoder layer kept (diffusers reads hidden_states[50]: the second cap-ref2va run on the
-    H200 failed on a conditioner cut to 16 layers) and sharing --text-encoder-weight-sets layers' weights, unplaced for
-    install to place by the plan; a prompt string and one reference."""
+    """What the cap row's child builds (memory._build), on the tiny configs: diffusers' ref2va blocks with the text
+    step, the conditioner's every decoder layer kept (diffusers reads hidden_states[50]: the second cap-ref2va run on
+    the H200 failed on a conditioner cut to 16 layers) and sharing --text-encoder-weight-sets layers' weights, unplaced
+    for install to place by the plan; a prompt string and one reference."""
     import argparse
 
     from h3plan.actions.bench import configured
@@ -54,7 +55,8 @@ def test_the_cap_rows_pipeline_builds_with_a_conditioner_sharing_its_weights(mem
     args = argparse.Namespace(layers=1, text_encoder_weight_sets=2, video=(32, 32, 124), text_tokens=9)
     pipe, prompt, media = memory._build(c, args, device="cpu")
     layers = pipe.text_encoder.model.language_model.layers
-    assert len(layers) == c["model"]["text_encoder_default"]["text_config"]["num_hidden_layers"] > pipe.text_encoder_layer
+    n_layers = c["model"]["text_encoder_default"]["text_config"]["num_hidden_layers"]
+    assert len(layers) == n_layers > pipe.text_encoder_layer
     assert layers[5].mlp.up_proj.weight is layers[1].mlp.up_proj.weight
     assert placed(pipe.text_encoder) is None
     assert "transformer_ref" in pipe.component_names and pipe.transformer_ref is not None

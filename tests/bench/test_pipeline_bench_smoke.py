@@ -98,7 +98,9 @@ def test_pipeline_bench_times_the_users_call_per_vae_precision(tmp_path):
     assert best["config"].startswith("transformer.compile_repeated_blocks(fullgraph=True, backend='eager')")
     assert best["frames"]["bitwise"] is True  # dynamo with the eager backend runs diffusers' ops as they are
     e16 = next(r for r in doc["records"] if r["setting"] == "eager" and r["vae"] == "fp16")
-    assert e16["frames"]["bitwise"] is False and e16["frames"]["psnr_db"] > 40 and "fp32 VAE" in e16["frames"]["against"]
+    assert e16["frames"]["bitwise"] is False
+    assert e16["frames"]["psnr_db"] > 40
+    assert "fp32 VAE" in e16["frames"]["against"]
     md = (tmp_path / "pipeline-cpu.md").read_text()
     assert "their times are meaningless" in md and "| sm90/bf16/u1 +attention=sdpa +vae=fp16 | fp16 |" in md
     assert "bitwise vs eager with" in md and "autocast anywhere: the VAE decodes in its own dtype" in md
@@ -171,10 +173,12 @@ def test_options_refuse_bad_values_in_one_line():
     from h3plan.errors import UsageError
 
     for cfg, msg in (({"bench": {"pipeline": {"steps": 0}}}, "bench.pipeline.steps=0: must be an integer >= 1"),
-                     ({"bench": {"pipeline": {"vae": "fp64"}}}, "bench.pipeline.vae=fp64: auto or a list of fp32, fp16, bf16"),
+                     ({"bench": {"pipeline": {"vae": "fp64"}}},
+                      "bench.pipeline.vae=fp64: auto or a list of fp32, fp16, bf16"),
                      ({"bench": {"pipeline": {"reference": "yes"}}}, "bench.pipeline.reference=yes: true or false"),
                      ({"video": "768x1344"}, "video='768x1344': expected HEIGHTxWIDTHxFRAMES"),
-                     ({"bench": {"pipeline": {"workflow": "i2v"}}}, "bench.pipeline.workflow=i2v: one of t2va, fl2va, ref2va")):
+                     ({"bench": {"pipeline": {"workflow": "i2v"}}},
+                      "bench.pipeline.workflow=i2v: one of t2va, fl2va, ref2va")):
         with pytest.raises(UsageError) as e:
             options(cfg)
         assert str(e.value).startswith(msg) and "\n" not in str(e.value)
@@ -281,7 +285,8 @@ def test_ulysses_two_ranks_on_gloo(tmp_path):
 def test_step_cache_row_times_the_whole_call(tmp_path):
     """A step-cache plan's row: one untimed short call, then the whole call of e2e_steps forwards, timed end
     to end; forward_s is the median of the computed forwards only, the overhead check and the computed count are in
-    its notes and counters; its plan decodes in fp16 beside the fp32 eager / best anchors (no fp16 rows of their own)."""
+    its notes and counters; its plan decodes in fp16 beside the fp32 eager / best anchors (no fp16 rows of their
+    own)."""
     over = ["pipeline.num_inference_steps=6", "recipe.vae=fp16", "levers.step_cache=fixed", "levers.attention=sdpa",
             "recipe.cache={psnr_db_min:28,ssim_min:0.93,computed:3,warmup:1,final:1,unmeasured:true}"]
     res = _bench(tmp_path, {"overrides": over, "pipeline": dict(FAST, e2e_steps=5, vae=["fp32"], reference=False)})
@@ -345,8 +350,10 @@ def test_workflow_pipeline_default_request_is_the_t2va_layouts():
 
     from h3plan.actions.pipeline_build import Request, build_pipeline, default_request, denoiser, workflow_blocks
 
-    cfg = [OmegaConf.load(os.path.join(ROOT, f)).diffusers_config for f in ("conf/model/h3_tiny.yaml", "conf/vae/h3_tiny_pipe.yaml")]
-    pipe = build_pipeline(*cfg, vae_name="h3_tiny_pipe", layers=1, blocks=workflow_blocks(), partitions=("transformer_ref",))
+    cfg = [OmegaConf.load(os.path.join(ROOT, f)).diffusers_config
+           for f in ("conf/model/h3_tiny.yaml", "conf/vae/h3_tiny_pipe.yaml")]
+    pipe = build_pipeline(*cfg, vae_name="h3_tiny_pipe", layers=1, blocks=workflow_blocks(),
+                          partitions=("transformer_ref",))
     assert pipe.transformer is None and denoiser(pipe) is pipe.transformer_ref is denoiser(pipe, "ref2va")
     assert default_request(pipe) == Request(760, 1352, 124)  # 768 x 1344 rounded to the tiny canvas multiple 8
 
@@ -363,9 +370,11 @@ def test_prompt_runs_through_the_seeded_text_encoder(tmp_path, workflow, placeme
     assert f"{placement} (the plan's memory.text_encoder)" in res.stdout + res.stderr
     doc = json.loads((tmp_path / "pipeline-cpu.json").read_text())
     rows = {r["setting"]: r for r in doc["records"]}
-    assert [(r["setting"], r["vae"]) for r in doc["records"]] == [("eager", "fp32"), ("reference", "fp32"), ("plan", "fp32")]
+    assert [(r["setting"], r["vae"]) for r in doc["records"]] == [
+        ("eager", "fp32"), ("reference", "fp32"), ("plan", "fp32")]
     for r in doc["records"]:
-        assert r["error"] is None and r["workflow"] == workflow and any(n.startswith("prompt: a 110-byte") for n in r["notes"])
+        assert (r["error"] is None and r["workflow"] == workflow
+                and any(n.startswith("prompt: a 110-byte") for n in r["notes"]))
     if workflow == "t2va":  # the prompt's 110 bytes are the 110 text rows of the prompt_embeds form
         _check(rows["eager"])
     assert rows["plan"]["frames"]["bitwise"] is True and rows["reference"]["frames"]["bitwise"] is True
@@ -386,6 +395,8 @@ def test_prompt_needs_a_placed_text_encoder():
     from h3plan.actions.bench.pipeline import conditioner_setting
     from h3plan.errors import UsageError
 
-    with pytest.raises(UsageError, match=r"^bench.pipeline.prompt=true: the plan places no text encoder .*memory.text_encoder="):
+    with pytest.raises(UsageError, match=r"^bench.pipeline.prompt=true: the plan places no text encoder "
+                                         r".*memory.text_encoder="):
         conditioner_setting(resolve_config(model="h3_tiny", vae="h3_tiny_pipe"))
-    assert conditioner_setting(resolve_config(model="h3_tiny", vae="h3_tiny_pipe", **{"memory.text_encoder": "host"})) == "host"
+    assert conditioner_setting(resolve_config(model="h3_tiny", vae="h3_tiny_pipe",
+                                              **{"memory.text_encoder": "host"})) == "host"

@@ -23,7 +23,8 @@ def test_stock_bits_adds_the_sdpa_plan_without_a_reference_row():
     assert stock.decision("vae_graphs").setting == "off"  # the run's forced levers kept
     assert plan.decision("attention").setting == "fa4"
     specs = row_specs([plan, stock], o, 1)
-    assert [(k, p is stock) for k, _, p in specs if p is not None] == [("reference", False), ("plan", False), ("plan", True)]
+    assert [(k, p is stock) for k, _, p in specs if p is not None] == [
+        ("reference", False), ("plan", False), ("plan", True)]
 
 
 def test_stock_bits_is_off_by_default_and_refused_for_a_lossy_recipe():

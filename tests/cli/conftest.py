@@ -17,7 +17,8 @@ def cli(tmp_path):
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
         env.pop("HYDRA_FULL_ERROR", None)
         t0 = time.perf_counter()
-        p = subprocess.run([sys.executable, "-m", "h3plan", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run([sys.executable, "-m", "h3plan", *args], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=timeout)
         p.wall = time.perf_counter() - t0
         return p
 

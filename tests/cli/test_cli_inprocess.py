@@ -12,7 +12,8 @@ from h3plan.actions import gpu_only
 BAD = [
     (["hardware=sm200"], "hardware=sm200: no such option; available: sm100, sm103, sm107, sm90"),
     (["levers.attention=fa5"], "levers.attention=fa5: not allowed; allowed: auto, sdpa, cudnn_bf16, cudnn_fp8, fa4"),
-    (["levers.atention=fa4"], "levers.atention: unknown key (did you mean levers.attention?); allowed: gemm_quant, adaln_table, attention,"),
+    (["levers.atention=fa4"], "levers.atention: unknown key (did you mean levers.attention?); allowed: gemm_quant, "
+                              "adaln_table, attention,"),
     (["parallel.seq_len=-5"], "parallel.seq_len=-5: must be a positive integer"),
     (["parallel.seq_len=abc"], "parallel.seq_len: Value 'abc'"),
     (["model=h3_tiny", "parallel=u8"], "must divide the 4 attention heads of model h3_tiny; allowed: 1, 2, 4"),
@@ -22,7 +23,8 @@ BAD = [
     (["--bogus"], "unrecognized arguments: --bogus"),
     (["format=xml"], "format=xml: not allowed; allowed: table, yaml, json"),
     # `+key=` adds a key past Hydra's struct check: the schema walk refuses it (with the near miss)
-    (["+levers.attentoin=cudnn_fp8"], "levers.attentoin: unknown key (did you mean levers.attention?); allowed: gemm_quant,"),
+    (["+levers.attentoin=cudnn_fp8"], "levers.attentoin: unknown key (did you mean levers.attention?); allowed: "
+                                      "gemm_quant,"),
     (["+video.fpss=30"], "video.fpss: unknown key (did you mean video.fps?); allowed: name, height"),
     (["+hardware.foo=1"], "hardware.foo: unknown key; allowed: name, arch,"),
     (["+foo=1"], "foo: unknown key; allowed: action, format,"),
@@ -111,7 +113,8 @@ def test_missing_torch_is_an_install_hint_not_an_internal_error(capsys, monkeypa
     monkeypatch.setattr(gpu_only, "no_gpu_here", lambda: False)
     assert cli.run(["action=verify"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("h3plan: error: action=verify needs 'torch', which is not installed: pip install -e '.[runtime]'")
+    assert err.startswith("h3plan: error: action=verify needs 'torch', which is not installed: pip install -e "
+                          "'.[runtime]'")
     assert "internal error" not in err and len(err.splitlines()) == 1
 
 
@@ -139,13 +142,15 @@ def test_off_grid_request_gives_the_command_that_works(capsys):
     head, sep, command = err.partition("; this works: python -m h3plan ")
     assert sep and command == "video.height=704 video.seconds=10"
     assert cli.run(command.split()) == 0
-    assert "request  video=t2v_768x1344_5s with video.height=704 video.seconds=10: 704x1344 px, 243 frames" in capsys.readouterr().out
+    assert ("request  video=t2v_768x1344_5s with video.height=704 video.seconds=10: 704x1344 px, 243 frames"
+            in capsys.readouterr().out)
 
 
 def test_help_lists_every_action_and_request_key(capsys):
     assert cli.run(["--help"]) == 0
     out = capsys.readouterr().out
-    for key in ("action=plan|verify|bench|calibrate", "memory.offload", "memory.check", "video.height=", "video.seconds=",
+    for key in ("action=plan|verify|bench|calibrate", "memory.offload", "memory.check", "video.height=",
+                "video.seconds=",
                 "video.frames=", "parallel.seq_len=N", "bench.target=block|pipeline"):
         assert key in out, key
     from h3plan.planning.config import compose
@@ -177,8 +182,8 @@ def test_a_sweep_value_without_m_keeps_hydras_hint(capsys):
 def test_a_missing_search_path_is_one_warning_line(capsys, tmp_path):
     assert cli.run([f"hydra.searchpath=[file://{tmp_path}/none]"]) == 0
     out, err = capsys.readouterr()
-    assert err.splitlines() == [f"h3plan: warning: provider=hydra.searchpath in command-line, path={tmp_path}/none is not "
-                                "available."]
+    assert err.splitlines() == [f"h3plan: warning: provider=hydra.searchpath in command-line, path={tmp_path}/none is "
+                                f"not available."]
     assert out.startswith("h3plan  hardware=sm90")
 
 
@@ -205,7 +210,8 @@ def test_out_writes_json_for_any_case_of_the_extension(capsys, tmp_path):
     path = tmp_path / "p.JSON"
     assert cli.run([f"out={path}"]) == 0
     capsys.readouterr()
-    assert json.loads(path.read_text())["schema_version"] == 1 and Plan.load(str(path)).get("hardware")["name"] == "sm90"
+    assert json.loads(path.read_text())["schema_version"] == 1
+    assert Plan.load(str(path)).get("hardware")["name"] == "sm90"
 
 
 def test_values_at_their_edges_plan(capsys):
@@ -232,7 +238,8 @@ def test_a_vae_and_model_that_make_no_pipeline_say_so(capsys):
     pipeline (the plan sizes each alone), instead of a silent 'set explicitly'."""
     assert cli.run(["vae=h3_tiny"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "parallel.seq_len=48 set explicitly (the video request does not apply: vae.diffusers_config.token_drop)" in out
+    assert ("parallel.seq_len=48 set explicitly (the video request does not apply: vae.diffusers_config.token_drop)"
+            in out)
     assert "vae h3_tiny (latent_channels 4) and model h3 (in_channels 24) make no pipeline" in out
     assert cli.run(["model=h3_tiny", "vae=h3_tiny"]) == 0
     assert "make no pipeline" not in capsys.readouterr().out

@@ -30,15 +30,18 @@ def _summary(**kw) -> str:
 def test_the_header_names_the_device_the_hardware_group_assumes():
     head = _summary(hardware="sm90").splitlines()[0]
     assert "hardware=sm90 (H200, 141 GB)" in head
-    assert "hardware=sm90 (H200, 80 GB)" in _summary(**{"hardware": "sm90", "hardware.device.memory_gb": 80}).splitlines()[0]
-    assert "hardware=sm90 (H200)  recipe" in _summary(**{"hardware": "sm90", "hardware.device.memory_gb": None}).splitlines()[0]
+    assert "hardware=sm90 (H200, 80 GB)" in _summary(**{"hardware": "sm90",
+                                                        "hardware.device.memory_gb": 80}).splitlines()[0]
+    assert "hardware=sm90 (H200)  recipe" in _summary(**{"hardware": "sm90",
+                                                         "hardware.device.memory_gb": None}).splitlines()[0]
 
 
 def test_the_memory_line_is_in_gib_with_the_usable_memory_and_how_to_change_it():
     plan = h3plan.resolve_config(hardware="sm90", recipe="bf16", parallel="u1")
     line = _label(cli.render_summary(plan), "memory")
     usable = usable_gib(141, plan.get("memory")["reserve_fraction"])
-    assert f"peak {plan.derived_value('memory_peak_gib_per_gpu'):.1f} GiB per GPU while denoising, of {usable:.1f} GiB usable" in line
+    assert (f"peak {plan.derived_value('memory_peak_gib_per_gpu'):.1f} GiB per GPU while denoising, "
+            f"of {usable:.1f} GiB usable") in line
     assert "141 GB = 131.3 GiB less the 8% memory.reserve_fraction; another card: hardware.device.memory_gb=80" in line
     items = plan.derived_value("memory_peak_items")
     assert len(items) > 3 and f"its largest 3 of {len(items)} items: transformer_weights 37.4," in line
@@ -128,9 +131,11 @@ def test_untested_lists_only_settings_that_run():
 
 def test_a_hardware_file_of_your_own_is_named_with_the_one_it_extends(tmp_path, capsys):
     (tmp_path / "hardware").mkdir()
-    (tmp_path / "hardware" / "myhw.yaml").write_text("defaults:\n  - sm90\n  - _self_\nproducts: [H100]\ndevice:\n  memory_gb: 80\n")
+    (tmp_path / "hardware" / "myhw.yaml").write_text("defaults:\n  - sm90\n  - _self_\nproducts: [H100]\ndevice:\n  "
+                                                     "memory_gb: 80\n")
     assert cli.run([f"hydra.searchpath=[file://{tmp_path}]", "hardware=myhw"]) == 0
-    assert capsys.readouterr().out.splitlines()[0].startswith("h3plan  hardware=myhw (as sm90: H100, 80 GB)  recipe=bf16")
+    assert capsys.readouterr().out.splitlines()[0].startswith(
+        "h3plan  hardware=myhw (as sm90: H100, 80 GB)  recipe=bf16")
     plan = h3plan.resolve_config(**{"hydra.searchpath": [f"file://{tmp_path}"], "hardware": "myhw"})
     assert (plan.get("hardware")["option"], plan.get("hardware")["name"]) == ("myhw", "sm90")
 
@@ -163,8 +168,9 @@ def test_a_file_that_renames_what_it_inherits_credits_it_to_the_packaged_gpu(tmp
 def test_a_missing_hardware_file_says_where_it_must_sit(argv, capsys):
     assert cli.run(argv) == 2
     (line,) = capsys.readouterr().err.splitlines()
-    assert line.endswith("hardware=myhw: no such option; available: sm100, sm103, sm107, sm90; a file of your own sits in a "
-                         "folder on the search path: /path/to/conf/hardware/myhw.yaml with hydra.searchpath=[file:///path/to/conf]")
+    assert line.endswith("hardware=myhw: no such option; available: sm100, sm103, sm107, sm90; a file of your own sits "
+                         "in a folder on the search path: /path/to/conf/hardware/myhw.yaml with "
+                         "hydra.searchpath=[file:///path/to/conf]")
 
 
 @pytest.mark.parametrize("kw", [{}, {"recipe": "fp8", "parallel": "u8"},

@@ -73,7 +73,8 @@ def test_the_schema_is_stored_once(monkeypatch):
     assert stored == []
 
 
-@pytest.mark.parametrize("argv", [["hardware=sm90", "recipe=bf16", "parallel=u1"], ["hardware=sm107", "recipe=nvfp4", "parallel=u8"]])
+@pytest.mark.parametrize("argv", [["hardware=sm90", "recipe=bf16", "parallel=u1"],
+                                  ["hardware=sm107", "recipe=nvfp4", "parallel=u8"]])
 def test_the_plan_path_imports_no_torch_nor_numpy(argv):
     # the summary asks levers without an install option for their skip reason: still torch-free; and a plain plan
     # composes without Hydra (planning/direct.py), so Hydra is not imported either
@@ -104,7 +105,8 @@ def test_the_shortcut_fails_with_the_runners_line(argv, capsys):
     # a hydra.* override takes Hydra's runner: both routes print the same line and exit code
     assert cli.run(argv) == cli.run([*argv, "hydra.job.chdir=false"]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 2 and err[0] == err[1].replace(" hydra.job.chdir=false", ""), err  # its `this works` repeats argv
+    # its `this works` repeats argv
+    assert len(err) == 2 and err[0] == err[1].replace(" hydra.job.chdir=false", ""), err
 
 
 def test_libyaml_composes_the_same_config(monkeypatch):

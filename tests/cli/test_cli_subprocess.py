@@ -67,7 +67,8 @@ def _one_error_line(p):
 @pytest.mark.slow  # CLI subprocesses (~2 s)
 def test_bad_input_exits_2_with_one_line(cli):
     assert "parallel.ulysses=3" in _one_error_line(cli("parallel.ulysses=3"))
-    assert "parallel.ulysess: unknown key (did you mean parallel.ulysses?); allowed: name, ulysses, ring, seq_len" in _one_error_line(cli("parallel.ulysess=3"))
+    assert ("parallel.ulysess: unknown key (did you mean parallel.ulysses?); allowed: name, ulysses, ring, seq_len"
+            in _one_error_line(cli("parallel.ulysess=3")))
     assert "levers.gemm_quant=dequant_bf16" in _one_error_line(cli("hardware=sm90", "recipe=nvfp4"))
     assert os.listdir(cli.cwd) == []
 
@@ -89,7 +90,8 @@ def test_user_search_path_hardware_and_malformed_yaml(cli, tmp_path_factory):
     # without the AdaLN tables the released model with the VAE resident does not fit 80 GB: the plan says so and
     # names what fits; with them (auto) it fits
     refused = _one_error_line(cli("hardware=h100", sp, "levers.adaln_table=off"))
-    assert refused.startswith("h3plan: error: the plan does not fit one h100 GPU: peak ") and "nearest fit: levers.adaln_table=on" in refused
+    assert refused.startswith("h3plan: error: the plan does not fit one h100 GPU: peak ")
+    assert "nearest fit: levers.adaln_table=on" in refused
     p = cli("hardware=h100", sp, "format=json")
     assert p.returncode == 0, p.stderr
     hw = json.loads(p.stdout)["config"]["hardware"]

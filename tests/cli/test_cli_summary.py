@@ -62,7 +62,8 @@ def test_no_kernel_lines_come_from_the_registry(monkeypatch):
                                  install=lambda b, d: b.skip("fake_fusion", "h3plan has no fake-fusion kernel"))
     monkeypatch.setitem(SPECS, "fake_fusion", fake.SPEC)
     monkeypatch.setitem(REGISTRY, "fake_fusion", fake)
-    extra = dataclasses.replace(plan, decisions=plan.decisions + (make_decision("fake_fusion", "on", False, ["planned"]),))
+    extra = dataclasses.replace(plan, decisions=plan.decisions
+                                + (make_decision("fake_fusion", "on", False, ["planned"]),))
     out = cli.render_summary(extra)
     assert _kernel_levers(out) == expected + ["fake_fusion"]
     assert "kernel   fake_fusion=on has no kernel yet: install skips it (h3plan has no fake-fusion kernel)" in out
@@ -112,6 +113,7 @@ def test_forced_levers_are_named():
 
 
 def test_short_reasons_drop_sources_not_code():
-    assert cli._short(["x[..., :F] * silu(x[..., F:]) in one kernel (vllm-omni VAE seed (docs/sources.md#vllm-omni-vae-seed))"], 80) \
+    assert cli._short(["x[..., :F] * silu(x[..., F:]) in one kernel (vllm-omni VAE seed "
+                       "(docs/sources.md#vllm-omni-vae-seed))"], 80) \
         == "x[..., :F] * silu(x[..., F:]) in one kernel"
     assert cli._short(["a " * 60], 20).endswith("...") and len(cli._short(["a " * 60], 20)) <= 20

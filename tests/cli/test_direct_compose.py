@@ -32,7 +32,8 @@ FORMS = [
     ["vae=h3_tiny"],
     ["model=h3_tiny", "vae=h3_tiny", "parallel.seq_len=64", "recipe=fp8"],
     # a flat mapping merged into its node; a key set twice (the last wins, each checked)
-    ["levers.step_cache=fixed", "recipe.cache={psnr_db_min:28.0,ssim_min:0.93,computed:34}", "pipeline.num_inference_steps=50"],
+    ["levers.step_cache=fixed", "recipe.cache={psnr_db_min:28.0,ssim_min:0.93,computed:34}",
+     "pipeline.num_inference_steps=50"],
     ["levers.attention=fa4", "levers.attention=sdpa", "parallel.seq_len=100", "parallel.seq_len=200"],
     # a group with no default option (tier: null), chosen: a `_global_` file overriding another group's choice
     ["tier=quality"],
@@ -74,10 +75,12 @@ def test_direct_composes_hydras_config(overrides):
     ["+extra=1"], ["~out"], ["++strict=true"], ["recipe=bf16,fp8"], ["out='a b'"], ["out=1e3.yaml"],
     ["hardware=sm90", "hardware=sm100"], ["vae=h3_tiny", "vae=h3"], ["recipe=bogus"],
     ["parallel.seq_len=1e3"], ["parallel.seq_len=${oc.env:N}"], ["hydra.job.chdir=false"], ["video.audio=inf"],
-    ["hydra.searchpath=[file:///no/such/folder]"], ["hydra.searchpath=[pkg://h3plan.conf]"], ["hydra.searchpath=[file://docs]"],
+    ["hydra.searchpath=[file:///no/such/folder]"], ["hydra.searchpath=[pkg://h3plan.conf]"],
+    ["hydra.searchpath=[file://docs]"],
     [f"hydra.searchpath=[file://{REPO}/docs/tuned]", "hardware=sm90_h2000"],
     ["recipe.cache={psnr_db_min: 28}"], ["recipe.cache={psnr_db_min:[28]}"], ["recipe.cache={}"],
-    ["recipe.cache={warmup:1,warmup:2}"], ["recipe.cache={true:1}"], ["recipe.cache={psnr_db_min:{a:1}}"], ["verify.nope={out:/tmp/x.yaml}"],
+    ["recipe.cache={warmup:1,warmup:2}"], ["recipe.cache={true:1}"], ["recipe.cache={psnr_db_min:{a:1}}"],
+    ["verify.nope={out:/tmp/x.yaml}"],
 ])
 def test_other_forms_and_errors_are_left_to_hydra(overrides):
     before = direct.FALLBACKS.copy()
@@ -88,7 +91,8 @@ def test_other_forms_and_errors_are_left_to_hydra(overrides):
 
 @pytest.mark.parametrize("overrides", [
     # an unknown key (top level, nested, in a mapping); a value its choices, int, float, bool or mapping refuse
-    ["nope=1"], ["levers.atention=fa4"], ["recipe.cache={nope:1}"], ["levers.attention=bogus"], ["parallel.seq_len=abc"],
+    ["nope=1"], ["levers.atention=fa4"], ["recipe.cache={nope:1}"], ["levers.attention=bogus"],
+    ["parallel.seq_len=abc"],
     ["hardware.device.memory_gb=lots"], ["bench.best=maybe"], ["recipe.cache={warmup:x}"],
     ["hardware=sm107", "recipe=nvfp4", "parallel.seq_len=100", "levers.swiglu=maybe", "levers.attention=bogus"],
     [f"hydra.searchpath=[file://{REPO}/docs/tuned]", "hardware=sm90_h200", "hardware.nope=1"],
@@ -111,12 +115,16 @@ def test_a_refused_key_override_is_hydras_line_without_hydra(overrides):
 
 
 @pytest.mark.parametrize("text,value", [("null", None), ("NULL", None), ("True", True), ("false", False), ("12", 12),
-                                        ("-0", 0), ("+7", 7), ("0.25", 0.25), ("fa4", "fa4"), ("t2v_768x1344_5s", "t2v_768x1344_5s"),
+                                        ("-0", 0), ("+7", 7), ("0.25", 0.25), ("fa4", "fa4"),
+                                        ("t2v_768x1344_5s", "t2v_768x1344_5s"),
                                         ("[a,b]", ["a", "b"]), ("plan.yaml", "plan.yaml"),
-                                        ("/tmp/pytest-of-root/p-1/test_x0/plan.yaml", "/tmp/pytest-of-root/p-1/test_x0/plan.yaml"),
-                                        ("./out/x_1.json", "./out/x_1.json"), ("1.yaml", "1.yaml"), ("a-b/c", "a-b/c"), ("[]", []), ("[1,null]", [1, None]),
+                                        ("/tmp/pytest-of-root/p-1/test_x0/plan.yaml",
+                                         "/tmp/pytest-of-root/p-1/test_x0/plan.yaml"),
+                                        ("./out/x_1.json", "./out/x_1.json"), ("1.yaml", "1.yaml"), ("a-b/c", "a-b/c"),
+                                        ("[]", []), ("[1,null]", [1, None]),
                                         ("{a:1}", {"a": 1}), ("{psnr_db_min:28.0,ssim_min:0.93,computed:null,name:fa4}",
-                                                               {"psnr_db_min": 28.0, "ssim_min": 0.93, "computed": None, "name": "fa4"})])
+                                                               {"psnr_db_min": 28.0, "ssim_min": 0.93,
+                                                                "computed": None, "name": "fa4"})])
 def test_values_read_as_hydras_grammar_reads_them(text, value):
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -162,13 +170,15 @@ def _left_to_hydra(tmp_path, text: str) -> None:
     assert sum((direct.FALLBACKS - before).values()) == 1
 
 
-@pytest.mark.parametrize("defaults", ["[sm90]", "[/recipe: fp8, _self_]", "[sm90, mine, _self_]", "[sm90, sm90, _self_]"])
+@pytest.mark.parametrize("defaults", ["[sm90]", "[/recipe: fp8, _self_]", "[sm90, mine, _self_]",
+                                      "[sm90, sm90, _self_]"])
 def test_a_user_file_with_other_defaults_is_left_to_hydra(tmp_path, defaults):
     """Only the same group's options and an explicit `_self_`, each file once; a cycle or any other entry: Hydra."""
     _left_to_hydra(tmp_path, f"defaults: {defaults}\nname: mine\n")
 
 
-@pytest.mark.parametrize("header", ["# @package hardware\n", "# @package _global_\n# @other x\n", "# @package _global_\n"])
+@pytest.mark.parametrize("header", ["# @package hardware\n", "# @package _global_\n# @other x\n",
+                                    "# @package _global_\n"])
 def test_a_user_file_with_another_header_or_global_defaults_is_left_to_hydra(tmp_path, header):
     """A `_global_` option's defaults are `/group/option@group` entries of its own group and `_self_` only."""
     _left_to_hydra(tmp_path, f"{header}defaults: [sm90, _self_]\nhardware: {{name: mine}}\n")

@@ -82,6 +82,6 @@ def test_slurm_launcher_without_slurm_is_a_usage_error(capsys, monkeypatch):
     monkeypatch.setattr(cli, "_submitit_installed", lambda: True)  # the plugin installed (pip install -e '.[sweep]')
     assert cli.run(["-m", "hydra/launcher=submitit_slurm", "hydra.launcher.partition=p", "hardware=sm90,sm107"]) == 2
     err = capsys.readouterr().err
-    assert err.splitlines() == ["h3plan: error: hydra/launcher=submitit_slurm: no Slurm on this machine (srun is not on "
-                                "PATH); sweep from a Slurm login node, or here with hydra/launcher=joblib (or without "
-                                "hydra/launcher)"], err
+    assert err.splitlines() == ["h3plan: error: hydra/launcher=submitit_slurm: no Slurm on this machine (srun is not "
+                                "on PATH); sweep from a Slurm login node, or here with hydra/launcher=joblib (or "
+                                "without hydra/launcher)"], err

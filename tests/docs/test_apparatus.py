@@ -59,7 +59,8 @@ def private_imports(path: Path) -> list[str]:
 
 
 def test_benchmarks_import_only_the_public_api_and_actions_bench():
-    bad = {str(p.relative_to(ROOT)): b for p in sorted((ROOT / "benchmarks").rglob("*.py")) if (b := private_imports(p))}
+    bad = {str(p.relative_to(ROOT)): b for p in sorted((ROOT / "benchmarks").rglob("*.py"))
+           if (b := private_imports(p))}
     assert not bad, "benchmarks/ imports h3plan internals (route them through h3plan or h3plan.actions.bench): " + \
         "; ".join(f"{p} {', '.join(b)}" for p, b in bad.items())
 

@@ -11,7 +11,8 @@ GPU = ROOT / "tests" / "gpu"
 
 
 def lanes() -> list[tuple[str, str]]:
-    rows = [line.split() for line in (GPU / "lanes.txt").read_text().splitlines() if line.strip() and not line.startswith("#")]
+    rows = [line.split() for line in (GPU / "lanes.txt").read_text().splitlines()
+            if line.strip() and not line.startswith("#")]
     assert all(len(r) == 2 for r in rows), rows
     return [(lane, name) for lane, name in rows]
 
@@ -33,6 +34,8 @@ def test_lanes_are_documented():
 
 
 def test_script_refuses_an_unknown_lane(tmp_path):
-    p = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_suite_h200.sh")], env={"H3_GPU_LANE": "9", "OUT": str(tmp_path),
+    p = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_suite_h200.sh")],
+                       env={"H3_GPU_LANE": "9", "OUT": str(tmp_path),
                        "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=60)
-    assert p.returncode == 2 and p.stderr.strip() == "H3_GPU_LANE=9: no such lane in tests/gpu/lanes.txt (lanes: 1 2 3 4)"
+    assert p.returncode == 2
+    assert p.stderr.strip() == "H3_GPU_LANE=9: no such lane in tests/gpu/lanes.txt (lanes: 1 2 3 4)"

@@ -3,9 +3,10 @@
 
 The layer order is read from the doc's "Layers, lowest first" paragraph, the one place it is written: each
 layer is a comma-separated run of `names` between "->"; a name is a folder under h3plan/ or a module at the top of
-h3plan/ (dotted: the folders are the tiers), and a module belongs to its longest listed prefix. Edges come from every `import` / `from ... import` in
-h3plan/ (ast, module and function level); the package root `h3plan` (the public names) sits above every layer,
-and an import of it (its `__version__`) is left out, since the root is initialised before any of its modules.
+h3plan/ (dotted: the folders are the tiers), and a module belongs to its longest listed prefix. Edges come from every
+`import` / `from ... import` in h3plan/ (ast, module and function level); the package root `h3plan` (the public names)
+sits above every layer, and an import of it (its `__version__`) is left out, since the root is initialised before any of
+its modules.
 
 Function-level imports of h3plan modules defer a heavy package only: the imported module loads a package of
 a heavier tier of HEAVY than the importing module does (each counted from its module-level imports, transitively, with
@@ -139,7 +140,8 @@ def needless_deferrals(found: dict[str, list[tuple[str, int, bool]]], mods) -> l
             if t and t != m and tier(heavy[t]) <= tier(heavy[m]):
                 why = (f"{m} loads {', '.join(sorted(heavy[m]))} already" if heavy[m] else
                        f"{t} loads no {'/'.join(HEAVY)}")
-                bad.append(f"{mods[m].relative_to(ROOT)}:{line} imports {t} in a function ({why}): import it at module level")
+                bad.append(f"{mods[m].relative_to(ROOT)}:{line} imports {t} in a function ({why}): "
+                           f"import it at module level")
     return bad
 
 
@@ -248,7 +250,8 @@ def test_the_plan_side_loads_no_heavy_package():
 def test_the_checks_can_fail():
     order = layers()
     assert layer_of("h3plan.errors", order) < layer_of("h3plan.levers.base", order) < layer_of("h3plan.planner", order)
-    assert layer_of("h3plan.planner", order) < layer_of("h3plan.install.installer", order) < layer_of("h3plan.cli", order)
+    assert (layer_of("h3plan.planner", order) < layer_of("h3plan.install.installer", order)
+            < layer_of("h3plan.cli", order))
     assert layer_of("h3plan.facts.attention.spec", order) < layer_of("h3plan.levers.attention", order) < layer_of(
         "h3plan.planning.schema", order) < layer_of("h3plan.runtime.guards", order) < layer_of(
         "h3plan.runtime.kernels.fp8", order) < layer_of("h3plan.runtime.quant.fp8", order) < layer_of(
@@ -257,7 +260,8 @@ def test_the_checks_can_fail():
             "h3plan.runtime.quant.fp8": {("h3plan.runtime.parallel.comm", 4)},  # the same layer
             "h3plan.install.vae.block": {("h3plan.install.options", 5)}}  # the same folder
     assert upward(fake, order) == [f"h3plan.facts.hardware:3 imports h3plan.planning.schema (layer "
-                                   f"{layer_of('h3plan.planning.schema', order)} above {layer_of('h3plan.facts', order)})"]
+                                   f"{layer_of('h3plan.planning.schema', order)} above "
+                                   f"{layer_of('h3plan.facts', order)})"]
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset("abc")]
     names = ("h3plan.light", "h3plan.other", "h3plan.gpu", "h3plan.conf", "h3plan.conf2")
     mods = {m: ROOT / f"{m.replace('.', '/')}.py" for m in names}

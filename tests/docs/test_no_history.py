@@ -36,7 +36,8 @@ def python_prose(source: str) -> list[tuple[int, str]]:
     lines = source.splitlines()
     for node in ast.walk(ast.parse(source)):
         for stmt in getattr(node, "body", []) if isinstance(getattr(node, "body", None), list) else []:
-            if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
+            if (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
+                    and isinstance(stmt.value.value, str)):
                 out += [(stmt.lineno + i, line) for i, line in enumerate(lines[stmt.lineno - 1:stmt.end_lineno])]
     return out
 

@@ -24,7 +24,8 @@ def test_every_named_source_has_its_section():
 def test_no_reason_speaks_in_shorthand(preset_plans):
     bad = set()
     for plan in preset_plans.values():
-        texts = [r for d in plan.decisions for r in d.reasons] + list(plan.notes) + list(plan.derived_value("basis").values())
+        texts = [r for d in plan.decisions
+                 for r in d.reasons] + list(plan.notes) + list(plan.derived_value("basis").values())
         for t in texts:
             # a docs/sources.md#...-seed anchor is a link, not shorthand; so is the row a measured point names in
             # its results file ("benchmarks/anchors/h200-fa4.json (backend fa4, shape U8@38k: TFLOPs)": the file's key)

@@ -20,7 +20,8 @@ def test_plan_excerpts_are_real_output(capsys):
     for command, text in excerpts:
         assert cli.run(command.split()) == 0
         out = [_norm(x) for x in capsys.readouterr().out.splitlines()]
-        missing = [line for line in text.splitlines() if line.strip() and not any(o.startswith(_norm(line)) for o in out)]
+        missing = [line for line in text.splitlines() if line.strip()
+                   and not any(o.startswith(_norm(line)) for o in out)]
         assert not missing, (command, missing)
 
 

@@ -23,7 +23,8 @@ def _commands() -> list[tuple[str, str, str]]:
         lines = block.replace("\\\n", " ").splitlines()
         for i, line in enumerate(lines):
             for part in line.split("&&"):
-                m = re.match(r"\s*(?:\$\s*)?python3 -m h3plan(\s.*)?$", part) or re.match(r"\s*\$\s*h3plan(\s.*)?$", part)
+                m = (re.match(r"\s*(?:\$\s*)?python3 -m h3plan(\s.*)?$", part)
+                     or re.match(r"\s*\$\s*h3plan(\s.*)?$", part))
                 if m and "pip install" not in part:
                     cmd, _, comment = (m.group(1) or "").partition("#")
                     out.append((" ".join(cmd.split()), comment.strip(), lines[i + 1] if i + 1 < len(lines) else ""))
@@ -55,7 +56,8 @@ def _launcher_installed(name: str) -> bool:
 
 def test_the_readme_has_its_commands():
     cmds = [c for c, _, _ in COMMANDS]
-    assert "hardware=sm107 recipe=nvfp4 parallel=u8" in cmds and "video.height=704 video.width=1280 video.seconds=10" in cmds
+    assert "hardware=sm107 recipe=nvfp4 parallel=u8" in cmds
+    assert "video.height=704 video.width=1280 video.seconds=10" in cmds
     assert sum("action=" in c for c in cmds) >= 5 and sum(c.startswith("-m ") for c in cmds) >= 3
     assert sum("GPU" in note for _, note, _ in COMMANDS) >= 4
 

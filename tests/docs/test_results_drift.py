@@ -65,7 +65,8 @@ def _cited_text(refs) -> tuple[str, set]:
 def test_readme_tables_are_written_from_the_results():
     tables = _module("readme_tables")
     assert len(tables.MARK.findall(README)) == len(tables.TABLES)
-    assert tables.render(README) == README, "README tables differ from benchmarks/results: run python benchmarks/readme_tables.py"
+    assert tables.render(README) == README, ("README tables differ from benchmarks/results: "
+                                             "run python benchmarks/readme_tables.py")
 
 
 def test_a_changed_result_fails_the_check(tmp_path, monkeypatch):
@@ -191,7 +192,8 @@ def test_hardware_measurements_are_in_the_results_they_cite(hw):
     for path, node, files, from_history in _hardware_points(facts, hw):
         cited, nums = _cited_text([f.removeprefix("benchmarks/results/") for f in files])
         for k, v in node.items():
-            vals = [v] if isinstance(v, float) else [x for x in v if isinstance(x, float)] if isinstance(v, list) else []
+            vals = ([v] if isinstance(v, float)
+                    else [x for x in v if isinstance(x, float)] if isinstance(v, list) else [])
             if from_history and isinstance(v, list):
                 vals = vals[-1:]  # earlier runs live in the file's git history, named by commit in the source
             missing += [(f"{path}.{k}", x, files) for x in vals if repr(x) not in cited and repr(x) not in nums]

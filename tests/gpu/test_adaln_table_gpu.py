@@ -68,8 +68,8 @@ def test_entries_forward_memory_and_round_trip(setup):
     freed = start - torch.cuda.memory_allocated()
     tables = A.tables_of(model)
     p = L.table_plan({**dc, "num_layers": BLOCKS}, {"num_inference_steps": 50})
-    print(f"adaln_table: {len(tables.vectors)} vectors, table {tables.nbytes / GiB:.3f} GiB, freed {freed / GiB:.3f} GiB "
-          f"(estimate {(p['weight_bytes'] - p['table_bytes']) / GiB:.3f})", flush=True)
+    print(f"adaln_table: {len(tables.vectors)} vectors, table {tables.nbytes / GiB:.3f} GiB, freed {freed / GiB:.3f} "
+          f"GiB (estimate {(p['weight_bytes'] - p['table_bytes']) / GiB:.3f})", flush=True)
     assert tables.nbytes == p["table_bytes"] and len(tables.vectors) == p["vectors"] == 49
     assert abs(freed - (p["weight_bytes"] - p["table_bytes"])) < 64 * 2**20  # allocator rounding of the freed blocks
     assert all(s.linear.weight.device.type == "cpu" and s.linear.weight.is_pinned() for s in tables.slots)
@@ -80,7 +80,8 @@ def test_entries_forward_memory_and_round_trip(setup):
             temb = eager.time_embedder(eager.time_proj(ts.cuda()))
             _, kid = tables.lookup(temb)
             for slot, lin in zip(tables.slots, mods):
-                assert torch.equal(slot.entries[kid], lin(torch.nn.functional.silu(temb).to(lin.weight.dtype))), slot.fqn
+                assert torch.equal(slot.entries[kid],
+                                   lin(torch.nn.functional.silu(temb).to(lin.weight.dtype))), slot.fqn
 
     for ts, hit in ((A.timestep_vectors([50])[20], True), (torch.tensor([0.7, 0.3]), False)):
         x = _with(inputs, ts)
@@ -161,9 +162,9 @@ def test_host_loaded_install_streams_what_it_parks(setup, recipe):
     one = 2 * 18 * dc["hidden_size"] * (dc["time_embed_dim"] + 1)  # one AdaLN linear, bf16
     big = dc["hidden_size"] * 2 * dc["ffn_dim"]  # ff.net.0.proj: bf16 staged + quantize_weight's two fp32 temporaries
     staged = max(one, 10 * big if recipe == "fp8" else 0)
-    print(f"host-loaded install {recipe}: installed {installed / GiB:.3f} GiB (device-loaded {ref_installed / GiB:.3f}), "
-          f"peak {peak / GiB:.3f} GiB, staged {(peak - installed) / GiB:.3f} GiB (bound {staged / GiB:.3f}); "
-          f"{report.placement}", flush=True)
+    print(f"host-loaded install {recipe}: installed {installed / GiB:.3f} GiB (device-loaded "
+          f"{ref_installed / GiB:.3f}), peak {peak / GiB:.3f} GiB, staged {(peak - installed) / GiB:.3f} GiB (bound "
+          f"{staged / GiB:.3f}); {report.placement}", flush=True)
     assert abs(installed - ref_installed) < 64 * 2**20
     assert peak - installed <= staged + 64 * 2**20
     tables = A.tables_of(host)
@@ -177,7 +178,8 @@ def test_host_loaded_install_streams_what_it_parks(setup, recipe):
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     uninstall(host)
     after = host.state_dict()
-    assert all(after[k].device.type == "cpu" and not after[k].is_pinned() and torch.equal(after[k], v) for k, v in before.items())
+    assert all(after[k].device.type == "cpu" and not after[k].is_pinned() and torch.equal(after[k], v)
+               for k, v in before.items())
     del tables, got  # this test's own references: the table entries (on the device) and the forward's outputs
     gc.collect()
     left = torch.cuda.memory_allocated() - start

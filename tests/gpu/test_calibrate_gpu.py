@@ -38,7 +38,8 @@ def table(tmp_path_factory):
 
 
 def test_calibrate_real_width(table):
-    t = load_table(str(table), model_config=OmegaConf.to_container(OmegaConf.load(ROOT / "conf/model/h3.yaml").diffusers_config))
+    dc = OmegaConf.load(ROOT / "conf/model/h3.yaml").diffusers_config
+    t = load_table(str(table), model_config=OmegaConf.to_container(dc))
     check = t.provenance["heldout"]["check"]
     print(f"calibrate h3 2 blocks S=19000: {check['summary']}")
     assert check["passed"] and check["fp8_sites"]["attention"].startswith("cuDNN FP8")
@@ -62,11 +63,13 @@ def test_static_fp8_linear_on_the_gpu():
 def test_verify_the_plan_with_the_table(table, capsys):
     from h3plan.actions import get_action
 
-    p = resolve_config(hardware="sm90", recipe="fp8", **{"recipe.fp8_scale_mode": "static", "recipe.fp8_static_table": str(table)})
+    p = resolve_config(hardware="sm90", recipe="fp8", **{"recipe.fp8_scale_mode": "static",
+                                                         "recipe.fp8_static_table": str(table)})
     assert p.decision("fp8_scales").setting == "static"
     assert p.decision("gemm_quant").to_dict()["params"]["input_scales"] == "static"
     cfg = OmegaConf.create({"model": OmegaConf.load(ROOT / "conf/model/h3.yaml"), "parallel": {"seq_len": 19000},
-                            "vae": OmegaConf.load(ROOT / "conf/vae/h3.yaml"),  # verify judges the fp8 recipe's VAE levers too
+                            # verify judges the fp8 recipe's VAE levers too
+                            "vae": OmegaConf.load(ROOT / "conf/vae/h3.yaml"),
                             "verify": {"blocks": 2, "seq_len": 19000, "seed": 0, "device": "cuda", "dtype": "bf16"}})
     rc = get_action("verify")(cfg, p)
     out = capsys.readouterr().out

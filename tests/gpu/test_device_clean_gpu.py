@@ -34,7 +34,8 @@ def _live_cuda() -> list[str]:
     out = []
     for o in gc.get_objects():
         if isinstance(o, torch.Tensor) and o.is_cuda:
-            holders = [type(r).__name__ + (f"{sorted(r)[:6]}" if isinstance(r, dict) else "") for r in gc.get_referrers(o)
+            holders = [type(r).__name__ + (f"{sorted(r)[:6]}" if isinstance(r, dict) else "")
+                       for r in gc.get_referrers(o)
                        if not isinstance(r, list)][:3]
             out.append(f"{tuple(o.shape)} {o.dtype} {o.numel() * o.element_size() / 2**20:.1f} MiB held by {holders}")
     return out
@@ -80,17 +81,21 @@ def test_uninstall_returns_the_device_memory(recipe):
     assert h3plan.counters().get("vae_graphs.fused", 0) > 0  # the graphs were captured and replayed
     del out, report
     assert h3plan.uninstall(pipe)
-    assert {t.device.type for n in ("transformer", "vae", "audio_vae") for t in getattr(pipe, n).state_dict().values()} == {"cpu"}
+    assert {t.device.type for n in ("transformer", "vae", "audio_vae")
+            for t in getattr(pipe, n).state_dict().values()} == {"cpu"}
     after = _settled()
     allowed = 512 * sum(1 for value, dev in list(cudnn._CONST)[consts:] if torch.device(dev).type == "cuda")
     allowed += _scheduler_bytes(pipe)
-    print(f"[gpu] device clean {recipe}: {after - before:+d} B; allocated before install {before / 2**20:.1f} MiB, after uninstall "
-          f"{after / 2**20:.1f} MiB (cuDNN constants and the schedulers' own state {allowed} B); reserved {torch.cuda.memory_reserved() / 2**20:.1f} MiB")
-    assert after - before <= allowed, "\n".join([f"{(after - before) / 2**20:.1f} MiB left on the device:", *_live_cuda()])
+    print(f"[gpu] device clean {recipe}: {after - before:+d} B; allocated before install {before / 2**20:.1f} MiB, "
+          f"after uninstall {after / 2**20:.1f} MiB (cuDNN constants and the schedulers' own state {allowed} B); "
+          f"reserved {torch.cuda.memory_reserved() / 2**20:.1f} MiB")
+    assert after - before <= allowed, "\n".join([f"{(after - before) / 2**20:.1f} MiB left on the device:",
+                                                  *_live_cuda()])
 
 
-# Without clearing cuBLAS's workspaces before measuring: a workspace made for a stream of the plan's own (the VAE graphs'
-# warm-up and capture streams) must not outlive uninstall either. The caller's own workspace is made before the baseline.
+# Without clearing cuBLAS's workspaces before measuring: a workspace made for a stream of the plan's own (the VAE
+# graphs' warm-up and capture streams) must not outlive uninstall either. The caller's own workspace is made
+# before the baseline.
 @pytest.mark.parametrize("vae", ["fp32", "fp16"])
 def test_uninstall_leaves_the_device_as_it_found_it(vae):
     pytest.importorskip("transformers", reason="diffusers' MiniMaxH3ModularPipeline imports transformers")
@@ -102,7 +107,8 @@ def test_uninstall_leaves_the_device_as_it_found_it(vae):
     from h3plan.planning.config import compose
 
     c = compose([])
-    pipe = build_pipeline(OmegaConf.to_container(c.model.diffusers_config), OmegaConf.to_container(c.vae.diffusers_config),
+    pipe = build_pipeline(OmegaConf.to_container(c.model.diffusers_config),
+                          OmegaConf.to_container(c.vae.diffusers_config),
                           layers=2, device="cpu")
     extra = {"recipe.vae": vae} if vae != "fp32" else {}
     plan = h3plan.resolve_config(hardware="sm90", recipe="bf16", parallel="u1", **extra,

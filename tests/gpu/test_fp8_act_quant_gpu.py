@@ -3,7 +3,8 @@
 Contracts:
 - tiny model on the GPU: the installed row block equals the reference chain (bf16 producer kernels ->
   `rows_to_e4m3_ref` -> the same rowwise `torch._scaled_mm` through fp8_linear_codes -> diffusers' attention
-  pieces) bit for bit (rtol=0, atol=0): the producers' codes are their references' (tests/gpu/test_fp8_producers_gpu.py);
+  pieces) bit for bit (rtol=0, atol=0): the producers' codes are their references'
+  (tests/gpu/test_fp8_producers_gpu.py);
 - real width (one block, S = 19,000), the resolved sm90 fp8 plan with row against the same plan with tensor:
   every producer fused (fp8_act_quant fused 4, fallback 0; gemm_quant fused 6), relative error against eager
   at most 1.25x tensor's (the probe's rowwise_block_forward: 1.29e-3 vs 1.25e-3,
@@ -62,7 +63,8 @@ def test_real_width_row_plan_fused_and_within_tensor_error():
     S, base = 19000, ["hardware=sm90", "parallel=u1", "recipe=fp8", "parallel.seq_len=19000"]
     cfg = compose(base)
     eager = inputs.build_model(cfg["model"]["diffusers_config"], blocks=1, device="cuda", dtype="bf16", seed=0)
-    block_in = capture_block_inputs(torch, eager, inputs.packed_inputs(cfg["model"]["diffusers_config"], S, device="cuda"))
+    block_in = capture_block_inputs(torch, eager,
+                                    inputs.packed_inputs(cfg["model"]["diffusers_config"], S, device="cuda"))
     err, seen = {}, {}
     with torch.no_grad():
         ref = run_stack(eager.transformer_blocks, *block_in)

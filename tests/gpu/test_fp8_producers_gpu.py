@@ -1,5 +1,5 @@
-"""H200 suite for the FP8 producers (runtime/kernels/fp8_producers.py), the rowwise FP8 GEMM (runtime/quant/fp8_rowwise.py)
-and the lean q/k/v FP8 cast (runtime/kernels/qk_fp8_lean.py).
+"""H200 suite for the FP8 producers (runtime/kernels/fp8_producers.py), the rowwise FP8 GEMM
+(runtime/quant/fp8_rowwise.py) and the lean q/k/v FP8 cast (runtime/kernels/qk_fp8_lean.py).
 
 Contracts: e4m3 codes and fp32 descales bit-identical (rtol=0, atol=0) to the torch reference built on the
 block's own eager bf16 output at H3 width (hidden 5376, ffn 14336, attention output 7168; S = 19,000),
@@ -57,7 +57,8 @@ def test_modulation_fp8_vs_block(block):
     x, idx = activations((1, S, HIDDEN), 1), index_for(S)
     x[0, 5, 100] = 3e4  # a row with one huge value
     lines, bad = [], 0
-    for name, norm, shift, scale in (("norm1", b.norm1, shift_msa, scale_msa), ("norm2", b.norm2, shift_mlp, scale_mlp)):
+    for name, norm, shift, scale in (("norm1", b.norm1, shift_msa, scale_msa),
+                                     ("norm2", b.norm2, shift_mlp, scale_mlp)):
         eager = norm(x) * (1.0 + scale.index_select(0, idx)) + shift.index_select(0, idx)  # the block's lines
         for act in (None, 37.0):
             n = ndiff_rows(fp.rmsnorm_modulate_fp8(x, norm.weight, scale, shift, idx, norm.eps, "exact", act),
@@ -65,7 +66,8 @@ def test_modulation_fp8_vs_block(block):
             lines.append(f"{name} {'row' if act is None else 'static'}: {n}")
             bad += n
         f32 = mm.rmsnorm_modulate(x, norm.weight, scale, shift, idx, norm.eps, mode="fp32")
-        n = ndiff_rows(fp.rmsnorm_modulate_fp8(x, norm.weight, scale, shift, idx, norm.eps, "fp32"), fp.rows_to_e4m3_ref(f32))
+        n = ndiff_rows(fp.rmsnorm_modulate_fp8(x, norm.weight, scale, shift, idx, norm.eps, "fp32"),
+                       fp.rows_to_e4m3_ref(f32))
         lines.append(f"{name} fp32 mode: {n}")
         bad += n
     print(f"\n[gpu] rmsnorm_modulate_fp8 1x{S}x{HIDDEN} codes+descales differing: " + "; ".join(lines))

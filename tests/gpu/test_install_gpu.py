@@ -167,7 +167,8 @@ def test_fp8_linear_gemm_matches_emulation(scaling):
     assert counters() == {"gemm_quant.fused": 1}, fallback_reasons()
     rel_emu = float((y.float() - emu.float()).norm() / emu.float().norm())
     rel_bf16 = float((y.float() - ref.float()).norm() / ref.float().norm())
-    print(f"[install-gpu] FP8Linear ({scaling}) _scaled_mm vs emulation rel {rel_emu:.2e}; vs BF16 linear rel {rel_bf16:.2e}")
+    print(f"[install-gpu] FP8Linear ({scaling}) _scaled_mm vs emulation rel {rel_emu:.2e}; vs BF16 linear rel "
+          f"{rel_bf16:.2e}")
     assert rel_emu <= 1e-2 and rel_bf16 <= 0.05
 
 
@@ -177,7 +178,8 @@ def test_fa4_two_cta_switch_is_inert_on_sm90():
     cc = torch.cuda.get_device_capability()
     why = be.two_cta_reason(q)
     a, b = be(q, k, v), get_backend("fa4")(q, k, v)
-    print(f"[install-gpu] FA4 2-CTA on SM{cc[0]}{cc[1]}: {why or 'allowed'}; output equal to the default: {torch.equal(a, b)}")
+    print(f"[install-gpu] FA4 2-CTA on SM{cc[0]}{cc[1]}: {why or 'allowed'}; output equal to the default: "
+          f"{torch.equal(a, b)}")
     if cc[0] == 9:
         assert why.startswith("FA4 has no 2-CTA kernel on sm90 (hardware.fa4.two_cta=false") and torch.equal(a, b)
 

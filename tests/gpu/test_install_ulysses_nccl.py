@@ -61,7 +61,8 @@ def check_case(name):
     cfg, p1 = _plan(recipe, S, 1, (f"levers.compile={pu.decision('compile').setting}",))
     pairs, rel, c = run_pair(cfg, p1, pu, S)
     same = {k: torch.equal(a, b) for k, (a, b) in pairs.items()}
-    settings = {lv: pu.decision(lv).setting for lv in ("attention", "ulysses_padding", "ulysses_overlap", "a2a_fp8_codes",
+    settings = {lv: pu.decision(lv).setting for lv in ("attention", "ulysses_padding", "ulysses_overlap",
+                                                       "a2a_fp8_codes",
                                                        "ulysses_exchange")}
     print(f"[ulysses-install] rank {rank}/{U} {name}: {settings}; bitwise vs degree 1 {same}; rel {rel}; counters {c}",
           flush=True)

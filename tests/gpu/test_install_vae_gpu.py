@@ -105,7 +105,8 @@ def test_every_route_is_bitwise_and_no_slower_than_no_plan(bench, z, load, recip
     same = torch.equal(out, ref)
     fb = {k: v for k, v in c.items() if k.endswith(".fallback") and k != "vae_graphs.fallback"}
     print(f"\n[gpu] vae route load={load} plan vae={recipe_vae or 'fp32'} autocast={autocast}: eager {e:.0f} ms, plan "
-          f"{p:.0f} ms ({e / p:.3f}x); bitwise {same}; counters {c}; skipped {[s for s in report.skipped if s[0].startswith('vae')]}")
+          f"{p:.0f} ms ({e / p:.3f}x); bitwise {same}; counters {c}; skipped "
+          f"{[s for s in report.skipped if s[0].startswith('vae')]}")
     assert same, f"max abs diff {(out.float() - ref.float()).abs().max().item()}"
     assert p <= SLOWER * e, (p, e)
     assert not fb, (fb, why)
@@ -136,8 +137,9 @@ def test_the_plans_fp16_decode_is_the_fp16_loaded_vae_bit_for_bit_at_less_memory
 
     q = compare(((out.float() + 1) / 2).clamp(0, 1), ((ref32.float() + 1) / 2).clamp(0, 1))
     print(f"\n[gpu] vae fp16 plan: fp32 eager {fp32_ms:.0f} ms, fp16 eager {ref_ms:.0f} ms, plan {plan_ms:.0f} ms "
-          f"({fp32_ms / plan_ms:.2f}x fp32, {ref_ms / plan_ms:.2f}x fp16); bitwise vs fp16-loaded {same}; vs the fp32 decode "
-          f"PSNR {q['psnr_db']:.1f} dB SSIM {q['ssim']:.5f}; peak {peak / 2**30:.1f} GiB (weights at install {base / 2**30:.1f})")
+          f"({fp32_ms / plan_ms:.2f}x fp32, {ref_ms / plan_ms:.2f}x fp16); bitwise vs fp16-loaded {same}; vs the fp32 "
+          f"decode PSNR {q['psnr_db']:.1f} dB SSIM {q['ssim']:.5f}; peak {peak / 2**30:.1f} GiB (weights at install "
+          f"{base / 2**30:.1f})")
     assert same
     assert torch.equal(_decode(vae, z, None), ref32)  # uninstalled: the float32 decode again
 
@@ -203,14 +205,15 @@ def test_graphs_replay_every_decoder_call_bit_for_bit(bench, z, ops):
     if ops == "fused":  # the inner kernels run in the warm-up and capture runs only
         assert c["vae_ops.qk_norm_rope.fused"] == 2 * signatures * blocks, c
     same = torch.equal(out, ref)
-    print(f"\n[gpu] vae decode {list(LATENT)} fp16 vae_graphs=on vae_ops={ops}: {calls} decoder calls, {signatures} graphs; "
-          f"eager fp16 {eager_ms:.0f} ms, plan {plan_ms:.0f} ms, {eager_ms / plan_ms:.2f}x; bitwise equal {same}; peak GiB "
-          f"{eager_peak / 2**30:.1f} / {plan_peak / 2**30:.1f}")
+    print(f"\n[gpu] vae decode {list(LATENT)} fp16 vae_graphs=on vae_ops={ops}: {calls} decoder calls, {signatures} "
+          f"graphs; eager fp16 {eager_ms:.0f} ms, plan {plan_ms:.0f} ms, {eager_ms / plan_ms:.2f}x; bitwise equal "
+          f"{same}; peak GiB {eager_peak / 2**30:.1f} / {plan_peak / 2**30:.1f}")
     assert same, f"max abs diff {(out.float() - ref.float()).abs().max().item()}"
     assert plan_peak <= 1.10 * eager_peak + 2 * 2**30, (plan_peak, eager_peak)  # + the float32 VAE still resident here
 
 
-ENCODE_REL = {"fp16": 5e-3, "bf16": 4e-2}  # the latent mean against the fp32 encode's, relative to its largest magnitude
+# the latent mean against the fp32 encode's, relative to its largest magnitude
+ENCODE_REL = {"fp16": 5e-3, "bf16": 4e-2}
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
@@ -241,6 +244,7 @@ def test_the_encode_levers_keep_the_default_encode_bitwise_and_a_forced_cast_ins
     finally:
         uninstall(vae)
     err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
-    print(f"\n[gpu] vae encode 1x1344x768 fp32 {ref_ms:.0f} ms, {precision} {ms:.0f} ms ({ref_ms / ms:.2f}x), rel err {err:.2e}")
+    print(f"\n[gpu] vae encode 1x1344x768 fp32 {ref_ms:.0f} ms, {precision} {ms:.0f} ms ({ref_ms / ms:.2f}x), rel err "
+          f"{err:.2e}")
     assert out.dtype == DT[precision] and 0 < err <= ENCODE_REL[precision]
     assert {p.dtype for p in vae.encoder.parameters()} == {torch.float32} and torch.equal(enc(), ref)

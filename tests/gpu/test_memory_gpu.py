@@ -48,7 +48,8 @@ def test_transformer_memory_estimate(S, which):
         install(model, plan)
     torch.cuda.synchronize()
     weights = (torch.cuda.memory_allocated() - start) / GiB
-    e = M.estimate({"model": {"diffusers_config": dc1}, "vae": VAE}, {"seq_len": S, "ulysses_degree": 1, "batch": 1}, settings)
+    e = M.estimate({"model": {"diffusers_config": dc1}, "vae": VAE},
+                   {"seq_len": S, "ulysses_degree": 1, "batch": 1}, settings)
     b = e["breakdown"]
     est_w = b["transformer_weights"] + b.get("adaln_tables", 0.0)
     assert abs(weights - est_w) / est_w < 0.01, (weights, est_w)
@@ -64,8 +65,9 @@ def test_transformer_memory_estimate(S, which):
     expected = b["block_activations"] + b["stack_boundary"]
     phase = est_w + b["step_inputs"] + expected
     print(f"memory S={S} {which}: weights {weights:.3f} GiB (est {est_w:.3f}); forward peak over weights+inputs "
-          f"{measured:.3f} GiB, est block {b['block_activations']:.3f} + boundary {b['stack_boundary']:.3f} -> ratio {measured / expected:.3f}; "
-          f"whole peak {peak:.3f} GiB, estimate {phase:.3f} -> ratio {peak / phase:.3f}", flush=True)
+          f"{measured:.3f} GiB, est block {b['block_activations']:.3f} + boundary {b['stack_boundary']:.3f} -> ratio "
+          f"{measured / expected:.3f}; whole peak {peak:.3f} GiB, estimate {phase:.3f} -> ratio {peak / phase:.3f}",
+          flush=True)
     del out
     if which != "eager":
         uninstall(model)

@@ -1,5 +1,5 @@
-"""H200 suite for the NVFP4 producers (runtime/kernels/nvfp4_producers.py), the NVFP4 cast (runtime/kernels/nvfp4.py) and the
-NVFP4 linear's emulated path (runtime/quant/nvfp4.py). The FP4 GEMM itself needs SM100+ and is not run here.
+"""H200 suite for the NVFP4 producers (runtime/kernels/nvfp4_producers.py), the NVFP4 cast (runtime/kernels/nvfp4.py)
+and the NVFP4 linear's emulated path (runtime/quant/nvfp4.py). The FP4 GEMM itself needs SM100+ and is not run here.
 
 Contracts: packed codes, swizzled e4m3 block scales and the fp32 global scale bit-identical (rtol=0, atol=0) to
 the torch reference chain on the GPU -- the block's own eager bf16 output at H3 width (hidden 5376, ffn 14336,
@@ -82,7 +82,8 @@ def test_modulation_nvfp4_vs_block(block):
     x, idx = special_blocks(activations((1, S, HIDDEN), 1)), index_for(S)
     y = activations((1, S, HIDDEN), 4)
     lines, bad = [], 0
-    for name, norm, shift, scale in (("norm1", b.norm1, shift_msa, scale_msa), ("norm2", b.norm2, shift_mlp, scale_mlp)):
+    for name, norm, shift, scale in (("norm1", b.norm1, shift_msa, scale_msa),
+                                     ("norm2", b.norm2, shift_mlp, scale_mlp)):
         eager = norm(x) * (1.0 + scale.index_select(0, idx)) + shift.index_select(0, idx)  # the block's lines
         for g in (None, STATIC.cuda()):
             n = ndiff(npd.rmsnorm_modulate_nvfp4(x, norm.weight, scale, shift, idx, norm.eps, "exact", g),
@@ -90,7 +91,8 @@ def test_modulation_nvfp4_vs_block(block):
             lines.append(f"{name} {'dynamic' if g is None else 'static'}: {n}")
             bad += n
         f32 = mm.rmsnorm_modulate(x, norm.weight, scale, shift, idx, norm.eps, mode="fp32")
-        n = ndiff(npd.rmsnorm_modulate_nvfp4(x, norm.weight, scale, shift, idx, norm.eps, "fp32"), n4.cast_nvfp4_ref(f32))
+        n = ndiff(npd.rmsnorm_modulate_nvfp4(x, norm.weight, scale, shift, idx, norm.eps, "fp32"),
+                  n4.cast_nvfp4_ref(f32))
         lines.append(f"{name} fp32 mode: {n}")
         bad += n
     # the residual fold: h' = x + gate_msa[idx] * y (eager), then norm2 + AdaLN of h'
@@ -202,8 +204,9 @@ def test_bandwidth_report(block):
     for name, key, n, inb, extra, fn in cases:
         for mode, gg in (("static", g), ("dynamic", None)):
             want, by_cfg = fn(gg), {}
-            # the planned launch layout and the one-row layout (runtime/kernels/nvfp4.py): same bits, the time may differ;
-            # benchmarks/probes/nvfp4_producers.py times and checks every SWEEP layout, compiling in parallel
+            # the planned launch layout and the one-row layout (runtime/kernels/nvfp4.py): same bits, the time
+            # may differ; benchmarks/probes/nvfp4_producers.py times and checks every SWEEP layout, compiling in
+            # parallel
             for cfg in dict.fromkeys([n4.launch_config(*key), n4.SWEEP[key[0]][0]]):
                 with n4.tuned(*key, cfg):
                     bad += ndiff(fn(gg), want)
@@ -214,8 +217,9 @@ def test_bandwidth_report(block):
             records.append(dict(op=name, mode=mode, rows=S, elements=n, ms=ms, best=best, ms_by_config=by_cfg,
                                 fraction_of_copy=frac, torch_chain_ms=ref_ms, speedup_vs_torch_chain=ref_ms / ms,
                                 target=0.7, meets_target=frac >= 0.7))
-            lines.append(f"{name} {mode}: {ms:.4f} ms at {best} ({frac:.2f} of copy{'' if frac >= 0.7 else ', under 0.7'}; "
-                         f"torch chain {ref_ms:.3f} ms, {ref_ms / ms:.1f}x)")
+            lines.append(f"{name} {mode}: {ms:.4f} ms at {best} ({frac:.2f} of "
+                         f"copy{'' if frac >= 0.7 else ', under 0.7'}; torch chain {ref_ms:.3f} ms, "
+                         f"{ref_ms / ms:.1f}x)")
     print("\n[gpu] nvfp4 producers S=19000: " + "; ".join(lines))
     if os.environ.get("OUT"):
         path = os.path.join(os.environ["OUT"], "nvfp4-producers-h200.json")

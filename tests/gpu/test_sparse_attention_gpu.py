@@ -41,7 +41,8 @@ def case():
 def test_router_kernels_equal_the_reference(case):
     q, k, _, start = case
     got, want = block_router(q, k, start, 0.25), block_router_ref(q, k, start, 0.25)
-    print(f"router: {float((blocks_to_mask(*got).cpu() == blocks_to_mask(*want).cpu()).float().mean()):.6f} of blocks agree")
+    print(f"router: {float((blocks_to_mask(*got).cpu() == blocks_to_mask(*want).cpu()).float().mean()):.6f} of blocks "
+          f"agree")
     assert all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(got, want))
 
 
@@ -67,5 +68,6 @@ def test_keep_all_against_dense_fa4(case):
     idx = torch.arange(N, dtype=torch.int32, device="cuda").expand(1, q.shape[2], M, N).contiguous()
     o = fa4_block_sparse(q, k, v, cnt, idx, 128, 128)
     d = flash_attn_func(q, k, v, softmax_scale=None, causal=False)[0]
-    print(f"keep-all vs dense FA4: bitwise {torch.equal(o, d)}, max abs {float((o.float() - d.float()).abs().max()):.3e}")
+    print(f"keep-all vs dense FA4: bitwise {torch.equal(o, d)}, max abs "
+          f"{float((o.float() - d.float()).abs().max()):.3e}")
     assert rel(o, d) < 1e-2

@@ -76,7 +76,8 @@ def test_encode_peak(conditioner, tokens):
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base
     est = TE.sizes(WIDE, tokens)["activation_bytes"]
-    print(f"\nencode {tokens} rows: estimate {est / 2**20:.1f} MiB, measured {peak / 2**20:.1f} MiB, ratio {peak / est:.3f}")
+    print(f"\nencode {tokens} rows: estimate {est / 2**20:.1f} MiB, measured {peak / 2**20:.1f} MiB, ratio "
+          f"{peak / est:.3f}")
     assert len(out.hidden_states) == WIDE["text_config"]["num_hidden_layers"] + 1
     del out
     assert 0.75 <= peak / est <= 1.25
@@ -97,7 +98,8 @@ def test_placements_move_the_conditioner_where_the_plan_says(setting):
         pytest.skip("needs a CUDA device")
     cfg = yaml.safe_load(open(f"{CONF}/model/h3_tiny.yaml"))["text_encoder_default"]
     ids = torch.randint(0, 256, (1, 40), device="cuda", generator=torch.Generator(device="cuda").manual_seed(2))
-    kw = dict(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=torch.zeros_like(ids), use_cache=False,
+    kw = dict(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=torch.zeros_like(ids),
+              use_cache=False,
               output_hidden_states=True)
     import copy
 

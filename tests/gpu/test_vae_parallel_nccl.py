@@ -25,7 +25,8 @@ from scripts import load_script
 
 pytestmark = [pytest.mark.gpu, NEEDS_2_GPUS]
 LATENTS = {"one-chunk": (1, 24, 4, 24, 42), "two-chunks": (1, 24, 12, 24, 42)}
-PLANS = {"diffusers-ops": None, "plan-fused-graphs": "hardware=sm90 recipe=bf16 levers.vae_ops=fused levers.vae_graphs=on"}
+PLANS = {"diffusers-ops": None, "plan-fused-graphs": "hardware=sm90 recipe=bf16 levers.vae_ops=fused "
+                                                     "levers.vae_graphs=on"}
 CASES = {f"{lat}-{plan}": (lat, spec) for lat in LATENTS for plan, spec in PLANS.items()}
 
 

@@ -1,5 +1,5 @@
-"""The block router (runtime/kernels/block_router.py) against its per-row reference, and the block-sparse attention reference
-(runtime/attention/block_sparse.py) against a block-by-block computation.
+"""The block router (runtime/kernels/block_router.py) against its per-row reference, and the block-sparse attention
+reference (runtime/attention/block_sparse.py) against a block-by-block computation.
 
 Contract: the kernels' kept blocks equal the torch reference's exactly (the scores agree to fp32 rounding; the data is
 seeded so no two candidate scores sit within that rounding of the cut), in FA4's layout (ascending, zero tail); the
@@ -111,7 +111,8 @@ def _loop_attention(q, k, v, mask, bq, bk):
     for h in range(H_):
         for i in range(mask.shape[2]):
             rows = slice(i * bq, min(Rq, (i + 1) * bq))
-            keys = torch.cat([torch.arange(j * bk, min(S, (j + 1) * bk)) for j in range(mask.shape[3]) if mask[0, h, i, j]])
+            keys = torch.cat([torch.arange(j * bk, min(S, (j + 1) * bk))
+                              for j in range(mask.shape[3]) if mask[0, h, i, j]])
             s = q[0, rows, h].float() @ k[0, keys, h].float().T / math.sqrt(D_)
             out[0, rows, h] = torch.softmax(s, -1) @ v[0, keys, h].float()
     return out

@@ -1,4 +1,5 @@
-"""FP8 producers (runtime/kernels/fp8_producers.py) and the rowwise FP8 GEMM (runtime/quant/fp8_rowwise.py), Triton interpreter.
+"""FP8 producers (runtime/kernels/fp8_producers.py) and the rowwise FP8 GEMM (runtime/quant/fp8_rowwise.py), Triton
+interpreter.
 
 Numeric contracts:
 - codes and descales: bit-identical (rtol=0, atol=0) to `rows_to_e4m3_ref` applied to the producer's bf16
@@ -6,8 +7,8 @@ Numeric contracts:
   SwiGLU: CPU eager, exact in the interpreter for bf16; the cast: x itself). The interpreter's fp8 cast does
   not give NaN codes, so elements whose reference code is NaN are left out here (tests/gpu checks them).
 - the emulated rowwise GEMM against a float64 reference: |out - ref| <= u_bf16 (|ref| + e) + e with
-  u_bf16 = 2^-8 (the output's one rounding to 8 significant bits) and e = gamma_{K+2} * (|a| @ |w|^T + |bias|), gamma_n =
-  n 2^-24 / (1 - n 2^-24) (fp32 dot product of K terms, each product's operands dequantised with one fp32
+  u_bf16 = 2^-8 (the output's one rounding to 8 significant bits) and e = gamma_{K+2} * (|a| @ |w|^T + |bias|), gamma_n
+  = n 2^-24 / (1 - n 2^-24) (fp32 dot product of K terms, each product's operands dequantised with one fp32
   rounding, plus the bias add).
 """
 
@@ -92,7 +93,8 @@ def test_modulation_configs(config):
 
 
 # ---------------------------------------------------------------------------------------------- swiglu
-@pytest.mark.parametrize("shape,act_scale", [((2, 3, 96), None), ((2, 3, 96), 0.75), ((5, 200), None), ((3, 2000), 0.75),
+@pytest.mark.parametrize("shape,act_scale", [((2, 3, 96), None), ((2, 3, 96), 0.75), ((5, 200), None),
+                                             ((3, 2000), 0.75),
                                              ((3, 2000), None), ((1, 2 * 14336), None)])
 def test_swiglu(shape, act_scale):
     g = torch.Generator().manual_seed(shape[-1])
@@ -195,7 +197,8 @@ def test_guards():
 @pytest.mark.slow  # torch.library.opcheck
 def test_opcheck_ops():
     x, w, scale, shift, index = make(1, 3, 96, seed=6)
-    torch.library.opcheck(torch.ops.h3plan.rmsnorm_modulate_fp8.default, (x, w, scale, shift, index, EPS, "exact", None))
+    torch.library.opcheck(torch.ops.h3plan.rmsnorm_modulate_fp8.default,
+                          (x, w, scale, shift, index, EPS, "exact", None))
     h = torch.randn(1, 3, 64).bfloat16()
     torch.library.opcheck(torch.ops.h3plan.swiglu_fp8.default, (h, 2.0))
     torch.library.opcheck(torch.ops.h3plan.cast_rows_fp8.default, (h, None))
@@ -215,7 +218,8 @@ def linear(K, N, seed, scaling="channel", bias=True):
     g = torch.Generator().manual_seed(seed)
     lin = torch.nn.Linear(K, N, bias=bias)
     with torch.no_grad():
-        lin.weight.copy_(torch.randn(N, K, generator=g) / K ** 0.5 * torch.exp2(torch.randint(-3, 4, (N, 1), generator=g)))
+        lin.weight.copy_(torch.randn(N, K, generator=g) / K ** 0.5
+                         * torch.exp2(torch.randint(-3, 4, (N, 1), generator=g)))
         if bias:
             lin.bias.copy_(torch.randn(N, generator=g))
     return q8.FP8Linear.from_linear(lin.bfloat16(), scaling=scaling)

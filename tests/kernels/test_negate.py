@@ -27,6 +27,7 @@ def test_negate_flips_only_the_sign_bit():
     # CUDA; the kernels round every output through a conversion that canonicalises NaN anyway)
     nan = x.isnan()
     want = torch.neg(x).view(torch.int32)[~nan]
-    print(f"\n[{dev}] Triton unary minus differs from torch.neg in {int((plain.view(torch.int32)[~nan] != want).sum())} "
-          f"of {int((~nan).sum())} non-NaN values; negate in {int((out.view(torch.int32)[~nan] != want).sum())}")
+    print(f"\n[{dev}] Triton unary minus differs from torch.neg in "
+          f"{int((plain.view(torch.int32)[~nan] != want).sum())} of {int((~nan).sum())} non-NaN values; negate in "
+          f"{int((out.view(torch.int32)[~nan] != want).sum())}")
     assert torch.equal(out.view(torch.int32)[~nan], want) and bool(out[nan].isnan().all())

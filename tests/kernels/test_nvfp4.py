@@ -99,7 +99,8 @@ def test_error_bound_random():
     half_step = torch.where(r < 2, 0.25, torch.where(r < 4, 0.5, 1.0))
     bound = torch.where(r > 6, r - 6, half_step) * t
     err = (n4.dequantize_ref(packed, bs, g).unflatten(-1, (4, 16)) - x.unflatten(-1, (4, 16))).abs()
-    assert bool((err <= bound + 2 ** -20 * x.unflatten(-1, (4, 16)).abs()).all())  # slack: fp32 roundings of x * r and of the bound
+    # slack: fp32 roundings of x * r and of the bound
+    assert bool((err <= bound + 2 ** -20 * x.unflatten(-1, (4, 16)).abs()).all())
 
 
 def test_blocked_layout_round_trip():
@@ -210,7 +211,8 @@ def test_e2m1_code_jit_matches_the_reference_everywhere():
     assert torch.equal(out, want), v[out != want]
 
 
-@pytest.mark.parametrize("static", [False, pytest.param(True, marks=pytest.mark.slow)])  # static: 130 rows, ~20 s interpreted
+# static: 130 rows, ~20 s interpreted
+@pytest.mark.parametrize("static", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_cast_odd_width_rows_and_word_fallback(static):
     """A width that ends inside a 64-column group (208: one 256-column chunk, its last 48 columns masked), 130 rows
     (two row tiles, the second nearly empty), tiny, zero, -0 and saturating blocks (static g: scales clamp at 448),

@@ -92,13 +92,15 @@ def test_guards():
     assert npd.rmsnorm_modulate_nvfp4_check(x, w, scale, shift, index, EPS) is None
     assert "multiple of 16" in npd.rmsnorm_modulate_nvfp4_check(x[..., :88].contiguous(), None, scale[:, :88],
                                                                 shift[:, :88], index, EPS)
-    assert "global_scale" in npd.rmsnorm_modulate_nvfp4_check(x, w, scale, shift, index, EPS, "exact", torch.ones(()).double())
+    assert "global_scale" in npd.rmsnorm_modulate_nvfp4_check(x, w, scale, shift, index, EPS, "exact",
+                                                              torch.ones(()).double())
     assert "not even" in npd.swiglu_nvfp4_check(torch.randn(2, 7).bfloat16())
     assert "multiple of 16" in npd.swiglu_nvfp4_check(torch.randn(2, 40).bfloat16())
     assert "y shape" in npd.gated_residual_modulate_nvfp4_check(x, scale, x[:, :2], w, scale, shift, index, EPS)
     # the kernel's row index is 32-bit: 2^31 rows are refused in one line (meta tensors: no memory)
     big = torch.empty((1, 2 ** 31, 16), device="meta", dtype=torch.bfloat16)
-    t, wm = torch.empty((2, 16), device="meta", dtype=torch.bfloat16), torch.empty(16, device="meta", dtype=torch.bfloat16)
+    t = torch.empty((2, 16), device="meta", dtype=torch.bfloat16)
+    wm = torch.empty(16, device="meta", dtype=torch.bfloat16)
     idx = torch.empty(2 ** 31, device="meta", dtype=torch.int64)
     assert "2147483648 rows" in npd.rmsnorm_modulate_nvfp4_check(big, wm, t, t, idx, EPS)
     assert npd.rmsnorm_modulate_nvfp4_check(big[:, :-1], wm, t, t, idx[:-1], EPS) is None
@@ -109,7 +111,8 @@ def test_guards():
 @pytest.mark.slow  # torch.library.opcheck (~3 s)
 def test_opcheck_ops():
     x, w, scale, shift, index = make(1, 3, 64, seed=6)
-    torch.library.opcheck(torch.ops.h3plan.rmsnorm_modulate_nvfp4.default, (x, w, scale, shift, index, EPS, "exact", None))
+    torch.library.opcheck(torch.ops.h3plan.rmsnorm_modulate_nvfp4.default,
+                          (x, w, scale, shift, index, EPS, "exact", None))
     torch.library.opcheck(torch.ops.h3plan.gated_residual_modulate_nvfp4.default,
                           (x, scale, x, w, scale, shift, index, EPS, "exact", torch.tensor([0.5])))
     torch.library.opcheck(torch.ops.h3plan.swiglu_nvfp4.default, (torch.randn(2, 64).bfloat16(), None))

@@ -56,7 +56,8 @@ def test_fp32_is_the_fp32_ops_unrounded():
     h, gate = x[:, :96].numpy(), x[:, 96:].numpy()
     with np.errstate(over="ignore"):
         ref = h * np.where(np.abs(gate) < 1e-30, gate * np.float32(0.5), gate / (np.float32(1) + np.exp(-gate)))
-    assert out.dtype == torch.float32 and torch.equal(out.view(torch.int32), torch.from_numpy(ref.astype(np.float32)).view(torch.int32))
+    assert out.dtype == torch.float32 and torch.equal(out.view(torch.int32),
+                                                      torch.from_numpy(ref.astype(np.float32)).view(torch.int32))
 
 
 @pytest.mark.parametrize("shape,config", [((2, 3, 200), None), ((5, 2 * 14336), (2, 1024, 4)), ((7, 96), (4, 32, 4))])

@@ -34,7 +34,8 @@ def bits(t):
     return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
 
 
-@pytest.mark.parametrize("B,S,H,D,R,dtype", [pytest.param(2, 9, 4, 64, 48, torch.float16, marks=pytest.mark.slow),  # ~3 s
+@pytest.mark.parametrize("B,S,H,D,R,dtype", [pytest.param(2, 9, 4, 64, 48, torch.float16,
+                                                          marks=pytest.mark.slow),  # ~3 s
                                              (1, 5, 3, 32, 24, torch.float16),
                                              (1, 4, 2, 64, 48, torch.bfloat16)])
 def test_vae_qk_exact(cuda_order, B, S, H, D, R, dtype):

@@ -120,7 +120,8 @@ def test_selector_gives_each_backends_reasons():
     assert passed["fa4"] == [f"sm90 has no FA4 BF16 forward ({sm90['fa4']['source']})"]
     neither = _with(no_fa4, "cudnn.bf16", False)
     pick, passed = attention.select(["fa4", "cudnn_bf16"], neither)
-    assert pick == attention.DEFAULT and passed["cudnn_bf16"] == [f"sm90 has no cuDNN BF16 attention ({sm90['cudnn']['source']})"]
+    assert pick == attention.DEFAULT and passed["cudnn_bf16"] == [f"sm90 has no cuDNN BF16 attention "
+                                                                  f"({sm90['cudnn']['source']})"]
     assert attention.supports("sdpa", neither) == []  # needs nothing: the fallback everywhere
     # cudnn_fp8: the fact first, then the version gate read from the same facts
     assert attention.supports("cudnn_fp8", _with(sm90, "cudnn.fp8", False)) == [

@@ -62,9 +62,10 @@ def test_points_file_round_trip(tmp_path, suffix):
     ("not: [valid", "not JSON or YAML"),
     ("format: h3plan.quality_points\nversion: 2\n", "version 2, this h3plan reads 1"),
     ("format: h3plan.quality_points\nversion: 1\nlever: step_cache\npoints: []\n", "non-empty 'points'"),
-    ("format: h3plan.quality_points\nversion: 1\nlever: step_cache\npoints: [{setting: fixed}]\n", "needs setting, knobs"),
-    ("format: h3plan.quality_points\nversion: 1\nlever: step_cache\npoints: [{setting: fixed, knobs: {}, workflows: [t2va],"
-     " ssim: .nan}]\n", "ssim=nan must be a finite number"),
+    ("format: h3plan.quality_points\nversion: 1\nlever: step_cache\npoints: [{setting: fixed}]\n",
+     "needs setting, knobs"),
+    ("format: h3plan.quality_points\nversion: 1\nlever: step_cache\npoints: [{setting: fixed, knobs: {}, workflows: "
+     "[t2va], ssim: .nan}]\n", "ssim=nan must be a finite number"),
 ])
 def test_a_bad_points_file_is_one_line(tmp_path, body, match):
     path = tmp_path / "p.yaml"

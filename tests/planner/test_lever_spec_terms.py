@@ -12,7 +12,8 @@ FAKE = "zz_fake_lever"
 
 
 def _add(monkeypatch, **spec):
-    monkeypatch.setitem(SPECS, FAKE, Spec(name=FAKE, settings={"off": True, "on": True}, summary="a test lever", **spec))
+    monkeypatch.setitem(SPECS, FAKE, Spec(name=FAKE, settings={"off": True, "on": True},
+                                          summary="a test lever", **spec))
 
 
 def test_sweep_columns_are_the_specs_columns():
@@ -31,7 +32,8 @@ def test_memory_reads_a_new_levers_terms_not_its_name(monkeypatch):
 
 def test_terms_merge_the_settings_and_ignore_unknown_names():
     t = levers.terms({"gemm_quant": "fp8", "qk_norm_rope": "fused_fp8", "vae_tiles": "custom", "no_such_lever": "on"})
-    assert (t.gemm_dtype, t.qk_fused, t.qkv_fp8, t.vae_tile, t.vae_fp8_gemms) == ("fp8", True, True, "custom_tile", False)
+    assert (t.gemm_dtype, t.qk_fused, t.qkv_fp8, t.vae_tile, t.vae_fp8_gemms) == (
+        "fp8", True, True, "custom_tile", False)
     assert levers.terms({"gemm_quant": "dequant_bf16"}) == Terms()
 
 

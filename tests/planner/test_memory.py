@@ -30,7 +30,8 @@ def estimate(video="t2v_768x1344_5s", u=1, settings=None, memory=None, checkpoin
     if hardware:
         sections["hardware"] = hardware
     S = sequence(sections)[0]
-    return M.estimate(sections, {"seq_len": S, "ulysses_degree": u, "batch": 1}, {"gemm_quant": checkpoint, **(settings or {})})
+    return M.estimate(sections, {"seq_len": S, "ulysses_degree": u, "batch": 1},
+                      {"gemm_quant": checkpoint, **(settings or {})})
 
 
 # ---- weights against diffusers --------------------------------------------------------------------
@@ -41,7 +42,8 @@ def meta_models():
     torch = pytest.importorskip("torch")
     diffusers = pytest.importorskip("diffusers")
     with torch.device("meta"):
-        tr = diffusers.MiniMaxH3Transformer3DModel(**{**MODEL["diffusers_config"], "patch_size": tuple(MODEL["diffusers_config"]["patch_size"])})
+        tr = diffusers.MiniMaxH3Transformer3DModel(**{**MODEL["diffusers_config"],
+                                                      "patch_size": tuple(MODEL["diffusers_config"]["patch_size"])})
         vae = diffusers.AutoencoderKLMiniMaxH3(**VAE["diffusers_config"])
         audio = diffusers.AutoencoderKLMiniMaxH3Audio()
     return tr, vae, audio
@@ -61,16 +63,19 @@ def test_weights_match_diffusers(meta_models):
     assert estimate(checkpoint="fp8")["breakdown"]["transformer_weights"] == round(fp8 / GiB, 3)
     v = M.vae_params(VAE["diffusers_config"])
     assert v["decoder_linears"] + v["fp32_kept"] + v["other"] == sum(p.numel() for p in vae.parameters())
-    dec_lin = sum(p.numel() for n, p in vae.decoder.transformer_blocks.named_parameters() if ".attn.to_" in n or ".ff." in n)
+    dec_lin = sum(p.numel() for n, p in vae.decoder.transformer_blocks.named_parameters()
+                  if ".attn.to_" in n or ".ff." in n)
     assert v["decoder_linears"] == dec_lin
     assert M.pipeline_defaults()["audio_vae"]["params"] == sum(p.numel() for p in audio.parameters())
 
 
 def test_install_time_quantisation_parks_the_originals_on_the_host():
     e = estimate(settings={"gemm_quant": "fp8"}, checkpoint="bf16")
-    assert 17.9 < e["breakdown"]["transformer_quant_copies"] < 18.0 and "pinned host memory" in e["basis"]["transformer_weights"]
+    assert 17.9 < e["breakdown"]["transformer_quant_copies"] < 18.0
+    assert "pinned host memory" in e["basis"]["transformer_weights"]
     on_device = e["breakdown"]["transformer_weights"] + e["breakdown"]["transformer_quant_copies"]
-    assert abs(on_device - estimate(checkpoint="fp8")["breakdown"]["transformer_weights"]) < 1e-2  # as an FP8 checkpoint
+    # as an FP8 checkpoint
+    assert abs(on_device - estimate(checkpoint="fp8")["breakdown"]["transformer_weights"]) < 1e-2
     nv = estimate(checkpoint="nvfp4")["breakdown"]["transformer_weights"]
     assert nv < estimate(checkpoint="fp8")["breakdown"]["transformer_weights"] < 45
 
@@ -83,7 +88,8 @@ def test_tiles_and_frames_follow_diffusers(meta_models):
     from diffusers import AutoencoderKLMiniMaxH3
 
     _, vae, _ = meta_models
-    for length, tile, ov in [(1344, 256, 64), (768, 256, 64), (768, 288, 32), (1344, 272, 32), (200, 256, 64), (512, 256, 64)]:
+    for length, tile, ov in [(1344, 256, 64), (768, 256, 64), (768, 288, 32), (1344, 272, 32), (200, 256, 64),
+                             (512, 256, 64)]:
         starts, lengths, _ = vae._split_tiles(length, tile, ov)
         assert tiling.tile_span(length, tile, ov) == (len(starts), lengths[0])
     # Decoded frame counts: a small VAE with the released temporal geometry (17-frame clips, x4, drop 3).
@@ -156,7 +162,8 @@ def test_activations_count_the_model_dims():
     rows, h, f = 104076, 5376, 14336
     assert e1["breakdown"]["block_activations"] == round(rows * (2 * h + 2 * h + 4 * f + 2 * f + 2 * f) / GiB, 3)
     assert "FFN phase" in e1["basis"]["block_activations"]
-    assert estimate("t2v_768x1344_14s", u=1, settings={"swiglu": "on"})["breakdown"]["block_activations"] < e1["breakdown"]["block_activations"]
+    assert estimate("t2v_768x1344_14s", u=1,
+                    settings={"swiglu": "on"})["breakdown"]["block_activations"] < e1["breakdown"]["block_activations"]
     e2 = estimate("t2v_768x1344_14s", u=2)
     assert "attention phase" in e2["basis"]["block_activations"] and "all-to-all" in e2["basis"]["block_activations"]
     acts = [estimate("t2v_768x1344_14s", u=u)["breakdown"]["block_activations"] for u in (1, 2, 4, 8)]
@@ -200,7 +207,8 @@ def test_fit_decision_table(gb, reserve, kw, nearest):
 def test_fit_reasons_carry_numbers_and_are_re_estimated():
     e = estimate("t2v_768x1344_14s", memory={"offload": "model"})
     reason = M.fit(e, 80, 0.05)
-    assert reason.startswith(f"peak {e['peak_gib']:.1f} GiB while denoising (transformer_weights 61.7, block_activations 13.2")
+    assert reason.startswith(f"peak {e['peak_gib']:.1f} GiB while denoising (transformer_weights 61.7, "
+                             f"block_activations 13.2")
     u7 = estimate("t2v_768x1344_14s", u=7, memory={"offload": "model"})
     assert f"parallel.ulysses=7 ({u7['peak_gib']:.1f} GiB)" in reason
     assert "video.frames=" in reason  # a shorter clip at the same canvas also fits

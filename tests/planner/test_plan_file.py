@@ -34,31 +34,39 @@ def _drop(d, n):
 
 REFUSED = [
     ("lossy marked lossless", lambda d: _decision(d, "attention").update(lossless=True),
-     "decision attention=cudnn_fp8 says lossless: true, but attention=cudnn_fp8 is lossy (h3plan/levers/attention.py SPEC)"),
+     "decision attention=cudnn_fp8 says lossless: true, but attention=cudnn_fp8 is lossy (h3plan/levers/attention.py "
+     "SPEC)"),
     ("duplicated decision", lambda d: d["decisions"].append(copy.deepcopy(d["decisions"][3])), "appears twice"),
     ("unknown params", lambda d: _decision(d, "attention")["params"].update(bogus=1),
      "decision attention: unknown params bogus"),
-    ("edited params", lambda d: _decision(d, "ring").update(params={"ring": 4}), "decision ring: unknown params ring; the planner gives none"),
-    ("5 of the decisions", lambda d: _drop(d, 5), "a plan needs a decision for every lever; missing: fp8_scales, qk_norm_rope, modulation,"),
-    ("seq_len -1", lambda d: d["config"]["parallel"].update(seq_len=-1), "parallel.seq_len=-1: must be a positive integer"),
+    ("edited params", lambda d: _decision(d, "ring").update(params={"ring": 4}),
+     "decision ring: unknown params ring; the planner gives none"),
+    ("5 of the decisions", lambda d: _drop(d, 5), "a plan needs a decision for every lever; missing: fp8_scales, "
+                                                  "qk_norm_rope, modulation,"),
+    ("seq_len -1", lambda d: d["config"]["parallel"].update(seq_len=-1),
+     "parallel.seq_len=-1: must be a positive integer"),
     ("seq_len off its request", lambda d: d["config"]["parallel"].update(seq_len=1000),
      "parallel.seq_len=1000, but its video request gives 37,820 tokens"),
     ("hardware sm999", lambda d: d["config"]["hardware"].update(name="sm999"),
      "hardware.name=sm999: disagrees with hardware.compute_capability=9.0"),
     ("no hardware section", lambda d: d["config"].pop("hardware"), "plan 'config' lacks the section(s) hardware"),
     ("a setting the config refuses", lambda d: _decision(d, "fa4_2cta").update(setting="on"),
-     "its config and decisions do not plan: levers.fa4_2cta=on cannot apply: attention is cudnn_fp8: fa4_2cta=on needs fa4"),
+     "its config and decisions do not plan: levers.fa4_2cta=on cannot apply: attention is cudnn_fp8: fa4_2cta=on needs "
+     "fa4"),
     ("a setting the other decisions refuse", lambda d: _decision(d, "swiglu").update(setting="off"),
      "levers.fp8_act_quant=row cannot apply: swiglu is off"),
     # hand edits: refused in one line that names the edited field
     ("edited recipe name", lambda d: d["config"]["recipe"].update(name="bf16"),
-     "config.recipe.name=bf16 does not match its recipe section: checkpoint 'fp8' (recipe bf16: 'bf16'), policy 'budget'"),
+     "config.recipe.name=bf16 does not match its recipe section: checkpoint 'fp8' (recipe bf16: 'bf16'), policy "
+     "'budget'"),
     ("no schema_version", lambda d: d.pop("schema_version"), "plan lacks schema_version (this h3plan reads 1;"),
     ("unknown decision key", lambda d: _decision(d, "attention").update(bogus=1),
-     "decision attention: unknown key 'bogus'; keys: lever, setting, lossless, reasons, forced, params, hardware_verified"),
+     "decision attention: unknown key 'bogus'; keys: lever, setting, lossless, reasons, forced, params, "
+     "hardware_verified"),
     ("unknown plan key", lambda d: d.update(extra=1), "plan has unknown key 'extra'; keys: schema_version, config,"),
     ("edited attention", lambda d: _decision(d, "attention").update(setting="fa4", lossless=True),
-     "decision attention=fa4 (its config plans cudnn_fp8): its config and decisions do not plan: levers.fp8_scales=dynamic"),
+     "decision attention=fa4 (its config plans cudnn_fp8): its config and decisions do not plan: "
+     "levers.fp8_scales=dynamic"),
 ]
 
 
@@ -75,7 +83,8 @@ def test_refused_in_one_line(fp8, tmp_path, name, edit, message):
 
 
 def test_derived_numbers_and_notes_are_recomputed(fp8):
-    d = _edit(fp8, lambda d: (d["derived"].update(memory_peak_gib_per_gpu=1.0, seq_len=5), d.update(notes=["lossless!"])))
+    d = _edit(fp8, lambda d: (d["derived"].update(memory_peak_gib_per_gpu=1.0, seq_len=5),
+                              d.update(notes=["lossless!"])))
     with pytest.warns(H3PlanWarning):
         p = Plan.from_dict(d)
     assert p == fp8 and p.derived_value("memory_peak_gib_per_gpu") == fp8.derived_value("memory_peak_gib_per_gpu")
@@ -126,7 +135,8 @@ def test_save_matches_load(fp8, tmp_path, name, fmt):
     path = tmp_path / name
     fp8.save(str(path))
     text = path.read_text()
-    assert (text.lstrip().startswith("{") and json.loads(text)["schema_version"] == 1) if fmt == "json" else text.startswith("schema_version: 1")
+    assert (text.lstrip().startswith("{")
+            and json.loads(text)["schema_version"] == 1) if fmt == "json" else text.startswith("schema_version: 1")
     assert Plan.load(str(path)) == fp8 and Plan.load(path) == fp8
 
 
@@ -140,22 +150,25 @@ def test_get_refuses_a_name_that_is_no_section(fp8):
     with pytest.raises(KeyError) as e:
         fp8.get("hardwre")
     assert isinstance(e.value, H3PlanError)
-    assert str(e.value) == ("Plan.get('hardwre'): no such config section (did you mean 'hardware'?); sections: hardware, "
-                            "recipe, parallel, model, vae, video, pipeline, memory, levers")
+    assert str(e.value) == ("Plan.get('hardwre'): no such config section (did you mean 'hardware'?); sections: "
+                            "hardware, recipe, parallel, model, vae, video, pipeline, memory, levers")
 
 
 def test_an_edited_attention_is_named_not_a_later_lever(plan):
     """bf16 on sm90 with attention edited to sdpa: fa4_2cta's params then differ, and the line leads with the edit."""
-    d = _edit(plan("hardware=sm90", "recipe=bf16", "parallel=u1"), lambda d: _decision(d, "attention").update(setting="sdpa"))
+    d = _edit(plan("hardware=sm90", "recipe=bf16", "parallel=u1"),
+              lambda d: _decision(d, "attention").update(setting="sdpa"))
     with pytest.raises(PlanFileError) as e:
         Plan.from_dict(d)
-    assert str(e.value).startswith("decision attention=sdpa (its config plans fa4): decision fa4_2cta: params.attention")
+    assert str(e.value).startswith("decision attention=sdpa (its config plans fa4): decision fa4_2cta: "
+                                   "params.attention")
 
 
 def test_an_edited_recipe_name_is_refused_from_a_bf16_plan(plan):
     """A bf16 plan whose recipe.name says fp8 would have every reason say 'recipe fp8 is lossless'."""
     d = _edit(plan("hardware=sm90", "recipe=bf16", "parallel=u1"), lambda d: d["config"]["recipe"].update(name="fp8"))
-    with pytest.raises(PlanFileError, match=r"^config.recipe.name=fp8 does not match its recipe section: checkpoint 'bf16'"):
+    with pytest.raises(PlanFileError, match=r"^config.recipe.name=fp8 does not match its recipe section: checkpoint "
+                                            r"'bf16'"):
         Plan.from_dict(d)
 
 
@@ -165,7 +178,8 @@ def test_each_dict_merges_onto_a_fresh_schema(fp8):
     from h3plan.planning import schema
 
     config = fp8.to_dict()["config"]
-    edited = _edit(fp8, lambda d: (d["config"]["parallel"].update(seq_len=4096), d["config"]["levers"].update(swiglu="off")))
+    edited = _edit(fp8, lambda d: (d["config"]["parallel"].update(seq_len=4096),
+                                   d["config"]["levers"].update(swiglu="off")))
     assert config["parallel"]["seq_len"] != 4096 and config["levers"]["swiglu"] != "off"
     plain = schema.to_plain(edited["config"])
     assert (plain["parallel"]["seq_len"], plain["levers"]["swiglu"]) == (4096, "off")

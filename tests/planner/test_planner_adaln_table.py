@@ -34,12 +34,14 @@ def test_plan_params_are_what_install_reads(plan):
     d = plan().decision("adaln_table")
     assert d.param("steps") == [50] and d.param("video_shift") == 12.0 and d.param("audio_shift") == 3.0
     assert d.param("vectors") == 49 and d.param("rows") == 97 and d.param("expected_misses") == 0
-    assert d.param("table_gib") == pytest.approx(0.876, abs=1e-3) and d.param("frees_gib") == pytest.approx(23.41, abs=1e-2)
+    assert d.param("table_gib") == pytest.approx(0.876, abs=1e-3)
+    assert d.param("frees_gib") == pytest.approx(23.41, abs=1e-2)
     from h3plan.install.builder import Builder
 
     b = Builder()
     L.install(b, d)
-    assert b.values["adaln_table"] == {"steps": [50], "video_shift": 12.0, "audio_shift": 3.0, "keyframe_noise_aug": 0.999,
+    assert b.values["adaln_table"] == {"steps": [50], "video_shift": 12.0, "audio_shift": 3.0,
+                                       "keyframe_noise_aug": 0.999,
                                        "audio": True, "condition_video": False, "condition_audio": False}
 
 
@@ -75,7 +77,8 @@ def test_estimate_moves_the_adaln_weights_off_the_device(compose):
     on = M.estimate(s, shp, {"adaln_table": "on"})
     p = L.table_plan(s["model"], s["pipeline"])
     b_on, b_off = on["breakdown"], off["breakdown"]
-    assert b_off["transformer_weights"] - b_on["transformer_weights"] == pytest.approx(p["weight_bytes"] / GiB, abs=2e-3)
+    assert (b_off["transformer_weights"] - b_on["transformer_weights"]
+            == pytest.approx(p["weight_bytes"] / GiB, abs=2e-3))
     assert b_on["adaln_tables"] == pytest.approx(p["table_bytes"] / GiB, abs=1e-3) and "adaln_tables" not in b_off
     assert "adaln_tables" in on["phases"]["denoise"]["items"] and "adaln_tables" in on["phases"]["decode"]["items"]
     assert off["peak_gib"] - on["peak_gib"] == pytest.approx((p["weight_bytes"] - p["table_bytes"]) / GiB, abs=2e-3)
@@ -97,7 +100,8 @@ def test_install_phase_of_a_host_loaded_pipeline(compose):
     assert set(resident) == {"transformer_weights", "adaln_tables", "vae_weights", "audio_vae_weights"}
     assert on["install_gib"] == pytest.approx(sum(b[k] for k in resident) + b["install_staging"], abs=2e-3)
     assert on["install_gib"] < on["phases"]["denoise"]["gib"] and on["peak_phase"] == "denoise"
-    assert on["loaded_gib"] == off["loaded_gib"] == pytest.approx(off["install_gib"], abs=1.0)  # bf16: nothing parked off
+    # bf16: nothing parked off
+    assert on["loaded_gib"] == off["loaded_gib"] == pytest.approx(off["install_gib"], abs=1.0)
 
 
 def test_the_memory_line_names_the_peak_phase_items_and_the_install(plan):
@@ -133,18 +137,21 @@ def test_without_tables_80_gb_is_refused_naming_the_tables(plan):
 FIT = [
     (80, ["video=t2v_768x1344_14s"], None),                         # the 14 s preset on one 80 GB GPU, no offload
     (80, ["video=t2v_768x1344_14s", "levers.adaln_table=off"], "levers.adaln_table=on"),
-    (60, ["video=t2v_768x1344_14s"], "recipe=fp8"),                  # tables on and still too big: the next option that fits
+    # tables on and still too big: the next option that fits
+    (60, ["video=t2v_768x1344_14s"], "recipe=fp8"),
     (48, [], "recipe=fp8"),
     (48, ["parallel=u2"], "recipe=fp8"),
     (64, ["levers.adaln_table=off", "memory.offload=model"], "levers.adaln_table=on"),
     (40, ["recipe=fp8"], "parallel.ulysses=2"),  # tables on: 34.5 GiB > 34.3 usable (H200: 33.7 GiB at 3 steps' tables)
     (44, ["recipe=fp8"], None),
     (64, [], None),                                                  # VAE decode without offload on a 64 GB card
-    (56, [], "memory.offload=model"),  # tables on: 54.6 GiB > 51.5 usable; the resident fp32 VAE keeps every Ulysses degree above
+    # tables on: 54.6 GiB > 51.5 usable; the resident fp32 VAE keeps every Ulysses degree above
+    (56, [], "memory.offload=model"),
 ]
 
 
-@pytest.mark.parametrize("gb,overrides,nearest", FIT, ids=lambda x: " ".join(map(str, x)) if isinstance(x, list) else None)
+@pytest.mark.parametrize("gb,overrides,nearest", FIT, ids=lambda x: " ".join(map(str, x))
+                         if isinstance(x, list) else None)
 def test_fit_decision_table(plan, gb, overrides, nearest):
     args = [f"hardware.device.memory_gb={gb}", *overrides]
     if nearest is None:

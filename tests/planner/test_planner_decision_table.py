@@ -7,24 +7,29 @@ import pytest
 
 # A synthetic table in the right format (not calibrated on any prompt): the planner only needs it to load.
 TABLE = str(Path(__file__).parent / "data" / "scales-synthetic.json")
-NVFP4_U1_U4 = dict(gemm_quant="nvfp4", attention="cudnn_fp8", fa4_2cta="off", fp8_scales="dynamic", qk_norm_rope="fused_fp8",
+NVFP4_U1_U4 = dict(gemm_quant="nvfp4", attention="cudnn_fp8", fa4_2cta="off", fp8_scales="dynamic",
+                   qk_norm_rope="fused_fp8",
                    nvfp4_producer_quant="on", nvfp4_out_quant="on", vae_tiles="fp8_tiles", vae_ops="eager")
 ROWS = [
     # U1 and U4: every step fusion on, cuDNN FP8 attention, dynamic fused scales, VAE FP8 tiles
     pytest.param(["hardware=sm107", "recipe=nvfp4", "parallel=u1"],
-                 dict(NVFP4_U1_U4, ulysses_padding="none", ulysses_overlap="off", a2a_fp8_codes="off", prefix_inplace="off"), id="sm107-nvfp4-u1"),
+                 dict(NVFP4_U1_U4, ulysses_padding="none", ulysses_overlap="off", a2a_fp8_codes="off",
+                      prefix_inplace="off"), id="sm107-nvfp4-u1"),
     pytest.param(["hardware=sm107", "recipe=nvfp4", "parallel=u4"],
-                 dict(NVFP4_U1_U4, ulysses_padding="none", ulysses_overlap="off", a2a_fp8_codes="off", prefix_inplace="off"), id="sm107-nvfp4-u4"),
+                 dict(NVFP4_U1_U4, ulysses_padding="none", ulysses_overlap="off", a2a_fp8_codes="off",
+                      prefix_inplace="off"), id="sm107-nvfp4-u4"),
     # prefix in place: on whenever the length does not divide by the degree (the seed drops it otherwise)
     pytest.param(["hardware=sm107", "recipe=nvfp4", "parallel=u4", "parallel.seq_len=37822"],
                  dict(NVFP4_U1_U4, ulysses_padding="fixed_valid", prefix_inplace="on"), id="sm107-nvfp4-u4-padded"),
     # U8 at 104k: static scales (held-out table, margin 1.0); the async arm with the FP8 cast runs on static scales
-    pytest.param(["hardware=sm107", "recipe=nvfp4", "parallel=u8", "video=t2v_768x1344_14s", f"recipe.fp8_static_table={TABLE}"],
+    pytest.param(["hardware=sm107", "recipe=nvfp4", "parallel=u8", "video=t2v_768x1344_14s",
+                  f"recipe.fp8_static_table={TABLE}"],
                  dict(NVFP4_U1_U4, fp8_scales="static", ulysses_padding="fixed_valid", prefix_inplace="on",
                       ulysses_overlap="on", a2a_fp8_codes="on"), id="sm107-nvfp4-u8-104k"),
     # U8 at 104k without a calibrated table: dynamic kept (and so no async arm with the FP8 cast)
     pytest.param(["hardware=sm107", "recipe=nvfp4", "parallel=u8", "video=t2v_768x1344_14s"],
-                 dict(NVFP4_U1_U4, fp8_scales="dynamic", ulysses_overlap="off", a2a_fp8_codes="on"), id="sm107-nvfp4-u8-104k-notable"),
+                 dict(NVFP4_U1_U4, fp8_scales="dynamic", ulysses_overlap="off", a2a_fp8_codes="on"),
+                 id="sm107-nvfp4-u8-104k-notable"),
     # U8 at 19k: step fusions off (producer quantize, out quantize, fold, FP8 scale fusion)
     pytest.param(["hardware=sm107", "recipe=nvfp4", "parallel=u8", "parallel.seq_len=19000"],
                  dict(gemm_quant="nvfp4", attention="cudnn_fp8", fp8_scales="dynamic", qk_norm_rope="fused",
@@ -33,13 +38,18 @@ ROWS = [
     # fallback row: BF16 FA4 2-CTA, no cuDNN FP8 pieces (cuDNN FP8 unavailable, or a BF16 recipe)
     pytest.param(["hardware=sm107", "recipe=nvfp4", "parallel=u4", "hardware.cudnn.fp8=false"],
                  dict(gemm_quant="nvfp4", attention="fa4", fa4_2cta="on", fp8_scales="off", qk_norm_rope="fused",
-                      a2a_fp8_codes="off", prefix_inplace="off", nvfp4_producer_quant="on"), id="sm107-fallback-no-cudnn-fp8"),
+                      a2a_fp8_codes="off", prefix_inplace="off", nvfp4_producer_quant="on"),
+                 id="sm107-fallback-no-cudnn-fp8"),
     pytest.param(["hardware=sm107", "recipe=nvfp4", "parallel=u1", "hardware.cudnn.version=9.10.0"],
-                 dict(attention="fa4", fa4_2cta="on", fp8_scales="off", qk_norm_rope="fused"), id="sm107-fallback-cudnn-9.10.0"),
+                 dict(attention="fa4", fa4_2cta="on", fp8_scales="off", qk_norm_rope="fused"),
+                 id="sm107-fallback-cudnn-9.10.0"),
     pytest.param(["hardware=sm107", "recipe=bf16", "parallel=u1"],
-                 dict(gemm_quant="bf16", attention="fa4", fa4_2cta="on", fp8_scales="off", qk_norm_rope="fused", modulation="exact",
-                      prefix_inplace="off", nvfp4_producer_quant="off", vae_tiles="default", vae_ops="eager"), id="sm107-bf16"),
-    pytest.param(["hardware=sm103", "recipe=bf16", "parallel=u1"], dict(attention="fa4", fa4_2cta="on", vae_ops="eager"), id="sm103-bf16"),
+                 dict(gemm_quant="bf16", attention="fa4", fa4_2cta="on", fp8_scales="off", qk_norm_rope="fused",
+                      modulation="exact",
+                      prefix_inplace="off", nvfp4_producer_quant="off", vae_tiles="default", vae_ops="eager"),
+                 id="sm107-bf16"),
+    pytest.param(["hardware=sm103", "recipe=bf16", "parallel=u1"],
+                 dict(attention="fa4", fa4_2cta="on", vae_ops="eager"), id="sm103-bf16"),
     # the FP8 option: NVFP4 fusions off, dynamic FP8 scale fusion on, the static table never
     pytest.param(["hardware=sm107", "recipe=fp8", "parallel=u4"],
                  dict(gemm_quant="fp8", attention="cudnn_fp8", fp8_scales="dynamic", qk_norm_rope="fused_fp8",
@@ -47,27 +57,35 @@ ROWS = [
     pytest.param(["hardware=sm107", "recipe=fp8", "parallel=u8", f"recipe.fp8_static_table={TABLE}"],
                  dict(fp8_scales="dynamic", qk_norm_rope="fused_fp8"), id="sm107-fp8-option-u8-never-static"),
     # async Ulysses: loses at 19k, a small gain at 104k
-    pytest.param(["hardware=sm107", "recipe=bf16", "parallel=u4", "parallel.seq_len=19000"], dict(ulysses_overlap="off"), id="sm107-async-19k"),
-    pytest.param(["hardware=sm107", "recipe=bf16", "parallel=u4", "parallel.seq_len=104076"], dict(ulysses_overlap="on"), id="sm107-async-104k"),
+    pytest.param(["hardware=sm107", "recipe=bf16", "parallel=u4", "parallel.seq_len=19000"],
+                 dict(ulysses_overlap="off"), id="sm107-async-19k"),
+    pytest.param(["hardware=sm107", "recipe=bf16", "parallel=u4", "parallel.seq_len=104076"],
+                 dict(ulysses_overlap="on"), id="sm107-async-104k"),
     pytest.param(["hardware=sm107", "recipe=nvfp4", "parallel=u4", "parallel.seq_len=19000"],
-                 dict(fp8_scales="dynamic", qk_norm_rope="fused_fp8", ulysses_overlap="off", a2a_fp8_codes="off"), id="sm107-fp8codes-dynamic-19k"),
+                 dict(fp8_scales="dynamic", qk_norm_rope="fused_fp8", ulysses_overlap="off", a2a_fp8_codes="off"),
+                 id="sm107-fp8codes-dynamic-19k"),
     # SM90 from the H200 anchors: FA4 is the fastest BF16 attention, cuDNN FP8 writes FP8, no 2-CTA, no NVFP4
     pytest.param(["hardware=sm90", "recipe=bf16", "parallel=u1"],
-                 dict(gemm_quant="bf16", attention="fa4", fa4_2cta="off", fp8_scales="off", qk_norm_rope="fused", modulation="exact",
+                 dict(gemm_quant="bf16", attention="fa4", fa4_2cta="off", fp8_scales="off", qk_norm_rope="fused",
+                      modulation="exact",
                       gated_residual="on", swiglu="on", ulysses_padding="none", vae_tiles="default", vae_graphs="on",
                       vae_ops="fused"), id="sm90-bf16"),
     pytest.param(["hardware=sm90", "recipe=fp8", "parallel=u1"],
                  dict(gemm_quant="fp8", attention="cudnn_fp8", fp8_scales="dynamic", qk_norm_rope="fused_fp8",
                       nvfp4_producer_quant="off"), id="sm90-fp8"),
     pytest.param(["hardware=sm90", "recipe=nvfp4", "parallel=u1", "levers.gemm_quant=dequant_bf16"],
-                 dict(gemm_quant="dequant_bf16", attention="cudnn_fp8", nvfp4_producer_quant="off", nvfp4_out_quant="off"), id="sm90-nvfp4-dequant"),
+                 dict(gemm_quant="dequant_bf16", attention="cudnn_fp8", nvfp4_producer_quant="off",
+                      nvfp4_out_quant="off"), id="sm90-nvfp4-dequant"),
     pytest.param(["hardware=sm90", "recipe=bf16", "parallel=u8"],
-                 dict(attention="fa4", ulysses_padding="valid_only", ulysses_overlap="on", prefix_inplace="off"), id="sm90-bf16-u8"),
+                 dict(attention="fa4", ulysses_padding="valid_only", ulysses_overlap="on", prefix_inplace="off"),
+                 id="sm90-bf16-u8"),
     # SM100: FA4 2-CTA exists but regresses long sequences
-    pytest.param(["hardware=sm100", "recipe=bf16", "parallel=u1"], dict(attention="fa4", fa4_2cta="off", vae_ops="eager"), id="sm100-bf16"),
+    pytest.param(["hardware=sm100", "recipe=bf16", "parallel=u1"],
+                 dict(attention="fa4", fa4_2cta="off", vae_ops="eager"), id="sm100-bf16"),
     # a lossless recipe never auto-picks a lossy lever, even on an NVFP4 checkpoint
     pytest.param(["hardware=sm107", "recipe=nvfp4", "recipe.policy=lossless"],
-                 dict(gemm_quant="dequant_bf16", attention="fa4", fp8_scales="off", qk_norm_rope="fused", vae_tiles="default"), id="lossless-nvfp4"),
+                 dict(gemm_quant="dequant_bf16", attention="fa4", fp8_scales="off", qk_norm_rope="fused",
+                      vae_tiles="default"), id="lossless-nvfp4"),
 ]
 
 
@@ -110,7 +128,8 @@ def test_sm90_cudnn_fp8_needs_fp8_output_and_a_chosen_scale_o(plan):
 
 
 def test_static_row_records_table_and_margin(plan):
-    p = plan("hardware=sm107", "recipe=nvfp4", "parallel=u8", "video=t2v_768x1344_14s", f"recipe.fp8_static_table={TABLE}")
+    p = plan("hardware=sm107", "recipe=nvfp4", "parallel=u8", "video=t2v_768x1344_14s",
+             f"recipe.fp8_static_table={TABLE}")
     s = p.decision("fp8_scales")
     assert (s.param("scale_table"), s.param("scale_margin")) == (TABLE, 1.0)
     assert "static_scales_min" in s.reasons[0] and "interpolated" in s.reasons[0]

@@ -27,7 +27,8 @@ def _tile_yaml(measured: str, bitwise: str = "true") -> str:
 
 
 def test_tuned_where_attention_and_block_runs_all_timed_it_faster():
-    cfg = _hydra_compose("hardware=sm90", _tile_yaml("{seq_len:19000,heads:56,speedups:[1.05,1.04],block_speedups:[1.01]}"))
+    cfg = _hydra_compose("hardware=sm90",
+                         _tile_yaml("{seq_len:19000,heads:56,speedups:[1.05,1.04],block_speedups:[1.01]}"))
     d = resolve(cfg).decision("fa4_tile")
     assert (d.setting, d.lossless, d.forced) == ("tuned", True, False)
     assert d.param("tile") == TILE and d.param("attention") == "fa4"
@@ -36,12 +37,14 @@ def test_tuned_where_attention_and_block_runs_all_timed_it_faster():
 
 
 def test_tuned_on_attention_runs_alone_when_no_block_run_exists():
-    d = resolve(_hydra_compose("hardware=sm90", _tile_yaml("{seq_len:19000,heads:56,speedups:[1.05]}"))).decision("fa4_tile")
+    d = resolve(_hydra_compose("hardware=sm90",
+                               _tile_yaml("{seq_len:19000,heads:56,speedups:[1.05]}"))).decision("fa4_tile")
     assert d.setting == "tuned" and "1.050x (probe-x)" in d.reasons[0]
 
 
 def test_a_slower_block_run_keeps_the_default():
-    cfg = _hydra_compose("hardware=sm90", _tile_yaml("{seq_len:19000,heads:56,speedups:[1.05,1.04],block_speedups:[0.99]}"))
+    cfg = _hydra_compose("hardware=sm90",
+                         _tile_yaml("{seq_len:19000,heads:56,speedups:[1.05,1.04],block_speedups:[0.99]}"))
     d = resolve(cfg).decision("fa4_tile")
     assert d.setting == "default" and "0.990x whole block over the runs, not faster in every run" in d.reasons[0]
 
@@ -90,7 +93,8 @@ def test_a_tile_that_changes_the_bits_stays_off_under_a_lossless_recipe():
     assert d.setting == "default" and "changes FA4's bits and the recipe is lossless" in d.reasons[0]
     with pytest.raises(PlanningError, match="policy lossless and the sm90 tile \\(128, 176\\), P in registers changes"):
         resolve(_hydra_compose("hardware=sm90", LOSSY_TILE, "levers.fa4_tile=tuned"))
-    budget = resolve(_hydra_compose("hardware=sm90", LOSSY_TILE, "recipe=fp8", "levers.attention=fa4")).decision("fa4_tile")
+    budget = resolve(_hydra_compose("hardware=sm90", LOSSY_TILE, "recipe=fp8",
+                                    "levers.attention=fa4")).decision("fa4_tile")
     assert budget.setting == "tuned" and "not bit-identical" in budget.reasons[0]
 
 

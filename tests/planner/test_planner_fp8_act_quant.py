@@ -46,7 +46,8 @@ def test_sm90_row_cites_the_probe_and_the_ulysses_argument(plan):
 def test_unmeasured_hardware_keeps_tensor_and_says_row_never_ran(plan):
     d = plan("hardware=sm100", "recipe=fp8").decision("fp8_act_quant")
     assert "row never ran on sm100" in d.reasons[0] and d.param("scales").startswith("per tensor, dynamic")
-    assert plan("hardware=sm90", "recipe=fp8", "levers.fp8_act_quant=tensor").decision("fp8_act_quant").hardware_verified
+    assert plan("hardware=sm90", "recipe=fp8",
+                "levers.fp8_act_quant=tensor").decision("fp8_act_quant").hardware_verified
 
 
 def _hydra(*overrides):
@@ -92,7 +93,8 @@ def test_forced_off_with_fp8_gemms_is_refused(plan):
 
 def test_static_linear_table_row_uses_the_producers_static_mode(plan, tmp_path):
     path = write(tmp_path, table())
-    p = plan("hardware=sm90", "recipe=fp8", "model=h3_tiny", "recipe.fp8_scale_mode=static", f"recipe.fp8_static_table={path}")
+    p = plan("hardware=sm90", "recipe=fp8", "model=h3_tiny", "recipe.fp8_scale_mode=static",
+             f"recipe.fp8_static_table={path}")
     assert p.decision("gemm_quant").param("input_scales") == "static"
     d = p.decision("fp8_act_quant")
     assert d.setting == "row" and d.param("scales") == "static, from recipe.fp8_static_table"

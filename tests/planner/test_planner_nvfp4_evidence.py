@@ -9,7 +9,8 @@ NVFP4 = ("gemm_quant", "nvfp4_producer_quant", "nvfp4_out_quant")
 HEADLINE = ["hardware=sm107", "recipe=nvfp4", "parallel=u8"]
 UNCHECKED = ["hardware.verified.kernels_checked_on=null", "hardware.verified.kernels_checked={}"]
 CHECKED = ["hardware.verified.kernels_checked_on=sm90",
-           "hardware.verified.kernels_checked={gemm_quant: [nvfp4], nvfp4_producer_quant: ['on'], nvfp4_out_quant: ['on']}"]
+           "hardware.verified.kernels_checked={gemm_quant: [nvfp4], nvfp4_producer_quant: ['on'], nvfp4_out_quant: "
+           "['on']}"]
 
 
 def reasons(plan, lever):
@@ -44,9 +45,11 @@ def test_a_verified_setting_says_nothing_and_the_gemm_clause_follows_the_gemm(pl
 
 def test_kernels_checked_is_validated(plan):
     with pytest.raises(ConfigError, match="kernels_checked.nvfp4_out_quant"):
-        plan(*HEADLINE, "hardware.verified.kernels_checked_on=sm90", "hardware.verified.kernels_checked={nvfp4_out_quant: [fast]}")
+        plan(*HEADLINE, "hardware.verified.kernels_checked_on=sm90",
+             "hardware.verified.kernels_checked={nvfp4_out_quant: [fast]}")
     with pytest.raises(ConfigError, match="needs kernels_checked_on"):
-        plan(*HEADLINE, "hardware.verified.kernels_checked_on=null", "hardware.verified.kernels_checked={nvfp4_out_quant: ['on']}")
+        plan(*HEADLINE, "hardware.verified.kernels_checked_on=null",
+             "hardware.verified.kernels_checked={nvfp4_out_quant: ['on']}")
 
 
 def test_producer_blockers(plan):

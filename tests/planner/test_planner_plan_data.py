@@ -17,7 +17,8 @@ def test_derived_shape_numbers(plan):
     assert d["a2a_bytes_per_block_per_rank"] == 13010 * 56 * 128 * 5
     assert d["a2a_bytes_leaving_rank_per_block"] == 13010 * 56 * 128 * 5 * 7 // 8
     assert d["int64_boundary_tokens_per_rank"] == 299594  # ceil(2**31 / (56 * 128))
-    assert all(k in d["basis"] for k in ("a2a_bytes_per_block_per_rank", "attention_ms_per_block_est", "gemm_ms_per_block_est"))
+    assert all(k in d["basis"] for k in ("a2a_bytes_per_block_per_rank", "attention_ms_per_block_est",
+                                         "gemm_ms_per_block_est"))
 
 
 @pytest.mark.parametrize("seq_len,required", [(74898, False), (74899, True), (299594, True)])
@@ -34,8 +35,10 @@ def test_estimates_follow_the_anchors(plan):
     # the block linears' bf16 rate measured nearest in rows (37,820: 2,025.531 ms over 50 blocks), not the plain 770
     bf16_block = 2 * 37820 * params * 50 / 2025.531e9
     assert d["gemm_ms_per_block_est"] == round(2 * 19000 * params / (bf16_block * 1e12) * 1e3, 3)
-    flat = plan("hardware=sm90", "recipe=bf16", "parallel=u1", "parallel.seq_len=19000", "hardware.measured.gemm_block=[]")
-    assert flat.derived_value("gemm_ms_per_block_est") == round(2 * 19000 * params / 770e12 * 1e3, 3)  # BF16 GEMM 770 TFLOP/s
+    flat = plan("hardware=sm90", "recipe=bf16", "parallel=u1", "parallel.seq_len=19000",
+                "hardware.measured.gemm_block=[]")
+    # BF16 GEMM 770 TFLOP/s
+    assert flat.derived_value("gemm_ms_per_block_est") == round(2 * 19000 * params / 770e12 * 1e3, 3)
     u8 = plan("hardware=sm90", "recipe=fp8", "parallel=u8", "video=t2v_768x1344_14s").to_dict()["derived"]
     assert u8["attention_tflops_used"] == 841.0  # cuDNN FP8 at 104,076 x 7
     assert plan("hardware=sm107", "recipe=nvfp4").derived_value("attention_ms_per_block_est") is None
@@ -62,7 +65,8 @@ def test_an_assumed_rate_takes_the_ratio_of_its_own_precision(plan, hw):
 
 @pytest.mark.slow  # nine plans and their round trips (~7 s)
 def test_round_trips_and_determinism(plan):
-    for ov in (["hardware=sm107", "recipe=nvfp4", "parallel=u8"], ["hardware=sm90"], ["hardware=sm90", "recipe=fp8", "parallel=u4"]):
+    for ov in (["hardware=sm107", "recipe=nvfp4", "parallel=u8"], ["hardware=sm90"],
+               ["hardware=sm90", "recipe=fp8", "parallel=u4"]):
         p = plan(*ov)
         assert Plan.from_yaml(p.to_yaml()) == p
         assert Plan.from_json(p.to_json()) == p
@@ -95,7 +99,8 @@ class RecordingBuilder:
         self.calls.append(("skip", lever, None, reason))
 
 
-@pytest.mark.parametrize("ov", [["hardware=sm90"], ["hardware=sm107", "recipe=nvfp4", "parallel=u8", "recipe.fp8_static_table=" + TABLE],
+@pytest.mark.parametrize("ov", [["hardware=sm90"], ["hardware=sm107", "recipe=nvfp4", "parallel=u8",
+                                                    "recipe.fp8_static_table=" + TABLE],
                                 ["hardware=sm90", "recipe=fp8", "parallel=u4"]])
 def test_install_records_contract_options(plan, ov):
     from h3plan.levers import REGISTRY
@@ -110,7 +115,8 @@ def test_install_records_contract_options(plan, ov):
     assert set(by_lever) == set(REGISTRY)  # every lever records something or says why it skips
     for d in p.decisions:
         kinds = {k for k, _, _ in by_lever[d.lever]}
-        if d.setting in ("off", "eager", "default", "bf16") and d.lever not in ("fa4_2cta", "fa4_tile", "ulysses_padding"):
+        if (d.setting in ("off", "eager", "default", "bf16")
+                and d.lever not in ("fa4_2cta", "fa4_tile", "ulysses_padding")):
             assert kinds == {"skip"}, d.lever
     assert ("attention", "backend", p.decision("attention").setting) in by_lever["attention"]
 
@@ -120,8 +126,10 @@ def test_installer_builder_accepts_every_plan(plan):
     builder_mod = pytest.importorskip("h3plan.install.builder")
     from h3plan.levers import REGISTRY
 
-    for ov in (["hardware=sm90"], ["hardware=sm90", "recipe=fp8", "parallel=u8"], ["hardware=sm107", "recipe=nvfp4", "parallel=u8",
-               "recipe.fp8_static_table=" + TABLE], ["hardware=sm107", "recipe=bf16", "parallel=u4", "parallel.seq_len=104076"]):
+    for ov in (["hardware=sm90"], ["hardware=sm90", "recipe=fp8", "parallel=u8"],
+               ["hardware=sm107", "recipe=nvfp4", "parallel=u8",
+               "recipe.fp8_static_table=" + TABLE], ["hardware=sm107", "recipe=bf16", "parallel=u4",
+                                                     "parallel.seq_len=104076"]):
         b = builder_mod.Builder()
         for d in plan(*ov).decisions:
             REGISTRY[d.lever].install(b, d)
@@ -131,7 +139,8 @@ def test_static_install_options(plan):
     from h3plan.levers import fp8_scales
 
     b = RecordingBuilder()
-    fp8_scales.install(b, plan("hardware=sm107", "recipe=nvfp4", "parallel=u8", "video=t2v_768x1344_14s", "recipe.fp8_static_table=" + TABLE).decision("fp8_scales"))
+    fp8_scales.install(b, plan("hardware=sm107", "recipe=nvfp4", "parallel=u8", "video=t2v_768x1344_14s",
+                               "recipe.fp8_static_table=" + TABLE).decision("fp8_scales"))
     assert [c[2:] for c in b.calls] == [("fp8_scales", "static"), ("scale_table", TABLE), ("scale_margin", 1.0)]
 
 

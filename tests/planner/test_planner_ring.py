@@ -41,10 +41,12 @@ def test_ring_is_on_lossy_with_its_cost_and_numerics(plan, preset, ring, U):
 
 
 def test_a_measured_network_rate_replaces_the_assumption(plan):
-    d = plan("hardware=sm90", "recipe=fp8", "parallel=u4", "parallel.ring=2", "hardware.device.nic_gbps=25.0").decision("ring")
+    d = plan("hardware=sm90", "recipe=fp8", "parallel=u4", "parallel.ring=2",
+             "hardware.device.nic_gbps=25.0").decision("ring")
     text = "\n".join(d.reasons)
     assert "hardware.device.nic_gbps 25 GB/s one way" in text and "ASSUMED" not in text
-    assert d.param("cost")["ring_transfer_ms"] == ring_ulysses_cost(37820, ring=2, ulysses=4, ring_gbps=25.0).ring_transfer_ms
+    assert d.param("cost")["ring_transfer_ms"] == ring_ulysses_cost(37820, ring=2, ulysses=4,
+                                                                    ring_gbps=25.0).ring_transfer_ms
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -53,8 +55,9 @@ def test_a_measured_network_rate_replaces_the_assumption(plan):
     (("levers.attention=cudnn_fp8",), "levers.attention=cudnn_fp8 cannot apply: parallel.ring=2: the ring merges key "
                                       "blocks through their log-sum-exp"),
     (("levers.compile=regional",), "parallel.ring=2: the ring's P2P rotation is not traceable"),
-    (("levers.ulysses_padding=fixed_valid", "parallel.seq_len=37822"), "levers.ulysses_padding=fixed_valid cannot apply: "
-                                                                       "parallel.ring=2: the ring skips padding keys"),
+    (("levers.ulysses_padding=fixed_valid", "parallel.seq_len=37822"),
+     "levers.ulysses_padding=fixed_valid cannot apply: "
+     "parallel.ring=2: the ring skips padding keys"),
     (("levers.fa4_tile=tuned",), "levers.fa4_tile=tuned cannot apply: parallel.ring=2: the ring's FA4 block call "
                                  "(h3plan/runtime/parallel/lse.py) takes no tile"),
 ])
@@ -84,10 +87,13 @@ def test_bad_parallel_values_are_one_line_config_errors(plan, overrides, message
 def test_levers_yield_to_the_ring(plan, hw):
     """Where FA4 2-CTA is auto's pick (sm103, sm107), a ring plan keeps FA4's default CTA mode instead of refusing
     itself; forcing 2-CTA is refused naming parallel.ring."""
-    assert plan(f"hardware={hw}", "recipe=fp8", "parallel=u4", "levers.attention=fa4").decision("fa4_2cta").setting == "on"
+    assert plan(f"hardware={hw}", "recipe=fp8", "parallel=u4",
+                "levers.attention=fa4").decision("fa4_2cta").setting == "on"
     p = plan(f"hardware={hw}", "recipe=fp8", "parallel=r2u4")
     d = p.decision("fa4_2cta")
     assert (p.decision("attention").setting, d.setting, p.decision("ring").setting) == ("fa4", "off", "on")
-    assert d.reasons[0].startswith("parallel.ring=2: the ring's FA4 block call (h3plan/runtime/parallel/lse.py) takes no 2-CTA switch")
-    with pytest.raises(PlanningError, match=r"^levers.fa4_2cta=on cannot apply: parallel.ring=2: the ring's FA4 block call"):
+    assert d.reasons[0].startswith("parallel.ring=2: the ring's FA4 block call (h3plan/runtime/parallel/lse.py) takes "
+                                   "no 2-CTA switch")
+    with pytest.raises(PlanningError, match=r"^levers.fa4_2cta=on cannot apply: parallel.ring=2: the ring's FA4 block "
+                                            r"call"):
         plan(f"hardware={hw}", "recipe=fp8", "parallel=r2u4", "levers.fa4_2cta=on")

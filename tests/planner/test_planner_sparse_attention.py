@@ -33,7 +33,8 @@ def test_budget_plans_block_sparse_with_the_published_point():
     p = _plan(BUDGET)
     d = p.decision("sparse_attention")
     assert (d.setting, d.lossless) == ("block_sparse", False)
-    assert (d.param("keep"), d.param("dense_forwards"), d.param("sparse_forwards"), d.param("forwards")) == (0.25, 10, 39, 49)
+    assert (d.param("keep"), d.param("dense_forwards"), d.param("sparse_forwards"), d.param("forwards")) == (
+        0.25, 10, 39, 49)
     assert (d.param("block_q"), d.param("block_k")) == (128, 128)  # hardware.fa4.block_sparse on sm90
     assert d.param("video_rows") == 37296 and d.param("routed_query_blocks") == 291
     assert any(r.startswith("evidence (published on released weights): SSIM 0.8 at 1.28x")
@@ -128,7 +129,8 @@ def test_ten_second_request_and_sm100_blocks():
 
 @pytest.mark.parametrize("kw,match", [
     ({"recipe": "bf16"}, r"recipe bf16 \(lossless\) sets no sparse attention budget"),
-    ({"recipe": "fp8", "levers.attention": "fa4"}, r"recipe fp8 \(budget 34.0 dB \(kernel levers only\)\) sets no sparse"),
+    ({"recipe": "fp8", "levers.attention": "fa4"},
+     r"recipe fp8 \(budget 34.0 dB \(kernel levers only\)\) sets no sparse"),
     ({"recipe": "fp8", "recipe.sparse": BUDGET}, "cuDNN's SDPA, which takes no block mask"),
     ({"recipe": "fp8", "parallel": "r2u4", "recipe.sparse": BUDGET, "levers.attention": "fa4"}, "parallel.ring=2"),
     ({"recipe.sparse": BUDGET, "parallel": "u2", "levers.ulysses_exchange": "projection_split"},

@@ -123,7 +123,8 @@ def test_forced_unmeasured_runs_only_when_said_and_the_plan_says_so():
     assert any(r.startswith("unmeasured:") and "recipe.cache.unmeasured=true" in r for r in d.reasons)
     from h3plan.cli import render_summary
 
-    text = " ".join(render_summary(_plan(cache={**BUDGET, "unmeasured": True}, **{"levers.step_cache": "taylor"})).split())
+    text = " ".join(render_summary(_plan(cache={**BUDGET, "unmeasured": True},
+                                         **{"levers.step_cache": "taylor"})).split())
     assert "fewer step_cache=taylor: computes 34 of 49 forwards" in text and "unmeasured: no published" in text
 
 
@@ -151,7 +152,8 @@ def test_computed_against_the_limit_in_a_row():
     assert longest_skip(computed_mask(49, d.param("computed"), 4, 0)) == 1
 
 
-@pytest.mark.parametrize("cache,key", [({"psnr_db_min": 28.0}, "recipe.cache"), ({**BUDGET, "warmup": -1}, "recipe.cache.warmup"),
+@pytest.mark.parametrize("cache,key", [({"psnr_db_min": 28.0}, "recipe.cache"),
+                                       ({**BUDGET, "warmup": -1}, "recipe.cache.warmup"),
                                        ({**BUDGET, "max_skip": 0}, "recipe.cache.max_skip"),
                                        ({"audio_snr_db_min": 15.0}, "recipe.cache.audio_snr_db_min")])
 def test_bad_cache_values(cache, key):
@@ -208,7 +210,8 @@ def test_scaled_keeps_the_fraction():
 
 
 def test_fewest_computed():
-    assert fewest_computed(49, 4, 0, 1) == 26 and fewest_computed(49, 4, 0, 3) == 15  # sglang #33828: 34 of 49 cached at 3
+    # sglang #33828: 34 of 49 cached at 3
+    assert fewest_computed(49, 4, 0, 1) == 26 and fewest_computed(49, 4, 0, 3) == 15
     assert fewest_computed(5, 0, 0, 1) == 3  # the first forward has nothing to reuse
     assert fewest_computed(5, 5, 0, 2) == 5
 
@@ -245,7 +248,8 @@ def test_the_measured_adaptive_call_falls_inside_the_range():
     from pathlib import Path
 
     rows = json.loads((Path(__file__).resolve().parents[2] / "benchmarks/results/pipeline-h200.json").read_text())
-    row = next(r for r in (rows if isinstance(rows, list) else rows["records"]) if "+step_cache=first_block" in r["label"])
+    row = next(r for r in (rows if isinstance(rows, list) else rows["records"])
+               if "+step_cache=first_block" in r["label"])
     plan = _plan(cache={**BUDGET, "threshold": 0.08, "warmup": 4, "final": 1, "max_skip": 2, "unmeasured": True},
                  recipe="fp8", **{"levers.step_cache": "first_block", "recipe.vae": "fp16"})
     low, high = plan.derived_value("call_s_range_est")

@@ -40,14 +40,17 @@ def test_forcing_the_overlap_on_still_works_where_measured_slower(plan):
 def test_a_measured_faster_overlap_turns_it_on():
     over = ("hardware.measured.ulysses.overlap=[{degree:2,seq_len:37820,speedups:[1.02,1.01]}]")
     d = resolve(_hydra("hardware=sm90", "parallel=u2", over)).decision("ulysses_overlap")
-    assert d.setting == "on" and "overlap on vs off 1.020x, 1.010x" in d.reasons[0] and "faster in every run" in d.reasons[0]
+    assert d.setting == "on"
+    assert "overlap on vs off 1.020x, 1.010x" in d.reasons[0]
+    assert "faster in every run" in d.reasons[0]
 
 
 def test_the_all_to_all_estimate_uses_the_measured_rate_at_that_degree_only(plan):
     p2 = plan("hardware=sm90", "recipe=bf16", "parallel=u2")
     leaving = p2.derived_value("a2a_bytes_leaving_rank_per_block")
     assert p2.derived_value("a2a_ms_per_block_est") == pytest.approx(leaving / 238.1e9 * 1e3, abs=1e-3)
-    assert "238.1 GB/s, all_to_all_single measured on sm90 at degree 2" in p2.derived_value("basis")["a2a_ms_per_block_est"]
+    assert ("238.1 GB/s, all_to_all_single measured on sm90 at degree 2"
+            in p2.derived_value("basis")["a2a_ms_per_block_est"])
     p4 = plan("hardware=sm90", "recipe=bf16", "parallel=u4")
     assert p4.derived_value("a2a_ms_per_block_est") == pytest.approx(
         p4.derived_value("a2a_bytes_leaving_rank_per_block") / 235.0e9 * 1e3, abs=1e-3)
@@ -86,7 +89,8 @@ def test_the_split_exchange_needs_whole_destination_row_blocks(plan):
     # 19,001 tokens pad: the bf16 plan's padding is valid_only, so the split exchange is passed over
     d = plan("hardware=sm90", "recipe=bf16", "parallel=u2", "parallel.seq_len=19001").decision("ulysses_exchange")
     assert d.setting == "projection" and "projection_split vs packed 1.086x, 1.039x" in d.reasons[0]
-    assert "but ulysses_padding is valid_only: the split output exchange sends whole destination row blocks" in d.reasons[0]
+    assert ("but ulysses_padding is valid_only: the split output exchange sends whole destination row blocks"
+            in d.reasons[0])
     with pytest.raises(PlanningError, match="ulysses_padding is valid_only: the split output exchange"):
         plan("hardware=sm90", "recipe=bf16", "parallel=u2", "parallel.seq_len=19001",
              "levers.ulysses_exchange=projection_split")

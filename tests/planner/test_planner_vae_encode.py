@@ -25,7 +25,8 @@ def _plan(**kw):
     ({"recipe": "fp8"}, "off", "t2va encodes nothing"),
     ({"recipe": "bf16", **FL2VA}, "fp32", "lossless with vae=fp32: the encode keeps its bits"),
     ({"recipe": "bf16", **REF2VA}, "fp32", "lossless with vae=fp32: the encode keeps its bits"),
-    ({"recipe": "bf16", "recipe.vae": "fp16", **FL2VA}, "fp32", "its budget covers the decode's frames, not the encode"),
+    ({"recipe": "bf16", "recipe.vae": "fp16", **FL2VA}, "fp32",
+     "its budget covers the decode's frames, not the encode"),
     ({"recipe": "fp8", **REF2VA}, "fp32", "its budget covers the decode's frames, not the encode"),
 ])
 def test_decision_table(over, setting, why):
@@ -38,7 +39,8 @@ def test_t2va_has_no_row_no_runs_entry_and_no_encode_time():
     p = _plan(recipe="bf16")
     for text in (render_summary(p), render_table(p)):
         assert LEVER not in text and "VAE encode" not in text
-    assert p.derived_value("encode_s_est") is None and "encode" not in (p.derived_value("call_biggest") or {}).get("part", "")
+    assert p.derived_value("encode_s_est") is None
+    assert "encode" not in (p.derived_value("call_biggest") or {}).get("part", "")
 
 
 def test_an_encoding_request_prints_its_row_and_its_encode_time_from_the_h200s_tune():
@@ -108,7 +110,8 @@ def test_a_cast_encode_shrinks_the_vae_weights_by_its_encoder_and_quant_conv():
     a = _plan(recipe="fp8", **FL2VA)
     b = _plan(recipe="fp8", **FL2VA, **{f"levers.{LEVER}": "fp16"})
     n = vae_params(a.get("vae")["diffusers_config"])["encode_path"]
-    got = a.derived_value("memory_breakdown_gib")["vae_weights"] - b.derived_value("memory_breakdown_gib")["vae_weights"]
+    got = (a.derived_value("memory_breakdown_gib")["vae_weights"]
+           - b.derived_value("memory_breakdown_gib")["vae_weights"])
     assert got == pytest.approx(2 * n / 2**30, abs=0.011)  # 4 -> 2 bytes a parameter
     assert "vae_encode_precision=fp16" in b.derived_value("basis")["memory_breakdown_gib"]
 
@@ -135,7 +138,8 @@ def test_the_encode_tiles_row_shows_only_where_the_request_encodes_and_never_in_
 def test_forcing_the_decode_geometry_onto_the_encode():
     d = _plan(recipe="fp8", **FL2VA, **{f"levers.{TILES}": "decode"}).decision(TILES)
     assert (d.setting, d.lossless) == ("decode", False) and "outside the measured budget" in d.reasons[1]
-    for over, msg in [({"recipe": "bf16", **FL2VA}, "vae_tiles is default"), ({"recipe": "fp8"}, "t2va encodes nothing")]:
+    for over, msg in [({"recipe": "bf16", **FL2VA}, "vae_tiles is default"),
+                      ({"recipe": "fp8"}, "t2va encodes nothing")]:
         with pytest.raises(PlanningError) as e:
             _plan(**over, **{f"levers.{TILES}": "decode"})
         assert msg in str(e.value) and "\n" not in str(e.value)

@@ -6,10 +6,11 @@ out-of-sample checks (rows no fact was fitted to; every row from other shapes on
 
 Each installed-plan row of benchmarks/results/pipeline-h200.json (read here, not copied) is planned again (its
 h3plan.actions.bench.pipeline_records.replan) with the packaged sm90 facts, and with every tuned
-file committed under docs/tuned/ (`benchmarks/predict.py` prints the same comparison as a table): the predicted forward within 5% of the measured one, and the whole call within 5% at the row's
-49 forwards and at a 4-forward request (num_inference_steps 5: the row's forward x 4 + its measured rest of the call,
-the rest being independent of the step count). A first_block step cache's call is taken at the forwards its row
-computed (pipeline_records.predicted_call); the plan's own figure, every forward computed, must bound it from above.
+file committed under docs/tuned/ (`benchmarks/predict.py` prints the same comparison as a table): the predicted forward
+within 5% of the measured one, and the whole call within 5% at the row's 49 forwards and at a 4-forward request
+(num_inference_steps 5: the row's forward x 4 + its measured rest of the call, the rest being independent of the step
+count). A first_block step cache's call is taken at the forwards its row computed (pipeline_records.predicted_call); the
+plan's own figure, every forward computed, must bound it from above.
 """
 
 import json
@@ -22,7 +23,8 @@ from h3plan.actions.bench.pipeline_records import predicted_call, predicted_forw
 
 IN_SAMPLE = pytest.mark.in_sample
 
-ROWS = json.loads((Path(__file__).resolve().parents[2] / "benchmarks/results/pipeline-h200.json").read_text())["records"]
+ROWS = json.loads((Path(__file__).resolve().parents[2]
+                   / "benchmarks/results/pipeline-h200.json").read_text())["records"]
 PLANS = [r for r in ROWS if r["setting"] == "plan" and r["gpus"] == 1]
 # a 4-forward request of every row but the step cache's (its budget computes 34 forwards: a 4-forward request is
 # refused, tests/planner/test_step_cache*.py)
@@ -72,7 +74,8 @@ def test_forward_and_call_within_5pct(row):
     assert abs(fwd / row["forward_s"] - 1) <= TOL, (fwd, row["forward_s"])
     call = predicted_call(plan, row)
     assert abs(call / row["e2e_s"] - 1) <= TOL, (call, row["e2e_s"])
-    if plan.decision("step_cache").setting == "first_block":  # the plan's own figure counts every forward: an upper bound
+    # the plan's own figure counts every forward: an upper bound
+    if plan.decision("step_cache").setting == "first_block":
         assert plan.derived_value("call_s_est") > row["e2e_s"]
 
 
@@ -173,7 +176,8 @@ def test_the_workflows_have_measured_peaks():
 
 
 @IN_SAMPLE
-@pytest.mark.parametrize("row", PROMPTED, ids=lambda r: f"{r['run'][5:16]}-{r['workflow']}-{r['label']}".replace(" ", ""))
+@pytest.mark.parametrize("row", PROMPTED,
+                         ids=lambda r: f"{r['run'][5:16]}-{r['workflow']}-{r['label']}".replace(" ", ""))
 def test_peak_within_5pct_with_the_text_encoder(row):
     """The memory estimate within 5% of the measured peak for each workflow, the text encoder included."""
     plan = _plan(row)

@@ -41,18 +41,20 @@ def test_resolve_config_refuses_what_is_no_group_option():
 
     with pytest.raises(h3plan.ConfigError) as e:
         h3plan.resolve_config(hardware=90)
-    assert str(e.value) == ("hardware=90: a config group takes an option name as a string (hardware='sm90'); available: "
-                            "sm100, sm103, sm107, sm90")
+    assert str(e.value) == ("hardware=90: a config group takes an option name as a string (hardware='sm90'); "
+                            "available: sm100, sm103, sm107, sm90")
     with pytest.raises(h3plan.ConfigError) as e:
         h3plan.resolve_config(hardware=["sm90", "sm100"])
-    assert str(e.value).startswith("hardware=['sm90', 'sm100']: one plan per call") and "-m hardware=sm90,sm100" in str(e.value)
+    assert str(e.value).startswith("hardware=['sm90', 'sm100']: one plan per call")
+    assert "-m hardware=sm90,sm100" in str(e.value)
 
 
 def test_resolve_config_values_keep_their_python_types():
     p = h3plan.resolve_config(**{"video.seconds": 10.0, "video.audio": False, "memory.check": True,
                                  "hardware.products": ["H100", "H200"], "parallel.seq_len": None})
     seq = p.derived_value("sequence")
-    assert seq["frames"] == 243 and seq["audio_rows"] == 0 and seq["source"].endswith("video.seconds=10 video.audio=false")
+    assert seq["frames"] == 243 and seq["audio_rows"] == 0
+    assert seq["source"].endswith("video.seconds=10 video.audio=false")
     assert p.get("hardware")["products"] == ["H100", "H200"]
 
 
@@ -79,8 +81,10 @@ def test_resolve_refuses_what_is_no_config_in_one_line():
 
 def test_plan_methods_refuse_bad_arguments_in_one_line(tmp_path, monkeypatch):
     plan = h3plan.resolve_config()
-    assert _one_line(lambda: h3plan.Plan.from_json("{"), h3plan.PlanFileError).startswith("not JSON (Expecting property name")
-    assert _one_line(lambda: h3plan.Plan.from_yaml("a: [1"), h3plan.PlanFileError).startswith("malformed YAML at line 1")
+    assert _one_line(lambda: h3plan.Plan.from_json("{"),
+                     h3plan.PlanFileError).startswith("not JSON (Expecting property name")
+    assert _one_line(lambda: h3plan.Plan.from_yaml("a: [1"),
+                     h3plan.PlanFileError).startswith("malformed YAML at line 1")
     assert "takes the JSON text, got NoneType" in _one_line(lambda: h3plan.Plan.from_json(None), h3plan.PlanFileError)
     e = _one_line(lambda: plan.decision("atention"), KeyError)
     assert e.startswith("Plan.decision('atention'): no such lever (did you mean 'attention'?); levers: gemm_quant,")
@@ -107,7 +111,8 @@ import h3plan
 plan = h3plan.resolve_config(model="h3_tiny")
 model = type("Model", (), {})()
 for name, call in (("install", lambda: h3plan.install(model, plan)), ("uninstall", lambda: h3plan.uninstall(model)),
-                   ("installed_plan", lambda: h3plan.installed_plan(model)), ("prepare", lambda: h3plan.prepare(model, 30))):
+                   ("installed_plan", lambda: h3plan.installed_plan(model)),
+                   ("prepare", lambda: h3plan.prepare(model, 30))):
     try:
         call()
     except h3plan.UsageError as e:

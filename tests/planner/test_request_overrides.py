@@ -1,5 +1,6 @@
 """A `video.<field>=` override over a preset wins over the preset's other way to give the same thing (seconds vs
-frames), and the plan names the overrides beside the preset (h3plan.planning.request.video_overrides / request_label)."""
+frames), and the plan names the overrides beside the preset (h3plan.planning.request.video_overrides /
+request_label)."""
 
 import pytest
 
@@ -9,7 +10,8 @@ from h3plan.planning.request import request_label, video_overrides
 
 def test_video_overrides_null_the_other_length_field():
     assert video_overrides(["hardware=sm90"]) == ["hardware=sm90"]
-    assert video_overrides(["video.seconds=10"]) == ["video.seconds=10", "video.frames=null", "video.overrides=[seconds]"]
+    assert video_overrides(["video.seconds=10"]) == ["video.seconds=10", "video.frames=null",
+                                                     "video.overrides=[seconds]"]
     assert video_overrides(["+video.frames=130", "video.height=704"]) == [
         "+video.frames=130", "video.height=704", "video.seconds=null", "video.overrides=[frames,height]"]
     # both given: the user's own pair, checked for agreement as before

@@ -21,7 +21,8 @@ pytest.importorskip("diffusers")
 CONF = os.path.join(os.path.dirname(__file__), "..", "..", "conf")
 MODEL = yaml.safe_load(open(os.path.join(CONF, "model", "h3.yaml")))
 VAE = yaml.safe_load(open(os.path.join(CONF, "vae", "h3.yaml")))
-PRESETS = [p for p in sorted(glob.glob(os.path.join(CONF, "video", "*.yaml")))  # fl2va / ref2va: test_request_workflows.py
+# fl2va / ref2va: test_request_workflows.py
+PRESETS = [p for p in sorted(glob.glob(os.path.join(CONF, "video", "*.yaml")))
            if yaml.safe_load(open(p)).get("task", "t2va") == "t2va"]
 
 # A geometry unlike the released one: 5-frame clips, temporal x2 (3 latents per chunk, 1 dropped),
@@ -29,7 +30,8 @@ PRESETS = [p for p in sorted(glob.glob(os.path.join(CONF, "video", "*.yaml")))  
 TINY_VAE = dict(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=[8, 16], layers_per_block=1,
                 spatial_downsample_factors=[2, 2], temporal_downsample_factors=[1, 2], norm_num_groups=4, norm_eps=1e-6,
                 spatial_padding_mode="reflect", decoder_num_layers=1, decoder_num_attention_heads=2,
-                decoder_attention_head_dim=24, decoder_num_register_tokens=2, decoder_ffn_mult=2, decoder_rope_theta=100.0,
+                decoder_attention_head_dim=24, decoder_num_register_tokens=2, decoder_ffn_mult=2,
+                decoder_rope_theta=100.0,
                 decoder_rope_dim_ratio=0.75, decoder_norm_eps=1e-5, clip_length=5, token_drop=1)
 TINY_MODEL = dict(num_attention_heads=2, attention_head_dim=24, hidden_size=32, num_layers=1, num_refiner_layers=1,
                   ffn_dim=64, in_channels=4, audio_in_channels=8, patch_size=[1, 2, 2], text_dim=16, freq_dim=16,
@@ -67,16 +69,19 @@ def layout():
             pipe = bd.MiniMaxH3PrepareLayoutStep().init_pipeline()
             with torch.device("meta"):
                 pipe.vae = AutoencoderKLMiniMaxH3(**vae_dc)
-                pipe.transformer = MiniMaxH3Transformer3DModel(**{**model_dc, "patch_size": tuple(model_dc["patch_size"])})
+                pipe.transformer = MiniMaxH3Transformer3DModel(**{**model_dc,
+                                                                  "patch_size": tuple(model_dc["patch_size"])})
             pipes[key] = pipe
         pipe = pipes[key]
         kw = {k: v for k, v in (("height", height), ("width", width), ("num_frames", num_frames)) if v is not None}
-        names = ["height", "width", "num_frames", "num_latent_frames", "latent_height", "latent_width", "num_audio_latents",
+        names = ["height", "width", "num_frames", "num_latent_frames", "latent_height", "latent_width",
+                 "num_audio_latents",
                  "position_ids", "video_indices", "audio_indices", "text_indices"]
         out = pipe(text_token_tags=torch.ones(text, dtype=torch.long), output=names, **kw)
         if not audio:  # diffusers' t2va always has audio: lay out the same request without it, with its own builder
             rows = bd.MiniMaxH3PrepareLayoutStep.build_packed_sequence(
-                torch.ones(text, dtype=torch.long), out["num_latent_frames"], out["latent_height"], out["latent_width"], 0,
+                torch.ones(text, dtype=torch.long), out["num_latent_frames"], out["latent_height"], out["latent_width"],
+                0,
                 pipe.patch_size, pipe.audio_channels, pipe.audio_tag, pipe.video_tag)
             out["position_ids"], out["video_indices"], out["audio_indices"] = rows[0], rows[2], rows[3]
         return out
@@ -85,8 +90,8 @@ def layout():
 
 
 def _check(ours, theirs):
-    got = {k: ours[k] for k in ("height", "width", "frames", "latent_frames", "latent_height", "latent_width", "seq_len",
-                                "video_rows", "audio_rows", "text_rows")}
+    got = {k: ours[k] for k in ("height", "width", "frames", "latent_frames", "latent_height", "latent_width",
+                                "seq_len", "video_rows", "audio_rows", "text_rows")}
     want = {"height": theirs["height"], "width": theirs["width"], "frames": theirs["num_frames"],
             "latent_frames": theirs["num_latent_frames"], "latent_height": theirs["latent_height"],
             "latent_width": theirs["latent_width"], "seq_len": theirs["position_ids"].shape[0],
@@ -117,7 +122,8 @@ def test_released_config_matches_diffusers(layout, height, width, frames, second
     assert ours["seq_len"] == ours["text_rows"] + ours["audio_rows"] + ours["video_rows"]
 
 
-@pytest.mark.parametrize("height,width,frames,text", [(64, 96, 130, 7), (40, 200, 121, 3), (8, 8, 300, 1), (None, None, None, 5)])
+@pytest.mark.parametrize("height,width,frames,text", [(64, 96, 130, 7), (40, 200, 121, 3), (8, 8, 300, 1),
+                                                      (None, None, None, 5)])
 def test_other_geometry_matches_diffusers(layout, height, width, frames, text):
     ours = tokens(VideoRequest(height=height, width=width, frames=frames, text_tokens=text), TINY_MODEL, TINY_VAE)
     _check(ours, layout(TINY_MODEL, TINY_VAE, text, height, width, frames))
@@ -129,7 +135,8 @@ def test_measured_shapes_and_defaults():
     s = lambda **kw: tokens(VideoRequest(text_tokens=110, **kw), MODEL, VAE)["seq_len"]  # noqa: E731
     assert (s(), s(height=768, width=1344, seconds=14), s(height=544, width=960, seconds=5)) == (37820, 104076, 19394)
     t = tokens(VideoRequest(text_tokens=110), MODEL, VAE)
-    assert (t["height"], t["width"], t["frames"], t["num_inference_steps"], t["transformer_forwards"]) == (768, 1344, 124, 50, 49)
+    assert (t["height"], t["width"], t["frames"], t["num_inference_steps"], t["transformer_forwards"]) == (
+        768, 1344, 124, 50, 49)
 
 
 def test_default_steps_are_diffusers():
@@ -161,7 +168,8 @@ def test_audio_off_is_a_transformer_shape():
     with torch.no_grad():
         out = m(hidden_states=torch.randn(1, sv, 16), audio_hidden_states=torch.randn(1, 0, 8),
                 encoder_hidden_states=torch.randn(1, st, 16), timestep=torch.tensor([0.5]),
-                timestep_indices=torch.zeros(t["seq_len"], dtype=torch.long), token_tags=torch.tensor([1] * st + [0] * sv),
+                timestep_indices=torch.zeros(t["seq_len"], dtype=torch.long),
+                token_tags=torch.tensor([1] * st + [0] * sv),
                 position_ids=torch.randn(t["seq_len"], 3), video_indices=torch.arange(st, st + sv),
                 audio_indices=torch.arange(0), text_indices=torch.arange(st))
     assert out.sample.shape == (1, sv, 16) and out.audio_sample.shape == (1, 0, 8)
@@ -258,7 +266,8 @@ def test_torch_free_import():
     import subprocess
     import sys
 
-    code = "import sys, h3plan.planning.request, h3plan.planning.memory; print(sorted(m for m in ('torch', 'diffusers', 'triton') if m in sys.modules))"
+    code = ("import sys, h3plan.planning.request, h3plan.planning.memory; "
+            "print(sorted(m for m in ('torch', 'diffusers', 'triton') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=os.path.join(CONF, ".."), env={**os.environ, "PYTHONPATH": os.path.join(CONF, "..")})
     assert out.stdout.strip() == "[]"

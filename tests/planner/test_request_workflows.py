@@ -1,4 +1,5 @@
-"""fl2va and ref2va requests (h3plan/planning/workflows.py, request.py) against diffusers' own steps (CPU, no downloads).
+"""fl2va and ref2va requests (h3plan/planning/workflows.py, request.py) against diffusers' own steps (CPU, no
+downloads).
 
 The oracle is diffusers 0.42.1's chain run on tiny tensors: for ref2va `MiniMaxH3Ref2VASetupStep` (normalises the
 media), `MiniMaxH3Ref2VAReferenceEncoderStep` (a real tiny video VAE and audio VAE encode them) and
@@ -82,29 +83,35 @@ def _media(ref):
 def _ref2va(steps, refs, text):
     s = steps["setup"](references=[_media(r) for r in refs], num_frames=FRAMES,
                        output=["normalized_references", "height", "width", "num_frames"])
-    e = steps["encode"](normalized_references=s["normalized_references"], output=["condition_latents", "audio_condition_latents"])
+    e = steps["encode"](normalized_references=s["normalized_references"],
+                        output=["condition_latents", "audio_condition_latents"])
     names = ["position_ids", "num_condition_video_rows", "num_condition_audio_rows", "video_indices", "audio_indices",
              "text_indices"]
-    out = steps["ref_layout"](text_token_tags=torch.ones(text, dtype=torch.long), normalized_references=s["normalized_references"],
-                              condition_latents=e["condition_latents"], audio_condition_latents=e["audio_condition_latents"],
+    out = steps["ref_layout"](text_token_tags=torch.ones(text, dtype=torch.long),
+                              normalized_references=s["normalized_references"],
+                              condition_latents=e["condition_latents"],
+                              audio_condition_latents=e["audio_condition_latents"],
                               height=s["height"], width=s["width"], num_frames=s["num_frames"], output=names)
     return out
 
 
 REF_SETS = [
     [{"kind": "image", "height": 40, "width": 100}],
-    [{"kind": "image", "height": 40, "width": 100}, {"kind": "video", "frames": 40, "fps": 30, "height": 30, "width": 50,
+    [{"kind": "image", "height": 40, "width": 100}, {"kind": "video", "frames": 40, "fps": 30, "height": 30,
+                                                     "width": 50,
                                                      "audio_seconds": 3}, {"kind": "audio", "seconds": 1.5625}],
     [{"kind": "video", "frames": 200, "fps": 24, "height": 64, "width": 48, "audio_seconds": None},
      {"kind": "image", "height": 90, "width": 30}, {"kind": "image", "height": 33, "width": 33}],
-    [{"kind": "video", "frames": 50, "fps": 12, "height": 20, "width": 70, "audio_seconds": 9.0},  # soundtrack truncated
+    # soundtrack truncated
+    [{"kind": "video", "frames": 50, "fps": 12, "height": 20, "width": 70, "audio_seconds": 9.0},
      {"kind": "audio", "seconds": 0.01}],
 ]
 
 
 @pytest.mark.parametrize("refs", REF_SETS, ids=lambda r: "+".join(x["kind"] for x in r))
 def test_ref2va_rows_are_diffusers_layout(steps, refs):
-    got = tokens(VideoRequest(task="ref2va", references=refs, frames=FRAMES, text_tokens=9), TINY_MODEL, TINY_VAE, _pipe_facts())
+    got = tokens(VideoRequest(task="ref2va", references=refs, frames=FRAMES, text_tokens=9), TINY_MODEL, TINY_VAE,
+                 _pipe_facts())
     want = _ref2va(steps, refs, 9)
     assert got["seq_len"] == want["position_ids"].shape[0]
     assert got["condition_video_rows"] == want["num_condition_video_rows"]
@@ -112,7 +119,8 @@ def test_ref2va_rows_are_diffusers_layout(steps, refs):
     assert got["video_rows"] + got["condition_video_rows"] == want["video_indices"].numel()
     assert got["audio_rows"] + got["condition_audio_rows"] == want["audio_indices"].numel()
     assert got["partition"] == "transformer_ref" and [b["kind"] for b in got["references"]] == [r["kind"] for r in refs]
-    kinds = {"audio": True, "condition_video": got["condition_video_rows"] > 0, "condition_audio": got["condition_audio_rows"] > 0}
+    kinds = {"audio": True, "condition_video": got["condition_video_rows"] > 0,
+             "condition_audio": got["condition_audio_rows"] > 0}
     _check_keys(steps, got, want, kinds)
 
 
@@ -167,7 +175,8 @@ def _check_keys(steps, got, want, kinds, n=7):
         seen.setdefault(tuple(ts.tolist()), None)
     planned, want_keys = table_timesteps(got, pipe, [n]), list(seen)
     assert [len(v) for v in planned] == [len(v) for v in want_keys]  # the table's rows: the same vectors and widths
-    assert planned == [pytest.approx(v, abs=2e-7) for v in want_keys]  # planning floats: within float32 ulps of diffusers'
+    # planning floats: within float32 ulps of diffusers'
+    assert planned == [pytest.approx(v, abs=2e-7) for v in want_keys]
     assert max(map(len, planned)) == 1 + kinds["audio"] + kinds["condition_video"] + kinds["condition_audio"]
 
 
@@ -181,12 +190,15 @@ def _check_keys(steps, got, want, kinds, n=7):
     ({"task": "ref2va"}, "video.references"),
     ({"task": "ref2va", "references": [{"kind": "audio", "seconds": 2}]}, "video.references"),
     ({"task": "ref2va", "references": [{"kind": "image", "height": 8, "width": 8}] * 10}, "video.references"),
-    ({"task": "ref2va", "references": [{"kind": "video", "frames": 30, "height": 8, "width": 8}] * 4}, "video.references"),
+    ({"task": "ref2va", "references": [{"kind": "video", "frames": 30, "height": 8, "width": 8}] * 4},
+     "video.references"),
     ({"task": "ref2va", "references": [{"kind": "image", "height": 10, "width": 50}]}, "video.references[0]"),
     ({"task": "ref2va", "references": [{"kind": "image", "height": 10}]}, "video.references[0].width=null"),
-    ({"task": "ref2va", "references": [{"kind": "image", "height": 10, "width": 10, "fps": 2}]}, "video.references[0].fps"),
+    ({"task": "ref2va", "references": [{"kind": "image", "height": 10, "width": 10, "fps": 2}]},
+     "video.references[0].fps"),
     ({"task": "ref2va", "references": [{"kind": "sound", "seconds": 2}]}, "video.references[0]"),
-    ({"task": "ref2va", "references": [{"kind": "video", "frames": 12, "height": 8, "width": 8}]}, "video.references[0].frames=12"),
+    ({"task": "ref2va", "references": [{"kind": "video", "frames": 12, "height": 8, "width": 8}]},
+     "video.references[0].frames=12"),
     ({"task": "ref2va", "references": [{"kind": "image", "height": 8, "width": 8}], "num_inference_steps": 1},
      "video.num_inference_steps=1"),
 ])
@@ -213,7 +225,8 @@ def test_video_reference_resampled_and_truncated_at_the_released_geometry():
     assert (b["frames"], b["latent_frames"], b["height"], b["width"]) == (124, 37, 768, 1344)
     assert b["video_rows"] == 37 * 24 * 42 and b["audio_samples"] == int(124 / 24 * 32000) and b["audio_latents"] == 207
     assert got["seq_len"] == 10 + b["video_rows"] + 2 * 207 + 414 + 37296
-    short = tokens(VideoRequest(task="ref2va", references=[{**ref, "frames": 100, "fps": 24}], text_tokens=10), MODEL, VAE)
+    short = tokens(VideoRequest(task="ref2va", references=[{**ref, "frames": 100, "fps": 24}], text_tokens=10),
+                   MODEL, VAE)
     assert (short["references"][0]["frames"], short["references"][0]["latent_frames"]) == (90, 27)
 
 
@@ -243,7 +256,8 @@ def test_the_seed_107_frames_are_refused_with_the_length_that_works():
     assert resolve_config(video="fl2va_turbo_768x1344", **e.value.fix).derived_value("sequence")["frames"] == 124
 
 
-@pytest.mark.parametrize("kw", [{"video.keyframes": ["first"]}, {"video.task": "fl2va", "video.keyframes": ["last", "first"]},
+@pytest.mark.parametrize("kw", [{"video.keyframes": ["first"]},
+                                {"video.task": "fl2va", "video.keyframes": ["last", "first"]},
                                 {"video.task": "ref2va"}, {"video.seconds": 20}])
 def test_a_refusal_names_the_override_that_works(kw):
     from h3plan import resolve_config
@@ -256,7 +270,8 @@ def test_a_refusal_names_the_override_that_works(kw):
                              for k, v in fixed.items()}).derived_value("sequence")["seq_len"] > 0
 
 
-@pytest.mark.parametrize("video,steps,cv,ca", [("fl2va_turbo_768x1344", 5, True, False), ("ref2va_768x1344_5s", 50, True, False),
+@pytest.mark.parametrize("video,steps,cv,ca", [("fl2va_turbo_768x1344", 5, True, False),
+                                               ("ref2va_768x1344_5s", 50, True, False),
                                                ("t2v_768x1344_5s", 50, False, False)])
 def test_table_keys_and_memory_follow_the_request(video, steps, cv, ca):
     """The adaln_table decision tables the request's own steps and kinds of row; the memory estimate counts the
@@ -276,7 +291,8 @@ def test_table_keys_and_memory_follow_the_request(video, steps, cv, ca):
 def test_ref2va_with_audio_references_tables_the_clean_audio_value():
     from h3plan import resolve_config
 
-    plan = resolve_config(video="ref2va_768x1344_5s", **{"video.references": [{"kind": "image", "height": 512, "width": 512},
+    plan = resolve_config(video="ref2va_768x1344_5s", **{"video.references": [{"kind": "image",
+                                                                               "height": 512, "width": 512},
                                                                               {"kind": "audio", "seconds": 4}]})
     d = plan.decision("adaln_table")
     assert d.param("condition_video") and d.param("condition_audio")

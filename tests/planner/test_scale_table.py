@@ -31,7 +31,8 @@ def test_missing_file():
 
 def test_rows_and_default(tmp_path):
     p = tmp_path / "t.json"
-    p.write_text(json.dumps({"default": {"q": 1, "k": 2, "v": 3}, "transformer_blocks.1.attn": {"q": 4, "k": 5, "v": 6}}))
+    p.write_text(json.dumps({"default": {"q": 1, "k": 2, "v": 3},
+                             "transformer_blocks.1.attn": {"q": 4, "k": 5, "v": 6}}))
     t = load(str(p))
     assert row_for(t, "transformer_blocks.1.attn") == (4.0, 5.0, 6.0)
     assert row_for(t, "transformer_blocks.0.attn") == (1.0, 2.0, 3.0)

@@ -8,11 +8,12 @@ import json
 import pytest
 
 from h3plan.facts.blocks import BLOCK_LINEARS
-from h3plan.facts.scale_table import (FORMAT, VERSION, ScaleTableError, config_hash, has_linears, linear_amax, load, load_table,
-                                row_for, values_hash)
+from h3plan.facts.scale_table import (FORMAT, VERSION, ScaleTableError, config_hash, has_linears, linear_amax, load,
+                                      load_table, row_for, values_hash)
 
 TINY = {"num_attention_heads": 4, "attention_head_dim": 32, "hidden_size": 96, "num_layers": 2, "num_refiner_layers": 1,
-        "ffn_dim": 160, "in_channels": 4, "audio_in_channels": 8, "patch_size": [1, 2, 2], "text_dim": 48, "freq_dim": 32,
+        "ffn_dim": 160, "in_channels": 4, "audio_in_channels": 8, "patch_size": [1, 2, 2], "text_dim": 48,
+        "freq_dim": 32,
         "time_embed_hidden_dim": 64, "time_embed_dim": 40, "rope_freq_dim": 4, "rope_theta": 10000.0, "norm_eps": 1e-5,
         "qk_norm_eps": 1e-5, "final_norm_eps": 1e-5}  # conf/model/h3_tiny.yaml
 
@@ -108,7 +109,8 @@ def test_another_model_is_refused(tmp_path):
     other = dict(TINY, hidden_size=128)
     path = write(tmp_path, table(config=other))
     load_table(path)  # without a model to compare, the table itself is valid
-    with pytest.raises(ScaleTableError, match=r"calibrated for model 'h3_tiny' \(config hash [0-9a-f]{16}\), not this model"):
+    with pytest.raises(ScaleTableError, match=r"calibrated for model 'h3_tiny' \(config hash [0-9a-f]{16}\), not this "
+                                              r"model"):
         load_table(path, model_config=TINY)
 
 
@@ -164,7 +166,8 @@ def test_plan_refuses_a_table_of_another_model(plan, tmp_path):
 
     path = write(tmp_path, table())
     with pytest.raises(H3PlanError) as e:
-        plan("hardware=sm90", "recipe=fp8", "model=h3", "recipe.fp8_scale_mode=static", f"recipe.fp8_static_table={path}")
+        plan("hardware=sm90", "recipe=fp8", "model=h3", "recipe.fp8_scale_mode=static",
+             f"recipe.fp8_static_table={path}")
     assert "recipe.fp8_static_table" in str(e.value) and "not this model" in str(e.value) and "\n" not in str(e.value)
 
 

@@ -122,7 +122,8 @@ def test_80gb_card_plans_the_text_encoder_on_the_host(checkpoint, video):
     s = TE.sizes(WIDE, plan.derived_value("sequence")["text_rows"])
     assert te["setting"] == "host" and te["weights_gib"] == pytest.approx(s["weight_bytes"] / GiB, abs=1e-3)
     b = plan.derived_value("memory_breakdown_gib")
-    assert b["text_encoder"] == 0 and b["text_encoder_encode"] == pytest.approx((s["layer_bytes"] + s["activation_bytes"]) / GiB, abs=0.01)
+    assert b["text_encoder"] == 0
+    assert b["text_encoder_encode"] == pytest.approx((s["layer_bytes"] + s["activation_bytes"]) / GiB, abs=0.01)
     assert plan.derived_value("memory_peak_gib_per_gpu") <= 80e9 / GiB * 0.92
 
 
@@ -131,7 +132,8 @@ def test_141gb_card_keeps_it_resident_and_counts_it(checkpoint):
 
     plan = resolve_config(**{"model.path": checkpoint})
     te, b = plan.derived_value("text_encoder"), plan.derived_value("memory_breakdown_gib")
-    assert te["setting"] == "resident" and b["text_encoder"] == pytest.approx(TE.sizes(WIDE)["weight_bytes"] / GiB, abs=0.01)
+    assert te["setting"] == "resident"
+    assert b["text_encoder"] == pytest.approx(TE.sizes(WIDE)["weight_bytes"] / GiB, abs=0.01)
     assert "text_encoder" in plan.derived_value("memory_peak_items")
 
 
@@ -142,7 +144,8 @@ def test_forced_placement_that_does_not_fit_is_one_line_with_the_fit(checkpoint)
     with pytest.raises(ConfigError) as e:
         resolve_config(**{"model.path": checkpoint, "hardware.device.memory_gb": 80, "memory.text_encoder": "resident"})
     msg = str(e.value)
-    assert msg.startswith("memory.text_encoder=resident: ") and msg.endswith("nearest that fits: memory.text_encoder=host")
+    assert msg.startswith("memory.text_encoder=resident: ")
+    assert msg.endswith("nearest that fits: memory.text_encoder=host")
     assert "\n" not in msg
 
 
@@ -150,7 +153,8 @@ def test_without_a_conditioner_nothing_changes():
     from h3plan import resolve_config
 
     plan = resolve_config()
-    assert plan.derived_value("text_encoder") is None and plan.derived_value("memory_breakdown_gib")["text_encoder"] == 0
+    assert plan.derived_value("text_encoder") is None
+    assert plan.derived_value("memory_breakdown_gib")["text_encoder"] == 0
 
 
 def test_model_offload_encodes_alone_and_moves_it_after(checkpoint):
@@ -209,7 +213,8 @@ def test_a_named_placement_that_does_not_fit_names_the_one_that_does():
     from h3plan import resolve_config
     from h3plan.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"^memory.text_encoder=resident: .*nearest that fits: memory.text_encoder=host$"):
+    with pytest.raises(ConfigError, match=r"^memory.text_encoder=resident: .*nearest that fits: "
+                                          r"memory.text_encoder=host$"):
         resolve_config(**{"memory.text_encoder": "resident", "hardware.device.memory_gb": 80})
 
 

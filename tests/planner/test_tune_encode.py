@@ -13,7 +13,8 @@ TINY = ["model=h3_tiny", "vae=h3_tiny_pipe", "hardware=sm90", "video.height=32",
 
 
 def _replan(base):
-    return lambda extra: resolve(compose([a for a in base if not a.startswith(("recipe=", "recipe.", "levers."))] + extra))
+    return lambda extra: resolve(compose([a for a in base if not a.startswith(("recipe=", "recipe.", "levers."))]
+                                         + extra))
 
 
 def _measure(base, quick=False):
@@ -31,9 +32,10 @@ def _measure(base, quick=False):
 def test_each_precision_is_an_installed_plan_at_the_requests_keyframes():
     base = TINY + ["video.task=fl2va", "video.keyframes=[first,last]"]
     plan, points, seen = _measure(base)
-    # first and last share a shape: timed once; the last arm encodes at the fp8 recipe's decode tiles (sm90 has FP8 GEMMs)
-    assert [(p["precision"], p["tiles"]) for p in points] == [("fp32", "default"), ("fp16", "default"), ("bf16", "default"),
-                                                              ("fp32", "fp8_tiles")]
+    # first and last share a shape: timed once; the last arm encodes at the fp8 recipe's decode tiles (sm90 has
+    # FP8 GEMMs)
+    assert [(p["precision"], p["tiles"]) for p in points] == [("fp32", "default"), ("fp16", "default"),
+                                                              ("bf16", "default"), ("fp32", "fp8_tiles")]
     assert seen == [torch.float32, torch.float16, torch.bfloat16, torch.float32]  # each arm's encode in its precision
     seq = plan.derived_value("sequence")
     assert all(p["input"] == [1, seq["height"], seq["width"]] and p["seconds"] == 0.25 for p in points)
@@ -45,7 +47,8 @@ def test_a_request_that_encodes_nothing_still_measures_one_keyframe_of_its_canva
     plan, points, seen = _measure(TINY, quick=True)
     assert plan.decision("vae_encode_precision").setting == "off"
     seq = plan.derived_value("sequence")
-    assert [(p["precision"], p["tiles"], p["input"]) for p in points] == [("fp32", "default", [1, seq["height"], seq["width"]])]
+    assert [(p["precision"], p["tiles"], p["input"]) for p in points] == [
+        ("fp32", "default", [1, seq["height"], seq["width"]])]
     assert "one keyframe of the canvas" in points[0]["source"] and seen == [torch.float32]
 
 
@@ -57,7 +60,8 @@ def test_the_encode_rows_reach_the_file_the_markdown_and_the_plan(tmp_path):
     out = tmp_path / "hardware" / "sm90_enc.yaml"
     record = {"tuned": TUNED, "measured": measured, "backends": ["sdpa"], "steps_s": {"encode": 1.0}, "seconds": 1.0}
     tune.write_outputs(out, "sm90", TUNED, measured, None, record)
-    assert "| encode fp16 / default at 1x32x32 (frames x height x width) | 0.250 s |" in (tmp_path / "hardware" / "tune-sm90_enc.md").read_text()
+    md = (tmp_path / "hardware" / "tune-sm90_enc.md").read_text()
+    assert "| encode fp16 / default at 1x32x32 (frames x height x width) | 0.250 s |" in md
     p = resolve(compose([f"hydra.searchpath=[file://{tmp_path}]", "hardware=sm90_enc", "recipe=bf16",
                          "video=fl2va_turbo_768x1344"]))
     assert p.derived_value("encode_s_est") == pytest.approx(2 * 0.25 * 1344 * 768 / (32 * 32))  # scaled by pixels

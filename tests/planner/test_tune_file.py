@@ -23,7 +23,8 @@ MEASURED = {"on_hardware": True, "hbm_copy_tbps": 4.0,
             "attention": [{"seq_len": 37820, "heads": 56, "sdpa": 350.0, "cudnn_bf16": 560.0, "fa4": 650.0}],
             "gemm_block": [{"rows": 37820, "dtype": "bf16", "layers": 1, "ms": 41.0, "source": "synthetic"}],
             "elementwise": [{"recipe": "bf16", "rows": 37820, "layers": 1, "ms": [2.5], "source": "synthetic"}],
-            "decode": [{"precision": "fp32", "tiles": "default", "latent": [1, 24, 5, 48, 84], "seconds": 6.0, "source": "synthetic"}]}
+            "decode": [{"precision": "fp32", "tiles": "default", "latent": [1, 24, 5, 48, 84], "seconds": 6.0,
+                        "source": "synthetic"}]}
 
 
 def test_cpu_refuses_in_one_line(capsys):
@@ -51,7 +52,8 @@ def test_the_written_file_loads_and_drives_the_plan(tmp_path):
     files = tune.write_outputs(out, "sm90", TUNED, MEASURED, None, record)
     assert [f.name for f in files] == ["sm90_synthetic.yaml", "tune-sm90_synthetic.json", "tune-sm90_synthetic.md"]
     assert yaml.safe_load(out.read_text())["defaults"] == ["sm90", "_self_"]
-    p = resolve(compose([f"hydra.searchpath=[file://{tmp_path}]", "hardware=sm90_synthetic", "recipe=bf16", "parallel=u1"]))
+    p = resolve(compose([f"hydra.searchpath=[file://{tmp_path}]", "hardware=sm90_synthetic",
+                         "recipe=bf16", "parallel=u1"]))
     hw = p.get("hardware")
     assert hw["tuned"]["device"] == "Synthetic GPU" and hw["tuned"]["date"] == "2026-12-02 04:30"
     assert hw["measured"]["ulysses"]["a2a"]  # inherited from the packaged sm90
@@ -69,7 +71,8 @@ def test_versions_as_the_gpu_gives_them_write_plain_yaml(tmp_path):
     from torch.torch_version import TorchVersion
 
     latent = [1, 24, 37, 48, 84]
-    measured = dict(MEASURED, decode=[dict(MEASURED["decode"][0], latent=latent), dict(MEASURED["decode"][0], precision="fp16", latent=latent)])
+    measured = dict(MEASURED, decode=[dict(MEASURED["decode"][0], latent=latent),
+                                      dict(MEASURED["decode"][0], precision="fp16", latent=latent)])
     text = tune.hardware_file("sm90", dict(TUNED, runtime={"torch": TorchVersion("2.11.0+cu130")}), measured)
     doc = yaml.safe_load(text)
     assert doc["tuned"]["runtime"]["torch"] == "2.11.0+cu130" and "&id" not in text
@@ -78,7 +81,8 @@ def test_versions_as_the_gpu_gives_them_write_plain_yaml(tmp_path):
 def test_regret_of_auto_from_a_synthetic_table():
     from h3plan.actions.bench import regret
 
-    base = [f"hydra.searchpath=[file://{Path(__file__).parent / 'data' / 'conf'}]", "hardware=tuned_synthetic", "recipe=bf16"]
+    base = [f"hydra.searchpath=[file://{Path(__file__).parent / 'data' / 'conf'}]", "hardware=tuned_synthetic",
+            "recipe=bf16"]
     r = regret.sweep(base, levers=("attention",))
     assert r["auto"]["settings"] == {"attention": "cudnn_bf16"} and r["regret"] == 0.0  # the measured fastest
     assert any("refused" in a for a in r["arms"])  # cudnn_fp8: lossy under a lossless recipe

@@ -22,7 +22,8 @@ def render_summary(p) -> str:
 
 
 def plan(*overrides, conf=CONF, hw="tuned_synthetic"):
-    return resolve(compose([f"hydra.searchpath=[file://{conf}]", f"hardware={hw}", "recipe=bf16", "parallel=u1", *overrides]))
+    return resolve(compose([f"hydra.searchpath=[file://{conf}]", f"hardware={hw}", "recipe=bf16",
+                            "parallel=u1", *overrides]))
 
 
 def _write(tmp_path, **tuned_changes):
@@ -71,7 +72,8 @@ def test_stale_rules():
 
 def test_driver_version_is_read_without_torch(tmp_path):
     f = tmp_path / "version"
-    f.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  Release Build  (dvs-builder@U16)\n")
+    f.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  Release Build  "
+                 "(dvs-builder@U16)\n")
     assert tuned.driver_version(str(f)) == "570.86.15"
     f.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.14  Thu Feb 22 01:44:30 UTC 2024\n")
     assert tuned.driver_version(str(f)) == "550.54.14"
@@ -103,7 +105,8 @@ def test_measured_on_replaces_the_mark():
 def test_a_failed_check_is_refused_with_its_reason():
     d = plan().decision("swiglu")
     assert d.setting == "off"
-    assert any("kernel check failed on Synthetic GPU" in r and "NOT bitwise equal to R (synthetic)" in r for r in d.reasons)
+    assert any("kernel check failed on Synthetic GPU" in r and "NOT bitwise equal to R (synthetic)" in r
+               for r in d.reasons)
     with pytest.raises(H3PlanError, match=r"levers.swiglu=on cannot apply: its kernel check failed on Synthetic GPU"):
         plan("levers.swiglu=on")
     assert "kernel checks failed there, refused: swiglu=on" in render_summary(plan())
@@ -126,8 +129,9 @@ def test_prediction_reads_the_tuned_measurements():
 
 def test_a_setting_checked_only_on_the_tuned_device_loses_its_mark(tmp_path):
     # sm107's packaged facts never ran anywhere; a tuned file whose check passed there drops the '*' for that setting
-    doc = {"defaults": ["sm107", "_self_"], "tuned": {**SYNTHETIC["tuned"], "compute_capability": "10.7",
-                                                     "checks": [{"lever": "qk_norm_rope", "setting": "fused", "passed": True}]}}
+    checks = [{"lever": "qk_norm_rope", "setting": "fused", "passed": True}]
+    doc = {"defaults": ["sm107", "_self_"],
+           "tuned": {**SYNTHETIC["tuned"], "compute_capability": "10.7", "checks": checks}}
     (tmp_path / "hardware").mkdir()
     (tmp_path / "hardware" / "b.yaml").write_text(yaml.safe_dump(doc))
     p = resolve(compose([f"hydra.searchpath=[file://{tmp_path}]", "hardware=b", "recipe=bf16", "parallel=u1"]))

@@ -114,7 +114,8 @@ def test_decoded_tiles_are_the_layouts_slices(dc, tile, latent):
         g = dataclasses.replace(g, tiling=False)
     else:
         vae.enable_tiling(*tile)
-        g = dataclasses.replace(g, tile_height=tile[0], tile_width=tile[1], overlap_height=tile[2], overlap_width=tile[3])
+        g = dataclasses.replace(g, tile_height=tile[0], tile_width=tile[1], overlap_height=tile[2],
+                                overlap_width=tile[3])
     z = torch.randn(1, dc["latent_channels"], *latent, generator=torch.Generator().manual_seed(1))
     calls, out = _recorded_calls(vae, z)
     want = _predicted_calls(z, g)
@@ -136,9 +137,11 @@ def test_tile_rule_accepts_exactly_what_split_tiles_lays_latent_aligned(tiny):
             else:
                 assert h <= 0 or o <= 0 or h % r or o % r or o >= h, (h, o, broken)
     assert tiling.tile_rule(None, 16, None, 4) is None
-    assert tiling.tile_rule(16, 16, 16, 4) == ("overlap", "must be smaller than the tile (16x16 px): diffusers lays no such tiles")
+    assert tiling.tile_rule(16, 16, 16, 4) == ("overlap", "must be smaller than the tile (16x16 px): diffusers lays no "
+                                                          "such tiles")
 
 
 def test_the_tiling_model_imports_no_torch():
-    code = "import sys, h3plan.facts.vae.tiling, h3plan.facts.vae.parallel_plan, h3plan.install.vae; assert 'torch' not in sys.modules"
+    code = ("import sys, h3plan.facts.vae.tiling, h3plan.facts.vae.parallel_plan, h3plan.install.vae; "
+            "assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -22,7 +22,8 @@ from typing import Mapping
 
 from h3plan.actions.gpu_only import CPU_MAX_HIDDEN
 from h3plan.actions.inputs import TIMESTEP, build_model, packed_inputs, seeded_lora
-from h3plan.actions.pipeline_build import (build_pipeline, denoiser, prompt_inputs, prompt_text, run_block, workflow_blocks,
+from h3plan.actions.pipeline_build import (build_pipeline, denoiser, prompt_inputs, prompt_text, run_block,
+                                           workflow_blocks,
                                            workflow_inputs)
 from h3plan.actions.quality import psnr
 from h3plan.facts.lora import SHAPES as LORA_SHAPES
@@ -35,8 +36,8 @@ from .measure import run as run_blocks
 from .records import (ANCHOR_EAGER_MS, REQUIRED_KEYS, SCHEMA_VERSION, TARGET_ATTENTION_FRACTION, TARGET_FP8_SPEEDUP,
                       TARGET_LOSSLESS_SPEEDUP, BlockRecord, check_records, fallbacks, load_doc, merge_record, new_doc,
                       record_key, render_markdown, summary_table, target_lines, write_chart, write_doc)
-from .timing import (BackendTimer, Clock, ForwardTimer, Progress, back_to_back, category, interleaved, kernel_events, median,
-                     median_ms, profile_summary)
+from .timing import (BackendTimer, Clock, ForwardTimer, Progress, back_to_back, category, interleaved, kernel_events,
+                     median, median_ms, profile_summary)
 
 
 def run(cfg, plan) -> int:
@@ -52,6 +53,7 @@ __all__ = ["run", "options", "BenchOptions", "plan_label", "device_tag", "captur
            "TARGET_LOSSLESS_SPEEDUP", "TARGET_FP8_SPEEDUP", "TARGET_ATTENTION_FRACTION", "new_doc", "load_doc",
            "check_records", "record_key", "merge_record", "write_doc", "render_markdown", "target_lines", "fallbacks",
            "summary_table", "write_chart", "Progress", "Clock", "interleaved", "back_to_back", "median", "median_ms",
-           "BackendTimer", "ForwardTimer", "kernel_events", "category", "profile_summary", "configured", "plan_backend", "build_model", "packed_inputs", "TIMESTEP",
+           "BackendTimer", "ForwardTimer", "kernel_events", "category", "profile_summary", "configured", "plan_backend",
+           "build_model", "packed_inputs", "TIMESTEP",
            "build_pipeline", "prompt_inputs", "run_block", "psnr", "denoiser", "prompt_text", "workflow_blocks",
            "workflow_inputs", "placed_text_encoder", "seeded_lora", "LORA_SHAPES", "CPU_MAX_HIDDEN"]

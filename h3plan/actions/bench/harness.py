@@ -86,7 +86,8 @@ def run_meta(torch, device, head: Mapping[str, Any], body: Mapping[str, Any]) ->
     import diffusers  # the caller's run has imported it already: the versions are the point
 
     return {**head, "device": device_name(torch, device), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "diffusers": diffusers.__version__, **body, "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+            "diffusers": diffusers.__version__, **body,
+            "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
 
 
 class Output:

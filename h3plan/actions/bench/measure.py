@@ -72,7 +72,8 @@ class BenchOptions:
 
 
 def options(cfg) -> BenchOptions:
-    """`cfg.bench` as BenchOptions (the values were checked with the config: h3plan.planning.action_configs.validate_actions)."""
+    """`cfg.bench` as BenchOptions (the values were checked with the config:
+    h3plan.planning.action_configs.validate_actions)."""
     b = cfg["bench"] if isinstance(cfg, Mapping) else cfg.bench
 
     def ints(key):
@@ -301,7 +302,8 @@ def _stack_record(s: _Session, S: int, n: int, block_in: tuple, attn: dict) -> B
         if rec.attention_after_forward_ms and rec.attention_in_plan_ms:
             rec.attention_in_plan_fraction_matched = rec.attention_after_forward_ms / rec.attention_in_plan_ms
         if not torch.equal(pristine, block_in[0]):
-            raise RuntimeError("the block input changed during the repetitions (an in-place write): times and errors invalid")
+            raise RuntimeError("the block input changed during the repetitions (an in-place write): "
+                               "times and errors invalid")
     fallbacks = {k: v for k, v in rec.counters.items() if k.endswith(".fallback")}
     if fallbacks:
         s.progress.write(f"S={S} x{n}: guarded calls fell back while timed: {fallbacks}")
@@ -346,7 +348,8 @@ def _run_meta(torch, device, label, opts) -> dict:
     return meta
 
 
-def _measure(torch, cfg, plan, opts: BenchOptions, device, progress: Progress, out: Output, label: str, name: str) -> int:
+def _measure(torch, cfg, plan, opts: BenchOptions, device, progress: Progress, out: Output, label: str,
+             name: str) -> int:
     """Every (S, blocks) configuration, each record merged and the files rewritten after it; the failures."""
     doc, failed = out.doc, 0
     s = _setup(torch, cfg, plan, opts, device, progress)
@@ -400,8 +403,8 @@ def run(cfg, plan) -> int:
     if device.type != "cuda" and hidden > CPU_MAX_HIDDEN:
         raise UsageError(bench_too_wide(hidden))
     if device.type != "cuda" and max(opts.seq_lens) > CPU_MAX_ROWS:
-        raise UsageError(f"bench.seq_lens={list(opts.seq_lens)}: at most {CPU_MAX_ROWS:,} rows on the CPU (the defaults "
-                         f"are GPU lengths, minutes to hours here): the smoke form is {CPU_SMOKE}")
+        raise UsageError(f"bench.seq_lens={list(opts.seq_lens)}: at most {CPU_MAX_ROWS:,} rows on the CPU (the "
+                         f"defaults are GPU lengths, minutes to hours here): the smoke form is {CPU_SMOKE}")
     name = device_name(torch, device)
     out = Output(records, opts.out_dir, "block", opts.tag or device_tag(name))
     label = plan_label(plan)

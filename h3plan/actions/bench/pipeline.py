@@ -43,8 +43,8 @@ plan's memory.text_encoder puts it (install/text_encoder.py: resident, offload_a
 so each row's rest, E2E and peak include the encode and its moves.
 
 Config: `video`; `bench.pipeline.{text_tokens, warmup, steps, rounds, decode_warmup, best, compile_backend,
-cp_backend, e2e_steps, layers, vae, plans, reference, seed, workflow, prompt}` (DEFAULTS; missing keys take them, so a plain dict
-config works too); `bench.out_dir`, `bench.tag`.
+cp_backend, e2e_steps, layers, vae, plans, reference, seed, workflow, prompt}` (DEFAULTS; missing keys take them, so a
+plain dict config works too); `bench.out_dir`, `bench.tag`.
 
 Output (rank 0), in bench.out_dir: pipeline-<tag>.json (one record per row, a new run appends), .md and .png
 (pipeline_records.py), rewritten after every row. U > 1: launch U processes with torchrun
@@ -91,7 +91,8 @@ from .timing import Clock, ForwardTimer, Progress, Quiet
 def _defaults() -> dict[str, Any]:
     from dataclasses import MISSING, fields
 
-    return {f.name: f.default if f.default_factory is MISSING else f.default_factory() for f in fields(PipelineBenchConfig)}
+    return {f.name: f.default if f.default_factory is MISSING else f.default_factory()
+            for f in fields(PipelineBenchConfig)}
 
 
 DEFAULTS = _defaults()
@@ -147,7 +148,8 @@ def _get(node, key, default=None):
 
 
 def _vae_list(v) -> tuple:
-    items = [str(x).strip() for x in (v if isinstance(v, (list, tuple)) else str(v).split(","))] if v is not None else []
+    items = [str(x).strip() for x in (v if isinstance(v, (list, tuple))
+                                      else str(v).split(","))] if v is not None else []
     items = [x for x in items if x]
     if items in ([], ["auto"]):
         return ()
@@ -224,8 +226,8 @@ def stock_bits_plan(cfg, base: list):
               if k != "attention" and str(getattr(v, "name", v)) != "auto"]
     plan = resolve(compose(base + ([f"recipe={recipe}"] if recipe else []) + forced + ["levers.attention=sdpa"]))
     if not plan.lossless:
-        raise UsageError(f"bench.pipeline.stock_bits=true: recipe {recipe} is lossy; the stock-bits row needs a lossless "
-                         "recipe (recipe=bf16)")
+        raise UsageError(f"bench.pipeline.stock_bits=true: recipe {recipe} is lossy; the stock-bits row needs a "
+                         f"lossless recipe (recipe=bf16)")
     return plan
 
 
@@ -425,7 +427,8 @@ class _Session(Session):
             raise RuntimeError(f"the sparse warm-up made {len(seen)} forwards, expected {stop}")
 
     def plain_turn(self, row: _Row, s) -> None:
-        """`warmup` untimed + `steps` timed forwards of one call: forward is their median, rest the call less its forwards."""
+        """`warmup` untimed + `steps` timed forwards of one call: forward is their median, rest the call less its
+        forwards."""
         frames, secs, wall = self.call()
         row.counters = dict(counters()) if s.name == "plan" else None
         if row.first is None:
@@ -435,8 +438,8 @@ class _Session(Session):
         row.parts.append(self.last_parts)
         if row.frames is None:
             row.frames, row.frames_forwards = _host(frames), len(secs)
-        self.progress.step(f"{row_label_of(s)} ({s.vae} VAE): forward {statistics.median(secs[self.opts.warmup:]):.3f} s, "
-                           f"rest {wall - sum(secs):.2f} s")
+        self.progress.step(f"{row_label_of(s)} ({s.vae} VAE): forward {statistics.median(secs[self.opts.warmup:]):.3f} "
+                           f"s, rest {wall - sum(secs):.2f} s")
 
     def whole_turn(self, row: _Row, s) -> None:
         """bench.pipeline.whole: the short call of `warmup` untimed + `steps` timed forwards (the figures every other
@@ -478,7 +481,8 @@ class _Session(Session):
         row.call_forwards, row.call_computed = list(secs), [bool(m) for m in mask]
         row.walls.append(wall - sum(secs))
         row.parts.append(self.last_parts)
-        row.full = {"e2e_s": wall, "forwards": len(secs), "computed": made[0]["computed"], "skipped": made[0]["skipped"],
+        row.full = {"e2e_s": wall, "forwards": len(secs), "computed": made[0]["computed"],
+                    "skipped": made[0]["skipped"],
                     "skipped_s": sum(x for x, m in zip(secs, mask) if not m), "mode": st.spec["mode"]}
         row.frames, row.frames_forwards = _host(frames), len(secs)
         self.progress.step(f"{row_label_of(row.setting)}: {made[0]['computed']} of {len(secs)} forwards computed, "
@@ -529,7 +533,8 @@ def extra_tensors(now: Counter, before: Counter, n: int = 3) -> str:
     """The `n` largest storages in `now` beyond `before` (what an earlier row still holds), or where the memory is
     not Python's to see (a library's cache)."""
     top = sorted((now - before).elements(), reverse=True)[:n]
-    return ", ".join(f"{list(shape)} {dtype} {b / 2**20:.0f} MiB" for b, shape, dtype in top) or "none that Python reaches"
+    return ", ".join(f"{list(shape)} {dtype} {b / 2**20:.0f} MiB"
+                     for b, shape, dtype in top) or "none that Python reaches"
 
 
 def forward_kinds(secs: list[float], computed: list[bool], dense: int | None) -> list[tuple[int, float]]:
@@ -567,8 +572,9 @@ def _distributed(torch, degree: int):
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world != degree:
-        raise UsageError(f"parallel.ulysses={degree}: launch {degree} processes, e.g. torchrun --nproc_per_node={degree} "
-                         f"-m h3plan action=bench bench.target=pipeline parallel=u{degree} ... (WORLD_SIZE is {world})")
+        raise UsageError(f"parallel.ulysses={degree}: launch {degree} processes, e.g. torchrun "
+                         f"--nproc_per_node={degree} -m h3plan action=bench bench.target=pipeline parallel=u{degree} "
+                         f"... (WORLD_SIZE is {world})")
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
         device = torch.device("cuda", local)
@@ -612,7 +618,8 @@ def row_specs(plans, opts, degree: int) -> list[tuple]:
             (rows if degree == 1 else tail).append(("best", v, None))
         for p in plans:
             if plan_precision(p) == v:
-                stock = opts.stock_bits and p is plans[-1]  # extra_plans appends the stock-bits plan last: eager is its reference
+                # extra_plans appends the stock-bits plan last: eager is its reference
+                stock = opts.stock_bits and p is plans[-1]
                 if opts.reference and _lossless_but_vae(p) and not stock:
                     rows.append(("reference", v, p))
                 rows.append(("plan", v, p))
@@ -652,7 +659,8 @@ def _compare(torch, device, frames, ref) -> dict:
     except torch.OutOfMemoryError:
         free(torch)
         out = _compared(torch, frames.cpu(), ref.cpu())
-        out["note"] = (out.get("note", "") + "; " if out.get("note") else "") + "compared on the host (no device memory left)"
+        out["note"] = (out.get("note", "") + "; " if out.get("note")
+                       else "") + "compared on the host (no device memory left)"
         return out
 
 
@@ -676,7 +684,8 @@ def _record(torch, device, run_id, request, S, degree, layers, n_sched, steps_e2
         workflow=opts.workflow,
         forward_s=fwd, rest_s=rest, wall_s=(rest + sum(row.forwards) if rest is not None else None),
         e2e_s=records.e2e(steps_e2e, fwd, rest), steps_e2e=steps_e2e, forwards_s=list(row.forwards),
-        first_forward_s=row.first, peak_gib=row.peak_gib, counters=row.counters or {}, device=device_name(torch, device),
+        first_forward_s=row.first, peak_gib=row.peak_gib, counters=row.counters or {},
+        device=device_name(torch, device),
         timing="cuda-events" if device.type == "cuda" else "host-clock", layers=layers, num_inference_steps=n_sched,
         forwards_per_call=opts.warmup + opts.steps, warmup_forwards=opts.warmup,
         recipe=str(plan.get("recipe").get("name", "")) if plan is not None else "",
@@ -701,13 +710,13 @@ def _record(torch, device, run_id, request, S, degree, layers, n_sched, steps_e2
     rec.whole_call = row.full is not None or row.whole is not None
     rec.call_forwards_s, rec.call_computed = list(row.call_forwards), row.call_computed
     if opts.prompt:
-        rec.notes.append(f"prompt: a {opts.text_tokens}-byte string through diffusers' text encoder step and the seeded "
-                         "Qwen3-VL at the packaged widths, placed by the plan's memory.text_encoder for every row; its "
-                         "encode (and any move) is in rest, E2E and the peak")
+        rec.notes.append(f"prompt: a {opts.text_tokens}-byte string through diffusers' text encoder step and the "
+                         f"seeded Qwen3-VL at the packaged widths, placed by the plan's memory.text_encoder for every "
+                         f"row; its encode (and any move) is in rest, E2E and the peak")
     if row.left_gib is not None:
         rec.notes.append(f"started with {row.left_gib:.2f} GiB more allocated on the device than the first row did "
-                         f"(held by an earlier row after gc; the largest tensors beyond the first row's: {row.left_what}): in "
-                         "this row's peak")
+                         f"(held by an earlier row after gc; the largest tensors beyond the first row's: "
+                         f"{row.left_what}): in this row's peak")
     if s.name == "best" and row.first is not None:
         rec.notes.append(f"the first forward (regional compile included) took {row.first:.2f} s")
     if s.name == "plan":
@@ -725,7 +734,8 @@ def _record(torch, device, run_id, request, S, degree, layers, n_sched, steps_e2
         pf, pc = records.predicted_forward(plan, asdict(rec)), plan.derived_value("call_s_est")
         if pf is not None and fwd is not None:  # the plan's own time line against this row
             rec.notes.append(f"predicted: forward {pf:.3f} s ({pf / fwd - 1:+.1%})" + (
-                "" if pc is None or rec.e2e_s is None else f", call {pc:.1f} s ({pc / rec.e2e_s - 1:+.1%}) against the measured")
+                "" if pc is None or rec.e2e_s is None else f", call {pc:.1f} s ({pc / rec.e2e_s - 1:+.1%}) against the "
+                                                           f"measured")
                 + (" (first_block: the plan counts every forward computed; how many it skips is the checkpoint's)"
                    if row.full is not None and row.full.get("mode") == "first_block" else ""))
     _frames(torch, device, opts, row, rows, rec, store)

@@ -247,7 +247,8 @@ def frames_text(f: Mapping) -> str:
     if f.get("bitwise"):
         return f"bitwise vs {f.get('against')}"
     head = "" if f.get("bitwise") is None else "**not bitwise**, "
-    return f"{head}PSNR {fmt(f.get('psnr_db'), '{:.1f}', none='inf')} dB, SSIM {fmt(f.get('ssim'), '{:.5f}')} vs {f.get('against')}"
+    return (f"{head}PSNR {fmt(f.get('psnr_db'), '{:.1f}', none='inf')} dB, SSIM {fmt(f.get('ssim'), '{:.5f}')} "
+            f"vs {f.get('against')}")
 
 
 def _runs(records):
@@ -270,7 +271,8 @@ def checks_text(r: Mapping, fixes: Sequence[Mapping] = ()) -> str:
 
 
 RECORD_COLUMNS = (("setting", "l", cell("label")), ("VAE", "l", cell("vae")),
-                  ("forward s", "r", lambda r: fmt(r["forward_s"], "{:.3f}")), ("rest s", "r", lambda r: fmt(r["rest_s"], "{:.2f}")),
+                  ("forward s", "r", lambda r: fmt(r["forward_s"], "{:.3f}")),
+                  ("rest s", "r", lambda r: fmt(r["rest_s"], "{:.2f}")),
                   ("E2E s", "r", lambda r: fmt(r["e2e_s"], "{:.1f}")), ("vs eager", "r", _x("speedup_vs_eager")),
                   ("vs best", "r", _x("speedup_vs_best")), ("vs best (fp32 VAE)", "r", _x("speedup_vs_best_fp32")),
                   ("frames", "l", lambda r: frames_text(r.get("frames") or {})),
@@ -278,7 +280,8 @@ RECORD_COLUMNS = (("setting", "l", cell("label")), ("VAE", "l", cell("vae")),
 RUN_COLUMNS = (("run", "l", cell("run")), ("device", "l", cell("device")), ("GPUs", "r", cell("gpus")),
                ("torch", "l", cell("torch")), ("diffusers", "l", cell("diffusers")), ("started", "l", cell("started")))
 SUMMARY_COLUMNS = (("setting", "<40", lambda r: r["label"][:40]), ("vae", "<5", cell("vae")),
-                   ("forward", ">8", lambda r: fmt(r["forward_s"], "{:.3f}")), ("rest", ">8", lambda r: fmt(r["rest_s"], "{:.2f}")),
+                   ("forward", ">8", lambda r: fmt(r["forward_s"], "{:.3f}")),
+                   ("rest", ">8", lambda r: fmt(r["rest_s"], "{:.2f}")),
                    ("e2e", ">8", lambda r: fmt(r["e2e_s"], "{:.1f}")),
                    ("vs eager", ">8", lambda r: fmt(r["speedup_vs_eager"], "{:.3f}")),
                    ("vs best", ">8", lambda r: fmt(r["speedup_vs_best"], "{:.3f}")),
@@ -399,7 +402,8 @@ def write_chart(records: Sequence[Mapping], path: str) -> str | None:
             ax.bar(i, den, 0.6, color="#4c72b0", label="forwards" if i == 0 else None)
             ax.bar(i, r["rest_s"], 0.6, bottom=den, color="#dd8452", label="rest (decode)" if i == 0 else None)
             if r.get("speedup_vs_best_fp32"):
-                ax.annotate(f"{r['speedup_vs_best_fp32']:.2f}x", (i, den + r["rest_s"]), ha="center", va="bottom", fontsize=7)
+                ax.annotate(f"{r['speedup_vs_best_fp32']:.2f}x", (i, den + r["rest_s"]),
+                            ha="center", va="bottom", fontsize=7)
         ax.set_xticks(range(len(recs)), [f"{r['setting']}\n{r['vae']}" for r in recs], fontsize=7)
         ax.set_ylabel("seconds per generation")
         ax.set_title(f"pipe(...) end to end, {recs[0]['video']}, {recs[0]['steps_e2e']} forwards "

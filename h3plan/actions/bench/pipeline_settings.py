@@ -1,6 +1,7 @@
 """The settings of the pipeline bench, each switched in place on the ONE pipeline they share (one pipeline in
-memory for the whole run, holding the one transformer partition its workflow runs: pipeline.py). `enter()` before a setting's turn, `exit()` after it, leaving the modules as
-diffusers built them (except Best at U > 1, which diffusers cannot undo and the bench runs last):
+memory for the whole run, holding the one transformer partition its workflow runs: pipeline.py). `enter()` before a
+setting's turn, `exit()` after it, leaving the modules as diffusers built them (except Best at U > 1, which diffusers
+cannot undo and the bench runs last):
 - Eager(vae): diffusers as it ships, the VAE in `vae` (fp32: as built; fp16 / bf16: cast the way
   `from_pretrained(torch_dtype=...)` casts it, `_keep_in_fp32_modules` kept, and cast back on exit).
 - PlanSetting(plan): install_pipeline / uninstall_pipeline (the plan casts the VAE itself: vae_precision).
@@ -41,7 +42,8 @@ def row_label(plan) -> str:
 
 
 class VaeCast:
-    """The VAE in `precision` for a turn: from_pretrained(torch_dtype)'s cast (h3plan/install/vae/weights.py), undone on exit."""
+    """The VAE in `precision` for a turn: from_pretrained(torch_dtype)'s cast (h3plan/install/vae/weights.py),
+    undone on exit."""
 
     def __init__(self, pipe, precision: str):
         self.pipe, self.precision, self.cast = pipe, precision, None
@@ -105,7 +107,8 @@ class PlanSetting(Setting):
 
 
 class Reference(Setting):
-    """diffusers eager with the plan's attention levers and the plan's VAE dtype (a lossless plan's bitwise reference)."""
+    """diffusers eager with the plan's attention levers and the plan's VAE dtype (a lossless plan's bitwise
+    reference)."""
 
     name = "reference"
     of = None  # the PlanSetting this row checks

@@ -23,7 +23,8 @@ from .tables import fmt as _f
 from .tables import one_line as _one_line
 
 SCHEMA_VERSION = 1
-# diffusers eager MiniMaxH3TransformerBlock on the H200, bf16, default attention (benchmarks/anchors/h200-diffusers-block.json)
+# diffusers eager MiniMaxH3TransformerBlock on the H200, bf16, default attention
+# (benchmarks/anchors/h200-diffusers-block.json)
 ANCHOR_EAGER_MS = {19000: 46.5, 37820: 130.7}
 TARGET_LOSSLESS_SPEEDUP = 1.25
 TARGET_FP8_SPEEDUP = 1.5
@@ -165,8 +166,9 @@ def target_lines(records: Sequence[Mapping]) -> list[str]:
             matched = r.get("attention_in_plan_fraction_matched")
             ctx = "" if matched is None else (f" (context, not the target: {matched:.1%} of the same call made right "
                                               f"after a plan forward)")
-            lines.append(f"- attention inside the plan >= {TARGET_ATTENTION_FRACTION:.0%} of `{r['attention_backend']}` "
-                         f"standalone, `{r['plan']}` S={r['S']} x{r['blocks']}: {frac:.1%} -> {verdict}{ctx}")
+            lines.append(f"- attention inside the plan >= {TARGET_ATTENTION_FRACTION:.0%} of "
+                         f"`{r['attention_backend']}` standalone, `{r['plan']}` S={r['S']} x{r['blocks']}: {frac:.1%} "
+                         f"-> {verdict}{ctx}")
     for S, anchor in sorted(ANCHOR_EAGER_MS.items()):
         eager = [r["eager_ms"] for r in records if r["S"] == S and r["blocks"] == 1 and r.get("eager_ms")
                  and r.get("timing") == "cuda-events" and "h200" in r.get("device", "").lower()]
@@ -180,7 +182,8 @@ RECORD_COLUMNS = (("plan", "l", cell("plan")), ("S", "r", cell("S")), ("blocks",
                   ("eager ms", "r", lambda r: _f(r["eager_ms"])), ("best ms", "r", lambda r: _f(r.get("best_ms"))),
                   ("plan ms", "r", lambda r: _f(r["plan_ms"])), ("speedup", "r", lambda r: f"{_f(r['speedup'])}x"),
                   ("vs best", "r", lambda r: _f(r.get("speedup_vs_best"), "{:.2f}x")),
-                  ("bitwise (same attention)", "l", _bitwise), ("rel. error vs eager", "r", lambda r: _f(r["rel_error"], "{:.2e}")),
+                  ("bitwise (same attention)", "l", _bitwise),
+                  ("rel. error vs eager", "r", lambda r: _f(r["rel_error"], "{:.2e}")),
                   ("guard fallbacks", "r", fallbacks), ("peak GiB", "r", lambda r: _f(r.get("peak_mem_gib"), "{:.1f}")))
 RUN_COLUMNS = tuple((k, a, cell(k)) for k, a in (("plan", "l"), ("device", "l"), ("torch", "l"), ("diffusers", "l"),
                                                   ("warmup", "r"), ("iters", "r"), ("started", "l")))
@@ -225,16 +228,17 @@ def render_markdown(doc: Mapping) -> str:
     out += md_table(RECORD_COLUMNS, recs, lead=3)
     out += _best_section(recs)
     out += ["", "## Attention at the per-rank shape", "",
-            "| plan | S | blocks | shape | backend | backend ms | TFLOP/s | diffusers default ms | TFLOP/s | in plan ms "
-            "| standalone ms | in-plan speed | after a forward ms | in-plan speed (matched) |",
+            "| plan | S | blocks | shape | backend | backend ms | TFLOP/s | diffusers default ms | TFLOP/s | in plan "
+            "ms | standalone ms | in-plan speed | after a forward ms | in-plan speed (matched) |",
             "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in recs:
         if r.get("error"):
             continue
         shape = r.get("attention_shape") or []
-        out.append(f"| {r['plan']} | {r['S']} | {r['blocks']} | {'x'.join(map(str, shape)) or '-'} | {r['attention_backend']} | "
-                   f"{_f(r['attention_ms'])} | {_f(_tflops(shape, r['attention_ms']), '{:.0f}')} | "
-                   f"{_f(r.get('attention_default_ms'))} | {_f(_tflops(shape, r.get('attention_default_ms')), '{:.0f}')} | "
+        out.append(f"| {r['plan']} | {r['S']} | {r['blocks']} | {'x'.join(map(str, shape)) or '-'} | "
+                   f"{r['attention_backend']} | {_f(r['attention_ms'])} | "
+                   f"{_f(_tflops(shape, r['attention_ms']), '{:.0f}')} | {_f(r.get('attention_default_ms'))} | "
+                   f"{_f(_tflops(shape, r.get('attention_default_ms')), '{:.0f}')} | "
                    f"{_f(r.get('attention_in_plan_ms'))} | {_f(r.get('attention_standalone_ms'))} | "
                    f"{_f(r.get('attention_in_plan_fraction'), '{:.1%}')} | {_f(r.get('attention_after_forward_ms'))} | "
                    f"{_f(r.get('attention_in_plan_fraction_matched'), '{:.1%}')} |")
@@ -293,9 +297,11 @@ def write_chart(records: Sequence[Mapping], path: str) -> str | None:
 SUMMARY_COLUMNS = (("plan", "<22", cell("plan")), ("S", ">6", cell("S")), ("blk", ">3", cell("blocks")),
                    ("eager ms", ">9", lambda r: _f(r["eager_ms"])), ("best ms", ">9", lambda r: _f(r.get("best_ms"))),
                    ("plan ms", ">9", lambda r: _f(r["plan_ms"])), ("speedup", ">7", lambda r: _f(r["speedup"])),
-                   ("vs best", ">7", lambda r: _f(r.get("speedup_vs_best"))), ("attn ms", ">8", lambda r: _f(r["attention_ms"])),
+                   ("vs best", ">7", lambda r: _f(r.get("speedup_vs_best"))),
+                   ("attn ms", ">8", lambda r: _f(r["attention_ms"])),
                    ("in-plan", ">7", lambda r: _f(r.get("attention_in_plan_fraction"), "{:.0%}")),
-                   ("bitwise", ">7", lambda r: _bitwise(r).strip("*")), ("rel err", ">9", lambda r: _f(r["rel_error"], "{:.2e}")))
+                   ("bitwise", ">7", lambda r: _bitwise(r).strip("*")),
+                   ("rel err", ">9", lambda r: _f(r["rel_error"], "{:.2e}")))
 
 
 def summary_table(records: Sequence[Mapping]) -> str:

@@ -41,8 +41,8 @@ def sweep(overrides: list[str], levers: tuple[str, ...] = SWEPT) -> dict[str, An
     best = min(scored, key=lambda a: a["seconds"]) if scored else None
     mine = auto.derived_value(key)
     regret = None if best is None or mine is None else mine / best["seconds"] - 1
-    return {"overrides": overrides, "scored_by": key, "auto": {"settings": {lv: auto.decision(lv).setting for lv in levers},
-                                                               "seconds": mine},
+    settings = {lv: auto.decision(lv).setting for lv in levers}
+    return {"overrides": overrides, "scored_by": key, "auto": {"settings": settings, "seconds": mine},
             "best": best, "regret": regret, "target": TARGET, "arms": arms}
 
 

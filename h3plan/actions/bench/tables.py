@@ -30,7 +30,8 @@ def cell(key: str) -> Callable[[Mapping], Any]:
 def md_table(columns: Sequence[Column], records: Sequence[Mapping], lead: int = 0) -> list[str]:
     """Markdown lines: a column per (title, "l" or "r", cell); a record with an "error" shows its first `lead`
     cells, then "failed: <error>", then empty cells."""
-    out = ["| " + " | ".join(t for t, _, _ in columns) + " |", "|" + "|".join("---:" if a == "r" else "---" for _, a, _ in columns) + "|"]
+    out = ["| " + " | ".join(t for t, _, _ in columns) + " |",
+           "|" + "|".join("---:" if a == "r" else "---" for _, a, _ in columns) + "|"]
     for r in records:
         if r.get("error"):
             head = [str(cell(r)) for _, _, cell in columns[:lead]] + [f"failed: {r['error'][:160]}"]

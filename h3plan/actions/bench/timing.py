@@ -298,5 +298,6 @@ def profile_summary(prof, table, top: int = 12) -> dict:
     return {"ops": len(ev), "busy_ms": sum(by_cat.values()),
             "span_ms": (ev[-1].time_range.end - ev[0].time_range.start) / 1e3,
             "by_category_ms": dict(sorted(by_cat.items(), key=lambda kv: -kv[1])),
-            "top_kernels_ms": {k: [round(v, 3), calls[k]] for k, v in sorted(by_kernel.items(), key=lambda kv: -kv[1])[:top]},
+            "top_kernels_ms": {k: [round(v, 3), calls[k]] for k, v in sorted(by_kernel.items(),
+                                                                             key=lambda kv: -kv[1])[:top]},
             "idle_ms": sum(g for g, _, _ in gaps if g > 0), "largest_gaps_ms": [list(g) for g in gaps[::-1][:6]]}

@@ -4,7 +4,8 @@ ref2va steps, read from the request breakdown (h3plan/planning/request.py, plann
 - fl2va: each keyframe is put on the target canvas and encoded alone (`MiniMaxH3KeyframeVaeEncoderStep`): one frame at
   the canvas size per keyframe;
 - ref2va: each image reference at its normalised size (one frame), each video reference at its encoded frame count and
-  canvas (`MiniMaxH3Ref2VAReferenceEncoderStep`); audio references and soundtracks go to the audio VAE (not this encode);
+  canvas (`MiniMaxH3Ref2VAReferenceEncoderStep`); audio references and soundtracks go to the audio VAE (not this
+  encode);
 - t2va: none.
 The lever (levers/vae_encode_precision.py), the time line (planning/predict.py) and action=tune read this one list.
 """
@@ -24,14 +25,16 @@ def encode_inputs(request: Mapping[str, Any]) -> list[dict[str, Any]]:
         return [{"what": f"{k} keyframe", "frames": 1, "height": request["height"], "width": request["width"]}
                 for k in request.get("keyframes") or ()]
     if task == "ref2va":
-        return [{"what": f"{b['kind']} reference {i}", "frames": b.get("frames", 1), "height": b["height"], "width": b["width"]}
+        return [{"what": f"{b['kind']} reference {i}", "frames": b.get("frames", 1), "height": b["height"],
+                 "width": b["width"]}
                 for i, b in enumerate(request.get("references") or ()) if b["kind"] in ("image", "video")]
     return []
 
 
 def describe(inputs: Sequence[Mapping[str, Any]]) -> str:
     """The encodes in words: "2 encodes: first keyframe 1x1344x768, last keyframe 1x1344x768"."""
-    return f"{len(inputs)} encode(s): " + ", ".join(f"{x['what']} {x['frames']}x{x['height']}x{x['width']}" for x in inputs)
+    return f"{len(inputs)} encode(s): " + ", ".join(f"{x['what']} {x['frames']}x{x['height']}x{x['width']}"
+                                                    for x in inputs)
 
 
 def seconds(points: Sequence[Mapping[str, Any]], inputs: Sequence[Mapping[str, Any]], precision: str,

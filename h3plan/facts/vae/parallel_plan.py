@@ -96,7 +96,8 @@ class Anchor:
 H200_EAGER = Anchor((62, 48, 84), (11.1, 12.4), RELEASED,
                     "diffusers eager decode, FP16 autocast, one H200 (conf/hardware/sm90.yaml measured.vae_decode)")
 H200_PLAN = Anchor((62, 48, 84), (6.723, 6.723), RELEASED,
-                   "h3plan's VAE plan (vae_ops fused + vae_graphs), one H200 (docs/sources.md#h200-anchors: 12,335 -> 6,723 ms)")
+                   "h3plan's VAE plan (vae_ops fused + vae_graphs), one H200 (docs/sources.md#h200-anchors: 12,335 -> "
+                   "6,723 ms)")
 # all_to_all_single per-rank rates over NVLink at degrees 2 and 4 (conf/hardware/sm90.yaml measured.ulysses.a2a)
 H200_GATHER_GBPS = 200.1
 
