@@ -119,3 +119,20 @@ def test_a_user_hook_registered_after_install_wraps_the_plan_and_outlives_uninst
     assert registered(model.transformer_blocks[0]) == ["user.scale"]
     _bitwise(forward(model, inputs), want)  # the user's hook still runs, around diffusers' forward now
     assert mine.calls == 2
+
+
+def test_the_vae_hooks_are_named_for_its_levers_and_uninstall_leaves_none():
+    """The installed decode's numbers are test_install_vae.py's; here: names, and the VAE as before after uninstall."""
+    from test_install_vae import decode, latent, tiny_vae, vae_plan
+
+    vae, z = tiny_vae(), latent()
+    before, want = _dicts(vae), decode(vae, z)
+    p = vae_plan(["swiglu"])
+    install(vae, p)
+    hooks = installed(vae)
+    blocks = range(len(vae.decoder.transformer_blocks))
+    assert {fqn for fqn, _ in hooks} == {f"decoder.transformer_blocks.{i}" for i in blocks}
+    assert all(n.startswith(PREFIX) and n[len(PREFIX):] in {d.lever for d in p.decisions} for _, n in hooks), hooks
+    decode(vae, z)
+    assert uninstall(vae) and installed(vae) == [] and _dicts(vae) == before
+    assert torch.equal(decode(vae, z), want)
