@@ -9,6 +9,7 @@ import torch
 from h3plan.errors import InstallError
 from h3plan.planner import Plan
 
+from .block import plan_block_forward
 
 
 def _classes():
@@ -48,9 +49,9 @@ def recognise(model) -> None:
                 b.get_submodule(path)
             except AttributeError:
                 problems.append(f"transformer_blocks.{i}.{path} is missing")
-        if "forward" in b.__dict__ and "_diffusers_hook" not in b.__dict__:  # hooks: install/hooks.py judges them
-            problems.append(f"transformer_blocks.{i} already has an instance forward (not a diffusers hook); install "
-                            "before replacing forwards")
+        own = getattr(b.__dict__.get("forward"), "__func__", None) is plan_block_forward
+        if "forward" in b.__dict__ and not own:
+            problems.append(f"transformer_blocks.{i} already has an instance forward (a hook?); install before hooks")
     for path in ("norm_out", "proj_out", "audio_proj_out"):  # the output heads (sharded under Ulysses, install/shard.py)
         if not isinstance(getattr(model, path, None), torch.nn.Module):
             problems.append(f"{path} is missing")
