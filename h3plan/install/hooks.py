@@ -3,10 +3,11 @@
 `attach(module, fqn, lever, forward, state)` registers `forward(module, *args, **kwargs)` on the module's
 `HookRegistry` (diffusers.hooks.hooks) as the `new_forward` of a hook named `h3plan.<lever>`. A forward that wraps
 rather than replaces (`replaces=False`) is called `forward(previous, *args, **kwargs)`, `previous` the forward under the
-hook (the module's own, or the hooks registered before it). `attrs` are set on the module while the hook is registered (its `initialize_hook`) and removed with it
-(`deinitalize_hook`). The hook's removal goes on `state.undo`, so uninstall takes the hooks off in the reverse order
-of install; a registry this module made is dropped with its last hook, and the module's `__dict__` is as before. A
-user's hook registered after install on the same module stays, and keeps running around the module's own forward.
+hook (the module's own, or the hooks registered before it). `attrs` are set on the module while the hook is registered
+(its `initialize_hook`) and removed with it (`deinitalize_hook`). The hook's removal goes on `state.undo`, so uninstall
+takes the hooks off in the reverse order of install; a registry this module made is dropped with its last hook, and the
+module's `__dict__` is as before. A user's hook registered after install on the same module stays, and keeps running
+around the module's own forward.
 
 A replacing forward (`replaces=True`: it runs the module's computation itself and never calls the previous forward)
 would bypass a user's hook registered on the same module before install, so it is refused: one InstallError naming

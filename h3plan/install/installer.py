@@ -77,7 +77,8 @@ def collect(plan: Plan, registry=None) -> Builder:
     builder = Builder()
     for d in plan.decisions:
         if d.lever not in registry:
-            raise InstallError(f"plan lever {d.lever!r} has no installer in h3plan.levers.REGISTRY ({sorted(registry)})")
+            raise InstallError(f"plan lever {d.lever!r} has no installer in h3plan.levers.REGISTRY "
+                               f"({sorted(registry)})")
         entry = registry[d.lever]
         builder.settings[d.lever] = d.setting
         getattr(entry, "install", entry)(builder, d)
@@ -146,7 +147,8 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
         replaced = current.plan
         uninstall(model)
     report = InstallReport(levers=[d.lever for d in plan.decisions],
-                           options={scope: builder.recorded(scope) for scope in ("linears", "block", "attention", "vae", "transformer")})
+                           options={scope: builder.recorded(scope)
+                                    for scope in ("linears", "block", "attention", "vae", "transformer")})
     state = _State(plan, report)
     try:
         if device is not None:
@@ -162,12 +164,13 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
     if is_vae:
         _vae.skips(plan, builder, report)
         if group is not None and not builder.view("vae").parallel:
-            report.notes.append("group= is for the transformer's Ulysses attention and vae_parallel; this plan uses neither on the VAE")
+            report.notes.append("group= is for the transformer's Ulysses attention and vae_parallel; this plan uses "
+                                "neither on the VAE")
     else:
         _skips(plan, builder, report)
     if fewer:
-        report.notes.append("fewer layers than the plan's: " + ", ".join(fewer) + "; the plan's memory and speed numbers "
-                            "are for its own count")
+        report.notes.append("fewer layers than the plan's: " + ", ".join(fewer) + "; the plan's memory and speed "
+                            "numbers are for its own count")
     if device is not None:
         _placement.note(model, state)
     elif (why := _placement.cannot_run(model, plan)) is not None:

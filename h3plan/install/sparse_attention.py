@@ -1,8 +1,8 @@
 """sparse_attention (levers/sparse_attention.py): which forwards run block-sparse attention, as a named diffusers hook.
 
-`h3plan.sparse_attention`, a diffusers ModelHook (install/hooks.py) on MiniMaxH3Transformer3DModel's forward, places each call in its
-generation by its `timestep` vector (install/step_cache.schedule_index: the same index the step cache keys on, one
-4 x T byte device-to-host copy per call) and sets, for the attention processors of that call:
+`h3plan.sparse_attention`, a diffusers ModelHook (install/hooks.py) on MiniMaxH3Transformer3DModel's forward, places
+each call in its generation by its `timestep` vector (install/step_cache.schedule_index: the same index the step cache
+keys on, one 4 x T byte device-to-host copy per call) and sets, for the attention processors of that call:
 - `active`: the call is forward >= dense_forwards of its generation (and keep < 1: keeping every block is the dense
   call, which then runs as it is); a vector not in the index runs dense, counted `sparse_attention.fallback`;
 - `video_start`: the first target-video row, on the device (no sync): the start of the trailing run of rows tagged
@@ -38,7 +38,8 @@ class SparseState:
 
     def __init__(self, spec: dict[str, Any], index: dict[bytes, tuple[int, int]]):
         self.keep, self.dense_forwards = float(spec["keep"]), int(spec["dense_forwards"])
-        self.block_q, self.block_k, self.video_only = int(spec["block_q"]), int(spec["block_k"]), bool(spec["video_only"])
+        self.block_q, self.block_k, self.video_only = (int(spec["block_q"]), int(spec["block_k"]),
+                                                       bool(spec["video_only"]))
         self.index = index
         self.active = False
         self.video_start: torch.Tensor | None = None  # (1,) int64 on the model's device

@@ -1,15 +1,15 @@
 """step_cache (levers/step_cache.py): fewer transformer forwards, as a named diffusers hook on the transformer.
 
-`h3plan.step_cache`, a diffusers ModelHook (HookRegistry, removable by name, install/hooks.py), wraps MiniMaxH3Transformer3DModel's
-forward. Each call is placed in its generation by its `timestep` vector: install builds, from diffusers' own
-MiniMaxH3Scheduler pair and the pipeline's build_row_timesteps (install/adaln_table.timestep_vectors), the vectors of
-every forward at the plan's step count (the request's), at those passed as num_inference_steps=, and at the
-pipeline's default step count, for every kind of row (audio or not, conditioning rows or not): vector bits ->
-(forward index, forwards). One 4 x T byte device-to-host copy per call. A call the plan did not plan for runs the
-whole forward, counted `step_cache.fallback` with its reason: a vector of the pipeline's default step count where the
-plan's request has another (the reason names both), or a vector of no indexed step count. Every count's first
-forward passes the same vector: it is placed as the plan's (it computes under every schedule), and the second forward
-tells the counts apart (`_State.rebase`).
+`h3plan.step_cache`, a diffusers ModelHook (HookRegistry, removable by name, install/hooks.py), wraps
+MiniMaxH3Transformer3DModel's forward. Each call is placed in its generation by its `timestep` vector: install builds,
+from diffusers' own MiniMaxH3Scheduler pair and the pipeline's build_row_timesteps
+(install/adaln_table.timestep_vectors), the vectors of every forward at the plan's step count (the request's), at those
+passed as num_inference_steps=, and at the pipeline's default step count, for every kind of row (audio or not,
+conditioning rows or not): vector bits -> (forward index, forwards). One 4 x T byte device-to-host copy per call. A call
+the plan did not plan for runs the whole forward, counted `step_cache.fallback` with its reason: a vector of the
+pipeline's default step count where the plan's request has another (the reason names both), or a vector of no indexed
+step count. Every count's first forward passes the same vector: it is placed as the plan's (it computes under every
+schedule), and the second forward tells the counts apart (`_State.rebase`).
 
 - fixed / taylor: a forward the schedule computes runs diffusers' forward and keeps its outputs (video and audio
   velocities); a skipped one returns a copy of the last computed outputs (fixed) or their first-order extrapolation
@@ -124,8 +124,9 @@ class _State:
         if forwards in self.runs:
             return None
         mine = self.steps_of.get(int(self.spec["forwards"]), self.spec["steps"])
-        return (f"a call at num_inference_steps={self.steps_of.get(forwards, '?')}, not the plan's {mine}: every forward "
-                "computed (plan the request's steps, or install(num_inference_steps=) to run a scaled schedule)")
+        return (f"a call at num_inference_steps={self.steps_of.get(forwards, '?')}, not the plan's {mine}: every "
+                "forward computed (plan the request's steps, or install(num_inference_steps=) to run a scaled "
+                "schedule)")
 
     # ------------------------------------------------------------------ fixed / taylor
 
@@ -282,7 +283,8 @@ def install(model, spec: dict[str, Any], state, swap, *, group=None, steps=None,
     # the plan's own count first: every count's first forward passes the same vector, placed as the plan's (it
     # computes under every schedule)
     default_steps = (pipeline or {}).get("num_inference_steps")
-    known = [mine, *extra, *([int(default_steps)] if default_steps and int(default_steps) not in (mine, *extra) else [])]
+    known = [mine, *extra,
+             *([int(default_steps)] if default_steps and int(default_steps) not in (mine, *extra) else [])]
     steps_of: dict[int, int] = {}
     index = schedule_index(known, pipeline, schedulers=schedulers, counts=steps_of)
     runs = {f for f, n in steps_of.items() if n in (mine, *extra)} | {int(spec["forwards"])}
