@@ -40,7 +40,7 @@ weights (text_encoder_build.share_decoder_weights), for a host with less memory 
 resting on it (the one-GPU H200 machine: 128 GiB, against 62 + 62 + 9.7 GiB). At memory.text_encoder=host the device
 holds one layer at a time either way, and diffusers' hidden_states[50] still exists (a conditioner cut to fewer than
 51 layers is refused by diffusers' text step).
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ Positional arguments are Hydra overrides of the packaged config (hardware, recip
 levers.*); the options below are `video` and `bench.pipeline.*` of
 `python -m h3plan action=bench target=pipeline video=... bench.pipeline.<key>=...`, which runs the same code.
 Multi-GPU (Ulysses degree U): torchrun --nproc-per-node=U benchmarks/pipeline.py parallel=uU ...
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ turn, so both see the same load. `--out` appends the result, the load average an
 `--json` writes every run's (wall, CPU) seconds. A plain plan composes without Hydra (h3plan/planning/direct.py), so
 it counts 0 Hydra compositions. Whether Python may write bytecode caches (PYTHONDONTWRITEBYTECODE) is printed: without
 them every cold run compiles h3plan's own modules again.
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 

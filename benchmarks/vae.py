@@ -18,7 +18,7 @@ against the float32 decode, both mapped to [0, 1] as diffusers' postprocessing d
 clamped), null when identical; `budget_psnr_db` is the recipe's bound; `peak_GiB` is max_memory_allocated
 over one decode, weights included.
 `--device cpu --config h3_tiny` is a plumbing smoke run in the Triton interpreter (host clock, no meaning).
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 

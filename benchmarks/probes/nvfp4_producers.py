@@ -29,7 +29,7 @@ The best bit-exact candidate is the record's `ms` (`best`: its name); `ms_by_con
 select (the layout with the least static time per kind, the served mode: paste it over TUNED). Writes
 OUT_DIR/nvfp4-producers-h200.json and exits 1 if any candidate wrote a byte that differs from the reference.
 Kernels are compiled first in parallel worker processes (the Triton cache), so the run stays near two minutes.
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """Install a resolved Plan into diffusers' MiniMaxH3Transformer3DModel or AutoencoderKLMiniMaxH3 (see installer.py).
 
-Public: install(model, plan or plan-file path, device=None) -> InstallReport (install(model, recipe=...): h3plan.plan_for
-the model first; device="cuda": a model loaded on the host moved there at install), uninstall(model), counters(), reset_counters(), fallback_reasons(), Builder. The heavy modules
-(diffusers, kernels) load on the first install.
+Public: install(model, plan or plan-file path, device=None) -> InstallReport (install(model, recipe=...):
+h3plan.plan_for the model first; device="cuda": a model loaded on the host moved there at install), uninstall(model),
+counters(), reset_counters(), fallback_reasons(), Builder. The heavy modules (diffusers, kernels) load on the first
+install.
 This package is itself callable, `h3plan.install(model, plan)`, so the name works whether `h3plan.install`
 resolves to this subpackage (as Python's import system makes it once imported) or to the function.
 """
@@ -64,7 +65,8 @@ def install(model, plan=None, *, recipe=None, parallel=None, video=None, hardwar
     return _install(model, plan, device=dev, **kwargs)
 
 
-INSTALL_KWARGS = ("registry", "group", "num_inference_steps", "stand_in")  # the installer's own keywords (installer.install)
+# the installer's own keywords (installer.install)
+INSTALL_KWARGS = ("registry", "group", "num_inference_steps", "stand_in")
 
 
 def model_argument(obj, who: str) -> None:

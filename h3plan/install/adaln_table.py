@@ -168,7 +168,8 @@ def _eager_reason(temb, weight, bias) -> str | None:
     if needs_grad(temb, weight, bias):
         return "grad enabled: the eager expression on streamed weights (autograd reaches the host parameters)"
     if torch.is_autocast_enabled(temb.device.type):
-        return "autocast enabled: the eager expression under autocast on streamed weights (the table holds the un-autocast GEMM)"
+        return ("autocast enabled: the eager expression under autocast on streamed weights (the table holds the "
+                "un-autocast GEMM)")
     return None
 
 
@@ -274,8 +275,8 @@ def _linears(model) -> list[tuple[str, torch.nn.Module, torch.nn.Linear]]:
     out.append(("norm_out", model.norm_out, model.norm_out.linear))
     for fqn, _, lin in out:
         if type(lin) is not torch.nn.Linear:
-            raise InstallError(f"adaln_table: {fqn}.linear is {type(lin).__name__}, not torch.nn.Linear; install without "
-                               "levers.adaln_table (or load diffusers' AdaLN projections as released)")
+            raise InstallError(f"adaln_table: {fqn}.linear is {type(lin).__name__}, not torch.nn.Linear; install "
+                               f"without levers.adaln_table (or load diffusers' AdaLN projections as released)")
     return out
 
 
@@ -312,7 +313,8 @@ def build(model, value: dict[str, Any], state, swap, num_inference_steps=None) -
     mods = _linears(model)
     tables.slots = [_Slot(fqn + ".linear", lin, tables) for fqn, _, lin in mods]
     _add(tables, model, vectors)
-    placement = getattr(state, "placement", None)  # install(..., device=) of a host-loaded model: the linears rest on the host
+    # install(..., device=) of a host-loaded model: the linears rest on the host
+    placement = getattr(state, "placement", None)
     host_loaded = placement is not None and all(p.device.type == "cpu" for _, _, lin in mods for p in lin.parameters())
     parked = park([lin for _, _, lin in mods], pin_host=host_loaded and placement.device.type == "cuda")
     state.undo.append(parked.unpark)
@@ -337,21 +339,24 @@ def build(model, value: dict[str, Any], state, swap, num_inference_steps=None) -
     temb_why = adaln_temb.install(model, state)
     if host_loaded:  # each linear streamed for its entries, never on the device whole
         where = (f"loaded there, each streamed to {placement.device} once for its entries; "
-                 + (f"{parked.pinned / 2**30:.2f} GiB copied into pinned host memory" if parked.pinned else "kept as loaded"))
+                 + (f"{parked.pinned / 2**30:.2f} GiB copied into pinned host memory" if parked.pinned
+                    else "kept as loaded"))
         kept = sum(p.numel() * p.element_size() for _, _, lin in mods for p in lin.parameters())
-        state.report.placement.setdefault("host", {})[f"{LEVER}: the AdaLN linears" + (" (pinned)" if parked.pinned else "")] = kept
+        label = f"{LEVER}: the AdaLN linears" + (" (pinned)" if parked.pinned else "")
+        state.report.placement.setdefault("host", {})[label] = kept
     else:
         where = (f"{parked.nbytes / 2**30:.2f} GiB moved to pinned host memory" if parked.nbytes
                  else "already on the CPU: nothing moved")
     state.report.notes.append(
-        f"adaln_table: {len(mods)} AdaLN linears served from a {tables.nbytes / 2**30:.3f} GiB table on {_device(model)} "
-        f"({len(tables.vectors)} timestep vectors at num_inference_steps {', '.join(map(str, steps))}); their weights wait on "
-        f"the host ({where}); state_dict() shows those host copies (same keys, dtypes and bits) until uninstall copies them back")
+        f"adaln_table: {len(mods)} AdaLN linears served from a {tables.nbytes / 2**30:.3f} GiB table on "
+        f"{_device(model)} ({len(tables.vectors)} timestep vectors at num_inference_steps "
+        f"{', '.join(map(str, steps))}); their weights wait on the host ({where}); state_dict() shows those host "
+        f"copies (same keys, dtypes and bits) until uninstall copies them back")
     state.report.notes.append(
-        "adaln_table: the timestep embedding runs as opaque ops (install/adaln_temb.py), so a whole-model torch.compile "
-        "keeps eager's temb and its table hits" if temb_why is None else
-        f"adaln_table: the timestep embedding keeps its forward ({temb_why}): under a whole-model torch.compile its temb "
-        "may miss the table (counted, served by streaming the weights)")
+        "adaln_table: the timestep embedding runs as opaque ops (install/adaln_temb.py), so a whole-model "
+        "torch.compile keeps eager's temb and its table hits" if temb_why is None else
+        f"adaln_table: the timestep embedding keeps its forward ({temb_why}): under a whole-model torch.compile its "
+        f"temb may miss the table (counted, served by streaming the weights)")
     return tables
 
 
@@ -361,7 +366,8 @@ def step_counts(value, who: str) -> list[int]:
     many = isinstance(value, (list, tuple))
     steps = list(value) if many else [value]
     if not steps or any(isinstance(n, bool) or not isinstance(n, int) or n < MIN_STEPS for n in steps):
-        raise InstallError(f"{who}: num_inference_steps={value!r} must be an integer or a list of them; each {STEPS_RULE}")
+        raise InstallError(f"{who}: num_inference_steps={value!r} must be an integer or a list of them; each "
+                           f"{STEPS_RULE}")
     return steps
 
 
@@ -372,8 +378,8 @@ def _installed(obj) -> None:
                            f"installed, got {type(obj).__name__}")
     models = [getattr(obj, n, None) for n in TRANSFORMERS if n in obj.component_names] if is_pipeline(obj) else [obj]
     if not any(m is not None and STATE in m.__dict__ for m in models):
-        raise InstallError(f"prepare: no h3plan plan is installed in this {type(obj).__name__}; h3plan.install(model, plan) "
-                           "first (prepare adds step counts to an installed adaln_table)")
+        raise InstallError(f"prepare: no h3plan plan is installed in this {type(obj).__name__}; h3plan.install(model, "
+                           f"plan) first (prepare adds step counts to an installed adaln_table)")
 
 
 def tables_of(model) -> Tables | None:
@@ -410,9 +416,12 @@ def _prepare(model, steps, timesteps, condition_video, condition_audio, schedule
     vectors = []
     if steps is not None:
         vectors += timestep_vectors(steps, video_shift=s["video_shift"], audio_shift=s["audio_shift"],
-                                    keyframe_noise_aug=s["keyframe_noise_aug"] if aug is None else aug, audio=s["audio"],
-                                    condition_video=s["condition_video"] if condition_video is None else condition_video,
-                                    condition_audio=s["condition_audio"] if condition_audio is None else condition_audio,
+                                    keyframe_noise_aug=s["keyframe_noise_aug"] if aug is None else aug,
+                                    audio=s["audio"],
+                                    condition_video=s["condition_video"] if condition_video is None
+                                    else condition_video,
+                                    condition_audio=s["condition_audio"] if condition_audio is None
+                                    else condition_audio,
                                     schedulers=schedulers)
         s["steps"] = s["steps"] + [n for n in steps if n not in s["steps"]]
     for t in timesteps or ():

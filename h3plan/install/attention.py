@@ -106,8 +106,8 @@ def install_processors(model, builder, state, group, steps=None):
     for fqn, block in zip(fqns, model.transformer_blocks):
         attn = block.attn
         old = attn.processor
-        proc = H3PlanAttnProcessor(opts, backend, kernels, old, static_descales=descales.get(fqn), shard=shard, ulysses=ua,
-                                   ring=ring, sparse=sparse)
+        proc = H3PlanAttnProcessor(opts, backend, kernels, old, static_descales=descales.get(fqn), shard=shard,
+                                   ulysses=ua, ring=ring, sparse=sparse)
         attn.set_processor(proc)
         state.undo.append(lambda a=attn, o=old: a.set_processor(o))
         report.swap(lever, f"{fqn}.processor", type(old).__name__, repr(proc))

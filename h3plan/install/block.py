@@ -159,8 +159,8 @@ def _swiglu_rows(kernels, ff, proj, bf16):
             why = "dropout active (training mode)"
         return why or check(proj, act_scale=act_scale)
 
-    h = run_guarded(COUNTERS["fp8_act_quant"], guard, lambda: RowCodes(*fn(proj, act_scale=act_scale), proj.dtype), bf16,
-                    (proj,))
+    h = run_guarded(COUNTERS["fp8_act_quant"], guard, lambda: RowCodes(*fn(proj, act_scale=act_scale), proj.dtype),
+                    bf16, (proj,))
     for module in ff.net[1:]:
         if not (isinstance(h, RowCodes) and isinstance(module, torch.nn.Dropout)):  # inactive (the guard saw to it)
             h = module(h)

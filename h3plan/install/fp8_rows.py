@@ -39,7 +39,8 @@ def row_linears(model, state, swap) -> int:
             setattr(parent, name, new)
             state.undo.append(lambda p=parent, k=name, o=old: setattr(p, k, o))
             swap(LEVER, f"transformer_blocks.{i}.{path}", "FP8Linear",
-                 "FP8RowLinear (per-row input codes)" if act_scale is None else f"FP8RowLinear (static scale {act_scale:g})")
+                 "FP8RowLinear (per-row input codes)" if act_scale is None
+                 else f"FP8RowLinear (static scale {act_scale:g})")
             n += 1
     return n
 
@@ -56,6 +57,7 @@ def install_rows(model, builder, state, swap) -> str:
         return "tensor"
     mod, sw = blk.modulation, blk.swiglu
     if mod == "eager" or not sw:
-        state.report.notes.append(f"fp8_act_quant=row with modulation={mod}, swiglu={sw}: where no fused producer runs, "
-                                  "the FP8 linear casts its bf16 input per row itself (same codes, one more pass)")
+        state.report.notes.append(f"fp8_act_quant=row with modulation={mod}, swiglu={sw}: where no fused producer "
+                                  "runs, the FP8 linear casts its bf16 input per row itself (same codes, one more "
+                                  "pass)")
     return "row"

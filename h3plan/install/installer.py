@@ -10,8 +10,8 @@ is logged as `lever: fqn Old -> New` and listed in the returned InstallReport wi
 State-dict layout: processor and forward swaps add no parameters or buffers, so a bf16 plan leaves
 `model.state_dict()` keys, shapes and dtypes unchanged; gemm_quant replaces the linears' `weight` with
 quantised buffers (plus their scales) while installed; adaln_table keeps the AdaLN linears' keys, dtypes and
-bits, their tensors on the host (pinned) while installed (install/adaln_table.py). `uninstall(model)` restores the original
-forwards, processors and nn.Linear objects (the originals are kept while installed). Installing the
+bits, their tensors on the host (pinned) while installed (install/adaln_table.py). `uninstall(model)` restores the
+original forwards, processors and nn.Linear objects (the originals are kept while installed). Installing the
 same plan again returns the existing report; a different plan is installed after an uninstall, and install says it
 replaced the first. A plan that cannot run where the model rests (no device=: on the host beside a GPU, or on a machine
 without one, outside Triton's interpreter) is said too: each one line on the h3plan.install logger (WARNING) and a
@@ -76,7 +76,8 @@ def collect(plan: Plan, registry=None) -> Builder:
     builder = Builder()
     for d in plan.decisions:
         if d.lever not in registry:
-            raise InstallError(f"plan lever {d.lever!r} has no installer in h3plan.levers.REGISTRY ({sorted(registry)})")
+            raise InstallError(f"plan lever {d.lever!r} has no installer in h3plan.levers.REGISTRY "
+                               f"({sorted(registry)})")
         entry = registry[d.lever]
         builder.settings[d.lever] = d.setting
         getattr(entry, "install", entry)(builder, d)
@@ -145,7 +146,8 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
         replaced = current.plan
         uninstall(model)
     report = InstallReport(levers=[d.lever for d in plan.decisions],
-                           options={scope: builder.recorded(scope) for scope in ("linears", "block", "attention", "vae", "transformer")})
+                           options={scope: builder.recorded(scope)
+                                    for scope in ("linears", "block", "attention", "vae", "transformer")})
     state = _State(plan, report)
     try:
         if device is not None:
@@ -161,12 +163,13 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
     if is_vae:
         _vae.skips(plan, builder, report)
         if group is not None and not builder.view("vae").parallel:
-            report.notes.append("group= is for the transformer's Ulysses attention and vae_parallel; this plan uses neither on the VAE")
+            report.notes.append("group= is for the transformer's Ulysses attention and vae_parallel; this plan uses "
+                                "neither on the VAE")
     else:
         _skips(plan, builder, report)
     if fewer:
-        report.notes.append("fewer layers than the plan's: " + ", ".join(fewer) + "; the plan's memory and speed numbers "
-                            "are for its own count")
+        report.notes.append("fewer layers than the plan's: " + ", ".join(fewer) + "; the plan's memory and speed "
+                            "numbers are for its own count")
     if device is not None:
         _placement.note(model, state)
     elif (why := _placement.cannot_run(model, plan)) is not None:

@@ -116,7 +116,8 @@ def streamed(model, builder) -> list:
     lin = builder.view("linears")
     mods = []
     if lin.adaln_table is not None:
-        mods += [getattr(b.adaln_proj, "linear", None) for b in model.transformer_blocks] + [getattr(model.norm_out, "linear", None)]
+        mods += ([getattr(b.adaln_proj, "linear", None) for b in model.transformer_blocks]
+                 + [getattr(model.norm_out, "linear", None)])
     if lin.quant is not None:
         mods += [b.get_submodule(p) for b in model.transformer_blocks for p in BLOCK_LINEARS]
     return [t for m in mods if type(m) is torch.nn.Linear for t in m.parameters()]

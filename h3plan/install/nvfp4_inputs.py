@@ -44,15 +44,17 @@ def install_nvfp4(model, builder, state, swap) -> bool:
         for i, p, m in outs:
             prev, m.input_kernel = m.input_kernel, True
             state.undo.append(lambda m=m, v=prev: setattr(m, "input_kernel", v))
-            swap(OUT, f"transformer_blocks.{i}.{p}", "NVFP4Linear (torch input cast)", "NVFP4Linear (Triton input cast)")
+            swap(OUT, f"transformer_blocks.{i}.{p}", "NVFP4Linear (torch input cast)",
+                 "NVFP4Linear (Triton input cast)")
     if prod and not lins:
         state.report.skipped.append((PRODUCER, why))
         return False
     if prod:
         mod, sw = blk.modulation, blk.swiglu
         if mod == "eager" or not sw:
-            state.report.notes.append(f"nvfp4_producer_quant with modulation={mod}, swiglu={sw}: where no fused producer "
-                                      "runs, the NVFP4 linear quantizes its bf16 input itself (same codes, more passes)")
+            state.report.notes.append(f"nvfp4_producer_quant with modulation={mod}, swiglu={sw}: where no fused "
+                                      "producer runs, the NVFP4 linear quantizes its bf16 input itself (same codes, "
+                                      "more passes)")
     return prod
 
 
@@ -63,7 +65,8 @@ def consumers_scale(linears) -> tuple[str | None, torch.Tensor | None]:
             return f"the consumer is {type(lin).__name__}, not an NVFP4Linear", None
     values = [lin.input_scale_value for lin in linears]  # Python floats: no host read in the forward
     if any(v is None for v in values):
-        return (None, None) if all(v is None for v in values) else ("some consumers have a static input_scale, some not", None)
+        return ((None, None) if all(v is None for v in values)
+                else ("some consumers have a static input_scale, some not", None))
     if len(set(values)) > 1:
         return "to_q/to_k/to_v have different static input scales: each quantizes its own input", None
     return None, linears[0].input_scale.float().reshape(1)
@@ -86,7 +89,8 @@ def modulate_nvfp4(kernels, opts, norm, x, scale, shift, index, linears, refuse,
             reason = "RMSNorm without eps or affine weight"
         return reason or check(x, w, scale, shift, index, eps, mode=mode, global_scale=g)
 
-    return run_guarded(PRODUCER, guard, lambda: _codes(fn(x, w, scale, shift, index, eps, mode=mode, global_scale=g), x.dtype),
+    return run_guarded(PRODUCER, guard,
+                       lambda: _codes(fn(x, w, scale, shift, index, eps, mode=mode, global_scale=g), x.dtype),
                        bf16, (x, w, scale, shift))
 
 

@@ -97,7 +97,8 @@ def recognise(pipe) -> None:
     try:
         cls = _pipeline_class()
     except ImportError as e:  # diffusers' MiniMax-H3 modular pipeline needs transformers
-        raise InstallError(f"cannot import diffusers' MiniMaxH3ModularPipeline ({e}); pip install transformers") from None
+        raise InstallError(f"cannot import diffusers' MiniMaxH3ModularPipeline ({e}); pip install "
+                           "transformers") from None
     if not isinstance(pipe, cls):
         raise InstallError(f"h3plan.install_pipeline supports diffusers' MiniMaxH3ModularPipeline only; got {name}")
 
@@ -195,7 +196,8 @@ def install_pipeline(pipe, plan: Plan, group=None, *, registry=None, num_inferen
                     report.skipped[name] = NO_LEVER[name] if comp is not None else "not loaded"
                 continue
             if comp is None:
-                report.skipped[name] = "not loaded" if name in pipe.component_names else "not a component of these blocks"
+                report.skipped[name] = ("not loaded" if name in pipe.component_names
+                                        else "not a component of these blocks")
                 continue
             was = installed_plan(comp)
             conditions, note = {}, None

@@ -38,19 +38,22 @@ def target(device) -> torch.device | None:
     if device is None:
         return None
     if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
-        raise InstallError(f"install device={device!r}: pass a torch device (\"cuda\", \"cuda:1\", torch.device) or a CUDA index")
+        raise InstallError(f"install device={device!r}: pass a torch device (\"cuda\", \"cuda:1\", torch.device) or a "
+                           "CUDA index")
     try:
         dev = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
     except (RuntimeError, ValueError) as e:
         raise InstallError(f"install device={device!r} is not a torch device ({str(e).splitlines()[0]})") from None
     if dev.type == "meta":
-        raise InstallError("install device='meta': meta tensors hold no values; install to the device the model runs on")
+        raise InstallError("install device='meta': meta tensors hold no values; install to the device the model "
+                           "runs on")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise InstallError(f"install device={str(dev)!r}: no CUDA device here (torch.cuda.is_available() is False)")
         index = torch.cuda.current_device() if dev.index is None else dev.index
         if not 0 <= index < torch.cuda.device_count():
-            raise InstallError(f"install device={str(dev)!r}: this process sees {torch.cuda.device_count()} CUDA device(s)")
+            raise InstallError(f"install device={str(dev)!r}: this process sees {torch.cuda.device_count()} CUDA "
+                               "device(s)")
         dev = torch.device("cuda", index)
     return dev
 
@@ -63,7 +66,8 @@ def same(a: torch.device, b: torch.device) -> bool:
 def tensors(module):
     """(qualified name, tensor) of every parameter and buffer, each tensor once."""
     seen = set()
-    for name, t in list(module.named_parameters(remove_duplicate=False)) + list(module.named_buffers(remove_duplicate=False)):
+    for name, t in (list(module.named_parameters(remove_duplicate=False))
+                    + list(module.named_buffers(remove_duplicate=False))):
         if t is not None and id(t) not in seen:
             seen.add(id(t))
             yield name, t
@@ -77,8 +81,8 @@ def check(module, device: torch.device, name: str) -> None:
     """One InstallError unless every tensor of `module` rests on the host or on `device` already."""
     for fqn, t in tensors(module):
         if t.device.type != "cpu" and not same(t.device, device):
-            raise InstallError(f"{name}.{fqn} is on {t.device}, the install device is {device}: load the model on the host "
-                               f"(or on {device}) and install again")
+            raise InstallError(f"{name}.{fqn} is on {t.device}, the install device is {device}: load the model on the "
+                               f"host (or on {device}) and install again")
 
 
 @dataclass
@@ -110,7 +114,8 @@ class Placement:
                 before, t.data = t.device, new
                 self.moved.append((t, before, None))
             else:
-                now = torch.nn.Parameter(new, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) else new
+                now = (torch.nn.Parameter(new, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter)
+                       else new)
                 for mod, kind, name in where:
                     getattr(mod, kind)[name] = now
                 before, t.data = t.device, torch.empty(0, dtype=t.dtype, device=t.device)  # the host copy freed
@@ -200,8 +205,9 @@ def note(model, state) -> None:
     left = sum(t.numel() * t.element_size() for _, t in tensors(model) if t.device.type == "cpu")
     listed = ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in host.items()) or "nothing"
     state.report.notes.append(
-        f"placement: {p['moved'] / 2**30:.2f} GiB ({p['tensors']} tensors) moved from the host to {p['device']}; on the host: "
-        f"{listed} ({left / 2**30:.2f} GiB of them in state_dict()); uninstall moves everything back to the host")
+        f"placement: {p['moved'] / 2**30:.2f} GiB ({p['tensors']} tensors) moved from the host to {p['device']}; on "
+        f"the host: {listed} ({left / 2**30:.2f} GiB of them in state_dict()); uninstall moves everything back to the "
+        "host")
 
 
 def rests_on_host(model) -> bool:

@@ -326,7 +326,8 @@ class H3PlanAttnProcessor:
             return f"linear weights are not in the activations' dtype {x.dtype}"
         if x.dim() != 3 or x.shape[0] != 1:
             return f"hidden states {tuple(x.shape)}: the projection exchange takes batch 1"
-        if rotary_emb is None or attn.norm_q.eps != attn.norm_k.eps or attn.norm_q.weight is None or attn.norm_k.weight is None:
+        if (rotary_emb is None or attn.norm_q.eps != attn.norm_k.eps or attn.norm_q.weight is None
+                or attn.norm_k.weight is None):
             return "no rotary embedding, or norm_q/norm_k differ in eps or lack a weight"
         U, H = self.ulysses.degree, attn.heads
         if H % U or attn.to_q.out_features % H:
@@ -365,7 +366,8 @@ class H3PlanAttnProcessor:
             qn, kn = fn(qd, kd, wq, wk, *rotary_emb, eps)
             return qn, kn, vd.view(1, x.shape[1], h, D)
 
-        gathered = ua.exchange_projected(produce, seq_len=S, shape=(1, x.shape[1], H, D), dtype=x.dtype, device=x.device)
+        gathered = ua.exchange_projected(produce, seq_len=S, shape=(1, x.shape[1], H, D), dtype=x.dtype,
+                                         device=x.device)
         count_route(EXCHANGE, None)
         count_route(QK_NORM_ROPE, None)
         self._act_dtype = x.dtype

@@ -31,8 +31,8 @@ def recognise(model) -> None:
     if hasattr(model, "_orig_mod"):
         raise InstallError(f"h3plan.install got a torch.compile wrapper ({name}); install into the model, then compile")
     if not isinstance(model, Model):
-        raise InstallError("h3plan.install supports the MiniMax-H3 VAE (diffusers' AutoencoderKLMiniMaxH3) and otherwise "
-                         f"supports diffusers' MiniMaxH3Transformer3DModel only; got {name}")
+        raise InstallError("h3plan.install supports the MiniMax-H3 VAE (diffusers' AutoencoderKLMiniMaxH3) and "
+                           f"otherwise supports diffusers' MiniMaxH3Transformer3DModel only; got {name}")
     problems = []
     blocks = getattr(model, "transformer_blocks", None)
     if not isinstance(blocks, torch.nn.ModuleList) or len(blocks) == 0:
@@ -52,7 +52,8 @@ def recognise(model) -> None:
         own = getattr(b.__dict__.get("forward"), "__func__", None) is plan_block_forward
         if "forward" in b.__dict__ and not own:
             problems.append(f"transformer_blocks.{i} already has an instance forward (a hook?); install before hooks")
-    for path in ("norm_out", "proj_out", "audio_proj_out"):  # the output heads (sharded under Ulysses, install/shard.py)
+    # the output heads (sharded under Ulysses, install/shard.py)
+    for path in ("norm_out", "proj_out", "audio_proj_out"):
         if not isinstance(getattr(model, path, None), torch.nn.Module):
             problems.append(f"{path} is missing")
     if problems:
@@ -80,9 +81,9 @@ def fewer_layers(model, plan: Plan, kind: str) -> list[str]:
             continue
         if config[k] > planned[k]:
             raise InstallError(f"the plan was resolved for {planned[k]} {k.replace('_', ' ').removeprefix('num ')} "
-                               f"({section}.diffusers_config.{k}={planned[k]}), this {type(model).__name__} has {config[k]}: "
-                               f"its memory estimate and tables count {planned[k]}; plan from what you have: "
-                               f"h3plan.plan_for(model, recipe=...)")
+                               f"({section}.diffusers_config.{k}={planned[k]}), this {type(model).__name__} has "
+                               f"{config[k]}: its memory estimate and tables count {planned[k]}; plan from what you "
+                               f"have: h3plan.plan_for(model, recipe=...)")
         if config[k] < planned[k]:
             out.append(f"{k} {config[k]} (plan: {planned[k]})")
     return out
@@ -99,7 +100,8 @@ def check_model_facts(model, plan: Plan, kind: str) -> None:
     if wrong:
         name = (plan.get(section) or {}).get("name", "?")
         obj = "vae" if kind == "vae" else "model"
-        raise InstallError(f"the plan was resolved for {section}={name}, which does not match this {type(model).__name__}: "
-                           + ", ".join(wrong) + f"; plan from what you have: h3plan.plan_for({obj}, recipe=..., parallel=...) "
+        raise InstallError(f"the plan was resolved for {section}={name}, which does not match this "
+                           f"{type(model).__name__}: " + ", ".join(wrong)
+                           + f"; plan from what you have: h3plan.plan_for({obj}, recipe=..., parallel=...) "
                            f"reads the widths from its config (a pipeline or a checkpoint folder works too), or "
                            f"h3plan.install({obj}, recipe=...) plans and installs in one call")

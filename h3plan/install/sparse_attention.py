@@ -37,7 +37,8 @@ class SparseState:
 
     def __init__(self, spec: dict[str, Any], index: dict[bytes, tuple[int, int]]):
         self.keep, self.dense_forwards = float(spec["keep"]), int(spec["dense_forwards"])
-        self.block_q, self.block_k, self.video_only = int(spec["block_q"]), int(spec["block_k"]), bool(spec["video_only"])
+        self.block_q, self.block_k = int(spec["block_q"]), int(spec["block_k"])
+        self.video_only = bool(spec["video_only"])
         self.index = index
         self.active = False
         self.video_start: torch.Tensor | None = None  # (1,) int64 on the model's device

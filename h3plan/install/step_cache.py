@@ -123,8 +123,9 @@ class _State:
         if forwards in self.runs:
             return None
         mine = self.steps_of.get(int(self.spec["forwards"]), self.spec["steps"])
-        return (f"a call at num_inference_steps={self.steps_of.get(forwards, '?')}, not the plan's {mine}: every forward "
-                "computed (plan the request's steps, or install(num_inference_steps=) to run a scaled schedule)")
+        return (f"a call at num_inference_steps={self.steps_of.get(forwards, '?')}, not the plan's {mine}: every "
+                f"forward computed (plan the request's steps, or install(num_inference_steps=) to run a scaled "
+                f"schedule)")
 
     # ------------------------------------------------------------------ fixed / taylor
 
@@ -286,7 +287,8 @@ def install(model, spec: dict[str, Any], state, swap, *, group=None, steps=None,
     # the plan's own count first: every count's first forward passes the same vector, placed as the plan's (it
     # computes under every schedule)
     default_steps = (pipeline or {}).get("num_inference_steps")
-    known = [mine, *extra, *([int(default_steps)] if default_steps and int(default_steps) not in (mine, *extra) else [])]
+    known = [mine, *extra, *([int(default_steps)] if default_steps
+                             and int(default_steps) not in (mine, *extra) else [])]
     steps_of: dict[int, int] = {}
     index = schedule_index(known, pipeline, schedulers=schedulers, counts=steps_of)
     runs = {f for f, n in steps_of.items() if n in (mine, *extra)} | {int(spec["forwards"])}

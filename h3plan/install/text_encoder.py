@@ -24,8 +24,8 @@ hand (`get_qwen3vl_prompt_embeds`), and a ModularPipeline's `_execution_device` 
 component that has one: off the device (offload_after, host), the conditioner carries a `_hf_hook` naming `device`
 so the pipeline still runs on it, and the moves are forward hooks on `text_encoder.model` and its parts.
 `install_pipeline` (pipeline.py) places a loaded `text_encoder` component by the plan; the pipeline bench places it
-once for all its rows. Nothing here changes a number the conditioner computes (tests/install/test_install_text_encoder.py:
-frames bitwise against the unplaced pipeline for every placement).
+once for all its rows. Nothing here changes a number the conditioner computes
+(tests/install/test_install_text_encoder.py: frames bitwise against the unplaced pipeline for every placement).
 """
 
 from __future__ import annotations
@@ -144,7 +144,8 @@ class TextEncoderPlacement:
     @property
     def line(self) -> str:
         where = {"resident": f"on {self.device} for every call",
-                 "offload_after": f"moved to {self.device} for the encode and back to {self.host} after it, in the call",
+                 "offload_after": (f"moved to {self.device} for the encode and back to {self.host} after it, in "
+                                   "the call"),
                  "host": f"on {self.host}, its parts moved to {self.device} one at a time for the encode"}[self.setting]
         pinned = ("" if self.setting == "resident" or self.device.type != "cuda" else
                   f"; host masters {'pageable: ' + self.why_not_pinned if self.why_not_pinned else 'pinned'}")
@@ -156,7 +157,8 @@ def _parts(module) -> list[tuple[str, torch.nn.Module]]:
     the host: its lookup runs there and only the looked-up rows go to the device)."""
     model = module.model
     lm = model.language_model
-    return [("visual", model.visual)] + [(f"layers.{i}", layer) for i, layer in enumerate(lm.layers)] + [("norm", lm.norm)]
+    return ([("visual", model.visual)] + [(f"layers.{i}", layer) for i, layer in enumerate(lm.layers)]
+            + [("norm", lm.norm)])
 
 
 def placed(module) -> TextEncoderPlacement | None:

@@ -29,7 +29,8 @@ NAMES = ("gemm_quant", "adaln_table", "attention", "fa4_2cta", "fa4_tile", "fp8_
          "gated_residual", "swiglu", "fp8_act_quant", "ulysses_padding", "ulysses_overlap", "a2a_fp8_codes",
          "prefix_inplace", "ring", "sparse_attention", "ulysses_exchange", "nvfp4_producer_quant", "nvfp4_out_quant",
          "compile", "step_cache",
-         "vae_precision", "vae_tiles", "vae_graphs", "vae_ops", "vae_parallel", "vae_encode_precision", "vae_encode_tiles")
+         "vae_precision", "vae_tiles", "vae_graphs", "vae_ops", "vae_parallel", "vae_encode_precision",
+         "vae_encode_tiles")
 
 MEMORY_NAMES = ("text_encoder",)
 """Levers decided inside the memory estimate (planning/memory.py), from the free memory it finds once every lever of
@@ -42,7 +43,8 @@ if len(REGISTRY) != len(NAMES) or set(NAMES) & set(MEMORY_NAMES):
     raise ImportError("a lever is named twice in h3plan.levers.NAMES and MEMORY_NAMES")
 for _name, _module in {**REGISTRY, **MEMORY_REGISTRY}.items():
     if _module.SPEC.name != _name:
-        raise ImportError(f"h3plan/levers/{_name}.py declares SPEC.name {_module.SPEC.name!r}; the module is the config name")
+        raise ImportError(f"h3plan/levers/{_name}.py declares SPEC.name {_module.SPEC.name!r}; the module is the "
+                          "config name")
 del _name, _module
 SPECS: dict[str, Spec] = {name: m.SPEC for name, m in REGISTRY.items()}
 MEMORY_SPECS: dict[str, Spec] = {name: m.SPEC for name, m in MEMORY_REGISTRY.items()}

@@ -2,8 +2,8 @@
 fewer bytes with the BF16 output exchange); bit-identical given FP8 attention (receiver-exact scales).
 
 auto: on with qk_norm_rope=fused_fp8 at degree > 1 when the scales are static (no amax all-reduce)
-or the length reaches fp8_codes_dynamic_min_seq_len; off otherwise (TRT-LLM seed (docs/sources.md#trtllm-seed): the dynamic pairing loses
-at 19k and pays at 104k).
+or the length reaches fp8_codes_dynamic_min_seq_len; off otherwise (TRT-LLM seed (docs/sources.md#trtllm-seed): the
+dynamic pairing loses at 19k and pays at 104k).
 """
 
 from __future__ import annotations
@@ -52,9 +52,10 @@ def auto(ctx: Context):
     thr = ctx.tuning["fp8_codes_dynamic_min_seq_len"]
     rule = "hardware.tuning.fp8_codes_dynamic_min_seq_len, interpolated between 19k and 104k"
     if ctx.seq_len >= thr:
-        return "on", [f"dynamic scales at {ctx.seq_len:,} >= {thr:,} tokens ({rule}): the pairing pays at 104k; {save}"], {}
-    return "off", [f"dynamic scales at {ctx.seq_len:,} < {thr:,} tokens ({rule}): sending FP8 codes with dynamic scales "
-                   f"was slower at 19k tokens, about 150 small all-reduces per step ({TRT})"], {}
+        return "on", [f"dynamic scales at {ctx.seq_len:,} >= {thr:,} tokens ({rule}): the pairing pays at 104k; "
+                      f"{save}"], {}
+    return "off", [f"dynamic scales at {ctx.seq_len:,} < {thr:,} tokens ({rule}): sending FP8 codes with dynamic "
+                   f"scales was slower at 19k tokens, about 150 small all-reduces per step ({TRT})"], {}
 
 
 def decide(ctx: Context):

@@ -40,7 +40,8 @@ SPEC = Spec(
     settings={"off": True, "on": True},
     summary="AdaLN modulation outputs tabled per timestep vector at install, weights parked on the host (exact)",
     counter="adaln_table",
-    options=(Option("linears", "adaln_table", _valid, "None or dict(steps: [int >= 2, ...], shifts, conditions)", None),),
+    options=(Option("linears", "adaln_table", _valid,
+                    "None or dict(steps: [int >= 2, ...], shifts, conditions)", None),),
     terms={"on": Terms(adaln_tables=True)},
     fit="on",
 )
@@ -70,22 +71,25 @@ def table_plan(model: Mapping[str, Any], pipeline: Mapping[str, Any], *, audio: 
 
 def _plan(ctx: Context) -> dict[str, Any]:
     # the request's rows and steps (facts/timesteps.py: the keys the installer tables too)
-    return table_plan(ctx.model, ctx.pipeline, steps=[request_steps(ctx.request, ctx.pipeline)], **row_kinds(ctx.request))
+    return table_plan(ctx.model, ctx.pipeline, steps=[request_steps(ctx.request, ctx.pipeline)],
+                      **row_kinds(ctx.request))
 
 
 def _describe(p: Mapping[str, Any]) -> list[str]:
     conds = [k for k in ("video", "audio") if p[f"condition_{k}"]]
     return [
-        f"table {p['table_bytes'] / GiB:.2f} GiB per GPU ({p['vectors']} timestep vectors, {p['rows']} rows x {p['linears']} linears) "
-        f"frees {(p['weight_bytes'] - p['table_bytes']) / GiB:.2f} GiB: the {p['linears']} AdaLN linears ({p['parameters'] / 1e9:.2f}B "
-        f"parameters, {p['weight_bytes'] / GiB:.2f} GiB) wait in pinned host memory; misses expected for the request: 0 of "
-        f"{p['forwards']} forwards",
-        f"keys: diffusers' MiniMaxH3Scheduler at num_inference_steps {', '.join(map(str, p['steps']))} (shift {p['video_shift']:g} video, "
-        f"{p['audio_shift']:g} audio), {'conditioning rows: ' + ', '.join(conds) if conds else 'no conditioning rows'}"
+        f"table {p['table_bytes'] / GiB:.2f} GiB per GPU ({p['vectors']} timestep vectors, {p['rows']} rows x "
+        f"{p['linears']} linears) frees {(p['weight_bytes'] - p['table_bytes']) / GiB:.2f} GiB: the {p['linears']} "
+        f"AdaLN linears ({p['parameters'] / 1e9:.2f}B parameters, {p['weight_bytes'] / GiB:.2f} GiB) wait in pinned "
+        f"host memory; misses expected for the request: 0 of {p['forwards']} forwards",
+        f"keys: diffusers' MiniMaxH3Scheduler at num_inference_steps {', '.join(map(str, p['steps']))} (shift "
+        f"{p['video_shift']:g} video, {p['audio_shift']:g} audio), "
+        f"{'conditioning rows: ' + ', '.join(conds) if conds else 'no conditioning rows'}"
         f"{'' if p['audio'] else ', no audio rows'}; h3plan.prepare(pipe, num_inference_steps=...) adds step counts",
-        "exact: each entry is the forward's own GEMM run once at install (same shapes, dtypes, device), looked up by the exact "
-        "bits of temb; a vector not in the table is a counted miss (adaln_table.fallback) served by the same GEMM on the linear's "
-        "weights streamed to the device (2 x 18 x hidden x time_embed_dim bytes over PCIe per block, then added to the table)",
+        "exact: each entry is the forward's own GEMM run once at install (same shapes, dtypes, device), looked up by "
+        "the exact bits of temb; a vector not in the table is a counted miss (adaln_table.fallback) served by the same "
+        "GEMM on the linear's weights streamed to the device (2 x 18 x hidden x time_embed_dim bytes over PCIe per "
+        "block, then added to the table)",
     ]
 
 
@@ -103,7 +107,8 @@ def auto(ctx: Context):
     p = _plan(ctx)
     if p["table_bytes"] >= p["weight_bytes"]:
         return "off", [f"the table ({p['table_bytes'] / GiB:.3g} GiB, {p['rows']} rows) would be no smaller than the "
-                       f"{p['linears']} AdaLN linears it replaces ({p['weight_bytes'] / GiB:.3g} GiB): diffusers' linears kept"], {}
+                       f"{p['linears']} AdaLN linears it replaces ({p['weight_bytes'] / GiB:.3g} GiB): diffusers' "
+                       "linears kept"], {}
     return "on", _describe(p), params(ctx, "on")
 
 

@@ -22,7 +22,8 @@ SPEC = Spec(
     options=(Option("attention", "backend", *one_of(*BACKENDS), default=DEFAULT),),
     column="attention",
     # an FP8 backend writes e4m3 (cuDNN FP8 on Hopper), cast to bf16 after
-    terms={name: Terms(attention_backend=name, attention_out_bytes=1 if b.precision == "fp8" else 2) for name, b in BACKENDS.items()},
+    terms={name: Terms(attention_backend=name, attention_out_bytes=1 if b.precision == "fp8" else 2)
+           for name, b in BACKENDS.items()},
 )
 
 
@@ -69,7 +70,8 @@ def auto(ctx: Context):
             problems = fp8_problems(ctx)
             if not problems:
                 speed = _speeds(ctx, [FP8, "fa4"])
-                r = [f"recipe {name} asks for FP8 attention; cuDNN FP8 with FP8 Q/K/V ({hw['attention_rank']['fp8_source']})"]
+                r = [f"recipe {name} asks for FP8 attention; cuDNN FP8 with FP8 Q/K/V "
+                     f"({hw['attention_rank']['fp8_source']})"]
                 if speed:
                     r.append(f"measured TFLOP/s at the nearest shape: {speed}")
                 return FP8, r + [ctx.budget_text()], params(ctx, FP8)
@@ -80,8 +82,9 @@ def auto(ctx: Context):
     pick, _ = select(hw["attention_rank"]["order"], hw, ctx.hw)
     fastest, times = measured_fastest(ctx, [b for b in hw["attention_rank"]["order"] if not blockers(ctx, b)])
     if fastest is not None and fastest != pick:
-        reasons.append(f"{fastest} is the fastest BF16 attention measured on {ctx.hw} at the plan's nearest shape: {times} "
-                       f"(hardware.measured.attention; the rank {' > '.join(hw['attention_rank']['order'])} says {pick})")
+        reasons.append(f"{fastest} is the fastest BF16 attention measured on {ctx.hw} at the plan's nearest shape: "
+                       f"{times} (hardware.measured.attention; the rank {' > '.join(hw['attention_rank']['order'])} "
+                       f"says {pick})")
         return fastest, reasons, params(ctx, fastest)
     reasons.append(f"{pick} is the fastest BF16 attention on {ctx.hw} (hardware.attention_rank: "
                    f"{' > '.join(hw['attention_rank']['order'])}; {hw['attention_rank']['source']})")
@@ -103,7 +106,8 @@ def measured_fastest(ctx: Context, candidates: list[str]) -> tuple[str | None, s
     if not points:
         return None, ""
     s, heads = ctx.seq_len, ctx.shape["heads_per_rank"]
-    p = min(points, key=lambda p: (abs(math.log(p["seq_len"] / s)) + abs(math.log(p["heads"] / heads)), p["seq_len"], p["heads"]))
+    p = min(points, key=lambda p: (abs(math.log(p["seq_len"] / s)) + abs(math.log(p["heads"] / heads)),
+                                   p["seq_len"], p["heads"]))
     flops = 4 * ctx.shape["batch"] * s**2 * heads * ctx.model["diffusers_config"]["attention_head_dim"]
     ms = {b: flops / (p[b] * 1e12) * 1e3 for b in candidates if p.get(b) is not None}
     best = min(ms, key=ms.get)

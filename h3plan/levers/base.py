@@ -163,7 +163,8 @@ class Spec:
             raise ValueError(f"lever {self.name}: terms or fit name unknown settings {sorted(unknown)}")
         bad = sorted({b for need in self.backends.values() for b in need} - set(BACKENDS))
         if bad:
-            raise ValueError(f"lever {self.name}: backends names unknown attention backends {bad}; known: {list(BACKENDS)}")
+            raise ValueError(f"lever {self.name}: backends names unknown attention backends {bad}; known: "
+                             f"{list(BACKENDS)}")
 
     def lossless(self, setting: str) -> bool:
         return self.settings[setting]
@@ -282,7 +283,8 @@ class Context:
 
     def budget_text(self) -> str:
         b = self.recipe["budget"]
-        return f"recipe {self.recipe['name']} allows lossy levers within PSNR >= {b['psnr_db_min']} dB, SSIM >= {b['ssim_min']}"
+        return (f"recipe {self.recipe['name']} allows lossy levers within PSNR >= {b['psnr_db_min']} dB, "
+                f"SSIM >= {b['ssim_min']}")
 
 
 def policy_blockers(ctx: Context, spec: Spec, setting: str) -> list[str]:
@@ -308,7 +310,8 @@ def hardware_verified(ctx: Context, spec: Spec, setting: str) -> tuple[bool, str
     if setting not in v["settings"].get(spec.name, []):
         return False, f"not hardware-verified: {setting} has never run on {ctx.hw} by h3plan (hardware.verified)"
     if spec.ulysses and ctx.degree > v["max_ulysses_degree"]:
-        return False, f"not hardware-verified: Ulysses degree {ctx.degree} has never run on {ctx.hw} (at most {v['max_ulysses_degree']})"
+        return False, (f"not hardware-verified: Ulysses degree {ctx.degree} has never run on {ctx.hw} "
+                       f"(at most {v['max_ulysses_degree']})")
     return True, None
 
 
@@ -327,7 +330,8 @@ def support(
     it needs, the lever's own `blockers`, the recipe policy (or the lever's own `policy`) and the tuned device's
     checks. The lever's boundary answer; a lever module's `blockers` may collect its reasons in a list."""
     pol = policy(ctx, setting) if policy else policy_blockers(ctx, spec, setting)
-    return Support.of(backend_blockers(ctx, spec, setting) + blockers(ctx, setting) + pol + tuned_blockers(ctx, spec, setting))
+    return Support.of(backend_blockers(ctx, spec, setting) + blockers(ctx, setting) + pol
+                      + tuned_blockers(ctx, spec, setting))
 
 
 def resolve(
@@ -365,14 +369,16 @@ def resolve(
             alt = next((s for s in spec.settings if s != setting and support_of(s)), None)
             if alt is None:
                 raise LeverError(lever, setting, failed)
-            reasons = list(reasons) + [f"but {setting} is refused: {failed[0]}; {alt} is the first setting that can apply"]
+            reasons = list(reasons) + [f"but {setting} is refused: {failed[0]}; {alt} is the first setting "
+                                       "that can apply"]
             setting, extra = alt, (params(ctx, alt) if params else {})
         sup = support_of(setting)
         assert sup, f"internal: auto picked {lever}={setting} that cannot apply: {list(sup)}"
     ok, why = hardware_verified(ctx, spec, setting)
     if why:
         reasons = list(reasons) + [why]
-    return make_decision(lever, setting, spec.lossless(setting), reasons, forced=forced, params=extra, hardware_verified=ok)
+    return make_decision(lever, setting, spec.lossless(setting), reasons, forced=forced, params=extra,
+                         hardware_verified=ok)
 
 
 def is_bool(v: Any) -> bool:
@@ -394,7 +400,8 @@ def faster_in_every_run(xs) -> bool:
     return min(xs) > 1.0
 
 
-def nearest_ulysses_point(hardware: Mapping[str, Any], kind: str, degree: int, seq_len: int) -> Mapping[str, Any] | None:
+def nearest_ulysses_point(hardware: Mapping[str, Any], kind: str, degree: int,
+                          seq_len: int) -> Mapping[str, Any] | None:
     """hardware.measured.ulysses.<kind> ("a2a" or "overlap") at exactly this degree, nearest in log S; None
     when this degree was never measured (another degree's numbers are not borrowed)."""
     import math
@@ -410,4 +417,5 @@ def nearest_point(hardware: Mapping[str, Any], seq_len: int, heads: int, backend
     points = [p for p in hardware["measured"]["attention"] if p.get(backend) is not None]
     if not points:
         return None
-    return min(points, key=lambda p: (abs(math.log(p["seq_len"] / seq_len)) + abs(math.log(p["heads"] / heads)), p["seq_len"], p["heads"]))
+    return min(points, key=lambda p: (abs(math.log(p["seq_len"] / seq_len)) + abs(math.log(p["heads"] / heads)),
+                                      p["seq_len"], p["heads"]))

@@ -9,7 +9,8 @@ Not at Ulysses degree > 1: dynamo cannot trace the exchange's asynchronous all-t
 plan is refused, and auto stays off there. Both as measured on H200s: docs/measurements.md.
 
 auto: regional only where the hardware measured the compiled plan of this recipe against the plain plan
-(`hardware.measured.compile`, the nearest length within a factor of 2) and every run timed it faster; off otherwise, with the runs.
+(`hardware.measured.compile`, the nearest length within a factor of 2) and every run timed it faster; off otherwise,
+with the runs.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ SPEC = Spec(
     settings={"off": True, "regional": False},
     summary="diffusers' regional torch.compile over the installed blocks (not eager's bits: lossy)",
     options=(Option("block", "compile", *one_of("off", "regional"), default="off",
-                    swap=lambda v: (".forward", "eager", "torch.compile (regional, fullgraph)") if v != "off" else None),),
+                    swap=lambda v: ((".forward", "eager", "torch.compile (regional, fullgraph)")
+                                    if v != "off" else None)),),
 )
 
 
@@ -36,8 +38,8 @@ def _measured(ctx: Context):
     return min(pts, key=lambda p: abs(math.log(p["seq_len"] / ctx.seq_len))) if pts else None
 
 
-ULYSSES_WHY = ("dynamo cannot trace the Ulysses exchange's asynchronous all-to-all wait: a compiled Ulysses plan failed on two "
-               "H200s (benchmarks/results/logs/vae2-h200x2.log)")
+ULYSSES_WHY = ("dynamo cannot trace the Ulysses exchange's asynchronous all-to-all wait: a compiled Ulysses plan "
+               "failed on two H200s (benchmarks/results/logs/vae2-h200x2.log)")
 
 
 RING_WHY = "the ring's P2P rotation is not traceable (h3plan/runtime/parallel/ring.py: not under torch.compile)"
@@ -56,13 +58,15 @@ def auto(ctx: Context):
     if ctx.ring > 1:
         return "off", [f"parallel.ring={ctx.ring}: {RING_WHY}"], {}
     if ctx.degree > 1:
-        return "off", [f"Ulysses degree {ctx.degree}: {ULYSSES_WHY}; the compiled plan was measured at degree 1 only"], {}
+        return "off", [f"Ulysses degree {ctx.degree}: {ULYSSES_WHY}; the compiled plan was measured at degree 1 "
+                       "only"], {}
     if ctx.lossless_only:
-        return "off", [f"recipe {ctx.recipe['name']} is lossless and a compiled block rounds its own way (not eager's bits)"], {}
+        return "off", [f"recipe {ctx.recipe['name']} is lossless and a compiled block rounds its own way (not eager's "
+                       "bits)"], {}
     m = _measured(ctx)
     if m is None:
-        return "off", [f"never measured on {ctx.hw} for recipe {ctx.recipe['name']} within {NEAR:g}x of {ctx.seq_len:,} tokens: "
-                       "the plan's own kernels run uncompiled"], {}
+        return "off", [f"never measured on {ctx.hw} for recipe {ctx.recipe['name']} within {NEAR:g}x of "
+                       f"{ctx.seq_len:,} tokens: the plan's own kernels run uncompiled"], {}
     runs = f"{speedup_runs(m['speedups'])} at {m['seq_len']:,} tokens (nearest measured length; {m['source']})"
     if faster_in_every_run(m["speedups"]):
         return "regional", [f"compiled plan faster in every run: {runs}", ctx.budget_text()], {}

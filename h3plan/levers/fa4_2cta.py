@@ -42,9 +42,11 @@ def auto(ctx: Context):
         return "off", [f"{ctx.hw}: FA4 2-CTA exists but regresses long sequences ({fa4['source']})"], params(ctx, "off")
     ring = rules.ring_excluded(ctx, SPEC.name, "on")
     if ring:
-        return "off", [ring + f"; FA4 runs its default CTA mode (2-CTA would be the faster on {ctx.hw} without the ring)"], params(ctx, "off")
+        return "off", [ring + f"; FA4 runs its default CTA mode (2-CTA would be the faster on {ctx.hw} without the "
+                              "ring)"], params(ctx, "off")
     return "on", [f"{ctx.hw}: FA4 2-CTA is the faster BF16 attention at H3 clip lengths ({fa4['source']})",
-                  "set per call around the transformer blocks (FA4 reads FA_DISABLE_2CTA once at import); an explicit FA_DISABLE_2CTA wins"], params(ctx, "on")
+                  "set per call around the transformer blocks (FA4 reads FA_DISABLE_2CTA once at import); an explicit "
+                  "FA_DISABLE_2CTA wins"], params(ctx, "on")
 
 
 def params(ctx: Context, s: str) -> dict:

@@ -18,7 +18,8 @@ from . import rules
 from .base import Context, Option, Spec, faster_in_every_run, resolve, speedup_runs
 
 def is_tile(v: Any) -> bool:
-    """An FA4 forward tile as the installer takes it: {tile_m, tile_n: int > 0; mma_pv_is_rs, intra_wg_overlap: bool}."""
+    """An FA4 forward tile as the installer takes it: {tile_m, tile_n: int > 0; mma_pv_is_rs, intra_wg_overlap:
+    bool}."""
     return (isinstance(v, dict) and set(v) == {"tile_m", "tile_n", "mma_pv_is_rs", "intra_wg_overlap"}
             and all(isinstance(v[k], int) and not isinstance(v[k], bool) and v[k] > 0 for k in ("tile_m", "tile_n"))
             and all(isinstance(v[k], bool) for k in ("mma_pv_is_rs", "intra_wg_overlap")))
@@ -32,8 +33,9 @@ SPEC = Spec(
     backends={"tuned": ("fa4",)},
     options=(Option("attention", "fa4_tile", lambda v: v is None or is_tile(v),
                     "None or dict(tile_m, tile_n: int; mma_pv_is_rs, intra_wg_overlap: bool)", None,
-                    swap=lambda t: ("", "fa4 default tile", f"tile {t['tile_m']}x{t['tile_n']} (mma_pv_is_rs={t['mma_pv_is_rs']})")
-                    if t else None),),
+                    swap=lambda t: (("", "fa4 default tile",
+                                     f"tile {t['tile_m']}x{t['tile_n']} (mma_pv_is_rs={t['mma_pv_is_rs']})")
+                                    if t else None)),),
 )
 
 
@@ -45,7 +47,8 @@ def tile_for(ctx: Context) -> Mapping[str, Any] | None:
 def nearest_speed(ctx: Context, t: Mapping[str, Any]) -> Mapping[str, Any]:
     """The measured point nearest the plan's sequence length (log scale), then nearest in heads."""
     heads = ctx.shape["heads_per_rank"]
-    return min(t["measured"], key=lambda m: (abs(math.log(m["seq_len"] / ctx.seq_len)), abs(math.log(m["heads"] / heads))))
+    return min(t["measured"], key=lambda m: (abs(math.log(m["seq_len"] / ctx.seq_len)),
+                                             abs(math.log(m["heads"] / heads))))
 
 
 def _describe(t: Mapping[str, Any]) -> str:
@@ -62,7 +65,8 @@ def blockers(ctx: Context, s: str) -> list[str]:
         d = ctx.model["diffusers_config"]["attention_head_dim"]
         out.append(f"{ctx.hw} lists no measured FA4 tile for head_dim {d} (hardware.fa4.tuned_tiles)")
     elif ctx.lossless_only and not t["bitwise_vs_default"]:
-        out.append(f"recipe {ctx.recipe['name']} has policy lossless and the {ctx.hw} tile {_describe(t)} changes FA4's bits")
+        out.append(f"recipe {ctx.recipe['name']} has policy lossless and the {ctx.hw} tile {_describe(t)} changes "
+                   "FA4's bits")
     ring = rules.ring_excluded(ctx, SPEC.name, s)
     return out + ([ring] if ring else [])
 
@@ -75,19 +79,23 @@ def auto(ctx: Context):
         return "default", [ring + "; FA4's own heuristic picks"], params(ctx, "default")
     t = tile_for(ctx)
     if t is None:
-        return "default", [f"{ctx.hw}: no measured FA4 tile for this head dim; FA4's own heuristic picks"], params(ctx, "default")
+        return "default", [f"{ctx.hw}: no measured FA4 tile for this head dim; FA4's own heuristic "
+                           "picks"], params(ctx, "default")
     if ctx.lossless_only and not t["bitwise_vs_default"]:
-        return "default", [f"{ctx.hw}: the measured tile {_describe(t)} changes FA4's bits and the recipe is lossless"], params(ctx, "default")
+        return "default", [f"{ctx.hw}: the measured tile {_describe(t)} changes FA4's bits and the recipe is "
+                           "lossless"], params(ctx, "default")
     m = nearest_speed(ctx, t)
     block = list(m.get("block_speedups") or [])
     runs = speedup_runs(m["speedups"]) + (f" attention alone; {speedup_runs(block)} whole block" if block else "")
     where = f"{m['seq_len']:,} x {m['heads']}"
-    same = "bit-identical to FA4's default tile" if t["bitwise_vs_default"] else "not bit-identical to FA4's default tile"
+    same = ("bit-identical to FA4's default tile" if t["bitwise_vs_default"]
+            else "not bit-identical to FA4's default tile")
     if not faster_in_every_run(m["speedups"] + block):
         return "default", [f"{ctx.hw}: tile {_describe(t)} against FA4's default at {where} (nearest measured shape): "
-                           f"{runs} over the runs, not faster in every run; FA4's default kept ({t['source']})"], params(ctx, "default")
-    return "tuned", [f"{ctx.hw}: tile {_describe(t)} is {same} and faster in every run at {where} (nearest measured shape): "
-                     f"{runs} ({t['source']})"], params(ctx, "tuned")
+                           f"{runs} over the runs, not faster in every run; FA4's default kept "
+                           f"({t['source']})"], params(ctx, "default")
+    return "tuned", [f"{ctx.hw}: tile {_describe(t)} is {same} and faster in every run at {where} (nearest measured "
+                     f"shape): {runs} ({t['source']})"], params(ctx, "tuned")
 
 
 def params(ctx: Context, s: str) -> dict:

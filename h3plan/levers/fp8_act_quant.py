@@ -31,7 +31,8 @@ SPEC = Spec(
     kernels=("rmsnorm_modulate_fp8", "swiglu_fp8", "cast_rows_fp8"),
 )
 
-ULYSSES_NOTE = "per-row scales: a row's scale depends on that row alone, so the codes are the same at every Ulysses degree with no amax all-reduce"
+ULYSSES_NOTE = ("per-row scales: a row's scale depends on that row alone, so the codes are the same at every Ulysses "
+                "degree with no amax all-reduce")
 
 
 def _static(ctx: Context) -> bool:
@@ -65,19 +66,22 @@ def auto(ctx: Context):
     points, source = _measured(ctx)
     if not points:
         return "tensor", [f"row never ran on {ctx.hw}: no measured block A/B of row vs tensor "
-                          "(hardware.measured.fp8_act_quant); today's per-tensor scales kept", ctx.budget_text()], params(ctx, "tensor")
+                          "(hardware.measured.fp8_act_quant); today's per-tensor scales kept",
+                          ctx.budget_text()], params(ctx, "tensor")
     runs = "; ".join(f"{speedup_runs(p['speedups'])} at {p['seq_len']:,} tokens" for p in points)
     faster = all(faster_in_every_run(p["speedups"]) for p in points)
     if not faster:
-        return "tensor", [f"row (per-row codes from the producers) not faster than tensor at every measured length: {runs} "
-                          f"({source})", ctx.budget_text()], params(ctx, "tensor")
+        return "tensor", ["row (per-row codes from the producers) not faster than tensor at every measured length: "
+                          f"{runs} ({source})", ctx.budget_text()], params(ctx, "tensor")
     problems = blockers(ctx, "row")
     if problems:
-        return "tensor", [f"row measured faster ({runs}) but cannot apply: " + "; ".join(problems)], params(ctx, "tensor")
+        return ("tensor", [f"row measured faster ({runs}) but cannot apply: " + "; ".join(problems)],
+                params(ctx, "tensor"))
     close = min(min(p["speedups"]) for p in points) < NOISE
     margin = [f"the smallest margin is under {NOISE - 1:.0%}, within run-to-run noise: the speed is a tie at best, and "
               "the per-row codes' property below is what row adds"] if close else []
-    return "row", [f"row (per-row codes from the producers) faster than tensor at every measured length: {runs} ({source})",
+    return "row", [f"row (per-row codes from the producers) faster than tensor at every measured length: {runs} "
+                   f"({source})",
                    *margin, *explain(ctx, "row"), ctx.budget_text()], params(ctx, "row")
 
 
@@ -98,7 +102,8 @@ def params(ctx: Context, s: str) -> dict:
         return {}
     static = _static(ctx)
     if s == "tensor":
-        return {"scales": "static, from recipe.fp8_static_table" if static else "per tensor, dynamic (amax + cast passes)"}
+        return {"scales": ("static, from recipe.fp8_static_table" if static
+                           else "per tensor, dynamic (amax + cast passes)")}
     return {"scales": "static, from recipe.fp8_static_table" if static else "per row, dynamic",
             "producers": {"attn.to_q/k/v": "rmsnorm_modulate_fp8", "ff.net.0.proj": "rmsnorm_modulate_fp8",
                           "ff.net.2": "swiglu_fp8", "attn.to_out.0": "cast_rows_fp8"}}

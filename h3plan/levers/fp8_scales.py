@@ -2,8 +2,8 @@
 Ulysses group) or a static calibrated table with a margin. Part of cuDNN FP8 attention, so lossy.
 
 auto follows recipe.fp8_scale_mode; in `auto` mode static only at Ulysses degree >= the hardware's
-static_scales_min_degree and length >= static_scales_min_seq_len (the TRT-LLM seed (docs/sources.md#trtllm-seed)'s U8-at-104k row)
-and only with a calibrated table (recipe.fp8_static_table); otherwise dynamic. Where cuDNN writes
+static_scales_min_degree and length >= static_scales_min_seq_len (the TRT-LLM seed (docs/sources.md#trtllm-seed)'s
+U8-at-104k row) and only with a calibrated table (recipe.fp8_static_table); otherwise dynamic. Where cuDNN writes
 FP8 output (SM90) the decision also records how scale_o is chosen.
 """
 
@@ -24,8 +24,8 @@ SPEC = Spec(
     backends={"dynamic": ("cudnn_fp8",), "static": ("cudnn_fp8",)},
     options=(Option("attention", "fp8_scales", *one_of("off", "dynamic", "static"), default="dynamic"),
              Option("attention", "scale_table", lambda v: v is None or isinstance(v, str), "path or None", None),
-             Option("attention", "scale_margin", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,
-                    "float > 0", 1.0)),
+             Option("attention", "scale_margin",
+                    lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0, "float > 0", 1.0)),
     column="scales",
 )
 
@@ -51,15 +51,20 @@ def auto(ctx: Context):
             raise LeverError(SPEC.name, "auto", ["recipe.fp8_scale_mode=static needs recipe.fp8_static_table=PATH"])
         return "static", [f"recipe {r['name']} fixes static scales (recipe.fp8_scale_mode)"], params(ctx, "static")
     if r["fp8_scale_mode"] == "dynamic":
-        return "dynamic", [f"recipe {r['name']} fixes dynamic scales (recipe.fp8_scale_mode; the static table never)"], params(ctx, "dynamic")
+        return "dynamic", [f"recipe {r['name']} fixes dynamic scales (recipe.fp8_scale_mode; the static table "
+                           "never)"], params(ctx, "dynamic")
     long_row = ctx.degree >= t["static_scales_min_degree"] and ctx.seq_len >= t["static_scales_min_seq_len"]
-    rule = (f"Ulysses {ctx.degree} >= {t['static_scales_min_degree']} and {ctx.seq_len:,} >= {t['static_scales_min_seq_len']:,} tokens "
-            f"(hardware.tuning.static_scales_min_*, interpolated between measured rows): {cite('trtllm-seed')} at Ulysses 8 and 104k tokens")
+    rule = (f"Ulysses {ctx.degree} >= {t['static_scales_min_degree']} and {ctx.seq_len:,} >= "
+            f"{t['static_scales_min_seq_len']:,} tokens (hardware.tuning.static_scales_min_*, interpolated between "
+            f"measured rows): {cite('trtllm-seed')} at Ulysses 8 and 104k tokens")
     if long_row and r["fp8_static_table"]:
-        return "static", [rule + f" uses static scales (held-out table, margin {r['fp8_static_margin']:g}) instead of dynamic"], params(ctx, "static")
+        return "static", [rule + f" uses static scales (held-out table, margin {r['fp8_static_margin']:g}) instead of "
+                                 "dynamic"], params(ctx, "static")
     if long_row:
-        return "dynamic", [rule + " uses static scales, but recipe.fp8_static_table is null: dynamic kept (calibrate a held-out table and set it)"], params(ctx, "dynamic")
-    return "dynamic", [f"dynamic per-tensor amax scales, as {cite('trtllm-seed')} runs at Ulysses 1 and 4 and on short Ulysses 8 clips"], params(ctx, "dynamic")
+        return "dynamic", [rule + " uses static scales, but recipe.fp8_static_table is null: dynamic kept (calibrate a "
+                                  "held-out table and set it)"], params(ctx, "dynamic")
+    return "dynamic", [f"dynamic per-tensor amax scales, as {cite('trtllm-seed')} runs at Ulysses 1 and 4 and on short "
+                       "Ulysses 8 clips"], params(ctx, "dynamic")
 
 
 def params(ctx: Context, s: str) -> dict:
@@ -68,7 +73,8 @@ def params(ctx: Context, s: str) -> dict:
     o = fp8_output_dtype(ctx)
     p = {"o_dtype": o, "scale_o": None if o != "fp8" else ("amax" if s == "dynamic" else "table")}
     if s == "dynamic":
-        p.update(amax="per tensor over rows < valid length", amax_allreduce="max over the Ulysses group" if ctx.degree > 1 else None)
+        p.update(amax="per tensor over rows < valid length",
+                 amax_allreduce="max over the Ulysses group" if ctx.degree > 1 else None)
     else:
         p.update(scale_table=ctx.recipe["fp8_static_table"], scale_margin=float(ctx.recipe["fp8_static_margin"]))
     return p
@@ -77,7 +83,8 @@ def params(ctx: Context, s: str) -> dict:
 def _scale_o_reason(ctx: Context, s: str) -> list[str]:
     note = ctx.hardware["cudnn"]["fp8_output_note"]
     if s != "off" and fp8_output_dtype(ctx) == "fp8":
-        return [f"{ctx.hw}: cuDNN FP8 attention writes FP8 output, scale_o from {'amax' if s == 'dynamic' else 'the table'}" + (f" ({note})" if note else "")]
+        return [f"{ctx.hw}: cuDNN FP8 attention writes FP8 output, scale_o from "
+                f"{'amax' if s == 'dynamic' else 'the table'}" + (f" ({note})" if note else "")]
     return []
 
 

@@ -18,7 +18,8 @@ SPEC = Spec(
 
 def decide(ctx: Context):
     return resolve(ctx, SPEC, blockers=lambda c, s: [],
-                   auto=lambda c: ("on", [f"h + gate[idx] * y in one kernel, eager's rounding kept (exact; the pattern of {cite('vllm-omni-vae-seed')})"], {}))
+                   auto=lambda c: ("on", ["h + gate[idx] * y in one kernel, eager's rounding kept (exact; the pattern "
+                                          f"of {cite('vllm-omni-vae-seed')})"], {}))
 
 
 install = default_install(SPEC)

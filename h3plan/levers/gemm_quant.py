@@ -18,7 +18,8 @@ SPEC = Spec(
     settings={"bf16": True, "fp8": False, "nvfp4": False, "dequant_bf16": True},
     summary="the block linears as BF16, FP8 or NVFP4 GEMMs (fp8/nvfp4 lossy)",
     counter="gemm_quant",
-    options=(Option("linears", "quant", lambda v: v is None or (isinstance(v, dict) and v.get("format") in ("fp8", "nvfp4")),
+    options=(Option("linears", "quant",
+                    lambda v: v is None or (isinstance(v, dict) and v.get("format") in ("fp8", "nvfp4")),
                     "None or dict(format: 'fp8' | 'nvfp4', params: dict)", None),),
     column="gemm",
     terms={"fp8": Terms(gemm_dtype="fp8"), "nvfp4": Terms(gemm_dtype="nvfp4")},
@@ -54,7 +55,8 @@ def auto(ctx: Context):
     if ck == "bf16":
         return "bf16", [f"recipe {name}: BF16 checkpoint, the block linears keep diffusers' BF16 GEMMs"], {}
     if ctx.lossless_only:
-        return "dequant_bf16", [f"recipe {name} has policy lossless: {ck} GEMMs are lossy, the {ck} weights run dequantised to BF16"], {}
+        return "dequant_bf16", [f"recipe {name} has policy lossless: {ck} GEMMs are lossy, the {ck} weights run "
+                                "dequantised to BF16"], {}
     problems = blockers(ctx, ck)
     if problems:
         raise LeverError(SPEC.name, "auto", [f"recipe {name} needs {ck} GEMMs"] + problems
@@ -77,8 +79,9 @@ def params(ctx: Context, s: str) -> dict:
         if s == "nvfp4":
             p["quantizer"] = QUANTIZER
         if s == "fp8" and _static_inputs(ctx):
-            p.update(activations="per tensor, static amax from recipe.fp8_static_table (one pass)", input_scales="static",
-                     scale_table=ctx.recipe["fp8_static_table"], scale_margin=float(ctx.recipe["fp8_static_margin"]))
+            p.update(activations="per tensor, static amax from recipe.fp8_static_table (one pass)",
+                     input_scales="static", scale_table=ctx.recipe["fp8_static_table"],
+                     scale_margin=float(ctx.recipe["fp8_static_margin"]))
         return p
     return {}
 
@@ -87,7 +90,8 @@ def explain(ctx: Context, s: str) -> list[str]:
     if s == "nvfp4":
         return nvfp4_evidence(ctx, SPEC.name, s)
     if s == "dequant_bf16":
-        return [f"the {ctx.recipe['checkpoint']} checkpoint's weights are dequantised to BF16; the GEMMs add no loss beyond the checkpoint's own"]
+        return [f"the {ctx.recipe['checkpoint']} checkpoint's weights are dequantised to BF16; the GEMMs add no loss "
+                "beyond the checkpoint's own"]
     return []
 
 

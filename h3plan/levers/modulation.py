@@ -1,7 +1,7 @@
 """norm1/norm2 RMSNorm + indexed AdaLN scale/shift in one kernel.
 
-exact keeps eager's BF16 rounding points (telefuser seed (docs/sources.md#telefuser-seed): bit-exact); fp32 single-rounds (vllm-omni
-seed: PSNR 39.55 dB, SSIM 0.975) and is only used when forced under a budget policy.
+exact keeps eager's BF16 rounding points (telefuser seed (docs/sources.md#telefuser-seed): bit-exact); fp32
+single-rounds (vllm-omni seed: PSNR 39.55 dB, SSIM 0.975) and is only used when forced under a budget policy.
 """
 
 from __future__ import annotations
@@ -25,12 +25,15 @@ def blockers(ctx: Context, s: str) -> list[str]:
 
 
 def auto(ctx: Context):
-    return "exact", [f"RMSNorm + indexed modulation in one kernel with eager's BF16 rounding points ({cite('telefuser-seed')}: bit-identical videos)",
-                     f"fp32 rounds once (PSNR 39.55 dB in {cite('vllm-omni-modulation-seed')}) and was never measured faster than exact: not picked"], {}
+    return "exact", ["RMSNorm + indexed modulation in one kernel with eager's BF16 rounding points "
+                     f"({cite('telefuser-seed')}: bit-identical videos)",
+                     f"fp32 rounds once (PSNR 39.55 dB in {cite('vllm-omni-modulation-seed')}) and was never measured "
+                     "faster than exact: not picked"], {}
 
 
 def explain(ctx: Context, s: str) -> list[str]:
-    return {"fp32": [f"one rounding in fp32 ({cite('vllm-omni-modulation-seed')}: PSNR 39.55 dB, SSIM 0.975)", ctx.budget_text()]}.get(s, [])
+    return {"fp32": [f"one rounding in fp32 ({cite('vllm-omni-modulation-seed')}: PSNR 39.55 dB, SSIM 0.975)",
+                     ctx.budget_text()]}.get(s, [])
 
 
 def decide(ctx: Context):

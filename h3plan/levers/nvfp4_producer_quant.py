@@ -1,8 +1,8 @@
 """NVFP4 producer-side quantize fusion with the residual fold (recipe nvfp4; lossy).
 
 on: the kernels that produce the NVFP4 GEMM inputs write e2m1 codes + swizzled e4m3 block scales themselves
-(h3plan/runtime/kernels/nvfp4_producers.py): norm1 + AdaLN -> to_q/k/v, the residual fold (the attention's gated residual
-+ norm2 + AdaLN in one kernel) -> ff.net.0.proj, SwiGLU -> ff.net.2; installed by install/nvfp4_inputs.py. Same
+(h3plan/runtime/kernels/nvfp4_producers.py): norm1 + AdaLN -> to_q/k/v, the residual fold (the attention's gated
+residual + norm2 + AdaLN in one kernel) -> ff.net.0.proj, SwiGLU -> ff.net.2; installed by install/nvfp4_inputs.py. Same
 quantizer as the NVFP4 linears' own input cast (torchao's, runtime/kernels/nvfp4.py), so a refused call changes no bits.
 auto: on with gemm_quant=nvfp4 when the rows per rank reach step_fusions_min_rows_per_rank (the TRT-LLM seed
 (docs/sources.md#trtllm-seed) turns the step fusions off at U8 19k); off otherwise.
@@ -21,7 +21,8 @@ SPEC = Spec(
     summary="NVFP4 quantize fused into the producer kernels (norm + AdaLN, SwiGLU) with the residual fold",
     counter="nvfp4_producer_quant",
     options=(Option("block", "nvfp4_producer_quant", is_bool, "bool", False,
-                    swap=lambda v: (".norm1/norm2+modulate (residual folded), ff swiglu", "bf16 + NVFP4 cast in the linear",
+                    swap=lambda v: (".norm1/norm2+modulate (residual folded), ff swiglu",
+                                    "bf16 + NVFP4 cast in the linear",
                                     "NVFP4 codes from the producer") if v else None),),
     kernels=("rmsnorm_modulate_nvfp4", "gated_residual_modulate_nvfp4", "swiglu_nvfp4"),
     column="nvfp4_fuse",
@@ -72,7 +73,8 @@ def nvfp4_auto(ctx: Context, lever: str, what: str, blocked=nvfp4_blockers):
 
 def decide(ctx: Context):
     return resolve(ctx, SPEC, blockers=blockers,
-                   auto=lambda c: nvfp4_auto(c, SPEC.name, "NVFP4 quantize fused into the producer kernels, residual folded",
+                   auto=lambda c: nvfp4_auto(c, SPEC.name,
+                                             "NVFP4 quantize fused into the producer kernels, residual folded",
                                              blockers),
                    params=lambda c, s: {"residual_fold": True} if s == "on" else {},
                    explain=lambda c, s: nvfp4_evidence(c, SPEC.name, s) if s == "on" else [])

@@ -38,8 +38,8 @@ def auto(ctx: Context):
     if not rules.cudnn(ctx):
         return "off", [f"attention is {rules.attention(ctx)}, not cuDNN"], {}
     if not ctx.shape["padding_rows"]:
-        return "off", [f"{ctx.seq_len:,} tokens divide by {ctx.degree}: nothing to pad ({cite('trtllm-seed')} writes the "
-                       "prefix in place only when the length does not divide by the degree)"], {}
+        return "off", [f"{ctx.seq_len:,} tokens divide by {ctx.degree}: nothing to pad ({cite('trtllm-seed')} writes "
+                       "the prefix in place only when the length does not divide by the degree)"], {}
     if rules.ulysses_padding(ctx) != "fixed_valid":
         return "off", [f"ulysses_padding is {rules.ulysses_padding(ctx)}: no padded output"], {}
     ring = rules.ring_excluded(ctx, SPEC.name, "on")

@@ -2,8 +2,8 @@
 degree > 1); fused_fp8 also casts Q, K, V to e4m3 with the fp8_scales decision's scales.
 
 auto: fused_fp8 with cuDNN FP8 attention when the rows per rank reach the hardware's
-step_fusions_min_rows_per_rank (the TRT-LLM seed (docs/sources.md#trtllm-seed) turns the FP8 scale fusion off at U8 19k);
-otherwise fused, which keeps eager's BF16 rounding (exact, telefuser seed (docs/sources.md#telefuser-seed)).
+step_fusions_min_rows_per_rank (the TRT-LLM seed (docs/sources.md#trtllm-seed) turns the FP8 scale fusion off at U8
+19k); otherwise fused, which keeps eager's BF16 rounding (exact, telefuser seed (docs/sources.md#telefuser-seed)).
 """
 
 from __future__ import annotations
@@ -31,20 +31,23 @@ def step_fusions_on(ctx: Context) -> tuple[bool, str]:
     rows, thr = ctx.rows_per_rank, ctx.tuning["step_fusions_min_rows_per_rank"]
     on = rows >= thr
     why = (f"{rows:,} rows per rank {'>=' if on else '<'} {thr:,} (hardware.tuning.step_fusions_min_rows_per_rank, "
-           f"midway between {cite('trtllm-seed')} turning the step fusions off at Ulysses 8 and 19k tokens, 2,375 rows, "
-           "and on at Ulysses 4 and 19k, 4,750)")
+           f"midway between {cite('trtllm-seed')} turning the step fusions off at Ulysses 8 and 19k tokens, 2,375 "
+           "rows, and on at Ulysses 4 and 19k, 4,750)")
     return on, why
 
 
 def auto(ctx: Context):
     pack = " with the Ulysses destination-major pack" if ctx.degree > 1 else ""
-    exact = f"per-head RMSNorm + partial RoPE{pack} in one kernel, eager's BF16 rounding kept ({cite('telefuser-seed')}: bit-exact)"
+    exact = (f"per-head RMSNorm + partial RoPE{pack} in one kernel, eager's BF16 rounding kept "
+             f"({cite('telefuser-seed')}: bit-exact)")
     if rules.attention(ctx) == "cudnn_fp8":
         on, why = step_fusions_on(ctx)
         if on:
-            return "fused_fp8", [f"QK-norm, RoPE and the FP8 cast in one kernel with {rules.fp8_scales(ctx)} scales{pack}, "
-                                 f"as {cite('trtllm-seed')} runs it at Ulysses 1 and 4", why, ctx.budget_text()], params(ctx, "fused_fp8")
-        return "fused", [f"FP8 scale fusion off: {why}; the attention backend casts to FP8", exact], params(ctx, "fused")
+            return "fused_fp8", [f"QK-norm, RoPE and the FP8 cast in one kernel with {rules.fp8_scales(ctx)} "
+                                 f"scales{pack}, as {cite('trtllm-seed')} runs it at Ulysses 1 and 4", why,
+                                 ctx.budget_text()], params(ctx, "fused_fp8")
+        return ("fused", [f"FP8 scale fusion off: {why}; the attention backend casts to FP8", exact],
+                params(ctx, "fused"))
     return "fused", [exact], params(ctx, "fused")
 
 

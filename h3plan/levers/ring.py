@@ -38,10 +38,10 @@ SPEC = Spec(
 )
 
 ASSUMED_NIC_GBPS = 50.0  # one 400 Gb/s ConnectX-7 per GPU, one way
-RAN = ("ran on GPUs: the ring module (RingAttention, ring 2 x ulysses 1, tests/gpu/test_ring_nccl.py, 4/4) and the installed "
-       "ring plan at ring 2 x ulysses 1 (tests/gpu/test_install_ring_nccl.py, 2/2: bf16 budget at 37,820 tokens 3.5e-4 and "
-       "fp8 at 19,001 9.4e-4 relative to degree 1; benchmarks/results/logs/overlap-h200x2.log), two H200s, NCCL; "
-       "ring x ulysses > 1 and ring across nodes never ran")
+RAN = ("ran on GPUs: the ring module (RingAttention, ring 2 x ulysses 1, tests/gpu/test_ring_nccl.py, 4/4) and the "
+       "installed ring plan at ring 2 x ulysses 1 (tests/gpu/test_install_ring_nccl.py, 2/2: bf16 budget at 37,820 "
+       "tokens 3.5e-4 and fp8 at 19,001 9.4e-4 relative to degree 1; benchmarks/results/logs/overlap-h200x2.log), two "
+       "H200s, NCCL; ring x ulysses > 1 and ring across nodes never ran")
 
 
 def blockers(ctx: Context, s: str) -> list[str]:
@@ -72,7 +72,8 @@ def rates(ctx: Context) -> tuple[dict, list[str]]:
                      f"(nearest to {L:,} x {h}; {hw['measured']['source']})")
     elif hw["peak_dense_tflops"].get("bf16") and hw["efficiency"]["attention"]:
         out["attention_tflops"] = hw["peak_dense_tflops"]["bf16"] * hw["efficiency"]["attention"]
-        basis.append(f"block attention: assumed {hw['efficiency']['attention']:g} x bf16 peak; never measured on {ctx.hw}")
+        basis.append(f"block attention: assumed {hw['efficiency']['attention']:g} x bf16 peak; never measured on "
+                     f"{ctx.hw}")
     nic = hw["device"].get("nic_gbps")
     out["ring_gbps"] = nic if nic else ASSUMED_NIC_GBPS
     basis.append(f"ring P2P: hardware.device.nic_gbps {nic:g} GB/s one way" if nic else
@@ -118,8 +119,8 @@ def auto(ctx: Context):
         return "off", ["parallel.ring=1: one ring block, no key/value rotation"], {}
     problems = blockers(ctx, "on")
     if ctx.lossless_only:
-        problems.append(f"recipe {ctx.recipe['name']} has policy lossless and the ring is lossy (not bitwise: log-sum-exp "
-                        "merge of the key blocks); set parallel.ring=1 or a budget recipe")
+        problems.append(f"recipe {ctx.recipe['name']} has policy lossless and the ring is lossy (not bitwise: "
+                        "log-sum-exp merge of the key blocks); set parallel.ring=1 or a budget recipe")
     if problems:
         raise LeverError(SPEC.name, "on", problems)
     return "on", [f"parallel.ring={ctx.ring}: the sequence spans {ctx.ring} ring blocks", *explain(ctx, "on"),

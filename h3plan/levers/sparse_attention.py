@@ -118,12 +118,15 @@ def _workflow(ctx: Context) -> str:
 def config_problem(sparse: Mapping[str, Any]) -> tuple[str, str] | None:
     """(key, why) for a recipe.sparse value the schema's types let through, else None."""
     if sparse.get("unmeasured") and sparse["psnr_db_min"] is None and sparse["ssim_min"] is None:
-        return "recipe.sparse.unmeasured", "runs block_sparse without evidence inside a budget: set recipe.sparse's budget too"
+        return ("recipe.sparse.unmeasured",
+                "runs block_sparse without evidence inside a budget: set recipe.sparse's budget too")
     if not 0.0 < sparse["keep"] <= 1.0:
-        return f"recipe.sparse.keep={sparse['keep']}", "must be in (0, 1]: the fraction of key blocks a routed query block keeps"
+        return (f"recipe.sparse.keep={sparse['keep']}",
+                "must be in (0, 1]: the fraction of key blocks a routed query block keeps")
     d = sparse["dense_forwards"]
     if not isinstance(d, int) or isinstance(d, bool) or d < 0:
-        return f"recipe.sparse.dense_forwards={d}", "must be an integer >= 0 (the first forwards of a generation, dense)"
+        return (f"recipe.sparse.dense_forwards={d}",
+                "must be an integer >= 0 (the first forwards of a generation, dense)")
     return None
 
 
@@ -259,7 +262,8 @@ def explain(ctx: Context, s: str) -> list[str]:
     if s == "off":
         return ["every attention call dense"]
     p = params(ctx, s)
-    rows = "target-video query blocks" if p["video_only"] else "every query block (video_only=false: not the published setting)"
+    rows = ("target-video query blocks" if p["video_only"]
+            else "every query block (video_only=false: not the published setting)")
     what = (f"{p['block_q']} x {p['block_k']} blocks (hardware.fa4.block_sparse; {cite('fa4-block-sparse')}): "
             f"{rows} keep {p['keep']:g} of the key blocks (the text, condition, audio and diagonal blocks always) "
             f"on {p['sparse_forwards']} of {p['forwards']} forwards; the first {p['dense_forwards']} dense")

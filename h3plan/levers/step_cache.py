@@ -140,7 +140,8 @@ def config_problem(cache: Mapping[str, Any]) -> tuple[str, str] | None:
         if cache[k] is not None and (not _is_int(cache[k]) or cache[k] < 0):
             return f"recipe.cache.{k}={cache[k]}", "must be an integer >= 0 (forwards that never skip) or null"
     if cache["max_skip"] is not None and (not _is_int(cache["max_skip"]) or cache["max_skip"] < 1):
-        return f"recipe.cache.max_skip={cache['max_skip']}", "must be an integer >= 1 (forwards skipped in a row) or null"
+        return (f"recipe.cache.max_skip={cache['max_skip']}",
+                "must be an integer >= 1 (forwards skipped in a row) or null")
     if cache["threshold"] is not None and cache["threshold"] < 0:
         return f"recipe.cache.threshold={cache['threshold']}", "must be >= 0 (0: never skips) or null"
     policy = cache.get("policy")
@@ -157,7 +158,8 @@ def config_problem(cache: Mapping[str, Any]) -> tuple[str, str] | None:
 # ---------------------------------------------------------------- schedules
 
 
-def computed_mask(forwards: int, computed: int, warmup: int, final: int, max_skip: int | None = None) -> tuple[bool, ...]:
+def computed_mask(forwards: int, computed: int, warmup: int, final: int,
+                  max_skip: int | None = None) -> tuple[bool, ...]:
     """Which of `forwards` calls compute (True) under a fixed schedule: the first `warmup` and last `final`, and the
     rest of `computed` spread evenly over the middle (the middle's first forward among them); with `max_skip`, more
     forwards compute where the spread would skip more than that many in a row. computed >= forwards, or warm-up and
@@ -298,8 +300,9 @@ def request_problem(ctx: Context) -> ConfigError | None:
         exact = computed_mask(n, c["computed"], w, f)
         if longest_skip(exact) > m:
             need = sum(computed_mask(n, c["computed"], w, f, m))
-            return ConfigError(f"recipe.cache.computed={c['computed']}", f"skips {longest_skip(exact)} forwards in a row "
-                               f"of {n}, more than recipe.cache.max_skip={m}: compute at least {need}",
+            return ConfigError(f"recipe.cache.computed={c['computed']}",
+                               f"skips {longest_skip(exact)} forwards in a row of {n}, more than "
+                               f"recipe.cache.max_skip={m}: compute at least {need}",
                                fix={"recipe.cache.computed": str(need)})
     return None
 
@@ -423,11 +426,13 @@ def explain(ctx: Context, s: str) -> list[str]:
     limit = f", at most {p['max_skip']} in a row" if p["max_skip"] is not None else ""
     if s == "first_block":
         what = (f"first-block cache (Cache-DiT's DBCache, Fn 1, Bn 0): skips the other blocks while the first block's "
-                f"residual moved by < {p['threshold']:g} (relative L1 against the last computed forward's, reduced over "
-                f"the Ulysses group){limit}, never in the first {p['warmup']} or last {p['final']} of {p['forwards']} "
-                f"forwards (num_inference_steps={p['steps']}): computes {p['fewest_computed']}..{p['forwards']}")
+                f"residual moved by < {p['threshold']:g} (relative L1 against the last computed forward's, reduced "
+                f"over the Ulysses group){limit}, never in the first {p['warmup']} or last {p['final']} of "
+                f"{p['forwards']} forwards (num_inference_steps={p['steps']}): computes "
+                f"{p['fewest_computed']}..{p['forwards']}")
     else:
-        how = "reuses the last computed velocity" if s == "fixed" else "extrapolates the velocity (first order, step index)"
+        how = ("reuses the last computed velocity" if s == "fixed"
+               else "extrapolates the velocity (first order, step index)")
         what = (f"computes {p['computed']} of {p['forwards']} forwards (num_inference_steps={p['steps']}; warm-up "
                 f"{p['warmup']} and final {p['final']} never skip{limit}) and {how} for the other "
                 f"{p['forwards'] - p['computed']}")

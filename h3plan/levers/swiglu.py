@@ -19,7 +19,8 @@ SPEC = Spec(
 
 def decide(ctx: Context):
     return resolve(ctx, SPEC, blockers=lambda c, s: [],
-                   auto=lambda c: ("on", [f"x[..., :F] * silu(x[..., F:]) in one kernel, exact ({cite('vllm-omni-vae-seed')}: torch.equal)"], {}))
+                   auto=lambda c: ("on", ["x[..., :F] * silu(x[..., F:]) in one kernel, exact "
+                                          f"({cite('vllm-omni-vae-seed')}: torch.equal)"], {}))
 
 
 install = default_install(SPEC)

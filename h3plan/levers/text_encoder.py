@@ -79,8 +79,8 @@ def decide(room: Room) -> Decision:
     why = {"resident": f"{w / GiB:.1f} GiB of weights + {a / GiB:.1f} GiB encode peak fit beside the denoise peak; "
                        f"encode {compute:.2f} s",
            "offload_after": f"{w / GiB:.1f} GiB of weights + {a / GiB:.1f} GiB encode peak fit while encoding, not "
-                            f"beside the denoise peak ({free_denoise / GiB:.1f} GiB free there): moved to the host after "
-                            f"encoding, {move:.2f} s of the call's time at {gbps:g} GB/s; encode {compute:.2f} s",
+                            f"beside the denoise peak ({free_denoise / GiB:.1f} GiB free there): moved to the host "
+                            f"after encoding, {move:.2f} s of the call's time at {gbps:g} GB/s; encode {compute:.2f} s",
            "host": f"left in host memory: one decoder layer ({layer / GiB:.2f} GiB) at a time streamed for the encode, "
                    f"{move:.2f} s of transfer at {gbps:g} GB/s + {compute:.2f} s of compute"}
     for setting in [forced] if forced else ORDER:

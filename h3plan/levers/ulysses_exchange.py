@@ -26,12 +26,14 @@ each setting's nearest length), the fastest (median) of those faster in every ru
 from __future__ import annotations
 
 from . import rules
-from .base import Context, default_install, faster_in_every_run, nearest_ulysses_point, Option, resolve, Spec, speedup_runs, Terms
+from .base import (Context, default_install, faster_in_every_run, nearest_ulysses_point, Option, resolve, Spec,
+                   speedup_runs, Terms)
 
 SPEC = Spec(
     name="ulysses_exchange",
     settings={"packed": True, "projection": True, "projection_split": True},
-    summary="Ulysses q/k/v exchange: one packed all-to-all, or per-destination projections sent while the next project (exact)",
+    summary="Ulysses q/k/v exchange: one packed all-to-all, or per-destination projections sent while the next project "
+            "(exact)",
     ulysses=True,
     options=(Option("attention", "ulysses_exchange", lambda v: v in ("packed", "projection", "projection_split"),
                     "'packed', 'projection' or 'projection_split'", "packed"),),
@@ -48,7 +50,8 @@ def _needs(ctx: Context) -> list[str]:
     if rules.ring(ctx):
         out.append("ring attention runs its own exchange")
     if rules.qk_norm_rope(ctx) != "fused":
-        out.append(f"qk_norm_rope is {rules.qk_norm_rope(ctx)}: the projection exchange runs the fused BF16 norm + RoPE per destination")
+        out.append(f"qk_norm_rope is {rules.qk_norm_rope(ctx)}: the projection exchange runs the fused BF16 norm + "
+                   "RoPE per destination")
     if rules.gemm(ctx) != "bf16":
         out.append(f"gemm_quant is {rules.gemm(ctx)}: only plain BF16 linears slice per destination")
     if rules.a2a_fp8_codes(ctx):

@@ -4,8 +4,8 @@ on chunk i while chunk i+1 is exchanged (exact: the same per-head math).
 auto: off with a dynamic-scale FP8 cast (an async arm with the FP8 cast uses static scales). Where the
 hardware has measured the installed plan with overlap on against off at this Ulysses degree
 (`measured.ulysses.overlap`, nearest length), on only if every run there timed it faster. Otherwise on
-with >= 2 chunks once the length reaches the hardware's overlap_min_seq_len (TRT-LLM seed (docs/sources.md#trtllm-seed): async
-Ulysses loses at 19k, gains a little at 104k; telefuser: a gain on H100).
+with >= 2 chunks once the length reaches the hardware's overlap_min_seq_len (TRT-LLM seed (docs/sources.md#trtllm-seed):
+async Ulysses loses at 19k, gains a little at 104k; telefuser: a gain on H100).
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ def auto(ctx: Context):
         return "off", [f"parallel.attention_chunks={c} with {hl} heads per rank: no head chunks to overlap"], {}
     if rules.fp8_qk_cast(ctx) and rules.fp8_scales(ctx) == "dynamic":
         return "off", ["an async Ulysses arm with the FP8 cast uses static scales and these are dynamic "
-                       f"({cite('trtllm-seed')}: with dynamic scales it was slower at 19k tokens, about 150 small all-reduces per step)"], {}
+                       f"({cite('trtllm-seed')}: with dynamic scales it was slower at 19k tokens, about 150 small "
+                       "all-reduces per step)"], {}
     m = nearest_ulysses_point(ctx.hardware, "overlap", ctx.degree, ctx.seq_len)
     if m is not None:
         runs = speedup_runs(m["speedups"])
@@ -68,7 +69,8 @@ def auto(ctx: Context):
             f"never measured at degree {ctx.degree} on {ctx.hw}")
     if ctx.seq_len < thr:
         return "off", [f"{ctx.seq_len:,} tokens < {thr:,}: the overlap loses at short lengths; {rule}"], {}
-    return "on", [f"{ctx.seq_len:,} tokens >= {thr:,}: attention on one head chunk overlaps the next chunk's all-to-all; {rule}"], params(ctx, "on")
+    return "on", [f"{ctx.seq_len:,} tokens >= {thr:,}: attention on one head chunk overlaps the next chunk's "
+                  f"all-to-all; {rule}"], params(ctx, "on")
 
 
 def params(ctx: Context, s: str) -> dict:

@@ -2,8 +2,8 @@
 
 none: nothing to pad (degree 1, or the length divides). fixed_valid: attention on the valid prefix,
 padded output kept (cuDNN's key-padding path, TRT-LLM seed (docs/sources.md#trtllm-seed)). valid_only: the tail is never
-restored and the merge writes a zero tail (telefuser seed (docs/sources.md#telefuser-seed)). padded: attention over the padded rows
-with masked keys (more work; only when asked for). parallel.padding fixes the mode for auto.
+restored and the merge writes a zero tail (telefuser seed (docs/sources.md#telefuser-seed)). padded: attention over the
+padded rows with masked keys (more work; only when asked for). parallel.padding fixes the mode for auto.
 At parallel.ring > 1 only none: the ring skips padded keys through its per-block valid counts and Ulysses
 inside a ring block sees full blocks (h3plan/runtime/parallel/ring.py).
 """
@@ -22,7 +22,8 @@ SPEC = Spec(
     ulysses=True,
     options=(Option("attention", "ulysses_degree", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
                     "int >= 1", 1),
-             Option("attention", "ulysses_padding", *one_of("none", "padded", "fixed_valid", "valid_only"), default="none")),
+             Option("attention", "ulysses_padding", *one_of("none", "padded", "fixed_valid", "valid_only"),
+                    default="none")),
     terms={"padded": Terms(attention_padded=True)},
 )
 
@@ -59,14 +60,18 @@ def auto(ctx: Context):
         return "none", [f"{ctx.seq_len:,} tokens divide by {u}: no padding rows"], params(ctx, "none")
     head = f"{ctx.seq_len:,} tokens pad to {ctx.shape['padded_len']:,} ({pad} rows) at degree {u}"
     if ctx.parallel["padding"] != "auto":
-        return ctx.parallel["padding"], [head, f"parallel.padding={ctx.parallel['padding']}"], params(ctx, ctx.parallel["padding"])
+        return (ctx.parallel["padding"], [head, f"parallel.padding={ctx.parallel['padding']}"],
+                params(ctx, ctx.parallel["padding"]))
     if rules.cudnn(ctx):
-        return "fixed_valid", [head, f"cuDNN runs on the valid prefix and writes a padded output (the key-padding path of {cite('trtllm-seed')})"], params(ctx, "fixed_valid")
-    return "valid_only", [head, f"attention on the valid prefix, tail never restored, zero tail in the fused merge ({cite('telefuser-seed')})"], params(ctx, "valid_only")
+        return "fixed_valid", [head, "cuDNN runs on the valid prefix and writes a padded output (the key-padding path "
+                                     f"of {cite('trtllm-seed')})"], params(ctx, "fixed_valid")
+    return "valid_only", [head, "attention on the valid prefix, tail never restored, zero tail in the fused merge "
+                                f"({cite('telefuser-seed')})"], params(ctx, "valid_only")
 
 
 def params(ctx: Context, s: str) -> dict:
-    return {"degree": ctx.degree, "valid_len": ctx.seq_len, "padded_len": ctx.shape["padded_len"], "padding_rows": ctx.shape["padding_rows"]}
+    return {"degree": ctx.degree, "valid_len": ctx.seq_len, "padded_len": ctx.shape["padded_len"],
+            "padding_rows": ctx.shape["padding_rows"]}
 
 
 def decide(ctx: Context):

@@ -89,8 +89,8 @@ def explain(ctx: Context, s: str) -> list[str]:
     return [f"{what}: encoder and quant_conv cast to {s} at install (float32 originals on the host until uninstall); "
             "encode() casts its input to the encoder's dtype" + timed,
             f"lossy, and outside the measured budget: the {s} encode changes the conditioning latents and so every "
-            f"denoise step; recipe {ctx.recipe['name']}'s budget was measured on the decode's frames, and no {s} encode was "
-            f"ever compared with the fp32 encode through a whole pipe(...) on {ctx.hw}"]
+            f"denoise step; recipe {ctx.recipe['name']}'s budget was measured on the decode's frames, and no {s} "
+            f"encode was ever compared with the fp32 encode through a whole pipe(...) on {ctx.hw}"]
 
 
 def auto(ctx: Context):
@@ -104,8 +104,8 @@ def auto(ctx: Context):
         cut = (f" (fp16 would take the encode from {t['fp32']:.2f} s to {t['fp16']:.2f} s on {ctx.hw})"
                if "fp32" in t and "fp16" in t else "")
         why = (f"recipe {ctx.recipe['name']} allows a lossy VAE, but its budget covers the decode's frames, not the "
-               "encode: the encode's latents condition every denoise step, and no fp16 encode was ever measured against "
-               f"fp32 through a whole pipe(...); fp32 kept{cut}; levers.{SPEC.name}=fp16 forces it")
+               "encode: the encode's latents condition every denoise step, and no fp16 encode was ever measured "
+               f"against fp32 through a whole pipe(...); fp32 kept{cut}; levers.{SPEC.name}=fp16 forces it")
     return "fp32", [why, *explain(ctx, "fp32")], {}
 
 

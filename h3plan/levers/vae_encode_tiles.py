@@ -52,18 +52,19 @@ def auto(ctx: Context):
         return "off", [none], {}
     tiles = rules.vae_tiles(ctx)
     if tiles == "default":
-        return "default", ["the encode tiles at the VAE's own geometry (vae_tiles is default: the decode's too): bit for bit "
-                         "diffusers' encode"], {}
-    return "default", [f"vae_tiles={tiles} re-tiles the decode; the encode keeps the VAE's own geometry (diffusers shares "
-                     "one set of tile attributes: install lays the encode's own while it runs), bit for bit: a decode budget "
-                     f"does not cover the conditioning latents (levers.{SPEC.name}=decode forces the shared geometry)"], {}
+        return "default", ["the encode tiles at the VAE's own geometry (vae_tiles is default: the decode's too): bit "
+                           "for bit diffusers' encode"], {}
+    return "default", [f"vae_tiles={tiles} re-tiles the decode; the encode keeps the VAE's own geometry (diffusers "
+                       "shares one set of tile attributes: install lays the encode's own while it runs), bit for bit: "
+                       f"a decode budget does not cover the conditioning latents (levers.{SPEC.name}=decode forces the "
+                       "shared geometry)"], {}
 
 
 def explain(ctx: Context, s: str) -> list[str]:
     if s != "decode":
         return []
-    return [f"the encode tiles at vae_tiles={rules.vae_tiles(ctx)}'s geometry (enable_tiling's shared attributes): lossy, "
-            "outside the measured budget: it changes the conditioning latents and so every denoise step"]
+    return [f"the encode tiles at vae_tiles={rules.vae_tiles(ctx)}'s geometry (enable_tiling's shared attributes): "
+            "lossy, outside the measured budget: it changes the conditioning latents and so every denoise step"]
 
 
 def decide(ctx: Context):

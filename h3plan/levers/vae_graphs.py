@@ -2,8 +2,9 @@
 host-paced launches (h3plan/install/vae/graph.py). Bit-identical to diffusers' forward: the same kernels
 on the same pointers.
 
-auto: on. The decoder is host-bound wherever its per-tile blocks are small (docs/measurements.md); where the end-to-end gain was measured the reason cites
-it, elsewhere it says it was not. Guards per call fall back to diffusers' forward (counted, with reasons).
+auto: on. The decoder is host-bound wherever its per-tile blocks are small (docs/measurements.md); where the end-to-end
+gain was measured the reason cites it, elsewhere it says it was not. Guards per call fall back to diffusers' forward
+(counted, with reasons).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ def auto(ctx: Context):
     if sp:
         why = f"measured {sp[0]:.2f}-{sp[1]:.2f}x over diffusers' eager decode on this GPU with diffusers' ops ({src})"
     else:
-        why = "the end-to-end gain was never measured on this GPU (the H200's decoder is host-bound: benchmarks/results/vae-h200.md)"
+        why = ("the end-to-end gain was never measured on this GPU (the H200's decoder is host-bound: "
+               "benchmarks/results/vae-h200.md)")
     return "on", ["the ViT decoder replays one CUDA graph per input signature: the same kernels, bit-identical, "
                   f"without the host's per-launch cost; {why}"], {}
 

@@ -54,10 +54,11 @@ def explain(ctx: Context, s: str) -> list[str]:
     if s == "fp32":
         return ["the VAE decodes in float32 as diffusers builds and runs it: bit for bit diffusers' default decode"]
     dt = {"fp16": "float16", "bf16": "bfloat16"}[s]
-    return [f"the VAE is cast to {dt} at install as from_pretrained(torch_dtype=torch.{dt}) casts it (the "
-            "_keep_in_fp32_modules stay float32; the float32 originals wait in pinned host memory until uninstall, "
-            "never read by a call): diffusers' own decode step then runs it with no autocast",
-            "lossy against the fp32 decode" + ("" if ctx.lossless_only else f"; {ctx.budget_text()}")] + _measured(ctx, s)
+    return ([f"the VAE is cast to {dt} at install as from_pretrained(torch_dtype=torch.{dt}) casts it (the "
+             "_keep_in_fp32_modules stay float32; the float32 originals wait in pinned host memory until uninstall, "
+             "never read by a call): diffusers' own decode step then runs it with no autocast",
+             "lossy against the fp32 decode" + ("" if ctx.lossless_only else f"; {ctx.budget_text()}")]
+            + _measured(ctx, s))
 
 
 def auto(ctx: Context):

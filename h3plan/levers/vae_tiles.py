@@ -18,7 +18,8 @@ SPEC = Spec(
     summary="VAE decode tile geometry (any geometry but diffusers' released one changes the frames)",
     model="vae",
     routes=("fp8_gemm", "fp8_rows"),  # fp8_tiles' decoder GEMMs and their activation rows (install/vae/fp8.py)
-    options=(Option("vae", "tile", lambda v: v is None or (isinstance(v, dict) and {"height", "width", "overlap"} <= set(v)),
+    options=(Option("vae", "tile",
+                    lambda v: v is None or (isinstance(v, dict) and {"height", "width", "overlap"} <= set(v)),
                     "None (keep the model's tiling) or dict(height, width, overlap, frames)", None),
              Option("vae", "tile_dtype", *one_of("fp16", "fp8"), default="fp16")),
     column="vae_tiles",
@@ -44,21 +45,27 @@ def auto(ctx: Context):
     keep = "diffusers' released tile geometry (256 px, overlap 64): any other geometry changes the blended frames"
     if ctx.recipe["vae"] == "fp8":
         if ctx.lossless_only:
-            return "default", [f"recipe {name} asks for FP8 VAE tiles but its policy is lossless", keep], params(ctx, "default")
+            return "default", [f"recipe {name} asks for FP8 VAE tiles but its policy is lossless",
+                               keep], params(ctx, "default")
         if not ctx.hardware["gemm"]["fp8"]:
-            return "default", [f"recipe {name} asks for FP8 VAE tiles but {ctx.hw} has no FP8 GEMMs", keep], params(ctx, "default")
+            return "default", [f"recipe {name} asks for FP8 VAE tiles but {ctx.hw} has no FP8 GEMMs",
+                               keep], params(ctx, "default")
         if rules.vae_precision(ctx) != "fp16":
             return "default", [f"recipe {name} asks for FP8 VAE tiles but vae_precision is {rules.vae_precision(ctx)} "
                                "(the FP8 decoder GEMMs need fp16)", keep], params(ctx, "default")
         t = ctx.vae["fp8_tile"]
         times = measured_decodes(ctx)
-        if times.get("default") is not None and times.get("fp8_tiles") is not None and times["default"] < times["fp8_tiles"]:
-            return "default", [f"recipe {name} asks for FP8 VAE tiles, but the default tiles decode faster on {ctx.hw}: "
-                               f"default {times['default']:.2f} s, fp8_tiles {times['fp8_tiles']:.2f} s (hardware.measured.decode)",
+        if (times.get("default") is not None and times.get("fp8_tiles") is not None
+                and times["default"] < times["fp8_tiles"]):
+            return "default", [f"recipe {name} asks for FP8 VAE tiles, but the default tiles decode faster on "
+                               f"{ctx.hw}: default {times['default']:.2f} s, fp8_tiles {times['fp8_tiles']:.2f} s "
+                               "(hardware.measured.decode)",
                                keep], params(ctx, "default")
-        timed = (f"; measured decode on {ctx.hw}: " + ", ".join(f"{k} {v:.2f} s" for k, v in sorted(times.items(), key=lambda kv: kv[1]))
+        timed = (f"; measured decode on {ctx.hw}: "
+                 + ", ".join(f"{k} {v:.2f} s" for k, v in sorted(times.items(), key=lambda kv: kv[1]))
                  if len(times) > 1 else "")
-        return "fp8_tiles", [f"recipe {name}: FP8 tiled VAE decoder {t['height']}x{t['width']}, overlap {t['overlap']} ({t['source']})"
+        return "fp8_tiles", [f"recipe {name}: FP8 tiled VAE decoder {t['height']}x{t['width']}, overlap {t['overlap']} "
+                             f"({t['source']})"
                              + timed, *explain(ctx, "fp8_tiles")], params(ctx, "fp8_tiles")
     return "default", [keep], params(ctx, "default")
 
@@ -78,16 +85,18 @@ def explain(ctx: Context, s: str) -> list[str]:
     if s != "fp8_tiles":
         return []
     ran = hardware_verified(ctx, SPEC, s)[0]
-    return ["FP8 decode: the ViT decoder blocks' six linears run as FP8 GEMMs where the decoder computes in float16 (e4m3 weights with "
-            "one scale per output channel, quantised once at install; e4m3 activations with one scale per row; "
-            "torch._scaled_mm to float16 on SM89+): lossy, e4m3 keeps 3 mantissa bits (relative rounding error "
-            "<= 2^-4 per operand); " + ctx.budget_text() + "; benchmarks/vae.py measures the frames' PSNR against eager"
-            + ("" if ran else f"; the FP8 VAE GEMMs never ran on {ctx.hw} hardware (no measurement recorded)")] + _measured(ctx)
+    return (["FP8 decode: the ViT decoder blocks' six linears run as FP8 GEMMs where the decoder computes in float16 "
+             "(e4m3 weights with one scale per output channel, quantised once at install; e4m3 activations with one "
+             "scale per row; torch._scaled_mm to float16 on SM89+): lossy, e4m3 keeps 3 mantissa bits (relative "
+             "rounding error <= 2^-4 per operand); " + ctx.budget_text()
+             + "; benchmarks/vae.py measures the frames' PSNR against eager"
+             + ("" if ran else f"; the FP8 VAE GEMMs never ran on {ctx.hw} hardware (no measurement recorded)")]
+            + _measured(ctx))
 
 
 def _measured(ctx: Context) -> list[str]:
-    return [f"measured on {ctx.hw}: latent {'x'.join(map(str, m['latent']))}, {m['speedup']:.2f}x diffusers eager at the same "
-            f"tiles, PSNR {m['psnr_db']:.1f} dB, peak {m['peak_ratio']:.2f}x eager's ({m['source']})"
+    return [f"measured on {ctx.hw}: latent {'x'.join(map(str, m['latent']))}, {m['speedup']:.2f}x diffusers eager at "
+            f"the same tiles, PSNR {m['psnr_db']:.1f} dB, peak {m['peak_ratio']:.2f}x eager's ({m['source']})"
             for m in ctx.hardware["measured"].get("vae_fp8") or []]
 
 

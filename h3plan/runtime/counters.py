@@ -45,7 +45,8 @@ def fallback(lever: str, reason: str) -> None:
 
 
 def event(lever: str, name: str) -> None:
-    """Count `<lever>.<name>` (a lever's own events beside fused / fallback, e.g. step_cache.skipped); eager code only."""
+    """Count `<lever>.<name>` (a lever's own events beside fused / fallback, e.g. step_cache.skipped); eager code
+    only."""
     _COUNTS[f"{lever}.{name}"] += 1
 
 

@@ -30,8 +30,9 @@ def worker(rank, world, port, outdir, S):
         spec = dict(steps=[5], video_shift=12.0, audio_shift=3.0, keyframe_noise_aug=0.999, audio=True,
                     condition_video=False, condition_audio=False)
         model = tiny_model()
-        ds = [make_decision("adaln_table", "on", True, ["t"], params=spec), make_decision("attention", "sdpa", True, ["t"]),
-              make_decision("modulation", "exact", True, ["t"]), make_decision("ulysses_padding", "padded", True, ["t"])]
+        ds = [make_decision("adaln_table", "on", True, ["t"], params=spec),
+              make_decision("attention", "sdpa", True, ["t"]), make_decision("modulation", "exact", True, ["t"]),
+              make_decision("ulysses_padding", "padded", True, ["t"])]
         install(model, make_plan({}, {}, ds), registry=levers)
         h3plan.prepare(model, timesteps=[inputs["timestep"]])
         reset_counters()

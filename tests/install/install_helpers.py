@@ -22,8 +22,8 @@ S = 48  # packed rows: small for the Triton interpreter
 
 
 # The levers' own installs (their SPECs declare the options), restricted to the levers these tests plan with.
-LEVERS = {k: REGISTRY[k].install for k in ("gemm_quant", "attention", "fa4_2cta", "fa4_tile", "fp8_scales", "qk_norm_rope",
-                                           "modulation", "gated_residual", "swiglu", "fp8_act_quant",
+LEVERS = {k: REGISTRY[k].install for k in ("gemm_quant", "attention", "fa4_2cta", "fa4_tile", "fp8_scales",
+                                           "qk_norm_rope", "modulation", "gated_residual", "swiglu", "fp8_act_quant",
                                            "nvfp4_producer_quant", "nvfp4_out_quant")}
 LOSSY = {(k, v) for k, spec in SPECS.items() for v, lossless in spec.settings.items() if not lossless}
 

@@ -33,8 +33,8 @@ def worker(rank, world, port, outdir, S, R):
         res = {}
         for qk in ("eager", "fused"):
             base = [make_decision("attention", "sdpa", True, ["t"]), make_decision("qk_norm_rope", qk, True, ["t"]),
-                    make_decision("modulation", "exact", True, ["t"]), make_decision("gated_residual", "on", True, ["t"]),
-                    make_decision("swiglu", "on", True, ["t"])]
+                    make_decision("modulation", "exact", True, ["t"]),
+                    make_decision("gated_residual", "on", True, ["t"]), make_decision("swiglu", "on", True, ["t"])]
             one = tiny_model()
             install(one, make_plan({}, {}, base), registry=levers)
             ref = forward(one, inputs)

@@ -54,12 +54,14 @@ def worker(rank, world, port, outdir, S):
                                                          (model.norm_out, model.proj_out, model.audio_proj_out))
             res[f"{padding}-{qk}"]["after_uninstall_bitwise"] = _result(forward(model, inputs), ref)["bitwise"]
         # the projection exchange: per-destination projections sent while the next project, received seq-major
-        for padding, exchange in (("padded", "projection"), ("fixed_valid", "projection"), ("padded", "projection_split")):
+        for padding, exchange in (("padded", "projection"), ("fixed_valid", "projection"),
+                                  ("padded", "projection_split")):
             model = tiny_model()
             ds = [make_decision("attention", "sdpa", True, ["t"]), make_decision("qk_norm_rope", "fused", True, ["t"]),
                   make_decision("ulysses_padding", padding, True, ["t"]),
                   make_decision("ulysses_exchange", exchange, True, ["t"])]
-            install(model, make_plan({}, {}, ds), registry=dict(levers, ulysses_exchange=REGISTRY["ulysses_exchange"].install))
+            install(model, make_plan({}, {}, ds),
+                    registry=dict(levers, ulysses_exchange=REGISTRY["ulysses_exchange"].install))
             reset_counters()
             res[f"{exchange}-{padding}"] = _result(forward(model, inputs), ref)
             if exchange == "projection" and padding == "padded":
@@ -84,7 +86,8 @@ def worker(rank, world, port, outdir, S):
         ref8 = forward(one, inputs)
         for padding in ("padded", "fixed_valid"):
             model = tiny_model()
-            install(model, make_plan({}, {}, fp8 + [make_decision("ulysses_padding", padding, True, ["t"])]), registry=levers)
+            install(model, make_plan({}, {}, fp8 + [make_decision("ulysses_padding", padding, True, ["t"])]),
+                    registry=levers)
             reset_counters()
             res[f"fp8-{padding}"] = _result(forward(model, inputs), ref8)
         # FP8 attention (the cuDNN FP8 stand-in): BF16 on the wire and the cast after the exchange, or the
@@ -103,7 +106,8 @@ def worker(rank, world, port, outdir, S):
             if codes:
                 extra.append(make_decision("a2a_fp8_codes", "on", True, ["t"]))
             model = tiny_model()
-            install(model, make_plan({}, {}, base + extra), registry=dict(levers, a2a_fp8_codes=REGISTRY["a2a_fp8_codes"].install))
+            install(model, make_plan({}, {}, base + extra),
+                    registry=dict(levers, a2a_fp8_codes=REGISTRY["a2a_fp8_codes"].install))
             reset_counters()
             res[f"fp8att-{qk}{'-codes' if codes else ''}"] = _result(forward(model, inputs), ref8)
         with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:

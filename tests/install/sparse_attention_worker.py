@@ -1,5 +1,5 @@
-"""Worker of test_install_sparse_attention.py's gloo pair: one rank running the tiny model with block-sparse attention at
-Ulysses degree U (1: the single-process reference), on a sparse forward (the hook places it by its timestep)."""
+"""Worker of test_install_sparse_attention.py's gloo pair: one rank running the tiny model with block-sparse attention
+at Ulysses degree U (1: the single-process reference), on a sparse forward (the hook places it by its timestep)."""
 
 import json
 import os
@@ -68,7 +68,8 @@ def worker(rank, world, port, outdir, S):
         ref, _ = run(tiny_model(), make_plan({}, {}, sparse_decisions()), registry(1), x)
         dense, _ = run(tiny_model(), make_plan({}, {}, sparse_decisions(keep=1.0)), registry(1), x)
         padding = "padded" if S % world else "none"
-        out, c = run(tiny_model(), make_plan({}, {}, sparse_decisions(padding=padding, world=world)), registry(world), x)
+        out, c = run(tiny_model(), make_plan({}, {}, sparse_decisions(padding=padding, world=world)),
+                     registry(world), x)
         res = {"max_abs": max(float((a.float() - b.float()).abs().max()) for a, b in zip(out, ref)),
                "bitwise": all(torch.equal(a, b) for a, b in zip(out, ref)),
                "dense_gap": max(float((a.float() - b.float()).abs().max()) for a, b in zip(out, dense)),

@@ -1,7 +1,7 @@
 """Worker of test_install_step_cache_gloo.py: one gloo rank of 2 running first_block's decision on its own shard.
 
-Rank 0's first-block residual barely moves, rank 1's moves a lot: alone each would decide differently; reduced over the group
-both see the whole sequence's relative change and take the same decision."""
+Rank 0's first-block residual barely moves, rank 1's moves a lot: alone each would decide differently; reduced over the
+group both see the whole sequence's relative change and take the same decision."""
 
 import json
 import os

@@ -94,7 +94,8 @@ def test_closing_hint_plans_with_the_table(calibrated):
     head, sep, command = lines[-1].partition("; plan with it: python -m h3plan ")
     assert sep, lines[-1]
     argv = shlex.split(command)
-    assert argv[:4] == ["hardware=sm90", "recipe=fp8", "parallel=u1", "model=h3_tiny"] and argv[-1] == f"recipe.fp8_static_table={out}"
+    assert (argv[:4] == ["hardware=sm90", "recipe=fp8", "parallel=u1", "model=h3_tiny"]
+            and argv[-1] == f"recipe.fp8_static_table={out}")
     p = resolve(compose(argv))
     assert uses_table(p) and p.decision("fp8_scales").setting == "static"
     assert p.decision("gemm_quant").param("input_scales") == "static"
@@ -120,7 +121,8 @@ def test_linear_amax_is_the_max_over_the_calibration_inputs(calibrated):
 def test_tampered_or_stale_table_is_refused(calibrated, tmp_path):
     _, out, _ = calibrated
     raw = json.loads(out.read_text())
-    for edit, fault in [(lambda r: r["attention"]["transformer_blocks.0.attn"].__setitem__("q", -1.0), "finite numbers > 0"),
+    for edit, fault in [(lambda r: r["attention"]["transformer_blocks.0.attn"].__setitem__("q", -1.0),
+                         "finite numbers > 0"),
                         (lambda r: r["linears"].pop("transformer_blocks.1.attn.to_v"), "to_q/to_k/to_v"),
                         (lambda r: r.__setitem__("version", 1), "stale"),
                         (lambda r: r["provenance"].__setitem__("config_hash", "0" * 16), "not this model")]:
@@ -140,7 +142,8 @@ def test_heldout_check_refuses_a_table_that_clips(monkeypatch, calibrated, tmp_p
 
     def shrunk(*a, **k):
         att, lin, pct = real(*a, **k)
-        return ({f: {c: v * 1e-3 for c, v in r.items()} for f, r in att.items()}, {f: v * 1e-3 for f, v in lin.items()}, pct)
+        return ({f: {c: v * 1e-3 for c, v in r.items()} for f, r in att.items()}, {f: v * 1e-3 for f, v in lin.items()},
+                pct)
 
     monkeypatch.setattr(cal, "rows", shrunk)
     monkeypatch.setattr(cal, "say", lambda line: None)
@@ -202,7 +205,8 @@ def test_plan_with_the_table_installs_and_verifies(calibrated, capsys):
     text = capsys.readouterr().out
     assert rc == 3, text
     # the FP8 GEMMs and cuDNN FP8 only run their emulation / sdpa on the CPU: every check passes, the verdict says so
-    assert "PASS  gemm_quant=fp8" in text and text.rstrip().splitlines()[-1].startswith("verify: INCOMPLETE: every check")
+    assert ("PASS  gemm_quant=fp8" in text
+            and text.rstrip().splitlines()[-1].startswith("verify: INCOMPLETE: every check"))
 
 
 def test_captured_inputs_round_trip(tmp_path):
@@ -229,7 +233,8 @@ def test_bad_settings_are_one_line(tmp_path):
         action.run(_cfg(tmp_path / "x.json", bogus=1), _plan())
     with pytest.raises(UsageError, match="shares seed 0"):
         action.run(_cfg(tmp_path / "x.json", heldout_seeds=[0]), _plan())
-    with pytest.raises(UsageError, match=r"calibrate.num_inference_steps=1: must be >= 2: diffusers' MiniMaxH3Scheduler"):
+    with pytest.raises(UsageError,
+                       match=r"calibrate.num_inference_steps=1: must be >= 2: diffusers' MiniMaxH3Scheduler"):
         action.run(_cfg(tmp_path / "x.json", num_inference_steps=1), _plan())
     with pytest.raises(UsageError, match="recipe bf16 does not set"):
         action.run(_cfg(tmp_path / "x.json"), resolve_config(hardware="sm90", recipe="bf16", model="h3_tiny"))

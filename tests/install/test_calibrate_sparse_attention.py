@@ -30,8 +30,9 @@ def _cfg(folder, out, budget):
                     "pipeline.num_inference_steps=4", "levers.vae_graphs=off", "hardware.fa4.block_sparse=[32,32]",
                     "levers.vae_ops=eager", "levers.qk_norm_rope=eager", "levers.modulation=eager",
                     "levers.gated_residual=off", "levers.swiglu=off", "levers.sparse_attention=off",
-                    "action=calibrate", "calibrate.target=sparse_attention", "calibrate.device=cpu", "calibrate.seeds=[0]",
-                    f"calibrate.plan_out={out}", f"calibrate.evidence_out={out.parent / 'points.yaml'}",
+                    "action=calibrate", "calibrate.target=sparse_attention", "calibrate.device=cpu",
+                    "calibrate.seeds=[0]", f"calibrate.plan_out={out}",
+                    f"calibrate.evidence_out={out.parent / 'points.yaml'}",
                     f"recipe.sparse={{psnr_db_min:{budget[0]},ssim_min:{budget[1]},dense_forwards:1}}"])
 
 

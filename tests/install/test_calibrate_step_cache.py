@@ -100,9 +100,11 @@ def test_the_checkpoints_text_encoder_encodes_the_prompts(with_text_encoder, tmp
     assert Plan.load(str(out)).decision("step_cache").setting == "fixed"
 
 
-@pytest.mark.parametrize("content,match", [(None, "No such file"), (b"", "holds no prompt"), (b"\n  \n", "holds no prompt"),
+@pytest.mark.parametrize("content,match", [(None, "No such file"), (b"", "holds no prompt"),
+                                           (b"\n  \n", "holds no prompt"),
                                            (b"\xff\xfe\x00\x01", "not UTF-8 text"), (b"a\x00b\n", "not text")])
-def test_a_bad_prompts_file_is_one_line_before_any_model_loads(with_text_encoder, tmp_path, monkeypatch, content, match):
+def test_a_bad_prompts_file_is_one_line_before_any_model_loads(with_text_encoder, tmp_path, monkeypatch, content,
+                                                               match):
     def loads(*a, **k):
         raise AssertionError("a model loaded")
 

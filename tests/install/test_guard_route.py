@@ -41,5 +41,6 @@ def test_no_fallback_is_counted_by_hand():
             continue
         for node in ast.walk(ast.parse(f.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("runtime.counters"):
-                hand += [f"{rel}:{node.lineno} imports counters.{a.name}" for a in node.names if a.name in ("fallback", "fused")]
+                hand += [f"{rel}:{node.lineno} imports counters.{a.name}"
+                         for a in node.names if a.name in ("fallback", "fused")]
     assert not hand, "count a route through h3plan.runtime.guards.count_route or run_guarded: " + "; ".join(hand)

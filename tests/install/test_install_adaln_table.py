@@ -45,8 +45,8 @@ def pair():
 # ---- keys ---------------------------------------------------------------------------------------------------
 
 REQUESTS = [dict(steps=[2]), dict(steps=[3]), dict(steps=[10]), dict(steps=[50]), dict(steps=[50, 30]),
-            dict(steps=[20], audio=False), dict(steps=[20], condition_video=True), dict(steps=[20], condition_audio=True),
-            dict(steps=[12], condition_video=True, condition_audio=True)]
+            dict(steps=[20], audio=False), dict(steps=[20], condition_video=True),
+            dict(steps=[20], condition_audio=True), dict(steps=[12], condition_video=True, condition_audio=True)]
 
 
 @pytest.mark.parametrize("req", REQUESTS, ids=lambda r: "-".join(f"{k}={v}" for k, v in r.items()))
@@ -72,7 +72,8 @@ def test_keys_come_from_diffusers_schedulers(req):
             want.setdefault(ts.numpy().tobytes(), ts)
     assert len(got) == len(want) and all(torch.equal(g, w) for g, w in zip(got, want.values()))
     assert all(g.dtype == torch.float32 for g in got)
-    plan_vs = lever.vectors(req["steps"], 12.0, 3.0, 0.999, **{k: kw[k] for k in ("audio", "condition_video", "condition_audio")})
+    plan_vs = lever.vectors(req["steps"], 12.0, 3.0, 0.999,
+                            **{k: kw[k] for k in ("audio", "condition_video", "condition_audio")})
     assert [len(v) for v in plan_vs] == [g.numel() for g in got]  # the plan's vectors and rows
     assert all(abs(x - y) < 1e-6 for pv, g in zip(plan_vs, got) for x, y in zip(pv, g.tolist()))
 
@@ -104,7 +105,8 @@ def test_every_entry_is_the_eager_linear_bitwise(pair):
                 assert got.dtype == want.dtype == torch.bfloat16 and torch.equal(got, want)
 
 
-@pytest.mark.parametrize("others", [pytest.param(LOSSLESS, marks=pytest.mark.slow), {}],  # lossless-plan: ~29 s of interpreter
+# lossless-plan: ~29 s of interpreter
+@pytest.mark.parametrize("others", [pytest.param(LOSSLESS, marks=pytest.mark.slow), {}],
                          ids=["lossless-plan", "tables-only"])
 def test_forward_at_every_planned_vector_hits_and_is_bitwise(pair, others):
     eager, model, inputs = pair
@@ -175,7 +177,8 @@ def test_weights_changed_after_install_are_served_from_the_new_weights(pair):
     reset_counters()
     got = forward(model, x)
     reasons = fallback_reasons()["adaln_table"]
-    assert list(reasons) == ["transformer_blocks.0.adaln_proj.linear's weights changed since install: the table was dropped"]
+    assert list(reasons) == ["transformer_blocks.0.adaln_proj.linear's weights changed since install: the table was "
+                             "dropped"]
     assert counters()["adaln_table.fused"] == 2 and all(torch.equal(a, b) for a, b in zip(got, forward(eager, x)))
 
 
@@ -188,7 +191,8 @@ def test_grad_mode_runs_the_eager_expression(pair):
             lin.weight.requires_grad_(True)
     reset_counters()
     out = model(**x).sample
-    assert counters().get("adaln_table.fallback") == 3 and "grad enabled" in next(iter(fallback_reasons()["adaln_table"]))
+    assert (counters().get("adaln_table.fallback") == 3
+            and "grad enabled" in next(iter(fallback_reasons()["adaln_table"])))
     out.float().sum().backward()
     assert model.transformer_blocks[0].adaln_proj.linear.weight.grad is not None
     assert torch.equal(out, eager(**x).sample)
@@ -222,7 +226,8 @@ def test_state_dict_while_installed_and_the_uninstall_round_trip(pair):
     assert all(p in A._SLOTS for p in ptrs)
     assert uninstall(model)
     after = model.state_dict()
-    assert list(after) == list(before) and all(after[k].dtype == v.dtype and torch.equal(after[k], v) for k, v in before.items())
+    assert list(after) == list(before) and all(after[k].dtype == v.dtype and torch.equal(after[k], v)
+                                               for k, v in before.items())
     assert all(params[n] is p for n, p in model.named_parameters())  # the same Parameter objects
     assert A.tables_of(model) is None and not any(p in A._SLOTS for p in ptrs)
     for m in [model.norm_out, model.norm_out.linear] + [b.adaln_proj for b in model.transformer_blocks] + \

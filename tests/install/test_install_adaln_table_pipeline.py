@@ -27,7 +27,8 @@ def _denoise(pipe, steps):
     from h3plan.actions.pipeline_build import prompt_inputs, run_block
 
     seen = []
-    hook = pipe.transformer.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["timestep"].clone()), with_kwargs=True)
+    hook = pipe.transformer.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["timestep"].clone()),
+                                                      with_kwargs=True)
     try:
         st = run_block(pipe, "denoise", **prompt_inputs(pipe, 6), height=32, width=32, num_frames=124,
                        num_inference_steps=steps, generator=torch.Generator("cpu").manual_seed(0))
@@ -47,7 +48,8 @@ def test_pipeline_calls_hit_the_table_and_keep_the_bits(pipe, planned, asked):
         reset_counters()
         got_v, got_a, seen = _denoise(pipe, asked)
         c = counters()
-        assert len(seen) == asked - 1 and c.get("adaln_table.fused") == 3 * len(seen) and not c.get("adaln_table.fallback"), c
+        assert (len(seen) == asked - 1 and c.get("adaln_table.fused") == 3 * len(seen)
+                and not c.get("adaln_table.fallback")), c
         assert {tuple(t.tolist()) for t in seen} <= set(tables.vectors)
         assert {tuple(t.tolist()) for t in seen} == {tuple(v.tolist()) for v in A.timestep_vectors([asked], **SPEC)}
         assert torch.equal(got_v, want_v) and torch.equal(got_a, want_a)

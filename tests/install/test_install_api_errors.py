@@ -40,7 +40,8 @@ def test_plan_load_names_the_file(tmp_path):
     d["decisions"][0]["setting"] = "int3"
     edited = tmp_path / "edited.json"
     edited.write_text(json.dumps(d))
-    with pytest.raises(PlanFileError, match=r"gemm_quant=int3 is not one of its settings: bf16, fp8, nvfp4, dequant_bf16"):
+    with pytest.raises(PlanFileError, match=r"gemm_quant=int3 is not one of its settings: bf16, fp8, nvfp4, "
+                                            r"dequant_bf16"):
         h3plan.Plan.load(str(edited))
 
 
@@ -54,8 +55,8 @@ def test_public_names_resolve():
 
 def test_a_plan_for_other_widths_is_refused():
     model = tiny_model()  # 4 heads x 32, hidden 96
-    with pytest.raises(InstallError, match=r"resolved for model=h3, which does not match this MiniMaxH3Transformer3DModel: "
-                                           r"num_attention_heads 56 \(model: 4\)"):
+    with pytest.raises(InstallError, match=r"resolved for model=h3, which does not match this "
+                                           r"MiniMaxH3Transformer3DModel: num_attention_heads 56 \(model: 4\)"):
         h3plan.install(model, h3plan.resolve_config())
     h3plan.install(model, h3plan.resolve_config(model="h3_tiny"))
     assert h3plan.uninstall(model)
@@ -91,10 +92,12 @@ def test_bad_arguments_are_one_line():
     plan = h3plan.resolve_config(model="h3_tiny")
     assert _line(lambda: h3plan.install(model, plan, bogus=1), h3plan.UsageError).startswith(
         "install got an unexpected keyword bogus=; it takes plan, recipe=,")
-    for name, call in (("uninstall", lambda: h3plan.uninstall(None)), ("installed_plan", lambda: h3plan.installed_plan(None))):
+    for name, call in (("uninstall", lambda: h3plan.uninstall(None)),
+                       ("installed_plan", lambda: h3plan.installed_plan(None))):
         assert _line(call, InstallError).startswith(f"{name} expects a diffusers MiniMaxH3Transformer3DModel,")
         assert _line(call, InstallError).endswith("got NoneType")
-    assert _line(lambda: h3plan.prepare(None, 30), InstallError).startswith("prepare expects a MiniMaxH3Transformer3DModel")
+    assert _line(lambda: h3plan.prepare(None, 30),
+                 InstallError).startswith("prepare expects a MiniMaxH3Transformer3DModel")
     assert _line(lambda: h3plan.prepare(model, 30), InstallError).startswith(
         "prepare: no h3plan plan is installed in this MiniMaxH3Transformer3DModel")
     assert _line(lambda: h3plan.install(model, plan, num_inference_steps=[0]), InstallError).startswith(
@@ -119,13 +122,15 @@ def test_layer_counts_more_than_planned_are_refused_fewer_said():
     plan = h3plan.resolve_config(model="h3_tiny")
     more = build_model({**TINY, "num_layers": 3})
     assert _line(lambda: h3plan.install(more, plan), InstallError).startswith(
-        "the plan was resolved for 2 layers (model.diffusers_config.num_layers=2), this MiniMaxH3Transformer3DModel has 3")
+        "the plan was resolved for 2 layers (model.diffusers_config.num_layers=2), this MiniMaxH3Transformer3DModel "
+        "has 3")
     report = h3plan.install(more, plan, stand_in=True)  # verify and bench: a few blocks of the plan's width, any count
     assert not any("fewer layers" in n for n in report.notes) and h3plan.uninstall(more)
     fewer = build_model({**TINY, "num_layers": 1})
     report = h3plan.install(fewer, plan)
     try:
-        assert any(n.startswith("fewer layers than the plan's: num_layers 1 (plan: 2)") for n in report.notes), report.notes
+        assert any(n.startswith("fewer layers than the plan's: num_layers 1 (plan: 2)")
+                   for n in report.notes), report.notes
     finally:
         assert h3plan.uninstall(fewer)
 

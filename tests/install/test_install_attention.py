@@ -60,15 +60,18 @@ def test_backends_refuse_a_device_without_facts(monkeypatch):
     fa4 = sys.modules[type(get_backend("fa4")).__module__]
     monkeypatch.setattr(fa4, "cuda_reason", lambda q, name, min_cc=None: None)
     monkeypatch.setattr(fa4, "device_cc", lambda q: (8, 0))
-    assert get_backend("fa4").unavailable_reason(q, k, v) == "FA4: h3plan has no hardware facts for SM80 (conf/hardware)"
+    assert (get_backend("fa4").unavailable_reason(q, k, v)
+            == "FA4: h3plan has no hardware facts for SM80 (conf/hardware)")
     monkeypatch.setattr(fa4, "device_cc", lambda q: (9, 0))
-    assert get_backend("fa4").two_cta_reason(q).startswith("FA4 has no 2-CTA kernel on sm90 (hardware.fa4.two_cta=false")
+    assert get_backend("fa4").two_cta_reason(q).startswith(
+        "FA4 has no 2-CTA kernel on sm90 (hardware.fa4.two_cta=false")
 
 
 def test_runtime_reasons_on_cpu():
     q, k, v = _qkv()
     assert get_backend("fa4").unavailable_reason(q, k, v) == "FA4 needs a CUDA device (tensors on cpu)"
-    assert get_backend("cudnn_bf16").unavailable_reason(q, k, v) == "cuDNN BF16 SDPA needs a CUDA device (tensors on cpu)"
+    assert (get_backend("cudnn_bf16").unavailable_reason(q, k, v)
+            == "cuDNN BF16 SDPA needs a CUDA device (tensors on cpu)")
     assert get_backend("cudnn_fp8").unavailable_reason(q, k, v) == "cuDNN FP8 SDPA needs a CUDA device (tensors on cpu)"
     assert "does not match q" in get_backend("sdpa").unavailable_reason(q, k[:, :, :2], v)
     with pytest.raises(ValueError, match="unknown attention backend"):
@@ -169,7 +172,8 @@ def test_static_fp8_scale_table(tmp_path):
     table.write_text(json.dumps({"transformer_blocks.1.attn": {"q": 8.0, "k": 4.0, "v": 2.0},
                                  "default": {"q": 1.0, "k": 1.0, "v": 1.0}}))
     model = tiny_model()
-    p = plan({"fp8_scales": {"scale_table": str(table), "scale_margin": 2.0}}, attention="cudnn_fp8", fp8_scales="static")
+    p = plan({"fp8_scales": {"scale_table": str(table), "scale_margin": 2.0}}, attention="cudnn_fp8",
+             fp8_scales="static")
     install(model, p, registry=LEVERS)
     procs = [b.attn.processor for b in model.transformer_blocks]
     torch.testing.assert_close(procs[0].static_descales, torch.full((3,), 2.0 / 448), rtol=0, atol=0)

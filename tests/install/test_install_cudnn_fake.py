@@ -75,7 +75,8 @@ class _Graph:
         assert self.steps == ["validate", "build_operation_graph", "create_execution_plans", "check_support",
                               "build_plans"] and handle == "handle"
         for t, buf in pack.items():
-            assert list(buf.shape) == t.dim and list(buf.stride()) == t.stride, (t.dim, t.stride, buf.shape, buf.stride())
+            assert (list(buf.shape) == t.dim
+                    and list(buf.stride()) == t.stride), (t.dim, t.stride, buf.shape, buf.stride())
         op = self.op
         val = lambda name: pack[op[name]].float()  # noqa: E731
         q, k, v = val("q"), val("k"), val("v")
@@ -129,7 +130,8 @@ def test_bf16_graph_cache_and_prefix_in_place(fake_cudnn):
     res = be(qp[:, :40], kp[:, :40], vp[:, :40], out=buf[:, :40])
     assert res.data_ptr() == buf.data_ptr() and not buf[:, 40:].any() and not buf.isnan().any()
     assert len(fake_cudnn) == 1  # the batch-1 prefix views reuse the contiguous graph (size-1 strides canonical)
-    torch.testing.assert_close(buf[:, :40], be(qp[:, :40].contiguous(), kp[:, :40].contiguous(), vp[:, :40].contiguous()),
+    torch.testing.assert_close(buf[:, :40], be(qp[:, :40].contiguous(), kp[:, :40].contiguous(),
+                                               vp[:, :40].contiguous()),
                                rtol=0, atol=0)
 
 

@@ -39,7 +39,8 @@ def assert_restored(model, before):
     after = model.state_dict()
     assert after.keys() == before.keys()
     for k, (device, v) in before.items():
-        assert after[k].device == device == torch.device("cpu") and after[k].dtype == v.dtype and torch.equal(after[k], v), k
+        assert (after[k].device == device == torch.device("cpu") and after[k].dtype == v.dtype
+                and torch.equal(after[k], v)), k
 
 
 def adaln_names(model):
@@ -78,7 +79,8 @@ def test_placement_and_round_trip(quant):
         assert t.device.type == want, (name, t.device)
     assert report.placement["device"] == "lazy" and report.placement["tensors"] > 0 and report.placement["moved"] > 0
     host = report.placement["host"]
-    assert list(host) == (["gemm_quant: the replaced bf16 block linears"] if quant else []) + ["adaln_table: the AdaLN linears"]
+    assert list(host) == ((["gemm_quant: the replaced bf16 block linears"] if quant else [])
+                          + ["adaln_table: the AdaLN linears"])
     note = next(n for n in report.notes if n.startswith("placement: "))
     assert "moved from the host to lazy" in note and note.endswith("uninstall moves everything back to the host")
     if not quant:  # another plan without device=: uninstalled to the host, installed on the same device again
@@ -121,7 +123,8 @@ def test_vae_cast_streams_each_tensor_and_round_trips():
     ("bogus", "install device='bogus' is not a torch device"),
     ("meta", "install device='meta': meta tensors hold no values"),
     (True, "install device=True: pass a torch device"),
-    pytest.param("cuda", "install device='cuda': no CUDA device here", marks=pytest.mark.skipif(torch.cuda.is_available(), reason="has CUDA")),
+    pytest.param("cuda", "install device='cuda': no CUDA device here",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="has CUDA")),
 ])
 def test_bad_device_is_one_line(device, why):
     model = tiny_model()
@@ -135,8 +138,9 @@ def test_model_on_an_unexpected_device_is_one_line():
     model = tiny_model()
     model.proj_in.to("meta")
     before = {n: t.device for n, t in model.state_dict().items()}
-    with pytest.raises(InstallError, match=r"^MiniMaxH3Transformer3DModel\.proj_in\.weight is on meta, the install device "
-                                           r"is lazy: load the model on the host \(or on lazy\) and install again$"):
+    with pytest.raises(InstallError, match=r"^MiniMaxH3Transformer3DModel\.proj_in\.weight is on meta, the install "
+                                           r"device is lazy: load the model on the host \(or on lazy\) and install "
+                                           r"again$"):
         install(model, plan(swiglu="on"), registry=LEVERS, device="lazy")
     assert {n: t.device for n, t in model.state_dict().items()} == before  # nothing moved
 

@@ -27,7 +27,8 @@ def _attributes(model) -> dict[str, set[str]]:
 @pytest.mark.parametrize("recipe", ["bf16", "fp8"])
 def test_no_tensor_the_plan_made_outlives_uninstall(recipe):
     model, inputs = tiny_model(), tiny_inputs()
-    plan = h3plan.resolve_config(model="h3_tiny", recipe=recipe, **{"levers.attention": "sdpa", "levers.adaln_table": "on"})
+    plan = h3plan.resolve_config(model="h3_tiny", recipe=recipe,
+                                 **{"levers.attention": "sdpa", "levers.adaln_table": "on"})
     with torch.no_grad():
         model(**inputs)  # diffusers' own lazily made tensors, before the baseline
         other = tiny_model(seed=1)  # the modules install imports make their constants (diffusers' too) once

@@ -62,7 +62,8 @@ def test_exported_plan_keeps_the_bits_and_counts_exactly(settings):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None, reason="AOTInductor needs a C++ compiler")
+@pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
+                    reason="AOTInductor needs a C++ compiler")
 def test_aoti_package_of_a_plan_runs_and_counts(tmp_path):
     """diffusers' test_compile_works_with_aot on the installed tiny model (about 15-45 s on a CPU)."""
     from torch._inductor.package import load_package

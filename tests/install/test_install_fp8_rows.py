@@ -123,8 +123,8 @@ def _static_table(tmp_path):
     from h3plan.facts.scale_table import FORMAT, VERSION, config_hash, values_hash
 
     lin = {f"transformer_blocks.{i}.{p}": a for i in range(2) for p, a in
-           (("attn.to_q", 3.0), ("attn.to_k", 3.0), ("attn.to_v", 3.0), ("attn.to_out.0", 0.5 + i), ("ff.net.0.proj", 2.5),
-            ("ff.net.2", 0.3))}
+           (("attn.to_q", 3.0), ("attn.to_k", 3.0), ("attn.to_v", 3.0), ("attn.to_out.0", 0.5 + i),
+            ("ff.net.0.proj", 2.5), ("ff.net.2", 0.3))}
     att = {f"transformer_blocks.{i}.attn": {"q": 3.0, "k": 4.0, "v": 2.5} for i in range(2)}
     check = {"passed": True, "summary": "synthetic"}
     prov = {"model": "h3_tiny", "config_hash": config_hash(TINY), "num_layers": 2, "request": {"seq_len": 48},
@@ -132,7 +132,8 @@ def _static_table(tmp_path):
             "heldout": {"kind": "seeded", "seeds": [1], "check": check}, "date": "2026-01-01T00:00:00Z", "margin": 1.0,
             "statistic": "amax", "h3plan_version": "0.2.0", "values_sha256": values_hash(att, lin)}
     path = tmp_path / "scales.json"
-    path.write_text(json.dumps({"format": FORMAT, "version": VERSION, "provenance": prov, "attention": att, "linears": lin}))
+    path.write_text(json.dumps({"format": FORMAT, "version": VERSION, "provenance": prov, "attention": att,
+                                "linears": lin}))
     return str(path)
 
 
@@ -158,7 +159,8 @@ def test_static_table_row_equals_tensor(tmp_path):
 
 def test_row_without_fp8_linears_installs_nothing_and_says_why():
     model = tiny_model()
-    report = install(model, plan(attention="sdpa", modulation="exact", swiglu="on", fp8_act_quant="row"), registry=LEVERS)
+    report = install(model, plan(attention="sdpa", modulation="exact", swiglu="on", fp8_act_quant="row"),
+                     registry=LEVERS)
     assert not any(s.lever == "fp8_act_quant" for s in report.swaps)
     assert any(lv == "fp8_act_quant" and "not FP8" in why for lv, why in report.skipped)
     assert model.transformer_blocks[0]._h3plan_block[0].fp8_act_quant == "tensor"

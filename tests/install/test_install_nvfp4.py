@@ -54,7 +54,8 @@ def test_static_input_scale():
     nl.input_scale = torch.tensor(0.002)
     x = torch.randn(4, 96).bfloat16()
     xp, xs, _ = n4.quantize_ref(x, torch.tensor(0.002))
-    want = (n4.dequantize_ref(xp, xs) @ n4.dequantize_ref(nl.weight, nl.weight_scale).t()) * (torch.tensor(0.002) * nl.weight_scale_2)
+    want = ((n4.dequantize_ref(xp, xs) @ n4.dequantize_ref(nl.weight, nl.weight_scale).t())
+            * (torch.tensor(0.002) * nl.weight_scale_2))
     assert torch.equal(nl(x).view(torch.int16), want.to(torch.bfloat16).view(torch.int16))
 
 
@@ -89,7 +90,8 @@ def test_scaled_mm_arguments_meet_torchs_contract(monkeypatch, M):
     assert c["a"].shape == (M, 48) and c["a"].stride() == (48, 1)  # row-major
     assert c["b"].shape == (48, 64) and c["b"].stride() == (1, 48)  # column-major: the weight (N, K/2) transposed
     n = 128 * -(-M // 128) * 4 * -(-6 // 4)
-    assert c["scale_a"].dtype == c["scale_b"].dtype == E4M3 and c["scale_a"].shape == (n,) and c["scale_b"].shape == (128 * 8,)
+    assert (c["scale_a"].dtype == c["scale_b"].dtype == E4M3 and c["scale_a"].shape == (n,)
+            and c["scale_b"].shape == (128 * 8,))
     assert c["bias"] is None and c["out_dtype"] == torch.float32
     monkeypatch.undo()
     assert torch.equal(y.view(torch.int16), nl(x).view(torch.int16))  # the emulation: the same product
@@ -174,10 +176,12 @@ def test_modelopt_checkpoint_torch_save(tmp_path: Path):
 
 @pytest.mark.parametrize("edit,msg", [
     (lambda sd, k: sd.pop(k + ".weight_scale"), "weight_scale missing"),
-    (lambda sd, k: sd.__setitem__(k + ".weight_scale", sd[k + ".weight_scale"].float()), "weight_scale is torch.float32"),
+    (lambda sd, k: sd.__setitem__(k + ".weight_scale", sd[k + ".weight_scale"].float()),
+     "weight_scale is torch.float32"),
     (lambda sd, k: sd.__setitem__(k + ".weight", sd[k + ".weight"][:, :-1]), r"weight is torch.uint8 \(128, 47\)"),
     (lambda sd, k: sd.__setitem__(k + ".input_scale", torch.tensor([0.0])), "input_scale = 0.0 is not finite and > 0"),
-    (lambda sd, k: sd.__setitem__(k + ".weight_scale_2", torch.tensor([1.0, 2.0])), "weight_scale_2 is torch.float32 \\(2,\\)"),
+    (lambda sd, k: sd.__setitem__(k + ".weight_scale_2", torch.tensor([1.0, 2.0])),
+     "weight_scale_2 is torch.float32 \\(2,\\)"),
     (lambda sd, k: sd.__setitem__(k + ".bias", torch.zeros(128)), r"bias \(128,\), the model's linear has no bias"),
 ])
 def test_malformed_checkpoint_refused_in_one_line(edit, msg):

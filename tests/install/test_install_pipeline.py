@@ -110,7 +110,8 @@ def test_a_component_that_refuses_leaves_the_pipeline_untouched(pipe):
         "levers.vae_tiles": "custom", "vae.custom_tile.height": 64, "vae.custom_tile.width": 64,
         "vae.custom_tile.overlap": 32}).to_dict()
     next(x for x in d["decisions"] if x["lever"] == "vae_tiles")["params"]["tile"]["overlap"] = 64
-    with pytest.raises(h3plan.PlanFileError, match=r"decision vae_tiles: params.tile is .*'overlap': 64.*, but its config gives"):
+    with pytest.raises(h3plan.PlanFileError, match=r"decision vae_tiles: params.tile is .*'overlap': 64.*, but its "
+                                                   r"config gives"):
         h3plan.Plan.from_dict(d)
     p = h3plan.resolve_config(model="h3_tiny", vae="h3_tiny_pipe", recipe="fp8", **{
         "levers.vae_tiles": "custom", "vae.custom_tile.height": 64, "vae.custom_tile.width": 64,

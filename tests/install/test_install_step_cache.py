@@ -21,8 +21,9 @@ from test_install_pipeline import _cfg  # noqa: E402
 
 pytestmark = pytest.mark.slow
 STEPS = 6  # 5 forwards
-EAGER = {"levers.attention": "sdpa", "levers.vae_ops": "eager", "levers.vae_graphs": "off", "levers.qk_norm_rope": "eager",
-         "levers.modulation": "eager", "levers.gated_residual": "off", "levers.swiglu": "off"}
+EAGER = {"levers.attention": "sdpa", "levers.vae_ops": "eager", "levers.vae_graphs": "off",
+         "levers.qk_norm_rope": "eager", "levers.modulation": "eager", "levers.gated_residual": "off",
+         "levers.swiglu": "off"}
 
 
 def _pipe():

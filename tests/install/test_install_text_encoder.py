@@ -73,7 +73,8 @@ EAGER = {"levers.attention": "sdpa", "levers.adaln_table": "off", "levers.vae_gr
 
 @pytest.mark.slow
 def test_install_places_it_by_the_plan_and_uninstall_undoes_it(pipe, unplaced):
-    plan = h3plan.resolve_config(model="h3_tiny", vae="h3_tiny_pipe", **{"memory.text_encoder": "offload_after", **EAGER})
+    plan = h3plan.resolve_config(model="h3_tiny", vae="h3_tiny_pipe",
+                                 **{"memory.text_encoder": "offload_after", **EAGER})
     assert plan.derived_value("text_encoder")["setting"] == "offload_after"
     report = h3plan.install(pipe, plan)
     try:
@@ -123,7 +124,8 @@ def test_build_pipeline_places_the_conditioner_and_builds_it_first_when_it_leave
     seen = []
     real_vae, real_te = pb.build_vae, pb.conditioner_components
     monkeypatch.setattr(pb, "build_vae", lambda *a, **k: (seen.append("vae"), real_vae(*a, **k))[1])
-    monkeypatch.setattr(pb, "conditioner_components", lambda *a, **k: (seen.append("text_encoder"), real_te(*a, **k))[1])
+    monkeypatch.setattr(pb, "conditioner_components",
+                        lambda *a, **k: (seen.append("text_encoder"), real_te(*a, **k))[1])
     p = pb.build_pipeline(_cfg("conf/model/h3_tiny.yaml"), _cfg("conf/vae/h3_tiny_pipe.yaml"), vae_name="h3_tiny_pipe",
                           layers=1, blocks=pb.workflow_blocks(text_encoder=True), text_encoder_placement=setting,
                           text_encoder=yaml.safe_load(open(f"{CONF}/model/h3_tiny.yaml"))["text_encoder_default"])
@@ -158,7 +160,8 @@ def test_masters_that_cannot_be_pinned_stay_pageable_and_the_line_says_why(monke
         assert p.why_not_pinned == "pinning the host masters failed (cudaHostAlloc failed: out of memory); pageable"
         assert p.line.endswith("; host masters pageable: " + p.why_not_pinned)
         slots = p.masters["text_encoder"].slots
-        assert slots and all(getattr(o, "_parameters" if is_p else "_buffers")[n] is not None for o, n, is_p, _ in slots)
+        assert slots and all(getattr(o, "_parameters" if is_p else "_buffers")[n] is not None
+                             for o, n, is_p, _ in slots)
         assert all((o._parameters[n].data if is_p else o._buffers[n]).data_ptr() == m.data_ptr()
                    for o, n, is_p, m in slots)
         p.masters["text_encoder"].up(torch.device("cpu"))  # the way up, to the one device this machine has
@@ -182,7 +185,8 @@ def test_an_encode_that_raises_still_moves_the_conditioner_back(setting):
     te = build_text_encoder(yaml.safe_load(open(f"{CONF}/model/h3_tiny.yaml"))["text_encoder_default"])
     layers = te.model.language_model.layers
     p = place(te, setting, "cpu:1")  # its move up runs before the failure, registered after it
-    fail = layers[-1].register_forward_pre_hook(lambda m, a: (_ for _ in ()).throw(torch.OutOfMemoryError("CUDA out of memory")))
+    fail = layers[-1].register_forward_pre_hook(lambda m,
+                                                a: (_ for _ in ()).throw(torch.OutOfMemoryError("CUDA out of memory")))
     try:
         with pytest.raises(torch.OutOfMemoryError):
             te.model(input_ids=torch.tensor([[1, 2, 3]]))
@@ -238,7 +242,8 @@ def test_shared_decoder_weights_keep_every_layer_and_host_gives_each_shared_tens
         p.restore()
     assert layers[3].mlp.gate_proj.weight is layers[1].mlp.gate_proj.weight  # restore keeps the sharing
     for bad in (0, n + 1):
-        with pytest.raises(UsageError, match=rf"^text encoder weight sets {bad}: between 1 and its {n} decoder layers$"):
+        with pytest.raises(UsageError,
+                           match=rf"^text encoder weight sets {bad}: between 1 and its {n} decoder layers$"):
             share_decoder_weights(te, bad)
 
 

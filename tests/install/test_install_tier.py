@@ -24,7 +24,8 @@ LAYERS = 2
 def _plan(keep: float | None):
     """tier=quality on the bf16 recipe (the CPU has no FP8 GEMMs), the cache's knobs shortened to the tiny schedule
     (threshold high: it skips wherever it may), the sparse lever at `keep` (None: off) on 32-row blocks; attention fa4
-    in both (the CPU runs its dense calls through diffusers' attention, its sparse ones through the mask's reference)."""
+    in both (the CPU runs its dense calls through diffusers' attention, its sparse ones through the mask's
+    reference)."""
     over = {"recipe": "bf16", "video.num_inference_steps": STEPS, **EAGER, "levers.attention": "fa4",
             "levers.step_cache": "first_block",
             "recipe.cache": {"policy": None, "threshold": 1e9, "warmup": 1, "final": 1, "max_skip": 1}}

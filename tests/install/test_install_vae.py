@@ -55,7 +55,8 @@ def sm90():
 
 @pytest.fixture(scope="module")
 def sm90_fp32():
-    return h3plan.resolve_config(hardware="sm90", recipe="bf16", vae="h3_tiny", **{"levers.vae_ops": "fused", "levers.vae_graphs": "off"})
+    return h3plan.resolve_config(hardware="sm90", recipe="bf16", vae="h3_tiny",
+                                 **{"levers.vae_ops": "fused", "levers.vae_graphs": "off"})
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +88,8 @@ def latent(seed=1, hw=6):
 
 
 def decode(vae, z, autocast=None, grad=False):
-    with torch.set_grad_enabled(grad), torch.autocast("cpu", dtype=autocast or torch.float16, enabled=autocast is not None):
+    with torch.set_grad_enabled(grad), torch.autocast("cpu", dtype=autocast or torch.float16,
+                                                      enabled=autocast is not None):
         return vae.decode(z).sample
 
 
@@ -103,7 +105,8 @@ def assert_bits(a, b):
     torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-FUSED = {"vae_ops.qk_norm_rope.fused": BLOCKS, "vae_ops.swiglu.fused": BLOCKS, "vae_ops.scaled_residual.fused": 2 * BLOCKS}
+FUSED = {"vae_ops.qk_norm_rope.fused": BLOCKS, "vae_ops.swiglu.fused": BLOCKS,
+         "vae_ops.scaled_residual.fused": 2 * BLOCKS}
 
 
 def test_fp16_plan_decode_is_bitwise_the_fp16_loaded_vae_and_every_fused_path_ran(sm90):
@@ -117,7 +120,8 @@ def test_fp16_plan_decode_is_bitwise_the_fp16_loaded_vae_and_every_fused_path_ra
     assert_bits(out, ref)
     assert counters() == FUSED  # one decoder call (one tile, one temporal chunk) through 2 blocks
     assert report.swapped_levers() == ["vae_precision", "vae_ops"] and len(report.swaps) == 1 + 3 * BLOCKS
-    assert str(report.swaps[0]).startswith("vae_precision: vae (") and "-> float16 (from_pretrained(torch_dtype)'s cast" in str(report.swaps[0])
+    assert (str(report.swaps[0]).startswith("vae_precision: vae (")
+            and "-> float16 (from_pretrained(torch_dtype)'s cast" in str(report.swaps[0]))
     skipped = dict(report.skipped)
     assert skipped["vae_tiles"].startswith("diffusers' released tile geometry")
     transformer = next(k for k in skipped if k.startswith("gemm_quant, adaln_table, attention"))
@@ -167,7 +171,8 @@ def test_a_user_autocast_is_honoured_bit_for_bit(precision, autocast):
 @pytest.mark.slow  # VAE decodes in the interpreter (~1 s a case)
 @pytest.mark.parametrize("loaded", [torch.float16, torch.bfloat16])
 def test_a_vae_loaded_in_another_dtype_keeps_it_and_still_fuses(loaded):
-    """torch_dtype=float16 or bfloat16 at load: nothing to cast (fp16 plan) or nothing castable (bf16 VAE); the kernels run."""
+    """torch_dtype=float16 or bfloat16 at load: nothing to cast (fp16 plan) or nothing castable (bf16 VAE); the kernels
+    run."""
     vae, z = cast(tiny_vae(), loaded), latent()
     ref = decode(cast(tiny_vae(), loaded), z)
     report = install(vae, vae_plan())
@@ -215,7 +220,8 @@ def test_round_trip_restores_the_original_parameters_bit_for_bit(sm90):
         assert "forward" not in b.__dict__ and "_h3plan_vae" not in b.__dict__
     assert all(p is params[n] for n, p in vae.named_parameters())  # the same Parameter objects
     after = vae.state_dict()
-    assert list(after) == list(before) and all(after[k].dtype == v.dtype and torch.equal(after[k], v) for k, v in before.items())
+    assert list(after) == list(before) and all(after[k].dtype == v.dtype and torch.equal(after[k], v)
+                                               for k, v in before.items())
     reset_counters()
     assert_bits(decode(vae, z), ref)
     assert counters() == {}
@@ -302,7 +308,8 @@ def test_unregistered_arch_skips_vae_ops_with_the_reason_and_fp8_tiles_install_g
     skipped = dict(report.skipped)
     assert "compute capability 10.7 has no registered VAE decoder op set" in skipped["vae_ops"]
     assert "vae_tiles.fp8_decode" not in skipped
-    assert [str(s) for s in report.swaps][1] == "vae_tiles: tiling 256x256 px, overlap 64x64 -> 288x272 px, overlap 32x32"
+    assert [str(s) for s in report.swaps][1] == ("vae_tiles: tiling 256x256 px, overlap 64x64 -> 288x272 px, "
+                                                 "overlap 32x32")
     assert [s.lever for s in report.swaps] == ["vae_precision", "vae_tiles"] + ["vae_tiles"] * BLOCKS + ["vae_graphs"]
     assert all(b._h3plan_vae.ops == frozenset() and b._h3plan_vae.fp8 for b in vae.decoder.transformer_blocks)
     ref_vae.enable_tiling(288, 272, 32, 32)
@@ -343,7 +350,8 @@ def test_autograd_into_trainable_parameters_runs_as_diffusers_does():
     out.float().sum().backward()
     ref.float().sum().backward()
     assert_bits(out, ref)
-    w, w_ref = vae.decoder.transformer_blocks[0].ff.net[2].weight, ref_vae.decoder.transformer_blocks[0].ff.net[2].weight
+    w, w_ref = (vae.decoder.transformer_blocks[0].ff.net[2].weight,
+                ref_vae.decoder.transformer_blocks[0].ff.net[2].weight)
     assert w.dtype == torch.float16 and w.grad is not None and torch.equal(w.grad, w_ref.grad)
 
 
@@ -408,7 +416,8 @@ def test_custom_attention_processor_keeps_diffusers_attention():
         reset_counters()
         assert_bits(decode(vae, z, autocast=autocast), decode(ref_vae, z, autocast=autocast))
         assert "attention processor is Mine" in _reasons("qk_norm_rope")
-        assert counters()["vae_ops.qk_norm_rope.fallback"] == 1 and counters()["vae_ops.qk_norm_rope.fused"] == BLOCKS - 1
+        assert (counters()["vae_ops.qk_norm_rope.fallback"] == 1
+                and counters()["vae_ops.qk_norm_rope.fused"] == BLOCKS - 1)
 
 
 def test_non_contiguous_block_input_falls_back():
@@ -424,7 +433,8 @@ def test_non_contiguous_block_input_falls_back():
     # eager's first sum keeps the strided layout, so both residuals refuse; the linears' outputs are
     # contiguous, so QK-norm/RoPE and SwiGLU still run fused
     assert "not contiguous" in _reasons("scaled_residual")
-    assert counters() == {"vae_ops.qk_norm_rope.fused": 1, "vae_ops.swiglu.fused": 1, "vae_ops.scaled_residual.fallback": 2}
+    assert counters() == {"vae_ops.qk_norm_rope.fused": 1, "vae_ops.swiglu.fused": 1,
+                          "vae_ops.scaled_residual.fallback": 2}
 
 
 @pytest.mark.parametrize("bad", ["other_vae", "hooked", "ffn"])
@@ -472,10 +482,11 @@ def test_benchmark_script_plumbing_on_cpu(tmp_path):
                      "--iters", "1", "--tag", "cpu"])
     assert rc == 0
     (rec,) = json.loads((tmp_path / "vae-cpu.json").read_text())["records"]
-    assert {"latent", "tiles", "plan", "eager_ms", "plan_ms", "speedup", "bitwise_equal", "peak_GiB", "peak_ratio"} <= set(rec)
+    assert {"latent", "tiles", "plan", "eager_ms", "plan_ms", "speedup", "bitwise_equal", "peak_GiB",
+            "peak_ratio"} <= set(rec)
     assert rec["bitwise_equal"] and rec["tiles"] == "256x256/64" and rec["decoder_calls"] == 1 and rec["vae"] == "fp16"
     assert rec["counters"] == {**FUSED, "vae_graphs.fallback": 1}
     assert rec["gpus"] == 1 and rec["bitwise"] and rec["peak_GiB_eager"] == rec["peak_GiB"]["eager"]
     assert rec["psnr_vs_fp32_db"] is not None and rec["eager_fp32_ms"] > 0
     md = (tmp_path / "vae-cpu.md").read_text()
-    assert "| 1x4x3x6x6 | 1 | 256x256/64 | hardware=sm90 recipe=bf16 recipe.vae=fp16 levers.vae_ops=fused | fp16 | on | fused | 1 |" in md
+    assert "| 1x4x3x6x6 | 1 | 256x256/64 | hardware=sm90 recipe=bf16 recipe.vae=fp16 levers.vae_ops=fused | fp16 | on | fused | 1 |" in md  # noqa: E501

@@ -52,7 +52,8 @@ def test_fp8_linear_is_its_reference_bit_for_bit_in_the_fallback(autocast):
     with torch.autocast("cpu", dtype=torch.float16, enabled=autocast):  # the emulation turns autocast off
         out = fp8_linear(x, quantize_linear(lin))
     torch.testing.assert_close(out, reference(x, lin), rtol=0, atol=0)
-    assert out.dtype == torch.float16 and not torch.equal(out, torch.nn.functional.linear(x, lin.weight.half(), lin.bias.half()))
+    assert out.dtype == torch.float16 and not torch.equal(
+        out, torch.nn.functional.linear(x, lin.weight.half(), lin.bias.half()))
     assert counters()["vae_tiles.fp8_gemm.fallback"] == 1
     assert "FP8 GEMM needs CUDA" in " | ".join(fallback_reasons()["vae_tiles.fp8_gemm"])
 

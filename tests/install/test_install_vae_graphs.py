@@ -34,7 +34,8 @@ def fake_capture(fn, x, pool=None):
 
 
 def graphs_plan(ops):
-    return h3plan.resolve_config(hardware="sm90", recipe="bf16", vae="h3_tiny", **{"levers.vae_graphs": "on", "levers.vae_ops": ops})
+    return h3plan.resolve_config(hardware="sm90", recipe="bf16", vae="h3_tiny",
+                                 **{"levers.vae_graphs": "on", "levers.vae_ops": ops})
 
 
 @pytest.fixture(autouse=True)
@@ -176,7 +177,8 @@ def test_install_swaps_the_decoder_forward_and_uninstall_restores_it():
     assert isinstance(vae.decoder.__dict__["forward"], GraphedDecoder)
     assert vae.decoder.__dict__["forward"].validate is None  # no FP8 codes to check
     assert report.swapped_levers() == ["vae_graphs"]
-    assert str(report.swaps[0]).startswith("vae_graphs: decoder.forward MiniMaxH3VideoViTDecoder3d.forward -> CUDA graph replay")
+    assert str(report.swaps[0]).startswith("vae_graphs: decoder.forward MiniMaxH3VideoViTDecoder3d.forward -> CUDA "
+                                           "graph replay")
     torch.testing.assert_close(decode(vae, z), ref, rtol=0, atol=0)  # CPU: counted fallback, diffusers' forward
     assert counters()["vae_graphs.fallback"] == 1
     assert install(vae, plan) is report  # idempotent
@@ -192,7 +194,8 @@ def test_graph_replays_refuse_linears_edited_after_their_fp8_codes_were_made():
     gd.validate()  # unchanged: nothing raised
     with torch.no_grad():
         vae.decoder.transformer_blocks[0].attn.to_v.bias.add_(1)
-    with pytest.raises(h3plan.errors.InstallError, match=r"transformer_blocks\.0 linear bias was replaced, moved, cast or edited"):
+    with pytest.raises(h3plan.errors.InstallError, match=r"transformer_blocks\.0 linear bias was replaced, moved, cast "
+                                                         r"or edited"):
         gd(torch.zeros(1, 4, 2, 3, 3))
     assert uninstall(vae) and vae.decoder.transformer_blocks[0].attn.to_v.bias.dtype == torch.float32
 
@@ -227,7 +230,8 @@ def test_graphs_install_over_the_fused_block_forwards():
     torch.testing.assert_close(decode(vae, z), ref, rtol=0, atol=0)
     c = counters()
     # the fp32 decode (diffusers' default) installs the op whose kernel takes float32
-    assert c["vae_graphs.fallback"] == 1 and c["vae_ops.scaled_residual.fused"] == 2 * len(vae.decoder.transformer_blocks)
+    assert (c["vae_graphs.fallback"] == 1
+            and c["vae_ops.scaled_residual.fused"] == 2 * len(vae.decoder.transformer_blocks))
     uninstall(vae)
     assert "forward" not in vae.decoder.__dict__
     assert all("forward" not in b.__dict__ for b in vae.decoder.transformer_blocks)

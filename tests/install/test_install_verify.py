@@ -35,8 +35,8 @@ def test_verify_lossless_plan_passes_bitwise(capsys):
         assert f"PASS  {lever:<34} bitwise equal to R; fused path ran" in out
     assert "PASS  whole plan vs R                    bitwise equal" in out
     assert "modulation fused 2 fallback 0" in out
-    assert out.rstrip().splitlines()[-1] == ("verify: PASS (lossless, not run here: attention=fa4: fa4 cannot run here, "
-                                             "sdpa in its place)")
+    assert out.rstrip().splitlines()[-1] == ("verify: PASS (lossless, not run here: attention=fa4: fa4 cannot run "
+                                             "here, sdpa in its place)")
 
 
 def test_verify_fails_on_a_one_bit_change(monkeypatch, capsys):
@@ -75,7 +75,8 @@ def test_verify_lossy_plan_reports_error_within_budget(capsys):
     assert rc == 3, out
     assert "emulated here: FP8 GEMM needs CUDA (input on cpu)" in out and "psnr" in out
     assert out.rstrip().splitlines()[-1] == ("verify: INCOMPLETE: every check that ran passed, but not checked here: "
-                                             "gemm_quant=fp8 (only its emulation ran: FP8 GEMM needs CUDA (input on cpu))")
+                                             "gemm_quant=fp8 (only its emulation ran: FP8 GEMM needs CUDA (input on "
+                                             "cpu))")
 
 
 def test_verify_refuses_real_width_on_cpu():
@@ -97,10 +98,12 @@ def test_compare_metrics():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["verify.device=cuda"], "verify.device=cuda: this machine has no CUDA device (torch.cuda.is_available() is False); "
-                             "on the CPU use verify.device=cpu (or auto) with model=h3_tiny: python -m h3plan action=verify model=h3_tiny"),
-    (["verify.seq_len=100000"], "verify.seq_len=100000: at most 256 rows on the CPU (the Triton interpreter takes minutes "
-                                "per few hundred rows; longer runs need a GPU): python -m h3plan action=verify model=h3_tiny"),
+    (["verify.device=cuda"], "verify.device=cuda: this machine has no CUDA device (torch.cuda.is_available() is "
+                             "False); on the CPU use verify.device=cpu (or auto) with model=h3_tiny: python -m h3plan "
+                             "action=verify model=h3_tiny"),
+    (["verify.seq_len=100000"], "verify.seq_len=100000: at most 256 rows on the CPU (the Triton interpreter takes "
+                                "minutes per few hundred rows; longer runs need a GPU): python -m h3plan action=verify "
+                                "model=h3_tiny"),
     (["verify.blocks=50"], "verify.blocks=50: at most 4 blocks on the CPU"),
 ])
 def test_cpu_mistakes_are_one_line_user_errors(capsys, argv, message):

@@ -148,7 +148,8 @@ def test_builder_contract():
 
 def test_inconsistent_options_and_unknown_lever_raise_and_leave_model_untouched():
     model = tiny_model()
-    with pytest.raises(ValueError, match="qk_norm_rope=fused_fp8 needs attention cudnn_fp8, the plan's backend is sdpa"):
+    with pytest.raises(ValueError,
+                       match="qk_norm_rope=fused_fp8 needs attention cudnn_fp8, the plan's backend is sdpa"):
         install(model, plan(attention="sdpa", qk_norm_rope="fused_fp8"), registry=LEVERS)
     with pytest.raises(ValueError, match="no installer"):
         install(model, plan(attention="sdpa"), registry={})

@@ -16,7 +16,8 @@ def test_every_op_resolves_to_a_runtime_kernel_and_its_check():
     for op in KERNELS:
         fn, check = kernel(op)
         assert callable(fn) and callable(check), op
-        assert fn.__module__.startswith("h3plan.runtime.kernels.") and check.__module__.startswith("h3plan.runtime.kernels."), op
+        assert (fn.__module__.startswith("h3plan.runtime.kernels.")
+                and check.__module__.startswith("h3plan.runtime.kernels.")), op
         assert check.__name__.endswith("_check"), op
         assert inspect.signature(check).parameters, op  # a check takes the call's tensors
 

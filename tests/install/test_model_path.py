@@ -28,7 +28,8 @@ def test_load_model_gives_the_saved_weights_in_their_dtypes(checkpoint, loader, 
     import h3plan.actions.inputs as inputs
 
     if loader == "from_pretrained":
-        assert inputs.has_accelerate(), "the test extra installs accelerate: this case fails without it, it does not skip"
+        assert inputs.has_accelerate(), ("the test extra installs accelerate: this case fails without it, it does "
+                                         "not skip")
     else:
         monkeypatch.setattr(inputs, "has_accelerate", lambda: False)
     folder, saved = checkpoint
@@ -38,7 +39,8 @@ def test_load_model_gives_the_saved_weights_in_their_dtypes(checkpoint, loader, 
         ref = saved.state_dict()
         for k, v in model.state_dict().items():  # the blocks kept, the fp32 heads kept fp32: rtol=0, atol=0
             assert v.dtype == ref[k].dtype and torch.equal(v, ref[k]), k
-    assert model.proj_out.weight.dtype == torch.float32 and model.transformer_blocks[0].attn.to_q.weight.dtype == torch.bfloat16
+    assert (model.proj_out.weight.dtype == torch.float32
+            and model.transformer_blocks[0].attn.to_q.weight.dtype == torch.bfloat16)
 
 
 def test_load_model_refuses_a_folder_it_cannot_load(tmp_path):
@@ -53,10 +55,12 @@ def test_load_model_refuses_a_folder_it_cannot_load(tmp_path):
 def test_verify_on_a_checkpoint_folder(checkpoint, capsys):
     folder, _ = checkpoint
     # model= stays the default (h3): the widths come from the folder
-    rc = cli.run(["action=verify", f"model.path={folder}", "verify.device=cpu", "verify.blocks=1", "levers.attention=sdpa"])
+    rc = cli.run(["action=verify", f"model.path={folder}", "verify.device=cpu", "verify.blocks=1",
+                  "levers.attention=sdpa"])
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert out.startswith("verify: 1 blocks, hidden 96, 4x32 heads; S=48") and f"weights from {folder}; input seed 0" in out
+    assert (out.startswith("verify: 1 blocks, hidden 96, 4x32 heads; S=48")
+            and f"weights from {folder}; input seed 0" in out)
     assert "PASS  modulation=exact" in out and out.rstrip().splitlines()[-1].startswith("verify: PASS")
 
 

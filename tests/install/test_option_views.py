@@ -14,7 +14,8 @@ def test_every_scope_has_a_view_with_the_spec_defaults():
     b = Builder()
     for scope in SCOPES:
         view = b.view(scope)
-        assert {k: getattr(view, k) for k in scope_options(scope)} == {k: o.default for k, o in scope_options(scope).items()}
+        assert {k: getattr(view, k) for k in scope_options(scope)} == {k: o.default
+                                                                       for k, o in scope_options(scope).items()}
 
 
 def test_a_view_holds_what_the_levers_recorded_and_nothing_undeclared():

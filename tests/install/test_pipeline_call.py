@@ -50,9 +50,11 @@ def _vae_counts():
     return {k: v for k, v in counters().items() if k.startswith("vae_")}
 
 
-@pytest.mark.parametrize("load,precision,autocast", [("fp32", "fp32", None), ("fp32", "fp16", None), ("fp32", "fp32", torch.float16),
+@pytest.mark.parametrize("load,precision,autocast", [("fp32", "fp32", None), ("fp32", "fp16", None),
+                                                     ("fp32", "fp32", torch.float16),
                                                      ("fp16", "fp16", None), ("bf16", "fp16", torch.float16)],
-                         ids=["fp32-default", "fp32-cast-fp16", "fp32-user-autocast", "fp16-loaded", "bf16-loaded-autocast"])
+                         ids=["fp32-default", "fp32-cast-fp16", "fp32-user-autocast", "fp16-loaded",
+                              "bf16-loaded-autocast"])
 def test_pipe_call_takes_the_planned_path_bit_for_bit(load, precision, autocast):
     pipe = _pipe(load)
     ref_pipe = _pipe(load)

@@ -99,10 +99,11 @@ def test_prepare_tables_a_workflow_ahead(pipes):
     uninstall(pipe)
 
 
-# vae_encode_precision on the tiny pipeline: the fl2va / ref2va plans (their requests encode) keep diffusers' fp32 encode,
-# bitwise; a forced fp16 encode (under recipe.vae=fp16, the decode kept fp32 so only the encode differs) changes the
-# conditioning latents: the frames stay within ENCODE_VIDEO_ATOL of the fp32-encode frames (pixels in [0, 1]) and are
-# not bitwise (the lever ran). 1 transformer block, 2 forwards: a stated tolerance for this tiny call only.
+# vae_encode_precision on the tiny pipeline: the fl2va / ref2va plans (their requests encode) keep diffusers' fp32
+# encode, bitwise; a forced fp16 encode (under recipe.vae=fp16, the decode kept fp32 so only the encode differs)
+# changes the conditioning latents: the frames stay within ENCODE_VIDEO_ATOL of the fp32-encode frames (pixels in
+# [0, 1]) and are not bitwise (the lever ran). 1 transformer block, 2 forwards: a stated tolerance for this tiny call
+# only.
 ENCODE_VIDEO_ATOL = 5e-3  # measured on the CPU: 7.5e-4 (fl2va), 7.8e-4 (ref2va)
 ENCODE_REQUEST = {"fl2va": {"video.task": "fl2va", "video.keyframes": ["first"]},
                   "ref2va": {"video": "ref2va_768x1344_5s"}}

@@ -66,7 +66,8 @@ def pipe():
 
 def test_plan_for_a_pipeline_reads_the_transformer_and_the_vae(pipe):
     assert h3plan.plan_for(pipe, hardware="sm90") == h3plan.resolve_config(model="h3_tiny", vae="h3_tiny_pipe")
-    with pytest.raises(UsageError, match=r"reads vae.diffusers_config from MiniMaxH3ModularPipeline.vae.config; drop vae=h3"):
+    with pytest.raises(UsageError, match=r"reads vae.diffusers_config from MiniMaxH3ModularPipeline.vae.config; drop "
+                                         r"vae=h3"):
         h3plan.plan_for(pipe, hardware="sm90", vae="h3")
 
 
@@ -78,7 +79,8 @@ def test_install_a_pipeline_with_a_recipe_round_trip(pipe):
     try:
         assert list(report.reports) == ["transformer", "vae"] and "gemm_quant" in report["transformer"].swapped_levers()
         assert installed_pipeline_plan(pipe) == {"transformer": expected, "vae": expected}
-        with pytest.raises(InstallError, match=r"install got a plan and recipe=: pass the plan, or recipe= for h3plan.plan_for"):
+        with pytest.raises(InstallError, match=r"install got a plan and recipe=: pass the plan, or recipe= for "
+                                               r"h3plan.plan_for"):
             h3plan.install(pipe, expected, recipe="fp8")
     finally:
         assert h3plan.uninstall(pipe)
@@ -107,7 +109,8 @@ def test_plan_for_a_checkpoint_folder(tmp_path):
         assert plan.get(section) == (dict(ref, path=str(folder)) if section == "model" else ref), section
     # the transformer's own folder
     own = h3plan.plan_for(folder / "transformer", hardware="sm90")
-    assert own.get("model")["diffusers_config"] == plan.get("model")["diffusers_config"] and own.get("vae")["name"] == "h3"
+    assert (own.get("model")["diffusers_config"] == plan.get("model")["diffusers_config"]
+            and own.get("vae")["name"] == "h3")
 
 
 def test_model_path_plans_for_the_checkpoint_widths(tmp_path):
@@ -188,7 +191,8 @@ def test_the_compute_capability_picks_the_hardware_group(monkeypatch, group):
     assert plan.decisions == ref.decisions
     # the user's own number wins over the device's
     mine = h3plan.plan_for(tiny_model(), **{"hardware.device.memory_gb": 96})
-    assert mine.get("hardware")["device"]["memory_gb"] == 96 and "torch.cuda" not in mine.get("hardware")["device"]["source"]
+    assert (mine.get("hardware")["device"]["memory_gb"] == 96
+            and "torch.cuda" not in mine.get("hardware")["device"]["source"])
 
 
 def test_an_unknown_gpu_or_none_is_one_line(monkeypatch):
@@ -198,7 +202,8 @@ def test_an_unknown_gpu_or_none_is_one_line(monkeypatch):
     assert str(e.value) == ("h3plan.plan_for reads the hardware from a CUDA device and this machine has none; pass "
                             "hardware=<group> to plan without one (sm100 10.0, sm103 10.3, sm107 10.7, sm90 9.0)")
     _fake_gpu(monkeypatch, (8, 0), 40 * 10**9, name="NVIDIA A100-SXM4-40GB")
-    with pytest.raises(UsageError, match=r"^cuda:0 \(NVIDIA A100-SXM4-40GB\) has compute capability 8.0, which no packaged "
-                                         r"hardware config describes \(sm100 10.0, .*\); pass hardware=<group>"):
+    with pytest.raises(UsageError, match=r"^cuda:0 \(NVIDIA A100-SXM4-40GB\) has compute capability 8.0, which no "
+                                         r"packaged hardware config describes \(sm100 10.0, .*\); pass "
+                                         r"hardware=<group>"):
         h3plan.plan_for(tiny_model())
     assert h3plan.plan_for(tiny_model(), hardware="sm90").get("hardware")["name"] == "sm90"  # no device read

@@ -10,14 +10,15 @@ import torch
 import h3plan
 
 # diffusers' own small configs (the files above): only the values, as the models take them
-DIFFUSERS_TEST_VAE = dict(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 16), layers_per_block=1,
-                          spatial_downsample_factors=(2, 2), temporal_downsample_factors=(2, 2), norm_num_groups=8,
-                          decoder_num_layers=2, decoder_num_attention_heads=2, decoder_attention_head_dim=8,
-                          decoder_num_register_tokens=2, decoder_ffn_mult=2, clip_length=17, token_drop=3,
-                          latents_mean=(0.0,) * 4, latents_std=(1.0,) * 4)
+DIFFUSERS_TEST_VAE = dict(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 16),
+                          layers_per_block=1, spatial_downsample_factors=(2, 2), temporal_downsample_factors=(2, 2),
+                          norm_num_groups=8, decoder_num_layers=2, decoder_num_attention_heads=2,
+                          decoder_attention_head_dim=8, decoder_num_register_tokens=2, decoder_ffn_mult=2,
+                          clip_length=17, token_drop=3, latents_mean=(0.0,) * 4, latents_std=(1.0,) * 4)
 DIFFUSERS_TEST_TRANSFORMER = dict(num_attention_heads=2, attention_head_dim=16, hidden_size=24, num_layers=2,
-                                  num_refiner_layers=2, ffn_dim=32, in_channels=4, audio_in_channels=6, patch_size=(1, 2, 2),
-                                  text_dim=8, freq_dim=8, time_embed_hidden_dim=24, time_embed_dim=16, rope_freq_dim=2)
+                                  num_refiner_layers=2, ffn_dim=32, in_channels=4, audio_in_channels=6,
+                                  patch_size=(1, 2, 2), text_dim=8, freq_dim=8, time_embed_hidden_dim=24,
+                                  time_embed_dim=16, rope_freq_dim=2)
 
 
 def _vae():
@@ -45,14 +46,16 @@ def test_a_lone_vae_plans_the_vae_only():
 def test_a_lone_transformer_plans_the_transformer_only():
     plan = h3plan.plan_for(_transformer(), recipe="bf16", hardware="sm90")
     assert plan.get("memory")["holds"] == "transformer" and plan.derived_value("memory_peak_phase") == "denoise"
-    assert not {"vae_weights", "vae_decode", "video_postprocess", "audio_vae_weights"} & set(plan.derived_value("memory_breakdown_gib"))
+    assert not ({"vae_weights", "vae_decode", "video_postprocess", "audio_vae_weights"}
+                & set(plan.derived_value("memory_breakdown_gib")))
     assert plan.derived_value("memory_peak_gib_per_gpu") < 1
 
 
 def test_a_pipeline_still_plans_every_model():
     plan = h3plan.resolve_config(hardware="sm90", recipe="bf16")
     assert plan.get("memory")["holds"] == "pipeline"
-    assert {"transformer_weights", "vae_weights", "audio_vae_weights"} <= set(plan.derived_value("memory_breakdown_gib"))
+    assert ({"transformer_weights", "vae_weights", "audio_vae_weights"}
+            <= set(plan.derived_value("memory_breakdown_gib")))
 
 
 def test_memory_holds_is_checked():

@@ -1,7 +1,7 @@
-"""What a skipped forward returns, on a real trajectory: diffusers' own denoise loop of the tiny MiniMaxH3ModularPipeline
-(CPU), whose latents and timesteps change every step, with the plan installed. Every transformer call's inputs and
-outputs, and the first and last blocks' tensors, are recorded by module hooks; each skipped forward's output must be,
-bit for bit (rtol=0, atol=0, video and audio), what its mode defines:
+"""What a skipped forward returns, on a real trajectory: diffusers' own denoise loop of the tiny
+MiniMaxH3ModularPipeline (CPU), whose latents and timesteps change every step, with the plan installed. Every
+transformer call's inputs and outputs, and the first and last blocks' tensors, are recorded by module hooks; each
+skipped forward's output must be, bit for bit (rtol=0, atol=0, video and audio), what its mode defines:
 - fixed: the last computed forward's velocity;
 - taylor: the first-order extrapolation in forward index from the last two computed velocities (where one only:
   the last);
@@ -63,7 +63,8 @@ class Trace:
             t.register_forward_hook(lambda m, a, out: self.outs.append(_clone(tuple(out)))),
             blocks[0].register_forward_hook(lambda m, a, out: self.first.__setitem__(len(self.kwargs) - 1,
                                                                                       (_clone(a[0]), _clone(out)))),
-            blocks[-1].register_forward_hook(lambda m, a, out: self.last.__setitem__(len(self.kwargs) - 1, _clone(out))),
+            blocks[-1].register_forward_hook(lambda m, a, out: self.last.__setitem__(len(self.kwargs) - 1,
+                                                                                     _clone(out))),
         ]
 
     def remove(self):

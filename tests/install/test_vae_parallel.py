@@ -63,7 +63,8 @@ def test_tile_count_is_diffusers_split_tiles(vae):
     for tile, overlap in ((16, 8), (16, 4), (32, 12), (256, 64)):
         vae.enable_tiling(tile, tile, overlap, overlap)
         for length in range(4, 400, 4):
-            assert tiling.tile_count(length, tile, overlap) == len(vae._split_tiles(length, tile, overlap)[0]), (tile, overlap, length)
+            assert (tiling.tile_count(length, tile, overlap)
+                    == len(vae._split_tiles(length, tile, overlap)[0])), (tile, overlap, length)
 
 
 # ---------------------------------------------------------------- guards, install, replay
@@ -176,7 +177,8 @@ def test_degree_2_and_3_decode_bitwise_like_one_process():
             if degree == "3":
                 assert [hi - lo for lo, hi in cases["fp32"]["shares"]] == [3, 3, 2]  # uneven: 8 items on 3 ranks
             for case, why in (("different", "ranks hold different latents (checksums differ): each decodes its own"),
-                              ("tiling_off", "rank 0: tiling off: diffusers decodes each temporal chunk in one decoder call")):
+                              ("tiling_off", "rank 0: tiling off: diffusers decodes each temporal chunk in one decoder "
+                                             "call")):
                 r = cases[case]
                 assert r["bitwise"] and r["restored"], (degree, rank, case, r)
                 assert r["counters"] == {f"{LEVER}.fallback": 1} and r["reasons"] == {LEVER: {why: 1}}, r

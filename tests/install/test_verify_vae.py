@@ -54,6 +54,6 @@ def test_a_vae_verify_could_not_build_leaves_lossy_levers_unchecked(fp16_plan, c
     rep = Report()
     verify_vae("vae=h3 is real width (decoder 2048): on the CPU pass vae=h3_tiny", fp16_plan, rep)
     line, rc = rep.verdict()
-    assert rc == INCOMPLETE and line.startswith("verify: INCOMPLETE: every check that ran passed, but not checked here: "
-                                                "vae_precision=fp16 (vae=h3 is real width")
+    assert rc == INCOMPLETE and line.startswith("verify: INCOMPLETE: every check that ran passed, but not checked "
+                                                "here: vae_precision=fp16 (vae=h3 is real width")
     assert "vae_ops=fused" not in rep.unchecked and "vae_ops=fused" in rep.not_run  # lossless: named on a PASS line

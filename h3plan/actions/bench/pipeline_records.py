@@ -317,7 +317,7 @@ COLUMN_NOTES = """\
   correction's too, marked "corrected").
 - **frames**: against diffusers eager with the same VAE, or bitwise against the reference row. Random weights:
   PSNR/SSIM say how far the numerics moved, not how a video looks.
-"""
+"""  # noqa: E501
 
 
 def render_markdown(doc: Mapping, fixes: Sequence[Mapping] = ()) -> str:

@@ -9,11 +9,11 @@ after the fp16 cast), so the device holds 1 byte per weight more; uninstall drop
 else changed.
 
 Per block call, `route(x)`: where the decoder computes in float16 on the weights' device with no autograd
-for x (float16 linears without autocast, or FP16 autocast: weights.fp16_compute_reason) the block runs every linear as `fp8_linear(x, lin)`: x (float16) cast
-to e4m3 with one scale per row (scale = 448/amax of the row, 1 where amax is 0; the one-pass Triton cast
-where its check passes, its torch reference otherwise, same codes: counted `vae_tiles.fp8_rows`), then
-quant.fp8_rowwise's rowwise GEMM, `torch._scaled_mm(codes, w.t(), scale_a (M, 1), scale_b (1, N), bias,
-out_dtype=float16)` on CUDA SM89+ with torch >= 2.10, else its fp32 emulation of the same numerics (one
+for x (float16 linears without autocast, or FP16 autocast: weights.fp16_compute_reason) the block runs every linear as
+`fp8_linear(x, lin)`: x (float16) cast to e4m3 with one scale per row (scale = 448/amax of the row, 1 where amax is 0;
+the one-pass Triton cast where its check passes, its torch reference otherwise, same codes: counted
+`vae_tiles.fp8_rows`), then quant.fp8_rowwise's rowwise GEMM, `torch._scaled_mm(codes, w.t(), scale_a (M, 1), scale_b
+(1, N), bias, out_dtype=float16)` on CUDA SM89+ with torch >= 2.10, else its fp32 emulation of the same numerics (one
 fp16 rounding at the end; counted `vae_tiles.fp8_gemm.fused` / `.fallback` with the reason, per GEMM).
 Any other call (float32 compute, autocast at another dtype, another device, autograd) runs diffusers'
 path on the parameters as they are, exact, counted once per block call as a `vae_tiles.fp8_gemm` fallback.

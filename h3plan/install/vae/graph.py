@@ -32,8 +32,8 @@ share one graph's static buffers). torch keeps one cuBLAS workspace per (handle,
 by the warm-up on the side stream or inside the capture (then in the graph's pool) would outlive the graphs, and
 after uninstall stay allocated on the device and pin the pool: the capture clears torch's workspaces before and
 after, as Inductor's CUDA-graph trees do around theirs (the next eager GEMM makes a new one; a graph keeps the
-workspace it captured with in its own pool, which only later captures into that pool reuse, never concurrently). Inner fused-op counters (vae_ops.*) count only the warm-up and
-capture runs.
+workspace it captured with in its own pool, which only later captures into that pool reuse, never concurrently). Inner
+fused-op counters (vae_ops.*) count only the warm-up and capture runs.
 """
 
 from __future__ import annotations

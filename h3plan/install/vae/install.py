@@ -102,7 +102,8 @@ def recognise(model) -> None:
                 b.get_submodule(path)
             except AttributeError:
                 problems.append(f"{fqn}.{path} is missing")
-        problems += [f"{fqn}.{n} is missing" for n in ("scale1", "scale2") if not isinstance(getattr(b, n, None), torch.Tensor)]
+        problems += [f"{fqn}.{n} is missing" for n in ("scale1", "scale2")
+                     if not isinstance(getattr(b, n, None), torch.Tensor)]
         if problems:
             continue
         for path in LINEARS:
@@ -124,10 +125,12 @@ def recognise(model) -> None:
 
 def _fp8_blocker(blocks) -> str | None:
     """Why the block linears cannot be quantised to FP8 codes (None: they can)."""
-    params = [t for b in blocks for p in LINEARS for t in (b.get_submodule(p).weight, b.get_submodule(p).bias) if t is not None]
+    params = [t for b in blocks for p in LINEARS for t in (b.get_submodule(p).weight, b.get_submodule(p).bias)
+              if t is not None]
     dtypes, devices = {t.dtype for t in params}, {t.device for t in params}
     if not dtypes <= FP8_SOURCES:
-        return f"decoder block linears are {sorted(map(str, dtypes))}: the FP8 codes are quantised from float16 casts of float32/16 weights"
+        return (f"decoder block linears are {sorted(map(str, dtypes))}: the FP8 codes are quantised from float16 "
+                "casts of float32/16 weights")
     if len(devices) != 1 or next(iter(devices)).type == "meta":
         return f"decoder block linears on {sorted(map(str, devices))}: FP8 codes need them loaded on one device"
     return None
@@ -157,16 +160,17 @@ def _install_precision(model, builder, state) -> None:
         report.skipped.append((lever, f"the VAE is {dtype} already (loaded with torch_dtype): nothing to cast"))
         return
     report.swap(lever, f"vae ({len(cast.slots)} tensors)", "float32",
-                f"{str(dtype).replace('torch.', '')} (from_pretrained(torch_dtype)'s cast; _keep_in_fp32_modules float32)")
+                f"{str(dtype).replace('torch.', '')} (from_pretrained(torch_dtype)'s cast; _keep_in_fp32_modules "
+                "float32)")
     where = "pinned host memory" if cast.pinned else "host memory"
     if placement is not None:
         state.report.placement.setdefault("host", {})[f"{lever}: the float32 originals"] = cast.host_bytes
     report.notes.append(
         f"vae_precision={name}: {len(cast.slots)} VAE tensors are {str(dtype).replace('torch.', '')} while installed "
-        f"({cast.device_bytes / 2**30:.3f} GiB on the device, {cast.host_bytes / 2**30 - cast.device_bytes / 2**30:.3f} GiB "
-        f"less); their float32 originals ({cast.host_bytes / 2**30:.3f} GiB) wait in {where} for uninstall only, never "
-        "read by a call. state_dict(), parameters(), vae.dtype and save_pretrained see the cast dtype; uninstall "
-        "restores the originals bit for bit")
+        f"({cast.device_bytes / 2**30:.3f} GiB on the device, "
+        f"{cast.host_bytes / 2**30 - cast.device_bytes / 2**30:.3f} GiB less); their float32 originals "
+        f"({cast.host_bytes / 2**30:.3f} GiB) wait in {where} for uninstall only, never read by a call. state_dict(), "
+        "parameters(), vae.dtype and save_pretrained see the cast dtype; uninstall restores the originals bit for bit")
 
 
 def _install_encode_precision(model, builder, state) -> None:
@@ -185,9 +189,10 @@ def _install_encode_precision(model, builder, state) -> None:
     short = str(dtype).replace("torch.", "")
     state.report.swap(lever, f"encoder, quant_conv ({len(cast.slots)} tensors)", "float32", f"{short} (lossy encode)")
     state.report.notes.append(
-        f"vae_encode_precision={name}: the encoder and quant_conv are {short} while installed ({cast.device_bytes / 2**30:.3f} "
-        f"GiB on the device); their float32 originals wait in {'pinned host' if cast.pinned else 'host'} memory for uninstall "
-        "only; vae.encode casts its input to the encoder's dtype; the decoder is untouched")
+        f"vae_encode_precision={name}: the encoder and quant_conv are {short} while installed "
+        f"({cast.device_bytes / 2**30:.3f} GiB on the device); their float32 originals wait in "
+        f"{'pinned host' if cast.pinned else 'host'} memory for uninstall only; vae.encode casts its input to the "
+        "encoder's dtype; the decoder is untouched")
 
 
 def _install_ops(model, builder, state) -> None:
@@ -201,9 +206,11 @@ def _install_ops(model, builder, state) -> None:
     ops = [op for op in planned if dtype in supported[op]]
     for op in planned:
         if op not in ops:
-            state.report.skipped.append((f"{lever}.{op}", f"the decoder computes in {dtype} and the {op} kernel takes "
-                                                           f"{'/'.join(str(d).replace('torch.', '') for d in supported[op])}: "
-                                                           "diffusers' expression kept (no per-call fallback)"))
+            state.report.skipped.append((
+                f"{lever}.{op}",
+                f"the decoder computes in {dtype} and the {op} kernel takes "
+                f"{'/'.join(str(d).replace('torch.', '') for d in supported[op])}: "
+                "diffusers' expression kept (no per-call fallback)"))
     kernels = load_kernels(ops)
     for i, block in enumerate(blocks):
         fqn = f"decoder.transformer_blocks.{i}"
@@ -227,8 +234,9 @@ def _install_graphs(model, builder, state) -> None:
     lever = builder.lever_of("graphs")
     dec = model.decoder
     if _hooked(dec) or any(_hooked(m) for m in dec.modules() if m is not dec):
-        state.report.skipped.append((lever, "the ViT decoder or one of its modules carries hooks or an instance forward "
-                                            "(offloading?): a CUDA graph would freeze what they do; diffusers' forward kept"))
+        state.report.skipped.append((lever, "the ViT decoder or one of its modules carries hooks or an instance "
+                                            "forward (offloading?): a CUDA graph would freeze what they do; diffusers' "
+                                            "forward kept"))
         return
     gemms = [g for b in dec.transformer_blocks if (g := getattr(getattr(b, "_h3plan_vae", None), "fp8", None))]
     gd = GraphedDecoder(dec, dec.forward, validate=(lambda: [g.verify() for g in gemms]) if gemms else None)
@@ -310,9 +318,9 @@ def _install_fp8(model, builder, state) -> None:
         state.report.swap(lever, f"{fqn} linears ({len(LINEARS)})", "float16 GEMMs",
                           "FP8 e4m3 GEMMs: per-channel weight scales, per-row activation scales, float16 out (lossy)")
     state.report.notes.append(
-        f"vae_tiles.fp8: {len(blocks)} blocks x {len(LINEARS)} decoder-block linears run as FP8 GEMMs where the decoder "
-        f"computes in float16 (torch._scaled_mm on CUDA SM89+, an fp32 emulation elsewhere, counted); their e4m3 codes add "
-        f"{added / 2**30:.3f} GiB on the device beside the unchanged parameters; uninstall drops them")
+        f"vae_tiles.fp8: {len(blocks)} blocks x {len(LINEARS)} decoder-block linears run as FP8 GEMMs where the "
+        "decoder computes in float16 (torch._scaled_mm on CUDA SM89+, an fp32 emulation elsewhere, counted); their "
+        f"e4m3 codes add {added / 2**30:.3f} GiB on the device beside the unchanged parameters; uninstall drops them")
 
 
 def _streamer(model, builder, placement):
@@ -362,8 +370,8 @@ def apply(model, builder, state, group=None) -> None:
 
 
 def _install_encode_tiles(model, builder, state, before: tuple) -> None:
-    """vae_encode_tiles=default: `_encode` lays the tiles the VAE had before install while it runs (diffusers' encode and
-    decode share the tile attributes, and vae_tiles set the decode's); nothing to do where they are unchanged."""
+    """vae_encode_tiles=default: `_encode` lays the tiles the VAE had before install while it runs (diffusers' encode
+    and decode share the tile attributes, and vae_tiles set the decode's); nothing to do where they are unchanged."""
     lever = builder.lever_of("encode_tiling")
     now = tuple(getattr(model, a) for a in TILING)
     if now == before:
@@ -371,8 +379,8 @@ def _install_encode_tiles(model, builder, state, before: tuple) -> None:
                                             "nothing to lay"))
         return
     if "_encode" in model.__dict__:
-        raise InstallError("vae_encode_tiles: AutoencoderKLMiniMaxH3._encode already has an instance override (a hook?); "
-                           "install before it")
+        raise InstallError("vae_encode_tiles: AutoencoderKLMiniMaxH3._encode already has an instance override (a "
+                           "hook?); install before it")
     original = model._encode
 
     def _encode(x):
@@ -403,10 +411,11 @@ def _encode_note(model, tiling_before, state) -> None:
     own = getattr(model.__dict__.get("_encode"), "h3plan_encode_tiles", None)
     tiled = tuple(getattr(model, a) for a in TILING) != tiling_before
     if own is not None:
-        tiles = f"its own tiles ({_geometry_of(own)}, vae_encode_tiles=default; the decode's are {_geometry(model)}): its bits kept"
+        tiles = (f"its own tiles ({_geometry_of(own)}, vae_encode_tiles=default; the decode's are "
+                 f"{_geometry(model)}): its bits kept")
     elif tiled:
-        tiles = (f"the decode's tiles ({_geometry(model)}; diffusers tiles encode and decode alike): the encode's latents "
-                 "change with them")
+        tiles = (f"the decode's tiles ({_geometry(model)}; diffusers tiles encode and decode alike): the encode's "
+                 "latents change with them")
     else:
         tiles = f"the model's tiling ({_geometry(model)}): the encode keeps its bits"
     state.report.notes.append(f"encode (keyframes, references): diffusers' encoder in {'/'.join(dtypes)} "

@@ -106,7 +106,8 @@ class _Replay:
             elif k >= len(self.items):
                 self.broken = f"decoder call {k + 1} beyond the {len(self.items)} listed work items"
             elif tuple(x.shape) != tuple(self.items[k].tile.shape):
-                self.broken = f"decoder call {k} got {tuple(x.shape)}, work item {k} is {tuple(self.items[k].tile.shape)}"
+                self.broken = (f"decoder call {k} got {tuple(x.shape)}, work item {k} is "
+                               f"{tuple(self.items[k].tile.shape)}")
             elif self.check is not None and not self.check(k, x):
                 self.broken = f"decoder call {k}: input differs from work item {k}"
         if self.broken is not None:

@@ -32,7 +32,8 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def keeps_fp32(model, name: str) -> bool:
-    """diffusers' rule: a state-dict entry stays float32 when a `_keep_in_fp32_modules` name is one of its components."""
+    """diffusers' rule: a state-dict entry stays float32 when a `_keep_in_fp32_modules` name is one of its
+    components."""
     keep = getattr(model, "_keep_in_fp32_modules", None) or ()
     parts = name.split(".")
     return any(k in parts for k in keep)
@@ -64,8 +65,8 @@ def encode_blocker(model, dtype: torch.dtype) -> str | None:
     if have == {dtype}:
         return None
     if have != {torch.float32}:
-        return (f"the encoder is {'/'.join(sorted(str(d).replace('torch.', '') for d in have))}, not float32 (diffusers loads "
-                "it float32 under _keep_in_fp32_modules): it keeps that dtype")
+        return (f"the encoder is {'/'.join(sorted(str(d).replace('torch.', '') for d in have))}, not float32 "
+                "(diffusers loads it float32 under _keep_in_fp32_modules): it keeps that dtype")
     if len(devices) != 1 or next(iter(devices)).type == "meta":
         return f"encoder tensors on {sorted(map(str, devices))}: the cast needs them loaded on one device"
     return None
@@ -79,9 +80,9 @@ def blocker(model, dtype: torch.dtype) -> str | None:
     if have == {dtype}:
         return None
     if have != {torch.float32}:
-        return (f"the VAE was loaded in {'/'.join(sorted(str(d).replace('torch.', '') for d in have))}, not float32: it keeps "
-                "that dtype (a cast from it would round twice, and an upcast would not give the float32 checkpoint "
-                "back); its decode stays the one it was loaded for")
+        return (f"the VAE was loaded in {'/'.join(sorted(str(d).replace('torch.', '') for d in have))}, not float32: "
+                "it keeps that dtype (a cast from it would round twice, and an upcast would not give the float32 "
+                "checkpoint back); its decode stays the one it was loaded for")
     if len(devices) != 1 or next(iter(devices)).type == "meta":
         return f"VAE tensors on {sorted(map(str, devices))}: the cast needs them loaded on one device"
     return None
@@ -130,7 +131,8 @@ class PrecisionCast:
         with torch.no_grad():
             for t, host, _ in self.slots:
                 if t.dtype != self.dtype:
-                    logger.warning("uninstall vae_precision: a tensor was cast to %s while installed; restoring the original", t.dtype)
+                    logger.warning("uninstall vae_precision: a tensor was cast to %s while installed; restoring the "
+                                   "original", t.dtype)
                 t.data = host.to(t.device)
         self.slots = []
 
@@ -146,7 +148,8 @@ def fp16_compute_reason(x, device: torch.device, weight_dtype: torch.dtype) -> s
         if torch.get_autocast_dtype(dev) != FP16:
             return f"autocast dtype {torch.get_autocast_dtype(dev)} != float16"
     elif weight_dtype != FP16:
-        return f"the decoder block linears are {weight_dtype} and autocast is off: the decoder computes in {weight_dtype}"
+        return (f"the decoder block linears are {weight_dtype} and autocast is off: the decoder computes in "
+                f"{weight_dtype}")
     if x.device != device:
         return f"input on {x.device}, weights on {device}"
     if torch.is_grad_enabled() and x.requires_grad:

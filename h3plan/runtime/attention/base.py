@@ -97,7 +97,8 @@ def write_out(result: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     if out is None:
         return result
     if out.shape != result.shape or out.dtype != result.dtype:
-        raise ValueError(f"out {tuple(out.shape)} {out.dtype} does not fit the result {tuple(result.shape)} {result.dtype}")
+        raise ValueError(f"out {tuple(out.shape)} {out.dtype} does not fit the result {tuple(result.shape)} "
+                         f"{result.dtype}")
     out.copy_(result)
     return out
 

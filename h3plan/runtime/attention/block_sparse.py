@@ -63,7 +63,8 @@ def fa4_block_sparse_reason(q, block_q: int, block_k: int) -> str | None:
     if blocks is None:
         return f"FA4 has no block-sparse forward on {facts['name']} (hardware.fa4.block_sparse is null)"
     if [block_q, block_k] != list(blocks):
-        return f"blocks {block_q}x{block_k} are not FA4's {blocks[0]}x{blocks[1]} on {facts['name']} (hardware.fa4.block_sparse)"
+        return (f"blocks {block_q}x{block_k} are not FA4's {blocks[0]}x{blocks[1]} on {facts['name']} "
+                "(hardware.fa4.block_sparse)")
     if q.shape[-1] != 128:
         return f"the block sizes are FA4's head_dim-128 tile; head_dim is {q.shape[-1]}"
     fn, detail = _fa4()

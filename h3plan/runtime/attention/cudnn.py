@@ -29,7 +29,8 @@ from h3plan.runtime.kernels.fp8 import dequantize, dequantize_check, dequantize_
 from . import fp8 as f8
 from h3plan.facts.hardware import cudnn_fp8_bf16_output, cudnn_fp8_version_problem, for_capability
 
-from .base import AttentionBackend, cuda_reason, device_cc, device_facts, dtype_reason, facts_reason, shape_reason, write_out
+from .base import (AttentionBackend, cuda_reason, device_cc, device_facts, dtype_reason, facts_reason, shape_reason,
+                   write_out)
 from h3plan.facts.attention.specs import cudnn_bf16, cudnn_fp8
 
 _HANDLES: dict[int, object] = {}

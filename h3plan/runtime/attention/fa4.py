@@ -33,7 +33,8 @@ from contextlib import contextmanager
 
 from h3plan.errors import UsageError
 
-from .base import AttentionBackend, cuda_reason, device_cc, device_facts, dtype_reason, facts_reason, shape_reason, write_out
+from .base import (AttentionBackend, cuda_reason, device_cc, device_facts, dtype_reason, facts_reason, shape_reason,
+                   write_out)
 from h3plan.facts.attention.specs.fa4 import SPEC
 
 ENV = "FA_DISABLE_2CTA"
@@ -171,7 +172,8 @@ def _lse_fn():
 
 
 def fa4_lse_reason(q) -> str | None:
-    """Why the ring's FA4 block call cannot run on CUDA tensors like q (h3plan/runtime/parallel/lse.py checks the rest)."""
+    """Why the ring's FA4 block call cannot run on CUDA tensors like q (h3plan/runtime/parallel/lse.py checks the
+    rest)."""
     reason = _device_reason(q)
     if reason:
         return reason

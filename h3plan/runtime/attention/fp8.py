@@ -8,8 +8,9 @@ scales come from a calibrated amax table with a margin: scale = 448 / (amax * ma
 Output scale (scale_o): softmax rows sum to 1, so every output row is a convex combination of V rows
 and |O| <= amax(V). scale_o = 448 / amax(V) = 1 / descale_v therefore never overflows and puts the
 largest possible |O| at the top of the e4m3 range; the output is dequantised with descale_o = descale_v
-(scale_o = 1 pushes small |O| into e4m3 subnormals: docs/measurements.md). The bf16 dequantised output carries about 2^-4 relative rounding per element from the e4m3
-output on top of the Q/K/V/P quantisation; this is the lossy part of the cudnn_fp8 lever.
+(scale_o = 1 pushes small |O| into e4m3 subnormals: docs/measurements.md). The bf16 dequantised output carries about
+2^-4 relative rounding per element from the e4m3 output on top of the Q/K/V/P quantisation; this is the lossy part of
+the cudnn_fp8 lever.
 """
 
 from __future__ import annotations

@@ -142,7 +142,8 @@ def tensor_checks(name: str, t: torch.Tensor, dtypes, *, ndim=None, contiguous=T
         yield t.is_contiguous(), f"{name} is not contiguous (strides {tuple(t.stride())})"
     if device is not None:
         yield t.device == device, f"{name} is on {t.device}, expected {device}"
-    yield t.device.type == "cuda" or INTERPRET, f"{name} is on {t.device.type}; Triton needs CUDA (or TRITON_INTERPRET=1)"
+    yield (t.device.type == "cuda" or INTERPRET,
+           f"{name} is on {t.device.type}; Triton needs CUDA (or TRITON_INTERPRET=1)")
 
 
 def next_pow2(n: int) -> int:

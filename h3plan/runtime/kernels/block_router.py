@@ -18,8 +18,9 @@ Selection, per (b, h, i): a query block routes when all its rows are target-vide
 A routed block always keeps the key blocks that hold a row before `video_start` (text, conditions, references,
 audio) and the key blocks overlapping its own rows (its diagonal), and fills up to `keep_blocks` kept blocks (when
 the forced ones are fewer) with the best-scoring others: higher score first, ties to the lower block index (a stable
-descending sort with the forced blocks at +inf), so the choice is deterministic. FA4's SM90 forward processes a row's blocks from the last listed to the first and masks
-the key tail (S % block_k) only on the first it processes, so the list is ascending: a kept tail block comes first.
+descending sort with the forced blocks at +inf), so the choice is deterministic. FA4's SM90 forward processes a row's
+blocks from the last listed to the first and masks the key tail (S % block_k) only on the first it processes, so the
+list is ascending: a kept tail block comes first.
 
 `video_start` is a device int tensor (one element), so a call never syncs with the host.
 
@@ -56,7 +57,8 @@ def _shape(q, k, block_q, block_k):
     return B, H, D, Rq, S, -(-Rq // block_q), -(-S // block_k)
 
 
-def block_router_check(q, k, video_start, keep: float, block_q: int = 128, block_k: int = 128, sub: int = SUB) -> str | None:
+def block_router_check(q, k, video_start, keep: float, block_q: int = 128, block_k: int = 128,
+                       sub: int = SUB) -> str | None:
     """None if the kernels take these inputs, else the one-line reason."""
     def checks():
         for name, t in (("q", q), ("k", k)):
@@ -69,7 +71,8 @@ def block_router_check(q, k, video_start, keep: float, block_q: int = 128, block
         yield isinstance(video_start, torch.Tensor) and video_start.numel() == 1 and video_start.device == q.device, (
             "video_start must be a one-element tensor on q's device")
         yield 0.0 < keep <= 1.0, f"keep {keep} must be in (0, 1]"
-        yield sub > 0 and block_q % sub == 0 and block_k % sub == 0, f"blocks {block_q}x{block_k} are no multiple of {sub}"
+        yield (sub > 0 and block_q % sub == 0 and block_k % sub == 0,
+               f"blocks {block_q}x{block_k} are no multiple of {sub}")
         yield -(-k.shape[1] // block_k) <= 8192, f"{k.shape[1]} keys are over 8192 key blocks"
     return guard(checks())
 

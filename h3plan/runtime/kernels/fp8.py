@@ -6,7 +6,8 @@
 the convention of h3plan.runtime.kernels.qk_norm_rope's FP8 cast and h3plan.runtime.attention.fp8. Pass 1 writes one
 partial max per program (no atomics; the tiny final max and the IEEE scale division run in torch);
 pass 2 scales in fp32 (one rounding) and rounds to nearest even through an explicit e4m3 rounding
-(`round_to_e4m3` in the interpreter, the conversion's own round-to-nearest-even on the GPU), so the codes are identical on the GPU, in the interpreter and in `quantize_ref`.
+(`round_to_e4m3` in the interpreter, the conversion's own round-to-nearest-even on the GPU), so the codes are identical
+on the GPU, in the interpreter and in `quantize_ref`.
 Versus torch's own ops this reads x twice and writes 1 byte per element (torch: an fp32 copy and three
 elementwise passes). Refused inputs (`quantize_check`) go to `quantize_ref`.
 """
@@ -170,7 +171,8 @@ def dequantize_check(codes, descale, dtype=torch.bfloat16) -> str | None:
     def checks():
         yield from tensor_checks("codes", codes, (E4M3,))
         yield isinstance(descale, torch.Tensor) and descale.numel() == 1, "descale must be a one-element tensor"
-        yield descale.dtype == torch.float32 and descale.device == codes.device, "descale must be fp32 on the codes' device"
+        yield (descale.dtype == torch.float32 and descale.device == codes.device,
+               "descale must be fp32 on the codes' device")
         yield dtype in (torch.bfloat16, torch.float16), f"output dtype {dtype} not in (bf16, fp16)"
         yield codes.numel() > 0, "codes is empty"
 

@@ -1,8 +1,9 @@
 """FP8 (e4m3) codes written by the kernels that produce the block's FP8 GEMM inputs, one scale per row.
 
-    rmsnorm_modulate_fp8(x, weight, scale, shift, index, eps, mode, act_scale)   # norm1/2 + AdaLN -> to_q/k/v, ff.net.0.proj
-    swiglu_fp8(x, act_scale)                                                     # hidden * silu(gate) -> ff.net.2
-    cast_rows_fp8(x, act_scale)                                                  # attention output -> to_out.0
+    rmsnorm_modulate_fp8(x, weight, scale, shift, index, eps, mode, act_scale)  # norm1/2 + AdaLN -> to_q/k/v,
+                                                                                # ff.net.0.proj
+    swiglu_fp8(x, act_scale)                                                    # hidden * silu(gate) -> ff.net.2
+    cast_rows_fp8(x, act_scale)                                                 # attention output -> to_out.0
 
 Each returns (codes e4m3 shaped like the bf16 output, descale fp32 (..., 1): one per row) and feeds a
 rowwise-scaled FP8 GEMM (h3plan.runtime.quant.fp8_rowwise) with no amax pass and no cast pass in between.

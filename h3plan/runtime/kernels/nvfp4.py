@@ -18,8 +18,8 @@ Quantizer (`quantize_ref`), torchao 0.18's `nvfp4_quantize` with a per-tensor sc
            _f32_to_floatx_unpacked do)
 Scales clamp below at 2^-6 = torch.finfo(float8_e4m3fn).tiny like torchao (no subnormal scale is emitted:
 a tiny block next to a large one loses its low bits rather than take a subnormal scale; TRT-LLM's
-cvt_warp_fp16_to_fp4 does not clamp below and uses approximate reciprocals: docs/numerics.md). Deviation from torchao: an
-all-zero tensor gets g = 1 (torchao divides by a zero per-tensor scale and writes NaN scales). Non-finite
+cvt_warp_fp16_to_fp4 does not clamp below and uses approximate reciprocals: docs/numerics.md). Deviation from torchao:
+an all-zero tensor gets g = 1 (torchao divides by a zero per-tensor scale and writes NaN scales). Non-finite
 inputs are outside the contract. Dequantize: value(code) * s_b * g.
 
 Kernel numerics: fp32 math with correctly rounded divisions (`div_rn`, per block only), the e2m1 rounding in
@@ -563,7 +563,8 @@ def width_checks(name: str, n: int):
 
 
 def fake_outputs(like: torch.Tensor, rows: int, n: int, lead: tuple):
-    return (like.new_empty(lead + (n // 2,), dtype=torch.uint8), like.new_empty((blocked_numel(rows, n // BLOCK),), dtype=E4M3),
+    return (like.new_empty(lead + (n // 2,), dtype=torch.uint8),
+            like.new_empty((blocked_numel(rows, n // BLOCK),), dtype=E4M3),
             like.new_empty((), dtype=torch.float32))
 
 

@@ -1,10 +1,10 @@
 """NVFP4 codes written by the kernels that produce the block's NVFP4 GEMM inputs (nvfp4_producer_quant).
 
-    rmsnorm_modulate_nvfp4(x, weight, scale, shift, index, eps, mode, global_scale)           # norm1 + AdaLN -> to_q/k/v
+    rmsnorm_modulate_nvfp4(x, weight, scale, shift, index, eps, mode, global_scale)  # norm1 + AdaLN -> to_q/k/v
     gated_residual_modulate_nvfp4(h, gate, y, weight, scale, shift, index, eps, mode, global_scale)
         # the residual fold: h' = h + gate[index] * y (the attention's gated residual), then norm2 + AdaLN of h'
         # -> ff.net.0.proj; returns h' (bf16, the next residual) with the codes
-    swiglu_nvfp4(x, global_scale)                                                             # SwiGLU -> ff.net.2
+    swiglu_nvfp4(x, global_scale)                                                    # SwiGLU -> ff.net.2
     (the attention output -> to_out.0: runtime/kernels/nvfp4.py `cast_nvfp4`)
 
 Each returns (packed e2m1 uint8 (..., K/2), swizzled e4m3 block scales (flat), g fp32 0-dim) -- runtime/kernels/nvfp4.py
@@ -14,11 +14,11 @@ that ends the attention half of the block is folded into the kernel that normali
 the FFN's input, so h' is written once and never read back by a second kernel.
 
 Numerics. y is the producer's bf16 output exactly as its bf16 kernel computes it (runtime/kernels/modulation.py in
-`exact` or `fp32` mode, runtime/kernels/swiglu.py, runtime/kernels/gated_residual.py: the same operations in the same order,
-the jit helpers of runtime/kernels/fp8_producers.py), then runtime/kernels/nvfp4.py's quantizer. `<op>_ref` is the unfused
-chain: the bf16 reference, then `cast_nvfp4_ref`. Bit-identical to it in the interpreter and on the GPU, except
-that modulation's sum of squares follows torch's CUDA order (runtime/kernels/_rmsnorm.py), so CPU tests compare against
-the CUDA-order emulation. Global scale: given (a checkpoint's input_scale: one pass) or from the output's amax
+`exact` or `fp32` mode, runtime/kernels/swiglu.py, runtime/kernels/gated_residual.py: the same operations in the same
+order, the jit helpers of runtime/kernels/fp8_producers.py), then runtime/kernels/nvfp4.py's quantizer. `<op>_ref` is
+the unfused chain: the bf16 reference, then `cast_nvfp4_ref`. Bit-identical to it in the interpreter and on the GPU,
+except that modulation's sum of squares follows torch's CUDA order (runtime/kernels/_rmsnorm.py), so CPU tests compare
+against the CUDA-order emulation. Global scale: given (a checkpoint's input_scale: one pass) or from the output's amax
 (a row-amax pass, g on the device, then the quantize pass: the producer computes y twice, reading its inputs
 twice; the fold writes h' in the first pass and the second pass reads h'; the modulation's row statistic is
 stored by the first pass and loaded by the second, not summed again). Launch layouts: runtime/kernels/nvfp4.py
@@ -43,10 +43,11 @@ from h3plan.runtime.kernels._common import INTERPRET, from_f32, guard, round_hw,
 from h3plan.runtime.kernels._registry import custom_op
 from h3plan.runtime.kernels._rmsnorm import THREADS, VEC, cuda_rms_iters, cuda_rms_tree
 from h3plan.runtime.kernels.fp8_producers import modulate_values, rows_rstd, rstd_of, silu_values, swiglu_values
-from h3plan.runtime.kernels.nvfp4 import (bf16x2_modulate, bf16x2_mul_add, bf16x2_round_mul, bf16x2_unpack, cast_nvfp4_ref,
-                                  fake_outputs, finish_chunk, global_scale_reason, launch_opts, load_global,
-                                  load_pairs, load_words, next_chunk, outputs, pair_args, program_rows, row_base,
-                                  stride_arg, two_pass, unpack_words, use_bf16x2, width_checks, word_offsets)
+from h3plan.runtime.kernels.nvfp4 import (bf16x2_modulate, bf16x2_mul_add, bf16x2_round_mul, bf16x2_unpack,
+                                          cast_nvfp4_ref, fake_outputs, finish_chunk, global_scale_reason, launch_opts,
+                                          load_global, load_pairs, load_words, next_chunk, outputs, pair_args,
+                                          program_rows, row_base, stride_arg, two_pass, unpack_words, use_bf16x2,
+                                          width_checks, word_offsets)
 from h3plan.runtime.kernels.nvfp4 import E4M3
 
 _T = tl.constexpr(THREADS)
@@ -56,8 +57,9 @@ _T = tl.constexpr(THREADS)
 @triton.jit
 def _fold_chunk(h_ptr, gate_ptr, gate_base, y_ptr, out_ptr, base, C0, W: tl.constexpr, N: tl.constexpr,
                 MASK: tl.constexpr, KIND: tl.constexpr, X2: tl.constexpr, HW: tl.constexpr):
-    """Columns C0..C0+W (runtime/kernels/nvfp4.py `load_pairs`) of h + gate * y, runtime/kernels/gated_residual.py's roundings,
-    stored as bf16 (two values a word; KIND 0) or one by one (KIND 2). X2: in bf16x2 instructions on the words."""
+    """Columns C0..C0+W (runtime/kernels/nvfp4.py `load_pairs`) of h + gate * y, runtime/kernels/gated_residual.py's
+    roundings, stored as bf16 (two values a word; KIND 0) or one by one (KIND 2). X2: in bf16x2 instructions on the
+    words."""
     w = C0 // 2 + word_offsets(W)
     if X2:
         word = _fold_word(load_words(gate_ptr, gate_base, C0, W, N, MASK), load_words(y_ptr, base, C0, W, N, MASK),
@@ -72,7 +74,8 @@ def _fold_chunk(h_ptr, gate_ptr, gate_base, y_ptr, out_ptr, base, C0, W: tl.cons
 
 @triton.jit
 def _fold_values(h, gate, y, HW: tl.constexpr):
-    """h + gate * y from fp32 values of bf16 elements, runtime/kernels/gated_residual.py's roundings (bf16 values in fp32)."""
+    """h + gate * y from fp32 values of bf16 elements, runtime/kernels/gated_residual.py's roundings (bf16 values in
+    fp32)."""
     return round_hw(h + round_hw(gate * y, True, HW), True, HW)
 
 
@@ -288,7 +291,8 @@ def _modulate_nvfp4_kernel(x_ptr, xw_ptr, w_ptr, scale_ptr, shift_ptr, idx_ptr, 
 def _swiglu_chunk(x_ptr, base, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, C0, W: tl.constexpr,
                   F: tl.constexpr, MASK: tl.constexpr, KIND: tl.constexpr, X2: tl.constexpr, AMAX_ONLY: tl.constexpr,
                   IS_BF16: tl.constexpr, HW: tl.constexpr, LIBDEVICE_EXP: tl.constexpr):
-    """Columns C0..C0+W of hidden * silu(gate) (runtime/kernels/fp8_producers.py `swiglu_values`), then `finish_chunk`."""
+    """Columns C0..C0+W of hidden * silu(gate) (runtime/kernels/fp8_producers.py `swiglu_values`), then
+    `finish_chunk`."""
     gate = base + row_base(1, F, KIND)  # the gate half's row
     lo, hi = _swiglu_cols(x_ptr, base, gate, C0, W, F, MASK, KIND, X2, IS_BF16, HW, LIBDEVICE_EXP)
     return finish_chunk(lo, hi, a, g, inv_g, packed_ptr, sf_ptr, rows, n_col_tiles, C0, W, F, MASK, AMAX_ONLY, HW)
@@ -387,7 +391,8 @@ def swiglu_nvfp4_ref(x, global_scale=None):
 
 
 # ---------------------------------------------------------------------------------------------- checks
-def rmsnorm_modulate_nvfp4_check(x, weight, scale, shift, index, eps=None, mode="exact", global_scale=None) -> str | None:
+def rmsnorm_modulate_nvfp4_check(x, weight, scale, shift, index, eps=None, mode="exact",
+                                 global_scale=None) -> str | None:
     """rmsnorm_modulate's own check (same modes, same exact-mode requirements), NVFP4 widths, the global scale."""
     reason = _mod.rmsnorm_modulate_check(x, weight, scale, shift, index, eps, mode)
     rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
@@ -504,7 +509,8 @@ def gated_residual_modulate_nvfp4(h, gate, y, weight, scale, shift, index, eps=N
     reason = gated_residual_modulate_nvfp4_check(h, gate, y, weight, scale, shift, index, eps, mode, global_scale)
     if reason is not None:
         raise ValueError(reason)
-    return torch.ops.h3plan.gated_residual_modulate_nvfp4(h, gate, y, weight, scale, shift, index, eps, mode, global_scale)
+    return torch.ops.h3plan.gated_residual_modulate_nvfp4(h, gate, y, weight, scale, shift, index, eps, mode,
+                                                          global_scale)
 
 
 def swiglu_nvfp4(x, global_scale=None):

@@ -24,8 +24,8 @@ constexpr variants; the GPU suite reports which ones match eager. On the CPU, to
 (and its fp32 sqrt is not always correctly rounded): CPU tests compare bit-exactly against
 `emulate_cuda_rms_norm` and against CPU eager within 1 ulp on a small fraction.
 FP8 (the reference below, qk_fp8_lean's contract): the q/k/v values above, then e4m3(clamp(x * scale, +-448)),
-round-to-nearest-even; dynamic scale = 448 / amax (1 when amax == 0), descale = 1 / scale (both IEEE). Lossy by design: relative error up
-to 2^-4 (3 mantissa bits) where |x * scale| >= 2^-6, absolute error up to 2^-10 / scale below; values
+round-to-nearest-even; dynamic scale = 448 / amax (1 when amax == 0), descale = 1 / scale (both IEEE). Lossy by design:
+relative error up to 2^-4 (3 mantissa bits) where |x * scale| >= 2^-6, absolute error up to 2^-10 / scale below; values
 with |x * scale| > 448 saturate (static scales, or padding rows past valid_len in dynamic mode).
 """
 
@@ -44,9 +44,11 @@ NUMERICS = {"rsqrt": "approx", "reduction": "cuda_tree"}
 _RSQRT = {"approx": 0, "rn": 1}
 _REDUCTION = {"cuda_tree": 0, "triton": 1}
 # Launch tiling: block_t tokens x block_h heads per program (None: 8 heads, 16 head rows per program).
-LAUNCH = {"block_t": 1, "block_h": 8, "num_warps": 2}  # fastest exact tiling of the H200 sweep (sweeps/sweep-qk_norm_rope.md)
+# fastest exact tiling of the H200 sweep (sweeps/sweep-qk_norm_rope.md)
+LAUNCH = {"block_t": 1, "block_h": 8, "num_warps": 2}
 SWEEP_CONFIGS = [dict(block_t=t, block_h=h, num_warps=w)
-                 for t, h, w in ((1, 8, 4), (2, 8, 4), (4, 8, 4), (2, 8, 8), (4, 8, 8), (8, 8, 8), (2, 4, 4), (1, 8, 2))]
+                 for t, h, w in ((1, 8, 4), (2, 8, 4), (4, 8, 4), (2, 8, 8), (4, 8, 8), (8, 8, 8),
+                                 (2, 4, 4), (1, 8, 2))]
 
 
 # ---------------------------------------------------------------------------------------------- kernels
@@ -257,14 +259,16 @@ def _tensor_ok(name, t, dtypes, device):
     yield isinstance(t, torch.Tensor), f"{name} is not a tensor"
     yield t.dtype in dtypes, f"{name} dtype {t.dtype} not in {sorted(str(d) for d in dtypes)}"
     yield t.device == device, f"{name} is on {t.device}, expected {device}"
-    yield t.dim() == 0 or t.stride(-1) == 1 or t.shape[-1] == 1, f"{name} last dim is not contiguous (strides {tuple(t.stride())})"
+    yield (t.dim() == 0 or t.stride(-1) == 1 or t.shape[-1] == 1,
+           f"{name} last dim is not contiguous (strides {tuple(t.stride())})")
 
 
 def _norm_rope_checks(q, k, w_list, cos, sin, eps, dtypes, v=None, ulysses_degree=1, head_dim=None):
     """Shared guard checks for the transformer and VAE variants, as (ok, message) pairs."""
     yield isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor), "q and k must be tensors"
     dev = q.device
-    yield dev.type == "cuda" or (INTERPRET and dev.type == "cpu"), f"q is on {dev.type}; Triton needs CUDA (or TRITON_INTERPRET=1 on the CPU)"
+    yield (dev.type == "cuda" or (INTERPRET and dev.type == "cpu"),
+           f"q is on {dev.type}; Triton needs CUDA (or TRITON_INTERPRET=1 on the CPU)")
     yield from _tensor_ok("q", q, dtypes, dev)
     yield from _tensor_ok("k", k, (q.dtype,), dev)
     yield q.dim() in (3, 4), f"q must be (B, S, H*D) or (B, S, H, D), got shape {tuple(q.shape)}"
@@ -277,7 +281,8 @@ def _norm_rope_checks(q, k, w_list, cos, sin, eps, dtypes, v=None, ulysses_degre
         yield w.dim() == 1, f"{name} must be 1-D (head_dim,), got shape {tuple(w.shape)}"
     D = head_dim
     yield isinstance(D, int) and D > 0, "head_dim is unknown"
-    yield 4 <= D <= 128 and D % 4 == 0, f"head_dim {D} must be a multiple of 4 in [4, 128] (torch's CUDA rms-norm order is reproduced for one warp)"
+    yield (4 <= D <= 128 and D % 4 == 0,
+           f"head_dim {D} must be a multiple of 4 in [4, 128] (torch's CUDA rms-norm order is reproduced for one warp)")
     for name, w in w_list:
         yield w.shape[0] == D, f"{name} has {w.shape[0]} elements, head_dim is {D}"
     if q.dim() == 3:
@@ -293,12 +298,14 @@ def _norm_rope_checks(q, k, w_list, cos, sin, eps, dtypes, v=None, ulysses_degre
             yield t.shape[2] == 1, f"{name} (B, S, 1, R) must broadcast over heads, got {tuple(t.shape)}"
         if t.dim() >= 3:
             yield t.shape[0] in (1, B), f"{name} batch {t.shape[0]} does not broadcast to {B}"
-        yield t.shape[-2 if t.dim() < 4 else 1] == S, f"{name} has {t.shape[-2 if t.dim() < 4 else 1]} rows, q has S={S}"
+        yield (t.shape[-2 if t.dim() < 4 else 1] == S,
+               f"{name} has {t.shape[-2 if t.dim() < 4 else 1]} rows, q has S={S}")
     yield sin.shape == cos.shape, f"sin shape {tuple(sin.shape)} != cos shape {tuple(cos.shape)}"
     R = cos.shape[-1]
     yield 2 <= R <= D and R % 2 == 0, f"rotary dim {R} must be even and in [2, head_dim={D}]"
     yield isinstance(eps, (int, float)) and eps >= 0 and eps == eps, f"eps {eps!r} must be a finite float >= 0"
-    yield isinstance(ulysses_degree, int) and ulysses_degree >= 1, f"ulysses_degree {ulysses_degree!r} must be an int >= 1"
+    yield (isinstance(ulysses_degree, int) and ulysses_degree >= 1,
+           f"ulysses_degree {ulysses_degree!r} must be an int >= 1")
     yield H % ulysses_degree == 0, f"{H} heads do not split over ulysses_degree {ulysses_degree}"
     yield B * S * H * D < 2**62, "tensor too large for int64 offsets"
 

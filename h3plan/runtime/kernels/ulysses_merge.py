@@ -63,17 +63,22 @@ def merge_head_chunks_check(recv, valid_rows, out=None) -> str | None:
     def checks():
         yield isinstance(recv, torch.Tensor), "recv is not a tensor"
         yield recv.dim() == 5, f"recv must be (U, B, S_loc, H/U, D), got shape {tuple(recv.shape)}"
-        yield recv.device.type == "cuda" or (INTERPRET and recv.device.type == "cpu"), f"recv is on {recv.device.type}; Triton needs CUDA (or TRITON_INTERPRET=1 on the CPU)"
-        yield recv.element_size() in _BITS and not recv.is_complex(), f"recv dtype {recv.dtype} not supported (1, 2 or 4-byte elements)"
-        yield recv.stride(-1) == 1 or recv.shape[-1] == 1, f"recv last dim is not contiguous (strides {tuple(recv.stride())})"
+        yield (recv.device.type == "cuda" or (INTERPRET and recv.device.type == "cpu"),
+               f"recv is on {recv.device.type}; Triton needs CUDA (or TRITON_INTERPRET=1 on the CPU)")
+        yield (recv.element_size() in _BITS and not recv.is_complex(),
+               f"recv dtype {recv.dtype} not supported (1, 2 or 4-byte elements)")
+        yield (recv.stride(-1) == 1 or recv.shape[-1] == 1,
+               f"recv last dim is not contiguous (strides {tuple(recv.stride())})")
         U, B, S, Hl, D = recv.shape
-        yield isinstance(valid_rows, int) and 0 <= valid_rows <= S, f"valid_rows {valid_rows!r} must be an int in [0, S_loc={S}]"
+        yield (isinstance(valid_rows, int) and 0 <= valid_rows <= S,
+               f"valid_rows {valid_rows!r} must be an int in [0, S_loc={S}]")
         if out is not None:
             yield isinstance(out, torch.Tensor), "out is not a tensor"
             yield out.shape == (B, S, U * Hl * D), f"out shape {tuple(out.shape)} != {(B, S, U * Hl * D)}"
             yield out.dtype == recv.dtype, f"out dtype {out.dtype} != recv dtype {recv.dtype}"
             yield out.device == recv.device, f"out is on {out.device}, recv on {recv.device}"
-            yield out.stride(-1) == 1 or out.shape[-1] == 1, f"out last dim is not contiguous (strides {tuple(out.stride())})"
+            yield (out.stride(-1) == 1 or out.shape[-1] == 1,
+                   f"out last dim is not contiguous (strides {tuple(out.stride())})")
             yield _rows_disjoint(out), f"out rows overlap (shape {tuple(out.shape)}, strides {tuple(out.stride())})"
         yield recv.numel() < 2**62, "tensor too large for int64 offsets"
     return guard(checks())

@@ -30,7 +30,8 @@ from ._registry import custom_op
 from .qk_norm_rope import _launch, _norm_rope_checks, _out_buffers
 
 
-QK_DTYPES = (torch.float16, torch.bfloat16)  # q/k the fused norm + RoPE takes (fp32: torch reduces in another order, benchmarks/probes/vae_fp32_ops.py)
+# q/k the fused norm + RoPE takes (fp32: torch reduces in another order, benchmarks/probes/vae_fp32_ops.py)
+QK_DTYPES = (torch.float16, torch.bfloat16)
 RESIDUAL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # y (the attention / FFN output) scaled_residual takes
 
 
@@ -61,7 +62,8 @@ def vae_qk_norm_rope_ref(q, k, cos, sin, eps):
 
 
 @custom_op("vae_qk_norm_rope", fake=lambda q, k, cos, sin, eps: [q.new_empty(q.shape), q.new_empty(q.shape)])
-def _vae_qk_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float) -> list[torch.Tensor]:
+def _vae_qk_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               eps: float) -> list[torch.Tensor]:
     outs, views, ostr = _out_buffers(q, 2, 1, q.dtype)
     _launch(q, k, None, None, None, cos, sin, eps, U=1, views=views, ostr=ostr)
     return outs
@@ -97,13 +99,16 @@ def scaled_residual_check(h, y, scale) -> str | None:
         for name, t in (("h", h), ("y", y), ("scale", scale)):
             yield isinstance(t, torch.Tensor), f"{name} is not a tensor"
         dev = h.device
-        yield dev.type == "cuda" or (INTERPRET and dev.type == "cpu"), f"h is on {dev.type}; Triton needs CUDA (or TRITON_INTERPRET=1 on the CPU)"
+        yield (dev.type == "cuda" or (INTERPRET and dev.type == "cpu"),
+               f"h is on {dev.type}; Triton needs CUDA (or TRITON_INTERPRET=1 on the CPU)")
         yield h.dtype in (torch.float32, torch.float16, torch.bfloat16), f"h dtype {h.dtype} not supported"
         yield y.dtype in RESIDUAL_DTYPES, f"y dtype {y.dtype} not supported"
-        yield scale.dtype == torch.float32, f"scale dtype {scale.dtype} must be float32 (diffusers keeps scale1/scale2 in fp32)"
+        yield (scale.dtype == torch.float32,
+               f"scale dtype {scale.dtype} must be float32 (diffusers keeps scale1/scale2 in fp32)")
         yield y.device == dev and scale.device == dev, "h, y and scale must be on one device"
         yield h.dim() >= 1 and y.shape == h.shape, f"y shape {tuple(y.shape)} != h shape {tuple(h.shape)}"
-        yield scale.dim() == 1 and scale.shape[0] == h.shape[-1], f"scale must be ({h.shape[-1]},), got {tuple(scale.shape)}"
+        yield (scale.dim() == 1 and scale.shape[0] == h.shape[-1],
+               f"scale must be ({h.shape[-1]},), got {tuple(scale.shape)}")
         for name, t in (("h", h), ("y", y), ("scale", scale)):
             yield t.is_contiguous(), f"{name} is not contiguous (strides {tuple(t.stride())})"
         yield h.numel() < 2**62, "tensor too large for int64 offsets"

@@ -14,8 +14,8 @@ Backends here (`LSE_BACKENDS`; `lse_reason(name, q)` says why one cannot run on 
   chunks so the fp32 score matrix stays under `max_score_bytes`. The CPU oracle and the CPU path.
 - every attention backend's own, as its declaration names it (h3plan.facts.attention.BACKENDS: `lse`, `lse_impl`,
   its per-call check `<fn>_reason` beside it): `sdpa_flash` and `sdpa_cudnn` (torch's flash and cuDNN
-  kernels, h3plan/runtime/attention/sdpa.py) for sdpa and cudnn_bf16, `fa4` (h3plan/runtime/attention/fa4.py). Output in q's
-  dtype; CUDA, bf16/fp16 (checked here). cuDNN through cudnn-frontend can emit the same statistic
+  kernels, h3plan/runtime/attention/sdpa.py) for sdpa and cudnn_bf16, `fa4` (h3plan/runtime/attention/fa4.py). Output in
+  q's dtype; CUDA, bf16/fp16 (checked here). cuDNN through cudnn-frontend can emit the same statistic
   (`sdpa(..., generate_stats=True)`), not wired; FP8 attention with LSE is not covered (cudnn_fp8 has none).
 
 Merge (`LseMerge`): running fp32 accumulator `acc` (B, Lq, h, D) and running `lse` (B, h, Lq);

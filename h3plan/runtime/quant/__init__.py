@@ -95,7 +95,8 @@ def _nvfp4_linear(fqn: str, sd: dict, old):
     for key, (dtype, shape) in want.items():
         t = sd.get(f"{fqn}.{key}")
         if not isinstance(t, torch.Tensor):
-            raise InstallError(f"NVFP4 checkpoint: {fqn}.{key} missing (a ModelOpt NVFP4 linear has {', '.join(NVFP4_KEYS)})")
+            raise InstallError(f"NVFP4 checkpoint: {fqn}.{key} missing (a ModelOpt NVFP4 linear has "
+                               f"{', '.join(NVFP4_KEYS)})")
         scalar = shape == () and t.numel() == 1
         if t.dtype != dtype or not (scalar or tuple(t.shape) == shape):
             raise InstallError(f"NVFP4 checkpoint: {fqn}.{key} is {t.dtype} {tuple(t.shape)}, expected {dtype} "
@@ -107,8 +108,8 @@ def _nvfp4_linear(fqn: str, sd: dict, old):
         raise InstallError(f"NVFP4 checkpoint: {fqn} has K={K}, not a multiple of {2 * BLOCK}")
     bias = sd.get(f"{fqn}.bias")
     if (bias is None) != (old.bias is None) or (bias is not None and tuple(bias.shape) != (N,)):
-        raise InstallError(f"NVFP4 checkpoint: {fqn}.bias {'missing' if bias is None else tuple(bias.shape)}, the model's linear "
-                           f"has {'no bias' if old.bias is None else f'a bias of {N}'}")
+        raise InstallError(f"NVFP4 checkpoint: {fqn}.bias {'missing' if bias is None else tuple(bias.shape)}, the "
+                           f"model's linear has {'no bias' if old.bias is None else f'a bias of {N}'}")
     dev = old.weight.device
     return NVFP4Linear(got["weight"].to(dev), got["weight_scale"].to(dev), got["weight_scale_2"].to(dev),
                        None if bias is None else bias.to(dev, old.bias.dtype), got["input_scale"].to(dev))

@@ -152,7 +152,8 @@ class FP8Linear(nn.Module):
                  *, fast_accum: bool = False):
         super().__init__()
         if weight.dtype != E4M3 or weight.dim() != 2:
-            raise ValueError(f"FP8Linear weight must be a 2-dim float8_e4m3fn tensor, got {weight.dtype} {tuple(weight.shape)}")
+            raise ValueError(f"FP8Linear weight must be a 2-dim float8_e4m3fn tensor, got {weight.dtype} "
+                             f"{tuple(weight.shape)}")
         n = weight.shape[0]
         ws = weight_scale.detach().float().to(weight.device)
         if ws.numel() == 1:

@@ -73,7 +73,8 @@ def _check_operands(codes, row_descale, lin):
     if codes.shape[-1] != lin.in_features:
         raise UsageError(f"fp8_linear_codes: codes have K={codes.shape[-1]}, the linear takes {lin.in_features}")
     want = tuple(codes.shape[:-1]) + (1,)
-    ok = isinstance(row_descale, torch.Tensor) and tuple(row_descale.shape) == want and row_descale.dtype == torch.float32
+    ok = (isinstance(row_descale, torch.Tensor) and tuple(row_descale.shape) == want
+          and row_descale.dtype == torch.float32)
     if not ok:
         raise UsageError(f"fp8_linear_codes: row_descale must be fp32 of shape {want}, got "
                          f"{getattr(row_descale, 'dtype', None)} {tuple(getattr(row_descale, 'shape', ()))}")
@@ -90,7 +91,8 @@ def rowwise_gemm_reason(codes: torch.Tensor, lin: FP8Linear, out_dtype=torch.bfl
     if out_dtype not in (torch.bfloat16, torch.float16):
         return f"torch's rowwise-scaled FP8 GEMM writes bf16 or float16, asked for {out_dtype}"
     if out_dtype == torch.float16 and torch.torch_version.TorchVersion(torch.__version__) < FP16_OUT_TORCH:
-        return f"torch {torch.__version__}'s rowwise-scaled FP8 GEMM writes bf16 only (float16 since torch {FP16_OUT_TORCH})"
+        return (f"torch {torch.__version__}'s rowwise-scaled FP8 GEMM writes bf16 only (float16 since torch "
+                f"{FP16_OUT_TORCH})")
     if lin.in_features % 16 or lin.out_features % 16:
         return f"FP8 GEMM needs K and N divisible by 16, got K={lin.in_features}, N={lin.out_features}"
     if lin.weight.device != codes.device:
@@ -121,7 +123,8 @@ def fp8_linear_codes(codes: torch.Tensor, row_descale: torch.Tensor, lin: FP8Lin
         return torch._scaled_mm(a.contiguous(), lin.weight.t(), scale_a=sa.contiguous(), scale_b=_weight_scale_row(lin),
                                 bias=bias, out_dtype=out_dtype, use_fast_accum=lin.fast_accum)
 
-    out = run_guarded(counter, lambda: rowwise_gemm_reason(codes, lin, out_dtype), gemm, lambda: emulate_rows(a, sa, lin, out_dtype))
+    out = run_guarded(counter, lambda: rowwise_gemm_reason(codes, lin, out_dtype), gemm,
+                      lambda: emulate_rows(a, sa, lin, out_dtype))
     return out.reshape(lead + (N,))
 
 
@@ -140,7 +143,8 @@ def quantize_activation_rows(x: torch.Tensor, act_scale: float | None = None,
                              counter: str = ACT_LEVER) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes (..., K) e4m3, row_descale (..., 1) fp32) of a bf16/fp16 activation, one scale per row (or the
     static `act_scale`): kernels.fp8_producers.cast_rows_fp8 where its check passes, else its reference
-    (counted under `counter`, fp8_act_quant unless named). Computed once per tensor inside h3plan.runtime.quant.fp8.shared_activation(x)."""
+    (counted under `counter`, fp8_act_quant unless named). Computed once per tensor inside
+    h3plan.runtime.quant.fp8.shared_activation(x)."""
     shared = _fp8._SHARED.get("x") is x
     key = (_ROW_KEY, act_scale)
     if shared and key in _fp8._SHARED:

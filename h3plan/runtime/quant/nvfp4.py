@@ -62,7 +62,8 @@ class NVFP4Codes(NamedTuple):
 
 def nvfp4_gemm_reason(packed: torch.Tensor, lin: "NVFP4Linear", out_dtype=torch.bfloat16) -> str | None:
     """None when torch._scaled_mm's NVFP4 GEMM takes these operands, else the one-line reason."""
-    if packed.device.type != "cuda" or _NVFP4_FROM is None or torch.cuda.get_device_capability(packed.device) < _NVFP4_FROM:
+    if (packed.device.type != "cuda" or _NVFP4_FROM is None
+            or torch.cuda.get_device_capability(packed.device) < _NVFP4_FROM):
         return _NVFP4_WHY
     if out_dtype not in (torch.bfloat16, torch.float16):
         return f"NVFP4 GEMM output must be bf16/fp16, asked for {out_dtype}"
@@ -123,7 +124,8 @@ def quantize_input(x: torch.Tensor, g: torch.Tensor | None = None, kernel: bool 
         return cast_nvfp4_ref(x, g)
 
     return run_guarded(counter, lambda: cast_nvfp4_check(x, g), lambda: cast_nvfp4(x, g),
-                       lambda: cast_nvfp4_ref(x.contiguous() if x.dtype in (torch.bfloat16, torch.float16) else x, g), (x,))
+                       lambda: cast_nvfp4_ref(x.contiguous() if x.dtype in (torch.bfloat16, torch.float16) else x, g),
+                       (x,))
 
 
 class NVFP4Linear(nn.Module):
@@ -182,7 +184,8 @@ class NVFP4Linear(nn.Module):
 
     def extra_repr(self) -> str:
         act = "dynamic" if self.input_scale_value is None else f"static input_scale {self.input_scale_value:g}"
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, input={act}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"input={act}")
 
 
 def check_scales(scales: torch.Tensor, rows: int, K: int) -> str | None:
