@@ -93,6 +93,8 @@
 #                  before, the lossless plan's - about 4.5 minutes;
 #   H3_PHASE=whole-lossless: the bf16 plan with diffusers' fp32 VAE alone, whose frames the lossy plans' are held
 #                  against (run it first) - about 7 minutes;
+#   H3_PHASE=whole-bf16: the bf16 plan with its fp16 decode (sm90/bf16/u1 +vae=fp16) alone: the lossless transformer
+#                  at whole-best's output precision, its ratio against that compile - about 6 minutes;
 #   H3_PHASE=whole-tier: the quality tier (tier=quality: fp8 GEMMs, BF16 FA4 attention, the fp16 decode, the step
 #                  cache's high policy, block-sparse attention at keep 0.25 after 10 dense forwards) alone, t2va
 #                  768x1344x124, 49 forwards: its ratio against whole-best's compile (target 2.7x) and its frames
@@ -159,6 +161,8 @@ case "${H3_PHASE:-fp32}" in
   whole-best) args=(hardware=sm90 parallel=u1 recipe=bf16 --vae fp16 --no-eager --no-plan --whole) ;;
   whole-fp8) args=(hardware=sm90 parallel=u1 recipe=fp8 --vae fp16 --no-eager --no-best --whole) ;;
   whole-lossless) args=(hardware=sm90 parallel=u1 recipe=bf16 --vae fp32 --no-eager --no-best --no-reference --whole) ;;
+  whole-bf16) args=(hardware=sm90 parallel=u1 recipe=bf16 recipe.vae=fp16 --vae fp16 --no-eager --no-best --no-reference
+                    --whole) ;;
   whole-tier) args=(hardware=sm90 parallel=u1 tier=quality --vae fp16 --no-eager --no-best --whole) ;;
   turbo-fp16) vid=1344x768x124
          args=(hardware=sm90 parallel=u1 recipe=bf16 recipe.vae=fp16 video=fl2va_turbo_768x1344
@@ -172,7 +176,8 @@ case "${H3_PHASE:-fp32}" in
   lora) script=benchmarks/lora.py vid=512x896x124
         args=(hardware=sm90 parallel=u1 --layers 8 --steps 3) ;;
   *) echo "H3_PHASE: fp32, fp16, stock, all, cache-bf16, cache-fp8, cache-high, cache-adaptive, cache, ref2va-best," \
-          "ref2va-bits, fl2va-best, fl2va-bits, ref2va, fl2va, turbo, whole-best, whole-fp8, whole-lossless, whole-tier," \
+          "ref2va-bits, fl2va-best, fl2va-bits, ref2va, fl2va, turbo, whole-best, whole-fp8, whole-lossless, whole-bf16,"\
+          "whole-tier," \
           "turbo-fp16, forward-points, cap-t2va, cap-ref2va or lora" >&2; exit 2 ;;
 esac
 if [ "$script" = benchmarks/memory.py ]; then

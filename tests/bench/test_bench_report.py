@@ -206,3 +206,15 @@ def test_records_from_before_the_best_columns_load_and_render_dashes(tmp_path):
     assert "## diffusers' best setting" not in md
     assert "1.329x -> met\n" in md  # no best clause on an old record's target line
     assert bench.summary_table(doc["records"]).splitlines()[1].split()[3:8] == ["46.50", "-", "35.00", "1.33", "-"]
+
+
+def test_a_run_keeps_every_earlier_runs_metadata(tmp_path):
+    """A results file's records outlive any number of later runs, so the metadata of the run that wrote each (its
+    device and versions) must too: add_run appends and never drops an earlier entry."""
+    from h3plan.actions.bench import pipeline_records
+    from h3plan.actions.bench.harness import Output
+
+    out = Output(pipeline_records, str(tmp_path), "pipeline", "t")
+    for i in range(12):
+        out.add_run({"run": f"run {i}"})
+    assert [r["run"] for r in out.doc["runs"]] == [f"run {i}" for i in range(12)]

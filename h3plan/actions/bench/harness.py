@@ -101,8 +101,9 @@ class Output:
         self.doc = records.load_doc(self.json_path)
 
     def add_run(self, meta: dict) -> None:
-        """The run's metadata after the last nine of earlier runs."""
-        self.doc["runs"] = self.doc["runs"][-9:] + [meta]
+        """The run's metadata after every earlier run's: a committed record keeps the metadata of the run that wrote
+        it (its device and versions), so no earlier run's entry is dropped."""
+        self.doc["runs"] = [*self.doc["runs"], meta]
 
     def write(self) -> None:
         self.records.write_doc(self.doc, self.json_path, self.md_path)
