@@ -95,6 +95,9 @@
 #                  against (run it first) - about 7 minutes;
 #   H3_PHASE=whole-bf16: the bf16 plan with its fp16 decode (sm90/bf16/u1 +vae=fp16) alone: the lossless transformer
 #                  at whole-best's output precision, its ratio against that compile - about 6 minutes;
+#   H3_PHASE=whole-best-fl2va / whole-best-ref2va and whole-bf16-fl2va / whole-bf16-ref2va: the same two rows for the
+#                  other workflows (their requests as the fl2va / ref2va phases', the prompt through the seeded
+#                  conditioner): each alone, the compile first - about 6.5 minutes each;
 #   H3_PHASE=whole-tier: the quality tier (tier=quality: fp8 GEMMs, BF16 FA4 attention, the fp16 decode, the step
 #                  cache's high policy, block-sparse attention at keep 0.25 after 10 dense forwards) alone, t2va
 #                  768x1344x124, 49 forwards: its ratio against whole-best's compile (target 2.7x) and its frames
@@ -127,9 +130,11 @@ case "${H3_PHASE:-fp32}" in  # a whole-call phase goes on from the results an ea
 esac
 [ -f "$OUT/pipeline-h200-corrections.json" ] || cp benchmarks/results/pipeline-h200-corrections.json "$OUT/"
 vid=768x1344x124  # HEIGHTxWIDTHxFRAMES of the call (the turbo phase's request is portrait)
-ref2va=(video=ref2va_768x1344_5s memory.text_encoder=offload_after --workflow ref2va --prompt --vae fp32)
-fl2va=(video=t2v_768x1344_5s video.task=fl2va 'video.keyframes=[first,last]' video.text_tokens=2026
-       memory.text_encoder=offload_after --workflow fl2va --prompt --vae fp32)
+ref2va_call=(video=ref2va_768x1344_5s memory.text_encoder=offload_after --workflow ref2va --prompt)
+fl2va_call=(video=t2v_768x1344_5s video.task=fl2va 'video.keyframes=[first,last]' video.text_tokens=2026
+            memory.text_encoder=offload_after --workflow fl2va --prompt)
+ref2va=("${ref2va_call[@]}" --vae fp32)
+fl2va=("${fl2va_call[@]}" --vae fp32)
 script=benchmarks/pipeline.py
 # no evidence covers these schedules (docs/step_cache.md): they run as measured, recipe.cache.unmeasured=true
 cache='recipe.cache={psnr_db_min:28,ssim_min:0.93,computed:34,unmeasured:true}'  # 34 of 49, as TeleFuser's
@@ -163,6 +168,13 @@ case "${H3_PHASE:-fp32}" in
   whole-lossless) args=(hardware=sm90 parallel=u1 recipe=bf16 --vae fp32 --no-eager --no-best --no-reference --whole) ;;
   whole-bf16) args=(hardware=sm90 parallel=u1 recipe=bf16 recipe.vae=fp16 --vae fp16 --no-eager --no-best --no-reference
                     --whole) ;;
+  whole-best-fl2va|whole-best-ref2va) w=${H3_PHASE#whole-best-}; [ "$w" = fl2va ] && req=("${fl2va_call[@]}") \
+         || req=("${ref2va_call[@]}")
+         args=(hardware=sm90 parallel=u1 recipe=bf16 "${req[@]}" --vae fp16 --no-eager --no-plan --whole) ;;
+  whole-bf16-fl2va|whole-bf16-ref2va) w=${H3_PHASE#whole-bf16-}; [ "$w" = fl2va ] && req=("${fl2va_call[@]}") \
+         || req=("${ref2va_call[@]}")
+         args=(hardware=sm90 parallel=u1 recipe=bf16 recipe.vae=fp16 "${req[@]}" --vae fp16 --no-eager --no-best
+               --no-reference --whole) ;;
   whole-tier) args=(hardware=sm90 parallel=u1 tier=quality --vae fp16 --no-eager --no-best --whole) ;;
   turbo-fp16) vid=1344x768x124
          args=(hardware=sm90 parallel=u1 recipe=bf16 recipe.vae=fp16 video=fl2va_turbo_768x1344
@@ -177,7 +189,7 @@ case "${H3_PHASE:-fp32}" in
         args=(hardware=sm90 parallel=u1 --layers 8 --steps 3) ;;
   *) echo "H3_PHASE: fp32, fp16, stock, all, cache-bf16, cache-fp8, cache-high, cache-adaptive, cache, ref2va-best," \
           "ref2va-bits, fl2va-best, fl2va-bits, ref2va, fl2va, turbo, whole-best, whole-fp8, whole-lossless, whole-bf16,"\
-          "whole-tier," \
+          "whole-best-fl2va, whole-best-ref2va, whole-bf16-fl2va, whole-bf16-ref2va, whole-tier," \
           "turbo-fp16, forward-points, cap-t2va, cap-ref2va or lora" >&2; exit 2 ;;
 esac
 if [ "$script" = benchmarks/memory.py ]; then
