@@ -174,8 +174,8 @@ def test_install_swaps_the_decoder_forward_and_uninstall_restores_it():
     ref = decode(vae, z)
     plan = graphs_plan("eager")
     report = install(vae, plan)
-    assert isinstance(vae.decoder.__dict__["forward"], GraphedDecoder)
-    assert vae.decoder.__dict__["forward"].validate is None  # no FP8 codes to check
+    assert isinstance(vae.decoder._h3plan_graphs, GraphedDecoder)
+    assert vae.decoder._h3plan_graphs.validate is None  # no FP8 codes to check
     assert report.swapped_levers() == ["vae_graphs"]
     assert str(report.swaps[0]).startswith("vae_graphs: decoder.forward MiniMaxH3VideoViTDecoder3d.forward -> CUDA "
                                            "graph replay")
@@ -189,7 +189,7 @@ def test_graph_replays_refuse_linears_edited_after_their_fp8_codes_were_made():
     """A replay skips the block forwards' checks, so the decoder wrapper runs the FP8 codes' check first."""
     vae = tiny_vae()
     install(vae, h3plan.resolve_config(hardware="sm90", recipe="fp8", vae="h3_tiny", **{"levers.vae_graphs": "on"}))
-    gd = vae.decoder.__dict__["forward"]
+    gd = vae.decoder._h3plan_graphs
     assert gd.validate is not None
     gd.validate()  # unchanged: nothing raised
     with torch.no_grad():
@@ -225,7 +225,7 @@ def test_graphs_install_over_the_fused_block_forwards():
     ref = decode(vae, z)
     plan = graphs_plan("fused")
     report = install(vae, plan)
-    assert isinstance(vae.decoder.__dict__["forward"], GraphedDecoder)
+    assert isinstance(vae.decoder._h3plan_graphs, GraphedDecoder)
     assert report.swapped_levers() == ["vae_ops", "vae_graphs"]
     torch.testing.assert_close(decode(vae, z), ref, rtol=0, atol=0)
     c = counters()

@@ -1,0 +1,138 @@
+"""What a plan attaches to forwards is a diffusers hook named `h3plan.<lever>` (install/hooks.py), and a user's own
+hooks meet it one of two ways: around a module the plan only wraps or leaves alone they compose; on a module whose
+forward the plan replaces (a transformer block) a hook registered before install is refused in one line naming it,
+and one registered after install wraps the plan's forward and outlives uninstall.
+
+diffusers' FirstBlockCache is not the user hook here: `apply_first_block_cache` needs the block class in diffusers'
+TransformerBlockRegistry, which MiniMaxH3TransformerBlock is not (its first call raises in diffusers itself).
+Numerics: the plans are lossless (a table, sdpa, the exact gated residual), so outputs compare bitwise.
+"""
+
+import pytest
+import torch
+from diffusers.hooks import HookRegistry, ModelHook
+from install_helpers import LEVERS, forward, plan, tiny_inputs, tiny_model
+
+from h3plan.errors import InstallError
+from h3plan.install import install, uninstall
+from h3plan.install.hooks import PREFIX, installed, registered
+from h3plan.levers import REGISTRY
+from h3plan.planner import make_plan
+from h3plan.facts.decision import make_decision
+
+REG = dict(LEVERS, adaln_table=REGISTRY["adaln_table"].install)
+TABLE = dict(video_shift=12.0, audio_shift=3.0, keyframe_noise_aug=0.999, audio=True, condition_video=False,
+             condition_audio=False, steps=[5])
+
+
+def _plan(**settings):
+    base = plan(**settings)
+    d = make_decision("adaln_table", "on", True, ["test"], params=TABLE)
+    return make_plan(dict(base.config), {}, [d, *base.decisions])
+
+
+BLOCKS = dict(attention="sdpa", gated_residual="on")  # the blocks' forwards replaced (gated_residual)
+NO_BLOCKS = dict(attention="sdpa")  # the blocks keep diffusers' forward (processors and the table only)
+
+
+class Scale(ModelHook):
+    """A user's hook: the module's output times `factor`, counting its calls."""
+
+    def __init__(self, factor: float):
+        super().__init__()
+        self.factor, self.calls = factor, 0
+
+    def new_forward(self, module, *args, **kwargs):
+        self.calls += 1
+        return self.fn_ref.original_forward(*args, **kwargs) * self.factor
+
+
+def _dicts(model):
+    return {name: set(m.__dict__) for name, m in model.named_modules()}
+
+
+@pytest.fixture(scope="module")
+def inputs():
+    return tiny_inputs()
+
+
+@pytest.fixture(scope="module")
+def eager(inputs):
+    return forward(tiny_model(), inputs)
+
+
+def _bitwise(a, b):
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_every_hook_is_named_for_a_lever_of_the_plan_and_uninstall_leaves_none(inputs, eager):
+    model = tiny_model()
+    before = _dicts(model)
+    p = _plan(**BLOCKS)
+    install(model, p, registry=REG)
+    hooks = installed(model)
+    levers = {d.lever for d in p.decisions}
+    assert {fqn for fqn, _ in hooks} >= {f"transformer_blocks.{i}" for i in range(len(model.transformer_blocks))}
+    assert {fqn for fqn, _ in hooks} >= {"norm_out", "time_proj", "time_embedder"}
+    assert all(n.startswith(PREFIX) and n[len(PREFIX):] in levers for _, n in hooks), hooks
+    _bitwise(forward(model, inputs), eager)
+    assert uninstall(model)
+    assert installed(model) == [] and _dicts(model) == before  # no registry, no instance forward left
+    _bitwise(forward(model, inputs), eager)
+
+
+def test_a_user_hook_on_a_block_the_plan_replaces_is_refused_naming_it(inputs, eager):
+    model = tiny_model()
+    mine = Scale(1.0)
+    HookRegistry.check_if_exists_or_initialize(model.transformer_blocks[1]).register_hook(mine, "user.scale")
+    with pytest.raises(InstallError, match=r"transformer_blocks\.1 carries the diffusers hook 'user\.scale'") as e:
+        install(model, _plan(**BLOCKS), registry=REG)
+    assert "\n" not in str(e.value)
+    assert installed(model) == [] and registered(model.transformer_blocks[1]) == ["user.scale"]  # nothing half-left
+    _bitwise(forward(model, inputs), eager)
+    assert mine.calls == 1
+
+
+def test_a_user_hook_on_a_block_the_plan_leaves_alone_composes(inputs, eager):
+    model = tiny_model()
+    mine = Scale(1.0)
+    HookRegistry.check_if_exists_or_initialize(model.transformer_blocks[0]).register_hook(mine, "user.scale")
+    install(model, _plan(**NO_BLOCKS), registry=REG)
+    assert registered(model.transformer_blocks[0]) == ["user.scale"]
+    assert any(n.startswith(PREFIX) for _, n in installed(model))
+    _bitwise(forward(model, inputs), eager)
+    assert mine.calls == 1
+    assert uninstall(model) and registered(model.transformer_blocks[0]) == ["user.scale"]
+
+
+def test_a_user_hook_registered_after_install_wraps_the_plan_and_outlives_uninstall(inputs):
+    ref = tiny_model()
+    HookRegistry.check_if_exists_or_initialize(ref.transformer_blocks[0]).register_hook(Scale(2.0), "user.scale")
+    want = forward(ref, inputs)
+    model = tiny_model()
+    install(model, _plan(**BLOCKS), registry=REG)
+    mine = Scale(2.0)
+    HookRegistry.check_if_exists_or_initialize(model.transformer_blocks[0]).register_hook(mine, "user.scale")
+    assert registered(model.transformer_blocks[0])[-1] == "user.scale" and len(installed(model)) > 0
+    _bitwise(forward(model, inputs), want)
+    assert uninstall(model) and installed(model) == []
+    assert registered(model.transformer_blocks[0]) == ["user.scale"]
+    _bitwise(forward(model, inputs), want)  # the user's hook still runs, around diffusers' forward now
+    assert mine.calls == 2
+
+
+def test_the_vae_hooks_are_named_for_its_levers_and_uninstall_leaves_none():
+    """The installed decode's numbers are test_install_vae.py's; here: names, and the VAE as before after uninstall."""
+    from test_install_vae import decode, latent, tiny_vae, vae_plan
+
+    vae, z = tiny_vae(), latent()
+    before, want = _dicts(vae), decode(vae, z)
+    p = vae_plan(["swiglu"])
+    install(vae, p)
+    hooks = installed(vae)
+    blocks = range(len(vae.decoder.transformer_blocks))
+    assert {fqn for fqn, _ in hooks} == {f"decoder.transformer_blocks.{i}" for i in blocks}
+    assert all(n.startswith(PREFIX) and n[len(PREFIX):] in {d.lever for d in p.decisions} for _, n in hooks), hooks
+    decode(vae, z)
+    assert uninstall(vae) and installed(vae) == [] and _dicts(vae) == before
+    assert torch.equal(decode(vae, z), want)
