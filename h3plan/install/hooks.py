@@ -21,21 +21,17 @@ import functools
 import types
 from typing import Any, Callable
 
+from diffusers.hooks import HookRegistry, ModelHook
+
 from h3plan.errors import InstallError
 
-Module = Any  # a Module (torch is not imported here: shard.py stays light until it shards)
+Module = Any  # a torch.nn.Module
 
 PREFIX = "h3plan."
 
 
 def name(lever: str) -> str:
     return PREFIX + lever
-
-
-def _registry_class():
-    from diffusers.hooks import HookRegistry
-
-    return HookRegistry
 
 
 def registered(module: Module) -> list[str]:
@@ -54,28 +50,36 @@ def installed(model: Module) -> list[tuple[str, str]]:
     return [(fqn, n) for fqn, m in model.named_modules() for n in registered(m) if n.startswith(PREFIX)]
 
 
-def _make(forward: Callable, attrs: dict[str, Any], replaces: bool):
-    from diffusers.hooks import ModelHook
+class PlanHook(ModelHook):
+    """A plan's forward for one module (module docstring), a replacing one: `forward(module, *args, **kwargs)`.
 
-    class PlanHook(ModelHook):
-        """A plan's forward for one module (module docstring)."""
+    Every hook a plan registers is an instance of this class or of `WrapHook`, the state per instance: dynamo guards a
+    hooked forward on its hook's type (diffusers' `new_forward` calls `pre_forward` of it), and the code of that
+    forward is one for every module, so a type per hook would compile one graph per block under regional compile."""
 
-        def initialize_hook(self, module):
-            for k, v in attrs.items():
-                setattr(module, k, v)
-            return module
+    def __init__(self, forward: Callable, attrs: dict[str, Any]):
+        super().__init__()
+        self.forward, self.attrs = forward, attrs
 
-        def deinitalize_hook(self, module):
-            for k in attrs:
-                module.__dict__.pop(k, None)
-            return module
+    def initialize_hook(self, module):
+        for k, v in self.attrs.items():
+            setattr(module, k, v)
+        return module
 
-        def new_forward(self, module, *args, **kwargs):
-            if replaces:
-                return forward(module, *args, **kwargs)
-            return forward(self.fn_ref.original_forward, *args, **kwargs)
+    def deinitalize_hook(self, module):
+        for k in self.attrs:
+            module.__dict__.pop(k, None)
+        return module
 
-    return PlanHook()
+    def new_forward(self, module, *args, **kwargs):
+        return self.forward(module, *args, **kwargs)
+
+
+class WrapHook(PlanHook):
+    """A wrapping forward: `forward(previous, *args, **kwargs)`, `previous` the forward under the hook."""
+
+    def new_forward(self, module, *args, **kwargs):
+        return self.forward(self.fn_ref.original_forward, *args, **kwargs)
 
 
 def attach(module: Module, fqn: str, lever: str, forward: Callable, state, *, replaces: bool = True,
@@ -90,8 +94,8 @@ def attach(module: Module, fqn: str, lever: str, forward: Callable, state, *, re
         raise InstallError(f"{lever}: {fqn} already carries the hook {hook_name!r}")
     made = "_diffusers_hook" not in module.__dict__
     had_forward = "forward" in module.__dict__
-    registry = _registry_class().check_if_exists_or_initialize(module)
-    registry.register_hook(_make(forward, dict(attrs or {}), replaces), hook_name)
+    registry = HookRegistry.check_if_exists_or_initialize(module)
+    registry.register_hook((PlanHook if replaces else WrapHook)(forward, dict(attrs or {})), hook_name)
     state.undo.append(lambda: detach(module, hook_name, made=made, had_forward=had_forward))
     return hook_name
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from h3plan.facts.sizes import shard_len
 from h3plan.levers import owner
+from h3plan.runtime.parallel.comm import gather_rows, shard_rows
 
 from .hooks import attach
 
@@ -28,8 +29,6 @@ class SequenceShard:
         self.heads = False  # set by shard_heads: the last block keeps its rows for the sharded output heads
 
     def enter(self, block, hidden_states, adaln_indices, rotary_emb):
-        from h3plan.runtime.parallel.comm import shard_rows
-
         S = adaln_indices.shape[0]
         self.seq_len = S
         if block._h3plan_index == self.first:
@@ -43,16 +42,12 @@ class SequenceShard:
     def exit(self, block, hidden_states):
         if block._h3plan_index != self.last or self.heads:
             return hidden_states
-        from h3plan.runtime.parallel.comm import gather_rows
-
         return gather_rows(hidden_states, self.group, dim=1, seq_len=self.seq_len)
 
 
 def shard_heads(model, shard: SequenceShard, state) -> None:
     """Run `norm_out`, `proj_out` and `audio_proj_out` on this rank's rows (see the module docstring): each wraps its
     forward in a hook named for the lever that owns Ulysses' degree, removed by uninstall."""
-    from h3plan.runtime.parallel.comm import gather_rows, shard_rows
-
     def sharded(rows: int) -> bool:  # this call carries the shard's rows (a full-sequence call passes through)
         return shard.seq_len is not None and rows == shard_len(shard.seq_len, shard.degree) != shard.seq_len
 

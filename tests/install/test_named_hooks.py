@@ -136,3 +136,39 @@ def test_the_vae_hooks_are_named_for_its_levers_and_uninstall_leaves_none():
     decode(vae, z)
     assert uninstall(vae) and installed(vae) == [] and _dicts(vae) == before
     assert torch.equal(decode(vae, z), want)
+
+
+def _hooks(model):
+    return [m._diffusers_hook.hooks[n] for _, m in model.named_modules() if "_diffusers_hook" in m.__dict__
+            for n in m._diffusers_hook._hook_order if n.startswith(PREFIX)]
+
+
+def test_every_hook_is_an_instance_of_a_module_level_class():
+    """dynamo guards a hooked forward on its hook's type (`___check_type_id(function_reference.pre_forward.__self__)`
+    in diffusers' new_forward): a class made per install would make every block's hook a new type."""
+    model = tiny_model()
+    install(model, _plan(**BLOCKS), registry=REG)
+    types_ = {type(h) for h in _hooks(model)}
+    assert types_ and all("<locals>" not in t.__qualname__ for t in types_), types_
+    assert len({type(model.transformer_blocks[i]._diffusers_hook.hooks[n]) for i in range(2)
+                for n in registered(model.transformer_blocks[i])}) == 1
+
+
+def test_regional_compile_of_hooked_blocks_compiles_one_graph_for_every_block(inputs):
+    """diffusers' compile_repeated_blocks (fullgraph) over blocks whose forwards the plan replaced: the code of the
+    hooked forward is shared by every block, so a guard that tells one block's hook from another's recompiles. This
+    torch's dynamo guards the hook's type only where the hook's forward reads the hook's attributes (the GPU suite's
+    guarded it on `pre_forward.__self__` too), so the class check above is what holds every hook to one type."""
+    import torch._dynamo
+
+    model = tiny_model()
+    install(model, _plan(**BLOCKS), registry=REG)
+    assert len(model.transformer_blocks) > 1 and all(registered(b) for b in model.transformer_blocks)
+    torch._dynamo.reset()
+    try:
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            model.compile_repeated_blocks(fullgraph=True, backend="eager")
+            forward(model, inputs)
+            forward(model, inputs)
+    finally:
+        torch._dynamo.reset()
