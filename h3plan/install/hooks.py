@@ -82,6 +82,13 @@ class WrapHook(PlanHook):
         return self.forward(self.fn_ref.original_forward, *args, **kwargs)
 
 
+def hook(module: Module, lever: str) -> PlanHook | None:
+    """The hook `h3plan.<lever>` on `module` itself (its forward and its `attrs`), None where there is none."""
+    reg = module.__dict__.get("_diffusers_hook")
+    found = None if reg is None else reg.get_hook(name(lever))
+    return found if isinstance(found, PlanHook) else None
+
+
 def attach(module: Module, fqn: str, lever: str, forward: Callable, state, *, replaces: bool = True,
            attrs: dict[str, Any] | None = None) -> str:
     """Register `forward` on `module` as hook `h3plan.<lever>` (module docstring); returns the hook's name."""

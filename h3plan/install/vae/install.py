@@ -37,7 +37,7 @@ import torch
 from h3plan.errors import InstallError
 from h3plan.runtime.kernels import swiglu, vae as kvae
 
-from h3plan.install.hooks import attach, foreign
+from h3plan.install.hooks import attach, foreign, hook
 from h3plan.install.placement import slots_of
 from . import parallel as vae_parallel
 from .block import LINEARS, VaeBlockState, load_kernels, plan_vae_block_forward
@@ -46,7 +46,7 @@ from .graph import GraphedDecoder
 from h3plan.facts.vae.tiling import RELEASED_TILE, tile_rule
 from .weights import DTYPES, PrecisionCast, blocker as cast_blocker, castable, encode_blocker, encode_tensors
 
-from h3plan.levers import SPECS
+from h3plan.levers import SPECS, owner
 
 VAE_LEVERS = tuple(name for name, s in SPECS.items() if s.model == "vae")
 TILING = ("use_tiling", "tile_sample_min_height", "tile_sample_min_width", "tile_sample_min_overlap_height",
@@ -237,6 +237,13 @@ def _install_graphs(model, builder, state) -> None:
            attrs={GRAPHS: gd})
     state.report.swap(lever, "decoder.forward", type(dec).__name__ + ".forward",
                       "CUDA graph replay, one graph per input signature (diffusers' forward when a guard refuses)")
+
+
+def graphs_of(vae) -> GraphedDecoder | None:
+    """The GraphedDecoder that vae_graphs' hook runs on `vae.decoder` (its graphs, `captures`, `validate`), read from
+    the hook `h3plan.vae_graphs` itself; None where that hook is not on."""
+    found = hook(vae.decoder, owner("graphs"))
+    return None if found is None else found.attrs[GRAPHS]
 
 
 def _geometry(model) -> str:
