@@ -129,7 +129,10 @@ def detach(module: Module, hook_name: str, *, made: bool = False, had_forward: b
     order = registry._hook_order
     above = order[order.index(hook_name) + 1] if hook_name in order[:-1] else None
     above_hook = None if above is None else registry.hooks[above]
+    removed = registry.hooks.get(hook_name)
     registry.remove_hook(hook_name, recurse=False)
+    if removed is not None:  # the hook and its function reference point at each other and at the module: a cycle
+        removed.fn_ref = None  # that would keep the module's tensors until the garbage collector runs
     if above_hook is not None and hasattr(above_hook, "new_forward"):
         # diffusers relinks the hook above by overwriting its forward with the one under the removed hook, which drops
         # that hook's own new_forward; put it back, calling the relinked forward as its original

@@ -172,3 +172,32 @@ def test_regional_compile_of_hooked_blocks_compiles_one_graph_for_every_block(in
             forward(model, inputs)
     finally:
         torch._dynamo.reset()
+
+
+def test_an_uninstalled_model_is_freed_by_reference_counting():
+    """Uninstall leaves no reference cycle through a removed hook (a hook and its diffusers function reference point
+    at each other, and at the module): `del model` frees the hooked modules' tensors at once, not at the next garbage
+    collection, so a device's memory is back when the user drops the model. The AdaLN linears are left out: the
+    tables' slots hold them in a cycle of the tables' own."""
+    import gc
+    import weakref
+
+    from h3plan.install.adaln_table import tables_of
+
+    model = tiny_model()
+    install(model, _plan(**BLOCKS), registry=REG)
+    hooked = {fqn for fqn, _ in installed(model)}
+    assert {"transformer_blocks.0", "norm_out", "time_embedder"} <= hooked
+    tabled = {id(p) for s in tables_of(model).slots for p in s.linear.parameters()}
+    uninstall(model)
+    weights = [(n, weakref.ref(p)) for n, p in model.named_parameters() if id(p) not in tabled]
+    assert any(n.startswith("transformer_blocks.0.") for n, _ in weights)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        del model
+        alive = [n for n, w in weights if w() is not None]
+    finally:
+        if enabled:
+            gc.enable()
+    assert not alive, f"{len(alive)} of {len(weights)} parameters wait for the garbage collector: {alive[:4]}"
