@@ -156,9 +156,9 @@ def test_every_hook_is_an_instance_of_a_module_level_class():
 
 def test_regional_compile_of_hooked_blocks_compiles_one_graph_for_every_block(inputs):
     """diffusers' compile_repeated_blocks (fullgraph) over blocks whose forwards the plan replaced: the code of the
-    hooked forward is shared by every block, so a guard that tells one block's hook from another's recompiles. This
-    torch's dynamo guards the hook's type only where the hook's forward reads the hook's attributes (the GPU suite's
-    guarded it on `pre_forward.__self__` too), so the class check above is what holds every hook to one type."""
+    hooked forward is shared by every block, so a guard that tells one block's hook from another's recompiles. The CPU
+    torch guards the hook's type only where the hook's forward reads the hook's attributes (the GPU suite's torch
+    guards it on `pre_forward.__self__` as well), so the class check above is what holds every hook to one type."""
     import torch._dynamo
 
     model = tiny_model()
