@@ -16,7 +16,9 @@ loaded on the host and installed with `device=` (install/placement.py) keeps the
 one's weights are streamed to it for its entries (the same GEMM on the same device, so the same bits), and its
 host tensors are copied into pinned memory (CUDA) for the misses; uninstall leaves them on the host, pageable.
 
-Forward: `adaln_proj.forward` and `norm_out.forward` become diffusers' own code around the custom op
+Forward: `norm_out` (under a hook `h3plan.adaln_table`, install/hooks.py) and each block's `adaln_proj` (a bound
+instance forward: it runs inside the blocks regional compile compiles, where a hooked forward costs a graph per
+block) run diffusers' own code around the custom op
 `h3plan::adaln_table(temb, weight, bias)` = `linear(silu(temb).to(weight.dtype))`, which looks the entry up
 by the exact bits of temb (one 4 x T x time_embed_dim byte device-to-host copy per forward: the key is
 memoised on the temb tensor while it is alive and unmodified, so the 51 linears share it) and returns a
@@ -30,8 +32,8 @@ the counters it records run at call time. The timestep embedding that makes temb
 (install/adaln_temb.py), so a whole-model torch.compile keeps eager's temb bits and hits the table.
 
 State dict while installed: the same keys, shapes, dtypes and bits; the AdaLN linears' tensors are the
-pinned host copies (device cpu). `uninstall` copies them back into the same Parameter objects and restores
-the forwards. `prepare(model_or_pipe, num_inference_steps=..., timesteps=...)` adds entries after install
+pinned host copies (device cpu). `uninstall` copies them back into the same Parameter objects and removes
+the hooks. `prepare(model_or_pipe, num_inference_steps=..., timesteps=...)` adds entries after install
 (each linear's weights streamed to the device once).
 """
 
@@ -53,6 +55,7 @@ from h3plan.runtime.guards import count_route, needs_grad
 
 from . import adaln_temb
 from .components import STATE, TRANSFORMERS, is_pipeline
+from .hooks import attach
 from .lora import WAY
 from .parking import park
 
@@ -330,13 +333,17 @@ def build(model, value: dict[str, Any], state, swap, num_inference_steps=None) -
 
     state.undo.append(unregister)
     for fqn, mod, lin in mods:
-        fwd = tabled_norm_out_forward if fqn == "norm_out" else tabled_modulation_forward
-        mod.forward = types.MethodType(fwd, mod)
-        lin.forward = types.MethodType(parked_linear_forward, lin)
-        state.undo.append(lambda m=mod, l=lin: (m.__dict__.pop("forward", None), l.__dict__.pop("forward", None)))
+        if fqn == "norm_out":
+            attach(mod, fqn, LEVER, tabled_norm_out_forward, state)
+        else:
+            # a block's adaln_proj runs inside the block that compile_repeated_blocks compiles: dynamo guards a hooked
+            # forward (a functools.partial per module) by identity, one graph per block, so it gets a bound method
+            mod.forward = types.MethodType(tabled_modulation_forward, mod)
+            state.undo.append(lambda m=mod: m.__dict__.pop("forward", None))
+        attach(lin, f"{fqn}.linear", LEVER, parked_linear_forward, state)
         swap(LEVER, f"{fqn}.linear", "Linear", f"table ({len(tables.vectors)} timestep vectors, {tables.rows} rows)")
     model._h3plan_adaln = tables
-    temb_why = adaln_temb.install(model, state)
+    temb_why = adaln_temb.install(model, state, LEVER)
     if host_loaded:  # each linear streamed for its entries, never on the device whole
         where = (f"loaded there, each streamed to {placement.device} once for its entries; "
                  + (f"{parked.pinned / 2**30:.2f} GiB copied into pinned host memory" if parked.pinned

@@ -15,18 +15,19 @@ and AOTInductor alike). Eager calls give the very bits of diffusers' modules (te
 Grad mode, autocast, devices other than cuda / cpu and linears wrapped since install (a LoRA's PEFT layers, which
 the op would bypass) call the modules' own forwards (what diffusers would run). Applied only to the modules diffusers
 builds for H3 (`Timesteps`; `TimestepEmbedding` with a SiLU, no condition projection, no post-activation); any other
-form keeps its forward and the table still serves eager and regional compile. Uninstall restores the forwards.
+form keeps its forward and the table still serves eager and regional compile. Uninstall removes the hooks.
 """
 
 from __future__ import annotations
 
-import types
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
 from h3plan.runtime.guards import needs_grad
+
+from .hooks import attach
 
 
 @torch.library.custom_op("h3plan::timestep_sinusoid", mutates_args=())
@@ -96,15 +97,14 @@ def why_not(model) -> str | None:
     return None
 
 
-def install(model, state) -> str | None:
-    """Swap the two forwards (undone by state.undo); returns why not, where the modules are another form."""
+def install(model, state, lever: str) -> str | None:
+    """Hook the two forwards (`h3plan.<lever>`: the lever whose tables need temb's eager bits; removed by uninstall);
+    returns why not, where the modules are another form."""
     why = why_not(model)
     if why is not None:
         return why
-    proj, emb = model.time_proj, model.time_embedder
-    proj.forward = types.MethodType(sinusoid_forward, proj)
-    emb.forward = types.MethodType(mlp_forward, emb)
-    state.undo.append(lambda: (proj.__dict__.pop("forward", None), emb.__dict__.pop("forward", None)))
+    attach(model.time_proj, "time_proj", lever, sinusoid_forward, state)
+    attach(model.time_embedder, "time_embedder", lever, mlp_forward, state)
     return None
 
 

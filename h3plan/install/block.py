@@ -1,5 +1,5 @@
-"""The plan-driven forward of diffusers' MiniMaxH3TransformerBlock, and its install (`install_forwards`: bound to
-each block as its instance forward, undone by uninstall).
+"""The plan-driven forward of diffusers' MiniMaxH3TransformerBlock, and its install (`install_forwards`: a named
+diffusers hook `h3plan.<lever>` on each block, install/hooks.py, removed by uninstall).
 
 Mathematically diffusers' `MiniMaxH3TransformerBlock.forward` (diffusers 0.42.1), op for op. Where the
 plan enables a lever, that op goes through its Triton kernel (h3plan/runtime/kernels) behind the kernel's own
@@ -20,14 +20,14 @@ the attention's gated residual is folded into norm2's producer (one kernel write
 
 from __future__ import annotations
 
-import types
 from typing import Any
 
 import torch
 
-from h3plan.levers import OPTIONS, SPECS, counter
+from h3plan.levers import OPTIONS, SPECS, counter, owner
 from h3plan.runtime.quant.fp8_rowwise import FP8RowLinear, RowCodes
 from h3plan.runtime.guards import run_guarded
+from .hooks import attach
 from .kernels import kernel
 from .nvfp4_inputs import fold_nvfp4, modulate_nvfp4, swiglu_nvfp4_rows
 from .options import BlockOptions
@@ -181,7 +181,7 @@ def plan_block_forward(
     rotary_emb: tuple[torch.Tensor, torch.Tensor],
     attention_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Bound to a block as its instance `forward` by the installer; options in `self._h3plan_block`."""
+    """A block's forward under its `h3plan.<lever>` hook (install_forwards); options in `self._h3plan_block`."""
     opts, kernels, shard = self._h3plan_block
     if shard is not None:  # Ulysses: this rank's rows of the sequence (see install/shard.py)
         hidden_states, adaln_indices, rotary_emb = shard.enter(self, hidden_states, adaln_indices, rotary_emb)
@@ -220,6 +220,13 @@ def block_kernels(opts) -> dict[str, Any]:
     return {op: kernel(op) for op in ops}
 
 
+def _hook_lever(opts, shard) -> str:
+    """The lever a block's hook is named for: the first (registry order) whose block option the forward carries,
+    else the one that owns Ulysses' degree (the forward shards the sequence)."""
+    changed = opts.non_default()
+    return owner(next(iter(changed))) if changed else owner("ulysses_degree")
+
+
 def install_forwards(model, builder, state, shard, act_quant="tensor", nvfp4=False) -> None:
     """Each transformer block's forward as `plan_block_forward` with the plan's block options and kernels (also
     under Ulysses alone, to shard the sequence; the output heads then shard too, install/shard.py).
@@ -233,23 +240,16 @@ def install_forwards(model, builder, state, shard, act_quant="tensor", nvfp4=Fal
     if not opts.enabled and shard is None:
         return
     kernels = block_kernels(opts)
+    lever = _hook_lever(opts, shard)
     for i, block in enumerate(model.transformer_blocks):
-        fwd = types.MethodType(plan_block_forward, block)
-        block._h3plan_block = (opts, kernels, shard)
-        block._h3plan_index = i
-        block.forward = fwd
-
-        def undo(b=block):
-            for attr in ("forward", "_h3plan_block", "_h3plan_index"):
-                b.__dict__.pop(attr, None)
-
-        state.undo.append(undo)
         fqn = f"transformer_blocks.{i}"
+        attach(block, fqn, lever, plan_block_forward, state,
+               attrs={"_h3plan_block": (opts, kernels, shard), "_h3plan_index": i})
         state.report.option_swaps(builder, "block", recorded, fqn)
         if shard is not None:
             state.report.swap("ulysses", f"{fqn}.forward", "full sequence", f"1/{shard.degree} sequence shard")
     if shard is not None:
-        state.undo.append(shard_heads(model, shard))
+        shard_heads(model, shard, state)
         for fqn in ("norm_out", "proj_out", "audio_proj_out"):
             state.report.swap("ulysses", f"{fqn}.forward", "full sequence",
                               f"1/{shard.degree} sequence shard" + (", outputs gathered" if fqn != "norm_out" else ""))

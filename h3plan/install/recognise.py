@@ -9,7 +9,6 @@ import torch
 from h3plan.errors import InstallError
 from h3plan.planner import Plan
 
-from .block import plan_block_forward
 
 
 def _classes():
@@ -49,9 +48,9 @@ def recognise(model) -> None:
                 b.get_submodule(path)
             except AttributeError:
                 problems.append(f"transformer_blocks.{i}.{path} is missing")
-        own = getattr(b.__dict__.get("forward"), "__func__", None) is plan_block_forward
-        if "forward" in b.__dict__ and not own:
-            problems.append(f"transformer_blocks.{i} already has an instance forward (a hook?); install before hooks")
+        if "forward" in b.__dict__ and "_diffusers_hook" not in b.__dict__:  # hooks: install/hooks.py judges them
+            problems.append(f"transformer_blocks.{i} already has an instance forward (not a diffusers hook); install "
+                            "before replacing forwards")
     # the output heads (sharded under Ulysses, install/shard.py)
     for path in ("norm_out", "proj_out", "audio_proj_out"):
         if not isinstance(getattr(model, path, None), torch.nn.Module):

@@ -20,6 +20,9 @@ from __future__ import annotations
 
 from h3plan.facts.attention import LSE_OF
 from h3plan.errors import InstallError
+from h3plan.runtime.parallel.comm import degree_rank
+from h3plan.runtime.parallel.lse import LSE_BACKENDS, attention_with_lse, lse_reason
+from h3plan.runtime.parallel.ring import RingUlysses, ring_ulysses_groups
 
 from .shard import SequenceShard
 
@@ -37,14 +40,10 @@ class RingBlock:
     def reason(self, q) -> str | None:
         key = (q.device, q.dtype, q.shape[-1])
         if key not in self._reasons:
-            from h3plan.runtime.parallel.lse import lse_reason
-
             self._reasons[key] = lse_reason(self.name, q)
         return self._reasons[key]
 
     def __call__(self, q, k, v):
-        from h3plan.runtime.parallel.lse import LSE_BACKENDS, attention_with_lse
-
         return attention_with_lse(q, k, v) if self.reason(q) else LSE_BACKENDS[self.name](q, k, v)
 
 
@@ -68,9 +67,6 @@ def problems(opts) -> list[str]:
 def build(model, opts, group):
     """(SequenceShard over the world, RingUlysses) for ring_degree x ulysses_degree ranks."""
     import torch.distributed as dist
-
-    from h3plan.runtime.parallel.comm import degree_rank
-    from h3plan.runtime.parallel.ring import RingUlysses, ring_ulysses_groups
 
     R, U = opts.ring_degree, opts.ulysses_degree
     why = problems(opts)

@@ -16,6 +16,10 @@ inputs (index 0, angle 0); their outputs are computed and dropped.
 from __future__ import annotations
 
 from h3plan.facts.sizes import shard_len
+from h3plan.levers import owner
+from h3plan.runtime.parallel.comm import gather_rows, shard_rows
+
+from .hooks import attach
 
 
 class SequenceShard:
@@ -25,8 +29,6 @@ class SequenceShard:
         self.heads = False  # set by shard_heads: the last block keeps its rows for the sharded output heads
 
     def enter(self, block, hidden_states, adaln_indices, rotary_emb):
-        from h3plan.runtime.parallel.comm import shard_rows
-
         S = adaln_indices.shape[0]
         self.seq_len = S
         if block._h3plan_index == self.first:
@@ -40,42 +42,26 @@ class SequenceShard:
     def exit(self, block, hidden_states):
         if block._h3plan_index != self.last or self.heads:
             return hidden_states
-        from h3plan.runtime.parallel.comm import gather_rows
-
         return gather_rows(hidden_states, self.group, dim=1, seq_len=self.seq_len)
 
 
-def shard_heads(model, shard: SequenceShard):
-    """Run `norm_out`, `proj_out` and `audio_proj_out` on this rank's rows (see the module docstring).
-    Returns the undo (restores the three forwards and the last block's gather)."""
-    from h3plan.runtime.parallel.comm import gather_rows, shard_rows
-
+def shard_heads(model, shard: SequenceShard, state) -> None:
+    """Run `norm_out`, `proj_out` and `audio_proj_out` on this rank's rows (see the module docstring): each wraps its
+    forward in a hook named for the lever that owns Ulysses' degree, removed by uninstall."""
     def sharded(rows: int) -> bool:  # this call carries the shard's rows (a full-sequence call passes through)
         return shard.seq_len is not None and rows == shard_len(shard.seq_len, shard.degree) != shard.seq_len
 
-    norm = model.norm_out
-    norm_forward = norm.forward
-
-    def norm_out(hidden_states, temb, timestep_indices):
+    def norm_out(forward, hidden_states, temb, timestep_indices):
         if sharded(hidden_states.shape[1]) and timestep_indices.shape[0] == shard.seq_len:
             timestep_indices = shard_rows(timestep_indices, shard.group, dim=0)
-        return norm_forward(hidden_states, temb, timestep_indices)
+        return forward(hidden_states, temb, timestep_indices)
 
-    def head(forward):
-        def fwd(x):
-            y = forward(x)
-            return gather_rows(y, shard.group, dim=1, seq_len=shard.seq_len) if sharded(x.shape[1]) else y
-        return fwd
+    def head(forward, x):
+        y = forward(x)
+        return gather_rows(y, shard.group, dim=1, seq_len=shard.seq_len) if sharded(x.shape[1]) else y
 
-    mods = (norm, model.proj_out, model.audio_proj_out)
-    norm.forward = norm_out
-    model.proj_out.forward = head(model.proj_out.forward)
-    model.audio_proj_out.forward = head(model.audio_proj_out.forward)
+    lever = owner("ulysses_degree")
+    attach(model.norm_out, "norm_out", lever, norm_out, state, replaces=False)
+    attach(model.proj_out, "proj_out", lever, head, state, replaces=False)
+    attach(model.audio_proj_out, "audio_proj_out", lever, head, state, replaces=False)
     shard.heads = True
-
-    def undo():
-        for m in mods:
-            m.__dict__.pop("forward", None)
-        shard.heads = False
-
-    return undo

@@ -1,8 +1,8 @@
 """sparse_attention (levers/sparse_attention.py): which forwards run block-sparse attention, as a named diffusers hook.
 
-`h3plan_sparse_attention`, a diffusers ModelHook on MiniMaxH3Transformer3DModel's forward, places each call in its
-generation by its `timestep` vector (install/step_cache.schedule_index: the same index the step cache keys on, one
-4 x T byte device-to-host copy per call) and sets, for the attention processors of that call:
+`h3plan.sparse_attention`, a diffusers ModelHook (install/hooks.py) on MiniMaxH3Transformer3DModel's forward, places
+each call in its generation by its `timestep` vector (install/step_cache.schedule_index: the same index the step cache
+keys on, one 4 x T byte device-to-host copy per call) and sets, for the attention processors of that call:
 - `active`: the call is forward >= dense_forwards of its generation (and keep < 1: keeping every block is the dense
   call, which then runs as it is); a vector not in the index runs dense, counted `sparse_attention.fallback`;
 - `video_start`: the first target-video row, on the device (no sync): the start of the trailing run of rows tagged
@@ -24,11 +24,12 @@ from h3plan.levers import counter, owner
 from h3plan.runtime.counters import event
 from h3plan.runtime.guards import count_route
 
+from .hooks import attach, name
 from .step_cache import schedule_index
 
 LEVER = owner("sparse_attention")
 COUNTER = counter("sparse_attention")
-HOOK = "h3plan_sparse_attention"
+HOOK = name(LEVER)
 STATE = "_h3plan_sparse_attention"
 
 
@@ -69,41 +70,35 @@ def _arg(args, kwargs, name: str, pos: int):
     return kwargs[name] if name in kwargs else args[pos]
 
 
-def _make_hook(state: SparseState):
-    from diffusers.hooks import ModelHook
+def _make_forward(state: SparseState):
+    """The hook's forward around `original` (the transformer's): sets the state for this forward's attention calls
+    (module docstring), then runs it."""
 
-    class SparseAttentionHook(ModelHook):
-        """Sets the state for this forward's attention calls (module docstring), then runs the forward."""
+    def sparse_forward(original, *args, **kwargs):
+        ts = _arg(args, kwargs, "timestep", 3)
+        where = state.index.get(ts.detach().to("cpu", torch.float32).numpy().tobytes())
+        if where is None:
+            count_route(COUNTER, "timestep vector not in the planned schedules "
+                                 "(install num_inference_steps=): dense")
+            state.active = False
+            return original(*args, **kwargs)
+        state.boundary(_arg(args, kwargs, "token_tags", 5), _arg(args, kwargs, "timestep_indices", 4))
+        state.place(*where)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            state.active = False
 
-        def new_forward(self, module, *args, **kwargs):
-            original = self.fn_ref.original_forward
-            ts = _arg(args, kwargs, "timestep", 3)
-            where = state.index.get(ts.detach().to("cpu", torch.float32).numpy().tobytes())
-            if where is None:
-                count_route(COUNTER, "timestep vector not in the planned schedules "
-                                     "(install num_inference_steps=): dense")
-                state.active = False
-                return original(*args, **kwargs)
-            state.boundary(_arg(args, kwargs, "token_tags", 5), _arg(args, kwargs, "timestep_indices", 4))
-            state.place(*where)
-            try:
-                return original(*args, **kwargs)
-            finally:
-                state.active = False
-
-    return SparseAttentionHook()
+    return sparse_forward
 
 
 def install(model, spec: dict[str, Any], state, swap, *, steps=None) -> SparseState:
     """Register the hook; append its undo to `state.undo`; return the state the processors read."""
-    from diffusers.hooks import HookRegistry
-
     counts = sorted({int(spec["steps"]), *(int(s) for s in (steps or []))})
     st = SparseState(spec, schedule_index(counts))
-    HookRegistry.check_if_exists_or_initialize(model).register_hook(_make_hook(st), HOOK)
+    attach(model, "", LEVER, _make_forward(st), state, replaces=False)
 
     def undo():
-        HookRegistry.check_if_exists_or_initialize(model).remove_hook(HOOK, recurse=False)
         model.__dict__.pop(STATE, None)
 
     state.undo.append(undo)

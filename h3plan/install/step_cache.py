@@ -1,15 +1,15 @@
 """step_cache (levers/step_cache.py): fewer transformer forwards, as a named diffusers hook on the transformer.
 
-`h3plan_step_cache`, a diffusers ModelHook (HookRegistry, removable by name), wraps MiniMaxH3Transformer3DModel's
-forward. Each call is placed in its generation by its `timestep` vector: install builds, from diffusers' own
-MiniMaxH3Scheduler pair and the pipeline's build_row_timesteps (install/adaln_table.timestep_vectors), the vectors of
-every forward at the plan's step count (the request's), at those passed as num_inference_steps=, and at the
-pipeline's default step count, for every kind of row (audio or not, conditioning rows or not): vector bits ->
-(forward index, forwards). One 4 x T byte device-to-host copy per call. A call the plan did not plan for runs the
-whole forward, counted `step_cache.fallback` with its reason: a vector of the pipeline's default step count where the
-plan's request has another (the reason names both), or a vector of no indexed step count. Every count's first
-forward passes the same vector: it is placed as the plan's (it computes under every schedule), and the second forward
-tells the counts apart (`_State.rebase`).
+`h3plan.step_cache`, a diffusers ModelHook (HookRegistry, removable by name, install/hooks.py), wraps
+MiniMaxH3Transformer3DModel's forward. Each call is placed in its generation by its `timestep` vector: install builds,
+from diffusers' own MiniMaxH3Scheduler pair and the pipeline's build_row_timesteps
+(install/adaln_table.timestep_vectors), the vectors of every forward at the plan's step count (the request's), at those
+passed as num_inference_steps=, and at the pipeline's default step count, for every kind of row (audio or not,
+conditioning rows or not): vector bits -> (forward index, forwards). One 4 x T byte device-to-host copy per call. A call
+the plan did not plan for runs the whole forward, counted `step_cache.fallback` with its reason: a vector of the
+pipeline's default step count where the plan's request has another (the reason names both), or a vector of no indexed
+step count. Every count's first forward passes the same vector: it is placed as the plan's (it computes under every
+schedule), and the second forward tells the counts apart (`_State.rebase`).
 
 - fixed / taylor: a forward the schedule computes runs diffusers' forward and keeps its outputs (video and audio
   velocities); a skipped one returns a copy of the last computed outputs (fixed) or their first-order extrapolation
@@ -42,11 +42,12 @@ from h3plan.runtime.counters import event
 from h3plan.runtime.guards import count_route
 
 from .adaln_table import timestep_vectors
+from .hooks import attach, name
 
 LEVER = owner("step_cache")
 COUNTER = counter("step_cache")
 _SCHEDULE = REGISTRY[LEVER]  # the lever module: its schedule arithmetic (computed_mask, scaled)
-HOOK = "h3plan_step_cache"
+HOOK = name(LEVER)
 STATE = "_h3plan_step_cache"  # the installed cache's _State, in the model's (and its blocks') __dict__
 ROWS = ((True, False, False), (True, True, False), (True, False, True), (True, True, True), (False, False, False),
         (False, True, False))  # (audio, condition_video, condition_audio): every kind of row a request has
@@ -206,66 +207,63 @@ def _outputs(out) -> tuple:
     return tuple(out) if isinstance(out, tuple) else (out.sample, out.audio_sample)
 
 
-def _make_hook(state: _State):
-    from diffusers.hooks import ModelHook
+def _make_forward(state: _State):
+    """The hook's forward around `original` (the transformer's): places each call in its generation and computes,
+    reuses or extrapolates (module docstring)."""
 
-    class StepCacheHook(ModelHook):
-        """Places each call in its generation and computes, reuses or extrapolates (module docstring)."""
-
-        def new_forward(self, module, *args, **kwargs):
-            st = state
-            ts = kwargs["timestep"] if "timestep" in kwargs else args[3]
-            where = st.index.get(ts.detach().to("cpu", torch.float32).numpy().tobytes())
-            original = self.fn_ref.original_forward
-            if where is None:
-                count_route(COUNTER, "a timestep vector of no indexed step count (install(num_inference_steps=) adds "
-                                   "counts): every forward computed")
-                st.reset()
-                return original(*args, **kwargs)
-            step, n = where
-            why = st.unplanned(n)
-            if why is not None:
-                count_route(COUNTER, why)
-                st.reset()
-                return original(*args, **kwargs)
-            if step == 0 or step != st.step + 1:
-                st.begin(n)
-            elif n != st.forwards:  # forward 0 passed every count's first vector: the call is of this count
-                st.rebase(n)
-            if n != int(st.spec["forwards"]):
-                event(LEVER, "scaled")
-            st.step = step
-            count_route(COUNTER, None)
-            if st.spec["mode"] == "first_block":
-                st.active = True
-                try:
-                    out = original(*args, **kwargs)
-                finally:
-                    st.active = False
-                skipped = st.skip
-                st.run = st.run + 1 if skipped else 0
-            elif st.mask[step] or not st.kept:
+    def step_cache_forward(original, *args, **kwargs):
+        st = state
+        ts = kwargs["timestep"] if "timestep" in kwargs else args[3]
+        where = st.index.get(ts.detach().to("cpu", torch.float32).numpy().tobytes())
+        if where is None:
+            count_route(COUNTER, "a timestep vector of no indexed step count (install(num_inference_steps=) adds "
+                               "counts): every forward computed")
+            st.reset()
+            return original(*args, **kwargs)
+        step, n = where
+        why = st.unplanned(n)
+        if why is not None:
+            count_route(COUNTER, why)
+            st.reset()
+            return original(*args, **kwargs)
+        if step == 0 or step != st.step + 1:
+            st.begin(n)
+        elif n != st.forwards:  # forward 0 passed every count's first vector: the call is of this count
+            st.rebase(n)
+        if n != int(st.spec["forwards"]):
+            event(LEVER, "scaled")
+        st.step = step
+        count_route(COUNTER, None)
+        if st.spec["mode"] == "first_block":
+            st.active = True
+            try:
                 out = original(*args, **kwargs)
-                st.keep(step, _outputs(out))
-                skipped = False
-            else:
-                out, skipped = None, True
-            st.done.append(not skipped)
-            if skipped:
-                st.skipped += 1
-                event(LEVER, "skipped")
-                if out is None:
-                    like = kwargs.get("return_dict", True) is False
-                    values = st.reuse(step)
-                    out = values if like else _like_output(values)
-            else:
-                st.computed += 1
-                event(LEVER, "computed")
-            if step == n - 1:
-                st.finish()
-            return out
+            finally:
+                st.active = False
+            skipped = st.skip
+            st.run = st.run + 1 if skipped else 0
+        elif st.mask[step] or not st.kept:
+            out = original(*args, **kwargs)
+            st.keep(step, _outputs(out))
+            skipped = False
+        else:
+            out, skipped = None, True
+        st.done.append(not skipped)
+        if skipped:
+            st.skipped += 1
+            event(LEVER, "skipped")
+            if out is None:
+                like = kwargs.get("return_dict", True) is False
+                values = st.reuse(step)
+                out = values if like else _like_output(values)
+        else:
+            st.computed += 1
+            event(LEVER, "computed")
+        if step == n - 1:
+            st.finish()
+        return out
 
-    return StepCacheHook()
+    return step_cache_forward
 
 
 def _like_output(values: tuple):
@@ -280,8 +278,6 @@ def install(model, spec: dict[str, Any], state, swap, *, group=None, steps=None,
     step counts that run the plan's schedule scaled; pipeline: the plan's `pipeline` section: its shifts place the
     calls, and its default step count is indexed to name a call at it (it computes every forward where it is not
     the plan's)."""
-    from diffusers.hooks import HookRegistry
-
     mine = int(spec["steps"])
     extra = sorted({int(s) for s in (steps or [])} - {mine})
     # the plan's own count first: every count's first forward passes the same vector, placed as the plan's (it
@@ -293,8 +289,7 @@ def install(model, spec: dict[str, Any], state, swap, *, group=None, steps=None,
     index = schedule_index(known, pipeline, schedulers=schedulers, counts=steps_of)
     runs = {f for f, n in steps_of.items() if n in (mine, *extra)} | {int(spec["forwards"])}
     st = _State(spec, index, group, runs=runs, steps_of=steps_of)
-    registry = HookRegistry.check_if_exists_or_initialize(model)
-    registry.register_hook(_make_hook(st), HOOK)
+    attach(model, "", LEVER, _make_forward(st), state, replaces=False)
     blocks = model.transformer_blocks
     if spec["mode"] == "first_block":
         old = type(blocks)
@@ -302,7 +297,6 @@ def install(model, spec: dict[str, Any], state, swap, *, group=None, steps=None,
         blocks._h3plan_step_cache = st
 
     def undo():
-        HookRegistry.check_if_exists_or_initialize(model).remove_hook(HOOK, recurse=False)
         if spec["mode"] == "first_block":
             blocks.__dict__.pop(STATE, None)
             blocks.__class__ = old

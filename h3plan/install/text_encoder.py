@@ -12,7 +12,8 @@ where it was):
   at a time as the encode reaches them and back right after, so the device holds one part at a time (the plan's
   `host` estimate: one decoder layer + the encode's activations); the token lookup runs on the host (its 1.5 GiB
   table never moves, the looked-up rows do).
-A move back to the host runs when the encode raises as well (forward hooks with always_call): an encode that fails (out
+The moves are diffusers hooks named `h3plan.text_encoder` (install/hooks.py) whose forward moves up, runs the module's
+and moves back in a `finally`: a move back to the host runs when the encode raises as well, so an encode that fails (out
 of memory, a bad input) leaves no conditioner on the device for the next call.
 Off the device (offload_after, host), every moved tensor has a host master that the device copies are made from:
 pinned when `device` is CUDA, so going up is one DMA at the link's rate, and coming down only points the module back
@@ -22,7 +23,7 @@ lock that much memory) the masters stay pageable and the placement's line says w
 diffusers 0.42.1 runs the conditioner as `text_encoder.model(...)` after firing `text_encoder._hf_hook.pre_forward` by
 hand (`get_qwen3vl_prompt_embeds`), and a ModularPipeline's `_execution_device` reads `_hf_hook.execution_device` of a
 component that has one: off the device (offload_after, host), the conditioner carries a `_hf_hook` naming `device`
-so the pipeline still runs on it, and the moves are forward hooks on `text_encoder.model` and its parts.
+so the pipeline still runs on it, and the moves are hooks on `text_encoder.model` and its parts.
 `install_pipeline` (pipeline.py) places a loaded `text_encoder` component by the plan; the pipeline bench places it
 once for all its rows. Nothing here changes a number the conditioner computes
 (tests/install/test_install_text_encoder.py: frames bitwise against the unplaced pipeline for every placement).
@@ -38,9 +39,10 @@ import torch
 from h3plan.errors import InstallError
 from h3plan.levers import MEMORY_SPECS, OPTIONS
 
+from .hooks import attach
 from .parking import to_host
 
-_OPTION = OPTIONS["text_encoder"][1]  # the pipeline option the text_encoder lever records
+LEVER, _OPTION = OPTIONS["text_encoder"]  # the lever and the pipeline option it records
 PLACED = tuple(s for s in MEMORY_SPECS["text_encoder"].settings if _OPTION.check(s))  # its settings that place it
 _STATE = "_h3plan_text_encoder"  # the TextEncoderPlacement a placed conditioner carries
 
@@ -106,13 +108,27 @@ class TextEncoderPlacement:
     setting: str
     device: torch.device
     host: torch.device
-    handles: list = field(default_factory=list)
+    undo: list = field(default_factory=list)
+    """The removals of its hooks (install/hooks.py), last first."""
     moves: deque = field(default_factory=lambda: deque(maxlen=4096))
     """(part name, device) of the latest moves, what a test reads: bounded, since a server places once and calls
     without end (one `host` encode of 64 layers makes 132)."""
     hooked: bool = False
     masters: dict = field(default_factory=dict)
     """part name -> _Masters of what moves (offload_after: the whole conditioner; host: each streamed part)."""
+
+    def attach(self, module: torch.nn.Module, fqn: str, name: str, part: torch.nn.Module) -> None:
+        """A hook `h3plan.text_encoder` on `module`: `part` up to the device for its forward, back to the host after it,
+        also when the forward raises (an encode that fails leaves nothing on the device)."""
+
+        def moved(previous, *args, **kwargs):
+            self._move(name, part, self.device)
+            try:
+                return previous(*args, **kwargs)
+            finally:
+                self._move(name, part, self.host)
+
+        attach(module, fqn, LEVER, moved, self, replaces=False)
 
     def _move(self, name: str, part: torch.nn.Module, device: torch.device) -> None:
         m = self.masters.get(name)
@@ -130,9 +146,8 @@ class TextEncoderPlacement:
 
     def restore(self) -> None:
         """Every hook removed and the conditioner back on the device it was on before `place`."""
-        for h in self.handles:
-            h.remove()
-        self.handles.clear()
+        while self.undo:
+            self.undo.pop()()
         if self.hooked:
             self.module.__dict__.pop("_hf_hook", None)
         for m in self.masters.values():
@@ -186,9 +201,7 @@ def place(module, setting: str, device) -> TextEncoderPlacement:
     elif setting == "offload_after":
         p.masters["text_encoder"] = _Masters([module], pin=device.type == "cuda")  # copied from where it is, then down
         p.moves.append(("text_encoder", str(host)))
-        p.handles.append(module.model.register_forward_pre_hook(lambda m, a: p._move("text_encoder", module, device)))
-        p.handles.append(module.model.register_forward_hook(lambda m, a, o: p._move("text_encoder", module, host),
-                                                            always_call=True))  # back when the encode raises, too
+        p.attach(module.model, "model", "text_encoder", module)
     else:
         parts = _parts(module)
         pin = device.type == "cuda"
@@ -199,11 +212,13 @@ def place(module, setting: str, device) -> TextEncoderPlacement:
         p._move("text_encoder", module, host)  # the rest: the token table, the rotary tables, the unused lm_head
         module.model.language_model.rotary_emb.to(device)  # its tables only (no weights)
         embed = module.model.language_model.embed_tokens  # the lookup runs on the host: its rows go, not the table
-        p.handles.append(embed.register_forward_pre_hook(lambda m, a: tuple(x.to(host) for x in a)))
-        p.handles.append(embed.register_forward_hook(lambda m, a, o: o.to(device)))
+
+        def lookup(previous, *args, **kwargs):
+            return previous(*(x.to(host) for x in args), **kwargs).to(device)
+
+        attach(embed, "model.language_model.embed_tokens", LEVER, lookup, p, replaces=False)
         for name, part in parts:
-            p.handles.append(part.register_forward_pre_hook(lambda m, a, n=name: p._move(n, m, device)))
-            p.handles.append(part.register_forward_hook(lambda m, a, o, n=name: p._move(n, m, host), always_call=True))
+            p.attach(part, name, name, part)
     if setting != "resident":
         module.__dict__["_hf_hook"] = _ExecutionHook(device)
         p.hooked = True

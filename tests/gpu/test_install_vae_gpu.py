@@ -26,6 +26,7 @@ import torch
 
 import h3plan
 from h3plan.install import counters, fallback_reasons, install, reset_counters, uninstall
+from h3plan.install.vae.install import graphs_of
 from scripts import load_script
 
 pytestmark = pytest.mark.gpu
@@ -193,7 +194,7 @@ def test_graphs_replay_every_decoder_call_bit_for_bit(bench, z, ops):
         plan_ms, out = _time(lambda: _decode(vae, z, None), 2)
         plan_peak = torch.cuda.max_memory_allocated()
         c, why = counters(), fallback_reasons()
-        gd = vae.decoder.forward
+        gd = graphs_of(vae)
         captures, signatures = gd.captures, len(gd.graphs)
         calls = bench.decoder_calls(vae, LATENT)
     finally:

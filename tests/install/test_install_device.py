@@ -96,6 +96,60 @@ def test_placement_and_round_trip(quant):
     assert_restored(model, before)
 
 
+def _cells(fn) -> list:
+    out = []
+    for c in fn.__closure__ or ():
+        try:
+            out.append(c.cell_contents)
+        except ValueError:  # a cell not assigned yet
+            pass
+    return out
+
+
+def _device_tensors(root) -> dict[int, torch.Tensor]:
+    """Every lazy-device tensor reachable from `root` through any object (modules, hooks, registries, closures, the
+    install's records), by identity. A function is followed into its closure and defaults, not its module's globals
+    (they reach every other test's models)."""
+    import gc
+    import types
+    import warnings
+
+    seen, found, todo = set(), {}, [root]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # isinstance on torch.distributed's deprecated reduce_op
+        while todo:
+            o = todo.pop()
+            if id(o) in seen or isinstance(o, (type, types.ModuleType)):
+                continue
+            seen.add(id(o))
+            if isinstance(o, torch.Tensor):
+                if o.device.type == "lazy":
+                    found[id(o)] = o
+                continue
+            if isinstance(o, types.FunctionType):
+                todo.extend([*_cells(o), o.__defaults__, o.__kwdefaults__, o.__dict__])
+                continue
+            todo.extend(gc.get_referents(o))
+    return found
+
+
+def test_a_host_loaded_install_holds_no_device_tensor_beyond_the_model_and_its_tables():
+    """What install(model, plan, device=) keeps on the device is the model's parameters and buffers and the tables'
+    entries: no hook, closure or install record holds another device tensor (a copy of a tensor the install parked or
+    dropped; the plan's block forwards and the table's hooks on). The GPU test that compares this footprint with the
+    device-loaded install's is tests/gpu/test_adaln_table_gpu.py's host-loaded one."""
+    from h3plan.install.hooks import installed
+    from h3plan.install.placement import tensors
+
+    model = tiny_model()
+    install(model, table_plan(steps=(3,)), registry=REG, device="lazy")
+    assert {fqn for fqn, _ in installed(model)} >= {"transformer_blocks.0", "norm_out", "time_embedder"}
+    held = {id(t) for _, t in tensors(model)} | {id(e) for s in A.tables_of(model).slots for e in s.entries.values()}
+    extra = [(tuple(t.shape), t.dtype) for i, t in _device_tensors(model).items() if i not in held]
+    assert not extra
+    uninstall(model)
+
+
 def _with_quant():
     """gemm_quant=fp8 (per-channel weight scales) quantised at install, then adaln_table."""
     base = table_plan(steps=(3,), others={})

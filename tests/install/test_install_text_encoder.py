@@ -174,9 +174,9 @@ def test_masters_that_cannot_be_pinned_stay_pageable_and_the_line_says_why(monke
 @pytest.mark.parametrize("setting", ["offload_after", "host"])
 def test_an_encode_that_raises_still_moves_the_conditioner_back(setting):
     """An encode that fails inside the conditioner (out of memory, a bad input) still moves what it moved to the device
-    back to the host (always_call hooks): a failed call leaves no 62 GiB conditioner on the device for the next one.
-    The device is named `cpu:1` so that the placement's log tells a move up from a move down on this one-device machine;
-    the failure is raised in the last decoder layer, after every move up."""
+    back to the host (the hooks move back in a `finally`): a failed call leaves no 62 GiB conditioner on the device for
+    the next one. The device is named `cpu:1` so that the placement's log tells a move up from a move down on this
+    one-device machine; the failure is raised inside the last decoder layer (its first norm), after every move up."""
     import yaml
 
     from h3plan.actions.text_encoder_build import build_text_encoder
@@ -184,9 +184,9 @@ def test_an_encode_that_raises_still_moves_the_conditioner_back(setting):
 
     te = build_text_encoder(yaml.safe_load(open(f"{CONF}/model/h3_tiny.yaml"))["text_encoder_default"])
     layers = te.model.language_model.layers
-    p = place(te, setting, "cpu:1")  # its move up runs before the failure, registered after it
-    fail = layers[-1].register_forward_pre_hook(lambda m,
-                                                a: (_ for _ in ()).throw(torch.OutOfMemoryError("CUDA out of memory")))
+    p = place(te, setting, "cpu:1")
+    fail = layers[-1].input_layernorm.register_forward_pre_hook(
+        lambda m, a: (_ for _ in ()).throw(torch.OutOfMemoryError("CUDA out of memory")))
     try:
         with pytest.raises(torch.OutOfMemoryError):
             te.model(input_ids=torch.tensor([[1, 2, 3]]))

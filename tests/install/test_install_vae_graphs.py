@@ -11,6 +11,7 @@ import torch
 import h3plan
 from h3plan.install import counters, fallback_reasons, install, reset_counters, uninstall
 from h3plan.install.vae.graph import GraphedDecoder, _Entry
+from h3plan.install.vae.install import graphs_of
 
 from test_install_vae import decode, interpreter_order, latent, tiny_vae  # noqa: F401 (autouse: CPU reference orders)
 
@@ -174,22 +175,23 @@ def test_install_swaps_the_decoder_forward_and_uninstall_restores_it():
     ref = decode(vae, z)
     plan = graphs_plan("eager")
     report = install(vae, plan)
-    assert isinstance(vae.decoder.__dict__["forward"], GraphedDecoder)
-    assert vae.decoder.__dict__["forward"].validate is None  # no FP8 codes to check
+    assert isinstance(graphs_of(vae), GraphedDecoder)
+    assert graphs_of(vae).validate is None  # no FP8 codes to check
+    assert (graphs_of(vae).captures, len(graphs_of(vae).graphs)) == (0, 0)  # what the GPU test reads after replays
     assert report.swapped_levers() == ["vae_graphs"]
     assert str(report.swaps[0]).startswith("vae_graphs: decoder.forward MiniMaxH3VideoViTDecoder3d.forward -> CUDA "
                                            "graph replay")
     torch.testing.assert_close(decode(vae, z), ref, rtol=0, atol=0)  # CPU: counted fallback, diffusers' forward
     assert counters()["vae_graphs.fallback"] == 1
     assert install(vae, plan) is report  # idempotent
-    assert uninstall(vae) and "forward" not in vae.decoder.__dict__
+    assert uninstall(vae) and "forward" not in vae.decoder.__dict__ and graphs_of(vae) is None
 
 
 def test_graph_replays_refuse_linears_edited_after_their_fp8_codes_were_made():
     """A replay skips the block forwards' checks, so the decoder wrapper runs the FP8 codes' check first."""
     vae = tiny_vae()
     install(vae, h3plan.resolve_config(hardware="sm90", recipe="fp8", vae="h3_tiny", **{"levers.vae_graphs": "on"}))
-    gd = vae.decoder.__dict__["forward"]
+    gd = graphs_of(vae)
     assert gd.validate is not None
     gd.validate()  # unchanged: nothing raised
     with torch.no_grad():
@@ -225,7 +227,7 @@ def test_graphs_install_over_the_fused_block_forwards():
     ref = decode(vae, z)
     plan = graphs_plan("fused")
     report = install(vae, plan)
-    assert isinstance(vae.decoder.__dict__["forward"], GraphedDecoder)
+    assert isinstance(graphs_of(vae), GraphedDecoder)
     assert report.swapped_levers() == ["vae_ops", "vae_graphs"]
     torch.testing.assert_close(decode(vae, z), ref, rtol=0, atol=0)
     c = counters()

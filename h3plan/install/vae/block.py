@@ -167,7 +167,7 @@ def _residual(st, h, y, scale):
 
 
 def plan_vae_block_forward(self, hidden_states: torch.Tensor, rotary_emb=None) -> torch.Tensor:
-    """Bound to a decoder block as its instance `forward` by the installer; options in `self._h3plan_vae`."""
+    """A decoder block's forward under its `h3plan.<lever>` hook (install.py); options in `self._h3plan_vae`."""
     st: VaeBlockState = self._h3plan_vae
     needs_proc = st.fp8 is not None or "qk_norm_rope" in st.ops
     reason = processor_reason(self.attn) if needs_proc else None

@@ -4,10 +4,11 @@
   does (weights.py; `_keep_in_fp32_modules` stay float32), originals in pinned host memory for uninstall
   only. diffusers' decode step (`vae.decode` casts the latents to post_quant_conv's dtype) then runs the
   planned precision with no autocast. fp32, or a VAE loaded in another dtype, is left as it is (reported).
-- `vae_ops` (builder option `ops`): every ViT decoder block gets the plan forward of block.py, with the
+- `vae_ops` (builder option `ops`): every ViT decoder block gets the plan forward of block.py (a hook
+  `h3plan.vae_ops`, install/hooks.py; every install here is such a named hook or a state-dict effect), with the
   fused ops whose kernel takes the dtype the decode runs in (the block linears' dtype after the cast); the
   others keep diffusers' expressions, reported at install (never a per-call fallback of a planned decode).
-- `vae_graphs` (builder option `graphs=True`): `decoder.forward` becomes a GraphedDecoder
+- `vae_graphs` (builder option `graphs=True`): `decoder`'s hook runs a GraphedDecoder
   (graph.py) that replays the whole ViT decoder forward from one CUDA graph per input signature,
   with a counted per-call guard that runs diffusers' forward when a graph cannot apply.
 - `vae_encode_precision` (builder option `encode_precision`): fp16 / bf16 cast `encoder` and `quant_conv` (the
@@ -25,19 +26,18 @@
   split-device linears are skipped with the reason. `default` leaves the model's tiling as it is.
 
 Transformer levers in the plan are reported skipped (they install into MiniMaxH3Transformer3DModel).
-Uninstall (installer.uninstall) restores the block forwards, the VAE's dtype and bits and the tiling
-attributes exactly.
+Uninstall (installer.uninstall) removes the hooks and restores the VAE's dtype and bits and the tiling attributes
+exactly.
 """
 
 from __future__ import annotations
-
-import types
 
 import torch
 
 from h3plan.errors import InstallError
 from h3plan.runtime.kernels import swiglu, vae as kvae
 
+from h3plan.install.hooks import attach, foreign, hook
 from h3plan.install.placement import slots_of
 from . import parallel as vae_parallel
 from .block import LINEARS, VaeBlockState, load_kernels, plan_vae_block_forward
@@ -46,12 +46,13 @@ from .graph import GraphedDecoder
 from h3plan.facts.vae.tiling import RELEASED_TILE, tile_rule
 from .weights import DTYPES, PrecisionCast, blocker as cast_blocker, castable, encode_blocker, encode_tensors
 
-from h3plan.levers import SPECS
+from h3plan.levers import SPECS, owner
 
 VAE_LEVERS = tuple(name for name, s in SPECS.items() if s.model == "vae")
 TILING = ("use_tiling", "tile_sample_min_height", "tile_sample_min_width", "tile_sample_min_overlap_height",
           "tile_sample_min_overlap_width")
 RELEASED = (True, RELEASED_TILE["height"], RELEASED_TILE["width"], RELEASED_TILE["overlap"], RELEASED_TILE["overlap"])
+GRAPHS = "_h3plan_graphs"  # the decoder's GraphedDecoder while vae_graphs' hook is on
 FP8_SOURCES = {torch.float32, torch.bfloat16, torch.float16}  # linears the FP8 codes are quantised from (no float64)
 
 
@@ -72,14 +73,11 @@ def is_vae(model) -> bool:
     return isinstance(model, _classes()[0])
 
 
-def _ours(m) -> bool:
-    """An instance forward this installer put there (a plan block forward)."""
-    return getattr(m.__dict__.get("forward"), "__func__", None) is plan_vae_block_forward
-
-
 def _hooked(m) -> bool:
-    return bool(("forward" in m.__dict__ and not _ours(m)) or m._forward_hooks or m._forward_pre_hooks
-                or hasattr(m, "_diffusers_hook") or hasattr(m, "_hf_hook"))
+    """m carries what a plan did not put there: a user's diffusers hook (install/hooks.py `foreign`), a torch hook,
+    accelerate's hook or an instance forward outside a hook registry."""
+    return bool(("forward" in m.__dict__ and "_diffusers_hook" not in m.__dict__) or m._forward_hooks
+                or m._forward_pre_hooks or foreign(m) or hasattr(m, "_hf_hook"))
 
 
 def recognise(model) -> None:
@@ -113,9 +111,9 @@ def recognise(model) -> None:
             problems.append(f"{fqn}.ff.net.0 is {type(b.ff.net[0]).__name__}, not SwiGLU")
         if b.attn.norm_q.weight is not None or b.attn.norm_k.weight is not None:
             problems.append(f"{fqn}.attn norm_q/norm_k have an affine weight (diffusers' VAE has none)")
-        own = getattr(b.__dict__.get("forward"), "__func__", None) is plan_vae_block_forward
-        if "forward" in b.__dict__ and not own:
-            problems.append(f"{fqn} already has an instance forward (a hook?); install before hooks")
+        if "forward" in b.__dict__ and "_diffusers_hook" not in b.__dict__:  # hooks: install/hooks.py judges them
+            problems.append(f"{fqn} already has an instance forward (not a diffusers hook); install before replacing "
+                            "forwards")
         for path in ("attn", "ff", "ff.net.0", *LINEARS):
             if _hooked(b.get_submodule(path)):
                 problems.append(f"{fqn}.{path} carries hooks (offloading, layerwise casting?); install before them")
@@ -214,14 +212,8 @@ def _install_ops(model, builder, state) -> None:
     kernels = load_kernels(ops)
     for i, block in enumerate(blocks):
         fqn = f"decoder.transformer_blocks.{i}"
-        block._h3plan_vae = VaeBlockState(frozenset(ops), kernels)
-        block.forward = types.MethodType(plan_vae_block_forward, block)
-
-        def undo(b=block):
-            for attr in ("forward", "_h3plan_vae"):
-                b.__dict__.pop(attr, None)
-
-        state.undo.append(undo)
+        attach(block, fqn, lever, plan_vae_block_forward, state,
+               attrs={"_h3plan_vae": VaeBlockState(frozenset(ops), kernels)})
         if "qk_norm_rope" in ops:
             state.report.swap(lever, f"{fqn}.attn.norm_q/norm_k+rope", "eager", "fused")
         if "swiglu" in ops:
@@ -240,15 +232,18 @@ def _install_graphs(model, builder, state) -> None:
         return
     gemms = [g for b in dec.transformer_blocks if (g := getattr(getattr(b, "_h3plan_vae", None), "fp8", None))]
     gd = GraphedDecoder(dec, dec.forward, validate=(lambda: [g.verify() for g in gemms]) if gemms else None)
-    dec.forward = gd
-
-    def undo():
-        dec.__dict__.pop("forward", None)
-        gd.release()
-
-    state.undo.append(undo)
+    state.undo.append(gd.release)  # the graphs' memory, after the hook is off
+    attach(dec, "decoder", lever, lambda previous, *args, **kwargs: gd(*args, **kwargs), state, replaces=False,
+           attrs={GRAPHS: gd})
     state.report.swap(lever, "decoder.forward", type(dec).__name__ + ".forward",
                       "CUDA graph replay, one graph per input signature (diffusers' forward when a guard refuses)")
+
+
+def graphs_of(vae) -> GraphedDecoder | None:
+    """The GraphedDecoder that vae_graphs' hook runs on `vae.decoder` (its graphs, `captures`, `validate`), read from
+    the hook `h3plan.vae_graphs` itself; None where that hook is not on."""
+    found = hook(vae.decoder, owner("graphs"))
+    return None if found is None else found.attrs[GRAPHS]
 
 
 def _geometry(model) -> str:
@@ -302,19 +297,11 @@ def _install_fp8(model, builder, state) -> None:
         gemms = Fp8Gemms(fqn, [block.get_submodule(p) for p in LINEARS])
         added += gemms.code_bytes
         st = getattr(block, "_h3plan_vae", None)
-        if st is None:
-            block._h3plan_vae = VaeBlockState(frozenset(), {}, fp8=gemms)
-            block.forward = types.MethodType(plan_vae_block_forward, block)
-
-            def undo(b=block):
-                for attr in ("forward", "_h3plan_vae"):
-                    b.__dict__.pop(attr, None)
-        else:
+        if st is None:  # no vae_ops hook: the plan forward with no ops, for the GEMMs (dropped with the hook)
+            attach(block, fqn, lever, plan_vae_block_forward, state,
+                   attrs={"_h3plan_vae": VaeBlockState(frozenset(), {}, fp8=gemms)})
+        else:  # vae_ops' hook: its state takes the GEMMs and drops them with it
             st.fp8 = gemms
-
-            def undo(st=st):
-                st.fp8 = None
-        state.undo.append(undo)
         state.report.swap(lever, f"{fqn} linears ({len(LINEARS)})", "float16 GEMMs",
                           "FP8 e4m3 GEMMs: per-channel weight scales, per-row activation scales, float16 out (lossy)")
     state.report.notes.append(

@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 
 from h3plan.errors import InstallError
+from h3plan.install.hooks import attached, foreign
 from h3plan.runtime.parallel.comm import degree_rank, device_reason
 from h3plan.runtime.guards import count_route
 from h3plan.levers import SPECS, owner
@@ -87,11 +88,13 @@ def _all_gather_bytes(buf: torch.Tensor, mine: torch.Tensor, group) -> None:
 
 
 def _hooked(m) -> bool:
-    return bool(m._forward_hooks or m._forward_pre_hooks or hasattr(m, "_diffusers_hook") or hasattr(m, "_hf_hook"))
+    """m carries a hook a plan did not register (a user's diffusers hook, a torch hook, accelerate's)."""
+    return bool(m._forward_hooks or m._forward_pre_hooks or foreign(m) or hasattr(m, "_hf_hook"))
 
 
 class _Replay:
-    """Stands in for `decoder.forward` during diffusers' `_decode`: call k returns gathered item k."""
+    """Stands in for the decoder's forward during diffusers' `_decode` (a hook `h3plan.vae_parallel` for that call):
+    call k returns gathered item k."""
 
     def __init__(self, items: list[Item], outputs: list[torch.Tensor], local: Callable, check: Callable | None):
         self.items, self.outputs, self.local, self.check = items, outputs, local, check
@@ -280,20 +283,13 @@ class ParallelDecode:
 
     def _replay(self, z, items, outputs):
         dec, vae = self.vae.decoder, self.vae
-        prior = dec.__dict__.get("forward")
         check = None
         if self.check_inputs:
             def check(k, x):
                 return torch.equal(x, vae.post_quant_conv(items[k].tile))
-        replay = _Replay(items, outputs, prior if prior is not None else dec.forward, check)
-        dec.forward = replay
-        try:
+        replay = _Replay(items, outputs, dec.forward, check)
+        with attached(dec, "decoder", LEVER, lambda previous, *args, **kwargs: replay(*args, **kwargs), replaces=False):
             out = self.original(z)
-        finally:
-            if prior is None:
-                dec.__dict__.pop("forward", None)
-            else:
-                dec.forward = prior
         if replay.broken is None and replay.k != len(items):
             count_route(REPLAY, f"diffusers made {replay.k} decoder calls, {len(items)} work items were listed")
         return out
