@@ -27,6 +27,25 @@ from . import rules
 SCOPES = ("linears", "block", "attention", "vae", "transformer", "pipeline")
 MODELS = ("transformer", "vae")
 
+# How action=verify checks a lever (Spec.verify); h3plan/actions/verify.py reads these, never a lever's name.
+VERIFY_REFERENCE = "reference"
+"""part of verify's reference R (the attention backend): judged by R against diffusers' eager forward."""
+VERIFY_ALONE = "alone"
+"""R plus this lever in one forward: a lossless setting bitwise equal to R, a lossy one within the recipe's budget."""
+VERIFY_GENERATION = "generation"
+"""a generation of forwards with it against one without: one forward says nothing about a skipped forward; its own
+budget (recipe_section) is judged on a checkpoint by action=calibrate."""
+VERIFY_ATTENTION_ERROR = "attention_error"
+"""the attention output's error against dense per keep fraction: verify's one forward runs dense (off its
+schedule), so its sparse path is not verifiable there; its own budget is judged by action=calibrate."""
+VERIFY_DECODE = "decode"
+"""a VAE lever: the plan's VAE levers installed together, one seeded latent decoded against diffusers' decode."""
+VERIFY_PLACEMENT = "placement"
+"""a component's placement: its outputs placed as planned bitwise against unplaced."""
+VERIFY = (VERIFY_REFERENCE, VERIFY_ALONE, VERIFY_GENERATION, VERIFY_ATTENTION_ERROR, VERIFY_DECODE, VERIFY_PLACEMENT)
+OWN_BUDGET = (VERIFY_GENERATION, VERIFY_ATTENTION_ERROR)
+"""the strategies of a lossy lever judged by its own budget: verify's whole-plan forward is off their schedule."""
+
 
 @dataclass(frozen=True)
 class Option:
@@ -106,7 +125,8 @@ class Spec:
     model: the model class it installs into ("transformer" or "vae").
     ulysses: a Ulysses lever (hardware-verified only up to hardware.verified.max_ulysses_degree; at degree 1 it has
              nothing to act on, and the summary's runs line leaves it out).
-    reference: part of the attention backend: verify's reference R keeps it (attention, fa4_2cta, fp8_scales).
+    verify: how action=verify checks it, one of VERIFY (above): `reference` for the attention backend's levers, which
+        verify's reference R keeps; `decode` for every VAE lever.
     counter: the per-call counter (h3plan.runtime.counters) whose `.fused` proves the path ran, or None. Call sites
         take it from here (`Spec.count()`), never spelling it again.
     routes: the further counters its call sites count, each `<counter>.<route>` (`<name>.<route>` without a counter):
@@ -135,7 +155,7 @@ class Spec:
     summary: str
     model: str = "transformer"
     ulysses: bool = False
-    reference: bool = False
+    verify: str = VERIFY_ALONE
     counter: str | None = None
     routes: tuple[str, ...] = ()
     backends: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -152,6 +172,10 @@ class Spec:
     def __post_init__(self):
         if self.model not in MODELS:
             raise ValueError(f"lever {self.name}: model must be one of {MODELS}")
+        if self.verify not in VERIFY:
+            raise ValueError(f"lever {self.name}: verify must be one of {VERIFY}")
+        if (self.model == "vae") != (self.verify == VERIFY_DECODE):
+            raise ValueError(f"lever {self.name}: a VAE lever, and only one, is verified by {VERIFY_DECODE!r}")
         for o in self.options:
             if o.scope not in SCOPES:
                 raise ValueError(f"lever {self.name}: option {o.key} has scope {o.scope!r}; allowed: {SCOPES}")
