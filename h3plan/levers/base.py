@@ -15,6 +15,7 @@ Pure: no torch, no GPU imports.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
@@ -65,6 +66,33 @@ class Option:
     allowed: str
     default: Any = None
     swap: Callable[[Any], tuple[str, str, str] | None] | None = None
+
+
+STATE_KINDS = ("owns", "parks", "replaces")
+
+
+@dataclass(frozen=True)
+class StateKeys:
+    """State-dict keys one setting's install changes, as patterns relative to its model's `state_dict()` (Spec.model:
+    the transformer's or the VAE's; fnmatch: `*` matches any run of characters, dots too).
+
+    kind: owns: keys install adds beside the model's own (the quantised linears' scales), gone after uninstall;
+          parks: keys whose tensors stay on the host while the plan is installed (install(..., device=) streams them,
+          never moves them there; on a device-loaded model they move to the host), back at uninstall;
+          replaces: keys whose tensor install swaps for one of another dtype or shape (FP8 codes for BF16 weights, a
+          cast), restored bit for bit at uninstall.
+    tests/install/test_state_keys.py installs every setting on the tiny models and holds the keys that changed to
+    exactly these."""
+
+    kind: str
+    keys: tuple[str, ...]
+
+    def __post_init__(self):
+        if self.kind not in STATE_KINDS:
+            raise ValueError(f"StateKeys kind {self.kind!r}; allowed: {STATE_KINDS}")
+
+    def covers(self, key: str) -> bool:
+        return any(fnmatchcase(key, k) for k in self.keys)
 
 
 @dataclass(frozen=True)
@@ -138,6 +166,8 @@ class Spec:
         each to its function and check: levers sit below the runtime and import none of it).
     column: its column's header in a sweep's table (h3plan/sweep.py); None: not a column there.
     terms: setting -> what it changes in the plan's estimates and memory (Terms); a setting not named changes nothing.
+    state: setting -> the model's state-dict keys its install owns, parks or replaces (StateKeys); a setting not named
+        touches none (a hook, a processor option, a fused kernel in the block forward).
     fit: the lossless setting memory.fit offers first when a plan with another setting of this lever does not fit.
     recipe_section: the recipe section that holds its own budget (`recipe.cache`): a lossy lever judged by that budget
         and its evidence, apart from the kernel levers' recipe budget, that action=calibrate measures; checked by
@@ -163,6 +193,7 @@ class Spec:
     kernels: tuple[str, ...] = ()
     column: str | None = None
     terms: Mapping[str, Terms] = field(default_factory=dict)
+    state: Mapping[str, tuple[StateKeys, ...]] = field(default_factory=dict)
     fit: str | None = None
     table_skips_off: bool = False
     recipe_section: str | None = None
@@ -182,9 +213,9 @@ class Spec:
         unknown = set(self.backends) - set(self.settings)
         if unknown:
             raise ValueError(f"lever {self.name}: backends names unknown settings {sorted(unknown)}")
-        unknown = (set(self.terms) | ({self.fit} if self.fit else set())) - set(self.settings)
+        unknown = (set(self.terms) | set(self.state) | ({self.fit} if self.fit else set())) - set(self.settings)
         if unknown:
-            raise ValueError(f"lever {self.name}: terms or fit name unknown settings {sorted(unknown)}")
+            raise ValueError(f"lever {self.name}: terms, state or fit name unknown settings {sorted(unknown)}")
         bad = sorted({b for need in self.backends.values() for b in need} - set(BACKENDS))
         if bad:
             raise ValueError(f"lever {self.name}: backends names unknown attention backends {bad}; known: "

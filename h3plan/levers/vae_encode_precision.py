@@ -21,7 +21,7 @@ from __future__ import annotations
 from h3plan.facts.vae.encode import describe, encode_inputs, seconds
 from h3plan.facts.workflows import DEFAULT_TASK
 
-from .base import Context, Option, Spec, Terms, one_of, resolve, VERIFY_DECODE
+from .base import Context, Option, Spec, Terms, one_of, resolve, VERIFY_DECODE, StateKeys
 
 DTYPES = ("fp32", "fp16", "bf16")
 SPEC = Spec(
@@ -32,6 +32,7 @@ SPEC = Spec(
     verify=VERIFY_DECODE,
     options=(Option("vae", "encode_precision", *one_of(*DTYPES), default="fp32"),),
     terms={"fp16": Terms(vae_encode_cast="fp16"), "bf16": Terms(vae_encode_cast="bf16")},
+    state={s: (StateKeys("replaces", ("encoder.*", "quant_conv.*")),) for s in ("fp16", "bf16")},  # cast
     table_skips_off=True,
 )
 

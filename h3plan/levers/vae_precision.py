@@ -15,7 +15,7 @@ stay lossless, the plan says the decode is lossy and prints the error measured a
 
 from __future__ import annotations
 
-from .base import Context, Option, Spec, Terms, one_of, policy_blockers, resolve, VERIFY_DECODE
+from .base import Context, Option, Spec, Terms, one_of, policy_blockers, resolve, VERIFY_DECODE, StateKeys
 
 DTYPES = ("fp32", "fp16", "bf16")
 SPEC = Spec(
@@ -26,6 +26,7 @@ SPEC = Spec(
     verify=VERIFY_DECODE,
     options=(Option("vae", "precision", *one_of(*DTYPES), default="fp32"),),
     terms={"fp16": Terms(vae_cast="fp16"), "bf16": Terms(vae_cast="bf16")},
+    state={s: (StateKeys("replaces", ("post_quant_conv.*", "decoder.*")),) for s in ("fp16", "bf16")},  # cast
 )
 FROM_RECIPE = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "fp8": "fp16"}  # recipe.vae -> decode precision
 
