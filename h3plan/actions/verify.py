@@ -306,6 +306,8 @@ def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, head
     plan = _single_process(plan)
     v = Verifier(model, inputs, registry)
     eager = v.run(None)
+    # judged by their own budget, checked after the whole plan's forward (whether or not their backend runs here)
+    own = [d for d in plan.decisions if d.enabled and SPECS[d.lever].verify == VERIFY_ATTENTION_ERROR]
     backend = _backend_of(plan)
     why = _availability(backend, model, device, dtype)
     if why is not None:
@@ -334,7 +336,6 @@ def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, head
                  m, _counter_text(ref, [lv for lv in REFERENCE_LEVERS if lv in COUNTERS]), ok=ok)
         rep.ok &= ref.counters.get(f"{COUNTERS[BACKEND_LEVER]}.fused", 0) > 0
 
-    own = []  # decisions judged by their own budget, checked after the whole plan's forward
     alone = []  # decisions their own run could not install (one that needs another lever): the whole plan's run may
     for d in plan.decisions:
         if d.lever in REFERENCE_LEVERS:
@@ -347,7 +348,6 @@ def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, head
             check_step_cache(model, inputs, plan, d, rep, compare, registry)
             continue
         if strategy == VERIFY_ATTENTION_ERROR:  # verify's forward is off the schedule (dense): its own check, below
-            own.append(d)
             continue
         if d.lever in VAE_LEVERS:
             print(f"SKIP  {d.lever + '=' + d.setting:<34} a VAE lever: "
