@@ -99,6 +99,13 @@ def test_no_lever_is_named_in_more_files_than_its_ceiling():
                                               for n, f in risen.items())
 
 
+def test_every_ceiling_is_the_count_itself():
+    """A ceiling above its count would let a later change name the lever again unnoticed: lower it to the count."""
+    fallen = {name: len(files) for name, files in census().items() if len(files) < CEILING.get(name, 0)}
+    assert not fallen, "lower these ceilings to their counts: " + ", ".join(f"{n} {CEILING[n]} -> {c}"
+                                                                           for n, c in fallen.items())
+
+
 def test_the_ceilings_name_registered_levers():
     assert set(CEILING) <= set(NAMES), f"ceilings for levers no longer registered: {sorted(set(CEILING) - set(NAMES))}"
 
