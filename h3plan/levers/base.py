@@ -207,6 +207,9 @@ class Spec:
             raise ValueError(f"lever {self.name}: verify must be one of {VERIFY}")
         if (self.model == "vae") != (self.verify == VERIFY_DECODE):
             raise ValueError(f"lever {self.name}: a VAE lever, and only one, is verified by {VERIFY_DECODE!r}")
+        if (self.verify in OWN_BUDGET) != (self.recipe_section is not None):
+            raise ValueError(f"lever {self.name}: a lever judged by its own budget (recipe_section) is verified by one "
+                             f"of {OWN_BUDGET}, and only such a lever")
         for o in self.options:
             if o.scope not in SCOPES:
                 raise ValueError(f"lever {self.name}: option {o.key} has scope {o.scope!r}; allowed: {SCOPES}")
