@@ -24,6 +24,7 @@ import os
 
 from h3plan.errors import H3PlanError, UsageError
 from h3plan.facts.pipeline import schedule_facts
+from h3plan.levers import SPECS
 from h3plan.planner import resolve
 from h3plan.planning.action_configs import CalibrateConfig
 from h3plan.planning.config import compose
@@ -35,6 +36,13 @@ from .calibrate_step_cache import run as run_step_cache
 from .gpu_only import CALIBRATE_SMOKE as CPU_SMOKE, calibrate_too_wide
 from .verify import CPU_MAX_ROWS, _cfg_get, _prepare_device
 
+# the calibrate targets besides fp8_scales: the levers judged by their own budget -> their recipe section
+SECTIONS = {name: s.recipe_section for name, s in SPECS.items() if s.recipe_section}
+
+
+def _own_budget(section: str):
+    """The calibration that measures a lever judged by its own budget, by its recipe section."""
+    return {"cache": run_step_cache, "sparse": run_sparse_attention}[section]
 
 
 def settings(cfg) -> CalibrateConfig:
@@ -207,10 +215,8 @@ def rejected_path(out: str) -> str:
 def run(cfg, plan) -> int:
     """CLI entry: cfg is the composed config (cfg.model, cfg.calibrate, cfg.parallel), plan the resolved Plan."""
     c = settings(cfg)
-    if c.target == "step_cache":
-        return run_step_cache(cfg, plan, c)
-    if c.target == "sparse_attention":
-        return run_sparse_attention(cfg, plan, c)
+    if c.target in SECTIONS:
+        return _own_budget(SECTIONS[c.target])(cfg, plan, c)
     if c.target != "fp8_scales":
         raise UsageError(f"calibrate.target={c.target}: allowed: fp8_scales, step_cache, sparse_attention")
     if c.statistic not in ("amax", "percentile"):

@@ -43,9 +43,12 @@ import sys
 from dataclasses import dataclass, field
 
 from h3plan.runtime.attention import get_backend
+from h3plan import prepare
 from h3plan.errors import UsageError
 from h3plan.install import counters as get_counters, fallback_reasons, install, reset_counters, uninstall
-from h3plan.levers import COUNTERS, OPTIONS, REFERENCE_LEVERS, SPECS, ULYSSES_LEVERS
+from h3plan.levers import BACKEND_LEVER, COUNTERS, DECODE_LEVERS, OWN_BUDGET_LEVERS, REFERENCE_LEVERS, SPECS, \
+    ULYSSES_LEVERS
+from h3plan.levers.base import VERIFY_ATTENTION_ERROR, VERIFY_GENERATION
 from h3plan.planner import Plan
 from h3plan.planning.checkpoint import transformer_folder
 from h3plan.facts.decision import make_decision
@@ -65,7 +68,7 @@ def platform_limits() -> tuple[str, ...]:
 
 
 OUTPUTS = ("hidden", "video", "audio")
-VAE_LEVERS = tuple(dict.fromkeys(lever for lever, o in OPTIONS.values() if o.scope == "vae"))  # registry order
+VAE_LEVERS = DECODE_LEVERS  # checked with the VAE decode (check 5), registry order
 INCOMPLETE = 3  # exit status: every check that ran passed, a lossy lever could not be checked here
 
 
@@ -163,9 +166,7 @@ class Verifier:
         import torch
 
         report = install(self.model, plan, registry=self.registry, stand_in=True) if plan is not None else None
-        if report is not None:  # adaln_table: these inputs' timestep vector in the table too (no-op without one)
-            from h3plan.install.adaln_table import prepare
-
+        if report is not None:  # a per-timestep table: these inputs' timestep vector in it too (no-op without one)
             prepare(self.model, timesteps=[self.inputs["timestep"]])
         try:
             reset_counters()
@@ -187,8 +188,8 @@ def _substitute_backend(plan, backend, reason):
     SPEC.backends) are dropped, so their levers install nothing."""
     out = []
     for d in plan.decisions:
-        if d.lever == "attention":
-            out.append(make_decision("attention", backend, True, [f"verify: {reason}"]))
+        if d.lever == BACKEND_LEVER:
+            out.append(make_decision(BACKEND_LEVER, backend, True, [f"verify: {reason}"]))
         elif backend not in SPECS[d.lever].backends.get(d.setting, (backend,)):
             continue
         else:
@@ -215,7 +216,7 @@ def _single_process(plan):
 
 def _backend_of(plan):
     for d in plan.decisions:
-        if d.lever == "attention":
+        if d.lever == BACKEND_LEVER:
             return d.setting
     return "sdpa"
 
@@ -305,34 +306,35 @@ def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, head
     plan = _single_process(plan)
     v = Verifier(model, inputs, registry)
     eager = v.run(None)
-    sparse = next((d for d in plan.decisions if d.lever == "sparse_attention" and d.enabled), None)
+    # judged by their own budget, checked after the whole plan's forward (whether or not their backend runs here)
+    own = [d for d in plan.decisions if d.enabled and SPECS[d.lever].verify == VERIFY_ATTENTION_ERROR]
     backend = _backend_of(plan)
     why = _availability(backend, model, device, dtype)
     if why is not None:
         print(f"attention backend {backend!r} cannot run here ({why}): sdpa replaces it on both sides")
         for d in plan.decisions:
-            if d.lever == "attention" or (d.enabled and backend in SPECS[d.lever].backends.get(d.setting, ())):
+            if d.lever == BACKEND_LEVER or (d.enabled and backend in SPECS[d.lever].backends.get(d.setting, ())):
                 rep.skip(f"{d.lever}={d.setting}", f"{backend} cannot run here, sdpa in its place", d.lossless)
         plan = _substitute_backend(plan, "sdpa", f"{backend} unavailable: {why}")
         backend = "sdpa"
     print(f"lossless levers are judged against the reference R: attention={backend} on both sides, every "
           "other op diffusers' eager code")
     base = [d for d in plan.decisions if d.lever in REFERENCE_LEVERS]
-    if not any(d.lever == "attention" for d in base):
-        base.insert(0, make_decision("attention", "sdpa", True, ["verify: the plan names no backend"]))
+    if not any(d.lever == BACKEND_LEVER for d in base):
+        base.insert(0, make_decision(BACKEND_LEVER, "sdpa", True, ["verify: the plan names no backend"]))
     ref = v.run(_subplan(plan, base))
     budget = _budget(plan)
     m = {k: compare(ref.outputs[k], eager.outputs[k]) for k in OUTPUTS}
     same = all(x["bitwise"] for x in m.values())
     if backend == "sdpa":
         rep.line("R (attention=sdpa) vs diffusers", "bitwise equal" if same else "DIFFERS", None if same else m,
-                 _counter_text(ref, ["attention"]), ok=same)
+                 _counter_text(ref, [BACKEND_LEVER]), ok=same)
     else:
         lossy = any(not d.lossless for d in base)
         ok = True if not lossy else budget is not None and min(x["psnr_db"] for x in m.values()) >= budget
         rep.line(f"R (attention={backend}) vs diffusers", "backend error" + (f" (budget {budget} dB)" if lossy else ""),
-                 m, _counter_text(ref, ["attention", "fa4_2cta"]), ok=ok)
-        rep.ok &= ref.counters.get("attention.fused", 0) > 0
+                 m, _counter_text(ref, [lv for lv in REFERENCE_LEVERS if lv in COUNTERS]), ok=ok)
+        rep.ok &= ref.counters.get(f"{COUNTERS[BACKEND_LEVER]}.fused", 0) > 0
 
     alone = []  # decisions their own run could not install (one that needs another lever): the whole plan's run may
     for d in plan.decisions:
@@ -341,10 +343,11 @@ def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, head
         if not d.enabled:
             print(f"SKIP  {d.lever + '=' + d.setting:<34} off in the plan")
             continue
-        if d.lever == "step_cache":  # one forward says nothing about skipped ones: a generation (verify_step_cache.py)
-            check_step_cache(model, inputs, plan, rep, compare, registry)
+        strategy = SPECS[d.lever].verify
+        if strategy == VERIFY_GENERATION:  # one forward says nothing about skipped ones: a generation
+            check_step_cache(model, inputs, plan, d, rep, compare, registry)
             continue
-        if d.lever == "sparse_attention":  # verify's forward is off the schedule (dense): its own check, below
+        if strategy == VERIFY_ATTENTION_ERROR:  # verify's forward is off the schedule (dense): its own check, below
             continue
         if d.lever in VAE_LEVERS:
             print(f"SKIP  {d.lever + '=' + d.setting:<34} a VAE lever: "
@@ -383,13 +386,13 @@ def verify(model, inputs, plan, *, registry=None, device="cpu", dtype=None, head
     levers = [d.lever for d in plan.decisions]
     m_ref = {k: compare(whole.outputs[k], ref.outputs[k]) for k in OUTPUTS}
     m_eager = {k: compare(whole.outputs[k], eager.outputs[k]) for k in OUTPUTS}
-    if sparse is not None:  # the attention error per keep fraction (verify_sparse_attention.py), FA4 or not
-        check_sparse_attention(model, inputs, sparse, rep)
-        rep.skip(f"{sparse.lever}={sparse.setting}", "verify's one forward is off the step schedule (dense): FA4's "
+    for d in own:  # the attention error per keep fraction (verify_sparse_attention.py), FA4 or not
+        check_sparse_attention(model, inputs, d, rep)
+        rep.skip(f"{d.lever}={d.setting}", "verify's one forward is off the step schedule (dense): FA4's "
                  "block-sparse forward runs in tests/gpu/test_sparse_attention_gpu.py and "
                  "benchmarks/sparse_attention_h200.py", False)
     # one forward off the cache's schedule computes every forward, and runs dense attention
-    if all(d.lossless or d.lever in ("step_cache", "sparse_attention") for d in plan.decisions):
+    if all(d.lossless or d.lever in OWN_BUDGET_LEVERS for d in plan.decisions):
         same = all(x["bitwise"] for x in m_ref.values())
         rep.line("whole plan vs R", "bitwise equal" if same else "NOT bitwise equal", None if same else m_ref,
                  _counter_text(whole, levers), ok=same)

@@ -12,6 +12,7 @@ action=calibrate calibrate.target=step_cache, not here (seeded weights).
 
 from __future__ import annotations
 
+from h3plan import prepare
 from h3plan.levers import REGISTRY
 
 
@@ -27,7 +28,6 @@ def _forwards(model, plan, inputs, vectors, registry, cached: bool):
     import torch
 
     from h3plan.install import install, uninstall
-    from h3plan.install.adaln_table import prepare
     from h3plan.install.step_cache import STATE, calls
 
     install(model, plan, registry=registry)
@@ -46,14 +46,14 @@ def _forwards(model, plan, inputs, vectors, registry, cached: bool):
         uninstall(model)
 
 
-def check(model, inputs, plan, rep, compare, registry=None) -> None:
-    """Add the step_cache lines to verify's Report `rep` (see the module docstring); `compare`: verify's metrics."""
+def check(model, inputs, plan, d, rep, compare, registry=None) -> None:
+    """Add the lines of the plan's step cache decision `d` to verify's Report `rep` (see the module docstring);
+    `compare`: verify's metrics."""
     from dataclasses import replace
 
-    d = plan.decision("step_cache")
     n = int(d.param("forwards"))
     vectors = pairs(n, inputs["timestep"])
-    plain = replace(plan, decisions=tuple(x for x in plan.decisions if x.lever != "step_cache"))
+    plain = replace(plan, decisions=tuple(x for x in plan.decisions if x.lever != d.lever))
     ref, _ = _forwards(model, plain, inputs, vectors, registry, cached=False)
     got, made = _forwards(model, plan, inputs, vectors, registry, cached=True)
     computed = made[0]["computed"] if made else None

@@ -9,6 +9,7 @@ builder). Every table other code needs about levers is derived here, once:
     MEMORY_SPECS     the levers decided in the memory estimate (MEMORY_NAMES: the text encoder's placement)
     KERNEL_OPS       kernel op -> its lever           (install/kernels.py maps each op to its functions)
     ULYSSES_LEVERS, REFERENCE_LEVERS, COUNTERS          (hardware-verified rule, verify)
+    DECODE_LEVERS, OWN_BUDGET_LEVERS, BACKEND_LEVER     (verify: by each SPEC's `verify` strategy)
     owner(option), counter(option, route)              (an install call site: whom it installs for, what it counts)
     COLUMNS          lever -> its sweep table header     (h3plan/sweep.py)
     terms(settings)  the plan's Terms                    (planning/derive.py, planning/memory.py)
@@ -23,7 +24,7 @@ from importlib import import_module
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from .base import Context, LeverError, Option, Spec, Terms
+from .base import OWN_BUDGET, VERIFY_DECODE, VERIFY_REFERENCE, Context, LeverError, Option, Spec, Terms
 
 NAMES = ("gemm_quant", "adaln_table", "attention", "fa4_2cta", "fa4_tile", "fp8_scales", "qk_norm_rope", "modulation",
          "gated_residual", "swiglu", "fp8_act_quant", "ulysses_padding", "ulysses_overlap", "a2a_fp8_codes",
@@ -51,7 +52,9 @@ MEMORY_SPECS: dict[str, Spec] = {name: m.SPEC for name, m in MEMORY_REGISTRY.ite
 
 LEVER_SETTINGS: dict[str, tuple[str, ...]] = {name: tuple(s.settings) for name, s in SPECS.items()}
 ULYSSES_LEVERS = tuple(name for name, s in SPECS.items() if s.ulysses)
-REFERENCE_LEVERS = tuple(name for name, s in SPECS.items() if s.reference)
+REFERENCE_LEVERS = tuple(name for name, s in SPECS.items() if s.verify == VERIFY_REFERENCE)
+DECODE_LEVERS = tuple(name for name, s in SPECS.items() if s.verify == VERIFY_DECODE)
+OWN_BUDGET_LEVERS = tuple(name for name, s in SPECS.items() if s.verify in OWN_BUDGET)
 COUNTERS = MappingProxyType({name: s.counter for name, s in SPECS.items() if s.counter})
 
 
@@ -101,6 +104,8 @@ OPTIONS = MappingProxyType(_options())
 KERNEL_OPS = MappingProxyType(_kernel_ops())
 TERM_OWNERS = MappingProxyType(_term_owners())
 COLUMNS = MappingProxyType({name: s.column for name, s in SPECS.items() if s.column})
+BACKEND_LEVER = TERM_OWNERS["attention_backend"]
+"""The lever whose setting is the attention backend the blocks run (verify's reference R keeps it)."""
 
 
 def owner(option: str) -> str:
@@ -136,5 +141,6 @@ def not_installed(decision) -> str | None:
 
 
 __all__ = ["NAMES", "REGISTRY", "SPECS", "MEMORY_NAMES", "MEMORY_REGISTRY", "MEMORY_SPECS", "LEVER_SETTINGS", "OPTIONS",
-           "KERNEL_OPS", "ULYSSES_LEVERS", "REFERENCE_LEVERS", "COUNTERS", "COLUMNS", "TERM_OWNERS", "Context",
+           "KERNEL_OPS", "ULYSSES_LEVERS", "REFERENCE_LEVERS", "DECODE_LEVERS", "OWN_BUDGET_LEVERS",
+           "BACKEND_LEVER", "COUNTERS", "COLUMNS", "TERM_OWNERS", "Context",
            "LeverError", "Option", "Spec", "Terms", "counter", "not_installed", "owner", "scope_options", "terms"]

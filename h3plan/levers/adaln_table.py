@@ -25,7 +25,7 @@ from typing import Any, Mapping
 from h3plan.facts.pipeline import schedule_facts
 from h3plan.facts.timesteps import request_steps, row_kinds, schedule, vectors
 
-from .base import Context, Option, Spec, Terms, resolve
+from .base import Context, Option, Spec, StateKeys, Terms, resolve
 
 
 def _valid(v) -> bool:
@@ -43,6 +43,8 @@ SPEC = Spec(
     options=(Option("linears", "adaln_table", _valid,
                     "None or dict(steps: [int >= 2, ...], shifts, conditions)", None),),
     terms={"on": Terms(adaln_tables=True)},
+    # the blocks' AdaLN projections and the output norm's: read only while the tables are built
+    state={"on": (StateKeys("parks", ("transformer_blocks.*.adaln_proj.linear.*", "norm_out.linear.*")),)},
     fit="on",
 )
 GiB = 2**30

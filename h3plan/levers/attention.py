@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from h3plan.facts.attention import BACKENDS, DEFAULT, FP8, select, supports
 from ..sources import cite
-from .base import Context, Option, Spec, Terms, nearest_point, one_of, resolve
+from .base import Context, Option, Spec, Terms, nearest_point, one_of, resolve, VERIFY_REFERENCE
 
 SPEC = Spec(
     name="attention",
     settings={name: b.lossless for name, b in BACKENDS.items()},
     summary="attention backend of the transformer blocks (BF16 backends exact given the backend; cudnn_fp8 lossy)",
-    reference=True,
+    verify=VERIFY_REFERENCE,
     counter="attention",
     options=(Option("attention", "backend", *one_of(*BACKENDS), default=DEFAULT),),
     column="attention",

@@ -15,6 +15,7 @@ Pure: no torch, no GPU imports.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
@@ -26,6 +27,25 @@ from . import rules
 
 SCOPES = ("linears", "block", "attention", "vae", "transformer", "pipeline")
 MODELS = ("transformer", "vae")
+
+# How action=verify checks a lever (Spec.verify); h3plan/actions/verify.py reads these, never a lever's name.
+VERIFY_REFERENCE = "reference"
+"""part of verify's reference R (the attention backend): judged by R against diffusers' eager forward."""
+VERIFY_ALONE = "alone"
+"""R plus this lever in one forward: a lossless setting bitwise equal to R, a lossy one within the recipe's budget."""
+VERIFY_GENERATION = "generation"
+"""a generation of forwards with it against one without: one forward says nothing about a skipped forward; its own
+budget (recipe_section) is judged on a checkpoint by action=calibrate."""
+VERIFY_ATTENTION_ERROR = "attention_error"
+"""the attention output's error against dense per keep fraction: verify's one forward runs dense (off its
+schedule), so its sparse path is not verifiable there; its own budget is judged by action=calibrate."""
+VERIFY_DECODE = "decode"
+"""a VAE lever: the plan's VAE levers installed together, one seeded latent decoded against diffusers' decode."""
+VERIFY_PLACEMENT = "placement"
+"""a component's placement: its outputs placed as planned bitwise against unplaced."""
+VERIFY = (VERIFY_REFERENCE, VERIFY_ALONE, VERIFY_GENERATION, VERIFY_ATTENTION_ERROR, VERIFY_DECODE, VERIFY_PLACEMENT)
+OWN_BUDGET = (VERIFY_GENERATION, VERIFY_ATTENTION_ERROR)
+"""the strategies of a lossy lever judged by its own budget: verify's whole-plan forward is off their schedule."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +66,33 @@ class Option:
     allowed: str
     default: Any = None
     swap: Callable[[Any], tuple[str, str, str] | None] | None = None
+
+
+STATE_KINDS = ("owns", "parks", "replaces")
+
+
+@dataclass(frozen=True)
+class StateKeys:
+    """State-dict keys one setting's install changes, as patterns relative to its model's `state_dict()` (Spec.model:
+    the transformer's or the VAE's; fnmatch: `*` matches any run of characters, dots too).
+
+    kind: owns: keys install adds beside the model's own (the quantised linears' scales), gone after uninstall;
+          parks: keys whose tensors stay on the host while the plan is installed (install(..., device=) streams them,
+          never moves them there; on a device-loaded model they move to the host), back at uninstall;
+          replaces: keys whose tensor install swaps for one of another dtype or shape (FP8 codes for BF16 weights, a
+          cast), restored bit for bit at uninstall.
+    tests/install/test_state_keys.py installs every setting on the tiny models and holds the keys that changed to
+    exactly these."""
+
+    kind: str
+    keys: tuple[str, ...]
+
+    def __post_init__(self):
+        if self.kind not in STATE_KINDS:
+            raise ValueError(f"StateKeys kind {self.kind!r}; allowed: {STATE_KINDS}")
+
+    def covers(self, key: str) -> bool:
+        return any(fnmatchcase(key, k) for k in self.keys)
 
 
 @dataclass(frozen=True)
@@ -106,7 +153,8 @@ class Spec:
     model: the model class it installs into ("transformer" or "vae").
     ulysses: a Ulysses lever (hardware-verified only up to hardware.verified.max_ulysses_degree; at degree 1 it has
              nothing to act on, and the summary's runs line leaves it out).
-    reference: part of the attention backend: verify's reference R keeps it (attention, fa4_2cta, fp8_scales).
+    verify: how action=verify checks it, one of VERIFY (above): `reference` for the attention backend's levers, which
+        verify's reference R keeps; `decode` for every VAE lever.
     counter: the per-call counter (h3plan.runtime.counters) whose `.fused` proves the path ran, or None. Call sites
         take it from here (`Spec.count()`), never spelling it again.
     routes: the further counters its call sites count, each `<counter>.<route>` (`<name>.<route>` without a counter):
@@ -118,6 +166,8 @@ class Spec:
         each to its function and check: levers sit below the runtime and import none of it).
     column: its column's header in a sweep's table (h3plan/sweep.py); None: not a column there.
     terms: setting -> what it changes in the plan's estimates and memory (Terms); a setting not named changes nothing.
+    state: setting -> the model's state-dict keys its install owns, parks or replaces (StateKeys); a setting not named
+        touches none (a hook, a processor option, a fused kernel in the block forward).
     fit: the lossless setting memory.fit offers first when a plan with another setting of this lever does not fit.
     recipe_section: the recipe section that holds its own budget (`recipe.cache`): a lossy lever judged by that budget
         and its evidence, apart from the kernel levers' recipe budget, that action=calibrate measures; checked by
@@ -135,7 +185,7 @@ class Spec:
     summary: str
     model: str = "transformer"
     ulysses: bool = False
-    reference: bool = False
+    verify: str = VERIFY_ALONE
     counter: str | None = None
     routes: tuple[str, ...] = ()
     backends: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -143,6 +193,7 @@ class Spec:
     kernels: tuple[str, ...] = ()
     column: str | None = None
     terms: Mapping[str, Terms] = field(default_factory=dict)
+    state: Mapping[str, tuple[StateKeys, ...]] = field(default_factory=dict)
     fit: str | None = None
     table_skips_off: bool = False
     recipe_section: str | None = None
@@ -152,15 +203,22 @@ class Spec:
     def __post_init__(self):
         if self.model not in MODELS:
             raise ValueError(f"lever {self.name}: model must be one of {MODELS}")
+        if self.verify not in VERIFY:
+            raise ValueError(f"lever {self.name}: verify must be one of {VERIFY}")
+        if (self.model == "vae") != (self.verify == VERIFY_DECODE):
+            raise ValueError(f"lever {self.name}: a VAE lever, and only one, is verified by {VERIFY_DECODE!r}")
+        if (self.verify in OWN_BUDGET) != (self.recipe_section is not None):
+            raise ValueError(f"lever {self.name}: a lever judged by its own budget (recipe_section) is verified by one "
+                             f"of {OWN_BUDGET}, and only such a lever")
         for o in self.options:
             if o.scope not in SCOPES:
                 raise ValueError(f"lever {self.name}: option {o.key} has scope {o.scope!r}; allowed: {SCOPES}")
         unknown = set(self.backends) - set(self.settings)
         if unknown:
             raise ValueError(f"lever {self.name}: backends names unknown settings {sorted(unknown)}")
-        unknown = (set(self.terms) | ({self.fit} if self.fit else set())) - set(self.settings)
+        unknown = (set(self.terms) | set(self.state) | ({self.fit} if self.fit else set())) - set(self.settings)
         if unknown:
-            raise ValueError(f"lever {self.name}: terms or fit name unknown settings {sorted(unknown)}")
+            raise ValueError(f"lever {self.name}: terms, state or fit name unknown settings {sorted(unknown)}")
         bad = sorted({b for need in self.backends.values() for b in need} - set(BACKENDS))
         if bad:
             raise ValueError(f"lever {self.name}: backends names unknown attention backends {bad}; known: "

@@ -7,13 +7,13 @@ SM100 (exists, regresses long sequences) and SM90 (1-CTA only). Exact given the 
 from __future__ import annotations
 
 from . import rules
-from .base import Context, Option, Spec, resolve
+from .base import Context, Option, Spec, resolve, VERIFY_REFERENCE
 
 SPEC = Spec(
     name="fa4_2cta",
     settings={"off": True, "on": True},
     summary="FA4's 2-CTA kernel for the transformer blocks (Blackwell; exact given the backend)",
-    reference=True,
+    verify=VERIFY_REFERENCE,
     counter="fa4_2cta",
     backends={"on": ("fa4",)},
     options=(Option("attention", "fa4_2cta", lambda v: v is None or isinstance(v, bool), "bool or None", None,

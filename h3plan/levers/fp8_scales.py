@@ -13,14 +13,14 @@ from h3plan.facts.scale_table import ScaleTableError, load
 from ..sources import cite
 from .attention import fp8_output_dtype
 from . import rules
-from .base import Context, LeverError, Option, Spec, one_of, resolve
+from .base import Context, LeverError, Option, Spec, one_of, resolve, VERIFY_REFERENCE
 
 
 SPEC = Spec(
     name="fp8_scales",
     settings={"off": True, "dynamic": False, "static": False},
     summary="FP8 attention scales: dynamic per-tensor amax or a static calibrated table (lossy)",
-    reference=True,
+    verify=VERIFY_REFERENCE,
     backends={"dynamic": ("cudnn_fp8",), "static": ("cudnn_fp8",)},
     options=(Option("attention", "fp8_scales", *one_of("off", "dynamic", "static"), default="dynamic"),
              Option("attention", "scale_table", lambda v: v is None or isinstance(v, str), "path or None", None),

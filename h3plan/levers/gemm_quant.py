@@ -10,8 +10,16 @@ from __future__ import annotations
 
 from h3plan.facts.blocks import BLOCK_LINEARS
 from h3plan.facts.scale_table import has_linears
-from .base import Context, LeverError, Option, Spec, Terms, resolve
+from .base import Context, LeverError, Option, Spec, StateKeys, Terms, resolve
 from .nvfp4_producer_quant import nvfp4_evidence
+
+WEIGHTS = tuple(f"transformer_blocks.*.{fqn}.weight" for fqn in BLOCK_LINEARS)
+
+
+def _quantised(*scales: str) -> tuple[StateKeys, ...]:
+    """The block linears' weights replaced by their codes, each with its scales (`<weight>_scale`...) beside it."""
+    return StateKeys("replaces", WEIGHTS), StateKeys("owns", tuple(w + s for w in WEIGHTS for s in scales))
+
 
 SPEC = Spec(
     name="gemm_quant",
@@ -23,6 +31,8 @@ SPEC = Spec(
                     "None or dict(format: 'fp8' | 'nvfp4', params: dict)", None),),
     column="gemm",
     terms={"fp8": Terms(gemm_dtype="fp8"), "nvfp4": Terms(gemm_dtype="nvfp4")},
+    # e4m3 codes with a per-channel scale; packed e2m1 codes with block scales and a global one
+    state={"fp8": _quantised("_scale"), "nvfp4": _quantised("_scale", "_scale_2")},
 )
 # NVFP4 rounding (docs/numerics.md): why the block scales clamp as torchao does and not as TRT-LLM's kernel
 QUANTIZER = ("torchao nvfp4_quantize, bit for bit: codes by reciprocal multiply x * ((1 / g) / s), -0 kept, block "

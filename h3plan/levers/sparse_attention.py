@@ -41,7 +41,7 @@ from h3plan.facts.decision import Decision
 from h3plan.sources import cite
 
 from . import rules
-from .base import Context, LeverError, Option, Spec, Terms, resolve
+from .base import Context, LeverError, Option, Spec, Terms, resolve, VERIFY_ATTENTION_ERROR
 from .step_cache import forwards_of
 
 SUB = 32  # rows per pooled sub-block (h3plan/runtime/kernels/block_router.py SUB)
@@ -67,6 +67,7 @@ SPEC = Spec(
     kernels=("block_router",),
     terms={"block_sparse": Terms(sparse_blocks=True)},
     table_skips_off=True,
+    verify=VERIFY_ATTENTION_ERROR,
     recipe_section="sparse",
     config_problem=lambda sparse: config_problem(sparse),  # below
     budget_line=lambda d: budget_line(d),  # below

@@ -44,7 +44,7 @@ from h3plan.facts.timesteps import request_steps
 from h3plan.facts.workflows import DEFAULT_TASK
 
 from .adaln_table import schedule
-from .base import Context, LeverError, Option, Spec, Terms, resolve
+from .base import Context, LeverError, Option, Spec, Terms, resolve, VERIFY_GENERATION
 
 MODES = ("fixed", "taylor", "first_block")
 KNOBS = {"fixed": ("computed", "warmup", "final", "max_skip"), "taylor": ("computed", "warmup", "final", "max_skip"),
@@ -104,6 +104,7 @@ SPEC = Spec(
     options=(Option("transformer", "step_cache", _valid, "None or dict(mode, steps, forwards, computed, warmup, final, "
                     "threshold, max_skip)", None),),
     terms={s: Terms(fewer_forwards=True) for s in ("fixed", "taylor", "first_block")},
+    verify=VERIFY_GENERATION,
     recipe_section="cache",
     config_problem=lambda cache: config_problem(cache),  # below
     budget_line=lambda d: budget_line(d),  # below

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 from h3plan.facts.decision import Decision, make_decision
 
-from .base import Option, Spec, one_of
+from .base import Option, Spec, one_of, VERIFY_PLACEMENT
 
 GiB = 2**30
 SPEC = Spec(
@@ -33,6 +33,7 @@ SPEC = Spec(
     summary="where the pipeline's Qwen3-VL conditioner sits, decided in the memory estimate by what fits: none "
             "(prompt_embeds given), resident, offload_after (moved to the host after encoding) or host (streamed a "
             "layer at a time) (exact)",
+    verify=VERIFY_PLACEMENT,
     options=(Option("pipeline", "text_encoder", *one_of("resident", "offload_after", "host")),),
 )
 PLACED = tuple(s for s in SPEC.settings if s != "none")  # the settings that put the conditioner somewhere

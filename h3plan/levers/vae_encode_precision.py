@@ -21,7 +21,7 @@ from __future__ import annotations
 from h3plan.facts.vae.encode import describe, encode_inputs, seconds
 from h3plan.facts.workflows import DEFAULT_TASK
 
-from .base import Context, Option, Spec, Terms, one_of, resolve
+from .base import Context, Option, Spec, Terms, one_of, resolve, VERIFY_DECODE, StateKeys
 
 DTYPES = ("fp32", "fp16", "bf16")
 SPEC = Spec(
@@ -29,8 +29,10 @@ SPEC = Spec(
     settings={"off": True, "fp32": True, "fp16": False, "bf16": False},
     summary="the precision the VAE encode of keyframes / references runs in (fp32: diffusers' default; off: t2va)",
     model="vae",
+    verify=VERIFY_DECODE,
     options=(Option("vae", "encode_precision", *one_of(*DTYPES), default="fp32"),),
     terms={"fp16": Terms(vae_encode_cast="fp16"), "bf16": Terms(vae_encode_cast="bf16")},
+    state={s: (StateKeys("replaces", ("encoder.*", "quant_conv.*")),) for s in ("fp16", "bf16")},  # cast
     table_skips_off=True,
 )
 

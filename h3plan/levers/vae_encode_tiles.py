@@ -16,7 +16,7 @@ budget does not cover the encode: vae_encode_precision says why).
 from __future__ import annotations
 
 from . import rules
-from .base import Context, Option, Spec, one_of, resolve
+from .base import Context, Option, Spec, one_of, resolve, VERIFY_DECODE
 from .vae_encode_precision import encodes_nothing, lossy_vae
 
 SPEC = Spec(
@@ -24,6 +24,7 @@ SPEC = Spec(
     settings={"off": True, "default": True, "decode": False},
     summary="the encode's tile geometry (default: the VAE's own as loaded, bit for bit; decode: vae_tiles' geometry)",
     model="vae",
+    verify=VERIFY_DECODE,
     options=(Option("vae", "encode_tiling", *one_of("shared", "own"), default="shared"),),
     table_skips_off=True,
 )

@@ -9,13 +9,14 @@ gain was measured the reason cites it, elsewhere it says it was not. Guards per 
 
 from __future__ import annotations
 
-from .base import Context, default_install, is_bool, Option, resolve, Spec, Terms
+from .base import Context, default_install, is_bool, Option, resolve, Spec, Terms, VERIFY_DECODE
 
 SPEC = Spec(
     name="vae_graphs",
     settings={"off": True, "on": True},
     summary="the VAE's ViT decoder replayed from one CUDA graph per input signature (exact)",
     model="vae",
+    verify=VERIFY_DECODE,
     counter="vae_graphs",
     options=(Option("vae", "graphs", is_bool, "bool", False),),
     terms={"on": Terms(vae_graph_pool=True)},

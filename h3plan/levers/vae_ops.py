@@ -6,7 +6,7 @@ unregistered architecture is reported in the plan as eager, never silently skipp
 from __future__ import annotations
 
 from . import rules
-from .base import Context, Option, Spec, Terms, resolve
+from .base import Context, Option, Spec, Terms, resolve, VERIFY_DECODE
 
 # what `fused` may install (the installer keeps the ops whose kernel takes the decode's dtype)
 OPS = ("qk_norm_rope", "swiglu", "scaled_residual")
@@ -15,6 +15,7 @@ SPEC = Spec(
     settings={"eager": True, "fused": True},
     summary="VAE decoder ops: fused QK-norm + RoPE, SwiGLU, scaled residual (exact)",
     model="vae",
+    verify=VERIFY_DECODE,
     counter="vae_ops",
     routes=OPS,  # vae_ops.<op>: each fused op of the decoder block counts on its own
     options=(Option("vae", "ops", lambda v: isinstance(v, tuple) and set(v) <= set(OPS),

@@ -15,7 +15,7 @@ from __future__ import annotations
 from h3plan.facts.vae import decode as vae_decode, parallel_plan as vpp
 from h3plan.facts.vae.tiling import Geometry
 from . import rules
-from .base import Context, Option, Spec, Terms, is_bool, resolve
+from .base import Context, Option, Spec, Terms, is_bool, resolve, VERIFY_DECODE
 from .vae_tiles import TILE_OF
 
 ELEM_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}  # the decoded tiles' dtype at each vae_precision (what the ranks gather)
@@ -25,6 +25,7 @@ SPEC = Spec(
     settings={"off": True, "tiles": True},  # the same decoder calls on the same inputs, stitched by diffusers' code
     summary="one video decode spread over the Ulysses ranks, tiles gathered, stitched by diffusers (bitwise)",
     model="vae",
+    verify=VERIFY_DECODE,
     ulysses=True,
     counter="vae_parallel",
     routes=("replay",),  # the decoder calls replayed on the ranks (install/vae/parallel.py)

@@ -15,7 +15,7 @@ stay lossless, the plan says the decode is lossy and prints the error measured a
 
 from __future__ import annotations
 
-from .base import Context, Option, Spec, Terms, one_of, policy_blockers, resolve
+from .base import Context, Option, Spec, Terms, one_of, policy_blockers, resolve, VERIFY_DECODE, StateKeys
 
 DTYPES = ("fp32", "fp16", "bf16")
 SPEC = Spec(
@@ -23,8 +23,10 @@ SPEC = Spec(
     settings={"fp32": True, "fp16": False, "bf16": False},
     summary="the precision the VAE decode runs in (fp32: diffusers' default; fp16/bf16: lossy, measured against fp32)",
     model="vae",
+    verify=VERIFY_DECODE,
     options=(Option("vae", "precision", *one_of(*DTYPES), default="fp32"),),
     terms={"fp16": Terms(vae_cast="fp16"), "bf16": Terms(vae_cast="bf16")},
+    state={s: (StateKeys("replaces", ("post_quant_conv.*", "decoder.*")),) for s in ("fp16", "bf16")},  # cast
 )
 FROM_RECIPE = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "fp8": "fp16"}  # recipe.vae -> decode precision
 

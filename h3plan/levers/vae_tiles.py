@@ -10,13 +10,14 @@ for the same reason as any non-default geometry.
 from __future__ import annotations
 
 from . import rules
-from .base import Context, Option, Spec, Terms, hardware_verified, one_of, resolve
+from .base import Context, Option, Spec, Terms, hardware_verified, one_of, resolve, VERIFY_DECODE
 
 SPEC = Spec(
     name="vae_tiles",
     settings={"default": True, "fp8_tiles": False, "custom": False},
     summary="VAE decode tile geometry (any geometry but diffusers' released one changes the frames)",
     model="vae",
+    verify=VERIFY_DECODE,
     routes=("fp8_gemm", "fp8_rows"),  # fp8_tiles' decoder GEMMs and their activation rows (install/vae/fp8.py)
     options=(Option("vae", "tile",
                     lambda v: v is None or (isinstance(v, dict) and {"height", "width", "overlap"} <= set(v)),

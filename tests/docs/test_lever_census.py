@@ -22,10 +22,10 @@ EXEMPT = ("h3plan/levers/", "h3plan/runtime/", "h3plan/conf/")
 
 # lever -> the most files outside its module and kernel that may name it (goal: 0 each)
 CEILING = {
-    "gemm_quant": 2, "adaln_table": 13, "attention": 36, "fa4_2cta": 3, "fa4_tile": 3, "fp8_scales": 7,
+    "gemm_quant": 2, "adaln_table": 9, "attention": 36, "fa4_2cta": 2, "fa4_tile": 3, "fp8_scales": 7,
     "qk_norm_rope": 13, "modulation": 12, "gated_residual": 7, "swiglu": 15, "fp8_act_quant": 5, "ulysses_padding": 5,
-    "ulysses_overlap": 2, "a2a_fp8_codes": 5, "prefix_inplace": 3, "ring": 9, "sparse_attention": 8,
-    "ulysses_exchange": 4, "nvfp4_producer_quant": 2, "nvfp4_out_quant": 1, "compile": 8, "step_cache": 11,
+    "ulysses_overlap": 2, "a2a_fp8_codes": 5, "prefix_inplace": 3, "ring": 9, "sparse_attention": 6,
+    "ulysses_exchange": 4, "nvfp4_producer_quant": 2, "nvfp4_out_quant": 1, "compile": 8, "step_cache": 9,
     "vae_precision": 9, "vae_tiles": 5, "vae_graphs": 2, "vae_ops": 3, "vae_parallel": 3, "vae_encode_precision": 2,
     "vae_encode_tiles": 2,
 }
@@ -97,6 +97,13 @@ def test_no_lever_is_named_in_more_files_than_its_ceiling():
     assert not risen, "named outside levers/, runtime/ and conf/ in more files than the ceiling (reach it through " \
         "the registry instead): " + "; ".join(f"{n} in {len(f)} > {CEILING.get(n, 0)}: {', '.join(f)}"
                                               for n, f in risen.items())
+
+
+def test_every_ceiling_is_the_count_itself():
+    """A ceiling above its count would let a later change name the lever again unnoticed: lower it to the count."""
+    fallen = {name: len(files) for name, files in census().items() if len(files) < CEILING.get(name, 0)}
+    assert not fallen, "lower these ceilings to their counts: " + ", ".join(f"{n} {CEILING[n]} -> {c}"
+                                                                           for n, c in fallen.items())
 
 
 def test_the_ceilings_name_registered_levers():

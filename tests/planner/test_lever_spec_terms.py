@@ -50,6 +50,19 @@ def test_spec_refuses_terms_of_unknown_settings():
         Spec(name=FAKE, settings={"off": True}, summary="x", fit="on")
 
 
+def test_spec_refuses_a_verify_strategy_or_state_that_does_not_fit():
+    from h3plan.levers.base import StateKeys
+
+    with pytest.raises(ValueError, match="verify must be one of"):
+        Spec(name=FAKE, settings={"off": True}, summary="x", verify="bitwise")
+    with pytest.raises(ValueError, match="a VAE lever, and only one"):
+        Spec(name=FAKE, settings={"off": True}, summary="x", model="vae")
+    with pytest.raises(ValueError, match="judged by its own budget"):
+        Spec(name=FAKE, settings={"off": True}, summary="x", recipe_section="cache")
+    with pytest.raises(ValueError, match="unknown settings"):
+        Spec(name=FAKE, settings={"off": True}, summary="x", state={"on": (StateKeys("parks", ("x.*",)),)})
+
+
 def test_fit_offers_the_setting_a_spec_names(monkeypatch):
     from h3plan.planning import memory as M
 

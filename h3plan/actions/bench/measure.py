@@ -40,11 +40,11 @@ import copy
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping
 
+from h3plan import prepare
 from h3plan.actions import inputs
 from h3plan.runtime.attention.base import AttentionBackend
 from h3plan.errors import UsageError
 from h3plan.install import counters, install, reset_counters
-from h3plan.install.adaln_table import prepare
 
 from . import records
 from .diffusers_best import compile_call, regional_compile

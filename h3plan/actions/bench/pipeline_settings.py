@@ -17,8 +17,8 @@ cannot undo and the bench runs last):
 
 from __future__ import annotations
 
+from h3plan import prepare
 from h3plan.install import install, uninstall
-from h3plan.install.adaln_table import prepare
 from h3plan.install.pipeline import install_pipeline, uninstall_pipeline
 from h3plan.facts.workflows import DEFAULT_TASK, request_conditions
 from h3plan.install.vae.weights import DTYPES, PrecisionCast
