@@ -95,8 +95,9 @@ def attach(module: Module, fqn: str, lever: str, forward: Callable, state, *, re
     hook_name = name(lever)
     theirs = foreign(module)
     if replaces and theirs:
-        raise InstallError(f"{lever}: {fqn} carries the diffusers hook {theirs[-1]!r}, which the plan's forward of "
-                           f"{fqn} would bypass; remove it before install, or apply it after install")
+        raise InstallError(f"{lever}: {fqn} carries the diffusers hook {theirs[-1]!r}, which the plan's hook "
+                           f"{hook_name!r} (its own forward of {fqn}) would bypass; remove it before install, or "
+                           "apply it after install")
     if hook_name in registered(module):
         raise InstallError(f"{lever}: {fqn} already carries the hook {hook_name!r}")
     made = "_diffusers_hook" not in module.__dict__

@@ -31,11 +31,14 @@ for bit. device=None: install where the model is (nothing moved; a model install
 on that device). `report.placement` says what moved and what stayed on the host.
 
 An AutoencoderKLMiniMaxH3 takes the plan's VAE levers (vae_ops, vae_tiles) through h3plan/install/vae/install.py, with
-the same report, idempotence and uninstall; each model reports the other model's levers as skipped.
+the same report, idempotence and uninstall; each model reports the other model's levers as skipped. install() picks
+one of two sequences by the model's type, once: `_install_transformer` and `_install_vae`, each a flat list of steps
+calling the shared ones (`_check`, `collect`, `_device`, `_fresh`, `_finish`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
 
@@ -108,7 +111,7 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
     InstallReport.
 
     registry: lever name -> object with install(builder, decision) (default h3plan.levers.REGISTRY).
-    group: the torch.distributed group for Ulysses (None: the default group; not used by the VAE).
+    group: the torch.distributed group for Ulysses, or the VAE's vae_parallel (None: the default group).
     num_inference_steps: step counts the adaln_table lever tables beside the plan's (an int or a list).
     device: move a model resting on the host there at install (module docstring); None: install where it is.
     stand_in: the model is a few blocks of the plan's width, any count (verify and bench build them): its layer
@@ -119,55 +122,107 @@ def install(model, plan: Plan, *, registry=None, group=None, num_inference_steps
     on the h3plan.install logger; a pipeline's install logs its components' once (False here).
     """
 
-    is_vae = _vae.is_vae(model)
-    if is_vae:
-        _vae.recognise(model)
-    else:
-        recognise(model)
+    sequence = _install_vae if _vae.is_vae(model) else _install_transformer
+    return sequence(model, plan, registry=registry, group=group, num_inference_steps=num_inference_steps,
+                    device=device, stand_in=stand_in, adaln_conditions=adaln_conditions, announce=announce)
+
+
+def _install_transformer(model, plan, *, registry, group, num_inference_steps, device, stand_in, adaln_conditions,
+                         announce) -> InstallReport:
+    """install() into a MiniMaxH3Transformer3DModel: checks, options, placement, the transformer's swaps, report."""
+    recognise(model)
+    steps, fewer = _check(model, plan, "transformer", num_inference_steps, stand_in)
+    builder = collect(plan, registry)
+    bypass = bypassed(model, builder)
+    refuse_peft(model, bypass)  # install/lora.py: no LoRA layer around a module the plan bypasses
+    device, current = _device(model, device)
+    if (done := _already(current, plan)) is not None:
+        return done
+    state, replaced = _fresh(model, plan, builder, current)
+    with _undone_on_error(state):
+        if device is not None:
+            _placement.place(model, state, device, linears.streamed(model, builder))
+        _transformer(model, builder, state, group, steps, num_inference_steps, adaln_conditions, bypass)
+    _skips(plan, builder, state.report)
+    return _finish(model, plan, state, fewer, device, replaced, announce)
+
+
+def _install_vae(model, plan, *, registry, group, num_inference_steps, device, stand_in, adaln_conditions,
+                 announce) -> InstallReport:
+    """install() into an AutoencoderKLMiniMaxH3: the same checks and placement, the VAE's swaps (install/vae/),
+    report. adaln_conditions is the transformer's; num_inference_steps is checked, not used."""
+    _vae.recognise(model)
+    _, fewer = _check(model, plan, "vae", num_inference_steps, stand_in)
+    builder = collect(plan, registry)
+    device, current = _device(model, device)
+    if (done := _already(current, plan)) is not None:
+        return done
+    state, replaced = _fresh(model, plan, builder, current)
+    with _undone_on_error(state):
+        if device is not None:
+            _placement.place(model, state, device, _vae.cast_tensors(model, builder))
+        _vae.apply(model, builder, state, group)
+    _vae.skips(plan, builder, state.report)
+    if group is not None and not builder.view("vae").parallel:
+        state.report.notes.append("group= is for the transformer's Ulysses attention and vae_parallel; this plan uses "
+                                  "neither on the VAE")
+    return _finish(model, plan, state, fewer, device, replaced, announce)
+
+
+def _check(model, plan, kind: str, num_inference_steps, stand_in: bool) -> tuple[list | None, list[str]]:
+    """The plan against the recognised model: its type, the model facts, the step counts and (unless a stand-in) the
+    layer counts; returns the step counts and the layers fewer than the plan's."""
     if not isinstance(plan, Plan):
         raise InstallError(f"install expects an h3plan Plan or a plan file path, got {type(plan).__name__}")
-    check_model_facts(model, plan, "vae" if is_vae else "transformer")
+    check_model_facts(model, plan, kind)
     steps = None if num_inference_steps is None else step_counts(num_inference_steps, "install")
-    fewer = [] if stand_in else fewer_layers(model, plan, "vae" if is_vae else "transformer")
-    builder = collect(plan, registry)
-    bypass = {} if is_vae else bypassed(model, builder)
-    if not is_vae:
-        refuse_peft(model, bypass)  # install/lora.py: no LoRA layer around a module the plan bypasses
+    return steps, [] if stand_in else fewer_layers(model, plan, kind)
+
+
+def _device(model, device):
+    """Where the install places the model (None: where it rests) and the plan installed now (None: none)."""
     device = _placement.target(device)
     current = model.__dict__.get(STATE)
     if device is None and current is not None and current.placement is not None:
         device = current.placement.device  # a new plan for a model installed with device=: it stays on that device
     if device is not None:
         _placement.check(model, device, type(model).__name__)
+    return device, current
+
+
+def _already(current: _State | None, plan: Plan) -> InstallReport | None:
+    """The report of `plan` where it is the plan installed now (install is idempotent); None otherwise."""
+    if current is not None and current.plan == plan:
+        logger.info("plan already installed; nothing to do")
+        return current.report
+    return None
+
+
+def _fresh(model, plan, builder, current: _State | None) -> tuple[_State, Plan | None]:
+    """Uninstall the plan installed before (returned, None where none was) and start this plan's state and report."""
     replaced = None
     if current is not None:
-        if current.plan == plan:
-            logger.info("plan already installed; nothing to do")
-            return current.report
         replaced = current.plan
         uninstall(model)
     report = InstallReport(levers=[d.lever for d in plan.decisions],
                            options={scope: builder.recorded(scope)
                                     for scope in ("linears", "block", "attention", "vae", "transformer")})
-    state = _State(plan, report)
+    return _State(plan, report), replaced
+
+
+@contextlib.contextmanager
+def _undone_on_error(state: _State):
+    """Whatever raises inside takes back every swap made so far."""
     try:
-        if device is not None:
-            streamed = _vae.cast_tensors(model, builder) if is_vae else linears.streamed(model, builder)
-            _placement.place(model, state, device, streamed)
-        if is_vae:
-            _vae.apply(model, builder, state, group)
-        else:
-            _transformer(model, builder, state, group, steps, num_inference_steps, adaln_conditions, bypass)
+        yield
     except BaseException:
         _undo(state)
         raise
-    if is_vae:
-        _vae.skips(plan, builder, report)
-        if group is not None and not builder.view("vae").parallel:
-            report.notes.append("group= is for the transformer's Ulysses attention and vae_parallel; this plan uses "
-                                "neither on the VAE")
-    else:
-        _skips(plan, builder, report)
+
+
+def _finish(model, plan, state, fewer, device, replaced, announce) -> InstallReport:
+    """The notes every install ends with, the state on the model, the warnings logged."""
+    report = state.report
     if fewer:
         report.notes.append("fewer layers than the plan's: " + ", ".join(fewer) + "; the plan's memory and speed "
                             "numbers are for its own count")
@@ -210,8 +265,7 @@ def _transformer(model, builder, state, group, steps, num_inference_steps, adaln
     if builder.view("block").compile == "regional":
         _compile(model, builder, state)
     if tr.step_cache is not None:  # install/step_cache.py
-        steps = [num_inference_steps] if isinstance(num_inference_steps, int) else num_inference_steps
-        install_step_cache(model, tr.step_cache, state, swap, group=getattr(shard, "group", None), steps=steps,
+        install_step_cache(model, tr.step_cache, state, swap, group=getattr(shard, "group", None), steps=counts,
                            pipeline=state.plan.get("pipeline"))
     lora_guard(model, state, bypass)
 

@@ -14,6 +14,7 @@ from h3plan.runtime.quant import BLOCK_LINEARS, quantized_linear
 from h3plan.runtime.quant.fp8 import FP8Linear, SequenceAmax
 
 from . import placement as _placement
+from .hooks import foreign
 from .parking import park
 
 
@@ -23,6 +24,7 @@ def quantize(model, builder, state) -> None:
     lever, quant = builder.lever_of("quant"), builder.view("linears").quant
     fmt, params = quant["format"], quant.get("params") or {}
     replaced, parked, staged = [], [], []
+    _refuse_hooked(model, lever)
     for i, block in enumerate(model.transformer_blocks):
         if block.attn.fused_projections:
             raise InstallError(f"gemm_quant: transformer_blocks.{i}.attn uses fused QKV projections; call "
@@ -72,6 +74,18 @@ def quantize(model, builder, state) -> None:
             state.report.notes.append(f"gemm_quant=nvfp4: the NVFP4 GEMM (hardware.gemm.nvfp4) never ran on "
                                       f"{', '.join(never)} (hardware.verified.settings.gemm_quant); where the device "
                                       "has no FP4 GEMM every call runs the counted emulation")
+
+
+def _refuse_hooked(model, lever: str) -> None:
+    """A block linear carrying a user's diffusers hook (leaf-level group offloading, a cache) would lose it with the
+    swap, and the quantised linear would run without it: one InstallError naming the first such hook."""
+    for i, block in enumerate(model.transformer_blocks):
+        for path in BLOCK_LINEARS:
+            theirs = foreign(block.get_submodule(path))
+            if theirs:
+                raise InstallError(f"{lever}: transformer_blocks.{i}.{path} carries the diffusers hook "
+                                   f"{theirs[-1]!r}, which the swap to the plan's quantised linear would leave "
+                                   "behind; remove it before install, or apply it after install")
 
 
 def static_inputs(model, params, state) -> None:

@@ -3,8 +3,8 @@ hooks meet it one of two ways: around a module the plan only wraps or leaves alo
 forward the plan replaces (a transformer block) a hook registered before install is refused in one line naming it,
 and one registered after install wraps the plan's forward and outlives uninstall.
 
-diffusers' FirstBlockCache is not the user hook here: `apply_first_block_cache` needs the block class in diffusers'
-TransformerBlockRegistry, which MiniMaxH3TransformerBlock is not (its first call raises in diffusers itself).
+The user hook here is a ModelHook of the test's own; diffusers' group offloading and FirstBlockCache are
+test_user_hooks.py's.
 Numerics: the plans are lossless (a table, sdpa, the exact gated residual), so outputs compare bitwise.
 """
 
