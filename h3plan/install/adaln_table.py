@@ -176,7 +176,8 @@ def _eager_reason(temb, weight, bias) -> str | None:
     return None
 
 
-def modulation(linear: torch.nn.Linear, temb: torch.Tensor) -> torch.Tensor:
+def projection(linear: torch.nn.Linear, temb: torch.Tensor) -> torch.Tensor:
+    """The AdaLN projection `linear(silu(temb))` from the table, else its counted eager expression."""
     w, b = linear.weight, linear.bias
     why = _eager_reason(temb, w, b)
     if why is not None:
@@ -196,14 +197,14 @@ def _tabled(linear):
 
 def tabled_modulation_forward(self, temb: torch.Tensor):
     """diffusers' MiniMaxH3AdaLayerNormModulation.forward, the projection from the table."""
-    temb = modulation(_tabled(self.linear), temb)
+    temb = projection(_tabled(self.linear), temb)
     temb = temb.view(-1, 6 * self.hidden_size)
     return temb.chunk(6, dim=-1)
 
 
 def tabled_norm_out_forward(self, hidden_states: torch.Tensor, temb: torch.Tensor, timestep_indices: torch.Tensor):
     """diffusers' MiniMaxH3AdaLayerNormOut.forward, the projection from the table."""
-    shift, scale = modulation(_tabled(self.linear), temb).chunk(2, dim=-1)
+    shift, scale = projection(_tabled(self.linear), temb).chunk(2, dim=-1)
     hidden_states = self.norm(hidden_states)
     return hidden_states * (1.0 + scale.index_select(0, timestep_indices)) + shift.index_select(0, timestep_indices)
 
