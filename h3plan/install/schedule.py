@@ -39,7 +39,9 @@ def timestep_vectors(steps: Iterable[int], *, video_shift: float | None = None, 
     given = {"video_shift": video_shift, "audio_shift": audio_shift, "keyframe_noise_aug": keyframe_noise_aug}
     f = {**schedule_facts(), **{k: v for k, v in given.items() if v is not None}}
     aug = f["keyframe_noise_aug"]
-    sv, sa = schedulers or (MiniMaxH3Scheduler(shift=f["video_shift"]), MiniMaxH3Scheduler(shift=f["audio_shift"]))
+    pair: tuple[Any, Any] = schedulers or (MiniMaxH3Scheduler(shift=f["video_shift"]),
+                                           MiniMaxH3Scheduler(shift=f["audio_shift"]))
+    sv, sa = pair
     cv, ca = int(condition_video), int(condition_audio) if audio else 0
     video = torch.arange(1, 2 + cv)
     audio_idx = torch.arange(2 + cv, 2 + cv + (1 + ca if audio else 0))
