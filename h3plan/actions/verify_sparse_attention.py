@@ -51,16 +51,17 @@ def check(model, inputs, decision, rep) -> None:
     """Add the sparse_attention lines to verify's Report `rep` (see the module docstring)."""
     import torch
 
-    from h3plan.install.sparse_attention import SparseState
+    from h3plan.install import of_lever
     from h3plan.runtime.attention.block_sparse import block_sparse_ref
     from h3plan.runtime.kernels.block_router import (block_mask_ref, block_router, block_router_check, block_router_ref,
                                                      mask_to_blocks)
 
     p = decision.param
     bq, bk, keep, video_only = int(p("block_q")), int(p("block_k")), float(p("keep")), bool(p("video_only"))
-    name = f"sparse_attention={decision.setting}"
+    name = f"{decision.lever}={decision.setting}"
     q, k, v = _qkv(model, inputs)
-    st = SparseState({"keep": keep, "dense_forwards": 0, "block_q": bq, "block_k": bk, "video_only": video_only}, {})
+    st = of_lever(decision.lever).SparseState({"keep": keep, "dense_forwards": 0, "block_q": bq, "block_k": bk,
+                                               "video_only": video_only}, {})
     vs = st.boundary(inputs["token_tags"], inputs["timestep_indices"])
     start = int(vs) if video_only else 0
     S = q.shape[1]

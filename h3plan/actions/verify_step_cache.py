@@ -24,24 +24,25 @@ def pairs(n: int, like):
     return [(base * (i + 1) / (n + 1)).to(like.device) for i in range(n)]
 
 
-def _forwards(model, plan, inputs, vectors, registry, cached: bool):
+def _forwards(model, plan, inputs, vectors, registry, lever: str, cached: bool):
+    """The N forwards of `plan` and, `cached`, the calls the install module of `lever` (the step cache's) counted."""
     import torch
 
-    from h3plan.install import install, uninstall
-    from h3plan.install.step_cache import STATE, calls
+    from h3plan.install import install, of_lever, uninstall
 
+    own = of_lever(lever)
     install(model, plan, registry=registry)
     try:
         prepare(model, timesteps=vectors)
         if cached:
-            st = model.__dict__[STATE]
+            st = model.__dict__[own.STATE]
             st.index = {v.to("cpu", torch.float32).numpy().tobytes(): (i, len(vectors)) for i, v in enumerate(vectors)}
         outs = []
         with torch.no_grad():
             for v in vectors:
                 out = model(**{**inputs, "timestep": v})
                 outs.append((out.sample.detach().clone(), out.audio_sample.detach().clone()))
-        return outs, (calls(model) if cached else [])
+        return outs, (own.calls(model) if cached else [])
     finally:
         uninstall(model)
 
@@ -54,8 +55,8 @@ def check(model, inputs, plan, d, rep, compare, registry=None) -> None:
     n = int(d.param("forwards"))
     vectors = pairs(n, inputs["timestep"])
     plain = replace(plan, decisions=tuple(x for x in plan.decisions if x.lever != d.lever))
-    ref, _ = _forwards(model, plain, inputs, vectors, registry, cached=False)
-    got, made = _forwards(model, plan, inputs, vectors, registry, cached=True)
+    ref, _ = _forwards(model, plain, inputs, vectors, registry, d.lever, cached=False)
+    got, made = _forwards(model, plan, inputs, vectors, registry, d.lever, cached=True)
     computed = made[0]["computed"] if made else None
     if d.setting == "first_block":
         want, exact = None, None

@@ -10,11 +10,14 @@ resolves to this subpackage (as Python's import system makes it once imported) o
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import sys
 import types
 
 from h3plan.errors import InstallError, UsageError, runtime_missing
 from h3plan.from_model import plan_for
+from h3plan.levers import MEMORY_NAMES, NAMES
 from h3plan.planner import Plan
 
 from .builder import Builder
@@ -63,6 +66,15 @@ def install(model, plan=None, *, recipe=None, parallel=None, video=None, hardwar
 
         return install_pipeline(model, plan, device=dev, **kwargs)
     return _install(model, plan, device=dev, **kwargs)
+
+
+def of_lever(lever: str) -> types.ModuleType:
+    """The install module of a registered lever whose install is a module of its own name (install/<lever>.py: the
+    tables, the ring, the step cache, sparse attention), imported: how an action reaches what such an install holds
+    (its state, its calls) by the lever's registry name. KeyError for a lever without one."""
+    if lever not in (*NAMES, *MEMORY_NAMES) or importlib.util.find_spec(f"{__name__}.{lever}") is None:
+        raise KeyError(f"no registered lever {lever!r} has an install module of its own (h3plan/install/<lever>.py)")
+    return importlib.import_module(f"{__name__}.{lever}")
 
 
 # the installer's own keywords (installer.install)
@@ -129,4 +141,4 @@ class _CallablePackage(types.ModuleType):
 sys.modules[__name__].__class__ = _CallablePackage
 
 __all__ = ["Builder", "install", "uninstall", "installed_plan", "counters", "reset_counters",
-           "fallback_reasons", "format_counters"]
+           "fallback_reasons", "format_counters", "of_lever"]

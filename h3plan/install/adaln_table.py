@@ -41,14 +41,13 @@ from __future__ import annotations
 
 import types
 import weakref
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 
 from h3plan.levers import counter, owner
 from h3plan.errors import InstallError
-from h3plan.facts.pipeline import schedule_facts
 from h3plan.planning.request import MIN_STEPS, STEPS_RULE
 from h3plan.runtime import count_op  # noqa: F401 (h3plan::count before any compiled call site)
 from h3plan.runtime.guards import count_route, needs_grad
@@ -58,6 +57,7 @@ from .components import STATE, TRANSFORMERS, is_pipeline
 from .hooks import attach
 from .lora import WAY
 from .parking import park
+from .schedule import timestep_vectors
 
 LEVER = owner("adaln_table")
 COUNTER = counter("adaln_table")
@@ -176,7 +176,8 @@ def _eager_reason(temb, weight, bias) -> str | None:
     return None
 
 
-def modulation(linear: torch.nn.Linear, temb: torch.Tensor) -> torch.Tensor:
+def projection(linear: torch.nn.Linear, temb: torch.Tensor) -> torch.Tensor:
+    """The AdaLN projection `linear(silu(temb))` from the table, else its counted eager expression."""
     w, b = linear.weight, linear.bias
     why = _eager_reason(temb, w, b)
     if why is not None:
@@ -196,14 +197,14 @@ def _tabled(linear):
 
 def tabled_modulation_forward(self, temb: torch.Tensor):
     """diffusers' MiniMaxH3AdaLayerNormModulation.forward, the projection from the table."""
-    temb = modulation(_tabled(self.linear), temb)
+    temb = projection(_tabled(self.linear), temb)
     temb = temb.view(-1, 6 * self.hidden_size)
     return temb.chunk(6, dim=-1)
 
 
 def tabled_norm_out_forward(self, hidden_states: torch.Tensor, temb: torch.Tensor, timestep_indices: torch.Tensor):
     """diffusers' MiniMaxH3AdaLayerNormOut.forward, the projection from the table."""
-    shift, scale = modulation(_tabled(self.linear), temb).chunk(2, dim=-1)
+    shift, scale = projection(_tabled(self.linear), temb).chunk(2, dim=-1)
     hidden_states = self.norm(hidden_states)
     return hidden_states * (1.0 + scale.index_select(0, timestep_indices)) + shift.index_select(0, timestep_indices)
 
@@ -212,47 +213,6 @@ def parked_linear_forward(self, x: torch.Tensor) -> torch.Tensor:
     """A direct call of a parked AdaLN linear: nn.Linear's math on its weights streamed to x's device."""
     count_route(COUNTER, "direct call of a parked AdaLN linear: weights streamed to the device")
     return F.linear(x, self.weight.to(x.device), None if self.bias is None else self.bias.to(x.device))
-
-
-# ---- the keys: diffusers' schedulers and the pipeline's row plan ---------------------------------------------
-
-
-def _row_timesteps():
-    """MiniMaxH3SetTimestepsStep.build_row_timesteps (the pipeline's own function; it imports transformers)."""
-    from diffusers.modular_pipelines.minimax_h3.before_denoise import MiniMaxH3SetTimestepsStep
-
-    return MiniMaxH3SetTimestepsStep.build_row_timesteps
-
-
-def timestep_vectors(steps: Iterable[int], *, video_shift: float | None = None, audio_shift: float | None = None,
-                     keyframe_noise_aug: float | None = None, audio: bool = True, condition_video: bool = False,
-                     condition_audio: bool = False, schedulers=None) -> list[torch.Tensor]:
-    """The distinct float32 `timestep` vectors the pipeline passes over `steps` step counts, first seen first.
-    schedulers: (video, audio) MiniMaxH3Scheduler instances to copy (a pipeline's own); None: new ones at the
-    shifts; a shift or keyframe_noise_aug left None: the packaged pipeline group's (facts/pipeline.py). Rows: one
-    text row, the video rows (a keyframe row first with condition_video), the audio rows (a reference row first with
-    condition_audio; none without audio): the distinct values depend only on which kinds of row exist."""
-    import copy
-
-    from diffusers import MiniMaxH3Scheduler
-
-    build = _row_timesteps()
-    given = {"video_shift": video_shift, "audio_shift": audio_shift, "keyframe_noise_aug": keyframe_noise_aug}
-    f = {**schedule_facts(), **{k: v for k, v in given.items() if v is not None}}
-    aug = f["keyframe_noise_aug"]
-    sv, sa = schedulers or (MiniMaxH3Scheduler(shift=f["video_shift"]), MiniMaxH3Scheduler(shift=f["audio_shift"]))
-    cv, ca = int(condition_video), int(condition_audio) if audio else 0
-    video = torch.arange(1, 2 + cv)
-    audio_idx = torch.arange(2 + cv, 2 + cv + (1 + ca if audio else 0))
-    out: dict[bytes, torch.Tensor] = {}
-    for n in steps:
-        v, a = copy.deepcopy(sv), copy.deepcopy(sa)
-        v.set_timesteps(int(n))
-        a.set_timesteps(int(n))
-        for t, ta in zip(v.timesteps, a.timesteps):
-            ts, _ = build(video, audio_idx, cv, ca, 1, float(t), float(ta), max(float(t), aug), 1.0)
-            out.setdefault(ts.numpy().tobytes(), ts)
-    return list(out.values())
 
 
 def _temb(model, timestep: torch.Tensor, device) -> torch.Tensor:

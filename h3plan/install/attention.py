@@ -60,11 +60,11 @@ def _static_descales(opts: AttentionOptions, fqns: list[str]) -> dict[str, torch
                                        opts.scale_margin) for fqn in fqns}
 
 
-def _ulysses(model, opts, group, report):
+def _ulysses(model, opts, group, builder, report):
     """(SequenceShard, UlyssesAttention) at a Ulysses degree above 1, (shard, RingUlysses) with a ring, else
     (None, None); the process group must have the plan's degree."""
     if opts.ring_degree > 1:  # RingUlysses in the ulysses slot's place (install/ring.py)
-        return build_ring(model, opts, group)
+        return build_ring(model, opts, group, builder)
     if opts.ulysses_degree == 1:
         if opts.prefix_inplace or opts.a2a_fp8_codes or opts.ulysses_chunks > 1:
             report.skipped.append(("ulysses", "Ulysses degree 1: no sequence sharding, padding or exchange to tune"))
@@ -97,7 +97,7 @@ def install_processors(model, builder, state, group, steps=None):
     fqns = [f"transformer_blocks.{i}.attn" for i in range(len(model.transformer_blocks))]
     static = opts.fp8_scales == "static" and backend_spec(opts.backend).fp8_inputs
     descales = _static_descales(opts, fqns) if static else {}
-    shard, ua = _ulysses(model, opts, group, report)
+    shard, ua = _ulysses(model, opts, group, builder, report)
     ring, ua = (ua, None) if opts.ring_degree > 1 else (None, ua)
     sparse = install_sparse(model, opts.sparse_attention, state, state.report.swap, steps=steps) \
         if opts.sparse_attention else None

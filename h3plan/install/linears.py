@@ -5,17 +5,22 @@ install/adaln_table.py; per-row FP8 and NVFP4 inputs install/fp8_rows.py and ins
 
 from __future__ import annotations
 
+from fnmatch import fnmatchcase
+
 import torch
 
 from h3plan.errors import InstallError
 from h3plan.facts.hardware import never_ran
 from h3plan.facts.scale_table import linear_amax, load_table
+from h3plan.levers import SPECS
 from h3plan.runtime.quant import BLOCK_LINEARS, quantized_linear
 from h3plan.runtime.quant.fp8 import FP8Linear, SequenceAmax
 
 from . import placement as _placement
 from .hooks import foreign
 from .parking import park
+
+STREAMED = ("parks", "replaces")  # StateKeys kinds whose tensors a device install never moves whole
 
 
 def quantize(model, builder, state) -> None:
@@ -125,13 +130,12 @@ def sequence_amax(model, shard, state) -> None:
 
 
 def streamed(model, builder) -> list:
-    """The tensors of the linears a lever replaces or parks (adaln_table's AdaLN linears, gemm_quant's block
-    linears): under device= they reach the device only staged, one at a time (placement.py)."""
-    lin = builder.view("linears")
-    mods = []
-    if lin.adaln_table is not None:
-        mods += ([getattr(b.adaln_proj, "linear", None) for b in model.transformer_blocks]
-                 + [getattr(model.norm_out, "linear", None)])
-    if lin.quant is not None:
-        mods += [b.get_submodule(p) for b in model.transformer_blocks for p in BLOCK_LINEARS]
+    """The tensors of the linears whose state the plan's settings park or replace (each lever's `Spec.state`: the AdaLN
+    linears under the tables, the block linears quantised at install): under device= they reach the device only
+    staged, one at a time (placement.py). A declared key names its module less its last part (the parameter); every
+    parameter of such a module that is still a plain nn.Linear (not a pre-quantised or PEFT-wrapped one) is streamed."""
+    modules = [k.rpartition(".")[0] for lever, setting in builder.settings.items() if lever in SPECS
+               and SPECS[lever].model == "transformer" for sk in SPECS[lever].state.get(setting, ())
+               if sk.kind in STREAMED for k in sk.keys]
+    mods = [m for name, m in model.named_modules() if any(fnmatchcase(name, p) for p in modules)]
     return [t for m in mods if type(m) is torch.nn.Linear for t in m.parameters()]

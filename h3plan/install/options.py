@@ -13,7 +13,7 @@ from dataclasses import field as dc_field
 from typing import Any
 
 from h3plan.facts.attention import backend_spec
-from h3plan.levers import scope_options
+from h3plan.levers import OPTIONS, SPECS, scope_options
 
 
 def _options_class(scope: str, name: str, namespace: dict):
@@ -32,16 +32,21 @@ def _describe_block(self) -> str:
     return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
 
 
+def _described(self, ulysses: bool) -> list[str]:
+    """The parts the attention options of the Ulysses levers (ulysses) or of the others describe (Option.describe)."""
+    parts = (o.describe(getattr(self, k)) for k, o in scope_options(self.SCOPE).items()
+             if o.describe and SPECS[OPTIONS[k][0]].ulysses == ulysses)
+    return [p for p in parts if p]
+
+
 def _describe_attention(self) -> str:
-    parts = [f"backend={self.backend}", f"qk_norm_rope={self.qk_norm_rope}"]
+    parts = _described(self, ulysses=False)
     for o in backend_spec(self.backend).options:  # the options the backend reads, as it describes them
         part = o.describe(getattr(self, o.key)) if o.describe else None
         if part:
             parts.append(part)
     if self.ulysses_degree > 1:
-        parts.append(f"ulysses={self.ulysses_degree}/{self.ulysses_padding}/chunks={self.ulysses_chunks}"
-                     f"{'/fp8_codes' if self.a2a_fp8_codes else ''}{'/prefix_inplace' if self.prefix_inplace else ''}"
-                     f"{'' if self.ulysses_exchange == 'packed' else '/' + self.ulysses_exchange + '_exchange'}")
+        parts.append("ulysses=" + "/".join(_described(self, ulysses=True)))
     return ", ".join(parts)
 
 

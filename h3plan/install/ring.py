@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from h3plan.facts.attention import LSE_OF
 from h3plan.errors import InstallError
+from h3plan.levers import OPTIONS
+from h3plan.levers.rules import EXCLUDES
 from h3plan.runtime.parallel.comm import degree_rank
 from h3plan.runtime.parallel.lse import LSE_BACKENDS, attention_with_lse, lse_reason
 from h3plan.runtime.parallel.ring import RingUlysses, ring_ulysses_groups
@@ -47,29 +49,29 @@ class RingBlock:
         return attention_with_lse(q, k, v) if self.reason(q) else LSE_BACKENDS[self.name](q, k, v)
 
 
-def problems(opts) -> list[str]:
-    """Attention options the ring cannot run with (the plan blocks them; a hand-made plan may not)."""
+def problems(opts, builder) -> list[str]:
+    """Attention options the ring cannot run with (the plan blocks them; a hand-made plan may not): a backend without a
+    log-sum-exp (qk_norm_rope's FP8 codes need cudnn_fp8, which has none), the settings of earlier levers that
+    parallel.ring rules out (levers/rules.py EXCLUDES) where their install recorded an option, padding."""
     out = []
     if opts.backend not in LSE_OF:
         out.append(f"backend {opts.backend} gives no log-sum-exp (ring needs {' / '.join(LSE_OF)})")
-    for key, bad in (("a2a_fp8_codes", True), ("prefix_inplace", True), ("fa4_2cta", True)):
-        if getattr(opts, key) == bad:
-            out.append(f"{key}={bad}")
-    if opts.fa4_tile:
-        out.append("fa4_tile set (the ring's FA4 block call takes no tile)")
+    for lever in dict.fromkeys(OPTIONS[key][0] for key in builder.recorded("attention")):
+        setting, why = EXCLUDES.get(lever, (None, None))
+        if setting is not None and builder.settings.get(lever) == setting:
+            out.append(f"{lever}={setting} ({why})")
     if opts.ulysses_padding != "none":
         out.append(f"ulysses_padding={opts.ulysses_padding} (the ring handles padding: none only)")
-    if opts.qk_norm_rope == "fused_fp8":
-        out.append("qk_norm_rope=fused_fp8 (FP8 codes need cudnn_fp8)")
     return out
 
 
-def build(model, opts, group):
-    """(SequenceShard over the world, RingUlysses) for ring_degree x ulysses_degree ranks."""
+def build(model, opts, group, builder):
+    """(SequenceShard over the world, RingUlysses) for ring_degree x ulysses_degree ranks; `builder`: the plan's
+    recorded options and settings (what `problems` checks)."""
     import torch.distributed as dist
 
     R, U = opts.ring_degree, opts.ulysses_degree
-    why = problems(opts)
+    why = problems(opts, builder)
     if why:
         raise InstallError(f"ring_degree={R} cannot run with: " + "; ".join(why))
     world, _ = degree_rank(group)

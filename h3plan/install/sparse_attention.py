@@ -1,7 +1,7 @@
 """sparse_attention (levers/sparse_attention.py): which forwards run block-sparse attention, as a named diffusers hook.
 
 `h3plan.sparse_attention`, a diffusers ModelHook (install/hooks.py) on MiniMaxH3Transformer3DModel's forward, places
-each call in its generation by its `timestep` vector (install/step_cache.schedule_index: the same index the step cache
+each call in its generation by its `timestep` vector (install/schedule.py schedule_index: the same index the step cache
 keys on, one 4 x T byte device-to-host copy per call) and sets, for the attention processors of that call:
 - `active`: the call is forward >= dense_forwards of its generation (and keep < 1: keeping every block is the dense
   call, which then runs as it is); a vector not in the index runs dense, counted `sparse_attention.fallback`;
@@ -25,7 +25,7 @@ from h3plan.runtime.counters import event
 from h3plan.runtime.guards import count_route
 
 from .hooks import attach, name
-from .step_cache import schedule_index
+from .schedule import schedule_index
 
 LEVER = owner("sparse_attention")
 COUNTER = counter("sparse_attention")

@@ -3,7 +3,7 @@
 `h3plan.step_cache`, a diffusers ModelHook (HookRegistry, removable by name, install/hooks.py), wraps
 MiniMaxH3Transformer3DModel's forward. Each call is placed in its generation by its `timestep` vector: install builds,
 from diffusers' own MiniMaxH3Scheduler pair and the pipeline's build_row_timesteps
-(install/adaln_table.timestep_vectors), the vectors of every forward at the plan's step count (the request's), at those
+(install/schedule.py), the vectors of every forward at the plan's step count (the request's), at those
 passed as num_inference_steps=, and at the pipeline's default step count, for every kind of row (audio or not,
 conditioning rows or not): vector bits -> (forward index, forwards). One 4 x T byte device-to-host copy per call. A call
 the plan did not plan for runs the whole forward, counted `step_cache.fallback` with its reason: a vector of the
@@ -36,39 +36,20 @@ from typing import Any, Mapping
 
 import torch
 
-from h3plan.facts.pipeline import schedule_facts
 from h3plan.levers import REGISTRY, counter, owner
 from h3plan.runtime.counters import event
 from h3plan.runtime.guards import count_route
 
-from .adaln_table import timestep_vectors
 from .hooks import attach, name
+from .schedule import schedule_index
 
 LEVER = owner("step_cache")
 COUNTER = counter("step_cache")
 _SCHEDULE = REGISTRY[LEVER]  # the lever module: its schedule arithmetic (computed_mask, scaled)
 HOOK = name(LEVER)
 STATE = "_h3plan_step_cache"  # the installed cache's _State, in the model's (and its blocks') __dict__
-ROWS = ((True, False, False), (True, True, False), (True, False, True), (True, True, True), (False, False, False),
-        (False, True, False))  # (audio, condition_video, condition_audio): every kind of row a request has
 
 
-def schedule_index(steps, pipeline: Mapping[str, Any] | None = None, schedulers=None,
-                   counts: dict[int, int] | None = None) -> dict[bytes, tuple[int, int]]:
-    """float32 timestep vector bytes -> (forward index, forwards) over `steps` step counts and every kind of row;
-    pipeline: the plan's `pipeline` section (its shifts and keyframe_noise_aug; None: the packaged group's);
-    `counts` (given) collects forwards -> step count."""
-    out: dict[bytes, tuple[int, int]] = {}
-    facts = schedule_facts(pipeline)
-    for n in steps:
-        for audio, cv, ca in ROWS:
-            vs = timestep_vectors([n], **facts, audio=audio, condition_video=cv, condition_audio=ca,
-                                  schedulers=schedulers)
-            for i, v in enumerate(vs):
-                out.setdefault(v.to(torch.float32).numpy().tobytes(), (i, len(vs)))
-            if counts is not None:
-                counts.setdefault(len(vs), int(n))
-    return out
 
 
 class _State:

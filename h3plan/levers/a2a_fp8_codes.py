@@ -20,7 +20,8 @@ SPEC = Spec(
     summary="send e4m3 codes through the Ulysses all-to-all (37.5% fewer bytes; exact given FP8 attention)",
     ulysses=True,
     backends={"on": ("cudnn_fp8",)},
-    options=(Option("attention", "a2a_fp8_codes", is_bool, "bool", False),),
+    options=(Option("attention", "a2a_fp8_codes", is_bool, "bool", False,
+                    describe=lambda v: "fp8_codes" if v else None),),
     column="a2a_fp8",
     terms={"on": Terms(a2a_fp8=True)},
 )

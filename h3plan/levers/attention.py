@@ -19,7 +19,7 @@ SPEC = Spec(
     summary="attention backend of the transformer blocks (BF16 backends exact given the backend; cudnn_fp8 lossy)",
     verify=VERIFY_REFERENCE,
     counter="attention",
-    options=(Option("attention", "backend", *one_of(*BACKENDS), default=DEFAULT),),
+    options=(Option("attention", "backend", *one_of(*BACKENDS), default=DEFAULT, describe=lambda v: f"backend={v}"),),
     column="attention",
     # an FP8 backend writes e4m3 (cuDNN FP8 on Hopper), cast to bf16 after
     terms={name: Terms(attention_backend=name, attention_out_bytes=1 if b.precision == "fp8" else 2)

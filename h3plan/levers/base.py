@@ -58,6 +58,9 @@ class Option:
     check / allowed: the values it takes (a predicate and its one-line description).
     default: the value when no lever sets it (the installed model then runs diffusers' own op there).
     swap: value -> (fqn suffix, old, new) logged once per transformer block for a non-default value, or None.
+    describe: value -> its part of the installed attention processor's description (its repr in the swap log), or
+        None where it has nothing to say; the parts of a Ulysses lever's options (Spec.ulysses) join, in registry
+        order, the description's `ulysses=` part, which shows at a Ulysses degree above 1 only.
     """
 
     scope: str
@@ -66,6 +69,7 @@ class Option:
     allowed: str
     default: Any = None
     swap: Callable[[Any], tuple[str, str, str] | None] | None = None
+    describe: Callable[[Any], str | None] | None = None
 
 
 STATE_KINDS = ("owns", "parks", "replaces")

@@ -17,7 +17,8 @@ SPEC = Spec(
     summary="cuDNN on a padded sequence writes the valid prefix into a padded output allocated once (exact)",
     ulysses=True,
     backends={"on": ("cudnn_bf16", "cudnn_fp8")},
-    options=(Option("attention", "prefix_inplace", is_bool, "bool", False),),
+    options=(Option("attention", "prefix_inplace", is_bool, "bool", False,
+                    describe=lambda v: "prefix_inplace" if v else None),),
     column="prefix",
 )
 

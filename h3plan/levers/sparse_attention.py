@@ -18,7 +18,7 @@ forward, and a request whose forwards are all dense (auto: off, with the reason)
 leaves out projection_split, whose attention calls see a slice of the query rows. Ulysses: the router runs after the
 exchange on this rank's heads over the whole sequence, so the mask is per head and local (no extra communication).
 Runtime: h3plan/install/sparse_attention.py (the forward index from the timestep vector through
-install/step_cache.schedule_index), the processor's `_sparse_attend`.
+install/schedule.py schedule_index), the processor's `_sparse_attend`.
 
 Quality is evidence, by step_cache's rules (h3plan/facts/evidence.py): `PUBLISHED` (SubBlock on released weights:
 SSIM, no PSNR, so a budget with a PSNR bound needs the user's own measurement) and the calibrated points of

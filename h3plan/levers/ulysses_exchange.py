@@ -36,7 +36,8 @@ SPEC = Spec(
             "(exact)",
     ulysses=True,
     options=(Option("attention", "ulysses_exchange", lambda v: v in ("packed", "projection", "projection_split"),
-                    "'packed', 'projection' or 'projection_split'", "packed"),),
+                    "'packed', 'projection' or 'projection_split'", "packed",
+                    describe=lambda v: None if v == "packed" else f"{v}_exchange"),),
     counter="ulysses_exchange",
     terms={"projection": Terms(a2a_note="ulysses_exchange=projection: Q, K, V travel as send/recv while the next "
                                           "destination's projections run (mostly hidden), O's exchange stays exposed")},

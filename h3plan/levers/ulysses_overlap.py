@@ -21,7 +21,7 @@ SPEC = Spec(
     summary="overlap the Ulysses all-to-all with attention over head chunks (exact)",
     ulysses=True,
     options=(Option("attention", "ulysses_chunks", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
-                    "int >= 1", 1),),
+                    "int >= 1", 1, describe=lambda v: f"chunks={v}"),),
     column="overlap",
 )
 

@@ -21,9 +21,9 @@ SPEC = Spec(
     summary="how a sequence that does not divide by the Ulysses degree is padded (all modes exact)",
     ulysses=True,
     options=(Option("attention", "ulysses_degree", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
-                    "int >= 1", 1),
+                    "int >= 1", 1, describe=str),
              Option("attention", "ulysses_padding", *one_of("none", "padded", "fixed_valid", "valid_only"),
-                    default="none")),
+                    default="none", describe=str)),
     terms={"padded": Terms(attention_padded=True)},
 )
 

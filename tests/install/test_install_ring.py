@@ -13,6 +13,7 @@ S = 47 leaves padding rows at the tail of the last world shard (and an incomplet
 
 import json
 import os
+import re
 import tempfile
 
 import pytest
@@ -64,3 +65,27 @@ def test_a_ring_plan_needs_a_world_of_ring_x_ulysses_ranks():
     bad = [make_decision("attention", "cudnn_fp8", False, ["t"])] + ds[1:]
     with pytest.raises(InstallError, match=r"^ring_degree=2 cannot run with: backend cudnn_fp8 gives no log-sum-exp"):
         install(tiny_model(), make_plan({}, {}, bad), registry=reg)
+
+
+def test_a_ring_plan_refuses_the_settings_the_ring_rules_out_by_their_reason():
+    """A hand-made plan with a setting parallel.ring rules out (levers/rules.py EXCLUDES) whose install recorded an
+    option is refused at install with EXCLUDES' reason; the same lever's setting that installs nothing is not."""
+    from install_helpers import tiny_model
+
+    from h3plan.errors import InstallError
+    from h3plan.install import install
+    from h3plan.levers import REGISTRY
+    from h3plan.levers.rules import EXCLUDES
+    from h3plan.planner import make_plan
+    from h3plan.facts.decision import make_decision
+
+    ring = make_decision("ring", "on", False, ["t"], params={"ring": 2, "ulysses": 1})
+    reg = {k: REGISTRY[k].install for k in ("attention", "fa4_2cta", "ring")}
+    on = [make_decision("attention", "fa4", True, ["t"]),
+          make_decision("fa4_2cta", "on", True, ["t"], params={"attention": "fa4"}), ring]
+    why = EXCLUDES["fa4_2cta"][1]
+    with pytest.raises(InstallError, match=r"^ring_degree=2 cannot run with: fa4_2cta=on \(" + re.escape(why)):
+        install(tiny_model(), make_plan({}, {}, on), registry=reg)
+    off = [on[0], make_decision("fa4_2cta", "off", True, ["t"], params={"attention": "fa4"}), ring]
+    with pytest.raises(InstallError, match=r"^plan ring 2 x ulysses 1 = 2 ranks"):
+        install(tiny_model(), make_plan({}, {}, off), registry=reg)
