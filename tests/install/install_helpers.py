@@ -62,6 +62,11 @@ def forward(model, inputs):
 _LAZY_READY = []
 
 
+def bitwise(a, b):
+    """Every output tensor of one forward equal bit for bit to the other's."""
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
 def lazy_device():
     """torch's `lazy` device (the TorchScript backend on the CPU), initialised once per process: a second init
     raises ("multiple backend fallbacks for the same dispatch key Lazy")."""

@@ -11,7 +11,7 @@ Numerics: the plans are lossless (a table, sdpa, the exact gated residual), so o
 import pytest
 import torch
 from diffusers.hooks import HookRegistry, ModelHook
-from install_helpers import LEVERS, forward, plan, tiny_inputs, tiny_model
+from install_helpers import LEVERS, bitwise, forward, plan, tiny_inputs, tiny_model
 
 from h3plan.errors import InstallError
 from h3plan.install import install, uninstall
@@ -61,10 +61,6 @@ def eager(inputs):
     return forward(tiny_model(), inputs)
 
 
-def _bitwise(a, b):
-    assert all(torch.equal(x, y) for x, y in zip(a, b))
-
-
 def test_every_hook_is_named_for_a_lever_of_the_plan_and_uninstall_leaves_none(inputs, eager):
     model = tiny_model()
     before = _dicts(model)
@@ -75,10 +71,10 @@ def test_every_hook_is_named_for_a_lever_of_the_plan_and_uninstall_leaves_none(i
     assert {fqn for fqn, _ in hooks} >= {f"transformer_blocks.{i}" for i in range(len(model.transformer_blocks))}
     assert {fqn for fqn, _ in hooks} >= {"norm_out", "time_proj", "time_embedder"}
     assert all(n.startswith(PREFIX) and n[len(PREFIX):] in levers for _, n in hooks), hooks
-    _bitwise(forward(model, inputs), eager)
+    bitwise(forward(model, inputs), eager)
     assert uninstall(model)
     assert installed(model) == [] and _dicts(model) == before  # no registry, no instance forward left
-    _bitwise(forward(model, inputs), eager)
+    bitwise(forward(model, inputs), eager)
 
 
 def test_a_user_hook_on_a_block_the_plan_replaces_is_refused_naming_it(inputs, eager):
@@ -89,7 +85,7 @@ def test_a_user_hook_on_a_block_the_plan_replaces_is_refused_naming_it(inputs, e
         install(model, _plan(**BLOCKS), registry=REG)
     assert "\n" not in str(e.value)
     assert installed(model) == [] and registered(model.transformer_blocks[1]) == ["user.scale"]  # nothing half-left
-    _bitwise(forward(model, inputs), eager)
+    bitwise(forward(model, inputs), eager)
     assert mine.calls == 1
 
 
@@ -100,7 +96,7 @@ def test_a_user_hook_on_a_block_the_plan_leaves_alone_composes(inputs, eager):
     install(model, _plan(**NO_BLOCKS), registry=REG)
     assert registered(model.transformer_blocks[0]) == ["user.scale"]
     assert any(n.startswith(PREFIX) for _, n in installed(model))
-    _bitwise(forward(model, inputs), eager)
+    bitwise(forward(model, inputs), eager)
     assert mine.calls == 1
     assert uninstall(model) and registered(model.transformer_blocks[0]) == ["user.scale"]
 
@@ -114,10 +110,10 @@ def test_a_user_hook_registered_after_install_wraps_the_plan_and_outlives_uninst
     mine = Scale(2.0)
     HookRegistry.check_if_exists_or_initialize(model.transformer_blocks[0]).register_hook(mine, "user.scale")
     assert registered(model.transformer_blocks[0])[-1] == "user.scale" and len(installed(model)) > 0
-    _bitwise(forward(model, inputs), want)
+    bitwise(forward(model, inputs), want)
     assert uninstall(model) and installed(model) == []
     assert registered(model.transformer_blocks[0]) == ["user.scale"]
-    _bitwise(forward(model, inputs), want)  # the user's hook still runs, around diffusers' forward now
+    bitwise(forward(model, inputs), want)  # the user's hook still runs, around diffusers' forward now
     assert mine.calls == 2
 
 

@@ -8,9 +8,8 @@ sdpa, the exact gated residual). What moving tensors adds on a GPU is not covere
 """
 
 import pytest
-import torch
 from diffusers.hooks import FirstBlockCacheConfig, apply_first_block_cache, apply_group_offloading
-from install_helpers import forward, plan, tiny_inputs, tiny_model
+from install_helpers import bitwise, forward, plan, tiny_inputs, tiny_model
 from test_named_hooks import BLOCKS, NO_BLOCKS, REG, _plan
 
 from h3plan.errors import InstallError
@@ -46,13 +45,9 @@ def eager(inputs):
     return forward(tiny_model(), inputs)
 
 
-def _bitwise(a, b):
-    assert all(torch.equal(x, y) for x, y in zip(a, b))
-
-
 @pytest.mark.parametrize("kind", ["block_level", "leaf_level"])
 def test_group_offloading_alone_is_diffusers_forward_here(inputs, eager, kind):
-    _bitwise(forward(_offload(tiny_model(), kind), inputs), eager)
+    bitwise(forward(_offload(tiny_model(), kind), inputs), eager)
 
 
 def test_group_offloading_before_a_plan_that_replaces_the_blocks_is_refused_naming_both_hooks(inputs, eager):
@@ -64,7 +59,7 @@ def test_group_offloading_before_a_plan_that_replaces_the_blocks_is_refused_nami
     msg = str(e.value)
     assert "\n" not in msg and f"'{OFFLOAD}'" in msg and f"'{PREFIX}gated_residual'" in msg, msg
     assert installed(model) == [] and _theirs(model) == theirs
-    _bitwise(forward(model, inputs), eager)
+    bitwise(forward(model, inputs), eager)
 
 
 def test_block_level_group_offloading_before_a_plan_that_leaves_the_blocks_alone_composes(inputs, eager):
@@ -72,9 +67,9 @@ def test_block_level_group_offloading_before_a_plan_that_leaves_the_blocks_alone
     theirs = _theirs(model)
     install(model, _plan(**NO_BLOCKS), registry=REG)
     assert installed(model) and _theirs(model) == theirs
-    _bitwise(forward(model, inputs), eager)
+    bitwise(forward(model, inputs), eager)
     assert uninstall(model) and installed(model) == [] and _theirs(model) == theirs
-    _bitwise(forward(model, inputs), eager)
+    bitwise(forward(model, inputs), eager)
 
 
 @pytest.mark.parametrize("settings, lever, hooked", [
@@ -91,7 +86,7 @@ def test_leaf_level_group_offloading_before_install_is_refused_naming_it(inputs,
         install(model, p, registry=REG)
     assert "\n" not in str(e.value)
     assert installed(model) == [] and _theirs(model) == theirs
-    _bitwise(forward(model, inputs), eager)
+    bitwise(forward(model, inputs), eager)
 
 
 @pytest.mark.parametrize("kind", ["block_level", "leaf_level"])
@@ -102,9 +97,9 @@ def test_group_offloading_after_install_wraps_the_plan_and_outlives_uninstall(in
     _offload(model, kind)
     theirs = _theirs(model)
     assert theirs and installed(model) == hooks
-    _bitwise(forward(model, inputs), eager)
+    bitwise(forward(model, inputs), eager)
     assert uninstall(model) and installed(model) == [] and _theirs(model) == theirs
-    _bitwise(forward(model, inputs), eager)
+    bitwise(forward(model, inputs), eager)
 
 
 def _first_block_cache(model):
@@ -120,7 +115,7 @@ def test_first_block_cache_before_install_is_refused_by_diffusers_itself(inputs,
         _first_block_cache(model)
     assert _theirs(model) == {}
     install(model, _plan(**BLOCKS), registry=REG)
-    _bitwise(forward(model, inputs), eager)
+    bitwise(forward(model, inputs), eager)
     assert uninstall(model)
 
 
@@ -131,5 +126,5 @@ def test_first_block_cache_after_install_is_refused_by_diffusers_itself_and_the_
     with pytest.raises(ValueError, match="MiniMaxH3TransformerBlock'> not registered"):
         _first_block_cache(model)
     assert installed(model) == hooks and _theirs(model) == {}
-    _bitwise(forward(model, inputs), eager)
+    bitwise(forward(model, inputs), eager)
     assert uninstall(model) and installed(model) == []
