@@ -102,6 +102,9 @@
 #                  cache's high policy, block-sparse attention at keep 0.25 after 10 dense forwards) alone, t2va
 #                  768x1344x124, 49 forwards: its ratio against whole-best's compile (target 2.7x) and its frames
 #                  against that compile's and the lossless plan's (seeded weights) - about 4 minutes;
+#   H3_PHASE=whole-adaptive: cache-adaptive's first_block plan (threshold 0.08) with its fp16 decode alone, the whole call
+#                  with every forward's time, computed and skipped, and the overhead check per kind of forward; its ratio
+#                  against whole-best's compile - about 4 minutes;
 #   H3_PHASE=turbo-fp16: the Turbo FL2VA request (4 forwards, the prompt through the seeded conditioner) with diffusers'
 #                  compile at the fp16 VAE and the bf16 plan with recipe.vae=fp16, both whole calls - about 4.5 minutes.
 # H3_PHASE=forward-points (not this bench): the installed 50-layer forward profiled at 19,000 and 46,020 tokens (bf16
@@ -176,6 +179,8 @@ case "${H3_PHASE:-fp32}" in
          args=(hardware=sm90 parallel=u1 recipe=bf16 recipe.vae=fp16 "${req[@]}" --vae fp16 --no-eager --no-best
                --no-reference --whole) ;;
   whole-tier) args=(hardware=sm90 parallel=u1 tier=quality --vae fp16 --no-eager --no-best --whole) ;;
+  whole-adaptive) args=(hardware=sm90 parallel=u1 recipe=fp8 recipe.vae=fp16 "$adaptive" levers.step_cache=first_block
+                       --vae fp16 --no-eager --no-best --no-reference --whole) ;;
   turbo-fp16) vid=1344x768x124
          args=(hardware=sm90 parallel=u1 recipe=bf16 recipe.vae=fp16 video=fl2va_turbo_768x1344
                memory.text_encoder=offload_after --workflow fl2va --prompt --vae fp16 --e2e-steps 4 --no-eager
@@ -189,7 +194,7 @@ case "${H3_PHASE:-fp32}" in
         args=(hardware=sm90 parallel=u1 --layers 8 --steps 3) ;;
   *) echo "H3_PHASE: fp32, fp16, stock, all, cache-bf16, cache-fp8, cache-high, cache-adaptive, cache, ref2va-best," \
           "ref2va-bits, fl2va-best, fl2va-bits, ref2va, fl2va, turbo, whole-best, whole-fp8, whole-lossless, whole-bf16,"\
-          "whole-best-fl2va, whole-best-ref2va, whole-bf16-fl2va, whole-bf16-ref2va, whole-tier," \
+          "whole-best-fl2va, whole-best-ref2va, whole-bf16-fl2va, whole-bf16-ref2va, whole-tier, whole-adaptive," \
           "turbo-fp16, forward-points, cap-t2va, cap-ref2va or lora" >&2; exit 2 ;;
 esac
 if [ "$script" = benchmarks/memory.py ]; then
