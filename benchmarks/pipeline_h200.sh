@@ -105,6 +105,9 @@
 #   H3_PHASE=whole-adaptive: cache-adaptive's first_block plan (threshold 0.08) with its fp16 decode alone, the whole call
 #                  with every forward's time, computed and skipped, and the overhead check per kind of forward; its ratio
 #                  against whole-best's compile - about 4 minutes;
+#   H3_PHASE=whole-cache-fp8 / whole-cache-bf16: the fixed step-cache rows (34 of 49 forwards computed, as cache-fp8 /
+#                  cache-bf16) with the fp16 decode alone: the whole call, its ratio against whole-best's compile and its
+#                  frames against the lossless plan's where whole-lossless ran before - about 3.5 / 4.5 minutes;
 #   H3_PHASE=turbo-fp16: the Turbo FL2VA request (4 forwards, the prompt through the seeded conditioner) with diffusers'
 #                  compile at the fp16 VAE and the bf16 plan with recipe.vae=fp16, both whole calls - about 4.5 minutes.
 # H3_PHASE=forward-points (not this bench): the installed 50-layer forward profiled at 19,000 and 46,020 tokens (bf16
@@ -179,6 +182,10 @@ case "${H3_PHASE:-fp32}" in
          args=(hardware=sm90 parallel=u1 recipe=bf16 recipe.vae=fp16 "${req[@]}" --vae fp16 --no-eager --no-best
                --no-reference --whole) ;;
   whole-tier) args=(hardware=sm90 parallel=u1 tier=quality --vae fp16 --no-eager --no-best --whole) ;;
+  whole-cache-fp8) args=(hardware=sm90 parallel=u1 recipe=fp8 recipe.vae=fp16 "$cache" levers.step_cache=fixed --vae fp16
+                        --no-eager --no-best --no-reference --whole) ;;
+  whole-cache-bf16) args=(hardware=sm90 parallel=u1 recipe=bf16 recipe.vae=fp16 "$cache" levers.step_cache=fixed
+                         --vae fp16 --no-eager --no-best --no-reference --whole) ;;
   whole-adaptive) args=(hardware=sm90 parallel=u1 recipe=fp8 recipe.vae=fp16 "$adaptive" levers.step_cache=first_block
                        --vae fp16 --no-eager --no-best --no-reference --whole) ;;
   turbo-fp16) vid=1344x768x124
@@ -195,6 +202,7 @@ case "${H3_PHASE:-fp32}" in
   *) echo "H3_PHASE: fp32, fp16, stock, all, cache-bf16, cache-fp8, cache-high, cache-adaptive, cache, ref2va-best," \
           "ref2va-bits, fl2va-best, fl2va-bits, ref2va, fl2va, turbo, whole-best, whole-fp8, whole-lossless, whole-bf16,"\
           "whole-best-fl2va, whole-best-ref2va, whole-bf16-fl2va, whole-bf16-ref2va, whole-tier, whole-adaptive," \
+          "whole-cache-fp8, whole-cache-bf16," \
           "turbo-fp16, forward-points, cap-t2va, cap-ref2va or lora" >&2; exit 2 ;;
 esac
 if [ "$script" = benchmarks/memory.py ]; then
