@@ -7,13 +7,14 @@
     report = install(pipe, recipe="fp8")     # plan_for and install in one call
     report = install(pipe, plan, device="cuda")   # a pipeline loaded on the host (an 80 GB card): moved at install
 
-Importing h3plan loads neither torch nor Hydra; the names below load on first use. Every mistake a
-user can make raises an `H3PlanError` (one line, the same text the CLI prints).
+Importing h3plan loads the lever registry (torch-free) but neither torch nor Hydra; the names below load on first
+use. Every mistake a user can make raises an `H3PlanError` (one line, the same text the CLI prints).
 """
 
 from h3plan.errors import (ConfigError, H3PlanError, InstallError, PlanFileError, PlanningError, UsageError,
                            runtime_missing)
 from h3plan.facts.decision import Decision
+from h3plan.levers import EXPORTS
 
 __version__ = "0.2.0"
 
@@ -22,6 +23,8 @@ __all__ = ["Decision", "Plan", "resolve", "resolve_config", "plan_for", "install
            "reset_counters", "fallback_reasons", "H3PlanError", "ConfigError", "PlanningError", "PlanFileError",
            "UsageError", "InstallError", "__version__"]
 
+# name -> (module, attribute), loaded on first use; a lever's own function (`prepare`): its install module, by the
+# lever's Spec `exports` (h3plan.levers.EXPORTS)
 _LAZY = {
     "Plan": ("h3plan.planner", "Plan"),
     "resolve": ("h3plan.planner", "resolve"),
@@ -30,7 +33,6 @@ _LAZY = {
     "install": ("h3plan.install", None),  # the package is callable: install(model, plan)
     "uninstall": ("h3plan.install", "uninstall"),
     "installed_plan": ("h3plan.install", "installed_plan"),
-    "prepare": ("h3plan.install.adaln_table", "prepare"),
     "counters": ("h3plan.runtime.counters", "counters"),
     "reset_counters": ("h3plan.runtime.counters", "reset_counters"),
     "fallback_reasons": ("h3plan.runtime.counters", "fallback_reasons"),
@@ -38,11 +40,14 @@ _LAZY = {
 
 
 def __getattr__(name):
-    if name not in _LAZY:
+    if name not in __all__:
         raise AttributeError(f"module 'h3plan' has no attribute {name!r}")
     import importlib
 
-    module, attr = _LAZY[name]
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+    else:
+        module, attr = f"h3plan.install.{EXPORTS[name]}", name
     try:
         mod = importlib.import_module(module)
     except ModuleNotFoundError as e:  # installing needs torch and diffusers; planning does not

@@ -35,7 +35,10 @@ from dataclasses import dataclass, field
 
 from h3plan.errors import H3PlanError
 
-FORMAT = "h3plan.fp8_scales"
+NAME = "fp8_scales"
+"""The table's name: the lever that reads it (levers.fp8_scales=static), calibrate.target's default, the default file
+name (<NAME>.json) and, in FORMAT, the file's format tag."""
+FORMAT = f"h3plan.{NAME}"
 VERSION = 2
 TOP_KEYS = ("format", "version", "provenance", "attention", "linears", "percentile")
 PROVENANCE_KEYS = ("model", "config_hash", "num_layers", "request", "inputs", "heldout", "date", "margin", "statistic",

@@ -12,6 +12,7 @@ builder). Every table other code needs about levers is derived here, once:
     DECODE_LEVERS, OWN_BUDGET_LEVERS, BACKEND_LEVER     (verify: by each SPEC's `verify` strategy)
     owner(option), counter(option, route)              (an install call site: whom it installs for, what it counts)
     COLUMNS          lever -> its sweep table header     (h3plan/sweep.py)
+    EXPORTS          h3plan.<fn> -> the lever whose install module defines it (h3plan/__init__.py)
     terms(settings)  the plan's Terms                    (planning/derive.py, planning/memory.py)
 
 Adding a lever: docs/architecture.md, "How to add a lever".
@@ -78,6 +79,15 @@ def _kernel_ops() -> dict[str, str]:
     return out
 
 
+def _exports() -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name, s in SPECS.items():
+        for fn in s.exports:
+            if out.setdefault(fn, name) != name:
+                raise ImportError(f"levers {out[fn]!r} and {name!r} both export h3plan.{fn}")
+    return out
+
+
 def _term_owners() -> dict[str, str]:
     """Terms field -> the one lever whose settings set it."""
     out: dict[str, str] = {}
@@ -104,6 +114,7 @@ OPTIONS = MappingProxyType(_options())
 KERNEL_OPS = MappingProxyType(_kernel_ops())
 TERM_OWNERS = MappingProxyType(_term_owners())
 COLUMNS = MappingProxyType({name: s.column for name, s in SPECS.items() if s.column})
+EXPORTS = MappingProxyType(_exports())
 BACKEND_LEVER = TERM_OWNERS["attention_backend"]
 """The lever whose setting is the attention backend the blocks run (verify's reference R keeps it)."""
 
@@ -142,5 +153,5 @@ def not_installed(decision) -> str | None:
 
 __all__ = ["NAMES", "REGISTRY", "SPECS", "MEMORY_NAMES", "MEMORY_REGISTRY", "MEMORY_SPECS", "LEVER_SETTINGS", "OPTIONS",
            "KERNEL_OPS", "ULYSSES_LEVERS", "REFERENCE_LEVERS", "DECODE_LEVERS", "OWN_BUDGET_LEVERS",
-           "BACKEND_LEVER", "COUNTERS", "COLUMNS", "TERM_OWNERS", "Context",
+           "BACKEND_LEVER", "COUNTERS", "COLUMNS", "EXPORTS", "TERM_OWNERS", "Context",
            "LeverError", "Option", "Spec", "Terms", "counter", "not_installed", "owner", "scope_options", "terms"]

@@ -46,6 +46,7 @@ SPEC = Spec(
     # the blocks' AdaLN projections and the output norm's: read only while the tables are built
     state={"on": (StateKeys("parks", ("transformer_blocks.*.adaln_proj.linear.*", "norm_out.linear.*")),)},
     fit="on",
+    exports=("prepare",),  # h3plan.prepare: step counts added to installed tables
 )
 GiB = 2**30
 MODULATION_OUT = 6 * 3  # MiniMaxH3AdaLayerNormModulation: 6 x hidden x MINIMAX_H3_MODALITY_NUM outputs per row

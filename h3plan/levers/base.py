@@ -182,6 +182,8 @@ class Spec:
         validate asks every lever that declares one).
     table_skips_off: the plan's tables leave out its row when it is `off` (a lever that acts on some requests only:
         vae_encode_precision is off for t2va, which encodes nothing, and a t2va plan prints as it did before it).
+    exports: functions of its install module (h3plan/install/<name>.py) that the package offers as `h3plan.<fn>`, each
+        also in h3plan's `__all__` (adaln_table's `prepare`: step counts added to an installed table).
     """
 
     name: str
@@ -203,6 +205,7 @@ class Spec:
     recipe_section: str | None = None
     config_problem: Callable[[Mapping[str, Any]], tuple[str, str] | None] | None = None
     budget_line: Callable[[Decision], tuple[str, str]] | None = None
+    exports: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.model not in MODELS:

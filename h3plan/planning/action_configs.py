@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Any, List, Optional
 
 from h3plan.errors import ConfigError
+from h3plan.facts import scale_table
 from h3plan.facts.workflows import DEFAULT_TASK
 
 
@@ -39,7 +40,7 @@ class TuneConfig:
 
 @dataclass
 class CalibrateConfig:
-    target: str = "fp8_scales"
+    target: str = scale_table.NAME
     """fp8_scales: the static FP8 scale table (below); step_cache: step-cache settings measured against the uncached
     video and audio (h3plan/actions/calibrate_step_cache.py); sparse_attention: keep fractions measured against the
     dense frames and soundtrack (h3plan/actions/calibrate_sparse_attention.py). Both write every candidate as a
@@ -56,7 +57,7 @@ class CalibrateConfig:
     checkpoint has a text encoder."""
     text_tokens: int = 16
     """target=step_cache / sparse_attention: text rows of each seeded prompt."""
-    out: str = "fp8_scales.json"
+    out: str = f"{scale_table.NAME}.json"
     """Where the table goes. A table the held-out check refuses goes to <stem>.rejected.json instead (never
     loadable: its provenance says it failed) and the command exits 2."""
     inputs: Optional[str] = None

@@ -282,7 +282,7 @@ def _runs(d, plan) -> bool:
 def _lossless_text(plan) -> str:
     """Lossless is diffusers' eager bits given the plan's attention backend: say whose frames those are, how far from
     stock diffusers' where measured (hardware.measured.stock_frames), and the setting that keeps stock bits."""
-    att, hw = plan.decision("attention").setting, plan.get("hardware")
+    att, hw = terms({d.lever: d for d in plan.decisions}).attention_backend, plan.get("hardware")
     if att == DEFAULT:
         u = plan.get("parallel")["ulysses"]
         return ("every lever keeps diffusers' eager bits with its default attention (torch SDPA, attention=sdpa): "

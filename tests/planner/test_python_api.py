@@ -34,6 +34,15 @@ def test_lazy_installer_names():
     assert callable(h3plan.install) and callable(h3plan.uninstall) and callable(h3plan.counters)
 
 
+def test_every_lever_export_is_a_public_name_of_its_install_module():
+    """A lever's Spec `exports` are h3plan's names (in `__all__`), each its install module's function."""
+    from h3plan.levers import EXPORTS
+
+    assert EXPORTS and set(EXPORTS) <= set(h3plan.__all__)
+    for fn, lever in EXPORTS.items():
+        assert getattr(h3plan, fn) is getattr(__import__(f"h3plan.install.{lever}", fromlist=[fn]), fn)
+
+
 def test_resolve_config_refuses_what_is_no_group_option():
     """A number or a list for a config group is an H3PlanError naming the fix, not Hydra's bare ValueError, and a
     list never quietly plans its last option."""
