@@ -101,10 +101,11 @@ class StateKeys:
 
 @dataclass(frozen=True)
 class Terms:
-    """What one setting changes in the planning side's numbers: planning/derive.py (the estimates) and
-    planning/memory.py (the peak per GPU) read these, never a lever's name. A field at its default: the setting
-    leaves that number as diffusers' eager forward has it. A field is set by one lever only (levers/__init__.py
-    checks); a new kind of change is a field here and the code in derive.py or memory.py that reads it."""
+    """What one setting changes in the planning side's numbers: planning/derive.py (the estimates),
+    planning/memory.py (the peak per GPU) and planning/predict.py (the time line) read these, never a lever's name.
+    A field at its default: the setting leaves that number as diffusers' eager forward has it. A field is set by one
+    lever only (levers/__init__.py checks); a new kind of change is a field here and the code in derive.py,
+    memory.py or predict.py that reads it."""
 
     attention_backend: str | None = None
     """the attention backend the blocks run (derive: its precision and measured rate)."""
@@ -116,7 +117,8 @@ class Terms:
     """the sparse forwards compute a fraction of the attention's block work (derive: the owning decision's params
     `work_fraction` and `sparse_forwards`)."""
     gemm_dtype: str | None = None
-    """the block linears' GEMM format, "fp8" or "nvfp4" (derive's GEMM rate, memory's weight bytes); None: bf16."""
+    """the block linears' GEMM format, "fp8" or "nvfp4" (derive's GEMM rate, memory's weight bytes, predict's cheapest
+    cut of the denoise); None: bf16."""
     a2a_fp8: bool = False
     """Q, K, V cross the Ulysses all-to-all as e4m3 codes, 1 byte (derive's all-to-all bytes)."""
     a2a_note: str | None = None
@@ -130,11 +132,16 @@ class Terms:
     swiglu_fused: bool = False
     """SwiGLU in one kernel: no silu(gate) temporary (memory)."""
     vae_cast: str | None = None
-    """the dtype a float32 VAE is cast to at install ("fp16", "bf16"; memory's decode dtype); None: as loaded."""
+    """the dtype a float32 VAE is cast to at install ("fp16", "bf16"; memory's decode dtype, predict's measured decode
+    point); None: as loaded."""
     vae_encode_cast: str | None = None
-    """the dtype the float32 encoder and quant_conv are cast to at install ("fp16", "bf16"; memory's VAE weights)."""
+    """the dtype the float32 encoder and quant_conv are cast to at install ("fp16", "bf16"; memory's VAE weights,
+    predict's measured encode point); None: float32."""
     vae_tile: str | None = None
-    """the vae config's tile key the decode uses ("fp8_tile", "custom_tile"); None: default_tile."""
+    """the vae config's tile key the decode uses ("fp8_tile", "custom_tile"); None: default_tile. Its owner's setting
+    names the geometry of the measured decode and encode points (predict)."""
+    vae_encode_shares_tile: bool = False
+    """the encode runs at the decode's tile geometry (vae_tile), not the VAE's own (predict's encode time)."""
     vae_fp8_gemms: bool = False
     """e4m3 copies of the decoder blocks' linears beside their weights (memory)."""
     vae_fused: bool = False

@@ -16,7 +16,7 @@ budget does not cover the encode: vae_encode_precision says why).
 from __future__ import annotations
 
 from . import rules
-from .base import Context, Option, Spec, one_of, resolve, VERIFY_DECODE
+from .base import Context, Option, Spec, Terms, one_of, resolve, VERIFY_DECODE
 from .vae_encode_precision import encodes_nothing, lossy_vae
 
 SPEC = Spec(
@@ -26,6 +26,7 @@ SPEC = Spec(
     model="vae",
     verify=VERIFY_DECODE,
     options=(Option("vae", "encode_tiling", *one_of("shared", "own"), default="shared"),),
+    terms={"decode": Terms(vae_encode_shares_tile=True)},
     table_skips_off=True,
 )
 

@@ -22,7 +22,11 @@ from typing import Any, Mapping, Sequence
 
 from h3plan.facts.attention import FP8
 from h3plan.facts.vae import decode as vae_decode, encode as vae_encode
+from h3plan.levers import TERM_OWNERS, terms
 from h3plan.planning import derive
+
+DECODE_TILES = TERM_OWNERS["vae_tile"]  # vae_tiles: its setting names the geometry of the measured decode points
+ENCODE_PRECISION = TERM_OWNERS["vae_encode_cast"]  # vae_encode_precision: the cheapest cut of the encode sets it
 
 
 def elementwise_bytes_per_row(dc: Mapping[str, Any]) -> int:
@@ -118,9 +122,9 @@ def encode(sections: Mapping[str, Any], sequence: Mapping[str, Any], precision: 
 
 
 def encode_tiles(settings: Mapping[str, str]) -> str:
-    """The geometry the plan's encode runs at, named as vae_tiles names them: vae_tiles' own where vae_encode_tiles
-    shares it (decode), else the VAE's own (default)."""
-    return settings.get("vae_tiles", "default") if settings.get("vae_encode_tiles") == "decode" else "default"
+    """The geometry the plan's encode runs at, named as the measured points name it (the decode's tile setting): the
+    decode's where the encode shares it (Terms.vae_encode_shares_tile), else the VAE's own (default)."""
+    return settings.get(DECODE_TILES, "default") if terms(settings).vae_encode_shares_tile else "default"
 
 
 def call(sections: Mapping[str, Any], sequence: Mapping[str, Any], shp: Mapping[str, Any], fwd: Mapping[str, Any],
@@ -139,8 +143,9 @@ def call(sections: Mapping[str, Any], sequence: Mapping[str, Any], shp: Mapping[
     if fs is not None and dense is not None and n > dense:  # the dense ones first, the rest at the sparse forward
         f = (dense * f + (n - dense) * fs) / n
         of += f" ({min(dense, n)} dense, {n - min(dense, n)} with sparse attention)"
-    dec, dec_basis = decode(sections, sequence, settings["vae_precision"], settings["vae_tiles"], parallel_decode)
-    enc = encode(sections, sequence, settings.get("vae_encode_precision", "fp32"), encode_tiles(settings))
+    t = terms(settings)  # the decode and encode dtypes: a float32 VAE's where the plan casts none
+    dec, dec_basis = decode(sections, sequence, t.vae_cast or "fp32", settings[DECODE_TILES], parallel_decode)
+    enc = encode(sections, sequence, t.vae_encode_cast or "fp32", encode_tiles(settings))
     parts = {"text_encode": 0.0, "denoise": n * f, "decode": dec}
     total = None if dec is None or (enc is not None and enc[0] is None) else n * f + dec + (enc[0] if enc else 0.0)
     out = {"denoise_s_est": round(n * f, 2), "decode_s_est": None if dec is None else round(dec, 2),
@@ -192,8 +197,8 @@ def cheapest_cut(sections, sequence, shp, part: str, settings: Mapping[str, str]
                  parallel_decode: Mapping[str, Any] | None = None) -> str:
     """The cheapest lever (least quality cost) that cuts `part`, with its predicted time and that cost (a decode
     spread over the ranks: spread the same way)."""
-    hw = sections["hardware"]
-    if part == "decode" and settings["vae_precision"] == "fp32":
+    hw, t = sections["hardware"], terms(settings)
+    if part == "decode" and t.vae_cast is None:  # a float32 decode
         s, _ = decode(sections, sequence, "fp16", "default")
         if s is not None and parallel_decode and parallel_decode.get("decode_s") is not None:
             s *= parallel_decode["decode_s"] / parallel_decode["one_gpu_s"]
@@ -203,16 +208,15 @@ def cheapest_cut(sections, sequence, shp, part: str, settings: Mapping[str, str]
         if s is not None:
             return f"recipe.vae=fp16 cuts the decode to {s:.1f} s, at {cost}"
     if part == "encode":
-        prec = settings.get("vae_encode_precision", "fp32")
-        fast = encode(sections, sequence, "fp16", encode_tiles(settings)) if prec == "fp32" else None
+        fast = encode(sections, sequence, "fp16", encode_tiles(settings)) if t.vae_encode_cast is None else None
         if fast is not None and fast[0] is not None:
-            return (f"levers.vae_encode_precision=fp16 (a recipe that allows a lossy VAE) cuts the encode to "
+            return (f"levers.{ENCODE_PRECISION}=fp16 (a recipe that allows a lossy VAE) cuts the encode to "
                     f"{fast[0]:.1f} s, outside every measured budget (its effect on the frames never measured)")
         return "no lever cuts it further on this plan"
     if part == "decode":
         return ("no lever cuts it further on this plan (the decode already runs its fastest measured precision "
                 "and tiles)")
-    if part == "denoise" and settings["gemm_quant"] in ("bf16", "dequant_bf16") and hw["gemm"]["fp8"]:
+    if part == "denoise" and t.gemm_dtype is None and hw["gemm"]["fp8"]:  # BF16 GEMMs
         f8 = fp8_forward(sections, shp)
         if f8 is not None:
             return (f"recipe=fp8 cuts a forward to {f8:.2f} s (FP8 GEMMs and attention: lossy, within its PSNR/SSIM "

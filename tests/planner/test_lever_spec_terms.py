@@ -1,6 +1,7 @@
 """A lever's SPEC is the one place the planning side learns what it changes: its sweep column (Spec.column), what
-each setting does to the estimates and the memory model (Spec.terms), and the setting memory.fit offers (Spec.fit).
-A lever added with those fields reaches sweep.py, derive.py and memory.py without an edit there."""
+each setting does to the estimates, the memory model and the time line (Spec.terms), and the setting memory.fit offers
+(Spec.fit). A lever added with those fields reaches sweep.py, derive.py, memory.py and predict.py without an edit
+there."""
 
 import pytest
 
@@ -71,3 +72,13 @@ def test_fit_offers_the_setting_a_spec_names(monkeypatch):
     _add(monkeypatch, terms={"on": Terms(adaln_tables=True)}, fit="on")  # a lever that tables as adaln_table does
     e = estimate("t2v_768x1344_14s", settings={FAKE: "off"})
     assert "nearest fit: levers.zz_fake_lever=on" in M.fit(e, 80, 0.05)
+
+
+def test_the_time_line_reads_the_encode_geometry_from_terms_not_a_levers_name(monkeypatch):
+    from h3plan.planning import predict
+
+    assert predict.encode_tiles({"vae_tiles": "fp8_tiles", "vae_encode_tiles": "decode"}) == "fp8_tiles"
+    assert predict.encode_tiles({"vae_tiles": "fp8_tiles", "vae_encode_tiles": "default"}) == "default"
+    _add(monkeypatch, terms={"on": Terms(vae_encode_shares_tile=True)})  # shares it as vae_encode_tiles=decode does
+    assert predict.encode_tiles({"vae_tiles": "custom", FAKE: "on"}) == "custom"
+    assert predict.encode_tiles({"vae_tiles": "custom", FAKE: "off"}) == "default"
