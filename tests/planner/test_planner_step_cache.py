@@ -242,19 +242,21 @@ def test_an_adaptive_plan_gives_its_call_as_a_range():
 
 
 def test_the_measured_adaptive_call_falls_inside_the_range():
-    """benchmarks/results/pipeline-h200.json, the first_block row (fp8, fp16 decode, threshold 0.08, warm-up 4, final
-    1, 2 in a row; 20 of 49 computed on seeded weights): its whole call lies inside the plan's range."""
+    """benchmarks/results/pipeline-h200.json, every first_block row (fp8, fp16 decode, threshold 0.08, warm-up 4, final
+    1, 2 in a row; 20 and 24 of 49 computed on seeded weights): each whole call lies inside the plan's range."""
     import json
     from pathlib import Path
 
     rows = json.loads((Path(__file__).resolve().parents[2] / "benchmarks/results/pipeline-h200.json").read_text())
-    row = next(r for r in (rows if isinstance(rows, list) else rows["records"])
-               if "+step_cache=first_block" in r["label"])
+    adaptive = [r for r in (rows if isinstance(rows, list) else rows["records"])
+                if "+step_cache=first_block" in r["label"]]
+    assert len(adaptive) >= 2  # the 12-02 row and the rerun that supersedes it
     plan = _plan(cache={**BUDGET, "threshold": 0.08, "warmup": 4, "final": 1, "max_skip": 2, "unmeasured": True},
                  recipe="fp8", **{"levers.step_cache": "first_block", "recipe.vae": "fp16"})
     low, high = plan.derived_value("call_s_range_est")
-    assert plan.decision("step_cache").param("fewest_computed") <= row["counters"]["step_cache.computed"]
-    assert low <= row["e2e_s"] <= high, (low, row["e2e_s"], high)
+    for row in adaptive:
+        assert plan.decision("step_cache").param("fewest_computed") <= row["counters"]["step_cache.computed"]
+        assert low <= row["e2e_s"] <= high, (row["run"], low, row["e2e_s"], high)
 
 
 @pytest.mark.parametrize("computed,why", [(60, "is longer than the request's 49 forwards"),
