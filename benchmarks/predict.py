@@ -38,7 +38,7 @@ def facts() -> list[tuple[str, dict]]:
 
 
 def rows() -> list[dict]:
-    doc = json.loads((ROOT / "benchmarks/results/pipeline-h200.json").read_text())
+    doc, fixes = json.loads((ROOT / RESULTS).read_text()), load_corrections(str(ROOT / RESULTS))
     out = []
     for row in (r for r in doc["records"] if r["setting"] == "plan" and r["gpus"] == 1):
         for name, groups in facts():
@@ -47,7 +47,7 @@ def rows() -> list[dict]:
                 if steps and mixed:
                     continue
                 try:
-                    plan = replan(row, steps, **groups)
+                    plan = replan(row, steps, fixes, **groups)
                     mixed = sparse_decision(plan) is not None
                 except h3plan.H3PlanError as e:  # a 4-forward request of a 34-forward step cache: refused, said so
                     out.append({"run": row["run"], "label": row["label"], "facts": name, "forwards": 4,
@@ -67,10 +67,10 @@ def peaks() -> list[dict]:
     """The plan's peak against the measured one for every row whose call took a prompt through the text encoder (the
     encode's peak, with the conditioner on the device; a t2va row's bench peak is its install's:
     benchmarks/memory.py)."""
-    doc = json.loads((ROOT / "benchmarks/results/pipeline-h200.json").read_text())
+    doc, fixes = json.loads((ROOT / RESULTS).read_text()), load_corrections(str(ROOT / RESULTS))
     out = []
     for row in (r for r in doc["records"] if r["setting"] == "plan" and r["gpus"] == 1 and prompted(r)):
-        plan = replan(row, hardware="sm90")
+        plan = replan(row, fixes=fixes, hardware="sm90")
         est = plan.derived_value("memory_peak_gib_per_gpu")
         out.append({"run": row["run"], "label": row["label"], "workflow": row["workflow"],
                     "text_encoder": row["request"]["memory.text_encoder"],
@@ -146,7 +146,7 @@ def predicted(row: dict, plan) -> dict:
 
 
 def evaluate(row: dict, measured: dict, fixes=()) -> dict:
-    plan = replan(row, hardware="sm90")
+    plan = replan(row, fixes=fixes, hardware="sm90")
     shape = shape_of(plan)
     rec = {"run": row["run"], "workflow": row.get("workflow", "t2va"), "label": row["label"], "vae": row["vae"],
            "S": shape["seq_len"], "forward_s": row["forward_s"], "call_s": row["e2e_s"],
@@ -159,7 +159,7 @@ def evaluate(row: dict, measured: dict, fixes=()) -> dict:
     dropped = [f"{k}: {len(measured.get(k) or ()) - len(kept[f'hardware.measured.{k}'])}" for k in KINDS
                if len(measured.get(k) or ()) != len(kept[f"hardware.measured.{k}"])]
     try:
-        rec["other_shapes"] = {"dropped": dropped, **predicted(row, replan(row, hardware="sm90", **kept))}
+        rec["other_shapes"] = {"dropped": dropped, **predicted(row, replan(row, fixes=fixes, hardware="sm90", **kept))}
     except h3plan.H3PlanError as e:
         rec["other_shapes"] = {"dropped": dropped, "error": str(e)}
     return rec

@@ -288,3 +288,55 @@ def test_a_sparse_plan_is_warmed_up_to_its_first_sparse_forward():
     made.clear()
     P._Session.warm_sparse(session, SimpleNamespace(name="plan", plan=h3plan.resolve_config(recipe="fp8")))
     assert not made
+
+
+ADAPTIVE = {"psnr_db_min": 28, "ssim_min": 0.93, "threshold": 0.08, "warmup": 4, "final": 1, "max_skip": 2,
+            "unmeasured": True}
+
+
+def _fp8_row(**extra):
+    return {"run": "2026-01-01 00:00:00", "workflow": "t2va", "setting": "plan", "recipe": "fp8", "gpus": 1,
+            "label": "sm90/fp8/u1 +step_cache=first_block +vae=fp16", "vae": "fp16",
+            "request": {"video": "t2v_768x1344_5s", "video.task": "t2va", "memory.text_encoder": "auto"}, **extra}
+
+
+def test_a_row_records_the_recipe_fields_its_label_cannot_say():
+    """`+vae=fp16` on an fp8 row is the decode's precision: the fp8 recipe's FP8 tiles or, with recipe.vae=fp16,
+    diffusers' tiles. The bench records the recipe fields a run set (recipe_overrides) and replan composes them."""
+    from h3plan.actions.bench.pipeline_records import recipe_overrides, replan
+    from h3plan.planner import resolve_config
+
+    plain = resolve_config(hardware="sm90", parallel="u1", recipe="fp8")
+    assert recipe_overrides(plain) == {}
+    ran = resolve_config(hardware="sm90", parallel="u1", recipe="fp8", **{"recipe.vae": "fp16",
+                                                                           "recipe.cache": ADAPTIVE,
+                                                                           "levers.step_cache": "first_block"})
+    over = recipe_overrides(ran)
+    assert over["recipe.vae"] == "fp16" and over["recipe.cache"]["threshold"] == 0.08
+    assert replan(_fp8_row(), hardware="sm90").decision("vae_tiles").setting == "fp8_tiles"  # the label alone
+    again = replan(_fp8_row(recipe_overrides=over), hardware="sm90")
+    assert again.decision("vae_tiles").setting == ran.decision("vae_tiles").setting == "default"
+    assert again.get("recipe")["cache"] == ran.get("recipe")["cache"]
+
+
+def test_a_row_from_before_recipe_overrides_takes_its_corrections():
+    from h3plan.actions.bench.pipeline_records import replan
+
+    row = _fp8_row()
+    key = {k: row[k] for k in ("run", "workflow", "setting", "label", "vae")}
+    fixes = [{"row": key, "what": "x", "recipe_overrides": {"recipe.vae": "fp16", "recipe.cache": ADAPTIVE}},
+             {"row": {**key, "run": "2026-01-02 00:00:00"}, "what": "another row's", "recipe_overrides": {}}]
+    assert replan(row, fixes=fixes, hardware="sm90").decision("vae_tiles").setting == "default"
+    assert replan(row, fixes=fixes[1:], hardware="sm90").decision("vae_tiles").setting == "fp8_tiles"
+
+
+def test_a_replan_note_is_no_correction_of_the_rows_figures():
+    from h3plan.actions.bench.pipeline_records import checks_text
+
+    row = {**_fp8_row(), "checks": [{"name": "overhead", "result": "PASS"}]}
+    key = {k: row[k] for k in ("run", "workflow", "setting", "label", "vae")}
+    note = {"row": key, "what": "replanned", "recipe_overrides": {"recipe.vae": "fp16"}}
+    assert checks_text(row, [note]) == "overhead PASS"
+    assert checks_text(row, [{"row": key, "what": "edited after the run"}]) == "overhead PASS (corrected)"
+    assert checks_text(row, [{**note, "checks": [{"name": "bitwise", "result": "FAIL"}]}]) == \
+        "overhead PASS, bitwise FAIL (corrected)"

@@ -47,7 +47,9 @@ def test_budget_plans_block_sparse_with_the_published_point():
 def test_estimates_count_the_sparse_forwards():
     dense, sparse = dict(_plan().derived), dict(_plan(BUDGET).derived)
     frac = _plan(BUDGET).decision("sparse_attention").param("work_fraction")
-    router = 5.807  # sm90's measured router point at this request's 20.1 GFLOP (hardware.fa4.block_sparse_router)
+    point = _plan().get("hardware")["fa4"]["block_sparse_router"][0]  # sm90's measured router at 20.1 GFLOP
+    assert point["gflop"] == 20.1
+    router = point["ms"]
     assert sparse["attention_ms_per_block_sparse_est"] == pytest.approx(
         dense["attention_ms_per_block_est"] * frac + router, abs=0.05)
     assert "router (20.1 GFLOP" in dict(sparse["basis"])["attention_ms_per_block_sparse_est"]

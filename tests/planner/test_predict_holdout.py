@@ -80,7 +80,7 @@ def test_every_held_out_row_within_5pct(row):
     assert abs(h["forward_err"]) <= TOL and abs(h["call_err"]) <= TOL, h
 
 
-@pytest.mark.parametrize("row", HOLDOUT["records"], ids=_id)
+@pytest.mark.parametrize("row", [r for r in HOLDOUT["records"] if not r.get("superseded_by")], ids=_id)
 def test_the_forward_from_other_shapes_within_5pct(row):
     o = row["other_shapes"]
     assert abs(o["forward_err"]) <= TOL, o

@@ -720,7 +720,7 @@ def _record(torch, device, run_id, request, S, degree, layers, n_sched, steps_e2
     if s.name == "best" and row.first is not None:
         rec.notes.append(f"the first forward (regional compile included) took {row.first:.2f} s")
     if s.name == "plan":
-        rec.request = records.request_overrides(plan)
+        rec.request, rec.recipe_overrides = records.request_overrides(plan), records.recipe_overrides(plan)
         if row.first is not None:
             rec.notes.append(f"the first forward (kernel JIT included) took {row.first:.2f} s")
         rec.notes.append(f"vae_precision {plan_precision(plan)}; lossless apart from it: {_lossless_but_vae(plan)}")

@@ -85,6 +85,9 @@ class CallRecord:
     includes its encodes (in rest_s) and S its conditioning rows."""
     request: dict = field(default_factory=dict)
     """A plan row's request as overrides (request_overrides): what replan composes again."""
+    recipe_overrides: dict = field(default_factory=dict)
+    """A plan row's recipe fields set beyond its preset and tier (recipe_overrides: recipe.vae, recipe.cache, ...),
+    which its label does not name: what replan composes again."""
     rest_parts: dict = field(default_factory=dict)
     """Seconds of the rest's timed parts per call (median): text_encoder (with its moves), vae_encode, vae_decode."""
     checks: list = field(default_factory=list)
@@ -265,9 +268,12 @@ def _x(key: str):
 
 
 def checks_text(r: Mapping, fixes: Sequence[Mapping] = ()) -> str:
-    """`overhead FAIL, bitwise PASS`; `(corrected)` where a correction names the row."""
+    """`overhead FAIL, bitwise PASS`; `(corrected)` where a correction names the row for more than the recipe
+    fields replan composes it with (a recipe_overrides note changes no figure of the row)."""
     text = ", ".join(f"{k['name']} {k['result']}" for k in checks_of(r, fixes))
-    return " ".join(x for x in (text, "(corrected)" if corrections_of(r, fixes) else "") if x)
+    fixed = any(set(c) - {"row", "what", "recipe_overrides"} or not c.get("recipe_overrides")
+                for c in corrections_of(r, fixes))
+    return " ".join(x for x in (text, "(corrected)" if fixed else "") if x)
 
 
 RECORD_COLUMNS = (("setting", "l", cell("label")), ("VAE", "l", cell("vae")),
@@ -432,11 +438,22 @@ def request_overrides(plan) -> dict:
     return out
 
 
-def replan(row: Mapping, steps: int | None = None, **groups):
+def recipe_overrides(plan) -> dict:
+    """The plan's recipe fields that differ from its preset's (with its tier): resolve_config keywords
+    (`recipe.vae`, `recipe.cache`, ...) for what a plan row's label cannot say - `+vae=fp16` is the decode's
+    precision, which an fp8 recipe gives with its FP8 tiles and `recipe.vae=fp16` with diffusers' tiles."""
+    mine = plan.get("recipe")
+    tier = (mine.get("tier") or {}).get("name")
+    base = resolve_config(**({"tier": tier} if tier else {"recipe": mine["name"]})).get("recipe")
+    return {f"recipe.{k}": v for k, v in mine.items() if v != base.get(k)}
+
+
+def replan(row: Mapping, steps: int | None = None, fixes: Sequence[Mapping] = (), **groups):
     """A committed plan row planned again (h3plan.resolve_config with `groups`, e.g. hardware=...): its recipe,
     Ulysses degree, the `+lever=setting` words its label carries (the levers its run forced), the step cache's
-    budget, the row's request (its `request`: a workflow, a text encoder; with a prompt through the text encoder, its
-    text rows are the ones the call measured: the row's S less the request's other rows), and the row's decode
+    budget, the recipe fields its run set (its `recipe_overrides`; a row from before that field: its correction's,
+    in `fixes`), the row's request (its `request`: a workflow, a text encoder; with a prompt through the text encoder,
+    its text rows are the ones the call measured: the row's S less the request's other rows), and the row's decode
     precision where the recipe's own differs; `steps`: pipeline.num_inference_steps instead of the row's request."""
     over: dict = {"recipe": row["recipe"], "parallel": f"u{row['gpus']}", **row.get("request", {}), **groups}
     for word in row["label"].split()[1:]:
@@ -448,6 +465,8 @@ def replan(row: Mapping, steps: int | None = None, **groups):
             over[f"levers.{lever}"] = setting
         if lever == "step_cache":
             over["recipe.cache"] = dict(CACHE_BUDGET)
+    over.update(row.get("recipe_overrides") or next((c["recipe_overrides"] for c in corrections_of(row, fixes)
+                                                     if c.get("recipe_overrides")), {}))
     if steps:
         over["pipeline.num_inference_steps"] = steps
     plan = resolve_config(**over)
