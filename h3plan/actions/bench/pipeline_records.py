@@ -23,6 +23,8 @@ from h3plan.facts.vae.encode import encode_inputs
 from h3plan.facts.workflows import DEFAULT_TASK
 from h3plan.levers import MEMORY_SPECS, terms
 from h3plan.planner import resolve_config
+from h3plan.planning.config import compose
+from omegaconf import OmegaConf
 
 from .results_file import ResultsFile
 from .tables import cell, fmt, md_table, one_line, text_table
@@ -444,8 +446,10 @@ def recipe_overrides(plan) -> dict:
     precision, which an fp8 recipe gives with its FP8 tiles and `recipe.vae=fp16` with diffusers' tiles."""
     mine = plan.get("recipe")
     tier = (mine.get("tier") or {}).get("name")
-    base = resolve_config(**({"tier": tier} if tier else {"recipe": mine["name"]})).get("recipe")
-    return {f"recipe.{k}": v for k, v in mine.items() if v != base.get(k)}
+    preset = OmegaConf.to_container(compose([f"tier={tier}" if tier else f"recipe={mine['name']}"]), resolve=True,
+                                    enum_to_str=True)  # composed, not planned: any recipe on any hardware
+    assert isinstance(preset, dict) and isinstance(preset["recipe"], dict)  # a composed config is a mapping
+    return {f"recipe.{k}": v for k, v in mine.items() if v != preset["recipe"].get(k)}
 
 
 def replan(row: Mapping, steps: int | None = None, fixes: Sequence[Mapping] = (), **groups):
