@@ -115,8 +115,22 @@
 # (benchmarks/probes/block_profile.py --forward 50): $OUT/block-profile-forward.json - about 4 minutes.
 # Output in $OUT (default benchmarks/results): pipeline-h200.json (rows of every run), .md, .png, pipeline-h200.log.
 # H3_APPEND=1 starts from the committed benchmarks/results/pipeline-h200.json.
+# H3_PHASE=a,b,...: the phases one after another in one process tree, the first as above, the rest going on from its
+# results file: phases that must share the machine's /tmp (whole-lossless before the lossy whole-* phases) in one
+# device call, not several that the machine's idle release can split. H3_T_PHASE caps each phase: their sum must fit
+# the device call.
 set -u
 cd "$(dirname "$0")/.."
+if [[ "${H3_PHASE:-}" == *,* ]]; then
+  IFS=, read -ra phases <<< "$H3_PHASE"
+  first=1
+  for phase in "${phases[@]}"; do
+    if [ "$first" = 1 ]; then H3_PHASE=$phase bash "$0" || exit $?
+    else H3_PHASE=$phase H3_APPEND=0 bash "$0" || exit $?; fi
+    first=0
+  done
+  exit 0
+fi
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-benchmarks/results}
 mkdir -p "$OUT"
@@ -216,6 +230,10 @@ else
   case "${H3_PHASE:-fp32}" in whole-*|turbo-fp16) steps=3; args+=(--frames-dir "$FRAMES") ;; esac  # a median of 3
   common=(--video "$vid" --text-tokens 110 --rounds 1 --warmup 2 --steps "$steps" --decode-warmup 1 --out "$OUT"
           --tag h200)
+fi
+if [ "${H3_DRY:-0}" = 1 ]; then  # H3_DRY=1: print what each phase would run (a check of the phase list, any machine)
+  echo "phase ${H3_PHASE:-fp32}: python $script ${args[*]} ${common[*]}"
+  exit 0
 fi
 echo "=== phase ${H3_PHASE:-fp32} (timeout ${CAP}s)" | tee -a "$LOG"
 s=$(date +%s)
