@@ -731,12 +731,13 @@ def _record(torch, device, run_id, request, S, degree, layers, n_sched, steps_e2
                                                            else "") for k, v in rec.rest_parts.items()]
             other = rec.rest_s - sum(rec.rest_parts.values())
             rec.notes.append(f"rest: {', '.join(timed)}; everything else {other:.2f} s")
-        pf, pc = records.predicted_forward(plan, asdict(rec)), plan.derived_value("call_s_est")
+        pf, pc = records.predicted_forward(plan, asdict(rec)), records.predicted_call(plan, asdict(rec))
         if pf is not None and fwd is not None:  # the plan's own time line against this row
             rec.notes.append(f"predicted: forward {pf:.3f} s ({pf / fwd - 1:+.1%})" + (
                 "" if pc is None or rec.e2e_s is None else f", call {pc:.1f} s ({pc / rec.e2e_s - 1:+.1%}) against the "
                                                            f"measured")
-                + (" (first_block: the plan counts every forward computed; how many it skips is the checkpoint's)"
+                + (" (first_block: the plan's call at the forwards this call computed; how many it skips is the "
+                   "checkpoint's)"
                    if row.full is not None and row.full.get("mode") == "first_block" else ""))
     _frames(torch, device, opts, row, rows, rec, store)
     return asdict(rec)
