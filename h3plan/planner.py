@@ -514,9 +514,10 @@ def resolve(cfg) -> Plan:
     spread = next((d for d in decisions.values() if terms({d.lever: d}).vae_spread), None)
     spread_params = dict(spread.params) if spread is not None else None
     sparse = next((d for d in decisions.values() if d.enabled and terms({d.lever: d}).sparse_blocks), None)
+    mem, mem_basis = _memory(sections, ctx.shape, decisions)
     times = predict.call(sections, sequence, ctx.shape, fwd, settings, computed,
                          dense=sparse.param("dense_forwards") if sparse is not None else None,
-                         parallel_decode=spread_params)
+                         parallel_decode=spread_params, text_encoder=mem.get("text_encoder"))
     if computed:
         times["computed_forwards"] = computed
         times.setdefault("basis", {})["computed_forwards"] = "step_cache: the forwards its schedule computes"
@@ -529,7 +530,6 @@ def resolve(cfg) -> Plan:
         times.setdefault("basis", {}).update(rng.get("basis", {}))
     derived = derive.merge(ctx.shape, {**est, **fwd, **times,
                                        "basis": {**est["basis"], **fwd["basis"], **times.get("basis", {})}})
-    mem, mem_basis = _memory(sections, ctx.shape, decisions)
     derived.update(mem, sequence=sequence)
     apart = _apart(sections)
     if apart:

@@ -129,11 +129,13 @@ def encode_tiles(settings: Mapping[str, str]) -> str:
 
 def call(sections: Mapping[str, Any], sequence: Mapping[str, Any], shp: Mapping[str, Any], fwd: Mapping[str, Any],
          settings: Mapping[str, str], computed: int | None = None, dense: int | None = None,
-         parallel_decode: Mapping[str, Any] | None = None) -> dict[str, Any]:
+         parallel_decode: Mapping[str, Any] | None = None,
+         text_encoder: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """End to end: text encode + forwards x forward + decode; the biggest share and the cheapest cut. `computed`: the
     forwards a step_cache schedule runs of the request's (None: all of them); `dense`: with sparse attention, the
     first forwards that run dense (the others at forward_sparse_s_est); `parallel_decode`: the vae_parallel decision's
-    params where it spreads the decode (decode)."""
+    params where it spreads the decode (decode); `text_encoder`: the memory.text_encoder placement (planning/memory),
+    whose call_s (the encode and its moves) the call counts; none: prompt_embeds given."""
     n, f = sequence.get("transformer_forwards"), fwd["forward_s_est"]
     if not n or f is None:
         return {}
@@ -146,14 +148,15 @@ def call(sections: Mapping[str, Any], sequence: Mapping[str, Any], shp: Mapping[
     t = terms(settings)  # the decode and encode dtypes: a float32 VAE's where the plan casts none
     dec, dec_basis = decode(sections, sequence, t.vae_cast or "fp32", settings[DECODE_TILES], parallel_decode)
     enc = encode(sections, sequence, t.vae_encode_cast or "fp32", encode_tiles(settings))
-    parts = {"text_encode": 0.0, "denoise": n * f, "decode": dec}
-    total = None if dec is None or (enc is not None and enc[0] is None) else n * f + dec + (enc[0] if enc else 0.0)
+    te, te_basis = text_encode(text_encoder)
+    parts = {"text_encode": te, "denoise": n * f, "decode": dec}
+    total = (None if dec is None or (enc is not None and enc[0] is None)
+             else te + n * f + dec + (enc[0] if enc else 0.0))
     out = {"denoise_s_est": round(n * f, 2), "decode_s_est": None if dec is None else round(dec, 2),
-           "text_encode_s_est": 0.0,
+           "text_encode_s_est": round(te, 2),
            "call_s_est": None if total is None else round(total, 2),
            "basis": {"denoise_s_est": f"{of} transformer forwards x forward_s_est", "decode_s_est": dec_basis,
-                     "text_encode_s_est": "0: prompt_embeds given, the text encoder runs before the call (memory: not "
-                                          "resident)",
+                     "text_encode_s_est": te_basis,
                      "call_s_est": "text encode + denoise + decode (diffusers' pipe(...), one GPU per rank)"}}
     if enc is not None:  # fl2va / ref2va: the keyframes' / references' VAE encode (a t2va plan has no such key)
         parts["encode"] = enc[0]
@@ -169,6 +172,18 @@ def call(sections: Mapping[str, Any], sequence: Mapping[str, Any], shp: Mapping[
     out["basis"]["call_biggest"] = ("the largest of text encode, denoise, decode, and the lever that cuts it at the "
                                     "least quality cost")
     return out
+
+
+def text_encode(placement: Mapping[str, Any] | None) -> tuple[float, str]:
+    """(seconds, basis) of the call's text encode: the placement's call_s (the encode and the conditioner's moves);
+    0 where prompt_embeds are given, or where the placement has no time (nan: no BF16 rate to time it)."""
+    if not placement:
+        return 0.0, "0: prompt_embeds given, the text encoder runs before the call (memory: not resident)"
+    s = placement.get("call_s")
+    if s is None or s != s:
+        return 0.0, f"0: memory.text_encoder={placement['setting']} has no time on this hardware (no BF16 rate)"
+    return float(s), (f"memory.text_encoder={placement['setting']}: the conditioner's encode and its moves "
+                      f"(text_encoder.call_s)")
 
 
 def call_range(sections: Mapping[str, Any], sequence: Mapping[str, Any], times: Mapping[str, Any],

@@ -188,10 +188,10 @@ def _speed_text(plan) -> str:
     span = plan.derived_value("call_s_range_est")  # an adaptive cache: the most it may skip .. every forward computed
     if span:
         fewest = next(d.param("fewest_computed") for d in plan.decisions if d.param("fewest_computed") is not None)
-        head = (f"call {span[0] + (te_s or 0):,.0f}-{call_s + (te_s or 0):,.0f} s = {fewest}..{n} of {n} forwards "
+        head = (f"call {span[0]:,.0f}-{call_s:,.0f} s = {fewest}..{n} of {n} forwards "
                 f"computed (the adaptive cache), at most {den:,.0f} s")
     else:
-        head = f"call {call_s + (te_s or 0):,.0f} s = {what} {den:,.0f} s"
+        head = f"call {call_s:,.0f} s = {what} {den:,.0f} s"
     spread = next((d for d in plan.decisions if terms({d.lever: d}).vae_spread), None)
     where = "" if spread is None else f" over {plan.get('parallel').get('ulysses')} GPUs ({spread.lever})"
     text += (f"; {head} + decode {dec:,.{1 if dec >= 1 else 2}f} s{where}{venc}{encode}; most: {big['part']} "

@@ -260,3 +260,24 @@ def test_the_plans_value_is_its_decision():
     d = LEVER.from_derived(value)
     assert d.setting == "host" and list(d.reasons) == value["reasons"] and LEVER.derived(d) == value
     assert LEVER.from_derived(None) is None
+
+
+def test_the_call_figure_counts_the_text_encode_it_prints():
+    """One call figure: call_s_est (format=json) holds the placement's encode and moves, and the printed call line
+    is that figure; a t2va plan given prompt_embeds counts none."""
+    import re
+
+    from h3plan.planner import resolve_config
+
+    p = resolve_config(hardware="sm90", recipe="bf16", video="ref2va_768x1344_5s",
+                       **{"memory.text_encoder": "offload_after"})
+    te = p.derived_value("text_encoder")["call_s"]
+    assert p.derived_value("text_encode_s_est") == round(te, 2) > 0
+    parts = sum(p.derived_value(k) for k in ("text_encode_s_est", "denoise_s_est", "decode_s_est", "encode_s_est"))
+    assert p.derived_value("call_s_est") == pytest.approx(parts, abs=0.03)
+    shown = re.search(r"call ([\d,]+) s = ", p.summary()).group(1)
+    assert int(shown.replace(",", "")) == round(p.derived_value("call_s_est"))
+    t2va = resolve_config(hardware="sm90", recipe="bf16")
+    assert t2va.derived_value("text_encode_s_est") == 0.0
+    assert t2va.derived_value("call_s_est") == pytest.approx(
+        t2va.derived_value("denoise_s_est") + t2va.derived_value("decode_s_est"), abs=0.02)

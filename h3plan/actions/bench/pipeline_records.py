@@ -508,24 +508,18 @@ def predicted_forward(plan, row: Mapping) -> float | None:
     return statistics.median(c for c, m in zip(planned_forwards(plan, len(mask)), mask) if m)
 
 
-def text_encode_s(plan, row: Mapping) -> float:
-    """The plan's text encode for `row`'s call: its memory.text_encoder placement's call_s (compute and moves) where the
-    row's call took a prompt through the encoder; 0 where it took prompt_embeds (call_s_est leaves the encoder out:
-    the plan's call line adds it)."""
-    s = (plan.derived_value("text_encoder") or {}).get("call_s")
-    return s if prompted(row) and s is not None and s == s else 0.0  # nan: no BF16 rate to time it
-
-
 def predicted_call(plan, row: Mapping, steps: int | None = None) -> float | None:
-    """The plan's call estimate for `row`'s own call: call_s_est, plus the text encode where the row's call took a
-    prompt (text_encode_s). A first_block cache's plan counts every forward computed (how many skip is the checkpoint's
-    statistics): here it is taken at the forwards the row measured computing (its call_computed, else its count at the
-    plan's forward), each skipped forward costing its first block (1/layers of its planned time: dense or sparse).
-    `steps`: another request, the plan's own."""
+    """The plan's call estimate for `row`'s own call: call_s_est (its text encode counted, text_encode_s_est), less
+    that encode where the row's call took prompt_embeds though the plan places a text encoder. A first_block cache's
+    plan counts every forward computed (how many skip is the checkpoint's statistics): here it is taken at the
+    forwards the row measured computing (its call_computed, else its count at the plan's forward), each skipped
+    forward costing its first block (1/layers of its planned time: dense or sparse). `steps`: another request, the
+    plan's own."""
     call = plan.derived_value("call_s_est")
     if call is None:
         return None
-    call += text_encode_s(plan, row)
+    if not prompted(row):
+        call -= plan.derived_value("text_encode_s_est") or 0.0
     computed = (row.get("counters") or {}).get("step_cache.computed")
     if steps or computed is None or plan.decision("step_cache").setting != "first_block":
         return call
