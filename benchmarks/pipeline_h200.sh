@@ -108,6 +108,10 @@
 #   H3_PHASE=whole-cache-fp8 / whole-cache-bf16: the fixed step-cache rows (34 of 49 forwards computed, as cache-fp8 /
 #                  cache-bf16) with the fp16 decode alone: the whole call, its ratio against whole-best's compile and its
 #                  frames against the lossless plan's where whole-lossless ran before - about 3.5 / 4.5 minutes;
+#   H3_PHASE=whole-best-10s / whole-tier-10s: whole-best's compile and whole-tier's tier at the 10 s request
+#                  (video=t2v_768x1344_10s, 768x1344x243, 73,496 tokens), each alone: over one device call (the
+#                  compile's 49 forwards alone take about 15 minutes), so run each with H3_DETACH=1 and collect calls;
+#                  the tier's ratio is against the compile of an earlier run of the same request (best_run);
 #   H3_PHASE=turbo-fp16: the Turbo FL2VA request (4 forwards, the prompt through the seeded conditioner) with diffusers'
 #                  compile at the fp16 VAE and the bf16 plan with recipe.vae=fp16, both whole calls - about 4.5 minutes.
 # H3_PHASE=forward-points (not this bench): the installed 50-layer forward profiled at 19,000 and 46,020 tokens (bf16
@@ -119,14 +123,39 @@
 # results file: phases that must share the machine's /tmp (whole-lossless before the lossy whole-* phases) in one
 # device call, not several that the machine's idle release can split. H3_T_PHASE caps each phase: their sum must fit
 # the device call.
+# Longer than one device call (phases whose sum is over 600 s, a 10 s request's whole call): H3_DETACH=1 starts the
+# phases in a process session of their own (setsid: it runs on between device calls while the machine is held),
+# writing to H3_DETACHED (default /tmp/h3plan-detached: $OUT is emptied before each call), and returns at once; then
+# back-to-back calls of H3_PHASE=collect (each waits up to H3_T_PHASE s for the run to end) copy what it has written so
+# far into $OUT. A collect call must follow the previous call within the machine's 30 s idle window.
 set -u
+SELF=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 cd "$(dirname "$0")/.."
+DETACHED=${H3_DETACHED:-/tmp/h3plan-detached}
+if [ "${H3_DETACH:-0}" = 1 ]; then
+  rm -rf "$DETACHED" && mkdir -p "$DETACHED"
+  [ -n "${OUT:-}" ] && [ -f "$OUT/pipeline-h200.json" ] && cp "$OUT/pipeline-h200.json" "$DETACHED/"
+  H3_DETACH=0 OUT=$DETACHED setsid nohup bash -c "bash '$SELF'; touch '$DETACHED/done'" > "$DETACHED/detached.log" \
+    2>&1 < /dev/null &
+  echo "detached: phases ${H3_PHASE:-fp32} (pid $!), writing to $DETACHED; collect with H3_PHASE=collect"
+  exit 0
+fi
+if [ "${H3_PHASE:-}" = collect ]; then
+  cap=${H3_T_PHASE:-560} s=$(date +%s)
+  [ -d "$DETACHED" ] || { echo "collect: nothing detached in $DETACHED" >&2; exit 2; }
+  while [ ! -f "$DETACHED/done" ] && [ $(( $(date +%s) - s )) -lt "$cap" ]; do sleep 5; done
+  mkdir -p "${OUT:-benchmarks/results}"
+  find "$DETACHED" -maxdepth 1 -type f ! -name done -exec cp {} "${OUT:-benchmarks/results}/" \;
+  tail -5 "$DETACHED/detached.log"
+  if [ -f "$DETACHED/done" ]; then echo "collect: the detached run ended"; else echo "collect: still running"; fi
+  exit 0
+fi
 if [[ "${H3_PHASE:-}" == *,* ]]; then
   IFS=, read -ra phases <<< "$H3_PHASE"
   first=1
   for phase in "${phases[@]}"; do
-    if [ "$first" = 1 ]; then H3_PHASE=$phase bash "$0" || exit $?
-    else H3_PHASE=$phase H3_APPEND=0 bash "$0" || exit $?; fi
+    if [ "$first" = 1 ]; then H3_PHASE=$phase bash "$SELF" || exit $?
+    else H3_PHASE=$phase H3_APPEND=0 bash "$SELF" || exit $?; fi
     first=0
   done
   exit 0
@@ -196,6 +225,10 @@ case "${H3_PHASE:-fp32}" in
          args=(hardware=sm90 parallel=u1 recipe=bf16 recipe.vae=fp16 "${req[@]}" --vae fp16 --no-eager --no-best
                --no-reference --whole) ;;
   whole-tier) args=(hardware=sm90 parallel=u1 tier=quality --vae fp16 --no-eager --no-best --whole) ;;
+  whole-best-10s) vid=768x1344x243
+         args=(hardware=sm90 parallel=u1 recipe=bf16 video=t2v_768x1344_10s --vae fp16 --no-eager --no-plan --whole) ;;
+  whole-tier-10s) vid=768x1344x243
+         args=(hardware=sm90 parallel=u1 tier=quality video=t2v_768x1344_10s --vae fp16 --no-eager --no-best --whole) ;;
   whole-cache-fp8) args=(hardware=sm90 parallel=u1 recipe=fp8 recipe.vae=fp16 "$cache" levers.step_cache=fixed --vae fp16
                         --no-eager --no-best --no-reference --whole) ;;
   whole-cache-bf16) args=(hardware=sm90 parallel=u1 recipe=bf16 recipe.vae=fp16 "$cache" levers.step_cache=fixed
@@ -216,7 +249,7 @@ case "${H3_PHASE:-fp32}" in
   *) echo "H3_PHASE: fp32, fp16, stock, all, cache-bf16, cache-fp8, cache-high, cache-adaptive, cache, ref2va-best," \
           "ref2va-bits, fl2va-best, fl2va-bits, ref2va, fl2va, turbo, whole-best, whole-fp8, whole-lossless, whole-bf16,"\
           "whole-best-fl2va, whole-best-ref2va, whole-bf16-fl2va, whole-bf16-ref2va, whole-tier, whole-adaptive," \
-          "whole-cache-fp8, whole-cache-bf16," \
+          "whole-cache-fp8, whole-cache-bf16, whole-best-10s, whole-tier-10s," \
           "turbo-fp16, forward-points, cap-t2va, cap-ref2va or lora" >&2; exit 2 ;;
 esac
 if [ "$script" = benchmarks/memory.py ]; then
