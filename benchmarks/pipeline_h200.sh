@@ -108,6 +108,9 @@
 #   H3_PHASE=whole-cache-fp8 / whole-cache-bf16: the fixed step-cache rows (34 of 49 forwards computed, as cache-fp8 /
 #                  cache-bf16) with the fp16 decode alone: the whole call, its ratio against whole-best's compile and its
 #                  frames against the lossless plan's where whole-lossless ran before - about 3.5 / 4.5 minutes;
+#   H3_PHASE=whole-tier-fl2va / whole-tier-ref2va: the tier on the other workflows' requests (as whole-bf16-fl2va's /
+#                  -ref2va's; ref2va's reference rows stay dense), its ratio against that workflow's whole-best compile
+#                  of an earlier run - about 4 / 5 minutes;
 #   H3_PHASE=whole-best-10s / whole-tier-10s: whole-best's compile and whole-tier's tier at the 10 s request
 #                  (video=t2v_768x1344_10s, 768x1344x243, 73,496 tokens), each alone: over one device call (the
 #                  compile's 49 forwards alone take about 15 minutes), so run each with H3_DETACH=1 and collect calls;
@@ -225,6 +228,10 @@ case "${H3_PHASE:-fp32}" in
          args=(hardware=sm90 parallel=u1 recipe=bf16 recipe.vae=fp16 "${req[@]}" --vae fp16 --no-eager --no-best
                --no-reference --whole) ;;
   whole-tier) args=(hardware=sm90 parallel=u1 tier=quality --vae fp16 --no-eager --no-best --whole) ;;
+  whole-tier-fl2va|whole-tier-ref2va) w=${H3_PHASE#whole-tier-}; [ "$w" = fl2va ] && req=("${fl2va_call[@]}") \
+         || req=("${ref2va_call[@]}")
+         args=(hardware=sm90 parallel=u1 tier=quality "${req[@]}" --vae fp16 --no-eager --no-best --no-reference
+               --whole) ;;
   whole-best-10s) vid=768x1344x243
          args=(hardware=sm90 parallel=u1 recipe=bf16 video=t2v_768x1344_10s --vae fp16 --no-eager --no-plan --whole) ;;
   whole-tier-10s) vid=768x1344x243
@@ -249,7 +256,7 @@ case "${H3_PHASE:-fp32}" in
   *) echo "H3_PHASE: fp32, fp16, stock, all, cache-bf16, cache-fp8, cache-high, cache-adaptive, cache, ref2va-best," \
           "ref2va-bits, fl2va-best, fl2va-bits, ref2va, fl2va, turbo, whole-best, whole-fp8, whole-lossless, whole-bf16,"\
           "whole-best-fl2va, whole-best-ref2va, whole-bf16-fl2va, whole-bf16-ref2va, whole-tier, whole-adaptive," \
-          "whole-cache-fp8, whole-cache-bf16, whole-best-10s, whole-tier-10s," \
+          "whole-cache-fp8, whole-cache-bf16, whole-tier-fl2va, whole-tier-ref2va, whole-best-10s, whole-tier-10s," \
           "turbo-fp16, forward-points, cap-t2va, cap-ref2va or lora" >&2; exit 2 ;;
 esac
 if [ "$script" = benchmarks/memory.py ]; then
