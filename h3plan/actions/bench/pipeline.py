@@ -71,7 +71,6 @@ from h3plan.planning.action_configs import PipelineBenchConfig  # bench.pipeline
 from h3plan.planning.config import compose
 from h3plan.install.step_cache import STATE, calls as cache_calls
 from h3plan.install.text_encoder import placed as placed_text_encoder
-from h3plan.levers import BACKEND_LEVER, TERM_OWNERS
 from h3plan.runtime.counters import counters, reset_counters
 
 from ..quality import compare
@@ -82,7 +81,8 @@ from . import pipeline_checks as checks, pipeline_frames as stored, pipeline_rec
 from .harness import (HOST_CLOCK_NOTE, Output, Session, device_name, device_tag, run_meta,
                       free, sigterm_as_interrupt)
 from .diffusers_best import compile_call
-from .pipeline_settings import DECODE_PRECISION, Best, Eager, PlanSetting, Reference, Setting, plan_precision
+from .pipeline_settings import Best, Eager, PlanSetting, Reference, Setting, plan_precision
+from .roles import BACKEND, DECODE_PRECISION, STEP_CACHE
 from .results_file import run_folder
 from ..gpu_only import CPU_MAX_HIDDEN, PIPELINE_SMOKE as CPU_SMOKE, pipeline_too_wide, vae_width
 from .tables import one_line
@@ -224,8 +224,8 @@ def stock_bits_plan(cfg, base: list):
     diffusers' default attention; a lossy recipe has no stock bits to keep (UsageError)."""
     recipe = _get(_get(cfg, "recipe"), "name")
     forced = [f"levers.{k}={v}" for k, v in (dict(_get(cfg, "levers") or {})).items()
-              if k != BACKEND_LEVER and str(getattr(v, "name", v)) != "auto"]
-    plan = resolve(compose(base + ([f"recipe={recipe}"] if recipe else []) + forced + [f"levers.{BACKEND_LEVER}=sdpa"]))
+              if k != BACKEND and str(getattr(v, "name", v)) != "auto"]
+    plan = resolve(compose(base + ([f"recipe={recipe}"] if recipe else []) + forced + [f"levers.{BACKEND}=sdpa"]))
     if not plan.lossless:
         raise UsageError(f"bench.pipeline.stock_bits=true: recipe {recipe} is lossy; the stock-bits row needs a "
                          f"lossless recipe (recipe=bf16)")
@@ -505,7 +505,7 @@ def cached(s: Setting) -> bool:
     if s.name != "plan":
         return False
     try:
-        return s.plan.decision(TERM_OWNERS["fewer_forwards"]).enabled
+        return s.plan.decision(STEP_CACHE).enabled
     except (KeyError, ValueError):
         return False
 

@@ -21,12 +21,13 @@ from typing import Mapping, Sequence
 
 from h3plan.facts.vae.encode import encode_inputs
 from h3plan.facts.workflows import DEFAULT_TASK
-from h3plan.levers import BACKEND_LEVER, MEMORY_SPECS, SPECS, TERM_OWNERS, terms
+from h3plan.levers import MEMORY_SPECS, terms
 from h3plan.planner import resolve_config
 from h3plan.planning.config import compose
 from omegaconf import OmegaConf
 
 from .results_file import ResultsFile
+from .roles import BACKEND, DECODE_PRECISION, STEP_CACHE, counter
 from .tables import cell, fmt, md_table, one_line, text_table
 
 SCHEMA_VERSION = 2
@@ -185,7 +186,7 @@ def read_back(r: Mapping) -> list[dict]:
     f = r.get("frames") or {}
     against = str(f.get("against", ""))
     must = against.startswith("eager with") or (
-        f"+{BACKEND_LEVER}=sdpa" in r["label"] and against.startswith("diffusers eager"))
+        f"+{BACKEND}=sdpa" in r["label"] and against.startswith("diffusers eager"))
     if r["setting"] == "plan" and must and f.get("bitwise") is not None:
         out.append({"name": "bitwise", "result": "PASS" if f["bitwise"] else "FAIL", "detail": f"against {against}"})
     return out
@@ -425,7 +426,6 @@ def write_chart(records: Sequence[Mapping], path: str) -> str | None:
     return None
 
 
-CACHE = TERM_OWNERS["fewer_forwards"]  # the lever whose schedule skips forwards: its label word, counter, setting
 # the step-cache rows' budget (benchmarks/pipeline_h200.sh H3_PHASE=cache-*): SGLang's quality=high, 34 of 49 computed
 CACHE_BUDGET = {"psnr_db_min": 28, "ssim_min": 0.93, "computed": 34, "unmeasured": True}  # as the rows ran: no evidence
 
@@ -468,7 +468,7 @@ def replan(row: Mapping, steps: int | None = None, fixes: Sequence[Mapping] = ()
             continue
         if lever != "vae":
             over[f"levers.{lever}"] = setting
-        if lever == CACHE:
+        if lever == STEP_CACHE:
             over["recipe.cache"] = dict(CACHE_BUDGET)
     over.update(row.get("recipe_overrides") or next((c["recipe_overrides"] for c in corrections_of(row, fixes)
                                                      if c.get("recipe_overrides")), {}))
@@ -481,7 +481,7 @@ def replan(row: Mapping, steps: int | None = None, fixes: Sequence[Mapping] = ()
         # references' vision blocks), which the request's video.text_tokens only gave as an example
         over["video.text_tokens"] = seq["text_rows"] + row["S"] - seq["seq_len"]
         plan = resolve_config(**over)
-    if plan.decision(TERM_OWNERS["vae_cast"]).setting != row["vae"]:  # the decode precision
+    if plan.decision(DECODE_PRECISION).setting != row["vae"]:
         plan = resolve_config(**over, **{"recipe.vae": row["vae"]})
     return plan
 
@@ -527,8 +527,8 @@ def predicted_call(plan, row: Mapping, steps: int | None = None) -> float | None
     if call is None:
         return None
     call += text_encode_s(plan, row)
-    computed = (row.get("counters") or {}).get(f"{SPECS[CACHE].count()}.computed")
-    if steps or computed is None or plan.decision(CACHE).setting != "first_block":
+    computed = (row.get("counters") or {}).get(f"{counter(STEP_CACHE)}.computed")
+    if steps or computed is None or plan.decision(STEP_CACHE).setting != "first_block":
         return call
     n = plan.derived_value("sequence")["transformer_forwards"]
     mask = row.get("call_computed")

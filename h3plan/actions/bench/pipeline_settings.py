@@ -22,15 +22,11 @@ from h3plan.install import install, uninstall
 from h3plan.install.pipeline import install_pipeline, uninstall_pipeline
 from h3plan.facts.workflows import DEFAULT_TASK, request_conditions
 from h3plan.install.vae.weights import DTYPES, PrecisionCast
-from h3plan.levers import TERM_OWNERS
 
 from ..pipeline_build import denoiser
 from .diffusers_best import compile_call, regional_compile
 from .harness import plan_label, same_backend_plan
-
-
-DECODE_PRECISION = TERM_OWNERS["vae_cast"]
-"""The lever whose setting is the decode precision (the dtype the plan casts the VAE to)."""
+from .roles import DECODE_PRECISION
 
 
 def plan_precision(plan) -> str:

@@ -14,11 +14,13 @@ import itertools
 from typing import Any
 
 from h3plan.errors import H3PlanError
-from h3plan.levers import BACKEND_LEVER, SPECS, TERM_OWNERS
+from h3plan.levers import SPECS
 from h3plan.planner import resolve
 from h3plan.planning.config import compose
 
-SWEPT = (BACKEND_LEVER, TERM_OWNERS["vae_cast"], TERM_OWNERS["vae_tile"])  # backend, decode precision, tiles
+from .roles import BACKEND, DECODE_PRECISION, DECODE_TILES
+
+SWEPT = (BACKEND, DECODE_PRECISION, DECODE_TILES)
 TARGET = 0.02  # auto's call time at most 2% over the fastest allowed combination's
 
 
