@@ -26,7 +26,7 @@ CEILING = {
     "qk_norm_rope": 11, "modulation": 11, "gated_residual": 7, "swiglu": 15, "fp8_act_quant": 5, "ulysses_padding": 3,
     "ulysses_overlap": 2, "a2a_fp8_codes": 3, "prefix_inplace": 1, "ring": 9, "sparse_attention": 5,
     "ulysses_exchange": 2, "nvfp4_producer_quant": 2, "nvfp4_out_quant": 1, "compile": 8, "step_cache": 5,
-    "vae_precision": 3, "vae_tiles": 1, "vae_ops": 2, "vae_parallel": 3,
+    "vae_precision": 3, "vae_tiles": 1, "vae_ops": 1, "vae_parallel": 3,
 }
 
 TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
