@@ -63,9 +63,10 @@ WORKFLOW = {"workflow": "t2va", "text_encoder": "none"}  # main() sets them from
 
 def _plan(recipe, steps, tables, gb=None, extra=()):
     import h3plan
+    from h3plan.actions.bench import roles
 
     kw = {"hardware": "sm90", "recipe": recipe, "parallel": "u1", **VIDEOS[WORKFLOW["workflow"]],
-          "pipeline.num_inference_steps": steps, "levers.adaln_table": tables}
+          "pipeline.num_inference_steps": steps, f"levers.{roles.ADALN_TABLES}": tables}
     if WORKFLOW["text_encoder"] != "none":
         kw["memory.text_encoder"] = WORKFLOW["text_encoder"]
     if gb is not None:
@@ -123,7 +124,7 @@ def _run(torch, pipe, plan, args, prompt, *, decode, cap=None, keep=False, devic
     leave the plan installed (a child that exits after its one call). device: install(pipe, plan, device=) of a
     pipeline resting on the host."""
     import h3plan
-    from h3plan.actions.bench import Clock, ForwardTimer
+    from h3plan.actions.bench import Clock, ForwardTimer, roles
     from h3plan.actions.bench import run_block
     from h3plan import counters, reset_counters
 
@@ -168,7 +169,7 @@ def _run(torch, pipe, plan, args, prompt, *, decode, cap=None, keep=False, devic
         finally:
             for hd in handles:
                 hd.remove()
-        c = {k: v for k, v in counters().items() if k.startswith("adaln_table")}
+        c = {k: v for k, v in counters().items() if k.startswith(roles.counter(roles.ADALN_TABLES))}
         fwd = fwd_timer.seconds()
         return {"seconds": round(seconds, 3), "forward_s": [round(x, 4) for x in fwd],
                 "resting_gib": round(resting, 3), "installed_gib": round(installed, 3),
@@ -192,7 +193,9 @@ def _cap_row(args, recipe, frames_path: Path):
     else on the device): passed, or the OOM text; its frames go to frames_path."""
     import subprocess
 
-    row = {"recipe": recipe, "adaln_table": "on", "cap_gb": args.cap_gb, "steps": args.steps, "decode": True}
+    from h3plan.actions.bench import roles
+
+    row = {"recipe": recipe, roles.ADALN_TABLES: "on", "cap_gb": args.cap_gb, "steps": args.steps, "decode": True}
     try:
         plan = _plan(recipe, args.steps, "on", gb=args.cap_gb)
         row.update(estimate_peak_gib=plan.derived_value("memory_peak_gib_per_gpu"),
@@ -285,7 +288,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from h3plan.actions.bench import configured
+    from h3plan.actions.bench import configured, roles
 
     import tempfile
 
@@ -329,7 +332,7 @@ def main(argv=None) -> int:
         for tables in ("off",) if args.cap_references else ("off", "on"):
             plan = _plan(recipe, args.steps, tables)
             decode = args.decode == "all"
-            row = {"recipe": recipe, "adaln_table": tables, "cap_gb": None, "steps": args.steps, "decode": decode,
+            row = {"recipe": recipe, roles.ADALN_TABLES: tables, "cap_gb": None, "steps": args.steps, "decode": decode,
                    "estimate_peak_gib": plan.derived_value("memory_peak_gib_per_gpu"),
                    "estimate_phase_gib": _phase_estimate(plan, decode)}
             try:
@@ -371,6 +374,8 @@ def _conditioner_line(meta) -> list[str]:
 
 def _write(args, meta, rows):
     """<out>/memory-<tag>.json and .md, rewritten after every row (a run cut short keeps its rows)."""
+    from h3plan.actions.bench import roles
+
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"memory-{args.tag}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
@@ -383,7 +388,7 @@ def _write(args, meta, rows):
              "adaln_table counters | bitwise vs tables off | cap run |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['recipe']} | {r['adaln_table']} | {r['cap_gb'] or '-'} | "
+        lines.append(f"| {r['recipe']} | {r[roles.ADALN_TABLES]} | {r['cap_gb'] or '-'} | "
                      f"{'pipe(...)' if r['decode'] else 'denoise'} | {r.get('estimate_peak_gib', '-')} / "
                      f"{r.get('estimate_phase_gib', '-')} | {r.get('resting_gib', '-')} / "
                      f"{r.get('installed_gib', '-')} | {r.get('install_peak_gib', '-')} "

@@ -57,9 +57,9 @@ def _allows(recipe, U, S, **over) -> bool:
         return False
 
 
-EXCHANGES = {"packed": {"levers.ulysses_exchange": "packed"},
-             "projection": {"levers.ulysses_exchange": "projection", "levers.ulysses_overlap": "off"},
-             "projection_split": {"levers.ulysses_exchange": "projection_split", "levers.ulysses_overlap": "off"}}
+# each exchange an arm forces -> the other overrides it needs (the projection exchanges run without overlap)
+EXCHANGES = {"packed": {}, "projection": {"levers.ulysses_overlap": "off"},
+             "projection_split": {"levers.ulysses_overlap": "off"}}
 ARMS = tuple(f"+{k}" for k in sorted(EXCHANGES, key=len, reverse=True))  # longest first: suffixes overlap
 
 
@@ -69,7 +69,9 @@ def _exchange(name, recipe, U, S) -> str | None:
             return a[1:]
     if name.startswith("plan_r"):
         return None
-    return _plan(recipe, U, S).decision("ulysses_exchange").setting
+    from h3plan.actions.bench import roles
+
+    return _plan(recipe, U, S).decision(roles.EXCHANGE).setting
 
 
 def _settings(base, S, U, group, recipes, compile_plans, ring=1, exchange_arm=False):
@@ -77,7 +79,7 @@ def _settings(base, S, U, group, recipes, compile_plans, ring=1, exchange_arm=Fa
     import torch
 
     import h3plan
-    from h3plan.actions.bench import TIMESTEP
+    from h3plan.actions.bench import TIMESTEP, roles
 
     made, notes = {}, {}
 
@@ -120,8 +122,9 @@ def _settings(base, S, U, group, recipes, compile_plans, ring=1, exchange_arm=Fa
     for r in recipes:
         add(f"plan_u{U}_{r}", lambda r=r: plan(r, U))
         if exchange_arm:  # every exchange the plan did not pick, forced where the recipe allows it
-            picked = _plan(r, U, S).decision("ulysses_exchange").setting
-            for setting, over in EXCHANGES.items():
+            picked = _plan(r, U, S).decision(roles.EXCHANGE).setting
+            for setting, others in EXCHANGES.items():
+                over = {f"levers.{roles.EXCHANGE}": setting, **others}
                 name = f"plan_u{U}_{r}+{setting}"
                 if setting == picked:
                     continue

@@ -49,7 +49,7 @@ def pipeline() -> list[str]:
     """pipeline-h200.json: diffusers' own pipe(...) per row of each run (the user's call; no autocast), led by the ratio
     against diffusers' regional compile at the row's own VAE precision (its run's, else the latest run of the same
     request that has one, named), then the frames against the lossless plan; the corrections file's entries below."""
-    from h3plan.actions.bench import pipeline_records as pr
+    from h3plan.actions.bench import pipeline_records as pr, roles
 
     doc = _load("pipeline-h200.json")
     fixes = pr.load_corrections(str(RESULTS / "pipeline-h200.json"))
@@ -66,7 +66,7 @@ def pipeline() -> list[str]:
         if r.get("call_computed"):
             computed = f"{sum(map(bool, r['call_computed']))} of {r['steps_e2e']} forwards computed"
             frames = "; ".join(x for x in (computed, frames) if x)
-        elif "+step_cache=" in r["label"]:
+        elif f"+{roles.STEP_CACHE}=" in r["label"]:
             frames = f"{len(r['forwards_s'])} of {r['steps_e2e']} forwards computed; quality: docs/step_cache.md"
         best = pr.same_precision_best(r, doc["records"])
         same = "-" if best is None else f"{best['e2e_s'] / r['e2e_s']:.3f}x" + (

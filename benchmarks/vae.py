@@ -80,10 +80,11 @@ def tiles_only(plan):
     (the eager side; fp8_tiles' FP8 GEMMs stay on the plan side)."""
     import dataclasses
 
+    from h3plan.actions.bench import roles
     from h3plan.actions.bench.ops import make_plan
 
     ds = [dataclasses.replace(d, params=tuple(kv for kv in d.params if kv[0] != "dtype"))
-          for d in plan.decisions if d.lever == "vae_tiles"]
+          for d in plan.decisions if d.lever == roles.DECODE_TILES]
     return make_plan({}, {}, ds)
 
 
@@ -144,13 +145,16 @@ class Decoder:
 
 
 def precision(plan) -> str:
-    return next((d.setting for d in plan.decisions if d.lever == "vae_precision"), "fp32")
+    from h3plan.actions.bench import roles
+
+    return next((d.setting for d in plan.decisions if d.lever == roles.DECODE_PRECISION), "fp32")
 
 
 def measure(vae, plan, spec: str, latent, warmup: int, iters: int, seed: int = 1) -> dict:
     import torch
 
     from h3plan import counters, install, reset_counters, uninstall
+    from h3plan.actions.bench import roles
     from h3plan.actions.bench.ops import VAE_DTYPES as DTYPES, PrecisionCast
 
     device = next(vae.parameters()).device
@@ -185,9 +189,9 @@ def measure(vae, plan, spec: str, latent, warmup: int, iters: int, seed: int = 1
         return None if v is None else round(v, 2)
 
     psnr_db = db(out.cpu(), ref) if lossy else None
-    return {"latent": list(latent), "tiles": tiles, "plan": spec, "vae": p, "vae_ops": setting.get("vae_ops"),
-            "vae_graphs": setting.get("vae_graphs"),
-            "vae_tiles": setting.get("vae_tiles"), "eager_ms": round(eager_ms, 2), "plan_ms": round(plan_ms, 2),
+    levers = {lv: setting.get(lv) for lv in (roles.VAE_OPS, roles.VAE_GRAPHS, roles.DECODE_TILES)}
+    return {"latent": list(latent), "tiles": tiles, "plan": spec, "vae": p, **levers,
+            "eager_ms": round(eager_ms, 2), "plan_ms": round(plan_ms, 2),
             "eager_fp32_ms": round(fp32_ms, 2), "speedup": round(eager_ms / plan_ms, 3),
             "speedup_vs_fp32": round(fp32_ms / plan_ms, 3), "bitwise_equal": bool(torch.equal(out.cpu(), ref)),
             "lossy": lossy, "psnr_db": psnr_db, "psnr_vs_fp32_db": db(out.cpu(), ref32) if p != "fp32" else None,
@@ -231,6 +235,11 @@ def ok(r: dict) -> bool:
 
 
 def markdown(meta: dict, records: list[dict]) -> str:
+    from h3plan.actions.bench import roles
+
+    ops, graphs = roles.VAE_OPS, roles.VAE_GRAPHS
+    fused_calls = roles.counter(ops, "qk_norm_rope") + ".fused"  # one per decoder block call through the fused ops
+    replays = roles.counter(graphs) + ".fused"
     lines = [f"# VAE decode: diffusers eager vs h3plan plan ({meta['device']})", "",
              f"AutoencoderKLMiniMaxH3 `{meta['config']}` config, seeded fp32 weights, `vae.decode(z)` as diffusers' "
              f"pipeline runs it (no autocast), no_grad, requires_grad False; medians of {meta['iters']} timed decodes "
@@ -251,12 +260,12 @@ def markdown(meta: dict, records: list[dict]) -> str:
         ratio = "" if r.get("peak_ratio") is None else f" ({r['peak_ratio']:.2f}x)"
         v32 = r.get("psnr_vs_fp32_db")
         lines.append(f"| {i} | {'x'.join(map(str, r['latent']))} | {r.get('gpus', 1)} | {r['tiles']} | {r['plan']} | "
-                     f"{r.get('vae', 'fp32')} | {r.get('vae_graphs') or '-'} | {r['vae_ops']} | {r['decoder_calls']} | "
+                     f"{r.get('vae', 'fp32')} | {r.get(graphs) or '-'} | {r[ops]} | {r['decoder_calls']} | "
                      f"{r.get('eager_fp32_ms', r['eager_ms']):.1f} | {r['eager_ms']:.1f} | {r['plan_ms']:.1f} | "
                      f"{r['speedup']:.2f}x | {r.get('speedup_vs_fp32', r['speedup']):.2f}x | "
                      f"{'yes' if r['bitwise_equal'] else 'NO'} | {_psnr(r)} | {'-' if v32 is None else f'{v32:.2f}'} | "
-                     f"{pk['eager']} / {pk['plan']}{ratio} | {r['counters'].get('vae_ops.qk_norm_rope.fused', 0)} | "
-                     f"{r['counters'].get('vae_graphs.fused', 0)} |")
+                     f"{pk['eager']} / {pk['plan']}{ratio} | {r['counters'].get(fused_calls, 0)} | "
+                     f"{r['counters'].get(replays, 0)} |")
     rows: dict[str, list[int]] = {}  # note -> the rows (#) it belongs to; a note of every row names none
     for i, r in enumerate(records, 1):
         for s in dict.fromkeys((*r.get("skipped", ()), *r.get("notes", ()))):

@@ -12,7 +12,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import h3plan  # noqa: E402
 from h3plan import install, uninstall  # noqa: E402
-from h3plan.actions.bench import Clock  # noqa: E402
+from h3plan.actions.bench import Clock, roles  # noqa: E402
 from h3plan.actions.bench.ops import swiglu as ksw  # noqa: E402
 
 spec = __import__("importlib.util").util.spec_from_file_location("bv", Path(__file__).resolve().parents[1] / "vae.py")
@@ -20,7 +20,8 @@ bv = __import__("importlib.util").util.module_from_spec(spec)
 spec.loader.exec_module(bv)
 vae = bv.build_vae(bv.vae_config("h3"), device="cuda", seed=0)
 z = torch.randn(1, 24, 4, 48, 84, generator=torch.Generator().manual_seed(1)).cuda()
-VARIANTS = {"eager": None, "graphs": {"levers.vae_ops": "eager"}, "graphs+residual": {}, "graphs+residual+swiglu": {}}
+VARIANTS = {"eager": None, "graphs": {f"levers.{roles.VAE_OPS}": "eager"}, "graphs+residual": {},
+            "graphs+residual+swiglu": {}}
 
 
 def plan_of(name):

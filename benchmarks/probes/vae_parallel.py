@@ -31,9 +31,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
-from h3plan.actions.bench import Clock, ForwardTimer  # noqa: E402
+from h3plan.actions.bench import Clock, ForwardTimer, roles  # noqa: E402
 
 PLAN = "hardware=sm90 recipe=bf16 levers.vae_ops=fused levers.vae_graphs=on"
+COUNTED = ("vae_parallel", roles.counter(roles.VAE_GRAPHS))  # the spread decode's and graph replays'
 
 
 def _phases(vp, torch):
@@ -124,7 +125,7 @@ def worker(rank, world, port, args):
                    "peak_GiB": {"one_gpu": round(one_peak, 2), f"u{world}": round(u_peak, 2)},
                    "items": last and last["items"], "shares": last and last["shares"],
                    "gather_buffer_GiB": last and round(last["buffer_bytes"] / 2**30, 3),
-                   "counters": {k: v for k, v in c.items() if k.startswith(("vae_parallel", "vae_graphs"))}}
+                   "counters": {k: v for k, v in c.items() if k.startswith(COUNTED)}}
             print(f"[vae-parallel] rank {rank} {name}: one GPU {one_ms:.0f} ms, U={world} {u_ms:.0f} ms "
                   f"({rec['speedup']:.2f}x; gather {gather:.1f} ms, stitch {rec['stitch_ms']} ms); bitwise "
                   f"{rec['bitwise_vs_one_gpu']}/{rec['bitwise_vs_diffusers']}; peak GiB {rec['peak_GiB']}", flush=True)

@@ -49,8 +49,9 @@ from h3plan.runtime.attention import get_backend
 from h3plan.errors import UsageError
 from h3plan.facts import tuned as provenance
 from h3plan.facts.vae.encode import encode_inputs
+from h3plan.levers import TERM_OWNERS, terms
 from h3plan.planning.config import compose
-from h3plan.planning.predict import encode_tiles
+from h3plan.planning.predict import DECODE_TILES, ENCODE_PRECISION, encode_tiles
 from h3plan.runtime.quant import quantized_linear
 
 from .gpu_only import TUNE_REFUSAL as CPU_REFUSAL
@@ -58,6 +59,8 @@ from .pipeline_build import build_vae
 
 ATTENTION_HINTS = ("flash", "fmha", "sdpa", "attention", "attn")
 GEMM_HINTS = ("gemm", "nvjet", "xmma", "cublas", "matmul", "_mm_")
+DECODE_PRECISION = TERM_OWNERS["vae_cast"]  # the lever whose setting is the dtype the decode runs in
+ENCODE_TILES = TERM_OWNERS["vae_encode_shares_tile"]  # the lever that puts the encode at the decode's tiles
 
 
 def _cfg(cfg, key, default=None):
@@ -340,7 +343,7 @@ def measure_decode(torch, cfg, plan, quick: bool, replan) -> list[dict]:
             plans.append(replan(arm))
         except Exception as e:  # noqa: BLE001 - an arm this hardware or policy refuses is skipped, and said so
             print(f"tune: decode arm {' '.join(arm)} not planned here: {e}", file=sys.stderr)
-    arms = {(p.decision("vae_precision").setting, p.decision("vae_tiles").setting): p for p in plans}
+    arms = {(p.decision(DECODE_PRECISION).setting, p.decision(DECODE_TILES).setting): p for p in plans}
     vae = build_vae(cfg.vae.diffusers_config, device="cuda")
     z = torch.randn(*latent, device="cuda")
     out = []
@@ -359,12 +362,12 @@ def measure_decode(torch, cfg, plan, quick: bool, replan) -> list[dict]:
 
 
 ENCODE_ARMS = {("fp32", "default"): ["recipe=bf16", "recipe.vae=fp32"],
-               ("fp16", "default"): ["recipe=bf16", "recipe.vae=fp16", "levers.vae_precision=fp32",
-                                     "levers.vae_encode_precision=fp16"],
-               ("bf16", "default"): ["recipe=bf16", "recipe.vae=bf16", "levers.vae_precision=fp32",
-                                     "levers.vae_encode_precision=bf16"],
-               ("fp32", "fp8_tiles"): ["recipe=fp8", "levers.vae_encode_tiles=decode",
-                                       "levers.vae_encode_precision=fp32"]}
+               ("fp16", "default"): ["recipe=bf16", "recipe.vae=fp16", f"levers.{DECODE_PRECISION}=fp32",
+                                     f"levers.{ENCODE_PRECISION}=fp16"],
+               ("bf16", "default"): ["recipe=bf16", "recipe.vae=bf16", f"levers.{DECODE_PRECISION}=fp32",
+                                     f"levers.{ENCODE_PRECISION}=bf16"],
+               ("fp32", "fp8_tiles"): ["recipe=fp8", f"levers.{ENCODE_TILES}=decode",
+                                       f"levers.{ENCODE_PRECISION}=fp32"]}
 """One plan per encode precision and geometry (a lossy encode is forced under a recipe that allows a lossy VAE, the
 decode kept fp32; the last arm encodes at the fp8 recipe's decode tiles, vae_encode_tiles=decode): only the encode is
 timed."""
@@ -404,7 +407,7 @@ def measure_encode(torch, cfg, plan, quick: bool, replan, device="cuda", timer=N
             print(f"tune: encode arm {' '.join(arm + extra)} not planned here: {e}", file=sys.stderr)
             continue
         settings = {d.lever: d.setting for d in p.decisions}
-        arms[(settings["vae_encode_precision"], encode_tiles(settings))] = p
+        arms[(settings[ENCODE_PRECISION], encode_tiles(settings))] = p
     if timer is None:
         def timer(fn):
             return _median_ms(torch, fn, 1, 1, warm_s=0)
@@ -423,8 +426,8 @@ def measure_encode(torch, cfg, plan, quick: bool, replan, device="cuda", timer=N
             out.append({"precision": precision, "tiles": tiles, "input": [x["frames"], x["height"], x["width"]],
                         "seconds": round(ms / 1e3, 4),
                         "source": f"action=tune: vae.encode of a seeded real-width VAE ({x['what']}), that plan's "
-                                  f"vae_encode_precision={precision} and vae_encode_tiles="
-                                  f"{p.decision('vae_encode_tiles').setting} installed ({tiles} geometry)"})
+                                  f"{ENCODE_PRECISION}={precision} and {ENCODE_TILES}="
+                                  f"{p.decision(ENCODE_TILES).setting} installed ({tiles} geometry)"})
     vae = None  # the seeded VAE freed before the next measurement
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -499,7 +502,7 @@ def run(cfg, plan) -> int:
     base = hw["name"]
     out = Path(_cfg(cfg, "out", f"tuned/hardware/{base}_tuned.yaml")).resolve()
     results = _cfg(cfg, "results", None)
-    padded = plan.decision("ulysses_padding").setting == "padded"
+    padded = terms({d.lever: d for d in plan.decisions}).attention_padded
     S_att = plan.derived_value("padded_len") if padded else plan.derived_value("seq_len")
     heads, batch = plan.derived_value("heads_per_rank"), plan.derived_value("batch")
     rows = plan.derived_value("local_rows") * batch

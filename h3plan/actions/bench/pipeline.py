@@ -82,6 +82,7 @@ from .harness import (HOST_CLOCK_NOTE, Output, Session, device_name, device_tag,
                       free, sigterm_as_interrupt)
 from .diffusers_best import compile_call
 from .pipeline_settings import Best, Eager, PlanSetting, Reference, Setting, plan_precision
+from .roles import BACKEND, DECODE_PRECISION, STEP_CACHE
 from .results_file import run_folder
 from ..gpu_only import CPU_MAX_HIDDEN, PIPELINE_SMOKE as CPU_SMOKE, pipeline_too_wide, vae_width
 from .tables import one_line
@@ -223,8 +224,8 @@ def stock_bits_plan(cfg, base: list):
     diffusers' default attention; a lossy recipe has no stock bits to keep (UsageError)."""
     recipe = _get(_get(cfg, "recipe"), "name")
     forced = [f"levers.{k}={v}" for k, v in (dict(_get(cfg, "levers") or {})).items()
-              if k != "attention" and str(getattr(v, "name", v)) != "auto"]
-    plan = resolve(compose(base + ([f"recipe={recipe}"] if recipe else []) + forced + ["levers.attention=sdpa"]))
+              if k != BACKEND and str(getattr(v, "name", v)) != "auto"]
+    plan = resolve(compose(base + ([f"recipe={recipe}"] if recipe else []) + forced + [f"levers.{BACKEND}=sdpa"]))
     if not plan.lossless:
         raise UsageError(f"bench.pipeline.stock_bits=true: recipe {recipe} is lossy; the stock-bits row needs a "
                          f"lossless recipe (recipe=bf16)")
@@ -504,7 +505,7 @@ def cached(s: Setting) -> bool:
     if s.name != "plan":
         return False
     try:
-        return s.plan.decision("step_cache").enabled
+        return s.plan.decision(STEP_CACHE).enabled
     except (KeyError, ValueError):
         return False
 
@@ -600,7 +601,7 @@ def _check_size(cfg, device, pipe_tokens: int | None = None, video: str | None =
 
 def _lossless_but_vae(plan) -> bool:
     """Every lever keeps eager's bits given the attention backend and the decode precision."""
-    return all(d.lossless or d.lever == "vae_precision" for d in plan.decisions)
+    return all(d.lossless or d.lever == DECODE_PRECISION for d in plan.decisions)
 
 
 def row_specs(plans, opts, degree: int) -> list[tuple]:

@@ -27,6 +27,7 @@ from h3plan.planning.config import compose
 from omegaconf import OmegaConf
 
 from .results_file import ResultsFile
+from .roles import BACKEND, DECODE_PRECISION, STEP_CACHE, counter
 from .tables import cell, fmt, md_table, one_line, text_table
 
 SCHEMA_VERSION = 2
@@ -185,7 +186,7 @@ def read_back(r: Mapping) -> list[dict]:
     f = r.get("frames") or {}
     against = str(f.get("against", ""))
     must = against.startswith("eager with") or (
-        "+attention=sdpa" in r["label"] and against.startswith("diffusers eager"))
+        f"+{BACKEND}=sdpa" in r["label"] and against.startswith("diffusers eager"))
     if r["setting"] == "plan" and must and f.get("bitwise") is not None:
         out.append({"name": "bitwise", "result": "PASS" if f["bitwise"] else "FAIL", "detail": f"against {against}"})
     return out
@@ -467,7 +468,7 @@ def replan(row: Mapping, steps: int | None = None, fixes: Sequence[Mapping] = ()
             continue
         if lever != "vae":
             over[f"levers.{lever}"] = setting
-        if lever == "step_cache":
+        if lever == STEP_CACHE:
             over["recipe.cache"] = dict(CACHE_BUDGET)
     over.update(row.get("recipe_overrides") or next((c["recipe_overrides"] for c in corrections_of(row, fixes)
                                                      if c.get("recipe_overrides")), {}))
@@ -480,7 +481,7 @@ def replan(row: Mapping, steps: int | None = None, fixes: Sequence[Mapping] = ()
         # references' vision blocks), which the request's video.text_tokens only gave as an example
         over["video.text_tokens"] = seq["text_rows"] + row["S"] - seq["seq_len"]
         plan = resolve_config(**over)
-    if plan.decision("vae_precision").setting != row["vae"]:
+    if plan.decision(DECODE_PRECISION).setting != row["vae"]:
         plan = resolve_config(**over, **{"recipe.vae": row["vae"]})
     return plan
 
@@ -520,8 +521,8 @@ def predicted_call(plan, row: Mapping, steps: int | None = None) -> float | None
         return None
     if not prompted(row):
         call -= plan.derived_value("text_encode_s_est") or 0.0
-    computed = (row.get("counters") or {}).get("step_cache.computed")
-    if steps or computed is None or plan.decision("step_cache").setting != "first_block":
+    computed = (row.get("counters") or {}).get(f"{counter(STEP_CACHE)}.computed")
+    if steps or computed is None or plan.decision(STEP_CACHE).setting != "first_block":
         return call
     n = plan.derived_value("sequence")["transformer_forwards"]
     mask = row.get("call_computed")

@@ -26,11 +26,12 @@ from h3plan.install.vae.weights import DTYPES, PrecisionCast
 from ..pipeline_build import denoiser
 from .diffusers_best import compile_call, regional_compile
 from .harness import plan_label, same_backend_plan
+from .roles import DECODE_PRECISION
 
 
 def plan_precision(plan) -> str:
     try:
-        return plan.decision("vae_precision").setting
+        return plan.decision(DECODE_PRECISION).setting
     except (KeyError, ValueError):
         return "fp32"
 

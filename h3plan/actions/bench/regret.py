@@ -18,7 +18,9 @@ from h3plan.levers import SPECS
 from h3plan.planner import resolve
 from h3plan.planning.config import compose
 
-SWEPT = ("attention", "vae_precision", "vae_tiles")
+from .roles import BACKEND, DECODE_PRECISION, DECODE_TILES
+
+SWEPT = (BACKEND, DECODE_PRECISION, DECODE_TILES)
 TARGET = 0.02  # auto's call time at most 2% over the fastest allowed combination's
 
 
