@@ -140,9 +140,9 @@ def test_a_tuned_file_is_committed():
     assert TUNED_FILES, "docs/tuned/hardware/ holds the H200's action=tune file"
 
 
-# the tier row's sparse forwards on the tuned file: +5.9% (its FA4 rate, measured at 39,836 tokens, scaled to keep
-# 0.25 with sm90's block-sparse ratio); the call is within 5% (+4.7%)
-TUNED_SPARSE = "the tuned file's sparse forward +5.9% of the tier row's"
+# the tier rows' sparse forwards on the tuned file: +5.1% (12-04 09:05) and +5.9% (12-04 05:41) (its FA4 rate,
+# measured at 39,836 tokens, scaled to keep 0.25 with sm90's block-sparse ratio); the calls are within 5%
+TUNED_SPARSE = "the tuned file's sparse forward is over 5% of the tier row's (+5.1% / +5.9%, predict-h200.md)"
 
 
 def _tuned_cases():
