@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 
 import h3plan
+from h3plan.actions.bench import roles
 from h3plan.actions.bench.pipeline_records import (corrections_of, encode_shapes, load_corrections, predicted_call,
                                                     predicted_forward,
                                                    prompted, record_key, replan, sparse_decision)
@@ -108,7 +109,7 @@ def markdown(recs: list[dict], mem: list[dict] = ()) -> str:
 def fitted_to(row: dict, measured: dict) -> list[str]:
     """The packaged facts whose provenance names `row` of the pipeline results ("decode[0]: rest_s")."""
     out = []
-    for kind in KINDS + ("vae_precision", "stock_frames"):
+    for kind in KINDS + (roles.DECODE_PRECISION, "stock_frames"):  # measured.<lever>: its evidence
         for i, p in enumerate(measured.get(kind) or ()):
             for prov in p.get("provenance") or ():
                 if prov["file"] == RESULTS and not prov.get("commit") and record_key(prov["row"]) == record_key(row):

@@ -22,7 +22,9 @@ and holds all R blocks. The two agree at R = 2; P2P wins from R = 3 on.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
+from typing import Mapping
 
 from .sizes import a2a_bytes, padded_len, shard_len
 
@@ -44,6 +46,26 @@ def _positive(name, n) -> int:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"{name} must be a positive int, got {n!r}")
     return n
+
+
+PRESET_NAME = re.compile(r"(?:r(\d+))?u(\d+)")
+"""How a parallel preset's name spells its mesh: r<ring>u<ulysses>, or u<ulysses> without a ring."""
+
+
+def ring_degree(parallel: Mapping) -> int:
+    """The ring degree a `parallel` section sets (1 where it sets none: no ring)."""
+    return parallel.get("ring") or 1
+
+
+def world_size(parallel: Mapping) -> int:
+    """The ranks of a `parallel` section's mesh: ring x Ulysses."""
+    return ring_degree(parallel) * (parallel.get("ulysses") or 1)
+
+
+def preset_degrees(name: str) -> dict[str, int] | None:
+    """{parallel field: degree} that a preset's name gives (PRESET_NAME), or None for a name that gives none."""
+    m = PRESET_NAME.fullmatch(name)
+    return None if m is None else {"ring": int(m.group(1) or 1), "ulysses": int(m.group(2))}
 
 
 def degree_reasons(world: int, ring: int, ulysses: int, heads: int | None = HEADS,

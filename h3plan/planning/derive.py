@@ -12,6 +12,7 @@ import math
 from typing import Any, Mapping
 
 from h3plan.facts.attention import BACKENDS
+from h3plan.facts.ring_plan import ring_degree
 from h3plan.levers import REGISTRY, TERM_OWNERS, terms
 from h3plan.levers.base import nearest_point, nearest_ulysses_point
 from h3plan.sources import cite
@@ -36,8 +37,8 @@ def shape(sections: Mapping[str, Any]) -> dict[str, Any]:
     dc, p = sections["model"]["diffusers_config"], sections["parallel"]
     heads, d, ffn = dc["num_attention_heads"], dc["attention_head_dim"], dc["ffn_dim"]
     u, s, b = p["ulysses"], p["seq_len"], p["batch"]
-    ring = p.get("ring", 1)
-    world = ring * u  # the sequence is sharded over every rank (ring_plan.py)
+    r = ring_degree(p)
+    world = r * u  # the sequence is sharded over every rank (ring_plan.py)
     padded = -(-s // world) * world
     local = padded // world
     tensors = {"q/k/v per rank (B, S/U, H, D)": b * local * heads * d,
@@ -48,7 +49,7 @@ def shape(sections: Mapping[str, Any]) -> dict[str, Any]:
         "batch": b,
         "seq_len": s,
         "ulysses_degree": u,
-        "ring_degree": ring,
+        "ring_degree": r,
         "world": world,
         "heads_per_rank": heads // u,
         "padded_len": padded,
@@ -59,7 +60,7 @@ def shape(sections: Mapping[str, Any]) -> dict[str, Any]:
         "int64_boundary_tokens_per_rank": boundary,
         "basis": {
             "heads_per_rank": f"{heads} heads / Ulysses degree {u}",
-            "padded_len": f"seq_len rounded up to a multiple of the world ring {ring} x ulysses {u}",
+            "padded_len": f"seq_len rounded up to a multiple of the world ring {r} x ulysses {u}",
             "local_rows": "padded_len / world: rows each rank holds outside attention",
             "max_elements_per_rank_tensor": f"largest per-rank tensor a kernel indexes: {biggest}",
             "int64_indexing_required": f"max_elements_per_rank_tensor >= 2**31 (int32 offsets wrap; "

@@ -347,9 +347,9 @@ def _denoise(it: _Items, sections, shape, settings, geo, geo_src) -> None:
                                 f"bf16 ({geo_src})")
     att, ffn = _block_terms(dc, U, settings)
     a_row, f_row = sum(b for _, b in att), sum(b for _, b in ffn)
-    which, row, listed = ("attention", a_row, att) if a_row >= f_row else ("FFN", f_row, ffn)
+    which, row, listed = ("attention phase", a_row, att) if a_row >= f_row else ("FFN phase", f_row, ffn)
     it.add("block_activations", B * L * row,
-           f"one block forward, {which} phase at {B} x {L:,} rows per rank (U={U}): "
+           f"one block forward, {which} at {B} x {L:,} rows per rank (U={U}): "
            + " + ".join(f"{n} {b:,}" for n, b in listed)
            + f" bytes per row (the other phase {min(a_row, f_row):,}; diffusers' eager liveness)")
     it.add("stack_boundary", 10 * B * S * h, f"full S={S:,} on every rank outside the block stack: fp32 input "

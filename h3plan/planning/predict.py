@@ -26,6 +26,7 @@ from h3plan.levers import TERM_OWNERS, terms
 from h3plan.planning import derive
 
 DECODE_TILES = TERM_OWNERS["vae_tile"]  # vae_tiles: its setting names the geometry of the measured decode points
+DECODE_PRECISION = TERM_OWNERS["vae_cast"]  # vae_precision: hardware.measured.<it> prices fp16 frames
 ENCODE_PRECISION = TERM_OWNERS["vae_encode_cast"]  # vae_encode_precision: the cheapest cut of the encode sets it
 
 
@@ -217,7 +218,7 @@ def cheapest_cut(sections, sequence, shp, part: str, settings: Mapping[str, str]
         s, _ = decode(sections, sequence, "fp16", "default")
         if s is not None and parallel_decode and parallel_decode.get("decode_s") is not None:
             s *= parallel_decode["decode_s"] / parallel_decode["one_gpu_s"]
-        q = [p for p in hw["measured"].get("vae_precision") or () if p["precision"] == "fp16"]
+        q = [p for p in hw["measured"].get(DECODE_PRECISION) or () if p["precision"] == "fp16"]
         cost = (f"PSNR {q[0]['psnr_db']:.1f} dB against the fp32 frames (measured on {hw['name']})" if q
                 else f"fp16 frames never compared with fp32 on {hw['name']}")
         if s is not None:

@@ -7,6 +7,7 @@ import re
 import textwrap
 
 from h3plan.facts.attention import BACKENDS, DEFAULT
+from h3plan.facts.ring_plan import preset_degrees, ring_degree
 from h3plan.levers import SPECS, not_installed, terms
 
 from .derive import ORDER, efficiency_key
@@ -112,24 +113,23 @@ def _policy(plan) -> str:
 def _header(plan) -> str:
     hw, r, p, m = (plan.get(k) for k in ("hardware", "recipe", "parallel", "model"))
     policy = _policy(plan)
-    ring = "" if p.get("ring", 1) == 1 else f" x ring {p['ring']}"
+    mesh = "" if ring_degree(p) == 1 else f" x ring {ring_degree(p)}"
     option = hw.get("option") or hw["name"]
     extends = "" if option == hw["name"] else f"as {hw['name']}: "  # a file of your own over a packaged one
     gb = hw.get("device", {}).get("memory_gb")
     device = f"{extends}{'/'.join(hw.get('products') or []) or hw['arch']}" + (f", {gb:g} GB" if gb else "")
     tier = f" tier={r['tier']['name']}" if r.get("tier") else ""
     return (f"h3plan  hardware={option} ({device})  "
-            f"recipe={r['name']}{tier} ({policy})  {_parallel_label(p)} (Ulysses {p['ulysses']}{ring}, "
+            f"recipe={r['name']}{tier} ({policy})  {_parallel_label(p)} (Ulysses {p['ulysses']}{mesh}, "
             f"{p['seq_len']:,} tokens)  model={m['name']}")
 
 
 def _parallel_label(p) -> str:
     """`parallel=u1`, or `parallel=u1 with parallel.ulysses=56` where a field overrides the degrees its preset's name
     gives (presets are named r<ring>u<ulysses>)."""
-    m = re.fullmatch(r"(?:r(\d+))?u(\d+)", str(p["name"]))
-    if not m:
+    named = preset_degrees(str(p["name"]))
+    if named is None:
         return f"parallel={p['name']}"
-    named = {"ring": int(m.group(1) or 1), "ulysses": int(m.group(2))}
     changed = [f"parallel.{k}={p.get(k, 1)}" for k, v in named.items() if p.get(k, 1) != v]
     return f"parallel={p['name']}" + (f" with {' '.join(changed)}" if changed else "")
 

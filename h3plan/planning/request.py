@@ -37,6 +37,7 @@ from typing import Any, List, Mapping, Optional, get_type_hints
 
 from h3plan.errors import ConfigError
 from h3plan.facts.pipeline import pipeline_defaults, schedule_facts
+from h3plan.facts.ring_plan import world_size
 from h3plan.facts.vae.tiling import Geometry
 from h3plan.facts.workflows import DEFAULT_TASK, PARTITION
 
@@ -441,7 +442,7 @@ def sequence(sections: Mapping[str, Any]) -> tuple[int, dict[str, Any], dict[str
         if refused:
             breakdown["video_request_refused"] = refused
             why += f" (which does not apply: {refused})"
-        world = (par.get("ring") or 1) * (par.get("ulysses") or 1)  # fewer rows than ranks: validate's line says so
+        world = world_size(par)  # fewer rows than ranks: validate's line says so
         if derived is not None and one_pipeline(sections) and world <= explicit < derived["text_rows"]:
             raise ConfigError(f"parallel.seq_len={explicit}",
                               f"fewer rows than the {derived['text_rows']} text rows of the "

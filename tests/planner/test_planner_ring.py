@@ -5,7 +5,7 @@ import re
 import pytest
 
 from h3plan.errors import ConfigError, PlanningError
-from h3plan.facts.ring_plan import NUMERICS, ring_ulysses_cost
+from h3plan.facts.ring_plan import NUMERICS, preset_degrees, ring_degree, ring_ulysses_cost, world_size
 
 
 def test_no_ring_is_off_and_hardware_verified(plan):
@@ -97,3 +97,15 @@ def test_levers_yield_to_the_ring(plan, hw):
     with pytest.raises(PlanningError, match=r"^levers.fa4_2cta=on cannot apply: parallel.ring=2: the ring's FA4 block "
                                             r"call"):
         plan(f"hardware={hw}", "recipe=fp8", "parallel=r2u4", "levers.fa4_2cta=on")
+
+
+@pytest.mark.parametrize("parallel, ring, world", [({"ulysses": 4}, 1, 4), ({"ring": 2, "ulysses": 4}, 2, 8),
+                                                   ({"ring": None, "ulysses": 2}, 1, 2), ({}, 1, 1)])
+def test_the_mesh_degrees_of_a_parallel_section(parallel, ring, world):
+    assert (ring_degree(parallel), world_size(parallel)) == (ring, world)
+
+
+@pytest.mark.parametrize("name, degrees", [("u8", {"ring": 1, "ulysses": 8}), ("r2u4", {"ring": 2, "ulysses": 4}),
+                                           ("mine", None), ("r2", None)])
+def test_a_preset_name_gives_its_degrees(name, degrees):
+    assert preset_degrees(name) == degrees
