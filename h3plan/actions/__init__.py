@@ -8,6 +8,8 @@ becomes a UsageError naming the package and the install command.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 
 from h3plan.errors import UsageError
 
@@ -25,6 +27,15 @@ def get_action(name: str):
     return importlib.import_module(ACTIONS[name]).run
 
 
+def interpret_triton() -> None:
+    """On a machine with no GPU every Triton kernel an action runs goes through Triton's interpreter, which must be
+    chosen before triton is first imported: triton.language's own jit helpers (tl.zeros, tl.sum, ...) are made when
+    it loads, and a compiled helper called from an interpreted kernel fails. The action's imports (diffusers imports
+    torch._dynamo, which imports triton) come after this."""
+    if "TRITON_INTERPRET" not in os.environ and "triton" not in sys.modules:
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
 def _missing_package(e: ModuleNotFoundError) -> str | None:
     top = (e.name or "").split(".")[0]
     return top if top in RUNTIME_PACKAGES else None
@@ -38,6 +49,7 @@ def run_action(cfg, plan) -> int:
         why = gpu_only.refusal(action, cfg, plan)
         if why is not None:
             raise UsageError(why)
+        interpret_triton()
     try:
         return int(get_action(action)(cfg, plan) or 0)
     except ModuleNotFoundError as e:

@@ -24,8 +24,10 @@ from h3plan.errors import UsageError
 from h3plan.facts import evidence as ev
 from h3plan.levers import REGISTRY
 
-from .calibrate_step_cache import _finite, _pipe
-from .pipeline_build import prompt_inputs
+from h3plan.facts.timesteps import request_steps
+
+from .calibrate_step_cache import _finite, _pipe, call_inputs, calibration_runs, check_request
+from .gpu_only import calibrate_too_wide
 
 lever = REGISTRY["sparse_attention"]  # the lever calibrated: its name
 
@@ -56,10 +58,10 @@ def run(cfg, plan, c) -> int:
     if budget.empty:
         raise UsageError("calibrate.target=sparse_attention judges keep fractions by the sparse budget, which this "
                          "recipe does not set: pass recipe.sparse={ssim_min:0.8} (and/or psnr_db_min)")
+    prompts = check_request(cfg, plan, c, "sparse_attention")
     device = _prepare_device(c.device, "calibrate.device")  # before the kernels import: TRITON_INTERPRET on a CPU
     if device == "cpu" and int(cfg.model.diffusers_config.hidden_size) > 1024:
-        raise UsageError("calibrate on the CPU needs a small model: pass model=h3_tiny vae=h3_tiny_pipe (real width "
-                         "needs a GPU)")
+        raise UsageError(calibrate_too_wide("sparse_attention"))
     import torch
 
     from h3plan.actions.calibration import say
@@ -67,19 +69,20 @@ def run(cfg, plan, c) -> int:
 
     from .quality import compare, snr_db
 
-    steps = int(plan.get("pipeline")["num_inference_steps"])
     video = plan.get("video")
+    steps = request_steps(plan.derived_value("sequence") or video, plan.get("pipeline"))
+    runs, said = calibration_runs(cfg, c, prompts, device)
     pipe, weights = _pipe(cfg, device)
-    prompts = [int(s) for s in c.seeds]
 
     def call(p):
         install(pipe, p)
         try:
             out = []
-            for s in prompts:
-                r = pipe(**prompt_inputs(pipe, int(c.text_tokens), seed=s), height=int(video["height"]),
+            for run in runs:
+                r = pipe(**call_inputs(pipe, run, c.text_tokens), height=int(video["height"]),
                          width=int(video["width"]), num_frames=int(video["frames"]), num_inference_steps=steps,
-                         output_type="pt", output=["videos", "audio"], generator=torch.Generator("cpu").manual_seed(s))
+                         output_type="pt", output=["videos", "audio"],
+                         generator=torch.Generator("cpu").manual_seed(run[1]))
                 out.append((r["videos"], r["audio"]))
             return out
         finally:
@@ -87,8 +90,8 @@ def run(cfg, plan, c) -> int:
 
     _, off = _variant(cfg, "off", None)
     refs = call(off)
-    say(f"calibrate sparse_attention: {weights}; {len(prompts)} prompts (seeds {prompts}); budget {budget.text()} "
-        f"against the dense frames; dense forwards {sparse.get('dense_forwards')}")
+    say(f"calibrate sparse_attention: {weights}; {said}; budget {budget.text()} against the dense frames; dense "
+        f"forwards {sparse.get('dense_forwards')}")
     results, points = [], []
     for keep in KEEPS:
         _, vplan = _variant(cfg, "block_sparse", keep)
@@ -102,7 +105,7 @@ def run(cfg, plan, c) -> int:
             ["t2va"], psnr_db=min(math.inf if x["psnr_db"] is None else x["psnr_db"] for x in q),
             ssim=min(x["ssim"] for x in q), audio_snr_db=min(math.inf if x is None else x for x in snr),
             speedup=None, kind="calibrated",
-            where=f"{len(prompts)} prompts, worst of each; {d.param('sparse_forwards')} of {d.param('forwards')} "
+            where=f"{len(runs)} prompts, worst of each; {d.param('sparse_forwards')} of {d.param('forwards')} "
                   f"forwards sparse; {weights}"))
         points.append(point)
         ok = point.meets(budget)

@@ -95,9 +95,16 @@ def _check(cfg, plan, c) -> tuple[ev.Budget, list[str] | None]:
     if budget.ssim_min is None:
         raise UsageError("calibrate.target=step_cache judges settings by the cache budget, which this recipe does not "
                          "set: pass recipe.cache={psnr_db_min:28,ssim_min:0.93}")
+    return budget, check_request(cfg, plan, c, "step_cache")
+
+
+def check_request(cfg, plan, c, target: str) -> list[str] | None:
+    """The request and the prompts of a calibrate target that runs diffusers' t2va call, refused in one line before a
+    model loads: a t2va request; calibrate.prompts exactly where the checkpoint has a text encoder, read as text.
+    Returns the prompts (None: seeded prompt embeddings)."""
     task = (plan.derived_value("sequence") or {}).get("task", DEFAULT_TASK)
     if task != "t2va":
-        raise UsageError(f"calibrate.target=step_cache runs t2va requests (diffusers' t2va denoise and decode); the "
+        raise UsageError(f"calibrate.target={target} runs t2va requests (diffusers' t2va denoise and decode); the "
                          f"plan's request is {task}")
     te = text_encoder_dir(cfg.model.get("path"))
     prompts = c.prompts
@@ -108,7 +115,27 @@ def _check(cfg, plan, c) -> tuple[ev.Budget, list[str] | None]:
         raise UsageError(f"calibrate.prompts={prompts} needs a checkpoint with a text encoder (model.path=DIR with "
                          "text_encoder/ and tokenizer/); without one the prompts are seeded embeddings "
                          "(calibrate.seeds)")
-    return budget, (read_prompts(str(prompts)) if prompts else None)
+    return read_prompts(str(prompts)) if prompts else None
+
+
+def calibration_runs(cfg, c, prompts: list[str] | None, device) -> tuple[list[tuple], str]:
+    """(prompt inputs or None for seeded embeddings, generator seed) per call of a calibration, and how they were made:
+    the prompts through the checkpoint's text encoder, else one seeded prompt embedding per calibrate.seeds."""
+    seeds = [int(s) for s in c.seeds]
+    if prompts is not None:
+        te = text_encoder_dir(cfg.model.get("path"))
+        assert te is not None  # check_request
+        inputs = _encode(te, prompts, device)
+        return ([(inp, seeds[k % len(seeds)]) for k, inp in enumerate(inputs)],
+                f"{len(prompts)} prompts of calibrate.prompts={c.prompts} through the checkpoint's text encoder")
+    said = f"{len(seeds)} seeded prompt embeddings (seeds {seeds}; no text encoder in the checkpoint)"
+    return [(None, s) for s in seeds], said
+
+
+def call_inputs(pipe, run: tuple, text_tokens: int) -> dict:
+    """The prompt inputs of one calibration call (calibration_runs)."""
+    inp, seed = run
+    return inp if inp is not None else prompt_inputs(pipe, int(text_tokens), seed=seed)
 
 
 def _variant(cfg, setting: str, values: dict, evidence: str | None = None):
@@ -193,28 +220,18 @@ def run(cfg, plan, c) -> int:
 
     video, pipeline = plan.get("video"), plan.get("pipeline")
     steps = request_steps(plan.derived_value("sequence") or video, pipeline)
-    seeds = [int(s) for s in c.seeds]
-    te = text_encoder_dir(cfg.model.get("path"))
-    if prompts is not None:
-        assert te is not None
-        inputs = _encode(te, prompts, device)
-        runs = [(inp, seeds[k % len(seeds)]) for k, inp in enumerate(inputs)]
-        said = f"{len(prompts)} prompts of calibrate.prompts={c.prompts} through the checkpoint's text encoder"
-    else:
-        runs = [(None, s) for s in seeds]
-        said = f"{len(seeds)} seeded prompt embeddings (seeds {seeds}; no text encoder in the checkpoint)"
+    runs, said = calibration_runs(cfg, c, prompts, device)
     pipe, weights = _pipe(cfg, device)
 
     def outputs(p):
         install(pipe, p)
         try:
             out, made = [], []
-            for inp, s in runs:
-                given = inp if inp is not None else prompt_inputs(pipe, int(c.text_tokens), seed=s)
-                res = pipe(**given, height=int(video["height"]), width=int(video["width"]),
-                           num_frames=int(video["frames"]),
+            for run in runs:
+                res = pipe(**call_inputs(pipe, run, c.text_tokens), height=int(video["height"]),
+                           width=int(video["width"]), num_frames=int(video["frames"]),
                            num_inference_steps=steps, output_type="pt", output=["videos", "audio"],
-                           generator=torch.Generator("cpu").manual_seed(s))
+                           generator=torch.Generator("cpu").manual_seed(run[1]))
                 out.append((res["videos"], res["audio"]))
                 made.append(calls(pipe.transformer)[-1]["computed"] if calls(pipe.transformer) else None)
             return out, made

@@ -100,8 +100,9 @@ def _prepare_device(name: str, key: str = "verify.device"):
             raise UsageError(f"{key}={name}: this machine has {have}; on the CPU use {key}=cpu (or auto) with "
                              f"model=h3_tiny: {CPU_SMOKE}")
     if name == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        if "h3plan.runtime.kernels._common" in sys.modules:
-            raise RuntimeError("verify on the CPU needs TRITON_INTERPRET=1 before h3plan.runtime.kernels is imported")
+        if "triton" in sys.modules:  # triton.language's helpers were made compiled: the interpreter cannot call them
+            raise UsageError(f"{key}=cpu runs Triton's interpreter, which must be chosen before triton is imported "
+                             "(diffusers and torch._dynamo import it): set TRITON_INTERPRET=1 in the environment")
         os.environ["TRITON_INTERPRET"] = "1"
     return name
 

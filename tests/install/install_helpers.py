@@ -49,6 +49,19 @@ def tiny_model(dtype=torch.bfloat16, seed=0):
     return build_model(TINY, dtype=dtype, seed=seed)
 
 
+def tiny_checkpoint(folder: Path, text_encoder: bool = False) -> Path:
+    """The tiny transformer saved as a pipeline folder holds it (DIR/transformer), and with `text_encoder` the tiny
+    Qwen3-VL conditioner and tokenizer beside it (DIR/text_encoder, DIR/tokenizer)."""
+    tiny_model(seed=3).save_pretrained(folder / "transformer")
+    if text_encoder:
+        from h3plan.actions.text_encoder_build import conditioner_components
+
+        comps = conditioner_components(OmegaConf.load(ROOT / "conf/model/h3_tiny.yaml").text_encoder_default, seed=5)
+        comps["text_encoder"].save_pretrained(folder / "text_encoder")
+        comps["tokenizer"].save_pretrained(folder / "tokenizer")
+    return folder
+
+
 def tiny_inputs(seq_len=S, seed=0):
     return packed_inputs(TINY, seq_len, seed=seed)
 

@@ -6,7 +6,7 @@ text encoder step; a prompts file that is missing, empty or not text is one line
 nothing meets writes no plan and says so in one line."""
 
 import pytest
-from install_helpers import tiny_model
+from install_helpers import tiny_checkpoint
 
 from h3plan.actions import calibrate as action
 from h3plan.actions import calibrate_step_cache as cal
@@ -21,25 +21,12 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("h3_tiny_ckpt")
-    tiny_model(seed=3).save_pretrained(folder / "transformer")
-    return folder
+    return tiny_checkpoint(tmp_path_factory.mktemp("h3_tiny_ckpt"))
 
 
 @pytest.fixture(scope="module")
 def with_text_encoder(tmp_path_factory):
-    """The tiny transformer, and the tiny Qwen3-VL conditioner and tokenizer saved as a pipeline folder holds them."""
-    from omegaconf import OmegaConf
-
-    from h3plan.actions.text_encoder_build import conditioner_components
-    from install_helpers import ROOT
-
-    folder = tmp_path_factory.mktemp("h3_tiny_te_ckpt")
-    tiny_model(seed=3).save_pretrained(folder / "transformer")
-    comps = conditioner_components(OmegaConf.load(ROOT / "conf/model/h3_tiny.yaml").text_encoder_default, seed=5)
-    comps["text_encoder"].save_pretrained(folder / "text_encoder")
-    comps["tokenizer"].save_pretrained(folder / "tokenizer")
-    return folder
+    return tiny_checkpoint(tmp_path_factory.mktemp("h3_tiny_te_ckpt"), text_encoder=True)
 
 
 def _cfg(folder, out, budget, *more):
