@@ -272,6 +272,17 @@ def _table_rows(ds):
     return [d for d in ds if not (SPECS[d.lever].table_skips_off and d.setting == "off")]
 
 
+def _tier_parts_off(plan) -> str:
+    """A tier's budgeted part (a lever whose recipe section the tier gave a budget) that plans off, with its first
+    reason: the tier's line names what the stack lost (a forced attention backend that takes no block mask, a request
+    with no forward past the dense ones), where the lever's own line and row are absent."""
+    r = plan.get("recipe")
+    off = [d for d in plan.decisions if (sec := SPECS[d.lever].recipe_section) and d.setting == "off"
+           and any((r.get(sec) or {}).get(k) is not None for k in ("psnr_db_min", "ssim_min", "policy"))]
+    return "".join(f"; not in this plan: {d.lever}=off ({d.reasons[0] if d.reasons else 'no reason recorded'})"
+                   for d in off)
+
+
 def _runs(d, plan) -> bool:
     """The lever changes what runs: a setting that is not off or diffusers' default, and no Ulysses lever at Ulysses
     degree 1 (no exchange to act on: its row says so)."""
@@ -332,7 +343,7 @@ def _summary_lines(plan, width: int) -> list[str]:
     if r.get("tier"):  # a named stack: each part's evidence is on its own line above or below; the stack's here
         lines += _labelled("tier", f"{r['tier']['name']}: each lossy part is judged by its own evidence and budget "
                                    f"(the fewer, sparse and lossy lines); the stack as a whole: "
-                                   f"{r['tier']['evidence']}", width)
+                                   f"{r['tier']['evidence']}{_tier_parts_off(plan)}", width)
     if lossy and r["policy"] == "lossless":  # the recipe's own lossy choice: no budget, its measured error
         chosen = [d for d in ds if d.lever in lossy]
         lines += _labelled("lossy", "; ".join(

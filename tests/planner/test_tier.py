@@ -82,6 +82,19 @@ def test_a_schedule_too_short_runs_dense_and_says_so():
     assert "covers every one of the request's 4 forwards" in p.decision("sparse_attention").reasons[0]
 
 
+def test_the_tier_line_names_the_parts_it_lost():
+    """A part that plans off (a schedule too short, a forced attention backend that takes no block mask) is named on
+    the tier's line with its reason: its own line and table row are absent, the tier's line is what the user reads."""
+    flat = " ".join(str(_tier(video="fl2va_turbo_768x1344")).split())
+    assert ("; not in this plan: sparse_attention=off (block_sparse cannot apply: recipe.sparse.dense_forwards=10 "
+            "covers every one of the request's 4 forwards") in flat
+    assert "; not in this plan: step_cache=off (recipe.cache.policy=high: the schedule is too short" in flat
+    flat = " ".join(str(_tier(**{"levers.attention": "cudnn_fp8"})).split())
+    assert "not in this plan: sparse_attention=off (block_sparse cannot apply: the FP8 attention is cuDNN's" in flat
+    assert "not in this plan: step_cache" not in flat
+    assert "not in this plan" not in " ".join(str(_tier()).split())  # every part planned
+
+
 def test_overrides_on_top_keep_the_evidence_rules():
     d = _tier(**{"recipe.sparse.keep": 0.5}).decision("sparse_attention")  # no point at keep 0.5: said, not hidden
     assert d.param("keep") == 0.5 and any(r.startswith("unmeasured: no published or calibrated quality for keep 0.5")
