@@ -25,6 +25,20 @@ BENCH_SMOKE = ("python -m h3plan action=bench model=h3_tiny 'bench.seq_lens=[64]
 # Inductor's C++ compiles
 PIPELINE_SMOKE = ("python -m h3plan action=bench bench.target=pipeline model=h3_tiny vae=h3_tiny_pipe video.height=32 "
                   "video.width=32 bench.pipeline.rounds=1 bench.pipeline.warmup=0 bench.pipeline.compile_backend=eager")
+# calibrate.target=step_cache / sparse_attention on the CPU: the tiny pipeline on a 32x32 canvas, a few steps, with
+# diffusers' own ops (Triton's interpreter runs the fused kernels for minutes a call); seconds each
+# (tests/install/test_calibrate_step_cache.py and test_calibrate_sparse_attention.py run the same settings)
+_TINY_EAGER = ("model=h3_tiny vae=h3_tiny_pipe video.height=32 video.width=32 levers.vae_graphs=off "
+               "levers.vae_ops=eager levers.qk_norm_rope=eager levers.modulation=eager levers.gated_residual=off "
+               "levers.swiglu=off 'calibrate.seeds=[0]'")
+OWN_BUDGET_SMOKE = {
+    "step_cache": ("python -m h3plan action=calibrate calibrate.target=step_cache " + _TINY_EAGER
+                   + " levers.attention=sdpa video.num_inference_steps=6 "
+                     "'recipe.cache={psnr_db_min:28,ssim_min:0.93,warmup:1,final:1}'"),
+    "sparse_attention": ("python -m h3plan action=calibrate calibrate.target=sparse_attention " + _TINY_EAGER
+                         + " video.num_inference_steps=4 'hardware.fa4.block_sparse=[32,32]' "
+                           "'recipe.sparse={ssim_min:0.5,dense_forwards:1}'"),
+}
 TUNE_REFUSAL = ("action=tune measures a GPU and this machine has none (torch.cuda.is_available() is False): plans here "
                 "use the packaged facts (python -m h3plan hardware=sm90 ...)")
 DEVICE_NODES = ("/proc/driver/nvidia", "/dev/nvidia[0-9]*", "/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
@@ -45,8 +59,9 @@ def verify_too_wide() -> str:
 
 
 def calibrate_too_wide(target: str = "fp8_scales") -> str:
-    if target == "step_cache":
-        return "calibrate on the CPU needs a small model: pass model=h3_tiny vae=h3_tiny_pipe (real width needs a GPU)"
+    if target in OWN_BUDGET_SMOKE:
+        return (f"calibrate on the CPU needs a small model (real width needs a GPU); the form that runs here in "
+                f"seconds: {OWN_BUDGET_SMOKE[target]}")
     return f"calibrate on the CPU needs a small model: pass model=h3_tiny (real width needs a GPU): {CALIBRATE_SMOKE}"
 
 

@@ -63,3 +63,23 @@ def test_cpu_after_triton_loaded_compiled_is_one_line(key):
     assert r.returncode == 0, r.stderr[-2000:]
     line = r.stdout.strip()
     assert line.startswith(f"refused: {key}=cpu") and "TRITON_INTERPRET=1" in line and "\n" not in line
+
+
+@pytest.mark.slow  # two tiny calibrations, seconds each
+@pytest.mark.parametrize("target", ["step_cache", "sparse_attention"])
+def test_the_cpu_form_a_refusal_gives_runs_and_writes_its_plan(tmp_path, target):
+    """The command calibrate_too_wide hands a CPU user (the tiny pipeline, diffusers' own ops) runs to its plan."""
+    import shlex
+
+    from h3plan.actions.gpu_only import OWN_BUDGET_SMOKE, calibrate_too_wide
+
+    assert calibrate_too_wide(target).endswith(OWN_BUDGET_SMOKE[target])
+    argv = shlex.split(OWN_BUDGET_SMOKE[target])
+    assert argv[:3] == ["python", "-m", "h3plan"]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
+    r = subprocess.run([sys.executable, "-m", "h3plan", *argv[3:], f"calibrate.plan_out={tmp_path / 'plan.yaml'}",
+                        f"calibrate.evidence_out={tmp_path / 'points.yaml'}"], capture_output=True, text=True,
+                       env=env, cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "plan.yaml").is_file() and (tmp_path / "points.yaml").is_file()
