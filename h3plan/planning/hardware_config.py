@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional
 from omegaconf import MISSING
 
 from h3plan.facts.attention import BACKENDS, BF16
+from h3plan.facts.provenance import Provenance
 
 
 @dataclass
@@ -139,21 +140,6 @@ class AttentionRank:
     source: str = MISSING
     fp8_source: str = MISSING
     """Why (or on what evidence) cuDNN FP8 is the FP8 attention on this hardware."""
-
-
-@dataclass
-class Provenance:
-    """The measurement a packaged fact came from: the results file, the row in it (the fields that find it there: a
-    pipeline row's run, setting, label and vae; a profile's spec; an anchor's shape and backend) and the value taken.
-    benchmarks/predict_holdout.py reads it to predict each measured row without the facts fitted to it."""
-
-    file: str = MISSING
-    row: Dict[str, str] = field(default_factory=dict)
-    value: str = ""
-    of: str = ""
-    """Which of the point's values it is (an attention point's backend); empty: the whole point."""
-    commit: str = ""
-    """The commit whose version of `file` holds the row (a fact kept from an earlier run); empty: the file as it is."""
 
 
 AttentionPoint = make_dataclass(  # one TFLOP/s field per attention backend (h3plan.facts.attention), BF16 ones first
