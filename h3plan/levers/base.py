@@ -14,7 +14,7 @@ Pure: no torch, no GPU imports.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, is_dataclass
 from fnmatch import fnmatchcase
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
@@ -191,6 +191,9 @@ class Spec:
         vae_encode_precision is off for t2va, which encodes nothing, and a t2va plan prints as it did before it).
     exports: functions of its install module (h3plan/install/<name>.py) that the package offers as `h3plan.<fn>`, each
         also in h3plan's `__all__` (adaln_table's `prepare`: step counts added to an installed table).
+    hardware: the hardware YAML sections it owns -> their type (a dataclass, or a List of one): a capability section
+        (`vae_ops`) or its evidence under `measured` (`measured.compile`); planning/hardware_config.py types the
+        hardware group with them (HardwareConfig, MeasuredFacts), so a new lever's facts need no field there.
     """
 
     name: str
@@ -213,6 +216,7 @@ class Spec:
     config_problem: Callable[[Mapping[str, Any]], tuple[str, str] | None] | None = None
     budget_line: Callable[[Decision], tuple[str, str]] | None = None
     exports: tuple[str, ...] = ()
+    hardware: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.model not in MODELS:
@@ -233,6 +237,11 @@ class Spec:
         unknown = (set(self.terms) | set(self.state) | ({self.fit} if self.fit else set())) - set(self.settings)
         if unknown:
             raise ValueError(f"lever {self.name}: terms, state or fit name unknown settings {sorted(unknown)}")
+        for path, kind in self.hardware.items():
+            node = kind.__args__[0] if getattr(kind, "__origin__", None) is list else kind
+            if path.count(".") > (path.startswith("measured.")) or not is_dataclass(node):
+                raise ValueError(f"lever {self.name}: hardware section {path!r} must be a top-level section or "
+                                 f"measured.<key>, typed by a dataclass or a List of one")
         bad = sorted({b for need in self.backends.values() for b in need} - set(BACKENDS))
         if bad:
             raise ValueError(f"lever {self.name}: backends names unknown attention backends {bad}; known: "

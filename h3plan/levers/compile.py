@@ -15,9 +15,27 @@ with the runs.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import List
+
 import math
 
+from omegaconf import MISSING
+
 from .base import Context, default_install, faster_in_every_run, one_of, Option, resolve, Spec, speedup_runs
+
+
+@dataclass
+class CompilePoint:
+    """hardware.measured.compile, this lever's evidence (empty: never measured, auto keeps it off): diffusers'
+    regional compile over the installed plan against the same plan uncompiled (plain time / compiled time), one
+    entry per interleaved run."""
+
+    recipe: str = MISSING
+    seq_len: int = MISSING
+    speedups: List[float] = MISSING
+    source: str = MISSING
+
 
 SPEC = Spec(
     name="compile",
@@ -26,6 +44,7 @@ SPEC = Spec(
     options=(Option("block", "compile", *one_of("off", "regional"), default="off",
                     swap=lambda v: ((".forward", "eager", "torch.compile (regional, fullgraph)")
                                     if v != "off" else None)),),
+    hardware={"measured.compile": List[CompilePoint]},
 )
 
 

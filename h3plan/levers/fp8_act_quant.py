@@ -17,8 +17,32 @@ auto: row only where the hardware measured the installed FP8 block with row agai
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import List
+
+from omegaconf import MISSING
+
 from . import rules
 from .base import Context, Option, Spec, faster_in_every_run, one_of, resolve, speedup_runs
+
+
+@dataclass
+class ActQuantPoint:
+    """The installed FP8 block with fp8_act_quant=row against tensor (tensor time / row time), one entry per
+    interleaved A/B run."""
+
+    seq_len: int = MISSING
+    speedups: List[float] = MISSING
+
+
+@dataclass
+class ActQuantMeasured:
+    """hardware.measured.fp8_act_quant, this lever's evidence: row vs tensor on the whole FP8 block (empty: never
+    measured, auto keeps tensor)."""
+
+    block: List[ActQuantPoint] = field(default_factory=list)
+    source: str = ""
+
 
 SPEC = Spec(
     name="fp8_act_quant",
@@ -29,6 +53,7 @@ SPEC = Spec(
                     swap=lambda v: (".norm1/norm2+modulate, ff swiglu, to_out.0 input", "bf16 + per-tensor FP8 cast",
                                     "e4m3 per-row codes from the producer") if v == "row" else None),),
     kernels=("rmsnorm_modulate_fp8", "swiglu_fp8", "cast_rows_fp8"),
+    hardware={"measured.fp8_act_quant": ActQuantMeasured},
 )
 
 ULYSSES_NOTE = ("per-row scales: a row's scale depends on that row alone, so the codes are the same at every Ulysses "

@@ -5,11 +5,36 @@ unregistered architecture is reported in the plan as eager, never silently skipp
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import List, Optional
+
+from omegaconf import MISSING
+
 from . import rules
 from .base import Context, Option, Spec, Terms, resolve, VERIFY_DECODE
 
 # what `fused` may install (the installer keeps the ops whose kernel takes the decode's dtype)
 OPS = ("qk_norm_rope", "swiglu", "scaled_residual")
+
+
+@dataclass
+class VaeOpsFacts:
+    """hardware.vae_ops, a capability section: whether the exact VAE decoder ops are registered here, and the
+    decode speedups measured with them."""
+
+    registered: bool = MISSING
+    source: str = MISSING
+    h3plan_speedup: Optional[List[float]] = None
+    """[min, max] end-to-end decode speedup of h3plan's fused path over diffusers eager on this GPU; null: never
+    measured."""
+    h3plan_source: Optional[str] = None
+    graphs_speedup: Optional[List[float]] = None
+    """[min, max] decode speedup over diffusers eager with vae_graphs=on and diffusers' ops; null: never measured."""
+    graphs_fused_speedup: Optional[List[float]] = None
+    """[min, max] decode speedup over diffusers eager with vae_graphs=on and the fused ops; null: never measured."""
+    graphs_source: Optional[str] = None
+
+
 SPEC = Spec(
     name="vae_ops",
     settings={"eager": True, "fused": True},
@@ -23,6 +48,7 @@ SPEC = Spec(
     kernels=("vae_qk_norm_rope", "vae_swiglu", "vae_scaled_residual"),
     column="vae_ops",
     terms={"fused": Terms(vae_fused=True)},
+    hardware={"vae_ops": VaeOpsFacts},
 )
 
 

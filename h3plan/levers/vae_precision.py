@@ -15,9 +15,35 @@ stay lossless, the plan says the decode is lossy and prints the error measured a
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import List
+
+from omegaconf import MISSING
+
+from h3plan.facts.provenance import Provenance
+
 from .base import Context, Option, Spec, Terms, one_of, policy_blockers, resolve, VERIFY_DECODE, StateKeys
 
 DTYPES = ("fp32", "fp16", "bf16")
+
+
+@dataclass
+class VaePrecisionPoint:
+    """hardware.measured.vae_precision, this lever's evidence: the fp16 / bf16 decodes against the fp32 decode
+    (empty: never measured; the plan says so)."""
+
+    precision: str = MISSING
+    """fp16 | bf16: the decode precision (this lever's setting) measured against the fp32 decode."""
+    latent: List[int] = MISSING
+    psnr_db: float = MISSING
+    """Its decoded frames against the fp32 decode's (peak 2: the VAE's normalized range)."""
+    ssim: float = MISSING
+    speedup: float = MISSING
+    """The fp32 eager decode's time / this precision's eager decode time, in the same run."""
+    source: str = MISSING
+    provenance: List[Provenance] = field(default_factory=list)
+
+
 SPEC = Spec(
     name="vae_precision",
     settings={"fp32": True, "fp16": False, "bf16": False},
@@ -27,6 +53,7 @@ SPEC = Spec(
     options=(Option("vae", "precision", *one_of(*DTYPES), default="fp32"),),
     terms={"fp16": Terms(vae_cast="fp16"), "bf16": Terms(vae_cast="bf16")},
     state={s: (StateKeys("replaces", ("post_quant_conv.*", "decoder.*")),) for s in ("fp16", "bf16")},  # cast
+    hardware={"measured.vae_precision": List[VaePrecisionPoint]},
 )
 FROM_RECIPE = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "fp8": "fp16"}  # recipe.vae -> decode precision
 

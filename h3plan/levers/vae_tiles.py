@@ -9,8 +9,28 @@ for the same reason as any non-default geometry.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import List
+
+from omegaconf import MISSING
+
 from . import rules
 from .base import Context, Option, Spec, Terms, hardware_verified, one_of, resolve, VERIFY_DECODE
+
+
+@dataclass
+class VaeFp8Point:
+    """hardware.measured.vae_fp8, fp8_tiles' evidence: the FP8 VAE decode against diffusers eager at the same tiles
+    (empty: never measured)."""
+
+    latent: List[int] = MISSING
+    speedup: float = MISSING
+    """diffusers eager at the same tile geometry / the FP8 plan's decode."""
+    psnr_db: float = MISSING
+    """The plan's decoded frames against that eager decode."""
+    peak_ratio: float = MISSING
+    source: str = MISSING
+
 
 SPEC = Spec(
     name="vae_tiles",
@@ -25,6 +45,7 @@ SPEC = Spec(
              Option("vae", "tile_dtype", *one_of("fp16", "fp8"), default="fp16")),
     column="vae_tiles",
     terms={"fp8_tiles": Terms(vae_tile="fp8_tile", vae_fp8_gemms=True), "custom": Terms(vae_tile="custom_tile")},
+    hardware={"measured.vae_fp8": List[VaeFp8Point]},
 )
 TILE_OF = {"default": "default_tile", "fp8_tiles": "fp8_tile", "custom": "custom_tile"}
 

@@ -2,7 +2,9 @@
 
 Hydra merges each GPU's YAML onto `HardwareConfig`, so an unknown key or a wrongly typed fact fails during
 composition; the cross-group rules on these facts are `schema.validate`'s. `AttentionPoint` has one TFLOP/s field
-per registered attention backend (h3plan.facts.attention's registry, torch-free). The same YAML read as plain dicts by
+per registered attention backend (h3plan.facts.attention's registry, torch-free); the sections a lever owns (its
+capability facts, its evidence under `measured`) are typed in its module and declared in `Spec.hardware`, and
+`HardwareConfig` and `MeasuredFacts` take them from the lever registry. The same YAML read as plain dicts by
 code that runs on a device is h3plan/facts/hardware.py. Torch-free.
 """
 
@@ -14,6 +16,22 @@ from typing import Any, Dict, List, Optional
 from omegaconf import MISSING
 
 from h3plan.facts.attention import BACKENDS, BF16
+from h3plan.facts.provenance import Provenance
+from h3plan.levers import SPECS
+
+
+def _lever_sections(scope: str) -> list[tuple[str, Any, Any]]:
+    """The hardware sections the levers declare (Spec.hardware) under `scope` ("" top level, "measured") as
+    make_dataclass fields, a List defaulting to empty, a dataclass to its defaults; sorted by key, so the schema's
+    key order (the `allowed:` list of an unknown key's error) does not follow the registry's decision order."""
+    out = []
+    for spec in SPECS.values():
+        for path, kind in spec.hardware.items():
+            where, _, key = path.rpartition(".")
+            if where == scope:
+                empty = list if getattr(kind, "__origin__", None) is list else kind
+                out.append((key, kind, field(default_factory=empty)))
+    return sorted(out, key=lambda f: f[0])
 
 
 @dataclass
@@ -117,21 +135,6 @@ class GemmFacts:
 
 
 @dataclass
-class VaeOpsFacts:
-    registered: bool = MISSING
-    source: str = MISSING
-    h3plan_speedup: Optional[List[float]] = None
-    """[min, max] end-to-end decode speedup of h3plan's fused path over diffusers eager on this GPU; null: never
-    measured."""
-    h3plan_source: Optional[str] = None
-    graphs_speedup: Optional[List[float]] = None
-    """[min, max] decode speedup over diffusers eager with vae_graphs=on and diffusers' ops; null: never measured."""
-    graphs_fused_speedup: Optional[List[float]] = None
-    """[min, max] decode speedup over diffusers eager with vae_graphs=on and the fused ops; null: never measured."""
-    graphs_source: Optional[str] = None
-
-
-@dataclass
 class AttentionRank:
     order: List[str] = MISSING
     """BF16 attention backends, fastest first."""
@@ -139,21 +142,6 @@ class AttentionRank:
     source: str = MISSING
     fp8_source: str = MISSING
     """Why (or on what evidence) cuDNN FP8 is the FP8 attention on this hardware."""
-
-
-@dataclass
-class Provenance:
-    """The measurement a packaged fact came from: the results file, the row in it (the fields that find it there: a
-    pipeline row's run, setting, label and vae; a profile's spec; an anchor's shape and backend) and the value taken.
-    benchmarks/predict_holdout.py reads it to predict each measured row without the facts fitted to it."""
-
-    file: str = MISSING
-    row: Dict[str, str] = field(default_factory=dict)
-    value: str = ""
-    of: str = ""
-    """Which of the point's values it is (an attention point's backend); empty: the whole point."""
-    commit: str = ""
-    """The commit whose version of `file` holds the row (a fact kept from an earlier run); empty: the file as it is."""
 
 
 AttentionPoint = make_dataclass(  # one TFLOP/s field per attention backend (h3plan.facts.attention), BF16 ones first
@@ -233,57 +221,6 @@ class UlyssesMeasured:
 
 
 @dataclass
-class CompilePoint:
-    """diffusers' regional compile over the installed plan against the same plan uncompiled (plain time /
-    compiled time), one entry per interleaved run."""
-
-    recipe: str = MISSING
-    seq_len: int = MISSING
-    speedups: List[float] = MISSING
-    source: str = MISSING
-
-
-@dataclass
-class ActQuantPoint:
-    """The installed FP8 block with fp8_act_quant=row against tensor (tensor time / row time), one entry per
-    interleaved A/B run."""
-
-    seq_len: int = MISSING
-    speedups: List[float] = MISSING
-
-
-@dataclass
-class ActQuantMeasured:
-    block: List[ActQuantPoint] = field(default_factory=list)
-    source: str = ""
-
-
-@dataclass
-class VaeFp8Point:
-    latent: List[int] = MISSING
-    speedup: float = MISSING
-    """diffusers eager at the same tile geometry / the FP8 plan's decode."""
-    psnr_db: float = MISSING
-    """The plan's decoded frames against that eager decode."""
-    peak_ratio: float = MISSING
-    source: str = MISSING
-
-
-@dataclass
-class VaePrecisionPoint:
-    precision: str = MISSING
-    """fp16 | bf16: the decode precision (levers/vae_precision.py) measured against the fp32 decode."""
-    latent: List[int] = MISSING
-    psnr_db: float = MISSING
-    """Its decoded frames against the fp32 decode's (peak 2: the VAE's normalized range)."""
-    ssim: float = MISSING
-    speedup: float = MISSING
-    """The fp32 eager decode's time / this precision's eager decode time, in the same run."""
-    source: str = MISSING
-    provenance: List[Provenance] = field(default_factory=list)
-
-
-@dataclass
 class StockFramesPoint:
     attention: str = MISSING
     """A lossless plan's attention backend (levers.attention), put in diffusers' eager pipeline in place of its
@@ -353,7 +290,7 @@ class EncodePoint:
 
 
 @dataclass
-class MeasuredFacts:
+class _MeasuredCommon:
     on_hardware: bool = MISSING
     hbm_copy_tbps: Optional[float] = None
     gemm_tflops: GemmThroughput = field(default_factory=GemmThroughput)
@@ -373,14 +310,17 @@ class MeasuredFacts:
     modulation_compile_x_hbm_floor: Optional[float] = None
     ulysses: UlyssesMeasured = field(default_factory=UlyssesMeasured)
     """Multi-GPU measurements by Ulysses degree (empty: estimates from NVLink bandwidth, borrowed rules)."""
-    compile: List[CompilePoint] = field(default_factory=list)
-    """The compile lever's evidence (empty: never measured, auto keeps it off)."""
-    fp8_act_quant: ActQuantMeasured = field(default_factory=ActQuantMeasured)
-    """fp8_act_quant's evidence: row vs tensor on the whole FP8 block (empty: never measured, auto keeps tensor)."""
-    vae_fp8: List[VaeFp8Point] = field(default_factory=list)
-    """The FP8 VAE decode (vae_tiles=fp8_tiles) against diffusers eager at the same tiles (empty: never measured)."""
-    vae_precision: List[VaePrecisionPoint] = field(default_factory=list)
-    """The fp16 / bf16 decodes against the fp32 decode (empty: never measured; the plan says so)."""
+
+
+_LeverEvidence = make_dataclass("_LeverEvidence", _lever_sections("measured"), bases=(_MeasuredCommon,),
+                                namespace={"__module__": __name__})
+
+
+@dataclass
+class MeasuredFacts(_LeverEvidence):
+    """What was measured on this hardware: the common facts, each lever's evidence (Spec.hardware's
+    `measured.<key>`, by key), then these."""
+
     stock_frames: List[StockFramesPoint] = field(default_factory=list)
     """A lossless plan keeps the bits of diffusers' eager forward with the plan's attention backend; another backend
     than diffusers' default rounds its own way: how far those frames are from stock diffusers' (empty: never
@@ -467,7 +407,7 @@ class TunedFacts:
 
 
 @dataclass
-class HardwareConfig:
+class _HardwareCommon:
     name: str = MISSING
     arch: str = MISSING
     compute_capability: str = MISSING
@@ -478,7 +418,17 @@ class HardwareConfig:
     fa4: Fa4Facts = field(default_factory=Fa4Facts)
     cudnn: CudnnFacts = field(default_factory=CudnnFacts)
     gemm: GemmFacts = field(default_factory=GemmFacts)
-    vae_ops: VaeOpsFacts = field(default_factory=VaeOpsFacts)
+
+
+_LeverFacts = make_dataclass("_LeverFacts", _lever_sections(""), bases=(_HardwareCommon,),
+                             namespace={"__module__": __name__})
+
+
+@dataclass
+class HardwareConfig(_LeverFacts):
+    """One GPU's facts: its own sections, the levers' capability sections (Spec.hardware's top-level keys, by key),
+    then these."""
+
     attention_rank: AttentionRank = field(default_factory=AttentionRank)
     measured: MeasuredFacts = field(default_factory=MeasuredFacts)
     efficiency: Efficiency = field(default_factory=Efficiency)

@@ -1,7 +1,11 @@
 """A lever's SPEC is the one place the planning side learns what it changes: its sweep column (Spec.column), what
 each setting does to the estimates, the memory model and the time line (Spec.terms), and the setting memory.fit offers
-(Spec.fit). A lever added with those fields reaches sweep.py, derive.py, memory.py and predict.py without an edit
-there."""
+(Spec.fit), and the hardware YAML sections it owns (Spec.hardware). A lever added with those fields reaches sweep.py,
+derive.py, memory.py, predict.py and the hardware schema without an edit there."""
+
+import typing
+from dataclasses import dataclass, field
+from typing import List
 
 import pytest
 
@@ -82,3 +86,47 @@ def test_the_time_line_reads_the_encode_geometry_from_terms_not_a_levers_name(mo
     _add(monkeypatch, terms={"on": Terms(vae_encode_shares_tile=True)})  # shares it as vae_encode_tiles=decode does
     assert predict.encode_tiles({"vae_tiles": "custom", FAKE: "on"}) == "custom"
     assert predict.encode_tiles({"vae_tiles": "custom", FAKE: "off"}) == "default"
+
+
+@dataclass
+class ToyEvidence:
+    speedups: List[float] = field(default_factory=list)
+
+
+def test_the_hardware_schema_takes_a_levers_sections_from_its_spec(monkeypatch):
+    from h3plan.planning import hardware_config
+
+    _add(monkeypatch, hardware={"measured.zz_toy": List[ToyEvidence], "zz_toy_caps": ToyEvidence})
+    measured = {key: kind for key, kind, _ in hardware_config._lever_sections("measured")}
+    top = {key: kind for key, kind, _ in hardware_config._lever_sections("")}
+    assert measured["zz_toy"] == List[ToyEvidence] and top["zz_toy_caps"] is ToyEvidence
+    assert "zz_toy" not in top and "zz_toy_caps" not in measured
+    assert list(measured) == sorted(measured) and list(top) == sorted(top)
+
+
+def test_every_declared_hardware_section_is_typed_in_the_schema():
+    from h3plan.planning.hardware_config import HardwareConfig, MeasuredFacts
+
+    nodes = {"": typing.get_type_hints(HardwareConfig), "measured": typing.get_type_hints(MeasuredFacts)}
+    declared = [(path, kind) for s in SPECS.values() for path, kind in s.hardware.items()]
+    assert declared
+    for path, kind in declared:
+        where, _, key = path.rpartition(".")
+        assert nodes[where][key] == kind, path
+
+
+def test_spec_refuses_a_hardware_section_it_cannot_type():
+    for bad in ({"measured.a.b": ToyEvidence}, {"a.b": ToyEvidence}, {"measured.a": int}, {"a": List[int]}):
+        with pytest.raises(ValueError, match="hardware section"):
+            Spec(name=FAKE, settings={"off": True}, summary="x", hardware=bad)
+
+
+def test_no_levers_section_shadows_a_section_the_schema_types_itself():
+    from dataclasses import fields
+
+    from h3plan.planning import hardware_config as hc
+
+    for node, common, scope in ((hc.HardwareConfig, hc._HardwareCommon, ""),
+                                (hc.MeasuredFacts, hc._MeasuredCommon, "measured")):
+        keys = {key for key, _, _ in hc._lever_sections(scope)}
+        assert keys and not keys & ({f.name for f in fields(common)} | set(node.__dict__["__annotations__"]))
