@@ -16,6 +16,8 @@ import os
 import shutil
 from typing import Any
 
+from h3plan.levers import SPECS
+
 CPU_MAX_HIDDEN = 1024  # wider is real width: GPU only
 VERIFY_SMOKE = "python -m h3plan action=verify model=h3_tiny"
 CALIBRATE_SMOKE = "python -m h3plan action=calibrate recipe=fp8 model=h3_tiny"  # the form that runs on a CPU
@@ -25,20 +27,21 @@ BENCH_SMOKE = ("python -m h3plan action=bench model=h3_tiny 'bench.seq_lens=[64]
 # Inductor's C++ compiles
 PIPELINE_SMOKE = ("python -m h3plan action=bench bench.target=pipeline model=h3_tiny vae=h3_tiny_pipe video.height=32 "
                   "video.width=32 bench.pipeline.rounds=1 bench.pipeline.warmup=0 bench.pipeline.compile_backend=eager")
-# calibrate.target=step_cache / sparse_attention on the CPU: the tiny pipeline on a 32x32 canvas, a few steps, with
-# diffusers' own ops (Triton's interpreter runs the fused kernels for minutes a call); seconds each
-# (tests/install/test_calibrate_step_cache.py and test_calibrate_sparse_attention.py run the same settings)
+# A lever judged by its own budget (its Spec's recipe_section), calibrated on the CPU: the tiny pipeline on a 32x32
+# canvas, a few steps, with diffusers' own ops (Triton's interpreter runs the fused kernels for minutes a call); seconds
+# each (tests/install/test_calibrate_*.py run the same settings). Per recipe section: its budget and schedule.
 _TINY_EAGER = ("model=h3_tiny vae=h3_tiny_pipe video.height=32 video.width=32 levers.vae_graphs=off "
                "levers.vae_ops=eager levers.qk_norm_rope=eager levers.modulation=eager levers.gated_residual=off "
                "levers.swiglu=off 'calibrate.seeds=[0]'")
-OWN_BUDGET_SMOKE = {
-    "step_cache": ("python -m h3plan action=calibrate calibrate.target=step_cache " + _TINY_EAGER
-                   + " levers.attention=sdpa video.num_inference_steps=6 "
-                     "'recipe.cache={psnr_db_min:28,ssim_min:0.93,warmup:1,final:1}'"),
-    "sparse_attention": ("python -m h3plan action=calibrate calibrate.target=sparse_attention " + _TINY_EAGER
-                         + " video.num_inference_steps=4 'hardware.fa4.block_sparse=[32,32]' "
-                           "'recipe.sparse={ssim_min:0.5,dense_forwards:1}'"),
+_OWN_BUDGET_TINY = {
+    "cache": "levers.attention=sdpa video.num_inference_steps=6 'recipe.cache={psnr_db_min:28,ssim_min:0.93,warmup:1,"
+             "final:1}'",
+    "sparse": "video.num_inference_steps=4 'hardware.fa4.block_sparse=[32,32]' 'recipe.sparse={ssim_min:0.5,"
+              "dense_forwards:1}'",
 }
+OWN_BUDGET_SMOKE = {name: f"python -m h3plan action=calibrate calibrate.target={name} {_TINY_EAGER} "
+                          f"{_OWN_BUDGET_TINY[spec.recipe_section]}"
+                    for name, spec in SPECS.items() if spec.recipe_section}
 TUNE_REFUSAL = ("action=tune measures a GPU and this machine has none (torch.cuda.is_available() is False): plans here "
                 "use the packaged facts (python -m h3plan hardware=sm90 ...)")
 DEVICE_NODES = ("/proc/driver/nvidia", "/dev/nvidia[0-9]*", "/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
@@ -99,8 +102,10 @@ def refusal(action: str, cfg, plan) -> str | None:
         c = _get(cfg, "calibrate", {})
         target, device = str(_get(c, "target", "fp8_scales")), str(_get(c, "device", "auto"))
         recipe = plan.get("recipe")
-        budget = (recipe.get("cache") if target == "step_cache" else recipe.get("budget")) or {}
-        if budget.get("psnr_db_min") is None or device not in ("auto", "cpu"):  # the action's own line comes first
+        section = SPECS[target].recipe_section if target in SPECS else None
+        budget = recipe.get(section or "budget") or {}
+        keys = ("psnr_db_min", "ssim_min") if section else ("psnr_db_min",)
+        if all(budget.get(k) is None for k in keys) or device not in ("auto", "cpu"):  # the action's own line first
             return None
         return calibrate_too_wide(target) if hidden > CPU_MAX_HIDDEN else None
     if action == "bench" and int(plan.get("parallel").get("ulysses", 1)) == 1:
