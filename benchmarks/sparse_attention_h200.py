@@ -4,8 +4,9 @@
     their torch reference (blocks kept), FA4's block-sparse forward against the torch reference of the same mask, and
     keep-all (every block listed) against dense FA4 (bitwise or not, and the largest difference);
 (b) attention at keep 25% against dense FA4 at the 5 s request's shape (37,820 tokens, 56 heads of 128) and the 10 s
-    one's (video=t2v_768x1344_10s, its tokens from the planner): the router alone, FA4 block-sparse alone, and both
-    (the custom op the processor calls), each the median of back-to-back calls; targets >= 3.0x dense with the router;
+    one's (video=t2v_768x1344_10s, its tokens from the planner): the router alone (its Triton kernels, and beside them
+    its torch form, with the fraction of blocks the two choose alike), FA4 block-sparse alone, and both (the custom op
+    the processor calls), each the median of back-to-back calls; targets >= 3.0x dense with the router;
 (c) one bf16 transformer forward at both lengths: the bf16 plan against the same plan with recipe.sparse (keep 25%,
     video rows only) on a sparse forward, `H3_SPARSE_BLOCKS` real-width blocks (default 8) scaled to the model's 50
     (blocks are uniform; outside them is under 0.2% of a forward); targets >= 1.35x at 5 s, >= 1.6x at 10 s. The
@@ -125,15 +126,20 @@ def attention_at(video):
     q, k, v = (rand(1, S, H, D, seed=i) for i in range(3))
     start = torch.tensor([vs], device="cuda")
     cnt, idx = block_router.block_router(q, k, start, KEEP)
+    tc, ti = block_router.block_router_torch(q, k, start, KEEP)
     kept = float(cnt.float().mean() / idx.shape[-1])
+    agree = float((block_router.blocks_to_mask(cnt, idx) == block_router.blocks_to_mask(tc, ti)).float().mean())
+    del tc, ti
     t = {"dense_fa4_ms": median_ms(lambda: dense_fa4(q, k, v), 2, 6),
          "router_ms": median_ms(lambda: block_router.block_router(q, k, start, KEEP), 2, 6),
+         "router_torch_ms": median_ms(lambda: block_router.block_router_torch(q, k, start, KEEP), 2, 6),
          "fa4_sparse_ms": median_ms(lambda: block_sparse.fa4_block_sparse(q, k, v, cnt, idx, 128, 128), 2, 6),
          "router_and_sparse_ms": median_ms(
              lambda: torch.ops.h3plan.sparse_attention(q, k, v, start, KEEP, 128, 128, True, True), 2, 6)}
     t = {k_: round(x, 3) for k_, x in t.items()}
     d = plan.decision("sparse_attention")
     return {"video": video, "seq_len": S, "video_start": vs, "heads": H, "kept_block_fraction": round(kept, 4),
+            "router_blocks_agree_with_torch_form": agree,
             "planned_work_fraction": d.param("work_fraction"), **t,
             "speedup_with_router": round(t["dense_fa4_ms"] / t["router_and_sparse_ms"], 3),
             "speedup_sparse_alone": round(t["dense_fa4_ms"] / t["fa4_sparse_ms"], 3),
@@ -207,7 +213,8 @@ def markdown() -> str:
         r = p.get(k, {})
         if "speedup_with_router" in r:
             lines.append(f"| attention {r['seq_len']:,} x {H} | {r['dense_fa4_ms']} ms | {r['router_and_sparse_ms']} "
-                         f"ms (router {r['router_ms']}) | {r['speedup_with_router']}x | {TARGETS[k[2:]]}x | "
+                         f"ms (router {r['router_ms']}; torch form {r.get('router_torch_ms', '-')}) | "
+                         f"{r['speedup_with_router']}x | {TARGETS[k[2:]]}x | "
                          f"{r['target_met']} |")
         else:
             lines.append(f"| {k} | {r.get('error') or r.get('skipped') or 'not run'} | | | | |")

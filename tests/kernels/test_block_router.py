@@ -14,8 +14,10 @@ import pytest
 import torch
 
 from h3plan.runtime.attention.block_sparse import block_sparse_ref, sparse_attention
+from h3plan.runtime.kernels import block_router as router_module
 from h3plan.runtime.kernels.block_router import (block_mask_ref, block_router, block_router_check, block_router_ref,
-                                                 block_scores_ref, blocks_to_mask, keep_blocks, mask_to_blocks)
+                                                 block_router_torch, block_scores_ref, blocks_to_mask, keep_blocks,
+                                                 mask_to_blocks)
 
 B, H, D = 1, 3, 32
 CASES = [  # (S, Rq, block_q, block_k, video_start, keep, video_only)
@@ -45,6 +47,38 @@ def test_kernel_blocks_equal_the_reference(S, Rq, bq, bk, vs, keep, video_only):
     listed = torch.arange(N) < cnt[..., None]
     assert bool((idx[..., 1:] > idx[..., :-1])[listed[..., 1:]].all()), "kept blocks are listed ascending"
     assert bool((idx[~listed] == 0).all()), "the tail past cnt is zeros"
+
+
+FORMS = [  # (S, Rq, H, D, block_q, block_k, video_start, keep, video_only): the Triton kernels against the torch form
+    (1000, 1000, 2, 64, 128, 128, 230, 0.25, True),  # H3's blocks, a partial tail block
+    (1000, 1000, 2, 48, 128, 128, 0, 0.6, False),  # head dim 48: the dots in 16-wide slices
+    (300, 350, 3, 32, 32, 32, 70, 0.3, True),  # padded query rows fill a whole query block: its scores are all -inf
+    (520, 520, 1, 32, 64, 128, 100, 0.1, True),  # query blocks of two sub-blocks, key blocks of four
+]
+
+
+@pytest.mark.parametrize("S,Rq,h,d,bq,bk,vs,keep,video_only", FORMS)
+def test_triton_kernels_choose_what_the_torch_form_and_the_reference_choose(S, Rq, h, d, bq, bk, vs, keep, video_only):
+    g = torch.Generator().manual_seed(S + Rq)
+    q, k = torch.randn(1, Rq, h, d, generator=g).bfloat16(), torch.randn(1, S, h, d, generator=g).bfloat16()
+    v = torch.tensor([vs])
+    got = router_module._launch_triton(q, k, v, keep, bq, bk, video_only)
+    assert all(torch.equal(a, b) for a, b in zip(got, block_router_torch(q, k, v, keep, block_q=bq, block_k=bk,
+                                                                          video_only=video_only)))
+    assert all(torch.equal(a, b) for a, b in zip(got, block_router_ref(q, k, v, keep, block_q=bq, block_k=bk,
+                                                                        video_only=video_only)))
+    assert not bool(blocks_to_mask(*got).all()), "the case drops blocks"
+
+
+def test_triton_scores_equal_the_reference_scores():
+    q, k = _qk(300, 304)
+    M, N = 10, 10
+    scores = torch.empty(B, H, M, N)
+    qm, _, _ = router_module._pooled(q, 300, 32, 32)
+    km, _, _ = router_module._pooled(k, 300, 32, 32)
+    router_module._scores_kernel[(B * H, 1, 1)](qm, km, scores, H, M, N, 10, 10, *qm.stride()[:3], *km.stride()[:3],
+                                                 math.sqrt(D), D=D, CHUNK=32, NQS=1, NKS=1, TQ=64, TK=64)
+    torch.testing.assert_close(scores, block_scores_ref(q, k, 32, 32), rtol=1e-6, atol=1e-6)
 
 
 def test_routing_rules():

@@ -24,13 +24,18 @@ list is ascending: a kept tail block comes first.
 
 `video_start` is a device int tensor (one element), so a call never syncs with the host.
 
-Runtime: torch ops on q's device, one custom op: the means summed in fp32 from the bf16 rows, every sub-block pair's
-dot in one fp32 matmul (cuBLAS on the GPU; TF32 only where torch.backends.cuda.matmul.allow_tf32 is set), a
-logsumexp over each block pair's sub-blocks, one stable sort per (b, h, i). Why not Triton: a Triton router (a
-bisection per row for the k-th score, FMA-path fp32 dots) took 50.6 ms at 37,820 x 56 heads on the H200, nearly the
-dense FA4 call's 60.9 ms (benchmarks/results/probes/sparse-router-triton-h200.json). `block_router_ref` is the
-selection written per row in a loop (the oracle: same rules and tie order, the scores from an einsum, equal to fp32
-rounding). Fallback: the caller runs `block_router_ref`.
+Runtime: the sub-block means in torch (summed in fp32 from the bf16 rows, no fp32 copy of q or k), then two Triton
+kernels: `_scores_kernel` (every sub-block pair's IEEE fp32 dot, scaled and masked, and the log-sum-exp over each
+block pair's sub-blocks, in registers: only the (B, H, M, N) scores reach memory) and `_select_kernel` (one program
+per (b, h, i): the forced blocks, the k-th best candidate key found by a 32-step bisection on the scores' ordered
+bits, ties to the lower index by a running count, and FA4's ascending list written in place: no sort). The torch
+form (`block_router_torch`: one fp32 matmul of the means, a logsumexp over the (B, H, M*nsub, N*nsub) products, a
+stable sort per row, a scatter and a scan) is the path on a CPU without Triton's interpreter, and the GPU bench's
+comparison (benchmarks/sparse_attention_h200.py). A first Triton router (a bisection per row with its dots on the FMA
+path, one query block at a time) took 50.6 ms at 37,820 x 56 heads on the H200, nearly the dense FA4 call's 60.9 ms
+(benchmarks/results/probes/sparse-router-triton-h200.json); these kernels tile the dots over 16 query blocks and 16
+key blocks at a time. `block_router_ref` is the selection written per row in a loop (the oracle: same rules and tie
+order, the scores from an einsum, equal to fp32 rounding). Fallback: the caller runs `block_router_ref`.
 """
 
 from __future__ import annotations
@@ -38,8 +43,10 @@ from __future__ import annotations
 import math
 
 import torch
+import triton
+import triton.language as tl
 
-from h3plan.runtime.kernels._common import guard
+from h3plan.runtime.kernels._common import INTERPRET, LAUNCH_OPTS, guard
 from h3plan.runtime.kernels._registry import custom_op
 
 SUB = 32  # rows per pooled sub-block
@@ -93,7 +100,8 @@ def _pooled(x, valid: int, block: int, sub: int) -> tuple[torch.Tensor, torch.Te
     return means, n > 0, valid > (nb * ns - 1) * sub  # the last flag, from the shapes: every sub-block holds a row
 
 
-def _launch(q, k, video_start, keep, block_q, block_k, video_only, sub=SUB):
+def _launch_torch(q, k, video_start, keep, block_q, block_k, video_only, sub=SUB):
+    """The router in torch ops (the module docstring's torch form)."""
     B, H, D, Rq, S, M, N = _shape(q, k, block_q, block_k)
     dev = q.device
     nqs, nks = block_q // sub, block_k // sub
@@ -115,6 +123,107 @@ def _launch(q, k, video_start, keep, block_q, block_k, video_only, sub=SUB):
     return mask_to_blocks(kept | ~routed[:, None])
 
 
+
+TILE = 64  # sub-block rows and columns per scores program (16 blocks of 4 sub-blocks each way at 128 / 32)
+CHUNK_D = 32  # head-dim slice per dot
+
+
+@triton.jit
+def _scores_kernel(qm_ptr, km_ptr, out_ptr, H, M, N, q_subs, k_subs, sqb, sqh, sqr, skb, skh, skr, root_d,
+                   D: tl.constexpr, CHUNK: tl.constexpr, NQS: tl.constexpr, NKS: tl.constexpr,
+                   TQ: tl.constexpr, TK: tl.constexpr):
+    """scores[b, h, i, j] = log sum over the (query sub a of block i, key sub c of block j) pairs with a valid row of
+    exp(qm[a] . km[c] / sqrt(D)); TQ query blocks x TK key blocks per program."""
+    bh = tl.program_id(0).to(tl.int64)
+    b, h = bh // H, bh % H
+    rows = tl.program_id(1).to(tl.int64) * (TQ * NQS) + tl.arange(0, TQ * NQS)
+    cols = tl.program_id(2).to(tl.int64) * (TK * NKS) + tl.arange(0, TK * NKS)
+    d = tl.arange(0, CHUNK)
+    qp = qm_ptr + b * sqb + h * sqh + rows[:, None] * sqr
+    kp = km_ptr + b * skb + h * skh + cols[:, None] * skr
+    acc = tl.zeros((TQ * NQS, TK * NKS), dtype=tl.float32)
+    for d0 in tl.static_range(0, D, CHUNK):
+        qa = tl.load(qp + d0 + d[None, :], mask=rows[:, None] < M * NQS, other=0.0)
+        ka = tl.load(kp + d0 + d[None, :], mask=cols[:, None] < N * NKS, other=0.0)
+        acc += tl.dot(qa, tl.trans(ka), input_precision="ieee")
+    x = acc / root_d
+    x = tl.where((rows[:, None] < q_subs) & (cols[None, :] < k_subs), x, float("-inf"))
+    x4 = tl.reshape(x, (TQ, NQS, TK, NKS))
+    m = tl.max(tl.max(x4, axis=3), axis=1)  # (TQ, TK)
+    m = tl.where(m == float("-inf"), 0.0, m)  # a pair with no valid sub-block: log(0) = -inf below
+    e = tl.exp(x4 - m[:, None, :, None])
+    lse = m + tl.log(tl.sum(tl.sum(e, axis=3), axis=1))
+    i = tl.program_id(1).to(tl.int64) * TQ + tl.arange(0, TQ)
+    j = tl.program_id(2).to(tl.int64) * TK + tl.arange(0, TK)
+    tl.store(out_ptr + (bh * M + i[:, None]) * N + j[None, :], lse, mask=(i[:, None] < M) & (j[None, :] < N))
+
+
+@triton.jit
+def _select_kernel(scores_ptr, cnt_ptr, idx_ptr, vs_ptr, M, N, kb, block_q, block_k,
+                   VIDEO_ONLY: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One (b, h, i) row: kept = forced | the (kb - forced) best others (ties to the lower index), or every block when
+    the row is not routed; writes the kept count and the ascending list (then zeros)."""
+    row = tl.program_id(0).to(tl.int64)
+    i = row % M
+    j = tl.arange(0, BLOCK_N).to(tl.int64)
+    inb = j < N
+    vs = tl.load(vs_ptr).to(tl.int64)
+    s = tl.load(scores_ptr + row * N + j, mask=inb, other=float("-inf"))
+    forced = inb & ((j * block_k < vs) | ((j * block_k < (i + 1) * block_q) & ((j + 1) * block_k > i * block_q)))
+    if VIDEO_ONLY:
+        routed = (i * block_q >= vs) & (kb < N)
+    else:
+        routed = kb < N
+    need = tl.maximum(kb - tl.sum(forced.to(tl.int32), 0), 0)
+    bits = s.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
+    key = tl.where(bits >= 0x80000000, 0xFFFFFFFF - bits, bits | 0x80000000)  # ordered as the scores
+    key = tl.where(inb & ~forced, key, -1)
+    t = (need * 0).to(tl.int64)  # the largest t with at least `need` candidates at key >= t
+    for bit in tl.static_range(31, -1, -1):
+        c = t + (1 << bit)
+        t = tl.where(tl.sum((key >= c).to(tl.int32), 0) >= need, c, t)
+    above = key > t
+    tie = (key == t).to(tl.int32)
+    take = (above | ((tie > 0) & (tl.cumsum(tie, 0) <= need - tl.sum(above.to(tl.int32), 0)))) & (need > 0)
+    kept = tl.where(routed, forced | take, inb) & inb
+    incl = tl.cumsum(kept.to(tl.int32), 0)
+    cnt = tl.sum(kept.to(tl.int32), 0)
+    pos = tl.where(kept, incl - 1, cnt + j - incl)  # kept: its rank; dropped: after the kept, in order (zeros)
+    tl.store(idx_ptr + row * N + pos, tl.where(kept, j, 0).to(tl.int32), mask=inb)
+    tl.store(cnt_ptr + row, cnt)
+
+
+def _launch_triton(q, k, video_start, keep, block_q, block_k, video_only, sub=SUB):
+    """The router in the two Triton kernels (the module docstring's runtime)."""
+    B, H, D, Rq, S, M, N = _shape(q, k, block_q, block_k)
+    nqs, nks = block_q // sub, block_k // sub
+    qm, _, _ = _pooled(q, min(Rq, S), block_q, sub)
+    km, _, _ = _pooled(k, S, block_k, sub)
+    scores = torch.empty((B, H, M, N), dtype=torch.float32, device=q.device)
+    tq, tk = max(1, TILE // nqs), max(1, TILE // nks)
+    chunk = CHUNK_D if D % CHUNK_D == 0 else 16
+    _scores_kernel[(B * H, triton.cdiv(M, tq), triton.cdiv(N, tk))](
+        qm, km, scores, H, M, N, -(-min(Rq, S) // sub), -(-S // sub), qm.stride(0), qm.stride(1), qm.stride(2),
+        km.stride(0), km.stride(1), km.stride(2), math.sqrt(D), D=D, CHUNK=chunk, NQS=nqs, NKS=nks, TQ=tq,
+        TK=tk, **LAUNCH_OPTS)
+    cnt = torch.empty((B, H, M), dtype=torch.int32, device=q.device)
+    idx = torch.empty((B, H, M, N), dtype=torch.int32, device=q.device)
+    vs = video_start.reshape(1).to(device=q.device, dtype=torch.int64)
+    _select_kernel[(B * H * M,)](scores, cnt, idx, vs, M, N, keep_blocks(keep, N), block_q, block_k,
+                                 VIDEO_ONLY=bool(video_only), BLOCK_N=triton.next_power_of_2(N), **LAUNCH_OPTS)
+    return cnt, idx
+
+
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def _launch(q, k, video_start, keep, block_q, block_k, video_only):
+    if (q.is_cuda or INTERPRET) and _pow2(block_q // SUB) and _pow2(block_k // SUB):
+        return _launch_triton(q, k, video_start, keep, block_q, block_k, video_only)
+    return _launch_torch(q, k, video_start, keep, block_q, block_k, video_only)
+
+
 def _fake(q, k, video_start, keep, block_q, block_k, video_only):
     B, H, _, _, _, M, N = _shape(q, k, block_q, block_k)
     return (q.new_empty((B, H, M), dtype=torch.int32), q.new_empty((B, H, M, N), dtype=torch.int32))
@@ -132,6 +241,15 @@ def block_router(q, k, video_start, keep: float, *, block_q: int = 128, block_k:
     if reason is not None:
         raise ValueError(reason)
     return torch.ops.h3plan.block_router(q, k, video_start, float(keep), int(block_q), int(block_k), bool(video_only))
+
+
+def block_router_torch(q, k, video_start, keep: float, *, block_q: int = 128, block_k: int = 128,
+                       video_only: bool = True):
+    """The router in torch ops (no Triton): the CPU path without the interpreter, and the bench's comparison."""
+    reason = block_router_check(q, k, video_start, keep, block_q, block_k)
+    if reason is not None:
+        raise ValueError(reason)
+    return _launch_torch(q, k, video_start, float(keep), int(block_q), int(block_k), bool(video_only))
 
 
 # ---------------------------------------------------------------------------------------------- reference
@@ -209,5 +327,6 @@ def block_router_ref(q, k, video_start, keep: float, *, block_q: int = 128, bloc
     return mask_to_blocks(block_mask_ref(q, k, vs, keep, block_q=block_q, block_k=block_k, video_only=video_only))
 
 
-__all__ = ["SUB", "block_router", "block_router_check", "block_router_ref", "block_mask_ref", "block_scores_ref",
+__all__ = ["SUB", "block_router", "block_router_check", "block_router_torch", "block_router_ref", "block_mask_ref",
+           "block_scores_ref",
            "keep_blocks", "mask_to_blocks", "blocks_to_mask"]
