@@ -31,6 +31,7 @@ recipe.sparse.unmeasured=true, and the plan says so. Torch-free.
 from __future__ import annotations
 
 import math
+from types import MappingProxyType
 from typing import Any, Mapping
 
 from h3plan.facts import evidence as ev
@@ -54,6 +55,22 @@ def _valid(v) -> bool:
     return isinstance(v, dict) and set(v) == keys and 0.0 < v["keep"] <= 1.0
 
 
+# Quality published for this kind of routing on released weights (docs/sources.md#sglang-subblock), as the evidence
+# every lossy lever cites (h3plan/facts/evidence.py): SSIM 0.80-0.94 over its runs, the worst kept; no PSNR published.
+PUBLISHED = (
+    ev.QualityPoint.make("sparse_attention", "block_sparse",
+                         {"keep": 0.25, "dense_forwards": 10, "video_only": True, "forwards": 49}, ("t2va",),
+                         psnr_db=None, ssim=0.80, speedup=1.28, kind="published",
+                         where="8xH200, SGLang's lossless frames of the same seed, SSIM 0.80-0.94 over its runs, "
+                               "1.28-1.48x, 64 x 64 blocks",
+                         source="docs/sources.md#sglang-subblock"),
+)
+DEFAULTS = MappingProxyType({k: v for k, v in PUBLISHED[0].knobs if k != "forwards"})
+"""recipe.sparse's keep, dense_forwards and video_only where nothing sets them: the published point's knobs, so a plan
+left at the defaults on that point's workflow and step count is covered by it. The one home of these defaults:
+SPEC.recipe_defaults declares them, and planning/schema.py SparseBudget's fields read them from there."""
+
+
 SPEC = Spec(
     name="sparse_attention",
     settings={"off": True, "block_sparse": False},
@@ -69,19 +86,9 @@ SPEC = Spec(
     table_skips_off=True,
     verify=VERIFY_ATTENTION_ERROR,
     recipe_section="sparse",
+    recipe_defaults=DEFAULTS,
     config_problem=lambda sparse: config_problem(sparse),  # below
     budget_line=lambda d: budget_line(d),  # below
-)
-
-# Quality published for this kind of routing on released weights (docs/sources.md#sglang-subblock), as the evidence
-# every lossy lever cites (h3plan/facts/evidence.py): SSIM 0.80-0.94 over its runs, the worst kept; no PSNR published.
-PUBLISHED = (
-    ev.QualityPoint.make("sparse_attention", "block_sparse",
-                         {"keep": 0.25, "dense_forwards": 10, "video_only": True, "forwards": 49}, ("t2va",),
-                         psnr_db=None, ssim=0.80, speedup=1.28, kind="published",
-                         where="8xH200, SGLang's lossless frames of the same seed, SSIM 0.80-0.94 over its runs, "
-                               "1.28-1.48x, 64 x 64 blocks",
-                         source="docs/sources.md#sglang-subblock"),
 )
 
 
@@ -230,7 +237,7 @@ def _structural(ctx: Context) -> list[str]:
     if _block(ctx) is None:
         out.append(f"{ctx.hw} has no FA4 block-sparse forward (hardware.fa4.block_sparse is null)")
     steps, n = _forwards(ctx)
-    d = int(_sparse(ctx).get("dense_forwards", 10))
+    d = int(_sparse(ctx).get("dense_forwards", DEFAULTS["dense_forwards"]))
     if d >= n:
         out.append(f"recipe.sparse.dense_forwards={d} covers every one of the request's {n} forwards "
                    f"(num_inference_steps={steps}): nothing would run sparse")
@@ -238,10 +245,12 @@ def _structural(ctx: Context) -> list[str]:
 
 
 def _no_point(ctx: Context) -> str:
-    p = params(ctx, "block_sparse")
+    p, pub = params(ctx, "block_sparse"), PUBLISHED[0]
+    rows = "video only" if pub.knob("video_only") else "every query block"
     return (f"no published or calibrated quality for keep {p['keep']:g} with {p['dense_forwards']} of {p['forwards']} "
-            f"forwards dense (video only: {p['video_only']}) on {_workflow(ctx)}; the published point is keep 0.25, 10 "
-            f"of 49 dense, video only, t2va ({cite('sglang-subblock')})")
+            f"forwards dense (video only: {p['video_only']}) on {_workflow(ctx)}; the published point is keep "
+            f"{pub.knob('keep'):g}, {pub.knob('dense_forwards')} of {pub.knob('forwards')} dense, {rows}, "
+            f"{', '.join(pub.workflows)} ({cite('sglang-subblock')})")
 
 
 def params(ctx: Context, s: str) -> dict:
@@ -249,7 +258,8 @@ def params(ctx: Context, s: str) -> dict:
         return {}
     c, (steps, n) = _sparse(ctx), _forwards(ctx)
     bq, bk = _block(ctx) or [128, 128]
-    keep, d, video_only = float(c.get("keep", 0.25)), int(c.get("dense_forwards", 10)), bool(c.get("video_only", True))
+    k = {key: c.get(key, v) for key, v in DEFAULTS.items()}
+    keep, d, video_only = float(k["keep"]), int(k["dense_forwards"]), bool(k["video_only"])
     p = {"keep": keep, "dense_forwards": d, "forwards": n, "sparse_forwards": max(n - d, 0), "steps": steps,
          "video_only": video_only, "block_q": bq, "block_k": bk, "psnr_db_min": c.get("psnr_db_min"),
          "ssim_min": c.get("ssim_min")}
