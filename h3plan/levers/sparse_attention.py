@@ -25,7 +25,10 @@ SSIM, no PSNR, so a budget with a PSNR bound needs the user's own measurement) a
 `recipe.sparse.evidence=FILE` (`action=calibrate calibrate.target=sparse_attention` writes it; they take precedence).
 With a budget, auto and a forced block_sparse alike run only where the evidence at the plan's knobs meets it; evidence
 that misses is a one-line refusal citing it; no evidence at these knobs ("unmeasured") runs only with
-recipe.sparse.unmeasured=true, and the plan says so. Torch-free.
+recipe.sparse.unmeasured=true, and the plan says so. Under auto as well: recipe.sparse names the one lossy setting and
+its knobs, so auto picks nothing the user did not name (the unmeasured rule every lossy lever shares,
+h3plan/facts/evidence.py; step_cache's auto, which picks settings and knobs by their evidence, refuses instead).
+Torch-free.
 """
 
 from __future__ import annotations
@@ -305,7 +308,9 @@ def auto(ctx: Context):
     ruled_out = _structural(ctx)
     if ruled_out:
         return "off", ["block_sparse cannot apply: " + "; ".join(ruled_out)], {}
-    blocked = _unbacked(ctx)  # the structural reasons were checked above
+    # the structural reasons were checked above; unmeasured knobs pass with recipe.sparse.unmeasured=true, as a forced
+    # setting's do: recipe.sparse names block_sparse and its knobs, auto chooses neither
+    blocked = _unbacked(ctx)
     if blocked:  # a budget the evidence does not back: refused, as step_cache refuses one
         raise LeverError(SPEC.name, "auto", [f"recipe.sparse ({ev.Budget.of(_sparse(ctx)).text()}): block_sparse at "
                                              f"keep {params(ctx, 'block_sparse')['keep']:g}: " + blocked[0]
