@@ -12,6 +12,16 @@ says whose weights: `published` (released weights, a peer's measurement, cited f
 judges the points that apply to one plan: the calibrated ones where any exist (the user's own checkpoint), else the
 published ones; the worst of them decides.
 
+`unmeasured`, one rule for every lossy lever with its own budget (step_cache's recipe.cache, sparse_attention's
+recipe.sparse): a setting whose knobs no point covers for the request (its workflow and step count) is unmeasured.
+The section's `unmeasured: true` is the user's permission to run one that the user named, setting and knobs: a forced
+setting (levers.<lever>=<setting>), or a section that fixes them itself (recipe.cache.policy; recipe.sparse, whose
+one lossy setting runs at recipe.sparse's knobs); the plan then says no measurement backs the budget. auto never picks
+an unmeasured setting by itself: where it chooses among settings and knobs by their evidence (step_cache without a
+policy), none evidenced is a refusal, `unmeasured: true` or not, naming the setting to force. Without `unmeasured:
+true` a named unmeasured setting is refused in one line naming the best evidenced setting. A refusal never asks for a
+value the user has already set.
+
 A calibrated points file (FORMAT, version 1; `write_points` / `read_points`; JSON, or YAML by extension):
 
     {"format": "h3plan.quality_points", "version": 1, "lever": "step_cache", "checkpoint": "<model.path>",

@@ -183,6 +183,8 @@ class Spec:
     recipe_section: the recipe section that holds its own budget (`recipe.cache`): a lossy lever judged by that budget
         and its evidence, apart from the kernel levers' recipe budget, that action=calibrate measures; checked by
         `config_problem`.
+    recipe_defaults: the values its recipe section's knobs take where nothing sets them (sparse_attention's keep);
+        the one place they are written: planning/schema.py's dataclass of that section reads them (RECIPE_DEFAULTS).
     budget_line: a lossy decision of a lever with its own budget -> its summary line (label, text): what it does and
         the evidence that it meets that budget (planning/render.py prints them in label order).
     config_problem: section -> (key, why) for a value the schema's types let through, else None (planning/schema.py's
@@ -213,6 +215,7 @@ class Spec:
     fit: str | None = None
     table_skips_off: bool = False
     recipe_section: str | None = None
+    recipe_defaults: Mapping[str, Any] = field(default_factory=dict)
     config_problem: Callable[[Mapping[str, Any]], tuple[str, str] | None] | None = None
     budget_line: Callable[[Decision], tuple[str, str]] | None = None
     exports: tuple[str, ...] = ()
@@ -228,6 +231,8 @@ class Spec:
         if (self.verify in OWN_BUDGET) != (self.recipe_section is not None):
             raise ValueError(f"lever {self.name}: a lever judged by its own budget (recipe_section) is verified by one "
                              f"of {OWN_BUDGET}, and only such a lever")
+        if self.recipe_defaults and self.recipe_section is None:
+            raise ValueError(f"lever {self.name}: recipe_defaults needs the recipe_section they belong to")
         for o in self.options:
             if o.scope not in SCOPES:
                 raise ValueError(f"lever {self.name}: option {o.key} has scope {o.scope!r}; allowed: {SCOPES}")

@@ -25,12 +25,16 @@ SSIM, no PSNR, so a budget with a PSNR bound needs the user's own measurement) a
 `recipe.sparse.evidence=FILE` (`action=calibrate calibrate.target=sparse_attention` writes it; they take precedence).
 With a budget, auto and a forced block_sparse alike run only where the evidence at the plan's knobs meets it; evidence
 that misses is a one-line refusal citing it; no evidence at these knobs ("unmeasured") runs only with
-recipe.sparse.unmeasured=true, and the plan says so. Torch-free.
+recipe.sparse.unmeasured=true, and the plan says so. Under auto as well: recipe.sparse names the one lossy setting and
+its knobs, so auto picks nothing the user did not name (the unmeasured rule every lossy lever shares,
+h3plan/facts/evidence.py; step_cache's auto, which picks settings and knobs by their evidence, refuses instead).
+Torch-free.
 """
 
 from __future__ import annotations
 
 import math
+from types import MappingProxyType
 from typing import Any, Mapping
 
 from h3plan.facts import evidence as ev
@@ -54,6 +58,22 @@ def _valid(v) -> bool:
     return isinstance(v, dict) and set(v) == keys and 0.0 < v["keep"] <= 1.0
 
 
+# Quality published for this kind of routing on released weights (docs/sources.md#sglang-subblock), as the evidence
+# every lossy lever cites (h3plan/facts/evidence.py): SSIM 0.80-0.94 over its runs, the worst kept; no PSNR published.
+PUBLISHED = (
+    ev.QualityPoint.make("sparse_attention", "block_sparse",
+                         {"keep": 0.25, "dense_forwards": 10, "video_only": True, "forwards": 49}, ("t2va",),
+                         psnr_db=None, ssim=0.80, speedup=1.28, kind="published",
+                         where="8xH200, SGLang's lossless frames of the same seed, SSIM 0.80-0.94 over its runs, "
+                               "1.28-1.48x, 64 x 64 blocks",
+                         source="docs/sources.md#sglang-subblock"),
+)
+DEFAULTS = MappingProxyType({k: v for k, v in PUBLISHED[0].knobs if k != "forwards"})
+"""recipe.sparse's keep, dense_forwards and video_only where nothing sets them: the published point's knobs, so a plan
+left at the defaults on that point's workflow and step count is covered by it. The one home of these defaults:
+SPEC.recipe_defaults declares them, and planning/schema.py SparseBudget's fields read them from there."""
+
+
 SPEC = Spec(
     name="sparse_attention",
     settings={"off": True, "block_sparse": False},
@@ -69,19 +89,9 @@ SPEC = Spec(
     table_skips_off=True,
     verify=VERIFY_ATTENTION_ERROR,
     recipe_section="sparse",
+    recipe_defaults=DEFAULTS,
     config_problem=lambda sparse: config_problem(sparse),  # below
     budget_line=lambda d: budget_line(d),  # below
-)
-
-# Quality published for this kind of routing on released weights (docs/sources.md#sglang-subblock), as the evidence
-# every lossy lever cites (h3plan/facts/evidence.py): SSIM 0.80-0.94 over its runs, the worst kept; no PSNR published.
-PUBLISHED = (
-    ev.QualityPoint.make("sparse_attention", "block_sparse",
-                         {"keep": 0.25, "dense_forwards": 10, "video_only": True, "forwards": 49}, ("t2va",),
-                         psnr_db=None, ssim=0.80, speedup=1.28, kind="published",
-                         where="8xH200, SGLang's lossless frames of the same seed, SSIM 0.80-0.94 over its runs, "
-                               "1.28-1.48x, 64 x 64 blocks",
-                         source="docs/sources.md#sglang-subblock"),
 )
 
 
@@ -230,7 +240,7 @@ def _structural(ctx: Context) -> list[str]:
     if _block(ctx) is None:
         out.append(f"{ctx.hw} has no FA4 block-sparse forward (hardware.fa4.block_sparse is null)")
     steps, n = _forwards(ctx)
-    d = int(_sparse(ctx).get("dense_forwards", 10))
+    d = int(_sparse(ctx).get("dense_forwards", DEFAULTS["dense_forwards"]))
     if d >= n:
         out.append(f"recipe.sparse.dense_forwards={d} covers every one of the request's {n} forwards "
                    f"(num_inference_steps={steps}): nothing would run sparse")
@@ -238,10 +248,12 @@ def _structural(ctx: Context) -> list[str]:
 
 
 def _no_point(ctx: Context) -> str:
-    p = params(ctx, "block_sparse")
+    p, pub = params(ctx, "block_sparse"), PUBLISHED[0]
+    rows = "video only" if pub.knob("video_only") else "every query block"
     return (f"no published or calibrated quality for keep {p['keep']:g} with {p['dense_forwards']} of {p['forwards']} "
-            f"forwards dense (video only: {p['video_only']}) on {_workflow(ctx)}; the published point is keep 0.25, 10 "
-            f"of 49 dense, video only, t2va ({cite('sglang-subblock')})")
+            f"forwards dense (video only: {p['video_only']}) on {_workflow(ctx)}; the published point is keep "
+            f"{pub.knob('keep'):g}, {pub.knob('dense_forwards')} of {pub.knob('forwards')} dense, {rows}, "
+            f"{', '.join(pub.workflows)} ({cite('sglang-subblock')})")
 
 
 def params(ctx: Context, s: str) -> dict:
@@ -249,7 +261,8 @@ def params(ctx: Context, s: str) -> dict:
         return {}
     c, (steps, n) = _sparse(ctx), _forwards(ctx)
     bq, bk = _block(ctx) or [128, 128]
-    keep, d, video_only = float(c.get("keep", 0.25)), int(c.get("dense_forwards", 10)), bool(c.get("video_only", True))
+    k = {key: c.get(key, v) for key, v in DEFAULTS.items()}
+    keep, d, video_only = float(k["keep"]), int(k["dense_forwards"]), bool(k["video_only"])
     p = {"keep": keep, "dense_forwards": d, "forwards": n, "sparse_forwards": max(n - d, 0), "steps": steps,
          "video_only": video_only, "block_q": bq, "block_k": bk, "psnr_db_min": c.get("psnr_db_min"),
          "ssim_min": c.get("ssim_min")}
@@ -295,7 +308,9 @@ def auto(ctx: Context):
     ruled_out = _structural(ctx)
     if ruled_out:
         return "off", ["block_sparse cannot apply: " + "; ".join(ruled_out)], {}
-    blocked = _unbacked(ctx)  # the structural reasons were checked above
+    # the structural reasons were checked above; unmeasured knobs pass with recipe.sparse.unmeasured=true, as a forced
+    # setting's do: recipe.sparse names block_sparse and its knobs, auto chooses neither
+    blocked = _unbacked(ctx)
     if blocked:  # a budget the evidence does not back: refused, as step_cache refuses one
         raise LeverError(SPEC.name, "auto", [f"recipe.sparse ({ev.Budget.of(_sparse(ctx)).text()}): block_sparse at "
                                              f"keep {params(ctx, 'block_sparse')['keep']:g}: " + blocked[0]

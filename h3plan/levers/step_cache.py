@@ -25,7 +25,9 @@ whose knobs, workflow and step count equal a point's is judged by it against rec
   in recipe.cache narrow the choice); none: a one-line refusal naming the best evidenced setting and its quality.
   off where warm-up + final cover every forward (nothing can skip) and without a budget.
 - a forced setting (levers.step_cache=...) whose evidence misses the budget: refused, citing it; one without
-  evidence is `unmeasured` and runs only with recipe.cache.unmeasured=true (the plan says so); auto never picks it.
+  evidence is `unmeasured` and runs only with recipe.cache.unmeasured=true (the plan says so), else is refused naming
+  the best evidenced setting; auto never picks one, unmeasured=true or not (the rule every lossy lever shares:
+  h3plan/facts/evidence.py).
 - `recipe.cache.policy=high`: SGLang's audited Cache-DiT policy for H3 (quality="high": first_block, warm-up 4,
   threshold 0.04, at most 1 in a row), one override; without a budget its own evidence is what the plan states.
 Without a budget or a policy every setting but off is refused: lossless recipes keep every forward, and fp8/nvfp4's
@@ -398,9 +400,32 @@ def blockers(ctx: Context, s: str) -> list[str]:
         out.append(f"its evidence misses recipe.cache ({'; '.join(v.misses)}): {v.point.cite()}")
     elif v.status == "unmeasured" and not _cache(ctx).get("unmeasured"):
         out.append(f"unmeasured: no published or calibrated quality for {s} at {_knob_text(_knobs(ctx, s))} on "
-                   f"{_workflow(ctx)}; {CALIBRATE} (recipe.cache.evidence=FILE), or run it without evidence with "
-                   "recipe.cache.unmeasured=true")
+                   f"{_workflow(ctx)}; {_best_evidenced(ctx)}; {CALIBRATE} (recipe.cache.evidence=FILE), or run it "
+                   "without evidence with recipe.cache.unmeasured=true")
     return out
+
+
+def _best_evidenced(ctx: Context) -> str:
+    """The evidenced setting a refusal of an unmeasured one names: the one auto plans here, else the best measured for
+    this request, else where the evidence is."""
+    pick, (_, n), wf = _auto_point(ctx), _request(ctx), _workflow(ctx)
+    if pick is not None:
+        return (f"the best evidenced setting inside the budget is {pick.setting} ({_knob_text(dict(pick.knobs))}) at "
+                f"{pick.cite()}, which auto plans")
+    top = ev.best(p for p in points(ctx) if wf in p.workflows and p.knob("forwards") == n)
+    if top is not None:
+        return (f"the best evidenced setting is {top.setting} ({_knob_text(dict(top.knobs))}) at {top.cite()}"
+                + (f", which misses {'; '.join(top.misses(_budget(ctx)))}" if top.misses(_budget(ctx)) else ""))
+    top = _best_anywhere(ctx)
+    return (f"no step-cache setting has evidence for {wf} at {n} forwards; the best evidenced is {top.setting} "
+            f"({_knob_text(dict(top.knobs))}) on {', '.join(top.workflows)}")
+
+
+def _best_anywhere(ctx: Context) -> ev.QualityPoint:
+    """The best evidenced point of any request (POINTS is never empty)."""
+    top = ev.best(points(ctx))
+    assert top is not None
+    return top
 
 
 def params(ctx: Context, s: str) -> dict:
@@ -479,9 +504,14 @@ def _no_evidence(ctx: Context) -> str:
     here = [p for p in points(ctx) if wf in p.workflows and p.knob("forwards") == n]
     top = ev.best(here)
     if top is None:
+        # auto never picks an unmeasured setting, unmeasured=true or not: the user names one to run without evidence
+        name = f"levers.step_cache={_best_anywhere(ctx).setting}"
+        run = (f"force one, {name}, which the recipe.cache.unmeasured=true you set lets run without evidence"
+               if _cache(ctx).get("unmeasured") else f"run one without evidence with {name} and "
+               "recipe.cache.unmeasured=true")
         return (f"recipe.cache ({b.text()}): no step-cache setting has published or calibrated quality for {wf} at {n} "
-                f"forwards (num_inference_steps={steps}; the published points are T2VA at {F}): {CALIBRATE} "
-                "(recipe.cache.evidence=FILE), force one with recipe.cache.unmeasured=true, or recipe.cache=null")
+                f"forwards (num_inference_steps={steps}; the published points are T2VA at {F}), and auto picks only "
+                f"evidenced settings: {CALIBRATE} (recipe.cache.evidence=FILE), {run}, or recipe.cache=null")
     return (f"recipe.cache ({b.text()}): no evidenced step-cache setting meets it for {wf} at {n} forwards; the best "
             f"evidenced is {top.setting} ({_knob_text(dict(top.knobs))}) at {top.cite()}, which misses "
             f"{'; '.join(top.misses(b))}: lower the budget, {CALIBRATE}, or recipe.cache=null (no cache)")

@@ -26,6 +26,9 @@ from .memory import MemoryConfig
 from .request import MIN_STEPS, STEPS_RULE, PipelineConfig, VideoConfig, sequence
 from h3plan.facts.vae.tiling import tile_rule
 
+RECIPE_DEFAULTS = {s.recipe_section: s.recipe_defaults for s in SPECS.values() if s.recipe_section}
+"""A lossy lever's own recipe section -> the defaults of its knobs, declared by the lever (Spec.recipe_defaults)."""
+
 PLAN_SECTIONS = ("hardware", "recipe", "parallel", "model", "vae", "video", "pipeline", "memory", "levers")
 """The config sections a plan holds (the composed config's, less the action's own)."""
 
@@ -145,15 +148,17 @@ class SparseBudget:
     """recipe.sparse: the quality budget block-sparse attention must stay inside (levers/sparse_attention.py), apart
     from the kernel levers' `budget`; both bounds null (the default): no budget, attention stays dense. Set it as
     `recipe.sparse={ssim_min:0.8}` (against the same seed's dense frames; the published SubBlock point reports SSIM
-    only, so a PSNR bound needs your checkpoint's points, recipe.sparse.evidence)."""
+    only, so a PSNR bound needs your checkpoint's points, recipe.sparse.evidence). keep, dense_forwards and video_only
+    default to the published point's knobs (levers/sparse_attention.py DEFAULTS, the one place they are written,
+    declared as its Spec.recipe_defaults)."""
 
     psnr_db_min: Optional[float] = None
     ssim_min: Optional[float] = None
-    keep: float = 0.25
-    """The fraction of key blocks a routed query block keeps (SubBlock's published sparsity 0.75)."""
-    dense_forwards: int = 10
-    """The first forwards of a generation run dense attention (SubBlock's published 10 of 49)."""
-    video_only: bool = True
+    keep: float = RECIPE_DEFAULTS["sparse"]["keep"]
+    """The fraction of key blocks a routed query block keeps."""
+    dense_forwards: int = RECIPE_DEFAULTS["sparse"]["dense_forwards"]
+    """The first forwards of a generation run dense attention."""
+    video_only: bool = RECIPE_DEFAULTS["sparse"]["video_only"]
     """Route target-video query blocks only (every other query block dense); false routes every query block."""
     evidence: Optional[str] = None
     """A quality points file of your checkpoint (action=calibrate calibrate.target=sparse_attention writes it); its
