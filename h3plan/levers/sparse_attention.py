@@ -314,7 +314,7 @@ def auto(ctx: Context):
     if blocked:  # a budget the evidence does not back: refused, as step_cache refuses one
         raise LeverError(SPEC.name, "auto", [f"recipe.sparse ({ev.Budget.of(_sparse(ctx)).text()}): block_sparse at "
                                              f"keep {params(ctx, 'block_sparse')['keep']:g}: " + blocked[0]
-                                             + "; lower the budget, or recipe.sparse=null (dense attention)"])
+                                             + "; lower the budget, or levers.sparse_attention=off (dense attention)"])
     return "block_sparse", explain(ctx, "block_sparse"), params(ctx, "block_sparse")
 
 

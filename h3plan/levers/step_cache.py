@@ -511,10 +511,11 @@ def _no_evidence(ctx: Context) -> str:
                "recipe.cache.unmeasured=true")
         return (f"recipe.cache ({b.text()}): no step-cache setting has published or calibrated quality for {wf} at {n} "
                 f"forwards (num_inference_steps={steps}; the published points are T2VA at {F}), and auto picks only "
-                f"evidenced settings: {CALIBRATE} (recipe.cache.evidence=FILE), {run}, or recipe.cache=null")
+                f"evidenced settings: {CALIBRATE} (recipe.cache.evidence=FILE), {run}, or levers.step_cache=off "
+                "(no cache)")
     return (f"recipe.cache ({b.text()}): no evidenced step-cache setting meets it for {wf} at {n} forwards; the best "
             f"evidenced is {top.setting} ({_knob_text(dict(top.knobs))}) at {top.cite()}, which misses "
-            f"{'; '.join(top.misses(b))}: lower the budget, {CALIBRATE}, or recipe.cache=null (no cache)")
+            f"{'; '.join(top.misses(b))}: lower the budget, {CALIBRATE}, or levers.step_cache=off (no cache)")
 
 
 def decide(ctx: Context):

@@ -64,7 +64,7 @@ def test_auto_needs_evidence_that_meets_the_budget():
     assert d.setting == "block_sparse" and not d.forced
     with pytest.raises(PlanningError, match=r"levers.sparse_attention=auto cannot apply: recipe.sparse \(SSIM >= 0.8, "
                        r"PSNR >= 28 dB\): block_sparse at keep 0.25: its evidence misses recipe.sparse \(PSNR not "
-                       r"measured\): SSIM 0.8 at 1.28x .*lower the budget, or recipe.sparse=null") as e:
+                       r"measured\): SSIM 0.8 at 1.28x .*lower the budget, or levers.sparse_attention=off") as e:
         _plan({**BUDGET, "psnr_db_min": 28.0}, **{"levers.sparse_attention": "auto"})
     assert "\n" not in str(e.value)
 

@@ -68,3 +68,18 @@ def test_unmeasured_decision_table(lever, section, budget, forced, unmeasured, w
     assert "\n" not in msg
     if unmeasured:  # a refusal never asks for what the user set
         assert not any(f"{w} recipe.{section}.unmeasured=true" in msg for w in ("with", "and", "set")), msg
+
+
+@pytest.mark.parametrize("lever,section,budget", [("step_cache", "cache", CACHE),
+                                                  ("sparse_attention", "sparse", {**SPARSE, "psnr_db_min": 28.0})])
+def test_the_way_out_a_refusal_names_plans(lever, section, budget):
+    """Every refusal of a budget offers turning the lever off; that override plans (recipe.<section>=null, which an
+    earlier message offered, is no valid override: the section is a dataclass, not Optional)."""
+    over = {**({} if lever == "sparse_attention" else REF2VA), f"recipe.{section}": budget,
+            **({"recipe": "fp8", "levers.attention": "fa4"} if lever == "sparse_attention" else {})}
+    with pytest.raises(PlanningError) as e:
+        h3plan.resolve_config(**over)
+    off = f"levers.{lever}=off"
+    assert off in str(e.value) and f"recipe.{section}=null" not in str(e.value), str(e.value)
+    d = h3plan.resolve_config(**over, **{f"levers.{lever}": "off"}).decision(lever)
+    assert d.setting == "off" and d.forced
