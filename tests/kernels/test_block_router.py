@@ -35,11 +35,16 @@ def _qk(S, Rq, seed=0):
     return q, k
 
 
+@pytest.mark.parametrize("form", ["op", "triton"])
 @pytest.mark.parametrize("S,Rq,bq,bk,vs,keep,video_only", CASES)
-def test_kernel_blocks_equal_the_reference(S, Rq, bq, bk, vs, keep, video_only):
+def test_kernel_blocks_equal_the_reference(S, Rq, bq, bk, vs, keep, video_only, form):
+    """op: the custom op (CPU tensors take the torch form); triton: the Triton kernels (interpreted here)."""
     q, k = _qk(S, Rq)
     v = torch.tensor([vs])
-    cnt, idx = block_router(q, k, v, keep, block_q=bq, block_k=bk, video_only=video_only)
+    if form == "op":
+        cnt, idx = block_router(q, k, v, keep, block_q=bq, block_k=bk, video_only=video_only)
+    else:
+        cnt, idx = router_module._launch_triton(q, k, v, keep, bq, bk, video_only)
     rc, ri = block_router_ref(q, k, v, keep, block_q=bq, block_k=bk, video_only=video_only)
     assert torch.equal(cnt, rc) and torch.equal(idx, ri)
     M, N = -(-Rq // bq), -(-S // bk)

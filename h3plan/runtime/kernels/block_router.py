@@ -30,7 +30,8 @@ block pair's sub-blocks, in registers: only the (B, H, M, N) scores reach memory
 per (b, h, i): the forced blocks, the k-th best candidate key found by a 32-step bisection on the scores' ordered
 bits, ties to the lower index by a running count, and FA4's ascending list written in place: no sort). The torch
 form (`block_router_torch`: one fp32 matmul of the means, a logsumexp over the (B, H, M*nsub, N*nsub) products, a
-stable sort per row, a scatter and a scan) is the path on a CPU without Triton's interpreter, and the GPU bench's
+stable sort per row, a scatter and a scan) is the path for CPU tensors (in Triton's interpreter the kernels take
+seconds a call, 50x the torch form; tests/kernels/test_block_router.py runs them there against it), and the GPU bench's
 comparison (benchmarks/sparse_attention_h200.py). A first Triton router (a bisection per row with its dots on the FMA
 path, one query block at a time) took 50.6 ms at 37,820 x 56 heads on the H200, nearly the dense FA4 call's 60.9 ms
 (benchmarks/results/probes/sparse-router-triton-h200.json); these kernels tile the dots over 16 query blocks and 16
@@ -46,7 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
-from h3plan.runtime.kernels._common import INTERPRET, LAUNCH_OPTS, guard
+from h3plan.runtime.kernels._common import LAUNCH_OPTS, guard
 from h3plan.runtime.kernels._registry import custom_op
 
 SUB = 32  # rows per pooled sub-block
@@ -219,7 +220,7 @@ def _pow2(n: int) -> bool:
 
 
 def _launch(q, k, video_start, keep, block_q, block_k, video_only):
-    if (q.is_cuda or INTERPRET) and _pow2(block_q // SUB) and _pow2(block_k // SUB):
+    if q.is_cuda and _pow2(block_q // SUB) and _pow2(block_k // SUB):
         return _launch_triton(q, k, video_start, keep, block_q, block_k, video_only)
     return _launch_torch(q, k, video_start, keep, block_q, block_k, video_only)
 
