@@ -17,7 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from h3plan.runtime.kernels._common import INTERPRET, LAUNCH_OPTS, from_f32, guard, round_hw, tensor_checks, to_f32
+from h3plan.runtime.kernels._common import (INTERPRET, LAUNCH_OPTS, from_f32, guard, interpreter_tile, round_hw,
+                                            tensor_checks, to_f32)
 from h3plan.runtime.kernels._registry import custom_op
 
 # (rows per program, columns per program, warps). Columns: the largest power of two <= 1024 dividing D
@@ -27,7 +28,7 @@ SWEEP_CONFIGS = [(8, 256, 4), (4, 256, 4), (16, 256, 8), (4, 512, 4), (2, 1024, 
 
 def _config(D: int):
     block = next((b for b in (1024, 512, 256, 128) if D % b == 0), min(1024, triton.next_power_of_2(D)))
-    return (max(1, 2048 // block), block, 4)
+    return (interpreter_tile(max(1, 2048 // block)), block, 4)
 
 
 @triton.jit

@@ -33,7 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
-from h3plan.runtime.kernels._common import INTERPRET, LAUNCH_OPTS, from_f32, guard, round_hw, tensor_checks, to_f32
+from h3plan.runtime.kernels._common import (INTERPRET, LAUNCH_OPTS, from_f32, guard, interpreter_tile, round_hw,
+                                            tensor_checks, to_f32)
 from h3plan.runtime.kernels._registry import custom_op
 from h3plan.runtime.kernels._rmsnorm import THREADS, VEC, cuda_rms_iters, cuda_rms_rstd, cuda_rms_tree
 
@@ -54,7 +55,8 @@ RSQRT = "tl"
 
 
 def _config(D: int):
-    return CONFIGS.get(D) or (2, min(512, triton.next_power_of_2(D)), 2)
+    rows, block, warps = CONFIGS.get(D) or (2, min(512, triton.next_power_of_2(D)), 2)
+    return interpreter_tile(rows), block, warps
 
 
 @triton.jit

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from h3plan.runtime.kernels import qk_norm_rope as _qk
-from h3plan.runtime.kernels._common import INTERPRET, LAUNCH_OPTS, round_hw, to_f32
+from h3plan.runtime.kernels._common import INTERPRET, LAUNCH_OPTS, interpreter_tile, round_hw, to_f32
 from h3plan.runtime.kernels._registry import custom_op
 from h3plan.runtime.kernels.fp8 import E4M3, e4m3_ready, scale_from_amax
 
@@ -120,7 +120,7 @@ def _lean_kernel(
 
 def _launch(q, k, v, wq, wk, cos, sin, eps, *, U, amax_pass, views, ostr, part=None, scale=None, descale=None,
             static=(1.0, 1.0, 1.0), valid_len=0, launch=None):
-    launch = dict(LAUNCH, **(launch or {}))
+    launch = _launch_config(launch)
     D = wq.shape[0]
     q4, k4, v4 = _qk._as4d(q, D), _qk._as4d(k, D), _qk._as4d(v, D)
     B, S, H, _ = q4.shape
@@ -143,6 +143,11 @@ def _launch(q, k, v, wq, wk, cos, sin, eps, *, U, amax_pass, views, ostr, part=N
         HW=not INTERPRET, num_warps=launch["num_warps"], **LAUNCH_OPTS)
 
 
+def _launch_config(launch=None) -> dict:
+    """LAUNCH (the interpreter's token tile in place of the GPU's: `interpreter_tile`), then `launch`'s keys."""
+    return {**LAUNCH, "block_t": interpreter_tile(LAUNCH["block_t"]), **(launch or {})}
+
+
 def _grid(T, H, BT, BH):
     return (triton.cdiv(T, BT), triton.cdiv(H, BH))
 
@@ -150,7 +155,7 @@ def _grid(T, H, BT, BH):
 def _amax(q, k, v, wq, wk, cos, sin, eps, valid_len, launch=None):
     D = wq.shape[0]
     B, S, H, _ = _qk._as4d(q, D).shape
-    lt = dict(LAUNCH, **(launch or {}))
+    lt = _launch_config(launch)
     g = _grid(B * S, H, lt["block_t"], lt["block_h"])
     part = torch.zeros(g[0] * g[1], 3, device=q.device, dtype=torch.int32)
     if B * S and H:

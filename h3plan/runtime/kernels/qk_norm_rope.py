@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import INTERPRET, LAUNCH_OPTS, guard, negate, next_pow2, round_st, to_f32
+from ._common import INTERPRET, LAUNCH_OPTS, guard, interpreter_tile, negate, next_pow2, round_st, to_f32
 from ._registry import custom_op
 from .fp8 import E4M3_MAX
 
@@ -219,7 +219,7 @@ def _launch(q, k, v, wq, wk, cos, sin, eps, *, U, views, ostr, numerics=None, bl
             num_warps=None):
     """One launch over (token blocks, head blocks): store q, k (, v)."""
     numerics = NUMERICS if numerics is None else numerics
-    block_t = block_t or LAUNCH["block_t"]
+    block_t = block_t or interpreter_tile(LAUNCH["block_t"])
     block_h = block_h or LAUNCH["block_h"]
     num_warps = num_warps or LAUNCH["num_warps"]
     has_w = wq is not None

@@ -20,7 +20,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from h3plan.runtime.kernels._common import INTERPRET, LAUNCH_OPTS, from_f32, guard, round_st, tensor_checks, to_f32
+from h3plan.runtime.kernels._common import (INTERPRET, LAUNCH_OPTS, from_f32, guard, interpreter_tile, round_st,
+                                            tensor_checks, to_f32)
 from h3plan.runtime.kernels._registry import custom_op
 
 # (rows per program, output columns per program, warps). Columns: the largest power of two <= 1024
@@ -35,7 +36,7 @@ VAE_DTYPES = DTYPES + (torch.float32,)  # the VAE decoder's too: its fp32 decode
 
 def _config(F: int):
     block = next((b for b in (1024, 512, 256, 128) if F % b == 0), min(1024, triton.next_power_of_2(F)))
-    return (max(1, 2048 // block), block, 4)
+    return (interpreter_tile(max(1, 2048 // block)), block, 4)
 
 
 @triton.jit
