@@ -230,6 +230,10 @@ case "${H3_PHASE:-fp32}" in
   whole-tier) args=(hardware=sm90 parallel=u1 tier=quality --vae fp16 --no-eager --no-best --whole) ;;
   whole-tier-fl2va|whole-tier-ref2va) w=${H3_PHASE#whole-tier-}; [ "$w" = fl2va ] && req=("${fl2va_call[@]}") \
          || req=("${ref2va_call[@]}")
+         # the conditioner resident, where the tier's plan fits it (memory.text_encoder=auto picks it): at
+         # offload_after its 62 GiB on the host beside the bf16 block linears the fp8 install parks there (the bench
+         # builds a bf16 transformer) and the parked AdaLN linears exceed a 128 GiB host
+         req=("${req[@]/memory.text_encoder=offload_after/memory.text_encoder=resident}")
          args=(hardware=sm90 parallel=u1 tier=quality "${req[@]}" --vae fp16 --no-eager --no-best --no-reference
                --whole) ;;
   whole-best-10s) vid=768x1344x243
