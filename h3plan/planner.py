@@ -436,7 +436,8 @@ def _memory(sections, shape, decisions) -> tuple[dict[str, Any], dict[str, str]]
     values = {"memory_peak_gib_per_gpu": est["peak_gib"], "memory_peak_phase": est["peak_phase"],
               "memory_peak_items": list(est["phases"][est["peak_phase"]]["items"]),
               "memory_breakdown_gib": {k: round(v, 2) for k, v in est["breakdown"].items()},
-              "memory_install_gib": est["install_gib"], "memory_loaded_gib": est["loaded_gib"]}
+              "memory_install_gib": est["install_gib"], "memory_loaded_gib": est["loaded_gib"],
+              "memory_host_gib": est["host_gib"], "memory_host_items_gib": est["host_items"]}
     basis = {"memory_peak_gib_per_gpu": est["summary"] + f"; against {gb} GB ({hw['name']} "
                                                          f"hardware.device.memory_gb) less "
                                         f"memory.reserve_fraction {m['reserve_fraction']:g}",
@@ -446,7 +447,11 @@ def _memory(sections, shape, decisions) -> tuple[dict[str, Any], dict[str, str]]
                                     "plan, device=\"cuda\"): " + " + ".join(est["phases"]["install"]["items"])),
              "memory_loaded_gib": ("the pipeline as loaded, before install, on the device (what a pipeline moved to "
                                    "the GPU whole before install holds; more than the plan's peak when the plan parks "
-                                   "or quantises weights)")}
+                                   "or quantises weights)"),
+             "memory_host_gib": ("what the installed plan keeps in the host's memory per process, beside the "
+                                 "process itself: " + ("; ".join(f"{k}: {v}" for k, v in est["host_basis"].items())
+                                                       or "nothing")),
+             "memory_host_items_gib": "memory_host_gib's items"}
     if est.get("text_encoder") is not None:  # the conditioner's placement (levers/text_encoder.py), with its reasons
         values["text_encoder"] = est["text_encoder"]
         basis["text_encoder"] = ("; ".join(est["text_encoder"]["reasons"])

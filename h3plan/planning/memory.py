@@ -68,6 +68,10 @@ OFFLOAD = ("none", "model")
 # memory.holds
 HELD = {"pipeline": ("transformer", "vae", "audio_vae"), "transformer": ("transformer",), "vae": ("vae",)}
 HOLDS = tuple(HELD)
+# what the plan keeps on the host, per item: the model whose install keeps it (counted where memory.holds holds it;
+# the conditioner's only where the pipeline runs, which is where the estimate places it)
+HOST_OWNER = {"parked_block_linears": "transformer", "parked_adaln_linears": "transformer", "vae_originals": "vae",
+              "vae_encode_originals": "vae", "text_encoder": "conditioner"}
 VAE_DTYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
@@ -183,6 +187,10 @@ def vae_decode(vae_dc, latent_frames: int, latent_h: int, latent_w: int, tile: M
             "postprocess": out + 2 * (out // act) * 4}
 
 
+def _partitions(opts) -> int:
+    return 2 if opts["partitions"] == "both" else 1  # transformer/ and transformer_ref/: the same widths
+
+
 def _gib(b: float) -> float:
     return round(b / GiB, 3)
 
@@ -225,9 +233,15 @@ class _Items:
     def __init__(self):
         self.gib: dict[str, float] = {}
         self.basis: dict[str, str] = {}
+        self.host: dict[str, float] = {}  # what the plan keeps in the host's memory, per process
+        self.host_basis: dict[str, str] = {}
 
     def add(self, name: str, nbytes: float, why: str) -> None:
         self.gib[name], self.basis[name] = _gib(nbytes), why
+
+    def add_host(self, name: str, nbytes: float, why: str) -> None:
+        if nbytes > 0:
+            self.host[name], self.host_basis[name] = _gib(nbytes), why
 
 
 def _weights(it: _Items, sections, settings, opts) -> None:
@@ -252,6 +266,9 @@ def _weights(it: _Items, sections, settings, opts) -> None:
                f"(install/parking.py)")
         it.add("transformer_quant_copies", quant, f"gemm_quant={gq} quantised at install from the {checkpoint} "
                                                   f"checkpoint: {QUANT_BYTES[gq]} per block-linear weight")
+        it.add_host("parked_block_linears", _partitions(opts) * 2 * tp["block_linears"],
+                    f"the {tp['block_linears']:,} bf16 block-linear weights gemm_quant={gq} replaced, pinned until "
+                    f"uninstall (install/parking.py)")
     else:
         it.add("transformer_weights", base, f"{tp['block_linears'] + tp['bf16_other']:,} bf16 + {tp['fp32']:,} float32 "
                                             f"parameters ({', '.join(TRANSFORMER_FP32)}: _keep_in_fp32_modules)")
@@ -259,6 +276,9 @@ def _weights(it: _Items, sections, settings, opts) -> None:
         p = tables
         it.basis["transformer_weights"] += (f"; adaln_table: the {p['linears']} AdaLN linears' {p['parameters']:,} "
                                             f"bf16 parameters wait in pinned host memory (install/adaln_table.py)")
+        it.add_host("parked_adaln_linears", _partitions(opts) * p["weight_bytes"],
+                    f"adaln_table: the {p['linears']} AdaLN linears' {p['parameters']:,} bf16 parameters, pinned until "
+                    "uninstall (install/adaln_table.py)")
         it.add("adaln_tables", p["table_bytes"], f"adaln_table: {p['rows']} rows ({p['vectors']} timestep vectors at "
                                                  f"num_inference_steps {', '.join(map(str, p['steps']))}) x "
                                                  f"{p['linears']} linears' outputs, bf16")
@@ -275,6 +295,13 @@ def _weights(it: _Items, sections, settings, opts) -> None:
               if vd != opts["vae_dtype"] else "")
            + (f"; vae_encode_precision={ed}: the encoder and quant_conv's {vp['encode_path']:,} parameters {ed}, their "
               "float32 originals on the host" if ed else ""))
+    if vd != opts["vae_dtype"]:
+        it.add_host("vae_originals", VAE_DTYPES[opts["vae_dtype"]] * (vp["decoder_linears"] + vp["other"]),
+                    f"vae_precision={vd}: the cast parameters' {opts['vae_dtype']} originals until uninstall "
+                    "(install/vae/weights.py)")
+    if ed:
+        it.add_host("vae_encode_originals", 4 * vp["encode_path"],
+                    f"vae_encode_precision={ed}: the encoder and quant_conv's float32 originals until uninstall")
     it.add("audio_vae_weights", vb * pipe["audio_vae"]["params"],
            f"AutoencoderKLMiniMaxH3Audio {pipe['audio_vae']['params']:,} parameters, {opts['vae_dtype']}")
     it.add("text_encoder", 0, "not resident: prompt_embeds given (Qwen3-VL runs before, or elsewhere)")  # _conditioner
@@ -294,7 +321,7 @@ def _weights(it: _Items, sections, settings, opts) -> None:
     most = max(staged, default=(0, "nothing staged: every tensor moves as it is"))
     it.add("install_staging", most[0], f"install from the host (device=): {most[1]}; the rest of what it moves is the "
                                        "resident weights, a tensor at a time")
-    partitions = 2 if opts["partitions"] == "both" else 1  # transformer/ and transformer_ref/: the same widths
+    partitions = _partitions(opts)
     as_loaded = quant - 2 * tp["block_linears"] if quant is not None and checkpoint == gq else 0  # quantised as loaded
     loaded = {"transformer": partitions * (base + (tables["weight_bytes"] if tables else 0) + as_loaded),
               "vae": 4 * vp["fp32_kept"] + vb * (vp["decoder_linears"] + vp["other"]),
@@ -434,6 +461,11 @@ def _conditioner(it: _Items, sections, opts, phases, resident: list[str], geo) -
     it.add("text_encoder_encode", on_device + s["activation_bytes"],
            f"encoding {rows:,} rows: {'its weights' if setting != 'host' else 'one decoder layer'} + every hidden "
            f"state ({s['layers'] + 1} x rows x {s['hidden']}) + one layer's MLP, bf16")
+    if setting != "resident":
+        it.add_host("text_encoder", s["weight_bytes"],
+                    f"Qwen3-VL's bf16 weights, pinned: {setting} keeps them on the host "
+                    + ("after encoding" if setting == "offload_after" else "and streams a layer at a time")
+                    + " (a conditioner loaded pageable is copied to pinned memory once: both for that copy)")
     if setting == "resident":
         phases["denoise"]["items"].append("text_encoder")
         phases["denoise"]["gib"] = round(phases["denoise"]["gib"] + it.gib["text_encoder"], 3)
@@ -488,12 +520,15 @@ def estimate(sections: Mapping[str, Any], shape: Mapping[str, Any], settings: Ma
     te = _conditioner(it, sections, opts, phases, tr_res + vae_res if both else [],
                       geo) if holds == "pipeline" else None
     peak_phase = max(phases, key=lambda k: phases[k]["gib"])
+    host = {k: v for k, v in it.host.items() if HOST_OWNER.get(k, "transformer") in HELD[holds] + ("conditioner",)}
     return {
         "peak_gib": phases[peak_phase]["gib"], "peak_phase": peak_phase, "phases": phases,
         "breakdown": {k: v for k, v in g.items() if holds == "pipeline"
                       or any(k in p["items"] for p in phases.values())},
         "basis": it.basis,
         "install_gib": phases["install"]["gib"], "loaded_gib": _gib(loaded), "text_encoder": te,
+        "host_gib": round(sum(host.values()), 3), "host_items": host,
+        "host_basis": {k: it.host_basis[k] for k in host},
         "summary": (f"peak = the largest phase ({peak_phase}; install: a pipeline loaded on the host, moved at "
                     f"install(pipe, plan, device=\"cuda\"); moved to the GPU whole before install, pipe.to(\"cuda\"), "
                     f"it holds {_gib(loaded)} GiB); "

@@ -81,6 +81,11 @@ def _memory_texts(plan, peak: float, breakdown: dict) -> list[str]:
         texts.append(f"install  install(pipe, plan, device=\"cuda\") on a pipeline loaded on the host peaks at "
                      f"{inst:.1f} GiB per GPU; the pipeline moved to the GPU whole before install (pipe.to(\"cuda\")) "
                      f"holds {loaded:.1f} GiB ({whole})")
+    host, host_items = plan.derived_value("memory_host_gib"), plan.derived_value("memory_host_items_gib") or {}
+    if host:  # what install keeps on the host: it checks the host's available memory before each copy
+        texts.append(f"host     {host:.1f} GiB kept in host memory per process: "
+                     + ", ".join(f"{k} {v:.1f}" for k, v in sorted(host_items.items(), key=lambda kv: -kv[1]))
+                     + " GiB")
     return texts
 
 

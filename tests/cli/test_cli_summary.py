@@ -24,7 +24,7 @@ def _lines(text: str, label: str) -> list[str]:
 def test_summary_is_short_and_says_what_matters(hw, recipe, par):
     plan = h3plan.resolve_config(hardware=hw, recipe=recipe, parallel=par)
     out = cli.render_summary(plan)
-    assert len(out.splitlines()) <= 50
+    assert len(out.splitlines()) <= 52  # one table row per lever (29) + a header of plan lines up to 22
     lossy = [d.lever for d in plan.decisions if not d.lossless]
     if lossy:
         (line,) = _lines(out, "lossy")
