@@ -11,8 +11,12 @@ as tensor's static cast. The patched block forward (install/block.py) then calls
 
 from __future__ import annotations
 
+import functools
+
 from h3plan.levers import owner
 from h3plan.runtime.quant import BLOCK_LINEARS
+
+from .hooks import effect
 
 LEVER = owner("fp8_act_quant")
 
@@ -36,8 +40,8 @@ def row_linears(model, state, swap) -> int:
             act_scale = None if static is None else float(scale_from_amax(static.detach().cpu()))
             new = FP8RowLinear.from_fp8(old, act_scale)
             new.input_amax = static
-            setattr(parent, name, new)
-            state.undo.append(lambda p=parent, k=name, o=old: setattr(p, k, o))
+            effect(parent, LEVER, state, functools.partial(setattr, parent, name, old),
+                   apply=functools.partial(setattr, parent, name, new), part=name)
             swap(LEVER, f"transformer_blocks.{i}.{path}", "FP8Linear",
                  "FP8RowLinear (per-row input codes)" if act_scale is None
                  else f"FP8RowLinear (static scale {act_scale:g})")
