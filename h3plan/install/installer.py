@@ -10,14 +10,13 @@ is logged as `lever: fqn Old -> New` and listed in the returned InstallReport wi
 State-dict layout: processor and forward swaps add no parameters or buffers, so a bf16 plan leaves
 `model.state_dict()` keys, shapes and dtypes unchanged; gemm_quant replaces the linears' `weight` with
 quantised buffers (plus their scales) while installed; adaln_table keeps the AdaLN linears' keys, dtypes and
-bits, their tensors on the host (pinned) while installed (install/adaln_table.py). A forward changed is a diffusers
-hook named `h3plan.<lever>` (install/hooks.py). `uninstall(model)` removes those hooks by name and restores the
-processors and nn.Linear objects (the originals are kept while installed): every effect of an install is such a hook,
-and uninstall removes them all, the last registered first. Installing the
-same plan again returns the existing report; a different plan is installed after an uninstall, and install says it
-replaced the first. A plan that cannot run where the model rests (no device=: on the host beside a GPU, or on a machine
-without one, outside Triton's interpreter) is said too: each one line on the h3plan.install logger (WARNING) and a
-report note.
+bits, their tensors on the host (pinned) while installed (install/adaln_table.py). Every effect of an install is a
+diffusers hook named `h3plan.<lever>` (install/hooks.py): a forward changed, and what is not a forward (a linear or a
+processor swapped, a weight parked or cast, an attribute set; the originals kept while installed). `uninstall(model)`
+removes them, the last registered first, and the model is as before. Installing the same plan again returns the
+existing report; a different plan is installed after an uninstall, and install says it replaced the first. A plan
+that cannot run where the model rests (no device=: on the host beside a GPU, or on a machine without one, outside
+Triton's interpreter) is said too: each one line on the h3plan.install logger (WARNING) and a report note.
 Install after moving / copying the model (the kept originals stay where they were).
 
 `install(model, plan, device=...)`: a model resting on the host goes to `device` at install (placement.py): every
