@@ -278,7 +278,7 @@ def _compile(model, builder, state) -> None:
     blocks = [m for m in model.modules() if type(m).__name__ in (model._repeated_blocks or ())]
     lever = builder.lever_of("compile")
     for b in blocks:
-        effect(b, lever, state, functools.partial(setattr, b, "_compiled_call_impl", None))
+        effect(b, lever, state, functools.partial(setattr, b, "_compiled_call_impl", None), part="compiled")
     state.report.swap(lever, "transformer_blocks", "eager forward",
                       f"torch.compile regional, fullgraph ({len(blocks)} blocks)")
 
