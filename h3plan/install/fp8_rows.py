@@ -14,7 +14,10 @@ from __future__ import annotations
 import functools
 
 from h3plan.levers import owner
+from h3plan.runtime.kernels.fp8 import scale_from_amax
 from h3plan.runtime.quant import BLOCK_LINEARS
+from h3plan.runtime.quant.fp8 import FP8Linear
+from h3plan.runtime.quant.fp8_rowwise import FP8RowLinear
 
 from .hooks import effect
 
@@ -22,12 +25,9 @@ LEVER = owner("fp8_act_quant")
 
 
 def row_linears(model, state, swap) -> int:
-    """Swap every FP8Linear block linear for an FP8RowLinear (undo restores it); returns how many were swapped.
+    """Swap every FP8Linear block linear for an FP8RowLinear (a hook on its parent; removing it restores the
+    FP8Linear); returns how many were swapped.
     `swap(lever, fqn, old, new)` logs one swap."""
-    from h3plan.runtime.kernels.fp8 import scale_from_amax
-    from h3plan.runtime.quant.fp8 import FP8Linear
-    from h3plan.runtime.quant.fp8_rowwise import FP8RowLinear
-
     n = 0
     for i, block in enumerate(model.transformer_blocks):
         for path in BLOCK_LINEARS:
