@@ -39,6 +39,7 @@ the hooks. `prepare(model_or_pipe, num_inference_steps=..., timesteps=...)` adds
 
 from __future__ import annotations
 
+import functools
 import types
 import weakref
 from typing import Any, Optional
@@ -54,7 +55,7 @@ from h3plan.runtime.guards import count_route, needs_grad
 
 from . import adaln_temb
 from .components import STATE, TRANSFORMERS, is_pipeline
-from .hooks import attach
+from .hooks import attach, effect
 from .lora import WAY
 from .parking import park
 from .schedule import timestep_vectors
@@ -280,7 +281,7 @@ def build(model, value: dict[str, Any], state, swap, num_inference_steps=None) -
     placement = getattr(state, "placement", None)
     host_loaded = placement is not None and all(p.device.type == "cpu" for _, _, lin in mods for p in lin.parameters())
     parked = park([lin for _, _, lin in mods], pin_host=host_loaded and placement.device.type == "cuda")
-    state.undo.append(parked.unpark)
+    effect(model, LEVER, state, parked.unpark, part="parked")
     for slot in tables.slots:
         slot.seal()
         _SLOTS[slot.stamp[0]] = slot
@@ -291,15 +292,16 @@ def build(model, value: dict[str, Any], state, swap, num_inference_steps=None) -
                 del _SLOTS[slot.stamp[0]]
         model.__dict__.pop("_h3plan_adaln", None)
 
-    state.undo.append(unregister)
+    effect(model, LEVER, state, unregister, part="tables")
     for fqn, mod, lin in mods:
         if fqn == "norm_out":
             attach(mod, fqn, LEVER, tabled_norm_out_forward, state)
         else:
             # a block's adaln_proj runs inside the block that compile_repeated_blocks compiles: dynamo guards a hooked
             # forward (a functools.partial per module) by identity, one graph per block, so it gets a bound method
-            mod.forward = types.MethodType(tabled_modulation_forward, mod)
-            state.undo.append(lambda m=mod: m.__dict__.pop("forward", None))
+            effect(mod, LEVER, state, functools.partial(mod.__dict__.pop, "forward", None), fqn=fqn,
+                   apply=functools.partial(mod.__dict__.__setitem__, "forward",
+                                           types.MethodType(tabled_modulation_forward, mod)))
         attach(lin, f"{fqn}.linear", LEVER, parked_linear_forward, state)
         swap(LEVER, f"{fqn}.linear", "Linear", f"table ({len(tables.vectors)} timestep vectors, {tables.rows} rows)")
     model._h3plan_adaln = tables

@@ -4,6 +4,8 @@ transformer block (`install_processors`; the processor itself is install/process
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from h3plan.errors import InstallError
@@ -15,6 +17,7 @@ from h3plan.runtime.attention.fp8 import scale_from_amax
 from h3plan.runtime.parallel.comm import degree_rank, high_priority_group
 from h3plan.runtime.parallel.ulysses import UlyssesAttention
 
+from .hooks import effect
 from .kernels import kernel
 from .options import AttentionOptions
 from .processor import H3PlanAttnProcessor
@@ -108,8 +111,8 @@ def install_processors(model, builder, state, group, steps=None):
         old = attn.processor
         proc = H3PlanAttnProcessor(opts, backend, kernels, old, static_descales=descales.get(fqn), shard=shard,
                                    ulysses=ua, ring=ring, sparse=sparse)
-        attn.set_processor(proc)
-        state.undo.append(lambda a=attn, o=old: a.set_processor(o))
+        effect(attn, lever, state, functools.partial(attn.set_processor, old),
+               apply=functools.partial(attn.set_processor, proc), part="processor", fqn=fqn)
         report.swap(lever, f"{fqn}.processor", type(old).__name__, repr(proc))
         report.option_swaps(builder, "attention", recorded, fqn)
     report.notes.extend(untested_notes(opts))  # the backend's paths that never ran, from hardware.verified

@@ -4,7 +4,7 @@ a model (what the front door, install/__init__.py, and the adaln tables' prepare
 from h3plan.facts.workflows import PARTITIONS
 
 TRANSFORMERS = PARTITIONS  # the transformer partitions of a pipeline
-STATE = "_h3plan_state"  # the attribute an installed model keeps its plan and undo state in (installer.py)
+STATE = "_h3plan_state"  # the attribute an installed model keeps its plan and its hooks in (installer.py)
 COMPONENTS = TRANSFORMERS + ("vae", "audio_vae")
 NO_LEVER = {"audio_vae": "no lever applies: AutoencoderKLMiniMaxH3Audio is a DAC encoder + BigVGAN convolutional "
                          "decoder; h3plan's levers target the transformer blocks and the video VAE's ViT decoder"}

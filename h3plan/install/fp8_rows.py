@@ -11,19 +11,23 @@ as tensor's static cast. The patched block forward (install/block.py) then calls
 
 from __future__ import annotations
 
+import functools
+
 from h3plan.levers import owner
+from h3plan.runtime.kernels.fp8 import scale_from_amax
 from h3plan.runtime.quant import BLOCK_LINEARS
+from h3plan.runtime.quant.fp8 import FP8Linear
+from h3plan.runtime.quant.fp8_rowwise import FP8RowLinear
+
+from .hooks import effect
 
 LEVER = owner("fp8_act_quant")
 
 
 def row_linears(model, state, swap) -> int:
-    """Swap every FP8Linear block linear for an FP8RowLinear (undo restores it); returns how many were swapped.
+    """Swap every FP8Linear block linear for an FP8RowLinear (a hook on its parent; removing it restores the
+    FP8Linear); returns how many were swapped.
     `swap(lever, fqn, old, new)` logs one swap."""
-    from h3plan.runtime.kernels.fp8 import scale_from_amax
-    from h3plan.runtime.quant.fp8 import FP8Linear
-    from h3plan.runtime.quant.fp8_rowwise import FP8RowLinear
-
     n = 0
     for i, block in enumerate(model.transformer_blocks):
         for path in BLOCK_LINEARS:
@@ -36,8 +40,8 @@ def row_linears(model, state, swap) -> int:
             act_scale = None if static is None else float(scale_from_amax(static.detach().cpu()))
             new = FP8RowLinear.from_fp8(old, act_scale)
             new.input_amax = static
-            setattr(parent, name, new)
-            state.undo.append(lambda p=parent, k=name, o=old: setattr(p, k, o))
+            effect(parent, LEVER, state, functools.partial(setattr, parent, name, old),
+                   apply=functools.partial(setattr, parent, name, new), part=name)
             swap(LEVER, f"transformer_blocks.{i}.{path}", "FP8Linear",
                  "FP8RowLinear (per-row input codes)" if act_scale is None
                  else f"FP8RowLinear (static scale {act_scale:g})")

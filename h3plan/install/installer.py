@@ -10,15 +10,14 @@ is logged as `lever: fqn Old -> New` and listed in the returned InstallReport wi
 State-dict layout: processor and forward swaps add no parameters or buffers, so a bf16 plan leaves
 `model.state_dict()` keys, shapes and dtypes unchanged; gemm_quant replaces the linears' `weight` with
 quantised buffers (plus their scales) while installed; adaln_table keeps the AdaLN linears' keys, dtypes and
-bits, their tensors on the host (pinned) while installed (install/adaln_table.py). A forward changed is a diffusers
-hook named `h3plan.<lever>` (install/hooks.py). `uninstall(model)` removes those hooks by name and restores the
-processors and nn.Linear objects (the originals are kept while installed). Installing the
-same plan again returns the existing report; a different plan is installed after an uninstall, and install says it
-replaced the first. A plan that cannot run where the model rests (no device=: on the host beside a GPU, or on a machine
-without one, outside Triton's interpreter) is said too: each one line on the h3plan.install logger (WARNING) and a
-report note.
-Install after moving / copying the model (the kept originals stay where they were; a deep copy of an
-installed model shares its undo list with the original).
+bits, their tensors on the host (pinned) while installed (install/adaln_table.py). Every effect of an install is a
+diffusers hook named `h3plan.<lever>` (install/hooks.py): a forward changed, and what is not a forward (a linear or a
+processor swapped, a weight parked or cast, an attribute set; the originals kept while installed). `uninstall(model)`
+removes them, the last registered first, and the model is as before. Installing the same plan again returns the
+existing report; a different plan is installed after an uninstall, and install says it replaced the first. A plan
+that cannot run where the model rests (no device=: on the host beside a GPU, or on a machine without one, outside
+Triton's interpreter) is said too: each one line on the h3plan.install logger (WARNING) and a report note.
+Install after moving / copying the model (the kept originals stay where they were).
 
 `install(model, plan, device=...)`: a model resting on the host goes to `device` at install (placement.py): every
 parameter and buffer the plan computes with is moved there first, one tensor at a time, except what a lever
@@ -39,6 +38,7 @@ calling the shared ones (`_check`, `collect`, `_device`, `_fresh`, `_finish`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from dataclasses import dataclass, field
 
@@ -55,6 +55,7 @@ from .block import install_forwards
 from .builder import Builder
 from .components import STATE
 from .fp8_rows import install_rows
+from .hooks import effect, remove_all
 from .lora import bypassed, guard as lora_guard, refuse_peft
 from .nvfp4_inputs import install_nvfp4
 from .recognise import check_model_facts, fewer_layers, is_transformer, recognise
@@ -68,7 +69,7 @@ logger = logging.getLogger("h3plan.install")
 class _State:
     plan: Plan
     report: InstallReport
-    undo: list = field(default_factory=list)  # callables, applied in reverse order
+    hooks: list = field(default_factory=list)  # (module, hook name) in registration order (install/hooks.py)
     placement: _placement.Placement | None = None  # install(..., device=): what went to the device
     lora_bypass: dict = field(default_factory=dict)  # module fqn -> why the plan bypasses it (install/lora.py)
 
@@ -212,11 +213,11 @@ def _fresh(model, plan, builder, current: _State | None) -> tuple[_State, Plan |
 
 @contextlib.contextmanager
 def _undone_on_error(state: _State):
-    """Whatever raises inside takes back every swap made so far."""
+    """Whatever raises inside takes back every swap made so far (the hooks registered, the last first)."""
     try:
         yield
     except BaseException:
-        _undo(state)
+        remove_all(state)
         raise
 
 
@@ -275,19 +276,11 @@ def _compile(model, builder, state) -> None:
     drops the compiled callables (the blocks run uncompiled again)."""
     model.compile_repeated_blocks(fullgraph=True)
     blocks = [m for m in model.modules() if type(m).__name__ in (model._repeated_blocks or ())]
-
-    def undo():
-        for b in blocks:
-            b._compiled_call_impl = None
-
-    state.undo.append(undo)
-    state.report.swap(builder.lever_of("compile"), "transformer_blocks", "eager forward",
+    lever = builder.lever_of("compile")
+    for b in blocks:
+        effect(b, lever, state, functools.partial(setattr, b, "_compiled_call_impl", None), part="compiled")
+    state.report.swap(lever, "transformer_blocks", "eager forward",
                       f"torch.compile regional, fullgraph ({len(blocks)} blocks)")
-
-
-def _undo(state: _State) -> None:
-    while state.undo:
-        state.undo.pop()()
 
 
 def uninstall(model) -> bool:
@@ -295,7 +288,7 @@ def uninstall(model) -> bool:
     state = model.__dict__.pop(STATE, None)
     if state is None:
         return False
-    _undo(state)
+    remove_all(state)
     logger.info("uninstalled %d swaps", len(state.report.swaps))
     return True
 

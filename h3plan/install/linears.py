@@ -5,6 +5,7 @@ install/adaln_table.py; per-row FP8 and NVFP4 inputs install/fp8_rows.py and ins
 
 from __future__ import annotations
 
+import functools
 from fnmatch import fnmatchcase
 
 import torch
@@ -12,12 +13,12 @@ import torch
 from h3plan.errors import InstallError
 from h3plan.facts.hardware import never_ran
 from h3plan.facts.scale_table import linear_amax, load_table
-from h3plan.levers import SPECS
+from h3plan.levers import SPECS, owner
 from h3plan.runtime.quant import BLOCK_LINEARS, quantized_linear
 from h3plan.runtime.quant.fp8 import FP8Linear, SequenceAmax
 
 from . import placement as _placement
-from .hooks import foreign
+from .hooks import effect, foreign
 from .parking import park
 
 STREAMED = ("parks", "replaces")  # StateKeys kinds whose tensors a device install never moves whole
@@ -49,15 +50,15 @@ def quantize(model, builder, state) -> None:
                 staged.append(old)
             new = quantized_linear(src, fmt, params)
             del src
-            setattr(parent, name, new)
-            state.undo.append(lambda p=parent, n=name, o=old: setattr(p, n, o))
+            effect(parent, lever, state, functools.partial(setattr, parent, name, old),
+                   apply=functools.partial(setattr, parent, name, new), part=name)
             state.report.swap(lever, f"transformer_blocks.{i}.{path}", type(old).__name__, type(new).__name__)
             replaced.append(old)
             news.append(old)
         # the originals wait on the host until uninstall (install/parking.py), parked block by block so that
         # install needs one block's quantised copies beyond the model as loaded (an 80 GB card holds no more)
         parked.append(park(news))
-        state.undo.append(parked[-1].unpark)
+        effect(block, lever, state, parked[-1].unpark, part="parked")
     if replaced:
         nbytes = sum(p.nbytes for p in parked)
         kept = sum(_placement.nbytes(m) for m in staged)
@@ -102,9 +103,10 @@ def static_inputs(model, params, state) -> None:
         for path in BLOCK_LINEARS:
             lin = block.get_submodule(path)
             if isinstance(lin, FP8Linear):
-                prev = lin.input_amax
-                lin.set_static_input(linear_amax(table, f"transformer_blocks.{i}.{path}"), margin)
-                state.undo.append(lambda m=lin, p=prev: setattr(m, "input_amax", p))
+                effect(lin, owner("quant"), state, functools.partial(setattr, lin, "input_amax", lin.input_amax),
+                       apply=functools.partial(lin.set_static_input,
+                                               linear_amax(table, f"transformer_blocks.{i}.{path}"), margin),
+                       part="input_amax")
                 n += 1
     state.report.notes.append(f"gemm_quant: {n} FP8 linears quantise their input with static scales from "
                               f"{params['scale_table']} (margin {margin:g})")
@@ -120,9 +122,9 @@ def sequence_amax(model, shard, state) -> None:
         for path in BLOCK_LINEARS:
             lin = block.get_submodule(path)
             if type(lin) is FP8Linear:
-                prev = lin.amax_fn
-                setattr(lin, "amax_fn", fn)  # FP8Linear declares it None (its own amax) until here
-                state.undo.append(lambda m=lin, p=prev: setattr(m, "amax_fn", p))
+                # FP8Linear declares it None (its own amax) until here
+                effect(lin, owner("ulysses_degree"), state, functools.partial(setattr, lin, "amax_fn", lin.amax_fn),
+                       apply=functools.partial(setattr, lin, "amax_fn", fn), part="amax_fn")
                 n += 1
     if n:
         state.report.notes.append(f"gemm_quant: {n} FP8 linears take their activation amax over the whole sequence "

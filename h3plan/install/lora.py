@@ -32,6 +32,7 @@ install/adaln_temb.py), and PEFT itself refuses a quantised GEMM.
 from __future__ import annotations
 
 import copy
+import functools
 import re
 import types
 
@@ -39,6 +40,7 @@ from h3plan.errors import InstallError
 from h3plan.runtime.quant import BLOCK_LINEARS
 
 from .components import STATE
+from .hooks import effect
 
 TEMB = ("time_embedder.linear_1", "time_embedder.linear_2")
 HEADS = ("proj_out", "audio_proj_out")
@@ -203,5 +205,5 @@ def guard(model, state, bypass: dict[str, str]) -> None:
     against them (instance attributes; uninstall drops them)."""
     state.lora_bypass = dict(bypass)
     for name, fn in (("load_lora_adapter", load_lora_adapter), ("add_adapter", add_adapter)):
-        setattr(model, name, types.MethodType(fn, model))
-        state.undo.append(lambda n=name: model.__dict__.pop(n, None))
+        effect(model, "lora", state, functools.partial(model.__dict__.pop, name, None),
+               apply=functools.partial(setattr, model, name, types.MethodType(fn, model)), part=name)

@@ -12,12 +12,16 @@ input_scale (a ModelOpt checkpoint's) when they share one, else the dynamic scal
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from h3plan.levers import counter, owner
 from h3plan.runtime.quant import BLOCK_LINEARS
 from h3plan.runtime.quant.nvfp4 import NVFP4Codes, NVFP4Linear
 from h3plan.runtime.guards import run_guarded
+
+from .hooks import effect
 
 PRODUCER = counter("nvfp4_producer_quant")
 OUT = owner("nvfp4_out_quant")
@@ -42,8 +46,9 @@ def install_nvfp4(model, builder, state, swap) -> bool:
         if not outs:
             state.report.skipped.append((OUT, why))
         for i, p, m in outs:
-            prev, m.input_kernel = m.input_kernel, True
-            state.undo.append(lambda m=m, v=prev: setattr(m, "input_kernel", v))
+            prev = m.input_kernel
+            effect(m, OUT, state, functools.partial(setattr, m, "input_kernel", prev),
+                   apply=functools.partial(setattr, m, "input_kernel", True), fqn=f"transformer_blocks.{i}.{p}")
             swap(OUT, f"transformer_blocks.{i}.{p}", "NVFP4Linear (torch input cast)",
                  "NVFP4Linear (Triton input cast)")
     if prod and not lins:

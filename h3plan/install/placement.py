@@ -32,6 +32,8 @@ import torch
 from h3plan.errors import InstallError
 from h3plan.runtime.kernels import _common
 
+from .hooks import effect
+
 
 def target(device) -> torch.device | None:
     """The install device `device` names (an int is a CUDA index); None: install where the model is."""
@@ -187,7 +189,7 @@ def place(model, state, device: torch.device, streamed) -> None:
     """install(..., device=): every tensor of `model` but `streamed` (a lever stages those itself) to the device."""
     placement = Placement(device)
     state.placement = placement
-    state.undo.append(placement.restore)
+    effect(model, "placement", state, placement.restore)  # uninstall moves every tensor back (its last hook off)
     placement.move(model, {id(t) for t in streamed})
     state.report.placement = {"device": str(device), "moved": placement.nbytes, "tensors": len(placement.moved)}
 

@@ -16,6 +16,7 @@ Under torch.compile the processor's branch on `active` is guarded: two graphs pe
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -24,7 +25,7 @@ from h3plan.levers import counter, owner
 from h3plan.runtime.counters import event
 from h3plan.runtime.guards import count_route
 
-from .hooks import attach, name
+from .hooks import attach, effect, name
 from .schedule import schedule_index
 
 LEVER = owner("sparse_attention")
@@ -93,16 +94,13 @@ def _make_forward(state: SparseState):
 
 
 def install(model, spec: dict[str, Any], state, swap, *, steps=None) -> SparseState:
-    """Register the hook; append its undo to `state.undo`; return the state the processors read."""
+    """Register the hook and the state the processors read (a hook of its own on `model`); return the state."""
     counts = sorted({int(spec["steps"]), *(int(s) for s in (steps or []))})
     st = SparseState(spec, schedule_index(counts))
     attach(model, "", LEVER, _make_forward(st), state, replaces=False)
 
-    def undo():
-        model.__dict__.pop(STATE, None)
-
-    state.undo.append(undo)
-    model.__dict__[STATE] = st
+    effect(model, LEVER, state, functools.partial(model.__dict__.pop, STATE, None),
+           apply=functools.partial(model.__dict__.__setitem__, STATE, st), part="state")
     rows = "target-video query blocks" if st.video_only else "every query block"
     what = (f"block-sparse attention: {rows} keep {st.keep:g} of the {st.block_q}x{st.block_k} key blocks after "
             f"{st.dense_forwards} dense forwards")

@@ -32,6 +32,7 @@ computed count. uninstall removes the hook and restores the ModuleList's class.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Mapping
 
 import torch
@@ -40,7 +41,7 @@ from h3plan.levers import REGISTRY, counter, owner
 from h3plan.runtime.counters import event
 from h3plan.runtime.guards import count_route
 
-from .hooks import attach, name
+from .hooks import attach, effect, name
 from .schedule import schedule_index
 
 LEVER = owner("step_cache")
@@ -255,7 +256,8 @@ def _like_output(values: tuple):
 
 def install(model, spec: dict[str, Any], state, swap, *, group=None, steps=None, schedulers=None,
             pipeline: Mapping[str, Any] | None = None) -> _State:
-    """Register the hook (and, for first_block, the blocks' iteration); append the undo to `state.undo`. steps: more
+    """Register the hook (and, for first_block, the blocks' iteration; the state on the model: hooks of their own).
+    steps: more
     step counts that run the plan's schedule scaled; pipeline: the plan's `pipeline` section: its shifts place the
     calls, and its default step count is indexed to name a call at it (it computes every forward where it is not
     the plan's)."""
@@ -274,17 +276,18 @@ def install(model, spec: dict[str, Any], state, swap, *, group=None, steps=None,
     blocks = model.transformer_blocks
     if spec["mode"] == "first_block":
         old = type(blocks)
-        blocks.__class__ = _CachedBlocks
-        blocks._h3plan_step_cache = st
 
-    def undo():
-        if spec["mode"] == "first_block":
+        def cached():
+            blocks.__class__ = _CachedBlocks
+            blocks.__dict__[STATE] = st
+
+        def plain():
             blocks.__dict__.pop(STATE, None)
             blocks.__class__ = old
-        model.__dict__.pop(STATE, None)
 
-    state.undo.append(undo)
-    model.__dict__[STATE] = st
+        effect(blocks, LEVER, state, plain, apply=cached, fqn="transformer_blocks")
+    effect(model, LEVER, state, functools.partial(model.__dict__.pop, STATE, None),
+           apply=functools.partial(model.__dict__.__setitem__, STATE, st), part="state")
     limit = f", at most {spec['max_skip']} in a row" if spec["max_skip"] < spec["forwards"] else ""
     if spec["mode"] == "first_block":
         what = (f"first-block cache: residual threshold {spec['threshold']:g}{limit}, warm-up {spec['warmup']} + final "

@@ -39,7 +39,7 @@ import torch
 from h3plan.errors import InstallError
 from h3plan.levers import MEMORY_SPECS, OPTIONS
 
-from .hooks import attach
+from .hooks import attach, effect, remove_all
 from .parking import to_host
 
 LEVER, _OPTION = OPTIONS["text_encoder"]  # the lever and the pipeline option it records
@@ -108,8 +108,8 @@ class TextEncoderPlacement:
     setting: str
     device: torch.device
     host: torch.device
-    undo: list = field(default_factory=list)
-    """The removals of its hooks (install/hooks.py), last first."""
+    hooks: list = field(default_factory=list)
+    """(module, hook name) of its hooks in registration order (install/hooks.py); `restore` removes them, last first."""
     moves: deque = field(default_factory=lambda: deque(maxlen=4096))
     """(part name, device) of the latest moves, what a test reads: bounded, since a server places once and calls
     without end (one `host` encode of 64 layers makes 132)."""
@@ -145,9 +145,11 @@ class TextEncoderPlacement:
         return next((m.why_not_pinned for m in self.masters.values() if m.why_not_pinned), None)
 
     def restore(self) -> None:
-        """Every hook removed and the conditioner back on the device it was on before `place`."""
-        while self.undo:
-            self.undo.pop()()
+        """Every hook removed, the last first; the first, on the conditioner itself, puts it back on the device it was
+        on before `place` (`_release`)."""
+        remove_all(self)
+
+    def _release(self) -> None:
         if self.hooked:
             self.module.__dict__.pop("_hf_hook", None)
         for m in self.masters.values():
@@ -196,6 +198,7 @@ def place(module, setting: str, device) -> TextEncoderPlacement:
     if setting != "resident" and host.type != "cpu":
         host = torch.device("cpu")
     p = TextEncoderPlacement(module, setting, device, host)
+    effect(module, LEVER, p, p._release, fqn="text_encoder")
     if setting == "resident":
         p._move("text_encoder", module, device)
     elif setting == "offload_after":

@@ -232,9 +232,8 @@ def test_round_trip_restores_the_original_parameters_bit_for_bit(sm90):
 def test_the_originals_are_on_the_host_and_only_uninstall_reads_them(sm90, monkeypatch):
     vae, z = tiny_vae(), latent()
     report = install(vae, sm90)
-    (restore,) = [u for u in installed_state(vae).undo if getattr(u, "__self__", None) is not None
-                  and type(u.__self__).__name__ == "PrecisionCast"]
-    cast_ = restore.__self__
+    (cast_,) = [h.restore.__self__ for m, n in installed_state(vae).hooks if (h := m._diffusers_hook.hooks[n])
+                and type(getattr(getattr(h, "restore", None), "__self__", None)).__name__ == "PrecisionCast"]
     assert cast_.slots and all(h.dtype == torch.float32 and h.device.type == "cpu" for _, h, _ in cast_.slots)
     saved = cast_.host_bytes - cast_.device_bytes
     assert f"{saved / 2**30:.3f} GiB less" in "\n".join(report.notes)

@@ -15,7 +15,7 @@ from install_helpers import LEVERS, bitwise, forward, plan, tiny_inputs, tiny_mo
 
 from h3plan.errors import InstallError
 from h3plan.install import install, uninstall
-from h3plan.install.hooks import PREFIX, installed, registered
+from h3plan.install.hooks import OWN, PREFIX, installed, lever_of, registered
 from h3plan.levers import REGISTRY
 from h3plan.planner import make_plan
 from h3plan.facts.decision import make_decision
@@ -70,7 +70,7 @@ def test_every_hook_is_named_for_a_lever_of_the_plan_and_uninstall_leaves_none(i
     levers = {d.lever for d in p.decisions}
     assert {fqn for fqn, _ in hooks} >= {f"transformer_blocks.{i}" for i in range(len(model.transformer_blocks))}
     assert {fqn for fqn, _ in hooks} >= {"norm_out", "time_proj", "time_embedder"}
-    assert all(n.startswith(PREFIX) and n[len(PREFIX):] in levers for _, n in hooks), hooks
+    assert all(n.startswith(PREFIX) and lever_of(n) in {*levers, *OWN} for _, n in hooks), hooks
     bitwise(forward(model, inputs), eager)
     assert uninstall(model)
     assert installed(model) == [] and _dicts(model) == before  # no registry, no instance forward left
@@ -127,8 +127,9 @@ def test_the_vae_hooks_are_named_for_its_levers_and_uninstall_leaves_none():
     install(vae, p)
     hooks = installed(vae)
     blocks = range(len(vae.decoder.transformer_blocks))
-    assert {fqn for fqn, _ in hooks} == {f"decoder.transformer_blocks.{i}" for i in blocks}
-    assert all(n.startswith(PREFIX) and n[len(PREFIX):] in {d.lever for d in p.decisions} for _, n in hooks), hooks
+    # "": the effects on the VAE itself (its tiles, its casts)
+    assert {fqn for fqn, _ in hooks} == {"", *(f"decoder.transformer_blocks.{i}" for i in blocks)}
+    assert all(n.startswith(PREFIX) and lever_of(n) in {*(d.lever for d in p.decisions), *OWN} for _, n in hooks), hooks
     decode(vae, z)
     assert uninstall(vae) and installed(vae) == [] and _dicts(vae) == before
     assert torch.equal(decode(vae, z), want)

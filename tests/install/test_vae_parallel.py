@@ -130,18 +130,21 @@ def test_install_uninstall_restores_and_refuses_twice(vae):
         install_parallel(vae)
 
 
-def test_installer_hook_logs_the_swap_and_queues_the_undo(vae):
+def test_installer_step_logs_the_swap_and_registers_a_hook_that_undoes_it(vae):
     from types import SimpleNamespace
 
     from h3plan.install.report import InstallReport
 
-    state = SimpleNamespace(report=InstallReport(), undo=[])
+    from h3plan.install.hooks import registered, remove_all
+
+    state = SimpleNamespace(report=InstallReport(), hooks=[])
     vp.apply(vae, None, state)
     assert [str(s) for s in state.report.swaps] == [
         "vae_parallel: _decode AutoencoderKLMiniMaxH3._decode -> work items spread over the process group, "
         "gathered, stitched by diffusers' _decode"]
-    state.undo.pop()()
-    assert "_decode" not in vae.__dict__
+    assert state.hooks == [(vae, "h3plan.vae_parallel")] and registered(vae) == ["h3plan.vae_parallel"]
+    remove_all(state)
+    assert "_decode" not in vae.__dict__ and "_diffusers_hook" not in vae.__dict__
 
 
 def test_replay_mismatch_decodes_locally_from_there_on_counted():

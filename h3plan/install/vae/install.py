@@ -32,12 +32,14 @@ exactly.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from h3plan.errors import InstallError
 from h3plan.runtime.kernels import swiglu, vae as kvae
 
-from h3plan.install.hooks import attach, foreign, hook
+from h3plan.install.hooks import attach, effect, foreign, hook
 from h3plan.install.placement import slots_of
 from . import parallel as vae_parallel
 from .block import LINEARS, VaeBlockState, load_kernels, plan_vae_block_forward
@@ -153,7 +155,7 @@ def _install_precision(model, builder, state) -> None:
         return
     placement = getattr(state, "placement", None)
     cast = PrecisionCast.apply(model, dtype, None if placement is None else _streamer(model, builder, placement))
-    state.undo.append(cast.restore)
+    effect(model, lever, state, cast.restore)
     if not cast.slots:
         report.skipped.append((lever, f"the VAE is {dtype} already (loaded with torch_dtype): nothing to cast"))
         return
@@ -180,7 +182,7 @@ def _install_encode_precision(model, builder, state) -> None:
         state.report.skipped.append((lever, why))
         return
     cast = PrecisionCast.apply(model, dtype, tensors=encode_tensors(model))
-    state.undo.append(cast.restore)
+    effect(model, lever, state, cast.restore)
     if not cast.slots:
         state.report.skipped.append((lever, f"the encoder is {dtype} already: nothing to cast"))
         return
@@ -232,7 +234,7 @@ def _install_graphs(model, builder, state) -> None:
         return
     gemms = [g for b in dec.transformer_blocks if (g := getattr(getattr(b, "_h3plan_vae", None), "fp8", None))]
     gd = GraphedDecoder(dec, dec.forward, validate=(lambda: [g.verify() for g in gemms]) if gemms else None)
-    state.undo.append(gd.release)  # the graphs' memory, after the hook is off
+    effect(dec, lever, state, gd.release, part="graphs", fqn="decoder")  # the graphs' memory, after the hook is off
     attach(dec, "decoder", lever, lambda previous, *args, **kwargs: gd(*args, **kwargs), state, replaces=False,
            attrs={GRAPHS: gd})
     state.report.swap(lever, "decoder.forward", type(dec).__name__ + ".forward",
@@ -274,7 +276,7 @@ def _install_tiles(model, builder, state) -> None:
     before, old = {a: getattr(model, a) for a in TILING}, _geometry(model)
     model.enable_tiling(tile_sample_min_height=h, tile_sample_min_width=w, tile_sample_min_overlap_height=o,
                         tile_sample_min_overlap_width=o)
-    state.undo.append(lambda: [setattr(model, a, v) for a, v in before.items()])
+    effect(model, lever, state, lambda: [setattr(model, a, v) for a, v in before.items()])
     got = tuple(getattr(model, a) for a in TILING)
     if got != (True, h, w, o, o):
         raise ValueError(f"vae_tiles: enable_tiling left {dict(zip(TILING, got))}, asked for {h}x{w} overlap {o}")
@@ -330,8 +332,8 @@ def cast_tensors(model, builder) -> list:
 
 
 def apply(model, builder, state, group=None) -> None:
-    """Swap what the builder's VAE options ask for; every swap is undoable through state.undo. `group`: the
-    process group vae_parallel spreads the decode over (None: the default group)."""
+    """Swap what the builder's VAE options ask for; every swap is a hook recorded on `state.hooks` (install/hooks.py).
+    `group`: the process group vae_parallel spreads the decode over (None: the default group)."""
     opts = builder.view("vae")
     tiling = tuple(getattr(model, a) for a in TILING)
     if "precision" in builder.recorded("vae"):
@@ -381,8 +383,8 @@ def _install_encode_tiles(model, builder, state, before: tuple) -> None:
                 setattr(model, a, v)
 
     _encode.h3plan_encode_tiles = before  # type: ignore[attr-defined]
-    model._encode = _encode
-    state.undo.append(lambda: model.__dict__.pop("_encode", None))
+    effect(model, lever, state, functools.partial(model.__dict__.pop, "_encode", None),
+           apply=functools.partial(setattr, model, "_encode", _encode))
     state.report.swap(lever, "_encode tiling", _geometry_of(now) + " (vae_tiles' decode geometry)",
                       _geometry_of(before) + " (the VAE's own, while the encode runs)")
 

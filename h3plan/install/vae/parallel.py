@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from h3plan.errors import InstallError
-from h3plan.install.hooks import attached, foreign
+from h3plan.install.hooks import attached, effect, foreign
 from h3plan.runtime.parallel.comm import degree_rank, device_reason
 from h3plan.runtime.guards import count_route
 from h3plan.levers import SPECS, owner
@@ -350,8 +350,9 @@ def install_parallel(vae, group=None, *, report=None, check_inputs: bool = False
 
 
 def apply(vae, group, state) -> None:
-    """The installer's hook (install.py's pattern): install and queue the undo on `state`."""
-    state.undo.append(install_parallel(vae, group, report=state.report))
+    """The installer's step (install.py's pattern): install, its undo the restore of a hook `h3plan.vae_parallel` on
+    the VAE."""
+    effect(vae, LEVER, state, install_parallel(vae, group, report=state.report))
 
 
 __all__ = ["ParallelDecode", "install_parallel", "apply", "recognise", "LEVER", "REPLAY"]
