@@ -29,6 +29,7 @@ rows) is left as placed. Uninstall undoes the placement this install made.
 from __future__ import annotations
 
 import logging
+import types
 from dataclasses import dataclass, field
 
 from h3plan.errors import InstallError
@@ -40,6 +41,7 @@ from .components import COMPONENTS, NO_LEVER, TRANSFORMERS, is_pipeline
 from .installer import collect, install, installed_plan, uninstall
 from .placement import Placement, check, target, tensors
 from .builder import Builder
+from .hooks import effect, remove_all
 from .text_encoder import place, placed
 from .workflows import table_conditions
 from .report import InstallReport
@@ -47,7 +49,7 @@ from .report import InstallReport
 logger = logging.getLogger("h3plan.install")
 
 _STATE = "_h3plan_pipeline"
-_MOVED = "_h3plan_moved"  # install(pipe, plan, device=): Placements of the components moved without a plan
+_MOVED = "_h3plan_moved"  # install(pipe, plan, device=): the hooks of the components moved without a plan, in order
 
 
 @dataclass
@@ -109,12 +111,13 @@ def _table_option(plan, registry):
 
 
 def _move_whole(name, comp, device, report, moved) -> None:
-    """A component without levers to the install device (placement.py), reported."""
+    """A component without levers to the install device (placement.py), reported; the move is hook h3plan.placement
+    on the component, recorded on `moved` (removed, moving it back, on a failed install and by uninstall_pipeline)."""
     check(comp, device, name)
     p = Placement(device)
     nbytes = p.move(comp)
     if p.moved:
-        moved.append(p)
+        effect(comp, "placement", moved, p.restore, fqn=name)
     report.skipped[name] = (f"moved to {device} ({nbytes / 2**30:.2f} GiB)" if nbytes else f"on {device} already") + \
         f"; {NO_LEVER[name]}"
 
@@ -155,7 +158,8 @@ def pipeline_options(plan) -> Builder:
 
 def _text_encoder(pipe, plan, device, report, moved) -> bool:
     """The loaded text_encoder placed as the plan says (module docstring); True when the plan places it. The placement
-    joins `moved` (undone on a failed install, and by uninstall_pipeline)."""
+    is hook h3plan.placement on the conditioner, recorded on `moved` (removed on a failed install and by
+    uninstall_pipeline, which restores it)."""
     te = getattr(pipe, "text_encoder", None) if "text_encoder" in pipe.component_names else None
     setting = pipeline_options(plan).view("pipeline").text_encoder
     if te is None or setting is None:
@@ -168,7 +172,11 @@ def _text_encoder(pipe, plan, device, report, moved) -> bool:
     if where is None:
         raise InstallError("text_encoder: no device to encode on (the pipeline holds no transformer or VAE)")
     p = place(te, setting, where)
-    moved.append(p)
+    try:
+        effect(te, "placement", moved, p.restore, fqn="text_encoder")
+    except BaseException:
+        p.restore()
+        raise
     report.skipped["text_encoder"] = p.line
     return True
 
@@ -185,7 +193,7 @@ def install_pipeline(pipe, plan: Plan, group=None, *, registry=None, num_inferen
         raise InstallError(f"install_pipeline expects an h3plan Plan, got {type(plan).__name__}")
     device = target(device)
     report = PipelineReport(pipeline=type(pipe).__name__)
-    touched, fresh, moved = {}, [], []
+    touched, fresh, moved = {}, [], types.SimpleNamespace(hooks=[])
     try:
         for name in COMPONENTS:
             comp = getattr(pipe, name, None) if name in pipe.component_names else None
@@ -223,15 +231,14 @@ def install_pipeline(pipe, plan: Plan, group=None, *, registry=None, num_inferen
         if device is not None:
             _others(pipe, device, report, skip=("text_encoder",) if te_placed else ())
     except BaseException:
-        for p in reversed(moved):
-            p.restore()
+        remove_all(moved)
         for comp in reversed(fresh):
             uninstall(comp)
         raise
     for line in dict.fromkeys(w for r in report.reports.values() for w in r.warnings):  # once for the components
         logger.warning("h3plan.install: %s", line)
-    if moved:
-        pipe.__dict__[_MOVED] = pipe.__dict__.get(_MOVED, []) + moved
+    if moved.hooks:
+        pipe.__dict__[_MOVED] = pipe.__dict__.get(_MOVED, []) + moved.hooks
     # every component ever installed through this pipeline, also one replaced since (update_components)
     kept = pipe.__dict__.get(_STATE, [])
     pipe.__dict__[_STATE] = kept + [c for c in touched.values() if all(c is not k for k in kept)]
@@ -242,9 +249,9 @@ def uninstall_pipeline(pipe) -> bool:
     """Restore every component the pipeline's installs touched, and any loaded component that carries a plan;
     False when none was installed."""
     recognise(pipe)
-    moved = pipe.__dict__.pop(_MOVED, None) or []
-    for p in reversed(moved):  # install(..., device=): back to the host
-        p.restore()
+    moved = types.SimpleNamespace(hooks=pipe.__dict__.pop(_MOVED, None) or [])
+    had = bool(moved.hooks)
+    remove_all(moved)  # install(..., device=): back to the host, the last moved first
     comps = list(pipe.__dict__.pop(_STATE, None) or [])
     comps += [getattr(pipe, n, None) for n in COMPONENTS if n in pipe.component_names]
     done, seen = False, set()
@@ -253,7 +260,7 @@ def uninstall_pipeline(pipe) -> bool:
             continue
         seen.add(id(comp))
         done = uninstall(comp) or done
-    return done or bool(moved)
+    return done or had
 
 
 def installed_pipeline_plan(pipe) -> dict[str, Plan | None]:

@@ -76,14 +76,19 @@ def test_install_places_it_by_the_plan_and_uninstall_undoes_it(pipe, unplaced):
     plan = h3plan.resolve_config(model="h3_tiny", vae="h3_tiny_pipe",
                                  **{"memory.text_encoder": "offload_after", **EAGER})
     assert plan.derived_value("text_encoder")["setting"] == "offload_after"
+    from h3plan.install.hooks import registered
+
     report = h3plan.install(pipe, plan)
     try:
         assert placed(pipe.text_encoder).setting == "offload_after"
         assert report.skipped["text_encoder"].startswith("offload_after (the plan's memory.text_encoder)")
+        # the placement is a hook on the conditioner, over the placement's own release hook
+        assert registered(pipe.text_encoder)[-1] == "h3plan.placement"
         assert torch.equal(_call(pipe), unplaced)
     finally:
         h3plan.uninstall(pipe)
     assert placed(pipe.text_encoder) is None
+    assert "_diffusers_hook" not in pipe.text_encoder.__dict__ and "forward" not in pipe.text_encoder.__dict__
     h3plan.install(pipe, h3plan.resolve_config(model="h3_tiny", vae="h3_tiny_pipe", **EAGER))
     try:  # prompt_embeds given: the plan places nothing
         assert placed(pipe.text_encoder) is None
