@@ -48,6 +48,7 @@ from h3plan.actions.verify import compare
 from h3plan.runtime.attention import get_backend
 from h3plan.runtime.attention.fp8 import emulate
 from h3plan.errors import UsageError
+from h3plan.install.hooks import attach, effect, remove_all
 from h3plan.install.installer import installed_plan, recognise
 from h3plan.runtime.kernels.fp8 import scale_from_amax
 from h3plan.facts.scale_table import FORMAT, VERSION, values_hash
@@ -222,6 +223,8 @@ class _Stats:
         return 2.0 ** (HIST_LO + (i + 1) / HIST_PER_OCTAVE)
 
 
+HOOK = "calibrate"  # the observers are named diffusers hooks h3plan.calibrate[.<part>], taken off by close()
+
 class _Run:
     """Observers on a MiniMaxH3Transformer3DModel; `mode` picks what a forward does:
     observe: diffusers' math, statistics recorded; eager: diffusers' math; dynamic / static: the FP8 sites
@@ -239,37 +242,54 @@ class _Run:
         self.descales: dict = {}  # attention fqn -> (3,) static descales
         self.limits: dict = {}  # site -> static amax * margin (clip threshold)
         self.attention_impl = None
-        self._cudnn, self._hidden, self._stack_in, self._undo, self._fp8 = None, None, None, [], []
-        self._attach()
+        self._cudnn, self._hidden, self._stack_in, self._fp8 = None, None, None, []
+        self.hooks: list = []  # (module, hook name): the observers, named diffusers hooks (install/hooks.py)
+        with self._removed_on_error():
+            self._attach()
 
     # ---- setup
+    @contextmanager
+    def _removed_on_error(self):
+        try:
+            yield
+        except BaseException:
+            self.close()
+            raise
+
     def _attach(self):
         for i, block in enumerate(self.model.transformer_blocks):
             fqn = f"transformer_blocks.{i}.attn"
-            old = block.attn.processor
-            block.attn.set_processor(_SiteProcessor(fqn, self, old))
-            self._undo.append(lambda a=block.attn, o=old: a.set_processor(o))
+            attn, old = block.attn, block.attn.processor
+            effect(attn, HOOK, self, lambda a=attn, o=old: a.set_processor(o), part="processor", fqn=fqn,
+                   apply=lambda a=attn, f=fqn, o=old: a.set_processor(_SiteProcessor(f, self, o)))
             for path in LINEAR_SITES:
                 site = f"transformer_blocks.{i}.{path}"
-                h = block.get_submodule(path).register_forward_pre_hook(self._linear_hook(site))
-                self._undo.append(h.remove)
-        h = self.model.norm_out.register_forward_pre_hook(self._capture_hidden)
-        self._undo.append(h.remove)
-        h = self.model.transformer_blocks[0].register_forward_pre_hook(self._capture_stack_input)
-        self._undo.append(h.remove)
+                attach(block.get_submodule(path), site, HOOK, self._seen(self._linear_hook(site)), self, replaces=False)
+        attach(self.model.norm_out, "norm_out", HOOK, self._seen(self._capture_hidden), self, replaces=False)
+        attach(self.model.transformer_blocks[0], "transformer_blocks.0", HOOK, self._seen(self._capture_stack_input),
+               self, replaces=False)
 
-    def _capture_hidden(self, module, args):
-        self._hidden = args[0].detach()
+    @staticmethod
+    def _seen(observe):
+        """A wrapping forward that hands `observe` the module's first input, then runs the module."""
+        def forward(previous, *args, **kwargs):
+            observe(args[0] if args else next(iter(kwargs.values())))
+            return previous(*args, **kwargs)
 
-    def _capture_stack_input(self, module, args):
-        self._stack_in = args[0].detach()
+        return forward
+
+    def _capture_hidden(self, x):
+        self._hidden = x.detach()
+
+    def _capture_stack_input(self, x):
+        self._stack_in = x.detach()
 
     def _linear_hook(self, site):
-        def hook(module, args):
+        def hook(x):
             if self.mode == "observe":
-                self.stats.observe(site, args[0])
+                self.stats.observe(site, x)
             elif self.mode == "static" and self.fp8_linears:
-                self.stats.clip(site, args[0], self.limits[site])
+                self.stats.clip(site, x, self.limits[site])
 
         return hook
 
@@ -296,15 +316,15 @@ class _Run:
                     new = quantized_linear(orig, "fp8")
                     site = f"transformer_blocks.{i}.{path}"
                     if path in LINEAR_SITES:
-                        new.register_forward_pre_hook(self._linear_hook(site))
+                        attach(new, site, HOOK, self._seen(self._linear_hook(site)), self, replaces=False)
                     self._fp8.append((parent, name, orig, new, site))
-            self._undo.append(lambda: self._swap_linears(False))
+            effect(self.model, HOOK, self, lambda: self._swap_linears(False), part="fp8_linears")
         for parent, name, orig, new, site in self._fp8:
             setattr(parent, name, new if on else orig)
 
     def close(self):
-        while self._undo:
-            self._undo.pop()()
+        """Every observer off, the last attached first: the model as it was given."""
+        remove_all(self)
 
     # ---- forwards
     def forward(self, kwargs, mode: str) -> dict:

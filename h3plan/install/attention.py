@@ -18,7 +18,7 @@ from h3plan.runtime.parallel.comm import degree_rank, high_priority_group
 from h3plan.runtime.parallel.ulysses import UlyssesAttention
 
 from .hooks import effect
-from .kernels import kernel
+from h3plan.runtime.kernels.table import kernel
 from .options import AttentionOptions
 from .processor import H3PlanAttnProcessor
 from .ring import build as build_ring

@@ -28,7 +28,7 @@ from h3plan.levers import OPTIONS, SPECS, counter, owner
 from h3plan.runtime.quant.fp8_rowwise import FP8RowLinear, RowCodes
 from h3plan.runtime.guards import run_guarded
 from .hooks import attach
-from .kernels import kernel
+from h3plan.runtime.kernels.table import kernel
 from .nvfp4_inputs import fold_nvfp4, modulate_nvfp4, swiglu_nvfp4_rows
 from .options import BlockOptions
 from .processor import H3PlanAttnProcessor

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 from h3plan.errors import InstallError
 from h3plan.install.vae import install as _vae
-from h3plan.levers import REGISTRY
+from h3plan.levers import REGISTRY, SPECS
 from h3plan.planner import Plan
 
 from . import linears
@@ -60,6 +60,7 @@ from .lora import bypassed, guard as lora_guard, refuse_peft
 from .nvfp4_inputs import install_nvfp4
 from .recognise import check_model_facts, fewer_layers, is_transformer, recognise
 from .report import InstallReport
+from .site import run_steps
 from .step_cache import install as install_step_cache
 
 logger = logging.getLogger("h3plan.install")
@@ -89,8 +90,8 @@ def collect(plan: Plan, registry=None) -> Builder:
     return builder
 
 
-def _skips(plan, builder, report):
-    touched = builder.touched
+def _skips(plan, builder, report, stepped: set[str]):
+    touched = builder.touched | stepped
     report.skipped.extend(builder.skipped)
     skipped = {lever for lever, _ in builder.skipped}
     for d in plan.decisions:
@@ -100,8 +101,10 @@ def _skips(plan, builder, report):
             report.notes.append(f"{d.lever}={d.setting} is enabled but its install recorded no option")
         if not d.hardware_verified and d.enabled:
             report.notes.append(f"{d.lever}={d.setting} has never run on hardware of the planned kind")
-    if builder.recorded("vae"):
-        levers = sorted({builder.lever_of(k) for k in builder.recorded("vae")})
+    vae_steps = {d.lever for d in plan.decisions if d.enabled and SPECS.get(d.lever) is not None
+                 and SPECS[d.lever].model_step is not None and SPECS[d.lever].model == "vae"}
+    if builder.recorded("vae") or vae_steps:
+        levers = sorted({builder.lever_of(k) for k in builder.recorded("vae")} | vae_steps)
         report.skipped.append((", ".join(levers), "VAE options apply to AutoencoderKLMiniMaxH3, not to the transformer "
                                                   "(install the plan into the VAE too)"))
 
@@ -144,7 +147,8 @@ def _install_transformer(model, plan, *, registry, group, num_inference_steps, d
         if device is not None:
             _placement.place(model, state, device, linears.streamed(model, builder))
         _transformer(model, builder, state, group, steps, num_inference_steps, adaln_conditions, bypass)
-    _skips(plan, builder, state.report)
+        stepped = run_steps(model, plan, state, "transformer")  # the levers' own steps (install/site.py)
+    _skips(plan, builder, state.report, stepped)
     return _finish(model, plan, state, fewer, device, replaced, announce)
 
 
@@ -163,7 +167,8 @@ def _install_vae(model, plan, *, registry, group, num_inference_steps, device, s
         if device is not None:
             _placement.place(model, state, device, _vae.cast_tensors(model, builder))
         _vae.apply(model, builder, state, group)
-    _vae.skips(plan, builder, state.report)
+        stepped = run_steps(model, plan, state, "vae")  # the levers' own steps (install/site.py)
+    _vae.skips(plan, builder, state.report, stepped)
     if group is not None and not builder.view("vae").parallel:
         state.report.notes.append("group= is for the transformer's Ulysses attention and vae_parallel; this plan uses "
                                   "neither on the VAE")

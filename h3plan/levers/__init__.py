@@ -7,7 +7,7 @@ builder). Every table other code needs about levers is derived here, once:
     LEVER_SETTINGS   lever -> its settings             (the config schema, --help, plan validation)
     OPTIONS          option key -> (owner lever, Option) (the builder's validation, the installer's defaults)
     MEMORY_SPECS     the levers decided in the memory estimate (MEMORY_NAMES: the text encoder's placement)
-    KERNEL_OPS       kernel op -> its lever           (install/kernels.py maps each op to its functions)
+    KERNEL_OPS       kernel op -> its lever           (runtime/kernels' OPS map each to its functions)
     ULYSSES_LEVERS, REFERENCE_LEVERS, COUNTERS          (hardware-verified rule, verify)
     DECODE_LEVERS, OWN_BUDGET_LEVERS, BACKEND_LEVER     (verify: by each SPEC's `verify` strategy)
     owner(option), counter(option, route)              (an install call site: whom it installs for, what it counts)

@@ -173,7 +173,7 @@ class Spec:
     backends: setting -> the attention backends that setting needs (checked when planning, installing and
         when verify swaps an unavailable backend for sdpa).
     options: the install options this lever owns (no other lever may set them).
-    kernels: the names of the kernel ops the installed forward calls for this lever (h3plan/install/kernels.py maps
+    kernels: the names of the kernel ops the installed forward calls for this lever (each kernel module's OPS maps
         each to its function and check: levers sit below the runtime and import none of it).
     column: its column's header in a sweep's table (h3plan/sweep.py); None: not a column there.
     terms: setting -> what it changes in the plan's estimates and memory (Terms); a setting not named changes nothing.
@@ -193,6 +193,12 @@ class Spec:
         vae_encode_precision is off for t2va, which encodes nothing, and a t2va plan prints as it did before it).
     exports: functions of its install module (h3plan/install/<name>.py) that the package offers as `h3plan.<fn>`, each
         also in h3plan's `__all__` (adaln_table's `prepare`: step counts added to an installed table).
+    model_step: the install step this lever owns on its model (`model`), for a lever whose effect no installer step
+        carries (a new call site of its own): `model_step(model, decision, site)`, run for an enabled decision after
+        the installer's own steps, in plan order. `site` (h3plan/install/site.py) is all it reaches the model and the
+        runtime through: its named hooks (`site.attach`, `site.effect`: `h3plan.<lever>`), its kernel ops
+        (`site.kernel(op)`, only ops of its `kernels`), a guarded call counted under its counter (`site.guarded`) and
+        the swap log (`site.swap`). The lever module still imports no torch: it calls what it is handed.
     hardware: the hardware YAML sections it owns -> their type (a dataclass, or a List of one): a capability section
         (`vae_ops`) or its evidence under `measured` (`measured.compile`); planning/hardware_config.py types the
         hardware group with them (HardwareConfig, MeasuredFacts), so a new lever's facts need no field there.
@@ -220,6 +226,7 @@ class Spec:
     budget_line: Callable[[Decision], tuple[str, str]] | None = None
     exports: tuple[str, ...] = ()
     hardware: Mapping[str, Any] = field(default_factory=dict)
+    model_step: Callable[[Any, Decision, Any], None] | None = None
 
     def __post_init__(self):
         if self.model not in MODELS:
@@ -267,10 +274,10 @@ class Spec:
 
     @property
     def installs(self) -> bool:
-        """Whether install can put anything into the model. The builder takes only the option keys a SPEC
-        declares, so a lever that declares none can only skip: its settings are planned with no kernel behind
-        them (the plan says so on a line of its own), until a kernel and its option are added here."""
-        return bool(self.options)
+        """Whether install can put anything into the model: through the options it records on the builder (the
+        builder takes only the option keys a SPEC declares) or its own `model_step`. A lever with neither can only
+        skip: its settings are planned with no kernel behind them (the plan says so on a line of its own)."""
+        return bool(self.options) or self.model_step is not None
 
 
 def default_install(spec: Spec) -> Callable[[Any, Any], None]:

@@ -47,16 +47,44 @@ def calibrated(tmp_path_factory):
 def test_observer_forward_is_diffusers_bitwise():
     from h3plan.actions.calibration import _Run, _Stats
 
+    from h3plan.install.hooks import installed
+
     model, inputs = tiny_model(), tiny_inputs()
     want = forward(model, inputs)
+    dicts = {n: dict(m.__dict__) for n, m in model.named_modules()}
     run = _Run(model, _Stats(99.9))
     try:
         got = run.forward(inputs, "observe")
+        hooks = installed(model)
     finally:
         run.close()
     assert torch.equal(got["video"], want[0]) and torch.equal(got["audio"], want[1])
+    assert ("transformer_blocks.0.attn.to_q", "h3plan.calibrate") in hooks
+    assert ("transformer_blocks.0.attn", "h3plan.calibrate.processor") in hooks
     assert type(model.transformer_blocks[0].attn.processor).__name__ == "MiniMaxH3AttnProcessor"  # restored
-    assert not model.transformer_blocks[0].attn.to_q._forward_pre_hooks
+    assert installed(model) == [] and not model.transformer_blocks[0].attn.to_q._forward_pre_hooks
+    assert {n: dict(m.__dict__) for n, m in model.named_modules()}.keys() == dicts.keys()
+    assert all(m.__dict__.keys() == dicts[n].keys() for n, m in model.named_modules())  # nothing left on a module
+
+
+def test_the_fp8_forward_s_linears_go_back_at_close():
+    from h3plan.actions.calibration import _Run, _Stats
+    from h3plan.install.hooks import installed
+
+    model, inputs = tiny_model(), tiny_inputs()
+    want = forward(model, inputs)
+    linears = [type(m).__name__ for m in model.modules()]
+    run = _Run(model, _Stats(99.9), fp8_linears=True)
+    try:
+        run.forward(inputs, "observe")
+        fp8 = run.forward(inputs, "dynamic")
+        assert "h3plan.calibrate.fp8_linears" in [n for _, n in installed(model)]
+    finally:
+        run.close()
+    assert not torch.equal(fp8["video"], want[0])  # the FP8 linears ran
+    assert [type(m).__name__ for m in model.modules()] == linears and installed(model) == []
+    got = forward(model, inputs)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 def test_calibrate_writes_a_table_that_loads(calibrated):

@@ -29,7 +29,7 @@ from typing import Any, Callable
 import torch
 
 from h3plan.facts.blocks import VAE_BLOCK_LINEARS
-from h3plan.install.kernels import KERNELS, kernel
+from h3plan.runtime.kernels.table import kernel, ops as kernel_ops
 from h3plan.runtime.guards import count_route, run_guarded
 from h3plan.levers import SPECS, counter, owner
 from h3plan.runtime.quant.fp8 import FP8Linear
@@ -45,7 +45,7 @@ LINEARS = VAE_BLOCK_LINEARS
 
 def load_kernels(ops) -> dict[str, tuple[Callable, Callable]]:
     """op -> (fn, check) for the ops with a kernel (vae_ops' SPEC.kernels, keyed `vae_<op>`)."""
-    return {op: kernel(f"vae_{op}") for op in ops if f"vae_{op}" in KERNELS}
+    return {op: kernel(f"vae_{op}") for op in ops if f"vae_{op}" in kernel_ops()}
 
 
 def _am():

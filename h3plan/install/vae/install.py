@@ -411,15 +411,16 @@ def _encode_note(model, tiling_before, state) -> None:
                               f"(vae_encode_precision; the decode's cast leaves it) and {tiles}")
 
 
-def skips(plan, builder, report) -> None:
-    """Report every plan lever that installed nothing here, with its reason (never silently)."""
-    vae_levers = set(VAE_LEVERS) | {builder.lever_of(k) for k in builder.recorded("vae")}
+def skips(plan, builder, report, stepped=frozenset()) -> None:
+    """Report every plan lever that installed nothing here, with its reason (never silently); `stepped`: the levers
+    whose own install step ran on the VAE (install/site.py)."""
+    vae_levers = set(VAE_LEVERS) | {builder.lever_of(k) for k in builder.recorded("vae")} | set(stepped)
     other = [d.lever for d in plan.decisions if d.lever not in vae_levers]
     if other:
         report.skipped.append((", ".join(other), "transformer levers apply to MiniMaxH3Transformer3DModel, not to "
                                                  "the VAE (install the plan into the transformer too)"))
     report.skipped.extend((lv, r) for lv, r in builder.skipped if lv in vae_levers)
-    touched = {builder.lever_of(k) for k in builder.recorded("vae")}
+    touched = {builder.lever_of(k) for k in builder.recorded("vae")} | set(stepped)
     skipped = {lv for lv, _ in builder.skipped}
     for d in plan.decisions:
         if d.lever not in vae_levers:

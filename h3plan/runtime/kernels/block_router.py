@@ -328,6 +328,10 @@ def block_router_ref(q, k, video_start, keep: float, *, block_q: int = 128, bloc
     return mask_to_blocks(block_mask_ref(q, k, vs, keep, block_q=block_q, block_k=block_k, video_only=video_only))
 
 
+# the kernel ops of this module a lever names (SPEC.kernels): op -> (function, its check), read by table.py
+OPS = {"block_router": ("block_router", "block_router_check")}
+
+
 __all__ = ["SUB", "block_router", "block_router_check", "block_router_torch", "block_router_ref", "block_mask_ref",
            "block_scores_ref",
            "keep_blocks", "mask_to_blocks", "blocks_to_mask"]

@@ -484,3 +484,7 @@ def cast_rows_fp8(x, act_scale=None):
         raise ValueError(reason)
     return torch.ops.h3plan.cast_rows_fp8(x, _scale_arg(act_scale))
 
+
+# the kernel ops of this module a lever names (SPEC.kernels): op -> (function, its check), read by table.py
+OPS = {"rmsnorm_modulate_fp8": ("rmsnorm_modulate_fp8", "rmsnorm_modulate_fp8_check"),
+       "swiglu_fp8": ("swiglu_fp8", "swiglu_fp8_check"), "cast_rows_fp8": ("cast_rows_fp8", "cast_rows_fp8_check")}

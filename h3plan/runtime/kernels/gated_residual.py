@@ -95,3 +95,7 @@ def gated_residual(h, gate, index, y):
     if reason is not None:
         raise ValueError(reason)
     return torch.ops.h3plan.gated_residual(h, gate, index, y)
+
+
+# the kernel ops of this module a lever names (SPEC.kernels): op -> (function, its check), read by table.py
+OPS = {"gated_residual": ("gated_residual", "gated_residual_check")}

@@ -200,3 +200,7 @@ def rmsnorm_modulate(x, weight, scale, shift, index, eps=None, mode="exact"):
     if reason is not None:
         raise ValueError(reason)
     return torch.ops.h3plan.rmsnorm_modulate(x, weight, scale, shift, index, eps, mode)
+
+
+# the kernel ops of this module a lever names (SPEC.kernels): op -> (function, its check), read by table.py
+OPS = {"modulation": ("rmsnorm_modulate", "rmsnorm_modulate_check")}

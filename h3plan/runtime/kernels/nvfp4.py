@@ -607,3 +607,7 @@ def cast_nvfp4(x: torch.Tensor, global_scale: torch.Tensor | None = None):
     if reason is not None:
         raise ValueError(reason)
     return torch.ops.h3plan.cast_nvfp4(x, global_scale)
+
+
+# the kernel ops of this module a lever names (SPEC.kernels): op -> (function, its check), read by table.py
+OPS = {"cast_nvfp4": ("cast_nvfp4", "cast_nvfp4_check")}

@@ -519,3 +519,9 @@ def swiglu_nvfp4(x, global_scale=None):
     if reason is not None:
         raise ValueError(reason)
     return torch.ops.h3plan.swiglu_nvfp4(x, global_scale)
+
+
+# the kernel ops of this module a lever names (SPEC.kernels): op -> (function, its check), read by table.py
+OPS = {"rmsnorm_modulate_nvfp4": ("rmsnorm_modulate_nvfp4", "rmsnorm_modulate_nvfp4_check"),
+       "gated_residual_modulate_nvfp4": ("gated_residual_modulate_nvfp4", "gated_residual_modulate_nvfp4_check"),
+       "swiglu_nvfp4": ("swiglu_nvfp4", "swiglu_nvfp4_check")}

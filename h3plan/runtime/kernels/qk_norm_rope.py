@@ -492,3 +492,7 @@ def qk_norm_rope(q, k, wq, wk, cos, sin, eps, v=None, ulysses_degree=1):
         raise ValueError(reason)
     outs = torch.ops.h3plan.qk_norm_rope(q, k, wq, wk, cos, sin, float(eps), v, int(ulysses_degree))
     return tuple(outs) if ulysses_degree == 1 else outs[0]
+
+
+# the kernel ops of this module a lever names (SPEC.kernels): op -> (function, its check), read by table.py
+OPS = {"qk_norm_rope": ("qk_norm_rope", "qk_norm_rope_check")}

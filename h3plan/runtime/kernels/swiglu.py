@@ -112,3 +112,7 @@ def swiglu(x):
 def vae_swiglu_check(x) -> str | None:
     """swiglu_check for the VAE decoder, whose decode may run in float32."""
     return swiglu_check(x, VAE_DTYPES)
+
+
+# the kernel ops of this module a lever names (SPEC.kernels): op -> (function, its check), read by table.py
+OPS = {"swiglu": ("swiglu", "swiglu_check"), "vae_swiglu": ("swiglu", "vae_swiglu_check")}

@@ -138,3 +138,8 @@ def scaled_residual(h, y, scale):
     if reason:
         raise ValueError(reason)
     return torch.ops.h3plan.scaled_residual(h, y, scale)
+
+
+# the kernel ops of this module a lever names (SPEC.kernels): op -> (function, its check), read by table.py
+OPS = {"vae_qk_norm_rope": ("vae_qk_norm_rope", "vae_qk_norm_rope_check"),
+       "vae_scaled_residual": ("scaled_residual", "scaled_residual_check")}

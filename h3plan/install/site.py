@@ -1,0 +1,71 @@
+"""A lever's own install step (`Spec.model_step`) and what it is handed: a `Site`.
+
+A lever whose effect no installer step carries (a call site of its own) declares `model_step(model, decision, site)`
+in its SPEC. The installer runs it for every enabled decision of the model's levers, in plan order, after its own
+steps (`run_steps`), and hands it a Site bound to that lever and the install's state: everything the step changes is
+a named hook `h3plan.<lever>` (install/hooks.py), so uninstall and a failed install take it back like any other; the
+kernels it calls are its SPEC's ops only, resolved by the runtime's table; its guarded calls count under its SPEC's
+counter. The lever module imports no torch and no install code: the Site is its whole interface to both.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from h3plan.errors import InstallError
+from h3plan.levers import SPECS
+from h3plan.levers.base import Spec
+from h3plan.runtime.guards import run_guarded
+from h3plan.runtime.kernels.table import Pair, kernel
+
+from . import hooks
+
+
+class Site:
+    """One lever's handle on one install (module docstring)."""
+
+    def __init__(self, spec: Spec, state):
+        self.spec, self.lever, self._state = spec, spec.name, state
+
+    def attach(self, module, fqn: str, forward: Callable, *, replaces: bool = True,
+               attrs: dict[str, Any] | None = None) -> str:
+        """`forward` on `module` as the hook `h3plan.<lever>` (hooks.attach: a replacing forward is called
+        `forward(module, *args, **kwargs)`, a wrapping one `forward(previous, *args, **kwargs)`)."""
+        return hooks.attach(module, fqn, self.lever, forward, self._state, replaces=replaces, attrs=attrs)
+
+    def effect(self, module, restore: Callable[[], Any], *, apply: Callable[[], Any] | None = None,
+               part: str | None = None, fqn: str = "") -> str:
+        """An effect that is not a forward (hooks.effect): `apply` now, `restore` at uninstall."""
+        return hooks.effect(module, self.lever, self._state, restore, apply=apply, part=part, fqn=fqn)
+
+    def kernel(self, op: str) -> Pair:
+        """(function, check) of one of the lever's own kernel ops (SPEC.kernels)."""
+        if op not in self.spec.kernels:
+            raise InstallError(f"{self.lever}: kernel op {op!r} is not one of its SPEC.kernels {self.spec.kernels}")
+        return kernel(op)
+
+    def guarded(self, check: Callable[[], str | None], fused: Callable, fallback: Callable, grad_tensors=(),
+                route: str | None = None):
+        """`fused()` where `check()` finds no reason to refuse (and autograd needs none of `grad_tensors`), else
+        `fallback()`; counted under the lever's counter (or one of its routes), compile-safe (runtime/guards.py)."""
+        return run_guarded(self.spec.count(route), check, fused, fallback, grad_tensors)
+
+    def swap(self, fqn: str, old: str, new: str) -> None:
+        """One line of the install report's swap log: `lever: fqn old -> new`."""
+        self._state.report.swap(self.lever, fqn, old, new)
+
+
+def run_steps(model, plan, state, model_kind: str) -> set[str]:
+    """Every enabled decision's `model_step` of a lever of `model_kind` ("transformer" or "vae"), in plan order;
+    returns the levers whose step ran (the install then counts them as touched)."""
+    ran: set[str] = set()
+    for d in plan.decisions:
+        spec = SPECS.get(d.lever)
+        if spec is None or spec.model_step is None or spec.model != model_kind or not d.enabled:
+            continue
+        spec.model_step(model, d, Site(spec, state))
+        ran.add(d.lever)
+    return ran
+
+
+__all__ = ["Site", "run_steps"]

@@ -1,0 +1,70 @@
+"""install/site.py: what a lever's own install step (Spec.model_step) is handed, and when it runs."""
+
+import types
+
+import pytest
+import torch
+
+from h3plan.errors import InstallError
+from h3plan.facts.decision import make_decision
+from h3plan.install.hooks import installed, remove_all
+from h3plan.install.report import InstallReport
+from h3plan.install.site import Site, run_steps
+from h3plan.levers import SPECS
+from h3plan.levers.base import Spec
+from h3plan.runtime.counters import counters, reset_counters
+
+
+def _state():
+    return types.SimpleNamespace(hooks=[], report=InstallReport())
+
+
+def _spec(step=None, model="transformer"):
+    return Spec(name="toy_site", settings={"off": True, "on": True}, summary="t", counter="toy_site",
+                kernels=("swiglu",), model_step=step, model=model, verify="decode" if model == "vae" else "alone")
+
+
+def test_a_site_hands_only_the_lever_s_own_kernels():
+    site = Site(_spec(), _state())
+    assert site.kernel("swiglu")[0].__name__ == "swiglu"
+    with pytest.raises(InstallError, match="toy_site: kernel op 'gated_residual' is not one of its SPEC.kernels"):
+        site.kernel("gated_residual")
+
+
+def test_its_hooks_are_named_for_the_lever_and_removed_with_the_install():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    state = _state()
+    site = Site(_spec(), state)
+    site.attach(model[0], "0", lambda previous, x: previous(x) * 2, replaces=False)
+    site.effect(model, lambda: model.__dict__.pop("marked"), apply=lambda: setattr(model, "marked", 1), part="mark")
+    site.swap("0.forward", "Linear", "Linear x2")
+    assert installed(model) == [("", "h3plan.toy_site.mark"), ("0", "h3plan.toy_site")]
+    x = torch.ones(1, 4)
+    with torch.no_grad():
+        assert torch.equal(model(x), model[0].__class__.forward(model[0], x) * 2) and model.marked == 1
+    assert [str(s) for s in state.report.swaps] == ["toy_site: 0.forward Linear -> Linear x2"]
+    remove_all(state)
+    assert installed(model) == [] and not hasattr(model, "marked")
+
+
+def test_a_guarded_call_counts_under_the_lever_s_counter():
+    site = Site(_spec(), _state())
+    reset_counters()
+    assert site.guarded(lambda: None, lambda: "fused", lambda: "eager") == "fused"
+    assert site.guarded(lambda: "refused here", lambda: "fused", lambda: "eager") == "eager"
+    assert counters()["toy_site.fused"] == 1 and counters()["toy_site.fallback"] == 1
+    assert counters().reasons["toy_site"] == {"refused here": 1}
+
+
+def test_steps_run_for_enabled_decisions_of_their_model_only(monkeypatch):
+    ran = []
+    step = lambda model, d, site: ran.append((d.setting, site.lever))  # noqa: E731
+    monkeypatch.setitem(SPECS, "toy_site", _spec(step))
+    monkeypatch.setitem(SPECS, "toy_vae", Spec(name="toy_vae", settings={"off": True, "on": True}, summary="t",
+                                                model="vae", verify="decode", model_step=step))
+    plan = types.SimpleNamespace(decisions=[make_decision("toy_site", "off", True, ["r"]),
+                                            make_decision("toy_vae", "on", True, ["r"]),
+                                            make_decision("toy_site", "on", True, ["r"])])
+    assert run_steps(None, plan, _state(), "transformer") == {"toy_site"}
+    assert ran == [("on", "toy_site")]
+    assert run_steps(None, plan, _state(), "vae") == {"toy_vae"} and ran[-1] == ("on", "toy_vae")
