@@ -213,8 +213,9 @@ def run(cfg, plan, c) -> int:
     import torch
 
     from h3plan.actions.calibration import say
-    from h3plan.install import install, uninstall
-    from h3plan.install.step_cache import calls
+    from h3plan.install import install, of_lever, uninstall
+
+    calls = of_lever(lever.SPEC.name).calls  # the cache's generations (its runtime module)
 
     from .quality import compare, snr_db
 

@@ -69,12 +69,16 @@ def install(model, plan=None, *, recipe=None, parallel=None, video=None, hardwar
 
 
 def of_lever(lever: str) -> types.ModuleType:
-    """The install module of a registered lever whose install is a module of its own name (install/<lever>.py: the
-    tables, the ring, the step cache, sparse attention), imported: how an action reaches what such an install holds
-    (its state, its calls) by the lever's registry name. KeyError for a lever without one."""
-    if lever not in (*NAMES, *MEMORY_NAMES) or importlib.util.find_spec(f"{__name__}.{lever}") is None:
-        raise KeyError(f"no registered lever {lever!r} has an install module of its own (h3plan/install/<lever>.py)")
-    return importlib.import_module(f"{__name__}.{lever}")
+    """The module of a registered lever's own install, imported: its runtime module (h3plan/runtime/levers/<lever>.py,
+    the step cache's, which its `Spec.model_step` installs), else an install module of its name (install/<lever>.py:
+    the tables, the ring, sparse attention). How an action reaches what such an install holds (its state, its calls)
+    by the lever's registry name. KeyError for a lever without one."""
+    if lever in (*NAMES, *MEMORY_NAMES):
+        for path in (f"h3plan.runtime.levers.{lever}", f"{__name__}.{lever}"):
+            if importlib.util.find_spec(path) is not None:
+                return importlib.import_module(path)
+    raise KeyError(f"no registered lever {lever!r} has an install module of its own (h3plan/runtime/levers/<lever>.py "
+                   "or h3plan/install/<lever>.py)")
 
 
 # the installer's own keywords (installer.install)

@@ -58,7 +58,7 @@ from .components import STATE, TRANSFORMERS, is_pipeline
 from .hooks import attach, effect
 from .lora import WAY
 from .parking import park
-from .schedule import timestep_vectors
+from h3plan.runtime.schedule import timestep_vectors
 
 LEVER = owner("adaln_table")
 COUNTER = counter("adaln_table")

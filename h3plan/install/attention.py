@@ -23,7 +23,6 @@ from .options import AttentionOptions
 from .processor import H3PlanAttnProcessor
 from .ring import build as build_ring
 from .shard import SequenceShard
-from .sparse_attention import install as install_sparse
 
 
 def attention_options(builder, report) -> AttentionOptions:
@@ -83,7 +82,7 @@ def _ulysses(model, opts, group, builder, report):
     return SequenceShard(group, degree, 0, len(model.transformer_blocks) - 1), ua
 
 
-def install_processors(model, builder, state, group, steps=None):
+def install_processors(model, builder, state, group):
     """Each transformer block's attention processor: the plan's H3PlanAttnProcessor with its backend, kernels,
     static descales and Ulysses / ring exchange (the token refiner keeps diffusers' processor). Returns the
     sequence shard under Ulysses (the block forwards and output heads take it), else None."""
@@ -102,15 +101,13 @@ def install_processors(model, builder, state, group, steps=None):
     descales = _static_descales(opts, fqns) if static else {}
     shard, ua = _ulysses(model, opts, group, builder, report)
     ring, ua = (ua, None) if opts.ring_degree > 1 else (None, ua)
-    sparse = install_sparse(model, opts.sparse_attention, state, state.report.swap, steps=steps) \
-        if opts.sparse_attention else None
     lever = builder.lever_of("backend")
     recorded = builder.recorded("attention")
     for fqn, block in zip(fqns, model.transformer_blocks):
         attn = block.attn
         old = attn.processor
         proc = H3PlanAttnProcessor(opts, backend, kernels, old, static_descales=descales.get(fqn), shard=shard,
-                                   ulysses=ua, ring=ring, sparse=sparse)
+                                   ulysses=ua, ring=ring)
         effect(attn, lever, state, functools.partial(attn.set_processor, old),
                apply=functools.partial(attn.set_processor, proc), part="processor", fqn=fqn)
         report.swap(lever, f"{fqn}.processor", type(old).__name__, repr(proc))

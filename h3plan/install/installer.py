@@ -61,7 +61,6 @@ from .nvfp4_inputs import install_nvfp4
 from .recognise import check_model_facts, fewer_layers, is_transformer, recognise
 from .report import InstallReport
 from .site import run_steps
-from .step_cache import install as install_step_cache
 
 logger = logging.getLogger("h3plan.install")
 
@@ -146,8 +145,7 @@ def _install_transformer(model, plan, *, registry, group, num_inference_steps, d
     with _undone_on_error(state):
         if device is not None:
             _placement.place(model, state, device, linears.streamed(model, builder))
-        _transformer(model, builder, state, group, steps, num_inference_steps, adaln_conditions, bypass)
-        stepped = run_steps(model, plan, state, "transformer")  # the levers' own steps (install/site.py)
+        stepped = _transformer(model, builder, state, group, steps, num_inference_steps, adaln_conditions, bypass)
     _skips(plan, builder, state.report, stepped)
     return _finish(model, plan, state, fewer, device, replaced, announce)
 
@@ -167,7 +165,7 @@ def _install_vae(model, plan, *, registry, group, num_inference_steps, device, s
         if device is not None:
             _placement.place(model, state, device, _vae.cast_tensors(model, builder))
         _vae.apply(model, builder, state, group)
-        stepped = run_steps(model, plan, state, "vae")  # the levers' own steps (install/site.py)
+        stepped = run_steps(model, plan, state, "vae", group=group)  # the levers' own steps (install/site.py)
     _vae.skips(plan, builder, state.report, stepped)
     if group is not None and not builder.view("vae").parallel:
         state.report.notes.append("group= is for the transformer's Ulysses attention and vae_parallel; this plan uses "
@@ -252,11 +250,12 @@ def _label(plan: Plan) -> str:
     return "/".join(str(plan.get(s).get("name", "?")) for s in ("hardware", "recipe", "parallel")) + forced
 
 
-def _transformer(model, builder, state, group, steps, num_inference_steps, adaln_conditions, bypass) -> None:
+def _transformer(model, builder, state, group, steps, num_inference_steps, adaln_conditions, bypass) -> set[str]:
     """The transformer's install, in order: linears, AdaLN tables, per-row / NVFP4 inputs, attention processors,
-    block forwards, regional compile, step cache, the LoRA guard (each step beside what it installs; `bypass`: the
-    modules the plan serves without calling them, install/lora.py)."""
-    swap, lin, tr = state.report.swap, builder.view("linears"), builder.view("transformer")
+    block forwards, regional compile, the levers' own steps (the step cache), the LoRA guard (each step beside what it
+    installs; `bypass`: the modules the plan serves without calling them, install/lora.py); returns the levers whose
+    own step ran."""
+    swap, lin = state.report.swap, builder.view("linears")
     if lin.quant is not None:
         linears.quantize(model, builder, state)
     if lin.adaln_table is not None:  # install/adaln_table.py
@@ -264,16 +263,16 @@ def _transformer(model, builder, state, group, steps, num_inference_steps, adaln
     act_quant = install_rows(model, builder, state, swap)
     nvfp4 = install_nvfp4(model, builder, state, swap)
     counts = [num_inference_steps] if isinstance(num_inference_steps, int) else num_inference_steps
-    shard = install_processors(model, builder, state, group, counts) if builder.recorded("attention") else None
+    shard = install_processors(model, builder, state, group) if builder.recorded("attention") else None
     if shard is not None:
         linears.sequence_amax(model, shard, state)
     install_forwards(model, builder, state, shard, act_quant, nvfp4)
     if builder.view("block").compile == "regional":
         _compile(model, builder, state)
-    if tr.step_cache is not None:  # install/step_cache.py
-        install_step_cache(model, tr.step_cache, state, swap, group=getattr(shard, "group", None), steps=counts,
-                           pipeline=state.plan.get("pipeline"))
+    # the levers' own steps (Spec.model_step, install/site.py: the step cache's hook)
+    stepped = run_steps(model, state.plan, state, "transformer", group=getattr(shard, "group", None), steps=counts)
     lora_guard(model, state, bypass)
+    return stepped
 
 
 def _compile(model, builder, state) -> None:

@@ -12,7 +12,7 @@ and K, partial rotate-half RoPE, non-causal unmasked attention, `flatten(2, 3).t
   sequence shards, with its padding mode, head chunks, FP8 codes and prefix-in-place output;
 - ring x Ulysses (`ring_degree` > 1): h3plan.runtime.parallel.ring.RingUlysses over the world's sequence shards
   (install/ring.py: block attention with log-sum-exp, counted `ring.fused` / `ring.fallback`);
-- block-sparse attention (`sparse_attention`) on the forwards install/sparse_attention.py marks active: the router
+- block-sparse attention on the forwards its state marks active (runtime/levers/sparse_attention.py): the router
   and FA4's block-sparse forward as one custom op, after the Ulysses exchange (this rank's heads, the whole sequence);
   counted `sparse_attention.fused` (FA4 ran), else `.fallback` with the reason (the torch reference of the same mask,
   or the dense call where the mask cannot apply). A dense forward runs exactly the path above.
@@ -25,6 +25,7 @@ runtime verdict is cached per (shapes, strides, dtype, device).
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
@@ -42,7 +43,7 @@ from h3plan.runtime.guards import GRAD_REASON, count_route, needs_grad, run_guar
 from h3plan.levers import counter
 
 # the counters of the levers whose options this processor reads (each lever's SPEC.counter)
-ATTENTION, SPARSE, QK_NORM_ROPE = counter("backend"), counter("sparse_attention"), counter("qk_norm_rope")
+ATTENTION, QK_NORM_ROPE = counter("backend"), counter("qk_norm_rope")
 EXCHANGE, RING = counter("ulysses_exchange"), counter("ring_degree")
 
 
@@ -90,14 +91,14 @@ class H3PlanAttnProcessor:
     """One instance per transformer-block attention (it holds that layer's static FP8 scales)."""
 
     def __init__(self, opts, backend, kernels: dict, original, *, static_descales=None,
-                 shard=None, ulysses=None, ring=None, sparse=None):
+                 shard=None, ulysses=None, ring=None):
         self.opts, self.backend, self.kernels, self.original = opts, backend, kernels, original
         self.spec = backend_spec(opts.backend)  # what the backend declares (h3plan/facts/attention/specs/)
         self.static_descales = static_descales  # (3,) fp32 descales of q, k, v (static FP8 scales)
         self.static_scales = None if static_descales is None else tuple((1.0 / static_descales).tolist())
         self.shard, self.ulysses = shard, ulysses  # installer's sequence-shard context, UlyssesAttention
         self.ring = ring  # RingUlysses when ring_degree > 1 (then ulysses is None)
-        self.sparse = sparse  # install/sparse_attention.SparseState, or None
+        self.sparse: Any = None  # a SparseState (runtime/levers/sparse_attention.py) while that lever is installed
         self._act_dtype = None  # the activations' dtype of the current call (dequantised FP8 fallbacks)
         attention_ops.register(backend)
         if not any(b is backend for b in _BACKENDS):
@@ -148,13 +149,12 @@ class H3PlanAttnProcessor:
         st = self.sparse
         dense, verdict = self._sparse_reasons(q, k, v)
         if dense is not None:
-            count_route(SPARSE, f"{dense}: dense")
+            count_route(st.counter, f"{dense}: dense")
             return None
         assert verdict is not None
         fa4, why = verdict
-        count_route(SPARSE, why)
-        o = torch.ops.h3plan.sparse_attention(q, k, v, st.video_start, st.keep, st.block_q, st.block_k,
-                                              st.video_only, fa4)
+        count_route(st.counter, why)
+        o = st.attend(q, k, v, fa4)
         if out is not None:
             out.copy_(o)
             return out

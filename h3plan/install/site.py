@@ -5,11 +5,16 @@ in its SPEC. The installer runs it for every enabled decision of the model's lev
 steps (`run_steps`), and hands it a Site bound to that lever and the install's state: everything the step changes is
 a named hook `h3plan.<lever>` (install/hooks.py), so uninstall and a failed install take it back like any other; the
 kernels it calls are its SPEC's ops only, resolved by the runtime's table; its guarded calls count under its SPEC's
-counter. The lever module imports no torch and no install code: the Site is its whole interface to both.
+counter. The lever module imports no torch and no install code: the Site is its whole interface to both, and where
+its install is more than a few hooks, `site.runtime()` is its own runtime module (h3plan/runtime/levers/<lever>.py,
+torch code that reaches the model through the same Site: the step cache's).
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import types
 from typing import Any, Callable
 
 from h3plan.errors import InstallError
@@ -24,8 +29,19 @@ from . import hooks
 class Site:
     """One lever's handle on one install (module docstring)."""
 
-    def __init__(self, spec: Spec, state):
+    def __init__(self, spec: Spec, state, *, plan=None, group=None, steps=None):
         self.spec, self.lever, self._state = spec, spec.name, state
+        self.group = group  # the torch.distributed group of the Ulysses ranks (None: one rank)
+        self.steps: list[int] = list(steps or [])  # step counts passed to install(num_inference_steps=)
+        self.plan = plan  # the Plan being installed (its config sections: `site.plan.get("pipeline")`)
+
+    def runtime(self) -> types.ModuleType:
+        """The lever's own runtime module, h3plan/runtime/levers/<lever>.py, imported (InstallError where it has
+        none)."""
+        path = f"h3plan.runtime.levers.{self.lever}"
+        if importlib.util.find_spec(path) is None:
+            raise InstallError(f"{self.lever}: no runtime module of its own (h3plan/runtime/levers/{self.lever}.py)")
+        return importlib.import_module(path)
 
     def attach(self, module, fqn: str, forward: Callable, *, replaces: bool = True,
                attrs: dict[str, Any] | None = None) -> str:
@@ -54,16 +70,20 @@ class Site:
         """One line of the install report's swap log: `lever: fqn old -> new`."""
         self._state.report.swap(self.lever, fqn, old, new)
 
+    def note(self, line: str) -> None:
+        """A note of the install report (what a user must know of this install)."""
+        self._state.report.notes.append(line)
 
-def run_steps(model, plan, state, model_kind: str) -> set[str]:
+
+def run_steps(model, plan, state, model_kind: str, *, group=None, steps=None) -> set[str]:
     """Every enabled decision's `model_step` of a lever of `model_kind` ("transformer" or "vae"), in plan order;
-    returns the levers whose step ran (the install then counts them as touched)."""
+    returns the levers whose step ran (the install then counts them as touched). group / steps: the Site's."""
     ran: set[str] = set()
     for d in plan.decisions:
         spec = SPECS.get(d.lever)
         if spec is None or spec.model_step is None or spec.model != model_kind or not d.enabled:
             continue
-        spec.model_step(model, d, Site(spec, state))
+        spec.model_step(model, d, Site(spec, state, plan=plan, group=group, steps=steps))
         ran.add(d.lever)
     return ran
 

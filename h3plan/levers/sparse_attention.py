@@ -17,8 +17,8 @@ SM100-only; with recipe=fp8, levers.attention=fa4 keeps the FP8 GEMMs and compos
 forward, and a request whose forwards are all dense (auto: off, with the reason). ulysses_exchange (decided after)
 leaves out projection_split, whose attention calls see a slice of the query rows. Ulysses: the router runs after the
 exchange on this rank's heads over the whole sequence, so the mask is per head and local (no extra communication).
-Runtime: h3plan/install/sparse_attention.py (the forward index from the timestep vector through
-install/schedule.py schedule_index), the processor's `_sparse_attend`.
+Runtime: h3plan/runtime/levers/sparse_attention.py (the forward index from the timestep vector through
+runtime/schedule.py schedule_index), the processor's `_sparse_attend`.
 
 Quality is evidence, by step_cache's rules (h3plan/facts/evidence.py): `PUBLISHED` (SubBlock on released weights:
 SSIM, no PSNR, so a budget with a PSNR bound needs the user's own measurement) and the calibrated points of
@@ -89,6 +89,7 @@ SPEC = Spec(
     table_skips_off=True,
     verify=VERIFY_ATTENTION_ERROR,
     recipe_section="sparse",
+    model_step=lambda model, decision, site: _model_step(model, decision, site),  # below
     recipe_defaults=DEFAULTS,
     config_problem=lambda sparse: config_problem(sparse),  # below
     budget_line=lambda d: budget_line(d),  # below
@@ -322,11 +323,21 @@ def decide(ctx: Context):
     return resolve(ctx, SPEC, auto=auto, blockers=blockers, params=params, explain=explain, policy=policy)
 
 
+def values(decision) -> dict[str, Any]:
+    """What the installed lever runs by (its install option's value)."""
+    p = decision.param
+    return {"keep": p("keep"), "dense_forwards": p("dense_forwards"), "block_q": p("block_q"), "block_k": p("block_k"),
+            "video_only": p("video_only"), "steps": p("steps")}
+
+
 def install(builder, decision) -> None:
     if decision.setting == "off":
         builder.skip(SPEC.name, decision.reasons[0])
         return
-    p = decision.param
-    builder.set(SPEC.name, "sparse_attention", {
-        "keep": p("keep"), "dense_forwards": p("dense_forwards"), "block_q": p("block_q"), "block_k": p("block_k"),
-        "video_only": p("video_only"), "steps": p("steps")})
+    builder.set(SPEC.name, "sparse_attention", values(decision))
+
+
+def _model_step(model, decision, site) -> None:
+    """The forward placement and the processors' state (h3plan/runtime/levers/sparse_attention.py, through the
+    install's Site)."""
+    site.runtime().install(model, values(decision), site)

@@ -14,8 +14,8 @@ terminal sigma dropped, so 50 steps are 49 forwards):
   skipped and the cached residual of the other blocks (last block out - first block out) is added to the first
   block's output. Never in the first `warmup` or last `final` forwards, at most `max_skip` in a row. threshold 0:
   never skips.
-Runtime: h3plan/install/step_cache.py (a named diffusers hook). Exact where it must be: a schedule computing every
-forward, or threshold 0, is bitwise the plan without the cache.
+Runtime: h3plan/runtime/levers/step_cache.py (a named diffusers hook, installed by SPEC.model_step). Exact where it
+must be: a schedule computing every forward, or threshold 0, is bitwise the plan without the cache.
 
 Quality is evidence (h3plan/facts/evidence.py): POINTS below are the published measurements of these settings on
 H3's released weights, each at its knobs and workflow; `recipe.cache.evidence=FILE` adds points measured on the
@@ -108,6 +108,7 @@ SPEC = Spec(
     terms={s: Terms(fewer_forwards=True) for s in ("fixed", "taylor", "first_block")},
     verify=VERIFY_GENERATION,
     recipe_section="cache",
+    model_step=lambda model, decision, site: _model_step(model, decision, site),  # below
     config_problem=lambda cache: config_problem(cache),  # below
     budget_line=lambda d: budget_line(d),  # below
 )
@@ -525,12 +526,21 @@ def decide(ctx: Context):
     return resolve(ctx, SPEC, auto=auto, blockers=blockers, params=params, explain=explain, policy=policy)
 
 
+def values(decision) -> dict[str, Any]:
+    """What the installed cache runs by: the decision's mode and schedule (its install option's value)."""
+    p = decision.param
+    return {"mode": decision.setting, "steps": p("steps"), "forwards": p("forwards"),
+            "computed": p("computed", p("forwards")), "warmup": p("warmup"), "final": p("final"),
+            "threshold": p("threshold", 0.0), "max_skip": p("max_skip") or p("forwards")}
+
+
 def install(builder, decision) -> None:
     if decision.setting == "off":
         builder.skip(SPEC.name, decision.reasons[0])
         return
-    p = decision.param
-    builder.set(SPEC.name, "step_cache", {
-        "mode": decision.setting, "steps": p("steps"), "forwards": p("forwards"),
-        "computed": p("computed", p("forwards")), "warmup": p("warmup"), "final": p("final"),
-        "threshold": p("threshold", 0.0), "max_skip": p("max_skip") or p("forwards")})
+    builder.set(SPEC.name, "step_cache", values(decision))
+
+
+def _model_step(model, decision, site) -> None:
+    """The cache's hook on the transformer (h3plan/runtime/levers/step_cache.py, through the install's Site)."""
+    site.runtime().install(model, values(decision), site)

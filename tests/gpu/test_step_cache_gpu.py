@@ -43,7 +43,7 @@ def _plan(recipe, setting, **cache):
 def _generation(model, plan, inputs, compile_=False):
     import h3plan
     from h3plan.install import install, uninstall
-    from h3plan.install.step_cache import STATE
+    from h3plan.runtime.levers.step_cache import STATE
     from h3plan.runtime.counters import counters, reset_counters
 
     vectors = pairs(N, inputs["timestep"])
@@ -128,7 +128,7 @@ def test_first_block_skips_add_the_cached_residual(setup):
     install(model, _plan("bf16", "first_block", threshold=10.0, warmup=4, final=0, max_skip=1))
     try:
         h3plan.prepare(model, timesteps=vectors)
-        from h3plan.install.step_cache import STATE
+        from h3plan.runtime.levers.step_cache import STATE
 
         model.__dict__[STATE].index = {v.cpu().numpy().tobytes(): (i, N) for i, v in enumerate(vectors)}
         with torch.no_grad():

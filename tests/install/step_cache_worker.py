@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 def worker(rank, world, port, outdir):
     sys.path.insert(0, os.path.dirname(__file__))
-    from h3plan.install.step_cache import _State, relative_change
+    from h3plan.runtime.levers.step_cache import _State, relative_change
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:

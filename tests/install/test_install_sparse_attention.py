@@ -22,7 +22,7 @@ import sparse_attention_worker as W
 from install_helpers import forward, tiny_model
 
 from h3plan.install import counters, fallback_reasons, reset_counters, uninstall
-from h3plan.install.sparse_attention import HOOK, STATE, SparseState, calls
+from h3plan.runtime.levers.sparse_attention import HOOK, STATE, SparseState, calls
 from h3plan.planner import make_plan
 
 S = 300  # 8 text + 40 audio + 252 video rows: query blocks 2..9 of 32 rows are pure video

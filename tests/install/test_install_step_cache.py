@@ -14,7 +14,7 @@ pytest.importorskip("transformers", reason="diffusers' MiniMaxH3ModularPipeline 
 
 import h3plan  # noqa: E402
 from h3plan.install import counters, reset_counters, uninstall  # noqa: E402
-from h3plan.install.step_cache import HOOK, STATE, calls  # noqa: E402
+from h3plan.runtime.levers.step_cache import HOOK, STATE, calls  # noqa: E402
 from h3plan.levers.step_cache import computed_mask  # noqa: E402
 from h3plan.runtime.counters import fallback_reasons  # noqa: E402
 from test_install_pipeline import _cfg  # noqa: E402

@@ -9,7 +9,7 @@ from install_helpers import tiny_inputs, tiny_model
 
 import h3plan
 from h3plan.actions.verify_step_cache import pairs
-from h3plan.install.step_cache import STATE
+from h3plan.runtime.levers.step_cache import STATE
 from h3plan.install import install, uninstall
 from h3plan.runtime.counters import counters, reset_counters
 

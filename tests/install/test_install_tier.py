@@ -13,7 +13,7 @@ pytest.importorskip("transformers", reason="diffusers' MiniMaxH3ModularPipeline 
 
 import h3plan  # noqa: E402
 from h3plan.install import counters, reset_counters, uninstall  # noqa: E402
-from h3plan.install.step_cache import STATE  # noqa: E402
+from h3plan.runtime.levers.step_cache import STATE  # noqa: E402
 from test_install_step_cache import EAGER, _call, _pipe  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -6,7 +6,7 @@ Triton.
 """
 
 from h3plan.facts import hardware
-from h3plan.install.schedule import timestep_vectors
+from h3plan.runtime.schedule import timestep_vectors
 from h3plan.install.vae import parallel as vae_parallel
 from h3plan.install.vae.weights import DTYPES as VAE_DTYPES
 from h3plan.install.vae.weights import PrecisionCast

@@ -69,7 +69,7 @@ from h3plan.facts.workflows import PARTITION, TASKS
 from h3plan.planner import resolve
 from h3plan.planning.action_configs import PipelineBenchConfig  # bench.pipeline.*: one definition, the schema's
 from h3plan.planning.config import compose
-from h3plan.install.step_cache import STATE, calls as cache_calls
+from h3plan.install import of_lever
 from h3plan.install.text_encoder import placed as placed_text_encoder
 from h3plan.runtime.counters import counters, reset_counters
 
@@ -470,10 +470,11 @@ class _Session(Session):
         self.call()
         reset_counters()
         frames, secs, wall = self.call(self.full_forwards)
-        made = cache_calls(self.pipe.transformer)[-1:]  # this call's generation
+        cache = of_lever(STEP_CACHE)  # the cache's runtime: its generations and state
+        made = cache.calls(self.pipe.transformer)[-1:]  # this call's generation
         if len(made) != 1 or made[0]["forwards"] != len(secs):
             raise RuntimeError(f"the step cache placed {made} for a call of {len(secs)} forwards")
-        st = self.pipe.transformer.__dict__[STATE]
+        st = self.pipe.transformer.__dict__[cache.STATE]
         mask = list(st.done)  # what each forward of this call did: computed (every block) or skipped
         if len(mask) != len(secs):
             raise RuntimeError(f"the step cache decided {len(mask)} forwards of a call that made {len(secs)}")

@@ -1,9 +1,10 @@
-"""step_cache (levers/step_cache.py): fewer transformer forwards, as a named diffusers hook on the transformer.
+"""step_cache's runtime (its plan: levers/step_cache.py, whose `Spec.model_step` calls `install` here with the
+install's Site, install/site.py): fewer transformer forwards, as a named diffusers hook on the transformer.
 
 `h3plan.step_cache`, a diffusers ModelHook (HookRegistry, removable by name, install/hooks.py), wraps
 MiniMaxH3Transformer3DModel's forward. Each call is placed in its generation by its `timestep` vector: install builds,
 from diffusers' own MiniMaxH3Scheduler pair and the pipeline's build_row_timesteps
-(install/schedule.py), the vectors of every forward at the plan's step count (the request's), at those
+(runtime/schedule.py), the vectors of every forward at the plan's step count (the request's), at those
 passed as num_inference_steps=, and at the pipeline's default step count, for every kind of row (audio or not,
 conditioning rows or not): vector bits -> (forward index, forwards). One 4 x T byte device-to-host copy per call. A call
 the plan did not plan for runs the whole forward, counted `step_cache.fallback` with its reason: a vector of the
@@ -33,7 +34,7 @@ computed count. uninstall removes the hook and restores the ModuleList's class.
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
@@ -41,13 +42,12 @@ from h3plan.levers import REGISTRY, counter, owner
 from h3plan.runtime.counters import event
 from h3plan.runtime.guards import count_route
 
-from .hooks import attach, effect, name
-from .schedule import schedule_index
+from h3plan.runtime.schedule import schedule_index
 
 LEVER = owner("step_cache")
 COUNTER = counter("step_cache")
 _SCHEDULE = REGISTRY[LEVER]  # the lever module: its schedule arithmetic (computed_mask, scaled)
-HOOK = name(LEVER)
+HOOK = "h3plan." + LEVER  # the hook's name (install/hooks.py `name`)
 STATE = "_h3plan_step_cache"  # the installed cache's _State, in the model's (and its blocks') __dict__
 
 
@@ -254,13 +254,13 @@ def _like_output(values: tuple):
     return MiniMaxH3TransformerOutput(sample=values[0], audio_sample=values[1])
 
 
-def install(model, spec: dict[str, Any], state, swap, *, group=None, steps=None, schedulers=None,
-            pipeline: Mapping[str, Any] | None = None) -> _State:
-    """Register the hook (and, for first_block, the blocks' iteration; the state on the model: hooks of their own).
-    steps: more
-    step counts that run the plan's schedule scaled; pipeline: the plan's `pipeline` section: its shifts place the
-    calls, and its default step count is indexed to name a call at it (it computes every forward where it is not
-    the plan's)."""
+def install(model, spec: dict[str, Any], site) -> _State:
+    """Register the hook (and, for first_block, the blocks' iteration; the state on the model: hooks of their own)
+    through `site` (install/site.py): its `steps`, more step counts that run the plan's schedule scaled; its plan's
+    `pipeline` section: its shifts place the calls, and its default step count is indexed to name a call at it (it
+    computes every forward where it is not the plan's); its `group`, the Ulysses group the first block's decision is
+    reduced over. spec: the lever's values (levers/step_cache.py `values`)."""
+    steps, group, pipeline = site.steps, site.group, site.plan.get("pipeline") if site.plan is not None else None
     mine = int(spec["steps"])
     extra = sorted({int(s) for s in (steps or [])} - {mine})
     # the plan's own count first: every count's first forward passes the same vector, placed as the plan's (it
@@ -269,10 +269,10 @@ def install(model, spec: dict[str, Any], state, swap, *, group=None, steps=None,
     known = [mine, *extra, *([int(default_steps)] if default_steps
                              and int(default_steps) not in (mine, *extra) else [])]
     steps_of: dict[int, int] = {}
-    index = schedule_index(known, pipeline, schedulers=schedulers, counts=steps_of)
+    index = schedule_index(known, pipeline, counts=steps_of)
     runs = {f for f, n in steps_of.items() if n in (mine, *extra)} | {int(spec["forwards"])}
     st = _State(spec, index, group, runs=runs, steps_of=steps_of)
-    attach(model, "", LEVER, _make_forward(st), state, replaces=False)
+    site.attach(model, "", _make_forward(st), replaces=False)
     blocks = model.transformer_blocks
     if spec["mode"] == "first_block":
         old = type(blocks)
@@ -285,9 +285,9 @@ def install(model, spec: dict[str, Any], state, swap, *, group=None, steps=None,
             blocks.__dict__.pop(STATE, None)
             blocks.__class__ = old
 
-        effect(blocks, LEVER, state, plain, apply=cached, fqn="transformer_blocks")
-    effect(model, LEVER, state, functools.partial(model.__dict__.pop, STATE, None),
-           apply=functools.partial(model.__dict__.__setitem__, STATE, st), part="state")
+        site.effect(blocks, plain, apply=cached, fqn="transformer_blocks")
+    site.effect(model, functools.partial(model.__dict__.pop, STATE, None),
+                apply=functools.partial(model.__dict__.__setitem__, STATE, st), part="state")
     limit = f", at most {spec['max_skip']} in a row" if spec["max_skip"] < spec["forwards"] else ""
     if spec["mode"] == "first_block":
         what = (f"first-block cache: residual threshold {spec['threshold']:g}{limit}, warm-up {spec['warmup']} + final "
@@ -297,19 +297,19 @@ def install(model, spec: dict[str, Any], state, swap, *, group=None, steps=None,
                                        spec["max_skip"])
         what = (f"{spec['mode']} schedule: computes {sum(mask)} of {spec['forwards']} forwards per call "
                 f"(num_inference_steps={mine}{limit}), skips {[i for i, m in enumerate(mask) if not m]}")
-    swap(LEVER, "forward", "every forward computed", what)
-    state.report.notes.append(f"step_cache: {what}; planned for num_inference_steps={mine} (the request's): call "
-                              f"pipe(..., num_inference_steps={mine}); computed per call: h3plan.install.step_cache."
-                              "calls(model) and counters() step_cache.computed / .calls")
+    site.swap("forward", "every forward computed", what)
+    site.note(f"step_cache: {what}; planned for num_inference_steps={mine} (the request's): call "
+              f"pipe(..., num_inference_steps={mine}); computed per call: "
+              "h3plan.runtime.levers.step_cache.calls(model) and counters() step_cache.computed / .calls")
     others = [n for n in known if n != mine and n not in extra]
     if others:
-        state.report.notes.append(f"step_cache: a call at num_inference_steps={', '.join(map(str, others))} (the "
-                                  f"pipeline's default), or at any count not planned, is not the plan's {mine}: it "
-                                  "computes every forward, counted step_cache.fallback with that reason")
+        site.note(f"step_cache: a call at num_inference_steps={', '.join(map(str, others))} (the pipeline's default), "
+                  f"or at any count not planned, is not the plan's {mine}: it computes every forward, counted "
+                  "step_cache.fallback with that reason")
     if extra:
-        state.report.notes.append(f"step_cache: calls at num_inference_steps={', '.join(map(str, extra))} "
-                                  "(install(num_inference_steps=)) run the plan's schedule scaled, which no evidence "
-                                  "covers (unmeasured), counted step_cache.scaled per forward")
+        site.note(f"step_cache: calls at num_inference_steps={', '.join(map(str, extra))} "
+                  "(install(num_inference_steps=)) run the plan's schedule scaled, which no evidence covers "
+                  "(unmeasured), counted step_cache.scaled per forward")
     return st
 
 

@@ -1,7 +1,8 @@
-"""sparse_attention (levers/sparse_attention.py): which forwards run block-sparse attention, as a named diffusers hook.
+"""sparse_attention's runtime (its plan: levers/sparse_attention.py, whose `Spec.model_step` calls `install` here with
+the install's Site, install/site.py): which forwards run block-sparse attention, as a named diffusers hook.
 
 `h3plan.sparse_attention`, a diffusers ModelHook (install/hooks.py) on MiniMaxH3Transformer3DModel's forward, places
-each call in its generation by its `timestep` vector (install/schedule.py schedule_index: the same index the step cache
+each call in its generation by its `timestep` vector (runtime/schedule.py schedule_index: the same index the step cache
 keys on, one 4 x T byte device-to-host copy per call) and sets, for the attention processors of that call:
 - `active`: the call is forward >= dense_forwards of its generation (and keep < 1: keeping every block is the dense
   call, which then runs as it is); a vector not in the index runs dense, counted `sparse_attention.fallback`;
@@ -9,8 +10,10 @@ keys on, one 4 x T byte device-to-host copy per call) and sets, for the attentio
   video (token_tags 0) at the last row's timestep (diffusers packs [text | conditions | target audio | target video]:
   the conditioning video rows carry their own timestep, so the run stops there). One persistent buffer, so a
   compiled block sees the same tensor every call.
-After the call `active` is cleared: a block called outside a hooked forward runs dense. The processors read the
-state (install/processor.py `_sparse_attend`); `calls(model)` lists each generation's dense and sparse forwards.
+After the call `active` is cleared: a block called outside a hooked forward runs dense. Each plan attention processor
+holds the state while installed (`processor.sparse`, an effect hook `h3plan.sparse_attention.state` on its attention)
+and reads it (install/processor.py `_sparse_attend`, which calls `SparseState.attend`); `calls(model)` lists each
+generation's dense and sparse forwards.
 Under torch.compile the processor's branch on `active` is guarded: two graphs per block region (dense, sparse).
 """
 
@@ -21,16 +24,15 @@ from typing import Any
 
 import torch
 
+from h3plan.errors import InstallError
 from h3plan.levers import counter, owner
 from h3plan.runtime.counters import event
 from h3plan.runtime.guards import count_route
-
-from .hooks import attach, effect, name
-from .schedule import schedule_index
+from h3plan.runtime.schedule import schedule_index
 
 LEVER = owner("sparse_attention")
 COUNTER = counter("sparse_attention")
-HOOK = name(LEVER)
+HOOK = "h3plan." + LEVER  # the hook's name (install/hooks.py `name`)
 STATE = "_h3plan_sparse_attention"
 
 
@@ -46,6 +48,13 @@ class SparseState:
         self.video_start: torch.Tensor | None = None  # (1,) int64 on the model's device
         self.history: list[dict[str, int]] = []
         self._run = {"forwards": 0, "dense": 0, "sparse": 0}
+        self.counter = COUNTER  # what the processor's sparse calls count under
+
+    def attend(self, q, k, v, fa4: bool):
+        """The block-sparse attention of this call's kept blocks: the router and FA4's block-sparse forward as one
+        custom op (runtime/attention/block_sparse.py; `fa4` False: its torch reference of the same mask)."""
+        return torch.ops.h3plan.sparse_attention(q, k, v, self.video_start, self.keep, self.block_q, self.block_k,
+                                                 self.video_only, fa4)
 
     def boundary(self, token_tags: torch.Tensor, timestep_indices: torch.Tensor) -> torch.Tensor:
         """Write the first target-video row into the persistent `video_start` buffer (device ops only)."""
@@ -93,21 +102,32 @@ def _make_forward(state: SparseState):
     return sparse_forward
 
 
-def install(model, spec: dict[str, Any], state, swap, *, steps=None) -> SparseState:
-    """Register the hook and the state the processors read (a hook of its own on `model`); return the state."""
-    counts = sorted({int(spec["steps"]), *(int(s) for s in (steps or []))})
+def install(model, spec: dict[str, Any], site) -> SparseState:
+    """Register, through `site` (install/site.py; its `steps`: more step counts to key), the hook, the state on the
+    model and on each transformer block's plan attention processor (hooks of their own); return the state. The
+    processors must be the plan's (the attention lever's, installed before): InstallError otherwise."""
+    counts = sorted({int(spec["steps"]), *(int(s) for s in site.steps)})
     st = SparseState(spec, schedule_index(counts))
-    attach(model, "", LEVER, _make_forward(st), state, replaces=False)
-
-    effect(model, LEVER, state, functools.partial(model.__dict__.pop, STATE, None),
-           apply=functools.partial(model.__dict__.__setitem__, STATE, st), part="state")
+    procs = []
+    for i, block in enumerate(model.transformer_blocks):
+        proc = block.attn.processor
+        if not hasattr(proc, "sparse"):
+            raise InstallError(f"{LEVER}: transformer_blocks.{i}.attn runs {type(proc).__name__}, not the plan's "
+                               "attention processor, which block-sparse attention runs in")
+        procs.append((f"transformer_blocks.{i}.attn", block.attn, proc))
+    site.attach(model, "", _make_forward(st), replaces=False)
+    site.effect(model, functools.partial(model.__dict__.pop, STATE, None),
+                apply=functools.partial(model.__dict__.__setitem__, STATE, st), part="state")
+    for fqn, attn, proc in procs:
+        site.effect(attn, functools.partial(setattr, proc, "sparse", None),
+                    apply=functools.partial(setattr, proc, "sparse", st), part="state", fqn=fqn)
     rows = "target-video query blocks" if st.video_only else "every query block"
     what = (f"block-sparse attention: {rows} keep {st.keep:g} of the {st.block_q}x{st.block_k} key blocks after "
             f"{st.dense_forwards} dense forwards")
-    swap(LEVER, "forward", "every attention call dense", what)
-    state.report.notes.append(f"sparse_attention: {what}; keyed by the timestep vectors of num_inference_steps "
-                              f"{', '.join(map(str, counts))} (another vector runs dense, counted "
-                              "sparse_attention.fallback); per call: h3plan.install.sparse_attention.calls(model)")
+    site.swap("forward", "every attention call dense", what)
+    site.note(f"sparse_attention: {what}; keyed by the timestep vectors of num_inference_steps "
+              f"{', '.join(map(str, counts))} (another vector runs dense, counted sparse_attention.fallback); per "
+              "call: h3plan.runtime.levers.sparse_attention.calls(model)")
     return st
 
 

@@ -2,7 +2,7 @@
 `timestep_vectors` (the distinct float32 `timestep` vectors diffusers' MiniMaxH3Scheduler pair and the pipeline's
 `MiniMaxH3SetTimestepsStep.build_row_timesteps` pass over some step counts) keys the AdaLN tables
 (install/adaln_table.py); `schedule_index` (vector bytes -> (forward index, forwards) over every kind of row) places
-the step cache's and sparse attention's calls (install/step_cache.py, install/sparse_attention.py)."""
+the step cache's and sparse attention's calls (runtime/levers/step_cache.py, runtime/levers/sparse_attention.py)."""
 
 from __future__ import annotations
 
