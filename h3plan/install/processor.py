@@ -12,10 +12,10 @@ and K, partial rotate-half RoPE, non-causal unmasked attention, `flatten(2, 3).t
   sequence shards, with its padding mode, head chunks, FP8 codes and prefix-in-place output;
 - ring x Ulysses (`ring_degree` > 1): h3plan.runtime.parallel.ring.RingUlysses over the world's sequence shards
   (install/ring.py: block attention with log-sum-exp, counted `ring.fused` / `ring.fallback`);
-- block-sparse attention on the forwards its state marks active (runtime/levers/sparse_attention.py): the router
-  and FA4's block-sparse forward as one custom op, after the Ulysses exchange (this rank's heads, the whole sequence);
-  counted `sparse_attention.fused` (FA4 ran), else `.fallback` with the reason (the torch reference of the same mask,
-  or the dense call where the mask cannot apply). A dense forward runs exactly the path above.
+- a lever's takeover of the attention call (`override`, set by that lever's install while installed: sparse
+  attention's block-sparse forwards, runtime/levers/sparse_attention.py): on a call its `active` marks, after the
+  Ulysses exchange (this rank's heads, the whole sequence), `override.take(q, k, v)` gives the output, or None where
+  the call runs the backend as above (the override counts either way).
 
 Guards per call: a refused kernel check, an unavailable backend, an attention mask or autograd route
 that step to diffusers' own code and count `<lever>.fallback` with the reason. The backend's
@@ -32,23 +32,18 @@ from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_minimax_h3 import _apply_rotary_emb
 
 from h3plan.runtime.attention import ops as attention_ops
-from h3plan.runtime.attention.block_sparse import fa4_block_sparse_reason, router_reason
 from h3plan.facts.attention import backend_spec
 from h3plan.runtime.kernels.qk_norm_rope import qk_norm_rope_fp8_ref
 from h3plan.runtime.parallel.comm import amax_allreduce_hook
 from h3plan.facts.sizes import valid_rows
 from h3plan.runtime.quant.fp8 import shared_activation
 
-from h3plan.runtime.guards import GRAD_REASON, count_route, needs_grad, run_guarded
+from h3plan.runtime.guards import GRAD_REASON, count_route, needs_grad, run_guarded, signature as _sig
 from h3plan.levers import counter
 
 # the counters of the levers whose options this processor reads (each lever's SPEC.counter)
 ATTENTION, QK_NORM_ROPE = counter("backend"), counter("qk_norm_rope")
 EXCHANGE, RING = counter("ulysses_exchange"), counter("ring_degree")
-
-
-def _sig(*ts) -> tuple:
-    return tuple((tuple(int(x) for x in t.shape), tuple(int(x) for x in t.stride()), t.dtype, t.device) for t in ts)
 
 
 _BACKENDS: list = []  # backend objects by index, for the trace-time verdict below
@@ -69,24 +64,6 @@ def _verdict(index: int, sig: tuple) -> str | None:
 _traced_verdict = torch.compiler.assume_constant_result(_verdict)
 
 
-def _sparse_verdict(sig: tuple, plan: tuple) -> tuple[bool, str | None]:
-    """(FA4's block-sparse forward takes q of this signature, the reasons the call runs a torch reference or None),
-    computed once on empty tensors of the (q, k) signature and the plan's (block_q, block_k, keep)."""
-    key = ("sparse", sig, plan)
-    if key not in _VERDICTS:
-        q, k = (torch.empty_strided(shape, stride, dtype=dtype, device=device) for shape, stride, dtype, device in sig)
-        block_q, block_k, keep = plan
-        fa4 = fa4_block_sparse_reason(q, block_q, block_k)
-        router = router_reason(q, k, torch.zeros(1, dtype=torch.int64, device=q.device), keep, block_q, block_k)
-        why = [w for w in (None if fa4 is None else f"{fa4}: the torch reference of the same mask",
-                           None if router is None else f"router kernel: {router}: its torch reference") if w]
-        _VERDICTS[key] = (fa4 is None, "; ".join(why) or None)
-    return _VERDICTS[key]
-
-
-_traced_sparse_verdict = torch.compiler.assume_constant_result(_sparse_verdict)
-
-
 class H3PlanAttnProcessor:
     """One instance per transformer-block attention (it holds that layer's static FP8 scales)."""
 
@@ -98,7 +75,7 @@ class H3PlanAttnProcessor:
         self.static_scales = None if static_descales is None else tuple((1.0 / static_descales).tolist())
         self.shard, self.ulysses = shard, ulysses  # installer's sequence-shard context, UlyssesAttention
         self.ring = ring  # RingUlysses when ring_degree > 1 (then ulysses is None)
-        self.sparse: Any = None  # a SparseState (runtime/levers/sparse_attention.py) while that lever is installed
+        self.override: Any = None  # a lever's takeover of some calls (module docstring), set while it is installed
         self._act_dtype = None  # the activations' dtype of the current call (dequantised FP8 fallbacks)
         attention_ops.register(backend)
         if not any(b is backend for b in _BACKENDS):
@@ -129,43 +106,20 @@ class H3PlanAttnProcessor:
                 why = getattr(self.backend, o.reason)(q)
                 count_route(counter(o.key), why)
 
-    def _sparse_reasons(self, q, k, v) -> tuple[str | None, tuple[bool, str | None] | None]:
-        """(why this call runs dense, else None; `_sparse_verdict` of the call's signature): at trace time a constant
-        (shapes, dtype, device only)."""
-        st = self.sparse
-        if needs_grad(q, k, v):
-            return GRAD_REASON, None
-        if q.dtype not in (torch.bfloat16, torch.float16):
-            return f"q/k/v are {q.dtype}: the router and FA4's block-sparse forward take bf16/fp16", None
-        if q.shape[1] < k.shape[1]:
-            return "the call attends a slice of the query rows (the router routes whole sequences)", None
-        sig, plan = _sig(q, k), (st.block_q, st.block_k, st.keep)
-        if torch.compiler.is_compiling():
-            return None, _traced_sparse_verdict(sig, plan)
-        return None, _sparse_verdict(sig, plan)
-
-    def _sparse_attend(self, q, k, v, out):
-        """Block-sparse attention of a sparse forward, or None where the call must run dense (counted)."""
-        st = self.sparse
-        dense, verdict = self._sparse_reasons(q, k, v)
-        if dense is not None:
-            count_route(st.counter, f"{dense}: dense")
-            return None
-        assert verdict is not None
-        fa4, why = verdict
-        count_route(st.counter, why)
-        o = st.attend(q, k, v, fa4)
-        if out is not None:
-            out.copy_(o)
-            return out
-        return o
+    def _taken(self, q, k, v, out):
+        """The override's output for this call (into `out` where given), or None: the backend runs."""
+        o = self.override.take(q, k, v)
+        if o is None or out is None:
+            return o
+        out.copy_(o)
+        return out
 
     def attend(self, q, k, v, out=None, descales=None, amax=None):
         """Backend attention on (B, Sq, H, D) / (B, Skv, H, D); diffusers' dispatch when refused. `amax` (3,):
-        the q/k/v amax cudnn_fp8 scales bf16 inputs by (the whole sequence's, under Ulysses). On a forward the
-        sparse state marks active: block-sparse attention (`_sparse_attend`)."""
-        if self.sparse is not None and self.sparse.active:
-            o = self._sparse_attend(q, k, v, out)
+        the q/k/v amax cudnn_fp8 scales bf16 inputs by (the whole sequence's, under Ulysses). On a call an override
+        marks active, the override's output where it takes the call (`_taken`)."""
+        if self.override is not None and self.override.active:
+            o = self._taken(q, k, v, out)
             if o is not None:
                 return o
         reason = self._backend_reason(q, k, v)

@@ -18,7 +18,8 @@ forward, and a request whose forwards are all dense (auto: off, with the reason)
 leaves out projection_split, whose attention calls see a slice of the query rows. Ulysses: the router runs after the
 exchange on this rank's heads over the whole sequence, so the mask is per head and local (no extra communication).
 Runtime: h3plan/runtime/levers/sparse_attention.py (the forward index from the timestep vector through
-runtime/schedule.py schedule_index), the processor's `_sparse_attend`.
+runtime/schedule.py schedule_index; each call's block-sparse attention, `SparseState.take`, as the attention
+processor's override), installed by SPEC.model_step.
 
 Quality is evidence, by step_cache's rules (h3plan/facts/evidence.py): `PUBLISHED` (SubBlock on released weights:
 SSIM, no PSNR, so a budget with a PSNR bound needs the user's own measurement) and the calibrated points of

@@ -22,6 +22,11 @@ def needs_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
+def signature(*ts) -> tuple:
+    """(shape, stride, dtype, device) of each tensor: the key a verdict computed once at trace time is cached by."""
+    return tuple((tuple(int(x) for x in t.shape), tuple(int(x) for x in t.stride()), t.dtype, t.device) for t in ts)
+
+
 def count_route(lever: str, reason: str | None) -> bool:
     """Counts one call's route, the one way every per-call fallback is counted: `<lever>.fused` where `reason` is
     None (returns True), else `<lever>.fallback` with the reason (returns False). run_guarded counts through it; a

@@ -52,17 +52,17 @@ def test_condition_rows_stay_dense_under_the_tier(pipe, workflow, monkeypatch):
     plan = _plan(workflow)
     assert plan.decision("sparse_attention").setting == "block_sparse"
     taken, ran = [], []
-    run = H3PlanAttnProcessor._sparse_attend
+    run = H3PlanAttnProcessor._taken
 
     def spy(self, q, k, v, out):
         if not taken:
-            taken.append((q.clone(), k.clone(), v.clone(), self.sparse.video_start.clone()))
+            taken.append((q.clone(), k.clone(), v.clone(), self.override.video_start.clone()))
         o = run(self, q, k, v, out)
         if len(ran) < 1 and o is not None:
             ran.append(o.clone())
         return o
 
-    monkeypatch.setattr(H3PlanAttnProcessor, "_sparse_attend", spy)
+    monkeypatch.setattr(H3PlanAttnProcessor, "_taken", spy)
     model = pipe.transformer_ref if workflow == "ref2va" else pipe.transformer
     uninstall(pipe)
     h3plan.install(pipe, plan, num_inference_steps=STEPS)

@@ -11,9 +11,12 @@ keys on, one 4 x T byte device-to-host copy per call) and sets, for the attentio
   the conditioning video rows carry their own timestep, so the run stops there). One persistent buffer, so a
   compiled block sees the same tensor every call.
 After the call `active` is cleared: a block called outside a hooked forward runs dense. Each plan attention processor
-holds the state while installed (`processor.sparse`, an effect hook `h3plan.sparse_attention.state` on its attention)
-and reads it (install/processor.py `_sparse_attend`, which calls `SparseState.attend`); `calls(model)` lists each
-generation's dense and sparse forwards.
+holds the state as its override while installed (`processor.override`, an effect hook `h3plan.sparse_attention.state`
+on its attention): on an active forward the processor hands it each call, after the Ulysses exchange (this rank's
+heads, the whole sequence), and `SparseState.take` runs the router and FA4's block-sparse forward as one custom op,
+counted `sparse_attention.fused` (FA4 ran), else `.fallback` with the reason (the torch reference of the same mask,
+or, returning None, the dense call where the mask cannot apply). `calls(model)` lists each generation's dense and
+sparse forwards.
 Under torch.compile the processor's branch on `active` is guarded: two graphs per block region (dense, sparse).
 """
 
@@ -26,14 +29,37 @@ import torch
 
 from h3plan.errors import InstallError
 from h3plan.levers import counter, owner
+from h3plan.runtime.attention.block_sparse import fa4_block_sparse_reason, router_reason
 from h3plan.runtime.counters import event
-from h3plan.runtime.guards import count_route
+from h3plan.runtime.guards import GRAD_REASON, count_route, needs_grad, signature
 from h3plan.runtime.schedule import schedule_index
 
 LEVER = owner("sparse_attention")
 COUNTER = counter("sparse_attention")
 HOOK = "h3plan." + LEVER  # the hook's name (install/hooks.py `name`)
 STATE = "_h3plan_sparse_attention"
+
+
+_VERDICTS: dict = {}  # ((q, k) signature, (block_q, block_k, keep)) -> _verdict
+
+
+def _verdict(sig: tuple, plan: tuple) -> tuple[bool, str | None]:
+    """(FA4's block-sparse forward takes q of this signature, the reasons the call runs a torch reference or None),
+    computed once on empty tensors of the (q, k) signature and the plan's (block_q, block_k, keep). Under
+    torch.compile it runs at trace time and is a constant of the graph (the guards on shapes, dtype and device keep it
+    valid)."""
+    if (sig, plan) not in _VERDICTS:
+        q, k = (torch.empty_strided(shape, stride, dtype=dtype, device=device) for shape, stride, dtype, device in sig)
+        block_q, block_k, keep = plan
+        fa4 = fa4_block_sparse_reason(q, block_q, block_k)
+        router = router_reason(q, k, torch.zeros(1, dtype=torch.int64, device=q.device), keep, block_q, block_k)
+        why = [w for w in (None if fa4 is None else f"{fa4}: the torch reference of the same mask",
+                           None if router is None else f"router kernel: {router}: its torch reference") if w]
+        _VERDICTS[(sig, plan)] = (fa4 is None, "; ".join(why) or None)
+    return _VERDICTS[(sig, plan)]
+
+
+_traced_verdict = torch.compiler.assume_constant_result(_verdict)
 
 
 class SparseState:
@@ -48,11 +74,28 @@ class SparseState:
         self.video_start: torch.Tensor | None = None  # (1,) int64 on the model's device
         self.history: list[dict[str, int]] = []
         self._run = {"forwards": 0, "dense": 0, "sparse": 0}
-        self.counter = COUNTER  # what the processor's sparse calls count under
 
-    def attend(self, q, k, v, fa4: bool):
-        """The block-sparse attention of this call's kept blocks: the router and FA4's block-sparse forward as one
-        custom op (runtime/attention/block_sparse.py; `fa4` False: its torch reference of the same mask)."""
+    def _dense(self, q, k, v) -> str | None:
+        """Why this call runs dense (None: it routes); shapes, dtype and grad only (a constant at trace time)."""
+        if needs_grad(q, k, v):
+            return GRAD_REASON
+        if q.dtype not in (torch.bfloat16, torch.float16):
+            return f"q/k/v are {q.dtype}: the router and FA4's block-sparse forward take bf16/fp16"
+        if q.shape[1] < k.shape[1]:
+            return "the call attends a slice of the query rows (the router routes whole sequences)"
+        return None
+
+    def take(self, q, k, v):
+        """The block-sparse attention of this call's kept blocks (the router and FA4's block-sparse forward as one
+        custom op, runtime/attention/block_sparse.py; its torch reference of the same mask where FA4 refuses), or
+        None where the call must run dense; counted either way."""
+        dense = self._dense(q, k, v)
+        if dense is not None:
+            count_route(COUNTER, f"{dense}: dense")
+            return None
+        sig, plan = signature(q, k), (self.block_q, self.block_k, self.keep)
+        fa4, why = _traced_verdict(sig, plan) if torch.compiler.is_compiling() else _verdict(sig, plan)
+        count_route(COUNTER, why)
         return torch.ops.h3plan.sparse_attention(q, k, v, self.video_start, self.keep, self.block_q, self.block_k,
                                                  self.video_only, fa4)
 
@@ -111,7 +154,7 @@ def install(model, spec: dict[str, Any], site) -> SparseState:
     procs = []
     for i, block in enumerate(model.transformer_blocks):
         proc = block.attn.processor
-        if not hasattr(proc, "sparse"):
+        if not hasattr(proc, "override"):
             raise InstallError(f"{LEVER}: transformer_blocks.{i}.attn runs {type(proc).__name__}, not the plan's "
                                "attention processor, which block-sparse attention runs in")
         procs.append((f"transformer_blocks.{i}.attn", block.attn, proc))
@@ -119,8 +162,8 @@ def install(model, spec: dict[str, Any], site) -> SparseState:
     site.effect(model, functools.partial(model.__dict__.pop, STATE, None),
                 apply=functools.partial(model.__dict__.__setitem__, STATE, st), part="state")
     for fqn, attn, proc in procs:
-        site.effect(attn, functools.partial(setattr, proc, "sparse", None),
-                    apply=functools.partial(setattr, proc, "sparse", st), part="state", fqn=fqn)
+        site.effect(attn, functools.partial(setattr, proc, "override", None),
+                    apply=functools.partial(setattr, proc, "override", st), part="state", fqn=fqn)
     rows = "target-video query blocks" if st.video_only else "every query block"
     what = (f"block-sparse attention: {rows} keep {st.keep:g} of the {st.block_q}x{st.block_k} key blocks after "
             f"{st.dense_forwards} dense forwards")
