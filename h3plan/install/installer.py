@@ -38,7 +38,6 @@ calling the shared ones (`_check`, `collect`, `_device`, `_fresh`, `_finish`).
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 from dataclasses import dataclass, field
 
@@ -55,7 +54,7 @@ from .block import install_forwards
 from .builder import Builder
 from .components import STATE
 from .fp8_rows import install_rows
-from .hooks import effect, remove_all
+from .hooks import remove_all
 from .lora import bypassed, guard as lora_guard, refuse_peft
 from .nvfp4_inputs import install_nvfp4
 from .recognise import check_model_facts, fewer_layers, is_transformer, recognise
@@ -252,9 +251,9 @@ def _label(plan: Plan) -> str:
 
 def _transformer(model, builder, state, group, steps, num_inference_steps, adaln_conditions, bypass) -> set[str]:
     """The transformer's install, in order: linears, AdaLN tables, per-row / NVFP4 inputs, attention processors,
-    block forwards, regional compile, the levers' own steps (the step cache), the LoRA guard (each step beside what it
-    installs; `bypass`: the modules the plan serves without calling them, install/lora.py); returns the levers whose
-    own step ran."""
+    block forwards, the levers' own steps (sparse attention, regional compile, the step cache), the LoRA guard (each
+    step beside what it installs; `bypass`: the modules the plan serves without calling them, install/lora.py);
+    returns the levers whose own step ran."""
     swap, lin = state.report.swap, builder.view("linears")
     if lin.quant is not None:
         linears.quantize(model, builder, state)
@@ -267,24 +266,10 @@ def _transformer(model, builder, state, group, steps, num_inference_steps, adaln
     if shard is not None:
         linears.sequence_amax(model, shard, state)
     install_forwards(model, builder, state, shard, act_quant, nvfp4)
-    if builder.view("block").compile == "regional":
-        _compile(model, builder, state)
-    # the levers' own steps (Spec.model_step, install/site.py: the step cache's hook)
+    # the levers' own steps, in plan order (Spec.model_step, install/site.py)
     stepped = run_steps(model, state.plan, state, "transformer", group=getattr(shard, "group", None), steps=counts)
     lora_guard(model, state, bypass)
     return stepped
-
-
-def _compile(model, builder, state) -> None:
-    """compile=regional: diffusers' compile_repeated_blocks(fullgraph=True) over the installed blocks; uninstall
-    drops the compiled callables (the blocks run uncompiled again)."""
-    model.compile_repeated_blocks(fullgraph=True)
-    blocks = [m for m in model.modules() if type(m).__name__ in (model._repeated_blocks or ())]
-    lever = builder.lever_of("compile")
-    for b in blocks:
-        effect(b, lever, state, functools.partial(setattr, b, "_compiled_call_impl", None), part="compiled")
-    state.report.swap(lever, "transformer_blocks", "eager forward",
-                      f"torch.compile regional, fullgraph ({len(blocks)} blocks)")
 
 
 def uninstall(model) -> bool:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List
 
+import functools
 import math
 
 from omegaconf import MISSING
@@ -45,7 +46,19 @@ SPEC = Spec(
                     swap=lambda v: ((".forward", "eager", "torch.compile (regional, fullgraph)")
                                     if v != "off" else None)),),
     hardware={"measured.compile": List[CompilePoint]},
+    model_step=lambda model, decision, site: _model_step(model, decision, site),  # below
 )
+
+
+def _model_step(model, decision, site) -> None:
+    """regional: diffusers' compile_repeated_blocks(fullgraph=True) over the installed blocks (their plan forwards,
+    installed before the levers' own steps); uninstall drops each block's compiled callable (`h3plan.compile.compiled`:
+    the blocks run uncompiled again)."""
+    model.compile_repeated_blocks(fullgraph=True)
+    blocks = [m for m in model.modules() if type(m).__name__ in (model._repeated_blocks or ())]
+    for b in blocks:
+        site.effect(b, functools.partial(setattr, b, "_compiled_call_impl", None), part="compiled")
+    site.swap("transformer_blocks", "eager forward", f"torch.compile regional, fullgraph ({len(blocks)} blocks)")
 
 
 NEAR = 2.0  # a measured length stands for lengths within this factor of it; further away compile is unmeasured
