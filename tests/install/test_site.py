@@ -68,3 +68,26 @@ def test_steps_run_for_enabled_decisions_of_their_model_only(monkeypatch):
     assert run_steps(None, plan, _state(), "transformer") == {"toy_site"}
     assert ran == [("on", "toy_site")]
     assert run_steps(None, plan, _state(), "vae") == {"toy_vae"} and ran[-1] == ("on", "toy_vae")
+
+
+def test_a_step_that_raises_leaves_the_model_as_it_was(monkeypatch):
+    """A lever's own step runs inside the install: what it registered before it raised, and every step of the
+    installer before it, are taken back (the hooks, the last first); the error reaches the caller as raised."""
+    import dataclasses
+
+    from h3plan.install import install
+    from install_helpers import LEVERS, forward, plan, tiny_inputs, tiny_model
+
+    def step(model, decision, site):
+        site.attach(model.proj_out, "proj_out", lambda previous, x: previous(x), replaces=False)
+        raise InstallError("toy: refused after its first hook")
+
+    monkeypatch.setitem(SPECS, "gated_residual", dataclasses.replace(SPECS["gated_residual"], model_step=step))
+    model, inputs = tiny_model(), tiny_inputs()
+    want = forward(model, inputs)
+    dicts = {n: set(m.__dict__) for n, m in model.named_modules()}
+    with pytest.raises(InstallError, match="toy: refused after its first hook"):
+        install(model, plan(attention="sdpa", gated_residual="on"), registry=LEVERS)
+    assert installed(model) == [] and {n: set(m.__dict__) for n, m in model.named_modules()} == dicts
+    got = forward(model, inputs)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
