@@ -12,6 +12,7 @@ torch code that reaches the model through the same Site: the step cache's).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import types
@@ -53,6 +54,12 @@ class Site:
                part: str | None = None, fqn: str = "") -> str:
         """An effect that is not a forward (hooks.effect): `apply` now, `restore` at uninstall."""
         return hooks.effect(module, self.lever, self._state, restore, apply=apply, part=part, fqn=fqn)
+
+    def hold(self, module, key: str, value: Any, *, part: str = "state") -> str:
+        """`value` in `module.__dict__[key]` while installed (an effect hook `h3plan.<lever>.<part>`): the state a
+        lever's calls read, and an action finds by `key` (its runtime module's `calls(model)`)."""
+        return self.effect(module, functools.partial(module.__dict__.pop, key, None),
+                           apply=functools.partial(module.__dict__.__setitem__, key, value), part=part)
 
     def kernel(self, op: str) -> Pair:
         """(function, check) of one of the lever's own kernel ops (SPEC.kernels)."""

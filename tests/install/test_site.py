@@ -38,13 +38,15 @@ def test_its_hooks_are_named_for_the_lever_and_removed_with_the_install():
     site.attach(model[0], "0", lambda previous, x: previous(x) * 2, replaces=False)
     site.effect(model, lambda: model.__dict__.pop("marked"), apply=lambda: setattr(model, "marked", 1), part="mark")
     site.swap("0.forward", "Linear", "Linear x2")
-    assert installed(model) == [("", "h3plan.toy_site.mark"), ("0", "h3plan.toy_site")]
+    site.hold(model[0], "_toy_state", [1, 2])
+    assert installed(model) == [("", "h3plan.toy_site.mark"), ("0", "h3plan.toy_site"), ("0", "h3plan.toy_site.state")]
+    assert model[0].__dict__["_toy_state"] == [1, 2]
     x = torch.ones(1, 4)
     with torch.no_grad():
         assert torch.equal(model(x), model[0].__class__.forward(model[0], x) * 2) and model.marked == 1
     assert [str(s) for s in state.report.swaps] == ["toy_site: 0.forward Linear -> Linear x2"]
     remove_all(state)
-    assert installed(model) == [] and not hasattr(model, "marked")
+    assert installed(model) == [] and not hasattr(model, "marked") and "_toy_state" not in model[0].__dict__
 
 
 def test_a_guarded_call_counts_under_the_lever_s_counter():

@@ -159,8 +159,7 @@ def install(model, spec: dict[str, Any], site) -> SparseState:
                                "attention processor, which block-sparse attention runs in")
         procs.append((f"transformer_blocks.{i}.attn", block.attn, proc))
     site.attach(model, "", _make_forward(st), replaces=False)
-    site.effect(model, functools.partial(model.__dict__.pop, STATE, None),
-                apply=functools.partial(model.__dict__.__setitem__, STATE, st), part="state")
+    site.hold(model, STATE, st)
     for fqn, attn, proc in procs:
         site.effect(attn, functools.partial(setattr, proc, "override", None),
                     apply=functools.partial(setattr, proc, "override", st), part="state", fqn=fqn)

@@ -33,7 +33,6 @@ computed count. uninstall removes the hook and restores the ModuleList's class.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
@@ -286,8 +285,7 @@ def install(model, spec: dict[str, Any], site) -> _State:
             blocks.__class__ = old
 
         site.effect(blocks, plain, apply=cached, fqn="transformer_blocks")
-    site.effect(model, functools.partial(model.__dict__.pop, STATE, None),
-                apply=functools.partial(model.__dict__.__setitem__, STATE, st), part="state")
+    site.hold(model, STATE, st)
     limit = f", at most {spec['max_skip']} in a row" if spec["max_skip"] < spec["forwards"] else ""
     if spec["mode"] == "first_block":
         what = (f"first-block cache: residual threshold {spec['threshold']:g}{limit}, warm-up {spec['warmup']} + final "
