@@ -93,3 +93,9 @@ def test_a_step_that_raises_leaves_the_model_as_it_was(monkeypatch):
     assert installed(model) == [] and {n: set(m.__dict__) for n, m in model.named_modules()} == dicts
     got = forward(model, inputs)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_runtime_is_the_lever_s_own_module_or_one_line():
+    assert Site(SPECS["step_cache"], _state()).runtime().__name__ == "h3plan.runtime.levers.step_cache"
+    with pytest.raises(InstallError, match=r"toy_site: no runtime module of its own \(h3plan/runtime/levers/toy_site"):
+        Site(_spec(), _state()).runtime()
