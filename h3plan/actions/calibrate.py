@@ -24,7 +24,8 @@ import os
 
 from h3plan.errors import H3PlanError, UsageError
 from h3plan.facts.pipeline import schedule_facts
-from h3plan.levers import SPECS
+from h3plan.facts.attention import backend_spec
+from h3plan.levers import SPECS, TERM_OWNERS, owner, terms
 from h3plan.planner import resolve
 from h3plan.planning.action_configs import CalibrateConfig
 from h3plan.planning.config import compose
@@ -38,6 +39,9 @@ from .verify import CPU_MAX_ROWS, _cfg_get, _prepare_device
 
 # the calibrate targets besides fp8_scales: the levers judged by their own budget -> their recipe section
 SECTIONS = {name: s.recipe_section for name, s in SPECS.items() if s.recipe_section}
+# the levers whose decisions say where the plan runs FP8, by the role their Terms (or options) give them
+BACKEND, GEMMS = TERM_OWNERS["attention_backend"], TERM_OWNERS["gemm_dtype"]  # the blocks' attention, their GEMMs
+SCALES = owner("scale_table")  # the lever whose static setting reads the table for the attention
 
 
 def _own_budget(section: str):
@@ -64,13 +68,16 @@ def settings(cfg) -> CalibrateConfig:
 
 
 def fp8_sites(plan) -> tuple[bool, bool, str]:
-    """(FP8 attention, FP8 linears, why) from the plan's attention and gemm_quant decisions."""
+    """(FP8 attention, FP8 linears, why) from what the plan's decisions change (their Terms): an attention backend
+    that takes FP8 inputs, FP8 block GEMMs."""
+    t = terms({d.lever: d for d in plan.decisions})
+    att = t.attention_backend is not None and backend_spec(t.attention_backend).fp8_inputs
+    lin = t.gemm_dtype == "fp8"
     s = {d.lever: d.setting for d in plan.decisions}
-    att, lin = s.get("attention") == "cudnn_fp8", s.get("gemm_quant") == "fp8"
+    named = f"{BACKEND}={s.get(BACKEND)}, {GEMMS}={s.get(GEMMS)}"
     if att or lin:
-        return att, lin, f"the plan's FP8 sites: attention={s.get('attention')}, gemm_quant={s.get('gemm_quant')}"
-    return True, True, (f"the plan runs no FP8 site (attention={s.get('attention')}, "
-                        f"gemm_quant={s.get('gemm_quant')}): checking FP8 attention and FP8 linears both")
+        return att, lin, f"the plan's FP8 sites: {named}"
+    return True, True, f"the plan runs no FP8 site ({named}): checking FP8 attention and FP8 linears both"
 
 
 def default_steps(n_eval: int, count: int) -> list[int]:
@@ -186,8 +193,8 @@ def table_overrides(plan, out: str) -> list[str]:
 def uses_table(plan) -> bool:
     """The plan reads a static scale table: FP8 attention with static scales, or FP8 linears with static inputs."""
     d = {x.lever: x for x in plan.decisions}
-    att = d["fp8_scales"].setting == "static"
-    lin = d["gemm_quant"].setting == "fp8" and d["gemm_quant"].param("input_scales") == "static"
+    att = d[SCALES].setting == "static"
+    lin = terms(d).gemm_dtype == "fp8" and d[GEMMS].param("input_scales") == "static"
     return att or lin
 
 
@@ -203,7 +210,7 @@ def _closing_line(plan, out: str, summary: str) -> str:
         return f"{head}; planning with it fails: {e}"
     if not ok:
         return (f"{head}; no FP8 site of this plan reads a static table "
-                f"(attention {plan.decision('attention').setting}, gemm_quant {plan.decision('gemm_quant').setting})")
+                f"({BACKEND} {plan.decision(BACKEND).setting}, {GEMMS} {plan.decision(GEMMS).setting})")
     return f"{head}; plan with it: python -m h3plan {shlex.join(over)}"
 
 
