@@ -28,7 +28,7 @@ CEILING = {
     "qk_norm_rope": 10, "modulation": 10, "gated_residual": 6, "swiglu": 14, "fp8_act_quant": 4, "ulysses_padding": 3,
     "ulysses_overlap": 2, "a2a_fp8_codes": 3, "prefix_inplace": 1, "ring": 6, "sparse_attention": 2,
     "ulysses_exchange": 2, "nvfp4_producer_quant": 2, "nvfp4_out_quant": 1, "compile": 6, "step_cache": 1,
-    "vae_tiles": 1, "vae_parallel": 3,
+    "vae_parallel": 3,
     # diffusers' pipeline names its conditioner component `text_encoder` too (pipe.text_encoder, the component specs):
     # the files that handle that component count here with the ones that read the placement
     "text_encoder": 18,

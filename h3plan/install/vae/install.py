@@ -353,8 +353,9 @@ def apply(model, builder, state, group=None) -> None:
     if opts.parallel:
         vae_parallel.apply(model, group, state)
     _encode_note(model, tiling, state)
-    if "vae_tiles" in builder.settings and opts.tile is None and tuple(getattr(model, a) for a in TILING) != RELEASED:
-        state.report.notes.append(f"vae_tiles=default leaves the model's tiling as set ({_geometry(model)}), not "
+    tiles = owner("tile")  # the lever of the decode's tile geometry
+    if tiles in builder.settings and opts.tile is None and tuple(getattr(model, a) for a in TILING) != RELEASED:
+        state.report.notes.append(f"{tiles}=default leaves the model's tiling as set ({_geometry(model)}), not "
                                   "diffusers' released 256x256 px, overlap 64x64")
 
 
