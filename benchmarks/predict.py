@@ -28,9 +28,9 @@ import yaml
 
 import h3plan
 from h3plan.actions.bench import roles
-from h3plan.actions.bench.pipeline_records import (corrections_of, encode_shapes, load_corrections, predicted_call,
-                                                    predicted_forward,
-                                                   prompted, record_key, replan, sparse_decision)
+from h3plan.actions.bench.pipeline_records import (computed_median, corrections_of, each_forward, encode_shapes,
+                                                   load_corrections, predicted_call, predicted_forward, prompted,
+                                                   record_key, replan, skipped_saving, sparse_decision)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = "benchmarks/results/pipeline-h200.json"
@@ -259,25 +259,18 @@ def declaration(phase: str, over: dict) -> dict:
             "text_encode_s_est": plan.derived_value("text_encode_s_est") or 0.0}
 
 
-def declared_forwards(d: dict) -> list[float]:
-    """Each forward's declared time: the sparse forward's after the dense ones where the plan runs sparse attention."""
-    f, fs, dense = d["forward_s_est"], d["forward_sparse_s_est"], d["dense_forwards"]
-    return [f if fs is None or dense is None or i < dense else fs for i in range(d["forwards"])]
-
-
 def check_declared(d: dict, row: dict) -> dict:
-    """A measured row against its declaration, from the declared numbers only: the forward is the median of the
+    """A measured row against its declaration, from the declared numbers alone: the forward is the median of the
     declared times of the forwards the row computed; the call is the declared call, less the text encode where the
     call took prompt_embeds, less (for a first_block cache, whose plan counts every forward computed) each skipped
     forward's time but its first block."""
-    per, mask = declared_forwards(d), row.get("call_computed") or [True] * row["steps_e2e"]
-    fwd = sorted(t for t, m in zip(per, mask) if m)
-    fwd_est = (fwd[(len(fwd) - 1) // 2] + fwd[len(fwd) // 2]) / 2 if fwd else None
+    per = each_forward(d["forward_s_est"], d["forward_sparse_s_est"], d["dense_forwards"], d["forwards"])
+    fwd_est = computed_median(per, row)
     call = d["call_s_est"] - (0.0 if prompted(row) else d["text_encode_s_est"])
-    if d["cache_setting"] == "first_block" and len(mask) == len(per):
-        call -= sum(t for t, m in zip(per, mask) if not m) * (1 - 1 / d["layers"])
+    if d["cache_setting"] == "first_block":
+        call -= skipped_saving(per, row, d["layers"]) or 0.0
     return {"run": row["run"], "S": row["S"], "forward_s": row["forward_s"], "forward_s_est": fwd_est,
-            "forward_err": None if fwd_est is None else fwd_est / row["forward_s"] - 1,
+            "forward_err": fwd_est / row["forward_s"] - 1,
             "call_s": row["e2e_s"], "call_s_est": call, "call_err": call / row["e2e_s"] - 1}
 
 

@@ -491,13 +491,33 @@ def sparse_decision(plan):
     return next((d for d in plan.decisions if d.enabled and terms({d.lever: d}).sparse_blocks), None)
 
 
+def each_forward(forward_s: float, sparse_s: float | None, dense: int | None, forwards: int) -> list[float]:
+    """Each forward's time of a call of `forwards`: `forward_s`, and `sparse_s` after `dense` dense forwards where
+    the plan runs sparse attention."""
+    return [forward_s if sparse_s is None or dense is None or i < dense else sparse_s for i in range(forwards)]
+
+
 def planned_forwards(plan, forwards: int) -> list[float]:
     """The plan's time for each forward of a call of `forwards`: forward_s_est, and with sparse attention
     forward_sparse_s_est after its dense forwards."""
-    f, fs = plan.derived_value("forward_s_est"), plan.derived_value("forward_sparse_s_est")
     sparse = sparse_decision(plan)
-    dense = sparse.param("dense_forwards") if sparse is not None and fs is not None else None
-    return [f if dense is None or i < dense else fs for i in range(forwards)]
+    return each_forward(plan.derived_value("forward_s_est"), plan.derived_value("forward_sparse_s_est"),
+                        None if sparse is None else sparse.param("dense_forwards"), forwards)
+
+
+def computed_median(per_forward: Sequence[float], row: Mapping) -> float:
+    """The median of the times of the forwards `row` computed (its call_computed; else every forward)."""
+    mask = row.get("call_computed") or [True] * row["steps_e2e"]
+    return statistics.median(t for t, m in zip(per_forward, mask) if m)
+
+
+def skipped_saving(per_forward: Sequence[float], row: Mapping, layers: int) -> float | None:
+    """What a first_block cache's skipped forwards of `row` save against computing them: each one's time but its first
+    block (1/layers of it); None where the row kept no mask of the call's forwards."""
+    mask = row.get("call_computed")
+    if not mask or len(mask) != len(per_forward):
+        return None
+    return sum(t for t, m in zip(per_forward, mask) if not m) * (1 - 1 / layers)
 
 
 def predicted_forward(plan, row: Mapping) -> float | None:
@@ -505,8 +525,8 @@ def predicted_forward(plan, row: Mapping) -> float | None:
     the plan mixes dense and sparse forwards, the median of the planned times of the forwards the row computed."""
     if plan.derived_value("forward_s_est") is None:
         return None
-    mask = row.get("call_computed") or [True] * row["steps_e2e"]
-    return statistics.median(c for c, m in zip(planned_forwards(plan, len(mask)), mask) if m)
+    n = len(row.get("call_computed") or ()) or row["steps_e2e"]
+    return computed_median(planned_forwards(plan, n), row)
 
 
 def predicted_call(plan, row: Mapping, steps: int | None = None) -> float | None:
@@ -525,10 +545,10 @@ def predicted_call(plan, row: Mapping, steps: int | None = None) -> float | None
     if steps or computed is None or plan.decision(STEP_CACHE).setting != "first_block":
         return call
     n = plan.derived_value("sequence")["transformer_forwards"]
-    mask = row.get("call_computed")
-    saved = (sum(c for c, m in zip(planned_forwards(plan, n), mask) if not m) if mask and len(mask) == n
-             else (n - computed) * plan.derived_value("forward_s_est"))
-    return call - saved * (1 - 1 / row["layers"])
+    saved = skipped_saving(planned_forwards(plan, n), row, row["layers"])
+    if saved is None:
+        saved = (n - computed) * plan.derived_value("forward_s_est") * (1 - 1 / row["layers"])
+    return call - saved
 
 
 def encode_shapes(plan) -> list[list[int]]:
