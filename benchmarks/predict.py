@@ -274,9 +274,9 @@ def check_declared(d: dict, row: dict) -> dict:
             "call_s": row["e2e_s"], "call_s_est": call, "call_err": call / row["e2e_s"] - 1}
 
 
-def declared_rows(d: dict, records: list[dict], declared_at: str) -> list[dict]:
+def declared_rows(d: dict, records: list[dict]) -> list[dict]:
     """The one-GPU whole-call plan rows of d's request and label run after it was declared."""
-    return [r for r in records if r["setting"] == "plan" and r["gpus"] == 1 and r["run"] > declared_at
+    return [r for r in records if r["setting"] == "plan" and r["gpus"] == 1 and r["run"] > d["declared"]
             and r.get("whole_call") and r.get("workflow", "t2va") == d["workflow"] and r["video"] == d["video"]
             and r["label"] == d["label"]]
 
@@ -305,7 +305,7 @@ def declared_markdown(doc: dict, records: list[dict]) -> str:
              "| measured runs |", "|---|---|---|---|---:|---:|---:|---:|---:|---|"]
     checked = []
     for d in doc["declarations"]:
-        got = [check_declared(d, r) for r in declared_rows(d, records, d["declared"])]
+        got = [check_declared(d, r) for r in declared_rows(d, records)]
         checked += got
         runs = "; ".join(f"{g['run']}: forward {_pct(g['forward_err'])}, call {_pct(g['call_err'])}" for g in got)
         fs = d["forward_sparse_s_est"]

@@ -87,7 +87,7 @@ def test_only_a_row_of_its_request_and_label_run_after_the_declaration_is_checke
     d = _decl()
     rows = [_row(), _row(run="2026-12-04 00:00:00"), _row(video="768x1344x243"), _row(label="sm90/bf16/u1"),
             _row(workflow="fl2va"), _row(whole_call=False), _row(gpus=2), _row(setting="best")]
-    assert SCRIPT.declared_rows(d, rows, d["declared"]) == rows[:1]
+    assert SCRIPT.declared_rows(d, rows) == rows[:1]
 
 
 def test_the_committed_table_is_the_scripts_output():
