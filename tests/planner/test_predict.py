@@ -140,9 +140,9 @@ def test_a_tuned_file_is_committed():
     assert TUNED_FILES, "docs/tuned/hardware/ holds the H200's action=tune file"
 
 
-# the tier rows' sparse forwards on the tuned file: +5.1% (12-04 09:05) and +5.9% (12-04 05:41) (its FA4 rate,
-# measured at 39,836 tokens, scaled to keep 0.25 with sm90's block-sparse ratio); the calls are within 5%
-TUNED_SPARSE = "the tuned file's sparse forward is over 5% of the tier row's (+5.1% / +5.9%, predict-h200.md)"
+# the tier row's sparse forward on the tuned file: +6.1% (12-05 03:59; its FA4 rate, measured at 39,836 tokens,
+# scaled to keep 0.25 with sm90's block-sparse ratio); its call +4.7%
+TUNED_SPARSE = "the tuned file's sparse forward is over 5% of the tier row's (+6.1%, predict-h200.md)"
 
 
 def _tuned_cases():
@@ -174,14 +174,16 @@ def test_within_5pct_on_a_committed_tuned_file(path, steps, row):
 # beside the installed plan), a phase the plan estimates and the bench's per-row peak measures (a t2va row's measured
 # peak is the bench's install on a pipeline built on the device, not the plan's steady state: benchmarks/memory.py)
 PROMPTED = [r for r in PLANS if prompted(r)]
+# a conditioner sharing its layers' weights (bench.pipeline.text_encoder_weight_sets) leaves the rest out of the peak
+PEAKS = [r for r in PROMPTED if not r.get("text_encoder_weight_sets")]
 
 
 def test_the_workflows_have_measured_peaks():
-    assert {r["workflow"] for r in PROMPTED} >= {"fl2va", "ref2va"}
+    assert {r["workflow"] for r in PEAKS} >= {"fl2va", "ref2va"}
 
 
 @IN_SAMPLE
-@pytest.mark.parametrize("row", PROMPTED,
+@pytest.mark.parametrize("row", PEAKS,
                          ids=lambda r: f"{r['run'][5:16]}-{r['workflow']}-{r['label']}".replace(" ", ""))
 def test_peak_within_5pct_with_the_text_encoder(row):
     """The memory estimate within 5% of the measured peak for each workflow, the text encoder included."""
