@@ -56,6 +56,9 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt", action="store_true", help="pipe(prompt=...) through diffusers' text encoder step and a "
                                                            "seeded Qwen3-VL placed by the plan's memory.text_encoder "
                                                            "(give one: memory.text_encoder=offload_after)")
+    ap.add_argument("--text-encoder-weight-sets", type=int, metavar="N",
+                    help="with --prompt: the seeded conditioner's decoder layers share N layers' weights (every layer "
+                         "computes; its memory is N layers') (bench.pipeline.text_encoder_weight_sets)")
     a = ap.parse_args(argv)
 
     from h3plan import H3PlanError
@@ -64,7 +67,7 @@ def main(argv=None) -> int:
 
     pipeline = {k: getattr(a, k) for k in ("steps", "warmup", "rounds", "decode_warmup", "text_tokens", "layers",
                                            "e2e_steps", "compile_backend", "cp_backend", "vae", "plans", "workflow",
-                                           "frames_dir")
+                                           "frames_dir", "text_encoder_weight_sets")
                 if getattr(a, k) is not None}
     if a.no_reference:
         pipeline["reference"] = False

@@ -110,7 +110,7 @@
 #                  frames against the lossless plan's where whole-lossless ran before - about 3.5 / 4.5 minutes;
 #   H3_PHASE=whole-tier-fl2va / whole-tier-ref2va: the tier on the other workflows' requests (as whole-bf16-fl2va's /
 #                  -ref2va's; ref2va's reference rows stay dense), its ratio against that workflow's whole-best compile
-#                  of an earlier run - about 4 / 5 minutes;
+#                  of an earlier run - about 4 / 5 minutes, and the conditioner initialised on the host first;
 #   H3_PHASE=whole-best-10s / whole-tier-10s: whole-best's compile and whole-tier's tier at the 10 s request
 #                  (video=t2v_768x1344_10s, 768x1344x243, 73,496 tokens), each alone: over one device call (the
 #                  compile's 49 forwards alone take about 15 minutes), so run each with H3_DETACH=1 and collect calls;
@@ -230,12 +230,16 @@ case "${H3_PHASE:-fp32}" in
   whole-tier) args=(hardware=sm90 parallel=u1 tier=quality --vae fp16 --no-eager --no-best --whole) ;;
   whole-tier-fl2va|whole-tier-ref2va) w=${H3_PHASE#whole-tier-}; [ "$w" = fl2va ] && req=("${fl2va_call[@]}") \
          || req=("${ref2va_call[@]}")
-         # the conditioner resident, where the tier's plan fits it (memory.text_encoder=auto picks it): at
-         # offload_after its 62 GiB on the host beside the bf16 block linears the fp8 install parks there (the bench
-         # builds a bf16 transformer) and the parked AdaLN linears exceed a 128 GiB host
+         # the conditioner resident, where the tier's plan fits it (memory.text_encoder=auto picks it). The bench
+         # builds a bf16 transformer the fp8 install quantises: at offload_after the conditioner's 62 GiB on the host
+         # beside the bf16 block linears and AdaLN linears the install parks there exceed a 128 GiB host; resident,
+         # the bf16 transformer and the whole conditioner on the device (134.1 GiB, the plan's "moved to the GPU
+         # whole" figure with recipe.checkpoint=bf16) ran out of device memory in setup (12-05 04:04). So its 64
+         # decoder layers share 16 layers' weights: every layer still computes at its width, resident, as planned
+         h3_te_sets=(--text-encoder-weight-sets 16)
          req=("${req[@]/memory.text_encoder=offload_after/memory.text_encoder=resident}")
-         args=(hardware=sm90 parallel=u1 tier=quality "${req[@]}" --vae fp16 --no-eager --no-best --no-reference
-               --whole) ;;
+         args=(hardware=sm90 parallel=u1 tier=quality "${req[@]}" "${h3_te_sets[@]}" --vae fp16 --no-eager --no-best
+               --no-reference --whole) ;;
   whole-best-10s) vid=768x1344x243
          args=(hardware=sm90 parallel=u1 recipe=bf16 video=t2v_768x1344_10s --vae fp16 --no-eager --no-plan --whole) ;;
   whole-tier-10s) vid=768x1344x243

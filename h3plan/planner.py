@@ -446,8 +446,8 @@ def _memory(sections, shape, decisions) -> tuple[dict[str, Any], dict[str, str]]
              "memory_install_gib": ("the install's device peak for a pipeline loaded on the host, h3plan.install(pipe, "
                                     "plan, device=\"cuda\"): " + " + ".join(est["phases"]["install"]["items"])),
              "memory_loaded_gib": ("the pipeline as loaded, before install, on the device (what a pipeline moved to "
-                                   "the GPU whole before install holds; more than the plan's peak when the plan parks "
-                                   "or quantises weights)"),
+                                   "the GPU whole before install holds, a placed text encoder's weights included; more "
+                                   "than the plan's peak when the plan parks or quantises weights)"),
              "memory_host_gib": ("what the installed plan keeps in the host's memory per process, beside the "
                                  "process itself: " + ("; ".join(f"{k}: {v}" for k, v in est["host_basis"].items())
                                                        or "nothing")),

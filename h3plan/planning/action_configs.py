@@ -171,6 +171,12 @@ class PipelineBenchConfig:
     """true: every row also times one whole call of the generation's forwards (e2e_steps) end to end, every forward
     between CUDA events, after its short call of warmup + steps forwards; E2E is the whole call, and the row's
     `extrapolation` check holds it against forwards x the short call's median forward + its rest (within 1%)."""
+    text_encoder_weight_sets: Optional[int] = None
+    """With prompt=true: the seeded conditioner's decoder layers share this many layers' weights
+    (actions/text_encoder_build.share_decoder_weights): every layer and width still computes, in that many layers'
+    memory, for a device or host that cannot hold the released conditioner beside the seeded pipeline the bench builds
+    (a bf16 transformer an fp8 plan quantises at install); each row says so and its peak is short by the rest.
+    null: every layer its own weights, as released."""
     frames_dir: Optional[str] = None
     """A folder that keeps each row's frames on disk (with the seeded weights' fingerprint): a later run of the same
     request (another process, e.g. the next device call) compares its rows against them; null: this run's rows only."""

@@ -27,7 +27,8 @@ says whether it fits and, when not, which nearest change does (each one re-estim
   entries, a block linear streamed and quantised with its float32 temporaries, a VAE tensor streamed for its cast);
   a phase of the peak, so the fit check covers it. `loaded_gib`: the pipeline as loaded, on the device before
   install (what a pipeline moved to the GPU whole before install holds; the plan's install line says when it does
-  not fit); under memory.partitions=both, both transformer partitions as loaded.
+  not fit); under memory.partitions=both, both transformer partitions as loaded; with a text encoder the plan places,
+  its weights too (pipe.to("cuda") moves every component, whatever placement install gives the conditioner after).
 - The text encoder (model.text_encoder, a Qwen3-VL config sized by planning/text_encoder.py): placed by the
   text_encoder lever (levers/text_encoder.py; memory.text_encoder)
   (auto: resident where it fits beside the denoise peak, else offload_after where its encode fits beside the
@@ -235,6 +236,7 @@ class _Items:
         self.basis: dict[str, str] = {}
         self.host: dict[str, float] = {}  # what the plan keeps in the host's memory, per process
         self.host_basis: dict[str, str] = {}
+        self.conditioner_bytes = 0  # the placed conditioner's weights: pipe.to("cuda") moves them with the rest
 
     def add(self, name: str, nbytes: float, why: str) -> None:
         self.gib[name], self.basis[name] = _gib(nbytes), why
@@ -456,6 +458,7 @@ def _conditioner(it: _Items, sections, opts, phases, resident: list[str], geo) -
     if s is None or setting == "none":
         return lever.derived(decision)
     on_device = s["weight_bytes"] if setting != "host" else s["layer_bytes"]
+    it.conditioner_bytes = s["weight_bytes"]
     it.add("text_encoder", s["weight_bytes"] if setting == "resident" else 0,
            f"Qwen3-VL {s['params']:,} parameters, bf16: {setting} ({reasons[0]})")
     it.add("text_encoder_encode", on_device + s["activation_bytes"],
@@ -526,12 +529,12 @@ def estimate(sections: Mapping[str, Any], shape: Mapping[str, Any], settings: Ma
         "breakdown": {k: v for k, v in g.items() if holds == "pipeline"
                       or any(k in p["items"] for p in phases.values())},
         "basis": it.basis,
-        "install_gib": phases["install"]["gib"], "loaded_gib": _gib(loaded), "text_encoder": te,
+        "install_gib": phases["install"]["gib"], "loaded_gib": _gib(loaded + it.conditioner_bytes), "text_encoder": te,
         "host_gib": round(sum(host.values()), 3), "host_items": host,
         "host_basis": {k: it.host_basis[k] for k in host},
         "summary": (f"peak = the largest phase ({peak_phase}; install: a pipeline loaded on the host, moved at "
                     f"install(pipe, plan, device=\"cuda\"); moved to the GPU whole before install, pipe.to(\"cuda\"), "
-                    f"it holds {_gib(loaded)} GiB); "
+                    f"it holds {_gib(loaded + it.conditioner_bytes)} GiB); "
                     f"offload={opts['offload']}: "
                     + (f"memory.holds={holds}: only the {holds} is counted" if holds != "pipeline" else
                        "every model stays resident in both phases" if both

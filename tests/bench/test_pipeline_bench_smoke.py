@@ -359,13 +359,15 @@ def test_workflow_pipeline_default_request_is_the_t2va_layouts():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("workflow,placement", [("t2va", "offload_after"), ("fl2va", "host")])
-def test_prompt_runs_through_the_seeded_text_encoder(tmp_path, workflow, placement):
+@pytest.mark.parametrize("workflow,placement,sets", [("t2va", "offload_after", None), ("fl2va", "host", 1)])
+def test_prompt_runs_through_the_seeded_text_encoder(tmp_path, workflow, placement, sets):
     """bench.pipeline.prompt=true: pipe(prompt=...) through diffusers' text encoder step and the tiny seeded Qwen3-VL
     (model.text_encoder_default), placed as the plan says; 110 prompt bytes make the 110 text rows of the
-    prompt_embeds run, the plan bitwise against its reference, every row noting the encode."""
+    prompt_embeds run, the plan bitwise against its reference, every row noting the encode; with
+    text_encoder_weight_sets, every row records the sharing and says what it leaves out of the peak."""
     res = _bench(tmp_path, {"overrides": ["levers.attention=sdpa", f"memory.text_encoder={placement}"],
-                            "pipeline": dict(FAST, prompt=True, workflow=workflow, best=False)})
+                            "pipeline": dict(FAST, prompt=True, workflow=workflow, best=False,
+                                             text_encoder_weight_sets=sets)})
     assert res.returncode == 0 and res.stdout.count("RC 0") == 1, res.stdout[-2000:] + res.stderr[-3000:]
     assert f"{placement} (the plan's memory.text_encoder)" in res.stdout + res.stderr
     doc = json.loads((tmp_path / "pipeline-cpu.json").read_text())
@@ -375,6 +377,9 @@ def test_prompt_runs_through_the_seeded_text_encoder(tmp_path, workflow, placeme
     for r in doc["records"]:
         assert (r["error"] is None and r["workflow"] == workflow
                 and any(n.startswith("prompt: a 110-byte") for n in r["notes"]))
+        assert r["text_encoder_weight_sets"] == sets
+        shared = f"its decoder layers share {sets} layers' weights"
+        assert any(shared in n for n in r["notes"]) == (sets is not None)
     if workflow == "t2va":  # the prompt's 110 bytes are the 110 text rows of the prompt_embeds form
         _check(rows["eager"])
     assert rows["plan"]["frames"]["bitwise"] is True and rows["reference"]["frames"]["bitwise"] is True
@@ -386,6 +391,22 @@ def test_prompt_runs_through_the_seeded_text_encoder(tmp_path, workflow, placeme
         assert sum(parts.values()) <= r["rest_s"]
     note = next(n for n in rows["plan"]["notes"] if n.startswith("rest: "))
     assert "text encoder" in note and "(planned " in note and "everything else" in note
+
+
+def test_weight_sets_need_a_prompt_and_a_count():
+    """bench.pipeline.text_encoder_weight_sets builds no conditioner by itself: without prompt=true, or not a
+    positive integer, one line naming the key."""
+    from h3plan.actions.bench.pipeline import options
+    from h3plan.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"^bench.pipeline.text_encoder_weight_sets=2: only with "
+                                         r"bench.pipeline.prompt=true"):
+        options({"bench": {"pipeline": {"text_encoder_weight_sets": 2}}})
+    for bad in (0, "two", True):
+        with pytest.raises(UsageError, match=rf"^bench.pipeline.text_encoder_weight_sets={bad}: must be null or an "
+                                             r"integer >= 1$"):
+            options({"bench": {"pipeline": {"text_encoder_weight_sets": bad, "prompt": True}}})
+    assert options({"bench": {"pipeline": {"text_encoder_weight_sets": 2, "prompt": True}}}).text_encoder_weight_sets == 2
 
 
 def test_prompt_needs_a_placed_text_encoder():

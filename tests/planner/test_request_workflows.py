@@ -358,3 +358,26 @@ def test_both_partitions_are_in_the_pipeline_moved_to_the_gpu_whole():
     transformer = resolve_config(video="ref2va_768x1344_5s", **{"memory.holds": "transformer"})
     assert both.derived_value("memory_loaded_gib") == pytest.approx(
         one.derived_value("memory_loaded_gib") + transformer.derived_value("memory_loaded_gib"), abs=0.02)
+
+
+@pytest.mark.parametrize("placement", ["resident", "offload_after", "host"])
+def test_a_placed_text_encoder_is_in_the_pipeline_moved_to_the_gpu_whole(placement):
+    """pipe.to("cuda") moves every component, the conditioner too, whatever placement install gives it afterwards:
+    the install line's figure holds its weights (the tier's fl2va on the H200 ran out of device memory in setup
+    with the bf16 transformer and the conditioner both there, 12-05 04:04, benchmarks/results/pipeline-h200.log)."""
+    from h3plan import resolve_config
+    from h3plan.planning import text_encoder
+
+    request = {"video": "t2v_768x1344_5s", "video.task": "fl2va", "video.keyframes": ["first", "last"]}
+    bare = resolve_config(**request)
+    placed = resolve_config(**request, **{"memory.text_encoder": placement})
+    te = text_encoder.sizes(placed.get("model")["text_encoder_default"], 0)["weight_bytes"] / 2**30
+    assert placed.derived_value("memory_loaded_gib") == pytest.approx(bare.derived_value("memory_loaded_gib") + te,
+                                                                      abs=0.02)
+    # the bf16 transformer and the conditioner on a 141 GB card: more than it may use, so the line says load on the host
+    bf16 = resolve_config(**request, recipe="fp8", **{"recipe.checkpoint": "bf16", "memory.text_encoder": "resident"})
+    assert bf16.derived_value("memory_loaded_gib") > 120.8
+    from h3plan.planning.render import _memory_texts
+    line = " ".join(t for t in _memory_texts(bf16, bf16.derived_value("memory_peak_gib_per_gpu"),
+                                             bf16.derived_value("memory_breakdown_gib")) if t.startswith("install"))
+    assert line.endswith("(does not fit: load it on the host)"), line

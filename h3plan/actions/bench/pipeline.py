@@ -134,6 +134,8 @@ class PipelineBenchOptions:
     """Every row times one whole call too (PipelineBenchConfig.whole)."""
     frames_dir: str | None
     """Rows' frames kept on disk for runs in other processes (PipelineBenchConfig.frames_dir)."""
+    text_encoder_weight_sets: int | None
+    """The seeded conditioner's decoder layers sharing that many layers' weights (PipelineBenchConfig)."""
     out_dir: str
     tag: str | None
 
@@ -172,7 +174,7 @@ def options(cfg, plan=None) -> PipelineBenchOptions:
         v = vals[key]
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise UsageError(f"bench.pipeline.{key}={v}: must be an integer >= {lo}")
-    for key in ("e2e_steps", "layers"):
+    for key in ("e2e_steps", "layers", "text_encoder_weight_sets"):
         v = vals[key]
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise UsageError(f"bench.pipeline.{key}={v}: must be null or an integer >= 1")
@@ -186,6 +188,9 @@ def options(cfg, plan=None) -> PipelineBenchOptions:
             raise UsageError(f"bench.pipeline.{key}={vals[key]}: true or false")
     if not (vals["best"] or vals["eager"] or vals["plan"]):
         raise UsageError("bench.pipeline.best=false eager=false plan=false: no row to time")
+    if vals["text_encoder_weight_sets"] is not None and not vals["prompt"]:
+        raise UsageError(f"bench.pipeline.text_encoder_weight_sets={vals['text_encoder_weight_sets']}: only with "
+                         "bench.pipeline.prompt=true (without it no conditioner is built)")
     if vals["frames_dir"] is not None and not str(vals["frames_dir"]).strip():
         raise UsageError("bench.pipeline.frames_dir='': a folder, or null")
     if vals["workflow"] not in TASKS:
@@ -712,9 +717,13 @@ def _record(torch, device, run_id, request, S, degree, layers, n_sched, steps_e2
     rec.whole_call = row.full is not None or row.whole is not None
     rec.call_forwards_s, rec.call_computed = list(row.call_forwards), row.call_computed
     if opts.prompt:
+        rec.text_encoder_weight_sets = opts.text_encoder_weight_sets
         rec.notes.append(f"prompt: a {opts.text_tokens}-byte string through diffusers' text encoder step and the "
                          f"seeded Qwen3-VL at the packaged widths, placed by the plan's memory.text_encoder for every "
-                         f"row; its encode (and any move) is in rest, E2E and the peak")
+                         f"row; its encode (and any move) is in rest, E2E and the peak"
+                         + (f"; its decoder layers share {opts.text_encoder_weight_sets} layers' weights (bench.pipeline."
+                            "text_encoder_weight_sets): every layer computes at its width, the peak is short by the "
+                            "weights of the rest" if opts.text_encoder_weight_sets else ""))
     if row.left_gib is not None:
         rec.notes.append(f"started with {row.left_gib:.2f} GiB more allocated on the device than the first row did "
                          f"(held by an earlier row after gc; the largest tensors beyond the first row's: "
@@ -840,7 +849,10 @@ def _measure(torch, cfg, plans, opts, device, rank, group, progress, write) -> i
         "blocks": workflow_blocks(text_encoder=opts.prompt),
         "partitions": (PARTITION[opts.workflow],)}
     if opts.prompt:  # built on the device (seconds, where a host init of 33B parameters takes a minute) and placed
-        wf.update(text_encoder=conditioner_config(cfg), text_encoder_placement=conditioner_setting(plan))
+        wf.update(text_encoder=conditioner_config(cfg), text_encoder_placement=conditioner_setting(plan),
+                  text_encoder_weight_sets=opts.text_encoder_weight_sets)
+        if opts.text_encoder_weight_sets and device.type == "cuda":  # its layers are shared after the init: initialised
+            wf.update(text_encoder_device="cpu")  # where the whole conditioner fits (the host), then placed
     pipe = build_pipeline(cfg["model"]["diffusers_config"], cfg["vae"]["diffusers_config"], vae_name=cfg["vae"]["name"],
                           layers=opts.layers, device=device, dtype="bf16", seed=opts.seed, **wf)
     te_placement = placed_text_encoder(pipe.text_encoder) if opts.prompt else None

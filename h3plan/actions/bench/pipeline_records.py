@@ -108,6 +108,9 @@ class CallRecord:
     frames_vs_lossless: dict = field(default_factory=dict)
     """A lossy plan's frames against the lossless plan's (the recipe=bf16 plan, fp32 VAE) from a call of as many
     forwards: this run's row, or bench.pipeline.frames_dir's from an earlier run ("from" says which)."""
+    text_encoder_weight_sets: int | None = None
+    """A prompted row whose seeded conditioner shared this many decoder layers' weights (bench.pipeline.
+    text_encoder_weight_sets): its encode computed every layer, its peak_gib holds that many layers' weights only."""
 
 
 def e2e(steps: int, forward_s: float | None, rest_s: float | None) -> float | None:
