@@ -263,7 +263,9 @@ def check_declared(d: dict, row: dict) -> dict:
     """A measured row against its declaration, from the declared numbers alone: the forward is the median of the
     declared times of the forwards the row computed; the call is the declared call, less the text encode where the
     call took prompt_embeds, less (for a first_block cache, whose plan counts every forward computed) each skipped
-    forward's time but its first block."""
+    forward's time but its first block. A row that failed (its error, no call): the run and the error, no figure."""
+    if row.get("error"):
+        return {"run": row["run"], "S": row["S"], "error": row["error"]}
     per = each_forward(d["forward_s_est"], d["forward_sparse_s_est"], d["dense_forwards"], d["forwards"])
     fwd_est = computed_median(per, row)
     call = d["call_s_est"] - (0.0 if prompted(row) else d["text_encode_s_est"])
@@ -307,14 +309,17 @@ def declared_markdown(doc: dict, records: list[dict]) -> str:
     for d in doc["declarations"]:
         got = [check_declared(d, r) for r in declared_rows(d, records)]
         checked += got
-        runs = "; ".join(f"{g['run']}: forward {_pct(g['forward_err'])}, call {_pct(g['call_err'])}" for g in got)
+        runs = "; ".join(f"{g['run']}: failed ({g['error'][:100]})" if "error" in g
+                         else f"{g['run']}: forward {_pct(g['forward_err'])}, call {_pct(g['call_err'])}" for g in got)
         fs = d["forward_sparse_s_est"]
         lines.append(f"| {d['phase']} | {d['declared']} | {d['workflow']} | {d['label']} | {d['S']:,} "
                      f"| {d['computed_forwards']}" + (f" ({d['dense_forwards']})" if d["dense_forwards"] else "")
                      + f" | {d['forward_s_est']:.3f} | {'-' if fs is None else f'{fs:.3f}'} | {d['call_s_est']:.1f} "
                      f"| {runs or 'not run yet'} |")
-    miss = [g for g in checked if any(abs(g[k] or 0) > tol for k in ("forward_err", "call_err"))]
-    lines += ["", f"Checked: {len(checked)} runs, {len(miss)} beyond {tol:.0%}."]
+    failed = [g for g in checked if "error" in g]
+    miss = [g for g in checked if "error" not in g and any(abs(g[k] or 0) > tol for k in ("forward_err", "call_err"))]
+    lines += ["", f"Checked: {len(checked) - len(failed)} runs, {len(miss)} beyond {tol:.0%}"
+              + (f"; {len(failed)} failed before their call (no figure to check)." if failed else ".")]
     return "\n".join(lines) + "\n"
 
 

@@ -406,7 +406,8 @@ def test_weight_sets_need_a_prompt_and_a_count():
         with pytest.raises(UsageError, match=rf"^bench.pipeline.text_encoder_weight_sets={bad}: must be null or an "
                                              r"integer >= 1$"):
             options({"bench": {"pipeline": {"text_encoder_weight_sets": bad, "prompt": True}}})
-    assert options({"bench": {"pipeline": {"text_encoder_weight_sets": 2, "prompt": True}}}).text_encoder_weight_sets == 2
+    opts = options({"bench": {"pipeline": {"text_encoder_weight_sets": 2, "prompt": True}}})
+    assert opts.text_encoder_weight_sets == 2
 
 
 def test_prompt_needs_a_placed_text_encoder():
@@ -421,3 +422,41 @@ def test_prompt_needs_a_placed_text_encoder():
         conditioner_setting(resolve_config(model="h3_tiny", vae="h3_tiny_pipe"))
     assert conditioner_setting(resolve_config(model="h3_tiny", vae="h3_tiny_pipe",
                                               **{"memory.text_encoder": "host"})) == "host"
+
+
+def test_a_run_that_fails_in_setup_records_each_row_failed(tmp_path, monkeypatch):
+    """A run that fails before its pipeline exists (the tier's fl2va on the H200 ran out of device memory building
+    it) writes one record per row it would have run, each with the error: the rows a check was declared for read
+    "failed" in the results, not "not run". The run still returns 1."""
+    pytest.importorskip("transformers", reason="diffusers' MiniMaxH3ModularPipeline imports transformers")
+    from omegaconf import OmegaConf
+
+    from h3plan.actions.bench import pipeline
+    from h3plan.planner import resolve
+    from h3plan.planning.config import compose
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 250.00 MiB")
+
+    monkeypatch.setattr(pipeline, "build_pipeline", out_of_memory)
+    c = compose(["model=h3_tiny", "vae=h3_tiny_pipe", "levers.attention=sdpa"])
+    plan = resolve(c)
+    cfg = OmegaConf.to_container(c, resolve=True, enum_to_str=True)
+    cfg.update(video="32x32x124")
+    cfg["bench"].update(target="pipeline", out_dir=str(tmp_path), tag="cpu",
+                        pipeline=dict(FAST, whole=True, plans=["levers.attention=sdpa recipe.vae=fp16"]))
+    assert pipeline.run(cfg, plan) == 1
+    doc = json.loads((tmp_path / "pipeline-cpu.json").read_text())
+    specs = pipeline.row_specs([plan] + pipeline.extra_plans(cfg, pipeline.options(cfg, plan)),
+                               pipeline.options(cfg, plan), 1)
+    assert [(r["setting"], r["vae"]) for r in doc["records"]] == [(k, v) for k, v, _ in specs]
+    labels = {r["setting"]: r["label"] for r in doc["records"] if r["vae"] == "fp32"}
+    assert labels["eager"] == "diffusers eager" and labels["best"].startswith("diffusers transformer.compile")
+    assert labels["reference"] == f"eager with {labels['plan']}'s attention"
+    for r in doc["records"]:
+        assert r["error"] == "RuntimeError: CUDA out of memory. Tried to allocate 250.00 MiB", r["error"]
+        assert r["e2e_s"] is None and r["video"] == "32x32x124" and r["whole_call"] and r["S"] > 0
+    plans = [r for r in doc["records"] if r["setting"] == "plan"]
+    assert all(r["request"] is not None and "recipe_overrides" in r for r in plans)
+    md = (tmp_path / "pipeline-cpu.md").read_text()
+    assert md.count("failed: RuntimeError: CUDA out of memory") == len(doc["records"])

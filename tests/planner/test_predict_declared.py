@@ -83,6 +83,17 @@ def test_a_row_is_checked_from_the_declared_numbers_alone():
     assert every["forward_s_est"] == pytest.approx(2.0) and every["call_s_est"] == pytest.approx(19.0)
 
 
+def test_a_row_that_failed_reads_failed_not_run_yet():
+    """A run that failed before its call (the bench records each of its rows with the error) is listed as failed
+    against the declaration, and counted apart from the checked runs."""
+    bad = _row(error="OutOfMemoryError: CUDA out of memory", forward_s=None, e2e_s=None, call_computed=None)
+    assert SCRIPT.check_declared(_decl(), bad) == {"run": bad["run"], "S": bad["S"], "error": bad["error"]}
+    doc = {"tolerance": 0.05, "declarations": [dict(_decl(), computed_forwards=5)]}
+    md = SCRIPT.declared_markdown(doc, [bad, _row(run="2026-12-07 00:00:00")])
+    assert f"| {bad['run']}: failed (OutOfMemoryError: CUDA out of memory); 2026-12-07 00:00:00: forward " in md
+    assert md.rstrip().endswith("Checked: 1 runs, 1 beyond 5%; 1 failed before their call (no figure to check).")
+
+
 def test_only_a_row_of_its_request_and_label_run_after_the_declaration_is_checked():
     d = _decl()
     rows = [_row(), _row(run="2026-12-04 00:00:00"), _row(video="768x1344x243"), _row(label="sm90/bf16/u1"),

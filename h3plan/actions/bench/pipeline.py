@@ -60,6 +60,7 @@ import os
 import re
 import statistics
 import time
+import traceback
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -81,7 +82,7 @@ from . import pipeline_checks as checks, pipeline_frames as stored, pipeline_rec
 from .harness import (HOST_CLOCK_NOTE, Output, Session, device_name, device_tag, run_meta,
                       free, sigterm_as_interrupt)
 from .diffusers_best import compile_call
-from .pipeline_settings import Best, Eager, PlanSetting, Reference, Setting, plan_precision
+from .pipeline_settings import Best, Eager, PlanSetting, Reference, Setting, plan_precision, row_label
 from .roles import BACKEND, DECODE_PRECISION, STEP_CACHE
 from .results_file import run_folder
 from ..gpu_only import CPU_MAX_HIDDEN, PIPELINE_SMOKE as CPU_SMOKE, pipeline_too_wide, vae_width
@@ -721,9 +722,9 @@ def _record(torch, device, run_id, request, S, degree, layers, n_sched, steps_e2
         rec.notes.append(f"prompt: a {opts.text_tokens}-byte string through diffusers' text encoder step and the "
                          f"seeded Qwen3-VL at the packaged widths, placed by the plan's memory.text_encoder for every "
                          f"row; its encode (and any move) is in rest, E2E and the peak"
-                         + (f"; its decoder layers share {opts.text_encoder_weight_sets} layers' weights (bench.pipeline."
-                            "text_encoder_weight_sets): every layer computes at its width, the peak is short by the "
-                            "weights of the rest" if opts.text_encoder_weight_sets else ""))
+                         + (f"; its decoder layers share {opts.text_encoder_weight_sets} layers' weights (bench."
+                            "pipeline.text_encoder_weight_sets): every layer computes at its width, the peak is short "
+                            "by the weights of the rest" if opts.text_encoder_weight_sets else ""))
     if row.left_gib is not None:
         rec.notes.append(f"started with {row.left_gib:.2f} GiB more allocated on the device than the first row did "
                          f"(held by an earlier row after gc; the largest tensors beyond the first row's: "
@@ -837,6 +838,27 @@ def _stored(torch, device, opts, row: _Row, store, video: str, label: str, vae: 
             **_compare(torch, device, row.frames, got[0]), "against": f"{label} ({vae} VAE)",
             "from": f"run {got[1].get('run')} (bench.pipeline.frames_dir)"}
     return dict(row.compared[key] or {})
+
+
+def setup_failed(plans, opts, degree: int, run_id: str, device: str, error: str) -> list[dict]:
+    """One record per row of the run (row_specs) when the run failed before its pipeline and rows existed (a build or
+    a first install out of memory): each with the error, so a check declared for its row reads "failed", not "not run".
+    The request and its tokens are the plan's (the pipeline that counts them was not built)."""
+    seq = plans[0].derived_value("sequence") or {}
+    video = opts.video or (f"{seq['height']}x{seq['width']}x{seq['frames']}" if seq.get("frames") else "default")
+    forwards = opts.e2e_steps or seq.get("transformer_forwards") or 0
+    label = {"eager": lambda p: Eager.label, "best": lambda p: Best.label_of(opts), "plan": row_label,
+             "reference": Reference.label_of}
+    out = []
+    for kind, vae, p in row_specs(plans, opts, degree):
+        rec = records.CallRecord(run=run_id, video=video, S=int(seq.get("seq_len") or 0), gpus=degree, setting=kind,
+                                 label=label[kind](p), vae=vae, forward_s=None, rest_s=None, wall_s=None, e2e_s=None,
+                                 steps_e2e=int(forwards), device=device, workflow=opts.workflow, error=error)
+        rec.whole_call = opts.whole
+        if kind == "plan":
+            rec.request, rec.recipe_overrides = records.request_overrides(p), records.recipe_overrides(p)
+        out.append(asdict(rec))
+    return out
 
 
 def _measure(torch, cfg, plans, opts, device, rank, group, progress, write) -> int:
@@ -968,6 +990,10 @@ def run(cfg, plan) -> int:
         except Exception as exc:  # noqa: BLE001 -- printed; rows measured so far are written
             failed = 1
             progress.write(f"failed: {one_line(exc)}")
+            traceback.print_exc()  # where it failed, for the log
+            if not done:  # nothing written: the run failed in setup, each of its rows records the error
+                write(setup_failed(plans, opts, degree, time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+                                   device_name(torch, device), one_line(exc)))
         finally:
             progress.close()
     if rank != 0:

@@ -114,9 +114,13 @@ class Reference(Setting):
     name = "reference"
     of = None  # the PlanSetting this row checks
 
+    @staticmethod
+    def label_of(plan) -> str:
+        return "eager with " + row_label(plan) + "'s attention"
+
     def __init__(self, pipe, plan):
         self.pipe, self.plan = pipe, same_backend_plan(plan)
-        self.vae, self.label = plan_precision(plan), "eager with " + row_label(plan) + "'s attention"
+        self.vae, self.label = plan_precision(plan), self.label_of(plan)
         self._cast = VaeCast(pipe, self.vae)
 
     def enter(self):
@@ -145,7 +149,11 @@ class Best(Setting):
             self.config = (f"transformer.set_attention_backend({opts.cp_backend!r}) + enable_parallelism(config="
                            f"ContextParallelConfig(ulysses_degree={degree}{any_})) + {compile_}; the VAE as Eager's "
                            f"({vae}) on every rank")
-        self.label = "diffusers " + compile_.split(";")[0]
+        self.label = self.label_of(opts)
+
+    @staticmethod
+    def label_of(opts) -> str:
+        return "diffusers " + compile_call("transformer", opts.compile_backend).split(";")[0]
 
     def enter(self):
         t, st = denoiser(self.pipe), self.state
