@@ -523,18 +523,19 @@ def estimate(sections: Mapping[str, Any], shape: Mapping[str, Any], settings: Ma
     te = _conditioner(it, sections, opts, phases, tr_res + vae_res if both else [],
                       geo) if holds == "pipeline" else None
     peak_phase = max(phases, key=lambda k: phases[k]["gib"])
+    whole = _gib(loaded + it.conditioner_bytes)  # pipe.to("cuda") before install: the conditioner moves too
     host = {k: v for k, v in it.host.items() if HOST_OWNER.get(k, "transformer") in HELD[holds] + ("conditioner",)}
     return {
         "peak_gib": phases[peak_phase]["gib"], "peak_phase": peak_phase, "phases": phases,
         "breakdown": {k: v for k, v in g.items() if holds == "pipeline"
                       or any(k in p["items"] for p in phases.values())},
         "basis": it.basis,
-        "install_gib": phases["install"]["gib"], "loaded_gib": _gib(loaded + it.conditioner_bytes), "text_encoder": te,
+        "install_gib": phases["install"]["gib"], "loaded_gib": whole, "text_encoder": te,
         "host_gib": round(sum(host.values()), 3), "host_items": host,
         "host_basis": {k: it.host_basis[k] for k in host},
         "summary": (f"peak = the largest phase ({peak_phase}; install: a pipeline loaded on the host, moved at "
                     f"install(pipe, plan, device=\"cuda\"); moved to the GPU whole before install, pipe.to(\"cuda\"), "
-                    f"it holds {_gib(loaded + it.conditioner_bytes)} GiB); "
+                    f"it holds {whole} GiB); "
                     f"offload={opts['offload']}: "
                     + (f"memory.holds={holds}: only the {holds} is counted" if holds != "pipeline" else
                        "every model stays resident in both phases" if both
