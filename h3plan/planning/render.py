@@ -358,8 +358,8 @@ def _summary_lines(plan, width: int) -> list[str]:
         b = r["budget"]
         lines += _labelled("lossy", f"{', '.join(lossy)}: the output may differ from diffusers' eager output within "
                                     f"PSNR >= {b['psnr_db_min']} dB, SSIM >= {b['ssim_min']} (action=verify checks one "
-                                    f"forward against it on seeded weights; no published measurement of these "
-                                    f"levers' video quality on H3)", width)
+                                    f"forward against it, seeded or model.path's weights; no published measurement "
+                                    f"of these levers' video quality on H3)", width)
     elif not own:
         lines += _labelled("lossless", _lossless_text(plan), width)
     missing = {d.lever: not_installed(d) for d in ds}
