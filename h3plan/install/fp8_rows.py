@@ -6,7 +6,7 @@ becomes an FP8RowLinear sharing its weight buffers (h3plan/runtime/quant/fp8_row
 the same codes the producer writes, so a producer that falls back changes no bits. With a static input
 table (gemm_quant's `input_scales: static`) each linear keeps its calibrated scale, 448 / (amax * margin) in
 fp32 exactly as FP8Linear computes it, and the producers write with it (their static mode): the same codes
-as tensor's static cast. The patched block forward (install/block.py) then calls the producers.
+as tensor's static cast. The block forward's sites (runtime/levers/fp8_act_quant.py) then call the producers.
 """
 
 from __future__ import annotations
@@ -49,19 +49,20 @@ def row_linears(model, state, swap) -> int:
     return n
 
 
-def install_rows(model, builder, state, swap) -> str:
-    """The fp8_act_quant setting the block forward runs: "row" when the plan records it and FP8 block linears
-    exist to feed, else "tensor" (with the reason in the report's skipped list)."""
+def install_rows(model, builder, state, swap) -> dict[str, str]:
+    """Swap the FP8 block linears where the plan records fp8_act_quant=row; returns the block options to set back (the
+    block forward's install: `{fp8_act_quant: "tensor"}` where no FP8 block linears exist to feed, with the reason in
+    the report's skipped list), else none."""
     blk = builder.view("block")
     if blk.fp8_act_quant != "row":
-        return "tensor"
+        return {}
     if not row_linears(model, state, swap):
         state.report.skipped.append((LEVER, "row: the block linears are not FP8 (gemm_quant is not fp8 here): "
                                             "no FP8 GEMM input to write per row"))
-        return "tensor"
+        return {"fp8_act_quant": "tensor"}
     mod, sw = blk.modulation, blk.swiglu
     if mod == "eager" or not sw:
         state.report.notes.append(f"fp8_act_quant=row with modulation={mod}, swiglu={sw}: where no fused producer "
                                   "runs, the FP8 linear casts its bf16 input per row itself (same codes, one more "
                                   "pass)")
-    return "row"
+    return {}

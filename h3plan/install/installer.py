@@ -259,13 +259,12 @@ def _transformer(model, builder, state, group, steps, num_inference_steps, adaln
         linears.quantize(model, builder, state)
     if lin.adaln_table is not None:  # install/adaln_table.py
         build_adaln_tables(model, {**lin.adaln_table, **(adaln_conditions or {})}, state, swap, steps)
-    act_quant = install_rows(model, builder, state, swap)
-    nvfp4 = install_nvfp4(model, builder, state, swap)
+    fed = {**install_rows(model, builder, state, swap), **install_nvfp4(model, builder, state, swap)}
     counts = [num_inference_steps] if isinstance(num_inference_steps, int) else num_inference_steps
     shard = install_processors(model, builder, state, group) if builder.recorded("attention") else None
     if shard is not None:
         linears.sequence_amax(model, shard, state)
-    install_forwards(model, builder, state, shard, act_quant, nvfp4)
+    install_forwards(model, builder, state, shard, fed)
     # the levers' own steps, in plan order (Spec.model_step, install/site.py)
     stepped = run_steps(model, state.plan, state, "transformer", group=getattr(shard, "group", None), steps=counts)
     lora_guard(model, state, bypass)

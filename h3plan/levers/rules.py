@@ -96,6 +96,17 @@ def producer_blockers(ctx: Context, writer: str) -> list[str]:
     return out
 
 
+# The transformer block forward's call sites (h3plan/runtime/block_sites.py: to_q/k/v's input, the attention's gated
+# residual, ff.net.0.proj's input and the fold of the two, the feed-forward, its gated residual) are diffusers' ops
+# until the levers that change them wrap them, at install, in this order, innermost first: each lever's runtime module
+# (h3plan/runtime/levers/<lever>.py `wrap`) reads what the levers before it left. The bf16 producers come first
+# (modulation: norm + AdaLN; gated_residual; swiglu: the plan's feed-forward), then the levers that write the
+# consumers' inputs as codes from those producers (fp8_act_quant=row, nvfp4_producer_quant): a codes writer falls back
+# to the bf16 producer, and where two were enabled at one consumer (a model with FP8 and NVFP4 linears) the later one
+# writes there. The one place this order is written: install/block.py composes it, naming no lever.
+BLOCK_SITES = ("modulation", "gated_residual", "swiglu", "fp8_act_quant", "nvfp4_producer_quant")
+
+
 def ulysses_padding(ctx: Context) -> str:
     return _setting(ctx, "ulysses_padding")
 
