@@ -60,9 +60,8 @@ def install_rows(model, builder, state, swap) -> dict[str, str]:
         state.report.skipped.append((LEVER, "row: the block linears are not FP8 (gemm_quant is not fp8 here): "
                                             "no FP8 GEMM input to write per row"))
         return {"fp8_act_quant": "tensor"}
-    mod, sw = blk.modulation, blk.swiglu
-    if mod == "eager" or not sw:
-        state.report.notes.append(f"fp8_act_quant=row with modulation={mod}, swiglu={sw}: where no fused producer "
-                                  "runs, the FP8 linear casts its bf16 input per row itself (same codes, one more "
-                                  "pass)")
+    unfused = blk.unfused_producers()
+    if unfused is not None:
+        state.report.notes.append(f"{LEVER}=row with {unfused}: where no fused producer runs, the FP8 linear casts "
+                                  "its bf16 input per row itself (same codes, one more pass)")
     return {}

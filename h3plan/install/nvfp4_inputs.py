@@ -50,9 +50,8 @@ def install_nvfp4(model, builder, state, swap) -> dict[str, bool]:
         state.report.skipped.append((PRODUCER, why))
         return {"nvfp4_producer_quant": False}
     if prod:
-        mod, sw = blk.modulation, blk.swiglu
-        if mod == "eager" or not sw:
-            state.report.notes.append(f"nvfp4_producer_quant with modulation={mod}, swiglu={sw}: where no fused "
-                                      "producer runs, the NVFP4 linear quantizes its bf16 input itself (same codes, "
-                                      "more passes)")
+        unfused = blk.unfused_producers()
+        if unfused is not None:
+            state.report.notes.append(f"{PRODUCER} with {unfused}: where no fused producer runs, the NVFP4 linear "
+                                      "quantizes its bf16 input itself (same codes, more passes)")
     return {}

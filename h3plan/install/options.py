@@ -13,7 +13,7 @@ from dataclasses import field as dc_field
 from typing import Any
 
 from h3plan.facts.attention import backend_spec
-from h3plan.levers import OPTIONS, SPECS, scope_options
+from h3plan.levers import OPTIONS, SPECS, rules, scope_options
 
 
 def _options_class(scope: str, name: str, namespace: dict):
@@ -50,9 +50,18 @@ def _describe_attention(self) -> str:
     return ", ".join(parts)
 
 
+def unfused_producers(self) -> str | None:
+    """Where a bf16 producer the codes writers extend (levers/rules.py PRODUCERS) is diffusers' op here: its block
+    options and theirs as `key=value, ...` (the install's note), else None."""
+    opts = {o.key: o for lever in rules.PRODUCERS for o in SPECS[lever].options if o.scope == self.SCOPE}
+    if all(getattr(self, k) != o.default for k, o in opts.items()):
+        return None
+    return ", ".join(f"{k}={getattr(self, k)}" for k in opts)
+
+
 BlockOptions = _options_class("block", "BlockOptions", {
     "SCOPE": "block", "non_default": _non_default, "describe": _describe_block,
-    "enabled": property(lambda self: bool(self.non_default()))})
+    "enabled": property(lambda self: bool(self.non_default())), "unfused_producers": unfused_producers})
 AttentionOptions = _options_class("attention", "AttentionOptions", {
     "SCOPE": "attention", "non_default": _non_default, "describe": _describe_attention})
 VaeOptions = _options_class("vae", "VaeOptions", {"SCOPE": "vae", "non_default": _non_default})

@@ -105,6 +105,9 @@ def producer_blockers(ctx: Context, writer: str) -> list[str]:
 # to the bf16 producer, and where two were enabled at one consumer (a model with FP8 and NVFP4 linears) the later one
 # writes there. The one place this order is written: install/block.py composes it, naming no lever.
 BLOCK_SITES = ("modulation", "gated_residual", "swiglu", "fp8_act_quant", "nvfp4_producer_quant")
+# The bf16 producers whose fused kernels those codes writers extend (producer_blockers, above, when planning): where
+# one's block option is at its default (diffusers' op), the linear it feeds casts its own bf16 input (install's note).
+PRODUCERS = ("modulation", "swiglu")
 
 
 def ulysses_padding(ctx: Context) -> str:

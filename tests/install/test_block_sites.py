@@ -30,6 +30,7 @@ def test_every_block_lever_wraps_sites_or_installs_its_own_step():
     for lever in rules.BLOCK_SITES:
         assert any(o.scope == "block" for o in SPECS[lever].options), lever
         assert callable(importlib.import_module(f"h3plan.runtime.levers.{lever}").wrap), lever
+    assert set(rules.PRODUCERS) <= set(rules.BLOCK_SITES)
 
 
 def test_the_block_forward_names_no_lever():
