@@ -2,8 +2,9 @@
 
 on: the kernels that produce the NVFP4 GEMM inputs write e2m1 codes + swizzled e4m3 block scales themselves
 (h3plan/runtime/kernels/nvfp4_producers.py): norm1 + AdaLN -> to_q/k/v, the residual fold (the attention's gated
-residual + norm2 + AdaLN in one kernel) -> ff.net.0.proj, SwiGLU -> ff.net.2; installed by install/nvfp4_inputs.py. Same
-quantizer as the NVFP4 linears' own input cast (torchao's, runtime/kernels/nvfp4.py), so a refused call changes no bits.
+residual + norm2 + AdaLN in one kernel) -> ff.net.0.proj, SwiGLU -> ff.net.2 (its call sites:
+runtime/levers/nvfp4_producer_quant.py). Same quantizer as the NVFP4 linears' own input cast (torchao's,
+runtime/kernels/nvfp4.py), so a refused call changes no bits.
 auto: on with gemm_quant=nvfp4 when the rows per rank reach step_fusions_min_rows_per_rank (the TRT-LLM seed
 (docs/sources.md#trtllm-seed) turns the step fusions off at U8 19k); off otherwise.
 """

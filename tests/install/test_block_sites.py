@@ -75,3 +75,9 @@ def test_the_later_codes_writer_writes_where_both_are_on():
     s = block_sites(BlockOptions(modulation="exact", swiglu=True, fp8_act_quant="row", nvfp4_producer_quant=True),
                     KERNELS)
     assert {origin(f) for f in (s.qkv_input, s.ffn_input, s.fold, s.ff_out)} == {rules.BLOCK_SITES[-1]}
+
+
+def test_the_unfused_producers_note_names_their_options():
+    assert BlockOptions(modulation="exact", swiglu=True).unfused_producers() is None
+    assert BlockOptions(swiglu=True).unfused_producers() == "modulation=eager, swiglu=True"
+    assert BlockOptions(modulation="fp32").unfused_producers() == "modulation=fp32, swiglu=False"
