@@ -1,4 +1,6 @@
-"""Each lever's own runtime, a module of the lever's name (h3plan/runtime/levers/<lever>.py): torch code a lever's
-`Spec.model_step` installs through the Site it is handed (h3plan/install/site.py `Site.runtime()`), for a lever whose
-install is more than an option at an existing call site. It imports no install code: the Site is its way into the
-model (named hooks, kernels, guarded calls, the report)."""
+"""Each lever's own runtime, a module of the lever's name (h3plan/runtime/levers/<lever>.py), torch code of one of two
+kinds. A lever whose install is more than an option at an existing call site: what its `Spec.model_step` installs
+through the Site it is handed (h3plan/install/site.py `Site.runtime()`; the step cache, sparse attention). A block
+lever: its call sites in the transformer block forward, `wrap(sites, options, kernels)` of the forward's sites
+(h3plan/runtime/block_sites.py), which install/block.py composes in levers/rules.py `BLOCK_SITES` order. Neither imports
+install code: the Site, or the sites and kernels handed in, are its way into the model."""
