@@ -1,28 +1,36 @@
 """The attention scope's install: the options checked against each other and the plan's backend
-(`attention_options`), static FP8 descales, the Ulysses or ring exchange, and one H3PlanAttnProcessor per
-transformer block (`install_processors`; the processor itself is install/processor.py)."""
+(`attention_options`), the processor's sites (`attention_sites`: runtime/attention_sites.py, wrapped by the runtime
+module of each attention lever whose options the plan changes, h3plan/runtime/levers/<lever>.py, in levers/rules.py
+`ATTENTION_SITES` order), static FP8 descales, the Ulysses or world exchange, and one H3PlanAttnProcessor per
+transformer block (`install_processors`; the processor itself is install/processor.py). Names no lever: what a
+lever's option changes is in its runtime module."""
 
 from __future__ import annotations
 
 import functools
-
-import torch
+import importlib
+from types import ModuleType
 
 from h3plan.errors import InstallError
 from h3plan.facts.attention import backend_spec, untested_notes
 from h3plan.runtime.attention import for_options
-from h3plan.facts.scale_table import load, row_for
-from h3plan.levers import OPTIONS, SPECS
-from h3plan.runtime.attention.fp8 import scale_from_amax
+from h3plan.levers import OPTIONS, SPECS, rules
+from h3plan.runtime.attention_sites import AttentionSites
 from h3plan.runtime.parallel.comm import degree_rank, high_priority_group
 from h3plan.runtime.parallel.ulysses import UlyssesAttention
 
 from .hooks import effect
-from h3plan.runtime.kernels.table import kernel
 from .options import AttentionOptions
 from .processor import H3PlanAttnProcessor
-from .ring import build as build_ring
 from .shard import SequenceShard
+
+
+def _site_levers(opts: AttentionOptions, changed_only: bool = True) -> list[ModuleType]:
+    """The runtime modules of the levers of levers/rules.py `ATTENTION_SITES`, in that order: those whose attention
+    options the plan changes, or every one (`changed_only=False`)."""
+    changed = opts.non_default()
+    return [importlib.import_module(f"h3plan.runtime.levers.{lever}") for lever in rules.ATTENTION_SITES
+            if not changed_only or any(o.key in changed for o in SPECS[lever].options if o.scope == "attention")]
 
 
 def attention_options(builder, report) -> AttentionOptions:
@@ -31,10 +39,8 @@ def attention_options(builder, report) -> AttentionOptions:
         report.notes.append("no attention backend in the plan: the processor uses sdpa (diffusers' native math)")
     a = AttentionOptions(**opts)
     problems = backend_problems(builder, a.backend)
-    if a.fp8_scales == "static" and backend_spec(a.backend).fp8_inputs and not a.scale_table:
-        problems.append("fp8_scales=static needs a scale_table")
-    if a.a2a_fp8_codes and a.qk_norm_rope != "fused_fp8":
-        problems.append("a2a_fp8_codes sends the codes of qk_norm_rope=fused_fp8")
+    for module in _site_levers(a, changed_only=False):  # a lever's problem may be another's option (a2a codes)
+        problems.extend(getattr(module, "option_problems", lambda opts: [])(a))
     if problems:
         raise InstallError("inconsistent attention options: " + "; ".join(problems))
     return a
@@ -53,20 +59,23 @@ def backend_problems(builder, backend: str) -> list[str]:
     return out
 
 
-def _static_descales(opts: AttentionOptions, fqns: list[str]) -> dict[str, torch.Tensor]:
-    """Per-layer (q, k, v) descales from the static table (h3plan/facts/scale_table.py): descale = amax * margin / 448,
-    the inverse of the kernel's scale."""
+def attention_sites(opts: AttentionOptions, kernels: dict) -> AttentionSites:
+    """The processor's sites for these options: diffusers' ops, wrapped by the runtime module of each lever of
+    levers/rules.py `ATTENTION_SITES` (in that order) whose attention options the plan changes, each handed the options
+    and `kernels`, which it fills with the ops its sites look up per call."""
+    sites = AttentionSites()
+    for module in _site_levers(opts):
+        sites = module.wrap(sites, opts, kernels)
+    return sites
 
-    table = load(opts.scale_table)
-    return {fqn: 1.0 / scale_from_amax(torch.tensor(row_for(table, fqn, opts.scale_table), dtype=torch.float32),
-                                       opts.scale_margin) for fqn in fqns}
 
-
-def _ulysses(model, opts, group, builder, report):
-    """(SequenceShard, UlyssesAttention) at a Ulysses degree above 1, (shard, RingUlysses) with a ring, else
-    (None, None); the process group must have the plan's degree."""
-    if opts.ring_degree > 1:  # RingUlysses in the ulysses slot's place (install/ring.py)
-        return build_ring(model, opts, group, builder)
+def _ulysses(model, opts, sites, group, builder, report):
+    """(SequenceShard, UlyssesAttention) at a Ulysses degree above 1, (shard over the world, its exchange) where a
+    lever's site exchanges over the world (`sites.world_exchange`), else (None, None); the process group must have the
+    plan's degree."""
+    if sites.world_exchange is not None:
+        world, exchange = sites.world_exchange(opts, group, builder)
+        return SequenceShard(group, world, 0, len(model.transformer_blocks) - 1), exchange
     if opts.ulysses_degree == 1:
         if opts.prefix_inplace or opts.a2a_fp8_codes or opts.ulysses_chunks > 1:
             report.skipped.append(("ulysses", "Ulysses degree 1: no sequence sharding, padding or exchange to tune"))
@@ -89,25 +98,20 @@ def install_processors(model, builder, state, group):
     report = state.report
     opts = attention_options(builder, report)
     backend = for_options(opts)
-    kernels = {}
-    if opts.qk_norm_rope == "fused":
-        kernels["qk_norm_rope"] = kernel("qk_norm_rope")
-    elif opts.qk_norm_rope == "fused_fp8":
-        kernels["qk_norm_rope_fp8"] = kernel("qk_norm_rope_fp8")
-        if opts.ulysses_degree > 1 and not opts.a2a_fp8_codes:  # bf16 travels; cudnn_fp8 casts after it
-            kernels["qk_norm_rope"] = kernel("qk_norm_rope")
+    kernels: dict = {}
+    sites = attention_sites(opts, kernels)
     fqns = [f"transformer_blocks.{i}.attn" for i in range(len(model.transformer_blocks))]
-    static = opts.fp8_scales == "static" and backend_spec(opts.backend).fp8_inputs
-    descales = _static_descales(opts, fqns) if static else {}
-    shard, ua = _ulysses(model, opts, group, builder, report)
-    ring, ua = (ua, None) if opts.ring_degree > 1 else (None, ua)
+    static = sites.layer_descales is not None and backend_spec(opts.backend).fp8_inputs
+    descales = sites.layer_descales(fqns) if static else {}
+    shard, ua = _ulysses(model, opts, sites, group, builder, report)
+    world, ua = (ua, None) if sites.world_call is not None else (None, ua)
     lever = builder.lever_of("backend")
     recorded = builder.recorded("attention")
     for fqn, block in zip(fqns, model.transformer_blocks):
         attn = block.attn
         old = attn.processor
-        proc = H3PlanAttnProcessor(opts, backend, kernels, old, static_descales=descales.get(fqn), shard=shard,
-                                   ulysses=ua, ring=ring)
+        proc = H3PlanAttnProcessor(opts, backend, kernels, old, sites=sites, static_descales=descales.get(fqn),
+                                   shard=shard, ulysses=ua, world=world)
         effect(attn, lever, state, functools.partial(attn.set_processor, old),
                apply=functools.partial(attn.set_processor, proc), part="processor", fqn=fqn)
         report.swap(lever, f"{fqn}.processor", type(old).__name__, repr(proc))

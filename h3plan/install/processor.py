@@ -4,14 +4,14 @@ Mathematically diffusers' `MiniMaxH3AttnProcessor` (0.42.1): Q/K/V projections, 
 and K, partial rotate-half RoPE, non-causal unmasked attention, `flatten(2, 3).type_as(query)`,
 `to_out`. The plan picks:
 
-- QK-norm + RoPE (`qk_norm_rope`): eager (diffusers' modules), `fused` (one Triton kernel, exact),
-  `fused_fp8` (the same + e4m3 cast with per-tensor scales, feeding cudnn_fp8 directly);
 - the backend (`h3plan.facts.attention`): sdpa / fa4 / cudnn_bf16 / cudnn_fp8, with FA4's per-call 2-CTA
-  switch and FP8 scales (dynamic amax, or a static per-layer table);
+  switch;
+- the lever sites (runtime/attention_sites.py, composed at install in levers/rules.py `ATTENTION_SITES` order by
+  install/attention.py; this file names no lever): QK-norm + RoPE (eager, one fused kernel, or fused with the e4m3
+  cast feeding cudnn_fp8), the FP8 scales (dynamic amax, or this layer's static table: `static_descales`), and a
+  world exchange in the Ulysses exchange's place (`world_call` over `world`: ring x Ulysses' RingUlysses);
 - Ulysses (`ulysses_degree` > 1): h3plan.runtime.parallel.ulysses.UlyssesAttention over the installer's
   sequence shards, with its padding mode, head chunks, FP8 codes and prefix-in-place output;
-- ring x Ulysses (`ring_degree` > 1): h3plan.runtime.parallel.ring.RingUlysses over the world's sequence shards
-  (install/ring.py: block attention with log-sum-exp, counted `ring.fused` / `ring.fallback`);
 - a lever's takeover of the attention call (`override`, set by that lever's install while installed: sparse
   attention's block-sparse forwards, runtime/levers/sparse_attention.py): on a call its `active` marks, after the
   Ulysses exchange (this rank's heads, the whole sequence), `override.take(q, k, v)` gives the output, or None where
@@ -24,26 +24,23 @@ runtime verdict is cached per (shapes, strides, dtype, device).
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
-from diffusers.models.transformers.transformer_minimax_h3 import _apply_rotary_emb
 
 from h3plan.runtime.attention import ops as attention_ops
+from h3plan.runtime.attention_sites import AttentionSites, eager_norm_rope
 from h3plan.facts.attention import backend_spec
-from h3plan.runtime.kernels.qk_norm_rope import qk_norm_rope_fp8_ref
 from h3plan.runtime.parallel.comm import amax_allreduce_hook
 from h3plan.facts.sizes import valid_rows
 from h3plan.runtime.quant.fp8 import shared_activation
 
-from h3plan.runtime.guards import GRAD_REASON, count_route, needs_grad, run_guarded, signature as _sig
+from h3plan.runtime.guards import GRAD_REASON, count_route, needs_grad, signature as _sig
 from h3plan.levers import counter
 
-# the counters of the levers whose options this processor reads (each lever's SPEC.counter)
-ATTENTION, QK_NORM_ROPE = counter("backend"), counter("qk_norm_rope")
-EXCHANGE, RING = counter("ulysses_exchange"), counter("ring_degree")
+# the counters of the options this processor reads (each lever's SPEC.counter)
+ATTENTION, EXCHANGE = counter("backend"), counter("ulysses_exchange")
 
 
 _BACKENDS: list = []  # backend objects by index, for the trace-time verdict below
@@ -67,14 +64,15 @@ _traced_verdict = torch.compiler.assume_constant_result(_verdict)
 class H3PlanAttnProcessor:
     """One instance per transformer-block attention (it holds that layer's static FP8 scales)."""
 
-    def __init__(self, opts, backend, kernels: dict, original, *, static_descales=None,
-                 shard=None, ulysses=None, ring=None):
+    def __init__(self, opts, backend, kernels: dict, original, *, sites: AttentionSites = AttentionSites(),
+                 static_descales=None, shard=None, ulysses=None, world=None):
         self.opts, self.backend, self.kernels, self.original = opts, backend, kernels, original
+        self.sites = sites  # the lever sites (runtime/attention_sites.py); `kernels`: the ops they look up per call
         self.spec = backend_spec(opts.backend)  # what the backend declares (h3plan/facts/attention/specs/)
         self.static_descales = static_descales  # (3,) fp32 descales of q, k, v (static FP8 scales)
         self.static_scales = None if static_descales is None else tuple((1.0 / static_descales).tolist())
         self.shard, self.ulysses = shard, ulysses  # installer's sequence-shard context, UlyssesAttention
-        self.ring = ring  # RingUlysses when ring_degree > 1 (then ulysses is None)
+        self.world = world  # the world exchange `sites.world_call` runs through (then ulysses is None)
         self.override: Any = None  # a lever's takeover of some calls (module docstring), set while it is installed
         self._act_dtype = None  # the activations' dtype of the current call (dequantised FP8 fallbacks)
         attention_ops.register(backend)
@@ -139,39 +137,11 @@ class H3PlanAttnProcessor:
         return o
 
     def _static(self, q):
-        if self.opts.fp8_scales != "static":
+        if self.static_descales is None:
             return None
         if self.static_descales.device != q.device:
             self.static_descales = self.static_descales.to(q.device)
         return self.static_descales
-
-    @staticmethod
-    def _eager_norm_rope(attn, q, k, rotary_emb):
-        q, k = attn.norm_q(q), attn.norm_k(k)
-        if rotary_emb is not None:
-            q, k = _apply_rotary_emb(q, *rotary_emb), _apply_rotary_emb(k, *rotary_emb)
-        return q, k
-
-    def _norm_rope(self, attn, q, k, v, rotary_emb):
-        """(q, k) normed + roped, eager or fused (degree 1)."""
-
-        def eager():
-            return self._eager_norm_rope(attn, q, k, rotary_emb)
-
-        if self.opts.qk_norm_rope == "eager":
-            return eager()
-        fn, check = self.kernels["qk_norm_rope"]
-        wq, wk = attn.norm_q.weight, attn.norm_k.weight
-
-        def guard():
-            if rotary_emb is None:
-                return "no rotary embedding passed"
-            if attn.norm_q.eps != attn.norm_k.eps or attn.norm_q.eps is None or wq is None or wk is None:
-                return "norm_q/norm_k differ in eps or lack an affine weight"
-            return check(q, k, wq, wk, *rotary_emb, attn.norm_q.eps)
-
-        return run_guarded(QK_NORM_ROPE, guard, lambda: fn(q, k, wq, wk, *rotary_emb, attn.norm_q.eps), eager,
-                           (q, k, wq, wk))
 
     # ---- call ---------------------------------------------------------------------------------------
 
@@ -193,14 +163,16 @@ class H3PlanAttnProcessor:
         value = value.unflatten(-1, (attn.heads, -1))
         out_dtype = self._act_dtype = query.dtype
 
-        if self.ring is not None:
-            out = self._ring_call(attn, query, key, value, rotary_emb)
+        sites = self.sites
+        if self.world is not None:
+            out = sites.world_call(self, attn, query, key, value, rotary_emb)
         elif self.ulysses is not None:
             out = self._ulysses_call(attn, query, key, value, rotary_emb)
-        elif self.opts.qk_norm_rope == "fused_fp8":
-            out = self._fused_fp8(attn, query, key, value, rotary_emb)
+        elif sites.codes is not None:  # degree 1: codes straight into the FP8 backend
+            q8, k8, v8, descales = sites.codes(attn, query, key, value, rotary_emb, self.static_scales)
+            out = self.attend(q8, k8, v8, descales=descales).flatten(2, 3)
         else:
-            query, key = self._norm_rope(attn, query, key, value, rotary_emb)
+            query, key = sites.norm_rope(attn, query, key, rotary_emb)
             out = self.attend(query, key, value).flatten(2, 3)
         return self._project_out(attn, out, out_dtype)
 
@@ -218,51 +190,21 @@ class H3PlanAttnProcessor:
         attn_fn.out_dtype = self.backend.out_dtype
         return attn_fn
 
-    def _fp8_args(self, attn, q, k, v, rotary_emb):
-        wq, wk, eps = attn.norm_q.weight, attn.norm_k.weight, attn.norm_q.eps
-        scales = self.static_scales if self.opts.fp8_scales == "static" else None  # host floats: no sync
-        return wq, wk, eps, scales
-
-    def _fp8_guard(self, attn, check, q, k, v, rotary_emb, **kw):
-        if rotary_emb is None:
-            return "no rotary embedding passed"
-        if attn.norm_q.eps != attn.norm_k.eps or attn.norm_q.weight is None or attn.norm_k.weight is None:
-            return "norm_q/norm_k differ in eps or lack an affine weight"
-        return call_check(check, q, k, v, attn.norm_q.weight, attn.norm_k.weight, *rotary_emb, attn.norm_q.eps, **kw)
-
-    def _fused_fp8(self, attn, q, k, v, rotary_emb):
-        """Degree 1: norm + RoPE + e4m3 cast in one kernel, codes straight into cudnn_fp8."""
-        fn, check = self.kernels["qk_norm_rope_fp8"]
-        wq, wk, eps, scales = self._fp8_args(attn, q, k, v, rotary_emb)
-
-        def eager():
-            return (*self._eager_norm_rope(attn, q, k, rotary_emb), v, None)
-
-        q8, k8, v8, descales = run_guarded(
-            QK_NORM_ROPE, lambda: self._fp8_guard(attn, check, q, k, v, rotary_emb, scales=scales),
-            lambda: fn(q, k, v, wq, wk, *rotary_emb, eps, scales=scales), eager, (q, k, v, wq, wk))
-        return self.attend(q8, k8, v8, descales=descales).flatten(2, 3)
-
     def _ulysses_call(self, attn, q, k, v, rotary_emb):
         """Degree U > 1: this rank's rows in, (B, S_loc, H*D) out (h3plan.runtime.parallel.ulysses)."""
-        U, S, mode = self.opts.ulysses_degree, self.shard.seq_len, self.opts.qk_norm_rope
+        U, S, sites = self.opts.ulysses_degree, self.shard.seq_len, self.sites
         ua = self.ulysses
-        if mode == "fused_fp8" and self.opts.a2a_fp8_codes:
-            fn, check = self.kernels["qk_norm_rope_fp8"]
-            wq, wk, eps, scales = self._fp8_args(attn, q, k, v, rotary_emb)
+        if sites.wire_codes is not None:
             vr = valid_rows(S, U, ua.rank)
-            kw = dict(scales=scales, valid_len=vr, amax_hook=self._amax_hook, ulysses_degree=U)
-            packed, descales = run_guarded(
-                QK_NORM_ROPE, lambda: self._fp8_guard(attn, check, q, k, v, rotary_emb, **kw),
-                lambda: fn(q, k, v, wq, wk, *rotary_emb, eps, **kw),
-                lambda: qk_norm_rope_fp8_ref(q, k, v, wq, wk, *rotary_emb, eps, **kw), (q, k, v, wq, wk))
+            kw = dict(scales=self.static_scales, valid_len=vr, amax_hook=self._amax_hook, ulysses_degree=U)
+            packed, descales = sites.wire_codes(attn, q, k, v, rotary_emb, **kw)
             return ua(None, None, None, self._attn_fn(descales), seq_len=S, packed=packed)
-        if mode in ("fused", "fused_fp8"):
-            packed = self._packed_norm_rope(attn, q, k, v, rotary_emb, U)
+        if sites.packed is not None:
+            packed = sites.packed(attn, q, k, v, rotary_emb, U)
             if packed is not None:
                 amax = self._sequence_amax(packed.unbind(1), row_dim=2)  # (U, B, S_loc, H/U, D) each
                 return ua(None, None, None, self._attn_fn(amax=amax), seq_len=S, packed=packed)
-        qq, kk = self._eager_norm_rope(attn, q, k, rotary_emb)
+        qq, kk = eager_norm_rope(attn, q, k, rotary_emb)
         amax = self._sequence_amax((qq, kk, v), row_dim=1)
         return ua(qq, kk, v.contiguous(), self._attn_fn(amax=amax), seq_len=S)
 
@@ -289,12 +231,9 @@ class H3PlanAttnProcessor:
         h, D = H // U, attn.to_q.out_features // H
         if attn.to_k.out_features != H * D or attn.to_v.out_features != H * D:
             return "k/v projections differ in width from q (grouped heads)"
-        _, check = self.kernels["qk_norm_rope"]
         chunk = x.new_empty((1, x.shape[1], h * D))
-        try:
-            return check(chunk, chunk, attn.norm_q.weight, attn.norm_k.weight, *rotary_emb, attn.norm_q.eps)
-        except Exception as exc:  # a guard must never take the forward down
-            return f"{type(exc).__name__} in the qk_norm_rope check: {exc}"
+        return self.sites.project_check(chunk, chunk, attn.norm_q.weight, attn.norm_k.weight, *rotary_emb,
+                                        attn.norm_q.eps)
 
     def _projection_call(self, attn, x, rotary_emb):
         """ulysses_exchange=projection: each destination's heads projected, normed + roped and sent while the
@@ -308,7 +247,7 @@ class H3PlanAttnProcessor:
         U, H = ua.degree, attn.heads
         D = attn.to_q.out_features // H
         h = H // U
-        fn, _ = self.kernels["qk_norm_rope"]
+        fn = self.sites.project
         wq, wk, eps = attn.norm_q.weight, attn.norm_k.weight, attn.norm_q.eps
 
         def rows(m, d):
@@ -323,39 +262,9 @@ class H3PlanAttnProcessor:
         gathered = ua.exchange_projected(produce, seq_len=S, shape=(1, x.shape[1], H, D), dtype=x.dtype,
                                          device=x.device)
         count_route(EXCHANGE, None)
-        count_route(QK_NORM_ROPE, None)
+        self.sites.projected()
         self._act_dtype = x.dtype
         return ua(None, None, None, self._attn_fn(), seq_len=S, gathered=gathered)
-
-    def _packed_norm_rope(self, attn, q, k, v, rotary_emb, U):
-        """Fused norm + RoPE packed destination-major for the all-to-all, (U, 3, B, S_loc, H/U, D); None when
-        the guard refused it (counted, the caller runs eager)."""
-        fn, check = self.kernels["qk_norm_rope"]
-        wq, wk, eps = attn.norm_q.weight, attn.norm_k.weight, attn.norm_q.eps
-
-        def guard():
-            if rotary_emb is None or attn.norm_q.eps != attn.norm_k.eps or wq is None or wk is None:
-                return "no rotary embedding, or norm_q/norm_k differ in eps or lack a weight"
-            return check(q, k, wq, wk, *rotary_emb, eps, v=v, ulysses_degree=U)
-
-        return run_guarded(QK_NORM_ROPE, guard, lambda: fn(q, k, wq, wk, *rotary_emb, eps, v=v, ulysses_degree=U),
-                           lambda: None, (q, k, wq, wk))
-
-    def _ring_call(self, attn, q, k, v, rotary_emb):
-        """ring > 1: this rank's world-shard rows in, (B, S_loc, H*D) out (h3plan.runtime.parallel.ring.RingUlysses)."""
-        ru, S, U = self.ring, self.shard.seq_len, self.ring.ulysses_degree
-        block = ru.ring.attn
-        why = block.reason(q)
-        count_route(RING, None if why is None else f"{block.name}: {why}; fp32 reference blocks")
-        if self.opts.qk_norm_rope == "fused" and U > 1:
-            packed = self._packed_norm_rope(attn, q, k, v, rotary_emb, U)
-            if packed is not None:
-                return ru(None, None, None, seq_len=S, packed=packed)
-        if U == 1:
-            q, k = self._norm_rope(attn, q, k, v, rotary_emb)
-        else:
-            q, k = self._eager_norm_rope(attn, q, k, rotary_emb)
-        return ru(q, k, v.contiguous(), seq_len=S)
 
     def _sequence_amax(self, qkv, row_dim: int):
         """Dynamic FP8 attention under Ulysses with BF16 on the wire: the per-tensor amax of q, k, v over the
@@ -363,7 +272,7 @@ class H3PlanAttnProcessor:
         takes it over its whole tensors; the backend casts with it after the exchange. Without it each rank
         would scale by the amax of its own heads only, and no code would match degree 1. None when the
         backend takes no FP8 scales from here (BF16 backends, static tables, FP8 codes on the wire)."""
-        if not self.spec.fp8_inputs or self.opts.fp8_scales != "dynamic":
+        if not self.spec.fp8_inputs or not self.sites.sequence_amax:
             return None
 
         vr = valid_rows(self.shard.seq_len, self.opts.ulysses_degree, self.ulysses.rank)
@@ -377,13 +286,3 @@ class H3PlanAttnProcessor:
             self._hook = amax_allreduce_hook(self.ulysses.group)
         return self._hook
 
-
-def call_check(check, *args, **kwargs):
-    """Call a kernel's `<op>_check` with the keyword arguments its signature takes."""
-    try:
-        params = inspect.signature(check).parameters
-    except (TypeError, ValueError):
-        return check(*args, **kwargs)
-    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        kwargs = {k: v for k, v in kwargs.items() if k in params}
-    return check(*args, **kwargs)

@@ -108,6 +108,13 @@ BLOCK_SITES = ("modulation", "gated_residual", "swiglu", "fp8_act_quant", "nvfp4
 # The bf16 producers whose fused kernels those codes writers extend (producer_blockers, above, when planning): where
 # one's block option is at its default (diffusers' op), the linear it feeds casts its own bf16 input (install's note).
 PRODUCERS = ("modulation", "swiglu")
+# The attention processor's call sites (h3plan/runtime/attention_sites.py: norm + RoPE on whole heads, packed for the
+# Ulysses wire or per destination, the FP8 codes, the FP8 scales, the world exchange) are diffusers' ops around the
+# plan's backend until the levers that change them wrap them, at install, in this order (each lever's runtime module
+# h3plan/runtime/levers/<lever>.py `wrap`; its `option_problems`, where it has one, checks the options in this order
+# too). The scales and the norm + RoPE write disjoint sites; ring reads what qk_norm_rope left (the packing it runs).
+# The one place this order is written: install/attention.py composes it, naming no lever.
+ATTENTION_SITES = ("fp8_scales", "qk_norm_rope", "ring")
 
 
 def ulysses_padding(ctx: Context) -> str:

@@ -77,7 +77,7 @@ def test_every_backend_loads_its_implementation(name):
 
 
 def test_consumers_read_the_registry():
-    from h3plan.install.ring import LSE_OF
+    from h3plan.runtime.levers.ring import LSE_OF
     from h3plan.runtime.parallel.lse import LSE_BACKENDS
 
     spec = SPECS["attention"]

@@ -2,5 +2,7 @@
 kinds. A lever whose install is more than an option at an existing call site: what its `Spec.model_step` installs
 through the Site it is handed (h3plan/install/site.py `Site.runtime()`; the step cache, sparse attention). A block
 lever: its call sites in the transformer block forward, `wrap(sites, options, kernels)` of the forward's sites
-(h3plan/runtime/block_sites.py), which install/block.py composes in levers/rules.py `BLOCK_SITES` order. Neither imports
-install code: the Site, or the sites and kernels handed in, are its way into the model."""
+(h3plan/runtime/block_sites.py), which install/block.py composes in levers/rules.py `BLOCK_SITES` order; an attention
+lever, the same over the attention processor's sites (h3plan/runtime/attention_sites.py) in `ATTENTION_SITES` order,
+composed by install/attention.py. Neither kind imports install code: the Site, or the sites and kernels handed in, are
+its way into the model."""

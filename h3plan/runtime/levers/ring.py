@@ -1,10 +1,10 @@
-"""Ring x Ulysses for the installed transformer (plan option `ring_degree` > 1, lever h3plan/levers/ring.py).
+"""ring's runtime (its plan: levers/ring.py; plan option `ring_degree` > 1): ring x Ulysses as sites of the attention
+processor (runtime/attention_sites.py), the world exchange in the Ulysses exchange's place.
 
-Scope: the world group passed to `h3plan.install(..., group=)` (it must be the default group: the mesh's
-sub-groups are made over it, h3plan.runtime.parallel.ring.ring_ulysses_groups) holds ring x ulysses ranks. The block
-stack runs on world shards (install/shard.py over the world: rank g holds rows g*S_loc ..), and every
-attention call runs h3plan.runtime.parallel.ring.RingUlysses: Ulysses inside each ring block, the key/value blocks
-rotating over the ring.
+Scope: the world group passed to `h3plan.install(..., group=)` (it must be the default group: the mesh's sub-groups
+are made over it, h3plan.runtime.parallel.ring.ring_ulysses_groups) holds ring x ulysses ranks. The block stack runs
+on world shards (install/shard.py over the world: rank g holds rows g*S_loc ..), and every attention call runs
+h3plan.runtime.parallel.ring.RingUlysses: Ulysses inside each ring block, the key/value blocks rotating over the ring.
 
 Block attention (`RingBlock`): the log-sum-exp backend the plan's backend declares (h3plan.facts.attention.LSE_OF:
 fa4 -> fa4, sdpa -> sdpa_flash, cudnn_bf16 -> torch's cuDNN sdpa_cudnn; FA4's 2-CTA switch and tiles are not
@@ -18,15 +18,19 @@ merge within ~1e-6 relative and round once to bf16; bf16 block outputs add one b
 
 from __future__ import annotations
 
-from h3plan.facts.attention import LSE_OF
+from dataclasses import replace
+
 from h3plan.errors import InstallError
-from h3plan.levers import OPTIONS
+from h3plan.facts.attention import LSE_OF
+from h3plan.levers import OPTIONS, counter
 from h3plan.levers.rules import EXCLUDES
+from h3plan.runtime.attention_sites import AttentionSites, eager_norm_rope
+from h3plan.runtime.guards import count_route
 from h3plan.runtime.parallel.comm import degree_rank
 from h3plan.runtime.parallel.lse import LSE_BACKENDS, attention_with_lse, lse_reason
 from h3plan.runtime.parallel.ring import RingUlysses, ring_ulysses_groups
 
-from .shard import SequenceShard
+COUNTER = counter("ring_degree")
 
 
 class RingBlock:
@@ -65,9 +69,9 @@ def problems(opts, builder) -> list[str]:
     return out
 
 
-def build(model, opts, group, builder):
-    """(SequenceShard over the world, RingUlysses) for ring_degree x ulysses_degree ranks; `builder`: the plan's
-    recorded options and settings (what `problems` checks)."""
+def build(opts, group, builder):
+    """(world degree, RingUlysses) for ring_degree x ulysses_degree ranks; `builder`: the plan's recorded options and
+    settings (what `problems` checks)."""
     import torch.distributed as dist
 
     R, U = opts.ring_degree, opts.ulysses_degree
@@ -82,5 +86,34 @@ def build(model, opts, group, builder):
         raise InstallError(f"ring x Ulysses makes its groups over the default group ({dist.get_world_size()} ranks): "
                            f"group= must be the whole world, got {world} ranks")
     ring_g, uly_g = ring_ulysses_groups(R, U)
-    ru = RingUlysses(ring_g, uly_g, RingBlock(opts.backend), chunks=opts.ulysses_chunks)
-    return SequenceShard(group, world, 0, len(model.transformer_blocks) - 1), ru
+    return world, RingUlysses(ring_g, uly_g, RingBlock(opts.backend), chunks=opts.ulysses_chunks)
+
+
+def attend(proc, attn, q, k, v, rotary_emb):
+    """This rank's world-shard rows in, (B, S_loc, H*D) out, through the processor's RingUlysses (`proc.world`)."""
+    ru, S, U = proc.world, proc.shard.seq_len, proc.world.ulysses_degree
+    sites = proc.sites
+    block = ru.ring.attn
+    why = block.reason(q)
+    count_route(COUNTER, None if why is None else f"{block.name}: {why}; fp32 reference blocks")
+    if _bf16_packing(sites) and U > 1:
+        packed = sites.packed(attn, q, k, v, rotary_emb, U)
+        if packed is not None:
+            return ru(None, None, None, seq_len=S, packed=packed)
+    if U == 1:
+        q, k = sites.norm_rope(attn, q, k, rotary_emb)
+    else:
+        q, k = eager_norm_rope(attn, q, k, rotary_emb)
+    return ru(q, k, v.contiguous(), seq_len=S)
+
+
+def _bf16_packing(sites: AttentionSites) -> bool:
+    """The bf16 norm + RoPE packs for the exchange (the ring takes no FP8 codes: `problems`)."""
+    return sites.packed is not None and sites.codes is None
+
+
+def wrap(sites: AttentionSites, opts, kernels: dict) -> AttentionSites:
+    """ring_degree > 1: the world exchange and the attention through it."""
+    if opts.ring_degree <= 1:
+        return sites
+    return replace(sites, world_exchange=build, world_call=attend)
