@@ -15,8 +15,8 @@ from h3plan.errors import InstallError
 from h3plan.facts.attention import backend_spec, untested_notes
 from h3plan.runtime.attention import for_options
 from h3plan.levers import OPTIONS, SPECS, rules
-from h3plan.runtime.attention_sites import AttentionSites
-from h3plan.runtime.parallel.comm import degree_rank, high_priority_group
+from h3plan.runtime.attention_sites import AttentionSites, exchange_defaults
+from h3plan.runtime.parallel.comm import degree_rank
 from h3plan.runtime.parallel.ulysses import UlyssesAttention
 
 from .hooks import effect
@@ -70,24 +70,21 @@ def attention_sites(opts: AttentionOptions, kernels: dict) -> AttentionSites:
 
 
 def _ulysses(model, opts, sites, group, builder, report):
-    """(SequenceShard, UlyssesAttention) at a Ulysses degree above 1, (shard over the world, its exchange) where a
-    lever's site exchanges over the world (`sites.world_exchange`), else (None, None); the process group must have the
-    plan's degree."""
+    """(SequenceShard, UlyssesAttention with the options of `sites.exchange_options`) at a Ulysses degree above 1,
+    (shard over the world, its exchange) where a lever's site exchanges over the world (`sites.world_exchange`), else
+    (None, None); the process group must have the plan's degree."""
     if sites.world_exchange is not None:
         world, exchange = sites.world_exchange(opts, group, builder)
         return SequenceShard(group, world, 0, len(model.transformer_blocks) - 1), exchange
     if opts.ulysses_degree == 1:
-        if opts.prefix_inplace or opts.a2a_fp8_codes or opts.ulysses_chunks > 1:
+        if sites.exchange_options is not exchange_defaults:  # a lever tunes an exchange degree 1 never runs
             report.skipped.append(("ulysses", "Ulysses degree 1: no sequence sharding, padding or exchange to tune"))
         return None, None
     degree, _ = degree_rank(group)
     if degree != opts.ulysses_degree:
         raise InstallError(f"plan ulysses_degree={opts.ulysses_degree} but the process group has {degree} ranks "
                          "(initialise torch.distributed with that many ranks, or pass group=)")
-    split = opts.ulysses_exchange == "projection_split"
-    post = high_priority_group(group) if split else None
-    ua = UlyssesAttention(group, chunks=opts.ulysses_chunks, padding=opts.ulysses_padding, fp8_codes=opts.a2a_fp8_codes,
-                          prefix_inplace=opts.prefix_inplace, split_output=split, post_group=post)
+    ua = UlyssesAttention(group, **sites.exchange_options(group))
     return SequenceShard(group, degree, 0, len(model.transformer_blocks) - 1), ua
 
 

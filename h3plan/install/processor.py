@@ -8,10 +8,12 @@ and K, partial rotate-half RoPE, non-causal unmasked attention, `flatten(2, 3).t
   switch;
 - the lever sites (runtime/attention_sites.py, composed at install in levers/rules.py `ATTENTION_SITES` order by
   install/attention.py; this file names no lever): QK-norm + RoPE (eager, one fused kernel, or fused with the e4m3
-  cast feeding cudnn_fp8), the FP8 scales (dynamic amax, or this layer's static table: `static_descales`), and a
-  world exchange in the Ulysses exchange's place (`world_call` over `world`: ring x Ulysses' RingUlysses);
+  cast feeding cudnn_fp8), the FP8 scales (dynamic amax, or this layer's static table: `static_descales`), the
+  projection exchange in the packed one's place (`projection_exchange`), and a world exchange in the Ulysses
+  exchange's place (`world_call` over `world`: ring x Ulysses' RingUlysses);
 - Ulysses (`ulysses_degree` > 1): h3plan.runtime.parallel.ulysses.UlyssesAttention over the installer's
-  sequence shards, with its padding mode, head chunks, FP8 codes and prefix-in-place output;
+  sequence shards, with the options the levers' `exchange_options` site gives (padding mode, head chunks, FP8 codes,
+  prefix in place, split output);
 - a lever's takeover of the attention call (`override`, set by that lever's install while installed: sparse
   attention's block-sparse forwards, runtime/levers/sparse_attention.py): on a call its `active` marks, after the
   Ulysses exchange (this rank's heads, the whole sequence), `override.take(q, k, v)` gives the output, or None where
@@ -39,8 +41,8 @@ from h3plan.runtime.quant.fp8 import shared_activation
 from h3plan.runtime.guards import GRAD_REASON, count_route, needs_grad, signature as _sig
 from h3plan.levers import counter
 
-# the counters of the options this processor reads (each lever's SPEC.counter)
-ATTENTION, EXCHANGE = counter("backend"), counter("ulysses_exchange")
+# the counter of the backend this processor runs (its lever's SPEC.counter)
+ATTENTION = counter("backend")
 
 
 _BACKENDS: list = []  # backend objects by index, for the trace-time verdict below
@@ -149,7 +151,8 @@ class H3PlanAttnProcessor:
         if attention_mask is not None:
             count_route(ATTENTION, "attention mask given (MiniMax-H3 packs no mask)")
             return self.original(attn, hidden_states, rotary_emb, attention_mask)
-        if self.ulysses is not None and self.opts.ulysses_exchange in ("projection", "projection_split"):
+        sites = self.sites
+        if self.ulysses is not None and sites.projection_exchange is not None:
             out = self._projection_call(attn, hidden_states, rotary_emb)
             if out is not None:
                 return self._project_out(attn, out, hidden_states.dtype)
@@ -163,7 +166,6 @@ class H3PlanAttnProcessor:
         value = value.unflatten(-1, (attn.heads, -1))
         out_dtype = self._act_dtype = query.dtype
 
-        sites = self.sites
         if self.world is not None:
             out = sites.world_call(self, attn, query, key, value, rotary_emb)
         elif self.ulysses is not None:
@@ -208,63 +210,15 @@ class H3PlanAttnProcessor:
         amax = self._sequence_amax((qq, kk, v), row_dim=1)
         return ua(qq, kk, v.contiguous(), self._attn_fn(amax=amax), seq_len=S)
 
-    def _projection_reason(self, attn, x, rotary_emb) -> str | None:
-        """Why the projection exchange cannot run this call (the same answer on every rank: it reads only
-        shapes, types and dtypes, which the ranks share), or None."""
-        if needs_grad(x, attn.to_q.weight, attn.to_k.weight, attn.to_v.weight, attn.norm_q.weight, attn.norm_k.weight):
-            return GRAD_REASON
-        if attn.fused_projections:
-            return "fused q/k/v projections (to_qkv): no per-destination weight rows"
-        lins = (attn.to_q, attn.to_k, attn.to_v)
-        if any(type(m) is not torch.nn.Linear for m in lins):
-            return "to_q/to_k/to_v are not plain nn.Linear (a quantised linear is not sliced per destination)"
-        if any(m.weight.dtype != x.dtype for m in lins):
-            return f"linear weights are not in the activations' dtype {x.dtype}"
-        if x.dim() != 3 or x.shape[0] != 1:
-            return f"hidden states {tuple(x.shape)}: the projection exchange takes batch 1"
-        if (rotary_emb is None or attn.norm_q.eps != attn.norm_k.eps or attn.norm_q.weight is None
-                or attn.norm_k.weight is None):
-            return "no rotary embedding, or norm_q/norm_k differ in eps or lack a weight"
-        U, H = self.ulysses.degree, attn.heads
-        if H % U or attn.to_q.out_features % H:
-            return f"{H} heads do not split over degree {U}"
-        h, D = H // U, attn.to_q.out_features // H
-        if attn.to_k.out_features != H * D or attn.to_v.out_features != H * D:
-            return "k/v projections differ in width from q (grouped heads)"
-        chunk = x.new_empty((1, x.shape[1], h * D))
-        return self.sites.project_check(chunk, chunk, attn.norm_q.weight, attn.norm_k.weight, *rotary_emb,
-                                        attn.norm_q.eps)
-
     def _projection_call(self, attn, x, rotary_emb):
-        """ulysses_exchange=projection: each destination's heads projected, normed + roped and sent while the
-        next destination's project (UlyssesAttention.exchange_projected); None when refused (counted, the
-        caller runs the packed exchange)."""
-        why = self._projection_reason(attn, x, rotary_emb)
-        if why is not None:
-            count_route(EXCHANGE, why)
+        """The projection exchange (`sites.projection_exchange`): this rank's rows of hidden states in, (B, S_loc, H*D)
+        out, attention on this rank's heads over every row and then the output exchange; None where the site refuses
+        the call (counted; the caller runs the packed exchange)."""
+        gathered = self.sites.projection_exchange(self, attn, x, rotary_emb)
+        if gathered is None:
             return None
-        ua, S = self.ulysses, self.shard.seq_len
-        U, H = ua.degree, attn.heads
-        D = attn.to_q.out_features // H
-        h = H // U
-        fn = self.sites.project
-        wq, wk, eps = attn.norm_q.weight, attn.norm_k.weight, attn.norm_q.eps
-
-        def rows(m, d):
-            sl = slice(d * h * D, (d + 1) * h * D)
-            return torch.nn.functional.linear(x, m.weight[sl], None if m.bias is None else m.bias[sl])
-
-        def produce(d):
-            qd, kd, vd = rows(attn.to_q, d), rows(attn.to_k, d), rows(attn.to_v, d)
-            qn, kn = fn(qd, kd, wq, wk, *rotary_emb, eps)
-            return qn, kn, vd.view(1, x.shape[1], h, D)
-
-        gathered = ua.exchange_projected(produce, seq_len=S, shape=(1, x.shape[1], H, D), dtype=x.dtype,
-                                         device=x.device)
-        count_route(EXCHANGE, None)
-        self.sites.projected()
         self._act_dtype = x.dtype
-        return ua(None, None, None, self._attn_fn(), seq_len=S, gathered=gathered)
+        return self.ulysses(None, None, None, self._attn_fn(), seq_len=self.shard.seq_len, gathered=gathered)
 
     def _sequence_amax(self, qkv, row_dim: int):
         """Dynamic FP8 attention under Ulysses with BF16 on the wire: the per-tensor amax of q, k, v over the

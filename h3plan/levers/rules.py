@@ -109,12 +109,15 @@ BLOCK_SITES = ("modulation", "gated_residual", "swiglu", "fp8_act_quant", "nvfp4
 # one's block option is at its default (diffusers' op), the linear it feeds casts its own bf16 input (install's note).
 PRODUCERS = ("modulation", "swiglu")
 # The attention processor's call sites (h3plan/runtime/attention_sites.py: norm + RoPE on whole heads, packed for the
-# Ulysses wire or per destination, the FP8 codes, the FP8 scales, the world exchange) are diffusers' ops around the
-# plan's backend until the levers that change them wrap them, at install, in this order (each lever's runtime module
-# h3plan/runtime/levers/<lever>.py `wrap`; its `option_problems`, where it has one, checks the options in this order
-# too). The scales and the norm + RoPE write disjoint sites; ring reads what qk_norm_rope left (the packing it runs).
-# The one place this order is written: install/attention.py composes it, naming no lever.
-ATTENTION_SITES = ("fp8_scales", "qk_norm_rope", "ring")
+# Ulysses wire or per destination, the FP8 codes, the FP8 scales, the Ulysses exchange's options, the projection
+# exchange, the world exchange) are diffusers' ops around the plan's backend until the levers that change them wrap
+# them, at install, in this order (each lever's runtime module h3plan/runtime/levers/<lever>.py `wrap`; its
+# `option_problems`, where it has one, checks the options in this order too). The scales and the norm + RoPE write
+# disjoint sites; the Ulysses levers each add their own options of the exchange, and the projection exchange and ring
+# read what qk_norm_rope left (the per-destination norm + RoPE, the packing). The one place this order is written:
+# install/attention.py composes it, naming no lever.
+ATTENTION_SITES = ("fp8_scales", "qk_norm_rope", "ulysses_padding", "ulysses_overlap", "a2a_fp8_codes",
+                   "prefix_inplace", "ulysses_exchange", "ring")
 
 
 def ulysses_padding(ctx: Context) -> str:

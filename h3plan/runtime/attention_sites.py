@@ -10,7 +10,9 @@ fills with the ops it runs; they are looked up per call, so a kernel patched in 
 
 Every site is a plain function shared by all processors (the attention module and tensors come as arguments, the
 processor where a site reads its per-layer state), and every choice between sites is made here at install, not per
-call.
+call. The Ulysses exchange's options are a site too: each lever that tunes the exchange adds its own
+(`exchange_options`), and install builds the exchange with them; the projection exchange runs in the packed one's place
+(`projection_exchange`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,20 @@ def nothing(*args) -> None:
     return None
 
 
+def exchange_defaults(group) -> dict[str, Any]:
+    """No options: the Ulysses exchange's own defaults."""
+    return {}
+
+
+def with_options(exchange_options: Fn, **options) -> Fn:
+    """`exchange_options`, then these."""
+
+    def wrapped(group) -> dict[str, Any]:
+        return {**exchange_options(group), **options}
+
+    return wrapped
+
+
 @dataclass(frozen=True)
 class AttentionSites:
     """The processor's sites (module docstring).
@@ -54,6 +70,14 @@ class AttentionSites:
         projected(): the projection exchange's per-destination norm + RoPE, its check and its count.
     sequence_amax: dynamic FP8 attention takes its amax per call (under Ulysses, over the whole sequence).
     layer_descales(fqns) -> {fqn: (3,) fp32 q/k/v descales}: static per-layer FP8 scales; None: none.
+    exchange_options(group) -> {keyword: value}: what install passes to the Ulysses exchange over `group` at degree > 1
+        (runtime/parallel/ulysses.py `UlyssesAttention`: padding, chunks, fp8_codes, prefix_inplace, split_output,
+        post_group), each lever that tunes the exchange wrapping the site with its own; at degree 1 install notes
+        options a lever added (nothing to tune).
+    projection_exchange(proc, attn, hidden_states, rotary_emb) -> (q, k, v) seq-major, each (1, U*S_loc, H/U, D):
+        this rank's heads over every row, projected per destination and exchanged while the next destination
+        projects (`UlyssesAttention.exchange_projected`), or None where refused (counted: the packed exchange runs);
+        None: the packed exchange only.
     world_exchange(opts, group, builder) -> (world degree, exchange): the exchange over the world's sequence shards
         (it replaces the Ulysses exchange); world_call(proc, attn, q, k, v, rotary_emb) -> (B, S_loc, H*D): the
         attention through it. None: no world exchange.
@@ -68,8 +92,10 @@ class AttentionSites:
     projected: Fn = nothing
     sequence_amax: bool = True
     layer_descales: Optional[Fn] = None
+    exchange_options: Fn = exchange_defaults
+    projection_exchange: Optional[Fn] = None
     world_exchange: Optional[Fn] = None
     world_call: Optional[Fn] = None
 
 
-__all__ = ["AttentionSites", "eager_norm_rope"]
+__all__ = ["AttentionSites", "eager_norm_rope", "exchange_defaults", "with_options"]
