@@ -4,6 +4,7 @@ fewer bytes with the BF16 output exchange); bit-identical given FP8 attention (r
 auto: on with qk_norm_rope=fused_fp8 at degree > 1 when the scales are static (no amax all-reduce)
 or the length reaches fp8_codes_dynamic_min_seq_len; off otherwise (TRT-LLM seed (docs/sources.md#trtllm-seed): the
 dynamic pairing loses at 19k and pays at 104k).
+Runtime: h3plan/runtime/levers/a2a_fp8_codes.py (the Ulysses exchange takes the codes).
 """
 
 from __future__ import annotations

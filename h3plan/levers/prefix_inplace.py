@@ -3,6 +3,7 @@ strided view (no pad + cat copies). Exact: same values, fewer copies.
 
 auto: on with cuDNN attention and ulysses_padding=fixed_valid when there are padding rows; the seed
 drops it when the length divides by the degree (nothing to write around).
+Runtime: h3plan/runtime/levers/prefix_inplace.py (its option of the Ulysses exchange).
 """
 
 from __future__ import annotations

@@ -21,6 +21,8 @@ batch 1 (else the packed exchange runs, counted with the reason).
 auto: among the settings the hardware measured against `packed` at this degree (`measured.ulysses.exchange`,
 each setting's nearest length), the fastest (median) of those faster in every run and allowed here;
 `packed` otherwise (never measured: the proven path).
+Runtime: h3plan/runtime/levers/ulysses_exchange.py (the projection exchange and its guard, the split
+output exchange).
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ hardware has measured the installed plan with overlap on against off at this Uly
 (`measured.ulysses.overlap`, nearest length), on only if every run there timed it faster. Otherwise on
 with >= 2 chunks once the length reaches the hardware's overlap_min_seq_len (TRT-LLM seed (docs/sources.md#trtllm-seed):
 async Ulysses loses at 19k, gains a little at 104k; telefuser: a gain on H100).
+Runtime: h3plan/runtime/levers/ulysses_overlap.py (the head chunks it passes to the Ulysses exchange).
 """
 
 from __future__ import annotations

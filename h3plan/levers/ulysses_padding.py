@@ -6,6 +6,7 @@ restored and the merge writes a zero tail (telefuser seed (docs/sources.md#telef
 padded rows with masked keys (more work; only when asked for). parallel.padding fixes the mode for auto.
 At parallel.ring > 1 only none: the ring skips padded keys through its per-block valid counts and Ulysses
 inside a ring block sees full blocks (h3plan/runtime/parallel/ring.py).
+Runtime: h3plan/runtime/levers/ulysses_padding.py (the mode it passes to the Ulysses exchange).
 """
 
 from __future__ import annotations
