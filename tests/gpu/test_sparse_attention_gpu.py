@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from h3plan.runtime.attention.block_sparse import block_sparse_ref, fa4_block_sparse, fa4_block_sparse_reason
-from h3plan.runtime.kernels.block_router import block_router, block_router_ref, blocks_to_mask
+from h3plan.runtime.kernels.block_router import block_router, block_router_ref, blocks_to_mask, mask_to_blocks
 
 pytestmark = pytest.mark.gpu
 D = 128
@@ -57,6 +57,42 @@ def test_fa4_block_sparse_is_the_mask(case):
                              128, 128)
     print(f"FA4 block-sparse vs reference rel {rel(o, ref):.3e}; vs dense {rel(o, dense):.3e}")
     assert rel(o, ref) < 1e-2 and rel(o, dense) > 5e-2
+
+
+def _query_block_rel(a, b, bq):
+    """(H, M): each head's relative error in each query block of bq rows."""
+    S, H = a.shape[1], a.shape[2]
+    out, norm = torch.empty(H, -(-S // bq)), torch.linalg.vector_norm
+    for m in range(out.shape[1]):
+        x, y = a[:, m * bq:(m + 1) * bq].float(), b[:, m * bq:(m + 1) * bq].float()
+        out[:, m] = (norm(x - y, dim=(0, 1, 3)) / norm(y, dim=(0, 1, 3))).cpu()
+    return out
+
+
+def test_fa4_block_sparse_attends_each_listed_block_and_no_other(case):
+    """Every head's every query block is the reference's within 1e-2, and that check sees one block: the reference
+    with one kept block dropped (the one with the most softmax mass in its query block) or one dropped block kept (the
+    heaviest dropped one) is beyond 1e-2 in that query block. A kernel that dropped a kept block or kept a dropped one
+    fails here, where the whole-tensor error could hide it."""
+    q, k, v, start = case
+    cnt, idx = block_router(q, k, start, 0.25)
+    o = fa4_block_sparse(q, k, v, cnt, idx, 128, 128)
+    per = _query_block_rel(o, block_sparse_ref(q, k, v, cnt, idx, 128, 128), 128)
+    print(f"FA4 block-sparse vs reference, worst query block: rel {float(per.max()):.3e}")
+    assert float(per.max()) < 1e-2
+    mask = blocks_to_mask(cnt, idx)
+    m = int(torch.nonzero(~mask[0, 0].all(-1))[0])  # head 0's first sparse query block
+    qm = q[0, m * 128:(m + 1) * 128, 0].float()
+    p = torch.softmax(qm @ k[0, :, 0].float().T / D ** 0.5, dim=-1).sum(0)  # each key's softmax mass over the block
+    mass = torch.nn.functional.pad(p, (0, mask.shape[-1] * 128 - p.numel())).view(-1, 128).sum(-1)
+    for flip, pool in (("dropped", mask[0, 0, m]), ("kept", ~mask[0, 0, m])):
+        j = int(torch.where(pool, mass, -1.0).argmax())
+        flipped = mask.clone()
+        flipped[0, 0, m, j] = not bool(mask[0, 0, m, j])
+        ref = block_sparse_ref(q, k, v, *mask_to_blocks(flipped), 128, 128)
+        err = float(_query_block_rel(o, ref, 128)[0, m])
+        print(f"against the reference with key block {j} of query block {m} {flip}: rel {err:.3e}")
+        assert err > 1e-2, f"one {flip} block moves query block {m} by {err:.2e} only: the check cannot see it"
 
 
 def test_keep_all_against_dense_fa4(case):
