@@ -118,6 +118,12 @@ PRODUCERS = ("modulation", "swiglu")
 # install/attention.py composes it, naming no lever.
 ATTENTION_SITES = ("fp8_scales", "qk_norm_rope", "ulysses_padding", "ulysses_overlap", "a2a_fp8_codes",
                    "prefix_inplace", "ulysses_exchange", "ring")
+# The VAE decoder block forward's call sites (h3plan/runtime/vae_sites.py: the attention's norm + RoPE, the SwiGLU of
+# the feed-forward's projection, the scaled residuals) are diffusers' ops until the levers that change them wrap them,
+# at install, in this order (each lever's runtime module h3plan/runtime/levers/<lever>.py: `settle` its options for
+# the dtype the decode runs in, `wrap` the sites, the `swaps` it logs per block); the first one's hook carries the
+# forward. The one place this order is written: install/vae/block.py composes it, naming no lever.
+VAE_BLOCK_SITES = ("vae_ops",)
 
 
 def ulysses_padding(ctx: Context) -> str:

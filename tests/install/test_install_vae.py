@@ -16,10 +16,11 @@ import torch.nn.functional as F
 import h3plan
 from h3plan.install import counters, fallback_reasons, install, installed_plan, reset_counters, uninstall
 from h3plan.install.hooks import registered
-from h3plan.install.vae.block import OPS
+from h3plan.levers.vae_ops import OPS
 from h3plan.runtime.kernels import qk_norm_rope as qm
 from h3plan.planner import make_plan
 from h3plan.facts.decision import make_decision
+from h3plan.runtime.vae_sites import VaeBlockSites
 from install_helpers import ROOT
 from omegaconf import OmegaConf
 from scripts import load_script
@@ -310,7 +311,7 @@ def test_unregistered_arch_skips_vae_ops_with_the_reason_and_fp8_tiles_install_g
     assert [str(s) for s in report.swaps][1] == ("vae_tiles: tiling 256x256 px, overlap 64x64 -> 288x272 px, "
                                                  "overlap 32x32")
     assert [s.lever for s in report.swaps] == ["vae_precision", "vae_tiles"] + ["vae_tiles"] * BLOCKS + ["vae_graphs"]
-    assert all(b._h3plan_vae.ops == frozenset() and b._h3plan_vae.fp8 for b in vae.decoder.transformer_blocks)
+    assert all(b._h3plan_vae.sites == VaeBlockSites() and b._h3plan_vae.fp8 for b in vae.decoder.transformer_blocks)
     ref_vae.enable_tiling(288, 272, 32, 32)
     # the float16 decode runs the FP8 GEMMs (lossy); under bfloat16 autocast the blocks run diffusers' path, bit for bit
     out, ref = decode(vae, z), decode(ref_vae, z)

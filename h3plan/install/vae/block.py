@@ -2,50 +2,43 @@
 
 Mathematically diffusers' `MiniMaxH3VideoTransformerBlock.forward` with `MiniMaxH3VideoAttnProcessor`
 inlined (diffusers 0.42.1), op for op, in the dtype the block's linears hold (float32 as released, or the
-dtype vae_precision cast them to at install) and under whatever autocast the caller runs. What it routes:
+dtype vae_precision cast them to at install) and under whatever autocast the caller runs. `plan_vae_block_forward`
+calls the block's sites (runtime/vae_sites.py: the attention's norm + RoPE, the SwiGLU, the scaled residuals) and names
+no lever: at install, `vae_block_sites` composes them from diffusers' ops and the runtime module of each VAE block lever
+whose options the plan sets (h3plan/runtime/levers/<lever>.py: `settle`, `wrap`, `swaps`), in the one order
+levers/rules.py `VAE_BLOCK_SITES` declares. Each lever's op runs its kernel behind the kernel's check and counts under
+its own counter; a refused call runs diffusers' expression, exact, at diffusers' speed (nothing is read from host
+memory).
 
-- vae_tiles' FP8 decode (`tile_dtype` fp8, fp8.py; with or without vae_ops): where the decoder
-  computes in float16 (float16 linears, or FP16 autocast) the six linears run as FP8 GEMMs (e4m3 rows x
-  per-channel e4m3 weights, float16 out; lossy); any other call runs the linears as they are, exact,
-  counted as a `vae_tiles.fp8_gemm` fallback.
-- qk_norm_rope, swiglu, scaled_residual (vae_ops): h3plan.runtime.kernels (vae_qk_norm_rope, swiglu,
-  scaled_residual) behind their `<op>_check`; a refused call runs diffusers' expression. The installer
-  installs only the ops whose kernel takes the dtype the decode runs in (install.py), so a planned decode
-  never falls back per call.
+vae_tiles' FP8 decode (`tile_dtype` fp8, fp8.py; with or without a site lever) stays here, per block: where the decoder
+computes in float16 (float16 linears, or FP16 autocast) the six linears run as FP8 GEMMs (e4m3 rows x per-channel e4m3
+weights, float16 out; lossy), counted `vae_tiles.fp8_gemm` / `vae_tiles.fp8_rows` per linear; any other call runs the
+linears as they are, exact, counted as one `vae_tiles.fp8_gemm` fallback per block call.
 
-Counters, per block call: one `vae_ops.<op>.fused` or `.fallback` (with the reason) for qk_norm_rope and
-swiglu, two for scaled_residual; a block call that runs FP8 GEMMs counts `vae_tiles.fp8_gemm` /
-`vae_tiles.fp8_rows` per linear. Every fallback is diffusers' own code on the parameters as they are:
-exact, and at diffusers' speed (nothing is read from host memory).
-Module hooks on the bypassed submodules (attn, the linears, ff) do not fire on fused paths; the
-installer refuses blocks that carry hooks.
+The attention runs inline (its linears and the sites) where a site lever set the norm + RoPE or the linears are FP8,
+and only under diffusers' own processor; under another the block runs its attention module and counts why
+(`sites.refused`, the FP8 counter). Module hooks on the bypassed submodules (attn, the linears, ff) do not fire on
+inline paths; the installer refuses blocks that carry hooks.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from h3plan.facts.blocks import VAE_BLOCK_LINEARS
-from h3plan.runtime.kernels.table import kernel, ops as kernel_ops
-from h3plan.runtime.guards import count_route, run_guarded
-from h3plan.levers import SPECS, counter, owner
+from h3plan.runtime.guards import count_route
+from h3plan.levers import SPECS, rules
 from h3plan.runtime.quant.fp8 import FP8Linear
+from h3plan.runtime.vae_sites import VaeBlockSites, eager_activate, eager_norm_rope
 
 from .fp8 import COUNTER as FP8_COUNTER, Fp8Gemms, fp8_linear
 from .weights import FP16
 
-OPS = SPECS[owner("ops")].routes  # the ops vae_ops may install, each counted on its own (vae_ops.<op>)
-OP_COUNTERS = {op: counter("ops", op) for op in OPS}
-
 LINEARS = VAE_BLOCK_LINEARS
-
-
-def load_kernels(ops) -> dict[str, tuple[Callable, Callable]]:
-    """op -> (fn, check) for the ops with a kernel (vae_ops' SPEC.kernels, keyed `vae_<op>`)."""
-    return {op: kernel(f"vae_{op}") for op in ops if f"vae_{op}" in kernel_ops()}
 
 
 def _am():
@@ -56,9 +49,32 @@ def _am():
 
 @dataclass
 class VaeBlockState:
-    ops: frozenset
-    kernels: dict[str, Any]
+    sites: VaeBlockSites = field(default_factory=VaeBlockSites)  # shared by every block (vae_block_sites)
     fp8: Fp8Gemms | None = None  # vae_tiles tile_dtype fp8: the block's linears as FP8 GEMMs
+
+
+def vae_block_sites(opts, dtype, skipped: list) -> tuple[list[str], VaeBlockSites, list[tuple[str, str, str, str]]]:
+    """The decoder block forward's sites for the plan's VAE options `opts` (install/options.py's view): diffusers' ops,
+    wrapped by the runtime module of each lever of levers/rules.py `VAE_BLOCK_SITES` (in that order) whose VAE options
+    the plan sets, each handed its own options as it settles them for `dtype`, the dtype the decode runs in (what it
+    leaves to diffusers goes to `skipped` as (`<lever>.<part>`, why)), and the blocks' kernel dict. Returns (the levers
+    composed, the sites, the swaps each logs per block: (lever, where after the block's fqn, old, new))."""
+    sites = VaeBlockSites()
+    kernels: dict[str, Any] = {}
+    levers: list[str] = []
+    swaps: list[tuple[str, str, str, str]] = []
+    for lever in rules.VAE_BLOCK_SITES:
+        declared = [o for o in SPECS[lever].options if o.scope == "vae"]
+        own = {o.key: getattr(opts, o.key) for o in declared}
+        if all(own[o.key] == o.default for o in declared):
+            continue
+        module = importlib.import_module(f"h3plan.runtime.levers.{lever}")
+        own, left = module.settle(own, dtype)
+        skipped.extend((f"{lever}.{part}", why) for part, why in left)
+        sites = module.wrap(sites, own, kernels)
+        levers.append(lever)
+        swaps.extend((lever, *swap) for swap in module.swaps(own))
+    return levers, sites, swaps
 
 
 def processor_reason(attn) -> str | None:
@@ -85,42 +101,10 @@ def _linear(module, x, w):
     return module(x)
 
 
-def _rope(x, cos, sin):
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    r = cos.shape[-1]
-    rot, rest = x[..., :r], x[..., r:]
-    first, second = rot.chunk(2, dim=-1)
-    return torch.cat([rot * cos + torch.cat([-second, first], dim=-1) * sin, rest], dim=-1)
-
-
-def _qk(st, attn, q, k, rotary_emb):
-    def eager():
-        qn = attn.norm_q(q.float()).to(q.dtype)
-        kn = attn.norm_k(k.float()).to(k.dtype)
-        if rotary_emb is None:
-            return qn, kn
-        return _rope(qn, *rotary_emb), _rope(kn, *rotary_emb)
-
-    if "qk_norm_rope" not in st.ops:
-        return eager()
-    fn, check = st.kernels["qk_norm_rope"]
-    eps = attn.norm_q.eps
-
-    def guard():
-        if rotary_emb is None:
-            return "no rotary embedding"
-        if eps is None or attn.norm_k.eps != eps:
-            return f"norm_q/norm_k eps {eps!r}/{attn.norm_k.eps!r}: the kernel takes one explicit eps"
-        return check(q, k, rotary_emb[0], rotary_emb[1], eps)
-
-    return run_guarded(OP_COUNTERS["qk_norm_rope"], guard, lambda: fn(q, k, rotary_emb[0], rotary_emb[1], eps), eager,
-                       (q, k))
-
-
-def _attention(st, attn, x, rotary_emb, w, reason):
-    if reason is not None or ("qk_norm_rope" not in st.ops and w is None):
-        if reason is not None and "qk_norm_rope" in st.ops:
-            count_route(OP_COUNTERS["qk_norm_rope"], reason)
+def _attention(sites: VaeBlockSites, attn, x, rotary_emb, w, reason):
+    if reason is not None or (sites.norm_rope is None and w is None):
+        if reason is not None:
+            sites.refused(reason)  # a site lever's norm + RoPE does not run: it counts why
         if reason is not None and w is not None and isinstance(w.get(attn.to_q), FP8Linear):
             count_route(FP8_COUNTER, reason)  # the attention's four linears keep their module forwards
         return attn(x, rotary_emb)
@@ -129,53 +113,34 @@ def _attention(st, attn, x, rotary_emb, w, reason):
     q = _linear(attn.to_q, x, w).unflatten(2, (attn.heads, -1))
     k = _linear(attn.to_k, x, w).unflatten(2, (attn.heads, -1))
     v = _linear(attn.to_v, x, w).unflatten(2, (attn.heads, -1))
-    q, k = _qk(st, attn, q, k, rotary_emb)
+    q, k = (sites.norm_rope or eager_norm_rope)(attn, q, k, rotary_emb)
     out = _am().dispatch_attention_fn(q, k, v, attn_mask=None, backend=proc._attention_backend,
                                       parallel_config=proc._parallel_config)
     return _linear(attn.to_out[0], out.flatten(2, 3), w)
 
 
-def _feed_forward(st, ff, x, w):
-    if "swiglu" not in st.ops and w is None:
+def _feed_forward(sites: VaeBlockSites, ff, x, w):
+    if sites.activate is None and w is None:
         return ff(x)
-    act = ff.net[0]
-    proj = _linear(act.proj, x, w)
-
-    def eager():
-        hidden, gate = proj.chunk(2, dim=-1)
-        return hidden * act.activation(gate)
-
-    if "swiglu" in st.ops:
-        fn, check = st.kernels["swiglu"]
-        h = run_guarded(OP_COUNTERS["swiglu"], lambda: check(proj), lambda: fn(proj), eager, (proj,))
-    else:
-        h = eager()
+    proj = _linear(ff.net[0].proj, x, w)
+    h = (sites.activate or eager_activate)(ff, proj)
     for module in ff.net[1:]:
         h = _linear(module, h, w) if isinstance(module, torch.nn.Linear) else module(h)
     return h
 
 
-def _residual(st, h, y, scale):
-    def eager():
-        return h + y * scale
-
-    if "scaled_residual" not in st.ops:
-        return eager()
-    fn, check = st.kernels["scaled_residual"]
-    return run_guarded(OP_COUNTERS["scaled_residual"], lambda: check(h, y, scale), lambda: fn(h, y, scale), eager,
-                       (h, y, scale))
-
-
 def plan_vae_block_forward(self, hidden_states: torch.Tensor, rotary_emb=None) -> torch.Tensor:
-    """A decoder block's forward under its `h3plan.<lever>` hook (install.py); options in `self._h3plan_vae`."""
+    """A decoder block's forward under its `h3plan.<lever>` hook (install.py); its sites and FP8 GEMMs in
+    `self._h3plan_vae`."""
     st: VaeBlockState = self._h3plan_vae
-    needs_proc = st.fp8 is not None or "qk_norm_rope" in st.ops
+    sites = st.sites
+    needs_proc = st.fp8 is not None or sites.norm_rope is not None
     reason = processor_reason(self.attn) if needs_proc else None
     w, compute_dtype = _weights(st, self, hidden_states)
 
     norm_hidden_states = self.norm1(hidden_states.float()).to(compute_dtype)
-    y = _attention(st, self.attn, norm_hidden_states, rotary_emb, w, reason)
-    hidden_states = _residual(st, hidden_states, y, self.scale1)
+    y = _attention(sites, self.attn, norm_hidden_states, rotary_emb, w, reason)
+    hidden_states = sites.residual(hidden_states, y, self.scale1)
     norm_hidden_states = self.norm2(hidden_states.float()).to(compute_dtype)
-    y = _feed_forward(st, self.ff, norm_hidden_states, w)
-    return _residual(st, hidden_states, y, self.scale2)
+    y = _feed_forward(sites, self.ff, norm_hidden_states, w)
+    return sites.residual(hidden_states, y, self.scale2)

@@ -4,10 +4,12 @@
   does (weights.py; `_keep_in_fp32_modules` stay float32), originals in pinned host memory for uninstall
   only. diffusers' decode step (`vae.decode` casts the latents to post_quant_conv's dtype) then runs the
   planned precision with no autocast. fp32, or a VAE loaded in another dtype, is left as it is (reported).
-- `vae_ops` (builder option `ops`): every ViT decoder block gets the plan forward of block.py (a hook
-  `h3plan.vae_ops`, install/hooks.py; every install here is such a named hook or a state-dict effect), with the
-  fused ops whose kernel takes the dtype the decode runs in (the block linears' dtype after the cast); the
-  others keep diffusers' expressions, reported at install (never a per-call fallback of a planned decode).
+- the VAE block levers (levers/rules.py `VAE_BLOCK_SITES`; vae_ops' builder option `ops`): every ViT decoder block
+  gets the plan forward of block.py (a hook `h3plan.<lever>` of the first, install/hooks.py; every install here is such
+  a named hook or a state-dict effect) with the sites `vae_block_sites` composes from their runtime modules
+  (runtime/levers/<lever>.py): vae_ops' fused ops whose kernel takes the dtype the decode runs in (the block linears'
+  dtype after the cast); the others keep diffusers' expressions, reported at install (never a per-call fallback of a
+  planned decode).
 - `vae_graphs` (builder option `graphs=True`): `decoder`'s hook runs a GraphedDecoder
   (graph.py) that replays the whole ViT decoder forward from one CUDA graph per input signature,
   with a counted per-call guard that runs diffusers' forward when a graph cannot apply.
@@ -37,12 +39,11 @@ import functools
 import torch
 
 from h3plan.errors import InstallError
-from h3plan.runtime.kernels import swiglu, vae as kvae
 
 from h3plan.install.hooks import attach, effect, foreign, hook
 from h3plan.install.placement import slots_of
-from . import parallel as vae_parallel
-from .block import LINEARS, VaeBlockState, load_kernels, plan_vae_block_forward
+from . import parallel
+from .block import LINEARS, VaeBlockState, plan_vae_block_forward, vae_block_sites
 from .fp8 import Fp8Gemms
 from .graph import GraphedDecoder
 from h3plan.facts.vae.tiling import RELEASED_TILE, tile_rule
@@ -56,11 +57,6 @@ TILING = ("use_tiling", "tile_sample_min_height", "tile_sample_min_width", "tile
 RELEASED = (True, RELEASED_TILE["height"], RELEASED_TILE["width"], RELEASED_TILE["overlap"], RELEASED_TILE["overlap"])
 GRAPHS = "_h3plan_graphs"  # the decoder's GraphedDecoder while vae_graphs' hook is on
 FP8_SOURCES = {torch.float32, torch.bfloat16, torch.float16}  # linears the FP8 codes are quantised from (no float64)
-
-
-def op_dtypes() -> dict[str, tuple]:
-    """vae_ops op -> the activation dtypes its kernel takes (declared beside each kernel)."""
-    return {"qk_norm_rope": kvae.QK_DTYPES, "swiglu": swiglu.VAE_DTYPES, "scaled_residual": kvae.RESIDUAL_DTYPES}
 
 
 def _classes():
@@ -195,33 +191,22 @@ def _install_encode_precision(model, builder, state) -> None:
         "encoder's dtype; the decoder is untouched")
 
 
-def _install_ops(model, builder, state) -> None:
+def _install_sites(model, builder, state) -> None:
+    """Every ViT decoder block's forward as block.py's plan forward with the sites `vae_block_sites` composes for the
+    dtype the decode runs in (the block linears' dtype after the cast), under the first composed lever's hook; nothing
+    where the plan sets no VAE block lever's options."""
     from diffusers.models.modeling_utils import get_parameter_dtype
 
-    lever = builder.lever_of("ops")
     blocks = model.decoder.transformer_blocks
     dtype = get_parameter_dtype(blocks[0].attn.to_q)
-    supported = op_dtypes()
-    planned = builder.view("vae").ops
-    ops = [op for op in planned if dtype in supported[op]]
-    for op in planned:
-        if op not in ops:
-            state.report.skipped.append((
-                f"{lever}.{op}",
-                f"the decoder computes in {dtype} and the {op} kernel takes "
-                f"{'/'.join(str(d).replace('torch.', '') for d in supported[op])}: "
-                "diffusers' expression kept (no per-call fallback)"))
-    kernels = load_kernels(ops)
+    levers, sites, swaps = vae_block_sites(builder.view("vae"), dtype, state.report.skipped)
+    if not levers:
+        return
     for i, block in enumerate(blocks):
         fqn = f"decoder.transformer_blocks.{i}"
-        attach(block, fqn, lever, plan_vae_block_forward, state,
-               attrs={"_h3plan_vae": VaeBlockState(frozenset(ops), kernels)})
-        if "qk_norm_rope" in ops:
-            state.report.swap(lever, f"{fqn}.attn.norm_q/norm_k+rope", "eager", "fused")
-        if "swiglu" in ops:
-            state.report.swap(lever, f"{fqn}.ff.net.0 swiglu", "eager", "fused")
-        if "scaled_residual" in ops:
-            state.report.swap(lever, f"{fqn} scaled residual", "eager", "fused")
+        attach(block, fqn, levers[0], plan_vae_block_forward, state, attrs={"_h3plan_vae": VaeBlockState(sites)})
+        for lever, where, old, new in swaps:
+            state.report.swap(lever, fqn + where, old, new)
 
 
 def _install_graphs(model, builder, state) -> None:
@@ -299,10 +284,9 @@ def _install_fp8(model, builder, state) -> None:
         gemms = Fp8Gemms(fqn, [block.get_submodule(p) for p in LINEARS])
         added += gemms.code_bytes
         st = getattr(block, "_h3plan_vae", None)
-        if st is None:  # no vae_ops hook: the plan forward with no ops, for the GEMMs (dropped with the hook)
-            attach(block, fqn, lever, plan_vae_block_forward, state,
-                   attrs={"_h3plan_vae": VaeBlockState(frozenset(), {}, fp8=gemms)})
-        else:  # vae_ops' hook: its state takes the GEMMs and drops them with it
+        if st is None:  # no site lever's hook: the plan forward with diffusers' ops, for the GEMMs (dropped with it)
+            attach(block, fqn, lever, plan_vae_block_forward, state, attrs={"_h3plan_vae": VaeBlockState(fp8=gemms)})
+        else:  # a site lever's hook: its state takes the GEMMs and drops them with it
             st.fp8 = gemms
         state.report.swap(lever, f"{fqn} linears ({len(LINEARS)})", "float16 GEMMs",
                           "FP8 e4m3 GEMMs: per-channel weight scales, per-row activation scales, float16 out (lossy)")
@@ -340,8 +324,7 @@ def apply(model, builder, state, group=None) -> None:
         _install_precision(model, builder, state)
     if "encode_precision" in builder.recorded("vae"):
         _install_encode_precision(model, builder, state)
-    if opts.ops:
-        _install_ops(model, builder, state)
+    _install_sites(model, builder, state)
     if opts.tile is not None:
         _install_tiles(model, builder, state)
     if opts.encode_tiling == "own":
@@ -351,7 +334,7 @@ def apply(model, builder, state, group=None) -> None:
     if opts.graphs:
         _install_graphs(model, builder, state)
     if opts.parallel:
-        vae_parallel.apply(model, group, state)
+        parallel.apply(model, group, state)
     _encode_note(model, tiling, state)
     tiles = owner("tile")  # the lever of the decode's tile geometry
     if tiles in builder.settings and opts.tile is None and tuple(getattr(model, a) for a in TILING) != RELEASED:
