@@ -4,5 +4,6 @@ through the Site it is handed (h3plan/install/site.py `Site.runtime()`; the step
 lever: its call sites in the transformer block forward, `wrap(sites, options, kernels)` of the forward's sites
 (h3plan/runtime/block_sites.py), which install/block.py composes in levers/rules.py `BLOCK_SITES` order; an attention
 lever, the same over the attention processor's sites (h3plan/runtime/attention_sites.py) in `ATTENTION_SITES` order,
-composed by install/attention.py. Neither kind imports install code: the Site, or the sites and kernels handed in, are
-its way into the model."""
+composed by install/attention.py; a VAE block lever, over the VAE decoder block's (h3plan/runtime/vae_sites.py) in
+`VAE_BLOCK_SITES` order, with `settle` and `swaps`, composed by install/vae/block.py. Neither kind imports install
+code: the Site, or the sites and kernels handed in, are its way into the model."""
