@@ -102,6 +102,12 @@
 #                  cache's high policy, block-sparse attention at keep 0.25 after 10 dense forwards) alone, t2va
 #                  768x1344x124, 49 forwards: its ratio against whole-best's compile (target 2.7x) and its frames
 #                  against that compile's and the lossless plan's (seeded weights) - about 4 minutes;
+#   H3_PHASE=whole-tier-fixed: the tier with the step cache's high policy replaced by the fixed schedule of the cache
+#                  rows (34 of 49 forwards computed, the rest reuse the last velocity), alone, t2va 768x1344x124: the
+#                  tier's call at a skip count fixed in advance, where the adaptive policy's count is the checkpoint's
+#                  (seeded weights skip 3; SGLang's 1.40x for the high policy on released weights comes to about 35
+#                  computed, 49 / 1.40), its ratio against whole-best's compile and the plan's call declared before it
+#                  (benchmarks/results/predict-declared-h200.md) - about 4 minutes;
 #   H3_PHASE=whole-adaptive: cache-adaptive's first_block plan (threshold 0.08) with its fp16 decode alone, the whole call
 #                  with every forward's time, computed and skipped, and the overhead check per kind of forward; its ratio
 #                  against whole-best's compile - about 4 minutes;
@@ -192,6 +198,8 @@ fl2va=("${fl2va_call[@]}" --vae fp32)
 script=benchmarks/pipeline.py
 # no evidence covers these schedules (docs/step_cache.md): they run as measured, recipe.cache.unmeasured=true
 cache='recipe.cache={psnr_db_min:28,ssim_min:0.93,computed:34,unmeasured:true}'  # 34 of 49, as TeleFuser's
+# the tier with cache's fixed schedule in place of its high policy (policy:null drops the tier's first_block policy)
+tier_fixed='recipe.cache={policy:null,psnr_db_min:28,ssim_min:0.93,computed:34,unmeasured:true}'
 adaptive='recipe.cache={psnr_db_min:28,ssim_min:0.93,threshold:0.08,warmup:4,final:1,max_skip:2,unmeasured:true}'
 case "${H3_PHASE:-fp32}" in
   fp32) args=(hardware=sm90 parallel=u1 recipe=bf16 --vae fp32) ;;
@@ -230,6 +238,8 @@ case "${H3_PHASE:-fp32}" in
          args=(hardware=sm90 parallel=u1 recipe=bf16 recipe.vae=fp16 "${req[@]}" --vae fp16 --no-eager --no-best
                --no-reference --whole) ;;
   whole-tier) args=(hardware=sm90 parallel=u1 tier=quality --vae fp16 --no-eager --no-best --whole) ;;
+  whole-tier-fixed) args=(hardware=sm90 parallel=u1 tier=quality "$tier_fixed" levers.step_cache=fixed --vae fp16
+                        --no-eager --no-best --whole) ;;
   whole-tier-fl2va|whole-tier-ref2va) w=${H3_PHASE#whole-tier-}; [ "$w" = fl2va ] && req=("${fl2va_call[@]}") \
          || req=("${ref2va_call[@]}")
          # the conditioner resident, where the tier's plan fits it (memory.text_encoder=auto picks it). The bench
@@ -265,7 +275,8 @@ case "${H3_PHASE:-fp32}" in
         args=(hardware=sm90 parallel=u1 --layers 8 --steps 3) ;;
   *) echo "H3_PHASE: fp32, fp16, stock, all, cache-bf16, cache-fp8, cache-high, cache-adaptive, cache, ref2va-best," \
           "ref2va-bits, fl2va-best, fl2va-bits, ref2va, fl2va, turbo, whole-best, whole-fp8, whole-lossless, whole-bf16,"\
-          "whole-best-fl2va, whole-best-ref2va, whole-bf16-fl2va, whole-bf16-ref2va, whole-tier, whole-adaptive," \
+          "whole-best-fl2va, whole-best-ref2va, whole-bf16-fl2va, whole-bf16-ref2va, whole-tier, whole-tier-fixed," \
+          "whole-adaptive," \
           "whole-cache-fp8, whole-cache-bf16, whole-tier-fl2va, whole-tier-ref2va, whole-best-10s, whole-tier-10s," \
           "turbo-fp16, forward-points, cap-t2va, cap-ref2va or lora" >&2; exit 2 ;;
 esac

@@ -222,6 +222,7 @@ _FIXED = f"levers.{roles.STEP_CACHE}"
 _CACHE = {"psnr_db_min": 28, "ssim_min": 0.93, "computed": 34, "unmeasured": True}
 PENDING = {
     "whole-tier": {"tier": "quality"},
+    "whole-tier-fixed": {"tier": "quality", "recipe.cache": {"policy": None, **_CACHE}, _FIXED: "fixed"},
     "whole-tier-fl2va": {"tier": "quality", **_FL2VA, "memory.text_encoder": "resident"},
     "whole-tier-ref2va": {"tier": "quality", "video": "ref2va_768x1344_5s", "memory.text_encoder": "resident"},
     "whole-tier-10s": {"tier": "quality", "video": "t2v_768x1344_10s"},

@@ -21,7 +21,8 @@ def _listed():
 
 def test_every_listed_phase_runs_a_command(tmp_path):
     phases = _listed()
-    assert {"whole-lossless", "whole-fp8", "whole-tier", "whole-cache-bf16", "turbo-fp16"} <= set(phases)
+    assert {"whole-lossless", "whole-fp8", "whole-tier", "whole-tier-fixed", "whole-cache-bf16",
+            "turbo-fp16"} <= set(phases)
     for phase in phases:
         r = _dry(phase, tmp_path)
         assert r.returncode == 0 and r.stdout.startswith(f"phase {phase}: python benchmarks/"), (phase, r.stderr)
