@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -306,6 +307,31 @@ def test_step_cache_row_times_the_whole_call(tmp_path):
     assert p["speedup_vs_best_fp32"] is not None
     # the plan's own time line against the row: printed in the notes of every plan row
     assert any(n.startswith("predicted: forward") and "against the measured" in n for n in p["notes"]), p["notes"]
+
+
+@pytest.mark.slow
+def test_the_tier_on_a_fixed_schedule_keeps_its_dense_sparse_and_skipped_forwards_apart(tmp_path):
+    """benchmarks/pipeline_h200.sh whole-tier-fixed, on the tiny pipeline: the tier with the fixed schedule in place of
+    its adaptive policy (policy:null drops it). Its row is labelled apart from the adaptive tier's (its declared
+    figures are checked against it alone), the forwards it computes are dense ones and sparse ones, each kind with its
+    own median in the overhead check, and every forward of the call is kept, computed and skipped."""
+    over = ["tier=quality", "pipeline.num_inference_steps=14", "levers.step_cache=fixed",
+            "recipe.sparse.dense_forwards=4",
+            "recipe.cache={policy:null,psnr_db_min:28,ssim_min:0.93,computed:8,warmup:1,final:1,unmeasured:true}"]
+    res = _bench(tmp_path, {"overrides": over, "pipeline": dict(FAST, e2e_steps=13, vae=["fp16"], reference=False,
+                                                                 eager=False, best=False)})
+    assert res.returncode == 0 and "RC 0" in res.stdout, res.stdout[-2000:] + res.stderr[-3000:]
+    (p,) = json.loads((tmp_path / "pipeline-cpu.json").read_text())["records"]
+    assert p["label"] == "sm90/fp8/u1 tier=quality +step_cache=fixed +vae=fp16" and p["whole_call"]
+    c = p["counters"]
+    assert (c["step_cache.computed"], c["step_cache.skipped"]) == (8, 5)
+    # the first 4 forwards dense (3 of them computed: the fixed schedule skips forward 3), the other 5 computed sparse
+    assert (c["sparse_attention.dense"], c["sparse_attention.sparse"]) == (3, 5)
+    assert p["call_computed"] == [True, True, True, False, True, False, True, False, True, False, True, False, True]
+    assert len(p["call_forwards_s"]) == 13 and len(p["forwards_s"]) == 8
+    (check,) = p["checks"]
+    assert check["name"] == "overhead" and check["result"] in ("PASS", "FAIL")
+    assert re.search(r"\(3 x [0-9.]+ s \+ 5 x [0-9.]+ s \+ rest", check["detail"]), check["detail"]
 
 
 @pytest.mark.slow
