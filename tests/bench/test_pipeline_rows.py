@@ -215,6 +215,15 @@ def test_a_run_without_its_own_compile_takes_the_latest_of_the_same_request():
     alone = [{**req, "run": "d", "setting": "plan", "label": "p", "vae": "bf16", "e2e_s": 155.0}]
     fill_speedups(alone, old)
     assert alone[0]["speedup_vs_best"] is None and "best_run" not in alone[0]
+    # another card's compile is no baseline: an H100 plan row never takes an H200 run's compile, nor the reverse
+    h200 = [{**r, "device": "NVIDIA H200"} for r in old]
+    h100 = [{**req, "run": "d", "setting": "plan", "label": "p", "vae": "fp16", "e2e_s": 155.0,
+             "device": "NVIDIA H100 80GB HBM3"}]
+    fill_speedups(h100, h200)
+    assert h100[0]["speedup_vs_best"] is None and "best_run" not in h100[0]
+    same = [{**h100[0], "device": "NVIDIA H200"}]
+    fill_speedups(same, h200)
+    assert same[0]["best_run"] == "b"
 
 
 def test_a_plan_without_diffusers_rows_in_its_run_meets_an_earlier_runs_compile(tmp_path):

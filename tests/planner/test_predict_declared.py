@@ -67,6 +67,7 @@ def _decl(**kw):
 
 def _row(**kw):
     return {"run": "2026-12-06 00:00:00", "setting": "plan", "gpus": 1, "whole_call": True, "workflow": "t2va",
+            "device": "NVIDIA H200",
             "video": "768x1344x124", "label": "sm90/fp8/u1 tier=quality +vae=fp16", "S": 37820, "steps_e2e": 5,
             "forward_s": 2.5, "e2e_s": 16.0, "request": {"memory.text_encoder": "auto"},
             "call_computed": [True, True, False, True, True], **kw}
@@ -94,10 +95,11 @@ def test_a_row_that_failed_reads_failed_not_run_yet():
     assert md.rstrip().endswith("Checked: 1 runs, 1 beyond 5%; 1 failed before their call (no figure to check).")
 
 
-def test_only_a_row_of_its_request_and_label_run_after_the_declaration_is_checked():
+def test_only_a_row_of_its_request_and_label_run_after_the_declaration_on_the_facts_gpu_is_checked():
     d = _decl()
     rows = [_row(), _row(run="2026-12-04 00:00:00"), _row(video="768x1344x243"), _row(label="sm90/bf16/u1"),
-            _row(workflow="fl2va"), _row(whole_call=False), _row(gpus=2), _row(setting="best")]
+            _row(workflow="fl2va"), _row(whole_call=False), _row(gpus=2), _row(setting="best"),
+            _row(device="NVIDIA H100 80GB HBM3")]  # another card than the facts' (sm90.yaml products: H200)
     assert SCRIPT.declared_rows(d, rows) == rows[:1]
 
 

@@ -234,9 +234,11 @@ def fill_speedups(rows: list[dict], earlier: Sequence[Mapping] = ()) -> None:
 
 
 def same_request(a: Mapping, b: Mapping) -> bool:
-    """Two rows of one request: workflow, video, packed rows, GPUs, layers and forwards of a generation."""
+    """Two rows of one request on one kind of GPU: workflow, video, packed rows, GPUs, layers, forwards of a
+    generation and the device (an H100's compile is no baseline for an H200's plan)."""
     return all(a.get(k, d) == b.get(k, d) for k, d in (("workflow", "t2va"), ("video", None), ("S", None),
-                                                       ("gpus", None), ("layers", None), ("steps_e2e", None)))
+                                                       ("gpus", None), ("layers", None), ("steps_e2e", None),
+                                                       ("device", None)))
 
 
 def same_precision_best(row: Mapping, records: Sequence[Mapping]) -> Mapping | None:
