@@ -20,6 +20,7 @@ tests/planner/test_predict_declared.py the declared file.
 
 import argparse
 import datetime
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -205,15 +206,20 @@ def holdout_markdown(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+@functools.lru_cache(maxsize=1)
+def sm90_facts() -> dict:
+    """conf/hardware/sm90.yaml, read once."""
+    return yaml.safe_load((ROOT / "conf/hardware/sm90.yaml").read_text())
+
+
 def on_facts_device(row: dict) -> bool:
     """A row run on a GPU the sm90 facts were measured on (their `products`: H200): an H100's row is another card's
     speed (less bandwidth and memory), never a check of these facts."""
-    products = yaml.safe_load((ROOT / "conf/hardware/sm90.yaml").read_text())["products"]
-    return any(p in row.get("device", "") for p in products)
+    return any(p in row.get("device", "") for p in sm90_facts()["products"])
 
 
 def holdout() -> dict:
-    measured = yaml.safe_load((ROOT / "conf/hardware/sm90.yaml").read_text())["measured"]
+    measured = sm90_facts()["measured"]
     fixes = load_corrections(str(ROOT / RESULTS))
     plans = [r for r in json.loads((ROOT / RESULTS).read_text())["records"]
              if r["setting"] == "plan" and r["gpus"] == 1 and on_facts_device(r)]
