@@ -22,14 +22,15 @@ from datetime import datetime, timezone
 
 from h3plan.errors import UsageError
 from h3plan.facts import evidence as ev
-from h3plan.levers import REGISTRY
+from h3plan.levers import REGISTRY, TERM_OWNERS
 
 from h3plan.facts.timesteps import request_steps
 
 from .calibrate_step_cache import _finite, _pipe, call_inputs, calibration_runs, check_request
 from .gpu_only import calibrate_too_wide
 
-lever = REGISTRY["sparse_attention"]  # the lever calibrated: its name
+lever = REGISTRY[TERM_OWNERS["sparse_blocks"]]  # the lever calibrated
+NAME = lever.SPEC.name
 
 KEEPS = (0.5, 0.35, 0.25, 0.15)
 
@@ -41,7 +42,7 @@ def _variant(cfg, setting: str, keep: float | None, evidence: str | None = None)
     from h3plan.planner import resolve
 
     c = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-    c.levers.sparse_attention = setting
+    setattr(c.levers, NAME, setting)
     if keep is not None:
         c.recipe.sparse.keep = keep
         c.recipe.sparse.evidence = evidence
@@ -58,10 +59,10 @@ def run(cfg, plan, c) -> int:
     if budget.empty:
         raise UsageError("calibrate.target=sparse_attention judges keep fractions by the sparse budget, which this "
                          "recipe does not set: pass recipe.sparse={ssim_min:0.8} (and/or psnr_db_min)")
-    prompts = check_request(cfg, plan, c, "sparse_attention")
+    prompts = check_request(cfg, plan, c, NAME)
     device = _prepare_device(c.device, "calibrate.device")  # before the kernels import: TRITON_INTERPRET on a CPU
     if device == "cpu" and int(cfg.model.diffusers_config.hidden_size) > 1024:
-        raise UsageError(calibrate_too_wide("sparse_attention"))
+        raise UsageError(calibrate_too_wide(NAME))
     import torch
 
     from h3plan.actions.calibration import say
@@ -98,9 +99,9 @@ def run(cfg, plan, c) -> int:
         outs = call(vplan)
         q = [compare(o[0].float(), r[0].float()) for o, r in zip(outs, refs)]
         snr = [snr_db(o[1].float(), r[1].float()) for o, r in zip(outs, refs)]
-        d = vplan.decision("sparse_attention")
+        d = vplan.decision(NAME)
         point = _finite(ev.QualityPoint.make(
-            lever.SPEC.name, "block_sparse", {k: d.param(k) for k in ("keep", "dense_forwards",
+            NAME, "block_sparse", {k: d.param(k) for k in ("keep", "dense_forwards",
                                                                       "video_only", "forwards")},
             ["t2va"], psnr_db=min(math.inf if x["psnr_db"] is None else x["psnr_db"] for x in q),
             ssim=min(x["ssim"] for x in q), audio_snr_db=min(math.inf if x is None else x for x in snr),
@@ -111,8 +112,8 @@ def run(cfg, plan, c) -> int:
         ok = point.meets(budget)
         results.append((ok, keep, point))
         say(f"  keep {keep:g}: worst {point.quality()}: {'inside' if ok else 'outside'} the budget")
-    evidence = os.path.abspath(str(c.evidence_out or f"{lever.SPEC.name}_points.yaml"))
-    ev.write_points(evidence, lever.SPEC.name, points, checkpoint=cfg.model.get("path"),
+    evidence = os.path.abspath(str(c.evidence_out or f"{NAME}_points.yaml"))
+    ev.write_points(evidence, NAME, points, checkpoint=cfg.model.get("path"),
                     date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
     say(f"calibrate sparse_attention: {len(points)} calibrated points written to {evidence} "
         f"(recipe.sparse.evidence={evidence})")
@@ -120,10 +121,10 @@ def run(cfg, plan, c) -> int:
     if not inside:
         raise UsageError(f"calibrate sparse_attention: no keep fraction stays inside {budget.text()} on these prompts "
                          f"({len(results)} tried; points in {evidence}); no plan written: keep "
-                         "levers.sparse_attention=off")
+                         f"levers.{NAME}=off")
     _, keep, point = inside[0]
     _, best = _variant(cfg, "block_sparse", keep, evidence=evidence)
-    out = str(c.plan_out or f"{lever.SPEC.name}_plan.yaml")
+    out = str(c.plan_out or f"{NAME}_plan.yaml")
     best.save(out)
     say(f"calibrate sparse_attention: keep {keep:g} at worst {point.quality()}: plan written to {out} "
         f"(install it with h3plan.install(pipe, '{out}'))")

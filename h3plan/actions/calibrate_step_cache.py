@@ -37,13 +37,14 @@ from h3plan.errors import UsageError
 from h3plan.facts import evidence as ev
 from h3plan.facts.timesteps import request_steps
 from h3plan.facts.workflows import DEFAULT_TASK
-from h3plan.levers import REGISTRY
+from h3plan.levers import REGISTRY, TERM_OWNERS
 
 from .gpu_only import calibrate_too_wide
 from .pipeline_build import build_pipeline, pipeline_blocks, prompt_inputs
 from .text_encoder_build import build_processor
 
-lever = REGISTRY["step_cache"]  # the lever calibrated: its defaults, knobs and name
+lever = REGISTRY[TERM_OWNERS["fewer_forwards"]]  # the lever calibrated: its defaults, knobs and name
+NAME = lever.SPEC.name
 
 FRACTIONS = (0.9, 0.8, 0.7, 0.6, 0.5)
 THRESHOLDS = (0.04, 0.08, 0.12, 0.2)
@@ -95,7 +96,7 @@ def _check(cfg, plan, c) -> tuple[ev.Budget, list[str] | None]:
     if budget.ssim_min is None:
         raise UsageError("calibrate.target=step_cache judges settings by the cache budget, which this recipe does not "
                          "set: pass recipe.cache={psnr_db_min:28,ssim_min:0.93}")
-    return budget, check_request(cfg, plan, c, "step_cache")
+    return budget, check_request(cfg, plan, c, NAME)
 
 
 def check_request(cfg, plan, c, target: str) -> list[str] | None:
@@ -144,7 +145,7 @@ def _variant(cfg, setting: str, values: dict, evidence: str | None = None):
     from h3plan.planner import resolve
 
     c = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-    c.levers.step_cache = setting
+    setattr(c.levers, NAME, setting)
     for k, v in values.items():
         c.recipe.cache[k] = v
     c.recipe.cache.unmeasured = evidence is None  # a candidate runs to be measured; the winner cites its points
@@ -209,13 +210,13 @@ def run(cfg, plan, c) -> int:
 
     device = _prepare_device(c.device, "calibrate.device")  # before the kernels import: TRITON_INTERPRET on a CPU
     if device == "cpu" and int(cfg.model.diffusers_config.hidden_size) > 1024:
-        raise UsageError(calibrate_too_wide("step_cache"))
+        raise UsageError(calibrate_too_wide(NAME))
     import torch
 
     from h3plan.actions.calibration import say
     from h3plan.install import install, of_lever, uninstall
 
-    calls = of_lever(lever.SPEC.name).calls  # the cache's generations (its runtime module)
+    calls = of_lever(NAME).calls  # the cache's generations (its runtime module)
 
     from .quality import compare, snr_db
 
@@ -253,7 +254,7 @@ def run(cfg, plan, c) -> int:
         q = [compare(o[0].float(), r[0].float()) for o, r in zip(outs, refs)]
         snr = [snr_db(o[1].float(), r[1].float()) for o, r in zip(outs, refs)]
         point = ev.QualityPoint.make(
-            lever.SPEC.name, setting, _knobs(vplan), ["t2va"],
+            NAME, setting, _knobs(vplan), ["t2va"],
             psnr_db=min(float("inf") if x["psnr_db"] is None else x["psnr_db"] for x in q),
             ssim=min(x["ssim"] for x in q), audio_snr_db=min(float("inf") if x is None else x for x in snr),
             speedup=round(n / (sum(made) / len(made)), 4), kind="calibrated",
@@ -265,8 +266,8 @@ def run(cfg, plan, c) -> int:
         results.append((ok, sum(made) / len(made), ORDER.index(setting), setting, values, point))
         say(f"  {setting} {values}: computed {sum(made) / len(made):g} of {n}, worst {point.quality()}: "
             f"{'inside' if ok else 'outside'} the budget")
-    evidence = os.path.abspath(str(c.evidence_out or f"{lever.SPEC.name}_points.yaml"))
-    ev.write_points(evidence, lever.SPEC.name, points, checkpoint=cfg.model.get("path"),
+    evidence = os.path.abspath(str(c.evidence_out or f"{NAME}_points.yaml"))
+    ev.write_points(evidence, NAME, points, checkpoint=cfg.model.get("path"),
                     date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
     say(f"calibrate step_cache: {len(points)} calibrated points written to {evidence} "
         f"(recipe.cache.evidence={evidence})")
@@ -276,7 +277,7 @@ def run(cfg, plan, c) -> int:
                          f"({len(results)} tried; points in {evidence}); no plan written: keep levers.step_cache=off")
     _, computed, _, setting, values, point = inside[0]
     _, best = _variant(cfg, setting, values, evidence=evidence)
-    out = str(c.plan_out or f"{lever.SPEC.name}_plan.yaml")
+    out = str(c.plan_out or f"{NAME}_plan.yaml")
     best.save(out)
     say(f"calibrate step_cache: {setting} {values} computes {computed:g} of {n} forwards at worst {point.quality()}: "
         f"plan written to {out} (install it with h3plan.install(pipe, '{out}'))")
@@ -284,7 +285,7 @@ def run(cfg, plan, c) -> int:
 
 
 def _knobs(plan) -> dict:
-    d = plan.decision("step_cache")
+    d = plan.decision(NAME)
     return {k: d.param(k) for k in (*lever.KNOBS[d.setting], "forwards")}
 
 
