@@ -16,6 +16,7 @@ import os
 import shutil
 from typing import Any
 
+from h3plan.facts import scale_table
 from h3plan.levers import SPECS
 
 CPU_MAX_HIDDEN = 1024  # wider is real width: GPU only
@@ -61,7 +62,7 @@ def verify_too_wide() -> str:
     return f"verify on the CPU needs a small model: pass model=h3_tiny (real width needs a GPU): {VERIFY_SMOKE}"
 
 
-def calibrate_too_wide(target: str = "fp8_scales") -> str:
+def calibrate_too_wide(target: str = scale_table.NAME) -> str:
     if target in OWN_BUDGET_SMOKE:
         return (f"calibrate on the CPU needs a small model (real width needs a GPU); the form that runs here in "
                 f"seconds: {OWN_BUDGET_SMOKE[target]}")
@@ -100,7 +101,7 @@ def refusal(action: str, cfg, plan) -> str | None:
         return verify_too_wide() if device in ("auto", "cpu") and hidden > CPU_MAX_HIDDEN else None
     if action == "calibrate":
         c = _get(cfg, "calibrate", {})
-        target, device = str(_get(c, "target", "fp8_scales")), str(_get(c, "device", "auto"))
+        target, device = str(_get(c, "target", scale_table.NAME)), str(_get(c, "device", "auto"))
         recipe = plan.get("recipe")
         section = SPECS[target].recipe_section if target in SPECS else None
         budget = recipe.get(section or "budget") or {}
