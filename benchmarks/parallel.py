@@ -35,6 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from h3plan.levers import owner  # noqa: E402
 
 CP_CONFIG = ("ContextParallelConfig(ulysses_degree={U}) + set_attention_backend('_native_cudnn') + "
              "compile_repeated_blocks(fullgraph=True)")
@@ -58,8 +59,8 @@ def _allows(recipe, U, S, **over) -> bool:
 
 
 # each exchange an arm forces -> the other overrides it needs (the projection exchanges run without overlap)
-EXCHANGES = {"packed": {}, "projection": {"levers.ulysses_overlap": "off"},
-             "projection_split": {"levers.ulysses_overlap": "off"}}
+_NO_OVERLAP = {f"levers.{owner('ulysses_chunks')}": "off"}
+EXCHANGES = {"packed": {}, "projection": _NO_OVERLAP, "projection_split": _NO_OVERLAP}
 ARMS = tuple(f"+{k}" for k in sorted(EXCHANGES, key=len, reverse=True))  # longest first: suffixes overlap
 
 

@@ -25,7 +25,7 @@ import torch  # noqa: E402
 from h3plan.actions.bench import Clock, interleaved  # noqa: E402
 
 from h3plan.actions import bench as inputs  # noqa: E402
-from h3plan.actions.bench import capture_block_inputs, rel_error, run_stack  # noqa: E402
+from h3plan.actions.bench import capture_block_inputs, configured, rel_error, run_stack  # noqa: E402
 from h3plan import install  # noqa: E402
 from h3plan import counters, reset_counters  # noqa: E402
 
