@@ -4,6 +4,9 @@
 with seeded random weights (diffusers' own initialisation, created directly on the device), cast like
 the released mixed-precision checkpoint: everything in `dtype` except `_keep_in_fp32_modules`
 (proj_in / proj_out / audio heads, time_embedder, rope), which stay fp32 as from_pretrained keeps them.
+Where the float32 build would not fit the device's free memory (the real-width model is 123 GiB in float32:
+over an 80 GB card), the same values are built in `dtype` directly (_narrow_build): the peak is the cast model
+plus one tensor's float32 initialisation.
 
 `load_model(path, blocks=, device=, dtype=)`: the same from a local checkpoint folder (`model.path`), with
 `from_pretrained`.
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import weakref
 from typing import Any, Mapping
 
 import torch
@@ -42,7 +46,9 @@ def resolve_dtype(name) -> torch.dtype:
 
 
 def build_model(diffusers_config: Mapping[str, Any], *, blocks: int | None = None, device="cpu",
-                dtype=torch.bfloat16, seed: int = 0):
+                dtype=torch.bfloat16, seed: int = 0, narrow: bool | None = None):
+    """narrow: build in `dtype` directly (True), in float32 then cast (False), or the first only where the float32
+    model would not fit the CUDA device's free memory (None). Both give the same values."""
     from diffusers import MiniMaxH3Transformer3DModel
 
     cfg = plain(diffusers_config)
@@ -50,12 +56,113 @@ def build_model(diffusers_config: Mapping[str, Any], *, blocks: int | None = Non
         cfg["patch_size"] = tuple(cfg["patch_size"])
     if blocks is not None:
         cfg["num_layers"] = int(blocks)
+    dt = resolve_dtype(dtype)
+    if narrow is None:
+        narrow = dt != torch.float32 and _float32_over_free(MiniMaxH3Transformer3DModel, cfg, device)
     torch.manual_seed(seed)
     if torch.device(device).type == "cuda":
         torch.cuda.manual_seed(seed)
+    if narrow:
+        return _narrow_build(MiniMaxH3Transformer3DModel, cfg, device, dt).eval().requires_grad_(False)
     with torch.device(device):
         model = MiniMaxH3Transformer3DModel.from_config(cfg)
-    return _cast(model, resolve_dtype(dtype)).eval().requires_grad_(False)
+    return _cast(model, dt).eval().requires_grad_(False)
+
+
+def _float32_over_free(cls, cfg, device) -> bool:
+    """Whether `cls.from_config(cfg)` in float32 would take more than the CUDA device's free memory (built on the
+    meta device to count, which draws no random numbers)."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return False
+    with torch.device("meta"):
+        n = sum(p.numel() for p in cls.from_config(cfg).parameters())
+    return 4 * n > torch.cuda.mem_get_info(dev)[0]
+
+
+# nn.init's in-place initialisers (the ops that fill a new parameter): a narrow build runs each in float32
+_INIT_OPS = frozenset({"uniform_", "normal_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_",
+                       "xavier_normal_", "trunc_normal_", "constant_", "fill_", "zero_", "ones_", "zeros_"})
+
+
+class _Float32Init(torch.overrides.TorchFunctionMode):
+    """During a build in a narrow default dtype: each initialiser called on a narrow floating tensor runs on a
+    float32 tensor of its shape and device instead (the same random draws, in the same order, as the float32
+    build), and the result is rounded into the tensor (what `.to(dtype)` does). Every call is recorded with the
+    generator state before it, so a tensor that must end up float32 can be initialised again exactly."""
+
+    def __init__(self):
+        super().__init__()
+        # id(tensor) -> (a weak reference to it, [(func, args, kwargs, generator state)])
+        self.calls: dict[int, tuple[weakref.ref, list]] = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        t = args[0] if args else kwargs.get("tensor")  # nn.init passes its tensor by keyword to a mode
+        if name not in _INIT_OPS or not isinstance(t, torch.Tensor) or not t.is_floating_point() \
+                or t.dtype == torch.float32:
+            return func(*args, **kwargs)
+        ref, calls = self.calls.get(id(t), (None, []))
+        if ref is None or ref() is not t:  # a new tensor (an id of a freed one may come again)
+            ref, calls = weakref.ref(t), []
+            self.calls[id(t)] = (ref, calls)
+        calls.append((func, args, kwargs, _rng_state(t.device)))
+        wide = torch.empty(t.shape, dtype=torch.float32, device=t.device)
+        _call_on(func, args, kwargs, wide)
+        with torch.no_grad():
+            t.copy_(wide)
+        return t
+
+
+def _call_on(func, args, kwargs, wide: torch.Tensor) -> None:
+    """func as it was called, on `wide` in place of the tensor it was given (first argument or `tensor=`)."""
+    if args:
+        func(wide, *args[1:], **kwargs)
+    else:
+        func(**{**kwargs, "tensor": wide})
+
+
+def _rng_state(device: torch.device):
+    return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
+
+
+def _set_rng_state(device: torch.device, state) -> None:
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state, device)
+    else:
+        torch.set_rng_state(state)
+
+
+def _narrow_build(cls, cfg, device, dtype):
+    """`cls.from_config(cfg)` with every tensor created in `dtype` and the values the float32 build cast by _cast
+    would hold: the initialisers run in float32 (_Float32Init), and the `_keep_in_fp32_modules`' tensors are
+    initialised again in float32 from their recorded generator states, so they hold the float32 values unrounded."""
+    dev = torch.device(device)
+    mode = _Float32Init()
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(dev), mode:
+            model = cls.from_config(cfg)
+    finally:
+        torch.set_default_dtype(previous)
+    keep = tuple(model._keep_in_fp32_modules or ())
+    end = _rng_state(dev)
+    with torch.no_grad():
+        for name, p in list(model.named_parameters()) + list(model.named_buffers()):
+            if not p.is_floating_point() or p.dtype == torch.float32 or not any(k in name for k in keep):
+                continue
+            ref, calls = mode.calls.get(id(p), (None, []))
+            if ref is None or ref() is not p:
+                raise RuntimeError(f"narrow build: {name} was not initialised by an nn.init call; build in float32")
+            wide = torch.empty(p.shape, dtype=torch.float32, device=dev)
+            for func, args, kw, state in calls:
+                _set_rng_state(dev, state)
+                _call_on(func, args, kw, wide)
+            p.data = wide
+        _set_rng_state(dev, end)
+    return model
 
 
 def _load_without_accelerate(cls, folder: str, config: Mapping[str, Any]):

@@ -46,3 +46,46 @@ def test_inputs_run_the_model_and_cast_like_the_checkpoint():
     assert torch.equal(packed_inputs(TINY, 48)["hidden_states"], packed_inputs(TINY, 48)["hidden_states"])
     assert torch.equal(build_model(TINY, blocks=1).transformer_blocks[0].attn.to_q.weight,
                        model.transformer_blocks[0].attn.to_q.weight)  # seeded weights
+
+
+def _tensors(model) -> dict:
+    return {**dict(model.named_parameters()), **{"buffer:" + k: v for k, v in model.named_buffers()}}
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_a_narrow_build_holds_the_float32_builds_values(dtype):
+    """The real-width model is 123 GiB in float32, over an 80 GB card: build_model then builds in `dtype` directly,
+    and every tensor (the fp32-kept modules unrounded) and the generator afterwards are what the float32 build
+    cast gives."""
+    a = build_model(TINY, blocks=2, dtype=dtype, seed=5, narrow=False)
+    after_a = torch.rand(4)
+    b = build_model(TINY, blocks=2, dtype=dtype, seed=5, narrow=True)
+    after_b = torch.rand(4)
+    ta, tb = _tensors(a), _tensors(b)
+    assert ta.keys() == tb.keys()
+    assert {k for k, v in tb.items() if v.dtype == torch.float32} == {k for k, v in ta.items()
+                                                                      if v.dtype == torch.float32} != set()
+    assert all(ta[k].dtype == tb[k].dtype and torch.equal(ta[k], tb[k]) for k in ta), \
+        [k for k in ta if not torch.equal(ta[k], tb[k])]
+    assert torch.equal(after_a, after_b)
+    assert torch.get_default_dtype() == torch.float32
+
+
+def test_a_narrow_build_differs_where_a_seed_does():
+    """The equality above is of values, not of one constant: another seed gives other weights."""
+    a = _tensors(build_model(TINY, blocks=1, seed=5, narrow=True))
+    b = _tensors(build_model(TINY, blocks=1, seed=6, narrow=True))
+    assert any(not torch.equal(a[k], b[k]) for k in a if a[k].is_floating_point() and a[k].numel() > 1)
+
+
+def test_only_a_cuda_build_over_free_memory_goes_narrow(monkeypatch):
+    from diffusers import MiniMaxH3Transformer3DModel
+
+    from h3plan.actions import inputs
+
+    cfg = {**TINY, "patch_size": tuple(TINY["patch_size"])} if "patch_size" in TINY else dict(TINY)
+    assert not inputs._float32_over_free(MiniMaxH3Transformer3DModel, cfg, "cpu")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (1 << 20, 80 << 30))
+    assert inputs._float32_over_free(MiniMaxH3Transformer3DModel, cfg, "cuda")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (140 << 30, 140 << 30))
+    assert not inputs._float32_over_free(MiniMaxH3Transformer3DModel, cfg, "cuda")
