@@ -35,7 +35,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from h3plan.levers import owner  # noqa: E402
 
 CP_CONFIG = ("ContextParallelConfig(ulysses_degree={U}) + set_attention_backend('_native_cudnn') + "
              "compile_repeated_blocks(fullgraph=True)")
@@ -58,9 +57,8 @@ def _allows(recipe, U, S, **over) -> bool:
         return False
 
 
-# each exchange an arm forces -> the other overrides it needs (the projection exchanges run without overlap)
-_NO_OVERLAP = {f"levers.{owner('ulysses_chunks')}": "off"}
-EXCHANGES = {"packed": {}, "projection": _NO_OVERLAP, "projection_split": _NO_OVERLAP}
+# each exchange an arm forces -> whether it runs without the overlap (the projection exchanges do)
+EXCHANGES = {"packed": False, "projection": True, "projection_split": True}
 ARMS = tuple(f"+{k}" for k in sorted(EXCHANGES, key=len, reverse=True))  # longest first: suffixes overlap
 
 
@@ -124,8 +122,10 @@ def _settings(base, S, U, group, recipes, compile_plans, ring=1, exchange_arm=Fa
         add(f"plan_u{U}_{r}", lambda r=r: plan(r, U))
         if exchange_arm:  # every exchange the plan did not pick, forced where the recipe allows it
             picked = _plan(r, U, S).decision(roles.EXCHANGE).setting
-            for setting, others in EXCHANGES.items():
-                over = {f"levers.{roles.EXCHANGE}": setting, **others}
+            for setting, no_overlap in EXCHANGES.items():
+                over = {f"levers.{roles.EXCHANGE}": setting}
+                if no_overlap:
+                    over[f"levers.{roles.OVERLAP}"] = "off"
                 name = f"plan_u{U}_{r}+{setting}"
                 if setting == picked:
                     continue

@@ -23,9 +23,7 @@ from h3plan.actions.bench import Clock, interleaved
 from h3plan.actions import bench as inputs
 from h3plan.actions.bench import capture_block_inputs, configured, run_stack
 from h3plan import install
-from h3plan.levers import ULYSSES_LEVERS, owner
-
-OVERLAP = owner("ulysses_chunks")  # the lever that overlaps the exchange with compute
+from h3plan.actions.bench import roles
 
 ROUNDS, WARM, BLOCKS = 8, 2, 2
 OUT = sys.argv[1] if len(sys.argv) > 1 else "."
@@ -50,7 +48,7 @@ def main():
     result = {"device": torch.cuda.get_device_name(), "gpus": U, "torch": torch.__version__,
               "nccl": str(torch.cuda.nccl.version()), "blocks": BLOCKS, "rounds": ROUNDS, "stack": [], "a2a": []}
     for S in SEQS:
-        p1, pu, pu_off = plan(1, S), plan(U, S), plan(U, S, f"levers.{OVERLAP}=off")
+        p1, pu, pu_off = plan(1, S), plan(U, S), plan(U, S, f"levers.{roles.OVERLAP}=off")
         models = {"plan_u1": copy.deepcopy(eager), f"plan_u{U}": copy.deepcopy(eager),
                   f"plan_u{U}_no_overlap": copy.deepcopy(eager)}
         install(models["plan_u1"], p1)
@@ -66,7 +64,7 @@ def main():
                "speedup_plan_u_vs_plan_u1": t["plan_u1"] / t[f"plan_u{U}"],
                "speedup_plan_u_vs_eager_u1": t["eager_u1"] / t[f"plan_u{U}"],
                "overlap_on_vs_off": t[f"plan_u{U}_no_overlap"] / t[f"plan_u{U}"],
-               "plan_settings": {lv: pu.decision(lv).setting for lv in ULYSSES_LEVERS},
+               "plan_settings": {lv: pu.decision(lv).setting for lv in roles.ULYSSES},
                "a2a_ms_per_block_est": pu.derived_value("a2a_ms_per_block_est")}
         result["stack"].append(rec)
         if rank == 0:

@@ -2,7 +2,7 @@
 (h3plan.levers.TERM_OWNERS: the one lever whose settings set that field), so a script reaches a lever through the
 registry instead of spelling its name. Torch-free."""
 
-from h3plan.levers import BACKEND_LEVER, SPECS, TERM_OWNERS
+from h3plan.levers import BACKEND_LEVER, SPECS, TERM_OWNERS, ULYSSES_LEVERS, owner
 
 BACKEND = BACKEND_LEVER
 """the attention backend the blocks run."""
@@ -20,6 +20,10 @@ STEP_CACHE = TERM_OWNERS["fewer_forwards"]
 """the step schedule that computes some forwards and reuses the rest."""
 EXCHANGE = TERM_OWNERS["a2a_note"]
 """how Q, K and V cross the Ulysses all-to-all."""
+OVERLAP = owner("ulysses_chunks")
+"""the all-to-all overlapped with compute, in chunks."""
+ULYSSES = ULYSSES_LEVERS
+"""every lever a Ulysses plan decides."""
 
 
 def counter(lever: str, route: str | None = None) -> str:
