@@ -11,6 +11,9 @@ install (eager: as built; the plan: the AdaLN linears parked on the host, their 
 `block_activations` + `stack_boundary` (benchmarks/memory.py checks the pipeline's peak the same way). On the H200
 eager's forward measured 0.947 of block_activations + stack_boundary at both lengths, about 0.96 of the phase total.
 The weights are measured after install, where the estimate counts the linears parked.
+
+And build_model's narrow build (an 80 GB card: the seeded model built in bf16 directly) against the float32 build
+cast, on the device's own generator: equal tensors, the generator left where the float32 build leaves it.
 """
 
 import gc
@@ -72,3 +75,28 @@ def test_transformer_memory_estimate(S, which):
     if which != "eager":
         uninstall(model)
     assert 0.95 < peak / phase < 1.05, (peak, phase, measured, expected, e["basis"]["block_activations"])
+
+
+def test_a_narrow_build_on_the_device_holds_the_float32_builds_values():
+    """build_model's narrow build (the seeded model in bf16 directly, for a device the 123 GiB float32 build would not
+    fit) against the float32 build cast, two real-width blocks on the GPU: every tensor equal, the device generator
+    where the float32 build leaves it, and the narrow build's peak under the float32 build's."""
+    dc2 = {**MODEL["diffusers_config"], "num_layers": 2}
+    gc.collect()
+    torch.cuda.empty_cache()
+    peaks, tensors, after = [], [], []
+    for narrow in (False, True):
+        torch.cuda.reset_peak_memory_stats()
+        m = build_model(dc2, device="cuda", dtype="bf16", seed=11, narrow=narrow)
+        torch.cuda.synchronize()
+        peaks.append(torch.cuda.max_memory_allocated())
+        after.append(torch.rand(8, device="cuda"))
+        tensors.append({**dict(m.named_parameters()), **{"b:" + k: v for k, v in m.named_buffers()}})
+        del m
+    a, b = tensors
+    assert a.keys() == b.keys()
+    differ = [k for k in a if a[k].dtype != b[k].dtype or not torch.equal(a[k], b[k])]
+    assert not differ, differ
+    assert torch.equal(after[0], after[1])
+    print(f"narrow build: peak {peaks[1] / GiB:.2f} GiB against {peaks[0] / GiB:.2f} GiB in float32")
+    assert peaks[1] < 0.7 * peaks[0]
