@@ -38,6 +38,8 @@ MEMORY_NAMES = ("text_encoder",)
 """Levers decided inside the memory estimate (planning/memory.py), from the free memory it finds once every lever of
 NAMES has decided: `decide(room)` takes the estimate's numbers, and the plan carries the decision as the derived
 value of its name (set by `memory.<name>`). --help lists them beside NAMES; their install options join OPTIONS."""
+CONDITIONER_PLACEMENT = MEMORY_NAMES[0]
+"""The memory lever that places the text encoder: the plan's derived value of this name is its decision."""
 
 REGISTRY = {name: import_module(f"{__name__}.{name}") for name in NAMES}
 MEMORY_REGISTRY = {name: import_module(f"{__name__}.{name}") for name in MEMORY_NAMES}
@@ -151,7 +153,8 @@ def not_installed(decision) -> str | None:
     return "; ".join(reasons) or f"{decision.lever} declares no install option: nothing is installed"
 
 
-__all__ = ["NAMES", "REGISTRY", "SPECS", "MEMORY_NAMES", "MEMORY_REGISTRY", "MEMORY_SPECS", "LEVER_SETTINGS", "OPTIONS",
+__all__ = ["NAMES", "REGISTRY", "SPECS", "MEMORY_NAMES", "CONDITIONER_PLACEMENT", "MEMORY_REGISTRY", "MEMORY_SPECS",
+           "LEVER_SETTINGS", "OPTIONS",
            "KERNEL_OPS", "ULYSSES_LEVERS", "REFERENCE_LEVERS", "DECODE_LEVERS", "OWN_BUDGET_LEVERS",
            "BACKEND_LEVER", "COUNTERS", "COLUMNS", "EXPORTS", "TERM_OWNERS", "Context",
            "LeverError", "Option", "Spec", "Terms", "counter", "not_installed", "owner", "scope_options", "terms"]

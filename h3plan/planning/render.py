@@ -8,7 +8,7 @@ import textwrap
 
 from h3plan.facts.attention import BACKENDS, DEFAULT
 from h3plan.facts.ring_plan import preset_degrees, ring_degree
-from h3plan.levers import SPECS, not_installed, terms
+from h3plan.levers import CONDITIONER_PLACEMENT, SPECS, not_installed, terms
 
 from .derive import ORDER, efficiency_key
 from .memory import usable_gib
@@ -71,7 +71,7 @@ def _memory_texts(plan, peak: float, breakdown: dict) -> list[str]:
     line += f"; {which}: " + ", ".join(f"{k} {breakdown[k]:.1f}" for k in top) + " GiB"
     if plan.derived_value("memory_does_not_fit"):
         line += "; DOES NOT FIT (memory.check=false: reported, not refused)"
-    te = plan.derived_value("text_encoder")
+    te = plan.derived_value(CONDITIONER_PLACEMENT)
     if te:  # the conditioner's placement, when model.text_encoder plans one (planning/text_encoder.py)
         line += f"; text encoder {te['setting']}: {te['reasons'][0]}"
     texts = [line]
@@ -179,7 +179,7 @@ def _speed_text(plan) -> str:
     if dec is None:
         return text + f"; x {what} = {den:,.0f} s of denoising; no decode time measured on {hw['name']}"
     big = plan.derived_value("call_biggest")
-    te = plan.derived_value("text_encoder") or {}
+    te = plan.derived_value(CONDITIONER_PLACEMENT) or {}
     te_s = te.get("call_s") if te.get("call_s") == te.get("call_s") else None  # nan: no BF16 rate to time it
     encode = (f" + text encode {te_s:.1f} s ({te['setting']})" if te_s is not None
               else " (text encoder outside: prompt_embeds given)")
