@@ -85,7 +85,10 @@
 # PASS or FAIL). Three rows do not fit one device call (a 49-forward call of diffusers' compile takes about 300 s, the
 # fp8 plan's 205 s), so each is its own phase, run back to back: the machine keeps /tmp between calls, where each phase
 # leaves its frames (H3_FRAMES, default /tmp/h3plan-frames, with the seeded weights' fingerprint) and the results file
-# so far (H3_KEEP, default /tmp/h3plan-bench), which the next phase starts from:
+# so far (H3_KEEP, default /tmp/h3plan-bench), which the next phase starts from. The seeded
+# 33.1B-parameter transformer is 123 GiB in float32: on a card with less free memory (an H100 80GB) it is built in bf16
+# directly, with the same values (docs/measurements.md); whether a whole call then fits 80 GB is not yet measured.
+# The phases:
 #   H3_PHASE=whole-best: diffusers' regional compile with its VAE cast to fp16 (as from_pretrained(torch_dtype=
 #                  torch.float16) casts it), t2va 768x1344x124, 49 forwards, alone - about 6.5 minutes;
 #   H3_PHASE=whole-fp8: the fp8 plan (its fp16 decode, sm90/fp8/u1 +vae=fp16) alone: its ratio against whole-best's
