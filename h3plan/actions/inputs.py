@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import weakref
 from typing import Any, Mapping
 
 import torch
@@ -93,8 +92,9 @@ class _Float32Init(torch.overrides.TorchFunctionMode):
 
     def __init__(self):
         super().__init__()
-        # id(tensor) -> (a weak reference to it, [(func, args, kwargs, generator state)])
-        self.calls: dict[int, tuple[weakref.ref, list]] = {}
+        # id(tensor) -> [(func, args, kwargs, generator state)]; the recorded args hold the tensor, so no other
+        # tensor of the build can take its id
+        self.calls: dict[int, list] = {}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -103,11 +103,7 @@ class _Float32Init(torch.overrides.TorchFunctionMode):
         if name not in _INIT_OPS or not isinstance(t, torch.Tensor) or not t.is_floating_point() \
                 or t.dtype == torch.float32:
             return func(*args, **kwargs)
-        ref, calls = self.calls.get(id(t), (None, []))
-        if ref is None or ref() is not t:  # a new tensor (an id of a freed one may come again)
-            ref, calls = weakref.ref(t), []
-            self.calls[id(t)] = (ref, calls)
-        calls.append((func, args, kwargs, _rng_state(t.device)))
+        self.calls.setdefault(id(t), []).append((func, args, kwargs, _rng_state(t.device)))
         wide = torch.empty(t.shape, dtype=torch.float32, device=t.device)
         _call_on(func, args, kwargs, wide)
         with torch.no_grad():
@@ -153,8 +149,8 @@ def _narrow_build(cls, cfg, device, dtype):
         for name, p in list(model.named_parameters()) + list(model.named_buffers()):
             if not p.is_floating_point() or p.dtype == torch.float32 or not any(k in name for k in keep):
                 continue
-            ref, calls = mode.calls.get(id(p), (None, []))
-            if ref is None or ref() is not p:
+            calls = mode.calls.get(id(p))
+            if not calls:
                 raise RuntimeError(f"narrow build: {name} was not initialised by an nn.init call; build in float32")
             wide = torch.empty(p.shape, dtype=torch.float32, device=dev)
             for func, args, kw, state in calls:
