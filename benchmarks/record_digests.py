@@ -1,24 +1,32 @@
 """A committed pipe(...) row stays what its run wrote. benchmarks/results/pipeline-h200-digests.json holds, by record
-key, the sha256 of every record of pipeline-h200.json (its canonical JSON: sorted keys, no spaces).
+key, the sha256 of every record of pipeline-h200.json (its canonical JSON: sorted keys, no spaces); a card's own
+records file (pipeline-<card>.json, e.g. pipeline-h100.json) has its own <stem>-digests.json the same way.
 tests/docs/test_records_append_only.py fails where a record no longer matches its digest (an edit: what was learned
 after a run goes to pipeline-h200-corrections.json, a better figure to a new row), where a listed record is gone, and
 where a record has no digest yet. After merging a run's rows into pipeline-h200.json, this script appends the new
 records' digests; it never rewrites one, and refuses (exit 1, one line per record) while any committed record differs
 from its digest.
 
-    python benchmarks/record_digests.py [--check]
+    python benchmarks/record_digests.py [--check] [--file pipeline-h200.json]   (default: every records file)
 """
 
 import argparse
 import hashlib
 import json
+import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 FILE = "pipeline-h200.json"
+RECORDS_FILE = re.compile(r"pipeline-[a-z0-9]+\.json")  # pipeline-<card>.json; not -digests / -corrections
 KIND = "record-digests"
+
+
+def record_files(results: Path = RESULTS) -> list[str]:
+    """The pipe(...) records files in `results`, one per card the pipeline bench's rows were committed for."""
+    return sorted(p.name for p in results.glob("pipeline-*.json") if RECORDS_FILE.fullmatch(p.name))
 
 
 def digests_path(results: Path = RESULTS, name: str = FILE) -> Path:
@@ -91,18 +99,30 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="only check; exit 1 on any problem")
     ap.add_argument("--results", type=Path, default=RESULTS)
+    ap.add_argument("--file", help="one records file (default: every pipeline-<card>.json in --results)")
     args = ap.parse_args(argv)
-    records = json.loads((args.results / FILE).read_text())["records"]
-    path = digests_path(args.results)
-    entries = load(path, FILE)
+    files = [args.file] if args.file else record_files(args.results)
+    if not files:
+        print(f"no pipeline-<card>.json in {args.results}", file=sys.stderr)
+        return 1
+    status = 0
+    for name in files:
+        status = max(status, _one(args.results, name, args.check))
+    return status
+
+
+def _one(results: Path, name: str, check: bool) -> int:
+    records = json.loads((results / name).read_text())["records"]
+    path = digests_path(results, name)
+    entries = load(path, name)
     found = problems(records, entries)
-    refused = found if args.check else [p for p in found if p[0] != "new"]
+    refused = found if check else [p for p in found if p[0] != "new"]
     for _, line in refused:
-        print(line, file=sys.stderr)
-    if refused or args.check:
+        print(f"{name}: {line}", file=sys.stderr)
+    if refused or check:
         return 1 if refused else 0
     new = appended(records, entries)
-    write(path, FILE, new)
+    write(path, name, new)
     print(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}: {len(new) - len(entries)} appended, "
           f"{len(new)} in all")
     return 0

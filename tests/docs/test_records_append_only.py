@@ -1,5 +1,6 @@
-"""The committed pipe(...) rows are what their runs wrote: every record of benchmarks/results/pipeline-h200.json
-matches the digest benchmarks/record_digests.py appended for it, none listed is gone, and every record has one."""
+"""The committed pipe(...) rows are what their runs wrote: every record of benchmarks/results/pipeline-h200.json (and
+of any other card's pipeline-<card>.json) matches the digest benchmarks/record_digests.py appended for it, none listed
+is gone, and every record has one."""
 
 import copy
 import json
@@ -15,11 +16,36 @@ def _committed():
     return records, digests.load(digests.digests_path(), digests.FILE)
 
 
-def test_every_committed_record_matches_its_digest():
-    records, entries = _committed()
-    assert entries, "benchmarks/results/pipeline-h200-digests.json lists no record"
+def test_the_records_files_are_found():
+    assert digests.FILE in digests.record_files()
+    assert not {n for n in digests.record_files() if n.endswith(("-digests.json", "-corrections.json"))}
+
+
+@pytest.mark.parametrize("name", digests.record_files())
+def test_every_committed_record_matches_its_digest(name):
+    records = json.loads((digests.RESULTS / name).read_text())["records"]
+    entries = digests.load(digests.digests_path(digests.RESULTS, name), name)
+    assert entries, f"the digests of {name} list no record"
     found = digests.problems(records, entries)
     assert not found, "\n".join(line for _, line in found)
+
+
+def test_each_cards_file_has_its_own_digests(tmp_path, capsys):
+    records, _ = _committed()
+    for name, rows in (("pipeline-h200.json", records[:2]), ("pipeline-h100.json", records[2:4])):
+        (tmp_path / name).write_text(json.dumps({"records": rows}))
+    (tmp_path / "pipeline-h200-corrections.json").write_text(json.dumps({"records": []}))
+    assert digests.main(["--results", str(tmp_path)]) == 0
+    assert [e["key"] for e in digests.load(tmp_path / "pipeline-h100-digests.json", "pipeline-h100.json")] == \
+        [digests.key_of(r) for r in records[2:4]]
+    assert not (tmp_path / "pipeline-h200-corrections-digests.json").exists()
+    edited = copy.deepcopy(records[2:4])
+    edited[0]["e2e_s"] = 1.0
+    (tmp_path / "pipeline-h100.json").write_text(json.dumps({"records": edited}))
+    assert digests.main(["--results", str(tmp_path), "--check"]) == 1
+    err = capsys.readouterr().err
+    assert "pipeline-h100.json: record" in err and "pipeline-h200.json" not in err
+    assert digests.main(["--results", str(tmp_path), "--check", "--file", "pipeline-h200.json"]) == 0
 
 
 @pytest.mark.parametrize("edit", ["figure", "note", "dropped", "added_field"])
