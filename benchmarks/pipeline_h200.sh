@@ -131,8 +131,10 @@
 # (benchmarks/probes/block_profile.py --forward 50): $OUT/block-profile-forward.json - about 4 minutes.
 # Output in $OUT (default benchmarks/results): pipeline-h200.json (rows of every run), .md, .png, pipeline-h200.log.
 # H3_APPEND=1 starts from the committed benchmarks/results/pipeline-h200.json.
-# Once a run's rows are in the committed pipeline-h200.json: python benchmarks/record_digests.py appends their digests
-# (tests/docs/test_records_append_only.py fails on a row without one, and on a committed row changed since).
+# python benchmarks/merge_run.py DIR merges what the collect calls brought back into pipeline-<card>.json of the card
+# each run ran on. Once a run's rows are in a committed pipeline-<card>.json: python benchmarks/record_digests.py
+# appends their digests (tests/docs/test_records_append_only.py fails on a row without one, and on a committed row
+# changed since).
 # H3_PHASE=a,b,...: the phases one after another in one process tree, the first as above, the rest going on from its
 # results file: phases that must share the machine's /tmp (whole-lossless before the lossy whole-* phases) in one
 # device call, not several that the machine's idle release can split. H3_T_PHASE caps each phase: their sum must fit
