@@ -13,20 +13,19 @@ from its digest.
 import argparse
 import hashlib
 import json
-import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 FILE = "pipeline-h200.json"
-RECORDS_FILE = re.compile(r"pipeline-[a-z0-9]+\.json")  # pipeline-<card>.json; not -digests / -corrections
+DERIVED = ("-digests.json", "-corrections.json")  # files kept beside a records file, not records files
 KIND = "record-digests"
 
 
 def record_files(results: Path = RESULTS) -> list[str]:
     """The pipe(...) records files in `results`, one per card the pipeline bench's rows were committed for."""
-    return sorted(p.name for p in results.glob("pipeline-*.json") if RECORDS_FILE.fullmatch(p.name))
+    return sorted(p.name for p in results.glob("pipeline-*.json") if not p.name.endswith(DERIVED))
 
 
 def digests_path(results: Path = RESULTS, name: str = FILE) -> Path:
