@@ -87,7 +87,9 @@
 # leaves its frames (H3_FRAMES, default /tmp/h3plan-frames, with the seeded weights' fingerprint) and the results file
 # so far (H3_KEEP, default /tmp/h3plan-bench), which the next phase starts from. The seeded
 # 33.1B-parameter transformer is 123 GiB in float32: on a card with less free memory (an H100 80GB) it is built in bf16
-# directly, with the same values (docs/measurements.md); whether a whole call then fits 80 GB is not yet measured.
+# directly, with the same values (docs/measurements.md); on an H100 80GB the whole calls of whole-best, whole-tier,
+# whole-tier-fixed and whole-cache-fp8 fit (benchmarks/results/pipeline-h100.md); whole-lossless ran out of memory
+# in the build's allocator holes (fixed since, not yet rerun).
 # The phases:
 #   H3_PHASE=whole-best: diffusers' regional compile with its VAE cast to fp16 (as from_pretrained(torch_dtype=
 #                  torch.float16) casts it), t2va 768x1344x124, 49 forwards, alone - about 6.5 minutes;

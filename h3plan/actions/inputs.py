@@ -6,7 +6,9 @@ the released mixed-precision checkpoint: everything in `dtype` except `_keep_in_
 (proj_in / proj_out / audio heads, time_embedder, rope), which stay fp32 as from_pretrained keeps them.
 Where the float32 build would not fit the device's free memory (the real-width model is 123 GiB in float32:
 over an 80 GB card), the same values are built in `dtype` directly (_narrow_build): the peak is the cast model
-plus one tensor's float32 initialisation.
+plus one float32 scratch the size of its largest tensor, allocated before the model and freed after it, so every
+tensor of the model has its own allocation as from_pretrained's loading gives it (a tensor a plan moves off the device
+frees whole allocator segments, not holes between other tensors).
 
 `load_model(path, blocks=, device=, dtype=)`: the same from a local checkpoint folder (`model.path`), with
 `from_pretrained`.
@@ -90,11 +92,22 @@ class _Float32Init(torch.overrides.TorchFunctionMode):
     build), and the result is rounded into the tensor (what `.to(dtype)` does). Every call is recorded with the
     generator state before it, so a tensor that must end up float32 can be initialised again exactly."""
 
-    def __init__(self):
+    def __init__(self, scratch: torch.Tensor | None = None):
         super().__init__()
         # id(tensor) -> [(func, args, kwargs, generator state)]; the recorded args hold the tensor, so no other
         # tensor of the build can take its id
         self.calls: dict[int, list] = {}
+        # one flat float32 buffer every initialisation runs in (a view of its first numel elements: contiguous at
+        # the same offset 0 as a fresh tensor, so the same draws); a tensor larger than it gets its own (counted)
+        self.scratch = scratch
+        self.fresh = 0
+
+    def wide(self, t: torch.Tensor) -> torch.Tensor:
+        s = self.scratch
+        if s is not None and s.device == t.device and t.numel() <= s.numel():
+            return s[: t.numel()].view(t.shape)
+        self.fresh += 1
+        return torch.empty(t.shape, dtype=torch.float32, device=t.device)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -104,7 +117,7 @@ class _Float32Init(torch.overrides.TorchFunctionMode):
                 or t.dtype == torch.float32:
             return func(*args, **kwargs)
         self.calls.setdefault(id(t), []).append((func, args, kwargs, _rng_state(t.device)))
-        wide = torch.empty(t.shape, dtype=torch.float32, device=t.device)
+        wide = self.wide(t)
         _call_on(func, args, kwargs, wide)
         with torch.no_grad():
             t.copy_(wide)
@@ -135,7 +148,9 @@ def _narrow_build(cls, cfg, device, dtype):
     would hold: the initialisers run in float32 (_Float32Init), and the `_keep_in_fp32_modules`' tensors are
     initialised again in float32 from their recorded generator states, so they hold the float32 values unrounded."""
     dev = torch.device(device)
-    mode = _Float32Init()
+    # the scratch first, then the model's tensors one after another: no float32 temporary freed between two of
+    # them (a freed temporary is where the caching allocator would put the next tensor, sharing its segment)
+    mode = _Float32Init(torch.empty(_largest_numel(cls, cfg), dtype=torch.float32, device=dev))
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -152,13 +167,21 @@ def _narrow_build(cls, cfg, device, dtype):
             calls = mode.calls.get(id(p))
             if not calls:
                 raise RuntimeError(f"narrow build: {name} was not initialised by an nn.init call; build in float32")
-            wide = torch.empty(p.shape, dtype=torch.float32, device=dev)
+            wide = mode.wide(p)
             for func, args, kw, state in calls:
                 _set_rng_state(dev, state)
                 _call_on(func, args, kw, wide)
-            p.data = wide
+            p.data = wide.clone()
         _set_rng_state(dev, end)
+    mode.scratch = None
     return model
+
+
+def _largest_numel(cls, cfg) -> int:
+    """The most elements of one parameter or buffer of `cls.from_config(cfg)` (counted on the meta device)."""
+    with torch.device("meta"):
+        m = cls.from_config(cfg)
+    return max((t.numel() for t in (*m.parameters(), *m.buffers())), default=0)
 
 
 def _load_without_accelerate(cls, folder: str, config: Mapping[str, Any]):

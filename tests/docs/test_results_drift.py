@@ -87,8 +87,9 @@ def _pipeline_records():
 
 
 GENERATED = [
-    ("pipeline-h200", lambda doc: _pipeline_records().render_markdown(
-        doc, _pipeline_records().load_corrections(str(RESULTS / "pipeline-h200.json")))),
+    *((stem, lambda doc, stem=stem: _pipeline_records().render_markdown(
+        doc, _pipeline_records().load_corrections(str(RESULTS / f"{stem}.json"))))
+      for stem in ("pipeline-h200", "pipeline-h100")),
     ("block-h200", lambda doc: __import__("h3plan.actions.bench.records", fromlist=["x"]).render_markdown(doc)),
     ("parallel-h200", lambda doc: _module("parallel").markdown(doc)),
     ("parallel-8blocks-h200", lambda doc: _module("parallel").markdown(doc)),
@@ -162,7 +163,7 @@ def test_readme_numbers_are_in_the_files_they_cite():
 
 @pytest.mark.parametrize("doc", sorted(p.name for p in (ROOT / "docs").glob("*.md")))
 def test_docs_numbers_are_in_the_results_they_cite(doc):
-    cite = re.compile(r"(?:benchmarks/results/)?((?:[\w-]+/)*[\w.-]+-h200(?:x\d)?\.(?:md|json|log))")
+    cite = re.compile(r"(?:benchmarks/results/)?((?:[\w-]+/)*[\w.-]+-h[12]00(?:x\d)?\.(?:md|json|log))")
     missing = []
     for para in re.split(r"\n\s*\n", (ROOT / "docs" / doc).read_text()):
         refs = cite.findall(para)

@@ -89,3 +89,41 @@ def test_only_a_cuda_build_over_free_memory_goes_narrow(monkeypatch):
     assert inputs._float32_over_free(MiniMaxH3Transformer3DModel, cfg, "cuda")
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (140 << 30, 140 << 30))
     assert not inputs._float32_over_free(MiniMaxH3Transformer3DModel, cfg, "cuda")
+
+
+def test_a_narrow_build_initialises_every_tensor_in_its_one_scratch(monkeypatch):
+    """The float32 initialisations run in one scratch allocated before the model (so on a GPU no freed temporary sits
+    between two of the model's tensors, where a plan's moves would leave holes): no tensor needed its own, the
+    scratch is the model's largest tensor, and the build lets it go."""
+    from h3plan.actions import inputs
+
+    seen = []
+
+    class Spy(inputs._Float32Init):
+        def __init__(self, scratch=None):
+            super().__init__(scratch)
+            seen.append((self, scratch.numel()))
+
+    monkeypatch.setattr(inputs, "_Float32Init", Spy)
+    model = build_model(TINY, blocks=2, seed=5, narrow=True)
+    (mode, numel), = seen
+    assert mode.calls and mode.fresh == 0 and mode.scratch is None
+    assert numel == max(t.numel() for t in (*model.parameters(), *model.buffers()))
+
+
+def test_a_tensor_over_the_scratch_gets_its_own_and_the_same_draws():
+    from h3plan.actions.inputs import _Float32Init
+
+    torch.manual_seed(3)
+    want = torch.empty(40).normal_().to(torch.bfloat16)
+    mode = _Float32Init(torch.empty(8))
+    torch.manual_seed(3)
+    t = torch.empty(40, dtype=torch.bfloat16)
+    with mode:
+        torch.nn.init.normal_(t)
+    assert mode.fresh == 1 and torch.equal(t, want)
+    torch.manual_seed(3)
+    small = torch.empty(5, 8, dtype=torch.bfloat16)  # under the scratch's size: a view of it, the same draws
+    with _Float32Init(torch.empty(64)) as fits:
+        torch.nn.init.normal_(small)
+    assert fits.fresh == 0 and torch.equal(small.flatten(), want[:40])
