@@ -252,9 +252,10 @@ def build_pipeline(model_config: Mapping[str, Any], vae_config: Mapping[str, Any
     shifts = schedule_facts()
     components = dict(vae=vae, scheduler=MiniMaxH3Scheduler(shift=shifts["video_shift"]),
                       audio_scheduler=MiniMaxH3Scheduler(shift=shifts["audio_shift"]))
+    narrow = _narrow_before_conditioner(wants_te and not conditioner, te_device, device)
     for name in partitions:
         components[name] = build_model(model_config, blocks=layers, device=device, dtype=dtype,
-                                       seed=seed + PARTITION_SEEDS[name])
+                                       seed=seed + PARTITION_SEEDS[name], narrow=narrow)
     if "audio_vae" in pipe._component_specs:
         components["audio_vae"] = build_audio_vae(vae_name, device=device, seed=seed + 2)
     if wants_te and not conditioner:
@@ -269,6 +270,17 @@ def build_pipeline(model_config: Mapping[str, Any], vae_config: Mapping[str, Any
     if mismatch:
         raise UsageError(f"model and VAE configs do not fit one pipeline: {mismatch}")
     return pipe
+
+
+def _narrow_before_conditioner(conditioner_follows: bool, te_device, device) -> bool | None:
+    """True where the conditioner is built on the same CUDA device after the transformer: build_model's float32 build
+    would fit the free memory then, but its staging leaves the allocator's reserve cut to float32 shapes (12 GiB on
+    the H200 at real width), and the 62 GiB conditioner after it ran out of memory there; the narrow build holds the
+    same values and leaves no such reserve. None (build_model decides by the free memory) otherwise."""
+    import torch
+
+    on_cuda = torch.device(device).type == "cuda" and torch.device(te_device).type == "cuda"
+    return True if conditioner_follows and on_cuda else None
 
 
 def _shape_mismatch(pipe) -> str | None:

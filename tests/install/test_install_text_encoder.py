@@ -294,3 +294,15 @@ def test_verify_leaves_a_wide_conditioner_to_the_gpu(capsys):
     check(h3plan.resolve_config(**{"memory.text_encoder": "host"}), rep, compare)
     assert rep.ok and list(rep.not_run) == ["text_encoder=host"] and rep.verdict()[1] == 0
     assert "too wide for the CPU" in capsys.readouterr().out
+
+
+def test_a_transformer_built_before_a_resident_conditioner_on_the_gpu_is_built_narrow():
+    """A resident conditioner built on the same CUDA device after the transformer (whole-tier-fl2va / -ref2va on the
+    H200 ran out of memory there, with the float32 staging's 12 GiB still reserved): the transformer is built narrow;
+    everywhere else build_model decides by the free memory."""
+    from h3plan.actions.pipeline_build import _narrow_before_conditioner as narrow
+
+    assert narrow(True, "cuda", "cuda") is True
+    assert narrow(True, "cpu", "cuda") is None  # built on the host (its weight sets shared), placed after
+    assert narrow(False, "cuda", "cuda") is None  # built and placed off the device first, or no conditioner
+    assert narrow(True, "cpu", "cpu") is None
