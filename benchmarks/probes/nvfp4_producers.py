@@ -160,7 +160,7 @@ def _warm(rows: int, name: str, kind: str, width: int, cand: str) -> str:
 def tuned_table(totals: dict, widths: dict) -> dict:
     """{(kind, width): (rows, warps, chunk, prefetch)}: per kind the bf16x2 layout, bit-exact in both modes, with the
     least static time (totals: [static ms, dynamic ms] per candidate). Static is the served mode (a ModelOpt
-    checkpoint's input_scale: install/nvfp4_inputs.py); the dynamic mode runs the same layout."""
+    checkpoint's input_scale: runtime/levers/nvfp4_producer_quant.py); the dynamic mode runs the same layout."""
     table = {}
     for kind, by_cfg in totals.items():
         both = {c: v[0] for c, v in by_cfg.items() if len(v) == 2 and parse(c)[1]}

@@ -104,8 +104,8 @@ def _hook_lever(opts, shard) -> str:
 def install_forwards(model, builder, state, shard, fed: dict[str, Any] | None = None) -> None:
     """Each transformer block's forward as `plan_block_forward` with the plan's block options, kernels and sites (also
     under Ulysses alone, to shard the sequence; the output heads then shard too, install/shard.py).
-    fed: block options the linears' install set back where no linear takes what they write (install/fp8_rows.py,
-    install/nvfp4_inputs.py)."""
+    fed: block options the linears' install set back where no linear takes what they write (the levers' input
+    steps, Spec.input_step)."""
     recorded = builder.recorded("block")
     recorded.update({k: v for k, v in (fed or {}).items() if k in recorded})
     opts = BlockOptions(**recorded)

@@ -53,13 +53,11 @@ from .attention import install_processors
 from .block import install_forwards
 from .builder import Builder
 from .components import STATE
-from .fp8_rows import install_rows
 from .hooks import remove_all
 from .lora import bypassed, guard as lora_guard, refuse_peft
-from .nvfp4_inputs import install_nvfp4
 from .recognise import check_model_facts, fewer_layers, is_transformer, recognise
 from .report import InstallReport
-from .site import run_steps
+from .site import run_input_steps, run_steps
 
 logger = logging.getLogger("h3plan.install")
 
@@ -259,7 +257,7 @@ def _transformer(model, builder, state, group, steps, num_inference_steps, adaln
         linears.quantize(model, builder, state)
     if lin.adaln_table is not None:  # install/adaln_table.py
         build_adaln_tables(model, {**lin.adaln_table, **(adaln_conditions or {})}, state, swap, steps)
-    fed = {**install_rows(model, builder, state, swap), **install_nvfp4(model, builder, state, swap)}
+    fed = run_input_steps(model, state.plan, state, builder)  # the levers' input steps (Spec.input_step)
     counts = [num_inference_steps] if isinstance(num_inference_steps, int) else num_inference_steps
     shard = install_processors(model, builder, state, group) if builder.recorded("attention") else None
     if shard is not None:

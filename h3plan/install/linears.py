@@ -1,7 +1,7 @@
 """The block linears' install (scope `linears`): gemm_quant's quantised GEMMs (`quantize`), their static input
 scales from a calibrated table (`static_inputs`), the whole sequence's activation amax under Ulysses
 (`sequence_amax`), and which linears a device install only streams (`streamed`). The AdaLN linears' tables are
-install/adaln_table.py; per-row FP8 and NVFP4 inputs install/fp8_rows.py and install/nvfp4_inputs.py."""
+install/adaln_table.py; per-row FP8 and NVFP4 inputs their levers' input steps (Spec.input_step)."""
 
 from __future__ import annotations
 

@@ -30,8 +30,8 @@ from . import hooks
 class Site:
     """One lever's handle on one install (module docstring)."""
 
-    def __init__(self, spec: Spec, state, *, plan=None, group=None, steps=None):
-        self.spec, self.lever, self._state = spec, spec.name, state
+    def __init__(self, spec: Spec, state, *, plan=None, group=None, steps=None, builder=None):
+        self.spec, self.lever, self._state, self._builder = spec, spec.name, state, builder
         self.group = group  # the torch.distributed group of the Ulysses ranks (None: one rank)
         self.steps: list[int] = list(steps or [])  # step counts passed to install(num_inference_steps=)
         self.plan = plan  # the Plan being installed (its config sections: `site.plan.get("pipeline")`)
@@ -81,6 +81,24 @@ class Site:
         """A note of the install report (what a user must know of this install)."""
         self._state.report.notes.append(line)
 
+    def skip(self, why: str) -> None:
+        """One line of the install report's skipped list: `skipped <lever>: why` (a recorded setting with nothing to
+        act on in this model)."""
+        self._state.report.skipped.append((self.lever, why))
+
+    def options(self, scope: str):
+        """The plan's install options of `scope` as their typed view (install/options.py; an input step only)."""
+        if self._builder is None:
+            raise InstallError(f"{self.lever}: no install options at this step")
+        return self._builder.view(scope)
+
+    def option(self) -> Any:
+        """The value the plan records for the lever's own option (its SPEC's one option)."""
+        if len(self.spec.options) != 1:
+            raise InstallError(f"{self.lever}: {len(self.spec.options)} options, not one: read site.options(scope)")
+        opt = self.spec.options[0]
+        return getattr(self.options(opt.scope), opt.key)
+
 
 def run_steps(model, plan, state, model_kind: str, *, group=None, steps=None) -> set[str]:
     """Every enabled decision's `model_step` of a lever of `model_kind` ("transformer" or "vae"), in plan order;
@@ -95,4 +113,16 @@ def run_steps(model, plan, state, model_kind: str, *, group=None, steps=None) ->
     return ran
 
 
-__all__ = ["Site", "run_steps"]
+def run_input_steps(model, plan, state, builder) -> dict[str, Any]:
+    """Every enabled decision's `input_step` (Spec.input_step) of a transformer lever, in plan order; returns the block
+    options they set back, merged."""
+    back: dict[str, Any] = {}
+    for d in plan.decisions:
+        spec = SPECS.get(d.lever)
+        if spec is None or spec.input_step is None or spec.model != "transformer" or not d.enabled:
+            continue
+        back.update(spec.input_step(model, d, Site(spec, state, plan=plan, builder=builder)))
+    return back
+
+
+__all__ = ["Site", "run_input_steps", "run_steps"]

@@ -199,6 +199,11 @@ class Spec:
         runtime through: its named hooks (`site.attach`, `site.effect`: `h3plan.<lever>`), its kernel ops
         (`site.kernel(op)`, only ops of its `kernels`), a guarded call counted under its counter (`site.guarded`) and
         the swap log (`site.swap`). The lever module still imports no torch: it calls what it is handed.
+    input_step: the install step that readies the block linears for the inputs this lever's block sites write (after
+        the linears and AdaLN tables, before the attention processors and block forwards): `input_step(model,
+        decision, site)`, run for an enabled decision in plan order, through the same Site as `model_step` (its own
+        option's value: `site.option()`); returns the block options to set back where no linear takes what the sites
+        would write (`{option key: value}`, the block forward's install reads them), else `{}`.
     hardware: the hardware YAML sections it owns -> their type (a dataclass, or a List of one): a capability section
         (`vae_ops`) or its evidence under `measured` (`measured.compile`); planning/hardware_config.py types the
         hardware group with them (HardwareConfig, MeasuredFacts), so a new lever's facts need no field there.
@@ -227,6 +232,7 @@ class Spec:
     exports: tuple[str, ...] = ()
     hardware: Mapping[str, Any] = field(default_factory=dict)
     model_step: Callable[[Any, Decision, Any], None] | None = None
+    input_step: Callable[[Any, Decision, Any], Mapping[str, Any]] | None = None
 
     def __post_init__(self):
         if self.model not in MODELS:

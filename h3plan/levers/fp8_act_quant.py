@@ -54,6 +54,7 @@ SPEC = Spec(
                                     "e4m3 per-row codes from the producer") if v == "row" else None),),
     kernels=("rmsnorm_modulate_fp8", "swiglu_fp8", "cast_rows_fp8"),
     hardware={"measured.fp8_act_quant": ActQuantMeasured},
+    input_step=lambda model, decision, site: site.runtime().inputs(model, decision, site),
 )
 
 ULYSSES_NOTE = ("per-row scales: a row's scale depends on that row alone, so the codes are the same at every Ulysses "

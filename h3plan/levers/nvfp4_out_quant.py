@@ -1,9 +1,9 @@
 """Attention-output quantize to NVFP4 for to_out.0 (recipe nvfp4; lossy).
 
 on: to_out.0's NVFP4Linear casts the attention output with the one-pass Triton kernel (runtime/kernels/nvfp4.py
-`cast_nvfp4`: packed codes + swizzled block scales, one pass with a static input scale, amax + cast without)
-instead of the torch reference chain; the same codes (install/nvfp4_inputs.py). Same rule as nvfp4_producer_quant:
-on with NVFP4 GEMMs unless the step fusions are off (U8 19k)."""
+`cast_nvfp4`: packed codes + swizzled block scales, one pass with a static input scale, amax + cast without) instead of
+the torch reference chain; the same codes (runtime/levers/nvfp4_out_quant.py). Same rule as nvfp4_producer_quant: on
+with NVFP4 GEMMs unless the step fusions are off (U8 19k)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ SPEC = Spec(
     counter="nvfp4_out_quant",
     options=(Option("linears", "nvfp4_out_quant", is_bool, "bool", False),),
     kernels=("cast_nvfp4",),
+    input_step=lambda model, decision, site: site.runtime().inputs(model, decision, site),
 )
 
 

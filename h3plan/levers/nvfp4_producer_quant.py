@@ -27,6 +27,7 @@ SPEC = Spec(
                                     "NVFP4 codes from the producer") if v else None),),
     kernels=("rmsnorm_modulate_nvfp4", "gated_residual_modulate_nvfp4", "swiglu_nvfp4"),
     column="nvfp4_fuse",
+    input_step=lambda model, decision, site: site.runtime().inputs(model, decision, site),
 )
 
 

@@ -1,4 +1,4 @@
-"""H200 suite for fp8_act_quant=row installed (install/fp8_rows.py, runtime/levers/fp8_act_quant.py).
+"""H200 suite for fp8_act_quant=row installed (runtime/levers/fp8_act_quant.py: its input step and block sites).
 
 Contracts:
 - tiny model on the GPU: the installed row block equals the reference chain (bf16 producer kernels ->

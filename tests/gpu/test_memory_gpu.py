@@ -104,11 +104,11 @@ def test_a_narrow_build_on_the_device_holds_the_float32_builds_values():
 
 
 def test_a_narrow_builds_tensors_moved_off_the_device_give_their_memory_back():
-    """A plan moves tensors off the device (the bf16 plan's AdaLN linears, 24.3 GiB at real width): on the H100 the
-    narrow build of session 32 put its tensors inside the float32 temporaries' freed segments, so those moves left
-    25.6 GiB reserved in 0.48 GiB holes and the lossless plan's first forward ran out of memory asking for 0.5 GiB
-    (benchmarks/results/pipeline-h100.md, run 2026-12-05 15:27:34). Built after one scratch, every tensor has its
-    own allocation: the moved tensors' bytes leave the allocator's reserve."""
+    """A plan moves tensors off the device (the bf16 plan's AdaLN linears, 24.3 GiB at real width). A build that puts
+    its tensors inside freed float32 temporaries' segments leaves those bytes reserved, in holes between other tensors
+    (docs/measurements.md, "The seeded real-width model on an 80 GB card": the lossless plan ran out of memory there on
+    an H100). Built after one scratch, every tensor has its own allocation: the moved tensors' bytes leave the
+    allocator's reserve."""
     dc2 = {**MODEL["diffusers_config"], "num_layers": 2}
     gc.collect()
     torch.cuda.empty_cache()

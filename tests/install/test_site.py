@@ -1,4 +1,4 @@
-"""install/site.py: what a lever's own install step (Spec.model_step) is handed, and when it runs."""
+"""install/site.py: what a lever's own install steps (Spec.model_step, Spec.input_step) get, and when they run."""
 
 import types
 
@@ -9,7 +9,7 @@ from h3plan.errors import InstallError
 from h3plan.facts.decision import make_decision
 from h3plan.install.hooks import installed, remove_all
 from h3plan.install.report import InstallReport
-from h3plan.install.site import Site, run_steps
+from h3plan.install.site import Site, run_input_steps, run_steps
 from h3plan.levers import SPECS
 from h3plan.levers.base import Spec
 from h3plan.runtime.counters import counters, reset_counters
@@ -99,3 +99,39 @@ def test_runtime_is_the_lever_s_own_module_or_one_line():
     assert Site(SPECS["step_cache"], _state()).runtime().__name__ == "h3plan.runtime.levers.step_cache"
     with pytest.raises(InstallError, match=r"toy_site: no runtime module of its own \(h3plan/runtime/levers/toy_site"):
         Site(_spec(), _state()).runtime()
+
+
+def test_input_steps_read_their_own_option_and_their_set_backs_merge(monkeypatch):
+    """Spec.input_step: run for enabled transformer decisions in plan order, each reading its own option's value
+    through the Site (the builder's view) and returning the block options to set back; merged for the block forward."""
+    import dataclasses
+
+    from h3plan.install.builder import Builder
+
+    seen = []
+
+    def step(model, d, site):
+        seen.append((site.lever, d.setting, site.option()))
+        site.skip("nothing to feed here")
+        return {"toy_back": False}
+
+    lever = "swiglu"
+    key = SPECS[lever].options[0].key
+    monkeypatch.setitem(SPECS, lever, dataclasses.replace(SPECS[lever], input_step=step))
+    builder = Builder()
+    builder.set(lever, key, True)
+    state = _state()
+    plan = types.SimpleNamespace(decisions=[make_decision(lever, "off", True, ["r"]),
+                                            make_decision(lever, "on", True, ["r"])])
+    assert run_input_steps(None, plan, state, builder) == {"toy_back": False}
+    assert seen == [(lever, "on", True)] and state.report.skipped == [(lever, "nothing to feed here")]
+
+
+def test_a_site_without_options_or_with_several_says_so_in_one_line():
+    from h3plan.install.builder import Builder
+
+    with pytest.raises(InstallError, match="toy_site: no install options at this step"):
+        Site(_spec(), _state()).options("block")
+    several = next(s for s in SPECS.values() if len(s.options) > 1)
+    with pytest.raises(InstallError, match=f"{several.name}: {len(several.options)} options, not one"):
+        Site(several, _state(), builder=Builder()).option()

@@ -1,11 +1,11 @@
-"""nvfp4_producer_quant's runtime (its plan: levers/nvfp4_producer_quant.py; install/nvfp4_inputs.py checks that NVFP4
-block linears exist to feed): the kernels that produce the NVFP4 GEMM inputs (runtime/kernels/nvfp4_producers.py) hand
-the NVFP4Linear consumers `NVFP4Codes`: norm1 + AdaLN -> to_q/k/v (one set of codes), the residual fold (the
-attention's gated residual, norm2 + AdaLN) -> ff.net.0.proj and the next residual, SwiGLU -> ff.net.2. Each call is
-guarded under this lever's counter; a refused one runs the bf16 producer (runtime/block_sites.py; the fold: the gated
-residual, then norm2's producer alone) and the NVFP4Linear quantizes that output itself with the same quantizer: a
-fallback changes no bits. The producers use the consumers' static input_scale (a ModelOpt checkpoint's) when they
-share one, else the dynamic scale (amax / 2688 of the tensor)."""
+"""nvfp4_producer_quant's runtime (its plan: levers/nvfp4_producer_quant.py, whose `Spec.input_step` calls `inputs`
+here: NVFP4 block linears must exist to feed): the kernels that produce the NVFP4 GEMM inputs
+(runtime/kernels/nvfp4_producers.py) hand the NVFP4Linear consumers `NVFP4Codes`: norm1 + AdaLN -> to_q/k/v (one set of
+codes), the residual fold (the attention's gated residual, norm2 + AdaLN) -> ff.net.0.proj and the next residual, SwiGLU
+-> ff.net.2. Each call is guarded under this lever's counter; a refused one runs the bf16 producer
+(runtime/block_sites.py; the fold: the gated residual, then norm2's producer alone) and the NVFP4Linear quantizes that
+output itself with the same quantizer: a fallback changes no bits. The producers use the consumers' static input_scale
+(a ModelOpt checkpoint's) when they share one, else the dynamic scale (amax / 2688 of the tensor)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,25 @@ import torch
 from h3plan.levers import counter
 from h3plan.runtime.block_sites import NORM_REASON, BlockSites, no_refusal
 from h3plan.runtime.guards import run_guarded
-from h3plan.runtime.quant.nvfp4 import NVFP4Codes, NVFP4Linear
+from h3plan.runtime.quant.nvfp4 import NOT_NVFP4, NVFP4Codes, NVFP4Linear, block_nvfp4_linears
 
 COUNTER = counter("nvfp4_producer_quant")
+
+
+def inputs(model, decision, site) -> dict[str, Any]:
+    """The install's input step (Spec.input_step): where the plan records the option on and no NVFP4 block linears
+    exist to feed, the option set back (the block forward then runs without the producers) and the reason in the
+    report's skipped list; a note where a bf16 producer the codes writers extend is diffusers' op here."""
+    if not site.option():
+        return {}
+    if not block_nvfp4_linears(model):
+        site.skip(NOT_NVFP4)
+        return {site.spec.options[0].key: False}
+    unfused = site.options("block").unfused_producers()
+    if unfused is not None:
+        site.note(f"{site.lever} with {unfused}: where no fused producer runs, the NVFP4 linear quantizes its bf16 "
+                  "input itself (same codes, more passes)")
+    return {}
 
 
 def consumers_scale(linears) -> tuple[str | None, torch.Tensor | None]:

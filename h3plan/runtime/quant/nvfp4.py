@@ -37,6 +37,7 @@ import torch.nn as nn
 from h3plan.levers import counter
 from h3plan.runtime.kernels.nvfp4 import (BLOCK, E4M3, blocked_numel, cast_nvfp4, cast_nvfp4_check, cast_nvfp4_ref,
                                   dequantize_ref, from_blocked, quantize_ref, to_blocked)
+from h3plan.facts.blocks import BLOCK_LINEARS
 from h3plan.facts.hardware import gemm_rule
 from h3plan.runtime.guards import run_guarded
 
@@ -196,5 +197,14 @@ def check_scales(scales: torch.Tensor, rows: int, K: int) -> str | None:
     return None
 
 
-__all__ = ["LEVER", "NVFP4Codes", "NVFP4Linear", "OUT_LEVER", "check_scales", "emulate",
-           "nvfp4_gemm_reason", "nvfp4_linear_codes", "quantize_input", "scaled_mm_args"]
+NOT_NVFP4 = "the block linears are not NVFP4 (gemm_quant is not nvfp4 here): no NVFP4 GEMM input to write"
+
+
+def block_nvfp4_linears(model) -> list[tuple[int, str, NVFP4Linear]]:
+    """(block index, path, module) of every NVFP4Linear among the transformer blocks' six linears."""
+    return [(i, path, block.get_submodule(path)) for i, block in enumerate(model.transformer_blocks)
+            for path in BLOCK_LINEARS if isinstance(block.get_submodule(path), NVFP4Linear)]
+
+
+__all__ = ["LEVER", "NOT_NVFP4", "NVFP4Codes", "NVFP4Linear", "OUT_LEVER", "block_nvfp4_linears", "check_scales",
+           "emulate", "nvfp4_gemm_reason", "nvfp4_linear_codes", "quantize_input", "scaled_mm_args"]
