@@ -14,7 +14,7 @@ from types import ModuleType
 from h3plan.errors import InstallError
 from h3plan.facts.attention import backend_spec, untested_notes
 from h3plan.runtime.attention import for_options
-from h3plan.levers import OPTIONS, SPECS, rules
+from h3plan.levers import OPTIONS, SPECS, backend_options, rules
 from h3plan.runtime.attention_sites import AttentionSites, exchange_defaults
 from h3plan.runtime.parallel.comm import degree_rank
 from h3plan.runtime.parallel.ulysses import UlyssesAttention
@@ -113,5 +113,6 @@ def install_processors(model, builder, state, group):
                apply=functools.partial(attn.set_processor, proc), part="processor", fqn=fqn)
         report.swap(lever, f"{fqn}.processor", type(old).__name__, repr(proc))
         report.option_swaps(builder, "attention", recorded, fqn)
-    report.notes.extend(untested_notes(opts))  # the backend's paths that never ran, from hardware.verified
+    # the backend's paths that never ran, from hardware.verified
+    report.notes.extend(untested_notes(opts, backend_options(opts.backend)))
     return shard

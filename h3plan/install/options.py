@@ -12,8 +12,7 @@ from dataclasses import fields, make_dataclass
 from dataclasses import field as dc_field
 from typing import Any
 
-from h3plan.facts.attention import backend_spec
-from h3plan.levers import OPTIONS, SPECS, rules, scope_options
+from h3plan.levers import OPTIONS, SPECS, backend_options, rules, scope_options
 
 
 def _options_class(scope: str, name: str, namespace: dict):
@@ -41,7 +40,7 @@ def _described(self, ulysses: bool) -> list[str]:
 
 def _describe_attention(self) -> str:
     parts = _described(self, ulysses=False)
-    for o in backend_spec(self.backend).options:  # the options the backend reads, as it describes them
+    for o in backend_options(self.backend):  # the options the backend reads, as their levers describe them
         part = o.describe(getattr(self, o.key)) if o.describe else None
         if part:
             parts.append(part)

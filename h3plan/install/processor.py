@@ -39,7 +39,7 @@ from h3plan.facts.sizes import valid_rows
 from h3plan.runtime.quant.fp8 import shared_activation
 
 from h3plan.runtime.guards import GRAD_REASON, count_route, needs_grad, signature as _sig
-from h3plan.levers import counter
+from h3plan.levers import backend_options, counter
 
 # the counter of the backend this processor runs (its lever's SPEC.counter)
 ATTENTION = counter("backend")
@@ -101,7 +101,7 @@ class H3PlanAttnProcessor:
 
     def _count_options(self, q):
         """Per call, each set option the backend checks (BackendOption.reason: FA4's 2-CTA switch and tile)."""
-        for o in self.spec.options:
+        for o in backend_options(self.spec.name):
             if o.reason is not None and getattr(self.opts, o.key):
                 why = getattr(self.backend, o.reason)(q)
                 count_route(counter(o.key), why)

@@ -121,6 +121,12 @@ BACKEND_LEVER = TERM_OWNERS["attention_backend"]
 """The lever whose setting is the attention backend the blocks run (verify's reference R keeps it)."""
 
 
+def backend_options(backend: str) -> tuple:
+    """The attention options `backend` reads, as the levers that own them declare it (Spec.backend_reads), in
+    registry order: what its constructor takes, what it checks per call, how it describes them."""
+    return tuple(s.backend_reads[backend] for s in SPECS.values() if backend in s.backend_reads)
+
+
 def owner(option: str) -> str:
     """The lever that owns install option `option` (how an install step names the lever of what it reads)."""
     return OPTIONS[option][0]
@@ -155,6 +161,6 @@ def not_installed(decision) -> str | None:
 
 __all__ = ["NAMES", "REGISTRY", "SPECS", "MEMORY_NAMES", "CONDITIONER_PLACEMENT", "MEMORY_REGISTRY", "MEMORY_SPECS",
            "LEVER_SETTINGS", "OPTIONS",
-           "KERNEL_OPS", "ULYSSES_LEVERS", "REFERENCE_LEVERS", "DECODE_LEVERS", "OWN_BUDGET_LEVERS",
+           "KERNEL_OPS", "ULYSSES_LEVERS", "backend_options", "REFERENCE_LEVERS", "DECODE_LEVERS", "OWN_BUDGET_LEVERS",
            "BACKEND_LEVER", "COUNTERS", "COLUMNS", "EXPORTS", "TERM_OWNERS", "Context",
            "LeverError", "Option", "Spec", "Terms", "counter", "not_installed", "owner", "scope_options", "terms"]

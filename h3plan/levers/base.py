@@ -204,6 +204,10 @@ class Spec:
         decision, site)`, run for an enabled decision in plan order, through the same Site as `model_step` (its own
         option's value: `site.option()`); returns the block options to set back where no linear takes what the sites
         would write (`{option key: value}`, the block forward's install reads them), else `{}`.
+    backend_reads: attention backend -> how it reads one of this lever's attention options (a facts.attention
+        BackendOption: the backend constructor's keyword, the per-call reason it asks, its part of the processor's
+        description, the path that needs its own hardware run): the lever declares what its option means to each
+        backend, so the backends' facts name no lever (h3plan.levers.backend_options gathers them).
     hardware: the hardware YAML sections it owns -> their type (a dataclass, or a List of one): a capability section
         (`vae_ops`) or its evidence under `measured` (`measured.compile`); planning/hardware_config.py types the
         hardware group with them (HardwareConfig, MeasuredFacts), so a new lever's facts need no field there.
@@ -233,8 +237,14 @@ class Spec:
     hardware: Mapping[str, Any] = field(default_factory=dict)
     model_step: Callable[[Any, Decision, Any], None] | None = None
     input_step: Callable[[Any, Decision, Any], Mapping[str, Any]] | None = None
+    backend_reads: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
+        attention_keys = {o.key for o in self.options if o.scope == "attention"}
+        for backend, read in self.backend_reads.items():
+            if backend not in BACKENDS or read.key not in attention_keys:
+                raise ValueError(f"lever {self.name}: backend_reads[{backend!r}] must be a registered backend reading "
+                                 f"one of its attention options {sorted(attention_keys)}, got {read.key!r}")
         if self.model not in MODELS:
             raise ValueError(f"lever {self.name}: model must be one of {MODELS}")
         if self.verify not in VERIFY:

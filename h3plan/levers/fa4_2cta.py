@@ -6,6 +6,8 @@ SM100 (exists, regresses long sequences) and SM90 (1-CTA only). Exact given the 
 
 from __future__ import annotations
 
+from h3plan.facts.attention.spec import BackendOption, Untested
+
 from . import rules
 from .base import Context, Option, Spec, resolve, VERIFY_REFERENCE
 
@@ -19,6 +21,10 @@ SPEC = Spec(
     options=(Option("attention", "fa4_2cta", lambda v: v is None or isinstance(v, bool), "bool or None", None,
                     swap=lambda v: ("", "fa4 default CTA mode", "2-CTA allowed per call") if v else None),),
     column="fa4_2cta",
+    backend_reads={"fa4": BackendOption(
+        "fa4_2cta", kwarg="two_cta", reason="two_cta_reason", describe=lambda v: None if v is None else f"2cta={v}",
+        untested=Untested("the per-call 2-CTA switch (hardware.fa4.two_cta)", lambda f: bool(f["fa4"]["two_cta"]),
+                          "fa4_2cta", "on", option="fa4_2cta"))},
 )
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
+from h3plan.facts.attention.spec import BackendOption
+
 from . import rules
 from .base import Context, Option, Spec, faster_in_every_run, resolve, speedup_runs
 
@@ -36,6 +38,8 @@ SPEC = Spec(
                     swap=lambda t: (("", "fa4 default tile",
                                      f"tile {t['tile_m']}x{t['tile_n']} (mma_pv_is_rs={t['mma_pv_is_rs']})")
                                     if t else None)),),
+    backend_reads={"fa4": BackendOption("fa4_tile", kwarg="tile", reason="tile_reason",
+                                        describe=lambda t: f"tile={t['tile_m']}x{t['tile_n']}" if t else None)},
 )
 
 

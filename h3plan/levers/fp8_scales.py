@@ -9,6 +9,7 @@ FP8 output (SM90) the decision also records how scale_o is chosen.
 
 from __future__ import annotations
 
+from h3plan.facts.attention.spec import BackendOption
 from h3plan.facts.scale_table import ScaleTableError, load
 from ..sources import cite
 from .attention import fp8_output_dtype
@@ -27,6 +28,7 @@ SPEC = Spec(
              Option("attention", "scale_margin",
                     lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0, "float > 0", 1.0)),
     column="scales",
+    backend_reads={"cudnn_fp8": BackendOption("fp8_scales", describe=lambda v: f"fp8_scales={v}")},
 )
 
 

@@ -55,10 +55,12 @@ def test_every_backend_declares_its_facts(name):
             assert isinstance(f.value(facts), bool), (hw, f.path)
             assert f.source(facts), (hw, f.path)
         assert isinstance(supports(b, facts), list)
-    for o in b.options:  # the options it reads are attention install options the levers declare
+    from h3plan.levers import backend_options
+
+    for o in backend_options(name):  # the options it reads are attention install options the levers declare
         lever, opt = OPTIONS[o.key]
         assert opt.scope == "attention", o.key
-    for u in b.untested:
+    for u in (*b.untested, *(o.untested for o in backend_options(name) if o.untested)):
         assert u.setting in LEVER_SETTINGS[u.lever], (u.lever, u.setting)
         assert u.option is None or u.option in OPTIONS
 
@@ -70,7 +72,9 @@ def test_every_backend_loads_its_implementation(name):
 
     cls = backend_class(name)
     assert cls.name == name
-    for o in b.options:
+    from h3plan.levers import backend_options
+
+    for o in backend_options(name):
         assert o.reason is None or callable(getattr(cls, o.reason)), o.reason
     if b.lse:
         assert callable(load(b.lse_impl)) and callable(load(b.lse_impl + "_reason"))
@@ -142,12 +146,35 @@ def test_untested_notes_come_from_the_hardware_yaml():
 
     two_cta = [h for h in hardware.names() if hardware.load(h)["fa4"]["two_cta"]
                and "on" not in hardware.load(h)["verified"]["settings"].get("fa4_2cta", [])]
-    notes = attention.untested_notes(SimpleNamespace(backend="fa4", fa4_2cta=True))
+    from h3plan.levers import backend_options
+
+    fa4 = backend_options("fa4")  # the fa4_2cta lever declares its option's untested path (Spec.backend_reads)
+    notes = attention.untested_notes(SimpleNamespace(backend="fa4", fa4_2cta=True), fa4)
     assert two_cta and len(notes) == 1 and f"never ran on {', '.join(two_cta)}" in notes[0]
-    assert attention.untested_notes(SimpleNamespace(backend="fa4", fa4_2cta=None)) == []
-    assert attention.untested_notes(SimpleNamespace(backend="sdpa")) == []
-    (fp8,) = attention.untested_notes(SimpleNamespace(backend="cudnn_fp8"))
+    assert attention.untested_notes(SimpleNamespace(backend="fa4", fa4_2cta=True)) == []  # without the levers' reads
+    assert attention.untested_notes(SimpleNamespace(backend="fa4", fa4_2cta=None), fa4) == []
+    assert attention.untested_notes(SimpleNamespace(backend="sdpa"), backend_options("sdpa")) == []
+    (fp8,) = attention.untested_notes(SimpleNamespace(backend="cudnn_fp8"), backend_options("cudnn_fp8"))
     ran = [h for h in hardware.names() if "cudnn_fp8" in hardware.load(h)["verified"]["settings"].get("attention", [])]
     assert "BF16 output" in fp8 and f"ran on {', '.join(ran)} without it" in fp8
     never, ran_on = hardware.never_ran("fa4_2cta", "on", lambda f: f["fa4"]["two_cta"])
     assert never == two_cta and ran_on == []
+
+
+def test_the_backends_read_their_options_as_the_levers_declare_them():
+    """The options a backend reads are declared by the levers that own them (Spec.backend_reads), in registry order:
+    fa4 the 2-CTA switch and the tile (its constructor's two_cta and tile, each checked per call), cuDNN FP8 the
+    scales; a lever cannot declare a read of an option it does not own or for a backend that does not exist."""
+    import dataclasses
+
+    from h3plan.facts.attention.spec import BackendOption
+    from h3plan.levers import SPECS, backend_options
+
+    assert [(o.key, o.kwarg, o.reason) for o in backend_options("fa4")] == [
+        ("fa4_2cta", "two_cta", "two_cta_reason"), ("fa4_tile", "tile", "tile_reason")]
+    assert [o.key for o in backend_options("cudnn_fp8")] == ["fp8_scales"]
+    assert backend_options("sdpa") == () and backend_options("cudnn_bf16") == ()
+    with pytest.raises(ValueError, match="backend_reads"):
+        dataclasses.replace(SPECS["fa4_tile"], backend_reads={"fa4": BackendOption("fa4_2cta")})
+    with pytest.raises(ValueError, match="backend_reads"):
+        dataclasses.replace(SPECS["fa4_tile"], backend_reads={"nope": BackendOption("fa4_tile")})

@@ -58,11 +58,12 @@ def missing_facts(hardware: Mapping[str, Any]) -> list[tuple[str, str]]:
     return [(path, name) for name, s in BACKENDS.items() for path in _spec.missing_facts(s, hardware)]
 
 
-def untested_notes(opts) -> list[str]:
+def untested_notes(opts, reads=()) -> list[str]:
     """The installer's notes on the paths of the options' backend that never ran where they would run, from the
-    hardware facts (each `Untested.on`) and their hardware.verified.settings."""
+    hardware facts (each `Untested.on`) and their hardware.verified.settings: the backend's own paths and those of
+    the options it reads (`reads`: the levers' BackendOptions for it, h3plan.levers.backend_options)."""
     s, out = backend_spec(opts.backend), []
-    for u in s.untested:
+    for u in (*s.untested, *(o.untested for o in reads if o.untested is not None)):
         if u.option is not None and not getattr(opts, u.option):
             continue
         never, ran = never_ran(u.lever, u.setting, u.on)

@@ -46,19 +46,22 @@ class Fact:
 
 @dataclass(frozen=True)
 class BackendOption:
-    """An attention install option a backend reads (the levers own the option; the backend says how it uses it).
+    """How an attention backend reads one of a lever's attention install options: declared by that lever
+    (levers/base.py Spec.backend_reads), so the backend's facts name no lever.
 
     key: the option key (h3plan.levers.OPTIONS), also the per-call counter of `reason`.
     kwarg: the backend constructor's keyword that takes the option's value (None: not a constructor option).
     reason: the backend method `(q) -> str | None` the processor asks per call when the option is set; None
         means the planned path runs, else the counted fallback reason.
     describe: value -> the processor's description part (None: nothing to say).
+    untested: the path the option turns on, where it needs its own hardware run (the installer's notes).
     """
 
     key: str
     kwarg: Optional[str] = None
     reason: Optional[str] = None
     describe: Optional[Callable[[Any], Optional[str]]] = None
+    untested: Optional["Untested"] = None
 
 
 @dataclass(frozen=True)
@@ -91,8 +94,8 @@ class BackendSpec:
     lse: the name of its log-sum-exp block function for the ring (h3plan/runtime/parallel/lse.py), None: it returns
         none; lse_impl: "module:fn" of that function, its per-call check beside it as "<fn>_reason".
     params: facts -> the plan decision's params for this backend.
-    options: the attention install options it reads.
-    untested: its paths that need their own hardware run.
+    untested: its own paths that need their own hardware run (an option's path: its BackendOption's, declared by the
+        lever that owns the option).
     """
 
     name: str
@@ -106,7 +109,6 @@ class BackendSpec:
     lse: Optional[str] = None
     lse_impl: Optional[str] = None
     params: Optional[Callable[[Mapping[str, Any]], dict]] = None
-    options: tuple[BackendOption, ...] = ()
     untested: tuple[Untested, ...] = ()
 
     def __post_init__(self):

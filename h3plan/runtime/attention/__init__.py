@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 
 from h3plan.facts.attention import backend_spec
+from h3plan.levers import backend_options
 
 
 def load(ref: str):
@@ -27,7 +28,7 @@ def get_backend(name: str, **options):
 def for_options(opts):
     """The backend of installed attention options (their `backend`), built with the options it reads."""
     s = backend_spec(opts.backend)
-    return get_backend(s.name, **{o.kwarg: getattr(opts, o.key) for o in s.options if o.kwarg})
+    return get_backend(s.name, **{o.kwarg: getattr(opts, o.key) for o in backend_options(s.name) if o.kwarg})
 
 
 __all__ = ["load", "backend_class", "get_backend", "for_options"]

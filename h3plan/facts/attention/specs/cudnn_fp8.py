@@ -5,7 +5,7 @@ fp8_output_dtypes, bf16_output_min_version), read through h3plan.facts.hardware.
 """
 
 from ...hardware import cudnn_fp8_bf16_output, cudnn_fp8_version_problem
-from ..spec import BackendOption, BackendSpec, Fact, Untested
+from ..spec import BackendSpec, Fact, Untested
 
 
 def problems(hardware) -> list[str]:
@@ -30,7 +30,6 @@ SPEC = BackendSpec(
     needs=(Fact("cudnn.fp8", "{hw} has no cuDNN FP8 attention (hardware.{path}=false; {source})"),),
     problems=problems,
     params=params,
-    options=(BackendOption("fp8_scales", describe=lambda v: f"fp8_scales={v}"),),
     untested=(Untested("BF16 output (hardware.cudnn.fp8_output_dtypes, bf16_output_min_version)",
                        lambda f: cudnn_fp8_bf16_output(f, None), "attention", "cudnn_fp8"),),
 )
