@@ -18,6 +18,7 @@ import torch
 
 from h3plan import install
 from h3plan.actions import bench as inputs
+from h3plan.actions.bench import roles
 from h3plan.actions.bench import Clock, capture_block_inputs, configured, interleaved, run_stack
 
 ROUNDS, WARM = 12, 2
@@ -45,8 +46,8 @@ def med(x):
 
 
 def tile_ab(cfg, eager, S):
-    _, pa = plan_for("recipe=bf16", "levers.fa4_tile=default", f"parallel.seq_len={S}")
-    _, pb = plan_for("recipe=bf16", "levers.fa4_tile=tuned", f"parallel.seq_len={S}")
+    _, pa = plan_for("recipe=bf16", f"levers.{roles.FA4_TILE}=default", f"parallel.seq_len={S}")
+    _, pb = plan_for("recipe=bf16", f"levers.{roles.FA4_TILE}=tuned", f"parallel.seq_len={S}")
     ma, mb = copy.deepcopy(eager), copy.deepcopy(eager)
     install(ma, pa)
     install(mb, pb)

@@ -224,8 +224,8 @@ def run(cfg, plan) -> int:
     c = settings(cfg)
     if c.target in SECTIONS:
         return _own_budget(SECTIONS[c.target])(cfg, plan, c)
-    if c.target != "fp8_scales":
-        raise UsageError(f"calibrate.target={c.target}: allowed: fp8_scales, step_cache, sparse_attention")
+    if c.target != SCALES:
+        raise UsageError(f"calibrate.target={c.target}: allowed: {', '.join([SCALES, *sorted(SECTIONS)])}")
     if c.statistic not in ("amax", "percentile"):
         raise UsageError(f"calibrate.statistic={c.statistic}: allowed: amax, percentile")
     if c.percentile is not None and not 0 < float(c.percentile) <= 100:

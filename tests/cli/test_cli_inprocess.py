@@ -54,6 +54,8 @@ BAD = [
     (["hardware.device.memory_gb=80", "hardware.device.memory_gib=70"], "hardware.device.memory_gb=80 "
      "hardware.device.memory_gib=70: the device's memory given twice, in GB and in GiB (memory_gib would win)"),
     (["recipe=fp8", "recipe.budget.psnr_db_min=200"], "recipe.budget.psnr_db_min=200.0: must be in (0, 100] dB"),
+    (["action=calibrate", "calibrate.target=nope"], "calibrate.target=nope: allowed: fp8_scales, sparse_attention, "
+                                                    "step_cache"),
     (["memory.vae_dtype=fp16"], "memory.vae_dtype=fp16 sizes a VAE loaded in fp16, which decodes in fp16, but the plan "
                                 "decodes in fp32 (vae_precision=fp32): set recipe.vae=fp16"),
 ]

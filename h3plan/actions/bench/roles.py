@@ -24,6 +24,8 @@ OVERLAP = owner("ulysses_chunks")
 """the all-to-all overlapped with compute, in chunks."""
 ULYSSES = ULYSSES_LEVERS
 """every lever a Ulysses plan decides."""
+FA4_TILE = next(s.name for s in SPECS.values() for read in s.backend_reads.values() if read.kwarg == "tile")
+"""the forward tile the attention backend is built with."""
 
 
 def counter(lever: str, route: str | None = None) -> str:
