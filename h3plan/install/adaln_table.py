@@ -49,7 +49,6 @@ import torch.nn.functional as F
 
 from h3plan.levers import counter, owner
 from h3plan.errors import InstallError
-from h3plan.planning.request import MIN_STEPS, STEPS_RULE
 from h3plan.runtime import count_op  # noqa: F401 (h3plan::count before any compiled call site)
 from h3plan.runtime.guards import count_route, needs_grad
 
@@ -58,7 +57,7 @@ from .components import STATE, TRANSFORMERS, is_pipeline
 from .hooks import attach, effect
 from .lora import WAY
 from .parking import park
-from h3plan.runtime.schedule import timestep_vectors
+from h3plan.runtime.schedule import step_counts, timestep_vectors
 
 LEVER = owner("adaln_table")
 COUNTER = counter("adaln_table")
@@ -329,15 +328,13 @@ def build(model, value: dict[str, Any], state, swap, num_inference_steps=None) -
     return tables
 
 
-def step_counts(value, who: str) -> list[int]:
-    """num_inference_steps as given to install / prepare (an int or a list of them) as a list; each >= 2, as
-    diffusers' MiniMaxH3Scheduler.set_timesteps asks. Anything else: one InstallError line."""
-    many = isinstance(value, (list, tuple))
-    steps = list(value) if many else [value]
-    if not steps or any(isinstance(n, bool) or not isinstance(n, int) or n < MIN_STEPS for n in steps):
-        raise InstallError(f"{who}: num_inference_steps={value!r} must be an integer or a list of them; each "
-                           f"{STEPS_RULE}")
-    return steps
+def inputs(model, decision, site) -> dict:
+    """adaln_table's install step (its Spec.input_step): the tables of the plan's option, with the install's condition
+    flags over the plan's and its extra step counts (`build`). Sets no block option back."""
+    value = site.option()
+    if value is not None:
+        build(model, {**value, **site.conditions}, site.state, site.state.report.swap, site.steps)
+    return {}
 
 
 def _installed(obj) -> None:

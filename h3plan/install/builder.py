@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from h3plan.levers import OPTIONS, scope_options
+from h3plan.levers import OPTIONS, SPECS, scope_options
 
 from .options import VIEWS
 
@@ -53,6 +53,11 @@ class Builder:
     def options(self, scope: str) -> dict[str, Any]:
         """Every option of `scope`: the recorded value, else the declared default."""
         return {k: self.values.get(k, o.default) for k, o in scope_options(scope).items()}
+
+    def option_of(self, lever: str) -> Any:
+        """The value of `lever`'s one install option: recorded, else its SPEC's default."""
+        (opt,) = SPECS[lever].options
+        return self.values.get(opt.key, opt.default)
 
     def view(self, scope: str):
         """The options of `scope` as its typed view (install/options.py): the recorded values, else the SPEC's

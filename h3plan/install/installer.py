@@ -46,9 +46,10 @@ from h3plan.install.vae import install as _vae
 from h3plan.levers import REGISTRY, SPECS
 from h3plan.planner import Plan
 
+from h3plan.runtime.schedule import step_counts
+
 from . import linears
 from . import placement as _placement
-from .adaln_table import build as build_adaln_tables, step_counts
 from .attention import install_processors
 from .block import install_forwards
 from .builder import Builder
@@ -252,12 +253,10 @@ def _transformer(model, builder, state, group, steps, num_inference_steps, adaln
     block forwards, the levers' own steps (sparse attention, regional compile, the step cache), the LoRA guard (each
     step beside what it installs; `bypass`: the modules the plan serves without calling them, install/lora.py);
     returns the levers whose own step ran."""
-    swap, lin = state.report.swap, builder.view("linears")
-    if lin.quant is not None:
+    if builder.view("linears").quant is not None:
         linears.quantize(model, builder, state)
-    if lin.adaln_table is not None:  # install/adaln_table.py
-        build_adaln_tables(model, {**lin.adaln_table, **(adaln_conditions or {})}, state, swap, steps)
-    fed = run_input_steps(model, state.plan, state, builder)  # the levers' input steps (Spec.input_step)
+    # the levers' input steps (Spec.input_step, plan order): the AdaLN tables, the linears' per-row / NVFP4 inputs
+    fed = run_input_steps(model, state.plan, state, builder, steps=steps, conditions=adaln_conditions)
     counts = [num_inference_steps] if isinstance(num_inference_steps, int) else num_inference_steps
     shard = install_processors(model, builder, state, group) if builder.recorded("attention") else None
     if shard is not None:

@@ -37,6 +37,7 @@ import re
 import types
 
 from h3plan.errors import InstallError
+from h3plan.levers import TERM_OWNERS
 from h3plan.runtime.quant import BLOCK_LINEARS
 
 from .components import STATE
@@ -50,6 +51,7 @@ MARKERS = (".lora_", ".lora.", ".lokr_")
 # load_lora_adapter's keyword arguments that locate and read the file (diffusers 0.42.1 PeftAdapterMixin)
 FETCH = ("weight_name", "use_safetensors", "local_files_only", "cache_dir", "force_download", "proxies", "token",
          "revision", "subfolder")
+TABLES = TERM_OWNERS["adaln_tables"]  # the lever that serves the AdaLN linears from tables
 WAY = ("to run it: h3plan.uninstall(pipe), load and fuse the LoRA (pipe.load_lora_weights(...); pipe.fuse_lora(); "
        "pipe.unload_lora_weights()), then h3plan.install(pipe, plan)")
 
@@ -59,7 +61,7 @@ def bypassed(model, builder) -> dict[str, str]:
     lin, att = builder.view("linears"), builder.view("attention")
     n = len(model.transformer_blocks)
     out = {}
-    if lin.adaln_table is not None:
+    if builder.option_of(TABLES) is not None:
         table = "served from the adaln_table built from its weights at install (or plan levers.adaln_table=off)"
         out.update({f"transformer_blocks.{i}.adaln_proj.linear": table for i in range(n)})
         out["norm_out.linear"] = table

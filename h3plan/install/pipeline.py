@@ -28,15 +28,15 @@ rows) is left as placed. Uninstall undoes the placement this install made.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import types
 from dataclasses import dataclass, field
 
 from h3plan.errors import InstallError
-from h3plan.levers import MEMORY_REGISTRY
+from h3plan.levers import MEMORY_REGISTRY, TERM_OWNERS
 from h3plan.planner import Plan
 
-from .adaln_table import prepare, tables_of
 from .components import COMPONENTS, NO_LEVER, TRANSFORMERS, is_pipeline
 from .installer import collect, install, installed_plan, uninstall
 from .placement import Placement, check, target, tensors
@@ -105,9 +105,13 @@ def recognise(pipe) -> None:
         raise InstallError(f"h3plan.install_pipeline supports diffusers' MiniMaxH3ModularPipeline only; got {name}")
 
 
+TABLES = TERM_OWNERS["adaln_tables"]  # the lever that serves the AdaLN linears from tables, its install module below
+_tables = importlib.import_module(f"{__package__}.{TABLES}")
+
+
 def _table_option(plan, registry):
-    """The plan's adaln_table install option (None: no table planned)."""
-    return collect(plan, registry).view("linears").adaln_table
+    """The plan's option of the AdaLN tables (None: no table planned)."""
+    return collect(plan, registry).option_of(TABLES)
 
 
 def _move_whole(name, comp, device, report, moved) -> None:
@@ -218,15 +222,15 @@ def install_pipeline(pipe, plan: Plan, group=None, *, registry=None, num_inferen
                                                announce=False, **kw)
             except ValueError as e:  # the installer's one-line refusals (H3PlanError is a ValueError too)
                 raise InstallError(f"{name}: {e}") from e
-            if note and note not in report.reports[name].notes and tables_of(comp) is not None:
+            if note and note not in report.reports[name].notes and _tables.tables_of(comp) is not None:
                 report.reports[name].notes.append(note)
             touched[name] = comp
             if was != plan:
                 fresh.append(comp)
         # adaln_table: the keys of the pipeline's own schedulers too
-        tabled = [c for n, c in touched.items() if n in TRANSFORMERS and tables_of(c) is not None]
+        tabled = [c for n, c in touched.items() if n in TRANSFORMERS and _tables.tables_of(c) is not None]
         if tabled:
-            prepare(pipe, num_inference_steps=tables_of(tabled[0]).spec["steps"])
+            _tables.prepare(pipe, num_inference_steps=_tables.tables_of(tabled[0]).spec["steps"])
         te_placed = _text_encoder(pipe, plan, device, report, moved)
         if device is not None:
             _others(pipe, device, report, skip=("text_encoder",) if te_placed else ())

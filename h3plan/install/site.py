@@ -30,11 +30,29 @@ from . import hooks
 class Site:
     """One lever's handle on one install (module docstring)."""
 
-    def __init__(self, spec: Spec, state, *, plan=None, group=None, steps=None, builder=None):
+    def __init__(self, spec: Spec, state, *, plan=None, group=None, steps=None, builder=None, conditions=None):
         self.spec, self.lever, self._state, self._builder = spec, spec.name, state, builder
+        # condition flags the install takes over the plan's for the lever's keys (install(adaln_conditions=...): a
+        # pipeline partition's own)
+        self.conditions: dict[str, Any] = dict(conditions or {})
         self.group = group  # the torch.distributed group of the Ulysses ranks (None: one rank)
         self.steps: list[int] = list(steps or [])  # step counts passed to install(num_inference_steps=)
         self.plan = plan  # the Plan being installed (its config sections: `site.plan.get("pipeline")`)
+
+    @property
+    def state(self):
+        """The install's state (its hooks and report), for a lever's own module under h3plan/install/ (`own()`), whose
+        install parks weights or moves them with the install's placement; a runtime module uses the methods below."""
+        return self._state
+
+    def own(self) -> types.ModuleType:
+        """The lever's own install module, imported: its runtime module (h3plan/runtime/levers/<lever>.py), else its
+        install module (h3plan/install/<lever>.py: the AdaLN tables'); InstallError where it has neither."""
+        for path in (f"h3plan.runtime.levers.{self.lever}", f"h3plan.install.{self.lever}"):
+            if importlib.util.find_spec(path) is not None:
+                return importlib.import_module(path)
+        raise InstallError(f"{self.lever}: no install module of its own (h3plan/runtime/levers/{self.lever}.py or "
+                           f"h3plan/install/{self.lever}.py)")
 
     def runtime(self) -> types.ModuleType:
         """The lever's own runtime module, h3plan/runtime/levers/<lever>.py, imported (InstallError where it has
@@ -113,15 +131,16 @@ def run_steps(model, plan, state, model_kind: str, *, group=None, steps=None) ->
     return ran
 
 
-def run_input_steps(model, plan, state, builder) -> dict[str, Any]:
+def run_input_steps(model, plan, state, builder, *, steps=None, conditions=None) -> dict[str, Any]:
     """Every enabled decision's `input_step` (Spec.input_step) of a transformer lever, in plan order; returns the block
-    options they set back, merged."""
+    options they set back, merged. steps / conditions: the Site's (install's num_inference_steps, adaln_conditions)."""
     back: dict[str, Any] = {}
     for d in plan.decisions:
         spec = SPECS.get(d.lever)
         if spec is None or spec.input_step is None or spec.model != "transformer" or not d.enabled:
             continue
-        back.update(spec.input_step(model, d, Site(spec, state, plan=plan, builder=builder)))
+        site = Site(spec, state, plan=plan, builder=builder, steps=steps, conditions=conditions)
+        back.update(spec.input_step(model, d, site))
     return back
 
 

@@ -47,6 +47,7 @@ SPEC = Spec(
     state={"on": (StateKeys("parks", ("transformer_blocks.*.adaln_proj.linear.*", "norm_out.linear.*")),)},
     fit="on",
     exports=("prepare",),  # h3plan.prepare: step counts added to installed tables
+    input_step=lambda model, decision, site: site.own().inputs(model, decision, site),  # install/adaln_table.py
 )
 GiB = 2**30
 MODULATION_OUT = 6 * 3  # MiniMaxH3AdaLayerNormModulation: 6 x hidden x MINIMAX_H3_MODALITY_NUM outputs per row

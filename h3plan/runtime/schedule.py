@@ -10,7 +10,9 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
+from h3plan.errors import InstallError
 from h3plan.facts.pipeline import schedule_facts
+from h3plan.planning.request import MIN_STEPS, STEPS_RULE
 
 ROWS = ((True, False, False), (True, True, False), (True, False, True), (True, True, True), (False, False, False),
         (False, True, False))  # (audio, condition_video, condition_audio): every kind of row a request has
@@ -74,4 +76,15 @@ def schedule_index(steps, pipeline: Mapping[str, Any] | None = None, schedulers=
     return out
 
 
-__all__ = ["ROWS", "schedule_index", "timestep_vectors"]
+def step_counts(value, who: str) -> list[int]:
+    """num_inference_steps as given to install / prepare (an int or a list of them) as a list; each >= 2, as
+    diffusers' MiniMaxH3Scheduler.set_timesteps asks. Anything else: one InstallError line."""
+    many = isinstance(value, (list, tuple))
+    steps = list(value) if many else [value]
+    if not steps or any(isinstance(n, bool) or not isinstance(n, int) or n < MIN_STEPS for n in steps):
+        raise InstallError(f"{who}: num_inference_steps={value!r} must be an integer or a list of them; each "
+                           f"{STEPS_RULE}")
+    return steps
+
+
+__all__ = ["ROWS", "schedule_index", "step_counts", "timestep_vectors"]
