@@ -395,4 +395,4 @@ def _prepare(model, steps, timesteps, condition_video, condition_audio, schedule
     return _add(tables, model, vectors)
 
 
-__all__ = ["Tables", "build", "prepare", "step_counts", "tables_of", "timestep_vectors", "adaln_table"]
+__all__ = ["Tables", "build", "inputs", "prepare", "step_counts", "tables_of", "timestep_vectors", "adaln_table"]
