@@ -10,14 +10,12 @@ resolves to this subpackage (as Python's import system makes it once imported) o
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import sys
 import types
 
 from h3plan.errors import InstallError, UsageError, runtime_missing
 from h3plan.from_model import plan_for
-from h3plan.levers import MEMORY_NAMES, NAMES
+from h3plan.levers import install_module
 from h3plan.planner import Plan
 
 from .builder import Builder
@@ -69,16 +67,11 @@ def install(model, plan=None, *, recipe=None, parallel=None, video=None, hardwar
 
 
 def of_lever(lever: str) -> types.ModuleType:
-    """The module of a registered lever's own install, imported: its runtime module (h3plan/runtime/levers/<lever>.py,
-    the step cache's, which its `Spec.model_step` installs), else an install module of its name (install/<lever>.py:
-    the tables, the ring, sparse attention). How an action reaches what such an install holds (its state, its calls)
-    by the lever's registry name. KeyError for a lever without one."""
-    if lever in (*NAMES, *MEMORY_NAMES):
-        for path in (f"h3plan.runtime.levers.{lever}", f"{__name__}.{lever}"):
-            if importlib.util.find_spec(path) is not None:
-                return importlib.import_module(path)
-    raise KeyError(f"no registered lever {lever!r} has an install module of its own (h3plan/runtime/levers/<lever>.py "
-                   "or h3plan/install/<lever>.py)")
+    """The module of a registered lever's own install, imported (h3plan.levers.install_module): its runtime module
+    (h3plan/runtime/levers/<lever>.py, the step cache's), else an install module of its name (install/<lever>.py: the
+    tables, the ring, sparse attention). How an action reaches what such an install holds (its state, its calls) by
+    the lever's registry name. KeyError for a lever without one."""
+    return install_module(lever)
 
 
 # the installer's own keywords (installer.install)

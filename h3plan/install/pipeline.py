@@ -28,13 +28,12 @@ rows) is left as placed. Uninstall undoes the placement this install made.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import types
 from dataclasses import dataclass, field
 
 from h3plan.errors import InstallError
-from h3plan.levers import MEMORY_REGISTRY, TERM_OWNERS
+from h3plan.levers import MEMORY_REGISTRY, TERM_OWNERS, install_module
 from h3plan.planner import Plan
 
 from .components import COMPONENTS, NO_LEVER, TRANSFORMERS, is_pipeline
@@ -106,7 +105,7 @@ def recognise(pipe) -> None:
 
 
 TABLES = TERM_OWNERS["adaln_tables"]  # the lever that serves the AdaLN linears from tables, its install module below
-_tables = importlib.import_module(f"{__package__}.{TABLES}")
+_tables = install_module(TABLES)
 
 
 def _table_option(plan, registry):

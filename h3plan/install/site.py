@@ -19,7 +19,7 @@ import types
 from typing import Any, Callable
 
 from h3plan.errors import InstallError
-from h3plan.levers import SPECS
+from h3plan.levers import SPECS, install_module
 from h3plan.levers.base import Spec
 from h3plan.runtime.guards import run_guarded
 from h3plan.runtime.kernels.table import Pair, kernel
@@ -48,11 +48,10 @@ class Site:
     def own(self) -> types.ModuleType:
         """The lever's own install module, imported: its runtime module (h3plan/runtime/levers/<lever>.py), else its
         install module (h3plan/install/<lever>.py: the AdaLN tables'); InstallError where it has neither."""
-        for path in (f"h3plan.runtime.levers.{self.lever}", f"h3plan.install.{self.lever}"):
-            if importlib.util.find_spec(path) is not None:
-                return importlib.import_module(path)
-        raise InstallError(f"{self.lever}: no install module of its own (h3plan/runtime/levers/{self.lever}.py or "
-                           f"h3plan/install/{self.lever}.py)")
+        try:
+            return install_module(self.lever)
+        except KeyError as e:
+            raise InstallError(f"{self.lever}: {e.args[0]}") from None
 
     def runtime(self) -> types.ModuleType:
         """The lever's own runtime module, h3plan/runtime/levers/<lever>.py, imported (InstallError where it has
@@ -114,8 +113,9 @@ class Site:
         """The value the plan records for the lever's own option (its SPEC's one option)."""
         if len(self.spec.options) != 1:
             raise InstallError(f"{self.lever}: {len(self.spec.options)} options, not one: read site.options(scope)")
-        opt = self.spec.options[0]
-        return getattr(self.options(opt.scope), opt.key)
+        if self._builder is None:
+            raise InstallError(f"{self.lever}: no install options at this step")
+        return self._builder.option_of(self.lever)
 
 
 def run_steps(model, plan, state, model_kind: str, *, group=None, steps=None) -> set[str]:

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from dataclasses import fields, replace
 from importlib import import_module
-from types import MappingProxyType
+from importlib.util import find_spec
+from types import MappingProxyType, ModuleType
 from typing import Any, Mapping
 
 from .base import OWN_BUDGET, VERIFY_DECODE, VERIFY_REFERENCE, Context, LeverError, Option, Spec, Terms
@@ -127,6 +128,19 @@ def backend_options(backend: str) -> tuple:
     return tuple(s.backend_reads[backend] for s in SPECS.values() if backend in s.backend_reads)
 
 
+def install_module(lever: str) -> ModuleType:
+    """The module of a registered lever's own install, imported: its runtime module (h3plan/runtime/levers/<lever>.py,
+    the step cache's, which its `Spec.model_step` installs), else an install module of its name (install/<lever>.py:
+    the tables, the ring, sparse attention). KeyError for a lever without one. (Imported by name: the registry loads
+    no install or runtime code until asked.)"""
+    if lever in (*NAMES, *MEMORY_NAMES):
+        for path in (f"h3plan.runtime.levers.{lever}", f"h3plan.install.{lever}"):
+            if find_spec(path) is not None:
+                return import_module(path)
+    raise KeyError(f"no registered lever {lever!r} has an install module of its own (h3plan/runtime/levers/<lever>.py "
+                   "or h3plan/install/<lever>.py)")
+
+
 def owner(option: str) -> str:
     """The lever that owns install option `option` (how an install step names the lever of what it reads)."""
     return OPTIONS[option][0]
@@ -161,6 +175,7 @@ def not_installed(decision) -> str | None:
 
 __all__ = ["NAMES", "REGISTRY", "SPECS", "MEMORY_NAMES", "CONDITIONER_PLACEMENT", "MEMORY_REGISTRY", "MEMORY_SPECS",
            "LEVER_SETTINGS", "OPTIONS",
-           "KERNEL_OPS", "ULYSSES_LEVERS", "backend_options", "REFERENCE_LEVERS", "DECODE_LEVERS", "OWN_BUDGET_LEVERS",
+           "KERNEL_OPS", "ULYSSES_LEVERS", "backend_options", "install_module", "REFERENCE_LEVERS", "DECODE_LEVERS",
+           "OWN_BUDGET_LEVERS",
            "BACKEND_LEVER", "COUNTERS", "COLUMNS", "EXPORTS", "TERM_OWNERS", "Context",
            "LeverError", "Option", "Spec", "Terms", "counter", "not_installed", "owner", "scope_options", "terms"]
